@@ -1,0 +1,126 @@
+// libckpt: the trainer's side of ckptd.
+//
+// A Client is one rank's connection to the node-local daemon. Save() copies
+// the given tensors into a slot of the rank's shared-memory arena (owned by
+// the daemon, so a trainer crash never loses a staged step), computes a
+// checksum per tensor while the bytes are hot, and hands the slot to the
+// daemon, which persists it in the background. Restore() reads the node's
+// shared memory when the step is still there, else the shard on disk, and
+// verifies every checksum.
+//
+// Thread-safety: a Client may be used from several threads, but saves are
+// serialised: a second Save/SaveAsync waits until the copy of the first one
+// is done. SaveHandle is not thread-safe; wait on it from one thread.
+#ifndef CKPT_CLIENT_H_
+#define CKPT_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt {
+
+struct ClientOptions {
+  // Fields left empty / negative are taken from the environment:
+  // CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE.
+  std::string socket_path;
+  std::string job;
+  int rank = -1;
+  int world_size = -1;
+
+  // Bytes per slot; 0 sizes the slots to the first save (plus
+  // slot_headroom) when the arena is created.
+  uint64_t slot_bytes = 0;
+  double slot_headroom = 0.0;
+  // Slots per arena (at least 2).
+  int num_slots = 2;
+  // With no free slot: block until one frees (true) or return
+  // ResourceExhausted ("BUSY") at once (false).
+  bool block_when_busy = true;
+  std::chrono::milliseconds busy_timeout{std::chrono::minutes(10)};
+  // Threads for host copies; 0 = one per online CPU.
+  int copy_threads = 0;
+
+  // Fills unset fields from the environment and checks every field; the
+  // error names the field (or variable) that is missing or wrong.
+  absl::Status ResolveFromEnvironment();
+};
+
+class Client;
+
+// The progress of one SaveAsync. Copied: the caller may modify (or free)
+// the tensors again. Done: the daemon holds the step (staged); it becomes
+// durable later (see Client::WaitDurable).
+class SaveHandle {
+ public:
+  SaveHandle();
+  SaveHandle(SaveHandle&&) noexcept;
+  SaveHandle& operator=(SaveHandle&&) noexcept;
+  ~SaveHandle();  // Waits for completion; the status is then dropped.
+
+  // Blocks until every tensor has been read; returns the copy's status.
+  [[nodiscard]] absl::Status WaitCopied();
+  // Blocks until the daemon has taken the step; returns the save's status.
+  [[nodiscard]] absl::Status Wait();
+  bool valid() const { return state_ != nullptr; }
+
+  struct State;
+
+ private:
+  friend class Client;
+  explicit SaveHandle(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+struct SaveStats {
+  double wait_slot_s = 0;  // time blocked waiting for a free slot
+  double copy_s = 0;       // copy + checksum
+  double rpc_s = 0;        // BeginSave + Commit
+  double total_s = 0;
+  uint64_t bytes = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  ~Client();
+
+  const ClientOptions& options() const;
+
+  // Copies the tensors into shared memory and commits the step; returns once
+  // the daemon holds it. Steps must increase.
+  [[nodiscard]] absl::Status Save(int64_t step, std::span<const Tensor> tensors);
+  // Starts a save and returns at once. CONTRACT: the tensors' bytes must
+  // stay valid and unmodified until handle.WaitCopied() returns (for CUDA
+  // tensors: until then, no kernel may write them).
+  [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
+      int64_t step, std::span<const Tensor> tensors);
+
+  // The newest step restorable on every rank of the job; NotFound if none.
+  [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
+  // Fills the given tensors (matched by name; a subset is allowed) with the
+  // step's values. A mismatch of dtype, shape or size, an unknown name, or a
+  // checksum mismatch fails with an error naming the tensor.
+  [[nodiscard]] absl::Status Restore(int64_t step, std::span<const Tensor> tensors);
+  // Blocks until the step's shard of this rank is durable on disk.
+  [[nodiscard]] absl::Status WaitDurable(
+      int64_t step, std::chrono::milliseconds timeout = std::chrono::minutes(10));
+
+  SaveStats last_save_stats() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_H_

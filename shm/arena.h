@@ -1,0 +1,131 @@
+// Named shared-memory arenas: one per (job, rank), owned by ckptd.
+//
+// The daemon creates an arena (mode 0600, owned by the registering uid),
+// allocates every page up front (fallocate: an arena /dev/shm cannot hold is
+// refused at creation, never a SIGBUS later) and pre-faults its mapping. A
+// trainer attaches with Attach(): the header page read-only, the slots
+// read-write. Because the daemon owns the segment, a trainer crash never
+// loses a staged step, and a restarted daemon re-attaches with Reattach().
+//
+// Layout: ArenaHeader at offset 0 (one page), then num_slots slots of
+// slot_bytes each starting at slots_offset (2 MiB-aligned). A slot holds the
+// exact image of a shard file (storage/shard_format.h).
+//
+// Slot states live in the header so both processes see them, but only the
+// daemon writes them and it never trusts what it reads back: its own
+// in-memory table is authoritative, the header is a mirror for tools and
+// clients. Thread-safety: an Arena object is immutable after creation apart
+// from SetSlotState, which is safe to call concurrently for different slots.
+#ifndef CKPT_SHM_ARENA_H_
+#define CKPT_SHM_ARENA_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace ckpt::shm {
+
+enum class SlotState : uint32_t {
+  kFree = 0,
+  kWriting = 1,     // a client is copying into it
+  kStaged = 2,      // committed, waiting for the persister
+  kPersisting = 3,  // being written to storage
+  kDurable = 4,     // on storage; still restorable from memory
+};
+std::string_view SlotStateName(SlotState state);
+
+inline constexpr uint32_t kMaxSlots = 16;
+inline constexpr uint64_t kArenaMagic = 0x31414E4552415043ull;  // "CPARENA1"
+inline constexpr uint32_t kArenaVersion = 1;
+inline constexpr uint64_t kSlotAlign = 2ull << 20;
+
+struct alignas(64) SlotControl {
+  std::atomic<uint32_t> state;   // SlotState
+  std::atomic<uint32_t> pid;     // writer or reader pid, 0 if none
+  std::atomic<uint64_t> step;
+  std::atomic<uint64_t> image_bytes;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct ArenaHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t num_slots;
+  uint64_t slot_bytes;
+  uint64_t slots_offset;
+  uint64_t arena_bytes;
+  uint32_t rank;
+  uint32_t world_size;
+  char job[128];
+  uint64_t created_unix_ns;
+  SlotControl slots[kMaxSlots];
+};
+static_assert(sizeof(ArenaHeader) <= 4096);
+
+struct ArenaOptions {
+  std::string name;       // shm_open name, "/ckptd.<...>"
+  std::string job;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t slot_bytes = 0;  // rounded up to kSlotAlign
+  uint32_t num_slots = 2;   // 2..kMaxSlots
+  uid_t owner_uid = 0;
+  gid_t owner_gid = 0;
+};
+
+class Arena {
+ public:
+  ~Arena();  // Unmaps; never unlinks.
+
+  // Daemon: creates a new arena (fails AlreadyExists if the name exists).
+  static absl::StatusOr<std::unique_ptr<Arena>> Create(const ArenaOptions& options);
+  // Daemon after a restart: maps an existing arena read-write and checks
+  // that its header matches `expect` (job, rank, slot_bytes, num_slots) and
+  // the segment's size; DataLoss naming the field if it was scribbled over.
+  static absl::StatusOr<std::unique_ptr<Arena>> Reattach(const ArenaOptions& expect);
+  // Client: maps an arena the daemon handed out. Header read-only, slots
+  // read-write, pre-faulted.
+  static absl::StatusOr<std::unique_ptr<Arena>> Attach(std::string_view name,
+                                                       uint64_t arena_bytes,
+                                                       uint64_t slots_offset);
+  // Removes the name (the memory lives until every mapping is gone).
+  static absl::Status Unlink(std::string_view name);
+
+  // Bytes an arena of these dimensions occupies, and the offset of slot 0.
+  static uint64_t SlotsOffset();
+  static uint64_t ArenaBytes(uint64_t slot_bytes, uint32_t num_slots);
+
+  const std::string& name() const { return name_; }
+  uint64_t size() const { return size_; }
+  uint32_t num_slots() const { return num_slots_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t slot_offset(uint32_t slot) const;
+  char* slot_data(uint32_t slot) const;
+  char* base() const { return base_; }
+  const ArenaHeader& header() const { return *reinterpret_cast<const ArenaHeader*>(base_); }
+
+  // Daemon only (the client's header mapping is read-only).
+  void SetSlotState(uint32_t slot, SlotState state, uint64_t step, uint32_t pid,
+                    uint64_t image_bytes);
+  SlotState slot_state(uint32_t slot) const;
+
+ private:
+  Arena() = default;
+  std::string name_;
+  char* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t slots_offset_ = 0;
+  uint64_t slot_bytes_ = 0;
+  uint32_t num_slots_ = 0;
+  bool header_writable_ = false;
+};
+
+}  // namespace ckpt::shm
+
+#endif  // CKPT_SHM_ARENA_H_

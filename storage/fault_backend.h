@@ -1,0 +1,56 @@
+// FaultInjectionBackend: a forwarding Backend for tests (after RocksDB's
+// FaultInjectionTestFS). It fails the Nth write or commit with a chosen
+// errno, runs out of space past a byte budget, and simulates a crash: every
+// object whose Commit() had not returned OK loses its data, and calls fail
+// with Unavailable until Restart(). Tests then reopen and check that exactly
+// the committed objects are visible. Thread-safe.
+#ifndef CKPT_STORAGE_FAULT_BACKEND_H_
+#define CKPT_STORAGE_FAULT_BACKEND_H_
+
+#include <memory>
+
+#include "storage/backend.h"
+
+namespace ckpt::storage {
+
+class FaultInjectionBackend : public Backend {
+ public:
+  // Does not own base; base must outlive this.
+  explicit FaultInjectionBackend(Backend* base);
+  ~FaultInjectionBackend() override;
+
+  // The Nth WriteAt (1-based, counted from now, across writers) fails with err.
+  void FailNthWrite(int n, int err);
+  // The Nth Commit fails with err; that object does not become visible.
+  void FailNthCommit(int n, int err);
+  // Writes past `bytes` more bytes fail with ENOSPC.
+  void SetSpaceLimit(uint64_t bytes);
+  void ClearFaults();
+  // Drops every uncommitted object; later calls fail until Restart().
+  void SimulateCrash();
+  void Restart();
+
+  std::string name() const override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(std::string_view key,
+                                                                uint64_t size) override;
+  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override;
+  absl::StatusOr<uint64_t> ObjectSize(std::string_view key) override;
+  absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst,
+                      uint64_t len) override;
+  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override;
+  absl::Status Delete(std::string_view key) override;
+  absl::Status DeletePrefix(std::string_view prefix) override;
+  absl::Status RegisterMemory(void* base, uint64_t len) override;
+  void UnregisterMemory(void* base) override;
+  BackendStats stats() const override;
+
+  struct State;
+
+ private:
+  Backend* base_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ckpt::storage
+
+#endif  // CKPT_STORAGE_FAULT_BACKEND_H_

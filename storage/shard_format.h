@@ -1,0 +1,136 @@
+// The shard file: one self-describing file per (job, step, rank).
+//
+//   [0, 4096)                  ShardHeader (packed, little-endian)
+//   [4096, data_offset)        IndexEntry[num_tensors], 256 bytes each
+//   [data_offset, ...)         tensor bytes, each tensor at a 4 KiB offset
+//   [footer_offset, +4096)     ShardFooter
+//
+// The layout is canonical: ComputeLayout() derives every offset from the
+// tensor sizes, so a shard image in a shared-memory slot is byte for byte
+// the file, and persisting it is one sequential write. doc/shard-format.md
+// documents the format; bump kShardVersion on any change.
+// All functions are pure and thread-safe.
+#ifndef CKPT_STORAGE_SHARD_FORMAT_H_
+#define CKPT_STORAGE_SHARD_FORMAT_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt::storage {
+
+inline constexpr uint64_t kShardAlign = 4096;
+inline constexpr uint32_t kShardVersion = 1;
+inline constexpr uint32_t kMaxShardTensors = 1u << 16;
+inline constexpr char kShardMagic[8] = {'C', 'K', 'P', 'T', 'S', 'H', 'R', 'D'};
+inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T', 'E', 'N', 'D', '1'};
+
+#pragma pack(push, 1)
+struct ShardHeader {
+  char magic[8];               // kShardMagic
+  uint32_t version;            // kShardVersion
+  uint32_t header_bytes;       // sizeof(ShardHeader)
+  uint64_t step;
+  uint32_t rank;
+  uint32_t world_size;
+  uint32_t num_tensors;
+  uint32_t index_entry_bytes;  // sizeof(IndexEntry)
+  uint64_t index_offset;       // 4096
+  uint64_t data_offset;
+  uint64_t footer_offset;
+  uint64_t image_bytes;        // file size: footer_offset + 4096
+  uint64_t checksum_chunk_bytes;  // kChecksumChunk when written
+  uint64_t index_checksum;     // Hash64 of the index entries
+  uint64_t created_unix_ns;
+  char job[128];               // NUL-padded
+  uint64_t header_checksum;    // Hash64 of every byte above
+};
+struct IndexEntry {
+  char name[160];              // NUL-padded, at most 159 bytes
+  uint32_t dtype;              // ckpt::DType
+  uint32_t ndim;               // <= kMaxTensorDims
+  uint64_t shape[8];           // unused dims are 0
+  uint64_t offset;
+  uint64_t bytes;
+  uint64_t checksum;           // util/checksum.h TensorChecksum
+};
+struct ShardFooter {
+  char magic[8];               // kFooterMagic
+  uint64_t step;
+  uint32_t rank;
+  uint32_t num_tensors;
+  uint64_t image_bytes;
+  uint64_t index_checksum;     // same as the header's
+  uint64_t footer_checksum;    // Hash64 of every byte above
+};
+#pragma pack(pop)
+static_assert(sizeof(IndexEntry) == 256);
+static_assert(sizeof(ShardHeader) <= kShardAlign);
+
+struct ShardLayout {
+  uint64_t index_offset = kShardAlign;
+  uint64_t data_offset = 0;
+  uint64_t footer_offset = 0;
+  uint64_t image_bytes = 0;
+  std::vector<uint64_t> tensor_offsets;
+};
+
+// Offsets for tensors of the given byte sizes, in order. Fails
+// (InvalidArgument) past kMaxShardTensors or on overflow.
+absl::StatusOr<ShardLayout> ComputeLayout(std::span<const uint64_t> tensor_bytes);
+
+struct ShardTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<uint64_t> shape;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+};
+
+struct ShardInfo {
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint64_t created_unix_ns = 0;
+  std::vector<ShardTensor> tensors;
+  ShardLayout layout;  // filled by Decode / Validate
+};
+
+// Checks a tensor index against the canonical layout: every name valid and
+// unique, dtype known, ndim <= kMaxTensorDims, bytes == numel * dtype size,
+// offsets == ComputeLayout(...). On success fills info->layout. The error
+// (InvalidArgument) names the tensor and the field, e.g.
+// "tensors[3] (\"layer1.w\").offset: 8192, expected 12288".
+absl::Status ValidateShardInfo(ShardInfo* info);
+
+// Writes header + index into image[0, data_offset) and the footer into
+// image[footer_offset, image_bytes). image.size() must be >= image_bytes.
+// Validates first.
+absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image);
+
+// Parses the header at the start of a shard: checks magic, version, sizes
+// and header checksum. Needs the first kShardAlign bytes.
+absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block);
+
+// Parses and validates a shard's metadata from its full head (the first
+// header.data_offset bytes) and its footer block (kShardAlign bytes at
+// header.footer_offset). file_bytes is the file's actual size: a truncated
+// file is DataLoss naming the expected and actual size.
+absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
+                                              std::span<const char> footer_block,
+                                              uint64_t file_bytes);
+
+// Storage keys (relative paths) of a job's shards and manifests.
+std::string StepPrefix(std::string_view job, uint64_t step);     // "job/step-00000000000000000042/"
+std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank);  // ".../rank-00000.shard"
+std::string ManifestKey(std::string_view job, uint64_t step);    // ".../MANIFEST"
+
+}  // namespace ckpt::storage
+
+#endif  // CKPT_STORAGE_SHARD_FORMAT_H_

@@ -8,7 +8,7 @@
 namespace ckpt {
 
 absl::Status ErrnoToStatus(int err, std::string_view context) {
-  std::string msg = absl::StrCat(context, ": ", std::strerror(err));
+  std::string msg = std::string(context) + ": " + std::strerror(err);
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(msg);
@@ -32,7 +32,7 @@ absl::Status ErrnoToStatus(int err, std::string_view context) {
 
 absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+  return absl::Status(s.code(), std::string(context) + ": " + std::string(s.message()));
 }
 
 }  // namespace ckpt

@@ -1,0 +1,54 @@
+#include "util/checksum.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace ckpt {
+namespace {
+
+std::vector<char> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+TEST(ChecksumTest, CopyAndHashCopiesAndMatchesHash64) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{65537},
+                   size_t{kChecksumChunk}}) {
+    auto src = RandomBytes(n, 7);
+    std::vector<char> dst(n + 1, 0);
+    uint64_t h = CopyAndHash(dst.data(), src.data(), n);
+    EXPECT_EQ(h, Hash64(src.data(), n)) << n;
+    EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n)) << n;
+  }
+}
+
+TEST(ChecksumTest, TensorChecksumIsCombinationOfChunkHashes) {
+  const size_t n = 2 * kChecksumChunk + 12345;
+  auto bytes = RandomBytes(n, 3);
+  std::vector<uint64_t> chunks;
+  for (size_t off = 0; off < n; off += kChecksumChunk)
+    chunks.push_back(Hash64(bytes.data() + off, std::min<size_t>(kChecksumChunk, n - off)));
+  EXPECT_EQ(chunks.size(), ChecksumChunks(n));
+  EXPECT_EQ(TensorChecksum(bytes.data(), n), CombineChunkHashes(chunks));
+}
+
+TEST(ChecksumTest, SingleBitFlipChangesTensorChecksum) {
+  auto bytes = RandomBytes(kChecksumChunk + 100, 11);
+  uint64_t before = TensorChecksum(bytes.data(), bytes.size());
+  bytes[kChecksumChunk + 50] ^= 0x10;
+  EXPECT_NE(before, TensorChecksum(bytes.data(), bytes.size()));
+}
+
+TEST(ChecksumTest, KnownValueOfXxh3) {
+  // XXH3-64 of the empty input with seed 0 (from the xxHash specification).
+  EXPECT_EQ(Hash64("", 0), 0x2D06800538D394C2ull);
+  EXPECT_NE(ChecksumImplementation(), nullptr);
+}
+
+}  // namespace
+}  // namespace ckpt

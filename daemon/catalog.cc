@@ -1,0 +1,96 @@
+#include "daemon/catalog.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// Keys: "J/<job>" and "S/<job>/<step:20>/<rank:5>" so that a prefix scan
+// returns a job's shards in step order.
+std::string JobKey(const std::string& job) { return "J/" + job; }
+std::string ShardPrefix(const std::string& job) { return "S/" + job + "/"; }
+std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%020" PRIu64 "/%05u", step, rank);
+  return ShardPrefix(job) + buf;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNotFound()) return absl::NotFoundError("catalog: " + what + ": not found");
+  return absl::InternalError("catalog: " + what + ": " + s.ToString());
+}
+
+template <typename Record>
+absl::StatusOr<std::vector<Record>> ScanPrefix(rocksdb::DB* db, const std::string& prefix) {
+  std::vector<Record> out;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    Record r;
+    if (!r.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())))
+      return absl::DataLossError("catalog: record " + it->key().ToString() +
+                                 " does not parse");
+    out.push_back(std::move(r));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scan " + prefix);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_background_jobs = 1;
+  options.keep_log_file_num = 2;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
+  if (!s.ok()) return FromRocks(s, "open " + dir);
+  return std::unique_ptr<Catalog>(new Catalog(db));
+}
+
+Catalog::~Catalog() = default;
+
+absl::Status Catalog::PutJob(const v1::JobRecord& job) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Put(wo, JobKey(job.job()), job.SerializeAsString()),
+                   "put job " + job.job());
+}
+
+absl::Status Catalog::DeleteJob(const std::string& job) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  rocksdb::Status s = db_->DeleteRange(wo, db_->DefaultColumnFamily(), ShardPrefix(job),
+                                       ShardPrefix(job) + "\xff");
+  if (s.ok()) s = db_->Delete(wo, JobKey(job));
+  return FromRocks(s, "delete job " + job);
+}
+
+absl::StatusOr<std::vector<v1::JobRecord>> Catalog::Jobs() {
+  return ScanPrefix<v1::JobRecord>(db_.get(), "J/");
+}
+
+absl::Status Catalog::PutShard(const v1::ShardRecord& shard, bool sync) {
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  return FromRocks(db_->Put(wo, ShardKey(shard.job(), shard.step(), shard.rank()),
+                            shard.SerializeAsString()),
+                   "put shard " + shard.job());
+}
+
+absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Delete(wo, ShardKey(job, step, rank)), "delete shard " + job);
+}
+
+absl::StatusOr<std::vector<v1::ShardRecord>> Catalog::Shards(const std::string& job) {
+  return ScanPrefix<v1::ShardRecord>(db_.get(), ShardPrefix(job));
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,316 @@
+// Registration, the save path and leases. See engine.h.
+#include "daemon/engine.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+Engine::Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog)
+    : options_(std::move(options)),
+      backend_(backend),
+      catalog_(catalog),
+      started_(std::chrono::steady_clock::now()) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
+                                                     storage::Backend* backend,
+                                                     Catalog* catalog) {
+  std::unique_ptr<Engine> engine(new Engine(std::move(options), backend, catalog));
+  CKPT_RETURN_IF_ERROR(engine->Recover());
+  engine->persister_ = std::thread([e = engine.get()] { e->PersistLoop(); });
+  engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
+  return engine;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (persister_.joinable()) persister_.join();
+  if (reaper_.joinable()) reaper_.join();
+  for (auto& [id, lease] : leases_)
+    if (lease.pidfd >= 0) close(lease.pidfd);
+  for (auto& [name, job] : jobs_)
+    for (auto& [r, rank] : job.ranks)
+      if (rank.arena) backend_->UnregisterMemory(rank.arena->slot_data(0));
+}
+
+std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
+  return absl::StrCat("/", options_.shm_prefix, ".", job, ".r", rank);
+}
+
+absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
+                                                   const PeerCreds& peer) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job));
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job: unknown job '", job, "'"));
+  if (peer.uid != 0 && peer.uid != it->second.rec.uid())
+    return absl::PermissionDeniedError(absl::StrCat(
+        "job '", job, "' belongs to uid ", it->second.rec.uid(), ", caller is uid ", peer.uid));
+  return &it->second;
+}
+
+absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
+  if (rank >= job.rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not below world_size ",
+                                                   job.rec.world_size()));
+  auto it = job.ranks.find(rank);
+  if (it == job.ranks.end() || !it->second.arena)
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: rank ", rank, " of job '", job.rec.job(), "' is not registered"));
+  return &it->second;
+}
+
+absl::StatusOr<Engine::Rank*> Engine::EnsureArenaLocked(Job& job, uint32_t rank,
+                                                        uint64_t slot_bytes) {
+  Rank& r = job.ranks[rank];
+  if (r.arena && r.arena->slot_bytes() >= slot_bytes) return &r;
+  if (r.arena) {
+    // Growing replaces the arena; only allowed while it holds nothing that
+    // is not on disk and nobody reads it.
+    for (const Slot& s : r.slots)
+      if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
+          s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "slot_bytes: arena of rank ", rank, " has ", r.arena->slot_bytes(),
+            "-byte slots and holds a step that is not durable yet; cannot grow it to ",
+            slot_bytes));
+    for (auto& [step_no, step] : job.steps) {
+      auto sh = step.shards.find(rank);
+      if (sh != step.shards.end()) sh->second.slot = -1;
+    }
+    backend_->UnregisterMemory(r.arena->slot_data(0));
+    r.arena.reset();
+    (void)shm::Arena::Unlink(ArenaName(job.rec.job(), rank));
+  }
+  shm::ArenaOptions ao;
+  ao.name = ArenaName(job.rec.job(), rank);
+  ao.job = job.rec.job();
+  ao.rank = rank;
+  ao.world_size = job.rec.world_size();
+  ao.slot_bytes = slot_bytes;
+  ao.num_slots = job.rec.num_slots();
+  ao.owner_uid = job.rec.uid();
+  ao.owner_gid = job.rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
+  (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
+  auto arena = shm::Arena::Create(ao);
+  if (!arena.ok()) {
+    job.ranks.erase(rank);
+    return arena.status();
+  }
+  r.arena = std::move(*arena);
+  r.slots.assign(r.arena->num_slots(), Slot{});
+  for (uint32_t i = 0; i < r.arena->num_slots(); ++i) MirrorSlotLocked(r, i);
+  absl::Status reg = backend_->RegisterMemory(r.arena->slot_data(0),
+                                              uint64_t{r.arena->num_slots()} * r.arena->slot_bytes());
+  if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
+  (*job.rec.mutable_arena_slot_bytes())[rank] = r.arena->slot_bytes();
+  if (job.rec.slot_bytes() < r.arena->slot_bytes()) job.rec.set_slot_bytes(r.arena->slot_bytes());
+  CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
+  return &r;
+}
+
+void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
+  const Slot& s = rank.slots[slot];
+  uint32_t pid = 0;
+  if (s.writer) {
+    auto it = leases_.find(s.writer);
+    if (it != leases_.end()) pid = static_cast<uint32_t>(it->second.pid);
+  }
+  rank.arena->SetSlotState(slot, s.state, s.step, pid, s.image_bytes);
+}
+
+absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
+                                                      const v1::RegisterRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  if (req.world_size() == 0 || req.world_size() > options_.max_world_size)
+    return absl::InvalidArgumentError(absl::StrCat("world_size: ", req.world_size(),
+                                                   " is not in [1, ", options_.max_world_size, "]"));
+  if (req.rank() >= req.world_size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", req.rank(), " is not below world_size ", req.world_size()));
+  if (req.slot_bytes() == 0 || req.slot_bytes() > options_.max_slot_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("slot_bytes: ", req.slot_bytes(),
+                                                   " is not in [1, ", options_.max_slot_bytes, "]"));
+  uint32_t num_slots = req.num_slots() == 0 ? options_.default_num_slots : req.num_slots();
+  if (num_slots < 2 || num_slots > shm::kMaxSlots)
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) return absl::UnavailableError("ckptd is shutting down");
+  auto it = jobs_.find(req.job());
+  if (it == jobs_.end()) {
+    Job job;
+    job.rec.set_job(req.job());
+    job.rec.set_world_size(req.world_size());
+    job.rec.set_uid(peer.uid);
+    job.rec.set_num_slots(num_slots);
+    job.rec.set_slot_bytes(0);
+    CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
+    it = jobs_.emplace(req.job(), std::move(job)).first;
+  }
+  Job& job = it->second;
+  if (peer.uid != job.rec.uid())
+    return absl::PermissionDeniedError(absl::StrCat(
+        "job '", req.job(), "' belongs to uid ", job.rec.uid(), ", caller is uid ", peer.uid));
+  if (req.world_size() != job.rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat("world_size: ", req.world_size(),
+                                                   " differs from the job's ",
+                                                   job.rec.world_size()));
+  CKPT_ASSIGN_OR_RETURN(Rank * rank, EnsureArenaLocked(job, req.rank(), req.slot_bytes()));
+  v1::RegisterResponse resp;
+  resp.set_shm_name(rank->arena->name());
+  resp.set_arena_bytes(rank->arena->size());
+  resp.set_slot_bytes(rank->arena->slot_bytes());
+  resp.set_num_slots(rank->arena->num_slots());
+  resp.set_slots_offset(rank->arena->slot_offset(0));
+  return resp;
+}
+
+int Engine::PickSlotLocked(const Rank& rank, uint64_t image_bytes) const {
+  // The newest step in memory stays: it is what a crashed trainer restores.
+  int newest = -1;
+  for (size_t i = 0; i < rank.slots.size(); ++i) {
+    const Slot& s = rank.slots[i];
+    if (s.state == shm::SlotState::kFree || s.state == shm::SlotState::kWriting) continue;
+    if (newest < 0 || s.step > rank.slots[newest].step) newest = static_cast<int>(i);
+  }
+  int best = -1;
+  for (size_t i = 0; i < rank.slots.size(); ++i) {
+    const Slot& s = rank.slots[i];
+    if (s.readers > 0 || static_cast<int>(i) == newest) continue;
+    if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
+    if ((s.state == shm::SlotState::kDurable || s.reclaimable) &&
+        (best < 0 || s.step < rank.slots[best].step))
+      best = static_cast<int>(i);
+  }
+  (void)image_bytes;
+  return best;
+}
+
+uint64_t Engine::AddLeaseLocked(Lease lease) {
+  lease.pidfd = lease.pid > 0 ? static_cast<int>(syscall(SYS_pidfd_open, lease.pid, 0)) : -1;
+  uint64_t id = next_lease_++;
+  leases_.emplace(id, std::move(lease));
+  return id;
+}
+
+void Engine::ReleaseLeaseLocked(uint64_t id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return;
+  Lease lease = std::move(it->second);
+  leases_.erase(it);
+  if (lease.pidfd >= 0) close(lease.pidfd);
+  auto job = jobs_.find(lease.job);
+  if (job == jobs_.end()) return;
+  auto rank = job->second.ranks.find(lease.rank);
+  if (rank == job->second.ranks.end() || !rank->second.arena ||
+      lease.slot >= rank->second.slots.size())
+    return;
+  Slot& slot = rank->second.slots[lease.slot];
+  if (lease.write) {
+    if (slot.writer == id) {
+      slot = Slot{};  // never committed: the bytes mean nothing
+      MirrorSlotLocked(rank->second, lease.slot);
+    }
+  } else if (slot.readers > 0) {
+    --slot.readers;
+    // A reader kept a slot whose shard was deleted meanwhile.
+    if (slot.readers == 0 && slot.state == shm::SlotState::kDurable && slot.gen == 0) {
+      slot = Slot{};
+      MirrorSlotLocked(rank->second, lease.slot);
+    }
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
+                                                        const v1::BeginSaveRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (draining_) return absl::UnavailableError("ckptd is shutting down: no new saves");
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  CKPT_ASSIGN_OR_RETURN(Rank * rank, FindRankLocked(*job, req.rank()));
+  if (req.image_bytes() > rank->arena->slot_bytes())
+    return absl::ResourceExhaustedError(
+        absl::StrCat("image_bytes: the shard needs ", req.image_bytes(),
+                     " bytes, the arena's slots hold ", rank->arena->slot_bytes()));
+  auto start = std::chrono::steady_clock::now();
+  auto timeout = req.timeout_ms() ? std::chrono::milliseconds(req.timeout_ms())
+                                  : options_.default_busy_timeout;
+  int slot = -1;
+  for (;;) {
+    // The rank may have been re-registered (arena replaced) while waiting.
+    CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
+    slot = PickSlotLocked(*rank, req.image_bytes());
+    if (slot >= 0) break;
+    if (!req.block())
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
+          " is being written, persisted, read or holds the newest step"));
+    if (cv_.wait_until(lock, start + timeout) == std::cv_status::timeout)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ", req.rank(),
+                       " after waiting ", timeout.count(), " ms"));
+    if (draining_) return absl::UnavailableError("ckptd is shutting down: no new saves");
+    CKPT_ASSIGN_OR_RETURN(job, FindJobLocked(req.job(), peer));
+  }
+  Slot& s = rank->slots[slot];
+  if (s.state == shm::SlotState::kDurable) {
+    // The durable shard it held stays restorable from disk.
+    for (auto& [n, step] : job->steps) {
+      auto sh = step.shards.find(req.rank());
+      if (sh != step.shards.end() && sh->second.slot == slot) sh->second.slot = -1;
+    }
+  }
+  Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
+  uint64_t id = AddLeaseLocked(std::move(lease));
+  s = Slot{shm::SlotState::kWriting, req.step(), 0, req.image_bytes(), 0, id};
+  MirrorSlotLocked(*rank, slot);
+  v1::BeginSaveResponse resp;
+  resp.set_slot(slot);
+  resp.set_slot_offset(rank->arena->slot_offset(slot));
+  resp.set_lease(id);
+  resp.set_waited_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return resp;
+}
+
+absl::Status Engine::AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  (void)job;
+  auto it = leases_.find(req.lease());
+  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
+      it->second.rank != req.rank())
+    return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(), " of job '",
+                                            req.job(), "' rank ", req.rank()));
+  ReleaseLeaseLocked(req.lease());
+  return absl::OkStatus();
+}
+
+void Engine::ReapLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    std::vector<uint64_t> dead;
+    for (const auto& [id, lease] : leases_) {
+      if (lease.pidfd < 0) continue;
+      pollfd p{lease.pidfd, POLLIN, 0};
+      if (poll(&p, 1, 0) > 0) dead.push_back(id);
+    }
+    for (uint64_t id : dead) ReleaseLeaseLocked(id);
+  }
+}
+
+}  // namespace ckpt::daemon

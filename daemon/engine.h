@@ -1,0 +1,181 @@
+// Engine: the state of one ckptd — jobs, their ranks' shared-memory arenas
+// and slot tables, the shards of every step, the leases that clients hold
+// on slots, and the persister that writes staged slots to storage.
+//
+// The engine is authoritative for slot states; it mirrors them into each
+// arena's header for tools and clients but never reads them back, so a
+// client that scribbles over shared memory cannot corrupt the daemon's
+// view (only its own data, which the checksums then reject).
+//
+// Every RPC of the Ckptd service maps onto one method that takes the
+// caller's credentials; arguments are validated here and errors name the
+// field. A lease whose holder process exits (seen through a pidfd) is
+// released, so a trainer killed mid-save leaves no slot locked.
+//
+// Thread-safety: all methods are safe to call concurrently. One mutex
+// guards the state; disk I/O and checksum passes run outside it.
+#ifndef CKPT_DAEMON_ENGINE_H_
+#define CKPT_DAEMON_ENGINE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ckpt.pb.h"
+#include "daemon/catalog.h"
+#include "daemon/peer_listener.h"
+#include "shm/arena.h"
+#include "storage/backend.h"
+
+namespace ckpt::daemon {
+
+struct EngineOptions {
+  std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
+  uint32_t retain_steps = 3;         // durable steps kept per job
+  uint32_t default_num_slots = 2;
+  std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
+  uint32_t max_persist_attempts = 3;
+  std::chrono::milliseconds persist_retry_delay = std::chrono::milliseconds(200);
+  uint64_t max_slot_bytes = 1ull << 40;
+  uint32_t max_world_size = 1u << 20;
+};
+
+class Engine {
+ public:
+  // Recovers from the catalog: re-attaches arenas, re-queues staged steps
+  // that were not yet durable, and starts the persister and the reaper.
+  // backend and catalog must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Open(EngineOptions options,
+                                                      storage::Backend* backend,
+                                                      Catalog* catalog);
+  ~Engine();
+
+  absl::StatusOr<v1::RegisterResponse> Register(const PeerCreds& peer,
+                                                const v1::RegisterRequest& req);
+  absl::StatusOr<v1::BeginSaveResponse> BeginSave(const PeerCreds& peer,
+                                                  const v1::BeginSaveRequest& req);
+  absl::Status CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req);
+  absl::Status AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest& req);
+  absl::StatusOr<v1::LatestResponse> Latest(const PeerCreds& peer,
+                                            const v1::LatestRequest& req);
+  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(const PeerCreds& peer,
+                                                      const v1::OpenRestoreRequest& req);
+  absl::Status CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req);
+  absl::Status WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req);
+  absl::StatusOr<v1::ListResponse> List(const PeerCreds& peer, const v1::ListRequest& req);
+  absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
+                                            const v1::DeleteRequest& req);
+  v1::StatusResponse Status();
+
+  // Refuses new saves from now on and waits until every committed shard is
+  // durable (or failed for good) or the deadline passes. Returns how many
+  // shards were still not durable.
+  size_t Drain(std::chrono::milliseconds deadline);
+
+ private:
+  enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
+  struct Shard {
+    v1::ShardRecord rec;
+    ShardPhase phase = ShardPhase::kStaged;
+    uint64_t gen = 0;
+    int slot = -1;          // slot that holds the image, -1 if none
+    uint32_t attempts = 0;
+  };
+  struct Step {
+    std::map<uint32_t, Shard> shards;
+    bool manifest = false;
+  };
+  struct Slot {
+    shm::SlotState state = shm::SlotState::kFree;
+    uint64_t step = 0;
+    uint64_t gen = 0;       // generation of the shard it holds
+    uint64_t image_bytes = 0;
+    uint32_t readers = 0;
+    uint64_t writer = 0;    // lease of the client writing it
+    bool reclaimable = false;  // holds a shard whose persist failed for good
+  };
+  struct Rank {
+    std::unique_ptr<shm::Arena> arena;
+    std::vector<Slot> slots;
+  };
+  struct Job {
+    v1::JobRecord rec;
+    std::map<uint32_t, Rank> ranks;
+    std::map<uint64_t, Step> steps;
+  };
+  struct Lease {
+    std::string job;
+    uint32_t rank = 0;
+    uint32_t slot = 0;
+    uint64_t step = 0;
+    bool write = false;
+    pid_t pid = 0;
+    int pidfd = -1;
+  };
+  struct Task {
+    enum Kind { kShard, kManifest } kind = kShard;
+    std::string job;
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    uint64_t gen = 0;
+    std::chrono::steady_clock::time_point not_before{};
+  };
+  struct PersistSnapshot;
+
+  Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
+  absl::Status Recover();
+  void RecoverJob(Job& job, std::vector<v1::ShardRecord> shards);
+
+  // Helpers; *Locked ones need mu_ held.
+  absl::StatusOr<Job*> FindJobLocked(const std::string& job, const PeerCreds& peer);
+  absl::StatusOr<Rank*> FindRankLocked(Job& job, uint32_t rank);
+  absl::StatusOr<Rank*> EnsureArenaLocked(Job& job, uint32_t rank, uint64_t slot_bytes);
+  std::string ArenaName(const std::string& job, uint32_t rank) const;
+  int PickSlotLocked(const Rank& rank, uint64_t image_bytes) const;
+  void MirrorSlotLocked(Rank& rank, uint32_t slot);
+  uint64_t AddLeaseLocked(Lease lease);
+  void ReleaseLeaseLocked(uint64_t id);
+  void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
+  void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
+  void MaybeQueueManifestLocked(Job& job, uint64_t step);
+  void ApplyRetentionLocked(Job& job);
+  bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
+
+  void PersistLoop();
+  void PersistShard(const Task& task);
+  void WriteManifest(const Task& task);
+  void ReapLoop();
+
+  const EngineOptions options_;
+  storage::Backend* const backend_;
+  Catalog* const catalog_;
+  const std::chrono::steady_clock::time_point started_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Job> jobs_;
+  std::map<uint64_t, Lease> leases_;
+  uint64_t next_lease_ = 1;
+  uint64_t next_gen_ = 1;
+  std::deque<Task> tasks_;
+  bool busy_persisting_ = false;
+  bool draining_ = false;
+  bool stopping_ = false;
+  uint64_t persisted_shards_ = 0;
+  uint64_t persisted_bytes_ = 0;
+  uint64_t failed_persists_ = 0;
+  std::thread persister_;
+  std::thread reaper_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_ENGINE_H_

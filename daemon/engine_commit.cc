@@ -1,0 +1,125 @@
+// CommitSave and the removal of shards. See engine.h.
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  auto it = leases_.find(req.lease());
+  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
+      it->second.rank != req.rank())
+    return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(), " of job '",
+                                            req.job(), "' rank ", req.rank()));
+  const Lease& lease = it->second;
+  if (lease.slot != req.slot())
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot: ", req.slot(), " but lease ", req.lease(), " is for slot ", lease.slot));
+  if (lease.step != req.step())
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", req.step(), " but lease ", req.lease(), " is for step ", lease.step));
+  CKPT_ASSIGN_OR_RETURN(Rank * rank, FindRankLocked(*job, req.rank()));
+  const uint32_t slot_no = req.slot();
+
+  storage::ShardInfo info =
+      ToShardInfo(req.job(), req.step(), req.rank(), job->rec.world_size(), req.tensors());
+  absl::Status valid = storage::ValidateShardInfo(&info);
+  if (valid.ok() && info.layout.image_bytes > rank->arena->slot_bytes())
+    valid = absl::ResourceExhaustedError(absl::StrCat(
+        "tensors: the shard needs ", info.layout.image_bytes, " bytes, the slot holds ",
+        rank->arena->slot_bytes()));
+  if (valid.ok())
+    valid = storage::EncodeShardMetadata(
+        info, std::span<char>(rank->arena->slot_data(slot_no), rank->arena->slot_bytes()));
+  if (!valid.ok()) {
+    ReleaseLeaseLocked(req.lease());  // the save is over; the slot frees
+    return valid;
+  }
+
+  // A save of step S starts a new timeline for this rank: its shards of
+  // later steps (left over from before a rollback) go, and so does an
+  // older shard of S itself.
+  std::vector<uint64_t> superseded;
+  for (auto& [n, step] : job->steps)
+    if (n >= req.step() && step.shards.count(req.rank())) superseded.push_back(n);
+  for (uint64_t n : superseded) DropShardLocked(*job, n, req.rank(), n != req.step());
+
+  Shard shard;
+  shard.rec.set_job(req.job());
+  shard.rec.set_step(req.step());
+  shard.rec.set_rank(req.rank());
+  shard.rec.set_world_size(job->rec.world_size());
+  shard.rec.set_state(v1::ShardRecord::STAGED);
+  shard.rec.set_slot(slot_no);
+  shard.rec.set_image_bytes(info.layout.image_bytes);
+  *shard.rec.mutable_tensors() = req.tensors();
+  shard.phase = ShardPhase::kStaged;
+  shard.gen = next_gen_++;
+  shard.slot = static_cast<int>(slot_no);
+  // Not synced: a staged step lives in shared memory, which a machine crash
+  // loses anyway; a daemon crash keeps the page cache.
+  CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/false));
+
+  Slot& s = rank->slots[slot_no];
+  s.writer = 0;
+  s.state = shm::SlotState::kStaged;
+  s.step = req.step();
+  s.gen = shard.gen;
+  s.image_bytes = info.layout.image_bytes;
+  MirrorSlotLocked(*rank, slot_no);
+  Task task{Task::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
+  job->steps[req.step()].shards[req.rank()] = std::move(shard);
+  ReleaseLeaseLocked(req.lease());
+  tasks_.push_back(std::move(task));
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Engine::FreeShardSlotLocked(Job& job, uint32_t rank_no, const Shard& shard) {
+  if (shard.slot < 0) return;
+  auto r = job.ranks.find(rank_no);
+  if (r == job.ranks.end() || !r->second.arena) return;
+  Slot& s = r->second.slots[shard.slot];
+  if (s.gen != shard.gen) return;
+  if (s.state == shm::SlotState::kPersisting || s.readers > 0) {
+    s.gen = 0;  // the persister or the last reader frees it
+    return;
+  }
+  s = Slot{};
+  MirrorSlotLocked(r->second, shard.slot);
+}
+
+void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool delete_file) {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end()) return;
+  auto sh = step->second.shards.find(rank);
+  if (sh == step->second.shards.end()) return;
+  FreeShardSlotLocked(job, rank, sh->second);
+  bool was_durable = sh->second.phase == ShardPhase::kDurable;
+  step->second.shards.erase(sh);
+  absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);
+  if (!s.ok()) LogWarning(std::string(s.message()));
+  if (step->second.manifest) {
+    // The step is no longer whole: its manifest goes first.
+    s = backend_->Delete(storage::ManifestKey(job.rec.job(), step_no));
+    if (!s.ok()) LogWarning(std::string(s.message()));
+    step->second.manifest = false;
+  }
+  if (delete_file && was_durable) {
+    s = backend_->Delete(storage::ShardKey(job.rec.job(), step_no, rank));
+    if (!s.ok()) LogWarning(std::string(s.message()));
+  }
+  if (step->second.shards.empty()) {
+    job.steps.erase(step);
+    if (delete_file) (void)backend_->DeletePrefix(storage::StepPrefix(job.rec.job(), step_no));
+  }
+  cv_.notify_all();
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,283 @@
+// The persister: staged slots to storage, manifests, retention. See engine.h.
+#include <future>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "util/checksum.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+void Engine::PersistLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    auto now = std::chrono::steady_clock::now();
+    auto ready = tasks_.end();
+    auto earliest = std::chrono::steady_clock::time_point::max();
+    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
+      if (it->not_before <= now) {
+        ready = it;
+        break;
+      }
+      earliest = std::min(earliest, it->not_before);
+    }
+    if (ready == tasks_.end()) {
+      if (earliest == std::chrono::steady_clock::time_point::max())
+        cv_.wait(lock);
+      else
+        cv_.wait_until(lock, earliest);
+      continue;
+    }
+    Task task = std::move(*ready);
+    tasks_.erase(ready);
+    busy_persisting_ = true;
+    lock.unlock();
+    if (task.kind == Task::kShard)
+      PersistShard(task);
+    else
+      WriteManifest(task);
+    lock.lock();
+    busy_persisting_ = false;
+    cv_.notify_all();
+  }
+}
+
+namespace {
+
+// Checks every checksum the client computed against the bytes now in the
+// slot; a mismatch means the slot changed after the commit.
+absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
+                         const std::vector<bool>& has_checksum) {
+  for (size_t i = 0; i < info.tensors.size(); ++i) {
+    if (!has_checksum[i]) continue;
+    const storage::ShardTensor& t = info.tensors[i];
+    uint64_t got = TensorChecksum(image + t.offset, t.bytes);
+    if (got != t.checksum)
+      return absl::DataLossError(absl::StrFormat(
+          "tensor \"%s\": checksum mismatch in shared memory (committed %016x, found %016x)",
+          t.name, t.checksum, got));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void Engine::PersistShard(const Task& task) {
+  char* image = nullptr;
+  storage::ShardInfo info;
+  std::vector<bool> has_checksum;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto job = jobs_.find(task.job);
+    if (job == jobs_.end()) return;
+    auto step = job->second.steps.find(task.step);
+    if (step == job->second.steps.end()) return;
+    auto sh = step->second.shards.find(task.rank);
+    if (sh == step->second.shards.end()) return;
+    Shard& shard = sh->second;
+    if (shard.gen != task.gen || shard.phase != ShardPhase::kStaged || shard.slot < 0) return;
+    Rank& rank = job->second.ranks[task.rank];
+    shard.phase = ShardPhase::kPersisting;
+    rank.slots[shard.slot].state = shm::SlotState::kPersisting;
+    MirrorSlotLocked(rank, shard.slot);
+    image = rank.arena->slot_data(shard.slot);
+    info = ToShardInfo(task.job, task.step, task.rank, job->second.rec.world_size(),
+                       shard.rec.tensors());
+    for (const auto& m : shard.rec.tensors()) has_checksum.push_back(m.has_checksum());
+  }
+
+  absl::Status s = storage::ValidateShardInfo(&info);
+  bool computed = false;
+  for (size_t i = 0; s.ok() && i < info.tensors.size(); ++i) {
+    if (has_checksum[i]) continue;  // device tensors: the CPU never saw them
+    info.tensors[i].checksum = TensorChecksum(image + info.tensors[i].offset, info.tensors[i].bytes);
+    computed = true;
+  }
+  if (s.ok() && computed)
+    s = storage::EncodeShardMetadata(info, std::span<char>(image, info.layout.image_bytes));
+  const std::string key = storage::ShardKey(task.job, task.step, task.rank);
+  if (s.ok()) {
+    // The checksum pass runs on another core while the write is in flight.
+    auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),
+                             std::cref(has_checksum));
+    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes);
+    s = writer.status();
+    if (s.ok()) s = (*writer)->WriteAt(0, image, info.layout.image_bytes);
+    absl::Status v = verify.get();
+    if (s.ok()) s = v;
+    if (s.ok()) s = (*writer)->Commit();
+    else if (writer.ok()) (*writer)->Abort();
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+  auto job = jobs_.find(task.job);
+  Shard* shard = nullptr;
+  if (job != jobs_.end()) {
+    auto step = job->second.steps.find(task.step);
+    if (step != job->second.steps.end()) {
+      auto sh = step->second.shards.find(task.rank);
+      if (sh != step->second.shards.end() && sh->second.gen == task.gen) shard = &sh->second;
+    }
+  }
+  if (shard == nullptr) {
+    // Deleted or replaced while we wrote: the file must not outlive it.
+    bool current = false;
+    if (job != jobs_.end()) {
+      auto step = job->second.steps.find(task.step);
+      current = step != job->second.steps.end() && step->second.shards.count(task.rank);
+      for (auto& [r, rank] : job->second.ranks)
+        for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
+          if (rank.slots[i].state == shm::SlotState::kPersisting && rank.slots[i].gen == 0 &&
+              rank.arena->slot_data(i) == image) {
+            rank.slots[i] = Slot{};
+            MirrorSlotLocked(rank, i);
+          }
+    }
+    if (s.ok() && !current) (void)backend_->Delete(key);
+    return;
+  }
+  Rank& rank = job->second.ranks[task.rank];
+  Slot& slot = rank.slots[shard->slot];
+  if (s.ok()) {
+    shard->phase = ShardPhase::kDurable;
+    shard->rec.set_state(v1::ShardRecord::DURABLE);
+    shard->rec.set_path(key);
+    shard->rec.clear_error();
+    for (int i = 0; i < shard->rec.tensors_size(); ++i) {
+      shard->rec.mutable_tensors(i)->set_checksum(info.tensors[i].checksum);
+      shard->rec.mutable_tensors(i)->set_has_checksum(true);
+    }
+    absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
+    if (!c.ok()) LogWarning(std::string(c.message()));
+    slot.state = shm::SlotState::kDurable;
+    MirrorSlotLocked(rank, shard->slot);
+    ++persisted_shards_;
+    persisted_bytes_ += info.layout.image_bytes;
+    MaybeQueueManifestLocked(job->second, task.step);
+    return;
+  }
+  ++failed_persists_;
+  ++shard->attempts;
+  LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts, "): ", s.message()));
+  shard->rec.set_error(std::string(s.message()));
+  slot.state = shm::SlotState::kStaged;
+  bool corrupt = s.code() == absl::StatusCode::kDataLoss;
+  if (corrupt || shard->attempts >= options_.max_persist_attempts) {
+    shard->phase = ShardPhase::kFailed;
+    shard->rec.set_state(v1::ShardRecord::FAILED);
+    slot.reclaimable = true;
+    (void)catalog_->PutShard(shard->rec, /*sync=*/true);
+  } else {
+    shard->phase = ShardPhase::kStaged;
+    Task retry = task;
+    retry.not_before = std::chrono::steady_clock::now() +
+                       options_.persist_retry_delay * (1u << (shard->attempts - 1));
+    tasks_.push_back(std::move(retry));
+  }
+  MirrorSlotLocked(rank, shard->slot);
+}
+
+bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
+  *durable = true;
+  if (step.shards.size() != job.rec.world_size()) {
+    *durable = false;
+    return false;
+  }
+  for (const auto& [r, shard] : step.shards) {
+    if (shard.phase != ShardPhase::kDurable) *durable = false;
+    if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
+  }
+  return true;
+}
+
+void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end() || step->second.manifest) return;
+  bool durable = false;
+  if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
+  tasks_.push_back(Task{Task::kManifest, job.rec.job(), step_no, 0, 0, {}});
+  cv_.notify_all();
+}
+
+void Engine::WriteManifest(const Task& task) {
+  std::string json;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto job = jobs_.find(task.job);
+    if (job == jobs_.end()) return;
+    auto step = job->second.steps.find(task.step);
+    if (step == job->second.steps.end() || step->second.manifest) return;
+    bool durable = false;
+    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
+    json = absl::StrFormat(R"({"format":"ckptd-manifest-v1","job":"%s","step":%d,"world_size":%d,"shards":[)",
+                           task.job, task.step, job->second.rec.world_size());
+    bool first = true;
+    for (const auto& [r, shard] : step->second.shards) {
+      uint64_t combined = 0;
+      for (const auto& t : shard.rec.tensors()) combined = combined * 1000003 ^ t.checksum();
+      absl::StrAppendFormat(&json, R"(%s{"rank":%d,"key":"%s","bytes":%d,"tensors":%d,"checksums_digest":"%016x"})",
+                            first ? "" : ",", r, shard.rec.path(), shard.rec.image_bytes(),
+                            shard.rec.tensors_size(), combined);
+      first = false;
+    }
+    json += "]}\n";
+  }
+  absl::Status s = backend_->PutSmallObject(storage::ManifestKey(task.job, task.step), json);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s.ok()) {
+    LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
+    Task retry = task;
+    retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
+    tasks_.push_back(std::move(retry));
+    return;
+  }
+  auto job = jobs_.find(task.job);
+  if (job == jobs_.end()) return;
+  auto step = job->second.steps.find(task.step);
+  if (step == job->second.steps.end()) return;
+  step->second.manifest = true;
+  ApplyRetentionLocked(job->second);
+  cv_.notify_all();
+}
+
+void Engine::ApplyRetentionLocked(Job& job) {
+  if (options_.retain_steps == 0) return;
+  uint32_t kept = 0;
+  uint64_t oldest_kept = 0;
+  for (auto it = job.steps.rbegin(); it != job.steps.rend(); ++it) {
+    if (!it->second.manifest) continue;
+    oldest_kept = it->first;
+    if (++kept == options_.retain_steps) break;
+  }
+  if (kept < options_.retain_steps) return;
+  std::vector<std::pair<uint64_t, uint32_t>> doomed;
+  for (auto& [n, step] : job.steps) {
+    if (n >= oldest_kept) break;
+    for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
+  }
+  for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
+}
+
+size_t Engine::Drain(std::chrono::milliseconds deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  cv_.notify_all();
+  auto pending = [this] {
+    size_t n = 0;
+    for (const auto& [name, job] : jobs_)
+      for (const auto& [s, step] : job.steps)
+        for (const auto& [r, shard] : step.shards)
+          if (shard.phase == ShardPhase::kStaged || shard.phase == ShardPhase::kPersisting) ++n;
+    return n;
+  };
+  cv_.wait_for(lock, deadline,
+               [&] { return pending() == 0 && tasks_.empty() && !busy_persisting_; });
+  return pending();
+}
+
+}  // namespace ckpt::daemon

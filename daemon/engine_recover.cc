@@ -1,0 +1,143 @@
+// Recovery of a restarted daemon from its catalog and shared memory.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// True if the image in memory is the shard the catalog recorded: same
+// tensors at the same offsets with the same checksums.
+bool ImageMatchesRecord(const char* image, uint64_t slot_bytes, const v1::ShardRecord& rec) {
+  if (rec.image_bytes() > slot_bytes) return false;
+  if (!CheckLoadedImage(image, rec.image_bytes(), rec.job(), rec.step(), rec.rank(), "slot").ok())
+    return false;
+  auto header = storage::DecodeHeader({image, storage::kShardAlign});
+  auto meta = storage::DecodeShardMetadata(
+      {image, header->data_offset}, {image + header->footer_offset, storage::kShardAlign},
+      rec.image_bytes());
+  if (!meta.ok() || meta->tensors.size() != static_cast<size_t>(rec.tensors_size())) return false;
+  for (int i = 0; i < rec.tensors_size(); ++i) {
+    const v1::TensorMeta& want = rec.tensors(i);
+    const storage::ShardTensor& got = meta->tensors[i];
+    if (got.name != want.name() || got.offset != want.offset() || got.bytes != want.bytes())
+      return false;
+    if (want.has_checksum() && got.checksum != want.checksum()) return false;
+  }
+  return true;
+}
+
+// Reads and validates a shard file's metadata through the backend.
+absl::Status CheckShardFile(storage::Backend& backend, const v1::ShardRecord& rec,
+                            const std::string& key) {
+  CKPT_ASSIGN_OR_RETURN(uint64_t size, backend.ObjectSize(key));
+  if (size < 2 * storage::kShardAlign) return absl::DataLossError(key + ": too short");
+  std::vector<char> first(storage::kShardAlign);
+  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, 0, first.data(), first.size()));
+  CKPT_ASSIGN_OR_RETURN(storage::ShardHeader h, storage::DecodeHeader(first));
+  if (h.data_offset > size || h.footer_offset > size - storage::kShardAlign)
+    return absl::DataLossError(key + ": offsets beyond the file");
+  std::vector<char> head(h.data_offset), footer(storage::kShardAlign);
+  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, 0, head.data(), head.size()));
+  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, h.footer_offset, footer.data(), footer.size()));
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::DecodeShardMetadata(head, footer, size));
+  if (info.job != rec.job() || info.step != rec.step() || info.rank != rec.rank())
+    return absl::DataLossError(key + ": holds another shard");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Engine::Recover() {
+  CKPT_ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, catalog_->Jobs());
+  for (v1::JobRecord& rec : jobs) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards, catalog_->Shards(rec.job()));
+    Job job;
+    job.rec = std::move(rec);
+    RecoverJob(job, std::move(shards));
+    std::string name = job.rec.job();
+    jobs_.emplace(name, std::move(job));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
+  const std::string& name = job.rec.job();
+  for (const auto& [r, slot_bytes] : job.rec.arena_slot_bytes()) {
+    shm::ArenaOptions expect;
+    expect.name = ArenaName(name, r);
+    expect.job = name;
+    expect.rank = r;
+    expect.world_size = job.rec.world_size();
+    expect.slot_bytes = slot_bytes;
+    expect.num_slots = job.rec.num_slots();
+    auto arena = shm::Arena::Reattach(expect);
+    if (!arena.ok()) {
+      LogWarning(absl::StrCat("job ", name, " rank ", r, ": cannot re-attach arena: ",
+                              arena.status().message()));
+      continue;
+    }
+    Rank& rank = job.ranks[r];
+    rank.arena = std::move(*arena);
+    rank.slots.assign(rank.arena->num_slots(), Slot{});
+    (void)backend_->RegisterMemory(rank.arena->slot_data(0),
+                                   uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes());
+  }
+  size_t requeued = 0, in_memory = 0, lost = 0;
+  for (v1::ShardRecord& rec : shards) {
+    Shard sh;
+    sh.gen = next_gen_++;
+    sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable : ShardPhase::kStaged;
+    auto rank = job.ranks.find(rec.rank());
+    if (rank != job.ranks.end() && rec.slot() < rank->second.slots.size() &&
+        rank->second.slots[rec.slot()].state == shm::SlotState::kFree &&
+        ImageMatchesRecord(rank->second.arena->slot_data(rec.slot()),
+                           rank->second.arena->slot_bytes(), rec)) {
+      sh.slot = static_cast<int>(rec.slot());
+      rank->second.slots[rec.slot()] =
+          Slot{sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable : shm::SlotState::kStaged,
+               rec.step(), sh.gen, rec.image_bytes(), 0, 0};
+      MirrorSlotLocked(rank->second, rec.slot());
+      ++in_memory;
+    }
+    const std::string key = storage::ShardKey(name, rec.step(), rec.rank());
+    if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
+      // Not in memory any more; the file may have made it before the crash.
+      if (CheckShardFile(*backend_, rec, key).ok()) {
+        sh.phase = ShardPhase::kDurable;
+        rec.set_state(v1::ShardRecord::DURABLE);
+        rec.set_path(key);
+        (void)catalog_->PutShard(rec, /*sync=*/true);
+      } else {
+        LogWarning(absl::StrCat("job ", name, " step ", rec.step(), " rank ", rec.rank(),
+                                ": staged in memory before the restart and lost with it"));
+        (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
+        ++lost;
+        continue;
+      }
+    }
+    if (sh.phase == ShardPhase::kStaged) {
+      rec.set_state(v1::ShardRecord::STAGED);
+      tasks_.push_back(Task{Task::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
+      ++requeued;
+    }
+    sh.rec = std::move(rec);
+    job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
+  }
+  for (auto& [n, step] : job.steps) {
+    bool durable = false;
+    if (!StepCompleteLocked(job, step, &durable) || !durable) continue;
+    if (backend_->ObjectSize(storage::ManifestKey(name, n)).ok())
+      step.manifest = true;
+    else
+      tasks_.push_back(Task{Task::kManifest, name, n, 0, 0, {}});
+  }
+  LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
+                       " in memory, ", requeued, " to persist, ", lost, " lost"));
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,244 @@
+// Latest, restore, list, delete and status. See engine.h.
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
+                                                  const v1::LatestRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  v1::LatestResponse resp;
+  for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
+    bool durable = false;
+    if (!StepCompleteLocked(*job, it->second, &durable)) continue;
+    resp.set_found(true);
+    resp.set_step(it->first);
+    resp.set_durable(durable);
+    break;
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& peer,
+                                                            const v1::OpenRestoreRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  if (req.rank() >= job->rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " is not below world_size ",
+                                                   job->rec.world_size()));
+  auto not_found = [&] {
+    return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ", req.step(),
+                                            " for rank ", req.rank()));
+  };
+  auto step = job->steps.find(req.step());
+  if (step == job->steps.end()) return not_found();
+  auto sh = step->second.shards.find(req.rank());
+  if (sh == step->second.shards.end()) return not_found();
+  Shard* shard = &sh->second;
+  const uint64_t gen = shard->gen;
+  v1::OpenRestoreResponse resp;
+  resp.set_source("memory");
+  if (shard->slot < 0) {
+    if (shard->phase != ShardPhase::kDurable)
+      return absl::DataLossError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
+                                              " is neither in memory nor durable: ",
+                                              shard->rec.error()));
+    // Load the shard file into a slot: one read, then the client copies.
+    Rank* rank = nullptr;
+    auto existing = job->ranks.find(req.rank());
+    if (existing != job->ranks.end() && existing->second.arena &&
+        existing->second.arena->slot_bytes() >= shard->rec.image_bytes()) {
+      rank = &existing->second;
+    } else {
+      uint64_t need = std::max<uint64_t>(shard->rec.image_bytes(), job->rec.slot_bytes());
+      CKPT_ASSIGN_OR_RETURN(rank, EnsureArenaLocked(*job, req.rank(), need));
+    }
+    auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
+    int slot = -1;
+    while ((slot = PickSlotLocked(*rank, shard->rec.image_bytes())) < 0)
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+        return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
+    Slot& s = rank->slots[slot];
+    for (auto& [n, st] : job->steps) {
+      auto o = st.shards.find(req.rank());
+      if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
+    }
+    s = Slot{shm::SlotState::kWriting, req.step(), 0, shard->rec.image_bytes(), 0, 0};
+    MirrorSlotLocked(*rank, slot);
+    char* dst = rank->arena->slot_data(slot);
+    const std::string key = shard->rec.path();
+    const uint64_t bytes = shard->rec.image_bytes();
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
+    if (st.ok()) st = CheckLoadedImage(dst, bytes, req.job(), req.step(), req.rank(), key);
+    resp.set_load_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    lock.lock();
+    // The job, rank or shard may have changed while the lock was released.
+    auto j = jobs_.find(req.job());
+    Rank* r = nullptr;
+    if (j != jobs_.end() && j->second.ranks.count(req.rank())) r = &j->second.ranks[req.rank()];
+    bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
+    if (slot_ok) {
+      r->slots[slot] = Slot{};
+      MirrorSlotLocked(*r, slot);
+    }
+    if (!st.ok()) return Annotate(st, "restore from disk");
+    Shard* cur = nullptr;
+    if (j != jobs_.end()) {
+      auto stp = j->second.steps.find(req.step());
+      if (stp != j->second.steps.end() && stp->second.shards.count(req.rank()))
+        cur = &stp->second.shards[req.rank()];
+    }
+    if (!slot_ok || !cur || cur->gen != gen)
+      return absl::AbortedError("restore: the step changed while it was loaded; retry");
+    r->slots[slot] = Slot{shm::SlotState::kDurable, req.step(), gen, bytes, 0, 0};
+    MirrorSlotLocked(*r, slot);
+    cur->slot = slot;
+    shard = cur;
+    job = &j->second;
+    resp.set_source("disk");
+  }
+  Rank& rank = job->ranks[req.rank()];
+  Slot& slot = rank.slots[shard->slot];
+  ++slot.readers;
+  Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
+  resp.set_lease(AddLeaseLocked(std::move(lease)));
+  resp.set_shm_name(rank.arena->name());
+  resp.set_arena_bytes(rank.arena->size());
+  resp.set_slot_offset(rank.arena->slot_offset(shard->slot));
+  resp.set_image_bytes(shard->rec.image_bytes());
+  *resp.mutable_tensors() = shard->rec.tensors();
+  return resp;
+}
+
+absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  (void)job;
+  auto it = leases_.find(req.lease());
+  if (it == leases_.end() || it->second.write || it->second.job != req.job() ||
+      it->second.rank != req.rank())
+    return absl::NotFoundError(absl::StrCat("lease: no open restore ", req.lease(), " of job '",
+                                            req.job(), "' rank ", req.rank()));
+  ReleaseLeaseLocked(req.lease());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
+  for (;;) {
+    CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+    auto step = job->steps.find(req.step());
+    if (step == job->steps.end() || !step->second.shards.count(req.rank()))
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
+                                              req.step(), " for rank ", req.rank()));
+    const Shard& shard = step->second.shards.at(req.rank());
+    if (shard.phase == ShardPhase::kDurable) return absl::OkStatus();
+    if (shard.phase == ShardPhase::kFailed)
+      return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
+                                              " failed: ", shard.rec.error()));
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+      return absl::DeadlineExceededError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
+                                                      " not durable within the timeout"));
+  }
+}
+
+absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::ListRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::ListResponse resp;
+  if (!req.job().empty()) CKPT_RETURN_IF_ERROR(FindJobLocked(req.job(), peer).status());
+  static const char* kPhase[] = {"staged", "persisting", "durable", "failed"};
+  for (const auto& [name, job] : jobs_) {
+    if (!req.job().empty() && name != req.job()) continue;
+    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
+    v1::JobInfo* ji = resp.add_jobs();
+    ji->set_job(name);
+    ji->set_world_size(job.rec.world_size());
+    ji->set_uid(job.rec.uid());
+    for (const auto& [n, step] : job.steps) {
+      v1::StepInfo* si = ji->add_steps();
+      si->set_step(n);
+      bool durable = false;
+      si->set_complete(StepCompleteLocked(job, step, &durable));
+      si->set_durable(durable && step.manifest);
+      for (const auto& [r, shard] : step.shards) {
+        v1::ShardInfo* sh = si->add_shards();
+        sh->set_rank(r);
+        sh->set_state(kPhase[static_cast<int>(shard.phase)]);
+        sh->set_bytes(shard.rec.image_bytes());
+        sh->set_path(shard.rec.path());
+        sh->set_in_memory(shard.slot >= 0);
+        sh->set_error(shard.rec.error());
+      }
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
+                                                  const v1::DeleteRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::vector<uint64_t> steps;
+  if (req.all_steps()) {
+    for (const auto& [n, step] : job->steps) steps.push_back(n);
+  } else {
+    if (!job->steps.count(req.step()))
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
+    steps.push_back(req.step());
+  }
+  for (uint64_t n : steps) {
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
+    for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
+    CKPT_RETURN_IF_ERROR(backend_->DeletePrefix(storage::StepPrefix(req.job(), n)));
+  }
+  v1::DeleteResponse resp;
+  resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
+  return resp;
+}
+
+v1::StatusResponse Engine::Status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::StatusResponse resp;
+  resp.set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  resp.set_backend(backend_->name());
+  uint64_t in_flight = 0;
+  for (const auto& [name, job] : jobs_) {
+    for (const auto& [r, rank] : job.ranks) {
+      if (!rank.arena) continue;
+      v1::ArenaStatus* a = resp.add_arenas();
+      a->set_job(name);
+      a->set_rank(r);
+      a->set_shm_name(rank.arena->name());
+      a->set_arena_bytes(rank.arena->size());
+      for (const Slot& s : rank.slots) {
+        std::string st(shm::SlotStateName(s.state));
+        if (s.state != shm::SlotState::kFree) absl::StrAppend(&st, "(", s.step, ")");
+        if (s.readers) absl::StrAppend(&st, "+", s.readers, "r");
+        a->add_slot_states(st);
+      }
+    }
+    for (const auto& [n, step] : job.steps)
+      for (const auto& [r, shard] : step.shards)
+        if (shard.phase == ShardPhase::kStaged || shard.phase == ShardPhase::kPersisting)
+          in_flight += shard.rec.image_bytes();
+  }
+  resp.set_bytes_in_flight(in_flight);
+  resp.set_persist_queue(static_cast<uint32_t>(tasks_.size()));
+  resp.set_persisted_shards(persisted_shards_);
+  resp.set_persisted_bytes(persisted_bytes_);
+  resp.set_failed_persists(failed_persists_);
+  return resp;
+}
+
+}  // namespace ckpt::daemon

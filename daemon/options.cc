@@ -1,0 +1,128 @@
+#include "daemon/options.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+
+#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+
+#include "absl/strings/str_format.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// Arena names are per daemon instance: two daemons with different roots
+// on one node never share a segment.
+std::string DefaultShmPrefix(const std::string& root) {
+  std::error_code ec;
+  std::string abs = std::filesystem::weakly_canonical(root, ec).string();
+  return absl::StrFormat("ckptd-%08x",
+                         static_cast<uint32_t>(std::hash<std::string>{}(ec ? root : abs)));
+}
+
+template <typename T>
+absl::Status FromToml(const toml::table& t, const char* key, T* out) {
+  const toml::node* n = t.get(key);
+  if (!n) return absl::OkStatus();
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!n->is_string()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a string");
+    *out = *n->value<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!n->is_boolean()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a boolean");
+    *out = *n->value<bool>();
+  } else {
+    if (!n->is_integer() || *n->value<int64_t>() < 0)
+      return absl::InvalidArgumentError(std::string("config: ") + key + ": not a non-negative integer");
+    *out = static_cast<T>(*n->value<int64_t>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help) {
+  DaemonOptions o;
+  std::string config, shm_prefix;
+  uint32_t retain = 3, slots = 2, attempts = 3, drain_s = 60, queue_depth = 8;
+  uint64_t io_mib = 4;
+  bool no_uring = false, no_direct = false;
+
+  CLI::App app{"ckptd: node-local checkpoint daemon"};
+  app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on")->required();
+  app.add_option("--root", o.root, "directory for shards, manifests and the catalog")->required();
+  app.add_option("--config", config, "TOML file with the settings below (flags win)");
+  app.add_option("--shm-prefix", shm_prefix, "prefix of shared-memory names (default: from --root)");
+  app.add_option("--retain", retain, "durable steps kept per job (0 = all)");
+  app.add_option("--slots", slots, "default slots per arena")->check(CLI::Range(2, 16));
+  app.add_option("--persist-attempts", attempts, "attempts before a persist is failed")->check(CLI::Range(1, 100));
+  app.add_option("--drain-seconds", drain_s, "on SIGTERM, wait this long for pending persists");
+  app.add_option("--queue-depth", queue_depth, "I/O requests in flight per shard")->check(CLI::Range(1, 256));
+  app.add_option("--io-mib", io_mib, "MiB per I/O request")->check(CLI::Range(1, 256));
+  app.add_flag("--no-io-uring", no_uring, "use pwrite/pread instead of io_uring");
+  app.add_flag("--no-direct-io", no_direct, "do not use O_DIRECT");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    *help = app.help();
+    return absl::CancelledError("help");
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+
+  if (!config.empty()) {
+    toml::table t;
+    try {
+      t = toml::parse_file(config);
+    } catch (const toml::parse_error& e) {
+      return absl::InvalidArgumentError("config " + config + ": " + std::string(e.description()));
+    }
+    // Flags given on the command line win over the file.
+    auto unless_flag = [&](const char* flag, auto&& apply) -> absl::Status {
+      return app.count(flag) ? absl::OkStatus() : apply();
+    };
+    absl::Status s;
+    if (s.ok()) s = unless_flag("--shm-prefix", [&] { return FromToml(t, "shm_prefix", &shm_prefix); });
+    if (s.ok()) s = unless_flag("--retain", [&] { return FromToml(t, "retain", &retain); });
+    if (s.ok()) s = unless_flag("--slots", [&] { return FromToml(t, "slots", &slots); });
+    if (s.ok()) s = unless_flag("--persist-attempts", [&] { return FromToml(t, "persist_attempts", &attempts); });
+    if (s.ok()) s = unless_flag("--drain-seconds", [&] { return FromToml(t, "drain_seconds", &drain_s); });
+    if (s.ok()) s = unless_flag("--queue-depth", [&] { return FromToml(t, "queue_depth", &queue_depth); });
+    if (s.ok()) s = unless_flag("--io-mib", [&] { return FromToml(t, "io_mib", &io_mib); });
+    if (s.ok()) s = unless_flag("--no-io-uring", [&] {
+      bool v = !no_uring;
+      absl::Status r = FromToml(t, "io_uring", &v);
+      no_uring = !v;
+      return r;
+    });
+    if (s.ok()) s = unless_flag("--no-direct-io", [&] {
+      bool v = !no_direct;
+      absl::Status r = FromToml(t, "direct_io", &v);
+      no_direct = !v;
+      return r;
+    });
+    if (!s.ok()) return s;
+    if (slots < 2 || slots > 16) return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
+    if (attempts < 1) return absl::InvalidArgumentError("config: persist_attempts: must be >= 1");
+    if (queue_depth < 1 || queue_depth > 256)
+      return absl::InvalidArgumentError("config: queue_depth: must be in [1, 256]");
+    if (io_mib < 1 || io_mib > 256) return absl::InvalidArgumentError("config: io_mib: must be in [1, 256]");
+  }
+
+  o.engine.shm_prefix = shm_prefix.empty() ? DefaultShmPrefix(o.root) : shm_prefix;
+  for (char c : o.engine.shm_prefix)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
+      return absl::InvalidArgumentError("--shm-prefix: only [A-Za-z0-9_-] allowed");
+  o.engine.retain_steps = retain;
+  o.engine.default_num_slots = slots;
+  o.engine.max_persist_attempts = attempts;
+  o.drain_deadline = std::chrono::seconds(drain_s);
+  o.storage.root = o.root;
+  o.storage.use_io_uring = !no_uring;
+  o.storage.direct_io = !no_direct;
+  o.storage.queue_depth = queue_depth;
+  o.storage.io_bytes = io_mib << 20;
+  return o;
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,235 @@
+#include "shm/arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ckpt::shm {
+namespace {
+
+std::string UniqueName() {
+  static std::atomic<int> counter{0};
+  return "/ckpt_test." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
+class ArenaTest : public ::testing::Test {
+ protected:
+  ArenaOptions Options(uint64_t slot_bytes = 3 << 20, uint32_t num_slots = 2) {
+    ArenaOptions o;
+    o.name = UniqueName();
+    names_.push_back(o.name);
+    o.job = "job-a";
+    o.rank = 1;
+    o.world_size = 4;
+    o.slot_bytes = slot_bytes;
+    o.num_slots = num_slots;
+    o.owner_uid = ::getuid();
+    o.owner_gid = ::getgid();
+    return o;
+  }
+  void TearDown() override {
+    for (const auto& n : names_) (void)Arena::Unlink(n);
+  }
+  // Opens the segment behind the test's back, as a scribbler would.
+  char* MapRaw(const std::string& name, size_t bytes) {
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    EXPECT_GE(fd, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    EXPECT_NE(p, MAP_FAILED);
+    return static_cast<char*>(p);
+  }
+  std::vector<std::string> names_;
+};
+
+TEST_F(ArenaTest, CreateRoundsSlotsAndAttachSeesTheSameBytes) {
+  ArenaOptions o = Options(3 << 20, 3);
+  auto created = Arena::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Arena& d = **created;
+  EXPECT_EQ(d.slot_bytes(), 4u << 20);
+  EXPECT_EQ(d.num_slots(), 3u);
+  EXPECT_EQ(d.size(), Arena::ArenaBytes(3 << 20, 3));
+  EXPECT_EQ(d.size(), kSlotAlign + 3 * (4u << 20));
+  EXPECT_EQ(d.slot_offset(0), kSlotAlign);
+  EXPECT_EQ(d.header().magic, kArenaMagic);
+  EXPECT_STREQ(d.header().job, "job-a");
+
+  auto attached = Arena::Attach(o.name, d.size(), Arena::SlotsOffset());
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  Arena& c = **attached;
+  EXPECT_EQ(c.num_slots(), 3u);
+  EXPECT_EQ(c.slot_bytes(), d.slot_bytes());
+  // Client writes into the slots are seen by the daemon and vice versa.
+  std::memset(c.slot_data(2), 0x5a, c.slot_bytes());
+  EXPECT_EQ(d.slot_data(2)[0], 0x5a);
+  EXPECT_EQ(d.slot_data(2)[d.slot_bytes() - 1], 0x5a);
+  d.SetSlotState(1, SlotState::kStaged, 42, 7, 8192);
+  EXPECT_EQ(c.slot_state(1), SlotState::kStaged);
+  EXPECT_EQ(c.header().slots[1].step.load(), 42u);
+  EXPECT_EQ(c.header().slots[1].image_bytes.load(), 8192u);
+  // The client's header and slots are contiguous.
+  EXPECT_EQ(c.slot_data(0), c.base() + kSlotAlign);
+}
+
+TEST_F(ArenaTest, CreateRefusesAnExistingName) {
+  ArenaOptions o = Options();
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = Arena::Create(o);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kAlreadyExists) << b.status();
+}
+
+TEST_F(ArenaTest, CreateRejectsBadSlotCounts) {
+  for (uint32_t n : {0u, 1u, kMaxSlots + 1}) {
+    auto a = Arena::Create(Options(1 << 20, n));
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(a.status().message().find("num_slots"), absl::string_view::npos);
+  }
+}
+
+TEST_F(ArenaTest, SegmentHasMode0600AndRequestedOwner) {
+  ArenaOptions o = Options();
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, o.owner_uid);
+  EXPECT_EQ(st.st_gid, o.owner_gid);
+}
+
+TEST_F(ArenaTest, SegmentIsChownedToTheOwner) {
+  if (::geteuid() != 0) GTEST_SKIP() << "fchown to another uid needs root";
+  ArenaOptions o = Options();
+  o.owner_uid = 4321;
+  o.owner_gid = 4322;
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4321u);
+  EXPECT_EQ(st.st_gid, 4322u);
+}
+
+TEST_F(ArenaTest, ClientHeaderMappingIsReadOnly) {
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto c = Arena::Attach(o.name, (*d)->size(), Arena::SlotsOffset());
+  ASSERT_TRUE(c.ok()) << c.status();
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    volatile char* header = (*c)->base();
+    header[0] = 1;  // must fault
+    ::_exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+  EXPECT_EQ(WTERMSIG(wstatus), SIGSEGV);
+}
+
+TEST_F(ArenaTest, ArenaLargerThanDevShmIsRefusedWithResourceExhausted) {
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs("/dev/shm", &vfs), 0);
+  uint64_t total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  if (total == 0) GTEST_SKIP() << "/dev/shm has no size limit";
+  ASSERT_GE(total, free_bytes);
+  // Bigger than the whole filesystem, so the kernel refuses before allocating.
+  ArenaOptions o = Options(total / 2 + (64ull << 20), 2);
+  auto a = Arena::Create(o);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+  EXPECT_NE(a.status().message().find("/dev/shm cannot hold"), absl::string_view::npos);
+  // Nothing is left behind.
+  EXPECT_EQ(::access(("/dev/shm" + o.name).c_str(), F_OK), -1);
+}
+
+TEST_F(ArenaTest, ReattachMapsAnIntactArena) {
+  ArenaOptions o = Options();
+  {
+    auto d = Arena::Create(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    std::memcpy((*d)->slot_data(1), "staged", 6);
+  }
+  auto r = Arena::Reattach(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(std::memcmp((*r)->slot_data(1), "staged", 6), 0);
+  EXPECT_EQ((*r)->num_slots(), 2u);
+}
+
+TEST_F(ArenaTest, ReattachRefusesScribbledHeaderNamingTheField) {
+  struct Case {
+    const char* field;
+    void (*scribble)(ArenaHeader*);
+  };
+  const Case cases[] = {
+      {"magic", [](ArenaHeader* h) { h->magic ^= 1; }},
+      {"slot_bytes", [](ArenaHeader* h) { h->slot_bytes += kSlotAlign; }},
+      {"job", [](ArenaHeader* h) { h->job[0] = 'X'; }},
+      {"rank", [](ArenaHeader* h) { h->rank = 3; }},
+      {"num_slots", [](ArenaHeader* h) { h->num_slots = 3; }},
+  };
+  for (const Case& c : cases) {
+    ArenaOptions o = Options();
+    ASSERT_TRUE(Arena::Create(o).ok());
+    char* raw = MapRaw(o.name, 4096);
+    c.scribble(reinterpret_cast<ArenaHeader*>(raw));
+    ::munmap(raw, 4096);
+    auto r = Arena::Reattach(o);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << c.field << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.field), absl::string_view::npos) << r.status();
+  }
+}
+
+TEST_F(ArenaTest, ReattachRefusesATruncatedSegment) {
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok());
+  int fd = ::shm_open(o.name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>((*d)->size() - kSlotAlign)), 0);
+  ::close(fd);
+  d->reset();
+  auto r = Arena::Reattach(o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("segment size"), absl::string_view::npos);
+  auto c = Arena::Attach(o.name, Arena::ArenaBytes(o.slot_bytes, o.num_slots), kSlotAlign);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
+}
+
+TEST_F(ArenaTest, AttachRefusesAWrongSize) {
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok());
+  auto c = Arena::Attach(o.name, (*d)->size() + kSlotAlign, kSlotAlign);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
+}
+
+TEST_F(ArenaTest, UnlinkRemovesTheNameButKeepsMappings) {
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(Arena::Unlink(o.name).ok());
+  EXPECT_EQ(::access(("/dev/shm" + o.name).c_str(), F_OK), -1);
+  (*d)->slot_data(0)[0] = 9;  // still mapped
+  EXPECT_EQ(Arena::Attach(o.name, (*d)->size(), kSlotAlign).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Arena::Unlink(o.name).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ckpt::shm

@@ -1,0 +1,315 @@
+// The local-disk Backend: io_uring (or pread/pwrite) with O_DIRECT for the
+// aligned middle of every piece, and the commit protocol of backend.h.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/backend.h"
+#include "storage/io_queue.h"
+#include "storage/local_fs.h"
+#include "util/status.h"
+
+namespace ckpt::storage {
+namespace {
+
+using internal::IoOp;
+using internal::IoQueue;
+using internal::RingPool;
+
+constexpr uint64_t kAlign = 4096;
+absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
+
+
+// Opens path with O_DIRECT when asked; a file system that refuses direct
+// I/O (tmpfs: EINVAL) gets -1 in *direct and the caller uses buffered I/O.
+absl::Status OpenPair(const std::string& path, int flags, bool want_direct, int* direct,
+                      int* buffered) {
+  *direct = -1;
+  *buffered = open(path.c_str(), flags | O_CLOEXEC, 0644);
+  if (*buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (!want_direct) return absl::OkStatus();
+  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC);
+  if (*direct < 0 && errno != EINVAL) {
+    int err = errno;
+    close(*buffered);
+    *buffered = -1;
+    return ErrnoToStatus(err, absl::StrCat("open (O_DIRECT) ", path));
+  }
+  return absl::OkStatus();
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// Queues [buf, buf+len) at off: the 4 KiB-aligned middle through the direct
+// fd (when buf and off share their alignment), the ragged ends buffered.
+absl::Status QueuePiece(IoQueue& q, int direct, int buffered, char* buf, uint64_t off,
+                        uint64_t len) {
+  const uint64_t misalign = reinterpret_cast<uintptr_t>(buf) % kAlign;
+  if (direct < 0 || misalign != off % kAlign) return q.Add(buffered, buffered, buf, off, len);
+  const uint64_t head = std::min(len, misalign == 0 ? 0 : kAlign - misalign);
+  const uint64_t middle = (len - head) / kAlign * kAlign;
+  const uint64_t tail = len - head - middle;
+  if (head > 0) CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf, off, head));
+  if (middle > 0) CKPT_RETURN_IF_ERROR(q.Add(direct, buffered, buf + head, off + head, middle));
+  if (tail > 0)
+    CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf + head + middle, off + head + middle, tail));
+  return absl::OkStatus();
+}
+
+class LocalBackend;
+
+class LocalWriter : public ObjectWriter {
+ public:
+  LocalWriter(LocalBackend* backend, std::string key, uint64_t size)
+      : backend_(backend), key_(std::move(key)), size_(size) {}
+  ~LocalWriter() override { Abort(); }
+  absl::Status Open();
+  absl::Status WriteAt(uint64_t offset, const void* data, uint64_t len) override;
+  absl::Status Commit() override;
+  void Abort() override;
+
+ private:
+  absl::Status Durable();
+
+  LocalBackend* const backend_;
+  const std::string key_;
+  const uint64_t size_;
+  std::string path_, tmp_path_;
+  int direct_fd_ = -1, buffered_fd_ = -1;
+  std::unique_ptr<IoQueue> queue_;
+  uint64_t bytes_ = 0;
+  bool done_ = false;
+};
+
+class LocalBackend : public Backend {
+ public:
+  explicit LocalBackend(LocalBackendOptions options)
+      : options_(std::move(options)), pool_(std::max(1u, options_.queue_depth), 8) {}
+
+  absl::Status Init() {
+    if (options_.root.empty()) return absl::InvalidArgumentError("root: empty");
+    while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
+    std::error_code ec;
+    std::filesystem::create_directories(options_.root, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create root ", options_.root));
+    if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
+    return internal::RemoveTmpFiles(options_.root);
+  }
+
+  std::string name() const override { return options_.use_io_uring ? "io_uring" : "pwrite"; }
+  const LocalBackendOptions& options() const { return options_; }
+  std::string Path(std::string_view key) const { return absl::StrCat(options_.root, "/", AV(key)); }
+
+  std::unique_ptr<IoQueue> NewQueue(IoOp op, const std::string& what) {
+    return std::make_unique<IoQueue>(options_.use_io_uring ? &pool_ : nullptr, op,
+                                     options_.queue_depth, options_.io_bytes, what);
+  }
+  std::string Nonce() {
+    static std::atomic<uint64_t> counter{0};
+    static const uint64_t salt = std::random_device{}();
+    return absl::StrFormat("%d-%x-%d", getpid(), salt & 0xffffff, counter.fetch_add(1));
+  }
+
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(std::string_view key,
+                                                                uint64_t size) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
+    auto writer = std::make_unique<LocalWriter>(this, std::string(key), size);
+    CKPT_RETURN_IF_ERROR(writer->Open());
+    return std::unique_ptr<ObjectWriter>(std::move(writer));
+  }
+
+  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, NewObjectWriter(key, contents.size()));
+    CKPT_RETURN_IF_ERROR(writer->WriteAt(0, contents.data(), contents.size()));
+    return writer->Commit();
+  }
+
+  absl::StatusOr<uint64_t> ObjectSize(std::string_view key) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
+    struct stat st;
+    const std::string path = Path(key);
+    if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst, uint64_t len) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
+    const std::string path = Path(key);
+    int direct, buffered;
+    CKPT_RETURN_IF_ERROR(OpenPair(path, O_RDONLY, options_.direct_io && len >= kAlign, &direct, &buffered));
+    absl::Status s;
+    struct stat st;
+    if (fstat(buffered, &st) != 0) {
+      s = ErrnoToStatus(errno, absl::StrCat("fstat ", path));
+    } else if (offset > static_cast<uint64_t>(st.st_size) || len > st.st_size - offset) {
+      s = absl::DataLossError(absl::StrFormat("%s: object has %d bytes, read of [%d, %d) is past its end",
+                                              path, st.st_size, offset, offset + len));
+    } else {
+      std::unique_ptr<IoQueue> q = NewQueue(IoOp::kRead, path);
+      s = QueuePiece(*q, direct, buffered, static_cast<char*>(dst), offset, len);
+      absl::Status f = q->Finish();
+      if (s.ok()) s = f;
+    }
+    CloseFd(&direct);
+    CloseFd(&buffered);
+    if (s.ok()) bytes_read_ += len;
+    return s;
+  }
+
+  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidatePrefix(prefix));
+    size_t slash = prefix.rfind('/');
+    std::string_view dir = slash == std::string_view::npos ? "" : prefix.substr(0, slash);
+    CKPT_ASSIGN_OR_RETURN(std::vector<std::string> all, internal::ListFiles(options_.root, dir));
+    std::vector<std::string> out;
+    for (std::string& k : all) {
+      if (std::string_view(k).substr(0, prefix.size()) == prefix) out.push_back(std::move(k));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  absl::Status Delete(std::string_view key) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
+    const std::string path = Path(key);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
+    return absl::OkStatus();
+  }
+
+  absl::Status DeletePrefix(std::string_view prefix) override {
+    CKPT_ASSIGN_OR_RETURN(std::vector<std::string> keys, List(prefix));
+    for (const std::string& k : keys) CKPT_RETURN_IF_ERROR(Delete(k));
+    for (const std::string& k : keys) internal::RemoveEmptyParents(options_.root, k);
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterMemory(void* base, uint64_t len) override {
+    if (base == nullptr || len == 0)
+      return absl::InvalidArgumentError(absl::StrFormat("RegisterMemory(%p, %d): empty region", base, len));
+    if (!options_.use_io_uring) return absl::OkStatus();
+    return pool_.Register(base, len);
+  }
+  void UnregisterMemory(void* base) override { pool_.Unregister(base); }
+
+  BackendStats stats() const override {
+    BackendStats s;
+    s.bytes_written = bytes_written_.load();
+    s.bytes_read = bytes_read_.load();
+    s.objects_committed = objects_committed_.load();
+    return s;
+  }
+
+  void CountCommit(uint64_t bytes) {
+    bytes_written_ += bytes;
+    ++objects_committed_;
+  }
+
+ private:
+  LocalBackendOptions options_;
+  RingPool pool_;
+  std::atomic<uint64_t> bytes_written_{0}, bytes_read_{0}, objects_committed_{0};
+};
+
+absl::Status LocalWriter::Open() {
+  const LocalBackendOptions& o = backend_->options();
+  path_ = backend_->Path(key_);
+  tmp_path_ = absl::StrCat(path_, AV(internal::kTmpMarker), backend_->Nonce());
+  CKPT_RETURN_IF_ERROR(internal::MakeParentDirs(o.root, key_, o.sync));
+  CKPT_RETURN_IF_ERROR(
+      OpenPair(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, o.direct_io, &direct_fd_, &buffered_fd_));
+  // Reserving the space up front turns a full disk into an early, clear
+  // ENOSPC and keeps direct writes from extending the file one by one.
+  if (size_ > 0) {
+    int ret = fallocate(buffered_fd_, 0, 0, static_cast<off_t>(size_));
+    if (ret != 0 && errno != EOPNOTSUPP) {
+      absl::Status s = ErrnoToStatus(errno, absl::StrFormat("fallocate %d bytes for %s", size_, tmp_path_));
+      Abort();
+      return s;
+    }
+    if (ret != 0 && ftruncate(buffered_fd_, static_cast<off_t>(size_)) != 0) {
+      absl::Status s = ErrnoToStatus(errno, absl::StrCat("ftruncate ", tmp_path_));
+      Abort();
+      return s;
+    }
+  }
+  queue_ = backend_->NewQueue(IoOp::kWrite, tmp_path_);
+  return absl::OkStatus();
+}
+
+absl::Status LocalWriter::WriteAt(uint64_t offset, const void* data, uint64_t len) {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat(key_, ": writer already committed or aborted"));
+  if (offset > size_ || len > size_ - offset)
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: write of [%d, %d) is outside the object's %d bytes", key_, offset, offset + len, size_));
+  bytes_ += len;
+  return QueuePiece(*queue_, direct_fd_, buffered_fd_,
+                    const_cast<char*>(static_cast<const char*>(data)), offset, len);
+}
+
+absl::Status LocalWriter::Durable() {
+  CKPT_RETURN_IF_ERROR(queue_->Finish());
+  queue_.reset();
+  if (backend_->options().sync && fsync(buffered_fd_) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("fsync ", tmp_path_));
+  CloseFd(&direct_fd_);
+  if (close(buffered_fd_) != 0) {
+    buffered_fd_ = -1;
+    return ErrnoToStatus(errno, absl::StrCat("close ", tmp_path_));
+  }
+  buffered_fd_ = -1;
+  if (rename(tmp_path_.c_str(), path_.c_str()) != 0)
+    return ErrnoToStatus(errno, absl::StrFormat("rename %s to %s", tmp_path_, path_));
+  if (backend_->options().sync) {
+    absl::Status s = internal::SyncDir(path_.substr(0, path_.rfind('/')));
+    if (!s.ok()) {
+      // Not durable: withdraw the object rather than leave it half-committed.
+      unlink(path_.c_str());
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalWriter::Commit() {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat(key_, ": writer already committed or aborted"));
+  absl::Status s = Durable();
+  if (!s.ok()) {
+    Abort();
+    return s;
+  }
+  done_ = true;
+  backend_->CountCommit(bytes_);
+  return absl::OkStatus();
+}
+
+void LocalWriter::Abort() {
+  if (done_) return;
+  done_ = true;
+  queue_.reset();  // waits for writes in flight before the fds close
+  CloseFd(&direct_fd_);
+  CloseFd(&buffered_fd_);
+  if (!tmp_path_.empty()) unlink(tmp_path_.c_str());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(LocalBackendOptions options) {
+  auto backend = std::make_unique<LocalBackend>(std::move(options));
+  CKPT_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace ckpt::storage

@@ -1,0 +1,41 @@
+// File-system helpers of the local backend: key validation, durable
+// directory creation, directory fsync, the recursive listing and the removal
+// of crash leftovers. Every error is a Status naming the path. Thread-safe
+// (no shared state).
+#ifndef CKPT_STORAGE_LOCAL_FS_H_
+#define CKPT_STORAGE_LOCAL_FS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckpt::storage::internal {
+
+// The marker of temporary files: "<key>.tmp.<nonce>".
+inline constexpr std::string_view kTmpMarker = ".tmp.";
+
+// A key is a relative path of non-empty components, none "." or "..", and
+// no component containing ".tmp.". A prefix may be empty or end in '/'.
+absl::Status ValidateKey(std::string_view key, std::string_view field = "key");
+absl::Status ValidatePrefix(std::string_view prefix);
+
+// Opens dir and fsyncs it.
+absl::Status SyncDir(const std::string& dir);
+// Creates every missing directory of path's parent below root; each
+// directory created is made durable by an fsync of its parent.
+absl::Status MakeParentDirs(const std::string& root, std::string_view key, bool sync);
+// Regular files under root/dir_part (recursively), as keys relative to
+// root, skipping temporary files.
+absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root,
+                                                   std::string_view dir_part);
+// Removes every "*.tmp.*" file under root.
+absl::Status RemoveTmpFiles(const std::string& root);
+// Removes the parent directories of key, deepest first, while they are empty.
+void RemoveEmptyParents(const std::string& root, std::string_view key);
+
+}  // namespace ckpt::storage::internal
+
+#endif  // CKPT_STORAGE_LOCAL_FS_H_

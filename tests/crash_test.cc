@@ -1,0 +1,171 @@
+// Real processes killed with real signals: a trainer mid-save, the daemon
+// mid-persist, a corrupted shard on disk, and a SIGTERM drain.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/client_context.h>
+
+#include "storage/shard_format.h"
+#include "tests/harness.h"
+
+namespace ckpt::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+class CrashTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(); }
+  void TearDown() override {
+    daemon_.reset();
+    UnlinkArenas(prefix_);
+  }
+  void Start() {
+    auto d = DaemonProcess::Start(root(), run_.path(), prefix_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+  }
+  std::string root() const { return root_.path() + "/root"; }
+  std::unique_ptr<Client> Connect(const std::string& job) {
+    auto c = Client::Connect(OptionsFor(*daemon_, job, 0, 1));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  // Slot states of every arena, e.g. {"durable(1)", "writing(2)"}.
+  std::vector<std::string> SlotStates() {
+    grpc::ClientContext ctx;
+    v1::StatusRequest req;
+    v1::StatusResponse resp;
+    EXPECT_TRUE(daemon_->Stub()->Status(&ctx, req, &resp).ok());
+    std::vector<std::string> out;
+    for (const auto& a : resp.arenas())
+      for (const auto& s : a.slot_states()) out.push_back(s);
+    return out;
+  }
+  bool AnySlot(const std::string& prefix) {
+    for (const auto& s : SlotStates())
+      if (s.rfind(prefix, 0) == 0) return true;
+    return false;
+  }
+
+  TempDir root_, run_;
+  std::string prefix_ = UniqueShmPrefix();
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
+  auto client = Connect("killed");
+  ASSERT_NE(client, nullptr);
+  HostState good = MakeState(8 << 20, 4, 1);
+  ASSERT_TRUE(client->Save(1, good.tensors).ok());
+  ASSERT_TRUE(client->WaitDurable(1).ok());
+
+  // The child saves 1 GiB in a loop; it is killed while a copy is under way.
+  // The child saves 1 GiB per step with one copy thread; it is killed while
+  // a copy is under way.
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, daemon_->socket().c_str(), "killed",
+          "1073741824", "2", "100", "1", nullptr);
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!AnySlot("writing") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(2));
+  ASSERT_TRUE(AnySlot("writing")) << "the child never started a save";
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // The daemon notices the exit and frees the slot.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (AnySlot("writing") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(AnySlot("writing"));
+
+  // No half-written step is visible; whatever was committed is whole.
+  auto latest = client->LatestStep();
+  ASSERT_TRUE(latest.ok());
+  HostState after = MakeState(8 << 20, 4, 3);
+  ASSERT_TRUE(client->Save(*latest + 1, after.tensors).ok());
+  HostState got = after.EmptyLike();
+  ASSERT_TRUE(client->Restore(*latest + 1, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(after));
+}
+
+TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
+  auto client = Connect("restart");
+  ASSERT_NE(client, nullptr);
+  HostState s = MakeState(512 << 20, 16, 7);
+  ASSERT_TRUE(client->Save(1, s.tensors).ok());
+  daemon_->Kill(SIGKILL);  // the persist of 512 MiB is under way
+  daemon_->Wait();
+  client.reset();
+  Start();
+  client = Connect("restart");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->WaitDurable(1).ok());
+  HostState got = s.EmptyLike();
+  ASSERT_TRUE(client->Restore(1, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(s));
+  for (auto& e : std::filesystem::recursive_directory_iterator(root()))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(CrashTest, CorruptShardIsDetectedAndThePreviousStepStaysRestorable) {
+  auto client = Connect("corrupt");
+  ASSERT_NE(client, nullptr);
+  HostState s1 = MakeState(8 << 20, 4, 11), s2 = MakeState(8 << 20, 4, 12);
+  ASSERT_TRUE(client->Save(1, s1.tensors).ok());
+  ASSERT_TRUE(client->Save(2, s2.tensors).ok());
+  ASSERT_TRUE(client->WaitDurable(2).ok());
+  client.reset();
+  // Stop the daemon and drop shared memory, so restores come from disk.
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  std::string shard = root() + "/" + storage::ShardKey("corrupt", 2, 0);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3 * 4096 + 100);  // inside the first tensor's bytes
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(3 * 4096 + 100);
+    f.write(&c, 1);
+  }
+  Start();
+  client = Connect("corrupt");
+  ASSERT_NE(client, nullptr);
+  HostState got2 = s2.EmptyLike();
+  absl::Status st = client->Restore(2, got2.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find(s2.tensors[0].name), absl::string_view::npos) << st;
+  HostState got1 = s1.EmptyLike();
+  ASSERT_TRUE(client->Restore(1, got1.tensors).ok());
+  EXPECT_TRUE(got1.Equals(s1));
+}
+
+TEST_F(CrashTest, SigtermDrainsPendingPersists) {
+  auto client = Connect("drain");
+  ASSERT_NE(client, nullptr);
+  HostState s = MakeState(256 << 20, 8, 21);
+  ASSERT_TRUE(client->Save(1, s.tensors).ok());
+  daemon_->Kill(SIGTERM);
+  int status = daemon_->Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(std::filesystem::exists(root() + "/" + storage::ShardKey("drain", 1, 0)));
+  EXPECT_TRUE(std::filesystem::exists(root() + "/" + storage::ManifestKey("drain", 1)));
+}
+
+}  // namespace
+}  // namespace ckpt::testing

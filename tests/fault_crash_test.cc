@@ -1,0 +1,180 @@
+// Commit logic under injected storage faults, with the engine in-process
+// over a FaultInjectionBackend: failed writes are retried, and after a
+// simulated crash exactly the committed (durable) steps are visible.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "daemon/catalog.h"
+#include "daemon/engine.h"
+#include "shm/arena.h"
+#include "storage/fault_backend.h"
+#include "storage/shard_format.h"
+#include "tests/harness.h"
+#include "util/checksum.h"
+
+namespace ckpt::testing {
+namespace {
+
+using daemon::Catalog;
+using daemon::Engine;
+using daemon::PeerCreds;
+
+class FaultCrashTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+  void TearDown() override {
+    engine_.reset();
+    UnlinkArenas(prefix_);
+  }
+  void Open() {
+    storage::LocalBackendOptions lo;
+    lo.root = dir_.path();
+    auto local = storage::NewLocalBackend(lo);
+    ASSERT_TRUE(local.ok()) << local.status();
+    local_ = std::move(*local);
+    fault_ = std::make_unique<storage::FaultInjectionBackend>(local_.get());
+    auto cat = Catalog::Open(dir_.path() + "/.catalog");
+    ASSERT_TRUE(cat.ok()) << cat.status();
+    catalog_ = std::move(*cat);
+    daemon::EngineOptions eo;
+    eo.shm_prefix = prefix_;
+    eo.retain_steps = 0;
+    eo.persist_retry_delay = std::chrono::milliseconds(10);
+    auto e = Engine::Open(eo, fault_.get(), catalog_.get());
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+  }
+  void Close() {
+    engine_.reset();
+    catalog_.reset();
+    fault_.reset();
+    local_.reset();
+  }
+  // Saves a 64 KiB tensor filled with `step` through the engine's RPC
+  // methods, writing the slot as a client would.
+  absl::Status SaveStep(uint64_t step) {
+    v1::RegisterRequest rr;
+    rr.set_job("fault");
+    rr.set_world_size(1);
+    rr.set_slot_bytes(4 << 20);
+    auto reg = engine_->Register(peer_, rr);
+    if (!reg.ok()) return reg.status();
+    if (!arena_ || arena_->name() != reg->shm_name()) {
+      auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
+      if (!a.ok()) return a.status();
+      arena_ = std::move(*a);
+    }
+    std::vector<uint64_t> sizes = {64 << 10};
+    auto layout = storage::ComputeLayout(sizes);
+    v1::BeginSaveRequest br;
+    br.set_job("fault");
+    br.set_step(step);
+    br.set_block(true);
+    br.set_image_bytes(layout->image_bytes);
+    auto begin = engine_->BeginSave(peer_, br);
+    if (!begin.ok()) return begin.status();
+    char* dst = arena_->base() + begin->slot_offset + layout->tensor_offsets[0];
+    std::memset(dst, static_cast<int>(step), sizes[0]);
+    v1::CommitSaveRequest cr;
+    cr.set_job("fault");
+    cr.set_step(step);
+    cr.set_slot(begin->slot());
+    cr.set_lease(begin->lease());
+    v1::TensorMeta* m = cr.add_tensors();
+    m->set_name("w");
+    m->set_dtype(static_cast<uint32_t>(DType::kUInt8));
+    m->add_shape(sizes[0]);
+    m->set_offset(layout->tensor_offsets[0]);
+    m->set_bytes(sizes[0]);
+    m->set_checksum(TensorChecksum(dst, sizes[0]));
+    m->set_has_checksum(true);
+    return engine_->CommitSave(peer_, cr);
+  }
+  absl::Status WaitDurable(uint64_t step, int timeout_ms = 10000) {
+    v1::WaitDurableRequest w;
+    w.set_job("fault");
+    w.set_step(step);
+    w.set_timeout_ms(timeout_ms);
+    return engine_->WaitDurable(peer_, w);
+  }
+  std::vector<uint64_t> DurableSteps() {
+    v1::ListRequest lr;
+    lr.set_job("fault");
+    auto list = engine_->List(peer_, lr);
+    std::vector<uint64_t> out;
+    if (!list.ok()) return out;
+    for (const auto& j : list->jobs())
+      for (const auto& s : j.steps())
+        if (s.durable()) out.push_back(s.step());
+    return out;
+  }
+  std::vector<std::string> ShardFiles() {
+    auto keys = local_->List("fault/");
+    std::vector<std::string> out;
+    for (const auto& k : *keys)
+      if (k.size() > 6 && k.compare(k.size() - 6, 6, ".shard") == 0) out.push_back(k);
+    return out;
+  }
+
+  TempDir dir_;
+  std::string prefix_ = UniqueShmPrefix();
+  PeerCreds peer_{getpid(), getuid(), getgid()};
+  std::unique_ptr<storage::Backend> local_;
+  std::unique_ptr<storage::FaultInjectionBackend> fault_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<shm::Arena> arena_;
+};
+
+TEST_F(FaultCrashTest, FailedWriteIsRetriedAndBecomesDurable) {
+  fault_->FailNthWrite(1, EIO);
+  ASSERT_TRUE(SaveStep(1).ok());
+  EXPECT_TRUE(WaitDurable(1).ok());
+  EXPECT_EQ(DurableSteps(), std::vector<uint64_t>{1});
+}
+
+TEST_F(FaultCrashTest, PersistentEnospcFailsTheShardAndWaitDurableSaysWhy) {
+  fault_->SetSpaceLimit(0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  absl::Status s = WaitDurable(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("space"), absl::string_view::npos) << s;
+  EXPECT_TRUE(DurableSteps().empty());
+  // The step is still restorable from memory; later saves go on once the
+  // disk has room again.
+  fault_->ClearFaults();
+  ASSERT_TRUE(SaveStep(2).ok());
+  EXPECT_TRUE(WaitDurable(2).ok());
+}
+
+TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(SaveStep(step).ok());
+    ASSERT_TRUE(WaitDurable(step).ok());
+  }
+  // Step 4's write fails for good; step 5 is committed but its commit
+  // (fsync) fails too; then the machine crashes.
+  fault_->SetSpaceLimit(0);
+  ASSERT_TRUE(SaveStep(4).ok());
+  EXPECT_FALSE(WaitDurable(4, 5000).ok());
+  fault_->ClearFaults();
+  fault_->FailNthCommit(1, EIO);
+  fault_->FailNthCommit(2, EIO);
+  fault_->FailNthCommit(3, EIO);
+  ASSERT_TRUE(SaveStep(5).ok());
+  fault_->SimulateCrash();
+  arena_.reset();
+  Close();
+  UnlinkArenas(prefix_);  // a machine crash loses shared memory
+  Open();
+  EXPECT_EQ(DurableSteps(), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(ShardFiles().size(), 3u);
+  for (const auto& k : ShardFiles()) EXPECT_EQ(k.find("step-0000000000000000000"), 6u) << k;
+}
+
+}  // namespace
+}  // namespace ckpt::testing

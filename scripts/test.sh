@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test: the normal build,
+# then the same tests built with AddressSanitizer + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+(cd build && ctest --output-on-failure -j1 --timeout 600)
+if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  # CUDA and the benchmarks add nothing to a sanitizer run.
+  BUILD_DIR=build-asan BUILD_TYPE=Debug scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+  (cd build-asan && ctest --output-on-failure -j1 --timeout 900)
+fi

@@ -8,7 +8,7 @@ scripts/build.sh
 (cd build && ctest --output-on-failure -j1 --timeout 600)
 if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
   # CUDA and the benchmarks add nothing to a sanitizer run.
-  BUILD_DIR=build-asan BUILD_TYPE=Debug scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF
+  BUILD_DIR=build-asan scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
   (cd build-asan && ctest --output-on-failure -j1 --timeout 900)
 fi

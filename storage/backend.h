@@ -91,6 +91,9 @@ struct LocalBackendOptions {
   unsigned queue_depth = 8;    // writes in flight per object
   uint64_t io_bytes = 4 << 20; // bytes per write/read request
   bool sync = true;            // fsync file and directory on commit
+  // Remove "*.tmp.*" crash leftovers under root at open. Readers of a root
+  // a live daemon writes to (ckptctl) must pass false.
+  bool remove_tmp_files = true;
 };
 
 // Local disk. Commit: write "<key>.tmp.<nonce>", fsync, rename to key,

@@ -104,6 +104,7 @@ class LocalBackend : public Backend {
     std::filesystem::create_directories(options_.root, ec);
     if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create root ", options_.root));
     if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
+    if (!options_.remove_tmp_files) return absl::OkStatus();
     return internal::RemoveTmpFiles(options_.root);
   }
 

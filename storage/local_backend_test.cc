@@ -1,0 +1,239 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "storage/backend.h"
+#include "storage/io_queue.h"
+#include "storage/test_tempdir.h"
+
+namespace ckpt::storage {
+namespace {
+
+std::vector<char> RandomBytes(size_t n, uint32_t seed) {
+  std::vector<char> v(n);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (size_t i = n / 8 * 8; i < n; ++i) v[i] = static_cast<char>(rng());
+  return v;
+}
+
+struct AlignedDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+std::unique_ptr<char, AlignedDeleter> AlignedAlloc(size_t n) {
+  return std::unique_ptr<char, AlignedDeleter>(static_cast<char*>(std::aligned_alloc(4096, n)));
+}
+
+// Every test runs with io_uring and with the pread/pwrite fallback.
+class LocalBackendTest : public ::testing::TestWithParam<bool> {
+ protected:
+  std::unique_ptr<Backend> Open(unsigned depth = 8, uint64_t io_bytes = 1 << 20) {
+    LocalBackendOptions o;
+    o.root = dir_.path() + "/root";
+    o.use_io_uring = GetParam();
+    o.queue_depth = depth;
+    o.io_bytes = io_bytes;
+    absl::StatusOr<std::unique_ptr<Backend>> b = NewLocalBackend(o);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return std::move(*b);
+  }
+  void WriteObject(Backend& b, const std::string& key, const char* data, uint64_t size) {
+    auto w = b.NewObjectWriter(key, size);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->WriteAt(0, data, size).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  TestTempDir dir_;
+};
+
+TEST_P(LocalBackendTest, NameReportsTheIoPath) {
+  EXPECT_EQ(Open()->name(), GetParam() ? "io_uring" : "pwrite");
+}
+
+TEST_P(LocalBackendTest, RoundTripsAMultiMiBObjectFromAnAlignedBuffer) {
+  auto b = Open();
+  const size_t n = (24 << 20) + 8192;
+  auto src = AlignedAlloc(n);
+  std::vector<char> ref = RandomBytes(n, 1);
+  std::memcpy(src.get(), ref.data(), n);
+  WriteObject(*b, "job/step-1/rank-0.shard", src.get(), n);
+  EXPECT_EQ(*b->ObjectSize("job/step-1/rank-0.shard"), n);
+  auto dst = AlignedAlloc(n);
+  ASSERT_TRUE(b->ReadAt("job/step-1/rank-0.shard", 0, dst.get(), n).ok());
+  EXPECT_EQ(std::memcmp(dst.get(), ref.data(), n), 0);
+}
+
+TEST_P(LocalBackendTest, RoundTripsFromAnUnalignedBufferAndOffset) {
+  auto b = Open();
+  const size_t n = (5 << 20) + 7777;
+  std::vector<char> ref = RandomBytes(n + 13, 2);
+  WriteObject(*b, "a/b/c", ref.data() + 13, n);
+  std::vector<char> back(n + 5);
+  ASSERT_TRUE(b->ReadAt("a/b/c", 0, back.data() + 5, n).ok());
+  EXPECT_EQ(std::memcmp(back.data() + 5, ref.data() + 13, n), 0);
+  // A read that starts mid-block into an aligned buffer takes the mixed path.
+  auto dst = AlignedAlloc(1 << 20);
+  ASSERT_TRUE(b->ReadAt("a/b/c", 4096 + 100, dst.get(), 1 << 20).ok());
+  EXPECT_EQ(std::memcmp(dst.get(), ref.data() + 13 + 4096 + 100, 1 << 20), 0);
+}
+
+TEST_P(LocalBackendTest, ManyWritesInFlightLandAtTheirOffsets) {
+  auto b = Open(/*depth=*/16, /*io_bytes=*/64 << 10);
+  const size_t piece = 256 << 10, pieces = 64, n = piece * pieces;
+  auto src = AlignedAlloc(n);
+  std::vector<char> ref = RandomBytes(n, 3);
+  std::memcpy(src.get(), ref.data(), n);
+  auto w = b->NewObjectWriter("many", n);
+  ASSERT_TRUE(w.ok());
+  for (size_t i = 0; i < pieces; ++i) {
+    size_t p = (i * 37) % pieces;  // out of order
+    ASSERT_TRUE((*w)->WriteAt(p * piece, src.get() + p * piece, piece).ok());
+  }
+  ASSERT_TRUE((*w)->Commit().ok());
+  std::vector<char> back(n);
+  ASSERT_TRUE(b->ReadAt("many", 0, back.data(), n).ok());
+  EXPECT_EQ(back, ref);
+  EXPECT_EQ(b->stats().bytes_written, n);
+  EXPECT_EQ(b->stats().objects_committed, 1u);
+}
+
+TEST_P(LocalBackendTest, WritesFromRegisteredMemoryUseTheRegisteredPath) {
+  auto b = Open(8, 1 << 20);
+  const size_t n = 6 << 20;
+  char* region = static_cast<char*>(
+      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  std::vector<char> ref = RandomBytes(n, 4);
+  std::memcpy(region, ref.data(), n);
+  ASSERT_TRUE(b->RegisterMemory(region, n).ok());
+  WriteObject(*b, "reg/one", region, n);
+  WriteObject(*b, "reg/two", region + 4096, n - 8192);  // inside the region, offset
+  std::memset(region, 0, n);
+  ASSERT_TRUE(b->ReadAt("reg/one", 0, region, n).ok());  // read_fixed into it
+  EXPECT_EQ(std::memcmp(region, ref.data(), n), 0);
+  b->UnregisterMemory(region);
+  std::vector<char> back(n - 8192);
+  ASSERT_TRUE(b->ReadAt("reg/two", 0, back.data(), back.size()).ok());
+  EXPECT_EQ(std::memcmp(back.data(), ref.data() + 4096, back.size()), 0);
+  EXPECT_FALSE(b->RegisterMemory(nullptr, 0).ok());
+  munmap(region, n);
+}
+
+TEST(RegisteredTable, RequestsNeverCrossAPieceEnd) {
+  internal::RegisteredTable t;
+  static char memory[3 * 4096];
+  t.pieces = {{memory, 4096}, {memory + 4096, 8192}};
+  EXPECT_EQ(t.Find(memory + 100, 100), 0);
+  EXPECT_EQ(t.Find(memory + 4000, 200), -1);  // straddles two pieces
+  EXPECT_EQ(t.Find(memory + 4096, 8192), 1);
+  EXPECT_EQ(t.RoomInPiece(memory + 4000), 96u);
+  EXPECT_EQ(t.RoomInPiece(memory + 4096), 8192u);
+  static char other[16];
+  EXPECT_EQ(t.Find(other, 1), -1);
+  EXPECT_EQ(t.RoomInPiece(other), 0u);
+}
+
+TEST_P(LocalBackendTest, ObjectIsVisibleOnlyAfterCommit) {
+  auto b = Open();
+  std::vector<char> data = RandomBytes(10000, 5);
+  auto w = b->NewObjectWriter("job/x", data.size());
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
+  EXPECT_EQ(b->ObjectSize("job/x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(b->List("job/")->empty());
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(*b->List("job/"), std::vector<std::string>{"job/x"});
+  EXPECT_FALSE((*w)->Commit().ok());  // a writer commits once
+}
+
+TEST_P(LocalBackendTest, AbortAndDestructionLeaveNothingBehind) {
+  auto b = Open();
+  std::vector<char> data = RandomBytes(8192, 6);
+  {
+    auto w = b->NewObjectWriter("j/aborted", data.size());
+    ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
+    (*w)->Abort();
+    auto w2 = b->NewObjectWriter("j/dropped", data.size());
+    ASSERT_TRUE((*w2)->WriteAt(0, data.data(), data.size()).ok());
+  }
+  EXPECT_TRUE(b->List("")->empty());
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
+    EXPECT_FALSE(e.is_regular_file()) << e.path();
+}
+
+TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFiles) {
+  auto b = Open();
+  std::filesystem::create_directories(dir_.path() + "/root/job/step-1");
+  std::ofstream(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0") << "partial";
+  std::ofstream(dir_.path() + "/root/job/step-1/rank-1.shard") << "done";
+  EXPECT_EQ(*b->List(""), std::vector<std::string>{"job/step-1/rank-1.shard"});
+  auto again = Open();
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0"));
+  EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
+}
+
+TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
+  auto b = Open();
+  ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());
+  char buf[16];
+  absl::Status s = b->ReadAt("small", 2, buf, 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(std::string(s.message()).find("root/small"), std::string::npos) << s;
+  ASSERT_TRUE(b->ReadAt("small", 1, buf, 4).ok());
+  EXPECT_EQ(std::string(buf, 4), "ello");
+  EXPECT_EQ(b->ReadAt("missing", 0, buf, 1).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(LocalBackendTest, WriteOutsideTheObjectIsRefused) {
+  auto b = Open();
+  char buf[10] = {};
+  auto w = b->NewObjectWriter("k", 8);
+  EXPECT_EQ((*w)->WriteAt(4, buf, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->WriteAt(UINT64_MAX, buf, 2).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(LocalBackendTest, ListIsSortedAndDeletePrefixRemovesEmptiedDirs) {
+  auto b = Open();
+  for (const char* k : {"j/step-2/b", "j/step-1/a", "j/step-2/a", "k/step-1/a", "j/step-10/a"})
+    ASSERT_TRUE(b->PutSmallObject(k, k).ok());
+  EXPECT_EQ(*b->List("j/step-1"), (std::vector<std::string>{"j/step-1/a", "j/step-10/a"}));
+  EXPECT_EQ(*b->List("j/step-2/"), (std::vector<std::string>{"j/step-2/a", "j/step-2/b"}));
+  EXPECT_EQ(b->List("").value().size(), 5u);
+  ASSERT_TRUE(b->DeletePrefix("j/step-2/").ok());
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/root/j/step-2"));
+  EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/root/j/step-1"));
+  ASSERT_TRUE(b->Delete("j/step-1/a").ok());
+  ASSERT_TRUE(b->Delete("j/step-1/a").ok());  // absent is fine
+  EXPECT_EQ(*b->List("j/"), std::vector<std::string>{"j/step-10/a"});
+}
+
+TEST_P(LocalBackendTest, KeysThatEscapeTheRootAreRefused) {
+  auto b = Open();
+  for (const char* k : {"", "/etc/passwd", "a/../../x", "a//b", "./a", "a/b.tmp.1", "a/"}) {
+    EXPECT_EQ(b->PutSmallObject(k, "x").code(), absl::StatusCode::kInvalidArgument) << k;
+  }
+  EXPECT_EQ(b->List("../").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(LocalBackendTest, ZeroByteObjectCommits) {
+  auto b = Open();
+  auto w = b->NewObjectWriter("empty", 0);
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(*b->ObjectSize("empty"), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(IoPaths, LocalBackendTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "io_uring" : "pwrite"; });
+
+}  // namespace
+}  // namespace ckpt::storage

@@ -1,0 +1,107 @@
+// ckptctl: lists, inspects, verifies, restores and deletes checkpoints.
+//
+// Exit status: 0 on success; 1 when the operation failed or found damage
+// (the reason on stderr); 2 on a usage error.
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/ctl_commands.h"
+
+namespace {
+
+using ckpt::tools::ShardSelector;
+
+int Finish(const char* command, const absl::Status& s) {
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "ckptctl %s: %s\n", command, std::string(s.message()).c_str());
+  return 1;
+}
+
+// The shard-selection flags shared by inspect and restore.
+void AddShardSelector(CLI::App* cmd, ShardSelector* sel, std::optional<uint64_t>* step,
+                      std::optional<uint32_t>* rank) {
+  cmd->add_option("file", sel->file, "shard file (instead of --root/--job/--step/--rank)");
+  cmd->add_option("--root", sel->root, "checkpoint root directory of ckptd");
+  cmd->add_option("--job", sel->job, "job name");
+  cmd->add_option("--step", *step, "step number");
+  cmd->add_option("--rank", *rank, "rank");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptctl: inspect and manage ckptd checkpoints"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  std::string socket;
+  if (const char* env = std::getenv("CKPT_SOCKET")) socket = env;
+  app.add_option("--socket", socket, "ckptd's Unix socket (default: $CKPT_SOCKET)");
+  bool json = false;
+  app.add_flag("--json", json, "print one JSON object instead of tables");
+
+  std::string job;
+  std::optional<uint64_t> step;
+  std::optional<uint32_t> rank;
+  bool all_steps = false;
+
+  CLI::App* list = app.add_subcommand("list", "jobs, steps and shards known to the daemon");
+  list->add_option("--job", job, "only this job");
+
+  CLI::App* status = app.add_subcommand("status", "daemon health, arenas, persist queue");
+
+  CLI::App* del = app.add_subcommand("delete", "delete one step or every step of a job");
+  del->add_option("--job", job, "job name")->required();
+  auto* del_step = del->add_option("--step", step, "step to delete");
+  auto* del_all = del->add_flag("--all", all_steps, "delete every step of the job");
+  del_step->excludes(del_all);
+  del_all->excludes(del_step);
+
+  ShardSelector sel;
+  std::optional<uint64_t> sel_step;
+  std::optional<uint32_t> sel_rank;
+  CLI::App* inspect = app.add_subcommand("inspect", "a shard's header and tensor index");
+  AddShardSelector(inspect, &sel, &sel_step, &sel_rank);
+
+  ckpt::tools::VerifyOptions vopts;
+  CLI::App* verify = app.add_subcommand("verify", "check every checksum and manifest under a root");
+  verify->add_option("--root", vopts.root, "checkpoint root directory")->required();
+  verify->add_option("--job", vopts.job, "only this job");
+  verify->add_option("--step", vopts.step, "only this step (needs --job)");
+  verify->add_option("--rank", vopts.rank, "only this rank (needs --job and --step)");
+
+  std::string out;
+  CLI::App* restore = app.add_subcommand("restore", "extract a shard, verifying checksums");
+  AddShardSelector(restore, &sel, &sel_step, &sel_rank);
+  restore->add_option("--out", out, "file (verified shard copy) or directory/ (one file per tensor)")
+      ->required();
+
+  for (CLI::App* cmd : {list, status, del, inspect, verify, restore})
+    cmd->add_flag("--json", json, "print one JSON object instead of tables");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  sel.step = sel_step;
+  sel.rank = sel_rank;
+
+  if (list->parsed()) return Finish("list", ckpt::tools::RunList(socket, job, json));
+  if (status->parsed()) return Finish("status", ckpt::tools::RunStatus(socket, json));
+  if (del->parsed()) {
+    if (!step && !all_steps) {
+      std::fprintf(stderr, "ckptctl delete: give --step N or --all\n");
+      return 2;
+    }
+    return Finish("delete", ckpt::tools::RunDelete(socket, job, step, all_steps, json));
+  }
+  if (inspect->parsed()) return Finish("inspect", ckpt::tools::RunInspect(sel, json));
+  if (verify->parsed()) return Finish("verify", ckpt::tools::RunVerify(vopts, json));
+  if (restore->parsed()) return Finish("restore", ckpt::tools::RunRestore(sel, out, json));
+  return 2;
+}

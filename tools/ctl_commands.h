@@ -1,0 +1,59 @@
+// The subcommands of ckptctl. Each Run* function validates its arguments,
+// does the work, and prints its result to stdout: a human-readable table,
+// or exactly one JSON object when `json` is set. Problems found in the data
+// (a damaged tensor, a missing shard) are listed on stdout as part of the
+// result; the returned Status is what decides the exit code, and its
+// message names the path, key, tensor or flag concerned.
+//
+// Online commands talk to a running ckptd over its Unix socket; offline
+// ones read shard files under a root directory through storage::Backend.
+// Not thread-safe (they own stdout while they run).
+#ifndef CKPT_TOOLS_CTL_COMMANDS_H_
+#define CKPT_TOOLS_CTL_COMMANDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ckpt::tools {
+
+// ---- online (daemon RPCs) ----
+
+absl::Status RunList(const std::string& socket, const std::string& job, bool json);
+absl::Status RunStatus(const std::string& socket, bool json);
+// all_steps deletes every step of the job; otherwise `step` must be set.
+absl::Status RunDelete(const std::string& socket, const std::string& job,
+                       std::optional<uint64_t> step, bool all_steps, bool json);
+
+// ---- offline (shard files) ----
+
+// Names one shard: either a file path, or (root, job, step, rank).
+struct ShardSelector {
+  std::string file;
+  std::string root;
+  std::string job;
+  std::optional<uint64_t> step;
+  std::optional<uint32_t> rank;
+};
+
+absl::Status RunInspect(const ShardSelector& sel, bool json);
+
+// Verifies every shard and manifest under root, or those of one job, one
+// step, or one shard. DataLoss when anything is damaged or missing.
+struct VerifyOptions {
+  std::string root;
+  std::string job;
+  std::optional<uint64_t> step;
+  std::optional<uint32_t> rank;
+};
+absl::Status RunVerify(const VerifyOptions& opts, bool json);
+
+// out ending in '/' or naming a directory: one raw file per tensor plus
+// index.json; otherwise a verified copy of the shard file.
+absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool json);
+
+}  // namespace ckpt::tools
+
+#endif  // CKPT_TOOLS_CTL_COMMANDS_H_

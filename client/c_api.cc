@@ -1,0 +1,170 @@
+// The C API (include/ckpt/ckpt.h) over ckpt::Client. Every entry point
+// checks its pointers, converts the C structs, and records the message of a
+// failure in a thread-local string for ckpt_last_error().
+#include "ckpt/ckpt.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ckpt/client.h"
+
+struct ckpt_client {
+  std::unique_ptr<ckpt::Client> client;
+};
+
+struct ckpt_save_handle {
+  ckpt::SaveHandle handle;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+ckpt_status Fail(const absl::Status& s) {
+  last_error = std::string(s.message());
+  return static_cast<ckpt_status>(s.code());
+}
+
+ckpt_status Report(const absl::Status& s) {
+  if (s.ok()) {
+    last_error.clear();
+    return CKPT_OK;
+  }
+  return Fail(s);
+}
+
+ckpt_status NullArgument(const char* function, const char* argument) {
+  return Fail(absl::InvalidArgumentError(absl::StrCat(function, ": ", argument, " is NULL")));
+}
+
+absl::Status ConvertTensors(const ckpt_tensor* in, size_t count, std::vector<ckpt::Tensor>* out) {
+  if (in == nullptr && count > 0) return absl::InvalidArgumentError("tensors: NULL");
+  out->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ckpt_tensor& c = in[i];
+    ckpt::Tensor& t = (*out)[i];
+    if (c.name == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("tensors[", i, "].name: NULL"));
+    t.name = c.name;
+    if (c.ndim < 0 || static_cast<size_t>(c.ndim) > ckpt::kMaxTensorDims)
+      return absl::InvalidArgumentError(absl::StrCat("tensors[", i, "] (\"", t.name, "\").ndim: ",
+                                                     c.ndim, " is not in [0, ",
+                                                     ckpt::kMaxTensorDims, "]"));
+    if (c.ndim > 0 && c.shape == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "] (\"", t.name, "\").shape: NULL with ndim ", c.ndim));
+    t.shape.assign(c.shape, c.shape + c.ndim);
+    t.dtype = static_cast<ckpt::DType>(c.dtype);
+    t.data = c.data;
+    if (c.device < -1)
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "] (\"", t.name, "\").device: ", c.device,
+                       " (use -1 for host, N >= 0 for cuda:N)"));
+    t.device = c.device == -1 ? ckpt::Device::Host() : ckpt::Device::Cuda(c.device);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+extern "C" {
+
+void ckpt_options_init(ckpt_options* options) {
+  if (options == nullptr) return;
+  options->socket_path = nullptr;
+  options->job = nullptr;
+  options->rank = -1;
+  options->world_size = -1;
+  options->slot_bytes = 0;
+  options->num_slots = 0;
+  options->block_when_busy = 1;
+  options->copy_threads = 0;
+}
+
+const char* ckpt_last_error(void) { return last_error.c_str(); }
+
+ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
+  if (out == nullptr) return NullArgument("ckpt_connect", "out");
+  *out = nullptr;
+  ckpt_options defaults;
+  ckpt_options_init(&defaults);
+  const ckpt_options& o = options != nullptr ? *options : defaults;
+  ckpt::ClientOptions co;
+  if (o.socket_path != nullptr) co.socket_path = o.socket_path;
+  if (o.job != nullptr) co.job = o.job;
+  co.rank = o.rank;
+  co.world_size = o.world_size;
+  co.slot_bytes = o.slot_bytes;
+  co.num_slots = o.num_slots == 0 ? 2 : o.num_slots;
+  co.block_when_busy = o.block_when_busy != 0;
+  co.copy_threads = o.copy_threads;
+  auto client = ckpt::Client::Connect(std::move(co));
+  if (!client.ok()) return Fail(client.status());
+  *out = new ckpt_client{std::move(*client)};
+  return Report(absl::OkStatus());
+}
+
+void ckpt_close(ckpt_client* client) { delete client; }
+
+ckpt_status ckpt_save(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
+                      size_t count) {
+  if (client == nullptr) return NullArgument("ckpt_save", "client");
+  std::vector<ckpt::Tensor> ts;
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  return Report(client->client->Save(step, ts));
+}
+
+ckpt_status ckpt_save_async(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
+                            size_t count, ckpt_save_handle** out) {
+  if (out == nullptr) return NullArgument("ckpt_save_async", "out");
+  *out = nullptr;
+  if (client == nullptr) return NullArgument("ckpt_save_async", "client");
+  std::vector<ckpt::Tensor> ts;
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  auto handle = client->client->SaveAsync(step, ts);
+  if (!handle.ok()) return Fail(handle.status());
+  *out = new ckpt_save_handle{std::move(*handle)};
+  return Report(absl::OkStatus());
+}
+
+ckpt_status ckpt_wait_copied(ckpt_save_handle* handle) {
+  if (handle == nullptr) return NullArgument("ckpt_wait_copied", "handle");
+  return Report(handle->handle.WaitCopied());
+}
+
+ckpt_status ckpt_wait(ckpt_save_handle* handle) {
+  if (handle == nullptr) return NullArgument("ckpt_wait", "handle");
+  absl::Status s = handle->handle.Wait();
+  delete handle;
+  return Report(s);
+}
+
+ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step) {
+  if (step == nullptr) return NullArgument("ckpt_latest_step", "step");
+  *step = -1;
+  if (client == nullptr) return NullArgument("ckpt_latest_step", "client");
+  auto latest = client->client->LatestStep();
+  if (!latest.ok()) return Fail(latest.status());
+  *step = *latest;
+  return Report(absl::OkStatus());
+}
+
+ckpt_status ckpt_restore(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
+                         size_t count) {
+  if (client == nullptr) return NullArgument("ckpt_restore", "client");
+  std::vector<ckpt::Tensor> ts;
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  return Report(client->client->Restore(step, ts));
+}
+
+ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step, int64_t timeout_ms) {
+  if (client == nullptr) return NullArgument("ckpt_wait_durable", "client");
+  if (timeout_ms < 0)
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
+  return Report(client->client->WaitDurable(step, std::chrono::milliseconds(timeout_ms)));
+}
+
+}  // extern "C"

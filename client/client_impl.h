@@ -1,0 +1,131 @@
+// Client::Impl: the state behind a ckpt::Client (see include/ckpt/client.h).
+//
+// Saves run on one saver thread owned by the Impl, in the order they were
+// submitted: SaveAsync validates on the caller's thread, then waits at the
+// copy gate until the previous save has been copied, and queues the job.
+// The saver registers the arena on first use, asks the daemon for a slot,
+// copies (host tensors on the CopyEngine, device tensors by DMA), signals
+// "copied", and commits. Restores run on the caller's thread. Arenas are
+// held by shared_ptr so a restore and a save (or a re-registration that
+// grows the arena) never unmap memory the other still reads.
+#ifndef CKPT_CLIENT_CLIENT_IMPL_H_
+#define CKPT_CLIENT_CLIENT_IMPL_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ckpt/client.h"
+#include "client/copy_engine.h"
+#include "client/cuda_copier.h"
+#include "client/daemon_stub.h"
+#include "shm/arena.h"
+#include "storage/shard_format.h"
+
+namespace ckpt {
+
+struct SaveHandle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool copied = false;
+  bool done = false;
+  absl::Status copy_status;
+  absl::Status status;
+
+  void SetCopied(absl::Status s);
+  void SetDone(absl::Status s);
+};
+
+namespace client {
+
+// An attached arena, page-locked for CUDA when a device exists.
+struct MappedArena {
+  ~MappedArena();
+  std::unique_ptr<shm::Arena> arena;
+  dev_t dev = 0;  // identity of the segment, to tell a re-created one apart
+  ino_t ino = 0;
+  bool pinned = false;
+};
+
+}  // namespace client
+
+class Client::Impl {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Impl(ClientOptions options, std::unique_ptr<client::DaemonStub> stub);
+  ~Impl();  // Finishes every queued save first.
+
+  const ClientOptions& options() const { return options_; }
+  // Registers at once when options.slot_bytes is set.
+  absl::Status Start();
+
+  absl::StatusOr<SaveHandle> SaveAsync(int64_t step, std::span<const Tensor> tensors);
+  absl::StatusOr<int64_t> LatestStep();
+  absl::Status Restore(int64_t step, std::span<const Tensor> tensors);
+  absl::Status WaitDurable(int64_t step, std::chrono::milliseconds timeout);
+  SaveStats last_save_stats() const;
+
+ private:
+  struct SaveJob {
+    int64_t step = 0;
+    std::vector<Tensor> tensors;
+    std::vector<uint64_t> bytes;
+    storage::ShardLayout layout;
+    std::shared_ptr<SaveHandle::State> state;
+    Clock::time_point start;
+  };
+
+  void SaverLoop();
+  void RunSave(SaveJob& job);
+  // Copies the job's tensors into the slot at `slot`; fills checksums (host
+  // tensors only).
+  absl::Status CopyIntoSlot(SaveJob& job, char* slot, std::vector<uint64_t>* checksums);
+  void ReleaseCopyGate();
+
+  // The registered arena, (re-)registering when it is missing or its slots
+  // are smaller than image_bytes.
+  absl::StatusOr<std::shared_ptr<client::MappedArena>> SaveArena(uint64_t image_bytes);
+  // An attached arena for (name, bytes): reuses a live mapping of the same
+  // segment, else attaches (and pins).
+  absl::StatusOr<std::shared_ptr<client::MappedArena>> ArenaLocked(const std::string& name,
+                                                                   uint64_t arena_bytes,
+                                                                   uint64_t slots_offset);
+  absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp, const char* image,
+                             std::span<const Tensor> tensors);
+
+  const ClientOptions options_;
+  const std::unique_ptr<client::DaemonStub> stub_;
+  client::CopyEngine engine_;
+  bool cuda_device_ = false;
+
+  std::mutex arena_mu_;
+  std::shared_ptr<client::MappedArena> save_arena_;
+  std::shared_ptr<client::MappedArena> restore_arena_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::condition_variable gate_cv_;
+  std::deque<SaveJob> queue_;
+  bool copy_gate_closed_ = false;  // a save is queued or copying
+  bool stop_ = false;
+
+#ifdef CKPT_HAVE_CUDA
+  std::unique_ptr<client::CudaCopier> save_cuda_;  // saver thread only
+#endif
+
+  mutable std::mutex stats_mu_;
+  SaveStats stats_;
+
+  std::thread saver_;  // last: started once everything above exists
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_CLIENT_IMPL_H_

@@ -1,0 +1,162 @@
+// The restore and query paths of Client::Impl: Latest, OpenRestore + copy
+// out of the slot with checksum verification, WaitDurable.
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/client_impl.h"
+#include "client/tensor_check.h"
+#include "util/checksum.h"
+#include "util/status.h"
+
+namespace ckpt {
+
+namespace {
+// Debian's abseil has its own string_view type.
+absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
+}  // namespace
+
+absl::StatusOr<int64_t> Client::Impl::LatestStep() {
+  v1::LatestRequest req;
+  req.set_job(options_.job);
+  CKPT_ASSIGN_OR_RETURN(v1::LatestResponse resp, stub_->Latest(req));
+  if (!resp.found())
+    return absl::NotFoundError(absl::StrCat("Latest: job ", options_.job, " has no checkpoint"));
+  if (resp.step() > static_cast<uint64_t>(INT64_MAX))
+    return absl::DataLossError(absl::StrCat("Latest: step ", resp.step(), " out of range"));
+  return static_cast<int64_t>(resp.step());
+}
+
+absl::Status Client::Impl::WaitDurable(int64_t step, std::chrono::milliseconds timeout) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: ", step, " is negative"));
+  if (timeout.count() < 0 || timeout.count() > UINT32_MAX)
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout: ", timeout.count(), " ms is not in [0, 2^32) ms"));
+  v1::WaitDurableRequest req;
+  req.set_job(options_.job);
+  req.set_rank(static_cast<uint32_t>(options_.rank));
+  req.set_step(static_cast<uint64_t>(step));
+  req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  return stub_->WaitDurable(req).status();
+}
+
+absl::Status Client::Impl::Restore(int64_t step, std::span<const Tensor> tensors) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: ", step, " is negative"));
+  std::vector<uint64_t> bytes;
+  CKPT_RETURN_IF_ERROR(client::ValidateTensors(tensors, &bytes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].device.is_host()) continue;
+    if (!cuda_device_)
+      return absl::FailedPreconditionError(
+          absl::StrCat(client::TensorLabel(tensors, i), ": on ", tensors[i].device.ToString(),
+                       ", but the CUDA runtime sees no device"));
+#ifdef CKPT_HAVE_CUDA
+    CKPT_RETURN_IF_ERROR(
+        client::CudaCopier::CheckDevicePointer(tensors[i], client::TensorLabel(tensors, i)));
+#endif
+  }
+
+  v1::OpenRestoreRequest open;
+  open.set_job(options_.job);
+  open.set_rank(static_cast<uint32_t>(options_.rank));
+  open.set_step(static_cast<uint64_t>(step));
+  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+
+  absl::Status s = [&]() -> absl::Status {
+    std::shared_ptr<client::MappedArena> arena;
+    {
+      std::lock_guard<std::mutex> l(arena_mu_);
+      CKPT_ASSIGN_OR_RETURN(arena, ArenaLocked(resp.shm_name(), resp.arena_bytes(),
+                                               shm::Arena::SlotsOffset()));
+      if (arena != save_arena_) restore_arena_ = arena;
+    }
+    const shm::Arena& a = *arena->arena;
+    if (resp.slot_offset() < a.slot_offset(0) || resp.slot_offset() > a.size() ||
+        a.size() - resp.slot_offset() < resp.image_bytes())
+      return absl::InternalError(absl::StrCat(
+          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ", resp.slot_offset(),
+          " lies outside arena ", a.name(), " of ", a.size(), " bytes"));
+    return CopyOutOfSlot(resp, a.base() + resp.slot_offset(), tensors);
+  }();
+
+  v1::CloseRestoreRequest close;
+  close.set_job(options_.job);
+  close.set_rank(static_cast<uint32_t>(options_.rank));
+  close.set_lease(resp.lease());
+  absl::Status closed = stub_->CloseRestore(close).status();
+  if (s.ok()) s = closed;
+  return Annotate(s, absl::StrCat("restore of step ", step));
+}
+
+absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp, const char* image,
+                                         std::span<const Tensor> tensors) {
+  std::unordered_map<std::string_view, const v1::TensorMeta*> index;
+  index.reserve(resp.tensors_size());
+  for (const v1::TensorMeta& m : resp.tensors()) index.emplace(m.name(), &m);
+
+  std::vector<const v1::TensorMeta*> metas(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const std::string label = client::TensorLabel(tensors, i);
+    auto it = index.find(t.name);
+    if (it == index.end())
+      return absl::NotFoundError(absl::StrCat(label, ": not in the checkpoint"));
+    const v1::TensorMeta& m = *it->second;
+    if (m.dtype() != static_cast<uint32_t>(t.dtype))
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": dtype is ", AV(DTypeName(t.dtype)), ", the checkpoint has ",
+          AV(DTypeName(static_cast<DType>(m.dtype())))));
+    bool same_shape = static_cast<size_t>(m.shape_size()) == t.shape.size();
+    for (size_t d = 0; same_shape && d < t.shape.size(); ++d)
+      same_shape = m.shape(static_cast<int>(d)) == static_cast<uint64_t>(t.shape[d]);
+    if (!same_shape)
+      return absl::InvalidArgumentError(absl::StrCat(label, ": shape is [",
+                                                     absl::StrJoin(t.shape, ","),
+                                                     "], the checkpoint has [",
+                                                     absl::StrJoin(m.shape(), ","), "]"));
+    if (m.bytes() != *t.bytes())
+      return absl::InvalidArgumentError(absl::StrCat(label, ": ", *t.bytes(),
+                                                     " bytes, the checkpoint has ", m.bytes()));
+    if (m.offset() > resp.image_bytes() || resp.image_bytes() - m.offset() < m.bytes())
+      return absl::DataLossError(absl::StrCat(label, ": offset ", m.offset(), " + ", m.bytes(),
+                                              " bytes exceed the image of ",
+                                              resp.image_bytes(), " bytes"));
+    metas[i] = &m;
+  }
+
+  // One engine run: host tensors are copied and hashed, device tensors'
+  // slot bytes only hashed while their DMA runs.
+  std::vector<client::CopyRegion> regions(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const bool host = tensors[i].device.is_host();
+    regions[i] = {image + metas[i]->offset(), host ? tensors[i].data : nullptr,
+                  metas[i]->bytes()};
+  }
+  absl::Status s;
+#ifdef CKPT_HAVE_CUDA
+  client::CudaCopier cuda;
+  for (size_t i = 0; i < tensors.size() && s.ok(); ++i) {
+    if (tensors[i].device.is_host()) continue;
+    s = cuda.EnqueueToDevice(tensors[i].device.index, tensors[i].data, regions[i].src,
+                             regions[i].bytes);
+    if (!s.ok()) s = Annotate(s, client::TensorLabel(tensors, i));
+  }
+#endif
+  std::vector<uint64_t> sums(tensors.size());
+  if (s.ok()) engine_.Run(regions, sums);
+#ifdef CKPT_HAVE_CUDA
+  absl::Status w = cuda.Wait();
+  if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
+#endif
+  CKPT_RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (metas[i]->has_checksum() && metas[i]->checksum() != sums[i])
+      return absl::DataLossError(absl::StrFormat(
+          "%s: checksum mismatch (stored %016x, computed %016x)",
+          client::TensorLabel(tensors, i), metas[i]->checksum(), sums[i]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "storage/backend.h"
@@ -230,6 +231,54 @@ TEST_P(LocalBackendTest, ZeroByteObjectCommits) {
   auto w = b->NewObjectWriter("empty", 0);
   ASSERT_TRUE((*w)->Commit().ok());
   EXPECT_EQ(*b->ObjectSize("empty"), 0u);
+}
+
+TEST_P(LocalBackendTest, ReaderOpenedWithoutCleanupKeepsInFlightTmpFiles) {
+  auto b = Open();
+  auto w = b->NewObjectWriter("job/in-flight", 4096);
+  ASSERT_TRUE(w.ok());
+  LocalBackendOptions o;
+  o.root = dir_.path() + "/root";
+  o.remove_tmp_files = false;
+  ASSERT_TRUE(NewLocalBackend(o).ok());
+  std::vector<char> data(4096, 'x');
+  ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(*b->ObjectSize("job/in-flight"), 4096u);
+}
+
+TEST_P(LocalBackendTest, ObjectLargerThanTheFileSystemFailsAtOpenAndLeavesNothing) {
+  auto b = Open();
+  auto w = b->NewObjectWriter("job/huge", 1ull << 52);
+  EXPECT_FALSE(w.ok());
+  EXPECT_NE(std::string(w.status().message()).find("job/huge.tmp."), std::string::npos) << w.status();
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
+    EXPECT_FALSE(e.is_regular_file()) << e.path();
+}
+
+TEST_P(LocalBackendTest, ConcurrentWritersShareRegisteredMemory) {
+  auto b = Open(4, 256 << 10);
+  const size_t per = 4 << 20, threads = 4;
+  auto region = AlignedAlloc(per * threads);
+  std::vector<char> ref = RandomBytes(per * threads, 9);
+  std::memcpy(region.get(), ref.data(), ref.size());
+  ASSERT_TRUE(b->RegisterMemory(region.get(), per * threads).ok());
+  std::vector<std::thread> workers;
+  for (size_t t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round)
+        WriteObject(*b, "c/" + std::to_string(t) + "-" + std::to_string(round),
+                    region.get() + t * per, per);
+    });
+  }
+  for (auto& w : workers) w.join();
+  b->UnregisterMemory(region.get());
+  EXPECT_EQ(b->List("c/")->size(), threads * 3);
+  std::vector<char> back(per);
+  for (size_t t = 0; t < threads; ++t) {
+    ASSERT_TRUE(b->ReadAt("c/" + std::to_string(t) + "-2", 0, back.data(), per).ok());
+    EXPECT_EQ(std::memcmp(back.data(), ref.data() + t * per, per), 0) << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, LocalBackendTest, ::testing::Bool(),

@@ -118,8 +118,13 @@ absl::Status ChunkedAdam::Promote(size_t i) {
   c.dev_m = c.dev_p + n;
   c.dev_v = c.dev_m + n;
   // host_p, host_m, host_v are contiguous, and so are their device twins.
-  CKPT_RETURN_IF_ERROR(device_->CopyToDeviceAsync(Queue::kUpload, c.dev_p, c.host_p, 12 * n));
-  return device_->Synchronize(Queue::kUpload);
+  absl::Status s = device_->CopyToDeviceAsync(Queue::kUpload, c.dev_p, c.host_p, 12 * n);
+  if (s.ok()) s = device_->Synchronize(Queue::kUpload);
+  if (!s.ok()) {  // stay offloaded: the host copy is still the master
+    device_->Free(c.dev_p);
+    c.dev_p = c.dev_m = c.dev_v = nullptr;
+  }
+  return s;
 }
 
 absl::Status ChunkedAdam::Demote(size_t i) {

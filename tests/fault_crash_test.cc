@@ -25,12 +25,12 @@ using daemon::PeerCreds;
 
 class FaultCrashTest : public ::testing::Test {
  protected:
-  void SetUp() override { Open(); }
+  void SetUp() override { Open(3); }
   void TearDown() override {
     engine_.reset();
     UnlinkArenas(prefix_);
   }
-  void Open() {
+  void Open(uint32_t attempts) {
     storage::LocalBackendOptions lo;
     lo.root = dir_.path();
     auto local = storage::NewLocalBackend(lo);
@@ -44,6 +44,7 @@ class FaultCrashTest : public ::testing::Test {
     eo.shm_prefix = prefix_;
     eo.retain_steps = 0;
     eo.persist_retry_delay = std::chrono::milliseconds(10);
+    eo.max_persist_attempts = attempts;
     auto e = Engine::Open(eo, fault_.get(), catalog_.get());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
@@ -152,6 +153,8 @@ TEST_F(FaultCrashTest, PersistentEnospcFailsTheShardAndWaitDurableSaysWhy) {
 }
 
 TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
+  Close();
+  Open(1);  // a failed persist is final, so the test is deterministic
   for (uint64_t step = 1; step <= 3; ++step) {
     ASSERT_TRUE(SaveStep(step).ok());
     ASSERT_TRUE(WaitDurable(step).ok());
@@ -163,17 +166,26 @@ TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
   EXPECT_FALSE(WaitDurable(4, 5000).ok());
   fault_->ClearFaults();
   fault_->FailNthCommit(1, EIO);
-  fault_->FailNthCommit(2, EIO);
-  fault_->FailNthCommit(3, EIO);
   ASSERT_TRUE(SaveStep(5).ok());
+  EXPECT_FALSE(WaitDurable(5, 5000).ok());
+  ASSERT_TRUE(SaveStep(6).ok());  // committed, then the machine crashes
   fault_->SimulateCrash();
   arena_.reset();
   Close();
   UnlinkArenas(prefix_);  // a machine crash loses shared memory
-  Open();
-  EXPECT_EQ(DurableSteps(), (std::vector<uint64_t>{1, 2, 3}));
-  EXPECT_EQ(ShardFiles().size(), 3u);
-  for (const auto& k : ShardFiles()) EXPECT_EQ(k.find("step-0000000000000000000"), 6u) << k;
+  Open(1);
+  // Steps 1-3 were durable; 4 and 5 never were; 6 may or may not have
+  // reached its commit before the crash. Whatever is listed durable has a
+  // whole shard file, and no other shard file exists.
+  std::vector<uint64_t> durable = DurableSteps();
+  ASSERT_GE(durable.size(), 3u);
+  EXPECT_EQ(std::vector<uint64_t>(durable.begin(), durable.begin() + 3),
+            (std::vector<uint64_t>{1, 2, 3}));
+  if (durable.size() > 3) EXPECT_EQ(durable, (std::vector<uint64_t>{1, 2, 3, 6}));
+  std::vector<std::string> files = ShardFiles();
+  ASSERT_EQ(files.size(), durable.size());
+  for (size_t i = 0; i < files.size(); ++i)
+    EXPECT_EQ(files[i], storage::ShardKey("fault", durable[i], 0));
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
       return;
     }
     if (fds[1].revents) return;
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;  // EAGAIN, ECONNABORTED, EMFILE: try again
     ucred cred{};
     socklen_t len = sizeof cred;

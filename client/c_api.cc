@@ -1,13 +1,12 @@
 // The C API (include/ckpt/ckpt.h) over ckpt::Client. Every entry point
 // checks its pointers, converts the C structs, and records the message of a
 // failure in a thread-local string for ckpt_last_error().
-#include "ckpt/ckpt.h"
-
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ckpt/ckpt.h"
 #include "ckpt/client.h"
 
 struct ckpt_client {
@@ -36,25 +35,30 @@ ckpt_status Report(const absl::Status& s) {
 }
 
 ckpt_status NullArgument(const char* function, const char* argument) {
-  return Fail(absl::InvalidArgumentError(absl::StrCat(function, ": ", argument, " is NULL")));
+  return Fail(absl::InvalidArgumentError(
+      absl::StrCat(function, ": ", argument, " is NULL")));
 }
 
-absl::Status ConvertTensors(const ckpt_tensor* in, size_t count, std::vector<ckpt::Tensor>* out) {
-  if (in == nullptr && count > 0) return absl::InvalidArgumentError("tensors: NULL");
+absl::Status ConvertTensors(const ckpt_tensor* in, size_t count,
+                            std::vector<ckpt::Tensor>* out) {
+  if (in == nullptr && count > 0)
+    return absl::InvalidArgumentError("tensors: NULL");
   out->resize(count);
   for (size_t i = 0; i < count; ++i) {
     const ckpt_tensor& c = in[i];
     ckpt::Tensor& t = (*out)[i];
     if (c.name == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat("tensors[", i, "].name: NULL"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "].name: NULL"));
     t.name = c.name;
     if (c.ndim < 0 || static_cast<size_t>(c.ndim) > ckpt::kMaxTensorDims)
-      return absl::InvalidArgumentError(absl::StrCat("tensors[", i, "] (\"", t.name, "\").ndim: ",
-                                                     c.ndim, " is not in [0, ",
-                                                     ckpt::kMaxTensorDims, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "] (\"", t.name, "\").ndim: ", c.ndim,
+                       " is not in [0, ", ckpt::kMaxTensorDims, "]"));
     if (c.ndim > 0 && c.shape == nullptr)
       return absl::InvalidArgumentError(
-          absl::StrCat("tensors[", i, "] (\"", t.name, "\").shape: NULL with ndim ", c.ndim));
+          absl::StrCat("tensors[", i, "] (\"", t.name,
+                       "\").shape: NULL with ndim ", c.ndim));
     t.shape.assign(c.shape, c.shape + c.ndim);
     t.dtype = static_cast<ckpt::DType>(c.dtype);
     t.data = c.data;
@@ -62,7 +66,8 @@ absl::Status ConvertTensors(const ckpt_tensor* in, size_t count, std::vector<ckp
       return absl::InvalidArgumentError(
           absl::StrCat("tensors[", i, "] (\"", t.name, "\").device: ", c.device,
                        " (use -1 for host, N >= 0 for cuda:N)"));
-    t.device = c.device == -1 ? ckpt::Device::Host() : ckpt::Device::Cuda(c.device);
+    t.device =
+        c.device == -1 ? ckpt::Device::Host() : ckpt::Device::Cuda(c.device);
   }
   return absl::OkStatus();
 }
@@ -108,21 +113,24 @@ ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
 
 void ckpt_close(ckpt_client* client) { delete client; }
 
-ckpt_status ckpt_save(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
-                      size_t count) {
+ckpt_status ckpt_save(ckpt_client* client, int64_t step,
+                      const ckpt_tensor* tensors, size_t count) {
   if (client == nullptr) return NullArgument("ckpt_save", "client");
   std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+    return Fail(s);
   return Report(client->client->Save(step, ts));
 }
 
-ckpt_status ckpt_save_async(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
-                            size_t count, ckpt_save_handle** out) {
+ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
+                            const ckpt_tensor* tensors, size_t count,
+                            ckpt_save_handle** out) {
   if (out == nullptr) return NullArgument("ckpt_save_async", "out");
   *out = nullptr;
   if (client == nullptr) return NullArgument("ckpt_save_async", "client");
   std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+    return Fail(s);
   auto handle = client->client->SaveAsync(step, ts);
   if (!handle.ok()) return Fail(handle.status());
   *out = new ckpt_save_handle{std::move(*handle)};
@@ -151,20 +159,23 @@ ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step) {
   return Report(absl::OkStatus());
 }
 
-ckpt_status ckpt_restore(ckpt_client* client, int64_t step, const ckpt_tensor* tensors,
-                         size_t count) {
+ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
+                         const ckpt_tensor* tensors, size_t count) {
   if (client == nullptr) return NullArgument("ckpt_restore", "client");
   std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok()) return Fail(s);
+  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+    return Fail(s);
   return Report(client->client->Restore(step, ts));
 }
 
-ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step, int64_t timeout_ms) {
+ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
+                              int64_t timeout_ms) {
   if (client == nullptr) return NullArgument("ckpt_wait_durable", "client");
   if (timeout_ms < 0)
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
-  return Report(client->client->WaitDurable(step, std::chrono::milliseconds(timeout_ms)));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
+  return Report(
+      client->client->WaitDurable(step, std::chrono::milliseconds(timeout_ms)));
 }
 
 }  // extern "C"

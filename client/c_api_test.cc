@@ -1,8 +1,7 @@
-#include "ckpt/ckpt.h"
-
 #include <string>
 #include <thread>
 
+#include "ckpt/ckpt.h"
 #include "gtest/gtest.h"
 
 namespace {
@@ -46,10 +45,12 @@ TEST(CApiTest, ConnectReportsTheBadOption) {
   ckpt_client* c = reinterpret_cast<ckpt_client*>(1);
   EXPECT_EQ(ckpt_connect(&o, &c), CKPT_INVALID_ARGUMENT);
   EXPECT_EQ(c, nullptr);
-  EXPECT_NE(std::string(ckpt_last_error()).find("num_slots"), std::string::npos);
+  EXPECT_NE(std::string(ckpt_last_error()).find("num_slots"),
+            std::string::npos);
   o.num_slots = 0;
   EXPECT_EQ(ckpt_connect(&o, &c), CKPT_UNAVAILABLE);
-  EXPECT_NE(std::string(ckpt_last_error()).find("/nonexistent/ckptd.sock"), std::string::npos);
+  EXPECT_NE(std::string(ckpt_last_error()).find("/nonexistent/ckptd.sock"),
+            std::string::npos);
 }
 
 TEST(CApiTest, LastErrorIsPerThread) {

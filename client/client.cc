@@ -32,7 +32,8 @@ void SaveHandle::State::SetDone(absl::Status s) {
 }
 
 SaveHandle::SaveHandle() = default;
-SaveHandle::SaveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+SaveHandle::SaveHandle(std::shared_ptr<State> state)
+    : state_(std::move(state)) {}
 SaveHandle::SaveHandle(SaveHandle&&) noexcept = default;
 
 SaveHandle& SaveHandle::operator=(SaveHandle&& other) noexcept {
@@ -48,14 +49,16 @@ SaveHandle::~SaveHandle() {
 }
 
 absl::Status SaveHandle::WaitCopied() {
-  if (!state_) return absl::FailedPreconditionError("SaveHandle: not attached to a save");
+  if (!state_)
+    return absl::FailedPreconditionError("SaveHandle: not attached to a save");
   std::unique_lock<std::mutex> l(state_->mu);
   state_->cv.wait(l, [&] { return state_->copied; });
   return state_->copy_status;
 }
 
 absl::Status SaveHandle::Wait() {
-  if (!state_) return absl::FailedPreconditionError("SaveHandle: not attached to a save");
+  if (!state_)
+    return absl::FailedPreconditionError("SaveHandle: not attached to a save");
   std::unique_lock<std::mutex> l(state_->mu);
   state_->cv.wait(l, [&] { return state_->done; });
   return state_->status;
@@ -65,8 +68,9 @@ absl::Status SaveHandle::Wait() {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   CKPT_RETURN_IF_ERROR(options.ResolveFromEnvironment());
-  CKPT_ASSIGN_OR_RETURN(auto stub, client::DaemonStub::Connect(options.socket_path,
-                                                               std::chrono::seconds(10)));
+  CKPT_ASSIGN_OR_RETURN(auto stub,
+                        client::DaemonStub::Connect(options.socket_path,
+                                                    std::chrono::seconds(10)));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(stub));
   CKPT_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -82,7 +86,8 @@ absl::Status Client::Save(int64_t step, std::span<const Tensor> tensors) {
   return handle.Wait();
 }
 
-absl::StatusOr<SaveHandle> Client::SaveAsync(int64_t step, std::span<const Tensor> tensors) {
+absl::StatusOr<SaveHandle> Client::SaveAsync(int64_t step,
+                                             std::span<const Tensor> tensors) {
   return impl_->SaveAsync(step, tensors);
 }
 
@@ -92,7 +97,8 @@ absl::Status Client::Restore(int64_t step, std::span<const Tensor> tensors) {
   return impl_->Restore(step, tensors);
 }
 
-absl::Status Client::WaitDurable(int64_t step, std::chrono::milliseconds timeout) {
+absl::Status Client::WaitDurable(int64_t step,
+                                 std::chrono::milliseconds timeout) {
   return impl_->WaitDurable(step, timeout);
 }
 
@@ -106,16 +112,20 @@ MappedArena::~MappedArena() {
 #ifdef CKPT_HAVE_CUDA
   if (pinned) {
     absl::Status s = CudaCopier::Unpin(arena->slot_data(0));
-    if (!s.ok()) std::fprintf(stderr, "libckpt: unpin arena %s: %s\n", arena->name().c_str(),
-                              std::string(s.message()).c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "libckpt: unpin arena %s: %s\n",
+                   arena->name().c_str(), std::string(s.message()).c_str());
   }
 #endif
 }
 
 }  // namespace client
 
-Client::Impl::Impl(ClientOptions options, std::unique_ptr<client::DaemonStub> stub)
-    : options_(std::move(options)), stub_(std::move(stub)), engine_(options_.copy_threads) {
+Client::Impl::Impl(ClientOptions options,
+                   std::unique_ptr<client::DaemonStub> stub)
+    : options_(std::move(options)),
+      stub_(std::move(stub)),
+      engine_(options_.copy_threads) {
 #ifdef CKPT_HAVE_CUDA
   cuda_device_ = client::CudaCopier::DeviceAvailable();
 #endif
@@ -144,12 +154,13 @@ SaveStats Client::Impl::last_save_stats() const {
 absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(
     uint64_t image_bytes) {
   std::lock_guard<std::mutex> l(arena_mu_);
-  if (save_arena_ && save_arena_->arena->slot_bytes() >= image_bytes) return save_arena_;
+  if (save_arena_ && save_arena_->arena->slot_bytes() >= image_bytes)
+    return save_arena_;
   if (save_arena_ && options_.slot_bytes > 0)
     return absl::ResourceExhaustedError(absl::StrCat(
-        "save: the shard image needs ", image_bytes, " bytes, but a slot holds ",
-        save_arena_->arena->slot_bytes(), " bytes (options.slot_bytes = ", options_.slot_bytes,
-        ")"));
+        "save: the shard image needs ", image_bytes,
+        " bytes, but a slot holds ", save_arena_->arena->slot_bytes(),
+        " bytes (options.slot_bytes = ", options_.slot_bytes, ")"));
   uint64_t want = options_.slot_bytes;
   if (want == 0)
     want = static_cast<uint64_t>(std::ceil(static_cast<double>(image_bytes) *
@@ -161,18 +172,20 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(
   req.set_slot_bytes(std::max(want, image_bytes));
   req.set_num_slots(static_cast<uint32_t>(options_.num_slots));
   CKPT_ASSIGN_OR_RETURN(v1::RegisterResponse resp, stub_->Register(req));
-  CKPT_ASSIGN_OR_RETURN(auto arena,
-                        ArenaLocked(resp.shm_name(), resp.arena_bytes(), resp.slots_offset()));
+  CKPT_ASSIGN_OR_RETURN(
+      auto arena,
+      ArenaLocked(resp.shm_name(), resp.arena_bytes(), resp.slots_offset()));
   if (arena->arena->slot_bytes() != resp.slot_bytes() ||
       arena->arena->num_slots() != resp.num_slots())
     return absl::DataLossError(absl::StrCat(
-        "Register: arena ", resp.shm_name(), " has ", arena->arena->num_slots(), " slots of ",
-        arena->arena->slot_bytes(), " bytes, the daemon said ", resp.num_slots(), " of ",
-        resp.slot_bytes()));
+        "Register: arena ", resp.shm_name(), " has ", arena->arena->num_slots(),
+        " slots of ", arena->arena->slot_bytes(), " bytes, the daemon said ",
+        resp.num_slots(), " of ", resp.slot_bytes()));
   if (arena->arena->slot_bytes() < image_bytes)
     return absl::ResourceExhaustedError(
-        absl::StrCat("save: the shard image needs ", image_bytes, " bytes, but a slot of arena ",
-                     resp.shm_name(), " holds ", arena->arena->slot_bytes(), " bytes"));
+        absl::StrCat("save: the shard image needs ", image_bytes,
+                     " bytes, but a slot of arena ", resp.shm_name(), " holds ",
+                     arena->arena->slot_bytes(), " bytes"));
   save_arena_ = arena;
   if (restore_arena_ == arena) restore_arena_.reset();
   return arena;
@@ -184,12 +197,13 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::ArenaLocked(
   const std::string path = "/dev/shm" + name;
   bool have_identity = !name.empty() && ::stat(path.c_str(), &st) == 0;
   for (const auto& a : {save_arena_, restore_arena_}) {
-    if (a && a->arena->name() == name && a->arena->size() == arena_bytes && have_identity &&
-        a->dev == st.st_dev && a->ino == st.st_ino)
+    if (a && a->arena->name() == name && a->arena->size() == arena_bytes &&
+        have_identity && a->dev == st.st_dev && a->ino == st.st_ino)
       return a;
   }
   auto mapped = std::make_shared<client::MappedArena>();
-  CKPT_ASSIGN_OR_RETURN(mapped->arena, shm::Arena::Attach(name, arena_bytes, slots_offset));
+  CKPT_ASSIGN_OR_RETURN(mapped->arena,
+                        shm::Arena::Attach(name, arena_bytes, slots_offset));
   if (::stat(path.c_str(), &st) == 0) {
     mapped->dev = st.st_dev;
     mapped->ino = st.st_ino;
@@ -197,11 +211,14 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::ArenaLocked(
 #ifdef CKPT_HAVE_CUDA
   if (cuda_device_) {
     const shm::Arena& a = *mapped->arena;
-    absl::Status s = client::CudaCopier::Pin(a.slot_data(0), a.size() - a.slot_offset(0));
+    absl::Status s =
+        client::CudaCopier::Pin(a.slot_data(0), a.size() - a.slot_offset(0));
     // Unpinned memory still works, at pageable-copy speed.
-    if (s.ok()) mapped->pinned = true;
-    else std::fprintf(stderr, "libckpt: cannot pin arena %s: %s\n", name.c_str(),
-                      std::string(s.message()).c_str());
+    if (s.ok())
+      mapped->pinned = true;
+    else
+      std::fprintf(stderr, "libckpt: cannot pin arena %s: %s\n", name.c_str(),
+                   std::string(s.message()).c_str());
   }
 #endif
   return mapped;

@@ -66,7 +66,8 @@ class Client::Impl {
   // Registers at once when options.slot_bytes is set.
   absl::Status Start();
 
-  absl::StatusOr<SaveHandle> SaveAsync(int64_t step, std::span<const Tensor> tensors);
+  absl::StatusOr<SaveHandle> SaveAsync(int64_t step,
+                                       std::span<const Tensor> tensors);
   absl::StatusOr<int64_t> LatestStep();
   absl::Status Restore(int64_t step, std::span<const Tensor> tensors);
   absl::Status WaitDurable(int64_t step, std::chrono::milliseconds timeout);
@@ -86,18 +87,20 @@ class Client::Impl {
   void RunSave(SaveJob& job);
   // Copies the job's tensors into the slot at `slot`; fills checksums (host
   // tensors only).
-  absl::Status CopyIntoSlot(SaveJob& job, char* slot, std::vector<uint64_t>* checksums);
+  absl::Status CopyIntoSlot(SaveJob& job, char* slot,
+                            std::vector<uint64_t>* checksums);
   void ReleaseCopyGate();
 
   // The registered arena, (re-)registering when it is missing or its slots
   // are smaller than image_bytes.
-  absl::StatusOr<std::shared_ptr<client::MappedArena>> SaveArena(uint64_t image_bytes);
+  absl::StatusOr<std::shared_ptr<client::MappedArena>> SaveArena(
+      uint64_t image_bytes);
   // An attached arena for (name, bytes): reuses a live mapping of the same
   // segment, else attaches (and pins).
-  absl::StatusOr<std::shared_ptr<client::MappedArena>> ArenaLocked(const std::string& name,
-                                                                   uint64_t arena_bytes,
-                                                                   uint64_t slots_offset);
-  absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp, const char* image,
+  absl::StatusOr<std::shared_ptr<client::MappedArena>> ArenaLocked(
+      const std::string& name, uint64_t arena_bytes, uint64_t slots_offset);
+  absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
+                             const char* image,
                              std::span<const Tensor> tensors);
 
   const ClientOptions options_;

@@ -9,9 +9,11 @@
 namespace ckpt::client {
 
 CopyEngine::CopyEngine(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  if (threads <= 0)
+    threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   workers_.reserve(threads - 1);
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < threads; ++i)
+    workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 CopyEngine::~CopyEngine() {
@@ -48,7 +50,8 @@ void CopyEngine::Drain() {
   }
 }
 
-void CopyEngine::Run(std::span<const CopyRegion> regions, std::span<uint64_t> checksums) {
+void CopyEngine::Run(std::span<const CopyRegion> regions,
+                     std::span<uint64_t> checksums) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
   pieces_.clear();
   for (const CopyRegion& r : regions) {
@@ -79,7 +82,8 @@ void CopyEngine::Run(std::span<const CopyRegion> regions, std::span<uint64_t> ch
   size_t first = 0;
   for (size_t i = 0; i < regions.size(); ++i) {
     size_t count = ChecksumChunks(regions[i].bytes);
-    checksums[i] = CombineChunkHashes(std::span<const uint64_t>(piece_hashes_).subspan(first, count));
+    checksums[i] = CombineChunkHashes(
+        std::span<const uint64_t>(piece_hashes_).subspan(first, count));
     first += count;
   }
 }

@@ -33,15 +33,21 @@ void CheckCopy(int threads, const std::vector<size_t>& sizes) {
   std::vector<uint64_t> sums(sizes.size());
   engine.Run(regions, sums);
   for (size_t i = 0; i < sizes.size(); ++i) {
-    SCOPED_TRACE("region " + std::to_string(i) + " of " + std::to_string(sizes[i]) + " bytes");
+    SCOPED_TRACE("region " + std::to_string(i) + " of " +
+                 std::to_string(sizes[i]) + " bytes");
     EXPECT_EQ(sums[i], TensorChecksum(src[i].data(), sizes[i]));
     EXPECT_TRUE(dst[i] == src[i]);
   }
 }
 
 TEST(CopyEngineTest, ChecksumsEqualTensorChecksumForOddSizes) {
-  const std::vector<size_t> sizes = {1, 7, 4095, kChecksumChunk - 1, kChecksumChunk,
-                                     kChecksumChunk + 1, 3 * kChecksumChunk + 12345};
+  const std::vector<size_t> sizes = {1,
+                                     7,
+                                     4095,
+                                     kChecksumChunk - 1,
+                                     kChecksumChunk,
+                                     kChecksumChunk + 1,
+                                     3 * kChecksumChunk + 12345};
   for (int threads = 1; threads <= 4; ++threads) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     CheckCopy(threads, sizes);
@@ -49,7 +55,8 @@ TEST(CopyEngineTest, ChecksumsEqualTensorChecksumForOddSizes) {
 }
 
 TEST(CopyEngineTest, EmptyRegionsGetTheEmptyChecksum) {
-  for (int threads = 1; threads <= 4; ++threads) CheckCopy(threads, {0, 5 << 20, 0, 3, 0});
+  for (int threads = 1; threads <= 4; ++threads)
+    CheckCopy(threads, {0, 5 << 20, 0, 3, 0});
 }
 
 TEST(CopyEngineTest, ManySmallRegions) {
@@ -70,7 +77,8 @@ TEST(CopyEngineTest, NullDestinationOnlyHashes) {
 TEST(CopyEngineTest, RepeatedRunsReuseThePool) {
   CopyEngine engine(4);
   for (int round = 0; round < 50; ++round) {
-    auto src = RandomBytes(2 * kChecksumChunk + static_cast<size_t>(round), round);
+    auto src =
+        RandomBytes(2 * kChecksumChunk + static_cast<size_t>(round), round);
     std::vector<char> dst(src.size());
     CopyRegion r{src.data(), dst.data(), src.size()};
     uint64_t sum = 0;

@@ -15,7 +15,8 @@ namespace {
 constexpr uint64_t kCudaPiece = 64ull << 20;
 
 absl::Status CudaToStatus(cudaError_t err, const char* call) {
-  std::string msg = absl::StrCat(call, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  std::string msg = absl::StrCat(call, ": ", cudaGetErrorName(err), ": ",
+                                 cudaGetErrorString(err));
   switch (err) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(msg);
@@ -35,13 +36,13 @@ absl::Status CudaToStatus(cudaError_t err, const char* call) {
 
 // Returns a Status naming the call when it fails; cudaGetLastError() resets
 // the per-thread error so the next call does not see this one.
-#define CKPT_CUDA_RETURN_IF_ERROR(call)          \
-  do {                                           \
-    cudaError_t _ckpt_cuda_err = (call);         \
-    if (_ckpt_cuda_err != cudaSuccess) {         \
-      (void)cudaGetLastError();                  \
+#define CKPT_CUDA_RETURN_IF_ERROR(call)           \
+  do {                                            \
+    cudaError_t _ckpt_cuda_err = (call);          \
+    if (_ckpt_cuda_err != cudaSuccess) {          \
+      (void)cudaGetLastError();                   \
       return CudaToStatus(_ckpt_cuda_err, #call); \
-    }                                            \
+    }                                             \
   } while (0)
 
 namespace {
@@ -56,7 +57,8 @@ class DeviceGuard {
     }
   }
   ~DeviceGuard() {
-    if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess) (void)cudaGetLastError();
+    if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess)
+      (void)cudaGetLastError();
   }
 
  private:
@@ -75,7 +77,8 @@ bool CudaCopier::DeviceAvailable() {
 }
 
 absl::Status CudaCopier::Pin(void* data, uint64_t bytes) {
-  CKPT_CUDA_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterPortable));
+  CKPT_CUDA_RETURN_IF_ERROR(
+      cudaHostRegister(data, bytes, cudaHostRegisterPortable));
   return absl::OkStatus();
 }
 
@@ -84,19 +87,23 @@ absl::Status CudaCopier::Unpin(void* data) {
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::CheckDevicePointer(const Tensor& t, const std::string& label) {
+absl::Status CudaCopier::CheckDevicePointer(const Tensor& t,
+                                            const std::string& label) {
   if (t.data == nullptr) return absl::OkStatus();
   cudaPointerAttributes attr{};
   absl::Status s = [&]() -> absl::Status {
     CKPT_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, t.data));
     return absl::OkStatus();
   }();
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(label, ".data: ", s.message()));
-  bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat(label, ".data: ", s.message()));
+  bool on_device =
+      attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
   if (!on_device || attr.device != t.device.index)
     return absl::InvalidArgumentError(absl::StrCat(
         label, ".data: not memory of ", t.device.ToString(),
-        on_device ? absl::StrCat(" (it belongs to cuda:", attr.device, ")") : " (host memory)"));
+        on_device ? absl::StrCat(" (it belongs to cuda:", attr.device, ")")
+                  : " (host memory)"));
   return absl::OkStatus();
 }
 
@@ -111,7 +118,8 @@ CudaCopier::~CudaCopier() {
       (void)cudaStreamSynchronize(static_cast<cudaStream_t>(d.stream));
       (void)cudaStreamDestroy(static_cast<cudaStream_t>(d.stream));
     }
-    if (d.event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(d.event));
+    if (d.event != nullptr)
+      (void)cudaEventDestroy(static_cast<cudaEvent_t>(d.event));
     (void)cudaGetLastError();
   }
 }
@@ -124,21 +132,23 @@ absl::StatusOr<CudaCopier::PerDevice*> CudaCopier::ForDevice(int device) {
   d.device = device;
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;
-  CKPT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CKPT_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   d.stream = stream;
   cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     (void)cudaStreamDestroy(stream);
-    return CudaToStatus(err, "cudaEventCreateWithFlags(&event, cudaEventDisableTiming)");
+    return CudaToStatus(
+        err, "cudaEventCreateWithFlags(&event, cudaEventDisableTiming)");
   }
   d.event = event;
   devices_.push_back(d);
   return &devices_.back();
 }
 
-absl::Status CudaCopier::Enqueue(int device, void* dst, const void* src, uint64_t bytes,
-                                 bool to_host) {
+absl::Status CudaCopier::Enqueue(int device, void* dst, const void* src,
+                                 uint64_t bytes, bool to_host) {
   if (bytes == 0) return absl::OkStatus();
   DeviceGuard guard;
   auto d = ForDevice(device);
@@ -148,21 +158,21 @@ absl::Status CudaCopier::Enqueue(int device, void* dst, const void* src, uint64_
   auto kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (uint64_t off = 0; off < bytes; off += kCudaPiece) {
     uint64_t n = std::min(kCudaPiece, bytes - off);
-    CKPT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + off,
-                                              static_cast<const char*>(src) + off, n, kind,
-                                              stream));
+    CKPT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(static_cast<char*>(dst) + off,
+                        static_cast<const char*>(src) + off, n, kind, stream));
   }
   (*d)->pending = true;
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::EnqueueToHost(int device, void* host_dst, const void* device_src,
-                                       uint64_t bytes) {
+absl::Status CudaCopier::EnqueueToHost(int device, void* host_dst,
+                                       const void* device_src, uint64_t bytes) {
   return Enqueue(device, host_dst, device_src, bytes, /*to_host=*/true);
 }
 
-absl::Status CudaCopier::EnqueueToDevice(int device, void* device_dst, const void* host_src,
-                                         uint64_t bytes) {
+absl::Status CudaCopier::EnqueueToDevice(int device, void* device_dst,
+                                         const void* host_src, uint64_t bytes) {
   return Enqueue(device, device_dst, host_src, bytes, /*to_host=*/false);
 }
 
@@ -175,11 +185,14 @@ absl::Status CudaCopier::Wait() {
     absl::Status s = [&]() -> absl::Status {
       CKPT_CUDA_RETURN_IF_ERROR(cudaSetDevice(d.device));
       auto event = static_cast<cudaEvent_t>(d.event);
-      CKPT_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, static_cast<cudaStream_t>(d.stream)));
+      CKPT_CUDA_RETURN_IF_ERROR(
+          cudaEventRecord(event, static_cast<cudaStream_t>(d.stream)));
       CKPT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event));
       return absl::OkStatus();
     }();
-    if (first.ok() && !s.ok()) first = absl::Status(s.code(), absl::StrCat("cuda:", d.device, ": ", s.message()));
+    if (first.ok() && !s.ok())
+      first = absl::Status(s.code(),
+                           absl::StrCat("cuda:", d.device, ": ", s.message()));
   }
   return first;
 }

@@ -36,11 +36,13 @@ class CudaCopier {
   static absl::Status Unpin(void* data);
 
   // Checks that t.data is memory of device t.device.index; names the tensor.
-  static absl::Status CheckDevicePointer(const Tensor& t, const std::string& label);
+  static absl::Status CheckDevicePointer(const Tensor& t,
+                                         const std::string& label);
 
-  absl::Status EnqueueToHost(int device, void* host_dst, const void* device_src, uint64_t bytes);
-  absl::Status EnqueueToDevice(int device, void* device_dst, const void* host_src,
-                               uint64_t bytes);
+  absl::Status EnqueueToHost(int device, void* host_dst, const void* device_src,
+                             uint64_t bytes);
+  absl::Status EnqueueToDevice(int device, void* device_dst,
+                               const void* host_src, uint64_t bytes);
   // Blocks until every enqueued copy has finished.
   absl::Status Wait();
 
@@ -51,7 +53,8 @@ class CudaCopier {
     void* event = nullptr;   // cudaEvent_t
     bool pending = false;
   };
-  absl::Status Enqueue(int device, void* dst, const void* src, uint64_t bytes, bool to_host);
+  absl::Status Enqueue(int device, void* dst, const void* src, uint64_t bytes,
+                       bool to_host);
   absl::StatusOr<PerDevice*> ForDevice(int device);
 
   std::vector<PerDevice> devices_;

@@ -34,7 +34,8 @@ absl::Status IntFromEnv(int* value, const char* field, const char* var) {
     return absl::InvalidArgumentError(
         absl::StrCat("$", var, ": \"", text, "\" is not an integer"));
   if (parsed < 0)
-    return absl::InvalidArgumentError(absl::StrCat("$", var, ": ", parsed, " is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("$", var, ": ", parsed, " is negative"));
   *value = parsed;
   return absl::OkStatus();
 }
@@ -46,53 +47,65 @@ absl::Status ClientOptions::ResolveFromEnvironment() {
   if (socket_path.empty()) {
     const char* v = Env("CKPT_SOCKET");
     if (v == nullptr)
-      return absl::InvalidArgumentError("socket_path: not set, and $CKPT_SOCKET is not set");
+      return absl::InvalidArgumentError(
+          "socket_path: not set, and $CKPT_SOCKET is not set");
     socket_path = v;
     socket_from_env = true;
   }
   const char* socket_field = socket_from_env ? "$CKPT_SOCKET" : "socket_path";
   if (socket_path.size() >= sizeof(sockaddr_un{}.sun_path))
-    return absl::InvalidArgumentError(absl::StrCat(socket_field, ": \"", socket_path, "\" is ",
-                                                   socket_path.size(), " bytes, at most ",
-                                                   sizeof(sockaddr_un{}.sun_path) - 1,
-                                                   " fit a Unix socket address"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        socket_field, ": \"", socket_path, "\" is ", socket_path.size(),
+        " bytes, at most ", sizeof(sockaddr_un{}.sun_path) - 1,
+        " fit a Unix socket address"));
   if (socket_path.find('\0') != std::string::npos)
-    return absl::InvalidArgumentError(absl::StrCat(socket_field, ": contains a NUL byte"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(socket_field, ": contains a NUL byte"));
 
   bool job_from_env = false;
   if (job.empty()) {
     const char* v = Env("CKPT_JOB");
     if (v == nullptr)
-      return absl::InvalidArgumentError("job: not set, and $CKPT_JOB is not set");
+      return absl::InvalidArgumentError(
+          "job: not set, and $CKPT_JOB is not set");
     job = v;
     job_from_env = true;
   }
-  if (absl::Status s = ValidateJobName(job, job_from_env ? "$CKPT_JOB" : "job"); !s.ok()) return s;
+  if (absl::Status s = ValidateJobName(job, job_from_env ? "$CKPT_JOB" : "job");
+      !s.ok())
+    return s;
 
-  if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is negative"));
-  if (world_size < -1 || world_size == 0)
-    return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size, " is not positive"));
-  if (absl::Status s = IntFromEnv(&rank, "rank", "RANK"); !s.ok()) return s;
-  if (absl::Status s = IntFromEnv(&world_size, "world_size", "WORLD_SIZE"); !s.ok()) return s;
-  if (world_size == 0)
-    return absl::InvalidArgumentError("world_size: 0 (from $WORLD_SIZE) is not positive");
-  if (rank >= world_size)
+  if (rank < -1)
     return absl::InvalidArgumentError(
-        absl::StrCat("rank: ", rank, " is not in [0, world_size ", world_size, ")"));
+        absl::StrCat("rank: ", rank, " is negative"));
+  if (world_size < -1 || world_size == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", world_size, " is not positive"));
+  if (absl::Status s = IntFromEnv(&rank, "rank", "RANK"); !s.ok()) return s;
+  if (absl::Status s = IntFromEnv(&world_size, "world_size", "WORLD_SIZE");
+      !s.ok())
+    return s;
+  if (world_size == 0)
+    return absl::InvalidArgumentError(
+        "world_size: 0 (from $WORLD_SIZE) is not positive");
+  if (rank >= world_size)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", rank, " is not in [0, world_size ", world_size, ")"));
 
   if (num_slots < 2 || num_slots > static_cast<int>(shm::kMaxSlots))
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
   if (!std::isfinite(slot_headroom) || slot_headroom < 0 || slot_headroom > 16)
     return absl::InvalidArgumentError(
         absl::StrCat("slot_headroom: ", slot_headroom, " is not in [0, 16]"));
   if (slot_bytes > (uint64_t{1} << 48))
-    return absl::InvalidArgumentError(absl::StrCat("slot_bytes: ", slot_bytes, " exceeds 2^48"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_bytes: ", slot_bytes, " exceeds 2^48"));
   // The RPC carries the timeout as uint32 milliseconds (about 49 days).
   if (busy_timeout.count() < 0 ||
       busy_timeout.count() > std::numeric_limits<uint32_t>::max())
-    return absl::InvalidArgumentError(absl::StrCat("busy_timeout: ", busy_timeout.count(),
-                                                   " ms is not in [0, 2^32) ms"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "busy_timeout: ", busy_timeout.count(), " ms is not in [0, 2^32) ms"));
   if (copy_threads < 0 || copy_threads > 1024)
     return absl::InvalidArgumentError(
         absl::StrCat("copy_threads: ", copy_threads, " is not in [0, 1024]"));

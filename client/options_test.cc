@@ -11,10 +11,13 @@ namespace {
 class EnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE"}) ::unsetenv(v);
+    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE"})
+      ::unsetenv(v);
   }
   void TearDown() override { SetUp(); }
-  static void Set(const char* var, const char* value) { ::setenv(var, value, 1); }
+  static void Set(const char* var, const char* value) {
+    ::setenv(var, value, 1);
+  }
   static ClientOptions Full() {
     ClientOptions o;
     o.socket_path = "/run/ckptd.sock";
@@ -119,7 +122,8 @@ TEST_F(EnvTest, ConnectRefusesAMissingSocketAsUnavailable) {
   o.socket_path = "/nonexistent/ckptd.sock";
   auto c = Client::Connect(o);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
-  EXPECT_NE(std::string(c.status().message()).find("/nonexistent/ckptd.sock"), std::string::npos);
+  EXPECT_NE(std::string(c.status().message()).find("/nonexistent/ckptd.sock"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -22,17 +22,22 @@ absl::StatusOr<int64_t> Client::Impl::LatestStep() {
   req.set_job(options_.job);
   CKPT_ASSIGN_OR_RETURN(v1::LatestResponse resp, stub_->Latest(req));
   if (!resp.found())
-    return absl::NotFoundError(absl::StrCat("Latest: job ", options_.job, " has no checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat("Latest: job ", options_.job, " has no checkpoint"));
   if (resp.step() > static_cast<uint64_t>(INT64_MAX))
-    return absl::DataLossError(absl::StrCat("Latest: step ", resp.step(), " out of range"));
+    return absl::DataLossError(
+        absl::StrCat("Latest: step ", resp.step(), " out of range"));
   return static_cast<int64_t>(resp.step());
 }
 
-absl::Status Client::Impl::WaitDurable(int64_t step, std::chrono::milliseconds timeout) {
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: ", step, " is negative"));
-  if (timeout.count() < 0 || timeout.count() > UINT32_MAX)
+absl::Status Client::Impl::WaitDurable(int64_t step,
+                                       std::chrono::milliseconds timeout) {
+  if (step < 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("timeout: ", timeout.count(), " ms is not in [0, 2^32) ms"));
+        absl::StrCat("step: ", step, " is negative"));
+  if (timeout.count() < 0 || timeout.count() > UINT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout: ", timeout.count(), " ms is not in [0, 2^32) ms"));
   v1::WaitDurableRequest req;
   req.set_job(options_.job);
   req.set_rank(static_cast<uint32_t>(options_.rank));
@@ -41,19 +46,23 @@ absl::Status Client::Impl::WaitDurable(int64_t step, std::chrono::milliseconds t
   return stub_->WaitDurable(req).status();
 }
 
-absl::Status Client::Impl::Restore(int64_t step, std::span<const Tensor> tensors) {
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: ", step, " is negative"));
+absl::Status Client::Impl::Restore(int64_t step,
+                                   std::span<const Tensor> tensors) {
+  if (step < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", step, " is negative"));
   std::vector<uint64_t> bytes;
   CKPT_RETURN_IF_ERROR(client::ValidateTensors(tensors, &bytes));
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].device.is_host()) continue;
     if (!cuda_device_)
       return absl::FailedPreconditionError(
-          absl::StrCat(client::TensorLabel(tensors, i), ": on ", tensors[i].device.ToString(),
+          absl::StrCat(client::TensorLabel(tensors, i), ": on ",
+                       tensors[i].device.ToString(),
                        ", but the CUDA runtime sees no device"));
 #ifdef CKPT_HAVE_CUDA
-    CKPT_RETURN_IF_ERROR(
-        client::CudaCopier::CheckDevicePointer(tensors[i], client::TensorLabel(tensors, i)));
+    CKPT_RETURN_IF_ERROR(client::CudaCopier::CheckDevicePointer(
+        tensors[i], client::TensorLabel(tensors, i)));
 #endif
   }
 
@@ -67,16 +76,19 @@ absl::Status Client::Impl::Restore(int64_t step, std::span<const Tensor> tensors
     std::shared_ptr<client::MappedArena> arena;
     {
       std::lock_guard<std::mutex> l(arena_mu_);
-      CKPT_ASSIGN_OR_RETURN(arena, ArenaLocked(resp.shm_name(), resp.arena_bytes(),
-                                               shm::Arena::SlotsOffset()));
+      CKPT_ASSIGN_OR_RETURN(arena,
+                            ArenaLocked(resp.shm_name(), resp.arena_bytes(),
+                                        shm::Arena::SlotsOffset()));
       if (arena != save_arena_) restore_arena_ = arena;
     }
     const shm::Arena& a = *arena->arena;
-    if (resp.slot_offset() < a.slot_offset(0) || resp.slot_offset() > a.size() ||
+    if (resp.slot_offset() < a.slot_offset(0) ||
+        resp.slot_offset() > a.size() ||
         a.size() - resp.slot_offset() < resp.image_bytes())
       return absl::InternalError(absl::StrCat(
-          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ", resp.slot_offset(),
-          " lies outside arena ", a.name(), " of ", a.size(), " bytes"));
+          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
+          resp.slot_offset(), " lies outside arena ", a.name(), " of ",
+          a.size(), " bytes"));
     return CopyOutOfSlot(resp, a.base() + resp.slot_offset(), tensors);
   }();
 
@@ -89,7 +101,8 @@ absl::Status Client::Impl::Restore(int64_t step, std::span<const Tensor> tensors
   return Annotate(s, absl::StrCat("restore of step ", step));
 }
 
-absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp, const char* image,
+absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
+                                         const char* image,
                                          std::span<const Tensor> tensors) {
   std::unordered_map<std::string_view, const v1::TensorMeta*> index;
   index.reserve(resp.tensors_size());
@@ -101,7 +114,8 @@ absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp, co
     const std::string label = client::TensorLabel(tensors, i);
     auto it = index.find(t.name);
     if (it == index.end())
-      return absl::NotFoundError(absl::StrCat(label, ": not in the checkpoint"));
+      return absl::NotFoundError(
+          absl::StrCat(label, ": not in the checkpoint"));
     const v1::TensorMeta& m = *it->second;
     if (m.dtype() != static_cast<uint32_t>(t.dtype))
       return absl::InvalidArgumentError(absl::StrCat(
@@ -109,19 +123,20 @@ absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp, co
           AV(DTypeName(static_cast<DType>(m.dtype())))));
     bool same_shape = static_cast<size_t>(m.shape_size()) == t.shape.size();
     for (size_t d = 0; same_shape && d < t.shape.size(); ++d)
-      same_shape = m.shape(static_cast<int>(d)) == static_cast<uint64_t>(t.shape[d]);
+      same_shape =
+          m.shape(static_cast<int>(d)) == static_cast<uint64_t>(t.shape[d]);
     if (!same_shape)
-      return absl::InvalidArgumentError(absl::StrCat(label, ": shape is [",
-                                                     absl::StrJoin(t.shape, ","),
-                                                     "], the checkpoint has [",
-                                                     absl::StrJoin(m.shape(), ","), "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": shape is [", absl::StrJoin(t.shape, ","),
+          "], the checkpoint has [", absl::StrJoin(m.shape(), ","), "]"));
     if (m.bytes() != *t.bytes())
-      return absl::InvalidArgumentError(absl::StrCat(label, ": ", *t.bytes(),
-                                                     " bytes, the checkpoint has ", m.bytes()));
-    if (m.offset() > resp.image_bytes() || resp.image_bytes() - m.offset() < m.bytes())
-      return absl::DataLossError(absl::StrCat(label, ": offset ", m.offset(), " + ", m.bytes(),
-                                              " bytes exceed the image of ",
-                                              resp.image_bytes(), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": ", *t.bytes(), " bytes, the checkpoint has ", m.bytes()));
+    if (m.offset() > resp.image_bytes() ||
+        resp.image_bytes() - m.offset() < m.bytes())
+      return absl::DataLossError(absl::StrCat(
+          label, ": offset ", m.offset(), " + ", m.bytes(),
+          " bytes exceed the image of ", resp.image_bytes(), " bytes"));
     metas[i] = &m;
   }
 
@@ -138,8 +153,8 @@ absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp, co
   client::CudaCopier cuda;
   for (size_t i = 0; i < tensors.size() && s.ok(); ++i) {
     if (tensors[i].device.is_host()) continue;
-    s = cuda.EnqueueToDevice(tensors[i].device.index, tensors[i].data, regions[i].src,
-                             regions[i].bytes);
+    s = cuda.EnqueueToDevice(tensors[i].device.index, tensors[i].data,
+                             regions[i].src, regions[i].bytes);
     if (!s.ok()) s = Annotate(s, client::TensorLabel(tensors, i));
   }
 #endif

@@ -17,9 +17,11 @@ double Seconds(Client::Impl::Clock::duration d) {
 
 }  // namespace
 
-absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(int64_t step,
-                                                   std::span<const Tensor> tensors) {
-  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: ", step, " is negative"));
+absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(
+    int64_t step, std::span<const Tensor> tensors) {
+  if (step < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", step, " is negative"));
   SaveJob job;
   job.start = Clock::now();
   job.step = step;
@@ -27,12 +29,13 @@ absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(int64_t step,
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].device.is_host()) continue;
     if (!cuda_device_)
-      return absl::FailedPreconditionError(absl::StrCat(
-          client::TensorLabel(tensors, i), ": on ", tensors[i].device.ToString(),
-          ", but the CUDA runtime sees no device"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(client::TensorLabel(tensors, i), ": on ",
+                       tensors[i].device.ToString(),
+                       ", but the CUDA runtime sees no device"));
 #ifdef CKPT_HAVE_CUDA
-    CKPT_RETURN_IF_ERROR(
-        client::CudaCopier::CheckDevicePointer(tensors[i], client::TensorLabel(tensors, i)));
+    CKPT_RETURN_IF_ERROR(client::CudaCopier::CheckDevicePointer(
+        tensors[i], client::TensorLabel(tensors, i)));
 #endif
   }
   auto layout = storage::ComputeLayout(job.bytes);
@@ -105,15 +108,18 @@ void Client::Impl::RunSave(SaveJob& job) {
   abort.set_lease(slot->lease());
   // The daemon's answer is input too: the slot must lie inside our mapping.
   if (slot->slot() >= a.num_slots() || slot->slot_offset() < a.slot_offset(0) ||
-      slot->slot_offset() > a.size() || a.size() - slot->slot_offset() < image_bytes) {
+      slot->slot_offset() > a.size() ||
+      a.size() - slot->slot_offset() < image_bytes) {
     (void)stub_->AbortSave(abort);
     return fail(absl::InternalError(absl::StrCat(
-        "BeginSave: slot ", slot->slot(), " at offset ", slot->slot_offset(), " cannot hold ",
-        image_bytes, " bytes in arena ", a.name(), " of ", a.size(), " bytes")));
+        "BeginSave: slot ", slot->slot(), " at offset ", slot->slot_offset(),
+        " cannot hold ", image_bytes, " bytes in arena ", a.name(), " of ",
+        a.size(), " bytes")));
   }
 
   std::vector<uint64_t> checksums(job.tensors.size());
-  absl::Status copied = CopyIntoSlot(job, a.base() + slot->slot_offset(), &checksums);
+  absl::Status copied =
+      CopyIntoSlot(job, a.base() + slot->slot_offset(), &checksums);
   Clock::time_point t2 = Clock::now();
   stats.copy_s = Seconds(t2 - t1);
   if (!copied.ok()) {
@@ -172,20 +178,23 @@ absl::Status Client::Impl::CopyIntoSlot(SaveJob& job, char* slot,
     if (t.device.is_host()) continue;
     if (!save_cuda_) save_cuda_ = std::make_unique<client::CudaCopier>();
     any_device = true;
-    s = save_cuda_->EnqueueToHost(t.device.index, slot + job.layout.tensor_offsets[i], t.data,
+    s = save_cuda_->EnqueueToHost(t.device.index,
+                                  slot + job.layout.tensor_offsets[i], t.data,
                                   job.bytes[i]);
     if (!s.ok()) s = Annotate(s, client::TensorLabel(job.tensors, i));
   }
 #endif
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     if (!job.tensors[i].device.is_host()) continue;
-    regions.push_back({job.tensors[i].data, slot + job.layout.tensor_offsets[i], job.bytes[i]});
+    regions.push_back({job.tensors[i].data, slot + job.layout.tensor_offsets[i],
+                       job.bytes[i]});
     host_index.push_back(i);
   }
   // Host copies overlap the DMA of the device tensors.
   std::vector<uint64_t> host_sums(regions.size());
   if (s.ok()) engine_.Run(regions, host_sums);
-  for (size_t k = 0; k < host_index.size(); ++k) (*checksums)[host_index[k]] = host_sums[k];
+  for (size_t k = 0; k < host_index.size(); ++k)
+    (*checksums)[host_index[k]] = host_sums[k];
 #ifdef CKPT_HAVE_CUDA
   // Wait even after an enqueue error: no DMA may land in an aborted slot.
   if (any_device) {

@@ -12,7 +12,8 @@ std::string TensorLabel(std::span<const Tensor> tensors, size_t i) {
   return absl::StrCat("tensors[", i, "] (\"", tensors[i].name, "\")");
 }
 
-absl::Status ValidateTensors(std::span<const Tensor> tensors, std::vector<uint64_t>* bytes) {
+absl::Status ValidateTensors(std::span<const Tensor> tensors,
+                             std::vector<uint64_t>* bytes) {
   if (tensors.empty()) return absl::InvalidArgumentError("tensors: empty");
   bytes->resize(tensors.size());
   std::unordered_set<std::string_view> names;
@@ -23,31 +24,36 @@ absl::Status ValidateTensors(std::span<const Tensor> tensors, std::vector<uint64
     if (absl::Status s = ValidateTensorName(t.name, field); !s.ok()) return s;
     const std::string label = TensorLabel(tensors, i);
     if (!names.insert(t.name).second)
-      return absl::InvalidArgumentError(absl::StrCat(label, ": duplicate name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": duplicate name"));
     if (!IsValidDType(static_cast<uint32_t>(t.dtype)))
       return absl::InvalidArgumentError(
-          absl::StrCat(label, ".dtype: ", static_cast<uint32_t>(t.dtype), " is not a known dtype"));
+          absl::StrCat(label, ".dtype: ", static_cast<uint32_t>(t.dtype),
+                       " is not a known dtype"));
     if (t.shape.size() > kMaxTensorDims)
-      return absl::InvalidArgumentError(absl::StrCat(label, ".shape: ", t.shape.size(),
-                                                     " dimensions, at most ", kMaxTensorDims));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ".shape: ", t.shape.size(),
+                       " dimensions, at most ", kMaxTensorDims));
     std::optional<uint64_t> b = t.bytes();
     if (!b)
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ".shape: a dimension is negative or the size overflows"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ".shape: a dimension is negative or the size overflows"));
     if (*b > 0 && t.data == nullptr)
       return absl::InvalidArgumentError(
           absl::StrCat(label, ".data: null for a tensor of ", *b, " bytes"));
     if (t.device.kind == Device::Kind::kCuda) {
       if (t.device.index < 0)
-        return absl::InvalidArgumentError(
-            absl::StrCat(label, ".device: cuda index ", t.device.index, " is negative"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            label, ".device: cuda index ", t.device.index, " is negative"));
 #ifndef CKPT_HAVE_CUDA
-      return absl::FailedPreconditionError(absl::StrCat(
-          label, ": on ", t.device.ToString(), ", but libckpt was built without CUDA"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(label, ": on ", t.device.ToString(),
+                       ", but libckpt was built without CUDA"));
 #endif
     } else if (t.device.kind != Device::Kind::kHost) {
       return absl::InvalidArgumentError(absl::StrCat(
-          label, ".device: kind ", static_cast<uint32_t>(t.device.kind), " is not host or cuda"));
+          label, ".device: kind ", static_cast<uint32_t>(t.device.kind),
+          " is not host or cuda"));
     }
     (*bytes)[i] = *b;
   }

@@ -21,7 +21,8 @@ std::string TensorLabel(std::span<const Tensor> tensors, size_t i);
 // bytes, device host or cuda:N (cuda only when built with CUDA). Fills
 // bytes[i]. InvalidArgument (FailedPrecondition for CUDA without CUDA)
 // naming the tensor.
-absl::Status ValidateTensors(std::span<const Tensor> tensors, std::vector<uint64_t>* bytes);
+absl::Status ValidateTensors(std::span<const Tensor> tensors,
+                             std::vector<uint64_t>* bytes);
 
 }  // namespace ckpt::client
 

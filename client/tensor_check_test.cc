@@ -17,7 +17,8 @@ std::vector<Tensor> Good() {
   return t;
 }
 
-void ExpectRefused(const std::vector<Tensor>& t, absl::StatusCode code, const std::string& text) {
+void ExpectRefused(const std::vector<Tensor>& t, absl::StatusCode code,
+                   const std::string& text) {
   std::vector<uint64_t> bytes;
   absl::Status s = ValidateTensors(t, &bytes);
   EXPECT_EQ(s.code(), code) << s;
@@ -33,25 +34,30 @@ TEST(TensorCheckTest, ValidTensorsGetTheirByteSizes) {
 TEST(TensorCheckTest, ErrorsNameTheTensor) {
   auto t = Good();
   t[2].name = "w";
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[2] (\"w\"): duplicate");
+  ExpectRefused(t, absl::StatusCode::kInvalidArgument,
+                "tensors[2] (\"w\"): duplicate");
   t = Good();
   t[1].name = "";
   ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[1].name");
   t = Good();
   t[0].dtype = static_cast<DType>(99);
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[0] (\"w\").dtype");
+  ExpectRefused(t, absl::StatusCode::kInvalidArgument,
+                "tensors[0] (\"w\").dtype");
   t = Good();
   t[0].shape = {-1, 3};
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[0] (\"w\").shape");
+  ExpectRefused(t, absl::StatusCode::kInvalidArgument,
+                "tensors[0] (\"w\").shape");
   t = Good();
   t[0].shape = std::vector<int64_t>(9, 1);
   ExpectRefused(t, absl::StatusCode::kInvalidArgument, "9 dimensions");
   t = Good();
   t[0].data = nullptr;
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[0] (\"w\").data");
+  ExpectRefused(t, absl::StatusCode::kInvalidArgument,
+                "tensors[0] (\"w\").data");
   t = Good();
   t[0].device = Device::Cuda(-2);
-  ExpectRefused(t, absl::StatusCode::kInvalidArgument, "tensors[0] (\"w\").device");
+  ExpectRefused(t, absl::StatusCode::kInvalidArgument,
+                "tensors[0] (\"w\").device");
   ExpectRefused({}, absl::StatusCode::kInvalidArgument, "tensors: empty");
 }
 

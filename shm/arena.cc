@@ -28,11 +28,14 @@ constexpr uint64_t kHeaderBytes = 4096;
 
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
-uint64_t RoundUp(uint64_t n, uint64_t align) { return (n + align - 1) / align * align; }
+uint64_t RoundUp(uint64_t n, uint64_t align) {
+  return (n + align - 1) / align * align;
+}
 
 // Boost reports failures as exceptions; this is the one place they become a
 // Status (its native error is the errno of the failed call).
-absl::Status BoostToStatus(const bip::interprocess_exception& e, std::string_view context) {
+absl::Status BoostToStatus(const bip::interprocess_exception& e,
+                           std::string_view context) {
   int err = e.get_native_error();
   if (err != 0) return ErrnoToStatus(err, context);
   if (e.get_error_code() == bip::already_exists_error)
@@ -46,7 +49,8 @@ absl::Status ValidateName(std::string_view name) {
   if (name.size() < 2 || name.size() > 255 || name[0] != '/' ||
       name.find('/', 1) != std::string_view::npos)
     return absl::InvalidArgumentError(absl::StrCat(
-        "arena name \"", AV(name), "\": must be '/' followed by 1 to 254 characters without '/'"));
+        "arena name \"", AV(name),
+        "\": must be '/' followed by 1 to 254 characters without '/'"));
   return absl::OkStatus();
 }
 
@@ -55,21 +59,25 @@ absl::StatusOr<uint64_t> ValidateOptions(const ArenaOptions& o) {
   CKPT_RETURN_IF_ERROR(ValidateName(o.name));
   CKPT_RETURN_IF_ERROR(ValidateJobName(o.job, "arena job"));
   if (o.num_slots < 2 || o.num_slots > kMaxSlots)
-    return absl::InvalidArgumentError(absl::StrCat("arena ", o.name, ": num_slots ", o.num_slots,
-                                                   " not in [2, ", kMaxSlots, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena ", o.name, ": num_slots ", o.num_slots,
+                     " not in [2, ", kMaxSlots, "]"));
   if (o.world_size == 0 || o.rank >= o.world_size)
-    return absl::InvalidArgumentError(absl::StrCat("arena ", o.name, ": rank ", o.rank,
-                                                   " not in [0, world_size ", o.world_size, ")"));
-  constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 48;  // 256 TiB: far beyond any node
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena ", o.name, ": rank ", o.rank,
+                     " not in [0, world_size ", o.world_size, ")"));
+  constexpr uint64_t kMaxSlotBytes = uint64_t{1}
+                                     << 48;  // 256 TiB: far beyond any node
   if (o.slot_bytes == 0 || o.slot_bytes > kMaxSlotBytes)
-    return absl::InvalidArgumentError(absl::StrCat("arena ", o.name, ": slot_bytes ", o.slot_bytes,
-                                                   " not in [1, 2^48]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena ", o.name, ": slot_bytes ", o.slot_bytes, " not in [1, 2^48]"));
   return RoundUp(o.slot_bytes, kSlotAlign);
 }
 
 // Opens (or with `create`, exclusively creates with mode 0600) the segment
 // and returns a duplicate of its descriptor that the caller owns.
-absl::StatusOr<int> OpenSegment(const std::string& name, bool create, bool writable) {
+absl::StatusOr<int> OpenSegment(const std::string& name, bool create,
+                                bool writable) {
   try {
     auto mode = writable ? bip::read_write : bip::read_only;
     std::optional<bip::shared_memory_object> shm;
@@ -79,7 +87,8 @@ absl::StatusOr<int> OpenSegment(const std::string& name, bool create, bool writa
       shm.emplace(bip::open_only, name.c_str(), mode);
     }
     int fd = ::fcntl(shm->get_mapping_handle().handle, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": dup"));
+    if (fd < 0)
+      return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": dup"));
     return fd;
   } catch (const bip::interprocess_exception& e) {
     return BoostToStatus(e, absl::StrCat("arena ", name, ": shm_open"));
@@ -93,8 +102,8 @@ struct Fd {
   }
 };
 
-absl::StatusOr<char*> Map(int fd, uint64_t offset, uint64_t bytes, int prot, int flags, void* at,
-                          std::string_view what) {
+absl::StatusOr<char*> Map(int fd, uint64_t offset, uint64_t bytes, int prot,
+                          int flags, void* at, std::string_view what) {
   void* p = ::mmap(at, bytes, prot, flags, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return ErrnoToStatus(errno, what);
   return static_cast<char*>(p);
@@ -107,39 +116,52 @@ absl::Status Reserve(int fd, const std::string& name, uint64_t bytes) {
   if (err == 0) return absl::OkStatus();
   if (err == ENOSPC || err == EFBIG) {
     struct statvfs vfs {};
-    uint64_t free_bytes = ::fstatvfs(fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
-    return absl::ResourceExhaustedError(absl::StrCat("arena ", name, ": /dev/shm cannot hold ",
-                                                     bytes, " bytes (free: ", free_bytes, ")"));
+    uint64_t free_bytes =
+        ::fstatvfs(fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("arena ", name, ": /dev/shm cannot hold ", bytes,
+                     " bytes (free: ", free_bytes, ")"));
   }
-  return ErrnoToStatus(err, absl::StrCat("arena ", name, ": posix_fallocate ", bytes, " bytes"));
+  return ErrnoToStatus(
+      err, absl::StrCat("arena ", name, ": posix_fallocate ", bytes, " bytes"));
 }
 
 // Compares the header with what the caller expects; DataLoss names the field.
 absl::Status CheckHeader(const ArenaHeader& h, const std::string& name,
-                         const ArenaOptions* expect, uint64_t slot_bytes, uint64_t arena_bytes) {
+                         const ArenaOptions* expect, uint64_t slot_bytes,
+                         uint64_t arena_bytes) {
   auto mismatch = [&](std::string_view field, auto got, auto want) {
-    return absl::DataLossError(absl::StrCat("arena ", name, ": header ", AV(field), " is ", got,
+    return absl::DataLossError(absl::StrCat("arena ", name, ": header ",
+                                            AV(field), " is ", got,
                                             ", expected ", want));
   };
   if (h.magic != kArenaMagic) return mismatch("magic", h.magic, kArenaMagic);
-  if (h.version != kArenaVersion) return mismatch("version", h.version, kArenaVersion);
-  if (h.slots_offset != kSlotAlign) return mismatch("slots_offset", h.slots_offset, kSlotAlign);
-  if (h.arena_bytes != arena_bytes) return mismatch("arena_bytes", h.arena_bytes, arena_bytes);
+  if (h.version != kArenaVersion)
+    return mismatch("version", h.version, kArenaVersion);
+  if (h.slots_offset != kSlotAlign)
+    return mismatch("slots_offset", h.slots_offset, kSlotAlign);
+  if (h.arena_bytes != arena_bytes)
+    return mismatch("arena_bytes", h.arena_bytes, arena_bytes);
   if (expect == nullptr) {
     // Client: the dimensions must at least describe this segment.
     if (h.num_slots < 2 || h.num_slots > kMaxSlots)
       return mismatch("num_slots", h.num_slots, "2..16");
     if (h.slot_bytes == 0 || h.slot_bytes % kSlotAlign != 0 ||
         h.slot_bytes > (arena_bytes - kSlotAlign) / h.num_slots)
-      return mismatch("slot_bytes", h.slot_bytes, "a 2 MiB multiple that fits the arena");
+      return mismatch("slot_bytes", h.slot_bytes,
+                      "a 2 MiB multiple that fits the arena");
     return absl::OkStatus();
   }
-  if (h.num_slots != expect->num_slots) return mismatch("num_slots", h.num_slots, expect->num_slots);
-  if (h.slot_bytes != slot_bytes) return mismatch("slot_bytes", h.slot_bytes, slot_bytes);
+  if (h.num_slots != expect->num_slots)
+    return mismatch("num_slots", h.num_slots, expect->num_slots);
+  if (h.slot_bytes != slot_bytes)
+    return mismatch("slot_bytes", h.slot_bytes, slot_bytes);
   if (::strnlen(h.job, sizeof(h.job)) == sizeof(h.job) || expect->job != h.job)
-    return mismatch("job", absl::StrCat("\"", std::string(h.job, ::strnlen(h.job, sizeof(h.job))),
-                                        "\""),
-                    absl::StrCat("\"", expect->job, "\""));
+    return mismatch(
+        "job",
+        absl::StrCat("\"", std::string(h.job, ::strnlen(h.job, sizeof(h.job))),
+                     "\""),
+        absl::StrCat("\"", expect->job, "\""));
   if (h.rank != expect->rank) return mismatch("rank", h.rank, expect->rank);
   return absl::OkStatus();
 }
@@ -172,28 +194,39 @@ Arena::~Arena() {
   if (base_ != nullptr) ::munmap(base_, size_);
 }
 
-absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options) {
+absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
+    const ArenaOptions& options) {
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(options));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, options.num_slots);
   const std::string& name = options.name;
   Fd fd;
-  CKPT_ASSIGN_OR_RETURN(fd.fd, OpenSegment(name, /*create=*/true, /*writable=*/true));
+  CKPT_ASSIGN_OR_RETURN(fd.fd,
+                        OpenSegment(name, /*create=*/true, /*writable=*/true));
   absl::Status s;
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
+  if (::fstat(fd.fd, &st) != 0)
+    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
   // (uid_t)-1 / (gid_t)-1 leave that id unchanged, as in fchown(2).
-  bool chown_needed = (options.owner_uid != static_cast<uid_t>(-1) && st.st_uid != options.owner_uid) ||
-                      (options.owner_gid != static_cast<gid_t>(-1) && st.st_gid != options.owner_gid);
-  if (s.ok() && chown_needed && ::fchown(fd.fd, options.owner_uid, options.owner_gid) != 0)
-    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fchown to ", options.owner_uid, ":",
-                                          static_cast<int>(options.owner_gid)));
+  bool chown_needed = (options.owner_uid != static_cast<uid_t>(-1) &&
+                       st.st_uid != options.owner_uid) ||
+                      (options.owner_gid != static_cast<gid_t>(-1) &&
+                       st.st_gid != options.owner_gid);
+  if (s.ok() && chown_needed &&
+      ::fchown(fd.fd, options.owner_uid, options.owner_gid) != 0)
+    s = ErrnoToStatus(
+        errno, absl::StrCat("arena ", name, ": fchown to ", options.owner_uid,
+                            ":", static_cast<int>(options.owner_gid)));
   if (s.ok()) s = Reserve(fd.fd, name, arena_bytes);
   char* base = nullptr;
   if (s.ok()) {
-    auto mapped = Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      nullptr, absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
-    if (mapped.ok()) base = *mapped;
-    else s = mapped.status();
+    auto mapped =
+        Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
+            MAP_SHARED | MAP_POPULATE, nullptr,
+            absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
+    if (mapped.ok())
+      base = *mapped;
+    else
+      s = mapped.status();
   }
   if (!s.ok()) {
     (void)Unlink(name);
@@ -210,8 +243,10 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   std::memcpy(h->job, options.job.data(), options.job.size());
   h->created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::system_clock::now().time_since_epoch()).count());
-  for (auto& slot : h->slots) slot.state.store(static_cast<uint32_t>(SlotState::kFree));
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  for (auto& slot : h->slots)
+    slot.state.store(static_cast<uint32_t>(SlotState::kFree));
   // The magic last: a header with the magic is complete.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kArenaMagic;
@@ -227,31 +262,39 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   return arena;
 }
 
-absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(const ArenaOptions& expect) {
+absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
+    const ArenaOptions& expect) {
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(expect));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, expect.num_slots);
   const std::string& name = expect.name;
   Fd fd;
-  CKPT_ASSIGN_OR_RETURN(fd.fd, OpenSegment(name, /*create=*/false, /*writable=*/true));
+  CKPT_ASSIGN_OR_RETURN(fd.fd,
+                        OpenSegment(name, /*create=*/false, /*writable=*/true));
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
+  if (::fstat(fd.fd, &st) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
   const uint64_t real = static_cast<uint64_t>(st.st_size);
   if (real < kHeaderBytes)
-    return absl::DataLossError(absl::StrCat("arena ", name, ": segment size is ", real,
+    return absl::DataLossError(absl::StrCat("arena ", name,
+                                            ": segment size is ", real,
                                             " bytes, expected ", arena_bytes));
   // Check the header through a small mapping before touching the slots.
-  CKPT_ASSIGN_OR_RETURN(char* head, Map(fd.fd, 0, kHeaderBytes, PROT_READ, MAP_SHARED, nullptr,
-                                        absl::StrCat("arena ", name, ": mmap header")));
-  absl::Status s =
-      CheckHeader(*reinterpret_cast<const ArenaHeader*>(head), name, &expect, slot_bytes, arena_bytes);
+  CKPT_ASSIGN_OR_RETURN(
+      char* head, Map(fd.fd, 0, kHeaderBytes, PROT_READ, MAP_SHARED, nullptr,
+                      absl::StrCat("arena ", name, ": mmap header")));
+  absl::Status s = CheckHeader(*reinterpret_cast<const ArenaHeader*>(head),
+                               name, &expect, slot_bytes, arena_bytes);
   ::munmap(head, kHeaderBytes);
   CKPT_RETURN_IF_ERROR(s);
   if (real != arena_bytes)
-    return absl::DataLossError(absl::StrCat("arena ", name, ": segment size is ", real,
+    return absl::DataLossError(absl::StrCat("arena ", name,
+                                            ": segment size is ", real,
                                             " bytes, expected ", arena_bytes));
-  CKPT_ASSIGN_OR_RETURN(char* base,
-                        Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                            nullptr, absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes")));
+  CKPT_ASSIGN_OR_RETURN(
+      char* base,
+      Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
+          MAP_SHARED | MAP_POPULATE, nullptr,
+          absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes")));
   std::unique_ptr<Arena> arena(new Arena());
   arena->name_ = name;
   arena->base_ = base;
@@ -264,32 +307,38 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(const ArenaOptions& expec
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
-                                                     uint64_t arena_bytes, uint64_t slots_offset) {
+                                                     uint64_t arena_bytes,
+                                                     uint64_t slots_offset) {
   std::string name(name_view);
   CKPT_RETURN_IF_ERROR(ValidateName(name));
   if (slots_offset != kSlotAlign || arena_bytes <= slots_offset)
-    return absl::InvalidArgumentError(absl::StrCat("arena ", name, ": slots_offset ", slots_offset,
-                                                   " / arena_bytes ", arena_bytes,
-                                                   " do not describe an arena"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena ", name, ": slots_offset ", slots_offset, " / arena_bytes ",
+        arena_bytes, " do not describe an arena"));
   Fd fd;
-  CKPT_ASSIGN_OR_RETURN(fd.fd, OpenSegment(name, /*create=*/false, /*writable=*/true));
+  CKPT_ASSIGN_OR_RETURN(fd.fd,
+                        OpenSegment(name, /*create=*/false, /*writable=*/true));
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
+  if (::fstat(fd.fd, &st) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
   if (static_cast<uint64_t>(st.st_size) != arena_bytes)
-    return absl::DataLossError(absl::StrCat("arena ", name, ": segment size is ", st.st_size,
-                                            " bytes, the daemon said ", arena_bytes));
+    return absl::DataLossError(
+        absl::StrCat("arena ", name, ": segment size is ", st.st_size,
+                     " bytes, the daemon said ", arena_bytes));
   // One PROT_NONE reservation, then both parts mapped over it, so that the
   // read-only header and the writable slots sit at adjacent addresses.
-  CKPT_ASSIGN_OR_RETURN(char* base, Map(-1, 0, arena_bytes, PROT_NONE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, nullptr,
-                                        absl::StrCat("arena ", name, ": reserve address space")));
-  absl::Status s = Map(fd.fd, 0, slots_offset, PROT_READ, MAP_SHARED | MAP_FIXED, base,
-                       absl::StrCat("arena ", name, ": mmap header"))
-                       .status();
+  CKPT_ASSIGN_OR_RETURN(
+      char* base, Map(-1, 0, arena_bytes, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, nullptr,
+                      absl::StrCat("arena ", name, ": reserve address space")));
+  absl::Status s =
+      Map(fd.fd, 0, slots_offset, PROT_READ, MAP_SHARED | MAP_FIXED, base,
+          absl::StrCat("arena ", name, ": mmap header"))
+          .status();
   if (s.ok())
-    s = Map(fd.fd, slots_offset, arena_bytes - slots_offset, PROT_READ | PROT_WRITE,
-            MAP_SHARED | MAP_FIXED | MAP_POPULATE, base + slots_offset,
-            absl::StrCat("arena ", name, ": mmap slots"))
+    s = Map(fd.fd, slots_offset, arena_bytes - slots_offset,
+            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+            base + slots_offset, absl::StrCat("arena ", name, ": mmap slots"))
             .status();
   const auto* h = reinterpret_cast<const ArenaHeader*>(base);
   if (s.ok()) s = CheckHeader(*h, name, nullptr, 0, arena_bytes);
@@ -324,10 +373,12 @@ uint64_t Arena::slot_offset(uint32_t slot) const {
   return slots_offset_ + uint64_t{slot} * slot_bytes_;
 }
 
-char* Arena::slot_data(uint32_t slot) const { return base_ + slot_offset(slot); }
+char* Arena::slot_data(uint32_t slot) const {
+  return base_ + slot_offset(slot);
+}
 
-void Arena::SetSlotState(uint32_t slot, SlotState state, uint64_t step, uint32_t pid,
-                         uint64_t image_bytes) {
+void Arena::SetSlotState(uint32_t slot, SlotState state, uint64_t step,
+                         uint32_t pid, uint64_t image_bytes) {
   if (!header_writable_ || slot >= num_slots_) return;
   auto* h = reinterpret_cast<ArenaHeader*>(base_);
   SlotControl& c = h->slots[slot];
@@ -339,7 +390,8 @@ void Arena::SetSlotState(uint32_t slot, SlotState state, uint64_t step, uint32_t
 
 SlotState Arena::slot_state(uint32_t slot) const {
   if (slot >= num_slots_) return SlotState::kFree;
-  return static_cast<SlotState>(header().slots[slot].state.load(std::memory_order_acquire));
+  return static_cast<SlotState>(
+      header().slots[slot].state.load(std::memory_order_acquire));
 }
 
 }  // namespace ckpt::shm

@@ -20,7 +20,8 @@ namespace {
 
 std::string UniqueName() {
   static std::atomic<int> counter{0};
-  return "/ckpt_test." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  return "/ckpt_test." + std::to_string(::getpid()) + "." +
+         std::to_string(counter++);
 }
 
 class ArenaTest : public ::testing::Test {
@@ -152,8 +153,10 @@ TEST_F(ArenaTest, ArenaLargerThanDevShmIsRefusedWithResourceExhausted) {
   // Bigger than the whole filesystem, so the kernel refuses before allocating.
   ArenaOptions o = Options(total / 2 + (64ull << 20), 2);
   auto a = Arena::Create(o);
-  ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
-  EXPECT_NE(a.status().message().find("/dev/shm cannot hold"), absl::string_view::npos);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted)
+      << a.status();
+  EXPECT_NE(a.status().message().find("/dev/shm cannot hold"),
+            absl::string_view::npos);
   // Nothing is left behind.
   EXPECT_EQ(::access(("/dev/shm" + o.name).c_str(), F_OK), -1);
 }
@@ -190,8 +193,10 @@ TEST_F(ArenaTest, ReattachRefusesScribbledHeaderNamingTheField) {
     c.scribble(reinterpret_cast<ArenaHeader*>(raw));
     ::munmap(raw, 4096);
     auto r = Arena::Reattach(o);
-    ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << c.field << ": " << r.status();
-    EXPECT_NE(r.status().message().find(c.field), absl::string_view::npos) << r.status();
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss)
+        << c.field << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.field), absl::string_view::npos)
+        << r.status();
   }
 }
 
@@ -207,7 +212,8 @@ TEST_F(ArenaTest, ReattachRefusesATruncatedSegment) {
   auto r = Arena::Reattach(o);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
   EXPECT_NE(r.status().message().find("segment size"), absl::string_view::npos);
-  auto c = Arena::Attach(o.name, Arena::ArenaBytes(o.slot_bytes, o.num_slots), kSlotAlign);
+  auto c = Arena::Attach(o.name, Arena::ArenaBytes(o.slot_bytes, o.num_slots),
+                         kSlotAlign);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
 }
 

@@ -1,0 +1,328 @@
+// ckpt_bench: measures ckptd's save, persist and restore paths against the
+// machine's limits, all in one run on the same state (see bench/report.h
+// for the figures and targets). It starts its own ckptd on a temporary
+// socket and root, and stops it at the end.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "bench/daemon_process.h"
+#include "bench/raw_io.h"
+#include "bench/report.h"
+#include "ckpt/client.h"
+#include "shm/arena.h"
+#include "storage/shard_format.h"
+#include "util/checksum.h"
+#include "util/status.h"
+
+namespace ckpt::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  uint64_t bytes = 1ull << 30;
+  int tensors = 64;
+  int saves = 3;
+  int copy_threads = 0;
+  std::string root;
+  std::string ckptd;
+  bool keep = false;
+  bool json = false;
+};
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Anonymous memory, faulted in now so no measurement pays for page faults.
+struct Mapping {
+  char* data = nullptr;
+  uint64_t size = 0;
+  ~Mapping() {
+    if (data) munmap(data, size);
+  }
+};
+absl::Status Map(uint64_t size, Mapping* m) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mmap of ", size, " bytes"));
+  m->data = static_cast<char*>(p);
+  m->size = size;
+  return absl::OkStatus();
+}
+
+void FillRandom(char* data, uint64_t bytes, int threads) {
+  std::vector<std::thread> pool;
+  uint64_t words = bytes / 8, per = (words + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=] {
+      uint64_t x = 0x9E3779B97F4A7C15ull * (t + 1);  // xorshift64
+      uint64_t* w = reinterpret_cast<uint64_t*>(data);
+      for (uint64_t i = per * t; i < std::min(words, per * (t + 1)); ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[i] = x;
+      }
+    });
+  for (auto& th : pool) th.join();
+}
+
+class Bench {
+ public:
+  explicit Bench(Options o) : o_(std::move(o)) {}
+  ~Bench();
+  absl::Status Run(Results* r);
+
+ private:
+  absl::Status Setup(Results* r);
+  absl::Status Connect();
+  absl::Status MeasureSaves(Results* r);
+  absl::Status MeasureRestoreFromDisk(Results* r);
+  absl::Status CompareState(bool* equal);
+  absl::Status DropShardCache();
+  void Cleanup();
+
+  Options o_;
+  std::string dir_;  // everything of this run lives here
+  bool made_dir_ = false;
+  Mapping state_, scratch_;
+  std::vector<Tensor> tensors_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  std::vector<std::string> arenas_;
+  int64_t last_step_ = 0;
+};
+
+Bench::~Bench() { Cleanup(); }
+
+absl::Status Bench::Setup(Results* r) {
+  if (o_.tensors < 1) return absl::InvalidArgumentError("--tensors: must be >= 1");
+  uint64_t elems = o_.bytes / 4 / static_cast<uint64_t>(o_.tensors);
+  if (elems == 0) return absl::InvalidArgumentError("--bytes: too small for --tensors float32 tensors");
+  r->bytes = elems * 4 * static_cast<uint64_t>(o_.tensors);
+  r->tensors = o_.tensors;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  r->copy_threads = o_.copy_threads > 0 ? o_.copy_threads : static_cast<int>(std::max(1L, cpus));
+  r->saves = o_.saves;
+  r->checksum_impl = ChecksumImplementation();
+
+  std::string parent = o_.root.empty() ? "/var/tmp" : o_.root;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  std::string tmpl = parent + "/ckpt_bench.XXXXXX";
+  if (!mkdtemp(tmpl.data())) return ErrnoToStatus(errno, "mkdtemp under " + parent);
+  dir_ = tmpl;
+  made_dir_ = true;
+  r->root = dir_;
+
+  uint64_t padded = (r->bytes + 4095) / 4096 * 4096;
+  CKPT_RETURN_IF_ERROR(Map(padded, &state_));
+  CKPT_RETURN_IF_ERROR(Map(padded, &scratch_));
+  FillRandom(state_.data, r->bytes, r->copy_threads);
+  std::memset(scratch_.data, 0, padded);  // MAP_POPULATE may share the zero page
+  std::vector<uint64_t> sizes;
+  for (int i = 0; i < o_.tensors; ++i) {
+    Tensor t;
+    t.name = absl::StrCat("layer", i, ".weight");
+    t.shape = {static_cast<int64_t>(elems)};
+    t.data = state_.data + static_cast<uint64_t>(i) * elems * 4;
+    tensors_.push_back(std::move(t));
+    sizes.push_back(elems * 4);
+  }
+  CKPT_ASSIGN_OR_RETURN(storage::ShardLayout layout, storage::ComputeLayout(sizes));
+  r->image_bytes = layout.image_bytes;
+
+  DaemonConfig dc;
+  dc.binary = o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd;
+  dc.socket = dir_ + "/ckptd.sock";
+  dc.root = dir_ + "/ckptd";
+  dc.shm_prefix = absl::StrCat("ckptbench", getpid());
+  dc.log_path = dir_ + "/ckptd.log";
+  if (dc.socket.size() >= 100) return absl::InvalidArgumentError("--root: path too long for a Unix socket");
+  daemon_ = std::make_unique<DaemonProcess>(dc);
+  CKPT_RETURN_IF_ERROR(daemon_->Start());
+  CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
+  r->backend = state.backend;
+  return Connect();
+}
+
+absl::Status Bench::Connect() {
+  ClientOptions co;
+  co.socket_path = dir_ + "/ckptd.sock";
+  co.job = "bench";
+  co.rank = 0;
+  co.world_size = 1;
+  co.copy_threads = o_.copy_threads;
+  CKPT_ASSIGN_OR_RETURN(client_, Client::Connect(co));
+  return absl::OkStatus();
+}
+
+absl::Status Bench::MeasureSaves(Results* r) {
+  auto t0 = Clock::now();
+  CKPT_RETURN_IF_ERROR(Annotate(client_->Save(1, tensors_), "first save"));
+  r->first_save_s = Since(t0);
+  CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(1), "first save: WaitDurable"));
+  std::vector<double> stall, copy, persist;
+  for (int i = 0; i < o_.saves; ++i) {
+    int64_t step = 2 + i;
+    t0 = Clock::now();
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_), absl::StrCat("save of step ", step)));
+    stall.push_back(Since(t0));
+    copy.push_back(client_->last_save_stats().copy_s);
+    t0 = Clock::now();
+    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step), absl::StrCat("WaitDurable ", step)));
+    persist.push_back(Since(t0));
+    last_step_ = step;
+  }
+  r->save_stall_s = Median(stall);
+  r->save_copy_s = Median(copy);
+  r->persist_s = Median(persist);
+  return absl::OkStatus();
+}
+
+absl::Status Bench::CompareState(bool* equal) {
+  *equal = std::memcmp(state_.data, scratch_.data, tensors_.size() * *tensors_[0].bytes()) == 0;
+  return absl::OkStatus();
+}
+
+absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
+  CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
+  arenas_ = state.arenas;
+  client_.reset();
+  CKPT_RETURN_IF_ERROR(daemon_->Stop());
+  for (const std::string& name : arenas_) CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
+  arenas_.clear();
+  CKPT_RETURN_IF_ERROR(DropShardCache());
+  CKPT_RETURN_IF_ERROR(daemon_->Start());
+  CKPT_RETURN_IF_ERROR(Connect());
+  for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
+  auto t0 = Clock::now();
+  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last_step_, tensors_), "restore from disk"));
+  r->restore_disk_s = Since(t0);
+  bool equal = false;
+  CKPT_RETURN_IF_ERROR(CompareState(&equal));
+  r->restore_matches = r->restore_matches && equal;
+
+  // The same with the arena already there: two newer saves take both slots
+  // (the older one is evicted once durable), so last_step_ is only on disk.
+  const int64_t restored = last_step_;
+  for (int64_t step = restored + 1; step <= restored + 2; ++step) {
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_), absl::StrCat("save of step ", step)));
+    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step), absl::StrCat("WaitDurable ", step)));
+  }
+  CKPT_RETURN_IF_ERROR(DropShardCache());
+  for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
+  t0 = Clock::now();
+  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(restored, tensors_), "restore from disk (arena exists)"));
+  r->restore_disk_warm_s = Since(t0);
+  CKPT_RETURN_IF_ERROR(CompareState(&equal));
+  r->restore_matches = r->restore_matches && equal;
+  return absl::OkStatus();
+}
+
+absl::Status Bench::DropShardCache() {
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ + "/ckptd/bench", ec))
+    if (e.path().extension() == ".shard") CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
+  if (ec) return absl::InternalError(absl::StrCat("list ", dir_, "/ckptd/bench: ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status Bench::Run(Results* r) {
+  CKPT_RETURN_IF_ERROR(Setup(r));
+  std::vector<double> copies;
+  for (int i = 0; i < 3; ++i) copies.push_back(ParallelMemcpy(scratch_.data, tensors_, r->copy_threads));
+  r->memcpy_s = Median(copies);  // scratch_ now holds the state: the reference
+
+  CKPT_RETURN_IF_ERROR(MeasureSaves(r));
+
+  std::vector<double> restores;
+  for (int i = 0; i < 3; ++i) {
+    if (i == 0) for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
+    auto t0 = Clock::now();
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last_step_, tensors_), "restore from shm"));
+    restores.push_back(Since(t0));
+    if (i == 0) CKPT_RETURN_IF_ERROR(CompareState(&r->restore_matches));
+  }
+  r->restore_shm_s = Median(restores);
+
+  const std::string sync_path = dir_ + "/sync_write.bin";
+  CKPT_ASSIGN_OR_RETURN(r->sync_write_s, SyncWrite(sync_path, tensors_));
+  fs::remove(sync_path);
+  const std::string raw_path = dir_ + "/raw_io.bin";
+  const uint64_t raw_bytes = (r->bytes + 4095) / 4096 * 4096;
+  CKPT_ASSIGN_OR_RETURN(r->raw_write_s, RawWrite(raw_path, scratch_.data, raw_bytes, {}));
+  CKPT_RETURN_IF_ERROR(DropFileCache(raw_path));
+  CKPT_ASSIGN_OR_RETURN(r->raw_read_s, RawRead(raw_path, scratch_.data, raw_bytes, {}));
+  fs::remove(raw_path);
+
+  CKPT_RETURN_IF_ERROR(MeasureRestoreFromDisk(r));
+  return absl::OkStatus();
+}
+
+void Bench::Cleanup() {
+  client_.reset();
+  if (daemon_) {
+    if (daemon_->running()) {
+      auto state = daemon_->Query();
+      if (state.ok()) arenas_ = state->arenas;
+    }
+    absl::Status s = daemon_->Stop();
+    if (!s.ok()) std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
+    daemon_.reset();
+  }
+  if (o_.keep) {
+    if (made_dir_) std::fprintf(stderr, "ckpt_bench: kept %s\n", dir_.c_str());
+    return;
+  }
+  for (const std::string& name : arenas_) (void)shm::Arena::Unlink(name);
+  if (made_dir_) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    made_dir_ = false;
+  }
+}
+
+}  // namespace
+}  // namespace ckpt::bench
+
+int main(int argc, char** argv) {
+  ckpt::bench::Options o;
+  CLI::App app{"ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk I/O"};
+  app.add_option("--bytes", o.bytes, "bytes of state (float32 host tensors)")->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40));
+  app.add_option("--tensors", o.tensors, "number of tensors")->check(CLI::Range(1, 65536));
+  app.add_option("--saves", o.saves, "measured saves after the first")->check(CLI::Range(1, 100));
+  app.add_option("--copy-threads", o.copy_threads, "client copy threads (0 = online CPUs)")->check(CLI::Range(0, 1024));
+  app.add_option("--root", o.root, "directory on the disk to measure (default /var/tmp)");
+  app.add_option("--ckptd", o.ckptd, "ckptd binary (default ../daemon/ckptd next to this one)");
+  app.add_flag("--keep", o.keep, "leave the run's directory (checkpoints, daemon log) behind");
+  app.add_flag("--json", o.json, "print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  ckpt::bench::Results r;
+  absl::Status s;
+  {
+    ckpt::bench::Bench bench(o);
+    s = bench.Run(&r);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("%s\n", (o.json ? ckpt::bench::FormatJson(r) : ckpt::bench::FormatTable(r)).c_str());
+  return 0;
+}

@@ -1,0 +1,103 @@
+#include "bench/report.h"
+
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "tools/json_writer.h"
+#include "tools/text_output.h"
+
+namespace ckpt::bench {
+namespace {
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+double GiBps(uint64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) / s / (1 << 30) : 0; }
+
+}  // namespace
+
+std::vector<Check> Evaluate(const Results& r) {
+  std::vector<Check> c;
+  double stall_ratio = Ratio(r.save_stall_s, r.memcpy_s);
+  c.push_back({"save_stall_vs_memcpy", "save stall", r.save_stall_s, "memcpy", r.memcpy_s,
+               stall_ratio, "<= 1.15", stall_ratio <= 1.15});
+  double persist_ratio = Ratio(r.raw_write_s, r.persist_s);
+  c.push_back({"persist_vs_raw_write", "persist", r.persist_s, "raw write", r.raw_write_s,
+               persist_ratio, ">= 0.90", persist_ratio >= 0.9});
+  double shm_ratio = Ratio(r.restore_shm_s, r.memcpy_s);
+  c.push_back({"restore_shm_vs_memcpy", "restore (shm)", r.restore_shm_s, "memcpy", r.memcpy_s,
+               shm_ratio, "<= 1.20", shm_ratio <= 1.2});
+  double disk_ratio = Ratio(r.raw_read_s, r.restore_disk_s);
+  c.push_back({"restore_disk_vs_raw_read", "restore (disk)", r.restore_disk_s, "raw read",
+               r.raw_read_s, disk_ratio, ">= 0.85", disk_ratio >= 0.85});
+  double sync_ratio = Ratio(r.sync_write_s, r.save_stall_s);
+  c.push_back({"sync_write_vs_save_stall", "save stall", r.save_stall_s, "write+fsync",
+               r.sync_write_s, sync_ratio, ">= 10 (limit/figure)", sync_ratio >= 10});
+  return c;
+}
+
+std::string FormatJson(const Results& r) {
+  tools::JsonWriter w;
+  w.BeginObject();
+  w.Field("bytes", r.bytes).Field("image_bytes", r.image_bytes).Field("tensors", r.tensors);
+  w.Field("copy_threads", r.copy_threads).Field("saves", r.saves).Field("root", r.root);
+  w.Field("backend", r.backend).Field("checksum_impl", r.checksum_impl);
+  w.Field("first_save_s", r.first_save_s).Field("save_stall_s", r.save_stall_s);
+  w.Field("save_copy_s", r.save_copy_s).Field("memcpy_s", r.memcpy_s);
+  w.Field("sync_write_s", r.sync_write_s).Field("persist_s", r.persist_s);
+  w.Field("raw_write_s", r.raw_write_s).Field("restore_shm_s", r.restore_shm_s);
+  w.Field("restore_disk_s", r.restore_disk_s).Field("restore_disk_warm_s", r.restore_disk_warm_s).Field("raw_read_s", r.raw_read_s);
+  w.Field("restore_matches", r.restore_matches);
+  std::vector<Check> checks = Evaluate(r);
+  bool all = r.restore_matches;
+  w.Key("ratios").BeginObject();
+  for (const Check& c : checks) w.Field(c.name, c.ratio);
+  w.EndObject().Key("targets_met").BeginObject();
+  for (const Check& c : checks) {
+    w.Field(c.name, c.met);
+    all = all && c.met;
+  }
+  w.EndObject().Field("all_targets_met", all).EndObject();
+  return w.str();
+}
+
+std::string FormatTable(const Results& r) {
+  std::string out = absl::StrFormat(
+      "ckpt_bench: %s in %d float32 tensors (shard image %s), %d copy threads, %d measured saves\n"
+      "root %s, storage %s, checksums %s\n\n",
+      tools::FormatBytes(r.bytes), r.tensors, tools::FormatBytes(r.image_bytes), r.copy_threads,
+      r.saves, r.root, r.backend, r.checksum_impl);
+  struct Row {
+    const char* name;
+    double s;
+  };
+  Row rows[] = {{"first save (creates arena)", r.first_save_s}, {"save stall (median)", r.save_stall_s},
+                {"  of which copy+checksum", r.save_copy_s}, {"memcpy", r.memcpy_s},
+                {"write+fsync", r.sync_write_s}, {"persist (commit->durable)", r.persist_s},
+                {"raw O_DIRECT write", r.raw_write_s}, {"restore from shm", r.restore_shm_s},
+                {"restore from disk (after restart)", r.restore_disk_s},
+                {"restore from disk (arena exists)", r.restore_disk_warm_s}, {"raw O_DIRECT read", r.raw_read_s}};
+  tools::Table figures({"FIGURE", "TIME", "GiB/s"});
+  for (const Row& row : rows)
+    figures.AddRow({row.name, tools::FormatSeconds(row.s), absl::StrFormat("%.2f", GiBps(r.bytes, row.s))});
+  std::string table;
+  {
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* mem = open_memstream(&buf, &len);
+    figures.Print(mem);
+    std::fputc('\n', mem);
+    tools::Table checks({"CHECK", "FIGURE", "LIMIT", "RATIO", "TARGET", "MET"});
+    for (const Check& c : Evaluate(r))
+      checks.AddRow({absl::StrFormat("%s vs %s", c.figure, c.limit), tools::FormatSeconds(c.figure_s),
+                     tools::FormatSeconds(c.limit_s), absl::StrFormat("%.3f", c.ratio), c.target,
+                     c.met ? "yes" : "NO"});
+    checks.Print(mem);
+    std::fclose(mem);
+    table.assign(buf, len);
+    std::free(buf);
+  }
+  out += table;
+  out += absl::StrFormat("\nrestored bytes equal the saved ones: %s\n", r.restore_matches ? "yes" : "NO");
+  return out;
+}
+
+}  // namespace ckpt::bench

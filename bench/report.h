@@ -1,0 +1,55 @@
+// The figures one ckpt_bench run measured, and their presentation: a table
+// (figure, the limit it is compared with, ratio, target, verdict) or one
+// JSON object. Pure functions of the Results; not thread-safe.
+#ifndef CKPT_BENCH_REPORT_H_
+#define CKPT_BENCH_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt::bench {
+
+struct Results {
+  uint64_t bytes = 0;         // tensor bytes saved per step
+  uint64_t image_bytes = 0;   // shard image written per step
+  int tensors = 0;
+  int copy_threads = 0;
+  int saves = 0;              // measured saves (after the first)
+  std::string root;
+  std::string backend;        // the daemon's storage backend
+  std::string checksum_impl;
+
+  double first_save_s = 0;
+  double save_stall_s = 0;    // median Client::Save
+  double save_copy_s = 0;     // of which copy + checksum (median)
+  double memcpy_s = 0;
+  double sync_write_s = 0;
+  double persist_s = 0;       // median commit -> durable
+  double raw_write_s = 0;
+  double restore_shm_s = 0;
+  double restore_disk_s = 0;
+  double restore_disk_warm_s = 0;  // from disk into an arena that exists
+  double raw_read_s = 0;
+  bool restore_matches = false;  // restored bytes equal the saved ones
+};
+
+struct Check {
+  const char* name;
+  const char* figure;
+  double figure_s;
+  const char* limit;
+  double limit_s;
+  double ratio;        // as the target states it
+  const char* target;  // e.g. "<= 1.15"
+  bool met;
+};
+
+// The five targets of ckptd, evaluated on r.
+std::vector<Check> Evaluate(const Results& r);
+std::string FormatJson(const Results& r);
+std::string FormatTable(const Results& r);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_BENCH_REPORT_H_

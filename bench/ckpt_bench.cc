@@ -285,11 +285,14 @@ void Bench::Cleanup() {
     if (!s.ok()) std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
     daemon_.reset();
   }
+  // Arenas go even with --keep: the checkpoints are durable on disk, and a
+  // daemon started on the kept root restores from there.
+  for (const std::string& name : arenas_) (void)shm::Arena::Unlink(name);
+  arenas_.clear();
   if (o_.keep) {
     if (made_dir_) std::fprintf(stderr, "ckpt_bench: kept %s\n", dir_.c_str());
     return;
   }
-  for (const std::string& name : arenas_) (void)shm::Arena::Unlink(name);
   if (made_dir_) {
     std::error_code ec;
     fs::remove_all(dir_, ec);

@@ -22,6 +22,7 @@ namespace ckpt::tools {
 namespace {
 
 std::string FormatTime(uint64_t unix_ns) {
+  if (unix_ns == 0) return "unknown";
   time_t secs = static_cast<time_t>(unix_ns / 1000000000ull);
   struct tm tm;
   char buf[64];

@@ -79,6 +79,9 @@ class Engine {
   // durable (or failed for good) or the deadline passes. Returns how many
   // shards were still not durable.
   size_t Drain(std::chrono::milliseconds deadline);
+  // Waits until the persister has nothing queued or running (tests, tools);
+  // false on timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
   enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };

@@ -263,6 +263,11 @@ void Engine::ApplyRetentionLocked(Job& job) {
   for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
 }
 
+bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return tasks_.empty() && !busy_persisting_; });
+}
+
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;

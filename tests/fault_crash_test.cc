@@ -78,7 +78,7 @@ class FaultCrashTest : public ::testing::Test {
     br.set_image_bytes(layout->image_bytes);
     auto begin = engine_->BeginSave(peer_, br);
     if (!begin.ok()) return begin.status();
-    char* dst = arena_->base() + begin->slot_offset + layout->tensor_offsets[0];
+    char* dst = arena_->base() + begin->slot_offset() + layout->tensor_offsets[0];
     std::memset(dst, static_cast<int>(step), sizes[0]);
     v1::CommitSaveRequest cr;
     cr.set_job("fault");
@@ -103,6 +103,7 @@ class FaultCrashTest : public ::testing::Test {
     return engine_->WaitDurable(peer_, w);
   }
   std::vector<uint64_t> DurableSteps() {
+    EXPECT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
     v1::ListRequest lr;
     lr.set_job("fault");
     auto list = engine_->List(peer_, lr);

@@ -108,6 +108,21 @@ SaveStats Client::last_save_stats() const { return impl_->last_save_stats(); }
 
 namespace client {
 
+bool SegmentIdentity(const std::string& name, dev_t* dev, ino_t* ino) {
+  struct stat st {};
+  // POSIX shared memory lives in /dev/shm on Linux (glibc's shm_open).
+  if (::stat(("/dev/shm" + name).c_str(), &st) != 0) return false;
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  return true;
+}
+
+bool MappedArena::IsCurrent() const {
+  dev_t d = 0;
+  ino_t i = 0;
+  return SegmentIdentity(arena->name(), &d, &i) && d == dev && i == ino;
+}
+
 MappedArena::~MappedArena() {
 #ifdef CKPT_HAVE_CUDA
   if (pinned) {
@@ -154,6 +169,9 @@ SaveStats Client::Impl::last_save_stats() const {
 absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(
     uint64_t image_bytes) {
   std::lock_guard<std::mutex> l(arena_mu_);
+  // Another process of this rank may have made the daemon replace the arena
+  // (a bigger Register): never write into a segment nobody reads.
+  if (save_arena_ && !save_arena_->IsCurrent()) save_arena_.reset();
   if (save_arena_ && save_arena_->arena->slot_bytes() >= image_bytes)
     return save_arena_;
   if (save_arena_ && options_.slot_bytes > 0)
@@ -193,21 +211,20 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(
 
 absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::ArenaLocked(
     const std::string& name, uint64_t arena_bytes, uint64_t slots_offset) {
-  struct stat st {};
-  const std::string path = "/dev/shm" + name;
-  bool have_identity = !name.empty() && ::stat(path.c_str(), &st) == 0;
   for (const auto& a : {save_arena_, restore_arena_}) {
     if (a && a->arena->name() == name && a->arena->size() == arena_bytes &&
-        have_identity && a->dev == st.st_dev && a->ino == st.st_ino)
+        a->IsCurrent())
       return a;
   }
   auto mapped = std::make_shared<client::MappedArena>();
+  // The identity read before and after the mapping must agree, else the
+  // segment was replaced in between and the mapping may be the old one.
+  bool known = client::SegmentIdentity(name, &mapped->dev, &mapped->ino);
   CKPT_ASSIGN_OR_RETURN(mapped->arena,
                         shm::Arena::Attach(name, arena_bytes, slots_offset));
-  if (::stat(path.c_str(), &st) == 0) {
-    mapped->dev = st.st_dev;
-    mapped->ino = st.st_ino;
-  }
+  if (!known || !mapped->IsCurrent())
+    return absl::AbortedError(absl::StrCat(
+        "arena ", name, ": replaced by the daemon while attaching; retry"));
 #ifdef CKPT_HAVE_CUDA
   if (cuda_device_) {
     const shm::Arena& a = *mapped->arena;

@@ -44,9 +44,16 @@ struct SaveHandle::State {
 
 namespace client {
 
+// Identity (device, inode) of the shm segment named `name`; false if it
+// does not exist.
+bool SegmentIdentity(const std::string& name, dev_t* dev, ino_t* ino);
+
 // An attached arena, page-locked for CUDA when a device exists.
 struct MappedArena {
   ~MappedArena();
+  // False once the name refers to another segment (or none): the daemon
+  // replaced the arena and this mapping is orphaned.
+  bool IsCurrent() const;
   std::unique_ptr<shm::Arena> arena;
   dev_t dev = 0;  // identity of the segment, to tell a re-created one apart
   ino_t ino = 0;

@@ -117,6 +117,12 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
   HostState got = s.EmptyLike();
   ASSERT_TRUE(client->Restore(1, got.tensors).ok());
   EXPECT_TRUE(got.Equals(s));
+  // The manifest comes last; once it is there no temp file may be left.
+  std::string manifest = root() + "/" + storage::ManifestKey("restart", 1);
+  for (int i = 0; i < 500 && !std::filesystem::exists(manifest); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(std::filesystem::exists(manifest));
+  std::this_thread::sleep_for(milliseconds(50));
   for (auto& e : std::filesystem::recursive_directory_iterator(root()))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }

@@ -147,7 +147,12 @@ absl::StatusOr<double> RawWrite(const std::string& path, const char* buf, uint64
   auto t0 = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, "open (O_DIRECT) " + path);
-  absl::Status s = RunRing(fd, const_cast<char*>(buf), bytes, /*write=*/true, options, path);
+  // Reserve the extent first, as the local backend does: block allocation
+  // during the writes is not part of the device limit.
+  absl::Status s;
+  if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP)
+    s = ErrnoToStatus(errno, "fallocate " + path);
+  if (s.ok()) s = RunRing(fd, const_cast<char*>(buf), bytes, /*write=*/true, options, path);
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + path);
   ::close(fd);
   if (!s.ok()) return s;

@@ -28,8 +28,8 @@ struct RawIoOptions {
   unsigned depth = 8;           // requests in flight
   uint64_t io_bytes = 4 << 20;  // bytes per request
 };
-// O_DIRECT sequential write of [buf, buf+bytes) to a new file at path,
-// then fsync. buf and bytes must be 4096-aligned.
+// O_DIRECT sequential write of [buf, buf+bytes) to a new, fallocated file
+// at path, then fsync. buf and bytes must be 4096-aligned.
 absl::StatusOr<double> RawWrite(const std::string& path, const char* buf, uint64_t bytes,
                                 const RawIoOptions& options);
 // O_DIRECT sequential read of the first `bytes` of path into buf.

@@ -27,6 +27,27 @@ TEST(ChecksumTest, CopyAndHashCopiesAndMatchesHash64) {
   }
 }
 
+TEST(ChecksumTest, FusedCopyAndHashEqualsXxh3ForEveryLengthAndAlignment) {
+  auto src = RandomBytes(kChecksumChunk + 256, 21);
+  std::vector<char> dst(kChecksumChunk + 512);
+  std::vector<size_t> sizes;
+  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
+  for (size_t n : {4095ul, 4096ul, 4097ul, 65535ul, 65536ul, 99999ul, kChecksumChunk - 1,
+                   kChecksumChunk})
+    sizes.push_back(n);
+  for (size_t n : sizes) {
+    for (size_t dst_off : {size_t{0}, size_t{64}, size_t{3}}) {
+      for (size_t src_off : {size_t{0}, size_t{5}}) {
+        if (n + src_off > src.size()) continue;
+        char* d = dst.data() + ((64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64) + dst_off;
+        ASSERT_EQ(CopyAndHash(d, src.data() + src_off, n), Hash64(src.data() + src_off, n))
+            << "size " << n << " dst_off " << dst_off << " src_off " << src_off;
+        ASSERT_EQ(0, std::memcmp(d, src.data() + src_off, n)) << n;
+      }
+    }
+  }
+}
+
 TEST(ChecksumTest, TensorChecksumIsCombinationOfChunkHashes) {
   const size_t n = 2 * kChecksumChunk + 12345;
   auto bytes = RandomBytes(n, 3);

@@ -38,6 +38,9 @@
 namespace ckpt::daemon {
 
 struct EngineOptions {
+  // Local root of the storage backend: lets clients read shard files
+  // themselves; empty when the backend is not a local directory.
+  std::string local_root;
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
   uint32_t retain_steps = 3;         // durable steps kept per job
   uint32_t default_num_slots = 2;

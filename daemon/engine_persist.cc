@@ -1,4 +1,8 @@
 // The persister: staged slots to storage, manifests, retention. See engine.h.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <future>
 #include <span>
 
@@ -70,6 +74,7 @@ void Engine::PersistShard(const Task& task) {
   char* image = nullptr;
   storage::ShardInfo info;
   std::vector<bool> has_checksum;
+  uid_t owner_uid = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
@@ -85,6 +90,7 @@ void Engine::PersistShard(const Task& task) {
     rank.slots[shard.slot].state = shm::SlotState::kPersisting;
     MirrorSlotLocked(rank, shard.slot);
     image = rank.arena->slot_data(shard.slot);
+    owner_uid = job->second.rec.uid();
     info = ToShardInfo(task.job, task.step, task.rank, job->second.rec.world_size(),
                        shard.rec.tensors());
     for (const auto& m : shard.rec.tensors()) has_checksum.push_back(m.has_checksum());
@@ -111,6 +117,12 @@ void Engine::PersistShard(const Task& task) {
     if (s.ok()) s = v;
     if (s.ok()) s = (*writer)->Commit();
     else if (writer.ok()) (*writer)->Abort();
+  }
+  if (s.ok() && !options_.local_root.empty()) {
+    // The job's uid owns its shards, so its trainers can read them directly.
+    std::string path = options_.local_root + "/" + key;
+    if (chown(path.c_str(), owner_uid, static_cast<gid_t>(-1)) != 0 && errno != EPERM)
+      LogWarning(absl::StrCat("chown ", path, ": ", std::strerror(errno)));
   }
 
   std::lock_guard<std::mutex> lock(mu_);

@@ -44,12 +44,22 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   const uint64_t gen = shard->gen;
   v1::OpenRestoreResponse resp;
   resp.set_source("memory");
+  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read() &&
+      !options_.local_root.empty()) {
+    // The client reads the file into its own buffers: one read, no arena.
+    resp.set_source("file");
+    resp.set_path(options_.local_root + "/" + shard->rec.path());
+    resp.set_image_bytes(shard->rec.image_bytes());
+    *resp.mutable_tensors() = shard->rec.tensors();
+    return resp;
+  }
   if (shard->slot < 0) {
     if (shard->phase != ShardPhase::kDurable)
       return absl::DataLossError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
                                               " is neither in memory nor durable: ",
                                               shard->rec.error()));
     // Load the shard file into a slot: one read, then the client copies.
+    auto t_arena = std::chrono::steady_clock::now();
     Rank* rank = nullptr;
     auto existing = job->ranks.find(req.rank());
     if (existing != job->ranks.end() && existing->second.arena &&
@@ -59,6 +69,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
       uint64_t need = std::max<uint64_t>(shard->rec.image_bytes(), job->rec.slot_bytes());
       CKPT_ASSIGN_OR_RETURN(rank, EnsureArenaLocked(*job, req.rank(), need));
     }
+    double arena_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_arena).count();
+    if (arena_s > 0.01) LogInfo(absl::StrCat("restore: arena for rank ", req.rank(), " ready in ", arena_s, " s"));
     auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
     int slot = -1;
     while ((slot = PickSlotLocked(*rank, shard->rec.image_bytes())) < 0)
@@ -79,6 +91,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
     if (st.ok()) st = CheckLoadedImage(dst, bytes, req.job(), req.step(), req.rank(), key);
     resp.set_load_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    LogInfo(absl::StrCat("restore ", key, ": read ", bytes, " bytes from disk in ", resp.load_s(),
+                         " s", st.ok() ? "" : ": ", st.message()));
     lock.lock();
     // The job, rank or shard may have changed while the lock was released.
     auto j = jobs_.find(req.job());

@@ -118,6 +118,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   o.engine.max_persist_attempts = attempts;
   o.drain_deadline = std::chrono::seconds(drain_s);
   o.storage.root = o.root;
+  o.engine.local_root = std::filesystem::absolute(o.root).lexically_normal().string();
   o.storage.use_io_uring = !no_uring;
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;

@@ -9,10 +9,13 @@
 #include <boost/interprocess/exceptions.hpp>
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
@@ -126,6 +129,35 @@ absl::Status Reserve(int fd, const std::string& name, uint64_t bytes) {
       err, absl::StrCat("arena ", name, ": posix_fallocate ", bytes, " bytes"));
 }
 
+// Faults every page in, on several threads: the first touch of a shmem
+// page (zeroing it) is the expensive part of creating an arena, and a
+// first save must not pay it page by page.
+absl::Status Prefault(char* base, uint64_t bytes, const std::string& name) {
+  unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  uint64_t per = (bytes / n + 4095) & ~uint64_t{4095};
+  std::vector<std::thread> threads;
+  std::vector<int> errs(n, 0);
+  for (unsigned i = 0; i < n; ++i) {
+    uint64_t off = i * per;
+    if (off >= bytes) break;
+    uint64_t len = std::min(per, bytes - off);
+    threads.emplace_back([&, i, off, len] {
+      if (::madvise(base + off, len, MADV_POPULATE_WRITE) == 0) return;
+      if (errno != EINVAL) {
+        errs[i] = errno;
+        return;
+      }
+      // Kernels before 5.14: touch one byte per page (the pages exist).
+      for (uint64_t p = 0; p < len; p += 4096)
+        reinterpret_cast<volatile char*>(base + off)[p] = 0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int err : errs)
+    if (err) return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
+  return absl::OkStatus();
+}
+
 // Compares the header with what the caller expects; DataLoss names the field.
 absl::Status CheckHeader(const ArenaHeader& h, const std::string& name,
                          const ArenaOptions* expect, uint64_t slot_bytes,
@@ -220,13 +252,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   char* base = nullptr;
   if (s.ok()) {
     auto mapped =
-        Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
-            MAP_SHARED | MAP_POPULATE, nullptr,
+        Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, nullptr,
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
-    if (mapped.ok())
+    if (mapped.ok()) {
       base = *mapped;
-    else
+      s = Prefault(base, arena_bytes, name);
+      if (!s.ok()) ::munmap(base, arena_bytes);
+    } else {
       s = mapped.status();
+    }
   }
   if (!s.ok()) {
     (void)Unlink(name);

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job: installs what is needed, builds, then runs ckpt_bench, which
+# starts a ckptd, saves and restores a multi-GiB state through libckpt and
+# prints what happened and how fast, next to the machine's limits measured
+# in the same run. Then ckptctl verifies every checkpoint it left behind.
+# BYTES (default 2 GiB) and TENSORS (default 64) size the state.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+build/bench/ckpt_bench --bytes "${BYTES:-2147483648}" --tensors "${TENSORS:-64}" \
+  --root "$work" --keep
+root=$(find "$work" -mindepth 2 -maxdepth 2 -type d -name ckptd | head -n1)
+echo
+echo "== ckptctl verify --root $root"
+build/tools/ckptctl verify --root "$root"

@@ -228,7 +228,8 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
   } else if (slot.readers > 0) {
     --slot.readers;
     // A reader kept a slot whose shard was deleted meanwhile.
-    if (slot.readers == 0 && slot.state == shm::SlotState::kDurable && slot.gen == 0) {
+    if (slot.readers == 0 && slot.gen == 0 && slot.state != shm::SlotState::kPersisting &&
+        slot.state != shm::SlotState::kWriting) {
       slot = Slot{};
       MirrorSlotLocked(rank->second, lease.slot);
     }
@@ -267,8 +268,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     CKPT_ASSIGN_OR_RETURN(job, FindJobLocked(req.job(), peer));
   }
   Slot& s = rank->slots[slot];
-  if (s.state == shm::SlotState::kDurable) {
-    // The durable shard it held stays restorable from disk.
+  if (s.state == shm::SlotState::kDurable || s.reclaimable) {
+    // The shard it held stays restorable from disk (if it is durable).
     for (auto& [n, step] : job->steps) {
       auto sh = step.shards.find(req.rank());
       if (sh != step.shards.end() && sh->second.slot == slot) sh->second.slot = -1;

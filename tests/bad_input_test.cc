@@ -14,23 +14,17 @@
 #include <grpcpp/client_context.h>
 
 #include "storage/shard_format.h"
-#include "tests/harness.h"
+#include "tests/daemon_test.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {
 namespace {
 
-class BadInputTest : public ::testing::Test {
+class BadInputTest : public DaemonTest {
  protected:
   void SetUp() override { Start(); }
-  void TearDown() override {
-    daemon_.reset();
-    UnlinkArenas(prefix_);
-  }
   void Start() {
-    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
+    Restart();
     stub_ = daemon_->Stub();
   }
   grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world, uint64_t slot_bytes,
@@ -87,9 +81,6 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(stub_->Status(&ctx, v1::StatusRequest(), &resp).ok()) << "daemon stopped serving";
   }
 
-  TempDir root_, run_;
-  std::string prefix_ = UniqueShmPrefix();
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::Ckptd::Stub> stub_;
 };
 
@@ -234,7 +225,7 @@ TEST_F(BadInputTest, TruncatedAndGarbageShardFilesAreDataLoss) {
   daemon_->Kill(SIGTERM);
   daemon_->Wait();
   UnlinkArenas(prefix_);
-  std::string root = root_.path() + "/root/";
+  std::string root = this->root() + "/";
   std::filesystem::resize_file(root + storage::ShardKey("damaged", 2, 0), 4096 * 3);
   {
     std::string garbage(1 << 20, 'G');

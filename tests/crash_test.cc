@@ -13,31 +13,15 @@
 #include <grpcpp/client_context.h>
 
 #include "storage/shard_format.h"
-#include "tests/harness.h"
+#include "tests/daemon_test.h"
 
 namespace ckpt::testing {
 namespace {
 
 using std::chrono::milliseconds;
 
-class CrashTest : public ::testing::Test {
+class CrashTest : public DaemonTest {
  protected:
-  void SetUp() override { Start(); }
-  void TearDown() override {
-    daemon_.reset();
-    UnlinkArenas(prefix_);
-  }
-  void Start() {
-    auto d = DaemonProcess::Start(root(), run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  std::string root() const { return root_.path() + "/root"; }
-  std::unique_ptr<Client> Connect(const std::string& job) {
-    auto c = Client::Connect(OptionsFor(*daemon_, job, 0, 1));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
   // Slot states of every arena, e.g. {"durable(1)", "writing(2)"}.
   std::vector<std::string> SlotStates() {
     grpc::ClientContext ctx;
@@ -55,9 +39,6 @@ class CrashTest : public ::testing::Test {
     return false;
   }
 
-  TempDir root_, run_;
-  std::string prefix_ = UniqueShmPrefix();
-  std::unique_ptr<DaemonProcess> daemon_;
 };
 
 TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
@@ -110,7 +91,7 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
   daemon_->Kill(SIGKILL);  // the persist of 512 MiB is under way
   daemon_->Wait();
   client.reset();
-  Start();
+  Restart();
   client = Connect("restart");
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->WaitDurable(1).ok());
@@ -149,7 +130,7 @@ TEST_F(CrashTest, CorruptShardIsDetectedAndThePreviousStepStaysRestorable) {
     f.seekp(3 * 4096 + 100);
     f.write(&c, 1);
   }
-  Start();
+  Restart();
   client = Connect("corrupt");
   ASSERT_NE(client, nullptr);
   HostState got2 = s2.EmptyLike();

@@ -5,33 +5,12 @@
 #include <thread>
 
 #include "storage/shard_format.h"
-#include "tests/harness.h"
+#include "tests/daemon_test.h"
 
 namespace ckpt::testing {
 namespace {
 
-class SaveRestoreTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    prefix_ = UniqueShmPrefix();
-    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    UnlinkArenas(prefix_);
-  }
-  std::unique_ptr<Client> Connect(const std::string& job, int rank = 0, int world = 1) {
-    auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-
-  TempDir root_, run_;
-  std::string prefix_;
-  std::unique_ptr<DaemonProcess> daemon_;
-};
+class SaveRestoreTest : public DaemonTest {};
 
 TEST_F(SaveRestoreTest, RoundTripIsBitExactFromMemoryAndDisk) {
   auto client = Connect("roundtrip");
@@ -59,7 +38,7 @@ TEST_F(SaveRestoreTest, RoundTripIsBitExactFromMemoryAndDisk) {
   HostState again = s1.EmptyLike();
   ASSERT_TRUE(client->Restore(1, again.tensors).ok());
   EXPECT_TRUE(again.Equals(s1));
-  EXPECT_TRUE(std::filesystem::exists(root_.path() + "/root/" +
+  EXPECT_TRUE(std::filesystem::exists(root() + "/" +
                                       storage::ManifestKey("roundtrip", 2)));
 }
 
@@ -135,7 +114,7 @@ TEST_F(SaveRestoreTest, FourRanksSaveAtOnce) {
   }
   // The manifest of a step is written once every rank is durable.
   for (int step = 1; step <= 3; ++step)
-    EXPECT_TRUE(std::filesystem::exists(root_.path() + "/root/" +
+    EXPECT_TRUE(std::filesystem::exists(root() + "/" +
                                         storage::ManifestKey("fourranks", step)));
 }
 

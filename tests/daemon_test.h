@@ -1,0 +1,44 @@
+// DaemonTest: a GoogleTest fixture that runs one real ckptd on a temporary
+// socket and root for each test, with its own shared-memory prefix, and
+// cleans both up. Tests restart it with Restart() after killing it.
+#ifndef CKPT_TESTS_DAEMON_TEST_H_
+#define CKPT_TESTS_DAEMON_TEST_H_
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "tests/harness.h"
+
+namespace ckpt::testing {
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Restart(); }
+  void TearDown() override {
+    daemon_.reset();
+    UnlinkArenas(prefix_);
+  }
+  // Starts ckptd on the same root and socket (the previous one must have
+  // exited).
+  void Restart() {
+    auto d = DaemonProcess::Start(root(), run_.path(), prefix_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+  }
+  std::string root() const { return root_.path() + "/root"; }
+  std::unique_ptr<Client> Connect(const std::string& job, int rank = 0, int world = 1) {
+    auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  TempDir root_, run_;
+  std::string prefix_ = UniqueShmPrefix();
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+}  // namespace ckpt::testing
+
+#endif  // CKPT_TESTS_DAEMON_TEST_H_

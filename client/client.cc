@@ -144,6 +144,8 @@ Client::Impl::Impl(ClientOptions options,
 #ifdef CKPT_HAVE_CUDA
   cuda_device_ = client::CudaCopier::DeviceAvailable();
 #endif
+  file_restorer_ =
+      std::make_unique<client::FileRestorer>(&engine_, cuda_device_);
   saver_ = std::thread([this] { SaverLoop(); });
 }
 

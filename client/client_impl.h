@@ -7,7 +7,8 @@
 // copies (host tensors on the CopyEngine, device tensors by DMA), signals
 // "copied", and commits. Restores run on the caller's thread. Arenas are
 // held by shared_ptr so a restore and a save (or a re-registration that
-// grows the arena) never unmap memory the other still reads.
+// grows the arena) never unmap memory the other still reads. A step only on
+// disk is read from its shard file by the FileRestorer, without an arena.
 #ifndef CKPT_CLIENT_CLIENT_IMPL_H_
 #define CKPT_CLIENT_CLIENT_IMPL_H_
 
@@ -25,6 +26,7 @@
 #include "client/copy_engine.h"
 #include "client/cuda_copier.h"
 #include "client/daemon_stub.h"
+#include "client/file_restore.h"
 #include "shm/arena.h"
 #include "storage/shard_format.h"
 
@@ -106,6 +108,13 @@ class Client::Impl {
   // segment, else attaches (and pins).
   absl::StatusOr<std::shared_ptr<client::MappedArena>> ArenaLocked(
       const std::string& name, uint64_t arena_bytes, uint64_t slots_offset);
+  // One OpenRestore; with allow_file_read, a disk-only step may come back
+  // as source "file" (no lease).
+  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(int64_t step,
+                                                      bool allow_file_read);
+  // Restores from the arena slot the daemon leased; closes the lease.
+  absl::Status RestoreFromSlot(const v1::OpenRestoreResponse& resp,
+                               std::span<const Tensor> tensors);
   absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                              const char* image,
                              std::span<const Tensor> tensors);
@@ -114,6 +123,7 @@ class Client::Impl {
   const std::unique_ptr<client::DaemonStub> stub_;
   client::CopyEngine engine_;
   bool cuda_device_ = false;
+  std::unique_ptr<client::FileRestorer> file_restorer_;  // source "file"
 
   std::mutex arena_mu_;
   std::shared_ptr<client::MappedArena> save_arena_;

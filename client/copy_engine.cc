@@ -50,20 +50,9 @@ void CopyEngine::Drain() {
   }
 }
 
-void CopyEngine::Run(std::span<const CopyRegion> regions,
-                     std::span<uint64_t> checksums) {
-  std::lock_guard<std::mutex> run_lock(run_mu_);
-  pieces_.clear();
-  for (const CopyRegion& r : regions) {
-    const auto* src = static_cast<const char*>(r.src);
-    auto* dst = static_cast<char*>(r.dst);
-    for (uint64_t off = 0; off < r.bytes; off += kChecksumChunk)
-      pieces_.push_back({src + off, dst == nullptr ? nullptr : dst + off,
-                         std::min<uint64_t>(kChecksumChunk, r.bytes - off)});
-  }
+void CopyEngine::RunLocked() {
   piece_hashes_.resize(pieces_.size());
   next_piece_.store(0, std::memory_order_relaxed);
-
   // Waking the pool costs more than one piece takes.
   if (pieces_.size() > 1 && !workers_.empty()) {
     {
@@ -78,7 +67,31 @@ void CopyEngine::Run(std::span<const CopyRegion> regions,
   } else {
     Drain();
   }
+}
 
+void CopyEngine::RunPieces(std::span<const CopyRegion> pieces,
+                           std::span<uint64_t> hashes) {
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  pieces_.clear();
+  for (const CopyRegion& r : pieces)
+    pieces_.push_back({static_cast<const char*>(r.src),
+                       static_cast<char*>(r.dst), r.bytes});
+  RunLocked();
+  std::copy(piece_hashes_.begin(), piece_hashes_.end(), hashes.begin());
+}
+
+void CopyEngine::Run(std::span<const CopyRegion> regions,
+                     std::span<uint64_t> checksums) {
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  pieces_.clear();
+  for (const CopyRegion& r : regions) {
+    const auto* src = static_cast<const char*>(r.src);
+    auto* dst = static_cast<char*>(r.dst);
+    for (uint64_t off = 0; off < r.bytes; off += kChecksumChunk)
+      pieces_.push_back({src + off, dst == nullptr ? nullptr : dst + off,
+                         std::min<uint64_t>(kChecksumChunk, r.bytes - off)});
+  }
+  RunLocked();
   size_t first = 0;
   for (size_t i = 0; i < regions.size(); ++i) {
     size_t count = ChecksumChunks(regions[i].bytes);

@@ -43,6 +43,10 @@ class CopyEngine {
   // Copies (or hashes) every region; checksums[i] receives the checksum of
   // regions[i]. checksums.size() must equal regions.size().
   void Run(std::span<const CopyRegion> regions, std::span<uint64_t> checksums);
+  // Copies (or hashes) pieces of at most kChecksumChunk bytes each;
+  // hashes[i] receives Hash64 of pieces[i]'s bytes (a raw chunk hash, to be
+  // combined by the caller). hashes.size() must equal pieces.size().
+  void RunPieces(std::span<const CopyRegion> pieces, std::span<uint64_t> hashes);
 
  private:
   struct Piece {
@@ -52,6 +56,8 @@ class CopyEngine {
   };
   void WorkerLoop();
   void Drain();
+  // Runs pieces_ on the pool and the caller; fills piece_hashes_.
+  void RunLocked();
 
   std::mutex run_mu_;  // serialises Run()
   std::vector<Piece> pieces_;

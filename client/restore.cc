@@ -1,21 +1,15 @@
 // The restore and query paths of Client::Impl: Latest, OpenRestore + copy
-// out of the slot with checksum verification, WaitDurable.
-#include <unordered_map>
-
+// out of the slot (or from the shard file, see file_restore.h) with checksum
+// verification, WaitDurable.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "client/client_impl.h"
+#include "client/file_restore.h"
 #include "client/tensor_check.h"
 #include "util/checksum.h"
 #include "util/status.h"
 
 namespace ckpt {
-
-namespace {
-// Debian's abseil has its own string_view type.
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-}  // namespace
 
 absl::StatusOr<int64_t> Client::Impl::LatestStep() {
   v1::LatestRequest req;
@@ -66,12 +60,47 @@ absl::Status Client::Impl::Restore(int64_t step,
 #endif
   }
 
+  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp,
+                        OpenRestore(step, /*allow_file_read=*/true));
+  absl::Status s;
+  if (resp.source() == "file") {
+    // No lease: the daemon keeps nothing for us. Read the file ourselves,
+    // unless we may not (another uid, removed since): then the daemon loads
+    // it into a slot as before.
+    absl::StatusOr<bool> usable =
+        client::ShardFileUsable(resp.path(), resp.image_bytes());
+    if (!usable.ok())
+      return Annotate(usable.status(), absl::StrCat("restore of step ", step));
+    if (*usable) {
+      std::vector<const v1::TensorMeta*> metas;
+      s = client::MatchIndex(resp, tensors, &metas);
+      if (s.ok())
+        s = file_restorer_->Restore(resp.path(), resp.image_bytes(), tensors,
+                                    metas);
+      return Annotate(s, absl::StrCat("restore of step ", step));
+    }
+    CKPT_ASSIGN_OR_RETURN(resp, OpenRestore(step, /*allow_file_read=*/false));
+    if (resp.source() == "file")
+      return absl::InternalError(absl::StrCat(
+          "restore of step ", step,
+          ": OpenRestore answered with a file though none was allowed"));
+  }
+  return Annotate(RestoreFromSlot(resp, tensors),
+                  absl::StrCat("restore of step ", step));
+}
+
+absl::StatusOr<v1::OpenRestoreResponse> Client::Impl::OpenRestore(
+    int64_t step, bool allow_file_read) {
   v1::OpenRestoreRequest open;
   open.set_job(options_.job);
   open.set_rank(static_cast<uint32_t>(options_.rank));
   open.set_step(static_cast<uint64_t>(step));
-  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  open.set_allow_file_read(allow_file_read);
+  return stub_->OpenRestore(open);
+}
 
+absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
+                                           std::span<const Tensor> tensors) {
   absl::Status s = [&]() -> absl::Status {
     std::shared_ptr<client::MappedArena> arena;
     {
@@ -98,47 +127,14 @@ absl::Status Client::Impl::Restore(int64_t step,
   close.set_lease(resp.lease());
   absl::Status closed = stub_->CloseRestore(close).status();
   if (s.ok()) s = closed;
-  return Annotate(s, absl::StrCat("restore of step ", step));
+  return s;
 }
 
 absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                          const char* image,
                                          std::span<const Tensor> tensors) {
-  std::unordered_map<std::string_view, const v1::TensorMeta*> index;
-  index.reserve(resp.tensors_size());
-  for (const v1::TensorMeta& m : resp.tensors()) index.emplace(m.name(), &m);
-
-  std::vector<const v1::TensorMeta*> metas(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    const std::string label = client::TensorLabel(tensors, i);
-    auto it = index.find(t.name);
-    if (it == index.end())
-      return absl::NotFoundError(
-          absl::StrCat(label, ": not in the checkpoint"));
-    const v1::TensorMeta& m = *it->second;
-    if (m.dtype() != static_cast<uint32_t>(t.dtype))
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": dtype is ", AV(DTypeName(t.dtype)), ", the checkpoint has ",
-          AV(DTypeName(static_cast<DType>(m.dtype())))));
-    bool same_shape = static_cast<size_t>(m.shape_size()) == t.shape.size();
-    for (size_t d = 0; same_shape && d < t.shape.size(); ++d)
-      same_shape =
-          m.shape(static_cast<int>(d)) == static_cast<uint64_t>(t.shape[d]);
-    if (!same_shape)
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": shape is [", absl::StrJoin(t.shape, ","),
-          "], the checkpoint has [", absl::StrJoin(m.shape(), ","), "]"));
-    if (m.bytes() != *t.bytes())
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": ", *t.bytes(), " bytes, the checkpoint has ", m.bytes()));
-    if (m.offset() > resp.image_bytes() ||
-        resp.image_bytes() - m.offset() < m.bytes())
-      return absl::DataLossError(absl::StrCat(
-          label, ": offset ", m.offset(), " + ", m.bytes(),
-          " bytes exceed the image of ", resp.image_bytes(), " bytes"));
-    metas[i] = &m;
-  }
+  std::vector<const v1::TensorMeta*> metas;
+  CKPT_RETURN_IF_ERROR(client::MatchIndex(resp, tensors, &metas));
 
   // One engine run: host tensors are copied and hashed, device tensors'
   // slot bytes only hashed while their DMA runs.

@@ -1,0 +1,158 @@
+// Restores of a step that is only on disk: the client reads the shard file
+// itself (no arena is created), verifies checksums, and falls back to the
+// daemon's slot load when it may not open the file.
+#include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/client_context.h>
+
+#include "storage/shard_format.h"
+#include "tests/daemon_test.h"
+
+namespace ckpt::testing {
+namespace {
+
+class FileRestoreTest : public DaemonTest {
+ protected:
+  // Saves steps 1 and 2 of `job` (72 MiB: several 32 MiB read chunks),
+  // then restarts the daemon without its shared memory, so both steps are
+  // only on disk.
+  void SaveAndDropMemory(const std::string& job) {
+    auto client = Connect(job);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Save(1, s1_.tensors).ok());
+    ASSERT_TRUE(client->Save(2, s2_.tensors).ok());
+    ASSERT_TRUE(client->WaitDurable(2).ok());
+    client.reset();
+    daemon_->Kill(SIGTERM);
+    daemon_->Wait();
+    UnlinkArenas(prefix_);
+    Restart();
+  }
+  int Arenas() {
+    grpc::ClientContext ctx;
+    v1::StatusRequest req;
+    v1::StatusResponse resp;
+    EXPECT_TRUE(daemon_->Stub()->Status(&ctx, req, &resp).ok());
+    return resp.arenas_size();
+  }
+  // The index entry of `tensor` in step `step` of `job`, rank 0.
+  v1::TensorMeta Meta(const std::string& job, uint64_t step,
+                      const std::string& tensor) {
+    grpc::ClientContext ctx;
+    v1::OpenRestoreRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_allow_file_read(true);
+    v1::OpenRestoreResponse resp;
+    EXPECT_TRUE(daemon_->Stub()->OpenRestore(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.source(), "file");
+    for (const auto& m : resp.tensors())
+      if (m.name() == tensor) return m;
+    ADD_FAILURE() << tensor << " not in the index";
+    return {};
+  }
+  std::string Shard(const std::string& job, uint64_t step) {
+    return root() + "/" + storage::ShardKey(job, step, 0);
+  }
+
+  HostState s1_ = MakeState(72 << 20, 7, 51), s2_ = MakeState(72 << 20, 7, 52);
+};
+
+TEST_F(FileRestoreTest, DiskOnlyStepIsReadFromTheFileBitExactWithoutAnArena) {
+  SaveAndDropMemory("file");
+  auto client = Connect("file");
+  ASSERT_NE(client, nullptr);
+  HostState got = s2_.EmptyLike();
+  absl::Status st = client->Restore(2, got.tensors);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(got.Equals(s2_));
+  // The bounce buffers are reused: an older step, then a subset.
+  HostState got1 = s1_.EmptyLike();
+  ASSERT_TRUE(client->Restore(1, got1.tensors).ok());
+  EXPECT_TRUE(got1.Equals(s1_));
+  HostState sub = s2_.EmptyLike();
+  ASSERT_TRUE(client->Restore(2, std::span<const Tensor>(sub.tensors).subspan(3, 2)).ok());
+  EXPECT_EQ(sub.buffers[4], s2_.buffers[4]);
+  EXPECT_EQ(sub.buffers[3], s2_.buffers[3]);
+  EXPECT_NE(sub.buffers[2], s2_.buffers[2]);  // not asked for: still zero
+  EXPECT_EQ(Arenas(), 0);  // no slot load happened
+}
+
+TEST_F(FileRestoreTest, FlippedByteIsDataLossNamingTheTensor) {
+  SaveAndDropMemory("flip");
+  const std::string name = s2_.tensors[5].name;
+  v1::TensorMeta m = Meta("flip", 2, name);
+  ASSERT_GT(m.bytes(), 0u);
+  {
+    std::fstream f(Shard("flip", 2), std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t at = m.offset() + m.bytes() - 1;  // the tensor's last piece
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x20;
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  auto client = Connect("flip");
+  ASSERT_NE(client, nullptr);
+  HostState got = s2_.EmptyLike();
+  absl::Status st = client->Restore(2, got.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find(name), absl::string_view::npos) << st;
+  ASSERT_TRUE(client->Restore(1, got.tensors).ok());  // step 1 is intact
+  EXPECT_EQ(Arenas(), 0);
+}
+
+TEST_F(FileRestoreTest, TruncatedFileIsDataLoss) {
+  SaveAndDropMemory("trunc");
+  std::filesystem::resize_file(Shard("trunc", 2), 40 << 20);
+  auto client = Connect("trunc");
+  ASSERT_NE(client, nullptr);
+  HostState got = s2_.EmptyLike();
+  absl::Status st = client->Restore(2, got.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  ASSERT_TRUE(client->Restore(1, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(s1_));
+}
+
+// Drops the file-permission overrides from the calling thread's effective
+// capabilities (capset on one thread affects only that thread), so that a
+// root test sees EACCES like an ordinary user would.
+bool DropDacOverrideOnThisThread() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  data[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+  return syscall(SYS_capset, &hdr, data) == 0;
+}
+
+TEST_F(FileRestoreTest, UnreadableFileFallsBackToTheDaemonsLoad) {
+  SaveAndDropMemory("perm");
+  ASSERT_EQ(chmod(Shard("perm", 2).c_str(), 0), 0);
+  auto client = Connect("perm");
+  ASSERT_NE(client, nullptr);
+  HostState got = s2_.EmptyLike();
+  absl::Status st;
+  bool dropped = false;
+  std::thread t([&] {
+    dropped = DropDacOverrideOnThisThread();
+    if (dropped) st = client->Restore(2, got.tensors);
+  });
+  t.join();
+  ASSERT_TRUE(dropped);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(got.Equals(s2_));
+  EXPECT_EQ(Arenas(), 1);  // the daemon loaded the shard into a slot
+}
+
+}  // namespace
+}  // namespace ckpt::testing

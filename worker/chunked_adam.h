@@ -69,6 +69,23 @@ class ChunkedAdam {
   float* DeviceGradients(size_t tensor) const;
   uint16_t* DeviceParamsBf16(size_t tensor) const;
 
+  // Where a tensor's fp32 master state lives now: device memory for a
+  // resident chunk, host memory for an offloaded one. Valid until the next
+  // Step, which may move chunks and rewrites the values: a reader (e.g. an
+  // asynchronous checkpoint) must be done before Step is called. After
+  // writing through these pointers, call ReloadMasterState.
+  struct MasterState {
+    float* p = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    bool on_device = false;
+  };
+  absl::StatusOr<MasterState> MasterStateOf(size_t tensor) const;
+  // After p, m and v were written in place (restored from a checkpoint):
+  // rederives the bf16 working parameters from p and sets the step counter,
+  // so the next Step is step + 1 with that step's bias correction.
+  absl::Status ReloadMasterState(int64_t step);
+
   // kAuto: the peak non-model device memory seen during this iteration; the
   // largest report since the last Step decides the next placement.
   void ReportNonModelPeak(uint64_t bytes);

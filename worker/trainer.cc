@@ -1,0 +1,179 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/checksum.h"
+#include "util/status.h"
+#include "worker/synthetic_data.h"
+
+namespace ckpt::worker {
+
+absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
+  CKPT_RETURN_IF_ERROR(ValidateMlpConfig(o.model));
+  if (o.steps < 0 || o.steps > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat("steps = ", o.steps, ": must be in [0, 2^40]"));
+  }
+  if (o.ckpt_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ckpt_every = ", o.ckpt_every, ": negative"));
+  }
+  CKPT_RETURN_IF_ERROR(ValidateOffloadFraction(o.offload_fraction));
+  if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("lr = ", o.lr, ": must be in (0, 1]"));
+  }
+  if (o.log_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("log_every = ", o.log_every, ": negative"));
+  }
+  if (o.cpu_threads < 1 || o.cpu_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads = ", o.cpu_threads, ": must be in [1, 1024]"));
+  }
+  if (o.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size = ", o.world_size, ": not positive"));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
+  }
+  if (o.world_size > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "world_size = ", o.world_size,
+        ": data-parallel training is not implemented yet; run a single process"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                         std::unique_ptr<Client> client) {
+  CKPT_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  CKPT_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(options.model));
+  std::unique_ptr<Trainer> t(new Trainer(options, std::move(client), std::move(model)));
+  CKPT_RETURN_IF_ERROR(t->Initialize());
+  return t;
+}
+
+Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<Client> client, MlpModel model)
+    : options_(options),
+      client_(std::move(client)),
+      model_(std::move(model)),
+      data_seed_(options.seed) {}
+
+Trainer::~Trainer() {
+  // A save still copying reads the optimizer's buffers: finish it first.
+  if (pending_save_.has_value()) pending_save_->Wait().IgnoreError();
+}
+
+absl::Status Trainer::Initialize() {
+  std::vector<TensorSpec> specs;
+  size_t largest = 0;
+  for (const ParamShape& p : MlpParamShapes(options_.model)) {
+    specs.push_back({p.name, p.numel});
+    largest = std::max(largest, p.numel);
+  }
+  // One chunk per big matrix; the small tensors share chunks.
+  ChunkedAdamOptions opt;
+  opt.adam.lr = options_.lr;
+  opt.chunk_elems = largest;
+  opt.offload_fraction = options_.offload_fraction;
+  opt.cpu_threads = options_.cpu_threads;
+  CKPT_ASSIGN_OR_RETURN(ChunkLayout layout, NextFitLayout(specs, largest));
+  DeviceFootprint f = FootprintOf(layout.num_chunks(), layout.chunk_elems);
+  size_t resident = StaticResidentChunks(options_.offload_fraction, layout.num_chunks());
+  device_ = std::make_unique<HostBudgetDevice>(f.fixed_bytes + resident * f.resident_chunk_bytes);
+  CKPT_ASSIGN_OR_RETURN(optimizer_, ChunkedAdam::Create(device_.get(), specs, opt));
+  std::vector<std::vector<float>> init = MlpInitialParams(options_.model, options_.seed);
+  for (size_t i = 0; i < init.size(); ++i) {
+    CKPT_RETURN_IF_ERROR(optimizer_->SetParams(i, init[i]));
+  }
+  bf16_scratch_.resize(largest);
+  checkpoint_ =
+      std::make_unique<TrainCheckpoint>(options_.model, options_.world_size, optimizer_.get());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step) {
+  if (client_ == nullptr) {
+    if (step.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("restore step ", *step, ": no checkpoint daemon to restore from"));
+    }
+    return step_;
+  }
+  int64_t target = 0;
+  if (step.has_value()) {
+    target = *step;
+  } else {
+    absl::StatusOr<int64_t> latest = client_->LatestStep();
+    if (absl::IsNotFound(latest.status())) return step_;  // a fresh job
+    if (!latest.ok()) return Annotate(latest.status(), "finding the latest checkpoint");
+    target = *latest;
+  }
+  CKPT_ASSIGN_OR_RETURN(RestoredState r, checkpoint_->Restore(*client_, target));
+  step_ = r.step;
+  data_seed_ = r.data_seed;
+  return step_;
+}
+
+absl::Status Trainer::LoadWorkingWeights() {
+  for (size_t i = 0; i < model_.num_tensors(); ++i) {
+    std::span<float> w = model_.weights(i);
+    std::span<uint16_t> bf16(bf16_scratch_.data(), w.size());
+    CKPT_RETURN_IF_ERROR(optimizer_->GetParamsBf16(i, bf16));
+    for (size_t j = 0; j < w.size(); ++j) w[j] = Bf16ToFloat(bf16[j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FinishSave(bool wait_daemon) {
+  if (!pending_save_.has_value()) return absl::OkStatus();
+  absl::Status s = wait_daemon ? pending_save_->Wait() : pending_save_->WaitCopied();
+  if (!s.ok() || wait_daemon) pending_save_.reset();
+  return s.ok() ? s : Annotate(s, "checkpoint save");
+}
+
+absl::Status Trainer::Run(std::FILE* log) {
+  SyntheticData data{options_.model.vocab, options_.model.seq, options_.model.batch,
+                     data_seed_};
+  while (step_ < options_.steps) {
+    const int64_t s = step_ + 1;
+    CKPT_RETURN_IF_ERROR(LoadWorkingWeights());
+    std::vector<int32_t> tokens = MakeBatch(data, s, options_.rank);
+    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    for (size_t i = 0; i < model_.num_tensors(); ++i) {
+      CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(i, model_.gradients(i)));
+    }
+    // The last save reads the master weights the step is about to rewrite.
+    CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/false));
+    CKPT_RETURN_IF_ERROR(optimizer_->Step());
+    step_ = s;
+    losses_.push_back(loss);
+    if (client_ != nullptr && options_.ckpt_every > 0 && s % options_.ckpt_every == 0) {
+      CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/true));
+      CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, checkpoint_->TensorsFor(s, data_seed_));
+      absl::StatusOr<SaveHandle> h = client_->SaveAsync(s, tensors);
+      if (!h.ok()) return Annotate(h.status(), absl::StrCat("checkpoint save of step ", s));
+      pending_save_ = *std::move(h);
+    }
+    if (log != nullptr && options_.log_every > 0 &&
+        (s % options_.log_every == 0 || s == options_.steps)) {
+      std::fprintf(log, "step %lld loss %.4f\n", static_cast<long long>(s), loss);
+      std::fflush(log);
+    }
+  }
+  return FinishSave(/*wait_daemon=*/true);
+}
+
+absl::StatusOr<uint64_t> Trainer::ParamsDigest() const {
+  std::vector<float> all;
+  for (size_t i = 0; i < model_.num_tensors(); ++i) {
+    size_t at = all.size();
+    all.resize(at + std::as_const(model_).weights(i).size());
+    CKPT_RETURN_IF_ERROR(
+        optimizer_->GetParams(i, std::span<float>(all.data() + at, all.size() - at)));
+  }
+  return Hash64(all.data(), all.size() * sizeof(float));
+}
+
+}  // namespace ckpt::worker

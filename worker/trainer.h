@@ -1,0 +1,87 @@
+// Trainer: the training loop of ckpt-worker. It owns the model (MlpModel),
+// a host-budget device sized so that exactly (1 - offload_fraction) of the
+// optimizer's chunks stay "on device", and the chunked AdamW over the fp32
+// master weights. Each step computes with the bf16 working weights, hands the
+// gradients to the optimizer and steps it; every ckpt_every steps it saves
+// through libckpt asynchronously, so the copy of step s overlaps the forward
+// and backward of step s + 1 and is waited for only before the optimizer
+// writes the weights again. Not thread-safe: one thread drives a Trainer.
+#ifndef CKPT_WORKER_TRAINER_H_
+#define CKPT_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ckpt/client.h"
+#include "worker/chunked_adam.h"
+#include "worker/host_device.h"
+#include "worker/mlp_model.h"
+#include "worker/train_checkpoint.h"
+
+namespace ckpt::worker {
+
+struct TrainerOptions {
+  MlpConfig model;
+  int64_t steps = 100;  // train until the optimizer has taken this many steps
+  uint64_t seed = 1;    // initial weights and data
+  int ckpt_every = 0;   // 0: never save
+  double offload_fraction = 0.5;
+  float lr = 3e-3f;
+  int log_every = 10;  // 0: no per-step lines
+  int cpu_threads = 1;
+  int rank = 0;
+  int world_size = 1;
+};
+
+// InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
+// log_every, cpu_threads, rank, world_size, or a model size).
+absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+class Trainer {
+ public:
+  // client may be null: then the trainer never saves or restores.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                         std::unique_ptr<Client> client);
+  ~Trainer();
+
+  // With a client: restores `step` when given, else the latest step of the
+  // job if there is one (NotFound from the daemon means a fresh start).
+  // Call before Run. Returns the step training continues from.
+  absl::StatusOr<int64_t> Restore(std::optional<int64_t> step);
+
+  // Trains up to options.steps; log lines go to `log` when not null.
+  // Waits for the last save to be taken by the daemon before returning.
+  absl::Status Run(std::FILE* log);
+
+  int64_t step() const { return step_; }
+  // Loss of every step run by this process, in order.
+  const std::vector<float>& losses() const { return losses_; }
+  // XXH3-64 (util Hash64) of every fp32 master weight, tensors in order.
+  absl::StatusOr<uint64_t> ParamsDigest() const;
+
+ private:
+  Trainer(const TrainerOptions& options, std::unique_ptr<Client> client, MlpModel model);
+  absl::Status Initialize();
+  absl::Status LoadWorkingWeights();
+  absl::Status FinishSave(bool wait_daemon);
+
+  const TrainerOptions options_;
+  std::unique_ptr<Client> client_;
+  MlpModel model_;
+  std::unique_ptr<HostBudgetDevice> device_;
+  std::unique_ptr<ChunkedAdam> optimizer_;
+  std::unique_ptr<TrainCheckpoint> checkpoint_;
+  std::optional<SaveHandle> pending_save_;
+  std::vector<uint16_t> bf16_scratch_;
+  uint64_t data_seed_;
+  int64_t step_ = 0;
+  std::vector<float> losses_;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_TRAINER_H_

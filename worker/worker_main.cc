@@ -1,0 +1,102 @@
+// ckpt-worker: trains the MLP language model of worker/mlp_model.h on
+// synthetic data with the chunked offloaded AdamW, checkpointing through
+// libckpt. Environment (read here and only here):
+//   CKPT_SOCKET, CKPT_JOB  the daemon and job; without CKPT_SOCKET the run
+//                          trains without checkpoints
+//   RANK, WORLD_SIZE       this process's place in the job (default 0 of 1)
+//   CKPT_RESTORE_STEP      restore this step instead of the latest one
+// Prints "step N loss X" lines and, last, "params_digest=<16 hex digits>".
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+#include "worker/trainer.h"
+
+namespace {
+
+using ckpt::worker::Trainer;
+using ckpt::worker::TrainerOptions;
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// $name as an int64 in [lo, hi]; `fallback` when unset.
+absl::StatusOr<std::optional<int64_t>> EnvInt(const char* name, int64_t lo, int64_t hi) {
+  const char* text = Env(name);
+  if (text == nullptr) return std::optional<int64_t>();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(text, &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("$", name, " = \"", text, "\": not an integer in [", lo, ", ", hi, "]"));
+  }
+  return std::optional<int64_t>(v);
+}
+
+absl::Status Main(TrainerOptions options) {
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> rank, EnvInt("RANK", 0, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> world, EnvInt("WORLD_SIZE", 1, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> restore_step,
+                        EnvInt("CKPT_RESTORE_STEP", 0, int64_t{1} << 62));
+  options.rank = static_cast<int>(rank.value_or(0));
+  options.world_size = static_cast<int>(world.value_or(1));
+  CKPT_RETURN_IF_ERROR(ckpt::worker::ValidateTrainerOptions(options));
+
+  std::unique_ptr<ckpt::Client> client;
+  if (Env("CKPT_SOCKET") != nullptr) {
+    ckpt::ClientOptions co;
+    co.rank = options.rank;
+    co.world_size = options.world_size;
+    CKPT_ASSIGN_OR_RETURN(client, ckpt::Client::Connect(co));
+  } else if (restore_step.has_value()) {
+    return absl::InvalidArgumentError("$CKPT_RESTORE_STEP is set but $CKPT_SOCKET is not");
+  } else {
+    std::printf("no $CKPT_SOCKET: training without checkpoints\n");
+  }
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(options, std::move(client)));
+  CKPT_ASSIGN_OR_RETURN(int64_t start, trainer->Restore(restore_step));
+  if (start > 0) std::printf("restored step %lld\n", static_cast<long long>(start));
+  std::fflush(stdout);
+  CKPT_RETURN_IF_ERROR(trainer->Run(stdout));
+  CKPT_ASSIGN_OR_RETURN(uint64_t digest, trainer->ParamsDigest());
+  std::printf("done step %lld params_digest=%016llx\n", static_cast<long long>(trainer->step()),
+              static_cast<unsigned long long>(digest));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("ckpt-worker: trains an MLP language model, checkpointing through ckptd");
+  TrainerOptions o;
+  int64_t steps = -1;
+  app.add_option("--steps", steps, "train until this many optimizer steps")->required();
+  app.add_option("--seed", o.seed, "initial weights and data");
+  app.add_option("--ckpt-every", o.ckpt_every, "save every K steps (0: never)");
+  app.add_option("--vocab", o.model.vocab);
+  app.add_option("--dim", o.model.dim);
+  app.add_option("--layers", o.model.layers);
+  app.add_option("--seq", o.model.seq, "predictions per sequence");
+  app.add_option("--batch", o.model.batch, "sequences per step");
+  app.add_option("--offload-fraction", o.offload_fraction,
+                 "share of optimizer chunks updated by the CPU");
+  app.add_option("--lr", o.lr);
+  app.add_option("--log-every", o.log_every, "print the loss every N steps (0: never)");
+  app.add_option("--cpu-threads", o.cpu_threads, "threads of the CPU Adam");
+  CLI11_PARSE(app, argc, argv);
+  o.steps = steps;
+  absl::Status s = Main(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckpt-worker: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

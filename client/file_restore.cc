@@ -186,19 +186,40 @@ absl::Status FileRestorer::Restore(
   chunks_.clear();
   for (size_t p = 0; p < pieces_.size(); ++p) {
     const Piece& pc = pieces_[p];
-    const uint64_t end = std::min(AlignUp(pc.offset + pc.bytes), image_bytes);
+    const Tensor& t = tensors[pc.tensor];
+    // A host tensor at a 4 KiB-aligned address takes O_DIRECT reads of its
+    // own bytes: no bounce buffer, no copy, only the hash pass.
+    char* direct = t.device.is_host() &&
+                           reinterpret_cast<uintptr_t>(t.data) % kAlign == 0
+                       ? static_cast<char*>(t.data) + pc.dst_offset
+                       : nullptr;
     if (!chunks_.empty()) {
       Chunk& c = chunks_.back();
       const uint64_t c_end = c.offset + c.len;
-      if (pc.offset <= c_end + kMaxGap &&
-          std::max(end, c_end) - c.offset <= kBounceBytes) {
-        c.len = std::max(end, c_end) - c.offset;
-        c.end_piece = p + 1;
-        continue;
+      if (direct != nullptr) {
+        if (c.direct != nullptr && pieces_[c.first_piece].tensor == pc.tensor &&
+            pc.offset == c_end && c.len + pc.bytes <= kBounceBytes) {
+          c.len += pc.bytes;
+          c.end_piece = p + 1;
+          continue;
+        }
+      } else {
+        const uint64_t end = std::min(AlignUp(pc.offset + pc.bytes), image_bytes);
+        if (c.direct == nullptr && pc.offset <= c_end + kMaxGap &&
+            std::max(end, c_end) - c.offset <= kBounceBytes) {
+          c.len = std::max(end, c_end) - c.offset;
+          c.end_piece = p + 1;
+          continue;
+        }
       }
     }
-    const uint64_t start = AlignDown(pc.offset);
-    chunks_.push_back({start, end - start, p, p + 1});
+    if (direct != nullptr) {
+      chunks_.push_back({pc.offset, pc.bytes, p, p + 1, direct});
+    } else {
+      const uint64_t start = AlignDown(pc.offset);
+      const uint64_t end = std::min(AlignUp(pc.offset + pc.bytes), image_bytes);
+      chunks_.push_back({start, end - start, p, p + 1, nullptr});
+    }
   }
 
   // Reader c % kReaders fills buffer c % kBounceBuffers with chunk c once
@@ -219,7 +240,9 @@ absl::Status FileRestorer::Restore(
         });
         if (abort) return;
       }
-      char* buf = buffers_ + (c % kBounceBuffers) * kBounceBytes;
+      char* buf = chunks_[c].direct != nullptr
+                      ? chunks_[c].direct
+                      : buffers_ + (c % kBounceBuffers) * kBounceBytes;
       absl::Status s =
           backend_->ReadAt(key, chunks_[c].offset, buf, chunks_[c].len);
       std::lock_guard<std::mutex> l(mu);
@@ -243,7 +266,10 @@ absl::Status FileRestorer::Restore(
       if (abort) break;
     }
     s = CopyChunk(chunks_[c],
-                  buffers_ + (c % kBounceBuffers) * kBounceBytes, tensors);
+                  chunks_[c].direct != nullptr
+                      ? chunks_[c].direct
+                      : buffers_ + (c % kBounceBuffers) * kBounceBytes,
+                  tensors);
     std::lock_guard<std::mutex> l(mu);
     if (!s.ok()) abort = true;
     copied = c + 1;
@@ -273,8 +299,9 @@ absl::Status FileRestorer::CopyChunk(const Chunk& c, const char* buf,
   for (size_t p = c.first_piece; p < c.end_piece; ++p) {
     const Piece& pc = pieces_[p];
     const Tensor& t = tensors[pc.tensor];
-    char* dst = t.device.is_host() ? static_cast<char*>(t.data) + pc.dst_offset
-                                   : nullptr;
+    char* dst = t.device.is_host() && c.direct == nullptr
+                    ? static_cast<char*>(t.data) + pc.dst_offset
+                    : nullptr;  // device pieces, and direct reads: hash only
     regions_.push_back({buf + (pc.offset - c.offset), dst, pc.bytes});
   }
   absl::Status s;

@@ -78,6 +78,9 @@ class FileRestorer {
     uint64_t offset = 0;
     uint64_t len = 0;
     size_t first_piece = 0, end_piece = 0;
+    // Non-null: the chunk is read straight into this host memory (a 4 KiB-
+    // aligned run of one tensor), and only hashed afterwards.
+    char* direct = nullptr;
   };
   struct Piece {
     size_t tensor = 0;

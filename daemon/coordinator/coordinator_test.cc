@@ -1,0 +1,230 @@
+// State-machine tests of the Coordinator with a fake clock: global commit,
+// failure detection, recovery plans and orders, restart from its state.
+#include <filesystem>
+
+#include "daemon/coordinator/coordinator_testing.h"
+#include "daemon/coordinator/manifest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+// Two active nodes with two ranks each and a spare; job "job", world 4.
+class TwoNodeTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    e1_ = Register("n1", 2);
+    e2_ = Register("n2", 2);
+    es_ = Register("s1", 2, /*spare=*/true);
+    RegisterJob("job", 4);
+  }
+  void ReportAll(uint64_t step, v1::ShardState state) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto s = Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step, r, state);
+      ASSERT_TRUE(s.ok()) << s.status();
+    }
+  }
+  std::string ManifestPath(uint64_t step) {
+    return dir_.path() + "/shared/" + GlobalManifestKey("job", step);
+  }
+  uint64_t e1_ = 0, e2_ = 0, es_ = 0;
+};
+
+TEST_F(TwoNodeTest, RanksArePlacedOnActiveNodesByCapacity) {
+  v1::JobRecord j = Job();
+  ASSERT_EQ(j.rank_node_size(), 4);
+  EXPECT_EQ(j.rank_node(0), "n1");
+  EXPECT_EQ(j.rank_node(1), "n1");
+  EXPECT_EQ(j.rank_node(2), "n2");
+  EXPECT_EQ(j.rank_node(3), "n2");
+  auto hb = Heartbeat("n2", e2_);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).ranks_size(), 2);
+  EXPECT_EQ(hb->assignments(0).ranks(0), 2u);
+}
+
+TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
+  ReportAll(10, v1::STAGED);
+  for (uint32_t r = 0; r < 3; ++r)
+    ASSERT_TRUE(Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE).ok());
+  EXPECT_FALSE(Job().has_last_good());
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath(10)));
+  auto last = Report("n2", e2_, 10, 3, v1::DURABLE);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->durable_everywhere());
+  EXPECT_TRUE(Job().has_last_good());
+  EXPECT_EQ(Job().last_good_step(), 10u);
+  EXPECT_TRUE(HasEvent(v1::STEP_STAGED));
+  EXPECT_TRUE(HasEvent(v1::STEP_DURABLE));
+  storage::LocalBackendOptions bo;
+  bo.root = dir_.path() + "/shared";
+  bo.remove_tmp_files = false;
+  auto backend = storage::NewLocalBackend(bo);
+  ASSERT_TRUE(backend.ok());
+  auto m = ReadGlobalManifest(backend->get(), "job", 10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards_size(), 4);
+  EXPECT_EQ(m->shards(3).bytes(), 1003u);
+  EXPECT_EQ(m->shards(3).checksum_digest(), DigestHex(0xabc3));
+  EXPECT_EQ(m->shards(3).key(), "job/step-10/rank-3");
+}
+
+TEST_F(TwoNodeTest, SilentNodeIsDeclaredDeadAndSpareGetsPrefetchAndRestart) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  ReportAll(11, v1::STAGED);  // staged only: n2's copy dies with it
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  now_ms_ += 2000;  // n2 silent for 4 s > 3 s
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+  v1::JobRecord j = Job();
+  EXPECT_EQ(j.rank_node(2), "s1");
+  EXPECT_EQ(j.rank_node(3), "s1");
+  EXPECT_EQ(j.plan_state(), v1::PLAN_ORDERED);
+  ASSERT_TRUE(j.has_restore_step());
+  EXPECT_EQ(j.restore_step(), 10u);  // 11 is not restorable on ranks 2 and 3
+  auto spare = Heartbeat("s1", es_);
+  ASSERT_TRUE(spare.ok());
+  ASSERT_EQ(spare->orders_size(), 2);
+  EXPECT_EQ(spare->orders(0).kind(), v1::PREFETCH);
+  EXPECT_EQ(spare->orders(0).step(), 10u);
+  ASSERT_EQ(spare->orders(0).shard_keys_size(), 2);
+  EXPECT_EQ(spare->orders(0).shard_keys(0), "job/step-10/rank-2");
+  EXPECT_EQ(spare->orders(1).kind(), v1::RESTART);
+  auto survivor = Heartbeat("n1", e1_);
+  ASSERT_TRUE(survivor.ok());
+  ASSERT_EQ(survivor->orders_size(), 1);  // ranks 0, 1 restore from n1's memory
+  EXPECT_EQ(survivor->orders(0).kind(), v1::RESTART);
+  EXPECT_EQ(survivor->orders(0).step(), 10u);
+  EXPECT_TRUE(HasEvent(v1::FAILURE_DETECTED));
+  EXPECT_TRUE(HasEvent(v1::PLAN_MADE));
+  EXPECT_TRUE(HasEvent(v1::ORDER_SENT));
+}
+
+TEST_F(TwoNodeTest, OrdersRepeatUntilAcknowledgedThenPlanIsAcknowledged) {
+  ASSERT_TRUE(Report("n1", e1_, 5, 0, v1::STAGED).ok());
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n1");
+  exit.set_epoch(e1_);
+  exit.set_job("job");
+  exit.set_rank(0);
+  exit.set_term_signal(9);
+  auto r = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->failure());
+  EXPECT_FALSE(Job().has_restore_step());  // step 5 is not on every rank
+  auto first = Heartbeat("n1", e1_);
+  auto again = Heartbeat("n1", e1_);
+  ASSERT_TRUE(first.ok() && again.ok());
+  ASSERT_EQ(first->orders_size(), 1);
+  ASSERT_EQ(again->orders_size(), 1);
+  EXPECT_EQ(first->orders(0).id(), again->orders(0).id());
+  EXPECT_FALSE(first->orders(0).has_step());
+  auto acked = Heartbeat("n1", e1_, {first->orders(0).id()});
+  ASSERT_TRUE(acked.ok());
+  EXPECT_EQ(acked->orders_size(), 0);
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);  // n2 has not acknowledged
+  auto n2 = Heartbeat("n2", e2_);
+  ASSERT_TRUE(n2.ok() && n2->orders_size() == 1);
+  ASSERT_TRUE(Heartbeat("n2", e2_, {n2->orders(0).id()}).ok());
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ACKNOWLEDGED);
+  EXPECT_TRUE(HasEvent(v1::ORDER_ACKED));
+  EXPECT_TRUE(HasEvent(v1::PLAN_ACKED));
+}
+
+TEST_F(TwoNodeTest, TrainerExitRestoresNewestStepFromMemoryWithoutPrefetch) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  ReportAll(12, v1::STAGED);
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n2");
+  exit.set_epoch(e2_);
+  exit.set_job("job");
+  exit.set_rank(3);
+  exit.set_exit_code(1);
+  ASSERT_TRUE(coord_->ReportTrainerExit(exit).ok());
+  EXPECT_EQ(Job().restore_step(), 12u);
+  for (auto [node, epoch] : {std::pair{"n1", e1_}, std::pair{"n2", e2_}}) {
+    auto hb = Heartbeat(node, epoch);
+    ASSERT_TRUE(hb.ok());
+    ASSERT_EQ(hb->orders_size(), 1) << node;
+    EXPECT_EQ(hb->orders(0).kind(), v1::RESTART);
+    EXPECT_EQ(hb->orders(0).step(), 12u);
+  }
+}
+
+TEST_F(TwoNodeTest, CleanTrainerExitIsNoFailure) {
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n1");
+  exit.set_epoch(e1_);
+  exit.set_job("job");
+  exit.set_rank(1);
+  auto r = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->failure());
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_NONE);
+}
+
+TEST_F(CoordinatorTest, WithoutSpareLostRanksWaitForTheirNodeToReturn) {
+  uint64_t e1 = Register("n1", 1);
+  uint64_t e2 = Register("n2", 1);
+  RegisterJob("job", 2);
+  ASSERT_TRUE(Report("n1", e1, 3, 0, v1::STAGED).ok());
+  ASSERT_TRUE(Report("n2", e2, 3, 1, v1::STAGED).ok());
+  ASSERT_TRUE(Report("n1", e1, 3, 0, v1::DURABLE).ok());
+  ASSERT_TRUE(Report("n2", e2, 3, 1, v1::DURABLE).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+  EXPECT_TRUE(HasEvent(v1::PLAN_WAITING));
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  EXPECT_EQ(Heartbeat("n1", e1)->orders_size(), 0);
+  uint64_t e2b = Register("n2", 1);
+  EXPECT_GT(e2b, e2);
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
+  EXPECT_EQ(Job().rank_node(1), "n2");
+  auto hb = Heartbeat("n2", e2b);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->orders_size(), 2);  // its memory was lost with its old epoch
+  EXPECT_EQ(hb->orders(0).kind(), v1::PREFETCH);
+  EXPECT_EQ(hb->orders(0).step(), 3u);
+}
+
+TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  ReportAll(11, v1::STAGED);
+  now_ms_ += 4000;
+  ASSERT_TRUE(coord_->Tick().ok());  // everyone dead; no spare left alive either
+  uint64_t n1b = Register("n1", 2);
+  uint64_t n2b = Register("n2", 2);
+  v1::GetClusterResponse before = coord_->GetCluster();
+  int events_before = coord_->Events({}).events_size();
+  Reopen();
+  v1::GetClusterResponse after = coord_->GetCluster();
+  ASSERT_EQ(after.nodes_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(after.nodes(i).epoch(), before.nodes(i).epoch());
+    EXPECT_EQ(after.nodes(i).health(), before.nodes(i).health());
+  }
+  EXPECT_EQ(Job().last_good_step(), 10u);
+  EXPECT_EQ(Job().generation(), before.jobs(0).generation());
+  EXPECT_EQ(coord_->Events({}).events_size(), events_before);
+  auto hb = Heartbeat("n2", n2b);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_GE(hb->orders_size(), 1);
+  EXPECT_TRUE(Heartbeat("n1", n1b).ok());
+  uint64_t s1b = Register("s1", 2, true);
+  EXPECT_GT(s1b, n2b);  // epochs never go back
+  // Reports carry on from where they were.
+  auto rep = Report("n1", n1b, 11, 0, v1::STAGED);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,188 @@
+// Bad input to the Coordinator: each is refused with an error naming the
+// field, and the state (checked before and after) does not change.
+#include <fstream>
+
+#include "daemon/coordinator/coordinator_testing.h"
+#include "daemon/coordinator/manifest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+class BadInputTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    e1_ = Register("n1", 1);
+    e2_ = Register("n2", 1);
+    RegisterJob("job", 2);
+  }
+  void MakeDurable(uint64_t step) {
+    for (auto state : {v1::STAGED, v1::DURABLE}) {
+      ASSERT_TRUE(Report("n1", e1_, step, 0, state).ok());
+      ASSERT_TRUE(Report("n2", e2_, step, 1, state).ok());
+    }
+  }
+  std::string State() {
+    v1::GetClusterResponse c = coord_->GetCluster();
+    for (auto& n : *c.mutable_nodes()) n.clear_ms_since_heartbeat();
+    return c.SerializeAsString();
+  }
+  uint64_t e1_ = 0, e2_ = 0;
+};
+
+TEST_F(BadInputTest, StaleEpochReportIsRejectedAndChangesNothing) {
+  now_ms_ += 4000;
+  ASSERT_TRUE(coord_->Tick().ok());  // both dead
+  uint64_t fresh = Register("n1", 1);
+  ASSERT_GT(fresh, e1_);
+  std::string before = State();
+  auto r = Report("n1", e1_, 7, 0, v1::STAGED);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("epoch: " + std::to_string(e1_)), absl::string_view::npos)
+      << r.status();
+  EXPECT_EQ(Heartbeat("n1", e1_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(State(), before);
+}
+
+TEST_F(BadInputTest, SecondRegistrationOfAliveNodeIsAlreadyExists) {
+  v1::RegisterNodeRequest req;
+  req.set_node_id("n1");
+  req.set_capacity(1);
+  std::string before = State();
+  auto r = coord_->RegisterNode(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(r.status().message().find("node_id"), absl::string_view::npos);
+  EXPECT_EQ(State(), before);
+}
+
+TEST_F(BadInputTest, UnknownNodeAndMalformedRegistrationAreRejected) {
+  EXPECT_EQ(Report("ghost", 1, 1, 0, v1::STAGED).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Heartbeat("ghost", 1).status().code(), absl::StatusCode::kNotFound);
+  v1::RegisterNodeRequest req;
+  req.set_node_id("../etc");
+  req.set_capacity(1);
+  EXPECT_EQ(coord_->RegisterNode(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_node_id("n3");
+  req.set_capacity(0);
+  auto r = coord_->RegisterNode(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("capacity"), absl::string_view::npos);
+}
+
+TEST_F(BadInputTest, ReportForRankTheNodeDoesNotHostIsRejected) {
+  std::string before = State();
+  auto r = Report("n1", e1_, 5, 1, v1::STAGED);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("rank: 1"), absl::string_view::npos) << r.status();
+  EXPECT_EQ(Report("n1", e1_, 5, 9, v1::STAGED).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Report("n1", e1_, 5, 0, v1::STAGED, "nojob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(State(), before);
+}
+
+TEST_F(BadInputTest, DurableReportOfStepNeverStagedIsRejected) {
+  std::string before = State();
+  auto r = Report("n1", e1_, 5, 0, v1::DURABLE);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("never staged"), absl::string_view::npos) << r.status();
+  EXPECT_EQ(State(), before);
+}
+
+TEST_F(BadInputTest, DurableReportWithOtherSizeOrUnsafeKeyIsRejected) {
+  ASSERT_TRUE(Report("n1", e1_, 5, 0, v1::STAGED).ok());
+  v1::ReportShardRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1_);
+  req.set_job("job");
+  req.set_step(5);
+  req.set_rank(0);
+  req.set_state(v1::DURABLE);
+  req.set_bytes(1);
+  req.set_checksum_digest(0xabc0);
+  req.set_key("job/x");
+  auto r = coord_->ReportShard(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("bytes"), absl::string_view::npos) << r.status();
+  req.set_bytes(1000);
+  req.set_key("../../etc/passwd");
+  r = coord_->ReportShard(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("key"), absl::string_view::npos) << r.status();
+  req.set_state(v1::SHARD_STATE_UNSPECIFIED);
+  EXPECT_EQ(coord_->ReportShard(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BadInputTest, RollbackToStepNotDurableEverywhereIsRejected) {
+  MakeDurable(4);
+  ASSERT_TRUE(Report("n1", e1_, 6, 0, v1::STAGED).ok());
+  ASSERT_TRUE(Report("n1", e1_, 6, 0, v1::DURABLE).ok());  // rank 1 missing
+  std::string before = State();
+  v1::RollbackRequest req;
+  req.set_job("job");
+  req.set_step(6);
+  auto r = coord_->Rollback(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("step: 6"), absl::string_view::npos) << r.status();
+  EXPECT_EQ(State(), before);
+  req.set_step(4);
+  auto ok = coord_->Rollback(req);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(HasEvent(v1::ROLLBACK));
+  auto hb = Heartbeat("n1", e1_);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_GE(hb->orders_size(), 1);
+  EXPECT_EQ(hb->orders(hb->orders_size() - 1).kind(), v1::RESTART);
+  EXPECT_EQ(hb->orders(hb->orders_size() - 1).step(), 4u);
+}
+
+TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
+  MakeDurable(4);
+  MakeDurable(8);
+  std::string path = dir_.path() + "/shared/" + GlobalManifestKey("job", 8);
+  std::ofstream(path, std::ios::trunc) << "{\"format\": not json";
+  v1::RollbackRequest req;
+  req.set_job("job");
+  req.set_step(8);
+  auto r = coord_->Rollback(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("MANIFEST.global"), absl::string_view::npos) << r.status();
+  Reopen();
+  EXPECT_TRUE(HasEvent(v1::MANIFEST_INVALID));
+  EXPECT_EQ(Job().last_good_step(), 4u);  // falls back to the readable manifest
+}
+
+TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
+  v1::GlobalManifest m;
+  m.set_format(kGlobalManifestFormat);
+  m.set_job("j");
+  m.set_step(3);
+  m.set_world_size(2);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto* s = m.add_shards();
+    s->set_rank(r);
+    s->set_key("j/k" + std::to_string(r));
+    s->set_checksum_digest(DigestHex(r));
+  }
+  std::string json = EncodeGlobalManifest(m);
+  ASSERT_TRUE(DecodeGlobalManifest(json, "k", "j", 3).ok());
+  auto expect_error = [&](v1::GlobalManifest bad, const std::string& field) {
+    auto d = DecodeGlobalManifest(EncodeGlobalManifest(bad), "k", "j", 3);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
+    EXPECT_NE(d.status().message().find(field), absl::string_view::npos) << d.status();
+  };
+  v1::GlobalManifest bad = m;
+  bad.set_step(4);
+  expect_error(bad, "step");
+  bad = m;
+  bad.mutable_shards(1)->set_rank(0);
+  expect_error(bad, "shards.rank");
+  bad = m;
+  bad.mutable_shards(0)->set_checksum_digest("xyz");
+  expect_error(bad, "checksum_digest");
+  bad = m;
+  bad.mutable_shards()->RemoveLast();
+  expect_error(bad, "shards");
+  EXPECT_EQ(DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

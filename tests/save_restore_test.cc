@@ -134,6 +134,28 @@ TEST_F(SaveRestoreTest, SaveAsyncLetsTheCallerGoOnAfterTheCopy) {
   for (size_t i = 0; i < got.buffers.size(); ++i) EXPECT_EQ(got.buffers[i], copy.buffers[i]);
 }
 
+TEST_F(SaveRestoreTest, StateBeyondAFixedSlotSizeIsRefusedNamingBothSizes) {
+  ClientOptions o = OptionsFor(*daemon_, "fixed", 0, 1);
+  o.slot_bytes = 4 << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  HostState small = MakeState(1 << 20, 2, 7);
+  ASSERT_TRUE((*c)->Save(1, small.tensors).ok());
+  HostState big = MakeState(16 << 20, 2, 8);
+  absl::Status st = (*c)->Save(2, big.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("bytes"), absl::string_view::npos) << st;
+  // The earlier step is untouched and the client goes on working.
+  HostState got = small.EmptyLike();
+  ASSERT_TRUE((*c)->Restore(1, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(small));
+  HostState dup = MakeState(1 << 20, 2, 9);
+  dup.tensors[1].name = dup.tensors[0].name;
+  st = (*c)->Save(3, dup.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find(dup.tensors[0].name), absl::string_view::npos) << st;
+}
+
 TEST_F(SaveRestoreTest, NonBlockingSaveReportsBusyInsteadOfDropping) {
   ClientOptions o = OptionsFor(*daemon_, "busy", 0, 1);
   o.block_when_busy = false;

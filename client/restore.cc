@@ -46,19 +46,8 @@ absl::Status Client::Impl::Restore(int64_t step,
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", step, " is negative"));
   std::vector<uint64_t> bytes;
-  CKPT_RETURN_IF_ERROR(client::ValidateTensors(tensors, &bytes));
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].device.is_host()) continue;
-    if (!cuda_device_)
-      return absl::FailedPreconditionError(
-          absl::StrCat(client::TensorLabel(tensors, i), ": on ",
-                       tensors[i].device.ToString(),
-                       ", but the CUDA runtime sees no device"));
-#ifdef CKPT_HAVE_CUDA
-    CKPT_RETURN_IF_ERROR(client::CudaCopier::CheckDevicePointer(
-        tensors[i], client::TensorLabel(tensors, i)));
-#endif
-  }
+  CKPT_RETURN_IF_ERROR(
+      client::ValidateTensorsAndDevices(tensors, cuda_device_, &bytes));
 
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp,
                         OpenRestore(step, /*allow_file_read=*/true));

@@ -25,19 +25,8 @@ absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(
   SaveJob job;
   job.start = Clock::now();
   job.step = step;
-  CKPT_RETURN_IF_ERROR(client::ValidateTensors(tensors, &job.bytes));
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].device.is_host()) continue;
-    if (!cuda_device_)
-      return absl::FailedPreconditionError(
-          absl::StrCat(client::TensorLabel(tensors, i), ": on ",
-                       tensors[i].device.ToString(),
-                       ", but the CUDA runtime sees no device"));
-#ifdef CKPT_HAVE_CUDA
-    CKPT_RETURN_IF_ERROR(client::CudaCopier::CheckDevicePointer(
-        tensors[i], client::TensorLabel(tensors, i)));
-#endif
-  }
+  CKPT_RETURN_IF_ERROR(
+      client::ValidateTensorsAndDevices(tensors, cuda_device_, &job.bytes));
   auto layout = storage::ComputeLayout(job.bytes);
   if (!layout.ok()) return Annotate(layout.status(), "save: shard layout");
   job.layout = std::move(*layout);

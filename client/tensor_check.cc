@@ -5,6 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "util/validate.h"
+#include "util/status.h"
+#ifdef CKPT_HAVE_CUDA
+#include "client/cuda_copier.h"
+#endif
 
 namespace ckpt::client {
 
@@ -56,6 +60,22 @@ absl::Status ValidateTensors(std::span<const Tensor> tensors,
           " is not host or cuda"));
     }
     (*bytes)[i] = *b;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensorsAndDevices(std::span<const Tensor> tensors, bool cuda_device,
+                                       std::vector<uint64_t>* bytes) {
+  CKPT_RETURN_IF_ERROR(ValidateTensors(tensors, bytes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].device.is_host()) continue;
+    if (!cuda_device)
+      return absl::FailedPreconditionError(
+          absl::StrCat(TensorLabel(tensors, i), ": on ", tensors[i].device.ToString(),
+                       ", but the CUDA runtime sees no device"));
+#ifdef CKPT_HAVE_CUDA
+    CKPT_RETURN_IF_ERROR(CudaCopier::CheckDevicePointer(tensors[i], TensorLabel(tensors, i)));
+#endif
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,11 @@ std::string TensorLabel(std::span<const Tensor> tensors, size_t i);
 absl::Status ValidateTensors(std::span<const Tensor> tensors,
                              std::vector<uint64_t>* bytes);
 
+// ValidateTensors, then: a CUDA tensor needs a device the runtime sees
+// (cuda_device) and a pointer that belongs to its device.
+absl::Status ValidateTensorsAndDevices(std::span<const Tensor> tensors, bool cuda_device,
+                                       std::vector<uint64_t>* bytes);
+
 }  // namespace ckpt::client
 
 #endif  // CKPT_CLIENT_TENSOR_CHECK_H_

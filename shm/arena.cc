@@ -285,15 +285,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kArenaMagic;
 
-  std::unique_ptr<Arena> arena(new Arena());
-  arena->name_ = name;
-  arena->base_ = base;
-  arena->size_ = arena_bytes;
-  arena->slots_offset_ = kSlotAlign;
-  arena->slot_bytes_ = slot_bytes;
-  arena->num_slots_ = options.num_slots;
-  arena->header_writable_ = true;
-  return arena;
+  return Wrap(name, base, arena_bytes, slot_bytes, options.num_slots);
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
@@ -329,15 +321,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
       Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
           MAP_SHARED | MAP_POPULATE, nullptr,
           absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes")));
-  std::unique_ptr<Arena> arena(new Arena());
-  arena->name_ = name;
-  arena->base_ = base;
-  arena->size_ = arena_bytes;
-  arena->slots_offset_ = kSlotAlign;
-  arena->slot_bytes_ = slot_bytes;
-  arena->num_slots_ = expect.num_slots;
-  arena->header_writable_ = true;
-  return arena;
+  return Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots);
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
@@ -426,6 +410,19 @@ SlotState Arena::slot_state(uint32_t slot) const {
   if (slot >= num_slots_) return SlotState::kFree;
   return static_cast<SlotState>(
       header().slots[slot].state.load(std::memory_order_acquire));
+}
+
+std::unique_ptr<Arena> Arena::Wrap(std::string name, char* base, uint64_t size,
+                                   uint64_t slot_bytes, uint32_t num_slots) {
+  std::unique_ptr<Arena> arena(new Arena());
+  arena->name_ = std::move(name);
+  arena->base_ = base;
+  arena->size_ = size;
+  arena->slots_offset_ = kSlotAlign;
+  arena->slot_bytes_ = slot_bytes;
+  arena->num_slots_ = num_slots;
+  arena->header_writable_ = true;
+  return arena;
 }
 
 }  // namespace ckpt::shm

@@ -117,6 +117,9 @@ class Arena {
 
  private:
   Arena() = default;
+  // The daemon's read-write view of a mapped arena.
+  static std::unique_ptr<Arena> Wrap(std::string name, char* base, uint64_t size,
+                                     uint64_t slot_bytes, uint32_t num_slots);
   std::string name_;
   char* base_ = nullptr;
   uint64_t size_ = 0;

@@ -31,7 +31,10 @@ constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kMaxGap = 1 << 20;
 // Reader threads, each with its own requests in flight, so the device stays
 // busy while one of them waits for the last request of its chunk.
-constexpr size_t kReaders = 2;
+constexpr size_t kReaders = 4;
+// Chunks read straight into tensors need no bounce buffer: readers may run
+// this far ahead of the hashing.
+constexpr size_t kDirectWindow = 8;
 
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 uint64_t AlignDown(uint64_t x) { return x / kAlign * kAlign; }
@@ -235,9 +238,10 @@ absl::Status FileRestorer::Restore(
     for (size_t c = first; c < chunks_.size(); c += kReaders) {
       {
         std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] {
-          return abort || c - copied < static_cast<size_t>(kBounceBuffers);
-        });
+        const size_t window = chunks_[c].direct != nullptr
+                                  ? kDirectWindow
+                                  : static_cast<size_t>(kBounceBuffers);
+        cv.wait(l, [&] { return abort || c - copied < window; });
         if (abort) return;
       }
       char* buf = chunks_[c].direct != nullptr

@@ -127,12 +127,16 @@ class Engine {
     int pidfd = -1;
   };
   struct Task {
-    enum Kind { kShard, kManifest } kind = kShard;
+    // kDelete removes `key` (a prefix when `prefix`), outside the mutex: an
+    // unlink of a large file must not stall saves and restores.
+    enum Kind { kShard, kManifest, kDelete } kind = kShard;
     std::string job;
     uint64_t step = 0;
     uint32_t rank = 0;
     uint64_t gen = 0;
     std::chrono::steady_clock::time_point not_before{};
+    std::string key;
+    bool prefix = false;
   };
   struct PersistSnapshot;
 
@@ -152,6 +156,7 @@ class Engine {
   void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
+  void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 

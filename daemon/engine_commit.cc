@@ -95,6 +95,14 @@ void Engine::FreeShardSlotLocked(Job& job, uint32_t rank_no, const Shard& shard)
   MirrorSlotLocked(r->second, shard.slot);
 }
 
+void Engine::QueueDeleteLocked(std::string key, bool prefix) {
+  Task t;
+  t.kind = Task::kDelete;
+  t.key = std::move(key);
+  t.prefix = prefix;
+  tasks_.push_back(std::move(t));
+}
+
 void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool delete_file) {
   auto step = job.steps.find(step_no);
   if (step == job.steps.end()) return;
@@ -107,17 +115,14 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    s = backend_->Delete(storage::ManifestKey(job.rec.job(), step_no));
-    if (!s.ok()) LogWarning(std::string(s.message()));
+    QueueDeleteLocked(storage::ManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
-  if (delete_file && was_durable) {
-    s = backend_->Delete(storage::ShardKey(job.rec.job(), step_no, rank));
-    if (!s.ok()) LogWarning(std::string(s.message()));
-  }
+  if (delete_file && was_durable)
+    QueueDeleteLocked(storage::ShardKey(job.rec.job(), step_no, rank), false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
-    if (delete_file) (void)backend_->DeletePrefix(storage::StepPrefix(job.rec.job(), step_no));
+    if (delete_file) QueueDeleteLocked(storage::StepPrefix(job.rec.job(), step_no), true);
   }
   cv_.notify_all();
 }

@@ -40,10 +40,14 @@ void Engine::PersistLoop() {
     tasks_.erase(ready);
     busy_persisting_ = true;
     lock.unlock();
-    if (task.kind == Task::kShard)
+    if (task.kind == Task::kShard) {
       PersistShard(task);
-    else
+    } else if (task.kind == Task::kManifest) {
       WriteManifest(task);
+    } else {
+      absl::Status s = task.prefix ? backend_->DeletePrefix(task.key) : backend_->Delete(task.key);
+      if (!s.ok()) LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
+    }
     lock.lock();
     busy_persisting_ = false;
     cv_.notify_all();
@@ -150,7 +154,7 @@ void Engine::PersistShard(const Task& task) {
             MirrorSlotLocked(rank, i);
           }
     }
-    if (s.ok() && !current) (void)backend_->Delete(key);
+    if (s.ok() && !current) QueueDeleteLocked(key, false);
     return;
   }
   Rank& rank = job->second.ranks[task.rank];

@@ -52,7 +52,7 @@
 namespace ckpt::coordinator {
 
 struct CoordinatorOptions {
-  std::string state_dir;    // RocksDB
+  std::string state_dir;    // RocksDB in <state_dir>/db
   std::string shared_root;  // global manifests go here
   std::chrono::milliseconds heartbeat_timeout{3000};
   size_t max_events = 4096;  // older events are dropped from memory and disk

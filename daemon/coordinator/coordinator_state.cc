@@ -1,6 +1,7 @@
 // Coordinator: opening, reloading and committing the state, the event log,
 // and the checks every report goes through.
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/coordinator/coordinator.h"
@@ -28,7 +29,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
           .count();
     };
   }
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CoordStore> store, CoordStore::Open(options.state_dir));
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir, ec);
+  if (ec) return absl::InternalError("state_dir: cannot create " + options.state_dir + ": " + ec.message());
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CoordStore> store, CoordStore::Open(options.state_dir + "/db"));
   storage::LocalBackendOptions bo;
   bo.root = options.shared_root;
   bo.use_io_uring = false;  // a few small objects

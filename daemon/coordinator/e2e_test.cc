@@ -1,0 +1,199 @@
+// End to end: the real ckpt-coordinator binary on 127.0.0.1 (port chosen by
+// the binary, read from its stdout), driven over gRPC like node daemons
+// would: global commit and manifest, SIGKILL and restart on the same state,
+// a silent node declared dead and replaced by the spare, a stale epoch
+// refused.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "coordinator.grpc.pb.h"
+#include "daemon/coordinator/manifest.h"
+#include "storage/test_tempdir.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+namespace v1 = ::ckpt::coord::v1;
+
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess(const std::string& state, const std::string& shared) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+      dup2(fds[1], 1);
+      close(fds[0]);
+      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state", state.c_str(),
+            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", "500", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    FILE* out = fdopen(fds[0], "r");
+    char line[256] = {};
+    if (out && std::fgets(line, sizeof line, out)) {
+      const char* colon = std::strrchr(line, ':');
+      if (colon) port_ = std::atoi(colon + 1);
+    }
+    if (out) std::fclose(out);
+  }
+  ~CoordinatorProcess() { Kill(SIGKILL); }
+  void Kill(int sig) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  int port() const { return port_; }
+  std::unique_ptr<v1::Coordinator::Stub> Stub() const {
+    return v1::Coordinator::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+class E2ETest : public ::testing::Test {
+ protected:
+  std::string state() const { return dir_.path() + "/state"; }
+  std::string shared() const { return dir_.path() + "/shared"; }
+
+  uint64_t Register(v1::Coordinator::Stub* stub, const std::string& id, bool spare) {
+    grpc::ClientContext ctx;
+    v1::RegisterNodeRequest req;
+    req.set_node_id(id);
+    req.set_capacity(1);
+    req.set_spare(spare);
+    v1::RegisterNodeResponse resp;
+    grpc::Status s = stub->RegisterNode(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.epoch();
+  }
+  grpc::Status Report(v1::Coordinator::Stub* stub, const std::string& node, uint64_t epoch, uint32_t rank,
+                      v1::ShardState state) {
+    grpc::ClientContext ctx;
+    v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_epoch(epoch);
+    req.set_job("job");
+    req.set_step(5);
+    req.set_rank(rank);
+    req.set_state(state);
+    req.set_bytes(4096);
+    req.set_checksum_digest(77 + rank);
+    req.set_key("job/step-5/rank-" + std::to_string(rank));
+    v1::ReportShardResponse resp;
+    return stub->ReportShard(&ctx, req, &resp);
+  }
+  grpc::Status Heartbeat(v1::Coordinator::Stub* stub, const std::string& node, uint64_t epoch,
+                         v1::HeartbeatResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    req.set_node_id(node);
+    req.set_epoch(epoch);
+    return stub->Heartbeat(&ctx, req, resp);
+  }
+  v1::GetClusterResponse Cluster(v1::Coordinator::Stub* stub) {
+    grpc::ClientContext ctx;
+    v1::GetClusterResponse resp;
+    EXPECT_TRUE(stub->GetCluster(&ctx, {}, &resp).ok());
+    return resp;
+  }
+
+  storage::TestTempDir dir_;
+};
+
+TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
+  auto coord = std::make_unique<CoordinatorProcess>(state(), shared());
+  ASSERT_GT(coord->port(), 0);
+  auto stub = coord->Stub();
+  uint64_t e1 = Register(stub.get(), "n1", false);
+  uint64_t e2 = Register(stub.get(), "n2", false);
+  uint64_t es = Register(stub.get(), "s1", true);
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterJobRequest req;
+    req.set_job("job");
+    req.set_world_size(2);
+    v1::RegisterJobResponse resp;
+    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  for (auto state : {v1::STAGED, v1::DURABLE}) {
+    ASSERT_TRUE(Report(stub.get(), "n1", e1, 0, state).ok());
+    ASSERT_TRUE(Report(stub.get(), "n2", e2, 1, state).ok());
+  }
+  EXPECT_TRUE(std::filesystem::exists(shared() + "/" + GlobalManifestKey("job", 5)));
+
+  // SIGKILL and restart on the same state: everything is still known.
+  coord->Kill(SIGKILL);
+  coord = std::make_unique<CoordinatorProcess>(state(), shared());
+  ASSERT_GT(coord->port(), 0);
+  stub = coord->Stub();
+  v1::GetClusterResponse c = Cluster(stub.get());
+  ASSERT_EQ(c.nodes_size(), 3);
+  EXPECT_EQ(c.nodes(0).epoch(), e1);
+  ASSERT_EQ(c.jobs_size(), 1);
+  EXPECT_EQ(c.jobs(0).last_good_step(), 5u);
+
+  // n2 goes silent; n1 and the spare keep heartbeating.
+  v1::HeartbeatResponse spare_orders;
+  bool dead = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!dead && std::chrono::steady_clock::now() < deadline) {
+    v1::HeartbeatResponse r1;
+    ASSERT_TRUE(Heartbeat(stub.get(), "n1", e1, &r1).ok());
+    spare_orders.Clear();
+    ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+    v1::GetClusterResponse cluster = Cluster(stub.get());
+    for (const auto& n : cluster.nodes())
+      if (n.node_id() == "n2" && n.health() == v1::DEAD) dead = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(dead) << "n2 never declared dead";
+  if (spare_orders.orders_size() == 0) ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+  ASSERT_EQ(spare_orders.orders_size(), 2);
+  EXPECT_EQ(spare_orders.orders(0).kind(), v1::PREFETCH);
+  EXPECT_EQ(spare_orders.orders(0).step(), 5u);
+  EXPECT_EQ(spare_orders.orders(0).shard_keys(0), "job/step-5/rank-1");
+  EXPECT_EQ(spare_orders.orders(1).kind(), v1::RESTART);
+  ASSERT_EQ(spare_orders.assignments_size(), 1);
+  EXPECT_EQ(spare_orders.assignments(0).ranks(0), 1u);
+
+  // The fenced node's late report is refused, naming its epoch.
+  grpc::Status late = Report(stub.get(), "n2", e2, 1, v1::STAGED);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(late.error_message().find("epoch: " + std::to_string(e2)), std::string::npos) << late.error_message();
+  v1::EventsResponse events;
+  {
+    grpc::ClientContext ctx;
+    v1::EventsRequest req;
+    req.set_job("job");
+    ASSERT_TRUE(stub->Events(&ctx, req, &events).ok());
+  }
+  std::vector<v1::EventKind> kinds;
+  for (const auto& e : events.events()) kinds.push_back(e.kind());
+  auto at = [&](v1::EventKind k) { return std::find(kinds.begin(), kinds.end(), k) - kinds.begin(); };
+  EXPECT_LT(at(v1::STEP_DURABLE), at(v1::FAILURE_DETECTED));
+  EXPECT_LT(at(v1::FAILURE_DETECTED), at(v1::PLAN_MADE));
+  EXPECT_LT(at(v1::PLAN_MADE), at(v1::ORDER_SENT));
+  EXPECT_LT(at(v1::ORDER_SENT), static_cast<long>(kinds.size()));
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,25 @@
+// ckpt-coordinator's settings: one struct, filled in one place from the
+// command line and an optional TOML config file (flags win over the file).
+#ifndef CKPT_DAEMON_COORDINATOR_OPTIONS_H_
+#define CKPT_DAEMON_COORDINATOR_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/coordinator/coordinator.h"
+
+namespace ckpt::coordinator {
+
+struct CoordinatorServerOptions {
+  std::string listen;  // HOST:PORT
+  CoordinatorOptions coordinator;
+};
+
+// InvalidArgument naming the flag or config key on a bad value; `--help`
+// output goes to *help with code Cancelled.
+absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char** argv,
+                                                                 std::string* help);
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_DAEMON_COORDINATOR_OPTIONS_H_

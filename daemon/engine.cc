@@ -2,10 +2,12 @@
 #include "daemon/engine.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
@@ -200,8 +202,14 @@ int Engine::PickSlotLocked(const Rank& rank, uint64_t image_bytes) const {
   return best;
 }
 
-uint64_t Engine::AddLeaseLocked(Lease lease) {
-  lease.pidfd = lease.pid > 0 ? static_cast<int>(syscall(SYS_pidfd_open, lease.pid, 0)) : -1;
+absl::StatusOr<uint64_t> Engine::AddLeaseLocked(Lease lease) {
+  if (lease.pid > 0) {
+    lease.pidfd = static_cast<int>(syscall(SYS_pidfd_open, lease.pid, 0));
+    // A request can arrive after its caller died and was reaped: a lease it
+    // could never release must not be handed out.
+    if (lease.pidfd < 0 && errno == ESRCH)
+      return absl::AbortedError(absl::StrCat("the calling process ", lease.pid, " has exited"));
+  }
   uint64_t id = next_lease_++;
   leases_.emplace(id, std::move(lease));
   return id;
@@ -276,7 +284,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
-  uint64_t id = AddLeaseLocked(std::move(lease));
+  CKPT_ASSIGN_OR_RETURN(uint64_t id, AddLeaseLocked(std::move(lease)));
   s = Slot{shm::SlotState::kWriting, req.step(), 0, req.image_bytes(), 0, id};
   MirrorSlotLocked(*rank, slot);
   v1::BeginSaveResponse resp;
@@ -306,9 +314,12 @@ void Engine::ReapLoop() {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     std::vector<uint64_t> dead;
     for (const auto& [id, lease] : leases_) {
-      if (lease.pidfd < 0) continue;
-      pollfd p{lease.pidfd, POLLIN, 0};
-      if (poll(&p, 1, 0) > 0) dead.push_back(id);
+      if (lease.pidfd >= 0) {
+        pollfd p{lease.pidfd, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) dead.push_back(id);
+      } else if (lease.pid > 0 && kill(lease.pid, 0) != 0 && errno == ESRCH) {
+        dead.push_back(id);  // no pidfd (out of descriptors, old kernel)
+      }
     }
     for (uint64_t id : dead) ReleaseLeaseLocked(id);
   }

@@ -151,7 +151,8 @@ class Engine {
   std::string ArenaName(const std::string& job, uint32_t rank) const;
   int PickSlotLocked(const Rank& rank, uint64_t image_bytes) const;
   void MirrorSlotLocked(Rank& rank, uint32_t slot);
-  uint64_t AddLeaseLocked(Lease lease);
+  // Fails (Aborted) when the caller has already exited.
+  absl::StatusOr<uint64_t> AddLeaseLocked(Lease lease);
   void ReleaseLeaseLocked(uint64_t id);
   void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);

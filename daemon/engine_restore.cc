@@ -121,9 +121,10 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   }
   Rank& rank = job->ranks[req.rank()];
   Slot& slot = rank.slots[shard->slot];
-  ++slot.readers;
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
-  resp.set_lease(AddLeaseLocked(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, AddLeaseLocked(std::move(lease)));
+  ++slot.readers;
+  resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
   resp.set_arena_bytes(rank.arena->size());
   resp.set_slot_offset(rank.arena->slot_offset(shard->slot));

@@ -1,4 +1,6 @@
-// ckptctl: lists, inspects, verifies, restores and deletes checkpoints.
+// ckptctl: lists, inspects, verifies, restores and deletes checkpoints;
+// shows and steers multi-node jobs through the coordinator (cluster,
+// rollback, events with --coordinator HOST:PORT).
 //
 // Exit status: 0 on success; 1 when the operation failed or found damage
 // (the reason on stderr); 2 on a usage error.
@@ -10,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/ctl_commands.h"
+#include "tools/ctl_coord_channel.h"
 
 namespace {
 
@@ -40,6 +43,8 @@ int main(int argc, char** argv) {
   std::string socket;
   if (const char* env = std::getenv("CKPT_SOCKET")) socket = env;
   app.add_option("--socket", socket, "ckptd's Unix socket (default: $CKPT_SOCKET)");
+  std::string coordinator;
+  app.add_option("--coordinator", coordinator, "ckpt-coordinator's HOST:PORT (cluster, rollback, events)");
   bool json = false;
   app.add_flag("--json", json, "print one JSON object instead of tables");
 
@@ -79,7 +84,18 @@ int main(int argc, char** argv) {
   restore->add_option("--out", out, "file (verified shard copy) or directory/ (one file per tensor)")
       ->required();
 
-  for (CLI::App* cmd : {list, status, del, inspect, verify, restore})
+  CLI::App* cluster = app.add_subcommand("cluster", "the coordinator's nodes, jobs and recent events");
+
+  CLI::App* rollback = app.add_subcommand("rollback", "restart a job at an older durable step");
+  rollback->add_option("--job", job, "job name")->required();
+  rollback->add_option("--step", step, "durable step to go back to")->required();
+
+  uint64_t after_seq = 0;
+  CLI::App* events = app.add_subcommand("events", "the coordinator's event log");
+  events->add_option("--job", job, "only this job");
+  events->add_option("--after", after_seq, "only events with a sequence number above this");
+
+  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, cluster, rollback, events})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
 
   try {
@@ -91,6 +107,19 @@ int main(int argc, char** argv) {
   sel.step = sel_step;
   sel.rank = sel_rank;
 
+  for (CLI::App* cmd : {cluster, rollback, events}) {
+    if (!cmd->parsed()) continue;
+    absl::Status s = coordinator.empty()
+                         ? absl::InvalidArgumentError("--coordinator HOST:PORT is required")
+                         : ckpt::tools::ValidateHostPort(coordinator, "--coordinator");
+    if (!s.ok()) {
+      std::fprintf(stderr, "ckptctl %s: %s\n", cmd->get_name().c_str(), std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  if (cluster->parsed()) return Finish("cluster", ckpt::tools::RunCluster(coordinator, json));
+  if (rollback->parsed()) return Finish("rollback", ckpt::tools::RunRollback(coordinator, job, step, json));
+  if (events->parsed()) return Finish("events", ckpt::tools::RunEvents(coordinator, job, after_seq, json));
   if (list->parsed()) return Finish("list", ckpt::tools::RunList(socket, job, json));
   if (status->parsed()) return Finish("status", ckpt::tools::RunStatus(socket, json));
   if (del->parsed()) {

@@ -5,8 +5,10 @@
 // result; the returned Status is what decides the exit code, and its
 // message names the path, key, tensor or flag concerned.
 //
-// Online commands talk to a running ckptd over its Unix socket; offline
-// ones read shard files under a root directory through storage::Backend.
+// Online commands talk to a running ckptd over its Unix socket; coordinator
+// commands to ckpt-coordinator at HOST:PORT (every RPC with a 5 s deadline);
+// offline ones read shard files under a root directory through
+// storage::Backend.
 // Not thread-safe (they own stdout while they run).
 #ifndef CKPT_TOOLS_CTL_COMMANDS_H_
 #define CKPT_TOOLS_CTL_COMMANDS_H_
@@ -26,6 +28,19 @@ absl::Status RunStatus(const std::string& socket, bool json);
 // all_steps deletes every step of the job; otherwise `step` must be set.
 absl::Status RunDelete(const std::string& socket, const std::string& job,
                        std::optional<uint64_t> step, bool all_steps, bool json);
+
+// ---- coordinator (multi-node jobs) ----
+
+// Nodes, jobs (placement, last good step, plan) and recent events.
+absl::Status RunCluster(const std::string& coordinator, bool json);
+// Restarts the whole job at `step` (required; must be durable on every
+// rank) and prints the new generation.
+absl::Status RunRollback(const std::string& coordinator, const std::string& job,
+                         std::optional<uint64_t> step, bool json);
+// Events with seq > after_seq: of one job and the cluster-wide ones (node
+// registered, node dead), or (job empty) every event.
+absl::Status RunEvents(const std::string& coordinator, const std::string& job, uint64_t after_seq,
+                       bool json);
 
 // ---- offline (shard files) ----
 

@@ -1,0 +1,275 @@
+// Launcher: the reconcile loop of ckptrun (see ckptrun.h).
+#include "tools/ckptrun.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/ctl_coord_channel.h"
+
+extern char** environ;
+
+namespace ckpt::tools {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+
+constexpr std::chrono::seconds kRpcTimeout{5};
+
+// Host part of a node's address, for MASTER_ADDR: "h:p" -> "h",
+// "[v6]:p" -> "v6"; a Unix socket or nothing -> empty.
+std::string HostOf(const std::string& address) {
+  if (address.empty() || address.front() == '/' || address.rfind("unix:", 0) == 0) return "";
+  if (address.front() == '[') {
+    size_t close = address.find(']');
+    return close == std::string::npos ? "" : address.substr(1, close - 1);
+  }
+  size_t colon = address.find(':');
+  if (colon == std::string::npos) return address;
+  if (address.find(':', colon + 1) != std::string::npos) return address;  // bare IPv6
+  return address.substr(0, colon);
+}
+
+// The environment of ckptrun without the variables it sets for trainers.
+std::vector<std::string> InheritedEnv() {
+  static const char* const kOwn[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                                     "MASTER_ADDR=", "MASTER_PORT=", "CKPT_SOCKET=", "CKPT_JOB=",
+                                     "CKPT_GENERATION=", "CKPT_RESTORE_STEP="};
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    bool own = false;
+    for (const char* prefix : kOwn) own = own || kv.rfind(prefix, 0) == 0;
+    if (!own) env.push_back(std::move(kv));
+  }
+  return env;
+}
+
+}  // namespace
+
+Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
+    : opts_(std::move(options)), signals_(stop_signals), stub_(NewCoordinatorStub(opts_.coordinator)) {}
+
+void Launcher::Log(const std::string& line) const {
+  std::fprintf(stderr, "ckptrun[%s]: %s\n", opts_.node_id.c_str(), line.c_str());
+  std::fflush(stderr);
+}
+
+std::string Launcher::GenerationPrefix() const {
+  return generation_ ? absl::StrCat("generation ", *generation_, ": ") : "";
+}
+
+bool Launcher::Wait(std::chrono::milliseconds d) {
+  auto deadline = std::chrono::steady_clock::now() + d;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return true;
+    struct timespec ts = {static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
+    int sig = sigtimedwait(&signals_, nullptr, &ts);
+    if (sig == SIGCHLD) return true;  // a trainer exited: reap it now
+    if (sig > 0) {
+      stop_signal_ = sig;
+      return false;
+    }
+    if (errno == EAGAIN) return true;
+  }
+}
+
+std::optional<int> Launcher::RegisterJob() {
+  std::string last_error;
+  for (;;) {
+    cv1::RegisterJobRequest req;
+    req.set_job(opts_.job);
+    req.set_world_size(opts_.world_size);
+    cv1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, kRpcTimeout);
+    absl::Status s = CoordStatus(stub_->RegisterJob(&ctx, req, &resp), "RegisterJob", opts_.coordinator);
+    if (s.ok()) {
+      Log(absl::StrCat("job ", opts_.job, " registered, world size ", resp.job().world_size(), ", generation ",
+                       resp.job().generation()));
+      return std::nullopt;
+    }
+    if (!IsUnreachable(s) && s.code() != absl::StatusCode::kFailedPrecondition) {
+      Log(std::string(s.message()));
+      return 2;
+    }
+    if (std::string(s.message()) != last_error) {
+      last_error = std::string(s.message());
+      Log(absl::StrCat("waiting: ", last_error));
+    }
+    if (!Wait(opts_.poll)) return 128 + stop_signal_;
+  }
+}
+
+int Launcher::Run() {
+  if (std::optional<int> rc = RegisterJob()) return *rc;
+  for (;;) {
+    Poll();
+    if (generation_ && !started_.empty() && finished_ == started_) break;
+    if (!Wait(opts_.poll)) {
+      Log(absl::StrCat("signal ", stop_signal_, ": stopping ranks ", absl::StrJoin(trainers_.RunningRanks(), ",")));
+      trainers_.StopAll(opts_.grace);
+      return 128 + stop_signal_;
+    }
+  }
+  Log(absl::StrCat(GenerationPrefix(), "every rank on this node finished"));
+  // The finish reports are worth a short wait, not a hang.
+  auto deadline = std::chrono::steady_clock::now() + std::max(opts_.grace, std::chrono::milliseconds(5000));
+  while (!reports_.empty() && std::chrono::steady_clock::now() < deadline) {
+    FlushReports();
+    if (!reports_.empty() && !Wait(opts_.poll)) return 128 + stop_signal_;
+  }
+  if (!reports_.empty()) Log(absl::StrCat(reports_.size(), " exit report(s) not delivered"));
+  return 0;
+}
+
+void Launcher::SetReachable(bool reachable, const absl::Status& why) {
+  if (reachable == reachable_) return;
+  reachable_ = reachable;
+  Log(reachable ? "coordinator reachable again"
+                : absl::StrCat("coordinator unreachable, trainers keep running: ", why.message()));
+}
+
+void Launcher::Poll() {
+  cv1::GetClusterResponse cluster;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kRpcTimeout);
+  absl::Status s = CoordStatus(stub_->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster), "GetCluster",
+                               opts_.coordinator);
+  const cv1::JobRecord* job = nullptr;
+  const cv1::NodeRecord* node = nullptr;
+  if (s.ok()) {
+    SetReachable(true, s);
+    for (const auto& j : cluster.jobs())
+      if (j.job() == opts_.job) job = &j;
+    for (const auto& n : cluster.nodes())
+      if (n.node_id() == opts_.node_id) node = &n;
+    if (job) known_generation_ = std::max(known_generation_, job->generation());
+    if (node) epoch_ = node->epoch();
+  } else if (IsUnreachable(s)) {
+    SetReachable(false, s);
+  } else {
+    Log(std::string(s.message()));
+  }
+  for (const TrainerExit& e : trainers_.Reap()) {
+    if (e.clean()) finished_.insert(e.rank);
+    reports_.push_back({e, generation_.value_or(0), epoch_, false});
+  }
+  FlushReports();
+  if (job) Reconcile(cluster, *job, node);
+}
+
+void Launcher::FlushReports() {
+  while (!reports_.empty()) {
+    PendingReport& r = reports_.front();
+    std::string what = absl::StrCat("generation ", r.generation, ": rank ", r.exit.rank, " ", DescribeExit(r.exit));
+    if (r.generation < known_generation_) {
+      // Its generation is already replaced; reporting it would only plan again.
+      Log(absl::StrCat(what, "; not reported (generation ", known_generation_, " is current)"));
+      reports_.pop_front();
+      continue;
+    }
+    cv1::ReportTrainerExitRequest req;
+    req.set_node_id(opts_.node_id);
+    req.set_epoch(r.epoch);
+    req.set_job(opts_.job);
+    req.set_rank(r.exit.rank);
+    req.set_exit_code(r.exit.exit_code);
+    req.set_term_signal(r.exit.term_signal);
+    cv1::ReportTrainerExitResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, kRpcTimeout);
+    absl::Status s =
+        CoordStatus(stub_->ReportTrainerExit(&ctx, req, &resp), "ReportTrainerExit", opts_.coordinator);
+    if (IsUnreachable(s)) {
+      SetReachable(false, s);
+      if (!r.logged_queued) Log(absl::StrCat(what, "; report queued until the coordinator is back"));
+      r.logged_queued = true;
+      return;
+    }
+    if (s.ok()) {
+      SetReachable(true, s);
+      known_generation_ = std::max(known_generation_, resp.generation());
+      Log(absl::StrCat(what, "; reported"));
+    } else {
+      Log(absl::StrCat(what, "; report refused: ", s.message()));
+    }
+    reports_.pop_front();
+  }
+}
+
+void Launcher::StopTrainers(const std::string& why) {
+  std::vector<uint32_t> running = trainers_.RunningRanks();
+  if (!running.empty()) Log(absl::StrCat(GenerationPrefix(), "stopping ranks ", absl::StrJoin(running, ","), " (", why, ")"));
+  trainers_.StopAll(opts_.grace);
+  generation_.reset();
+  started_.clear();
+  finished_.clear();
+}
+
+void Launcher::Reconcile(const cv1::GetClusterResponse& cluster, const cv1::JobRecord& job,
+                         const cv1::NodeRecord* node) {
+  std::set<uint32_t> desired;
+  if (node && node->health() == cv1::ALIVE)
+    for (int r = 0; r < job.rank_node_size(); ++r)
+      if (job.rank_node(r) == opts_.node_id) desired.insert(static_cast<uint32_t>(r));
+  if (generation_ && *generation_ != job.generation())
+    StopTrainers(absl::StrCat("generation ", *generation_, " -> ", job.generation()));
+  else if (generation_ && desired != started_)
+    StopTrainers(desired.empty() ? "this node is not alive or hosts no ranks" : "the ranks of this node changed");
+  if (generation_ || desired.empty()) return;
+  if (job.plan_state() != cv1::PLAN_NONE && job.plan_state() != cv1::PLAN_ACKNOWLEDGED) {
+    std::string waiting = absl::StrCat("generation ", job.generation(), ": waiting for the plan (",
+                                       cv1::PlanState_Name(job.plan_state()), ")");
+    if (waiting != waiting_for_) Log(waiting);
+    waiting_for_ = waiting;
+    return;
+  }
+  waiting_for_.clear();
+  StartTrainers(cluster, job, std::vector<uint32_t>(desired.begin(), desired.end()));
+}
+
+void Launcher::StartTrainers(const cv1::GetClusterResponse& cluster, const cv1::JobRecord& job,
+                             const std::vector<uint32_t>& ranks) {
+  std::optional<uint64_t> step;
+  if (job.plan_state() == cv1::PLAN_NONE) {
+    if (job.has_last_good()) step = job.last_good_step();  // a fresh start of the job
+  } else if (job.has_restore_step()) {
+    step = job.restore_step();
+  }
+  std::string master = opts_.master_addr;
+  if (master.empty() && job.rank_node_size() > 0)
+    for (const auto& n : cluster.nodes())
+      if (n.node_id() == job.rank_node(0)) master = HostOf(n.address());
+  if (master.empty()) master = "127.0.0.1";
+  generation_ = job.generation();
+  started_ = std::set<uint32_t>(ranks.begin(), ranks.end());
+  finished_.clear();
+  Log(absl::StrCat(GenerationPrefix(), "start ranks ", absl::StrJoin(ranks, ","),
+                   step ? absl::StrCat(" at step ", *step, " (restore)") : std::string(" (fresh)")));
+  const std::vector<std::string> inherited = InheritedEnv();
+  for (size_t local = 0; local < ranks.size(); ++local) {
+    std::vector<std::string> env = inherited;
+    env.push_back(absl::StrCat("RANK=", ranks[local]));
+    env.push_back(absl::StrCat("WORLD_SIZE=", job.world_size()));
+    env.push_back(absl::StrCat("LOCAL_RANK=", local));
+    env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", ranks.size()));
+    env.push_back(absl::StrCat("MASTER_ADDR=", master));
+    env.push_back(absl::StrCat("MASTER_PORT=", opts_.master_port + job.generation() % 1000));
+    env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));
+    env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
+    env.push_back(absl::StrCat("CKPT_GENERATION=", job.generation()));
+    if (step) env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *step));
+    absl::Status s = trainers_.Start(ranks[local], opts_.program, opts_.command, env);
+    // A rank that cannot even be forked counts as a failed trainer.
+    if (!s.ok()) {
+      Log(absl::StrCat(GenerationPrefix(), "rank ", ranks[local], ": ", s.message()));
+      reports_.push_back({TrainerExit{ranks[local], 127, 0}, *generation_, epoch_, false});
+    }
+  }
+}
+
+}  // namespace ckpt::tools

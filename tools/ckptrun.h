@@ -1,0 +1,103 @@
+// ckptrun: the per-node launcher of a coordinated job (in the spirit of
+// torchrun). It registers the job with the coordinator, then every poll
+// interval reads the cluster and makes this node's trainers match it:
+// the ranks the coordinator placed here (none while the node is not alive),
+// in the job's current generation, started only once the generation's plan
+// is acknowledged by every node (prefetches done). A trainer that exits on
+// its own is reported to the coordinator (queued while it is unreachable;
+// the trainers keep running). Trainers it stops itself are not reported.
+//
+// Exit status: 0 once every rank of the current generation on this node
+// exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
+// signal N (SIGTERM/SIGINT), with every trainer stopped.
+// Not thread-safe: one Launcher per process, run from the main thread.
+#ifndef CKPT_TOOLS_CKPTRUN_H_
+#define CKPT_TOOLS_CKPTRUN_H_
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator.grpc.pb.h"
+#include "tools/ckptrun_trainers.h"
+
+namespace ckpt::tools {
+
+struct RunOptions {
+  std::string coordinator;  // HOST:PORT
+  std::string node_id;
+  uint32_t nproc_per_node = 0;
+  uint32_t nnodes = 1;
+  uint32_t world_size = 0;  // 0: nproc_per_node * nnodes
+  std::string job;          // default $CKPT_JOB
+  std::string socket;       // default $CKPT_SOCKET
+  std::string master_addr;  // empty: the host of rank 0's node
+  uint32_t master_port = 29500;
+  std::chrono::milliseconds poll{100};
+  std::chrono::milliseconds grace{3000};
+  std::vector<std::string> command;  // CMD ARGS...
+  std::string program;               // command[0] resolved through $PATH
+};
+
+// Parses and validates argv ("ckptrun [flags] -- CMD ARGS..."). Errors name
+// the flag. kCancelled with the usage text in *help for --help.
+absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* help);
+
+class Launcher {
+ public:
+  // `stop_signals` are blocked in every thread of the process (SIGCHLD with
+  // them, to wake the loop when a trainer exits); Run() takes them with
+  // sigtimedwait.
+  Launcher(RunOptions options, const sigset_t& stop_signals);
+  int Run();
+
+ private:
+  struct PendingReport {
+    TrainerExit exit;
+    uint64_t generation = 0;  // of the trainer
+    uint64_t epoch = 0;       // of this node when the trainer exited
+    bool logged_queued = false;
+  };
+
+  // Waits up to `d` for a signal; false when a stop signal arrived.
+  bool Wait(std::chrono::milliseconds d);
+  // Retries while the coordinator is unreachable or short of nodes.
+  std::optional<int> RegisterJob();
+  // One round: read the cluster, reap, report, make trainers match.
+  void Poll();
+  void Reconcile(const coord::v1::GetClusterResponse& cluster, const coord::v1::JobRecord& job,
+                 const coord::v1::NodeRecord* node);
+  void StartTrainers(const coord::v1::GetClusterResponse& cluster, const coord::v1::JobRecord& job,
+                     const std::vector<uint32_t>& ranks);
+  void StopTrainers(const std::string& why);
+  void FlushReports();
+  void SetReachable(bool reachable, const absl::Status& why);
+  void Log(const std::string& line) const;
+  std::string GenerationPrefix() const;
+
+  RunOptions opts_;
+  sigset_t signals_;
+  int stop_signal_ = 0;
+  std::unique_ptr<coord::v1::Coordinator::Stub> stub_;
+  TrainerSet trainers_;
+  std::optional<uint64_t> generation_;  // of the trainers started, if any
+  std::set<uint32_t> started_;          // ranks started in generation_
+  std::set<uint32_t> finished_;         // of those, exited 0
+  std::deque<PendingReport> reports_;
+  uint64_t known_generation_ = 0;  // newest generation the coordinator told us
+  uint64_t epoch_ = 0;             // this node's epoch, last seen
+  bool reachable_ = true;
+  std::string waiting_for_;  // last "waiting" line logged, to log it once
+};
+
+}  // namespace ckpt::tools
+
+#endif  // CKPT_TOOLS_CKPTRUN_H_

@@ -1,0 +1,112 @@
+// ckptrun --coordinator HOST:PORT --node-id ID --nproc-per-node N
+//         [--nnodes M] [--world-size W] [--job NAME] [--socket PATH]
+//         [--master-addr ADDR] [--master-port BASE] [--poll-ms MS]
+//         [--grace-ms MS] -- CMD ARGS...
+// See ckptrun.h for what it does and its exit status.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "tools/ckptrun.h"
+#include "tools/ctl_coord_channel.h"
+#include "util/validate.h"
+
+namespace ckpt::tools {
+
+absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* help) {
+  RunOptions o;
+  int split = 1;
+  bool wants_help = false;
+  for (; split < argc && std::strcmp(argv[split], "--") != 0; ++split)
+    wants_help = wants_help || std::strcmp(argv[split], "--help") == 0 || std::strcmp(argv[split], "-h") == 0;
+  for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
+  // Before the flags: without "--", CMD would be taken for a stray argument.
+  if (split == argc && !wants_help)
+    return absl::InvalidArgumentError("--: missing before the trainer command (ckptrun [flags] -- CMD ARGS...)");
+
+  CLI::App app{"ckptrun: starts this node's trainers of a coordinated job and restarts them on new generations"};
+  std::optional<uint32_t> world_size;
+  int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
+  app.add_option("--coordinator", o.coordinator, "ckpt-coordinator's HOST:PORT")->required();
+  app.add_option("--node-id", o.node_id, "this node's id, as its ckptd registered it")->required();
+  app.add_option("--nproc-per-node", o.nproc_per_node, "trainers per node")->required();
+  app.add_option("--nnodes", o.nnodes, "nodes of the job (default 1)");
+  app.add_option("--world-size", world_size, "ranks of the job (default nproc-per-node * nnodes)");
+  app.add_option("--job", o.job, "job name (default $CKPT_JOB)");
+  app.add_option("--socket", o.socket, "this node's ckptd socket, passed to trainers (default $CKPT_SOCKET)");
+  app.add_option("--master-addr", o.master_addr, "MASTER_ADDR (default: the host of rank 0's node)");
+  app.add_option("--master-port", master_port, "MASTER_PORT base; generation G uses base + G % 1000");
+  app.add_option("--poll-ms", poll_ms, "how often to read the cluster (default 100)");
+  app.add_option("--grace-ms", grace_ms, "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *help = app.help();
+    return absl::CancelledError("help");
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+
+  auto bad = [](const std::string& flag, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
+  };
+  if (o.command.empty()) return bad("--", "no trainer command after it");
+  if (absl::Status s = ValidateHostPort(o.coordinator, "--coordinator"); !s.ok()) return s;
+  if (absl::Status s = ValidateJobName(o.node_id, "--node-id"); !s.ok()) return s;
+  if (o.nproc_per_node == 0) return bad("--nproc-per-node", "must be at least 1");
+  if (o.nnodes == 0) return bad("--nnodes", "must be at least 1");
+  uint64_t default_world = uint64_t{o.nproc_per_node} * o.nnodes;
+  if (!world_size && default_world > UINT32_MAX) return bad("--nproc-per-node", "times --nnodes is too large");
+  o.world_size = world_size.value_or(static_cast<uint32_t>(default_world));
+  if (o.world_size == 0) return bad("--world-size", "must be at least 1");
+  if (o.job.empty()) {
+    const char* env = std::getenv("CKPT_JOB");
+    if (!env || !*env) return bad("--job", "not given and $CKPT_JOB is not set");
+    o.job = env;
+  }
+  if (absl::Status s = ValidateJobName(o.job, "--job"); !s.ok()) return s;
+  if (o.socket.empty()) {
+    const char* env = std::getenv("CKPT_SOCKET");
+    if (!env || !*env) return bad("--socket", "not given and $CKPT_SOCKET is not set");
+    o.socket = env;
+  }
+  if (master_port < 1 || master_port + 999 > 65535) return bad("--master-port", "must be in [1, 64536]");
+  o.master_port = static_cast<uint32_t>(master_port);
+  if (poll_ms < 1 || poll_ms > 60000) return bad("--poll-ms", "must be in [1, 60000]");
+  o.poll = std::chrono::milliseconds(poll_ms);
+  if (grace_ms < 0 || grace_ms > 3600000) return bad("--grace-ms", "must be in [0, 3600000]");
+  o.grace = std::chrono::milliseconds(grace_ms);
+  absl::StatusOr<std::string> program = ResolveProgram(o.command[0]);
+  if (!program.ok()) return program.status();
+  o.program = *program;
+  return o;
+}
+
+}  // namespace ckpt::tools
+
+int main(int argc, char** argv) {
+  std::string help;
+  absl::StatusOr<ckpt::tools::RunOptions> opts = ckpt::tools::ParseRunOptions(argc, argv, &help);
+  if (!opts.ok()) {
+    if (opts.status().code() == absl::StatusCode::kCancelled) {
+      std::printf("%s", help.c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "ckptrun: %s\n", std::string(opts.status().message()).c_str());
+    return 2;
+  }
+  // Blocked before gRPC starts any thread, so only sigtimedwait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ckpt::tools::Launcher launcher(std::move(*opts), signals);
+  return launcher.Run();
+}

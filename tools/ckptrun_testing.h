@@ -1,0 +1,164 @@
+// Test helpers for the tools that talk to the coordinator (ckptrun_test,
+// ctl_coord_test): the real ckpt-coordinator binary on 127.0.0.1 with a port
+// it picks, a fake node daemon (registers, heartbeats, acknowledges every
+// order it receives, reports shards), and running a tool binary to
+// completion. Not thread-safe, except FakeNode's own heartbeat thread.
+#ifndef CKPT_TOOLS_CKPTRUN_TESTING_H_
+#define CKPT_TOOLS_CKPTRUN_TESTING_H_
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "coordinator.grpc.pb.h"
+
+namespace ckpt::tools::testing {
+
+namespace cv1 = ::ckpt::coord::v1;
+
+class CoordinatorProcess {
+ public:
+  // Forks before this test process creates any gRPC channel or thread.
+  CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    std::string timeout = std::to_string(heartbeat_timeout_ms);
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+      dup2(fds[1], 1);
+      close(fds[0]);
+      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state", state.c_str(),
+            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    FILE* out = fdopen(fds[0], "r");
+    char line[256] = {};
+    if (out && std::fgets(line, sizeof line, out)) {
+      const char* colon = std::strrchr(line, ':');
+      if (colon) port_ = std::atoi(colon + 1);
+    }
+    if (out) std::fclose(out);
+  }
+  ~CoordinatorProcess() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::unique_ptr<cv1::Coordinator::Stub> Stub() const {
+    return cv1::Coordinator::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// A node daemon stand-in: heartbeats every 50 ms from its own thread and
+// acknowledges every order in the next heartbeat, so plans reach
+// PLAN_ACKNOWLEDGED.
+class FakeNode {
+ public:
+  FakeNode(const std::string& coordinator, std::string id, std::string address, uint32_t capacity)
+      : stub_(cv1::Coordinator::NewStub(grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+        id_(std::move(id)) {
+    grpc::ClientContext ctx;
+    cv1::RegisterNodeRequest req;
+    req.set_node_id(id_);
+    req.set_address(address);
+    req.set_capacity(capacity);
+    cv1::RegisterNodeResponse resp;
+    status_ = stub_->RegisterNode(&ctx, req, &resp);
+    epoch_ = resp.epoch();
+    if (status_.ok()) thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeNode() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  const grpc::Status& status() const { return status_; }
+  uint64_t epoch() const { return epoch_; }
+
+  // STAGED then DURABLE for `rank` of `step`, under the key ckptd would use.
+  grpc::Status ReportShard(const std::string& job, uint64_t step, uint32_t rank, cv1::ShardState state,
+                           const std::string& key) {
+    grpc::ClientContext ctx;
+    cv1::ReportShardRequest req;
+    req.set_node_id(id_);
+    req.set_epoch(epoch_);
+    req.set_job(job);
+    req.set_step(step);
+    req.set_rank(rank);
+    req.set_state(state);
+    req.set_bytes(4096);
+    req.set_checksum_digest(1000 + rank);
+    if (state == cv1::DURABLE) req.set_key(key);
+    cv1::ReportShardResponse resp;
+    return stub_->ReportShard(&ctx, req, &resp);
+  }
+
+ private:
+  void Loop() {
+    std::vector<uint64_t> to_ack;
+    while (!stop_) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      cv1::HeartbeatRequest req;
+      req.set_node_id(id_);
+      req.set_epoch(epoch_);
+      for (uint64_t id : to_ack) req.add_acked_order_ids(id);
+      cv1::HeartbeatResponse resp;
+      if (stub_->Heartbeat(&ctx, req, &resp).ok()) {
+        to_ack.clear();
+        for (const auto& o : resp.orders()) to_ack.push_back(o.id());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  std::unique_ptr<cv1::Coordinator::Stub> stub_;
+  std::string id_;
+  uint64_t epoch_ = 0;
+  grpc::Status status_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout, or stdout and stderr together
+};
+
+// Runs `command` through /bin/sh; with_stderr folds stderr into out.
+inline CommandResult RunCommand(const std::string& command, bool with_stderr) {
+  CommandResult r;
+  std::string cmd = command + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace ckpt::tools::testing
+
+#endif  // CKPT_TOOLS_CKPTRUN_TESTING_H_

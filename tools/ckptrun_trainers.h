@@ -1,0 +1,64 @@
+// TrainerSet: the trainer processes ckptrun runs on this node, one per rank.
+// Each trainer is the leader of its own process group (so stopping it also
+// stops whatever it forked) and gets SIGKILL when ckptrun dies, even by
+// SIGKILL (PR_SET_PDEATHSIG, re-checked after it is set). The caller owns
+// every trainer's lifetime: Reap() hands back the trainers that exited on
+// their own; StopAll() ends the rest and hands back nothing.
+// Not thread-safe; fork only from the thread that lives as long as ckptrun
+// (PDEATHSIG fires when the forking thread exits).
+#ifndef CKPT_TOOLS_CKPTRUN_TRAINERS_H_
+#define CKPT_TOOLS_CKPTRUN_TRAINERS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ckpt::tools {
+
+struct TrainerExit {
+  uint32_t rank = 0;
+  int exit_code = 0;    // when term_signal == 0
+  int term_signal = 0;  // the signal that killed it, 0 if it exited
+  bool clean() const { return exit_code == 0 && term_signal == 0; }
+};
+
+// "exited with code 3" / "exited with signal 9".
+std::string DescribeExit(const TrainerExit& e);
+
+// `program` itself if it contains a '/', else the first executable file of
+// that name in $PATH; NotFound naming it otherwise.
+absl::StatusOr<std::string> ResolveProgram(const std::string& program);
+
+class TrainerSet {
+ public:
+  TrainerSet() = default;
+  TrainerSet(const TrainerSet&) = delete;
+  TrainerSet& operator=(const TrainerSet&) = delete;
+  ~TrainerSet() { StopAll(std::chrono::milliseconds(0)); }
+
+  // Starts `path` (resolved) with `argv` and exactly `env` ("K=V") for
+  // `rank`; stdout/stderr are inherited, the signal mask is cleared. A
+  // trainer whose exec fails exits with code 127.
+  absl::Status Start(uint32_t rank, const std::string& path, const std::vector<std::string>& argv,
+                     const std::vector<std::string>& env);
+  // Trainers that exited since the last call, without blocking. What they
+  // left behind in their process group is killed.
+  std::vector<TrainerExit> Reap();
+  // SIGTERM to every trainer's process group, SIGKILL to those still there
+  // after `grace`; returns once all are reaped.
+  void StopAll(std::chrono::milliseconds grace);
+  std::vector<uint32_t> RunningRanks() const;
+
+ private:
+  std::map<uint32_t, pid_t> running_;  // rank -> pid (= process group id)
+};
+
+}  // namespace ckpt::tools
+
+#endif  // CKPT_TOOLS_CKPTRUN_TRAINERS_H_

@@ -1,0 +1,188 @@
+// cluster, rollback and events: the subcommands that ask the coordinator.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/ctl_commands.h"
+#include "tools/ctl_coord_channel.h"
+#include "tools/json_writer.h"
+#include "tools/text_output.h"
+#include "util/validate.h"
+
+namespace ckpt::tools {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+
+constexpr std::chrono::seconds kRpcTimeout{5};
+
+absl::Status CheckCoordinator(const std::string& coordinator) {
+  if (coordinator.empty())
+    return absl::InvalidArgumentError("--coordinator: not given (HOST:PORT of ckpt-coordinator)");
+  return ValidateHostPort(coordinator, "--coordinator");
+}
+
+std::string HealthName(cv1::NodeHealth h) {
+  return h == cv1::ALIVE ? "ALIVE" : h == cv1::DEAD ? "DEAD" : "UNSPECIFIED";
+}
+
+void WriteEvents(JsonWriter& w, const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
+  w.BeginArray();
+  for (const auto& e : events) {
+    w.BeginObject().Field("seq", static_cast<uint64_t>(e.seq())).Field("time_ms", static_cast<int64_t>(e.time_ms()));
+    w.Field("job", e.job()).Field("node_id", e.node_id()).Field("kind", cv1::EventKind_Name(e.kind()));
+    w.Field("detail", e.detail()).EndObject();
+  }
+  w.EndArray();
+}
+
+void PrintEvents(const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
+  Table t({"SEQ", "TIME_MS", "JOB", "NODE", "KIND", "DETAIL"});
+  for (const auto& e : events)
+    t.AddRow({std::to_string(e.seq()), std::to_string(e.time_ms()), e.job().empty() ? "-" : e.job(),
+              e.node_id().empty() ? "-" : e.node_id(), cv1::EventKind_Name(e.kind()), e.detail()});
+  if (t.empty()) {
+    std::printf("no events\n");
+    return;
+  }
+  t.Print(stdout);
+}
+
+// "0-3:n1 4-7:n2": runs of consecutive ranks on one node.
+std::string Placement(const cv1::JobRecord& j) {
+  std::vector<std::string> runs;
+  for (int r = 0; r < j.rank_node_size();) {
+    int end = r;
+    while (end + 1 < j.rank_node_size() && j.rank_node(end + 1) == j.rank_node(r)) ++end;
+    runs.push_back(absl::StrCat(r, end > r ? absl::StrCat("-", end) : "", ":", j.rank_node(r)));
+    r = end + 1;
+  }
+  return runs.empty() ? "-" : absl::StrJoin(runs, " ");
+}
+
+void WriteCluster(const cv1::GetClusterResponse& c) {
+  JsonWriter w;
+  w.BeginObject().Key("nodes").BeginArray();
+  for (const auto& n : c.nodes()) {
+    w.BeginObject().Field("node_id", n.node_id()).Field("address", n.address());
+    w.Field("health", HealthName(n.health())).Field("epoch", static_cast<uint64_t>(n.epoch()));
+    w.Field("spare", n.spare()).Field("capacity", n.capacity());
+    w.Field("ms_since_heartbeat", static_cast<int64_t>(n.ms_since_heartbeat()));
+    w.Field("dead_reason", n.dead_reason()).EndObject();
+  }
+  w.EndArray().Key("jobs").BeginArray();
+  for (const auto& j : c.jobs()) {
+    w.BeginObject().Field("job", j.job()).Field("world_size", j.world_size());
+    w.Key("rank_node").BeginArray();
+    for (const auto& node : j.rank_node()) w.String(node);
+    w.EndArray().Key("last_good_step");
+    if (j.has_last_good()) w.Uint(j.last_good_step());
+    else w.Null();
+    w.Key("manifest_steps").BeginArray();
+    for (uint64_t st : j.manifest_steps()) w.Uint(st);
+    w.EndArray().Field("generation", static_cast<uint64_t>(j.generation()));
+    w.Field("plan_state", cv1::PlanState_Name(j.plan_state())).Key("restore_step");
+    if (j.has_restore_step()) w.Uint(j.restore_step());
+    else w.Null();
+    w.Key("lost_ranks").BeginArray();
+    for (uint32_t r : j.lost_ranks()) w.Uint(r);
+    w.EndArray().EndObject();
+  }
+  w.EndArray().Key("events");
+  WriteEvents(w, c.recent_events());
+  w.EndObject();
+  std::printf("%s\n", w.str().c_str());
+}
+
+void PrintCluster(const cv1::GetClusterResponse& c) {
+  Table nodes({"NODE", "ADDRESS", "HEALTH", "EPOCH", "SPARE", "CAPACITY", "HEARTBEAT", "DEAD_REASON"});
+  for (const auto& n : c.nodes())
+    nodes.AddRow({n.node_id(), n.address().empty() ? "-" : n.address(), HealthName(n.health()),
+                  std::to_string(n.epoch()), n.spare() ? "yes" : "no", std::to_string(n.capacity()),
+                  absl::StrCat(n.ms_since_heartbeat(), " ms ago"), n.dead_reason().empty() ? "-" : n.dead_reason()});
+  if (nodes.empty()) std::printf("no nodes\n");
+  else nodes.Print(stdout);
+  std::printf("\n");
+  Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "RESTORE", "LOST", "MANIFESTS", "PLACEMENT"});
+  for (const auto& j : c.jobs())
+    jobs.AddRow({j.job(), std::to_string(j.world_size()), std::to_string(j.generation()),
+                 cv1::PlanState_Name(j.plan_state()), j.has_last_good() ? std::to_string(j.last_good_step()) : "-",
+                 j.has_restore_step() ? std::to_string(j.restore_step()) : "-",
+                 j.lost_ranks().empty() ? "-" : absl::StrJoin(j.lost_ranks(), ","),
+                 j.manifest_steps().empty() ? "-" : absl::StrJoin(j.manifest_steps(), ","), Placement(j)});
+  if (jobs.empty()) std::printf("no jobs\n");
+  else jobs.Print(stdout);
+  std::printf("\n");
+  PrintEvents(c.recent_events());
+}
+
+}  // namespace
+
+absl::Status RunCluster(const std::string& coordinator, bool json) {
+  absl::Status s = CheckCoordinator(coordinator);
+  if (!s.ok()) return s;
+  auto stub = NewCoordinatorStub(coordinator);
+  cv1::GetClusterResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kRpcTimeout);
+  s = CoordStatus(stub->GetCluster(&ctx, cv1::GetClusterRequest(), &resp), "GetCluster", coordinator);
+  if (!s.ok()) return s;
+  if (json) WriteCluster(resp);
+  else PrintCluster(resp);
+  return absl::OkStatus();
+}
+
+absl::Status RunRollback(const std::string& coordinator, const std::string& job,
+                         std::optional<uint64_t> step, bool json) {
+  absl::Status s = CheckCoordinator(coordinator);
+  if (s.ok()) s = ValidateJobName(job, "--job");
+  if (s.ok() && !step) s = absl::InvalidArgumentError("--step: not given");
+  if (!s.ok()) return s;
+  auto stub = NewCoordinatorStub(coordinator);
+  cv1::RollbackRequest req;
+  req.set_job(job);
+  req.set_step(*step);
+  cv1::RollbackResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kRpcTimeout);
+  s = CoordStatus(stub->Rollback(&ctx, req, &resp), "Rollback", coordinator);
+  if (!s.ok()) return s;
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Field("job", job).Field("step", *step);
+    w.Field("generation", static_cast<uint64_t>(resp.generation())).EndObject();
+    std::printf("%s\n", w.str().c_str());
+  } else {
+    std::printf("job %s rolls back to step %llu in generation %llu\n", job.c_str(),
+                static_cast<unsigned long long>(*step), static_cast<unsigned long long>(resp.generation()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunEvents(const std::string& coordinator, const std::string& job, uint64_t after_seq,
+                       bool json) {
+  absl::Status s = CheckCoordinator(coordinator);
+  if (s.ok() && !job.empty()) s = ValidateJobName(job, "--job");
+  if (!s.ok()) return s;
+  auto stub = NewCoordinatorStub(coordinator);
+  cv1::EventsRequest req;
+  req.set_job(job);
+  req.set_after_seq(after_seq);
+  cv1::EventsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kRpcTimeout);
+  s = CoordStatus(stub->Events(&ctx, req, &resp), "Events", coordinator);
+  if (!s.ok()) return s;
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("events");
+    WriteEvents(w, resp.events());
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+  } else {
+    PrintEvents(resp.events());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::tools

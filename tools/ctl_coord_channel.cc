@@ -1,0 +1,54 @@
+#include "tools/ctl_coord_channel.h"
+
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::tools {
+
+absl::Status ValidateHostPort(const std::string& addr, std::string_view flag) {
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(flag), " \"", addr, "\": ", std::string(why), " (expected HOST:PORT)"));
+  };
+  size_t colon = addr.rfind(':');
+  if (colon == std::string::npos) return bad("no port");
+  std::string host = addr.substr(0, colon);
+  std::string port = addr.substr(colon + 1);
+  if (host.empty() || host == "[]") return bad("empty host");
+  if (host.front() == '[' ? host.back() != ']' : host.find(':') != std::string::npos)
+    return bad("an IPv6 host must be in brackets");
+  for (char c : host)
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '/') return bad("bad character in host");
+  if (port.empty() || port.size() > 5) return bad("port not in [1, 65535]");
+  for (char c : port)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return bad("port is not a number");
+  int value = std::stoi(port);
+  if (value < 1 || value > 65535) return bad("port not in [1, 65535]");
+  return absl::OkStatus();
+}
+
+std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(const std::string& addr) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return coord::v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+}
+
+void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+absl::Status CoordStatus(const grpc::Status& s, std::string_view rpc, const std::string& addr) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(std::string(rpc), " to coordinator ", addr, ": ", s.error_message()));
+}
+
+bool IsUnreachable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace ckpt::tools

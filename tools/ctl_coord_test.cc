@@ -1,0 +1,112 @@
+// Runs the real ckptctl binary against the real ckpt-coordinator binary:
+// cluster, rollback and events, and the errors a script relies on.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "storage/test_tempdir.h"
+#include "tools/ckptrun_testing.h"
+
+namespace ckpt::tools {
+namespace {
+
+using testing::CommandResult;
+using testing::RunCommand;
+
+class CtlCoordTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state", dir_.path() + "/shared", 5000);
+    ASSERT_GT(coord_->port(), 0);
+  }
+  CommandResult Ctl(const std::string& args, bool with_stderr = false) {
+    return RunCommand(std::string(CKPTCTL_PATH) + " " + args, with_stderr);
+  }
+  std::string Flag() const { return "--coordinator " + coord_->address(); }
+
+  storage::TestTempDir dir_;
+  std::unique_ptr<testing::CoordinatorProcess> coord_;
+};
+
+TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
+  testing::FakeNode node(coord_->address(), "n1", "10.0.0.7:50051", 2);
+  ASSERT_TRUE(node.status().ok()) << node.status().error_message();
+  {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::RegisterJobRequest req;
+    req.set_job("train");
+    req.set_world_size(2);
+    testing::cv1::RegisterJobResponse resp;
+    grpc::Status s = stub->RegisterJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  CommandResult r = Ctl(Flag() + " cluster --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("node_id":"n1","address":"10.0.0.7:50051","health":"ALIVE")"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("job":"train","world_size":2,"rank_node":["n1","n1"],"last_good_step":null)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("plan_state":"PLAN_NONE")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos) << r.out;
+
+  r = Ctl(Flag() + " cluster");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("0-1:n1"), std::string::npos) << r.out;
+
+  // Event 1 is n1's registration, event 2 the job's.
+  r = Ctl(Flag() + " events --job train --after 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("seq":2,)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("NODE_REGISTERED"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
+  testing::FakeNode node(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(node.status().ok());
+  {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::RegisterJobRequest req;
+    req.set_job("train");
+    req.set_world_size(1);
+    testing::cv1::RegisterJobResponse resp;
+    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  CommandResult r = Ctl(Flag() + " rollback --job train --step 9", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("ckptctl rollback: Rollback to coordinator"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step: 9 of job train is not durable"), std::string::npos) << r.out;
+
+  r = Ctl(Flag() + " rollback --job nosuchjob --step 1", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not registered"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlCoordTest, UnreachableCoordinatorFailsCleanly) {
+  // Port 1 on loopback: nothing listens there, the connection is refused.
+  CommandResult r = Ctl("--coordinator 127.0.0.1:1 cluster", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("GetCluster to coordinator 127.0.0.1:1"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlCoordTest, MissingOrMalformedCoordinatorFlagIsAUsageError) {
+  for (const char* args : {"cluster", "events --json", "rollback --job j --step 1"}) {
+    CommandResult r = Ctl(args, true);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("--coordinator"), std::string::npos) << args << ": " << r.out;
+  }
+  for (const char* addr : {"localhost", "host:0", "host:99999", ":5000", "host:abc", "::1:5000"}) {
+    CommandResult r = Ctl(std::string("--coordinator ") + addr + " cluster", true);
+    EXPECT_EQ(r.exit_code, 2) << addr << ": " << r.out;
+    EXPECT_NE(r.out.find("--coordinator"), std::string::npos) << addr << ": " << r.out;
+  }
+  CommandResult r = Ctl(Flag() + " rollback --job 'bad/name' --step 1", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--job"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ckpt::tools

@@ -21,7 +21,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,6 +39,18 @@
 
 namespace ckpt::daemon {
 
+// A shard's progress as the coordinator hears of it (cluster mode): staged
+// when committed to shared memory, durable once its file is in storage.
+struct ShardReport {
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  bool durable = false;
+  uint64_t bytes = 0;
+  uint64_t digest = 0;  // ShardDigest() of the tensors' checksums
+  std::string key;      // storage key, when durable
+};
+
 struct EngineOptions {
   // Local root of the storage backend: lets clients read shard files
   // themselves; empty when the backend is not a local directory.
@@ -49,6 +63,14 @@ struct EngineOptions {
   std::chrono::milliseconds persist_retry_delay = std::chrono::milliseconds(200);
   uint64_t max_slot_bytes = 1ull << 40;
   uint32_t max_world_size = 1u << 20;
+  // Cluster mode when non-empty: this node's id. The storage root is then
+  // shared with other nodes, so this node's manifest of a step is
+  // "MANIFEST.<node_id>", a step is complete here when every rank this node
+  // hosts has a shard, and nothing is deleted by step prefix.
+  std::string node_id;
+  // Called, with the engine's mutex held, when a shard is committed and
+  // when it becomes durable; it must only queue the report.
+  std::function<void(const ShardReport&)> on_shard;
 };
 
 class Engine {
@@ -77,6 +99,16 @@ class Engine {
   absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
                                             const v1::DeleteRequest& req);
   v1::StatusResponse Status();
+
+  // Cluster mode: the ranks of `job` this node hosts now (from the
+  // coordinator). Without a call, every rank of the job counts.
+  void SetHostedRanks(const std::string& job, std::vector<uint32_t> ranks);
+  // Loads `rank`'s shard of `step` from storage `key` into the rank's arena
+  // so that a restore finds it in memory (a coordinator's PREFETCH order).
+  // Creates the job, owned by the shard file's owner, when this node does
+  // not know it yet. Blocking; the key must be the rank's canonical key.
+  absl::Status Prefetch(const std::string& job, uint32_t world_size, uint64_t step,
+                        uint32_t rank, const std::string& key);
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
@@ -159,6 +191,13 @@ class Engine {
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
+  // Loads a durable shard into a free slot of its rank's arena; releases
+  // the lock during the read. Returns the shard, which may have moved.
+  absl::StatusOr<Shard*> LoadShardLocked(std::unique_lock<std::mutex>& lock,
+                                         const std::string& job, uint64_t step, uint32_t rank,
+                                         double* load_s);
+  std::string NodeManifestKey(const std::string& job, uint64_t step) const;
+  void ReportLocked(const Shard& shard, bool durable) const;
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
   void PersistLoop();
@@ -175,6 +214,7 @@ class Engine {
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
   std::map<uint64_t, Lease> leases_;
+  std::map<std::string, std::set<uint32_t>> hosted_;  // cluster mode
   uint64_t next_lease_ = 1;
   uint64_t next_gen_ = 1;
   std::deque<Task> tasks_;

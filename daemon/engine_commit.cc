@@ -74,6 +74,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   s.image_bytes = info.layout.image_bytes;
   MirrorSlotLocked(*rank, slot_no);
   Task task{Task::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
+  ReportLocked(shard, /*durable=*/false);
   job->steps[req.step()].shards[req.rank()] = std::move(shard);
   ReleaseLeaseLocked(req.lease());
   tasks_.push_back(std::move(task));
@@ -115,14 +116,16 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    QueueDeleteLocked(storage::ManifestKey(job.rec.job(), step_no), false);
+    QueueDeleteLocked(NodeManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
     QueueDeleteLocked(storage::ShardKey(job.rec.job(), step_no, rank), false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
-    if (delete_file) QueueDeleteLocked(storage::StepPrefix(job.rec.job(), step_no), true);
+    // A shared root holds other nodes' files under the same prefix.
+    if (delete_file && options_.node_id.empty())
+      QueueDeleteLocked(storage::StepPrefix(job.rec.job(), step_no), true);
   }
   cv_.notify_all();
 }

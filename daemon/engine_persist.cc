@@ -174,6 +174,7 @@ void Engine::PersistShard(const Task& task) {
     MirrorSlotLocked(rank, shard->slot);
     ++persisted_shards_;
     persisted_bytes_ += info.layout.image_bytes;
+    ReportLocked(*shard, /*durable=*/true);
     MaybeQueueManifestLocked(job->second, task.step);
     return;
   }
@@ -200,7 +201,16 @@ void Engine::PersistShard(const Task& task) {
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
   *durable = true;
-  if (step.shards.size() != job.rec.world_size()) {
+  auto hosted = hosted_.find(job.rec.job());
+  bool whole = true;
+  if (hosted == hosted_.end()) {
+    whole = step.shards.size() == job.rec.world_size();
+  } else {
+    // Cluster mode: only the ranks this node hosts count here.
+    whole = !hosted->second.empty();
+    for (uint32_t r : hosted->second) whole = whole && step.shards.count(r);
+  }
+  if (!whole) {
     *durable = false;
     return false;
   }
@@ -234,8 +244,7 @@ void Engine::WriteManifest(const Task& task) {
                            task.job, task.step, job->second.rec.world_size());
     bool first = true;
     for (const auto& [r, shard] : step->second.shards) {
-      uint64_t combined = 0;
-      for (const auto& t : shard.rec.tensors()) combined = combined * 1000003 ^ t.checksum();
+      uint64_t combined = ShardDigest(shard.rec.tensors());
       absl::StrAppendFormat(&json, R"(%s{"rank":%d,"key":"%s","bytes":%d,"tensors":%d,"checksums_digest":"%016x"})",
                             first ? "" : ",", r, shard.rec.path(), shard.rec.image_bytes(),
                             shard.rec.tensors_size(), combined);
@@ -243,7 +252,7 @@ void Engine::WriteManifest(const Task& task) {
     }
     json += "]}\n";
   }
-  absl::Status s = backend_->PutSmallObject(storage::ManifestKey(task.job, task.step), json);
+  absl::Status s = backend_->PutSmallObject(NodeManifestKey(task.job, task.step), json);
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));

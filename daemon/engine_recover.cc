@@ -131,7 +131,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
   for (auto& [n, step] : job.steps) {
     bool durable = false;
     if (!StepCompleteLocked(job, step, &durable) || !durable) continue;
-    if (backend_->ObjectSize(storage::ManifestKey(name, n)).ok())
+    if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
       step.manifest = true;
     else
       tasks_.push_back(Task{Task::kManifest, name, n, 0, 0, {}});

@@ -41,12 +41,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   auto sh = step->second.shards.find(req.rank());
   if (sh == step->second.shards.end()) return not_found();
   Shard* shard = &sh->second;
-  const uint64_t gen = shard->gen;
   v1::OpenRestoreResponse resp;
   resp.set_source("memory");
   if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read() &&
       !options_.local_root.empty()) {
     // The client reads the file into its own buffers: one read, no arena.
+    LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
+                         ": the client reads ", shard->rec.path()));
     resp.set_source("file");
     resp.set_path(options_.local_root + "/" + shard->rec.path());
     resp.set_image_bytes(shard->rec.image_bytes());
@@ -58,65 +59,10 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
       return absl::DataLossError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
                                               " is neither in memory nor durable: ",
                                               shard->rec.error()));
-    // Load the shard file into a slot: one read, then the client copies.
-    auto t_arena = std::chrono::steady_clock::now();
-    Rank* rank = nullptr;
-    auto existing = job->ranks.find(req.rank());
-    if (existing != job->ranks.end() && existing->second.arena &&
-        existing->second.arena->slot_bytes() >= shard->rec.image_bytes()) {
-      rank = &existing->second;
-    } else {
-      uint64_t need = std::max<uint64_t>(shard->rec.image_bytes(), job->rec.slot_bytes());
-      CKPT_ASSIGN_OR_RETURN(rank, EnsureArenaLocked(*job, req.rank(), need));
-    }
-    double arena_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_arena).count();
-    if (arena_s > 0.01) LogInfo(absl::StrCat("restore: arena for rank ", req.rank(), " ready in ", arena_s, " s"));
-    auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
-    int slot = -1;
-    while ((slot = PickSlotLocked(*rank, shard->rec.image_bytes())) < 0)
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
-        return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
-    Slot& s = rank->slots[slot];
-    for (auto& [n, st] : job->steps) {
-      auto o = st.shards.find(req.rank());
-      if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
-    }
-    s = Slot{shm::SlotState::kWriting, req.step(), 0, shard->rec.image_bytes(), 0, 0};
-    MirrorSlotLocked(*rank, slot);
-    char* dst = rank->arena->slot_data(slot);
-    const std::string key = shard->rec.path();
-    const uint64_t bytes = shard->rec.image_bytes();
-    lock.unlock();
-    auto t0 = std::chrono::steady_clock::now();
-    absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
-    if (st.ok()) st = CheckLoadedImage(dst, bytes, req.job(), req.step(), req.rank(), key);
-    resp.set_load_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    LogInfo(absl::StrCat("restore ", key, ": read ", bytes, " bytes from disk in ", resp.load_s(),
-                         " s", st.ok() ? "" : ": ", st.message()));
-    lock.lock();
-    // The job, rank or shard may have changed while the lock was released.
-    auto j = jobs_.find(req.job());
-    Rank* r = nullptr;
-    if (j != jobs_.end() && j->second.ranks.count(req.rank())) r = &j->second.ranks[req.rank()];
-    bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
-    if (slot_ok) {
-      r->slots[slot] = Slot{};
-      MirrorSlotLocked(*r, slot);
-    }
-    if (!st.ok()) return Annotate(st, "restore from disk");
-    Shard* cur = nullptr;
-    if (j != jobs_.end()) {
-      auto stp = j->second.steps.find(req.step());
-      if (stp != j->second.steps.end() && stp->second.shards.count(req.rank()))
-        cur = &stp->second.shards[req.rank()];
-    }
-    if (!slot_ok || !cur || cur->gen != gen)
-      return absl::AbortedError("restore: the step changed while it was loaded; retry");
-    r->slots[slot] = Slot{shm::SlotState::kDurable, req.step(), gen, bytes, 0, 0};
-    MirrorSlotLocked(*r, slot);
-    cur->slot = slot;
-    shard = cur;
-    job = &j->second;
+    double load_s = 0;
+    CKPT_ASSIGN_OR_RETURN(shard, LoadShardLocked(lock, req.job(), req.step(), req.rank(), &load_s));
+    job = &jobs_.find(req.job())->second;
+    resp.set_load_s(load_s);
     resp.set_source("disk");
   }
   Rank& rank = job->ranks[req.rank()];
@@ -131,6 +77,74 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   resp.set_image_bytes(shard->rec.image_bytes());
   *resp.mutable_tensors() = shard->rec.tensors();
   return resp;
+}
+
+absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
+                                                       const std::string& job_name,
+                                                       uint64_t step_no, uint32_t rank_no,
+                                                       double* load_s) {
+  Job* job = &jobs_.find(job_name)->second;
+  Shard* shard = &job->steps[step_no].shards[rank_no];
+  const uint64_t gen = shard->gen;
+  // Load the shard file into a slot: one read, then the client copies.
+  auto t_arena = std::chrono::steady_clock::now();
+  Rank* rank = nullptr;
+  auto existing = job->ranks.find(rank_no);
+  if (existing != job->ranks.end() && existing->second.arena &&
+      existing->second.arena->slot_bytes() >= shard->rec.image_bytes()) {
+    rank = &existing->second;
+  } else {
+    uint64_t need = std::max<uint64_t>(shard->rec.image_bytes(), job->rec.slot_bytes());
+    CKPT_ASSIGN_OR_RETURN(rank, EnsureArenaLocked(*job, rank_no, need));
+  }
+  double arena_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_arena).count();
+  if (arena_s > 0.01) LogInfo(absl::StrCat("load: arena for rank ", rank_no, " ready in ", arena_s, " s"));
+  auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
+  int slot = -1;
+  while ((slot = PickSlotLocked(*rank, shard->rec.image_bytes())) < 0)
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+      return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
+  Slot& s = rank->slots[slot];
+  for (auto& [n, st] : job->steps) {
+    auto o = st.shards.find(rank_no);
+    if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
+  }
+  s = Slot{shm::SlotState::kWriting, step_no, 0, shard->rec.image_bytes(), 0, 0};
+  MirrorSlotLocked(*rank, slot);
+  char* dst = rank->arena->slot_data(slot);
+  const std::string key = shard->rec.path();
+  const uint64_t bytes = shard->rec.image_bytes();
+  lock.unlock();
+  auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
+  if (st.ok()) st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
+  *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  LogInfo(absl::StrCat("load ", key, ": read ", bytes, " bytes in ", *load_s, " s",
+                       st.ok() ? "" : ": ", st.message()));
+  lock.lock();
+  // The job, rank or shard may have changed while the lock was released.
+  auto j = jobs_.find(job_name);
+  Rank* r = nullptr;
+  if (j != jobs_.end() && j->second.ranks.count(rank_no)) r = &j->second.ranks[rank_no];
+  bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
+  if (slot_ok) {
+    r->slots[slot] = Slot{};
+    MirrorSlotLocked(*r, slot);
+  }
+  if (!st.ok()) return Annotate(st, "load from storage");
+  Shard* cur = nullptr;
+  if (j != jobs_.end()) {
+    auto stp = j->second.steps.find(step_no);
+    if (stp != j->second.steps.end() && stp->second.shards.count(rank_no))
+      cur = &stp->second.shards[rank_no];
+  }
+  if (!slot_ok || !cur || cur->gen != gen)
+    return absl::AbortedError("load: the step changed while it was loaded; retry");
+  r->slots[slot] = Slot{shm::SlotState::kDurable, step_no, gen, bytes, 0, 0};
+  MirrorSlotLocked(*r, slot);
+  cur->slot = slot;
+  cv_.notify_all();
+  return cur;
 }
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req) {
@@ -215,7 +229,9 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
-    CKPT_RETURN_IF_ERROR(backend_->DeletePrefix(storage::StepPrefix(req.job(), n)));
+    // In a shared root the prefix also holds other nodes' shards.
+    if (options_.node_id.empty())
+      CKPT_RETURN_IF_ERROR(backend_->DeletePrefix(storage::StepPrefix(req.job(), n)));
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));

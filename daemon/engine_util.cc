@@ -84,4 +84,10 @@ void ToTensorMetas(const storage::ShardInfo& info,
   }
 }
 
+uint64_t ShardDigest(const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
+  uint64_t combined = 0;
+  for (const auto& t : tensors) combined = combined * 1000003 ^ t.checksum();
+  return combined;
+}
+
 }  // namespace ckpt::daemon

@@ -23,6 +23,10 @@ storage::ShardInfo ToShardInfo(const std::string& job, uint64_t step, uint32_t r
 absl::Status CheckLoadedImage(const char* image, uint64_t bytes, const std::string& job,
                               uint64_t step, uint32_t rank, const std::string& what);
 
+// One 64-bit digest of a shard's tensor checksums, in index order (the
+// node manifest and the coordinator's global manifest carry it).
+uint64_t ShardDigest(const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors);
+
 void ToTensorMetas(const storage::ShardInfo& info,
                    google::protobuf::RepeatedPtrField<v1::TensorMeta>* out);
 

@@ -1,5 +1,7 @@
 // ckptd: serves the Ckptd gRPC service on a Unix socket until SIGTERM or
-// SIGINT, then drains pending persists (bounded by --drain-seconds).
+// SIGINT, then drains pending persists (bounded by --drain-seconds). With
+// --coordinator it joins a multi-node job as a node (see node_agent.h);
+// with --coordinator-listen it also serves the coordinator itself.
 #include <signal.h>
 
 #include <cstdio>
@@ -10,7 +12,9 @@
 
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
+#include "daemon/coordinator/service.h"
 #include "daemon/engine_util.h"
+#include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
 #include "daemon/service.h"
@@ -50,6 +54,34 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return Fail("storage", backend.status());
   auto catalog = Catalog::Open(opts->root + "/.catalog");
   if (!catalog.ok()) return Fail("catalog", catalog.status());
+  if (!opts->shared_root.empty()) {
+    std::filesystem::create_directories(opts->shared_root, ec);
+    if (ec) return Fail("--shared-root " + opts->shared_root, absl::InternalError(ec.message()));
+  }
+  // Embedded coordinator: the same state machine and service as
+  // ckpt-coordinator, its state next to the catalog.
+  std::unique_ptr<ckpt::coordinator::CoordinatorServer> coordinator;
+  if (!opts->coordinator_listen.empty()) {
+    ckpt::coordinator::CoordinatorOptions co;
+    co.state_dir = opts->root + "/.coordinator";
+    co.shared_root = opts->storage.root;
+    co.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
+    auto c = ckpt::coordinator::Coordinator::Open(co);
+    if (!c.ok()) return Fail("coordinator", c.status());
+    auto server = ckpt::coordinator::CoordinatorServer::Start(std::move(*c), opts->coordinator_listen);
+    if (!server.ok()) return Fail("coordinator", server.status());
+    coordinator = std::move(*server);
+    std::string host = opts->coordinator_listen.substr(0, opts->coordinator_listen.rfind(':'));
+    opts->agent.coordinator = "127.0.0.1:" + std::to_string(coordinator->port());
+    LogInfo("coordinator listening on " + host + ":" + std::to_string(coordinator->port()));
+    std::printf("coordinator listening on %s:%d\n", host.c_str(), coordinator->port());
+    std::fflush(stdout);
+  }
+  std::unique_ptr<NodeAgent> agent;
+  if (opts->cluster) {
+    agent = std::make_unique<NodeAgent>(opts->agent);
+    opts->engine.on_shard = [a = agent.get()](const ShardReport& r) { a->Report(r); };
+  }
   auto engine = Engine::Open(opts->engine, backend->get(), catalog->get());
   if (!engine.ok()) return Fail("recovery", engine.status());
   auto listener = PeerListener::Listen(opts->socket_path);
@@ -63,6 +95,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("grpc", absl::InternalError("server did not start"));
   (*listener)->Start(server.get());
+  if (agent) agent->Start(engine->get());
   LogInfo("serving on " + opts->socket_path + ", root " + opts->root + ", storage " +
           (*backend)->name() + ", shm prefix " + opts->engine.shm_prefix);
 
@@ -76,7 +109,9 @@ int main(int argc, char** argv) {
                "they stay in shared memory and a restarted ckptd persists them");
   (*listener)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  agent.reset();  // before the engine it reports on
   engine->reset();
+  if (coordinator) coordinator->Shutdown();
   LogInfo("stopped");
   return 0;
 }

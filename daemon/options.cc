@@ -4,10 +4,13 @@
 #include <filesystem>
 #include <functional>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
 #include "absl/strings/str_format.h"
+#include "util/validate.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -39,6 +42,22 @@ absl::Status FromToml(const toml::table& t, const char* key, T* out) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateHostPort(const std::string& v, const char* flag) {
+  size_t colon = v.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      v.find_first_not_of("0123456789", colon + 1) != std::string::npos || colon + 1 == v.size() ||
+      v.size() - colon > 6 || (port = std::stoi(v.substr(colon + 1))) > 65535)
+    return absl::InvalidArgumentError(std::string(flag) + ": \"" + v + "\" is not HOST:PORT");
+  return absl::OkStatus();
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || !name[0]) return "localhost";
+  return name;
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help) {
@@ -61,6 +80,18 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   app.add_option("--io-mib", io_mib, "MiB per I/O request")->check(CLI::Range(1, 256));
   app.add_flag("--no-io-uring", no_uring, "use pwrite/pread instead of io_uring");
   app.add_flag("--no-direct-io", no_direct, "do not use O_DIRECT");
+  app.add_option("--shared-root", o.shared_root,
+                 "directory every node can read (shards go there; the catalog stays in --root)");
+  app.add_option("--coordinator", o.agent.coordinator, "HOST:PORT of ckpt-coordinator to join");
+  app.add_option("--coordinator-listen", o.coordinator_listen,
+                 "serve an embedded coordinator on HOST:PORT (one-node jobs; no --coordinator)");
+  app.add_option("--node-id", o.agent.node_id, "this node's id (default: the host name)");
+  app.add_option("--advertise-addr", o.agent.address,
+                 "address other nodes reach this node at (default: the host name)");
+  app.add_option("--capacity", o.agent.capacity, "ranks this node can host")->check(CLI::Range(1, 4096));
+  app.add_flag("--spare", o.agent.spare, "join as a spare that hosts ranks only after a failure");
+  app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms,
+                 "embedded coordinator: a node silent this long is dead")->check(CLI::Range(100, 600000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -101,7 +132,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
       no_direct = !v;
       return r;
     });
+    if (s.ok()) s = unless_flag("--shared-root", [&] { return FromToml(t, "shared_root", &o.shared_root); });
+    if (s.ok()) s = unless_flag("--coordinator", [&] { return FromToml(t, "coordinator", &o.agent.coordinator); });
+    if (s.ok()) s = unless_flag("--node-id", [&] { return FromToml(t, "node_id", &o.agent.node_id); });
+    if (s.ok()) s = unless_flag("--advertise-addr", [&] { return FromToml(t, "advertise_addr", &o.agent.address); });
+    if (s.ok()) s = unless_flag("--capacity", [&] { return FromToml(t, "capacity", &o.agent.capacity); });
+    if (s.ok()) s = unless_flag("--spare", [&] { return FromToml(t, "spare", &o.agent.spare); });
     if (!s.ok()) return s;
+    if (o.agent.capacity < 1) return absl::InvalidArgumentError("config: capacity: must be >= 1");
     if (slots < 2 || slots > 16) return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
     if (attempts < 1) return absl::InvalidArgumentError("config: persist_attempts: must be >= 1");
     if (queue_depth < 1 || queue_depth > 256)
@@ -117,8 +155,26 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   o.engine.default_num_slots = slots;
   o.engine.max_persist_attempts = attempts;
   o.drain_deadline = std::chrono::seconds(drain_s);
-  o.storage.root = o.root;
-  o.engine.local_root = std::filesystem::absolute(o.root).lexically_normal().string();
+  if (!o.agent.coordinator.empty() && !o.coordinator_listen.empty())
+    return absl::InvalidArgumentError("--coordinator-listen: not with --coordinator (the coordinator runs elsewhere)");
+  o.cluster = !o.agent.coordinator.empty() || !o.coordinator_listen.empty();
+  if (!o.agent.coordinator.empty()) {
+    if (absl::Status s = ValidateHostPort(o.agent.coordinator, "--coordinator"); !s.ok()) return s;
+    if (o.shared_root.empty())
+      return absl::InvalidArgumentError("--shared-root: required with --coordinator (spares prefetch from it)");
+  }
+  if (!o.coordinator_listen.empty())
+    if (absl::Status s = ValidateHostPort(o.coordinator_listen, "--coordinator-listen"); !s.ok()) return s;
+  if (!o.cluster && (o.agent.spare || !o.agent.node_id.empty()))
+    return absl::InvalidArgumentError(std::string(o.agent.spare ? "--spare" : "--node-id") +
+                                      ": needs --coordinator or --coordinator-listen");
+  if (o.agent.node_id.empty()) o.agent.node_id = HostName();
+  if (absl::Status s = ValidateJobName(o.agent.node_id, "--node-id"); !s.ok()) return s;
+  if (o.agent.address.empty()) o.agent.address = HostName();
+  if (o.cluster) o.engine.node_id = o.agent.node_id;
+  const std::string& data = o.shared_root.empty() ? o.root : o.shared_root;
+  o.storage.root = data;
+  o.engine.local_root = std::filesystem::absolute(data).lexically_normal().string();
   o.storage.use_io_uring = !no_uring;
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;

@@ -1,0 +1,119 @@
+// Cluster mode: the ranks this node hosts, reports to the coordinator and
+// prefetches ordered by it. See engine.h.
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/shard_format.h"
+#include "storage/shard_reader.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+std::string Engine::NodeManifestKey(const std::string& job, uint64_t step) const {
+  std::string key = storage::ManifestKey(job, step);
+  if (!options_.node_id.empty()) absl::StrAppend(&key, ".", options_.node_id);
+  return key;
+}
+
+void Engine::ReportLocked(const Shard& shard, bool durable) const {
+  if (!options_.on_shard) return;
+  ShardReport r;
+  r.job = shard.rec.job();
+  r.step = shard.rec.step();
+  r.rank = shard.rec.rank();
+  r.durable = durable;
+  r.bytes = shard.rec.image_bytes();
+  r.digest = ShardDigest(shard.rec.tensors());
+  if (durable) r.key = shard.rec.path();
+  options_.on_shard(r);
+}
+
+void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<uint32_t> now(ranks.begin(), ranks.end());
+  auto& hosted = hosted_[job_name];
+  if (hosted == now) return;
+  hosted = std::move(now);
+  // Steps may have become complete here (ranks moved away).
+  auto job = jobs_.find(job_name);
+  if (job == jobs_.end()) return;
+  for (auto& [n, step] : job->second.steps) MaybeQueueManifestLocked(job->second, n);
+}
+
+absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, uint64_t step,
+                              uint32_t rank, const std::string& key) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
+  if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", world_size, " with rank ", rank, " is not valid"));
+  if (key != storage::ShardKey(job_name, step, rank))
+    return absl::InvalidArgumentError(absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
+                                                   job_name, "' step ", step, " rank ", rank));
+  // Read and check the header and index before touching any state.
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*backend_, key));
+  if (info.job != job_name || info.step != step || info.rank != rank ||
+      info.world_size != world_size)
+    return absl::DataLossError(absl::StrCat(key, ": holds job '", info.job, "' step ", info.step,
+                                            " rank ", info.rank, " of ", info.world_size,
+                                            ", not the one ordered"));
+  uint32_t uid = 0;
+  struct stat st;
+  if (!options_.local_root.empty() && stat((options_.local_root + "/" + key).c_str(), &st) == 0)
+    uid = st.st_uid;  // shard files belong to the job's owner
+
+  std::unique_lock<std::mutex> lock(mu_);
+  if (draining_) return absl::UnavailableError("ckptd is shutting down");
+  auto it = jobs_.find(job_name);
+  if (it == jobs_.end()) {
+    Job job;
+    job.rec.set_job(job_name);
+    job.rec.set_world_size(world_size);
+    job.rec.set_uid(uid);
+    job.rec.set_num_slots(options_.default_num_slots);
+    CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
+    it = jobs_.emplace(job_name, std::move(job)).first;
+  }
+  Job& job = it->second;
+  if (job.rec.world_size() != world_size)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "world_size: job '", job_name, "' has ", job.rec.world_size(), " ranks here, not ", world_size));
+  auto existing = job.steps.find(step);
+  if (existing != job.steps.end() && existing->second.shards.count(rank)) {
+    Shard& have = existing->second.shards[rank];
+    if (have.slot >= 0) return absl::OkStatus();  // already in memory
+    if (have.phase != ShardPhase::kDurable) DropShardLocked(job, step, rank, false);
+  }
+  // Newer shards of this rank belong to a timeline the plan abandoned.
+  std::vector<uint64_t> newer;
+  for (const auto& [n, s] : job.steps)
+    if (n > step && s.shards.count(rank)) newer.push_back(n);
+  for (uint64_t n : newer) DropShardLocked(job, n, rank, /*delete_file=*/false);
+
+  Step& target = job.steps[step];
+  if (!target.shards.count(rank)) {
+    Shard shard;
+    shard.rec.set_job(job_name);
+    shard.rec.set_step(step);
+    shard.rec.set_rank(rank);
+    shard.rec.set_world_size(world_size);
+    shard.rec.set_state(v1::ShardRecord::DURABLE);
+    shard.rec.set_image_bytes(info.layout.image_bytes);
+    shard.rec.set_path(key);
+    ToTensorMetas(info, shard.rec.mutable_tensors());
+    shard.phase = ShardPhase::kDurable;
+    shard.gen = next_gen_++;
+    CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/true));
+    target.shards[rank] = std::move(shard);
+  }
+  double load_s = 0;
+  CKPT_RETURN_IF_ERROR(LoadShardLocked(lock, job_name, step, rank, &load_s).status());
+  LogInfo(absl::StrCat("prefetched ", key, " (", info.layout.image_bytes, " bytes) in ", load_s, " s"));
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

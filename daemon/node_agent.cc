@@ -1,0 +1,242 @@
+#include "daemon/node_agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator.grpc.pb.h"
+#include "daemon/engine_util.h"
+
+namespace ckpt::daemon {
+
+namespace cv1 = ::ckpt::coord::v1;
+
+class NodeAgent::Rpc {
+ public:
+  explicit Rpc(const std::string& target) {
+    grpc::ChannelArguments args;
+    // A restarted coordinator is found again within a second.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    stub_ = cv1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  }
+  template <typename Req, typename Resp, typename Call>
+  grpc::Status Invoke(Call call, const Req& req, Resp* resp, std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    return (stub_.get()->*call)(&ctx, req, resp);
+  }
+  cv1::Coordinator::Stub* stub() { return stub_.get(); }
+
+ private:
+  std::unique_ptr<cv1::Coordinator::Stub> stub_;
+};
+
+namespace {
+
+bool Transient(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// The coordinator refuses this incarnation of the node: declared dead
+// (fenced) or unknown after losing its state.
+bool Fenced(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+         s.error_code() == grpc::StatusCode::NOT_FOUND;
+}
+
+}  // namespace
+
+NodeAgent::NodeAgent(NodeAgentOptions options)
+    : options_(std::move(options)), rpc_(std::make_unique<Rpc>(options_.coordinator)) {}
+
+NodeAgent::~NodeAgent() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (reporter_.joinable()) reporter_.join();
+  for (auto& t : prefetchers_) t.join();
+}
+
+void NodeAgent::Start(Engine* engine) {
+  engine_ = engine;
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  reporter_ = std::thread([this] { ReportLoop(); });
+}
+
+void NodeAgent::Report(const ShardReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reports_.push_back(Queued{report, epoch_.load()});
+  cv_.notify_all();
+}
+
+bool NodeAgent::WaitFor(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, d, [&] { return stopping_; });
+  return !stopping_;
+}
+
+void NodeAgent::HeartbeatLoop() {
+  std::chrono::milliseconds interval(250);
+  bool reachable = true;
+  auto note = [&](const grpc::Status& s) {
+    if (s.ok() && !reachable) LogInfo("coordinator " + options_.coordinator + " reachable again");
+    if (!s.ok() && Transient(s) && reachable)
+      LogWarning("coordinator " + options_.coordinator + " unreachable: " + s.error_message() +
+                 "; retrying");
+    if (s.ok() || Transient(s)) reachable = s.ok();
+  };
+  do {
+    if (epoch_.load() == 0) {
+      cv1::RegisterNodeRequest req;
+      req.set_node_id(options_.node_id);
+      req.set_address(options_.address);
+      req.set_capacity(options_.capacity);
+      req.set_spare(options_.spare);
+      cv1::RegisterNodeResponse resp;
+      grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req, &resp,
+                                    options_.rpc_timeout);
+      note(s);
+      if (!s.ok()) {
+        // ALREADY_EXISTS: our previous incarnation has not timed out yet.
+        if (!Transient(s))
+          LogWarning(absl::StrCat("register node ", options_.node_id, ": ", s.error_message()));
+        continue;
+      }
+      interval = std::chrono::milliseconds(std::max<uint32_t>(resp.heartbeat_timeout_ms() / 5, 20));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        acked_.clear();
+        handled_.clear();
+        for (Queued& q : reports_)
+          if (q.epoch == 0) q.epoch = resp.epoch();
+        epoch_ = resp.epoch();
+      }
+      LogInfo(absl::StrCat("node ", options_.node_id, " registered with ", options_.coordinator,
+                           " at epoch ", resp.epoch(), options_.spare ? " (spare)" : ""));
+    }
+    cv1::HeartbeatRequest req;
+    req.set_node_id(options_.node_id);
+    req.set_epoch(epoch_.load());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *req.mutable_acked_order_ids() = {acked_.begin(), acked_.end()};
+    }
+    cv1::HeartbeatResponse resp;
+    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
+                                  std::min(options_.rpc_timeout, interval * 4));
+    note(s);
+    if (!s.ok()) {
+      if (Fenced(s)) {
+        LogWarning(absl::StrCat("node ", options_.node_id, " fenced at epoch ", req.epoch(), ": ",
+                                s.error_message(), "; registering again"));
+        std::lock_guard<std::mutex> lock(mu_);
+        epoch_ = 0;
+        // Nothing committed under the fenced epoch may count.
+        std::erase_if(reports_, [&](const Queued& q) { return q.epoch == req.epoch(); });
+      }
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Acknowledged ones are gone from the coordinator's queue now.
+      std::erase_if(acked_, [&](uint64_t id) {
+        for (uint64_t a : req.acked_order_ids())
+          if (a == id) return true;
+        return false;
+      });
+    }
+    for (const cv1::Assignment& a : resp.assignments())
+      engine_->SetHostedRanks(a.job(), {a.ranks().begin(), a.ranks().end()});
+    for (const cv1::Order& o : resp.orders()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!handled_.insert(o.id()).second) continue;
+      LogInfo(absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()), " job ", o.job(),
+                           " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
+                           o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
+      if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size()) {
+        prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
+                                  o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
+                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
+      } else {
+        if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
+        acked_.push_back(o.id());
+      }
+    }
+  } while (WaitFor(interval));
+}
+
+void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
+                            uint64_t step, std::vector<uint32_t> ranks,
+                            std::vector<std::string> keys) {
+  auto t0 = std::chrono::steady_clock::now();
+  // Ranks load in parallel: each read is one stream of large direct I/Os.
+  std::vector<std::thread> loaders;
+  std::vector<absl::Status> results(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    loaders.emplace_back([&, i] {
+      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i]);
+    });
+  for (auto& t : loaders) t.join();
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (!results[i].ok())
+      // The trainer's restore then reads the shared root itself or fails,
+      // and its exit makes a new plan.
+      LogWarning(absl::StrCat("prefetch job ", job, " step ", step, " rank ", ranks[i], ": ",
+                              results[i].message()));
+  LogInfo(absl::StrCat("order ", order_id, ": prefetched ", ranks.size(), " shards of job ", job,
+                       " step ", step, " in ",
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                       " s"));
+  std::lock_guard<std::mutex> lock(mu_);
+  acked_.push_back(order_id);
+  cv_.notify_all();
+}
+
+void NodeAgent::ReportLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (reports_.empty() || reports_.front().epoch == 0) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    Queued q = reports_.front();
+    lock.unlock();
+    cv1::ReportShardRequest req;
+    req.set_node_id(options_.node_id);
+    req.set_epoch(q.epoch);
+    req.set_job(q.report.job);
+    req.set_step(q.report.step);
+    req.set_rank(q.report.rank);
+    req.set_state(q.report.durable ? cv1::DURABLE : cv1::STAGED);
+    req.set_bytes(q.report.bytes);
+    req.set_checksum_digest(q.report.digest);
+    req.set_key(q.report.key);
+    cv1::ReportShardResponse resp;
+    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShard, req, &resp,
+                                  options_.rpc_timeout);
+    lock.lock();
+    if (Transient(s)) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_; });
+      continue;  // the same report again, order kept
+    }
+    if (!s.ok())
+      LogWarning(absl::StrCat("report ", q.report.durable ? "durable" : "staged", " job ",
+                              q.report.job, " step ", q.report.step, " rank ", q.report.rank,
+                              " (epoch ", q.epoch, "): ", s.error_message()));
+    // The fence may have dropped it already.
+    if (!reports_.empty() && reports_.front().report.job == q.report.job &&
+        reports_.front().report.step == q.report.step &&
+        reports_.front().report.rank == q.report.rank &&
+        reports_.front().report.durable == q.report.durable)
+      reports_.pop_front();
+  }
+}
+
+}  // namespace ckpt::daemon

@@ -74,7 +74,14 @@ class CkptrunTest : public ::testing::Test {
       kill(ckptrun_, SIGKILL);
       waitpid(ckptrun_, nullptr, 0);
     }
-    if (HasFailure()) std::fprintf(stderr, "ckptrun's log:\n%s\n", ReadFile(log()).c_str());
+    if (!HasFailure()) return;
+    std::fprintf(stderr, "ckptrun's log:\n%s\n", ReadFile(log()).c_str());
+    grpc::ClientContext ctx;
+    cv1::EventsResponse resp;
+    if (stub_ && stub_->Events(&ctx, cv1::EventsRequest(), &resp).ok())
+      for (const auto& e : resp.events())
+        std::fprintf(stderr, "event %llu %s %s %s\n", static_cast<unsigned long long>(e.seq()),
+                     cv1::EventKind_Name(e.kind()).c_str(), e.node_id().c_str(), e.detail().c_str());
   }
   std::string log() const { return dir_.path() + "/ckptrun.log"; }
   std::string EnvFile(uint64_t generation, uint32_t rank) const {
@@ -200,6 +207,35 @@ TEST_F(CkptrunTest, FailedRankIsReportedAndJobRestartsFromDurableStepInNextGener
   std::string log_text = ReadFile(log());
   EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"), std::string::npos) << log_text;
   EXPECT_NE(log_text.find("generation 1: start ranks 0,1 at step 7 (restore)"), std::string::npos) << log_text;
+}
+
+TEST_F(CkptrunTest, CoordinatorRestartLeavesTrainersRunningAndQueuedExitIsReportedLater) {
+  // A longer heartbeat timeout: the fake node must outlive the restart.
+  coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state2", dir_.path() + "/shared", 4000);
+  ASSERT_GT(coord_->port(), 0);
+  const int port = coord_->port();
+  testing::FakeNode node(coord_->address(), "n1", "", 2);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("fail1", 2);
+  ASSERT_TRUE(WaitForEnv(0, {0, 1}));
+
+  coord_->Kill();
+  std::ofstream(dir_.path() + "/fail").put('x');  // rank 1 exits while nobody can hear it
+  ASSERT_TRUE(WaitFor([&] { return ReadFile(log()).find("report queued") != std::string::npos; },
+                      milliseconds(10000)))
+      << ReadFile(log());
+  EXPECT_FALSE(Dead(Env(0, 0)["PID"])) << "rank 0 must keep running while the coordinator is down";
+
+  coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state2", dir_.path() + "/shared", 4000,
+                                                         port);
+  ASSERT_EQ(coord_->port(), port);
+  stub_ = coord_->Stub();
+  ASSERT_TRUE(WaitForEnv(1, {0, 1})) << "the queued report never led to generation 1";
+  EXPECT_TRUE(Dead(Env(0, 0)["PID"]));
+  std::string log_text = ReadFile(log());
+  EXPECT_NE(log_text.find("coordinator unreachable"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find("coordinator reachable again"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"), std::string::npos) << log_text;
 }
 
 TEST_F(CkptrunTest, ExitsZeroOnceEveryRankFinishedAndWaitsForNodeToRegister) {

@@ -24,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
+#include "tools/ctl_coord_channel.h"
 
 namespace ckpt::tools::testing {
 
@@ -31,8 +32,11 @@ namespace cv1 = ::ckpt::coord::v1;
 
 class CoordinatorProcess {
  public:
-  // Forks before this test process creates any gRPC channel or thread.
-  CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms) {
+  // Forks and execs at once, which is safe after this process used gRPC.
+  // port 0: the binary picks one.
+  CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms,
+                     int port = 0) {
+    std::string listen = "127.0.0.1:" + std::to_string(port);
     int fds[2];
     if (pipe(fds) != 0) return;
     std::string timeout = std::to_string(heartbeat_timeout_ms);
@@ -41,7 +45,7 @@ class CoordinatorProcess {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       dup2(fds[1], 1);
       close(fds[0]);
-      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state", state.c_str(),
+      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", listen.c_str(), "--state", state.c_str(),
             "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), nullptr);
       _exit(127);
     }
@@ -54,10 +58,12 @@ class CoordinatorProcess {
     }
     if (out) std::fclose(out);
   }
-  ~CoordinatorProcess() {
+  ~CoordinatorProcess() { Kill(); }
+  void Kill() {
     if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -76,7 +82,7 @@ class CoordinatorProcess {
 class FakeNode {
  public:
   FakeNode(const std::string& coordinator, std::string id, std::string address, uint32_t capacity)
-      : stub_(cv1::Coordinator::NewStub(grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()))),
+      : stub_(NewCoordinatorStub(coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
     grpc::ClientContext ctx;
     cv1::RegisterNodeRequest req;

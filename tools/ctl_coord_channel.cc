@@ -33,6 +33,9 @@ std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(const std::stri
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // After a lost connection the channel re-resolves the name before it
+  // reconnects; at the default rate limit (30 s) calls wait for that.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
   return coord::v1::Coordinator::NewStub(
       grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
 }

@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
       protobuf-compiler librocksdb-dev libgtest-dev libgmock-dev libxxhash-dev
-      libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev)
+      libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

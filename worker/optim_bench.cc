@@ -9,6 +9,9 @@
 //                 against max_stage_s, the slowest stage of the same step run
 //                 stage after stage (serial_hybrid_step_s, the baseline).
 // Each figure is the best of --iters runs after one warm-up run.
+//   step_s_no_ckpt, step_s_ckpt_every_step  ckpt-worker's training step
+//                 without checkpoints and with a SaveAsync every step into a
+//                 real ckptd (step_bench.h; built when the test harness is).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +22,7 @@
 #include "util/status.h"
 #include "worker/chunked_adam.h"
 #include "worker/host_device.h"
+#include "worker/step_bench.h"
 #include "worker/test_util.h"
 #ifdef CKPT_HAVE_CUDA
 #include "worker/cuda_device.h"
@@ -157,6 +161,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--cuda", cuda, "use GPU 0 as the device (else host memory)");
   app.add_flag("--json", json, "print one JSON object on stdout (table on stderr)");
+  bool skip_step = false;
+  StepBenchOptions step_options;
+  app.add_flag("--skip-step-bench", skip_step, "leave out the training-step figures");
+  app.add_option("--step-blocks", step_options.blocks, "timed blocks per configuration")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--step-vocab", step_options.model.vocab, "step bench model vocab");
+  app.add_option("--step-dim", step_options.model.dim, "step bench model dim");
+  app.add_option("--step-layers", step_options.model.layers, "step bench model layers");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<Device> device;
@@ -181,6 +193,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt_optim_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  StepTimes st{};
+#ifdef CKPT_OPTIM_BENCH_STEP
+  if (!skip_step) {
+    absl::StatusOr<StepTimes> measured = MeasureStepTimes(step_options);
+    if (!measured.ok()) {
+      std::fprintf(stderr, "ckpt_optim_bench: step bench: %s\n",
+                   std::string(measured.status().message()).c_str());
+      return 1;
+    }
+    st = *measured;
+  }
+#endif
   FILE* table = json ? stderr : stdout;
   double gb = 1e-9 * static_cast<double>(n);
   std::fprintf(table, "device %s, kernel %s, %zu params, %d threads, chunk %zu, offload %.2f\n",
@@ -204,15 +228,27 @@ int main(int argc, char** argv) {
   if (!cuda) row("hybrid vs shared DRAM", f.hybrid_step_s, 0, f.shared_bandwidth_limit_s);
   std::fprintf(table, "cpu_adam reaches %.0f%% of roofline; hybrid step is %.2fx its slowest stage\n",
                100 * f.roofline_s / f.cpu_adam_s, f.hybrid_step_s / f.max_stage_s);
+  if (st.step_s_no_ckpt > 0) {
+    const MlpConfig& m = step_options.model;
+    std::fprintf(table, "training step (vocab %d, dim %d, layers %d, %d x %d tokens), %.1f MiB "
+                 "checkpoint:\n", m.vocab, m.dim, m.layers, m.batch, m.seq,
+                 static_cast<double>(st.ckpt_bytes) / (1 << 20));
+    row("step_no_ckpt", st.step_s_no_ckpt, 0, 0);
+    row("step_ckpt_every_step", st.step_s_ckpt_every_step, 0, st.step_s_no_ckpt);
+    std::fprintf(table, "throughput with a checkpoint every step: %.1f%% of without "
+                 "(target >= 97%%)\n", 100 * st.step_s_no_ckpt / st.step_s_ckpt_every_step);
+  }
   if (json) {
     std::printf(
         "{\"params\": %zu, \"threads\": %d, \"kernel\": \"%s\", \"device\": \"%s\", "
         "\"cpu_adam_s\": %.6f, \"roofline_s\": %.6f, \"scalar_adam_s\": %.6f, "
         "\"cpu_adam_bf16_s\": %.6f, \"roofline_bf16_s\": %.6f, \"hybrid_step_s\": %.6f, "
-        "\"max_stage_s\": %.6f, \"serial_hybrid_step_s\": %.6f, \"shared_bandwidth_limit_s\": %.6f}\n",
+        "\"max_stage_s\": %.6f, \"serial_hybrid_step_s\": %.6f, \"shared_bandwidth_limit_s\": %.6f, "
+        "\"step_s_no_ckpt\": %.6f, \"step_s_ckpt_every_step\": %.6f, \"ckpt_bytes\": %llu}\n",
         n, threads, BestAdamKernelName(), device->name().c_str(), f.cpu_adam_s, f.roofline_s,
         f.scalar_adam_s, f.cpu_adam_bf16_s, f.roofline_bf16_s, f.hybrid_step_s, f.max_stage_s,
-        f.serial_hybrid_step_s, cuda ? 0.0 : f.shared_bandwidth_limit_s);
+        f.serial_hybrid_step_s, cuda ? 0.0 : f.shared_bandwidth_limit_s, st.step_s_no_ckpt,
+        st.step_s_ckpt_every_step, static_cast<unsigned long long>(st.ckpt_bytes));
   }
   return 0;
 }

@@ -115,5 +115,31 @@ TEST_F(TrainCheckpointTest, RestoreBringsBackWeightsMomentsStepAndSeed) {
   }
 }
 
+// A checkpoint with this model's meta whose tensors do not match the model:
+// one reshaped, one missing. Each restore fails naming the tensor.
+TEST_F(TrainCheckpointTest, RestoreOfMismatchedTensorIsRefusedNamingIt) {
+  auto saved = MakeOptimizer(1);
+  TrainCheckpoint writer(Model(), 1, saved->adam.get());
+  auto tensors = writer.TensorsFor(4, 77);
+  ASSERT_TRUE(tensors.ok());
+  ASSERT_EQ((*tensors)[3].name, "param/1");
+  (*tensors)[3].shape = {4, 16};  // block0.w is 8 x 8: same bytes, other shape
+  ASSERT_TRUE(client_->Save(4, *tensors).ok());
+  auto restored = MakeOptimizer(2);
+  TrainCheckpoint reader(Model(), 1, restored->adam.get());
+  absl::StatusOr<RestoredState> r = reader.Restore(*client_, 4);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("param/1"), std::string::npos) << r.status();
+
+  tensors = writer.TensorsFor(5, 77);
+  ASSERT_TRUE(tensors.ok());
+  ASSERT_EQ((*tensors)[8].name, "adam_v/2");
+  tensors->erase(tensors->begin() + 8);
+  ASSERT_TRUE(client_->Save(5, *tensors).ok());
+  r = reader.Restore(*client_, 5);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("adam_v/2"), std::string::npos) << r.status();
+}
+
 }  // namespace
 }  // namespace ckpt::worker

@@ -37,26 +37,39 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
   }
-  if (o.world_size > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "world_size = ", o.world_size,
-        ": data-parallel training is not implemented yet; run a single process"));
+  if (o.model.batch % o.world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch = ", o.model.batch, ": the global batch must split evenly over world_size ",
+        o.world_size));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
-                                                         std::unique_ptr<Client> client) {
+                                                         std::unique_ptr<Client> client,
+                                                         std::unique_ptr<DataParallel> comm) {
   CKPT_RETURN_IF_ERROR(ValidateTrainerOptions(options));
-  CKPT_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(options.model));
-  std::unique_ptr<Trainer> t(new Trainer(options, std::move(client), std::move(model)));
+  if (options.world_size > 1 &&
+      (comm == nullptr || comm->rank() != options.rank ||
+       comm->world_size() != options.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options.rank, " of world_size ", options.world_size,
+        ": needs a DataParallel connection of the same rank and world size"));
+  }
+  MlpConfig local = options.model;
+  local.batch = options.model.batch / options.world_size;  // this rank's slice
+  CKPT_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(local));
+  std::unique_ptr<Trainer> t(
+      new Trainer(options, std::move(client), std::move(comm), std::move(model)));
   CKPT_RETURN_IF_ERROR(t->Initialize());
   return t;
 }
 
-Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<Client> client, MlpModel model)
+Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
+                 std::unique_ptr<DataParallel> comm, MlpModel model)
     : options_(options),
       client_(std::move(client)),
+      comm_(std::move(comm)),
       model_(std::move(model)),
       data_seed_(options.seed) {}
 
@@ -88,12 +101,23 @@ absl::Status Trainer::Initialize() {
     CKPT_RETURN_IF_ERROR(optimizer_->SetParams(i, init[i]));
   }
   bf16_scratch_.resize(largest);
+  if (options_.world_size > 1) {
+    size_t total = 0;
+    for (const TensorSpec& t : specs) total += t.numel;
+    reduce_buffer_.resize(total + 1);
+  }
   checkpoint_ =
       std::make_unique<TrainCheckpoint>(options_.model, options_.world_size, optimizer_.get());
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step) {
+  CKPT_ASSIGN_OR_RETURN(int64_t start, RestoreThisRank(step));
+  CKPT_RETURN_IF_ERROR(CheckRanksAgree("after restore"));
+  return start;
+}
+
+absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
   if (client_ == nullptr) {
     if (step.has_value()) {
       return absl::FailedPreconditionError(
@@ -133,17 +157,65 @@ absl::Status Trainer::FinishSave(bool wait_daemon) {
   return s.ok() ? s : Annotate(s, "checkpoint save");
 }
 
-absl::Status Trainer::Run(std::FILE* log) {
-  SyntheticData data{options_.model.vocab, options_.model.seq, options_.model.batch,
-                     data_seed_};
-  while (step_ < options_.steps) {
-    const int64_t s = step_ + 1;
-    CKPT_RETURN_IF_ERROR(LoadWorkingWeights());
-    std::vector<int32_t> tokens = MakeBatch(data, s, options_.rank);
-    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+absl::Status Trainer::ReduceGradients(float& loss) {
+  if (comm_ == nullptr || options_.world_size == 1) {
     for (size_t i = 0; i < model_.num_tensors(); ++i) {
       CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(i, model_.gradients(i)));
     }
+    return absl::OkStatus();
+  }
+  // One allreduce over all tensors: fewer, larger ring transfers.
+  float* at = reduce_buffer_.data();
+  for (size_t i = 0; i < model_.num_tensors(); ++i) {
+    std::span<const float> g = model_.gradients(i);
+    std::copy(g.begin(), g.end(), at);
+    at += g.size();
+  }
+  *at = loss;
+  if (absl::Status s = comm_->AllReduceMean(reduce_buffer_); !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step_ + 1, ": gradient allreduce"));
+  }
+  at = reduce_buffer_.data();
+  for (size_t i = 0; i < model_.num_tensors(); ++i) {
+    size_t n = model_.gradients(i).size();
+    CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(i, std::span<const float>(at, n)));
+    at += n;
+  }
+  loss = *at;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckRanksAgree(const char* when) {
+  if (comm_ == nullptr || options_.world_size == 1) return absl::OkStatus();
+  CKPT_ASSIGN_OR_RETURN(uint64_t digest, ParamsDigest());
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint64_t> steps,
+                        comm_->AllGather(static_cast<uint64_t>(step_)));
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint64_t> digests, comm_->AllGather(digest));
+  for (int r = 1; r < options_.world_size; ++r) {
+    if (steps[r] != steps[0] || digests[r] != digests[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          when, ": ranks differ: rank 0 is at step ", steps[0], " with params digest ",
+          absl::Hex(digests[0], absl::kZeroPad16), ", rank ", r, " at step ", steps[r],
+          " with params digest ", absl::Hex(digests[r], absl::kZeroPad16)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
+  last_step = std::min(last_step, options_.steps);
+  // The global batch; this rank trains on its contiguous slice of rows.
+  SyntheticData data{options_.model.vocab, options_.model.seq, options_.model.batch,
+                     data_seed_};
+  const size_t row = static_cast<size_t>(options_.model.seq) + 1;
+  const size_t rows = static_cast<size_t>(options_.model.batch / options_.world_size);
+  while (step_ < last_step) {
+    const int64_t s = step_ + 1;
+    CKPT_RETURN_IF_ERROR(LoadWorkingWeights());
+    std::vector<int32_t> global = MakeBatch(data, s, /*rank=*/0);
+    std::span<const int32_t> tokens(global.data() + options_.rank * rows * row, rows * row);
+    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    CKPT_RETURN_IF_ERROR(ReduceGradients(loss));
     // The last save reads the master weights the step is about to rewrite.
     CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/false));
     CKPT_RETURN_IF_ERROR(optimizer_->Step());
@@ -162,7 +234,8 @@ absl::Status Trainer::Run(std::FILE* log) {
       std::fflush(log);
     }
   }
-  return FinishSave(/*wait_daemon=*/true);
+  CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/true));
+  return CheckRanksAgree(absl::StrCat("after step ", step_).c_str());
 }
 
 absl::StatusOr<uint64_t> Trainer::ParamsDigest() const {

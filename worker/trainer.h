@@ -6,6 +6,14 @@
 // through libckpt asynchronously, so the copy of step s overlaps the forward
 // and backward of step s + 1 and is waited for only before the optimizer
 // writes the weights again. Not thread-safe: one thread drives a Trainer.
+//
+// Data parallel (world_size > 1): the step's global batch of `model.batch`
+// sequences is cut into world_size contiguous slices, rank r trains on slice
+// r, and the gradients (and the loss) are averaged over the ranks with a ring
+// allreduce before every rank takes the same optimizer step, so the replicas
+// stay bitwise identical; Restore and Run check that they are (step and
+// params digest gathered from every rank). Every rank saves its own full
+// state as its shard.
 #ifndef CKPT_WORKER_TRAINER_H_
 #define CKPT_WORKER_TRAINER_H_
 
@@ -18,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "ckpt/client.h"
 #include "worker/chunked_adam.h"
+#include "worker/data_parallel.h"
 #include "worker/host_device.h"
 #include "worker/mlp_model.h"
 #include "worker/train_checkpoint.h"
@@ -34,7 +43,7 @@ struct TrainerOptions {
   int log_every = 10;  // 0: no per-step lines
   int cpu_threads = 1;
   int rank = 0;
-  int world_size = 1;
+  int world_size = 1;  // model.batch is the global batch: a multiple of it
 };
 
 // InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
@@ -43,9 +52,11 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 
 class Trainer {
  public:
-  // client may be null: then the trainer never saves or restores.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
-                                                         std::unique_ptr<Client> client);
+  // client may be null: then the trainer never saves or restores. comm is
+  // required when options.world_size > 1 and must match rank and world size.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainerOptions& options, std::unique_ptr<Client> client,
+      std::unique_ptr<DataParallel> comm = nullptr);
   ~Trainer();
 
   // With a client: restores `step` when given, else the latest step of the
@@ -55,7 +66,10 @@ class Trainer {
 
   // Trains up to options.steps; log lines go to `log` when not null.
   // Waits for the last save to be taken by the daemon before returning.
-  absl::Status Run(std::FILE* log);
+  absl::Status Run(std::FILE* log) { return RunUntil(options_.steps, log); }
+  // Run, stopping at `last_step` (at most options.steps); callable again to
+  // go on (the benchmark times a stretch of steps this way).
+  absl::Status RunUntil(int64_t last_step, std::FILE* log);
 
   int64_t step() const { return step_; }
   // Loss of every step run by this process, in order.
@@ -64,19 +78,28 @@ class Trainer {
   absl::StatusOr<uint64_t> ParamsDigest() const;
 
  private:
-  Trainer(const TrainerOptions& options, std::unique_ptr<Client> client, MlpModel model);
+  Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
+          std::unique_ptr<DataParallel> comm, MlpModel model);
   absl::Status Initialize();
+  absl::StatusOr<int64_t> RestoreThisRank(std::optional<int64_t> step);
+  // Averages the gradients (and `loss`) over the ranks and hands them to the
+  // optimizer.
+  absl::Status ReduceGradients(float& loss);
+  // FailedPrecondition naming the ranks when their step or weights differ.
+  absl::Status CheckRanksAgree(const char* when);
   absl::Status LoadWorkingWeights();
   absl::Status FinishSave(bool wait_daemon);
 
   const TrainerOptions options_;
   std::unique_ptr<Client> client_;
+  std::unique_ptr<DataParallel> comm_;
   MlpModel model_;
   std::unique_ptr<HostBudgetDevice> device_;
   std::unique_ptr<ChunkedAdam> optimizer_;
   std::unique_ptr<TrainCheckpoint> checkpoint_;
   std::optional<SaveHandle> pending_save_;
   std::vector<uint16_t> bf16_scratch_;
+  std::vector<float> reduce_buffer_;  // every gradient, then the loss
   uint64_t data_seed_;
   int64_t step_ = 0;
   std::vector<float> losses_;

@@ -84,12 +84,17 @@ TEST(TrainerTest, RefusesBadSizesAndRanks) {
   o.rank = 1;
   ExpectInvalid(o, "rank");
   o = Small(1);
-  o.world_size = 2;
+  o.world_size = 3;
   o.rank = 1;
+  ExpectInvalid(o, "batch");  // the global batch does not split over 3 ranks
+  // A data-parallel rank without its connection to the other ranks.
+  o.world_size = 2;
   auto t = Trainer::Create(o, nullptr);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(t.status().message()).find("data-parallel"), std::string::npos);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(t.status().message()).find("needs a DataParallel connection"),
+            std::string::npos)
+      << t.status();
 }
 
 TEST(TrainerTest, RestoreStepWithoutDaemonIsRefused) {

@@ -4,8 +4,16 @@
 //   CKPT_SOCKET, CKPT_JOB  the daemon and job; without CKPT_SOCKET the run
 //                          trains without checkpoints
 //   RANK, WORLD_SIZE       this process's place in the job (default 0 of 1)
+//   LOCAL_RANK             its place on this node (checked, not otherwise used)
+//   MASTER_ADDR, MASTER_PORT  where rank 0 serves the rendezvous store
+//                          (default 127.0.0.1:29500; needed when WORLD_SIZE > 1)
+//   GLOO_SOCKET_IFNAME     bind gloo to this interface instead of the one
+//                          that reaches MASTER_ADDR
 //   CKPT_RESTORE_STEP      restore this step instead of the latest one
-// Prints "step N loss X" lines and, last, "params_digest=<16 hex digits>".
+// Prints "step N loss X" lines and, last, "rank=R ... params_digest=<16 hex
+// digits>".
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -16,10 +24,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
+#include "worker/data_parallel.h"
 #include "worker/trainer.h"
 
 namespace {
 
+using ckpt::worker::DataParallel;
+using ckpt::worker::DataParallelOptions;
 using ckpt::worker::Trainer;
 using ckpt::worker::TrainerOptions;
 
@@ -40,14 +51,26 @@ absl::StatusOr<std::optional<int64_t>> EnvInt(const char* name, int64_t lo, int6
   return std::optional<int64_t>(v);
 }
 
-absl::Status Main(TrainerOptions options) {
+absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> rank, EnvInt("RANK", 0, 1 << 20));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> world, EnvInt("WORLD_SIZE", 1, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> local_rank, EnvInt("LOCAL_RANK", 0, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> port, EnvInt("MASTER_PORT", 1, 65535));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> restore_step,
                         EnvInt("CKPT_RESTORE_STEP", 0, int64_t{1} << 62));
   options.rank = static_cast<int>(rank.value_or(0));
   options.world_size = static_cast<int>(world.value_or(1));
   CKPT_RETURN_IF_ERROR(ckpt::worker::ValidateTrainerOptions(options));
+  if (local_rank.has_value() && *local_rank > options.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("$LOCAL_RANK = ", *local_rank,
+                                                   ": above $RANK = ", options.rank));
+  }
+  dp.rank = options.rank;
+  dp.world_size = options.world_size;
+  if (Env("MASTER_ADDR") != nullptr) dp.master_addr = Env("MASTER_ADDR");
+  if (port.has_value()) dp.master_port = static_cast<int>(*port);
+  if (Env("GLOO_SOCKET_IFNAME") != nullptr) dp.iface = Env("GLOO_SOCKET_IFNAME");
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> comm, DataParallel::Connect(dp));
 
   std::unique_ptr<ckpt::Client> client;
   if (Env("CKPT_SOCKET") != nullptr) {
@@ -61,14 +84,14 @@ absl::Status Main(TrainerOptions options) {
     std::printf("no $CKPT_SOCKET: training without checkpoints\n");
   }
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(options, std::move(client)));
+                        Trainer::Create(options, std::move(client), std::move(comm)));
   CKPT_ASSIGN_OR_RETURN(int64_t start, trainer->Restore(restore_step));
   if (start > 0) std::printf("restored step %lld\n", static_cast<long long>(start));
   std::fflush(stdout);
   CKPT_RETURN_IF_ERROR(trainer->Run(stdout));
   CKPT_ASSIGN_OR_RETURN(uint64_t digest, trainer->ParamsDigest());
-  std::printf("done step %lld params_digest=%016llx\n", static_cast<long long>(trainer->step()),
-              static_cast<unsigned long long>(digest));
+  std::printf("done rank=%d step %lld params_digest=%016llx\n", options.rank,
+              static_cast<long long>(trainer->step()), static_cast<unsigned long long>(digest));
   return absl::OkStatus();
 }
 
@@ -91,11 +114,21 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr);
   app.add_option("--log-every", o.log_every, "print the loss every N steps (0: never)");
   app.add_option("--cpu-threads", o.cpu_threads, "threads of the CPU Adam");
+  double connect_timeout_s = 60, collective_timeout_s = 30;
+  app.add_option("--connect-timeout-s", connect_timeout_s,
+                 "how long ranks wait for each other to join (WORLD_SIZE > 1)");
+  app.add_option("--collective-timeout-s", collective_timeout_s,
+                 "how long a gradient allreduce waits for a peer before failing");
   CLI11_PARSE(app, argc, argv);
   o.steps = steps;
-  absl::Status s = Main(o);
+  DataParallelOptions dp;
+  dp.connect_timeout = std::chrono::milliseconds(std::llround(connect_timeout_s * 1000));
+  dp.collective_timeout = std::chrono::milliseconds(std::llround(collective_timeout_s * 1000));
+  absl::Status s = Main(o, dp);
   if (!s.ok()) {
-    std::fprintf(stderr, "ckpt-worker: %s\n", s.ToString().c_str());
+    const char* rank = Env("RANK");
+    std::fprintf(stderr, "ckpt-worker rank=%s: %s\n", rank != nullptr ? rank : "0",
+                 s.ToString().c_str());
     return 1;
   }
   return 0;

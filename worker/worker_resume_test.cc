@@ -4,31 +4,20 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tests/harness.h"
-
-extern char** environ;
+#include "worker/worker_process.h"
 
 namespace ckpt::testing {
 namespace {
 
-struct RunResult {
-  int status = -1;  // as from waitpid
-  std::string output;
-  bool exited_ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-  std::string Digest() const {
-    size_t at = output.rfind("params_digest=");
-    return at == std::string::npos ? "" : output.substr(at + 14, 16);
-  }
-};
+using ckpt::worker::testing::WorkerProcess;
+using RunResult = ckpt::worker::testing::WorkerRun;
 
 class WorkerResumeTest : public ::testing::Test {
  protected:
@@ -47,61 +36,13 @@ class WorkerResumeTest : public ::testing::Test {
   RunResult Run(std::vector<std::string> args, const std::string& job,
                 std::map<std::string, std::string> env = {},
                 std::optional<int> kill_at = std::nullopt, bool with_daemon = true) {
-    // Flags given override the small model's defaults (CLI11 takes one of each).
-    std::map<std::string, std::string> flags = {
-        {"--vocab", "64"}, {"--dim", "32"},  {"--seq", "16"},       {"--batch", "8"},
-        {"--seed", "5"},   {"--lr", "0.01"}, {"--log-every", "1"}};
-    for (size_t i = 0; i + 1 < args.size(); i += 2) flags[args[i]] = args[i + 1];
-    std::vector<std::string> argv = {CKPT_WORKER_BINARY};
-    for (const auto& [flag, value] : flags) {
-      argv.push_back(flag);
-      argv.push_back(value);
-    }
     if (with_daemon) {
       env["CKPT_SOCKET"] = daemon_->socket();
       env["CKPT_JOB"] = job;
     }
-    std::vector<std::string> envs;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv = *e;
-      std::string key = kv.substr(0, kv.find('='));
-      if (key.rfind("CKPT_", 0) == 0 || key == "RANK" || key == "WORLD_SIZE") continue;
-      envs.push_back(kv);
-    }
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> cargv, cenv;
-    for (std::string& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    for (std::string& e : envs) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-
-    int fds[2];
-    EXPECT_EQ(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-      dup2(fds[1], 1);
-      dup2(fds[1], 2);
-      close(fds[0]);
-      close(fds[1]);
-      execve(cargv[0], cargv.data(), cenv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    RunResult r;
-    FILE* out = fdopen(fds[0], "r");
-    char line[4096];
-    bool killed = false;
-    std::string kill_line = kill_at ? "step " + std::to_string(*kill_at) + " loss" : "";
-    while (std::fgets(line, sizeof(line), out) != nullptr) {
-      r.output += line;
-      if (kill_at && !killed && std::strncmp(line, kill_line.c_str(), kill_line.size()) == 0) {
-        kill(pid, SIGKILL);
-        killed = true;
-      }
-    }
-    std::fclose(out);
-    waitpid(pid, &r.status, 0);
-    return r;
+    std::optional<std::string> kill_line;
+    if (kill_at) kill_line = "step " + std::to_string(*kill_at) + " loss";
+    return WorkerProcess::Start(args, env, kill_line)->Wait();
   }
 
   TempDir root_, run_;
@@ -166,9 +107,10 @@ TEST_F(WorkerResumeTest, BadConfigurationExitsWithAClearError) {
   RunResult r = Run({"--steps", "3", "--offload-fraction", "1.5"}, "bad");
   EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.output;
   EXPECT_NE(r.output.find("offload_fraction = 1.5"), std::string::npos) << r.output;
-  r = Run({"--steps", "3"}, "bad", {{"WORLD_SIZE", "2"}, {"RANK", "0"}});
+  r = Run({"--steps", "3", "--batch", "7"}, "bad", {{"WORLD_SIZE", "2"}, {"RANK", "0"}});
   EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.output;
-  EXPECT_NE(r.output.find("data-parallel training is not implemented"), std::string::npos)
+  EXPECT_NE(r.output.find("batch = 7: the global batch must split evenly over world_size 2"),
+            std::string::npos)
       << r.output;
   r = Run({"--steps", "3"}, "bad", {{"CKPT_RESTORE_STEP", "2"}});
   EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.output;

@@ -1,0 +1,75 @@
+// DataParallel: the collectives of a data-parallel ckpt-worker job, over gloo
+// (TCP transport). Connect performs the rendezvous: rank 0 serves the store
+// (rendezvous_store.h) at MASTER_ADDR:MASTER_PORT, every rank publishes the
+// address of its gloo device (bound to the interface that reaches
+// MASTER_ADDR) and connects to every peer. A world of one needs no peers and
+// opens no socket. Collectives are gloo's ring algorithms: for a given world
+// size the result is bitwise the same on every rank and on every rerun. Each
+// collective gives up after the collective timeout, so a rank whose peer died
+// fails with Unavailable instead of hanging. gloo's exceptions stop here.
+// Not thread-safe: one thread issues the collectives, in the same order on
+// every rank.
+#ifndef CKPT_WORKER_DATA_PARALLEL_H_
+#define CKPT_WORKER_DATA_PARALLEL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace ckpt::worker {
+
+struct DataParallelOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";  // $MASTER_ADDR
+  int master_port = 29500;                // $MASTER_PORT
+  std::string iface;                      // bind gloo here instead (e.g. "eth0")
+  // How long ranks wait for each other to join (rank 0 may start last).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // How long one collective may wait for a peer.
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
+};
+
+// InvalidArgument naming the field.
+absl::Status ValidateDataParallelOptions(const DataParallelOptions& options);
+
+class StoreServer;
+class GrpcStore;
+
+class DataParallel {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Connect(
+      const DataParallelOptions& options);
+  ~DataParallel();
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+
+  // Replaces every value by its mean over the ranks (ring sum, then / W).
+  absl::Status AllReduceMean(std::span<float> values);
+  // Every rank's `value`, in rank order.
+  absl::StatusOr<std::vector<uint64_t>> AllGather(uint64_t value);
+
+ private:
+  explicit DataParallel(const DataParallelOptions& options);
+  absl::Status Rendezvous();
+
+  const DataParallelOptions options_;
+  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  std::unique_ptr<GrpcStore> store_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 0;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_DATA_PARALLEL_H_

@@ -1,0 +1,64 @@
+// The rendezvous store of a data-parallel ckpt-worker job, served over gRPC.
+// StoreServer (rank 0) holds the keys in memory and serves them at
+// MASTER_ADDR:MASTER_PORT; GrpcStore is every rank's gloo::rendezvous::Store
+// view of it. gloo calls the store and expects failures as exceptions, so
+// GrpcStore throws gloo::IoException naming the key and the address; the
+// DataParallel wrapper turns those into a Status. Both are thread-safe.
+#ifndef CKPT_WORKER_RENDEZVOUS_STORE_H_
+#define CKPT_WORKER_RENDEZVOUS_STORE_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+#include "absl/status/statusor.h"
+
+namespace ckpt::worker {
+
+// "host:port", with brackets around an IPv6 literal.
+std::string HostPort(const std::string& host, int port);
+
+class StoreServer {
+ public:
+  // Listens on host:port (the port must be free: no SO_REUSEPORT sharing).
+  // Unavailable naming the address when it cannot.
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port);
+  ~StoreServer();
+
+  class Impl;
+
+ private:
+  explicit StoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class GrpcStore : public gloo::rendezvous::Store {
+ public:
+  // Connects to the server at host:port, retrying until `connect_timeout`
+  // passes (rank 0 may start after the others). DeadlineExceeded naming
+  // MASTER_ADDR and MASTER_PORT when it never answers. Later gets and waits
+  // give up after `timeout`.
+  static absl::StatusOr<std::unique_ptr<GrpcStore>> Connect(
+      const std::string& host, int port, std::chrono::milliseconds connect_timeout,
+      std::chrono::milliseconds timeout);
+  ~GrpcStore() override;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+  class Impl;
+
+ private:
+  explicit GrpcStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_RENDEZVOUS_STORE_H_

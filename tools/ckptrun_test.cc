@@ -142,7 +142,13 @@ class CkptrunTest : public ::testing::Test {
     for (const auto& e : resp.events()) kinds.push_back(e.kind());
     return kinds;
   }
-  static bool Dead(const std::string& pid) { return kill(std::stoi(pid), 0) != 0 && errno == ESRCH; }
+  // Gone, or a zombie nobody reaped yet (an orphan's reaper may be slow).
+  static bool Dead(const std::string& pid) {
+    if (kill(std::stoi(pid), 0) != 0 && errno == ESRCH) return true;
+    std::string stat = ReadFile("/proc/" + pid + "/stat");
+    size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+  }
 
   storage::TestTempDir dir_;
   std::unique_ptr<testing::CoordinatorProcess> coord_;
@@ -173,6 +179,17 @@ TEST_F(CkptrunTest, StartsOneTrainerPerRankWithTorchrunEnvironment) {
   EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
   EXPECT_TRUE(Dead(Env(0, 0)["PID"]));
   EXPECT_TRUE(Dead(Env(0, 1)["PID"]));
+}
+
+TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
+  testing::FakeNode node(coord_->address(), "n1", "", 2);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("sleep", 2);
+  ASSERT_TRUE(WaitForEnv(0, {0, 1}));
+  kill(ckptrun_, SIGKILL);
+  EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
+  std::string pid0 = Env(0, 0)["PID"], pid1 = Env(0, 1)["PID"];
+  EXPECT_TRUE(WaitFor([&] { return Dead(pid0) && Dead(pid1); }, milliseconds(5000)));
 }
 
 TEST_F(CkptrunTest, FailedRankIsReportedAndJobRestartsFromDurableStepInNextGeneration) {

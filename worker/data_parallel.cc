@@ -1,16 +1,15 @@
 #include "worker/data_parallel.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <exception>
-
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
@@ -38,13 +37,15 @@ absl::StatusOr<std::string> LocalAddressFor(const std::string& host, int port) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
   std::string service = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MASTER_ADDR = \"", host, "\": cannot resolve: ", gai_strerror(rc)));
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+      rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MASTER_ADDR = \"", host, "\": cannot resolve: ", gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
   int fd = socket(res->ai_family, SOCK_DGRAM, 0);
-  if (fd < 0) return ErrnoToStatus(errno, "socket for the route to MASTER_ADDR");
+  if (fd < 0)
+    return ErrnoToStatus(errno, "socket for the route to MASTER_ADDR");
   sockaddr_storage local{};
   socklen_t len = sizeof(local);
   int err = 0;
@@ -53,12 +54,14 @@ absl::StatusOr<std::string> LocalAddressFor(const std::string& host, int port) {
     err = errno;
   }
   close(fd);
-  if (err != 0) return ErrnoToStatus(err, absl::StrCat("route to MASTER_ADDR = ", host));
+  if (err != 0)
+    return ErrnoToStatus(err, absl::StrCat("route to MASTER_ADDR = ", host));
   char name[NI_MAXHOST];
-  if (int rc = getnameinfo(reinterpret_cast<sockaddr*>(&local), len, name, sizeof(name), nullptr,
-                           0, NI_NUMERICHOST);
+  if (int rc = getnameinfo(reinterpret_cast<sockaddr*>(&local), len, name,
+                           sizeof(name), nullptr, 0, NI_NUMERICHOST);
       rc != 0) {
-    return absl::InternalError(absl::StrCat("local address for ", host, ": ", gai_strerror(rc)));
+    return absl::InternalError(
+        absl::StrCat("local address for ", host, ": ", gai_strerror(rc)));
   }
   return std::string(name);
 }
@@ -67,28 +70,32 @@ absl::StatusOr<std::string> LocalAddressFor(const std::string& host, int port) {
 
 absl::Status ValidateDataParallelOptions(const DataParallelOptions& o) {
   if (o.world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size = ", o.world_size, ": not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size = ", o.world_size, ": not positive"));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
   }
   if (o.world_size > 1 && o.master_addr.empty()) {
-    return absl::InvalidArgumentError("MASTER_ADDR: empty (needed when WORLD_SIZE > 1)");
+    return absl::InvalidArgumentError(
+        "MASTER_ADDR: empty (needed when WORLD_SIZE > 1)");
   }
   if (o.master_port < 1 || o.master_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("MASTER_PORT = ", o.master_port, ": not in [1, 65535]"));
   }
   if (o.connect_timeout.count() <= 0 || o.collective_timeout.count() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "connect_timeout = ", o.connect_timeout.count(), " ms, collective_timeout = ",
-        o.collective_timeout.count(), " ms: both must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("connect_timeout = ", o.connect_timeout.count(),
+                     " ms, collective_timeout = ", o.collective_timeout.count(),
+                     " ms: both must be positive"));
   }
   return absl::OkStatus();
 }
 
-DataParallel::DataParallel(const DataParallelOptions& options) : options_(options) {}
+DataParallel::DataParallel(const DataParallelOptions& options)
+    : options_(options) {}
 DataParallel::~DataParallel() = default;
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Connect(
@@ -102,22 +109,29 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Connect(
 absl::Status DataParallel::Rendezvous() {
   const DataParallelOptions& o = options_;
   if (o.rank == 0) {
-    CKPT_ASSIGN_OR_RETURN(server_, StoreServer::Start(o.master_addr, o.master_port));
+    CKPT_ASSIGN_OR_RETURN(server_,
+                          StoreServer::Start(o.master_addr, o.master_port));
   }
-  CKPT_ASSIGN_OR_RETURN(store_, GrpcStore::Connect(o.master_addr, o.master_port,
-                                                   o.connect_timeout, o.connect_timeout));
+  CKPT_ASSIGN_OR_RETURN(
+      store_, GrpcStore::Connect(o.master_addr, o.master_port,
+                                 o.connect_timeout, o.connect_timeout));
   gloo::transport::tcp::attr attr;
   if (!o.iface.empty()) {
     attr.iface = o.iface;
   } else {
-    CKPT_ASSIGN_OR_RETURN(attr.hostname, LocalAddressFor(o.master_addr, o.master_port));
+    CKPT_ASSIGN_OR_RETURN(attr.hostname,
+                          LocalAddressFor(o.master_addr, o.master_port));
   }
-  std::string where = absl::StrCat("rendezvous of rank ", o.rank, " of ", o.world_size, " at ",
-                                   HostPort(o.master_addr, o.master_port));
+  std::string where =
+      absl::StrCat("rendezvous of rank ", o.rank, " of ", o.world_size, " at ",
+                   HostPort(o.master_addr, o.master_port));
   return GlooCall(where, [&] {
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
-    // Peers connect within the join window; later collectives get the shorter timeout.
+    std::shared_ptr<gloo::transport::Device> device =
+        gloo::transport::tcp::CreateDevice(attr);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
+    // Peers connect within the join window; later collectives get the shorter
+    // timeout.
     context->setTimeout(o.connect_timeout);
     context->connectFullMesh(*store_, device);
     context->setTimeout(o.collective_timeout);
@@ -127,21 +141,24 @@ absl::Status DataParallel::Rendezvous() {
 
 absl::Status DataParallel::AllReduceMean(std::span<float> values) {
   if (options_.world_size == 1 || values.empty()) return absl::OkStatus();
-  std::string what = absl::StrCat("allreduce of ", values.size(), " floats on rank ",
-                                  options_.rank, " of ", options_.world_size);
+  std::string what =
+      absl::StrCat("allreduce of ", values.size(), " floats on rank ",
+                   options_.rank, " of ", options_.world_size);
   absl::Status s = GlooCall(what, [&] {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(values.data(), values.size());
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-        &gloo::sum<float>));
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(
+            &gloo::sum<float>));
     opts.setTag(next_tag_++);
     opts.setTimeout(options_.collective_timeout);
     gloo::allreduce(opts);
   });
   if (!s.ok()) {
-    return Annotate(s, absl::StrCat("a peer rank died or stalled (collective timeout ",
-                                    options_.collective_timeout.count() / 1000.0, " s)"));
+    return Annotate(
+        s, absl::StrCat("a peer rank died or stalled (collective timeout ",
+                        options_.collective_timeout.count() / 1000.0, " s)"));
   }
   const float w = static_cast<float>(options_.world_size);
   for (float& v : values) v /= w;
@@ -162,8 +179,9 @@ absl::StatusOr<std::vector<uint64_t>> DataParallel::AllGather(uint64_t value) {
     gloo::allgather(opts);
   });
   if (!s.ok()) {
-    return Annotate(s, absl::StrCat("a peer rank died or stalled (collective timeout ",
-                                    options_.collective_timeout.count() / 1000.0, " s)"));
+    return Annotate(
+        s, absl::StrCat("a peer rank died or stalled (collective timeout ",
+                        options_.collective_timeout.count() / 1000.0, " s)"));
   }
   return all;
 }

@@ -32,7 +32,7 @@ struct DataParallelOptions {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";  // $MASTER_ADDR
   int master_port = 29500;                // $MASTER_PORT
-  std::string iface;                      // bind gloo here instead (e.g. "eth0")
+  std::string iface;  // bind gloo here instead (e.g. "eth0")
   // How long ranks wait for each other to join (rank 0 may start last).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   // How long one collective may wait for a peer.

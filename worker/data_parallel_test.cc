@@ -36,8 +36,9 @@ class DataParallelTest : public ::testing::Test {
     ckpt::testing::UnlinkArenas(prefix_);
   }
 
-  std::map<std::string, std::string> RankEnv(int rank, int world, int port, const std::string& job,
-                                             std::map<std::string, std::string> extra = {}) {
+  std::map<std::string, std::string> RankEnv(
+      int rank, int world, int port, const std::string& job,
+      std::map<std::string, std::string> extra = {}) {
     extra["RANK"] = std::to_string(rank);
     extra["LOCAL_RANK"] = std::to_string(rank);
     extra["WORLD_SIZE"] = std::to_string(world);
@@ -52,14 +53,17 @@ class DataParallelTest : public ::testing::Test {
 
   // Runs ranks 0 and 1 of one job (job "" trains without the daemon).
   // kill_rank1_at: SIGKILL rank 1 once it prints the loss of that step.
-  std::vector<WorkerRun> RunTwoRanks(std::vector<std::string> flags, const std::string& job,
-                                     std::map<std::string, std::string> env = {},
-                                     std::optional<int> kill_rank1_at = std::nullopt) {
+  std::vector<WorkerRun> RunTwoRanks(
+      std::vector<std::string> flags, const std::string& job,
+      std::map<std::string, std::string> env = {},
+      std::optional<int> kill_rank1_at = std::nullopt) {
     int port = FreePort();
     // Rank 1 first: it must wait for rank 0's store rather than fail.
     std::optional<std::string> kill_line;
-    if (kill_rank1_at) kill_line = "step " + std::to_string(*kill_rank1_at) + " loss";
-    auto r1 = WorkerProcess::Start(flags, RankEnv(1, 2, port, job, env), kill_line);
+    if (kill_rank1_at)
+      kill_line = "step " + std::to_string(*kill_rank1_at) + " loss";
+    auto r1 =
+        WorkerProcess::Start(flags, RankEnv(1, 2, port, job, env), kill_line);
     auto r0 = WorkerProcess::Start(flags, RankEnv(0, 2, port, job, env));
     WorkerRun b = r1->Wait();
     WorkerRun a = r0->Wait();
@@ -72,12 +76,16 @@ class DataParallelTest : public ::testing::Test {
 };
 
 TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {
-  std::vector<WorkerRun> r = RunTwoRanks({"--steps", "60", "--ckpt-every", "10"}, "dp");
+  std::vector<WorkerRun> r =
+      RunTwoRanks({"--steps", "60", "--ckpt-every", "10"}, "dp");
   for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(r[rank].exited_ok()) << "rank " << rank << ":\n" << r[rank].output;
-    EXPECT_NE(r[rank].output.find("done rank=" + std::to_string(rank)), std::string::npos)
+    ASSERT_TRUE(r[rank].exited_ok()) << "rank " << rank << ":\n"
+                                     << r[rank].output;
+    EXPECT_NE(r[rank].output.find("done rank=" + std::to_string(rank)),
+              std::string::npos)
         << r[rank].output;
-    ASSERT_TRUE(r[rank].LossAt(1).has_value() && r[rank].LossAt(60).has_value());
+    ASSERT_TRUE(r[rank].LossAt(1).has_value() &&
+                r[rank].LossAt(60).has_value());
     EXPECT_LT(*r[rank].LossAt(60), 0.8f * *r[rank].LossAt(1)) << r[rank].output;
   }
   ASSERT_EQ(r[0].Digest().size(), 16u) << r[0].output;
@@ -90,33 +98,42 @@ TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {
   EXPECT_EQ(again[0].Digest(), r[0].Digest());
 }
 
-TEST_F(DataParallelTest, StoppedTwoRankRunResumesFromTheNamedStepWithTheSameDigest) {
+TEST_F(DataParallelTest,
+       StoppedTwoRankRunResumesFromTheNamedStepWithTheSameDigest) {
   std::vector<WorkerRun> straight = RunTwoRanks({"--steps", "40"}, "");
   ASSERT_TRUE(straight[0].exited_ok()) << straight[0].output;
 
-  std::vector<WorkerRun> first = RunTwoRanks({"--steps", "20", "--ckpt-every", "5"}, "stopped");
-  ASSERT_TRUE(first[0].exited_ok() && first[1].exited_ok()) << first[0].output << first[1].output;
-  std::vector<WorkerRun> second = RunTwoRanks({"--steps", "40", "--ckpt-every", "5"}, "stopped",
-                                              {{"CKPT_RESTORE_STEP", "20"}});
+  std::vector<WorkerRun> first =
+      RunTwoRanks({"--steps", "20", "--ckpt-every", "5"}, "stopped");
+  ASSERT_TRUE(first[0].exited_ok() && first[1].exited_ok())
+      << first[0].output << first[1].output;
+  std::vector<WorkerRun> second =
+      RunTwoRanks({"--steps", "40", "--ckpt-every", "5"}, "stopped",
+                  {{"CKPT_RESTORE_STEP", "20"}});
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(second[rank].exited_ok()) << second[rank].output;
     EXPECT_NE(second[rank].output.find("restored step 20"), std::string::npos);
-    EXPECT_EQ(second[rank].Digest(), straight[0].Digest()) << second[rank].output;
+    EXPECT_EQ(second[rank].Digest(), straight[0].Digest())
+        << second[rank].output;
   }
 }
 
-TEST_F(DataParallelTest, OneRankKilledFailsItsPeerAndBothResumeFromTheLatestCommonStep) {
-  std::vector<std::string> flags = {"--steps", "120", "--ckpt-every", "1",
-                                    "--collective-timeout-s", "10"};
+TEST_F(DataParallelTest,
+       OneRankKilledFailsItsPeerAndBothResumeFromTheLatestCommonStep) {
+  std::vector<std::string> flags = {
+      "--steps", "120", "--ckpt-every", "1", "--collective-timeout-s", "10"};
   std::vector<WorkerRun> straight = RunTwoRanks({"--steps", "120"}, "");
   ASSERT_TRUE(straight[0].exited_ok()) << straight[0].output;
 
   auto began = std::chrono::steady_clock::now();
-  std::vector<WorkerRun> killed = RunTwoRanks(flags, "killed", {}, /*kill_rank1_at=*/30);
-  ASSERT_TRUE(killed[1].killed()) << "rank 1 finished before it was killed:\n" << killed[1].output;
+  std::vector<WorkerRun> killed =
+      RunTwoRanks(flags, "killed", {}, /*kill_rank1_at=*/30);
+  ASSERT_TRUE(killed[1].killed()) << "rank 1 finished before it was killed:\n"
+                                  << killed[1].output;
   // Rank 0 notices its dead peer and exits non-zero, well within the timeout.
   EXPECT_EQ(killed[0].exit_code(), 1) << killed[0].output;
-  EXPECT_NE(killed[0].output.find("a peer rank died or stalled"), std::string::npos)
+  EXPECT_NE(killed[0].output.find("a peer rank died or stalled"),
+            std::string::npos)
       << killed[0].output;
   EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(40));
 
@@ -126,33 +143,39 @@ TEST_F(DataParallelTest, OneRankKilledFailsItsPeerAndBothResumeFromTheLatestComm
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(resumed[rank].exited_ok()) << resumed[rank].output;
     EXPECT_NE(resumed[rank].output.find("restored step"), std::string::npos);
-    EXPECT_EQ(resumed[rank].Digest(), straight[0].Digest()) << resumed[rank].output;
+    EXPECT_EQ(resumed[rank].Digest(), straight[0].Digest())
+        << resumed[rank].output;
   }
 }
 
 TEST_F(DataParallelTest, CheckpointOfAnotherWorldSizeIsRefusedNamingBoth) {
-  WorkerRun single =
-      WorkerProcess::Start({"--steps", "3", "--ckpt-every", "1"},
-                           {{"CKPT_SOCKET", daemon_->socket()}, {"CKPT_JOB", "resized"}})
-          ->Wait();
+  WorkerRun single = WorkerProcess::Start({"--steps", "3", "--ckpt-every", "1"},
+                                          {{"CKPT_SOCKET", daemon_->socket()},
+                                           {"CKPT_JOB", "resized"}})
+                         ->Wait();
   ASSERT_TRUE(single.exited_ok()) << single.output;
-  std::vector<WorkerRun> r = RunTwoRanks({"--steps", "6", "--collective-timeout-s", "5"},
-                                         "resized", {{"CKPT_RESTORE_STEP", "3"}});
+  std::vector<WorkerRun> r =
+      RunTwoRanks({"--steps", "6", "--collective-timeout-s", "5"}, "resized",
+                  {{"CKPT_RESTORE_STEP", "3"}});
   EXPECT_EQ(r[0].exit_code(), 1) << r[0].output;
   EXPECT_EQ(r[1].exit_code(), 1) << r[1].output;
-  EXPECT_NE(r[0].output.find("written by a job of world size 1, this run has world size 2"),
+  EXPECT_NE(r[0].output.find(
+                "written by a job of world size 1, this run has world size 2"),
             std::string::npos)
       << r[0].output;
   EXPECT_EQ(r[0].output.find("step 4 loss"), std::string::npos) << r[0].output;
 }
 
-TEST_F(DataParallelTest, RankWhoseMasterNeverAnswersFailsNamingMasterAddrAndPort) {
+TEST_F(DataParallelTest,
+       RankWhoseMasterNeverAnswersFailsNamingMasterAddrAndPort) {
   int port = FreePort();
-  WorkerRun r = WorkerProcess::Start({"--steps", "3", "--connect-timeout-s", "1"},
-                                     RankEnv(1, 2, port, ""))
-                    ->Wait();
+  WorkerRun r =
+      WorkerProcess::Start({"--steps", "3", "--connect-timeout-s", "1"},
+                           RankEnv(1, 2, port, ""))
+          ->Wait();
   EXPECT_EQ(r.exit_code(), 1) << r.output;
-  EXPECT_NE(r.output.find("MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + std::to_string(port)),
+  EXPECT_NE(r.output.find("MASTER_ADDR:MASTER_PORT = 127.0.0.1:" +
+                          std::to_string(port)),
             std::string::npos)
       << r.output;
 }

@@ -1,5 +1,6 @@
 #include "worker/rendezvous_store.h"
 
+#include <gloo/common/error.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -7,8 +8,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-
-#include <gloo/common/error.h>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous.grpc.pb.h"
@@ -29,7 +28,8 @@ std::string HostPort(const std::string& host, int port) {
 
 class StoreServer::Impl final : public v1::KeyValueStore::Service {
  public:
-  grpc::Status Set(grpc::ServerContext*, const v1::SetRequest* req, v1::SetResponse*) override {
+  grpc::Status Set(grpc::ServerContext*, const v1::SetRequest* req,
+                   v1::SetResponse*) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       values_[req->key()] = req->value();
@@ -40,9 +40,11 @@ class StoreServer::Impl final : public v1::KeyValueStore::Service {
 
   grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req,
                    v1::GetResponse* resp) override {
-    auto wait = std::min(std::chrono::milliseconds(req->wait_ms()), kMaxGetWait);
+    auto wait =
+        std::min(std::chrono::milliseconds(req->wait_ms()), kMaxGetWait);
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, wait, [&] { return stopping_ || values_.count(req->key()) > 0; });
+    cv_.wait_for(lock, wait,
+                 [&] { return stopping_ || values_.count(req->key()) > 0; });
     auto it = values_.find(req->key());
     if (it != values_.end()) {
       resp->set_found(true);
@@ -72,8 +74,8 @@ class StoreServer::Impl final : public v1::KeyValueStore::Service {
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreServer::~StoreServer() { impl_->Stop(); }
 
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host,
-                                                                int port) {
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
+    const std::string& host, int port) {
   auto impl = std::make_unique<Impl>();
   std::string address = HostPort(host, port);
   int bound = 0;
@@ -85,8 +87,9 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
   impl->server_ = builder.BuildAndStart();
   if (!impl->server_ || bound == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "rank 0: cannot serve the rendezvous store at MASTER_ADDR:MASTER_PORT = ", address,
-        " (port in use, or not an address of this host?)"));
+        "rank 0: cannot serve the rendezvous store at MASTER_ADDR:MASTER_PORT "
+        "= ",
+        address, " (port in use, or not an address of this host?)"));
   }
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
@@ -101,7 +104,8 @@ class GrpcStore::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(
+        address_, grpc::InsecureChannelCredentials(), args);
     stub_ = v1::KeyValueStore::NewStub(channel_);
   }
 
@@ -118,14 +122,17 @@ class GrpcStore::Impl {
   }
 
   // The key's value, waiting up to `timeout` for it; nullopt if it never came.
-  std::optional<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) {
+  std::optional<std::string> Get(const std::string& key,
+                                 std::chrono::milliseconds timeout) {
     auto deadline = Clock::now() + timeout;
     while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
       if (left.count() <= 0) return std::nullopt;
       v1::GetRequest req;
       req.set_key(key);
-      req.set_wait_ms(static_cast<uint32_t>(std::min(left, kMaxGetWait).count()));
+      req.set_wait_ms(
+          static_cast<uint32_t>(std::min(left, kMaxGetWait).count()));
       v1::GetResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(Clock::now() + kMaxGetWait + std::chrono::seconds(5));
@@ -135,9 +142,11 @@ class GrpcStore::Impl {
     }
   }
 
-  [[noreturn]] void Fail(const char* op, const std::string& key, const std::string& why) const {
-    throw ::gloo::IoException(absl::StrCat("rendezvous store at MASTER_ADDR:MASTER_PORT = ",
-                                           address_, ": ", op, " '", key, "': ", why));
+  [[noreturn]] void Fail(const char* op, const std::string& key,
+                         const std::string& why) const {
+    throw ::gloo::IoException(
+        absl::StrCat("rendezvous store at MASTER_ADDR:MASTER_PORT = ", address_,
+                     ": ", op, " '", key, "': ", why));
   }
 
   const std::string address_;
@@ -150,14 +159,16 @@ GrpcStore::GrpcStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrpcStore::~GrpcStore() = default;
 
 absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Connect(
-    const std::string& host, int port, std::chrono::milliseconds connect_timeout,
+    const std::string& host, int port,
+    std::chrono::milliseconds connect_timeout,
     std::chrono::milliseconds timeout) {
   auto impl = std::make_unique<Impl>(HostPort(host, port), timeout);
   if (!impl->channel_->WaitForConnected(Clock::now() + connect_timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "no rendezvous store answered at MASTER_ADDR:MASTER_PORT = ", impl->address_,
-        " within ", connect_timeout.count() / 1000.0,
-        " s (rank 0 serves it: is it running, and are MASTER_ADDR and MASTER_PORT the same "
+        "no rendezvous store answered at MASTER_ADDR:MASTER_PORT = ",
+        impl->address_, " within ", connect_timeout.count() / 1000.0,
+        " s (rank 0 serves it: is it running, and are MASTER_ADDR and "
+        "MASTER_PORT the same "
         "on every rank?)"));
   }
   return std::unique_ptr<GrpcStore>(new GrpcStore(std::move(impl)));
@@ -170,21 +181,26 @@ void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
 std::vector<char> GrpcStore::get(const std::string& key) {
   std::optional<std::string> v = impl_->Get(key, impl_->timeout_);
   if (!v.has_value()) {
-    impl_->Fail("get", key,
-                absl::StrCat("not set within ", impl_->timeout_.count() / 1000.0,
-                             " s (a rank did not join?)"));
+    impl_->Fail(
+        "get", key,
+        absl::StrCat("not set within ", impl_->timeout_.count() / 1000.0,
+                     " s (a rank did not join?)"));
   }
   return std::vector<char>(v->begin(), v->end());
 }
 
-void GrpcStore::wait(const std::vector<std::string>& keys) { wait(keys, impl_->timeout_); }
+void GrpcStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, impl_->timeout_);
+}
 
 void GrpcStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   auto deadline = Clock::now() + timeout;
   for (const std::string& key : keys) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (!impl_->Get(key, std::max(left, std::chrono::milliseconds(1))).has_value()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    if (!impl_->Get(key, std::max(left, std::chrono::milliseconds(1)))
+             .has_value()) {
       impl_->Fail("wait", key,
                   absl::StrCat("not set within ", timeout.count() / 1000.0,
                                " s (a rank did not join?)"));

@@ -7,12 +7,12 @@
 #ifndef CKPT_WORKER_RENDEZVOUS_STORE_H_
 #define CKPT_WORKER_RENDEZVOUS_STORE_H_
 
+#include <gloo/rendezvous/store.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gloo/rendezvous/store.h>
 
 #include "absl/status/statusor.h"
 
@@ -25,7 +25,8 @@ class StoreServer {
  public:
   // Listens on host:port (the port must be free: no SO_REUSEPORT sharing).
   // Unavailable naming the address when it cannot.
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port);
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
+      const std::string& host, int port);
   ~StoreServer();
 
   class Impl;
@@ -42,7 +43,8 @@ class GrpcStore : public gloo::rendezvous::Store {
   // MASTER_ADDR and MASTER_PORT when it never answers. Later gets and waits
   // give up after `timeout`.
   static absl::StatusOr<std::unique_ptr<GrpcStore>> Connect(
-      const std::string& host, int port, std::chrono::milliseconds connect_timeout,
+      const std::string& host, int port,
+      std::chrono::milliseconds connect_timeout,
       std::chrono::milliseconds timeout);
   ~GrpcStore() override;
 

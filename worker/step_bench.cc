@@ -13,7 +13,8 @@ namespace ckpt::worker {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -28,8 +29,8 @@ absl::StatusOr<StepTimes> MeasureStepTimes(const StepBenchOptions& o) {
   ckpt::testing::TempDir root, run;
   std::string prefix = ckpt::testing::UniqueShmPrefix();
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::testing::DaemonProcess> daemon,
-                        ckpt::testing::DaemonProcess::Start(root.path() + "/root", run.path(),
-                                                            prefix));
+                        ckpt::testing::DaemonProcess::Start(
+                            root.path() + "/root", run.path(), prefix));
   struct Cleanup {
     std::string prefix;
     ~Cleanup() { ckpt::testing::UnlinkArenas(prefix); }
@@ -42,12 +43,15 @@ absl::StatusOr<StepTimes> MeasureStepTimes(const StepBenchOptions& o) {
   t.log_every = 0;
   const int warmup = 2;  // the first save also creates and faults in the arena
   t.steps = warmup + int64_t{o.blocks} * o.steps_per_block;
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> plain, Trainer::Create(t, nullptr));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> plain,
+                        Trainer::Create(t, nullptr));
   t.ckpt_every = 1;
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                        Client::Connect(ckpt::testing::OptionsFor(*daemon, "bench", 0, 1)));
+  CKPT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Client> client,
+      Client::Connect(ckpt::testing::OptionsFor(*daemon, "bench", 0, 1)));
   Client* c = client.get();
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> saving, Trainer::Create(t, std::move(client)));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> saving,
+                        Trainer::Create(t, std::move(client)));
 
   CKPT_RETURN_IF_ERROR(plain->RunUntil(warmup, nullptr));
   CKPT_RETURN_IF_ERROR(saving->RunUntil(warmup, nullptr));

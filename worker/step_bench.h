@@ -14,9 +14,11 @@
 namespace ckpt::worker {
 
 struct StepBenchOptions {
-  MlpConfig model{/*vocab=*/4096, /*dim=*/256, /*layers=*/4, /*seq=*/16, /*batch=*/4};
-  int blocks = 4;           // timed blocks per configuration
-  int steps_per_block = 5;  // each block ends with its last save taken by the daemon
+  MlpConfig model{/*vocab=*/4096, /*dim=*/256, /*layers=*/4, /*seq=*/16,
+                  /*batch=*/4};
+  int blocks = 4;  // timed blocks per configuration
+  int steps_per_block =
+      5;  // each block ends with its last save taken by the daemon
   double offload_fraction = 0.5;
   int cpu_threads = 1;
 };

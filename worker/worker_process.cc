@@ -17,8 +17,9 @@ namespace ckpt::worker::testing {
 namespace {
 
 bool Inherited(const std::string& key) {
-  static const char* const kOwn[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                     "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"};
+  static const char* const kOwn[] = {"RANK",        "WORLD_SIZE",
+                                     "LOCAL_RANK",  "MASTER_ADDR",
+                                     "MASTER_PORT", "GLOO_SOCKET_IFNAME"};
   if (key.rfind("CKPT_", 0) == 0) return false;
   for (const char* k : kOwn) {
     if (key == k) return false;
@@ -29,8 +30,12 @@ bool Inherited(const std::string& key) {
 }  // namespace
 
 bool WorkerRun::exited_ok() const { return exit_code() == 0; }
-int WorkerRun::exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
-bool WorkerRun::killed() const { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
+int WorkerRun::exit_code() const {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+bool WorkerRun::killed() const {
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
 
 std::string WorkerRun::Digest() const {
   size_t at = output.rfind("params_digest=");
@@ -39,19 +44,24 @@ std::string WorkerRun::Digest() const {
 
 std::optional<float> WorkerRun::LossAt(int64_t step) const {
   std::string key = "step " + std::to_string(step) + " loss ";
-  for (size_t at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
-    if (at == 0 || output[at - 1] == '\n') return std::strtof(output.c_str() + at + key.size(), nullptr);
+  for (size_t at = output.find(key); at != std::string::npos;
+       at = output.find(key, at + 1)) {
+    if (at == 0 || output[at - 1] == '\n')
+      return std::strtof(output.c_str() + at + key.size(), nullptr);
   }
   return std::nullopt;
 }
 
 std::unique_ptr<WorkerProcess> WorkerProcess::Start(
-    const std::vector<std::string>& flag_list, const std::map<std::string, std::string>& env,
+    const std::vector<std::string>& flag_list,
+    const std::map<std::string, std::string>& env,
     std::optional<std::string> kill_on_line) {
   std::map<std::string, std::string> flags = {
-      {"--vocab", "64"}, {"--dim", "32"},  {"--seq", "16"},       {"--batch", "8"},
-      {"--seed", "5"},   {"--lr", "0.01"}, {"--log-every", "1"}};
-  for (size_t i = 0; i + 1 < flag_list.size(); i += 2) flags[flag_list[i]] = flag_list[i + 1];
+      {"--vocab", "64"},   {"--dim", "32"}, {"--seq", "16"},
+      {"--batch", "8"},    {"--seed", "5"}, {"--lr", "0.01"},
+      {"--log-every", "1"}};
+  for (size_t i = 0; i + 1 < flag_list.size(); i += 2)
+    flags[flag_list[i]] = flag_list[i + 1];
   std::vector<std::string> argv = {CKPT_WORKER_BINARY};
   for (const auto& [flag, value] : flags) {
     argv.push_back(flag);
@@ -88,8 +98,9 @@ std::unique_ptr<WorkerProcess> WorkerProcess::Start(
     bool killed = false;
     while (std::fgets(line, sizeof(line), out) != nullptr) {
       proc->run_.output += line;
-      if (kill_on_line && !killed && std::strncmp(line, kill_on_line->c_str(),
-                                                  kill_on_line->size()) == 0) {
+      if (kill_on_line && !killed &&
+          std::strncmp(line, kill_on_line->c_str(), kill_on_line->size()) ==
+              0) {
         kill(proc->pid_, SIGKILL);
         killed = true;
       }

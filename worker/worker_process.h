@@ -33,9 +33,10 @@ struct WorkerRun {
 class WorkerProcess {
  public:
   // flags: "--flag", "value" pairs that override the small model's defaults.
-  static std::unique_ptr<WorkerProcess> Start(const std::vector<std::string>& flags,
-                                              const std::map<std::string, std::string>& env,
-                                              std::optional<std::string> kill_on_line = {});
+  static std::unique_ptr<WorkerProcess> Start(
+      const std::vector<std::string>& flags,
+      const std::map<std::string, std::string>& env,
+      std::optional<std::string> kill_on_line = {});
   ~WorkerProcess();  // SIGKILLs the child if still running
   pid_t pid() const { return pid_; }
   WorkerRun Wait();

@@ -30,6 +30,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
     return absl::InvalidArgumentError("--: missing before the trainer command (ckptrun [flags] -- CMD ARGS...)");
 
   CLI::App app{"ckptrun: starts this node's trainers of a coordinated job and restarts them on new generations"};
+  app.footer("After the flags: -- CMD ARGS..., the trainer command, started once per rank of this node.");
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
   app.add_option("--coordinator", o.coordinator, "ckpt-coordinator's HOST:PORT")->required();

@@ -26,6 +26,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,8 +102,12 @@ class Engine {
   v1::StatusResponse Status();
 
   // Cluster mode: the ranks of `job` this node hosts now (from the
-  // coordinator). Without a call, every rank of the job counts.
-  void SetHostedRanks(const std::string& job, std::vector<uint32_t> ranks);
+  // coordinator), and the oldest step the job may still restore (the
+  // global last good step or the plan's restore step): retention never
+  // deletes it or anything newer, and deletes nothing while it is unknown.
+  // Without a call, every rank of the job counts.
+  void SetHostedRanks(const std::string& job, std::vector<uint32_t> ranks,
+                      std::optional<uint64_t> keep_from);
   // Loads `rank`'s shard of `step` from storage `key` into the rank's arena
   // so that a restore finds it in memory (a coordinator's PREFETCH order).
   // Creates the job, owned by the shard file's owner, when this node does
@@ -214,7 +219,11 @@ class Engine {
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
   std::map<uint64_t, Lease> leases_;
-  std::map<std::string, std::set<uint32_t>> hosted_;  // cluster mode
+  struct Hosted {
+    std::set<uint32_t> ranks;
+    std::optional<uint64_t> keep_from;
+  };
+  std::map<std::string, Hosted> hosted_;  // cluster mode
   uint64_t next_lease_ = 1;
   uint64_t next_gen_ = 1;
   std::deque<Task> tasks_;

@@ -33,16 +33,18 @@ void Engine::ReportLocked(const Shard& shard, bool durable) const {
   options_.on_shard(r);
 }
 
-void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks) {
+void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks,
+                            std::optional<uint64_t> keep_from) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::set<uint32_t> now(ranks.begin(), ranks.end());
-  auto& hosted = hosted_[job_name];
-  if (hosted == now) return;
+  Hosted now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
+  Hosted& hosted = hosted_[job_name];
+  if (hosted.ranks == now.ranks && hosted.keep_from == now.keep_from) return;
   hosted = std::move(now);
-  // Steps may have become complete here (ranks moved away).
+  // Steps may have become complete here (ranks moved away), or deletable.
   auto job = jobs_.find(job_name);
   if (job == jobs_.end()) return;
   for (auto& [n, step] : job->second.steps) MaybeQueueManifestLocked(job->second, n);
+  ApplyRetentionLocked(job->second);
 }
 
 absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, uint64_t step,

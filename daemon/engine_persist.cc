@@ -207,8 +207,8 @@ bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable)
     whole = step.shards.size() == job.rec.world_size();
   } else {
     // Cluster mode: only the ranks this node hosts count here.
-    whole = !hosted->second.empty();
-    for (uint32_t r : hosted->second) whole = whole && step.shards.count(r);
+    whole = !hosted->second.ranks.empty();
+    for (uint32_t r : hosted->second.ranks) whole = whole && step.shards.count(r);
   }
   if (!whole) {
     *durable = false;
@@ -280,6 +280,13 @@ void Engine::ApplyRetentionLocked(Job& job) {
     if (++kept == options_.retain_steps) break;
   }
   if (kept < options_.retain_steps) return;
+  if (!options_.node_id.empty()) {
+    // Cluster mode: the job may still restore steps this node already
+    // counts as old (another node lags), so the coordinator's word counts.
+    auto hosted = hosted_.find(job.rec.job());
+    if (hosted == hosted_.end() || !hosted->second.keep_from) return;
+    oldest_kept = std::min(oldest_kept, *hosted->second.keep_from);
+  }
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
   for (auto& [n, step] : job.steps) {
     if (n >= oldest_kept) break;

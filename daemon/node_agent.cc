@@ -19,6 +19,9 @@ class NodeAgent::Rpc {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    // Without this a lost connection waits up to 30 s before the address
+    // is resolved again.
+    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
     stub_ = cv1::Coordinator::NewStub(
         grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
   }
@@ -152,8 +155,14 @@ void NodeAgent::HeartbeatLoop() {
         return false;
       });
     }
-    for (const cv1::Assignment& a : resp.assignments())
-      engine_->SetHostedRanks(a.job(), {a.ranks().begin(), a.ranks().end()});
+    for (const cv1::Assignment& a : resp.assignments()) {
+      std::optional<uint64_t> keep_from;
+      if (a.has_last_good()) keep_from = a.last_good_step();
+      if (a.has_restore_step()) keep_from = std::min(keep_from.value_or(a.restore_step()), a.restore_step());
+      // A job that never had a good step keeps everything it saved.
+      if (!keep_from) keep_from = 0;
+      engine_->SetHostedRanks(a.job(), {a.ranks().begin(), a.ranks().end()}, keep_from);
+    }
     for (const cv1::Order& o : resp.orders()) {
       std::unique_lock<std::mutex> lock(mu_);
       if (!handled_.insert(o.id()).second) continue;

@@ -124,6 +124,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     a.set_job(name);
     a.set_world_size(job.rec.world_size());
     a.set_generation(job.rec.generation());
+    a.set_has_last_good(job.rec.has_last_good());
+    a.set_last_good_step(job.rec.last_good_step());
+    a.set_has_restore_step(job.rec.has_restore_step());
+    a.set_restore_step(job.rec.restore_step());
     *resp.add_assignments() = std::move(a);
   }
   CKPT_RETURN_IF_ERROR(CommitLocked(&batch));

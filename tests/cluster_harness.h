@@ -1,0 +1,114 @@
+// A multi-node cluster on one machine for the recovery tests and the
+// recovery benchmark: a real ckpt-coordinator on loopback, and nodes that
+// are each a real ckptd (own socket, root and shared-memory prefix, all
+// sharing one shared root) plus a real ckptrun running cluster_trainer.
+// Everything is a child process that tests kill with real signals; each
+// writes its output to a log file in the cluster's directory.
+// Not thread-safe: one test thread drives it.
+#ifndef CKPT_TESTS_CLUSTER_HARNESS_H_
+#define CKPT_TESTS_CLUSTER_HARNESS_H_
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator.grpc.pb.h"
+
+namespace ckpt::testing {
+
+// A child process (dies with its parent), output to `log`.
+class Proc {
+ public:
+  static std::unique_ptr<Proc> Spawn(const std::vector<std::string>& argv, const std::string& log,
+                                     const std::vector<std::string>& env = {});
+  ~Proc();  // SIGKILL and reap if still running
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Reaps if exited; returns the wait status, or nullopt while running.
+  std::optional<int> Poll();
+  // Waits up to `timeout`; nullopt if still running.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+  void Kill();  // SIGKILL and reap
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
+
+struct ClusterOptions {
+  std::string dir;              // everything goes under it
+  std::string job = "job";
+  uint32_t world_size = 4;
+  uint32_t nproc_per_node = 2;
+  uint64_t bytes_per_rank = 8 << 20;
+  uint64_t last_step = 20;
+  int step_ms = 100;
+  int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine
+  std::vector<std::string> ckptd_args;  // extra flags for every ckptd
+};
+
+// One line of a rank's cluster_trainer log, parsed.
+struct TrainerLine {
+  std::string kind;  // start, restored, saved, done, restore_failed, mismatch, save_failed
+  std::map<std::string, std::string> fields;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions options);
+  ~Cluster();
+
+  const ClusterOptions& options() const { return options_; }
+  std::string shared_root() const { return options_.dir + "/shared"; }
+  int coordinator_port() const { return port_; }
+
+  void StartCoordinator();
+  void KillCoordinator(int sig = SIGKILL);
+  // Starts a node's ckptd and waits until it serves; then its ckptrun.
+  void StartNode(const std::string& id, bool spare = false);
+  // SIGKILLs the node's ckptrun, trainers and ckptd, and removes its
+  // shared memory: the node is gone with everything it held.
+  void KillNode(const std::string& id);
+  void SignalDaemon(const std::string& id, int sig);
+  // ckptrun's exit status once it exited.
+  std::optional<int> LauncherStatus(const std::string& id);
+  std::optional<int> WaitLauncher(const std::string& id, std::chrono::milliseconds timeout);
+
+  std::unique_ptr<coord::v1::Coordinator::Stub> Stub() const;
+  std::optional<coord::v1::GetClusterResponse> GetCluster() const;
+  std::vector<coord::v1::Event> Events() const;
+  std::optional<coord::v1::JobRecord> Job() const;
+
+  std::vector<TrainerLine> TrainerLog(uint32_t rank) const;
+  // The pid of the rank's current trainer (last "start" line), or -1.
+  pid_t TrainerPid(uint32_t rank) const;
+  // Polls cond every 20 ms until true or timeout.
+  static bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+  // Every log of the cluster, for a failing test's output.
+  std::string DumpLogs() const;
+
+ private:
+  struct Node {
+    std::string dir;
+    std::string shm_prefix;
+    std::unique_ptr<Proc> daemon;
+    std::unique_ptr<Proc> launcher;
+  };
+  std::string NodeDir(const std::string& id) const { return options_.dir + "/node-" + id; }
+
+  const ClusterOptions options_;
+  int port_ = 0;
+  std::unique_ptr<Proc> coordinator_;
+  std::map<std::string, Node> nodes_;
+};
+
+}  // namespace ckpt::testing
+
+#endif  // CKPT_TESTS_CLUSTER_HARNESS_H_

@@ -1,0 +1,245 @@
+// Multi-node recovery with real processes on one machine: a coordinator,
+// nodes made of ckptd + ckptrun + cluster_trainer, killed and stopped with
+// real signals. Every scenario ends the same way: each rank resumed at one
+// common step with its state checked bit for bit (by the trainer), and the
+// job ran to its last step.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "tests/cluster_harness.h"
+#include "tests/harness.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  ClusterOptions Options(uint32_t world_size) {
+    ClusterOptions o;
+    o.dir = dir_.path();
+    o.world_size = world_size;
+    return o;
+  }
+  void TearDown() override {
+    if ((HasFailure() || std::getenv("CKPT_TEST_LOGS")) && cluster_) std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
+  }
+
+  uint64_t LastSaved(uint32_t rank) const {
+    uint64_t step = 0;
+    for (const auto& l : cluster_->TrainerLog(rank))
+      if (l.kind == "saved") step = std::stoull(l.fields.at("step"));
+    return step;
+  }
+  uint64_t LastGood() const {
+    auto job = cluster_->Job();
+    return job && job->has_last_good() ? job->last_good_step() : 0;
+  }
+  void WaitForProgress(uint64_t last_good) {
+    ASSERT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= last_good; }, seconds(60)))
+        << "last good step never reached " << last_good;
+  }
+  void ExpectLaunchersSucceed(const std::vector<std::string>& nodes) {
+    for (const auto& id : nodes) {
+      auto st = cluster_->WaitLauncher(id, seconds(120));
+      ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
+      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << "ckptrun of node " << id
+                                                           << " wait status " << *st;
+    }
+  }
+  // Every rank restored exactly once after the failure, all at one step,
+  // never saw a wrong byte, and finished. Returns that step.
+  uint64_t ExpectAllResumedAtOneStep() {
+    std::set<uint64_t> steps;
+    for (uint32_t r = 0; r < cluster_->options().world_size; ++r) {
+      auto log = cluster_->TrainerLog(r);
+      std::optional<uint64_t> restored;
+      bool done = false;
+      for (const auto& l : log) {
+        EXPECT_NE(l.kind, "mismatch") << "rank " << r;
+        EXPECT_NE(l.kind, "restore_failed") << "rank " << r;
+        if (l.kind == "restored") restored = std::stoull(l.fields.at("step"));
+        if (l.kind == "done") done = true;
+      }
+      EXPECT_TRUE(restored.has_value()) << "rank " << r << " never restored";
+      EXPECT_TRUE(done) << "rank " << r << " did not finish";
+      if (restored) steps.insert(*restored);
+    }
+    EXPECT_EQ(steps.size(), 1u) << "ranks resumed at different steps";
+    return steps.empty() ? 0 : *steps.begin();
+  }
+  std::string DaemonLog(const std::string& id) const {
+    std::ifstream in(dir_.path() + "/node-" + id + "/ckptd.log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(ClusterTest, KilledTrainerIsRestartedAndEveryRankResumesFromSharedMemory) {
+  cluster_ = std::make_unique<Cluster>(Options(2));
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(3));
+  pid_t victim = cluster_->TrainerPid(1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ExpectLaunchersSucceed({"a"});
+  uint64_t step = ExpectAllResumedAtOneStep();
+  EXPECT_GE(step, 3u);
+  // Nothing was read back from storage: both ranks restored from memory.
+  std::string log = DaemonLog("a");
+  EXPECT_EQ(log.find("the client reads"), std::string::npos) << log;
+  EXPECT_EQ(log.find("load "), std::string::npos) << log;
+}
+
+TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
+  cluster_ = std::make_unique<Cluster>(Options(4));
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  cluster_->StartNode("c", /*spare=*/true);
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(3));
+  cluster_->KillNode("b");
+  ExpectLaunchersSucceed({"a", "c"});
+  uint64_t step = ExpectAllResumedAtOneStep();
+  EXPECT_GE(step, 3u);
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "c");
+  EXPECT_EQ(job->rank_node(3), "c");
+  EXPECT_NE(DaemonLog("c").find("prefetched"), std::string::npos);
+  EXPECT_EQ(DaemonLog("a").find("load "), std::string::npos) << "survivors restore from memory";
+}
+
+TEST_F(ClusterTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
+  ClusterOptions o = Options(4);
+  o.last_step = 30;
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(2));
+  uint64_t before = LastGood();
+  cluster_->KillCoordinator(SIGKILL);
+  std::this_thread::sleep_for(milliseconds(1500));  // trainers keep saving
+  cluster_->StartCoordinator();
+  ExpectLaunchersSucceed({"a", "b"});
+  // Reports queued while it was down arrive: the last step becomes good.
+  EXPECT_TRUE(Cluster::WaitUntil([&] { return LastGood() == o.last_step; }, seconds(30)))
+      << "last good " << LastGood();
+  EXPECT_GE(LastGood(), before);
+  for (uint32_t r = 0; r < o.world_size; ++r) {
+    int starts = 0;
+    for (const auto& l : cluster_->TrainerLog(r)) starts += l.kind == "start";
+    EXPECT_EQ(starts, 1) << "rank " << r << " was restarted";
+  }
+}
+
+TEST_F(ClusterTest, StoppedNodeIsFencedAndCannotCommitUntilItRegistersAgain) {
+  cluster_ = std::make_unique<Cluster>(Options(4));
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(2));
+  uint64_t old_epoch = 0;
+  auto before = cluster_->GetCluster();
+  ASSERT_TRUE(before.has_value());
+  for (const auto& n : before->nodes())
+    if (n.node_id() == "b") old_epoch = n.epoch();
+  cluster_->SignalDaemon("b", SIGSTOP);
+  auto node_b = [&]() -> std::optional<cv1::NodeRecord> {
+    auto c = cluster_->GetCluster();
+    if (c)
+      for (const auto& n : c->nodes())
+        if (n.node_id() == "b") return n;
+    return std::nullopt;
+  };
+  ASSERT_TRUE(Cluster::WaitUntil([&] { auto n = node_b(); return n && n->health() == cv1::DEAD; },
+                                 seconds(10)));
+  // A report under the fenced epoch is refused.
+  {
+    cv1::ReportShardRequest req;
+    req.set_node_id("b");
+    req.set_epoch(old_epoch);
+    req.set_job("job");
+    req.set_step(LastGood() + 1);
+    req.set_rank(2);
+    req.set_state(cv1::STAGED);
+    cv1::ReportShardResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = cluster_->Stub()->ReportShard(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  cluster_->SignalDaemon("b", SIGCONT);
+  ASSERT_TRUE(Cluster::WaitUntil([&] { auto n = node_b(); return n && n->health() == cv1::ALIVE; },
+                                 seconds(20)));
+  EXPECT_GT(node_b()->epoch(), old_epoch);
+  ExpectLaunchersSucceed({"a", "b"});
+  ExpectAllResumedAtOneStep();
+  EXPECT_NE(DaemonLog("b").find("fenced at epoch"), std::string::npos);
+  // No step became durable while b was fenced: b's ranks could not count.
+  bool fenced = false;
+  for (const auto& e : cluster_->Events()) {
+    if (e.kind() == cv1::FAILURE_DETECTED && e.node_id() == "b") fenced = true;
+    if (e.kind() == cv1::NODE_REGISTERED && e.node_id() == "b" && fenced) break;
+    EXPECT_FALSE(fenced && e.kind() == cv1::STEP_DURABLE) << e.detail();
+  }
+  EXPECT_TRUE(fenced);
+}
+
+TEST_F(ClusterTest, ReplacementDyingWhilePrefetchingIsReplacedAgain) {
+  ClusterOptions o = Options(4);
+  o.bytes_per_rank = 128 << 20;  // a prefetch long enough to be caught
+  o.heartbeat_timeout_ms = 3000;
+  o.last_step = 40;  // survivors must still run when the failure is seen
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  cluster_->StartNode("c", /*spare=*/true);
+  cluster_->StartNode("d", /*spare=*/true);
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(2));
+  cluster_->KillNode("b");
+  // The plan sends c a PREFETCH; c dies before acknowledging it.
+  uint64_t prefetch_order = 0;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        for (const auto& e : cluster_->Events())
+          if (e.kind() == cv1::ORDER_SENT && e.node_id() == "c" &&
+              e.detail().find("PREFETCH") != std::string::npos) {
+            prefetch_order = std::stoull(e.detail().substr(6));
+            return true;
+          }
+        return false;
+      },
+      seconds(20)));
+  cluster_->KillNode("c");
+  ExpectLaunchersSucceed({"a", "d"});
+  ExpectAllResumedAtOneStep();
+  for (const auto& e : cluster_->Events())
+    EXPECT_FALSE(e.kind() == cv1::ORDER_ACKED && e.node_id() == "c" &&
+                 e.detail().find("order " + std::to_string(prefetch_order) + " ") == 0)
+        << "c acknowledged its prefetch before it died: the test missed its window";
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "d");
+  EXPECT_EQ(job->rank_node(3), "d");
+}
+
+}  // namespace
+}  // namespace ckpt::testing

@@ -1,0 +1,108 @@
+// The deterministic trainer of the multi-node tests and the recovery
+// benchmark, configured like a real one by ckptrun's environment (RANK,
+// WORLD_SIZE, CKPT_SOCKET, CKPT_JOB, CKPT_RESTORE_STEP). Its state at step S
+// is a function of (rank, S), so a restore is checked bit for bit.
+//   cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR
+// It restores CKPT_RESTORE_STEP when set (exit 4 if the state differs),
+// then saves steps restore+1 .. LAST_STEP, one every STEP_MS, and appends
+// to LOG_DIR/rank-<R>.log lines that the tests parse:
+//   start pid=<pid> generation=<G> restore=<S|none>
+//   restored step=<S> seconds=<t> process_start_to_restored=<t>
+//   saved step=<S> stall=<t>
+//   done step=<LAST_STEP>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "tests/harness.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Stamps (rank, step) into every 4 KiB of every tensor, over the base
+// state: any stale page of a wrong step shows.
+void Stamp(ckpt::testing::HostState& s, uint32_t rank, uint64_t step) {
+  for (size_t i = 0; i < s.buffers.size(); ++i) {
+    auto& b = s.buffers[i];
+    for (size_t off = 0; off + 16 <= b.size(); off += 4096) {
+      uint64_t words[2] = {(uint64_t{rank} << 48) ^ step, step * 0x9E3779B97F4A7C15ull ^ (off + i)};
+      std::memcpy(&b[off], words, sizeof words);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto t_start = Clock::now();
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR\n");
+    return 100;
+  }
+  const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
+  const uint64_t last = std::strtoull(argv[2], nullptr, 10);
+  const int step_ms = std::atoi(argv[3]);
+  ckpt::ClientOptions o;  // everything else from the environment
+  auto client = ckpt::Client::Connect(o);
+  if (!client.ok()) {
+    std::fprintf(stderr, "cluster_trainer: %s\n", std::string(client.status().message()).c_str());
+    return 2;
+  }
+  const uint32_t rank = static_cast<uint32_t>(std::atoi(std::getenv("RANK")));
+  std::string path = std::string(argv[4]) + "/rank-" + std::to_string(rank) + ".log";
+  FILE* log = std::fopen(path.c_str(), "a");
+  if (!log) return 101;
+  setvbuf(log, nullptr, _IOLBF, 0);
+  const char* gen = std::getenv("CKPT_GENERATION");
+  const char* restore = std::getenv("CKPT_RESTORE_STEP");
+  std::fprintf(log, "start pid=%d generation=%s restore=%s\n", getpid(), gen ? gen : "none",
+               restore && *restore ? restore : "none");
+
+  auto state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
+  uint64_t first = 1;
+  if (restore && *restore) {
+    uint64_t step = std::strtoull(restore, nullptr, 10);
+    auto got = state.EmptyLike();
+    auto t0 = Clock::now();
+    absl::Status s = (*client)->Restore(static_cast<int64_t>(step), got.tensors);
+    double restore_s = Since(t0);
+    if (!s.ok()) {
+      std::fprintf(log, "restore_failed step=%lu %s\n", static_cast<unsigned long>(step),
+                   std::string(s.message()).c_str());
+      return 3;
+    }
+    double started_s = Since(t_start);
+    Stamp(state, rank, step);
+    if (!got.Equals(state)) {
+      std::fprintf(log, "mismatch step=%lu\n", static_cast<unsigned long>(step));
+      return 4;
+    }
+    std::fprintf(log, "restored step=%lu seconds=%.6f process_start_to_restored=%.6f\n",
+                 static_cast<unsigned long>(step), restore_s, started_s);
+    first = step + 1;
+  }
+  for (uint64_t step = first; step <= last; ++step) {
+    Stamp(state, rank, step);
+    auto t0 = Clock::now();
+    absl::Status s = (*client)->Save(static_cast<int64_t>(step), state.tensors);
+    if (!s.ok()) {
+      std::fprintf(log, "save_failed step=%lu %s\n", static_cast<unsigned long>(step),
+                   std::string(s.message()).c_str());
+      return 5;
+    }
+    std::fprintf(log, "saved step=%lu stall=%.6f\n", static_cast<unsigned long>(step), Since(t0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+  }
+  std::fprintf(log, "done step=%lu\n", static_cast<unsigned long>(last));
+  return 0;
+}

@@ -64,6 +64,7 @@ NodeAgent::~NodeAgent() {
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (reporter_.joinable()) reporter_.join();
+  if (applier_.joinable()) applier_.join();
   for (auto& t : prefetchers_) t.join();
 }
 
@@ -71,6 +72,7 @@ void NodeAgent::Start(Engine* engine) {
   engine_ = engine;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   reporter_ = std::thread([this] { ReportLoop(); });
+  applier_ = std::thread([this] { ApplyLoop(); });
 }
 
 void NodeAgent::Report(const ShardReport& report) {
@@ -81,7 +83,8 @@ void NodeAgent::Report(const ShardReport& report) {
 
 bool NodeAgent::WaitFor(std::chrono::milliseconds d) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [&] { return stopping_; });
+  cv_.wait_for(lock, d, [&] { return stopping_ || kick_; });
+  kick_ = false;
   return !stopping_;
 }
 
@@ -155,13 +158,20 @@ void NodeAgent::HeartbeatLoop() {
         return false;
       });
     }
-    for (const cv1::Assignment& a : resp.assignments()) {
-      std::optional<uint64_t> keep_from;
-      if (a.has_last_good()) keep_from = a.last_good_step();
-      if (a.has_restore_step()) keep_from = std::min(keep_from.value_or(a.restore_step()), a.restore_step());
-      // A job that never had a good step keeps everything it saved.
-      if (!keep_from) keep_from = 0;
-      engine_->SetHostedRanks(a.job(), {a.ranks().begin(), a.ranks().end()}, keep_from);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const cv1::Assignment& a : resp.assignments()) {
+        // The oldest step the job may still restore; 0 keeps everything.
+        uint64_t keep = a.has_last_good() ? a.last_good_step() : 0;
+        if (a.has_restore_step()) keep = std::min(keep, a.restore_step());
+        Hosting h{{a.ranks().begin(), a.ranks().end()}, keep};
+        Hosting& cur = hosting_[a.job()];
+        if (cur.ranks != h.ranks || cur.keep_from != h.keep_from) {
+          cur = std::move(h);
+          hosting_changed_ = true;
+          cv_.notify_all();
+        }
+      }
     }
     for (const cv1::Order& o : resp.orders()) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -205,7 +215,23 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_s
                        " s"));
   std::lock_guard<std::mutex> lock(mu_);
   acked_.push_back(order_id);
+  kick_ = true;  // the plan waits for this acknowledgement
   cv_.notify_all();
+}
+
+void NodeAgent::ApplyLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (!hosting_changed_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(200));
+      continue;
+    }
+    hosting_changed_ = false;
+    std::map<std::string, Hosting> now = hosting_;
+    lock.unlock();
+    for (auto& [job, h] : now) engine_->SetHostedRanks(job, h.ranks, h.keep_from);
+    lock.lock();
+  }
 }
 
 void NodeAgent::ReportLoop() {

@@ -22,8 +22,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -61,7 +63,12 @@ class NodeAgent {
   };
   class Rpc;
 
+  struct Hosting {
+    std::vector<uint32_t> ranks;
+    std::optional<uint64_t> keep_from;
+  };
   void HeartbeatLoop();
+  void ApplyLoop();
   void ReportLoop();
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
                    std::vector<uint32_t> ranks, std::vector<std::string> keys);
@@ -75,10 +82,16 @@ class NodeAgent {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool kick_ = false;                // heartbeat now: an order is done
   std::deque<Queued> reports_;
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
   std::set<uint64_t> handled_;       // orders taken (prefetches may still run)
   std::vector<std::thread> prefetchers_;
+  // Placement to pass to the engine, whose mutex may be held for seconds
+  // (an arena being created): the heartbeat thread must never wait on it.
+  std::map<std::string, Hosting> hosting_;
+  bool hosting_changed_ = false;
+  std::thread applier_;
   std::thread heartbeat_;
   std::thread reporter_;
 };

@@ -149,14 +149,14 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
   n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log");
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
-  n.launcher = Proc::Spawn(
-      {CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + std::to_string(port_), "--node-id", id,
+  std::vector<std::string> run = {CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + std::to_string(port_), "--node-id", id,
        "--nproc-per-node", std::to_string(options_.nproc_per_node), "--world-size",
        std::to_string(options_.world_size), "--job", options_.job, "--socket", socket,
        "--poll-ms", "50", "--grace-ms", "1000", "--", CLUSTER_TRAINER_BINARY,
        std::to_string(options_.bytes_per_rank), std::to_string(options_.last_step),
-       std::to_string(options_.step_ms), options_.dir + "/trainers"},
-      n.dir + "/ckptrun.log");
+       std::to_string(options_.step_ms), options_.dir + "/trainers"};
+  if (options_.hold) run.push_back("hold");
+  n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log");
 }
 
 void Cluster::KillNode(const std::string& id) {

@@ -50,6 +50,7 @@ struct ClusterOptions {
   uint64_t bytes_per_rank = 8 << 20;
   uint64_t last_step = 20;
   int step_ms = 100;
+  bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
 };

@@ -2,14 +2,17 @@
 // benchmark, configured like a real one by ckptrun's environment (RANK,
 // WORLD_SIZE, CKPT_SOCKET, CKPT_JOB, CKPT_RESTORE_STEP). Its state at step S
 // is a function of (rank, S), so a restore is checked bit for bit.
-//   cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR
+//   cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR [hold]
 // It restores CKPT_RESTORE_STEP when set (exit 4 if the state differs),
 // then saves steps restore+1 .. LAST_STEP, one every STEP_MS, and appends
 // to LOG_DIR/rank-<R>.log lines that the tests parse:
-//   start pid=<pid> generation=<G> restore=<S|none>
-//   restored step=<S> seconds=<t> process_start_to_restored=<t>
+//   start pid=<pid> generation=<G> restore=<S|none> mono_ms=<ms>
+//   restored step=<S> seconds=<t> process_start_to_restored=<t> mono_ms=<ms>
+// (mono_ms: CLOCK_MONOTONIC in ms, the clock of the coordinator's events.)
 //   saved step=<S> stall=<t>
 //   done step=<LAST_STEP>
+// With "hold" it then sleeps until killed instead of exiting (a quiet job
+// for the recovery benchmark).
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +27,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+long long MonoMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -45,8 +53,8 @@ void Stamp(ckpt::testing::HostState& s, uint32_t rank, uint64_t step) {
 
 int main(int argc, char** argv) {
   auto t_start = Clock::now();
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR\n");
+  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "hold")) {
+    std::fprintf(stderr, "usage: cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR [hold]\n");
     return 100;
   }
   const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
@@ -65,31 +73,36 @@ int main(int argc, char** argv) {
   setvbuf(log, nullptr, _IOLBF, 0);
   const char* gen = std::getenv("CKPT_GENERATION");
   const char* restore = std::getenv("CKPT_RESTORE_STEP");
-  std::fprintf(log, "start pid=%d generation=%s restore=%s\n", getpid(), gen ? gen : "none",
-               restore && *restore ? restore : "none");
+  std::fprintf(log, "start pid=%d generation=%s restore=%s mono_ms=%lld\n", getpid(),
+               gen ? gen : "none", restore && *restore ? restore : "none", MonoMs());
 
-  auto state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
   uint64_t first = 1;
+  ckpt::testing::HostState state;
   if (restore && *restore) {
+    // Restore first: what a trainer does before it builds anything else.
     uint64_t step = std::strtoull(restore, nullptr, 10);
-    auto got = state.EmptyLike();
+    state = ckpt::testing::MakeEmptyState(bytes, 8);
     auto t0 = Clock::now();
-    absl::Status s = (*client)->Restore(static_cast<int64_t>(step), got.tensors);
+    absl::Status s = (*client)->Restore(static_cast<int64_t>(step), state.tensors);
     double restore_s = Since(t0);
+    long long restored_ms = MonoMs();
+    double started_s = Since(t_start);
     if (!s.ok()) {
       std::fprintf(log, "restore_failed step=%lu %s\n", static_cast<unsigned long>(step),
                    std::string(s.message()).c_str());
       return 3;
     }
-    double started_s = Since(t_start);
-    Stamp(state, rank, step);
-    if (!got.Equals(state)) {
+    auto expect = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
+    Stamp(expect, rank, step);
+    if (!state.Equals(expect)) {
       std::fprintf(log, "mismatch step=%lu\n", static_cast<unsigned long>(step));
       return 4;
     }
-    std::fprintf(log, "restored step=%lu seconds=%.6f process_start_to_restored=%.6f\n",
-                 static_cast<unsigned long>(step), restore_s, started_s);
+    std::fprintf(log, "restored step=%lu seconds=%.6f process_start_to_restored=%.6f mono_ms=%lld\n",
+                 static_cast<unsigned long>(step), restore_s, started_s, restored_ms);
     first = step + 1;
+  } else {
+    state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
   }
   for (uint64_t step = first; step <= last; ++step) {
     Stamp(state, rank, step);
@@ -104,5 +117,6 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
   std::fprintf(log, "done step=%lu\n", static_cast<unsigned long>(last));
+  while (argc == 6) pause();
   return 0;
 }

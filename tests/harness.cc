@@ -118,9 +118,8 @@ ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job, int ran
   return o;
 }
 
-HostState MakeState(uint64_t total_bytes, int num_tensors, uint32_t seed) {
+HostState MakeEmptyState(uint64_t total_bytes, int num_tensors) {
   HostState s;
-  std::mt19937_64 rng(seed);
   const DType kinds[] = {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8};
   uint64_t per = total_bytes / num_tensors;
   for (int i = 0; i < num_tensors; ++i) {
@@ -130,18 +129,25 @@ HostState MakeState(uint64_t total_bytes, int num_tensors, uint32_t seed) {
     int64_t n = static_cast<int64_t>(per / es) - (i % 3);
     if (n < 1) n = 1;
     std::vector<int64_t> shape = (i % 2) ? std::vector<int64_t>{n} : std::vector<int64_t>{1, n};
-    std::vector<char> buf(n * es);
+    s.buffers.emplace_back(n * es);
+    s.tensors.push_back(Tensor{"layer" + std::to_string(i) + ".weight", dt, shape, nullptr,
+                               Device::Host()});
+  }
+  for (size_t i = 0; i < s.tensors.size(); ++i) s.tensors[i].data = s.buffers[i].data();
+  return s;
+}
+
+HostState MakeState(uint64_t total_bytes, int num_tensors, uint32_t seed) {
+  HostState s = MakeEmptyState(total_bytes, num_tensors);
+  std::mt19937_64 rng(seed);
+  for (auto& buf : s.buffers) {
     uint64_t x = rng();
     for (size_t b = 0; b + 8 <= buf.size(); b += 8) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       std::memcpy(&buf[b], &x, 8);
     }
     for (size_t b = buf.size() & ~size_t{7}; b < buf.size(); ++b) buf[b] = static_cast<char>(rng());
-    s.buffers.push_back(std::move(buf));
-    s.tensors.push_back(Tensor{"layer" + std::to_string(i) + ".weight", dt, shape, nullptr,
-                               Device::Host()});
   }
-  for (size_t i = 0; i < s.tensors.size(); ++i) s.tensors[i].data = s.buffers[i].data();
   return s;
 }
 

@@ -69,6 +69,8 @@ struct HostState {
   uint64_t bytes() const;
 };
 HostState MakeState(uint64_t total_bytes, int num_tensors, uint32_t seed);
+// The same names, dtypes and shapes as MakeState, zeroed.
+HostState MakeEmptyState(uint64_t total_bytes, int num_tensors);
 
 }  // namespace ckpt::testing
 

@@ -4,6 +4,9 @@
 # prints what happened and how fast, next to the machine's limits measured
 # in the same run. Then ckptctl verifies every checkpoint it left behind.
 # BYTES (default 2 GiB) and TENSORS (default 64) size the state.
+# Last, scripts/demo.sh: a 4-rank training job on a simulated 3-node cluster
+# survives a killed trainer and a killed node and ends bit-identical to an
+# undisturbed run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -16,3 +19,7 @@ root=$(find "$work" -mindepth 2 -maxdepth 2 -type d -name ckptd | head -n1)
 echo
 echo "== ckptctl verify --root $root"
 build/tools/ckptctl verify --root "$root"
+rm -rf "$work"  # the demo needs no multi-GiB leftovers
+echo
+echo "== scripts/demo.sh"
+scripts/demo.sh

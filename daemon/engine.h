@@ -67,7 +67,8 @@ struct EngineOptions {
   // Cluster mode when non-empty: this node's id. The storage root is then
   // shared with other nodes, so this node's manifest of a step is
   // "MANIFEST.<node_id>", a step is complete here when every rank this node
-  // hosts has a shard, and nothing is deleted by step prefix.
+  // hosts has a shard, shard files are "rank-R.<node_id>.shard", and
+  // nothing is deleted by step prefix.
   std::string node_id;
   // Called, with the engine's mutex held, when a shard is committed and
   // when it becomes durable; it must only queue the report.
@@ -111,7 +112,7 @@ class Engine {
   // Loads `rank`'s shard of `step` from storage `key` into the rank's arena
   // so that a restore finds it in memory (a coordinator's PREFETCH order).
   // Creates the job, owned by the shard file's owner, when this node does
-  // not know it yet. Blocking; the key must be the rank's canonical key.
+  // not know it yet. Blocking; the key must be one of the rank's shard keys.
   absl::Status Prefetch(const std::string& job, uint32_t world_size, uint64_t step,
                         uint32_t rank, const std::string& key);
 
@@ -202,6 +203,10 @@ class Engine {
                                          const std::string& job, uint64_t step, uint32_t rank,
                                          double* load_s);
   std::string NodeManifestKey(const std::string& job, uint64_t step) const;
+  // A rank's shard file. In cluster mode it names the node too: a fenced
+  // node that wakes up mid-persist must not replace the file its
+  // replacement wrote for the same step and rank.
+  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const;
   void ReportLocked(const Shard& shard, bool durable) const;
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 

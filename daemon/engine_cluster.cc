@@ -4,7 +4,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
@@ -19,6 +21,28 @@ std::string Engine::NodeManifestKey(const std::string& job, uint64_t step) const
   if (!options_.node_id.empty()) absl::StrAppend(&key, ".", options_.node_id);
   return key;
 }
+
+std::string Engine::NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
+  if (options_.node_id.empty()) return storage::ShardKey(job, step, rank);
+  return absl::StrFormat("%srank-%05d.%s.shard", storage::StepPrefix(job, step), rank,
+                         options_.node_id);
+}
+
+namespace {
+
+// "rank-R.shard" (one node) or "rank-R.<node>.shard" (cluster mode) under
+// the step's prefix; anything else could name a file outside the job.
+bool IsRankShardKey(const std::string& key, const std::string& job, uint64_t step, uint32_t rank) {
+  if (key == storage::ShardKey(job, step, rank)) return true;
+  std::string prefix = absl::StrFormat("%srank-%05d.", storage::StepPrefix(job, step), rank);
+  if (key.size() < prefix.size() + 6 || !absl::StartsWith(key, prefix) ||
+      !absl::EndsWith(key, ".shard"))
+    return false;
+  std::string node = key.substr(prefix.size(), key.size() - prefix.size() - 6);
+  return ValidateJobName(node, "node").ok();
+}
+
+}  // namespace
 
 void Engine::ReportLocked(const Shard& shard, bool durable) const {
   if (!options_.on_shard) return;
@@ -53,7 +77,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
   if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size)
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", world_size, " with rank ", rank, " is not valid"));
-  if (key != storage::ShardKey(job_name, step, rank))
+  if (!IsRankShardKey(key, job_name, step, rank))
     return absl::InvalidArgumentError(absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
                                                    job_name, "' step ", step, " rank ", rank));
   // Read and check the header and index before touching any state.

@@ -120,7 +120,7 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
-    QueueDeleteLocked(storage::ShardKey(job.rec.job(), step_no, rank), false);
+    QueueDeleteLocked(NodeShardKey(job.rec.job(), step_no, rank), false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
     // A shared root holds other nodes' files under the same prefix.

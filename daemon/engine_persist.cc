@@ -109,7 +109,7 @@ void Engine::PersistShard(const Task& task) {
   }
   if (s.ok() && computed)
     s = storage::EncodeShardMetadata(info, std::span<char>(image, info.layout.image_bytes));
-  const std::string key = storage::ShardKey(task.job, task.step, task.rank);
+  const std::string key = NodeShardKey(task.job, task.step, task.rank);
   if (s.ok()) {
     // The checksum pass runs on another core while the write is in flight.
     auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),

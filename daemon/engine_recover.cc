@@ -104,7 +104,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       MirrorSlotLocked(rank->second, rec.slot());
       ++in_memory;
     }
-    const std::string key = storage::ShardKey(name, rec.step(), rec.rank());
+    const std::string key = NodeShardKey(name, rec.step(), rec.rank());
     if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
       // Not in memory any more; the file may have made it before the crash.
       if (CheckShardFile(*backend_, rec, key).ok()) {

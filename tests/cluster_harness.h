@@ -48,7 +48,7 @@ struct ClusterOptions {
   uint32_t world_size = 4;
   uint32_t nproc_per_node = 2;
   uint64_t bytes_per_rank = 8 << 20;
-  uint64_t last_step = 20;
+  uint64_t last_step = 60;  // long enough that survivors still run when a failure is seen
   int step_ms = 100;
   bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine

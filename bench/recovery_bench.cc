@@ -50,6 +50,14 @@ int Fail(const std::string& what) {
   return 1;
 }
 
+std::string EventLog(const Cluster& c) {
+  std::string out = "coordinator events:\n";
+  for (const auto& e : c.Events())
+    out += std::to_string(e.time_ms()) + " " + cv1::EventKind_Name(e.kind()) + " " + e.node_id() +
+           " " + e.detail() + "\n";
+  return out;
+}
+
 // The first event of `kind` at or after `from_ms` (and for `node` if given).
 std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events, cv1::EventKind kind,
                                      long long from_ms, const std::string& node = "") {
@@ -146,7 +154,7 @@ int main(int argc, char** argv) {
             return lost[0] && lost[1] && RestartAfter(c, 0, kill_ms) && RestartAfter(c, 1, kill_ms);
           },
           seconds(120)))
-    return Fail("ranks did not restore after the node loss\n" + c.DumpLogs());
+    return Fail("ranks did not restore after the node loss\n" + c.DumpLogs() + EventLog(c));
   auto events = c.Events();
   auto detected = FirstEvent(events, cv1::FAILURE_DETECTED, kill_ms - 10, "b");
   if (!detected) return Fail("no FAILURE_DETECTED event for node b");
@@ -164,10 +172,15 @@ int main(int argc, char** argv) {
   // The limit: the lost ranks' shards read back sequentially, raw.
   std::vector<std::string> lost_files;
   uint64_t lost_bytes = 0;
+  // Node b wrote them as "rank-R.b.shard" (cluster mode names the node).
   for (uint32_t r : {2u, 3u}) {
-    std::string path = c.shared_root() + "/" + ckpt::storage::ShardKey(o.job, restore_step, r);
+    std::string key = ckpt::storage::ShardKey(o.job, restore_step, r);
+    std::string path = c.shared_root() + "/" + key.substr(0, key.size() - 5) + "b.shard";
+    std::error_code ec;
+    uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) return Fail(path + ": " + ec.message());
     lost_files.push_back(path);
-    lost_bytes = std::max<uint64_t>(lost_bytes, std::filesystem::file_size(path));
+    lost_bytes = std::max<uint64_t>(lost_bytes, size);
   }
   lost_bytes &= ~uint64_t{4095};
   void* buf = nullptr;

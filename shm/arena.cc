@@ -353,9 +353,12 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
       Map(fd.fd, 0, slots_offset, PROT_READ, MAP_SHARED | MAP_FIXED, base,
           absl::StrCat("arena ", name, ": mmap header"))
           .status();
+  // Not populated: a trainer that only restores touches one slot, and a
+  // restarted one must not wait for page tables of slots it never uses
+  // (a copy faults its pages in on all copy threads at once).
   if (s.ok())
     s = Map(fd.fd, slots_offset, arena_bytes - slots_offset,
-            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
             base + slots_offset, absl::StrCat("arena ", name, ": mmap slots"))
             .status();
   const auto* h = reinterpret_cast<const ArenaHeader*>(base);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -239,6 +240,68 @@ TEST_F(ClusterTest, ReplacementDyingWhilePrefetchingIsReplacedAgain) {
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->rank_node(2), "d");
   EXPECT_EQ(job->rank_node(3), "d");
+}
+
+// A one-node job needs no separate coordinator: ckptd serves one itself.
+TEST_F(ClusterTest, EmbeddedCoordinatorServesOneNodeJobThroughCkptrun) {
+  const std::string node = dir_.path() + "/solo";
+  std::filesystem::create_directories(node);
+  std::filesystem::create_directories(dir_.path() + "/trainers");
+  const std::string prefix = UniqueShmPrefix();
+  auto daemon = Proc::Spawn({CKPTD_BINARY, "--socket", node + "/ckptd.sock", "--root", node + "/root",
+                             "--coordinator-listen", "127.0.0.1:0", "--node-id", "solo",
+                             "--capacity", "2", "--shm-prefix", prefix,
+                             "--heartbeat-timeout-ms", "2000"},
+                            node + "/ckptd.log");
+  std::string port;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        std::ifstream in(node + "/ckptd.log");
+        std::string line;
+        while (std::getline(in, line))
+          if (line.rfind("coordinator listening on 127.0.0.1:", 0) == 0) port = line.substr(35);
+        return !port.empty();
+      },
+      seconds(20)));
+  auto run = Proc::Spawn({CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + port, "--node-id", "solo",
+                          "--nproc-per-node", "2", "--job", "job", "--socket", node + "/ckptd.sock",
+                          "--poll-ms", "50", "--", CLUSTER_TRAINER_BINARY, std::to_string(4 << 20),
+                          "60", "100", dir_.path() + "/trainers"},
+                         node + "/ckptrun.log");
+  ClusterOptions o = Options(2);
+  Cluster view(o);  // only to read the trainers' logs
+  auto saved = [&](uint32_t rank) {
+    uint64_t step = 0;
+    for (const auto& l : view.TrainerLog(rank))
+      if (l.kind == "saved") step = std::stoull(l.fields.at("step"));
+    return step;
+  };
+  ASSERT_TRUE(Cluster::WaitUntil([&] { return saved(0) >= 5 && saved(1) >= 5; }, seconds(60)));
+  ASSERT_EQ(kill(view.TrainerPid(1), SIGKILL), 0);
+  auto st = run->Wait(seconds(120));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << *st;
+  std::set<uint64_t> steps;
+  for (uint32_t r = 0; r < 2; ++r) {
+    bool done = false;
+    for (const auto& l : view.TrainerLog(r)) {
+      if (l.kind == "restored") steps.insert(std::stoull(l.fields.at("step")));
+      done = done || l.kind == "done";
+      EXPECT_NE(l.kind, "mismatch");
+    }
+    EXPECT_TRUE(done) << "rank " << r;
+  }
+  EXPECT_EQ(steps.size(), 1u) << "both ranks resume at one step";
+  daemon->Kill();
+  UnlinkArenas(prefix);
+  if (HasFailure()) {
+    std::ifstream in(node + "/ckptd.log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::ifstream in2(node + "/ckptrun.log");
+    ss << in2.rdbuf();
+    std::fprintf(stderr, "%s", ss.str().c_str());
+  }
 }
 
 }  // namespace

@@ -304,5 +304,40 @@ TEST_F(ClusterTest, EmbeddedCoordinatorServesOneNodeJobThroughCkptrun) {
   }
 }
 
+// Bad cluster flags stop ckptd before it serves, naming the flag.
+TEST_F(ClusterTest, BadClusterFlagsAreRefusedNamingTheFlag) {
+  const std::string root = dir_.path() + "/r", sock = dir_.path() + "/s.sock";
+  struct Case {
+    std::vector<std::string> flags;
+    std::string names;
+  };
+  const Case cases[] = {
+      {{"--coordinator", "nohost"}, "--coordinator"},
+      {{"--coordinator", "h:99999", "--shared-root", root}, "--coordinator"},
+      {{"--coordinator", "h:1"}, "--shared-root"},
+      {{"--spare"}, "--spare"},
+      {{"--node-id", "n1"}, "--node-id"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--node-id", "a/b"}, "--node-id"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--coordinator-listen", "127.0.0.1:0"},
+       "--coordinator-listen"},
+      {{"--coordinator-listen", "127.0.0.1"}, "--coordinator-listen"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--capacity", "0"}, "--capacity"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", sock, "--root", root};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const std::string log = dir_.path() + "/bad.log";
+    std::filesystem::remove(log);
+    auto p = Proc::Spawn(argv, log);
+    auto st = p->Wait(seconds(20));
+    ASSERT_TRUE(st.has_value()) << c.names << ": ckptd kept running";
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) != 0) << c.names;
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find(c.names), std::string::npos) << c.names << ": " << text.str();
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <toml++/toml.h>
 
 #include "absl/strings/str_format.h"
+#include "daemon/config_file.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -22,24 +22,6 @@ std::string DefaultShmPrefix(const std::string& root) {
   std::string abs = std::filesystem::weakly_canonical(root, ec).string();
   return absl::StrFormat("ckptd-%08x",
                          static_cast<uint32_t>(std::hash<std::string>{}(ec ? root : abs)));
-}
-
-template <typename T>
-absl::Status FromToml(const toml::table& t, const char* key, T* out) {
-  const toml::node* n = t.get(key);
-  if (!n) return absl::OkStatus();
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (!n->is_string()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a string");
-    *out = *n->value<std::string>();
-  } else if constexpr (std::is_same_v<T, bool>) {
-    if (!n->is_boolean()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a boolean");
-    *out = *n->value<bool>();
-  } else {
-    if (!n->is_integer() || *n->value<int64_t>() < 0)
-      return absl::InvalidArgumentError(std::string("config: ") + key + ": not a non-negative integer");
-    *out = static_cast<T>(*n->value<int64_t>());
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ValidateHostPort(const std::string& v, const char* flag) {
@@ -102,12 +84,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   }
 
   if (!config.empty()) {
-    toml::table t;
-    try {
-      t = toml::parse_file(config);
-    } catch (const toml::parse_error& e) {
-      return absl::InvalidArgumentError("config " + config + ": " + std::string(e.description()));
-    }
+    auto parsed = ParseConfigFile(config);
+    if (!parsed.ok()) return parsed.status();
+    const toml::table& t = *parsed;
     // Flags given on the command line win over the file.
     auto unless_flag = [&](const char* flag, auto&& apply) -> absl::Status {
       return app.count(flag) ? absl::OkStatus() : apply();

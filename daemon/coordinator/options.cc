@@ -1,7 +1,8 @@
 #include "daemon/coordinator/options.h"
 
 #include <CLI/CLI.hpp>
-#include <toml++/toml.h>
+
+#include "daemon/config_file.h"
 
 namespace ckpt::coordinator {
 
@@ -27,25 +28,19 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
     return absl::InvalidArgumentError(e.what());
   }
   if (!config.empty()) {
-    toml::table t;
-    try {
-      t = toml::parse_file(config);
-    } catch (const toml::parse_error& e) {
-      return absl::InvalidArgumentError("config " + config + ": " + std::string(e.description()));
-    }
+    auto parsed = daemon::ParseConfigFile(config);
+    if (!parsed.ok()) return parsed.status();
+    absl::Status s;
     if (!app.count("--heartbeat-timeout-ms")) {
-      if (const toml::node* n = t.get("heartbeat_timeout_ms")) {
-        if (!n->is_integer() || *n->value<int64_t>() < 10 || *n->value<int64_t>() > 3600000)
-          return absl::InvalidArgumentError("config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
-        timeout_ms = static_cast<uint32_t>(*n->value<int64_t>());
-      }
+      int64_t v = timeout_ms;
+      s = daemon::FromToml(*parsed, "heartbeat_timeout_ms", &v);
+      if (s.ok() && (v < 10 || v > 3600000))
+        s = absl::InvalidArgumentError("config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
+      if (s.ok()) timeout_ms = static_cast<uint32_t>(v);
     }
-    if (!app.count("--shared-root")) {
-      if (const toml::node* n = t.get("shared_root")) {
-        if (!n->is_string()) return absl::InvalidArgumentError("config: shared_root: not a string");
-        o.coordinator.shared_root = *n->value<std::string>();
-      }
-    }
+    if (s.ok() && !app.count("--shared-root"))
+      s = daemon::FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
+    if (!s.ok()) return s;
   }
   if (o.listen.rfind(':') == std::string::npos)
     return absl::InvalidArgumentError("--listen: \"" + o.listen + "\" is not HOST:PORT");

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
+#include "daemon/coordinator/channel.h"
 #include "daemon/engine_util.h"
 
 namespace ckpt::daemon {
@@ -13,25 +14,13 @@ namespace cv1 = ::ckpt::coord::v1;
 
 class NodeAgent::Rpc {
  public:
-  explicit Rpc(const std::string& target) {
-    grpc::ChannelArguments args;
-    // A restarted coordinator is found again within a second.
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    // Without this a lost connection waits up to 30 s before the address
-    // is resolved again.
-    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-    stub_ = cv1::Coordinator::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
-  }
+  explicit Rpc(const std::string& target) : stub_(coordinator::NewCoordinatorStub(target)) {}
   template <typename Req, typename Resp, typename Call>
   grpc::Status Invoke(Call call, const Req& req, Resp* resp, std::chrono::milliseconds timeout) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    coordinator::SetDeadline(&ctx, timeout);
     return (stub_.get()->*call)(&ctx, req, resp);
   }
-  cv1::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:
   std::unique_ptr<cv1::Coordinator::Stub> stub_;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "daemon/config_file.h"
+#include "daemon/coordinator/channel.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -22,16 +23,6 @@ std::string DefaultShmPrefix(const std::string& root) {
   std::string abs = std::filesystem::weakly_canonical(root, ec).string();
   return absl::StrFormat("ckptd-%08x",
                          static_cast<uint32_t>(std::hash<std::string>{}(ec ? root : abs)));
-}
-
-absl::Status ValidateHostPort(const std::string& v, const char* flag) {
-  size_t colon = v.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      v.find_first_not_of("0123456789", colon + 1) != std::string::npos || colon + 1 == v.size() ||
-      v.size() - colon > 6 || (port = std::stoi(v.substr(colon + 1))) > 65535)
-    return absl::InvalidArgumentError(std::string(flag) + ": \"" + v + "\" is not HOST:PORT");
-  return absl::OkStatus();
 }
 
 std::string HostName() {
@@ -138,12 +129,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
     return absl::InvalidArgumentError("--coordinator-listen: not with --coordinator (the coordinator runs elsewhere)");
   o.cluster = !o.agent.coordinator.empty() || !o.coordinator_listen.empty();
   if (!o.agent.coordinator.empty()) {
-    if (absl::Status s = ValidateHostPort(o.agent.coordinator, "--coordinator"); !s.ok()) return s;
+    if (absl::Status s = coordinator::ValidateHostPort(o.agent.coordinator, "--coordinator"); !s.ok()) return s;
     if (o.shared_root.empty())
       return absl::InvalidArgumentError("--shared-root: required with --coordinator (spares prefetch from it)");
   }
   if (!o.coordinator_listen.empty())
-    if (absl::Status s = ValidateHostPort(o.coordinator_listen, "--coordinator-listen"); !s.ok()) return s;
+    if (absl::Status s = coordinator::ValidateHostPort(o.coordinator_listen, "--coordinator-listen", /*min_port=*/0); !s.ok()) return s;
   if (!o.cluster && (o.agent.spare || !o.agent.node_id.empty()))
     return absl::InvalidArgumentError(std::string(o.agent.spare ? "--spare" : "--node-id") +
                                       ": needs --coordinator or --coordinator-listen");

@@ -1,12 +1,12 @@
-#include "tools/ctl_coord_channel.h"
+#include "daemon/coordinator/channel.h"
 
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
 
-namespace ckpt::tools {
+namespace ckpt::coordinator {
 
-absl::Status ValidateHostPort(const std::string& addr, std::string_view flag) {
+absl::Status ValidateHostPort(const std::string& addr, std::string_view flag, int min_port) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(flag), " \"", addr, "\": ", std::string(why), " (expected HOST:PORT)"));
@@ -20,11 +20,12 @@ absl::Status ValidateHostPort(const std::string& addr, std::string_view flag) {
     return bad("an IPv6 host must be in brackets");
   for (char c : host)
     if (std::isspace(static_cast<unsigned char>(c)) || c == '/') return bad("bad character in host");
-  if (port.empty() || port.size() > 5) return bad("port not in [1, 65535]");
+  const std::string range = absl::StrCat("port not in [", min_port, ", 65535]");
+  if (port.empty() || port.size() > 5) return bad(range);
   for (char c : port)
     if (!std::isdigit(static_cast<unsigned char>(c))) return bad("port is not a number");
   int value = std::stoi(port);
-  if (value < 1 || value > 65535) return bad("port not in [1, 65535]");
+  if (value < min_port || value > 65535) return bad(range);
   return absl::OkStatus();
 }
 
@@ -54,4 +55,4 @@ bool IsUnreachable(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
-}  // namespace ckpt::tools
+}  // namespace ckpt::coordinator

@@ -52,7 +52,7 @@ absl::Status Client::Impl::Restore(int64_t step,
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp,
                         OpenRestore(step, /*allow_file_read=*/true));
   absl::Status s;
-  if (resp.source() == "file") {
+  if (resp.source() == v1::RESTORE_SOURCE_FILE) {
     // No lease: the daemon keeps nothing for us. Read the file ourselves,
     // unless we may not (another uid, removed since): then the daemon loads
     // it into a slot as before.
@@ -69,7 +69,7 @@ absl::Status Client::Impl::Restore(int64_t step,
       return Annotate(s, absl::StrCat("restore of step ", step));
     }
     CKPT_ASSIGN_OR_RETURN(resp, OpenRestore(step, /*allow_file_read=*/false));
-    if (resp.source() == "file")
+    if (resp.source() == v1::RESTORE_SOURCE_FILE)
       return absl::InternalError(absl::StrCat(
           "restore of step ", step,
           ": OpenRestore answered with a file though none was allowed"));

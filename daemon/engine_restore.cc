@@ -9,6 +9,13 @@
 
 namespace ckpt::daemon {
 
+static_assert(static_cast<int>(shm::SlotState::kFree) == v1::SLOT_STATE_FREE &&
+              static_cast<int>(shm::SlotState::kWriting) == v1::SLOT_STATE_WRITING &&
+              static_cast<int>(shm::SlotState::kStaged) == v1::SLOT_STATE_STAGED &&
+              static_cast<int>(shm::SlotState::kPersisting) == v1::SLOT_STATE_PERSISTING &&
+              static_cast<int>(shm::SlotState::kDurable) == v1::SLOT_STATE_DURABLE,
+              "v1::SlotState mirrors shm::SlotState");
+
 absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
                                                   const v1::LatestRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -42,13 +49,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   if (sh == step->second.shards.end()) return not_found();
   Shard* shard = &sh->second;
   v1::OpenRestoreResponse resp;
-  resp.set_source("memory");
+  resp.set_source(v1::RESTORE_SOURCE_MEMORY);
   if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read() &&
       !options_.local_root.empty()) {
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
                          ": the client reads ", shard->rec.path()));
-    resp.set_source("file");
+    resp.set_source(v1::RESTORE_SOURCE_FILE);
     resp.set_path(options_.local_root + "/" + shard->rec.path());
     resp.set_image_bytes(shard->rec.image_bytes());
     *resp.mutable_tensors() = shard->rec.tensors();
@@ -63,7 +70,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     CKPT_ASSIGN_OR_RETURN(shard, LoadShardLocked(lock, req.job(), req.step(), req.rank(), &load_s));
     job = &jobs_.find(req.job())->second;
     resp.set_load_s(load_s);
-    resp.set_source("disk");
+    resp.set_source(v1::RESTORE_SOURCE_DISK);
   }
   Rank& rank = job->ranks[req.rank()];
   Slot& slot = rank.slots[shard->slot];
@@ -185,7 +192,8 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListResponse resp;
   if (!req.job().empty()) CKPT_RETURN_IF_ERROR(FindJobLocked(req.job(), peer).status());
-  static const char* kPhase[] = {"staged", "persisting", "durable", "failed"};
+  static constexpr v1::ShardState kPhase[] = {v1::SHARD_STATE_STAGED, v1::SHARD_STATE_PERSISTING,
+                                              v1::SHARD_STATE_DURABLE, v1::SHARD_STATE_FAILED};
   for (const auto& [name, job] : jobs_) {
     if (!req.job().empty() && name != req.job()) continue;
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
@@ -253,10 +261,10 @@ v1::StatusResponse Engine::Status() {
       a->set_shm_name(rank.arena->name());
       a->set_arena_bytes(rank.arena->size());
       for (const Slot& s : rank.slots) {
-        std::string st(shm::SlotStateName(s.state));
-        if (s.state != shm::SlotState::kFree) absl::StrAppend(&st, "(", s.step, ")");
-        if (s.readers) absl::StrAppend(&st, "+", s.readers, "r");
-        a->add_slot_states(st);
+        v1::SlotStatus* st = a->add_slots();
+        st->set_state(static_cast<v1::SlotState>(s.state));
+        if (s.state != shm::SlotState::kFree) st->set_step(s.step);
+        st->set_readers(s.readers);
       }
     }
     for (const auto& [n, step] : job.steps)

@@ -12,6 +12,9 @@
 
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
 
@@ -30,7 +33,13 @@ class CrashTest : public DaemonTest {
     EXPECT_TRUE(daemon_->Stub()->Status(&ctx, req, &resp).ok());
     std::vector<std::string> out;
     for (const auto& a : resp.arenas())
-      for (const auto& s : a.slot_states()) out.push_back(s);
+      for (const auto& s : a.slots()) {
+        std::string text = absl::AsciiStrToLower(
+            absl::StripPrefix(v1::SlotState_Name(s.state()), "SLOT_STATE_"));
+        if (s.state() != v1::SLOT_STATE_FREE) absl::StrAppend(&text, "(", s.step(), ")");
+        if (s.readers()) absl::StrAppend(&text, "+", s.readers(), "r");
+        out.push_back(text);
+      }
     return out;
   }
   bool AnySlot(const std::string& prefix) {

@@ -56,7 +56,7 @@ class FileRestoreTest : public DaemonTest {
     req.set_allow_file_read(true);
     v1::OpenRestoreResponse resp;
     EXPECT_TRUE(daemon_->Stub()->OpenRestore(&ctx, req, &resp).ok());
-    EXPECT_EQ(resp.source(), "file");
+    EXPECT_EQ(resp.source(), v1::RESTORE_SOURCE_FILE);
     for (const auto& m : resp.tensors())
       if (m.name() == tensor) return m;
     ADD_FAILURE() << tensor << " not in the index";

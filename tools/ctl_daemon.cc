@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "ckpt.grpc.pb.h"
 #include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
@@ -41,10 +43,24 @@ void SetDeadline(grpc::ClientContext* ctx, int seconds) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
 }
 
+// "durable", "staged", ... (the enum value's name without its prefix).
+std::string StateText(v1::ShardState state) {
+  return absl::AsciiStrToLower(absl::StripPrefix(v1::ShardState_Name(state), "SHARD_STATE_"));
+}
+
+// "free", "writing(7)", "staged(7)+1r", ...
+std::string SlotText(const v1::SlotStatus& slot) {
+  std::string text =
+      absl::AsciiStrToLower(absl::StripPrefix(v1::SlotState_Name(slot.state()), "SLOT_STATE_"));
+  if (slot.state() != v1::SLOT_STATE_FREE) absl::StrAppend(&text, "(", slot.step(), ")");
+  if (slot.readers()) absl::StrAppend(&text, "+", slot.readers(), "r");
+  return text;
+}
+
 std::string Location(const v1::ShardInfo& sh) {
   std::vector<std::string> where;
   if (sh.in_memory()) where.push_back("memory");
-  if (!sh.path().empty() && sh.state() == "durable") where.push_back(sh.path());
+  if (!sh.path().empty() && sh.state() == v1::SHARD_STATE_DURABLE) where.push_back(sh.path());
   return where.empty() ? "-" : absl::StrJoin(where, " + ");
 }
 
@@ -90,10 +106,10 @@ absl::Status RunList(const std::string& socket, const std::string& job, bool jso
         w.Field("ranks", static_cast<uint64_t>(st.shards_size()));
         w.Key("shards").BeginArray();
         for (const auto& sh : st.shards()) {
-          w.BeginObject().Field("rank", sh.rank()).Field("state", sh.state());
+          w.BeginObject().Field("rank", sh.rank()).Field("state", StateText(sh.state()));
           w.Field("bytes", static_cast<uint64_t>(sh.bytes())).Field("in_memory", sh.in_memory());
-          w.Field("durable", sh.state() == "durable");
-          w.Field("path", sh.state() == "durable" ? full_path(sh.path()) : std::string());
+          w.Field("durable", sh.state() == v1::SHARD_STATE_DURABLE);
+          w.Field("path", sh.state() == v1::SHARD_STATE_DURABLE ? full_path(sh.path()) : std::string());
           if (!sh.error().empty()) w.Field("error", sh.error());
           w.EndObject();
         }
@@ -110,7 +126,7 @@ absl::Status RunList(const std::string& socket, const std::string& job, bool jso
   for (const auto& j : resp.jobs())
     for (const auto& st : j.steps())
       for (const auto& sh : st.shards()) {
-        std::string state = sh.state();
+        std::string state = StateText(sh.state());
         if (!sh.error().empty()) state += " (" + sh.error() + ")";
         t.AddRow({j.job(), std::to_string(st.step()),
                   absl::StrCat(sh.rank(), "/", j.world_size()), state, FormatBytes(sh.bytes()),
@@ -147,7 +163,7 @@ absl::Status RunStatus(const std::string& socket, bool json) {
     for (const auto& a : st.arenas()) {
       w.BeginObject().Field("job", a.job()).Field("rank", a.rank()).Field("shm_name", a.shm_name());
       w.Field("arena_bytes", static_cast<uint64_t>(a.arena_bytes())).Key("slots").BeginArray();
-      for (const auto& slot : a.slot_states()) w.String(slot);
+      for (const auto& slot : a.slots()) w.String(SlotText(slot));
       w.EndArray().EndObject();
     }
     w.EndArray().EndObject();
@@ -169,7 +185,9 @@ absl::Status RunStatus(const std::string& socket, bool json) {
   Table t({"JOB", "RANK", "SHM", "SIZE", "SLOTS"});
   for (const auto& a : st.arenas())
     t.AddRow({a.job(), std::to_string(a.rank()), a.shm_name(), FormatBytes(a.arena_bytes()),
-              absl::StrJoin(a.slot_states(), " ")});
+              absl::StrJoin(a.slots(), " ", [](std::string* out, const v1::SlotStatus& s) {
+                out->append(SlotText(s));
+              })});
   t.Print(stdout);
   return absl::OkStatus();
 }

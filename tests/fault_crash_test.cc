@@ -160,6 +160,9 @@ TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
     ASSERT_TRUE(SaveStep(step).ok());
     ASSERT_TRUE(WaitDurable(step).ok());
   }
+  // Step 3's manifest is written after its shard is durable: let it land
+  // before faults are injected, or the injected commit failure hits it.
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   // Step 4's write fails for good; step 5 is committed but its commit
   // (fsync) fails too; then the machine crashes.
   fault_->SetSpaceLimit(0);

@@ -2,6 +2,7 @@
 // checks its pointers, converts the C structs, and records the message of a
 // failure in a thread-local string for ckpt_last_error(). Every entry point
 // runs inside Guarded(): no exception crosses extern "C".
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <new>
@@ -26,7 +27,7 @@ thread_local std::string last_error;
 
 // Sets last_error without letting an allocation failure escape: the
 // message is then cut to what fits the string's capacity.
-void SetLastError(std::string_view message) noexcept {
+void SetLastError(absl::string_view message) noexcept {
   try {
     last_error.assign(message.data(), message.size());
   } catch (...) {

@@ -75,7 +75,8 @@ class FileReadQueue {
   // Applies a completion of res bytes (or -errno) to r; false on an error.
   bool Complete(Request r, int res,
                 const std::function<void(uint64_t, uint64_t)>& done);
-  absl::Status RunSync(const std::function<void(uint64_t, uint64_t)>& done);
+  [[nodiscard]] absl::Status RunSync(
+      const std::function<void(uint64_t, uint64_t)>& done);
 
   const std::string path_;
   const unsigned depth_;

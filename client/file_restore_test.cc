@@ -1,8 +1,10 @@
 #include "client/file_restore.h"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "util/checksum.h"
@@ -59,10 +62,10 @@ class FileRestorerTest : public ::testing::Test {
   absl::Status Restore(const std::string& path, uint64_t image_bytes,
                        char* dst_a, char* dst_b) {
     std::vector<Tensor> t(2);
-    t[0] = {"a", DType::kUInt8, {static_cast<int64_t>(kA)}, dst_a,
-            Device::Host()};
-    t[1] = {"b", DType::kUInt8, {static_cast<int64_t>(kB)}, dst_b,
-            Device::Host()};
+    t[0] = {
+        "a", DType::kUInt8, {static_cast<int64_t>(kA)}, dst_a, Device::Host()};
+    t[1] = {
+        "b", DType::kUInt8, {static_cast<int64_t>(kB)}, dst_b, Device::Host()};
     std::vector<const v1::TensorMeta*> metas = {&metas_[0], &metas_[1]};
     return restorer_.Restore(path, image_bytes, t, metas);
   }
@@ -77,8 +80,8 @@ class FileRestorerTest : public ::testing::Test {
 
 struct Aligned {
   explicit Aligned(uint64_t bytes) {
-    p = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 *
-                                                        4096 + 4096));
+    p = static_cast<char*>(
+        std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096 + 4096));
   }
   ~Aligned() { std::free(p); }
   char* p;
@@ -128,12 +131,30 @@ TEST_F(FileRestorerTest, ADirectoryIsAnErrorNamingThePath) {
   EXPECT_NE(s.message().find(dir_), absl::string_view::npos) << s;
 }
 
+// Drops the file-permission overrides from the calling thread's effective
+// capabilities (capset affects only that thread), so that root sees EACCES
+// like an ordinary user; true if the thread now has none of them.
+bool DropDacOverrideOnThisThread() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  data[0].effective &=
+      ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+  return syscall(SYS_capset, &hdr, data) == 0;
+}
+
 TEST_F(FileRestorerTest, AnUnreadableFileIsPermissionDeniedNamingThePath) {
-  if (::geteuid() == 0)
-    GTEST_SKIP() << "root reads a mode-000 file: no permission to be denied";
   ASSERT_EQ(::chmod(path_.c_str(), 0), 0);
   Aligned a(kA), b(kB);
-  absl::Status s = Restore(path_, kImage, a.p, b.p);
+  absl::Status s;
+  bool dropped = false;
+  std::thread t([&] {
+    dropped = DropDacOverrideOnThisThread();
+    if (dropped) s = Restore(path_, kImage, a.p, b.p);
+  });
+  t.join();
+  if (!dropped)
+    GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE on this thread (capset)";
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_NE(s.message().find(path_), absl::string_view::npos) << s;
 }

@@ -1,7 +1,11 @@
 // The C API (include/ckpt/ckpt.h) over ckpt::Client. Every entry point
 // checks its pointers, converts the C structs, and records the message of a
-// failure in a thread-local string for ckpt_last_error().
+// failure in a thread-local string for ckpt_last_error(). Every entry point
+// runs inside Guarded(): no exception crosses extern "C".
+#include <algorithm>
+#include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -21,9 +25,45 @@ namespace {
 
 thread_local std::string last_error;
 
+// Sets last_error without letting an allocation failure escape: the
+// message is then cut to what fits the string's capacity.
+void SetLastError(absl::string_view message) noexcept {
+  try {
+    last_error.assign(message.data(), message.size());
+  } catch (...) {
+    last_error.assign(message.data(),
+                      std::min(message.size(), last_error.capacity()));
+  }
+}
+
 ckpt_status Fail(const absl::Status& s) {
-  last_error = std::string(s.message());
-  return static_cast<ckpt_status>(s.code());
+  SetLastError(s.message());
+  const int code = static_cast<int>(s.code());
+  return code >= CKPT_OK && code <= CKPT_UNAUTHENTICATED ? code : CKPT_UNKNOWN;
+}
+
+// "function: what" into last_error; with no memory for it, what fits.
+void SetLastError(const char* function, const char* what) noexcept {
+  try {
+    last_error = absl::StrCat(function, ": ", what);
+  } catch (...) {
+    SetLastError(function);
+  }
+}
+
+// Runs body, turning any exception into CKPT_INTERNAL naming the function.
+template <typename Body>
+ckpt_status Guarded(const char* function, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    SetLastError(function, "out of memory");
+  } catch (const std::exception& e) {
+    SetLastError(function, e.what());
+  } catch (...) {
+    SetLastError(function, "unknown exception");
+  }
+  return CKPT_INTERNAL;
 }
 
 ckpt_status Report(const absl::Status& s) {
@@ -72,110 +112,141 @@ absl::Status ConvertTensors(const ckpt_tensor* in, size_t count,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-extern "C" {
-
-void ckpt_options_init(ckpt_options* options) {
-  if (options == nullptr) return;
-  options->socket_path = nullptr;
-  options->job = nullptr;
-  options->rank = -1;
-  options->world_size = -1;
-  options->slot_bytes = 0;
-  options->num_slots = 0;
-  options->block_when_busy = 1;
-  options->copy_threads = 0;
-}
-
-const char* ckpt_last_error(void) { return last_error.c_str(); }
-
-ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
-  if (out == nullptr) return NullArgument("ckpt_connect", "out");
-  *out = nullptr;
-  ckpt_options defaults;
-  ckpt_options_init(&defaults);
-  const ckpt_options& o = options != nullptr ? *options : defaults;
+ckpt::ClientOptions ToClientOptions(const ckpt_options& o) {
   ckpt::ClientOptions co;
   if (o.socket_path != nullptr) co.socket_path = o.socket_path;
   if (o.job != nullptr) co.job = o.job;
   co.rank = o.rank;
   co.world_size = o.world_size;
   co.slot_bytes = o.slot_bytes;
+  co.slot_headroom = o.slot_headroom;
   co.num_slots = o.num_slots == 0 ? 2 : o.num_slots;
   co.block_when_busy = o.block_when_busy != 0;
+  co.busy_timeout = std::chrono::milliseconds(o.busy_timeout_ms);
   co.copy_threads = o.copy_threads;
-  auto client = ckpt::Client::Connect(std::move(co));
-  if (!client.ok()) return Fail(client.status());
-  *out = new ckpt_client{std::move(*client)};
-  return Report(absl::OkStatus());
+  return co;
 }
 
-void ckpt_close(ckpt_client* client) { delete client; }
+}  // namespace
+
+extern "C" {
+
+void ckpt_options_init(ckpt_options* options) {
+  if (options == nullptr) return;
+  const ckpt::ClientOptions defaults;
+  options->socket_path = nullptr;
+  options->job = nullptr;
+  options->rank = defaults.rank;
+  options->world_size = defaults.world_size;
+  options->slot_bytes = defaults.slot_bytes;
+  options->num_slots = 0;  // the default, 2
+  options->block_when_busy = defaults.block_when_busy ? 1 : 0;
+  options->copy_threads = defaults.copy_threads;
+  options->slot_headroom = defaults.slot_headroom;
+  options->busy_timeout_ms = defaults.busy_timeout.count();
+}
+
+const char* ckpt_last_error(void) { return last_error.c_str(); }
+
+ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
+  return Guarded("ckpt_connect", [&] {
+    if (out == nullptr) return NullArgument("ckpt_connect", "out");
+    *out = nullptr;
+    ckpt_options defaults;
+    ckpt_options_init(&defaults);
+    auto client =
+        ckpt::Client::Connect(ToClientOptions(options ? *options : defaults));
+    if (!client.ok()) return Fail(client.status());
+    *out = new ckpt_client{std::move(*client)};
+    return Report(absl::OkStatus());
+  });
+}
+
+void ckpt_close(ckpt_client* client) {
+  ckpt_status s = Guarded("ckpt_close", [&] {
+    delete client;
+    return CKPT_OK;
+  });
+  // A void function cannot report: the failure stays in ckpt_last_error().
+  (void)s;
+}
 
 ckpt_status ckpt_save(ckpt_client* client, int64_t step,
                       const ckpt_tensor* tensors, size_t count) {
-  if (client == nullptr) return NullArgument("ckpt_save", "client");
-  std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-    return Fail(s);
-  return Report(client->client->Save(step, ts));
+  return Guarded("ckpt_save", [&] {
+    std::vector<ckpt::Tensor> ts;
+    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+      return Fail(s);
+    if (client == nullptr) return NullArgument("ckpt_save", "client");
+    return Report(client->client->Save(step, ts));
+  });
 }
 
 ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
                             const ckpt_tensor* tensors, size_t count,
                             ckpt_save_handle** out) {
-  if (out == nullptr) return NullArgument("ckpt_save_async", "out");
-  *out = nullptr;
-  if (client == nullptr) return NullArgument("ckpt_save_async", "client");
-  std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-    return Fail(s);
-  auto handle = client->client->SaveAsync(step, ts);
-  if (!handle.ok()) return Fail(handle.status());
-  *out = new ckpt_save_handle{std::move(*handle)};
-  return Report(absl::OkStatus());
+  return Guarded("ckpt_save_async", [&] {
+    if (out == nullptr) return NullArgument("ckpt_save_async", "out");
+    *out = nullptr;
+    std::vector<ckpt::Tensor> ts;
+    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+      return Fail(s);
+    if (client == nullptr) return NullArgument("ckpt_save_async", "client");
+    auto handle = client->client->SaveAsync(step, ts);
+    if (!handle.ok()) return Fail(handle.status());
+    *out = new ckpt_save_handle{std::move(*handle)};
+    return Report(absl::OkStatus());
+  });
 }
 
 ckpt_status ckpt_wait_copied(ckpt_save_handle* handle) {
-  if (handle == nullptr) return NullArgument("ckpt_wait_copied", "handle");
-  return Report(handle->handle.WaitCopied());
+  return Guarded("ckpt_wait_copied", [&] {
+    if (handle == nullptr) return NullArgument("ckpt_wait_copied", "handle");
+    return Report(handle->handle.WaitCopied());
+  });
 }
 
 ckpt_status ckpt_wait(ckpt_save_handle* handle) {
-  if (handle == nullptr) return NullArgument("ckpt_wait", "handle");
-  absl::Status s = handle->handle.Wait();
-  delete handle;
-  return Report(s);
+  return Guarded("ckpt_wait", [&] {
+    if (handle == nullptr) return NullArgument("ckpt_wait", "handle");
+    std::unique_ptr<ckpt_save_handle> owned(handle);  // freed even on a throw
+    return Report(owned->handle.Wait());
+  });
 }
 
 ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step) {
-  if (step == nullptr) return NullArgument("ckpt_latest_step", "step");
-  *step = -1;
-  if (client == nullptr) return NullArgument("ckpt_latest_step", "client");
-  auto latest = client->client->LatestStep();
-  if (!latest.ok()) return Fail(latest.status());
-  *step = *latest;
-  return Report(absl::OkStatus());
+  return Guarded("ckpt_latest_step", [&] {
+    if (step == nullptr) return NullArgument("ckpt_latest_step", "step");
+    *step = -1;
+    if (client == nullptr) return NullArgument("ckpt_latest_step", "client");
+    auto latest = client->client->LatestStep();
+    if (!latest.ok()) return Fail(latest.status());
+    *step = *latest;
+    return Report(absl::OkStatus());
+  });
 }
 
 ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count) {
-  if (client == nullptr) return NullArgument("ckpt_restore", "client");
-  std::vector<ckpt::Tensor> ts;
-  if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-    return Fail(s);
-  return Report(client->client->Restore(step, ts));
+  return Guarded("ckpt_restore", [&] {
+    std::vector<ckpt::Tensor> ts;
+    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+      return Fail(s);
+    if (client == nullptr) return NullArgument("ckpt_restore", "client");
+    return Report(client->client->Restore(step, ts));
+  });
 }
 
 ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
                               int64_t timeout_ms) {
-  if (client == nullptr) return NullArgument("ckpt_wait_durable", "client");
-  if (timeout_ms < 0)
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
-  return Report(
-      client->client->WaitDurable(step, std::chrono::milliseconds(timeout_ms)));
+  return Guarded("ckpt_wait_durable", [&] {
+    if (client == nullptr) return NullArgument("ckpt_wait_durable", "client");
+    if (timeout_ms < 0)
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
+    return Report(client->client->WaitDurable(
+        step, std::chrono::milliseconds(timeout_ms)));
+  });
 }
 
 }  // extern "C"

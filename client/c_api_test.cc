@@ -1,6 +1,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "ckpt/ckpt.h"
 #include "gtest/gtest.h"
 
@@ -14,6 +15,93 @@ TEST(CApiTest, OptionsInitLeavesEverythingToTheEnvironment) {
   EXPECT_EQ(o.rank, -1);
   EXPECT_EQ(o.world_size, -1);
   EXPECT_EQ(o.block_when_busy, 1);
+}
+
+TEST(CApiTest, OptionsInitSetsEveryCppOptionToItsDefault) {
+  ckpt_options o;
+  ckpt_options_init(&o);
+  EXPECT_EQ(o.slot_bytes, 0u);
+  EXPECT_EQ(o.num_slots, 0);  // 2
+  EXPECT_EQ(o.copy_threads, 0);
+  EXPECT_EQ(o.slot_headroom, 0.0);
+  EXPECT_EQ(o.busy_timeout_ms, 600000);
+  ckpt_options_init(nullptr);  // ignored, no crash
+}
+
+TEST(CApiTest, EveryStatusCodeIsTheAbslCode) {
+  using absl::StatusCode;
+  EXPECT_EQ(CKPT_OK, static_cast<int>(StatusCode::kOk));
+  EXPECT_EQ(CKPT_CANCELLED, static_cast<int>(StatusCode::kCancelled));
+  EXPECT_EQ(CKPT_UNKNOWN, static_cast<int>(StatusCode::kUnknown));
+  EXPECT_EQ(CKPT_INVALID_ARGUMENT,
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(CKPT_DEADLINE_EXCEEDED,
+            static_cast<int>(StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(CKPT_NOT_FOUND, static_cast<int>(StatusCode::kNotFound));
+  EXPECT_EQ(CKPT_ALREADY_EXISTS, static_cast<int>(StatusCode::kAlreadyExists));
+  EXPECT_EQ(CKPT_PERMISSION_DENIED,
+            static_cast<int>(StatusCode::kPermissionDenied));
+  EXPECT_EQ(CKPT_RESOURCE_EXHAUSTED,
+            static_cast<int>(StatusCode::kResourceExhausted));
+  EXPECT_EQ(CKPT_FAILED_PRECONDITION,
+            static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(CKPT_ABORTED, static_cast<int>(StatusCode::kAborted));
+  EXPECT_EQ(CKPT_OUT_OF_RANGE, static_cast<int>(StatusCode::kOutOfRange));
+  EXPECT_EQ(CKPT_UNIMPLEMENTED, static_cast<int>(StatusCode::kUnimplemented));
+  EXPECT_EQ(CKPT_INTERNAL, static_cast<int>(StatusCode::kInternal));
+  EXPECT_EQ(CKPT_UNAVAILABLE, static_cast<int>(StatusCode::kUnavailable));
+  EXPECT_EQ(CKPT_DATA_LOSS, static_cast<int>(StatusCode::kDataLoss));
+  EXPECT_EQ(CKPT_UNAUTHENTICATED,
+            static_cast<int>(StatusCode::kUnauthenticated));
+}
+
+TEST(CApiTest, ConnectReportsABadHeadroomOrBusyTimeoutNamingTheOption) {
+  ckpt_options o;
+  ckpt_options_init(&o);
+  o.socket_path = "/nonexistent/ckptd.sock";
+  o.job = "j";
+  o.rank = 0;
+  o.world_size = 1;
+  o.slot_headroom = -1;
+  ckpt_client* c = reinterpret_cast<ckpt_client*>(1);
+  EXPECT_EQ(ckpt_connect(&o, &c), CKPT_INVALID_ARGUMENT);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(std::string(ckpt_last_error()).find("slot_headroom"),
+            std::string::npos);
+  o.slot_headroom = 0.5;
+  o.busy_timeout_ms = -5;
+  EXPECT_EQ(ckpt_connect(&o, &c), CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("busy_timeout"),
+            std::string::npos);
+}
+
+TEST(CApiTest, BadTensorArgumentsAreInvalidArgumentsNamingTheField) {
+  // Tensors are checked before the client, so no daemon is needed.
+  auto expect = [](ckpt_status got, const std::string& text) {
+    EXPECT_EQ(got, CKPT_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ckpt_last_error()).find(text), std::string::npos)
+        << ckpt_last_error();
+  };
+  expect(ckpt_save(nullptr, 1, nullptr, 3), "tensors: NULL");
+  float data[4] = {};
+  int64_t shape[2] = {2, 2};
+  ckpt_tensor t = {"w", CKPT_FLOAT32, 2, shape, data, -1};
+  t.name = nullptr;
+  expect(ckpt_restore(nullptr, 1, &t, 1), "tensors[0].name");
+  t.name = "w";
+  t.ndim = -1;
+  expect(ckpt_restore(nullptr, 1, &t, 1), "ndim");
+  t.ndim = 2;
+  t.shape = nullptr;
+  expect(ckpt_save(nullptr, 1, &t, 1), "shape");
+  t.shape = shape;
+  t.device = -2;
+  ckpt_save_handle* h = nullptr;
+  expect(ckpt_save_async(nullptr, 1, &t, 1, &h), "device");
+  EXPECT_EQ(h, nullptr);
+  t.device = -1;
+  expect(ckpt_save(nullptr, 1, &t, 1), "client");
+  ckpt_close(nullptr);  // ignored, no crash
 }
 
 TEST(CApiTest, NullPointersAreInvalidArgumentsNamedInLastError) {

@@ -38,6 +38,8 @@ SaveHandle::SaveHandle(SaveHandle&&) noexcept = default;
 
 SaveHandle& SaveHandle::operator=(SaveHandle&& other) noexcept {
   if (this != &other) {
+    // Assignment cannot report: the old save's status is dropped, as the
+    // destructor documents (it was the caller's to Wait for).
     if (state_) (void)Wait();
     state_ = std::move(other.state_);
   }
@@ -45,6 +47,8 @@ SaveHandle& SaveHandle::operator=(SaveHandle&& other) noexcept {
 }
 
 SaveHandle::~SaveHandle() {
+  // Waits so the tensors are never read after the handle is gone; a
+  // destructor cannot report, so the status is dropped (see client.h).
   if (state_) (void)Wait();
 }
 
@@ -124,14 +128,11 @@ bool MappedArena::IsCurrent() const {
 }
 
 MappedArena::~MappedArena() {
-#ifdef CKPT_HAVE_CUDA
-  if (pinned) {
-    absl::Status s = CudaCopier::Unpin(arena->slot_data(0));
-    if (!s.ok())
-      std::fprintf(stderr, "libckpt: unpin arena %s: %s\n",
-                   arena->name().c_str(), std::string(s.message()).c_str());
-  }
-#endif
+  if (pinned_by == nullptr) return;
+  absl::Status s = pinned_by->UnregisterHost(arena->slot_data(0));
+  if (!s.ok())
+    std::fprintf(stderr, "libckpt: unpin arena %s: %s\n", arena->name().c_str(),
+                 std::string(s.message()).c_str());
 }
 
 }  // namespace client
@@ -140,12 +141,10 @@ Client::Impl::Impl(ClientOptions options,
                    std::unique_ptr<client::DaemonStub> stub)
     : options_(std::move(options)),
       stub_(std::move(stub)),
-      engine_(options_.copy_threads) {
-#ifdef CKPT_HAVE_CUDA
-  cuda_device_ = client::CudaCopier::DeviceAvailable();
-#endif
+      engine_(options_.copy_threads),
+      devices_(client::NewDeviceCopier()) {
   file_restorer_ =
-      std::make_unique<client::FileRestorer>(&engine_, cuda_device_);
+      std::make_unique<client::FileRestorer>(&engine_, devices_.get());
   saver_ = std::thread([this] { SaverLoop(); });
 }
 
@@ -227,19 +226,17 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::ArenaLocked(
   if (!known || !mapped->IsCurrent())
     return absl::AbortedError(absl::StrCat(
         "arena ", name, ": replaced by the daemon while attaching; retry"));
-#ifdef CKPT_HAVE_CUDA
-  if (cuda_device_) {
+  if (devices_->HasDevice()) {
     const shm::Arena& a = *mapped->arena;
     absl::Status s =
-        client::CudaCopier::Pin(a.slot_data(0), a.size() - a.slot_offset(0));
+        devices_->RegisterHost(a.slot_data(0), a.size() - a.slot_offset(0));
     // Unpinned memory still works, at pageable-copy speed.
     if (s.ok())
-      mapped->pinned = true;
+      mapped->pinned_by = devices_.get();
     else
       std::fprintf(stderr, "libckpt: cannot pin arena %s: %s\n", name.c_str(),
                    std::string(s.message()).c_str());
   }
-#endif
   return mapped;
 }
 

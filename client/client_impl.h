@@ -4,11 +4,14 @@
 // submitted: SaveAsync validates on the caller's thread, then waits at the
 // copy gate until the previous save has been copied, and queues the job.
 // The saver registers the arena on first use, asks the daemon for a slot,
-// copies (host tensors on the CopyEngine, device tensors by DMA), signals
+// copies (host tensors on the CopyEngine, device tensors by DMA through the
+// DeviceCopier), signals
 // "copied", and commits. Restores run on the caller's thread. Arenas are
 // held by shared_ptr so a restore and a save (or a re-registration that
-// grows the arena) never unmap memory the other still reads. A step only on
-// disk is read from its shard file by the FileRestorer, without an arena.
+// grows the arena) never unmap memory the other still reads. Restore makes
+// one OpenRestore: the daemon answers with a leased slot, or (a step only on
+// disk whose file this process can read) with the file, which the
+// FileRestorer reads without an arena.
 #ifndef CKPT_CLIENT_CLIENT_IMPL_H_
 #define CKPT_CLIENT_CLIENT_IMPL_H_
 
@@ -24,8 +27,8 @@
 
 #include "ckpt/client.h"
 #include "client/copy_engine.h"
-#include "client/cuda_copier.h"
 #include "client/daemon_stub.h"
+#include "client/device_copier.h"
 #include "client/file_restore.h"
 #include "shm/arena.h"
 #include "storage/shard_format.h"
@@ -50,16 +53,16 @@ namespace client {
 // does not exist.
 bool SegmentIdentity(const std::string& name, dev_t* dev, ino_t* ino);
 
-// An attached arena, page-locked for CUDA when a device exists.
+// An attached arena, page-locked for DMA when a device exists.
 struct MappedArena {
-  ~MappedArena();
+  ~MappedArena();  // unpins through `pinned_by`
   // False once the name refers to another segment (or none): the daemon
   // replaced the arena and this mapping is orphaned.
   bool IsCurrent() const;
   std::unique_ptr<shm::Arena> arena;
   dev_t dev = 0;  // identity of the segment, to tell a re-created one apart
   ino_t ino = 0;
-  bool pinned = false;
+  DeviceCopier* pinned_by = nullptr;  // set once the slots are page-locked
 };
 
 }  // namespace client
@@ -73,13 +76,15 @@ class Client::Impl {
 
   const ClientOptions& options() const { return options_; }
   // Registers at once when options.slot_bytes is set.
-  absl::Status Start();
+  [[nodiscard]] absl::Status Start();
 
-  absl::StatusOr<SaveHandle> SaveAsync(int64_t step,
-                                       std::span<const Tensor> tensors);
-  absl::StatusOr<int64_t> LatestStep();
-  absl::Status Restore(int64_t step, std::span<const Tensor> tensors);
-  absl::Status WaitDurable(int64_t step, std::chrono::milliseconds timeout);
+  [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
+      int64_t step, std::span<const Tensor> tensors);
+  [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
+  [[nodiscard]] absl::Status Restore(int64_t step,
+                                     std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status WaitDurable(int64_t step,
+                                         std::chrono::milliseconds timeout);
   SaveStats last_save_stats() const;
 
  private:
@@ -96,34 +101,31 @@ class Client::Impl {
   void RunSave(SaveJob& job);
   // Copies the job's tensors into the slot at `slot`; fills checksums (host
   // tensors only).
-  absl::Status CopyIntoSlot(SaveJob& job, char* slot,
-                            std::vector<uint64_t>* checksums);
+  [[nodiscard]] absl::Status CopyIntoSlot(SaveJob& job, char* slot,
+                                          std::vector<uint64_t>* checksums);
   void ReleaseCopyGate();
 
   // The registered arena, (re-)registering when it is missing or its slots
   // are smaller than image_bytes.
-  absl::StatusOr<std::shared_ptr<client::MappedArena>> SaveArena(
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<client::MappedArena>> SaveArena(
       uint64_t image_bytes);
   // An attached arena for (name, bytes): reuses a live mapping of the same
   // segment, else attaches (and pins).
-  absl::StatusOr<std::shared_ptr<client::MappedArena>> ArenaLocked(
-      const std::string& name, uint64_t arena_bytes, uint64_t slots_offset);
-  // One OpenRestore; with allow_file_read, a disk-only step may come back
-  // as source "file" (no lease).
-  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(int64_t step,
-                                                      bool allow_file_read);
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<client::MappedArena>>
+  ArenaLocked(const std::string& name, uint64_t arena_bytes,
+              uint64_t slots_offset);
   // Restores from the arena slot the daemon leased; closes the lease.
-  absl::Status RestoreFromSlot(const v1::OpenRestoreResponse& resp,
-                               std::span<const Tensor> tensors);
-  absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
-                             const char* image,
-                             std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status RestoreFromSlot(
+      const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
+                                           const char* image,
+                                           std::span<const Tensor> tensors);
 
   const ClientOptions options_;
   const std::unique_ptr<client::DaemonStub> stub_;
   client::CopyEngine engine_;
-  bool cuda_device_ = false;
-  std::unique_ptr<client::FileRestorer> file_restorer_;  // source "file"
+  const std::unique_ptr<client::DeviceCopier> devices_;
+  std::unique_ptr<client::FileRestorer> file_restorer_;  // source FILE
 
   std::mutex arena_mu_;
   std::shared_ptr<client::MappedArena> save_arena_;
@@ -136,9 +138,7 @@ class Client::Impl {
   bool copy_gate_closed_ = false;  // a save is queued or copying
   bool stop_ = false;
 
-#ifdef CKPT_HAVE_CUDA
-  std::unique_ptr<client::CudaCopier> save_cuda_;  // saver thread only
-#endif
+  std::unique_ptr<client::DeviceCopyBatch> save_dma_;  // saver thread only
 
   mutable std::mutex stats_mu_;
   SaveStats stats_;

@@ -74,8 +74,8 @@ void CopyEngine::RunPieces(std::span<const CopyRegion> pieces,
   std::lock_guard<std::mutex> run_lock(run_mu_);
   pieces_.clear();
   for (const CopyRegion& r : pieces)
-    pieces_.push_back({static_cast<const char*>(r.src),
-                       static_cast<char*>(r.dst), r.bytes});
+    pieces_.push_back(
+        {static_cast<const char*>(r.src), static_cast<char*>(r.dst), r.bytes});
   RunLocked();
   std::copy(piece_hashes_.begin(), piece_hashes_.end(), hashes.begin());
 }

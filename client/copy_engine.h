@@ -46,7 +46,8 @@ class CopyEngine {
   // Copies (or hashes) pieces of at most kChecksumChunk bytes each;
   // hashes[i] receives Hash64 of pieces[i]'s bytes (a raw chunk hash, to be
   // combined by the caller). hashes.size() must equal pieces.size().
-  void RunPieces(std::span<const CopyRegion> pieces, std::span<uint64_t> hashes);
+  void RunPieces(std::span<const CopyRegion> pieces,
+                 std::span<uint64_t> hashes);
 
  private:
   struct Piece {

@@ -21,24 +21,26 @@ class DaemonStub {
  public:
   // Opens "unix:<socket_path>" and waits (up to connect_timeout) until the
   // daemon answers; Unavailable naming the socket if it does not.
-  static absl::StatusOr<std::unique_ptr<DaemonStub>> Connect(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DaemonStub>> Connect(
       const std::string& socket_path,
       std::chrono::milliseconds connect_timeout);
 
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::RegisterResponse> Register(
+      const v1::RegisterRequest& req);
   // Blocking BeginSave may wait for a slot up to its own timeout_ms.
-  absl::StatusOr<v1::BeginSaveResponse> BeginSave(
+  [[nodiscard]] absl::StatusOr<v1::BeginSaveResponse> BeginSave(
       const v1::BeginSaveRequest& req);
-  absl::StatusOr<v1::CommitSaveResponse> CommitSave(
+  [[nodiscard]] absl::StatusOr<v1::CommitSaveResponse> CommitSave(
       const v1::CommitSaveRequest& req);
-  absl::StatusOr<v1::AbortSaveResponse> AbortSave(
+  [[nodiscard]] absl::StatusOr<v1::AbortSaveResponse> AbortSave(
       const v1::AbortSaveRequest& req);
-  absl::StatusOr<v1::LatestResponse> Latest(const v1::LatestRequest& req);
-  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
+  [[nodiscard]] absl::StatusOr<v1::LatestResponse> Latest(
+      const v1::LatestRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
       const v1::OpenRestoreRequest& req);
-  absl::StatusOr<v1::CloseRestoreResponse> CloseRestore(
+  [[nodiscard]] absl::StatusOr<v1::CloseRestoreResponse> CloseRestore(
       const v1::CloseRestoreRequest& req);
-  absl::StatusOr<v1::WaitDurableResponse> WaitDurable(
+  [[nodiscard]] absl::StatusOr<v1::WaitDurableResponse> WaitDurable(
       const v1::WaitDurableRequest& req);
 
  private:

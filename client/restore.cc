@@ -1,6 +1,6 @@
-// The restore and query paths of Client::Impl: Latest, OpenRestore + copy
-// out of the slot (or from the shard file, see file_restore.h) with checksum
-// verification, WaitDurable.
+// The restore and query paths of Client::Impl: Latest, one OpenRestore and
+// then a copy out of the leased slot or a read of the shard file (see
+// file_restore.h), each with checksum verification; WaitDurable.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client_impl.h"
@@ -47,45 +47,26 @@ absl::Status Client::Impl::Restore(int64_t step,
         absl::StrCat("step: ", step, " is negative"));
   std::vector<uint64_t> bytes;
   CKPT_RETURN_IF_ERROR(
-      client::ValidateTensorsAndDevices(tensors, cuda_device_, &bytes));
+      client::ValidateTensorsAndDevices(tensors, *devices_, &bytes));
 
-  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp,
-                        OpenRestore(step, /*allow_file_read=*/true));
-  absl::Status s;
-  if (resp.source() == v1::RESTORE_SOURCE_FILE) {
-    // No lease: the daemon keeps nothing for us. Read the file ourselves,
-    // unless we may not (another uid, removed since): then the daemon loads
-    // it into a slot as before.
-    absl::StatusOr<bool> usable =
-        client::ShardFileUsable(resp.path(), resp.image_bytes());
-    if (!usable.ok())
-      return Annotate(usable.status(), absl::StrCat("restore of step ", step));
-    if (*usable) {
-      std::vector<const v1::TensorMeta*> metas;
-      s = client::MatchIndex(resp, tensors, &metas);
-      if (s.ok())
-        s = file_restorer_->Restore(resp.path(), resp.image_bytes(), tensors,
-                                    metas);
-      return Annotate(s, absl::StrCat("restore of step ", step));
-    }
-    CKPT_ASSIGN_OR_RETURN(resp, OpenRestore(step, /*allow_file_read=*/false));
-    if (resp.source() == v1::RESTORE_SOURCE_FILE)
-      return absl::InternalError(absl::StrCat(
-          "restore of step ", step,
-          ": OpenRestore answered with a file though none was allowed"));
-  }
-  return Annotate(RestoreFromSlot(resp, tensors),
-                  absl::StrCat("restore of step ", step));
-}
-
-absl::StatusOr<v1::OpenRestoreResponse> Client::Impl::OpenRestore(
-    int64_t step, bool allow_file_read) {
+  // The daemon decides the source: FILE (no lease) only when this process
+  // can read the shard file itself, else a slot it loaded the shard into.
   v1::OpenRestoreRequest open;
   open.set_job(options_.job);
   open.set_rank(static_cast<uint32_t>(options_.rank));
   open.set_step(static_cast<uint64_t>(step));
-  open.set_allow_file_read(allow_file_read);
-  return stub_->OpenRestore(open);
+  open.set_allow_file_read(true);
+  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  if (resp.source() == v1::RESTORE_SOURCE_FILE) {
+    std::vector<const v1::TensorMeta*> metas;
+    absl::Status s = client::MatchIndex(resp, tensors, &metas);
+    if (s.ok())
+      s = file_restorer_->Restore(resp.path(), resp.image_bytes(), tensors,
+                                  metas);
+    return Annotate(s, absl::StrCat("restore of step ", step));
+  }
+  return Annotate(RestoreFromSlot(resp, tensors),
+                  absl::StrCat("restore of step ", step));
 }
 
 absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
@@ -134,21 +115,21 @@ absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                   metas[i]->bytes()};
   }
   absl::Status s;
-#ifdef CKPT_HAVE_CUDA
-  client::CudaCopier cuda;
+  std::unique_ptr<client::DeviceCopyBatch> dma;
   for (size_t i = 0; i < tensors.size() && s.ok(); ++i) {
     if (tensors[i].device.is_host()) continue;
-    s = cuda.EnqueueToDevice(tensors[i].device.index, tensors[i].data,
+    if (!dma) dma = devices_->NewBatch();
+    s = dma->EnqueueToDevice(tensors[i].device.index, tensors[i].data,
                              regions[i].src, regions[i].bytes);
     if (!s.ok()) s = Annotate(s, client::TensorLabel(tensors, i));
   }
-#endif
   std::vector<uint64_t> sums(tensors.size());
   if (s.ok()) engine_.Run(regions, sums);
-#ifdef CKPT_HAVE_CUDA
-  absl::Status w = cuda.Wait();
-  if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
-#endif
+  if (dma) {
+    // Wait even after an enqueue error: the slot's lease is closed next.
+    absl::Status w = dma->Wait();
+    if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
+  }
   CKPT_RETURN_IF_ERROR(s);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (metas[i]->has_checksum() && metas[i]->checksum() != sums[i])

@@ -26,7 +26,7 @@ absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(
   job.start = Clock::now();
   job.step = step;
   CKPT_RETURN_IF_ERROR(
-      client::ValidateTensorsAndDevices(tensors, cuda_device_, &job.bytes));
+      client::ValidateTensorsAndDevices(tensors, *devices_, &job.bytes));
   auto layout = storage::ComputeLayout(job.bytes);
   if (!layout.ok()) return Annotate(layout.status(), "save: shard layout");
   job.layout = std::move(*layout);
@@ -99,6 +99,8 @@ void Client::Impl::RunSave(SaveJob& job) {
   if (slot->slot() >= a.num_slots() || slot->slot_offset() < a.slot_offset(0) ||
       slot->slot_offset() > a.size() ||
       a.size() - slot->slot_offset() < image_bytes) {
+    // The slot error is the one to report; an abort that fails leaves the
+    // lease to the daemon's reaper.
     (void)stub_->AbortSave(abort);
     return fail(absl::InternalError(absl::StrCat(
         "BeginSave: slot ", slot->slot(), " at offset ", slot->slot_offset(),
@@ -112,6 +114,7 @@ void Client::Impl::RunSave(SaveJob& job) {
   Clock::time_point t2 = Clock::now();
   stats.copy_s = Seconds(t2 - t1);
   if (!copied.ok()) {
+    // The copy error is the one to report; a failed abort is reaped.
     (void)stub_->AbortSave(abort);
     return fail(copied);
   }
@@ -142,6 +145,7 @@ void Client::Impl::RunSave(SaveJob& job) {
   stats.total_s = Seconds(t3 - job.start);
   if (!committed.ok()) {
     // The lease may still hold the slot; free it so later saves find one.
+    // The commit error is the one to report; a failed abort is reaped.
     (void)stub_->AbortSave(abort);
     job.state->SetDone(committed.status());
     return;
@@ -160,19 +164,18 @@ absl::Status Client::Impl::CopyIntoSlot(SaveJob& job, char* slot,
   regions.reserve(job.tensors.size());
   host_index.reserve(job.tensors.size());
   absl::Status s;
-#ifdef CKPT_HAVE_CUDA
   bool any_device = false;
   for (size_t i = 0; i < job.tensors.size() && s.ok(); ++i) {
     const Tensor& t = job.tensors[i];
     if (t.device.is_host()) continue;
-    if (!save_cuda_) save_cuda_ = std::make_unique<client::CudaCopier>();
+    // One batch for the saver thread's lifetime: its streams are reused.
+    if (!save_dma_) save_dma_ = devices_->NewBatch();
     any_device = true;
-    s = save_cuda_->EnqueueToHost(t.device.index,
-                                  slot + job.layout.tensor_offsets[i], t.data,
-                                  job.bytes[i]);
+    s = save_dma_->EnqueueToHost(t.device.index,
+                                 slot + job.layout.tensor_offsets[i], t.data,
+                                 job.bytes[i]);
     if (!s.ok()) s = Annotate(s, client::TensorLabel(job.tensors, i));
   }
-#endif
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     if (!job.tensors[i].device.is_host()) continue;
     regions.push_back({job.tensors[i].data, slot + job.layout.tensor_offsets[i],
@@ -184,13 +187,11 @@ absl::Status Client::Impl::CopyIntoSlot(SaveJob& job, char* slot,
   if (s.ok()) engine_.Run(regions, host_sums);
   for (size_t k = 0; k < host_index.size(); ++k)
     (*checksums)[host_index[k]] = host_sums[k];
-#ifdef CKPT_HAVE_CUDA
   // Wait even after an enqueue error: no DMA may land in an aborted slot.
   if (any_device) {
-    absl::Status w = save_cuda_->Wait();
+    absl::Status w = save_dma_->Wait();
     if (s.ok() && !w.ok()) s = Annotate(w, "save: device copies");
   }
-#endif
   return s;
 }
 

@@ -4,11 +4,8 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "util/validate.h"
 #include "util/status.h"
-#ifdef CKPT_HAVE_CUDA
-#include "client/cuda_copier.h"
-#endif
+#include "util/validate.h"
 
 namespace ckpt::client {
 
@@ -49,11 +46,10 @@ absl::Status ValidateTensors(std::span<const Tensor> tensors,
       if (t.device.index < 0)
         return absl::InvalidArgumentError(absl::StrCat(
             label, ".device: cuda index ", t.device.index, " is negative"));
-#ifndef CKPT_HAVE_CUDA
-      return absl::FailedPreconditionError(
-          absl::StrCat(label, ": on ", t.device.ToString(),
-                       ", but libckpt was built without CUDA"));
-#endif
+      if (!BuiltWithCuda())
+        return absl::FailedPreconditionError(
+            absl::StrCat(label, ": on ", t.device.ToString(),
+                         ", but libckpt was built without CUDA"));
     } else if (t.device.kind != Device::Kind::kHost) {
       return absl::InvalidArgumentError(absl::StrCat(
           label, ".device: kind ", static_cast<uint32_t>(t.device.kind),
@@ -64,18 +60,14 @@ absl::Status ValidateTensors(std::span<const Tensor> tensors,
   return absl::OkStatus();
 }
 
-absl::Status ValidateTensorsAndDevices(std::span<const Tensor> tensors, bool cuda_device,
+absl::Status ValidateTensorsAndDevices(std::span<const Tensor> tensors,
+                                       const DeviceCopier& devices,
                                        std::vector<uint64_t>* bytes) {
   CKPT_RETURN_IF_ERROR(ValidateTensors(tensors, bytes));
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].device.is_host()) continue;
-    if (!cuda_device)
-      return absl::FailedPreconditionError(
-          absl::StrCat(TensorLabel(tensors, i), ": on ", tensors[i].device.ToString(),
-                       ", but the CUDA runtime sees no device"));
-#ifdef CKPT_HAVE_CUDA
-    CKPT_RETURN_IF_ERROR(CudaCopier::CheckDevicePointer(tensors[i], TensorLabel(tensors, i)));
-#endif
+    CKPT_RETURN_IF_ERROR(
+        devices.CheckDeviceTensor(tensors[i], TensorLabel(tensors, i)));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "ckpt/tensor.h"
+#include "client/device_copier.h"
 
 namespace ckpt::client {
 
@@ -21,13 +22,14 @@ std::string TensorLabel(std::span<const Tensor> tensors, size_t i);
 // bytes, device host or cuda:N (cuda only when built with CUDA). Fills
 // bytes[i]. InvalidArgument (FailedPrecondition for CUDA without CUDA)
 // naming the tensor.
-absl::Status ValidateTensors(std::span<const Tensor> tensors,
-                             std::vector<uint64_t>* bytes);
+[[nodiscard]] absl::Status ValidateTensors(std::span<const Tensor> tensors,
+                                           std::vector<uint64_t>* bytes);
 
-// ValidateTensors, then: a CUDA tensor needs a device the runtime sees
-// (cuda_device) and a pointer that belongs to its device.
-absl::Status ValidateTensorsAndDevices(std::span<const Tensor> tensors, bool cuda_device,
-                                       std::vector<uint64_t>* bytes);
+// ValidateTensors, then: a CUDA tensor needs a device the runtime sees and
+// a pointer that belongs to its device (devices.CheckDeviceTensor).
+[[nodiscard]] absl::Status ValidateTensorsAndDevices(
+    std::span<const Tensor> tensors, const DeviceCopier& devices,
+    std::vector<uint64_t>* bytes);
 
 }  // namespace ckpt::client
 

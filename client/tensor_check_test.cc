@@ -1,5 +1,6 @@
 #include "client/tensor_check.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,12 +67,33 @@ TEST(TensorCheckTest, CudaTensorsNeedACudaBuild) {
   t[0].device = Device::Cuda(0);
   std::vector<uint64_t> bytes;
   absl::Status s = ValidateTensors(t, &bytes);
-#ifdef CKPT_HAVE_CUDA
-  EXPECT_TRUE(s.ok()) << s;
-#else
+  if (BuiltWithCuda()) {
+    EXPECT_TRUE(s.ok()) << s;
+    return;
+  }
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(std::string(s.message()).find("cuda:0"), std::string::npos) << s;
-#endif
+}
+
+TEST(TensorCheckTest, ADeviceTensorWithoutADeviceIsRefusedNamingIt) {
+  std::unique_ptr<DeviceCopier> devices = NewDeviceCopier();
+  if (devices->HasDevice())
+    GTEST_SKIP() << "the CUDA runtime sees a device: the refusal needs none";
+  auto t = Good();
+  t[0].device = Device::Cuda(0);
+  std::vector<uint64_t> bytes;
+  absl::Status s = ValidateTensorsAndDevices(t, *devices, &bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("tensors[0] (\"w\")"),
+            std::string::npos)
+      << s;
+}
+
+TEST(TensorCheckTest, HostTensorsPassTheDeviceCheck) {
+  std::unique_ptr<DeviceCopier> devices = NewDeviceCopier();
+  std::vector<uint64_t> bytes;
+  absl::Status s = ValidateTensorsAndDevices(Good(), *devices, &bytes);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace

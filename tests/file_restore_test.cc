@@ -1,11 +1,13 @@
 // Restores of a step that is only on disk: the client reads the shard file
-// itself (no arena is created), verifies checksums, and falls back to the
-// daemon's slot load when it may not open the file.
+// itself (no arena is created) when the daemon answers FILE, and verifies
+// checksums; the daemon answers with a slot load instead when the caller
+// cannot read the file (another uid, a mode that forbids it).
 #include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -193,6 +195,45 @@ TEST_F(FileRestoreTest, UnreadableFileFallsBackToTheDaemonsLoad) {
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_TRUE(got.Equals(s2_));
   EXPECT_EQ(Arenas(), 1);  // the daemon loaded the shard into a slot
+}
+
+// Runs test_trainer as uid/gid 65534 (nobody) on job: saves steps
+// [first, last] of its state (MakeState(bytes, 8, 2)), then restores step
+// `restore` unless it is negative. Returns its exit status, -1 if it did
+// not exit.
+int RunTrainerAsNobody(const std::string& socket, const std::string& job, uint64_t bytes,
+                       int first, int last, int restore) {
+  std::string uid = "TEST_TRAINER_UID=65534";
+  std::string step = "TEST_TRAINER_RESTORE=" + std::to_string(restore);
+  char* envp[] = {uid.data(), restore >= 0 ? step.data() : nullptr, nullptr};
+  const std::string b = std::to_string(bytes), f = std::to_string(first),
+                    l = std::to_string(last);
+  pid_t child = fork();
+  if (child == 0) {
+    execle(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, socket.c_str(), job.c_str(), b.c_str(),
+           f.c_str(), l.c_str(), nullptr, envp);
+    _exit(127);
+  }
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// NEEDS THE DAEMON'S RESTORE DECISION (issue 8 part 5): the daemon answers
+// FILE only when the caller can read the shard file. Here it cannot (the
+// root is 0700 and owned by the daemon's uid), so it must load the shard
+// into a slot; the client makes one OpenRestore and never probes the file.
+TEST_F(FileRestoreTest, AnotherUidThatCannotReadTheFileGetsASlotLoad) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the trainer as another uid";
+  const uint64_t bytes = 24 << 20;
+  ASSERT_EQ(RunTrainerAsNobody(daemon_->socket(), "nobody", bytes, 1, 1, -1), 0);
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  Restart();
+  ASSERT_EQ(chmod(root().c_str(), 0700), 0);
+  EXPECT_EQ(RunTrainerAsNobody(daemon_->socket(), "nobody", bytes, 1, 0, 1), 0)
+      << "exit 4: the restore failed (see its stderr), 5: wrong bytes";
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 // environment or flags and saves a state of the given size at steps
 // FIRST_STEP, FIRST_STEP+1, ... until killed or the step limit is reached.
 // Usage: test_trainer SOCKET JOB BYTES FIRST_STEP LAST_STEP [COPY_THREADS]
+// With TEST_TRAINER_UID=N it first becomes uid and gid N; with
+// TEST_TRAINER_RESTORE=STEP it then restores STEP and exits 4 if that fails,
+// 5 if the bytes differ from the saved state.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,6 +15,10 @@
 
 int main(int argc, char** argv) {
   if (argc < 6) return 100;
+  if (const char* uid = std::getenv("TEST_TRAINER_UID")) {
+    const int id = std::atoi(uid);
+    if (setgid(id) != 0 || setuid(id) != 0) return 101;
+  }
   ckpt::ClientOptions o;
   o.socket_path = argv[1];
   o.job = argv[2];
@@ -29,6 +38,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "test_trainer: step %d: %s\n", step, std::string(s.message()).c_str());
       return 3;
     }
+  }
+  if (const char* restore = std::getenv("TEST_TRAINER_RESTORE")) {
+    auto got = state.EmptyLike();
+    absl::Status s = (*c)->Restore(std::atoll(restore), got.tensors);
+    if (!s.ok()) {
+      std::fprintf(stderr, "test_trainer: restore: %s\n", std::string(s.message()).c_str());
+      return 4;
+    }
+    if (!got.Equals(state)) return 5;
   }
   return 0;
 }

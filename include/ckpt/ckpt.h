@@ -1,9 +1,12 @@
 /* libckpt C API: mirrors ckpt/client.h for bindings from other languages.
  *
- * Every function returns a ckpt_status code (0 = OK, otherwise an
- * absl::StatusCode value); the message of the last failure on the calling
- * thread is available from ckpt_last_error(). A ckpt_client may be used from
- * several threads; a ckpt_save_handle from one.
+ * Every function returns a ckpt_status code (CKPT_OK = 0, otherwise one of
+ * the codes below, the absl::StatusCode values); the message of the last
+ * failure on the calling thread is available from ckpt_last_error(). No C++
+ * exception ever leaves a function of this header: one that escapes the
+ * library (allocation failure included) becomes CKPT_INTERNAL with a message
+ * naming the function. A ckpt_client may be used from several threads; a
+ * ckpt_save_handle from one.
  */
 #ifndef CKPT_CKPT_H_
 #define CKPT_CKPT_H_
@@ -15,17 +18,47 @@
 extern "C" {
 #endif
 
+/* Every code the library returns. The daemon's answers travel as gRPC
+ * status codes, which are these same values. */
 typedef int ckpt_status;
 enum {
   CKPT_OK = 0,
+  /* The operation was cancelled: a save queued while the client closes. */
+  CKPT_CANCELLED = 1,
+  /* An error the daemon or the transport could not classify. */
+  CKPT_UNKNOWN = 2,
+  /* A bad argument or option; the message names it. */
   CKPT_INVALID_ARGUMENT = 3,
+  /* A wait ran out of time (ckpt_wait_durable, a busy daemon). */
+  CKPT_DEADLINE_EXCEEDED = 4,
+  /* No such job, step, tensor or file. */
   CKPT_NOT_FOUND = 5,
+  /* The step (or job) exists already, e.g. a save of a step not newer
+   * than the last one. */
+  CKPT_ALREADY_EXISTS = 6,
+  /* The daemon or the file system refused this caller (another uid). */
   CKPT_PERMISSION_DENIED = 7,
+  /* No free slot (block_when_busy = 0), no shared memory, a slot too small,
+   * a limit of the daemon. */
   CKPT_RESOURCE_EXHAUSTED = 8,
+  /* The call needs another state: e.g. a device tensor without CUDA, a
+   * rank not registered. */
   CKPT_FAILED_PRECONDITION = 9,
+  /* A race lost to another party (an arena replaced while attaching, a
+   * lease taken over); retrying may succeed. */
+  CKPT_ABORTED = 10,
+  /* A value past a limit of the protocol (a step or size out of range). */
+  CKPT_OUT_OF_RANGE = 11,
+  /* The daemon does not implement the call (an older ckptd). */
+  CKPT_UNIMPLEMENTED = 12,
+  /* A broken invariant, or a C++ exception caught at this API. */
   CKPT_INTERNAL = 13,
+  /* The daemon cannot be reached; retrying later may succeed. */
   CKPT_UNAVAILABLE = 14,
+  /* Stored bytes are lost or corrupt: a checksum mismatch, a short file. */
   CKPT_DATA_LOSS = 15,
+  /* The transport could not authenticate the caller. */
+  CKPT_UNAUTHENTICATED = 16,
 };
 
 /* Same values as ckpt::DType. */
@@ -51,6 +84,8 @@ typedef struct {
   int device; /* -1 = host, N >= 0 = cuda:N */
 } ckpt_tensor;
 
+/* ckpt::ClientOptions, field by field. Call ckpt_options_init() first: it
+ * sets every field to the C++ default, so fields added later keep theirs. */
 typedef struct {
   const char* socket_path; /* NULL: $CKPT_SOCKET */
   const char* job;         /* NULL: $CKPT_JOB */
@@ -60,15 +95,21 @@ typedef struct {
   int num_slots;           /* 0: 2 */
   int block_when_busy;     /* 0: return CKPT_RESOURCE_EXHAUSTED when busy */
   int copy_threads;        /* 0: one per CPU */
+  double slot_headroom;    /* with slot_bytes 0: extra fraction, in [0, 16] */
+  int64_t busy_timeout_ms; /* block_when_busy: longest wait; default 10 min */
 } ckpt_options;
 
 typedef struct ckpt_client ckpt_client;
 typedef struct ckpt_save_handle ckpt_save_handle;
 
+/* Sets every field to its default (a NULL options is ignored). */
 void ckpt_options_init(ckpt_options* options);
+/* The message of the calling thread's last failure ("" after a success). */
 const char* ckpt_last_error(void);
 
+/* options NULL: every default. */
 ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out);
+/* Finishes every queued save, then frees the client (NULL is ignored). */
 void ckpt_close(ckpt_client* client);
 
 ckpt_status ckpt_save(ckpt_client* client, int64_t step,

@@ -49,7 +49,7 @@ struct ClientOptions {
 
   // Fills unset fields from the environment and checks every field; the
   // error names the field (or variable) that is missing or wrong.
-  absl::Status ResolveFromEnvironment();
+  [[nodiscard]] absl::Status ResolveFromEnvironment();
 };
 
 class Client;
@@ -88,7 +88,8 @@ struct SaveStats {
 
 class Client {
  public:
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      ClientOptions options);
   ~Client();
 
   const ClientOptions& options() const;

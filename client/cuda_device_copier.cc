@@ -1,10 +1,18 @@
-#include "client/cuda_copier.h"
-
+// The DeviceCopier of a libckpt built with CUDA (CKPT_HAVE_CUDA; see
+// device_copier.h). Copies are enqueued as cudaMemcpyAsync pieces on one
+// dedicated non-blocking stream per device per batch, so they never
+// serialise behind the trainer's default-stream work; Wait() records an event
+// on every stream used since the last Wait() and blocks on it. Every CUDA
+// call goes through one macro that names the call in the Status and clears
+// the (non-sticky) error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/device_copier.h"
 
 namespace ckpt::client {
 
@@ -40,7 +48,7 @@ absl::Status CudaToStatus(cudaError_t err, const char* call) {
   do {                                            \
     cudaError_t _ckpt_cuda_err = (call);          \
     if (_ckpt_cuda_err != cudaSuccess) {          \
-      (void)cudaGetLastError();                   \
+      (void)cudaGetLastError(); /* the reset */   \
       return CudaToStatus(_ckpt_cuda_err, #call); \
     }                                             \
   } while (0)
@@ -52,11 +60,12 @@ class DeviceGuard {
  public:
   DeviceGuard() {
     if (cudaGetDevice(&saved_) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // clear it: nothing to restore, not an error
       saved_ = -1;
     }
   }
   ~DeviceGuard() {
+    // A destructor cannot report; clear the error so later calls succeed.
     if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess)
       (void)cudaGetLastError();
   }
@@ -65,30 +74,78 @@ class DeviceGuard {
   int saved_ = -1;
 };
 
-}  // namespace
+class CudaDeviceCopyBatch final : public DeviceCopyBatch {
+ public:
+  CudaDeviceCopyBatch() = default;
+  ~CudaDeviceCopyBatch() override;  // Waits, destroys streams and events.
+  CudaDeviceCopyBatch(const CudaDeviceCopyBatch&) = delete;
+  CudaDeviceCopyBatch& operator=(const CudaDeviceCopyBatch&) = delete;
 
-bool CudaCopier::DeviceAvailable() {
+  absl::Status EnqueueToHost(int device, void* host_dst, const void* device_src,
+                             uint64_t bytes) override;
+  absl::Status EnqueueToDevice(int device, void* device_dst,
+                               const void* host_src, uint64_t bytes) override;
+  absl::Status Wait() override;
+
+ private:
+  struct PerDevice {
+    int device = -1;
+    void* stream = nullptr;  // cudaStream_t
+    void* event = nullptr;   // cudaEvent_t
+    bool pending = false;
+  };
+  absl::Status Enqueue(int device, void* dst, const void* src, uint64_t bytes,
+                       bool to_host);
+  absl::StatusOr<PerDevice*> ForDevice(int device);
+
+  std::vector<PerDevice> devices_;
+};
+
+class CudaDeviceCopier final : public DeviceCopier {
+ public:
+  CudaDeviceCopier();
+  int DeviceCount() const override { return device_count_; }
+  absl::Status RegisterHost(void* data, uint64_t bytes) override;
+  absl::Status UnregisterHost(void* data) override;
+  absl::Status CheckDeviceTensor(const Tensor& t,
+                                 const std::string& label) const override;
+  std::unique_ptr<DeviceCopyBatch> NewBatch() override {
+    return std::make_unique<CudaDeviceCopyBatch>();
+  }
+
+ private:
+  int device_count_ = 0;
+};
+
+CudaDeviceCopier::CudaDeviceCopier() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+    (void)cudaGetLastError();  // no driver or no device: a CPU-only run
+    count = 0;
   }
-  return count > 0;
+  device_count_ = count;
 }
 
-absl::Status CudaCopier::Pin(void* data, uint64_t bytes) {
+absl::Status CudaDeviceCopier::RegisterHost(void* data, uint64_t bytes) {
+  if (device_count_ == 0) return absl::OkStatus();
   CKPT_CUDA_RETURN_IF_ERROR(
       cudaHostRegister(data, bytes, cudaHostRegisterPortable));
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::Unpin(void* data) {
+absl::Status CudaDeviceCopier::UnregisterHost(void* data) {
+  if (device_count_ == 0) return absl::OkStatus();
   CKPT_CUDA_RETURN_IF_ERROR(cudaHostUnregister(data));
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::CheckDevicePointer(const Tensor& t,
-                                            const std::string& label) {
+absl::Status CudaDeviceCopier::CheckDeviceTensor(
+    const Tensor& t, const std::string& label) const {
+  if (device_count_ == 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat(label, ": on ", t.device.ToString(),
+                     ", but the CUDA runtime sees no device"));
+
   if (t.data == nullptr) return absl::OkStatus();
   cudaPointerAttributes attr{};
   absl::Status s = [&]() -> absl::Status {
@@ -107,7 +164,9 @@ absl::Status CudaCopier::CheckDevicePointer(const Tensor& t,
   return absl::OkStatus();
 }
 
-CudaCopier::~CudaCopier() {
+// Teardown cannot report: every error is dropped and cleared, so a failed
+// stream on one device does not keep the others' streams alive.
+CudaDeviceCopyBatch::~CudaDeviceCopyBatch() {
   DeviceGuard guard;
   for (PerDevice& d : devices_) {
     if (cudaSetDevice(d.device) != cudaSuccess) {
@@ -124,7 +183,8 @@ CudaCopier::~CudaCopier() {
   }
 }
 
-absl::StatusOr<CudaCopier::PerDevice*> CudaCopier::ForDevice(int device) {
+absl::StatusOr<CudaDeviceCopyBatch::PerDevice*> CudaDeviceCopyBatch::ForDevice(
+    int device) {
   for (PerDevice& d : devices_)
     if (d.device == device) return &d;
   CKPT_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -137,6 +197,7 @@ absl::StatusOr<CudaCopier::PerDevice*> CudaCopier::ForDevice(int device) {
   d.stream = stream;
   cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (err != cudaSuccess) {
+    // The event error is the one reported; the cleanup's is secondary.
     (void)cudaGetLastError();
     (void)cudaStreamDestroy(stream);
     return CudaToStatus(
@@ -147,8 +208,9 @@ absl::StatusOr<CudaCopier::PerDevice*> CudaCopier::ForDevice(int device) {
   return &devices_.back();
 }
 
-absl::Status CudaCopier::Enqueue(int device, void* dst, const void* src,
-                                 uint64_t bytes, bool to_host) {
+absl::Status CudaDeviceCopyBatch::Enqueue(int device, void* dst,
+                                          const void* src, uint64_t bytes,
+                                          bool to_host) {
   if (bytes == 0) return absl::OkStatus();
   DeviceGuard guard;
   auto d = ForDevice(device);
@@ -166,17 +228,19 @@ absl::Status CudaCopier::Enqueue(int device, void* dst, const void* src,
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::EnqueueToHost(int device, void* host_dst,
-                                       const void* device_src, uint64_t bytes) {
+absl::Status CudaDeviceCopyBatch::EnqueueToHost(int device, void* host_dst,
+                                                const void* device_src,
+                                                uint64_t bytes) {
   return Enqueue(device, host_dst, device_src, bytes, /*to_host=*/true);
 }
 
-absl::Status CudaCopier::EnqueueToDevice(int device, void* device_dst,
-                                         const void* host_src, uint64_t bytes) {
+absl::Status CudaDeviceCopyBatch::EnqueueToDevice(int device, void* device_dst,
+                                                  const void* host_src,
+                                                  uint64_t bytes) {
   return Enqueue(device, device_dst, host_src, bytes, /*to_host=*/false);
 }
 
-absl::Status CudaCopier::Wait() {
+absl::Status CudaDeviceCopyBatch::Wait() {
   DeviceGuard guard;
   absl::Status first;
   for (PerDevice& d : devices_) {
@@ -196,5 +260,13 @@ absl::Status CudaCopier::Wait() {
   }
   return first;
 }
+
+}  // namespace
+
+std::unique_ptr<DeviceCopier> NewDeviceCopier() {
+  return std::make_unique<CudaDeviceCopier>();
+}
+
+bool BuiltWithCuda() { return true; }
 
 }  // namespace ckpt::client

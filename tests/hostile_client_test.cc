@@ -4,6 +4,9 @@
 // refusal is INVALID_ARGUMENT (or a closed connection) naming the field in
 // a small reply, and the daemon keeps serving everyone else.
 #include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -21,10 +24,6 @@
 #include <sstream>
 #include <thread>
 
-#include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/support/byte_buffer.h>
-
 #include "tests/daemon_test.h"
 
 namespace ckpt::testing {
@@ -39,7 +38,8 @@ class HostileClientTest : public DaemonTest {
  protected:
   void SetUp() override {}  // each test starts ckptd with its own flags
   void Start(std::vector<std::string> extra_args = {}) {
-    auto d = DaemonProcess::Start(root(), run_.path(), prefix_, std::move(extra_args));
+    auto d = DaemonProcess::Start(root(), run_.path(), prefix_,
+                                  std::move(extra_args));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
     stub_ = daemon_->Stub();
@@ -51,11 +51,13 @@ class HostileClientTest : public DaemonTest {
                                        grpc::InsecureChannelCredentials());
     grpc::GenericStub stub(channel);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
     grpc::Slice slice(body.data(), body.size());
     grpc::ByteBuffer request(&slice, 1), response;
     grpc::CompletionQueue cq;
-    auto call = stub.PrepareUnaryCall(&ctx, "/ckpt.v1.Ckptd/" + method, request, &cq);
+    auto call =
+        stub.PrepareUnaryCall(&ctx, "/ckpt.v1.Ckptd/" + method, request, &cq);
     call->StartCall();
     grpc::Status status;
     call->Finish(&response, &status, reinterpret_cast<void*>(1));
@@ -68,7 +70,8 @@ class HostileClientTest : public DaemonTest {
   void ExpectServing() {
     grpc::ClientContext ctx;
     ctx.set_wait_for_ready(true);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
     v1::StatusResponse resp;
     grpc::Status s = stub_->Status(&ctx, v1::StatusRequest(), &resp);
     EXPECT_TRUE(s.ok()) << "daemon stopped serving: " << s.error_message();
@@ -77,13 +80,14 @@ class HostileClientTest : public DaemonTest {
   std::unique_ptr<v1::Ckptd::Stub> stub_;
 };
 
-#define EXPECT_REFUSED(call, field)                                                      \
-  do {                                                                                   \
-    grpc::Status _s = (call);                                                            \
-    EXPECT_EQ(_s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << _s.error_message(); \
-    EXPECT_NE(_s.error_message().find(field), std::string::npos)                         \
-        << "message does not name '" << field << "': " << _s.error_message();            \
-    EXPECT_LT(_s.error_message().size(), kMaxReplyBytes);                                \
+#define EXPECT_REFUSED(call, field)                                           \
+  do {                                                                        \
+    grpc::Status _s = (call);                                                 \
+    EXPECT_EQ(_s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)            \
+        << _s.error_message();                                                \
+    EXPECT_NE(_s.error_message().find(field), std::string::npos)              \
+        << "message does not name '" << field << "': " << _s.error_message(); \
+    EXPECT_LT(_s.error_message().size(), kMaxReplyBytes);                     \
   } while (0)
 
 std::string RegisterBody(const std::string& job) {
@@ -107,30 +111,36 @@ std::string CommitBody(const std::string& tensor_name) {
   return req.SerializeAsString();
 }
 
-TEST_F(HostileClientTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
+TEST_F(HostileClientTest,
+       RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
   Start();
   // Invalid UTF-8 in a name.
   EXPECT_REFUSED(RawCall("Register", RegisterBody("\xff\xfejob")), "job");
-  EXPECT_REFUSED(RawCall("CommitSave", CommitBody("bad\xc3(")), "tensors[1].name");
+  EXPECT_REFUSED(RawCall("CommitSave", CommitBody("bad\xc3(")),
+                 "tensors[1].name");
   // Truncated: the name's declared length runs past the end of the body.
   std::string body = RegisterBody("a-long-enough-job-name");
   EXPECT_REFUSED(RawCall("Register", body.substr(0, 10)), "job: truncated");
   body = CommitBody("tensor");
-  EXPECT_REFUSED(RawCall("CommitSave", body.substr(0, body.size() - 3)), "tensors[1]");
+  EXPECT_REFUSED(RawCall("CommitSave", body.substr(0, body.size() - 3)),
+                 "tensors[1]");
   // Malformed: a tag whose varint never ends, an end-group with no group.
   EXPECT_REFUSED(RawCall("Latest", std::string(12, '\xff')), "request");
   EXPECT_REFUSED(RawCall("Delete", std::string("\x0c", 1)), "job");
   // Random bodies, to every method: never INTERNAL, never an empty or a
   // large message, and the daemon keeps serving.
   std::mt19937 rng(8);
-  for (const char* method : {"Register", "BeginSave", "CommitSave", "AbortSave", "Latest",
-                             "OpenRestore", "CloseRestore", "WaitDurable", "List", "Delete"}) {
+  for (const char* method :
+       {"Register", "BeginSave", "CommitSave", "AbortSave", "Latest",
+        "OpenRestore", "CloseRestore", "WaitDurable", "List", "Delete"}) {
     for (int i = 0; i < 20; ++i) {
       std::string random(1 + rng() % 200, '\0');
       for (char& c : random) c = static_cast<char>(rng());
       grpc::Status s = RawCall(method, random);
-      EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL) << method << ": " << s.error_message();
-      EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << method << ": " << s.error_message();
+      EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL)
+          << method << ": " << s.error_message();
+      EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN)
+          << method << ": " << s.error_message();
       if (!s.ok()) {
         EXPECT_FALSE(s.error_message().empty()) << method;
         EXPECT_LT(s.error_message().size(), kMaxReplyBytes) << method;
@@ -176,12 +186,37 @@ TEST_F(HostileClientTest, HugeNamesAreRefusedWithASmallReplyNamingTheField) {
   ExpectServing();
 }
 
+TEST_F(HostileClientTest, RequestsLargerThanMaxRequestMibAreRefusedUnread) {
+  std::string config = run_.path() + "/ckptd.toml";
+  std::ofstream(config) << "max_request_mib = 1\nmax_connections_per_uid = 0\n";
+  Start({"--config", config});
+  grpc::ClientContext ctx;
+  v1::ListRequest req;
+  req.set_job(std::string(2 << 20, 'j'));
+  v1::ListResponse resp;
+  EXPECT_EQ(stub_->List(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  grpc::ClientContext ctx2;
+  req.set_job(std::string(512 << 10, 'j'));
+  EXPECT_REFUSED(stub_->List(&ctx2, req, &resp), "job");
+  ExpectServing();
+}
+
+TEST_F(HostileClientTest, BadLimitInTheConfigFileStopsStartup) {
+  std::string config = run_.path() + "/ckptd.toml";
+  std::ofstream(config) << "max_request_mib = 0\n";
+  auto d =
+      DaemonProcess::Start(root(), run_.path(), prefix_, {"--config", config});
+  EXPECT_FALSE(d.ok());
+}
+
 // A client process of uid 65534 that holds `total` idle connections; it
 // reports how many the daemon closed (waiting for `expect` of them, then a
 // little longer to see any more), then waits for a byte, closes them all
 // and exits. Only system calls after fork(): the test process runs gRPC
 // threads.
-pid_t HoldConnections(const std::string& socket, int total, int expect, int report_fd, int go_fd) {
+pid_t HoldConnections(const std::string& socket, int total, int expect,
+                      int report_fd, int go_fd) {
   pid_t child = fork();
   if (child != 0) return child;
   if (setgid(65534) != 0 || setuid(65534) != 0) _exit(101);
@@ -191,7 +226,8 @@ pid_t HoldConnections(const std::string& socket, int total, int expect, int repo
   int fds[256];
   for (int i = 0; i < total; ++i) {
     fds[i] = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    if (connect(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) _exit(102);
+    if (connect(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+      _exit(102);
   }
   // A connection the daemon closed reads end-of-file; one it kept reads
   // gRPC's settings frame or nothing at all.
@@ -217,14 +253,16 @@ pid_t HoldConnections(const std::string& socket, int total, int expect, int repo
 
 int OpenDescriptors(pid_t pid) {
   int n = 0;
-  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+  for (auto& e : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/fd")) {
     (void)e;
     ++n;
   }
   return n;
 }
 
-TEST_F(HostileClientTest, ConnectionsBeyondThePerUidLimitAreClosedAndOthersAreServed) {
+TEST_F(HostileClientTest,
+       ConnectionsBeyondThePerUidLimitAreClosedAndOthersAreServed) {
   constexpr int kLimit = 8, kTotal = 20;
   Start({"--max-connections-per-uid", std::to_string(kLimit)});
   {
@@ -240,10 +278,12 @@ TEST_F(HostileClientTest, ConnectionsBeyondThePerUidLimitAreClosedAndOthersAreSe
   int report[2], go[2];
   ASSERT_EQ(pipe(report), 0);
   ASSERT_EQ(pipe(go), 0);
-  pid_t child = HoldConnections(daemon_->socket(), kTotal, kTotal - kLimit, report[1], go[0]);
+  pid_t child = HoldConnections(daemon_->socket(), kTotal, kTotal - kLimit,
+                                report[1], go[0]);
   ASSERT_GT(child, 0);
   int closed = -1;
-  ASSERT_EQ(read(report[0], &closed, sizeof closed), static_cast<ssize_t>(sizeof closed));
+  ASSERT_EQ(read(report[0], &closed, sizeof closed),
+            static_cast<ssize_t>(sizeof closed));
   EXPECT_EQ(closed, kTotal - kLimit);
   // Root (another uid) is served while uid 65534 holds its limit.
   ExpectServing();
@@ -261,20 +301,22 @@ TEST_F(HostileClientTest, ConnectionsBeyondThePerUidLimitAreClosedAndOthersAreSe
   ASSERT_GE(probe, 0);
   if (probe == 0) {
     std::string shm = "/" + prefix_ + ".mine.r0";
-    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, daemon_->socket().c_str(), "mine", shm.c_str(),
-          nullptr);
+    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, daemon_->socket().c_str(), "mine",
+          shm.c_str(), nullptr);
     _exit(127);
   }
   waitpid(probe, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "bitmask of uid_probe's calls that were not answered";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "bitmask of uid_probe's calls that were not answered";
   ExpectServing();
 }
 
 // utime + stime of pid, in seconds.
 double CpuSeconds(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string all((std::istreambuf_iterator<char>(f)),
+                  std::istreambuf_iterator<char>());
   std::istringstream rest(all.substr(all.rfind(')') + 2));
   std::string field;
   unsigned long long utime = 0, stime = 0;
@@ -282,19 +324,23 @@ double CpuSeconds(pid_t pid) {
     if (i == 14) utime = std::stoull(field);
     if (i == 15) stime = std::stoull(field);
   }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return static_cast<double>(utime + stime) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-TEST_F(HostileClientTest, OutOfFileDescriptorsTheDaemonWaitsInsteadOfSpinningAndRecovers) {
+TEST_F(HostileClientTest,
+       OutOfFileDescriptorsTheDaemonWaitsInsteadOfSpinningAndRecovers) {
   Start();
   ExpectServing();
   // Leave the daemon a handful of descriptors beyond what it holds now.
   const int held = OpenDescriptors(daemon_->pid());
   rlimit low{static_cast<rlim_t>(held + 8), static_cast<rlim_t>(held + 8)};
-  ASSERT_EQ(prlimit(daemon_->pid(), RLIMIT_NOFILE, &low, nullptr), 0) << strerror(errno);
+  ASSERT_EQ(prlimit(daemon_->pid(), RLIMIT_NOFILE, &low, nullptr), 0)
+      << strerror(errno);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, daemon_->socket().c_str(), sizeof addr.sun_path - 1);
+  std::strncpy(addr.sun_path, daemon_->socket().c_str(),
+               sizeof addr.sun_path - 1);
   std::vector<int> fds;
   for (int i = 0; i < 40; ++i) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -316,15 +362,18 @@ TEST_F(HostileClientTest, OutOfFileDescriptorsTheDaemonWaitsInsteadOfSpinningAnd
   std::printf("ckptd used %.2f CPU seconds in 1 s out of descriptors\n", used);
   // The waiting connections are turned away (closed), not left hanging.
   bool refused = false;
-  for (auto deadline = Clock::now() + std::chrono::seconds(20); !refused && Clock::now() < deadline;) {
+  for (auto deadline = Clock::now() + std::chrono::seconds(20);
+       !refused && Clock::now() < deadline;) {
     for (int fd : fds) {
       pollfd p{fd, POLLIN, 0};
       char buf[256];
-      if (poll(&p, 1, 0) == 1 && recv(fd, buf, sizeof buf, MSG_PEEK) == 0) refused = true;
+      if (poll(&p, 1, 0) == 1 && recv(fd, buf, sizeof buf, MSG_PEEK) == 0)
+        refused = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_TRUE(refused) << "no waiting connection was closed at " << limit << " descriptors";
+  EXPECT_TRUE(refused) << "no waiting connection was closed at " << limit
+                       << " descriptors";
   for (int fd : fds) close(fd);
   // The connections close, descriptors come back, new clients are served.
   stub_ = daemon_->Stub();

@@ -16,6 +16,8 @@
 #ifndef CKPT_UTIL_RPC_SERVICE_H_
 #define CKPT_UTIL_RPC_SERVICE_H_
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 #include <grpc/grpc.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/server_context.h>
@@ -25,9 +27,6 @@
 #include <functional>
 #include <string>
 #include <string_view>
-
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/message.h>
 
 namespace ckpt::rpc {
 
@@ -41,16 +40,18 @@ std::string DescribeParseFailure(const google::protobuf::Descriptor& type,
 namespace internal {
 
 // Parses and destroys `payload` (gRPC hands the handler its ownership).
-grpc::Status ParseRequest(grpc_byte_buffer* payload, google::protobuf::Message* request);
+grpc::Status ParseRequest(grpc_byte_buffer* payload,
+                          google::protobuf::Message* request);
 
 template <class Req, class Resp>
 class UnaryHandler final : public grpc::internal::MethodHandler {
  public:
-  using Fn = std::function<grpc::Status(grpc::ServerContext*, const Req*, Resp*)>;
+  using Fn =
+      std::function<grpc::Status(grpc::ServerContext*, const Req*, Resp*)>;
   explicit UnaryHandler(Fn fn) : fn_(std::move(fn)) {}
 
-  void* Deserialize(grpc_call* call, grpc_byte_buffer* payload, grpc::Status* status,
-                    void** /*handler_data*/) override {
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* payload,
+                    grpc::Status* status, void** /*handler_data*/) override {
     // In the call's arena, as gRPC's own handler does; destroyed in RunHandler.
     Req* request = new (grpc_call_arena_alloc(call, sizeof(Req))) Req;
     *status = ParseRequest(payload, request);
@@ -64,7 +65,8 @@ class UnaryHandler final : public grpc::internal::MethodHandler {
     grpc::Status status = param.status;
     if (status.ok()) {
       auto* request = static_cast<Req*>(param.request);
-      status = fn_(static_cast<grpc::ServerContext*>(param.server_context), request, &response);
+      status = fn_(static_cast<grpc::ServerContext*>(param.server_context),
+                   request, &response);
       request->~Req();
     }
     grpc::internal::UnaryRunHandlerHelper(
@@ -80,25 +82,29 @@ class UnaryHandler final : public grpc::internal::MethodHandler {
 class RpcService : public grpc::Service {
  protected:
   // `service` must come from a generated descriptor (it lives forever).
-  explicit RpcService(const google::protobuf::ServiceDescriptor* service) : service_(service) {}
+  explicit RpcService(const google::protobuf::ServiceDescriptor* service)
+      : service_(service) {}
 
   // Registers method `name` of the service; aborts if the service has no
   // such method or its request/response types differ (a programming error).
   template <class Self, class Req, class Resp>
   void AddUnary(std::string_view name, Self* self,
-                grpc::Status (Self::*method)(grpc::ServerContext*, const Req*, Resp*)) {
+                grpc::Status (Self::*method)(grpc::ServerContext*, const Req*,
+                                             Resp*)) {
     const char* path = MethodPath(name, Req::descriptor(), Resp::descriptor());
     AddMethod(new grpc::internal::RpcServiceMethod(
         path, grpc::internal::RpcMethod::NORMAL_RPC,
         new internal::UnaryHandler<Req, Resp>(
-            [self, method](grpc::ServerContext* ctx, const Req* req, Resp* resp) {
+            [self, method](grpc::ServerContext* ctx, const Req* req,
+                           Resp* resp) {
               return (self->*method)(ctx, req, resp);
             })));
   }
 
  private:
   // "/package.Service/Method", kept alive here (gRPC keeps the pointer).
-  const char* MethodPath(std::string_view name, const google::protobuf::Descriptor* request,
+  const char* MethodPath(std::string_view name,
+                         const google::protobuf::Descriptor* request,
                          const google::protobuf::Descriptor* response);
 
   const google::protobuf::ServiceDescriptor* const service_;

@@ -10,19 +10,17 @@ namespace {
 
 // Field checks that need no state, run before anything else so that a huge
 // or malformed field costs nothing and is never echoed whole.
-absl::Status CheckFields(const v1::RegisterRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::BeginSaveRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::AbortSaveRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::LatestRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::OpenRestoreRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::CloseRestoreRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::WaitDurableRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::DeleteRequest& r) { return ValidateJobName(r.job()); }
-absl::Status CheckFields(const v1::ListRequest& r) {
+// Register, BeginSave, AbortSave, Latest, OpenRestore, CloseRestore,
+// WaitDurable, Delete: the job is their only name.
+template <typename Req>
+[[nodiscard]] absl::Status CheckFields(const Req& r) {
+  return ValidateJobName(r.job());
+}
+[[nodiscard]] absl::Status CheckFields(const v1::ListRequest& r) {
   return r.job().empty() ? absl::OkStatus() : ValidateJobName(r.job());
 }
-absl::Status CheckFields(const v1::StatusRequest&) { return absl::OkStatus(); }
-absl::Status CheckFields(const v1::CommitSaveRequest& r) {
+[[nodiscard]] absl::Status CheckFields(const v1::StatusRequest&) { return absl::OkStatus(); }
+[[nodiscard]] absl::Status CheckFields(const v1::CommitSaveRequest& r) {
   if (absl::Status s = ValidateJobName(r.job()); !s.ok()) return s;
   if (static_cast<size_t>(r.tensors_size()) > storage::kMaxShardTensors)
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -40,7 +40,7 @@ std::string DescribeParseFailure(const google::protobuf::Descriptor& type,
 namespace internal {
 
 // Parses and destroys `payload` (gRPC hands the handler its ownership).
-grpc::Status ParseRequest(grpc_byte_buffer* payload,
+[[nodiscard]] grpc::Status ParseRequest(grpc_byte_buffer* payload,
                           google::protobuf::Message* request);
 
 template <class Req, class Resp>

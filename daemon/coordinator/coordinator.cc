@@ -27,7 +27,7 @@ absl::Status ValidateShardKey(const std::string& key) {
 }
 
 // Checked before any state is touched: a refused request changes nothing.
-absl::Status ValidateNodeAndJob(const std::string& node_id, const std::string& job) {
+[[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id, const std::string& job) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(node_id, "node_id"));
   return ValidateJobName(job, "job");
 }

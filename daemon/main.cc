@@ -3,6 +3,7 @@
 // --coordinator it joins a multi-node job as a node (see node_agent.h);
 // with --coordinator-listen it also serves the coordinator itself.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -46,6 +47,14 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Every connection costs a descriptor; gRPC uses epoll, not select(), so
+  // the soft limit can go up to the hard one (systemd's default soft limit
+  // is 1024).
+  rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &nofile);  // best effort: the old limit still works
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(opts->root, ec);
@@ -84,13 +93,13 @@ int main(int argc, char** argv) {
   }
   auto engine = Engine::Open(opts->engine, backend->get(), catalog->get());
   if (!engine.ok()) return Fail("recovery", engine.status());
-  auto listener = PeerListener::Listen(opts->socket_path);
+  auto listener = PeerListener::Listen(opts->socket_path, opts->listener);
   if (!listener.ok()) return Fail("socket", listener.status());
 
   CkptdService service(engine->get(), listener->get(), opts->root);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(opts->max_request_mib << 20));
   builder.SetMaxSendMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("grpc", absl::InternalError("server did not start"));

@@ -63,6 +63,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
                  "address other nodes reach this node at (default: the host name)");
   app.add_option("--capacity", o.agent.capacity, "ranks this node can host")->check(CLI::Range(1, 4096));
   app.add_flag("--spare", o.agent.spare, "join as a spare that hosts ranks only after a failure");
+  app.add_option("--max-connections-per-uid", o.listener.max_connections_per_uid,
+                 "connections one uid other than root may hold (0 = no limit)");
+  app.add_option("--max-request-mib", o.max_request_mib, "largest request accepted, in MiB")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms,
                  "embedded coordinator: a node silent this long is dead")->check(CLI::Range(100, 600000));
   try {
@@ -108,7 +112,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
     if (s.ok()) s = unless_flag("--advertise-addr", [&] { return FromToml(t, "advertise_addr", &o.agent.address); });
     if (s.ok()) s = unless_flag("--capacity", [&] { return FromToml(t, "capacity", &o.agent.capacity); });
     if (s.ok()) s = unless_flag("--spare", [&] { return FromToml(t, "spare", &o.agent.spare); });
+    if (s.ok()) s = unless_flag("--max-connections-per-uid", [&] {
+      return FromToml(t, "max_connections_per_uid", &o.listener.max_connections_per_uid);
+    });
+    if (s.ok()) s = unless_flag("--max-request-mib", [&] { return FromToml(t, "max_request_mib", &o.max_request_mib); });
     if (!s.ok()) return s;
+    if (o.max_request_mib < 1 || o.max_request_mib > 1024)
+      return absl::InvalidArgumentError("config: max_request_mib: must be in [1, 1024]");
     if (o.agent.capacity < 1) return absl::InvalidArgumentError("config: capacity: must be >= 1");
     if (slots < 2 || slots > 16) return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
     if (attempts < 1) return absl::InvalidArgumentError("config: persist_attempts: must be >= 1");

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/engine.h"
 #include "daemon/node_agent.h"
+#include "daemon/peer_listener.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -26,11 +27,16 @@ struct DaemonOptions {
   std::chrono::milliseconds drain_deadline = std::chrono::seconds(60);
   EngineOptions engine;
   storage::LocalBackendOptions storage;
+  PeerListenerOptions listener;  // connections per uid
+  // Largest request gRPC reads; a larger one is RESOURCE_EXHAUSTED before
+  // it is parsed. The largest legitimate one is a CommitSave of the most
+  // tensors a shard may hold (about 20 MiB).
+  uint32_t max_request_mib = 64;
 };
 
 // Parses argv. Returns InvalidArgument naming the flag or config key on a
 // bad value; `--help` output goes to *help with code Cancelled.
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help);
+[[nodiscard]] absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help);
 
 }  // namespace ckpt::daemon
 

@@ -7,12 +7,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
 
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -38,9 +43,37 @@ bool SocketIsLive(const sockaddr_un& addr) {
   return live;
 }
 
+// How long the accept loop pauses after running out of descriptors.
+constexpr int kOutOfDescriptorsPauseMs = 100;
+
+// A warning at most every 10 s, with the count of the ones held back: a
+// hostile client must not be able to fill the log either.
+class RateLimitedWarning {
+ public:
+  void Warn(const std::string& msg) {
+    auto now = std::chrono::steady_clock::now();
+    if (count_ > 0 && now - last_ < std::chrono::seconds(10)) {
+      ++held_back_;
+      return;
+    }
+    LogWarning(held_back_ ? absl::StrCat(msg, " (and ", held_back_, " more like it)") : msg);
+    ++count_;
+    held_back_ = 0;
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+  uint64_t count_ = 0;
+  uint64_t held_back_ = 0;
+};
+
+int OpenSpareDescriptor() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::string& path) {
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::string& path,
+                                                                   PeerListenerOptions options) {
   CKPT_ASSIGN_OR_RETURN(sockaddr_un addr, SocketAddress(path));
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
@@ -69,13 +102,16 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::st
     close(fd);
     return ErrnoToStatus(err, "eventfd");
   }
-  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake, path));
+  auto listener = std::unique_ptr<PeerListener>(new PeerListener(fd, wake, path, options));
+  listener->spare_fd_ = OpenSpareDescriptor();
+  return listener;
 }
 
 PeerListener::~PeerListener() {
   Stop();
   close(listen_fd_);
   close(wake_fd_);
+  if (spare_fd_ >= 0) close(spare_fd_);
   unlink(path_.c_str());
 }
 
@@ -91,29 +127,81 @@ void PeerListener::Stop() {
 }
 
 void PeerListener::AcceptLoop(grpc::Server* server) {
+  RateLimitedWarning out_of_fds, over_limit;
+  bool pause = false;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    // After running out of descriptors, only the wake descriptor is
+    // watched for a moment: the listening socket would be readable at once.
+    int n = poll(fds, pause ? 1 : 2, pause ? kOutOfDescriptorsPauseMs : -1);
+    if (n < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (fds[1].revents) return;
+    if (fds[0].revents) return;
+    if (pause) {
+      pause = false;
+      continue;
+    }
+    if (spare_fd_ < 0) spare_fd_ = OpenSpareDescriptor();
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;  // EAGAIN, ECONNABORTED, EMFILE: try again
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        out_of_fds.Warn(absl::StrCat("out of file descriptors (", strerror(errno),
+                                     "): refusing new connections until some close"));
+        ShedWaitingConnection();
+        pause = true;
+      }
+      continue;  // EAGAIN, ECONNABORTED: the next one
+    }
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       close(fd);
       continue;
     }
-    {
-      // A number reused after gRPC closed an old connection is overwritten
-      // here before the new connection can carry any call.
-      std::lock_guard<std::mutex> lock(mu_);
-      creds_by_fd_[fd] = PeerCreds{cred.pid, cred.uid, cred.gid};
+    if (!Admit(fd, PeerCreds{cred.pid, cred.uid, cred.gid})) {
+      close(fd);
+      over_limit.Warn(absl::StrCat("refused a connection of uid ", cred.uid, " (pid ", cred.pid,
+                                   "): it holds ", options_.max_connections_per_uid,
+                                   " connections (max_connections_per_uid)"));
+      continue;
     }
     grpc::AddInsecureChannelFromFd(server, fd);
   }
+}
+
+bool PeerListener::Admit(int fd, const PeerCreds& creds) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Forget connections gRPC has closed since, counting this uid's others.
+  uint32_t held = 0;
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    struct stat now;
+    if (it->first == fd || fstat(it->first, &now) != 0 || now.st_dev != it->second.dev ||
+        now.st_ino != it->second.ino) {
+      it = connections_.erase(it);
+      continue;
+    }
+    if (it->second.creds.uid == creds.uid) ++held;
+    ++it;
+  }
+  if (creds.uid != 0 && options_.max_connections_per_uid != 0 &&
+      held >= options_.max_connections_per_uid)
+    return false;
+  // A number reused after gRPC closed an old connection is overwritten
+  // here before the new connection can carry any call.
+  connections_[fd] = Connection{creds, st.st_dev, st.st_ino};
+  return true;
+}
+
+void PeerListener::ShedWaitingConnection() {
+  if (spare_fd_ < 0) return;
+  close(spare_fd_);
+  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd >= 0) close(fd);
+  spare_fd_ = OpenSpareDescriptor();
 }
 
 std::optional<PeerCreds> PeerListener::Lookup(const std::string& peer) const {
@@ -125,9 +213,9 @@ std::optional<PeerCreds> PeerListener::Lookup(const std::string& peer) const {
     if (fd > (1 << 24)) return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = creds_by_fd_.find(fd);
-  if (it == creds_by_fd_.end()) return std::nullopt;
-  return it->second;
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return std::nullopt;
+  return it->second.creds;
 }
 
 }  // namespace ckpt::daemon

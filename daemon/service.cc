@@ -1,7 +1,42 @@
 #include "daemon/service.h"
 
+#include "absl/strings/str_format.h"
+#include "ckpt/tensor.h"
+#include "storage/shard_format.h"
+#include "util/validate.h"
+
 namespace ckpt::daemon {
 namespace {
+
+// Field checks that need no state, run before anything else so that a huge
+// or malformed field costs nothing and is never echoed whole.
+// Register, BeginSave, AbortSave, Latest, OpenRestore, CloseRestore,
+// WaitDurable, Delete: the job is their only name.
+template <typename Req>
+[[nodiscard]] absl::Status CheckFields(const Req& r) {
+  return ValidateJobName(r.job());
+}
+[[nodiscard]] absl::Status CheckFields(const v1::ListRequest& r) {
+  return r.job().empty() ? absl::OkStatus() : ValidateJobName(r.job());
+}
+[[nodiscard]] absl::Status CheckFields(const v1::StatusRequest&) { return absl::OkStatus(); }
+[[nodiscard]] absl::Status CheckFields(const v1::CommitSaveRequest& r) {
+  if (absl::Status s = ValidateJobName(r.job()); !s.ok()) return s;
+  if (static_cast<size_t>(r.tensors_size()) > storage::kMaxShardTensors)
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensors: %d, at most %d allowed", r.tensors_size(), storage::kMaxShardTensors));
+  for (int i = 0; i < r.tensors_size(); ++i) {
+    const v1::TensorMeta& t = r.tensors(i);
+    // The field's full name is only built for a refusal (the hot path
+    // commits thousands of tensors).
+    if (!ValidateTensorName(t.name(), "name").ok())
+      return ValidateTensorName(t.name(), absl::StrFormat("tensors[%d].name", i));
+    if (static_cast<size_t>(t.shape_size()) > kMaxTensorDims)
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensors[%d].shape: %d dims, at most %d allowed", i, t.shape_size(), kMaxTensorDims));
+  }
+  return absl::OkStatus();
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -17,8 +52,28 @@ grpc::Status Fill(absl::StatusOr<T> r, T* out) {
 
 }  // namespace
 
+CkptdService::CkptdService(Engine* engine, const PeerListener* listener, std::string root)
+    : RpcService(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Ckptd::service_full_name())),
+      engine_(engine),
+      listener_(listener),
+      root_(std::move(root)) {
+  AddUnary("Register", this, &CkptdService::Register);
+  AddUnary("BeginSave", this, &CkptdService::BeginSave);
+  AddUnary("CommitSave", this, &CkptdService::CommitSave);
+  AddUnary("AbortSave", this, &CkptdService::AbortSave);
+  AddUnary("Latest", this, &CkptdService::Latest);
+  AddUnary("OpenRestore", this, &CkptdService::OpenRestore);
+  AddUnary("CloseRestore", this, &CkptdService::CloseRestore);
+  AddUnary("WaitDurable", this, &CkptdService::WaitDurable);
+  AddUnary("List", this, &CkptdService::List);
+  AddUnary("Delete", this, &CkptdService::Delete);
+  AddUnary("Status", this, &CkptdService::Status);
+}
+
 template <typename Req, typename Resp, typename Fn>
 grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req, Resp* resp, Fn fn) {
+  if (absl::Status s = CheckFields(*req); !s.ok()) return ToGrpc(s);
   std::optional<PeerCreds> peer = listener_->Lookup(ctx->peer());
   if (!peer)
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

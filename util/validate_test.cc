@@ -43,5 +43,26 @@ TEST(TensorTest, BytesDetectsOverflowAndNegativeDims) {
   EXPECT_EQ(Device::Cuda(3).ToString(), "cuda:3");
 }
 
+TEST(ValidateTest, ErrorMessagesQuoteOnlyAPrefixOfALongValue) {
+  EXPECT_EQ(QuotePrefix("ab\n"), "\"ab\\n\"");
+  std::string quoted = QuotePrefix(std::string(60 << 20, 'x'));
+  EXPECT_LT(quoted.size(), 100u);
+  EXPECT_NE(quoted.find("... (62914560 bytes)"), std::string::npos) << quoted;
+}
+
+TEST(ValidateTest, Utf8AndPrintableChecksRefuseWhatTheyShould) {
+  EXPECT_TRUE(IsValidUtf8("plain \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+  for (const char* bad : {"\xff", "\xc3", "\xc3(", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"})
+    EXPECT_FALSE(IsValidUtf8(bad)) << QuotePrefix(bad);
+  EXPECT_TRUE(ValidatePrintable("host:1", "address", 16).ok());
+  EXPECT_TRUE(ValidatePrintable("", "address", 16, /*allow_empty=*/true).ok());
+  EXPECT_FALSE(ValidatePrintable("", "address", 16).ok());
+  absl::Status s = ValidatePrintable("h\xffst", "address", 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("address"), std::string_view::npos) << s;
+  s = ValidatePrintable(std::string(1 << 20, 'a'), "address", 16);
+  EXPECT_LT(s.message().size(), 100u);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -1,8 +1,14 @@
 // Bad input to the Coordinator: each is refused with an error naming the
 // field, and the state (checked before and after) does not change.
 #include <fstream>
+#include <random>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include "daemon/coordinator/coordinator_testing.h"
+#include "daemon/coordinator/service.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {
@@ -148,6 +154,121 @@ TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
   Reopen();
   EXPECT_TRUE(HasEvent(v1::MANIFEST_INVALID));
   EXPECT_EQ(Job().last_good_step(), 4u);  // falls back to the readable manifest
+}
+
+// Refusals name the field and quote at most a prefix of what they refuse.
+void ExpectRefused(const absl::Status& s, const std::string& field) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s.message().substr(0, 200);
+  EXPECT_NE(s.message().find(field), absl::string_view::npos) << s.message().substr(0, 200);
+  EXPECT_LT(s.message().size(), 1024u) << field;
+}
+
+TEST_F(BadInputTest, HugeOrNonAsciiNamesAreRefusedFirstAndChangeNothing) {
+  std::string before = State();
+  const std::string huge(1 << 20, 'n');
+  v1::RegisterNodeRequest node;
+  node.set_node_id(huge);
+  node.set_capacity(1);
+  ExpectRefused(coord_->RegisterNode(node).status(), "node_id");
+  node.set_node_id("n3");
+  node.set_address("host\xff\xfe:1");
+  ExpectRefused(coord_->RegisterNode(node).status(), "address");
+  node.set_address(huge);
+  ExpectRefused(coord_->RegisterNode(node).status(), "address");
+  ExpectRefused(Heartbeat(huge, e1_).status(), "node_id");
+  ExpectRefused(Report(huge, e1_, 5, 0, v1::STAGED).status(), "node_id");
+  ExpectRefused(Report("n1", e1_, 5, 0, v1::STAGED, "j\xc3(").status(), "job");
+  ExpectRefused(Report("n1", e1_, 5, 0, v1::STAGED, huge).status(), "job");
+  v1::ReportShardRequest shard;
+  shard.set_node_id("n1");
+  shard.set_epoch(e1_);
+  shard.set_job("job");
+  shard.set_state(v1::DURABLE);
+  for (const std::string& key : {huge, std::string("job/a\0b", 7), "/" + std::string(900, 'k'),
+                                 "job/../" + std::string(900, 'k')}) {
+    shard.set_key(key);
+    ExpectRefused(coord_->ReportShard(shard).status(), "key");
+  }
+  shard.set_state(v1::STAGED);  // a key is checked whenever one is given
+  ExpectRefused(coord_->ReportShard(shard).status(), "key");
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n1");
+  exit.set_epoch(e1_);
+  exit.set_job(huge);
+  exit.set_exit_code(1);
+  ExpectRefused(coord_->ReportTrainerExit(exit).status(), "job");
+  v1::RollbackRequest rollback;
+  rollback.set_job(huge);
+  ExpectRefused(coord_->Rollback(rollback).status(), "job");
+  EXPECT_EQ(State(), before);
+}
+
+// The gRPC service in front of a coordinator: request bodies that do not
+// parse are INVALID_ARGUMENT naming the field, never INTERNAL.
+class HostileRpcTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    CoordinatorOptions o;
+    o.state_dir = dir_.path() + "/served-state";
+    o.shared_root = dir_.path() + "/served-shared";
+    auto c = Coordinator::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto server = CoordinatorServer::Start(std::move(*c), "127.0.0.1:0");
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  grpc::Status RawCall(const std::string& method, const std::string& body) {
+    grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                                               grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Slice slice(body.data(), body.size());
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::CompletionQueue cq;
+    auto call = stub.PrepareUnaryCall(&ctx, "/ckpt.coord.v1.Coordinator/" + method, request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return status;
+  }
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
+  v1::RegisterNodeRequest node;
+  node.set_node_id("a-node-with-a-long-name");
+  node.set_capacity(1);
+  std::string body = node.SerializeAsString();
+  ExpectRefused(FromGrpc(RawCall("RegisterNode", body.substr(0, 8))), "node_id: truncated");
+  ExpectRefused(FromGrpc(RawCall("Heartbeat", std::string("\x0c", 1))), "node_id");
+  ExpectRefused(FromGrpc(RawCall("GetCluster", std::string(12, '\xff'))), "request");
+  node.set_node_id("\xff\xfe");
+  ExpectRefused(FromGrpc(RawCall("RegisterNode", node.SerializeAsString())), "node_id");
+  std::mt19937 rng(8);
+  for (const char* method : {"RegisterNode", "Heartbeat", "RegisterJob", "ReportShard",
+                             "ReportTrainerExit", "Rollback", "Events"}) {
+    for (int i = 0; i < 20; ++i) {
+      std::string random(1 + rng() % 100, '\0');
+      for (char& c : random) c = static_cast<char>(rng());
+      grpc::Status s = RawCall(method, random);
+      EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL) << method << ": " << s.error_message();
+      EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << method << ": " << s.error_message();
+      if (!s.ok()) {
+        EXPECT_FALSE(s.error_message().empty()) << method;
+        EXPECT_LT(s.error_message().size(), 1024u) << method;
+      }
+    }
+  }
+  // Still serving a well-formed call.
+  EXPECT_TRUE(RawCall("GetCluster", "").ok());
 }
 
 TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {

@@ -19,12 +19,17 @@ constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxKeyBytes = 1024;
 
 absl::Status ValidateShardKey(const std::string& key) {
-  if (key.empty() || key.size() > kMaxKeyBytes || key.front() == '/' ||
-      key.find("..") != std::string::npos || key.find('\0') != std::string::npos)
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(key, "key", kMaxKeyBytes));
+  if (key.front() == '/' || key.find("..") != std::string::npos)
     return absl::InvalidArgumentError(
-        absl::StrCat("key: \"", key, "\" must be a relative key of 1 to ", kMaxKeyBytes,
-                     " bytes without \"..\""));
+        absl::StrCat("key: ", QuotePrefix(key), " must be a relative key without \"..\""));
   return absl::OkStatus();
+}
+
+// Checked before any state is touched: a refused request changes nothing.
+[[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id, const std::string& job) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(node_id, "node_id"));
+  return ValidateJobName(job, "job");
 }
 
 }  // namespace
@@ -35,8 +40,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   if (req.capacity() == 0 || req.capacity() > kMaxCapacity)
     return absl::InvalidArgumentError(
         absl::StrCat("capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
-  if (req.address().size() > kMaxAddressBytes)
-    return absl::InvalidArgumentError(absl::StrCat("address: longer than ", kMaxAddressBytes, " bytes"));
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   DetectTimeoutsLocked(&batch);
@@ -72,6 +76,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   DetectTimeoutsLocked(&batch);
@@ -180,9 +185,12 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::Regis
 }
 
 absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(const v1::ReportShardRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
   if (req.state() != v1::STAGED && req.state() != v1::DURABLE)
     return absl::InvalidArgumentError(absl::StrCat("state: ", req.state(), " is neither STAGED nor DURABLE"));
-  if (req.state() == v1::DURABLE) CKPT_RETURN_IF_ERROR(ValidateShardKey(req.key()));
+  // A STAGED report carries no key; one that does is still checked, since
+  // it is stored.
+  if (req.state() == v1::DURABLE || !req.key().empty()) CKPT_RETURN_IF_ERROR(ValidateShardKey(req.key()));
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   DetectTimeoutsLocked(&batch);
@@ -247,6 +255,7 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(const v1::Repor
 
 absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     const v1::ReportTrainerExitRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   DetectTimeoutsLocked(&batch);
@@ -274,6 +283,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
 }
 
 absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   DetectTimeoutsLocked(&batch);

@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
+#include "util/rpc_service.h"
+#include "util/validate.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -21,41 +23,57 @@ grpc::Status Answer(absl::StatusOr<Resp> r, Resp* out) {
   return grpc::Status::OK;
 }
 
-class Service final : public v1::Coordinator::Service {
+// A request that does not parse is INVALID_ARGUMENT naming the field (see
+// RpcService); the Coordinator validates every field it is given.
+class Service final : public rpc::RpcService {
  public:
-  explicit Service(Coordinator* c) : c_(c) {}
+  explicit Service(Coordinator* c)
+      : RpcService(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            v1::Coordinator::service_full_name())),
+        c_(c) {
+    AddUnary("RegisterNode", this, &Service::RegisterNode);
+    AddUnary("Heartbeat", this, &Service::Heartbeat);
+    AddUnary("RegisterJob", this, &Service::RegisterJob);
+    AddUnary("ReportShard", this, &Service::ReportShard);
+    AddUnary("ReportTrainerExit", this, &Service::ReportTrainerExit);
+    AddUnary("GetCluster", this, &Service::GetCluster);
+    AddUnary("Rollback", this, &Service::Rollback);
+    AddUnary("Events", this, &Service::Events);
+  }
 
   grpc::Status RegisterNode(grpc::ServerContext*, const v1::RegisterNodeRequest* req,
-                            v1::RegisterNodeResponse* resp) override {
+                            v1::RegisterNodeResponse* resp) {
     return Answer(c_->RegisterNode(*req), resp);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override {
+                         v1::HeartbeatResponse* resp) {
     return Answer(c_->Heartbeat(*req), resp);
   }
   grpc::Status RegisterJob(grpc::ServerContext*, const v1::RegisterJobRequest* req,
-                           v1::RegisterJobResponse* resp) override {
+                           v1::RegisterJobResponse* resp) {
     return Answer(c_->RegisterJob(*req), resp);
   }
   grpc::Status ReportShard(grpc::ServerContext*, const v1::ReportShardRequest* req,
-                           v1::ReportShardResponse* resp) override {
+                           v1::ReportShardResponse* resp) {
     return Answer(c_->ReportShard(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*, const v1::ReportTrainerExitRequest* req,
-                                 v1::ReportTrainerExitResponse* resp) override {
+                                 v1::ReportTrainerExitResponse* resp) {
     return Answer(c_->ReportTrainerExit(*req), resp);
   }
   grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*,
-                          v1::GetClusterResponse* resp) override {
+                          v1::GetClusterResponse* resp) {
     *resp = c_->GetCluster();
     return grpc::Status::OK;
   }
   grpc::Status Rollback(grpc::ServerContext*, const v1::RollbackRequest* req,
-                        v1::RollbackResponse* resp) override {
+                        v1::RollbackResponse* resp) {
     return Answer(c_->Rollback(*req), resp);
   }
   grpc::Status Events(grpc::ServerContext*, const v1::EventsRequest* req,
-                      v1::EventsResponse* resp) override {
+                      v1::EventsResponse* resp) {
+    if (!req->job().empty())
+      if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok()) return ToGrpc(s);
     *resp = c_->Events(*req);
     return grpc::Status::OK;
   }

@@ -63,9 +63,7 @@ absl::Status ParseRank(std::string_view part, uint32_t* rank) {
   return absl::OkStatus();
 }
 
-absl::Status ParseNode(std::string_view node) {
-  return ValidateJobName(node, "node");
-}
+absl::Status ParseNode(std::string_view node) { return ValidateNodeId(node); }
 
 // The last component of a key: a shard or a manifest.
 absl::Status ParseLeaf(std::string_view leaf, ParsedKey* p) {
@@ -101,6 +99,14 @@ absl::Status ParseLeaf(std::string_view leaf, ParsedKey* p) {
 }
 
 }  // namespace
+
+absl::Status ValidateNodeId(std::string_view node, std::string_view field) {
+  if (absl::Status s = ValidateJobName(node, field); !s.ok()) return s;
+  if (node == kGlobalManifestSuffix)
+    return absl::InvalidArgumentError(absl::StrCat(
+        AV(field), ": \"global\" is reserved (MANIFEST.global is the coordinator's)"));
+  return absl::OkStatus();
+}
 
 std::string JobPrefix(std::string_view job) {
   return absl::StrCat(AV(job), "/");

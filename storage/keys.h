@@ -8,8 +8,8 @@
 //   MANIFEST.global                 the coordinator's global manifest
 //
 // Job and node names follow ValidateJobName ([A-Za-z0-9._-], ...). A node
-// named "global" would collide with the global manifest; ParseKey reads
-// "MANIFEST.global" as the global manifest. Ranks are zero-padded to five
+// named "global" would collide with the global manifest: ValidateNodeId
+// refuses it, and ParseKey reads "MANIFEST.global" as the global manifest. Ranks are zero-padded to five
 // digits and may use more. Building never fails (callers validate names
 // first); ParseKey refuses anything else with InvalidArgument naming the
 // part. Functions only; thread-safe.
@@ -38,6 +38,12 @@ std::string ManifestKey(std::string_view job, uint64_t step,
                         std::string_view node = "");
 // ".../MANIFEST.global"
 std::string GlobalManifestKey(std::string_view job, uint64_t step);
+
+// A node id as it appears in keys: ValidateJobName's rules, and not
+// "global" (that name is the global manifest's). InvalidArgument naming
+// field.
+[[nodiscard]] absl::Status ValidateNodeId(std::string_view node,
+                                          std::string_view field = "node");
 
 enum class KeyKind { kShard, kManifest, kGlobalManifest };
 

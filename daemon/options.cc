@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/config_file.h"
 #include "daemon/coordinator/channel.h"
+#include "storage/keys.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -149,7 +150,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
     return absl::InvalidArgumentError(std::string(o.agent.spare ? "--spare" : "--node-id") +
                                       ": needs --coordinator or --coordinator-listen");
   if (o.agent.node_id.empty()) o.agent.node_id = HostName();
-  if (absl::Status s = ValidateJobName(o.agent.node_id, "--node-id"); !s.ok()) return s;
+  if (absl::Status s = storage::ValidateNodeId(o.agent.node_id, "--node-id"); !s.ok()) return s;
   if (o.agent.address.empty()) o.agent.address = HostName();
   if (o.cluster) o.engine.node_id = o.agent.node_id;
   const std::string& data = o.shared_root.empty() ? o.root : o.shared_root;

@@ -39,9 +39,11 @@ class ChunkHasher {
 
 // Called once per tensor, in index order, with the checksum computed over its
 // bytes as read (compare with tensor.checksum).
-using VerifyCallback = std::function<void(const ShardTensor& tensor, uint64_t computed)>;
+using VerifyCallback =
+    std::function<void(const ShardTensor& tensor, uint64_t computed)>;
 // Receives a tensor's bytes in order, in pieces of at most kStreamBytes.
-using PieceCallback = std::function<absl::Status(const char* data, uint64_t len)>;
+using PieceCallback =
+    std::function<absl::Status(const char* data, uint64_t len)>;
 
 class ShardReader {
  public:
@@ -49,8 +51,8 @@ class ShardReader {
   static constexpr uint64_t kStreamBytes = 16ull << 20;
 
   // NotFound if the key is absent; DataLoss if the metadata is damaged.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardReader>> Open(Backend& backend,
-                                                                        std::string_view key);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardReader>> Open(
+      Backend& backend, std::string_view key);
 
   const std::string& key() const { return key_; }
   const ShardInfo& info() const { return info_; }
@@ -64,7 +66,8 @@ class ShardReader {
   // Streams tensor i through an aligned buffer to on_piece (may be empty)
   // and returns the checksum computed over the bytes read. on_piece's error
   // stops the stream and is returned.
-  [[nodiscard]] absl::StatusOr<uint64_t> StreamTensor(size_t i, const PieceCallback& on_piece);
+  [[nodiscard]] absl::StatusOr<uint64_t> StreamTensor(
+      size_t i, const PieceCallback& on_piece);
   // Streams every tensor and checks it. OK when all match; otherwise
   // DataLoss naming the first mismatching tensor ("<key>: tensor \"x\":
   // checksum mismatch (stored 0x.., computed 0x..)") and how many others
@@ -86,14 +89,17 @@ class ShardReader {
   struct FreeDeleter {
     void operator()(char* p) const;
   };
-  std::unique_ptr<char, FreeDeleter> buffer_;  // kStreamBytes, allocated on first stream
+  std::unique_ptr<char, FreeDeleter>
+      buffer_;  // kStreamBytes, allocated on first stream
 };
 
 // ShardReader::Open(...)->info().
-[[nodiscard]] absl::StatusOr<ShardInfo> ReadShardInfo(Backend& backend, std::string_view key);
+[[nodiscard]] absl::StatusOr<ShardInfo> ReadShardInfo(Backend& backend,
+                                                      std::string_view key);
 // ShardReader::Open(...)->Verify(on_tensor).
-[[nodiscard]] absl::Status VerifyShard(Backend& backend, std::string_view key,
-                                       const VerifyCallback& on_tensor = nullptr);
+[[nodiscard]] absl::Status VerifyShard(
+    Backend& backend, std::string_view key,
+    const VerifyCallback& on_tensor = nullptr);
 
 }  // namespace ckpt::storage
 

@@ -339,5 +339,21 @@ TEST_F(ClusterTest, BadClusterFlagsAreRefusedNamingTheFlag) {
   }
 }
 
+// "global" names the coordinator's manifest (MANIFEST.global): a node by
+// that name would write over it.
+TEST_F(ClusterTest, NodeIdGlobalIsRefusedNamingTheFlag) {
+  const std::string root = dir_.path() + "/r", log = dir_.path() + "/global.log";
+  auto p = Proc::Spawn({CKPTD_BINARY, "--socket", dir_.path() + "/s.sock", "--root", root,
+                        "--coordinator", "h:1", "--shared-root", root, "--node-id", "global"},
+                       log);
+  auto st = p->Wait(seconds(20));
+  ASSERT_TRUE(st.has_value()) << "ckptd kept running";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) != 0);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("--node-id: \"global\" is reserved"), std::string::npos) << text.str();
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -24,17 +24,21 @@ std::string Leaf(const std::string& key) {
 
 // FILE as (root, key): the root of its layout when its last three path
 // components form a key, else its directory and its name.
-std::pair<std::filesystem::path, std::string> SplitFile(const std::filesystem::path& p) {
-  const std::filesystem::path step_dir = p.parent_path(), job_dir = step_dir.parent_path();
-  const std::string key = absl::StrCat(job_dir.filename().string(), "/",
-                                       step_dir.filename().string(), "/", p.filename().string());
+std::pair<std::filesystem::path, std::string> SplitFile(
+    const std::filesystem::path& p) {
+  const std::filesystem::path step_dir = p.parent_path(),
+                              job_dir = step_dir.parent_path();
+  const std::string key =
+      absl::StrCat(job_dir.filename().string(), "/",
+                   step_dir.filename().string(), "/", p.filename().string());
   if (storage::ParseKey(key).ok()) return {job_dir.parent_path(), key};
   return {p.parent_path(), p.filename().string()};
 }
 
 // The key of sel's shard: the one-node key if present, else the one node's
 // copy ("rank-R.<node>.shard"), or sel.node's when several nodes wrote it.
-absl::StatusOr<std::string> ResolveShardKey(storage::Backend& backend, const ShardSelector& sel) {
+absl::StatusOr<std::string> ResolveShardKey(storage::Backend& backend,
+                                            const ShardSelector& sel) {
   if (!sel.node.empty()) {
     CKPT_RETURN_IF_ERROR(ValidateJobName(sel.node, "--node"));
     return storage::ShardKey(sel.job, *sel.step, *sel.rank, sel.node);
@@ -44,33 +48,40 @@ absl::StatusOr<std::string> ResolveShardKey(storage::Backend& backend, const Sha
                         backend.List(storage::StepPrefix(sel.job, *sel.step)));
   std::vector<std::string> found;
   for (const std::string& k : keys)
-    if (storage::IsShardKeyOf(k, sel.job, *sel.step, *sel.rank)) found.push_back(k);
+    if (storage::IsShardKeyOf(k, sel.job, *sel.step, *sel.rank))
+      found.push_back(k);
   if (found.size() <= 1 || std::count(found.begin(), found.end(), plain))
-    return found.size() == 1 ? found[0] : plain;  // none: the plain key's NotFound names it
+    return found.size() == 1
+               ? found[0]
+               : plain;  // none: the plain key's NotFound names it
   std::vector<std::string> leaves;
   for (const std::string& k : found) leaves.push_back(Leaf(k));
-  return absl::InvalidArgumentError(absl::StrCat("--rank ", *sel.rank, ": several nodes wrote it (",
-                                                 absl::StrJoin(leaves, ", "), "); pick one with --node"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rank ", *sel.rank, ": several nodes wrote it (",
+                   absl::StrJoin(leaves, ", "), "); pick one with --node"));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(const std::string& dir,
-                                                           const std::string& flag) {
+absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(
+    const std::string& dir, const std::string& flag) {
   struct stat st;
   if (dir.empty()) return absl::InvalidArgumentError(flag + ": empty path");
   if (stat(dir.c_str(), &st) != 0)
-    return absl::NotFoundError(absl::StrCat(flag, " ", dir, ": no such directory"));
+    return absl::NotFoundError(
+        absl::StrCat(flag, " ", dir, ": no such directory"));
   if (!S_ISDIR(st.st_mode))
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", dir, ": not a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", dir, ": not a directory"));
   storage::LocalBackendOptions o;
   o.root = dir;
-  o.sync = false;               // the tools only read through it
-  o.remove_tmp_files = false;   // a live daemon may be writing them
+  o.sync = false;              // the tools only read through it
+  o.remove_tmp_files = false;  // a live daemon may be writing them
   return storage::NewLocalBackend(o);
 }
 
-absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend, const std::string& prefix) {
+absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend,
+                                      const std::string& prefix) {
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> keys, backend.List(prefix));
   RootContents out;
   for (std::string& k : keys) {
@@ -85,7 +96,8 @@ absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend, const std::stri
     } else if (absl::EndsWith(k, ".shard")) {
       out.shards.push_back(std::move(k));
     } else if (absl::StartsWith(Leaf(k), "MANIFEST")) {
-      out.unrecognized.emplace_back(std::move(k), std::string(p.status().message()));
+      out.unrecognized.emplace_back(std::move(k),
+                                    std::string(p.status().message()));
     }
   }
   return out;
@@ -93,16 +105,23 @@ absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend, const std::stri
 
 absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
   OpenedShard out;
-  const bool by_key = !sel.root.empty() || !sel.job.empty() || sel.step || sel.rank || !sel.node.empty();
+  const bool by_key = !sel.root.empty() || !sel.job.empty() || sel.step ||
+                      sel.rank || !sel.node.empty();
   if (!sel.file.empty()) {
     if (by_key)
-      return absl::InvalidArgumentError("give either FILE or --root/--job/--step/--rank/--node, not both");
+      return absl::InvalidArgumentError(
+          "give either FILE or --root/--job/--step/--rank/--node, not both");
     std::error_code ec;
     std::filesystem::path p = std::filesystem::absolute(sel.file, ec);
-    if (ec) return absl::InvalidArgumentError(absl::StrCat("FILE ", sel.file, ": ", ec.message()));
+    if (ec)
+      return absl::InvalidArgumentError(
+          absl::StrCat("FILE ", sel.file, ": ", ec.message()));
     struct stat st;
-    if (stat(p.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat(sel.file, ": no such file"));
-    if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(sel.file, ": not a regular file"));
+    if (stat(p.c_str(), &st) != 0)
+      return absl::NotFoundError(absl::StrCat(sel.file, ": no such file"));
+    if (!S_ISREG(st.st_mode))
+      return absl::InvalidArgumentError(
+          absl::StrCat(sel.file, ": not a regular file"));
     auto [root, key] = SplitFile(p.lexically_normal());
     auto backend = OpenRoot(root.string(), "FILE's directory");
     if (!backend.ok()) return backend.status();
@@ -112,7 +131,8 @@ absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
     return out;
   }
   if (sel.root.empty() || sel.job.empty() || !sel.step || !sel.rank)
-    return absl::InvalidArgumentError("give a shard FILE, or all of --root, --job, --step and --rank");
+    return absl::InvalidArgumentError(
+        "give a shard FILE, or all of --root, --job, --step and --rank");
   absl::Status s = ValidateJobName(sel.job, "--job");
   if (!s.ok()) return s;
   auto backend = OpenRoot(sel.root, "--root");
@@ -123,7 +143,8 @@ absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
   return out;
 }
 
-absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink, Progress* progress) {
+absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink,
+                         Progress* progress) {
   const storage::ShardInfo& info = reader.info();
   // Non-tensor bytes (header, index, padding, footer) are small: a buffer of
   // the largest gap.
@@ -132,7 +153,8 @@ absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink, Pr
     if (begin >= end) return absl::OkStatus();
     gap.resize(end - begin);
     CKPT_RETURN_IF_ERROR(reader.object().ReadAt(begin, gap.data(), gap.size()));
-    if (sink.other) CKPT_RETURN_IF_ERROR(sink.other(begin, gap.data(), gap.size()));
+    if (sink.other)
+      CKPT_RETURN_IF_ERROR(sink.other(begin, gap.data(), gap.size()));
     if (progress) progress->Add(gap.size());
     return absl::OkStatus();
   };
@@ -140,12 +162,13 @@ absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink, Pr
   for (size_t i = 0; i < info.tensors.size(); ++i) {
     const storage::ShardTensor& t = info.tensors[i];
     CKPT_RETURN_IF_ERROR(pass_other(pos, t.offset));
-    CKPT_ASSIGN_OR_RETURN(uint64_t computed,
-                          reader.StreamTensor(i, [&](const char* d, uint64_t n) -> absl::Status {
-                            if (sink.tensor) CKPT_RETURN_IF_ERROR(sink.tensor(t, d, n));
-                            if (progress) progress->Add(n);
-                            return absl::OkStatus();
-                          }));
+    CKPT_ASSIGN_OR_RETURN(
+        uint64_t computed,
+        reader.StreamTensor(i, [&](const char* d, uint64_t n) -> absl::Status {
+          if (sink.tensor) CKPT_RETURN_IF_ERROR(sink.tensor(t, d, n));
+          if (progress) progress->Add(n);
+          return absl::OkStatus();
+        }));
     if (computed != t.checksum) return reader.MismatchError(t, computed);
     if (sink.tensor_done) CKPT_RETURN_IF_ERROR(sink.tensor_done(t));
     pos = t.offset + t.bytes;

@@ -26,8 +26,8 @@ namespace ckpt::tools {
 
 // Opens an existing directory read-only in spirit (the tools never write
 // through it). NotFound naming `flag` if dir is missing or not a directory.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(const std::string& dir,
-                                                                         const std::string& flag);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(
+    const std::string& dir, const std::string& flag);
 
 // The objects under a prefix of a root, by kind. Keys that do not parse
 // (storage::ParseKey) are kept apart with the reason, except that any
@@ -36,7 +36,8 @@ struct RootContents {
   std::vector<std::string> shards;
   std::vector<std::string> node_manifests;    // MANIFEST, MANIFEST.<node>
   std::vector<std::string> global_manifests;  // MANIFEST.global
-  std::vector<std::pair<std::string, std::string>> unrecognized;  // manifest-like names: key, why
+  std::vector<std::pair<std::string, std::string>>
+      unrecognized;  // manifest-like names: key, why
 };
 [[nodiscard]] absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend,
                                                     const std::string& prefix);
@@ -57,8 +58,11 @@ struct OpenedShard {
 // footer) and for each piece of a tensor, in file order. A sink error stops
 // the stream and is returned.
 struct ShardSink {
-  std::function<absl::Status(uint64_t offset, const char* data, uint64_t len)> other;
-  std::function<absl::Status(const storage::ShardTensor& t, const char* data, uint64_t len)> tensor;
+  std::function<absl::Status(uint64_t offset, const char* data, uint64_t len)>
+      other;
+  std::function<absl::Status(const storage::ShardTensor& t, const char* data,
+                             uint64_t len)>
+      tensor;
   // After every piece of t went through `tensor` and its checksum matched
   // (also for an empty tensor).
   std::function<absl::Status(const storage::ShardTensor& t)> tensor_done;
@@ -66,12 +70,14 @@ struct ShardSink {
 // Reads the whole shard in file order, verifying each tensor once its last
 // piece went through; a mismatch is DataLoss naming the tensor (the bytes
 // already handed to the sink must then be discarded by the caller).
-[[nodiscard]] absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink,
+[[nodiscard]] absl::Status StreamShard(storage::ShardReader& reader,
+                                       const ShardSink& sink,
                                        Progress* progress);
 
 // Prints the manifest at key (any kind, decoded and validated) as inspect
 // does a shard; path names it in the output.
-[[nodiscard]] absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
+[[nodiscard]] absl::Status InspectManifest(storage::Backend& backend,
+                                           const std::string& key,
                                            const std::string& path, bool json);
 
 // "0x0123456789abcdef".

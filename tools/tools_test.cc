@@ -275,5 +275,21 @@ TEST_F(ClusterRootTest, InspectFindsARanksShardOnAClusterRootAndReadsManifests) 
   EXPECT_NE(n.out.find(storage::ShardKey("job-c", kStep, 3, "n2")), std::string::npos) << n.out;
 }
 
+// After a prefetch two nodes may hold a copy of one rank: --node picks one.
+TEST_F(ClusterRootTest, InspectAsksForNodeWhenTwoNodesWroteTheRank) {
+  const storage::Shard& shard = shards_[2];
+  ASSERT_TRUE(backend_
+                  ->PutSmallObject(storage::ShardKey("job-c", kStep, 2, "n1"),
+                                   std::string_view(shard.image.data(), shard.image.size()))
+                  .ok());
+  const std::string sel = absl::StrFormat("inspect --root %s --job job-c --step %d --rank 2",
+                                          dir_.path(), kStep);
+  CtlRun both = Ckptctl(sel);
+  EXPECT_EQ(both.exit_code, 1) << both.out;
+  CtlRun n1 = Ckptctl(sel + " --node n1");
+  EXPECT_EQ(n1.exit_code, 0) << n1.out;
+  EXPECT_NE(n1.out.find("rank-00002.n1.shard"), std::string::npos) << n1.out;
+}
+
 }  // namespace
 }  // namespace ckpt::tools

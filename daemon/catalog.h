@@ -12,7 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
-#include "rocksdb/db.h"
+
+namespace rocksdb {
+class DB;
+}  // namespace rocksdb
 
 namespace ckpt::daemon {
 

@@ -12,7 +12,7 @@
 
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
-#include "daemon/coordinator/service.h"
+#include "coordinator/service.h"
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/options.h"

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "storage/backend.h"
 #include "storage/shard_testing.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::tools {
 namespace {
@@ -70,7 +70,7 @@ class CkptctlTest : public ::testing::Test {
                            shard_.info.step, shard_.info.rank);
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   storage::Shard shard_;
   std::string key_;
   std::string path_;

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coordinator/coordinator.h"
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/manifest.h"
 
 namespace ckpt::coordinator {
 

@@ -1,12 +1,12 @@
 // Coordinator: the RPC-shaped entry points. Each validates its request,
 // changes memory and a batch together, and commits the batch.
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
 

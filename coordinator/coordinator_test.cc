@@ -2,8 +2,8 @@
 // failure detection, recovery plans and orders, restart from its state.
 #include <filesystem>
 
-#include "daemon/coordinator/coordinator_testing.h"
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/coordinator_testing.h"
+#include "coordinator/manifest.h"
 
 namespace ckpt::coordinator {
 namespace {

@@ -2,8 +2,8 @@
 // field, and the state (checked before and after) does not change.
 #include <fstream>
 
-#include "daemon/coordinator/coordinator_testing.h"
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/coordinator_testing.h"
+#include "coordinator/manifest.h"
 
 namespace ckpt::coordinator {
 namespace {

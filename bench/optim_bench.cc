@@ -22,7 +22,7 @@
 #include "util/status.h"
 #include "worker/chunked_adam.h"
 #include "worker/host_device.h"
-#include "worker/step_bench.h"
+#include "bench/step_bench.h"
 #include "worker/test_util.h"
 #ifdef CKPT_HAVE_CUDA
 #include "worker/cuda_device.h"

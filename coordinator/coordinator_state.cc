@@ -4,8 +4,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/coordinator/coordinator.h"
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/manifest.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {

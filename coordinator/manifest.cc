@@ -1,4 +1,4 @@
-#include "daemon/coordinator/manifest.h"
+#include "coordinator/manifest.h"
 
 #include <set>
 

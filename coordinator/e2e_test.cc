@@ -127,7 +127,9 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(dead) << "n2 never declared dead";
-  if (spare_orders.orders_size() == 0) ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+  if (spare_orders.orders_size() == 0) {
+    ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+  }
   ASSERT_EQ(spare_orders.orders_size(), 2);
   EXPECT_EQ(spare_orders.orders(0).kind(), v1::PREFETCH);
   EXPECT_EQ(spare_orders.orders(0).step(), 5u);

@@ -45,6 +45,8 @@ absl::Status ScanPrefix(rocksdb::DB* db, const std::string& prefix, std::vector<
 
 }  // namespace
 
+CoordStore::CoordStore(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+
 CoordStore::Batch::Batch() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
 CoordStore::Batch::~Batch() = default;
 bool CoordStore::Batch::empty() const { return batch_->Count() == 0; }
@@ -109,7 +111,7 @@ absl::Status CoordStore::Commit(Batch* batch) {
   if (batch->empty()) return absl::OkStatus();
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  absl::Status s = FromRocks(db_->Write(wo, &batch->batch_), "write to " + dir_);
+  absl::Status s = FromRocks(db_->Write(wo, batch->batch_.get()), "write to " + dir_);
   batch->batch_->Clear();
   return s;
 }

@@ -72,7 +72,7 @@ class CoordStore {
   absl::Status Commit(Batch* batch);
 
  private:
-  CoordStore(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+  CoordStore(rocksdb::DB* db, std::string dir);  // takes ownership of db
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
 };

@@ -9,8 +9,8 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_format.h"
-#include "util/config_file.h"
 #include "coordinator/client/channel.h"
+#include "util/config_file.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {

@@ -18,7 +18,7 @@ grpc::Status Fill(absl::StatusOr<T> r, T* out) {
 }  // namespace
 
 template <typename Req, typename Resp, typename Fn>
-grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req, Resp* resp, Fn fn) {
+grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* /*req*/, Resp* /*resp*/, Fn fn) {
   std::optional<PeerCreds> peer = listener_->Lookup(ctx->peer());
   if (!peer)
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

@@ -78,8 +78,8 @@ class Backend {
   // Memory the backend may do I/O from or into without copying (io_uring
   // registered buffers). Optional: a backend may ignore it. The region must
   // stay mapped until UnregisterMemory.
-  virtual absl::Status RegisterMemory(void* base, uint64_t len) { return absl::OkStatus(); }
-  virtual void UnregisterMemory(void* base) {}
+  virtual absl::Status RegisterMemory(void* /*base*/, uint64_t /*len*/) { return absl::OkStatus(); }
+  virtual void UnregisterMemory(void* /*base*/) {}
 
   virtual BackendStats stats() const = 0;
 };

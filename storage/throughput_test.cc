@@ -29,7 +29,9 @@ double WriteWithBackend(const std::string& root, bool io_uring, bool registered,
   o.use_io_uring = io_uring;
   auto b = NewLocalBackend(o);
   EXPECT_TRUE(b.ok()) << b.status();
-  if (registered) EXPECT_TRUE((*b)->RegisterMemory(buf, kBytes).ok());
+  if (registered) {
+    EXPECT_TRUE((*b)->RegisterMemory(buf, kBytes).ok());
+  }
   auto start = std::chrono::steady_clock::now();
   auto w = (*b)->NewObjectWriter("bench/object", kBytes);
   EXPECT_TRUE(w.ok());

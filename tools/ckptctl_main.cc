@@ -11,8 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "tools/ctl_commands.h"
 #include "coordinator/client/channel.h"
+#include "tools/ctl_commands.h"
 
 namespace {
 

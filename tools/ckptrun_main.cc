@@ -12,8 +12,8 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "tools/ckptrun.h"
 #include "coordinator/client/channel.h"
+#include "tools/ckptrun.h"
 #include "util/validate.h"
 
 namespace ckpt::tools {

@@ -3,8 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/ctl_commands.h"
 #include "coordinator/client/channel.h"
+#include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
 #include "tools/text_output.h"
 #include "util/validate.h"

@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
   return std::unique_ptr<Catalog>(new Catalog(db));
 }
 
+Catalog::Catalog(rocksdb::DB* db) : db_(db) {}
 Catalog::~Catalog() = default;
 
 absl::Status Catalog::PutJob(const v1::JobRecord& job) {

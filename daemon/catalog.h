@@ -12,7 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
-#include "rocksdb/db.h"
+
+namespace rocksdb {
+class DB;
+}  // namespace rocksdb
 
 namespace ckpt::daemon {
 
@@ -31,7 +34,7 @@ class Catalog {
   absl::StatusOr<std::vector<v1::ShardRecord>> Shards(const std::string& job);
 
  private:
-  explicit Catalog(rocksdb::DB* db) : db_(db) {}
+  explicit Catalog(rocksdb::DB* db);  // takes ownership
   std::unique_ptr<rocksdb::DB> db_;
 };
 

@@ -173,7 +173,7 @@ class Engine {
     uint32_t rank = 0;
     uint64_t gen = 0;
     std::chrono::steady_clock::time_point not_before{};
-    std::string key;
+    std::string key{};  // {}: aggregate inits may leave it out without a warning
     bool prefix = false;
   };
   struct PersistSnapshot;

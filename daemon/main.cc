@@ -11,9 +11,9 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
+#include "coordinator/service.h"
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
-#include "daemon/coordinator/service.h"
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/options.h"

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
-#include "daemon/coordinator/channel.h"
+#include "coordinator/client/channel.h"
 #include "daemon/engine_util.h"
 
 namespace ckpt::daemon {

@@ -9,9 +9,9 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_format.h"
-#include "daemon/config_file.h"
-#include "daemon/coordinator/channel.h"
+#include "coordinator/client/channel.h"
 #include "storage/keys.h"
+#include "util/config_file.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {

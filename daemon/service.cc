@@ -72,7 +72,7 @@ CkptdService::CkptdService(Engine* engine, const PeerListener* listener, std::st
 }
 
 template <typename Req, typename Resp, typename Fn>
-grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req, Resp* resp, Fn fn) {
+grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req, Resp* /*resp*/, Fn fn) {
   if (absl::Status s = CheckFields(*req); !s.ok()) return ToGrpc(s);
   std::optional<PeerCreds> peer = listener_->Lookup(ctx->peer());
   if (!peer)

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-coordinator_bin=$build/daemon/coordinator/ckpt-coordinator
+coordinator_bin=$build/coordinator/ckpt-coordinator
 ckptd_bin=$build/daemon/ckptd
 ckptrun_bin=$build/tools/ckptrun
 ckptctl_bin=$build/tools/ckptctl

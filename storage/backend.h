@@ -109,7 +109,7 @@ class Backend {
   [[nodiscard]] virtual absl::StatusOr<ObjectInfo> Stat(std::string_view key) = 0;
   // An absolute path a process on this machine may open to read the object
   // itself; only local-directory backends have one. The object need not exist.
-  virtual std::optional<std::string> LocalPath(std::string_view key) const {
+  virtual std::optional<std::string> LocalPath(std::string_view /*key*/) const {
     return std::nullopt;
   }
 
@@ -132,10 +132,10 @@ class Backend {
   // Memory the backend may do I/O from or into without copying (io_uring
   // registered buffers). Optional: a backend may ignore it. The region must
   // stay mapped until UnregisterMemory.
-  [[nodiscard]] virtual absl::Status RegisterMemory(void* base, uint64_t len) {
+  [[nodiscard]] virtual absl::Status RegisterMemory(void* /*base*/, uint64_t /*len*/) {
     return absl::OkStatus();
   }
-  virtual void UnregisterMemory(void* base) {}
+  virtual void UnregisterMemory(void* /*base*/) {}
 
   virtual BackendStats stats() const = 0;
 };

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -26,7 +26,7 @@ class FaultBackendTest : public ::testing::Test {
     if (!s.ok()) return s;
     return (*w)->Commit();
   }
-  TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::unique_ptr<Backend> base_;
   std::unique_ptr<FaultInjectionBackend> fault_;
 };

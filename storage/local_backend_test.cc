@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "storage/backend.h"
 #include "storage/io_queue.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -54,7 +54,7 @@ class LocalBackendTest : public ::testing::TestWithParam<bool> {
     ASSERT_TRUE((*w)->WriteAt(0, data, size).ok());
     ASSERT_TRUE((*w)->Commit().ok());
   }
-  TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
 };
 
 TEST_P(LocalBackendTest, NameReportsTheIoPath) {

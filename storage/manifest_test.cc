@@ -2,7 +2,7 @@
 
 #include "gtest/gtest.h"
 #include "storage/keys.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -149,7 +149,7 @@ TEST(GlobalManifest, RoundTripsAndKeepsItsCamelCaseNames) {
 }
 
 TEST(Manifests, WriteAndReadBackThroughABackend) {
-  TestTempDir dir;
+  ckpt::testing::TempDir dir;
   LocalBackendOptions o;
   o.root = dir.path();
   auto b = NewLocalBackend(o);

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "storage/backend.h"
 #include "storage/fault_backend.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -42,7 +42,7 @@ class ObjectReaderTest : public ::testing::TestWithParam<bool> {
     ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
     ASSERT_TRUE((*w)->Commit().ok());
   }
-  TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
 };
 
 TEST_P(ObjectReaderTest,
@@ -106,7 +106,7 @@ TEST_P(ObjectReaderTest, StatReportsSizeAndOwner) {
 }
 
 TEST_P(ObjectReaderTest, LocalPathIsAbsoluteEvenForARelativeRoot) {
-  TestTempDir cwd;
+  ckpt::testing::TempDir cwd;
   std::filesystem::path old = std::filesystem::current_path();
   std::filesystem::current_path(cwd.path());
   auto b = Open("rel/root/");

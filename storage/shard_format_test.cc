@@ -225,7 +225,9 @@ TEST(DecodeShardMetadata, RandomGarbageAndRandomFlipsNeverPass) {
     bool meaningful = pos < sizeof(ShardHeader) ||
                       (pos >= kShardAlign && pos < kShardAlign + 3 * sizeof(IndexEntry)) ||
                       (pos >= footer && pos < footer + sizeof(ShardFooter));
-    if (meaningful) EXPECT_FALSE(r.ok()) << "flip at " << pos;
+    if (meaningful) {
+      EXPECT_FALSE(r.ok()) << "flip at " << pos;
+    }
   }
   for (int i = 0; i < 2000; ++i) {
     std::vector<char> garbage(rng() % 20000);

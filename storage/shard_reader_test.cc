@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "storage/shard_testing.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -22,7 +22,7 @@ class ShardReaderTest : public ::testing::Test {
   void Put(const std::string& key, const std::vector<char>& bytes) {
     ASSERT_TRUE(backend_->PutSmallObject(key, std::string_view(bytes.data(), bytes.size())).ok());
   }
-  TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::unique_ptr<Backend> backend_;
 };
 

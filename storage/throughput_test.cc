@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "storage/backend.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::storage {
 namespace {
@@ -29,7 +29,9 @@ double WriteWithBackend(const std::string& root, bool io_uring, bool registered,
   o.use_io_uring = io_uring;
   auto b = NewLocalBackend(o);
   EXPECT_TRUE(b.ok()) << b.status();
-  if (registered) EXPECT_TRUE((*b)->RegisterMemory(buf, kBytes).ok());
+  if (registered) {
+    EXPECT_TRUE((*b)->RegisterMemory(buf, kBytes).ok());
+  }
   auto start = std::chrono::steady_clock::now();
   auto w = (*b)->NewObjectWriter("bench/object", kBytes);
   EXPECT_TRUE(w.ok());
@@ -42,7 +44,7 @@ double WriteWithBackend(const std::string& root, bool io_uring, bool registered,
 }
 
 TEST(Throughput, DISABLED_OneGiBWriteVersusDdDirect) {
-  TestTempDir dir;
+  ckpt::testing::TempDir dir;
   char* buf = static_cast<char*>(
       mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
   ASSERT_NE(buf, MAP_FAILED);

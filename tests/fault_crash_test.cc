@@ -185,7 +185,9 @@ TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
   ASSERT_GE(durable.size(), 3u);
   EXPECT_EQ(std::vector<uint64_t>(durable.begin(), durable.begin() + 3),
             (std::vector<uint64_t>{1, 2, 3}));
-  if (durable.size() > 3) EXPECT_EQ(durable, (std::vector<uint64_t>{1, 2, 3, 6}));
+  if (durable.size() > 3) {
+    EXPECT_EQ(durable, (std::vector<uint64_t>{1, 2, 3, 6}));
+  }
   std::vector<std::string> files = ShardFiles();
   ASSERT_EQ(files.size(), durable.size());
   for (size_t i = 0; i < files.size(); ++i)

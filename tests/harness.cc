@@ -20,18 +20,6 @@
 
 namespace ckpt::testing {
 
-TempDir::TempDir() {
-  char tmpl[] = "/var/tmp/ckpt-test-XXXXXX";
-  char* p = mkdtemp(tmpl);
-  path_ = p ? p : "/var/tmp/ckpt-test-failed";
-  chmod(path_.c_str(), 0755);  // tests run clients as other uids too
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     const std::string& root, const std::string& run_dir, const std::string& shm_prefix,
     std::vector<std::string> extra_args) {

@@ -13,20 +13,9 @@
 #include "absl/status/statusor.h"
 #include "ckpt.grpc.pb.h"
 #include "ckpt/client.h"
+#include "tests/temp_dir.h"  // TempDir, for the tests that use this harness
 
 namespace ckpt::testing {
-
-// A fresh directory under /var/tmp (a real disk, so O_DIRECT is exercised),
-// removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 class DaemonProcess {
  public:

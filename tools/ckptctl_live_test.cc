@@ -13,7 +13,7 @@
 
 #include "ckpt/client.h"
 #include "gtest/gtest.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 extern char** environ;
 
@@ -73,7 +73,7 @@ class CkptctlLiveTest : public ::testing::Test {
     unlink(name.c_str());
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::string socket_, root_, prefix_;
   pid_t pid_ = -1;
   std::vector<float> data_;

@@ -11,8 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "coordinator/client/channel.h"
 #include "tools/ctl_commands.h"
-#include "tools/ctl_coord_channel.h"
 
 namespace {
 
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     if (!cmd->parsed()) continue;
     absl::Status s = coordinator.empty()
                          ? absl::InvalidArgumentError("--coordinator HOST:PORT is required")
-                         : ckpt::tools::ValidateHostPort(coordinator, "--coordinator");
+                         : ckpt::coordinator::ValidateHostPort(coordinator, "--coordinator");
     if (!s.ok()) {
       std::fprintf(stderr, "ckptctl %s: %s\n", cmd->get_name().c_str(), std::string(s.message()).c_str());
       return 2;

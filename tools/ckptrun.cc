@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/ctl_coord_channel.h"
+#include "coordinator/client/channel.h"
 
 extern char** environ;
 
@@ -50,7 +50,7 @@ std::vector<std::string> InheritedEnv() {
 }  // namespace
 
 Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
-    : opts_(std::move(options)), signals_(stop_signals), stub_(NewCoordinatorStub(opts_.coordinator)) {}
+    : opts_(std::move(options)), signals_(stop_signals), stub_(coordinator::NewCoordinatorStub(opts_.coordinator)) {}
 
 void Launcher::Log(const std::string& line) const {
   std::fprintf(stderr, "ckptrun[%s]: %s\n", opts_.node_id.c_str(), line.c_str());
@@ -85,14 +85,14 @@ std::optional<int> Launcher::RegisterJob() {
     req.set_world_size(opts_.world_size);
     cv1::RegisterJobResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, kRpcTimeout);
-    absl::Status s = CoordStatus(stub_->RegisterJob(&ctx, req, &resp), "RegisterJob", opts_.coordinator);
+    coordinator::SetDeadline(&ctx, kRpcTimeout);
+    absl::Status s = coordinator::CoordStatus(stub_->RegisterJob(&ctx, req, &resp), "RegisterJob", opts_.coordinator);
     if (s.ok()) {
       Log(absl::StrCat("job ", opts_.job, " registered, world size ", resp.job().world_size(), ", generation ",
                        resp.job().generation()));
       return std::nullopt;
     }
-    if (!IsUnreachable(s) && s.code() != absl::StatusCode::kFailedPrecondition) {
+    if (!coordinator::IsUnreachable(s) && s.code() != absl::StatusCode::kFailedPrecondition) {
       Log(std::string(s.message()));
       return 2;
     }
@@ -136,8 +136,8 @@ void Launcher::SetReachable(bool reachable, const absl::Status& why) {
 void Launcher::Poll() {
   cv1::GetClusterResponse cluster;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, kRpcTimeout);
-  absl::Status s = CoordStatus(stub_->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster), "GetCluster",
+  coordinator::SetDeadline(&ctx, kRpcTimeout);
+  absl::Status s = coordinator::CoordStatus(stub_->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster), "GetCluster",
                                opts_.coordinator);
   const cv1::JobRecord* job = nullptr;
   const cv1::NodeRecord* node = nullptr;
@@ -149,7 +149,7 @@ void Launcher::Poll() {
       if (n.node_id() == opts_.node_id) node = &n;
     if (job) known_generation_ = std::max(known_generation_, job->generation());
     if (node) epoch_ = node->epoch();
-  } else if (IsUnreachable(s)) {
+  } else if (coordinator::IsUnreachable(s)) {
     SetReachable(false, s);
   } else {
     Log(std::string(s.message()));
@@ -181,10 +181,10 @@ void Launcher::FlushReports() {
     req.set_term_signal(r.exit.term_signal);
     cv1::ReportTrainerExitResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, kRpcTimeout);
+    coordinator::SetDeadline(&ctx, kRpcTimeout);
     absl::Status s =
-        CoordStatus(stub_->ReportTrainerExit(&ctx, req, &resp), "ReportTrainerExit", opts_.coordinator);
-    if (IsUnreachable(s)) {
+        coordinator::CoordStatus(stub_->ReportTrainerExit(&ctx, req, &resp), "ReportTrainerExit", opts_.coordinator);
+    if (coordinator::IsUnreachable(s)) {
       SetReachable(false, s);
       if (!r.logged_queued) Log(absl::StrCat(what, "; report queued until the coordinator is back"));
       r.logged_queued = true;

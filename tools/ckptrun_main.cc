@@ -12,8 +12,8 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/client/channel.h"
 #include "tools/ckptrun.h"
-#include "tools/ctl_coord_channel.h"
 #include "util/validate.h"
 
 namespace ckpt::tools {
@@ -57,7 +57,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
   };
   if (o.command.empty()) return bad("--", "no trainer command after it");
-  if (absl::Status s = ValidateHostPort(o.coordinator, "--coordinator"); !s.ok()) return s;
+  if (absl::Status s = coordinator::ValidateHostPort(o.coordinator, "--coordinator"); !s.ok()) return s;
   if (absl::Status s = ValidateJobName(o.node_id, "--node-id"); !s.ok()) return s;
   if (o.nproc_per_node == 0) return bad("--nproc-per-node", "must be at least 1");
   if (o.nnodes == 0) return bad("--nnodes", "must be at least 1");

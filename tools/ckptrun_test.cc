@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "storage/shard_format.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 #include "tools/ckptrun_testing.h"
 
 extern char** environ;
@@ -150,7 +150,7 @@ class CkptrunTest : public ::testing::Test {
     return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::unique_ptr<testing::CoordinatorProcess> coord_;
   std::unique_ptr<cv1::Coordinator::Stub> stub_;
   pid_t ckptrun_ = -1;

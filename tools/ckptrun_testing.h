@@ -1,6 +1,6 @@
 // Test helpers for the tools that talk to the coordinator (ckptrun_test,
-// ctl_coord_test): the real ckpt-coordinator binary on 127.0.0.1 with a port
-// it picks, a fake node daemon (registers, heartbeats, acknowledges every
+// ctl_coord_test): the real ckpt-coordinator binary (tests/coordinator_process.h),
+// a fake node daemon (registers, heartbeats, acknowledges every
 // order it receives, reports shards), and running a tool binary to
 // completion. Not thread-safe, except FakeNode's own heartbeat thread.
 #ifndef CKPT_TOOLS_CKPTRUN_TESTING_H_
@@ -24,57 +24,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
-#include "tools/ctl_coord_channel.h"
+#include "coordinator/client/channel.h"
+#include "tests/coordinator_process.h"
 
 namespace ckpt::tools::testing {
 
 namespace cv1 = ::ckpt::coord::v1;
 
-class CoordinatorProcess {
- public:
-  // Forks and execs at once, which is safe after this process used gRPC.
-  // port 0: the binary picks one.
-  CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms,
-                     int port = 0) {
-    std::string listen = "127.0.0.1:" + std::to_string(port);
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    std::string timeout = std::to_string(heartbeat_timeout_ms);
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
-      dup2(fds[1], 1);
-      close(fds[0]);
-      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", listen.c_str(), "--state", state.c_str(),
-            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), nullptr);
-      _exit(127);
-    }
-    close(fds[1]);
-    FILE* out = fdopen(fds[0], "r");
-    char line[256] = {};
-    if (out && std::fgets(line, sizeof line, out)) {
-      const char* colon = std::strrchr(line, ':');
-      if (colon) port_ = std::atoi(colon + 1);
-    }
-    if (out) std::fclose(out);
-  }
-  ~CoordinatorProcess() { Kill(); }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::unique_ptr<cv1::Coordinator::Stub> Stub() const {
-    return cv1::Coordinator::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+using ::ckpt::testing::CoordinatorProcess;  // tests/coordinator_process.h
 
 // A node daemon stand-in: heartbeats every 50 ms from its own thread and
 // acknowledges every order in the next heartbeat, so plans reach
@@ -82,7 +39,7 @@ class CoordinatorProcess {
 class FakeNode {
  public:
   FakeNode(const std::string& coordinator, std::string id, std::string address, uint32_t capacity)
-      : stub_(NewCoordinatorStub(coordinator)),  // reconnects within 1 s of a coordinator restart
+      : stub_(coordinator::NewCoordinatorStub(coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
     grpc::ClientContext ctx;
     cv1::RegisterNodeRequest req;

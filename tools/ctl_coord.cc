@@ -3,8 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/client/channel.h"
 #include "tools/ctl_commands.h"
-#include "tools/ctl_coord_channel.h"
 #include "tools/json_writer.h"
 #include "tools/text_output.h"
 #include "util/validate.h"
@@ -19,7 +19,7 @@ constexpr std::chrono::seconds kRpcTimeout{5};
 absl::Status CheckCoordinator(const std::string& coordinator) {
   if (coordinator.empty())
     return absl::InvalidArgumentError("--coordinator: not given (HOST:PORT of ckpt-coordinator)");
-  return ValidateHostPort(coordinator, "--coordinator");
+  return coordinator::ValidateHostPort(coordinator, "--coordinator");
 }
 
 std::string HealthName(cv1::NodeHealth h) {
@@ -121,11 +121,11 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
 absl::Status RunCluster(const std::string& coordinator, bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (!s.ok()) return s;
-  auto stub = NewCoordinatorStub(coordinator);
+  auto stub = coordinator::NewCoordinatorStub(coordinator);
   cv1::GetClusterResponse resp;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, kRpcTimeout);
-  s = CoordStatus(stub->GetCluster(&ctx, cv1::GetClusterRequest(), &resp), "GetCluster", coordinator);
+  coordinator::SetDeadline(&ctx, kRpcTimeout);
+  s = coordinator::CoordStatus(stub->GetCluster(&ctx, cv1::GetClusterRequest(), &resp), "GetCluster", coordinator);
   if (!s.ok()) return s;
   if (json) WriteCluster(resp);
   else PrintCluster(resp);
@@ -138,14 +138,14 @@ absl::Status RunRollback(const std::string& coordinator, const std::string& job,
   if (s.ok()) s = ValidateJobName(job, "--job");
   if (s.ok() && !step) s = absl::InvalidArgumentError("--step: not given");
   if (!s.ok()) return s;
-  auto stub = NewCoordinatorStub(coordinator);
+  auto stub = coordinator::NewCoordinatorStub(coordinator);
   cv1::RollbackRequest req;
   req.set_job(job);
   req.set_step(*step);
   cv1::RollbackResponse resp;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, kRpcTimeout);
-  s = CoordStatus(stub->Rollback(&ctx, req, &resp), "Rollback", coordinator);
+  coordinator::SetDeadline(&ctx, kRpcTimeout);
+  s = coordinator::CoordStatus(stub->Rollback(&ctx, req, &resp), "Rollback", coordinator);
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;
@@ -164,14 +164,14 @@ absl::Status RunEvents(const std::string& coordinator, const std::string& job, u
   absl::Status s = CheckCoordinator(coordinator);
   if (s.ok() && !job.empty()) s = ValidateJobName(job, "--job");
   if (!s.ok()) return s;
-  auto stub = NewCoordinatorStub(coordinator);
+  auto stub = coordinator::NewCoordinatorStub(coordinator);
   cv1::EventsRequest req;
   req.set_job(job);
   req.set_after_seq(after_seq);
   cv1::EventsResponse resp;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, kRpcTimeout);
-  s = CoordStatus(stub->Events(&ctx, req, &resp), "Events", coordinator);
+  coordinator::SetDeadline(&ctx, kRpcTimeout);
+  s = coordinator::CoordStatus(stub->Events(&ctx, req, &resp), "Events", coordinator);
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 #include "tools/ckptrun_testing.h"
 
 namespace ckpt::tools {
@@ -24,7 +24,7 @@ class CtlCoordTest : public ::testing::Test {
   }
   std::string Flag() const { return "--coordinator " + coord_->address(); }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::unique_ptr<testing::CoordinatorProcess> coord_;
 };
 

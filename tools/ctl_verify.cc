@@ -140,7 +140,7 @@ void VerifyNodeManifest(storage::Backend& backend, const std::string& key,
   for (const storage::v1::NodeManifestShard& s : m->shards()) {
     if (!storage::IsShardKeyOf(s.key(), m->job(), m->step(), s.rank()))
       continue;  // reported
-    Listed l{s.rank(), s.key(), s.bytes()};
+    Listed l{s.rank(), s.key(), s.bytes(), {}, {}};
     if (s.has_tensors()) l.tensors = s.tensors();
     if (s.has_checksums_digest()) l.digest = s.checksums_digest();
     CheckListedShard(backend, l, report, bad);
@@ -167,7 +167,7 @@ void VerifyGlobalManifest(storage::Backend& backend, const std::string& key,
           s.key().substr(0, 200)));
       continue;
     }
-    Listed l{s.rank(), s.key(), s.bytes()};
+    Listed l{s.rank(), s.key(), s.bytes(), {}, {}};
     l.digest = s.checksum_digest();
     l.digest_field = "checksum_digest";
     CheckListedShard(backend, l, report, bad);

@@ -14,7 +14,7 @@
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_testing.h"
-#include "storage/test_tempdir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::tools {
 namespace {
@@ -73,7 +73,7 @@ class CkptctlTest : public ::testing::Test {
                            shard_.info.step, shard_.info.rank);
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   storage::Shard shard_;
   std::string key_;
   std::string path_;
@@ -212,7 +212,7 @@ class ClusterRootTest : public ::testing::Test {
   }
   std::string PathOf(const std::string& key) const { return *backend_->LocalPath(key); }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   std::unique_ptr<storage::Backend> backend_;
   std::map<uint32_t, storage::Shard> shards_;
 };

@@ -23,7 +23,9 @@ TEST(ChecksumTest, CopyAndHashCopiesAndMatchesHash64) {
     std::vector<char> dst(n + 1, 0);
     uint64_t h = CopyAndHash(dst.data(), src.data(), n);
     EXPECT_EQ(h, Hash64(src.data(), n)) << n;
-    if (n > 0) EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n)) << n;
+    if (n > 0) {
+      EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n)) << n;
+    }
   }
 }
 
@@ -42,7 +44,9 @@ TEST(ChecksumTest, FusedCopyAndHashEqualsXxh3ForEveryLengthAndAlignment) {
         char* d = dst.data() + ((64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64) + dst_off;
         ASSERT_EQ(CopyAndHash(d, src.data() + src_off, n), Hash64(src.data() + src_off, n))
             << "size " << n << " dst_off " << dst_off << " src_off " << src_off;
-        if (n > 0) ASSERT_EQ(0, std::memcmp(d, src.data() + src_off, n)) << n;
+        if (n > 0) {
+          ASSERT_EQ(0, std::memcmp(d, src.data() + src_off, n)) << n;
+        }
       }
     }
   }

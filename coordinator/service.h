@@ -4,8 +4,8 @@
 // heartbeat_timeout + heartbeat_timeout/4. Each RPC maps the Coordinator's
 // absl::Status to the gRPC status with the same code and message.
 // Thread-safe; Shutdown() is idempotent and runs on destruction.
-#ifndef CKPT_DAEMON_COORDINATOR_SERVICE_H_
-#define CKPT_DAEMON_COORDINATOR_SERVICE_H_
+#ifndef CKPT_COORDINATOR_SERVICE_H_
+#define CKPT_COORDINATOR_SERVICE_H_
 
 #include <condition_variable>
 #include <memory>
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 namespace grpc {
 class Server;
@@ -50,4 +50,4 @@ class CoordinatorServer {
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_SERVICE_H_
+#endif  // CKPT_COORDINATOR_SERVICE_H_

@@ -31,8 +31,8 @@
 //   reloaded from RocksDB, so a failed call leaves no trace.
 // Thread-safety: every method is safe to call concurrently (one mutex; the
 // manifest write to the shared root happens under it).
-#ifndef CKPT_DAEMON_COORDINATOR_COORDINATOR_H_
-#define CKPT_DAEMON_COORDINATOR_COORDINATOR_H_
+#ifndef CKPT_COORDINATOR_COORDINATOR_H_
+#define CKPT_COORDINATOR_COORDINATOR_H_
 
 #include <chrono>
 #include <cstdint>
@@ -46,7 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
-#include "daemon/coordinator/store.h"
+#include "coordinator/store.h"
 #include "storage/backend.h"
 #include "storage/manifest.h"
 
@@ -145,4 +145,4 @@ class Coordinator {
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_COORDINATOR_H_
+#endif  // CKPT_COORDINATOR_COORDINATOR_H_

@@ -1,16 +1,16 @@
 // Test fixture: a Coordinator on a temporary state directory and shared
 // root, driven by a fake clock (no sleeping), with helpers for the calls a
 // node makes. Not thread-safe.
-#ifndef CKPT_DAEMON_COORDINATOR_COORDINATOR_TESTING_H_
-#define CKPT_DAEMON_COORDINATOR_COORDINATOR_TESTING_H_
+#ifndef CKPT_COORDINATOR_COORDINATOR_TESTING_H_
+#define CKPT_COORDINATOR_COORDINATOR_TESTING_H_
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 
-#include "daemon/coordinator/coordinator.h"
-#include "storage/test_tempdir.h"
+#include "coordinator/coordinator.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::coordinator {
 
@@ -99,11 +99,11 @@ class CoordinatorTest : public ::testing::Test {
     return false;
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;
   std::unique_ptr<Coordinator> coord_;
 };
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_COORDINATOR_TESTING_H_
+#endif  // CKPT_COORDINATOR_COORDINATOR_TESTING_H_

@@ -1,8 +1,8 @@
 // The TOML config files of ckptd and ckpt-coordinator: one parse and one
 // typed getter, so both refuse a bad file the same way, naming the file or
 // the key. Header-only functions; thread-safe.
-#ifndef CKPT_DAEMON_CONFIG_FILE_H_
-#define CKPT_DAEMON_CONFIG_FILE_H_
+#ifndef CKPT_UTIL_CONFIG_FILE_H_
+#define CKPT_UTIL_CONFIG_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace ckpt::daemon {
+namespace ckpt {
 
 inline absl::StatusOr<toml::table> ParseConfigFile(const std::string& path) {
   try {
@@ -42,6 +42,6 @@ absl::Status FromToml(const toml::table& t, const char* key, T* out) {
   return absl::OkStatus();
 }
 
-}  // namespace ckpt::daemon
+}  // namespace ckpt
 
-#endif  // CKPT_DAEMON_CONFIG_FILE_H_
+#endif  // CKPT_UTIL_CONFIG_FILE_H_

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <thread>
 
-#include "daemon/coordinator/options.h"
-#include "daemon/coordinator/service.h"
+#include "coordinator/options.h"
+#include "coordinator/service.h"
 
 int main(int argc, char** argv) {
   std::string help;

@@ -1,4 +1,4 @@
-#include "worker/step_bench.h"
+#include "bench/step_bench.h"
 
 #include <algorithm>
 #include <chrono>

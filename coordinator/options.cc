@@ -1,8 +1,8 @@
-#include "daemon/coordinator/options.h"
+#include "coordinator/options.h"
 
 #include <CLI/CLI.hpp>
 
-#include "daemon/config_file.h"
+#include "util/config_file.h"
 
 namespace ckpt::coordinator {
 
@@ -28,18 +28,18 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
     return absl::InvalidArgumentError(e.what());
   }
   if (!config.empty()) {
-    auto parsed = daemon::ParseConfigFile(config);
+    auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();
     absl::Status s;
     if (!app.count("--heartbeat-timeout-ms")) {
       int64_t v = timeout_ms;
-      s = daemon::FromToml(*parsed, "heartbeat_timeout_ms", &v);
+      s = FromToml(*parsed, "heartbeat_timeout_ms", &v);
       if (s.ok() && (v < 10 || v > 3600000))
         s = absl::InvalidArgumentError("config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
       if (s.ok()) timeout_ms = static_cast<uint32_t>(v);
     }
     if (s.ok() && !app.count("--shared-root"))
-      s = daemon::FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
+      s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
     if (!s.ok()) return s;
   }
   if (o.listen.rfind(':') == std::string::npos)

@@ -3,8 +3,8 @@
 // whose channel reconnects quickly after the coordinator restarts, per-call
 // deadlines, and grpc::Status -> absl::Status with the RPC and address in
 // the message. Functions only; thread-safe.
-#ifndef CKPT_DAEMON_COORDINATOR_CHANNEL_H_
-#define CKPT_DAEMON_COORDINATOR_CHANNEL_H_
+#ifndef CKPT_COORDINATOR_CLIENT_CHANNEL_H_
+#define CKPT_COORDINATOR_CLIENT_CHANNEL_H_
 
 #include <chrono>
 #include <memory>
@@ -38,4 +38,4 @@ bool IsUnreachable(const absl::Status& s);
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_CHANNEL_H_
+#endif  // CKPT_COORDINATOR_CLIENT_CHANNEL_H_

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/step_bench.h"
 #include "util/status.h"
 #include "worker/chunked_adam.h"
 #include "worker/host_device.h"
-#include "worker/step_bench.h"
 #include "worker/test_util.h"
 #ifdef CKPT_HAVE_CUDA
 #include "worker/cuda_device.h"

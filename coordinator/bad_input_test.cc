@@ -7,8 +7,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include "daemon/coordinator/coordinator_testing.h"
-#include "daemon/coordinator/service.h"
+#include "coordinator/coordinator_testing.h"
+#include "coordinator/service.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {

@@ -10,8 +10,8 @@
 // atomically with a synced write-ahead log, so a coordinator killed at any
 // point restarts with either all or none of an operation's effects.
 // Thread-safe (RocksDB is); a Batch is used by one thread.
-#ifndef CKPT_DAEMON_COORDINATOR_STORE_H_
-#define CKPT_DAEMON_COORDINATOR_STORE_H_
+#ifndef CKPT_COORDINATOR_STORE_H_
+#define CKPT_COORDINATOR_STORE_H_
 
 #include <memory>
 #include <string>
@@ -19,8 +19,11 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
-#include "rocksdb/db.h"
-#include "rocksdb/write_batch.h"
+
+namespace rocksdb {
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
 
 namespace ckpt::coordinator {
 
@@ -39,6 +42,11 @@ class CoordStore {
 
   class Batch {
    public:
+    Batch();
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
     void PutNode(const v1::NodeRecord& n);
     void PutJob(const v1::JobRecord& j);
     void PutShard(const v1::ShardRecord& s);
@@ -48,11 +56,11 @@ class CoordStore {
     void PutEvent(const v1::Event& e);
     void DeleteEvent(uint64_t seq);
     void PutCounters(const v1::Counters& c);
-    bool empty() const { return batch_.Count() == 0; }
+    bool empty() const;
 
    private:
     friend class CoordStore;
-    rocksdb::WriteBatch batch_;
+    std::unique_ptr<rocksdb::WriteBatch> batch_;  // RocksDB stays out of this header
   };
 
   static absl::StatusOr<std::unique_ptr<CoordStore>> Open(const std::string& dir);
@@ -64,11 +72,11 @@ class CoordStore {
   absl::Status Commit(Batch* batch);
 
  private:
-  CoordStore(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+  CoordStore(rocksdb::DB* db, std::string dir);  // takes ownership of db
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
 };
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_STORE_H_
+#endif  // CKPT_COORDINATOR_STORE_H_

@@ -20,54 +20,15 @@
 
 #include "coordinator.grpc.pb.h"
 #include "storage/manifest.h"
-#include "storage/test_tempdir.h"
+#include "tests/coordinator_process.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::coordinator {
 namespace {
 
 namespace v1 = ::ckpt::coord::v1;
 
-class CoordinatorProcess {
- public:
-  CoordinatorProcess(const std::string& state, const std::string& shared) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
-      dup2(fds[1], 1);
-      close(fds[0]);
-      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state", state.c_str(),
-            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", "500", nullptr);
-      _exit(127);
-    }
-    close(fds[1]);
-    FILE* out = fdopen(fds[0], "r");
-    char line[256] = {};
-    if (out && std::fgets(line, sizeof line, out)) {
-      const char* colon = std::strrchr(line, ':');
-      if (colon) port_ = std::atoi(colon + 1);
-    }
-    if (out) std::fclose(out);
-  }
-  ~CoordinatorProcess() { Kill(SIGKILL); }
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-  int port() const { return port_; }
-  std::unique_ptr<v1::Coordinator::Stub> Stub() const {
-    return v1::Coordinator::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+using ::ckpt::testing::CoordinatorProcess;
 
 class E2ETest : public ::testing::Test {
  protected:
@@ -116,11 +77,11 @@ class E2ETest : public ::testing::Test {
     return resp;
   }
 
-  storage::TestTempDir dir_;
+  ckpt::testing::TempDir dir_;
 };
 
 TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
-  auto coord = std::make_unique<CoordinatorProcess>(state(), shared());
+  auto coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/500);
   ASSERT_GT(coord->port(), 0);
   auto stub = coord->Stub();
   uint64_t e1 = Register(stub.get(), "n1", false);
@@ -142,7 +103,7 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
 
   // SIGKILL and restart on the same state: everything is still known.
   coord->Kill(SIGKILL);
-  coord = std::make_unique<CoordinatorProcess>(state(), shared());
+  coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/500);
   ASSERT_GT(coord->port(), 0);
   stub = coord->Stub();
   v1::GetClusterResponse c = Cluster(stub.get());
@@ -166,7 +127,9 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(dead) << "n2 never declared dead";
-  if (spare_orders.orders_size() == 0) ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+  if (spare_orders.orders_size() == 0) {
+    ASSERT_TRUE(Heartbeat(stub.get(), "s1", es, &spare_orders).ok());
+  }
   ASSERT_EQ(spare_orders.orders_size(), 2);
   EXPECT_EQ(spare_orders.orders(0).kind(), v1::PREFETCH);
   EXPECT_EQ(spare_orders.orders(0).step(), 5u);

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 

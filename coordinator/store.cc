@@ -1,9 +1,11 @@
-#include "daemon/coordinator/store.h"
+#include "coordinator/store.h"
 
 #include <cinttypes>
 #include <cstdio>
 
+#include "rocksdb/db.h"
 #include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -43,29 +45,35 @@ absl::Status ScanPrefix(rocksdb::DB* db, const std::string& prefix, std::vector<
 
 }  // namespace
 
+CoordStore::CoordStore(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+
+CoordStore::Batch::Batch() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+CoordStore::Batch::~Batch() = default;
+bool CoordStore::Batch::empty() const { return batch_->Count() == 0; }
+
 void CoordStore::Batch::PutNode(const v1::NodeRecord& n) {
   v1::NodeRecord copy = n;
   copy.set_ms_since_heartbeat(0);  // volatile; never persisted
-  batch_.Put(NodeKey(n.node_id()), copy.SerializeAsString());
+  batch_->Put(NodeKey(n.node_id()), copy.SerializeAsString());
 }
 void CoordStore::Batch::PutJob(const v1::JobRecord& j) {
-  batch_.Put(JobKey(j.job()), j.SerializeAsString());
+  batch_->Put(JobKey(j.job()), j.SerializeAsString());
 }
 void CoordStore::Batch::PutShard(const v1::ShardRecord& s) {
-  batch_.Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString());
+  batch_->Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString());
 }
 void CoordStore::Batch::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
-  batch_.Delete(ShardKey(job, step, rank));
+  batch_->Delete(ShardKey(job, step, rank));
 }
 void CoordStore::Batch::PutOrder(const v1::Order& o) {
-  batch_.Put(OrderKey(o.id()), o.SerializeAsString());
+  batch_->Put(OrderKey(o.id()), o.SerializeAsString());
 }
-void CoordStore::Batch::DeleteOrder(uint64_t id) { batch_.Delete(OrderKey(id)); }
+void CoordStore::Batch::DeleteOrder(uint64_t id) { batch_->Delete(OrderKey(id)); }
 void CoordStore::Batch::PutEvent(const v1::Event& e) {
-  batch_.Put(EventKey(e.seq()), e.SerializeAsString());
+  batch_->Put(EventKey(e.seq()), e.SerializeAsString());
 }
-void CoordStore::Batch::DeleteEvent(uint64_t seq) { batch_.Delete(EventKey(seq)); }
-void CoordStore::Batch::PutCounters(const v1::Counters& c) { batch_.Put("C", c.SerializeAsString()); }
+void CoordStore::Batch::DeleteEvent(uint64_t seq) { batch_->Delete(EventKey(seq)); }
+void CoordStore::Batch::PutCounters(const v1::Counters& c) { batch_->Put("C", c.SerializeAsString()); }
 
 absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(const std::string& dir) {
   rocksdb::Options options;
@@ -103,8 +111,8 @@ absl::Status CoordStore::Commit(Batch* batch) {
   if (batch->empty()) return absl::OkStatus();
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  absl::Status s = FromRocks(db_->Write(wo, &batch->batch_), "write to " + dir_);
-  batch->batch_.Clear();
+  absl::Status s = FromRocks(db_->Write(wo, batch->batch_.get()), "write to " + dir_);
+  batch->batch_->Clear();
   return s;
 }
 

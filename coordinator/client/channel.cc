@@ -1,4 +1,4 @@
-#include "daemon/coordinator/channel.h"
+#include "coordinator/client/channel.h"
 
 #include <cctype>
 

@@ -3,8 +3,8 @@
 // into a real ckptd started for the run (tests/harness.h DaemonProcess), on
 // the same model. The two are timed in alternating blocks of steps so that
 // drift on a shared machine hits both alike. Not thread-safe.
-#ifndef CKPT_WORKER_STEP_BENCH_H_
-#define CKPT_WORKER_STEP_BENCH_H_
+#ifndef CKPT_BENCH_STEP_BENCH_H_
+#define CKPT_BENCH_STEP_BENCH_H_
 
 #include <cstdint>
 
@@ -33,4 +33,4 @@ absl::StatusOr<StepTimes> MeasureStepTimes(const StepBenchOptions& options);
 
 }  // namespace ckpt::worker
 
-#endif  // CKPT_WORKER_STEP_BENCH_H_
+#endif  // CKPT_BENCH_STEP_BENCH_H_

@@ -1,6 +1,6 @@
 // Coordinator: the RPC-shaped entry points. Each validates its request,
 // changes memory and a batch together, and commits the batch.
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 #include <algorithm>
 

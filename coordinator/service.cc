@@ -1,4 +1,4 @@
-#include "daemon/coordinator/service.h"
+#include "coordinator/service.h"
 
 #include <cstdio>
 

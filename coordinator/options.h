@@ -1,12 +1,12 @@
 // ckpt-coordinator's settings: one struct, filled in one place from the
 // command line and an optional TOML config file (flags win over the file).
-#ifndef CKPT_DAEMON_COORDINATOR_OPTIONS_H_
-#define CKPT_DAEMON_COORDINATOR_OPTIONS_H_
+#ifndef CKPT_COORDINATOR_OPTIONS_H_
+#define CKPT_COORDINATOR_OPTIONS_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 namespace ckpt::coordinator {
 
@@ -22,4 +22,4 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
 
 }  // namespace ckpt::coordinator
 
-#endif  // CKPT_DAEMON_COORDINATOR_OPTIONS_H_
+#endif  // CKPT_COORDINATOR_OPTIONS_H_

@@ -2,7 +2,7 @@
 // failure detection, recovery plans and orders, restart from its state.
 #include <filesystem>
 
-#include "daemon/coordinator/coordinator_testing.h"
+#include "coordinator/coordinator_testing.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {

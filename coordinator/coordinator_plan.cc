@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {

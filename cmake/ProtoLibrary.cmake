@@ -1,0 +1,38 @@
+# ckpt_proto_library(NAME <target> PROTOS <file.proto>...)
+#
+# The one protoc + grpc_cpp_plugin rule of the tree: generates
+# <name>.pb.{h,cc} and <name>.grpc.pb.{h,cc} for each .proto (given relative
+# to the calling folder) into that folder's build directory, and builds them
+# into the static library <target>. The generated directory is the target's
+# PUBLIC include directory (its interface: `#include "<name>.pb.h"`), and
+# gRPC and protobuf are linked PUBLIC because the generated headers use them.
+# Generated code is compiled with warnings off (-w): it is not ours to fix.
+find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+function(ckpt_proto_library)
+  cmake_parse_arguments(ARG "" "NAME" "PROTOS" ${ARGN})
+  if(NOT ARG_NAME OR NOT ARG_PROTOS)
+    message(FATAL_ERROR "ckpt_proto_library: NAME and PROTOS are required")
+  endif()
+  set(gen ${CMAKE_CURRENT_BINARY_DIR})
+  set(srcs)
+  foreach(proto ${ARG_PROTOS})
+    get_filename_component(base ${proto} NAME_WE)
+    get_filename_component(abs ${proto} ABSOLUTE)
+    get_filename_component(dir ${abs} DIRECTORY)
+    set(out ${gen}/${base}.pb.cc ${gen}/${base}.grpc.pb.cc)
+    add_custom_command(
+      OUTPUT ${out} ${gen}/${base}.pb.h ${gen}/${base}.grpc.pb.h
+      COMMAND protobuf::protoc
+      ARGS --cpp_out=${gen} --grpc_out=${gen}
+           --plugin=protoc-gen-grpc=${GRPC_CPP_PLUGIN}
+           -I ${dir} ${abs}
+      DEPENDS ${abs}
+      COMMENT "protoc ${proto}")
+    list(APPEND srcs ${out})
+  endforeach()
+  add_library(${ARG_NAME} STATIC ${srcs})
+  target_include_directories(${ARG_NAME} PUBLIC ${gen})
+  target_link_libraries(${ARG_NAME} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+  target_compile_options(${ARG_NAME} PRIVATE -w)
+endfunction()

@@ -35,8 +35,10 @@
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
 #include "daemon/peer_listener.h"
+#include "daemon/prefaulter.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
+#include "storage/shard_format.h"
 
 namespace ckpt::daemon {
 
@@ -100,7 +102,8 @@ class Engine {
   absl::StatusOr<v1::ListResponse> List(const PeerCreds& peer, const v1::ListRequest& req);
   absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
                                             const v1::DeleteRequest& req);
-  v1::StatusResponse Status();
+  // Root sees every job's arenas; any other uid only its own jobs'.
+  v1::StatusResponse Status(const PeerCreds& peer);
 
   // Cluster mode: the ranks of `job` this node hosts now (from the
   // coordinator), and the oldest step the job may still restore (the
@@ -127,7 +130,11 @@ class Engine {
  private:
   enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
   struct Shard {
-    v1::ShardRecord rec;
+    v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
+    // The validated index, kept from commit (or recovery, or prefetch) on:
+    // the persister encodes and checks from it; rec.tensors() is its copy
+    // for the catalog and the RPC replies.
+    storage::ShardInfo info;
     ShardPhase phase = ShardPhase::kStaged;
     uint64_t gen = 0;
     int slot = -1;          // slot that holds the image, -1 if none
@@ -147,13 +154,24 @@ class Engine {
     bool reclaimable = false;  // holds a shard whose persist failed for good
   };
   struct Rank {
-    std::unique_ptr<shm::Arena> arena;
+    // Shared with the prefaulter while it faults in the arena's slots.
+    std::shared_ptr<shm::Arena> arena;
     std::vector<Slot> slots;
+    // An arena for this rank is being created (or grown) outside the mutex;
+    // whoever needs the rank's arena waits on cv_ until it is installed.
+    bool creating = false;
+    bool registered = false;  // arena memory registered with the backend
   };
   struct Job {
     v1::JobRecord rec;
     std::map<uint32_t, Rank> ranks;
     std::map<uint64_t, Step> steps;
+    // False while a first Register creates the job: the catalog records a
+    // job only once one of its arenas exists.
+    bool recorded = true;
+    // Every step was deleted: the record goes and the arenas are unlinked
+    // once no lease, save or load uses the job (MaybeForgetJobLocked).
+    bool forget_when_idle = false;
   };
   struct Lease {
     std::string job;
@@ -185,9 +203,25 @@ class Engine {
   // Helpers; *Locked ones need mu_ held.
   absl::StatusOr<Job*> FindJobLocked(const std::string& job, const PeerCreds& peer);
   absl::StatusOr<Rank*> FindRankLocked(Job& job, uint32_t rank);
-  absl::StatusOr<Rank*> EnsureArenaLocked(Job& job, uint32_t rank, uint64_t slot_bytes);
+  // Returns the rank's arena, creating or growing it to slot_bytes. The
+  // creation runs with `lock` released (Rank::creating marks it); a refusal
+  // leaves the rank's old arena and its steps as they were.
+  absl::StatusOr<Rank*> EnsureArena(std::unique_lock<std::mutex>& lock, const std::string& job,
+                                    uint32_t rank, uint64_t slot_bytes);
+  absl::Status CheckGrowableLocked(const Job& job, const Rank& rank, uint32_t rank_no,
+                                   uint64_t slot_bytes) const;
+  // Unmaps the rank's arena (and with `unlink` removes its name); the
+  // rank's shards are then no longer in memory.
+  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
+  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status);
+  // Drops the job and its record if Delete marked it and nothing uses it.
+  void MaybeForgetJobLocked(const std::string& job);
+  // Removes a job that a refused first Register left without any arena.
+  void EraseIfUnrecordedLocked(const std::string& job);
+  // The shard of (job, step, rank), or nullptr.
+  Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  int PickSlotLocked(const Rank& rank, uint64_t image_bytes) const;
+  int PickSlotLocked(const Rank& rank) const;
   void MirrorSlotLocked(Rank& rank, uint32_t slot);
   // Fails (Aborted) when the caller has already exited.
   absl::StatusOr<uint64_t> AddLeaseLocked(Lease lease);
@@ -240,6 +274,7 @@ class Engine {
   uint64_t failed_persists_ = 0;
   std::thread persister_;
   std::thread reaper_;
+  std::unique_ptr<Prefaulter> prefaulter_;
 };
 
 }  // namespace ckpt::daemon

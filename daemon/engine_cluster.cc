@@ -105,6 +105,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     it = jobs_.emplace(job_name, std::move(job)).first;
   }
   Job& job = it->second;
+  job.forget_when_idle = false;
   if (job.rec.world_size() != world_size)
     return absl::FailedPreconditionError(absl::StrCat(
         "world_size: job '", job_name, "' has ", job.rec.world_size(), " ranks here, not ", world_size));
@@ -131,6 +132,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());
+    shard.info = info;
     shard.phase = ShardPhase::kDurable;
     shard.gen = next_gen_++;
     CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/true));

@@ -81,26 +81,21 @@ void Engine::PersistShard(const Task& task) {
   uid_t owner_uid = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return;
-    auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end()) return;
-    auto sh = step->second.shards.find(task.rank);
-    if (sh == step->second.shards.end()) return;
-    Shard& shard = sh->second;
-    if (shard.gen != task.gen || shard.phase != ShardPhase::kStaged || shard.slot < 0) return;
-    Rank& rank = job->second.ranks[task.rank];
-    shard.phase = ShardPhase::kPersisting;
-    rank.slots[shard.slot].state = shm::SlotState::kPersisting;
-    MirrorSlotLocked(rank, shard.slot);
-    image = rank.arena->slot_data(shard.slot);
-    owner_uid = job->second.rec.uid();
-    info = ToShardInfo(task.job, task.step, task.rank, job->second.rec.world_size(),
-                       shard.rec.tensors());
-    for (const auto& m : shard.rec.tensors()) has_checksum.push_back(m.has_checksum());
+    Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+    if (shard == nullptr || shard->gen != task.gen || shard->phase != ShardPhase::kStaged ||
+        shard->slot < 0)
+      return;
+    Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
+    shard->phase = ShardPhase::kPersisting;
+    rank.slots[shard->slot].state = shm::SlotState::kPersisting;
+    MirrorSlotLocked(rank, shard->slot);
+    image = rank.arena->slot_data(shard->slot);
+    owner_uid = jobs_.find(task.job)->second.rec.uid();
+    info = shard->info;  // validated at commit
+    for (const auto& m : shard->rec.tensors()) has_checksum.push_back(m.has_checksum());
   }
 
-  absl::Status s = storage::ValidateShardInfo(&info);
+  absl::Status s;
   bool computed = false;
   for (size_t i = 0; s.ok() && i < info.tensors.size(); ++i) {
     if (has_checksum[i]) continue;  // device tensors: the CPU never saw them
@@ -132,14 +127,8 @@ void Engine::PersistShard(const Task& task) {
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
   auto job = jobs_.find(task.job);
-  Shard* shard = nullptr;
-  if (job != jobs_.end()) {
-    auto step = job->second.steps.find(task.step);
-    if (step != job->second.steps.end()) {
-      auto sh = step->second.shards.find(task.rank);
-      if (sh != step->second.shards.end() && sh->second.gen == task.gen) shard = &sh->second;
-    }
-  }
+  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
   if (shard == nullptr) {
     // Deleted or replaced while we wrote: the file must not outlive it.
     bool current = false;
@@ -155,6 +144,7 @@ void Engine::PersistShard(const Task& task) {
           }
     }
     if (s.ok() && !current) QueueDeleteLocked(key, false);
+    MaybeForgetJobLocked(task.job);
     return;
   }
   Rank& rank = job->second.ranks[task.rank];
@@ -164,16 +154,14 @@ void Engine::PersistShard(const Task& task) {
     shard->rec.set_state(v1::ShardRecord::DURABLE);
     shard->rec.set_path(key);
     shard->rec.clear_error();
-    for (int i = 0; i < shard->rec.tensors_size(); ++i) {
-      shard->rec.mutable_tensors(i)->set_checksum(info.tensors[i].checksum);
-      shard->rec.mutable_tensors(i)->set_has_checksum(true);
-    }
+    shard->info = std::move(info);
+    ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
     slot.state = shm::SlotState::kDurable;
     MirrorSlotLocked(rank, shard->slot);
     ++persisted_shards_;
-    persisted_bytes_ += info.layout.image_bytes;
+    persisted_bytes_ += shard->info.layout.image_bytes;
     ReportLocked(*shard, /*durable=*/true);
     MaybeQueueManifestLocked(job->second, task.step);
     return;
@@ -215,6 +203,12 @@ bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable)
     return false;
   }
   for (const auto& [r, shard] : step.shards) {
+    // A shard whose persist failed for good (e.g. its checksums did not
+    // match its bytes) makes the step unusable, even if still in memory.
+    if (shard.phase == ShardPhase::kFailed) {
+      *durable = false;
+      return false;
+    }
     if (shard.phase != ShardPhase::kDurable) *durable = false;
     if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
   }

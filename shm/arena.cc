@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -256,7 +257,10 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
     if (mapped.ok()) {
       base = *mapped;
-      s = Prefault(base, arena_bytes, name);
+      uint64_t faulted =
+          kSlotAlign +
+          slot_bytes * std::min(options.prefault_slots, options.num_slots);
+      s = Prefault(base, faulted, name);
       if (!s.ok()) ::munmap(base, arena_bytes);
     } else {
       s = mapped.status();
@@ -388,6 +392,25 @@ absl::Status Arena::Unlink(std::string_view name_view) {
     return BoostToStatus(e, absl::StrCat("arena ", name, ": shm_unlink"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Arena::Rename(std::string_view to_view) {
+  std::string to(to_view);
+  CKPT_RETURN_IF_ERROR(ValidateName(to));
+  // POSIX shared memory objects are the files of /dev/shm on Linux (glibc's
+  // shm_open opens "/dev/shm" + name); rename(2) replaces atomically.
+  std::string from_path = "/dev/shm" + name_, to_path = "/dev/shm" + to;
+  if (::rename(from_path.c_str(), to_path.c_str()) != 0)
+    return ErrnoToStatus(errno,
+                         absl::StrCat("arena ", name_, ": rename to ", to));
+  name_ = std::move(to);
+  return absl::OkStatus();
+}
+
+absl::Status Arena::PrefaultSlots(uint32_t first, uint32_t count) const {
+  if (first >= num_slots_) return absl::OkStatus();
+  count = std::min(count, num_slots_ - first);
+  return Prefault(slot_data(first), uint64_t{count} * slot_bytes_, name_);
 }
 
 uint64_t Arena::slot_offset(uint32_t slot) const {

@@ -2,7 +2,10 @@
 //
 // The daemon creates an arena (mode 0600, owned by the registering uid),
 // allocates every page up front (fallocate: an arena /dev/shm cannot hold is
-// refused at creation, never a SIGBUS later) and pre-faults its mapping. A
+// refused at creation, never a SIGBUS later) and pre-faults the header and
+// the first `prefault_slots` slots of its mapping; PrefaultSlots() faults
+// the rest later (a background thread), so that a first save waits only for
+// the pages of the slot it writes. A
 // trainer attaches with Attach(): the header page read-only, the slots
 // read-write. Because the daemon owns the segment, a trainer crash never
 // loses a staged step, and a restarted daemon re-attaches with Reattach().
@@ -77,6 +80,9 @@ struct ArenaOptions {
   uint32_t num_slots = 2;   // 2..kMaxSlots
   uid_t owner_uid = 0;
   gid_t owner_gid = 0;
+  // Slots whose pages Create faults in before returning (zeroing a shmem
+  // page on first touch is the expensive part of creating an arena).
+  uint32_t prefault_slots = kMaxSlots;
 };
 
 class Arena {
@@ -96,6 +102,14 @@ class Arena {
                                                        uint64_t slots_offset);
   // Removes the name (the memory lives until every mapping is gone).
   static absl::Status Unlink(std::string_view name);
+  // Daemon: gives this arena the name `to`, atomically replacing an arena
+  // of that name (whose mappings stay valid). For an arena that no other
+  // thread uses yet: it changes name().
+  [[nodiscard]] absl::Status Rename(std::string_view to);
+  // Daemon: faults in the pages of slots [first, first + count) of this
+  // mapping; safe to run on another thread while the slots are in use (the
+  // pages' contents do not change).
+  [[nodiscard]] absl::Status PrefaultSlots(uint32_t first, uint32_t count) const;
 
   // Bytes an arena of these dimensions occupies, and the offset of slot 0.
   static uint64_t SlotsOffset();

@@ -116,6 +116,7 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   r.arena.reset();
   r.slots.clear();
   r.registered = false;
+  r.ready_slots = 0;
 }
 
 absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& lock,
@@ -171,6 +172,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
     DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
   }
   r->arena = arena;
+  r->ready_slots = 1;
+  r->reserve_error = absl::OkStatus();
   r->slots.assign(arena->num_slots(), Slot{});
   for (uint32_t i = 0; i < arena->num_slots(); ++i) MirrorSlotLocked(*r, i);
   prefaulter_->Add(arena, /*first_slot=*/1);
@@ -182,16 +185,26 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
 }
 
 void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status) {
-  if (!status.ok()) LogWarning(std::string(status.message()));
-  // Registering pins every page: only now, with the pages faulted in.
-  absl::Status reg = backend_->RegisterMemory(
-      arena->slot_data(0), uint64_t{arena->num_slots()} * arena->slot_bytes());
-  if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
+  absl::Status reg = status;
+  if (!status.ok()) {
+    LogWarning(absl::StrCat("arena ", arena->name(), ": only slot 0 is usable: ",
+                            status.message()));
+  } else {
+    // Registering pins every page: only now, with the pages faulted in.
+    reg = backend_->RegisterMemory(arena->slot_data(0),
+                                   uint64_t{arena->num_slots()} * arena->slot_bytes());
+    if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena == arena) {
         rank.registered = reg.ok();
+        if (status.ok())
+          rank.ready_slots = arena->num_slots();
+        else
+          rank.reserve_error = status;
+        cv_.notify_all();
         return;
       }
   // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
@@ -302,7 +315,7 @@ int Engine::PickSlotLocked(const Rank& rank) const {
     if (newest < 0 || s.step > rank.slots[newest].step) newest = static_cast<int>(i);
   }
   int best = -1;
-  for (size_t i = 0; i < rank.slots.size(); ++i) {
+  for (size_t i = 0; i < rank.ready_slots && i < rank.slots.size(); ++i) {
     const Slot& s = rank.slots[i];
     if (s.readers > 0 || static_cast<int>(i) == newest) continue;
     if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
@@ -376,6 +389,11 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
     slot = PickSlotLocked(*rank);
     if (slot >= 0) break;
+    if (!rank->reserve_error.ok())
+      return absl::ResourceExhaustedError(
+          absl::StrCat("BUSY: every usable slot of job '", req.job(), "' rank ", req.rank(),
+                       " is taken; the others could not be reserved: ",
+                       rank->reserve_error.message()));
     if (!req.block())
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),

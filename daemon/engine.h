@@ -161,6 +161,10 @@ class Engine {
     // whoever needs the rank's arena waits on cv_ until it is installed.
     bool creating = false;
     bool registered = false;  // arena memory registered with the backend
+    // Slots [0, ready_slots) have their pages reserved and may be used; the
+    // prefaulter readies the others after Create (OnPrefaulted).
+    uint32_t ready_slots = 0;
+    absl::Status reserve_error;  // the prefaulter could not ready them
   };
   struct Job {
     v1::JobRecord rec;

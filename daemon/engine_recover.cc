@@ -84,6 +84,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     Rank& rank = job.ranks[r];
     rank.arena = std::move(*arena);
     rank.slots.assign(rank.arena->num_slots(), Slot{});
+    rank.ready_slots = rank.arena->num_slots();  // Reattach reserves every page
     rank.registered =
         backend_->RegisterMemory(rank.arena->slot_data(0),
                                  uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes())

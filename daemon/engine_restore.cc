@@ -115,6 +115,9 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
     rank = &existing->second;
     slot = PickSlotLocked(*rank);
     if (slot >= 0) break;
+    if (!rank->reserve_error.ok())
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "BUSY: no usable slot to load the shard into: ", rank->reserve_error.message()));
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
       return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
   }

@@ -32,7 +32,7 @@ void Prefaulter::Loop() {
     auto [arena, first] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    absl::Status s = arena->PrefaultSlots(first, arena->num_slots());
+    absl::Status s = arena->ReserveSlots(first, arena->num_slots());
     done_(arena, std::move(s));
     arena.reset();
     lock.lock();

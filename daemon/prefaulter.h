@@ -1,8 +1,10 @@
-// Prefaulter: faults in the slots of new arenas on one background thread.
+// Prefaulter: reserves and faults in the slots of new arenas on one
+// background thread.
 //
-// Creating an arena faults in only the slot the first save writes (see
-// shm::Arena::Create's prefault_slots); the remaining slots' pages are
-// zeroed here, off every RPC's path. When an arena is done, `done` runs on
+// Creating an arena allocates and faults in only the slot the first save
+// writes (see shm::Arena::Create's prefault_slots); the remaining slots'
+// pages are allocated and zeroed here (shm::Arena::ReserveSlots), off every
+// RPC's path. When an arena is done, `done` runs on
 // the prefaulter's thread with no lock of the prefaulter held (the engine
 // registers the arena's memory with the storage backend then: registering
 // pins, and so faults, every page).

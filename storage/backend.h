@@ -11,13 +11,22 @@
 // manifest object written last, so nothing relies on rename atomicity
 // across objects.
 //
-// Thread-safety: a Backend is safe for concurrent use; an ObjectWriter is
-// used by one thread at a time.
+// An object is read through an ObjectReader opened once (leveldb's
+// RandomAccessFile): the open, the size and the file descriptors are paid
+// once, not per read. BackendWrapper forwards every call to another Backend
+// (RocksDB's FileSystemWrapper); a wrapper overrides only what it changes.
+//
+// Ownership: readers and writers must not outlive the Backend that made
+// them. Thread-safety: a Backend is safe for concurrent use; an
+// ObjectWriter or ObjectReader is used by one thread at a time.
 #ifndef CKPT_STORAGE_BACKEND_H_
 #define CKPT_STORAGE_BACKEND_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +51,34 @@ class ObjectWriter {
   virtual void Abort() = 0;
 };
 
+// How a new object is created.
+struct WriterOptions {
+  // Local disk: fchown the temp file before the rename, so the object
+  // appears owned by it. A process that may not give files away (EPERM: not
+  // root) leaves the object owned by itself; Stat() reports the real owner.
+  // Stores without owners ignore it.
+  std::optional<uid_t> owner_uid;
+  // Local disk: permission bits (fchmod before the rename; default 0600).
+  std::optional<mode_t> mode;
+};
+
+struct ObjectInfo {
+  uint64_t size = 0;
+  std::optional<uid_t> owner_uid;  // absent on stores without owners
+};
+
+// One open object. Used by one thread at a time.
+class ObjectReader {
+ public:
+  virtual ~ObjectReader() = default;
+  // The object's size when it was opened.
+  virtual uint64_t size() const = 0;
+  // Reads [offset, offset+len) into dst, with several reads in flight (the
+  // queue depth and request size of the backend's options). A range past
+  // the object's end is DataLoss naming the key.
+  [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) = 0;
+};
+
 struct BackendStats {
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
@@ -55,20 +92,37 @@ class Backend {
   virtual std::string name() const = 0;
 
   // Starts a new object of exactly `size` bytes.
-  virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
-      std::string_view key, uint64_t size) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size, const WriterOptions& options) = 0;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size) {
+    return NewObjectWriter(key, size, WriterOptions{});
+  }
   // Writes a small object in one call (manifests). Durable on return.
   [[nodiscard]] virtual absl::Status PutSmallObject(std::string_view key,
                                                     std::string_view contents) = 0;
 
-  // NotFound if the key does not exist.
-  virtual absl::StatusOr<uint64_t> ObjectSize(std::string_view key) = 0;
-  // Reads [offset, offset+len) of the object into dst, with several reads in
-  // flight. A short object is DataLoss naming the key.
-  [[nodiscard]] virtual absl::Status ReadAt(std::string_view key, uint64_t offset,
-                                            void* dst, uint64_t len) = 0;
+  // Opens a committed object for reading. NotFound if the key does not exist.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(
+      std::string_view key) = 0;
+  // Size and owner of a committed object. NotFound if the key does not exist.
+  [[nodiscard]] virtual absl::StatusOr<ObjectInfo> Stat(std::string_view key) = 0;
+  // An absolute path a process on this machine may open to read the object
+  // itself; only local-directory backends have one. The object need not exist.
+  virtual std::optional<std::string> LocalPath(std::string_view key) const {
+    return std::nullopt;
+  }
+
+  // Conveniences over Stat and NewObjectReader, kept while callers convert
+  // (each ReadAt opens the object: a caller reading an object in pieces
+  // opens one reader instead).
+  [[nodiscard]] absl::StatusOr<uint64_t> ObjectSize(std::string_view key);
+  [[nodiscard]] absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst,
+                                    uint64_t len);
+
   // Every committed key that starts with prefix, sorted.
-  virtual absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> List(
+      std::string_view prefix) = 0;
   // Deletes one object (OK if absent).
   [[nodiscard]] virtual absl::Status Delete(std::string_view key) = 0;
   // Deletes every object under prefix, and (local disk) the emptied
@@ -78,10 +132,54 @@ class Backend {
   // Memory the backend may do I/O from or into without copying (io_uring
   // registered buffers). Optional: a backend may ignore it. The region must
   // stay mapped until UnregisterMemory.
-  virtual absl::Status RegisterMemory(void* base, uint64_t len) { return absl::OkStatus(); }
+  [[nodiscard]] virtual absl::Status RegisterMemory(void* base, uint64_t len) {
+    return absl::OkStatus();
+  }
   virtual void UnregisterMemory(void* base) {}
 
   virtual BackendStats stats() const = 0;
+};
+
+// Forwards every call to a target Backend it does not own (RocksDB's
+// FileSystemWrapper). A subclass overrides only the calls it changes; its
+// `using BackendWrapper::NewObjectWriter;` keeps the two-argument overload
+// visible. Thread-safe as the target is.
+class BackendWrapper : public Backend {
+ public:
+  explicit BackendWrapper(Backend* target) : target_(target) {}
+  Backend* target() const { return target_; }
+
+  using Backend::NewObjectWriter;
+  std::string name() const override { return target_->name(); }
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size, const WriterOptions& options) override {
+    return target_->NewObjectWriter(key, size, options);
+  }
+  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
+    return target_->PutSmallObject(key, contents);
+  }
+  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override {
+    return target_->NewObjectReader(key);
+  }
+  absl::StatusOr<ObjectInfo> Stat(std::string_view key) override { return target_->Stat(key); }
+  std::optional<std::string> LocalPath(std::string_view key) const override {
+    return target_->LocalPath(key);
+  }
+  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override {
+    return target_->List(prefix);
+  }
+  absl::Status Delete(std::string_view key) override { return target_->Delete(key); }
+  absl::Status DeletePrefix(std::string_view prefix) override {
+    return target_->DeletePrefix(prefix);
+  }
+  absl::Status RegisterMemory(void* base, uint64_t len) override {
+    return target_->RegisterMemory(base, len);
+  }
+  void UnregisterMemory(void* base) override { target_->UnregisterMemory(base); }
+  BackendStats stats() const override { return target_->stats(); }
+
+ private:
+  Backend* const target_;
 };
 
 struct LocalBackendOptions {
@@ -99,7 +197,9 @@ struct LocalBackendOptions {
 // Local disk. Commit: write "<key>.tmp.<nonce>", fsync, rename to key,
 // fsync the directory. Keys ending in ".tmp.*" are never listed; a new
 // backend on the same root removes leftovers of a crash.
-absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(LocalBackendOptions options);
+// LocalPath(key) is "<root>/<key>" with root made absolute.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(
+    LocalBackendOptions options);
 
 }  // namespace ckpt::storage
 

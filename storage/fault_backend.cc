@@ -115,10 +115,27 @@ class FaultWriter : public ObjectWriter {
   std::shared_ptr<FaultWriterCore> core_;
 };
 
+// Every read checks the crash flag first; the bytes come from the target.
+class FaultReader : public ObjectReader {
+ public:
+  FaultReader(std::shared_ptr<FaultInjectionBackend::State> state,
+              std::unique_ptr<ObjectReader> base)
+      : state_(std::move(state)), base_(std::move(base)) {}
+  uint64_t size() const override { return base_->size(); }
+  absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) override {
+    CKPT_RETURN_IF_ERROR(state_->Alive());
+    return base_->ReadAt(offset, dst, len);
+  }
+
+ private:
+  std::shared_ptr<FaultInjectionBackend::State> state_;
+  std::unique_ptr<ObjectReader> base_;
+};
+
 }  // namespace
 
 FaultInjectionBackend::FaultInjectionBackend(Backend* base)
-    : base_(base), state_(std::make_shared<State>()) {}
+    : BackendWrapper(base), state_(std::make_shared<State>()) {}
 FaultInjectionBackend::~FaultInjectionBackend() = default;
 
 void FaultInjectionBackend::FailNthWrite(int n, int err) {
@@ -168,12 +185,15 @@ void FaultInjectionBackend::Restart() {
   state_->crashed = false;
 }
 
-std::string FaultInjectionBackend::name() const { return absl::StrCat("fault(", base_->name(), ")"); }
+std::string FaultInjectionBackend::name() const {
+  return absl::StrCat("fault(", target()->name(), ")");
+}
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> FaultInjectionBackend::NewObjectWriter(
-    std::string_view key, uint64_t size) {
+    std::string_view key, uint64_t size, const WriterOptions& options) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> base, base_->NewObjectWriter(key, size));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> base,
+                        target()->NewObjectWriter(key, size, options));
   auto core = std::make_shared<FaultWriterCore>();
   core->base = std::move(base);
   core->key = std::string(key);
@@ -188,39 +208,34 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> FaultInjectionBackend::NewObjectWr
 absl::Status FaultInjectionBackend::PutSmallObject(std::string_view key, std::string_view contents) {
   CKPT_RETURN_IF_ERROR(state_->NextWrite(key, contents.size()));
   CKPT_RETURN_IF_ERROR(state_->NextCommit(key));
-  return base_->PutSmallObject(key, contents);
+  return target()->PutSmallObject(key, contents);
 }
 
-absl::StatusOr<uint64_t> FaultInjectionBackend::ObjectSize(std::string_view key) {
+absl::StatusOr<std::unique_ptr<ObjectReader>> FaultInjectionBackend::NewObjectReader(
+    std::string_view key) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  return base_->ObjectSize(key);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> base, target()->NewObjectReader(key));
+  return std::unique_ptr<ObjectReader>(new FaultReader(state_, std::move(base)));
 }
 
-absl::Status FaultInjectionBackend::ReadAt(std::string_view key, uint64_t offset, void* dst,
-                                           uint64_t len) {
+absl::StatusOr<ObjectInfo> FaultInjectionBackend::Stat(std::string_view key) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  return base_->ReadAt(key, offset, dst, len);
+  return target()->Stat(key);
 }
 
 absl::StatusOr<std::vector<std::string>> FaultInjectionBackend::List(std::string_view prefix) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  return base_->List(prefix);
+  return target()->List(prefix);
 }
 
 absl::Status FaultInjectionBackend::Delete(std::string_view key) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  return base_->Delete(key);
+  return target()->Delete(key);
 }
 
 absl::Status FaultInjectionBackend::DeletePrefix(std::string_view prefix) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  return base_->DeletePrefix(prefix);
+  return target()->DeletePrefix(prefix);
 }
-
-absl::Status FaultInjectionBackend::RegisterMemory(void* base, uint64_t len) {
-  return base_->RegisterMemory(base, len);
-}
-void FaultInjectionBackend::UnregisterMemory(void* base) { base_->UnregisterMemory(base); }
-BackendStats FaultInjectionBackend::stats() const { return base_->stats(); }
 
 }  // namespace ckpt::storage

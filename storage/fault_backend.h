@@ -1,5 +1,5 @@
-// FaultInjectionBackend: a forwarding Backend for tests (after RocksDB's
-// FaultInjectionTestFS). It fails the Nth write or commit with a chosen
+// FaultInjectionBackend: a BackendWrapper for tests (after RocksDB's
+// FaultInjectionTestFS) that overrides only the calls it injects faults into. It fails the Nth write or commit with a chosen
 // errno, runs out of space past a byte budget, and simulates a crash: every
 // object whose Commit() had not returned OK loses its data, and calls fail
 // with Unavailable until Restart(). Tests then reopen and check that exactly
@@ -13,10 +13,11 @@
 
 namespace ckpt::storage {
 
-class FaultInjectionBackend : public Backend {
+class FaultInjectionBackend : public BackendWrapper {
  public:
   // Does not own base; base must outlive this.
   explicit FaultInjectionBackend(Backend* base);
+  using BackendWrapper::NewObjectWriter;
   ~FaultInjectionBackend() override;
 
   // The Nth WriteAt (1-based, counted from now, across writers) fails with err.
@@ -31,23 +32,19 @@ class FaultInjectionBackend : public Backend {
   void Restart();
 
   std::string name() const override;
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(std::string_view key,
-                                                                uint64_t size) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size, const WriterOptions& options) override;
   absl::Status PutSmallObject(std::string_view key, std::string_view contents) override;
-  absl::StatusOr<uint64_t> ObjectSize(std::string_view key) override;
-  absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst,
-                      uint64_t len) override;
+  // Readers fail once a crash is simulated, like every other call.
+  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override;
+  absl::StatusOr<ObjectInfo> Stat(std::string_view key) override;
   absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override;
   absl::Status Delete(std::string_view key) override;
   absl::Status DeletePrefix(std::string_view prefix) override;
-  absl::Status RegisterMemory(void* base, uint64_t len) override;
-  void UnregisterMemory(void* base) override;
-  BackendStats stats() const override;
 
   struct State;
 
  private:
-  Backend* base_;
   std::shared_ptr<State> state_;
 };
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -71,8 +72,8 @@ class LocalBackend;
 
 class LocalWriter : public ObjectWriter {
  public:
-  LocalWriter(LocalBackend* backend, std::string key, uint64_t size)
-      : backend_(backend), key_(std::move(key)), size_(size) {}
+  LocalWriter(LocalBackend* backend, std::string key, uint64_t size, WriterOptions options)
+      : backend_(backend), key_(std::move(key)), size_(size), wopts_(std::move(options)) {}
   ~LocalWriter() override { Abort(); }
   absl::Status Open();
   absl::Status WriteAt(uint64_t offset, const void* data, uint64_t len) override;
@@ -81,15 +82,37 @@ class LocalWriter : public ObjectWriter {
 
  private:
   absl::Status Durable();
+  absl::Status ApplyOwnerAndMode();
 
   LocalBackend* const backend_;
   const std::string key_;
   const uint64_t size_;
+  const WriterOptions wopts_;
   std::string path_, tmp_path_;
   int direct_fd_ = -1, buffered_fd_ = -1;
   std::unique_ptr<IoQueue> queue_;
   uint64_t bytes_ = 0;
   bool done_ = false;
+};
+
+// One open object: both descriptors are opened once; each ReadAt borrows a
+// ring for its requests and returns it.
+class LocalReader : public ObjectReader {
+ public:
+  LocalReader(LocalBackend* backend, std::string path) : backend_(backend), path_(std::move(path)) {}
+  ~LocalReader() override {
+    CloseFd(&direct_fd_);
+    CloseFd(&buffered_fd_);
+  }
+  absl::Status Open();
+  uint64_t size() const override { return size_; }
+  absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) override;
+
+ private:
+  LocalBackend* const backend_;
+  const std::string path_;
+  int direct_fd_ = -1, buffered_fd_ = -1;
+  uint64_t size_ = 0;
 };
 
 class LocalBackend : public Backend {
@@ -99,10 +122,14 @@ class LocalBackend : public Backend {
 
   absl::Status Init() {
     if (options_.root.empty()) return absl::InvalidArgumentError("root: empty");
-    while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
     std::error_code ec;
     std::filesystem::create_directories(options_.root, ec);
     if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create root ", options_.root));
+    // Absolute, so LocalPath() names the object for any process.
+    std::filesystem::path abs = std::filesystem::absolute(options_.root, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("absolute path of root ", options_.root));
+    options_.root = abs.lexically_normal().string();
+    while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
     if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
     if (!options_.remove_tmp_files) return absl::OkStatus();
     return internal::RemoveTmpFiles(options_.root);
@@ -122,52 +149,45 @@ class LocalBackend : public Backend {
     return absl::StrFormat("%d-%x-%d", getpid(), salt & 0xffffff, counter.fetch_add(1));
   }
 
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(std::string_view key,
-                                                                uint64_t size) override {
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size, const WriterOptions& options) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    auto writer = std::make_unique<LocalWriter>(this, std::string(key), size);
+    auto writer = std::make_unique<LocalWriter>(this, std::string(key), size, options);
     CKPT_RETURN_IF_ERROR(writer->Open());
     return std::unique_ptr<ObjectWriter>(std::move(writer));
   }
 
   absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
-    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, NewObjectWriter(key, contents.size()));
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, NewObjectWriter(key, contents.size(), {}));
     CKPT_RETURN_IF_ERROR(writer->WriteAt(0, contents.data(), contents.size()));
     return writer->Commit();
   }
 
-  absl::StatusOr<uint64_t> ObjectSize(std::string_view key) override {
+  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override {
+    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
+    auto reader = std::make_unique<LocalReader>(this, Path(key));
+    CKPT_RETURN_IF_ERROR(reader->Open());
+    return std::unique_ptr<ObjectReader>(std::move(reader));
+  }
+
+  absl::StatusOr<ObjectInfo> Stat(std::string_view key) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
     struct stat st;
     const std::string path = Path(key);
     if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
     if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
-    return static_cast<uint64_t>(st.st_size);
+    ObjectInfo info;
+    info.size = static_cast<uint64_t>(st.st_size);
+    info.owner_uid = st.st_uid;
+    return info;
   }
 
-  absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst, uint64_t len) override {
-    CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    const std::string path = Path(key);
-    int direct, buffered;
-    CKPT_RETURN_IF_ERROR(OpenPair(path, O_RDONLY, options_.direct_io && len >= kAlign, &direct, &buffered));
-    absl::Status s;
-    struct stat st;
-    if (fstat(buffered, &st) != 0) {
-      s = ErrnoToStatus(errno, absl::StrCat("fstat ", path));
-    } else if (offset > static_cast<uint64_t>(st.st_size) || len > st.st_size - offset) {
-      s = absl::DataLossError(absl::StrFormat("%s: object has %d bytes, read of [%d, %d) is past its end",
-                                              path, st.st_size, offset, offset + len));
-    } else {
-      std::unique_ptr<IoQueue> q = NewQueue(IoOp::kRead, path);
-      s = QueuePiece(*q, direct, buffered, static_cast<char*>(dst), offset, len);
-      absl::Status f = q->Finish();
-      if (s.ok()) s = f;
-    }
-    CloseFd(&direct);
-    CloseFd(&buffered);
-    if (s.ok()) bytes_read_ += len;
-    return s;
+  std::optional<std::string> LocalPath(std::string_view key) const override {
+    if (!internal::ValidateKey(key).ok()) return std::nullopt;
+    return Path(key);
   }
+
+  void CountRead(uint64_t bytes) { bytes_read_ += bytes; }
 
   absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override {
     CKPT_RETURN_IF_ERROR(internal::ValidatePrefix(prefix));
@@ -246,8 +266,46 @@ absl::Status LocalWriter::Open() {
       return s;
     }
   }
+  if (absl::Status s = ApplyOwnerAndMode(); !s.ok()) {
+    Abort();
+    return s;
+  }
   queue_ = backend_->NewQueue(IoOp::kWrite, tmp_path_);
   return absl::OkStatus();
+}
+
+// Before the rename, so the object is never visible with the wrong owner or
+// mode.
+absl::Status LocalWriter::ApplyOwnerAndMode() {
+  if (wopts_.mode.has_value() && fchmod(buffered_fd_, *wopts_.mode) != 0)
+    return ErrnoToStatus(errno, absl::StrFormat("fchmod %o %s", *wopts_.mode, tmp_path_));
+  if (wopts_.owner_uid.has_value() &&
+      fchown(buffered_fd_, *wopts_.owner_uid, static_cast<gid_t>(-1)) != 0 && errno != EPERM)
+    return ErrnoToStatus(errno, absl::StrFormat("fchown %d %s", *wopts_.owner_uid, tmp_path_));
+  return absl::OkStatus();
+}
+
+absl::Status LocalReader::Open() {
+  CKPT_RETURN_IF_ERROR(
+      OpenPair(path_, O_RDONLY, backend_->options().direct_io, &direct_fd_, &buffered_fd_));
+  struct stat st;
+  if (fstat(buffered_fd_, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", path_));
+  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path_, ": not a regular file"));
+  size_ = static_cast<uint64_t>(st.st_size);
+  return absl::OkStatus();
+}
+
+absl::Status LocalReader::ReadAt(uint64_t offset, void* dst, uint64_t len) {
+  if (offset > size_ || len > size_ - offset)
+    return absl::DataLossError(absl::StrFormat(
+        "%s: object has %d bytes, read of [%d, %d) is past its end", path_, size_, offset, offset + len));
+  if (len == 0) return absl::OkStatus();
+  std::unique_ptr<IoQueue> q = backend_->NewQueue(IoOp::kRead, path_);
+  absl::Status s = QueuePiece(*q, direct_fd_, buffered_fd_, static_cast<char*>(dst), offset, len);
+  absl::Status f = q->Finish();
+  if (s.ok()) s = f;
+  if (s.ok()) backend_->CountRead(len);
+  return s;
 }
 
 absl::Status LocalWriter::WriteAt(uint64_t offset, const void* data, uint64_t len) {

@@ -304,14 +304,4 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
   return info;
 }
 
-std::string StepPrefix(std::string_view job, uint64_t step) {
-  return absl::StrFormat("%s/step-%020d/", AV(job), step);
-}
-std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank) {
-  return absl::StrFormat("%srank-%05d.shard", StepPrefix(job, step), rank);
-}
-std::string ManifestKey(std::string_view job, uint64_t step) {
-  return StepPrefix(job, step) + "MANIFEST";
-}
-
 }  // namespace ckpt::storage

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt/tensor.h"
+#include "storage/keys.h"  // the keys moved there; kept for old includers
 
 namespace ckpt::storage {
 
@@ -125,11 +126,6 @@ absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block);
 absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
                                               std::span<const char> footer_block,
                                               uint64_t file_bytes);
-
-// Storage keys (relative paths) of a job's shards and manifests.
-std::string StepPrefix(std::string_view job, uint64_t step);     // "job/step-00000000000000000042/"
-std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank);  // ".../rank-00000.shard"
-std::string ManifestKey(std::string_view job, uint64_t step);    // ".../MANIFEST"
 
 }  // namespace ckpt::storage
 

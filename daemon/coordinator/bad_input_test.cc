@@ -3,7 +3,7 @@
 #include <fstream>
 
 #include "daemon/coordinator/coordinator_testing.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -137,7 +137,7 @@ TEST_F(BadInputTest, RollbackToStepNotDurableEverywhereIsRejected) {
 TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
   MakeDurable(4);
   MakeDurable(8);
-  std::string path = dir_.path() + "/shared/" + GlobalManifestKey("job", 8);
+  std::string path = dir_.path() + "/shared/" + storage::GlobalManifestKey("job", 8);
   std::ofstream(path, std::ios::trunc) << "{\"format\": not json";
   v1::RollbackRequest req;
   req.set_job("job");
@@ -151,8 +151,8 @@ TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
 }
 
 TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
-  v1::GlobalManifest m;
-  m.set_format(kGlobalManifestFormat);
+  storage::v1::GlobalManifest m;
+  m.set_format(storage::kGlobalManifestFormat);
   m.set_job("j");
   m.set_step(3);
   m.set_world_size(2);
@@ -160,16 +160,16 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
     auto* s = m.add_shards();
     s->set_rank(r);
     s->set_key("j/k" + std::to_string(r));
-    s->set_checksum_digest(DigestHex(r));
+    s->set_checksum_digest(storage::DigestHex(r));
   }
-  std::string json = EncodeGlobalManifest(m);
-  ASSERT_TRUE(DecodeGlobalManifest(json, "k", "j", 3).ok());
-  auto expect_error = [&](v1::GlobalManifest bad, const std::string& field) {
-    auto d = DecodeGlobalManifest(EncodeGlobalManifest(bad), "k", "j", 3);
+  std::string json = storage::EncodeGlobalManifest(m);
+  ASSERT_TRUE(storage::DecodeGlobalManifest(json, "k", "j", 3).ok());
+  auto expect_error = [&](storage::v1::GlobalManifest bad, const std::string& field) {
+    auto d = storage::DecodeGlobalManifest(storage::EncodeGlobalManifest(bad), "k", "j", 3);
     EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
     EXPECT_NE(d.status().message().find(field), absl::string_view::npos) << d.status();
   };
-  v1::GlobalManifest bad = m;
+  storage::v1::GlobalManifest bad = m;
   bad.set_step(4);
   expect_error(bad, "step");
   bad = m;
@@ -181,7 +181,7 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
   bad = m;
   bad.mutable_shards()->RemoveLast();
   expect_error(bad, "shards");
-  EXPECT_EQ(DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(storage::DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -207,8 +207,8 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(const v1::Repor
                                                        " at epoch ", req.epoch()));
     else if (same_owner && (prior->bytes() != req.bytes() || prior->checksum_digest() != req.checksum_digest()))
       job = absl::InvalidArgumentError(absl::StrCat(
-          "bytes/checksum_digest: ", req.bytes(), "/", DigestHex(req.checksum_digest()), " for step ", req.step(),
-          " rank ", req.rank(), " differ from the staged ", prior->bytes(), "/", DigestHex(prior->checksum_digest())));
+          "bytes/checksum_digest: ", req.bytes(), "/", storage::DigestHex(req.checksum_digest()), " for step ", req.step(),
+          " rank ", req.rank(), " differ from the staged ", prior->bytes(), "/", storage::DigestHex(prior->checksum_digest())));
   }
   if (!job.ok()) {
     CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
@@ -289,8 +289,8 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
   } else if (it->second.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE) {
     s = absl::FailedPreconditionError(absl::StrCat("job: ", req.job(), " has ranks without a host"));
   }
-  absl::StatusOr<v1::GlobalManifest> manifest =
-      s.ok() ? ReadGlobalManifest(shared_.get(), req.job(), req.step()) : absl::StatusOr<v1::GlobalManifest>(s);
+  absl::StatusOr<storage::v1::GlobalManifest> manifest =
+      s.ok() ? storage::ReadGlobalManifest(*shared_, req.job(), req.step()) : absl::StatusOr<storage::v1::GlobalManifest>(s);
   if (!manifest.ok()) {
     if (s.ok()) LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
     CKPT_RETURN_IF_ERROR(CommitLocked(&batch));

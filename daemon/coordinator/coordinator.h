@@ -48,6 +48,7 @@
 #include "coordinator.pb.h"
 #include "daemon/coordinator/store.h"
 #include "storage/backend.h"
+#include "storage/manifest.h"
 
 namespace ckpt::coordinator {
 
@@ -123,7 +124,7 @@ class Coordinator {
   void DropStepsAfterLocked(Batch* batch, JobState& job, std::optional<uint64_t> step);
   void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
   void IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
-                         const v1::GlobalManifest* manifest);
+                         const storage::v1::GlobalManifest* manifest);
   absl::Status MaybeCommitStepLocked(Batch* batch, JobState& job, uint64_t step,
                                      v1::ReportShardResponse* resp);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/coordinator/coordinator.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 
 namespace ckpt::coordinator {
 
@@ -142,9 +142,9 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
   }
   std::optional<uint64_t> step = RestoreStepLocked(job);
   DropStepsAfterLocked(batch, job, step);
-  std::optional<v1::GlobalManifest> manifest;
+  std::optional<storage::v1::GlobalManifest> manifest;
   if (step && job.steps.count(*step) == 0) {
-    absl::StatusOr<v1::GlobalManifest> m = ReadGlobalManifest(shared_.get(), name, *step);
+    absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, *step);
     if (m.ok()) manifest = std::move(*m);
     else LogLocked(batch, v1::MANIFEST_INVALID, name, "", std::string(m.status().message()));
   }
@@ -156,7 +156,7 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
 }
 
 void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
-                                    const v1::GlobalManifest* manifest) {
+                                    const storage::v1::GlobalManifest* manifest) {
   const std::string& name = job.rec.job();
   std::map<std::string, std::vector<uint32_t>> ranks_by_host;
   for (uint32_t r = 0; r < job.rec.world_size(); ++r) ranks_by_host[job.rec.rank_node(r)].push_back(r);
@@ -215,23 +215,23 @@ absl::Status Coordinator::MaybeCommitStepLocked(Batch* batch, JobState& job, uin
   resp->set_durable_everywhere(true);
   const auto& done = job.rec.manifest_steps();
   if (std::find(done.begin(), done.end(), step) != done.end()) return absl::OkStatus();
-  v1::GlobalManifest m;
-  m.set_format(kGlobalManifestFormat);
+  storage::v1::GlobalManifest m;
+  m.set_format(storage::kGlobalManifestFormat);
   m.set_job(job.rec.job());
   m.set_step(step);
   m.set_world_size(job.rec.world_size());
   uint64_t total = 0;
   for (const auto& [rank, rec] : shards) {
-    v1::ManifestShard* s = m.add_shards();
+    storage::v1::ManifestShard* s = m.add_shards();
     s->set_rank(rank);
     s->set_key(rec.key());
     s->set_bytes(rec.bytes());
-    s->set_checksum_digest(DigestHex(rec.checksum_digest()));
+    s->set_checksum_digest(storage::DigestHex(rec.checksum_digest()));
     s->set_node_id(rec.node_id());
     total += rec.bytes();
   }
   // The manifest is durable before the state says the step is good.
-  absl::Status s = WriteGlobalManifest(shared_.get(), m);
+  absl::Status s = storage::WriteGlobalManifest(*shared_, m);
   if (!s.ok()) return s;
   job.rec.add_manifest_steps(step);
   if (!job.rec.has_last_good() || step > job.rec.last_good_step()) {
@@ -246,7 +246,7 @@ absl::Status Coordinator::MaybeCommitStepLocked(Batch* batch, JobState& job, uin
   batch->PutJob(job.rec);
   LogLocked(batch, v1::STEP_DURABLE, job.rec.job(), "",
             absl::StrCat("step ", step, ": ", total, " bytes on ", job.rec.world_size(),
-                         " ranks; manifest ", GlobalManifestKey(job.rec.job(), step)));
+                         " ranks; manifest ", storage::GlobalManifestKey(job.rec.job(), step)));
   return absl::OkStatus();
 }
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/coordinator/coordinator.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {
@@ -84,7 +84,7 @@ absl::Status Coordinator::VerifyManifestsLocked() {
   for (auto& [name, job] : jobs_) {
     while (job.rec.has_last_good()) {
       uint64_t step = job.rec.last_good_step();
-      absl::StatusOr<v1::GlobalManifest> m = ReadGlobalManifest(shared_.get(), name, step);
+      absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, step);
       if (m.ok()) break;
       LogLocked(&batch, v1::MANIFEST_INVALID, name, "",
                 absl::StrCat("step ", step, ": ", m.status().message()));

@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "daemon/coordinator/coordinator_testing.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -25,7 +25,7 @@ class TwoNodeTest : public CoordinatorTest {
     }
   }
   std::string ManifestPath(uint64_t step) {
-    return dir_.path() + "/shared/" + GlobalManifestKey("job", step);
+    return dir_.path() + "/shared/" + storage::GlobalManifestKey("job", step);
   }
   uint64_t e1_ = 0, e2_ = 0, es_ = 0;
 };
@@ -62,11 +62,11 @@ TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
   bo.remove_tmp_files = false;
   auto backend = storage::NewLocalBackend(bo);
   ASSERT_TRUE(backend.ok());
-  auto m = ReadGlobalManifest(backend->get(), "job", 10);
+  auto m = storage::ReadGlobalManifest(**backend, "job", 10);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->shards_size(), 4);
   EXPECT_EQ(m->shards(3).bytes(), 1003u);
-  EXPECT_EQ(m->shards(3).checksum_digest(), DigestHex(0xabc3));
+  EXPECT_EQ(m->shards(3).checksum_digest(), storage::DigestHex(0xabc3));
   EXPECT_EQ(m->shards(3).key(), "job/step-10/rank-3");
 }
 

@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator.grpc.pb.h"
-#include "daemon/coordinator/manifest.h"
+#include "storage/manifest.h"
 #include "storage/test_tempdir.h"
 
 namespace ckpt::coordinator {
@@ -138,7 +138,7 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
     ASSERT_TRUE(Report(stub.get(), "n1", e1, 0, state).ok());
     ASSERT_TRUE(Report(stub.get(), "n2", e2, 1, state).ok());
   }
-  EXPECT_TRUE(std::filesystem::exists(shared() + "/" + GlobalManifestKey("job", 5)));
+  EXPECT_TRUE(std::filesystem::exists(shared() + "/" + storage::GlobalManifestKey("job", 5)));
 
   // SIGKILL and restart on the same state: everything is still known.
   coord->Kill(SIGKILL);

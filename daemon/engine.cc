@@ -394,7 +394,10 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
           absl::StrCat("BUSY: every usable slot of job '", req.job(), "' rank ", req.rank(),
                        " is taken; the others could not be reserved: ",
                        rank->reserve_error.message()));
-    if (!req.block())
+    // Slots still being readied by the prefaulter are not busy: wait for
+    // them even when the caller does not want to block on busy slots.
+    const bool readying = rank->ready_slots < rank->slots.size();
+    if (!req.block() && !readying)
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));

@@ -38,6 +38,7 @@
 #include "daemon/prefaulter.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
+#include "storage/keys.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
@@ -55,8 +56,8 @@ struct ShardReport {
 };
 
 struct EngineOptions {
-  // Local root of the storage backend: lets clients read shard files
-  // themselves; empty when the backend is not a local directory.
+  // Unused by the engine (the backend's LocalPath() says where a client
+  // can read a shard file itself); kept for daemon/options.cc.
   std::string local_root;
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
   uint32_t retain_steps = 3;         // durable steps kept per job
@@ -235,16 +236,26 @@ class Engine {
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
+  // Restore's one decision: the path the caller may read the durable
+  // shard's file from itself (a local file of the recorded size that the
+  // caller's uid can open), or nullopt: the daemon loads it into a slot.
+  // Stats the file (metadata only) with mu_ held.
+  std::optional<std::string> ClientReadablePath(const PeerCreds& peer, const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   absl::StatusOr<Shard*> LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                          const std::string& job, uint64_t step, uint32_t rank,
                                          double* load_s);
-  std::string NodeManifestKey(const std::string& job, uint64_t step) const;
+  // This node's manifest of a step (storage/keys.h).
+  std::string NodeManifestKey(const std::string& job, uint64_t step) const {
+    return storage::ManifestKey(job, step, options_.node_id);
+  }
   // A rank's shard file. In cluster mode it names the node too: a fenced
   // node that wakes up mid-persist must not replace the file its
   // replacement wrote for the same step and rank.
-  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const;
+  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
+    return storage::ShardKey(job, step, rank, options_.node_id);
+  }
   void ReportLocked(const Shard& shard, bool durable) const;
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"
 #include "util/status.h"
@@ -109,19 +110,16 @@ void Engine::PersistShard(const Task& task) {
     // The checksum pass runs on another core while the write is in flight.
     auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),
                              std::cref(has_checksum));
-    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes);
+    // The job's uid owns its shards, so its trainers can read them directly.
+    storage::WriterOptions wo;
+    wo.owner_uid = owner_uid;
+    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes, wo);
     s = writer.status();
     if (s.ok()) s = (*writer)->WriteAt(0, image, info.layout.image_bytes);
     absl::Status v = verify.get();
     if (s.ok()) s = v;
     if (s.ok()) s = (*writer)->Commit();
     else if (writer.ok()) (*writer)->Abort();
-  }
-  if (s.ok() && !options_.local_root.empty()) {
-    // The job's uid owns its shards, so its trainers can read them directly.
-    std::string path = options_.local_root + "/" + key;
-    if (chown(path.c_str(), owner_uid, static_cast<gid_t>(-1)) != 0 && errno != EPERM)
-      LogWarning(absl::StrCat("chown ", path, ": ", std::strerror(errno)));
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -225,7 +223,7 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
 }
 
 void Engine::WriteManifest(const Task& task) {
-  std::string json;
+  storage::v1::NodeManifest m;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
@@ -234,19 +232,19 @@ void Engine::WriteManifest(const Task& task) {
     if (step == job->second.steps.end() || step->second.manifest) return;
     bool durable = false;
     if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    json = absl::StrFormat(R"({"format":"ckptd-manifest-v1","job":"%s","step":%d,"world_size":%d,"shards":[)",
-                           task.job, task.step, job->second.rec.world_size());
-    bool first = true;
+    m.set_job(task.job);
+    m.set_step(task.step);
+    m.set_world_size(job->second.rec.world_size());
     for (const auto& [r, shard] : step->second.shards) {
-      uint64_t combined = ShardDigest(shard.rec.tensors());
-      absl::StrAppendFormat(&json, R"(%s{"rank":%d,"key":"%s","bytes":%d,"tensors":%d,"checksums_digest":"%016x"})",
-                            first ? "" : ",", r, shard.rec.path(), shard.rec.image_bytes(),
-                            shard.rec.tensors_size(), combined);
-      first = false;
+      storage::v1::NodeManifestShard* ms = m.add_shards();
+      ms->set_rank(r);
+      ms->set_key(shard.rec.path());
+      ms->set_bytes(shard.rec.image_bytes());
+      ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
+      ms->set_checksums_digest(storage::DigestHex(ShardDigest(shard.rec.tensors())));
     }
-    json += "]}\n";
   }
-  absl::Status s = backend_->PutSmallObject(NodeManifestKey(task.job, task.step), json);
+  absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));

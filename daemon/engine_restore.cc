@@ -47,13 +47,15 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
-  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read() &&
-      !options_.local_root.empty()) {
+  std::optional<std::string> path;
+  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read())
+    path = ClientReadablePath(peer, *shard);
+  if (path) {
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
                          ": the client reads ", shard->rec.path()));
     resp.set_source(v1::RESTORE_SOURCE_FILE);
-    resp.set_path(options_.local_root + "/" + shard->rec.path());
+    resp.set_path(*path);
     resp.set_image_bytes(shard->rec.image_bytes());
     *resp.mutable_tensors() = shard->rec.tensors();
     return resp;
@@ -81,6 +83,19 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   resp.set_image_bytes(shard->rec.image_bytes());
   *resp.mutable_tensors() = shard->rec.tensors();
   return resp;
+}
+
+std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
+                                                      const Shard& shard) {
+  std::optional<std::string> path = backend_->LocalPath(shard.rec.path());
+  if (!path) return std::nullopt;  // no local file: the daemon loads it
+  auto object = backend_->Stat(shard.rec.path());
+  if (!object.ok() || object->size != shard.rec.image_bytes()) return std::nullopt;
+  // The caller opens the file with its own credentials: root, or the
+  // file's owner (the persister creates it owned by the job's uid).
+  if (peer.uid != 0 && (!object->owner_uid || *object->owner_uid != peer.uid))
+    return std::nullopt;
+  return path;
 }
 
 absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
@@ -131,7 +146,15 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
+  absl::Status st;
+  {
+    auto reader = backend_->NewObjectReader(key);  // one open, then one read
+    st = reader.status();
+    if (st.ok() && (*reader)->size() != bytes)
+      st = absl::DataLossError(absl::StrCat(key, ": ", (*reader)->size(),
+                                            " bytes, the catalog recorded ", bytes));
+    if (st.ok()) st = (*reader)->ReadAt(0, dst, bytes);
+  }
   if (st.ok()) st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   LogInfo(absl::StrCat("load ", key, ": read ", bytes, " bytes in ", *load_s, " s",

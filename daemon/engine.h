@@ -13,7 +13,14 @@
 // released, so a trainer killed mid-save leaves no slot locked.
 //
 // Thread-safety: all methods are safe to call concurrently. One mutex
-// guards the state; disk I/O and checksum passes run outside it.
+// (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
+// release changes its slot, the persister changes slots and shards, and
+// retention drops shards across ranks, so separate locks for these would
+// need an ordering every path keeps (not done). Disk I/O, checksum passes
+// and arena creation run outside it: a rank's arena is created (or grown,
+// beside the old one) with mu_ released while Rank::creating makes other
+// requests for that rank wait; the Prefaulter (its own lock, never held
+// while it calls back) readies the slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 

@@ -27,7 +27,8 @@
 #include <thread>
 
 #include "bench/raw_io.h"
-#include "storage/shard_format.h"
+#include "storage/backend.h"
+#include "storage/keys.h"
 #include "tests/cluster_harness.h"
 #include "tests/harness.h"
 
@@ -172,10 +173,14 @@ int main(int argc, char** argv) {
   // The limit: the lost ranks' shards read back sequentially, raw.
   std::vector<std::string> lost_files;
   uint64_t lost_bytes = 0;
-  // Node b wrote them as "rank-R.b.shard" (cluster mode names the node).
+  // Node b wrote them (cluster mode names the node in the key).
+  ckpt::storage::LocalBackendOptions shared_opts;
+  shared_opts.root = c.shared_root();
+  shared_opts.remove_tmp_files = false;  // only paths are looked up
+  auto shared = ckpt::storage::NewLocalBackend(shared_opts);
+  if (!shared.ok()) return Fail(std::string(shared.status().message()));
   for (uint32_t r : {2u, 3u}) {
-    std::string key = ckpt::storage::ShardKey(o.job, restore_step, r);
-    std::string path = c.shared_root() + "/" + key.substr(0, key.size() - 5) + "b.shard";
+    std::string path = *(*shared)->LocalPath(ckpt::storage::ShardKey(o.job, restore_step, r, "b"));
     std::error_code ec;
     uint64_t size = std::filesystem::file_size(path, ec);
     if (ec) return Fail(path + ": " + ec.message());

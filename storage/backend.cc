@@ -9,8 +9,10 @@ absl::StatusOr<uint64_t> Backend::ObjectSize(std::string_view key) {
   return info.size;
 }
 
-absl::Status Backend::ReadAt(std::string_view key, uint64_t offset, void* dst, uint64_t len) {
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, NewObjectReader(key));
+absl::Status Backend::ReadAt(std::string_view key, uint64_t offset, void* dst,
+                             uint64_t len) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
+                        NewObjectReader(key));
   return reader->ReadAt(offset, dst, len);
 }
 

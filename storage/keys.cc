@@ -21,7 +21,8 @@ absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 // At most a prefix of a bad value goes into a message.
 std::string Quote(std::string_view s) {
-  std::string q = absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
+  std::string q =
+      absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
   if (s.size() > kQuoteBytes) absl::StrAppend(&q, "...");
   return q;
 }
@@ -49,7 +50,8 @@ bool ParseDigits(std::string_view s, uint64_t max, uint64_t* out) {
 absl::Status ParseRank(std::string_view part, uint32_t* rank) {
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank: ", Quote(part), " is not \"rank-\" and at least 5 digits without extra padding"));
+        "rank: ", Quote(part),
+        " is not \"rank-\" and at least 5 digits without extra padding"));
   };
   if (!absl::StartsWith(AV(part), AV(kRankPrefix))) return bad();
   std::string_view digits = part.substr(kRankPrefix.size());
@@ -81,9 +83,12 @@ absl::Status ParseLeaf(std::string_view leaf, ParsedKey* p) {
     p->node = std::string(node);
     return ParseNode(node);
   }
-  if (!absl::StartsWith(AV(leaf), AV(kRankPrefix)) || !absl::EndsWith(AV(leaf), AV(kShardSuffix)))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "name: ", Quote(leaf), " is neither \"rank-R[.<node>].shard\" nor \"MANIFEST[.<node>|.global]\""));
+  if (!absl::StartsWith(AV(leaf), AV(kRankPrefix)) ||
+      !absl::EndsWith(AV(leaf), AV(kShardSuffix)))
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: ", Quote(leaf),
+                     " is neither \"rank-R[.<node>].shard\" nor "
+                     "\"MANIFEST[.<node>|.global]\""));
   p->kind = KeyKind::kShard;
   std::string_view stem = leaf.substr(0, leaf.size() - kShardSuffix.size());
   size_t dot = stem.find('.');
@@ -97,18 +102,24 @@ absl::Status ParseLeaf(std::string_view leaf, ParsedKey* p) {
 
 }  // namespace
 
-std::string JobPrefix(std::string_view job) { return absl::StrCat(AV(job), "/"); }
+std::string JobPrefix(std::string_view job) {
+  return absl::StrCat(AV(job), "/");
+}
 
 std::string StepPrefix(std::string_view job, uint64_t step) {
   return absl::StrFormat("%s/%s%020d/", AV(job), AV(kStepDir), step);
 }
 
-std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank, std::string_view node) {
-  if (node.empty()) return absl::StrFormat("%srank-%05d.shard", StepPrefix(job, step), rank);
-  return absl::StrFormat("%srank-%05d.%s.shard", StepPrefix(job, step), rank, AV(node));
+std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank,
+                     std::string_view node) {
+  if (node.empty())
+    return absl::StrFormat("%srank-%05d.shard", StepPrefix(job, step), rank);
+  return absl::StrFormat("%srank-%05d.%s.shard", StepPrefix(job, step), rank,
+                         AV(node));
 }
 
-std::string ManifestKey(std::string_view job, uint64_t step, std::string_view node) {
+std::string ManifestKey(std::string_view job, uint64_t step,
+                        std::string_view node) {
   std::string key = absl::StrCat(StepPrefix(job, step), AV(kManifest));
   if (!node.empty()) absl::StrAppend(&key, ".", AV(node));
   return key;
@@ -131,8 +142,9 @@ std::string KeyOf(const ParsedKey& p) {
 }
 
 absl::StatusOr<uint64_t> ParseStepDir(std::string_view name) {
-  std::string_view digits =
-      absl::StartsWith(AV(name), AV(kStepDir)) ? name.substr(kStepDir.size()) : std::string_view();
+  std::string_view digits = absl::StartsWith(AV(name), AV(kStepDir))
+                                ? name.substr(kStepDir.size())
+                                : std::string_view();
   uint64_t step;
   if (digits.size() != kStepDigits || !AllDigits(digits) ||
       !ParseDigits(digits, UINT64_MAX, &step))
@@ -143,27 +155,33 @@ absl::StatusOr<uint64_t> ParseStepDir(std::string_view name) {
 
 absl::StatusOr<ParsedKey> ParseKey(std::string_view key) {
   auto bad = [&](const absl::Status& why) {
-    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), ": ", why.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key ", Quote(key), ": ", why.message()));
   };
   size_t first = key.find('/');
   size_t last = key.rfind('/');
-  if (first == std::string_view::npos || first == last || key.find('/', first + 1) != last)
-    return bad(absl::InvalidArgumentError("is not \"<job>/step-<20 digits>/<name>\""));
+  if (first == std::string_view::npos || first == last ||
+      key.find('/', first + 1) != last)
+    return bad(
+        absl::InvalidArgumentError("is not \"<job>/step-<20 digits>/<name>\""));
   ParsedKey p;
   std::string_view job = key.substr(0, first);
   if (absl::Status s = ValidateJobName(job); !s.ok()) return bad(s);
   p.job = std::string(job);
-  absl::StatusOr<uint64_t> step = ParseStepDir(key.substr(first + 1, last - first - 1));
+  absl::StatusOr<uint64_t> step =
+      ParseStepDir(key.substr(first + 1, last - first - 1));
   if (!step.ok()) return bad(step.status());
   p.step = *step;
-  if (absl::Status s = ParseLeaf(key.substr(last + 1), &p); !s.ok()) return bad(s);
+  if (absl::Status s = ParseLeaf(key.substr(last + 1), &p); !s.ok())
+    return bad(s);
   return p;
 }
 
-bool IsShardKeyOf(std::string_view key, std::string_view job, uint64_t step, uint32_t rank) {
+bool IsShardKeyOf(std::string_view key, std::string_view job, uint64_t step,
+                  uint32_t rank) {
   absl::StatusOr<ParsedKey> p = ParseKey(key);
-  return p.ok() && p->kind == KeyKind::kShard && p->job == job && p->step == step &&
-         p->rank == rank;
+  return p.ok() && p->kind == KeyKind::kShard && p->job == job &&
+         p->step == step && p->rank == rank;
 }
 
 }  // namespace ckpt::storage

@@ -34,7 +34,8 @@ std::string StepPrefix(std::string_view job, uint64_t step);
 std::string ShardKey(std::string_view job, uint64_t step, uint32_t rank,
                      std::string_view node = "");
 // ".../MANIFEST", or ".../MANIFEST.<node>" when node is set.
-std::string ManifestKey(std::string_view job, uint64_t step, std::string_view node = "");
+std::string ManifestKey(std::string_view job, uint64_t step,
+                        std::string_view node = "");
 // ".../MANIFEST.global"
 std::string GlobalManifestKey(std::string_view job, uint64_t step);
 
@@ -54,7 +55,8 @@ struct ParsedKey {
 std::string KeyOf(const ParsedKey& p);
 
 // Parses any key above; InvalidArgument naming the part otherwise, e.g.
-// "key \"j/step-1/rank-0.shard\": step: \"step-1\" is not \"step-\" and 20 digits".
+// "key \"j/step-1/rank-0.shard\": step: \"step-1\" is not \"step-\" and 20
+// digits".
 [[nodiscard]] absl::StatusOr<ParsedKey> ParseKey(std::string_view key);
 
 // Parses a step's directory name ("step-<20 digits>").
@@ -62,7 +64,8 @@ std::string KeyOf(const ParsedKey& p);
 
 // True when key is a shard of exactly (job, step, rank), written by any node
 // or in the one-node layout; anything else could name a file outside the job.
-bool IsShardKeyOf(std::string_view key, std::string_view job, uint64_t step, uint32_t rank);
+bool IsShardKeyOf(std::string_view key, std::string_view job, uint64_t step,
+                  uint32_t rank);
 
 }  // namespace ckpt::storage
 

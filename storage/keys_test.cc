@@ -16,19 +16,25 @@ void ExpectRoundTrip(const ParsedKey& p, const std::string& expected_key) {
 TEST(Keys, BuildersKeepTheFormatsOnStorage) {
   EXPECT_EQ(JobPrefix("job"), "job/");
   EXPECT_EQ(StepPrefix("job", 42), "job/step-00000000000000000042/");
-  EXPECT_EQ(ShardKey("job", 42, 7), "job/step-00000000000000000042/rank-00007.shard");
-  EXPECT_EQ(ShardKey("job", 42, 7, "n1"), "job/step-00000000000000000042/rank-00007.n1.shard");
+  EXPECT_EQ(ShardKey("job", 42, 7),
+            "job/step-00000000000000000042/rank-00007.shard");
+  EXPECT_EQ(ShardKey("job", 42, 7, "n1"),
+            "job/step-00000000000000000042/rank-00007.n1.shard");
   EXPECT_EQ(ManifestKey("job", 42), "job/step-00000000000000000042/MANIFEST");
-  EXPECT_EQ(ManifestKey("job", 42, "n1"), "job/step-00000000000000000042/MANIFEST.n1");
-  EXPECT_EQ(GlobalManifestKey("job", 42), "job/step-00000000000000000042/MANIFEST.global");
+  EXPECT_EQ(ManifestKey("job", 42, "n1"),
+            "job/step-00000000000000000042/MANIFEST.n1");
+  EXPECT_EQ(GlobalManifestKey("job", 42),
+            "job/step-00000000000000000042/MANIFEST.global");
 }
 
 TEST(Keys, EveryKindRoundTripsThroughParseKey) {
   ExpectRoundTrip({KeyKind::kShard, "job", 42, 7, ""},
                   "job/step-00000000000000000042/rank-00007.shard");
-  ExpectRoundTrip({KeyKind::kShard, "j.b-1_x", UINT64_MAX, 1048575, "node.a-1"},
-                  "j.b-1_x/step-18446744073709551615/rank-1048575.node.a-1.shard");
-  ExpectRoundTrip({KeyKind::kManifest, "job", 0, 0, ""}, "job/step-00000000000000000000/MANIFEST");
+  ExpectRoundTrip(
+      {KeyKind::kShard, "j.b-1_x", UINT64_MAX, 1048575, "node.a-1"},
+      "j.b-1_x/step-18446744073709551615/rank-1048575.node.a-1.shard");
+  ExpectRoundTrip({KeyKind::kManifest, "job", 0, 0, ""},
+                  "job/step-00000000000000000000/MANIFEST");
   ExpectRoundTrip({KeyKind::kManifest, "job", 3, 0, "n2"},
                   "job/step-00000000000000000003/MANIFEST.n2");
   ExpectRoundTrip({KeyKind::kGlobalManifest, "job", 9, 0, ""},
@@ -63,7 +69,8 @@ TEST(Keys, MalformedKeysAreRefusedNamingThePart) {
            {"j/step-00000000000000000001/rank-00001.shard.tmp", "name:"},
            {"j/step-00000000000000000001/rank-00001..shard", "node: empty"},
            {"j/step-00000000000000000001/rank-00001.n/x.shard", "is not"},
-           {"j/step-00000000000000000001/rank-00001.n$.shard", "node: character 0x24"},
+           {"j/step-00000000000000000001/rank-00001.n$.shard",
+            "node: character 0x24"},
            {"j/step-00000000000000000001/MANIFEST.", "node: empty"},
            {"j/step-00000000000000000001/MANIFEST..x", "node:"},
            {"j/step-00000000000000000001/manifest", "name: \"manifest\""},
@@ -90,8 +97,10 @@ TEST(Keys, IsShardKeyOfAcceptsEveryNodeButOnlyThatShard) {
   EXPECT_FALSE(IsShardKeyOf(ShardKey("j", 6, 3), "j", 5, 3));
   EXPECT_FALSE(IsShardKeyOf(ShardKey("k", 5, 3), "j", 5, 3));
   EXPECT_FALSE(IsShardKeyOf(ManifestKey("j", 5, "n1"), "j", 5, 3));
-  EXPECT_FALSE(IsShardKeyOf("j/step-00000000000000000005/rank-00003.../x.shard", "j", 5, 3));
-  EXPECT_FALSE(IsShardKeyOf("../j/step-00000000000000000005/rank-00003.shard", "j", 5, 3));
+  EXPECT_FALSE(IsShardKeyOf("j/step-00000000000000000005/rank-00003.../x.shard",
+                            "j", 5, 3));
+  EXPECT_FALSE(IsShardKeyOf("../j/step-00000000000000000005/rank-00003.shard",
+                            "j", 5, 3));
 }
 
 }  // namespace

@@ -19,13 +19,16 @@ constexpr size_t kQuoteBytes = 64;
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 std::string Quote(std::string_view s) {
-  std::string q = absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
+  std::string q =
+      absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
   if (s.size() > kQuoteBytes) absl::StrAppend(&q, "...");
   return q;
 }
 
-absl::Status Bad(std::string_view what, std::string_view key, std::string_view why) {
-  return absl::DataLossError(absl::StrCat(AV(what), " ", AV(key), ": ", AV(why)));
+absl::Status Bad(std::string_view what, std::string_view key,
+                 std::string_view why) {
+  return absl::DataLossError(
+      absl::StrCat(AV(what), " ", AV(key), ": ", AV(why)));
 }
 
 bool IsHex16(std::string_view s) {
@@ -45,14 +48,16 @@ std::string ToJson(const google::protobuf::Message& m) {
   return json + "\n";
 }
 
-absl::Status FromJson(std::string_view json, google::protobuf::Message* m, std::string_view what,
-                      std::string_view key) {
+absl::Status FromJson(std::string_view json, google::protobuf::Message* m,
+                      std::string_view what, std::string_view key) {
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = true;  // newer writers may add fields
   auto parsed = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), m, opts);
   if (!parsed.ok())
-    return Bad(what, key, absl::StrCat("does not parse: ", parsed.ToString().substr(0, 200)));
+    return Bad(
+        what, key,
+        absl::StrCat("does not parse: ", parsed.ToString().substr(0, 200)));
   return absl::OkStatus();
 }
 
@@ -64,120 +69,156 @@ uint64_t ChecksumsDigest(std::span<const uint64_t> checksums) {
   return combined;
 }
 
-std::string DigestHex(uint64_t digest) { return absl::StrFormat("%016x", digest); }
+std::string DigestHex(uint64_t digest) {
+  return absl::StrFormat("%016x", digest);
+}
 
 std::string EncodeNodeManifest(v1::NodeManifest m) {
   if (m.format().empty()) m.set_format(kNodeManifestFormat);
   return ToJson(m);
 }
 
-absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json, std::string_view key) {
+absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json,
+                                                   std::string_view key) {
   CKPT_ASSIGN_OR_RETURN(ParsedKey where, ParseKey(key));
   if (where.kind != KeyKind::kManifest)
-    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), ": not a node manifest's key"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key ", Quote(key), ": not a node manifest's key"));
   if (json.size() > kMaxManifestBytes)
-    return Bad("manifest", key, absl::StrCat("size ", json.size(), " is implausible"));
+    return Bad("manifest", key,
+               absl::StrCat("size ", json.size(), " is implausible"));
   v1::NodeManifest m;
   CKPT_RETURN_IF_ERROR(FromJson(json, &m, "manifest", key));
   if (m.format() != kNodeManifestFormat)
-    return Bad("manifest", key, absl::StrCat("format: ", Quote(m.format()), ", expected \"",
-                                             kNodeManifestFormat, "\""));
-  if (m.job() != where.job || m.step() != where.step)
     return Bad("manifest", key,
-               absl::StrFormat("job/step: names job %s step %d, which does not match its location",
-                               Quote(m.job()), m.step()));
+               absl::StrCat("format: ", Quote(m.format()), ", expected \"",
+                            kNodeManifestFormat, "\""));
+  if (m.job() != where.job || m.step() != where.step)
+    return Bad(
+        "manifest", key,
+        absl::StrFormat(
+            "job/step: names job %s step %d, which does not match its location",
+            Quote(m.job()), m.step()));
   return m;
 }
 
-std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m, std::string_view key) {
+std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
+                                              std::string_view key) {
   std::vector<std::string> out;
   absl::StatusOr<ParsedKey> where = ParseKey(key);
   if (!where.ok()) return {std::string(where.status().message())};
   if (m.world_size() == 0) out.push_back("world_size: 0");
   // One node hosts every rank; a node of a cluster only those it hosts.
-  if (where->node.empty() && static_cast<uint64_t>(m.shards_size()) != m.world_size())
-    out.push_back(absl::StrFormat("shards: lists %d shards for world_size %d", m.shards_size(),
-                                  m.world_size()));
+  if (where->node.empty() &&
+      static_cast<uint64_t>(m.shards_size()) != m.world_size())
+    out.push_back(absl::StrFormat("shards: lists %d shards for world_size %d",
+                                  m.shards_size(), m.world_size()));
   if (m.shards_size() == 0) out.push_back("shards: empty");
   std::set<uint32_t> seen;
   for (int i = 0; i < m.shards_size(); ++i) {
     const v1::NodeManifestShard& s = m.shards(i);
     const std::string field = absl::StrFormat("shards[%d]", i);
     if (s.rank() >= m.world_size())
-      out.push_back(absl::StrFormat("%s.rank: %d, world_size is %d", field, s.rank(), m.world_size()));
+      out.push_back(absl::StrFormat("%s.rank: %d, world_size is %d", field,
+                                    s.rank(), m.world_size()));
     if (!seen.insert(s.rank()).second)
-      out.push_back(absl::StrFormat("%s.rank: %d is listed twice", field, s.rank()));
+      out.push_back(
+          absl::StrFormat("%s.rank: %d is listed twice", field, s.rank()));
     if (!IsShardKeyOf(s.key(), m.job(), m.step(), s.rank()))
-      out.push_back(absl::StrFormat("%s.key: %s is not this step's shard of rank %d", field,
-                                    Quote(s.key()), s.rank()));
+      out.push_back(
+          absl::StrFormat("%s.key: %s is not this step's shard of rank %d",
+                          field, Quote(s.key()), s.rank()));
     if (s.has_checksums_digest() && !IsHex16(s.checksums_digest()))
-      out.push_back(absl::StrFormat("%s.checksums_digest: %s is not 16 hex digits", field,
-                                    Quote(s.checksums_digest())));
+      out.push_back(
+          absl::StrFormat("%s.checksums_digest: %s is not 16 hex digits", field,
+                          Quote(s.checksums_digest())));
   }
   return out;
 }
 
-absl::StatusOr<v1::NodeManifest> DecodeNodeManifest(std::string_view json, std::string_view key) {
+absl::StatusOr<v1::NodeManifest> DecodeNodeManifest(std::string_view json,
+                                                    std::string_view key) {
   CKPT_ASSIGN_OR_RETURN(v1::NodeManifest m, ParseNodeManifest(json, key));
   std::vector<std::string> problems = NodeManifestProblems(m, key);
   if (!problems.empty()) return Bad("manifest", key, problems.front());
   return m;
 }
 
-std::string EncodeGlobalManifest(const v1::GlobalManifest& m) { return ToJson(m); }
+std::string EncodeGlobalManifest(const v1::GlobalManifest& m) {
+  return ToJson(m);
+}
 
 absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
                                                         std::string_view key,
-                                                        std::string_view job, uint64_t step) {
-  auto bad = [&](const std::string& why) { return Bad("global manifest", key, why); };
+                                                        std::string_view job,
+                                                        uint64_t step) {
+  auto bad = [&](const std::string& why) {
+    return Bad("global manifest", key, why);
+  };
   v1::GlobalManifest m;
   CKPT_RETURN_IF_ERROR(FromJson(json, &m, "global manifest", key));
   if (m.format() != kGlobalManifestFormat)
-    return bad(absl::StrCat("format: ", Quote(m.format()), ", expected ", kGlobalManifestFormat));
+    return bad(absl::StrCat("format: ", Quote(m.format()), ", expected ",
+                            kGlobalManifestFormat));
   if (m.job() != job)
-    return bad(absl::StrCat("job: ", Quote(m.job()), ", expected \"", AV(job), "\""));
-  if (m.step() != step) return bad(absl::StrCat("step: ", m.step(), ", expected ", step));
+    return bad(
+        absl::StrCat("job: ", Quote(m.job()), ", expected \"", AV(job), "\""));
+  if (m.step() != step)
+    return bad(absl::StrCat("step: ", m.step(), ", expected ", step));
   if (m.world_size() == 0) return bad("world_size: 0");
   if (static_cast<uint32_t>(m.shards_size()) != m.world_size())
-    return bad(absl::StrCat("shards: ", m.shards_size(), " entries for world_size ", m.world_size()));
+    return bad(absl::StrCat("shards: ", m.shards_size(),
+                            " entries for world_size ", m.world_size()));
   std::set<uint32_t> seen;
   for (const v1::ManifestShard& s : m.shards()) {
     if (s.rank() >= m.world_size() || !seen.insert(s.rank()).second)
-      return bad(absl::StrCat("shards.rank: ", s.rank(), " out of range or repeated"));
-    if (s.key().empty()) return bad(absl::StrCat("shards[rank ", s.rank(), "].key: empty"));
+      return bad(
+          absl::StrCat("shards.rank: ", s.rank(), " out of range or repeated"));
+    if (s.key().empty())
+      return bad(absl::StrCat("shards[rank ", s.rank(), "].key: empty"));
     if (!internal::ValidateKey(s.key()).ok())
-      return bad(absl::StrCat("shards[rank ", s.rank(), "].key: ", Quote(s.key()),
-                              " is not a storage key"));
+      return bad(absl::StrCat("shards[rank ", s.rank(), "].key: ",
+                              Quote(s.key()), " is not a storage key"));
     if (!IsHex16(s.checksum_digest()))
-      return bad(absl::StrCat("shards[rank ", s.rank(), "].checksum_digest: ",
-                              Quote(s.checksum_digest()), " is not 16 hex digits"));
+      return bad(absl::StrCat("shards[rank ", s.rank(),
+                              "].checksum_digest: ", Quote(s.checksum_digest()),
+                              " is not 16 hex digits"));
   }
   return m;
 }
 
-absl::StatusOr<std::string> ReadManifestText(Backend& backend, std::string_view key) {
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, backend.NewObjectReader(key));
+absl::StatusOr<std::string> ReadManifestText(Backend& backend,
+                                             std::string_view key) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
+                        backend.NewObjectReader(key));
   if (reader->size() > kMaxManifestBytes)
-    return Bad("manifest", key, absl::StrCat("size ", reader->size(), " is implausible"));
+    return Bad("manifest", key,
+               absl::StrCat("size ", reader->size(), " is implausible"));
   std::string text(reader->size(), '\0');
   CKPT_RETURN_IF_ERROR(reader->ReadAt(0, text.data(), text.size()));
   return text;
 }
 
-absl::Status WriteNodeManifest(Backend& backend, const v1::NodeManifest& m, std::string_view node) {
-  return backend.PutSmallObject(ManifestKey(m.job(), m.step(), node), EncodeNodeManifest(m));
+absl::Status WriteNodeManifest(Backend& backend, const v1::NodeManifest& m,
+                               std::string_view node) {
+  return backend.PutSmallObject(ManifestKey(m.job(), m.step(), node),
+                                EncodeNodeManifest(m));
 }
 
-absl::StatusOr<v1::NodeManifest> ReadNodeManifest(Backend& backend, std::string_view key) {
+absl::StatusOr<v1::NodeManifest> ReadNodeManifest(Backend& backend,
+                                                  std::string_view key) {
   CKPT_ASSIGN_OR_RETURN(std::string text, ReadManifestText(backend, key));
   return DecodeNodeManifest(text, key);
 }
 
-absl::Status WriteGlobalManifest(Backend& backend, const v1::GlobalManifest& m) {
-  return backend.PutSmallObject(GlobalManifestKey(m.job(), m.step()), EncodeGlobalManifest(m));
+absl::Status WriteGlobalManifest(Backend& backend,
+                                 const v1::GlobalManifest& m) {
+  return backend.PutSmallObject(GlobalManifestKey(m.job(), m.step()),
+                                EncodeGlobalManifest(m));
 }
 
-absl::StatusOr<v1::GlobalManifest> ReadGlobalManifest(Backend& backend, std::string_view job,
+absl::StatusOr<v1::GlobalManifest> ReadGlobalManifest(Backend& backend,
+                                                      std::string_view job,
                                                       uint64_t step) {
   const std::string key = GlobalManifestKey(job, step);
   CKPT_ASSIGN_OR_RETURN(std::string text, ReadManifestText(backend, key));

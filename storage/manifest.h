@@ -56,8 +56,8 @@ std::string EncodeNodeManifest(v1::NodeManifest m);
 // Parses and validates against the manifest's key (a kManifest key, else
 // InvalidArgument): ParseNodeManifest, then the first of
 // NodeManifestProblems as DataLoss.
-[[nodiscard]] absl::StatusOr<v1::NodeManifest> DecodeNodeManifest(std::string_view json,
-                                                                  std::string_view key);
+[[nodiscard]] absl::StatusOr<v1::NodeManifest> DecodeNodeManifest(
+    std::string_view json, std::string_view key);
 // The two halves of DecodeNodeManifest, for a checker (ckptctl verify) that
 // reports every problem and keeps checking what it can:
 // ParseNodeManifest checks the JSON, the format, and that job and step are
@@ -66,9 +66,10 @@ std::string EncodeNodeManifest(v1::NodeManifest m);
 // one-node manifest (key without a node) that does not list every rank
 // once, a rank out of range or repeated, a shard key that is not its rank's
 // shard of this step (IsShardKeyOf), a checksums_digest not 16 hex digits.
-[[nodiscard]] absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json,
-                                                                 std::string_view key);
-std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m, std::string_view key);
+[[nodiscard]] absl::StatusOr<v1::NodeManifest> ParseNodeManifest(
+    std::string_view json, std::string_view key);
+std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
+                                              std::string_view key);
 
 // Global manifest.
 std::string EncodeGlobalManifest(const v1::GlobalManifest& m);
@@ -76,25 +77,26 @@ std::string EncodeGlobalManifest(const v1::GlobalManifest& m);
 // shard per rank in [0, world_size), keys valid storage keys, 16-hex-digit
 // digests. (It does not yet require IsShardKeyOf: the coordinator accepts
 // the keys nodes report as they are; ckptctl verify checks them.)
-[[nodiscard]] absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
-                                                                      std::string_view key,
-                                                                      std::string_view job,
-                                                                      uint64_t step);
+[[nodiscard]] absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(
+    std::string_view json, std::string_view key, std::string_view job,
+    uint64_t step);
 
 // Reads a small object whole (at most kMaxManifestBytes).
-[[nodiscard]] absl::StatusOr<std::string> ReadManifestText(Backend& backend, std::string_view key);
+[[nodiscard]] absl::StatusOr<std::string> ReadManifestText(
+    Backend& backend, std::string_view key);
 
 // Writes at ManifestKey(m.job(), m.step(), node) (durable, atomic through the
 // backend's commit) / reads back and decodes.
-[[nodiscard]] absl::Status WriteNodeManifest(Backend& backend, const v1::NodeManifest& m,
+[[nodiscard]] absl::Status WriteNodeManifest(Backend& backend,
+                                             const v1::NodeManifest& m,
                                              std::string_view node = "");
-[[nodiscard]] absl::StatusOr<v1::NodeManifest> ReadNodeManifest(Backend& backend,
-                                                                std::string_view key);
+[[nodiscard]] absl::StatusOr<v1::NodeManifest> ReadNodeManifest(
+    Backend& backend, std::string_view key);
 // At GlobalManifestKey(m.job(), m.step()).
-[[nodiscard]] absl::Status WriteGlobalManifest(Backend& backend, const v1::GlobalManifest& m);
-[[nodiscard]] absl::StatusOr<v1::GlobalManifest> ReadGlobalManifest(Backend& backend,
-                                                                    std::string_view job,
-                                                                    uint64_t step);
+[[nodiscard]] absl::Status WriteGlobalManifest(Backend& backend,
+                                               const v1::GlobalManifest& m);
+[[nodiscard]] absl::StatusOr<v1::GlobalManifest> ReadGlobalManifest(
+    Backend& backend, std::string_view job, uint64_t step);
 
 }  // namespace ckpt::storage
 

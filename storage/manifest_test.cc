@@ -26,8 +26,9 @@ v1::NodeManifest TwoRanks(std::string_view node = "") {
 TEST(NodeManifest, RoundTripsWithTheFieldNamesCkptdHasAlwaysWritten) {
   const std::string key = ManifestKey("j", 42);
   std::string json = EncodeNodeManifest(TwoRanks());
-  for (const char* field : {"\"format\":\"ckptd-manifest-v1\"", "\"world_size\":2", "\"shards\":[",
-                            "\"checksums_digest\":\"000000000000abc1\"", "\"tensors\":3"})
+  for (const char* field :
+       {"\"format\":\"ckptd-manifest-v1\"", "\"world_size\":2", "\"shards\":[",
+        "\"checksums_digest\":\"000000000000abc1\"", "\"tensors\":3"})
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   absl::StatusOr<v1::NodeManifest> back = DecodeNodeManifest(json, key);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -40,9 +41,11 @@ TEST(NodeManifest, RoundTripsWithTheFieldNamesCkptdHasAlwaysWritten) {
 TEST(NodeManifest, FilesWrittenBeforeTheSchemaStillParse) {
   const std::string old = absl::StrCat(
       R"({"format":"ckptd-manifest-v1","job":"j","step":42,"world_size":1,"shards":[)",
-      R"({"rank":0,"key":")", ShardKey("j", 42, 0), R"(","bytes":12288,"tensors":2,)",
+      R"({"rank":0,"key":")", ShardKey("j", 42, 0),
+      R"(","bytes":12288,"tensors":2,)",
       R"("checksums_digest":"0123456789abcdef"}]})", "\n");
-  absl::StatusOr<v1::NodeManifest> m = DecodeNodeManifest(old, ManifestKey("j", 42));
+  absl::StatusOr<v1::NodeManifest> m =
+      DecodeNodeManifest(old, ManifestKey("j", 42));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->step(), 42u);
   EXPECT_EQ(m->shards(0).bytes(), 12288u);
@@ -52,12 +55,17 @@ TEST(NodeManifest, FilesWrittenBeforeTheSchemaStillParse) {
 TEST(NodeManifest, ANodesManifestListsOnlyItsRanks) {
   v1::NodeManifest m = TwoRanks("n1");
   m.set_world_size(4);
-  EXPECT_TRUE(DecodeNodeManifest(EncodeNodeManifest(m), ManifestKey("j", 42, "n1")).ok());
+  EXPECT_TRUE(
+      DecodeNodeManifest(EncodeNodeManifest(m), ManifestKey("j", 42, "n1"))
+          .ok());
   // The one-node layout must list every rank.
-  absl::StatusOr<v1::NodeManifest> one = DecodeNodeManifest(EncodeNodeManifest(m), ManifestKey("j", 42));
+  absl::StatusOr<v1::NodeManifest> one =
+      DecodeNodeManifest(EncodeNodeManifest(m), ManifestKey("j", 42));
   EXPECT_EQ(one.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(one.status().message().find("shards: lists 2 shards for world_size 4"),
-            absl::string_view::npos) << one.status();
+  EXPECT_NE(
+      one.status().message().find("shards: lists 2 shards for world_size 4"),
+      absl::string_view::npos)
+      << one.status();
 }
 
 TEST(NodeManifest, DecodeRefusesNamingTheField) {
@@ -65,8 +73,10 @@ TEST(NodeManifest, DecodeRefusesNamingTheField) {
   auto expect = [&](const std::string& json, const std::string& field) {
     absl::StatusOr<v1::NodeManifest> d = DecodeNodeManifest(json, key);
     EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
-    EXPECT_NE(d.status().message().find(field), absl::string_view::npos) << d.status();
-    EXPECT_NE(d.status().message().find(key), absl::string_view::npos) << d.status();
+    EXPECT_NE(d.status().message().find(field), absl::string_view::npos)
+        << d.status();
+    EXPECT_NE(d.status().message().find(key), absl::string_view::npos)
+        << d.status();
   };
   v1::NodeManifest m = TwoRanks();
   m.set_format("ckptd-manifest-v9");
@@ -98,8 +108,10 @@ TEST(NodeManifest, DecodeRefusesNamingTheField) {
   expect("{\"format\": not json", "does not parse");
   expect("[]", "does not parse");
   // A key that is not a node manifest's is the caller's error.
-  EXPECT_EQ(DecodeNodeManifest(EncodeNodeManifest(TwoRanks()), GlobalManifestKey("j", 42))
-                .status().code(),
+  EXPECT_EQ(DecodeNodeManifest(EncodeNodeManifest(TwoRanks()),
+                               GlobalManifestKey("j", 42))
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -108,7 +120,8 @@ TEST(NodeManifest, ProblemsListsEveryProblem) {
   m.mutable_shards(0)->set_rank(5);
   m.mutable_shards(1)->set_checksums_digest("no");
   std::vector<std::string> p = NodeManifestProblems(m, ManifestKey("j", 42));
-  EXPECT_EQ(p.size(), 3u);  // rank out of range, its key not of rank 5, the digest
+  EXPECT_EQ(p.size(),
+            3u);  // rank out of range, its key not of rank 5, the digest
 }
 
 TEST(GlobalManifest, RoundTripsAndKeepsItsCamelCaseNames) {
@@ -129,7 +142,9 @@ TEST(GlobalManifest, RoundTripsAndKeepsItsCamelCaseNames) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->shards(0).node_id(), "n1");
   m.mutable_shards(0)->set_key("/abs/path");
-  EXPECT_EQ(DecodeGlobalManifest(EncodeGlobalManifest(m), "k", "j", 7).status().code(),
+  EXPECT_EQ(DecodeGlobalManifest(EncodeGlobalManifest(m), "k", "j", 7)
+                .status()
+                .code(),
             absl::StatusCode::kDataLoss);
 }
 
@@ -143,8 +158,10 @@ TEST(Manifests, WriteAndReadBackThroughABackend) {
   auto m = ReadNodeManifest(**b, ManifestKey("j", 42, "n1"));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->shards_size(), 2);
-  EXPECT_EQ(ReadNodeManifest(**b, ManifestKey("j", 42)).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ReadGlobalManifest(**b, "j", 42).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadNodeManifest(**b, ManifestKey("j", 42)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadGlobalManifest(**b, "j", 42).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(Manifests, ChecksumsDigestMatchesTheDaemonsFormula) {

@@ -45,7 +45,8 @@ class ObjectReaderTest : public ::testing::TestWithParam<bool> {
   TestTempDir dir_;
 };
 
-TEST_P(ObjectReaderTest, ReaderOpenedOnceReadsTheRightBytesIncludingUnalignedRanges) {
+TEST_P(ObjectReaderTest,
+       ReaderOpenedOnceReadsTheRightBytesIncludingUnalignedRanges) {
   auto b = Open();
   const std::vector<char> ref = Pattern((3 << 20) + 1234, 1);
   Put(*b, "job/step-1/rank-0.shard", ref);
@@ -57,11 +58,14 @@ TEST_P(ObjectReaderTest, ReaderOpenedOnceReadsTheRightBytesIncludingUnalignedRan
   struct Range {
     uint64_t off, len;
   };
-  for (Range g : {Range{0, ref.size()}, Range{4096, 1 << 20}, Range{1, 4095}, Range{4095, 8194},
-                  Range{777, (2 << 20) + 3}, Range{ref.size() - 1, 1}, Range{12, 0}}) {
+  for (Range g : {Range{0, ref.size()}, Range{4096, 1 << 20}, Range{1, 4095},
+                  Range{4095, 8194}, Range{777, (2 << 20) + 3},
+                  Range{ref.size() - 1, 1}, Range{12, 0}}) {
     std::unique_ptr<char[]> dst(new char[g.len + 1]);
-    ASSERT_TRUE((*r)->ReadAt(g.off, dst.get(), g.len).ok()) << g.off << "+" << g.len;
-    EXPECT_EQ(std::memcmp(dst.get(), ref.data() + g.off, g.len), 0) << g.off << "+" << g.len;
+    ASSERT_TRUE((*r)->ReadAt(g.off, dst.get(), g.len).ok())
+        << g.off << "+" << g.len;
+    EXPECT_EQ(std::memcmp(dst.get(), ref.data() + g.off, g.len), 0)
+        << g.off << "+" << g.len;
   }
   // Into an aligned buffer at an aligned offset: the direct path.
   void* aligned = std::aligned_alloc(4096, 1 << 20);
@@ -83,9 +87,11 @@ TEST_P(ObjectReaderTest, ReaderRefusesARangePastTheEndNamingTheKey) {
 
 TEST_P(ObjectReaderTest, MissingObjectIsNotFoundForReaderAndStat) {
   auto b = Open();
-  EXPECT_EQ(b->NewObjectReader("j/none").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->NewObjectReader("j/none").status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(b->Stat("j/none").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(b->Stat("../x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Stat("../x").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(ObjectReaderTest, StatReportsSizeAndOwner) {
@@ -125,7 +131,8 @@ TEST_P(ObjectReaderTest, OwnerAndModeAreAppliedBeforeTheObjectIsVisible) {
   ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
   // The temp file already carries both before the rename makes it visible.
   int tmp_files = 0;
-  for (auto& e : std::filesystem::directory_iterator(dir_.path() + "/root/job")) {
+  for (auto& e :
+       std::filesystem::directory_iterator(dir_.path() + "/root/job")) {
     struct stat st;
     ASSERT_EQ(stat(e.path().c_str(), &st), 0);
     EXPECT_EQ(st.st_uid, 65534u) << e.path();
@@ -178,7 +185,8 @@ TEST_P(ObjectReaderTest, FaultBackendReaderFailsAfterASimulatedCrash) {
   auto r = fault.NewObjectReader("j/a");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(fault.Stat("j/a")->size, 100u);
-  EXPECT_EQ(fault.LocalPath("j/a"), b->LocalPath("j/a"));  // forwarded, not overridden
+  EXPECT_EQ(fault.LocalPath("j/a"),
+            b->LocalPath("j/a"));  // forwarded, not overridden
   fault.SimulateCrash();
   char buf[10];
   EXPECT_EQ((*r)->ReadAt(0, buf, 10).code(), absl::StatusCode::kUnavailable);
@@ -188,7 +196,9 @@ TEST_P(ObjectReaderTest, FaultBackendReaderFailsAfterASimulatedCrash) {
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, ObjectReaderTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "io_uring" : "pwrite"; });
+                         [](const auto& info) {
+                           return info.param ? "io_uring" : "pwrite";
+                         });
 
 }  // namespace
 }  // namespace ckpt::storage

@@ -1,5 +1,6 @@
 #include "storage/shard_reader.h"
 
+#include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -79,6 +80,65 @@ TEST_F(ShardReaderTest, GarbageIsDataLossNotACrash) {
     EXPECT_FALSE(VerifyShard(*backend_, "j/junk").ok());
   }
   EXPECT_EQ(ReadShardInfo(*backend_, "j/none").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ShardReaderTest, ReadTensorFillsCallerMemoryAndChecksIt) {
+  Shard s = MakeShard({{(1 << 18) + 3}, {0}, {5, 7}});
+  Put("j/r0", s.image);
+  auto reader = ShardReader::Open(*backend_, "j/r0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->info().tensors.size(), 3u);
+  for (size_t i = 0; i < s.info.tensors.size(); ++i) {
+    const ShardTensor& t = s.info.tensors[i];
+    std::vector<char> dst(t.bytes + 1);
+    ASSERT_TRUE((*reader)->ReadTensor(i, dst.data() + 1).ok()) << i;  // unaligned dst
+    EXPECT_EQ(std::memcmp(dst.data() + 1, s.image.data() + t.offset, t.bytes), 0) << i;
+  }
+  EXPECT_EQ((*reader)->ReadTensor(3, nullptr).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(ShardReaderTest, ReadTensorNamesAFlippedTensor) {
+  Shard s = MakeShard({{100}, {2000}});
+  s.image[s.info.tensors[1].offset + 7] ^= 4;
+  Put("j/r0", s.image);
+  auto reader = ShardReader::Open(*backend_, "j/r0");
+  ASSERT_TRUE(reader.ok());
+  std::vector<char> dst(s.info.tensors[1].bytes);
+  EXPECT_TRUE((*reader)->ReadTensor(0, dst.data()).ok());
+  absl::Status st = (*reader)->ReadTensor(1, dst.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(st.message()).find("j/r0: tensor \"layer1.weight\""), std::string::npos) << st;
+}
+
+// One open: the reader keeps reading the object after its name is deleted.
+TEST_F(ShardReaderTest, StreamTensorReadsThroughTheOneOpenObject) {
+  Shard s = MakeShard({{(5 << 20) / 4 + 11}});
+  Put("j/r0", s.image);
+  auto reader = ShardReader::Open(*backend_, "j/r0");
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE(backend_->Delete("j/r0").ok());
+  std::string streamed;
+  auto sum = (*reader)->StreamTensor(0, [&](const char* d, uint64_t n) {
+    streamed.append(d, n);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, s.info.tensors[0].checksum);
+  EXPECT_EQ(streamed, std::string(s.image.data() + s.info.tensors[0].offset, s.info.tensors[0].bytes));
+  EXPECT_TRUE((*reader)->Verify().ok());
+}
+
+TEST(ChunkHasher, EqualsTensorChecksumHoweverThePiecesFall) {
+  std::vector<char> v((3 << 20) + 77);
+  std::mt19937 rng(3);
+  for (char& c : v) c = static_cast<char>(rng());
+  ChunkHasher whole, pieces;
+  whole.Add(v.data(), v.size());
+  pieces.Add(v.data(), 2 << 20);
+  pieces.Add(v.data() + (2 << 20), v.size() - (2 << 20));
+  EXPECT_EQ(whole.Finish(), TensorChecksum(v.data(), v.size()));
+  EXPECT_EQ(pieces.Finish(), whole.Finish());
+  EXPECT_EQ(ChunkHasher().Finish(), TensorChecksum(nullptr, 0));
 }
 
 }  // namespace

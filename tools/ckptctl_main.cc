@@ -32,6 +32,7 @@ void AddShardSelector(CLI::App* cmd, ShardSelector* sel, std::optional<uint64_t>
   cmd->add_option("--job", sel->job, "job name");
   cmd->add_option("--step", *step, "step number");
   cmd->add_option("--rank", *rank, "rank");
+  cmd->add_option("--node", sel->node, "cluster root: the node whose copy of the rank's shard");
 }
 
 }  // namespace
@@ -53,8 +54,12 @@ int main(int argc, char** argv) {
   std::optional<uint32_t> rank;
   bool all_steps = false;
 
-  CLI::App* list = app.add_subcommand("list", "jobs, steps and shards known to the daemon");
+  CLI::App* list = app.add_subcommand("list", "jobs, steps and shards known to the daemon (or on storage)");
   list->add_option("--job", job, "only this job");
+  std::string list_root;
+  list->add_option("--root", list_root,
+                   "list what is on storage under this root (shards, node and global manifests) "
+                   "instead of asking the daemon");
 
   CLI::App* status = app.add_subcommand("status", "daemon health, arenas, persist queue");
 
@@ -68,7 +73,7 @@ int main(int argc, char** argv) {
   ShardSelector sel;
   std::optional<uint64_t> sel_step;
   std::optional<uint32_t> sel_rank;
-  CLI::App* inspect = app.add_subcommand("inspect", "a shard's header and tensor index");
+  CLI::App* inspect = app.add_subcommand("inspect", "a shard's header and tensor index, or a manifest");
   AddShardSelector(inspect, &sel, &sel_step, &sel_rank);
 
   ckpt::tools::VerifyOptions vopts;
@@ -120,6 +125,8 @@ int main(int argc, char** argv) {
   if (cluster->parsed()) return Finish("cluster", ckpt::tools::RunCluster(coordinator, json));
   if (rollback->parsed()) return Finish("rollback", ckpt::tools::RunRollback(coordinator, job, step, json));
   if (events->parsed()) return Finish("events", ckpt::tools::RunEvents(coordinator, job, after_seq, json));
+  if (list->parsed() && !list_root.empty())
+    return Finish("list", ckpt::tools::RunListRoot(list_root, job, json));
   if (list->parsed()) return Finish("list", ckpt::tools::RunList(socket, job, json));
   if (status->parsed()) return Finish("status", ckpt::tools::RunStatus(socket, json));
   if (del->parsed()) {

@@ -44,16 +44,23 @@ absl::Status RunEvents(const std::string& coordinator, const std::string& job, u
 
 // ---- offline (shard files) ----
 
-// Names one shard: either a file path, or (root, job, step, rank).
+// Names one shard: either a file path, or (root, job, step, rank[, node]).
 struct ShardSelector {
   std::string file;
   std::string root;
   std::string job;
   std::optional<uint64_t> step;
   std::optional<uint32_t> rank;
+  std::string node;  // cluster root: the node whose copy of the rank's shard
 };
 
+// A shard's header and tensor index; a manifest FILE's contents.
 absl::Status RunInspect(const ShardSelector& sel, bool json);
+
+// What is on storage under root (or one job's part of it): every step with
+// its shards by rank and node and its manifests (one-node, per node,
+// global). Reads keys and manifests only; verify checks the bytes.
+absl::Status RunListRoot(const std::string& root, const std::string& job, bool json);
 
 // Verifies every shard and manifest under root, or those of one job, one
 // step, or one shard. DataLoss when anything is damaged or missing.

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "storage/keys.h"
 #include "storage/shard_reader.h"
 #include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
@@ -98,7 +99,12 @@ class OutFile {
 
 absl::Status RunInspect(const ShardSelector& sel, bool json) {
   CKPT_ASSIGN_OR_RETURN(OpenedShard shard, OpenShard(sel));
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*shard.backend, shard.key));
+  absl::StatusOr<storage::ParsedKey> where = storage::ParseKey(shard.key);
+  if (where.ok() && where->kind != storage::KeyKind::kShard)
+    return InspectManifest(*shard.backend, shard.key, shard.path, json);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                        storage::ShardReader::Open(*shard.backend, shard.key));
+  const storage::ShardInfo& info = reader->info();
   uint64_t tensor_bytes = 0;
   for (const auto& t : info.tensors) tensor_bytes += t.bytes;
 
@@ -144,7 +150,9 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
 absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool json) {
   if (out.empty()) return absl::InvalidArgumentError("--out: empty path");
   CKPT_ASSIGN_OR_RETURN(OpenedShard shard, OpenShard(sel));
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*shard.backend, shard.key));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                        storage::ShardReader::Open(*shard.backend, shard.key));
+  const storage::ShardInfo& info = reader->info();
   std::error_code ec;
   const bool to_dir = out.back() == '/' || std::filesystem::is_directory(out, ec);
   Progress progress("restore " + shard.key, info.layout.image_bytes);
@@ -155,7 +163,7 @@ absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool j
     ShardSink sink;
     sink.other = [&](uint64_t, const char* d, uint64_t n) { return file.Write(d, n); };
     sink.tensor = [&](const storage::ShardTensor&, const char* d, uint64_t n) { return file.Write(d, n); };
-    CKPT_RETURN_IF_ERROR(StreamShard(*shard.backend, shard.key, info, sink, &progress));
+    CKPT_RETURN_IF_ERROR(StreamShard(*reader, sink, &progress));
     CKPT_RETURN_IF_ERROR(file.Close());
     progress.Finish();
     if (json) {
@@ -197,7 +205,7 @@ absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool j
     file.reset();
     return s;
   };
-  CKPT_RETURN_IF_ERROR(StreamShard(*shard.backend, shard.key, info, sink, &progress));
+  CKPT_RETURN_IF_ERROR(StreamShard(*reader, sink, &progress));
   progress.Finish();
 
   JsonWriter index;

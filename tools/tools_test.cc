@@ -4,12 +4,15 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "storage/backend.h"
+#include "storage/keys.h"
+#include "storage/manifest.h"
 #include "storage/shard_testing.h"
 #include "storage/test_tempdir.h"
 
@@ -151,6 +154,125 @@ TEST_F(CkptctlTest, RestoreRefusesDamagedTensor) {
 
 TEST_F(CkptctlTest, ListWithoutDaemonFailsClearly) {
   EXPECT_EQ(Ckptctl("--socket " + dir_.path() + "/nope.sock list").exit_code, 1);
+}
+
+// A cluster root, written through the storage API as a two-node job does:
+// node n1 hosts ranks 0-1, n2 ranks 2-3; each node writes
+// "rank-R.<node>.shard" and "MANIFEST.<node>", the coordinator
+// "MANIFEST.global".
+class ClusterRootTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kStep = 42;
+  void SetUp() override {
+    storage::LocalBackendOptions o;
+    o.root = dir_.path();
+    auto backend = storage::NewLocalBackend(o);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = std::move(*backend);
+    storage::v1::GlobalManifest global;
+    global.set_format(storage::kGlobalManifestFormat);
+    global.set_job("job-c");
+    global.set_step(kStep);
+    global.set_world_size(4);
+    for (const char* node : {"n1", "n2"}) {
+      storage::v1::NodeManifest m;
+      m.set_job("job-c");
+      m.set_step(kStep);
+      m.set_world_size(4);
+      for (uint32_t rank : node == std::string("n1") ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{2, 3}) {
+        storage::Shard shard = storage::MakeShard({{64, 256}, {1000}}, 10 + rank);
+        shard.info.job = "job-c";
+        shard.info.rank = rank;
+        ASSERT_TRUE(storage::EncodeShardMetadata(shard.info, shard.image).ok());
+        const std::string key = storage::ShardKey("job-c", kStep, rank, node);
+        auto w = backend_->NewObjectWriter(key, shard.image.size());
+        ASSERT_TRUE(w.ok()) << w.status();
+        ASSERT_TRUE((*w)->WriteAt(0, shard.image.data(), shard.image.size()).ok());
+        ASSERT_TRUE((*w)->Commit().ok());
+        std::vector<uint64_t> sums;
+        for (const auto& t : shard.info.tensors) sums.push_back(t.checksum);
+        const std::string digest = storage::DigestHex(storage::ChecksumsDigest(sums));
+        auto* s = m.add_shards();
+        s->set_rank(rank);
+        s->set_key(key);
+        s->set_bytes(shard.image.size());
+        s->set_tensors(static_cast<uint32_t>(shard.info.tensors.size()));
+        s->set_checksums_digest(digest);
+        auto* g = global.add_shards();
+        g->set_rank(rank);
+        g->set_key(key);
+        g->set_bytes(shard.image.size());
+        g->set_checksum_digest(digest);
+        g->set_node_id(node);
+        shards_[rank] = shard;
+      }
+      ASSERT_TRUE(storage::WriteNodeManifest(*backend_, m, node).ok());
+    }
+    ASSERT_TRUE(storage::WriteGlobalManifest(*backend_, global).ok());
+  }
+  std::string PathOf(const std::string& key) const { return *backend_->LocalPath(key); }
+
+  storage::TestTempDir dir_;
+  std::unique_ptr<storage::Backend> backend_;
+  std::map<uint32_t, storage::Shard> shards_;
+};
+
+TEST_F(ClusterRootTest, VerifyChecksNodeSuffixedShardsNodeManifestsAndTheGlobalManifest) {
+  CtlRun r = Ckptctl("verify --root " + dir_.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("4 shard(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 manifest(s); 0 problem(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("OK      " + storage::ShardKey("job-c", kStep, 3, "n2")), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;  // every step has its manifests
+}
+
+TEST_F(ClusterRootTest, VerifyNamesTheKeyOfAFlippedByteInANodeSuffixedShard) {
+  const std::string key = storage::ShardKey("job-c", kStep, 3, "n2");
+  const storage::ShardTensor& t = shards_[3].info.tensors[1];
+  FILE* f = fopen(PathOf(key).c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  fseek(f, static_cast<long>(t.offset + 10), SEEK_SET);
+  fputc(~shards_[3].image[t.offset + 10], f);
+  fclose(f);
+  CtlRun r = Ckptctl("verify --root " + dir_.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("DAMAGED " + key), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(key + ": tensor \"layer1.weight\": checksum mismatch"), std::string::npos) << r.out;
+}
+
+TEST_F(ClusterRootTest, VerifyFlagsAShardTheManifestsListButStorageLacks) {
+  ASSERT_TRUE(backend_->Delete(storage::ShardKey("job-c", kStep, 0, "n1")).ok());
+  CtlRun r = Ckptctl("verify --root " + dir_.path() + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("\"key\":\"" + storage::ManifestKey("job-c", kStep, "n1") + "\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"key\":\"" + storage::GlobalManifestKey("job-c", kStep) + "\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: listed shard"), std::string::npos) << r.out;
+}
+
+TEST_F(ClusterRootTest, ListRootShowsEveryNodesShardsAndManifests) {
+  CtlRun r = Ckptctl("list --root " + dir_.path() + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* want : {"\"job\":\"job-c\"", "\"step\":42", "\"node\":\"n2\"", "\"MANIFEST.global\"",
+                           "\"MANIFEST.n1\"", "\"MANIFEST.n2\""})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " in " << r.out;
+  CtlRun table = Ckptctl("list --root " + dir_.path() + " --job job-c");
+  EXPECT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_NE(table.out.find("n1,n2"), std::string::npos) << table.out;
+}
+
+TEST_F(ClusterRootTest, InspectFindsARanksShardOnAClusterRootAndReadsManifests) {
+  CtlRun r = Ckptctl(absl::StrFormat("inspect --json --root %s --job job-c --step %d --rank 2",
+                                     dir_.path(), kStep));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank-00002.n2.shard"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"rank\":2"), std::string::npos) << r.out;
+  CtlRun g = Ckptctl("inspect --json " + PathOf(storage::GlobalManifestKey("job-c", kStep)));
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_NE(g.out.find("\"global\":true"), std::string::npos) << g.out;
+  EXPECT_NE(g.out.find(storage::ShardKey("job-c", kStep, 1, "n1")), std::string::npos) << g.out;
+  CtlRun n = Ckptctl("inspect " + PathOf(storage::ManifestKey("job-c", kStep, "n2")));
+  EXPECT_EQ(n.exit_code, 0) << n.out;
+  EXPECT_NE(n.out.find(storage::ShardKey("job-c", kStep, 3, "n2")), std::string::npos) << n.out;
 }
 
 }  // namespace

@@ -1,0 +1,171 @@
+// list --root and inspect of a manifest: what is on storage, read through
+// storage/keys.h and storage/manifest.h (one-node and cluster layouts).
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "storage/keys.h"
+#include "storage/manifest.h"
+#include "tools/ctl_commands.h"
+#include "tools/json_writer.h"
+#include "tools/shard_access.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::tools {
+namespace {
+
+struct StepEntry {
+  struct ShardEntry {
+    uint32_t rank;
+    std::string node;
+    std::string key;
+    uint64_t bytes;
+  };
+  std::vector<ShardEntry> shards;
+  std::vector<std::string>
+      manifests;  // "MANIFEST", "MANIFEST.n1", "MANIFEST.global"
+};
+
+std::string Leaf(const std::string& key) {
+  return key.substr(key.rfind('/') + 1);
+}
+
+}  // namespace
+
+absl::Status RunListRoot(const std::string& root, const std::string& job,
+                         bool json) {
+  if (!job.empty()) CKPT_RETURN_IF_ERROR(ValidateJobName(job, "--job"));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::Backend> backend,
+                        OpenRoot(root, "--root"));
+  CKPT_ASSIGN_OR_RETURN(
+      RootContents c,
+      ScanRoot(*backend, job.empty() ? "" : storage::JobPrefix(job)));
+  std::map<std::pair<std::string, uint64_t>, StepEntry> steps;
+  for (const std::string& k : c.shards) {
+    absl::StatusOr<storage::ParsedKey> p = storage::ParseKey(k);
+    if (!p.ok()) continue;  // not where a shard belongs: verify reports it
+    absl::StatusOr<storage::ObjectInfo> info = backend->Stat(k);
+    steps[{p->job, p->step}].shards.push_back(
+        {p->rank, p->node, k, info.ok() ? info->size : 0});
+  }
+  for (const auto* keys : {&c.node_manifests, &c.global_manifests}) {
+    for (const std::string& k : *keys) {
+      absl::StatusOr<storage::ParsedKey> p = storage::ParseKey(k);
+      if (p.ok()) steps[{p->job, p->step}].manifests.push_back(Leaf(k));
+    }
+  }
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Field("root", root).Key("steps").BeginArray();
+    for (const auto& [id, e] : steps) {
+      w.BeginObject()
+          .Field("job", id.first)
+          .Field("step", id.second)
+          .Key("shards")
+          .BeginArray();
+      for (const auto& s : e.shards) {
+        w.BeginObject()
+            .Field("rank", s.rank)
+            .Field("node", s.node)
+            .Field("key", s.key);
+        w.Field("bytes", s.bytes).EndObject();
+      }
+      w.EndArray().Key("manifests").BeginArray();
+      for (const std::string& m : e.manifests) w.String(m);
+      w.EndArray().EndObject();
+    }
+    w.EndArray().EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return absl::OkStatus();
+  }
+  Table t({"JOB", "STEP", "SHARDS", "RANKS", "NODES", "BYTES", "MANIFESTS"});
+  for (const auto& [id, e] : steps) {
+    std::set<uint32_t> ranks;
+    std::set<std::string> nodes;
+    uint64_t bytes = 0;
+    for (const auto& s : e.shards) {
+      ranks.insert(s.rank);
+      nodes.insert(s.node.empty() ? "-" : s.node);
+      bytes += s.bytes;
+    }
+    t.AddRow({id.first, std::to_string(id.second),
+              std::to_string(e.shards.size()), std::to_string(ranks.size()),
+              absl::StrJoin(nodes, ","), FormatBytes(bytes),
+              e.manifests.empty() ? "-" : absl::StrJoin(e.manifests, ",")});
+  }
+  t.Print(stdout);
+  for (const auto& [key, why] : c.unrecognized)
+    std::printf("  note: %s: %s\n", key.c_str(), why.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
+                             const std::string& path, bool json) {
+  CKPT_ASSIGN_OR_RETURN(storage::ParsedKey where, storage::ParseKey(key));
+  CKPT_ASSIGN_OR_RETURN(std::string text,
+                        storage::ReadManifestText(backend, key));
+  struct Row {
+    uint32_t rank;
+    std::string key, bytes, digest, node;
+  };
+  std::vector<Row> rows;
+  std::string format;
+  uint32_t world_size = 0;
+  if (where.kind == storage::KeyKind::kGlobalManifest) {
+    CKPT_ASSIGN_OR_RETURN(
+        storage::v1::GlobalManifest m,
+        storage::DecodeGlobalManifest(text, key, where.job, where.step));
+    format = m.format();
+    world_size = m.world_size();
+    for (const auto& s : m.shards())
+      rows.push_back({s.rank(), s.key(), std::to_string(s.bytes()),
+                      s.checksum_digest(), s.node_id()});
+  } else {
+    CKPT_ASSIGN_OR_RETURN(storage::v1::NodeManifest m,
+                          storage::DecodeNodeManifest(text, key));
+    format = m.format();
+    world_size = m.world_size();
+    for (const auto& s : m.shards())
+      rows.push_back({s.rank(), s.key(), std::to_string(s.bytes()),
+                      s.checksums_digest(), where.node});
+  }
+  if (json) {
+    JsonWriter w;
+    w.BeginObject()
+        .Field("path", path)
+        .Field("key", key)
+        .Field("format", format);
+    w.Field("job", where.job)
+        .Field("step", where.step)
+        .Field("world_size", world_size);
+    w.Field("global", where.kind == storage::KeyKind::kGlobalManifest)
+        .Key("shards")
+        .BeginArray();
+    for (const Row& r : rows) {
+      w.BeginObject()
+          .Field("rank", r.rank)
+          .Field("key", r.key)
+          .Field("bytes", r.bytes);
+      w.Field("digest", r.digest).Field("node", r.node).EndObject();
+    }
+    w.EndArray().EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return absl::OkStatus();
+  }
+  std::printf(
+      "manifest   %s\nformat     %s\njob        %s\nstep       %llu\nworld "
+      "size %u\n\n",
+      path.c_str(), format.c_str(), where.job.c_str(),
+      static_cast<unsigned long long>(where.step), world_size);
+  Table t({"RANK", "NODE", "KEY", "BYTES", "DIGEST"});
+  for (const Row& r : rows)
+    t.AddRow({std::to_string(r.rank), r.node.empty() ? "-" : r.node, r.key,
+              r.bytes, r.digest});
+  t.Print(stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::tools

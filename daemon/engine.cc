@@ -27,6 +27,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
                                                      Catalog* catalog) {
   std::unique_ptr<Engine> engine(new Engine(std::move(options), backend, catalog));
+  engine->prefaulter_ = std::make_unique<Prefaulter>(
+      [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
+        e->OnPrefaulted(arena, std::move(s));
+      });
   CKPT_RETURN_IF_ERROR(engine->Recover());
   engine->persister_ = std::thread([e = engine.get()] { e->PersistLoop(); });
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
@@ -34,6 +38,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 }
 
 Engine::~Engine() {
+  prefaulter_.reset();  // its callback takes mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -45,7 +50,7 @@ Engine::~Engine() {
     if (lease.pidfd >= 0) close(lease.pidfd);
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
-      if (rank.arena) backend_->UnregisterMemory(rank.arena->slot_data(0));
+      if (rank.arena && rank.registered) backend_->UnregisterMemory(rank.arena->slot_data(0));
 }
 
 std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
@@ -63,6 +68,15 @@ absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
   return &it->second;
 }
 
+Engine::Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return nullptr;
+  auto st = j->second.steps.find(step);
+  if (st == j->second.steps.end()) return nullptr;
+  auto sh = st->second.shards.find(rank);
+  return sh == st->second.shards.end() ? nullptr : &sh->second;
+}
+
 absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   if (rank >= job.rec.world_size())
     return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not below world_size ",
@@ -74,53 +88,157 @@ absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   return &it->second;
 }
 
-absl::StatusOr<Engine::Rank*> Engine::EnsureArenaLocked(Job& job, uint32_t rank,
-                                                        uint64_t slot_bytes) {
-  Rank& r = job.ranks[rank];
-  if (r.arena && r.arena->slot_bytes() >= slot_bytes) return &r;
-  if (r.arena) {
-    // Growing replaces the arena; only allowed while it holds nothing that
-    // is not on disk and nobody reads it.
-    for (const Slot& s : r.slots)
-      if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
-          s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
-        return absl::FailedPreconditionError(absl::StrCat(
-            "slot_bytes: arena of rank ", rank, " has ", r.arena->slot_bytes(),
-            "-byte slots and holds a step that is not durable yet; cannot grow it to ",
-            slot_bytes));
-    for (auto& [step_no, step] : job.steps) {
-      auto sh = step.shards.find(rank);
-      if (sh != step.shards.end()) sh->second.slot = -1;
-    }
-    backend_->UnregisterMemory(r.arena->slot_data(0));
-    r.arena.reset();
-    (void)shm::Arena::Unlink(ArenaName(job.rec.job(), rank));
+absl::Status Engine::CheckGrowableLocked(const Job& job, const Rank& r, uint32_t rank,
+                                         uint64_t slot_bytes) const {
+  // Growing replaces the arena; only allowed while it holds nothing that
+  // is not on disk and nobody reads it.
+  for (const Slot& s : r.slots)
+    if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
+        s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "slot_bytes: arena of rank ", rank, " of job '", job.rec.job(), "' has ",
+          r.arena->slot_bytes(),
+          "-byte slots and holds a step that is not durable yet; cannot grow it to ",
+          slot_bytes));
+  return absl::OkStatus();
+}
+
+void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
+  auto it = job.ranks.find(rank_no);
+  if (it == job.ranks.end() || !it->second.arena) return;
+  Rank& r = it->second;
+  for (auto& [n, step] : job.steps) {
+    auto sh = step.shards.find(rank_no);
+    if (sh != step.shards.end()) sh->second.slot = -1;
   }
+  if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
+  if (unlink) (void)shm::Arena::Unlink(r.arena->name());
+  r.arena.reset();
+  r.slots.clear();
+  r.registered = false;
+  r.ready_slots = 0;
+}
+
+absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& lock,
+                                                  const std::string& name, uint32_t rank_no,
+                                                  uint64_t slot_bytes) {
+  Job* job = nullptr;
+  Rank* r = nullptr;
+  for (;;) {
+    auto j = jobs_.find(name);
+    if (j == jobs_.end())
+      return absl::AbortedError(absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
+    job = &j->second;
+    r = &job->ranks[rank_no];
+    if (!r->creating) break;
+    cv_.wait(lock);  // another request creates this rank's arena
+  }
+  if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
+  const bool grow = r->arena != nullptr;
+  if (grow) CKPT_RETURN_IF_ERROR(CheckGrowableLocked(*job, *r, rank_no, slot_bytes));
   shm::ArenaOptions ao;
-  ao.name = ArenaName(job.rec.job(), rank);
-  ao.job = job.rec.job();
-  ao.rank = rank;
-  ao.world_size = job.rec.world_size();
+  // A grown arena is created beside the old one, which stays whole until
+  // the new one exists: a refusal (no room in /dev/shm) changes nothing.
+  ao.name = ArenaName(name, rank_no) + (grow ? ".grow" : "");
+  ao.job = name;
+  ao.rank = rank_no;
+  ao.world_size = job->rec.world_size();
   ao.slot_bytes = slot_bytes;
-  ao.num_slots = job.rec.num_slots();
-  ao.owner_uid = job.rec.uid();
-  ao.owner_gid = job.rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
+  ao.num_slots = job->rec.num_slots();
+  ao.owner_uid = job->rec.uid();
+  ao.owner_gid = job->rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
+  // The first save takes slot 0 (PickSlotLocked takes the first free
+  // slot): only its pages are faulted before Register answers.
+  ao.prefault_slots = 1;
+  r->creating = true;
+  lock.unlock();
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
-  auto arena = shm::Arena::Create(ao);
-  if (!arena.ok()) {
-    job.ranks.erase(rank);
-    return arena.status();
+  auto created = shm::Arena::Create(ao);
+  lock.lock();
+  // Nothing erases a job or a rank while one of its arenas is being created.
+  job = &jobs_.find(name)->second;
+  r = &job->ranks[rank_no];
+  r->creating = false;
+  cv_.notify_all();
+  if (!created.ok()) return created.status();
+  std::shared_ptr<shm::Arena> arena = std::move(*created);
+  if (grow) {
+    absl::Status s = CheckGrowableLocked(*job, *r, rank_no, slot_bytes);
+    if (s.ok()) s = arena->Rename(ArenaName(name, rank_no));
+    if (!s.ok()) {
+      (void)shm::Arena::Unlink(arena->name());
+      return s;
+    }
+    DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
   }
-  r.arena = std::move(*arena);
-  r.slots.assign(r.arena->num_slots(), Slot{});
-  for (uint32_t i = 0; i < r.arena->num_slots(); ++i) MirrorSlotLocked(r, i);
-  absl::Status reg = backend_->RegisterMemory(r.arena->slot_data(0),
-                                              uint64_t{r.arena->num_slots()} * r.arena->slot_bytes());
-  if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
-  (*job.rec.mutable_arena_slot_bytes())[rank] = r.arena->slot_bytes();
-  if (job.rec.slot_bytes() < r.arena->slot_bytes()) job.rec.set_slot_bytes(r.arena->slot_bytes());
-  CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
-  return &r;
+  r->arena = arena;
+  r->ready_slots = 1;
+  r->reserve_error = absl::OkStatus();
+  r->slots.assign(arena->num_slots(), Slot{});
+  for (uint32_t i = 0; i < arena->num_slots(); ++i) MirrorSlotLocked(*r, i);
+  prefaulter_->Add(arena, /*first_slot=*/1);
+  (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
+  if (job->rec.slot_bytes() < arena->slot_bytes()) job->rec.set_slot_bytes(arena->slot_bytes());
+  CKPT_RETURN_IF_ERROR(catalog_->PutJob(job->rec));
+  job->recorded = true;
+  return r;
+}
+
+void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status) {
+  absl::Status reg = status;
+  if (!status.ok()) {
+    LogWarning(absl::StrCat("arena ", arena->name(), ": only slot 0 is usable: ",
+                            status.message()));
+  } else {
+    // Registering pins every page: only now, with the pages faulted in.
+    reg = backend_->RegisterMemory(arena->slot_data(0),
+                                   uint64_t{arena->num_slots()} * arena->slot_bytes());
+    if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, job] : jobs_)
+    for (auto& [r, rank] : job.ranks)
+      if (rank.arena == arena) {
+        rank.registered = reg.ok();
+        if (status.ok())
+          rank.ready_slots = arena->num_slots();
+        else
+          rank.reserve_error = status;
+        cv_.notify_all();
+        return;
+      }
+  // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
+  if (reg.ok()) backend_->UnregisterMemory(arena->slot_data(0));
+}
+
+void Engine::EraseIfUnrecordedLocked(const std::string& name) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end() || it->second.recorded) return;
+  for (const auto& [r, rank] : it->second.ranks)
+    if (rank.arena || rank.creating) return;
+  jobs_.erase(it);
+}
+
+void Engine::MaybeForgetJobLocked(const std::string& name) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end() || !it->second.forget_when_idle) return;
+  Job& job = it->second;
+  if (!job.steps.empty()) return;
+  for (const auto& [id, lease] : leases_)
+    if (lease.job == name) return;
+  for (const auto& [r, rank] : job.ranks) {
+    if (rank.creating) return;
+    for (const Slot& s : rank.slots)
+      if (s.state != shm::SlotState::kFree) return;  // being persisted or loaded
+  }
+  std::vector<uint32_t> ranks;
+  for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
+  for (uint32_t r : ranks) DropArenaLocked(job, r, /*unlink=*/true);
+  absl::Status s = catalog_->DeleteJob(name);
+  if (!s.ok()) LogWarning(std::string(s.message()));
+  LogInfo(absl::StrCat("job ", name, ": every step deleted; record and arenas removed"));
+  jobs_.erase(it);
+  cv_.notify_all();
 }
 
 void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
@@ -150,17 +268,18 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
     return absl::InvalidArgumentError(
         absl::StrCat("num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
   auto it = jobs_.find(req.job());
   if (it == jobs_.end()) {
+    // Recorded in the catalog only once its first arena exists.
     Job job;
     job.rec.set_job(req.job());
     job.rec.set_world_size(req.world_size());
     job.rec.set_uid(peer.uid);
     job.rec.set_num_slots(num_slots);
     job.rec.set_slot_bytes(0);
-    CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
+    job.recorded = false;
     it = jobs_.emplace(req.job(), std::move(job)).first;
   }
   Job& job = it->second;
@@ -171,7 +290,13 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
     return absl::InvalidArgumentError(absl::StrCat("world_size: ", req.world_size(),
                                                    " differs from the job's ",
                                                    job.rec.world_size()));
-  CKPT_ASSIGN_OR_RETURN(Rank * rank, EnsureArenaLocked(job, req.rank(), req.slot_bytes()));
+  job.forget_when_idle = false;
+  auto ensured = EnsureArena(lock, req.job(), req.rank(), req.slot_bytes());
+  if (!ensured.ok()) {
+    EraseIfUnrecordedLocked(req.job());
+    return ensured.status();
+  }
+  Rank* rank = *ensured;
   v1::RegisterResponse resp;
   resp.set_shm_name(rank->arena->name());
   resp.set_arena_bytes(rank->arena->size());
@@ -181,7 +306,7 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
   return resp;
 }
 
-int Engine::PickSlotLocked(const Rank& rank, uint64_t image_bytes) const {
+int Engine::PickSlotLocked(const Rank& rank) const {
   // The newest step in memory stays: it is what a crashed trainer restores.
   int newest = -1;
   for (size_t i = 0; i < rank.slots.size(); ++i) {
@@ -190,7 +315,7 @@ int Engine::PickSlotLocked(const Rank& rank, uint64_t image_bytes) const {
     if (newest < 0 || s.step > rank.slots[newest].step) newest = static_cast<int>(i);
   }
   int best = -1;
-  for (size_t i = 0; i < rank.slots.size(); ++i) {
+  for (size_t i = 0; i < rank.ready_slots && i < rank.slots.size(); ++i) {
     const Slot& s = rank.slots[i];
     if (s.readers > 0 || static_cast<int>(i) == newest) continue;
     if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
@@ -198,7 +323,6 @@ int Engine::PickSlotLocked(const Rank& rank, uint64_t image_bytes) const {
         (best < 0 || s.step < rank.slots[best].step))
       best = static_cast<int>(i);
   }
-  (void)image_bytes;
   return best;
 }
 
@@ -242,6 +366,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
       MirrorSlotLocked(rank->second, lease.slot);
     }
   }
+  MaybeForgetJobLocked(lease.job);
   cv_.notify_all();
 }
 
@@ -262,9 +387,17 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
   for (;;) {
     // The rank may have been re-registered (arena replaced) while waiting.
     CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
-    slot = PickSlotLocked(*rank, req.image_bytes());
+    slot = PickSlotLocked(*rank);
     if (slot >= 0) break;
-    if (!req.block())
+    if (!rank->reserve_error.ok())
+      return absl::ResourceExhaustedError(
+          absl::StrCat("BUSY: every usable slot of job '", req.job(), "' rank ", req.rank(),
+                       " is taken; the others could not be reserved: ",
+                       rank->reserve_error.message()));
+    // Slots still being readied by the prefaulter are not busy: wait for
+    // them even when the caller does not want to block on busy slots.
+    const bool readying = rank->ready_slots < rank->slots.size();
+    if (!req.block() && !readying)
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));

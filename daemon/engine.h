@@ -13,7 +13,14 @@
 // released, so a trainer killed mid-save leaves no slot locked.
 //
 // Thread-safety: all methods are safe to call concurrently. One mutex
-// guards the state; disk I/O and checksum passes run outside it.
+// (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
+// release changes its slot, the persister changes slots and shards, and
+// retention drops shards across ranks, so separate locks for these would
+// need an ordering every path keeps (not done). Disk I/O, checksum passes
+// and arena creation run outside it: a rank's arena is created (or grown,
+// beside the old one) with mu_ released while Rank::creating makes other
+// requests for that rank wait; the Prefaulter (its own lock, never held
+// while it calls back) readies the slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -35,8 +42,11 @@
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
 #include "daemon/peer_listener.h"
+#include "daemon/prefaulter.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
+#include "storage/keys.h"
+#include "storage/shard_format.h"
 
 namespace ckpt::daemon {
 
@@ -53,8 +63,8 @@ struct ShardReport {
 };
 
 struct EngineOptions {
-  // Local root of the storage backend: lets clients read shard files
-  // themselves; empty when the backend is not a local directory.
+  // Unused by the engine (the backend's LocalPath() says where a client
+  // can read a shard file itself); kept for daemon/options.cc.
   std::string local_root;
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
   uint32_t retain_steps = 3;         // durable steps kept per job
@@ -100,7 +110,8 @@ class Engine {
   absl::StatusOr<v1::ListResponse> List(const PeerCreds& peer, const v1::ListRequest& req);
   absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
                                             const v1::DeleteRequest& req);
-  v1::StatusResponse Status();
+  // Root sees every job's arenas; any other uid only its own jobs'.
+  v1::StatusResponse Status(const PeerCreds& peer);
 
   // Cluster mode: the ranks of `job` this node hosts now (from the
   // coordinator), and the oldest step the job may still restore (the
@@ -127,7 +138,11 @@ class Engine {
  private:
   enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
   struct Shard {
-    v1::ShardRecord rec;
+    v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
+    // The validated index, kept from commit (or recovery, or prefetch) on:
+    // the persister encodes and checks from it; rec.tensors() is its copy
+    // for the catalog and the RPC replies.
+    storage::ShardInfo info;
     ShardPhase phase = ShardPhase::kStaged;
     uint64_t gen = 0;
     int slot = -1;          // slot that holds the image, -1 if none
@@ -147,13 +162,28 @@ class Engine {
     bool reclaimable = false;  // holds a shard whose persist failed for good
   };
   struct Rank {
-    std::unique_ptr<shm::Arena> arena;
+    // Shared with the prefaulter while it faults in the arena's slots.
+    std::shared_ptr<shm::Arena> arena;
     std::vector<Slot> slots;
+    // An arena for this rank is being created (or grown) outside the mutex;
+    // whoever needs the rank's arena waits on cv_ until it is installed.
+    bool creating = false;
+    bool registered = false;  // arena memory registered with the backend
+    // Slots [0, ready_slots) have their pages reserved and may be used; the
+    // prefaulter readies the others after Create (OnPrefaulted).
+    uint32_t ready_slots = 0;
+    absl::Status reserve_error;  // the prefaulter could not ready them
   };
   struct Job {
     v1::JobRecord rec;
     std::map<uint32_t, Rank> ranks;
     std::map<uint64_t, Step> steps;
+    // False while a first Register creates the job: the catalog records a
+    // job only once one of its arenas exists.
+    bool recorded = true;
+    // Every step was deleted: the record goes and the arenas are unlinked
+    // once no lease, save or load uses the job (MaybeForgetJobLocked).
+    bool forget_when_idle = false;
   };
   struct Lease {
     std::string job;
@@ -185,9 +215,25 @@ class Engine {
   // Helpers; *Locked ones need mu_ held.
   absl::StatusOr<Job*> FindJobLocked(const std::string& job, const PeerCreds& peer);
   absl::StatusOr<Rank*> FindRankLocked(Job& job, uint32_t rank);
-  absl::StatusOr<Rank*> EnsureArenaLocked(Job& job, uint32_t rank, uint64_t slot_bytes);
+  // Returns the rank's arena, creating or growing it to slot_bytes. The
+  // creation runs with `lock` released (Rank::creating marks it); a refusal
+  // leaves the rank's old arena and its steps as they were.
+  absl::StatusOr<Rank*> EnsureArena(std::unique_lock<std::mutex>& lock, const std::string& job,
+                                    uint32_t rank, uint64_t slot_bytes);
+  absl::Status CheckGrowableLocked(const Job& job, const Rank& rank, uint32_t rank_no,
+                                   uint64_t slot_bytes) const;
+  // Unmaps the rank's arena (and with `unlink` removes its name); the
+  // rank's shards are then no longer in memory.
+  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
+  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status);
+  // Drops the job and its record if Delete marked it and nothing uses it.
+  void MaybeForgetJobLocked(const std::string& job);
+  // Removes a job that a refused first Register left without any arena.
+  void EraseIfUnrecordedLocked(const std::string& job);
+  // The shard of (job, step, rank), or nullptr.
+  Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  int PickSlotLocked(const Rank& rank, uint64_t image_bytes) const;
+  int PickSlotLocked(const Rank& rank) const;
   void MirrorSlotLocked(Rank& rank, uint32_t slot);
   // Fails (Aborted) when the caller has already exited.
   absl::StatusOr<uint64_t> AddLeaseLocked(Lease lease);
@@ -197,16 +243,26 @@ class Engine {
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
+  // Restore's one decision: the path the caller may read the durable
+  // shard's file from itself (a local file of the recorded size that the
+  // caller's uid can open), or nullopt: the daemon loads it into a slot.
+  // Stats the file (metadata only) with mu_ held.
+  std::optional<std::string> ClientReadablePath(const PeerCreds& peer, const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   absl::StatusOr<Shard*> LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                          const std::string& job, uint64_t step, uint32_t rank,
                                          double* load_s);
-  std::string NodeManifestKey(const std::string& job, uint64_t step) const;
+  // This node's manifest of a step (storage/keys.h).
+  std::string NodeManifestKey(const std::string& job, uint64_t step) const {
+    return storage::ManifestKey(job, step, options_.node_id);
+  }
   // A rank's shard file. In cluster mode it names the node too: a fenced
   // node that wakes up mid-persist must not replace the file its
   // replacement wrote for the same step and rank.
-  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const;
+  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
+    return storage::ShardKey(job, step, rank, options_.node_id);
+  }
   void ReportLocked(const Shard& shard, bool durable) const;
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
@@ -240,6 +296,7 @@ class Engine {
   uint64_t failed_persists_ = 0;
   std::thread persister_;
   std::thread reaper_;
+  std::unique_ptr<Prefaulter> prefaulter_;
 };
 
 }  // namespace ckpt::daemon

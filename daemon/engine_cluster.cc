@@ -1,7 +1,5 @@
 // Cluster mode: the ranks this node hosts, reports to the coordinator and
 // prefetches ordered by it. See engine.h.
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -9,40 +7,13 @@
 #include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/keys.h"
 #include "storage/shard_format.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
-
-std::string Engine::NodeManifestKey(const std::string& job, uint64_t step) const {
-  std::string key = storage::ManifestKey(job, step);
-  if (!options_.node_id.empty()) absl::StrAppend(&key, ".", options_.node_id);
-  return key;
-}
-
-std::string Engine::NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
-  if (options_.node_id.empty()) return storage::ShardKey(job, step, rank);
-  return absl::StrFormat("%srank-%05d.%s.shard", storage::StepPrefix(job, step), rank,
-                         options_.node_id);
-}
-
-namespace {
-
-// "rank-R.shard" (one node) or "rank-R.<node>.shard" (cluster mode) under
-// the step's prefix; anything else could name a file outside the job.
-bool IsRankShardKey(const std::string& key, const std::string& job, uint64_t step, uint32_t rank) {
-  if (key == storage::ShardKey(job, step, rank)) return true;
-  std::string prefix = absl::StrFormat("%srank-%05d.", storage::StepPrefix(job, step), rank);
-  if (key.size() < prefix.size() + 6 || !absl::StartsWith(key, prefix) ||
-      !absl::EndsWith(key, ".shard"))
-    return false;
-  std::string node = key.substr(prefix.size(), key.size() - prefix.size() - 6);
-  return ValidateJobName(node, "node").ok();
-}
-
-}  // namespace
 
 void Engine::ReportLocked(const Shard& shard, bool durable) const {
   if (!options_.on_shard) return;
@@ -77,7 +48,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
   if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size)
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", world_size, " with rank ", rank, " is not valid"));
-  if (!IsRankShardKey(key, job_name, step, rank))
+  if (!storage::IsShardKeyOf(key, job_name, step, rank))
     return absl::InvalidArgumentError(absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
                                                    job_name, "' step ", step, " rank ", rank));
   // Read and check the header and index before touching any state.
@@ -88,9 +59,8 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
                                             " rank ", info.rank, " of ", info.world_size,
                                             ", not the one ordered"));
   uint32_t uid = 0;
-  struct stat st;
-  if (!options_.local_root.empty() && stat((options_.local_root + "/" + key).c_str(), &st) == 0)
-    uid = st.st_uid;  // shard files belong to the job's owner
+  auto object = backend_->Stat(key);
+  if (object.ok() && object->owner_uid) uid = *object->owner_uid;  // the job's owner's file
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
@@ -105,6 +75,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     it = jobs_.emplace(job_name, std::move(job)).first;
   }
   Job& job = it->second;
+  job.forget_when_idle = false;
   if (job.rec.world_size() != world_size)
     return absl::FailedPreconditionError(absl::StrCat(
         "world_size: job '", job_name, "' has ", job.rec.world_size(), " ranks here, not ", world_size));
@@ -131,6 +102,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());
+    shard.info = info;
     shard.phase = ShardPhase::kDurable;
     shard.gen = next_gen_++;
     CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/true));

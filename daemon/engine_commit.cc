@@ -1,4 +1,5 @@
 // CommitSave and the removal of shards. See engine.h.
+#include <chrono>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,10 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
 
   storage::ShardInfo info =
       ToShardInfo(req.job(), req.step(), req.rank(), job->rec.world_size(), req.tensors());
+  info.created_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
   absl::Status valid = storage::ValidateShardInfo(&info);
   if (valid.ok() && info.layout.image_bytes > rank->arena->slot_bytes())
     valid = absl::ResourceExhaustedError(absl::StrCat(
@@ -62,6 +67,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   shard.phase = ShardPhase::kStaged;
   shard.gen = next_gen_++;
   shard.slot = static_cast<int>(slot_no);
+  shard.info = std::move(info);
   // Not synced: a staged step lives in shared memory, which a machine crash
   // loses anyway; a daemon crash keeps the page cache.
   CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/false));
@@ -71,11 +77,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   s.state = shm::SlotState::kStaged;
   s.step = req.step();
   s.gen = shard.gen;
-  s.image_bytes = info.layout.image_bytes;
+  s.image_bytes = shard.info.layout.image_bytes;
   MirrorSlotLocked(*rank, slot_no);
   Task task{Task::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);
   job->steps[req.step()].shards[req.rank()] = std::move(shard);
+  job->forget_when_idle = false;
   ReleaseLeaseLocked(req.lease());
   tasks_.push_back(std::move(task));
   cv_.notify_all();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"
 #include "util/status.h"
@@ -81,26 +82,21 @@ void Engine::PersistShard(const Task& task) {
   uid_t owner_uid = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return;
-    auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end()) return;
-    auto sh = step->second.shards.find(task.rank);
-    if (sh == step->second.shards.end()) return;
-    Shard& shard = sh->second;
-    if (shard.gen != task.gen || shard.phase != ShardPhase::kStaged || shard.slot < 0) return;
-    Rank& rank = job->second.ranks[task.rank];
-    shard.phase = ShardPhase::kPersisting;
-    rank.slots[shard.slot].state = shm::SlotState::kPersisting;
-    MirrorSlotLocked(rank, shard.slot);
-    image = rank.arena->slot_data(shard.slot);
-    owner_uid = job->second.rec.uid();
-    info = ToShardInfo(task.job, task.step, task.rank, job->second.rec.world_size(),
-                       shard.rec.tensors());
-    for (const auto& m : shard.rec.tensors()) has_checksum.push_back(m.has_checksum());
+    Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+    if (shard == nullptr || shard->gen != task.gen || shard->phase != ShardPhase::kStaged ||
+        shard->slot < 0)
+      return;
+    Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
+    shard->phase = ShardPhase::kPersisting;
+    rank.slots[shard->slot].state = shm::SlotState::kPersisting;
+    MirrorSlotLocked(rank, shard->slot);
+    image = rank.arena->slot_data(shard->slot);
+    owner_uid = jobs_.find(task.job)->second.rec.uid();
+    info = shard->info;  // validated at commit
+    for (const auto& m : shard->rec.tensors()) has_checksum.push_back(m.has_checksum());
   }
 
-  absl::Status s = storage::ValidateShardInfo(&info);
+  absl::Status s;
   bool computed = false;
   for (size_t i = 0; s.ok() && i < info.tensors.size(); ++i) {
     if (has_checksum[i]) continue;  // device tensors: the CPU never saw them
@@ -114,7 +110,10 @@ void Engine::PersistShard(const Task& task) {
     // The checksum pass runs on another core while the write is in flight.
     auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),
                              std::cref(has_checksum));
-    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes);
+    // The job's uid owns its shards, so its trainers can read them directly.
+    storage::WriterOptions wo;
+    wo.owner_uid = owner_uid;
+    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes, wo);
     s = writer.status();
     if (s.ok()) s = (*writer)->WriteAt(0, image, info.layout.image_bytes);
     absl::Status v = verify.get();
@@ -122,24 +121,12 @@ void Engine::PersistShard(const Task& task) {
     if (s.ok()) s = (*writer)->Commit();
     else if (writer.ok()) (*writer)->Abort();
   }
-  if (s.ok() && !options_.local_root.empty()) {
-    // The job's uid owns its shards, so its trainers can read them directly.
-    std::string path = options_.local_root + "/" + key;
-    if (chown(path.c_str(), owner_uid, static_cast<gid_t>(-1)) != 0 && errno != EPERM)
-      LogWarning(absl::StrCat("chown ", path, ": ", std::strerror(errno)));
-  }
 
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
   auto job = jobs_.find(task.job);
-  Shard* shard = nullptr;
-  if (job != jobs_.end()) {
-    auto step = job->second.steps.find(task.step);
-    if (step != job->second.steps.end()) {
-      auto sh = step->second.shards.find(task.rank);
-      if (sh != step->second.shards.end() && sh->second.gen == task.gen) shard = &sh->second;
-    }
-  }
+  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
   if (shard == nullptr) {
     // Deleted or replaced while we wrote: the file must not outlive it.
     bool current = false;
@@ -155,6 +142,7 @@ void Engine::PersistShard(const Task& task) {
           }
     }
     if (s.ok() && !current) QueueDeleteLocked(key, false);
+    MaybeForgetJobLocked(task.job);
     return;
   }
   Rank& rank = job->second.ranks[task.rank];
@@ -164,16 +152,14 @@ void Engine::PersistShard(const Task& task) {
     shard->rec.set_state(v1::ShardRecord::DURABLE);
     shard->rec.set_path(key);
     shard->rec.clear_error();
-    for (int i = 0; i < shard->rec.tensors_size(); ++i) {
-      shard->rec.mutable_tensors(i)->set_checksum(info.tensors[i].checksum);
-      shard->rec.mutable_tensors(i)->set_has_checksum(true);
-    }
+    shard->info = std::move(info);
+    ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
     slot.state = shm::SlotState::kDurable;
     MirrorSlotLocked(rank, shard->slot);
     ++persisted_shards_;
-    persisted_bytes_ += info.layout.image_bytes;
+    persisted_bytes_ += shard->info.layout.image_bytes;
     ReportLocked(*shard, /*durable=*/true);
     MaybeQueueManifestLocked(job->second, task.step);
     return;
@@ -215,6 +201,12 @@ bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable)
     return false;
   }
   for (const auto& [r, shard] : step.shards) {
+    // A shard whose persist failed for good (e.g. its checksums did not
+    // match its bytes) makes the step unusable, even if still in memory.
+    if (shard.phase == ShardPhase::kFailed) {
+      *durable = false;
+      return false;
+    }
     if (shard.phase != ShardPhase::kDurable) *durable = false;
     if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
   }
@@ -231,7 +223,7 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
 }
 
 void Engine::WriteManifest(const Task& task) {
-  std::string json;
+  storage::v1::NodeManifest m;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
@@ -240,19 +232,19 @@ void Engine::WriteManifest(const Task& task) {
     if (step == job->second.steps.end() || step->second.manifest) return;
     bool durable = false;
     if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    json = absl::StrFormat(R"({"format":"ckptd-manifest-v1","job":"%s","step":%d,"world_size":%d,"shards":[)",
-                           task.job, task.step, job->second.rec.world_size());
-    bool first = true;
+    m.set_job(task.job);
+    m.set_step(task.step);
+    m.set_world_size(job->second.rec.world_size());
     for (const auto& [r, shard] : step->second.shards) {
-      uint64_t combined = ShardDigest(shard.rec.tensors());
-      absl::StrAppendFormat(&json, R"(%s{"rank":%d,"key":"%s","bytes":%d,"tensors":%d,"checksums_digest":"%016x"})",
-                            first ? "" : ",", r, shard.rec.path(), shard.rec.image_bytes(),
-                            shard.rec.tensors_size(), combined);
-      first = false;
+      storage::v1::NodeManifestShard* ms = m.add_shards();
+      ms->set_rank(r);
+      ms->set_key(shard.rec.path());
+      ms->set_bytes(shard.rec.image_bytes());
+      ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
+      ms->set_checksums_digest(storage::DigestHex(ShardDigest(shard.rec.tensors())));
     }
-    json += "]}\n";
   }
-  absl::Status s = backend_->PutSmallObject(NodeManifestKey(task.job, task.step), json);
+  absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));

@@ -84,13 +84,24 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     Rank& rank = job.ranks[r];
     rank.arena = std::move(*arena);
     rank.slots.assign(rank.arena->num_slots(), Slot{});
-    (void)backend_->RegisterMemory(rank.arena->slot_data(0),
-                                   uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes());
+    rank.ready_slots = rank.arena->num_slots();  // Reattach reserves every page
+    rank.registered =
+        backend_->RegisterMemory(rank.arena->slot_data(0),
+                                 uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes())
+            .ok();
   }
   size_t requeued = 0, in_memory = 0, lost = 0;
   for (v1::ShardRecord& rec : shards) {
     Shard sh;
     sh.gen = next_gen_++;
+    sh.info = ToShardInfo(name, rec.step(), rec.rank(), rec.world_size(), rec.tensors());
+    if (!storage::ValidateShardInfo(&sh.info).ok()) {
+      LogWarning(absl::StrCat("job ", name, " step ", rec.step(), " rank ", rec.rank(),
+                              ": the catalog's tensor index does not validate; dropped"));
+      (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
+      ++lost;
+      continue;
+    }
     sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable : ShardPhase::kStaged;
     auto rank = job.ranks.find(rec.rank());
     if (rank != job.ranks.end() && rec.slot() < rank->second.slots.size() &&
@@ -98,6 +109,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
         ImageMatchesRecord(rank->second.arena->slot_data(rec.slot()),
                            rank->second.arena->slot_bytes(), rec)) {
       sh.slot = static_cast<int>(rec.slot());
+      // The image's header has the commit time the index does not carry.
+      auto header = storage::DecodeHeader(
+          {rank->second.arena->slot_data(rec.slot()), storage::kShardAlign});
+      if (header.ok()) sh.info.created_unix_ns = header->created_unix_ns;
       rank->second.slots[rec.slot()] =
           Slot{sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable : shm::SlotState::kStaged,
                rec.step(), sh.gen, rec.image_bytes(), 0, 0};

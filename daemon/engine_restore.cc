@@ -1,4 +1,9 @@
 // Latest, restore, list, delete and status. See engine.h.
+#include <fcntl.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -43,20 +48,19 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ", req.step(),
                                             " for rank ", req.rank()));
   };
-  auto step = job->steps.find(req.step());
-  if (step == job->steps.end()) return not_found();
-  auto sh = step->second.shards.find(req.rank());
-  if (sh == step->second.shards.end()) return not_found();
-  Shard* shard = &sh->second;
+  Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
+  if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
-  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read() &&
-      !options_.local_root.empty()) {
+  std::optional<std::string> path;
+  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read())
+    path = ClientReadablePath(peer, *shard);
+  if (path) {
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
                          ": the client reads ", shard->rec.path()));
     resp.set_source(v1::RESTORE_SOURCE_FILE);
-    resp.set_path(options_.local_root + "/" + shard->rec.path());
+    resp.set_path(*path);
     resp.set_image_bytes(shard->rec.image_bytes());
     *resp.mutable_tensors() = shard->rec.tensors();
     return resp;
@@ -86,50 +90,107 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   return resp;
 }
 
+namespace {
+
+// Whether the caller's uid/gid may open path for reading, directories on
+// the way included. A root daemon asks the kernel with the caller's
+// filesystem ids (setfsuid/setfsgid change only this thread, and drop its
+// CAP_DAC_* while they are not 0); a daemon that is not root cannot take
+// another uid's ids and relies on the owner and mode checks alone.
+bool CallerCanOpen(const PeerCreds& peer, const std::string& path) {
+  if (geteuid() != 0 || peer.uid == 0) return true;
+  const int old_gid = setfsgid(peer.gid);
+  const int old_uid = setfsuid(peer.uid);
+  const bool readable = faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) == 0;
+  setfsuid(old_uid);
+  setfsgid(old_gid);
+  return readable;
+}
+
+}  // namespace
+
+std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
+                                                      const Shard& shard) {
+  std::optional<std::string> path = backend_->LocalPath(shard.rec.path());
+  if (!path) return std::nullopt;  // no local file: the daemon loads it
+  auto object = backend_->Stat(shard.rec.path());
+  if (!object.ok() || object->size != shard.rec.image_bytes()) return std::nullopt;
+  // The caller opens the file with its own credentials: it must be root or
+  // the file's owner (the persister creates it owned by the job's uid), and
+  // the owner's read bit must be set. Root is held to the bit too: a trainer
+  // need not have CAP_DAC_OVERRIDE, and a wrong guess costs a failed restore
+  // where a slot load costs one copy.
+  if (!object->owner_uid || !object->mode) return std::nullopt;
+  if (peer.uid != 0 && *object->owner_uid != peer.uid) return std::nullopt;
+  if ((*object->mode & S_IRUSR) == 0) return std::nullopt;
+  if (!CallerCanOpen(peer, *path)) return std::nullopt;
+  return path;
+}
+
 absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                                        const std::string& job_name,
                                                        uint64_t step_no, uint32_t rank_no,
                                                        double* load_s) {
-  Job* job = &jobs_.find(job_name)->second;
-  Shard* shard = &job->steps[step_no].shards[rank_no];
+  Shard* shard = FindShardLocked(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
+  const uint64_t bytes = shard->rec.image_bytes();
+  const std::string key = shard->rec.path();
+  auto changed = [] { return absl::AbortedError("load: the step changed meanwhile; retry"); };
   // Load the shard file into a slot: one read, then the client copies.
-  auto t_arena = std::chrono::steady_clock::now();
-  Rank* rank = nullptr;
-  auto existing = job->ranks.find(rank_no);
-  if (existing != job->ranks.end() && existing->second.arena &&
-      existing->second.arena->slot_bytes() >= shard->rec.image_bytes()) {
-    rank = &existing->second;
-  } else {
-    uint64_t need = std::max<uint64_t>(shard->rec.image_bytes(), job->rec.slot_bytes());
-    CKPT_ASSIGN_OR_RETURN(rank, EnsureArenaLocked(*job, rank_no, need));
-  }
-  double arena_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_arena).count();
-  if (arena_s > 0.01) LogInfo(absl::StrCat("load: arena for rank ", rank_no, " ready in ", arena_s, " s"));
   auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
+  Rank* rank = nullptr;
   int slot = -1;
-  while ((slot = PickSlotLocked(*rank, shard->rec.image_bytes())) < 0)
+  for (;;) {
+    // The lock is released while an arena is created and while waiting for
+    // a slot: the job, the rank and the shard are found again each time.
+    auto j = jobs_.find(job_name);
+    if (j == jobs_.end()) return changed();
+    Job* job = &j->second;
+    shard = FindShardLocked(job_name, step_no, rank_no);
+    if (shard == nullptr || shard->gen != gen) return changed();
+    if (shard->slot >= 0) return shard;  // another request loaded it
+    auto existing = job->ranks.find(rank_no);
+    if (existing == job->ranks.end() || !existing->second.arena ||
+        existing->second.creating || existing->second.arena->slot_bytes() < bytes) {
+      uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
+      CKPT_RETURN_IF_ERROR(EnsureArena(lock, job_name, rank_no, need).status());
+      continue;
+    }
+    rank = &existing->second;
+    slot = PickSlotLocked(*rank);
+    if (slot >= 0) break;
+    if (!rank->reserve_error.ok())
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "BUSY: no usable slot to load the shard into: ", rank->reserve_error.message()));
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
       return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
-  Slot& s = rank->slots[slot];
+  }
+  Job* job = &jobs_.find(job_name)->second;
   for (auto& [n, st] : job->steps) {
     auto o = st.shards.find(rank_no);
     if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
   }
-  s = Slot{shm::SlotState::kWriting, step_no, 0, shard->rec.image_bytes(), 0, 0};
+  rank->slots[slot] = Slot{shm::SlotState::kWriting, step_no, 0, bytes, 0, 0};
   MirrorSlotLocked(*rank, slot);
   char* dst = rank->arena->slot_data(slot);
-  const std::string key = shard->rec.path();
-  const uint64_t bytes = shard->rec.image_bytes();
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = backend_->ReadAt(key, 0, dst, bytes);
+  absl::Status st;
+  {
+    auto reader = backend_->NewObjectReader(key);  // one open, then one read
+    st = reader.status();
+    if (st.ok() && (*reader)->size() != bytes)
+      st = absl::DataLossError(absl::StrCat(key, ": ", (*reader)->size(),
+                                            " bytes, the catalog recorded ", bytes));
+    if (st.ok()) st = (*reader)->ReadAt(0, dst, bytes);
+  }
   if (st.ok()) st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   LogInfo(absl::StrCat("load ", key, ": read ", bytes, " bytes in ", *load_s, " s",
                        st.ok() ? "" : ": ", st.message()));
   lock.lock();
-  // The job, rank or shard may have changed while the lock was released.
+  // The job, rank or shard may have changed while the lock was released
+  // (a slot in state kWriting is never replaced, so the arena is the same).
   auto j = jobs_.find(job_name);
   Rank* r = nullptr;
   if (j != jobs_.end() && j->second.ranks.count(rank_no)) r = &j->second.ranks[rank_no];
@@ -138,19 +199,16 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
     r->slots[slot] = Slot{};
     MirrorSlotLocked(*r, slot);
   }
-  if (!st.ok()) return Annotate(st, "load from storage");
-  Shard* cur = nullptr;
-  if (j != jobs_.end()) {
-    auto stp = j->second.steps.find(step_no);
-    if (stp != j->second.steps.end() && stp->second.shards.count(rank_no))
-      cur = &stp->second.shards[rank_no];
+  cv_.notify_all();
+  Shard* cur = FindShardLocked(job_name, step_no, rank_no);
+  if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
+    MaybeForgetJobLocked(job_name);
+    if (!st.ok()) return Annotate(st, "load from storage");
+    return changed();
   }
-  if (!slot_ok || !cur || cur->gen != gen)
-    return absl::AbortedError("load: the step changed while it was loaded; retry");
   r->slots[slot] = Slot{shm::SlotState::kDurable, step_no, gen, bytes, 0, 0};
   MirrorSlotLocked(*r, slot);
   cur->slot = slot;
-  cv_.notify_all();
   return cur;
 }
 
@@ -173,11 +231,12 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableReq
                   std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
   for (;;) {
     CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-    auto step = job->steps.find(req.step());
-    if (step == job->steps.end() || !step->second.shards.count(req.rank()))
+    (void)job;
+    const Shard* found = FindShardLocked(req.job(), req.step(), req.rank());
+    if (found == nullptr)
       return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
                                               req.step(), " for rank ", req.rank()));
-    const Shard& shard = step->second.shards.at(req.rank());
+    const Shard& shard = *found;
     if (shard.phase == ShardPhase::kDurable) return absl::OkStatus();
     if (shard.phase == ShardPhase::kFailed)
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
@@ -191,12 +250,18 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableReq
 absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::ListRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListResponse resp;
-  if (!req.job().empty()) CKPT_RETURN_IF_ERROR(FindJobLocked(req.job(), peer).status());
+  if (!req.job().empty()) {
+    // A job whose steps were all deleted has no record left: listed empty.
+    absl::Status found = FindJobLocked(req.job(), peer).status();
+    if (absl::IsNotFound(found)) return resp;
+    CKPT_RETURN_IF_ERROR(found);
+  }
   static constexpr v1::ShardState kPhase[] = {v1::SHARD_STATE_STAGED, v1::SHARD_STATE_PERSISTING,
                                               v1::SHARD_STATE_DURABLE, v1::SHARD_STATE_FAILED};
   for (const auto& [name, job] : jobs_) {
     if (!req.job().empty() && name != req.job()) continue;
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
+    if (!job.recorded) continue;  // a first Register is still creating it
     v1::JobInfo* ji = resp.add_jobs();
     ji->set_job(name);
     ji->set_world_size(job.rec.world_size());
@@ -241,18 +306,26 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
     if (options_.node_id.empty())
       CKPT_RETURN_IF_ERROR(backend_->DeletePrefix(storage::StepPrefix(req.job(), n)));
   }
+  if (req.all_steps()) {
+    // Nothing left: the job's record and arenas go once nothing uses them;
+    // a later Register creates the job again.
+    job->forget_when_idle = true;
+    MaybeForgetJobLocked(req.job());
+  }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
   return resp;
 }
 
-v1::StatusResponse Engine::Status() {
+v1::StatusResponse Engine::Status(const PeerCreds& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::StatusResponse resp;
   resp.set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   resp.set_backend(backend_->name());
   uint64_t in_flight = 0;
   for (const auto& [name, job] : jobs_) {
+    // Other uids' jobs are not shown (as in List); the counters are global.
+    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
     for (const auto& [r, rank] : job.ranks) {
       if (!rank.arena) continue;
       v1::ArenaStatus* a = resp.add_arenas();

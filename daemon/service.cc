@@ -107,8 +107,8 @@ CKPT_FORWARD_OR(Delete, DeleteRequest, DeleteResponse)
 
 grpc::Status CkptdService::Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
                                   v1::StatusResponse* resp) {
-  return Call(ctx, req, resp, [&](const PeerCreds&) {
-    *resp = engine_->Status();
+  return Call(ctx, req, resp, [&](const PeerCreds& peer) {
+    *resp = engine_->Status(peer);
     resp->set_root(root_);
     resp->set_version(CKPTD_VERSION);
     return grpc::Status::OK;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -114,8 +115,10 @@ absl::StatusOr<char*> Map(int fd, uint64_t offset, uint64_t bytes, int prot,
 
 // Reserves every page of the segment so that running out of /dev/shm is an
 // error now, never a SIGBUS on a later store.
-absl::Status Reserve(int fd, const std::string& name, uint64_t bytes) {
-  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+absl::Status Reserve(int fd, const std::string& name, uint64_t offset,
+                     uint64_t bytes) {
+  int err = ::posix_fallocate(fd, static_cast<off_t>(offset),
+                              static_cast<off_t>(bytes));
   if (err == 0) return absl::OkStatus();
   if (err == ENOSPC || err == EFBIG) {
     struct statvfs vfs {};
@@ -224,6 +227,7 @@ uint64_t Arena::ArenaBytes(uint64_t slot_bytes, uint32_t num_slots) {
 
 Arena::~Arena() {
   if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
@@ -248,7 +252,25 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
     s = ErrnoToStatus(
         errno, absl::StrCat("arena ", name, ": fchown to ", options.owner_uid,
                             ":", static_cast<int>(options.owner_gid)));
-  if (s.ok()) s = Reserve(fd.fd, name, arena_bytes);
+  // Only the header and the first prefault_slots slots are reserved and
+  // faulted in now; ReserveSlots() does the rest. The segment has its full
+  // size from the start (clients check it), and /dev/shm must have room for
+  // all of it now: a later reservation that fails leaves those slots
+  // unused, never a SIGBUS.
+  const uint32_t now_slots = std::min(options.prefault_slots, options.num_slots);
+  const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
+  if (s.ok() && now_bytes < arena_bytes) {
+    if (::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
+      s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
+                                            arena_bytes, " bytes"));
+    struct statvfs vfs {};
+    if (s.ok() && ::fstatvfs(fd.fd, &vfs) == 0 &&
+        uint64_t{vfs.f_bavail} * vfs.f_frsize < arena_bytes)
+      s = absl::ResourceExhaustedError(absl::StrCat(
+          "arena ", name, ": /dev/shm cannot hold ", arena_bytes,
+          " bytes (free: ", uint64_t{vfs.f_bavail} * vfs.f_frsize, ")"));
+  }
+  if (s.ok()) s = Reserve(fd.fd, name, 0, now_bytes);
   char* base = nullptr;
   if (s.ok()) {
     auto mapped =
@@ -256,7 +278,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
     if (mapped.ok()) {
       base = *mapped;
-      s = Prefault(base, arena_bytes, name);
+      s = Prefault(base, now_bytes, name);
       if (!s.ok()) ::munmap(base, arena_bytes);
     } else {
       s = mapped.status();
@@ -285,7 +307,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kArenaMagic;
 
-  return Wrap(name, base, arena_bytes, slot_bytes, options.num_slots);
+  auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots);
+  if (now_bytes < arena_bytes) std::swap(arena->fd_, fd.fd);  // for ReserveSlots
+  return arena;
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
@@ -316,6 +340,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     return absl::DataLossError(absl::StrCat("arena ", name,
                                             ": segment size is ", real,
                                             " bytes, expected ", arena_bytes));
+  // The daemon that created it may have died before reserving every slot.
+  CKPT_RETURN_IF_ERROR(Reserve(fd.fd, name, 0, arena_bytes));
   CKPT_ASSIGN_OR_RETURN(
       char* base,
       Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
@@ -388,6 +414,28 @@ absl::Status Arena::Unlink(std::string_view name_view) {
     return BoostToStatus(e, absl::StrCat("arena ", name, ": shm_unlink"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Arena::Rename(std::string_view to_view) {
+  std::string to(to_view);
+  CKPT_RETURN_IF_ERROR(ValidateName(to));
+  // POSIX shared memory objects are the files of /dev/shm on Linux (glibc's
+  // shm_open opens "/dev/shm" + name); rename(2) replaces atomically.
+  std::string from_path = "/dev/shm" + name_, to_path = "/dev/shm" + to;
+  if (::rename(from_path.c_str(), to_path.c_str()) != 0)
+    return ErrnoToStatus(errno,
+                         absl::StrCat("arena ", name_, ": rename to ", to));
+  name_ = std::move(to);
+  return absl::OkStatus();
+}
+
+absl::Status Arena::ReserveSlots(uint32_t first, uint32_t count) const {
+  if (first >= num_slots_) return absl::OkStatus();
+  count = std::min(count, num_slots_ - first);
+  const uint64_t bytes = uint64_t{count} * slot_bytes_;
+  if (fd_ >= 0)
+    CKPT_RETURN_IF_ERROR(Reserve(fd_, name_, slot_offset(first), bytes));
+  return Prefault(slot_data(first), bytes, name_);
 }
 
 uint64_t Arena::slot_offset(uint32_t slot) const {

@@ -1,8 +1,12 @@
 // Named shared-memory arenas: one per (job, rank), owned by ckptd.
 //
-// The daemon creates an arena (mode 0600, owned by the registering uid),
-// allocates every page up front (fallocate: an arena /dev/shm cannot hold is
-// refused at creation, never a SIGBUS later) and pre-faults its mapping. A
+// The daemon creates an arena (mode 0600, owned by the registering uid):
+// an arena /dev/shm cannot hold is refused at creation, never a SIGBUS
+// later. Create allocates (fallocate) and pre-faults the header and the
+// first `prefault_slots` slots; ReserveSlots() does the same for the rest
+// later (a background thread), so that a first save waits only for the
+// pages of the slot it writes. Until then the other slots must not be
+// used: their pages are not reserved yet. A
 // trainer attaches with Attach(): the header page read-only, the slots
 // read-write. Because the daemon owns the segment, a trainer crash never
 // loses a staged step, and a restarted daemon re-attaches with Reattach().
@@ -77,6 +81,10 @@ struct ArenaOptions {
   uint32_t num_slots = 2;   // 2..kMaxSlots
   uid_t owner_uid = 0;
   gid_t owner_gid = 0;
+  // Slots whose pages Create allocates and faults in before returning
+  // (zeroing shmem pages is the expensive part of creating an arena); the
+  // others need ReserveSlots() before use.
+  uint32_t prefault_slots = kMaxSlots;
 };
 
 class Arena {
@@ -96,6 +104,14 @@ class Arena {
                                                        uint64_t slots_offset);
   // Removes the name (the memory lives until every mapping is gone).
   static absl::Status Unlink(std::string_view name);
+  // Daemon: gives this arena the name `to`, atomically replacing an arena
+  // of that name (whose mappings stay valid). For an arena that no other
+  // thread uses yet: it changes name().
+  [[nodiscard]] absl::Status Rename(std::string_view to);
+  // Daemon: allocates (if Create left them out) and faults in the pages of
+  // slots [first, first + count); ResourceExhausted if /dev/shm has no room
+  // left. Safe to run on another thread while other slots are in use.
+  [[nodiscard]] absl::Status ReserveSlots(uint32_t first, uint32_t count) const;
 
   // Bytes an arena of these dimensions occupies, and the offset of slot 0.
   static uint64_t SlotsOffset();
@@ -127,6 +143,7 @@ class Arena {
   uint64_t slot_bytes_ = 0;
   uint32_t num_slots_ = 0;
   bool header_writable_ = false;
+  int fd_ = -1;  // Create's segment while slots are left to reserve
 };
 
 }  // namespace ckpt::shm

@@ -65,6 +65,7 @@ struct WriterOptions {
 struct ObjectInfo {
   uint64_t size = 0;
   std::optional<uid_t> owner_uid;  // absent on stores without owners
+  std::optional<mode_t> mode;      // permission bits; absent on stores without them
 };
 
 // One open object. Used by one thread at a time.

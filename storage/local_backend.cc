@@ -179,6 +179,7 @@ class LocalBackend : public Backend {
     ObjectInfo info;
     info.size = static_cast<uint64_t>(st.st_size);
     info.owner_uid = st.st_uid;
+    info.mode = st.st_mode & 07777;
     return info;
   }
 

@@ -1,11 +1,13 @@
 // Runs as another uid and tries to reach a job it does not own; the exit
 // status is a bitmask of the checks that let it in (0 = all refused).
 // Usage: uid_probe SOCKET JOB SHM_NAME
+//        uid_probe SOCKET JOB SHM_NAME status   (only: Status shows no arena)
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
@@ -13,10 +15,16 @@
 #include "ckpt.grpc.pb.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) return 100;
+  if (argc != 4 && !(argc == 5 && std::string(argv[4]) == "status")) return 100;
   if (setgid(65534) != 0 || setuid(65534) != 0) return 101;
   auto stub = ckpt::v1::Ckptd::NewStub(
       grpc::CreateChannel(std::string("unix:") + argv[1], grpc::InsecureChannelCredentials()));
+  if (argc == 5) {
+    grpc::ClientContext ctx;
+    ckpt::v1::StatusResponse resp;
+    if (!stub->Status(&ctx, ckpt::v1::StatusRequest(), &resp).ok()) return 102;
+    return resp.arenas_size() == 0 ? 0 : 32;
+  }
   int bad = 0;
   {
     grpc::ClientContext ctx;

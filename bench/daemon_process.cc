@@ -43,6 +43,7 @@ std::string DefaultCkptdPath() {
 }
 
 DaemonProcess::~DaemonProcess() {
+  // A destructor cannot report: a failed stop leaves nothing to act on.
   if (pid_ > 0) (void)Stop();
 }
 
@@ -79,7 +80,7 @@ absl::Status DaemonProcess::Start() {
       return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  (void)Stop();
+  (void)Stop();  // the timeout is the error to report, not how the stop went
   return absl::DeadlineExceededError(absl::StrCat("ckptd did not answer on ", config_.socket,
                                                   " within the start timeout; see ", config_.log_path));
 }

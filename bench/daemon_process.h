@@ -32,16 +32,16 @@ class DaemonProcess {
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
-  absl::Status Start();
+  [[nodiscard]] absl::Status Start();
   // SIGTERM, then waits (the daemon drains pending persists first).
-  absl::Status Stop();
+  [[nodiscard]] absl::Status Stop();
   // From the Status RPC: the storage backend and the shm name of every
   // arena the daemon holds.
   struct State {
     std::string backend;
     std::vector<std::string> arenas;
   };
-  absl::StatusOr<State> Query() const;
+  [[nodiscard]] absl::StatusOr<State> Query() const;
   bool running() const { return pid_ > 0; }
 
  private:

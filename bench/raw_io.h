@@ -22,7 +22,8 @@ namespace ckpt::bench {
 double ParallelMemcpy(char* dst, std::span<const Tensor> tensors, int threads);
 
 // write() of each tensor to a new file at path, then fsync, then close.
-absl::StatusOr<double> SyncWrite(const std::string& path, std::span<const Tensor> tensors);
+[[nodiscard]] absl::StatusOr<double> SyncWrite(const std::string& path,
+                                               std::span<const Tensor> tensors);
 
 struct RawIoOptions {
   unsigned depth = 8;           // requests in flight
@@ -30,15 +31,17 @@ struct RawIoOptions {
 };
 // O_DIRECT sequential write of [buf, buf+bytes) to a new, fallocated file
 // at path, then fsync. buf and bytes must be 4096-aligned.
-absl::StatusOr<double> RawWrite(const std::string& path, const char* buf, uint64_t bytes,
-                                const RawIoOptions& options);
+[[nodiscard]] absl::StatusOr<double> RawWrite(const std::string& path,
+                                              const char* buf, uint64_t bytes,
+                                              const RawIoOptions& options);
 // O_DIRECT sequential read of the first `bytes` of path into buf.
-absl::StatusOr<double> RawRead(const std::string& path, char* buf, uint64_t bytes,
-                               const RawIoOptions& options);
+[[nodiscard]] absl::StatusOr<double> RawRead(const std::string& path, char* buf,
+                                             uint64_t bytes,
+                                             const RawIoOptions& options);
 
 // Asks the kernel to drop the file's cached pages (posix_fadvise DONTNEED,
 // after an fdatasync so dirty pages can go).
-absl::Status DropFileCache(const std::string& path);
+[[nodiscard]] absl::Status DropFileCache(const std::string& path);
 
 }  // namespace ckpt::bench
 

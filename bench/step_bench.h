@@ -29,7 +29,8 @@ struct StepTimes {
   uint64_t ckpt_bytes = 0;            // bytes saved per step
 };
 
-absl::StatusOr<StepTimes> MeasureStepTimes(const StepBenchOptions& options);
+[[nodiscard]] absl::StatusOr<StepTimes> MeasureStepTimes(
+    const StepBenchOptions& options);
 
 }  // namespace ckpt::worker
 

@@ -198,7 +198,7 @@ absl::StatusOr<CudaDeviceCopyBatch::PerDevice*> CudaDeviceCopyBatch::ForDevice(
   cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (err != cudaSuccess) {
     // The event error is the one reported; the cleanup's is secondary.
-    (void)cudaGetLastError();
+    (void)cudaGetLastError();  // clears the sticky error the event left
     (void)cudaStreamDestroy(stream);
     return CudaToStatus(
         err, "cudaEventCreateWithFlags(&event, cudaEventDisableTiming)");

@@ -67,23 +67,27 @@ class Coordinator {
   // manifest: one that is missing or does not parse is dropped (event
   // MANIFEST_INVALID) and last good falls back to the previous manifest.
   // Every alive node gets a fresh heartbeat timeout from now.
-  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(CoordinatorOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
+      CoordinatorOptions options);
   ~Coordinator();
 
-  absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(
+      const v1::RegisterNodeRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
-  absl::StatusOr<v1::RegisterJobResponse> RegisterJob(const v1::RegisterJobRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
+      const v1::RegisterJobRequest& req);
   absl::StatusOr<v1::ReportShardResponse> ReportShard(const v1::ReportShardRequest& req);
-  absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
+  [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
   // Restart the whole job at `step`, which must have a readable global
   // manifest.
-  absl::StatusOr<v1::RollbackResponse> Rollback(const v1::RollbackRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::RollbackResponse> Rollback(
+      const v1::RollbackRequest& req);
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
-  absl::Status Tick();
+  [[nodiscard]] absl::Status Tick();
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -102,12 +106,13 @@ class Coordinator {
               std::unique_ptr<storage::Backend> shared);
 
   // coordinator_state.cc: loading, committing, events, shared helpers.
-  absl::Status ReloadLocked();
+  [[nodiscard]] absl::Status ReloadLocked();
   absl::Status VerifyManifestsLocked();
-  absl::Status CommitLocked(Batch* batch);
+  [[nodiscard]] absl::Status CommitLocked(Batch* batch);
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
-  absl::Status CheckEpochLocked(const std::string& node_id, uint64_t epoch);
+  [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
+                                              uint64_t epoch);
   absl::StatusOr<JobState*> HostedRankLocked(const std::string& node_id, const std::string& job,
                                              uint32_t rank);
   uint32_t HostedRanksLocked(const std::string& node_id) const;
@@ -125,8 +130,9 @@ class Coordinator {
   void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
   void IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
                          const storage::v1::GlobalManifest* manifest);
-  absl::Status MaybeCommitStepLocked(Batch* batch, JobState& job, uint64_t step,
-                                     v1::ReportShardResponse* resp);
+  [[nodiscard]] absl::Status MaybeCommitStepLocked(
+      Batch* batch, JobState& job, uint64_t step,
+      v1::ReportShardResponse* resp);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);
 
   const CoordinatorOptions options_;

@@ -51,9 +51,9 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
   }
 
-  absl::StatusOr<v1::ReportShardResponse> Report(const std::string& node, uint64_t epoch, uint64_t step,
-                                                 uint32_t rank, v1::ShardState state,
-                                                 const std::string& job = "job") {
+  [[nodiscard]] absl::StatusOr<v1::ReportShardResponse> Report(
+      const std::string& node, uint64_t epoch, uint64_t step, uint32_t rank,
+      v1::ShardState state, const std::string& job = "job") {
     v1::ReportShardRequest req;
     req.set_node_id(node);
     req.set_epoch(epoch);
@@ -67,8 +67,9 @@ class CoordinatorTest : public ::testing::Test {
     return coord_->ReportShard(req);
   }
 
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& node, uint64_t epoch,
-                                                  std::vector<uint64_t> acks = {}) {
+  [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const std::string& node, uint64_t epoch,
+      std::vector<uint64_t> acks = {}) {
     v1::HeartbeatRequest req;
     req.set_node_id(node);
     req.set_epoch(epoch);

@@ -17,8 +17,8 @@ struct CoordinatorServerOptions {
 
 // InvalidArgument naming the flag or config key on a bad value; `--help`
 // output goes to *help with code Cancelled.
-absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char** argv,
-                                                                 std::string* help);
+[[nodiscard]] absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
+    int argc, char** argv, std::string* help);
 
 }  // namespace ckpt::coordinator
 

@@ -26,7 +26,7 @@ namespace ckpt::coordinator {
 class CoordinatorServer {
  public:
   // listen: "HOST:PORT"; port 0 picks a free port (see port()).
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       std::unique_ptr<Coordinator> coordinator, const std::string& listen);
   ~CoordinatorServer();
 

@@ -63,13 +63,14 @@ class CoordStore {
     std::unique_ptr<rocksdb::WriteBatch> batch_;  // RocksDB stays out of this header
   };
 
-  static absl::StatusOr<std::unique_ptr<CoordStore>> Open(const std::string& dir);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordStore>> Open(
+      const std::string& dir);
   ~CoordStore();
 
   // Every record; DataLoss naming the key if one does not parse.
-  absl::StatusOr<Snapshot> Load();
+  [[nodiscard]] absl::StatusOr<Snapshot> Load();
   // Applies the batch atomically, durable on return.
-  absl::Status Commit(Batch* batch);
+  [[nodiscard]] absl::Status Commit(Batch* batch);
 
  private:
   CoordStore(rocksdb::DB* db, std::string dir);  // takes ownership of db

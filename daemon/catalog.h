@@ -21,17 +21,19 @@ namespace ckpt::daemon {
 
 class Catalog {
  public:
-  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Catalog>> Open(
+      const std::string& dir);
   ~Catalog();
 
-  absl::Status PutJob(const v1::JobRecord& job);
+  [[nodiscard]] absl::Status PutJob(const v1::JobRecord& job);
   absl::Status DeleteJob(const std::string& job);
-  absl::StatusOr<std::vector<v1::JobRecord>> Jobs();
+  [[nodiscard]] absl::StatusOr<std::vector<v1::JobRecord>> Jobs();
 
   // sync: wait for the write-ahead log to reach the disk (durable records).
-  absl::Status PutShard(const v1::ShardRecord& shard, bool sync);
+  [[nodiscard]] absl::Status PutShard(const v1::ShardRecord& shard, bool sync);
   absl::Status DeleteShard(const std::string& job, uint64_t step, uint32_t rank);
-  absl::StatusOr<std::vector<v1::ShardRecord>> Shards(const std::string& job);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardRecord>> Shards(
+      const std::string& job);
 
  private:
   explicit Catalog(rocksdb::DB* db);  // takes ownership

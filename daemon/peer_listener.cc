@@ -122,6 +122,8 @@ void PeerListener::Start(grpc::Server* server) {
 void PeerListener::Stop() {
   if (!thread_.joinable()) return;
   uint64_t one = 1;
+  // An eventfd write fails only when its counter would overflow: the loop
+  // is woken either way.
   (void)!write(wake_fd_, &one, sizeof one);
   thread_.join();
 }

@@ -285,7 +285,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
     }
   }
   if (!s.ok()) {
-    (void)Unlink(name);
+    (void)Unlink(name);  // the creation error is the one to report
     return s;
   }
   auto* h = new (base) ArenaHeader{};

@@ -92,18 +92,19 @@ class Arena {
   ~Arena();  // Unmaps; never unlinks.
 
   // Daemon: creates a new arena (fails AlreadyExists if the name exists).
-  static absl::StatusOr<std::unique_ptr<Arena>> Create(const ArenaOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Create(
+      const ArenaOptions& options);
   // Daemon after a restart: maps an existing arena read-write and checks
   // that its header matches `expect` (job, rank, slot_bytes, num_slots) and
   // the segment's size; DataLoss naming the field if it was scribbled over.
-  static absl::StatusOr<std::unique_ptr<Arena>> Reattach(const ArenaOptions& expect);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Reattach(
+      const ArenaOptions& expect);
   // Client: maps an arena the daemon handed out. Header read-only, slots
   // read-write, pre-faulted.
-  static absl::StatusOr<std::unique_ptr<Arena>> Attach(std::string_view name,
-                                                       uint64_t arena_bytes,
-                                                       uint64_t slots_offset);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Attach(
+      std::string_view name, uint64_t arena_bytes, uint64_t slots_offset);
   // Removes the name (the memory lives until every mapping is gone).
-  static absl::Status Unlink(std::string_view name);
+  [[nodiscard]] static absl::Status Unlink(std::string_view name);
   // Daemon: gives this arena the name `to`, atomically replacing an arena
   // of that name (whose mappings stay valid). For an arena that no other
   // thread uses yet: it changes name().

@@ -40,7 +40,8 @@ class ArenaTest : public ::testing::Test {
     return o;
   }
   void TearDown() override {
-    for (const auto& n : names_) (void)Arena::Unlink(n);
+    for (const auto& n : names_)
+      (void)Arena::Unlink(n);  // most are gone already
   }
   // Opens the segment behind the test's back, as a scribbler would.
   char* MapRaw(const std::string& name, size_t bytes) {

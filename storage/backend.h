@@ -152,28 +152,32 @@ class BackendWrapper : public Backend {
 
   using Backend::NewObjectWriter;
   std::string name() const override { return target_->name(); }
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
-      std::string_view key, uint64_t size, const WriterOptions& options) override {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size,
+      const WriterOptions& options) override {
     return target_->NewObjectWriter(key, size, options);
   }
-  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
+  [[nodiscard]] absl::Status PutSmallObject(
+      std::string_view key, std::string_view contents) override {
     return target_->PutSmallObject(key, contents);
   }
-  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(
+      std::string_view key) override {
     return target_->NewObjectReader(key);
   }
   absl::StatusOr<ObjectInfo> Stat(std::string_view key) override { return target_->Stat(key); }
   std::optional<std::string> LocalPath(std::string_view key) const override {
     return target_->LocalPath(key);
   }
-  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override {
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> List(
+      std::string_view prefix) override {
     return target_->List(prefix);
   }
   absl::Status Delete(std::string_view key) override { return target_->Delete(key); }
-  absl::Status DeletePrefix(std::string_view prefix) override {
+  [[nodiscard]] absl::Status DeletePrefix(std::string_view prefix) override {
     return target_->DeletePrefix(prefix);
   }
-  absl::Status RegisterMemory(void* base, uint64_t len) override {
+  [[nodiscard]] absl::Status RegisterMemory(void* base, uint64_t len) override {
     return target_->RegisterMemory(base, len);
   }
   void UnregisterMemory(void* base) override { target_->UnregisterMemory(base); }

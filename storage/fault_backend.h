@@ -32,15 +32,19 @@ class FaultInjectionBackend : public BackendWrapper {
   void Restart();
 
   std::string name() const override;
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
-      std::string_view key, uint64_t size, const WriterOptions& options) override;
-  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
+      std::string_view key, uint64_t size,
+      const WriterOptions& options) override;
+  [[nodiscard]] absl::Status PutSmallObject(std::string_view key,
+                                            std::string_view contents) override;
   // Readers fail once a crash is simulated, like every other call.
-  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(
+      std::string_view key) override;
   absl::StatusOr<ObjectInfo> Stat(std::string_view key) override;
-  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> List(
+      std::string_view prefix) override;
   absl::Status Delete(std::string_view key) override;
-  absl::Status DeletePrefix(std::string_view prefix) override;
+  [[nodiscard]] absl::Status DeletePrefix(std::string_view prefix) override;
 
   struct State;
 

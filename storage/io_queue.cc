@@ -153,7 +153,7 @@ IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes, std
 }
 
 IoQueue::~IoQueue() {
-  (void)Finish();
+  (void)Finish();  // an owner that wants the error calls Finish() itself
   // A ring whose submit or wait failed may hold stale entries: not reused.
   if (ring_ && !broken_) pool_->Return(std::move(ring_));
 }

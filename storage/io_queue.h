@@ -50,7 +50,7 @@ class RingPool {
   // A ring with the current table registered, or null if none can be made.
   std::unique_ptr<Ring> Borrow();
   void Return(std::unique_ptr<Ring> ring);
-  absl::Status Register(void* base, uint64_t len);
+  [[nodiscard]] absl::Status Register(void* base, uint64_t len);
   void Unregister(void* base);
 
  private:
@@ -87,9 +87,10 @@ class IoQueue {
   // with O_DIRECT, or -1; fallback_fd is buffered and takes any remainder
   // that a short direct transfer leaves unaligned. Returns the first error
   // seen so far.
-  absl::Status Add(int fd, int fallback_fd, char* buf, uint64_t off, uint64_t len);
+  [[nodiscard]] absl::Status Add(int fd, int fallback_fd, char* buf,
+                                 uint64_t off, uint64_t len);
   // Waits for every queued request; the first error, if any.
-  absl::Status Finish();
+  [[nodiscard]] absl::Status Finish();
   bool uses_ring() const { return ring_ != nullptr; }
 
  private:

@@ -19,20 +19,22 @@ inline constexpr std::string_view kTmpMarker = ".tmp.";
 
 // A key is a relative path of non-empty components, none "." or "..", and
 // no component containing ".tmp.". A prefix may be empty or end in '/'.
-absl::Status ValidateKey(std::string_view key, std::string_view field = "key");
+[[nodiscard]] absl::Status ValidateKey(std::string_view key,
+                                       std::string_view field = "key");
 absl::Status ValidatePrefix(std::string_view prefix);
 
 // Opens dir and fsyncs it.
-absl::Status SyncDir(const std::string& dir);
+[[nodiscard]] absl::Status SyncDir(const std::string& dir);
 // Creates every missing directory of path's parent below root; each
 // directory created is made durable by an fsync of its parent.
-absl::Status MakeParentDirs(const std::string& root, std::string_view key, bool sync);
+[[nodiscard]] absl::Status MakeParentDirs(const std::string& root,
+                                          std::string_view key, bool sync);
 // Regular files under root/dir_part (recursively), as keys relative to
 // root, skipping temporary files.
-absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root,
-                                                   std::string_view dir_part);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ListFiles(
+    const std::string& root, std::string_view dir_part);
 // Removes every "*.tmp.*" file under root.
-absl::Status RemoveTmpFiles(const std::string& root);
+[[nodiscard]] absl::Status RemoveTmpFiles(const std::string& root);
 // Removes the parent directories of key, deepest first, while they are empty.
 void RemoveEmptyParents(const std::string& root, std::string_view key);
 

@@ -82,7 +82,8 @@ struct ShardLayout {
 
 // Offsets for tensors of the given byte sizes, in order. Fails
 // (InvalidArgument) past kMaxShardTensors or on overflow.
-absl::StatusOr<ShardLayout> ComputeLayout(std::span<const uint64_t> tensor_bytes);
+[[nodiscard]] absl::StatusOr<ShardLayout> ComputeLayout(
+    std::span<const uint64_t> tensor_bytes);
 
 struct ShardTensor {
   std::string name;
@@ -108,24 +109,26 @@ struct ShardInfo {
 // offsets == ComputeLayout(...). On success fills info->layout. The error
 // (InvalidArgument) names the tensor and the field, e.g.
 // "tensors[3] (\"layer1.w\").offset: 8192, expected 12288".
-absl::Status ValidateShardInfo(ShardInfo* info);
+[[nodiscard]] absl::Status ValidateShardInfo(ShardInfo* info);
 
 // Writes header + index into image[0, data_offset) and the footer into
 // image[footer_offset, image_bytes). image.size() must be >= image_bytes.
 // Validates first.
-absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image);
+[[nodiscard]] absl::Status EncodeShardMetadata(ShardInfo info,
+                                               std::span<char> image);
 
 // Parses the header at the start of a shard: checks magic, version, sizes
 // and header checksum. Needs the first kShardAlign bytes.
-absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block);
+[[nodiscard]] absl::StatusOr<ShardHeader> DecodeHeader(
+    std::span<const char> first_block);
 
 // Parses and validates a shard's metadata from its full head (the first
 // header.data_offset bytes) and its footer block (kShardAlign bytes at
 // header.footer_offset). file_bytes is the file's actual size: a truncated
 // file is DataLoss naming the expected and actual size.
-absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
-                                              std::span<const char> footer_block,
-                                              uint64_t file_bytes);
+[[nodiscard]] absl::StatusOr<ShardInfo> DecodeShardMetadata(
+    std::span<const char> head, std::span<const char> footer_block,
+    uint64_t file_bytes);
 
 }  // namespace ckpt::storage
 

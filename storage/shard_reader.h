@@ -76,12 +76,13 @@ class ShardReader {
   [[nodiscard]] absl::Status Verify(const VerifyCallback& on_tensor = nullptr);
 
   // "<key>: tensor \"x\": checksum mismatch (stored 0x.., computed 0x..)".
-  absl::Status MismatchError(const ShardTensor& t, uint64_t computed) const;
+  [[nodiscard]] absl::Status MismatchError(const ShardTensor& t,
+                                           uint64_t computed) const;
 
  private:
   ShardReader(std::string key, std::unique_ptr<ObjectReader> object)
       : key_(std::move(key)), object_(std::move(object)) {}
-  absl::Status ReadMetadata();
+  [[nodiscard]] absl::Status ReadMetadata();
 
   const std::string key_;
   std::unique_ptr<ObjectReader> object_;

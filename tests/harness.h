@@ -21,9 +21,9 @@ class DaemonProcess {
  public:
   // Starts ckptd --socket <dir>/ckptd.sock --root <root> and waits until the
   // socket accepts connections.
-  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
-      const std::string& root, const std::string& run_dir, const std::string& shm_prefix,
-      std::vector<std::string> extra_args = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      const std::string& root, const std::string& run_dir,
+      const std::string& shm_prefix, std::vector<std::string> extra_args = {});
   ~DaemonProcess();  // SIGKILL if still running
 
   pid_t pid() const { return pid_; }

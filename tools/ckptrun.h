@@ -49,7 +49,8 @@ struct RunOptions {
 
 // Parses and validates argv ("ckptrun [flags] -- CMD ARGS..."). Errors name
 // the flag. kCancelled with the usage text in *help for --help.
-absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* help);
+[[nodiscard]] absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
+                                                         std::string* help);
 
 class Launcher {
  public:

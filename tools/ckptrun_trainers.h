@@ -33,7 +33,8 @@ std::string DescribeExit(const TrainerExit& e);
 
 // `program` itself if it contains a '/', else the first executable file of
 // that name in $PATH; NotFound naming it otherwise.
-absl::StatusOr<std::string> ResolveProgram(const std::string& program);
+[[nodiscard]] absl::StatusOr<std::string> ResolveProgram(
+    const std::string& program);
 
 class TrainerSet {
  public:
@@ -45,8 +46,9 @@ class TrainerSet {
   // Starts `path` (resolved) with `argv` and exactly `env` ("K=V") for
   // `rank`; stdout/stderr are inherited, the signal mask is cleared. A
   // trainer whose exec fails exits with code 127.
-  absl::Status Start(uint32_t rank, const std::string& path, const std::vector<std::string>& argv,
-                     const std::vector<std::string>& env);
+  [[nodiscard]] absl::Status Start(uint32_t rank, const std::string& path,
+                                   const std::vector<std::string>& argv,
+                                   const std::vector<std::string>& env);
   // Trainers that exited since the last call, without blocking. What they
   // left behind in their process group is killed.
   std::vector<TrainerExit> Reap();

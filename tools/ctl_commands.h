@@ -23,24 +23,30 @@ namespace ckpt::tools {
 
 // ---- online (daemon RPCs) ----
 
-absl::Status RunList(const std::string& socket, const std::string& job, bool json);
+[[nodiscard]] absl::Status RunList(const std::string& socket,
+                                   const std::string& job, bool json);
 absl::Status RunStatus(const std::string& socket, bool json);
 // all_steps deletes every step of the job; otherwise `step` must be set.
-absl::Status RunDelete(const std::string& socket, const std::string& job,
-                       std::optional<uint64_t> step, bool all_steps, bool json);
+[[nodiscard]] absl::Status RunDelete(const std::string& socket,
+                                     const std::string& job,
+                                     std::optional<uint64_t> step,
+                                     bool all_steps, bool json);
 
 // ---- coordinator (multi-node jobs) ----
 
 // Nodes, jobs (placement, last good step, plan) and recent events.
-absl::Status RunCluster(const std::string& coordinator, bool json);
+[[nodiscard]] absl::Status RunCluster(const std::string& coordinator,
+                                      bool json);
 // Restarts the whole job at `step` (required; must be durable on every
 // rank) and prints the new generation.
-absl::Status RunRollback(const std::string& coordinator, const std::string& job,
-                         std::optional<uint64_t> step, bool json);
+[[nodiscard]] absl::Status RunRollback(const std::string& coordinator,
+                                       const std::string& job,
+                                       std::optional<uint64_t> step, bool json);
 // Events with seq > after_seq: of one job and the cluster-wide ones (node
 // registered, node dead), or (job empty) every event.
-absl::Status RunEvents(const std::string& coordinator, const std::string& job, uint64_t after_seq,
-                       bool json);
+[[nodiscard]] absl::Status RunEvents(const std::string& coordinator,
+                                     const std::string& job, uint64_t after_seq,
+                                     bool json);
 
 // ---- offline (shard files) ----
 
@@ -55,12 +61,13 @@ struct ShardSelector {
 };
 
 // A shard's header and tensor index; a manifest FILE's contents.
-absl::Status RunInspect(const ShardSelector& sel, bool json);
+[[nodiscard]] absl::Status RunInspect(const ShardSelector& sel, bool json);
 
 // What is on storage under root (or one job's part of it): every step with
 // its shards by rank and node and its manifests (one-node, per node,
 // global). Reads keys and manifests only; verify checks the bytes.
-absl::Status RunListRoot(const std::string& root, const std::string& job, bool json);
+[[nodiscard]] absl::Status RunListRoot(const std::string& root,
+                                       const std::string& job, bool json);
 
 // Verifies every shard and manifest under root, or those of one job, one
 // step, or one shard. DataLoss when anything is damaged or missing.
@@ -70,11 +77,12 @@ struct VerifyOptions {
   std::optional<uint64_t> step;
   std::optional<uint32_t> rank;
 };
-absl::Status RunVerify(const VerifyOptions& opts, bool json);
+[[nodiscard]] absl::Status RunVerify(const VerifyOptions& opts, bool json);
 
 // out ending in '/' or naming a directory: one raw file per tensor plus
 // index.json; otherwise a verified copy of the shard file.
-absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool json);
+[[nodiscard]] absl::Status RunRestore(const ShardSelector& sel,
+                                      const std::string& out, bool json);
 
 }  // namespace ckpt::tools
 

@@ -14,7 +14,8 @@
 
 namespace ckpt {
 
-inline absl::StatusOr<toml::table> ParseConfigFile(const std::string& path) {
+[[nodiscard]] inline absl::StatusOr<toml::table> ParseConfigFile(
+    const std::string& path) {
   try {
     return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
@@ -25,7 +26,8 @@ inline absl::StatusOr<toml::table> ParseConfigFile(const std::string& path) {
 // Sets *out from `key` when the file has it; a value of the wrong type is
 // InvalidArgument naming the key. Integers must be non-negative.
 template <typename T>
-absl::Status FromToml(const toml::table& t, const char* key, T* out) {
+[[nodiscard]] absl::Status FromToml(const toml::table& t, const char* key,
+                                    T* out) {
   const toml::node* n = t.get(key);
   if (!n) return absl::OkStatus();
   if constexpr (std::is_same_v<T, std::string>) {

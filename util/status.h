@@ -13,10 +13,11 @@ namespace ckpt {
 // PermissionDenied, ENOSPC/ENOMEM/EDQUOT to ResourceExhausted, EINVAL to
 // InvalidArgument, everything else to Internal. The message reads
 // "<context>: <strerror>".
-absl::Status ErrnoToStatus(int err, std::string_view context);
+[[nodiscard]] absl::Status ErrnoToStatus(int err, std::string_view context);
 
 // Prefixes a status' message with context, keeping its code.
-absl::Status Annotate(const absl::Status& s, std::string_view context);
+[[nodiscard]] absl::Status Annotate(const absl::Status& s,
+                                    std::string_view context);
 
 }  // namespace ckpt
 

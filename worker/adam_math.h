@@ -25,7 +25,7 @@ struct AdamConfig {
 
 // InvalidArgument naming the field unless lr >= 0, 0 <= beta < 1, eps > 0,
 // weight_decay >= 0, all finite.
-absl::Status ValidateAdamConfig(const AdamConfig& config);
+[[nodiscard]] absl::Status ValidateAdamConfig(const AdamConfig& config);
 
 // The per-step scalars, derived once per step (in double, then rounded) so
 // every kernel sees identical float constants.

@@ -46,16 +46,16 @@ struct ChunkSearchRange {
 
 // InvalidArgument naming the tensor if it has an invalid name or no elements,
 // or if tensors is empty.
-absl::Status ValidateTensors(std::span<const TensorSpec> tensors);
+[[nodiscard]] absl::Status ValidateTensors(std::span<const TensorSpec> tensors);
 
 // InvalidArgument naming the largest tensor when chunk_elems is smaller.
-absl::StatusOr<ChunkLayout> NextFitLayout(std::span<const TensorSpec> tensors,
-                                          size_t chunk_elems);
+[[nodiscard]] absl::StatusOr<ChunkLayout> NextFitLayout(
+    std::span<const TensorSpec> tensors, size_t chunk_elems);
 
 // The least-waste layout over the range; InvalidArgument if the range is
 // malformed or holds no size that fits the largest tensor.
-absl::StatusOr<ChunkLayout> SearchChunkSize(std::span<const TensorSpec> tensors,
-                                            const ChunkSearchRange& range);
+[[nodiscard]] absl::StatusOr<ChunkLayout> SearchChunkSize(
+    std::span<const TensorSpec> tensors, const ChunkSearchRange& range);
 
 }  // namespace ckpt::worker
 

@@ -50,8 +50,9 @@ class ChunkedAdam {
   // Validates every option (InvalidArgument naming the field), lays out the
   // tensors, allocates all buffers, and places chunks by the policy.
   // Parameters start at zero.
-  static absl::StatusOr<std::unique_ptr<ChunkedAdam>> Create(
-      Device* device, std::vector<TensorSpec> tensors, const ChunkedAdamOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ChunkedAdam>> Create(
+      Device* device, std::vector<TensorSpec> tensors,
+      const ChunkedAdamOptions& options);
   ~ChunkedAdam();
 
   const ChunkLayout& layout() const { return layout_; }
@@ -61,9 +62,11 @@ class ChunkedAdam {
 
   // Host <-> optimizer transfers of one tensor, blocking. `values` must hold
   // exactly the tensor's element count.
-  absl::Status SetParams(size_t tensor, std::span<const float> values);
+  [[nodiscard]] absl::Status SetParams(size_t tensor,
+                                       std::span<const float> values);
   absl::Status GetParams(size_t tensor, std::span<float> values) const;
-  absl::Status GetParamsBf16(size_t tensor, std::span<uint16_t> values) const;
+  [[nodiscard]] absl::Status GetParamsBf16(size_t tensor,
+                                           std::span<uint16_t> values) const;
   absl::Status SetGradients(size_t tensor, std::span<const float> values);
   // Device gradient / bf16 parameter buffers of a tensor, for the model.
   float* DeviceGradients(size_t tensor) const;
@@ -80,21 +83,21 @@ class ChunkedAdam {
     float* v = nullptr;
     bool on_device = false;
   };
-  absl::StatusOr<MasterState> MasterStateOf(size_t tensor) const;
+  [[nodiscard]] absl::StatusOr<MasterState> MasterStateOf(size_t tensor) const;
   // After p, m and v were written in place (restored from a checkpoint):
   // rederives the bf16 working parameters from p and sets the step counter,
   // so the next Step is step + 1 with that step's bias correction.
-  absl::Status ReloadMasterState(int64_t step);
+  [[nodiscard]] absl::Status ReloadMasterState(int64_t step);
 
   // kAuto: the peak non-model device memory seen during this iteration; the
   // largest report since the last Step decides the next placement.
   void ReportNonModelPeak(uint64_t bytes);
   // kAuto: a new budget, applied at the next Step. Same validation as Create.
-  absl::Status SetDeviceBudget(uint64_t bytes);
+  [[nodiscard]] absl::Status SetDeviceBudget(uint64_t bytes);
 
   // One AdamW step over every tensor. Re-places chunks first when the policy
   // asks for a different number of resident chunks.
-  absl::Status Step();
+  [[nodiscard]] absl::Status Step();
 
  private:
   struct Chunk {
@@ -112,13 +115,14 @@ class ChunkedAdam {
 
   ChunkedAdam(Device* device, std::vector<TensorSpec> tensors, ChunkLayout layout,
               const ChunkedAdamOptions& options);
-  absl::Status AllocateChunks();
+  [[nodiscard]] absl::Status AllocateChunks();
   absl::Status Promote(size_t chunk);  // host -> device
-  absl::Status Demote(size_t chunk);   // device -> host
+  [[nodiscard]] absl::Status Demote(size_t chunk);  // device -> host
   absl::Status PlaceResident(size_t target);
-  absl::Status CheckTensor(size_t tensor, size_t count, const char* what) const;
+  [[nodiscard]] absl::Status CheckTensor(size_t tensor, size_t count,
+                                         const char* what) const;
   absl::Status UpdateOverlapped(const AdamStepScalars& s);
-  absl::Status UpdateSerial(const AdamStepScalars& s);
+  [[nodiscard]] absl::Status UpdateSerial(const AdamStepScalars& s);
 
   Device* const device_;
   const std::vector<TensorSpec> tensors_;

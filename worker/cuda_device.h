@@ -18,7 +18,8 @@ namespace ckpt::worker {
 int CudaDeviceCount();
 
 // capacity_bytes 0 means the GPU's free memory at creation.
-absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal, uint64_t capacity_bytes);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(
+    int ordinal, uint64_t capacity_bytes);
 
 }  // namespace ckpt::worker
 

@@ -40,14 +40,15 @@ struct DataParallelOptions {
 };
 
 // InvalidArgument naming the field.
-absl::Status ValidateDataParallelOptions(const DataParallelOptions& options);
+[[nodiscard]] absl::Status ValidateDataParallelOptions(
+    const DataParallelOptions& options);
 
 class StoreServer;
 class GrpcStore;
 
 class DataParallel {
  public:
-  static absl::StatusOr<std::unique_ptr<DataParallel>> Connect(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallel>> Connect(
       const DataParallelOptions& options);
   ~DataParallel();
 
@@ -55,13 +56,13 @@ class DataParallel {
   int world_size() const { return options_.world_size; }
 
   // Replaces every value by its mean over the ranks (ring sum, then / W).
-  absl::Status AllReduceMean(std::span<float> values);
+  [[nodiscard]] absl::Status AllReduceMean(std::span<float> values);
   // Every rank's `value`, in rank order.
-  absl::StatusOr<std::vector<uint64_t>> AllGather(uint64_t value);
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> AllGather(uint64_t value);
 
  private:
   explicit DataParallel(const DataParallelOptions& options);
-  absl::Status Rendezvous();
+  [[nodiscard]] absl::Status Rendezvous();
 
   const DataParallelOptions options_;
   std::unique_ptr<StoreServer> server_;  // rank 0 only

@@ -42,10 +42,12 @@ class Device {
   virtual uint64_t used_bytes() const = 0;
 
   // Device memory; ResourceExhausted naming `what` past the capacity.
-  virtual absl::StatusOr<void*> Allocate(size_t bytes, std::string_view what) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> Allocate(
+      size_t bytes, std::string_view what) = 0;
   virtual void Free(void* device_ptr) = 0;
   // Host memory the queues copy from and to at full speed.
-  virtual absl::StatusOr<void*> AllocateHost(size_t bytes, std::string_view what) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> AllocateHost(
+      size_t bytes, std::string_view what) = 0;
   virtual void FreeHost(void* host_ptr) = 0;
 
   [[nodiscard]] virtual absl::Status CopyToHostAsync(Queue q, void* host, const void* device,
@@ -57,7 +59,8 @@ class Device {
   [[nodiscard]] virtual absl::Status AdamAsync(Queue q, const AdamStepScalars& s,
                                                const AdamSpan& device_span) = 0;
 
-  virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(Queue q) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(
+      Queue q) = 0;
   [[nodiscard]] virtual absl::Status Synchronize(Queue q) = 0;
 };
 

@@ -27,16 +27,22 @@ class HostBudgetDevice final : public Device {
   uint64_t capacity_bytes() const override { return capacity_; }
   uint64_t used_bytes() const override;
 
-  absl::StatusOr<void*> Allocate(size_t bytes, std::string_view what) override;
+  [[nodiscard]] absl::StatusOr<void*> Allocate(size_t bytes,
+                                               std::string_view what) override;
   void Free(void* device_ptr) override;
-  absl::StatusOr<void*> AllocateHost(size_t bytes, std::string_view what) override;
+  [[nodiscard]] absl::StatusOr<void*> AllocateHost(
+      size_t bytes, std::string_view what) override;
   void FreeHost(void* host_ptr) override;
 
-  absl::Status CopyToHostAsync(Queue q, void* host, const void* device, size_t bytes) override;
+  [[nodiscard]] absl::Status CopyToHostAsync(Queue q, void* host,
+                                             const void* device,
+                                             size_t bytes) override;
   absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host, size_t bytes) override;
-  absl::Status AdamAsync(Queue q, const AdamStepScalars& s, const AdamSpan& span) override;
+  [[nodiscard]] absl::Status AdamAsync(Queue q, const AdamStepScalars& s,
+                                       const AdamSpan& span) override;
 
-  absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(Queue q) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(
+      Queue q) override;
   absl::Status Synchronize(Queue q) override;
 
  private:
@@ -51,7 +57,7 @@ class HostBudgetDevice final : public Device {
   };
   class Event;
 
-  absl::Status Submit(Queue q, std::function<void()> fn);
+  [[nodiscard]] absl::Status Submit(Queue q, std::function<void()> fn);
   void Run(Worker* w);
 
   const uint64_t capacity_;

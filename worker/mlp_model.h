@@ -29,7 +29,7 @@ struct MlpConfig {
 
 // InvalidArgument naming the field (vocab, dim, layers, seq, batch) when a
 // size is out of range.
-absl::Status ValidateMlpConfig(const MlpConfig& config);
+[[nodiscard]] absl::Status ValidateMlpConfig(const MlpConfig& config);
 
 struct ParamShape {
   std::string name;  // "embed", "block0.w", "block0.b", ..., "out.w", "out.b"
@@ -49,7 +49,7 @@ void PinBlasToOneThread();
 
 class MlpModel {
  public:
-  static absl::StatusOr<MlpModel> Create(const MlpConfig& config);
+  [[nodiscard]] static absl::StatusOr<MlpModel> Create(const MlpConfig& config);
 
   const MlpConfig& config() const { return config_; }
   size_t num_tensors() const { return weights_.size(); }
@@ -60,7 +60,8 @@ class MlpModel {
   // Runs the batch (batch sequences of seq + 1 tokens, row after row) and
   // fills the gradients; returns the mean cross-entropy. InvalidArgument if
   // the batch has the wrong length or a token outside [0, vocab).
-  absl::StatusOr<float> ForwardBackward(std::span<const int32_t> tokens);
+  [[nodiscard]] absl::StatusOr<float> ForwardBackward(
+      std::span<const int32_t> tokens);
 
  private:
   explicit MlpModel(const MlpConfig& config);

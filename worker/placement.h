@@ -33,11 +33,12 @@ struct DeviceFootprint {
 DeviceFootprint FootprintOf(size_t num_chunks, size_t chunk_elems);
 
 // InvalidArgument unless 0 <= fraction <= 1 (NaN refused).
-absl::Status ValidateOffloadFraction(double fraction);
+[[nodiscard]] absl::Status ValidateOffloadFraction(double fraction);
 size_t StaticResidentChunks(double offload_fraction, size_t num_chunks);
 
 // InvalidArgument when the budget cannot even hold the fixed bytes.
-absl::Status ValidateAutoBudget(uint64_t budget_bytes, const DeviceFootprint& f);
+[[nodiscard]] absl::Status ValidateAutoBudget(uint64_t budget_bytes,
+                                              const DeviceFootprint& f);
 size_t AutoResidentChunks(uint64_t budget_bytes, uint64_t non_model_peak_bytes,
                           const DeviceFootprint& f, size_t num_chunks);
 

@@ -25,7 +25,7 @@ class StoreServer {
  public:
   // Listens on host:port (the port must be free: no SO_REUSEPORT sharing).
   // Unavailable naming the address when it cannot.
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
       const std::string& host, int port);
   ~StoreServer();
 
@@ -42,7 +42,7 @@ class GrpcStore : public gloo::rendezvous::Store {
   // passes (rank 0 may start after the others). DeadlineExceeded naming
   // MASTER_ADDR and MASTER_PORT when it never answers. Later gets and waits
   // give up after `timeout`.
-  static absl::StatusOr<std::unique_ptr<GrpcStore>> Connect(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GrpcStore>> Connect(
       const std::string& host, int port,
       std::chrono::milliseconds connect_timeout,
       std::chrono::milliseconds timeout);

@@ -36,17 +36,19 @@ class TrainCheckpoint {
   // The tensors of a save of `step`. They point into the optimizer's master
   // state and this object's meta buffers: both must stay untouched (no
   // optimizer Step, no other TensorsFor) until the save's WaitCopied.
-  absl::StatusOr<std::vector<Tensor>> TensorsFor(int64_t step, uint64_t data_seed);
+  [[nodiscard]] absl::StatusOr<std::vector<Tensor>> TensorsFor(
+      int64_t step, uint64_t data_seed);
 
   // Restores `step` into the optimizer. FailedPrecondition naming the field
   // when the checkpoint's model or world size differs from this run's; the
   // client's error (naming the tensor) when a tensor is missing or its shape
   // or checksum is wrong.
-  absl::StatusOr<RestoredState> Restore(Client& client, int64_t step);
+  [[nodiscard]] absl::StatusOr<RestoredState> Restore(Client& client,
+                                                      int64_t step);
 
  private:
   Tensor Meta(const char* name, int64_t* data, int64_t count);
-  absl::Status CheckMeta(int64_t step) const;
+  [[nodiscard]] absl::Status CheckMeta(int64_t step) const;
 
   const MlpConfig model_;
   const int world_size_;

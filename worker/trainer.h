@@ -48,13 +48,14 @@ struct TrainerOptions {
 
 // InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
 // log_every, cpu_threads, rank, world_size, or a model size).
-absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+[[nodiscard]] absl::Status ValidateTrainerOptions(
+    const TrainerOptions& options);
 
 class Trainer {
  public:
   // client may be null: then the trainer never saves or restores. comm is
   // required when options.world_size > 1 and must match rank and world size.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerOptions& options, std::unique_ptr<Client> client,
       std::unique_ptr<DataParallel> comm = nullptr);
   ~Trainer();
@@ -62,33 +63,33 @@ class Trainer {
   // With a client: restores `step` when given, else the latest step of the
   // job if there is one (NotFound from the daemon means a fresh start).
   // Call before Run. Returns the step training continues from.
-  absl::StatusOr<int64_t> Restore(std::optional<int64_t> step);
+  [[nodiscard]] absl::StatusOr<int64_t> Restore(std::optional<int64_t> step);
 
   // Trains up to options.steps; log lines go to `log` when not null.
   // Waits for the last save to be taken by the daemon before returning.
   absl::Status Run(std::FILE* log) { return RunUntil(options_.steps, log); }
   // Run, stopping at `last_step` (at most options.steps); callable again to
   // go on (the benchmark times a stretch of steps this way).
-  absl::Status RunUntil(int64_t last_step, std::FILE* log);
+  [[nodiscard]] absl::Status RunUntil(int64_t last_step, std::FILE* log);
 
   int64_t step() const { return step_; }
   // Loss of every step run by this process, in order.
   const std::vector<float>& losses() const { return losses_; }
   // XXH3-64 (util Hash64) of every fp32 master weight, tensors in order.
-  absl::StatusOr<uint64_t> ParamsDigest() const;
+  [[nodiscard]] absl::StatusOr<uint64_t> ParamsDigest() const;
 
  private:
   Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
           std::unique_ptr<DataParallel> comm, MlpModel model);
-  absl::Status Initialize();
+  [[nodiscard]] absl::Status Initialize();
   absl::StatusOr<int64_t> RestoreThisRank(std::optional<int64_t> step);
   // Averages the gradients (and `loss`) over the ranks and hands them to the
   // optimizer.
-  absl::Status ReduceGradients(float& loss);
+  [[nodiscard]] absl::Status ReduceGradients(float& loss);
   // FailedPrecondition naming the ranks when their step or weights differ.
-  absl::Status CheckRanksAgree(const char* when);
+  [[nodiscard]] absl::Status CheckRanksAgree(const char* when);
   absl::Status LoadWorkingWeights();
-  absl::Status FinishSave(bool wait_daemon);
+  [[nodiscard]] absl::Status FinishSave(bool wait_daemon);
 
   const TrainerOptions options_;
   std::unique_ptr<Client> client_;

@@ -21,7 +21,9 @@ namespace ckpt::coordinator {
 // "HOST:PORT" (HOST may be "[v6]") with a non-empty host and a port in
 // [min_port, 65535] (0 lets a server pick a free port); otherwise
 // InvalidArgument naming `flag`.
-absl::Status ValidateHostPort(const std::string& addr, std::string_view flag, int min_port = 1);
+[[nodiscard]] absl::Status ValidateHostPort(const std::string& addr,
+                                            std::string_view flag,
+                                            int min_port = 1);
 
 // A stub for `addr` (already validated). Reconnect attempts after a refused
 // connection are at most 1 s apart, so a restarted coordinator is seen soon.
@@ -30,7 +32,9 @@ std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(const std::stri
 void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout);
 
 // "RPC to ADDR: message", same code; OK stays OK.
-absl::Status CoordStatus(const grpc::Status& s, std::string_view rpc, const std::string& addr);
+[[nodiscard]] absl::Status CoordStatus(const grpc::Status& s,
+                                       std::string_view rpc,
+                                       const std::string& addr);
 
 // True for the codes that mean "the coordinator could not be reached" (as
 // opposed to "it answered and refused").

@@ -10,6 +10,7 @@
 #include "coordinator/coordinator_testing.h"
 #include "coordinator/service.h"
 #include "storage/manifest.h"
+#include "tests/raw_grpc_call.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -219,21 +220,10 @@ class HostileRpcTest : public CoordinatorTest {
     server_ = std::move(*server);
   }
   grpc::Status RawCall(const std::string& method, const std::string& body) {
-    grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
-                                               grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    grpc::Slice slice(body.data(), body.size());
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::CompletionQueue cq;
-    auto call = stub.PrepareUnaryCall(&ctx, "/ckpt.coord.v1.Coordinator/" + method, request, &cq);
-    call->StartCall();
-    grpc::Status status;
-    call->Finish(&response, &status, reinterpret_cast<void*>(1));
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    return status;
+    return ckpt::testing::RawUnaryCall(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                            grpc::InsecureChannelCredentials()),
+        "/ckpt.coord.v1.Coordinator/" + method, body, std::chrono::seconds(30));
   }
   std::unique_ptr<CoordinatorServer> server_;
 };

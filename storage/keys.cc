@@ -15,17 +15,8 @@ constexpr std::string_view kRankPrefix = "rank-";
 constexpr std::string_view kShardSuffix = ".shard";
 constexpr std::string_view kManifest = "MANIFEST";
 constexpr size_t kRankMinDigits = 5;
-constexpr size_t kQuoteBytes = 64;
 
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-
-// At most a prefix of a bad value goes into a message.
-std::string Quote(std::string_view s) {
-  std::string q =
-      absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
-  if (s.size() > kQuoteBytes) absl::StrAppend(&q, "...");
-  return q;
-}
 
 bool AllDigits(std::string_view s) {
   if (s.empty()) return false;
@@ -50,7 +41,7 @@ bool ParseDigits(std::string_view s, uint64_t max, uint64_t* out) {
 absl::Status ParseRank(std::string_view part, uint32_t* rank) {
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank: ", Quote(part),
+        "rank: ", QuotePrefix(part),
         " is not \"rank-\" and at least 5 digits without extra padding"));
   };
   if (!absl::StartsWith(AV(part), AV(kRankPrefix))) return bad();
@@ -84,7 +75,7 @@ absl::Status ParseLeaf(std::string_view leaf, ParsedKey* p) {
   if (!absl::StartsWith(AV(leaf), AV(kRankPrefix)) ||
       !absl::EndsWith(AV(leaf), AV(kShardSuffix)))
     return absl::InvalidArgumentError(
-        absl::StrCat("name: ", Quote(leaf),
+        absl::StrCat("name: ", QuotePrefix(leaf),
                      " is neither \"rank-R[.<node>].shard\" nor "
                      "\"MANIFEST[.<node>|.global]\""));
   p->kind = KeyKind::kShard;
@@ -155,14 +146,14 @@ absl::StatusOr<uint64_t> ParseStepDir(std::string_view name) {
   if (digits.size() != kStepDigits || !AllDigits(digits) ||
       !ParseDigits(digits, UINT64_MAX, &step))
     return absl::InvalidArgumentError(
-        absl::StrCat("step: ", Quote(name), " is not \"step-\" and 20 digits"));
+        absl::StrCat("step: ", QuotePrefix(name), " is not \"step-\" and 20 digits"));
   return step;
 }
 
 absl::StatusOr<ParsedKey> ParseKey(std::string_view key) {
   auto bad = [&](const absl::Status& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("key ", Quote(key), ": ", why.message()));
+        absl::StrCat("key ", QuotePrefix(key), ": ", why.message()));
   };
   size_t first = key.find('/');
   size_t last = key.rfind('/');

@@ -10,20 +10,13 @@
 #include "storage/keys.h"
 #include "storage/local_fs.h"
 #include "util/status.h"
+#include "util/validate.h"
 
 namespace ckpt::storage {
 namespace {
 
-constexpr size_t kQuoteBytes = 64;
 
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-
-std::string Quote(std::string_view s) {
-  std::string q =
-      absl::StrCat("\"", absl::CEscape(AV(s.substr(0, kQuoteBytes))), "\"");
-  if (s.size() > kQuoteBytes) absl::StrAppend(&q, "...");
-  return q;
-}
 
 absl::Status Bad(std::string_view what, std::string_view key,
                  std::string_view why) {
@@ -83,7 +76,7 @@ absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json,
   CKPT_ASSIGN_OR_RETURN(ParsedKey where, ParseKey(key));
   if (where.kind != KeyKind::kManifest)
     return absl::InvalidArgumentError(
-        absl::StrCat("key ", Quote(key), ": not a node manifest's key"));
+        absl::StrCat("key ", QuotePrefix(key), ": not a node manifest's key"));
   if (json.size() > kMaxManifestBytes)
     return Bad("manifest", key,
                absl::StrCat("size ", json.size(), " is implausible"));
@@ -91,14 +84,14 @@ absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json,
   CKPT_RETURN_IF_ERROR(FromJson(json, &m, "manifest", key));
   if (m.format() != kNodeManifestFormat)
     return Bad("manifest", key,
-               absl::StrCat("format: ", Quote(m.format()), ", expected \"",
+               absl::StrCat("format: ", QuotePrefix(m.format()), ", expected \"",
                             kNodeManifestFormat, "\""));
   if (m.job() != where.job || m.step() != where.step)
     return Bad(
         "manifest", key,
         absl::StrFormat(
             "job/step: names job %s step %d, which does not match its location",
-            Quote(m.job()), m.step()));
+            QuotePrefix(m.job()), m.step()));
   return m;
 }
 
@@ -127,11 +120,11 @@ std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
     if (!IsShardKeyOf(s.key(), m.job(), m.step(), s.rank()))
       out.push_back(
           absl::StrFormat("%s.key: %s is not this step's shard of rank %d",
-                          field, Quote(s.key()), s.rank()));
+                          field, QuotePrefix(s.key()), s.rank()));
     if (s.has_checksums_digest() && !IsHex16(s.checksums_digest()))
       out.push_back(
           absl::StrFormat("%s.checksums_digest: %s is not 16 hex digits", field,
-                          Quote(s.checksums_digest())));
+                          QuotePrefix(s.checksums_digest())));
   }
   return out;
 }
@@ -158,11 +151,11 @@ absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
   v1::GlobalManifest m;
   CKPT_RETURN_IF_ERROR(FromJson(json, &m, "global manifest", key));
   if (m.format() != kGlobalManifestFormat)
-    return bad(absl::StrCat("format: ", Quote(m.format()), ", expected ",
+    return bad(absl::StrCat("format: ", QuotePrefix(m.format()), ", expected ",
                             kGlobalManifestFormat));
   if (m.job() != job)
     return bad(
-        absl::StrCat("job: ", Quote(m.job()), ", expected \"", AV(job), "\""));
+        absl::StrCat("job: ", QuotePrefix(m.job()), ", expected \"", AV(job), "\""));
   if (m.step() != step)
     return bad(absl::StrCat("step: ", m.step(), ", expected ", step));
   if (m.world_size() == 0) return bad("world_size: 0");
@@ -178,10 +171,10 @@ absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
       return bad(absl::StrCat("shards[rank ", s.rank(), "].key: empty"));
     if (!internal::ValidateKey(s.key()).ok())
       return bad(absl::StrCat("shards[rank ", s.rank(), "].key: ",
-                              Quote(s.key()), " is not a storage key"));
+                              QuotePrefix(s.key()), " is not a storage key"));
     if (!IsHex16(s.checksum_digest()))
       return bad(absl::StrCat("shards[rank ", s.rank(),
-                              "].checksum_digest: ", Quote(s.checksum_digest()),
+                              "].checksum_digest: ", QuotePrefix(s.checksum_digest()),
                               " is not 16 hex digits"));
   }
   return m;

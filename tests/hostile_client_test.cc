@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "tests/daemon_test.h"
+#include "tests/raw_grpc_call.h"
 
 namespace ckpt::testing {
 namespace {
@@ -47,24 +48,9 @@ class HostileClientTest : public DaemonTest {
 
   // Sends `body` as the request of Ckptd method `method`, as is.
   grpc::Status RawCall(const std::string& method, const std::string& body) {
-    auto channel = grpc::CreateChannel("unix:" + daemon_->socket(),
-                                       grpc::InsecureChannelCredentials());
-    grpc::GenericStub stub(channel);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(60));
-    grpc::Slice slice(body.data(), body.size());
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::CompletionQueue cq;
-    auto call =
-        stub.PrepareUnaryCall(&ctx, "/ckpt.v1.Ckptd/" + method, request, &cq);
-    call->StartCall();
-    grpc::Status status;
-    call->Finish(&response, &status, reinterpret_cast<void*>(1));
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    return status;
+    return RawUnaryCall(grpc::CreateChannel("unix:" + daemon_->socket(),
+                                            grpc::InsecureChannelCredentials()),
+                        "/ckpt.v1.Ckptd/" + method, body, std::chrono::seconds(60));
   }
 
   void ExpectServing() {

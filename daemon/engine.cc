@@ -1,11 +1,6 @@
 // Registration, the save path and leases. See engine.h.
 #include "daemon/engine.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 
@@ -46,8 +41,6 @@ Engine::~Engine() {
   cv_.notify_all();
   if (persister_.joinable()) persister_.join();
   if (reaper_.joinable()) reaper_.join();
-  for (auto& [id, lease] : leases_)
-    if (lease.pidfd >= 0) close(lease.pidfd);
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered) backend_->UnregisterMemory(rank.arena->slot_data(0));
@@ -224,8 +217,7 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   if (it == jobs_.end() || !it->second.forget_when_idle) return;
   Job& job = it->second;
   if (!job.steps.empty()) return;
-  for (const auto& [id, lease] : leases_)
-    if (lease.job == name) return;
+  if (leases_.AnyForJob(name)) return;
   for (const auto& [r, rank] : job.ranks) {
     if (rank.creating) return;
     for (const Slot& s : rank.slots)
@@ -243,11 +235,7 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
 
 void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
   const Slot& s = rank.slots[slot];
-  uint32_t pid = 0;
-  if (s.writer) {
-    auto it = leases_.find(s.writer);
-    if (it != leases_.end()) pid = static_cast<uint32_t>(it->second.pid);
-  }
+  uint32_t pid = s.writer ? static_cast<uint32_t>(leases_.HolderPid(s.writer)) : 0;
   rank.arena->SetSlotState(slot, s.state, s.step, pid, s.image_bytes);
 }
 
@@ -326,25 +314,10 @@ int Engine::PickSlotLocked(const Rank& rank) const {
   return best;
 }
 
-absl::StatusOr<uint64_t> Engine::AddLeaseLocked(Lease lease) {
-  if (lease.pid > 0) {
-    lease.pidfd = static_cast<int>(syscall(SYS_pidfd_open, lease.pid, 0));
-    // A request can arrive after its caller died and was reaped: a lease it
-    // could never release must not be handed out.
-    if (lease.pidfd < 0 && errno == ESRCH)
-      return absl::AbortedError(absl::StrCat("the calling process ", lease.pid, " has exited"));
-  }
-  uint64_t id = next_lease_++;
-  leases_.emplace(id, std::move(lease));
-  return id;
-}
-
 void Engine::ReleaseLeaseLocked(uint64_t id) {
-  auto it = leases_.find(id);
-  if (it == leases_.end()) return;
-  Lease lease = std::move(it->second);
-  leases_.erase(it);
-  if (lease.pidfd >= 0) close(lease.pidfd);
+  std::optional<Lease> removed = leases_.Remove(id);
+  if (!removed) return;
+  const Lease& lease = *removed;
   auto job = jobs_.find(lease.job);
   if (job == jobs_.end()) return;
   auto rank = job->second.ranks.find(lease.rank);
@@ -417,7 +390,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t id, AddLeaseLocked(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t id, leases_.Add(std::move(lease)));
   s = Slot{shm::SlotState::kWriting, req.step(), 0, req.image_bytes(), 0, id};
   MirrorSlotLocked(*rank, slot);
   v1::BeginSaveResponse resp;
@@ -432,9 +405,7 @@ absl::Status Engine::AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   (void)job;
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true) == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
   ReleaseLeaseLocked(req.lease());
@@ -445,16 +416,7 @@ void Engine::ReapLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
-    std::vector<uint64_t> dead;
-    for (const auto& [id, lease] : leases_) {
-      if (lease.pidfd >= 0) {
-        pollfd p{lease.pidfd, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0) dead.push_back(id);
-      } else if (lease.pid > 0 && kill(lease.pid, 0) != 0 && errno == ESRCH) {
-        dead.push_back(id);  // no pidfd (out of descriptors, old kernel)
-      }
-    }
-    for (uint64_t id : dead) ReleaseLeaseLocked(id);
+    for (uint64_t id : leases_.DeadHolders()) ReleaseLeaseLocked(id);
   }
 }
 

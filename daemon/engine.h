@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
+#include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
 #include "daemon/prefaulter.h"
 #include "shm/arena.h"
@@ -185,15 +186,6 @@ class Engine {
     // once no lease, save or load uses the job (MaybeForgetJobLocked).
     bool forget_when_idle = false;
   };
-  struct Lease {
-    std::string job;
-    uint32_t rank = 0;
-    uint32_t slot = 0;
-    uint64_t step = 0;
-    bool write = false;
-    pid_t pid = 0;
-    int pidfd = -1;
-  };
   struct Task {
     // kDelete removes `key` (a prefix when `prefix`), outside the mutex: an
     // unlink of a large file must not stall saves and restores.
@@ -235,8 +227,8 @@ class Engine {
   std::string ArenaName(const std::string& job, uint32_t rank) const;
   int PickSlotLocked(const Rank& rank) const;
   void MirrorSlotLocked(Rank& rank, uint32_t slot);
-  // Fails (Aborted) when the caller has already exited.
-  absl::StatusOr<uint64_t> AddLeaseLocked(Lease lease);
+  // Removes lease `id` and undoes what it held on its slot (an unfinished
+  // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);
   void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
@@ -279,13 +271,12 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
-  std::map<uint64_t, Lease> leases_;
+  LeaseTable leases_;
   struct Hosted {
     std::set<uint32_t> ranks;
     std::optional<uint64_t> keep_from;
   };
   std::map<std::string, Hosted> hosted_;  // cluster mode
-  uint64_t next_lease_ = 1;
   uint64_t next_gen_ = 1;
   std::deque<Task> tasks_;
   bool busy_persisting_ = false;

@@ -13,12 +13,11 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  const Lease* found = leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true);
+  if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
-  const Lease& lease = it->second;
+  const Lease& lease = *found;
   if (lease.slot != req.slot())
     return absl::InvalidArgumentError(
         absl::StrCat("slot: ", req.slot(), " but lease ", req.lease(), " is for slot ", lease.slot));

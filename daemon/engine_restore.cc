@@ -79,7 +79,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   Rank& rank = job->ranks[req.rank()];
   Slot& slot = rank.slots[shard->slot];
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, AddLeaseLocked(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
   ++slot.readers;
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
@@ -216,9 +216,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreR
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   (void)job;
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false) == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open restore ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
   ReleaseLeaseLocked(req.lease());

@@ -61,7 +61,7 @@ absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
   return &it->second;
 }
 
-Engine::Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
+Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return nullptr;
   auto st = j->second.steps.find(step);

@@ -44,6 +44,8 @@
 #include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
 #include "daemon/prefaulter.h"
+#include "daemon/retention.h"
+#include "daemon/step_state.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
@@ -137,22 +139,6 @@ class Engine {
   bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
-  enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
-  struct Shard {
-    v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
-    // The validated index, kept from commit (or recovery, or prefetch) on:
-    // the persister encodes and checks from it; rec.tensors() is its copy
-    // for the catalog and the RPC replies.
-    storage::ShardInfo info;
-    ShardPhase phase = ShardPhase::kStaged;
-    uint64_t gen = 0;
-    int slot = -1;          // slot that holds the image, -1 if none
-    uint32_t attempts = 0;
-  };
-  struct Step {
-    std::map<uint32_t, Shard> shards;
-    bool manifest = false;
-  };
   struct Slot {
     shm::SlotState state = shm::SlotState::kFree;
     uint64_t step = 0;
@@ -256,6 +242,7 @@ class Engine {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   void ReportLocked(const Shard& shard, bool durable) const;
+  // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
   void PersistLoop();
@@ -272,11 +259,7 @@ class Engine {
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
   LeaseTable leases_;
-  struct Hosted {
-    std::set<uint32_t> ranks;
-    std::optional<uint64_t> keep_from;
-  };
-  std::map<std::string, Hosted> hosted_;  // cluster mode
+  std::map<std::string, Hosting> hosted_;  // cluster mode
   uint64_t next_gen_ = 1;
   std::deque<Task> tasks_;
   bool busy_persisting_ = false;

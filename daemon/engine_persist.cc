@@ -1,4 +1,5 @@
-// The persister: staged slots to storage, manifests, retention. See engine.h.
+// The persister: staged slots to storage, manifests, retention (the
+// decisions are retention.h's). See engine.h.
 #include <unistd.h>
 
 #include <cerrno>
@@ -186,31 +187,9 @@ void Engine::PersistShard(const Task& task) {
 }
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
-  *durable = true;
   auto hosted = hosted_.find(job.rec.job());
-  bool whole = true;
-  if (hosted == hosted_.end()) {
-    whole = step.shards.size() == job.rec.world_size();
-  } else {
-    // Cluster mode: only the ranks this node hosts count here.
-    whole = !hosted->second.ranks.empty();
-    for (uint32_t r : hosted->second.ranks) whole = whole && step.shards.count(r);
-  }
-  if (!whole) {
-    *durable = false;
-    return false;
-  }
-  for (const auto& [r, shard] : step.shards) {
-    // A shard whose persist failed for good (e.g. its checksums did not
-    // match its bytes) makes the step unusable, even if still in memory.
-    if (shard.phase == ShardPhase::kFailed) {
-      *durable = false;
-      return false;
-    }
-    if (shard.phase != ShardPhase::kDurable) *durable = false;
-    if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
-  }
-  return true;
+  return StepComplete(step, job.rec.world_size(),
+                      hosted == hosted_.end() ? nullptr : &hosted->second, durable);
 }
 
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
@@ -232,17 +211,7 @@ void Engine::WriteManifest(const Task& task) {
     if (step == job->second.steps.end() || step->second.manifest) return;
     bool durable = false;
     if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    m.set_job(task.job);
-    m.set_step(task.step);
-    m.set_world_size(job->second.rec.world_size());
-    for (const auto& [r, shard] : step->second.shards) {
-      storage::v1::NodeManifestShard* ms = m.add_shards();
-      ms->set_rank(r);
-      ms->set_key(shard.rec.path());
-      ms->set_bytes(shard.rec.image_bytes());
-      ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
-      ms->set_checksums_digest(storage::DigestHex(ShardDigest(shard.rec.tensors())));
-    }
+    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
   }
   absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
   std::lock_guard<std::mutex> lock(mu_);
@@ -263,25 +232,14 @@ void Engine::WriteManifest(const Task& task) {
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {
-  if (options_.retain_steps == 0) return;
-  uint32_t kept = 0;
-  uint64_t oldest_kept = 0;
-  for (auto it = job.steps.rbegin(); it != job.steps.rend(); ++it) {
-    if (!it->second.manifest) continue;
-    oldest_kept = it->first;
-    if (++kept == options_.retain_steps) break;
-  }
-  if (kept < options_.retain_steps) return;
-  if (!options_.node_id.empty()) {
-    // Cluster mode: the job may still restore steps this node already
-    // counts as old (another node lags), so the coordinator's word counts.
-    auto hosted = hosted_.find(job.rec.job());
-    if (hosted == hosted_.end() || !hosted->second.keep_from) return;
-    oldest_kept = std::min(oldest_kept, *hosted->second.keep_from);
-  }
+  auto hosted = hosted_.find(job.rec.job());
+  std::optional<uint64_t> cutoff =
+      RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(),
+                      hosted == hosted_.end() ? nullptr : &hosted->second);
+  if (!cutoff) return;
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
   for (auto& [n, step] : job.steps) {
-    if (n >= oldest_kept) break;
+    if (n >= *cutoff) break;
     for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
   }
   for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);

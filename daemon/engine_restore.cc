@@ -127,7 +127,7 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   return path;
 }
 
-absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
+absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                                        const std::string& job_name,
                                                        uint64_t step_no, uint32_t rank_no,
                                                        double* load_s) {

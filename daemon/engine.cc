@@ -81,21 +81,6 @@ absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   return &it->second;
 }
 
-absl::Status Engine::CheckGrowableLocked(const Job& job, const Rank& r, uint32_t rank,
-                                         uint64_t slot_bytes) const {
-  // Growing replaces the arena; only allowed while it holds nothing that
-  // is not on disk and nobody reads it.
-  for (const Slot& s : r.slots)
-    if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
-        s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot_bytes: arena of rank ", rank, " of job '", job.rec.job(), "' has ",
-          r.arena->slot_bytes(),
-          "-byte slots and holds a step that is not durable yet; cannot grow it to ",
-          slot_bytes));
-  return absl::OkStatus();
-}
-
 void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   auto it = job.ranks.find(rank_no);
   if (it == job.ranks.end() || !it->second.arena) return;
@@ -106,10 +91,7 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   }
   if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
   if (unlink) (void)shm::Arena::Unlink(r.arena->name());
-  r.arena.reset();
-  r.slots.clear();
-  r.registered = false;
-  r.ready_slots = 0;
+  r.Clear();
 }
 
 absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& lock,
@@ -128,7 +110,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   }
   if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
   const bool grow = r->arena != nullptr;
-  if (grow) CKPT_RETURN_IF_ERROR(CheckGrowableLocked(*job, *r, rank_no, slot_bytes));
+  if (grow) CKPT_RETURN_IF_ERROR(r->CheckGrowable(name, rank_no, slot_bytes));
   shm::ArenaOptions ao;
   // A grown arena is created beside the old one, which stays whole until
   // the new one exists: a refusal (no room in /dev/shm) changes nothing.
@@ -140,7 +122,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   ao.num_slots = job->rec.num_slots();
   ao.owner_uid = job->rec.uid();
   ao.owner_gid = job->rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
-  // The first save takes slot 0 (PickSlotLocked takes the first free
+  // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
   r->creating = true;
@@ -156,7 +138,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   if (!created.ok()) return created.status();
   std::shared_ptr<shm::Arena> arena = std::move(*created);
   if (grow) {
-    absl::Status s = CheckGrowableLocked(*job, *r, rank_no, slot_bytes);
+    absl::Status s = r->CheckGrowable(name, rank_no, slot_bytes);
     if (s.ok()) s = arena->Rename(ArenaName(name, rank_no));
     if (!s.ok()) {
       (void)shm::Arena::Unlink(arena->name());
@@ -164,11 +146,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
     }
     DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
   }
-  r->arena = arena;
-  r->ready_slots = 1;
-  r->reserve_error = absl::OkStatus();
-  r->slots.assign(arena->num_slots(), Slot{});
-  for (uint32_t i = 0; i < arena->num_slots(); ++i) MirrorSlotLocked(*r, i);
+  r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
   (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
   if (job->rec.slot_bytes() < arena->slot_bytes()) job->rec.set_slot_bytes(arena->slot_bytes());
@@ -235,8 +213,7 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
 
 void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
   const Slot& s = rank.slots[slot];
-  uint32_t pid = s.writer ? static_cast<uint32_t>(leases_.HolderPid(s.writer)) : 0;
-  rank.arena->SetSlotState(slot, s.state, s.step, pid, s.image_bytes);
+  rank.Mirror(slot, s.writer ? leases_.HolderPid(s.writer) : 0);
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
@@ -294,26 +271,6 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
   return resp;
 }
 
-int Engine::PickSlotLocked(const Rank& rank) const {
-  // The newest step in memory stays: it is what a crashed trainer restores.
-  int newest = -1;
-  for (size_t i = 0; i < rank.slots.size(); ++i) {
-    const Slot& s = rank.slots[i];
-    if (s.state == shm::SlotState::kFree || s.state == shm::SlotState::kWriting) continue;
-    if (newest < 0 || s.step > rank.slots[newest].step) newest = static_cast<int>(i);
-  }
-  int best = -1;
-  for (size_t i = 0; i < rank.ready_slots && i < rank.slots.size(); ++i) {
-    const Slot& s = rank.slots[i];
-    if (s.readers > 0 || static_cast<int>(i) == newest) continue;
-    if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
-    if ((s.state == shm::SlotState::kDurable || s.reclaimable) &&
-        (best < 0 || s.step < rank.slots[best].step))
-      best = static_cast<int>(i);
-  }
-  return best;
-}
-
 void Engine::ReleaseLeaseLocked(uint64_t id) {
   std::optional<Lease> removed = leases_.Remove(id);
   if (!removed) return;
@@ -324,21 +281,10 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
   if (rank == job->second.ranks.end() || !rank->second.arena ||
       lease.slot >= rank->second.slots.size())
     return;
-  Slot& slot = rank->second.slots[lease.slot];
-  if (lease.write) {
-    if (slot.writer == id) {
-      slot = Slot{};  // never committed: the bytes mean nothing
-      MirrorSlotLocked(rank->second, lease.slot);
-    }
-  } else if (slot.readers > 0) {
-    --slot.readers;
-    // A reader kept a slot whose shard was deleted meanwhile.
-    if (slot.readers == 0 && slot.gen == 0 && slot.state != shm::SlotState::kPersisting &&
-        slot.state != shm::SlotState::kWriting) {
-      slot = Slot{};
-      MirrorSlotLocked(rank->second, lease.slot);
-    }
-  }
+  if (lease.write)
+    rank->second.EndWrite(lease.slot, id);
+  else
+    rank->second.EndRead(lease.slot);
   MaybeForgetJobLocked(lease.job);
   cv_.notify_all();
 }
@@ -360,7 +306,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
   for (;;) {
     // The rank may have been re-registered (arena replaced) while waiting.
     CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
-    slot = PickSlotLocked(*rank);
+    slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
       return absl::ResourceExhaustedError(

@@ -44,6 +44,7 @@
 #include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
 #include "daemon/prefaulter.h"
+#include "daemon/rank_slots.h"
 #include "daemon/retention.h"
 #include "daemon/step_state.h"
 #include "shm/arena.h"
@@ -139,28 +140,8 @@ class Engine {
   bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
-  struct Slot {
-    shm::SlotState state = shm::SlotState::kFree;
-    uint64_t step = 0;
-    uint64_t gen = 0;       // generation of the shard it holds
-    uint64_t image_bytes = 0;
-    uint32_t readers = 0;
-    uint64_t writer = 0;    // lease of the client writing it
-    bool reclaimable = false;  // holds a shard whose persist failed for good
-  };
-  struct Rank {
-    // Shared with the prefaulter while it faults in the arena's slots.
-    std::shared_ptr<shm::Arena> arena;
-    std::vector<Slot> slots;
-    // An arena for this rank is being created (or grown) outside the mutex;
-    // whoever needs the rank's arena waits on cv_ until it is installed.
-    bool creating = false;
-    bool registered = false;  // arena memory registered with the backend
-    // Slots [0, ready_slots) have their pages reserved and may be used; the
-    // prefaulter readies the others after Create (OnPrefaulted).
-    uint32_t ready_slots = 0;
-    absl::Status reserve_error;  // the prefaulter could not ready them
-  };
+  // One rank's arena and slot table (rank_slots.h).
+  using Rank = RankSlots;
   struct Job {
     v1::JobRecord rec;
     std::map<uint32_t, Rank> ranks;
@@ -198,8 +179,6 @@ class Engine {
   // leaves the rank's old arena and its steps as they were.
   absl::StatusOr<Rank*> EnsureArena(std::unique_lock<std::mutex>& lock, const std::string& job,
                                     uint32_t rank, uint64_t slot_bytes);
-  absl::Status CheckGrowableLocked(const Job& job, const Rank& rank, uint32_t rank_no,
-                                   uint64_t slot_bytes) const;
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
@@ -211,12 +190,11 @@ class Engine {
   // The shard of (job, step, rank), or nullptr.
   Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  int PickSlotLocked(const Rank& rank) const;
+  // rank.Mirror(slot) with the pid of the slot's writer.
   void MirrorSlotLocked(Rank& rank, uint32_t slot);
   // Removes lease `id` and undoes what it held on its slot (an unfinished
   // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);
-  void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void QueueDeleteLocked(std::string key, bool prefix);

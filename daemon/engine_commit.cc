@@ -88,20 +88,6 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   return absl::OkStatus();
 }
 
-void Engine::FreeShardSlotLocked(Job& job, uint32_t rank_no, const Shard& shard) {
-  if (shard.slot < 0) return;
-  auto r = job.ranks.find(rank_no);
-  if (r == job.ranks.end() || !r->second.arena) return;
-  Slot& s = r->second.slots[shard.slot];
-  if (s.gen != shard.gen) return;
-  if (s.state == shm::SlotState::kPersisting || s.readers > 0) {
-    s.gen = 0;  // the persister or the last reader frees it
-    return;
-  }
-  s = Slot{};
-  MirrorSlotLocked(r->second, shard.slot);
-}
-
 void Engine::QueueDeleteLocked(std::string key, bool prefix) {
   Task t;
   t.kind = Task::kDelete;
@@ -115,7 +101,8 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (step == job.steps.end()) return;
   auto sh = step->second.shards.find(rank);
   if (sh == step->second.shards.end()) return;
-  FreeShardSlotLocked(job, rank, sh->second);
+  auto r = job.ranks.find(rank);
+  if (r != job.ranks.end()) r->second.DropShard(sh->second.slot, sh->second.gen);
   bool was_durable = sh->second.phase == ShardPhase::kDurable;
   step->second.shards.erase(sh);
   absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);

@@ -157,7 +157,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
       continue;
     }
     rank = &existing->second;
-    slot = PickSlotLocked(*rank);
+    slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -26,20 +26,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
       });
-  CKPT_RETURN_IF_ERROR(engine->Recover());
-  engine->persister_ = std::thread([e = engine.get()] { e->PersistLoop(); });
+  engine->persister_ = std::make_unique<Persister>(
+      &engine->mu_, &engine->cv_, backend, [e = engine.get()](const PersistTask& task) {
+        if (task.kind == PersistTask::kShard)
+          e->PersistShard(task);
+        else
+          e->WriteManifest(task);
+      });
+  CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
+  engine->persister_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
 
 Engine::~Engine() {
   prefaulter_.reset();  // its callback takes mu_
+  if (persister_) persister_->Stop();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  if (persister_.joinable()) persister_.join();
   if (reaper_.joinable()) reaper_.join();
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)

@@ -27,7 +27,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -43,6 +42,7 @@
 #include "daemon/catalog.h"
 #include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
+#include "daemon/persister.h"
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
@@ -153,18 +153,6 @@ class Engine {
     // once no lease, save or load uses the job (MaybeForgetJobLocked).
     bool forget_when_idle = false;
   };
-  struct Task {
-    // kDelete removes `key` (a prefix when `prefix`), outside the mutex: an
-    // unlink of a large file must not stall saves and restores.
-    enum Kind { kShard, kManifest, kDelete } kind = kShard;
-    std::string job;
-    uint64_t step = 0;
-    uint32_t rank = 0;
-    uint64_t gen = 0;
-    std::chrono::steady_clock::time_point not_before{};
-    std::string key{};  // {}: aggregate inits may leave it out without a warning
-    bool prefix = false;
-  };
   struct PersistSnapshot;
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
@@ -197,7 +185,6 @@ class Engine {
   void ReleaseLeaseLocked(uint64_t id);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
-  void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
   // Restore's one decision: the path the caller may read the durable
   // shard's file from itself (a local file of the recorded size that the
@@ -223,9 +210,10 @@ class Engine {
   // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
-  void PersistLoop();
-  void PersistShard(const Task& task);
-  void WriteManifest(const Task& task);
+  // The persister's work (engine_persist.cc): read the state under mu_,
+  // write without it, record the outcome (or re-queue a retry).
+  void PersistShard(const PersistTask& task);
+  void WriteManifest(const PersistTask& task);
   void ReapLoop();
 
   const EngineOptions options_;
@@ -239,14 +227,12 @@ class Engine {
   LeaseTable leases_;
   std::map<std::string, Hosting> hosted_;  // cluster mode
   uint64_t next_gen_ = 1;
-  std::deque<Task> tasks_;
-  bool busy_persisting_ = false;
   bool draining_ = false;
   bool stopping_ = false;
   uint64_t persisted_shards_ = 0;
   uint64_t persisted_bytes_ = 0;
   uint64_t failed_persists_ = 0;
-  std::thread persister_;
+  std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
   std::thread reaper_;
   std::unique_ptr<Prefaulter> prefaulter_;
 };

@@ -78,22 +78,14 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   s.gen = shard.gen;
   s.image_bytes = shard.info.layout.image_bytes;
   MirrorSlotLocked(*rank, slot_no);
-  Task task{Task::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
+  PersistTask task{PersistTask::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);
   job->steps[req.step()].shards[req.rank()] = std::move(shard);
   job->forget_when_idle = false;
   ReleaseLeaseLocked(req.lease());
-  tasks_.push_back(std::move(task));
+  persister_->Push(std::move(task));
   cv_.notify_all();
   return absl::OkStatus();
-}
-
-void Engine::QueueDeleteLocked(std::string key, bool prefix) {
-  Task t;
-  t.kind = Task::kDelete;
-  t.key = std::move(key);
-  t.prefix = prefix;
-  tasks_.push_back(std::move(t));
 }
 
 void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool delete_file) {
@@ -109,16 +101,16 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    QueueDeleteLocked(NodeManifestKey(job.rec.job(), step_no), false);
+    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
-    QueueDeleteLocked(NodeShardKey(job.rec.job(), step_no, rank), false);
+    persister_->QueueDelete(NodeShardKey(job.rec.job(), step_no, rank), false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
     // A shared root holds other nodes' files under the same prefix.
     if (delete_file && options_.node_id.empty())
-      QueueDeleteLocked(storage::StepPrefix(job.rec.job(), step_no), true);
+      persister_->QueueDelete(storage::StepPrefix(job.rec.job(), step_no), true);
   }
   cv_.notify_all();
 }

@@ -18,44 +18,6 @@
 
 namespace ckpt::daemon {
 
-void Engine::PersistLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    auto now = std::chrono::steady_clock::now();
-    auto ready = tasks_.end();
-    auto earliest = std::chrono::steady_clock::time_point::max();
-    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
-      if (it->not_before <= now) {
-        ready = it;
-        break;
-      }
-      earliest = std::min(earliest, it->not_before);
-    }
-    if (ready == tasks_.end()) {
-      if (earliest == std::chrono::steady_clock::time_point::max())
-        cv_.wait(lock);
-      else
-        cv_.wait_until(lock, earliest);
-      continue;
-    }
-    Task task = std::move(*ready);
-    tasks_.erase(ready);
-    busy_persisting_ = true;
-    lock.unlock();
-    if (task.kind == Task::kShard) {
-      PersistShard(task);
-    } else if (task.kind == Task::kManifest) {
-      WriteManifest(task);
-    } else {
-      absl::Status s = task.prefix ? backend_->DeletePrefix(task.key) : backend_->Delete(task.key);
-      if (!s.ok()) LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
-    }
-    lock.lock();
-    busy_persisting_ = false;
-    cv_.notify_all();
-  }
-}
-
 namespace {
 
 // Checks every checksum the client computed against the bytes now in the
@@ -76,7 +38,7 @@ absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
 
 }  // namespace
 
-void Engine::PersistShard(const Task& task) {
+void Engine::PersistShard(const PersistTask& task) {
   char* image = nullptr;
   storage::ShardInfo info;
   std::vector<bool> has_checksum;
@@ -142,7 +104,7 @@ void Engine::PersistShard(const Task& task) {
             MirrorSlotLocked(rank, i);
           }
     }
-    if (s.ok() && !current) QueueDeleteLocked(key, false);
+    if (s.ok() && !current) persister_->QueueDelete(key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
@@ -178,10 +140,10 @@ void Engine::PersistShard(const Task& task) {
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
   } else {
     shard->phase = ShardPhase::kStaged;
-    Task retry = task;
+    PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() +
                        options_.persist_retry_delay * (1u << (shard->attempts - 1));
-    tasks_.push_back(std::move(retry));
+    persister_->Push(std::move(retry));
   }
   MirrorSlotLocked(rank, shard->slot);
 }
@@ -197,11 +159,11 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   if (step == job.steps.end() || step->second.manifest) return;
   bool durable = false;
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
-  tasks_.push_back(Task{Task::kManifest, job.rec.job(), step_no, 0, 0, {}});
+  persister_->Push(PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
   cv_.notify_all();
 }
 
-void Engine::WriteManifest(const Task& task) {
+void Engine::WriteManifest(const PersistTask& task) {
   storage::v1::NodeManifest m;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,9 +179,9 @@ void Engine::WriteManifest(const Task& task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
-    Task retry = task;
+    PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
-    tasks_.push_back(std::move(retry));
+    persister_->Push(std::move(retry));
     return;
   }
   auto job = jobs_.find(task.job);
@@ -247,7 +209,7 @@ void Engine::ApplyRetentionLocked(Job& job) {
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return tasks_.empty() && !busy_persisting_; });
+  return cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
@@ -263,7 +225,7 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     return n;
   };
   cv_.wait_for(lock, deadline,
-               [&] { return pending() == 0 && tasks_.empty() && !busy_persisting_; });
+               [&] { return pending() == 0 && persister_->Idle(); });
   return pending();
 }
 

@@ -137,7 +137,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     }
     if (sh.phase == ShardPhase::kStaged) {
       rec.set_state(v1::ShardRecord::STAGED);
-      tasks_.push_back(Task{Task::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
+      persister_->Push(PersistTask{PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }
     sh.rec = std::move(rec);
@@ -149,7 +149,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
       step.manifest = true;
     else
-      tasks_.push_back(Task{Task::kManifest, name, n, 0, 0, {}});
+      persister_->Push(PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
                        " in memory, ", requeued, " to persist, ", lost, " lost"));

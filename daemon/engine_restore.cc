@@ -344,7 +344,7 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
           in_flight += shard.rec.image_bytes();
   }
   resp.set_bytes_in_flight(in_flight);
-  resp.set_persist_queue(static_cast<uint32_t>(tasks_.size()));
+  resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
   resp.set_persisted_shards(persisted_shards_);
   resp.set_persisted_bytes(persisted_bytes_);
   resp.set_failed_persists(failed_persists_);

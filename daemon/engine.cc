@@ -218,11 +218,6 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   cv_.notify_all();
 }
 
-void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
-  const Slot& s = rank.slots[slot];
-  rank.Mirror(slot, s.writer ? leases_.HolderPid(s.writer) : 0);
-}
-
 absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
                                                       const v1::RegisterRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job()));
@@ -344,8 +339,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
   CKPT_ASSIGN_OR_RETURN(uint64_t id, leases_.Add(std::move(lease)));
-  s = Slot{shm::SlotState::kWriting, req.step(), 0, req.image_bytes(), 0, id};
-  MirrorSlotLocked(*rank, slot);
+  rank->BeginWrite(slot, req.step(), req.image_bytes(), id, peer.pid);
   v1::BeginSaveResponse resp;
   resp.set_slot(slot);
   resp.set_slot_offset(rank->arena->slot_offset(slot));

@@ -12,15 +12,34 @@
 // field. A lease whose holder process exits (seen through a pidfd) is
 // released, so a trainer killed mid-save leaves no slot locked.
 //
+// Where each concept lives: the Engine owns the job table (jobs, their
+// ranks and steps), the RPCs, recovery (engine_recover.cc) and the wiring
+// of these parts, each in its own file:
+//   lease_table.h  the leases and the reaper's poll of their holders;
+//   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
+//   step_state.h   a step's shards and their phases (plain data);
+//   persister.h    the persist queue and its thread (the shard and
+//                  manifest writes call back into engine_persist.cc);
+//   retention.h    which steps are complete, durable or dropped, and the
+//                  node manifest's contents;
+//   prefaulter.h   the background fault-in of new arenas' slots.
+// The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
+// reaper), engine_commit.cc (CommitSave, dropping shards),
+// engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
+// WaitDurable, List, Delete, Status),
+// engine_persist.cc, engine_cluster.cc (hosted ranks, reports, Prefetch).
+//
 // Thread-safety: all methods are safe to call concurrently. One mutex
 // (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
 // release changes its slot, the persister changes slots and shards, and
 // retention drops shards across ranks, so separate locks for these would
-// need an ordering every path keeps (not done). Disk I/O, checksum passes
-// and arena creation run outside it: a rank's arena is created (or grown,
-// beside the old one) with mu_ released while Rank::creating makes other
-// requests for that rank wait; the Prefaulter (its own lock, never held
-// while it calls back) readies the slots beyond slot 0 in the background.
+// need an ordering every path keeps (not done). The parts above therefore
+// have no lock of their own: the Engine holds mu_ around every call. Disk
+// I/O, checksum passes and arena creation run outside it: a rank's arena
+// is created (or grown, beside the old one) with mu_ released while
+// RankSlots::creating makes other requests for that rank wait; the
+// Prefaulter (its own lock, never held while it calls back) readies the
+// slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -29,7 +48,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -153,7 +171,6 @@ class Engine {
     // once no lease, save or load uses the job (MaybeForgetJobLocked).
     bool forget_when_idle = false;
   };
-  struct PersistSnapshot;
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
   absl::Status Recover();
@@ -178,8 +195,6 @@ class Engine {
   // The shard of (job, step, rank), or nullptr.
   Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  // rank.Mirror(slot) with the pid of the slot's writer.
-  void MirrorSlotLocked(Rank& rank, uint32_t slot);
   // Removes lease `id` and undoes what it held on its slot (an unfinished
   // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);

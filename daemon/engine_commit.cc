@@ -71,13 +71,8 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   // loses anyway; a daemon crash keeps the page cache.
   CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/false));
 
-  Slot& s = rank->slots[slot_no];
-  s.writer = 0;
-  s.state = shm::SlotState::kStaged;
-  s.step = req.step();
-  s.gen = shard.gen;
-  s.image_bytes = shard.info.layout.image_bytes;
-  MirrorSlotLocked(*rank, slot_no);
+  rank->Hold(slot_no, shm::SlotState::kStaged, req.step(), shard.gen,
+             shard.info.layout.image_bytes);
   PersistTask task{PersistTask::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);
   job->steps[req.step()].shards[req.rank()] = std::move(shard);

@@ -51,8 +51,7 @@ void Engine::PersistShard(const PersistTask& task) {
       return;
     Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
     shard->phase = ShardPhase::kPersisting;
-    rank.slots[shard->slot].state = shm::SlotState::kPersisting;
-    MirrorSlotLocked(rank, shard->slot);
+    rank.SetState(shard->slot, shm::SlotState::kPersisting);
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
@@ -100,8 +99,7 @@ void Engine::PersistShard(const PersistTask& task) {
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
           if (rank.slots[i].state == shm::SlotState::kPersisting && rank.slots[i].gen == 0 &&
               rank.arena->slot_data(i) == image) {
-            rank.slots[i] = Slot{};
-            MirrorSlotLocked(rank, i);
+            rank.Free(i);
           }
     }
     if (s.ok() && !current) persister_->QueueDelete(key, false);
@@ -109,7 +107,6 @@ void Engine::PersistShard(const PersistTask& task) {
     return;
   }
   Rank& rank = job->second.ranks[task.rank];
-  Slot& slot = rank.slots[shard->slot];
   if (s.ok()) {
     shard->phase = ShardPhase::kDurable;
     shard->rec.set_state(v1::ShardRecord::DURABLE);
@@ -119,8 +116,7 @@ void Engine::PersistShard(const PersistTask& task) {
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
-    slot.state = shm::SlotState::kDurable;
-    MirrorSlotLocked(rank, shard->slot);
+    rank.SetState(shard->slot, shm::SlotState::kDurable);
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
     ReportLocked(*shard, /*durable=*/true);
@@ -131,12 +127,11 @@ void Engine::PersistShard(const PersistTask& task) {
   ++shard->attempts;
   LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts, "): ", s.message()));
   shard->rec.set_error(std::string(s.message()));
-  slot.state = shm::SlotState::kStaged;
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
   if (corrupt || shard->attempts >= options_.max_persist_attempts) {
     shard->phase = ShardPhase::kFailed;
     shard->rec.set_state(v1::ShardRecord::FAILED);
-    slot.reclaimable = true;
+    rank.FailPersist(shard->slot);
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
   } else {
     shard->phase = ShardPhase::kStaged;
@@ -144,8 +139,8 @@ void Engine::PersistShard(const PersistTask& task) {
     retry.not_before = std::chrono::steady_clock::now() +
                        options_.persist_retry_delay * (1u << (shard->attempts - 1));
     persister_->Push(std::move(retry));
+    rank.SetState(shard->slot, shm::SlotState::kStaged);
   }
-  MirrorSlotLocked(rank, shard->slot);
 }
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {

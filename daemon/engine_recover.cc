@@ -82,9 +82,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       continue;
     }
     Rank& rank = job.ranks[r];
-    rank.arena = std::move(*arena);
-    rank.slots.assign(rank.arena->num_slots(), Slot{});
-    rank.ready_slots = rank.arena->num_slots();  // Reattach reserves every page
+    rank.Reattach(std::move(*arena));
     rank.registered =
         backend_->RegisterMemory(rank.arena->slot_data(0),
                                  uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes())
@@ -113,10 +111,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       auto header = storage::DecodeHeader(
           {rank->second.arena->slot_data(rec.slot()), storage::kShardAlign});
       if (header.ok()) sh.info.created_unix_ns = header->created_unix_ns;
-      rank->second.slots[rec.slot()] =
-          Slot{sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable : shm::SlotState::kStaged,
-               rec.step(), sh.gen, rec.image_bytes(), 0, 0};
-      MirrorSlotLocked(rank->second, rec.slot());
+      rank->second.Hold(rec.slot(),
+                        sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable
+                                                         : shm::SlotState::kStaged,
+                        rec.step(), sh.gen, rec.image_bytes());
       ++in_memory;
     }
     const std::string key = NodeShardKey(name, rec.step(), rec.rank());

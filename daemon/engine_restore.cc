@@ -77,10 +77,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     resp.set_source(v1::RESTORE_SOURCE_DISK);
   }
   Rank& rank = job->ranks[req.rank()];
-  Slot& slot = rank.slots[shard->slot];
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
   CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
-  ++slot.readers;
+  rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
   resp.set_arena_bytes(rank.arena->size());
@@ -170,8 +169,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     auto o = st.shards.find(rank_no);
     if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
   }
-  rank->slots[slot] = Slot{shm::SlotState::kWriting, step_no, 0, bytes, 0, 0};
-  MirrorSlotLocked(*rank, slot);
+  rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
@@ -196,8 +194,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   if (j != jobs_.end() && j->second.ranks.count(rank_no)) r = &j->second.ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
-    r->slots[slot] = Slot{};
-    MirrorSlotLocked(*r, slot);
+    r->Free(slot);
   }
   cv_.notify_all();
   Shard* cur = FindShardLocked(job_name, step_no, rank_no);
@@ -206,8 +203,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     if (!st.ok()) return Annotate(st, "load from storage");
     return changed();
   }
-  r->slots[slot] = Slot{shm::SlotState::kDurable, step_no, gen, bytes, 0, 0};
-  MirrorSlotLocked(*r, slot);
+  r->Hold(slot, shm::SlotState::kDurable, step_no, gen, bytes);
   cur->slot = slot;
   return cur;
 }

@@ -24,7 +24,8 @@ absl::StatusOr<uint64_t> LeaseTable::Add(Lease lease) {
     // A request can arrive after its caller died and was reaped: a lease it
     // could never release must not be handed out.
     if (lease.pidfd < 0 && errno == ESRCH)
-      return absl::AbortedError(absl::StrCat("the calling process ", lease.pid, " has exited"));
+      return absl::AbortedError(
+          absl::StrCat("the calling process ", lease.pid, " has exited"));
   }
   uint64_t id = next_id_++;
   leases_.emplace(id, std::move(lease));
@@ -36,10 +37,11 @@ const Lease* LeaseTable::Find(uint64_t id) const {
   return it == leases_.end() ? nullptr : &it->second;
 }
 
-const Lease* LeaseTable::FindFor(uint64_t id, const std::string& job, uint32_t rank,
-                                 bool write) const {
+const Lease* LeaseTable::FindFor(uint64_t id, const std::string& job,
+                                 uint32_t rank, bool write) const {
   const Lease* lease = Find(id);
-  if (lease == nullptr || lease->write != write || lease->job != job || lease->rank != rank)
+  if (lease == nullptr || lease->write != write || lease->job != job ||
+      lease->rank != rank)
     return nullptr;
   return lease;
 }

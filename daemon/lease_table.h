@@ -50,7 +50,8 @@ class LeaseTable {
   const Lease* Find(uint64_t id) const;
   // The open lease `id` of (job, rank) that writes (`write`) or reads, or
   // nullptr: what CommitSave, AbortSave and CloseRestore accept.
-  const Lease* FindFor(uint64_t id, const std::string& job, uint32_t rank, bool write) const;
+  const Lease* FindFor(uint64_t id, const std::string& job, uint32_t rank,
+                       bool write) const;
   // Removes lease `id` (closing its pidfd) and returns it; nullopt if none.
   std::optional<Lease> Remove(uint64_t id);
   // The pid holding lease `id`, 0 if none.

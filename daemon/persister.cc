@@ -8,8 +8,8 @@
 
 namespace ckpt::daemon {
 
-Persister::Persister(std::mutex* mu, std::condition_variable* cv, storage::Backend* backend,
-                     RunFn run)
+Persister::Persister(std::mutex* mu, std::condition_variable* cv,
+                     storage::Backend* backend, RunFn run)
     : mu_(mu), cv_(cv), backend_(backend), run_(std::move(run)) {}
 
 Persister::~Persister() { Stop(); }
@@ -61,8 +61,10 @@ void Persister::Loop() {
     busy_ = true;
     lock.unlock();
     if (task.kind == PersistTask::kDelete) {
-      absl::Status s = task.prefix ? backend_->DeletePrefix(task.key) : backend_->Delete(task.key);
-      if (!s.ok()) LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
+      absl::Status s = task.prefix ? backend_->DeletePrefix(task.key)
+                                   : backend_->Delete(task.key);
+      if (!s.ok())
+        LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
     } else {
       run_(task);
     }

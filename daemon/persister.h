@@ -48,7 +48,8 @@ class Persister {
   using RunFn = std::function<void(const PersistTask&)>;
 
   // mu and cv are the engine's; backend must outlive the persister.
-  Persister(std::mutex* mu, std::condition_variable* cv, storage::Backend* backend, RunFn run);
+  Persister(std::mutex* mu, std::condition_variable* cv,
+            storage::Backend* backend, RunFn run);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()

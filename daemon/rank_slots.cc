@@ -10,7 +10,8 @@ int RankSlots::PickSlot() const {
   int newest = -1;
   for (size_t i = 0; i < slots.size(); ++i) {
     const Slot& s = slots[i];
-    if (s.state == shm::SlotState::kFree || s.state == shm::SlotState::kWriting) continue;
+    if (s.state == shm::SlotState::kFree || s.state == shm::SlotState::kWriting)
+      continue;
     if (newest < 0 || s.step > slots[newest].step) newest = static_cast<int>(i);
   }
   int best = -1;
@@ -27,7 +28,8 @@ int RankSlots::PickSlot() const {
 
 void RankSlots::Mirror(uint32_t slot, pid_t writer_pid) {
   const Slot& s = slots[slot];
-  arena->SetSlotState(slot, s.state, s.step, static_cast<uint32_t>(writer_pid), s.image_bytes);
+  arena->SetSlotState(slot, s.state, s.step, static_cast<uint32_t>(writer_pid),
+                      s.image_bytes);
 }
 
 absl::Status RankSlots::CheckGrowable(const std::string& job, uint32_t rank_no,
@@ -36,11 +38,14 @@ absl::Status RankSlots::CheckGrowable(const std::string& job, uint32_t rank_no,
   // is not on disk and nobody reads it.
   for (const Slot& s : slots)
     if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
-        s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot_bytes: arena of rank ", rank_no, " of job '", job, "' has ", arena->slot_bytes(),
-          "-byte slots and holds a step that is not durable yet; cannot grow it to ",
-          slot_bytes));
+        s.state == shm::SlotState::kStaged ||
+        s.state == shm::SlotState::kPersisting)
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot_bytes: arena of rank ", rank_no, " of job '", job,
+                       "' has ", arena->slot_bytes(),
+                       "-byte slots and holds a step that is not durable yet; "
+                       "cannot grow it to ",
+                       slot_bytes));
   return absl::OkStatus();
 }
 
@@ -50,6 +55,44 @@ void RankSlots::Install(std::shared_ptr<shm::Arena> created) {
   reserve_error = absl::OkStatus();
   slots.assign(arena->num_slots(), Slot{});
   for (uint32_t i = 0; i < arena->num_slots(); ++i) Mirror(i, 0);
+}
+
+void RankSlots::Reattach(std::shared_ptr<shm::Arena> attached) {
+  arena = std::move(attached);
+  slots.assign(arena->num_slots(), Slot{});
+  ready_slots = arena->num_slots();  // Reattach reserves every page
+}
+
+void RankSlots::BeginWrite(uint32_t slot, uint64_t step, uint64_t image_bytes,
+                           uint64_t lease, pid_t writer_pid) {
+  slots[slot] = Slot{shm::SlotState::kWriting, step, 0, image_bytes, 0, lease};
+  Mirror(slot, writer_pid);
+}
+
+void RankSlots::Hold(uint32_t slot, shm::SlotState state, uint64_t step,
+                     uint64_t gen, uint64_t image_bytes) {
+  Slot& s = slots[slot];
+  s.writer = 0;
+  s.state = state;
+  s.step = step;
+  s.gen = gen;
+  s.image_bytes = image_bytes;
+  Mirror(slot, 0);
+}
+
+void RankSlots::SetState(uint32_t slot, shm::SlotState state) {
+  slots[slot].state = state;
+  Mirror(slot, 0);
+}
+
+void RankSlots::FailPersist(uint32_t slot) {
+  slots[slot].reclaimable = true;
+  SetState(slot, shm::SlotState::kStaged);
+}
+
+void RankSlots::Free(uint32_t slot) {
+  slots[slot] = Slot{};
+  Mirror(slot, 0);
 }
 
 void RankSlots::Clear() {

@@ -8,7 +8,8 @@
 
 namespace ckpt::daemon {
 
-bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting, bool* durable) {
+bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
+                  bool* durable) {
   *durable = true;
   bool whole = true;
   if (hosting == nullptr) {
@@ -56,8 +57,9 @@ std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
   return oldest_kept;
 }
 
-storage::v1::NodeManifest NodeManifestOf(const std::string& job, uint64_t step_no,
-                                         uint32_t world_size, const Step& step) {
+storage::v1::NodeManifest NodeManifestOf(const std::string& job,
+                                         uint64_t step_no, uint32_t world_size,
+                                         const Step& step) {
   storage::v1::NodeManifest m;
   m.set_job(job);
   m.set_step(step_no);
@@ -68,7 +70,8 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job, uint64_t step_n
     ms->set_key(shard.rec.path());
     ms->set_bytes(shard.rec.image_bytes());
     ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
-    ms->set_checksums_digest(storage::DigestHex(ShardDigest(shard.rec.tensors())));
+    ms->set_checksums_digest(
+        storage::DigestHex(ShardDigest(shard.rec.tensors())));
   }
   return m;
 }

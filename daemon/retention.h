@@ -35,7 +35,8 @@ struct Hosting {
 // or the hosted ones when `hosting` is given) has a shard, none failed for
 // good, and each is durable or still in a slot. *durable says whether every
 // one of those shards is on disk.
-bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting, bool* durable);
+bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
+                  bool* durable);
 
 // The step below which retention drops every shard, or nullopt to drop
 // nothing: keeps the newest `retain_steps` steps that have a manifest (none
@@ -46,8 +47,9 @@ std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
                                         const Hosting* hosting);
 
 // This node's manifest of a complete, durable step.
-storage::v1::NodeManifest NodeManifestOf(const std::string& job, uint64_t step_no,
-                                         uint32_t world_size, const Step& step);
+storage::v1::NodeManifest NodeManifestOf(const std::string& job,
+                                         uint64_t step_no, uint32_t world_size,
+                                         const Step& step);
 
 }  // namespace ckpt::daemon
 

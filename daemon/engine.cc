@@ -1,8 +1,7 @@
-// Registration, the save path and leases. See engine.h.
+// Arenas, Register, BeginSave, AbortSave and the reaper. See engine.h.
 #include "daemon/engine.h"
 
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"

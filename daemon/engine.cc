@@ -1,13 +1,7 @@
-// Registration, the save path and leases. See engine.h.
+// Arenas, Register, BeginSave, AbortSave and the reaper. See engine.h.
 #include "daemon/engine.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
@@ -31,23 +25,28 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
       });
-  CKPT_RETURN_IF_ERROR(engine->Recover());
-  engine->persister_ = std::thread([e = engine.get()] { e->PersistLoop(); });
+  engine->persister_ = std::make_unique<Persister>(
+      &engine->mu_, &engine->cv_, backend, [e = engine.get()](const PersistTask& task) {
+        if (task.kind == PersistTask::kShard)
+          e->PersistShard(task);
+        else
+          e->WriteManifest(task);
+      });
+  CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
+  engine->persister_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
 
 Engine::~Engine() {
   prefaulter_.reset();  // its callback takes mu_
+  if (persister_) persister_->Stop();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  if (persister_.joinable()) persister_.join();
   if (reaper_.joinable()) reaper_.join();
-  for (auto& [id, lease] : leases_)
-    if (lease.pidfd >= 0) close(lease.pidfd);
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered) backend_->UnregisterMemory(rank.arena->slot_data(0));
@@ -68,7 +67,7 @@ absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
   return &it->second;
 }
 
-Engine::Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
+Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return nullptr;
   auto st = j->second.steps.find(step);
@@ -88,21 +87,6 @@ absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   return &it->second;
 }
 
-absl::Status Engine::CheckGrowableLocked(const Job& job, const Rank& r, uint32_t rank,
-                                         uint64_t slot_bytes) const {
-  // Growing replaces the arena; only allowed while it holds nothing that
-  // is not on disk and nobody reads it.
-  for (const Slot& s : r.slots)
-    if (s.readers > 0 || s.state == shm::SlotState::kWriting ||
-        s.state == shm::SlotState::kStaged || s.state == shm::SlotState::kPersisting)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot_bytes: arena of rank ", rank, " of job '", job.rec.job(), "' has ",
-          r.arena->slot_bytes(),
-          "-byte slots and holds a step that is not durable yet; cannot grow it to ",
-          slot_bytes));
-  return absl::OkStatus();
-}
-
 void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   auto it = job.ranks.find(rank_no);
   if (it == job.ranks.end() || !it->second.arena) return;
@@ -113,10 +97,7 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   }
   if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
   if (unlink) (void)shm::Arena::Unlink(r.arena->name());
-  r.arena.reset();
-  r.slots.clear();
-  r.registered = false;
-  r.ready_slots = 0;
+  r.Clear();
 }
 
 absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& lock,
@@ -135,7 +116,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   }
   if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
   const bool grow = r->arena != nullptr;
-  if (grow) CKPT_RETURN_IF_ERROR(CheckGrowableLocked(*job, *r, rank_no, slot_bytes));
+  if (grow) CKPT_RETURN_IF_ERROR(r->CheckGrowable(name, rank_no, slot_bytes));
   shm::ArenaOptions ao;
   // A grown arena is created beside the old one, which stays whole until
   // the new one exists: a refusal (no room in /dev/shm) changes nothing.
@@ -147,7 +128,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   ao.num_slots = job->rec.num_slots();
   ao.owner_uid = job->rec.uid();
   ao.owner_gid = job->rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
-  // The first save takes slot 0 (PickSlotLocked takes the first free
+  // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
   r->creating = true;
@@ -163,7 +144,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   if (!created.ok()) return created.status();
   std::shared_ptr<shm::Arena> arena = std::move(*created);
   if (grow) {
-    absl::Status s = CheckGrowableLocked(*job, *r, rank_no, slot_bytes);
+    absl::Status s = r->CheckGrowable(name, rank_no, slot_bytes);
     if (s.ok()) s = arena->Rename(ArenaName(name, rank_no));
     if (!s.ok()) {
       (void)shm::Arena::Unlink(arena->name());
@@ -171,11 +152,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
     }
     DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
   }
-  r->arena = arena;
-  r->ready_slots = 1;
-  r->reserve_error = absl::OkStatus();
-  r->slots.assign(arena->num_slots(), Slot{});
-  for (uint32_t i = 0; i < arena->num_slots(); ++i) MirrorSlotLocked(*r, i);
+  r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
   (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
   if (job->rec.slot_bytes() < arena->slot_bytes()) job->rec.set_slot_bytes(arena->slot_bytes());
@@ -224,8 +201,7 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   if (it == jobs_.end() || !it->second.forget_when_idle) return;
   Job& job = it->second;
   if (!job.steps.empty()) return;
-  for (const auto& [id, lease] : leases_)
-    if (lease.job == name) return;
+  if (leases_.AnyForJob(name)) return;
   for (const auto& [r, rank] : job.ranks) {
     if (rank.creating) return;
     for (const Slot& s : rank.slots)
@@ -239,16 +215,6 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   LogInfo(absl::StrCat("job ", name, ": every step deleted; record and arenas removed"));
   jobs_.erase(it);
   cv_.notify_all();
-}
-
-void Engine::MirrorSlotLocked(Rank& rank, uint32_t slot) {
-  const Slot& s = rank.slots[slot];
-  uint32_t pid = 0;
-  if (s.writer) {
-    auto it = leases_.find(s.writer);
-    if (it != leases_.end()) pid = static_cast<uint32_t>(it->second.pid);
-  }
-  rank.arena->SetSlotState(slot, s.state, s.step, pid, s.image_bytes);
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
@@ -306,66 +272,20 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
   return resp;
 }
 
-int Engine::PickSlotLocked(const Rank& rank) const {
-  // The newest step in memory stays: it is what a crashed trainer restores.
-  int newest = -1;
-  for (size_t i = 0; i < rank.slots.size(); ++i) {
-    const Slot& s = rank.slots[i];
-    if (s.state == shm::SlotState::kFree || s.state == shm::SlotState::kWriting) continue;
-    if (newest < 0 || s.step > rank.slots[newest].step) newest = static_cast<int>(i);
-  }
-  int best = -1;
-  for (size_t i = 0; i < rank.ready_slots && i < rank.slots.size(); ++i) {
-    const Slot& s = rank.slots[i];
-    if (s.readers > 0 || static_cast<int>(i) == newest) continue;
-    if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
-    if ((s.state == shm::SlotState::kDurable || s.reclaimable) &&
-        (best < 0 || s.step < rank.slots[best].step))
-      best = static_cast<int>(i);
-  }
-  return best;
-}
-
-absl::StatusOr<uint64_t> Engine::AddLeaseLocked(Lease lease) {
-  if (lease.pid > 0) {
-    lease.pidfd = static_cast<int>(syscall(SYS_pidfd_open, lease.pid, 0));
-    // A request can arrive after its caller died and was reaped: a lease it
-    // could never release must not be handed out.
-    if (lease.pidfd < 0 && errno == ESRCH)
-      return absl::AbortedError(absl::StrCat("the calling process ", lease.pid, " has exited"));
-  }
-  uint64_t id = next_lease_++;
-  leases_.emplace(id, std::move(lease));
-  return id;
-}
-
 void Engine::ReleaseLeaseLocked(uint64_t id) {
-  auto it = leases_.find(id);
-  if (it == leases_.end()) return;
-  Lease lease = std::move(it->second);
-  leases_.erase(it);
-  if (lease.pidfd >= 0) close(lease.pidfd);
+  std::optional<Lease> removed = leases_.Remove(id);
+  if (!removed) return;
+  const Lease& lease = *removed;
   auto job = jobs_.find(lease.job);
   if (job == jobs_.end()) return;
   auto rank = job->second.ranks.find(lease.rank);
   if (rank == job->second.ranks.end() || !rank->second.arena ||
       lease.slot >= rank->second.slots.size())
     return;
-  Slot& slot = rank->second.slots[lease.slot];
-  if (lease.write) {
-    if (slot.writer == id) {
-      slot = Slot{};  // never committed: the bytes mean nothing
-      MirrorSlotLocked(rank->second, lease.slot);
-    }
-  } else if (slot.readers > 0) {
-    --slot.readers;
-    // A reader kept a slot whose shard was deleted meanwhile.
-    if (slot.readers == 0 && slot.gen == 0 && slot.state != shm::SlotState::kPersisting &&
-        slot.state != shm::SlotState::kWriting) {
-      slot = Slot{};
-      MirrorSlotLocked(rank->second, lease.slot);
-    }
-  }
+  if (lease.write)
+    rank->second.EndWrite(lease.slot, id);
+  else
+    rank->second.EndRead(lease.slot);
   MaybeForgetJobLocked(lease.job);
   cv_.notify_all();
 }
@@ -387,7 +307,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
   for (;;) {
     // The rank may have been re-registered (arena replaced) while waiting.
     CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
-    slot = PickSlotLocked(*rank);
+    slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
       return absl::ResourceExhaustedError(
@@ -417,9 +337,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t id, AddLeaseLocked(std::move(lease)));
-  s = Slot{shm::SlotState::kWriting, req.step(), 0, req.image_bytes(), 0, id};
-  MirrorSlotLocked(*rank, slot);
+  CKPT_ASSIGN_OR_RETURN(uint64_t id, leases_.Add(std::move(lease)));
+  rank->BeginWrite(slot, req.step(), req.image_bytes(), id, peer.pid);
   v1::BeginSaveResponse resp;
   resp.set_slot(slot);
   resp.set_slot_offset(rank->arena->slot_offset(slot));
@@ -432,9 +351,7 @@ absl::Status Engine::AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   (void)job;
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true) == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
   ReleaseLeaseLocked(req.lease());
@@ -445,16 +362,7 @@ void Engine::ReapLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
-    std::vector<uint64_t> dead;
-    for (const auto& [id, lease] : leases_) {
-      if (lease.pidfd >= 0) {
-        pollfd p{lease.pidfd, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0) dead.push_back(id);
-      } else if (lease.pid > 0 && kill(lease.pid, 0) != 0 && errno == ESRCH) {
-        dead.push_back(id);  // no pidfd (out of descriptors, old kernel)
-      }
-    }
-    for (uint64_t id : dead) ReleaseLeaseLocked(id);
+    for (uint64_t id : leases_.DeadHolders()) ReleaseLeaseLocked(id);
   }
 }
 

@@ -12,25 +12,42 @@
 // field. A lease whose holder process exits (seen through a pidfd) is
 // released, so a trainer killed mid-save leaves no slot locked.
 //
+// Where each concept lives: the Engine owns the job table (jobs, their
+// ranks and steps), the RPCs, recovery (engine_recover.cc) and the wiring
+// of these parts, each in its own file:
+//   lease_table.h  the leases and the reaper's poll of their holders;
+//   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
+//   step_state.h   a step's shards and their phases (plain data);
+//   persister.h    the persist queue and its thread (the shard and
+//                  manifest writes call back into engine_persist.cc);
+//   retention.h    which steps are complete, durable or dropped, and the
+//                  node manifest's contents;
+//   prefaulter.h   the background fault-in of new arenas' slots.
+// The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
+// reaper), engine_commit.cc (CommitSave, dropping shards),
+// engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
+// WaitDurable, List, Delete, Status),
+// engine_persist.cc, engine_cluster.cc (hosted ranks, reports, Prefetch).
+//
 // Thread-safety: all methods are safe to call concurrently. One mutex
 // (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
 // release changes its slot, the persister changes slots and shards, and
 // retention drops shards across ranks, so separate locks for these would
-// need an ordering every path keeps (not done). Disk I/O, checksum passes
-// and arena creation run outside it: a rank's arena is created (or grown,
-// beside the old one) with mu_ released while Rank::creating makes other
-// requests for that rank wait; the Prefaulter (its own lock, never held
-// while it calls back) readies the slots beyond slot 0 in the background.
+// need an ordering every path keeps (not done). The parts above therefore
+// have no lock of their own: the Engine holds mu_ around every call. Disk
+// I/O, checksum passes and arena creation run outside it: a rank's arena
+// is created (or grown, beside the old one) with mu_ released while
+// RankSlots::creating makes other requests for that rank wait; the
+// Prefaulter (its own lock, never held while it calls back) readies the
+// slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,8 +58,13 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
+#include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
+#include "daemon/persister.h"
 #include "daemon/prefaulter.h"
+#include "daemon/rank_slots.h"
+#include "daemon/retention.h"
+#include "daemon/step_state.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
@@ -136,44 +158,8 @@ class Engine {
   bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
-  enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
-  struct Shard {
-    v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
-    // The validated index, kept from commit (or recovery, or prefetch) on:
-    // the persister encodes and checks from it; rec.tensors() is its copy
-    // for the catalog and the RPC replies.
-    storage::ShardInfo info;
-    ShardPhase phase = ShardPhase::kStaged;
-    uint64_t gen = 0;
-    int slot = -1;          // slot that holds the image, -1 if none
-    uint32_t attempts = 0;
-  };
-  struct Step {
-    std::map<uint32_t, Shard> shards;
-    bool manifest = false;
-  };
-  struct Slot {
-    shm::SlotState state = shm::SlotState::kFree;
-    uint64_t step = 0;
-    uint64_t gen = 0;       // generation of the shard it holds
-    uint64_t image_bytes = 0;
-    uint32_t readers = 0;
-    uint64_t writer = 0;    // lease of the client writing it
-    bool reclaimable = false;  // holds a shard whose persist failed for good
-  };
-  struct Rank {
-    // Shared with the prefaulter while it faults in the arena's slots.
-    std::shared_ptr<shm::Arena> arena;
-    std::vector<Slot> slots;
-    // An arena for this rank is being created (or grown) outside the mutex;
-    // whoever needs the rank's arena waits on cv_ until it is installed.
-    bool creating = false;
-    bool registered = false;  // arena memory registered with the backend
-    // Slots [0, ready_slots) have their pages reserved and may be used; the
-    // prefaulter readies the others after Create (OnPrefaulted).
-    uint32_t ready_slots = 0;
-    absl::Status reserve_error;  // the prefaulter could not ready them
-  };
+  // One rank's arena and slot table (rank_slots.h).
+  using Rank = RankSlots;
   struct Job {
     v1::JobRecord rec;
     std::map<uint32_t, Rank> ranks;
@@ -185,28 +171,6 @@ class Engine {
     // once no lease, save or load uses the job (MaybeForgetJobLocked).
     bool forget_when_idle = false;
   };
-  struct Lease {
-    std::string job;
-    uint32_t rank = 0;
-    uint32_t slot = 0;
-    uint64_t step = 0;
-    bool write = false;
-    pid_t pid = 0;
-    int pidfd = -1;
-  };
-  struct Task {
-    // kDelete removes `key` (a prefix when `prefix`), outside the mutex: an
-    // unlink of a large file must not stall saves and restores.
-    enum Kind { kShard, kManifest, kDelete } kind = kShard;
-    std::string job;
-    uint64_t step = 0;
-    uint32_t rank = 0;
-    uint64_t gen = 0;
-    std::chrono::steady_clock::time_point not_before{};
-    std::string key{};  // {}: aggregate inits may leave it out without a warning
-    bool prefix = false;
-  };
-  struct PersistSnapshot;
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
   absl::Status Recover();
@@ -220,8 +184,6 @@ class Engine {
   // leaves the rank's old arena and its steps as they were.
   absl::StatusOr<Rank*> EnsureArena(std::unique_lock<std::mutex>& lock, const std::string& job,
                                     uint32_t rank, uint64_t slot_bytes);
-  absl::Status CheckGrowableLocked(const Job& job, const Rank& rank, uint32_t rank_no,
-                                   uint64_t slot_bytes) const;
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
@@ -233,15 +195,11 @@ class Engine {
   // The shard of (job, step, rank), or nullptr.
   Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  int PickSlotLocked(const Rank& rank) const;
-  void MirrorSlotLocked(Rank& rank, uint32_t slot);
-  // Fails (Aborted) when the caller has already exited.
-  absl::StatusOr<uint64_t> AddLeaseLocked(Lease lease);
+  // Removes lease `id` and undoes what it held on its slot (an unfinished
+  // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);
-  void FreeShardSlotLocked(Job& job, uint32_t rank, const Shard& shard);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
-  void QueueDeleteLocked(std::string key, bool prefix);
   void ApplyRetentionLocked(Job& job);
   // Restore's one decision: the path the caller may read the durable
   // shard's file from itself (a local file of the recorded size that the
@@ -264,11 +222,13 @@ class Engine {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   void ReportLocked(const Shard& shard, bool durable) const;
+  // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
-  void PersistLoop();
-  void PersistShard(const Task& task);
-  void WriteManifest(const Task& task);
+  // The persister's work (engine_persist.cc): read the state under mu_,
+  // write without it, record the outcome (or re-queue a retry).
+  void PersistShard(const PersistTask& task);
+  void WriteManifest(const PersistTask& task);
   void ReapLoop();
 
   const EngineOptions options_;
@@ -279,22 +239,15 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
-  std::map<uint64_t, Lease> leases_;
-  struct Hosted {
-    std::set<uint32_t> ranks;
-    std::optional<uint64_t> keep_from;
-  };
-  std::map<std::string, Hosted> hosted_;  // cluster mode
-  uint64_t next_lease_ = 1;
+  LeaseTable leases_;
+  std::map<std::string, Hosting> hosted_;  // cluster mode
   uint64_t next_gen_ = 1;
-  std::deque<Task> tasks_;
-  bool busy_persisting_ = false;
   bool draining_ = false;
   bool stopping_ = false;
   uint64_t persisted_shards_ = 0;
   uint64_t persisted_bytes_ = 0;
   uint64_t failed_persists_ = 0;
-  std::thread persister_;
+  std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
   std::thread reaper_;
   std::unique_ptr<Prefaulter> prefaulter_;
 };

@@ -31,8 +31,8 @@ void Engine::ReportLocked(const Shard& shard, bool durable) const {
 void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks,
                             std::optional<uint64_t> keep_from) {
   std::lock_guard<std::mutex> lock(mu_);
-  Hosted now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
-  Hosted& hosted = hosted_[job_name];
+  Hosting now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
+  Hosting& hosted = hosted_[job_name];
   if (hosted.ranks == now.ranks && hosted.keep_from == now.keep_from) return;
   hosted = std::move(now);
   // Steps may have become complete here (ranks moved away), or deletable.

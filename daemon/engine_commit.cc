@@ -13,12 +13,11 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || !it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  const Lease* found = leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true);
+  if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
-  const Lease& lease = it->second;
+  const Lease& lease = *found;
   if (lease.slot != req.slot())
     return absl::InvalidArgumentError(
         absl::StrCat("slot: ", req.slot(), " but lease ", req.lease(), " is for slot ", lease.slot));
@@ -72,43 +71,16 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   // loses anyway; a daemon crash keeps the page cache.
   CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/false));
 
-  Slot& s = rank->slots[slot_no];
-  s.writer = 0;
-  s.state = shm::SlotState::kStaged;
-  s.step = req.step();
-  s.gen = shard.gen;
-  s.image_bytes = shard.info.layout.image_bytes;
-  MirrorSlotLocked(*rank, slot_no);
-  Task task{Task::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
+  rank->Hold(slot_no, shm::SlotState::kStaged, req.step(), shard.gen,
+             shard.info.layout.image_bytes);
+  PersistTask task{PersistTask::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);
   job->steps[req.step()].shards[req.rank()] = std::move(shard);
   job->forget_when_idle = false;
   ReleaseLeaseLocked(req.lease());
-  tasks_.push_back(std::move(task));
+  persister_->Push(std::move(task));
   cv_.notify_all();
   return absl::OkStatus();
-}
-
-void Engine::FreeShardSlotLocked(Job& job, uint32_t rank_no, const Shard& shard) {
-  if (shard.slot < 0) return;
-  auto r = job.ranks.find(rank_no);
-  if (r == job.ranks.end() || !r->second.arena) return;
-  Slot& s = r->second.slots[shard.slot];
-  if (s.gen != shard.gen) return;
-  if (s.state == shm::SlotState::kPersisting || s.readers > 0) {
-    s.gen = 0;  // the persister or the last reader frees it
-    return;
-  }
-  s = Slot{};
-  MirrorSlotLocked(r->second, shard.slot);
-}
-
-void Engine::QueueDeleteLocked(std::string key, bool prefix) {
-  Task t;
-  t.kind = Task::kDelete;
-  t.key = std::move(key);
-  t.prefix = prefix;
-  tasks_.push_back(std::move(t));
 }
 
 void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool delete_file) {
@@ -116,23 +88,24 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (step == job.steps.end()) return;
   auto sh = step->second.shards.find(rank);
   if (sh == step->second.shards.end()) return;
-  FreeShardSlotLocked(job, rank, sh->second);
+  auto r = job.ranks.find(rank);
+  if (r != job.ranks.end()) r->second.DropShard(sh->second.slot, sh->second.gen);
   bool was_durable = sh->second.phase == ShardPhase::kDurable;
   step->second.shards.erase(sh);
   absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    QueueDeleteLocked(NodeManifestKey(job.rec.job(), step_no), false);
+    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
-    QueueDeleteLocked(NodeShardKey(job.rec.job(), step_no, rank), false);
+    persister_->QueueDelete(NodeShardKey(job.rec.job(), step_no, rank), false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
     // A shared root holds other nodes' files under the same prefix.
     if (delete_file && options_.node_id.empty())
-      QueueDeleteLocked(storage::StepPrefix(job.rec.job(), step_no), true);
+      persister_->QueueDelete(storage::StepPrefix(job.rec.job(), step_no), true);
   }
   cv_.notify_all();
 }

@@ -1,4 +1,5 @@
-// The persister: staged slots to storage, manifests, retention. See engine.h.
+// The persister: staged slots to storage, manifests, retention (the
+// decisions are retention.h's). See engine.h.
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,44 +17,6 @@
 #include "util/status.h"
 
 namespace ckpt::daemon {
-
-void Engine::PersistLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    auto now = std::chrono::steady_clock::now();
-    auto ready = tasks_.end();
-    auto earliest = std::chrono::steady_clock::time_point::max();
-    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
-      if (it->not_before <= now) {
-        ready = it;
-        break;
-      }
-      earliest = std::min(earliest, it->not_before);
-    }
-    if (ready == tasks_.end()) {
-      if (earliest == std::chrono::steady_clock::time_point::max())
-        cv_.wait(lock);
-      else
-        cv_.wait_until(lock, earliest);
-      continue;
-    }
-    Task task = std::move(*ready);
-    tasks_.erase(ready);
-    busy_persisting_ = true;
-    lock.unlock();
-    if (task.kind == Task::kShard) {
-      PersistShard(task);
-    } else if (task.kind == Task::kManifest) {
-      WriteManifest(task);
-    } else {
-      absl::Status s = task.prefix ? backend_->DeletePrefix(task.key) : backend_->Delete(task.key);
-      if (!s.ok()) LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
-    }
-    lock.lock();
-    busy_persisting_ = false;
-    cv_.notify_all();
-  }
-}
 
 namespace {
 
@@ -75,7 +38,7 @@ absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
 
 }  // namespace
 
-void Engine::PersistShard(const Task& task) {
+void Engine::PersistShard(const PersistTask& task) {
   char* image = nullptr;
   storage::ShardInfo info;
   std::vector<bool> has_checksum;
@@ -88,8 +51,7 @@ void Engine::PersistShard(const Task& task) {
       return;
     Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
     shard->phase = ShardPhase::kPersisting;
-    rank.slots[shard->slot].state = shm::SlotState::kPersisting;
-    MirrorSlotLocked(rank, shard->slot);
+    rank.SetState(shard->slot, shm::SlotState::kPersisting);
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
@@ -137,16 +99,14 @@ void Engine::PersistShard(const Task& task) {
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
           if (rank.slots[i].state == shm::SlotState::kPersisting && rank.slots[i].gen == 0 &&
               rank.arena->slot_data(i) == image) {
-            rank.slots[i] = Slot{};
-            MirrorSlotLocked(rank, i);
+            rank.Free(i);
           }
     }
-    if (s.ok() && !current) QueueDeleteLocked(key, false);
+    if (s.ok() && !current) persister_->QueueDelete(key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
   Rank& rank = job->second.ranks[task.rank];
-  Slot& slot = rank.slots[shard->slot];
   if (s.ok()) {
     shard->phase = ShardPhase::kDurable;
     shard->rec.set_state(v1::ShardRecord::DURABLE);
@@ -156,8 +116,7 @@ void Engine::PersistShard(const Task& task) {
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
-    slot.state = shm::SlotState::kDurable;
-    MirrorSlotLocked(rank, shard->slot);
+    rank.SetState(shard->slot, shm::SlotState::kDurable);
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
     ReportLocked(*shard, /*durable=*/true);
@@ -168,49 +127,26 @@ void Engine::PersistShard(const Task& task) {
   ++shard->attempts;
   LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts, "): ", s.message()));
   shard->rec.set_error(std::string(s.message()));
-  slot.state = shm::SlotState::kStaged;
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
   if (corrupt || shard->attempts >= options_.max_persist_attempts) {
     shard->phase = ShardPhase::kFailed;
     shard->rec.set_state(v1::ShardRecord::FAILED);
-    slot.reclaimable = true;
+    rank.FailPersist(shard->slot);
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
   } else {
     shard->phase = ShardPhase::kStaged;
-    Task retry = task;
+    PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() +
                        options_.persist_retry_delay * (1u << (shard->attempts - 1));
-    tasks_.push_back(std::move(retry));
+    persister_->Push(std::move(retry));
+    rank.SetState(shard->slot, shm::SlotState::kStaged);
   }
-  MirrorSlotLocked(rank, shard->slot);
 }
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
-  *durable = true;
   auto hosted = hosted_.find(job.rec.job());
-  bool whole = true;
-  if (hosted == hosted_.end()) {
-    whole = step.shards.size() == job.rec.world_size();
-  } else {
-    // Cluster mode: only the ranks this node hosts count here.
-    whole = !hosted->second.ranks.empty();
-    for (uint32_t r : hosted->second.ranks) whole = whole && step.shards.count(r);
-  }
-  if (!whole) {
-    *durable = false;
-    return false;
-  }
-  for (const auto& [r, shard] : step.shards) {
-    // A shard whose persist failed for good (e.g. its checksums did not
-    // match its bytes) makes the step unusable, even if still in memory.
-    if (shard.phase == ShardPhase::kFailed) {
-      *durable = false;
-      return false;
-    }
-    if (shard.phase != ShardPhase::kDurable) *durable = false;
-    if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
-  }
-  return true;
+  return StepComplete(step, job.rec.world_size(),
+                      hosted == hosted_.end() ? nullptr : &hosted->second, durable);
 }
 
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
@@ -218,11 +154,11 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   if (step == job.steps.end() || step->second.manifest) return;
   bool durable = false;
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
-  tasks_.push_back(Task{Task::kManifest, job.rec.job(), step_no, 0, 0, {}});
+  persister_->Push(PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
   cv_.notify_all();
 }
 
-void Engine::WriteManifest(const Task& task) {
+void Engine::WriteManifest(const PersistTask& task) {
   storage::v1::NodeManifest m;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -232,25 +168,15 @@ void Engine::WriteManifest(const Task& task) {
     if (step == job->second.steps.end() || step->second.manifest) return;
     bool durable = false;
     if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    m.set_job(task.job);
-    m.set_step(task.step);
-    m.set_world_size(job->second.rec.world_size());
-    for (const auto& [r, shard] : step->second.shards) {
-      storage::v1::NodeManifestShard* ms = m.add_shards();
-      ms->set_rank(r);
-      ms->set_key(shard.rec.path());
-      ms->set_bytes(shard.rec.image_bytes());
-      ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
-      ms->set_checksums_digest(storage::DigestHex(ShardDigest(shard.rec.tensors())));
-    }
+    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
   }
   absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
-    Task retry = task;
+    PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
-    tasks_.push_back(std::move(retry));
+    persister_->Push(std::move(retry));
     return;
   }
   auto job = jobs_.find(task.job);
@@ -263,25 +189,14 @@ void Engine::WriteManifest(const Task& task) {
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {
-  if (options_.retain_steps == 0) return;
-  uint32_t kept = 0;
-  uint64_t oldest_kept = 0;
-  for (auto it = job.steps.rbegin(); it != job.steps.rend(); ++it) {
-    if (!it->second.manifest) continue;
-    oldest_kept = it->first;
-    if (++kept == options_.retain_steps) break;
-  }
-  if (kept < options_.retain_steps) return;
-  if (!options_.node_id.empty()) {
-    // Cluster mode: the job may still restore steps this node already
-    // counts as old (another node lags), so the coordinator's word counts.
-    auto hosted = hosted_.find(job.rec.job());
-    if (hosted == hosted_.end() || !hosted->second.keep_from) return;
-    oldest_kept = std::min(oldest_kept, *hosted->second.keep_from);
-  }
+  auto hosted = hosted_.find(job.rec.job());
+  std::optional<uint64_t> cutoff =
+      RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(),
+                      hosted == hosted_.end() ? nullptr : &hosted->second);
+  if (!cutoff) return;
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
   for (auto& [n, step] : job.steps) {
-    if (n >= oldest_kept) break;
+    if (n >= *cutoff) break;
     for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
   }
   for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
@@ -289,7 +204,7 @@ void Engine::ApplyRetentionLocked(Job& job) {
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return tasks_.empty() && !busy_persisting_; });
+  return cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
@@ -305,7 +220,7 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     return n;
   };
   cv_.wait_for(lock, deadline,
-               [&] { return pending() == 0 && tasks_.empty() && !busy_persisting_; });
+               [&] { return pending() == 0 && persister_->Idle(); });
   return pending();
 }
 

@@ -82,9 +82,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       continue;
     }
     Rank& rank = job.ranks[r];
-    rank.arena = std::move(*arena);
-    rank.slots.assign(rank.arena->num_slots(), Slot{});
-    rank.ready_slots = rank.arena->num_slots();  // Reattach reserves every page
+    rank.Reattach(std::move(*arena));
     rank.registered =
         backend_->RegisterMemory(rank.arena->slot_data(0),
                                  uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes())
@@ -113,10 +111,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       auto header = storage::DecodeHeader(
           {rank->second.arena->slot_data(rec.slot()), storage::kShardAlign});
       if (header.ok()) sh.info.created_unix_ns = header->created_unix_ns;
-      rank->second.slots[rec.slot()] =
-          Slot{sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable : shm::SlotState::kStaged,
-               rec.step(), sh.gen, rec.image_bytes(), 0, 0};
-      MirrorSlotLocked(rank->second, rec.slot());
+      rank->second.Hold(rec.slot(),
+                        sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable
+                                                         : shm::SlotState::kStaged,
+                        rec.step(), sh.gen, rec.image_bytes());
       ++in_memory;
     }
     const std::string key = NodeShardKey(name, rec.step(), rec.rank());
@@ -137,7 +135,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     }
     if (sh.phase == ShardPhase::kStaged) {
       rec.set_state(v1::ShardRecord::STAGED);
-      tasks_.push_back(Task{Task::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
+      persister_->Push(PersistTask{PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }
     sh.rec = std::move(rec);
@@ -149,7 +147,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
       step.manifest = true;
     else
-      tasks_.push_back(Task{Task::kManifest, name, n, 0, 0, {}});
+      persister_->Push(PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
                        " in memory, ", requeued, " to persist, ", lost, " lost"));

@@ -77,10 +77,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     resp.set_source(v1::RESTORE_SOURCE_DISK);
   }
   Rank& rank = job->ranks[req.rank()];
-  Slot& slot = rank.slots[shard->slot];
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, AddLeaseLocked(std::move(lease)));
-  ++slot.readers;
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+  rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
   resp.set_arena_bytes(rank.arena->size());
@@ -127,7 +126,7 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   return path;
 }
 
-absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
+absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                                        const std::string& job_name,
                                                        uint64_t step_no, uint32_t rank_no,
                                                        double* load_s) {
@@ -157,7 +156,7 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
       continue;
     }
     rank = &existing->second;
-    slot = PickSlotLocked(*rank);
+    slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -170,8 +169,7 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
     auto o = st.shards.find(rank_no);
     if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
   }
-  rank->slots[slot] = Slot{shm::SlotState::kWriting, step_no, 0, bytes, 0, 0};
-  MirrorSlotLocked(*rank, slot);
+  rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
@@ -196,8 +194,7 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
   if (j != jobs_.end() && j->second.ranks.count(rank_no)) r = &j->second.ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
-    r->slots[slot] = Slot{};
-    MirrorSlotLocked(*r, slot);
+    r->Free(slot);
   }
   cv_.notify_all();
   Shard* cur = FindShardLocked(job_name, step_no, rank_no);
@@ -206,8 +203,7 @@ absl::StatusOr<Engine::Shard*> Engine::LoadShardLocked(std::unique_lock<std::mut
     if (!st.ok()) return Annotate(st, "load from storage");
     return changed();
   }
-  r->slots[slot] = Slot{shm::SlotState::kDurable, step_no, gen, bytes, 0, 0};
-  MirrorSlotLocked(*r, slot);
+  r->Hold(slot, shm::SlotState::kDurable, step_no, gen, bytes);
   cur->slot = slot;
   return cur;
 }
@@ -216,9 +212,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreR
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   (void)job;
-  auto it = leases_.find(req.lease());
-  if (it == leases_.end() || it->second.write || it->second.job != req.job() ||
-      it->second.rank != req.rank())
+  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false) == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open restore ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
   ReleaseLeaseLocked(req.lease());
@@ -346,7 +340,7 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
           in_flight += shard.rec.image_bytes();
   }
   resp.set_bytes_in_flight(in_flight);
-  resp.set_persist_queue(static_cast<uint32_t>(tasks_.size()));
+  resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
   resp.set_persisted_shards(persisted_shards_);
   resp.set_persisted_bytes(persisted_bytes_);
   resp.set_failed_persists(failed_persists_);

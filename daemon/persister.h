@@ -1,0 +1,85 @@
+// Persister: the queue of storage work the engine hands off — write a
+// staged shard to storage, write this node's manifest of a step, delete a
+// file (or a step's prefix) — and the one thread that runs it, in order,
+// each task once its not_before time has come (retries are re-queued with a
+// later one).
+//
+// The persister owns the queue and its thread; it deletes files itself and
+// hands shard and manifest tasks to the engine's `run` callback, which
+// reads and updates the engine's state under the engine mutex and does its
+// I/O without it.
+//
+// Thread-safety: the queue is guarded by the engine's mutex (given at
+// construction): callers of Push, Size and Idle hold it, and notify the
+// engine's condition variable once their state change is done (the
+// persister waits on it). The thread runs tasks with the mutex released.
+#ifndef CKPT_DAEMON_PERSISTER_H_
+#define CKPT_DAEMON_PERSISTER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "storage/backend.h"
+
+namespace ckpt::daemon {
+
+struct PersistTask {
+  // kDelete removes `key` (a prefix when `prefix`), outside the mutex: an
+  // unlink of a large file must not stall saves and restores.
+  enum Kind { kShard, kManifest, kDelete } kind = kShard;
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  uint64_t gen = 0;  // kShard: the generation of the shard to write
+  std::chrono::steady_clock::time_point not_before{};
+  std::string key{};  // {}: aggregate inits may leave it out without a warning
+  bool prefix = false;
+};
+
+class Persister {
+ public:
+  // Runs a kShard or kManifest task; called without the mutex held.
+  using RunFn = std::function<void(const PersistTask&)>;
+
+  // mu and cv are the engine's; backend must outlive the persister.
+  Persister(std::mutex* mu, std::condition_variable* cv,
+            storage::Backend* backend, RunFn run);
+  Persister(const Persister&) = delete;
+  Persister& operator=(const Persister&) = delete;
+  ~Persister();  // Stop()
+
+  // Starts the thread (after recovery has queued its tasks).
+  void Start();
+  // Stops the thread after the task it is running; queued tasks stay.
+  // Takes the mutex: callers must not hold it.
+  void Stop();
+
+  // Callers hold the mutex.
+  void Push(PersistTask task) { tasks_.push_back(std::move(task)); }
+  void QueueDelete(std::string key, bool prefix);
+  size_t Size() const { return tasks_.size(); }
+  // Nothing queued or running.
+  bool Idle() const { return tasks_.empty() && !busy_; }
+
+ private:
+  void Loop();
+
+  std::mutex* const mu_;
+  std::condition_variable* const cv_;
+  storage::Backend* const backend_;
+  const RunFn run_;
+  std::deque<PersistTask> tasks_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_PERSISTER_H_

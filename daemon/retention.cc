@@ -1,0 +1,79 @@
+// Retention decisions and the node manifest. See retention.h.
+#include "daemon/retention.h"
+
+#include <algorithm>
+
+#include "daemon/engine_util.h"
+#include "storage/manifest.h"
+
+namespace ckpt::daemon {
+
+bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
+                  bool* durable) {
+  *durable = true;
+  bool whole = true;
+  if (hosting == nullptr) {
+    whole = step.shards.size() == world_size;
+  } else {
+    // Cluster mode: only the ranks this node hosts count here.
+    whole = !hosting->ranks.empty();
+    for (uint32_t r : hosting->ranks) whole = whole && step.shards.count(r);
+  }
+  if (!whole) {
+    *durable = false;
+    return false;
+  }
+  for (const auto& [r, shard] : step.shards) {
+    // A shard whose persist failed for good (e.g. its checksums did not
+    // match its bytes) makes the step unusable, even if still in memory.
+    if (shard.phase == ShardPhase::kFailed) {
+      *durable = false;
+      return false;
+    }
+    if (shard.phase != ShardPhase::kDurable) *durable = false;
+    if (shard.phase != ShardPhase::kDurable && shard.slot < 0) return false;
+  }
+  return true;
+}
+
+std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
+                                        uint32_t retain_steps, bool cluster,
+                                        const Hosting* hosting) {
+  if (retain_steps == 0) return std::nullopt;
+  uint32_t kept = 0;
+  uint64_t oldest_kept = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (!it->second.manifest) continue;
+    oldest_kept = it->first;
+    if (++kept == retain_steps) break;
+  }
+  if (kept < retain_steps) return std::nullopt;
+  if (cluster) {
+    // The job may still restore steps this node already counts as old
+    // (another node lags), so the coordinator's word counts.
+    if (hosting == nullptr || !hosting->keep_from) return std::nullopt;
+    oldest_kept = std::min(oldest_kept, *hosting->keep_from);
+  }
+  return oldest_kept;
+}
+
+storage::v1::NodeManifest NodeManifestOf(const std::string& job,
+                                         uint64_t step_no, uint32_t world_size,
+                                         const Step& step) {
+  storage::v1::NodeManifest m;
+  m.set_job(job);
+  m.set_step(step_no);
+  m.set_world_size(world_size);
+  for (const auto& [r, shard] : step.shards) {
+    storage::v1::NodeManifestShard* ms = m.add_shards();
+    ms->set_rank(r);
+    ms->set_key(shard.rec.path());
+    ms->set_bytes(shard.rec.image_bytes());
+    ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
+    ms->set_checksums_digest(
+        storage::DigestHex(ShardDigest(shard.rec.tensors())));
+  }
+  return m;
+}
+
+}  // namespace ckpt::daemon

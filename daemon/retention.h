@@ -1,0 +1,56 @@
+// Retention: which steps of a job are whole, which are durable, which ones
+// the engine may drop, and what this node's manifest of a step says. Pure
+// functions over the engine's step table (daemon/step_state.h): they read
+// it and decide, and the Engine applies the decision (drops the shards,
+// queues the manifest write and the deletes).
+//
+// In cluster mode (a node id is set) only the ranks the coordinator says
+// this node hosts count, and nothing older than the coordinator's
+// keep_from (the oldest step the job may still restore) is dropped; while
+// keep_from is unknown nothing is.
+//
+// Thread-safety: the functions keep no state; callers hold the engine mutex
+// while the step table they pass can change.
+#ifndef CKPT_DAEMON_RETENTION_H_
+#define CKPT_DAEMON_RETENTION_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "daemon/step_state.h"
+#include "manifest.pb.h"
+
+namespace ckpt::daemon {
+
+// What the coordinator says of a job on this node (cluster mode).
+struct Hosting {
+  std::set<uint32_t> ranks;           // the ranks this node hosts
+  std::optional<uint64_t> keep_from;  // the oldest step still restorable
+};
+
+// Whether `step` can be restored: every counted rank (all world_size ranks,
+// or the hosted ones when `hosting` is given) has a shard, none failed for
+// good, and each is durable or still in a slot. *durable says whether every
+// one of those shards is on disk.
+bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
+                  bool* durable);
+
+// The step below which retention drops every shard, or nullopt to drop
+// nothing: keeps the newest `retain_steps` steps that have a manifest (none
+// when retain_steps is 0 or fewer exist) and, in cluster mode, anything
+// from hosting->keep_from on (nothing is dropped without it).
+std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
+                                        uint32_t retain_steps, bool cluster,
+                                        const Hosting* hosting);
+
+// This node's manifest of a complete, durable step.
+storage::v1::NodeManifest NodeManifestOf(const std::string& job,
+                                         uint64_t step_no, uint32_t world_size,
+                                         const Step& step);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_RETENTION_H_

@@ -1,0 +1,40 @@
+// The engine's record of a checkpoint step on this node: each rank's shard
+// (its catalog record, its validated index, its phase, the slot holding it)
+// and whether this node's manifest of the step is written. Plain data: the
+// Engine owns the step table (one per job) and changes it; retention.h
+// reads it.
+//
+// Thread-safety: none; callers hold the engine mutex.
+#ifndef CKPT_DAEMON_STEP_STATE_H_
+#define CKPT_DAEMON_STEP_STATE_H_
+
+#include <cstdint>
+#include <map>
+
+#include "ckpt.pb.h"
+#include "storage/shard_format.h"
+
+namespace ckpt::daemon {
+
+enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
+
+struct Shard {
+  v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
+  // The validated index, kept from commit (or recovery, or prefetch) on:
+  // the persister encodes and checks from it; rec.tensors() is its copy
+  // for the catalog and the RPC replies.
+  storage::ShardInfo info;
+  ShardPhase phase = ShardPhase::kStaged;
+  uint64_t gen = 0;
+  int slot = -1;  // slot that holds the image, -1 if none
+  uint32_t attempts = 0;
+};
+
+struct Step {
+  std::map<uint32_t, Shard> shards;  // by rank
+  bool manifest = false;             // this node's manifest is written
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_STEP_STATE_H_

@@ -85,9 +85,6 @@ struct ShardReport {
 };
 
 struct EngineOptions {
-  // Unused by the engine (the backend's LocalPath() says where a client
-  // can read a shard file itself); kept for daemon/options.cc.
-  std::string local_root;
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
   uint32_t retain_steps = 3;         // durable steps kept per job
   uint32_t default_num_slots = 2;
@@ -112,24 +109,26 @@ class Engine {
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
   // backend and catalog must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<Engine>> Open(EngineOptions options,
-                                                      storage::Backend* backend,
-                                                      Catalog* catalog);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Open(
+      EngineOptions options, storage::Backend* backend, Catalog* catalog);
   ~Engine();
 
-  absl::StatusOr<v1::RegisterResponse> Register(const PeerCreds& peer,
-                                                const v1::RegisterRequest& req);
-  absl::StatusOr<v1::BeginSaveResponse> BeginSave(const PeerCreds& peer,
-                                                  const v1::BeginSaveRequest& req);
-  absl::Status CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::RegisterResponse> Register(
+      const PeerCreds& peer, const v1::RegisterRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::BeginSaveResponse> BeginSave(
+      const PeerCreds& peer, const v1::BeginSaveRequest& req);
+  [[nodiscard]] absl::Status CommitSave(const PeerCreds& peer,
+                                        const v1::CommitSaveRequest& req);
   absl::Status AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest& req);
-  absl::StatusOr<v1::LatestResponse> Latest(const PeerCreds& peer,
-                                            const v1::LatestRequest& req);
-  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(const PeerCreds& peer,
-                                                      const v1::OpenRestoreRequest& req);
-  absl::Status CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::LatestResponse> Latest(
+      const PeerCreds& peer, const v1::LatestRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
+      const PeerCreds& peer, const v1::OpenRestoreRequest& req);
+  [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
+                                          const v1::CloseRestoreRequest& req);
   absl::Status WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req);
-  absl::StatusOr<v1::ListResponse> List(const PeerCreds& peer, const v1::ListRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::ListResponse> List(
+      const PeerCreds& peer, const v1::ListRequest& req);
   absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
                                             const v1::DeleteRequest& req);
   // Root sees every job's arenas; any other uid only its own jobs'.
@@ -146,8 +145,9 @@ class Engine {
   // so that a restore finds it in memory (a coordinator's PREFETCH order).
   // Creates the job, owned by the shard file's owner, when this node does
   // not know it yet. Blocking; the key must be one of the rank's shard keys.
-  absl::Status Prefetch(const std::string& job, uint32_t world_size, uint64_t step,
-                        uint32_t rank, const std::string& key);
+  [[nodiscard]] absl::Status Prefetch(const std::string& job,
+                                      uint32_t world_size, uint64_t step,
+                                      uint32_t rank, const std::string& key);
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
@@ -173,17 +173,19 @@ class Engine {
   };
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
-  absl::Status Recover();
+  [[nodiscard]] absl::Status Recover();
   void RecoverJob(Job& job, std::vector<v1::ShardRecord> shards);
 
   // Helpers; *Locked ones need mu_ held.
-  absl::StatusOr<Job*> FindJobLocked(const std::string& job, const PeerCreds& peer);
+  [[nodiscard]] absl::StatusOr<Job*> FindJobLocked(const std::string& job,
+                                                   const PeerCreds& peer);
   absl::StatusOr<Rank*> FindRankLocked(Job& job, uint32_t rank);
   // Returns the rank's arena, creating or growing it to slot_bytes. The
   // creation runs with `lock` released (Rank::creating marks it); a refusal
   // leaves the rank's old arena and its steps as they were.
-  absl::StatusOr<Rank*> EnsureArena(std::unique_lock<std::mutex>& lock, const std::string& job,
-                                    uint32_t rank, uint64_t slot_bytes);
+  [[nodiscard]] absl::StatusOr<Rank*> EnsureArena(
+      std::unique_lock<std::mutex>& lock, const std::string& job, uint32_t rank,
+      uint64_t slot_bytes);
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
@@ -208,9 +210,9 @@ class Engine {
   std::optional<std::string> ClientReadablePath(const PeerCreds& peer, const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
-  absl::StatusOr<Shard*> LoadShardLocked(std::unique_lock<std::mutex>& lock,
-                                         const std::string& job, uint64_t step, uint32_t rank,
-                                         double* load_s);
+  [[nodiscard]] absl::StatusOr<Shard*> LoadShardLocked(
+      std::unique_lock<std::mutex>& lock, const std::string& job, uint64_t step,
+      uint32_t rank, double* load_s);
   // This node's manifest of a step (storage/keys.h).
   std::string NodeManifestKey(const std::string& job, uint64_t step) const {
     return storage::ManifestKey(job, step, options_.node_id);

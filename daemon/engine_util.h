@@ -20,8 +20,10 @@ storage::ShardInfo ToShardInfo(const std::string& job, uint64_t step, uint32_t r
                                const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors);
 // Validates a shard image that sits in memory (loaded from disk, or found
 // in a re-attached slot) and checks that it holds (job, step, rank).
-absl::Status CheckLoadedImage(const char* image, uint64_t bytes, const std::string& job,
-                              uint64_t step, uint32_t rank, const std::string& what);
+[[nodiscard]] absl::Status CheckLoadedImage(const char* image, uint64_t bytes,
+                                            const std::string& job,
+                                            uint64_t step, uint32_t rank,
+                                            const std::string& what);
 
 // One 64-bit digest of a shard's tensor checksums, in index order (the
 // node manifest and the coordinator's global manifest carry it).

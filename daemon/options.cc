@@ -155,7 +155,6 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   if (o.cluster) o.engine.node_id = o.agent.node_id;
   const std::string& data = o.shared_root.empty() ? o.root : o.shared_root;
   o.storage.root = data;
-  o.engine.local_root = std::filesystem::absolute(data).lexically_normal().string();
   o.storage.use_io_uring = !no_uring;
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;

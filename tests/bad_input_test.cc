@@ -15,6 +15,7 @@
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
+#include "tests/rpc_helpers.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {
@@ -50,25 +51,7 @@ class BadInputTest : public DaemonTest {
   // A commit of two 4 KiB float32 tensors named a and b, at canonical offsets.
   v1::CommitSaveRequest GoodCommit(const std::string& job, uint64_t step,
                                    const v1::BeginSaveResponse& b) {
-    v1::CommitSaveRequest req;
-    req.set_job(job);
-    req.set_step(step);
-    req.set_slot(b.slot());
-    req.set_lease(b.lease());
-    std::vector<uint64_t> sizes = {4096, 4096};
-    auto layout = storage::ComputeLayout(sizes);
-    std::vector<char> zeros(4096, 0);
-    for (int i = 0; i < 2; ++i) {
-      v1::TensorMeta* m = req.add_tensors();
-      m->set_name(i == 0 ? "a" : "b");
-      m->set_dtype(static_cast<uint32_t>(DType::kFloat32));
-      m->add_shape(1024);
-      m->set_offset(layout->tensor_offsets[i]);
-      m->set_bytes(4096);
-      m->set_checksum(TensorChecksum(zeros.data(), zeros.size()));
-      m->set_has_checksum(true);
-    }
-    return req;
+    return TwoZeroTensorCommit(job, step, b);
   }
   grpc::Status Commit(const v1::CommitSaveRequest& req) {
     grpc::ClientContext ctx;
@@ -154,18 +137,8 @@ TEST_F(BadInputTest, SaveRpcsRejectBadLeasesSizesAndIndexes) {
 
 TEST_F(BadInputTest, AnotherUidCannotTouchTheJob) {
   ASSERT_TRUE(Register("mine", 0, 1, 1 << 20).ok());
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    std::string shm = "/" + prefix_ + ".mine.r0";
-    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, daemon_->socket().c_str(), "mine", shm.c_str(),
-          nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "bitmask of checks that let the other uid in";
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"), 0)
+      << "bitmask of checks that let the other uid in";
   ExpectServing();
 }
 

@@ -18,6 +18,7 @@
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
+#include "tests/rpc_helpers.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {
@@ -68,23 +69,7 @@ class EngineRefusalTest : public DaemonTest {
   // checksums match unless `corrupt`.
   grpc::Status Commit(const std::string& job, uint64_t step, const v1::BeginSaveResponse& b,
                       bool corrupt = false) {
-    v1::CommitSaveRequest req;
-    req.set_job(job);
-    req.set_step(step);
-    req.set_slot(b.slot());
-    req.set_lease(b.lease());
-    auto layout = storage::ComputeLayout(std::vector<uint64_t>{4096, 4096});
-    std::vector<char> zeros(4096, 0);
-    for (int i = 0; i < 2; ++i) {
-      v1::TensorMeta* m = req.add_tensors();
-      m->set_name(i == 0 ? "a" : "b");
-      m->set_dtype(static_cast<uint32_t>(DType::kFloat32));
-      m->add_shape(1024);
-      m->set_offset(layout->tensor_offsets[i]);
-      m->set_bytes(4096);
-      m->set_checksum(TensorChecksum(zeros.data(), zeros.size()) ^ (corrupt ? 1 : 0));
-      m->set_has_checksum(true);
-    }
+    v1::CommitSaveRequest req = TwoZeroTensorCommit(job, step, b, corrupt);
     grpc::ClientContext ctx;
     v1::CommitSaveResponse resp;
     return stub_->CommitSave(&ctx, req, &resp);
@@ -202,18 +187,8 @@ TEST_F(EngineRefusalTest, StepWhoseChecksumsDoNotMatchIsNotLatest) {
 TEST_F(EngineRefusalTest, StatusShowsAnotherUidNoArena) {
   ASSERT_TRUE(Register("mine", 0, 1, 1 << 20).ok());
   ASSERT_EQ(Status().arenas_size(), 1);  // root sees every arena
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    std::string shm = "/" + prefix_ + ".mine.r0";
-    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, daemon_->socket().c_str(), "mine", shm.c_str(),
-          "status", nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "32: Status showed the other uid an arena";
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0", "status"), 0)
+      << "32: Status showed the other uid an arena";
 }
 
 TEST_F(EngineRefusalTest, DeletingEveryStepRemovesTheJobAndItsArenas) {

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "tests/daemon_test.h"
+#include "tests/rpc_helpers.h"
 #include "tests/raw_grpc_call.h"
 
 namespace ckpt::testing {
@@ -283,17 +284,7 @@ TEST_F(HostileClientTest,
   auto deadline = Clock::now() + std::chrono::seconds(20);
   while (OpenDescriptors(daemon_->pid()) > baseline && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  pid_t probe = fork();
-  ASSERT_GE(probe, 0);
-  if (probe == 0) {
-    std::string shm = "/" + prefix_ + ".mine.r0";
-    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, daemon_->socket().c_str(), "mine",
-          shm.c_str(), nullptr);
-    _exit(127);
-  }
-  waitpid(probe, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0)
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"), 0)
       << "bitmask of uid_probe's calls that were not answered";
   ExpectServing();
 }

@@ -21,33 +21,8 @@
 namespace ckpt::testing {
 namespace {
 
-class BadInputTest : public DaemonTest {
+class BadInputTest : public RpcDaemonTest {
  protected:
-  void SetUp() override { Start(); }
-  void Start() {
-    Restart();
-    stub_ = daemon_->Stub();
-  }
-  grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world, uint64_t slot_bytes,
-                        v1::RegisterResponse* resp = nullptr) {
-    grpc::ClientContext ctx;
-    v1::RegisterRequest req;
-    req.set_job(job);
-    req.set_rank(rank);
-    req.set_world_size(world);
-    req.set_slot_bytes(slot_bytes);
-    v1::RegisterResponse r;
-    return stub_->Register(&ctx, req, resp ? resp : &r);
-  }
-  grpc::Status BeginSave(const std::string& job, uint64_t step, uint64_t image_bytes,
-                         v1::BeginSaveResponse* resp) {
-    grpc::ClientContext ctx;
-    v1::BeginSaveRequest req;
-    req.set_job(job);
-    req.set_step(step);
-    req.set_image_bytes(image_bytes);
-    return stub_->BeginSave(&ctx, req, resp);
-  }
   // A commit of two 4 KiB float32 tensors named a and b, at canonical offsets.
   v1::CommitSaveRequest GoodCommit(const std::string& job, uint64_t step,
                                    const v1::BeginSaveResponse& b) {
@@ -64,7 +39,6 @@ class BadInputTest : public DaemonTest {
     EXPECT_TRUE(stub_->Status(&ctx, v1::StatusRequest(), &resp).ok()) << "daemon stopped serving";
   }
 
-  std::unique_ptr<v1::Ckptd::Stub> stub_;
 };
 
 #define EXPECT_RPC_ERROR(call, code_, field)                                   \

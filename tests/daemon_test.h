@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "ckpt.grpc.pb.h"
 #include "tests/harness.h"
 
 namespace ckpt::testing {
@@ -37,6 +38,39 @@ class DaemonTest : public ::testing::Test {
   TempDir root_, run_;
   std::string prefix_ = UniqueShmPrefix();
   std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// DaemonTest with a raw gRPC stub, for tests that send ckptd requests a
+// client library would never build.
+class RpcDaemonTest : public DaemonTest {
+ protected:
+  void SetUp() override { Start(); }
+  void Start() {
+    Restart();
+    stub_ = daemon_->Stub();
+  }
+  grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world, uint64_t slot_bytes,
+                        v1::RegisterResponse* resp = nullptr) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_job(job);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    req.set_slot_bytes(slot_bytes);
+    v1::RegisterResponse r;
+    return stub_->Register(&ctx, req, resp ? resp : &r);
+  }
+  grpc::Status BeginSave(const std::string& job, uint64_t step, uint64_t image_bytes,
+                         v1::BeginSaveResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::BeginSaveRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    req.set_image_bytes(image_bytes);
+    return stub_->BeginSave(&ctx, req, resp);
+  }
+
+  std::unique_ptr<v1::Ckptd::Stub> stub_;
 };
 
 }  // namespace ckpt::testing

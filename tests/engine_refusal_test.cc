@@ -27,13 +27,8 @@ namespace {
 // More than the test machine's /dev/shm holds; below ckptd's max_slot_bytes.
 constexpr uint64_t kTooBig = 1ull << 39;
 
-class EngineRefusalTest : public DaemonTest {
+class EngineRefusalTest : public RpcDaemonTest {
  protected:
-  void SetUp() override { Start(); }
-  void Start() {
-    Restart();
-    stub_ = daemon_->Stub();
-  }
   void RestartDaemon() {
     stub_.reset();
     daemon_->Kill(SIGKILL);
@@ -45,25 +40,6 @@ class EngineRefusalTest : public DaemonTest {
       v1::StatusResponse resp;
       if (stub_->Status(&ctx, v1::StatusRequest(), &resp).ok()) break;
     }
-  }
-  grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world,
-                        uint64_t slot_bytes) {
-    grpc::ClientContext ctx;
-    v1::RegisterRequest req;
-    req.set_job(job);
-    req.set_rank(rank);
-    req.set_world_size(world);
-    req.set_slot_bytes(slot_bytes);
-    v1::RegisterResponse resp;
-    return stub_->Register(&ctx, req, &resp);
-  }
-  grpc::Status BeginSave(const std::string& job, uint64_t step, v1::BeginSaveResponse* resp) {
-    grpc::ClientContext ctx;
-    v1::BeginSaveRequest req;
-    req.set_job(job);
-    req.set_step(step);
-    req.set_image_bytes(16384);
-    return stub_->BeginSave(&ctx, req, resp);
   }
   // Two 4 KiB zero tensors; a fresh slot's bytes are zero, so the
   // checksums match unless `corrupt`.
@@ -103,7 +79,6 @@ class EngineRefusalTest : public DaemonTest {
     return stat(("/dev/shm/" + prefix_ + "." + job + ".r0").c_str(), &st) == 0;
   }
 
-  std::unique_ptr<v1::Ckptd::Stub> stub_;
 };
 
 TEST_F(EngineRefusalTest, RegisterRefusedForLackOfSharedMemoryRecordsNothing) {
@@ -164,10 +139,10 @@ TEST_F(EngineRefusalTest, RefusedArenaGrowthKeepsTheArenaAndItsSteps) {
 TEST_F(EngineRefusalTest, StepWhoseChecksumsDoNotMatchIsNotLatest) {
   ASSERT_TRUE(Register("corrupt", 0, 1, 1 << 20).ok());
   v1::BeginSaveResponse b;
-  ASSERT_TRUE(BeginSave("corrupt", 1, &b).ok());
+  ASSERT_TRUE(BeginSave("corrupt", 1, 16384, &b).ok());
   ASSERT_TRUE(Commit("corrupt", 1, b).ok());
   ASSERT_TRUE(WaitDurable("corrupt", 1).ok());
-  ASSERT_TRUE(BeginSave("corrupt", 2, &b).ok());
+  ASSERT_TRUE(BeginSave("corrupt", 2, 16384, &b).ok());
   ASSERT_TRUE(Commit("corrupt", 2, b, /*corrupt=*/true).ok());  // found at persist
   EXPECT_EQ(WaitDurable("corrupt", 2).error_code(), grpc::StatusCode::DATA_LOSS);
 
@@ -229,7 +204,7 @@ TEST_F(EngineRefusalTest, ShardHeaderRecordsItsCreationTime) {
   uint64_t before = now_ns();
   ASSERT_TRUE(Register("dated", 0, 1, 1 << 20).ok());
   v1::BeginSaveResponse b;
-  ASSERT_TRUE(BeginSave("dated", 1, &b).ok());
+  ASSERT_TRUE(BeginSave("dated", 1, 16384, &b).ok());
   EXPECT_EQ(b.slot(), 0u) << "the first save takes the slot faulted in at Register";
   ASSERT_TRUE(Commit("dated", 1, b).ok());
   ASSERT_TRUE(WaitDurable("dated", 1).ok());

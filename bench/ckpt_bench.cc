@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/daemon_process.h"
+#include "bench/object_tier_bench.h"
 #include "bench/raw_io.h"
 #include "bench/report.h"
 #include "ckpt/client.h"
@@ -40,6 +41,7 @@ struct Options {
   std::string ckptd;
   bool keep = false;
   bool json = false;
+  std::string object_url;  // object-tier figures too (bench/object_tier_bench.h)
 };
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -294,6 +296,17 @@ absl::Status Bench::Run(Results* r) {
   r->memcpy_s = Median(memcpy_samples_);
 
   CKPT_RETURN_IF_ERROR(MeasureRestoreFromDisk(r));
+  if (!o_.object_url.empty()) {
+    // Its own daemon: the disk figures above are measured without uploads.
+    client_.reset();
+    CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
+    CKPT_RETURN_IF_ERROR(daemon_->Stop());
+    for (const std::string& name : state.arenas) (void)shm::Arena::Unlink(name);
+    ParallelMemcpy(scratch_.data, tensors_, r->copy_threads);  // scratch_: the reference
+    ObjectTierConfig oc{o_.object_url, dir_, o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd,
+                        absl::StrCat("ckptbencho", getpid()), r->copy_threads, o_.saves};
+    CKPT_RETURN_IF_ERROR(MeasureObjectTier(oc, tensors_, scratch_.data, &r->object));
+  }
   return absl::OkStatus();
 }
 
@@ -337,6 +350,8 @@ int main(int argc, char** argv) {
   app.add_option("--ckptd", o.ckptd, "ckptd binary (default ../daemon/ckptd next to this one)");
   app.add_flag("--keep", o.keep, "leave the run's directory (checkpoints, daemon log) behind");
   app.add_flag("--json", o.json, "print one JSON object");
+  app.add_option("--object-url", o.object_url,
+                 "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
   CLI11_PARSE(app, argc, argv);
 
   ckpt::bench::Results r;

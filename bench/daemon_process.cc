@@ -53,6 +53,7 @@ absl::Status DaemonProcess::Start() {
     return ErrnoToStatus(errno, "ckptd binary " + config_.binary + " (use --ckptd PATH)");
   std::vector<std::string> args = {config_.binary, "--socket", config_.socket, "--root",
                                    config_.root, "--shm-prefix", config_.shm_prefix};
+  args.insert(args.end(), config_.extra_args.begin(), config_.extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -22,6 +22,7 @@ struct DaemonConfig {
   std::string root;
   std::string shm_prefix;
   std::string log_path;    // stdout and stderr of the daemon (appended)
+  std::vector<std::string> extra_args;  // more ckptd flags (e.g. --object-url)
   std::chrono::seconds start_timeout{20};
 };
 

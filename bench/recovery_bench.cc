@@ -16,6 +16,11 @@
 //     a memcpy of the rank's state into memory already faulted in.
 //     Target: rank 0's restore call <= 1.2 x the memcpy (process start is
 //     reported beside it).
+// With --object-url s3://BUCKET/PREFIX (AWS_* environment) the nodes share
+// no directory: --shared-root is that URL (doc/object-tier.md), the spare
+// prefetches from the object store, and the limit of 1. is a raw parallel
+// GET of the lost shards (bench/object_raw.h, same part size and
+// concurrency as the daemon's).
 #include <signal.h>
 
 #include <algorithm>
@@ -26,6 +31,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/object_raw.h"
 #include "bench/raw_io.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
@@ -101,13 +107,15 @@ int main(int argc, char** argv) {
   uint64_t bytes = 1ull << 30;
   std::string dir = "/var/tmp";
   bool json = false, keep = false;
+  std::string object_url;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--bytes-per-rank" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else if (a == "--json") json = true;
     else if (a == "--keep") keep = true;
-    else return Fail("unknown argument " + a + " (--bytes-per-rank N, --dir DIR, --json, --keep)");
+    else if (a == "--object-url" && i + 1 < argc) object_url = argv[++i];
+    else return Fail("unknown argument " + a + " (--bytes-per-rank N, --dir DIR, --json, --keep, --object-url s3://B/P)");
   }
   if (bytes < (1 << 20)) return Fail("--bytes-per-rank: at least 1 MiB");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
@@ -132,6 +140,7 @@ int main(int argc, char** argv) {
   o.step_ms = 200;
   o.heartbeat_timeout_ms = 2000;
   o.ckptd_args = {"--slots", "2"};
+  o.shared_root_url = object_url;
   Cluster c(o);
   c.StartCoordinator();
   c.StartNode("a");
@@ -171,15 +180,32 @@ int main(int argc, char** argv) {
     restore_step = rs->step;
   }
   // The limit: the lost ranks' shards read back sequentially, raw.
+  double raw_read_s = 0;
+  if (!object_url.empty()) {
+    auto so = ckpt::storage::ResolveObjectStoreOptions(object_url, {});
+    if (!so.ok()) return Fail(std::string(so.status().message()));
+    auto store = ckpt::storage::NewObjectBackend(*so);
+    if (!store.ok()) return Fail(std::string(store.status().message()));
+    for (uint32_t r : {2u, 3u}) {
+      std::string key = ckpt::storage::ShardKey(o.job, restore_step, r, "b");
+      auto size = (*store)->ObjectSize(key);
+      if (!size.ok()) return Fail(std::string(size.status().message()));
+      std::vector<char> buf(*size, 1);
+      auto t = ckpt::bench::RawObjectGet(*so, key, buf.data(), buf.size());
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      raw_read_s += *t;
+    }
+  }
   std::vector<std::string> lost_files;
   uint64_t lost_bytes = 0;
   // Node b wrote them (cluster mode names the node in the key).
   ckpt::storage::LocalBackendOptions shared_opts;
-  shared_opts.root = c.shared_root();
+  shared_opts.root = object_url.empty() ? c.shared_root() : root + "/unused";
   shared_opts.remove_tmp_files = false;  // only paths are looked up
   auto shared = ckpt::storage::NewLocalBackend(shared_opts);
   if (!shared.ok()) return Fail(std::string(shared.status().message()));
   for (uint32_t r : {2u, 3u}) {
+    if (!object_url.empty()) break;  // measured above
     std::string path = *(*shared)->LocalPath(ckpt::storage::ShardKey(o.job, restore_step, r, "b"));
     std::error_code ec;
     uint64_t size = std::filesystem::file_size(path, ec);
@@ -189,9 +215,8 @@ int main(int argc, char** argv) {
   }
   lost_bytes &= ~uint64_t{4095};
   void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, lost_bytes) != 0) return Fail("out of memory");
+  if (posix_memalign(&buf, 4096, std::max<uint64_t>(lost_bytes, 4096)) != 0) return Fail("out of memory");
   std::memset(buf, 0, lost_bytes);  // faulted in: the read alone is timed
-  double raw_read_s = 0;
   for (const auto& f : lost_files) {
     // A cache that cannot be dropped only makes the raw read (the limit)
     // faster.
@@ -260,11 +285,11 @@ int main(int argc, char** argv) {
         "\"crash_restore_s\":%.4f,\"crash_process_start_to_restored_s\":%.4f,"
         "\"memcpy_rank_state_s\":%.4f,\"crash_restore_ratio\":%.3f,"
         "\"crash_all_ranks_restore_s\":%.4f,\"memcpy_all_ranks_s\":%.4f,\"crash_all_ratio\":%.3f,"
-        "\"restore_step\":%llu}\n",
+        "\"restore_step\":%llu,\"shared_root\":\"%s\"}\n",
         static_cast<unsigned long long>(bytes), detect_s, plan_s, prefetch_s, restart_s, restore_s,
         recovery_s, raw_read_s, node_ratio, crash->restore_s, crash->process_s, memcpy_s,
         crash_ratio, slowest_crash_restore_s, memcpy_all_s, crash_all_ratio,
-        static_cast<unsigned long long>(restore_step));
+        static_cast<unsigned long long>(restore_step), object_url.empty() ? "directory" : "object store");
     return 0;
   }
   std::printf("recovery_bench: 2 nodes x 2 ranks x %.2f GiB + 1 spare, heartbeat timeout %d ms\n",
@@ -276,7 +301,9 @@ int main(int argc, char** argv) {
   std::printf("  trainer restart (-> first trainer start)     %8.3f s\n", restart_s);
   std::printf("  restore (-> last rank restored)              %8.3f s\n", restore_s);
   std::printf("  detected -> all restored                     %8.3f s\n", recovery_s);
-  std::printf("  raw O_DIRECT read of the lost shards         %8.3f s\n", raw_read_s);
+  std::printf(object_url.empty() ? "  raw O_DIRECT read of the lost shards         %8.3f s\n"
+                                 : "  raw parallel GET of the lost shards          %8.3f s\n",
+              raw_read_s);
   std::printf("  ratio %.2f (target <= 1.5): %s\n", node_ratio, node_ratio <= 1.5 ? "met" : "NOT met");
   std::printf("trainer crash (node alive):\n");
   std::printf("  restore of rank 0 from shared memory         %8.4f s\n", crash->restore_s);

@@ -10,6 +10,22 @@
 
 namespace ckpt::bench {
 
+// ckpt_bench --object-url (bench/object_tier_bench.h).
+struct ObjectFigures {
+  bool measured = false;
+  std::string url;
+  uint64_t part_size = 0;
+  unsigned concurrency = 0;
+  double upload_s = 0;     // medians
+  double raw_put_s = 0;
+  double restore_object_s = 0;
+  double raw_get_s = 0;
+  double save_stall_upload_s = 0;
+  double memcpy_s = 0;
+  int saves_during_upload = 0;  // samples whose upload was still in flight when the save ended
+  bool restore_matches = false;
+};
+
 struct Results {
   uint64_t bytes = 0;         // tensor bytes saved per step
   uint64_t image_bytes = 0;   // shard image written per step
@@ -32,6 +48,7 @@ struct Results {
   double restore_disk_warm_s = 0;  // from disk into an arena that exists
   double raw_read_s = 0;
   bool restore_matches = false;  // restored bytes equal the saved ones
+  ObjectFigures object;
 };
 
 struct Check {

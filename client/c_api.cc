@@ -148,6 +148,8 @@ void ckpt_options_init(ckpt_options* options) {
 
 const char* ckpt_last_error(void) { return last_error.c_str(); }
 
+int ckpt_abi_version(void) { return CKPT_ABI_VERSION; }
+
 ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
   return Guarded("ckpt_connect", [&] {
     if (out == nullptr) return NullArgument("ckpt_connect", "out");
@@ -246,6 +248,22 @@ ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
           "ckpt_wait_durable: timeout_ms ", timeout_ms, " is negative")));
     return Report(client->client->WaitDurable(
         step, std::chrono::milliseconds(timeout_ms)));
+  });
+}
+
+ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out) {
+  return Guarded("ckpt_last_save_stats", [&] {
+    if (out == nullptr) return NullArgument("ckpt_last_save_stats", "out");
+    *out = ckpt_save_stats{};
+    if (client == nullptr)
+      return NullArgument("ckpt_last_save_stats", "client");
+    const ckpt::SaveStats stats = client->client->last_save_stats();
+    out->wait_slot_s = stats.wait_slot_s;
+    out->copy_s = stats.copy_s;
+    out->rpc_s = stats.rpc_s;
+    out->total_s = stats.total_s;
+    out->bytes = stats.bytes;
+    return Report(absl::OkStatus());
   });
 }
 

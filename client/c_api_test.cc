@@ -141,6 +141,20 @@ TEST(CApiTest, ConnectReportsTheBadOption) {
             std::string::npos);
 }
 
+TEST(CApiTest, AbiVersionIsTheHeaders) {
+  EXPECT_EQ(ckpt_abi_version(), CKPT_ABI_VERSION);
+}
+
+TEST(CApiTest, LastSaveStatsNeedsAClientAndAnOutput) {
+  ckpt_save_stats stats;
+  stats.bytes = 9;
+  EXPECT_EQ(ckpt_last_save_stats(nullptr, &stats), CKPT_INVALID_ARGUMENT);
+  EXPECT_EQ(stats.bytes, 0u);
+  EXPECT_NE(std::string(ckpt_last_error()).find("client"), std::string::npos);
+  EXPECT_EQ(ckpt_last_save_stats(nullptr, nullptr), CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("out"), std::string::npos);
+}
+
 TEST(CApiTest, LastErrorIsPerThread) {
   EXPECT_EQ(ckpt_wait(nullptr), CKPT_INVALID_ARGUMENT);
   std::string other;

@@ -1,4 +1,4 @@
-# ckpt_proto_library(NAME <target> PROTOS <file.proto>...)
+# ckpt_proto_library(NAME <target> PROTOS <file.proto>... [IMPORT_ROOT <dir>])
 #
 # The one protoc + grpc_cpp_plugin rule of the tree: generates
 # <name>.pb.{h,cc} and <name>.grpc.pb.{h,cc} for each .proto (given relative
@@ -6,20 +6,36 @@
 # into the static library <target>. The generated directory is the target's
 # PUBLIC include directory (its interface: `#include "<name>.pb.h"`), and
 # gRPC and protobuf are linked PUBLIC because the generated headers use them.
+# With IMPORT_ROOT, each proto is a path relative to that directory (protoc's
+# -I, for protos that import each other by such paths, as etcd's do) and its
+# files are generated under the same relative path.
 # Generated code is compiled with warnings off (-w): it is not ours to fix.
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 
 function(ckpt_proto_library)
-  cmake_parse_arguments(ARG "" "NAME" "PROTOS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;IMPORT_ROOT" "PROTOS" ${ARGN})
   if(NOT ARG_NAME OR NOT ARG_PROTOS)
     message(FATAL_ERROR "ckpt_proto_library: NAME and PROTOS are required")
   endif()
   set(gen ${CMAKE_CURRENT_BINARY_DIR})
   set(srcs)
+  set(all_protos)  # with IMPORT_ROOT the protos may import each other
+  if(ARG_IMPORT_ROOT)
+    foreach(proto ${ARG_PROTOS})
+      list(APPEND all_protos ${ARG_IMPORT_ROOT}/${proto})
+    endforeach()
+  endif()
   foreach(proto ${ARG_PROTOS})
     get_filename_component(base ${proto} NAME_WE)
-    get_filename_component(abs ${proto} ABSOLUTE)
-    get_filename_component(dir ${abs} DIRECTORY)
+    if(ARG_IMPORT_ROOT)
+      set(abs ${ARG_IMPORT_ROOT}/${proto})
+      set(dir ${ARG_IMPORT_ROOT})
+      get_filename_component(rel ${proto} DIRECTORY)
+      set(base ${rel}/${base})
+    else()
+      get_filename_component(abs ${proto} ABSOLUTE)
+      get_filename_component(dir ${abs} DIRECTORY)
+    endif()
     set(out ${gen}/${base}.pb.cc ${gen}/${base}.grpc.pb.cc)
     add_custom_command(
       OUTPUT ${out} ${gen}/${base}.pb.h ${gen}/${base}.grpc.pb.h
@@ -27,7 +43,7 @@ function(ckpt_proto_library)
       ARGS --cpp_out=${gen} --grpc_out=${gen}
            --plugin=protoc-gen-grpc=${GRPC_CPP_PLUGIN}
            -I ${dir} ${abs}
-      DEPENDS ${abs}
+      DEPENDS ${abs} ${all_protos}
       COMMENT "protoc ${proto}")
     list(APPEND srcs ${out})
   endforeach()

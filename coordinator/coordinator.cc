@@ -16,15 +16,6 @@ namespace {
 constexpr uint32_t kMaxCapacity = 1 << 16;
 constexpr uint32_t kMaxWorldSize = 1 << 16;
 constexpr size_t kMaxAddressBytes = 256;
-constexpr size_t kMaxKeyBytes = 1024;
-
-absl::Status ValidateShardKey(const std::string& key) {
-  CKPT_RETURN_IF_ERROR(ValidatePrintable(key, "key", kMaxKeyBytes));
-  if (key.front() == '/' || key.find("..") != std::string::npos)
-    return absl::InvalidArgumentError(
-        absl::StrCat("key: ", QuotePrefix(key), " must be a relative key without \"..\""));
-  return absl::OkStatus();
-}
 
 // Checked before any state is touched: a refused request changes nothing.
 [[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id, const std::string& job) {
@@ -41,12 +32,13 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
     return absl::InvalidArgumentError(
         absl::StrCat("capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
   CKPT_RETURN_IF_ERROR(ValidatePrintable(req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   auto existing = nodes_.find(req.node_id());
   if (existing != nodes_.end() && existing->second.rec.health() == v1::ALIVE) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return absl::AlreadyExistsError(absl::StrCat(
         "node_id: \"", req.node_id(), "\" is registered and alive at epoch ",
         existing->second.rec.epoch(), "; retry after its heartbeat times out"));
@@ -60,25 +52,50 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.set_epoch(next_epoch_++);
   node.rec.set_health(v1::ALIVE);
   node.rec.clear_dead_reason();
-  node.last_heartbeat_ms = options_.now_ms();
+  SetLiveLocked(node);
+  const int64_t now = options_.now_ms();
+  node.live->last_seen_ms = now;
+  int64_t expiry = next_expiry_ms_.load();
+  while (expiry > now + options_.heartbeat_timeout.count() &&
+         !next_expiry_ms_.compare_exchange_weak(expiry, now + options_.heartbeat_timeout.count())) {
+  }
   batch.PutNode(node.rec);
   LogLocked(&batch, v1::NODE_REGISTERED, "", req.node_id(),
             absl::StrCat("epoch ", node.rec.epoch(), ", capacity ", req.capacity(),
                          node.rec.spare() ? ", spare" : ", active"));
+  // Only a node that can end the wait makes a plan (its own lost ranks come
+  // back, or a spare has room): any other registration changes nothing.
   for (auto& [name, job] : jobs_)
-    if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE)
+    if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
+        (job.ranks_by_node.count(req.node_id()) || node.rec.spare()))
       MakePlanLocked(&batch, job, absl::StrCat("node ", req.node_id(), " registered"));
   v1::RegisterNodeResponse resp;
   resp.set_epoch(node.rec.epoch());
   resp.set_heartbeat_timeout_ms(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+  resp.set_incarnation(incarnation_);
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
+  {
+    // Liveness first, without the state mutex: a heartbeat counts even if
+    // reports or a plan hold the state for a while.
+    std::shared_lock<std::shared_mutex> live(live_mu_);
+    auto it = live_.find(req.node_id());
+    if (it != live_.end() && it->second->alive && it->second->epoch == req.epoch()) {
+      const int64_t now = options_.now_ms();
+      int64_t last = it->second->last_seen_ms.load();
+      // A node already past its timeout is left to the detector below.
+      while (now - last <= options_.heartbeat_timeout.count() && last < now &&
+             !it->second->last_seen_ms.compare_exchange_weak(last, now)) {
+      }
+    }
+  }
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   if (s.ok()) {
@@ -92,50 +109,58 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     }
   }
   if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));  // timeouts detected above still count
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));  // timeouts detected above still count
     return s;
   }
-  NodeState& node = nodes_[req.node_id()];
-  node.last_heartbeat_ms = options_.now_ms();
+  std::set<std::string> acked_jobs;
   for (uint64_t id : req.acked_order_ids()) {
     auto it = orders_.find(id);
     if (it == orders_.end()) continue;  // acknowledged before: a retried heartbeat
     std::string job = it->second.job();
     LogLocked(&batch, v1::ORDER_ACKED, job, req.node_id(),
               absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
-    batch.DeleteOrder(id);
-    orders_.erase(it);
+    EraseOrderLocked(&batch, it);
+    acked_jobs.insert(job);
+  }
+  for (const std::string& job : acked_jobs) {
     auto j = jobs_.find(job);
     if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
   }
   v1::HeartbeatResponse resp;
-  for (auto& [id, order] : orders_) {
-    if (order.node_id() != req.node_id()) continue;
-    if (!order.delivered()) {
-      order.set_delivered(true);
-      batch.PutOrder(order);
-      LogLocked(&batch, v1::ORDER_SENT, order.job(), req.node_id(),
-                absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()), " step ",
-                             order.has_step() ? absl::StrCat(order.step()) : "none", " ranks ",
-                             absl::StrJoin(order.ranks(), ",")));
+  resp.set_incarnation(incarnation_);
+  auto mine = orders_by_node_.find(req.node_id());
+  if (mine != orders_by_node_.end()) {
+    for (uint64_t id : mine->second) {
+      if (order_seq_.count(id)) continue;  // not durable yet: the next heartbeat
+      v1::Order& order = orders_.at(id);
+      if (!order.delivered()) {
+        order.set_delivered(true);
+        batch.PutOrder(order);
+        LogLocked(&batch, v1::ORDER_SENT, order.job(), req.node_id(),
+                  absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()), " step ",
+                               order.has_step() ? absl::StrCat(order.step()) : "none", " ranks ",
+                               absl::StrJoin(order.ranks(), ",")));
+      }
+      *resp.add_orders() = order;
     }
-    *resp.add_orders() = order;
   }
+  // What is durable only: a heartbeat never waits for a disk write.
   for (const auto& [name, job] : jobs_) {
+    auto hosted = job.durable_ranks_by_node.find(req.node_id());
+    if (hosted == job.durable_ranks_by_node.end()) continue;
+    const v1::JobRecord& rec = job.durable_rec;
     v1::Assignment a;
-    for (uint32_t r = 0; r < job.rec.world_size(); ++r)
-      if (job.rec.rank_node(r) == req.node_id()) a.add_ranks(r);
-    if (a.ranks().empty()) continue;
+    *a.mutable_ranks() = {hosted->second.begin(), hosted->second.end()};
     a.set_job(name);
-    a.set_world_size(job.rec.world_size());
-    a.set_generation(job.rec.generation());
-    a.set_has_last_good(job.rec.has_last_good());
-    a.set_last_good_step(job.rec.last_good_step());
-    a.set_has_restore_step(job.rec.has_restore_step());
-    a.set_restore_step(job.rec.restore_step());
+    a.set_world_size(rec.world_size());
+    a.set_generation(rec.generation());
+    a.set_has_last_good(rec.has_last_good());
+    a.set_last_good_step(rec.last_good_step());
+    a.set_has_restore_step(rec.has_restore_step());
+    a.set_restore_step(rec.restore_step());
     *resp.add_assignments() = std::move(a);
   }
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+  EnqueueLocked(std::move(owned));
   return resp;
 }
 
@@ -144,13 +169,14 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::Regis
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize)
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   v1::RegisterJobResponse resp;
   auto existing = jobs_.find(req.job());
   if (existing != jobs_.end()) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     if (existing->second.rec.world_size() != req.world_size())
       return absl::AlreadyExistsError(absl::StrCat("job: \"", req.job(), "\" is registered with world_size ",
                                                    existing->second.rec.world_size(), ", not ",
@@ -165,105 +191,39 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::Regis
   for (const auto& [id, n] : nodes_) {
     if (n.rec.health() != v1::ALIVE || n.rec.spare()) continue;
     uint32_t used = HostedRanksLocked(id);
-    for (uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
-         free > 0 && next_rank < req.world_size(); --free, ++next_rank)
-      rec.add_rank_node(id);
+    uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
+    // Each launcher runs nproc_per_node trainers: no node gets more.
+    if (req.nproc_per_node() > 0) free = std::min(free, req.nproc_per_node());
+    for (; free > 0 && next_rank < req.world_size(); --free, ++next_rank) rec.add_rank_node(id);
   }
   if (next_rank < req.world_size()) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return absl::FailedPreconditionError(absl::StrCat(
         "world_size: ", req.world_size(), " ranks, but alive active nodes have room for ", next_rank));
   }
   JobState& job = jobs_[req.job()];
   job.rec = rec;
-  batch.PutJob(rec);
+  IndexJobLocked(job);
+  PutJobLocked(&batch, job);
   LogLocked(&batch, v1::JOB_REGISTERED, req.job(), "",
             absl::StrCat("world_size ", req.world_size(), ", ranks on ", absl::StrJoin(rec.rank_node(), ",")));
   *resp.mutable_job() = rec;
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
-  return resp;
-}
-
-absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(const v1::ReportShardRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
-  if (req.state() != v1::STAGED && req.state() != v1::DURABLE)
-    return absl::InvalidArgumentError(absl::StrCat("state: ", req.state(), " is neither STAGED nor DURABLE"));
-  // A STAGED report carries no key; one that does is still checked, since
-  // it is stored.
-  if (req.state() == v1::DURABLE || !req.key().empty()) CKPT_RETURN_IF_ERROR(ValidateShardKey(req.key()));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
-  DetectTimeoutsLocked(&batch);
-  absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  absl::StatusOr<JobState*> job = s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
-                                         : absl::StatusOr<JobState*>(s);
-  if (job.ok() && (*job)->rec.has_last_good() && req.step() < (*job)->rec.last_good_step())
-    job = absl::FailedPreconditionError(absl::StrCat("step: ", req.step(), " of job ", req.job(),
-                                                     " is older than the last good step ",
-                                                     (*job)->rec.last_good_step()));
-  v1::ShardRecord* prior = nullptr;
-  if (job.ok()) {
-    auto step = (*job)->steps.find(req.step());
-    if (step != (*job)->steps.end()) {
-      auto rank = step->second.find(req.rank());
-      if (rank != step->second.end()) prior = &rank->second;
-    }
-    bool same_owner = prior && prior->node_id() == req.node_id() && prior->epoch() == req.epoch();
-    if (req.state() == v1::DURABLE && !same_owner)
-      job = absl::FailedPreconditionError(absl::StrCat("step: ", req.step(), " rank ", req.rank(), " of job ",
-                                                       req.job(), " was never staged by node ", req.node_id(),
-                                                       " at epoch ", req.epoch()));
-    else if (same_owner && (prior->bytes() != req.bytes() || prior->checksum_digest() != req.checksum_digest()))
-      job = absl::InvalidArgumentError(absl::StrCat(
-          "bytes/checksum_digest: ", req.bytes(), "/", storage::DigestHex(req.checksum_digest()), " for step ", req.step(),
-          " rank ", req.rank(), " differ from the staged ", prior->bytes(), "/", storage::DigestHex(prior->checksum_digest())));
-  }
-  if (!job.ok()) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
-    return job.status();
-  }
-  JobState& j = **job;
-  v1::ShardRecord rec;
-  rec.set_job(req.job());
-  rec.set_step(req.step());
-  rec.set_rank(req.rank());
-  rec.set_node_id(req.node_id());
-  rec.set_epoch(req.epoch());
-  // A repeated STAGED report never downgrades a DURABLE shard.
-  bool keep_durable = prior && prior->node_id() == req.node_id() && prior->epoch() == req.epoch() &&
-                      prior->state() == v1::DURABLE;
-  rec.set_state(keep_durable ? v1::DURABLE : req.state());
-  rec.set_bytes(req.bytes());
-  rec.set_checksum_digest(req.checksum_digest());
-  rec.set_key(keep_durable ? prior->key() : req.key());
-  bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
-  j.steps[req.step()][req.rank()] = rec;
-  batch.PutShard(rec);
-  v1::ReportShardResponse resp;
-  resp.set_staged_everywhere(j.steps[req.step()].size() == j.rec.world_size());
-  if (resp.staged_everywhere() && !was_complete)
-    LogLocked(&batch, v1::STEP_STAGED, req.job(), "", absl::StrCat("step ", req.step()));
-  s = MaybeCommitStepLocked(&batch, j, req.step(), &resp);
-  if (!s.ok()) {
-    // Leave no trace: go back to the committed state.
-    absl::Status reload = ReloadLocked();
-    return reload.ok() ? s : Annotate(s, absl::StrCat("and reloading failed: ", reload.message()));
-  }
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
 
 absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     const v1::ReportTrainerExitRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   absl::StatusOr<JobState*> job = s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
                                          : absl::StatusOr<JobState*>(s);
   if (!job.ok()) {
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return job.status();
   }
   v1::ReportTrainerExitResponse resp;
@@ -274,18 +234,20 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
   } else {
     LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(),
               absl::StrCat("trainer of rank ", req.rank(), " ", how));
+    options_.metrics->FailureDetected(metric::kTrainerExit);
     MakePlanLocked(&batch, **job, absl::StrCat("trainer of rank ", req.rank(), " ", how));
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
 
 absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
-  std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   auto it = jobs_.find(req.job());
   absl::Status s;
@@ -303,7 +265,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
       s.ok() ? storage::ReadGlobalManifest(*shared_, req.job(), req.step()) : absl::StatusOr<storage::v1::GlobalManifest>(s);
   if (!manifest.ok()) {
     if (s.ok()) LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
-    CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return manifest.status();
   }
   JobState& job = it->second;
@@ -319,7 +281,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);
   v1::RollbackResponse resp;
   resp.set_generation(job.rec.generation());
-  CKPT_RETURN_IF_ERROR(CommitLocked(&batch));
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
 

@@ -26,15 +26,35 @@
 //   hold their ranks' shards in memory, RESTART to every host, STOP to the
 //   dead node for ranks it lost. Orders go out in Heartbeat responses until
 //   acknowledged by a later Heartbeat.
-// - Every change of one call is committed to the RocksDB state atomically
-//   before the call returns OK; if that commit fails the in-memory state is
-//   reloaded from RocksDB, so a failed call leaves no trace.
-// Thread-safety: every method is safe to call concurrently (one mutex; the
-// manifest write to the shared root happens under it).
+// - Durable state (nodes and epochs, jobs with placement, last good step and
+//   plans, orders, events) changes in memory under the state mutex and goes
+//   into one batch per call; batches are made durable by group commit (one
+//   writer thread, one synced write for every batch waiting). A call
+//   returns after its batch, and every batch before it, is durable. If a
+//   write fails the in-memory state is reloaded from the store.
+// - Soft state: per-rank shard reports (staged / durable) are kept in
+//   memory only. A restarted coordinator has a new incarnation(); nodes
+//   that see it send their reports of uncommitted steps again. Only the
+//   commit of a step (global manifest written, then last good moved) is
+//   durable.
+// - Reports come one per call (ReportShard) or as a node's batch
+//   (ReportShards, one result per report: a refused report does not refuse
+//   the others). The global manifest is written outside the state mutex.
+// - Liveness: a heartbeat records its time in a per-node atomic under a
+//   separate reader lock before anything else, so it never waits behind
+//   reports or disk writes to count; timeouts are found by Tick() (the
+//   server's failure-detector thread) and by every call that takes the
+//   state mutex, at the cost of a scan only when some node may have timed
+//   out.
+// - Placement: RegisterJob with nproc_per_node places at most that many
+//   ranks on each node (what each launcher runs).
+// Thread-safety: every method is safe to call concurrently.
 #ifndef CKPT_COORDINATOR_COORDINATOR_H_
 #define CKPT_COORDINATOR_COORDINATOR_H_
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -42,23 +62,34 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <shared_mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
+#include "coordinator/metrics.h"
+#include "coordinator/group_commit.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
+#include "storage/object_backend.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {
 
 struct CoordinatorOptions {
   std::string state_dir;    // RocksDB in <state_dir>/db
-  std::string shared_root;  // global manifests go here
+  std::string shared_root;  // global manifests go here (a directory or s3://)
+  storage::ObjectStoreConfig object_config;  // an s3:// shared root's object_* keys
   std::chrono::milliseconds heartbeat_timeout{3000};
   size_t max_events = 4096;  // older events are dropped from memory and disk
   // Milliseconds on a monotonic clock; tests pass a fake one.
   std::function<int64_t()> now_ms;
+  // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
+  std::shared_ptr<CoordinatorMetrics> metrics;
 };
 
 class Coordinator {
@@ -69,6 +100,10 @@ class Coordinator {
   // Every alive node gets a fresh heartbeat timeout from now.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       CoordinatorOptions options);
+  // The same with the state on `kv` (etcd: etcd/etcd_kv.h); state_dir is
+  // not used.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
+      CoordinatorOptions options, std::unique_ptr<KvBackend> kv);
   ~Coordinator();
 
   [[nodiscard]] absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(
@@ -77,6 +112,10 @@ class Coordinator {
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
       const v1::RegisterJobRequest& req);
   absl::StatusOr<v1::ReportShardResponse> ReportShard(const v1::ReportShardRequest& req);
+  // A node's batch: fenced epoch or unknown node refuses the whole call;
+  // otherwise one result per report.
+  [[nodiscard]] absl::StatusOr<v1::ReportShardsResponse> ReportShards(
+      const v1::ReportShardsRequest& req);
   [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
   // Restart the whole job at `step`, which must have a readable global
@@ -89,18 +128,46 @@ class Coordinator {
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
   [[nodiscard]] absl::Status Tick();
 
+  // What a launcher of `job` on `node_id` needs (see WatchJob).
+  v1::JobView View(const std::string& job, const std::string& node_id);
+  // Counts durable changes; WaitForChange returns the count once it is
+  // above `seen`, or at `deadline`.
+  uint64_t WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  uint64_t incarnation() const { return incarnation_; }
+
   const CoordinatorOptions& options() const { return options_; }
 
  private:
+  // Read by heartbeats under live_mu_ (shared); epoch and alive change
+  // under mu_ and live_mu_ (exclusive).
+  struct Liveness {
+    uint64_t epoch = 0;
+    bool alive = false;
+    std::atomic<int64_t> last_seen_ms{0};
+  };
   struct NodeState {
     v1::NodeRecord rec;
-    int64_t last_heartbeat_ms = 0;
+    Liveness* live = nullptr;  // owned by live_
   };
   struct JobState {
     v1::JobRecord rec;
-    std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;
+    std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
+    std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
+    std::map<std::string, std::vector<uint32_t>> ranks_by_node;  // of rec.rank_node
+    std::set<uint64_t> committing;  // steps whose manifest is being written
+    // rec as of the last durable commit: what heartbeats and watches show,
+    // so that they never wait for a disk write.
+    v1::JobRecord durable_rec;
+    std::map<std::string, std::vector<uint32_t>> durable_ranks_by_node;
   };
   using Batch = CoordStore::Batch;
+  using Lock = std::unique_lock<std::mutex>;
+  struct PendingCommit {
+    std::string job;
+    uint64_t step = 0;
+    uint64_t generation = 0;
+    storage::v1::GlobalManifest manifest;
+  };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<CoordStore> store,
               std::unique_ptr<storage::Backend> shared);
@@ -108,7 +175,33 @@ class Coordinator {
   // coordinator_state.cc: loading, committing, events, shared helpers.
   [[nodiscard]] absl::Status ReloadLocked();
   absl::Status VerifyManifestsLocked();
-  [[nodiscard]] absl::Status CommitLocked(Batch* batch);
+  // Enqueues the batch (if not empty), releases the lock, and waits until
+  // every batch enqueued so far is durable.
+  [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch);
+  [[nodiscard]] absl::Status CommitLocked(Batch* batch);  // Open only: synchronous
+  void OnCommitFailed(const absl::Status& s);
+  void OnDurable(uint64_t seq);
+  void PutJobLocked(Batch* batch, JobState& job);
+  // Enqueues a non-empty batch without waiting (heartbeats: acks and
+  // delivery marks may be lost in a crash; orders are re-sent and re-acked).
+  void EnqueueLocked(std::unique_ptr<Batch> batch);
+  void SetLiveLocked(NodeState& node);
+  int64_t LastSeen(const NodeState& node) const { return node.live->last_seen_ms.load(); }
+  void IndexJobLocked(JobState& job);
+  void PutShardLocked(JobState& job, v1::ShardRecord rec);
+  void EraseStepLocked(JobState& job, uint64_t step);
+  std::map<uint64_t, v1::Order>::iterator EraseOrderLocked(Batch* batch,
+                                                         std::map<uint64_t, v1::Order>::iterator it);
+  // One report of `node_id` at `epoch`; `complete` gets steps that became
+  // durable on every rank.
+  [[nodiscard]] absl::Status ApplyReportLocked(const std::string& node_id, uint64_t epoch,
+                                               const v1::ShardReport& r, Batch* batch,
+                                               v1::ReportResult* result,
+                                               std::vector<PendingCommit>* complete);
+  // Writes the manifests (state mutex released), then moves last good.
+  [[nodiscard]] absl::Status CommitSteps(Lock& lock, Batch* batch,
+                                         std::vector<PendingCommit> steps,
+                                         std::set<std::pair<std::string, uint64_t>>* done);
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
@@ -130,23 +223,45 @@ class Coordinator {
   void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
   void IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
                          const storage::v1::GlobalManifest* manifest);
-  [[nodiscard]] absl::Status MaybeCommitStepLocked(
-      Batch* batch, JobState& job, uint64_t step,
-      v1::ReportShardResponse* resp);
+  // Whether every rank of `step` is durable; if so and not yet committed
+  // (or being committed), the manifest to write.
+  bool StepCompleteLocked(JobState& job, uint64_t step, std::vector<PendingCommit>* out);
+  void FinishStepLocked(Batch* batch, const PendingCommit& c);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);
 
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;
   const std::unique_ptr<storage::Backend> shared_;
+  const uint64_t incarnation_;
 
-  std::mutex mu_;
+  std::mutex mu_;  // the state; held for memory work only, never for I/O
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, v1::Order> orders_;  // pending, by id
+  std::map<std::string, std::set<uint64_t>> orders_by_node_;
+  // Durability of what heartbeats show: jobs changed since the last
+  // enqueue, their records by batch sequence until durable, and the batch
+  // of each order not yet durable (an order is delivered once durable).
+  std::set<std::string> dirty_jobs_;
+  std::vector<uint64_t> new_orders_;
+  std::deque<std::pair<uint64_t, v1::JobRecord>> pending_recs_;
+  std::map<uint64_t, uint64_t> order_seq_;  // order id -> batch sequence
   std::deque<v1::Event> events_;
   v1::Counters counters_;
   uint64_t next_epoch_ = 1;
   uint64_t next_event_seq_ = 1;
+
+  std::shared_mutex live_mu_;
+  std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;
+  // No alive node can time out before this (a heartbeat only moves a
+  // node's deadline later), so calls skip the scan until then.
+  std::atomic<int64_t> next_expiry_ms_{INT64_MIN};
+
+  std::mutex change_mu_;
+  std::condition_variable change_cv_;
+  uint64_t changes_ = 0;
+
+  std::unique_ptr<GroupCommitter> committer_;  // last: its thread uses the above
 };
 
 }  // namespace ckpt::coordinator

@@ -11,18 +11,34 @@ namespace ckpt::coordinator {
 
 void Coordinator::DetectTimeoutsLocked(Batch* batch) {
   const int64_t now = options_.now_ms();
+  if (now < next_expiry_ms_.load()) return;  // no node can have timed out yet
   const int64_t timeout = options_.heartbeat_timeout.count();
   // Every node that timed out is dead before any plan is made, so that no
   // plan hands ranks to a node that is about to be declared dead too.
   std::vector<std::string> dead;
-  for (auto& [id, node] : nodes_) {
-    if (node.rec.health() != v1::ALIVE || now - node.last_heartbeat_ms <= timeout) continue;
-    DeclareDeadLocked(batch, node, absl::StrCat("no heartbeat for ", now - node.last_heartbeat_ms, " ms"));
-    dead.push_back(id);
+  int64_t next = INT64_MAX;
+  {
+    // Exclusive: no heartbeat moves a last-seen time while we decide.
+    std::unique_lock<std::shared_mutex> live(live_mu_);
+    for (auto& [id, node] : nodes_) {
+      if (node.rec.health() != v1::ALIVE) continue;
+      int64_t last = LastSeen(node);
+      if (now - last <= timeout) {
+        next = std::min(next, last + timeout + 1);
+        continue;
+      }
+      node.live->alive = false;
+      dead.push_back(id);
+    }
+    next_expiry_ms_ = next;
+  }
+  for (const std::string& id : dead) {
+    NodeState& node = nodes_[id];
+    DeclareDeadLocked(batch, node, absl::StrCat("no heartbeat for ", now - LastSeen(node), " ms"));
   }
   for (auto& [name, job] : jobs_)
     for (const std::string& id : dead)
-      if (std::find(job.rec.rank_node().begin(), job.rec.rank_node().end(), id) != job.rec.rank_node().end()) {
+      if (job.ranks_by_node.count(id)) {
         MakePlanLocked(batch, job, absl::StrCat("node ", absl::StrJoin(dead, ","), " dead"));
         break;
       }
@@ -32,17 +48,15 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node, const std::st
   const std::string id = node.rec.node_id();
   node.rec.set_health(v1::DEAD);
   node.rec.set_dead_reason(reason);
+  SetLiveLocked(node);
   batch->PutNode(node.rec);
   LogLocked(batch, v1::FAILURE_DETECTED, "", id,
             absl::StrCat("node ", id, " epoch ", node.rec.epoch(), " declared dead: ", reason));
-  for (auto it = orders_.begin(); it != orders_.end();) {
-    if (it->second.node_id() == id) {
-      batch->DeleteOrder(it->first);
-      it = orders_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  options_.metrics->FailureDetected(metric::kNodeDead);
+  auto mine = orders_by_node_.find(id);
+  if (mine == orders_by_node_.end()) return;
+  std::set<uint64_t> ids = mine->second;
+  for (uint64_t o : ids) EraseOrderLocked(batch, orders_.find(o));
 }
 
 bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step, uint32_t rank) const {
@@ -71,15 +85,11 @@ std::optional<uint64_t> Coordinator::RestoreStepLocked(const JobState& job) cons
   return std::nullopt;
 }
 
-void Coordinator::DropStepsAfterLocked(Batch* batch, JobState& job, std::optional<uint64_t> step) {
-  for (auto st = job.steps.begin(); st != job.steps.end();) {
-    if (step && st->first <= *step) {
-      ++st;
-      continue;
-    }
-    for (const auto& [rank, rec] : st->second) batch->DeleteShard(job.rec.job(), st->first, rank);
-    st = job.steps.erase(st);
-  }
+void Coordinator::DropStepsAfterLocked(Batch*, JobState& job, std::optional<uint64_t> step) {
+  std::vector<uint64_t> drop;
+  for (const auto& [n, shards] : job.steps)
+    if (!step || n > *step) drop.push_back(n);
+  for (uint64_t n : drop) EraseStepLocked(job, n);  // soft state: nothing on disk
 }
 
 void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
@@ -87,8 +97,7 @@ void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
     // STOP orders to dead nodes stay: they tell a returning node which
     // ranks it lost.
     if (it->second.job() == job && it->second.kind() != v1::STOP) {
-      batch->DeleteOrder(it->first);
-      it = orders_.erase(it);
+      it = EraseOrderLocked(batch, it);
     } else {
       ++it;
     }
@@ -97,6 +106,7 @@ void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
 
 void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string& cause) {
   const std::string& name = job.rec.job();
+  options_.metrics->PlanMade(name, options_.now_ms());
   job.rec.set_generation(job.rec.generation() + 1);
   DropOrdersOfJobLocked(batch, name);
   // Group the ranks of dead hosts by host; move each group to a spare.
@@ -132,9 +142,10 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
     stop.set_world_size(job.rec.world_size());
     QueueOrderLocked(batch, std::move(stop));
   }
+  IndexJobLocked(job);
   if (!job.rec.lost_ranks().empty()) {
     job.rec.set_plan_state(v1::PLAN_WAITING_FOR_NODE);
-    batch->PutJob(job.rec);
+    PutJobLocked(batch, job);
     LogLocked(batch, v1::PLAN_WAITING, name, "",
               absl::StrCat("generation ", job.rec.generation(), " (", cause, "): ranks ",
                            absl::StrJoin(job.rec.lost_ranks(), ","), " have no host; waiting for a spare or their node"));
@@ -158,9 +169,7 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
 void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
                                     const storage::v1::GlobalManifest* manifest) {
   const std::string& name = job.rec.job();
-  std::map<std::string, std::vector<uint32_t>> ranks_by_host;
-  for (uint32_t r = 0; r < job.rec.world_size(); ++r) ranks_by_host[job.rec.rank_node(r)].push_back(r);
-  for (const auto& [host, ranks] : ranks_by_host) {
+  for (const auto& [host, ranks] : job.ranks_by_node) {
     v1::Order base;
     base.set_node_id(host);
     base.set_job(name);
@@ -193,7 +202,7 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
   job.rec.set_plan_state(v1::PLAN_ORDERED);
   job.rec.set_has_restore_step(step.has_value());
   job.rec.set_restore_step(step.value_or(0));
-  batch->PutJob(job.rec);
+  PutJobLocked(batch, job);
 }
 
 void Coordinator::UpdatePlanProgressLocked(Batch* batch, JobState& job) {
@@ -201,53 +210,66 @@ void Coordinator::UpdatePlanProgressLocked(Batch* batch, JobState& job) {
   for (const auto& [id, o] : orders_)
     if (o.job() == job.rec.job() && o.kind() != v1::STOP) return;
   job.rec.set_plan_state(v1::PLAN_ACKNOWLEDGED);
-  batch->PutJob(job.rec);
+  PutJobLocked(batch, job);
   LogLocked(batch, v1::PLAN_ACKED, job.rec.job(), "",
             absl::StrCat("generation ", job.rec.generation(), ": every order acknowledged"));
+  options_.metrics->PlanAcknowledged(job.rec.job(), options_.now_ms());
 }
 
-absl::Status Coordinator::MaybeCommitStepLocked(Batch* batch, JobState& job, uint64_t step,
-                                                v1::ReportShardResponse* resp) {
-  const auto& shards = job.steps[step];
-  if (shards.size() != job.rec.world_size()) return absl::OkStatus();
-  for (const auto& [rank, rec] : shards)
-    if (rec.state() != v1::DURABLE) return absl::OkStatus();
-  resp->set_durable_everywhere(true);
+bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step, std::vector<PendingCommit>* out) {
+  auto count = job.durable_ranks.find(step);
+  if (count == job.durable_ranks.end() || count->second != job.rec.world_size()) return false;
   const auto& done = job.rec.manifest_steps();
-  if (std::find(done.begin(), done.end(), step) != done.end()) return absl::OkStatus();
-  storage::v1::GlobalManifest m;
+  if (std::find(done.begin(), done.end(), step) != done.end()) return true;
+  if (!job.committing.insert(step).second) return true;  // another call writes its manifest
+  PendingCommit c;
+  c.job = job.rec.job();
+  c.step = step;
+  c.generation = job.rec.generation();
+  storage::v1::GlobalManifest& m = c.manifest;
   m.set_format(storage::kGlobalManifestFormat);
   m.set_job(job.rec.job());
   m.set_step(step);
   m.set_world_size(job.rec.world_size());
-  uint64_t total = 0;
-  for (const auto& [rank, rec] : shards) {
+  for (const auto& [rank, rec] : job.steps[step]) {
     storage::v1::ManifestShard* s = m.add_shards();
     s->set_rank(rank);
     s->set_key(rec.key());
     s->set_bytes(rec.bytes());
     s->set_checksum_digest(storage::DigestHex(rec.checksum_digest()));
     s->set_node_id(rec.node_id());
-    total += rec.bytes();
   }
+  out->push_back(std::move(c));
+  return true;
+}
+
+void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
+  JobState& job = jobs_[c.job];
+  // A plan made while the manifest was written dropped this step (or made
+  // it unreachable): the manifest stays unreferenced.
+  if (job.rec.generation() != c.generation || !job.steps.count(c.step)) return;
+  const auto& done = job.rec.manifest_steps();
+  if (std::find(done.begin(), done.end(), c.step) != done.end()) return;
+  uint64_t total = 0;
+  for (const auto& s : c.manifest.shards()) total += s.bytes();
   // The manifest is durable before the state says the step is good.
-  absl::Status s = storage::WriteGlobalManifest(*shared_, m);
-  if (!s.ok()) return s;
-  job.rec.add_manifest_steps(step);
-  if (!job.rec.has_last_good() || step > job.rec.last_good_step()) {
+  options_.metrics->StepCommitted(job.rec.job(), c.step,
+                                  !job.rec.has_last_good() || c.step > job.rec.last_good_step(),
+                                  options_.now_ms());
+  job.rec.add_manifest_steps(c.step);
+  if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
     job.rec.set_has_last_good(true);
-    job.rec.set_last_good_step(step);
+    job.rec.set_last_good_step(c.step);
     // Shard records older than the last good step are no longer needed.
-    for (auto st = job.steps.begin(); st != job.steps.end() && st->first < step;) {
-      for (const auto& [rank, rec] : st->second) batch->DeleteShard(job.rec.job(), st->first, rank);
-      st = job.steps.erase(st);
-    }
+    std::vector<uint64_t> old;
+    for (const auto& [n, shards] : job.steps)
+      if (n < c.step) old.push_back(n);
+    for (uint64_t n : old) EraseStepLocked(job, n);
   }
-  batch->PutJob(job.rec);
+  PutJobLocked(batch, job);
   LogLocked(batch, v1::STEP_DURABLE, job.rec.job(), "",
-            absl::StrCat("step ", step, ": ", total, " bytes on ", job.rec.world_size(),
-                         " ranks; manifest ", storage::GlobalManifestKey(job.rec.job(), step)));
-  return absl::OkStatus();
+            absl::StrCat("step ", c.step, ": ", total, " bytes on ", job.rec.world_size(),
+                         " ranks; manifest ", storage::GlobalManifestKey(job.rec.job(), c.step)));
 }
 
 }  // namespace ckpt::coordinator

@@ -1,23 +1,51 @@
-// Coordinator: opening, reloading and committing the state, the event log,
-// and the checks every report goes through.
+// Coordinator: opening, reloading and committing the state (group commit),
+// liveness, the event log, and the checks every report goes through.
 #include <algorithm>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/rocks_kv.h"
 #include "storage/manifest.h"
+#include "storage/tier_url.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {
+namespace {
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^
+               static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
+
+}  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<CoordStore> store,
                          std::unique_ptr<storage::Backend> shared)
-    : options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {}
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      shared_(std::move(shared)),
+      incarnation_(NewIncarnation()) {}
 
-Coordinator::~Coordinator() = default;
+Coordinator::~Coordinator() {
+  options_.metrics->SetClusterSource(nullptr);  // waits for a scrape in progress
+  committer_.reset();
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("state_dir: empty");
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir, ec);
+  if (ec) return absl::InternalError("state_dir: cannot create " + options.state_dir + ": " + ec.message());
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<KvBackend> kv, OpenRocksKv(options.state_dir + "/db"));
+  return Open(std::move(options), std::move(kv));
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options,
+                                                               std::unique_ptr<KvBackend> kv) {
   if (options.shared_root.empty()) return absl::InvalidArgumentError("shared_root: empty");
   if (options.heartbeat_timeout.count() <= 0)
     return absl::InvalidArgumentError("heartbeat_timeout: must be positive");
@@ -29,21 +57,38 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
           .count();
     };
   }
-  std::error_code ec;
-  std::filesystem::create_directories(options.state_dir, ec);
-  if (ec) return absl::InternalError("state_dir: cannot create " + options.state_dir + ": " + ec.message());
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CoordStore> store, CoordStore::Open(options.state_dir + "/db"));
-  storage::LocalBackendOptions bo;
-  bo.root = options.shared_root;
-  bo.use_io_uring = false;  // a few small objects
-  bo.direct_io = false;
-  bo.remove_tmp_files = false;  // node daemons write shards here concurrently
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::Backend> shared, storage::NewLocalBackend(bo));
+  if (!options.metrics) options.metrics = std::make_shared<CoordinatorMetrics>();
+  auto store = std::make_unique<CoordStore>(std::move(kv));
+  std::unique_ptr<storage::Backend> shared;
+  if (storage::IsObjectStoreUrl(options.shared_root)) {
+    // No shared directory: global manifests go to the object store.
+    CKPT_ASSIGN_OR_RETURN(shared, storage::OpenTierBackend(options.shared_root, "shared_root",
+                                                                options.object_config));
+  } else {
+    storage::LocalBackendOptions bo;
+    bo.root = options.shared_root;
+    bo.use_io_uring = false;  // a few small objects
+    bo.direct_io = false;
+    bo.remove_tmp_files = false;  // node daemons write shards here concurrently
+    CKPT_ASSIGN_OR_RETURN(shared, storage::NewLocalBackend(bo));
+  }
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(options), std::move(store), std::move(shared)));
-  std::lock_guard<std::mutex> lock(c->mu_);
-  CKPT_RETURN_IF_ERROR(c->ReloadLocked());
-  CKPT_RETURN_IF_ERROR(c->VerifyManifestsLocked());
+  {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    CKPT_RETURN_IF_ERROR(c->ReloadLocked());
+    CKPT_RETURN_IF_ERROR(c->VerifyManifestsLocked());
+    for (auto& [name, job] : c->jobs_) {
+      job.durable_rec = job.rec;
+      job.durable_ranks_by_node = job.ranks_by_node;
+    }
+    c->dirty_jobs_.clear();
+  }
+  Coordinator* raw = c.get();
+  c->committer_ = std::make_unique<GroupCommitter>(
+      raw->store_.get(), [raw](const absl::Status& s) { raw->OnCommitFailed(s); },
+      [raw](uint64_t seq) { raw->OnDurable(seq); });
+  c->options_.metrics->SetClusterSource([p = c.get()] { return p->GetCluster(); });
   return c;
 }
 
@@ -52,23 +97,39 @@ absl::Status Coordinator::ReloadLocked() {
   nodes_.clear();
   jobs_.clear();
   orders_.clear();
+  orders_by_node_.clear();
   events_.clear();
   const int64_t now = options_.now_ms();
   next_epoch_ = 1;
+  {
+    std::unique_lock<std::shared_mutex> live(live_mu_);
+    for (auto& [id, l] : live_) l->alive = false;
+  }
   for (auto& n : snap.nodes) {
     next_epoch_ = std::max(next_epoch_, n.epoch() + 1);
     NodeState& ns = nodes_[n.node_id()];
     ns.rec = std::move(n);
-    ns.last_heartbeat_ms = now;  // a restarted coordinator gives every node a full timeout
+    SetLiveLocked(ns);
+    ns.live->last_seen_ms = now;  // a restarted coordinator gives every node a full timeout
   }
-  for (auto& j : snap.jobs) jobs_[j.job()].rec = std::move(j);
-  for (auto& s : snap.shards) {
-    auto job = jobs_.find(s.job());
-    if (job == jobs_.end())
-      return absl::DataLossError(absl::StrCat("coordinator state: shard of unknown job ", s.job()));
-    job->second.steps[s.step()][s.rank()] = std::move(s);
+  next_expiry_ms_ = INT64_MIN;
+  for (auto& j : snap.jobs) {
+    JobState& js = jobs_[j.job()];
+    js.rec = std::move(j);
+    IndexJobLocked(js);
+    js.durable_rec = js.rec;
+    js.durable_ranks_by_node = js.ranks_by_node;
   }
-  for (auto& o : snap.orders) orders_[o.id()] = std::move(o);
+  dirty_jobs_.clear();
+  new_orders_.clear();
+  pending_recs_.clear();
+  order_seq_.clear();
+  // Shard reports are soft state: records of an older version are ignored
+  // (nodes send their reports again to the new incarnation).
+  for (auto& o : snap.orders) {
+    orders_by_node_[o.node_id()].insert(o.id());
+    orders_[o.id()] = std::move(o);
+  }
   next_event_seq_ = 1;
   for (auto& e : snap.events) {
     next_event_seq_ = std::max(next_event_seq_, e.seq() + 1);
@@ -101,10 +162,115 @@ absl::Status Coordinator::VerifyManifestsLocked() {
 absl::Status Coordinator::CommitLocked(Batch* batch) {
   absl::Status s = store_->Commit(batch);
   if (s.ok()) return s;
-  // Memory ran ahead of the committed state: go back to it.
   absl::Status reload = ReloadLocked();
   if (!reload.ok()) return Annotate(s, absl::StrCat("and reloading failed: ", reload.message()));
   return s;
+}
+
+void Coordinator::PutJobLocked(Batch* batch, JobState& job) {
+  batch->PutJob(job.rec);
+  dirty_jobs_.insert(job.rec.job());
+}
+
+void Coordinator::EnqueueLocked(std::unique_ptr<Batch> batch) {
+  if (batch->empty()) return;
+  uint64_t seq = committer_->Enqueue(std::move(batch));
+  for (const std::string& name : dirty_jobs_) {
+    auto it = jobs_.find(name);
+    if (it != jobs_.end()) pending_recs_.emplace_back(seq, it->second.rec);
+  }
+  dirty_jobs_.clear();
+  for (uint64_t id : new_orders_) order_seq_[id] = seq;
+  new_orders_.clear();
+}
+
+absl::Status Coordinator::Commit(Lock& lock, std::unique_ptr<Batch> batch) {
+  if (batch->empty()) return absl::OkStatus();  // nothing of this call to wait for
+  EnqueueLocked(std::move(batch));
+  uint64_t seq = committer_->last_enqueued();
+  lock.unlock();
+  return committer_->Wait(seq);
+}
+
+void Coordinator::OnCommitFailed(const absl::Status& s) {
+  // Memory ran ahead of the committed state: fail what was built on it and
+  // go back to the store.
+  std::lock_guard<std::mutex> lock(mu_);
+  committer_->FailQueued(s);
+  absl::Status reload = ReloadLocked();
+  if (!reload.ok())
+    std::fprintf(stderr, "ckpt-coordinator: reloading after a failed write: %s\n",
+                 std::string(reload.message()).c_str());
+}
+
+void Coordinator::OnDurable(uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_recs_.empty() && pending_recs_.front().first <= seq) {
+      auto it = jobs_.find(pending_recs_.front().second.job());
+      if (it != jobs_.end()) {
+        JobState& job = it->second;
+        job.durable_rec = std::move(pending_recs_.front().second);
+        job.durable_ranks_by_node.clear();
+        for (uint32_t r = 0; r < static_cast<uint32_t>(job.durable_rec.rank_node_size()); ++r)
+          job.durable_ranks_by_node[job.durable_rec.rank_node(r)].push_back(r);
+      }
+      pending_recs_.pop_front();
+    }
+    std::erase_if(order_seq_, [&](const auto& kv) { return kv.second <= seq; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(change_mu_);
+    ++changes_;
+  }
+  change_cv_.notify_all();
+}
+
+uint64_t Coordinator::WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(change_mu_);
+  change_cv_.wait_until(lock, deadline, [&] { return changes_ > seen; });
+  return changes_;
+}
+
+void Coordinator::SetLiveLocked(NodeState& node) {
+  std::unique_lock<std::shared_mutex> live(live_mu_);
+  std::unique_ptr<Liveness>& l = live_[node.rec.node_id()];
+  if (!l) l = std::make_unique<Liveness>();
+  l->epoch = node.rec.epoch();
+  l->alive = node.rec.health() == v1::ALIVE;
+  node.live = l.get();
+}
+
+void Coordinator::IndexJobLocked(JobState& job) {
+  job.ranks_by_node.clear();
+  for (uint32_t r = 0; r < static_cast<uint32_t>(job.rec.rank_node_size()); ++r)
+    job.ranks_by_node[job.rec.rank_node(r)].push_back(r);
+}
+
+void Coordinator::PutShardLocked(JobState& job, v1::ShardRecord rec) {
+  const uint64_t step = rec.step();
+  auto& shards = job.steps[step];
+  auto it = shards.find(rec.rank());
+  bool was = it != shards.end() && it->second.state() == v1::DURABLE;
+  bool now = rec.state() == v1::DURABLE;
+  if (was != now) job.durable_ranks[step] += now ? 1 : -1;
+  shards[rec.rank()] = std::move(rec);
+}
+
+void Coordinator::EraseStepLocked(JobState& job, uint64_t step) {
+  job.steps.erase(step);
+  job.durable_ranks.erase(step);
+}
+
+std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
+    Batch* batch, std::map<uint64_t, v1::Order>::iterator it) {
+  batch->DeleteOrder(it->first);
+  auto by = orders_by_node_.find(it->second.node_id());
+  if (by != orders_by_node_.end()) {
+    by->second.erase(it->first);
+    if (by->second.empty()) orders_by_node_.erase(by);
+  }
+  return orders_.erase(it);
 }
 
 void Coordinator::LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
@@ -153,8 +319,10 @@ absl::StatusOr<Coordinator::JobState*> Coordinator::HostedRankLocked(const std::
 
 uint32_t Coordinator::HostedRanksLocked(const std::string& node_id) const {
   uint32_t n = 0;
-  for (const auto& [name, job] : jobs_)
-    n += static_cast<uint32_t>(std::count(job.rec.rank_node().begin(), job.rec.rank_node().end(), node_id));
+  for (const auto& [name, job] : jobs_) {
+    auto it = job.ranks_by_node.find(node_id);
+    if (it != job.ranks_by_node.end()) n += static_cast<uint32_t>(it->second.size());
+  }
   return n;
 }
 
@@ -163,6 +331,8 @@ void Coordinator::QueueOrderLocked(Batch* batch, v1::Order order) {
   counters_.set_next_order_id(order.id() + 1);
   batch->PutCounters(counters_);
   batch->PutOrder(order);
+  orders_by_node_[order.node_id()].insert(order.id());
+  new_orders_.push_back(order.id());
   orders_[order.id()] = std::move(order);
 }
 
@@ -173,7 +343,7 @@ v1::GetClusterResponse Coordinator::GetCluster() {
   for (const auto& [id, n] : nodes_) {
     v1::NodeRecord* r = resp.add_nodes();
     *r = n.rec;
-    r->set_ms_since_heartbeat(now - n.last_heartbeat_ms);
+    r->set_ms_since_heartbeat(now - LastSeen(n));
   }
   for (const auto& [name, job] : jobs_) *resp.add_jobs() = job.rec;
   size_t first = events_.size() > 50 ? events_.size() - 50 : 0;
@@ -190,11 +360,43 @@ v1::EventsResponse Coordinator::Events(const v1::EventsRequest& req) {
   return resp;
 }
 
-absl::Status Coordinator::Tick() {
+v1::JobView Coordinator::View(const std::string& job_name, const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  Batch batch;
-  DetectTimeoutsLocked(&batch);
-  return CommitLocked(&batch);
+  v1::JobView v;
+  v.set_job(job_name);
+  auto node = nodes_.find(node_id);
+  if (node != nodes_.end()) {
+    v.set_node_health(node->second.rec.health());
+    v.set_node_epoch(node->second.rec.epoch());
+  }
+  auto it = jobs_.find(job_name);
+  if (it == jobs_.end()) return v;
+  const v1::JobRecord& j = it->second.durable_rec;
+  if (j.job().empty()) return v;  // registered, not yet durable
+  v.set_registered(true);
+  v.set_world_size(j.world_size());
+  v.set_generation(j.generation());
+  v.set_plan_state(j.plan_state());
+  v.set_has_last_good(j.has_last_good());
+  v.set_last_good_step(j.last_good_step());
+  v.set_has_restore_step(j.has_restore_step());
+  v.set_restore_step(j.restore_step());
+  auto mine = it->second.durable_ranks_by_node.find(node_id);
+  if (mine != it->second.durable_ranks_by_node.end()) *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};
+  if (j.rank_node_size() > 0) {
+    auto r0 = nodes_.find(j.rank_node(0));
+    if (r0 != nodes_.end()) v.set_rank0_address(r0->second.rec.address());
+  }
+  return v;
+}
+
+absl::Status Coordinator::Tick() {
+  // Cheap without the state mutex while no node can have timed out.
+  if (options_.now_ms() < next_expiry_ms_.load()) return absl::OkStatus();
+  Lock lock(mu_);
+  auto batch = std::make_unique<Batch>();
+  DetectTimeoutsLocked(batch.get());
+  return Commit(lock, std::move(batch));
 }
 
 }  // namespace ckpt::coordinator

@@ -1,20 +1,103 @@
 // ckpt-coordinator: the coordinator of multi-node checkpointed jobs.
-//   ckpt-coordinator --listen HOST:PORT --state DIR --shared-root DIR
-//                    [--heartbeat-timeout-ms N] [--config FILE]
+//   ckpt-coordinator --listen HOST:PORT --state DIR|etcd://HOST:PORT[,...]/PREFIX
+//                    [--shared-root DIR] [--heartbeat-timeout-ms N]
+//                    (--tls-cert F --tls-key F --tls-ca F | --insecure)
+//                    [--admin-identities ID,...] [--advertise-addr HOST:PORT]
+//                    [--lease-ttl-s N] [--config FILE] [--metrics-listen HOST:PORT]
 // Prints "listening on HOST:PORT" (with the real port when PORT is 0) on
 // stdout once it serves; SIGTERM/SIGINT stop it (state is always durable,
-// so SIGKILL loses nothing that was acknowledged).
+// so SIGKILL loses nothing that was acknowledged). With etcd:// it stands by
+// until it wins the leader election (etcd/election.h), then loads the state
+// from etcd and leads; a leader that loses its lease, or finds a write
+// refused by the fence, exits with status 3 at once (its supervisor restarts
+// it as a standby).
+//
+// Under systemd (Type=notify) it says READY=1 once the state is loaded (a
+// standby: once it listens) and the port listens, STOPPING=1 on SIGTERM,
+// and pings the watchdog only while the failure detector's tick loop runs
+// (a tick within the watchdog timeout, or within two tick periods when
+// those are longer; a standby has no tick loop and is healthy).
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 
+#include "coordinator/etcd/election.h"
+#include "coordinator/etcd/etcd_kv.h"
 #include "coordinator/options.h"
 #include "coordinator/service.h"
+#include "util/service_notify.h"
+#include "util/metrics_server.h"
+
+namespace {
+
+namespace co = ckpt::coordinator;
+
+[[noreturn]] void Deposed(const std::string& why) {
+  std::fprintf(stderr, "ckpt-coordinator: lost leadership: %s; exiting (a supervisor restarts it as a standby)\n",
+               why.c_str());
+  std::fflush(stderr);
+  std::_Exit(3);
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+void PrintListening(const std::string& listen, int port) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  std::printf("listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+}
+
+// Starts the server as a standby and the election (not yet campaigning).
+absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
+    const co::CoordinatorServerOptions& opts, std::shared_ptr<co::etcd::EtcdClient>* client,
+    std::string* prefix, std::unique_ptr<co::etcd::LeaderElection>* election) {
+  auto state = co::etcd::ParseEtcdState(opts.etcd_state, "--state");
+  if (!state.ok()) return state.status();
+  *client = std::make_shared<co::etcd::EtcdClient>(state->endpoints, std::chrono::seconds(2));
+  *prefix = state->prefix;
+  auto election_slot = std::make_shared<std::atomic<co::etcd::LeaderElection*>>(nullptr);
+  co::Leadership leadership;
+  leadership.leading = [election_slot] {
+    co::etcd::LeaderElection* e = election_slot->load();
+    return e != nullptr && e->leading();
+  };
+  leadership.leader = [election_slot] {
+    co::etcd::LeaderElection* e = election_slot->load();
+    return e ? e->leader() : std::string();
+  };
+  auto server = co::CoordinatorServer::StartStandby(opts.listen, opts.security, leadership);
+  if (!server.ok()) return server.status();
+  co::etcd::ElectionOptions eo;
+  eo.key = state->prefix + "leader";
+  eo.advertise = opts.advertise.empty()
+                     ? opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string((*server)->port())
+                     : opts.advertise;
+  eo.ttl_s = opts.lease_ttl_s;
+  *election = std::make_unique<co::etcd::LeaderElection>(*client, eo);
+  election_slot->store(election->get());
+  return server;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("ckpt-coordinator %s\n", CKPT_VERSION);
+      return 0;
+    }
   std::string help;
-  auto opts = ckpt::coordinator::ParseCoordinatorOptions(argc, argv, &help);
+  auto opts = co::ParseCoordinatorOptions(argc, argv, &help);
   if (!opts.ok()) {
     if (opts.status().code() == absl::StatusCode::kCancelled) {
       std::printf("%s", help.c_str());
@@ -28,26 +111,79 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts
+  const ckpt::ServiceNotifier notifier;
+  notifier.Status(opts->etcd_state.empty() ? "loading state from " + opts->coordinator.state_dir
+                                           : "joining the leader election on " + opts->etcd_state);
 
-  auto coord = ckpt::coordinator::Coordinator::Open(opts->coordinator);
-  if (!coord.ok()) {
-    std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(coord.status().message()).c_str());
-    return 1;
+  auto metrics = std::make_shared<co::CoordinatorMetrics>();
+  opts->coordinator.metrics = metrics;
+  std::unique_ptr<ckpt::MetricsServer> metrics_server;
+  if (!opts->metrics_listen.empty()) {
+    auto started = ckpt::MetricsServer::Start(opts->metrics_listen, "--metrics-listen", {metrics});
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = std::move(*started);
   }
-  auto server = ckpt::coordinator::CoordinatorServer::Start(std::move(*coord), opts->listen);
-  if (!server.ok()) {
-    std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+  std::unique_ptr<co::etcd::LeaderElection> election;  // outlives the server (its Leadership asks it)
+  std::unique_ptr<co::CoordinatorServer> server;
+  std::shared_ptr<co::etcd::EtcdClient> etcd_client;
+  std::string etcd_prefix;
+  if (!opts->etcd_state.empty()) {
+    auto started = StartHa(*opts, &etcd_client, &etcd_prefix, &election);
+    if (!started.ok()) return Fail(started.status());
+    server = std::move(*started);
+  } else {
+    auto coord = co::Coordinator::Open(opts->coordinator);
+    if (!coord.ok()) return Fail(coord.status());
+    auto started = co::CoordinatorServer::Start(std::move(*coord), opts->listen, opts->security);
+    if (!started.ok()) return Fail(started.status());
+    server = std::move(*started);
   }
-  std::string host = opts->listen.substr(0, opts->listen.rfind(':'));
-  std::printf("listening on %s:%d\n", host.c_str(), (*server)->port());
-  std::fflush(stdout);
+  PrintListening(opts->listen, server->port());
+  if (metrics_server) {
+    std::printf("metrics listening on %s\n", metrics_server->address().c_str());
+    std::fflush(stdout);
+  }
+  const std::string host = opts->listen.substr(0, opts->listen.rfind(':'));
+  const std::string serving = "serving on " + host + ":" + std::to_string(server->port());
+  notifier.Ready(election ? "standing by on " + host + ":" + std::to_string(server->port()) : serving);
+  std::unique_ptr<ckpt::ServiceWatchdog> watchdog;
+  if (notifier.enabled()) {
+    std::chrono::steady_clock::duration allowance =
+        std::max<std::chrono::steady_clock::duration>(notifier.watchdog_timeout(), 2 * server->tick_period());
+    auto ticks = std::make_shared<ckpt::ProgressWatch>(allowance);
+    co::CoordinatorServer* s = server.get();
+    watchdog = std::make_unique<ckpt::ServiceWatchdog>(&notifier, std::chrono::seconds(2), [=] {
+      ckpt::ServiceHealth h;
+      const bool leading = s->promoted();
+      h.healthy = ticks->Healthy(s->ticks(), /*has_work=*/leading, std::chrono::steady_clock::now());
+      h.status = !h.healthy ? "stuck: the failure detector made no progress"
+                 : leading  ? serving
+                            : "standing by (not the leader)";
+      return h;
+    });
+  }
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    (*server)->Shutdown();
+    watchdog.reset();
+    notifier.Stopping("stopping");
+    if (election) election->Stop();
+    server->Shutdown();
   });
-  (*server)->Wait();  // only the waiter shuts the server down
+  if (election) {
+    // Campaign returns when this replica leads, or with an error once Stop()
+    // ran (a signal while standing by).
+    absl::StatusOr<co::etcd::Fence> fence = election->Campaign();
+    if (fence.ok()) {
+      auto kv = co::etcd::NewEtcdKv(etcd_client, etcd_prefix, *fence, Deposed);
+      auto coord = co::Coordinator::Open(opts->coordinator, std::move(kv));
+      if (!coord.ok()) Deposed("cannot load the state from etcd: " + std::string(coord.status().message()));
+      election->KeepLeading(Deposed);
+      server->Promote(std::move(*coord));
+      notifier.Status(serving);
+    }
+  }
+  server->Wait();  // only the waiter shuts the server down
   waiter.join();
   return 0;
 }

@@ -2,7 +2,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_split.h"
+#include "coordinator/client/channel.h"
+#include "coordinator/etcd/etcd_client.h"
+#include "storage/object_config.h"
 #include "util/config_file.h"
+#include "util/metrics_server.h"
 
 namespace ckpt::coordinator {
 
@@ -13,12 +18,29 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
   uint32_t timeout_ms = 3000;
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
   app.add_option("--listen", o.listen, "HOST:PORT to serve gRPC on (port 0: any free port)")->required();
-  app.add_option("--state", o.coordinator.state_dir, "directory of the coordinator's RocksDB state")->required();
+  std::string state;
+  std::string admins = "ckpt-admin";
+  app.add_option("--state", state,
+                 "directory of the coordinator's RocksDB state, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
+                 "(HA: replicas elect a leader through etcd)")->required();
+  app.add_option("--advertise-addr", o.advertise, "HA: HOST:PORT standbys send clients to (default: --listen)");
+  app.add_option("--lease-ttl-s", o.lease_ttl_s, "HA: leader lease in seconds (default: heartbeat timeout, >= 2)")
+      ->check(CLI::Range(int64_t{2}, int64_t{3600}));
+  app.add_option("--tls-cert", o.security.tls.cert, "this coordinator's TLS certificate (PEM)");
+  app.add_option("--tls-key", o.security.tls.key, "its private key (PEM)");
+  app.add_option("--tls-ca", o.security.tls.ca, "CA certificate every client certificate must chain to (PEM)");
+  app.add_flag("--insecure", o.security.tls.insecure, "plaintext, no client identity (trusted networks and tests)");
+  app.add_option("--admin-identities", admins,
+                 "comma-separated certificate identities (CN or subjectAltName) allowed to roll back jobs");
   app.add_option("--shared-root", o.coordinator.shared_root,
                  "shared storage root for global manifests (default: <state>/shared)");
   app.add_option("--heartbeat-timeout-ms", timeout_ms, "declare a node dead after this long without a heartbeat")
       ->check(CLI::Range(10u, 3600000u));
-  app.add_option("--config", config, "TOML file with heartbeat_timeout_ms and shared_root (flags win)");
+  app.add_option("--config", config,
+                 "TOML file with heartbeat_timeout_ms, shared_root, metrics_listen, tls_cert, tls_key, tls_ca, "
+                 "insecure, admin_identities, advertise_addr (flags win)");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -40,10 +62,39 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
     }
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
+    if (s.ok() && !app.count("--metrics-listen"))
+      s = FromToml(*parsed, "metrics_listen", &o.metrics_listen);
+    if (s.ok()) s = storage::ReadObjectStoreConfig(*parsed, &o.coordinator.object_config);
+    if (s.ok() && !app.count("--tls-cert")) s = FromToml(*parsed, "tls_cert", &o.security.tls.cert);
+    if (s.ok() && !app.count("--tls-key")) s = FromToml(*parsed, "tls_key", &o.security.tls.key);
+    if (s.ok() && !app.count("--tls-ca")) s = FromToml(*parsed, "tls_ca", &o.security.tls.ca);
+    if (s.ok() && !app.count("--insecure")) s = FromToml(*parsed, "insecure", &o.security.tls.insecure);
+    if (s.ok() && !app.count("--admin-identities")) s = FromToml(*parsed, "admin_identities", &admins);
+    if (s.ok() && !app.count("--advertise-addr")) s = FromToml(*parsed, "advertise_addr", &o.advertise);
     if (!s.ok()) return s;
   }
   if (o.listen.rfind(':') == std::string::npos)
     return absl::InvalidArgumentError("--listen: \"" + o.listen + "\" is not HOST:PORT");
+  if (!o.metrics_listen.empty())
+    if (absl::Status s = ValidateMetricsListen(
+            o.metrics_listen, app.count("--metrics-listen") ? "--metrics-listen" : "config: metrics_listen");
+        !s.ok())
+      return s;
+  if (absl::Status s = ValidateTlsFlags(o.security.tls, /*require_choice=*/true); !s.ok()) return s;
+  o.security.admin_identities.clear();
+  for (absl::string_view id : absl::StrSplit(admins, ',', absl::SkipEmpty()))
+    o.security.admin_identities.emplace_back(id);
+  if (etcd::IsEtcdState(state)) {
+    if (auto parsed = etcd::ParseEtcdState(state, "--state"); !parsed.ok()) return parsed.status();
+    o.etcd_state = state;
+    if (o.coordinator.shared_root.empty())
+      return absl::InvalidArgumentError("--shared-root: required with --state etcd:// (every replica needs it)");
+    if (!o.advertise.empty())
+      if (absl::Status s = ValidateHostPort(o.advertise, "--advertise-addr"); !s.ok()) return s;
+    if (o.lease_ttl_s == 0) o.lease_ttl_s = std::max<int64_t>(2, (timeout_ms + 999) / 1000);
+  } else {
+    o.coordinator.state_dir = state;
+  }
   if (o.coordinator.shared_root.empty()) o.coordinator.shared_root = o.coordinator.state_dir + "/shared";
   o.coordinator.heartbeat_timeout = std::chrono::milliseconds(timeout_ms);
   return o;

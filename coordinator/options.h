@@ -7,12 +7,21 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/service.h"
 
 namespace ckpt::coordinator {
 
 struct CoordinatorServerOptions {
   std::string listen;  // HOST:PORT
+  // Serve Prometheus metrics on HOST:PORT (util/metrics_server.h); empty: off.
+  std::string metrics_listen;
   CoordinatorOptions coordinator;
+  // --state etcd://HOST:PORT[,...]/PREFIX (HA; coordinator.state_dir is
+  // then empty), else empty.
+  std::string etcd_state;
+  std::string advertise;     // HA: the address clients are sent to; default: listen
+  int64_t lease_ttl_s = 0;   // HA: leader lease; default ceil(heartbeat timeout), at least 2
+  ServerSecurity security;
 };
 
 // InvalidArgument naming the flag or config key on a bad value; `--help`

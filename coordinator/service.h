@@ -1,19 +1,45 @@
 // CoordinatorServer: the gRPC Coordinator service (coordinator.proto) in
-// front of a Coordinator, listening on TCP, plus the thread that calls
-// Coordinator::Tick() so a silent node is declared dead within
-// heartbeat_timeout + heartbeat_timeout/4. Each RPC maps the Coordinator's
-// absl::Status to the gRPC status with the same code and message.
+// front of a Coordinator, listening on TCP, the CoordinatorWatch service
+// (watch_service.h), and the failure-detector thread that calls
+// Coordinator::Tick() every 20 ms (cheap while no node can have timed out),
+// so a silent node is declared dead within heartbeat_timeout + ~20 ms. Each
+// RPC maps the Coordinator's absl::Status to the gRPC status with the same
+// code and message.
+//
+// Overload: the synchronous server runs on a bounded thread pool
+// (ServerLimits::max_threads through a grpc::ResourceQuota; gRPC answers
+// RESOURCE_EXHAUSTED beyond it), and at most
+// ServerLimits::max_inflight_reports report and RegisterNode calls (those
+// that wait for a disk write) run at once (others get
+// RESOURCE_EXHAUSTED at once, before touching the state), so heartbeats
+// always find a thread. Clients retry with backoff.
+//
+// Security: with TLS files the server requires and verifies client
+// certificates and admits calls per coordinator/auth.h (WatchJob and
+// ReportShards too: their node_id must be the caller's); without, plaintext.
+// HA (--state etcd://): the server starts as a standby (StartStandby) and
+// answers every call (WatchJob included) UNAVAILABLE "not leader; leader is
+// HOST:PORT" (the address clients follow: coordinator/client/
+// leader_channel.h) until Promote() hands it the Coordinator loaded by the
+// election's winner; it also answers so whenever `leadership.leading()`
+// turns false (and ends the open watch streams so).
 // Thread-safe; Shutdown() is idempotent and runs on destruction.
 #ifndef CKPT_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_SERVICE_H_
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/auth.h"
+#include "coordinator/client/tls.h"
 #include "coordinator/coordinator.h"
 
 namespace grpc {
@@ -23,28 +49,73 @@ class Service;
 
 namespace ckpt::coordinator {
 
+struct ServerLimits {
+  int max_threads = 256;
+  int max_inflight_reports = 16;
+};
+
+struct ServerSecurity {
+  TlsFiles tls;  // no files: plaintext
+  std::vector<std::string> admin_identities{"ckpt-admin"};
+};
+
+struct Leadership {
+  std::function<bool()> leading;        // false: answer "not leader"
+  std::function<std::string()> leader;  // the leader's address, "" if unknown
+};
+
+class WatchService;
+
 class CoordinatorServer {
  public:
-  // listen: "HOST:PORT"; port 0 picks a free port (see port()).
+  // listen: "HOST:PORT"; port 0 picks a free port (see port()). Plaintext.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
-      std::unique_ptr<Coordinator> coordinator, const std::string& listen);
+      std::unique_ptr<Coordinator> coordinator, const std::string& listen,
+      ServerLimits limits = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      std::unique_ptr<Coordinator> coordinator, const std::string& listen,
+      const ServerSecurity& security, ServerLimits limits = ServerLimits());
+  // Serves "not leader" until Promote().
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartStandby(
+      const std::string& listen, const ServerSecurity& security, Leadership leadership,
+      ServerLimits limits = ServerLimits());
+  // Starts serving `coordinator` (once, after StartStandby).
+  void Promote(std::unique_ptr<Coordinator> coordinator);
+  // Whether a Coordinator is served (Start, or Promote ran). Lock-free.
+  bool promoted() const { return promoted_.load(std::memory_order_acquire); }
+  // Changes the report admission limit at run time (0 refuses every report
+  // call with RESOURCE_EXHAUSTED: an operator shedding load, or a test).
+  void SetMaxInflightReports(int n);
+  // The served Coordinator (nullptr before Promote).
+  Coordinator* coordinator() { return coordinator_.get(); }
   ~CoordinatorServer();
 
   int port() const { return port_; }
+  // Lock-free, for the service watchdog: Tick() calls finished so far, and
+  // how often the failure detector ticks.
+  uint64_t ticks() const { return ticks_.load(std::memory_order_relaxed); }
+  std::chrono::milliseconds tick_period() const;
   void Wait();      // until Shutdown()
   void Shutdown();
 
  private:
   CoordinatorServer() = default;
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Listen(
+      const std::string& listen, const ServerSecurity& security, Leadership leadership,
+      ServerLimits limits);
   void TickLoop();
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<WatchService> watch_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::atomic<int> max_inflight_reports_{16};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::atomic<uint64_t> ticks_{0};
+  std::atomic<bool> promoted_{false};
   std::thread ticker_;
 };
 

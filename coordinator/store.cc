@@ -3,9 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "rocksdb/db.h"
-#include "rocksdb/options.h"
-#include "rocksdb/write_batch.h"
+#include "coordinator/rocks_kv.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -25,94 +23,88 @@ std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
 std::string OrderKey(uint64_t id) { return "O/" + Num20(id); }
 std::string EventKey(uint64_t seq) { return "E/" + Num20(seq); }
 
-absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError("coordinator state: " + what + ": " + s.ToString());
+template <typename Record>
+absl::Status ScanPrefix(KvBackend* kv, const std::string& prefix, std::vector<Record>* out) {
+  return kv->Scan(prefix, [out](const std::string& key, const std::string& value) {
+    Record r;
+    if (!r.ParseFromString(value))
+      return absl::DataLossError("coordinator state: record " + key + " does not parse");
+    out->push_back(std::move(r));
+    return absl::OkStatus();
+  });
 }
 
-template <typename Record>
-absl::Status ScanPrefix(rocksdb::DB* db, const std::string& prefix, std::vector<Record>* out) {
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    Record r;
-    if (!r.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())))
-      return absl::DataLossError("coordinator state: record " + it->key().ToString() +
-                                 " does not parse");
-    out->push_back(std::move(r));
-  }
-  return FromRocks(it->status(), "scan " + prefix);
-}
+KvOp Put(std::string key, std::string value) { return KvOp{false, std::move(key), std::move(value)}; }
+KvOp Delete(std::string key) { return KvOp{true, std::move(key), ""}; }
 
 }  // namespace
 
-CoordStore::CoordStore(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+CoordStore::CoordStore(std::unique_ptr<KvBackend> kv) : kv_(std::move(kv)) {}
 
-CoordStore::Batch::Batch() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+CoordStore::Batch::Batch() = default;
 CoordStore::Batch::~Batch() = default;
-bool CoordStore::Batch::empty() const { return batch_->Count() == 0; }
+bool CoordStore::Batch::empty() const { return ops_.empty(); }
 
 void CoordStore::Batch::PutNode(const v1::NodeRecord& n) {
   v1::NodeRecord copy = n;
   copy.set_ms_since_heartbeat(0);  // volatile; never persisted
-  batch_->Put(NodeKey(n.node_id()), copy.SerializeAsString());
+  ops_.push_back(Put(NodeKey(n.node_id()), copy.SerializeAsString()));
 }
 void CoordStore::Batch::PutJob(const v1::JobRecord& j) {
-  batch_->Put(JobKey(j.job()), j.SerializeAsString());
+  ops_.push_back(Put(JobKey(j.job()), j.SerializeAsString()));
 }
 void CoordStore::Batch::PutShard(const v1::ShardRecord& s) {
-  batch_->Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString());
+  ops_.push_back(Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString()));
 }
 void CoordStore::Batch::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
-  batch_->Delete(ShardKey(job, step, rank));
+  ops_.push_back(Delete(ShardKey(job, step, rank)));
 }
 void CoordStore::Batch::PutOrder(const v1::Order& o) {
-  batch_->Put(OrderKey(o.id()), o.SerializeAsString());
+  ops_.push_back(Put(OrderKey(o.id()), o.SerializeAsString()));
 }
-void CoordStore::Batch::DeleteOrder(uint64_t id) { batch_->Delete(OrderKey(id)); }
+void CoordStore::Batch::DeleteOrder(uint64_t id) { ops_.push_back(Delete(OrderKey(id))); }
 void CoordStore::Batch::PutEvent(const v1::Event& e) {
-  batch_->Put(EventKey(e.seq()), e.SerializeAsString());
+  ops_.push_back(Put(EventKey(e.seq()), e.SerializeAsString()));
 }
-void CoordStore::Batch::DeleteEvent(uint64_t seq) { batch_->Delete(EventKey(seq)); }
-void CoordStore::Batch::PutCounters(const v1::Counters& c) { batch_->Put("C", c.SerializeAsString()); }
+void CoordStore::Batch::DeleteEvent(uint64_t seq) { ops_.push_back(Delete(EventKey(seq))); }
+void CoordStore::Batch::PutCounters(const v1::Counters& c) { ops_.push_back(Put("C", c.SerializeAsString())); }
 
 absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(const std::string& dir) {
-  rocksdb::Options options;
-  options.create_if_missing = true;
-  options.max_background_jobs = 1;
-  options.keep_log_file_num = 2;
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
-  if (!s.ok()) return FromRocks(s, "open " + dir);
-  return std::unique_ptr<CoordStore>(new CoordStore(db, dir));
+  absl::StatusOr<std::unique_ptr<KvBackend>> kv = OpenRocksKv(dir);
+  if (!kv.ok()) return kv.status();
+  return std::make_unique<CoordStore>(std::move(*kv));
 }
 
 CoordStore::~CoordStore() = default;
 
 absl::StatusOr<CoordStore::Snapshot> CoordStore::Load() {
   Snapshot snap;
-  absl::Status s = ScanPrefix(db_.get(), "N/", &snap.nodes);
-  if (s.ok()) s = ScanPrefix(db_.get(), "J/", &snap.jobs);
-  if (s.ok()) s = ScanPrefix(db_.get(), "S/", &snap.shards);
-  if (s.ok()) s = ScanPrefix(db_.get(), "O/", &snap.orders);
-  if (s.ok()) s = ScanPrefix(db_.get(), "E/", &snap.events);
+  absl::Status s = ScanPrefix(kv_.get(), "N/", &snap.nodes);
+  if (s.ok()) s = ScanPrefix(kv_.get(), "J/", &snap.jobs);
+  if (s.ok()) s = ScanPrefix(kv_.get(), "S/", &snap.shards);
+  if (s.ok()) s = ScanPrefix(kv_.get(), "O/", &snap.orders);
+  if (s.ok()) s = ScanPrefix(kv_.get(), "E/", &snap.events);
   if (!s.ok()) return s;
-  std::string counters;
-  rocksdb::Status rs = db_->Get(rocksdb::ReadOptions(), "C", &counters);
-  if (rs.ok()) {
-    if (!snap.counters.ParseFromString(counters))
-      return absl::DataLossError("coordinator state: record C does not parse");
-  } else if (!rs.IsNotFound()) {
-    return FromRocks(rs, "get C");
-  }
+  absl::StatusOr<std::optional<std::string>> counters = kv_->Get("C");
+  if (!counters.ok()) return counters.status();
+  if (counters->has_value() && !snap.counters.ParseFromString(**counters))
+    return absl::DataLossError("coordinator state: record C does not parse");
   return snap;
 }
 
 absl::Status CoordStore::Commit(Batch* batch) {
   if (batch->empty()) return absl::OkStatus();
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  absl::Status s = FromRocks(db_->Write(wo, batch->batch_.get()), "write to " + dir_);
-  batch->batch_->Clear();
+  absl::Status s = kv_->Write(batch->ops_);
+  batch->ops_.clear();
+  return s;
+}
+
+absl::Status CoordStore::CommitGroup(const std::vector<Batch*>& batches) {
+  std::vector<const KvBatch*> todo;
+  for (Batch* b : batches)
+    if (!b->empty()) todo.push_back(&b->ops_);
+  absl::Status s = todo.empty() ? absl::OkStatus() : kv_->WriteGroup(todo);
+  for (Batch* b : batches) b->ops_.clear();
   return s;
 }
 

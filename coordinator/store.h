@@ -1,4 +1,5 @@
-// CoordStore: the coordinator's durable state in RocksDB under --state DIR.
+// CoordStore: the coordinator's durable state, typed, on a KvBackend
+// (kv_backend.h: RocksDB under --state DIR, or etcd under --state etcd://).
 // Records are the protos of coordinator.proto, one key each:
 //   "N/<node>"                 NodeRecord
 //   "J/<job>"                  JobRecord
@@ -7,9 +8,11 @@
 //   "E/<seq:20>"               Event
 //   "C"                        Counters
 // Every change of one coordinator operation goes into one Batch, committed
-// atomically with a synced write-ahead log, so a coordinator killed at any
-// point restarts with either all or none of an operation's effects.
-// Thread-safe (RocksDB is); a Batch is used by one thread.
+// atomically and durably by the backend, so a coordinator killed at any
+// point restarts with either all or none of an operation's effects. Shard
+// records ("S/") are no longer written (reports are soft state, see
+// coordinator.h); old ones are still read and dropped.
+// Thread-safe (the backend is); a Batch is used by one thread.
 #ifndef CKPT_COORDINATOR_STORE_H_
 #define CKPT_COORDINATOR_STORE_H_
 
@@ -19,11 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
-
-namespace rocksdb {
-class DB;
-class WriteBatch;
-}  // namespace rocksdb
+#include "coordinator/kv_backend.h"
 
 namespace ckpt::coordinator {
 
@@ -60,22 +59,27 @@ class CoordStore {
 
    private:
     friend class CoordStore;
-    std::unique_ptr<rocksdb::WriteBatch> batch_;  // RocksDB stays out of this header
+    KvBatch ops_;
   };
 
+  // RocksDB in `dir` (created if missing).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordStore>> Open(
       const std::string& dir);
+  // On any backend (etcd/etcd_kv.h).
+  explicit CoordStore(std::unique_ptr<KvBackend> kv);
   ~CoordStore();
 
   // Every record; DataLoss naming the key if one does not parse.
   [[nodiscard]] absl::StatusOr<Snapshot> Load();
   // Applies the batch atomically, durable on return.
   [[nodiscard]] absl::Status Commit(Batch* batch);
+  // Applies the batches in order, each atomically, with one sync for all
+  // (group commit): durable on return. On an error the batches before the
+  // failing one may or may not be durable; none was acknowledged.
+  [[nodiscard]] absl::Status CommitGroup(const std::vector<Batch*>& batches);
 
  private:
-  CoordStore(rocksdb::DB* db, std::string dir);  // takes ownership of db
-  std::unique_ptr<rocksdb::DB> db_;
-  std::string dir_;
+  const std::unique_ptr<KvBackend> kv_;
 };
 
 }  // namespace ckpt::coordinator

@@ -11,16 +11,27 @@
 
 namespace ckpt::daemon {
 
-Engine::Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog)
+Engine::Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
+               storage::Backend* object)
     : options_(std::move(options)),
+      metrics_(options_.metrics ? options_.metrics : std::make_shared<DaemonMetrics>()),
       backend_(backend),
       catalog_(catalog),
+      object_(object),
       started_(std::chrono::steady_clock::now()) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
-                                                     Catalog* catalog) {
-  std::unique_ptr<Engine> engine(new Engine(std::move(options), backend, catalog));
+                                                     Catalog* catalog,
+                                                     storage::Backend* object) {
+  std::unique_ptr<Engine> engine(new Engine(std::move(options), backend, catalog, object));
+  if (object != nullptr) {
+    engine->uploader_ = std::make_unique<Uploader>(
+        object, engine->options_.upload_threads, [e = engine.get()](const UploadTask& task) {
+          return task.kind == UploadTask::kShard ? e->UploadShard(task)
+                                                 : e->WriteObjectManifest(task);
+        });
+  }
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
@@ -34,12 +45,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
       });
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->persister_->Start();
+  engine->metrics_->SetSnapshotSource([e = engine.get()] { return e->Snapshot(); });
+  if (engine->uploader_) engine->uploader_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
 
 Engine::~Engine() {
+  metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
   prefaulter_.reset();  // its callback takes mu_
+  if (uploader_) uploader_->Stop();  // its tasks take mu_
   if (persister_) persister_->Stop();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +229,7 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   if (!s.ok()) LogWarning(std::string(s.message()));
   LogInfo(absl::StrCat("job ", name, ": every step deleted; record and arenas removed"));
   jobs_.erase(it);
+  metrics_->ForgetJob(name);
   cv_.notify_all();
 }
 
@@ -292,6 +308,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
 
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
                                                         const v1::BeginSaveRequest& req) {
+  const auto arrived = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
@@ -337,6 +354,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
+  lease.begun = arrived;
+  lease.granted = std::chrono::steady_clock::now();
   CKPT_ASSIGN_OR_RETURN(uint64_t id, leases_.Add(std::move(lease)));
   rank->BeginWrite(slot, req.step(), req.image_bytes(), id, peer.pid);
   v1::BeginSaveResponse resp;
@@ -358,11 +377,21 @@ absl::Status Engine::AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest
   return absl::OkStatus();
 }
 
+EngineProgress Engine::Progress() const {
+  EngineProgress p;
+  p.reaper_ticks = reaper_ticks_.load(std::memory_order_relaxed);
+  p.persist_progress = persister_->progress();
+  p.persist_running = persister_->running();
+  p.persists_queued = persister_->queued();
+  return p;
+}
+
 void Engine::ReapLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     for (uint64_t id : leases_.DeadHolders()) ReleaseLeaseLocked(id);
+    reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

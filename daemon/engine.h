@@ -22,7 +22,10 @@
 //                  manifest writes call back into engine_persist.cc);
 //   retention.h    which steps are complete, durable or dropped, and the
 //                  node manifest's contents;
-//   prefaulter.h   the background fault-in of new arenas' slots.
+//   prefaulter.h   the background fault-in of new arenas' slots;
+//   metrics.h      the Prometheus metrics it updates and reports;
+//   uploader.h     the object tier's queue and threads (engine_tier.cc
+//                  uploads, writes object manifests, applies retain_object).
 // The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
 // reaper), engine_commit.cc (CommitSave, dropping shards),
 // engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
@@ -43,6 +46,7 @@
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -59,12 +63,14 @@
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
 #include "daemon/lease_table.h"
+#include "daemon/metrics.h"
 #include "daemon/peer_listener.h"
 #include "daemon/persister.h"
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
 #include "daemon/step_state.h"
+#include "daemon/uploader.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
@@ -99,18 +105,43 @@ struct EngineOptions {
   // hosts has a shard, shard files are "rank-R.<node_id>.shard", and
   // nothing is deleted by step prefix.
   std::string node_id;
+  // Object tier (doc/object-tier.md), used when Open is given an object
+  // backend. commit_tier says which tier makes a shard durable for
+  // WaitDurable, Latest and the coordinator's reports; retain_object is
+  // the number of steps kept there (0 = all); retain_steps is the local
+  // tier's.
+  enum class CommitTier { kLocal, kObject };
+  CommitTier commit_tier = CommitTier::kLocal;
+  uint32_t retain_object = 0;
+  unsigned upload_threads = 4;
   // Called, with the engine's mutex held, when a shard is committed and
   // when it becomes durable; it must only queue the report.
   std::function<void(const ShardReport&)> on_shard;
+  // Where the engine counts saves, persists and restores (metrics.h); the
+  // engine makes one nobody scrapes when this is null.
+  std::shared_ptr<DaemonMetrics> metrics;
+};
+
+// Lock-free counters of the engine's threads, for the service watchdog
+// (util/service_notify.h): the reaper ticks every 100 ms while the engine
+// mutex can be taken; the persister's progress moves with each task and each
+// piece of a shard written.
+struct EngineProgress {
+  uint64_t reaper_ticks = 0;
+  uint64_t persist_progress = 0;
+  bool persist_running = false;
+  size_t persists_queued = 0;
 };
 
 class Engine {
  public:
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
-  // backend and catalog must outlive the engine.
+  // backend, catalog and object (the object tier, or nullptr for none)
+  // must outlive the engine.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Open(
-      EngineOptions options, storage::Backend* backend, Catalog* catalog);
+      EngineOptions options, storage::Backend* backend, Catalog* catalog,
+      storage::Backend* object = nullptr);
   ~Engine();
 
   [[nodiscard]] absl::StatusOr<v1::RegisterResponse> Register(
@@ -156,6 +187,11 @@ class Engine {
   // Waits until the persister has nothing queued or running (tests, tools);
   // false on timeout.
   bool WaitIdle(std::chrono::milliseconds timeout);
+  // Lock-free: answers even while a thread of the engine is wedged.
+  EngineProgress Progress() const;
+  // The object tier's backlog and counters (for Status and metrics);
+  // nullopt without an object tier. Takes only the uploader's lock.
+  std::optional<UploadBacklog> ObjectBacklog() const;
 
  private:
   // One rank's arena and slot table (rank_slots.h).
@@ -172,7 +208,8 @@ class Engine {
     bool forget_when_idle = false;
   };
 
-  Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog);
+  Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
+         storage::Backend* object);
   [[nodiscard]] absl::Status Recover();
   void RecoverJob(Job& job, std::vector<v1::ShardRecord> shards);
 
@@ -210,9 +247,16 @@ class Engine {
   std::optional<std::string> ClientReadablePath(const PeerCreds& peer, const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
+  // *from_object (optional) says whether it came from the object tier.
   [[nodiscard]] absl::StatusOr<Shard*> LoadShardLocked(
       std::unique_lock<std::mutex>& lock, const std::string& job, uint64_t step,
-      uint32_t rank, double* load_s);
+      uint32_t rank, double* load_s, bool* from_object = nullptr);
+  // Reads a shard image into dst from the local tier, or from the object
+  // tier when the local copy is gone (or unreadable and uploaded);
+  // verifies the object's tensor checksums. Called without mu_.
+  [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local, bool object,
+                                            const storage::ShardInfo& info, char* dst,
+                                            uint64_t bytes, bool* from_object);
   // This node's manifest of a step (storage/keys.h).
   std::string NodeManifestKey(const std::string& job, uint64_t step) const {
     return storage::ManifestKey(job, step, options_.node_id);
@@ -231,11 +275,40 @@ class Engine {
   // write without it, record the outcome (or re-queue a retry).
   void PersistShard(const PersistTask& task);
   void WriteManifest(const PersistTask& task);
+
+  // The object tier (engine_tier.cc). Whether a shard counts as durable in
+  // the commit tier.
+  bool CommitDurable(const Shard& shard) const {
+    return shard.phase == ShardPhase::kDurable &&
+           (options_.commit_tier == EngineOptions::CommitTier::kLocal || shard.uploaded);
+  }
+  bool ObjectCommit() const {
+    return object_ != nullptr && options_.commit_tier == EngineOptions::CommitTier::kObject;
+  }
+  void QueueUploadLocked(const Job& job, const Shard& shard);
+  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
+  [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
+  [[nodiscard]] absl::Status UploadFromLocalFile(const std::string& key, uint64_t bytes,
+                                                 const storage::ShardInfo& info);
+  [[nodiscard]] absl::Status WriteObjectManifest(const UploadTask& task);
+  // Retention with an object tier: local copies of steps below the local
+  // cutoff go once the step is in the object tier; steps below the object
+  // cutoff go from both, object manifest first.
+  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting);
+  // Deletes the local files of a step in the object tier (manifest first).
+  void DropLocalCopyLocked(Job& job, uint64_t step);
+  // Queues the object tier's deletes of a step: its manifest, then the
+  // shards that were uploaded.
+  void QueueObjectDeleteLocked(Job& job, uint64_t step);
   void ReapLoop();
+  // The gauges of a scrape (engine_metrics.cc); takes mu_.
+  MetricsSnapshot Snapshot();
 
   const EngineOptions options_;
+  const std::shared_ptr<DaemonMetrics> metrics_;
   storage::Backend* const backend_;
   Catalog* const catalog_;
+  storage::Backend* const object_;  // the object tier, or nullptr
   const std::chrono::steady_clock::time_point started_;
 
   std::mutex mu_;
@@ -251,7 +324,9 @@ class Engine {
   uint64_t failed_persists_ = 0;
   std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
   std::thread reaper_;
+  std::atomic<uint64_t> reaper_ticks_{0};
   std::unique_ptr<Prefaulter> prefaulter_;
+  std::unique_ptr<Uploader> uploader_;  // with an object tier; its own lock
 };
 
 }  // namespace ckpt::daemon

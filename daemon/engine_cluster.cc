@@ -51,15 +51,19 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
   if (!storage::IsShardKeyOf(key, job_name, step, rank))
     return absl::InvalidArgumentError(absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
                                                    job_name, "' step ", step, " rank ", rank));
+  // Without a shared directory the shard is in the object tier (the
+  // shared root there); a local copy wins when there is one.
+  storage::Backend* source = backend_;
+  if (object_ != nullptr && !backend_->Stat(key).ok()) source = object_;
   // Read and check the header and index before touching any state.
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*backend_, key));
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*source, key));
   if (info.job != job_name || info.step != step || info.rank != rank ||
       info.world_size != world_size)
     return absl::DataLossError(absl::StrCat(key, ": holds job '", info.job, "' step ", info.step,
                                             " rank ", info.rank, " of ", info.world_size,
                                             ", not the one ordered"));
   uint32_t uid = 0;
-  auto object = backend_->Stat(key);
+  auto object = source->Stat(key);
   if (object.ok() && object->owner_uid) uid = *object->owner_uid;  // the job's owner's file
 
   std::unique_lock<std::mutex> lock(mu_);
@@ -105,6 +109,13 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     shard.info = info;
     shard.phase = ShardPhase::kDurable;
     shard.gen = next_gen_++;
+    if (source == object_) {
+      // Only in the object tier: never uploaded again, never read locally.
+      shard.uploaded = true;
+      shard.local_gone = true;
+      shard.rec.set_uploaded(true);
+      shard.rec.set_local_gone(true);
+    }
     CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/true));
     target.shards[rank] = std::move(shard);
   }

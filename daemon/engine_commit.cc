@@ -11,6 +11,7 @@
 namespace ckpt::daemon {
 
 absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveRequest& req) {
+  const auto arrived = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   const Lease* found = leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true);
@@ -75,8 +76,13 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
              shard.info.layout.image_bytes);
   PersistTask task{PersistTask::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);
+  const uint64_t shard_bytes = shard.info.layout.image_bytes;
   job->steps[req.step()].shards[req.rank()] = std::move(shard);
   job->forget_when_idle = false;
+  using Seconds = std::chrono::duration<double>;
+  metrics_->SaveCommitted(req.job(), Seconds(lease.granted - lease.begun).count(),
+                          Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
+                          Seconds(arrived - lease.granted).count(), shard_bytes);
   ReleaseLeaseLocked(req.lease());
   persister_->Push(std::move(task));
   cv_.notify_all();
@@ -90,7 +96,15 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   if (sh == step->second.shards.end()) return;
   auto r = job.ranks.find(rank);
   if (r != job.ranks.end()) r->second.DropShard(sh->second.slot, sh->second.gen);
-  bool was_durable = sh->second.phase == ShardPhase::kDurable;
+  bool was_durable = sh->second.phase == ShardPhase::kDurable && !sh->second.local_gone;
+  if (object_ != nullptr && delete_file && (step->second.object_manifest || sh->second.uploaded)) {
+    // One ordered task: the object manifest goes before the shard.
+    UploadTask del{UploadTask::kDelete, job.rec.job(), step_no};
+    if (step->second.object_manifest) del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
+    if (sh->second.uploaded) del.keys.push_back(sh->second.rec.path());
+    step->second.object_manifest = false;
+    uploader_->Push(std::move(del));
+  }
   step->second.shards.erase(sh);
   absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);
   if (!s.ok()) LogWarning(std::string(s.message()));

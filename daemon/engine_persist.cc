@@ -2,6 +2,7 @@
 // decisions are retention.h's). See engine.h.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <future>
@@ -68,6 +69,7 @@ void Engine::PersistShard(const PersistTask& task) {
   if (s.ok() && computed)
     s = storage::EncodeShardMetadata(info, std::span<char>(image, info.layout.image_bytes));
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
+  const auto write_start = std::chrono::steady_clock::now();
   if (s.ok()) {
     // The checksum pass runs on another core while the write is in flight.
     auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),
@@ -77,7 +79,13 @@ void Engine::PersistShard(const PersistTask& task) {
     wo.owner_uid = owner_uid;
     auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes, wo);
     s = writer.status();
-    if (s.ok()) s = (*writer)->WriteAt(0, image, info.layout.image_bytes);
+    // In pieces, so the watchdog sees a long write advance (the writer keeps
+    // its queue full across calls).
+    constexpr uint64_t kPiece = 256ull << 20;
+    for (uint64_t off = 0; s.ok() && off < info.layout.image_bytes; off += kPiece) {
+      s = (*writer)->WriteAt(off, image + off, std::min(kPiece, info.layout.image_bytes - off));
+      persister_->NoteProgress();
+    }
     absl::Status v = verify.get();
     if (s.ok()) s = v;
     if (s.ok()) s = (*writer)->Commit();
@@ -119,7 +127,12 @@ void Engine::PersistShard(const PersistTask& task) {
     rank.SetState(shard->slot, shm::SlotState::kDurable);
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
-    ReportLocked(*shard, /*durable=*/true);
+    metrics_->Persisted(
+        metric::kTierLocal,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count(),
+        shard->info.layout.image_bytes);
+    if (object_ != nullptr) QueueUploadLocked(job->second, *shard);
+    if (!ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
     MaybeQueueManifestLocked(job->second, task.step);
     return;
   }
@@ -128,12 +141,15 @@ void Engine::PersistShard(const PersistTask& task) {
   LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts, "): ", s.message()));
   shard->rec.set_error(std::string(s.message()));
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
+  metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
   if (corrupt || shard->attempts >= options_.max_persist_attempts) {
+    metrics_->Failure(metric::kPersistAbandoned);
     shard->phase = ShardPhase::kFailed;
     shard->rec.set_state(v1::ShardRecord::FAILED);
     rank.FailPersist(shard->slot);
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
   } else {
+    metrics_->Retry(metric::kRetryPersist);
     shard->phase = ShardPhase::kStaged;
     PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() +
@@ -152,6 +168,9 @@ bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable)
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   auto step = job.steps.find(step_no);
   if (step == job.steps.end() || step->second.manifest) return;
+  // A step whose local copy retention deleted gets no local manifest again.
+  for (const auto& [r, shard] : step->second.shards)
+    if (shard.local_gone) return;
   bool durable = false;
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
   persister_->Push(PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
@@ -174,6 +193,8 @@ void Engine::WriteManifest(const PersistTask& task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
+    metrics_->Failure(metric::kManifestWrite);
+    metrics_->Retry(metric::kRetryManifest);
     PersistTask retry = task;
     retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
     persister_->Push(std::move(retry));
@@ -184,12 +205,17 @@ void Engine::WriteManifest(const PersistTask& task) {
   auto step = job->second.steps.find(task.step);
   if (step == job->second.steps.end()) return;
   step->second.manifest = true;
+  metrics_->StepDurable(task.job, task.step);
   ApplyRetentionLocked(job->second);
   cv_.notify_all();
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {
   auto hosted = hosted_.find(job.rec.job());
+  if (object_ != nullptr) {
+    ApplyTieredRetentionLocked(job, hosted == hosted_.end() ? nullptr : &hosted->second);
+    return;
+  }
   std::optional<uint64_t> cutoff =
       RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(),
                       hosted == hosted_.end() ? nullptr : &hosted->second);
@@ -219,9 +245,23 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
           if (shard.phase == ShardPhase::kStaged || shard.phase == ShardPhase::kPersisting) ++n;
     return n;
   };
-  cv_.wait_for(lock, deadline,
-               [&] { return pending() == 0 && persister_->Idle(); });
-  return pending();
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  cv_.wait_until(lock, until, [&] { return pending() == 0 && persister_->Idle(); });
+  size_t left = pending();
+  if (left == 0 && ObjectCommit()) {
+    // The commit tier is the object store: wait for the uploads too.
+    lock.unlock();
+    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (!uploader_->WaitIdle(std::max(remaining, std::chrono::milliseconds(0)))) {
+      lock.lock();
+      for (const auto& [name, job] : jobs_)
+        for (const auto& [s, step] : job.steps)
+          for (const auto& [r, shard] : step.shards)
+            if (shard.phase == ShardPhase::kDurable && !shard.uploaded) ++left;
+    }
+  }
+  return left;
 }
 
 }  // namespace ckpt::daemon

@@ -101,6 +101,8 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       continue;
     }
     sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable : ShardPhase::kStaged;
+    sh.uploaded = rec.uploaded() && object_ != nullptr;
+    sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
     if (rank != job.ranks.end() && rec.slot() < rank->second.slots.size() &&
         rank->second.slots[rec.slot()].state == shm::SlotState::kFree &&
@@ -139,15 +141,30 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       ++requeued;
     }
     sh.rec = std::move(rec);
+    if (object_ != nullptr && sh.phase == ShardPhase::kDurable && !sh.uploaded)
+      QueueUploadLocked(job, sh);
     job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
   }
   for (auto& [n, step] : job.steps) {
     bool durable = false;
     if (!StepCompleteLocked(job, step, &durable) || !durable) continue;
-    if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
-      step.manifest = true;
+    bool local_gone = false, uploaded = true;
+    for (const auto& [r, shard] : step.shards) {
+      local_gone = local_gone || shard.local_gone;
+      uploaded = uploaded && shard.uploaded;
+    }
+    // A step whose local copy retention deleted gets no local manifest again.
+    if (!local_gone) {
+      if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
+        step.manifest = true;
+      else
+        persister_->Push(PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
+    }
+    if (object_ == nullptr || !uploaded) continue;
+    if (object_->Stat(NodeManifestKey(name, n)).ok())
+      step.object_manifest = true;
     else
-      persister_->Push(PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
+      uploader_->Push(UploadTask{UploadTask::kManifest, name, n});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
                        " in memory, ", requeued, " to persist, ", lost, " lost"));

@@ -31,6 +31,7 @@ absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
     if (!StepCompleteLocked(*job, it->second, &durable)) continue;
     resp.set_found(true);
     resp.set_step(it->first);
+    if (ObjectCommit()) durable = durable && it->second.object_manifest;
     resp.set_durable(durable);
     break;
   }
@@ -39,6 +40,12 @@ absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
 
 absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& peer,
                                                             const v1::OpenRestoreRequest& req) {
+  const auto arrived = std::chrono::steady_clock::now();
+  auto count = [&](std::string_view source, uint64_t bytes) {
+    metrics_->Restored(
+        source, std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count(),
+        bytes);
+  };
   std::unique_lock<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   if (req.rank() >= job->rec.world_size())
@@ -53,7 +60,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
   std::optional<std::string> path;
-  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && req.allow_file_read())
+  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && !shard->local_gone &&
+      req.allow_file_read())
     path = ClientReadablePath(peer, *shard);
   if (path) {
     // The client reads the file into its own buffers: one read, no arena.
@@ -63,6 +71,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     resp.set_path(*path);
     resp.set_image_bytes(shard->rec.image_bytes());
     *resp.mutable_tensors() = shard->rec.tensors();
+    count(metric::kSourceDisk, shard->rec.image_bytes());
     return resp;
   }
   if (shard->slot < 0) {
@@ -71,10 +80,21 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
                                               " is neither in memory nor durable: ",
                                               shard->rec.error()));
     double load_s = 0;
-    CKPT_ASSIGN_OR_RETURN(shard, LoadShardLocked(lock, req.job(), req.step(), req.rank(), &load_s));
+    bool from_object = false;
+    absl::StatusOr<Shard*> loaded =
+        LoadShardLocked(lock, req.job(), req.step(), req.rank(), &load_s, &from_object);
+    if (!loaded.ok()) {
+      // BUSY and "changed meanwhile" are not failures of the load.
+      const absl::StatusCode code = loaded.status().code();
+      if (code == absl::StatusCode::kDataLoss) metrics_->Failure(metric::kRestoreChecksum);
+      else if (code != absl::StatusCode::kResourceExhausted && code != absl::StatusCode::kAborted)
+        metrics_->Failure(metric::kRestoreLoad);
+      return loaded.status();
+    }
+    shard = *loaded;
     job = &jobs_.find(req.job())->second;
     resp.set_load_s(load_s);
-    resp.set_source(v1::RESTORE_SOURCE_DISK);
+    resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT : v1::RESTORE_SOURCE_DISK);
   }
   Rank& rank = job->ranks[req.rank()];
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
@@ -86,6 +106,10 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   resp.set_slot_offset(rank.arena->slot_offset(shard->slot));
   resp.set_image_bytes(shard->rec.image_bytes());
   *resp.mutable_tensors() = shard->rec.tensors();
+  count(resp.source() == v1::RESTORE_SOURCE_MEMORY   ? metric::kSourceMemory
+        : resp.source() == v1::RESTORE_SOURCE_OBJECT ? metric::kSourceObject
+                                                     : metric::kSourceDisk,
+        shard->rec.image_bytes());
   return resp;
 }
 
@@ -129,11 +153,15 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
 absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
                                                        const std::string& job_name,
                                                        uint64_t step_no, uint32_t rank_no,
-                                                       double* load_s) {
+                                                       double* load_s, bool* from_object) {
   Shard* shard = FindShardLocked(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
   const std::string key = shard->rec.path();
+  const bool local = !shard->local_gone;
+  const bool object = object_ != nullptr && shard->uploaded;
+  const storage::ShardInfo info = shard->info;
+  bool read_object = false;
   auto changed = [] { return absl::AbortedError("load: the step changed meanwhile; retry"); };
   // Load the shard file into a slot: one read, then the client copies.
   auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
@@ -173,19 +201,12 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st;
-  {
-    auto reader = backend_->NewObjectReader(key);  // one open, then one read
-    st = reader.status();
-    if (st.ok() && (*reader)->size() != bytes)
-      st = absl::DataLossError(absl::StrCat(key, ": ", (*reader)->size(),
-                                            " bytes, the catalog recorded ", bytes));
-    if (st.ok()) st = (*reader)->ReadAt(0, dst, bytes);
-  }
+  absl::Status st = ReadShardImage(key, local, object, info, dst, bytes, &read_object);
   if (st.ok()) st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  LogInfo(absl::StrCat("load ", key, ": read ", bytes, " bytes in ", *load_s, " s",
-                       st.ok() ? "" : ": ", st.message()));
+  if (from_object != nullptr) *from_object = read_object;
+  LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "", ": read ", bytes,
+                       " bytes in ", *load_s, " s", st.ok() ? "" : ": ", st.message()));
   lock.lock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).
@@ -231,7 +252,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableReq
       return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
                                               req.step(), " for rank ", req.rank()));
     const Shard& shard = *found;
-    if (shard.phase == ShardPhase::kDurable) return absl::OkStatus();
+    if (CommitDurable(shard)) return absl::OkStatus();
     if (shard.phase == ShardPhase::kFailed)
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
@@ -265,7 +286,8 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
       si->set_step(n);
       bool durable = false;
       si->set_complete(StepCompleteLocked(job, step, &durable));
-      si->set_durable(durable && step.manifest);
+      si->set_durable(durable && (ObjectCommit() ? step.object_manifest
+                                                 : step.manifest || step.object_manifest));
       for (const auto& [r, shard] : step.shards) {
         v1::ShardInfo* sh = si->add_shards();
         sh->set_rank(r);
@@ -293,6 +315,7 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
     steps.push_back(req.step());
   }
   for (uint64_t n : steps) {
+    if (object_ != nullptr) QueueObjectDeleteLocked(*job, n);
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
@@ -344,6 +367,18 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
   resp.set_persisted_shards(persisted_shards_);
   resp.set_persisted_bytes(persisted_bytes_);
   resp.set_failed_persists(failed_persists_);
+  if (std::optional<UploadBacklog> b = ObjectBacklog()) {
+    resp.set_object_tier(object_->name());
+    resp.set_commit_tier(ObjectCommit() ? "object" : "local");
+    resp.set_upload_backlog_steps(b->steps);
+    resp.set_upload_backlog_shards(b->shards);
+    resp.set_upload_backlog_bytes(b->bytes);
+    resp.set_uploaded_shards(b->uploaded_shards);
+    resp.set_uploaded_bytes(b->uploaded_bytes);
+    resp.set_failed_uploads(b->failed);
+    resp.set_last_upload_error(b->last_error);
+    resp.set_last_upload_s(b->last_upload_s);
+  }
   return resp;
 }
 

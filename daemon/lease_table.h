@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -34,6 +35,8 @@ struct Lease {
   bool write = false;
   pid_t pid = 0;
   int pidfd = -1;  // set by LeaseTable::Add
+  // Saves: BeginSave's arrival and the slot's grant (metrics.h).
+  std::chrono::steady_clock::time_point begun{}, granted{};
 };
 
 class LeaseTable {

@@ -2,10 +2,21 @@
 // SIGINT, then drains pending persists (bounded by --drain-seconds). With
 // --coordinator it joins a multi-node job as a node (see node_agent.h);
 // with --coordinator-listen it also serves the coordinator itself.
+//
+// Under systemd (Type=notify, $NOTIFY_SOCKET) it says READY=1 once the socket
+// accepts connections (after re-attaching arenas and re-queueing staged
+// steps), keeps STATUS= current, says STOPPING=1 on SIGTERM, and pings the
+// watchdog ($WATCHDOG_USEC) only while the engine's reaper and persister
+// make progress (daemon/watchdog.h).
+//
+// Test-only: CKPTD_TEST_FAULT=hang-persist-writes makes every storage write
+// hang (storage/fault_backend.h) until shutdown, to wedge the persister.
 #include <signal.h>
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <grpcpp/server.h>
@@ -19,6 +30,11 @@
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
 #include "daemon/service.h"
+#include "daemon/watchdog.h"
+#include "storage/fault_backend.h"
+#include "util/service_notify.h"
+#include "util/metrics_server.h"
+#include "storage/tier_url.h"
 
 namespace {
 
@@ -31,6 +47,11 @@ int Fail(const std::string& what, const absl::Status& s) {
 
 int main(int argc, char** argv) {
   using namespace ckpt::daemon;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("ckptd %s\n", CKPT_VERSION);
+      return 0;
+    }
   std::string help;
   auto opts = ParseDaemonOptions(argc, argv, &help);
   if (!opts.ok()) {
@@ -61,20 +82,45 @@ int main(int argc, char** argv) {
   if (ec) return Fail("--root " + opts->root, absl::InternalError(ec.message()));
   auto backend = ckpt::storage::NewLocalBackend(opts->storage);
   if (!backend.ok()) return Fail("storage", backend.status());
+  ckpt::storage::Backend* storage = backend->get();
+  std::unique_ptr<ckpt::storage::FaultInjectionBackend> fault;
+  if (const char* f = std::getenv("CKPTD_TEST_FAULT"); f != nullptr && f[0] != '\0') {
+    if (std::strcmp(f, "hang-persist-writes") != 0)
+      return Fail("CKPTD_TEST_FAULT", absl::InvalidArgumentError(
+                                          "only \"hang-persist-writes\" is known (test-only)"));
+    fault = std::make_unique<ckpt::storage::FaultInjectionBackend>(storage);
+    fault->HangWrites();
+    storage = fault.get();
+    LogWarning("TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-persist-writes: every storage write hangs");
+  }
+  const ckpt::ServiceNotifier notifier;
+  notifier.Status("re-attaching arenas and replaying staged steps");
   auto catalog = Catalog::Open(opts->root + "/.catalog");
   if (!catalog.ok()) return Fail("catalog", catalog.status());
-  if (!opts->shared_root.empty()) {
+  std::unique_ptr<ckpt::storage::Backend> object_tier;
+  if (!opts->object_url.empty()) {
+    auto opened = ckpt::storage::OpenTierBackend(opts->object_url, "--object-url",
+                                                       opts->object_config);
+    if (!opened.ok()) return Fail("object tier", opened.status());
+    object_tier = std::move(*opened);
+  }
+  if (!opts->shared_root.empty() && !ckpt::storage::IsObjectStoreUrl(opts->shared_root)) {
     std::filesystem::create_directories(opts->shared_root, ec);
     if (ec) return Fail("--shared-root " + opts->shared_root, absl::InternalError(ec.message()));
   }
   // Embedded coordinator: the same state machine and service as
   // ckpt-coordinator, its state next to the catalog.
   std::unique_ptr<ckpt::coordinator::CoordinatorServer> coordinator;
+  std::shared_ptr<ckpt::coordinator::CoordinatorMetrics> coordinator_metrics;
   if (!opts->coordinator_listen.empty()) {
     ckpt::coordinator::CoordinatorOptions co;
+    coordinator_metrics = std::make_shared<ckpt::coordinator::CoordinatorMetrics>();
+    co.metrics = coordinator_metrics;
     co.state_dir = opts->root + "/.coordinator";
-    co.shared_root = opts->storage.root;
+    co.shared_root = ckpt::storage::IsObjectStoreUrl(opts->shared_root) ? opts->shared_root
+                                                                         : opts->storage.root;
     co.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
+    co.object_config = opts->object_config;
     auto c = ckpt::coordinator::Coordinator::Open(co);
     if (!c.ok()) return Fail("coordinator", c.status());
     auto server = ckpt::coordinator::CoordinatorServer::Start(std::move(*c), opts->coordinator_listen);
@@ -86,12 +132,27 @@ int main(int argc, char** argv) {
     std::printf("coordinator listening on %s:%d\n", host.c_str(), coordinator->port());
     std::fflush(stdout);
   }
+  // Metrics are served before recovery starts, so a long re-attach is
+  // visible; the engine's gauges appear once it is open.
+  auto metrics = std::make_shared<DaemonMetrics>();
+  opts->engine.metrics = metrics;
+  std::unique_ptr<ckpt::MetricsServer> metrics_server;
+  if (!opts->metrics_listen.empty()) {
+    std::vector<std::weak_ptr<prometheus::Collectable>> collected{metrics};
+    if (coordinator_metrics) collected.push_back(coordinator_metrics);
+    auto started = ckpt::MetricsServer::Start(opts->metrics_listen, "--metrics-listen", collected);
+    if (!started.ok()) return Fail("metrics", started.status());
+    metrics_server = std::move(*started);
+    LogInfo("metrics on http://" + metrics_server->address() + "/metrics");
+    std::printf("metrics listening on %s\n", metrics_server->address().c_str());
+    std::fflush(stdout);
+  }
   std::unique_ptr<NodeAgent> agent;
   if (opts->cluster) {
     agent = std::make_unique<NodeAgent>(opts->agent);
     opts->engine.on_shard = [a = agent.get()](const ShardReport& r) { a->Report(r); };
   }
-  auto engine = Engine::Open(opts->engine, backend->get(), catalog->get());
+  auto engine = Engine::Open(opts->engine, storage, catalog->get(), object_tier.get());
   if (!engine.ok()) return Fail("recovery", engine.status());
   auto listener = PeerListener::Listen(opts->socket_path, opts->listener);
   if (!listener.ok()) return Fail("socket", listener.status());
@@ -106,13 +167,25 @@ int main(int argc, char** argv) {
   (*listener)->Start(server.get());
   if (agent) agent->Start(engine->get());
   LogInfo("serving on " + opts->socket_path + ", root " + opts->root + ", storage " +
-          (*backend)->name() + ", shm prefix " + opts->engine.shm_prefix);
+          storage->name() + ", shm prefix " + opts->engine.shm_prefix +
+          (object_tier ? ", object tier " + object_tier->name() + " (commit tier " +
+                             (opts->engine.commit_tier == EngineOptions::CommitTier::kObject
+                                  ? "object)"
+                                  : "local)")
+                       : ""));
+  // The listener accepts from here on: only now may systemd start trainers.
+  notifier.Ready(ServingStatus((*engine)->Progress()));
+  auto watchdog = StartEngineWatchdog(&notifier, engine->get());
 
   int sig = 0;
   sigwait(&sigs, &sig);
   LogInfo(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
           ", draining pending persists");
+  watchdog.reset();  // systemd's stop timeout (TimeoutStopSec=) bounds the drain
+  notifier.Stopping("draining: " + std::to_string((*engine)->Progress().persists_queued) +
+                    " persists queued");
   size_t left = (*engine)->Drain(opts->drain_deadline);
+  if (fault) fault->ClearFaults();  // release the hung writes so the persister can stop
   if (left)
     LogWarning(std::to_string(left) + " shards not durable at the drain deadline; "
                "they stay in shared memory and a restarted ckptd persists them");
@@ -121,6 +194,7 @@ int main(int argc, char** argv) {
   agent.reset();  // before the engine it reports on
   engine->reset();
   if (coordinator) coordinator->Shutdown();
+  metrics_server.reset();
   LogInfo("stopped");
   return 0;
 }

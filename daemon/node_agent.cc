@@ -2,10 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
+#include "coordinator/client/leader_channel.h"
 #include "daemon/engine_util.h"
 
 namespace ckpt::daemon {
@@ -14,16 +18,16 @@ namespace cv1 = ::ckpt::coord::v1;
 
 class NodeAgent::Rpc {
  public:
-  explicit Rpc(const std::string& target) : stub_(coordinator::NewCoordinatorStub(target)) {}
+  // The options were validated (daemon/options.cc loads the TLS files once).
+  Rpc(const std::string& targets, const coordinator::TlsFiles& tls)
+      : client_(coordinator::CoordinatorClient::Create(targets, tls).value()) {}
   template <typename Req, typename Resp, typename Call>
   grpc::Status Invoke(Call call, const Req& req, Resp* resp, std::chrono::milliseconds timeout) {
-    grpc::ClientContext ctx;
-    coordinator::SetDeadline(&ctx, timeout);
-    return (stub_.get()->*call)(&ctx, req, resp);
+    return client_->Call(call, req, resp, timeout);
   }
 
  private:
-  std::unique_ptr<cv1::Coordinator::Stub> stub_;
+  std::unique_ptr<coordinator::CoordinatorClient> client_;
 };
 
 namespace {
@@ -43,7 +47,7 @@ bool Fenced(const grpc::Status& s) {
 }  // namespace
 
 NodeAgent::NodeAgent(NodeAgentOptions options)
-    : options_(std::move(options)), rpc_(std::make_unique<Rpc>(options_.coordinator)) {}
+    : options_(std::move(options)), rpc_(std::make_unique<Rpc>(options_.coordinator, options_.tls)) {}
 
 NodeAgent::~NodeAgent() {
   {
@@ -112,6 +116,7 @@ void NodeAgent::HeartbeatLoop() {
         for (Queued& q : reports_)
           if (q.epoch == 0) q.epoch = resp.epoch();
         epoch_ = resp.epoch();
+        NoteIncarnationLocked(resp.incarnation());
       }
       LogInfo(absl::StrCat("node ", options_.node_id, " registered with ", options_.coordinator,
                            " at epoch ", resp.epoch(), options_.spare ? " (spare)" : ""));
@@ -135,6 +140,7 @@ void NodeAgent::HeartbeatLoop() {
         epoch_ = 0;
         // Nothing committed under the fenced epoch may count.
         std::erase_if(reports_, [&](const Queued& q) { return q.epoch == req.epoch(); });
+        std::erase_if(soft_, [&](const auto& kv) { return kv.second.staged.epoch == req.epoch(); });
       }
       continue;
     }
@@ -149,7 +155,13 @@ void NodeAgent::HeartbeatLoop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      NoteIncarnationLocked(resp.incarnation());
       for (const cv1::Assignment& a : resp.assignments()) {
+        // Committed steps need no re-sending after a coordinator restart.
+        if (a.has_last_good())
+          std::erase_if(soft_, [&](const auto& kv) {
+            return std::get<0>(kv.first) == a.job() && std::get<1>(kv.first) <= a.last_good_step();
+          });
         // The oldest step the job may still restore; 0 keeps everything.
         uint64_t keep = a.has_last_good() ? a.last_good_step() : 0;
         if (a.has_restore_step()) keep = std::min(keep, a.restore_step());
@@ -168,7 +180,7 @@ void NodeAgent::HeartbeatLoop() {
       LogInfo(absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()), " job ", o.job(),
                            " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
                            o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
-      if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size()) {
+      if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
         prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
                                   o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
                                   std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
@@ -218,48 +230,132 @@ void NodeAgent::ApplyLoop() {
     hosting_changed_ = false;
     std::map<std::string, Hosting> now = hosting_;
     lock.unlock();
-    for (auto& [job, h] : now) engine_->SetHostedRanks(job, h.ranks, h.keep_from);
+    if (engine_)
+      for (auto& [job, h] : now) engine_->SetHostedRanks(job, h.ranks, h.keep_from);
     lock.lock();
   }
 }
 
+void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
+  if (incarnation == 0 || incarnation == incarnation_) return;
+  bool restarted = incarnation_ != 0;
+  incarnation_ = incarnation;
+  if (!restarted || soft_.empty()) return;
+  // The new coordinator lost every per-rank report: send ours again, ahead
+  // of anything queued (a queued DURABLE needs its STAGED first).
+  std::deque<Queued> again;
+  for (const auto& [key, sent] : soft_) {
+    if (sent.staged.epoch != epoch_.load()) continue;
+    again.push_back(sent.staged);
+    if (sent.durable) again.push_back(*sent.durable);
+  }
+  reports_resent_ += again.size();
+  LogInfo(absl::StrCat("coordinator restarted (incarnation ", incarnation, "): sending ", again.size(),
+                       " reports of uncommitted steps again"));
+  reports_.insert(reports_.begin(), again.begin(), again.end());
+  cv_.notify_all();
+}
+
 void NodeAgent::ReportLoop() {
+  constexpr size_t kMaxBatch = 4096;
+  const auto kGather = std::chrono::milliseconds(20);  // the other ranks' reports of a step
+  auto backoff = std::chrono::milliseconds(0);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     if (reports_.empty() || reports_.front().epoch == 0) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }
-    Queued q = reports_.front();
-    lock.unlock();
-    cv1::ReportShardRequest req;
-    req.set_node_id(options_.node_id);
-    req.set_epoch(q.epoch);
-    req.set_job(q.report.job);
-    req.set_step(q.report.step);
-    req.set_rank(q.report.rank);
-    req.set_state(q.report.durable ? cv1::DURABLE : cv1::STAGED);
-    req.set_bytes(q.report.bytes);
-    req.set_checksum_digest(q.report.digest);
-    req.set_key(q.report.key);
-    cv1::ReportShardResponse resp;
-    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShard, req, &resp,
-                                  options_.rpc_timeout);
-    lock.lock();
-    if (Transient(s)) {
-      cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_; });
-      continue;  // the same report again, order kept
+    if (backoff.count() == 0) {
+      cv_.wait_for(lock, kGather, [&] { return stopping_; });
+    } else {
+      // Exponential backoff with jitter, so that shed nodes do not return together.
+      auto jitter = std::chrono::milliseconds(std::rand() % (backoff.count() / 2 + 1));
+      cv_.wait_for(lock, backoff / 2 + jitter, [&] { return stopping_; });
     }
+    if (stopping_ || reports_.empty()) continue;
+    // One call: the queued reports of the front's epoch, in order.
+    const uint64_t epoch = reports_.front().epoch;
+    std::vector<Queued> batch;
+    for (const Queued& q : reports_) {
+      if (q.epoch != epoch || batch.size() == kMaxBatch) break;
+      batch.push_back(q);
+    }
+    lock.unlock();
+    cv1::ReportShardsRequest req;
+    req.set_node_id(options_.node_id);
+    req.set_epoch(epoch);
+    for (const Queued& q : batch) {
+      cv1::ShardReport* r = req.add_reports();
+      r->set_job(q.report.job);
+      r->set_step(q.report.step);
+      r->set_rank(q.report.rank);
+      r->set_state(q.report.durable ? cv1::DURABLE : cv1::STAGED);
+      r->set_bytes(q.report.bytes);
+      r->set_checksum_digest(q.report.digest);
+      r->set_key(q.report.key);
+    }
+    cv1::ReportShardsResponse resp;
+    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req, &resp, options_.rpc_timeout);
+    lock.lock();
+    if (Transient(s) || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++report_retries_;
+      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(50)), std::chrono::milliseconds(2000));
+      continue;  // the same reports again, order kept: never dropped
+    }
+    backoff = std::chrono::milliseconds(0);
     if (!s.ok())
-      LogWarning(absl::StrCat("report ", q.report.durable ? "durable" : "staged", " job ",
-                              q.report.job, " step ", q.report.step, " rank ", q.report.rank,
-                              " (epoch ", q.epoch, "): ", s.error_message()));
-    // The fence may have dropped it already.
-    if (!reports_.empty() && reports_.front().report.job == q.report.job &&
-        reports_.front().report.step == q.report.step &&
-        reports_.front().report.rank == q.report.rank &&
-        reports_.front().report.durable == q.report.durable)
-      reports_.pop_front();
+      LogWarning(absl::StrCat("report of ", batch.size(), " shards (epoch ", epoch, "): ", s.error_message()));
+    if (s.ok() && resp.results_size() != static_cast<int>(batch.size()))
+      LogWarning(absl::StrCat("report: ", resp.results_size(), " results for ", batch.size(), " reports"));
+    if (s.ok() && incarnation_ != 0 && resp.incarnation() != incarnation_) {
+      // A restarted coordinator answered before any heartbeat told us: its
+      // refusals ("never staged") are ours to fix. Send the soft state
+      // first, then this batch again.
+      NoteIncarnationLocked(resp.incarnation());
+      continue;
+    }
+    // The fence (or a re-send) may have changed the queue meanwhile: take
+    // out exactly the reports sent, keep those to retry.
+    std::deque<Queued> retry;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Queued& q = batch[i];
+      auto same = [&](const Queued& o) {
+        return o.epoch == q.epoch && o.report.job == q.report.job && o.report.step == q.report.step &&
+               o.report.rank == q.report.rank && o.report.durable == q.report.durable;
+      };
+      auto it = std::find_if(reports_.begin(), reports_.end(), same);
+      if (it == reports_.end()) continue;
+      reports_.erase(it);
+      if (!s.ok() || i >= static_cast<size_t>(resp.results_size())) continue;
+      const cv1::ReportResult& r = resp.results(static_cast<int>(i));
+      auto code = static_cast<grpc::StatusCode>(r.code());
+      if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+          code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        retry.push_back(q);
+        continue;
+      }
+      if (code != grpc::StatusCode::OK) {
+        LogWarning(absl::StrCat("report ", q.report.durable ? "durable" : "staged", " job ", q.report.job,
+                                " step ", q.report.step, " rank ", q.report.rank, " (epoch ", q.epoch,
+                                "): ", r.message()));
+        continue;
+      }
+      Sent& sent = soft_[{q.report.job, q.report.step, q.report.rank}];
+      if (q.report.durable) sent.durable = q;
+      else sent = Sent{q, std::nullopt};
+      if (r.durable_everywhere()) {
+        std::erase_if(soft_, [&](const auto& kv) {
+          return std::get<0>(kv.first) == q.report.job && std::get<1>(kv.first) <= q.report.step;
+        });
+      }
+    }
+    if (!retry.empty()) {
+      ++report_retries_;
+      backoff = std::chrono::milliseconds(100);
+      reports_.insert(reports_.begin(), retry.begin(), retry.end());
+    }
+    if (s.ok()) NoteIncarnationLocked(resp.incarnation());
   }
 }
 

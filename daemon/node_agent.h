@@ -12,6 +12,15 @@
 // heartbeat is refused for its epoch, the agent registers again (a new
 // epoch) and drops the reports of the old one.
 //
+// Reports go in batches: one ReportShards call carries every report
+// queued (all ranks of this node), after a short gathering delay. A batch
+// answered UNAVAILABLE, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (the
+// coordinator sheds load) is retried with exponential backoff and jitter;
+// no report is ever dropped for it. Per-rank reports are soft state on the
+// coordinator: the agent keeps the ones it sent for steps not yet known
+// committed, and when the coordinator's incarnation changes (it restarted)
+// it sends them again (STAGED, then DURABLE), ahead of anything queued.
+//
 // The coordinator may be down or restarting: reports wait in order and are
 // retried; the engine never waits on the coordinator. Thread-safe.
 #ifndef CKPT_DAEMON_NODE_AGENT_H_
@@ -29,14 +38,17 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "coordinator/client/tls.h"
 #include "daemon/engine.h"
 
 namespace ckpt::daemon {
 
 struct NodeAgentOptions {
-  std::string coordinator;  // HOST:PORT
+  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
+  coordinator::TlsFiles tls;  // the node's certificate must name node_id (CN or subjectAltName)
   std::string node_id;
   std::string address;      // advertised to the coordinator (MASTER_ADDR)
   uint32_t capacity = 8;    // ranks this node can host
@@ -52,9 +64,14 @@ class NodeAgent {
   // Queues a report; the engine's on_shard callback.
   void Report(const ShardReport& report);
   // Starts registering, heartbeating and reporting; engine must outlive
-  // the agent.
+  // the agent. A null engine: no placement or prefetch (tests of the
+  // control path).
   void Start(Engine* engine);
   uint64_t epoch() const { return epoch_.load(); }
+  // Report calls answered with a retryable code and sent again.
+  uint64_t report_retries() const { return report_retries_.load(); }
+  // Reports sent again to a restarted coordinator.
+  uint64_t reports_resent() const { return reports_resent_.load(); }
 
  private:
   struct Queued {
@@ -70,6 +87,8 @@ class NodeAgent {
   void HeartbeatLoop();
   void ApplyLoop();
   void ReportLoop();
+  // Under mu_: a new incarnation seen; re-queues the soft state.
+  void NoteIncarnationLocked(uint64_t incarnation);
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
                    std::vector<uint32_t> ranks, std::vector<std::string> keys);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
@@ -84,6 +103,16 @@ class NodeAgent {
   bool stopping_ = false;
   bool kick_ = false;                // heartbeat now: an order is done
   std::deque<Queued> reports_;
+  // Sent and accepted, for steps not known committed: (job, step, rank) ->
+  // the STAGED and (once sent) DURABLE reports.
+  struct Sent {
+    Queued staged;
+    std::optional<Queued> durable;
+  };
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, Sent> soft_;
+  uint64_t incarnation_ = 0;
+  std::atomic<uint64_t> report_retries_{0};
+  std::atomic<uint64_t> reports_resent_{0};
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
   std::set<uint64_t> handled_;       // orders taken (prefetches may still run)
   std::vector<std::thread> prefetchers_;

@@ -11,6 +11,7 @@
 #include "daemon/node_agent.h"
 #include "daemon/peer_listener.h"
 #include "storage/backend.h"
+#include "storage/object_backend.h"
 
 namespace ckpt::daemon {
 
@@ -18,6 +19,11 @@ struct DaemonOptions {
   std::string socket_path;
   std::string root;         // catalog; shards too unless shared_root is set
   std::string shared_root;  // shards, readable by every node (cluster mode)
+  // The object tier (doc/object-tier.md): "s3://BUCKET/PREFIX" or a
+  // directory. A shared root that is an object store URL is also the
+  // object tier, with commit_tier object; shards then stay in --root too.
+  std::string object_url;
+  storage::ObjectStoreConfig object_config;  // the config file's object_* keys
   // Cluster mode: the coordinator to join (agent.coordinator), or serve
   // one in-process for a one-node job (coordinator_listen, HOST:PORT).
   bool cluster = false;
@@ -32,6 +38,8 @@ struct DaemonOptions {
   // it is parsed. The largest legitimate one is a CommitSave of the most
   // tensors a shard may hold (about 20 MiB).
   uint32_t max_request_mib = 64;
+  // Serve Prometheus metrics on HOST:PORT (util/metrics_server.h); empty: off.
+  std::string metrics_listen;
 };
 
 // Parses argv. Returns InvalidArgument naming the flag or config key on a

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/due_task.h"
 #include "daemon/engine_util.h"
 
 namespace ckpt::daemon {
@@ -33,32 +34,18 @@ void Persister::QueueDelete(std::string key, bool prefix) {
   t.kind = PersistTask::kDelete;
   t.key = std::move(key);
   t.prefix = prefix;
-  tasks_.push_back(std::move(t));
+  Push(std::move(t));
 }
 
 void Persister::Loop() {
   std::unique_lock<std::mutex> lock(*mu_);
   while (!stopping_) {
-    auto now = std::chrono::steady_clock::now();
-    auto ready = tasks_.end();
-    auto earliest = std::chrono::steady_clock::time_point::max();
-    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
-      if (it->not_before <= now) {
-        ready = it;
-        break;
-      }
-      earliest = std::min(earliest, it->not_before);
-    }
-    if (ready == tasks_.end()) {
-      if (earliest == std::chrono::steady_clock::time_point::max())
-        cv_->wait(lock);
-      else
-        cv_->wait_until(lock, earliest);
-      continue;
-    }
-    PersistTask task = std::move(*ready);
-    tasks_.erase(ready);
+    std::optional<PersistTask> due = TakeDueTask(tasks_, *cv_, lock);
+    if (!due) continue;
+    PersistTask task = std::move(*due);
+    queued_.store(tasks_.size(), std::memory_order_relaxed);
     busy_ = true;
+    running_.store(true, std::memory_order_relaxed);
     lock.unlock();
     if (task.kind == PersistTask::kDelete) {
       absl::Status s = task.prefix ? backend_->DeletePrefix(task.key)
@@ -68,6 +55,8 @@ void Persister::Loop() {
     } else {
       run_(task);
     }
+    NoteProgress();
+    running_.store(false, std::memory_order_relaxed);
     lock.lock();
     busy_ = false;
     cv_->notify_all();

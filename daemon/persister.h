@@ -13,10 +13,13 @@
 // construction): callers of Push, Size and Idle hold it, and notify the
 // engine's condition variable once their state change is done (the
 // persister waits on it). The thread runs tasks with the mutex released.
+// progress() and busy() are lock-free, for the service watchdog: they must
+// answer even while the thread (or whoever holds the mutex) is wedged.
 #ifndef CKPT_DAEMON_PERSISTER_H_
 #define CKPT_DAEMON_PERSISTER_H_
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -61,11 +64,23 @@ class Persister {
   void Stop();
 
   // Callers hold the mutex.
-  void Push(PersistTask task) { tasks_.push_back(std::move(task)); }
+  void Push(PersistTask task) {
+    tasks_.push_back(std::move(task));
+    queued_.store(tasks_.size(), std::memory_order_relaxed);
+  }
   void QueueDelete(std::string key, bool prefix);
   size_t Size() const { return tasks_.size(); }
   // Nothing queued or running.
   bool Idle() const { return tasks_.empty() && !busy_; }
+
+  // Lock-free. A counter that moves with every task done and every piece
+  // of a shard written (NoteProgress); whether a task is running; how many
+  // wait.
+  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  bool running() const { return running_.load(std::memory_order_relaxed); }
+  size_t queued() const { return queued_.load(std::memory_order_relaxed); }
+  // Called by the running task as its write advances.
+  void NoteProgress() { progress_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   void Loop();
@@ -77,6 +92,9 @@ class Persister {
   std::deque<PersistTask> tasks_;
   bool busy_ = false;
   bool stopping_ = false;
+  std::atomic<uint64_t> progress_{0};
+  std::atomic<bool> running_{false};
+  std::atomic<size_t> queued_{0};
   std::thread thread_;
 };
 

@@ -66,6 +66,7 @@ void RankSlots::Reattach(std::shared_ptr<shm::Arena> attached) {
 void RankSlots::BeginWrite(uint32_t slot, uint64_t step, uint64_t image_bytes,
                            uint64_t lease, pid_t writer_pid) {
   slots[slot] = Slot{shm::SlotState::kWriting, step, 0, image_bytes, 0, lease};
+  slots[slot].write_no = ++writes_begun;
   Mirror(slot, writer_pid);
 }
 

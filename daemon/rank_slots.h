@@ -36,6 +36,10 @@ struct Slot {
   uint32_t readers = 0;
   uint64_t writer = 0;       // lease of the client writing it
   bool reclaimable = false;  // holds a shard whose persist failed for good
+  // Which write filled the slot (unique per RankSlots, set by BeginWrite;
+  // 0 once freed): an upload reading the slot without a lease checks it
+  // after the transfer to know that no save overwrote the bytes meanwhile.
+  uint64_t write_no = 0;
 };
 
 class RankSlots {
@@ -98,6 +102,7 @@ class RankSlots {
   // Slots [0, ready_slots) have their pages reserved and may be used.
   uint32_t ready_slots = 0;
   absl::Status reserve_error;  // the prefaulter could not ready the others
+  uint64_t writes_begun = 0;   // the last write_no handed out
 
  private:
   // Copies slot `slot`'s entry into the arena header; writer_pid is the pid

@@ -38,12 +38,12 @@ bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
 
 std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps, bool cluster,
-                                        const Hosting* hosting) {
+                                        const Hosting* hosting, bool object) {
   if (retain_steps == 0) return std::nullopt;
   uint32_t kept = 0;
   uint64_t oldest_kept = 0;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (!it->second.manifest) continue;
+    if (!(object ? it->second.object_manifest : it->second.manifest)) continue;
     oldest_kept = it->first;
     if (++kept == retain_steps) break;
   }

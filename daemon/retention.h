@@ -42,9 +42,11 @@ bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
 // nothing: keeps the newest `retain_steps` steps that have a manifest (none
 // when retain_steps is 0 or fewer exist) and, in cluster mode, anything
 // from hosting->keep_from on (nothing is dropped without it).
+// With `object`, the steps counted are those whose object manifest is
+// written (the object tier's retention) instead of the local manifest.
 std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps, bool cluster,
-                                        const Hosting* hosting);
+                                        const Hosting* hosting, bool object = false);
 
 // This node's manifest of a complete, durable step.
 storage::v1::NodeManifest NodeManifestOf(const std::string& job,

@@ -28,11 +28,16 @@ struct Shard {
   uint64_t gen = 0;
   int slot = -1;  // slot that holds the image, -1 if none
   uint32_t attempts = 0;
+  // Object tier: the shard is also in the object store (same key), and
+  // local retention deleted its local file (restores read the object).
+  bool uploaded = false;
+  bool local_gone = false;
 };
 
 struct Step {
   std::map<uint32_t, Shard> shards;  // by rank
   bool manifest = false;             // this node's manifest is written
+  bool object_manifest = false;      // ... and in the object tier
 };
 
 }  // namespace ckpt::daemon

@@ -12,6 +12,8 @@
 #      otherwise), then a report of steps lost, save cost and recovery times.
 # Uses the binaries in ${BUILD_DIR:-build} (scripts/build.sh). STEPS (default
 # 100) sets the job length; KEEP=1 keeps the temp dir (kept anyway on failure).
+# TRAINER=torch (scripts/demo_torch.sh) runs the same job as a PyTorch
+# program instead: examples/train_gpt.py (gloo data parallel, ckpt.torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -20,7 +22,11 @@ ckptd_bin=$build/daemon/ckptd
 ckptrun_bin=$build/tools/ckptrun
 ckptctl_bin=$build/tools/ckptctl
 worker_bin=$build/worker/ckpt-worker
-for b in "$coordinator_bin" "$ckptd_bin" "$ckptrun_bin" "$ckptctl_bin" "$worker_bin"; do
+torch_job=""
+[[ ${TRAINER:-worker} != torch ]] || torch_job=1
+needed=("$coordinator_bin" "$ckptd_bin" "$ckptrun_bin" "$ckptctl_bin")
+[[ -n $torch_job ]] || needed+=("$worker_bin")
+for b in "${needed[@]}"; do
   [[ -x $b ]] || { echo "demo: $b is not built (run scripts/build.sh)" >&2; exit 2; }
 done
 
@@ -32,6 +38,17 @@ heartbeat_ms=2000
 worker_args=(--steps "$steps" --seed 7 --ckpt-every "$ckpt_every" --log-every 1 --cpu-threads 1
              --vocab 256 --dim 128 --layers 2 --seq 32 --batch 32
              --connect-timeout-s 60 --collective-timeout-s 30)
+trainer=ckpt-worker   # the trainer's process name
+trainer_cmd=("$worker_bin" "${worker_args[@]}")
+trainer_pace=()       # extra arguments under ckptrun
+if [[ -n $torch_job ]]; then
+  trainer=python3
+  trainer_cmd=(/usr/bin/python3 "$PWD/examples/train_gpt.py" --steps "$steps" --seed 7
+               --ckpt-every "$ckpt_every" --threads 1 --timeout-s 30)
+  # The small GPT steps faster than this script finds its victim in /proc
+  # on a busy machine: paced, so each failure lands where it is planned.
+  trainer_pace=(--step-sleep-ms 300)
+fi
 
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
 shm_tag="ckptdemo-$$"  # every shm prefix of the demo starts with this
@@ -50,6 +67,8 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
+# A command that fails under set -e says where (else the demo ends silently).
+trap 'echo "demo: line $LINENO: a command failed (status $?)" >&2' ERR
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
@@ -131,7 +150,7 @@ ref_t0=$(now)
 ref_pids=()
 for ((r = 0; r < world; ++r)); do
   RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_base \
-    "$worker_bin" "${worker_args[@]}" >"$work/reference/rank-$r.log" 2>&1 &
+    "${trainer_cmd[@]}" >"$work/reference/rank-$r.log" 2>&1 &
   ref_pids+=($!)
 done
 for ((r = 0; r < world; ++r)); do
@@ -149,7 +168,7 @@ echo "== 2. disturbed run: coordinator, nodes a and b (2 ranks each), spare c"
 shared=$work/shared
 mkdir -p "$shared"
 spawn "$work/coordinator.log" "$coordinator_bin" --listen 127.0.0.1:0 --state "$work/coordinator" \
-  --shared-root "$shared" --heartbeat-timeout-ms "$heartbeat_ms"
+  --shared-root "$shared" --heartbeat-timeout-ms "$heartbeat_ms" --insecure
 coordinator_pid=$started
 wait_for 20 grep -q '^listening on ' "$work/coordinator.log" ||
   fail "ckpt-coordinator did not start: $(cat "$work/coordinator.log")"
@@ -177,7 +196,7 @@ start_launcher() {
   spawn_stamped "$dir/ckptrun.log" "$ckptrun_bin" --coordinator "$coord" --node-id "$id" \
     --nproc-per-node 2 --world-size "$world" --job "$job" --socket "$dir/ckptd.sock" \
     --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) -- \
-    "$worker_bin" "${worker_args[@]}"
+    "${trainer_cmd[@]}" "${trainer_pace[@]}"
   launcher_pgid[$id]=$started
 }
 start_node a
@@ -199,8 +218,8 @@ kill1_at=$((steps / 4 / ckpt_every * ckpt_every + 3))
 wait_for 120 step_at_least 1 || fail "training never started"
 # Found before the kill is due: scanning /proc takes a while on a busy machine.
 ckptrun_a=$(children_named ckptrun "${launcher_pgid[a]}")
-victim=$(children_named ckpt-worker "$ckptrun_a" | awk 'NR == 1')
-[[ -n $victim ]] || fail "no ckpt-worker running under ckptrun of node a"
+victim=$(children_named "$trainer" "$ckptrun_a" | awk 'NR == 1')
+[[ -n $victim ]] || fail "no $trainer running under ckptrun of node a"
 victim_rank=$(tr '\0' '\n' <"/proc/$victim/environ" | sed -n 's/^RANK=//p')
 gen_before=$(job_field generation)
 wait_for 120 step_at_least "$kill1_at" || fail "training never reached step $kill1_at"
@@ -208,7 +227,7 @@ kill1_t=$(now)
 kill -KILL "$victim"
 kill1_step=$(max_step "${logs[@]}")
 echo
-echo "-- failure 1: SIGKILL ckpt-worker pid $victim (rank $victim_rank, node a) at step $kill1_step" \
+echo "-- failure 1: SIGKILL $trainer pid $victim (rank $victim_rank, node a) at step $kill1_step" \
   "(last good step $(job_field last_good_step))"
 plan_acked_after() {
   local g=$1
@@ -340,11 +359,11 @@ echo
 echo "== report"
 printf "   reference: %d steps in %s s (%.1f steps/s); disturbed run: %s s\n" "$steps" "$ref_s" \
   "$(awk -v s="$steps" -v t="$ref_s" 'BEGIN { print s / t }')" "$run_s"
-report_failure 1 "ckpt-worker rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1"
+report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1"
 report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2"
 read -r save_ms plain_ms n_save n_plain <<<"$(save_cost)"
 shard_bytes=$(sed -n 's/.*STEP_DURABLE.*step \([0-9]*\): \([0-9]*\) bytes on \([0-9]*\) ranks.*/\2 \3/p' <<<"$events" | tail -n1)
-printf "   saves: every %d steps, %s bytes per step over %s ranks (SaveAsync; ckpt-worker prints no stall figure)\n" \
+printf "   saves: every %d steps, %s bytes per step over %s ranks (SaveAsync; the trainer prints no stall figure)\n" \
   "$ckpt_every" "${shard_bytes% *}" "${shard_bytes#* }"
 printf "     median step time, steps around a save %.1f ms (%d) vs other steps %.1f ms (%d): %+.1f ms per save\n     (within noise at this checkpoint size)\n" \
   "$save_ms" "$n_save" "$plain_ms" "$n_plain" "$(awk -v a="$save_ms" -v b="$plain_ms" 'BEGIN { print a - b }')"

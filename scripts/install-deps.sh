@@ -4,7 +4,15 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
       protobuf-compiler librocksdb-dev libgtest-dev libgmock-dev libxxhash-dev
-      libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev)
+      libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev
+      # Python package and its tests (Debian's python3 + torch 1.13)
+      python3 python3-cffi python3-torch python3-yaml
+      # object tier (libcurl SigV4) and its interop tests
+      libcurl4-openssl-dev awscli python3-boto3
+      # coordinator HA on etcd (server, etcdctl, etcd's own .proto files)
+      etcd-server etcd-client golang-etcd-server-dev
+      # operations: metrics, systemd notify, real Prometheus, .deb install test
+      prometheus-cpp-dev libsystemd-dev prometheus debootstrap openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,4 +22,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The object-storage tests' S3 server (s3rver, pinned in tests/s3/package-lock.json),
+# installed into the project (tests/s3/node_modules, git-ignored). Needs Node + npm.
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if command -v npm >/dev/null; then
+  npm ci --prefix "$repo/tests/s3" --no-audit --no-fund >/dev/null
+else
+  echo "npm not found: the object-storage tests will be skipped" >&2
 fi

@@ -6,13 +6,15 @@
 # BYTES (default 2 GiB) and TENSORS (default 64) size the state.
 # Last, scripts/demo.sh: a 4-rank training job on a simulated 3-node cluster
 # survives a killed trainer and a killed node and ends bit-identical to an
-# undisturbed run.
+# undisturbed run; then scripts/demo_torch.sh, the same with a PyTorch job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 # Only what this job runs (the benchmark, ckptctl, and the demo's binaries):
 # the test binaries are scripts/test.sh's.
-TARGETS="ckpt_bench ckptd ckptctl ckpt-coordinator ckptrun ckpt-worker" scripts/build.sh
+TARGETS="ckpt_bench ckptd ckptctl ckpt-coordinator ckptrun ckpt-worker ckpt_python coord_scale_bench" scripts/build.sh
+# `import ckpt, ckpt.torch` for Debian's python3 and the one on PATH.
+scripts/install-python.sh
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 build/bench/ckpt_bench --bytes "${BYTES:-2147483648}" --tensors "${TENSORS:-64}" \
@@ -25,3 +27,6 @@ rm -rf "$work"  # the demo needs no multi-GiB leftovers
 echo
 echo "== scripts/demo.sh"
 scripts/demo.sh
+echo
+echo "== scripts/demo_torch.sh (the same cluster and failures, a PyTorch job: examples/train_gpt.py)"
+scripts/demo_torch.sh

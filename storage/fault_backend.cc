@@ -1,6 +1,7 @@
 #include "storage/fault_backend.h"
 
 #include <cerrno>
+#include <condition_variable>
 #include <mutex>
 #include <vector>
 
@@ -33,7 +34,9 @@ struct FaultWriterCore {
 
 struct FaultInjectionBackend::State {
   std::mutex mu;
+  std::condition_variable released;  // hang_writes went false
   bool crashed = false;
+  bool hang_writes = false;
   int write_countdown = 0, write_err = 0;
   int commit_countdown = 0, commit_err = 0;
   bool space_limited = false;
@@ -42,7 +45,8 @@ struct FaultInjectionBackend::State {
 
   // The injected failure of the next write of len bytes, if any.
   absl::Status NextWrite(std::string_view key, uint64_t len) {
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
+    released.wait(lock, [this] { return !hang_writes; });
     if (crashed) return Crashed();
     if (write_countdown > 0 && --write_countdown == 0)
       return ErrnoToStatus(write_err, absl::StrCat(AV(key), ": injected write failure"));
@@ -156,10 +160,19 @@ void FaultInjectionBackend::SetSpaceLimit(uint64_t bytes) {
   state_->space_left = bytes;
 }
 
-void FaultInjectionBackend::ClearFaults() {
+void FaultInjectionBackend::HangWrites() {
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->write_countdown = state_->commit_countdown = 0;
-  state_->space_limited = false;
+  state_->hang_writes = true;
+}
+
+void FaultInjectionBackend::ClearFaults() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->write_countdown = state_->commit_countdown = 0;
+    state_->space_limited = false;
+    state_->hang_writes = false;
+  }
+  state_->released.notify_all();
 }
 
 void FaultInjectionBackend::SimulateCrash() {

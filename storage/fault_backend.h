@@ -1,6 +1,7 @@
 // FaultInjectionBackend: a BackendWrapper for tests (after RocksDB's
 // FaultInjectionTestFS) that overrides only the calls it injects faults into. It fails the Nth write or commit with a chosen
-// errno, runs out of space past a byte budget, and simulates a crash: every
+// errno, runs out of space past a byte budget, hangs writes until released,
+// and simulates a crash: every
 // object whose Commit() had not returned OK loses its data, and calls fail
 // with Unavailable until Restart(). Tests then reopen and check that exactly
 // the committed objects are visible. Thread-safe.
@@ -26,6 +27,8 @@ class FaultInjectionBackend : public BackendWrapper {
   void FailNthCommit(int n, int err);
   // Writes past `bytes` more bytes fail with ENOSPC.
   void SetSpaceLimit(uint64_t bytes);
+  // Every WriteAt from now on blocks (a wedged disk) until ClearFaults().
+  void HangWrites();
   void ClearFaults();
   // Drops every uncommitted object; later calls fail until Restart().
   void SimulateCrash();

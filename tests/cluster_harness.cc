@@ -17,7 +17,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "coordinator/client/leader_channel.h"
 #include "tests/harness.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
 
@@ -77,19 +79,6 @@ void Proc::Kill() {
 
 namespace {
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 bool Connectable(const std::string& socket_path) {
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -104,9 +93,11 @@ bool Connectable(const std::string& socket_path) {
 }  // namespace
 
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
-  std::filesystem::create_directories(shared_root());
+  if (options_.shared_root_url.empty()) std::filesystem::create_directories(shared_root());
   std::filesystem::create_directories(options_.dir + "/trainers");
-  port_ = FreePort();
+  for (int i = 0; i < std::max(1, options_.coordinator_replicas); ++i) ports_.push_back(FreeLoopbackPort());
+  port_ = ports_[0];
+  coordinators_.resize(ports_.size());
 }
 
 Cluster::~Cluster() {
@@ -115,23 +106,62 @@ Cluster::~Cluster() {
     if (n.daemon) n.daemon->Kill();
     UnlinkArenas(n.shm_prefix);
   }
-  if (coordinator_) coordinator_->Kill();
+  for (auto& c : coordinators_)
+    if (c) c->Kill();
 }
 
 void Cluster::StartCoordinator() {
-  coordinator_ = Proc::Spawn(
-      {COORDINATOR_BINARY, "--listen", "127.0.0.1:" + std::to_string(port_), "--state",
-       options_.dir + "/coordinator", "--shared-root", shared_root(), "--heartbeat-timeout-ms",
-       std::to_string(options_.heartbeat_timeout_ms)},
-      options_.dir + "/coordinator.log");
+  for (int i = 0; i < replicas(); ++i) StartReplica(i);
   WaitUntil([&] { return GetCluster().has_value(); }, std::chrono::seconds(20));
 }
 
+void Cluster::StartReplica(int i) {
+  std::vector<std::string> argv = {
+      COORDINATOR_BINARY, "--listen", ReplicaAddress(i), "--state",
+      options_.coordinator_state.empty() ? options_.dir + "/coordinator" : options_.coordinator_state,
+      "--shared-root", shared_root(), "--heartbeat-timeout-ms", std::to_string(options_.heartbeat_timeout_ms)};
+  bool tls = false;
+  for (const auto& a : options_.coordinator_args) {
+    argv.push_back(a);
+    tls = tls || a == "--tls-cert";
+  }
+  if (!tls) argv.push_back("--insecure");  // plaintext must be asked for
+  std::string log = options_.dir + (i == 0 ? "/coordinator.log" : "/coordinator-" + std::to_string(i) + ".log");
+  coordinators_.at(i) = Proc::Spawn(argv, log);
+}
+
 void Cluster::KillCoordinator(int sig) {
-  if (!coordinator_) return;
-  coordinator_->Signal(sig);
-  coordinator_->Wait(std::chrono::seconds(10));
-  coordinator_.reset();
+  for (int i = 0; i < replicas(); ++i) SignalReplica(i, sig);
+  for (auto& c : coordinators_) {
+    if (!c) continue;
+    c->Wait(std::chrono::seconds(10));
+    c.reset();
+  }
+}
+
+void Cluster::SignalReplica(int i, int sig) {
+  if (coordinators_.at(i)) coordinators_[i]->Signal(sig);
+}
+
+std::optional<int> Cluster::WaitReplica(int i, std::chrono::milliseconds timeout) {
+  if (!coordinators_.at(i)) return std::nullopt;
+  return coordinators_[i]->Wait(timeout);
+}
+
+std::string Cluster::CoordinatorAddresses() const {
+  std::string out;
+  for (int i = 0; i < replicas(); ++i) out += (i ? "," : "") + ReplicaAddress(i);
+  return out;
+}
+
+int Cluster::LeaderReplica() const {
+  for (int i = 0; i < replicas(); ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    cv1::GetClusterResponse resp;
+    if (Stub(i)->GetCluster(&ctx, cv1::GetClusterRequest(), &resp).ok()) return i;
+  }
+  return -1;
 }
 
 void Cluster::StartNode(const std::string& id, bool spare) {
@@ -142,14 +172,14 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   const std::string socket = n.dir + "/ckptd.sock";
   std::vector<std::string> argv = {
       CKPTD_BINARY, "--socket", socket, "--root", n.dir + "/root", "--shared-root", shared_root(),
-      "--coordinator", "127.0.0.1:" + std::to_string(port_), "--node-id", id, "--advertise-addr",
+      "--coordinator", CoordinatorAddresses(), "--node-id", id, "--advertise-addr",
       "127.0.0.1", "--capacity", std::to_string(options_.nproc_per_node), "--shm-prefix",
       n.shm_prefix};
   if (spare) argv.push_back("--spare");
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
   n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log");
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
-  std::vector<std::string> run = {CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + std::to_string(port_), "--node-id", id,
+  std::vector<std::string> run = {CKPTRUN_BINARY, "--coordinator", CoordinatorAddresses(), "--node-id", id,
        "--nproc-per-node", std::to_string(options_.nproc_per_node), "--world-size",
        std::to_string(options_.world_size), "--job", options_.job, "--socket", socket,
        "--poll-ms", "50", "--grace-ms", "1000", "--", CLUSTER_TRAINER_BINARY,
@@ -182,24 +212,29 @@ std::optional<int> Cluster::WaitLauncher(const std::string& id, std::chrono::mil
   return nodes_.at(id).launcher->Wait(timeout);
 }
 
-std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub() const {
-  return cv1::Coordinator::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
+std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub() const { return Stub(0); }
+
+std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub(int replica) const {
+  return cv1::Coordinator::NewStub(grpc::CreateChannel(ReplicaAddress(replica), grpc::InsecureChannelCredentials()));
 }
 
 std::optional<cv1::GetClusterResponse> Cluster::GetCluster() const {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  auto client = coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
   cv1::GetClusterResponse resp;
-  if (!Stub()->GetCluster(&ctx, cv1::GetClusterRequest(), &resp).ok()) return std::nullopt;
+  if (!client.ok() || !(*client)
+                           ->Call(&cv1::Coordinator::Stub::GetCluster, cv1::GetClusterRequest{}, &resp,
+                                  std::chrono::seconds(2))
+                           .ok())
+    return std::nullopt;
   return resp;
 }
 
 std::vector<cv1::Event> Cluster::Events() const {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  auto client = coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
   cv1::EventsResponse resp;
-  if (!Stub()->Events(&ctx, cv1::EventsRequest(), &resp).ok()) return {};
+  if (!client.ok() ||
+      !(*client)->Call(&cv1::Coordinator::Stub::Events, cv1::EventsRequest{}, &resp, std::chrono::seconds(2)).ok())
+    return {};
   return {resp.events().begin(), resp.events().end()};
 }
 

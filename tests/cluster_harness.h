@@ -53,6 +53,16 @@ struct ClusterOptions {
   bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
+  // Set: the shared root is this object store URL ("s3://bucket/prefix",
+  // endpoint and credentials from the environment) and the nodes share no
+  // directory.
+  std::string shared_root_url;
+  // HA: the coordinator's --state (default: a RocksDB dir in `dir`) and how
+  // many ckpt-coordinator replicas share it (etcd://: one leads). Nodes and
+  // launchers get every replica's address.
+  std::string coordinator_state;
+  int coordinator_replicas = 1;
+  std::vector<std::string> coordinator_args;  // extra flags for every replica
 };
 
 // One line of a rank's cluster_trainer log, parsed.
@@ -67,11 +77,22 @@ class Cluster {
   ~Cluster();
 
   const ClusterOptions& options() const { return options_; }
-  std::string shared_root() const { return options_.dir + "/shared"; }
+  std::string shared_root() const {
+    return options_.shared_root_url.empty() ? options_.dir + "/shared" : options_.shared_root_url;
+  }
   int coordinator_port() const { return port_; }
 
-  void StartCoordinator();
-  void KillCoordinator(int sig = SIGKILL);
+  void StartCoordinator();  // every replica
+  void KillCoordinator(int sig = SIGKILL);  // every replica
+  // HA: one replica.
+  int replicas() const { return static_cast<int>(ports_.size()); }
+  void StartReplica(int i);
+  void SignalReplica(int i, int sig);
+  std::optional<int> WaitReplica(int i, std::chrono::milliseconds timeout);
+  std::string ReplicaAddress(int i) const { return "127.0.0.1:" + std::to_string(ports_.at(i)); }
+  std::string CoordinatorAddresses() const;  // "A:P,B:P,..."
+  // The replica that answers GetCluster (the leader), or -1.
+  int LeaderReplica() const;
   // Starts a node's ckptd and waits until it serves; then its ckptrun.
   void StartNode(const std::string& id, bool spare = false);
   // SIGKILLs the node's ckptrun, trainers and ckptd, and removes its
@@ -82,7 +103,9 @@ class Cluster {
   std::optional<int> LauncherStatus(const std::string& id);
   std::optional<int> WaitLauncher(const std::string& id, std::chrono::milliseconds timeout);
 
-  std::unique_ptr<coord::v1::Coordinator::Stub> Stub() const;
+  std::unique_ptr<coord::v1::Coordinator::Stub> Stub() const;  // replica 0
+  std::unique_ptr<coord::v1::Coordinator::Stub> Stub(int replica) const;
+  // These follow the leader among the replicas.
   std::optional<coord::v1::GetClusterResponse> GetCluster() const;
   std::vector<coord::v1::Event> Events() const;
   std::optional<coord::v1::JobRecord> Job() const;
@@ -105,8 +128,9 @@ class Cluster {
   std::string NodeDir(const std::string& id) const { return options_.dir + "/node-" + id; }
 
   const ClusterOptions options_;
-  int port_ = 0;
-  std::unique_ptr<Proc> coordinator_;
+  int port_ = 0;                 // replica 0
+  std::vector<int> ports_;       // every replica
+  std::vector<std::unique_ptr<Proc>> coordinators_;
   std::map<std::string, Node> nodes_;
 };
 

@@ -44,7 +44,7 @@ class CoordinatorProcess {
       dup2(fds[1], 1);
       close(fds[0]);
       execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", listen.c_str(), "--state", state.c_str(),
-            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), nullptr);
+            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
       _exit(127);
     }
     close(fds[1]);

@@ -8,12 +8,17 @@
 #include <filesystem>
 #include <thread>
 
+#include <prometheus/text_serializer.h>
+
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
+#include "daemon/metrics.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"
 #include "storage/shard_format.h"
+#include "tests/engine_save.h"
 #include "tests/harness.h"
+#include "tests/metrics_text.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {
@@ -45,6 +50,7 @@ class FaultCrashTest : public ::testing::Test {
     eo.retain_steps = 0;
     eo.persist_retry_delay = std::chrono::milliseconds(10);
     eo.max_persist_attempts = attempts;
+    eo.metrics = metrics_;
     auto e = Engine::Open(eo, fault_.get(), catalog_.get());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
@@ -56,44 +62,10 @@ class FaultCrashTest : public ::testing::Test {
     local_.reset();
   }
   // Saves a 64 KiB tensor filled with `step` through the engine's RPC
-  // methods, writing the slot as a client would.
-  absl::Status SaveStep(uint64_t step) {
-    v1::RegisterRequest rr;
-    rr.set_job("fault");
-    rr.set_world_size(1);
-    rr.set_slot_bytes(4 << 20);
-    auto reg = engine_->Register(peer_, rr);
-    if (!reg.ok()) return reg.status();
-    if (!arena_ || arena_->name() != reg->shm_name()) {
-      auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
-      if (!a.ok()) return a.status();
-      arena_ = std::move(*a);
-    }
-    std::vector<uint64_t> sizes = {64 << 10};
-    auto layout = storage::ComputeLayout(sizes);
-    v1::BeginSaveRequest br;
-    br.set_job("fault");
-    br.set_step(step);
-    br.set_block(true);
-    br.set_image_bytes(layout->image_bytes);
-    auto begin = engine_->BeginSave(peer_, br);
-    if (!begin.ok()) return begin.status();
-    char* dst = arena_->base() + begin->slot_offset() + layout->tensor_offsets[0];
-    std::memset(dst, static_cast<int>(step), sizes[0]);
-    v1::CommitSaveRequest cr;
-    cr.set_job("fault");
-    cr.set_step(step);
-    cr.set_slot(begin->slot());
-    cr.set_lease(begin->lease());
-    v1::TensorMeta* m = cr.add_tensors();
-    m->set_name("w");
-    m->set_dtype(static_cast<uint32_t>(DType::kUInt8));
-    m->add_shape(sizes[0]);
-    m->set_offset(layout->tensor_offsets[0]);
-    m->set_bytes(sizes[0]);
-    m->set_checksum(TensorChecksum(dst, sizes[0]));
-    m->set_has_checksum(true);
-    return engine_->CommitSave(peer_, cr);
+  // methods, writing the slot as a client would. `corrupt`: one byte of the
+  // slot changes after its checksum was taken (as a stray write would).
+  absl::Status SaveStep(uint64_t step, bool corrupt = false) {
+    return SaveOneTensorStep(engine_.get(), peer_, {"fault", step, /*block=*/true, corrupt}, &arena_);
   }
   absl::Status WaitDurable(uint64_t step, int timeout_ms = 10000) {
     v1::WaitDurableRequest w;
@@ -122,7 +94,13 @@ class FaultCrashTest : public ::testing::Test {
     return out;
   }
 
+  // The engine's metrics as Prometheus would scrape them.
+  std::string MetricsText() {
+    return prometheus::TextSerializer().Serialize(metrics_->Collect());
+  }
+
   TempDir dir_;
+  std::shared_ptr<daemon::DaemonMetrics> metrics_ = std::make_shared<daemon::DaemonMetrics>();
   std::string prefix_ = UniqueShmPrefix();
   PeerCreds peer_{getpid(), getuid(), getgid()};
   std::unique_ptr<storage::Backend> local_;
@@ -137,6 +115,31 @@ TEST_F(FaultCrashTest, FailedWriteIsRetriedAndBecomesDurable) {
   ASSERT_TRUE(SaveStep(1).ok());
   EXPECT_TRUE(WaitDurable(1).ok());
   EXPECT_EQ(DurableSteps(), std::vector<uint64_t>{1});
+}
+
+TEST_F(FaultCrashTest, FailedWriteCountsOneFailureAndOneRetryByKind) {
+  fault_->FailNthWrite(1, EIO);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  const std::string text = MetricsText();
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_write"}}), 1.0) << text;
+  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}), 1.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_abandoned"}}), 0.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}), 1.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_persist_backlog_shards", {{"tier", "local"}}), 0.0);
+}
+
+TEST_F(FaultCrashTest, SlotChangedAfterCommitCountsAChecksumFailureAndGivesUp) {
+  ASSERT_TRUE(SaveStep(1, /*corrupt=*/true).ok());
+  absl::Status s = WaitDurable(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  const std::string text = MetricsText();
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_checksum"}}), 1.0) << text;
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_abandoned"}}), 1.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}), 0.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}), 0.0);
 }
 
 TEST_F(FaultCrashTest, PersistentEnospcFailsTheShardAndWaitDurableSaysWhy) {

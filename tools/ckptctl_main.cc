@@ -1,4 +1,5 @@
-// ckptctl: lists, inspects, verifies, restores and deletes checkpoints;
+// ckptctl: lists, inspects, verifies, restores, exports (safetensors) and
+// deletes checkpoints, on a directory or an object store (s3://);
 // shows and steers multi-node jobs through the coordinator (cluster,
 // rollback, events with --coordinator HOST:PORT).
 //
@@ -6,13 +7,16 @@
 // (the reason on stderr); 2 on a usage error.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "coordinator/client/channel.h"
+#include "coordinator/client/leader_channel.h"
 #include "tools/ctl_commands.h"
+#include "tools/text_output.h"
 
 namespace {
 
@@ -28,7 +32,7 @@ int Finish(const char* command, const absl::Status& s) {
 void AddShardSelector(CLI::App* cmd, ShardSelector* sel, std::optional<uint64_t>* step,
                       std::optional<uint32_t>* rank) {
   cmd->add_option("file", sel->file, "shard file (instead of --root/--job/--step/--rank)");
-  cmd->add_option("--root", sel->root, "checkpoint root directory of ckptd");
+  cmd->add_option("--root", sel->root, "checkpoint root: a directory, or s3://BUCKET/PREFIX");
   cmd->add_option("--job", sel->job, "job name");
   cmd->add_option("--step", *step, "step number");
   cmd->add_option("--rank", *rank, "rank");
@@ -38,6 +42,11 @@ void AddShardSelector(CLI::App* cmd, ShardSelector* sel, std::optional<uint64_t>
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("ckptctl %s\n", CKPT_VERSION);
+      return 0;
+    }
   CLI::App app{"ckptctl: inspect and manage ckptd checkpoints"};
   app.require_subcommand(1);
   app.fallthrough();
@@ -45,9 +54,18 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("CKPT_SOCKET")) socket = env;
   app.add_option("--socket", socket, "ckptd's Unix socket (default: $CKPT_SOCKET)");
   std::string coordinator;
-  app.add_option("--coordinator", coordinator, "ckpt-coordinator's HOST:PORT (cluster, rollback, events)");
+  app.add_option("--coordinator", coordinator,
+                 "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events; "
+                 "replicas: the leader is followed)");
+  ckpt::coordinator::TlsFiles tls;
+  app.add_option("--tls-cert", tls.cert, "client certificate for the coordinator (PEM; mutual TLS)");
+  app.add_option("--tls-key", tls.key, "its private key (PEM)");
+  app.add_option("--tls-ca", tls.ca, "CA of the coordinator's certificate (PEM)");
+  app.add_flag("--insecure", tls.insecure, "plaintext to the coordinator (the default without --tls-*)");
   bool json = false;
   app.add_flag("--json", json, "print one JSON object instead of tables");
+  bool progress = false;
+  app.add_flag("--progress", progress, "draw progress on stderr even when it is not a terminal");
 
   std::string job;
   std::optional<uint64_t> step;
@@ -58,8 +76,8 @@ int main(int argc, char** argv) {
   list->add_option("--job", job, "only this job");
   std::string list_root;
   list->add_option("--root", list_root,
-                   "list what is on storage under this root (shards, node and global manifests) "
-                   "instead of asking the daemon");
+                   "list what is on storage under this root (a directory or s3://BUCKET/PREFIX: "
+                   "shards, node and global manifests) instead of asking the daemon");
 
   CLI::App* status = app.add_subcommand("status", "daemon health, arenas, persist queue");
 
@@ -78,7 +96,7 @@ int main(int argc, char** argv) {
 
   ckpt::tools::VerifyOptions vopts;
   CLI::App* verify = app.add_subcommand("verify", "check every checksum and manifest under a root");
-  verify->add_option("--root", vopts.root, "checkpoint root directory")->required();
+  verify->add_option("--root", vopts.root, "checkpoint root: a directory, or s3://BUCKET/PREFIX")->required();
   verify->add_option("--job", vopts.job, "only this job");
   verify->add_option("--step", vopts.step, "only this step (needs --job)");
   verify->add_option("--rank", vopts.rank, "only this rank (needs --job and --step)");
@@ -88,6 +106,12 @@ int main(int argc, char** argv) {
   AddShardSelector(restore, &sel, &sel_step, &sel_rank);
   restore->add_option("--out", out, "file (verified shard copy) or directory/ (one file per tensor)")
       ->required();
+
+  std::string format = "safetensors";
+  CLI::App* exp = app.add_subcommand("export", "a shard as a safetensors file, verifying checksums");
+  AddShardSelector(exp, &sel, &sel_step, &sel_rank);
+  exp->add_option("--format", format, "output format (safetensors)");
+  exp->add_option("--out", out, "the file to write")->required();
 
   CLI::App* cluster = app.add_subcommand("cluster", "the coordinator's nodes, jobs and recent events");
 
@@ -100,8 +124,10 @@ int main(int argc, char** argv) {
   events->add_option("--job", job, "only this job");
   events->add_option("--after", after_seq, "only events with a sequence number above this");
 
-  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, cluster, rollback, events})
+  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp, cluster, rollback, events})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
+  for (CLI::App* cmd : {verify, restore, exp})
+    cmd->add_flag("--progress", progress, "draw progress on stderr even when it is not a terminal");
 
   try {
     app.parse(argc, argv);
@@ -111,20 +137,22 @@ int main(int argc, char** argv) {
   }
   sel.step = sel_step;
   sel.rank = sel_rank;
+  ckpt::tools::Progress::Force(progress);
 
   for (CLI::App* cmd : {cluster, rollback, events}) {
     if (!cmd->parsed()) continue;
     absl::Status s = coordinator.empty()
                          ? absl::InvalidArgumentError("--coordinator HOST:PORT is required")
-                         : ckpt::coordinator::ValidateHostPort(coordinator, "--coordinator");
+                         : ckpt::coordinator::ParseAddressList(coordinator, "--coordinator").status();
+    if (s.ok()) s = ckpt::coordinator::ValidateTlsFlags(tls, /*require_choice=*/false);
     if (!s.ok()) {
       std::fprintf(stderr, "ckptctl %s: %s\n", cmd->get_name().c_str(), std::string(s.message()).c_str());
       return 2;
     }
   }
-  if (cluster->parsed()) return Finish("cluster", ckpt::tools::RunCluster(coordinator, json));
-  if (rollback->parsed()) return Finish("rollback", ckpt::tools::RunRollback(coordinator, job, step, json));
-  if (events->parsed()) return Finish("events", ckpt::tools::RunEvents(coordinator, job, after_seq, json));
+  if (cluster->parsed()) return Finish("cluster", ckpt::tools::RunCluster(coordinator, tls, json));
+  if (rollback->parsed()) return Finish("rollback", ckpt::tools::RunRollback(coordinator, tls, job, step, json));
+  if (events->parsed()) return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job, after_seq, json));
   if (list->parsed() && !list_root.empty())
     return Finish("list", ckpt::tools::RunListRoot(list_root, job, json));
   if (list->parsed()) return Finish("list", ckpt::tools::RunList(socket, job, json));
@@ -139,5 +167,6 @@ int main(int argc, char** argv) {
   if (inspect->parsed()) return Finish("inspect", ckpt::tools::RunInspect(sel, json));
   if (verify->parsed()) return Finish("verify", ckpt::tools::RunVerify(vopts, json));
   if (restore->parsed()) return Finish("restore", ckpt::tools::RunRestore(sel, out, json));
+  if (exp->parsed()) return Finish("export", ckpt::tools::RunExport(sel, out, format, json));
   return 2;
 }

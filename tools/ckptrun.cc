@@ -50,7 +50,59 @@ std::vector<std::string> InheritedEnv() {
 }  // namespace
 
 Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
-    : opts_(std::move(options)), signals_(stop_signals), stub_(coordinator::NewCoordinatorStub(opts_.coordinator)) {}
+    : opts_(std::move(options)),
+      signals_(stop_signals),
+      // ParseRunOptions already created one with these options.
+      client_(coordinator::CoordinatorClient::Create(opts_.coordinator, opts_.tls).value()) {}
+
+Launcher::~Launcher() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_stopping_ = true;
+    if (watch_ctx_) watch_ctx_->TryCancel();
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+// The stream follows the leader: when it ends UNAVAILABLE (a replica down,
+// or a standby's / deposed leader's "not leader; leader is X") the client
+// moves to X or the next address and the stream is reopened there.
+void Launcher::WatchLoop() {
+  auto backoff = std::chrono::milliseconds(100);
+  for (;;) {
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (watch_stopping_) return;
+      watch_ctx_ = &ctx;
+    }
+    cv1::WatchJobRequest req;
+    req.set_job(opts_.job);
+    req.set_node_id(opts_.node_id);
+    size_t idx = 0;
+    const std::string addr = client_->current();
+    std::unique_ptr<grpc::ClientReader<cv1::JobView>> reader = client_->watch_stub(&idx)->WatchJob(&ctx, req);
+    cv1::JobView view;
+    while (reader->Read(&view)) {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      view_ = view;
+      watch_status_ = absl::OkStatus();
+      backoff = std::chrono::milliseconds(100);
+    }
+    grpc::Status ended = reader->Finish();
+    const bool moved = !ended.ok() && !coordinator::LeaderHint(ended).empty();
+    absl::Status s = coordinator::CoordStatus(client_->StreamEnded(ended, idx), "WatchJob", addr);
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    watch_ctx_ = nullptr;
+    if (watch_stopping_) return;
+    if (s.ok()) s = absl::UnavailableError("WatchJob to coordinator " + addr + ": stream ended");
+    watch_status_ = s;
+    lock.unlock();
+    if (moved && client_->current() != addr) continue;  // the leader is named: go there now
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
 
 void Launcher::Log(const std::string& line) const {
   std::fprintf(stderr, "ckptrun[%s]: %s\n", opts_.node_id.c_str(), line.c_str());
@@ -83,10 +135,11 @@ std::optional<int> Launcher::RegisterJob() {
     cv1::RegisterJobRequest req;
     req.set_job(opts_.job);
     req.set_world_size(opts_.world_size);
+    req.set_nproc_per_node(opts_.nproc_per_node);
     cv1::RegisterJobResponse resp;
-    grpc::ClientContext ctx;
-    coordinator::SetDeadline(&ctx, kRpcTimeout);
-    absl::Status s = coordinator::CoordStatus(stub_->RegisterJob(&ctx, req, &resp), "RegisterJob", opts_.coordinator);
+    absl::Status s = coordinator::CoordStatus(
+        client_->Call(&cv1::Coordinator::Stub::RegisterJob, req, &resp, kRpcTimeout), "RegisterJob",
+        client_->current());
     if (s.ok()) {
       Log(absl::StrCat("job ", opts_.job, " registered, world size ", resp.job().world_size(), ", generation ",
                        resp.job().generation()));
@@ -106,6 +159,7 @@ std::optional<int> Launcher::RegisterJob() {
 
 int Launcher::Run() {
   if (std::optional<int> rc = RegisterJob()) return *rc;
+  watcher_ = std::thread([this] { WatchLoop(); });
   for (;;) {
     Poll();
     if (generation_ && !started_.empty() && finished_ == started_) break;
@@ -134,32 +188,32 @@ void Launcher::SetReachable(bool reachable, const absl::Status& why) {
 }
 
 void Launcher::Poll() {
-  cv1::GetClusterResponse cluster;
-  grpc::ClientContext ctx;
-  coordinator::SetDeadline(&ctx, kRpcTimeout);
-  absl::Status s = coordinator::CoordStatus(stub_->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster), "GetCluster",
-                               opts_.coordinator);
-  const cv1::JobRecord* job = nullptr;
-  const cv1::NodeRecord* node = nullptr;
+  std::optional<cv1::JobView> view;
+  absl::Status s;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    view = view_;
+    s = watch_status_;
+  }
   if (s.ok()) {
     SetReachable(true, s);
-    for (const auto& j : cluster.jobs())
-      if (j.job() == opts_.job) job = &j;
-    for (const auto& n : cluster.nodes())
-      if (n.node_id() == opts_.node_id) node = &n;
-    if (job) known_generation_ = std::max(known_generation_, job->generation());
-    if (node) epoch_ = node->epoch();
+    last_watch_error_.clear();
   } else if (coordinator::IsUnreachable(s)) {
     SetReachable(false, s);
-  } else {
-    Log(std::string(s.message()));
+  } else if (s.message() != last_watch_error_) {  // refused (e.g. PERMISSION_DENIED): say so once
+    last_watch_error_ = std::string(s.message());
+    Log(last_watch_error_);
+  }
+  if (view && view->registered()) {
+    known_generation_ = std::max(known_generation_, view->generation());
+    if (view->node_health() != cv1::NODE_HEALTH_UNSPECIFIED) epoch_ = view->node_epoch();
   }
   for (const TrainerExit& e : trainers_.Reap()) {
     if (e.clean()) finished_.insert(e.rank);
     reports_.push_back({e, generation_.value_or(0), epoch_, false});
   }
   FlushReports();
-  if (job) Reconcile(cluster, *job, node);
+  if (view && view->registered()) Reconcile(*view);
 }
 
 void Launcher::FlushReports() {
@@ -180,10 +234,9 @@ void Launcher::FlushReports() {
     req.set_exit_code(r.exit.exit_code);
     req.set_term_signal(r.exit.term_signal);
     cv1::ReportTrainerExitResponse resp;
-    grpc::ClientContext ctx;
-    coordinator::SetDeadline(&ctx, kRpcTimeout);
     absl::Status s =
-        coordinator::CoordStatus(stub_->ReportTrainerExit(&ctx, req, &resp), "ReportTrainerExit", opts_.coordinator);
+        coordinator::CoordStatus(client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp, kRpcTimeout),
+                                 "ReportTrainerExit", client_->current());
     if (coordinator::IsUnreachable(s)) {
       SetReachable(false, s);
       if (!r.logged_queued) Log(absl::StrCat(what, "; report queued until the coordinator is back"));
@@ -210,12 +263,9 @@ void Launcher::StopTrainers(const std::string& why) {
   finished_.clear();
 }
 
-void Launcher::Reconcile(const cv1::GetClusterResponse& cluster, const cv1::JobRecord& job,
-                         const cv1::NodeRecord* node) {
+void Launcher::Reconcile(const cv1::JobView& job) {
   std::set<uint32_t> desired;
-  if (node && node->health() == cv1::ALIVE)
-    for (int r = 0; r < job.rank_node_size(); ++r)
-      if (job.rank_node(r) == opts_.node_id) desired.insert(static_cast<uint32_t>(r));
+  if (job.node_health() == cv1::ALIVE) desired.insert(job.ranks().begin(), job.ranks().end());
   if (generation_ && *generation_ != job.generation())
     StopTrainers(absl::StrCat("generation ", *generation_, " -> ", job.generation()));
   else if (generation_ && desired != started_)
@@ -229,11 +279,10 @@ void Launcher::Reconcile(const cv1::GetClusterResponse& cluster, const cv1::JobR
     return;
   }
   waiting_for_.clear();
-  StartTrainers(cluster, job, std::vector<uint32_t>(desired.begin(), desired.end()));
+  StartTrainers(job, std::vector<uint32_t>(desired.begin(), desired.end()));
 }
 
-void Launcher::StartTrainers(const cv1::GetClusterResponse& cluster, const cv1::JobRecord& job,
-                             const std::vector<uint32_t>& ranks) {
+void Launcher::StartTrainers(const cv1::JobView& job, const std::vector<uint32_t>& ranks) {
   std::optional<uint64_t> step;
   if (job.plan_state() == cv1::PLAN_NONE) {
     if (job.has_last_good()) step = job.last_good_step();  // a fresh start of the job
@@ -241,9 +290,7 @@ void Launcher::StartTrainers(const cv1::GetClusterResponse& cluster, const cv1::
     step = job.restore_step();
   }
   std::string master = opts_.master_addr;
-  if (master.empty() && job.rank_node_size() > 0)
-    for (const auto& n : cluster.nodes())
-      if (n.node_id() == job.rank_node(0)) master = HostOf(n.address());
+  if (master.empty()) master = HostOf(job.rank0_address());
   if (master.empty()) master = "127.0.0.1";
   generation_ = job.generation();
   started_ = std::set<uint32_t>(ranks.begin(), ranks.end());

@@ -1,6 +1,9 @@
 // ckptrun: the per-node launcher of a coordinated job (in the spirit of
-// torchrun). It registers the job with the coordinator, then every poll
-// interval reads the cluster and makes this node's trainers match it:
+// torchrun). It registers the job with the coordinator (saying how many
+// trainers it runs per node, so placement puts no more on any node), then
+// watches its view of the job (a WatchJob server stream: the coordinator
+// pushes each durable change; nothing polls the cluster) and every poll
+// interval makes this node's trainers match the newest view:
 // the ranks the coordinator placed here (none while the node is not alive),
 // in the job's current generation, started only once the generation's plan
 // is acknowledged by every node (prefetches done). A trainer that exits on
@@ -16,23 +19,28 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator.grpc.pb.h"
+#include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun_trainers.h"
 
 namespace ckpt::tools {
 
 struct RunOptions {
-  std::string coordinator;  // HOST:PORT
+  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
+  coordinator::TlsFiles tls;
   std::string node_id;
   uint32_t nproc_per_node = 0;
   uint32_t nnodes = 1;
@@ -58,6 +66,7 @@ class Launcher {
   // them, to wake the loop when a trainer exits); Run() takes them with
   // sigtimedwait.
   Launcher(RunOptions options, const sigset_t& stop_signals);
+  ~Launcher();
   int Run();
 
  private:
@@ -72,12 +81,13 @@ class Launcher {
   bool Wait(std::chrono::milliseconds d);
   // Retries while the coordinator is unreachable or short of nodes.
   std::optional<int> RegisterJob();
-  // One round: read the cluster, reap, report, make trainers match.
+  // One round: take the newest view, reap, report, make trainers match.
   void Poll();
-  void Reconcile(const coord::v1::GetClusterResponse& cluster, const coord::v1::JobRecord& job,
-                 const coord::v1::NodeRecord* node);
-  void StartTrainers(const coord::v1::GetClusterResponse& cluster, const coord::v1::JobRecord& job,
-                     const std::vector<uint32_t>& ranks);
+  // The watch thread: keeps a WatchJob stream open (reconnecting with
+  // backoff) and stores each view it gets.
+  void WatchLoop();
+  void Reconcile(const coord::v1::JobView& view);
+  void StartTrainers(const coord::v1::JobView& view, const std::vector<uint32_t>& ranks);
   void StopTrainers(const std::string& why);
   void FlushReports();
   void SetReachable(bool reachable, const absl::Status& why);
@@ -87,7 +97,14 @@ class Launcher {
   RunOptions opts_;
   sigset_t signals_;
   int stop_signal_ = 0;
-  std::unique_ptr<coord::v1::Coordinator::Stub> stub_;
+  std::unique_ptr<coordinator::CoordinatorClient> client_;
+  std::thread watcher_;
+  std::mutex watch_mu_;  // guards the four below
+  std::optional<coord::v1::JobView> view_;
+  absl::Status watch_status_;
+  grpc::ClientContext* watch_ctx_ = nullptr;
+  bool watch_stopping_ = false;
+  std::string last_watch_error_;  // the last refusal logged (Poll's thread)
   TrainerSet trainers_;
   std::optional<uint64_t> generation_;  // of the trainers started, if any
   std::set<uint32_t> started_;          // ranks started in generation_

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/client/channel.h"
+#include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun.h"
 #include "util/validate.h"
 
@@ -33,7 +34,13 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
   app.footer("After the flags: -- CMD ARGS..., the trainer command, started once per rank of this node.");
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
-  app.add_option("--coordinator", o.coordinator, "ckpt-coordinator's HOST:PORT")->required();
+  app.add_option("--coordinator", o.coordinator,
+                 "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the leader is followed)")
+      ->required();
+  app.add_option("--tls-cert", o.tls.cert, "this node's certificate for the coordinator (PEM; mutual TLS)");
+  app.add_option("--tls-key", o.tls.key, "its private key (PEM)");
+  app.add_option("--tls-ca", o.tls.ca, "CA of the coordinator's certificate (PEM)");
+  app.add_flag("--insecure", o.tls.insecure, "plaintext to the coordinator (the default without --tls-*)");
   app.add_option("--node-id", o.node_id, "this node's id, as its ckptd registered it")->required();
   app.add_option("--nproc-per-node", o.nproc_per_node, "trainers per node")->required();
   app.add_option("--nnodes", o.nnodes, "nodes of the job (default 1)");
@@ -42,7 +49,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
   app.add_option("--socket", o.socket, "this node's ckptd socket, passed to trainers (default $CKPT_SOCKET)");
   app.add_option("--master-addr", o.master_addr, "MASTER_ADDR (default: the host of rank 0's node)");
   app.add_option("--master-port", master_port, "MASTER_PORT base; generation G uses base + G % 1000");
-  app.add_option("--poll-ms", poll_ms, "how often to read the cluster (default 100)");
+  app.add_option("--poll-ms", poll_ms, "how often to make trainers match the watched view (no RPC; default 100)");
   app.add_option("--grace-ms", grace_ms, "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
   try {
     app.parse(split, argv);
@@ -57,7 +64,9 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
   };
   if (o.command.empty()) return bad("--", "no trainer command after it");
-  if (absl::Status s = coordinator::ValidateHostPort(o.coordinator, "--coordinator"); !s.ok()) return s;
+  if (absl::Status s = coordinator::ParseAddressList(o.coordinator, "--coordinator").status(); !s.ok()) return s;
+  if (absl::Status s = coordinator::ValidateTlsFlags(o.tls, /*require_choice=*/false); !s.ok()) return s;
+  if (absl::Status s = coordinator::CoordinatorClient::Create(o.coordinator, o.tls).status(); !s.ok()) return s;
   if (absl::Status s = ValidateJobName(o.node_id, "--node-id"); !s.ok()) return s;
   if (o.nproc_per_node == 0) return bad("--nproc-per-node", "must be at least 1");
   if (o.nnodes == 0) return bad("--nnodes", "must be at least 1");
@@ -91,6 +100,11 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
 }  // namespace ckpt::tools
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("ckptrun %s\n", CKPT_VERSION);
+      return 0;
+    }
   std::string help;
   absl::StatusOr<ckpt::tools::RunOptions> opts = ckpt::tools::ParseRunOptions(argc, argv, &help);
   if (!opts.ok()) {

@@ -26,6 +26,7 @@
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
 #include "tests/coordinator_process.h"
+#include "tests/test_util.h"
 
 namespace ckpt::tools::testing {
 
@@ -103,24 +104,8 @@ class FakeNode {
   std::thread thread_;
 };
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout, or stdout and stderr together
-};
-
-// Runs `command` through /bin/sh; with_stderr folds stderr into out.
-inline CommandResult RunCommand(const std::string& command, bool with_stderr) {
-  CommandResult r;
-  std::string cmd = command + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ::ckpt::testing::CommandResult;  // tests/test_util.h
+using ::ckpt::testing::RunCommand;
 
 }  // namespace ckpt::tools::testing
 

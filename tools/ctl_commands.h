@@ -7,8 +7,8 @@
 //
 // Online commands talk to a running ckptd over its Unix socket; coordinator
 // commands to ckpt-coordinator at HOST:PORT (every RPC with a 5 s deadline);
-// offline ones read shard files under a root directory through
-// storage::Backend.
+// offline ones read shard files under a root directory, or an object
+// store root "s3://BUCKET/PREFIX", through storage::Backend.
 // Not thread-safe (they own stdout while they run).
 #ifndef CKPT_TOOLS_CTL_COMMANDS_H_
 #define CKPT_TOOLS_CTL_COMMANDS_H_
@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "coordinator/client/tls.h"
 
 namespace ckpt::tools {
 
@@ -33,18 +34,23 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                      bool all_steps, bool json);
 
 // ---- coordinator (multi-node jobs) ----
+// `coordinator` is "A:P[,B:P...]" (HA replicas: the leader is followed);
+// `tls` as on every coordinator client (coordinator/client/tls.h).
 
 // Nodes, jobs (placement, last good step, plan) and recent events.
 [[nodiscard]] absl::Status RunCluster(const std::string& coordinator,
+                                      const coordinator::TlsFiles& tls,
                                       bool json);
 // Restarts the whole job at `step` (required; must be durable on every
 // rank) and prints the new generation.
 [[nodiscard]] absl::Status RunRollback(const std::string& coordinator,
+                                      const coordinator::TlsFiles& tls,
                                        const std::string& job,
                                        std::optional<uint64_t> step, bool json);
 // Events with seq > after_seq: of one job and the cluster-wide ones (node
 // registered, node dead), or (job empty) every event.
 [[nodiscard]] absl::Status RunEvents(const std::string& coordinator,
+                                      const coordinator::TlsFiles& tls,
                                      const std::string& job, uint64_t after_seq,
                                      bool json);
 
@@ -83,6 +89,12 @@ struct VerifyOptions {
 // index.json; otherwise a verified copy of the shard file.
 [[nodiscard]] absl::Status RunRestore(const ShardSelector& sel,
                                       const std::string& out, bool json);
+
+// One shard as a safetensors file at out (format: "safetensors"), every
+// tensor verified on the way; nothing is left at out on failure.
+[[nodiscard]] absl::Status RunExport(const ShardSelector& sel,
+                                     const std::string& out,
+                                     const std::string& format, bool json);
 
 }  // namespace ckpt::tools
 

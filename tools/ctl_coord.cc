@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/client/channel.h"
+#include "coordinator/client/leader_channel.h"
 #include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
 #include "tools/text_output.h"
@@ -19,7 +20,7 @@ constexpr std::chrono::seconds kRpcTimeout{5};
 absl::Status CheckCoordinator(const std::string& coordinator) {
   if (coordinator.empty())
     return absl::InvalidArgumentError("--coordinator: not given (HOST:PORT of ckpt-coordinator)");
-  return coordinator::ValidateHostPort(coordinator, "--coordinator");
+  return coordinator::ParseAddressList(coordinator, "--coordinator").status();
 }
 
 std::string HealthName(cv1::NodeHealth h) {
@@ -118,34 +119,35 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
 
 }  // namespace
 
-absl::Status RunCluster(const std::string& coordinator, bool json) {
+absl::Status RunCluster(const std::string& coordinator, const coordinator::TlsFiles& tls, bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (!s.ok()) return s;
-  auto stub = coordinator::NewCoordinatorStub(coordinator);
+  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
+  if (!client.ok()) return client.status();
   cv1::GetClusterResponse resp;
-  grpc::ClientContext ctx;
-  coordinator::SetDeadline(&ctx, kRpcTimeout);
-  s = coordinator::CoordStatus(stub->GetCluster(&ctx, cv1::GetClusterRequest(), &resp), "GetCluster", coordinator);
+  s = coordinator::CoordStatus(
+      (*client)->Call(&cv1::Coordinator::Stub::GetCluster, cv1::GetClusterRequest{}, &resp, kRpcTimeout),
+      "GetCluster", (*client)->current());
   if (!s.ok()) return s;
   if (json) WriteCluster(resp);
   else PrintCluster(resp);
   return absl::OkStatus();
 }
 
-absl::Status RunRollback(const std::string& coordinator, const std::string& job,
+absl::Status RunRollback(const std::string& coordinator, const coordinator::TlsFiles& tls, const std::string& job,
                          std::optional<uint64_t> step, bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (s.ok()) s = ValidateJobName(job, "--job");
   if (s.ok() && !step) s = absl::InvalidArgumentError("--step: not given");
   if (!s.ok()) return s;
-  auto stub = coordinator::NewCoordinatorStub(coordinator);
+  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
+  if (!client.ok()) return client.status();
   cv1::RollbackRequest req;
   req.set_job(job);
   req.set_step(*step);
   cv1::RollbackResponse resp;
-  grpc::ClientContext ctx;
-  coordinator::SetDeadline(&ctx, kRpcTimeout);
-  s = coordinator::CoordStatus(stub->Rollback(&ctx, req, &resp), "Rollback", coordinator);
+  s = coordinator::CoordStatus(
+      (*client)->Call(&cv1::Coordinator::Stub::Rollback, req, &resp, kRpcTimeout), "Rollback", (*client)->current());
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;
@@ -159,19 +161,20 @@ absl::Status RunRollback(const std::string& coordinator, const std::string& job,
   return absl::OkStatus();
 }
 
-absl::Status RunEvents(const std::string& coordinator, const std::string& job, uint64_t after_seq,
+absl::Status RunEvents(const std::string& coordinator, const coordinator::TlsFiles& tls, const std::string& job,
+                       uint64_t after_seq,
                        bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (s.ok() && !job.empty()) s = ValidateJobName(job, "--job");
   if (!s.ok()) return s;
-  auto stub = coordinator::NewCoordinatorStub(coordinator);
+  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
+  if (!client.ok()) return client.status();
   cv1::EventsRequest req;
   req.set_job(job);
   req.set_after_seq(after_seq);
   cv1::EventsResponse resp;
-  grpc::ClientContext ctx;
-  coordinator::SetDeadline(&ctx, kRpcTimeout);
-  s = coordinator::CoordStatus(stub->Events(&ctx, req, &resp), "Events", coordinator);
+  s = coordinator::CoordStatus(
+      (*client)->Call(&cv1::Coordinator::Stub::Events, req, &resp, kRpcTimeout), "Events", (*client)->current());
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;

@@ -159,6 +159,17 @@ absl::Status RunStatus(const std::string& socket, bool json) {
     w.Field("persisted_shards", static_cast<uint64_t>(st.persisted_shards()));
     w.Field("persisted_bytes", static_cast<uint64_t>(st.persisted_bytes()));
     w.Field("failed_persists", static_cast<uint64_t>(st.failed_persists()));
+    if (!st.object_tier().empty()) {
+      w.Key("object_tier").BeginObject().Field("backend", st.object_tier());
+      w.Field("commit_tier", st.commit_tier());
+      w.Field("backlog_steps", st.upload_backlog_steps());
+      w.Field("backlog_shards", st.upload_backlog_shards());
+      w.Field("backlog_bytes", static_cast<uint64_t>(st.upload_backlog_bytes()));
+      w.Field("uploaded_shards", static_cast<uint64_t>(st.uploaded_shards()));
+      w.Field("uploaded_bytes", static_cast<uint64_t>(st.uploaded_bytes()));
+      w.Field("failed_uploads", static_cast<uint64_t>(st.failed_uploads()));
+      w.Field("last_upload_error", st.last_upload_error()).EndObject();
+    }
     w.Key("arenas").BeginArray();
     for (const auto& a : st.arenas()) {
       w.BeginObject().Field("job", a.job()).Field("rank", a.rank()).Field("shm_name", a.shm_name());
@@ -178,6 +189,16 @@ absl::Status RunStatus(const std::string& socket, bool json) {
               static_cast<unsigned long long>(st.persisted_shards()),
               FormatBytes(st.persisted_bytes()).c_str(),
               static_cast<unsigned long long>(st.failed_persists()));
+  if (!st.object_tier().empty()) {
+    std::printf("object tier %s (commit tier %s): backlog %u steps, %u shards, %s; uploaded: %llu shards, %s; failed uploads: %llu%s%s\n",
+                st.object_tier().c_str(), st.commit_tier().c_str(), st.upload_backlog_steps(),
+                st.upload_backlog_shards(), FormatBytes(st.upload_backlog_bytes()).c_str(),
+                static_cast<unsigned long long>(st.uploaded_shards()),
+                FormatBytes(st.uploaded_bytes()).c_str(),
+                static_cast<unsigned long long>(st.failed_uploads()),
+                st.last_upload_error().empty() ? "" : "; last error: ",
+                st.last_upload_error().c_str());
+  }
   if (st.arenas_size() == 0) {
     std::printf("no arenas\n");
     return absl::OkStatus();

@@ -16,6 +16,7 @@
 #include "storage/shard_reader.h"
 #include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
+#include "tools/out_file.h"
 #include "tools/shard_access.h"
 #include "util/status.h"
 
@@ -50,50 +51,6 @@ std::string TensorFileName(const std::string& name, std::set<std::string>* taken
   taken->insert(file);
   return file;
 }
-
-absl::Status WriteAll(int fd, const char* data, uint64_t len, const std::string& path) {
-  while (len > 0) {
-    ssize_t n = ::write(fd, data, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "write " + path);
-    data += n;
-    len -= static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-// A file written in full, fsynced and renamed into place on Close; removed
-// if destroyed before.
-class OutFile {
- public:
-  absl::Status Open(const std::string& path) {
-    path_ = path;
-    tmp_ = absl::StrCat(path, ".partial.", getpid());
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return ErrnoToStatus(errno, "create " + tmp_);
-    return absl::OkStatus();
-  }
-  absl::Status Write(const char* data, uint64_t len) { return WriteAll(fd_, data, len, tmp_); }
-  absl::Status Close() {
-    absl::Status s;
-    if (::fsync(fd_) != 0) s = ErrnoToStatus(errno, "fsync " + tmp_);
-    ::close(fd_);
-    fd_ = -1;
-    if (s.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0) s = ErrnoToStatus(errno, "rename to " + path_);
-    if (!s.ok()) ::unlink(tmp_.c_str());
-    return s;
-  }
-  ~OutFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(tmp_.c_str());
-    }
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-};
 
 }  // namespace
 

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "storage/object_backend.h"
 #include "storage/keys.h"
 #include "util/status.h"
 #include "util/validate.h"
@@ -33,6 +35,24 @@ std::pair<std::filesystem::path, std::string> SplitFile(
                    step_dir.filename().string(), "/", p.filename().string());
   if (storage::ParseKey(key).ok()) return {job_dir.parent_path(), key};
   return {p.parent_path(), p.filename().string()};
+}
+
+// FILE given as "s3://bucket/[prefix/]<job>/step-<N>/<name>": the root is
+// everything before the key's three components.
+absl::StatusOr<OpenedShard> OpenObjectFile(const std::string& url) {
+  CKPT_ASSIGN_OR_RETURN(storage::ObjectUrl parsed, storage::ParseObjectUrl(url, "FILE"));
+  std::vector<std::string> parts = absl::StrSplit(parsed.prefix, '/');
+  if (parts.size() < 3)
+    return absl::InvalidArgumentError(
+        absl::StrCat("FILE ", url.substr(0, 200), ": not s3://BUCKET/[PREFIX/]JOB/step-N/NAME"));
+  const std::string key = absl::StrJoin(parts.end() - 3, parts.end(), "/");
+  const std::string prefix = absl::StrJoin(parts.begin(), parts.end() - 3, "/");
+  const std::string root = absl::StrCat("s3://", parsed.bucket, prefix.empty() ? "" : "/", prefix);
+  OpenedShard out;
+  CKPT_ASSIGN_OR_RETURN(out.backend, OpenRoot(root, "FILE"));
+  out.key = key;
+  out.path = url;
+  return out;
 }
 
 // The key of sel's shard: the one-node key if present, else the one node's
@@ -65,6 +85,14 @@ absl::StatusOr<std::string> ResolveShardKey(storage::Backend& backend,
 
 absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(
     const std::string& dir, const std::string& flag) {
+  if (storage::IsObjectUrl(dir)) {
+    // Endpoint, region and credentials: AWS_* environment or credentials
+    // file, never a flag.
+    absl::StatusOr<storage::ObjectStoreOptions> o =
+        storage::ResolveObjectStoreOptions(dir, storage::ObjectStoreConfig{});
+    if (!o.ok()) return Annotate(o.status(), flag);
+    return storage::NewObjectBackend(*std::move(o));
+  }
   struct stat st;
   if (dir.empty()) return absl::InvalidArgumentError(flag + ": empty path");
   if (stat(dir.c_str(), &st) != 0)
@@ -111,6 +139,7 @@ absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
     if (by_key)
       return absl::InvalidArgumentError(
           "give either FILE or --root/--job/--step/--rank/--node, not both");
+    if (storage::IsObjectUrl(sel.file)) return OpenObjectFile(sel.file);
     std::error_code ec;
     std::filesystem::path p = std::filesystem::absolute(sel.file, ec);
     if (ec)
@@ -139,8 +168,18 @@ absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
   if (!backend.ok()) return backend.status();
   out.backend = std::move(*backend);
   CKPT_ASSIGN_OR_RETURN(out.key, ResolveShardKey(*out.backend, sel));
-  out.path = out.backend->LocalPath(out.key).value_or(out.key);
+  out.path = DisplayPath(*out.backend, sel.root, out.key);
   return out;
+}
+
+std::string DisplayPath(const storage::Backend& backend, const std::string& root,
+                        const std::string& key) {
+  if (storage::IsObjectUrl(root)) {
+    std::string r = root;
+    while (!r.empty() && r.back() == '/') r.pop_back();
+    return absl::StrCat(r, "/", key);
+  }
+  return backend.LocalPath(key).value_or(key);
 }
 
 absl::Status StreamShard(storage::ShardReader& reader, const ShardSink& sink,

@@ -25,7 +25,10 @@
 namespace ckpt::tools {
 
 // Opens an existing directory read-only in spirit (the tools never write
-// through it). NotFound naming `flag` if dir is missing or not a directory.
+// through it), or an object store root "s3://BUCKET[/PREFIX]" (endpoint,
+// region and credentials from the AWS_* environment or credentials file:
+// storage/object_backend.h). NotFound naming `flag` if dir is missing or
+// not a directory.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(
     const std::string& dir, const std::string& flag);
 
@@ -45,13 +48,18 @@ struct RootContents {
 struct OpenedShard {
   std::unique_ptr<storage::Backend> backend;
   std::string key;
-  std::string path;  // for messages: the file on disk
+  std::string path;  // for messages: the file on disk, or s3://bucket/prefix/key
 };
+// What a user calls the object at key under root: the file on disk, or
+// "s3://bucket/prefix/key".
+std::string DisplayPath(const storage::Backend& backend, const std::string& root,
+                        const std::string& key);
 // Either sel.file, or all of sel.root, sel.job, sel.step, sel.rank. On a
 // cluster root the rank's shard is "rank-R.<node>.shard": sel.node picks the
 // node when more than one wrote that rank. A FILE inside a root's layout
 // (".../<job>/step-N/<name>") opens that root, so its key is the full key;
-// such a FILE may also be a manifest.
+// such a FILE may also be a manifest. FILE may also be
+// "s3://BUCKET/[PREFIX/]JOB/step-N/NAME".
 [[nodiscard]] absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel);
 
 // Called for bytes of the file outside tensors (header, index, padding,

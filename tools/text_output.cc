@@ -46,10 +46,16 @@ void Table::Print(std::FILE* out) const {
   for (const auto& row : rows_) print_row(row);
 }
 
+namespace {
+bool force_progress = false;
+}  // namespace
+
+void Progress::Force(bool on) { force_progress = on; }
+
 Progress::Progress(std::string label, uint64_t total)
     : label_(std::move(label)),
       total_(total),
-      enabled_(isatty(STDERR_FILENO) == 1),
+      enabled_(force_progress || isatty(STDERR_FILENO) == 1),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 

@@ -1,6 +1,7 @@
 // Human-readable output for the tools: an aligned text table, byte and
 // duration formatting, and a progress line on stderr for long operations
-// (drawn only when stderr is a terminal, at most a few times per second).
+// (drawn only when stderr is a terminal or Progress::Force is on, at most a
+// few times per second).
 // Not thread-safe; one object per output.
 #ifndef CKPT_TOOLS_TEXT_OUTPUT_H_
 #define CKPT_TOOLS_TEXT_OUTPUT_H_
@@ -40,6 +41,9 @@ class Progress {
   void Add(uint64_t bytes);
   void Finish();
   bool enabled() const { return enabled_; }
+  // Draw progress lines even when stderr is not a terminal (ckptctl
+  // --progress). Call before creating Progress objects.
+  static void Force(bool on);
 
  private:
   void Draw();

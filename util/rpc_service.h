@@ -9,7 +9,10 @@
 // A subclass passes its proto service descriptor and registers each method
 // with AddUnary(name, this, &Subclass::Method); the method keeps the
 // signature of a generated handler. A method not registered answers
-// UNIMPLEMENTED, as with the generated Service. The service must outlive
+// UNIMPLEMENTED, as with the generated Service. Every request that parses
+// first goes through Admit (a subclass may override it: who may call, is
+// this replica serving); a refusal is the answer and the method does not
+// run. The service must outlive
 // the server it is registered with. Thread-safety: register every method
 // before the server starts; the handlers then run concurrently on the
 // server's threads, exactly as generated ones do.
@@ -95,10 +98,21 @@ class RpcService : public grpc::Service {
     AddMethod(new grpc::internal::RpcServiceMethod(
         path, grpc::internal::RpcMethod::NORMAL_RPC,
         new internal::UnaryHandler<Req, Resp>(
-            [self, method](grpc::ServerContext* ctx, const Req* req,
-                           Resp* resp) {
+            [self, method, name = std::string(name)](
+                grpc::ServerContext* ctx, const Req* req, Resp* resp) {
+              grpc::Status admitted =
+                  static_cast<RpcService*>(self)->Admit(ctx, name, *req);
+              if (!admitted.ok()) return admitted;
               return (self->*method)(ctx, req, resp);
             })));
+  }
+
+  // Called before each registered method with its name and parsed request;
+  // the default admits every call.
+  virtual grpc::Status Admit(grpc::ServerContext* /*ctx*/,
+                             const std::string& /*method*/,
+                             const google::protobuf::Message& /*request*/) {
+    return grpc::Status::OK;
   }
 
  private:

@@ -30,15 +30,26 @@ absl::Status ValidateHostPort(const std::string& addr, std::string_view flag, in
 }
 
 std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(const std::string& addr) {
+  return NewCoordinatorStub(addr, grpc::InsecureChannelCredentials(), /*tls=*/false);
+}
+
+std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(
+    const std::string& addr, const std::shared_ptr<grpc::ChannelCredentials>& creds, bool tls) {
+  return coord::v1::Coordinator::NewStub(NewCoordinatorChannel(addr, creds, tls));
+}
+
+std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
+    const std::string& addr, const std::shared_ptr<grpc::ChannelCredentials>& creds, bool tls) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // This also bounds each connection attempt: a TLS handshake on a busy
+  // machine may need more than 100 ms, so TLS keeps gRPC's default.
+  if (!tls) args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // After a lost connection the channel re-resolves the name before it
   // reconnects; at the default rate limit (30 s) calls wait for that.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-  return coord::v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+  return grpc::CreateCustomChannel(addr, creds, args);
 }
 
 void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {

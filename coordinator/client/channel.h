@@ -28,6 +28,13 @@ namespace ckpt::coordinator {
 // A stub for `addr` (already validated). Reconnect attempts after a refused
 // connection are at most 1 s apart, so a restarted coordinator is seen soon.
 std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(const std::string& addr);
+// The same over `creds` (TLS: coordinator/client/tls.h; `tls` says whether
+// they are TLS credentials).
+std::unique_ptr<coord::v1::Coordinator::Stub> NewCoordinatorStub(
+    const std::string& addr, const std::shared_ptr<grpc::ChannelCredentials>& creds, bool tls);
+// The channel those stubs use (for the CoordinatorWatch stub too).
+std::shared_ptr<grpc::Channel> NewCoordinatorChannel(
+    const std::string& addr, const std::shared_ptr<grpc::ChannelCredentials>& creds, bool tls);
 
 void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout);
 

@@ -102,6 +102,20 @@ typedef struct {
 typedef struct ckpt_client ckpt_client;
 typedef struct ckpt_save_handle ckpt_save_handle;
 
+/* What the last save of a client took (ckpt::SaveStats). */
+typedef struct {
+  double wait_slot_s; /* blocked waiting for a free slot */
+  double copy_s;      /* copy + checksum */
+  double rpc_s;       /* BeginSave + Commit */
+  double total_s;
+  uint64_t bytes;
+} ckpt_save_stats;
+
+/* Bumped when a struct or signature of this header changes incompatibly;
+ * a binding loading libckpt.so at run time checks it. */
+#define CKPT_ABI_VERSION 1
+int ckpt_abi_version(void);
+
 /* Sets every field to its default (a NULL options is ignored). */
 void ckpt_options_init(ckpt_options* options);
 /* The message of the calling thread's last failure ("" after a success). */
@@ -128,6 +142,8 @@ ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count);
 ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
                               int64_t timeout_ms);
+/* The stats of the client's last finished save (all zero before one). */
+ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,644 @@
+#include "bench/coord_scale_sim.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "coordinator.grpc.pb.h"
+
+namespace ckpt::bench {
+namespace {
+
+namespace v1 = ::ckpt::coord::v1;
+using Clock = std::chrono::steady_clock;
+
+double Now() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The coordinator as a child process.
+struct Coord {
+  pid_t pid = -1;
+  int port = 0;
+  std::string dir;
+  ~Coord() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+};
+
+bool StartCoord(const Args& a, Coord* c) {
+  char tmpl[] = "/var/tmp/coord-scale.XXXXXX";
+  if (!mkdtemp(tmpl)) return false;
+  c->dir = tmpl;
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  std::string timeout = std::to_string(a.timeout_ms);
+  c->pid = fork();
+  if (c->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    std::string state = c->dir + "/state", shared = c->dir + "/shared";
+    execl(a.binary.c_str(), a.binary.c_str(), "--listen", "127.0.0.1:0",
+          "--state", state.c_str(), "--shared-root", shared.c_str(),
+          "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* out = fdopen(fds[0], "r");
+  char line[256] = {};
+  if (out && std::fgets(line, sizeof line, out)) {
+    const char* colon = std::strrchr(line, ':');
+    if (colon) c->port = std::atoi(colon + 1);
+  }
+  if (out) std::fclose(out);
+  return c->port > 0;
+}
+
+double ProcCpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), {});
+  size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(s.substr(close + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return double(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+uint64_t ProcStatusKb(pid_t pid, const std::string& key) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key + ":", 0) == 0)
+      return std::stoull(line.substr(key.size() + 1)) * 1024;
+  return 0;
+}
+
+double LoadAvg() {
+  std::ifstream f("/proc/loadavg");
+  double l = 0;
+  f >> l;
+  return l;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+bool Retryable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+constexpr char kJob[] = "bench";
+
+// A timer wheel of one thread: tasks run in due order on it.
+class Timers {
+ public:
+  Timers() : thread_([this] { Loop(); }) {}
+  ~Timers() { Stop(); }
+  void At(double when, std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    q_.push({when, seq_++, std::move(fn)});
+    cv_.notify_one();
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Task {
+    double when;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Task& o) const {
+      return when != o.when ? when > o.when : seq > o.seq;
+    }
+  };
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (q_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      double wait = q_.top().when - Now();
+      if (wait > 0) {
+        cv_.wait_for(lock, std::chrono::duration<double>(wait));
+        continue;
+      }
+      Task t = q_.top();
+      q_.pop();
+      lock.unlock();
+      t.fn();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::priority_queue<Task, std::vector<Task>, std::greater<Task>> q_;
+  uint64_t seq_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class Sim {
+ public:
+  Sim(const Args& a, int port) : a_(a), rng_(42) {
+    for (int c = 0; c < a.channels; ++c) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                  1);  // one connection per channel
+      args.SetInt("ckpt.bench_channel", c);
+      stubs_.push_back(v1::Coordinator::NewStub(
+          grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                    grpc::InsecureChannelCredentials(), args)));
+    }
+    watch_stub_ = v1::CoordinatorWatch::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()));
+    nodes_.resize(a.nodes + 1);
+    for (int i = 0; i <= a.nodes; ++i) {
+      char id[32];
+      std::snprintf(id, sizeof id, "n%05d", i);
+      nodes_[i].id = i == a.nodes ? std::string("spare") : std::string(id);
+      nodes_[i].spare = i == a.nodes;
+    }
+  }
+
+  bool Setup() {
+    std::atomic<int> left{static_cast<int>(nodes_.size())};
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      Register(static_cast<int>(i), &left);
+    // Heartbeats from the start: registering thousands of nodes may take
+    // longer than the timeout on a loaded machine.
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      double first = Now() + std::uniform_real_distribution<double>(
+                                 0, a_.heartbeat_ms / 1000.0)(rng_);
+      timers_.At(first, [this, i] { Heartbeat(static_cast<int>(i)); });
+    }
+    auto deadline = Now() + 120;
+    while (left > 0 && Now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (left > 0)
+      return std::fprintf(stderr,
+                          "coord_scale_bench: registration timed out\n"),
+             false;
+    v1::RegisterJobRequest req;
+    req.set_job(kJob);
+    req.set_world_size(a_.nodes * a_.ranks_per_node);
+    req.set_nproc_per_node(a_.ranks_per_node);
+    v1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stubs_[0]->RegisterJob(&ctx, req, &resp);
+    if (!s.ok())
+      return std::fprintf(stderr, "coord_scale_bench: RegisterJob: %s\n",
+                          s.error_message().c_str()),
+             false;
+    gen0_ = resp.job().generation();
+    watcher_ = std::thread([this] { Watch(); });
+    return true;
+  }
+
+  void Run(Result* r, pid_t coord) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(a_.heartbeat_ms * 2));  // assignments known
+    const double t0 = Now();
+    const double cpu0 = ProcCpuSeconds(coord);
+    struct rusage ru0;
+    getrusage(RUSAGE_SELF, &ru0);
+    r->load_before = LoadAvg();
+    uint64_t step = 0;
+    bool killed = false;
+    for (double next = t0; Now() < t0 + a_.duration_s;) {
+      if (!killed && Now() >= t0 + a_.kill_at_s) {
+        killed = true;
+        std::lock_guard<std::mutex> lock(mu_);
+        nodes_[0].dead = true;
+        kill_time_ = Now();
+      }
+      if (Now() >= next) {
+        step += 10;
+        StartStep(step);
+        next += a_.interval_s;
+      }
+      if (killed && detect_event_ms_ < 0) PollEvents();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const double t1 = Now();
+    const double cpu1 = ProcCpuSeconds(coord);
+    struct rusage ru1;
+    getrusage(RUSAGE_SELF, &ru1);
+    r->load_after = LoadAvg();
+    r->rss = ProcStatusKb(coord, "VmRSS");
+    r->rss_peak = ProcStatusKb(coord, "VmHWM");
+    if (detect_event_ms_ < 0) PollEvents();
+    stopping_ = true;
+    timers_.Stop();
+    while (inflight_ > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    watch_ctx_.TryCancel();
+    watcher_.join();
+
+    auto tv = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+    r->bench_cpu_cores = (tv(ru1.ru_utime) + tv(ru1.ru_stime) -
+                          tv(ru0.ru_utime) - tv(ru0.ru_stime)) /
+                         (t1 - t0);
+    r->cpu_cores = (cpu1 - cpu0) / (t1 - t0);
+    r->nodes = a_.nodes;
+    r->ranks = a_.nodes * a_.ranks_per_node;
+    r->interval_s = a_.interval_s;
+    r->duration_s = a_.duration_s;
+    r->reports_per_s = reports_ok_ / (t1 - t0);
+    r->rpcs_per_s = rpcs_ / (t1 - t0);
+    r->refused = refused_;
+    r->report_errors = report_errors_;
+    r->false_deaths = false_deaths_;
+    r->cpus = static_cast<int>(std::thread::hardware_concurrency());
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<double> lat;
+    r->steps_started = static_cast<int>(steps_.size());
+    for (const auto& [n, st] : steps_)
+      if (st.committed > 0)
+        lat.push_back(std::max(0.0, st.committed - st.last_durable_send));
+    r->steps_committed = static_cast<int>(lat.size());
+    r->commit_p50 = Percentile(lat, 0.5);
+    r->commit_p99 = Percentile(lat, 0.99);
+    r->commit_max =
+        lat.empty() ? -1 : *std::max_element(lat.begin(), lat.end());
+    if (detect_event_ms_ >= 0)
+      r->detect_s = detect_event_ms_ / 1000.0 - nodes_[0].last_hb_ok_sent;
+    if (detect_event_ms_ >= 0 && plan_event_ms_ >= 0)
+      r->plan_compute_s = (plan_event_ms_ - detect_event_ms_) / 1000.0;
+    if (detect_event_ms_ >= 0 && plan_seen_ > 0)
+      r->plan_s = plan_seen_ - detect_event_ms_ / 1000.0;
+    r->plan_orders = static_cast<int>(plan_orders_.size());
+    r->hb_p99 = Percentile(hb_latency_, 0.99);
+    r->hb_max = hb_latency_.empty()
+                    ? -1
+                    : *std::max_element(hb_latency_.begin(), hb_latency_.end());
+    r->hb_errors = hb_errors_;
+  }
+
+ private:
+  struct Node {
+    std::string id;
+    bool spare = false;
+    bool dead = false;
+    uint64_t epoch = 0;
+    std::vector<uint32_t> ranks;
+    std::vector<uint64_t> acks;
+    std::set<uint64_t> seen;
+    double last_hb_ok_sent = 0;
+  };
+  struct StepStat {
+    double last_durable_send = 0;
+    double committed = -1;
+  };
+  template <typename Req, typename Resp>
+  struct Call {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+  };
+
+  v1::Coordinator::Stub* StubFor(int i) {
+    return stubs_[i % stubs_.size()].get();
+  }
+
+  void Register(int i, std::atomic<int>* left) {
+    if (stopping_) return;
+    auto* c = new Call<v1::RegisterNodeRequest, v1::RegisterNodeResponse>;
+    c->req.set_node_id(nodes_[i].id);
+    c->req.set_address(nodes_[i].id + ":29500");
+    c->req.set_capacity(static_cast<uint32_t>(a_.ranks_per_node));
+    c->req.set_spare(nodes_[i].spare);
+    ++inflight_;
+    StubFor(i)->async()->RegisterNode(
+        &c->ctx, &c->req, &c->resp, [this, c, i, left](grpc::Status s) {
+          if (s.ok()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            nodes_[i].epoch = c->resp.epoch();
+            --*left;
+          } else {
+            timers_.At(Now() + 0.05, [this, i, left] { Register(i, left); });
+          }
+          delete c;
+          --inflight_;
+        });
+  }
+
+  void Heartbeat(int i) {
+    if (stopping_) return;
+    auto* c = new Call<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (nodes_[i].dead) {
+        delete c;
+        return;
+      }
+      if (nodes_[i].epoch == 0) {  // not registered yet
+        delete c;
+        timers_.At(Now() + a_.heartbeat_ms / 1000.0, [this, i] { Heartbeat(i); });
+        return;
+      }
+      c->req.set_node_id(nodes_[i].id);
+      c->req.set_epoch(nodes_[i].epoch);
+      *c->req.mutable_acked_order_ids() = {nodes_[i].acks.begin(),
+                                           nodes_[i].acks.end()};
+    }
+    const double sent = Now();
+    c->ctx.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(a_.timeout_ms));
+    ++inflight_;
+    ++rpcs_;
+    StubFor(i)->async()->Heartbeat(
+        &c->ctx, &c->req, &c->resp, [this, c, i, sent](grpc::Status s) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            Node& n = nodes_[i];
+            if (s.ok() || Retryable(s)) hb_latency_.push_back(Now() - sent);
+            if (!s.ok()) ++hb_errors_;
+            if (s.ok()) {
+              n.last_hb_ok_sent = sent;
+              for (uint64_t id : c->req.acked_order_ids())
+                std::erase(n.acks, id);
+              n.ranks.clear();
+              for (const auto& as : c->resp.assignments())
+                if (as.job() == kJob)
+                  n.ranks.assign(as.ranks().begin(), as.ranks().end());
+              for (const auto& o : c->resp.orders()) {
+                if (o.generation() > gen0_) plan_orders_.insert(o.id());
+                if (n.seen.insert(o.id()).second) n.acks.push_back(o.id());
+              }
+            } else if (s.error_code() ==
+                           grpc::StatusCode::FAILED_PRECONDITION &&
+                       !n.dead) {
+              ++false_deaths_;  // fenced while alive: a false death
+            }
+          }
+          if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+            // As the node agent does: register again for a new epoch.
+            Register(i, &reregistered_);
+            timers_.At(Now() + a_.heartbeat_ms / 1000.0,
+                       [this, i] { Heartbeat(i); });
+          } else if (s.ok() || Retryable(s)) {
+            timers_.At(sent + a_.heartbeat_ms / 1000.0,
+                       [this, i] { Heartbeat(i); });
+          }
+          delete c;
+          --inflight_;
+        });
+  }
+
+  void StartStep(uint64_t step) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_[step];
+    }
+    std::uniform_real_distribution<double> jitter(0, 0.05);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      double when = Now() + jitter(rng_);
+      timers_.At(when, [this, i, step] {
+        Report(static_cast<int>(i), step, false, 0);
+      });
+    }
+  }
+
+  void Report(int i, uint64_t step, bool durable, int attempt) {
+    if (stopping_) return;
+    auto* c = new Call<v1::ReportShardsRequest, v1::ReportShardsResponse>;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Node& n = nodes_[i];
+      if (n.dead || n.ranks.empty()) {
+        delete c;
+        return;
+      }
+      c->req.set_node_id(n.id);
+      c->req.set_epoch(n.epoch);
+      for (uint32_t rank : n.ranks) {
+        v1::ShardReport* r = c->req.add_reports();
+        r->set_job(kJob);
+        r->set_step(step);
+        r->set_rank(rank);
+        r->set_state(durable ? v1::DURABLE : v1::STAGED);
+        r->set_bytes(1 << 30);
+        r->set_checksum_digest(0x1234 + rank);
+        if (durable)
+          r->set_key(std::string(kJob) + "/step-" + std::to_string(step) +
+                     "/rank-" + std::to_string(rank));
+      }
+    }
+    const double sent = Now();
+    ++inflight_;
+    ++rpcs_;
+    StubFor(i)->async()->ReportShards(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, i, step, durable, attempt, sent](grpc::Status s) {
+          if (Retryable(s)) {
+            ++refused_;
+            double backoff = std::min(2.0, 0.02 * (1 << std::min(attempt, 7)));
+            timers_.At(Now() + backoff * (0.5 + (i % 100) / 100.0),
+                       [this, i, step, durable, attempt] {
+                         Report(i, step, durable, attempt + 1);
+                       });
+          } else if (!s.ok()) {
+            ++report_errors_;
+          } else {
+            bool committed = false;
+            int ok = 0;
+            for (const auto& r : c->resp.results()) {
+              if (r.code() == 0)
+                ++ok;
+              else
+                ++report_errors_;
+              committed = committed || r.durable_everywhere();
+            }
+            reports_ok_ += ok;
+            std::lock_guard<std::mutex> lock(mu_);
+            StepStat& st = steps_[step];
+            if (durable && ok > 0)
+              st.last_durable_send = std::max(st.last_durable_send, sent);
+            if (committed && st.committed < 0) st.committed = Now();
+            if (!durable && ok > 0) {
+              double when = Now() + a_.persist_ms / 1000.0 *
+                                        (0.8 + 0.4 * (i % 97) / 97.0);
+              timers_.At(when, [this, i, step] { Report(i, step, true, 0); });
+            }
+          }
+          delete c;
+          --inflight_;
+        });
+  }
+
+  void PollEvents() {
+    v1::EventsRequest req;
+    req.set_job(kJob);
+    req.set_after_seq(event_seq_);
+    v1::EventsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    if (!stubs_[0]->Events(&ctx, req, &resp).ok()) return;
+    for (const auto& e : resp.events()) {
+      event_seq_ = std::max(event_seq_, e.seq());
+      if (e.kind() == v1::FAILURE_DETECTED && e.node_id() == nodes_[0].id &&
+          detect_event_ms_ < 0)
+        detect_event_ms_ = e.time_ms();
+      if (e.kind() == v1::PLAN_MADE && detect_event_ms_ >= 0 &&
+          plan_event_ms_ < 0)
+        plan_event_ms_ = e.time_ms();
+    }
+  }
+
+  void Watch() {
+    v1::WatchJobRequest req;
+    req.set_job(kJob);
+    req.set_node_id(nodes_[1].id);
+    auto reader = watch_stub_->WatchJob(&watch_ctx_, req);
+    v1::JobView v;
+    while (reader->Read(&v)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (v.generation() > gen0_ && plan_seen_ < 0) plan_seen_ = Now();
+    }
+    reader->Finish().ok();
+  }
+
+  const Args a_;
+  std::mt19937 rng_;
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
+  std::unique_ptr<v1::CoordinatorWatch::Stub> watch_stub_;
+  grpc::ClientContext watch_ctx_;
+  std::thread watcher_;
+  Timers timers_;
+  std::mutex mu_;
+  std::vector<Node> nodes_;
+  std::map<uint64_t, StepStat> steps_;
+  std::set<uint64_t> plan_orders_;
+  std::vector<double> hb_latency_;
+  uint64_t hb_errors_ = 0;
+  uint64_t gen0_ = 0;
+  double kill_time_ = 0;
+  double plan_seen_ = -1;
+  int64_t detect_event_ms_ = -1, plan_event_ms_ = -1;
+  uint64_t event_seq_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> inflight_{0};
+  std::atomic<uint64_t> reports_ok_{0}, rpcs_{0}, refused_{0},
+      report_errors_{0};
+  std::atomic<int> false_deaths_{0};
+  std::atomic<int> reregistered_{0};
+};
+
+}  // namespace
+
+bool RunOnce(const Args& a, Result* r) {
+  Coord coord;
+  if (!StartCoord(a, &coord)) {
+    std::fprintf(stderr, "coord_scale_bench: %s did not start\n",
+                 a.binary.c_str());
+    return false;
+  }
+  Sim sim(a, coord.port);
+  if (!sim.Setup()) return false;
+  sim.Run(r, coord.pid);
+  return true;
+}
+
+std::string ToJson(const Result& r) {
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"nodes\": %d, \"ranks\": %d, \"interval_s\": %g, \"duration_s\": %g, "
+      "\"steps_started\": %d, \"steps_committed\": %d, \"commit_p50_s\": %.4f, "
+      "\"commit_p99_s\": %.4f, \"commit_max_s\": %.4f, \"detect_s\": %.3f, "
+      "\"plan_s\": %.4f, "
+      "\"plan_compute_s\": %.4f, \"plan_orders\": %d, \"false_deaths\": %d, "
+      "\"heartbeat_p99_s\": %.4f, \"heartbeat_max_s\": %.4f, "
+      "\"heartbeat_errors\": %llu, "
+      "\"reports_per_s\": %.1f, \"rpcs_per_s\": %.1f, \"refused_retried\": "
+      "%llu, "
+      "\"report_errors\": %llu, \"coordinator_cpu_cores\": %.3f, "
+      "\"coordinator_rss_bytes\": %llu, \"coordinator_rss_peak_bytes\": %llu, "
+      "\"bench_cpu_cores\": %.3f, \"machine_cpus\": %d, \"loadavg_before\": "
+      "%.2f, "
+      "\"loadavg_after\": %.2f}",
+      r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
+      r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
+      r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
+      r.hb_max, static_cast<unsigned long long>(r.hb_errors), r.reports_per_s,
+      r.rpcs_per_s, static_cast<unsigned long long>(r.refused),
+      static_cast<unsigned long long>(r.report_errors), r.cpu_cores,
+      static_cast<unsigned long long>(r.rss),
+      static_cast<unsigned long long>(r.rss_peak), r.bench_cpu_cores, r.cpus,
+      r.load_before, r.load_after);
+  return buf;
+}
+
+void PrintText(const Result& r) {
+  std::printf("%d nodes x %d ranks, checkpoint every %g s for %g s:\n", r.nodes,
+              r.ranks / std::max(r.nodes, 1), r.interval_s, r.duration_s);
+  std::printf(
+      "  steps committed %d of %d; commit p50 %.3f s, p99 %.3f s, max %.3f s\n",
+      r.steps_committed, r.steps_started, r.commit_p50, r.commit_p99,
+      r.commit_max);
+  std::printf(
+      "  detection %.3f s, plan %.3f s (computed in %.3f s, %d orders), false "
+      "deaths %d\n",
+      r.detect_s, r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths);
+  std::printf("  heartbeat round trip p99 %.3f s, max %.3f s, %llu failed\n",
+              r.hb_p99, r.hb_max, static_cast<unsigned long long>(r.hb_errors));
+  std::printf(
+      "  %.0f rank reports/s in %.0f RPCs/s (%llu retried after "
+      "RESOURCE_EXHAUSTED/UNAVAILABLE)\n",
+      r.reports_per_s, r.rpcs_per_s,
+      static_cast<unsigned long long>(r.refused));
+  std::printf(
+      "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
+      "cores; load %.2f -> %.2f on %d CPUs\n",
+      r.cpu_cores, r.rss / 1048576.0, r.rss_peak / 1048576.0, r.bench_cpu_cores,
+      r.load_before, r.load_after, r.cpus);
+}
+
+}  // namespace ckpt::bench

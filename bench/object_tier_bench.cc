@@ -1,0 +1,197 @@
+// ckpt_bench's object-tier figures. See object_tier_bench.h.
+#include "bench/object_tier_bench.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "bench/daemon_process.h"
+#include "bench/object_raw.h"
+#include "bench/raw_io.h"
+#include "ckpt.grpc.pb.h"
+#include "shm/arena.h"
+#include "storage/object_backend.h"
+#include "util/status.h"
+
+namespace ckpt::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2]
+                      : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+class ObjectTierRun {
+ public:
+  ObjectTierRun(const ObjectTierConfig& c, std::span<const Tensor> tensors,
+                char* scratch)
+      : c_(c), tensors_(tensors), scratch_(scratch) {
+    for (const Tensor& t : tensors) bytes_ += *t.bytes();
+  }
+  ~ObjectTierRun() {
+    client_.reset();
+    if (daemon_ && daemon_->running()) {
+      auto state = daemon_->Query();
+      (void)daemon_->Stop();  // best effort at the end of a run
+      if (state.ok())
+        for (const std::string& a : state->arenas) (void)shm::Arena::Unlink(a);
+    }
+  }
+
+  absl::Status Run(ObjectFigures* out) {
+    CKPT_ASSIGN_OR_RETURN(storage::ObjectStoreOptions so,
+                          storage::ResolveObjectStoreOptions(c_.url, {}));
+    out->url = c_.url;
+    out->part_size = so.part_size;
+    out->concurrency = so.concurrency;
+    DaemonConfig dc;
+    dc.binary = c_.ckptd;
+    dc.socket = c_.dir + "/object-ckptd.sock";
+    dc.root = c_.dir + "/object-ckptd";
+    dc.shm_prefix = c_.shm_prefix;
+    dc.log_path = c_.dir + "/object-ckptd.log";
+    dc.extra_args = {"--object-url", c_.url, "--commit-tier", "local"};
+    daemon_ = std::make_unique<DaemonProcess>(dc);
+    CKPT_RETURN_IF_ERROR(daemon_->Start());
+    CKPT_RETURN_IF_ERROR(Connect());
+
+    // Uploads, each alone, beside raw PUTs of the same bytes.
+    const std::string raw_key =
+        absl::StrCat("ckpt-bench-raw/", getpid(), ".bin");
+    std::vector<double> uploads, puts, gets, stalls, memcpys;
+    int64_t step = 1;
+    for (int i = 0; i < c_.saves; ++i, ++step) {
+      CKPT_RETURN_IF_ERROR(SaveDurable(step));
+      CKPT_ASSIGN_OR_RETURN(v1::StatusResponse st, WaitUploaded());
+      uploads.push_back(st.last_upload_s());
+      CKPT_ASSIGN_OR_RETURN(double put,
+                            RawObjectPut(so, raw_key, scratch_, bytes_));
+      puts.push_back(put);
+    }
+    // Saves while the previous step's upload is in flight, vs memcpy.
+    for (int i = 0; i < c_.saves; ++i, step += 2) {
+      memcpys.push_back(ParallelMemcpy(scratch_, tensors_, c_.copy_threads));
+      CKPT_RETURN_IF_ERROR(SaveDurable(step));  // its upload starts now
+      auto t0 = Clock::now();
+      CKPT_RETURN_IF_ERROR(
+          Annotate(client_->Save(step + 1, tensors_), "save during an upload"));
+      stalls.push_back(Since(t0));
+      CKPT_ASSIGN_OR_RETURN(v1::StatusResponse st, Status());
+      if (st.upload_backlog_shards() > 0) ++out->saves_during_upload;
+      CKPT_RETURN_IF_ERROR(client_->WaitDurable(step + 1));
+      CKPT_RETURN_IF_ERROR(WaitUploaded().status());
+    }
+    const int64_t last = step - 1;
+
+    // Restore after the local files and the shared memory are gone.
+    CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
+    client_.reset();
+    CKPT_RETURN_IF_ERROR(daemon_->Stop());
+    for (const std::string& a : state.arenas)
+      CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(a));
+    std::error_code ec;
+    for (const auto& e :
+         fs::recursive_directory_iterator(dc.root + "/objbench", ec))
+      if (e.path().extension() == ".shard") fs::remove(e.path(), ec);
+    CKPT_RETURN_IF_ERROR(daemon_->Start());
+    CKPT_RETURN_IF_ERROR(Connect());
+    memcpys.push_back(ParallelMemcpy(scratch_, tensors_, c_.copy_threads));
+    for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
+    auto t0 = Clock::now();
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last, tensors_),
+                                  "restore from the object tier"));
+    out->restore_object_s = Since(t0);
+    out->restore_matches = std::memcmp(tensors_[0].data, scratch_, bytes_) == 0;
+    for (int i = 0; i < 2; ++i) {
+      CKPT_ASSIGN_OR_RETURN(double get,
+                            RawObjectGet(so, raw_key, scratch_, bytes_));
+      gets.push_back(get);
+    }
+    // The raw object goes; the daemon's objects stay with the prefix.
+    auto raw = storage::NewObjectBackend(so);
+    if (raw.ok()) (void)(*raw)->Delete(raw_key);  // best effort cleanup
+    out->upload_s = Median(uploads);
+    out->raw_put_s = Median(puts);
+    out->raw_get_s = Median(gets);
+    out->save_stall_upload_s = Median(stalls);
+    out->memcpy_s = Median(memcpys);
+    out->measured = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Connect() {
+    ClientOptions co;
+    co.socket_path = c_.dir + "/object-ckptd.sock";
+    co.job = "objbench";
+    co.rank = 0;
+    co.world_size = 1;
+    co.copy_threads = c_.copy_threads;
+    CKPT_ASSIGN_OR_RETURN(client_, Client::Connect(co));
+    stub_ = v1::Ckptd::NewStub(grpc::CreateChannel(
+        "unix:" + co.socket_path, grpc::InsecureChannelCredentials()));
+    return absl::OkStatus();
+  }
+  absl::Status SaveDurable(int64_t step) {
+    CKPT_RETURN_IF_ERROR(
+        Annotate(client_->Save(step, tensors_), absl::StrCat("save ", step)));
+    return Annotate(client_->WaitDurable(step),
+                    absl::StrCat("WaitDurable ", step));
+  }
+  absl::StatusOr<v1::StatusResponse> Status() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    v1::StatusResponse resp;
+    grpc::Status s = stub_->Status(&ctx, v1::StatusRequest(), &resp);
+    if (!s.ok()) return absl::UnavailableError("Status: " + s.error_message());
+    return resp;
+  }
+  // Polls Status until nothing is left to upload (at most ten minutes).
+  absl::StatusOr<v1::StatusResponse> WaitUploaded() {
+    auto deadline = Clock::now() + std::chrono::minutes(10);
+    for (;;) {
+      CKPT_ASSIGN_OR_RETURN(v1::StatusResponse st, Status());
+      if (st.upload_backlog_shards() == 0) return st;
+      if (Clock::now() > deadline)
+        return absl::DeadlineExceededError(
+            absl::StrCat("object tier: uploads still pending; last error: ",
+                         st.last_upload_error()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  const ObjectTierConfig& c_;
+  std::span<const Tensor> tensors_;
+  char* scratch_;
+  uint64_t bytes_ = 0;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<v1::Ckptd::Stub> stub_;
+};
+
+}  // namespace
+
+absl::Status MeasureObjectTier(const ObjectTierConfig& config,
+                               std::span<const Tensor> tensors, char* scratch,
+                               ObjectFigures* out) {
+  ObjectTierRun run(config, tensors, scratch);
+  return run.Run(out);
+}
+
+}  // namespace ckpt::bench

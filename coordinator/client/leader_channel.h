@@ -1,0 +1,111 @@
+// CoordinatorClient: a client's connection to a set of ckpt-coordinator
+// replicas (`--coordinator A:P[,B:P...]`) that follows the leader. A call
+// goes to the replica that answered last; when that one is unreachable
+// (UNAVAILABLE, DEADLINE_EXCEEDED) or answers "not leader; leader is X"
+// (a standby, coordinator/service.h), the call is tried on X when X is in
+// the list, else on the next address, at most once per address; the client
+// then sticks to the replica that answered. With one address it is exactly
+// one stub (coordinator/client/channel.h). TLS per coordinator/client/tls.h.
+// Streams (CoordinatorWatch.WatchJob) follow the leader the same way: open
+// one on watch_stub(), and after it ends call StreamEnded(), which moves
+// the client on (to the named leader, else the next address) when the
+// stream ended UNAVAILABLE or DEADLINE_EXCEEDED; the caller reopens.
+// Thread-safe: calls may run concurrently (the "current" index is atomic).
+#ifndef CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
+#define CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator.grpc.pb.h"
+#include "coordinator/client/channel.h"
+#include "coordinator/client/tls.h"
+
+namespace ckpt::coordinator {
+
+// "A:P[,B:P...]" -> addresses, each checked by ValidateHostPort; otherwise
+// InvalidArgument naming `flag`.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ParseAddressList(
+    const std::string& list, std::string_view flag);
+
+// The address named by a standby's "not leader; leader is X" message, or "".
+std::string LeaderHint(const grpc::Status& s);
+
+class CoordinatorClient {
+ public:
+  using Stub = coord::v1::Coordinator::Stub;
+  using WatchStub = coord::v1::CoordinatorWatch::Stub;
+  template <class Req, class Resp>
+  using Method = grpc::Status (Stub::*)(grpc::ClientContext*, const Req&,
+                                        Resp*);
+
+  // `addresses` as for ParseAddressList; TLS files are read here.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorClient>>
+  Create(const std::string& addresses, const TlsFiles& tls);
+
+  // Each attempt has its own deadline of `timeout`.
+  template <class Req, class Resp>
+  grpc::Status Call(Method<Req, Resp> method, const Req& req, Resp* resp,
+                    std::chrono::milliseconds timeout) {
+    const size_t n = stubs_.size();
+    size_t idx = current_.load() % n;
+    grpc::Status s;
+    for (size_t attempt = 0; attempt < n; ++attempt) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, timeout);
+      s = (stubs_[idx].get()->*method)(&ctx, req, resp);
+      if (!Retry(s)) {
+        current_.store(idx);
+        return WithHint(s);
+      }
+      idx = NextIndex(s, idx);
+    }
+    return WithHint(s);
+  }
+
+  // The watch stub of the replica the client talks to now; *idx is that
+  // replica's index, for StreamEnded.
+  WatchStub* watch_stub(size_t* idx) {
+    *idx = current_.load() % watch_stubs_.size();
+    return watch_stubs_[*idx].get();
+  }
+  // A stream opened on replica `idx` ended with `s`; returns `s` with the
+  // TLS hint of Call.
+  grpc::Status StreamEnded(const grpc::Status& s, size_t idx) {
+    if (Retry(s)) {
+      size_t next = NextIndex(s, idx);
+      size_t expected = idx;
+      current_.compare_exchange_strong(expected, next);
+    }
+    return WithHint(s);
+  }
+
+  // The replica the client talks to now ("HOST:PORT"), for messages.
+  std::string current() const {
+    return addresses_[current_.load() % addresses_.size()];
+  }
+
+ private:
+  CoordinatorClient() = default;
+  bool Retry(const grpc::Status& s) const;
+  // An unreachable coordinator may be one that refused our TLS (or lack
+  // of it): say what to check.
+  grpc::Status WithHint(const grpc::Status& s) const;
+  size_t NextIndex(const grpc::Status& s, size_t idx) const;
+
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Stub>> stubs_;
+  std::vector<std::unique_ptr<WatchStub>> watch_stubs_;
+  std::atomic<size_t> current_{0};
+  bool tls_ = false;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_

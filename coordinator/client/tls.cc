@@ -1,0 +1,93 @@
+#include "coordinator/client/tls.h"
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace ckpt::coordinator {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return absl::InvalidArgumentError(std::string(flag) + " \"" + path +
+                                      "\": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string pem = text.str();
+  if (pem.find("-----BEGIN ") == std::string::npos)
+    return absl::InvalidArgumentError(std::string(flag) + " \"" + path +
+                                      "\": not a PEM file");
+  return pem;
+}
+
+struct Pems {
+  std::string cert, key, ca;
+};
+
+absl::StatusOr<Pems> ReadAll(const TlsFiles& tls) {
+  Pems p;
+  absl::StatusOr<std::string> cert = ReadPem(tls.cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(tls.key, "--tls-key");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem(tls.ca, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  p.cert = std::move(*cert);
+  p.key = std::move(*key);
+  p.ca = std::move(*ca);
+  return p;
+}
+
+}  // namespace
+
+absl::Status ValidateTlsFlags(const TlsFiles& tls, bool require_choice) {
+  if (tls.enabled()) {
+    if (tls.insecure)
+      return absl::InvalidArgumentError(
+          "--insecure: not with --tls-cert/--tls-key/--tls-ca");
+    if (tls.cert.empty())
+      return absl::InvalidArgumentError(
+          "--tls-cert: required with --tls-key/--tls-ca");
+    if (tls.key.empty())
+      return absl::InvalidArgumentError(
+          "--tls-key: required with --tls-cert/--tls-ca");
+    if (tls.ca.empty())
+      return absl::InvalidArgumentError(
+          "--tls-ca: required with --tls-cert/--tls-key");
+    return absl::OkStatus();
+  }
+  if (require_choice && !tls.insecure)
+    return absl::InvalidArgumentError(
+        "--tls-cert/--tls-key/--tls-ca: required (mutual TLS), or --insecure "
+        "for plaintext on a trusted network");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> LoadClientCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<Pems> p = ReadAll(tls);
+  if (!p.ok()) return p.status();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = p->ca;
+  o.pem_private_key = p->key;
+  o.pem_cert_chain = p->cert;
+  return grpc::SslCredentials(o);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadServerCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<Pems> p = ReadAll(tls);
+  if (!p.ok()) return p.status();
+  grpc::SslServerCredentialsOptions o(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = p->ca;
+  o.pem_key_cert_pairs.push_back({p->key, p->cert});
+  return grpc::SslServerCredentials(o);
+}
+
+}  // namespace ckpt::coordinator

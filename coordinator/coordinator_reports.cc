@@ -1,0 +1,212 @@
+// Coordinator: shard reports (one, or a node's batch) and the global
+// commit of a step whose ranks are all durable (manifest written outside
+// the state mutex, then last good moved).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "storage/manifest.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+constexpr uint32_t kMaxWorldSize = 1
+                                   << 16;  // also the most reports in one call
+constexpr size_t kMaxKeyBytes = 1024;
+
+absl::Status ValidateShardKey(const std::string& key) {
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(key, "key", kMaxKeyBytes));
+  if (key.front() == '/' || key.find("..") != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: ", QuotePrefix(key), " must be a relative key without \"..\""));
+  return absl::OkStatus();
+}
+
+// The checks of one report that need no state.
+[[nodiscard]] absl::Status ValidateReport(const v1::ShardReport& r) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
+  if (r.state() != v1::STAGED && r.state() != v1::DURABLE)
+    return absl::InvalidArgumentError(
+        absl::StrCat("state: ", r.state(), " is neither STAGED nor DURABLE"));
+  // A STAGED report carries no key; one that does is still checked, since
+  // it is kept.
+  if (r.state() == v1::DURABLE || !r.key().empty())
+    CKPT_RETURN_IF_ERROR(ValidateShardKey(r.key()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Coordinator::ApplyReportLocked(
+    const std::string& node_id, uint64_t epoch, const v1::ShardReport& req,
+    Batch* batch, v1::ReportResult* result,
+    std::vector<PendingCommit>* complete) {
+  CKPT_RETURN_IF_ERROR(ValidateReport(req));
+  CKPT_ASSIGN_OR_RETURN(JobState * job,
+                        HostedRankLocked(node_id, req.job(), req.rank()));
+  if (job->rec.has_last_good() && req.step() < job->rec.last_good_step())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", req.step(), " of job ", req.job(),
+        " is older than the last good step ", job->rec.last_good_step()));
+  const v1::ShardRecord* prior = nullptr;
+  auto step = job->steps.find(req.step());
+  if (step != job->steps.end()) {
+    auto rank = step->second.find(req.rank());
+    if (rank != step->second.end()) prior = &rank->second;
+  }
+  bool same_owner =
+      prior && prior->node_id() == node_id && prior->epoch() == epoch;
+  bool durable_done = std::find(job->rec.manifest_steps().begin(),
+                                job->rec.manifest_steps().end(),
+                                req.step()) != job->rec.manifest_steps().end();
+  // A node re-sending its reports to a new incarnation sends STAGED first.
+  if (req.state() == v1::DURABLE && !same_owner)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", req.step(), " rank ", req.rank(), " of job ", req.job(),
+        " was never staged by node ", node_id, " at epoch ", epoch));
+  if (same_owner && (prior->bytes() != req.bytes() ||
+                     prior->checksum_digest() != req.checksum_digest()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes/checksum_digest: ", req.bytes(), "/",
+        storage::DigestHex(req.checksum_digest()), " for step ", req.step(),
+        " rank ", req.rank(), " differ from the staged ", prior->bytes(), "/",
+        storage::DigestHex(prior->checksum_digest())));
+  v1::ShardRecord rec;
+  rec.set_job(req.job());
+  rec.set_step(req.step());
+  rec.set_rank(req.rank());
+  rec.set_node_id(node_id);
+  rec.set_epoch(epoch);
+  // A repeated STAGED report never downgrades a DURABLE shard.
+  bool keep_durable = same_owner && prior->state() == v1::DURABLE;
+  rec.set_state(keep_durable ? v1::DURABLE : req.state());
+  rec.set_bytes(req.bytes());
+  rec.set_checksum_digest(req.checksum_digest());
+  rec.set_key(keep_durable ? prior->key() : req.key());
+  JobState& j = *job;
+  options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
+  bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
+  PutShardLocked(j, std::move(rec));
+  bool staged = j.steps[req.step()].size() == j.rec.world_size();
+  result->set_staged_everywhere(staged);
+  if (staged && !was_complete)
+    LogLocked(batch, v1::STEP_STAGED, req.job(), "",
+              absl::StrCat("step ", req.step()));
+  if (durable_done)
+    result->set_durable_everywhere(true);
+  else if (StepCompleteLocked(j, req.step(), complete))
+    result->set_durable_everywhere(true);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CommitSteps(
+    Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
+    std::set<std::pair<std::string, uint64_t>>* done) {
+  if (steps.empty()) return absl::OkStatus();
+  // The manifests go to the shared root without the state mutex: reports
+  // and heartbeats of other nodes go on meanwhile.
+  lock.unlock();
+  std::vector<absl::Status> written;
+  for (const PendingCommit& c : steps)
+    written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
+  lock.lock();
+  absl::Status first;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto job = jobs_.find(steps[i].job);
+    if (job == jobs_.end()) continue;
+    job->second.committing.erase(steps[i].step);
+    if (!written[i].ok()) {
+      if (first.ok()) first = written[i];
+      continue;
+    }
+    FinishStepLocked(batch, steps[i]);
+    if (done) done->insert({steps[i].job, steps[i].step});
+  }
+  return first;
+}
+
+absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
+    const v1::ReportShardRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
+  v1::ReportShardsRequest batch_req;
+  batch_req.set_node_id(req.node_id());
+  batch_req.set_epoch(req.epoch());
+  v1::ShardReport* r = batch_req.add_reports();
+  r->set_job(req.job());
+  r->set_step(req.step());
+  r->set_rank(req.rank());
+  r->set_state(req.state());
+  r->set_bytes(req.bytes());
+  r->set_checksum_digest(req.checksum_digest());
+  r->set_key(req.key());
+  CKPT_RETURN_IF_ERROR(
+      ValidateReport(*r));  // before the state: a refusal changes nothing
+  CKPT_ASSIGN_OR_RETURN(v1::ReportShardsResponse resp, ReportShards(batch_req));
+  const v1::ReportResult& result = resp.results(0);
+  if (result.code() != 0)
+    return absl::Status(static_cast<absl::StatusCode>(result.code()),
+                        result.message());
+  v1::ReportShardResponse out;
+  out.set_staged_everywhere(result.staged_everywhere());
+  out.set_durable_everywhere(result.durable_everywhere());
+  return out;
+}
+
+absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
+    const v1::ReportShardsRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  if (req.reports_size() > static_cast<int>(kMaxWorldSize))
+    return absl::InvalidArgumentError(
+        absl::StrCat("reports: ", req.reports_size(),
+                     " in one call, more than ", kMaxWorldSize));
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
+  DetectTimeoutsLocked(&batch);
+  absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
+  if (!s.ok()) {
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return s;
+  }
+  v1::ReportShardsResponse resp;
+  resp.set_incarnation(incarnation_);
+  std::vector<PendingCommit> complete;
+  for (int i = 0; i < req.reports_size(); ++i) {
+    v1::ReportResult* result = resp.add_results();
+    absl::Status rs = ApplyReportLocked(
+        req.node_id(), req.epoch(), req.reports(i), &batch, result, &complete);
+    if (!rs.ok()) {
+      result->Clear();
+      result->set_code(static_cast<int32_t>(rs.code()));
+      result->set_message(std::string(rs.message()));
+    }
+  }
+  std::set<std::pair<std::string, uint64_t>> done;
+  s = CommitSteps(lock, &batch, std::move(complete), &done);
+  // Reports of a step whose manifest could not be written fail (the node
+  // retries them; the state has not moved).
+  for (int i = 0; i < req.reports_size(); ++i) {
+    v1::ReportResult* result = resp.mutable_results(i);
+    if (!s.ok() && result->code() == 0 && result->durable_everywhere() &&
+        !done.count({req.reports(i).job(), req.reports(i).step()})) {
+      auto job = jobs_.find(req.reports(i).job());
+      bool committed = job != jobs_.end() &&
+                       std::find(job->second.rec.manifest_steps().begin(),
+                                 job->second.rec.manifest_steps().end(),
+                                 req.reports(i).step()) !=
+                           job->second.rec.manifest_steps().end();
+      if (!committed) {
+        result->Clear();
+        result->set_code(static_cast<int32_t>(s.code()));
+        result->set_message(std::string(s.message()));
+      }
+    }
+  }
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+  return resp;
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,231 @@
+#include "coordinator/etcd/etcd_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/client/channel.h"
+
+namespace ckpt::coordinator::etcd {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const char* what,
+                      const std::string& endpoint) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat("etcd ", what, " at ", endpoint, ": ", s.error_message()));
+}
+
+bool Unreachable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
+
+bool IsEtcdState(const std::string& state) {
+  return state.rfind("etcd://", 0) == 0;
+}
+
+absl::StatusOr<EtcdState> ParseEtcdState(const std::string& state,
+                                         const std::string& flag) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " \"", state.substr(0, 80), "\": ", why,
+                     " (expected etcd://HOST:PORT[,HOST:PORT...]/PREFIX)"));
+  };
+  if (!IsEtcdState(state)) return bad("not an etcd:// URL");
+  std::string rest = state.substr(7);
+  size_t slash = rest.find('/');
+  if (slash == std::string::npos) return bad("no /PREFIX");
+  EtcdState out;
+  std::string prefix = rest.substr(slash + 1);
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  if (prefix.empty()) return bad("empty PREFIX");
+  for (char c : prefix)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+          c == '-' || c == '/'))
+      return bad("PREFIX may hold only [A-Za-z0-9._/-]");
+  out.prefix = "/" + prefix + "/";
+  for (absl::string_view ep : absl::StrSplit(rest.substr(0, slash), ',')) {
+    absl::Status s = ValidateHostPort(std::string(ep), flag + " endpoint");
+    if (!s.ok()) return s;
+    out.endpoints.emplace_back(ep);
+  }
+  return out;
+}
+
+std::string PrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) != 0xff) {
+      end.back() =
+          static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(std::vector<std::string> endpoints,
+                       std::chrono::milliseconds timeout)
+    : endpoints_(std::move(endpoints)), timeout_(timeout) {
+  for (const std::string& ep : endpoints_) {
+    grpc::ChannelArguments args;
+    // Reconnect soon after a member comes back;
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays at its default because it also
+    // bounds each connection attempt, and a busy member may take longer than
+    // 100 ms to complete one.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto channel =
+        grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
+    kv_.push_back(etcdserverpb::KV::NewStub(channel));
+    lease_.push_back(etcdserverpb::Lease::NewStub(channel));
+    watch_.push_back(etcdserverpb::Watch::NewStub(channel));
+  }
+}
+
+std::string EtcdClient::endpoint() const {
+  return endpoints_[current_.load() % endpoints_.size()];
+}
+
+template <typename Call>
+absl::Status EtcdClient::WithFailover(const char* what, Call call) {
+  absl::Status last;
+  const size_t start = current_.load();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    const size_t idx = (start + i) % endpoints_.size();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout_);
+    last = FromGrpc(call(idx, &ctx), what, endpoints_[idx]);
+    if (!Unreachable(last)) {
+      if (idx != start % endpoints_.size()) {
+        std::fprintf(stderr,
+                     "ckpt-coordinator: etcd: member %s unreachable; now "
+                     "talking to %s\n",
+                     endpoints_[start % endpoints_.size()].c_str(),
+                     endpoints_[idx].c_str());
+        current_.store(idx);
+      }
+      return last;
+    }
+  }
+  return last;
+}
+
+absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
+    const etcdserverpb::RangeRequest& req) {
+  etcdserverpb::RangeResponse resp;
+  absl::Status s =
+      WithFailover("Range", [&](size_t i, grpc::ClientContext* ctx) {
+        resp.Clear();
+        return kv_[i]->Range(ctx, req, &resp);
+      });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(
+    const etcdserverpb::TxnRequest& req) {
+  etcdserverpb::TxnResponse resp;
+  absl::Status s = WithFailover("Txn", [&](size_t i, grpc::ClientContext* ctx) {
+    resp.Clear();
+    return kv_[i]->Txn(ctx, req, &resp);
+  });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<etcdserverpb::LeaseGrantResponse> EtcdClient::LeaseGrant(
+    int64_t ttl_s) {
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(ttl_s);
+  etcdserverpb::LeaseGrantResponse resp;
+  absl::Status s =
+      WithFailover("LeaseGrant", [&](size_t i, grpc::ClientContext* ctx) {
+        resp.Clear();
+        return lease_[i]->LeaseGrant(ctx, req, &resp);
+      });
+  if (!s.ok()) return s;
+  if (!resp.error().empty())
+    return absl::UnavailableError("etcd LeaseGrant: " + resp.error());
+  return resp;
+}
+
+absl::StatusOr<etcdserverpb::LeaseKeepAliveResponse> EtcdClient::KeepAlive(
+    int64_t lease) {
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  absl::Status s =
+      WithFailover("LeaseKeepAlive", [&](size_t i, grpc::ClientContext* ctx) {
+        resp.Clear();
+        auto stream = lease_[i]->LeaseKeepAlive(ctx);
+        bool answered = stream->Write(req) && stream->Read(&resp);
+        stream->WritesDone();
+        if (answered) ctx->TryCancel();  // one keepalive is all we wanted
+        grpc::Status st = stream->Finish();
+        if (answered) return grpc::Status::OK;
+        return st.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                      "keepalive stream closed")
+                       : st;
+      });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<bool> EtcdClient::WatchForDelete(
+    const std::string& key, int64_t from_revision,
+    std::chrono::milliseconds max_wait, std::mutex* mu,
+    grpc::ClientContext** active) {
+  const size_t idx = current_.load() % endpoints_.size();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + max_wait);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    *active = &ctx;
+  }
+  auto stream = watch_[idx]->Watch(&ctx);
+  etcdserverpb::WatchRequest req;
+  req.mutable_create_request()->set_key(key);
+  req.mutable_create_request()->set_start_revision(from_revision);
+  bool deleted = false;
+  etcdserverpb::WatchResponse resp;
+  if (stream->Write(req)) {
+    while (!deleted && stream->Read(&resp)) {
+      if (resp.canceled() || resp.compact_revision() > 0) break;
+      for (const mvccpb::Event& e : resp.events())
+        deleted = deleted || e.type() == mvccpb::Event::DELETE;
+    }
+  }
+  ctx.TryCancel();
+  grpc::Status st = stream->Finish();
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    *active = nullptr;
+  }
+  if (deleted) return true;
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    current_.store((idx + 1) % endpoints_.size());
+    return FromGrpc(st, "Watch", endpoints_[idx]);
+  }
+  return false;  // deadline, cancelled, compacted: the caller reads the key
+                 // again
+}
+
+absl::Status EtcdClient::LeaseRevoke(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse resp;
+  return WithFailover("LeaseRevoke", [&](size_t i, grpc::ClientContext* ctx) {
+    return lease_[i]->LeaseRevoke(ctx, req, &resp);
+  });
+}
+
+}  // namespace ckpt::coordinator::etcd

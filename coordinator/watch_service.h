@@ -1,0 +1,63 @@
+// WatchService: the CoordinatorWatch gRPC service (coordinator.proto) on
+// gRPC's callback API, so an open stream costs no thread: thousands of
+// launchers (ckptrun) can each hold one. A watcher gets its JobView at
+// once, then again after each durable change of the state that changes
+// its view (one notifier thread recomputes the views; a slow reader gets
+// only the newest view when its previous write completes).
+// Every call goes through `admit` first (leadership and authorisation, the
+// Coordinator service's rules: service.h, auth.h); a refusal ends the
+// stream with its status. Until Serve() hands it the Coordinator (a
+// standby) it serves nothing; when `leading` stops answering OK (a deposed
+// leader) every open stream ends with that status (UNAVAILABLE "not
+// leader; ...") within ~200 ms, so a client reopens it at the leader.
+// Thread-safe; Stop() before the server shuts down ends every stream.
+#ifndef CKPT_COORDINATOR_WATCH_SERVICE_H_
+#define CKPT_COORDINATOR_WATCH_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "coordinator.grpc.pb.h"
+#include "coordinator/coordinator.h"
+
+namespace ckpt::coordinator {
+
+class WatchService final : public v1::CoordinatorWatch::CallbackService {
+ public:
+  using AdmitFn = std::function<grpc::Status(
+      grpc::ServerContextBase*, const std::string& method,
+      const google::protobuf::Message& request)>;
+  WatchService(AdmitFn admit, std::function<grpc::Status()> leading);
+  ~WatchService() override;
+  // Starts serving `c` (once); it outlives this service's streams.
+  void Serve(Coordinator* c);
+  void Stop();
+
+  grpc::ServerWriteReactor<v1::JobView>* WatchJob(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchJobRequest* req) override;
+
+  class Watcher;
+  void Remove(Watcher* w);
+
+ private:
+  void NotifyLoop();
+
+  const AdmitFn admit_;
+  const std::function<grpc::Status()> leading_;
+  std::atomic<Coordinator*> c_{nullptr};
+  std::mutex mu_;
+  std::set<Watcher*> watchers_;
+  std::atomic<bool> stopping_{false};
+  std::thread notifier_;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_WATCH_SERVICE_H_

@@ -1,0 +1,314 @@
+// The object tier: uploads (from the slot while it still holds the shard,
+// else from the local file), object manifests, tiered retention and reads
+// back. See engine.h and uploader.h; the tiers are described in
+// doc/object-tier.md.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "storage/manifest.h"
+#include "util/checksum.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// Every tensor's checksum against the bytes at image; DataLoss naming key.
+absl::Status VerifyTensors(const char* image, const storage::ShardInfo& info,
+                           const std::string& key) {
+  for (const storage::ShardTensor& t : info.tensors) {
+    uint64_t got = TensorChecksum(image + t.offset, t.bytes);
+    if (got != t.checksum)
+      return absl::DataLossError(absl::StrFormat(
+          "%s: tensor \"%s\": checksum mismatch (recorded %016x, found %016x)",
+          key, t.name.substr(0, 64), t.checksum, got));
+  }
+  return absl::OkStatus();
+}
+
+// One object from memory: the writer reads the bytes in place.
+absl::Status PutObject(storage::Backend& backend, const std::string& key,
+                       const char* data, uint64_t bytes) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
+                        backend.NewObjectWriter(key, bytes));
+  absl::Status s = writer->WriteAt(0, data, bytes);
+  if (s.ok()) return writer->Commit();
+  writer->Abort();
+  return s;
+}
+
+}  // namespace
+
+std::optional<UploadBacklog> Engine::ObjectBacklog() const {
+  if (!uploader_) return std::nullopt;
+  return uploader_->Backlog();
+}
+
+void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
+  if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
+  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
+               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes()};
+  uploader_->Push(std::move(t));
+}
+
+absl::Status Engine::UploadShard(const UploadTask& task) {
+  std::shared_ptr<shm::Arena> arena;
+  int slot = -1;
+  uint64_t write_no = 0;
+  std::string key;
+  uint64_t bytes = 0;
+  storage::ShardInfo info;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+    if (shard == nullptr || shard->gen != task.gen ||
+        shard->phase != ShardPhase::kDurable || shard->uploaded)
+      return absl::CancelledError("no longer wanted");
+    key = shard->rec.path();
+    bytes = shard->rec.image_bytes();
+    info = shard->info;
+    if (shard->slot >= 0) {
+      const Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
+      arena = rank.arena;
+      slot = shard->slot;
+      write_no = rank.slots[slot].write_no;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s;
+  bool done = false;
+  if (arena != nullptr && write_no != 0) {
+    // No lease: a save may take the slot meanwhile (uploads never block
+    // saves). The shared_ptr keeps the mapping; write_no says afterwards
+    // whether the bytes stayed the shard's. The object is invisible until
+    // the step's object manifest, which waits for `uploaded`.
+    s = PutObject(*object_, key, arena->slot_data(slot), bytes);
+    if (!s.ok()) return Annotate(s, "upload from shared memory");
+    std::lock_guard<std::mutex> lock(mu_);
+    auto job = jobs_.find(task.job);
+    if (job != jobs_.end()) {
+      auto rank = job->second.ranks.find(task.rank);
+      done = rank != job->second.ranks.end() && rank->second.arena == arena &&
+             rank->second.slots[slot].write_no == write_no;
+    }
+  }
+  if (!done) CKPT_RETURN_IF_ERROR(UploadFromLocalFile(key, bytes, info));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+  const double upload_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uploader_->CountUploaded(bytes, upload_s);
+  metrics_->Persisted(metric::kTierObject, upload_s, bytes);
+  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  if (shard == nullptr || shard->gen != task.gen) {
+    // Deleted or replaced while we uploaded: the object must not outlive it.
+    if (shard == nullptr)
+      uploader_->Push(
+          UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
+    return absl::OkStatus();
+  }
+  shard->uploaded = true;
+  shard->rec.set_uploaded(true);
+  absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/false);
+  if (!c.ok()) LogWarning(std::string(c.message()));
+  Job& job = jobs_.find(task.job)->second;
+  if (ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
+  MaybeQueueObjectManifestLocked(job, task.step);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::UploadFromLocalFile(const std::string& key, uint64_t bytes,
+                                         const storage::ShardInfo& info) {
+  std::optional<std::string> path = backend_->LocalPath(key);
+  if (!path) {
+    // A local tier without files: through its reader into a buffer.
+    std::vector<char> buf(bytes);
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
+                          backend_->NewObjectReader(key));
+    CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
+    CKPT_RETURN_IF_ERROR(VerifyTensors(buf.data(), info, key));
+    return PutObject(*object_, key, buf.data(), bytes);
+  }
+  int fd = open(path->c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open " + *path);
+  void* map =
+      bytes ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  int map_errno = errno;
+  close(fd);
+  if (map == MAP_FAILED) return ErrnoToStatus(map_errno, "mmap " + *path);
+  (void)madvise(map, bytes, MADV_SEQUENTIAL);  // a hint; nothing depends on it
+  const char* image = static_cast<const char*>(map);
+  // The checksum pass runs beside the upload; a bad local file is not sent.
+  auto verify = std::async(std::launch::async, VerifyTensors, image,
+                           std::cref(info), std::cref(key));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
+                        object_->NewObjectWriter(key, bytes));
+  absl::Status s = writer->WriteAt(0, image, bytes);
+  absl::Status v = verify.get();
+  if (s.ok()) s = v;
+  if (s.ok())
+    s = writer->Commit();
+  else
+    writer->Abort();
+  munmap(map, bytes);
+  return Annotate(s, "upload from the local file");
+}
+
+void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end() || step->second.object_manifest) return;
+  bool durable = false;
+  if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
+  for (const auto& [r, shard] : step->second.shards)
+    if (!shard.uploaded) return;
+  uploader_->Push(UploadTask{UploadTask::kManifest, job.rec.job(), step_no});
+}
+
+absl::Status Engine::WriteObjectManifest(const UploadTask& task) {
+  storage::v1::NodeManifest m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto job = jobs_.find(task.job);
+    if (job == jobs_.end()) return absl::CancelledError("job gone");
+    auto step = job->second.steps.find(task.step);
+    if (step == job->second.steps.end() || step->second.object_manifest)
+      return absl::CancelledError("step gone");
+    bool durable = false;
+    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable)
+      return absl::CancelledError("step incomplete");
+    for (const auto& [r, shard] : step->second.shards)
+      if (!shard.uploaded) return absl::CancelledError("step not uploaded");
+    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(),
+                       step->second);
+  }
+  // Written last: only now is the step visible in the object tier.
+  CKPT_RETURN_IF_ERROR(
+      storage::WriteNodeManifest(*object_, m, options_.node_id));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto job = jobs_.find(task.job);
+  if (job == jobs_.end()) return absl::OkStatus();
+  auto step = job->second.steps.find(task.step);
+  if (step == job->second.steps.end()) {
+    // Deleted meanwhile: so is the manifest.
+    uploader_->Push(UploadTask{UploadTask::kDelete,
+                               task.job,
+                               task.step,
+                               0,
+                               0,
+                               0,
+                               {NodeManifestKey(task.job, task.step)}});
+    return absl::OkStatus();
+  }
+  step->second.object_manifest = true;
+  ApplyRetentionLocked(job->second);
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end()) return;
+  UploadTask del{UploadTask::kDelete, job.rec.job(), step_no};
+  // The manifest goes whether or not this daemon saw it written: an upload
+  // that raced a delete must not leave a visible step.
+  del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
+  for (const auto& [r, shard] : step->second.shards)
+    if (shard.uploaded) del.keys.push_back(shard.rec.path());
+  uploader_->Push(std::move(del));
+  step->second.object_manifest = false;
+  for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
+}
+
+void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
+  Step& step = job.steps[step_no];
+  if (step.manifest) {
+    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
+    step.manifest = false;
+  }
+  for (auto& [r, shard] : step.shards) {
+    if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
+    persister_->QueueDelete(shard.rec.path(), false);
+    shard.local_gone = true;
+    shard.rec.set_local_gone(true);
+    absl::Status c = catalog_->PutShard(shard.rec, /*sync=*/false);
+    if (!c.ok()) LogWarning(std::string(c.message()));
+  }
+}
+
+void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
+  const bool cluster = !options_.node_id.empty();
+  // The object tier first: whole steps go, object manifest first.
+  std::optional<uint64_t> object_cutoff = RetentionCutoff(
+      job.steps, options_.retain_object, cluster, hosting, /*object=*/true);
+  std::vector<uint64_t> doomed, local_only;
+  for (const auto& [n, step] : job.steps)
+    if (object_cutoff && n < *object_cutoff) doomed.push_back(n);
+  for (uint64_t n : doomed) {
+    QueueObjectDeleteLocked(job, n);
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
+    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
+  }
+  // Then the local tier: a step's local copy goes once the step is in the
+  // object tier; a complete step still uploading keeps it (the upload may
+  // need the file); an incomplete or failed one goes as without tiers.
+  std::optional<uint64_t> local_cutoff = RetentionCutoff(
+      job.steps, options_.retain_steps, cluster, hosting, /*object=*/false);
+  if (!local_cutoff) return;
+  std::vector<uint64_t> drop_whole;
+  for (auto& [n, step] : job.steps) {
+    if (n >= *local_cutoff) break;
+    bool durable = false;
+    if (step.object_manifest)
+      local_only.push_back(n);
+    else if (!StepCompleteLocked(job, step, &durable))
+      drop_whole.push_back(n);
+  }
+  for (uint64_t n : local_only) DropLocalCopyLocked(job, n);
+  for (uint64_t n : drop_whole) {
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
+    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
+  }
+}
+
+absl::Status Engine::ReadShardImage(const std::string& key, bool local,
+                                    bool object, const storage::ShardInfo& info,
+                                    char* dst, uint64_t bytes,
+                                    bool* from_object) {
+  auto read = [&](storage::Backend& b) -> absl::Status {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
+                          b.NewObjectReader(key));
+    if (reader->size() != bytes)
+      return absl::DataLossError(absl::StrCat(
+          key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
+    return reader->ReadAt(0, dst, bytes);
+  };
+  *from_object = false;
+  absl::Status s = absl::NotFoundError(key + ": no local copy");
+  if (local) s = read(*backend_);
+  if (s.ok() || !object) return s;
+  if (local)
+    LogWarning(absl::StrCat("load ", key, ": local copy unreadable (",
+                            s.message(), "); reading the object tier"));
+  *from_object = true;
+  auto t0 = std::chrono::steady_clock::now();
+  s = read(*object_);
+  auto t1 = std::chrono::steady_clock::now();
+  if (s.ok()) s = VerifyTensors(dst, info, key);
+  LogInfo(absl::StrFormat(
+      "load %s from the object tier: GETs %.3f s, checksums %.3f s", key,
+      std::chrono::duration<double>(t1 - t0).count(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
+          .count()));
+  return Annotate(s, absl::StrCat("object tier (", object_->name(), ")"));
+}
+
+}  // namespace ckpt::daemon

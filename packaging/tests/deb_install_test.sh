@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The .deb in a clean Debian 12: builds ckptd_<version>_amd64.deb with
+# `cpack -G DEB` in BUILD_DIR, unpacks a fresh minbase bookworm root
+# (debootstrap; cached under BUILD_DIR/debootstrap-cache after the first
+# run), `apt-get install ./ckptd_*.deb` in a chroot (apt resolves the
+# shared-library Depends), then checks there: `ckptd --version` prints the
+# version, `ckptctl --help` works, the ckptd user/group and the state
+# directories exist with their owners, /etc/ckptd.toml is a conffile, the
+# installed ckptd serves `ckptctl status` with the installed config; and
+# `apt-get purge` removes the state directories.
+# Usage: deb_install_test.sh BUILD_DIR VERSION. Exit 77 (skipped) when not
+# root, without debootstrap, or when no Debian mirror can be reached.
+set -euo pipefail
+build="$(cd "$1" && pwd)" version="$2"
+mirror="${CKPT_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+skip() { echo "SKIP: $*"; exit 77; }
+[[ "$(id -u)" == 0 ]] || skip "needs root (debootstrap, chroot)"
+command -v debootstrap >/dev/null || skip "no debootstrap"
+start=$SECONDS
+
+(cd "$build" && cpack -G DEB >/dev/null)
+deb="$build/ckptd_${version}_amd64.deb"
+[[ -f "$deb" ]] || { echo "FAIL: cpack made no $deb"; exit 1; }
+echo "built $(basename "$deb") in $((SECONDS - start)) s"
+
+# A finished minbase root with fresh apt lists, kept as a tarball: later
+# runs only unpack it (seconds instead of minutes).
+cache="$build/debootstrap-cache"
+mkdir -p "$cache"
+root_tar="$cache/bookworm-minbase-root.tar"
+if [[ ! -f "$root_tar" ]]; then
+  debs="$cache/bookworm-minbase.tgz"
+  if [[ ! -f "$debs" ]]; then
+    debootstrap --variant=minbase --make-tarball="$debs" bookworm "$cache/download" "$mirror" \
+      >"$cache/download.log" 2>&1 || skip "debootstrap cannot reach $mirror (see $cache/download.log)"
+    rm -rf "$cache/download"
+  fi
+  seed="$(mktemp -d "$cache/seed.XXXXXX")"
+  debootstrap --variant=minbase --unpack-tarball="$debs" bookworm "$seed" "$mirror" >"$cache/seed.log" 2>&1
+  cp /etc/resolv.conf "$seed/etc/resolv.conf"
+  chroot "$seed" apt-get update -q >>"$cache/seed.log" 2>&1 || { rm -rf "$seed"; skip "apt-get update cannot reach $mirror"; }
+  tar -C "$seed" -cf "$root_tar.tmp" . && mv "$root_tar.tmp" "$root_tar"
+  rm -rf "$seed"
+  echo "cached a minbase bookworm root in $((SECONDS - start)) s"
+fi
+
+root="$(mktemp -d "$build/deb-root.XXXXXX")"
+trap 'rm -rf "$root"' EXIT
+tar -C "$root" -xf "$root_tar"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+cp "$deb" "$root/tmp/"
+# The dependencies apt downloaded last time (it checks them against the lists).
+mkdir -p "$cache/archives"
+cp "$cache/archives/"*.deb "$root/var/cache/apt/archives/" 2>/dev/null || true
+in_root() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LANG=C "$@"; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+in_root apt-get install -y -q --no-install-recommends "/tmp/$(basename "$deb")" >"$root/../$(basename "$root").apt.log" 2>&1 ||
+  { cat "$root/../$(basename "$root").apt.log"; rm -f "$root/../$(basename "$root").apt.log"; fail "apt-get install"; }
+rm -f "$root/../$(basename "$root").apt.log"
+echo "installed in a clean bookworm root after $((SECONDS - start)) s"
+cp "$root/var/cache/apt/archives/"*.deb "$cache/archives/" 2>/dev/null || true
+
+got="$(in_root ckptd --version)"
+[[ "$got" == "ckptd $version" ]] || fail "ckptd --version said '$got'"
+for bin in ckpt-coordinator ckptctl ckptrun; do
+  [[ "$(in_root "$bin" --version)" == "$bin $version" ]] || fail "$bin --version"
+done
+in_root ckptctl --help | grep -q "inspect and manage ckptd checkpoints" || fail "ckptctl --help"
+in_root ckptd --help | grep -q -- "--socket" || fail "ckptd --help"
+in_root getent group ckptd >/dev/null || fail "no ckptd group"
+in_root getent passwd ckptd | grep -q ":/usr/sbin/nologin$" || fail "no ckptd system user"
+[[ "$(stat -c %U:%a "$root/var/lib/ckptd")" == root:755 ]] || fail "/var/lib/ckptd: $(stat -c %U:%a "$root/var/lib/ckptd")"
+[[ "$(in_root stat -c %U:%G:%a /var/lib/ckpt-coordinator)" == ckptd:ckptd:750 ]] || fail "/var/lib/ckpt-coordinator"
+[[ -f "$root/lib/systemd/system/ckptd.service" && -f "$root/lib/systemd/system/ckpt-coordinator.service" ]] || fail "units"
+in_root dpkg-query -W -f='${Conffiles}\n' ckptd | grep -q "/etc/ckptd.toml" || fail "/etc/ckptd.toml is not a conffile"
+[[ -f "$root/usr/share/doc/ckptd/help/ckptd.txt" ]] || fail "no --help texts"
+# The Python package: importable from Debian's python3 with no environment
+# (libckpt.so is loaded on first use; on a GPU build it needs the CUDA runtime).
+in_root python3 -c "import ckpt; assert ckpt.__file__.startswith('/usr/lib/python3/dist-packages/')" \
+  || fail "python3 -c 'import ckpt' in the installed root"
+
+# The installed ckptd serves with the installed configuration: started as
+# the unit would start it (in a private mount namespace with its own
+# /dev/shm and /proc, gone when it exits), asked for its status by ckptctl,
+# stopped with SIGTERM.
+unshare --mount --propagation private sh -c '
+  mount -t tmpfs tmpfs "$1/dev/shm" && mount -t proc proc "$1/proc" &&
+  chroot "$1" env -i PATH=/usr/bin:/bin sh -c "
+    mkdir -p /run/ckptd
+    ckptd --socket /run/ckptd/ckptd.sock --root /var/lib/ckptd --config /etc/ckptd.toml 2>/tmp/ckptd.log &
+    pid=\$!
+    ok=1
+    for i in \$(seq 100); do
+      if ckptctl --socket /run/ckptd/ckptd.sock status >/tmp/status.out 2>&1; then ok=0; break; fi
+      sleep 0.1
+    done
+    kill -TERM \$pid; wait \$pid || ok=1
+    exit \$ok"' sh "$root" || { cat "$root/tmp/ckptd.log" "$root/tmp/status.out" 2>/dev/null; fail "the installed ckptd did not serve ckptctl status"; }
+echo "the installed ckptd served 'ckptctl status' and stopped on SIGTERM"
+
+in_root apt-get purge -y -q ckptd >/dev/null 2>&1 || fail "apt-get purge"
+[[ ! -e "$root/var/lib/ckptd" && ! -e "$root/var/lib/ckpt-coordinator" && ! -e "$root/etc/ckptd.toml" ]] ||
+  fail "purge left state or configuration behind"
+echo "PASS: install, --version, --help, account, directories, purge in $((SECONDS - start)) s"

@@ -1,0 +1,223 @@
+"""Client: one connection to ckptd through the C API, torch-free.
+
+Tensors are passed as ``TensorDesc`` tuples (name bytes, ckpt dtype code,
+shape tuple, data address, device: -1 host, N cuda:N). ``pack`` turns a
+list of them into one C array (plus one array holding every shape), so each
+save or restore is a single foreign call; ctypes releases the GIL for it.
+
+Thread-safety: as ckpt.h's: a Client may be used from several threads; a
+SaveHandle from one.
+"""
+
+import collections
+import ctypes
+
+from . import _lib, errors
+
+TensorDesc = collections.namedtuple(
+    "TensorDesc", ["name", "dtype", "shape", "data", "device"])
+
+_OPTION_FIELDS = {
+    "slot_bytes": int, "num_slots": int, "block_when_busy": bool,
+    "copy_threads": int, "slot_headroom": float, "busy_timeout_s": float,
+}
+
+
+class Packed:
+    """A C array of ckpt_tensor and the buffers it points into."""
+
+    __slots__ = ("array", "count", "_shapes", "_names")
+
+    def __init__(self, descs):
+        n = len(descs)
+        dims = [d for desc in descs for d in desc.shape]
+        self._shapes = (ctypes.c_int64 * max(1, len(dims)))(*dims)
+        self._names = [desc.name for desc in descs]
+        self.count = n
+        base = ctypes.addressof(self._shapes)
+        rows = []
+        offset = 0
+        for name, dtype, shape, data, device in descs:
+            ndim = len(shape)
+            rows.append((name, dtype, ndim, base + 8 * offset, data or None,
+                         device))
+            offset += ndim
+        # One constructor call fills the array from tuples (faster than
+        # setting fields through a proxy per element).
+        self.array = (_lib.CTensor * max(1, n))(*rows)
+
+
+def _options(job, socket, rank, world_size, options):
+    lib = _lib.lib()
+    o = _lib.COptions()
+    lib.ckpt_options_init(ctypes.byref(o))
+
+    def text(value, field):
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise errors.InvalidArgument(
+                "%s: a str, not %s" % (field, type(value).__name__))
+        if "\0" in value:
+            raise errors.InvalidArgument("%s: contains a NUL character" % field)
+        return value.encode("utf-8")
+
+    def integer(value, field, lo, hi):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise errors.InvalidArgument(
+                "%s: an int, not %s" % (field, type(value).__name__))
+        if not lo <= value <= hi:
+            raise errors.InvalidArgument(
+                "%s: %d is not in [%d, %d]" % (field, value, lo, hi))
+        return value
+
+    o.socket_path = text(socket, "socket")
+    o.job = text(job, "job")
+    if rank is not None:
+        o.rank = integer(rank, "rank", 0, 2**31 - 1)
+    if world_size is not None:
+        o.world_size = integer(world_size, "world_size", 1, 2**31 - 1)
+    for key, value in options.items():
+        kind = _OPTION_FIELDS.get(key)
+        if kind is None:
+            raise errors.InvalidArgument(
+                "%s: not an option (options: %s)"
+                % (key, ", ".join(sorted(_OPTION_FIELDS))))
+        if kind is bool:
+            o.block_when_busy = 1 if value else 0
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise errors.InvalidArgument(
+                    "%s: a number, not %s" % (key, type(value).__name__))
+            if key == "busy_timeout_s":
+                if not 0 <= value < 2**32 / 1000:
+                    raise errors.InvalidArgument(
+                        "busy_timeout_s: %r is not in [0, 2^32 ms)" % value)
+                o.busy_timeout_ms = int(value * 1000)
+            else:
+                o.slot_headroom = float(value)  # C checks the range
+        else:
+            setattr(o, key, integer(value, key, 0, 2**63 - 1
+                                    if key == "slot_bytes" else 2**31 - 1))
+    # The strings must outlive the call: keep them with the struct.
+    return o
+
+
+class SaveHandle:
+    """The progress of one save_async (ckpt_save_handle)."""
+
+    def __init__(self, handle, keepalive, what):
+        self._handle = handle
+        self._keepalive = keepalive  # the source buffers, until copied
+        self._what = what
+        self._copied = None  # None: not waited; else the Error or True
+        self._done = None
+
+    def wait_copied(self):
+        """Blocks until every tensor has been read; the sources may change."""
+        if self._copied is None:
+            if self._handle is None:
+                self._copied = True
+            else:
+                try:
+                    _lib.check(_lib.lib().ckpt_wait_copied(self._handle),
+                               self._what)
+                    self._copied = True
+                except errors.Error as e:
+                    self._copied = e
+                self._keepalive = None
+        if self._copied is not True:
+            raise self._copied
+
+    def wait(self):
+        """Blocks until the daemon holds the step; frees the C handle."""
+        if self._done is None:
+            handle, self._handle = self._handle, None
+            try:
+                if handle is not None:
+                    _lib.check(_lib.lib().ckpt_wait(handle), self._what)
+                self._done = True
+            except errors.Error as e:
+                self._done = e
+            self._keepalive = None
+            if self._copied is None:
+                self._copied = self._done
+        if self._done is not True:
+            raise self._done
+
+    @property
+    def done(self):
+        return self._done is not None
+
+    def __del__(self):
+        # An abandoned handle is waited for: the C handle owns a thread's
+        # work and the sources must stay alive until it has read them.
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001 - a finaliser cannot report
+                pass
+
+
+class Client:
+    """ckpt_client: connect, save, save_async, restore, latest, durable."""
+
+    def __init__(self, job=None, socket=None, rank=None, world_size=None,
+                 **options):
+        lib = _lib.lib()
+        o = _options(job, socket, rank, world_size, options)
+        out = ctypes.c_void_p()
+        _lib.check(lib.ckpt_connect(ctypes.byref(o), ctypes.byref(out)),
+                   "connect")
+        self._client = out
+
+    def close(self):
+        """Finishes every queued save, then disconnects (idempotent)."""
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None:
+            _lib.lib().ckpt_close(client)
+
+    def _live(self):
+        if self._client is None:
+            raise errors.FailedPrecondition("the client is closed")
+        return self._client
+
+    def save(self, step, packed):
+        _lib.check(_lib.lib().ckpt_save(self._live(), step, packed.array,
+                                        packed.count), "save step %d" % step)
+
+    def save_async(self, step, packed, keepalive):
+        out = ctypes.c_void_p()
+        _lib.check(_lib.lib().ckpt_save_async(self._live(), step, packed.array,
+                                              packed.count, ctypes.byref(out)),
+                   "save_async step %d" % step)
+        return SaveHandle(out, keepalive, "save_async step %d" % step)
+
+    def restore(self, step, packed):
+        _lib.check(_lib.lib().ckpt_restore(self._live(), step, packed.array,
+                                           packed.count),
+                   "restore step %d" % step)
+
+    def latest_step(self):
+        step = ctypes.c_int64(-1)
+        status = _lib.lib().ckpt_latest_step(self._live(), ctypes.byref(step))
+        _lib.check(status, "latest_step")
+        return step.value
+
+    def wait_durable(self, step, timeout_ms):
+        _lib.check(_lib.lib().ckpt_wait_durable(self._live(), step,
+                                                timeout_ms),
+                   "wait_durable step %d" % step)
+
+    def last_save_stats(self):
+        stats = _lib.CSaveStats()
+        _lib.check(_lib.lib().ckpt_last_save_stats(self._live(),
+                                                   ctypes.byref(stats)),
+                   "last_save_stats")
+        return {f: getattr(stats, f) for f, _ in stats._fields_}
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a finaliser cannot report
+            pass

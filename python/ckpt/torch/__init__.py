@@ -1,0 +1,297 @@
+"""ckpt.torch: save and restore PyTorch state through ckptd.
+
+Two lines in a training script::
+
+    ckpt = ckpt.torch.Checkpointer()              # CKPT_JOB, RANK, ... (torchrun)
+    ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
+
+and after a restart, in place (no extra memory, same storage)::
+
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    extra = ckpt.load(None, state)                # None = the latest step
+
+A state_dict may nest dict/OrderedDict, list and tuple around tensors of any
+dtype the installed torch has (bfloat16, complex, float8, ...) and int,
+float (inf/nan too), bool, str and None. Non-tensor values are stored as a
+small UTF-8 JSON tensor (never pickle); anything else is refused with an
+exception naming its key path. Tensors are the shard's tensors, named by
+their key path (``model/layers.0.weight``; see _tree.py for the encoding).
+
+CUDA tensors are copied by libckpt itself. The copy is ordered after the
+kernels that produced them: an event is recorded on torch's current stream
+of each device and waited for before the copy starts. ``wait_copied()``
+returning means the GPU (and the host) may overwrite the tensors.
+
+Thread-safety: a Checkpointer may be shared by threads (saves are
+serialised by libckpt); a SaveHandle belongs to one thread. The GIL is
+released while C copies (ctypes.CDLL).
+"""
+
+import os
+
+import torch
+
+from .. import _client, errors
+from . import _dtypes, _tree
+
+__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes"]
+
+storable_dtypes = _dtypes.storable_dtypes
+
+_HEADER = b"%ckpt/header"       # int64[2]: format version, skeleton bytes
+_SKELETON = b"%ckpt/skeleton"   # uint8[n]: the skeleton, UTF-8 JSON
+_HEADER_VERSION = 1
+_MAX_SKELETON = 1 << 31
+
+
+def _check_step(step):
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise errors.InvalidArgument(
+            "step: an int, not %s" % type(step).__name__)
+    if not 0 <= step < 2**63:
+        raise errors.InvalidArgument("step: %d is not in [0, 2^63)" % step)
+    return step
+
+
+def _desc(name, t):
+    """The TensorDesc of a contiguous tensor t."""
+    code = _dtypes.NATIVE.get(t.dtype)
+    if code is None or t.dim() > 8:
+        code, shape = _dtypes.CKPT_UINT8, (t.numel() * t.element_size(),)
+    else:
+        shape = tuple(t.shape)
+    device = -1 if t.device.type == "cpu" else t.device.index
+    return _client.TensorDesc(name, code, shape, t.data_ptr(), device)
+
+
+def _wait_for_producers(tensors):
+    """Orders what follows after the kernels queued on torch's current
+    stream of every CUDA device among tensors: records an event there and
+    waits for it (torch releases the GIL while waiting)."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    for device in devices:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        event.synchronize()
+
+
+class SaveHandle:
+    """The progress of one save_async: wait_copied(), then wait()."""
+
+    def __init__(self, step, handle):
+        self.step = step
+        self._handle = handle
+
+    def wait_copied(self):
+        """Returns once every tensor has been read: the trainer (and, for
+        CUDA tensors, the GPU) may overwrite them. Raises the copy's error."""
+        self._handle.wait_copied()
+
+    def wait(self):
+        """Returns once the daemon holds the step (it becomes durable
+        later: Checkpointer.wait_durable). Raises the save's error."""
+        self._handle.wait()
+
+    @property
+    def done(self):
+        return self._handle.done
+
+
+class Checkpointer:
+    """One rank's connection to the node's ckptd.
+
+    job, socket, rank, world_size default to $CKPT_JOB, $CKPT_SOCKET,
+    $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt's C++
+    client reads them; an error names the missing variable. options:
+    slot_bytes, slot_headroom, num_slots, block_when_busy, copy_threads,
+    busy_timeout_s (see ckpt/client.h).
+    """
+
+    def __init__(self, job=None, socket=None, rank=None, world_size=None,
+                 **options):
+        self._client = _client.Client(job, socket, rank, world_size, **options)
+        # Resolved as the C client did (it has checked them).
+        self.job = job if job is not None else os.environ.get("CKPT_JOB")
+        self.rank = rank if rank is not None else int(os.environ["RANK"])
+        self.world_size = (world_size if world_size is not None
+                           else int(os.environ["WORLD_SIZE"]))
+        local = os.environ.get("LOCAL_RANK", "")
+        self.local_rank = int(local) if local.isdigit() else None
+
+    # -- save -------------------------------------------------------------
+
+    def _pack(self, step, state_dict):
+        _check_step(step)
+        flat = _tree.flatten(state_dict)
+        skeleton = bytearray(flat.skeleton_bytes())
+        header = torch.tensor([_HEADER_VERSION, len(skeleton)],
+                              dtype=torch.int64)
+        skeleton_t = torch.frombuffer(skeleton, dtype=torch.uint8)
+        keep = [header, skeleton_t]
+        descs = [_desc(_HEADER, header), _desc(_SKELETON, skeleton_t)]
+        for name, _path, t in flat.tensors:
+            if not t.is_contiguous():
+                t = t.contiguous()  # a copy the save reads instead
+            keep.append(t)
+            descs.append(_desc(name.encode("ascii"), t))
+        _wait_for_producers(keep)
+        return _client.Packed(descs), keep
+
+    def save(self, step, state_dict, *, block=True):
+        """Saves state_dict as `step` (steps must increase).
+
+        block=True returns once the daemon holds the step. block=False
+        returns once the tensors have been copied (they may change again)
+        and gives the SaveHandle whose wait() reports the commit."""
+        if block:
+            packed, keep = self._pack(step, state_dict)
+            self._client.save(step, packed)
+            del keep
+            return None
+        handle = self.save_async(step, state_dict)
+        handle.wait_copied()
+        return handle
+
+    def save_async(self, step, state_dict):
+        """Starts a save and returns its SaveHandle at once. CONTRACT: the
+        tensors must not change until handle.wait_copied() returns."""
+        packed, keep = self._pack(step, state_dict)
+        return SaveHandle(step, self._client.save_async(step, packed, keep))
+
+    # -- queries ----------------------------------------------------------
+
+    def latest_step(self):
+        """The newest step restorable on every rank, or None if none."""
+        try:
+            return self._client.latest_step()
+        except errors.NotFound:
+            return None
+
+    def restore_step(self):
+        """The step to resume from: $CKPT_RESTORE_STEP when set (ckptrun
+        sets it to the step its recovery plan chose), else latest_step();
+        None when there is nothing to resume."""
+        text = os.environ.get("CKPT_RESTORE_STEP", "")
+        if not text:
+            return self.latest_step()
+        if not text.isdigit() or len(text) > 19 or int(text) >= 2**63:
+            raise errors.InvalidArgument(
+                "$CKPT_RESTORE_STEP: %.40r is not a step (an int in "
+                "[0, 2^63))" % text)
+        return int(text)
+
+    def wait_durable(self, step, timeout=600.0):
+        """Blocks until this rank's shard of `step` is durable on disk;
+        DeadlineExceeded after timeout seconds."""
+        _check_step(step)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not 0 <= timeout < 2**32 / 1000:
+            raise errors.InvalidArgument(
+                "timeout: %.40r is not a number of seconds in [0, 2^32 ms)"
+                % (timeout,))
+        self._client.wait_durable(step, int(timeout * 1000))
+
+    def last_save_stats(self):
+        """What the last save took: wait_slot_s, copy_s, rpc_s, total_s,
+        bytes (libckpt's SaveStats)."""
+        return self._client.last_save_stats()
+
+    # -- load -------------------------------------------------------------
+
+    def _skeleton(self, step):
+        header = torch.zeros(2, dtype=torch.int64)
+        try:
+            self._client.restore(step, _client.Packed([_desc(_HEADER, header)]))
+        except errors.NotFound as e:
+            raise errors.NotFound(
+                "step %d has no ckpt.torch skeleton (saved by another "
+                "client?): %s" % (step, e.message)) from None
+        version, size = int(header[0]), int(header[1])
+        what = "step %d: skeleton" % step
+        if version != _HEADER_VERSION:
+            raise errors.FailedPrecondition(
+                "%s: format version %d, this package reads %d"
+                % (what, version, _HEADER_VERSION))
+        if not 0 < size < _MAX_SKELETON:
+            raise errors.DataLoss("%s: size %d out of range" % (what, size))
+        data = torch.empty(size, dtype=torch.uint8)
+        self._client.restore(step, _client.Packed([_desc(_SKELETON, data)]))
+        return _tree.parse_skeleton(data.numpy().tobytes(), what)
+
+    def load(self, step=None, state_dict=None, *, strict=True):
+        """Restores `step` (None: the latest) into state_dict's tensors in
+        place (same storage, bit-exact) and returns the saved structure:
+        non-tensor values as saved, tensors as the live ones.
+
+        Every tensor of state_dict must be in the step with the same dtype
+        and shape (else NotFound / InvalidArgument naming its key path).
+        strict=True also requires every saved tensor to be in state_dict;
+        strict=False returns the ones it lacks as new CPU tensors. With
+        state_dict None every tensor comes back new (on the CPU)."""
+        if step is None:
+            step = self._client.latest_step()
+        _check_step(step)
+        skeleton = self._skeleton(step)
+        saved = skeleton["tensors"]
+        live = {}
+        if state_dict is not None:
+            live = {name: (path, t) for name, path, t in
+                    _tree.flatten(state_dict, lenient=True).tensors}
+            strict_here = strict
+        else:
+            strict_here = False
+        targets, copy_back, descs = [], [], []
+        saved_names = set()
+        for i, entry in enumerate(saved):
+            name, path = entry["name"], entry["path"]
+            dtype = _dtypes.BY_NAME[entry["dtype"]]
+            shape = torch.Size(entry["shape"])
+            saved_names.add(name)
+            if name not in live:
+                if strict_here:
+                    raise errors.NotFound(
+                        "%s: in step %d but not in the given state_dict "
+                        "(load(..., strict=False) returns it as a new "
+                        "tensor)" % (path, step))
+                t = torch.empty(shape, dtype=dtype)
+            else:
+                path, t = live[name]
+                if t.dtype != dtype:
+                    raise errors.InvalidArgument(
+                        "%s: dtype %s given, step %d has %s"
+                        % (path, _dtypes.NAME.get(t.dtype, t.dtype), step,
+                           entry["dtype"]))
+                if t.shape != shape:
+                    raise errors.InvalidArgument(
+                        "%s: shape %s given, step %d has %s"
+                        % (path, list(t.shape), step, list(shape)))
+            targets.append(t)
+            dst = t
+            if not t.is_contiguous():
+                dst = torch.empty(shape, dtype=dtype, device=t.device)
+                copy_back.append((t, dst))
+            descs.append(_desc(name.encode("ascii"), dst))
+        for name, (path, _t) in live.items():
+            if name not in saved_names:
+                raise errors.NotFound(
+                    "%s: not in step %d (the checkpoint has no tensor at "
+                    "this key path)" % (path, step))
+        _wait_for_producers(targets)
+        self._client.restore(step, _client.Packed(descs))
+        with torch.no_grad():
+            for t, dst in copy_back:
+                t.copy_(dst)
+        return _tree.unflatten(skeleton, targets.__getitem__,
+                               "step %d: skeleton" % step)
+
+    # -- lifetime ---------------------------------------------------------
+
+    def close(self):
+        """Finishes every queued save, then disconnects (idempotent)."""
+        self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

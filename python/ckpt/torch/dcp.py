@@ -1,0 +1,340 @@
+"""ckpt.torch.dcp: ckptd as a storage of torch.distributed.checkpoint (DCP).
+
+DCP users keep their code and swap the storage::
+
+    from ckpt.torch.dcp import CkptdStorageWriter, CkptdStorageReader, dcp_module
+    dcp = dcp_module()  # torch.distributed.checkpoint; on 1.13 torch.distributed._shard.checkpoint
+    dcp.save_state_dict(sd, storage_writer=CkptdStorageWriter("ckptd://myjob/100"))
+    dcp.load_state_dict(sd, storage_reader=CkptdStorageReader("ckptd://myjob/100"))
+    # torch 2.x: dcp.save(sd, checkpoint_id="ckptd://myjob/100", storage_writer=CkptdStorageWriter())
+    #            dcp.async_save(...) stages through the writer (an AsyncStager)
+
+A checkpoint id is ``ckptd://<job>/<step>`` (the reader also takes
+``ckptd://<job>/latest``). Every rank's write items (tensors, and DCP's
+BytesIO items as uint8 tensors) become ONE ckptd save of that rank: its
+tensors go into the node's shared memory and the daemon persists them. The
+coordinator's shard also holds DCP's ``Metadata`` as JSON (_dcp_json: never
+pickle), with a ``StorageLocation`` (rank, tensor name) per storage item; it
+is written in finish(), after every other rank reported its shard, so a step
+without its metadata is never readable as complete. With
+``wait_durable=True`` (the default) write_data and finish return only once
+the rank's shard is durable on disk, so save_state_dict returns once the
+whole step is durable; ckptd lists a step as restorable only when every rank
+has its shard. read_data fills the planner's tensors in place where the
+stored chunk matches the destination (else through a temporary), from the
+node's shared memory or from disk.
+
+The job's ranks are ckptd ranks: $RANK (or torch.distributed's rank) of
+$WORLD_SIZE, as for ckpt.torch.Checkpointer; the socket is $CKPT_SOCKET
+unless given. Reading another rank's items (replicated tensors saved once)
+reads that rank's shard through this node's daemon. Not thread-safe: one
+writer/reader per save/load, as DCP uses them.
+"""
+
+import dataclasses
+import io
+import os
+import re
+
+import torch
+
+from .. import errors
+from . import _dcp_json, _dcp_shards, _torch113_compat
+
+_torch113_compat.install()
+try:  # torch >= 2.0
+    from torch.distributed.checkpoint import StorageReader, StorageWriter
+    from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+except ImportError:  # torch 1.13
+    from torch.distributed._shard.checkpoint import StorageReader, StorageWriter
+    from torch.distributed._shard.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed._shard.checkpoint.storage import WriteResult
+try:
+    from torch.distributed.checkpoint.metadata import StorageMeta
+except ImportError:
+    StorageMeta = None
+try:
+    from torch.distributed.checkpoint.staging import AsyncStager
+except ImportError:
+    AsyncStager = None
+
+__all__ = ["CkptdStorageWriter", "CkptdStorageReader", "parse_checkpoint_id", "dcp_module", "SCHEME"]
+
+dcp_module = _torch113_compat.dcp_module
+
+SCHEME = "ckptd://"
+_STEP_MAX = (1 << 62)
+_ID_RE = re.compile(r"^ckptd://(?P<job>[^\x00]+)/(?P<step>[^/]+)$")
+
+
+def parse_checkpoint_id(checkpoint_id, allow_latest=False):
+    """``ckptd://<job>/<step>`` -> (job, step); step None for "latest"
+    (where allowed). ValueError names what is wrong."""
+    if isinstance(checkpoint_id, os.PathLike):
+        checkpoint_id = os.fspath(checkpoint_id)
+    if not isinstance(checkpoint_id, str):
+        raise ValueError("checkpoint_id: a str, not %s" % type(checkpoint_id).__name__)
+    shown = checkpoint_id[:64] + ("..." if len(checkpoint_id) > 64 else "")
+    m = _ID_RE.match(checkpoint_id)
+    if m is None:
+        raise ValueError("checkpoint_id %r: not %s<job>/<step>" % (shown, SCHEME))
+    job, step = m.group("job"), m.group("step")
+    if step == "latest" and allow_latest:
+        return job, None
+    if not step.isdigit() or len(step) > 19 or int(step) >= _STEP_MAX:
+        raise ValueError("checkpoint_id %r: step %r is not an integer in [0, 2^62)" % (shown, step[:24]))
+    return job, int(step)
+
+
+def _valid_id(checkpoint_id):
+    try:
+        parse_checkpoint_id(checkpoint_id, allow_latest=True)
+        return True
+    except ValueError:
+        return False
+
+
+def _dist_rank_world(rank, world_size):
+    import torch.distributed as dist
+    if rank is None and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+    if world_size is None and dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+    return rank, world_size
+
+
+class _Target:
+    """Job, step and ckptd connection of a writer or reader."""
+
+    def __init__(self, checkpoint_id, job, step, socket, rank, world_size, allow_latest):
+        self._allow_latest = allow_latest
+        self.job, self.step = job, step
+        self.socket, self.rank, self.world_size = socket, rank, world_size
+        self.checkpoint_id = None
+        if checkpoint_id is not None:
+            self.reset(checkpoint_id)
+
+    def reset(self, checkpoint_id):
+        if checkpoint_id is None:
+            return
+        self.job, self.step = parse_checkpoint_id(checkpoint_id, self._allow_latest)
+        self.checkpoint_id = os.fspath(checkpoint_id)
+
+    def shards(self):
+        if self.job is None:
+            raise ValueError("checkpoint_id: none given (ckptd://<job>/<step>)")
+        rank, world = _dist_rank_world(self.rank, self.world_size)
+        return _dcp_shards.Shards(self.job, self.socket, rank, world)
+
+
+class CkptdStorageWriter(StorageWriter):
+    """DCP StorageWriter into ckptd (see the module docstring).
+
+    checkpoint_id: ``ckptd://<job>/<step>`` (or set by DCP 2.x's reset());
+    socket/rank/world_size: default $CKPT_SOCKET and the process group's
+    (else $RANK/$WORLD_SIZE); wait_durable: return only once durable;
+    durable_timeout_s: how long to wait for it."""
+
+    _synchronize_after_execute = False  # AsyncStager: stage() blocks
+
+    def __init__(self, checkpoint_id=None, *, socket=None, rank=None, world_size=None,
+                 wait_durable=True, durable_timeout_s=600.0):
+        self._t = _Target(checkpoint_id, None, None, socket, rank, world_size, False)
+        self._wait_durable = bool(wait_durable)
+        self._durable_timeout_s = float(durable_timeout_s)
+        self._is_coordinator = False
+        self._held = None  # the coordinator's items, saved in finish()
+
+    # --- torch 2.x names ---------------------------------------------------
+    def reset(self, checkpoint_id=None):
+        self._held = None
+        self._t.reset(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _valid_id(checkpoint_id) and parse_checkpoint_id(checkpoint_id, True)[1] is not None
+
+    def storage_meta(self):
+        if StorageMeta is None:
+            return None
+        return StorageMeta(checkpoint_id=self._t.checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.init(is_coordinator)
+
+    # --- torch 1.13 names (and 2.x's shared ones) --------------------------
+    def init(self, is_coordinator):
+        if self._t.step is None:
+            raise ValueError("checkpoint_id: none given (ckptd://<job>/<step>)")
+        self._is_coordinator = bool(is_coordinator)
+        self._held = None
+        self._shards = self._t.shards()
+
+    def prepare_local_plan(self, plan):
+        return dataclasses.replace(plan, storage_data={"rank": self._shards.rank})
+
+    def prepare_global_plan(self, plans):
+        out = []
+        for plan in plans:
+            data = dict(plan.storage_data or {})
+            data["coordinator"] = self._shards.rank
+            out.append(dataclasses.replace(plan, storage_data=data))
+        return out
+
+    def write_data(self, plan, planner):
+        data = plan.storage_data or {}
+        coordinator = data.get("coordinator", self._shards.rank)
+        items, results = [], []
+        for i, item in enumerate(plan.items):
+            name = "dcp/%d" % i
+            value = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                buf = value.getvalue() if isinstance(value, io.BytesIO) else bytes(value)
+                tensor = torch.frombuffer(bytearray(buf), dtype=torch.uint8) if buf else \
+                    torch.empty(0, dtype=torch.uint8)
+                loc = _dcp_json.StorageLocation(self._shards.rank, name, "bytes", "uint8", (len(buf),))
+            else:
+                tensor, kind = _dcp_shards.storable(value.detach(), "write item %r" % item.index.fqn[:80])
+                loc = _dcp_json.StorageLocation(self._shards.rank, name, kind,
+                                                _dcp_shards.dtype_name(value.dtype), tuple(value.shape))
+            items.append((name, tensor))
+            results.append(WriteResult(index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
+                                       storage_data=loc))
+        if self._is_coordinator:
+            self._held = (items, coordinator)  # saved with the metadata in finish()
+        else:
+            self._save(items, coordinator, None)
+        fut = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results):
+        if self._held is None:
+            raise RuntimeError("finish: no write_data on the coordinator before it")
+        items, coordinator = self._held
+        self._held = None
+        metadata.storage_data = {r.index: r.storage_data for rank_results in results for r in rank_results}
+        blob = _dcp_json.encode(metadata)
+        self._save(items, coordinator, blob)
+
+    def wait_durable(self, timeout_s=600.0):
+        """Blocks until this rank's shard of the last step written is
+        durable (for a writer made with wait_durable=False)."""
+        self._shards.wait_durable(self._t.step, timeout_s)
+
+    def _save(self, items, coordinator, metadata_blob):
+        self._shards.save(self._t.step, items, coordinator, metadata_blob)
+        if self._wait_durable:
+            self._shards.wait_durable(self._t.step, self._durable_timeout_s)
+
+    # --- AsyncStager (torch 2.x dcp.async_save) ----------------------------
+    @property
+    def should_synchronize_after_execute(self):
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict):
+        """A training-safe copy of state_dict: every tensor copied off the
+        device into host memory (complete when this returns; the background
+        save then writes it to ckptd and completes once durable)."""
+        return _dcp_shards.host_copy(state_dict)
+
+    def synchronize_staging(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class CkptdStorageReader(StorageReader):
+    """DCP StorageReader from ckptd. checkpoint_id: ``ckptd://<job>/<step>``
+    or ``ckptd://<job>/latest`` (the newest step complete on every rank)."""
+
+    def __init__(self, checkpoint_id=None, *, socket=None, rank=None, world_size=None):
+        self._t = _Target(checkpoint_id, None, None, socket, rank, world_size, True)
+        self._metadata = None
+        self._step = None
+
+    def reset(self, checkpoint_id=None):
+        self._metadata = None
+        self._step = None
+        self._t.reset(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _valid_id(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs):
+        shards = self._t.shards()
+        step = self._t.step
+        if step is None:
+            step = shards.latest_step()
+        self._metadata = shards.read_metadata(step)
+        self._step, self._shards = step, shards
+        return self._metadata
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.init(metadata, is_coordinator)
+
+    def init(self, metadata, is_coordinator):
+        if self._step is None:  # DCP calls read_metadata() first; a caller may not
+            self.read_metadata()
+        if isinstance(getattr(metadata, "storage_data", None), dict):
+            self._metadata = metadata
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        locations = self._metadata.storage_data
+        if not isinstance(locations, dict):
+            raise errors.DataLoss("dcp metadata of step %d: no storage locations" % self._step)
+        by_rank = {}
+        for item in plan.items:
+            loc = locations.get(item.storage_index)
+            if not isinstance(loc, _dcp_json.StorageLocation):
+                raise KeyError("step %d: no stored item for %r" % (self._step, item.storage_index.fqn[:80]))
+            by_rank.setdefault(loc.rank, []).append((item, loc))
+        for rank in sorted(by_rank):
+            self._read_rank(rank, by_rank[rank], planner)
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_rank(self, rank, pairs, planner):
+        """One restore from `rank`'s shard for every item it holds."""
+        dests = {}  # name -> tensor restored into
+        after = []
+        for item, loc in pairs:
+            what = "%r (tensor %s of rank %d)" % (item.storage_index.fqn[:80], loc.name, rank)
+            if item.type == LoadItemType.BYTE_IO:
+                if loc.kind != "bytes":
+                    raise errors.DataLoss("step %d: %s is stored as %s, not bytes" % (self._step, what, loc.kind))
+                buf = dests.setdefault(loc.name, _dcp_shards.empty_like_stored(loc))
+                after.append(lambda item=item, buf=buf: planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes())))
+                continue
+            if loc.kind == "bytes":
+                raise errors.DataLoss("step %d: %s is stored as bytes, not a tensor" % (self._step, what))
+            target = planner.resolve_tensor(item).detach()
+            whole = all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(loc.shape)
+            if (whole and loc.name not in dests and _dcp_shards.fillable_in_place(target, loc)):
+                dests[loc.name] = _dcp_shards.as_stored(target, loc)
+                after.append(lambda item=item, target=target: planner.commit_tensor(item, target))
+                continue
+            src = dests.setdefault(loc.name, _dcp_shards.empty_like_stored(loc))
+
+            def copy(item=item, target=target, src=src, loc=loc, what=what):
+                full = _dcp_shards.stored_view(src, loc)
+                part = _dcp_shards.narrow(full, item.storage_offsets, item.lengths)
+                if tuple(part.shape) != tuple(target.shape):
+                    raise ValueError("step %d: %s: stored slice %s, destination %s"
+                                     % (self._step, what, tuple(part.shape), tuple(target.shape)))
+                target.copy_(part)
+                planner.commit_tensor(item, target)
+            after.append(copy)
+        self._shards.restore(self._step, rank, dests)
+        for fn in after:
+            fn()

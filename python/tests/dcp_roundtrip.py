@@ -1,0 +1,116 @@
+"""One rank of the DCP round trip of test_dcp (also run in-process there).
+
+state(): a model + AdamW state_dict as DCP takes it in torch 1.13 (flat:
+the model's tensors, the optimizer's per-parameter tensors under
+"optim.<i>.<key>", its param_groups as one non-tensor item, which DCP
+stores as bytes), plus a bfloat16 and a complex64 tensor (stored natively
+and as raw bytes) and one tensor per rank ("rank<r>.own") that only that
+rank writes, so every rank reads items of the other's shard.
+
+As a script (RANK, WORLD_SIZE, MASTER_ADDR/PORT, CKPT_SOCKET, $1 = job,
+$2 = step): save, zero every tensor, load, compare bit for bit, print
+"roundtrip ok rank=R" or exit 1 naming the first difference.
+"""
+
+import os
+import sys
+
+import torch
+
+
+def state(rank, world):
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+    sd = dict(model.state_dict())
+    osd = opt.state_dict()
+    for i, per_param in osd["state"].items():
+        for k, v in per_param.items():
+            sd["optim.%d.%s" % (i, k)] = v
+    sd["optim.param_groups"] = osd["param_groups"]
+    sd["extra.bf16"] = torch.randn(5, 3).to(torch.bfloat16)
+    sd["extra.c64"] = torch.randn(7, dtype=torch.complex64)
+    for r in range(world):
+        sd["rank%d.own" % r] = torch.full((4,), float(r + 1)) * torch.arange(4.0)
+    return sd
+
+
+def own_keys_planner(rank):
+    """DCP 1.13's default planner writes plain tensors on the coordinator
+    only; this one also makes each rank write its "rank<r>." tensors."""
+    from ckpt.torch.dcp import dcp_module
+    dcp = dcp_module()
+    try:
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items
+    except ImportError:
+        from torch.distributed._shard.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed._shard.checkpoint.planner_helpers import _create_write_items
+
+    class OwnKeys(DefaultSavePlanner):
+        def create_local_plan(self):
+            prefix = "rank%d." % rank
+            items = []
+            for fqn, obj in self.state_dict.items():
+                mine = fqn.startswith(prefix)
+                other_rank = fqn.startswith("rank") and not mine
+                if mine or (self.is_coordinator and not other_rank):
+                    items += _create_write_items(fqn, obj)
+            self.plan = dcp.SavePlan(items)
+            return self.plan
+    return OwnKeys()
+
+
+def zeroed(sd):
+    out = {}
+    for k, v in sd.items():
+        out[k] = torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
+    return out
+
+
+def first_difference(want, got):
+    for k, v in want.items():
+        g = got.get(k)
+        if isinstance(v, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.dtype != v.dtype or g.shape != v.shape:
+                return "%s: %r" % (k, g)
+            a = v.contiguous().reshape(-1).view(torch.uint8)
+            b = g.contiguous().reshape(-1).view(torch.uint8)
+            if not torch.equal(a, b):
+                return "%s: values differ" % k
+        elif g != v:
+            return "%s: %r != %r" % (k, g, v)
+    return None
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    job, step = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from ckpt.torch.dcp import CkptdStorageReader, CkptdStorageWriter, dcp_module
+    dcp = dcp_module()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    sd = state(rank, world)
+    cid = "ckptd://%s/%d" % (job, step)
+    dcp.save_state_dict(sd, storage_writer=CkptdStorageWriter(cid), planner=own_keys_planner(rank))
+    got = zeroed(sd)
+    ptrs = {k: v.data_ptr() for k, v in got.items() if isinstance(v, torch.Tensor)}
+    dcp.load_state_dict(got, storage_reader=CkptdStorageReader(cid))
+    diff = first_difference(sd, got)
+    moved = [k for k, p in ptrs.items() if got[k].data_ptr() != p]
+    dist.barrier()
+    dist.destroy_process_group()
+    if diff or moved:
+        print("roundtrip MISMATCH rank=%d: %s moved=%s" % (rank, diff, moved), flush=True)
+        return 1
+    print("roundtrip ok rank=%d" % rank, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""ckpt.torch.Checkpointer against a real ckptd (started per test class):
+round trips in place, save modes, restore from disk after a restart.
+
+Run by CTest (python/CMakeLists.txt, label slow) with Debian's python3 and
+torch; $CKPTD_BINARY and $CKPT_LIB name what was built. Skips (with the
+reason) where torch is missing; CUDA cases skip without a GPU.
+"""
+
+import collections
+import math
+import os
+import subprocess
+import sys
+import unittest
+
+try:
+    import torch
+except ImportError:  # the CTest still reports the reason
+    raise unittest.SkipTest("torch is not installed for %s" % sys.executable)
+
+import ckpt
+import ckpt.torch
+from tests.daemon_case import (DaemonTestCase, PACKAGE_ROOT, bits,
+                               nested_state, same_bits, tensors_of,
+                               without_tensors)
+
+
+class RoundTripTest(DaemonTestCase):
+
+    def test_nested_state_dict_with_every_dtype_restores_in_place_bit_exact(self):
+        gen = torch.Generator().manual_seed(1)
+        saved = nested_state(gen)
+        c = self.checkpointer()
+        c.save(5, saved)
+        target = nested_state(torch.Generator().manual_seed(2))
+        ptrs = [t.data_ptr() for t in tensors_of(target)]
+        back = c.load(5, target)
+        for want, got in zip(tensors_of(saved), tensors_of(target)):
+            self.assertTrue(same_bits(want, got), (want, got))
+        self.assertEqual(ptrs, [t.data_ptr() for t in tensors_of(target)])
+        # The returned structure holds the live tensors themselves.
+        for a, b in zip(tensors_of(back), tensors_of(target)):
+            self.assertIs(a, b)
+        self.assertGreaterEqual(len(ckpt.torch.storable_dtypes()), 10)
+
+    def test_non_tensor_values_come_back_equal_with_their_types(self):
+        saved = nested_state(torch.Generator().manual_seed(3))
+        saved["specials"].append(math.nan)
+        c = self.checkpointer()
+        c.save(1, saved)
+        back = c.load(None, nested_state(torch.Generator().manual_seed(4)))
+        nan = back["specials"].pop()
+        saved["specials"].pop()
+        self.assertTrue(math.isnan(nan))
+        self.assertEqual(without_tensors(back), without_tensors(saved))
+        self.assertIs(type(back["tuple"]), tuple)
+        self.assertIs(type(back["tuple"][1][1]), list)
+        self.assertIs(type(back["model"]), collections.OrderedDict)
+        self.assertEqual(math.copysign(1, back["specials"][2]), -1)
+        self.assertEqual(back["big"], 2**70)
+
+    def test_load_without_a_state_dict_returns_new_tensors(self):
+        saved = {"w": torch.arange(6.0).reshape(2, 3), "n": 3}
+        c = self.checkpointer()
+        c.save(2, saved)
+        back = c.load(2)
+        self.assertTrue(torch.equal(back["w"], saved["w"]))
+        self.assertEqual(back["n"], 3)
+
+    def test_non_strict_load_returns_saved_tensors_the_target_lacks(self):
+        c = self.checkpointer()
+        c.save(1, {"a": torch.ones(2), "b": torch.full((3,), 7.0)})
+        a = torch.zeros(2)
+        back = c.load(1, {"a": a}, strict=False)
+        self.assertIs(back["a"], a)
+        self.assertTrue(torch.equal(a, torch.ones(2)))
+        self.assertTrue(torch.equal(back["b"], torch.full((3,), 7.0)))
+
+    def test_non_contiguous_tensors_are_saved_and_restored_in_place(self):
+        base = torch.arange(24.0).reshape(4, 6)
+        c = self.checkpointer()
+        c.save(1, {"t": base.t(), "s": base[:, 1::2]})
+        target = torch.zeros(4, 6).t()  # non-contiguous, as base.t()
+        strided = torch.zeros(4, 6)[:, 1::2]
+        ptr = target.data_ptr()
+        c.load(1, {"t": target, "s": strided})
+        self.assertEqual(target.data_ptr(), ptr)
+        self.assertTrue(torch.equal(target, base.t()))
+        self.assertTrue(torch.equal(strided, base[:, 1::2]))
+
+    def test_a_tensor_of_more_than_eight_dimensions_round_trips(self):
+        t = torch.arange(2.0 ** 9).reshape((2,) * 9)
+        c = self.checkpointer()
+        c.save(1, {"t": t})
+        out = torch.empty((2,) * 9)
+        c.load(1, {"t": out})
+        self.assertTrue(torch.equal(out, t))
+
+    def test_long_key_paths_get_distinct_names(self):
+        long_a, long_b = "x" * 200 + "a", "x" * 200 + "b"
+        c = self.checkpointer()
+        c.save(1, {long_a: torch.ones(1), long_b: torch.zeros(1)})
+        a, b = torch.empty(1), torch.empty(1)
+        c.load(1, {long_a: a, long_b: b})
+        self.assertEqual((a.item(), b.item()), (1.0, 0.0))
+
+
+class SaveModesTest(DaemonTestCase):
+
+    def test_save_async_wait_copied_then_wait_then_latest_step(self):
+        c = self.checkpointer()
+        self.assertIsNone(c.latest_step())
+        t = torch.arange(1000.0)
+        handle = c.save_async(3, {"t": t})
+        handle.wait_copied()
+        t.fill_(-1)  # allowed once copied
+        handle.wait()
+        self.assertTrue(handle.done)
+        self.assertEqual(c.latest_step(), 3)
+        out = torch.empty(1000)
+        c.load(3, {"t": out})
+        self.assertTrue(torch.equal(out, torch.arange(1000.0)))
+
+    def test_restore_step_is_ckptruns_choice_else_the_latest(self):
+        c = self.checkpointer()
+        saved = os.environ.pop("CKPT_RESTORE_STEP", None)
+        self.addCleanup(os.environ.update,
+                        {} if saved is None else {"CKPT_RESTORE_STEP": saved})
+        self.assertIsNone(c.restore_step())
+        c.save(8, {"t": torch.ones(1)})
+        self.assertEqual(c.restore_step(), 8)
+        os.environ["CKPT_RESTORE_STEP"] = "6"
+        self.assertEqual(c.restore_step(), 6)
+        os.environ["CKPT_RESTORE_STEP"] = "six"
+        with self.assertRaises(ckpt.InvalidArgument) as e:
+            c.restore_step()
+        self.assertIn("$CKPT_RESTORE_STEP", str(e.exception))
+        del os.environ["CKPT_RESTORE_STEP"]
+
+    def test_save_without_block_returns_after_the_copy(self):
+        c = self.checkpointer()
+        t = torch.ones(10)
+        handle = c.save(1, {"t": t}, block=False)
+        t.zero_()
+        handle.wait()
+        out = torch.empty(10)
+        c.load(1, {"t": out})
+        self.assertTrue(torch.equal(out, torch.ones(10)))
+
+    def test_wait_durable_returns_for_a_saved_step(self):
+        c = self.checkpointer()
+        c.save(4, {"t": torch.ones(3)})
+        c.wait_durable(4, timeout=30)
+        stats = c.last_save_stats()
+        self.assertGreater(stats["bytes"], 0)
+
+    @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
+    def test_cuda_tensors_round_trip_in_place_after_their_producing_kernels(self):
+        c = self.checkpointer()
+        src = torch.randn(1 << 20, device="cuda")
+        src.mul_(3).add_(1)  # queued on the current stream, not yet done
+        want = src.cpu()
+        handle = c.save_async(1, {"g": src})
+        handle.wait_copied()
+        src.zero_()
+        handle.wait()
+        out = torch.zeros(1 << 20, device="cuda")
+        ptr = out.data_ptr()
+        c.load(1, {"g": out})
+        self.assertEqual(out.data_ptr(), ptr)
+        self.assertTrue(torch.equal(out.cpu(), want))
+
+
+class RestartTest(DaemonTestCase):
+
+    def test_restore_from_disk_in_a_fresh_process_after_the_shm_is_gone(self):
+        gen = torch.Generator().manual_seed(7)
+        saved = nested_state(gen)
+        job = self.new_job()
+        c = self.checkpointer(job=job)
+        c.save(11, saved)
+        c.wait_durable(11, timeout=60)
+        c.close()
+        self.assertEqual(self.daemon.stop(), 0)
+        self.daemon.drop_shm()
+        self.daemon.start()
+        path = os.path.join(self.tmp, "expected.pt")
+        torch.save({"bits": [bits(t) for t in tensors_of(saved)]}, path)
+        code = (
+            "import sys, torch, ckpt.torch\n"
+            "from tests.daemon_case import nested_state, tensors_of, bits\n"
+            "torch.set_num_threads(1)\n"
+            "c = ckpt.torch.Checkpointer(job=%r, socket=%r, rank=0, "
+            "world_size=1)\n"
+            "assert c.latest_step() == 11, c.latest_step()\n"
+            "target = nested_state(torch.Generator().manual_seed(8))\n"
+            "back = c.load(None, target)\n"
+            "want = torch.load(%r)['bits']\n"
+            "got = [bits(t) for t in tensors_of(target)]\n"
+            "assert len(want) == len(got)\n"
+            "assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) "
+            "else a == b) for a, b in zip(want, got))\n"
+            "assert back['step'] == 17\n"
+            "print('restored-from-disk')\n" % (job, self.daemon.socket, path))
+        out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_ROOT,
+                             capture_output=True, text=True, timeout=120)
+        self.assertIn("restored-from-disk", out.stdout, out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

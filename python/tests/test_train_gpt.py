@@ -1,0 +1,141 @@
+"""examples/train_gpt.py under ckptrun and a real coordinator: a 2-rank job
+survives a rank SIGKILLed at a random step, and the loss of a whole node
+(a spare takes its rank), and ends with the params_digest of an undisturbed
+run. The random step is printed (and $CKPT_TEST_SEED fixes it)."""
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # pragma: no cover
+    torch = None
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TRAIN = os.path.join(REPO, "examples", "train_gpt.py")
+STEPS, EVERY, WORLD = 30, 5, 2
+ARGS = ["--steps", str(STEPS), "--ckpt-every", str(EVERY), "--threads", "1", "--timeout-s", "30"]
+
+
+def digests(text):
+    return re.findall(r"^params_digest=([0-9a-f]+)$", text, re.M)
+
+
+def max_step(text):
+    return max([int(s) for s in re.findall(r"^step (\d+) loss ", text, re.M)] or [0])
+
+
+def trainer_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    for k in ("RANK", "WORLD_SIZE", "CKPT_SOCKET", "CKPT_JOB", "CKPT_RESTORE_STEP"):
+        env.pop(k, None)
+    return env
+
+
+@unittest.skipIf(torch is None, "this interpreter has no torch")
+class TrainGptTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        """The undisturbed reference: WORLD ranks by hand, no checkpoints."""
+        env = trainer_env()
+        env.update(WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(20000 + (os.getpid() * 7) % 20000))
+        procs = [subprocess.Popen([sys.executable, TRAIN] + ARGS, env=dict(env, RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(WORLD)]
+        outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+        for p, out in zip(procs, outs):
+            assert p.returncode == 0, out
+        found = set(d for out in outs for d in digests(out))
+        assert len(found) == 1, outs
+        cls.reference = found.pop()
+        seed = int(os.environ.get("CKPT_TEST_SEED", time.time_ns() % 100000))
+        print("test_train_gpt: CKPT_TEST_SEED=%d" % seed, file=sys.stderr)
+        cls.rng = random.Random(seed)
+
+    def setUp(self):
+        from tests.cluster_procs import Cluster
+        self.dir = tempfile.mkdtemp(prefix="ckpt-train-gpt-test-", dir="/var/tmp")
+        self.keep = False
+        self.Cluster = Cluster
+        self.cluster = None
+
+    def tearDown(self):
+        if self.cluster is not None:
+            self.cluster.close()
+        if self.keep:
+            print("logs kept in %s" % self.dir, file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run_job(self, nodes, spares, disturb):
+        """Starts the cluster and the job, calls disturb(), waits for the
+        launchers still running to exit 0, returns all their output."""
+        nproc = WORLD // len(nodes)
+        c = self.cluster = self.Cluster(self.dir, "gpt", WORLD, nproc)
+        c.start_coordinator()
+        for n in nodes:
+            c.start_node(n)
+        for n in spares:
+            c.start_node(n, spare=True)
+        port = 20000 + self.rng.randrange(0, 400) * 50
+        cmd = [sys.executable, TRAIN] + ARGS + ["--step-sleep-ms", "40"]
+        for n in nodes + spares:
+            c.start_launcher(n, cmd, port, env=trainer_env())
+        disturb(c)
+        for n, launcher in list(c.launchers.items()):
+            try:
+                rc = launcher.wait(timeout=150)
+            except subprocess.TimeoutExpired:
+                self.keep = True
+                raise AssertionError("ckptrun of node %s still running:\n%s" % (n, c.logs_text()[-4000:]))
+            if rc != 0:
+                self.keep = True
+            self.assertEqual(rc, 0, "ckptrun of node %s:\n%s" % (n, c.logs_text()[-4000:]))
+        return c.logs_text()
+
+    def check(self, text):
+        found = digests(text)
+        if not found or set(found) != {self.reference} or len(found) < WORLD or "restored step" not in text:
+            self.keep = True
+        self.assertGreaterEqual(len(found), WORLD, text[-4000:])
+        self.assertEqual(set(found), {self.reference}, text[-4000:])
+        self.assertIn("restored step", text)
+
+    def wait_step(self, c, step):
+        from tests.cluster_procs import wait_for
+        wait_for(lambda: max_step(c.logs_text()) >= step, 90, "training to reach step %d" % step)
+
+    def test_rank_sigkilled_at_a_random_step_resumes_bit_identical(self):
+        kill_at = self.rng.randrange(EVERY + 3, STEPS - 4)
+
+        def disturb(c):
+            self.wait_step(c, kill_at)
+            victims = c.trainers("a")
+            self.assertTrue(victims, "no trainer running under ckptrun")
+            victim = self.rng.choice(victims)
+            os.kill(victim, 9)
+            print("killed trainer pid %d at step >= %d" % (victim, kill_at), file=sys.stderr)
+        self.check(self.run_job(["a"], [], disturb))
+
+    def test_node_lost_at_a_random_step_spare_takes_its_rank_bit_identical(self):
+        kill_at = self.rng.randrange(EVERY + 3, STEPS - 4)
+
+        def disturb(c):
+            self.wait_step(c, kill_at)
+            c.kill_node("b")
+            print("killed node b at step >= %d" % kill_at, file=sys.stderr)
+        self.check(self.run_job(["a", "b"], ["c"], disturb))
+
+
+if __name__ == "__main__":
+    unittest.main()

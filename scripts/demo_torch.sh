@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The end-to-end demo with a PyTorch job: scripts/demo.sh's 3-node cluster
+# (coordinator; nodes a and b with 2 ranks each; spare c) running
+# examples/train_gpt.py, a small GPT trained data-parallel over gloo and
+# checkpointed with ckpt.torch (save_async overlapped with the next step).
+# One trainer is SIGKILLed, then node b dies whole; the job resumes from
+# shared memory / the shared root and must end bit-identical to an
+# undisturbed run (exit 1 otherwise). STEPS (default 60), KEEP, BUILD_DIR as
+# for scripts/demo.sh. Needs Debian's /usr/bin/python3 with python3-torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+/usr/bin/python3 -c 'import torch' 2>/dev/null ||
+  { echo "demo_torch: /usr/bin/python3 has no torch (scripts/install-deps.sh)" >&2; exit 2; }
+# The package from this tree even before scripts/install-python.sh ran.
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+STEPS=${STEPS:-60} TRAINER=torch exec scripts/demo.sh

@@ -1,0 +1,79 @@
+// SaveOneTensorStep: a save through the Engine's RPC methods (Register,
+// BeginSave, writing the slot as a client would, CommitSave) of one 64 KiB
+// uint8 tensor "w" filled with the step's low byte, for the in-process
+// engine tests (fault_crash_test, object_tier_engine_test). The caller owns
+// `arena`, the client-side mapping, which is (re)attached when the engine
+// hands out another one. Not thread-safe: one test thread.
+#ifndef CKPT_TESTS_ENGINE_SAVE_H_
+#define CKPT_TESTS_ENGINE_SAVE_H_
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ckpt.pb.h"
+#include "ckpt/tensor.h"
+#include "daemon/engine.h"
+#include "shm/arena.h"
+#include "storage/shard_format.h"
+#include "util/checksum.h"
+
+namespace ckpt::testing {
+
+struct OneTensorSave {
+  std::string job;
+  uint64_t step = 0;
+  bool block = false;    // BeginSave waits for a slot
+  bool corrupt = false;  // one byte changes after its checksum was taken
+};
+
+[[nodiscard]] inline absl::Status SaveOneTensorStep(daemon::Engine* engine,
+                                                    const daemon::PeerCreds& peer,
+                                                    const OneTensorSave& save,
+                                                    std::unique_ptr<shm::Arena>* arena) {
+  namespace v1 = ::ckpt::v1;
+  v1::RegisterRequest rr;
+  rr.set_job(save.job);
+  rr.set_world_size(1);
+  rr.set_slot_bytes(4 << 20);
+  auto reg = engine->Register(peer, rr);
+  if (!reg.ok()) return reg.status();
+  if (!*arena || (*arena)->name() != reg->shm_name()) {
+    auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
+    if (!a.ok()) return a.status();
+    *arena = std::move(*a);
+  }
+  std::vector<uint64_t> sizes = {64 << 10};
+  auto layout = storage::ComputeLayout(sizes);
+  if (!layout.ok()) return layout.status();
+  v1::BeginSaveRequest br;
+  br.set_job(save.job);
+  br.set_step(save.step);
+  br.set_block(save.block);
+  br.set_image_bytes(layout->image_bytes);
+  auto begin = engine->BeginSave(peer, br);
+  if (!begin.ok()) return begin.status();
+  char* dst = (*arena)->base() + begin->slot_offset() + layout->tensor_offsets[0];
+  std::memset(dst, static_cast<int>(save.step), sizes[0]);
+  v1::CommitSaveRequest cr;
+  cr.set_job(save.job);
+  cr.set_step(save.step);
+  cr.set_slot(begin->slot());
+  cr.set_lease(begin->lease());
+  v1::TensorMeta* m = cr.add_tensors();
+  m->set_name("w");
+  m->set_dtype(static_cast<uint32_t>(DType::kUInt8));
+  m->add_shape(sizes[0]);
+  m->set_offset(layout->tensor_offsets[0]);
+  m->set_bytes(sizes[0]);
+  m->set_checksum(TensorChecksum(dst, sizes[0]));
+  m->set_has_checksum(true);
+  if (save.corrupt) dst[0] ^= 1;
+  return engine->CommitSave(peer, cr);
+}
+
+}  // namespace ckpt::testing
+
+#endif  // CKPT_TESTS_ENGINE_SAVE_H_

@@ -1,0 +1,380 @@
+// High availability on etcd, with real processes: a three-member etcd
+// cluster on loopback (tests/etcd_harness.h), ckpt-coordinator replicas on
+// --state etcd://..., and the multi-node cluster of tests/cluster_harness.h
+// with trainers running. Leaders are SIGKILLed and SIGSTOPped, etcd members
+// killed; every scenario checks that state written by a leader survives and
+// that nothing a deposed leader tries lands.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "coordinator/client/leader_channel.h"
+#include "coordinator/etcd/election.h"
+#include "coordinator/etcd/etcd_kv.h"
+#include "tests/cluster_harness.h"
+#include "tests/etcd_harness.h"
+#include "tests/temp_dir.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+namespace etcd = ::ckpt::coordinator::etcd;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class HaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    etcd_ = std::make_unique<EtcdCluster>(dir_.path() + "/etcd", 3);
+    std::string why;
+    ASSERT_TRUE(etcd_->WaitHealthy(&why)) << why;
+  }
+  void TearDown() override {
+    if (HasFailure() || std::getenv("CKPT_TEST_LOGS")) {
+      if (cluster_) std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
+      std::fprintf(stderr, "%s", etcd_->Logs().c_str());
+    }
+  }
+  ClusterOptions Options(int replicas) {
+    ClusterOptions o;
+    o.dir = dir_.path() + "/cluster";
+    o.coordinator_state = etcd_->StateUrl("ckpt-test");
+    o.coordinator_replicas = replicas;
+    return o;
+  }
+  uint64_t LastGood() const {
+    auto job = cluster_->Job();
+    return job && job->has_last_good() ? job->last_good_step() : 0;
+  }
+  int CountEvents(cv1::EventKind kind) const {
+    int n = 0;
+    for (const auto& e : cluster_->Events())
+      if (e.kind() == kind) ++n;
+    return n;
+  }
+  // A leader-following client of every replica.
+  std::unique_ptr<coordinator::CoordinatorClient> Client() const {
+    return coordinator::CoordinatorClient::Create(
+               cluster_->CoordinatorAddresses(), {})
+        .value();
+  }
+  std::string ReplicaLog(int i) const {
+    return ReadFile(dir_.path() + "/cluster" +
+                    (i == 0 ? "/coordinator.log"
+                            : "/coordinator-" + std::to_string(i) + ".log"));
+  }
+
+  TempDir dir_;
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(
+    HaTest,
+    LeaderKilledDuringJobStandbyLeadsWithinTimeoutLosingNoStepAndMakingNoSecondPlan) {
+  ClusterOptions o = Options(2);
+  o.world_size = 2;
+  o.nproc_per_node = 1;
+  o.last_step = 90;
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  const int old_leader = cluster_->LeaderReplica();
+  ASSERT_GE(old_leader, 0);
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= 3; }, seconds(60)))
+      << "no step became durable";
+
+  // One failure: a trainer dies; the leader plans; then the leader dies.
+  pid_t victim = cluster_->TrainerPid(1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] { return CountEvents(cv1::PLAN_MADE) >= 1; }, seconds(20)));
+  const uint64_t good_before = LastGood();
+  const uint32_t generation = cluster_->Job()->generation();
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster_->SignalReplica(old_leader, SIGKILL);
+  ASSERT_TRUE(cluster_->WaitReplica(old_leader, seconds(5)).has_value());
+
+  int new_leader = -1;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] { return (new_leader = cluster_->LeaderReplica()) >= 0; },
+      seconds(30)));
+  const double takeover_s = std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - killed_at)
+                                .count();
+  std::fprintf(
+      stderr,
+      "takeover after leader SIGKILL: %.2f s (heartbeat timeout %d ms)\n",
+      takeover_s, o.heartbeat_timeout_ms);
+  EXPECT_NE(new_leader, old_leader);
+  EXPECT_LE(takeover_s, o.heartbeat_timeout_ms / 1000.0 + 4.0);
+  EXPECT_GE(LastGood(), good_before)
+      << "a committed step was lost in the failover";
+
+  // Training goes on under the new leader, to the last step.
+  for (const char* id : {"a", "b"}) {
+    auto st = cluster_->WaitLauncher(id, seconds(120));
+    ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+        << "ckptrun of node " << id << " wait status " << *st;
+  }
+  for (uint32_t r = 0; r < o.world_size; ++r) {
+    bool done = false;
+    for (const auto& l : cluster_->TrainerLog(r)) {
+      EXPECT_NE(l.kind, "mismatch") << "rank " << r;
+      done = done || l.kind == "done";
+    }
+    EXPECT_TRUE(done) << "rank " << r << " did not finish";
+  }
+  EXPECT_EQ(CountEvents(cv1::PLAN_MADE), 1) << "one failure, one plan";
+  EXPECT_EQ(cluster_->Job()->generation(), generation)
+      << "the new leader re-planned";
+  EXPECT_GT(LastGood(), good_before);
+}
+
+TEST_F(HaTest, LeaderReconnectsToAnotherEtcdMemberWhenItsMemberDies) {
+  ClusterOptions o = Options(1);
+  o.coordinator_args = {"--lease-ttl-s",
+                        "5"};  // outlasts etcd's own leader election
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  ASSERT_EQ(cluster_->LeaderReplica(), 0);
+  auto client = Client();
+  cv1::RegisterNodeRequest reg;
+  reg.set_node_id("n1");
+  reg.set_address("127.0.0.1");
+  reg.set_capacity(1);
+  cv1::RegisterNodeResponse resp;
+  ASSERT_TRUE(
+      client
+          ->Call(&cv1::Coordinator::Stub::RegisterNode, reg, &resp, seconds(5))
+          .ok());
+
+  etcd_->Kill(
+      0);  // the first endpoint of --state: the member the leader talks to
+  reg.set_node_id("n2");
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        return client
+            ->Call(&cv1::Coordinator::Stub::RegisterNode, reg, &resp,
+                   seconds(5))
+            .ok();
+      },
+      seconds(20)))
+      << "no write succeeded after the etcd member died";
+  std::this_thread::sleep_for(
+      seconds(6));  // more than a lease: keepalives go to the new member too
+  EXPECT_FALSE(cluster_->WaitReplica(0, milliseconds(0)).has_value())
+      << "the leader exited";
+  EXPECT_EQ(cluster_->LeaderReplica(), 0);
+  std::string log = ReplicaLog(0);
+  EXPECT_NE(log.find("unreachable; now talking to"), std::string::npos) << log;
+  auto c = cluster_->GetCluster();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->nodes_size(), 2);
+}
+
+TEST_F(HaTest, DeposedLeaderResumedAfterStopPastItsLeaseIsRefusedEveryWrite) {
+  ClusterOptions o = Options(2);
+  cluster_ =
+      std::make_unique<Cluster>(o);  // heartbeat timeout 2 s: a 2 s lease
+  cluster_->StartCoordinator();
+  const int old_leader = cluster_->LeaderReplica();
+  ASSERT_GE(old_leader, 0);
+  auto client = Client();
+  cv1::RegisterNodeRequest reg;
+  reg.set_node_id("n1");
+  reg.set_address("127.0.0.1");
+  reg.set_capacity(1);
+  cv1::RegisterNodeResponse registered;
+  ASSERT_TRUE(client
+                  ->Call(&cv1::Coordinator::Stub::RegisterNode, reg,
+                         &registered, seconds(5))
+                  .ok());
+  auto heartbeat = [&] {
+    cv1::HeartbeatRequest hb;
+    hb.set_node_id("n1");
+    hb.set_epoch(registered.epoch());
+    cv1::HeartbeatResponse r;
+    return client->Call(&cv1::Coordinator::Stub::Heartbeat, hb, &r, seconds(1))
+        .ok();
+  };
+
+  cluster_->SignalReplica(old_leader, SIGSTOP);
+  int new_leader = -1;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        (void)heartbeat();  // n1 stays alive under whoever leads
+        new_leader = cluster_->LeaderReplica();
+        return new_leader >= 0 && new_leader != old_leader;
+      },
+      seconds(30)));
+  for (int i = 0; i < 10;
+       ++i) {  // the stopped leader's view of n1 is now stale
+    ASSERT_TRUE(heartbeat());
+    std::this_thread::sleep_for(milliseconds(300));
+  }
+
+  cluster_->SignalReplica(old_leader, SIGCONT);
+  // Its own timers fire at once (n1's heartbeat looks 5 s old to it), and a
+  // client writes to it directly: nothing may land.
+  cv1::RegisterNodeRequest intruder = reg;
+  intruder.set_node_id("intruder");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(3));
+  cv1::RegisterNodeResponse ignored;
+  grpc::Status s =
+      cluster_->Stub(old_leader)->RegisterNode(&ctx, intruder, &ignored);
+  EXPECT_FALSE(s.ok()) << "the deposed leader accepted a write";
+  std::fprintf(stderr, "deposed leader answered: %d %s\n", s.error_code(),
+               s.error_message().c_str());
+  auto st = cluster_->WaitReplica(old_leader, seconds(10));
+  ASSERT_TRUE(st.has_value()) << "the deposed leader kept running";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 3) << "wait status " << *st;
+  EXPECT_NE(ReplicaLog(old_leader).find("lost leadership"), std::string::npos)
+      << ReplicaLog(old_leader);
+
+  ASSERT_TRUE(heartbeat());
+  auto c = cluster_->GetCluster();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->nodes_size(), 1) << "the intruder's registration landed";
+  EXPECT_EQ(c->nodes(0).health(), cv1::ALIVE) << c->nodes(0).dead_reason();
+  EXPECT_EQ(c->nodes(0).epoch(), registered.epoch());
+  for (const auto& e : cluster_->Events())
+    EXPECT_NE(e.kind(), cv1::FAILURE_DETECTED) << e.detail();
+}
+
+// The fence itself, below the process: a KvBackend holding the fence of a
+// leadership that ended (lease revoked, another replica elected) writes
+// nothing, whatever its own clock says.
+TEST_F(HaTest,
+       EtcdWriteWithTheFenceOfAnEndedLeadershipIsRefusedAndChangesNothing) {
+  auto client = std::make_shared<etcd::EtcdClient>(
+      std::vector<std::string>{etcd_->Endpoint(1), etcd_->Endpoint(2)},
+      seconds(2));
+  etcd::ElectionOptions eo;
+  eo.key = "/fence-test/leader";
+  eo.ttl_s = 2;
+  eo.advertise = "first:1";
+  auto first = std::make_unique<etcd::LeaderElection>(client, eo);
+  absl::StatusOr<etcd::Fence> first_fence = first->Campaign();
+  ASSERT_TRUE(first_fence.ok()) << first_fence.status();
+  std::string fenced_reason;
+  auto stale =
+      etcd::NewEtcdKv(client, "/fence-test/", *first_fence,
+                      [&](const std::string& why) { fenced_reason = why; });
+  ASSERT_TRUE(stale->Write({{false, "k", "from the first leader"}}).ok());
+  first.reset();  // resigns: the lease is revoked, the key goes
+
+  eo.advertise = "second:1";
+  etcd::LeaderElection second(client, eo);
+  absl::StatusOr<etcd::Fence> second_fence = second.Campaign();
+  ASSERT_TRUE(second_fence.ok()) << second_fence.status();
+  EXPECT_GT(second_fence->create_revision, first_fence->create_revision);
+  EXPECT_EQ(second.leader(), "second:1");
+
+  absl::Status refused = stale->Write(
+      {{false, "k", "from the deposed leader"}, {true, "other", ""}});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_NE(fenced_reason.find("no longer the leader"), std::string::npos)
+      << fenced_reason;
+  auto fresh = etcd::NewEtcdKv(client, "/fence-test/", *second_fence, nullptr);
+  auto value = fresh->Get("k");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(value->value_or(""), "from the first leader");
+  EXPECT_TRUE(fresh->Write({{false, "k", "from the second leader"}}).ok());
+}
+
+TEST_F(HaTest, StandbyEndsTheJobWatchNotLeaderNamingTheLeaderAndTheLeaderServesIt) {
+  cluster_ = std::make_unique<Cluster>(Options(2));
+  cluster_->StartCoordinator();
+  int leader = cluster_->LeaderReplica();
+  ASSERT_GE(leader, 0);
+  const int standby = 1 - leader;
+  cv1::WatchJobRequest req;
+  req.set_job("job");
+  req.set_node_id("n1");
+  auto watch = [&](int replica, cv1::JobView* view) {
+    auto stub = cv1::CoordinatorWatch::NewStub(grpc::CreateChannel(
+        cluster_->ReplicaAddress(replica), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    auto reader = stub->WatchJob(&ctx, req);
+    bool got = reader->Read(view);
+    if (got) ctx.TryCancel();
+    grpc::Status s = reader->Finish();
+    return got ? grpc::Status::OK : s;
+  };
+  cv1::JobView view;
+  grpc::Status s;
+  // The standby names the leader once it has read the election key.
+  Cluster::WaitUntil(
+      [&] {
+        s = watch(standby, &view);
+        return !s.ok() && !coordinator::LeaderHint(s).empty();
+      },
+      seconds(20));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(coordinator::LeaderHint(s), cluster_->ReplicaAddress(leader)) << s.error_message();
+  s = watch(leader, &view);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(view.job(), "job");
+}
+
+TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt) {
+  auto client = std::make_shared<etcd::EtcdClient>(
+      std::vector<std::string>{etcd_->Endpoint(0), etcd_->Endpoint(1)}, seconds(2));
+  etcd::ElectionOptions eo;
+  eo.key = "/group-test/leader";
+  eo.ttl_s = 2;
+  eo.advertise = "first:1";
+  auto first = std::make_unique<etcd::LeaderElection>(client, eo);
+  absl::StatusOr<etcd::Fence> fence = first->Campaign();
+  ASSERT_TRUE(fence.ok()) << fence.status();
+  auto kv = etcd::NewEtcdKv(client, "/group-test/", *fence, nullptr);
+  // 300 one-op batches (over etcd's default 128 operations per Txn), the
+  // last of them overwriting the first key: every batch lands, in order.
+  std::vector<coordinator::KvBatch> batches;
+  for (int i = 0; i < 299; ++i)
+    batches.push_back({{false, "k/" + std::to_string(1000 + i), std::to_string(i)}});
+  batches.push_back({{false, "k/1000", "last"}});
+  std::vector<const coordinator::KvBatch*> group;
+  for (const auto& b : batches) group.push_back(&b);
+  ASSERT_TRUE(kv->WriteGroup(group).ok());
+  int keys = 0;
+  ASSERT_TRUE(kv->Scan("k/", [&](const std::string&, const std::string&) {
+                  ++keys;
+                  return absl::OkStatus();
+                }).ok());
+  EXPECT_EQ(keys, 299);
+  EXPECT_EQ(kv->Get("k/1000")->value_or(""), "last");
+  EXPECT_EQ(kv->Get("k/1298")->value_or(""), "298");
+
+  first.reset();  // resigns; a second leader's key has another revision
+  eo.advertise = "second:1";
+  etcd::LeaderElection second(client, eo);
+  ASSERT_TRUE(second.Campaign().ok());
+  for (auto& b : batches) b[0].value = "stale";
+  absl::Status refused = kv->WriteGroup(group);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_EQ(kv->Get("k/1000")->value_or(""), "last");
+  EXPECT_EQ(kv->Get("k/1001")->value_or(""), "1");
+}
+
+}  // namespace
+}  // namespace ckpt::testing

@@ -1,0 +1,165 @@
+// The object tier with a real ckptd process (--object-url, --commit-tier
+// object), against a directory (the Backend stand-in) and against a real
+// S3 server (s3rver, tests/s3_server.h): a round trip through the object
+// tier is bit-exact, and a step whose local file and shared memory are
+// gone restores from the object store (source OBJECT).
+#include <grpcpp/client_context.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "storage/keys.h"
+#include "storage/manifest.h"
+#include "tests/daemon_test.h"
+#include "tests/s3_server.h"
+
+namespace ckpt::testing {
+namespace {
+
+std::string ReadAll(storage::Backend& b, const std::string& key) {
+  auto size = b.ObjectSize(key);
+  if (!size.ok()) return "missing: " + std::string(size.status().message());
+  std::string out(*size, '\0');
+  absl::Status s = b.ReadAt(key, 0, out.data(), out.size());
+  return s.ok() ? out : "unreadable: " + std::string(s.message());
+}
+
+// "dir": the object tier is a directory; "s3": an s3rver bucket.
+class ObjectTierTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "s3") {
+      if (std::string why = S3Server::Unavailable(); !why.empty())
+        GTEST_SKIP() << why;
+      s3_ = std::make_unique<S3Server>();
+      ASSERT_TRUE(s3_->ok());
+      // The daemon takes endpoint and credentials from the environment.
+      setenv("AWS_ENDPOINT_URL", s3_->endpoint().c_str(), 1);
+      setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
+      setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
+      setenv("AWS_REGION", "us-east-1", 1);
+      url_ = std::string("s3://") + kS3Bucket + "/tier";
+      auto b = storage::NewObjectBackend(s3_->Options("tier"));
+      ASSERT_TRUE(b.ok()) << b.status();
+      objects_ = std::move(*b);
+    } else {
+      url_ = dir_.path() + "/object";
+      storage::LocalBackendOptions lo;
+      lo.root = url_;
+      lo.remove_tmp_files = false;
+      auto b = storage::NewLocalBackend(lo);
+      ASSERT_TRUE(b.ok()) << b.status();
+      objects_ = std::move(*b);
+    }
+    Start();
+  }
+  void TearDown() override {
+    daemon_.reset();
+    UnlinkArenas(prefix_);
+  }
+  void Start() {
+    auto d =
+        DaemonProcess::Start(dir_.path() + "/root", dir_.path(), prefix_,
+                             {"--object-url", url_, "--commit-tier", "object"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+  }
+  std::unique_ptr<Client> Connect(const std::string& job) {
+    auto c = Client::Connect(OptionsFor(*daemon_, job, 0, 1));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  v1::StatusResponse Status() {
+    grpc::ClientContext ctx;
+    v1::StatusResponse resp;
+    EXPECT_TRUE(daemon_->Stub()->Status(&ctx, v1::StatusRequest(), &resp).ok());
+    return resp;
+  }
+  // The step's object manifest follows its last shard's upload.
+  void WaitForObjectManifest(const std::string& job, uint64_t step) {
+    while (!objects_->Stat(storage::ManifestKey(job, step)).ok()) usleep(10000);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<S3Server> s3_;
+  std::string url_;
+  std::unique_ptr<storage::Backend> objects_;
+  std::string prefix_ = UniqueShmPrefix();
+  std::unique_ptr<DaemonProcess> daemon_;
+  HostState state_ = MakeState(24 << 20, 5, 77);
+};
+
+TEST_P(ObjectTierTest, RoundTripThroughTheObjectTierIsBitExact) {
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+  ASSERT_TRUE(client->WaitDurable(1).ok());  // commit tier object: uploaded
+  WaitForObjectManifest("obj", 1);
+  auto manifest =
+      storage::ReadNodeManifest(*objects_, storage::ManifestKey("obj", 1));
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->shards_size(), 1);
+  const std::string key = storage::ShardKey("obj", 1, 0);
+  storage::LocalBackendOptions lo;
+  lo.root = dir_.path() + "/root";
+  lo.remove_tmp_files = false;
+  auto local = storage::NewLocalBackend(lo);
+  ASSERT_TRUE(local.ok());
+  EXPECT_TRUE(ReadAll(*objects_, key) == ReadAll(**local, key));
+  v1::StatusResponse st = Status();
+  EXPECT_EQ(st.commit_tier(), "object");
+  EXPECT_EQ(st.uploaded_shards(), 1u);
+  HostState got = state_.EmptyLike();
+  ASSERT_TRUE(client->Restore(1, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(state_));
+}
+
+TEST_P(ObjectTierTest,
+       RestoreFromObjectStoreAfterLocalDiskAndSharedMemoryAreGone) {
+  {
+    auto client = Connect("obj");
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+    ASSERT_TRUE(client->WaitDurable(1).ok());
+  }
+  WaitForObjectManifest("obj", 1);
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  ASSERT_TRUE(std::filesystem::remove(dir_.path() + "/root/" +
+                                      storage::ShardKey("obj", 1, 0)));
+  Start();
+  {
+    // The daemon says where it read from.
+    grpc::ClientContext ctx;
+    v1::OpenRestoreRequest req;
+    req.set_job("obj");
+    req.set_step(1);
+    req.set_allow_file_read(true);
+    v1::OpenRestoreResponse resp;
+    grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.source(), v1::RESTORE_SOURCE_OBJECT);
+    grpc::ClientContext ctx2;
+    v1::CloseRestoreRequest close;
+    close.set_job("obj");
+    close.set_lease(resp.lease());
+    v1::CloseRestoreResponse closed;
+    ASSERT_TRUE(daemon_->Stub()->CloseRestore(&ctx2, close, &closed).ok());
+  }
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  HostState got = state_.EmptyLike();
+  absl::Status s = client->Restore(1, got.tensors);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(got.Equals(state_));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierTest, ::testing::Values("dir", "s3"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ckpt::testing

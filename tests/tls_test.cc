@@ -1,0 +1,281 @@
+// Mutual TLS on the coordinator, with the real ckpt-coordinator and ckptctl
+// binaries and certificates made by openssl at test time
+// (tests/make_certs.sh, the recipe of doc/security.md): a node speaks only
+// for the node id its certificate names, a client without a certificate or
+// with one of another CA (or in plaintext) never gets in, and Rollback needs
+// an admin certificate.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "coordinator.grpc.pb.h"
+#include "tests/cluster_harness.h"
+#include "tests/temp_dir.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+using std::chrono::seconds;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct ShellResult {
+  int status = -1;
+  std::string out;
+};
+
+ShellResult Shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  r.status = pclose(p);
+  return r;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    certs_ = dir_.path() + "/certs";
+    ShellResult made = Shell("sh " MAKE_CERTS_SCRIPT " " + certs_);
+    ASSERT_EQ(made.status, 0) << made.out;
+    log_ = dir_.path() + "/coordinator.log";
+    coordinator_ =
+        Proc::Spawn({COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
+                     dir_.path() + "/state", "--shared-root",
+                     dir_.path() + "/shared", "--tls-cert", Cert("coordinator"),
+                     "--tls-key", Key("coordinator"), "--tls-ca", Cert("ca")},
+                    log_);
+    ASSERT_TRUE(Cluster::WaitUntil(
+        [&] {
+          return ReadFile(log_).find("listening on") != std::string::npos;
+        },
+        seconds(20)))
+        << ReadFile(log_);
+    std::string line = ReadFile(log_);
+    address_ = line.substr(line.find("listening on ") + 13);
+    address_ = address_.substr(0, address_.find('\n'));
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s", ReadFile(log_).c_str());
+  }
+  std::string Cert(const std::string& name) const {
+    return certs_ + "/" + name + ".pem";
+  }
+  std::string Key(const std::string& name) const {
+    return certs_ + "/" + name + ".key";
+  }
+
+  // A stub presenting `name`'s certificate ("" for none), trusting `ca`.
+  std::unique_ptr<cv1::Coordinator::Stub> Stub(
+      const std::string& name, const std::string& ca = "ca") const {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFile(Cert(ca));
+    if (!name.empty()) {
+      o.pem_cert_chain = ReadFile(Cert(name));
+      o.pem_private_key = ReadFile(Key(name));
+    }
+    return cv1::Coordinator::NewStub(
+        grpc::CreateChannel(address_, grpc::SslCredentials(o)));
+  }
+  static grpc::Status Register(cv1::Coordinator::Stub* stub,
+                               const std::string& node,
+                               cv1::RegisterNodeResponse* resp = nullptr) {
+    cv1::RegisterNodeRequest req;
+    req.set_node_id(node);
+    req.set_address("127.0.0.1");
+    req.set_capacity(1);
+    cv1::RegisterNodeResponse ignored;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    return stub->RegisterNode(&ctx, req, resp ? resp : &ignored);
+  }
+  ShellResult Ctl(const std::string& identity, const std::string& args) const {
+    std::string tls = identity.empty()
+                          ? ""
+                          : " --tls-cert " + Cert(identity) + " --tls-key " +
+                                Key(identity) + " --tls-ca " + Cert("ca");
+    return Shell(std::string(CKPTCTL_BINARY) + " --coordinator " + address_ +
+                 tls + " " + args);
+  }
+
+  TempDir dir_;
+  std::string certs_, log_, address_;
+  std::unique_ptr<Proc> coordinator_;
+};
+
+TEST_F(TlsTest, NodeWithACertificateForItsIdRegistersAndHeartbeats) {
+  auto stub = Stub("n1");
+  cv1::RegisterNodeResponse reg;
+  grpc::Status s = Register(stub.get(), "n1", &reg);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  cv1::HeartbeatRequest hb;
+  hb.set_node_id("n1");
+  hb.set_epoch(reg.epoch());
+  cv1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(stub->Heartbeat(&ctx, hb, &resp).ok());
+}
+
+TEST_F(TlsTest, NodeWithACertificateForAnotherNodeIdIsRefused) {
+  auto stub = Stub("n2");
+  grpc::Status s = Register(stub.get(), "n1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(s.error_message().find(
+                "node_id \"n1\": the client certificate is for [n2"),
+            std::string::npos)
+      << s.error_message();
+  // Nor may n2 heartbeat or report as n1 once n1 registered itself.
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  cv1::ReportShardRequest report;
+  report.set_node_id("n1");
+  report.set_epoch(reg.epoch());
+  report.set_job("job");
+  cv1::ReportShardResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub->ReportShard(&ctx, report, &resp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(TlsTest, BatchedReportsAndTheJobWatchNeedTheNodesOwnCertificate) {
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  auto channel = [&](const std::string& name) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFile(Cert("ca"));
+    o.pem_cert_chain = ReadFile(Cert(name));
+    o.pem_private_key = ReadFile(Key(name));
+    return grpc::CreateChannel(address_, grpc::SslCredentials(o));
+  };
+  // ReportShards (the batched reports) as n1 with n2's certificate.
+  cv1::ReportShardsRequest batch;
+  batch.set_node_id("n1");
+  batch.set_epoch(reg.epoch());
+  {
+    cv1::ReportShardsResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = cv1::Coordinator::NewStub(channel("n2"))->ReportShards(&ctx, batch, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("ReportShards: node_id \"n1\""), std::string::npos) << s.error_message();
+  }
+  {
+    cv1::ReportShardsResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = cv1::Coordinator::NewStub(channel("n1"))->ReportShards(&ctx, batch, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  // The job watch (ckptrun's stream) likewise.
+  cv1::WatchJobRequest watch;
+  watch.set_job("job");
+  watch.set_node_id("n1");
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    auto reader = cv1::CoordinatorWatch::NewStub(channel("n2"))->WatchJob(&ctx, watch);
+    cv1::JobView view;
+    EXPECT_FALSE(reader->Read(&view));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("WatchJob: node_id \"n1\""), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    auto reader = cv1::CoordinatorWatch::NewStub(channel("n1"))->WatchJob(&ctx, watch);
+    cv1::JobView view;
+    EXPECT_TRUE(reader->Read(&view));  // the current view comes at once
+    ctx.TryCancel();
+    reader->Finish();
+  }
+}
+
+TEST_F(TlsTest, ClientWithoutACertificateIsRefusedAtTheHandshake) {
+  grpc::Status s = Register(Stub("").get(), "n1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  std::fprintf(stderr, "no certificate: %s\n", s.error_message().c_str());
+}
+
+TEST_F(TlsTest, ClientWithACertificateOfAnotherCaIsRefusedAtTheHandshake) {
+  grpc::Status s = Register(Stub("n1-other").get(), "n1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  std::fprintf(stderr, "certificate of another CA: %s\n",
+               s.error_message().c_str());
+}
+
+TEST_F(TlsTest, PlaintextClientIsRefused) {
+  auto stub = cv1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::Status s = Register(stub.get(), "n1");
+  EXPECT_FALSE(s.ok());
+}
+
+TEST_F(TlsTest, CtlRollbackIsRefusedWithoutAnAdminCertificateAndWorksWithOne) {
+  // A job with one durable step, reported by its node.
+  auto n1 = Stub("n1");
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(n1.get(), "n1", &reg).ok());
+  {
+    cv1::RegisterJobRequest req;
+    req.set_job("job");
+    req.set_world_size(1);
+    cv1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(n1->RegisterJob(&ctx, req, &resp).ok());
+  }
+  for (cv1::ShardState state : {cv1::STAGED, cv1::DURABLE}) {
+    cv1::ReportShardRequest req;
+    req.set_node_id("n1");
+    req.set_epoch(reg.epoch());
+    req.set_job("job");
+    req.set_step(5);
+    req.set_rank(0);
+    req.set_state(state);
+    req.set_bytes(1000);
+    req.set_checksum_digest(0xabc);
+    if (state == cv1::DURABLE) req.set_key("job/step-5/rank-0");
+    cv1::ReportShardResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = n1->ReportShard(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  ShellResult as_node = Ctl("n1", "rollback --job job --step 5");
+  EXPECT_NE(as_node.status, 0) << as_node.out;
+  EXPECT_NE(as_node.out.find("is not an admin identity"), std::string::npos)
+      << as_node.out;
+  ShellResult without = Ctl("", "rollback --job job --step 5");
+  EXPECT_NE(without.status, 0) << without.out;
+  EXPECT_NE(without.out.find("give --tls-cert"), std::string::npos)
+      << without.out;
+  ShellResult as_admin = Ctl("admin", "rollback --job job --step 5");
+  EXPECT_EQ(as_admin.status, 0) << as_admin.out;
+  EXPECT_NE(as_admin.out.find("rolls back to step 5"), std::string::npos)
+      << as_admin.out;
+  // Reading the cluster needs only a valid certificate.
+  ShellResult cluster = Ctl("n2", "cluster");
+  EXPECT_EQ(cluster.status, 0) << cluster.out;
+}
+
+TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
+  ShellResult r =
+      Shell(std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --state " +
+            dir_.path() + "/other");
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.out;
+  EXPECT_NE(r.out.find("--insecure"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ckpt::testing

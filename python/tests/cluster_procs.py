@@ -70,7 +70,8 @@ class Cluster:
         self.coordinator = self._spawn(
             [_binary("CKPT_COORDINATOR_BINARY", "ckpt-coordinator"), "--listen", "127.0.0.1:0",
              "--state", os.path.join(self.dir, "coordinator"), "--shared-root", self.shared,
-             "--heartbeat-timeout-ms", str(self.heartbeat_ms)], log)
+             "--heartbeat-timeout-ms", str(self.heartbeat_ms),
+             "--insecure"], log)  # plaintext on loopback must be asked for
 
         def listening():
             with open(log) as f:

@@ -160,16 +160,30 @@ class Handler(socketserver.StreamRequestHandler):
                         "SignatureDoesNotMatch", "The request signature we calculated does not match"),
                         [("Content-Type", "application/xml")])
                     continue
-            if upstream is None:
-                upstream = http.client.HTTPConnection(ARGS.upstream, timeout=120)
-            try:
-                upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-                for n, v in raw_headers:
-                    upstream.putheader(n, v)
-                upstream.endheaders(body if length else None)
-                resp = upstream.getresponse()
-                data = resp.read()
-            except (OSError, http.client.HTTPException):
+            # An idle kept-alive upstream connection may have been closed by
+            # the store (Node's keep-alive timeout is 5 s): that request is
+            # sent again on a fresh connection, or the client would see a
+            # close that no fault asked for (curl then silently re-sends on
+            # a new connection, and the fault taken here never shows).
+            resp = None
+            for fresh in (upstream is None, True):
+                if fresh:
+                    if upstream is not None:
+                        upstream.close()
+                    upstream = http.client.HTTPConnection(ARGS.upstream, timeout=120)
+                try:
+                    upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+                    for n, v in raw_headers:
+                        upstream.putheader(n, v)
+                    upstream.endheaders(body if length else None)
+                    resp = upstream.getresponse()
+                    data = resp.read()
+                    break
+                except (OSError, http.client.HTTPException):
+                    resp = None
+                    if fresh:
+                        break
+            if resp is None:
                 return  # upstream gone: close, as a dead server would
             if kind == "drop":
                 return  # the store did the work; its reply is lost

@@ -27,36 +27,22 @@
 #include "storage/object_backend.h"
 #include "storage/shard_testing.h"
 #include "tests/s3_server.h"
+#include "tests/test_util.h"
 
 namespace ckpt::tools {
 namespace {
 
 using ::ckpt::testing::S3Server;
 
-struct ShellRun {
-  int exit_code = -1;
-  std::string out;
-};
+using ShellRun = ::ckpt::testing::CommandResult;
 
 // Runs a shell command with stdout (and, when asked, stderr) captured.
 ShellRun Shell(const std::string& cmd, bool with_stderr = false) {
-  ShellRun r;
-  FILE* p =
-      popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ::ckpt::testing::RunCommand(cmd, with_stderr);
 }
 
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ::ckpt::testing::ReadFileToString(path);
 }
 
 class CkptctlObjectTest : public ::testing::Test {

@@ -15,33 +15,19 @@
 #include "storage/manifest.h"
 #include "storage/shard_testing.h"
 #include "tests/temp_dir.h"
+#include "tests/test_util.h"
 
 namespace ckpt::tools {
 namespace {
 
-struct CtlRun {
-  int exit_code = -1;
-  std::string out;
-};
+using CtlRun = ::ckpt::testing::CommandResult;
 
 CtlRun Ckptctl(const std::string& args) {
-  CtlRun r;
-  std::string cmd = std::string(CKPTCTL_PATH) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ::ckpt::testing::RunCommand(std::string(CKPTCTL_PATH) + " " + args, /*with_stderr=*/false);
 }
 
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ::ckpt::testing::ReadFileToString(path);
 }
 
 class CkptctlTest : public ::testing::Test {

@@ -25,10 +25,14 @@ if ((${#missing[@]})); then
 fi
 
 # The object-storage tests' S3 server (s3rver, pinned in tests/s3/package-lock.json),
-# installed into the project (tests/s3/node_modules, git-ignored). Needs Node + npm.
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if command -v npm >/dev/null; then
-  npm ci --prefix "$repo/tests/s3" --no-audit --no-fund >/dev/null
-else
-  echo "npm not found: the object-storage tests will be skipped" >&2
+# installed into the project (tests/s3/node_modules, git-ignored). Needs Node + npm:
+# Debian's nodejs + npm when the machine has no npm (a Node.js from elsewhere,
+# e.g. NodeSource's, brings its own npm and is kept).
+if ! command -v npm >/dev/null; then
+  echo "installing: nodejs npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq nodejs npm >/dev/null
 fi
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+npm ci --prefix "$repo/tests/s3" --no-audit --no-fund >/dev/null

@@ -24,61 +24,15 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/timers.h"
 #include "coordinator.grpc.pb.h"
+#include "tests/coordinator_process.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::bench {
 namespace {
 
 namespace v1 = ::ckpt::coord::v1;
-using Clock = std::chrono::steady_clock;
-
-double Now() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
-// The coordinator as a child process.
-struct Coord {
-  pid_t pid = -1;
-  int port = 0;
-  std::string dir;
-  ~Coord() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
-};
-
-bool StartCoord(const Args& a, Coord* c) {
-  char tmpl[] = "/var/tmp/coord-scale.XXXXXX";
-  if (!mkdtemp(tmpl)) return false;
-  c->dir = tmpl;
-  int fds[2];
-  if (pipe(fds) != 0) return false;
-  std::string timeout = std::to_string(a.timeout_ms);
-  c->pid = fork();
-  if (c->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], 1);
-    close(fds[0]);
-    std::string state = c->dir + "/state", shared = c->dir + "/shared";
-    execl(a.binary.c_str(), a.binary.c_str(), "--listen", "127.0.0.1:0",
-          "--state", state.c_str(), "--shared-root", shared.c_str(),
-          "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
-    _exit(127);
-  }
-  close(fds[1]);
-  FILE* out = fdopen(fds[0], "r");
-  char line[256] = {};
-  if (out && std::fgets(line, sizeof line, out)) {
-    const char* colon = std::strrchr(line, ':');
-    if (colon) c->port = std::atoi(colon + 1);
-  }
-  if (out) std::fclose(out);
-  return c->port > 0;
-}
-
 double ProcCpuSeconds(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string s((std::istreambuf_iterator<char>(f)), {});
@@ -125,62 +79,6 @@ bool Retryable(const grpc::Status& s) {
 }
 
 constexpr char kJob[] = "bench";
-
-// A timer wheel of one thread: tasks run in due order on it.
-class Timers {
- public:
-  Timers() : thread_([this] { Loop(); }) {}
-  ~Timers() { Stop(); }
-  void At(double when, std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    q_.push({when, seq_++, std::move(fn)});
-    cv_.notify_one();
-  }
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  struct Task {
-    double when;
-    uint64_t seq;
-    std::function<void()> fn;
-    bool operator>(const Task& o) const {
-      return when != o.when ? when > o.when : seq > o.seq;
-    }
-  };
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      if (q_.empty()) {
-        cv_.wait(lock);
-        continue;
-      }
-      double wait = q_.top().when - Now();
-      if (wait > 0) {
-        cv_.wait_for(lock, std::chrono::duration<double>(wait));
-        continue;
-      }
-      Task t = q_.top();
-      q_.pop();
-      lock.unlock();
-      t.fn();
-      lock.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::priority_queue<Task, std::vector<Task>, std::greater<Task>> q_;
-  uint64_t seq_ = 0;
-  bool stopping_ = false;
-  std::thread thread_;
-};
 
 class Sim {
  public:
@@ -574,71 +472,18 @@ class Sim {
 }  // namespace
 
 bool RunOnce(const Args& a, Result* r) {
-  Coord coord;
-  if (!StartCoord(a, &coord)) {
+  testing::TempDir dir;
+  testing::CoordinatorProcess coord(dir.path() + "/state", dir.path() + "/shared",
+                                    a.timeout_ms, /*port=*/0, a.binary);
+  if (coord.port() <= 0) {
     std::fprintf(stderr, "coord_scale_bench: %s did not start\n",
                  a.binary.c_str());
     return false;
   }
-  Sim sim(a, coord.port);
+  Sim sim(a, coord.port());
   if (!sim.Setup()) return false;
-  sim.Run(r, coord.pid);
+  sim.Run(r, coord.pid());
   return true;
-}
-
-std::string ToJson(const Result& r) {
-  char buf[2048];
-  std::snprintf(
-      buf, sizeof buf,
-      "{\"nodes\": %d, \"ranks\": %d, \"interval_s\": %g, \"duration_s\": %g, "
-      "\"steps_started\": %d, \"steps_committed\": %d, \"commit_p50_s\": %.4f, "
-      "\"commit_p99_s\": %.4f, \"commit_max_s\": %.4f, \"detect_s\": %.3f, "
-      "\"plan_s\": %.4f, "
-      "\"plan_compute_s\": %.4f, \"plan_orders\": %d, \"false_deaths\": %d, "
-      "\"heartbeat_p99_s\": %.4f, \"heartbeat_max_s\": %.4f, "
-      "\"heartbeat_errors\": %llu, "
-      "\"reports_per_s\": %.1f, \"rpcs_per_s\": %.1f, \"refused_retried\": "
-      "%llu, "
-      "\"report_errors\": %llu, \"coordinator_cpu_cores\": %.3f, "
-      "\"coordinator_rss_bytes\": %llu, \"coordinator_rss_peak_bytes\": %llu, "
-      "\"bench_cpu_cores\": %.3f, \"machine_cpus\": %d, \"loadavg_before\": "
-      "%.2f, "
-      "\"loadavg_after\": %.2f}",
-      r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
-      r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
-      r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
-      r.hb_max, static_cast<unsigned long long>(r.hb_errors), r.reports_per_s,
-      r.rpcs_per_s, static_cast<unsigned long long>(r.refused),
-      static_cast<unsigned long long>(r.report_errors), r.cpu_cores,
-      static_cast<unsigned long long>(r.rss),
-      static_cast<unsigned long long>(r.rss_peak), r.bench_cpu_cores, r.cpus,
-      r.load_before, r.load_after);
-  return buf;
-}
-
-void PrintText(const Result& r) {
-  std::printf("%d nodes x %d ranks, checkpoint every %g s for %g s:\n", r.nodes,
-              r.ranks / std::max(r.nodes, 1), r.interval_s, r.duration_s);
-  std::printf(
-      "  steps committed %d of %d; commit p50 %.3f s, p99 %.3f s, max %.3f s\n",
-      r.steps_committed, r.steps_started, r.commit_p50, r.commit_p99,
-      r.commit_max);
-  std::printf(
-      "  detection %.3f s, plan %.3f s (computed in %.3f s, %d orders), false "
-      "deaths %d\n",
-      r.detect_s, r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths);
-  std::printf("  heartbeat round trip p99 %.3f s, max %.3f s, %llu failed\n",
-              r.hb_p99, r.hb_max, static_cast<unsigned long long>(r.hb_errors));
-  std::printf(
-      "  %.0f rank reports/s in %.0f RPCs/s (%llu retried after "
-      "RESOURCE_EXHAUSTED/UNAVAILABLE)\n",
-      r.reports_per_s, r.rpcs_per_s,
-      static_cast<unsigned long long>(r.refused));
-  std::printf(
-      "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
-      "cores; load %.2f -> %.2f on %d CPUs\n",
-      r.cpu_cores, r.rss / 1048576.0, r.rss_peak / 1048576.0, r.bench_cpu_cores,
-      r.load_before, r.load_after, r.cpus);
 }
 
 }  // namespace ckpt::bench

@@ -1,6 +1,7 @@
 // The simulation behind coord_scale_bench (see coord_scale_bench.cc): its
 // settings, its figures, one run against a fresh ckpt-coordinator process,
-// and their presentation. RunOnce is not reentrant (one run at a time).
+// and their presentation (coord_scale_report.cc). RunOnce is not reentrant
+// (one run at a time).
 #ifndef CKPT_BENCH_COORD_SCALE_SIM_H_
 #define CKPT_BENCH_COORD_SCALE_SIM_H_
 

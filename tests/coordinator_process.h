@@ -1,7 +1,7 @@
 // Test helper: the real ckpt-coordinator binary (COORDINATOR_BINARY, a
-// compile definition of the test target) on 127.0.0.1, with the port it
+// compile definition of the test target, unless another is given) on 127.0.0.1, with the port it
 // picked read from its first stdout line. Used by the coordinator's e2e test
-// and the tools' tests (ckptrun_test, ctl_coord_test). The child gets SIGKILL
+// the tools' tests (ckptrun_test, ctl_coord_test) and coord_scale_bench. The child gets SIGKILL
 // when the test process dies; the destructor SIGKILLs and reaps it.
 // Header-only; not thread-safe.
 #ifndef CKPT_TESTS_COORDINATOR_PROCESS_H_
@@ -33,7 +33,7 @@ class CoordinatorProcess {
   // Forks and execs at once, which is safe after this process used gRPC.
   // port 0: the binary picks one.
   CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms,
-                     int port = 0) {
+                     int port = 0, const std::string& binary = COORDINATOR_BINARY) {
     std::string listen = "127.0.0.1:" + std::to_string(port);
     int fds[2];
     if (pipe(fds) != 0) return;
@@ -43,7 +43,7 @@ class CoordinatorProcess {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       dup2(fds[1], 1);
       close(fds[0]);
-      execl(COORDINATOR_BINARY, COORDINATOR_BINARY, "--listen", listen.c_str(), "--state", state.c_str(),
+      execl(binary.c_str(), binary.c_str(), "--listen", listen.c_str(), "--state", state.c_str(),
             "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
       _exit(127);
     }
@@ -67,6 +67,7 @@ class CoordinatorProcess {
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  pid_t pid() const { return pid_; }
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::unique_ptr<::ckpt::coord::v1::Coordinator::Stub> Stub() const {

@@ -1,0 +1,66 @@
+// coord_scale_bench's presentation of a Result: one JSON object (the keys
+// scripts rely on) or a few lines of text.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "bench/coord_scale_sim.h"
+
+namespace ckpt::bench {
+
+std::string ToJson(const Result& r) {
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"nodes\": %d, \"ranks\": %d, \"interval_s\": %g, \"duration_s\": %g, "
+      "\"steps_started\": %d, \"steps_committed\": %d, \"commit_p50_s\": %.4f, "
+      "\"commit_p99_s\": %.4f, \"commit_max_s\": %.4f, \"detect_s\": %.3f, "
+      "\"plan_s\": %.4f, "
+      "\"plan_compute_s\": %.4f, \"plan_orders\": %d, \"false_deaths\": %d, "
+      "\"heartbeat_p99_s\": %.4f, \"heartbeat_max_s\": %.4f, "
+      "\"heartbeat_errors\": %llu, "
+      "\"reports_per_s\": %.1f, \"rpcs_per_s\": %.1f, \"refused_retried\": "
+      "%llu, "
+      "\"report_errors\": %llu, \"coordinator_cpu_cores\": %.3f, "
+      "\"coordinator_rss_bytes\": %llu, \"coordinator_rss_peak_bytes\": %llu, "
+      "\"bench_cpu_cores\": %.3f, \"machine_cpus\": %d, \"loadavg_before\": "
+      "%.2f, "
+      "\"loadavg_after\": %.2f}",
+      r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
+      r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
+      r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
+      r.hb_max, static_cast<unsigned long long>(r.hb_errors), r.reports_per_s,
+      r.rpcs_per_s, static_cast<unsigned long long>(r.refused),
+      static_cast<unsigned long long>(r.report_errors), r.cpu_cores,
+      static_cast<unsigned long long>(r.rss),
+      static_cast<unsigned long long>(r.rss_peak), r.bench_cpu_cores, r.cpus,
+      r.load_before, r.load_after);
+  return buf;
+}
+
+void PrintText(const Result& r) {
+  std::printf("%d nodes x %d ranks, checkpoint every %g s for %g s:\n", r.nodes,
+              r.ranks / std::max(r.nodes, 1), r.interval_s, r.duration_s);
+  std::printf(
+      "  steps committed %d of %d; commit p50 %.3f s, p99 %.3f s, max %.3f s\n",
+      r.steps_committed, r.steps_started, r.commit_p50, r.commit_p99,
+      r.commit_max);
+  std::printf(
+      "  detection %.3f s, plan %.3f s (computed in %.3f s, %d orders), false "
+      "deaths %d\n",
+      r.detect_s, r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths);
+  std::printf("  heartbeat round trip p99 %.3f s, max %.3f s, %llu failed\n",
+              r.hb_p99, r.hb_max, static_cast<unsigned long long>(r.hb_errors));
+  std::printf(
+      "  %.0f rank reports/s in %.0f RPCs/s (%llu retried after "
+      "RESOURCE_EXHAUSTED/UNAVAILABLE)\n",
+      r.reports_per_s, r.rpcs_per_s,
+      static_cast<unsigned long long>(r.refused));
+  std::printf(
+      "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
+      "cores; load %.2f -> %.2f on %d CPUs\n",
+      r.cpu_cores, r.rss / 1048576.0, r.rss_peak / 1048576.0, r.bench_cpu_cores,
+      r.load_before, r.load_after, r.cpus);
+}
+
+}  // namespace ckpt::bench

@@ -133,11 +133,20 @@ void DaemonMetrics::SaveCommitted(const std::string& job, double slot_wait_s,
                                   double stall_s, double copy_s,
                                   uint64_t bytes) {
   std::lock_guard<std::mutex> lock(jobs_mu_);
-  const Labels l = L("ckpt_job", job);
-  save_stall_.Add(l, kSaveBuckets).Observe(stall_s);
-  save_slot_wait_.Add(l, kSaveBuckets).Observe(slot_wait_s);
-  save_copy_.Add(l, kSaveBuckets).Observe(copy_s);
-  saved_bytes_.Add(l).Increment(static_cast<double>(bytes));
+  auto it = save_series_.find(job);
+  if (it == save_series_.end()) {
+    const Labels l = L("ckpt_job", job);
+    it = save_series_
+             .emplace(job, SaveSeries{&save_stall_.Add(l, kSaveBuckets),
+                                      &save_slot_wait_.Add(l, kSaveBuckets),
+                                      &save_copy_.Add(l, kSaveBuckets),
+                                      &saved_bytes_.Add(l)})
+             .first;
+  }
+  it->second.stall->Observe(stall_s);
+  it->second.slot_wait->Observe(slot_wait_s);
+  it->second.copy->Observe(copy_s);
+  it->second.bytes->Increment(static_cast<double>(bytes));
 }
 
 void DaemonMetrics::Persisted(std::string_view tier, double seconds,
@@ -180,6 +189,7 @@ void DaemonMetrics::StepDurable(const std::string& job, uint64_t step) {
 
 void DaemonMetrics::ForgetJob(const std::string& job) {
   std::lock_guard<std::mutex> lock(jobs_mu_);
+  save_series_.erase(job);
   const Labels l = L("ckpt_job", job);
   RemoveSeries(save_stall_, l, kSaveBuckets);
   RemoveSeries(save_slot_wait_, l, kSaveBuckets);

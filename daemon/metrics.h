@@ -101,7 +101,14 @@ class DaemonMetrics : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  void ForgetJobLocked(const std::string& job);
+  // One job's save series, looked up once (a label hash and the family's
+  // lock per series) rather than on every CommitSave.
+  struct SaveSeries {
+    prometheus::Histogram* stall;
+    prometheus::Histogram* slot_wait;
+    prometheus::Histogram* copy;
+    prometheus::Counter* bytes;
+  };
 
   std::shared_ptr<prometheus::Registry> registry_ =
       std::make_shared<prometheus::Registry>();
@@ -120,9 +127,10 @@ class DaemonMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& last_durable_step_;
   prometheus::Family<prometheus::Gauge>& last_durable_time_;
 
-  // Guards the job-labelled series: Add and Remove of one job's series
-  // must not interleave.
+  // Guards the job-labelled series and save_series_: Add and Remove of one
+  // job's series must not interleave.
   std::mutex jobs_mu_;
+  std::map<std::string, SaveSeries, std::less<>> save_series_;
   mutable std::mutex source_mu_;
   std::function<MetricsSnapshot()> source_;
 };

@@ -154,7 +154,7 @@ def measure_dcp(state, args, workdir):
     dcp_fs_save_stall_s (DCP's own FileSystemWriter) on the same state.
     bench/py_dcp_bench.py measures them."""
     import py_dcp_bench
-    return py_dcp_bench.measure(state, args, workdir)
+    return py_dcp_bench.measure(state, args, workdir, best)
 
 
 def run(args):

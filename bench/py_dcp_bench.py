@@ -1,8 +1,9 @@
 """The DCP figures of bench/py_bench.py: ckpt.torch.dcp vs DCP's FileSystemWriter.
 
-measure(state, args, workdir) saves the same tensors (py_bench's
+measure(state, args, workdir, best) saves the same tensors (py_bench's
 state["model"], flat, as DCP wants them) with torch.distributed.checkpoint's
-save_state_dict (no process group) three ways, best of args.iters each:
+save_state_dict (no process group) three ways, each timed by py_bench's
+best(fn, args.iters):
 
   dcp_save_stall_s      CkptdStorageWriter(wait_durable=False): returns once
                         every tensor is in ckptd's shared memory and the step
@@ -26,16 +27,7 @@ import time
 JOB = "py_bench_dcp"
 
 
-def _best(fn, iters):
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), times
-
-
-def measure(state, args, workdir, socket=None):
+def measure(state, args, workdir, best, socket=None):
     from ckpt.torch.dcp import CkptdStorageWriter, dcp_module
     dcp = dcp_module()
     socket = socket or os.path.join(workdir, "ckptd.sock")
@@ -58,7 +50,7 @@ def measure(state, args, workdir, socket=None):
         w = ours(False)
         stalls.append(time.perf_counter() - t0)
         w.wait_durable()  # untimed: the next save finds a free slot
-    durable, durable_all = _best(lambda: ours(True), args.iters)
+    durable, durable_all = best(lambda: ours(True), args.iters)
 
     fs_dir = os.path.join(workdir, "dcp_fs")
     n = [0]
@@ -70,7 +62,7 @@ def measure(state, args, workdir, socket=None):
         dcp.save_state_dict(sd, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
 
     try:
-        fs_s, fs_all = _best(fs, args.iters)
+        fs_s, fs_all = best(fs, args.iters)
     finally:
         shutil.rmtree(fs_dir, ignore_errors=True)
     r = {"dcp_save_stall_s": min(stalls), "dcp_save_stall_all_s": stalls,

@@ -9,9 +9,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "coordinator/client/leader_channel.h"
 #include "coordinator/etcd/election.h"
@@ -19,6 +17,7 @@
 #include "tests/cluster_harness.h"
 #include "tests/etcd_harness.h"
 #include "tests/temp_dir.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
 namespace {
@@ -27,13 +26,6 @@ namespace cv1 = ::ckpt::coord::v1;
 namespace etcd = ::ckpt::coordinator::etcd;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class HaTest : public ::testing::Test {
  protected:
@@ -71,8 +63,23 @@ class HaTest : public ::testing::Test {
                cluster_->CoordinatorAddresses(), {})
         .value();
   }
+  // A client of etcd members a and b (2 s per call).
+  std::shared_ptr<etcd::EtcdClient> EtcdClientOf(int a, int b) const {
+    return std::make_shared<etcd::EtcdClient>(
+        std::vector<std::string>{etcd_->Endpoint(a), etcd_->Endpoint(b)},
+        seconds(2));
+  }
+  // An election on `prefix`leader with a 2 s lease, advertising `who`.
+  static etcd::ElectionOptions Election(const std::string& prefix,
+                                        const std::string& who) {
+    etcd::ElectionOptions eo;
+    eo.key = prefix + "leader";
+    eo.ttl_s = 2;
+    eo.advertise = who;
+    return eo;
+  }
   std::string ReplicaLog(int i) const {
-    return ReadFile(dir_.path() + "/cluster" +
+    return ReadFileToString(dir_.path() + "/cluster" +
                     (i == 0 ? "/coordinator.log"
                             : "/coordinator-" + std::to_string(i) + ".log"));
   }
@@ -264,13 +271,8 @@ TEST_F(HaTest, DeposedLeaderResumedAfterStopPastItsLeaseIsRefusedEveryWrite) {
 // nothing, whatever its own clock says.
 TEST_F(HaTest,
        EtcdWriteWithTheFenceOfAnEndedLeadershipIsRefusedAndChangesNothing) {
-  auto client = std::make_shared<etcd::EtcdClient>(
-      std::vector<std::string>{etcd_->Endpoint(1), etcd_->Endpoint(2)},
-      seconds(2));
-  etcd::ElectionOptions eo;
-  eo.key = "/fence-test/leader";
-  eo.ttl_s = 2;
-  eo.advertise = "first:1";
+  auto client = EtcdClientOf(1, 2);
+  etcd::ElectionOptions eo = Election("/fence-test/", "first:1");
   auto first = std::make_unique<etcd::LeaderElection>(client, eo);
   absl::StatusOr<etcd::Fence> first_fence = first->Campaign();
   ASSERT_TRUE(first_fence.ok()) << first_fence.status();
@@ -337,12 +339,8 @@ TEST_F(HaTest, StandbyEndsTheJobWatchNotLeaderNamingTheLeaderAndTheLeaderServesI
 }
 
 TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt) {
-  auto client = std::make_shared<etcd::EtcdClient>(
-      std::vector<std::string>{etcd_->Endpoint(0), etcd_->Endpoint(1)}, seconds(2));
-  etcd::ElectionOptions eo;
-  eo.key = "/group-test/leader";
-  eo.ttl_s = 2;
-  eo.advertise = "first:1";
+  auto client = EtcdClientOf(0, 1);
+  etcd::ElectionOptions eo = Election("/group-test/", "first:1");
   auto first = std::make_unique<etcd::LeaderElection>(client, eo);
   absl::StatusOr<etcd::Fence> fence = first->Campaign();
   ASSERT_TRUE(fence.ok()) << fence.status();

@@ -6,15 +6,13 @@
 // an admin certificate.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "coordinator.grpc.pb.h"
 #include "tests/cluster_harness.h"
 #include "tests/temp_dir.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
 namespace {
@@ -22,35 +20,12 @@ namespace {
 namespace cv1 = ::ckpt::coord::v1;
 using std::chrono::seconds;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct ShellResult {
-  int status = -1;
-  std::string out;
-};
-
-ShellResult Shell(const std::string& cmd) {
-  ShellResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  r.status = pclose(p);
-  return r;
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     certs_ = dir_.path() + "/certs";
-    ShellResult made = Shell("sh " MAKE_CERTS_SCRIPT " " + certs_);
-    ASSERT_EQ(made.status, 0) << made.out;
+    CommandResult made = RunCommand("sh " MAKE_CERTS_SCRIPT " " + certs_);
+    ASSERT_EQ(made.exit_code, 0) << made.out;
     log_ = dir_.path() + "/coordinator.log";
     coordinator_ =
         Proc::Spawn({COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
@@ -60,16 +35,16 @@ class TlsTest : public ::testing::Test {
                     log_);
     ASSERT_TRUE(Cluster::WaitUntil(
         [&] {
-          return ReadFile(log_).find("listening on") != std::string::npos;
+          return ReadFileToString(log_).find("listening on") != std::string::npos;
         },
         seconds(20)))
-        << ReadFile(log_);
-    std::string line = ReadFile(log_);
+        << ReadFileToString(log_);
+    std::string line = ReadFileToString(log_);
     address_ = line.substr(line.find("listening on ") + 13);
     address_ = address_.substr(0, address_.find('\n'));
   }
   void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s", ReadFile(log_).c_str());
+    if (HasFailure()) std::fprintf(stderr, "%s", ReadFileToString(log_).c_str());
   }
   std::string Cert(const std::string& name) const {
     return certs_ + "/" + name + ".pem";
@@ -82,10 +57,10 @@ class TlsTest : public ::testing::Test {
   std::unique_ptr<cv1::Coordinator::Stub> Stub(
       const std::string& name, const std::string& ca = "ca") const {
     grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ReadFile(Cert(ca));
+    o.pem_root_certs = ReadFileToString(Cert(ca));
     if (!name.empty()) {
-      o.pem_cert_chain = ReadFile(Cert(name));
-      o.pem_private_key = ReadFile(Key(name));
+      o.pem_cert_chain = ReadFileToString(Cert(name));
+      o.pem_private_key = ReadFileToString(Key(name));
     }
     return cv1::Coordinator::NewStub(
         grpc::CreateChannel(address_, grpc::SslCredentials(o)));
@@ -102,12 +77,12 @@ class TlsTest : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     return stub->RegisterNode(&ctx, req, resp ? resp : &ignored);
   }
-  ShellResult Ctl(const std::string& identity, const std::string& args) const {
+  CommandResult Ctl(const std::string& identity, const std::string& args) const {
     std::string tls = identity.empty()
                           ? ""
                           : " --tls-cert " + Cert(identity) + " --tls-key " +
                                 Key(identity) + " --tls-ca " + Cert("ca");
-    return Shell(std::string(CKPTCTL_BINARY) + " --coordinator " + address_ +
+    return RunCommand(std::string(CKPTCTL_BINARY) + " --coordinator " + address_ +
                  tls + " " + args);
   }
 
@@ -155,9 +130,9 @@ TEST_F(TlsTest, BatchedReportsAndTheJobWatchNeedTheNodesOwnCertificate) {
   ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
   auto channel = [&](const std::string& name) {
     grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ReadFile(Cert("ca"));
-    o.pem_cert_chain = ReadFile(Cert(name));
-    o.pem_private_key = ReadFile(Key(name));
+    o.pem_root_certs = ReadFileToString(Cert("ca"));
+    o.pem_cert_chain = ReadFileToString(Cert(name));
+    o.pem_private_key = ReadFileToString(Key(name));
     return grpc::CreateChannel(address_, grpc::SslCredentials(o));
   };
   // ReportShards (the batched reports) as n1 with n2's certificate.
@@ -252,28 +227,28 @@ TEST_F(TlsTest, CtlRollbackIsRefusedWithoutAnAdminCertificateAndWorksWithOne) {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
-  ShellResult as_node = Ctl("n1", "rollback --job job --step 5");
-  EXPECT_NE(as_node.status, 0) << as_node.out;
+  CommandResult as_node = Ctl("n1", "rollback --job job --step 5");
+  EXPECT_NE(as_node.exit_code, 0) << as_node.out;
   EXPECT_NE(as_node.out.find("is not an admin identity"), std::string::npos)
       << as_node.out;
-  ShellResult without = Ctl("", "rollback --job job --step 5");
-  EXPECT_NE(without.status, 0) << without.out;
+  CommandResult without = Ctl("", "rollback --job job --step 5");
+  EXPECT_NE(without.exit_code, 0) << without.out;
   EXPECT_NE(without.out.find("give --tls-cert"), std::string::npos)
       << without.out;
-  ShellResult as_admin = Ctl("admin", "rollback --job job --step 5");
-  EXPECT_EQ(as_admin.status, 0) << as_admin.out;
+  CommandResult as_admin = Ctl("admin", "rollback --job job --step 5");
+  EXPECT_EQ(as_admin.exit_code, 0) << as_admin.out;
   EXPECT_NE(as_admin.out.find("rolls back to step 5"), std::string::npos)
       << as_admin.out;
   // Reading the cluster needs only a valid certificate.
-  ShellResult cluster = Ctl("n2", "cluster");
-  EXPECT_EQ(cluster.status, 0) << cluster.out;
+  CommandResult cluster = Ctl("n2", "cluster");
+  EXPECT_EQ(cluster.exit_code, 0) << cluster.out;
 }
 
 TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
-  ShellResult r =
-      Shell(std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --state " +
+  CommandResult r =
+      RunCommand(std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --state " +
             dir_.path() + "/other");
-  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--insecure"), std::string::npos) << r.out;
 }
 

@@ -119,42 +119,43 @@ absl::Status EtcdClient::WithFailover(const char* what, Call call) {
   return last;
 }
 
-absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
-    const etcdserverpb::RangeRequest& req) {
-  etcdserverpb::RangeResponse resp;
-  absl::Status s =
-      WithFailover("Range", [&](size_t i, grpc::ClientContext* ctx) {
-        resp.Clear();
-        return kv_[i]->Range(ctx, req, &resp);
-      });
+template <typename Response, typename Call>
+absl::StatusOr<Response> EtcdClient::Unary(const char* what, Call call) {
+  Response resp;
+  absl::Status s = WithFailover(what, [&](size_t i, grpc::ClientContext* ctx) {
+    resp.Clear();
+    return call(i, ctx, &resp);
+  });
   if (!s.ok()) return s;
   return resp;
 }
 
+absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
+    const etcdserverpb::RangeRequest& req) {
+  return Unary<etcdserverpb::RangeResponse>(
+      "Range", [&](size_t i, grpc::ClientContext* ctx, auto* resp) {
+        return kv_[i]->Range(ctx, req, resp);
+      });
+}
+
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(
     const etcdserverpb::TxnRequest& req) {
-  etcdserverpb::TxnResponse resp;
-  absl::Status s = WithFailover("Txn", [&](size_t i, grpc::ClientContext* ctx) {
-    resp.Clear();
-    return kv_[i]->Txn(ctx, req, &resp);
-  });
-  if (!s.ok()) return s;
-  return resp;
+  return Unary<etcdserverpb::TxnResponse>(
+      "Txn", [&](size_t i, grpc::ClientContext* ctx, auto* resp) {
+        return kv_[i]->Txn(ctx, req, resp);
+      });
 }
 
 absl::StatusOr<etcdserverpb::LeaseGrantResponse> EtcdClient::LeaseGrant(
     int64_t ttl_s) {
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(ttl_s);
-  etcdserverpb::LeaseGrantResponse resp;
-  absl::Status s =
-      WithFailover("LeaseGrant", [&](size_t i, grpc::ClientContext* ctx) {
-        resp.Clear();
-        return lease_[i]->LeaseGrant(ctx, req, &resp);
+  auto resp = Unary<etcdserverpb::LeaseGrantResponse>(
+      "LeaseGrant", [&](size_t i, grpc::ClientContext* ctx, auto* r) {
+        return lease_[i]->LeaseGrant(ctx, req, r);
       });
-  if (!s.ok()) return s;
-  if (!resp.error().empty())
-    return absl::UnavailableError("etcd LeaseGrant: " + resp.error());
+  if (resp.ok() && !resp->error().empty())
+    return absl::UnavailableError("etcd LeaseGrant: " + resp->error());
   return resp;
 }
 
@@ -162,12 +163,10 @@ absl::StatusOr<etcdserverpb::LeaseKeepAliveResponse> EtcdClient::KeepAlive(
     int64_t lease) {
   etcdserverpb::LeaseKeepAliveRequest req;
   req.set_id(lease);
-  etcdserverpb::LeaseKeepAliveResponse resp;
-  absl::Status s =
-      WithFailover("LeaseKeepAlive", [&](size_t i, grpc::ClientContext* ctx) {
-        resp.Clear();
+  return Unary<etcdserverpb::LeaseKeepAliveResponse>(
+      "LeaseKeepAlive", [&](size_t i, grpc::ClientContext* ctx, auto* resp) {
         auto stream = lease_[i]->LeaseKeepAlive(ctx);
-        bool answered = stream->Write(req) && stream->Read(&resp);
+        bool answered = stream->Write(req) && stream->Read(resp);
         stream->WritesDone();
         if (answered) ctx->TryCancel();  // one keepalive is all we wanted
         grpc::Status st = stream->Finish();
@@ -176,8 +175,6 @@ absl::StatusOr<etcdserverpb::LeaseKeepAliveResponse> EtcdClient::KeepAlive(
                                       "keepalive stream closed")
                        : st;
       });
-  if (!s.ok()) return s;
-  return resp;
 }
 
 absl::StatusOr<bool> EtcdClient::WatchForDelete(

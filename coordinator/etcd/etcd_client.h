@@ -69,6 +69,10 @@ class EtcdClient {
  private:
   template <typename Call>
   absl::Status WithFailover(const char* what, Call call);
+  // WithFailover for a call that fills a response: `call(i, ctx, &resp)`
+  // on a response cleared before each member is tried.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(const char* what, Call call);
 
   const std::vector<std::string> endpoints_;
   const std::chrono::milliseconds timeout_;

@@ -6,6 +6,7 @@
 #include "coordinator/client/channel.h"
 #include "coordinator/etcd/etcd_client.h"
 #include "storage/object_config.h"
+#include "util/cli_parse.h"
 #include "util/config_file.h"
 #include "util/metrics_server.h"
 
@@ -41,14 +42,7 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
                  "insecure, admin_identities, advertise_addr (flags win)");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    *help = app.help();
-    return absl::CancelledError("help");
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();

@@ -14,6 +14,7 @@
 #include "storage/keys.h"
 #include "storage/object_config.h"
 #include "storage/tier_url.h"
+#include "util/cli_parse.h"
 #include "util/config_file.h"
 #include "util/metrics_server.h"
 #include "util/validate.h"
@@ -92,14 +93,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
                  "embedded coordinator: a node silent this long is dead")->check(CLI::Range(100, 600000));
   app.add_option("--metrics-listen", o.metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    *help = app.help();
-    return absl::CancelledError("help");
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
 
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);

@@ -15,6 +15,7 @@
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun.h"
+#include "util/cli_parse.h"
 #include "util/validate.h"
 
 namespace ckpt::tools {
@@ -51,14 +52,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* h
   app.add_option("--master-port", master_port, "MASTER_PORT base; generation G uses base + G % 1000");
   app.add_option("--poll-ms", poll_ms, "how often to make trainers match the watched view (no RPC; default 100)");
   app.add_option("--grace-ms", grace_ms, "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
-  try {
-    app.parse(split, argv);
-  } catch (const CLI::CallForHelp& e) {
-    *help = app.help();
-    return absl::CancelledError("help");
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  if (absl::Status s = ParseCli(app, help, split, argv); !s.ok()) return s;
 
   auto bad = [](const std::string& flag, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));

@@ -127,7 +127,11 @@ int main(int argc, char** argv) {
     if (!server.ok()) return Fail("coordinator", server.status());
     coordinator = std::move(*server);
     std::string host = opts->coordinator_listen.substr(0, opts->coordinator_listen.rfind(':'));
-    opts->agent.coordinator = "127.0.0.1:" + std::to_string(coordinator->port());
+    // A loopback host (options.cc allows no other); the node agent dials it.
+    const std::string dial = host.rfind("127.", 0) == 0 ? host
+                             : host == "localhost"      ? "127.0.0.1"
+                                                        : "[::1]";
+    opts->agent.coordinator = dial + ":" + std::to_string(coordinator->port());
     LogInfo("coordinator listening on " + host + ":" + std::to_string(coordinator->port()));
     std::printf("coordinator listening on %s:%d\n", host.c_str(), coordinator->port());
     std::fflush(stdout);

@@ -37,6 +37,12 @@ std::string HostName() {
   return name;
 }
 
+// Whether host (as in HOST:PORT, IPv6 in brackets) names this machine's
+// loopback interface only.
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help) {
@@ -205,8 +211,16 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
     if (o.shared_root.empty())
       return absl::InvalidArgumentError("--shared-root: required with --coordinator (spares prefetch from it)");
   }
-  if (!o.coordinator_listen.empty())
+  if (!o.coordinator_listen.empty()) {
     if (absl::Status s = coordinator::ValidateHostPort(o.coordinator_listen, "--coordinator-listen", /*min_port=*/0); !s.ok()) return s;
+    // The embedded coordinator has no TLS: whoever reaches it could report,
+    // fence nodes or roll the job back, so it serves this machine only.
+    if (!IsLoopbackHost(o.coordinator_listen.substr(0, o.coordinator_listen.rfind(':'))))
+      return absl::InvalidArgumentError(
+          "--coordinator-listen: " + o.coordinator_listen.substr(0, 64) +
+          " is not a loopback address; the embedded coordinator has no TLS, so it listens on "
+          "127.0.0.1, [::1] or localhost only (run ckpt-coordinator with --tls-* for other nodes)");
+  }
   if (!o.cluster && (o.agent.spare || !o.agent.node_id.empty()))
     return absl::InvalidArgumentError(std::string(o.agent.spare ? "--spare" : "--node-id") +
                                       ": needs --coordinator or --coordinator-listen");

@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "coordinator/client/tls.h"
 #include "coordinator/etcd/election.h"
 #include "coordinator/etcd/etcd_kv.h"
 #include "coordinator/options.h"
@@ -63,7 +64,10 @@ absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
     std::string* prefix, std::unique_ptr<co::etcd::LeaderElection>* election) {
   auto state = co::etcd::ParseEtcdState(opts.etcd_state, "--state");
   if (!state.ok()) return state.status();
-  *client = std::make_shared<co::etcd::EtcdClient>(state->endpoints, std::chrono::seconds(2));
+  auto credentials = co::LoadClientCredentials(opts.etcd_tls, "--etcd-tls");
+  if (!credentials.ok()) return credentials.status();
+  *client = std::make_shared<co::etcd::EtcdClient>(state->endpoints, std::chrono::seconds(2),
+                                                   std::move(*credentials));
   *prefix = state->prefix;
   auto election_slot = std::make_shared<std::atomic<co::etcd::LeaderElection*>>(nullptr);
   co::Leadership leadership;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_split.h"
 #include "coordinator/client/channel.h"
+#include "coordinator/client/tls.h"
 #include "coordinator/etcd/etcd_client.h"
 #include "storage/object_config.h"
 #include "util/cli_parse.h"
@@ -39,7 +40,10 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
       ->check(CLI::Range(10u, 3600000u));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, shared_root, metrics_listen, tls_cert, tls_key, tls_ca, "
-                 "insecure, admin_identities, advertise_addr (flags win)");
+                 "insecure, admin_identities, advertise_addr, etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
+  app.add_option("--etcd-tls-cert", o.etcd_tls.cert, "HA: client certificate for etcd (PEM)");
+  app.add_option("--etcd-tls-key", o.etcd_tls.key, "HA: its private key (PEM)");
+  app.add_option("--etcd-tls-ca", o.etcd_tls.ca, "HA: CA that signed etcd's server certificate (PEM)");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
@@ -65,6 +69,9 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
     if (s.ok() && !app.count("--insecure")) s = FromToml(*parsed, "insecure", &o.security.tls.insecure);
     if (s.ok() && !app.count("--admin-identities")) s = FromToml(*parsed, "admin_identities", &admins);
     if (s.ok() && !app.count("--advertise-addr")) s = FromToml(*parsed, "advertise_addr", &o.advertise);
+    if (s.ok() && !app.count("--etcd-tls-cert")) s = FromToml(*parsed, "etcd_tls_cert", &o.etcd_tls.cert);
+    if (s.ok() && !app.count("--etcd-tls-key")) s = FromToml(*parsed, "etcd_tls_key", &o.etcd_tls.key);
+    if (s.ok() && !app.count("--etcd-tls-ca")) s = FromToml(*parsed, "etcd_tls_ca", &o.etcd_tls.ca);
     if (!s.ok()) return s;
   }
   if (o.listen.rfind(':') == std::string::npos)
@@ -78,6 +85,18 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
   o.security.admin_identities.clear();
   for (absl::string_view id : absl::StrSplit(admins, ',', absl::SkipEmpty()))
     o.security.admin_identities.emplace_back(id);
+  if (o.etcd_tls.enabled()) {
+    if (!etcd::IsEtcdState(state))
+      return absl::InvalidArgumentError("--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state etcd://");
+    for (const auto& [file, flag] : {std::pair{&o.etcd_tls.cert, "--etcd-tls-cert"},
+                                     std::pair{&o.etcd_tls.key, "--etcd-tls-key"},
+                                     std::pair{&o.etcd_tls.ca, "--etcd-tls-ca"}})
+      if (file->empty())
+        return absl::InvalidArgumentError(std::string(flag) +
+                                          ": required with the other --etcd-tls-* files (mutual TLS to etcd)");
+    // Read now, so a bad file stops the coordinator before it serves.
+    if (absl::Status s = LoadClientCredentials(o.etcd_tls, "--etcd-tls").status(); !s.ok()) return s;
+  }
   if (etcd::IsEtcdState(state)) {
     if (auto parsed = etcd::ParseEtcdState(state, "--state"); !parsed.ok()) return parsed.status();
     o.etcd_state = state;

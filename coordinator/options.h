@@ -22,6 +22,9 @@ struct CoordinatorServerOptions {
   std::string advertise;     // HA: the address clients are sent to; default: listen
   int64_t lease_ttl_s = 0;   // HA: leader lease; default ceil(heartbeat timeout), at least 2
   ServerSecurity security;
+  // HA: TLS to etcd (--etcd-tls-cert/-key/-ca: client certificate, key and
+  // the CA that signed etcd's server certificate); no files: plaintext.
+  TlsFiles etcd_tls;
 };
 
 // InvalidArgument naming the flag or config key on a bad value; `--help`

@@ -18,7 +18,8 @@
 
 namespace ckpt::testing {
 
-EtcdCluster::EtcdCluster(std::string dir, int members) : dir_(std::move(dir)) {
+EtcdCluster::EtcdCluster(std::string dir, int members, coordinator::TlsFiles tls)
+    : dir_(std::move(dir)), tls_(std::move(tls)) {
   std::filesystem::create_directories(dir_);
   std::string initial;
   for (int i = 0; i < members; ++i) {
@@ -28,12 +29,12 @@ EtcdCluster::EtcdCluster(std::string dir, int members) : dir_(std::move(dir)) {
                "=http://127.0.0.1:" + std::to_string(peer_ports_[i]);
   }
   for (int i = 0; i < members; ++i) {
-    const std::string client =
-        "http://127.0.0.1:" + std::to_string(client_ports_[i]);
+    const std::string client = (tls_.enabled() ? "https" : "http") +
+                               std::string("://127.0.0.1:") +
+                               std::to_string(client_ports_[i]);
     const std::string peer =
         "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
-    members_.push_back(
-        Proc::Spawn({ETCD_BINARY,
+    std::vector<std::string> argv = {ETCD_BINARY,
                      "--name",
                      "m" + std::to_string(i),
                      "--data-dir",
@@ -55,8 +56,12 @@ EtcdCluster::EtcdCluster(std::string dir, int members) : dir_(std::move(dir)) {
                      "--max-txn-ops",
                      "4096",
                      "--log-level",
-                     "warn"},
-                    dir_ + "/member-" + std::to_string(i) + ".log"));
+                     "warn"};
+    if (tls_.enabled())
+      argv.insert(argv.end(), {"--cert-file", tls_.cert, "--key-file", tls_.key,
+                               "--trusted-ca-file", tls_.ca, "--client-cert-auth"});
+    members_.push_back(
+        Proc::Spawn(argv, dir_ + "/member-" + std::to_string(i) + ".log"));
   }
 }
 
@@ -74,11 +79,14 @@ std::string EtcdCluster::Endpoints() const {
 
 bool EtcdCluster::WaitHealthy(std::string* why) const {
   for (size_t i = 0; i < members_.size(); ++i) {
-    coordinator::etcd::EtcdClient client({Endpoint(static_cast<int>(i))},
-                                         std::chrono::seconds(1));
     absl::Status last;
     bool ok = Cluster::WaitUntil(
         [&] {
+          // A new channel per probe: one that failed while the member was
+          // starting may wait out a long reconnect backoff (seen with TLS).
+          coordinator::etcd::EtcdClient client(
+              {Endpoint(static_cast<int>(i))}, std::chrono::seconds(1),
+              coordinator::LoadClientCredentials(tls_).value_or(nullptr));
           etcdserverpb::RangeRequest req;
           req.set_key("health-probe");
           last = client.Range(req).status();

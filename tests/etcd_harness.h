@@ -4,7 +4,9 @@
 // as one new cluster. Members are child processes (they die with the test)
 // that tests stop and kill with real signals; each logs to member-N.log.
 // --max-txn-ops is raised so one coordinator operation fits one Txn
-// (doc/ha-etcd.md). Not thread-safe: one test thread drives it.
+// (doc/ha-etcd.md). With `tls`, members serve clients over mutual TLS only
+// (the files are both etcd's server certificate and what it trusts for
+// client certificates). Not thread-safe: one test thread drives it.
 #ifndef CKPT_TESTS_ETCD_HARNESS_H_
 #define CKPT_TESTS_ETCD_HARNESS_H_
 
@@ -12,13 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/client/tls.h"
 #include "tests/cluster_harness.h"
 
 namespace ckpt::testing {
 
 class EtcdCluster {
  public:
-  EtcdCluster(std::string dir, int members);
+  EtcdCluster(std::string dir, int members,
+              coordinator::TlsFiles tls = coordinator::TlsFiles());
   ~EtcdCluster();
 
   // False (with the logs in *why) unless every member serves within 30 s.
@@ -37,6 +41,7 @@ class EtcdCluster {
 
  private:
   const std::string dir_;
+  const coordinator::TlsFiles tls_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<std::unique_ptr<Proc>> members_;
 };

@@ -374,5 +374,70 @@ TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt
   EXPECT_EQ(kv->Get("k/1001")->value_or(""), "1");
 }
 
+// The coordinator's connection to etcd can be mutual TLS: an etcd that
+// takes only client certificates of its CA serves the coordinator given
+// --etcd-tls-*; a plaintext client, a certificate of another CA and a
+// coordinator without the files get nothing from it.
+TEST_F(HaTest, EtcdOverMutualTlsServesTheCoordinatorWithItsCertificateAndNoOneElse) {
+#ifndef MAKE_CERTS_SCRIPT
+  GTEST_SKIP() << "openssl was not found when this test was configured";
+#else
+  const std::string certs = dir_.path() + "/certs";
+  CommandResult made = RunCommand("sh " MAKE_CERTS_SCRIPT " " + certs);
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  coordinator::TlsFiles tls;
+  tls.cert = certs + "/coordinator.pem";
+  tls.key = certs + "/coordinator.key";
+  tls.ca = certs + "/ca.pem";
+  EtcdCluster secure(dir_.path() + "/etcd-tls", 1, tls);
+  std::string why;
+  ASSERT_TRUE(secure.WaitHealthy(&why)) << why;
+  etcdserverpb::RangeRequest probe;
+  probe.set_key("/tls-test/leader");
+  etcd::EtcdClient plain({secure.Endpoint(0)}, seconds(1));
+  EXPECT_FALSE(plain.Range(probe).ok()) << "plaintext client served";
+  coordinator::TlsFiles other = tls;
+  other.cert = certs + "/n1-other.pem";
+  other.key = certs + "/n1-other.key";
+  etcd::EtcdClient stranger({secure.Endpoint(0)}, seconds(1),
+                            coordinator::LoadClientCredentials(other).value());
+  EXPECT_FALSE(stranger.Range(probe).ok()) << "certificate of another CA served";
+  etcd::EtcdClient trusted({secure.Endpoint(0)}, seconds(2),
+                           coordinator::LoadClientCredentials(tls).value());
+
+  auto start = [&](const std::string& name, bool with_tls) {
+    std::vector<std::string> argv = {COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--insecure",
+                                     "--state", "etcd://" + secure.Endpoint(0) + "/tls-test",
+                                     "--shared-root", dir_.path() + "/shared",
+                                     "--advertise-addr", name + ":1"};
+    if (with_tls)
+      argv.insert(argv.end(), {"--etcd-tls-cert", tls.cert, "--etcd-tls-key", tls.key,
+                               "--etcd-tls-ca", tls.ca});
+    return Proc::Spawn(argv, dir_.path() + "/" + name + ".log");
+  };
+  // Without the files first: it must not lead, and writes nothing.
+  auto without = start("without", false);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] { return ReadFileToString(dir_.path() + "/without.log").find("election:") != std::string::npos; },
+      seconds(20)))
+      << ReadFileToString(dir_.path() + "/without.log");
+  auto none = trusted.Range(probe);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->kvs_size(), 0) << "a coordinator without the files wrote the election key";
+
+  auto with = start("with", true);
+  std::string leader;
+  Cluster::WaitUntil(
+      [&] {
+        auto seen = trusted.Range(probe);
+        leader = seen.ok() && seen->kvs_size() > 0 ? seen->kvs(0).value() : "";
+        return !leader.empty();
+      },
+      seconds(20));
+  EXPECT_EQ(leader, "with:1") << ReadFileToString(dir_.path() + "/with.log");
+  EXPECT_NE(ReadFileToString(dir_.path() + "/without.log").find("etcd"), std::string::npos);
+#endif
+}
+
 }  // namespace
 }  // namespace ckpt::testing

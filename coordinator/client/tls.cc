@@ -27,13 +27,14 @@ struct Pems {
   std::string cert, key, ca;
 };
 
-absl::StatusOr<Pems> ReadAll(const TlsFiles& tls) {
+absl::StatusOr<Pems> ReadAll(const TlsFiles& tls, std::string_view flags) {
+  const std::string f(flags);
   Pems p;
-  absl::StatusOr<std::string> cert = ReadPem(tls.cert, "--tls-cert");
+  absl::StatusOr<std::string> cert = ReadPem(tls.cert, (f + "-cert").c_str());
   if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(tls.key, "--tls-key");
+  absl::StatusOr<std::string> key = ReadPem(tls.key, (f + "-key").c_str());
   if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> ca = ReadPem(tls.ca, "--tls-ca");
+  absl::StatusOr<std::string> ca = ReadPem(tls.ca, (f + "-ca").c_str());
   if (!ca.ok()) return ca.status();
   p.cert = std::move(*cert);
   p.key = std::move(*key);
@@ -67,9 +68,9 @@ absl::Status ValidateTlsFlags(const TlsFiles& tls, bool require_choice) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> LoadClientCredentials(
-    const TlsFiles& tls) {
+    const TlsFiles& tls, std::string_view flags) {
   if (!tls.enabled()) return grpc::InsecureChannelCredentials();
-  absl::StatusOr<Pems> p = ReadAll(tls);
+  absl::StatusOr<Pems> p = ReadAll(tls, flags);
   if (!p.ok()) return p.status();
   grpc::SslCredentialsOptions o;
   o.pem_root_certs = p->ca;
@@ -81,7 +82,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> LoadClientCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadServerCredentials(
     const TlsFiles& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  absl::StatusOr<Pems> p = ReadAll(tls);
+  absl::StatusOr<Pems> p = ReadAll(tls, "--tls");
   if (!p.ok()) return p.status();
   grpc::SslServerCredentialsOptions o(
       GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);

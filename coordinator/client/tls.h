@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -35,9 +36,10 @@ struct TlsFiles {
                                             bool require_choice);
 
 // Reads the files (an unreadable or empty one is InvalidArgument naming its
-// flag and path). Without TLS files: plaintext credentials.
+// flag, `flags` + "-cert"/"-key"/"-ca", and path). Without TLS files:
+// plaintext credentials.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-LoadClientCredentials(const TlsFiles& tls);
+LoadClientCredentials(const TlsFiles& tls, std::string_view flags = "--tls");
 [[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
 LoadServerCredentials(const TlsFiles& tls);
 

@@ -72,8 +72,10 @@ std::string PrefixEnd(const std::string& prefix) {
 }
 
 EtcdClient::EtcdClient(std::vector<std::string> endpoints,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials)
     : endpoints_(std::move(endpoints)), timeout_(timeout) {
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
   for (const std::string& ep : endpoints_) {
     grpc::ChannelArguments args;
     // Reconnect soon after a member comes back;
@@ -84,7 +86,7 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints,
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetMaxReceiveMessageSize(64 << 20);
     auto channel =
-        grpc::CreateCustomChannel(ep, grpc::InsecureChannelCredentials(), args);
+        grpc::CreateCustomChannel(ep, credentials, args);
     kv_.push_back(etcdserverpb::KV::NewStub(channel));
     lease_.push_back(etcdserverpb::Lease::NewStub(channel));
     watch_.push_back(etcdserverpb::Watch::NewStub(channel));

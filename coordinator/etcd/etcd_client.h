@@ -11,6 +11,8 @@
 #ifndef CKPT_COORDINATOR_ETCD_ETCD_CLIENT_H_
 #define CKPT_COORDINATOR_ETCD_ETCD_CLIENT_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -38,9 +40,12 @@ bool IsEtcdState(const std::string& state);
 
 class EtcdClient {
  public:
-  // `endpoints` already validated; `timeout` bounds each attempt.
+  // `endpoints` already validated; `timeout` bounds each attempt;
+  // `credentials` (TLS to etcd, coordinator/client/tls.h) default to
+  // plaintext.
   EtcdClient(std::vector<std::string> endpoints,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout,
+             std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   [[nodiscard]] absl::StatusOr<etcdserverpb::RangeResponse> Range(
       const etcdserverpb::RangeRequest& req);

@@ -252,5 +252,29 @@ TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
   EXPECT_NE(r.out.find("--insecure"), std::string::npos) << r.out;
 }
 
+// The etcd TLS files go together, only with --state etcd://, and must be
+// PEM: each mistake stops the coordinator before it serves, naming the flag.
+TEST_F(TlsTest, CoordinatorRefusesBadEtcdTlsFlagsNamingTheFlag) {
+  const std::string base = std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --insecure";
+  const std::string etcd = " --state etcd://127.0.0.1:1/p --shared-root " + dir_.path() + "/s";
+  struct Case {
+    std::string args, names;
+  };
+  const Case cases[] = {
+      {" --state " + dir_.path() + "/other --etcd-tls-ca " + Cert("ca"), "only with --state etcd://"},
+      {etcd + " --etcd-tls-ca " + Cert("ca"), "--etcd-tls-cert: required"},
+      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " + Cert("coordinator"),
+       "--etcd-tls-key: required"},
+      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " + Cert("coordinator") +
+           " --etcd-tls-key " + dir_.path() + "/missing.key",
+       "--etcd-tls-key \"" + dir_.path() + "/missing.key\": cannot be read"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = RunCommand(base + c.args, true, 30);
+    EXPECT_EQ(r.exit_code, 2) << c.names << ": " << r.out;
+    EXPECT_NE(r.out.find(c.names), std::string::npos) << c.names << ": " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::testing

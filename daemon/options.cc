@@ -40,7 +40,8 @@ std::string HostName() {
 // Whether host (as in HOST:PORT, IPv6 in brackets) names this machine's
 // loopback interface only.
 bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
+  return host == "localhost" || host == "[::1]" || host == "::1" ||
+         (host.rfind("127.", 0) == 0 && host.find_first_not_of("0123456789.") == std::string::npos);
 }
 
 }  // namespace

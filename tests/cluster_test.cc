@@ -323,6 +323,7 @@ TEST_F(ClusterTest, BadClusterFlagsAreRefusedNamingTheFlag) {
       {{"--coordinator-listen", "127.0.0.1"}, "--coordinator-listen"},
       {{"--coordinator-listen", "0.0.0.0:0"}, "--coordinator-listen: 0.0.0.0:0 is not a loopback address"},
       {{"--coordinator-listen", "10.1.2.3:7070"}, "--coordinator-listen: 10.1.2.3:7070 is not a loopback"},
+      {{"--coordinator-listen", "127.example.com:7070"}, "--coordinator-listen: 127.example.com:7070 is not a loopback"},
       {{"--coordinator", "h:1", "--shared-root", root, "--capacity", "0"}, "--capacity"},
   };
   for (const Case& c : cases) {

@@ -12,7 +12,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       # coordinator HA on etcd (server, etcdctl, etcd's own .proto files)
       etcd-server etcd-client golang-etcd-server-dev
       # operations: metrics, systemd notify, real Prometheus, .deb install test
-      prometheus-cpp-dev libsystemd-dev prometheus debootstrap openssl)
+      # (systemd: systemd-analyze for the unit checks)
+      prometheus-cpp-dev libsystemd-dev prometheus debootstrap openssl systemd)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -28,7 +28,6 @@
 #include <string>
 #include <thread>
 
-#include "coordinator/client/tls.h"
 #include "coordinator/etcd/election.h"
 #include "coordinator/etcd/etcd_kv.h"
 #include "coordinator/options.h"
@@ -64,10 +63,8 @@ absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
     std::string* prefix, std::unique_ptr<co::etcd::LeaderElection>* election) {
   auto state = co::etcd::ParseEtcdState(opts.etcd_state, "--state");
   if (!state.ok()) return state.status();
-  auto credentials = co::LoadClientCredentials(opts.etcd_tls, "--etcd-tls");
-  if (!credentials.ok()) return credentials.status();
   *client = std::make_shared<co::etcd::EtcdClient>(state->endpoints, std::chrono::seconds(2),
-                                                   std::move(*credentials));
+                                                   opts.etcd_credentials);
   *prefix = state->prefix;
   auto election_slot = std::make_shared<std::atomic<co::etcd::LeaderElection*>>(nullptr);
   co::Leadership leadership;

@@ -85,18 +85,13 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
   o.security.admin_identities.clear();
   for (absl::string_view id : absl::StrSplit(admins, ',', absl::SkipEmpty()))
     o.security.admin_identities.emplace_back(id);
-  if (o.etcd_tls.enabled()) {
-    if (!etcd::IsEtcdState(state))
-      return absl::InvalidArgumentError("--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state etcd://");
-    for (const auto& [file, flag] : {std::pair{&o.etcd_tls.cert, "--etcd-tls-cert"},
-                                     std::pair{&o.etcd_tls.key, "--etcd-tls-key"},
-                                     std::pair{&o.etcd_tls.ca, "--etcd-tls-ca"}})
-      if (file->empty())
-        return absl::InvalidArgumentError(std::string(flag) +
-                                          ": required with the other --etcd-tls-* files (mutual TLS to etcd)");
-    // Read now, so a bad file stops the coordinator before it serves.
-    if (absl::Status s = LoadClientCredentials(o.etcd_tls, "--etcd-tls").status(); !s.ok()) return s;
-  }
+  if (o.etcd_tls.enabled() && !etcd::IsEtcdState(state))
+    return absl::InvalidArgumentError("--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state etcd://");
+  if (absl::Status s = ValidateTlsFlags(o.etcd_tls, /*require_choice=*/false, "--etcd-tls"); !s.ok()) return s;
+  // Read now, so a bad file stops the coordinator before it serves.
+  auto etcd_credentials = LoadClientCredentials(o.etcd_tls, "--etcd-tls");
+  if (!etcd_credentials.ok()) return etcd_credentials.status();
+  o.etcd_credentials = std::move(*etcd_credentials);
   if (etcd::IsEtcdState(state)) {
     if (auto parsed = etcd::ParseEtcdState(state, "--state"); !parsed.ok()) return parsed.status();
     o.etcd_state = state;

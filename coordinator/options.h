@@ -3,7 +3,10 @@
 #ifndef CKPT_COORDINATOR_OPTIONS_H_
 #define CKPT_COORDINATOR_OPTIONS_H_
 
+#include <memory>
 #include <string>
+
+#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
@@ -25,6 +28,9 @@ struct CoordinatorServerOptions {
   // HA: TLS to etcd (--etcd-tls-cert/-key/-ca: client certificate, key and
   // the CA that signed etcd's server certificate); no files: plaintext.
   TlsFiles etcd_tls;
+  // What the etcd client connects with: etcd_tls's files, read once while
+  // parsing (plaintext without them).
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
 };
 
 // InvalidArgument naming the flag or config key on a bad value; `--help`

@@ -78,15 +78,15 @@ std::string EtcdCluster::Endpoints() const {
 }
 
 bool EtcdCluster::WaitHealthy(std::string* why) const {
+  const auto credentials = coordinator::LoadClientCredentials(tls_);
   for (size_t i = 0; i < members_.size(); ++i) {
-    absl::Status last;
-    bool ok = Cluster::WaitUntil(
+    absl::Status last = credentials.status();
+    bool ok = credentials.ok() && Cluster::WaitUntil(
         [&] {
           // A new channel per probe: one that failed while the member was
           // starting may wait out a long reconnect backoff (seen with TLS).
           coordinator::etcd::EtcdClient client(
-              {Endpoint(static_cast<int>(i))}, std::chrono::seconds(1),
-              coordinator::LoadClientCredentials(tls_).value_or(nullptr));
+              {Endpoint(static_cast<int>(i))}, std::chrono::seconds(1), *credentials);
           etcdserverpb::RangeRequest req;
           req.set_key("health-probe");
           last = client.Range(req).status();

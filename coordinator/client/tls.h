@@ -29,11 +29,12 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-// InvalidArgument naming the flag when only some of the three files are
-// given, or TLS files and --insecure both; with `require_choice` (the
-// coordinator) also when neither TLS nor --insecure is given.
-[[nodiscard]] absl::Status ValidateTlsFlags(const TlsFiles& tls,
-                                            bool require_choice);
+// InvalidArgument naming the flag (`flags` + "-cert"/"-key"/"-ca") when
+// only some of the three files are given, or TLS files and --insecure both;
+// with `require_choice` (the coordinator) also when neither TLS nor
+// --insecure is given.
+[[nodiscard]] absl::Status ValidateTlsFlags(const TlsFiles& tls, bool require_choice,
+                                            std::string_view flags = "--tls");
 
 // Reads the files (an unreadable or empty one is InvalidArgument naming its
 // flag, `flags` + "-cert"/"-key"/"-ca", and path). Without TLS files:

@@ -102,6 +102,24 @@ class BadInputTest(DaemonTestCase):
                              cwd=PACKAGE_ROOT, capture_output=True, text=True,
                              timeout=60)
         self.assertEqual(out.stdout.strip(), "envjob 0 1 None", out.stderr)
+        # Not under a launcher (no $RANK, no $WORLD_SIZE): rank 0 of 1.
+        # One of the two without the other is still refused, naming it.
+        for k in ("RANK", "WORLD_SIZE"):
+            env.pop(k)
+        out = subprocess.run([sys.executable, "-c", code], env=env,
+                             cwd=PACKAGE_ROOT, capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.stdout.strip(), "envjob 0 1 None", out.stderr)
+        env["WORLD_SIZE"] = "2"
+        code = ("import ckpt, ckpt.torch\n"
+                "try:\n"
+                "    ckpt.torch.Checkpointer()\n"
+                "except ckpt.InvalidArgument as e:\n"
+                "    print(e)\n")
+        out = subprocess.run([sys.executable, "-c", code], env=env,
+                             cwd=PACKAGE_ROOT, capture_output=True, text=True,
+                             timeout=60)
+        self.assertIn("$RANK", out.stdout, out.stderr)
 
     def test_a_daemon_that_is_not_running_is_unavailable_naming_the_socket(self):
         missing = os.path.join(self.tmp, "nobody-listens.sock")

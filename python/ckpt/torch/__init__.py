@@ -102,13 +102,18 @@ class Checkpointer:
 
     job, socket, rank, world_size default to $CKPT_JOB, $CKPT_SOCKET,
     $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt's C++
-    client reads them; an error names the missing variable. options:
+    client reads them; an error names the missing variable. A process with
+    neither rank/world_size given nor $RANK/$WORLD_SIZE set (a script not
+    started by a launcher) is rank 0 of 1. options:
     slot_bytes, slot_headroom, num_slots, block_when_busy, copy_threads,
     busy_timeout_s (see ckpt/client.h).
     """
 
     def __init__(self, job=None, socket=None, rank=None, world_size=None,
                  **options):
+        if (rank is None and world_size is None
+                and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ):
+            rank, world_size = 0, 1  # one process, not under a launcher
         self._client = _client.Client(job, socket, rank, world_size, **options)
         # Resolved as the C client did (it has checked them).
         self.job = job if job is not None else os.environ.get("CKPT_JOB")

@@ -97,6 +97,13 @@ int main(int argc, char** argv) {
       std::printf("ckpt-coordinator %s\n", CKPT_VERSION);
       return 0;
     }
+  // Blocked before anything can start a thread: parsing the options
+  // creates gRPC credentials, and gRPC's threads must not take SIGTERM.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::string help;
   auto opts = co::ParseCoordinatorOptions(argc, argv, &help);
   if (!opts.ok()) {
@@ -107,11 +114,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts
   const ckpt::ServiceNotifier notifier;
   notifier.Status(opts->etcd_state.empty() ? "loading state from " + opts->coordinator.state_dir
                                            : "joining the leader election on " + opts->etcd_state);

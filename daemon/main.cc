@@ -52,6 +52,14 @@ int main(int argc, char** argv) {
       std::printf("ckptd %s\n", CKPT_VERSION);
       return 0;
     }
+  // Signals go to the main thread's sigwait, never to a worker thread:
+  // blocked before anything starts one (parsing the options may start
+  // gRPC's).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::string help;
   auto opts = ParseDaemonOptions(argc, argv, &help);
   if (!opts.ok()) {
@@ -61,12 +69,6 @@ int main(int argc, char** argv) {
     }
     return Fail("bad arguments", opts.status());
   }
-  // Signals go to the main thread's sigwait, never to a worker thread.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Every connection costs a descriptor; gRPC uses epoll, not select(), so
   // the soft limit can go up to the hard one (systemd's default soft limit

@@ -99,6 +99,14 @@ int main(int argc, char** argv) {
       std::printf("ckptrun %s\n", CKPT_VERSION);
       return 0;
     }
+  // Blocked before gRPC starts any thread (parsing the options already
+  // creates a coordinator client), so only sigtimedwait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::string help;
   absl::StatusOr<ckpt::tools::RunOptions> opts = ckpt::tools::ParseRunOptions(argc, argv, &help);
   if (!opts.ok()) {
@@ -109,13 +117,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckptrun: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
-  // Blocked before gRPC starts any thread, so only sigtimedwait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGCHLD);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ckpt::tools::Launcher launcher(std::move(*opts), signals);
   return launcher.Run();
 }

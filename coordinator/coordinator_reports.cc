@@ -37,6 +37,12 @@ absl::Status ValidateShardKey(const std::string& key) {
   return absl::OkStatus();
 }
 
+// The digest that names a save (see ShardReport.staged_digest).
+template <typename ReportOrRecord>
+uint64_t StagedDigest(const ReportOrRecord& r) {
+  return r.has_staged_digest() ? r.staged_digest() : r.checksum_digest();
+}
+
 }  // namespace
 
 absl::Status Coordinator::ApplyReportLocked(
@@ -66,13 +72,18 @@ absl::Status Coordinator::ApplyReportLocked(
     return absl::FailedPreconditionError(absl::StrCat(
         "step: ", req.step(), " rank ", req.rank(), " of job ", req.job(),
         " was never staged by node ", node_id, " at epoch ", epoch));
-  if (same_owner && (prior->bytes() != req.bytes() ||
-                     prior->checksum_digest() != req.checksum_digest()))
+  // A save is named by its STAGED digest: a DURABLE report of the same save
+  // may carry another checksum_digest (device tensors' checksums are
+  // computed while persisting), never another staged_digest.
+  const uint64_t save_digest = StagedDigest(req);
+  if (same_owner &&
+      (prior->bytes() != req.bytes() || StagedDigest(*prior) != save_digest))
     return absl::InvalidArgumentError(absl::StrCat(
-        "bytes/checksum_digest: ", req.bytes(), "/",
-        storage::DigestHex(req.checksum_digest()), " for step ", req.step(),
-        " rank ", req.rank(), " differ from the staged ", prior->bytes(), "/",
-        storage::DigestHex(prior->checksum_digest())));
+        "bytes/staged_digest: ", req.bytes(), "/",
+        storage::DigestHex(save_digest),
+        " for step ", req.step(), " rank ", req.rank(),
+        " differ from the staged ", prior->bytes(), "/",
+        storage::DigestHex(StagedDigest(*prior))));
   v1::ShardRecord rec;
   rec.set_job(req.job());
   rec.set_step(req.step());
@@ -83,7 +94,9 @@ absl::Status Coordinator::ApplyReportLocked(
   bool keep_durable = same_owner && prior->state() == v1::DURABLE;
   rec.set_state(keep_durable ? v1::DURABLE : req.state());
   rec.set_bytes(req.bytes());
-  rec.set_checksum_digest(req.checksum_digest());
+  rec.set_checksum_digest(keep_durable ? prior->checksum_digest()
+                                       : req.checksum_digest());
+  if (save_digest != rec.checksum_digest()) rec.set_staged_digest(save_digest);
   rec.set_key(keep_durable ? prior->key() : req.key());
   JobState& j = *job;
   options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
@@ -141,6 +154,7 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
   r->set_state(req.state());
   r->set_bytes(req.bytes());
   r->set_checksum_digest(req.checksum_digest());
+  if (req.has_staged_digest()) r->set_staged_digest(req.staged_digest());
   r->set_key(req.key());
   CKPT_RETURN_IF_ERROR(
       ValidateReport(*r));  // before the state: a refusal changes nothing

@@ -70,6 +70,48 @@ TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
   EXPECT_EQ(m->shards(3).key(), "job/step-10/rank-3");
 }
 
+// Device tensors' checksums are known only once persisted: a DURABLE report
+// carries the file's digest and names its save by the STAGED one's. One that
+// names another save is refused and changes nothing.
+TEST_F(TwoNodeTest, DurableReportNamesItsSaveByTheStagedDigest) {
+  ReportAll(10, v1::STAGED);
+  for (uint32_t r = 0; r < 3; ++r)
+    ASSERT_TRUE(Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE).ok());
+  v1::ReportShardRequest req;
+  req.set_node_id("n2");
+  req.set_epoch(e2_);
+  req.set_job("job");
+  req.set_step(10);
+  req.set_rank(3);
+  req.set_state(v1::DURABLE);
+  req.set_bytes(1003);
+  req.set_key("job/step-10/rank-3");
+  req.set_checksum_digest(0xfeed);
+  req.set_staged_digest(0xabc4);  // rank 2's: another save
+  auto wrong = coord_->ReportShard(req);
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("staged_digest"), absl::string_view::npos)
+      << wrong.status();
+  EXPECT_FALSE(Job().has_last_good());
+  req.set_staged_digest(0xabc3);
+  auto right = coord_->ReportShard(req);
+  ASSERT_TRUE(right.ok()) << right.status();
+  ASSERT_TRUE(Job().has_last_good());
+  storage::LocalBackendOptions bo;
+  bo.root = dir_.path() + "/shared";
+  bo.remove_tmp_files = false;
+  auto backend = storage::NewLocalBackend(bo);
+  ASSERT_TRUE(backend.ok());
+  auto m = storage::ReadGlobalManifest(**backend, "job", 10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->shards(3).checksum_digest(), storage::DigestHex(0xfeed));
+  // A STAGED report re-sent after the DURABLE one (a node re-sending to a
+  // new incarnation) still names the same save.
+  req.set_state(v1::STAGED);
+  req.set_checksum_digest(0xfeed);
+  EXPECT_TRUE(coord_->ReportShard(req).ok());
+}
+
 TEST_F(TwoNodeTest, SilentNodeIsDeclaredDeadAndSpareGetsPrefetchAndRestart) {
   ReportAll(10, v1::STAGED);
   ReportAll(10, v1::DURABLE);

@@ -87,6 +87,9 @@ struct ShardReport {
   bool durable = false;
   uint64_t bytes = 0;
   uint64_t digest = 0;  // ShardDigest() of the tensors' checksums
+  // The digest of this save's STAGED report (equal to `digest` unless the
+  // persister filled in device tensors' checksums since).
+  uint64_t staged_digest = 0;
   std::string key;      // storage key, when durable
 };
 

@@ -24,6 +24,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable) const {
   r.durable = durable;
   r.bytes = shard.rec.image_bytes();
   r.digest = ShardDigest(shard.rec.tensors());
+  r.staged_digest = shard.staged_digest.value_or(r.digest);
   if (durable) r.key = shard.rec.path();
   options_.on_shard(r);
 }

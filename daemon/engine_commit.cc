@@ -68,6 +68,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   shard.gen = next_gen_++;
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);
+  shard.staged_digest = ShardDigest(shard.rec.tensors());
   // Not synced: a staged step lives in shared memory, which a machine crash
   // loses anyway; a daemon crash keeps the page cache.
   CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/false));

@@ -16,6 +16,17 @@ namespace ckpt::daemon {
 
 namespace cv1 = ::ckpt::coord::v1;
 
+void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
+  out->set_job(report.job);
+  out->set_step(report.step);
+  out->set_rank(report.rank);
+  out->set_state(report.durable ? cv1::DURABLE : cv1::STAGED);
+  out->set_bytes(report.bytes);
+  out->set_checksum_digest(report.digest);
+  out->set_staged_digest(report.staged_digest);
+  out->set_key(report.key);
+}
+
 class NodeAgent::Rpc {
  public:
   // The options were validated (daemon/options.cc loads the TLS files once).
@@ -286,14 +297,7 @@ void NodeAgent::ReportLoop() {
     req.set_node_id(options_.node_id);
     req.set_epoch(epoch);
     for (const Queued& q : batch) {
-      cv1::ShardReport* r = req.add_reports();
-      r->set_job(q.report.job);
-      r->set_step(q.report.step);
-      r->set_rank(q.report.rank);
-      r->set_state(q.report.durable ? cv1::DURABLE : cv1::STAGED);
-      r->set_bytes(q.report.bytes);
-      r->set_checksum_digest(q.report.digest);
-      r->set_key(q.report.key);
+      ToReportProto(q.report, req.add_reports());
     }
     cv1::ReportShardsResponse resp;
     grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req, &resp, options_.rpc_timeout);

@@ -41,10 +41,16 @@
 #include <tuple>
 #include <vector>
 
+#include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
 #include "daemon/engine.h"
 
 namespace ckpt::daemon {
+
+// The coordinator's form of one of the engine's shard reports (what
+// ReportShards carries).
+void ToReportProto(const ShardReport& report,
+                   coord::v1::ShardReport* out);
 
 struct NodeAgentOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)

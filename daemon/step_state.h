@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 
 #include "ckpt.pb.h"
 #include "storage/shard_format.h"
@@ -26,6 +27,12 @@ struct Shard {
   storage::ShardInfo info;
   ShardPhase phase = ShardPhase::kStaged;
   uint64_t gen = 0;
+  // The digest the STAGED report carried: of the index as committed, where
+  // a device tensor's checksum is still 0 (the persister computes it).
+  // Every later report of this save names it, so the coordinator can tell
+  // the same save from another one; unset for shards this node did not
+  // commit (recovered, prefetched: their checksums are all known).
+  std::optional<uint64_t> staged_digest;
   int slot = -1;  // slot that holds the image, -1 if none
   uint32_t attempts = 0;
   // Object tier: the shard is also in the object store (same key), and

@@ -27,6 +27,9 @@ struct OneTensorSave {
   uint64_t step = 0;
   bool block = false;    // BeginSave waits for a slot
   bool corrupt = false;  // one byte changes after its checksum was taken
+  // Committed as a device tensor is: has_checksum=false, checksum 0 (the
+  // daemon computes it while persisting).
+  bool device = false;
 };
 
 [[nodiscard]] inline absl::Status SaveOneTensorStep(daemon::Engine* engine,
@@ -68,8 +71,8 @@ struct OneTensorSave {
   m->add_shape(sizes[0]);
   m->set_offset(layout->tensor_offsets[0]);
   m->set_bytes(sizes[0]);
-  m->set_checksum(TensorChecksum(dst, sizes[0]));
-  m->set_has_checksum(true);
+  m->set_checksum(save.device ? 0 : TensorChecksum(dst, sizes[0]));
+  m->set_has_checksum(!save.device);
   if (save.corrupt) dst[0] ^= 1;
   return engine->CommitSave(peer, cr);
 }

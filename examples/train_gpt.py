@@ -74,7 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda: cuda:$LOCAL_RANK)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda: cuda:$LOCAL_RANK modulo the GPUs)")
     p.add_argument("--log-every", type=int, default=1, help="print the loss every N steps (0: never)")
     p.add_argument("--step-sleep-ms", type=int, default=0,
                    help="sleep after each step (tests: a window to kill a rank in)")
@@ -229,7 +229,10 @@ def main(argv=None):
     if a.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("train_gpt: --device cuda, but torch sees no CUDA device")
-        device = torch.device("cuda", _env_int("LOCAL_RANK", 0, 1 << 10, 0))
+        # More local ranks than GPUs (a simulated cluster on one machine)
+        # share them round-robin.
+        device = torch.device("cuda", _env_int("LOCAL_RANK", 0, 1 << 10, 0)
+                              % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if world > 1:
         import datetime

@@ -43,8 +43,8 @@ trainer_cmd=("$worker_bin" "${worker_args[@]}")
 trainer_pace=()       # extra arguments under ckptrun
 if [[ -n $torch_job ]]; then
   trainer=python3
-  trainer_cmd=(/usr/bin/python3 "$PWD/examples/train_gpt.py" --steps "$steps" --seed 7
-               --ckpt-every "$ckpt_every" --threads 1 --timeout-s 30)
+  trainer_cmd=("${PYTHON:-/usr/bin/python3}" "$PWD/examples/train_gpt.py" --steps "$steps" --seed 7
+               --ckpt-every "$ckpt_every" --threads 1 --timeout-s 30 --device "${DEVICE:-cpu}")
   # The small GPT steps faster than this script finds its victim in /proc
   # on a busy machine: paced, so each failure lands where it is planned.
   trainer_pace=(--step-sleep-ms 300)

@@ -6,11 +6,14 @@
 # One trainer is SIGKILLed, then node b dies whole; the job resumes from
 # shared memory / the shared root and must end bit-identical to an
 # undisturbed run (exit 1 otherwise). STEPS (default 60), KEEP, BUILD_DIR as
-# for scripts/demo.sh. Needs Debian's /usr/bin/python3 with python3-torch.
+# for scripts/demo.sh; DEVICE=cuda trains on CUDA tensors (every rank on
+# cuda:$LOCAL_RANK), PYTHON another interpreter with torch (default
+# Debian's /usr/bin/python3 with python3-torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-/usr/bin/python3 -c 'import torch' 2>/dev/null ||
-  { echo "demo_torch: /usr/bin/python3 has no torch (scripts/install-deps.sh)" >&2; exit 2; }
+python=${PYTHON:-/usr/bin/python3}
+"$python" -c 'import torch' 2>/dev/null ||
+  { echo "demo_torch: $python has no torch (scripts/install-deps.sh)" >&2; exit 2; }
 # The package from this tree even before scripts/install-python.sh ran.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 STEPS=${STEPS:-60} TRAINER=torch exec scripts/demo.sh

@@ -121,6 +121,48 @@ class DcpTest(unittest.TestCase):
         self.assertTrue(torch.equal(got["a"], torch.arange(6.0).reshape(2, 3)))
         self.assertTrue(torch.equal(got["b"], torch.ones(2, dtype=torch.bfloat16)))
 
+    def save_any(self, sd, cid):
+        """dcp.save where this torch has it (2.x), else save_state_dict."""
+        if hasattr(self.torch_dcp, "save"):
+            w = self.dcp.CkptdStorageWriter(socket=self.daemon.socket)
+            return self.torch_dcp.save(sd, checkpoint_id=cid, storage_writer=w)
+        return self.save(sd, cid)
+
+    def load_any(self, sd, cid):
+        if hasattr(self.torch_dcp, "load"):
+            r = self.dcp.CkptdStorageReader(socket=self.daemon.socket)
+            return self.torch_dcp.load(sd, checkpoint_id=cid, storage_reader=r)
+        return self.load(sd, cid)
+
+    def test_torch2_dcp_save_async_save_and_load_through_the_plugin(self):
+        if not hasattr(self.torch_dcp, "async_save"):
+            self.skipTest("torch %s has no dcp.async_save (2.x)" % torch.__version__)
+        from tests import dcp_roundtrip
+        sd = dcp_roundtrip.state(0, 1)
+        self.save_any(sd, "ckptd://real2/7")
+        got = dcp_roundtrip.zeroed(sd)
+        self.load_any(got, "ckptd://real2/7")
+        self.assertIsNone(dcp_roundtrip.first_difference(sd, got))
+        w = self.dcp.CkptdStorageWriter(socket=self.daemon.socket)
+        fut = self.torch_dcp.async_save(sd, checkpoint_id="ckptd://real2/8", storage_writer=w)
+        fut.result()
+        got = dcp_roundtrip.zeroed(sd)
+        self.load_any(got, "ckptd://real2/latest")
+        self.assertIsNone(dcp_roundtrip.first_difference(sd, got))
+
+    @unittest.skipUnless(torch is not None and torch.cuda.is_available(), "no CUDA device")
+    def test_cuda_state_dict_round_trips_in_place_into_cuda_tensors(self):
+        from tests import dcp_roundtrip
+        sd = {k: (v.cuda() if isinstance(v, torch.Tensor) else v)
+              for k, v in dcp_roundtrip.state(0, 1).items()}
+        self.save_any(sd, "ckptd://cudajob/3")
+        got = dcp_roundtrip.zeroed(sd)
+        self.assertTrue(all(v.is_cuda for v in got.values() if isinstance(v, torch.Tensor)))
+        ptrs = {k: v.data_ptr() for k, v in got.items() if isinstance(v, torch.Tensor)}
+        self.load_any(got, "ckptd://cudajob/3")
+        self.assertIsNone(dcp_roundtrip.first_difference(sd, got))
+        self.assertEqual([k for k, p in ptrs.items() if got[k].data_ptr() != p], [])
+
     def test_checkpoint_id_that_is_not_ckptd_is_refused(self):
         W, R = self.dcp.CkptdStorageWriter, self.dcp.CkptdStorageReader
         for bad in ("/tmp/ckpt/5", "s3://bucket/5", "ckptd://job", "ckptd://job/", "ckptd:///5",

@@ -12,6 +12,7 @@ $2 = step): save, zero every tensor, load, compare bit for bit, print
 "roundtrip ok rank=R" or exit 1 naming the first difference.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -60,16 +61,27 @@ def own_keys_planner(rank):
                 other_rank = fqn.startswith("rank") and not mine
                 if mine or (self.is_coordinator and not other_rank):
                     items += _create_write_items(fqn, obj)
-            self.plan = dcp.SavePlan(items)
+            # The default plan's other fields (DCP 2.x: planner_data, the
+            # flattening mappings create_global_plan needs) are kept.
+            self.plan = dataclasses.replace(super().create_local_plan(), items=items)
             return self.plan
     return OwnKeys()
 
 
+def blank(v):
+    """v with every tensor zeroed and every other leaf None, its dicts and
+    lists kept (DCP 2.x flattens both sides: the shape must match)."""
+    if isinstance(v, torch.Tensor):
+        return torch.zeros_like(v)
+    if isinstance(v, dict):
+        return {k: blank(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(blank(x) for x in v)
+    return None
+
+
 def zeroed(sd):
-    out = {}
-    for k, v in sd.items():
-        out[k] = torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
-    return out
+    return {k: blank(v) for k, v in sd.items()}
 
 
 def first_difference(want, got):

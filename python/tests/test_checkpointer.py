@@ -195,7 +195,7 @@ class RestartTest(DaemonTestCase):
             "assert c.latest_step() == 11, c.latest_step()\n"
             "target = nested_state(torch.Generator().manual_seed(8))\n"
             "back = c.load(None, target)\n"
-            "want = torch.load(%r)['bits']\n"
+            "want = torch.load(%r, weights_only=False)['bits']\n"
             "got = [bits(t) for t in tensors_of(target)]\n"
             "assert len(want) == len(got)\n"
             "assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) "

@@ -103,7 +103,7 @@ class DcpTest(unittest.TestCase):
         self.assertTrue(all(sd[k].data_ptr() != live[k].data_ptr() for k in live))
         live["a"].add_(100)  # training goes on; the staged copy is saved
         planner = DefaultSavePlanner()
-        planner.init(sd, True)
+        getattr(planner, "set_up_planner", getattr(planner, "init", None))(sd, True)
         w.set_up_storage_writer(True)
         plans, md = planner.create_global_plan([w.prepare_local_plan(planner.create_local_plan())])
         final = planner.finish_plan(w.prepare_global_plan(plans)[0])
@@ -114,7 +114,7 @@ class DcpTest(unittest.TestCase):
         md2 = r.read_metadata()
         got = {"a": torch.zeros(2, 3), "b": torch.zeros(2, dtype=torch.bfloat16)}
         lp = DefaultLoadPlanner()
-        lp.init(got, md2, True)
+        getattr(lp, "set_up_planner", getattr(lp, "init", None))(got, md2, True)
         r.set_up_storage_reader(md2, True)
         plan = r.prepare_global_plan([r.prepare_local_plan(lp.create_local_plan())])[0]
         r.read_data(lp.finish_plan(plan), lp).wait()
@@ -180,15 +180,16 @@ class DcpTest(unittest.TestCase):
     def test_missing_step_is_an_error_naming_the_step(self):
         self.save({"t": torch.ones(3)}, "ckptd://onejob/1")
         with self.assertRaisesRegex(BaseException, "onejob/2"):
-            self.load({"t": torch.zeros(3)}, "ckptd://onejob/2")
+            self.load_any({"t": torch.zeros(3)}, "ckptd://onejob/2")
         with self.assertRaisesRegex(BaseException, "no complete step"):
-            self.load({"t": torch.zeros(3)}, "ckptd://nosuchjob/latest")
+            self.load_any({"t": torch.zeros(3)}, "ckptd://nosuchjob/latest")
         self.assertTrue(self.daemon.running())
 
     def test_key_the_checkpoint_lacks_is_an_error_naming_it(self):
         self.save({"t": torch.ones(3)}, "ckptd://keyjob/1")
-        with self.assertRaisesRegex(BaseException, "'missing_key'"):
-            self.load({"missing_key": torch.zeros(3)}, "ckptd://keyjob/1")
+        # Named by the plugin (torch 1.13) or by DCP's own planner (2.x).
+        with self.assertRaisesRegex(BaseException, "missing_key"):
+            self.load_any({"missing_key": torch.zeros(3)}, "ckptd://keyjob/1")
         self.assertTrue(self.daemon.running())
 
     def test_daemon_that_is_not_running_is_an_error(self):

@@ -254,17 +254,29 @@ class CkptdStorageReader(StorageReader):
         self._t = _Target(checkpoint_id, None, None, socket, rank, world_size, True)
         self._metadata = None
         self._step = None
+        self._read_by_reset = False
 
     def reset(self, checkpoint_id=None):
         self._metadata = None
         self._step = None
+        self._read_by_reset = False
         self._t.reset(checkpoint_id)
+        if checkpoint_id is not None:
+            # DCP 2.x swallows read_metadata()'s error (and then fails with
+            # "metadata is None"); reset() is where dcp.load(checkpoint_id=)
+            # still lets it through, naming the step. The next
+            # read_metadata() of this load takes what was read here.
+            self.read_metadata()
+            self._read_by_reset = True
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return _valid_id(checkpoint_id)
 
     def read_metadata(self, *args, **kwargs):
+        if self._read_by_reset:
+            self._read_by_reset = False
+            return self._metadata
         shards = self._t.shards()
         step = self._t.step
         if step is None:

@@ -239,11 +239,18 @@ OverlapFigures MeasureOverlap(const Options& o, const std::string& socket) {
   CHECK_OK(client->WaitDurable(s));
   step();  // warm-up
   std::vector<double> alone, compute, with, ret, copy;
-  for (int i = 0; i < o.steps; ++i) {
+  // Alone and with a save alternate in both orders, each after an untimed
+  // step, so neither gets the GPU's clocks after an idle pause (the
+  // persists between them) more often than the other.
+  auto time_alone = [&] {
+    step();
     auto t0 = Clock::now();
     step();
     alone.push_back(Since(t0));
-    t0 = Clock::now();
+  };
+  auto time_with_save = [&] {
+    step();
+    auto t0 = Clock::now();
     auto hd = client->SaveAsync(++s, t);
     ret.push_back(Since(t0));
     CHECK_OK(hd.status());
@@ -253,7 +260,16 @@ OverlapFigures MeasureOverlap(const Options& o, const std::string& socket) {
     with.push_back(Since(t0));
     CHECK_OK(hd->Wait());
     CHECK_OK(client->WaitDurable(s));  // untimed
-    t0 = Clock::now();
+  };
+  for (int i = 0; i < o.steps; ++i) {
+    if (i % 2 == 0) {
+      time_alone();
+      time_with_save();
+    } else {
+      time_with_save();
+      time_alone();
+    }
+    auto t0 = Clock::now();
     auto hc = client->SaveAsync(++s, t);  // the copy with nothing beside it
     CHECK_OK(hc.status());
     CHECK_OK(hc->WaitCopied());

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/daemon_process.h"
+#include "bench/stats.h"
 #include "bench/object_tier_bench.h"
 #include "bench/raw_io.h"
 #include "bench/report.h"
@@ -30,7 +31,6 @@ namespace ckpt::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 struct Options {
   uint64_t bytes = 1ull << 30;
@@ -44,13 +44,7 @@ struct Options {
   std::string object_url;  // object-tier figures too (bench/object_tier_bench.h)
 };
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 // Anonymous memory, faulted in now so no measurement pays for page faults.
 struct Mapping {

@@ -30,21 +30,13 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/daemon_process.h"
+#include "bench/stats.h"
 #include "ckpt.grpc.pb.h"
 #include "ckpt/client.h"
 
 namespace ckpt::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 #define CHECK_CUDA(call)                                                           \
   do {                                                                             \

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/daemon_process.h"
+#include "bench/stats.h"
 #include "bench/object_raw.h"
 #include "bench/raw_io.h"
 #include "ckpt.grpc.pb.h"
@@ -23,18 +24,8 @@ namespace ckpt::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2]
-                      : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 class ObjectTierRun {
  public:

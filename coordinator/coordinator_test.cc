@@ -24,6 +24,14 @@ class TwoNodeTest : public CoordinatorTest {
       ASSERT_TRUE(s.ok()) << s.status();
     }
   }
+  absl::StatusOr<storage::v1::GlobalManifest> ReadManifest(uint64_t step) {
+    storage::LocalBackendOptions bo;
+    bo.root = dir_.path() + "/shared";
+    bo.remove_tmp_files = false;
+    auto backend = storage::NewLocalBackend(bo);
+    if (!backend.ok()) return backend.status();
+    return storage::ReadGlobalManifest(**backend, "job", step);
+  }
   std::string ManifestPath(uint64_t step) {
     return dir_.path() + "/shared/" + storage::GlobalManifestKey("job", step);
   }
@@ -57,12 +65,7 @@ TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
   EXPECT_EQ(Job().last_good_step(), 10u);
   EXPECT_TRUE(HasEvent(v1::STEP_STAGED));
   EXPECT_TRUE(HasEvent(v1::STEP_DURABLE));
-  storage::LocalBackendOptions bo;
-  bo.root = dir_.path() + "/shared";
-  bo.remove_tmp_files = false;
-  auto backend = storage::NewLocalBackend(bo);
-  ASSERT_TRUE(backend.ok());
-  auto m = storage::ReadGlobalManifest(**backend, "job", 10);
+  auto m = ReadManifest(10);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->shards_size(), 4);
   EXPECT_EQ(m->shards(3).bytes(), 1003u);
@@ -97,12 +100,7 @@ TEST_F(TwoNodeTest, DurableReportNamesItsSaveByTheStagedDigest) {
   auto right = coord_->ReportShard(req);
   ASSERT_TRUE(right.ok()) << right.status();
   ASSERT_TRUE(Job().has_last_good());
-  storage::LocalBackendOptions bo;
-  bo.root = dir_.path() + "/shared";
-  bo.remove_tmp_files = false;
-  auto backend = storage::NewLocalBackend(bo);
-  ASSERT_TRUE(backend.ok());
-  auto m = storage::ReadGlobalManifest(**backend, "job", 10);
+  auto m = ReadManifest(10);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->shards(3).checksum_digest(), storage::DigestHex(0xfeed));
   // A STAGED report re-sent after the DURABLE one (a node re-sending to a

@@ -176,7 +176,17 @@ void NodeAgent::HeartbeatLoop() {
     }
     for (const cv1::Order& o : resp.orders()) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!handled_.insert(o.id()).second) continue;
+      auto [taken, fresh] = handled_.try_emplace(o.id(), false);
+      if (!fresh) {
+        // Carried out and acknowledged, yet sent again: the coordinator lost
+        // the acknowledgement. Acknowledge again (a PREFETCH still running
+        // acknowledges when done).
+        if (taken->second && std::find(acked_.begin(), acked_.end(), o.id()) == acked_.end()) {
+          LogInfo(absl::StrCat("order ", o.id(), " sent again: acknowledging it again"));
+          acked_.push_back(o.id());
+        }
+        continue;
+      }
       LogInfo(absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()), " job ", o.job(),
                            " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
                            o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
@@ -186,6 +196,7 @@ void NodeAgent::HeartbeatLoop() {
                                   std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
       } else {
         if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
+        taken->second = true;
         acked_.push_back(o.id());
       }
     }
@@ -215,6 +226,9 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_s
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                        " s"));
   std::lock_guard<std::mutex> lock(mu_);
+  // Gone when the node registered again meanwhile: the order died with the
+  // old epoch, and the coordinator ignores its acknowledgement.
+  if (auto taken = handled_.find(order_id); taken != handled_.end()) taken->second = true;
   acked_.push_back(order_id);
   kick_ = true;  // the plan waits for this acknowledgement
   cv_.notify_all();

@@ -4,7 +4,10 @@
 // coordinator's orders: PREFETCH loads shards from the shared root into
 // this node's shared memory (on its own thread, so heartbeats go on) and is
 // acknowledged when done; RESTART and STOP are acknowledged at once, since
-// ckptrun acts on them through the job's generation.
+// ckptrun acts on them through the job's generation. Handling is
+// idempotent: an order the coordinator sends again after its
+// acknowledgement (which it may lose: acknowledgements are not durable
+// before the heartbeat's answer) is acknowledged again and not re-run.
 //
 // Fencing: each report carries the epoch the node had when the shard was
 // committed, so a node declared dead (timed out, SIGSTOPped) cannot make the
@@ -114,7 +117,12 @@ class NodeAgent {
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
-  std::set<uint64_t> handled_;       // orders taken (prefetches may still run)
+  // Orders taken, by id: true once carried out and acknowledged (a
+  // PREFETCH runs first). An order sent again after that was acknowledged
+  // in a heartbeat whose effect the coordinator lost (a crash before its
+  // write was durable, a failed write, a failover): it is acknowledged
+  // again, never carried out twice.
+  std::map<uint64_t, bool> handled_;
   std::vector<std::thread> prefetchers_;
   // Placement to pass to the engine, whose mutex may be held for seconds
   // (an arena being created): the heartbeat thread must never wait on it.

@@ -1,0 +1,66 @@
+// The protocol between ckptd's node agent and the coordinator when writes
+// of the coordinator's state are lost or fail, and when a node is fenced:
+// a real agent (no engine) against a real in-process server on loopback
+// (server_testing.h). Each test is the scenario of a review finding
+// (doc: ../shared/review/correctness.md, findings 2, 8 and 12).
+#include <filesystem>
+#include <memory>
+
+#include "coordinator/server_testing.h"
+#include "storage/manifest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using Fault = FaultyKv::Fault;
+using std::chrono::seconds;
+
+// The first group write that acknowledges an order (deletes "O/...") gets
+// `fault`; every other write goes through.
+FaultyKv::Rule OnFirstAck(Fault fault) {
+  auto armed = std::make_shared<std::atomic<bool>>(true);
+  return [armed, fault](const std::vector<const KvBatch*>& batches) {
+    if (FaultyKv::Deletes(batches, "O/") && armed->exchange(false))
+      return fault;
+    return Fault::kNone;
+  };
+}
+
+// Finding 2: the agent acknowledged the RESTART, the coordinator answered
+// and died before the acknowledgement was durable. The restarted one still
+// has the order and sends it again; the agent must acknowledge it again,
+// or the plan waits forever (and ckptrun with it).
+TEST_F(ServerTest,
+       AckLostInACoordinatorCrashIsSentAgainAndThePlanIsAcknowledged) {
+  Start(0, 16, OnFirstAck(Fault::kLose));
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  TrainerDied("n1", agent->epoch(), 1);
+  ASSERT_TRUE(Eventually([&] { return faulty_->fired(); }))
+      << "the order was never acknowledged";
+  Restart();
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED)
+      << "the acknowledgement was lost with the crash";
+  EXPECT_TRUE(Eventually(
+      [&] { return Job().plan_state() == v1::PLAN_ACKNOWLEDGED; }, seconds(15)))
+      << "plan state " << v1::PlanState_Name(Job().plan_state());
+}
+
+// Finding 2, the same through a failed group write: the coordinator goes
+// back to its store, where the order is still pending.
+TEST_F(ServerTest, AckOfAFailedGroupWriteIsSentAgainAndThePlanIsAcknowledged) {
+  Start(0, 16, OnFirstAck(Fault::kFail));
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  TrainerDied("n1", agent->epoch(), 1);
+  ASSERT_TRUE(Eventually([&] { return faulty_->fired(); }))
+      << "the order was never acknowledged";
+  EXPECT_TRUE(Eventually(
+      [&] { return Job().plan_state() == v1::PLAN_ACKNOWLEDGED; }, seconds(15)))
+      << "plan state " << v1::PlanState_Name(Job().plan_state());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -85,6 +85,9 @@ struct CoordinatorOptions {
   std::string shared_root;  // global manifests go here (a directory or s3://)
   storage::ObjectStoreConfig object_config;  // an s3:// shared root's object_* keys
   std::chrono::milliseconds heartbeat_timeout{3000};
+  // How long Open waits for a shared root whose manifests it cannot read
+  // (see Open); 0: it fails at once.
+  std::chrono::milliseconds shared_root_wait{30000};
   size_t max_events = 4096;  // older events are dropped from memory and disk
   // Milliseconds on a monotonic clock; tests pass a fake one.
   std::function<int64_t()> now_ms;
@@ -95,9 +98,14 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // Opens (or creates) the state, and reads back each job's last good
-  // manifest: one that is missing or does not parse is dropped (event
-  // MANIFEST_INVALID) and last good falls back to the previous manifest.
-  // Every alive node gets a fresh heartbeat timeout from now.
+  // manifest: one that does not parse or check, or is missing while the
+  // job's other keys are there, is dropped (event MANIFEST_INVALID) and
+  // last good falls back to the previous manifest. A manifest that cannot
+  // be read (a shared root not mounted yet: none of the job's keys there;
+  // UNAVAILABLE, PERMISSION_DENIED, EIO) proves nothing: Open retries for
+  // shared_root_wait, then fails UNAVAILABLE naming the path, having
+  // changed nothing. Every alive node gets a fresh heartbeat timeout from
+  // now.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       CoordinatorOptions options);
   // The same with the state on `kv` (etcd: etcd/etcd_kv.h); state_dir is
@@ -174,7 +182,15 @@ class Coordinator {
 
   // coordinator_state.cc: loading, committing, events, shared helpers.
   [[nodiscard]] absl::Status ReloadLocked();
-  absl::Status VerifyManifestsLocked();
+  // Drops the last good steps whose manifest is invalid (events
+  // MANIFEST_INVALID) and commits that; UNAVAILABLE, changing nothing
+  // durable, when a manifest cannot be read (ManifestInvalidLocked).
+  [[nodiscard]] absl::Status VerifyManifestsLocked();
+  // OK when `read`, the failed read of a manifest, proves it invalid: the
+  // manifest is corrupt (DATA_LOSS), or missing while other keys of its job
+  // are there. Else UNAVAILABLE naming the shared root and the manifest.
+  [[nodiscard]] absl::Status ManifestInvalidLocked(const std::string& job, uint64_t step,
+                                                   const absl::Status& read);
   // Enqueues the batch (if not empty), releases the lock, and waits until
   // every batch enqueued so far is durable.
   [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch);

@@ -1,6 +1,7 @@
 // State-machine tests of the Coordinator with a fake clock: global commit,
 // failure detection, recovery plans and orders, restart from its state.
 #include <filesystem>
+#include <thread>
 
 #include "coordinator/coordinator_testing.h"
 #include "storage/manifest.h"
@@ -224,6 +225,63 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
   // Reports carry on from where they were.
   auto rep = Report("n1", n1b, 11, 0, v1::STAGED);
   ASSERT_TRUE(rep.ok()) << rep.status();
+}
+
+// Finding 3: the shared root is not there when the coordinator starts (the
+// NFS mount is late; its job directory was moved away). A missing job
+// directory is no proof that the steps are bad: the coordinator refuses to
+// start, naming the path, and forgets nothing.
+TEST_F(TwoNodeTest, SharedRootMissingAtStartIsRefusedNamingThePathAndForgetsNoGoodStep) {
+  for (uint64_t step : {10, 12}) {
+    ReportAll(step, v1::STAGED);
+    ReportAll(step, v1::DURABLE);
+  }
+  ASSERT_EQ(Job().last_good_step(), 12u);
+  coord_.reset();
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");
+  absl::Status s = TryReopen();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(dir_.path() + "/shared"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("job"), absl::string_view::npos) << s;
+  std::filesystem::rename(job_dir + ".x", job_dir);
+  Reopen();
+  EXPECT_TRUE(Job().has_last_good());
+  EXPECT_EQ(Job().last_good_step(), 12u);
+  EXPECT_EQ(Job().manifest_steps_size(), 2);
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+}
+
+// Finding 3, waiting: the mount comes while the coordinator starts.
+TEST_F(TwoNodeTest, CoordinatorWaitsForALateSharedRootAndKeepsItsGoodSteps) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  coord_.reset();
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");
+  std::thread mount([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::filesystem::rename(job_dir + ".x", job_dir);
+  });
+  absl::Status s = TryReopen(std::chrono::seconds(60));
+  mount.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Job().last_good_step(), 10u);
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+}
+
+// Finding 3: a manifest that is there but missing one step's file, or
+// corrupt, is invalid (the step is dropped) as before.
+TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
+  for (uint64_t step : {10, 12}) {
+    ReportAll(step, v1::STAGED);
+    ReportAll(step, v1::DURABLE);
+  }
+  coord_.reset();
+  std::filesystem::remove(ManifestPath(12));
+  Reopen();
+  EXPECT_TRUE(HasEvent(v1::MANIFEST_INVALID));
+  EXPECT_EQ(Job().last_good_step(), 10u);
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ class Coordinator {
   // UNAVAILABLE, PERMISSION_DENIED, EIO) proves nothing: Open retries for
   // shared_root_wait, then fails UNAVAILABLE naming the path, having
   // changed nothing. Every alive node gets a fresh heartbeat timeout from
-  // now.
+  // now, and again from StartServing.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       CoordinatorOptions options);
   // The same with the state on `kv` (etcd: etcd/etcd_kv.h); state_dir is
@@ -135,6 +135,12 @@ class Coordinator {
 
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
   [[nodiscard]] absl::Status Tick();
+  // The server starts serving this coordinator now (CoordinatorServer::
+  // Start, or Promote on a new HA leader): every alive node gets a full
+  // heartbeat timeout from now. Loading the state (a new leader reads it
+  // from etcd after winning the election) may take a while, during which
+  // no one could answer the nodes: none is judged on that time.
+  void StartServing();
 
   // What a launcher of `job` on `node_id` needs (see WatchJob).
   v1::JobView View(const std::string& job, const std::string& node_id);

@@ -429,6 +429,18 @@ v1::JobView Coordinator::View(const std::string& job_name, const std::string& no
   return v;
 }
 
+void Coordinator::StartServing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = options_.now_ms();
+  std::unique_lock<std::shared_mutex> live(live_mu_);
+  for (auto& [id, node] : nodes_) {
+    if (node.rec.health() != v1::ALIVE) continue;
+    int64_t last = node.live->last_seen_ms.load();
+    if (last < now) node.live->last_seen_ms = now;
+  }
+  next_expiry_ms_ = now + options_.heartbeat_timeout.count() + 1;
+}
+
 absl::Status Coordinator::Tick() {
   // Cheap without the state mutex while no node can have timed out.
   if (options_.now_ms() < next_expiry_ms_.load()) return absl::OkStatus();

@@ -227,6 +227,31 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
   ASSERT_TRUE(rep.ok()) << rep.status();
 }
 
+// Issue 17 (HA): a standby that won the election loads the state and only
+// then serves; heartbeats sent meanwhile went to a dead leader. Judging a
+// node on them made a second plan after every slow failover.
+TEST_F(TwoNodeTest, NewLeaderGivesEveryNodeAFreshHeartbeatWindowWhenItStartsServing) {
+  const uint64_t generation = Job().generation();
+  Reopen();         // the new leader loads the state at t0 ...
+  now_ms_ += 2500;  // ... and serves only later (a slow load, a loaded machine)
+  coord_->StartServing();
+  now_ms_ += 1000;  // each node heartbeats within its timeout of that
+  for (auto [node, epoch] : {std::pair{"n1", e1_}, std::pair{"n2", e2_}, std::pair{"s1", es_}}) {
+    auto hb = Heartbeat(node, epoch);
+    EXPECT_TRUE(hb.ok()) << node << ": " << hb.status();
+  }
+  ASSERT_TRUE(coord_->Tick().ok());
+  for (const char* node : {"n1", "n2", "s1"}) EXPECT_EQ(Node(node).health(), v1::ALIVE) << node;
+  EXPECT_EQ(Job().generation(), generation);
+  EXPECT_FALSE(HasEvent(v1::PLAN_MADE));
+  now_ms_ += 2000;  // a node silent for a whole window after that is dead
+  ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+}
+
 // Finding 3: the shared root is not there when the coordinator starts (the
 // NFS mount is late; its job directory was moved away). A missing job
 // directory is no proof that the steps are bad: the coordinator refuses to

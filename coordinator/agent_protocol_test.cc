@@ -62,5 +62,40 @@ TEST_F(ServerTest, AckOfAFailedGroupWriteIsSentAgainAndThePlanIsAcknowledged) {
       << "plan state " << v1::PlanState_Name(Job().plan_state());
 }
 
+// Finding 12: a failed group write makes the coordinator reload its state,
+// which drops every per-rank report (soft state). Nodes send those again
+// only to a new incarnation; without one, the step's DURABLE reports are
+// refused as "never staged" and the step never commits.
+TEST_F(ServerTest, StepInFlightWhenAGroupWriteFailsStillCommits) {
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  Start(0, 16, [armed](const std::vector<const KvBatch*>&) {
+    return armed->exchange(false) ? Fault::kFail : Fault::kNone;
+  });
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  agent->Report(Shard(0, false));
+  agent->Report(Shard(1, false));
+  ASSERT_TRUE(
+      Eventually([&] { return CountEvents(v1::STEP_STAGED, "step 3") == 1; }));
+  const uint64_t incarnation = server_->coordinator()->incarnation();
+  *armed = true;
+  v1::RegisterNodeRequest other;  // any write: this one fails
+  other.set_node_id("n2");
+  other.set_capacity(1);
+  auto r = server_->coordinator()->RegisterNode(other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("injected"), absl::string_view::npos)
+      << r.status();
+  EXPECT_NE(server_->coordinator()->incarnation(), incarnation)
+      << "the reloaded state lost the soft state: nodes must see a new "
+         "incarnation";
+  agent->Report(Shard(0, true));
+  agent->Report(Shard(1, true));
+  EXPECT_TRUE(Eventually([&] { return Job().has_last_good(); }, seconds(15)))
+      << "resent " << agent->reports_resent();
+  EXPECT_EQ(Job().last_good_step(), 3u);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

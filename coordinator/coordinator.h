@@ -31,7 +31,8 @@
 //   into one batch per call; batches are made durable by group commit (one
 //   writer thread, one synced write for every batch waiting). A call
 //   returns after its batch, and every batch before it, is durable. If a
-//   write fails the in-memory state is reloaded from the store.
+//   write fails the in-memory state is reloaded from the store, under a
+//   new incarnation (the per-rank reports are gone with it).
 // - Soft state: per-rank shard reports (staged / durable) are kept in
 //   memory only. A restarted coordinator has a new incarnation(); nodes
 //   that see it send their reports of uncommitted steps again. Only the
@@ -147,7 +148,7 @@ class Coordinator {
   // Counts durable changes; WaitForChange returns the count once it is
   // above `seen`, or at `deadline`.
   uint64_t WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline);
-  uint64_t incarnation() const { return incarnation_; }
+  uint64_t incarnation() const { return incarnation_.load(); }
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -254,7 +255,9 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;
   const std::unique_ptr<storage::Backend> shared_;
-  const uint64_t incarnation_;
+  // Changes when the soft state is lost: at Open, and when a failed write
+  // makes the state go back to the store (nodes then send it again).
+  std::atomic<uint64_t> incarnation_;
 
   std::mutex mu_;  // the state; held for memory work only, never for I/O
   std::map<std::string, NodeState> nodes_;

@@ -237,6 +237,10 @@ void Coordinator::OnCommitFailed(const absl::Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
   committer_->FailQueued(s);
   absl::Status reload = ReloadLocked();
+  // The reload dropped every per-rank report (soft state). Nodes send
+  // theirs again only to a new incarnation: without one, every step in
+  // flight would have its DURABLE reports refused as never staged.
+  incarnation_ = NewIncarnation();
   if (!reload.ok())
     std::fprintf(stderr, "ckpt-coordinator: reloading after a failed write: %s\n",
                  std::string(reload.message()).c_str());

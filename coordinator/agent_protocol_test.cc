@@ -97,5 +97,39 @@ TEST_F(ServerTest, StepInFlightWhenAGroupWriteFailsStillCommits) {
   EXPECT_EQ(Job().last_good_step(), 3u);
 }
 
+// Finding 8: a shard committed while the node is fenced (declared dead;
+// its agent has not registered again yet) belongs to the abandoned
+// generation. It must never count, not even under the node's next epoch.
+TEST_F(ServerTest, ShardCommittedWhileFencedNeverCountsUnderTheNextEpoch) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  const uint64_t first = agent->epoch();
+  RegisterJob(1);
+  // Registrations are refused for now (load shedding), so the agent stays
+  // fenced while the shard is committed.
+  server_->SetMaxInflightReports(0);
+  skew_ms_ += 10 * heartbeat_timeout_ms_;  // n1 missed its heartbeats: dead
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() == 0; }))
+      << "the agent never saw the fence";
+  agent->Report(Shard(0, false, 3));
+  agent->Report(Shard(0, true, 3));
+  server_->SetMaxInflightReports(16);
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > first; }));
+  // A shard of the new epoch commits: every report queued before it was
+  // sent (or dropped) by then.
+  agent->Report(Shard(0, false, 4));
+  agent->Report(Shard(0, true, 4));
+  ASSERT_TRUE(Eventually([&] {
+    return Job().has_last_good() && Job().last_good_step() == 4;
+  })) << "last good "
+      << Job().last_good_step();
+  EXPECT_EQ(agent->reports_dropped(), 2u);
+  EXPECT_EQ(CountEvents(v1::STEP_STAGED, "step 3"), 0);
+  EXPECT_EQ(CountEvents(v1::STEP_DURABLE, "step 3"), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/shared/" +
+                                       storage::GlobalManifestKey("job", 3)));
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -70,7 +70,18 @@ void NodeAgent::Start(Engine* engine) {
 
 void NodeAgent::Report(const ShardReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
-  reports_.push_back(Queued{report, epoch_.load()});
+  const uint64_t epoch = epoch_.load();
+  if (epoch == 0) {
+    // Committed while this node has no epoch: fenced (declared dead, its
+    // ranks' generation given up) or not registered yet. Tagging it with
+    // the next epoch would count the abandoned generation's shard.
+    if (reports_dropped_.fetch_add(1) == dropped_logged_)
+      LogWarning(absl::StrCat("node ", options_.node_id, " has no epoch (fenced or not registered): ",
+                              "not reporting job ", report.job, " step ", report.step, " rank ",
+                              report.rank, " (nor later ones until it registers)"));
+    return;
+  }
+  reports_.push_back(Queued{report, epoch});
   cv_.notify_all();
 }
 
@@ -113,8 +124,7 @@ void NodeAgent::HeartbeatLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.clear();
         handled_.clear();
-        for (Queued& q : reports_)
-          if (q.epoch == 0) q.epoch = resp.epoch();
+        dropped_logged_ = reports_dropped_.load();  // the next drop is worth a line again
         epoch_ = resp.epoch();
         NoteIncarnationLocked(resp.incarnation());
       }
@@ -276,7 +286,7 @@ void NodeAgent::ReportLoop() {
   auto backoff = std::chrono::milliseconds(0);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    if (reports_.empty() || reports_.front().epoch == 0) {
+    if (reports_.empty()) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }

@@ -13,7 +13,10 @@
 // committed, so a node declared dead (timed out, SIGSTOPped) cannot make the
 // coordinator count anything it committed before it re-registered. When a
 // heartbeat is refused for its epoch, the agent registers again (a new
-// epoch) and drops the reports of the old one.
+// epoch) and drops the reports of the old one. A shard committed while the
+// node has no epoch (fenced and not registered again yet, or before its
+// first registration) is never reported: it belongs to a generation the
+// coordinator gave up on, and must not count under the next epoch.
 //
 // Reports go in batches: one ReportShards call carries every report
 // queued (all ranks of this node), after a short gathering delay. A batch
@@ -75,11 +78,14 @@ class NodeAgent {
   uint64_t report_retries() const { return report_retries_.load(); }
   // Reports sent again to a restarted coordinator.
   uint64_t reports_resent() const { return reports_resent_.load(); }
+  // Reports not sent: their shard was committed while the node had no
+  // epoch (see Fencing above).
+  uint64_t reports_dropped() const { return reports_dropped_.load(); }
 
  private:
   struct Queued {
     ShardReport report;
-    uint64_t epoch = 0;  // 0: committed before the first registration
+    uint64_t epoch = 0;  // the node's epoch when the shard was committed
   };
   class Rpc;
 
@@ -116,6 +122,8 @@ class NodeAgent {
   uint64_t incarnation_ = 0;
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};
+  std::atomic<uint64_t> reports_dropped_{0};
+  uint64_t dropped_logged_ = 0;  // reports_dropped_ when the last was logged
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
   // Orders taken, by id: true once carried out and acknowledged (a
   // PREFETCH runs first). An order sent again after that was acknowledged

@@ -72,7 +72,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   v1::RegisterNodeResponse resp;
   resp.set_epoch(node.rec.epoch());
   resp.set_heartbeat_timeout_ms(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
@@ -127,7 +127,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
   }
   v1::HeartbeatResponse resp;
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   auto mine = orders_by_node_.find(req.node_id());
   if (mine != orders_by_node_.end()) {
     for (uint64_t id : mine->second) {

@@ -186,7 +186,7 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     return s;
   }
   v1::ReportShardsResponse resp;
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   std::vector<PendingCommit> complete;
   for (int i = 0; i < req.reports_size(); ++i) {
     v1::ReportResult* result = resp.add_results();

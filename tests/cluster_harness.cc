@@ -95,7 +95,7 @@ bool Connectable(const std::string& socket_path) {
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   if (options_.shared_root_url.empty()) std::filesystem::create_directories(shared_root());
   std::filesystem::create_directories(options_.dir + "/trainers");
-  for (int i = 0; i < std::max(1, options_.coordinator_replicas); ++i) ports_.push_back(FreeLoopbackPort());
+  ports_ = FreeLoopbackPorts(std::max(1, options_.coordinator_replicas));
   port_ = ports_[0];
   coordinators_.resize(ports_.size());
 }

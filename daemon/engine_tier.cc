@@ -2,11 +2,11 @@
 // else from the local file), object manifests, tiered retention and reads
 // back. See engine.h and uploader.h; the tiers are described in
 // doc/object-tier.md.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
+#include <cerrno>
 #include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,6 +31,35 @@ absl::Status VerifyTensors(const char* image, const storage::ShardInfo& info,
   }
   return absl::OkStatus();
 }
+
+// Anonymous memory of the daemon's own, page-aligned (direct I/O reads into
+// it), unmapped on destruction.
+class PrivateBuffer {
+ public:
+  static absl::StatusOr<PrivateBuffer> Allocate(uint64_t bytes) {
+    PrivateBuffer b;
+    if (bytes == 0) return b;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return ErrnoToStatus(errno, absl::StrCat("mmap ", bytes, " bytes"));
+    b.data_ = static_cast<char*>(p);
+    b.bytes_ = bytes;
+    return b;
+  }
+  PrivateBuffer() = default;
+  PrivateBuffer(PrivateBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_) {}
+  PrivateBuffer& operator=(PrivateBuffer&&) = delete;
+  ~PrivateBuffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  char* data() const { return data_; }
+
+ private:
+  char* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
 
 // One object from memory: the writer reads the bytes in place.
 absl::Status PutObject(storage::Backend& backend, const std::string& key,
@@ -126,38 +155,31 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
 
 absl::Status Engine::UploadFromLocalFile(const std::string& key, uint64_t bytes,
                                          const storage::ShardInfo& info) {
-  std::optional<std::string> path = backend_->LocalPath(key);
-  if (!path) {
-    // A local tier without files: through its reader into a buffer.
-    std::vector<char> buf(bytes);
-    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
-                          backend_->NewObjectReader(key));
-    CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
-    CKPT_RETURN_IF_ERROR(VerifyTensors(buf.data(), info, key));
-    return PutObject(*object_, key, buf.data(), bytes);
-  }
-  int fd = open(path->c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open " + *path);
-  void* map =
-      bytes ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-  int map_errno = errno;
-  close(fd);
-  if (map == MAP_FAILED) return ErrnoToStatus(map_errno, "mmap " + *path);
-  (void)madvise(map, bytes, MADV_SEQUENTIAL);  // a hint; nothing depends on it
-  const char* image = static_cast<const char*>(map);
+  // The file belongs to the job's uid, who may truncate or rewrite it at
+  // any time. A mapping of it would turn a short file into SIGBUS in the
+  // daemon, so it is read into the daemon's own memory (a short file is an
+  // error naming it), and the bytes verified are the bytes sent.
+  const std::string where = backend_->LocalPath(key).value_or(key);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
+                        backend_->NewObjectReader(key));
+  if (reader->size() != bytes)
+    return absl::DataLossError(absl::StrCat(
+        where, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
+  CKPT_ASSIGN_OR_RETURN(PrivateBuffer buf, PrivateBuffer::Allocate(bytes));
+  CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
+  reader.reset();
   // The checksum pass runs beside the upload; a bad local file is not sent.
-  auto verify = std::async(std::launch::async, VerifyTensors, image,
-                           std::cref(info), std::cref(key));
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
-                        object_->NewObjectWriter(key, bytes));
-  absl::Status s = writer->WriteAt(0, image, bytes);
+  auto verify = std::async(std::launch::async, VerifyTensors, buf.data(),
+                           std::cref(info), std::cref(where));
+  auto writer = object_->NewObjectWriter(key, bytes);
+  absl::Status s = writer.status();
+  if (s.ok()) s = (*writer)->WriteAt(0, buf.data(), bytes);
   absl::Status v = verify.get();
   if (s.ok()) s = v;
   if (s.ok())
-    s = writer->Commit();
-  else
-    writer->Abort();
-  munmap(map, bytes);
+    s = (*writer)->Commit();
+  else if (writer.ok())
+    (*writer)->Abort();
   return Annotate(s, "upload from the local file");
 }
 

@@ -288,7 +288,11 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   for (auto& [n, step] : job.steps) {
     if (n >= *local_cutoff) break;
     bool durable = false;
-    if (step.object_manifest)
+    // Only a copy the object tier holds may go.
+    bool uploaded = step.object_manifest;
+    for (const auto& [r, shard] : step.shards)
+      uploaded = uploaded && shard.uploaded;
+    if (uploaded)
       local_only.push_back(n);
     else if (!StepCompleteLocked(job, step, &durable))
       drop_whole.push_back(n);

@@ -1,0 +1,74 @@
+// A step saved again, and shared memory changed under an upload, with the
+// engine in-process (tests/object_tier_engine.h): a step's manifests (local
+// and object tier) always describe the shards it holds now, retention never
+// deletes a local copy the object tier does not have, and what is uploaded
+// is what the checksums describe.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "storage/keys.h"
+#include "storage/manifest.h"
+#include "storage/shard_format.h"
+#include "tests/object_tier_engine.h"
+
+namespace ckpt::testing {
+namespace {
+
+using std::chrono::seconds;
+
+// The checksum digest a node manifest records for `rank`, or "" if none.
+std::string DigestOf(const storage::v1::NodeManifest& m, uint32_t rank) {
+  for (const auto& s : m.shards())
+    if (s.rank() == rank) return s.checksums_digest();
+  return "";
+}
+
+// Rank 0 goes back to an earlier step and saves step 20 again while the
+// store is stalled. Step 20's old object manifest named rank 0's old
+// shard: it must go, and local retention must keep the new local copy
+// until it is uploaded.
+TEST_F(ObjectTierEngineTest, ResavedStepDropsItsObjectManifestAndKeepsLocal) {
+  Open(EngineOptions::CommitTier::kObject, /*retain_local=*/1,
+       /*retain_object=*/0);
+  for (uint64_t step : {10, 20})
+    for (uint32_t rank : {0, 1})
+      ASSERT_TRUE(SaveRank(step, rank, static_cast<int>(step)).ok());
+  // Commit tier object: Latest says durable once the engine has recorded
+  // step 20's object manifest (not only once the object exists).
+  v1::LatestRequest latest;
+  latest.set_job("tier");
+  Eventually([&] {
+    auto l = engine_->Latest(peer_, latest);
+    return l.ok() && l->step() == 20 && l->durable();
+  });
+  auto before = storage::ReadNodeManifest(*object_dir_, Manifest(20));
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  gate_->Close();
+  ASSERT_TRUE(SaveRank(20, 0, 0x55).ok());
+  for (uint64_t step : {30, 40})
+    for (uint32_t rank : {0, 1}) {
+      absl::Status s = SaveRank(step, rank, static_cast<int>(step));
+      ASSERT_TRUE(s.ok()) << step << " " << rank << ": " << s;
+    }
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));
+  // Steps 30 and 40 are manifested locally, so retention ran for step 20.
+  EXPECT_TRUE(local_->Stat(ShardKey(20, 0)).ok())
+      << "the only copy of step 20 rank 0 (never uploaded) was deleted";
+
+  const std::string new_shard = Read(*local_, ShardKey(20, 0));
+  gate_->Open();
+  std::string now;
+  EXPECT_TRUE(Within(seconds(30), [&] {
+    auto m = storage::ReadNodeManifest(*object_dir_, Manifest(20));
+    now = m.ok() ? DigestOf(*m, 0) : "";
+    return !now.empty() && now != DigestOf(*before, 0);
+  })) << "step 20's object manifest still names rank 0's old shard";
+  EXPECT_TRUE(Read(*object_dir_, ShardKey(20, 0)) == new_shard);
+}
+
+}  // namespace
+}  // namespace ckpt::testing

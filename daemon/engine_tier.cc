@@ -119,12 +119,21 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
     // the step's object manifest, which waits for `uploaded`.
     s = PutObject(*object_, key, arena->slot_data(slot), bytes);
     if (!s.ok()) return Annotate(s, "upload from shared memory");
+    // The job's processes can still write to the slot, so the bytes sent
+    // must be checked against the shard's checksums after the writer read
+    // them; a stray write sends the verified local file instead.
+    absl::Status verified = VerifyTensors(arena->slot_data(slot), info, key);
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
     if (job != jobs_.end()) {
       auto rank = job->second.ranks.find(task.rank);
       done = rank != job->second.ranks.end() && rank->second.arena == arena &&
              rank->second.slots[slot].write_no == write_no;
+    }
+    if (done && !verified.ok()) {
+      LogWarning(absl::StrCat("upload of ", key, ": shared memory changed after the commit (",
+                              verified.message(), "); uploading the local file"));
+      done = false;
     }
   }
   if (!done) CKPT_RETURN_IF_ERROR(UploadFromLocalFile(key, bytes, info));

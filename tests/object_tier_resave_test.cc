@@ -70,5 +70,25 @@ TEST_F(ObjectTierEngineTest, ResavedStepDropsItsObjectManifestAndKeepsLocal) {
   EXPECT_TRUE(Read(*object_dir_, ShardKey(20, 0)) == new_shard);
 }
 
+// A trainer's stray write into a slot whose shard is durable, before the
+// upload from that slot: the object must still be the shard the checksums
+// describe (the verified local file), not the changed memory.
+TEST_F(ObjectTierEngineTest, UploadFromChangedSlotSendsTheVerifiedCopy) {
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  gate_->Close();
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));  // durable on local disk
+  Eventually([&] { return gate_->waiting() >= 1; });  // the upload started
+  const std::vector<uint64_t> sizes = {64 << 10};
+  auto layout = storage::ComputeLayout(sizes);
+  ASSERT_TRUE(layout.ok());
+  for (uint32_t slot = 0; slot < arena_->num_slots(); ++slot)
+    arena_->slot_data(slot)[layout->tensor_offsets[0] + 7] ^= 0x20;
+  gate_->Open();
+  Eventually([&] { return InObjectTier(Manifest(1)); });
+  EXPECT_TRUE(Read(*object_dir_, ShardKey(1)) == Read(*local_, ShardKey(1)))
+      << "the object holds the changed memory, not the shard";
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -81,8 +81,9 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
 
 void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
   if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
-  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
-               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes()};
+  UploadTask t{UploadTask::kShard,  job.rec.job(), shard.rec.step(),
+               shard.rec.rank(),    shard.gen,     shard.rec.image_bytes(),
+               {shard.rec.path()}};
   uploader_->Push(std::move(t));
 }
 
@@ -199,7 +200,12 @@ void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
   for (const auto& [r, shard] : step->second.shards)
     if (!shard.uploaded) return;
-  uploader_->Push(UploadTask{UploadTask::kManifest, job.rec.job(), step_no});
+  QueueObjectManifestTaskLocked(job.rec.job(), step_no);
+}
+
+void Engine::QueueObjectManifestTaskLocked(const std::string& job, uint64_t step_no) {
+  uploader_->Push(UploadTask{UploadTask::kManifest, job, step_no, 0, 0, 0,
+                             {NodeManifestKey(job, step_no)}});
 }
 
 absl::Status Engine::WriteObjectManifest(const UploadTask& task) {

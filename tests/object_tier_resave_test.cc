@@ -90,5 +90,28 @@ TEST_F(ObjectTierEngineTest, UploadFromChangedSlotSendsTheVerifiedCopy) {
       << "the object holds the changed memory, not the shard";
 }
 
+// The upload of a step's first save is still committing when the step is
+// saved again: the object left at the key must be the new shard, whichever
+// upload finished last.
+TEST_F(ObjectTierEngineTest, OlderUploadOfAKeyNeverLandsAfterTheNewerOne) {
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  gate_->HoldNextCommit(ShardKey(1));
+  ASSERT_TRUE(SaveStep(1).ok());
+  Eventually([&] { return gate_->waiting() == 1; });  // gen 1 at its Commit
+  OneTensorSave again{"tier", 1};
+  again.fill = 0x55;
+  ASSERT_TRUE(SaveOneTensorStep(engine_.get(), peer_, again, &arena_).ok());
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));  // gen 2 durable, queued
+  // Give gen 2's upload the chance to overtake (it does without per-key
+  // order; with it, it waits for gen 1 and this wait just runs out).
+  (void)Within(seconds(3), [&] { return InObjectTier(Manifest(1)); });
+  gate_->ReleaseCommit();
+  Eventually([&] {
+    return InObjectTier(Manifest(1)) && Status().upload_backlog_shards() == 0;
+  });
+  EXPECT_TRUE(Read(*object_dir_, ShardKey(1)) == Read(*local_, ShardKey(1)))
+      << "the first save's upload overwrote the second's";
+}
+
 }  // namespace
 }  // namespace ckpt::testing

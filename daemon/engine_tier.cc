@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <future>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -209,44 +210,53 @@ void Engine::QueueObjectManifestTaskLocked(const std::string& job, uint64_t step
 }
 
 absl::Status Engine::WriteObjectManifest(const UploadTask& task) {
-  storage::v1::NodeManifest m;
-  {
+  const std::string key = NodeManifestKey(task.job, task.step);
+  // Built under the lock, written without it. Only this task touches the
+  // key now (uploader.h), so a manifest that no longer describes the step
+  // (it changed or went while the task waited or wrote) is deleted here,
+  // and the step's current state written if it is whole.
+  for (;;) {
+    std::optional<storage::v1::NodeManifest> m;
+    std::vector<std::pair<uint32_t, uint64_t>> gens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Job* job = nullptr;
+      Step* step = nullptr;
+      if (auto j = jobs_.find(task.job); j != jobs_.end()) {
+        job = &j->second;
+        if (auto st = job->steps.find(task.step); st != job->steps.end())
+          step = &st->second;
+      }
+      if (step != nullptr && step->object_manifest)
+        return absl::CancelledError("manifest already written");
+      bool durable = false, uploaded = step != nullptr;
+      if (step != nullptr)
+        for (const auto& [r, shard] : step->shards)
+          uploaded = uploaded && shard.uploaded;
+      if (uploaded && StepCompleteLocked(*job, *step, &durable) && durable) {
+        m = NodeManifestOf(task.job, task.step, job->rec.world_size(), *step);
+        gens = ShardGenerations(*step);
+      }
+    }
+    if (!m) {
+      CKPT_RETURN_IF_ERROR(object_->Delete(key));
+      return absl::CancelledError("step gone, incomplete or not uploaded");
+    }
+    // Written last: only now is the step visible in the object tier.
+    CKPT_RETURN_IF_ERROR(
+        storage::WriteNodeManifest(*object_, *m, options_.node_id));
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return absl::CancelledError("job gone");
+    if (job == jobs_.end()) continue;
     auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end() || step->second.object_manifest)
-      return absl::CancelledError("step gone");
-    bool durable = false;
-    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable)
-      return absl::CancelledError("step incomplete");
-    for (const auto& [r, shard] : step->second.shards)
-      if (!shard.uploaded) return absl::CancelledError("step not uploaded");
-    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(),
-                       step->second);
-  }
-  // Written last: only now is the step visible in the object tier.
-  CKPT_RETURN_IF_ERROR(
-      storage::WriteNodeManifest(*object_, m, options_.node_id));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto job = jobs_.find(task.job);
-  if (job == jobs_.end()) return absl::OkStatus();
-  auto step = job->second.steps.find(task.step);
-  if (step == job->second.steps.end()) {
-    // Deleted meanwhile: so is the manifest.
-    uploader_->Push(UploadTask{UploadTask::kDelete,
-                               task.job,
-                               task.step,
-                               0,
-                               0,
-                               0,
-                               {NodeManifestKey(task.job, task.step)}});
+    if (step == job->second.steps.end() ||
+        ShardGenerations(step->second) != gens)
+      continue;
+    step->second.object_manifest = true;
+    ApplyRetentionLocked(job->second);
+    cv_.notify_all();
     return absl::OkStatus();
   }
-  step->second.object_manifest = true;
-  ApplyRetentionLocked(job->second);
-  cv_.notify_all();
-  return absl::OkStatus();
 }
 
 void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {

@@ -113,5 +113,43 @@ TEST_F(ObjectTierEngineTest, OlderUploadOfAKeyNeverLandsAfterTheNewerOne) {
       << "the first save's upload overwrote the second's";
 }
 
+// Rank 0 saves step 2 again while this node's manifest of step 2 is being
+// written: the manifest left on disk must describe the new shard.
+TEST_F(ObjectTierEngineTest, ManifestWrittenDuringResaveIsNotKeptStale) {
+  no_object_tier_ = true;
+  Open(EngineOptions::CommitTier::kLocal, /*retain_local=*/1, 0);
+  for (uint32_t rank : {0, 1}) ASSERT_TRUE(SaveRank(1, rank, 1).ok());
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));
+  local_gate_->Close("MANIFEST");
+  for (uint32_t rank : {0, 1}) ASSERT_TRUE(SaveRank(2, rank, 2).ok());
+  Eventually([&] { return local_gate_->waiting() == 1; });
+  ASSERT_TRUE(SaveRank(2, 0, 0x55).ok());
+  local_gate_->Open();
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));
+  auto m = storage::ReadNodeManifest(*local_, Manifest(2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Both ranks first saved the same bytes; rank 0's new shard differs.
+  EXPECT_NE(DigestOf(*m, 0), DigestOf(*m, 1))
+      << "step 2's manifest names rank 0's replaced shard";
+}
+
+// The same for the object manifest: rank 0 saves step 1 again while the
+// step's object manifest is being written.
+TEST_F(ObjectTierEngineTest, ObjectManifestWrittenDuringResaveIsNotKeptStale) {
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  gate_->Close("MANIFEST");
+  for (uint32_t rank : {0, 1}) ASSERT_TRUE(SaveRank(1, rank, 1).ok());
+  Eventually([&] { return gate_->waiting() == 1; });
+  ASSERT_TRUE(SaveRank(1, 0, 0x55).ok());
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));
+  gate_->Open();
+  std::string digests;
+  EXPECT_TRUE(Within(seconds(30), [&] {
+    auto m = storage::ReadNodeManifest(*object_dir_, Manifest(1));
+    digests = m.ok() ? DigestOf(*m, 0) + " " + DigestOf(*m, 1) : "none";
+    return m.ok() && DigestOf(*m, 0) != DigestOf(*m, 1);
+  })) << "step 1's object manifest names rank 0's replaced shard: " << digests;
+}
+
 }  // namespace
 }  // namespace ckpt::testing

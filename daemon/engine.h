@@ -290,6 +290,8 @@ class Engine {
   }
   void QueueUploadLocked(const Job& job, const Shard& shard);
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
+  // Queues the write of a step's object manifest (no checks).
+  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
   [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
   [[nodiscard]] absl::Status UploadFromLocalFile(const std::string& key, uint64_t bytes,
                                                  const storage::ShardInfo& info);

@@ -98,11 +98,14 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   auto r = job.ranks.find(rank);
   if (r != job.ranks.end()) r->second.DropShard(sh->second.slot, sh->second.gen);
   bool was_durable = sh->second.phase == ShardPhase::kDurable && !sh->second.local_gone;
-  if (object_ != nullptr && delete_file && (step->second.object_manifest || sh->second.uploaded)) {
-    // One ordered task: the object manifest goes before the shard.
+  const bool delete_object = delete_file && sh->second.uploaded;
+  if (object_ != nullptr && (step->second.object_manifest || delete_object)) {
+    // One ordered task: the object manifest goes before the shard. The
+    // step is no longer whole, so its object manifest goes even when the
+    // shard's key is about to be written again (a re-save of the step).
     UploadTask del{UploadTask::kDelete, job.rec.job(), step_no};
     if (step->second.object_manifest) del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
-    if (sh->second.uploaded) del.keys.push_back(sh->second.rec.path());
+    if (delete_object) del.keys.push_back(sh->second.rec.path());
     step->second.object_manifest = false;
     uploader_->Push(std::move(del));
   }

@@ -178,36 +178,57 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
 }
 
 void Engine::WriteManifest(const PersistTask& task) {
-  storage::v1::NodeManifest m;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return;
-    auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end() || step->second.manifest) return;
-    bool durable = false;
-    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
+  const std::string key = NodeManifestKey(task.job, task.step);
+  // Built under the lock, written without it: a shard that changes
+  // meanwhile (a re-save, a drop) saw no manifest to delete, so the one
+  // written then is deleted here, and the step written again if whole.
+  for (;;) {
+    storage::v1::NodeManifest m;
+    std::vector<std::pair<uint32_t, uint64_t>> gens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto job = jobs_.find(task.job);
+      if (job == jobs_.end()) return;
+      auto step = job->second.steps.find(task.step);
+      if (step == job->second.steps.end() || step->second.manifest) return;
+      bool durable = false;
+      if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
+      m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
+      gens = ShardGenerations(step->second);
+    }
+    absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok()) {
+        LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
+        metrics_->Failure(metric::kManifestWrite);
+        metrics_->Retry(metric::kRetryManifest);
+        PersistTask retry = task;
+        retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
+        persister_->Push(std::move(retry));
+        return;
+      }
+      Job* job = nullptr;
+      Step* step = nullptr;
+      if (auto j = jobs_.find(task.job); j != jobs_.end()) {
+        job = &j->second;
+        if (auto st = job->steps.find(task.step); st != job->steps.end()) step = &st->second;
+      }
+      if (step != nullptr && ShardGenerations(*step) == gens) {
+        step->manifest = true;
+        metrics_->StepDurable(task.job, task.step);
+        ApplyRetentionLocked(*job);
+        cv_.notify_all();
+        return;
+      }
+    }
+    absl::Status d = backend_->Delete(key);
+    if (!d.ok()) {
+      // Left for the next write of the step's manifest to replace.
+      LogWarning(absl::StrCat("stale manifest ", key, ": ", d.message()));
+      return;
+    }
   }
-  absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!s.ok()) {
-    LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
-    metrics_->Failure(metric::kManifestWrite);
-    metrics_->Retry(metric::kRetryManifest);
-    PersistTask retry = task;
-    retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
-    persister_->Push(std::move(retry));
-    return;
-  }
-  auto job = jobs_.find(task.job);
-  if (job == jobs_.end()) return;
-  auto step = job->second.steps.find(task.step);
-  if (step == job->second.steps.end()) return;
-  step->second.manifest = true;
-  metrics_->StepDurable(task.job, task.step);
-  ApplyRetentionLocked(job->second);
-  cv_.notify_all();
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {

@@ -164,7 +164,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     if (object_->Stat(NodeManifestKey(name, n)).ok())
       step.object_manifest = true;
     else
-      uploader_->Push(UploadTask{UploadTask::kManifest, name, n});
+      QueueObjectManifestTaskLocked(name, n);
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
                        " in memory, ", requeued, " to persist, ", lost, " lost"));

@@ -232,6 +232,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   const std::string& data =
       o.shared_root.empty() || storage::IsObjectStoreUrl(o.shared_root) ? o.root : o.shared_root;
   o.storage.root = data;
+  // A shared root holds other nodes' writes in flight: only this node's
+  // temp files are its leftovers.
+  if (o.cluster) o.storage.tmp_tag = o.engine.node_id;
   o.storage.use_io_uring = !no_uring;
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;

@@ -132,7 +132,7 @@ class LocalBackend : public Backend {
     while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
     if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
     if (!options_.remove_tmp_files) return absl::OkStatus();
-    return internal::RemoveTmpFiles(options_.root);
+    return internal::RemoveTmpFiles(options_.root, options_.tmp_tag);
   }
 
   std::string name() const override { return options_.use_io_uring ? "io_uring" : "pwrite"; }
@@ -248,7 +248,7 @@ class LocalBackend : public Backend {
 absl::Status LocalWriter::Open() {
   const LocalBackendOptions& o = backend_->options();
   path_ = backend_->Path(key_);
-  tmp_path_ = absl::StrCat(path_, AV(internal::kTmpMarker), backend_->Nonce());
+  tmp_path_ = absl::StrCat(path_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
   CKPT_RETURN_IF_ERROR(internal::MakeParentDirs(o.root, key_, o.sync));
   CKPT_RETURN_IF_ERROR(
       OpenPair(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, o.direct_io, &direct_fd_, &buffered_fd_));

@@ -183,6 +183,29 @@ TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFiles) {
   EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
 }
 
+TEST_P(LocalBackendTest, TaggedBackendRemovesOnlyItsOwnLeftovers) {
+  LocalBackendOptions o;
+  o.root = dir_.path() + "/root";
+  o.use_io_uring = GetParam();
+  o.tmp_tag = "b";
+  auto b = NewLocalBackend(o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto in_flight = (*b)->NewObjectWriter("job/step-1/rank-1.b.shard", 4096);
+  ASSERT_TRUE(in_flight.ok());
+  const std::string dir = dir_.path() + "/root/job/step-1/";
+  std::ofstream(dir + "rank-0.a.shard.tmp.a.12-ab-0") << "a's leftover";
+  std::ofstream(dir + "rank-2.ab.shard.tmp.a.b.13-ab-0") << "node a.b's";
+  std::ofstream(dir + "MANIFEST.global.tmp.14-ab-0") << "untagged";
+  o.tmp_tag = "a";
+  ASSERT_TRUE(NewLocalBackend(o).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir + "rank-0.a.shard.tmp.a.12-ab-0"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "rank-2.ab.shard.tmp.a.b.13-ab-0"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "MANIFEST.global.tmp.14-ab-0"));
+  std::vector<char> data(4096, 'x');
+  ASSERT_TRUE((*in_flight)->WriteAt(0, data.data(), data.size()).ok());
+  EXPECT_TRUE((*in_flight)->Commit().ok()) << "node b's write in flight";
+}
+
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   auto b = Open();
   ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());

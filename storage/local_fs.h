@@ -14,8 +14,14 @@
 
 namespace ckpt::storage::internal {
 
-// The marker of temporary files: "<key>.tmp.<nonce>".
+// The marker of temporary files: "<key>.tmp.<nonce>", or with a writer's
+// tag "<key>.tmp.<tag>.<nonce>" (the nonce has no '.').
 inline constexpr std::string_view kTmpMarker = ".tmp.";
+
+// The temp file name suffix for `tag` and `nonce`.
+std::string TmpSuffix(std::string_view tag, std::string_view nonce);
+// Whether the file `name` is a temp file of `tag` (any temp file for "").
+bool IsTmpFileOf(std::string_view name, std::string_view tag);
 
 // A key is a relative path of non-empty components, none "." or "..", and
 // no component containing ".tmp.". A prefix may be empty or end in '/'.
@@ -33,8 +39,9 @@ absl::Status ValidatePrefix(std::string_view prefix);
 // root, skipping temporary files.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListFiles(
     const std::string& root, std::string_view dir_part);
-// Removes every "*.tmp.*" file under root.
-[[nodiscard]] absl::Status RemoveTmpFiles(const std::string& root);
+// Removes every temp file of `tag` under root (IsTmpFileOf).
+[[nodiscard]] absl::Status RemoveTmpFiles(const std::string& root,
+                                          std::string_view tag = "");
 // Removes the parent directories of key, deepest first, while they are empty.
 void RemoveEmptyParents(const std::string& root, std::string_view key);
 

@@ -141,8 +141,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   ao.world_size = job->rec.world_size();
   ao.slot_bytes = slot_bytes;
   ao.num_slots = job->rec.num_slots();
-  ao.owner_uid = job->rec.uid();
-  ao.owner_gid = job->rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
+  ao.user_uid = job->rec.uid();
   // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;

@@ -75,6 +75,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     expect.world_size = job.rec.world_size();
     expect.slot_bytes = slot_bytes;
     expect.num_slots = job.rec.num_slots();
+    expect.user_uid = job.rec.uid();
     auto arena = shm::Arena::Reattach(expect);
     if (!arena.ok()) {
       LogWarning(absl::StrCat("job ", name, " rank ", r, ": cannot re-attach arena: ",

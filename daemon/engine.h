@@ -88,6 +88,7 @@ struct ShardReport {
   uint64_t bytes = 0;
   uint64_t digest = 0;  // ShardDigest() of the tensors' checksums
   std::string key;      // storage key, when durable
+  uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
 };
 
 struct EngineOptions {
@@ -174,11 +175,16 @@ class Engine {
                       std::optional<uint64_t> keep_from);
   // Loads `rank`'s shard of `step` from storage `key` into the rank's arena
   // so that a restore finds it in memory (a coordinator's PREFETCH order).
-  // Creates the job, owned by the shard file's owner, when this node does
-  // not know it yet. Blocking; the key must be one of the rank's shard keys.
+  // Creates the job when this node does not know it yet, owned by
+  // `owner_uid`: the uid the job's trainers ran as on the nodes that
+  // reported its shards (the order carries it). Without one (an older
+  // coordinator) the shard file's owner, which is wrong on a root-squashed
+  // or object-store shared root. Blocking; the key must be one of the
+  // rank's shard keys.
   [[nodiscard]] absl::Status Prefetch(const std::string& job,
                                       uint32_t world_size, uint64_t step,
-                                      uint32_t rank, const std::string& key);
+                                      uint32_t rank, const std::string& key,
+                                      std::optional<uint32_t> owner_uid = std::nullopt);
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many

@@ -183,7 +183,8 @@ void NodeAgent::HeartbeatLoop() {
       if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
         prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
                                   o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
-                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
+                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()),
+                                  o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid()) : std::nullopt);
       } else {
         if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
         acked_.push_back(o.id());
@@ -194,14 +195,14 @@ void NodeAgent::HeartbeatLoop() {
 
 void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                             uint64_t step, std::vector<uint32_t> ranks,
-                            std::vector<std::string> keys) {
+                            std::vector<std::string> keys, std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i]);
+      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i], owner_uid);
     });
   for (auto& t : loaders) t.join();
   for (size_t i = 0; i < ranks.size(); ++i)
@@ -294,6 +295,7 @@ void NodeAgent::ReportLoop() {
       r->set_bytes(q.report.bytes);
       r->set_checksum_digest(q.report.digest);
       r->set_key(q.report.key);
+      r->set_owner_uid(q.report.owner_uid);
     }
     cv1::ReportShardsResponse resp;
     grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req, &resp, options_.rpc_timeout);

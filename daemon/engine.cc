@@ -349,7 +349,19 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     // The shard it held stays restorable from disk (if it is durable).
     for (auto& [n, step] : job->steps) {
       auto sh = step.shards.find(req.rank());
-      if (sh != step.shards.end() && sh->second.slot == slot) sh->second.slot = -1;
+      if (sh == step.shards.end() || sh->second.slot != slot) continue;
+      Shard& lost = sh->second;
+      lost.slot = -1;
+      if (lost.phase != ShardPhase::kStaged) continue;
+      // Its persist kept failing, and now its bytes are gone.
+      metrics_->Failure(metric::kPersistAbandoned);
+      lost.phase = ShardPhase::kFailed;
+      lost.rec.set_state(v1::ShardRecord::FAILED);
+      lost.rec.set_error(absl::StrCat("its slot went to step ", req.step(),
+                                      " while its persist kept failing: ", lost.rec.error()));
+      LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ", req.rank(), ": ",
+                              lost.rec.error()));
+      (void)catalog_->PutShard(lost.rec, /*sync=*/true);
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};

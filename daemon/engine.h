@@ -96,8 +96,16 @@ struct EngineOptions {
   uint32_t retain_steps = 3;         // durable steps kept per job
   uint32_t default_num_slots = 2;
   std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
+  // A failed persist is retried, the delay doubling from
+  // persist_retry_delay up to persist_retry_max_delay, for as long as the
+  // shard's bytes are in memory: a storage hiccup must not lose a step
+  // (only DataLoss, a slot changed after its commit, is final). After
+  // max_persist_attempts failures a WaitDurable that times out says why,
+  // and a newer save may take the shard's slot rather than wait for the
+  // disk; the shard then fails for good.
   uint32_t max_persist_attempts = 3;
   std::chrono::milliseconds persist_retry_delay = std::chrono::milliseconds(200);
+  std::chrono::milliseconds persist_retry_max_delay = std::chrono::seconds(30);
   uint64_t max_slot_bytes = 1ull << 40;
   uint32_t max_world_size = 1u << 20;
   // Cluster mode when non-empty: this node's id. The storage root is then

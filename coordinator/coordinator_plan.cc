@@ -180,6 +180,7 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
     if (step) {
       v1::Order prefetch = base;
       prefetch.set_kind(v1::PREFETCH);
+      if (job.rec.has_owner_uid()) prefetch.set_owner_uid(job.rec.owner_uid());
       for (uint32_t r : ranks) {
         if (InHostMemoryLocked(job, *step, r)) continue;
         std::string key;

@@ -63,6 +63,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   shard.rec.set_state(v1::ShardRecord::STAGED);
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
+  shard.rec.set_created_unix_ns(info.created_unix_ns);
   *shard.rec.mutable_tensors() = req.tensors();
   shard.phase = ShardPhase::kStaged;
   shard.gen = next_gen_++;

@@ -142,21 +142,27 @@ void Engine::PersistShard(const PersistTask& task) {
   shard->rec.set_error(std::string(s.message()));
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
   metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
-  if (corrupt || shard->attempts >= options_.max_persist_attempts) {
+  if (corrupt) {
     metrics_->Failure(metric::kPersistAbandoned);
     shard->phase = ShardPhase::kFailed;
     shard->rec.set_state(v1::ShardRecord::FAILED);
     rank.FailPersist(shard->slot);
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
-  } else {
-    metrics_->Retry(metric::kRetryPersist);
-    shard->phase = ShardPhase::kStaged;
-    PersistTask retry = task;
-    retry.not_before = std::chrono::steady_clock::now() +
-                       options_.persist_retry_delay * (1u << (shard->attempts - 1));
-    persister_->Push(std::move(retry));
-    rank.SetState(shard->slot, shm::SlotState::kStaged);
+    return;
   }
+  // The bytes are still in the slot: retry for as long as they are.
+  metrics_->Retry(metric::kRetryPersist);
+  shard->phase = ShardPhase::kStaged;
+  if (shard->attempts >= options_.max_persist_attempts)
+    rank.FailPersist(shard->slot);  // a newer save may take the slot now
+  else
+    rank.SetState(shard->slot, shm::SlotState::kStaged);
+  PersistTask retry = task;
+  retry.not_before =
+      std::chrono::steady_clock::now() +
+      std::min(options_.persist_retry_delay * (1u << std::min(shard->attempts - 1, 16u)),
+               std::max(options_.persist_retry_max_delay, options_.persist_retry_delay));
+  persister_->Push(std::move(retry));
 }
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {

@@ -256,9 +256,17 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableReq
     if (shard.phase == ShardPhase::kFailed)
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
+      if (now != nullptr && now->phase == ShardPhase::kStaged &&
+          now->attempts >= options_.max_persist_attempts)
+        return absl::UnavailableError(absl::StrCat(
+            "persist of step ", req.step(), " rank ", req.rank(), " keeps failing (",
+            now->attempts, " attempts; retried while its bytes are in memory): ",
+            now->rec.error()));
       return absl::DeadlineExceededError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
                                                       " not durable within the timeout"));
+    }
   }
 }
 

@@ -24,6 +24,7 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
   out->set_bytes(report.bytes);
   out->set_checksum_digest(report.digest);
   out->set_staged_digest(report.staged_digest);
+  out->set_owner_uid(report.owner_uid);
   out->set_key(report.key);
 }
 
@@ -214,7 +215,8 @@ void NodeAgent::HeartbeatLoop() {
       if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
         prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
                                   o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
-                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
+                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()),
+                                  o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid()) : std::nullopt);
       } else {
         if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
         taken->second = true;
@@ -226,14 +228,14 @@ void NodeAgent::HeartbeatLoop() {
 
 void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                             uint64_t step, std::vector<uint32_t> ranks,
-                            std::vector<std::string> keys) {
+                            std::vector<std::string> keys, std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i]);
+      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i], owner_uid);
     });
   for (auto& t : loaders) t.join();
   for (size_t i = 0; i < ranks.size(); ++i)

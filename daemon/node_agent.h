@@ -105,7 +105,8 @@ class NodeAgent {
   // Under mu_: a new incarnation seen; re-queues the soft state.
   void NoteIncarnationLocked(uint64_t incarnation);
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
-                   std::vector<uint32_t> ranks, std::vector<std::string> keys);
+                   std::vector<uint32_t> ranks, std::vector<std::string> keys,
+                   std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
 
   const NodeAgentOptions options_;

@@ -254,6 +254,10 @@ class Engine {
   // Removes lease `id` and undoes what it held on its slot (an unfinished
   // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);
+  // The fallback ladder: a client found `shard`'s copy (the stored one, or
+  // the one in memory) failing verification. Drops the slot's image; with
+  // no good copy left the shard fails (Latest falls back a step).
+  void MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void ApplyRetentionLocked(Job& job);

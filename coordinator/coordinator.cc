@@ -227,6 +227,15 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     return job.status();
   }
   v1::ReportTrainerExitResponse resp;
+  if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
+    // Its generation was already replaced by a plan: this exit is a retry
+    // whose first answer was lost (a slow commit, a failover), or a trainer
+    // being stopped for the new generation. Planning again would restart
+    // every rank once more.
+    resp.set_generation((*job)->rec.generation());
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return resp;
+  }
   std::string how = req.term_signal() != 0 ? absl::StrCat("killed by signal ", req.term_signal())
                                            : absl::StrCat("exited with code ", req.exit_code());
   if (req.exit_code() == 0 && req.term_signal() == 0) {

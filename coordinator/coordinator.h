@@ -125,6 +125,9 @@ class Coordinator {
   // otherwise one result per report.
   [[nodiscard]] absl::StatusOr<v1::ReportShardsResponse> ReportShards(
       const v1::ReportShardsRequest& req);
+  // A non-zero exit (or a signal) makes a plan, unless req.generation is
+  // older than the job's: that generation was planned for already (a
+  // retry whose first answer was lost), so nothing changes.
   [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
   // Restart the whole job at `step`, which must have a readable global

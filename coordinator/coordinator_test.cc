@@ -309,5 +309,36 @@ TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
   EXPECT_EQ(Job().last_good_step(), 10u);
 }
 
+// Issue 17 (HA): ckptrun's exit report timed out on a loaded machine, the
+// leader had made the plan, and the retry (to the new leader) made a second
+// one. An exit of a generation already replaced plans nothing.
+TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n2");
+  exit.set_epoch(e2_);
+  exit.set_job("job");
+  exit.set_rank(3);
+  exit.set_term_signal(9);
+  exit.set_generation(0);
+  auto first = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->failure());
+  EXPECT_EQ(first->generation(), 1u);
+  auto retried = coord_->ReportTrainerExit(exit);  // its first answer was lost
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(retried->failure());
+  EXPECT_EQ(retried->generation(), 1u);
+  EXPECT_EQ(Job().generation(), 1u);
+  int plans = 0;
+  const v1::EventsResponse events = coord_->Events({});
+  for (const auto& e : events.events()) plans += e.kind() == v1::PLAN_MADE;
+  EXPECT_EQ(plans, 1);
+  exit.set_generation(1);  // the new generation's trainer dies: a new plan
+  auto again = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->failure());
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -125,6 +125,9 @@ class Coordinator {
   // otherwise one result per report.
   [[nodiscard]] absl::StatusOr<v1::ReportShardsResponse> ReportShards(
       const v1::ReportShardsRequest& req);
+  // A non-zero exit (or a signal) makes a plan, unless req.generation is
+  // older than the job's: that generation was planned for already (a
+  // retry whose first answer was lost), so nothing changes.
   [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
   // Restart the whole job at `step`, which must have a readable global
@@ -225,6 +228,12 @@ class Coordinator {
   [[nodiscard]] absl::Status CommitSteps(Lock& lock, Batch* batch,
                                          std::vector<PendingCommit> steps,
                                          std::set<std::pair<std::string, uint64_t>>* done);
+  void RememberManifestLocked(const storage::v1::GlobalManifest& m);
+  // Null when not kept (see manifests_).
+  const storage::v1::GlobalManifest* KnownManifestLocked(const std::string& job,
+                                                         uint64_t step) const;
+  // Why `req` cannot roll back now (the job, the step, the plan), or OK.
+  [[nodiscard]] absl::Status CheckRollbackLocked(const v1::RollbackRequest& req) const;
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
@@ -260,6 +269,12 @@ class Coordinator {
   std::atomic<uint64_t> incarnation_;
 
   std::mutex mu_;  // the state; held for memory work only, never for I/O
+  // Per job, the manifests of its last good step and the one before (read
+  // at Open, written by a commit, read by Rollback): what a plan restoring
+  // the last good step from its manifest uses, so that no plan reads the
+  // shared root under mu_. Kept across ReloadLocked (a failed write may
+  // move last good back one step).
+  std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>> manifests_;
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, v1::Order> orders_;  // pending, by id

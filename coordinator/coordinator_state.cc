@@ -184,7 +184,10 @@ absl::Status Coordinator::VerifyManifestsLocked() {
     while (job.rec.has_last_good()) {
       uint64_t step = job.rec.last_good_step();
       absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, step);
-      if (m.ok()) break;
+      if (m.ok()) {
+        RememberManifestLocked(*m);
+        break;
+      }
       CKPT_RETURN_IF_ERROR(ManifestInvalidLocked(name, step, m.status()));
       LogLocked(&batch, v1::MANIFEST_INVALID, name, "",
                 absl::StrCat("step ", step, ": ", m.status().message()));
@@ -314,6 +317,20 @@ std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
     if (by->second.empty()) orders_by_node_.erase(by);
   }
   return orders_.erase(it);
+}
+
+void Coordinator::RememberManifestLocked(const storage::v1::GlobalManifest& m) {
+  auto& kept = manifests_[m.job()];
+  kept[m.step()] = m;
+  while (kept.size() > 2) kept.erase(kept.begin());
+}
+
+const storage::v1::GlobalManifest* Coordinator::KnownManifestLocked(const std::string& job,
+                                                                    uint64_t step) const {
+  auto j = manifests_.find(job);
+  if (j == manifests_.end()) return nullptr;
+  auto m = j->second.find(step);
+  return m == j->second.end() ? nullptr : &m->second;
 }
 
 void Coordinator::LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,

@@ -351,5 +351,64 @@ TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
   EXPECT_EQ(Job().last_good_step(), 10u);
 }
 
+// Issue 17 (HA): ckptrun's exit report timed out on a loaded machine, the
+// leader had made the plan, and the retry (to the new leader) made a second
+// one. An exit of a generation already replaced plans nothing.
+TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n2");
+  exit.set_epoch(e2_);
+  exit.set_job("job");
+  exit.set_rank(3);
+  exit.set_term_signal(9);
+  exit.set_generation(0);
+  auto first = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->failure());
+  EXPECT_EQ(first->generation(), 1u);
+  auto retried = coord_->ReportTrainerExit(exit);  // its first answer was lost
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(retried->failure());
+  EXPECT_EQ(retried->generation(), 1u);
+  EXPECT_EQ(Job().generation(), 1u);
+  int plans = 0;
+  const v1::EventsResponse events = coord_->Events({});
+  for (const auto& e : events.events()) plans += e.kind() == v1::PLAN_MADE;
+  EXPECT_EQ(plans, 1);
+  exit.set_generation(1);  // the new generation's trainer dies: a new plan
+  auto again = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->failure());
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+// Finding 19: a plan restoring the last good step from its manifest (no
+// shard records after a restart) must not read the shared root under the
+// state mutex: the coordinator keeps the last good manifest it read or
+// wrote. Shown with the shared root gone by the time of the plan: the
+// spare's PREFETCH still names every shard.
+TEST_F(TwoNodeTest, PlanFromTheLastGoodManifestReadsNothingFromTheSharedRoot) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  Reopen();  // the shard records (soft state) are gone; the manifest is read here
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");  // a hung or lost mount from now on
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  now_ms_ += 2000;  // n2 silent: dead, its ranks go to the spare
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().restore_step(), 10u);
+  auto spare = Heartbeat("s1", es_);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  ASSERT_GE(spare->orders_size(), 1);
+  ASSERT_EQ(spare->orders(0).kind(), v1::PREFETCH);
+  ASSERT_EQ(spare->orders(0).shard_keys_size(), 2);
+  EXPECT_EQ(spare->orders(0).shard_keys(0), "job/step-10/rank-2");
+  EXPECT_EQ(spare->orders(0).shard_keys(1), "job/step-10/rank-3");
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+  std::filesystem::rename(job_dir + ".x", job_dir);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
         object, engine->options_.upload_threads, [e = engine.get()](const UploadTask& task) {
           return task.kind == UploadTask::kShard ? e->UploadShard(task)
                                                  : e->WriteObjectManifest(task);
-        });
+        },
+        catalog);
   }
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
@@ -42,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
           e->PersistShard(task);
         else
           e->WriteManifest(task);
-      });
+      },
+      catalog);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->persister_->Start();
   engine->metrics_->SetSnapshotSource([e = engine.get()] { return e->Snapshot(); });

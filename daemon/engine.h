@@ -323,6 +323,13 @@ class Engine {
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
   void QueueObjectDeleteLocked(Job& job, uint64_t step);
+  // Deletes owed to storage (engine_deletes.cc): recorded in the catalog
+  // before they are queued, so that a daemon that dies first finishes them
+  // after its restart (RecoverDeletes queues them before anything else).
+  void QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::string key,
+                              bool prefix);
+  void QueueObjectDeleteTaskLocked(UploadTask del);
+  [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes mu_.
   MetricsSnapshot Snapshot();

@@ -108,23 +108,25 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
     if (step->second.object_manifest) del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
     if (delete_object) del.keys.push_back(sh->second.rec.path());
     step->second.object_manifest = false;
-    uploader_->Push(std::move(del));
+    QueueObjectDeleteTaskLocked(std::move(del));
   }
   step->second.shards.erase(sh);
   absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, NodeManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
-    persister_->QueueDelete(NodeShardKey(job.rec.job(), step_no, rank), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, NodeShardKey(job.rec.job(), step_no, rank),
+                           false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
     // A shared root holds other nodes' files under the same prefix.
     if (delete_file && options_.node_id.empty())
-      persister_->QueueDelete(storage::StepPrefix(job.rec.job(), step_no), true);
+      QueueLocalDeleteLocked(job.rec.job(), step_no, storage::StepPrefix(job.rec.job(), step_no),
+                             true);
   }
   cv_.notify_all();
 }

@@ -110,7 +110,7 @@ void Engine::PersistShard(const PersistTask& task) {
             rank.Free(i);
           }
     }
-    if (s.ok() && !current) persister_->QueueDelete(key, false);
+    if (s.ok() && !current) QueueLocalDeleteLocked(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }

@@ -65,6 +65,7 @@ absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
 }  // namespace
 
 absl::Status Engine::Recover() {
+  CKPT_RETURN_IF_ERROR(RecoverDeletes());  // before any write of those keys
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, catalog_->Jobs());
   for (v1::JobRecord& rec : jobs) {
     CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards, catalog_->Shards(rec.job()));

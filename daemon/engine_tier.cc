@@ -150,7 +150,7 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
   if (shard == nullptr || shard->gen != task.gen) {
     // Deleted or replaced while we uploaded: the object must not outlive it.
     if (shard == nullptr)
-      uploader_->Push(
+      QueueObjectDeleteTaskLocked(
           UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
     return absl::OkStatus();
   }
@@ -268,7 +268,7 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
   del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
   for (const auto& [r, shard] : step->second.shards)
     if (shard.uploaded) del.keys.push_back(shard.rec.path());
-  uploader_->Push(std::move(del));
+  QueueObjectDeleteTaskLocked(std::move(del));
   step->second.object_manifest = false;
   for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
 }
@@ -276,12 +276,13 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
 void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
   Step& step = job.steps[step_no];
   if (step.manifest) {
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no,
+                           NodeManifestKey(job.rec.job(), step_no), false);
     step.manifest = false;
   }
   for (auto& [r, shard] : step.shards) {
     if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
-    persister_->QueueDelete(shard.rec.path(), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, shard.rec.path(), false);
     shard.local_gone = true;
     shard.rec.set_local_gone(true);
     absl::Status c = catalog_->PutShard(shard.rec, /*sync=*/false);

@@ -17,8 +17,12 @@ constexpr auto kMaxRetry = std::chrono::seconds(30);
 
 }  // namespace
 
-Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run)
-    : object_(object), threads_(std::max(1u, threads)), run_(std::move(run)) {}
+Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run,
+                   Catalog* intents)
+    : object_(object),
+      threads_(std::max(1u, threads)),
+      run_(std::move(run)),
+      intents_(intents) {}
 
 Uploader::~Uploader() { Stop(); }
 
@@ -150,6 +154,10 @@ void Uploader::Loop() {
     lock.unlock();
     absl::Status s =
         task.kind == UploadTask::kDelete ? RunDelete(task) : run_(task);
+    if (s.ok() && task.intent != 0 && intents_ != nullptr) {
+      absl::Status f = intents_->ForgetDeleteIntent(task.intent);
+      if (!f.ok()) LogWarning(std::string(f.message()));  // redone at start
+    }
     lock.lock();
     for (const std::string& k : keys) running_keys_.erase(running_keys_.find(k));
     --busy_;

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/catalog.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -58,6 +59,7 @@ struct UploadTask {
   std::chrono::steady_clock::time_point not_before{};
   uint32_t attempts = 0;
   uint64_t seq = 0;  // set by Push: the task's place in the queue
+  uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
 };
 
 // What Status and metrics show of the object tier.
@@ -77,8 +79,10 @@ class Uploader {
   // Runs a kShard or kManifest task; an error re-queues it.
   using RunFn = std::function<absl::Status(const UploadTask&)>;
 
-  // object must outlive the uploader.
-  Uploader(storage::Backend* object, unsigned threads, RunFn run);
+  // object (and intents, where a done delete's intent is forgotten, if
+  // given) must outlive the uploader.
+  Uploader(storage::Backend* object, unsigned threads, RunFn run,
+           Catalog* intents = nullptr);
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
   ~Uploader();  // Stop()
@@ -107,6 +111,7 @@ class Uploader {
   storage::Backend* const object_;
   const unsigned threads_;
   const RunFn run_;
+  Catalog* const intents_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<UploadTask> tasks_;  // by seq

@@ -34,10 +34,11 @@ absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 absl::Status OpenPair(const std::string& path, int flags, bool want_direct, int* direct,
                       int* buffered) {
   *direct = -1;
-  *buffered = open(path.c_str(), flags | O_CLOEXEC, 0600);
+  // O_NOFOLLOW: a symlink a user planted at a key is not followed.
+  *buffered = open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   if (!want_direct) return absl::OkStatus();
-  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC);
+  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
   if (*direct < 0 && errno != EINVAL) {
     int err = errno;
     close(*buffered);

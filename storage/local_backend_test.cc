@@ -206,6 +206,25 @@ TEST_P(LocalBackendTest, TaggedBackendRemovesOnlyItsOwnLeftovers) {
   EXPECT_TRUE((*in_flight)->Commit().ok()) << "node b's write in flight";
 }
 
+// A root users can write to (a team's shared directory): a symlink they
+// plant inside it must not redirect the daemon's writes or reads.
+TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
+  auto b = Open();
+  const std::string victim = dir_.path() + "/victim";
+  std::filesystem::create_directories(victim);
+  std::ofstream(victim + "/secret") << "not yours";
+  std::filesystem::create_directories(dir_.path() + "/root/job");
+  std::filesystem::create_directory_symlink(victim, dir_.path() + "/root/job/step-1");
+  auto w = b->NewObjectWriter("job/step-1/rank-0.shard", 4096);
+  EXPECT_FALSE(w.ok()) << "wrote through a symlinked directory";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(victim),
+                          std::filesystem::directory_iterator()),
+            1);
+  std::filesystem::create_symlink(victim + "/secret", dir_.path() + "/root/job/leak");
+  auto r = b->NewObjectReader("job/leak");
+  EXPECT_FALSE(r.ok()) << "read through a symlink";
+}
+
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   auto b = Open();
   ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());

@@ -77,6 +77,14 @@ absl::Status MakeParentDirs(const std::string& root, std::string_view key, bool 
       if (sync) CKPT_RETURN_IF_ERROR(SyncDir(parent));
     } else if (errno != EEXIST) {
       return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+    } else {
+      // One that exists may have been made by a user who can write to the
+      // root (a shared directory): never write through a symlink.
+      struct stat st;
+      if (lstat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("lstat ", dir));
+      if (!S_ISDIR(st.st_mode))
+        return absl::FailedPreconditionError(
+            absl::StrCat(dir, ": not a directory (a symlink?); refusing to write through it"));
     }
     start = slash + 1;
   }

@@ -32,7 +32,8 @@ absl::Status ValidatePrefix(std::string_view prefix);
 // Opens dir and fsyncs it.
 [[nodiscard]] absl::Status SyncDir(const std::string& dir);
 // Creates every missing directory of path's parent below root; each
-// directory created is made durable by an fsync of its parent.
+// directory created is made durable by an fsync of its parent. One that
+// exists but is not a directory (a symlink) is FailedPrecondition.
 [[nodiscard]] absl::Status MakeParentDirs(const std::string& root,
                                           std::string_view key, bool sync);
 // Regular files under root/dir_part (recursively), as keys relative to

@@ -160,5 +160,37 @@ TEST_F(ObjectTierFaultTest, TruncatedShardFileFailsItsUploadNotTheDaemon) {
   EXPECT_TRUE(Alive());
 }
 
+// Retention drops step 1 from the object tier while the store refuses
+// deletes, and the daemon is then SIGKILLed: the deletes were promised
+// (the step is gone from the catalog), so the restarted daemon must carry
+// them out; else step 1's manifest and shard stay in the store for ever.
+TEST_F(ObjectTierFaultTest, DeletesQueuedBeforeACrashAreDoneAfterRestart) {
+  Start({"--retain-object", "1"});
+  const std::string manifest1 = storage::ManifestKey("gone", 1);
+  const std::string shard1 = storage::ShardKey("gone", 1, 0);
+  auto client = Connect("gone");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+  ASSERT_TRUE(Within60s([&] { return InStore(manifest1); }));
+  const long kRefusals = 100000;
+  ASSERT_TRUE(proxy_->Fault("kind=status&status=503&code=SlowDown&count=" +
+                            std::to_string(kRefusals) + "&match=DELETE"));
+  ASSERT_TRUE(client->Save(2, state_.tensors).ok());
+  ASSERT_TRUE(Within60s([&] {
+    return InStore(storage::ManifestKey("gone", 2)) &&
+           proxy_->Stat("faults_left") < kRefusals;
+  })) << "retention never tried to delete step 1";
+  client.reset();
+  daemon_->Kill(SIGKILL);
+  daemon_->Wait();
+  EXPECT_TRUE(InStore(manifest1));  // the store refused its delete
+  proxy_->Reset();
+  Start({"--retain-object", "1"});
+  EXPECT_TRUE(Within60s([&] { return !InStore(manifest1); }))
+      << manifest1 << " stays visible after the daemon deleted the step";
+  EXPECT_TRUE(Within60s([&] { return !InStore(shard1); }));
+  EXPECT_TRUE(InStore(storage::ManifestKey("gone", 2)));
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -114,7 +114,12 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<std::shared_ptr<client::MappedArena>>
   ArenaLocked(const std::string& name, uint64_t arena_bytes,
               uint64_t slots_offset);
-  // Restores from the arena slot the daemon leased; closes the lease.
+  // One OpenRestore and the copy it names; a copy failing verification is
+  // reported bad (DataLoss returned).
+  [[nodiscard]] absl::Status RestoreOneCopy(int64_t step,
+                                            std::span<const Tensor> tensors);
+  // Restores from the arena slot the daemon leased; closes the lease (and
+  // reports the copy bad when it fails verification).
   [[nodiscard]] absl::Status RestoreFromSlot(
       const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors);
   [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,

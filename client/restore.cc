@@ -49,6 +49,20 @@ absl::Status Client::Impl::Restore(int64_t step,
   CKPT_RETURN_IF_ERROR(
       client::ValidateTensorsAndDevices(tensors, *devices_, &bytes));
 
+  // The fallback ladder: a copy that fails verification (DataLoss) is
+  // reported bad, and the daemon serves the next one (memory, then the
+  // file); the first error stands once none is left.
+  absl::Status first;
+  for (int copy = 0; copy < 3; ++copy) {
+    absl::Status s = RestoreOneCopy(step, tensors);
+    if (s.code() != absl::StatusCode::kDataLoss) return copy == 0 || s.ok() ? s : first;
+    if (copy == 0) first = s;
+  }
+  return first;
+}
+
+absl::Status Client::Impl::RestoreOneCopy(int64_t step,
+                                          std::span<const Tensor> tensors) {
   // The daemon decides the source: FILE (no lease) only when this process
   // can read the shard file itself, else a slot it loaded the shard into.
   v1::OpenRestoreRequest open;
@@ -63,6 +77,14 @@ absl::Status Client::Impl::Restore(int64_t step,
     if (s.ok())
       s = file_restorer_->Restore(resp.path(), resp.image_bytes(), tensors,
                                   metas);
+    if (s.code() == absl::StatusCode::kDataLoss) {
+      v1::CloseRestoreRequest bad;
+      bad.set_job(options_.job);
+      bad.set_rank(static_cast<uint32_t>(options_.rank));
+      bad.set_step(static_cast<uint64_t>(step));
+      bad.set_bad_copy(std::string(s.message().substr(0, 1024)));
+      (void)stub_->CloseRestore(bad);
+    }
     return Annotate(s, absl::StrCat("restore of step ", step));
   }
   return Annotate(RestoreFromSlot(resp, tensors),
@@ -95,6 +117,8 @@ absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
   close.set_job(options_.job);
   close.set_rank(static_cast<uint32_t>(options_.rank));
   close.set_lease(resp.lease());
+  if (s.code() == absl::StatusCode::kDataLoss)
+    close.set_bad_copy(std::string(s.message().substr(0, 1024)));
   absl::Status closed = stub_->CloseRestore(close).status();
   if (s.ok()) s = closed;
   return s;

@@ -72,7 +72,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   v1::RegisterNodeResponse resp;
   resp.set_epoch(node.rec.epoch());
   resp.set_heartbeat_timeout_ms(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
@@ -127,7 +127,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
   }
   v1::HeartbeatResponse resp;
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   auto mine = orders_by_node_.find(req.node_id());
   if (mine != orders_by_node_.end()) {
     for (uint64_t id : mine->second) {
@@ -227,6 +227,15 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     return job.status();
   }
   v1::ReportTrainerExitResponse resp;
+  if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
+    // Its generation was already replaced by a plan: this exit is a retry
+    // whose first answer was lost (a slow commit, a failover), or a trainer
+    // being stopped for the new generation. Planning again would restart
+    // every rank once more.
+    resp.set_generation((*job)->rec.generation());
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return resp;
+  }
   std::string how = req.term_signal() != 0 ? absl::StrCat("killed by signal ", req.term_signal())
                                            : absl::StrCat("exited with code ", req.exit_code());
   if (req.exit_code() == 0 && req.term_signal() == 0) {
@@ -243,31 +252,50 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
   return resp;
 }
 
+absl::Status Coordinator::CheckRollbackLocked(const v1::RollbackRequest& req) const {
+  auto it = jobs_.find(req.job());
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job: \"", req.job(), "\" is not registered"));
+  const v1::JobRecord& rec = it->second.rec;
+  if (std::find(rec.manifest_steps().begin(), rec.manifest_steps().end(), req.step()) == rec.manifest_steps().end())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", req.step(), " of job ", req.job(), " is not durable on every rank (last good: ",
+        rec.has_last_good() ? absl::StrCat(rec.last_good_step()) : "none", ")"));
+  if (rec.plan_state() == v1::PLAN_WAITING_FOR_NODE)
+    return absl::FailedPreconditionError(absl::StrCat("job: ", req.job(), " has ranks without a host"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
+  DetectTimeoutsLocked(owned.get());
+  absl::Status s = CheckRollbackLocked(req);
+  if (!s.ok()) {
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return s;
+  }
+  // The manifest is read without the state mutex (an s3:// shared root may
+  // retry for a minute); what the timeouts changed keeps its place in line.
+  EnqueueLocked(std::move(owned));
+  lock.unlock();
+  absl::StatusOr<storage::v1::GlobalManifest> manifest =
+      storage::ReadGlobalManifest(*shared_, req.job(), req.step());
+  lock.lock();
+  owned = std::make_unique<Batch>();
   Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
-  auto it = jobs_.find(req.job());
-  absl::Status s;
-  if (it == jobs_.end()) {
-    s = absl::NotFoundError(absl::StrCat("job: \"", req.job(), "\" is not registered"));
-  } else if (std::find(it->second.rec.manifest_steps().begin(), it->second.rec.manifest_steps().end(),
-                       req.step()) == it->second.rec.manifest_steps().end()) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "step: ", req.step(), " of job ", req.job(), " is not durable on every rank (last good: ",
-        it->second.rec.has_last_good() ? absl::StrCat(it->second.rec.last_good_step()) : "none", ")"));
-  } else if (it->second.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE) {
-    s = absl::FailedPreconditionError(absl::StrCat("job: ", req.job(), " has ranks without a host"));
+  s = CheckRollbackLocked(req);  // the state may have moved meanwhile
+  if (s.ok() && !manifest.ok()) {
+    LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
+    s = manifest.status();
   }
-  absl::StatusOr<storage::v1::GlobalManifest> manifest =
-      s.ok() ? storage::ReadGlobalManifest(*shared_, req.job(), req.step()) : absl::StatusOr<storage::v1::GlobalManifest>(s);
-  if (!manifest.ok()) {
-    if (s.ok()) LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
+  if (!s.ok()) {
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return manifest.status();
+    return s;
   }
+  RememberManifestLocked(*manifest);
+  auto it = jobs_.find(req.job());
   JobState& job = it->second;
   LogLocked(&batch, v1::ROLLBACK, req.job(), "", absl::StrCat("to step ", req.step()));
   job.rec.set_generation(job.rec.generation() + 1);

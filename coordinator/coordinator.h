@@ -31,7 +31,8 @@
 //   into one batch per call; batches are made durable by group commit (one
 //   writer thread, one synced write for every batch waiting). A call
 //   returns after its batch, and every batch before it, is durable. If a
-//   write fails the in-memory state is reloaded from the store.
+//   write fails the in-memory state is reloaded from the store, under a
+//   new incarnation (the per-rank reports are gone with it).
 // - Soft state: per-rank shard reports (staged / durable) are kept in
 //   memory only. A restarted coordinator has a new incarnation(); nodes
 //   that see it send their reports of uncommitted steps again. Only the
@@ -85,6 +86,9 @@ struct CoordinatorOptions {
   std::string shared_root;  // global manifests go here (a directory or s3://)
   storage::ObjectStoreConfig object_config;  // an s3:// shared root's object_* keys
   std::chrono::milliseconds heartbeat_timeout{3000};
+  // How long Open waits for a shared root whose manifests it cannot read
+  // (see Open); 0: it fails at once.
+  std::chrono::milliseconds shared_root_wait{30000};
   size_t max_events = 4096;  // older events are dropped from memory and disk
   // Milliseconds on a monotonic clock; tests pass a fake one.
   std::function<int64_t()> now_ms;
@@ -95,9 +99,14 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // Opens (or creates) the state, and reads back each job's last good
-  // manifest: one that is missing or does not parse is dropped (event
-  // MANIFEST_INVALID) and last good falls back to the previous manifest.
-  // Every alive node gets a fresh heartbeat timeout from now.
+  // manifest: one that does not parse or check, or is missing while the
+  // job's other keys are there, is dropped (event MANIFEST_INVALID) and
+  // last good falls back to the previous manifest. A manifest that cannot
+  // be read (a shared root not mounted yet: none of the job's keys there;
+  // UNAVAILABLE, PERMISSION_DENIED, EIO) proves nothing: Open retries for
+  // shared_root_wait, then fails UNAVAILABLE naming the path, having
+  // changed nothing. Every alive node gets a fresh heartbeat timeout from
+  // now, and again from StartServing.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       CoordinatorOptions options);
   // The same with the state on `kv` (etcd: etcd/etcd_kv.h); state_dir is
@@ -116,6 +125,9 @@ class Coordinator {
   // otherwise one result per report.
   [[nodiscard]] absl::StatusOr<v1::ReportShardsResponse> ReportShards(
       const v1::ReportShardsRequest& req);
+  // A non-zero exit (or a signal) makes a plan, unless req.generation is
+  // older than the job's: that generation was planned for already (a
+  // retry whose first answer was lost), so nothing changes.
   [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
   // Restart the whole job at `step`, which must have a readable global
@@ -127,13 +139,19 @@ class Coordinator {
 
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
   [[nodiscard]] absl::Status Tick();
+  // The server starts serving this coordinator now (CoordinatorServer::
+  // Start, or Promote on a new HA leader): every alive node gets a full
+  // heartbeat timeout from now. Loading the state (a new leader reads it
+  // from etcd after winning the election) may take a while, during which
+  // no one could answer the nodes: none is judged on that time.
+  void StartServing();
 
   // What a launcher of `job` on `node_id` needs (see WatchJob).
   v1::JobView View(const std::string& job, const std::string& node_id);
   // Counts durable changes; WaitForChange returns the count once it is
   // above `seen`, or at `deadline`.
   uint64_t WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline);
-  uint64_t incarnation() const { return incarnation_; }
+  uint64_t incarnation() const { return incarnation_.load(); }
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -174,7 +192,15 @@ class Coordinator {
 
   // coordinator_state.cc: loading, committing, events, shared helpers.
   [[nodiscard]] absl::Status ReloadLocked();
-  absl::Status VerifyManifestsLocked();
+  // Drops the last good steps whose manifest is invalid (events
+  // MANIFEST_INVALID) and commits that; UNAVAILABLE, changing nothing
+  // durable, when a manifest cannot be read (ManifestInvalidLocked).
+  [[nodiscard]] absl::Status VerifyManifestsLocked();
+  // OK when `read`, the failed read of a manifest, proves it invalid: the
+  // manifest is corrupt (DATA_LOSS), or missing while other keys of its job
+  // are there. Else UNAVAILABLE naming the shared root and the manifest.
+  [[nodiscard]] absl::Status ManifestInvalidLocked(const std::string& job, uint64_t step,
+                                                   const absl::Status& read);
   // Enqueues the batch (if not empty), releases the lock, and waits until
   // every batch enqueued so far is durable.
   [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch);
@@ -202,6 +228,12 @@ class Coordinator {
   [[nodiscard]] absl::Status CommitSteps(Lock& lock, Batch* batch,
                                          std::vector<PendingCommit> steps,
                                          std::set<std::pair<std::string, uint64_t>>* done);
+  void RememberManifestLocked(const storage::v1::GlobalManifest& m);
+  // Null when not kept (see manifests_).
+  const storage::v1::GlobalManifest* KnownManifestLocked(const std::string& job,
+                                                         uint64_t step) const;
+  // Why `req` cannot roll back now (the job, the step, the plan), or OK.
+  [[nodiscard]] absl::Status CheckRollbackLocked(const v1::RollbackRequest& req) const;
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
@@ -232,9 +264,17 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;
   const std::unique_ptr<storage::Backend> shared_;
-  const uint64_t incarnation_;
+  // Changes when the soft state is lost: at Open, and when a failed write
+  // makes the state go back to the store (nodes then send it again).
+  std::atomic<uint64_t> incarnation_;
 
   std::mutex mu_;  // the state; held for memory work only, never for I/O
+  // Per job, the manifests of its last good step and the one before (read
+  // at Open, written by a commit, read by Rollback): what a plan restoring
+  // the last good step from its manifest uses, so that no plan reads the
+  // shared root under mu_. Kept across ReloadLocked (a failed write may
+  // move last good back one step).
+  std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>> manifests_;
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, v1::Order> orders_;  // pending, by id

@@ -155,9 +155,14 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
   DropStepsAfterLocked(batch, job, step);
   std::optional<storage::v1::GlobalManifest> manifest;
   if (step && job.steps.count(*step) == 0) {
-    absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, *step);
-    if (m.ok()) manifest = std::move(*m);
-    else LogLocked(batch, v1::MANIFEST_INVALID, name, "", std::string(m.status().message()));
+    // The last good step (RestoreStepLocked): its manifest is in memory, so
+    // no plan waits on the shared root with the state mutex held.
+    if (const storage::v1::GlobalManifest* m = KnownManifestLocked(name, *step)) {
+      manifest = *m;
+    } else {
+      LogLocked(batch, v1::MANIFEST_INVALID, name, "",
+                absl::StrCat("step ", *step, ": its manifest is not in memory; PREFETCH orders name no shard"));
+    }
   }
   LogLocked(batch, v1::PLAN_MADE, name, "",
             absl::StrCat("generation ", job.rec.generation(), " (", cause, "): restore ",
@@ -180,6 +185,7 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
     if (step) {
       v1::Order prefetch = base;
       prefetch.set_kind(v1::PREFETCH);
+      if (job.rec.has_owner_uid()) prefetch.set_owner_uid(job.rec.owner_uid());
       for (uint32_t r : ranks) {
         if (InHostMemoryLocked(job, *step, r)) continue;
         std::string key;
@@ -258,6 +264,7 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
                                   options_.now_ms());
   job.rec.add_manifest_steps(c.step);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
+    RememberManifestLocked(c.manifest);
     job.rec.set_has_last_good(true);
     job.rec.set_last_good_step(c.step);
     // Shard records older than the last good step are no longer needed.

@@ -102,6 +102,11 @@ absl::Status Coordinator::ApplyReportLocked(
   options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
   PutShardLocked(j, std::move(rec));
+  if (req.has_owner_uid() && (!j.rec.has_owner_uid() || j.rec.owner_uid() != req.owner_uid())) {
+    // A spare that prefetches this job's shards gives it to this uid.
+    j.rec.set_owner_uid(req.owner_uid());
+    PutJobLocked(batch, j);
+  }
   bool staged = j.steps[req.step()].size() == j.rec.world_size();
   result->set_staged_everywhere(staged);
   if (staged && !was_complete)
@@ -186,7 +191,7 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     return s;
   }
   v1::ReportShardsResponse resp;
-  resp.set_incarnation(incarnation_);
+  resp.set_incarnation(incarnation_.load());
   std::vector<PendingCommit> complete;
   for (int i = 0; i < req.reports_size(); ++i) {
     v1::ReportResult* result = resp.add_results();

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/rocks_kv.h"
+#include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/tier_url.h"
 #include "util/status.h"
@@ -74,15 +76,32 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
   }
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(options), std::move(store), std::move(shared)));
-  {
-    std::lock_guard<std::mutex> lock(c->mu_);
+  // A shared root that cannot be read (not mounted yet, an object store
+  // outage) says nothing about the steps: wait for it, then refuse to start.
+  const auto give_up = std::chrono::steady_clock::now() + c->options_.shared_root_wait;
+  for (bool said = false;; said = true) {
+    std::unique_lock<std::mutex> lock(c->mu_);
     CKPT_RETURN_IF_ERROR(c->ReloadLocked());
-    CKPT_RETURN_IF_ERROR(c->VerifyManifestsLocked());
-    for (auto& [name, job] : c->jobs_) {
-      job.durable_rec = job.rec;
-      job.durable_ranks_by_node = job.ranks_by_node;
+    absl::Status verified = c->VerifyManifestsLocked();
+    if (verified.ok()) {
+      for (auto& [name, job] : c->jobs_) {
+        job.durable_rec = job.rec;
+        job.durable_ranks_by_node = job.ranks_by_node;
+      }
+      c->dirty_jobs_.clear();
+      break;
     }
-    c->dirty_jobs_.clear();
+    const auto now = std::chrono::steady_clock::now();
+    if (verified.code() != absl::StatusCode::kUnavailable || now >= give_up) return verified;
+    lock.unlock();
+    if (!said)
+      std::fprintf(stderr, "ckpt-coordinator: %s; retrying for up to %lld s\n",
+                   std::string(verified.message()).c_str(),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(
+                                              c->options_.shared_root_wait)
+                                              .count()));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(give_up - now, std::chrono::milliseconds(250)));
   }
   Coordinator* raw = c.get();
   c->committer_ = std::make_unique<GroupCommitter>(
@@ -140,13 +159,36 @@ absl::Status Coordinator::ReloadLocked() {
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::ManifestInvalidLocked(const std::string& job, uint64_t step,
+                                                const absl::Status& read) {
+  const std::string where = absl::StrCat("shared_root ", options_.shared_root, ": global manifest ",
+                                         storage::GlobalManifestKey(job, step), " of job ", job);
+  const std::string rule = "not starting: only a manifest that is there and corrupt makes a step invalid";
+  if (read.code() == absl::StatusCode::kDataLoss) return absl::OkStatus();
+  if (read.code() == absl::StatusCode::kNotFound) {
+    // Removed, when the job's other keys are there; with none of them the
+    // shared root is not what it was (a mount not there yet).
+    absl::StatusOr<std::vector<std::string>> keys = shared_->List(storage::JobPrefix(job));
+    if (keys.ok() && !keys->empty()) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        where, " is missing, and so is every other key under ", storage::JobPrefix(job),
+        keys.ok() ? "" : absl::StrCat(" (listing it: ", keys.status().message(), ")"),
+        " (is the shared root mounted?); ", rule));
+  }
+  return absl::UnavailableError(absl::StrCat(where, " cannot be read: ", read.message(), "; ", rule));
+}
+
 absl::Status Coordinator::VerifyManifestsLocked() {
   Batch batch;
   for (auto& [name, job] : jobs_) {
     while (job.rec.has_last_good()) {
       uint64_t step = job.rec.last_good_step();
       absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, step);
-      if (m.ok()) break;
+      if (m.ok()) {
+        RememberManifestLocked(*m);
+        break;
+      }
+      CKPT_RETURN_IF_ERROR(ManifestInvalidLocked(name, step, m.status()));
       LogLocked(&batch, v1::MANIFEST_INVALID, name, "",
                 absl::StrCat("step ", step, ": ", m.status().message()));
       auto* steps = job.rec.mutable_manifest_steps();
@@ -198,6 +240,10 @@ void Coordinator::OnCommitFailed(const absl::Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
   committer_->FailQueued(s);
   absl::Status reload = ReloadLocked();
+  // The reload dropped every per-rank report (soft state). Nodes send
+  // theirs again only to a new incarnation: without one, every step in
+  // flight would have its DURABLE reports refused as never staged.
+  incarnation_ = NewIncarnation();
   if (!reload.ok())
     std::fprintf(stderr, "ckpt-coordinator: reloading after a failed write: %s\n",
                  std::string(reload.message()).c_str());
@@ -271,6 +317,20 @@ std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
     if (by->second.empty()) orders_by_node_.erase(by);
   }
   return orders_.erase(it);
+}
+
+void Coordinator::RememberManifestLocked(const storage::v1::GlobalManifest& m) {
+  auto& kept = manifests_[m.job()];
+  kept[m.step()] = m;
+  while (kept.size() > 2) kept.erase(kept.begin());
+}
+
+const storage::v1::GlobalManifest* Coordinator::KnownManifestLocked(const std::string& job,
+                                                                    uint64_t step) const {
+  auto j = manifests_.find(job);
+  if (j == manifests_.end()) return nullptr;
+  auto m = j->second.find(step);
+  return m == j->second.end() ? nullptr : &m->second;
 }
 
 void Coordinator::LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
@@ -388,6 +448,18 @@ v1::JobView Coordinator::View(const std::string& job_name, const std::string& no
     if (r0 != nodes_.end()) v.set_rank0_address(r0->second.rec.address());
   }
   return v;
+}
+
+void Coordinator::StartServing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = options_.now_ms();
+  std::unique_lock<std::shared_mutex> live(live_mu_);
+  for (auto& [id, node] : nodes_) {
+    if (node.rec.health() != v1::ALIVE) continue;
+    int64_t last = node.live->last_seen_ms.load();
+    if (last < now) node.live->last_seen_ms = now;
+  }
+  next_expiry_ms_ = now + options_.heartbeat_timeout.count() + 1;
 }
 
 absl::Status Coordinator::Tick() {

@@ -1,6 +1,7 @@
 // State-machine tests of the Coordinator with a fake clock: global commit,
 // failure detection, recovery plans and orders, restart from its state.
 #include <filesystem>
+#include <thread>
 
 #include "coordinator/coordinator_testing.h"
 #include "storage/manifest.h"
@@ -264,6 +265,147 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
   // Reports carry on from where they were.
   auto rep = Report("n1", n1b, 11, 0, v1::STAGED);
   ASSERT_TRUE(rep.ok()) << rep.status();
+}
+
+// Issue 17 (HA): a standby that won the election loads the state and only
+// then serves; heartbeats sent meanwhile went to a dead leader. Judging a
+// node on them made a second plan after every slow failover.
+TEST_F(TwoNodeTest, NewLeaderGivesEveryNodeAFreshHeartbeatWindowWhenItStartsServing) {
+  const uint64_t generation = Job().generation();
+  Reopen();         // the new leader loads the state at t0 ...
+  now_ms_ += 2500;  // ... and serves only later (a slow load, a loaded machine)
+  coord_->StartServing();
+  now_ms_ += 1000;  // each node heartbeats within its timeout of that
+  for (auto [node, epoch] : {std::pair{"n1", e1_}, std::pair{"n2", e2_}, std::pair{"s1", es_}}) {
+    auto hb = Heartbeat(node, epoch);
+    EXPECT_TRUE(hb.ok()) << node << ": " << hb.status();
+  }
+  ASSERT_TRUE(coord_->Tick().ok());
+  for (const char* node : {"n1", "n2", "s1"}) EXPECT_EQ(Node(node).health(), v1::ALIVE) << node;
+  EXPECT_EQ(Job().generation(), generation);
+  EXPECT_FALSE(HasEvent(v1::PLAN_MADE));
+  now_ms_ += 2000;  // a node silent for a whole window after that is dead
+  ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+}
+
+// Finding 3: the shared root is not there when the coordinator starts (the
+// NFS mount is late; its job directory was moved away). A missing job
+// directory is no proof that the steps are bad: the coordinator refuses to
+// start, naming the path, and forgets nothing.
+TEST_F(TwoNodeTest, SharedRootMissingAtStartIsRefusedNamingThePathAndForgetsNoGoodStep) {
+  for (uint64_t step : {10, 12}) {
+    ReportAll(step, v1::STAGED);
+    ReportAll(step, v1::DURABLE);
+  }
+  ASSERT_EQ(Job().last_good_step(), 12u);
+  coord_.reset();
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");
+  absl::Status s = TryReopen();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(dir_.path() + "/shared"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("job"), absl::string_view::npos) << s;
+  std::filesystem::rename(job_dir + ".x", job_dir);
+  Reopen();
+  EXPECT_TRUE(Job().has_last_good());
+  EXPECT_EQ(Job().last_good_step(), 12u);
+  EXPECT_EQ(Job().manifest_steps_size(), 2);
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+}
+
+// Finding 3, waiting: the mount comes while the coordinator starts.
+TEST_F(TwoNodeTest, CoordinatorWaitsForALateSharedRootAndKeepsItsGoodSteps) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  coord_.reset();
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");
+  std::thread mount([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::filesystem::rename(job_dir + ".x", job_dir);
+  });
+  absl::Status s = TryReopen(std::chrono::seconds(60));
+  mount.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Job().last_good_step(), 10u);
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+}
+
+// Finding 3: a manifest that is there but missing one step's file, or
+// corrupt, is invalid (the step is dropped) as before.
+TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
+  for (uint64_t step : {10, 12}) {
+    ReportAll(step, v1::STAGED);
+    ReportAll(step, v1::DURABLE);
+  }
+  coord_.reset();
+  std::filesystem::remove(ManifestPath(12));
+  Reopen();
+  EXPECT_TRUE(HasEvent(v1::MANIFEST_INVALID));
+  EXPECT_EQ(Job().last_good_step(), 10u);
+}
+
+// Issue 17 (HA): ckptrun's exit report timed out on a loaded machine, the
+// leader had made the plan, and the retry (to the new leader) made a second
+// one. An exit of a generation already replaced plans nothing.
+TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
+  v1::ReportTrainerExitRequest exit;
+  exit.set_node_id("n2");
+  exit.set_epoch(e2_);
+  exit.set_job("job");
+  exit.set_rank(3);
+  exit.set_term_signal(9);
+  exit.set_generation(0);
+  auto first = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->failure());
+  EXPECT_EQ(first->generation(), 1u);
+  auto retried = coord_->ReportTrainerExit(exit);  // its first answer was lost
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(retried->failure());
+  EXPECT_EQ(retried->generation(), 1u);
+  EXPECT_EQ(Job().generation(), 1u);
+  int plans = 0;
+  const v1::EventsResponse events = coord_->Events({});
+  for (const auto& e : events.events()) plans += e.kind() == v1::PLAN_MADE;
+  EXPECT_EQ(plans, 1);
+  exit.set_generation(1);  // the new generation's trainer dies: a new plan
+  auto again = coord_->ReportTrainerExit(exit);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->failure());
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+// Finding 19: a plan restoring the last good step from its manifest (no
+// shard records after a restart) must not read the shared root under the
+// state mutex: the coordinator keeps the last good manifest it read or
+// wrote. Shown with the shared root gone by the time of the plan: the
+// spare's PREFETCH still names every shard.
+TEST_F(TwoNodeTest, PlanFromTheLastGoodManifestReadsNothingFromTheSharedRoot) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  Reopen();  // the shard records (soft state) are gone; the manifest is read here
+  const std::string job_dir = dir_.path() + "/shared/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");  // a hung or lost mount from now on
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  now_ms_ += 2000;  // n2 silent: dead, its ranks go to the spare
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().restore_step(), 10u);
+  auto spare = Heartbeat("s1", es_);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  ASSERT_GE(spare->orders_size(), 1);
+  ASSERT_EQ(spare->orders(0).kind(), v1::PREFETCH);
+  ASSERT_EQ(spare->orders(0).shard_keys_size(), 2);
+  EXPECT_EQ(spare->orders(0).shard_keys(0), "job/step-10/rank-2");
+  EXPECT_EQ(spare->orders(0).shard_keys(1), "job/step-10/rank-3");
+  EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
+  std::filesystem::rename(job_dir + ".x", job_dir);
 }
 
 }  // namespace

@@ -21,15 +21,24 @@ class CoordinatorTest : public ::testing::Test {
   // Drops the coordinator (as a crash would: nothing is flushed on the way
   // out that a commit did not already make durable) and opens it again.
   void Reopen() {
+    absl::Status s = TryReopen();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  // The same, returning why it could not open; `shared_root_wait` as in
+  // CoordinatorOptions.
+  absl::Status TryReopen(
+      std::chrono::milliseconds shared_root_wait = std::chrono::milliseconds(0)) {
     coord_.reset();
     CoordinatorOptions o;
     o.state_dir = dir_.path() + "/state";
     o.shared_root = dir_.path() + "/shared";
     o.heartbeat_timeout = std::chrono::milliseconds(3000);
+    o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
     auto c = Coordinator::Open(o);
-    ASSERT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return c.status();
     coord_ = std::move(*c);
+    return absl::OkStatus();
   }
 
   uint64_t Register(const std::string& node, uint32_t capacity, bool spare = false) {

@@ -158,5 +158,44 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   EXPECT_LT(at(v1::ORDER_SENT), static_cast<long>(kinds.size()));
 }
 
+// Finding 3 with the real binary: the coordinator is SIGKILLed and starts
+// again while the shared root's job directory is not there (an NFS mount
+// not ready yet). It waits for it instead of forgetting the good step.
+TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
+  auto coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/5000);
+  ASSERT_GT(coord->port(), 0);
+  auto stub = coord->Stub();
+  uint64_t e1 = Register(stub.get(), "n1", false);
+  uint64_t e2 = Register(stub.get(), "n2", false);
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterJobRequest req;
+    req.set_job("job");
+    req.set_world_size(2);
+    v1::RegisterJobResponse resp;
+    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  for (auto state : {v1::STAGED, v1::DURABLE}) {
+    ASSERT_TRUE(Report(stub.get(), "n1", e1, 0, state).ok());
+    ASSERT_TRUE(Report(stub.get(), "n2", e2, 1, state).ok());
+  }
+  coord->Kill(SIGKILL);
+  const std::string job_dir = shared() + "/job";
+  std::filesystem::rename(job_dir, job_dir + ".x");
+  std::thread mount([&] {  // the mount arrives while the coordinator starts
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::filesystem::rename(job_dir + ".x", job_dir);
+  });
+  coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/5000);
+  mount.join();
+  ASSERT_GT(coord->port(), 0);
+  stub = coord->Stub();
+  v1::GetClusterResponse c = Cluster(stub.get());
+  ASSERT_EQ(c.jobs_size(), 1);
+  EXPECT_TRUE(c.jobs(0).has_last_good());
+  EXPECT_EQ(c.jobs(0).last_good_step(), 5u);
+  for (const auto& e : c.recent_events()) EXPECT_NE(e.kind(), v1::MANIFEST_INVALID) << e.detail();
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -12,8 +12,7 @@
 
 #include "coordinator.grpc.pb.h"
 #include "coordinator/coordinator_testing.h"
-#include "coordinator/service.h"
-#include "daemon/node_agent.h"
+#include "coordinator/server_testing.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -100,75 +99,6 @@ TEST_F(CoordinatorTest,
   EXPECT_EQ(Job().generation(), generation + 1);
   EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
 }
-
-// A real server on loopback with a real coordinator state.
-class ServerTest : public ::testing::Test {
- protected:
-  void Start(int port = 0, int max_inflight_reports = 16) {
-    CoordinatorOptions o;
-    o.state_dir = dir_.path() + "/state";
-    o.shared_root = dir_.path() + "/shared";
-    o.heartbeat_timeout = std::chrono::milliseconds(1000);
-    auto c = Coordinator::Open(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    ServerLimits limits;
-    limits.max_inflight_reports = max_inflight_reports;
-    auto s = CoordinatorServer::Start(
-        std::move(*c), "127.0.0.1:" + std::to_string(port), limits);
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = std::move(*s);
-  }
-  std::string Address() const {
-    return "127.0.0.1:" + std::to_string(server_->port());
-  }
-  template <typename Pred>
-  bool Eventually(Pred pred,
-                  std::chrono::seconds limit = std::chrono::seconds(20)) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return pred();
-  }
-  v1::JobRecord Job() {
-    v1::GetClusterResponse cluster = server_->coordinator()->GetCluster();
-    for (const auto& j : cluster.jobs())
-      if (j.job() == "job") return j;
-    return {};
-  }
-  void RegisterJob(uint32_t world_size) {
-    v1::RegisterJobRequest req;
-    req.set_job("job");
-    req.set_world_size(world_size);
-    ASSERT_TRUE(server_->coordinator()->RegisterJob(req).ok());
-  }
-  std::unique_ptr<daemon::NodeAgent> Agent() {
-    daemon::NodeAgentOptions o;
-    o.coordinator = Address();
-    o.node_id = "n1";
-    o.address = "127.0.0.1:1";
-    o.capacity = 2;
-    o.rpc_timeout = std::chrono::milliseconds(2000);
-    auto agent = std::make_unique<daemon::NodeAgent>(o);
-    agent->Start(nullptr);
-    return agent;
-  }
-  static daemon::ShardReport Shard(uint32_t rank, bool durable) {
-    daemon::ShardReport r;
-    r.job = "job";
-    r.step = 3;
-    r.rank = rank;
-    r.durable = durable;
-    r.bytes = 100 + rank;
-    r.digest = 7 + rank;
-    if (durable) r.key = "job/step-3/rank-" + std::to_string(rank);
-    return r;
-  }
-
-  ckpt::testing::TempDir dir_;
-  std::unique_ptr<CoordinatorServer> server_;
-};
 
 TEST_F(ServerTest, ResourceExhaustedReportsAreRetriedNotDropped) {
   Start();

@@ -205,6 +205,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
 
 void CoordinatorServer::Promote(std::unique_ptr<Coordinator> coordinator) {
   coordinator_ = std::move(coordinator);
+  // Nodes could not reach anyone while the state loaded (a failover): their
+  // heartbeat windows start now, or a slow takeover would declare them dead.
+  coordinator_->StartServing();
   static_cast<Service*>(service_.get())->Serve(coordinator_.get());
   watch_->Serve(coordinator_.get());
   promoted_.store(true, std::memory_order_release);

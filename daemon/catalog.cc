@@ -2,9 +2,11 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
+#include "util/status.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -17,6 +19,14 @@ std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%020" PRIu64 "/%05u", step, rank);
   return ShardPrefix(job) + buf;
+}
+
+// "D/<id:20>": the deletes owed, oldest first.
+constexpr char kIntentPrefix[] = "D/";
+std::string IntentKey(uint64_t id) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "D/%020" PRIu64, id);
+  return buf;
 }
 
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
@@ -50,7 +60,11 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
   if (!s.ok()) return FromRocks(s, "open " + dir);
-  return std::unique_ptr<Catalog>(new Catalog(db));
+  std::unique_ptr<Catalog> catalog(new Catalog(db));
+  auto intents = catalog->DeleteIntents();
+  if (!intents.ok()) return intents.status();
+  if (!intents->empty()) catalog->next_intent_ = intents->back().first + 1;
+  return catalog;
 }
 
 Catalog::Catalog(rocksdb::DB* db) : db_(db) {}
@@ -92,6 +106,36 @@ absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step, uint32_
 
 absl::StatusOr<std::vector<v1::ShardRecord>> Catalog::Shards(const std::string& job) {
   return ScanPrefix<v1::ShardRecord>(db_.get(), ShardPrefix(job));
+}
+
+absl::StatusOr<uint64_t> Catalog::PutDeleteIntent(const v1::DeleteIntent& intent) {
+  const uint64_t id = next_intent_.fetch_add(1);
+  CKPT_RETURN_IF_ERROR(FromRocks(
+      db_->Put(rocksdb::WriteOptions(), IntentKey(id), intent.SerializeAsString()),
+      "put delete intent"));
+  return id;
+}
+
+absl::Status Catalog::ForgetDeleteIntent(uint64_t id) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Delete(wo, IntentKey(id)), "forget delete intent");
+}
+
+absl::StatusOr<std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
+Catalog::DeleteIntents() {
+  std::vector<std::pair<uint64_t, v1::DeleteIntent>> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(kIntentPrefix); it->Valid() && it->key().starts_with(kIntentPrefix);
+       it->Next()) {
+    v1::DeleteIntent d;
+    const std::string key = it->key().ToString();
+    if (!d.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())))
+      return absl::DataLossError("catalog: record " + key + " does not parse");
+    out.emplace_back(std::strtoull(key.c_str() + 2, nullptr, 10), std::move(d));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scan delete intents");
+  return out;
 }
 
 }  // namespace ckpt::daemon

@@ -1,13 +1,17 @@
 // The daemon's catalog: a RocksDB database under <root>/.catalog that
 // records every job (owner uid, world size, arena dimensions) and every
 // shard that was committed (staged in a slot, durable on disk, or failed),
-// with its tensor index and checksums. It is what a restarted daemon
-// recovers from. Thread-safe (RocksDB is).
+// with its tensor index and checksums, and the deletes the daemon still
+// owes storage. It is what a restarted daemon recovers from. Thread-safe
+// (RocksDB is).
 #ifndef CKPT_DAEMON_CATALOG_H_
 #define CKPT_DAEMON_CATALOG_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,9 +39,21 @@ class Catalog {
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardRecord>> Shards(
       const std::string& job);
 
+  // Deletes the daemon owes storage, by id (> 0): put before the records
+  // that made them due are deleted (the log keeps the order), forgotten
+  // (synced: a stale one could delete a key written again) once done.
+  [[nodiscard]] absl::StatusOr<uint64_t> PutDeleteIntent(
+      const v1::DeleteIntent& intent);
+  absl::Status ForgetDeleteIntent(uint64_t id);
+  // Oldest first.
+  [[nodiscard]] absl::StatusOr<
+      std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
+  DeleteIntents();
+
  private:
   explicit Catalog(rocksdb::DB* db);  // takes ownership
   std::unique_ptr<rocksdb::DB> db_;
+  std::atomic<uint64_t> next_intent_{1};
 };
 
 }  // namespace ckpt::daemon

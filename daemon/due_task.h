@@ -1,12 +1,14 @@
 // TakeDueTask: the one scheduling step of the daemon's delayed task queues
 // (persister.h, uploader.h): each task carries a `not_before` time (a retry
-// waits out its back-off) and the first due task in queue order runs next.
+// waits out its back-off) and the first due task in queue order runs next
+// (or the first one the caller's `claim` takes).
 // The caller holds `lock` (the queue's mutex) and owns the queue; this only
 // picks, or sleeps on `cv` until the earliest task is due (or a Push/Stop
 // notifies). Not thread-safe by itself: it relies on the caller's lock.
 #ifndef CKPT_DAEMON_DUE_TASK_H_
 #define CKPT_DAEMON_DUE_TASK_H_
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,28 +17,39 @@
 
 namespace ckpt::daemon {
 
-// Removes and returns the first task whose not_before has come; when none
-// has, waits (until the earliest not_before, or a notification) and returns
-// nullopt: the caller checks its stop flag and calls again.
-template <typename Task>
+// Removes and returns the first task whose not_before has come and that
+// `claim` takes: claim(task, due) is called for the tasks in queue order
+// until one is taken, and may remember the ones it refuses (a task that
+// must wait for an earlier one). When none is taken, waits (until the
+// earliest not_before, or a notification) and returns nullopt: the caller
+// checks its stop flag and calls again.
+template <typename Task, typename Claim>
 std::optional<Task> TakeDueTask(std::deque<Task>& tasks, std::condition_variable& cv,
-                                std::unique_lock<std::mutex>& lock) {
+                                std::unique_lock<std::mutex>& lock, Claim claim) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point now = Clock::now();
   Clock::time_point earliest = Clock::time_point::max();
   for (auto it = tasks.begin(); it != tasks.end(); ++it) {
-    if (it->not_before <= now) {
+    const bool due = it->not_before <= now;
+    if (claim(*it, due)) {
       Task task = std::move(*it);
       tasks.erase(it);
       return task;
     }
-    earliest = std::min(earliest, it->not_before);
+    if (!due) earliest = std::min(earliest, it->not_before);
   }
   if (earliest == Clock::time_point::max())
     cv.wait(lock);
   else
     cv.wait_until(lock, earliest);
   return std::nullopt;
+}
+
+// The first due task in queue order.
+template <typename Task>
+std::optional<Task> TakeDueTask(std::deque<Task>& tasks, std::condition_variable& cv,
+                                std::unique_lock<std::mutex>& lock) {
+  return TakeDueTask(tasks, cv, lock, [](const Task&, bool due) { return due; });
 }
 
 }  // namespace ckpt::daemon

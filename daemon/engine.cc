@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
         object, engine->options_.upload_threads, [e = engine.get()](const UploadTask& task) {
           return task.kind == UploadTask::kShard ? e->UploadShard(task)
                                                  : e->WriteObjectManifest(task);
-        });
+        },
+        catalog);
   }
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
@@ -42,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
           e->PersistShard(task);
         else
           e->WriteManifest(task);
-      });
+      },
+      catalog);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->persister_->Start();
   engine->metrics_->SetSnapshotSource([e = engine.get()] { return e->Snapshot(); });
@@ -141,8 +143,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   ao.world_size = job->rec.world_size();
   ao.slot_bytes = slot_bytes;
   ao.num_slots = job->rec.num_slots();
-  ao.owner_uid = job->rec.uid();
-  ao.owner_gid = job->rec.uid() == 0 ? 0 : static_cast<gid_t>(-1);
+  ao.user_uid = job->rec.uid();
   // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
@@ -350,7 +351,19 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     // The shard it held stays restorable from disk (if it is durable).
     for (auto& [n, step] : job->steps) {
       auto sh = step.shards.find(req.rank());
-      if (sh != step.shards.end() && sh->second.slot == slot) sh->second.slot = -1;
+      if (sh == step.shards.end() || sh->second.slot != slot) continue;
+      Shard& lost = sh->second;
+      lost.slot = -1;
+      if (lost.phase != ShardPhase::kStaged) continue;
+      // Its persist kept failing, and now its bytes are gone.
+      metrics_->Failure(metric::kPersistAbandoned);
+      lost.phase = ShardPhase::kFailed;
+      lost.rec.set_state(v1::ShardRecord::FAILED);
+      lost.rec.set_error(absl::StrCat("its slot went to step ", req.step(),
+                                      " while its persist kept failing: ", lost.rec.error()));
+      LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ", req.rank(), ": ",
+                              lost.rec.error()));
+      (void)catalog_->PutShard(lost.rec, /*sync=*/true);
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};

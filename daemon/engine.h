@@ -91,6 +91,7 @@ struct ShardReport {
   // persister filled in device tensors' checksums since).
   uint64_t staged_digest = 0;
   std::string key;      // storage key, when durable
+  uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
 };
 
 struct EngineOptions {
@@ -98,8 +99,16 @@ struct EngineOptions {
   uint32_t retain_steps = 3;         // durable steps kept per job
   uint32_t default_num_slots = 2;
   std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
+  // A failed persist is retried, the delay doubling from
+  // persist_retry_delay up to persist_retry_max_delay, for as long as the
+  // shard's bytes are in memory: a storage hiccup must not lose a step
+  // (only DataLoss, a slot changed after its commit, is final). After
+  // max_persist_attempts failures a WaitDurable that times out says why,
+  // and a newer save may take the shard's slot rather than wait for the
+  // disk; the shard then fails for good.
   uint32_t max_persist_attempts = 3;
   std::chrono::milliseconds persist_retry_delay = std::chrono::milliseconds(200);
+  std::chrono::milliseconds persist_retry_max_delay = std::chrono::seconds(30);
   uint64_t max_slot_bytes = 1ull << 40;
   uint32_t max_world_size = 1u << 20;
   // Cluster mode when non-empty: this node's id. The storage root is then
@@ -177,11 +186,16 @@ class Engine {
                       std::optional<uint64_t> keep_from);
   // Loads `rank`'s shard of `step` from storage `key` into the rank's arena
   // so that a restore finds it in memory (a coordinator's PREFETCH order).
-  // Creates the job, owned by the shard file's owner, when this node does
-  // not know it yet. Blocking; the key must be one of the rank's shard keys.
+  // Creates the job when this node does not know it yet, owned by
+  // `owner_uid`: the uid the job's trainers ran as on the nodes that
+  // reported its shards (the order carries it). Without one (an older
+  // coordinator) the shard file's owner, which is wrong on a root-squashed
+  // or object-store shared root. Blocking; the key must be one of the
+  // rank's shard keys.
   [[nodiscard]] absl::Status Prefetch(const std::string& job,
                                       uint32_t world_size, uint64_t step,
-                                      uint32_t rank, const std::string& key);
+                                      uint32_t rank, const std::string& key,
+                                      std::optional<uint32_t> owner_uid = std::nullopt);
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
@@ -240,6 +254,10 @@ class Engine {
   // Removes lease `id` and undoes what it held on its slot (an unfinished
   // write frees the slot; a read drops one reader).
   void ReleaseLeaseLocked(uint64_t id);
+  // The fallback ladder: a client found `shard`'s copy (the stored one, or
+  // the one in memory) failing verification. Drops the slot's image; with
+  // no good copy left the shard fails (Latest falls back a step).
+  void MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error);
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void ApplyRetentionLocked(Job& job);
@@ -290,6 +308,8 @@ class Engine {
   }
   void QueueUploadLocked(const Job& job, const Shard& shard);
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
+  // Queues the write of a step's object manifest (no checks).
+  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
   [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
   [[nodiscard]] absl::Status UploadFromLocalFile(const std::string& key, uint64_t bytes,
                                                  const storage::ShardInfo& info);
@@ -303,6 +323,13 @@ class Engine {
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
   void QueueObjectDeleteLocked(Job& job, uint64_t step);
+  // Deletes owed to storage (engine_deletes.cc): recorded in the catalog
+  // before they are queued, so that a daemon that dies first finishes them
+  // after its restart (RecoverDeletes queues them before anything else).
+  void QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::string key,
+                              bool prefix);
+  void QueueObjectDeleteTaskLocked(UploadTask del);
+  [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes mu_.
   MetricsSnapshot Snapshot();

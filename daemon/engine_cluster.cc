@@ -25,6 +25,8 @@ void Engine::ReportLocked(const Shard& shard, bool durable) const {
   r.bytes = shard.rec.image_bytes();
   r.digest = ShardDigest(shard.rec.tensors());
   r.staged_digest = shard.staged_digest.value_or(r.digest);
+  auto job = jobs_.find(r.job);
+  if (job != jobs_.end()) r.owner_uid = job->second.rec.uid();
   if (durable) r.key = shard.rec.path();
   options_.on_shard(r);
 }
@@ -44,7 +46,8 @@ void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> r
 }
 
 absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, uint64_t step,
-                              uint32_t rank, const std::string& key) {
+                              uint32_t rank, const std::string& key,
+                              std::optional<uint32_t> owner_uid) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
   if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size)
     return absl::InvalidArgumentError(
@@ -63,9 +66,14 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     return absl::DataLossError(absl::StrCat(key, ": holds job '", info.job, "' step ", info.step,
                                             " rank ", info.rank, " of ", info.world_size,
                                             ", not the one ordered"));
+  // The file's owner is only a guess for an older coordinator's order: an
+  // object store has none, and a root-squashed NFS says "nobody".
   uint32_t uid = 0;
-  auto object = source->Stat(key);
-  if (object.ok() && object->owner_uid) uid = *object->owner_uid;  // the job's owner's file
+  if (owner_uid) {
+    uid = *owner_uid;
+  } else if (auto object = source->Stat(key); object.ok() && object->owner_uid) {
+    uid = *object->owner_uid;
+  }
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");

@@ -63,6 +63,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   shard.rec.set_state(v1::ShardRecord::STAGED);
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
+  shard.rec.set_created_unix_ns(info.created_unix_ns);
   *shard.rec.mutable_tensors() = req.tensors();
   shard.phase = ShardPhase::kStaged;
   shard.gen = next_gen_++;
@@ -98,29 +99,34 @@ void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank, bool del
   auto r = job.ranks.find(rank);
   if (r != job.ranks.end()) r->second.DropShard(sh->second.slot, sh->second.gen);
   bool was_durable = sh->second.phase == ShardPhase::kDurable && !sh->second.local_gone;
-  if (object_ != nullptr && delete_file && (step->second.object_manifest || sh->second.uploaded)) {
-    // One ordered task: the object manifest goes before the shard.
+  const bool delete_object = delete_file && sh->second.uploaded;
+  if (object_ != nullptr && (step->second.object_manifest || delete_object)) {
+    // One ordered task: the object manifest goes before the shard. The
+    // step is no longer whole, so its object manifest goes even when the
+    // shard's key is about to be written again (a re-save of the step).
     UploadTask del{UploadTask::kDelete, job.rec.job(), step_no};
     if (step->second.object_manifest) del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
-    if (sh->second.uploaded) del.keys.push_back(sh->second.rec.path());
+    if (delete_object) del.keys.push_back(sh->second.rec.path());
     step->second.object_manifest = false;
-    uploader_->Push(std::move(del));
+    QueueObjectDeleteTaskLocked(std::move(del));
   }
   step->second.shards.erase(sh);
   absl::Status s = catalog_->DeleteShard(job.rec.job(), step_no, rank);
   if (!s.ok()) LogWarning(std::string(s.message()));
   if (step->second.manifest) {
     // The step is no longer whole: its manifest goes first.
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, NodeManifestKey(job.rec.job(), step_no), false);
     step->second.manifest = false;
   }
   if (delete_file && was_durable)
-    persister_->QueueDelete(NodeShardKey(job.rec.job(), step_no, rank), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, NodeShardKey(job.rec.job(), step_no, rank),
+                           false);
   if (step->second.shards.empty()) {
     job.steps.erase(step);
     // A shared root holds other nodes' files under the same prefix.
     if (delete_file && options_.node_id.empty())
-      persister_->QueueDelete(storage::StepPrefix(job.rec.job(), step_no), true);
+      QueueLocalDeleteLocked(job.rec.job(), step_no, storage::StepPrefix(job.rec.job(), step_no),
+                             true);
   }
   cv_.notify_all();
 }

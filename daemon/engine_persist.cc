@@ -110,7 +110,7 @@ void Engine::PersistShard(const PersistTask& task) {
             rank.Free(i);
           }
     }
-    if (s.ok() && !current) persister_->QueueDelete(key, false);
+    if (s.ok() && !current) QueueLocalDeleteLocked(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
@@ -142,21 +142,27 @@ void Engine::PersistShard(const PersistTask& task) {
   shard->rec.set_error(std::string(s.message()));
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
   metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
-  if (corrupt || shard->attempts >= options_.max_persist_attempts) {
+  if (corrupt) {
     metrics_->Failure(metric::kPersistAbandoned);
     shard->phase = ShardPhase::kFailed;
     shard->rec.set_state(v1::ShardRecord::FAILED);
     rank.FailPersist(shard->slot);
     (void)catalog_->PutShard(shard->rec, /*sync=*/true);
-  } else {
-    metrics_->Retry(metric::kRetryPersist);
-    shard->phase = ShardPhase::kStaged;
-    PersistTask retry = task;
-    retry.not_before = std::chrono::steady_clock::now() +
-                       options_.persist_retry_delay * (1u << (shard->attempts - 1));
-    persister_->Push(std::move(retry));
-    rank.SetState(shard->slot, shm::SlotState::kStaged);
+    return;
   }
+  // The bytes are still in the slot: retry for as long as they are.
+  metrics_->Retry(metric::kRetryPersist);
+  shard->phase = ShardPhase::kStaged;
+  if (shard->attempts >= options_.max_persist_attempts)
+    rank.FailPersist(shard->slot);  // a newer save may take the slot now
+  else
+    rank.SetState(shard->slot, shm::SlotState::kStaged);
+  PersistTask retry = task;
+  retry.not_before =
+      std::chrono::steady_clock::now() +
+      std::min(options_.persist_retry_delay * (1u << std::min(shard->attempts - 1, 16u)),
+               std::max(options_.persist_retry_max_delay, options_.persist_retry_delay));
+  persister_->Push(std::move(retry));
 }
 
 bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
@@ -178,36 +184,57 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
 }
 
 void Engine::WriteManifest(const PersistTask& task) {
-  storage::v1::NodeManifest m;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return;
-    auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end() || step->second.manifest) return;
-    bool durable = false;
-    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
+  const std::string key = NodeManifestKey(task.job, task.step);
+  // Built under the lock, written without it: a shard that changes
+  // meanwhile (a re-save, a drop) saw no manifest to delete, so the one
+  // written then is deleted here, and the step written again if whole.
+  for (;;) {
+    storage::v1::NodeManifest m;
+    std::vector<std::pair<uint32_t, uint64_t>> gens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto job = jobs_.find(task.job);
+      if (job == jobs_.end()) return;
+      auto step = job->second.steps.find(task.step);
+      if (step == job->second.steps.end() || step->second.manifest) return;
+      bool durable = false;
+      if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
+      m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
+      gens = ShardGenerations(step->second);
+    }
+    absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok()) {
+        LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
+        metrics_->Failure(metric::kManifestWrite);
+        metrics_->Retry(metric::kRetryManifest);
+        PersistTask retry = task;
+        retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
+        persister_->Push(std::move(retry));
+        return;
+      }
+      Job* job = nullptr;
+      Step* step = nullptr;
+      if (auto j = jobs_.find(task.job); j != jobs_.end()) {
+        job = &j->second;
+        if (auto st = job->steps.find(task.step); st != job->steps.end()) step = &st->second;
+      }
+      if (step != nullptr && ShardGenerations(*step) == gens) {
+        step->manifest = true;
+        metrics_->StepDurable(task.job, task.step);
+        ApplyRetentionLocked(*job);
+        cv_.notify_all();
+        return;
+      }
+    }
+    absl::Status d = backend_->Delete(key);
+    if (!d.ok()) {
+      // Left for the next write of the step's manifest to replace.
+      LogWarning(absl::StrCat("stale manifest ", key, ": ", d.message()));
+      return;
+    }
   }
-  absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!s.ok()) {
-    LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
-    metrics_->Failure(metric::kManifestWrite);
-    metrics_->Retry(metric::kRetryManifest);
-    PersistTask retry = task;
-    retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
-    persister_->Push(std::move(retry));
-    return;
-  }
-  auto job = jobs_.find(task.job);
-  if (job == jobs_.end()) return;
-  auto step = job->second.steps.find(task.step);
-  if (step == job->second.steps.end()) return;
-  step->second.manifest = true;
-  metrics_->StepDurable(task.job, task.step);
-  ApplyRetentionLocked(job->second);
-  cv_.notify_all();
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {

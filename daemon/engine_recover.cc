@@ -5,6 +5,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
+#include "storage/shard_reader.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -31,28 +32,40 @@ bool ImageMatchesRecord(const char* image, uint64_t slot_bytes, const v1::ShardR
   return true;
 }
 
-// Reads and validates a shard file's metadata through the backend.
-absl::Status CheckShardFile(storage::Backend& backend, const v1::ShardRecord& rec,
-                            const std::string& key) {
-  CKPT_ASSIGN_OR_RETURN(uint64_t size, backend.ObjectSize(key));
-  if (size < 2 * storage::kShardAlign) return absl::DataLossError(key + ": too short");
-  std::vector<char> first(storage::kShardAlign);
-  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, 0, first.data(), first.size()));
-  CKPT_ASSIGN_OR_RETURN(storage::ShardHeader h, storage::DecodeHeader(first));
-  if (h.data_offset > size || h.footer_offset > size - storage::kShardAlign)
-    return absl::DataLossError(key + ": offsets beyond the file");
-  std::vector<char> head(h.data_offset), footer(storage::kShardAlign);
-  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, 0, head.data(), head.size()));
-  CKPT_RETURN_IF_ERROR(backend.ReadAt(key, h.footer_offset, footer.data(), footer.size()));
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::DecodeShardMetadata(head, footer, size));
+// The index of the shard file at `key` if the file is the save `rec`
+// records: the same shard, tensors and client checksums and, where the
+// record has it, the same commit time. A re-save of a step (after a
+// rollback) leaves the older save's file at the key until its own persist
+// replaces it, and device tensors have no client checksum to tell the two
+// apart. The file's index has the device tensors' checksums too.
+absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
+                                               const v1::ShardRecord& rec, const std::string& key) {
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(backend, key));
+  auto other = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(key, ": ", why, "; not the save the catalog records"));
+  };
   if (info.job != rec.job() || info.step != rec.step() || info.rank != rec.rank())
-    return absl::DataLossError(key + ": holds another shard");
-  return absl::OkStatus();
+    return other("holds another shard");
+  if (rec.created_unix_ns() != 0 && info.created_unix_ns != rec.created_unix_ns())
+    return other(absl::StrCat("committed at ", info.created_unix_ns, " ns, not ",
+                              rec.created_unix_ns()));
+  if (info.layout.image_bytes != rec.image_bytes() ||
+      info.tensors.size() != static_cast<size_t>(rec.tensors_size()))
+    return other("another tensor index");
+  for (int i = 0; i < rec.tensors_size(); ++i) {
+    const v1::TensorMeta& want = rec.tensors(i);
+    const storage::ShardTensor& got = info.tensors[i];
+    if (got.name != want.name() || got.offset != want.offset() || got.bytes != want.bytes() ||
+        (want.has_checksum() && got.checksum != want.checksum()))
+      return other(absl::StrCat("tensor \"", got.name, "\" differs"));
+  }
+  return info;
 }
 
 }  // namespace
 
 absl::Status Engine::Recover() {
+  CKPT_RETURN_IF_ERROR(RecoverDeletes());  // before any write of those keys
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, catalog_->Jobs());
   for (v1::JobRecord& rec : jobs) {
     CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards, catalog_->Shards(rec.job()));
@@ -75,6 +88,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     expect.world_size = job.rec.world_size();
     expect.slot_bytes = slot_bytes;
     expect.num_slots = job.rec.num_slots();
+    expect.user_uid = job.rec.uid();
     auto arena = shm::Arena::Reattach(expect);
     if (!arena.ok()) {
       LogWarning(absl::StrCat("job ", name, " rank ", r, ": cannot re-attach arena: ",
@@ -122,14 +136,18 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     const std::string key = NodeShardKey(name, rec.step(), rec.rank());
     if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
       // Not in memory any more; the file may have made it before the crash.
-      if (CheckShardFile(*backend_, rec, key).ok()) {
+      absl::StatusOr<storage::ShardInfo> file = ShardFileOf(*backend_, rec, key);
+      if (file.ok()) {
         sh.phase = ShardPhase::kDurable;
+        sh.info = std::move(*file);
+        ToTensorMetas(sh.info, rec.mutable_tensors());
         rec.set_state(v1::ShardRecord::DURABLE);
         rec.set_path(key);
         (void)catalog_->PutShard(rec, /*sync=*/true);
       } else {
         LogWarning(absl::StrCat("job ", name, " step ", rec.step(), " rank ", rec.rank(),
-                                ": staged in memory before the restart and lost with it"));
+                                ": staged in memory before the restart and lost with it (",
+                                file.status().message(), ")"));
         (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
         ++lost;
         continue;
@@ -164,7 +182,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     if (object_->Stat(NodeManifestKey(name, n)).ok())
       step.object_manifest = true;
     else
-      uploader_->Push(UploadTask{UploadTask::kManifest, name, n});
+      QueueObjectManifestTaskLocked(name, n);
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
                        " in memory, ", requeued, " to persist, ", lost, " lost"));

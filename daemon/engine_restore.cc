@@ -226,18 +226,71 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   }
   r->Hold(slot, shm::SlotState::kDurable, step_no, gen, bytes);
   cur->slot = slot;
+  cur->slot_from_storage = true;
   return cur;
 }
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  (void)job;
-  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false) == nullptr)
+  if (req.bad_copy().size() > 4096)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
+  if (req.lease() == 0 && !req.bad_copy().empty()) {
+    // A FILE restore: the shard's stored copy is bad.
+    Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
+    if (shard == nullptr)
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
+                                              req.step(), " for rank ", req.rank()));
+    if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
+      MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
+    return absl::OkStatus();
+  }
+  const Lease* lease = leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false);
+  if (lease == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open restore ", req.lease(), " of job '",
                                             req.job(), "' rank ", req.rank()));
+  if (!req.bad_copy().empty()) {
+    Shard* shard = FindShardLocked(req.job(), lease->step, req.rank());
+    if (shard != nullptr && shard->slot == static_cast<int>(lease->slot))
+      MarkBadCopyLocked(*job, *shard, shard->slot_from_storage, req.bad_copy());
+  }
   ReleaseLeaseLocked(req.lease());
   return absl::OkStatus();
+}
+
+void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error) {
+  const std::string what = absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(),
+                                        " rank ", shard.rec.rank());
+  metrics_->Failure(metric::kRestoreChecksum);
+  if (shard.slot >= 0) {
+    // The slot's image goes (its last reader frees the slot).
+    auto rank = job.ranks.find(shard.rec.rank());
+    if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
+    shard.slot = -1;
+    shard.slot_from_storage = false;
+  }
+  if (!stored && shard.phase == ShardPhase::kDurable) {
+    LogWarning(absl::StrCat("FALLBACK: ", what, ": the copy in memory failed verification (",
+                            error, "); restores read ", shard.rec.path(), " next"));
+    return;
+  }
+  // No good copy left: the step is no longer restorable here, and Latest
+  // offers the previous good step.
+  LogWarning(absl::StrCat("FALLBACK: ", what, ": ",
+                          stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
+                          " failed verification (", error,
+                          "); no other copy here, the step is dropped from Latest"));
+  shard.phase = ShardPhase::kFailed;
+  shard.rec.set_state(v1::ShardRecord::FAILED);
+  shard.rec.set_error(absl::StrCat("failed verification: ", error));
+  (void)catalog_->PutShard(shard.rec, /*sync=*/true);
+  auto step = job.steps.find(shard.rec.step());
+  if (step != job.steps.end() && step->second.manifest) {
+    // The step is not whole any more: its manifest must not count.
+    persister_->QueueDelete(NodeManifestKey(job.rec.job(), shard.rec.step()), false);
+    step->second.manifest = false;
+  }
 }
 
 absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req) {
@@ -256,9 +309,17 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableReq
     if (shard.phase == ShardPhase::kFailed)
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
+      if (now != nullptr && now->phase == ShardPhase::kStaged &&
+          now->attempts >= options_.max_persist_attempts)
+        return absl::UnavailableError(absl::StrCat(
+            "persist of step ", req.step(), " rank ", req.rank(), " keeps failing (",
+            now->attempts, " attempts; retried while its bytes are in memory): ",
+            now->rec.error()));
       return absl::DeadlineExceededError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
                                                       " not durable within the timeout"));
+    }
   }
 }
 

@@ -2,11 +2,12 @@
 // else from the local file), object manifests, tiered retention and reads
 // back. See engine.h and uploader.h; the tiers are described in
 // doc/object-tier.md.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
+#include <cerrno>
 #include <future>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,6 +33,35 @@ absl::Status VerifyTensors(const char* image, const storage::ShardInfo& info,
   return absl::OkStatus();
 }
 
+// Anonymous memory of the daemon's own, page-aligned (direct I/O reads into
+// it), unmapped on destruction.
+class PrivateBuffer {
+ public:
+  static absl::StatusOr<PrivateBuffer> Allocate(uint64_t bytes) {
+    PrivateBuffer b;
+    if (bytes == 0) return b;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return ErrnoToStatus(errno, absl::StrCat("mmap ", bytes, " bytes"));
+    b.data_ = static_cast<char*>(p);
+    b.bytes_ = bytes;
+    return b;
+  }
+  PrivateBuffer() = default;
+  PrivateBuffer(PrivateBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_) {}
+  PrivateBuffer& operator=(PrivateBuffer&&) = delete;
+  ~PrivateBuffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  char* data() const { return data_; }
+
+ private:
+  char* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 // One object from memory: the writer reads the bytes in place.
 absl::Status PutObject(storage::Backend& backend, const std::string& key,
                        const char* data, uint64_t bytes) {
@@ -52,8 +82,9 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
 
 void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
   if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
-  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
-               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes()};
+  UploadTask t{UploadTask::kShard,  job.rec.job(), shard.rec.step(),
+               shard.rec.rank(),    shard.gen,     shard.rec.image_bytes(),
+               {shard.rec.path()}};
   uploader_->Push(std::move(t));
 }
 
@@ -90,12 +121,21 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
     // the step's object manifest, which waits for `uploaded`.
     s = PutObject(*object_, key, arena->slot_data(slot), bytes);
     if (!s.ok()) return Annotate(s, "upload from shared memory");
+    // The job's processes can still write to the slot, so the bytes sent
+    // must be checked against the shard's checksums after the writer read
+    // them; a stray write sends the verified local file instead.
+    absl::Status verified = VerifyTensors(arena->slot_data(slot), info, key);
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
     if (job != jobs_.end()) {
       auto rank = job->second.ranks.find(task.rank);
       done = rank != job->second.ranks.end() && rank->second.arena == arena &&
              rank->second.slots[slot].write_no == write_no;
+    }
+    if (done && !verified.ok()) {
+      LogWarning(absl::StrCat("upload of ", key, ": shared memory changed after the commit (",
+                              verified.message(), "); uploading the local file"));
+      done = false;
     }
   }
   if (!done) CKPT_RETURN_IF_ERROR(UploadFromLocalFile(key, bytes, info));
@@ -110,7 +150,7 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
   if (shard == nullptr || shard->gen != task.gen) {
     // Deleted or replaced while we uploaded: the object must not outlive it.
     if (shard == nullptr)
-      uploader_->Push(
+      QueueObjectDeleteTaskLocked(
           UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
     return absl::OkStatus();
   }
@@ -126,38 +166,31 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
 
 absl::Status Engine::UploadFromLocalFile(const std::string& key, uint64_t bytes,
                                          const storage::ShardInfo& info) {
-  std::optional<std::string> path = backend_->LocalPath(key);
-  if (!path) {
-    // A local tier without files: through its reader into a buffer.
-    std::vector<char> buf(bytes);
-    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
-                          backend_->NewObjectReader(key));
-    CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
-    CKPT_RETURN_IF_ERROR(VerifyTensors(buf.data(), info, key));
-    return PutObject(*object_, key, buf.data(), bytes);
-  }
-  int fd = open(path->c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open " + *path);
-  void* map =
-      bytes ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-  int map_errno = errno;
-  close(fd);
-  if (map == MAP_FAILED) return ErrnoToStatus(map_errno, "mmap " + *path);
-  (void)madvise(map, bytes, MADV_SEQUENTIAL);  // a hint; nothing depends on it
-  const char* image = static_cast<const char*>(map);
+  // The file belongs to the job's uid, who may truncate or rewrite it at
+  // any time. A mapping of it would turn a short file into SIGBUS in the
+  // daemon, so it is read into the daemon's own memory (a short file is an
+  // error naming it), and the bytes verified are the bytes sent.
+  const std::string where = backend_->LocalPath(key).value_or(key);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
+                        backend_->NewObjectReader(key));
+  if (reader->size() != bytes)
+    return absl::DataLossError(absl::StrCat(
+        where, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
+  CKPT_ASSIGN_OR_RETURN(PrivateBuffer buf, PrivateBuffer::Allocate(bytes));
+  CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
+  reader.reset();
   // The checksum pass runs beside the upload; a bad local file is not sent.
-  auto verify = std::async(std::launch::async, VerifyTensors, image,
-                           std::cref(info), std::cref(key));
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectWriter> writer,
-                        object_->NewObjectWriter(key, bytes));
-  absl::Status s = writer->WriteAt(0, image, bytes);
+  auto verify = std::async(std::launch::async, VerifyTensors, buf.data(),
+                           std::cref(info), std::cref(where));
+  auto writer = object_->NewObjectWriter(key, bytes);
+  absl::Status s = writer.status();
+  if (s.ok()) s = (*writer)->WriteAt(0, buf.data(), bytes);
   absl::Status v = verify.get();
   if (s.ok()) s = v;
   if (s.ok())
-    s = writer->Commit();
-  else
-    writer->Abort();
-  munmap(map, bytes);
+    s = (*writer)->Commit();
+  else if (writer.ok())
+    (*writer)->Abort();
   return Annotate(s, "upload from the local file");
 }
 
@@ -168,48 +201,62 @@ void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
   for (const auto& [r, shard] : step->second.shards)
     if (!shard.uploaded) return;
-  uploader_->Push(UploadTask{UploadTask::kManifest, job.rec.job(), step_no});
+  QueueObjectManifestTaskLocked(job.rec.job(), step_no);
+}
+
+void Engine::QueueObjectManifestTaskLocked(const std::string& job, uint64_t step_no) {
+  uploader_->Push(UploadTask{UploadTask::kManifest, job, step_no, 0, 0, 0,
+                             {NodeManifestKey(job, step_no)}});
 }
 
 absl::Status Engine::WriteObjectManifest(const UploadTask& task) {
-  storage::v1::NodeManifest m;
-  {
+  const std::string key = NodeManifestKey(task.job, task.step);
+  // Built under the lock, written without it. Only this task touches the
+  // key now (uploader.h), so a manifest that no longer describes the step
+  // (it changed or went while the task waited or wrote) is deleted here,
+  // and the step's current state written if it is whole.
+  for (;;) {
+    std::optional<storage::v1::NodeManifest> m;
+    std::vector<std::pair<uint32_t, uint64_t>> gens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Job* job = nullptr;
+      Step* step = nullptr;
+      if (auto j = jobs_.find(task.job); j != jobs_.end()) {
+        job = &j->second;
+        if (auto st = job->steps.find(task.step); st != job->steps.end())
+          step = &st->second;
+      }
+      if (step != nullptr && step->object_manifest)
+        return absl::CancelledError("manifest already written");
+      bool durable = false, uploaded = step != nullptr;
+      if (step != nullptr)
+        for (const auto& [r, shard] : step->shards)
+          uploaded = uploaded && shard.uploaded;
+      if (uploaded && StepCompleteLocked(*job, *step, &durable) && durable) {
+        m = NodeManifestOf(task.job, task.step, job->rec.world_size(), *step);
+        gens = ShardGenerations(*step);
+      }
+    }
+    if (!m) {
+      CKPT_RETURN_IF_ERROR(object_->Delete(key));
+      return absl::CancelledError("step gone, incomplete or not uploaded");
+    }
+    // Written last: only now is the step visible in the object tier.
+    CKPT_RETURN_IF_ERROR(
+        storage::WriteNodeManifest(*object_, *m, options_.node_id));
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
-    if (job == jobs_.end()) return absl::CancelledError("job gone");
+    if (job == jobs_.end()) continue;
     auto step = job->second.steps.find(task.step);
-    if (step == job->second.steps.end() || step->second.object_manifest)
-      return absl::CancelledError("step gone");
-    bool durable = false;
-    if (!StepCompleteLocked(job->second, step->second, &durable) || !durable)
-      return absl::CancelledError("step incomplete");
-    for (const auto& [r, shard] : step->second.shards)
-      if (!shard.uploaded) return absl::CancelledError("step not uploaded");
-    m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(),
-                       step->second);
-  }
-  // Written last: only now is the step visible in the object tier.
-  CKPT_RETURN_IF_ERROR(
-      storage::WriteNodeManifest(*object_, m, options_.node_id));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto job = jobs_.find(task.job);
-  if (job == jobs_.end()) return absl::OkStatus();
-  auto step = job->second.steps.find(task.step);
-  if (step == job->second.steps.end()) {
-    // Deleted meanwhile: so is the manifest.
-    uploader_->Push(UploadTask{UploadTask::kDelete,
-                               task.job,
-                               task.step,
-                               0,
-                               0,
-                               0,
-                               {NodeManifestKey(task.job, task.step)}});
+    if (step == job->second.steps.end() ||
+        ShardGenerations(step->second) != gens)
+      continue;
+    step->second.object_manifest = true;
+    ApplyRetentionLocked(job->second);
+    cv_.notify_all();
     return absl::OkStatus();
   }
-  step->second.object_manifest = true;
-  ApplyRetentionLocked(job->second);
-  cv_.notify_all();
-  return absl::OkStatus();
 }
 
 void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
@@ -221,7 +268,7 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
   del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
   for (const auto& [r, shard] : step->second.shards)
     if (shard.uploaded) del.keys.push_back(shard.rec.path());
-  uploader_->Push(std::move(del));
+  QueueObjectDeleteTaskLocked(std::move(del));
   step->second.object_manifest = false;
   for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
 }
@@ -229,12 +276,13 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
 void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
   Step& step = job.steps[step_no];
   if (step.manifest) {
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), step_no), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no,
+                           NodeManifestKey(job.rec.job(), step_no), false);
     step.manifest = false;
   }
   for (auto& [r, shard] : step.shards) {
     if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
-    persister_->QueueDelete(shard.rec.path(), false);
+    QueueLocalDeleteLocked(job.rec.job(), step_no, shard.rec.path(), false);
     shard.local_gone = true;
     shard.rec.set_local_gone(true);
     absl::Status c = catalog_->PutShard(shard.rec, /*sync=*/false);
@@ -266,7 +314,11 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   for (auto& [n, step] : job.steps) {
     if (n >= *local_cutoff) break;
     bool durable = false;
-    if (step.object_manifest)
+    // Only a copy the object tier holds may go.
+    bool uploaded = step.object_manifest;
+    for (const auto& [r, shard] : step.shards)
+      uploaded = uploaded && shard.uploaded;
+    if (uploaded)
       local_only.push_back(n);
     else if (!StepCompleteLocked(job, step, &durable))
       drop_whole.push_back(n);

@@ -24,6 +24,7 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
   out->set_bytes(report.bytes);
   out->set_checksum_digest(report.digest);
   out->set_staged_digest(report.staged_digest);
+  out->set_owner_uid(report.owner_uid);
   out->set_key(report.key);
 }
 
@@ -81,7 +82,18 @@ void NodeAgent::Start(Engine* engine) {
 
 void NodeAgent::Report(const ShardReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
-  reports_.push_back(Queued{report, epoch_.load()});
+  const uint64_t epoch = epoch_.load();
+  if (epoch == 0) {
+    // Committed while this node has no epoch: fenced (declared dead, its
+    // ranks' generation given up) or not registered yet. Tagging it with
+    // the next epoch would count the abandoned generation's shard.
+    if (reports_dropped_.fetch_add(1) == dropped_logged_)
+      LogWarning(absl::StrCat("node ", options_.node_id, " has no epoch (fenced or not registered): ",
+                              "not reporting job ", report.job, " step ", report.step, " rank ",
+                              report.rank, " (nor later ones until it registers)"));
+    return;
+  }
+  reports_.push_back(Queued{report, epoch});
   cv_.notify_all();
 }
 
@@ -124,8 +136,7 @@ void NodeAgent::HeartbeatLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.clear();
         handled_.clear();
-        for (Queued& q : reports_)
-          if (q.epoch == 0) q.epoch = resp.epoch();
+        dropped_logged_ = reports_dropped_.load();  // the next drop is worth a line again
         epoch_ = resp.epoch();
         NoteIncarnationLocked(resp.incarnation());
       }
@@ -187,16 +198,28 @@ void NodeAgent::HeartbeatLoop() {
     }
     for (const cv1::Order& o : resp.orders()) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!handled_.insert(o.id()).second) continue;
+      auto [taken, fresh] = handled_.try_emplace(o.id(), false);
+      if (!fresh) {
+        // Carried out and acknowledged, yet sent again: the coordinator lost
+        // the acknowledgement. Acknowledge again (a PREFETCH still running
+        // acknowledges when done).
+        if (taken->second && std::find(acked_.begin(), acked_.end(), o.id()) == acked_.end()) {
+          LogInfo(absl::StrCat("order ", o.id(), " sent again: acknowledging it again"));
+          acked_.push_back(o.id());
+        }
+        continue;
+      }
       LogInfo(absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()), " job ", o.job(),
                            " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
                            o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
       if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
         prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
                                   o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
-                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()));
+                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()),
+                                  o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid()) : std::nullopt);
       } else {
         if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
+        taken->second = true;
         acked_.push_back(o.id());
       }
     }
@@ -205,14 +228,14 @@ void NodeAgent::HeartbeatLoop() {
 
 void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                             uint64_t step, std::vector<uint32_t> ranks,
-                            std::vector<std::string> keys) {
+                            std::vector<std::string> keys, std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i]);
+      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i], owner_uid);
     });
   for (auto& t : loaders) t.join();
   for (size_t i = 0; i < ranks.size(); ++i)
@@ -226,6 +249,9 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_s
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                        " s"));
   std::lock_guard<std::mutex> lock(mu_);
+  // Gone when the node registered again meanwhile: the order died with the
+  // old epoch, and the coordinator ignores its acknowledgement.
+  if (auto taken = handled_.find(order_id); taken != handled_.end()) taken->second = true;
   acked_.push_back(order_id);
   kick_ = true;  // the plan waits for this acknowledgement
   cv_.notify_all();
@@ -273,7 +299,7 @@ void NodeAgent::ReportLoop() {
   auto backoff = std::chrono::milliseconds(0);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    if (reports_.empty() || reports_.front().epoch == 0) {
+    if (reports_.empty()) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }

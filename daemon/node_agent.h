@@ -4,13 +4,19 @@
 // coordinator's orders: PREFETCH loads shards from the shared root into
 // this node's shared memory (on its own thread, so heartbeats go on) and is
 // acknowledged when done; RESTART and STOP are acknowledged at once, since
-// ckptrun acts on them through the job's generation.
+// ckptrun acts on them through the job's generation. Handling is
+// idempotent: an order the coordinator sends again after its
+// acknowledgement (which it may lose: acknowledgements are not durable
+// before the heartbeat's answer) is acknowledged again and not re-run.
 //
 // Fencing: each report carries the epoch the node had when the shard was
 // committed, so a node declared dead (timed out, SIGSTOPped) cannot make the
 // coordinator count anything it committed before it re-registered. When a
 // heartbeat is refused for its epoch, the agent registers again (a new
-// epoch) and drops the reports of the old one.
+// epoch) and drops the reports of the old one. A shard committed while the
+// node has no epoch (fenced and not registered again yet, or before its
+// first registration) is never reported: it belongs to a generation the
+// coordinator gave up on, and must not count under the next epoch.
 //
 // Reports go in batches: one ReportShards call carries every report
 // queued (all ranks of this node), after a short gathering delay. A batch
@@ -78,11 +84,14 @@ class NodeAgent {
   uint64_t report_retries() const { return report_retries_.load(); }
   // Reports sent again to a restarted coordinator.
   uint64_t reports_resent() const { return reports_resent_.load(); }
+  // Reports not sent: their shard was committed while the node had no
+  // epoch (see Fencing above).
+  uint64_t reports_dropped() const { return reports_dropped_.load(); }
 
  private:
   struct Queued {
     ShardReport report;
-    uint64_t epoch = 0;  // 0: committed before the first registration
+    uint64_t epoch = 0;  // the node's epoch when the shard was committed
   };
   class Rpc;
 
@@ -96,7 +105,8 @@ class NodeAgent {
   // Under mu_: a new incarnation seen; re-queues the soft state.
   void NoteIncarnationLocked(uint64_t incarnation);
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
-                   std::vector<uint32_t> ranks, std::vector<std::string> keys);
+                   std::vector<uint32_t> ranks, std::vector<std::string> keys,
+                   std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
 
   const NodeAgentOptions options_;
@@ -119,8 +129,15 @@ class NodeAgent {
   uint64_t incarnation_ = 0;
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};
+  std::atomic<uint64_t> reports_dropped_{0};
+  uint64_t dropped_logged_ = 0;  // reports_dropped_ when the last was logged
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
-  std::set<uint64_t> handled_;       // orders taken (prefetches may still run)
+  // Orders taken, by id: true once carried out and acknowledged (a
+  // PREFETCH runs first). An order sent again after that was acknowledged
+  // in a heartbeat whose effect the coordinator lost (a crash before its
+  // write was durable, a failed write, a failover): it is acknowledged
+  // again, never carried out twice.
+  std::map<uint64_t, bool> handled_;
   std::vector<std::thread> prefetchers_;
   // Placement to pass to the engine, whose mutex may be held for seconds
   // (an arena being created): the heartbeat thread must never wait on it.

@@ -70,7 +70,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   app.add_option("--upload-threads", upload_threads, "object tier: shards uploaded at once")
       ->check(CLI::Range(1, 64));
   app.add_option("--slots", slots, "default slots per arena")->check(CLI::Range(2, 16));
-  app.add_option("--persist-attempts", attempts, "attempts before a persist is failed")->check(CLI::Range(1, 100));
+  app.add_option("--persist-attempts", attempts, "failed persist attempts before WaitDurable reports the failure and a newer save may take the slot (retried while the bytes are in memory)")->check(CLI::Range(1, 100));
   app.add_option("--drain-seconds", drain_s, "on SIGTERM, wait this long for pending persists");
   app.add_option("--queue-depth", queue_depth, "I/O requests in flight per shard")->check(CLI::Range(1, 256));
   app.add_option("--io-mib", io_mib, "MiB per I/O request")->check(CLI::Range(1, 256));
@@ -232,6 +232,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   const std::string& data =
       o.shared_root.empty() || storage::IsObjectStoreUrl(o.shared_root) ? o.root : o.shared_root;
   o.storage.root = data;
+  // A shared root holds other nodes' writes in flight: only this node's
+  // temp files are its leftovers.
+  if (o.cluster) o.storage.tmp_tag = o.engine.node_id;
   o.storage.use_io_uring = !no_uring;
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;

@@ -10,8 +10,8 @@
 namespace ckpt::daemon {
 
 Persister::Persister(std::mutex* mu, std::condition_variable* cv,
-                     storage::Backend* backend, RunFn run)
-    : mu_(mu), cv_(cv), backend_(backend), run_(std::move(run)) {}
+                     storage::Backend* backend, RunFn run, Catalog* intents)
+    : mu_(mu), cv_(cv), backend_(backend), run_(std::move(run)), intents_(intents) {}
 
 Persister::~Persister() { Stop(); }
 
@@ -29,11 +29,12 @@ void Persister::Stop() {
   thread_.join();
 }
 
-void Persister::QueueDelete(std::string key, bool prefix) {
+void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent) {
   PersistTask t;
   t.kind = PersistTask::kDelete;
   t.key = std::move(key);
   t.prefix = prefix;
+  t.intent = intent;
   Push(std::move(t));
 }
 
@@ -52,6 +53,10 @@ void Persister::Loop() {
                                    : backend_->Delete(task.key);
       if (!s.ok())
         LogWarning(absl::StrCat("delete ", task.key, ": ", s.message()));
+      else if (task.intent != 0 && intents_ != nullptr)
+        s = intents_->ForgetDeleteIntent(task.intent);
+      if (!s.ok() && task.intent != 0)
+        LogWarning(absl::StrCat("delete ", task.key, ": left for the next start"));
     } else {
       run_(task);
     }

@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "daemon/catalog.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -43,6 +44,7 @@ struct PersistTask {
   std::chrono::steady_clock::time_point not_before{};
   std::string key{};  // {}: aggregate inits may leave it out without a warning
   bool prefix = false;
+  uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
 };
 
 class Persister {
@@ -50,9 +52,10 @@ class Persister {
   // Runs a kShard or kManifest task; called without the mutex held.
   using RunFn = std::function<void(const PersistTask&)>;
 
-  // mu and cv are the engine's; backend must outlive the persister.
+  // mu and cv are the engine's; backend (and intents, where a done
+  // delete's intent is forgotten, if given) must outlive the persister.
   Persister(std::mutex* mu, std::condition_variable* cv,
-            storage::Backend* backend, RunFn run);
+            storage::Backend* backend, RunFn run, Catalog* intents = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -68,7 +71,9 @@ class Persister {
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_relaxed);
   }
-  void QueueDelete(std::string key, bool prefix);
+  // A delete, and its DeleteIntent in the catalog (0: none): forgotten once
+  // done; a failure leaves it for the next start.
+  void QueueDelete(std::string key, bool prefix, uint64_t intent = 0);
   size_t Size() const { return tasks_.size(); }
   // Nothing queued or running.
   bool Idle() const { return tasks_.empty() && !busy_; }
@@ -89,6 +94,7 @@ class Persister {
   std::condition_variable* const cv_;
   storage::Backend* const backend_;
   const RunFn run_;
+  Catalog* const intents_;
   std::deque<PersistTask> tasks_;
   bool busy_ = false;
   bool stopping_ = false;

@@ -35,7 +35,9 @@ struct Slot {
   uint64_t image_bytes = 0;
   uint32_t readers = 0;
   uint64_t writer = 0;       // lease of the client writing it
-  bool reclaimable = false;  // holds a shard whose persist failed for good
+  // Holds a shard whose persist failed for good, or keeps failing: a newer
+  // save may take it (never while the persister writes from it).
+  bool reclaimable = false;
   // Which write filled the slot (unique per RankSlots, set by BeginWrite;
   // 0 once freed): an upload reading the slot without a lease checks it
   // after the transfer to know that no save overwrote the bytes meanwhile.
@@ -74,8 +76,9 @@ class RankSlots {
   // The persister takes the slot's shard (kPersisting), wrote it
   // (kDurable), or will retry (kStaged).
   void SetState(uint32_t slot, shm::SlotState state);
-  // The slot's shard failed to persist for good: back to kStaged, and the
-  // slot may be reused like a durable one.
+  // The slot's shard failed to persist, for good or too often (it is
+  // retried): back to kStaged, and the slot may be reused like a durable
+  // one.
   void FailPersist(uint32_t slot);
   // A restore starts reading `slot` (EndRead ends it).
   void AddReader(uint32_t slot) { ++slots[slot].readers; }

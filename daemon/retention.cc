@@ -57,6 +57,12 @@ std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
   return oldest_kept;
 }
 
+std::vector<std::pair<uint32_t, uint64_t>> ShardGenerations(const Step& step) {
+  std::vector<std::pair<uint32_t, uint64_t>> gens;
+  for (const auto& [r, shard] : step.shards) gens.emplace_back(r, shard.gen);
+  return gens;
+}
+
 storage::v1::NodeManifest NodeManifestOf(const std::string& job,
                                          uint64_t step_no, uint32_t world_size,
                                          const Step& step) {

@@ -19,6 +19,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon/step_state.h"
 #include "manifest.pb.h"
@@ -47,6 +49,10 @@ bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
 std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps, bool cluster,
                                         const Hosting* hosting, bool object = false);
+
+// The (rank, generation) of each of the step's shards: a manifest built
+// from the step still describes it while these are unchanged.
+std::vector<std::pair<uint32_t, uint64_t>> ShardGenerations(const Step& step);
 
 // This node's manifest of a complete, durable step.
 storage::v1::NodeManifest NodeManifestOf(const std::string& job,

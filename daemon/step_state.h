@@ -34,6 +34,9 @@ struct Shard {
   // commit (recovered, prefetched: their checksums are all known).
   std::optional<uint64_t> staged_digest;
   int slot = -1;  // slot that holds the image, -1 if none
+  // The slot's image was read from storage (a restore's load, a
+  // prefetch), not committed: a bad image there means a bad stored copy.
+  bool slot_from_storage = false;
   uint32_t attempts = 0;
   // Object tier: the shard is also in the object store (same key), and
   // local retention deleted its local file (restores read the object).

@@ -2,6 +2,8 @@
 #include "daemon/uploader.h"
 
 #include <algorithm>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/due_task.h"
@@ -15,8 +17,12 @@ constexpr auto kMaxRetry = std::chrono::seconds(30);
 
 }  // namespace
 
-Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run)
-    : object_(object), threads_(std::max(1u, threads)), run_(std::move(run)) {}
+Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run,
+                   Catalog* intents)
+    : object_(object),
+      threads_(std::max(1u, threads)),
+      run_(std::move(run)),
+      intents_(intents) {}
 
 Uploader::~Uploader() { Stop(); }
 
@@ -43,6 +49,7 @@ void Uploader::Push(UploadTask task) {
       ++shards;
       bytes += task.bytes;
     }
+    task.seq = next_seq_++;
     tasks_.push_back(std::move(task));
   }
   cv_.notify_all();
@@ -116,20 +123,43 @@ void Uploader::Finish(const UploadTask& task, absl::Status status) {
       "object tier: ", task.kind == UploadTask::kDelete ? "delete" : "upload",
       " of job ", task.job, " step ", task.step, " (attempt ", retry.attempts,
       "): ", status.message()));
-  tasks_.push_back(std::move(retry));
+  // Back in its place: later tasks on its keys still wait for it.
+  auto at = std::upper_bound(
+      tasks_.begin(), tasks_.end(), retry.seq,
+      [](uint64_t seq, const UploadTask& t) { return seq < t.seq; });
+  tasks_.insert(at, std::move(retry));
+}
+
+std::optional<UploadTask> Uploader::TakeLocked(std::unique_lock<std::mutex>& lock) {
+  std::set<std::string_view> earlier;  // keys of the tasks passed over
+  return TakeDueTask(tasks_, cv_, lock, [&](const UploadTask& t, bool due) {
+    bool free = due;
+    for (const std::string& k : t.keys)
+      free = free && !earlier.count(k) && !running_keys_.count(k);
+    if (free) return true;
+    earlier.insert(t.keys.begin(), t.keys.end());
+    return false;
+  });
 }
 
 void Uploader::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    std::optional<UploadTask> due = TakeDueTask(tasks_, cv_, lock);
+    std::optional<UploadTask> due = TakeLocked(lock);
     if (!due) continue;
     UploadTask task = std::move(*due);
     ++busy_;
+    const std::vector<std::string> keys = task.keys;  // RunDelete eats them
+    running_keys_.insert(keys.begin(), keys.end());
     lock.unlock();
     absl::Status s =
         task.kind == UploadTask::kDelete ? RunDelete(task) : run_(task);
+    if (s.ok() && task.intent != 0 && intents_ != nullptr) {
+      absl::Status f = intents_->ForgetDeleteIntent(task.intent);
+      if (!f.ok()) LogWarning(std::string(f.message()));  // redone at start
+    }
     lock.lock();
+    for (const std::string& k : keys) running_keys_.erase(running_keys_.find(k));
     --busy_;
     Finish(task, std::move(s));
     cv_.notify_all();

@@ -13,6 +13,11 @@
 // without limit: the store may come back; each failure is counted and the
 // last error kept for Status.
 //
+// Tasks that touch the same key (an object, a manifest) run one at a time,
+// in the order they were pushed, a retry keeping its place: an upload of an
+// older generation, or a delete that failed once, never lands after a
+// newer write of the key. Tasks on different keys run in parallel.
+//
 // Thread-safety: all methods are safe to call concurrently. The uploader
 // has its own mutex, never held while a task runs. Lock order: the engine
 // may call Push with its mutex held; `run` takes the engine mutex, and is
@@ -27,12 +32,15 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/catalog.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -44,10 +52,14 @@ struct UploadTask {
   uint32_t rank = 0;
   uint64_t gen = 0;    // kShard: the generation of the shard to upload
   uint64_t bytes = 0;  // kShard: counted in the backlog
-  // kDelete: deleted in this order; a failure keeps the rest for a retry.
+  // The keys the task writes or deletes: kShard the shard's object,
+  // kManifest the step's manifest; kDelete deletes them in this order (a
+  // failure keeps the rest for a retry).
   std::vector<std::string> keys{};
   std::chrono::steady_clock::time_point not_before{};
   uint32_t attempts = 0;
+  uint64_t seq = 0;  // set by Push: the task's place in the queue
+  uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
 };
 
 // What Status and metrics show of the object tier.
@@ -67,8 +79,10 @@ class Uploader {
   // Runs a kShard or kManifest task; an error re-queues it.
   using RunFn = std::function<absl::Status(const UploadTask&)>;
 
-  // object must outlive the uploader.
-  Uploader(storage::Backend* object, unsigned threads, RunFn run);
+  // object (and intents, where a done delete's intent is forgotten, if
+  // given) must outlive the uploader.
+  Uploader(storage::Backend* object, unsigned threads, RunFn run,
+           Catalog* intents = nullptr);
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
   ~Uploader();  // Stop()
@@ -88,15 +102,21 @@ class Uploader {
 
  private:
   void Loop();
+  // The next task that is due and touches no key of an earlier queued or a
+  // running task; waits (mu_ held through `lock`) when there is none.
+  std::optional<UploadTask> TakeLocked(std::unique_lock<std::mutex>& lock);
   void Finish(const UploadTask& task, absl::Status status);
   absl::Status RunDelete(UploadTask& task);
 
   storage::Backend* const object_;
   const unsigned threads_;
   const RunFn run_;
+  Catalog* const intents_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<UploadTask> tasks_;
+  std::deque<UploadTask> tasks_;  // by seq
+  uint64_t next_seq_ = 1;
+  std::multiset<std::string> running_keys_;  // of the tasks running now
   unsigned busy_ = 0;
   bool stopping_ = false;
   // kShard tasks queued or running, by (job, step): the backlog.

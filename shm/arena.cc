@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shm/segment_access.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -238,20 +239,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   Fd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/true, /*writable=*/true));
-  absl::Status s;
-  struct stat st {};
-  if (::fstat(fd.fd, &st) != 0)
-    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
-  // (uid_t)-1 / (gid_t)-1 leave that id unchanged, as in fchown(2).
-  bool chown_needed = (options.owner_uid != static_cast<uid_t>(-1) &&
-                       st.st_uid != options.owner_uid) ||
-                      (options.owner_gid != static_cast<gid_t>(-1) &&
-                       st.st_gid != options.owner_gid);
-  if (s.ok() && chown_needed &&
-      ::fchown(fd.fd, options.owner_uid, options.owner_gid) != 0)
-    s = ErrnoToStatus(
-        errno, absl::StrCat("arena ", name, ": fchown to ", options.owner_uid,
-                            ":", static_cast<int>(options.owner_gid)));
+  absl::Status s = GrantSegment(fd.fd, name, options.user_uid);
   // Only the header and the first prefault_slots slots are reserved and
   // faulted in now; ReserveSlots() does the rest. The segment has its full
   // size from the start (clients check it), and /dev/shm must have room for
@@ -323,6 +311,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0)
     return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
+  const uid_t self = ::geteuid();
+  CKPT_RETURN_IF_ERROR(CheckSegmentOwner(
+      st, name, self, expect.user_uid == static_cast<uid_t>(-1) ? self : expect.user_uid));
   const uint64_t real = static_cast<uint64_t>(st.st_size);
   if (real < kHeaderBytes)
     return absl::DataLossError(absl::StrCat("arena ", name,
@@ -340,6 +331,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     return absl::DataLossError(absl::StrCat("arena ", name,
                                             ": segment size is ", real,
                                             " bytes, expected ", arena_bytes));
+  // An older daemon gave its arenas to the job's uid (which logind's
+  // RemoveIPC deletes); from now on it is ours.
+  CKPT_RETURN_IF_ERROR(GrantSegment(fd.fd, name, expect.user_uid));
   // The daemon that created it may have died before reserving every slot.
   CKPT_RETURN_IF_ERROR(Reserve(fd.fd, name, 0, arena_bytes));
   CKPT_ASSIGN_OR_RETURN(
@@ -365,6 +359,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0)
     return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
+  // ckptd runs as root; one run by the caller's own uid makes its arenas
+  // the caller's.
+  CKPT_RETURN_IF_ERROR(CheckSegmentOwner(st, name, 0, ::geteuid()));
   if (static_cast<uint64_t>(st.st_size) != arena_bytes)
     return absl::DataLossError(
         absl::StrCat("arena ", name, ": segment size is ", st.st_size,

@@ -1,7 +1,8 @@
 // Named shared-memory arenas: one per (job, rank), owned by ckptd.
 //
-// The daemon creates an arena (mode 0600, owned by the registering uid):
-// an arena /dev/shm cannot hold is refused at creation, never a SIGBUS
+// The daemon creates an arena (its own, mode 0600; the registering uid may
+// open it through an ACL entry, see segment_access.h): an arena /dev/shm
+// cannot hold is refused at creation, never a SIGBUS
 // later. Create allocates (fallocate) and pre-faults the header and the
 // first `prefault_slots` slots; ReserveSlots() does the same for the rest
 // later (a background thread), so that a first save waits only for the
@@ -79,8 +80,9 @@ struct ArenaOptions {
   uint32_t world_size = 1;
   uint64_t slot_bytes = 0;  // rounded up to kSlotAlign
   uint32_t num_slots = 2;   // 2..kMaxSlots
-  uid_t owner_uid = 0;
-  gid_t owner_gid = 0;
+  // The job's uid: may open the segment read-write (segment_access.h).
+  // (uid_t)-1: only the daemon's uid.
+  uid_t user_uid = static_cast<uid_t>(-1);
   // Slots whose pages Create allocates and faults in before returning
   // (zeroing shmem pages is the expensive part of creating an arena); the
   // others need ReserveSlots() before use.
@@ -97,10 +99,14 @@ class Arena {
   // Daemon after a restart: maps an existing arena read-write and checks
   // that its header matches `expect` (job, rank, slot_bytes, num_slots) and
   // the segment's size; DataLoss naming the field if it was scribbled over.
+  // PermissionDenied, changing nothing, unless the segment is the daemon's
+  // (or expect.user_uid's) and closed to everyone else: anyone can create
+  // a file under that name. An accepted one is made the daemon's again.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Reattach(
       const ArenaOptions& expect);
   // Client: maps an arena the daemon handed out. Header read-only, slots
-  // read-write, pre-faulted.
+  // read-write. PermissionDenied unless the segment is root's (ckptd's) or
+  // the caller's own, and closed to everyone else.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Attach(
       std::string_view name, uint64_t arena_bytes, uint64_t slots_offset);
   // Removes the name (the memory lives until every mapping is gone).

@@ -1,6 +1,7 @@
 #include "shm/arena.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -35,8 +36,7 @@ class ArenaTest : public ::testing::Test {
     o.world_size = 4;
     o.slot_bytes = slot_bytes;
     o.num_slots = num_slots;
-    o.owner_uid = ::getuid();
-    o.owner_gid = ::getgid();
+    o.user_uid = ::geteuid();
     return o;
   }
   void TearDown() override {
@@ -101,28 +101,14 @@ TEST_F(ArenaTest, CreateRejectsBadSlotCounts) {
   }
 }
 
-TEST_F(ArenaTest, SegmentHasMode0600AndRequestedOwner) {
+TEST_F(ArenaTest, SegmentHasMode0600AndTheDaemonsOwner) {
   ArenaOptions o = Options();
   auto a = Arena::Create(o);
   ASSERT_TRUE(a.ok()) << a.status();
   struct stat st {};
   ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
-  EXPECT_EQ(st.st_uid, o.owner_uid);
-  EXPECT_EQ(st.st_gid, o.owner_gid);
-}
-
-TEST_F(ArenaTest, SegmentIsChownedToTheOwner) {
-  if (::geteuid() != 0) GTEST_SKIP() << "fchown to another uid needs root";
-  ArenaOptions o = Options();
-  o.owner_uid = 4321;
-  o.owner_gid = 4322;
-  auto a = Arena::Create(o);
-  ASSERT_TRUE(a.ok()) << a.status();
-  struct stat st {};
-  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, 4321u);
-  EXPECT_EQ(st.st_gid, 4322u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
 }
 
 TEST_F(ArenaTest, ClientHeaderMappingIsReadOnly) {
@@ -225,6 +211,87 @@ TEST_F(ArenaTest, AttachRefusesAWrongSize) {
   ASSERT_TRUE(d.ok());
   auto c = Arena::Attach(o.name, (*d)->size() + kSlotAlign, kSlotAlign);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
+}
+
+// Whether uid can open the segment read-write (a child process drops to it).
+bool OpensAs(const std::string& name, uid_t uid) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(2);
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    ::_exit(fd >= 0 ? 0 : 1);
+  }
+  int wstatus = 0;
+  return child > 0 && ::waitpid(child, &wstatus, 0) == child && WIFEXITED(wstatus) &&
+         WEXITSTATUS(wstatus) == 0;
+}
+
+// logind's RemoveIPC deletes the /dev/shm files a user owns when the user
+// logs out: the segment must stay the daemon's, the job's uid only a user.
+TEST_F(ArenaTest, SegmentStaysTheDaemonsAndOnlyTheJobsUidMayOpenIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to open the segment as other uids";
+  ArenaOptions o = Options();
+  o.user_uid = 1000;
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_EQ(st.st_mode & S_IRWXO, 0u);
+  EXPECT_TRUE(OpensAs(o.name, 1000));
+  EXPECT_FALSE(OpensAs(o.name, 1001));
+}
+
+// A segment someone else made under the arena's name (after a reboot, or
+// after logind removed the real one), header copied, is not ours.
+TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentAnotherUidOwns) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the segment to another uid";
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const uint64_t size = (*d)->size();
+  d->reset();
+  ASSERT_EQ(::chown(("/dev/shm" + o.name).c_str(), 4321, 4321), 0);
+  auto r = Arena::Reattach(o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_NE(r.status().message().find("uid 4321"), absl::string_view::npos) << r.status();
+  auto c = Arena::Attach(o.name, size, kSlotAlign);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied) << c.status();
+  EXPECT_NE(c.status().message().find("uid 4321"), absl::string_view::npos) << c.status();
+  // The refusal changed nothing: the squatter's segment is as it was.
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4321u);
+}
+
+// Older daemons gave arenas to the job's uid: still re-attached, and from
+// then on the daemon's (logind no longer removes them).
+TEST_F(ArenaTest, ReattachTakesBackAnArenaTheJobsUidOwns) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the segment to another uid";
+  ArenaOptions o = Options();
+  o.user_uid = 1000;
+  ASSERT_TRUE(Arena::Create(o).ok());
+  ASSERT_EQ(::chown(("/dev/shm" + o.name).c_str(), 1000, 1000), 0);
+  auto r = Arena::Reattach(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_TRUE(OpensAs(o.name, 1000));
+}
+
+TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentOthersMayOpen) {
+  ArenaOptions o = Options();
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const uint64_t size = (*d)->size();
+  d->reset();
+  ASSERT_EQ(::chmod(("/dev/shm" + o.name).c_str(), 0666), 0);
+  auto r = Arena::Reattach(o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_NE(r.status().message().find("mode"), absl::string_view::npos) << r.status();
+  auto c = Arena::Attach(o.name, size, kSlotAlign);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied) << c.status();
 }
 
 TEST_F(ArenaTest, UnlinkRemovesTheNameButKeepsMappings) {

@@ -197,11 +197,16 @@ struct LocalBackendOptions {
   // Remove "*.tmp.*" crash leftovers under root at open. Readers of a root
   // a live daemon writes to (ckptctl) must pass false.
   bool remove_tmp_files = true;
+  // Writers sharing a root (the nodes of a cluster) each give their temp
+  // files a tag, "<key>.tmp.<tag>.<nonce>", and remove at open only the
+  // leftovers with their own tag: another writer's temp file may be a
+  // write in flight. Empty: "<key>.tmp.<nonce>", and every leftover goes.
+  std::string tmp_tag;
 };
 
-// Local disk. Commit: write "<key>.tmp.<nonce>", fsync, rename to key,
-// fsync the directory. Keys ending in ".tmp.*" are never listed; a new
-// backend on the same root removes leftovers of a crash.
+// Local disk. Commit: write "<key>.tmp.[<tag>.]<nonce>", fsync, rename to
+// key, fsync the directory. Keys ending in ".tmp.*" are never listed; a new
+// backend on the same root removes leftovers of a crash (its own tag's).
 // LocalPath(key) is "<root>/<key>" with root made absolute.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(
     LocalBackendOptions options);

@@ -34,10 +34,11 @@ absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 absl::Status OpenPair(const std::string& path, int flags, bool want_direct, int* direct,
                       int* buffered) {
   *direct = -1;
-  *buffered = open(path.c_str(), flags | O_CLOEXEC, 0600);
+  // O_NOFOLLOW: a symlink a user planted at a key is not followed.
+  *buffered = open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   if (!want_direct) return absl::OkStatus();
-  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC);
+  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
   if (*direct < 0 && errno != EINVAL) {
     int err = errno;
     close(*buffered);
@@ -132,7 +133,7 @@ class LocalBackend : public Backend {
     while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
     if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
     if (!options_.remove_tmp_files) return absl::OkStatus();
-    return internal::RemoveTmpFiles(options_.root);
+    return internal::RemoveTmpFiles(options_.root, options_.tmp_tag);
   }
 
   std::string name() const override { return options_.use_io_uring ? "io_uring" : "pwrite"; }
@@ -248,7 +249,7 @@ class LocalBackend : public Backend {
 absl::Status LocalWriter::Open() {
   const LocalBackendOptions& o = backend_->options();
   path_ = backend_->Path(key_);
-  tmp_path_ = absl::StrCat(path_, AV(internal::kTmpMarker), backend_->Nonce());
+  tmp_path_ = absl::StrCat(path_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
   CKPT_RETURN_IF_ERROR(internal::MakeParentDirs(o.root, key_, o.sync));
   CKPT_RETURN_IF_ERROR(
       OpenPair(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, o.direct_io, &direct_fd_, &buffered_fd_));

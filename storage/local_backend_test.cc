@@ -183,6 +183,48 @@ TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFiles) {
   EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
 }
 
+TEST_P(LocalBackendTest, TaggedBackendRemovesOnlyItsOwnLeftovers) {
+  LocalBackendOptions o;
+  o.root = dir_.path() + "/root";
+  o.use_io_uring = GetParam();
+  o.tmp_tag = "b";
+  auto b = NewLocalBackend(o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto in_flight = (*b)->NewObjectWriter("job/step-1/rank-1.b.shard", 4096);
+  ASSERT_TRUE(in_flight.ok());
+  const std::string dir = dir_.path() + "/root/job/step-1/";
+  std::ofstream(dir + "rank-0.a.shard.tmp.a.12-ab-0") << "a's leftover";
+  std::ofstream(dir + "rank-2.ab.shard.tmp.a.b.13-ab-0") << "node a.b's";
+  std::ofstream(dir + "MANIFEST.global.tmp.14-ab-0") << "untagged";
+  o.tmp_tag = "a";
+  ASSERT_TRUE(NewLocalBackend(o).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir + "rank-0.a.shard.tmp.a.12-ab-0"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "rank-2.ab.shard.tmp.a.b.13-ab-0"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "MANIFEST.global.tmp.14-ab-0"));
+  std::vector<char> data(4096, 'x');
+  ASSERT_TRUE((*in_flight)->WriteAt(0, data.data(), data.size()).ok());
+  EXPECT_TRUE((*in_flight)->Commit().ok()) << "node b's write in flight";
+}
+
+// A root users can write to (a team's shared directory): a symlink they
+// plant inside it must not redirect the daemon's writes or reads.
+TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
+  auto b = Open();
+  const std::string victim = dir_.path() + "/victim";
+  std::filesystem::create_directories(victim);
+  std::ofstream(victim + "/secret") << "not yours";
+  std::filesystem::create_directories(dir_.path() + "/root/job");
+  std::filesystem::create_directory_symlink(victim, dir_.path() + "/root/job/step-1");
+  auto w = b->NewObjectWriter("job/step-1/rank-0.shard", 4096);
+  EXPECT_FALSE(w.ok()) << "wrote through a symlinked directory";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(victim),
+                          std::filesystem::directory_iterator()),
+            1);
+  std::filesystem::create_symlink(victim + "/secret", dir_.path() + "/root/job/leak");
+  auto r = b->NewObjectReader("job/leak");
+  EXPECT_FALSE(r.ok()) << "read through a symlink";
+}
+
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   auto b = Open();
   ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());

@@ -77,6 +77,14 @@ absl::Status MakeParentDirs(const std::string& root, std::string_view key, bool 
       if (sync) CKPT_RETURN_IF_ERROR(SyncDir(parent));
     } else if (errno != EEXIST) {
       return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+    } else {
+      // One that exists may have been made by a user who can write to the
+      // root (a shared directory): never write through a symlink.
+      struct stat st;
+      if (lstat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("lstat ", dir));
+      if (!S_ISDIR(st.st_mode))
+        return absl::FailedPreconditionError(
+            absl::StrCat(dir, ": not a directory (a symlink?); refusing to write through it"));
     }
     start = slash + 1;
   }
@@ -102,7 +110,23 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root,
   return out;
 }
 
-absl::Status RemoveTmpFiles(const std::string& root) {
+std::string TmpSuffix(std::string_view tag, std::string_view nonce) {
+  if (tag.empty()) return absl::StrCat(AV(kTmpMarker), AV(nonce));
+  return absl::StrCat(AV(kTmpMarker), AV(tag), ".", AV(nonce));
+}
+
+bool IsTmpFileOf(std::string_view name, std::string_view tag) {
+  size_t at = name.find(kTmpMarker);
+  if (at == std::string_view::npos) return false;
+  if (tag.empty()) return true;
+  std::string_view rest = name.substr(at + kTmpMarker.size());
+  // "<tag>.<nonce>" exactly: tag "a" is not tag "a.b".
+  return rest.size() > tag.size() + 1 && rest.substr(0, tag.size()) == tag &&
+         rest[tag.size()] == '.' &&
+         rest.find('.', tag.size() + 1) == std::string_view::npos;
+}
+
+absl::Status RemoveTmpFiles(const std::string& root, std::string_view tag) {
   std::error_code ec;
   fs::recursive_directory_iterator it(root, ec), end;
   if (ec) return FsError(ec, root);
@@ -110,7 +134,7 @@ absl::Status RemoveTmpFiles(const std::string& root) {
   for (; it != end; it.increment(ec)) {
     if (ec) return FsError(ec, root);
     if (!it->is_regular_file(ec)) continue;
-    if (it->path().filename().string().find(kTmpMarker) != std::string::npos)
+    if (IsTmpFileOf(it->path().filename().string(), tag))
       doomed.push_back(it->path());
   }
   if (ec) return FsError(ec, root);

@@ -95,7 +95,9 @@ bool Connectable(const std::string& socket_path) {
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   if (options_.shared_root_url.empty()) std::filesystem::create_directories(shared_root());
   std::filesystem::create_directories(options_.dir + "/trainers");
-  for (int i = 0; i < std::max(1, options_.coordinator_replicas); ++i) ports_.push_back(FreeLoopbackPort());
+  if (!options_.trainer_prefix.empty())
+    std::filesystem::permissions(options_.dir + "/trainers", std::filesystem::perms::all);
+  ports_ = FreeLoopbackPorts(std::max(1, options_.coordinator_replicas));
   port_ = ports_[0];
   coordinators_.resize(ports_.size());
 }
@@ -182,9 +184,11 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   std::vector<std::string> run = {CKPTRUN_BINARY, "--coordinator", CoordinatorAddresses(), "--node-id", id,
        "--nproc-per-node", std::to_string(options_.nproc_per_node), "--world-size",
        std::to_string(options_.world_size), "--job", options_.job, "--socket", socket,
-       "--poll-ms", "50", "--grace-ms", "1000", "--", CLUSTER_TRAINER_BINARY,
-       std::to_string(options_.bytes_per_rank), std::to_string(options_.last_step),
-       std::to_string(options_.step_ms), options_.dir + "/trainers"};
+       "--poll-ms", "50", "--grace-ms", "1000", "--"};
+  run.insert(run.end(), options_.trainer_prefix.begin(), options_.trainer_prefix.end());
+  run.insert(run.end(), {CLUSTER_TRAINER_BINARY, std::to_string(options_.bytes_per_rank),
+                         std::to_string(options_.last_step), std::to_string(options_.step_ms),
+                         options_.dir + "/trainers"});
   if (options_.hold) run.push_back("hold");
   n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log");
 }

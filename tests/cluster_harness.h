@@ -53,6 +53,10 @@ struct ClusterOptions {
   bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
+  // Runs each trainer through this command (e.g. setpriv --reuid 1000 ...,
+  // a trainer that is not root); the trainers' log directory is then
+  // world-writable.
+  std::vector<std::string> trainer_prefix;
   // Set: the shared root is this object store URL ("s3://bucket/prefix",
   // endpoint and credentials from the environment) and the nodes share no
   // directory.

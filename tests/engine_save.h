@@ -1,6 +1,7 @@
 // SaveOneTensorStep: a save through the Engine's RPC methods (Register,
 // BeginSave, writing the slot as a client would, CommitSave) of one 64 KiB
-// uint8 tensor "w" filled with the step's low byte, for the in-process
+// uint8 tensor "w" filled with the step's low byte (or `fill`), by one rank
+// of a job of world_size ranks (rank 0 of 1 by default), for the in-process
 // engine tests (fault_crash_test, object_tier_engine_test). The caller owns
 // `arena`, the client-side mapping, which is (re)attached when the engine
 // hands out another one. Not thread-safe: one test thread.
@@ -27,6 +28,9 @@ struct OneTensorSave {
   uint64_t step = 0;
   bool block = false;    // BeginSave waits for a slot
   bool corrupt = false;  // one byte changes after its checksum was taken
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  int fill = -1;  // the byte the tensor holds; -1: the step's low byte
   // Committed as a device tensor is: has_checksum=false, checksum 0 (the
   // daemon computes it while persisting).
   bool device = false;
@@ -39,7 +43,8 @@ struct OneTensorSave {
   namespace v1 = ::ckpt::v1;
   v1::RegisterRequest rr;
   rr.set_job(save.job);
-  rr.set_world_size(1);
+  rr.set_rank(save.rank);
+  rr.set_world_size(save.world_size);
   rr.set_slot_bytes(4 << 20);
   auto reg = engine->Register(peer, rr);
   if (!reg.ok()) return reg.status();
@@ -53,15 +58,17 @@ struct OneTensorSave {
   if (!layout.ok()) return layout.status();
   v1::BeginSaveRequest br;
   br.set_job(save.job);
+  br.set_rank(save.rank);
   br.set_step(save.step);
   br.set_block(save.block);
   br.set_image_bytes(layout->image_bytes);
   auto begin = engine->BeginSave(peer, br);
   if (!begin.ok()) return begin.status();
   char* dst = (*arena)->base() + begin->slot_offset() + layout->tensor_offsets[0];
-  std::memset(dst, static_cast<int>(save.step), sizes[0]);
+  std::memset(dst, save.fill >= 0 ? save.fill : static_cast<int>(save.step), sizes[0]);
   v1::CommitSaveRequest cr;
   cr.set_job(save.job);
+  cr.set_rank(save.rank);
   cr.set_step(save.step);
   cr.set_slot(begin->slot());
   cr.set_lease(begin->lease());

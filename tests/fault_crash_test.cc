@@ -10,6 +10,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "ckpt/tensor.h"
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
@@ -49,6 +50,7 @@ class FaultCrashTest : public ::testing::Test {
     eo.shm_prefix = prefix_;
     eo.retain_steps = 0;
     eo.persist_retry_delay = std::chrono::milliseconds(10);
+    eo.persist_retry_max_delay = std::chrono::milliseconds(200);
     eo.max_persist_attempts = attempts;
     eo.metrics = metrics_;
     auto e = Engine::Open(eo, fault_.get(), catalog_.get());
@@ -91,6 +93,70 @@ class FaultCrashTest : public ::testing::Test {
     std::vector<std::string> out;
     for (const auto& k : *keys)
       if (k.size() > 6 && k.compare(k.size() - 6, 6, ".shard") == 0) out.push_back(k);
+    return out;
+  }
+
+  // Saves step `step` of job "fault" with two 64 KiB tensors: "w", a host
+  // tensor filled with `host` whose checksum the client took, and "d", a
+  // device tensor (has_checksum=false: the daemon computes it) filled with
+  // `device`.
+  absl::Status SaveHostAndDevice(uint64_t step, char host, char device) {
+    v1::RegisterRequest rr;
+    rr.set_job("fault");
+    rr.set_world_size(1);
+    rr.set_slot_bytes(4 << 20);
+    auto reg = engine_->Register(peer_, rr);
+    if (!reg.ok()) return reg.status();
+    if (!arena_ || arena_->name() != reg->shm_name()) {
+      auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
+      if (!a.ok()) return a.status();
+      arena_ = std::move(*a);
+    }
+    const std::vector<uint64_t> sizes = {64 << 10, 64 << 10};
+    auto layout = storage::ComputeLayout(sizes);
+    if (!layout.ok()) return layout.status();
+    v1::BeginSaveRequest br;
+    br.set_job("fault");
+    br.set_step(step);
+    br.set_block(true);
+    br.set_image_bytes(layout->image_bytes);
+    auto begin = engine_->BeginSave(peer_, br);
+    if (!begin.ok()) return begin.status();
+    v1::CommitSaveRequest cr;
+    cr.set_job("fault");
+    cr.set_step(step);
+    cr.set_slot(begin->slot());
+    cr.set_lease(begin->lease());
+    for (int i = 0; i < 2; ++i) {
+      char* dst = arena_->base() + begin->slot_offset() + layout->tensor_offsets[i];
+      std::memset(dst, i == 0 ? host : device, sizes[i]);
+      v1::TensorMeta* m = cr.add_tensors();
+      m->set_name(i == 0 ? "w" : "d");
+      m->set_dtype(static_cast<uint32_t>(DType::kUInt8));
+      m->add_shape(sizes[i]);
+      m->set_offset(layout->tensor_offsets[i]);
+      m->set_bytes(sizes[i]);
+      m->set_has_checksum(i == 0);
+      if (i == 0) m->set_checksum(TensorChecksum(dst, sizes[i]));
+    }
+    return engine_->CommitSave(peer_, cr);
+  }
+  // Restores step `step` through a slot load and returns the first byte of
+  // each tensor ("w", "d"), or the restore's error.
+  absl::StatusOr<std::pair<char, char>> RestoreFirstBytes(uint64_t step) {
+    v1::OpenRestoreRequest req;
+    req.set_job("fault");
+    req.set_step(step);
+    auto open = engine_->OpenRestore(peer_, req);
+    if (!open.ok()) return open.status();
+    auto a = shm::Arena::Attach(open->shm_name(), open->arena_bytes(), shm::Arena::SlotsOffset());
+    if (!a.ok()) return a.status();
+    const char* image = (*a)->base() + open->slot_offset();
+    std::pair<char, char> out{image[open->tensors(0).offset()], image[open->tensors(1).offset()]};
+    v1::CloseRestoreRequest close;
+    close.set_job("fault");
+    close.set_lease(open->lease());
+    (void)engine_->CloseRestore(peer_, close);
     return out;
   }
 
@@ -142,23 +208,46 @@ TEST_F(FaultCrashTest, SlotChangedAfterCommitCountsAChecksumFailureAndGivesUp) {
   EXPECT_EQ(SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}), 0.0);
 }
 
-TEST_F(FaultCrashTest, PersistentEnospcFailsTheShardAndWaitDurableSaysWhy) {
+TEST_F(FaultCrashTest, PersistentEnospcKeepsRetryingAndWaitDurableSaysWhy) {
   fault_->SetSpaceLimit(0);
   ASSERT_TRUE(SaveStep(1).ok());
-  absl::Status s = WaitDurable(1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  absl::Status s = WaitDurable(1, 1000);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("space"), absl::string_view::npos) << s;
-  EXPECT_TRUE(DurableSteps().empty());
-  // The step is still restorable from memory; later saves go on once the
-  // disk has room again.
+  v1::ListRequest lr;
+  lr.set_job("fault");
+  auto list = engine_->List(peer_, lr);
+  ASSERT_TRUE(list.ok() && list->jobs_size() == 1 && list->jobs(0).steps_size() == 1);
+  EXPECT_FALSE(list->jobs(0).steps(0).durable());
+  // The step is still restorable from memory; once the disk has room again
+  // it becomes durable, and later saves go on.
   fault_->ClearFaults();
   ASSERT_TRUE(SaveStep(2).ok());
   EXPECT_TRUE(WaitDurable(2).ok());
+  EXPECT_TRUE(WaitDurable(1, 30000).ok());
+}
+
+// Past the fast retries a newer save takes the failing shard's slot rather
+// than wait for the disk; that shard then fails for good (its bytes are
+// gone) and says so.
+TEST_F(FaultCrashTest, NewerSaveTakesTheSlotOfAShardThatKeepsFailing) {
+  fault_->SetSpaceLimit(0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_EQ(WaitDurable(1, 1000).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(SaveStep(2).ok());  // the other slot
+  ASSERT_EQ(WaitDurable(2, 1000).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(SaveStep(3).ok());  // step 1's slot
+  absl::Status s = WaitDurable(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("slot went to step 3"), absl::string_view::npos) << s;
+  fault_->ClearFaults();
+  EXPECT_TRUE(WaitDurable(2, 30000).ok());
+  EXPECT_TRUE(WaitDurable(3, 30000).ok());
 }
 
 TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
   Close();
-  Open(1);  // a failed persist is final, so the test is deterministic
+  Open(1);  // WaitDurable says a persist is failing after one attempt
   for (uint64_t step = 1; step <= 3; ++step) {
     ASSERT_TRUE(SaveStep(step).ok());
     ASSERT_TRUE(WaitDurable(step).ok());
@@ -166,35 +255,100 @@ TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
   // Step 3's manifest is written after its shard is durable: let it land
   // before faults are injected, or the injected commit failure hits it.
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
-  // Step 4's write fails for good; step 5 is committed but its commit
-  // (fsync) fails too; then the machine crashes.
+  // Every write fails from now on (no space): steps 4 and 5 stay in
+  // memory, their persists retried, until the machine crashes.
   fault_->SetSpaceLimit(0);
   ASSERT_TRUE(SaveStep(4).ok());
-  EXPECT_FALSE(WaitDurable(4, 5000).ok());
-  fault_->ClearFaults();
-  fault_->FailNthCommit(1, EIO);
+  EXPECT_EQ(WaitDurable(4, 1000).code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(SaveStep(5).ok());
-  EXPECT_FALSE(WaitDurable(5, 5000).ok());
-  ASSERT_TRUE(SaveStep(6).ok());  // committed, then the machine crashes
+  EXPECT_FALSE(WaitDurable(5, 1000).ok());
   fault_->SimulateCrash();
   arena_.reset();
   Close();
   UnlinkArenas(prefix_);  // a machine crash loses shared memory
   Open(1);
-  // Steps 1-3 were durable; 4 and 5 never were; 6 may or may not have
-  // reached its commit before the crash. Whatever is listed durable has a
-  // whole shard file, and no other shard file exists.
+  // Steps 1-3 were durable; 4 and 5 never were. Whatever is listed
+  // durable has a whole shard file, and no other shard file exists.
   std::vector<uint64_t> durable = DurableSteps();
-  ASSERT_GE(durable.size(), 3u);
-  EXPECT_EQ(std::vector<uint64_t>(durable.begin(), durable.begin() + 3),
-            (std::vector<uint64_t>{1, 2, 3}));
-  if (durable.size() > 3) {
-    EXPECT_EQ(durable, (std::vector<uint64_t>{1, 2, 3, 6}));
-  }
+  EXPECT_EQ(durable, (std::vector<uint64_t>{1, 2, 3}));
   std::vector<std::string> files = ShardFiles();
   ASSERT_EQ(files.size(), durable.size());
   for (size_t i = 0; i < files.size(); ++i)
     EXPECT_EQ(files[i], storage::ShardKey("fault", durable[i], 0));
+}
+
+
+// A re-save of a step whose older file is durable, lost in a machine crash
+// before its own persist: the file at the key is the older timeline's and
+// must not be taken for the new save (its device tensor has no client
+// checksum to catch the difference).
+TEST_F(FaultCrashTest, CrashBeforeAResavePersistsNeverAdoptsTheOlderFile) {
+  ASSERT_TRUE(SaveHostAndDevice(1, 'h', 'A').ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  fault_->SetSpaceLimit(0);  // the re-save never reaches the disk
+  ASSERT_TRUE(SaveHostAndDevice(1, 'h', 'B').ok());
+  arena_.reset();
+  Close();
+  UnlinkArenas(prefix_);  // a machine crash loses shared memory
+  Open(3);
+  absl::StatusOr<std::pair<char, char>> got = RestoreFirstBytes(1);
+  if (got.ok()) EXPECT_EQ(got->second, 'B') << "step 1 restored the older timeline's device tensor";
+  else EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+}
+
+// The file is this very save (the crash came between its rename and the
+// catalog's update): recovery takes the checksums the file holds, so the
+// device tensor is verified from then on.
+TEST_F(FaultCrashTest, RecoveredFileKeepsTheDeviceTensorsChecksums) {
+  ASSERT_TRUE(SaveHostAndDevice(1, 'h', 'A').ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  arena_.reset();
+  Close();
+  // The catalog as it was before the persist's update: staged, with the
+  // commit's index (no checksum for "d").
+  {
+    auto cat = Catalog::Open(dir_.path() + "/.catalog");
+    ASSERT_TRUE(cat.ok()) << cat.status();
+    auto shards = (*cat)->Shards("fault");
+    ASSERT_TRUE(shards.ok() && shards->size() == 1u);
+    v1::ShardRecord rec = shards->front();
+    rec.set_state(v1::ShardRecord::STAGED);
+    rec.clear_path();
+    rec.mutable_tensors(1)->set_has_checksum(false);
+    rec.mutable_tensors(1)->set_checksum(0);
+    ASSERT_TRUE((*cat)->PutShard(rec, /*sync=*/true).ok());
+  }
+  UnlinkArenas(prefix_);
+  Open(3);
+  auto got = RestoreFirstBytes(1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->second, 'A');
+  auto shards = catalog_->Shards("fault");
+  ASSERT_TRUE(shards.ok() && shards->size() == 1u);
+  const v1::TensorMeta& d = shards->front().tensors(1);
+  EXPECT_TRUE(d.has_checksum());
+  std::vector<char> bytes(64 << 10, 'A');
+  EXPECT_EQ(d.checksum(), TensorChecksum(bytes.data(), bytes.size()));
+}
+
+// A storage hiccup longer than the fast retries (a 2 s outage): the staged
+// step's bytes are still in memory, so its persist goes on and it becomes
+// durable once the disk is back.
+TEST_F(FaultCrashTest, StepStagedDuringAStorageOutageBecomesDurableAfterIt) {
+  fault_->SetSpaceLimit(0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  fault_->ClearFaults();
+  EXPECT_TRUE(WaitDurable(1, 30000).ok());
+  v1::LatestRequest lr;
+  lr.set_job("fault");
+  auto latest = engine_->Latest(peer_, lr);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_TRUE(latest->found());
+  EXPECT_EQ(latest->step(), 1u);
+  EXPECT_TRUE(latest->durable());
 }
 
 }  // namespace

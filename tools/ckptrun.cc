@@ -233,6 +233,9 @@ void Launcher::FlushReports() {
     req.set_rank(r.exit.rank);
     req.set_exit_code(r.exit.exit_code);
     req.set_term_signal(r.exit.term_signal);
+    // The coordinator plans only for an exit of the current generation: a
+    // retry of a report it did take (its answer lost) plans nothing again.
+    req.set_generation(r.generation);
     cv1::ReportTrainerExitResponse resp;
     absl::Status s =
         coordinator::CoordStatus(client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp, kRpcTimeout),

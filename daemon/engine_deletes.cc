@@ -1,0 +1,78 @@
+// The deletes the engine owes storage (retention, superseded and deleted
+// shards): each is recorded in the catalog as a DeleteIntent before it is
+// queued, in the same log as (and so before) the deletion of the records
+// that made it due, and forgotten by the persister or the uploader once
+// done. A daemon that dies first (SIGKILL, a machine crash) finds them at
+// its next start and queues them again, ahead of everything else, so that
+// a step it deleted never stays visible. See engine.h.
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// The intent's id, or 0 (the delete still runs, but not after a crash).
+uint64_t Record(Catalog& catalog, const v1::DeleteIntent& intent) {
+  absl::StatusOr<uint64_t> id = catalog.PutDeleteIntent(intent);
+  if (id.ok()) return *id;
+  LogWarning(absl::StrCat("delete of ", intent.keys(0), ": ", id.status().message(),
+                          "; not redone if the daemon stops first"));
+  return 0;
+}
+
+}  // namespace
+
+void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::string key,
+                                    bool prefix) {
+  v1::DeleteIntent intent;
+  intent.set_tier(v1::DeleteIntent::LOCAL);
+  intent.add_keys(key);
+  intent.set_prefix(prefix);
+  intent.set_job(job);
+  intent.set_step(step);
+  persister_->QueueDelete(std::move(key), prefix, Record(*catalog_, intent));
+}
+
+void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {
+  if (del.keys.empty()) return;
+  v1::DeleteIntent intent;
+  intent.set_tier(v1::DeleteIntent::OBJECT);
+  for (const std::string& k : del.keys) intent.add_keys(k);
+  intent.set_job(del.job);
+  intent.set_step(del.step);
+  del.intent = Record(*catalog_, intent);
+  uploader_->Push(std::move(del));
+}
+
+absl::Status Engine::RecoverDeletes() {
+  CKPT_ASSIGN_OR_RETURN(auto intents, catalog_->DeleteIntents());
+  size_t local = 0, object = 0;
+  for (auto& [id, intent] : intents) {
+    if (intent.keys_size() == 0) {
+      (void)catalog_->ForgetDeleteIntent(id);
+      continue;
+    }
+    if (intent.tier() == v1::DeleteIntent::LOCAL) {
+      persister_->QueueDelete(intent.keys(0), intent.prefix(), id);
+      ++local;
+    } else if (uploader_ != nullptr) {
+      UploadTask del{UploadTask::kDelete, intent.job(), intent.step()};
+      del.keys.assign(intent.keys().begin(), intent.keys().end());
+      del.intent = id;
+      uploader_->Push(std::move(del));
+      ++object;
+    } else {
+      // Kept: a later start with the object tier configured again does it.
+      LogWarning(absl::StrCat("delete of ", intent.keys(0),
+                              " in the object tier: no object tier now; kept for later"));
+    }
+  }
+  if (local + object > 0)
+    LogInfo(absl::StrCat("redoing ", local, " local and ", object,
+                         " object-tier deletes left from before the restart"));
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

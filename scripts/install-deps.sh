@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ckptd builds against (run as root).
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config
+pkgs=(build-essential cmake ninja-build pkg-config clang-format
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
       protobuf-compiler librocksdb-dev libgtest-dev libgmock-dev libxxhash-dev
       libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev

@@ -58,10 +58,10 @@ std::string SlotText(const v1::SlotStatus& slot) {
 }
 
 std::string Location(const v1::ShardInfo& sh) {
-  std::vector<std::string> where;
-  if (sh.in_memory()) where.push_back("memory");
-  if (!sh.path().empty() && sh.state() == v1::SHARD_STATE_DURABLE) where.push_back(sh.path());
-  return where.empty() ? "-" : absl::StrJoin(where, " + ");
+  const bool file = !sh.path().empty() && sh.state() == v1::SHARD_STATE_DURABLE;
+  if (sh.in_memory() && file) return absl::StrCat("memory + ", sh.path());
+  if (sh.in_memory()) return "memory";
+  return file ? sh.path() : "-";
 }
 
 }  // namespace

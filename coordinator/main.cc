@@ -179,6 +179,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<co::etcd::Fence> fence = election->Campaign();
     if (fence.ok()) {
       auto kv = co::etcd::NewEtcdKv(etcd_client, etcd_prefix, *fence, Deposed);
+      opts->coordinator.fence = static_cast<uint64_t>(fence->create_revision);
+      opts->coordinator.leading = [e = election.get()] { return e->leading(); };
       auto coord = co::Coordinator::Open(opts->coordinator, std::move(kv));
       if (!coord.ok()) Deposed("cannot load the state from etcd: " + std::string(coord.status().message()));
       election->KeepLeading(Deposed);

@@ -131,5 +131,23 @@ TEST_F(ServerTest, ShardCommittedWhileFencedNeverCountsUnderTheNextEpoch) {
                                        storage::GlobalManifestKey("job", 3)));
 }
 
+// Finding 22: the agent remembers the orders it carried out (to answer a
+// re-sent one without running it twice), but not every order of the
+// node's life: one plan after another leaves it a bounded memory.
+TEST_F(ServerTest, AgentRemembersABoundedNumberOfCarriedOutOrders) {
+  Start();
+  auto agent = Agent("n1", /*remembered_orders=*/3);
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(1);
+  for (uint64_t generation = 0; generation < 8; ++generation) {
+    TrainerDied("n1", agent->epoch(), 0);
+    ASSERT_TRUE(Eventually([&] { return Job().plan_state() == v1::PLAN_ACKNOWLEDGED; }))
+        << "plan of generation " << generation + 1 << " never acknowledged";
+  }
+  EXPECT_EQ(Job().generation(), 8u);
+  EXPECT_LE(agent->orders_remembered(), 3u);
+  EXPECT_EQ(agent->prefetch_threads(), 0u);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

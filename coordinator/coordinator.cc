@@ -286,6 +286,16 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
   Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   s = CheckRollbackLocked(req);  // the state may have moved meanwhile
+  if (s.ok() && manifest.ok()) {
+    // Only the write the commit refers to (a deposed leader's late write
+    // is not it); this process may still hold the committed one.
+    absl::Status stamped = CheckStampLocked(jobs_.at(req.job()).rec, *manifest);
+    const storage::v1::GlobalManifest* kept = KnownManifestLocked(req.job(), req.step());
+    if (!stamped.ok() && kept && CheckStampLocked(jobs_.at(req.job()).rec, *kept).ok())
+      manifest = *kept;
+    else if (!stamped.ok())
+      manifest = stamped;
+  }
   if (s.ok() && !manifest.ok()) {
     LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
     s = manifest.status();
@@ -302,6 +312,8 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
   auto* steps = job.rec.mutable_manifest_steps();
   steps->erase(std::remove_if(steps->begin(), steps->end(), [&](uint64_t st) { return st > req.step(); }),
                steps->end());
+  auto* stamps = job.rec.mutable_manifest_stamps();
+  for (auto it = stamps->begin(); it != stamps->end();) it = it->first > req.step() ? stamps->erase(it) : std::next(it);
   job.rec.set_has_last_good(true);
   job.rec.set_last_good_step(req.step());
   DropOrdersOfJobLocked(&batch, req.job());

@@ -90,10 +90,27 @@ struct CoordinatorOptions {
   // (see Open); 0: it fails at once.
   std::chrono::milliseconds shared_root_wait{30000};
   size_t max_events = 4096;  // older events are dropped from memory and disk
+  // A plan whose orders are not all acknowledged this long after it was
+  // made fails the nodes that did not acknowledge (a PREFETCH stuck on a
+  // hung shared root) and plans again; 0: no deadline.
+  std::chrono::milliseconds plan_ack_timeout{600000};
+  // Per job, the most steps newer than the last good one whose per-rank
+  // records are kept (soft state); the oldest are dropped past it.
+  size_t max_soft_steps = 64;
+  // The leader's fence (etcd: the election key's create revision; 0 with
+  // one coordinator), recorded in every MANIFEST.global it writes and in
+  // the commit that refers to it.
+  uint64_t fence = 0;
+  // Whether this process still leads (HA); checked right before a global
+  // manifest is written. Null: always.
+  std::function<bool()> leading;
   // Milliseconds on a monotonic clock; tests pass a fake one.
   std::function<int64_t()> now_ms;
   // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
   std::shared_ptr<CoordinatorMetrics> metrics;
+  // Tests: wraps the shared root's backend (a fault-injection wrapper).
+  std::function<std::unique_ptr<storage::Backend>(std::unique_ptr<storage::Backend>)>
+      wrap_shared_root;
 };
 
 class Coordinator {
@@ -137,6 +154,13 @@ class Coordinator {
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
+  // Reads each job's last good MANIFEST.global (without the state mutex)
+  // and, when it is not the write its commit refers to (generation and
+  // fence differ: a deposed leader's write landed after this leader's
+  // commit), writes the committed one again (event MANIFEST_INVALID).
+  // The server runs it every few seconds on its own thread.
+  [[nodiscard]] absl::Status AuditManifests();
+
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
   [[nodiscard]] absl::Status Tick();
   // The server starts serving this coordinator now (CoordinatorServer::
@@ -173,6 +197,7 @@ class Coordinator {
     std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
     std::map<std::string, std::vector<uint32_t>> ranks_by_node;  // of rec.rank_node
     std::set<uint64_t> committing;  // steps whose manifest is being written
+    int64_t plan_ordered_ms = 0;    // when the current plan's orders were queued
     // rec as of the last durable commit: what heartbeats and watches show,
     // so that they never wait for a disk write.
     v1::JobRecord durable_rec;
@@ -260,6 +285,17 @@ class Coordinator {
   bool StepCompleteLocked(JobState& job, uint64_t step, std::vector<PendingCommit>* out);
   void FinishStepLocked(Batch* batch, const PendingCommit& c);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);
+  // Fails the nodes that left a plan unacknowledged past plan_ack_timeout
+  // and plans again; lowers next_expiry_ms_ to the next plan deadline.
+  void DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now);
+  void LowerNextExpiryLocked(int64_t at);
+  // Drops the records of the oldest steps past max_soft_steps (newer than
+  // last good, not being committed).
+  void TrimStepsLocked(JobState& job);
+  // OK when `m` is the write of its step that the job's commit refers to
+  // (or the commit predates stamps); else DataLoss saying why.
+  [[nodiscard]] absl::Status CheckStampLocked(const v1::JobRecord& rec,
+                                              const storage::v1::GlobalManifest& m) const;
 
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;

@@ -42,6 +42,72 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
         MakePlanLocked(batch, job, absl::StrCat("node ", absl::StrJoin(dead, ","), " dead"));
         break;
       }
+  DetectUnacknowledgedPlansLocked(batch, now);
+}
+
+void Coordinator::LowerNextExpiryLocked(int64_t at) {
+  int64_t cur = next_expiry_ms_.load();
+  while (at < cur && !next_expiry_ms_.compare_exchange_weak(cur, at)) {
+  }
+}
+
+void Coordinator::DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now) {
+  const int64_t limit = options_.plan_ack_timeout.count();
+  if (limit <= 0) return;
+  for (auto& [name, job] : jobs_) {
+    if (job.rec.plan_state() != v1::PLAN_ORDERED) continue;
+    const int64_t due = job.plan_ordered_ms + limit;
+    if (now <= due) {
+      LowerNextExpiryLocked(due + 1);
+      continue;
+    }
+    // The nodes still holding an order of this plan (STOP orders go to
+    // dead nodes and are not waited for).
+    std::map<std::string, std::vector<std::string>> late;
+    for (const auto& [id, o] : orders_)
+      if (o.job() == name && o.kind() != v1::STOP)
+        late[o.node_id()].push_back(absl::StrCat("order ", id, " ", v1::OrderKind_Name(o.kind())));
+    std::vector<std::string> failed;
+    for (const auto& [id, what] : late) {
+      auto node = nodes_.find(id);
+      if (node == nodes_.end() || node->second.rec.health() != v1::ALIVE) continue;
+      // Failed for this plan: fenced like a dead node, so that a late
+      // acknowledgement (or report) of the stuck epoch changes nothing; it
+      // comes back by registering again.
+      DeclareDeadLocked(batch, node->second,
+                        absl::StrCat("did not acknowledge ", absl::StrJoin(what, ", "), " of job ", name,
+                                     " generation ", job.rec.generation(), " within ", limit, " ms"));
+      options_.metrics->FailureDetected(metric::kPlanUnacknowledged);
+      failed.push_back(id);
+    }
+    if (failed.empty()) {
+      job.plan_ordered_ms = now;  // nothing left to fail: wait another period
+      continue;
+    }
+    for (auto& [other, j] : jobs_)
+      for (const std::string& id : failed)
+        if (j.ranks_by_node.count(id)) {
+          MakePlanLocked(batch, j, absl::StrCat("node ", absl::StrJoin(failed, ","),
+                                                " did not acknowledge the plan"));
+          break;
+        }
+  }
+}
+
+void Coordinator::TrimStepsLocked(JobState& job) {
+  if (job.steps.size() <= options_.max_soft_steps) return;
+  std::vector<uint64_t> drop;
+  size_t over = job.steps.size() - options_.max_soft_steps;
+  for (const auto& [n, shards] : job.steps) {
+    if (drop.size() == over) break;
+    // The last good step's records say where its shards are in memory;
+    // a step being committed is not dropped under its writer.
+    if ((job.rec.has_last_good() && n <= job.rec.last_good_step()) || job.committing.count(n))
+      continue;
+    drop.push_back(n);
+  }
+  for (uint64_t n : drop) EraseStepLocked(job, n);
+  if (!drop.empty()) options_.metrics->StepsTrimmed(drop.size());
 }
 
 void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node, const std::string& reason) {
@@ -206,6 +272,8 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
     QueueOrderLocked(batch, std::move(restart));
   }
   job.rec.set_plan_state(v1::PLAN_ORDERED);
+  job.plan_ordered_ms = options_.now_ms();
+  LowerNextExpiryLocked(job.plan_ordered_ms + options_.plan_ack_timeout.count() + 1);
   job.rec.set_has_restore_step(step.has_value());
   job.rec.set_restore_step(step.value_or(0));
   PutJobLocked(batch, job);
@@ -237,6 +305,8 @@ bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step, std::vector<P
   m.set_job(job.rec.job());
   m.set_step(step);
   m.set_world_size(job.rec.world_size());
+  m.set_generation(job.rec.generation());
+  m.set_fence(options_.fence);
   for (const auto& [rank, rec] : job.steps[step]) {
     storage::v1::ManifestShard* s = m.add_shards();
     s->set_rank(rank);
@@ -263,6 +333,11 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
                                   !job.rec.has_last_good() || c.step > job.rec.last_good_step(),
                                   options_.now_ms());
   job.rec.add_manifest_steps(c.step);
+  // The commit refers to this write of the manifest, not to whatever the
+  // key holds later (a deposed leader's late write): readers check.
+  v1::ManifestStamp& stamp = (*job.rec.mutable_manifest_stamps())[c.step];
+  stamp.set_generation(c.manifest.generation());
+  stamp.set_fence(c.manifest.fence());
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
     RememberManifestLocked(c.manifest);
     job.rec.set_has_last_good(true);

@@ -52,6 +52,16 @@ absl::Status Coordinator::ApplyReportLocked(
   CKPT_RETURN_IF_ERROR(ValidateReport(req));
   CKPT_ASSIGN_OR_RETURN(JobState * job,
                         HostedRankLocked(node_id, req.job(), req.rank()));
+  // A save of a generation a plan replaced belongs to an abandoned
+  // timeline (a trainer saving while it is stopped, a persist finishing
+  // late): it must neither count nor recreate the records the plan
+  // dropped. Reports without a generation are judged as before.
+  if (req.has_generation() && req.generation() < job->rec.generation())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation: ", req.generation(), " of the report of step ", req.step(),
+        " rank ", req.rank(), " of job ", req.job(),
+        " is older than the job's generation ", job->rec.generation(),
+        " (a timeline a plan abandoned); dropped"));
   if (job->rec.has_last_good() && req.step() < job->rec.last_good_step())
     return absl::FailedPreconditionError(absl::StrCat(
         "step: ", req.step(), " of job ", req.job(),
@@ -102,6 +112,7 @@ absl::Status Coordinator::ApplyReportLocked(
   options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
   PutShardLocked(j, std::move(rec));
+  TrimStepsLocked(j);
   if (req.has_owner_uid() && (!j.rec.has_owner_uid() || j.rec.owner_uid() != req.owner_uid())) {
     // A spare that prefetches this job's shards gives it to this uid.
     j.rec.set_owner_uid(req.owner_uid());
@@ -127,8 +138,19 @@ absl::Status Coordinator::CommitSteps(
   // and heartbeats of other nodes go on meanwhile.
   lock.unlock();
   std::vector<absl::Status> written;
-  for (const PendingCommit& c : steps)
+  for (const PendingCommit& c : steps) {
+    // A deposed leader that knows it is deposed writes nothing. One that
+    // does not know yet may still write: its commit (a fenced Txn) then
+    // fails, nothing refers to its write, and AuditManifests of the new
+    // leader writes the committed manifest again over it.
+    if (options_.leading && !options_.leading()) {
+      written.push_back(absl::UnavailableError(absl::StrCat(
+          "not leader: global manifest ", storage::GlobalManifestKey(c.job, c.step),
+          " not written (fence ", options_.fence, " is no longer the leader's)")));
+      continue;
+    }
     written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
+  }
   lock.lock();
   absl::Status first;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -160,6 +182,7 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
   r->set_bytes(req.bytes());
   r->set_checksum_digest(req.checksum_digest());
   if (req.has_staged_digest()) r->set_staged_digest(req.staged_digest());
+  if (req.has_generation()) r->set_generation(req.generation());
   r->set_key(req.key());
   CKPT_RETURN_IF_ERROR(
       ValidateReport(*r));  // before the state: a refusal changes nothing

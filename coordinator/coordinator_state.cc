@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
     bo.remove_tmp_files = false;  // node daemons write shards here concurrently
     CKPT_ASSIGN_OR_RETURN(shared, storage::NewLocalBackend(bo));
   }
+  if (options.wrap_shared_root) shared = options.wrap_shared_root(std::move(shared));
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(options), std::move(store), std::move(shared)));
   // A shared root that cannot be read (not mounted yet, an object store
@@ -135,6 +136,7 @@ absl::Status Coordinator::ReloadLocked() {
   for (auto& j : snap.jobs) {
     JobState& js = jobs_[j.job()];
     js.rec = std::move(j);
+    js.plan_ordered_ms = now;  // a plan's acknowledgement window starts again
     IndexJobLocked(js);
     js.durable_rec = js.rec;
     js.durable_ranks_by_node = js.ranks_by_node;
@@ -184,6 +186,18 @@ absl::Status Coordinator::VerifyManifestsLocked() {
     while (job.rec.has_last_good()) {
       uint64_t step = job.rec.last_good_step();
       absl::StatusOr<storage::v1::GlobalManifest> m = storage::ReadGlobalManifest(*shared_, name, step);
+      if (m.ok()) m = [&]() -> absl::StatusOr<storage::v1::GlobalManifest> {
+        absl::Status stamped = CheckStampLocked(job.rec, *m);
+        if (stamped.ok()) return std::move(*m);
+        // Not the committed write (a deposed leader's, landed late). This
+        // process kept the committed one (a reload after a failed write):
+        // it goes back to the shared root. Otherwise the step is invalid.
+        const storage::v1::GlobalManifest* kept = KnownManifestLocked(name, step);
+        if (kept && CheckStampLocked(job.rec, *kept).ok() &&
+            storage::WriteGlobalManifest(*shared_, *kept).ok())
+          return *kept;
+        return stamped;
+      }();
       if (m.ok()) {
         RememberManifestLocked(*m);
         break;
@@ -193,6 +207,7 @@ absl::Status Coordinator::VerifyManifestsLocked() {
                 absl::StrCat("step ", step, ": ", m.status().message()));
       auto* steps = job.rec.mutable_manifest_steps();
       steps->erase(std::remove(steps->begin(), steps->end(), step), steps->end());
+      job.rec.mutable_manifest_stamps()->erase(step);
       job.rec.set_has_last_good(!steps->empty());
       job.rec.set_last_good_step(steps->empty() ? 0 : *std::max_element(steps->begin(), steps->end()));
       batch.PutJob(job.rec);
@@ -450,9 +465,77 @@ v1::JobView Coordinator::View(const std::string& job_name, const std::string& no
   return v;
 }
 
+absl::Status Coordinator::CheckStampLocked(const v1::JobRecord& rec,
+                                           const storage::v1::GlobalManifest& m) const {
+  auto stamp = rec.manifest_stamps().find(m.step());
+  if (stamp == rec.manifest_stamps().end()) return absl::OkStatus();  // committed before stamps
+  if (stamp->second.generation() == m.generation() && stamp->second.fence() == m.fence())
+    return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "global manifest ", storage::GlobalManifestKey(m.job(), m.step()), " was written in generation ",
+      m.generation(), " under fence ", m.fence(), ", but the commit of step ", m.step(),
+      " refers to generation ", stamp->second.generation(), " fence ", stamp->second.fence(),
+      " (a deposed leader's write); not trusted"));
+}
+
+absl::Status Coordinator::AuditManifests() {
+  struct Expect {
+    std::string job;
+    storage::v1::GlobalManifest manifest;  // the committed write
+  };
+  std::vector<Expect> expect;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, job] : jobs_) {
+      if (!job.rec.has_last_good()) continue;
+      const storage::v1::GlobalManifest* kept = KnownManifestLocked(name, job.rec.last_good_step());
+      if (kept && job.rec.manifest_stamps().count(kept->step()) && CheckStampLocked(job.rec, *kept).ok())
+        expect.push_back({name, *kept});
+    }
+  }
+  absl::Status first;
+  for (Expect& e : expect) {
+    const uint64_t step = e.manifest.step();
+    absl::StatusOr<storage::v1::GlobalManifest> found = storage::ReadGlobalManifest(*shared_, e.job, step);
+    if (found.ok() && found->generation() == e.manifest.generation() && found->fence() == e.manifest.fence())
+      continue;
+    if (!found.ok() && found.status().code() != absl::StatusCode::kDataLoss &&
+        found.status().code() != absl::StatusCode::kNotFound) {
+      if (first.ok()) first = found.status();  // unreadable now: nothing proven
+      continue;
+    }
+    if (options_.leading && !options_.leading()) return absl::UnavailableError("not leader");
+    {
+      // Still the committed write (no rollback or new commit meanwhile)?
+      std::lock_guard<std::mutex> lock(mu_);
+      auto job = jobs_.find(e.job);
+      if (job == jobs_.end() || !job->second.rec.has_last_good() ||
+          job->second.rec.last_good_step() != step || !CheckStampLocked(job->second.rec, e.manifest).ok())
+        continue;
+    }
+    absl::Status written = storage::WriteGlobalManifest(*shared_, e.manifest);
+    Lock lock(mu_);
+    auto batch = std::make_unique<Batch>();
+    LogLocked(batch.get(), v1::MANIFEST_INVALID, e.job, "",
+              absl::StrCat("step ", step, ": ",
+                           found.ok() ? absl::StrCat("MANIFEST.global was written in generation ", found->generation(),
+                                                     " under fence ", found->fence())
+                                      : std::string(found.status().message()),
+                           ", not the committed write (generation ", e.manifest.generation(), ", fence ",
+                           e.manifest.fence(), "); ",
+                           written.ok() ? "written again" : absl::StrCat("writing it again failed: ",
+                                                                        written.message())));
+    absl::Status committed = Commit(lock, std::move(batch));
+    if (first.ok() && !written.ok()) first = written;
+    if (first.ok() && !committed.ok()) first = committed;
+  }
+  return first;
+}
+
 void Coordinator::StartServing() {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = options_.now_ms();
+  for (auto& [name, job] : jobs_) job.plan_ordered_ms = now;  // as for heartbeats below
   std::unique_lock<std::shared_mutex> live(live_mu_);
   for (auto& [id, node] : nodes_) {
     if (node.rec.health() != v1::ALIVE) continue;

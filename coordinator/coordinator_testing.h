@@ -10,6 +10,7 @@
 #include <string>
 
 #include "coordinator/coordinator.h"
+#include "storage/manifest.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::coordinator {
@@ -112,6 +113,36 @@ class CoordinatorTest : public ::testing::Test {
   ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;
   std::unique_ptr<Coordinator> coord_;
+};
+
+// Two active nodes with two ranks each and a spare; job "job", world 4.
+class TwoNodeTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    e1_ = Register("n1", 2);
+    e2_ = Register("n2", 2);
+    es_ = Register("s1", 2, /*spare=*/true);
+    RegisterJob("job", 4);
+  }
+  void ReportAll(uint64_t step, v1::ShardState state) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto s = Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step, r, state);
+      ASSERT_TRUE(s.ok()) << s.status();
+    }
+  }
+  absl::StatusOr<storage::v1::GlobalManifest> ReadManifest(uint64_t step) {
+    storage::LocalBackendOptions bo;
+    bo.root = dir_.path() + "/shared";
+    bo.remove_tmp_files = false;
+    auto backend = storage::NewLocalBackend(bo);
+    if (!backend.ok()) return backend.status();
+    return storage::ReadGlobalManifest(**backend, "job", step);
+  }
+  std::string ManifestPath(uint64_t step) {
+    return dir_.path() + "/shared/" + storage::GlobalManifestKey("job", step);
+  }
+  uint64_t e1_ = 0, e2_ = 0, es_ = 0;
 };
 
 }  // namespace ckpt::coordinator

@@ -17,15 +17,25 @@
 // and pings the watchdog only while the failure detector's tick loop runs
 // (a tick within the watchdog timeout, or within two tick periods when
 // those are longer; a standby has no tick loop and is healthy).
+//
+// Test-only: CKPT_COORDINATOR_TEST_FAULT=hold-global-manifest:PATH makes the
+// first MANIFEST.global write of the process that finds PATH there (and
+// creates PATH.taken first: one process of several) wait until PATH is
+// removed: a leader paused in the middle of its manifest write
+// (tests/ha_test.cc).
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "coordinator/etcd/election.h"
@@ -38,6 +48,33 @@
 namespace {
 
 namespace co = ckpt::coordinator;
+
+// See CKPT_COORDINATOR_TEST_FAULT above.
+class HeldGlobalManifest : public ckpt::storage::BackendWrapper {
+ public:
+  HeldGlobalManifest(std::unique_ptr<ckpt::storage::Backend> base, std::string path)
+      : BackendWrapper(base.get()), base_(std::move(base)), path_(std::move(path)) {}
+  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
+    if (key.find("MANIFEST.global") != std::string_view::npos && access(path_.c_str(), F_OK) == 0) {
+      int fd = open((path_ + ".taken").c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        close(fd);
+        std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: holding the write of %.*s until %s is gone\n",
+                     static_cast<int>(key.size()), key.data(), path_.c_str());
+        while (access(path_.c_str(), F_OK) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    absl::Status s = target()->PutSmallObject(key, contents);
+    if (key.find("MANIFEST.global") != std::string_view::npos)
+      std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: wrote %.*s: %s\n", static_cast<int>(key.size()),
+                   key.data(), s.ok() ? "OK" : std::string(s.message()).c_str());
+    return s;
+  }
+
+ private:
+  std::unique_ptr<ckpt::storage::Backend> base_;
+  const std::string path_;
+};
 
 [[noreturn]] void Deposed(const std::string& why) {
   std::fprintf(stderr, "ckpt-coordinator: lost leadership: %s; exiting (a supervisor restarts it as a standby)\n",
@@ -120,6 +157,19 @@ int main(int argc, char** argv) {
 
   auto metrics = std::make_shared<co::CoordinatorMetrics>();
   opts->coordinator.metrics = metrics;
+  if (const char* f = std::getenv("CKPT_COORDINATOR_TEST_FAULT"); f != nullptr && f[0] != '\0') {
+    constexpr std::string_view kHold = "hold-global-manifest:";
+    if (std::string_view(f).rfind(kHold, 0) != 0 || std::strlen(f) == kHold.size()) {
+      std::fprintf(stderr, "ckpt-coordinator: CKPT_COORDINATOR_TEST_FAULT: only \"%s PATH\" is known (test-only)\n",
+                   std::string(kHold).c_str());
+      return 2;
+    }
+    std::string path(f + kHold.size());
+    opts->coordinator.wrap_shared_root = [path](std::unique_ptr<ckpt::storage::Backend> b) {
+      return std::unique_ptr<ckpt::storage::Backend>(std::make_unique<HeldGlobalManifest>(std::move(b), path));
+    };
+    std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: %s\n", f);
+  }
   std::unique_ptr<ckpt::MetricsServer> metrics_server;
   if (!opts->metrics_listen.empty()) {
     auto started = ckpt::MetricsServer::Start(opts->metrics_listen, "--metrics-listen", {metrics});
@@ -179,6 +229,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<co::etcd::Fence> fence = election->Campaign();
     if (fence.ok()) {
       auto kv = co::etcd::NewEtcdKv(etcd_client, etcd_prefix, *fence, Deposed);
+      opts->coordinator.fence = static_cast<uint64_t>(fence->create_revision);
+      opts->coordinator.leading = [e = election.get()] { return e->leading(); };
       auto coord = co::Coordinator::Open(opts->coordinator, std::move(kv));
       if (!coord.ok()) Deposed("cannot load the state from etcd: " + std::string(coord.status().message()));
       election->KeepLeading(Deposed);

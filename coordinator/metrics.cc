@@ -55,10 +55,16 @@ CoordinatorMetrics::CoordinatorMetrics()
               .Name("ckpt_coordinator_recovery_seconds")
               .Help("First recovery plan of a failure to every order of the "
                     "job's plan acknowledged")
-              .Register(*registry_)) {
+              .Register(*registry_)),
+      steps_trimmed_(prometheus::BuildCounter()
+                         .Name("ckpt_coordinator_soft_steps_trimmed_total")
+                         .Help("Uncommitted steps whose per-rank records were dropped: a job "
+                               "kept more steps newer than its last good one than the bound")
+                         .Register(*registry_)) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
-  for (auto reason : {metric::kNodeDead, metric::kTrainerExit})
+  steps_trimmed_.Add({});
+  for (auto reason : {metric::kNodeDead, metric::kTrainerExit, metric::kPlanUnacknowledged})
     failures_.Add({{"reason", std::string(reason)}});
   plans_.Add({});
   recovery_seconds_.Add({}, kRecoveryBuckets);
@@ -89,6 +95,10 @@ void CoordinatorMetrics::StepCommitted(const std::string& job, uint64_t step,
         std::chrono::duration<double>(
             std::chrono::system_clock::now().time_since_epoch())
             .count();
+}
+
+void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
+  steps_trimmed_.Add({}).Increment(static_cast<double>(steps));
 }
 
 void CoordinatorMetrics::FailureDetected(std::string_view reason) {

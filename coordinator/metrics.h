@@ -48,6 +48,7 @@ namespace v1 = ::ckpt::coord::v1;
 namespace metric {
 inline constexpr std::string_view kNodeDead = "node_dead";
 inline constexpr std::string_view kTrainerExit = "trainer_exit";
+inline constexpr std::string_view kPlanUnacknowledged = "plan_unacknowledged";
 }  // namespace metric
 
 class CoordinatorMetrics : public prometheus::Collectable {
@@ -67,6 +68,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   void PlanMade(const std::string& job, int64_t now_ms);
   // Every order of the job's plan is acknowledged: the recovery is over.
   void PlanAcknowledged(const std::string& job, int64_t now_ms);
+  // Per-rank records of `steps` steps that never committed were dropped
+  // (the job kept more than max_soft_steps uncommitted steps).
+  void StepsTrimmed(uint64_t steps);
 
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);
@@ -81,6 +85,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Counter>& plans_;
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
+  prometheus::Family<prometheus::Counter>& steps_trimmed_;
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int64_t>

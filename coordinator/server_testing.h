@@ -179,8 +179,10 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(r->failure());
   }
-  std::unique_ptr<daemon::NodeAgent> Agent(const std::string& id = "n1") {
+  std::unique_ptr<daemon::NodeAgent> Agent(const std::string& id = "n1",
+                                           size_t remembered_orders = 1024) {
     daemon::NodeAgentOptions o;
+    o.remembered_orders = remembered_orders;
     o.coordinator = Address();
     o.node_id = id;
     o.address = "127.0.0.1:1";

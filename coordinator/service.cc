@@ -212,6 +212,7 @@ void CoordinatorServer::Promote(std::unique_ptr<Coordinator> coordinator) {
   watch_->Serve(coordinator_.get());
   promoted_.store(true, std::memory_order_release);
   ticker_ = std::thread([this] { TickLoop(); });
+  auditor_ = std::thread([this] { AuditLoop(); });
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
@@ -238,6 +239,25 @@ void CoordinatorServer::TickLoop() {
   }
 }
 
+void CoordinatorServer::AuditLoop() {
+  // Often enough that a deposed leader's late write does not stand for
+  // long; each round is one small read per job.
+  const auto period = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     coordinator_->options().heartbeat_timeout),
+                                 std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
+  std::string last;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
+    absl::Status s = coordinator_->AuditManifests();
+    std::string said = s.ok() ? "" : std::string(s.message());
+    if (said != last && !said.empty())
+      std::fprintf(stderr, "ckpt-coordinator: checking global manifests: %s\n", said.c_str());
+    last = said;
+    lock.lock();
+  }
+}
+
 void CoordinatorServer::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return stopping_; });
@@ -251,6 +271,7 @@ void CoordinatorServer::Shutdown() {
   }
   cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
+  if (auditor_.joinable()) auditor_.join();
   if (watch_) watch_->Stop();  // ends the open streams, or Shutdown waits for them
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

@@ -104,6 +104,9 @@ class CoordinatorServer {
       const std::string& listen, const ServerSecurity& security, Leadership leadership,
       ServerLimits limits);
   void TickLoop();
+  // Coordinator::AuditManifests every few seconds (it reads the shared
+  // root: never on the failure detector's thread).
+  void AuditLoop();
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Service> service_;
@@ -117,6 +120,7 @@ class CoordinatorServer {
   std::atomic<uint64_t> ticks_{0};
   std::atomic<bool> promoted_{false};
   std::thread ticker_;
+  std::thread auditor_;
 };
 
 }  // namespace ckpt::coordinator

@@ -70,7 +70,36 @@ NodeAgent::~NodeAgent() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (reporter_.joinable()) reporter_.join();
   if (applier_.joinable()) applier_.join();
-  for (auto& t : prefetchers_) t.join();
+  for (auto& [id, t] : prefetchers_) t.join();
+}
+
+size_t NodeAgent::orders_remembered() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return handled_.size();
+}
+
+size_t NodeAgent::prefetch_threads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prefetchers_.size();
+}
+
+void NodeAgent::ReapOrders() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : prefetched_) {
+      auto t = prefetchers_.find(id);
+      if (t == prefetchers_.end()) continue;
+      done.push_back(std::move(t->second));
+      prefetchers_.erase(t);
+    }
+    prefetched_.clear();
+    // Ids grow: the smallest are the oldest. One still running stays.
+    for (auto it = handled_.begin();
+         handled_.size() > options_.remembered_orders && it != handled_.end();)
+      it = it->second ? handled_.erase(it) : std::next(it);
+  }
+  for (std::thread& t : done) t.join();  // each has returned or is returning
 }
 
 void NodeAgent::Start(Engine* engine) {
@@ -213,7 +242,9 @@ void NodeAgent::HeartbeatLoop() {
                            " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
                            o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
       if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
-        prefetchers_.emplace_back(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
+        std::thread& t = prefetchers_[o.id()];
+        if (t.joinable()) continue;  // forgotten, yet still running: it acknowledges when done
+        t = std::thread(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
                                   o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
                                   std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()),
                                   o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid()) : std::nullopt);
@@ -223,6 +254,7 @@ void NodeAgent::HeartbeatLoop() {
         acked_.push_back(o.id());
       }
     }
+    ReapOrders();
   } while (WaitFor(interval));
 }
 
@@ -253,6 +285,7 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_s
   // old epoch, and the coordinator ignores its acknowledgement.
   if (auto taken = handled_.find(order_id); taken != handled_.end()) taken->second = true;
   acked_.push_back(order_id);
+  prefetched_.push_back(order_id);  // the heartbeat thread joins this one
   kick_ = true;  // the plan waits for this acknowledgement
   cv_.notify_all();
 }

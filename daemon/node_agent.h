@@ -66,6 +66,10 @@ struct NodeAgentOptions {
   uint32_t capacity = 8;    // ranks this node can host
   bool spare = false;
   std::chrono::milliseconds rpc_timeout{3000};
+  // Order ids remembered as carried out (to acknowledge a re-sent one
+  // again without running it twice): the newest this many. Ids only grow,
+  // and an order is re-sent only while its plan is current.
+  size_t remembered_orders = 1024;
 };
 
 class NodeAgent {
@@ -87,6 +91,10 @@ class NodeAgent {
   // Reports not sent: their shard was committed while the node had no
   // epoch (see Fencing above).
   uint64_t reports_dropped() const { return reports_dropped_.load(); }
+  // Orders remembered (see remembered_orders) and PREFETCH threads not
+  // yet joined: both bounded, whatever the number of plans.
+  size_t orders_remembered();
+  size_t prefetch_threads();
 
  private:
   struct Queued {
@@ -108,6 +116,9 @@ class NodeAgent {
                    std::vector<uint32_t> ranks, std::vector<std::string> keys,
                    std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
+  // Joins the PREFETCH threads that are done, and forgets the oldest
+  // carried-out orders beyond remembered_orders.
+  void ReapOrders();
 
   const NodeAgentOptions options_;
   Engine* engine_ = nullptr;
@@ -138,7 +149,10 @@ class NodeAgent {
   // write was durable, a failed write, a failover): it is acknowledged
   // again, never carried out twice.
   std::map<uint64_t, bool> handled_;
-  std::vector<std::thread> prefetchers_;
+  // PREFETCH threads by order id; an id in prefetched_ is done (joined by
+  // the heartbeat thread, at once).
+  std::map<uint64_t, std::thread> prefetchers_;
+  std::vector<uint64_t> prefetched_;
   // Placement to pass to the engine, whose mutex may be held for seconds
   // (an arena being created): the heartbeat thread must never wait on it.
   std::map<std::string, Hosting> hosting_;

@@ -226,6 +226,12 @@ void Launcher::FlushReports() {
       reports_.pop_front();
       continue;
     }
+    if (r.awaiting_epoch) {
+      if (epoch_ == r.epoch) return;  // the view has not shown the new epoch yet
+      r.awaiting_epoch = false;
+      r.epoch_retried = true;
+      r.epoch = epoch_;
+    }
     cv1::ReportTrainerExitRequest req;
     req.set_node_id(opts_.node_id);
     req.set_epoch(r.epoch);
@@ -250,6 +256,14 @@ void Launcher::FlushReports() {
       SetReachable(true, s);
       known_generation_ = std::max(known_generation_, resp.generation());
       Log(absl::StrCat(what, "; reported"));
+    } else if (s.code() == absl::StatusCode::kFailedPrecondition && !r.epoch_retried) {
+      // epoch_ comes from the view, asynchronously: the node may have
+      // registered again (a new epoch) before the view said so. A failure
+      // dropped here would never be reported.
+      Log(absl::StrCat(what, "; report refused at epoch ", r.epoch, ": ", s.message(),
+                       "; sending it again once this node's epoch is refreshed"));
+      r.awaiting_epoch = true;
+      return;
     } else {
       Log(absl::StrCat(what, "; report refused: ", s.message()));
     }

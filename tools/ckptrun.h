@@ -8,7 +8,9 @@
 // in the job's current generation, started only once the generation's plan
 // is acknowledged by every node (prefetches done). A trainer that exits on
 // its own is reported to the coordinator (queued while it is unreachable;
-// the trainers keep running). Trainers it stops itself are not reported.
+// the trainers keep running; refused for this node's epoch, it waits for
+// the view's next epoch and is sent again). Trainers it stops itself are
+// not reported.
 //
 // Exit status: 0 once every rank of the current generation on this node
 // exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
@@ -75,6 +77,11 @@ class Launcher {
     uint64_t generation = 0;  // of the trainer
     uint64_t epoch = 0;       // of this node when the trainer exited
     bool logged_queued = false;
+    // Refused once at `epoch` (FAILED_PRECONDITION: a stale epoch, the
+    // view not yet showing the node's new one): sent again, once, when the
+    // view shows another epoch; dropped if its generation is replaced.
+    bool awaiting_epoch = false;
+    bool epoch_retried = false;
   };
 
   // Waits up to `d` for a signal; false when a stop signal arrived.

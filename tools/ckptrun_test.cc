@@ -39,6 +39,8 @@ d=$1; f="$d/env-$CKPT_GENERATION-$RANK"
 { env; echo "PID=$$"; } > "$f.tmp" && mv "$f.tmp" "$f"
 case "$2" in
   exit0) exit 0 ;;
+  wrapped) sleep 60 & c=$!; echo "$c" > "$d/child-$RANK.tmp" && mv "$d/child-$RANK.tmp" "$d/child-$RANK"
+           wait; exit 0 ;;
   fail1) if [ "$CKPT_GENERATION" = 0 ] && [ "$RANK" = 1 ]; then
            while [ ! -e "$d/fail" ]; do sleep 0.02; done; exit 3
          fi ;;
@@ -190,6 +192,51 @@ TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
   EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
   std::string pid0 = Env(0, 0)["PID"], pid1 = Env(0, 1)["PID"];
   EXPECT_TRUE(WaitFor([&] { return Dead(pid0) && Dead(pid1); }, milliseconds(5000)));
+}
+
+// Finding 23: `ckptrun -- sh -c ./train.sh` — the real trainer is a child
+// of the wrapper, which PR_SET_PDEATHSIG does not reach. SIGKILL of ckptrun
+// must still leave no trainer process behind (checked in /proc).
+TEST_F(CkptrunTest, TrainersUnderAWrapperDieWhenCkptrunIsKilled) {
+  testing::FakeNode node(coord_->address(), "n1", "", 2);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("wrapped", 2);
+  ASSERT_TRUE(WaitForEnv(0, {0, 1}));
+  auto child = [&](uint32_t rank) {
+    std::string pid = ReadFile(dir_.path() + "/child-" + std::to_string(rank));
+    while (!pid.empty() && pid.back() == '\n') pid.pop_back();
+    return pid;
+  };
+  ASSERT_TRUE(WaitFor([&] { return !child(0).empty() && !child(1).empty(); }, milliseconds(10000)));
+  const std::string wrapper0 = Env(0, 0)["PID"], wrapper1 = Env(0, 1)["PID"];
+  const std::string real0 = child(0), real1 = child(1);
+  ASSERT_FALSE(Dead(real0));
+  kill(ckptrun_, SIGKILL);
+  EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return Dead(wrapper0) && Dead(wrapper1); }, milliseconds(5000)));
+  EXPECT_TRUE(WaitFor([&] { return Dead(real0) && Dead(real1); }, milliseconds(5000)))
+      << "the trainers under the wrappers survived ckptrun";
+  for (const std::string& pid : {real0, real1})
+    if (!Dead(pid)) kill(std::stoi(pid), SIGKILL);
+}
+
+// A wrapper that exits on its own leaves its child to ckptrun (a child
+// subreaper), which kills the trainer's whole group and reports the exit.
+TEST_F(CkptrunTest, StopKillsWhatEachTrainerForked) {
+  testing::FakeNode node(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("wrapped", 1);
+  ASSERT_TRUE(WaitForEnv(0, {0}));
+  std::string real;
+  ASSERT_TRUE(WaitFor([&] {
+    real = ReadFile(dir_.path() + "/child-0");
+    return !real.empty();
+  }, milliseconds(10000)));
+  while (!real.empty() && real.back() == '\n') real.pop_back();
+  kill(ckptrun_, SIGTERM);
+  EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
+  EXPECT_TRUE(WaitFor([&] { return Dead(real); }, milliseconds(5000)));
+  if (!Dead(real)) kill(std::stoi(real), SIGKILL);
 }
 
 TEST_F(CkptrunTest, FailedRankIsReportedAndJobRestartsFromDurableStepInNextGeneration) {

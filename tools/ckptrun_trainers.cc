@@ -2,12 +2,16 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -37,7 +41,79 @@ std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   return out;
 }
 
+constexpr size_t kRecord = 1 + sizeof(int32_t);  // op, pgid
+constexpr int kMaxGroups = 4096;
+
+// The guardian (see the header), forked from a process with threads: only
+// async-signal-safe calls from here on. `fd` is its end of a SOCK_SEQPACKET
+// pair: one record per message, and a read of 0 once ckptrun is gone.
+[[noreturn]] void GuardianLoop(int fd) {
+  pid_t groups[kMaxGroups];
+  int n = 0;
+  for (;;) {
+    char rec[kRecord];
+    ssize_t r = recv(fd, rec, sizeof rec, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // ckptrun died (or exited): its trainers go with it
+    if (r != static_cast<ssize_t>(kRecord)) continue;
+    int32_t pgid;
+    std::memcpy(&pgid, rec + 1, sizeof pgid);
+    if (rec[0] == '+' && n < kMaxGroups) {
+      groups[n++] = pgid;
+    } else if (rec[0] == '-') {
+      for (int i = 0; i < n; ++i)
+        if (groups[i] == pgid) groups[i--] = groups[--n];
+    }
+  }
+  for (int i = 0; i < n; ++i) kill(-groups[i], SIGKILL);
+  _exit(0);
+}
+
 }  // namespace
+
+void TrainerSet::StartGuardian() {
+  // Orphans of a trainer's wrapper come to ckptrun (Reap), not to init.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
+    std::fprintf(stderr, "ckptrun: no trainer guardian (socketpair: %s)\n", std::strerror(errno));
+    return;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "ckptrun: no trainer guardian (fork: %s)\n", std::strerror(errno));
+    close(fds[0]);
+    close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);  // no terminal signal, no trainer group kill reaches it
+    struct sigaction ign = {};
+    ign.sa_handler = SIG_IGN;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) sigaction(sig, &ign, nullptr);
+    // Keep no copy of ckptrun's sockets (its coordinator connections
+    // would outlive their closing here): only its end of the pair.
+    int fd = fds[0] == 3 ? 3 : dup2(fds[0], 3);
+    if (fd != 3) _exit(1);
+    close_range(4, ~0U, 0);
+    for (int std_fd = 0; std_fd < 3; ++std_fd) close(std_fd);  // nor a log pipe's end
+    GuardianLoop(3);
+  }
+  close(fds[0]);
+  guardian_ = pid;
+  guardian_fd_ = fds[1];
+}
+
+void TrainerSet::TellGuardian(char op, pid_t pgid) {
+  if (guardian_fd_ < 0) return;
+  char rec[kRecord];
+  rec[0] = op;
+  int32_t v = pgid;
+  std::memcpy(rec + 1, &v, sizeof v);
+  // MSG_NOSIGNAL: a dead guardian must not take ckptrun with it (SIGPIPE).
+  while (send(guardian_fd_, rec, sizeof rec, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  }
+}
 
 std::string DescribeExit(const TrainerExit& e) {
   return e.term_signal != 0 ? absl::StrCat("exited with signal ", e.term_signal)
@@ -64,6 +140,7 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path, const std
   // exec only async-signal-safe calls (gRPC's threads may hold locks).
   std::vector<char*> c_argv = CStrings(argv);
   std::vector<char*> c_env = CStrings(env);
+  if (guardian_ == 0) StartGuardian();
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return ErrnoToStatus(errno, absl::StrCat("fork for rank ", rank));
@@ -82,20 +159,34 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path, const std
   }
   setpgid(pid, pid);  // also here, so a StopAll right after Start hits the group
   running_[rank] = pid;
+  TellGuardian('+', pid);
   return absl::OkStatus();
 }
 
 std::vector<TrainerExit> TrainerSet::Reap() {
   std::vector<TrainerExit> exits;
-  for (auto it = running_.begin(); it != running_.end();) {
+  // Every child: trainers, the guardian, and descendants their wrappers
+  // left behind (reparented to ckptrun, the subreaper).
+  for (;;) {
     int status = 0;
-    pid_t r = waitpid(it->second, &status, WNOHANG);
-    if (r == it->second) {
-      kill(-it->second, SIGKILL);  // whatever the trainer forked and left behind
+    pid_t r = waitpid(-1, &status, WNOHANG);
+    if (r <= 0) break;
+    if (r == guardian_) {
+      std::fprintf(stderr, "ckptrun: the trainer guardian (pid %d) died; starting another\n", r);
+      close(guardian_fd_);
+      guardian_fd_ = -1;
+      guardian_ = 0;
+      StartGuardian();
+      for (const auto& [rank, pid] : running_) TellGuardian('+', pid);
+      continue;
+    }
+    for (auto it = running_.begin(); it != running_.end(); ++it) {
+      if (it->second != r) continue;
+      kill(-r, SIGKILL);  // whatever the trainer forked and left behind
+      TellGuardian('-', r);
       exits.push_back(FromWaitStatus(it->first, status));
-      it = running_.erase(it);
-    } else {
-      ++it;
+      running_.erase(it);
+      break;
     }
   }
   return exits;
@@ -113,6 +204,7 @@ void TrainerSet::StopAll(std::chrono::milliseconds grace) {
   }
   for (const auto& [rank, pid] : running_) kill(-pid, SIGKILL);  // stragglers in each group too
   for (const auto& [rank, pid] : left) waitpid(pid, nullptr, 0);
+  for (const auto& [rank, pid] : running_) TellGuardian('-', pid);
   running_.clear();
 }
 

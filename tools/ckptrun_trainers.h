@@ -1,9 +1,16 @@
 // TrainerSet: the trainer processes ckptrun runs on this node, one per rank.
-// Each trainer is the leader of its own process group (so stopping it also
-// stops whatever it forked) and gets SIGKILL when ckptrun dies, even by
-// SIGKILL (PR_SET_PDEATHSIG, re-checked after it is set). The caller owns
-// every trainer's lifetime: Reap() hands back the trainers that exited on
-// their own; StopAll() ends the rest and hands back nothing.
+// Each trainer is the leader of its own process group, so stopping it (or
+// its exit) also kills whatever it forked: a wrapper (`sh -c ./train.sh`)
+// and the real trainer under it go together. When ckptrun dies, even by
+// SIGKILL, no trainer survives it: the direct child gets SIGKILL from
+// PR_SET_PDEATHSIG, and a guardian process (forked with the first trainer,
+// in no trainer's group, immune to terminal signals) holds the read end
+// of a pipe only ckptrun writes: when ckptrun is gone the pipe ends and
+// the guardian SIGKILLs every trainer group it was told of. ckptrun is a
+// child subreaper (PR_SET_CHILD_SUBREAPER): a descendant orphaned by its
+// wrapper is reparented to ckptrun, not to init, and is reaped by Reap().
+// The caller owns every trainer's lifetime: Reap() hands back the trainers
+// that exited on their own; StopAll() ends the rest and hands back nothing.
 // Not thread-safe; fork only from the thread that lives as long as ckptrun
 // (PDEATHSIG fires when the forking thread exits).
 #ifndef CKPT_TOOLS_CKPTRUN_TRAINERS_H_
@@ -56,9 +63,19 @@ class TrainerSet {
   // after `grace`; returns once all are reaped.
   void StopAll(std::chrono::milliseconds grace);
   std::vector<uint32_t> RunningRanks() const;
+  // The guardian's pid (0 before the first Start, or if it could not be
+  // started: trainers then rely on PDEATHSIG alone).
+  pid_t guardian() const { return guardian_; }
 
  private:
+  // Starts the guardian once; a failure is logged, not fatal.
+  void StartGuardian();
+  // Tells the guardian that group `pgid` is a trainer's ('+') or gone ('-').
+  void TellGuardian(char op, pid_t pgid);
+
   std::map<uint32_t, pid_t> running_;  // rank -> pid (= process group id)
+  pid_t guardian_ = 0;
+  int guardian_fd_ = -1;  // the write end of the guardian's pipe
 };
 
 }  // namespace ckpt::tools

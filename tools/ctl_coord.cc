@@ -87,7 +87,17 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
     else w.Null();
     w.Key("lost_ranks").BeginArray();
     for (uint32_t r : j.lost_ranks()) w.Uint(r);
-    w.EndArray().EndObject();
+    // Which write of the last good step's MANIFEST.global its commit
+    // refers to (a leader's fence; null for a commit without a stamp).
+    w.EndArray().Key("last_good_manifest");
+    auto stamp = j.has_last_good() ? j.manifest_stamps().find(j.last_good_step()) : j.manifest_stamps().end();
+    if (stamp == j.manifest_stamps().end()) {
+      w.Null();
+    } else {
+      w.BeginObject().Field("generation", static_cast<uint64_t>(stamp->second.generation()));
+      w.Field("fence", static_cast<uint64_t>(stamp->second.fence())).EndObject();
+    }
+    w.EndObject();
   }
   w.EndArray().Key("events");
   WriteEvents(w, c.recent_events());

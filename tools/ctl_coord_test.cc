@@ -49,6 +49,8 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find(R"("plan_state":"PLAN_NONE")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("generation":0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("last_good_manifest":null)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos) << r.out;
 
   r = Ctl(Flag() + " cluster");

@@ -10,9 +10,11 @@ scripts/install-python.sh
 (cd build && ctest --output-on-failure -j1 --timeout 600)
 if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
   # CUDA and the benchmarks add nothing to a sanitizer run.
-  BUILD_DIR=build-asan scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF -DCKPT_WERROR=ON
+  BUILD_DIR=build-asan scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF -DCKPT_WERROR=ON \
+    -DCKPT_SKIP=bench
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
   # Tests labelled "slow" (multi-process, external servers, Python, packaging)
   # ran once above; the sanitizer build runs the rest.
-  (cd build-asan && ctest --output-on-failure -j1 --timeout 900 -LE slow)
+  # Two at a time (tests that must run alone are RUN_SERIAL).
+  (cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE slow)
 fi

@@ -1,12 +1,15 @@
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -223,6 +226,67 @@ TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
   std::filesystem::create_symlink(victim + "/secret", dir_.path() + "/root/job/leak");
   auto r = b->NewObjectReader("job/leak");
   EXPECT_FALSE(r.ok()) << "read through a symlink";
+}
+
+// Runs fn in a child process as uid/gid 1000 (a real unprivileged user);
+// true if it returned true.
+bool RunAsUser(const std::function<bool()>& fn) {
+  pid_t child = fork();
+  if (child == 0) {
+    if (setresgid(1000, 1000, 1000) != 0 || setresuid(1000, 1000, 1000) != 0) _exit(2);
+    _exit(fn() ? 0 : 1);
+  }
+  int status = 0;
+  return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Finding 25: a shared root users can write to (a team's NFS directory).
+// User 1000 plants `<job>/` and `<job>/step-…` symlinks into another job's
+// step directory (shard names do not include the job); the root daemon's
+// writes, deletes and stats through them are refused naming the path, and
+// the other job's shard is untouched.
+TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to plant the links as uid 1000";
+  auto b = Open();
+  const std::string root = dir_.path() + "/root";
+  ASSERT_EQ(chmod(root.c_str(), 0777), 0);
+  const std::string shard = "rank-00000.a.shard";
+  std::vector<char> secret(8192, 's');
+  WriteObject(*b, "victim/step-00000001/" + shard, secret.data(), secret.size());
+  const std::string victim_file = root + "/victim/step-00000001/" + shard;
+  ASSERT_TRUE(RunAsUser([&] {
+    return mkdir((root + "/mallory").c_str(), 0755) == 0 &&
+           symlink((root + "/victim/step-00000001").c_str(),
+                   (root + "/mallory/step-00000001").c_str()) == 0 &&
+           symlink("victim", (root + "/alias").c_str()) == 0;
+  })) << "uid 1000 could not plant the links";
+
+  std::vector<char> junk(4096, 'j');
+  for (const std::string job : {"mallory", "alias"}) {
+    const std::string key = job + "/step-00000001/" + shard;
+    auto w = b->NewObjectWriter(key, junk.size());
+    ASSERT_FALSE(w.ok()) << key << ": wrote through a planted symlink";
+    EXPECT_NE(std::string(w.status().message()).find(root + "/" + job), std::string::npos)
+        << w.status();
+    absl::Status del = b->Delete(key);
+    EXPECT_FALSE(del.ok()) << key << ": deleted through a planted symlink";
+    EXPECT_NE(std::string(del.message()).find(root + "/" + job), std::string::npos) << del;
+    EXPECT_FALSE(b->Stat(key).ok()) << key << ": stat through a planted symlink";
+    EXPECT_FALSE(b->NewObjectReader(key).ok()) << key << ": read through a planted symlink";
+    (void)b->DeletePrefix(job + "/step-00000001/");
+    (void)b->DeletePrefix(job + "/");
+    ASSERT_TRUE(std::filesystem::exists(victim_file)) << "deleted through " << job;
+  }
+  EXPECT_EQ(Slurp(victim_file), std::string(secret.begin(), secret.end()));
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/alias")) << "the link itself may stay";
 }
 
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {

@@ -29,6 +29,10 @@ std::vector<Check> Evaluate(const Results& r) {
   double disk_ratio = Ratio(r.raw_read_s, r.restore_disk_s);
   c.push_back({"restore_disk_vs_raw_read", "restore (disk)", r.restore_disk_s, "raw read",
                r.raw_read_s, disk_ratio, ">= 0.85", disk_ratio >= 0.85});
+  double warm_ratio = Ratio(r.raw_read_s, r.restore_disk_warm_s);
+  c.push_back({"restore_disk_warm_vs_raw_read", "restore (disk, arena exists)",
+               r.restore_disk_warm_s, "raw read", r.raw_read_s, warm_ratio, ">= 0.85",
+               warm_ratio >= 0.85});
   double sync_ratio = Ratio(r.sync_write_s, r.save_stall_s);
   c.push_back({"sync_write_vs_save_stall", "save stall", r.save_stall_s, "write+fsync",
                r.sync_write_s, sync_ratio, ">= 10 (limit/figure)", sync_ratio >= 10});

@@ -73,7 +73,7 @@ struct Check {
   bool met;
 };
 
-// The five targets of ckptd, evaluated on r.
+// The targets of ckptd, evaluated on r.
 std::vector<Check> Evaluate(const Results& r);
 std::string FormatJson(const Results& r);
 std::string FormatTable(const Results& r);

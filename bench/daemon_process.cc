@@ -106,6 +106,8 @@ absl::StatusOr<DaemonProcess::State> DaemonProcess::Query() const {
   State state;
   state.backend = st->backend();
   for (const auto& a : st->arenas()) state.arenas.push_back(a.shm_name());
+  state.persist_queue = st->persist_queue();
+  state.bytes_in_flight = st->bytes_in_flight();
   return state;
 }
 

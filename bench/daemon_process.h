@@ -41,6 +41,8 @@ class DaemonProcess {
   struct State {
     std::string backend;
     std::vector<std::string> arenas;
+    uint32_t persist_queue = 0;     // persists, manifests and deletes waiting
+    uint64_t bytes_in_flight = 0;  // staged or persisting, not yet durable
   };
   [[nodiscard]] absl::StatusOr<State> Query() const;
   bool running() const { return pid_ > 0; }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckpt::bench {
@@ -26,12 +27,20 @@ struct ObjectFigures {
   bool restore_matches = false;
 };
 
+// The smallest and largest of a figure's samples.
+struct Spread {
+  double min = 0;
+  double max = 0;
+  int samples = 0;
+};
+
 struct Results {
   uint64_t bytes = 0;         // tensor bytes saved per step
   uint64_t image_bytes = 0;   // shard image written per step
   int tensors = 0;
   int copy_threads = 0;
-  int saves = 0;              // measured saves (after the first)
+  int saves = 0;              // measured saves (after the first) per round
+  int repeat = 1;             // rounds; every *_s figure below is a median
   std::string root;
   std::string backend;        // the daemon's storage backend
   std::string checksum_impl;
@@ -48,6 +57,8 @@ struct Results {
   double restore_disk_warm_s = 0;  // from disk into an arena that exists
   double raw_read_s = 0;
   bool restore_matches = false;  // restored bytes equal the saved ones
+  // Each median's spread, keyed by its JSON name ("save_stall_s", ...).
+  std::vector<std::pair<std::string, Spread>> spreads;
   ObjectFigures object;
 };
 
@@ -62,7 +73,7 @@ struct Check {
   bool met;
 };
 
-// The five targets of ckptd, evaluated on r.
+// The targets of ckptd, evaluated on r.
 std::vector<Check> Evaluate(const Results& r);
 std::string FormatJson(const Results& r);
 std::string FormatTable(const Results& r);

@@ -5,6 +5,8 @@ pkgs=(build-essential cmake ninja-build pkg-config clang-format
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
       protobuf-compiler librocksdb-dev libgtest-dev libgmock-dev libxxhash-dev
       libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev
+      # POSIX ACLs on arena segments (shm/segment_access.cc)
+      libacl1-dev
       # Python package and its tests (Debian's python3 + torch 1.13)
       python3 python3-cffi python3-torch python3-yaml
       # object tier (libcurl SigV4) and its interop tests

@@ -1,6 +1,8 @@
 #include "shm/arena.h"
 
+#include <acl/libacl.h>
 #include <fcntl.h>
+#include <sys/acl.h>
 #include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -240,6 +242,24 @@ TEST_F(ArenaTest, SegmentStaysTheDaemonsAndOnlyTheJobsUidMayOpenIt) {
   EXPECT_EQ(st.st_mode & S_IRWXO, 0u);
   EXPECT_TRUE(OpensAs(o.name, 1000));
   EXPECT_FALSE(OpensAs(o.name, 1001));
+}
+
+// The ACL GrantSegment writes (through libacl): the owner and the job's
+// uid read-write, nothing for the group or others, the mask read-write.
+TEST_F(ArenaTest, SegmentAclGrantsTheOwnerAndTheJobsUidOnly) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to name another uid in the ACL";
+  ArenaOptions o = Options();
+  o.user_uid = 1000;
+  auto a = Arena::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  acl_t acl = acl_get_file(("/dev/shm" + o.name).c_str(), ACL_TYPE_ACCESS);
+  if (acl == nullptr && errno == EOPNOTSUPP) GTEST_SKIP() << "/dev/shm has no POSIX ACLs";
+  ASSERT_NE(acl, nullptr) << std::strerror(errno);
+  char* text = acl_to_any_text(acl, nullptr, ',', TEXT_NUMERIC_IDS);
+  ASSERT_NE(text, nullptr);
+  EXPECT_STREQ(text, "user::rw-,user:1000:rw-,group::---,mask::rw-,other::---");
+  acl_free(text);
+  acl_free(acl);
 }
 
 // A segment someone else made under the arena's name (after a reboot, or

@@ -1,13 +1,12 @@
 #include "shm/segment_access.h"
 
-#include <endian.h>
-#include <sys/xattr.h>
+#include <acl/libacl.h>
+#include <sys/acl.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
-#include <cstring>
-#include <vector>
+#include <memory>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,34 +15,33 @@
 namespace ckpt::shm {
 namespace {
 
-// The kernel's POSIX ACL xattr ABI (linux/posix_acl_xattr.h: a version,
-// then entries sorted by tag and id; the tag values are acl(5)'s).
-constexpr uint32_t kAclVersion = 2;
-constexpr uint16_t kUserObj = 0x01, kUser = 0x02, kGroupObj = 0x04, kMask = 0x10,
-                   kOther = 0x20;
-constexpr uint16_t kReadWrite = 0x4 | 0x2;
-constexpr uint32_t kUndefinedId = 0xffffffffu;
+struct AclFree {
+  void operator()(acl_t acl) const { acl_free(acl); }
+};
+using AclPtr = std::unique_ptr<std::remove_pointer_t<acl_t>, AclFree>;
 
-void PutEntry(std::vector<char>& out, uint16_t tag, uint16_t perm, uint32_t id) {
-  const uint16_t t = htole16(tag), p = htole16(perm);
-  const uint32_t i = htole32(id);
-  const size_t at = out.size();
-  out.resize(at + 8);
-  std::memcpy(&out[at], &t, 2);
-  std::memcpy(&out[at + 2], &p, 2);
-  std::memcpy(&out[at + 4], &i, 4);
+// One entry; a qualifier only for ACL_USER.
+bool AddEntry(acl_t* acl, acl_tag_t tag, bool read_write, const uid_t* uid) {
+  acl_entry_t entry;
+  acl_permset_t perms;
+  if (acl_create_entry(acl, &entry) != 0 || acl_set_tag_type(entry, tag) != 0) return false;
+  if (uid != nullptr && acl_set_qualifier(entry, uid) != 0) return false;
+  if (acl_get_permset(entry, &perms) != 0 || acl_clear_perms(perms) != 0) return false;
+  if (read_write && (acl_add_perm(perms, ACL_READ) != 0 || acl_add_perm(perms, ACL_WRITE) != 0))
+    return false;
+  return acl_set_permset(entry, perms) == 0;
 }
 
-// owner rw, user_uid rw, group and others nothing (mode 0660 with the mask).
-std::vector<char> AclGranting(uid_t user_uid) {
-  std::vector<char> acl(4);
-  const uint32_t v = htole32(kAclVersion);
-  std::memcpy(acl.data(), &v, 4);
-  PutEntry(acl, kUserObj, kReadWrite, kUndefinedId);
-  PutEntry(acl, kUser, kReadWrite, user_uid);
-  PutEntry(acl, kGroupObj, 0, kUndefinedId);
-  PutEntry(acl, kMask, kReadWrite, kUndefinedId);
-  PutEntry(acl, kOther, 0, kUndefinedId);
+// owner rw, user_uid rw, group and others nothing (mode 0660 with the
+// mask). Null with errno set if libacl refused.
+AclPtr AclGranting(uid_t user_uid) {
+  acl_t raw = acl_init(5);
+  if (raw == nullptr) return nullptr;
+  bool ok = AddEntry(&raw, ACL_USER_OBJ, true, nullptr) && AddEntry(&raw, ACL_USER, true, &user_uid) &&
+            AddEntry(&raw, ACL_GROUP_OBJ, false, nullptr) && AddEntry(&raw, ACL_MASK, true, nullptr) &&
+            AddEntry(&raw, ACL_OTHER, false, nullptr) && acl_valid(raw) == 0;
+  AclPtr acl(raw);
+  if (!ok) return nullptr;
   return acl;
 }
 
@@ -58,9 +56,10 @@ absl::Status GrantSegment(int fd, const std::string& name, uid_t user_uid) {
   // Also drops an ACL a previous owner left (chmod sets the mask).
   if (::fchmod(fd, 0600) != 0) return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fchmod"));
   if (user_uid == static_cast<uid_t>(-1) || user_uid == self) return absl::OkStatus();
-  const std::vector<char> acl = AclGranting(user_uid);
-  if (::fsetxattr(fd, "system.posix_acl_access", acl.data(), acl.size(), 0) == 0)
-    return absl::OkStatus();
+  AclPtr acl = AclGranting(user_uid);
+  if (acl == nullptr)
+    return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": build the ACL for uid ", user_uid));
+  if (acl_set_fd(fd, acl.get()) == 0) return absl::OkStatus();
   if (errno != EOPNOTSUPP)
     return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": grant uid ", user_uid, " (ACL)"));
   // No ACLs here: the job's uid owns the segment, as before ACLs were used.

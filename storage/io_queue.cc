@@ -85,6 +85,16 @@ std::unique_ptr<Ring> RingPool::Borrow() {
 }
 
 void RingPool::Return(std::unique_ptr<Ring> ring) {
+  uint64_t generation;
+  std::shared_ptr<const RegisteredTable> table;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = generation_;
+    table = table_;
+  }
+  // A ring borrowed across an Unregister still pins the region's pages:
+  // brought up to date before it idles, not when next borrowed.
+  if (ring->generation != generation) Sync(ring.get(), generation, std::move(table));
   std::lock_guard<std::mutex> lock(mu_);
   if (idle_.size() < max_idle_) idle_.push_back(std::move(ring));
 }
@@ -125,20 +135,29 @@ absl::Status RingPool::Register(void* base, uint64_t len) {
 }
 
 void RingPool::Unregister(void* base) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(regions_.begin(), regions_.end(),
-                         [&](const Region& r) { return r.base == base; });
-  if (it == regions_.end()) return;
-  char* p = it->base;
-  uint64_t len = it->len;
-  regions_.erase(it);
-  auto next = std::make_shared<RegisteredTable>();
-  for (const iovec& v : table_->pieces) {
-    char* b = static_cast<char*>(v.iov_base);
-    if (b < p || b >= p + len) next->pieces.push_back(v);
+  std::vector<std::unique_ptr<Ring>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const Region& r) { return r.base == base; });
+    if (it == regions_.end()) return;
+    char* p = it->base;
+    uint64_t len = it->len;
+    regions_.erase(it);
+    auto next = std::make_shared<RegisteredTable>();
+    for (const iovec& v : table_->pieces) {
+      char* b = static_cast<char*>(v.iov_base);
+      if (b < p || b >= p + len) next->pieces.push_back(v);
+    }
+    table_ = next;
+    ++generation_;
+    idle.swap(idle_);
   }
-  table_ = next;
-  ++generation_;
+  // Idle rings drop the region now: their registration pins its pages, so
+  // a deleted or grown arena's memory would otherwise never be freed.
+  // Outside the lock: unpinning GiBs takes a while, and Borrow may make a
+  // new ring meanwhile. Return syncs each one.
+  for (std::unique_ptr<Ring>& ring : idle) Return(std::move(ring));
 }
 
 IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes, std::string what)

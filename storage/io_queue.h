@@ -49,8 +49,12 @@ class RingPool {
   bool Probe();
   // A ring with the current table registered, or null if none can be made.
   std::unique_ptr<Ring> Borrow();
+  // Takes the ring back; one registered under an older table is brought up
+  // to date first, so it pins no unregistered memory while idle.
   void Return(std::unique_ptr<Ring> ring);
   [[nodiscard]] absl::Status Register(void* base, uint64_t len);
+  // After it returns, no idle ring pins the region's pages; a borrowed ring
+  // drops them when it is returned.
   void Unregister(void* base);
 
  private:

@@ -29,22 +29,38 @@ constexpr uint64_t kAlign = 4096;
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 
-// Opens path with O_DIRECT when asked; a file system that refuses direct
-// I/O (tmpfs: EINVAL) gets -1 in *direct and the caller uses buffered I/O.
-absl::Status OpenPair(const std::string& path, int flags, bool want_direct, int* direct,
-                      int* buffered) {
+// Opens `name` in the directory dir_fd (path names it in errors) without
+// following a symlink, and with O_DIRECT when asked; a file system that
+// refuses direct I/O (tmpfs: EINVAL) gets -1 in *direct and the caller uses
+// buffered I/O. Both descriptors are checked to be the same regular file:
+// the name is looked up twice.
+absl::Status OpenPair(int dir_fd, const std::string& name, const std::string& path, int flags,
+                      bool want_direct, int* direct, int* buffered) {
   *direct = -1;
-  // O_NOFOLLOW: a symlink a user planted at a key is not followed.
-  *buffered = open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+  *buffered = openat(dir_fd, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (*buffered < 0 && errno == ELOOP)
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": a symlink; refusing to follow it (the root is shared)"));
   if (*buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  if (!want_direct) return absl::OkStatus();
-  *direct = open(path.c_str(), (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
-  if (*direct < 0 && errno != EINVAL) {
-    int err = errno;
+  auto fail = [&](absl::Status s) {
+    if (*direct >= 0) close(*direct);
     close(*buffered);
-    *buffered = -1;
-    return ErrnoToStatus(err, absl::StrCat("open (O_DIRECT) ", path));
-  }
+    *direct = *buffered = -1;
+    return s;
+  };
+  struct stat st;
+  if (fstat(*buffered, &st) != 0) return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
+  if (!S_ISREG(st.st_mode)) return fail(absl::NotFoundError(absl::StrCat(path, ": not a regular file")));
+  if (!want_direct) return absl::OkStatus();
+  *direct = openat(dir_fd, name.c_str(),
+                   (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+  if (*direct < 0 && errno == EINVAL) return absl::OkStatus();
+  if (*direct < 0) return fail(ErrnoToStatus(errno, absl::StrCat("open (O_DIRECT) ", path)));
+  struct stat again;
+  if (fstat(*direct, &again) != 0) return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
+  if (again.st_dev != st.st_dev || again.st_ino != st.st_ino)
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat(path, ": replaced while it was being opened; refused")));
   return absl::OkStatus();
 }
 
@@ -90,6 +106,8 @@ class LocalWriter : public ObjectWriter {
   const uint64_t size_;
   const WriterOptions wopts_;
   std::string path_, tmp_path_;
+  std::string name_, tmp_name_;  // in dir_
+  internal::ScopedFd dir_;
   int direct_fd_ = -1, buffered_fd_ = -1;
   std::unique_ptr<IoQueue> queue_;
   uint64_t bytes_ = 0;
@@ -100,7 +118,8 @@ class LocalWriter : public ObjectWriter {
 // ring for its requests and returns it.
 class LocalReader : public ObjectReader {
  public:
-  LocalReader(LocalBackend* backend, std::string path) : backend_(backend), path_(std::move(path)) {}
+  LocalReader(LocalBackend* backend, std::string key, std::string path)
+      : backend_(backend), key_(std::move(key)), path_(std::move(path)) {}
   ~LocalReader() override {
     CloseFd(&direct_fd_);
     CloseFd(&buffered_fd_);
@@ -111,7 +130,7 @@ class LocalReader : public ObjectReader {
 
  private:
   LocalBackend* const backend_;
-  const std::string path_;
+  const std::string key_, path_;
   int direct_fd_ = -1, buffered_fd_ = -1;
   uint64_t size_ = 0;
 };
@@ -166,22 +185,30 @@ class LocalBackend : public Backend {
 
   absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    auto reader = std::make_unique<LocalReader>(this, Path(key));
+    auto reader = std::make_unique<LocalReader>(this, std::string(key), Path(key));
     CKPT_RETURN_IF_ERROR(reader->Open());
     return std::unique_ptr<ObjectReader>(std::move(reader));
   }
 
   absl::StatusOr<ObjectInfo> Stat(std::string_view key) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    struct stat st;
     const std::string path = Path(key);
-    if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    auto [dir, name] = internal::SplitKey(key);
+    CKPT_ASSIGN_OR_RETURN(internal::ScopedFd parent, OpenDir(dir, false));
+    struct stat st;
+    if (fstatat(parent.get(), std::string(name).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return ErrnoToStatus(errno, absl::StrCat("stat ", path));
     if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
     ObjectInfo info;
     info.size = static_cast<uint64_t>(st.st_size);
     info.owner_uid = st.st_uid;
     info.mode = st.st_mode & 07777;
     return info;
+  }
+
+  // root/dir, reached without following a symlink (local_fs.h).
+  absl::StatusOr<internal::ScopedFd> OpenDir(std::string_view dir, bool create) const {
+    return internal::OpenDirBeneath(options_.root, dir, create, options_.sync);
   }
 
   std::optional<std::string> LocalPath(std::string_view key) const override {
@@ -207,7 +234,11 @@ class LocalBackend : public Backend {
   absl::Status Delete(std::string_view key) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
     const std::string path = Path(key);
-    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+    auto [dir, name] = internal::SplitKey(key);
+    absl::StatusOr<internal::ScopedFd> parent = OpenDir(dir, false);
+    if (absl::IsNotFound(parent.status())) return absl::OkStatus();
+    if (!parent.ok()) return parent.status();
+    if (unlinkat(parent->get(), std::string(name).c_str(), 0) != 0 && errno != ENOENT)
       return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
     return absl::OkStatus();
   }
@@ -249,10 +280,18 @@ class LocalBackend : public Backend {
 absl::Status LocalWriter::Open() {
   const LocalBackendOptions& o = backend_->options();
   path_ = backend_->Path(key_);
-  tmp_path_ = absl::StrCat(path_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
-  CKPT_RETURN_IF_ERROR(internal::MakeParentDirs(o.root, key_, o.sync));
-  CKPT_RETURN_IF_ERROR(
-      OpenPair(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, o.direct_io, &direct_fd_, &buffered_fd_));
+  auto [dir, name] = internal::SplitKey(key_);
+  name_ = std::string(name);
+  tmp_name_ = absl::StrCat(name_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
+  tmp_path_ = absl::StrCat(path_.substr(0, path_.size() - name_.size()), tmp_name_);
+  CKPT_ASSIGN_OR_RETURN(dir_, backend_->OpenDir(dir, /*create=*/true));
+  absl::Status opened = OpenPair(dir_.get(), tmp_name_, tmp_path_, O_WRONLY | O_CREAT | O_EXCL,
+                                 o.direct_io, &direct_fd_, &buffered_fd_);
+  if (!opened.ok()) {
+    if (!absl::IsAlreadyExists(opened)) unlinkat(dir_.get(), tmp_name_.c_str(), 0);
+    dir_ = internal::ScopedFd();
+    return opened;
+  }
   // Reserving the space up front turns a full disk into an early, clear
   // ENOSPC and keeps direct writes from extending the file one by one.
   if (size_ > 0) {
@@ -288,11 +327,12 @@ absl::Status LocalWriter::ApplyOwnerAndMode() {
 }
 
 absl::Status LocalReader::Open() {
-  CKPT_RETURN_IF_ERROR(
-      OpenPair(path_, O_RDONLY, backend_->options().direct_io, &direct_fd_, &buffered_fd_));
+  auto [dir, name] = internal::SplitKey(key_);
+  CKPT_ASSIGN_OR_RETURN(internal::ScopedFd parent, backend_->OpenDir(dir, /*create=*/false));
+  CKPT_RETURN_IF_ERROR(OpenPair(parent.get(), std::string(name), path_, O_RDONLY,
+                                backend_->options().direct_io, &direct_fd_, &buffered_fd_));
   struct stat st;
   if (fstat(buffered_fd_, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", path_));
-  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path_, ": not a regular file"));
   size_ = static_cast<uint64_t>(st.st_size);
   return absl::OkStatus();
 }
@@ -331,13 +371,13 @@ absl::Status LocalWriter::Durable() {
     return ErrnoToStatus(errno, absl::StrCat("close ", tmp_path_));
   }
   buffered_fd_ = -1;
-  if (rename(tmp_path_.c_str(), path_.c_str()) != 0)
+  if (renameat(dir_.get(), tmp_name_.c_str(), dir_.get(), name_.c_str()) != 0)
     return ErrnoToStatus(errno, absl::StrFormat("rename %s to %s", tmp_path_, path_));
   if (backend_->options().sync) {
-    absl::Status s = internal::SyncDir(path_.substr(0, path_.rfind('/')));
+    absl::Status s = internal::SyncFd(dir_.get(), path_.substr(0, path_.rfind('/')));
     if (!s.ok()) {
       // Not durable: withdraw the object rather than leave it half-committed.
-      unlink(path_.c_str());
+      unlinkat(dir_.get(), name_.c_str(), 0);
       return s;
     }
   }
@@ -362,7 +402,7 @@ void LocalWriter::Abort() {
   queue_.reset();  // waits for writes in flight before the fds close
   CloseFd(&direct_fd_);
   CloseFd(&buffered_fd_);
-  if (!tmp_path_.empty()) unlink(tmp_path_.c_str());
+  if (dir_.get() >= 0) unlinkat(dir_.get(), tmp_name_.c_str(), 0);
 }
 
 }  // namespace

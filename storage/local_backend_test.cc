@@ -1,12 +1,15 @@
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -225,6 +228,67 @@ TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
   EXPECT_FALSE(r.ok()) << "read through a symlink";
 }
 
+// Runs fn in a child process as uid/gid 1000 (a real unprivileged user);
+// true if it returned true.
+bool RunAsUser(const std::function<bool()>& fn) {
+  pid_t child = fork();
+  if (child == 0) {
+    if (setresgid(1000, 1000, 1000) != 0 || setresuid(1000, 1000, 1000) != 0) _exit(2);
+    _exit(fn() ? 0 : 1);
+  }
+  int status = 0;
+  return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Finding 25: a shared root users can write to (a team's NFS directory).
+// User 1000 plants `<job>/` and `<job>/step-…` symlinks into another job's
+// step directory (shard names do not include the job); the root daemon's
+// writes, deletes and stats through them are refused naming the path, and
+// the other job's shard is untouched.
+TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to plant the links as uid 1000";
+  auto b = Open();
+  const std::string root = dir_.path() + "/root";
+  ASSERT_EQ(chmod(root.c_str(), 0777), 0);
+  const std::string shard = "rank-00000.a.shard";
+  std::vector<char> secret(8192, 's');
+  WriteObject(*b, "victim/step-00000001/" + shard, secret.data(), secret.size());
+  const std::string victim_file = root + "/victim/step-00000001/" + shard;
+  ASSERT_TRUE(RunAsUser([&] {
+    return mkdir((root + "/mallory").c_str(), 0755) == 0 &&
+           symlink((root + "/victim/step-00000001").c_str(),
+                   (root + "/mallory/step-00000001").c_str()) == 0 &&
+           symlink("victim", (root + "/alias").c_str()) == 0;
+  })) << "uid 1000 could not plant the links";
+
+  std::vector<char> junk(4096, 'j');
+  for (const std::string job : {"mallory", "alias"}) {
+    const std::string key = job + "/step-00000001/" + shard;
+    auto w = b->NewObjectWriter(key, junk.size());
+    ASSERT_FALSE(w.ok()) << key << ": wrote through a planted symlink";
+    EXPECT_NE(std::string(w.status().message()).find(root + "/" + job), std::string::npos)
+        << w.status();
+    absl::Status del = b->Delete(key);
+    EXPECT_FALSE(del.ok()) << key << ": deleted through a planted symlink";
+    EXPECT_NE(std::string(del.message()).find(root + "/" + job), std::string::npos) << del;
+    EXPECT_FALSE(b->Stat(key).ok()) << key << ": stat through a planted symlink";
+    EXPECT_FALSE(b->NewObjectReader(key).ok()) << key << ": read through a planted symlink";
+    (void)b->DeletePrefix(job + "/step-00000001/");
+    (void)b->DeletePrefix(job + "/");
+    ASSERT_TRUE(std::filesystem::exists(victim_file)) << "deleted through " << job;
+  }
+  EXPECT_EQ(Slurp(victim_file), std::string(secret.begin(), secret.end()));
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/alias")) << "the link itself may stay";
+}
+
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   auto b = Open();
   ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());
@@ -321,6 +385,49 @@ TEST_P(LocalBackendTest, ConcurrentWritersShareRegisteredMemory) {
     ASSERT_TRUE(b->ReadAt("c/" + std::to_string(t) + "-2", 0, back.data(), per).ok());
     EXPECT_EQ(std::memcmp(back.data(), ref.data() + t * per, per), 0) << t;
   }
+}
+
+// KiB of pages pinned by this process (io_uring registered buffers count).
+uint64_t VmPinKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmPin:", 0) == 0) return std::stoull(line.substr(6));
+  return 0;
+}
+
+// Finding 22: idle rings kept the registered buffers (pinned shm pages) of
+// a region after UnregisterMemory, until borrowed again; a deleted arena's
+// pages were never freed.
+TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
+  internal::RingPool pool(4, 8);
+  if (!pool.Probe()) GTEST_SKIP() << "no io_uring";
+  const size_t n = 32 << 20;
+  char* region = static_cast<char*>(
+      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  std::memset(region, 1, n);
+  const uint64_t before = VmPinKiB();
+  ASSERT_TRUE(pool.Register(region, n).ok());
+  {
+    // Two rings at once, so two go back idle with the region registered.
+    std::unique_ptr<internal::Ring> a = pool.Borrow(), b = pool.Borrow();
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    pool.Return(std::move(a));
+    pool.Return(std::move(b));
+  }
+  if (VmPinKiB() < before + n / 1024) GTEST_SKIP() << "VmPin does not count io_uring buffers here";
+  pool.Unregister(region);
+  EXPECT_EQ(VmPinKiB(), before) << "idle rings still pin the unregistered region";
+
+  ASSERT_TRUE(pool.Register(region, n).ok());
+  std::unique_ptr<internal::Ring> held = pool.Borrow();  // an IoQueue in flight
+  ASSERT_NE(held, nullptr);
+  pool.Unregister(region);
+  pool.Return(std::move(held));
+  EXPECT_EQ(VmPinKiB(), before) << "a ring returned after Unregister still pins the region";
+  munmap(region, n);
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, LocalBackendTest, ::testing::Bool(),

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,18 +30,47 @@ bool IsTmpFileOf(std::string_view name, std::string_view tag);
                                        std::string_view field = "key");
 absl::Status ValidatePrefix(std::string_view prefix);
 
-// Opens dir and fsyncs it.
-[[nodiscard]] absl::Status SyncDir(const std::string& dir);
-// Creates every missing directory of path's parent below root; each
-// directory created is made durable by an fsync of its parent. One that
-// exists but is not a directory (a symlink) is FailedPrecondition.
-[[nodiscard]] absl::Status MakeParentDirs(const std::string& root,
-                                          std::string_view key, bool sync);
+// A file descriptor, closed when it goes away.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& o) noexcept : fd_(o.release()) {}
+  ScopedFd& operator=(ScopedFd&& o) noexcept;
+  ~ScopedFd();
+  int get() const { return fd_; }
+  int release();
+
+ private:
+  int fd_ = -1;
+};
+
+// The directory root/dir ("" is root itself), opened without following a
+// symlink anywhere below root: the root daemon works in directories users
+// may write to (a team's shared root), and a `<job>/` or `step-…` symlink
+// planted there must not send its creates, chowns or unlinks into another
+// job's directory. Every component is resolved with openat2(RESOLVE_BENEATH
+// | RESOLVE_NO_SYMLINKS), or, on a kernel without openat2, one O_NOFOLLOW
+// openat at a time. root itself is the operator's and is opened as named.
+// create: missing directories are made (0755); with sync each one's parent
+// is fsynced, also when another writer made it first (EEXIST), whose fsync
+// may not have happened yet. A component that is a symlink or not a
+// directory is FailedPrecondition naming root/dir; a missing one (create
+// false) NotFound.
+[[nodiscard]] absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
+                                                      std::string_view dir, bool create,
+                                                      bool sync);
+// "a/b/c" -> {"a/b", "c"}; "c" -> {"", "c"}.
+std::pair<std::string_view, std::string_view> SplitKey(std::string_view key);
+// fsync(fd); the error names `what`.
+[[nodiscard]] absl::Status SyncFd(int fd, const std::string& what);
 // Regular files under root/dir_part (recursively), as keys relative to
-// root, skipping temporary files.
+// root, skipping temporary files and symlinks. root/dir_part reached
+// through a symlink is FailedPrecondition; a missing one lists nothing.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListFiles(
     const std::string& root, std::string_view dir_part);
-// Removes every temp file of `tag` under root (IsTmpFileOf).
+// Removes every temp file of `tag` under root (IsTmpFileOf), each unlinked
+// relative to its directory opened by OpenDirBeneath.
 [[nodiscard]] absl::Status RemoveTmpFiles(const std::string& root,
                                           std::string_view tag = "");
 // Removes the parent directories of key, deepest first, while they are empty.

@@ -17,7 +17,9 @@
 // of these parts, each in its own file:
 //   lease_table.h  the leases and the reaper's poll of their holders;
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
-//   step_state.h   a step's shards and their phases (plain data);
+//   shard_phase.h  a shard's lifecycle: its legal transitions, and the
+//                  slot, catalog and RPC states derived from it;
+//   step_state.h   a step's shards (plain data);
 //   persister.h    the persist queue and its thread (the shard and
 //                  manifest writes call back into engine_persist.cc);
 //   retention.h    which steps are complete, durable or dropped, and the

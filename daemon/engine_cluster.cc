@@ -34,8 +34,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
 }
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
-  shard.phase = ShardPhase::kFailed;
-  shard.rec.set_state(v1::ShardRecord::FAILED);
+  if (!shard.MoveTo(ShardPhase::kFailed)) return;
   shard.rec.set_error(error);
   absl::Status s = catalog_->PutShard(shard.rec, /*sync=*/true);
   if (!s.ok()) LogWarning(std::string(s.message()));
@@ -124,12 +123,12 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     shard.rec.set_step(step);
     shard.rec.set_rank(rank);
     shard.rec.set_world_size(world_size);
-    shard.rec.set_state(v1::ShardRecord::DURABLE);
+    shard.phase = ShardPhase::kDurable;  // a prefetched shard starts durable
+    shard.rec.set_state(CatalogStateOf(shard.phase));
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());
     shard.info = info;
-    shard.phase = ShardPhase::kDurable;
     shard.gen = next_gen_++;
     if (source == object_) {
       // Only in the object tier: never uploaded again, never read locally.

@@ -52,13 +52,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   shard.rec.set_step(req.step());
   shard.rec.set_rank(req.rank());
   shard.rec.set_world_size(job->rec.world_size());
-  shard.rec.set_state(v1::ShardRecord::STAGED);
+  shard.rec.set_state(CatalogStateOf(shard.phase));  // a commit starts staged
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
   shard.rec.set_created_unix_ns(info.created_unix_ns);
   if (req.has_generation()) shard.rec.set_generation(req.generation());
   *shard.rec.mutable_tensors() = req.tensors();
-  shard.phase = ShardPhase::kStaged;
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);
   shard.staged_digest = ShardDigest(shard.rec.tensors());
@@ -83,7 +82,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
   for (DropPlan& d : drops) ApplyDropLocked(*job, std::move(d), /*recorded=*/true);
   shard.gen = next_gen_++;
 
-  rank->Hold(slot_no, shm::SlotState::kStaged, req.step(), shard.gen,
+  rank->Hold(slot_no, SlotStateOf(shard.phase), req.step(), shard.gen,
              shard.info.layout.image_bytes);
   PersistTask task{PersistTask::kShard, req.job(), req.step(), req.rank(), shard.gen, {}};
   ReportLocked(shard, /*durable=*/false);

@@ -59,8 +59,8 @@ void Engine::PersistShard(const PersistTask& task) {
       return;
     }
     Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
-    shard->phase = ShardPhase::kPersisting;
-    rank.SetState(shard->slot, shm::SlotState::kPersisting);
+    shard->MoveTo(ShardPhase::kPersisting);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
@@ -124,15 +124,14 @@ void Engine::PersistShard(const PersistTask& task) {
   }
   Rank& rank = job->second.ranks[task.rank];
   if (s.ok()) {
-    shard->phase = ShardPhase::kDurable;
-    shard->rec.set_state(v1::ShardRecord::DURABLE);
+    shard->MoveTo(ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
     shard->info = std::move(info);
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
-    rank.SetState(shard->slot, shm::SlotState::kDurable);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
     metrics_->Persisted(
@@ -160,11 +159,11 @@ void Engine::PersistShard(const PersistTask& task) {
   }
   // The bytes are still in the slot: retry for as long as they are.
   metrics_->Retry(metric::kRetryPersist);
-  shard->phase = ShardPhase::kStaged;
+  shard->MoveTo(ShardPhase::kStaged);
   if (shard->attempts >= options_.max_persist_attempts)
     rank.FailPersist(shard->slot);  // a newer save may take the slot now
   else
-    rank.SetState(shard->slot, shm::SlotState::kStaged);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
   PersistTask retry = task;
   retry.not_before =
       std::chrono::steady_clock::now() +

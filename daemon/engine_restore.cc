@@ -230,7 +230,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     if (!st.ok()) return Annotate(st, "load from storage");
     return changed();
   }
-  r->Hold(slot, shm::SlotState::kDurable, step_no, gen, bytes);
+  r->Hold(slot, SlotStateOf(cur->phase), step_no, gen, bytes);
   cur->slot = slot;
   cur->slot_from_storage = true;
   return cur;
@@ -341,8 +341,6 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
     if (absl::IsNotFound(found)) return resp;
     CKPT_RETURN_IF_ERROR(found);
   }
-  static constexpr v1::ShardState kPhase[] = {v1::SHARD_STATE_STAGED, v1::SHARD_STATE_PERSISTING,
-                                              v1::SHARD_STATE_DURABLE, v1::SHARD_STATE_FAILED};
   for (const auto& [name, job] : jobs_) {
     if (!req.job().empty() && name != req.job()) continue;
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
@@ -361,7 +359,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
       for (const auto& [r, shard] : step.shards) {
         v1::ShardInfo* sh = si->add_shards();
         sh->set_rank(r);
-        sh->set_state(kPhase[static_cast<int>(shard.phase)]);
+        sh->set_state(RpcStateOf(shard.phase));
         sh->set_bytes(shard.rec.image_bytes());
         sh->set_path(shard.rec.path());
         sh->set_in_memory(shard.slot >= 0);

@@ -125,6 +125,28 @@ class EngineCoreTest : public ::testing::Test {
   std::vector<daemon::ShardReport> reports_;
 };
 
+// The shard lifecycle (shard_phase.h): its transitions and the states
+// derived from it.
+TEST(ShardPhaseTest, TransitionsAndDerivedStatesAreTheDocumentedOnes) {
+  using daemon::ShardPhase;
+  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kStaged, ShardPhase::kPersisting));
+  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kStaged));
+  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kDurable));
+  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kFailed));
+  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kStaged));
+  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kStaged));
+  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kDurable));
+  EXPECT_EQ(daemon::CatalogStateOf(ShardPhase::kPersisting), v1::ShardRecord::STAGED);
+  EXPECT_EQ(daemon::SlotStateOf(ShardPhase::kPersisting), shm::SlotState::kPersisting);
+  EXPECT_EQ(daemon::RpcStateOf(ShardPhase::kFailed), v1::SHARD_STATE_FAILED);
+  daemon::Shard shard;
+  EXPECT_TRUE(shard.MoveTo(ShardPhase::kPersisting));
+  EXPECT_TRUE(shard.MoveTo(ShardPhase::kDurable));
+  EXPECT_EQ(shard.rec.state(), v1::ShardRecord::DURABLE);
+  EXPECT_FALSE(shard.MoveTo(ShardPhase::kPersisting));
+  EXPECT_EQ(shard.phase, ShardPhase::kDurable);
+}
+
 // Finding 9: the coordinator can drop an abandoned timeline's saves only if
 // every report says which generation the save was made in.
 TEST_F(EngineCoreTest, SaveWithAGenerationReportsItAndKeepsItAcrossARestart) {

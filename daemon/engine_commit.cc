@@ -73,9 +73,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer, const v1::CommitSaveReque
     if (n >= req.step() && step.shards.count(req.rank()))
       drops.push_back(PlanDropLocked(*job, n, req.rank(), n != req.step(), edit));
   edit.PutShard(shard.rec);
-  // Not synced: a staged step lives in shared memory, which a machine crash
-  // loses anyway; a daemon crash keeps the page cache.
-  if (absl::Status s = catalog_->Apply(edit, /*sync=*/false); !s.ok()) {
+  // Not synced when it only adds the record: a staged step lives in shared
+  // memory, which a machine crash loses anyway; a daemon crash keeps the
+  // page cache. Synced when it drops older saves (a re-save, a rollback):
+  // their files are deleted next, and a record that came back after a
+  // machine crash would name a file that is gone.
+  if (absl::Status s = catalog_->Apply(edit, /*sync=*/!drops.empty()); !s.ok()) {
     ReleaseLeaseLocked(req.lease());  // the save is over; the slot frees
     return s;
   }

@@ -35,7 +35,7 @@ class EngineCoreTest : public ::testing::Test {
     UnlinkArenas(prefix_);
   }
   // `node`: cluster mode as node "a", hosting rank 0 of the job.
-  void Open(bool node = false, uint32_t retain = 0) {
+  void Open(bool node = false, uint32_t retain = 0, bool object = false) {
     node_ = node;
     retain_ = retain;
     storage::LocalBackendOptions lo;
@@ -57,7 +57,14 @@ class EngineCoreTest : public ::testing::Test {
         reports_.push_back(r);
       };
     }
-    auto e = Engine::Open(eo, local_.get(), catalog_.get());
+    if (object) {
+      storage::LocalBackendOptions oo;
+      oo.root = dir_.path() + "/object";
+      auto store = storage::NewLocalBackend(oo);
+      ASSERT_TRUE(store.ok()) << store.status();
+      object_ = std::move(*store);
+    }
+    auto e = Engine::Open(eo, local_.get(), catalog_.get(), object_.get());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
     if (node) engine_->SetHostedRanks("core", {0}, std::nullopt);
@@ -66,6 +73,7 @@ class EngineCoreTest : public ::testing::Test {
     engine_.reset();
     catalog_.reset();
     local_.reset();
+    object_.reset();
     arenas_[0].reset();
     arenas_[1].reset();
   }
@@ -118,6 +126,7 @@ class EngineCoreTest : public ::testing::Test {
   bool node_ = false;
   uint32_t retain_ = 0;
   std::unique_ptr<storage::Backend> local_;
+  std::unique_ptr<storage::Backend> object_;  // the object tier, if any
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<shm::Arena> arenas_[2];
@@ -303,6 +312,22 @@ TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillTheDisk) {
   if (!steps.empty()) {
     EXPECT_EQ(steps.back(), 6u);
   }
+}
+
+// Finding 22 with an object tier: neither tier's retention counts a step
+// that can never be whole, so both would fill.
+TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillEitherTier) {
+  Open(/*node=*/false, /*retain=*/2, /*object=*/true);
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(Save({.job = "core", .step = step, .rank = 0, .world_size = 2}).ok());
+    ASSERT_TRUE(
+        Save({.job = "core", .step = step, .corrupt = true, .rank = 1, .world_size = 2}).ok());
+    ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  }
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  std::vector<uint64_t> steps = Steps();
+  EXPECT_LE(steps.size(), 2u) << "steps kept: " << steps.size();
+  EXPECT_LE(ShardFiles(), 2u);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // ClientOptions::ResolveFromEnvironment: the one place libckpt reads its
-// environment (CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE).
+// environment (CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE, CKPT_GENERATION).
 #include <sys/un.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -91,6 +92,17 @@ absl::Status ClientOptions::ResolveFromEnvironment() {
   if (rank >= world_size)
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", rank, " is not in [0, world_size ", world_size, ")"));
+
+  if (!generation) {
+    if (const char* text = Env("CKPT_GENERATION")) {
+      uint64_t parsed = 0;
+      if (!absl::SimpleAtoi(text, &parsed))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "$CKPT_GENERATION: \"", std::string(std::string_view(text).substr(0, 64)),
+            "\" is not a non-negative integer"));
+      generation = parsed;
+    }
+  }
 
   if (num_slots < 2 || num_slots > static_cast<int>(shm::kMaxSlots))
     return absl::InvalidArgumentError(absl::StrCat(

@@ -11,7 +11,7 @@ namespace {
 class EnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE"})
+    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE", "CKPT_GENERATION"})
       ::unsetenv(v);
   }
   void TearDown() override { SetUp(); }
@@ -32,6 +32,24 @@ class EnvTest : public ::testing::Test {
     EXPECT_NE(std::string(s.message()).find(names), std::string::npos) << s;
   }
 };
+
+TEST_F(EnvTest, GenerationComesFromCkptGeneration) {
+  Set("CKPT_GENERATION", "3");
+  ClientOptions o = Full();
+  ASSERT_TRUE(o.ResolveFromEnvironment().ok());
+  EXPECT_EQ(o.generation, std::optional<uint64_t>(3));
+  ::unsetenv("CKPT_GENERATION");
+  ClientOptions none = Full();
+  ASSERT_TRUE(none.ResolveFromEnvironment().ok());
+  EXPECT_FALSE(none.generation.has_value());
+}
+
+TEST_F(EnvTest, GenerationThatIsNotANumberIsRefusedNamingTheVariable) {
+  for (const char* bad : {"abc", "-1", "3x", "99999999999999999999999"}) {
+    Set("CKPT_GENERATION", bad);
+    ExpectInvalid(Full(), "CKPT_GENERATION");
+  }
+}
 
 TEST_F(EnvTest, UnsetFieldsComeFromTheEnvironment) {
   Set("CKPT_SOCKET", "/tmp/s.sock");

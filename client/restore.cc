@@ -63,8 +63,9 @@ absl::Status Client::Impl::Restore(int64_t step,
 
 absl::Status Client::Impl::RestoreOneCopy(int64_t step,
                                           std::span<const Tensor> tensors) {
-  // The daemon decides the source: FILE (no lease) only when this process
-  // can read the shard file itself, else a slot it loaded the shard into.
+  // The daemon decides the source: FILE (a lease on the file) only when
+  // this process can read the shard file itself, else a slot it loaded the
+  // shard into.
   v1::OpenRestoreRequest open;
   open.set_job(options_.job);
   open.set_rank(static_cast<uint32_t>(options_.rank));
@@ -77,13 +78,18 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
     if (s.ok())
       s = file_restorer_->Restore(resp.path(), resp.image_bytes(), tensors,
                                   metas);
-    if (s.code() == absl::StatusCode::kDataLoss) {
-      v1::CloseRestoreRequest bad;
-      bad.set_job(options_.job);
-      bad.set_rank(static_cast<uint32_t>(options_.rank));
-      bad.set_step(static_cast<uint64_t>(step));
-      bad.set_bad_copy(std::string(s.message().substr(0, 1024)));
-      (void)stub_->CloseRestore(bad);
+    // The lease holds the file against deletes until now (a daemon
+    // before leases on files answers 0: then only a bad copy is told).
+    if (resp.lease() != 0 || s.code() == absl::StatusCode::kDataLoss) {
+      v1::CloseRestoreRequest close;
+      close.set_job(options_.job);
+      close.set_rank(static_cast<uint32_t>(options_.rank));
+      close.set_step(static_cast<uint64_t>(step));
+      close.set_lease(resp.lease());
+      if (s.code() == absl::StatusCode::kDataLoss)
+        close.set_bad_copy(std::string(s.message().substr(0, 1024)));
+      absl::Status closed = stub_->CloseRestore(close).status();
+      if (s.ok() && resp.lease() != 0) s = closed;
     }
     return Annotate(s, absl::StrCat("restore of step ", step));
   }

@@ -127,6 +127,7 @@ void Client::Impl::RunSave(SaveJob& job) {
   commit.set_step(static_cast<uint64_t>(job.step));
   commit.set_slot(slot->slot());
   commit.set_lease(slot->lease());
+  if (options_.generation) commit.set_generation(*options_.generation);
   commit.mutable_tensors()->Reserve(static_cast<int>(job.tensors.size()));
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     const Tensor& t = job.tensors[i];

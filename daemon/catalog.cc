@@ -6,6 +6,7 @@
 
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -71,6 +72,7 @@ Catalog::Catalog(rocksdb::DB* db) : db_(db) {}
 Catalog::~Catalog() = default;
 
 absl::Status Catalog::PutJob(const v1::JobRecord& job) {
+  if (fail_job_puts_) return absl::ResourceExhaustedError("put job " + job.job() + ": no space (injected)");
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db_->Put(wo, JobKey(job.job()), job.SerializeAsString()),
@@ -91,6 +93,7 @@ absl::StatusOr<std::vector<v1::JobRecord>> Catalog::Jobs() {
 }
 
 absl::Status Catalog::PutShard(const v1::ShardRecord& shard, bool sync) {
+  if (fail_shard_puts_) return absl::ResourceExhaustedError("put shard " + shard.job() + ": no space (injected)");
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(db_->Put(wo, ShardKey(shard.job(), shard.step(), shard.rank()),
@@ -120,6 +123,38 @@ absl::Status Catalog::ForgetDeleteIntent(uint64_t id) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db_->Delete(wo, IntentKey(id)), "forget delete intent");
+}
+
+void CatalogEdit::PutJob(const v1::JobRecord& job) {
+  ops_.push_back({Kind::kJob, JobKey(job.job()), job.SerializeAsString()});
+}
+
+void CatalogEdit::PutShard(const v1::ShardRecord& shard) {
+  ops_.push_back(
+      {Kind::kShard, ShardKey(shard.job(), shard.step(), shard.rank()), shard.SerializeAsString()});
+}
+
+void CatalogEdit::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
+  ops_.push_back({Kind::kOther, ShardKey(job, step, rank), std::nullopt});
+}
+
+void CatalogEdit::PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent) {
+  ops_.push_back({Kind::kOther, IntentKey(id), intent.SerializeAsString()});
+}
+
+absl::Status Catalog::Apply(const CatalogEdit& edit, bool sync) {
+  if (edit.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  for (const CatalogEdit::Op& op : edit.ops_) {
+    if (op.value && ((op.kind == CatalogEdit::Kind::kShard && fail_shard_puts_) ||
+                     (op.kind == CatalogEdit::Kind::kJob && fail_job_puts_)))
+      return absl::ResourceExhaustedError("catalog edit: no space (injected)");
+    rocksdb::Status s = op.value ? batch.Put(op.key, *op.value) : batch.Delete(op.key);
+    if (!s.ok()) return FromRocks(s, "catalog edit");
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  return FromRocks(db_->Write(wo, &batch), "catalog edit");
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, v1::DeleteIntent>>>

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,32 @@ class DB;
 }  // namespace rocksdb
 
 namespace ckpt::daemon {
+
+class Catalog;
+
+// Catalog writes gathered while the engine decides a change, and applied
+// by Catalog::Apply as one atomic batch: either every one of them lands or
+// none does, so a caller that applies the edit before it changes its
+// memory leaves everything as it was when the write fails. Plain data.
+class CatalogEdit {
+ public:
+  void PutJob(const v1::JobRecord& job);
+  void PutShard(const v1::ShardRecord& shard);
+  void DeleteShard(const std::string& job, uint64_t step, uint32_t rank);
+  // `id` comes from Catalog::NewIntentId.
+  void PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent);
+  bool empty() const { return ops_.empty(); }
+
+ private:
+  friend class Catalog;
+  enum class Kind { kJob, kShard, kOther };
+  struct Op {
+    Kind kind;
+    std::string key;
+    std::optional<std::string> value;  // nullopt: delete the key
+  };
+  std::vector<Op> ops_;
+};
 
 class Catalog {
  public:
@@ -50,10 +77,25 @@ class Catalog {
       std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
   DeleteIntents();
 
+  // A fresh id for a delete intent put through a CatalogEdit.
+  uint64_t NewIntentId() { return next_intent_.fetch_add(1); }
+  // Writes the edit's records in one batch, in order; `sync` waits for the
+  // write-ahead log to reach the disk. On an error nothing was written.
+  [[nodiscard]] absl::Status Apply(const CatalogEdit& edit, bool sync);
+
+  // Tests: every later write that puts a shard (`shards`) or a job (`jobs`)
+  // record fails as on a full disk, and changes nothing.
+  void FailPutsForTesting(bool shards, bool jobs) {
+    fail_shard_puts_ = shards;
+    fail_job_puts_ = jobs;
+  }
+
  private:
   explicit Catalog(rocksdb::DB* db);  // takes ownership
   std::unique_ptr<rocksdb::DB> db_;
   std::atomic<uint64_t> next_intent_{1};
+  std::atomic<bool> fail_shard_puts_{false};
+  std::atomic<bool> fail_job_puts_{false};
 };
 
 }  // namespace ckpt::daemon

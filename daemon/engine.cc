@@ -159,20 +159,25 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   cv_.notify_all();
   if (!created.ok()) return created.status();
   std::shared_ptr<shm::Arena> arena = std::move(*created);
-  if (grow) {
-    absl::Status s = r->CheckGrowable(name, rank_no, slot_bytes);
-    if (s.ok()) s = arena->Rename(ArenaName(name, rank_no));
-    if (!s.ok()) {
-      (void)shm::Arena::Unlink(arena->name());
-      return s;
-    }
-    DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
+  // The job's record describes the arena before it is installed: a record
+  // that cannot be written (a full disk) leaves the rank as it was.
+  v1::JobRecord rec = job->rec;
+  (*rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
+  if (rec.slot_bytes() < arena->slot_bytes()) rec.set_slot_bytes(arena->slot_bytes());
+  absl::Status s = grow ? r->CheckGrowable(name, rank_no, slot_bytes) : absl::OkStatus();
+  if (s.ok()) s = catalog_->PutJob(rec);
+  if (s.ok() && grow) {
+    s = arena->Rename(ArenaName(name, rank_no));
+    if (!s.ok() && job->recorded) (void)catalog_->PutJob(job->rec);  // back to the old arena
   }
+  if (!s.ok()) {
+    (void)shm::Arena::Unlink(arena->name());
+    return s;
+  }
+  if (grow) DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
   r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
-  (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
-  if (job->rec.slot_bytes() < arena->slot_bytes()) job->rec.set_slot_bytes(arena->slot_bytes());
-  CKPT_RETURN_IF_ERROR(catalog_->PutJob(job->rec));
+  job->rec = std::move(rec);
   job->recorded = true;
   return r;
 }
@@ -293,6 +298,15 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
   std::optional<Lease> removed = leases_.Remove(id);
   if (!removed) return;
   const Lease& lease = *removed;
+  if (!lease.file_key.empty()) {
+    // A FILE restore is over: the deletes it held back go now.
+    std::vector<LocalDelete> deferred;
+    deferred.swap(deferred_deletes_);
+    for (LocalDelete& d : deferred) PushLocalDeleteLocked(std::move(d));
+    MaybeForgetJobLocked(lease.job);
+    cv_.notify_all();
+    return;
+  }
   auto job = jobs_.find(lease.job);
   if (job == jobs_.end()) return;
   auto rank = job->second.ranks.find(lease.rank);
@@ -357,13 +371,10 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
       if (lost.phase != ShardPhase::kStaged) continue;
       // Its persist kept failing, and now its bytes are gone.
       metrics_->Failure(metric::kPersistAbandoned);
-      lost.phase = ShardPhase::kFailed;
-      lost.rec.set_state(v1::ShardRecord::FAILED);
-      lost.rec.set_error(absl::StrCat("its slot went to step ", req.step(),
-                                      " while its persist kept failing: ", lost.rec.error()));
+      FailShardLocked(lost, absl::StrCat("its slot went to step ", req.step(),
+                                         " while its persist kept failing: ", lost.rec.error()));
       LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ", req.rank(), ": ",
                               lost.rec.error()));
-      (void)catalog_->PutShard(lost.rec, /*sync=*/true);
     }
   }
   Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};

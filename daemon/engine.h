@@ -17,7 +17,9 @@
 // of these parts, each in its own file:
 //   lease_table.h  the leases and the reaper's poll of their holders;
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
-//   step_state.h   a step's shards and their phases (plain data);
+//   shard_phase.h  a shard's lifecycle: its legal transitions, and the
+//                  slot, catalog and RPC states derived from it;
+//   step_state.h   a step's shards (plain data);
 //   persister.h    the persist queue and its thread (the shard and
 //                  manifest writes call back into engine_persist.cc);
 //   retention.h    which steps are complete, durable or dropped, and the
@@ -92,6 +94,10 @@ struct ShardReport {
   uint64_t staged_digest = 0;
   std::string key;      // storage key, when durable
   uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
+  // The job generation the save was made in (CommitSaveRequest.generation).
+  std::optional<uint64_t> generation;
+  // The save failed for good here: retracts its STAGED report.
+  bool failed = false;
 };
 
 struct EngineOptions {
@@ -258,7 +264,36 @@ class Engine {
   // the one in memory) failing verification. Drops the slot's image; with
   // no good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error);
+  // Drops a rank's shard of a step: its record, and with delete_file its
+  // file; the step's manifests go as it is no longer whole. Catalog
+  // failures are logged (the shard is gone from memory either way).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
+  // DropShardLocked in two halves, for a caller that must write the
+  // catalog before it changes anything (CommitSave): the plan adds the
+  // catalog writes (record deletes, delete intents) to `edit` and changes
+  // nothing; ApplyDropLocked, once the edit is written, changes memory and
+  // queues the deletes.
+  struct LocalDelete {
+    std::string key;
+    bool prefix = false;
+    uint64_t intent = 0;  // its DeleteIntent's id (0: none recorded)
+  };
+  struct DropPlan {
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    std::vector<LocalDelete> local;  // in order
+    std::optional<UploadTask> object;
+  };
+  DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank, bool delete_file,
+                          CatalogEdit& edit);
+  void ApplyDropLocked(Job& job, DropPlan plan, bool recorded);
+  // Queues a local delete whose intent is recorded; one of a file that a
+  // FILE restore reads waits until its lease is released.
+  void PushLocalDeleteLocked(LocalDelete del);
+  // The shard failed for good (its persist gave up, every copy failed
+  // verification): records it, and tells the coordinator so that no plan
+  // chooses its step.
+  void FailShardLocked(Shard& shard, const std::string& error);
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void ApplyRetentionLocked(Job& job);
   // Restore's one decision: the path the caller may read the durable
@@ -288,7 +323,9 @@ class Engine {
   std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
-  void ReportLocked(const Shard& shard, bool durable) const;
+  // Reports the shard to the coordinator (cluster mode): staged, durable
+  // or, with `failed`, retracted.
+  void ReportLocked(const Shard& shard, bool durable, bool failed = false) const;
   // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
   bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
 
@@ -345,6 +382,9 @@ class Engine {
   std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
   LeaseTable leases_;
+  // Local deletes of files that FILE restores still read (finding 24):
+  // queued once no lease holds them.
+  std::vector<LocalDelete> deferred_deletes_;
   std::map<std::string, Hosting> hosted_;  // cluster mode
   uint64_t next_gen_ = 1;
   bool draining_ = false;

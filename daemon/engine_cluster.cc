@@ -15,13 +15,15 @@
 
 namespace ckpt::daemon {
 
-void Engine::ReportLocked(const Shard& shard, bool durable) const {
+void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
   if (!options_.on_shard) return;
   ShardReport r;
   r.job = shard.rec.job();
   r.step = shard.rec.step();
   r.rank = shard.rec.rank();
-  r.durable = durable;
+  r.durable = durable && !failed;
+  r.failed = failed;
+  if (shard.rec.has_generation()) r.generation = shard.rec.generation();
   r.bytes = shard.rec.image_bytes();
   r.digest = ShardDigest(shard.rec.tensors());
   r.staged_digest = shard.staged_digest.value_or(r.digest);
@@ -29,6 +31,16 @@ void Engine::ReportLocked(const Shard& shard, bool durable) const {
   if (job != jobs_.end()) r.owner_uid = job->second.rec.uid();
   if (durable) r.key = shard.rec.path();
   options_.on_shard(r);
+}
+
+void Engine::FailShardLocked(Shard& shard, const std::string& error) {
+  if (!shard.MoveTo(ShardPhase::kFailed)) return;
+  shard.rec.set_error(error);
+  absl::Status s = catalog_->PutShard(shard.rec, /*sync=*/true);
+  if (!s.ok()) LogWarning(std::string(s.message()));
+  // The coordinator's STAGED record of this save would keep its step
+  // looking restorable from memory: plans would choose it again and again.
+  ReportLocked(shard, /*durable=*/false, /*failed=*/true);
 }
 
 void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks,
@@ -111,12 +123,12 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     shard.rec.set_step(step);
     shard.rec.set_rank(rank);
     shard.rec.set_world_size(world_size);
-    shard.rec.set_state(v1::ShardRecord::DURABLE);
+    shard.phase = ShardPhase::kDurable;  // a prefetched shard starts durable
+    shard.rec.set_state(CatalogStateOf(shard.phase));
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());
     shard.info = info;
-    shard.phase = ShardPhase::kDurable;
     shard.gen = next_gen_++;
     if (source == object_) {
       // Only in the object tier: never uploaded again, never read locally.

@@ -32,7 +32,18 @@ void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::
   intent.set_prefix(prefix);
   intent.set_job(job);
   intent.set_step(step);
-  persister_->QueueDelete(std::move(key), prefix, Record(*catalog_, intent));
+  const uint64_t id = Record(*catalog_, intent);
+  PushLocalDeleteLocked({std::move(key), prefix, id});
+}
+
+void Engine::PushLocalDeleteLocked(LocalDelete del) {
+  if (leases_.HoldsFile(del.key, del.prefix)) {
+    // A FILE restore reads it: its CloseRestore (or its holder's exit)
+    // queues the delete. The intent is recorded, so a restart does it too.
+    deferred_deletes_.push_back(std::move(del));
+    return;
+  }
+  persister_->QueueDelete(std::move(del.key), del.prefix, del.intent);
 }
 
 void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {

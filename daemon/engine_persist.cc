@@ -50,9 +50,17 @@ void Engine::PersistShard(const PersistTask& task) {
     if (shard == nullptr || shard->gen != task.gen || shard->phase != ShardPhase::kStaged ||
         shard->slot < 0)
       return;
+    if (leases_.HoldsFile(NodeShardKey(task.job, task.step, task.rank), false)) {
+      // A FILE restore reads the older save's file at this key: the
+      // rename would swap the inode under it. The bytes wait in memory.
+      PersistTask later = task;
+      later.not_before = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+      persister_->Push(std::move(later));
+      return;
+    }
     Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
-    shard->phase = ShardPhase::kPersisting;
-    rank.SetState(shard->slot, shm::SlotState::kPersisting);
+    shard->MoveTo(ShardPhase::kPersisting);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
@@ -116,15 +124,14 @@ void Engine::PersistShard(const PersistTask& task) {
   }
   Rank& rank = job->second.ranks[task.rank];
   if (s.ok()) {
-    shard->phase = ShardPhase::kDurable;
-    shard->rec.set_state(v1::ShardRecord::DURABLE);
+    shard->MoveTo(ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
     shard->info = std::move(info);
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
     absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
     if (!c.ok()) LogWarning(std::string(c.message()));
-    rank.SetState(shard->slot, shm::SlotState::kDurable);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
     metrics_->Persisted(
@@ -144,19 +151,19 @@ void Engine::PersistShard(const PersistTask& task) {
   metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
   if (corrupt) {
     metrics_->Failure(metric::kPersistAbandoned);
-    shard->phase = ShardPhase::kFailed;
-    shard->rec.set_state(v1::ShardRecord::FAILED);
     rank.FailPersist(shard->slot);
-    (void)catalog_->PutShard(shard->rec, /*sync=*/true);
+    FailShardLocked(*shard, std::string(s.message()));
+    // The step can never be whole now: retention may drop it.
+    ApplyRetentionLocked(job->second);
     return;
   }
   // The bytes are still in the slot: retry for as long as they are.
   metrics_->Retry(metric::kRetryPersist);
-  shard->phase = ShardPhase::kStaged;
+  shard->MoveTo(ShardPhase::kStaged);
   if (shard->attempts >= options_.max_persist_attempts)
     rank.FailPersist(shard->slot);  // a newer save may take the slot now
   else
-    rank.SetState(shard->slot, shm::SlotState::kStaged);
+    rank.SetState(shard->slot, SlotStateOf(shard->phase));
   PersistTask retry = task;
   retry.not_before =
       std::chrono::steady_clock::now() +
@@ -243,15 +250,20 @@ void Engine::ApplyRetentionLocked(Job& job) {
     ApplyTieredRetentionLocked(job, hosted == hosted_.end() ? nullptr : &hosted->second);
     return;
   }
+  const Hosting* hosting = hosted == hosted_.end() ? nullptr : &hosted->second;
   std::optional<uint64_t> cutoff =
-      RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(),
-                      hosted == hosted_.end() ? nullptr : &hosted->second);
-  if (!cutoff) return;
+      RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
   for (auto& [n, step] : job.steps) {
-    if (n >= *cutoff) break;
-    for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
+    if (cutoff && n < *cutoff) {
+      for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
+    }
   }
+  // Steps that can never be whole do not count towards retain_steps, so
+  // without this a rank that fails every persist would fill the disk.
+  for (uint64_t n : BrokenStepsToDrop(job.steps, options_.retain_steps, hosting))
+    if (!cutoff || n >= *cutoff)
+      for (auto& [r, shard] : job.steps[n].shards) doomed.emplace_back(n, r);
   for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
 }
 

@@ -127,10 +127,8 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       auto header = storage::DecodeHeader(
           {rank->second.arena->slot_data(rec.slot()), storage::kShardAlign});
       if (header.ok()) sh.info.created_unix_ns = header->created_unix_ns;
-      rank->second.Hold(rec.slot(),
-                        sh.phase == ShardPhase::kDurable ? shm::SlotState::kDurable
-                                                         : shm::SlotState::kStaged,
-                        rec.step(), sh.gen, rec.image_bytes());
+      rank->second.Hold(rec.slot(), SlotStateOf(sh.phase), rec.step(), sh.gen,
+                        rec.image_bytes());
       ++in_memory;
     }
     const std::string key = NodeShardKey(name, rec.step(), rec.rank());
@@ -138,10 +136,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       // Not in memory any more; the file may have made it before the crash.
       absl::StatusOr<storage::ShardInfo> file = ShardFileOf(*backend_, rec, key);
       if (file.ok()) {
-        sh.phase = ShardPhase::kDurable;
+        sh.phase = ShardPhase::kDurable;  // adopted: kStaged -> kDurable
         sh.info = std::move(*file);
         ToTensorMetas(sh.info, rec.mutable_tensors());
-        rec.set_state(v1::ShardRecord::DURABLE);
+        rec.set_state(CatalogStateOf(sh.phase));
         rec.set_path(key);
         (void)catalog_->PutShard(rec, /*sync=*/true);
       } else {
@@ -154,7 +152,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       }
     }
     if (sh.phase == ShardPhase::kStaged) {
-      rec.set_state(v1::ShardRecord::STAGED);
+      rec.set_state(CatalogStateOf(sh.phase));
       persister_->Push(PersistTask{PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }

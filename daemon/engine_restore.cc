@@ -67,6 +67,12 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
                          ": the client reads ", shard->rec.path()));
+    // The lease keeps the file: a delete (retention, a re-save, Delete)
+    // waits until the client's CloseRestore or its exit.
+    Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
+    lease.file_key = shard->rec.path();
+    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+    resp.set_lease(lease_id);
     resp.set_source(v1::RESTORE_SOURCE_FILE);
     resp.set_path(*path);
     resp.set_image_bytes(shard->rec.image_bytes());
@@ -224,7 +230,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     if (!st.ok()) return Annotate(st, "load from storage");
     return changed();
   }
-  r->Hold(slot, shm::SlotState::kDurable, step_no, gen, bytes);
+  r->Hold(slot, SlotStateOf(cur->phase), step_no, gen, bytes);
   cur->slot = slot;
   cur->slot_from_storage = true;
   return cur;
@@ -252,8 +258,14 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreR
                                             req.job(), "' rank ", req.rank()));
   if (!req.bad_copy().empty()) {
     Shard* shard = FindShardLocked(req.job(), lease->step, req.rank());
-    if (shard != nullptr && shard->slot == static_cast<int>(lease->slot))
+    if (shard != nullptr && !lease->file_key.empty()) {
+      // A FILE restore: the stored copy it read is bad (if still that one).
+      if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&
+          shard->rec.path() == lease->file_key)
+        MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
+    } else if (shard != nullptr && shard->slot == static_cast<int>(lease->slot)) {
       MarkBadCopyLocked(*job, *shard, shard->slot_from_storage, req.bad_copy());
+    }
   }
   ReleaseLeaseLocked(req.lease());
   return absl::OkStatus();
@@ -281,10 +293,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::s
                           stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
                           " failed verification (", error,
                           "); no other copy here, the step is dropped from Latest"));
-  shard.phase = ShardPhase::kFailed;
-  shard.rec.set_state(v1::ShardRecord::FAILED);
-  shard.rec.set_error(absl::StrCat("failed verification: ", error));
-  (void)catalog_->PutShard(shard.rec, /*sync=*/true);
+  FailShardLocked(shard, absl::StrCat("failed verification: ", error));
   auto step = job.steps.find(shard.rec.step());
   if (step != job.steps.end() && step->second.manifest) {
     // The step is not whole any more: its manifest must not count.
@@ -332,8 +341,6 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
     if (absl::IsNotFound(found)) return resp;
     CKPT_RETURN_IF_ERROR(found);
   }
-  static constexpr v1::ShardState kPhase[] = {v1::SHARD_STATE_STAGED, v1::SHARD_STATE_PERSISTING,
-                                              v1::SHARD_STATE_DURABLE, v1::SHARD_STATE_FAILED};
   for (const auto& [name, job] : jobs_) {
     if (!req.job().empty() && name != req.job()) continue;
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
@@ -352,7 +359,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
       for (const auto& [r, shard] : step.shards) {
         v1::ShardInfo* sh = si->add_shards();
         sh->set_rank(r);
-        sh->set_state(kPhase[static_cast<int>(shard.phase)]);
+        sh->set_state(RpcStateOf(shard.phase));
         sh->set_bytes(shard.rec.image_bytes());
         sh->set_path(shard.rec.path());
         sh->set_in_memory(shard.slot >= 0);
@@ -379,10 +386,9 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
     if (object_ != nullptr) QueueObjectDeleteLocked(*job, n);
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
+    // The files go through the persister's queue (recorded as intents,
+    // held back while a FILE restore reads one), never under the lock.
     for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
-    // In a shared root the prefix also holds other nodes' shards.
-    if (options_.node_id.empty())
-      CKPT_RETURN_IF_ERROR(backend_->DeletePrefix(storage::StepPrefix(req.job(), n)));
   }
   if (req.all_steps()) {
     // Nothing left: the job's record and arenas go once nothing uses them;

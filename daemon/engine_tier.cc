@@ -304,6 +304,14 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
   }
+  // Steps that can never be whole (a shard failed for good) count in
+  // neither tier's retain: without this they would fill both.
+  for (uint64_t n : BrokenStepsToDrop(job.steps, options_.retain_steps, hosting)) {
+    QueueObjectDeleteLocked(job, n);
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
+    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
+  }
   // Then the local tier: a step's local copy goes once the step is in the
   // object tier; a complete step still uploading keeps it (the upload may
   // need the file); an incomplete or failed one goes as without tiers.

@@ -61,6 +61,15 @@ pid_t LeaseTable::HolderPid(uint64_t id) const {
   return lease == nullptr ? 0 : lease->pid;
 }
 
+bool LeaseTable::HoldsFile(std::string_view key, bool prefix) const {
+  for (const auto& [id, lease] : leases_) {
+    if (lease.file_key.empty()) continue;
+    if (prefix ? std::string_view(lease.file_key).starts_with(key) : lease.file_key == key)
+      return true;
+  }
+  return false;
+}
+
 bool LeaseTable::AnyForJob(const std::string& job) const {
   for (const auto& [id, lease] : leases_)
     if (lease.job == job) return true;

@@ -21,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,9 @@ struct Lease {
   bool write = false;
   pid_t pid = 0;
   int pidfd = -1;  // set by LeaseTable::Add
+  // A FILE restore's lease: the storage key of the shard file the client
+  // reads itself (slot is then unused). Empty for a slot's lease.
+  std::string file_key{};
   // Saves: BeginSave's arrival and the slot's grant (metrics.h).
   std::chrono::steady_clock::time_point begun{}, granted{};
 };
@@ -59,6 +63,9 @@ class LeaseTable {
   std::optional<Lease> Remove(uint64_t id);
   // The pid holding lease `id`, 0 if none.
   pid_t HolderPid(uint64_t id) const;
+  // Whether a FILE restore's lease holds `key` (with `prefix`, any key
+  // under it).
+  bool HoldsFile(std::string_view key, bool prefix) const;
   // Whether any lease is for `job`.
   bool AnyForJob(const std::string& job) const;
   // The leases whose holder has exited (pidfd readable, or, without a

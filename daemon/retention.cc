@@ -2,6 +2,7 @@
 #include "daemon/retention.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
@@ -55,6 +56,22 @@ std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
     oldest_kept = std::min(oldest_kept, *hosting->keep_from);
   }
   return oldest_kept;
+}
+
+std::vector<uint64_t> BrokenStepsToDrop(const std::map<uint64_t, Step>& steps,
+                                        uint32_t retain_steps, const Hosting* hosting) {
+  std::vector<uint64_t> out;
+  if (retain_steps == 0 || steps.size() <= retain_steps) return out;
+  auto newest_kept = std::prev(steps.end(), retain_steps);
+  for (auto it = steps.begin(); it != newest_kept; ++it) {
+    if (hosting != nullptr && hosting->keep_from == it->first) continue;
+    for (const auto& [r, shard] : it->second.shards)
+      if (shard.phase == ShardPhase::kFailed) {
+        out.push_back(it->first);
+        break;
+      }
+  }
+  return out;
 }
 
 std::vector<std::pair<uint32_t, uint64_t>> ShardGenerations(const Step& step) {

@@ -1,5 +1,6 @@
 // The engine's record of a checkpoint step on this node: each rank's shard
-// (its catalog record, its validated index, its phase, the slot holding it)
+// (its catalog record, its validated index, its phase (shard_phase.h), the
+// slot holding it)
 // and whether this node's manifest of the step is written. Plain data: the
 // Engine owns the step table (one per job) and changes it; retention.h
 // reads it.
@@ -13,11 +14,10 @@
 #include <optional>
 
 #include "ckpt.pb.h"
+#include "daemon/shard_phase.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
-
-enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
 
 struct Shard {
   v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
@@ -25,6 +25,7 @@ struct Shard {
   // the persister encodes and checks from it; rec.tensors() is its copy
   // for the catalog and the RPC replies.
   storage::ShardInfo info;
+  // Only MoveTo changes it (the record's state follows).
   ShardPhase phase = ShardPhase::kStaged;
   uint64_t gen = 0;
   // The digest the STAGED report carried: of the index as committed, where
@@ -42,6 +43,10 @@ struct Shard {
   // local retention deleted its local file (restores read the object).
   bool uploaded = false;
   bool local_gone = false;
+
+  // Moves the shard to `to` (a legal transition; an illegal one is a bug
+  // and is refused with a log line) and derives the record's state.
+  bool MoveTo(ShardPhase to);
 };
 
 struct Step {

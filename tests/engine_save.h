@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct OneTensorSave {
   // Committed as a device tensor is: has_checksum=false, checksum 0 (the
   // daemon computes it while persisting).
   bool device = false;
+  std::optional<uint64_t> generation = std::nullopt;  // CommitSaveRequest.generation
 };
 
 [[nodiscard]] inline absl::Status SaveOneTensorStep(daemon::Engine* engine,
@@ -80,6 +82,7 @@ struct OneTensorSave {
   m->set_bytes(sizes[0]);
   m->set_checksum(save.device ? 0 : TensorChecksum(dst, sizes[0]));
   m->set_has_checksum(!save.device);
+  if (save.generation) cr.set_generation(*save.generation);
   if (save.corrupt) dst[0] ^= 1;
   return engine->CommitSave(peer, cr);
 }

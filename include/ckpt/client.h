@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -27,12 +28,16 @@
 namespace ckpt {
 
 struct ClientOptions {
-  // Fields left empty / negative are taken from the environment:
-  // CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE.
+  // Fields left empty / negative / unset are taken from the environment:
+  // CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE, CKPT_GENERATION.
   std::string socket_path;
   std::string job;
   int rank = -1;
   int world_size = -1;
+  // The job generation the trainer runs in (ckptrun sets CKPT_GENERATION);
+  // every save carries it so the coordinator can drop saves of an
+  // abandoned timeline. Unset and no CKPT_GENERATION: saves carry none.
+  std::optional<uint64_t> generation;
 
   // Bytes per slot; 0 sizes the slots to the first save (plus
   // slot_headroom) when the arena is created.

@@ -1,0 +1,102 @@
+// The shard lifecycle's transitions and mappings. See shard_phase.h.
+#include "daemon/shard_phase.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
+#include "daemon/step_state.h"
+
+namespace ckpt::daemon {
+
+const char* ShardPhaseName(ShardPhase phase) {
+  switch (phase) {
+    case ShardPhase::kStaged:
+      return "staged";
+    case ShardPhase::kPersisting:
+      return "persisting";
+    case ShardPhase::kDurable:
+      return "durable";
+    case ShardPhase::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+bool LegalTransition(ShardPhase from, ShardPhase to) {
+  switch (from) {
+    case ShardPhase::kStaged:
+      return to == ShardPhase::kPersisting || to == ShardPhase::kDurable ||
+             to == ShardPhase::kFailed;
+    case ShardPhase::kPersisting:
+      return to == ShardPhase::kStaged || to == ShardPhase::kDurable || to == ShardPhase::kFailed;
+    case ShardPhase::kDurable:
+      return to == ShardPhase::kFailed;
+    case ShardPhase::kFailed:
+      return false;
+  }
+  return false;
+}
+
+shm::SlotState SlotStateOf(ShardPhase phase) {
+  switch (phase) {
+    case ShardPhase::kStaged:
+    case ShardPhase::kFailed:
+      return shm::SlotState::kStaged;
+    case ShardPhase::kPersisting:
+      return shm::SlotState::kPersisting;
+    case ShardPhase::kDurable:
+      return shm::SlotState::kDurable;
+  }
+  return shm::SlotState::kStaged;
+}
+
+v1::ShardRecord::State CatalogStateOf(ShardPhase phase) {
+  switch (phase) {
+    case ShardPhase::kStaged:
+    case ShardPhase::kPersisting:
+      return v1::ShardRecord::STAGED;
+    case ShardPhase::kDurable:
+      return v1::ShardRecord::DURABLE;
+    case ShardPhase::kFailed:
+      return v1::ShardRecord::FAILED;
+  }
+  return v1::ShardRecord::UNKNOWN;
+}
+
+ShardPhase PhaseOfRecord(v1::ShardRecord::State state) {
+  switch (state) {
+    case v1::ShardRecord::DURABLE:
+      return ShardPhase::kDurable;
+    case v1::ShardRecord::FAILED:
+      return ShardPhase::kFailed;
+    default:
+      return ShardPhase::kStaged;
+  }
+}
+
+v1::ShardState RpcStateOf(ShardPhase phase) {
+  switch (phase) {
+    case ShardPhase::kStaged:
+      return v1::SHARD_STATE_STAGED;
+    case ShardPhase::kPersisting:
+      return v1::SHARD_STATE_PERSISTING;
+    case ShardPhase::kDurable:
+      return v1::SHARD_STATE_DURABLE;
+    case ShardPhase::kFailed:
+      return v1::SHARD_STATE_FAILED;
+  }
+  return v1::SHARD_STATE_UNSPECIFIED;
+}
+
+bool Shard::MoveTo(ShardPhase to) {
+  if (!LegalTransition(phase, to)) {
+    LogWarning(absl::StrCat("job ", rec.job(), " step ", rec.step(), " rank ", rec.rank(),
+                            ": refused shard transition ", ShardPhaseName(phase), " -> ",
+                            ShardPhaseName(to)));
+    return false;
+  }
+  phase = to;
+  rec.set_state(CatalogStateOf(to));
+  return true;
+}
+
+}  // namespace ckpt::daemon

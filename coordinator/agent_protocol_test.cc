@@ -131,6 +131,27 @@ TEST_F(ServerTest, ShardCommittedWhileFencedNeverCountsUnderTheNextEpoch) {
                                        storage::GlobalManifestKey("job", 3)));
 }
 
+// Findings 9 and 18: what the daemon knows of a save reaches the
+// coordinator: the generation it was made in (none when the trainer sent
+// none) and a persist that failed for good.
+TEST(ReportProtoTest, CarriesTheGenerationAndAFailureOfTheSave) {
+  daemon::ShardReport report;
+  report.job = "job";
+  report.step = 5;
+  report.rank = 1;
+  coord::v1::ShardReport plain;
+  daemon::ToReportProto(report, &plain);
+  EXPECT_FALSE(plain.has_generation());
+  EXPECT_FALSE(plain.has_failed());
+  report.generation = 4;
+  report.failed = true;
+  coord::v1::ShardReport out;
+  daemon::ToReportProto(report, &out);
+  ASSERT_TRUE(out.has_generation());
+  EXPECT_EQ(out.generation(), 4u);
+  EXPECT_TRUE(out.failed());
+}
+
 // Finding 22: the agent remembers the orders it carried out (to answer a
 // re-sent one without running it twice), but not every order of the
 // node's life: one plan after another leaves it a bounded memory.

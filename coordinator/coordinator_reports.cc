@@ -74,6 +74,21 @@ absl::Status Coordinator::ApplyReportLocked(
   }
   bool same_owner =
       prior && prior->node_id() == node_id && prior->epoch() == epoch;
+  if (req.failed()) {
+    // The node gave up persisting this save and can no longer restore it
+    // (finding 18): forget its STAGED record so no plan chooses the step
+    // for this rank. Only that save's record goes (same node, epoch and
+    // staged digest; a durable one stays); anything else is a no-op.
+    if (same_owner && prior->state() != v1::DURABLE &&
+        StagedDigest(*prior) == StagedDigest(req)) {
+      LogLocked(batch, v1::SHARD_FAILED, req.job(), node_id,
+                absl::StrCat("step ", req.step(), " rank ", req.rank(),
+                             ": the node failed to persist it for good; no plan restores it"));
+      step->second.erase(req.rank());
+      if (step->second.empty()) EraseStepLocked(*job, req.step());
+    }
+    return absl::OkStatus();
+  }
   bool durable_done = std::find(job->rec.manifest_steps().begin(),
                                 job->rec.manifest_steps().end(),
                                 req.step()) != job->rec.manifest_steps().end();

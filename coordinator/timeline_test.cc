@@ -92,6 +92,46 @@ TEST_F(TimelineTest, ReportsOfAnAbandonedGenerationAreDroppedAndRecreateNothing)
   EXPECT_EQ(m->generation(), 1u);  // MANIFEST.global records its timeline
 }
 
+// Finding 18: a persist that failed for good on n2 (rank 3 of step 12,
+// staged on every rank) makes its node retract the save. A later plan
+// must not choose step 12, whose rank 3 is restorable nowhere, but the
+// newest step that is (10, durable). A retraction of another save (other
+// digest) or of nothing known changes nothing.
+TEST_F(TimelineTest, SaveThatFailedForGoodIsRetractedAndNoPlanChoosesItsStep) {
+  ASSERT_TRUE(ReportAllGen(10, v1::STAGED, std::nullopt, 0xa0).ok());
+  ASSERT_TRUE(ReportAllGen(10, v1::DURABLE, std::nullopt, 0xa0).ok());
+  ASSERT_TRUE(ReportAllGen(12, v1::STAGED, std::nullopt, 0xb0).ok());
+  auto retract = [&](uint64_t step, uint32_t rank, uint64_t digest) {
+    v1::ReportShardsRequest req;
+    req.set_node_id("n2");
+    req.set_epoch(e2_);
+    v1::ShardReport* r = req.add_reports();
+    r->set_job("job");
+    r->set_step(step);
+    r->set_rank(rank);
+    r->set_state(v1::STAGED);
+    r->set_bytes(1000 + rank);
+    r->set_checksum_digest(digest);
+    r->set_failed(true);
+    auto resp = coord_->ReportShards(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->results(0).code(), 0) << resp->results(0).message();
+  };
+  retract(12, 3, 0xdead);  // not this save: nothing changes
+  retract(13, 3, 0xb3);    // no such step: nothing changes
+  retract(12, 3, 0xb3);    // the save of rank 3 of step 12
+  int failed_events = 0;
+  const v1::EventsResponse events = coord_->Events({});
+  for (const v1::Event& e : events.events())
+    if (e.kind() == v1::SHARD_FAILED) {
+      ++failed_events;
+      EXPECT_NE(e.detail().find("step 12 rank 3"), std::string::npos) << e.detail();
+    }
+  EXPECT_EQ(failed_events, 1);
+  TrainerDies();
+  EXPECT_EQ(Job().restore_step(), 10u) << "a plan chose a step whose rank 3 failed for good";
+}
+
 // Reports without a generation (a daemon that does not send it, a trainer
 // not started by ckptrun) are judged as before: by epoch and step only.
 TEST_F(TimelineTest, ReportsWithoutAGenerationAreJudgedAsBefore) {

@@ -26,6 +26,8 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
   out->set_staged_digest(report.staged_digest);
   out->set_owner_uid(report.owner_uid);
   out->set_key(report.key);
+  if (report.generation) out->set_generation(*report.generation);
+  if (report.failed) out->set_failed(true);
 }
 
 class NodeAgent::Rpc {

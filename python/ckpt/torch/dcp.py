@@ -39,7 +39,7 @@ import re
 import torch
 
 from .. import errors
-from . import _dcp_json, _dcp_shards, _torch113_compat
+from . import _dcp_json, _dcp_shards, _tensors, _torch113_compat
 
 _torch113_compat.install()
 try:  # torch >= 2.0
@@ -197,7 +197,7 @@ class CkptdStorageWriter(StorageWriter):
             else:
                 tensor, kind = _dcp_shards.storable(value.detach(), "write item %r" % item.index.fqn[:80])
                 loc = _dcp_json.StorageLocation(self._shards.rank, name, kind,
-                                                _dcp_shards.dtype_name(value.dtype), tuple(value.shape))
+                                                _tensors.dtype_name(value.dtype), tuple(value.shape))
             items.append((name, tensor))
             results.append(WriteResult(index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
                                        storage_data=loc))

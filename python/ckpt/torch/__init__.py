@@ -79,27 +79,24 @@ class Checkpointer:
     """One rank's connection to the node's ckptd.
 
     job, socket, rank, world_size default to $CKPT_JOB, $CKPT_SOCKET,
-    $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt's C++
-    client reads them; an error names the missing variable. A process with
-    neither rank/world_size given nor $RANK/$WORLD_SIZE set (a script not
-    started by a launcher) is rank 0 of 1. options:
+    $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt decides
+    for every front end (ckpt_resolve_rank); an error names the missing or
+    malformed variable. A process with neither rank/world_size given nor
+    $RANK/$WORLD_SIZE set (a script not started by a launcher) is rank 0
+    of 1. local_rank is $LOCAL_RANK (None when unset). options:
     slot_bytes, slot_headroom, num_slots, block_when_busy, copy_threads,
     busy_timeout_s (see ckpt/client.h).
     """
 
     def __init__(self, job=None, socket=None, rank=None, world_size=None,
                  **options):
-        if (rank is None and world_size is None
-                and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ):
-            rank, world_size = 0, 1  # one process, not under a launcher
+        # libckpt decides the launcher rule (ckpt_resolve_rank) for every
+        # front end; the client is then given the resolved values.
+        rank, world_size, self.local_rank = _client.resolve_rank(
+            rank, world_size)
         self._client = _client.Client(job, socket, rank, world_size, **options)
-        # Resolved as the C client did (it has checked them).
         self.job = job if job is not None else os.environ.get("CKPT_JOB")
-        self.rank = rank if rank is not None else int(os.environ["RANK"])
-        self.world_size = (world_size if world_size is not None
-                           else int(os.environ["WORLD_SIZE"]))
-        local = os.environ.get("LOCAL_RANK", "")
-        self.local_rank = int(local) if local.isdigit() else None
+        self.rank, self.world_size = rank, world_size
 
     # -- save -------------------------------------------------------------
 

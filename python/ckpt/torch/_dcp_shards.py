@@ -14,7 +14,6 @@ thread-safe; the client cache is.
 """
 
 import math
-import os
 import threading
 
 import torch
@@ -95,25 +94,13 @@ def host_copy(state_dict):
     return state_dict
 
 
-def _env_int(name, default):
-    text = os.environ.get(name, "")
-    if text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise errors.InvalidArgument("$%s = %r: not an integer" % (name, text[:32])) from None
-
-
 class Shards:
     """The DCP shards of one job through this node's ckptd."""
 
     def __init__(self, job, socket, rank, world_size):
         self.job, self.socket = job, socket
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise errors.InvalidArgument("rank: %d is not in [0, world_size %d)" % (self.rank, self.world_size))
+        # The launcher rule is libckpt's, as for Checkpointer.
+        self.rank, self.world_size, _ = _client.resolve_rank(rank, world_size)
 
     def _client(self, rank):
         # Shared by every writer and reader of the process: a client keeps

@@ -9,7 +9,10 @@ import unittest
 from unittest import mock
 
 import ckpt
-from tests.daemon_case import DaemonTestCase
+from tests.daemon_case import DaemonTestCase  # skips the module without torch
+import torch
+if torch.__version__.startswith("1."):
+    import ckpt.torch.torch113_compat  # noqa: F401  _dcp_shards reads DCP
 from ckpt.torch import _dcp_shards
 
 _VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

@@ -28,6 +28,9 @@ JOB = "py_bench_dcp"
 
 
 def measure(state, args, workdir, best, socket=None):
+    import torch
+    if torch.__version__.startswith("1."):
+        import ckpt.torch.torch113_compat  # noqa: F401  DCP on torch 1.13
     from ckpt.torch.dcp import CkptdStorageWriter, dcp_module
     dcp = dcp_module()
     socket = socket or os.path.join(workdir, "ckptd.sock")

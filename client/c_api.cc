@@ -150,6 +150,20 @@ const char* ckpt_last_error(void) { return last_error.c_str(); }
 
 int ckpt_abi_version(void) { return CKPT_ABI_VERSION; }
 
+ckpt_status ckpt_resolve_rank(int* rank, int* world_size, int* local_rank) {
+  return Guarded("ckpt_resolve_rank", [&] {
+    if (rank == nullptr) return NullArgument("ckpt_resolve_rank", "rank");
+    if (world_size == nullptr)
+      return NullArgument("ckpt_resolve_rank", "world_size");
+    int r = *rank, w = *world_size, l = -1;
+    if (absl::Status s = ckpt::ResolveRank(&r, &w, &l); !s.ok()) return Fail(s);
+    *rank = r;
+    *world_size = w;
+    if (local_rank != nullptr) *local_rank = l;
+    return Report(absl::OkStatus());
+  });
+}
+
 ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out) {
   return Guarded("ckpt_connect", [&] {
     if (out == nullptr) return NullArgument("ckpt_connect", "out");

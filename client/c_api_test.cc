@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -139,6 +140,44 @@ TEST(CApiTest, ConnectReportsTheBadOption) {
   EXPECT_EQ(ckpt_connect(&o, &c), CKPT_UNAVAILABLE);
   EXPECT_NE(std::string(ckpt_last_error()).find("/nonexistent/ckptd.sock"),
             std::string::npos);
+}
+
+// The C API's launcher rule is the C++ client's (and the Python package's):
+// no launcher is rank 0 of 1; a bad variable is named and changes nothing.
+TEST(CApiTest, ResolveRankAppliesTheLauncherRule) {
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK"}) ::unsetenv(v);
+  int rank = -1, world_size = -1, local_rank = 7;
+  ASSERT_EQ(ckpt_resolve_rank(&rank, &world_size, &local_rank), CKPT_OK)
+      << ckpt_last_error();
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(world_size, 1);
+  EXPECT_EQ(local_rank, -1);
+
+  ::setenv("RANK", "abc", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  rank = world_size = -1;
+  EXPECT_EQ(ckpt_resolve_rank(&rank, &world_size, nullptr),
+            CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("$RANK"), std::string::npos);
+  EXPECT_EQ(rank, -1);
+  ::setenv("RANK", "2", 1);
+  EXPECT_EQ(ckpt_resolve_rank(&rank, &world_size, nullptr),
+            CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("$RANK"), std::string::npos);
+  ::setenv("RANK", "1", 1);
+  ::setenv("LOCAL_RANK", "x", 1);
+  EXPECT_EQ(ckpt_resolve_rank(&rank, &world_size, &local_rank),
+            CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("$LOCAL_RANK"),
+            std::string::npos);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ASSERT_EQ(ckpt_resolve_rank(&rank, &world_size, &local_rank), CKPT_OK);
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(world_size, 2);
+  EXPECT_EQ(local_rank, 1);
+  EXPECT_EQ(ckpt_resolve_rank(nullptr, &world_size, nullptr),
+            CKPT_INVALID_ARGUMENT);
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK"}) ::unsetenv(v);
 }
 
 TEST(CApiTest, AbiVersionIsTheHeaders) {

@@ -1,5 +1,7 @@
-// ClientOptions::ResolveFromEnvironment: the one place libckpt reads its
-// environment (CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE, CKPT_GENERATION).
+// ClientOptions::ResolveFromEnvironment and ResolveRank: the one place
+// libckpt reads its environment (CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE,
+// LOCAL_RANK, CKPT_GENERATION), and the one place any front end (C++, C,
+// Python) decides the launcher rule.
 #include <sys/un.h>
 
 #include <cmath>
@@ -33,7 +35,7 @@ absl::Status IntFromEnv(int* value, const char* field, const char* var) {
   int parsed = 0;
   if (!absl::SimpleAtoi(text, &parsed))
     return absl::InvalidArgumentError(
-        absl::StrCat("$", var, ": \"", text, "\" is not an integer"));
+        absl::StrCat("$", var, ": ", QuotePrefix(text), " is not an integer"));
   if (parsed < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("$", var, ": ", parsed, " is negative"));
@@ -42,6 +44,42 @@ absl::Status IntFromEnv(int* value, const char* field, const char* var) {
 }
 
 }  // namespace
+
+absl::Status ResolveRank(int* rank, int* world_size, int* local_rank) {
+  int r = *rank, w = *world_size, local = -1;
+  if (r < -1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", r, " is negative"));
+  if (w < -1 || w == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", w, " is not positive"));
+  const bool rank_from_env = r == -1, world_from_env = w == -1;
+  // Neither given nor set by a launcher: a process on its own.
+  if (rank_from_env && world_from_env && Env("RANK") == nullptr &&
+      Env("WORLD_SIZE") == nullptr) {
+    r = 0;
+    w = 1;
+  }
+  if (absl::Status s = IntFromEnv(&r, "rank", "RANK"); !s.ok()) return s;
+  if (absl::Status s = IntFromEnv(&w, "world_size", "WORLD_SIZE"); !s.ok())
+    return s;
+  if (w == 0)
+    return absl::InvalidArgumentError(
+        "world_size: 0 (from $WORLD_SIZE) is not positive");
+  if (r >= w)
+    return absl::InvalidArgumentError(absl::StrCat(
+        rank_from_env ? "$RANK" : "rank", ": ", r, " is not in [0, ",
+        world_from_env ? "$WORLD_SIZE " : "world_size ", w, ")"));
+  if (Env("LOCAL_RANK") != nullptr) {
+    if (absl::Status s = IntFromEnv(&local, "local_rank", "LOCAL_RANK");
+        !s.ok())
+      return s;
+  }
+  *rank = r;
+  *world_size = w;
+  if (local_rank != nullptr) *local_rank = local;
+  return absl::OkStatus();
+}
 
 absl::Status ClientOptions::ResolveFromEnvironment() {
   bool socket_from_env = false;
@@ -76,22 +114,8 @@ absl::Status ClientOptions::ResolveFromEnvironment() {
       !s.ok())
     return s;
 
-  if (rank < -1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank: ", rank, " is negative"));
-  if (world_size < -1 || world_size == 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: ", world_size, " is not positive"));
-  if (absl::Status s = IntFromEnv(&rank, "rank", "RANK"); !s.ok()) return s;
-  if (absl::Status s = IntFromEnv(&world_size, "world_size", "WORLD_SIZE");
-      !s.ok())
+  if (absl::Status s = ResolveRank(&rank, &world_size, nullptr); !s.ok())
     return s;
-  if (world_size == 0)
-    return absl::InvalidArgumentError(
-        "world_size: 0 (from $WORLD_SIZE) is not positive");
-  if (rank >= world_size)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank: ", rank, " is not in [0, world_size ", world_size, ")"));
 
   if (!generation) {
     if (const char* text = Env("CKPT_GENERATION")) {

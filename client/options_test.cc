@@ -11,7 +11,8 @@ namespace {
 class EnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE", "CKPT_GENERATION"})
+    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                          "CKPT_GENERATION"})
       ::unsetenv(v);
   }
   void TearDown() override { SetUp(); }
@@ -109,6 +110,59 @@ TEST_F(EnvTest, RankMustBeBelowWorldSize) {
   ExpectInvalid(o, "rank");
   o.rank = -5;
   ExpectInvalid(o, "rank");
+}
+
+// A process no launcher started (no rank, no $RANK, no $WORLD_SIZE) is
+// rank 0 of 1, as in the Python front ends.
+TEST_F(EnvTest, NoLauncherIsRankZeroOfOne) {
+  ClientOptions o = Full();
+  o.rank = -1;
+  o.world_size = -1;
+  ASSERT_TRUE(o.ResolveFromEnvironment().ok());
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_EQ(o.world_size, 1);
+}
+
+TEST_F(EnvTest, OnlyRankInTheEnvironmentNamesWorldSize) {
+  Set("RANK", "0");
+  ClientOptions o = Full();
+  o.rank = -1;
+  o.world_size = -1;
+  ExpectInvalid(o, "$WORLD_SIZE");
+}
+
+TEST_F(EnvTest, RankFromTheEnvironmentPastWorldSizeNamesRank) {
+  Set("RANK", "2");
+  Set("WORLD_SIZE", "2");
+  ClientOptions o = Full();
+  o.rank = -1;
+  o.world_size = -1;
+  ExpectInvalid(o, "$RANK");
+  Set("RANK", "-1");
+  ExpectInvalid(o, "$RANK");
+}
+
+TEST_F(EnvTest, MalformedLocalRankIsNamed) {
+  Set("LOCAL_RANK", "abc");
+  ExpectInvalid(Full(), "$LOCAL_RANK");
+  Set("LOCAL_RANK", "-2");
+  ExpectInvalid(Full(), "$LOCAL_RANK");
+}
+
+TEST_F(EnvTest, ResolveRankReportsLocalRank) {
+  int rank = -1, world_size = -1, local_rank = 7;
+  ASSERT_TRUE(ResolveRank(&rank, &world_size, &local_rank).ok());
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(world_size, 1);
+  EXPECT_EQ(local_rank, -1);
+  Set("RANK", "5");
+  Set("WORLD_SIZE", "8");
+  Set("LOCAL_RANK", "1");
+  rank = world_size = -1;
+  ASSERT_TRUE(ResolveRank(&rank, &world_size, &local_rank).ok());
+  EXPECT_EQ(rank, 5);
+  EXPECT_EQ(world_size, 8);
+  EXPECT_EQ(local_rank, 1);
 }
 
 TEST_F(EnvTest, FieldRangesAreChecked) {

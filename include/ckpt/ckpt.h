@@ -89,8 +89,8 @@ typedef struct {
 typedef struct {
   const char* socket_path; /* NULL: $CKPT_SOCKET */
   const char* job;         /* NULL: $CKPT_JOB */
-  int rank;                /* -1: $RANK */
-  int world_size;          /* -1: $WORLD_SIZE */
+  int rank;                /* -1: $RANK (ckpt_resolve_rank) */
+  int world_size;          /* -1: $WORLD_SIZE (ckpt_resolve_rank) */
   uint64_t slot_bytes;     /* 0: sized by the first save */
   int num_slots;           /* 0: 2 */
   int block_when_busy;     /* 0: return CKPT_RESOURCE_EXHAUSTED when busy */
@@ -120,6 +120,14 @@ int ckpt_abi_version(void);
 void ckpt_options_init(ckpt_options* options);
 /* The message of the calling thread's last failure ("" after a success). */
 const char* ckpt_last_error(void);
+
+/* The launcher rule every binding shares: *rank / *world_size of -1 come
+ * from $RANK / $WORLD_SIZE; with neither given nor set (a process no
+ * launcher started) the process is rank 0 of 1. *local_rank (NULL to skip)
+ * gets $LOCAL_RANK, or -1 when unset. A non-integer, negative or
+ * out-of-range value is CKPT_INVALID_ARGUMENT naming the variable, and
+ * leaves the outputs unchanged. ckpt_connect applies the same rule. */
+ckpt_status ckpt_resolve_rank(int* rank, int* world_size, int* local_rank);
 
 /* options NULL: every default. */
 ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out);

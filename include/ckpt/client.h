@@ -29,7 +29,8 @@ namespace ckpt {
 
 struct ClientOptions {
   // Fields left empty / negative / unset are taken from the environment:
-  // CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE, CKPT_GENERATION.
+  // CKPT_SOCKET, CKPT_JOB, RANK, WORLD_SIZE (rank and world_size as
+  // ResolveRank decides them), CKPT_GENERATION.
   std::string socket_path;
   std::string job;
   int rank = -1;
@@ -56,6 +57,16 @@ struct ClientOptions {
   // error names the field (or variable) that is missing or wrong.
   [[nodiscard]] absl::Status ResolveFromEnvironment();
 };
+
+// The launcher rule, decided here for every front end (this client, the C
+// API's ckpt_resolve_rank, the Python package). A *rank or *world_size of
+// -1 is taken from $RANK / $WORLD_SIZE; with neither given nor set (a
+// process no launcher started) it is rank 0 of 1. *local_rank (may be
+// null) is $LOCAL_RANK, or -1 when unset. A non-integer, negative or
+// out-of-range value is InvalidArgument naming the field or variable, and
+// nothing is written.
+[[nodiscard]] absl::Status ResolveRank(int* rank, int* world_size,
+                                       int* local_rank);
 
 class Client;
 

@@ -47,10 +47,38 @@ class Packed:
         self.array = (_lib.CTensor * max(1, n))(*rows)
 
 
+def _integer(value, field, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidArgument(
+            "%s: an int, not %s" % (field, type(value).__name__))
+    if not lo <= value <= hi:
+        raise errors.InvalidArgument(
+            "%s: %d is not in [%d, %d]" % (field, value, lo, hi))
+    return value
+
+
+def resolve_rank(rank=None, world_size=None):
+    """(rank, world_size, local_rank or None) as libckpt decides them for
+    every front end (ckpt_resolve_rank): a None comes from $RANK /
+    $WORLD_SIZE; neither given nor set (no launcher) is rank 0 of 1.
+    InvalidArgument names a bad argument or variable."""
+    lib = _lib.lib()
+    r = ctypes.c_int(-1 if rank is None else
+                     _integer(rank, "rank", 0, 2**31 - 1))
+    w = ctypes.c_int(-1 if world_size is None else
+                     _integer(world_size, "world_size", 1, 2**31 - 1))
+    local = ctypes.c_int(-1)
+    _lib.check(lib.ckpt_resolve_rank(ctypes.byref(r), ctypes.byref(w),
+                                     ctypes.byref(local)),
+               "resolve_rank")
+    return r.value, w.value, (local.value if local.value >= 0 else None)
+
+
 def _options(job, socket, rank, world_size, options):
     lib = _lib.lib()
     o = _lib.COptions()
     lib.ckpt_options_init(ctypes.byref(o))
+    integer = _integer
 
     def text(value, field):
         if value is None:
@@ -61,15 +89,6 @@ def _options(job, socket, rank, world_size, options):
         if "\0" in value:
             raise errors.InvalidArgument("%s: contains a NUL character" % field)
         return value.encode("utf-8")
-
-    def integer(value, field, lo, hi):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise errors.InvalidArgument(
-                "%s: an int, not %s" % (field, type(value).__name__))
-        if not lo <= value <= hi:
-            raise errors.InvalidArgument(
-                "%s: %d is not in [%d, %d]" % (field, value, lo, hi))
-        return value
 
     o.socket_path = text(socket, "socket")
     o.job = text(job, "job")

@@ -93,6 +93,7 @@ def _declare(lib):
         "ckpt_abi_version": (c_int, []),
         "ckpt_options_init": (None, [ctypes.POINTER(COptions)]),
         "ckpt_last_error": (ctypes.c_char_p, []),
+        "ckpt_resolve_rank": (c_int, [ctypes.POINTER(c_int)] * 3),
         "ckpt_connect": (c_int, [ctypes.POINTER(COptions),
                                  ctypes.POINTER(p)]),
         "ckpt_close": (None, [p]),

@@ -18,6 +18,9 @@ import sys
 
 import torch
 
+if torch.__version__.startswith("1."):
+    import ckpt.torch.torch113_compat  # noqa: F401  DCP on torch 1.13 (opt-in)
+
 
 def state(rank, world):
     torch.manual_seed(11)

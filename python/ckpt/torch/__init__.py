@@ -32,11 +32,11 @@ import os
 import torch
 
 from .. import _client, errors
-from . import _dtypes, _tree
+from . import _tensors, _tree
 
 __all__ = ["Checkpointer", "SaveHandle", "storable_dtypes"]
 
-storable_dtypes = _dtypes.storable_dtypes
+storable_dtypes = _tensors.storable_dtypes
 
 _HEADER = b"%ckpt/header"       # int64[2]: format version, skeleton bytes
 _SKELETON = b"%ckpt/skeleton"   # uint8[n]: the skeleton, UTF-8 JSON
@@ -51,28 +51,6 @@ def _check_step(step):
     if not 0 <= step < 2**63:
         raise errors.InvalidArgument("step: %d is not in [0, 2^63)" % step)
     return step
-
-
-def _desc(name, t):
-    """The TensorDesc of a contiguous tensor t."""
-    code = _dtypes.NATIVE.get(t.dtype)
-    if code is None or t.dim() > 8:
-        code, shape = _dtypes.CKPT_UINT8, (t.numel() * t.element_size(),)
-    else:
-        shape = tuple(t.shape)
-    device = -1 if t.device.type == "cpu" else t.device.index
-    return _client.TensorDesc(name, code, shape, t.data_ptr(), device)
-
-
-def _wait_for_producers(tensors):
-    """Orders what follows after the kernels queued on torch's current
-    stream of every CUDA device among tensors: records an event there and
-    waits for it (torch releases the GIL while waiting)."""
-    devices = {t.device for t in tensors if t.device.type == "cuda"}
-    for device in devices:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
-        event.synchronize()
 
 
 class SaveHandle:
@@ -101,27 +79,24 @@ class Checkpointer:
     """One rank's connection to the node's ckptd.
 
     job, socket, rank, world_size default to $CKPT_JOB, $CKPT_SOCKET,
-    $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt's C++
-    client reads them; an error names the missing variable. A process with
-    neither rank/world_size given nor $RANK/$WORLD_SIZE set (a script not
-    started by a launcher) is rank 0 of 1. options:
+    $RANK, $WORLD_SIZE (what torchrun and ckptrun set), as libckpt decides
+    for every front end (ckpt_resolve_rank); an error names the missing or
+    malformed variable. A process with neither rank/world_size given nor
+    $RANK/$WORLD_SIZE set (a script not started by a launcher) is rank 0
+    of 1. local_rank is $LOCAL_RANK (None when unset). options:
     slot_bytes, slot_headroom, num_slots, block_when_busy, copy_threads,
     busy_timeout_s (see ckpt/client.h).
     """
 
     def __init__(self, job=None, socket=None, rank=None, world_size=None,
                  **options):
-        if (rank is None and world_size is None
-                and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ):
-            rank, world_size = 0, 1  # one process, not under a launcher
+        # libckpt decides the launcher rule (ckpt_resolve_rank) for every
+        # front end; the client is then given the resolved values.
+        rank, world_size, self.local_rank = _client.resolve_rank(
+            rank, world_size)
         self._client = _client.Client(job, socket, rank, world_size, **options)
-        # Resolved as the C client did (it has checked them).
         self.job = job if job is not None else os.environ.get("CKPT_JOB")
-        self.rank = rank if rank is not None else int(os.environ["RANK"])
-        self.world_size = (world_size if world_size is not None
-                           else int(os.environ["WORLD_SIZE"]))
-        local = os.environ.get("LOCAL_RANK", "")
-        self.local_rank = int(local) if local.isdigit() else None
+        self.rank, self.world_size = rank, world_size
 
     # -- save -------------------------------------------------------------
 
@@ -133,13 +108,14 @@ class Checkpointer:
                               dtype=torch.int64)
         skeleton_t = torch.frombuffer(skeleton, dtype=torch.uint8)
         keep = [header, skeleton_t]
-        descs = [_desc(_HEADER, header), _desc(_SKELETON, skeleton_t)]
+        descs = [_tensors.desc(_HEADER, header),
+                 _tensors.desc(_SKELETON, skeleton_t)]
         for name, _path, t in flat.tensors:
             if not t.is_contiguous():
                 t = t.contiguous()  # a copy the save reads instead
             keep.append(t)
-            descs.append(_desc(name.encode("ascii"), t))
-        _wait_for_producers(keep)
+            descs.append(_tensors.desc(name.encode("ascii"), t))
+        _tensors.wait_for_producers(keep)
         return _client.Packed(descs), keep
 
     def save(self, step, state_dict, *, block=True):
@@ -206,7 +182,8 @@ class Checkpointer:
     def _skeleton(self, step):
         header = torch.zeros(2, dtype=torch.int64)
         try:
-            self._client.restore(step, _client.Packed([_desc(_HEADER, header)]))
+            self._client.restore(
+                step, _client.Packed([_tensors.desc(_HEADER, header)]))
         except errors.NotFound as e:
             raise errors.NotFound(
                 "step %d has no ckpt.torch skeleton (saved by another "
@@ -220,7 +197,8 @@ class Checkpointer:
         if not 0 < size < _MAX_SKELETON:
             raise errors.DataLoss("%s: size %d out of range" % (what, size))
         data = torch.empty(size, dtype=torch.uint8)
-        self._client.restore(step, _client.Packed([_desc(_SKELETON, data)]))
+        self._client.restore(
+            step, _client.Packed([_tensors.desc(_SKELETON, data)]))
         return _tree.parse_skeleton(data.numpy().tobytes(), what)
 
     def load(self, step=None, state_dict=None, *, strict=True):
@@ -249,7 +227,7 @@ class Checkpointer:
         saved_names = set()
         for i, entry in enumerate(saved):
             name, path = entry["name"], entry["path"]
-            dtype = _dtypes.BY_NAME[entry["dtype"]]
+            dtype = _tensors.BY_NAME[entry["dtype"]]
             shape = torch.Size(entry["shape"])
             saved_names.add(name)
             if name not in live:
@@ -264,7 +242,7 @@ class Checkpointer:
                 if t.dtype != dtype:
                     raise errors.InvalidArgument(
                         "%s: dtype %s given, step %d has %s"
-                        % (path, _dtypes.NAME.get(t.dtype, t.dtype), step,
+                        % (path, _tensors.NAME.get(t.dtype, t.dtype), step,
                            entry["dtype"]))
                 if t.shape != shape:
                     raise errors.InvalidArgument(
@@ -275,13 +253,13 @@ class Checkpointer:
             if not t.is_contiguous():
                 dst = torch.empty(shape, dtype=dtype, device=t.device)
                 copy_back.append((t, dst))
-            descs.append(_desc(name.encode("ascii"), dst))
+            descs.append(_tensors.desc(name.encode("ascii"), dst))
         for name, (path, _t) in live.items():
             if name not in saved_names:
                 raise errors.NotFound(
                     "%s: not in step %d (the checkpoint has no tensor at "
                     "this key path)" % (path, step))
-        _wait_for_producers(targets)
+        _tensors.wait_for_producers(targets)
         self._client.restore(step, _client.Packed(descs))
         with torch.no_grad():
             for t, dst in copy_back:

@@ -22,8 +22,6 @@ import os
 
 import torch
 
-from . import _torch113_compat
-
 FORMAT = "ckptd-dcp/1"
 _MAX_DEPTH = 64
 
@@ -43,7 +41,6 @@ class StorageLocation:
 
 def _dcp_classes():
     out = {"StorageLocation": StorageLocation}
-    _torch113_compat.install()
     mods = []
     try:
         import torch.distributed.checkpoint.metadata as m  # torch >= 2.0

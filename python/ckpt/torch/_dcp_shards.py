@@ -7,36 +7,24 @@ rank, coordinator rank, world size, metadata bytes or -1) and, in the
 coordinator's shard, "dcp/metadata" (uint8: _dcp_json of DCP's Metadata).
 Each save or restore is one call of the C API with every tensor of it;
 the clients are kept for the process (one per job, socket and rank).
-The tensor helpers say how a tensor is stored: as itself when ckptd knows
-its dtype, else as its raw bytes (kind "raw"). A Shards is not
+The helpers here say how a DCP item is stored: as itself when ckptd knows
+its dtype, else as its raw bytes (kind "raw"); _tensors describes and
+orders the copies. A Shards is not
 thread-safe; the client cache is.
 """
 
 import math
-import os
 import threading
 
 import torch
 
 from .. import _client, errors
-from . import _dcp_json
+from . import _dcp_json, _tensors
 
 _FORMAT = 1
 _clients = {}  # (job, socket, rank, world size) -> _client.Client
 _clients_lock = threading.Lock()
 _MAX_METADATA = 1 << 31
-
-# torch dtype -> ckpt_dtype code (include/ckpt/ckpt.h).
-_NATIVE = {
-    torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
-    torch.int8: 5, torch.uint8: 6, torch.int16: 7, torch.int32: 8,
-    torch.int64: 9, torch.bool: 10,
-}
-
-
-def dtype_name(dtype):
-    return str(dtype).split(".", 1)[-1]
-
 
 def _dtype_of(name, what):
     value = getattr(torch, name, None) if isinstance(name, str) else None
@@ -51,7 +39,7 @@ def storable(t, what):
     if t.is_quantized or t.is_sparse or t.layout != torch.strided:
         raise ValueError("%s: a %s tensor cannot be stored" % (what, t.layout if not t.is_quantized else "quantized"))
     t = t.contiguous()
-    if t.dtype in _NATIVE:
+    if t.dtype in _tensors.NATIVE:
         return t, "tensor"
     return t.reshape(-1).view(torch.uint8), "raw"
 
@@ -77,7 +65,7 @@ def stored_view(buf, loc):
 
 def fillable_in_place(target, loc):
     return (target.device.type == "cpu" and target.is_contiguous() and
-            dtype_name(target.dtype) == loc.dtype and tuple(target.shape) == tuple(loc.shape) and
+            _tensors.dtype_name(target.dtype) == loc.dtype and tuple(target.shape) == tuple(loc.shape) and
             loc.kind in ("tensor", "raw") and target.numel() > 0)
 
 
@@ -106,46 +94,13 @@ def host_copy(state_dict):
     return state_dict
 
 
-def _sync_devices(tensors):
-    """Orders libckpt's device copies after the kernels that wrote the
-    tensors: torch's current stream of each CUDA device is synchronised."""
-    for device in {t.device for t in tensors if t.device.type == "cuda"}:
-        torch.cuda.current_stream(device).synchronize()
-
-
-def _env_int(name, default):
-    text = os.environ.get(name, "")
-    if text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise errors.InvalidArgument("$%s = %r: not an integer" % (name, text[:32])) from None
-
-
-def _desc(name, t, what):
-    if t.dtype not in _NATIVE:
-        raise ValueError("%s: dtype %s" % (what, t.dtype))
-    if not t.is_contiguous():
-        raise ValueError("%s: not contiguous" % what)
-    device = -1
-    if t.device.type == "cuda":
-        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    elif t.device.type != "cpu":
-        raise ValueError("%s: on %s (cpu or cuda only)" % (what, t.device))
-    return _client.TensorDesc(name.encode("ascii"), _NATIVE[t.dtype], tuple(int(d) for d in t.shape),
-                              t.data_ptr(), device)
-
-
 class Shards:
     """The DCP shards of one job through this node's ckptd."""
 
     def __init__(self, job, socket, rank, world_size):
         self.job, self.socket = job, socket
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise errors.InvalidArgument("rank: %d is not in [0, world_size %d)" % (self.rank, self.world_size))
+        # The launcher rule is libckpt's, as for Checkpointer.
+        self.rank, self.world_size, _ = _client.resolve_rank(rank, world_size)
 
     def _client(self, rank):
         # Shared by every writer and reader of the process: a client keeps
@@ -177,8 +132,8 @@ class Shards:
         tensors = list(items) + [("dcp/rank", header)]
         if metadata_blob is not None:
             tensors.append(("dcp/metadata", torch.frombuffer(bytearray(metadata_blob), dtype=torch.uint8)))
-        descs = [_desc(n, t, "step %d: tensor %s" % (step, n)) for n, t in tensors]
-        _sync_devices(t for _, t in tensors)
+        descs = [_tensors.desc(n.encode("ascii"), t, "step %d: tensor %s" % (step, n)) for n, t in tensors]
+        _tensors.wait_for_producers([t for _, t in tensors])
         packed = _client.Packed(descs)
         self._call(self.rank, lambda c: c.save(step, packed))
         del tensors  # alive until the copy is done: save() returned
@@ -197,8 +152,9 @@ class Shards:
     def restore(self, step, rank, dests):
         if not dests:
             return
-        descs = [_desc(n, t, "step %d rank %d: tensor %s" % (step, rank, n)) for n, t in dests.items()]
-        _sync_devices(dests.values())
+        descs = [_tensors.desc(n.encode("ascii"), t, "step %d rank %d: tensor %s" % (step, rank, n))
+                 for n, t in dests.items()]
+        _tensors.wait_for_producers(list(dests.values()))
         packed = _client.Packed(descs)
         self._call(rank, lambda c: c.restore(step, packed))
 

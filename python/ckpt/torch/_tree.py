@@ -29,7 +29,7 @@ import re
 import torch
 
 from .. import errors
-from . import _dtypes
+from . import _tensors
 
 FORMAT = "ckpt.torch/1"
 MAX_NAME = 159
@@ -157,7 +157,7 @@ def flatten(state_dict, root="state_dict", lenient=False):
             "never pickle)" % (path, kind.__module__, kind.__qualname__))
 
     def tensor(t, path, components):
-        why = _dtypes.refusal(t.dtype)
+        why = _tensors.refusal(t.dtype)
         if why is not None:
             raise errors.InvalidArgument("%s: %s" % (path, why))
         if t.layout != torch.strided:
@@ -178,7 +178,7 @@ def flatten(state_dict, root="state_dict", lenient=False):
         seen[name] = path
         index = len(entries)
         entries.append({"name": name, "path": path,
-                        "dtype": _dtypes.NAME[t.dtype],
+                        "dtype": _tensors.NAME[t.dtype],
                         "shape": list(t.shape)})
         flat.tensors.append((name, path, t))
         return {"T": index}
@@ -203,13 +203,13 @@ def parse_skeleton(data, what):
     for i, e in enumerate(tensors):
         ok = (isinstance(e, dict) and isinstance(e.get("name"), str)
               and isinstance(e.get("path"), str)
-              and e.get("dtype") in _dtypes.BY_NAME
+              and e.get("dtype") in _tensors.BY_NAME
               and isinstance(e.get("shape"), list)
               and all(type(d) is int and d >= 0 for d in e["shape"]))
         if not ok:
             name = e.get("dtype") if isinstance(e, dict) else None
             if isinstance(e, dict) and isinstance(name, str) and \
-                    name not in _dtypes.BY_NAME:
+                    name not in _tensors.BY_NAME:
                 raise errors.FailedPrecondition(
                     "%s: tensors[%d] (%s) has dtype %s, which this torch %s "
                     "lacks" % (what, i, str(e.get("path"))[:200], name[:40],

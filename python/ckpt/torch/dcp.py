@@ -2,6 +2,7 @@
 
 DCP users keep their code and swap the storage::
 
+    import ckpt.torch.torch113_compat  # torch 1.13 on Python >= 3.11 only: opt-in
     from ckpt.torch.dcp import CkptdStorageWriter, CkptdStorageReader, dcp_module
     dcp = dcp_module()  # torch.distributed.checkpoint; on 1.13 torch.distributed._shard.checkpoint
     dcp.save_state_dict(sd, storage_writer=CkptdStorageWriter("ckptd://myjob/100"))
@@ -39,17 +40,31 @@ import re
 import torch
 
 from .. import errors
-from . import _dcp_json, _dcp_shards, _torch113_compat
 
-_torch113_compat.install()
+
+def _shim_hint(e):
+    """ImportError for torch 1.13's DCP failing on Python >= 3.11: the
+    compatibility hook is opt-in (doc/python-dcp.md)."""
+    return ImportError(
+        "torch %s's DCP does not import on this Python (%s): import "
+        "ckpt.torch.torch113_compat before ckpt.torch.dcp to patch it "
+        "(doc/python-dcp.md)" % (torch.__version__, str(e)[:120]))
+
+
 try:  # torch >= 2.0
     from torch.distributed.checkpoint import StorageReader, StorageWriter
     from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
     from torch.distributed.checkpoint.storage import WriteResult
 except ImportError:  # torch 1.13
-    from torch.distributed._shard.checkpoint import StorageReader, StorageWriter
-    from torch.distributed._shard.checkpoint.planner import LoadItemType, WriteItemType
-    from torch.distributed._shard.checkpoint.storage import WriteResult
+    try:
+        from torch.distributed._shard.checkpoint import StorageReader, StorageWriter
+        from torch.distributed._shard.checkpoint.planner import LoadItemType, WriteItemType
+        from torch.distributed._shard.checkpoint.storage import WriteResult
+    except ValueError as e:  # a mutable dataclass default (Python >= 3.11)
+        raise _shim_hint(e) from None
+# After DCP itself: _dcp_json reads DCP's classes when imported.
+from . import _dcp_json, _dcp_shards, _tensors  # noqa: E402
+
 try:
     from torch.distributed.checkpoint.metadata import StorageMeta
 except ImportError:
@@ -61,7 +76,16 @@ except ImportError:
 
 __all__ = ["CkptdStorageWriter", "CkptdStorageReader", "parse_checkpoint_id", "dcp_module", "SCHEME"]
 
-dcp_module = _torch113_compat.dcp_module
+
+def dcp_module():
+    """The installed torch's DCP package: torch.distributed.checkpoint
+    (torch >= 2.0) or torch.distributed._shard.checkpoint (1.13)."""
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        import torch.distributed._shard.checkpoint as dcp
+    return dcp
+
 
 SCHEME = "ckptd://"
 _STEP_MAX = (1 << 62)
@@ -197,7 +221,7 @@ class CkptdStorageWriter(StorageWriter):
             else:
                 tensor, kind = _dcp_shards.storable(value.detach(), "write item %r" % item.index.fqn[:80])
                 loc = _dcp_json.StorageLocation(self._shards.rank, name, kind,
-                                                _dcp_shards.dtype_name(value.dtype), tuple(value.shape))
+                                                _tensors.dtype_name(value.dtype), tuple(value.shape))
             items.append((name, tensor))
             results.append(WriteResult(index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
                                        storage_data=loc))

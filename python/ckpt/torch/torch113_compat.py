@@ -1,5 +1,15 @@
 """Makes torch 1.13's DCP importable on Python >= 3.11 (Debian's python3-torch).
 
+Only when asked for: importing this module installs the hook, before
+ckpt.torch.dcp (or DCP itself) is imported::
+
+    import torch
+    if torch.__version__.startswith("1."):
+        import ckpt.torch.torch113_compat  # noqa: F401  torch 1.13 only
+    from ckpt.torch.dcp import CkptdStorageWriter, CkptdStorageReader
+
+Nothing else in ckpt imports it, so on torch >= 2 nothing of it is loaded.
+
 torch 1.13 predates Python 3.11, whose dataclasses refuse an unhashable
 default: torch/distributed/_shard/sharded_tensor/metadata.py declares
 ``tensor_properties: TensorProperties = field(default=TensorProperties())``,
@@ -8,7 +18,7 @@ torch.distributed._shard.checkpoint before 2.0) raises ValueError. install()
 adds an import hook for that one module that compiles its source with
 ``field(default_factory=TensorProperties)`` instead: the same default, made
 per instance. It does nothing on torch >= 2.0, on Python < 3.11, or once
-the module is imported. Idempotent; call it before importing DCP.
+the module is imported. Idempotent.
 """
 
 import importlib.abc
@@ -55,12 +65,4 @@ def install():
             _installed = True
 
 
-def dcp_module():
-    """The installed torch's DCP package: torch.distributed.checkpoint
-    (torch >= 2.0) or torch.distributed._shard.checkpoint (1.13)."""
-    install()
-    try:
-        import torch.distributed.checkpoint as dcp
-    except ImportError:
-        import torch.distributed._shard.checkpoint as dcp
-    return dcp
+install()

@@ -1,4 +1,11 @@
-"""torch dtypes and how each is stored in a shard.
+"""How a torch tensor meets libckpt: the one place for every front end
+(Checkpointer, the DCP plugin).
+
+- The dtype table: torch dtype -> ckpt_dtype code, canonical names.
+- desc(): the C descriptor (ckpt._client.TensorDesc) of a contiguous tensor.
+- wait_for_producers(): orders libckpt's copies after the kernels that
+  wrote (or will read) CUDA tensors.
+
 
 The ten dtypes ckpt.h knows are stored as themselves (ckptctl shows them).
 Every other dtype the installed torch has (complex, uint16/32/64, the float8
@@ -13,7 +20,10 @@ import warnings
 
 import torch
 
+from .. import _client
+
 CKPT_UINT8 = 6
+_MAX_DIMS = 8  # ckpt::kMaxTensorDims
 
 # torch dtype -> ckpt_dtype code (ckpt.h).
 NATIVE = {
@@ -63,3 +73,44 @@ def storable_dtypes():
                 continue
             out.append(dtype)
     return out
+
+
+def dtype_name(dtype):
+    """The canonical name of a torch dtype ("bfloat16")."""
+    return NAME.get(dtype) or str(dtype).split(".", 1)[-1]
+
+
+def desc(name, t, what=None):
+    """The TensorDesc of a contiguous CPU or CUDA tensor t, named `name`
+    (bytes). A dtype ckptd lacks, or more dimensions than it takes, is
+    described as the tensor's raw bytes (flat uint8 over the same memory);
+    the caller records what it really is. ValueError names `what` (or the
+    name) for a tensor that cannot be described."""
+    what = what or name
+    if not t.is_contiguous():
+        raise ValueError("%s: not contiguous" % what)
+    if t.device.type == "cuda":
+        device = t.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+    elif t.device.type == "cpu":
+        device = -1
+    else:
+        raise ValueError("%s: on %s (cpu or cuda only)" % (what, t.device))
+    code = NATIVE.get(t.dtype)
+    if code is None or t.dim() > _MAX_DIMS:
+        code, shape = CKPT_UINT8, (t.numel() * t.element_size(),)
+    else:
+        shape = tuple(int(d) for d in t.shape)
+    return _client.TensorDesc(name, code, shape, t.data_ptr(), device)
+
+
+def wait_for_producers(tensors):
+    """Orders what follows after the kernels queued on torch's current
+    stream of every CUDA device among tensors: records an event there and
+    waits for it (torch releases the GIL while waiting)."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    for device in devices:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        event.synchronize()

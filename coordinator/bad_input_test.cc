@@ -1,6 +1,7 @@
 // Bad input to the Coordinator: each is refused with an error naming the
 // field, and the state (checked before and after) does not change.
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <grpcpp/create_channel.h>
@@ -294,6 +295,54 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
   bad.mutable_shards()->RemoveLast();
   expect_error(bad, "shards");
   EXPECT_EQ(storage::DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A fallback report is a node RPC like the others: a fenced epoch, an
+// unknown job, a rank the node does not host or a malformed field is
+// refused naming the field, and nothing is recorded.
+TEST_F(BadInputTest, FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecordingNothing) {
+  auto fallback = [&](auto edit) {
+    v1::ReportFallbackRequest req;
+    req.set_node_id("n1");
+    req.set_epoch(e1_);
+    req.set_job("job");
+    req.set_step(40);
+    req.set_rank(0);
+    req.set_copy("memory");
+    req.set_reason("checksum mismatch");
+    req.set_next_copy("file");
+    edit(req);
+    return coord_->ReportFallback(req).status();
+  };
+  const std::string before = State();
+  struct Case {
+    std::string field;
+    std::function<void(v1::ReportFallbackRequest&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"epoch", [&](auto& r) { r.set_epoch(e1_ + 7); }},
+      {"node_id", [](auto& r) { r.set_node_id("n9"); }},
+      {"job", [](auto& r) { r.set_job("other"); }},
+      {"job", [](auto& r) { r.set_job(std::string(300, 'j')); }},
+      {"rank", [](auto& r) { r.set_rank(1); }},  // n2's
+      {"rank", [](auto& r) { r.set_rank(5); }},
+      {"copy", [](auto& r) { r.set_copy("disk"); }},
+      {"copy", [](auto& r) { r.set_copy(""); }},
+      {"reason", [](auto& r) { r.set_reason(std::string(4096, 'x')); }},
+      {"reason", [](auto& r) { r.set_reason("bad\nline"); }},
+      {"next_step", [](auto& r) { r.set_next_step(40); }},
+      {"next_copy", [](auto& r) { r.set_next_copy("tape"); }},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = fallback(c.edit);
+    EXPECT_FALSE(s.ok()) << c.field;
+    EXPECT_EQ(s.message().rfind(c.field + ":", 0), 0u) << c.field << ": " << s;
+    EXPECT_LE(s.message().size(), 400u) << "a bad value is quoted by its prefix: " << s;
+  }
+  EXPECT_FALSE(HasEvent(v1::FALLBACK));
+  EXPECT_EQ(State(), before);
+  EXPECT_TRUE(fallback([](auto&) {}).ok()) << "the unedited report is good";
+  EXPECT_TRUE(HasEvent(v1::FALLBACK));
 }
 
 // ckpt-coordinator's command line (plus `extra`), parsed.

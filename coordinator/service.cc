@@ -45,6 +45,7 @@ class Service final : public rpc::RpcService {
     AddUnary("Rollback", this, &Service::Rollback);
     AddUnary("Events", this, &Service::Events);
     AddUnary("ReportShards", this, &Service::ReportShards);
+    AddUnary("ReportFallback", this, &Service::ReportFallback);
   }
 
   grpc::Status RegisterNode(grpc::ServerContext*, const v1::RegisterNodeRequest* req,
@@ -74,6 +75,12 @@ class Service final : public rpc::RpcService {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportShards(*req), resp);
+  }
+  grpc::Status ReportFallback(grpc::ServerContext*, const v1::ReportFallbackRequest* req,
+                              v1::ReportFallbackResponse* resp) {
+    Admission a(this);
+    if (!a.ok()) return a.Refusal();
+    return Answer(c_->ReportFallback(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*, const v1::ReportTrainerExitRequest* req,
                                  v1::ReportTrainerExitResponse* resp) {

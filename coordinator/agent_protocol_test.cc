@@ -150,6 +150,77 @@ TEST_F(ServerTest, AgentRemembersABoundedNumberOfCarriedOutOrders) {
   EXPECT_EQ(agent->prefetch_threads(), 0u);
 }
 
+daemon::FallbackReport MemoryCopyFailed(uint32_t rank) {
+  daemon::FallbackReport f;
+  f.job = "job";
+  f.step = 3;
+  f.rank = rank;
+  f.copy = "memory";
+  f.reason = "checksum mismatch in tensor w";
+  f.next_copy = "file";
+  return f;
+}
+
+// Issue 17: a restore that fell back reaches the coordinator as an event,
+// sent by the agent's report thread; the caller (the engine) never waits.
+TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  agent->ReportFallback(MemoryCopyFailed(1));
+  EXPECT_TRUE(Eventually([&] {
+    return CountEvents(v1::FALLBACK, "rank 1 step 3: memory copy failed verification "
+                                     "(checksum mismatch in tensor w); restored from file") == 1;
+  }));
+  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+  EXPECT_EQ(agent->fallbacks_dropped(), 0u);
+}
+
+// The coordinator is down: ReportFallback still returns at once, and the
+// report goes out when the coordinator is back.
+TEST_F(ServerTest, FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItReturns) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  const int port = server_->port();
+  server_.reset();
+  const auto before = std::chrono::steady_clock::now();
+  agent->ReportFallback(MemoryCopyFailed(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Start(port);
+  EXPECT_TRUE(Eventually([&] { return CountEvents(v1::FALLBACK, "rank 0 step 3") == 1; }));
+  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+}
+
+// Unreachable for longer than fallback_ttl: the report is dropped (and
+// counted), never sent late.
+TEST_F(ServerTest, FallbackReportOlderThanItsTtlIsDroppedNotSentLate) {
+  Start();
+  daemon::NodeAgentOptions o;
+  o.coordinator = Address();
+  o.node_id = "n1";
+  o.address = "127.0.0.1:1";
+  o.capacity = 2;
+  o.rpc_timeout = std::chrono::milliseconds(2000);
+  o.fallback_ttl = std::chrono::milliseconds(200);
+  auto agent = std::make_unique<daemon::NodeAgent>(o);
+  agent->Start(nullptr);
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  const int port = server_->port();
+  server_.reset();
+  agent->ReportFallback(MemoryCopyFailed(0));
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_dropped() == 1; }, seconds(10)));
+  Start(port);
+  agent->ReportFallback(MemoryCopyFailed(1));
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1; }));
+  EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 0 step 3"), 0);
+  EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 1 step 3"), 1);
+}
+
 // The redirect is a field, not prose: the "ckpt-leader" trailer names the
 // leader whatever the message says.
 TEST(LeaderHintTest, TrailerNamesTheLeaderEvenWhenTheMessageDoesNot) {

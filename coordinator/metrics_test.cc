@@ -108,7 +108,8 @@ TEST_F(CoordinatorMetricsTest, SilentNodeCountsANodeDeadFailureAndADeadNode) {
 
 // A restore that fell back is an event a person can read and a counter per
 // job and failed copy; the restore itself is the node's business.
-TEST_F(CoordinatorMetricsTest, ReportedFallbackIsAnEventAndCountedPerJobAndCopy) {
+TEST_F(CoordinatorMetricsTest,
+       ReportedFallbackIsAnEventAndCountedPerJobAndCopy) {
   v1::ReportFallbackRequest req;
   req.set_node_id("n2");
   req.set_epoch(e2_);
@@ -135,10 +136,12 @@ TEST_F(CoordinatorMetricsTest, ReportedFallbackIsAnEventAndCountedPerJobAndCopy)
   EXPECT_EQ(fallbacks[0].job(), "job");
   EXPECT_EQ(fallbacks[0].node_id(), "n2");
   EXPECT_EQ(fallbacks[0].detail(),
-            "rank 3 step 40: memory copy failed verification (checksum mismatch in tensor w); "
+            "rank 3 step 40: memory copy failed verification (checksum "
+            "mismatch in tensor w); "
             "restored from file");
   EXPECT_EQ(fallbacks[1].detail(),
-            "rank 3 step 40: object copy failed verification (object missing); fell back to step 30");
+            "rank 3 step 40: object copy failed verification (object missing); "
+            "fell back to step 30");
   // The same as fields, for scripts.
   EXPECT_EQ(fallbacks[0].fallback().copy(), "memory");
   EXPECT_EQ(fallbacks[0].fallback().next_copy(), "file");
@@ -151,7 +154,8 @@ TEST_F(CoordinatorMetricsTest, ReportedFallbackIsAnEventAndCountedPerJobAndCopy)
   Reopen();  // the events are durable state
   int durable = 0;
   const v1::EventsResponse reopened = coord_->Events({});
-  for (const v1::Event& e : reopened.events()) durable += e.kind() == v1::FALLBACK;
+  for (const v1::Event& e : reopened.events())
+    durable += e.kind() == v1::FALLBACK;
   EXPECT_EQ(durable, 2);
 }
 

@@ -3,15 +3,16 @@
 // goes to the replica that answered last; when that one is unreachable
 // (UNAVAILABLE, DEADLINE_EXCEEDED) or answers "not leader" naming leader X
 // in its "ckpt-leader" trailer (a standby, coordinator/service.h; an older
-// coordinator named X only in the message, still read), the call is tried on X when X is in
-// the list, else on the next address, at most once per address; the client
-// then sticks to the replica that answered. With one address it is exactly
-// one stub (coordinator/client/channel.h). TLS per coordinator/client/tls.h.
-// Streams (CoordinatorWatch.WatchJob) follow the leader the same way: open
-// one on watch_stub(), and after it ends call StreamEnded(), which moves
-// the client on (to the named leader, else the next address) when the
-// stream ended UNAVAILABLE or DEADLINE_EXCEEDED; the caller reopens.
-// Thread-safe: calls may run concurrently (the "current" index is atomic).
+// coordinator named X only in the message, still read), the call is tried on X
+// when X is in the list, else on the next address, at most once per address;
+// the client then sticks to the replica that answered. With one address it is
+// exactly one stub (coordinator/client/channel.h). TLS per
+// coordinator/client/tls.h. Streams (CoordinatorWatch.WatchJob) follow the
+// leader the same way: open one on watch_stub(), and after it ends call
+// StreamEnded(), which moves the client on (to the named leader, else the next
+// address) when the stream ended UNAVAILABLE or DEADLINE_EXCEEDED; the caller
+// reopens. Thread-safe: calls may run concurrently (the "current" index is
+// atomic).
 #ifndef CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
 #define CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
 
@@ -43,8 +44,9 @@ inline constexpr char kLeaderMetadataKey[] = "ckpt-leader";
 // The leader a refusal names: the kLeaderMetadataKey trailer when there is
 // one, else (a coordinator older than the trailer) the address in a "not
 // leader; leader is X" message; "" when neither names one.
-std::string LeaderHint(const grpc::Status& s,
-                       const std::multimap<grpc::string_ref, grpc::string_ref>& trailers);
+std::string LeaderHint(
+    const grpc::Status& s,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& trailers);
 // The same with the trailers of the call made on `ctx`.
 std::string LeaderHint(const grpc::Status& s, const grpc::ClientContext& ctx);
 // The message alone, for a caller without the call's context.

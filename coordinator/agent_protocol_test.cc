@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "coordinator/client/leader_channel.h"
 #include "coordinator/server_testing.h"
 #include "storage/manifest.h"
 
@@ -168,6 +169,153 @@ TEST_F(ServerTest, AgentRemembersABoundedNumberOfCarriedOutOrders) {
   EXPECT_EQ(Job().generation(), 8u);
   EXPECT_LE(agent->orders_remembered(), 3u);
   EXPECT_EQ(agent->prefetch_threads(), 0u);
+}
+
+daemon::FallbackReport MemoryCopyFailed(uint32_t rank) {
+  daemon::FallbackReport f;
+  f.job = "job";
+  f.step = 3;
+  f.rank = rank;
+  f.copy = "memory";
+  f.reason = "checksum mismatch in tensor w";
+  f.next_copy = "file";
+  return f;
+}
+
+// Issue 17: a restore that fell back reaches the coordinator as an event,
+// sent by the agent's report thread; the caller (the engine) never waits.
+TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  agent->ReportFallback(MemoryCopyFailed(1));
+  EXPECT_TRUE(Eventually([&] {
+    return CountEvents(v1::FALLBACK, "rank 1 step 3: memory copy failed verification "
+                                     "(checksum mismatch in tensor w); restored from file") == 1;
+  }));
+  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+  EXPECT_EQ(agent->fallbacks_dropped(), 0u);
+}
+
+// The coordinator is down: ReportFallback still returns at once, and the
+// report goes out when the coordinator is back.
+TEST_F(ServerTest, FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItReturns) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  const int port = server_->port();
+  server_.reset();
+  const auto before = std::chrono::steady_clock::now();
+  agent->ReportFallback(MemoryCopyFailed(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Start(port);
+  EXPECT_TRUE(Eventually([&] { return CountEvents(v1::FALLBACK, "rank 0 step 3") == 1; }));
+  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+}
+
+// Unreachable for longer than fallback_ttl: the report is dropped (and
+// counted), never sent late.
+TEST_F(ServerTest, FallbackReportOlderThanItsTtlIsDroppedNotSentLate) {
+  Start();
+  daemon::NodeAgentOptions o;
+  o.coordinator = Address();
+  o.node_id = "n1";
+  o.address = "127.0.0.1:1";
+  o.capacity = 2;
+  o.rpc_timeout = std::chrono::milliseconds(2000);
+  o.fallback_ttl = std::chrono::milliseconds(200);
+  auto agent = std::make_unique<daemon::NodeAgent>(o);
+  agent->Start(nullptr);
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  const int port = server_->port();
+  server_.reset();
+  agent->ReportFallback(MemoryCopyFailed(0));
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_dropped() == 1; }, seconds(10)));
+  Start(port);
+  agent->ReportFallback(MemoryCopyFailed(1));
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1; }));
+  EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 0 step 3"), 0);
+  EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 1 step 3"), 1);
+}
+
+// The redirect is a field, not prose: the "ckpt-leader" trailer names the
+// leader whatever the message says.
+TEST(LeaderHintTest, TrailerNamesTheLeaderEvenWhenTheMessageDoesNot) {
+  const std::string key = kLeaderMetadataKey, leader = "10.0.0.2:7000";
+  std::multimap<grpc::string_ref, grpc::string_ref> trailers;
+  trailers.emplace(key, leader);
+  EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not leader"), trailers), leader);
+  EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "not leader; leader is 10.0.0.9:7000"),
+                       trailers),
+            leader)
+      << "the trailer wins over the text";
+}
+
+// A coordinator older than the trailer named the leader in its message
+// only; clients keep following that for one release.
+TEST(LeaderHintTest, MessageOfAnOlderCoordinatorStillNamesTheLeader) {
+  const std::multimap<grpc::string_ref, grpc::string_ref> none;
+  EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "not leader; leader is 10.0.0.3:7000"),
+                       none),
+            "10.0.0.3:7000");
+  EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "not leader; no leader elected yet"),
+                       none),
+            "");
+}
+
+// A standby answers UNAVAILABLE with a readable message and the leader's
+// address in the "ckpt-leader" trailer; a client given the standby first
+// ends up on the leader.
+TEST_F(ServerTest, StandbyNamesTheLeaderInATrailerAndTheClientFollowsIt) {
+  Start();
+  Leadership leadership;
+  leadership.leading = [] { return false; };
+  leadership.leader = [addr = Address()] { return addr; };
+  auto standby = CoordinatorServer::StartStandby("127.0.0.1:0", ServerSecurity{}, leadership);
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  const std::string standby_addr = "127.0.0.1:" + std::to_string((*standby)->port());
+
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(standby_addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+  v1::GetClusterResponse cluster;
+  grpc::Status s = stub->GetCluster(&ctx, v1::GetClusterRequest(), &cluster);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("not leader"), std::string::npos) << s.error_message();
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(kLeaderMetadataKey);
+  ASSERT_NE(it, trailers.end()) << "no ckpt-leader trailer";
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), Address());
+
+  // The watch stream too (ckptrun reopens it at the named leader).
+  auto watch = v1::CoordinatorWatch::NewStub(
+      grpc::CreateChannel(standby_addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext wctx;
+  wctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+  v1::WatchJobRequest wreq;
+  wreq.set_job("job");
+  wreq.set_node_id("n1");
+  auto reader = watch->WatchJob(&wctx, wreq);
+  v1::JobView view;
+  EXPECT_FALSE(reader->Read(&view));
+  s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(LeaderHint(grpc::Status(s.error_code(), "not leader"), wctx), Address());
+
+  auto client = CoordinatorClient::Create(standby_addr + "," + Address(), TlsFiles{});
+  ASSERT_TRUE(client.ok()) << client.status();
+  s = (*client)->Call(&CoordinatorClient::Stub::GetCluster, v1::GetClusterRequest(), &cluster,
+                      std::chrono::milliseconds(5000));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ((*client)->current(), Address());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Bad input to the Coordinator: each is refused with an error naming the
 // field, and the state (checked before and after) does not change.
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <grpcpp/create_channel.h>
@@ -8,6 +9,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "coordinator/coordinator_testing.h"
+#include "coordinator/options.h"
 #include "coordinator/service.h"
 #include "storage/manifest.h"
 #include "tests/raw_grpc_call.h"
@@ -293,6 +295,126 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
   bad.mutable_shards()->RemoveLast();
   expect_error(bad, "shards");
   EXPECT_EQ(storage::DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A fallback report is a node RPC like the others: a fenced epoch, an
+// unknown job, a rank the node does not host or a malformed field is
+// refused naming the field, and nothing is recorded.
+TEST_F(BadInputTest, FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecordingNothing) {
+  auto fallback = [&](auto edit) {
+    v1::ReportFallbackRequest req;
+    req.set_node_id("n1");
+    req.set_epoch(e1_);
+    req.set_job("job");
+    req.set_step(40);
+    req.set_rank(0);
+    req.set_copy("memory");
+    req.set_reason("checksum mismatch");
+    req.set_next_copy("file");
+    edit(req);
+    return coord_->ReportFallback(req).status();
+  };
+  const std::string before = State();
+  struct Case {
+    std::string field;
+    std::function<void(v1::ReportFallbackRequest&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"epoch", [&](auto& r) { r.set_epoch(e1_ + 7); }},
+      {"node_id", [](auto& r) { r.set_node_id("n9"); }},
+      {"job", [](auto& r) { r.set_job("other"); }},
+      {"job", [](auto& r) { r.set_job(std::string(300, 'j')); }},
+      {"rank", [](auto& r) { r.set_rank(1); }},  // n2's
+      {"rank", [](auto& r) { r.set_rank(5); }},
+      {"copy", [](auto& r) { r.set_copy("disk"); }},
+      {"copy", [](auto& r) { r.set_copy(""); }},
+      {"reason", [](auto& r) { r.set_reason(std::string(4096, 'x')); }},
+      {"reason", [](auto& r) { r.set_reason("bad\nline"); }},
+      {"next_step", [](auto& r) { r.set_next_step(40); }},
+      {"next_copy", [](auto& r) { r.set_next_copy("tape"); }},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = fallback(c.edit);
+    EXPECT_FALSE(s.ok()) << c.field;
+    EXPECT_EQ(s.message().rfind(c.field + ":", 0), 0u) << c.field << ": " << s;
+    EXPECT_LE(s.message().size(), 400u) << "a bad value is quoted by its prefix: " << s;
+  }
+  EXPECT_FALSE(HasEvent(v1::FALLBACK));
+  EXPECT_EQ(State(), before);
+  EXPECT_TRUE(fallback([](auto&) {}).ok()) << "the unedited report is good";
+  EXPECT_TRUE(HasEvent(v1::FALLBACK));
+}
+
+// ckpt-coordinator's command line (plus `extra`), parsed.
+absl::StatusOr<CoordinatorServerOptions> ParseArgs(std::vector<std::string> extra,
+                                                  std::string* help = nullptr) {
+  std::vector<std::string> args = {"ckpt-coordinator", "--listen", "127.0.0.1:0",
+                                   "--state", "/nonexistent/state", "--insecure"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::string ignored;
+  return ParseCoordinatorOptions(static_cast<int>(argv.size()), argv.data(), help ? help : &ignored);
+}
+
+TEST(CoordinatorOptionsTest, PlanAckTimeoutAndMaxSoftStepsComeFromFlagsOrTheConfigFile) {
+  auto o = ParseArgs({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::minutes(10)) << "the default";
+  EXPECT_EQ(o->coordinator.max_soft_steps, 64u) << "the default";
+
+  o = ParseArgs({"--plan-ack-timeout-ms", "120000", "--max-soft-steps", "16"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::milliseconds(120000));
+  EXPECT_EQ(o->coordinator.max_soft_steps, 16u);
+
+  ckpt::testing::TempDir dir;
+  const std::string config = dir.path() + "/coordinator.toml";
+  std::ofstream(config) << "plan_ack_timeout_ms = 0\nmax_soft_steps = 8\n";
+  o = ParseArgs({"--config", config});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::milliseconds(0)) << "0: no deadline";
+  EXPECT_EQ(o->coordinator.max_soft_steps, 8u);
+  o = ParseArgs({"--config", config, "--max-soft-steps", "32"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.max_soft_steps, 32u) << "the flag wins over the file";
+
+  std::string help;
+  EXPECT_EQ(ParseArgs({"--help"}, &help).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(help.find("--plan-ack-timeout-ms"), std::string::npos) << help;
+  EXPECT_NE(help.find("--max-soft-steps"), std::string::npos) << help;
+}
+
+TEST(CoordinatorOptionsTest, BadPlanAckTimeoutOrMaxSoftStepsIsAnErrorNamingTheFlagOrKey) {
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--plan-ack-timeout-ms", "10"},
+        {"--plan-ack-timeout-ms", "-1"},
+        {"--plan-ack-timeout-ms", "soon"},
+        {"--plan-ack-timeout-ms", "999999999999"}}) {
+    auto o = ParseArgs(bad);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
+    EXPECT_NE(o.status().message().find("--plan-ack-timeout-ms"), std::string::npos) << o.status();
+  }
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--max-soft-steps", "0"},
+        {"--max-soft-steps", "-3"},
+        {"--max-soft-steps", "many"},
+        {"--max-soft-steps", "100000000"}}) {
+    auto o = ParseArgs(bad);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
+    EXPECT_NE(o.status().message().find("--max-soft-steps"), std::string::npos) << o.status();
+  }
+  ckpt::testing::TempDir dir;
+  const std::string config = dir.path() + "/coordinator.toml";
+  for (const auto& [line, key] : std::vector<std::pair<std::string, std::string>>{
+           {"plan_ack_timeout_ms = 5", "plan_ack_timeout_ms"},
+           {"plan_ack_timeout_ms = \"10m\"", "plan_ack_timeout_ms"},
+           {"max_soft_steps = 0", "max_soft_steps"}}) {
+    std::ofstream(config, std::ios::trunc) << line << "\n";
+    auto o = ParseArgs({"--config", config});
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << line;
+    EXPECT_NE(o.status().message().find(key), std::string::npos) << o.status();
+  }
 }
 
 }  // namespace

@@ -147,6 +147,15 @@ class Coordinator {
   // retry whose first answer was lost), so nothing changes.
   [[nodiscard]] absl::StatusOr<v1::ReportTrainerExitResponse> ReportTrainerExit(
       const v1::ReportTrainerExitRequest& req);
+  // A rank's restore fell back from a bad copy (the node RPC rules: epoch,
+  // job, rank hosted by node_id; copy and next_copy "memory", "file" or
+  // "object"; reason printable, at most kMaxFallbackReasonBytes;
+  // next_step older than step). Records a FALLBACK event and counts it;
+  // changes no plan (the node already restored). A refusal names the field
+  // and records nothing.
+  [[nodiscard]] absl::StatusOr<v1::ReportFallbackResponse> ReportFallback(
+      const v1::ReportFallbackRequest& req);
+  static constexpr size_t kMaxFallbackReasonBytes = 512;
   // Restart the whole job at `step`, which must have a readable global
   // manifest.
   [[nodiscard]] absl::StatusOr<v1::RollbackResponse> Rollback(
@@ -261,6 +270,8 @@ class Coordinator {
   [[nodiscard]] absl::Status CheckRollbackLocked(const v1::RollbackRequest& req) const;
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
+  // `e` with its seq and time set here.
+  void LogLocked(Batch* batch, v1::Event e);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
                                               uint64_t epoch);
   absl::StatusOr<JobState*> HostedRankLocked(const std::string& node_id, const std::string& job,

@@ -1,6 +1,6 @@
-// Coordinator: shard reports (one, or a node's batch) and the global
-// commit of a step whose ranks are all durable (manifest written outside
-// the state mutex, then last good moved).
+// Coordinator: shard reports (one, or a node's batch), the global commit
+// of a step whose ranks are all durable (manifest written outside the
+// state mutex, then last good moved), and restore fallbacks.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +35,44 @@ absl::Status ValidateShardKey(const std::string& key) {
   if (r.state() == v1::DURABLE || !r.key().empty())
     CKPT_RETURN_IF_ERROR(ValidateShardKey(r.key()));
   return absl::OkStatus();
+}
+
+bool IsCopyName(const std::string& copy) {
+  return copy == "memory" || copy == "file" || copy == "object";
+}
+
+// The checks of a fallback report that need no state.
+[[nodiscard]] absl::Status ValidateFallback(const v1::ReportFallbackRequest& r) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(r.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
+  if (!IsCopyName(r.copy()))
+    return absl::InvalidArgumentError(
+        absl::StrCat("copy: ", QuotePrefix(r.copy()), " is not \"memory\", \"file\" or \"object\""));
+  CKPT_RETURN_IF_ERROR(
+      ValidatePrintable(r.reason(), "reason", Coordinator::kMaxFallbackReasonBytes, /*allow_empty=*/true));
+  if (r.has_next_step() && r.next_step() >= r.step())
+    return absl::InvalidArgumentError(absl::StrCat("next_step: ", r.next_step(),
+                                                   " is not older than step ", r.step()));
+  if (!r.next_copy().empty() && !IsCopyName(r.next_copy()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "next_copy: ", QuotePrefix(r.next_copy()), " is not \"memory\", \"file\", \"object\" or empty"));
+  return absl::OkStatus();
+}
+
+// "rank 3 step 40: memory copy failed verification (why); restored from
+// file" (or "; fell back to step 30 [from file]").
+std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
+  std::string d = absl::StrCat("rank ", r.rank(), " step ", r.step(), ": ", r.copy(),
+                               " copy failed verification (",
+                               r.reason().empty() ? "no reason given" : r.reason(), ")");
+  if (r.has_next_step())
+    absl::StrAppend(&d, "; fell back to step ", r.next_step(),
+                    r.next_copy().empty() ? "" : " from " + r.next_copy());
+  else if (!r.next_copy().empty())
+    absl::StrAppend(&d, "; restored from ", r.next_copy());
+  else
+    absl::StrAppend(&d, "; fell back");
+  return d;
 }
 
 // The digest that names a save (see ShardReport.staged_digest).
@@ -264,6 +302,37 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
   }
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
+}
+
+absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
+    const v1::ReportFallbackRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateFallback(req));
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  DetectTimeoutsLocked(owned.get());
+  absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
+  if (s.ok()) s = HostedRankLocked(req.node_id(), req.job(), req.rank()).status();
+  if (s.ok()) {
+    v1::Event e;
+    e.set_kind(v1::FALLBACK);
+    e.set_job(req.job());
+    e.set_node_id(req.node_id());
+    e.set_detail(FallbackDetail(req));
+    v1::Fallback& f = *e.mutable_fallback();
+    f.set_rank(req.rank());
+    f.set_step(req.step());
+    f.set_copy(req.copy());
+    f.set_reason(req.reason());
+    if (req.has_next_step()) f.set_next_step(req.next_step());
+    f.set_next_copy(req.next_copy());
+    LogLocked(owned.get(), std::move(e));
+  }
+  // Timeouts found on the way are committed either way; a refusal
+  // recorded nothing of its own.
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+  if (!s.ok()) return s;
+  options_.metrics->RestoreFellBack(req.job(), req.copy());
+  return v1::ReportFallbackResponse();
 }
 
 }  // namespace ckpt::coordinator

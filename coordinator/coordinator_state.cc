@@ -351,12 +351,16 @@ const storage::v1::GlobalManifest* Coordinator::KnownManifestLocked(const std::s
 void Coordinator::LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                             const std::string& node, const std::string& detail) {
   v1::Event e;
-  e.set_seq(next_event_seq_++);
-  e.set_time_ms(options_.now_ms());
   e.set_job(job);
   e.set_node_id(node);
   e.set_kind(kind);
   e.set_detail(detail);
+  LogLocked(batch, std::move(e));
+}
+
+void Coordinator::LogLocked(Batch* batch, v1::Event e) {
+  e.set_seq(next_event_seq_++);
+  e.set_time_ms(options_.now_ms());
   batch->PutEvent(e);
   events_.push_back(std::move(e));
   while (events_.size() > options_.max_events) {

@@ -60,7 +60,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                          .Name("ckpt_coordinator_soft_steps_trimmed_total")
                          .Help("Uncommitted steps whose per-rank records were dropped: a job "
                                "kept more steps newer than its last good one than the bound")
-                         .Register(*registry_)) {
+                         .Register(*registry_)),
+      fallbacks_(prometheus::BuildCounter()
+                     .Name("ckpt_coordinator_restore_fallbacks_total")
+                     .Help("Restores that fell back because a copy of a shard failed verification, "
+                           "by job and failed copy (memory, file, object)")
+                     .Register(*registry_)) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
@@ -99,6 +104,10 @@ void CoordinatorMetrics::StepCommitted(const std::string& job, uint64_t step,
 
 void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
   steps_trimmed_.Add({}).Increment(static_cast<double>(steps));
+}
+
+void CoordinatorMetrics::RestoreFellBack(const std::string& job, const std::string& copy) {
+  fallbacks_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
 }
 
 void CoordinatorMetrics::FailureDetected(std::string_view reason) {

@@ -71,6 +71,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // Per-rank records of `steps` steps that never committed were dropped
   // (the job kept more than max_soft_steps uncommitted steps).
   void StepsTrimmed(uint64_t steps);
+  // A rank of `job` restored from another copy or step: `copy` ("memory",
+  // "file", "object") failed verification.
+  void RestoreFellBack(const std::string& job, const std::string& copy);
 
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);
@@ -86,6 +89,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& plans_;
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& steps_trimmed_;
+  prometheus::Family<prometheus::Counter>& fallbacks_;
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int64_t>

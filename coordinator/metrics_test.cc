@@ -106,5 +106,81 @@ TEST_F(CoordinatorMetricsTest, SilentNodeCountsANodeDeadFailureAndADeadNode) {
       4.0);
 }
 
+// A restore that fell back is an event a person can read and a counter per
+// job and failed copy; the restore itself is the node's business.
+TEST_F(CoordinatorMetricsTest,
+       ReportedFallbackIsAnEventAndCountedPerJobAndCopy) {
+  v1::ReportFallbackRequest req;
+  req.set_node_id("n2");
+  req.set_epoch(e2_);
+  req.set_job("job");
+  req.set_step(40);
+  req.set_rank(3);
+  req.set_copy("memory");
+  req.set_reason("checksum mismatch in tensor w");
+  req.set_next_copy("file");
+  auto r = coord_->ReportFallback(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  req.set_copy("object");
+  req.set_reason("object missing");
+  req.set_next_step(30);
+  req.clear_next_copy();
+  r = coord_->ReportFallback(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  std::vector<v1::Event> fallbacks;
+  const v1::EventsResponse events = coord_->Events({});
+  for (const v1::Event& e : events.events())
+    if (e.kind() == v1::FALLBACK) fallbacks.push_back(e);
+  ASSERT_EQ(fallbacks.size(), 2u);
+  EXPECT_EQ(fallbacks[0].job(), "job");
+  EXPECT_EQ(fallbacks[0].node_id(), "n2");
+  EXPECT_EQ(fallbacks[0].detail(),
+            "rank 3 step 40: memory copy failed verification (checksum "
+            "mismatch in tensor w); "
+            "restored from file");
+  EXPECT_EQ(fallbacks[1].detail(),
+            "rank 3 step 40: object copy failed verification (object missing); "
+            "fell back to step 30");
+  // The same as fields, for scripts.
+  EXPECT_EQ(fallbacks[0].fallback().copy(), "memory");
+  EXPECT_EQ(fallbacks[0].fallback().next_copy(), "file");
+  EXPECT_FALSE(fallbacks[0].fallback().has_next_step());
+  EXPECT_EQ(fallbacks[1].fallback().rank(), 3u);
+  EXPECT_EQ(fallbacks[1].fallback().step(), 40u);
+  EXPECT_EQ(fallbacks[1].fallback().reason(), "object missing");
+  EXPECT_EQ(fallbacks[1].fallback().next_step(), 30u);
+
+  Reopen();  // the events are durable state
+  int durable = 0;
+  const v1::EventsResponse reopened = coord_->Events({});
+  for (const v1::Event& e : reopened.events())
+    durable += e.kind() == v1::FALLBACK;
+  EXPECT_EQ(durable, 2);
+}
+
+TEST_F(CoordinatorMetricsTest, FallbacksAreCountedPerJobAndFailedCopy) {
+  v1::ReportFallbackRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1_);
+  req.set_job("job");
+  req.set_step(12);
+  req.set_rank(0);
+  req.set_reason("bad footer");
+  for (const char* copy : {"memory", "memory", "file"}) {
+    req.set_copy(copy);
+    ASSERT_TRUE(coord_->ReportFallback(req).ok());
+  }
+  const std::string text = Text();
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_restore_fallbacks_total",
+                        {{"ckpt_job", "job"}, {"copy", "memory"}}),
+            2.0)
+      << text;
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_restore_fallbacks_total",
+                        {{"ckpt_job", "job"}, {"copy", "file"}}),
+            1.0)
+      << text;
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/client/channel.h"
 #include "coordinator/client/tls.h"
@@ -12,12 +13,33 @@
 #include "util/metrics_server.h"
 
 namespace ckpt::coordinator {
+namespace {
+
+// The bounds of --plan-ack-timeout-ms (0: no deadline) and --max-soft-steps.
+constexpr int64_t kMinPlanAckTimeoutMs = 1000;
+constexpr int64_t kMaxPlanAckTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
+constexpr int64_t kMaxSoftSteps = 1 << 16;
+
+// One check for both sources; `name` is the flag or "config: <key>".
+absl::Status ValidatePlanAckTimeout(int64_t ms, std::string_view name) {
+  if (ms == 0 || (ms >= kMinPlanAckTimeoutMs && ms <= kMaxPlanAckTimeoutMs)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": ", ms, " is neither 0 (no deadline) nor in [",
+                                                 kMinPlanAckTimeoutMs, ", ", kMaxPlanAckTimeoutMs, "] ms"));
+}
+absl::Status ValidateMaxSoftSteps(int64_t n, std::string_view name) {
+  if (n >= 1 && n <= kMaxSoftSteps) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": ", n, " is not in [1, ", kMaxSoftSteps, "]"));
+}
+
+}  // namespace
 
 absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char** argv,
                                                                  std::string* help) {
   CoordinatorServerOptions o;
   std::string config;
   uint32_t timeout_ms = 3000;
+  int64_t plan_ack_timeout_ms = o.coordinator.plan_ack_timeout.count();
+  int64_t max_soft_steps = static_cast<int64_t>(o.coordinator.max_soft_steps);
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
   app.add_option("--listen", o.listen, "HOST:PORT to serve gRPC on (port 0: any free port)")->required();
   std::string state;
@@ -38,15 +60,25 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
                  "shared storage root for global manifests (default: <state>/shared)");
   app.add_option("--heartbeat-timeout-ms", timeout_ms, "declare a node dead after this long without a heartbeat")
       ->check(CLI::Range(10u, 3600000u));
+  app.add_option("--plan-ack-timeout-ms", plan_ack_timeout_ms,
+                 "a recovery plan whose orders are not all acknowledged this long after it was made fails the "
+                 "nodes that did not acknowledge and plans again; 0: no deadline (default 600000, else "
+                 ">= 1000)");
+  app.add_option("--max-soft-steps", max_soft_steps,
+                 "per job, the most uncommitted steps newer than the last good one whose per-rank reports are "
+                 "kept in memory; the oldest are dropped past it (default 64, 1 to 65536)");
   app.add_option("--config", config,
-                 "TOML file with heartbeat_timeout_ms, shared_root, metrics_listen, tls_cert, tls_key, tls_ca, "
-                 "insecure, admin_identities, advertise_addr, etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
+                 "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, max_soft_steps, shared_root, "
+                 "metrics_listen, tls_cert, tls_key, tls_ca, insecure, admin_identities, advertise_addr, "
+                 "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
   app.add_option("--etcd-tls-cert", o.etcd_tls.cert, "HA: client certificate for etcd (PEM)");
   app.add_option("--etcd-tls-key", o.etcd_tls.key, "HA: its private key (PEM)");
   app.add_option("--etcd-tls-ca", o.etcd_tls.ca, "HA: CA that signed etcd's server certificate (PEM)");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  if (absl::Status s = ValidatePlanAckTimeout(plan_ack_timeout_ms, "--plan-ack-timeout-ms"); !s.ok()) return s;
+  if (absl::Status s = ValidateMaxSoftSteps(max_soft_steps, "--max-soft-steps"); !s.ok()) return s;
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();
@@ -57,6 +89,14 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
       if (s.ok() && (v < 10 || v > 3600000))
         s = absl::InvalidArgumentError("config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
       if (s.ok()) timeout_ms = static_cast<uint32_t>(v);
+    }
+    if (s.ok() && !app.count("--plan-ack-timeout-ms")) {
+      s = FromToml(*parsed, "plan_ack_timeout_ms", &plan_ack_timeout_ms);
+      if (s.ok()) s = ValidatePlanAckTimeout(plan_ack_timeout_ms, "config: plan_ack_timeout_ms");
+    }
+    if (s.ok() && !app.count("--max-soft-steps")) {
+      s = FromToml(*parsed, "max_soft_steps", &max_soft_steps);
+      if (s.ok()) s = ValidateMaxSoftSteps(max_soft_steps, "config: max_soft_steps");
     }
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
@@ -105,6 +145,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
   }
   if (o.coordinator.shared_root.empty()) o.coordinator.shared_root = o.coordinator.state_dir + "/shared";
   o.coordinator.heartbeat_timeout = std::chrono::milliseconds(timeout_ms);
+  o.coordinator.plan_ack_timeout = std::chrono::milliseconds(plan_ack_timeout_ms);
+  o.coordinator.max_soft_steps = static_cast<size_t>(max_soft_steps);
   return o;
 }
 

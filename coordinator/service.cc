@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
+#include "coordinator/client/leader_channel.h"
 #include "coordinator/watch_service.h"
 #include "util/rpc_service.h"
 #include "util/validate.h"
@@ -44,6 +45,7 @@ class Service final : public rpc::RpcService {
     AddUnary("Rollback", this, &Service::Rollback);
     AddUnary("Events", this, &Service::Events);
     AddUnary("ReportShards", this, &Service::ReportShards);
+    AddUnary("ReportFallback", this, &Service::ReportFallback);
   }
 
   grpc::Status RegisterNode(grpc::ServerContext*, const v1::RegisterNodeRequest* req,
@@ -74,6 +76,12 @@ class Service final : public rpc::RpcService {
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportShards(*req), resp);
   }
+  grpc::Status ReportFallback(grpc::ServerContext*, const v1::ReportFallbackRequest* req,
+                              v1::ReportFallbackResponse* resp) {
+    Admission a(this);
+    if (!a.ok()) return a.Refusal();
+    return Answer(c_->ReportFallback(*req), resp);
+  }
   grpc::Status ReportTrainerExit(grpc::ServerContext*, const v1::ReportTrainerExitRequest* req,
                                  v1::ReportTrainerExitResponse* resp) {
     return Answer(c_->ReportTrainerExit(*req), resp);
@@ -102,20 +110,27 @@ class Service final : public rpc::RpcService {
   }
 
   // OK while this server leads (serves a Coordinator and, under HA, still
-  // holds the leadership); else UNAVAILABLE "not leader; ..." naming the
-  // leader clients should go to.
-  grpc::Status LeaderCheck() const {
+  // holds the leadership); else UNAVAILABLE "not leader; ...", and
+  // *leader the address clients should go to ("" when none is elected):
+  // the caller puts it in the kLeaderMetadataKey trailer. The message names
+  // it too, for people and for clients older than the trailer.
+  grpc::Status LeaderCheck(std::string* leader) const {
+    leader->clear();
     if (serving_.load(std::memory_order_acquire) && (!leadership_.leading || leadership_.leading()))
       return grpc::Status::OK;
-    std::string leader = leadership_.leader ? leadership_.leader() : "";
+    if (leadership_.leader) *leader = leadership_.leader();
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        leader.empty() ? "not leader; no leader elected yet" : "not leader; leader is " + leader);
+                        leader->empty() ? "not leader; no leader elected yet" : "not leader; leader is " + *leader);
   }
 
   // Leadership, then who may call what (auth.h); for the watch service too.
   grpc::Status AdmitCall(grpc::ServerContextBase* ctx, const std::string& method,
                          const google::protobuf::Message& request) {
-    if (grpc::Status s = LeaderCheck(); !s.ok()) return s;
+    std::string leader;
+    if (grpc::Status s = LeaderCheck(&leader); !s.ok()) {
+      if (!leader.empty()) ctx->AddTrailingMetadata(kLeaderMetadataKey, leader);
+      return s;
+    }
     return Authorize(*ctx, method, request, auth_);
   }
 
@@ -187,7 +202,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
       [svc](grpc::ServerContextBase* ctx, const std::string& method, const google::protobuf::Message& req) {
         return svc->AdmitCall(ctx, method, req);
       },
-      [svc] { return svc->LeaderCheck(); });
+      [svc](std::string* leader) { return svc->LeaderCheck(leader); });
   grpc::ServerBuilder builder;
   grpc::ResourceQuota quota("ckpt-coordinator");
   quota.SetMaxThreads(limits.max_threads);

@@ -19,10 +19,12 @@
 // ReportShards too: their node_id must be the caller's); without, plaintext.
 // HA (--state etcd://): the server starts as a standby (StartStandby) and
 // answers every call (WatchJob included) UNAVAILABLE "not leader; leader is
-// HOST:PORT" (the address clients follow: coordinator/client/
-// leader_channel.h) until Promote() hands it the Coordinator loaded by the
-// election's winner; it also answers so whenever `leadership.leading()`
-// turns false (and ends the open watch streams so).
+// HOST:PORT" with HOST:PORT also in the "ckpt-leader" trailing metadata
+// (kLeaderMetadataKey: the field clients follow, coordinator/client/
+// leader_channel.h; the text is for people and older clients) until
+// Promote() hands it the Coordinator loaded by the election's winner; it
+// also answers so whenever `leadership.leading()` turns false (and ends
+// the open watch streams so).
 // Thread-safe; Shutdown() is idempotent and runs on destruction.
 #ifndef CKPT_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_SERVICE_H_

@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "coordinator/client/leader_channel.h"
 #include "util/validate.h"
 
 namespace ckpt::coordinator {
@@ -10,8 +11,8 @@ namespace ckpt::coordinator {
 class WatchService::Watcher final
     : public grpc::ServerWriteReactor<v1::JobView> {
  public:
-  Watcher(WatchService* service, std::string job, std::string node)
-      : service_(service), job_(std::move(job)), node_(std::move(node)) {}
+  Watcher(WatchService* service, grpc::CallbackServerContext* ctx, std::string job, std::string node)
+      : service_(service), ctx_(ctx), job_(std::move(job)), node_(std::move(node)) {}
   const std::string& job() const { return job_; }
   const std::string& node() const { return node_; }
 
@@ -31,10 +32,12 @@ class WatchService::Watcher final
     current_ = std::move(v);
     StartWrite(&current_);
   }
-  void End(const grpc::Status& s) {
+  // `leader`, when not empty, goes in the kLeaderMetadataKey trailer.
+  void End(const grpc::Status& s, const std::string& leader = "") {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
+    if (!leader.empty()) ctx_->AddTrailingMetadata(kLeaderMetadataKey, leader);
     Finish(s);
   }
 
@@ -64,6 +67,7 @@ class WatchService::Watcher final
 
  private:
   WatchService* const service_;
+  grpc::CallbackServerContext* const ctx_;  // the call's; lives until OnDone
   const std::string job_;
   const std::string node_;
   std::mutex mu_;
@@ -74,7 +78,7 @@ class WatchService::Watcher final
   std::optional<v1::JobView> pending_;
 };
 
-WatchService::WatchService(AdmitFn admit, std::function<grpc::Status()> leading)
+WatchService::WatchService(AdmitFn admit, LeadingFn leading)
     : admit_(std::move(admit)), leading_(std::move(leading)) {}
 
 void WatchService::Serve(Coordinator* c) {
@@ -114,7 +118,7 @@ grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
   if (refusal.ok() && c == nullptr)
     refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            "not leader; no leader elected yet");
-  auto* w = new Watcher(this, req->job(), req->node_id());
+  auto* w = new Watcher(this, ctx, req->job(), req->node_id());
   if (!refusal.ok()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -143,9 +147,10 @@ void WatchService::NotifyLoop() {
     if (leading_) {
       // A deposed leader ends its streams, so clients reopen them at the
       // new leader.
-      if (grpc::Status lead = leading_(); !lead.ok()) {
+      std::string leader;
+      if (grpc::Status lead = leading_(&leader); !lead.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
-        for (Watcher* w : watchers_) w->End(lead);
+        for (Watcher* w : watchers_) w->End(lead, leader);
         continue;
       }
     }

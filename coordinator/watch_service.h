@@ -9,7 +9,8 @@
 // stream with its status. Until Serve() hands it the Coordinator (a
 // standby) it serves nothing; when `leading` stops answering OK (a deposed
 // leader) every open stream ends with that status (UNAVAILABLE "not
-// leader; ...") within ~200 ms, so a client reopens it at the leader.
+// leader; ...", the leader's address in the "ckpt-leader" trailer) within
+// ~200 ms, so a client reopens it at the leader.
 // Thread-safe; Stop() before the server shuts down ends every stream.
 #ifndef CKPT_COORDINATOR_WATCH_SERVICE_H_
 #define CKPT_COORDINATOR_WATCH_SERVICE_H_
@@ -33,7 +34,11 @@ class WatchService final : public v1::CoordinatorWatch::CallbackService {
   using AdmitFn = std::function<grpc::Status(
       grpc::ServerContextBase*, const std::string& method,
       const google::protobuf::Message& request)>;
-  WatchService(AdmitFn admit, std::function<grpc::Status()> leading);
+  // Not OK when this server no longer leads; *leader then names the leader
+  // ("" when none), put in the kLeaderMetadataKey trailer of the streams
+  // it ends.
+  using LeadingFn = std::function<grpc::Status(std::string* leader)>;
+  WatchService(AdmitFn admit, LeadingFn leading);
   ~WatchService() override;
   // Starts serving `c` (once); it outlives this service's streams.
   void Serve(Coordinator* c);
@@ -50,7 +55,7 @@ class WatchService final : public v1::CoordinatorWatch::CallbackService {
   void NotifyLoop();
 
   const AdmitFn admit_;
-  const std::function<grpc::Status()> leading_;
+  const LeadingFn leading_;
   std::atomic<Coordinator*> c_{nullptr};
   std::mutex mu_;
   std::set<Watcher*> watchers_;

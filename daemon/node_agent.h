@@ -29,6 +29,10 @@
 //
 // The coordinator may be down or restarting: reports wait in order and are
 // retried; the engine never waits on the coordinator. Thread-safe.
+//
+// Restore fallbacks (ReportFallback: a copy failed verification) go out on
+// the same thread, one call each, ahead of the next batch of reports; they
+// are few, so they are bounded in number and age rather than kept forever.
 #ifndef CKPT_DAEMON_NODE_AGENT_H_
 #define CKPT_DAEMON_NODE_AGENT_H_
 
@@ -58,6 +62,18 @@ namespace ckpt::daemon {
 void ToReportProto(const ShardReport& report,
                    coord::v1::ShardReport* out);
 
+// A rank's restore found a copy of its shard bad and fell back (what
+// ReportFallback carries to the coordinator: event FALLBACK).
+struct FallbackReport {
+  std::string job;
+  uint64_t step = 0;    // the step whose copy failed
+  uint32_t rank = 0;
+  std::string copy;     // the copy that failed: "memory", "file" or "object"
+  std::string reason;   // why; cut to 512 bytes, unprintable bytes become '?'
+  std::optional<uint64_t> next_step;  // the older step restored instead, if any
+  std::string next_copy;  // the copy restored from: "memory", "file", "object" or "" (unknown)
+};
+
 struct NodeAgentOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
   coordinator::TlsFiles tls;  // the node's certificate must name node_id (CN or subjectAltName)
@@ -70,6 +86,11 @@ struct NodeAgentOptions {
   // again without running it twice): the newest this many. Ids only grow,
   // and an order is re-sent only while its plan is current.
   size_t remembered_orders = 1024;
+  // A fallback report not accepted this long after ReportFallback (the
+  // coordinator unreachable, the node fenced) is dropped with a log line.
+  std::chrono::milliseconds fallback_ttl{std::chrono::minutes(5)};
+  // At most this many fallback reports wait; the oldest is dropped past it.
+  size_t max_queued_fallbacks = 256;
 };
 
 class NodeAgent {
@@ -79,6 +100,18 @@ class NodeAgent {
 
   // Queues a report; the engine's on_shard callback.
   void Report(const ShardReport& report);
+  // Queues the report that a restore fell back and returns at once: it
+  // never waits on the coordinator (nor on a lock held across a call). The
+  // report thread sends it under the node's epoch at that time (a
+  // fallback is not tied to an epoch), retrying while the coordinator is
+  // unreachable, shedding load or refusing the node's epoch or placement
+  // (it re-registers; a plan moves ranks), for at most
+  // options.fallback_ttl; any other refusal, or an older report, is
+  // dropped with a log line. Callable before Start and from any thread.
+  void ReportFallback(FallbackReport report);
+  // Fallback reports the coordinator accepted, and those dropped.
+  uint64_t fallbacks_sent() const { return fallbacks_sent_.load(); }
+  uint64_t fallbacks_dropped() const { return fallbacks_dropped_.load(); }
   // Starts registering, heartbeating and reporting; engine must outlive
   // the agent. A null engine: no placement or prefetch (tests of the
   // control path).
@@ -110,6 +143,10 @@ class NodeAgent {
   void HeartbeatLoop();
   void ApplyLoop();
   void ReportLoop();
+  // Under mu_ (released during each call): sends the queued fallback
+  // reports in order, drops the expired and the refused; returns when the
+  // queue is empty or the front must wait.
+  void SendFallbacksLocked(std::unique_lock<std::mutex>& lock);
   // Under mu_: a new incarnation seen; re-queues the soft state.
   void NoteIncarnationLocked(uint64_t incarnation);
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
@@ -141,6 +178,17 @@ class NodeAgent {
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};
   std::atomic<uint64_t> reports_dropped_{0};
+  struct QueuedFallback {
+    FallbackReport report;
+    std::chrono::steady_clock::time_point queued;
+    uint64_t id = 0;
+  };
+  uint64_t fallback_ids_ = 0;
+  std::deque<QueuedFallback> fallbacks_;
+  std::chrono::steady_clock::time_point next_fallback_try_;
+  std::chrono::milliseconds fallback_backoff_{0};
+  std::atomic<uint64_t> fallbacks_sent_{0};
+  std::atomic<uint64_t> fallbacks_dropped_{0};
   uint64_t dropped_logged_ = 0;  // reports_dropped_ when the last was logged
   std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
   // Orders taken, by id: true once carried out and acknowledged (a

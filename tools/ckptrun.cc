@@ -90,8 +90,8 @@ void Launcher::WatchLoop() {
       backoff = std::chrono::milliseconds(100);
     }
     grpc::Status ended = reader->Finish();
-    const bool moved = !ended.ok() && !coordinator::LeaderHint(ended).empty();
-    absl::Status s = coordinator::CoordStatus(client_->StreamEnded(ended, idx), "WatchJob", addr);
+    const bool moved = !ended.ok() && !coordinator::LeaderHint(ended, ctx).empty();
+    absl::Status s = coordinator::CoordStatus(client_->StreamEnded(ended, idx, &ctx), "WatchJob", addr);
     std::unique_lock<std::mutex> lock(watch_mu_);
     watch_ctx_ = nullptr;
     if (watch_stopping_) return;

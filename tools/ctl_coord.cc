@@ -32,7 +32,17 @@ void WriteEvents(JsonWriter& w, const google::protobuf::RepeatedPtrField<cv1::Ev
   for (const auto& e : events) {
     w.BeginObject().Field("seq", static_cast<uint64_t>(e.seq())).Field("time_ms", static_cast<int64_t>(e.time_ms()));
     w.Field("job", e.job()).Field("node_id", e.node_id()).Field("kind", cv1::EventKind_Name(e.kind()));
-    w.Field("detail", e.detail()).EndObject();
+    w.Field("detail", e.detail());
+    if (e.kind() == cv1::FALLBACK) {
+      // The fields of the detail, for scripts (issue 17).
+      const cv1::Fallback& f = e.fallback();
+      w.Key("fallback").BeginObject().Field("rank", f.rank()).Field("step", static_cast<uint64_t>(f.step()));
+      w.Field("copy", f.copy()).Field("reason", f.reason()).Key("next_step");
+      if (f.has_next_step()) w.Uint(f.next_step());
+      else w.Null();
+      w.Field("next_copy", f.next_copy()).EndObject();
+    }
+    w.EndObject();
   }
   w.EndArray();
 }

@@ -65,6 +65,55 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   EXPECT_EQ(r.out.find("NODE_REGISTERED"), std::string::npos) << r.out;
 }
 
+// Issue 17: a restore that fell back shows in `events` as FALLBACK, with
+// its copy, step and reason (text and --json).
+TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
+  testing::FakeNode node(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(node.status().ok()) << node.status().error_message();
+  auto stub = coord_->Stub();
+  {
+    grpc::ClientContext ctx;
+    testing::cv1::RegisterJobRequest req;
+    req.set_job("train");
+    req.set_world_size(1);
+    testing::cv1::RegisterJobResponse resp;
+    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    testing::cv1::ReportFallbackRequest req;
+    req.set_node_id("n1");
+    req.set_epoch(node.epoch());
+    req.set_job("train");
+    req.set_step(40);
+    req.set_rank(0);
+    req.set_copy("memory");
+    req.set_reason("checksum mismatch in tensor w");
+    req.set_next_step(30);
+    req.set_next_copy("file");
+    testing::cv1::ReportFallbackResponse resp;
+    grpc::Status s = stub->ReportFallback(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  CommandResult r = Ctl(Flag() + " events --job train --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("node_id":"n1","kind":"FALLBACK","detail":"rank 0 step 40: memory copy failed )"
+                       R"(verification (checksum mismatch in tensor w); fell back to step 30 from file")"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("fallback":{"rank":0,"step":40,"copy":"memory","reason":"checksum mismatch in )"
+                       R"(tensor w","next_step":30,"next_copy":"file"})"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find(R"("fallback")"), r.out.rfind(R"("fallback")")) << "only FALLBACK events carry one: " << r.out;
+
+  r = Ctl(Flag() + " events --job train");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("FALLBACK"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory copy failed verification (checksum mismatch in tensor w)"), std::string::npos)
+      << r.out;
+}
+
 TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
   testing::FakeNode node(coord_->address(), "n1", "", 1);
   ASSERT_TRUE(node.status().ok());

@@ -19,6 +19,19 @@ absl::StatusOr<std::vector<std::string>> ParseAddressList(
   return out;
 }
 
+std::string LeaderHint(const grpc::Status& s,
+                       const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
+  if (s.ok()) return "";
+  auto it = trailers.find(kLeaderMetadataKey);
+  if (it != trailers.end() && it->second.size() > 0)
+    return std::string(it->second.data(), it->second.size());
+  return LeaderHint(s);
+}
+
+std::string LeaderHint(const grpc::Status& s, const grpc::ClientContext& ctx) {
+  return LeaderHint(s, ctx.GetServerTrailingMetadata());
+}
+
 std::string LeaderHint(const grpc::Status& s) {
   const std::string& m = s.error_message();
   size_t at = m.find(kLeaderIs);
@@ -69,10 +82,9 @@ bool CoordinatorClient::Retry(const grpc::Status& s) const {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-size_t CoordinatorClient::NextIndex(const grpc::Status& s, size_t idx) const {
-  std::string hint = LeaderHint(s);
-  for (size_t i = 0; !hint.empty() && i < addresses_.size(); ++i)
-    if (addresses_[i] == hint && i != idx) return i;
+size_t CoordinatorClient::NextIndex(const std::string& leader, size_t idx) const {
+  for (size_t i = 0; !leader.empty() && i < addresses_.size(); ++i)
+    if (addresses_[i] == leader && i != idx) return i;
   return (idx + 1) % addresses_.size();
 }
 

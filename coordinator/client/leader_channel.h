@@ -1,16 +1,18 @@
 // CoordinatorClient: a client's connection to a set of ckpt-coordinator
 // replicas (`--coordinator A:P[,B:P...]`) that follows the leader. A call
 // goes to the replica that answered last; when that one is unreachable
-// (UNAVAILABLE, DEADLINE_EXCEEDED) or answers "not leader; leader is X"
-// (a standby, coordinator/service.h), the call is tried on X when X is in
-// the list, else on the next address, at most once per address; the client
-// then sticks to the replica that answered. With one address it is exactly
-// one stub (coordinator/client/channel.h). TLS per coordinator/client/tls.h.
-// Streams (CoordinatorWatch.WatchJob) follow the leader the same way: open
-// one on watch_stub(), and after it ends call StreamEnded(), which moves
-// the client on (to the named leader, else the next address) when the
-// stream ended UNAVAILABLE or DEADLINE_EXCEEDED; the caller reopens.
-// Thread-safe: calls may run concurrently (the "current" index is atomic).
+// (UNAVAILABLE, DEADLINE_EXCEEDED) or answers "not leader" naming leader X
+// in its "ckpt-leader" trailer (a standby, coordinator/service.h; an older
+// coordinator named X only in the message, still read), the call is tried on X
+// when X is in the list, else on the next address, at most once per address;
+// the client then sticks to the replica that answered. With one address it is
+// exactly one stub (coordinator/client/channel.h). TLS per
+// coordinator/client/tls.h. Streams (CoordinatorWatch.WatchJob) follow the
+// leader the same way: open one on watch_stub(), and after it ends call
+// StreamEnded(), which moves the client on (to the named leader, else the next
+// address) when the stream ended UNAVAILABLE or DEADLINE_EXCEEDED; the caller
+// reopens. Thread-safe: calls may run concurrently (the "current" index is
+// atomic).
 #ifndef CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
 #define CKPT_COORDINATOR_CLIENT_LEADER_CHANNEL_H_
 
@@ -18,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +37,19 @@ namespace ckpt::coordinator {
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ParseAddressList(
     const std::string& list, std::string_view flag);
 
-// The address named by a standby's "not leader; leader is X" message, or "".
+// The trailing metadata key in which a standby names the leader's
+// "HOST:PORT" (coordinator/service.h); the message says it too, for people.
+inline constexpr char kLeaderMetadataKey[] = "ckpt-leader";
+
+// The leader a refusal names: the kLeaderMetadataKey trailer when there is
+// one, else (a coordinator older than the trailer) the address in a "not
+// leader; leader is X" message; "" when neither names one.
+std::string LeaderHint(
+    const grpc::Status& s,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& trailers);
+// The same with the trailers of the call made on `ctx`.
+std::string LeaderHint(const grpc::Status& s, const grpc::ClientContext& ctx);
+// The message alone, for a caller without the call's context.
 std::string LeaderHint(const grpc::Status& s);
 
 class CoordinatorClient {
@@ -64,7 +79,7 @@ class CoordinatorClient {
         current_.store(idx);
         return WithHint(s);
       }
-      idx = NextIndex(s, idx);
+      idx = NextIndex(LeaderHint(s, ctx), idx);
     }
     return WithHint(s);
   }
@@ -75,11 +90,12 @@ class CoordinatorClient {
     *idx = current_.load() % watch_stubs_.size();
     return watch_stubs_[*idx].get();
   }
-  // A stream opened on replica `idx` ended with `s`; returns `s` with the
-  // TLS hint of Call.
-  grpc::Status StreamEnded(const grpc::Status& s, size_t idx) {
+  // A stream opened on replica `idx` with `ctx` ended with `s`; returns
+  // `s` with the TLS hint of Call. Without ctx only the message is read.
+  grpc::Status StreamEnded(const grpc::Status& s, size_t idx,
+                           const grpc::ClientContext* ctx = nullptr) {
     if (Retry(s)) {
-      size_t next = NextIndex(s, idx);
+      size_t next = NextIndex(ctx ? LeaderHint(s, *ctx) : LeaderHint(s), idx);
       size_t expected = idx;
       current_.compare_exchange_strong(expected, next);
     }
@@ -97,7 +113,8 @@ class CoordinatorClient {
   // An unreachable coordinator may be one that refused our TLS (or lack
   // of it): say what to check.
   grpc::Status WithHint(const grpc::Status& s) const;
-  size_t NextIndex(const grpc::Status& s, size_t idx) const;
+  // The replica named `leader` when it is in the list, else the next one.
+  size_t NextIndex(const std::string& leader, size_t idx) const;
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Stub>> stubs_;

@@ -100,6 +100,18 @@ struct ShardReport {
   bool failed = false;
 };
 
+// A rank's restore found a copy of its shard bad and fell back (what
+// ReportFallback carries to the coordinator: event FALLBACK).
+struct FallbackReport {
+  std::string job;
+  uint64_t step = 0;    // the step whose copy failed
+  uint32_t rank = 0;
+  std::string copy;     // the copy that failed: "memory", "file" or "object"
+  std::string reason;   // why; cut to 512 bytes, unprintable bytes become '?'
+  std::optional<uint64_t> next_step;  // the older step restored instead, if any
+  std::string next_copy;  // the copy restored from: "memory", "file", "object" or "" (unknown)
+};
+
 struct EngineOptions {
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
   uint32_t retain_steps = 3;         // durable steps kept per job
@@ -135,6 +147,9 @@ struct EngineOptions {
   // Called, with the engine's mutex held, when a shard is committed and
   // when it becomes durable; it must only queue the report.
   std::function<void(const ShardReport&)> on_shard;
+  // Called, with the engine's mutex held, when a copy of a shard failed
+  // a restore's verification; it must only queue the report.
+  std::function<void(const FallbackReport&)> on_fallback;
   // Where the engine counts saves, persists and restores (metrics.h); the
   // engine makes one nobody scrapes when this is null.
   std::shared_ptr<DaemonMetrics> metrics;

@@ -282,11 +282,20 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::s
     shard.slot = -1;
     shard.slot_from_storage = false;
   }
+  FallbackReport fallback;
+  fallback.job = job.rec.job();
+  fallback.step = shard.rec.step();
+  fallback.rank = shard.rec.rank();
+  fallback.copy = stored ? "file" : "memory";
+  fallback.reason = absl::StrCat("failed verification: ", error);
   if (!stored && shard.phase == ShardPhase::kDurable) {
     LogWarning(absl::StrCat("FALLBACK: ", what, ": the copy in memory failed verification (",
                             error, "); restores read ", shard.rec.path(), " next"));
+    fallback.next_copy = "file";
+    if (options_.on_fallback) options_.on_fallback(fallback);
     return;
   }
+  if (options_.on_fallback) options_.on_fallback(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
   LogWarning(absl::StrCat("FALLBACK: ", what, ": ",

@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   if (opts->cluster) {
     agent = std::make_unique<NodeAgent>(opts->agent);
     opts->engine.on_shard = [a = agent.get()](const ShardReport& r) { a->Report(r); };
+    opts->engine.on_fallback = [a = agent.get()](const FallbackReport& f) { a->ReportFallback(f); };
   }
   auto engine = Engine::Open(opts->engine, storage, catalog->get(), object_tier.get());
   if (!engine.ok()) return Fail("recovery", engine.status());

@@ -62,18 +62,6 @@ namespace ckpt::daemon {
 void ToReportProto(const ShardReport& report,
                    coord::v1::ShardReport* out);
 
-// A rank's restore found a copy of its shard bad and fell back (what
-// ReportFallback carries to the coordinator: event FALLBACK).
-struct FallbackReport {
-  std::string job;
-  uint64_t step = 0;    // the step whose copy failed
-  uint32_t rank = 0;
-  std::string copy;     // the copy that failed: "memory", "file" or "object"
-  std::string reason;   // why; cut to 512 bytes, unprintable bytes become '?'
-  std::optional<uint64_t> next_step;  // the older step restored instead, if any
-  std::string next_copy;  // the copy restored from: "memory", "file", "object" or "" (unknown)
-};
-
 struct NodeAgentOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
   coordinator::TlsFiles tls;  // the node's certificate must name node_id (CN or subjectAltName)

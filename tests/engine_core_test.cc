@@ -56,6 +56,10 @@ class EngineCoreTest : public ::testing::Test {
         std::lock_guard<std::mutex> l(mu_);
         reports_.push_back(r);
       };
+      eo.on_fallback = [this](const daemon::FallbackReport& f) {
+        std::lock_guard<std::mutex> l(mu_);
+        fallbacks_.push_back(f);
+      };
     }
     if (object) {
       storage::LocalBackendOptions oo;
@@ -132,6 +136,7 @@ class EngineCoreTest : public ::testing::Test {
   std::unique_ptr<shm::Arena> arenas_[2];
   std::mutex mu_;
   std::vector<daemon::ShardReport> reports_;
+  std::vector<daemon::FallbackReport> fallbacks_;
 };
 
 // The shard lifecycle (shard_phase.h): its transitions and the states
@@ -293,6 +298,51 @@ TEST_F(EngineCoreTest, PersistThatFailsForGoodIsReportedAsFailed) {
       EXPECT_EQ(r.generation, std::optional<uint64_t>(2));
     }
   EXPECT_TRUE(failed) << "no report retracts step 1";
+}
+
+// Finding 18 / issue 17's FALLBACK event: a copy a restore found bad is
+// reported (for the coordinator's event log), naming the copy, the step
+// and where restores go next: the memory copy of a durable step falls
+// back to the file; a bad file with no other copy falls back to nothing.
+TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
+  Open(/*node=*/true);
+  ASSERT_TRUE(Save({.job = "core", .step = 1, .fill = 0x5a}).ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  auto restore_and_reject = [&](const std::string& why) {
+    v1::OpenRestoreRequest open;
+    open.set_job("core");
+    open.set_step(1);
+    open.set_allow_file_read(true);
+    auto resp = engine_->OpenRestore(peer_, open);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    v1::CloseRestoreRequest close;
+    close.set_job("core");
+    close.set_lease(resp->lease());
+    close.set_bad_copy(why);
+    ASSERT_TRUE(engine_->CloseRestore(peer_, close).ok());
+  };
+  restore_and_reject("tensor 0: checksum mismatch");
+  std::vector<daemon::FallbackReport> got;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    got = fallbacks_;
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].job, "core");
+  EXPECT_EQ(got[0].step, 1u);
+  EXPECT_EQ(got[0].rank, 0u);
+  EXPECT_EQ(got[0].copy, "memory");
+  EXPECT_EQ(got[0].next_copy, "file");
+  EXPECT_NE(got[0].reason.find("checksum mismatch"), std::string::npos) << got[0].reason;
+
+  restore_and_reject("tensor 0: checksum mismatch in the file");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    got = fallbacks_;
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].copy, "file");
+  EXPECT_EQ(got[1].next_copy, "");
 }
 
 // Finding 22: with one rank failing every persist no step is ever whole;

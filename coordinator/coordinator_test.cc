@@ -117,13 +117,7 @@ TEST_F(TwoNodeTest, SilentNodeIsDeclaredDeadAndSpareGetsPrefetchAndRestart) {
 
 TEST_F(TwoNodeTest, OrdersRepeatUntilAcknowledgedThenPlanIsAcknowledged) {
   ASSERT_TRUE(Report("n1", e1_, 5, 0, v1::STAGED).ok());
-  v1::ReportTrainerExitRequest exit;
-  exit.set_node_id("n1");
-  exit.set_epoch(e1_);
-  exit.set_job("job");
-  exit.set_rank(0);
-  exit.set_term_signal(9);
-  auto r = coord_->ReportTrainerExit(exit);
+  auto r = coord_->ReportTrainerExit(TrainerExit("n1", e1_, 0, 9));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->failure());
   EXPECT_FALSE(Job().has_restore_step());  // step 5 is not on every rank
@@ -150,13 +144,7 @@ TEST_F(TwoNodeTest, TrainerExitRestoresNewestStepFromMemoryWithoutPrefetch) {
   ReportAll(10, v1::STAGED);
   ReportAll(10, v1::DURABLE);
   ReportAll(12, v1::STAGED);
-  v1::ReportTrainerExitRequest exit;
-  exit.set_node_id("n2");
-  exit.set_epoch(e2_);
-  exit.set_job("job");
-  exit.set_rank(3);
-  exit.set_exit_code(1);
-  ASSERT_TRUE(coord_->ReportTrainerExit(exit).ok());
+  ASSERT_TRUE(coord_->ReportTrainerExit(TrainerExit("n2", e2_, 3, 0, 1)).ok());
   EXPECT_EQ(Job().restore_step(), 12u);
   for (auto [node, epoch] : {std::pair{"n1", e1_}, std::pair{"n2", e2_}}) {
     auto hb = Heartbeat(node, epoch);
@@ -168,12 +156,7 @@ TEST_F(TwoNodeTest, TrainerExitRestoresNewestStepFromMemoryWithoutPrefetch) {
 }
 
 TEST_F(TwoNodeTest, CleanTrainerExitIsNoFailure) {
-  v1::ReportTrainerExitRequest exit;
-  exit.set_node_id("n1");
-  exit.set_epoch(e1_);
-  exit.set_job("job");
-  exit.set_rank(1);
-  auto r = coord_->ReportTrainerExit(exit);
+  auto r = coord_->ReportTrainerExit(TrainerExit("n1", e1_, 1, 0));
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->failure());
   EXPECT_EQ(Job().plan_state(), v1::PLAN_NONE);
@@ -323,12 +306,7 @@ TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
 // leader had made the plan, and the retry (to the new leader) made a second
 // one. An exit of a generation already replaced plans nothing.
 TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
-  v1::ReportTrainerExitRequest exit;
-  exit.set_node_id("n2");
-  exit.set_epoch(e2_);
-  exit.set_job("job");
-  exit.set_rank(3);
-  exit.set_term_signal(9);
+  v1::ReportTrainerExitRequest exit = TrainerExit("n2", e2_, 3, 9);
   exit.set_generation(0);
   auto first = coord_->ReportTrainerExit(exit);
   ASSERT_TRUE(first.ok()) << first.status();

@@ -118,6 +118,20 @@ class CoordinatorTest : public ::testing::Test {
 // Two active nodes with two ranks each and a spare; job "job", world 4.
 class TwoNodeTest : public CoordinatorTest {
  protected:
+  // The exit report of the trainer of `rank` on `node`: killed by
+  // `term_signal`, or (signal 0) exited with `exit_code`.
+  static v1::ReportTrainerExitRequest TrainerExit(const std::string& node, uint64_t epoch,
+                                                  uint32_t rank, int term_signal,
+                                                  int exit_code = 0) {
+    v1::ReportTrainerExitRequest exit;
+    exit.set_node_id(node);
+    exit.set_epoch(epoch);
+    exit.set_job("job");
+    exit.set_rank(rank);
+    if (term_signal != 0) exit.set_term_signal(term_signal);
+    if (exit_code != 0) exit.set_exit_code(exit_code);
+    return exit;
+  }
   void SetUp() override {
     CoordinatorTest::SetUp();
     e1_ = Register("n1", 2);

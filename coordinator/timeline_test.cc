@@ -45,13 +45,7 @@ class TimelineTest : public TwoNodeTest {
   }
   // A trainer of rank 3 dies: a plan (generation + 1).
   void TrainerDies() {
-    v1::ReportTrainerExitRequest exit;
-    exit.set_node_id("n2");
-    exit.set_epoch(e2_);
-    exit.set_job("job");
-    exit.set_rank(3);
-    exit.set_term_signal(9);
-    auto r = coord_->ReportTrainerExit(exit);
+    auto r = coord_->ReportTrainerExit(TrainerExit("n2", e2_, 3, 9));
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(r->failure());
   }

@@ -194,7 +194,8 @@ TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
     return CountEvents(v1::FALLBACK, "rank 1 step 3: memory copy failed verification "
                                      "(checksum mismatch in tensor w); restored from file") == 1;
   }));
-  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+  // Counted once the agent has the answer, which may come after the event.
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1u; }));
   EXPECT_EQ(agent->fallbacks_dropped(), 0u);
 }
 
@@ -209,11 +210,13 @@ TEST_F(ServerTest, FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItRet
   server_.reset();
   const auto before = std::chrono::steady_clock::now();
   agent->ReportFallback(MemoryCopyFailed(0));
-  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(50));
+  // Far below the RPC timeout a blocking send would wait for (a loaded or
+  // sanitized run included): the call only queues.
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(500));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   Start(port);
   EXPECT_TRUE(Eventually([&] { return CountEvents(v1::FALLBACK, "rank 0 step 3") == 1; }));
-  EXPECT_EQ(agent->fallbacks_sent(), 1u);
+  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1u; }));
 }
 
 // Unreachable for longer than fallback_ttl: the report is dropped (and

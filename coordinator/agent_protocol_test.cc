@@ -239,10 +239,18 @@ TEST_F(ServerTest, FallbackReportOlderThanItsTtlIsDroppedNotSentLate) {
   agent->ReportFallback(MemoryCopyFailed(0));
   EXPECT_TRUE(Eventually([&] { return agent->fallbacks_dropped() == 1; }, seconds(10)));
   Start(port);
-  agent->ReportFallback(MemoryCopyFailed(1));
-  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1; }));
+  // Rank 1's reports prove the agent is connected again (gRPC's reconnect
+  // backoff can outlast the 200 ms TTL on a loaded or sanitized run, so
+  // one is sent every 300 ms until one gets through); by then rank 0's
+  // dropped report would have been sent, had it been kept.
+  EXPECT_TRUE(Eventually([&] {
+    if (agent->fallbacks_sent() >= 1) return true;
+    agent->ReportFallback(MemoryCopyFailed(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return agent->fallbacks_sent() >= 1;
+  }));
   EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 0 step 3"), 0);
-  EXPECT_EQ(CountEvents(v1::FALLBACK, "rank 1 step 3"), 1);
+  EXPECT_GE(CountEvents(v1::FALLBACK, "rank 1 step 3"), 1);
 }
 
 // The redirect is a field, not prose: the "ckpt-leader" trailer names the

@@ -23,6 +23,16 @@ class CtlCoordTest : public ::testing::Test {
     return RunCommand(std::string(CKPTCTL_PATH) + " " + args, with_stderr);
   }
   std::string Flag() const { return "--coordinator " + coord_->address(); }
+  // Registers job "train" of `world` ranks with the coordinator.
+  grpc::Status RegisterTrain(uint32_t world) {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::RegisterJobRequest req;
+    req.set_job("train");
+    req.set_world_size(world);
+    testing::cv1::RegisterJobResponse resp;
+    return stub->RegisterJob(&ctx, req, &resp);
+  }
 
   ckpt::testing::TempDir dir_;
   std::unique_ptr<testing::CoordinatorProcess> coord_;
@@ -32,13 +42,7 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   testing::FakeNode node(coord_->address(), "n1", "10.0.0.7:50051", 2);
   ASSERT_TRUE(node.status().ok()) << node.status().error_message();
   {
-    auto stub = coord_->Stub();
-    grpc::ClientContext ctx;
-    testing::cv1::RegisterJobRequest req;
-    req.set_job("train");
-    req.set_world_size(2);
-    testing::cv1::RegisterJobResponse resp;
-    grpc::Status s = stub->RegisterJob(&ctx, req, &resp);
+    grpc::Status s = RegisterTrain(2);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   CommandResult r = Ctl(Flag() + " cluster --json");
@@ -71,14 +75,7 @@ TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
   testing::FakeNode node(coord_->address(), "n1", "", 1);
   ASSERT_TRUE(node.status().ok()) << node.status().error_message();
   auto stub = coord_->Stub();
-  {
-    grpc::ClientContext ctx;
-    testing::cv1::RegisterJobRequest req;
-    req.set_job("train");
-    req.set_world_size(1);
-    testing::cv1::RegisterJobResponse resp;
-    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
-  }
+  ASSERT_TRUE(RegisterTrain(1).ok());
   {
     grpc::ClientContext ctx;
     testing::cv1::ReportFallbackRequest req;
@@ -117,15 +114,7 @@ TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
 TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
   testing::FakeNode node(coord_->address(), "n1", "", 1);
   ASSERT_TRUE(node.status().ok());
-  {
-    auto stub = coord_->Stub();
-    grpc::ClientContext ctx;
-    testing::cv1::RegisterJobRequest req;
-    req.set_job("train");
-    req.set_world_size(1);
-    testing::cv1::RegisterJobResponse resp;
-    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
-  }
+  ASSERT_TRUE(RegisterTrain(1).ok());
   CommandResult r = Ctl(Flag() + " rollback --job train --step 9", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("ckptctl rollback: Rollback to coordinator"), std::string::npos) << r.out;

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,14 +15,12 @@
 #include <random>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "bench/daemon_process.h"
-#include "bench/stats.h"
 #include "bench/object_tier_bench.h"
 #include "bench/raw_io.h"
 #include "bench/report.h"
+#include "bench/stats.h"
 #include "ckpt/client.h"
 #include "shm/arena.h"
 #include "storage/shard_format.h"
@@ -43,10 +42,9 @@ struct Options {
   std::string ckptd;
   bool keep = false;
   bool json = false;
-  std::string object_url;  // object-tier figures too (bench/object_tier_bench.h)
+  std::string
+      object_url;  // object-tier figures too (bench/object_tier_bench.h)
 };
-
-
 
 // Anonymous memory, faulted in now so no measurement pays for page faults.
 struct Mapping {
@@ -57,8 +55,10 @@ struct Mapping {
   }
 };
 absl::Status Map(uint64_t size, Mapping* m) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mmap of ", size, " bytes"));
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED)
+    return ErrnoToStatus(errno, absl::StrCat("mmap of ", size, " bytes"));
   m->data = static_cast<char*>(p);
   m->size = size;
   return absl::OkStatus();
@@ -88,8 +88,8 @@ class Bench {
  private:
   // Every sample of one figure or limit, across the rounds.
   struct Samples {
-    std::vector<double> stall, copy, persist, memcpy, sync_write, raw_write, raw_read, restore_shm,
-        restore_disk, restore_disk_warm;
+    std::vector<double> stall, copy, persist, memcpy, sync_write, raw_write,
+        raw_read, restore_shm, restore_disk, restore_disk_warm;
   };
   absl::Status Setup(Results* r);
   absl::Status Connect();
@@ -121,13 +121,17 @@ class Bench {
 Bench::~Bench() { Cleanup(); }
 
 absl::Status Bench::Setup(Results* r) {
-  if (o_.tensors < 1) return absl::InvalidArgumentError("--tensors: must be >= 1");
+  if (o_.tensors < 1)
+    return absl::InvalidArgumentError("--tensors: must be >= 1");
   uint64_t elems = o_.bytes / 4 / static_cast<uint64_t>(o_.tensors);
-  if (elems == 0) return absl::InvalidArgumentError("--bytes: too small for --tensors float32 tensors");
+  if (elems == 0)
+    return absl::InvalidArgumentError(
+        "--bytes: too small for --tensors float32 tensors");
   r->bytes = elems * 4 * static_cast<uint64_t>(o_.tensors);
   r->tensors = o_.tensors;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  r->copy_threads = o_.copy_threads > 0 ? o_.copy_threads : static_cast<int>(std::max(1L, cpus));
+  r->copy_threads = o_.copy_threads > 0 ? o_.copy_threads
+                                        : static_cast<int>(std::max(1L, cpus));
   r->saves = o_.saves;
   r->repeat = o_.repeat;
   r->checksum_impl = ChecksumImplementation();
@@ -136,7 +140,8 @@ absl::Status Bench::Setup(Results* r) {
   std::error_code ec;
   fs::create_directories(parent, ec);
   std::string tmpl = parent + "/ckpt_bench.XXXXXX";
-  if (!mkdtemp(tmpl.data())) return ErrnoToStatus(errno, "mkdtemp under " + parent);
+  if (!mkdtemp(tmpl.data()))
+    return ErrnoToStatus(errno, "mkdtemp under " + parent);
   dir_ = tmpl;
   made_dir_ = true;
   r->root = dir_;
@@ -145,7 +150,8 @@ absl::Status Bench::Setup(Results* r) {
   CKPT_RETURN_IF_ERROR(Map(padded, &state_));
   CKPT_RETURN_IF_ERROR(Map(padded, &scratch_));
   FillRandom(state_.data, r->bytes, r->copy_threads);
-  std::memset(scratch_.data, 0, padded);  // MAP_POPULATE may share the zero page
+  std::memset(scratch_.data, 0,
+              padded);  // MAP_POPULATE may share the zero page
   std::vector<uint64_t> sizes;
   for (int i = 0; i < o_.tensors; ++i) {
     Tensor t;
@@ -155,7 +161,8 @@ absl::Status Bench::Setup(Results* r) {
     tensors_.push_back(std::move(t));
     sizes.push_back(elems * 4);
   }
-  CKPT_ASSIGN_OR_RETURN(storage::ShardLayout layout, storage::ComputeLayout(sizes));
+  CKPT_ASSIGN_OR_RETURN(storage::ShardLayout layout,
+                        storage::ComputeLayout(sizes));
   r->image_bytes = layout.image_bytes;
 
   DaemonConfig dc;
@@ -164,7 +171,9 @@ absl::Status Bench::Setup(Results* r) {
   dc.root = dir_ + "/ckptd";
   dc.shm_prefix = absl::StrCat("ckptbench", getpid());
   dc.log_path = dir_ + "/ckptd.log";
-  if (dc.socket.size() >= 100) return absl::InvalidArgumentError("--root: path too long for a Unix socket");
+  if (dc.socket.size() >= 100)
+    return absl::InvalidArgumentError(
+        "--root: path too long for a Unix socket");
   daemon_ = std::make_unique<DaemonProcess>(dc);
   CKPT_RETURN_IF_ERROR(daemon_->Start());
   CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
@@ -187,11 +196,13 @@ absl::Status Bench::MeasureSaves(Results* r) {
   for (int i = 0; i < o_.saves; ++i) {
     int64_t step = last_step_ + 1;
     auto t0 = Clock::now();
-    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_), absl::StrCat("save of step ", step)));
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_),
+                                  absl::StrCat("save of step ", step)));
     samples_.stall.push_back(Since(t0));
     samples_.copy.push_back(client_->last_save_stats().copy_s);
     t0 = Clock::now();
-    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step), absl::StrCat("WaitDurable ", step)));
+    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step),
+                                  absl::StrCat("WaitDurable ", step)));
     samples_.persist.push_back(Since(t0));
     CKPT_RETURN_IF_ERROR(SampleMemcpy(r->copy_threads));
     last_step_ = step;
@@ -203,7 +214,8 @@ absl::Status Bench::MeasureRestoreFromShm(Results* r) {
   CKPT_RETURN_IF_ERROR(SampleMemcpy(r->copy_threads));
   for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
   auto t0 = Clock::now();
-  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last_step_, tensors_), "restore from shm"));
+  CKPT_RETURN_IF_ERROR(
+      Annotate(client_->Restore(last_step_, tensors_), "restore from shm"));
   samples_.restore_shm.push_back(Since(t0));
   bool equal = false;
   CKPT_RETURN_IF_ERROR(CompareState(&equal));
@@ -212,7 +224,8 @@ absl::Status Bench::MeasureRestoreFromShm(Results* r) {
 }
 
 absl::Status Bench::CompareState(bool* equal) {
-  *equal = std::memcmp(state_.data, scratch_.data, tensors_.size() * *tensors_[0].bytes()) == 0;
+  *equal = std::memcmp(state_.data, scratch_.data,
+                       tensors_.size() * *tensors_[0].bytes()) == 0;
   return absl::OkStatus();
 }
 
@@ -221,7 +234,8 @@ absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
   arenas_ = state.arenas;
   client_.reset();
   CKPT_RETURN_IF_ERROR(daemon_->Stop());
-  for (const std::string& name : arenas_) CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
+  for (const std::string& name : arenas_)
+    CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
   arenas_.clear();
   CKPT_RETURN_IF_ERROR(DropShardCache());
   CKPT_RETURN_IF_ERROR(daemon_->Start());
@@ -229,7 +243,8 @@ absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
   CKPT_RETURN_IF_ERROR(SampleRawRead(r));
   for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
   auto t0 = Clock::now();
-  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last_step_, tensors_), "restore from disk"));
+  CKPT_RETURN_IF_ERROR(
+      Annotate(client_->Restore(last_step_, tensors_), "restore from disk"));
   samples_.restore_disk.push_back(Since(t0));
   bool equal = false;
   CKPT_RETURN_IF_ERROR(CompareState(&equal));
@@ -239,8 +254,10 @@ absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
   // (the older one is evicted once durable), so last_step_ is only on disk.
   const int64_t restored = last_step_;
   for (int64_t step = restored + 1; step <= restored + 2; ++step) {
-    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_), absl::StrCat("save of step ", step)));
-    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step), absl::StrCat("WaitDurable ", step)));
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Save(step, tensors_),
+                                  absl::StrCat("save of step ", step)));
+    CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(step),
+                                  absl::StrCat("WaitDurable ", step)));
   }
   last_step_ = restored + 2;
   // The daemon writes the manifest and deletes the steps retention let go
@@ -253,7 +270,8 @@ absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
   CKPT_RETURN_IF_ERROR(SampleRawRead(r));
   for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
   t0 = Clock::now();
-  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(restored, tensors_), "restore from disk (arena exists)"));
+  CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(restored, tensors_),
+                                "restore from disk (arena exists)"));
   samples_.restore_disk_warm.push_back(Since(t0));
   CKPT_RETURN_IF_ERROR(CompareState(&equal));
   r->restore_matches = r->restore_matches && equal;
@@ -262,9 +280,13 @@ absl::Status Bench::MeasureRestoreFromDisk(Results* r) {
 
 absl::Status Bench::DropShardCache() {
   std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir_ + "/ckptd/bench", ec))
-    if (e.path().extension() == ".shard") CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
-  if (ec) return absl::InternalError(absl::StrCat("list ", dir_, "/ckptd/bench: ", ec.message()));
+  for (const auto& e :
+       fs::recursive_directory_iterator(dir_ + "/ckptd/bench", ec))
+    if (e.path().extension() == ".shard")
+      CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("list ", dir_, "/ckptd/bench: ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -306,7 +328,8 @@ absl::Status Bench::WaitDaemonSettled() {
   int quiet = 0;
   for (int i = 0; i < 3000 && quiet < 2; ++i) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
-    quiet = state.persist_queue == 0 && state.bytes_in_flight == 0 ? quiet + 1 : 0;
+    quiet =
+        state.persist_queue == 0 && state.bytes_in_flight == 0 ? quiet + 1 : 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // A delete the persister is running is no longer queued: wait for the
@@ -337,7 +360,7 @@ absl::Status Bench::MeasureRound(Results* r) {
   CKPT_ASSIGN_OR_RETURN(double sync_write, SyncWrite(sync_path, tensors_));
   samples_.sync_write.push_back(sync_write);
   fs::remove(sync_path);
-  CKPT_RETURN_IF_ERROR(SampleRawIo(r));  // raw write after persist
+  CKPT_RETURN_IF_ERROR(SampleRawIo(r));             // raw write after persist
   CKPT_RETURN_IF_ERROR(MeasureRestoreFromDisk(r));  // each after a raw read
   fs::remove(dir_ + "/raw_io.bin");
   return absl::OkStatus();
@@ -349,16 +372,18 @@ void Bench::Summarize(Results* r) const {
     const std::vector<double>& v;
     double* median;
   };
-  const Figure figures[] = {{"save_stall_s", samples_.stall, &r->save_stall_s},
-                            {"save_copy_s", samples_.copy, &r->save_copy_s},
-                            {"memcpy_s", samples_.memcpy, &r->memcpy_s},
-                            {"sync_write_s", samples_.sync_write, &r->sync_write_s},
-                            {"persist_s", samples_.persist, &r->persist_s},
-                            {"raw_write_s", samples_.raw_write, &r->raw_write_s},
-                            {"restore_shm_s", samples_.restore_shm, &r->restore_shm_s},
-                            {"restore_disk_s", samples_.restore_disk, &r->restore_disk_s},
-                            {"restore_disk_warm_s", samples_.restore_disk_warm, &r->restore_disk_warm_s},
-                            {"raw_read_s", samples_.raw_read, &r->raw_read_s}};
+  const Figure figures[] = {
+      {"save_stall_s", samples_.stall, &r->save_stall_s},
+      {"save_copy_s", samples_.copy, &r->save_copy_s},
+      {"memcpy_s", samples_.memcpy, &r->memcpy_s},
+      {"sync_write_s", samples_.sync_write, &r->sync_write_s},
+      {"persist_s", samples_.persist, &r->persist_s},
+      {"raw_write_s", samples_.raw_write, &r->raw_write_s},
+      {"restore_shm_s", samples_.restore_shm, &r->restore_shm_s},
+      {"restore_disk_s", samples_.restore_disk, &r->restore_disk_s},
+      {"restore_disk_warm_s", samples_.restore_disk_warm,
+       &r->restore_disk_warm_s},
+      {"raw_read_s", samples_.raw_read, &r->raw_read_s}};
   r->spreads.clear();
   for (const Figure& f : figures) {
     *f.median = Median(f.v);
@@ -374,16 +399,20 @@ void Bench::Summarize(Results* r) const {
 
 absl::Status Bench::Run(Results* r) {
   CKPT_RETURN_IF_ERROR(Setup(r));
-  // Leaves scratch_ holding the state: the reference the restores are checked against.
-  for (int i = 0; i < 2; ++i) CKPT_RETURN_IF_ERROR(SampleMemcpy(r->copy_threads));
+  // Leaves scratch_ holding the state: the reference the restores are checked
+  // against.
+  for (int i = 0; i < 2; ++i)
+    CKPT_RETURN_IF_ERROR(SampleMemcpy(r->copy_threads));
   samples_.memcpy.clear();  // warm-up
   auto t0 = Clock::now();
   CKPT_RETURN_IF_ERROR(Annotate(client_->Save(1, tensors_), "first save"));
   r->first_save_s = Since(t0);
-  CKPT_RETURN_IF_ERROR(Annotate(client_->WaitDurable(1), "first save: WaitDurable"));
+  CKPT_RETURN_IF_ERROR(
+      Annotate(client_->WaitDurable(1), "first save: WaitDurable"));
   last_step_ = 1;
   r->restore_matches = true;
-  for (int round = 0; round < o_.repeat; ++round) CKPT_RETURN_IF_ERROR(MeasureRound(r));
+  for (int round = 0; round < o_.repeat; ++round)
+    CKPT_RETURN_IF_ERROR(MeasureRound(r));
   Summarize(r);
 
   if (!o_.object_url.empty()) {
@@ -392,10 +421,16 @@ absl::Status Bench::Run(Results* r) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
     CKPT_RETURN_IF_ERROR(daemon_->Stop());
     for (const std::string& name : state.arenas) (void)shm::Arena::Unlink(name);
-    ParallelMemcpy(scratch_.data, tensors_, r->copy_threads);  // scratch_: the reference
-    ObjectTierConfig oc{o_.object_url, dir_, o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd,
-                        absl::StrCat("ckptbencho", getpid()), r->copy_threads, o_.saves};
-    CKPT_RETURN_IF_ERROR(MeasureObjectTier(oc, tensors_, scratch_.data, &r->object));
+    ParallelMemcpy(scratch_.data, tensors_,
+                   r->copy_threads);  // scratch_: the reference
+    ObjectTierConfig oc{o_.object_url,
+                        dir_,
+                        o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd,
+                        absl::StrCat("ckptbencho", getpid()),
+                        r->copy_threads,
+                        o_.saves};
+    CKPT_RETURN_IF_ERROR(
+        MeasureObjectTier(oc, tensors_, scratch_.data, &r->object));
   }
   return absl::OkStatus();
 }
@@ -408,7 +443,9 @@ void Bench::Cleanup() {
       if (state.ok()) arenas_ = state->arenas;
     }
     absl::Status s = daemon_->Stop();
-    if (!s.ok()) std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "ckpt_bench: %s\n",
+                   std::string(s.message()).c_str());
     daemon_.reset();
   }
   // Arenas go even with --keep: the checkpoints are durable on disk, and a
@@ -431,21 +468,34 @@ void Bench::Cleanup() {
 
 int main(int argc, char** argv) {
   ckpt::bench::Options o;
-  CLI::App app{"ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk I/O"};
-  app.add_option("--bytes", o.bytes, "bytes of state (float32 host tensors)")->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40));
-  app.add_option("--tensors", o.tensors, "number of tensors")->check(CLI::Range(1, 65536));
-  app.add_option("--saves", o.saves, "measured saves after the first, in each round")->check(CLI::Range(1, 100));
+  CLI::App app{
+      "ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk "
+      "I/O"};
+  app.add_option("--bytes", o.bytes, "bytes of state (float32 host tensors)")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40));
+  app.add_option("--tensors", o.tensors, "number of tensors")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--saves", o.saves,
+                 "measured saves after the first, in each round")
+      ->check(CLI::Range(1, 100));
   app.add_option("--repeat", o.repeat,
-                 "rounds: each figure measured next to its limit this many times; medians and "
+                 "rounds: each figure measured next to its limit this many "
+                 "times; medians and "
                  "spreads (min-max) are reported")
       ->check(CLI::Range(1, 100));
-  app.add_option("--copy-threads", o.copy_threads, "client copy threads (0 = online CPUs)")->check(CLI::Range(0, 1024));
-  app.add_option("--root", o.root, "directory on the disk to measure (default /var/tmp)");
-  app.add_option("--ckptd", o.ckptd, "ckptd binary (default ../daemon/ckptd next to this one)");
-  app.add_flag("--keep", o.keep, "leave the run's directory (checkpoints, daemon log) behind");
+  app.add_option("--copy-threads", o.copy_threads,
+                 "client copy threads (0 = online CPUs)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--root", o.root,
+                 "directory on the disk to measure (default /var/tmp)");
+  app.add_option("--ckptd", o.ckptd,
+                 "ckptd binary (default ../daemon/ckptd next to this one)");
+  app.add_flag("--keep", o.keep,
+               "leave the run's directory (checkpoints, daemon log) behind");
   app.add_flag("--json", o.json, "print one JSON object");
-  app.add_option("--object-url", o.object_url,
-                 "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
+  app.add_option(
+      "--object-url", o.object_url,
+      "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
   CLI11_PARSE(app, argc, argv);
 
   ckpt::bench::Results r;
@@ -458,6 +508,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  std::printf("%s\n", (o.json ? ckpt::bench::FormatJson(r) : ckpt::bench::FormatTable(r)).c_str());
+  std::printf("%s\n", (o.json ? ckpt::bench::FormatJson(r)
+                              : ckpt::bench::FormatTable(r))
+                          .c_str());
   return 0;
 }

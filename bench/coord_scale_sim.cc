@@ -277,7 +277,8 @@ class Sim {
       }
       if (nodes_[i].epoch == 0) {  // not registered yet
         delete c;
-        timers_.At(Now() + a_.heartbeat_ms / 1000.0, [this, i] { Heartbeat(i); });
+        timers_.At(Now() + a_.heartbeat_ms / 1000.0,
+                   [this, i] { Heartbeat(i); });
         return;
       }
       c->req.set_node_id(nodes_[i].id);
@@ -473,8 +474,9 @@ class Sim {
 
 bool RunOnce(const Args& a, Result* r) {
   testing::TempDir dir;
-  testing::CoordinatorProcess coord(dir.path() + "/state", dir.path() + "/shared",
-                                    a.timeout_ms, /*port=*/0, a.binary);
+  testing::CoordinatorProcess coord(dir.path() + "/state",
+                                    dir.path() + "/shared", a.timeout_ms,
+                                    /*port=*/0, a.binary);
   if (coord.port() <= 0) {
     std::fprintf(stderr, "coord_scale_bench: %s did not start\n",
                  a.binary.c_str());

@@ -20,14 +20,13 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "bench/daemon_process.h"
 #include "bench/stats.h"
@@ -37,23 +36,23 @@
 namespace ckpt::bench {
 namespace {
 
-
-#define CHECK_CUDA(call)                                                           \
-  do {                                                                             \
-    cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "ckpt_cuda_bench: %s: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define CHECK_CUDA(call)                                       \
+  do {                                                         \
+    cudaError_t e_ = (call);                                   \
+    if (e_ != cudaSuccess) {                                   \
+      std::fprintf(stderr, "ckpt_cuda_bench: %s: %s\n", #call, \
+                   cudaGetErrorString(e_));                    \
+      std::exit(1);                                            \
+    }                                                          \
   } while (0)
-#define CHECK_OK(expr)                                                             \
-  do {                                                                             \
-    absl::Status s_ = (expr);                                                      \
-    if (!s_.ok()) {                                                                \
-      std::fprintf(stderr, "ckpt_cuda_bench: %s: %s\n", #expr,                     \
-                   std::string(s_.message()).c_str());                             \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define CHECK_OK(expr)                                         \
+  do {                                                         \
+    absl::Status s_ = (expr);                                  \
+    if (!s_.ok()) {                                            \
+      std::fprintf(stderr, "ckpt_cuda_bench: %s: %s\n", #expr, \
+                   std::string(s_.message()).c_str());         \
+      std::exit(1);                                            \
+    }                                                          \
   } while (0)
 
 struct Options {
@@ -76,7 +75,8 @@ struct SizeFigures {
   bool restore_matches = false;
 };
 
-std::unique_ptr<Client> Connect(const std::string& socket, const std::string& job) {
+std::unique_ptr<Client> Connect(const std::string& socket,
+                                const std::string& job) {
   ClientOptions o;
   o.socket_path = socket;
   o.job = job;
@@ -90,8 +90,8 @@ std::unique_ptr<Client> Connect(const std::string& socket, const std::string& jo
 // Deletes the job and its arenas (each size's state goes before the next
 // one's is made: a 16 GiB state takes 32 GiB of shared memory).
 void DeleteJob(const std::string& socket, const std::string& job) {
-  auto stub = v1::Ckptd::NewStub(
-      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Ckptd::NewStub(grpc::CreateChannel(
+      "unix:" + socket, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::DeleteRequest req;
   req.set_job(job);
@@ -108,12 +108,16 @@ std::vector<Tensor> Split(char* base, uint64_t bytes, int n) {
   std::vector<Tensor> t;
   uint64_t per = bytes / n;
   for (int i = 0; i < n; ++i)
-    t.push_back(Tensor{"t" + std::to_string(i), DType::kUInt8, {static_cast<int64_t>(per)}, base + per * i,
+    t.push_back(Tensor{"t" + std::to_string(i),
+                       DType::kUInt8,
+                       {static_cast<int64_t>(per)},
+                       base + per * i,
                        Device::Cuda(0)});
   return t;
 }
 
-SizeFigures MeasureSize(const Options& o, const std::string& socket, int gib, char* pinned) {
+SizeFigures MeasureSize(const Options& o, const std::string& socket, int gib,
+                        char* pinned) {
   SizeFigures f;
   f.gib = gib;
   const uint64_t bytes = uint64_t(gib) << 30;
@@ -138,7 +142,8 @@ SizeFigures MeasureSize(const Options& o, const std::string& socket, int gib, ch
     t0 = Clock::now();
     CHECK_OK(client->Save(++step, t));
     save.push_back(Since(t0));
-    CHECK_OK(client->WaitDurable(step));  // untimed: the next save finds a free slot
+    CHECK_OK(
+        client->WaitDurable(step));  // untimed: the next save finds a free slot
     if (r == 0) {  // once per size: the training-step figures sample it more
       t0 = Clock::now();
       auto h = client->SaveAsync(++step, t);
@@ -179,8 +184,8 @@ SizeFigures MeasureSize(const Options& o, const std::string& socket, int gib, ch
 // cudaHostRegister of a fresh, populated shared mapping of `gib` GiB.
 double RegisterCost(int gib, unsigned flags) {
   const uint64_t bytes = uint64_t(gib) << 30;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE,
-                 -1, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return -1;
   auto t0 = Clock::now();
   CHECK_CUDA(cudaHostRegister(p, bytes, flags));
@@ -191,9 +196,10 @@ double RegisterCost(int gib, unsigned flags) {
 }
 
 struct OverlapFigures {
-  double step_s = 0;              // the GEMMs alone
-  double compute_with_save_s = 0; // the GEMMs while the save's copy runs
-  double step_with_save_s = 0;    // ... and until WaitCopied (the optimizer may run)
+  double step_s = 0;               // the GEMMs alone
+  double compute_with_save_s = 0;  // the GEMMs while the save's copy runs
+  double step_with_save_s =
+      0;  // ... and until WaitCopied (the optimizer may run)
   double ratio = 0, compute_ratio = 0, async_return_s = 0, copy_alone_s = 0;
 };
 
@@ -215,9 +221,9 @@ OverlapFigures MeasureOverlap(const Options& o, const std::string& socket) {
   float alpha = 1, beta = 0;
   auto step = [&] {
     for (int i = 0; i < o.gemms_per_step; ++i)
-      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
-                   CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT);
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF,
+                   n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     CHECK_CUDA(cudaStreamSynchronize(stream));
   };
   const uint64_t bytes = uint64_t(o.overlap_gib * (1ull << 30));
@@ -287,20 +293,28 @@ OverlapFigures MeasureOverlap(const Options& o, const std::string& socket) {
 
 int Main(int argc, char** argv) {
   Options o;
-  CLI::App app{"ckpt_cuda_bench: GPU save/restore against cudaMemcpy in the same run"};
-  app.add_option("--sizes-gib", o.sizes_gib, "state sizes in GiB")->check(CLI::Range(1, 256));
-  app.add_option("--tensors", o.tensors, "tensors per state")->check(CLI::Range(1, 4096));
+  CLI::App app{
+      "ckpt_cuda_bench: GPU save/restore against cudaMemcpy in the same run"};
+  app.add_option("--sizes-gib", o.sizes_gib, "state sizes in GiB")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--tensors", o.tensors, "tensors per state")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--reps", o.reps, "alternations of each figure with its limit")
       ->check(CLI::Range(1, 100));
-  app.add_option("--overlap-gib", o.overlap_gib, "state saved during a training step")
+  app.add_option("--overlap-gib", o.overlap_gib,
+                 "state saved during a training step")
       ->check(CLI::Range(0.0625, 256.0));
-  app.add_option("--gemm-n", o.gemm_n, "GEMM size of the training step")->check(CLI::Range(256, 32768));
-  app.add_option("--gemms-per-step", o.gemms_per_step, "GEMMs per training step")
+  app.add_option("--gemm-n", o.gemm_n, "GEMM size of the training step")
+      ->check(CLI::Range(256, 32768));
+  app.add_option("--gemms-per-step", o.gemms_per_step,
+                 "GEMMs per training step")
       ->check(CLI::Range(1, 10000));
-  app.add_option("--steps", o.steps, "timed training steps of each kind")->check(CLI::Range(1, 1000));
+  app.add_option("--steps", o.steps, "timed training steps of each kind")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--root", o.root, "parent of the daemon's temporary root");
   app.add_flag("--json", o.json, "one JSON object on stdout");
-  app.add_flag("--overlap-only", o.overlap_only, "only the training-step figures");
+  app.add_flag("--overlap-only", o.overlap_only,
+               "only the training-step figures");
   CLI11_PARSE(app, argc, argv);
 
   int devices = 0;
@@ -338,44 +352,60 @@ int Main(int argc, char** argv) {
     sizes.push_back(MeasureSize(o, dc.socket, gib, pinned));
     const SizeFigures& f = sizes.back();
     std::fprintf(stderr,
-                 "%3d GiB: save %.3f s (D2H limit %.3f s, %.2f of it) restore %.3f s (H2D %.3f "
-                 "s, %.2fx) first save %.3f s, SaveAsync return %.2f ms, copied %.3f s, restore "
+                 "%3d GiB: save %.3f s (D2H limit %.3f s, %.2f of it) restore "
+                 "%.3f s (H2D %.3f "
+                 "s, %.2fx) first save %.3f s, SaveAsync return %.2f ms, "
+                 "copied %.3f s, restore "
                  "bytes %s\n",
-                 gib, f.save_s, f.d2h_s, f.d2h_s / f.save_s, f.restore_s, f.h2d_s,
-                 f.restore_s / f.h2d_s, f.first_save_s, f.async_return_s * 1e3, f.async_copied_s,
+                 gib, f.save_s, f.d2h_s, f.d2h_s / f.save_s, f.restore_s,
+                 f.h2d_s, f.restore_s / f.h2d_s, f.first_save_s,
+                 f.async_return_s * 1e3, f.async_copied_s,
                  f.restore_matches ? "match" : "DIFFER");
   }
   CHECK_CUDA(cudaFreeHost(pinned));
   OverlapFigures ov = MeasureOverlap(o, dc.socket);
-  std::fprintf(stderr,
-               "cudaHostRegister of 4 GiB: default %.3f s (%.1f GB/s), Portable %.3f s\n"
-               "training step (%d bf16 GEMMs of %d^3): %.4f s alone; with a SaveAsync of %.2f GiB "
-               "overlapping: GEMMs done %.4f s (%.3fx), copy done %.4f s (%.3fx); the copy "
-               "alone %.4f s; SaveAsync return %.2f ms\n",
-               reg_default, 4 * 1.073741824 / reg_default, reg_portable, o.gemms_per_step,
-               o.gemm_n, ov.step_s, o.overlap_gib, ov.compute_with_save_s, ov.compute_ratio,
-               ov.step_with_save_s, ov.ratio, ov.copy_alone_s, ov.async_return_s * 1e3);
+  std::fprintf(
+      stderr,
+      "cudaHostRegister of 4 GiB: default %.3f s (%.1f GB/s), Portable %.3f s\n"
+      "training step (%d bf16 GEMMs of %d^3): %.4f s alone; with a SaveAsync "
+      "of %.2f GiB "
+      "overlapping: GEMMs done %.4f s (%.3fx), copy done %.4f s (%.3fx); the "
+      "copy "
+      "alone %.4f s; SaveAsync return %.2f ms\n",
+      reg_default, 4 * 1.073741824 / reg_default, reg_portable,
+      o.gemms_per_step, o.gemm_n, ov.step_s, o.overlap_gib,
+      ov.compute_with_save_s, ov.compute_ratio, ov.step_with_save_s, ov.ratio,
+      ov.copy_alone_s, ov.async_return_s * 1e3);
   CHECK_OK(daemon.Stop());
   std::filesystem::remove_all(dir);
   if (o.json) {
-    std::printf("{\"device\":\"%s\",\"register_4gib_default_s\":%.4f,\"register_4gib_portable_s\":%.4f,",
-                prop.name, reg_default, reg_portable);
+    std::printf(
+        "{\"device\":\"%s\",\"register_4gib_default_s\":%.4f,\"register_4gib_"
+        "portable_s\":%.4f,",
+        prop.name, reg_default, reg_portable);
     std::printf("\"sizes\":[");
     for (size_t i = 0; i < sizes.size(); ++i) {
       const SizeFigures& f = sizes[i];
       std::printf(
-          "%s{\"gib\":%d,\"first_save_s\":%.4f,\"save_s\":%.4f,\"d2h_limit_s\":%.4f,"
-          "\"save_of_limit\":%.3f,\"restore_s\":%.4f,\"h2d_limit_s\":%.4f,\"restore_ratio\":%.3f,"
-          "\"save_async_return_s\":%.5f,\"save_async_copied_s\":%.4f,\"restore_matches\":%s}",
-          i ? "," : "", f.gib, f.first_save_s, f.save_s, f.d2h_s, f.d2h_s / f.save_s, f.restore_s,
-          f.h2d_s, f.restore_s / f.h2d_s, f.async_return_s, f.async_copied_s,
+          "%s{\"gib\":%d,\"first_save_s\":%.4f,\"save_s\":%.4f,\"d2h_limit_s\":"
+          "%.4f,"
+          "\"save_of_limit\":%.3f,\"restore_s\":%.4f,\"h2d_limit_s\":%.4f,"
+          "\"restore_ratio\":%.3f,"
+          "\"save_async_return_s\":%.5f,\"save_async_copied_s\":%.4f,\"restore_"
+          "matches\":%s}",
+          i ? "," : "", f.gib, f.first_save_s, f.save_s, f.d2h_s,
+          f.d2h_s / f.save_s, f.restore_s, f.h2d_s, f.restore_s / f.h2d_s,
+          f.async_return_s, f.async_copied_s,
           f.restore_matches ? "true" : "false");
     }
-    std::printf("],\"overlap\":{\"gib\":%.3f,\"gemms_per_step\":%d,\"step_s\":%.5f,"
-                "\"compute_with_save_s\":%.5f,\"compute_ratio\":%.4f,\"step_with_save_s\":%.5f,"
-                "\"ratio\":%.4f,\"copy_alone_s\":%.5f,\"save_async_return_s\":%.5f}}\n",
-                o.overlap_gib, o.gemms_per_step, ov.step_s, ov.compute_with_save_s, ov.compute_ratio,
-                ov.step_with_save_s, ov.ratio, ov.copy_alone_s, ov.async_return_s);
+    std::printf(
+        "],\"overlap\":{\"gib\":%.3f,\"gemms_per_step\":%d,\"step_s\":%.5f,"
+        "\"compute_with_save_s\":%.5f,\"compute_ratio\":%.4f,\"step_with_save_"
+        "s\":%.5f,"
+        "\"ratio\":%.4f,\"copy_alone_s\":%.5f,\"save_async_return_s\":%.5f}}\n",
+        o.overlap_gib, o.gemms_per_step, ov.step_s, ov.compute_with_save_s,
+        ov.compute_ratio, ov.step_with_save_s, ov.ratio, ov.copy_alone_s,
+        ov.async_return_s);
   }
   bool ok = true;
   for (const SizeFigures& f : sizes) ok &= f.restore_matches;

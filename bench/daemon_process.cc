@@ -1,6 +1,7 @@
 #include "bench/daemon_process.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -9,8 +10,6 @@
 #include <cerrno>
 #include <filesystem>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "ckpt.grpc.pb.h"
@@ -21,15 +20,19 @@ extern char** environ;
 namespace ckpt::bench {
 namespace {
 
-absl::StatusOr<v1::StatusResponse> QueryStatus(const std::string& socket, int timeout_ms) {
-  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+absl::StatusOr<v1::StatusResponse> QueryStatus(const std::string& socket,
+                                               int timeout_ms) {
+  auto channel =
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
   auto stub = v1::Ckptd::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(timeout_ms));
   v1::StatusResponse resp;
   grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &resp);
   if (!s.ok())
-    return absl::UnavailableError(absl::StrCat("Status via ", socket, ": ", s.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat("Status via ", socket, ": ", s.error_message()));
   return resp;
 }
 
@@ -37,9 +40,12 @@ absl::StatusOr<v1::StatusResponse> QueryStatus(const std::string& socket, int ti
 
 std::string DefaultCkptdPath() {
   std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "ckptd";
-  return (self.parent_path() / ".." / "daemon" / "ckptd").lexically_normal().string();
+  return (self.parent_path() / ".." / "daemon" / "ckptd")
+      .lexically_normal()
+      .string();
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -50,9 +56,11 @@ DaemonProcess::~DaemonProcess() {
 absl::Status DaemonProcess::Start() {
   if (pid_ > 0) return absl::FailedPreconditionError("ckptd already running");
   if (access(config_.binary.c_str(), X_OK) != 0)
-    return ErrnoToStatus(errno, "ckptd binary " + config_.binary + " (use --ckptd PATH)");
-  std::vector<std::string> args = {config_.binary, "--socket", config_.socket, "--root",
-                                   config_.root, "--shm-prefix", config_.shm_prefix};
+    return ErrnoToStatus(
+        errno, "ckptd binary " + config_.binary + " (use --ckptd PATH)");
+  std::vector<std::string> args = {
+      config_.binary, "--socket",     config_.socket,    "--root",
+      config_.root,   "--shm-prefix", config_.shm_prefix};
   args.insert(args.end(), config_.extra_args.begin(), config_.extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -60,11 +68,13 @@ absl::Status DaemonProcess::Start() {
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, config_.log_path.c_str(),
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
+                                   config_.log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   pid_t pid;
-  int err = posix_spawn(&pid, config_.binary.c_str(), &actions, nullptr, argv.data(), environ);
+  int err = posix_spawn(&pid, config_.binary.c_str(), &actions, nullptr,
+                        argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) return ErrnoToStatus(err, "spawn " + config_.binary);
   pid_ = pid;
@@ -74,21 +84,25 @@ absl::Status DaemonProcess::Start() {
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      return absl::InternalError(absl::StrCat("ckptd exited during start-up (status ", status,
-                                              "); see ", config_.log_path));
+      return absl::InternalError(
+          absl::StrCat("ckptd exited during start-up (status ", status,
+                       "); see ", config_.log_path));
     }
-    if (std::filesystem::exists(config_.socket) && QueryStatus(config_.socket, 500).ok())
+    if (std::filesystem::exists(config_.socket) &&
+        QueryStatus(config_.socket, 500).ok())
       return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   (void)Stop();  // the timeout is the error to report, not how the stop went
-  return absl::DeadlineExceededError(absl::StrCat("ckptd did not answer on ", config_.socket,
-                                                  " within the start timeout; see ", config_.log_path));
+  return absl::DeadlineExceededError(
+      absl::StrCat("ckptd did not answer on ", config_.socket,
+                   " within the start timeout; see ", config_.log_path));
 }
 
 absl::Status DaemonProcess::Stop() {
   if (pid_ <= 0) return absl::OkStatus();
-  if (kill(pid_, SIGTERM) != 0 && errno != ESRCH) return ErrnoToStatus(errno, "kill ckptd");
+  if (kill(pid_, SIGTERM) != 0 && errno != ESRCH)
+    return ErrnoToStatus(errno, "kill ckptd");
   int status = 0;
   pid_t r;
   do r = waitpid(pid_, &status, 0);
@@ -96,7 +110,8 @@ absl::Status DaemonProcess::Stop() {
   pid_ = -1;
   if (r < 0) return ErrnoToStatus(errno, "waitpid ckptd");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return absl::InternalError(absl::StrCat("ckptd exited with status ", status, "; see ", config_.log_path));
+    return absl::InternalError(absl::StrCat("ckptd exited with status ", status,
+                                            "; see ", config_.log_path));
   return absl::OkStatus();
 }
 

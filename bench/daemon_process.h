@@ -17,11 +17,11 @@
 namespace ckpt::bench {
 
 struct DaemonConfig {
-  std::string binary;      // path of ckptd
+  std::string binary;  // path of ckptd
   std::string socket;
   std::string root;
   std::string shm_prefix;
-  std::string log_path;    // stdout and stderr of the daemon (appended)
+  std::string log_path;  // stdout and stderr of the daemon (appended)
   std::vector<std::string> extra_args;  // more ckptd flags (e.g. --object-url)
   std::chrono::seconds start_timeout{20};
 };
@@ -41,7 +41,7 @@ class DaemonProcess {
   struct State {
     std::string backend;
     std::vector<std::string> arenas;
-    uint32_t persist_queue = 0;     // persists, manifests and deletes waiting
+    uint32_t persist_queue = 0;    // persists, manifests and deletes waiting
     uint64_t bytes_in_flight = 0;  // staged or persisting, not yet durable
   };
   [[nodiscard]] absl::StatusOr<State> Query() const;

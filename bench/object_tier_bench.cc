@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/daemon_process.h"
-#include "bench/stats.h"
 #include "bench/object_raw.h"
 #include "bench/raw_io.h"
+#include "bench/stats.h"
 #include "ckpt.grpc.pb.h"
 #include "shm/arena.h"
 #include "storage/object_backend.h"
@@ -24,8 +24,6 @@ namespace ckpt::bench {
 namespace {
 
 namespace fs = std::filesystem;
-
-
 
 class ObjectTierRun {
  public:

@@ -18,7 +18,8 @@ namespace ckpt::bench {
 namespace {
 
 double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+      .count();
 }
 
 struct Piece {
@@ -28,13 +29,14 @@ struct Piece {
 
 // The liburing io_uring-cp loop: keep `depth` requests in flight, re-queue
 // short transfers, resubmit on -EAGAIN/-EINTR.
-absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write, const RawIoOptions& o,
-                     const std::string& path) {
+absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write,
+                     const RawIoOptions& o, const std::string& path) {
   io_uring ring;
   int ret = io_uring_queue_init(o.depth, &ring, 0);
   if (ret < 0) return ErrnoToStatus(-ret, "io_uring_queue_init for " + path);
   std::deque<Piece> todo;
-  for (uint64_t off = 0; off < bytes; off += o.io_bytes) todo.push_back({off, std::min(o.io_bytes, bytes - off)});
+  for (uint64_t off = 0; off < bytes; off += o.io_bytes)
+    todo.push_back({off, std::min(o.io_bytes, bytes - off)});
   std::vector<Piece> slots(o.depth);
   std::vector<unsigned> free_slots;
   for (unsigned i = 0; i < o.depth; ++i) free_slots.push_back(i);
@@ -49,8 +51,12 @@ absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write, const RawIoO
       slots[slot] = todo.front();
       todo.pop_front();
       const Piece& p = slots[slot];
-      if (write) io_uring_prep_write(sqe, fd, buf + p.off, static_cast<unsigned>(p.len), p.off);
-      else io_uring_prep_read(sqe, fd, buf + p.off, static_cast<unsigned>(p.len), p.off);
+      if (write)
+        io_uring_prep_write(sqe, fd, buf + p.off, static_cast<unsigned>(p.len),
+                            p.off);
+      else
+        io_uring_prep_read(sqe, fd, buf + p.off, static_cast<unsigned>(p.len),
+                           p.off);
       io_uring_sqe_set_data64(sqe, slot);
       ++inflight;
     }
@@ -76,11 +82,14 @@ absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write, const RawIoO
       if (res == -EAGAIN || res == -EINTR) {
         todo.push_front(p);
       } else if (res < 0) {
-        status = ErrnoToStatus(-res, absl::StrCat(write ? "write " : "read ", path, " at ", p.off));
+        status = ErrnoToStatus(-res, absl::StrCat(write ? "write " : "read ",
+                                                  path, " at ", p.off));
       } else if (res == 0) {
-        status = absl::DataLossError(absl::StrCat(path, ": unexpected end of file at ", p.off));
+        status = absl::DataLossError(
+            absl::StrCat(path, ": unexpected end of file at ", p.off));
       } else if (static_cast<uint64_t>(res) < p.len) {
-        todo.push_front({p.off + static_cast<uint64_t>(res), p.len - static_cast<uint64_t>(res)});
+        todo.push_front({p.off + static_cast<uint64_t>(res),
+                         p.len - static_cast<uint64_t>(res)});
       }
     } while (io_uring_peek_cqe(&ring, &cqe) == 0);
   }
@@ -106,7 +115,9 @@ double ParallelMemcpy(char* dst, std::span<const Tensor> tensors, int threads) {
     for (const Tensor& t : tensors) {
       uint64_t n = t.bytes().value_or(0);
       uint64_t lo = std::max(begin, base), hi = std::min(end, base + n);
-      if (lo < hi) std::memcpy(dst + lo, static_cast<const char*>(t.data) + (lo - base), hi - lo);
+      if (lo < hi)
+        std::memcpy(dst + lo, static_cast<const char*>(t.data) + (lo - base),
+                    hi - lo);
       base += n;
     }
   };
@@ -115,13 +126,15 @@ double ParallelMemcpy(char* dst, std::span<const Tensor> tensors, int threads) {
   std::vector<std::thread> pool;
   uint64_t per = (total / threads + 4095) / 4096 * 4096;
   for (int i = 1; i < threads; ++i)
-    pool.emplace_back(copy_range, std::min(total, per * i), std::min(total, per * (i + 1)));
+    pool.emplace_back(copy_range, std::min(total, per * i),
+                      std::min(total, per * (i + 1)));
   copy_range(0, std::min(total, per));
   for (auto& th : pool) th.join();
   return Since(t0);
 }
 
-absl::StatusOr<double> SyncWrite(const std::string& path, std::span<const Tensor> tensors) {
+absl::StatusOr<double> SyncWrite(const std::string& path,
+                                 std::span<const Tensor> tensors) {
   auto t0 = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, "open " + path);
@@ -132,8 +145,10 @@ absl::StatusOr<double> SyncWrite(const std::string& path, std::span<const Tensor
     while (s.ok() && left > 0) {
       ssize_t n = ::write(fd, p, left);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) s = ErrnoToStatus(errno, "write " + path);
-      else p += n, left -= static_cast<uint64_t>(n);
+      if (n < 0)
+        s = ErrnoToStatus(errno, "write " + path);
+      else
+        p += n, left -= static_cast<uint64_t>(n);
     }
   }
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + path);
@@ -142,25 +157,29 @@ absl::StatusOr<double> SyncWrite(const std::string& path, std::span<const Tensor
   return Since(t0);
 }
 
-absl::StatusOr<double> RawWrite(const std::string& path, const char* buf, uint64_t bytes,
-                                const RawIoOptions& options) {
+absl::StatusOr<double> RawWrite(const std::string& path, const char* buf,
+                                uint64_t bytes, const RawIoOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  int fd = ::open(path.c_str(),
+                  O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, "open (O_DIRECT) " + path);
   // Reserve the extent first, as the local backend does: block allocation
   // during the writes is not part of the device limit.
   absl::Status s;
-  if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP)
+  if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 &&
+      errno != EOPNOTSUPP)
     s = ErrnoToStatus(errno, "fallocate " + path);
-  if (s.ok()) s = RunRing(fd, const_cast<char*>(buf), bytes, /*write=*/true, options, path);
+  if (s.ok())
+    s = RunRing(fd, const_cast<char*>(buf), bytes, /*write=*/true, options,
+                path);
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + path);
   ::close(fd);
   if (!s.ok()) return s;
   return Since(t0);
 }
 
-absl::StatusOr<double> RawRead(const std::string& path, char* buf, uint64_t bytes,
-                               const RawIoOptions& options) {
+absl::StatusOr<double> RawRead(const std::string& path, char* buf,
+                               uint64_t bytes, const RawIoOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "open (O_DIRECT) " + path);
@@ -176,7 +195,8 @@ absl::Status DropFileCache(const std::string& path) {
   absl::Status s;
   if (::fdatasync(fd) != 0) s = ErrnoToStatus(errno, "fdatasync " + path);
   int err = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  if (s.ok() && err != 0) s = ErrnoToStatus(err, "posix_fadvise(DONTNEED) " + path);
+  if (s.ok() && err != 0)
+    s = ErrnoToStatus(err, "posix_fadvise(DONTNEED) " + path);
   ::close(fd);
   return s;
 }

@@ -60,16 +60,18 @@ int Fail(const std::string& what) {
 std::string EventLog(const Cluster& c) {
   std::string out = "coordinator events:\n";
   for (const auto& e : c.Events())
-    out += std::to_string(e.time_ms()) + " " + cv1::EventKind_Name(e.kind()) + " " + e.node_id() +
-           " " + e.detail() + "\n";
+    out += std::to_string(e.time_ms()) + " " + cv1::EventKind_Name(e.kind()) +
+           " " + e.node_id() + " " + e.detail() + "\n";
   return out;
 }
 
 // The first event of `kind` at or after `from_ms` (and for `node` if given).
-std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events, cv1::EventKind kind,
-                                     long long from_ms, const std::string& node = "") {
+std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,
+                                     cv1::EventKind kind, long long from_ms,
+                                     const std::string& node = "") {
   for (const auto& e : events)
-    if (e.kind() == kind && e.time_ms() >= from_ms && (node.empty() || e.node_id() == node))
+    if (e.kind() == kind && e.time_ms() >= from_ms &&
+        (node.empty() || e.node_id() == node))
       return e;
   return std::nullopt;
 }
@@ -83,11 +85,13 @@ struct Restart {
 };
 
 // Rank's first trainer start after `after_ms` and its restore.
-std::optional<Restart> RestartAfter(const Cluster& c, uint32_t rank, long long after_ms) {
+std::optional<Restart> RestartAfter(const Cluster& c, uint32_t rank,
+                                    long long after_ms) {
   Restart r;
   bool started = false;
   for (const auto& l : c.TrainerLog(rank)) {
-    if (l.kind == "start" && !started && std::stoll(l.fields.at("mono_ms")) >= after_ms) {
+    if (l.kind == "start" && !started &&
+        std::stoll(l.fields.at("mono_ms")) >= after_ms) {
       started = true;
       r.start_ms = std::stoll(l.fields.at("mono_ms"));
     } else if (l.kind == "restored" && started) {
@@ -110,12 +114,20 @@ int main(int argc, char** argv) {
   std::string object_url;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--bytes-per-rank" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--json") json = true;
-    else if (a == "--keep") keep = true;
-    else if (a == "--object-url" && i + 1 < argc) object_url = argv[++i];
-    else return Fail("unknown argument " + a + " (--bytes-per-rank N, --dir DIR, --json, --keep, --object-url s3://B/P)");
+    if (a == "--bytes-per-rank" && i + 1 < argc)
+      bytes = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--dir" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--json")
+      json = true;
+    else if (a == "--keep")
+      keep = true;
+    else if (a == "--object-url" && i + 1 < argc)
+      object_url = argv[++i];
+    else
+      return Fail("unknown argument " + a +
+                  " (--bytes-per-rank N, --dir DIR, --json, --keep, "
+                  "--object-url s3://B/P)");
   }
   if (bytes < (1 << 20)) return Fail("--bytes-per-rank: at least 1 MiB");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
@@ -124,8 +136,10 @@ int main(int argc, char** argv) {
     std::string path;
     bool keep;
     ~Cleanup() {
-      if (keep) std::fprintf(stderr, "recovery_bench: logs kept in %s\n", path.c_str());
-      else std::filesystem::remove_all(path);
+      if (keep)
+        std::fprintf(stderr, "recovery_bench: logs kept in %s\n", path.c_str());
+      else
+        std::filesystem::remove_all(path);
     }
   } cleanup{root, keep};
 
@@ -150,8 +164,10 @@ int main(int argc, char** argv) {
     auto j = c.Job();
     return j && j->has_last_good() ? j->last_good_step() : 0;
   };
-  if (!Cluster::WaitUntil([&] { return last_good() >= o.last_step; }, seconds(300)))
-    return Fail("the job never made its last step durable everywhere\n" + c.DumpLogs());
+  if (!Cluster::WaitUntil([&] { return last_good() >= o.last_step; },
+                          seconds(300)))
+    return Fail("the job never made its last step durable everywhere\n" +
+                c.DumpLogs());
 
   // 1. Node loss.
   long long kill_ms = MonoMs();
@@ -161,16 +177,19 @@ int main(int argc, char** argv) {
           [&] {
             lost[0] = RestartAfter(c, 2, kill_ms);
             lost[1] = RestartAfter(c, 3, kill_ms);
-            return lost[0] && lost[1] && RestartAfter(c, 0, kill_ms) && RestartAfter(c, 1, kill_ms);
+            return lost[0] && lost[1] && RestartAfter(c, 0, kill_ms) &&
+                   RestartAfter(c, 1, kill_ms);
           },
           seconds(120)))
-    return Fail("ranks did not restore after the node loss\n" + c.DumpLogs() + EventLog(c));
+    return Fail("ranks did not restore after the node loss\n" + c.DumpLogs() +
+                EventLog(c));
   auto events = c.Events();
   auto detected = FirstEvent(events, cv1::FAILURE_DETECTED, kill_ms - 10, "b");
   if (!detected) return Fail("no FAILURE_DETECTED event for node b");
   auto planned = FirstEvent(events, cv1::PLAN_MADE, detected->time_ms());
   auto acked = FirstEvent(events, cv1::PLAN_ACKED, detected->time_ms());
-  if (!planned || !acked) return Fail("no PLAN_MADE / PLAN_ACKED after the failure");
+  if (!planned || !acked)
+    return Fail("no PLAN_MADE / PLAN_ACKED after the failure");
   long long first_start = INT64_MAX, all_restored = 0;
   uint64_t restore_step = 0;
   for (uint32_t r = 0; r < 4; ++r) {
@@ -206,7 +225,8 @@ int main(int argc, char** argv) {
   if (!shared.ok()) return Fail(std::string(shared.status().message()));
   for (uint32_t r : {2u, 3u}) {
     if (!object_url.empty()) break;  // measured above
-    std::string path = *(*shared)->LocalPath(ckpt::storage::ShardKey(o.job, restore_step, r, "b"));
+    std::string path = *(*shared)->LocalPath(
+        ckpt::storage::ShardKey(o.job, restore_step, r, "b"));
     std::error_code ec;
     uint64_t size = std::filesystem::file_size(path, ec);
     if (ec) return Fail(path + ": " + ec.message());
@@ -215,7 +235,8 @@ int main(int argc, char** argv) {
   }
   lost_bytes &= ~uint64_t{4095};
   void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, std::max<uint64_t>(lost_bytes, 4096)) != 0) return Fail("out of memory");
+  if (posix_memalign(&buf, 4096, std::max<uint64_t>(lost_bytes, 4096)) != 0)
+    return Fail("out of memory");
   std::memset(buf, 0, lost_bytes);  // faulted in: the read alone is timed
   for (const auto& f : lost_files) {
     // A cache that cannot be dropped only makes the raw read (the limit)
@@ -240,17 +261,20 @@ int main(int argc, char** argv) {
   std::this_thread::sleep_for(seconds(2));  // persists and heartbeats settle
   long long crash_ms = MonoMs();
   pid_t victim = c.TrainerPid(0);
-  if (victim <= 0 || kill(victim, SIGKILL) != 0) return Fail("cannot kill rank 0's trainer");
+  if (victim <= 0 || kill(victim, SIGKILL) != 0)
+    return Fail("cannot kill rank 0's trainer");
   std::optional<Restart> crash;
-  if (!Cluster::WaitUntil([&] { return (crash = RestartAfter(c, 0, crash_ms)).has_value(); },
-                          seconds(120)))
+  if (!Cluster::WaitUntil(
+          [&] { return (crash = RestartAfter(c, 0, crash_ms)).has_value(); },
+          seconds(120)))
     return Fail("rank 0 did not restore after its crash\n" + c.DumpLogs());
   auto state = ckpt::testing::MakeState(bytes, 8, 1);
   std::vector<char> dst(state.bytes());
   std::memset(dst.data(), 1, dst.size());
   double memcpy_s = 1e9;
   for (int i = 0; i < 3; ++i)
-    memcpy_s = std::min(memcpy_s, ckpt::bench::ParallelMemcpy(dst.data(), state.tensors, 2));
+    memcpy_s = std::min(
+        memcpy_s, ckpt::bench::ParallelMemcpy(dst.data(), state.tensors, 2));
   // Every rank restarts after a crash (they roll back together), and on
   // this one machine the four share its cores: the limit for that is four
   // rank-sized memcpys at once.
@@ -260,13 +284,19 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> copiers;
     for (auto& d : dsts)
-      copiers.emplace_back([&, p = d.data()] { ckpt::bench::ParallelMemcpy(p, state.tensors, 2); });
+      copiers.emplace_back([&, p = d.data()] {
+        ckpt::bench::ParallelMemcpy(p, state.tensors, 2);
+      });
     for (auto& t : copiers) t.join();
-    memcpy_all_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    memcpy_all_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
   }
   double slowest_crash_restore_s = 0;
   for (uint32_t r = 0; r < 4; ++r)
-    if (auto rs = RestartAfter(c, r, crash_ms)) slowest_crash_restore_s = std::max(slowest_crash_restore_s, rs->restore_s);
+    if (auto rs = RestartAfter(c, r, crash_ms))
+      slowest_crash_restore_s =
+          std::max(slowest_crash_restore_s, rs->restore_s);
 
   const double detect_s = (detected->time_ms() - kill_ms) / 1e3;
   const double plan_s = (planned->time_ms() - detected->time_ms()) / 1e3;
@@ -279,39 +309,60 @@ int main(int argc, char** argv) {
   const double crash_all_ratio = slowest_crash_restore_s / memcpy_all_s;
   if (json) {
     std::printf(
-        "{\"bytes_per_rank\":%llu,\"detect_s\":%.3f,\"plan_s\":%.3f,\"prefetch_s\":%.3f,"
-        "\"trainer_restart_s\":%.3f,\"restore_s\":%.3f,\"node_recovery_s\":%.3f,"
+        "{\"bytes_per_rank\":%llu,\"detect_s\":%.3f,\"plan_s\":%.3f,\"prefetch_"
+        "s\":%.3f,"
+        "\"trainer_restart_s\":%.3f,\"restore_s\":%.3f,\"node_recovery_s\":%."
+        "3f,"
         "\"raw_read_lost_shards_s\":%.3f,\"node_recovery_ratio\":%.3f,"
         "\"crash_restore_s\":%.4f,\"crash_process_start_to_restored_s\":%.4f,"
         "\"memcpy_rank_state_s\":%.4f,\"crash_restore_ratio\":%.3f,"
-        "\"crash_all_ranks_restore_s\":%.4f,\"memcpy_all_ranks_s\":%.4f,\"crash_all_ratio\":%.3f,"
+        "\"crash_all_ranks_restore_s\":%.4f,\"memcpy_all_ranks_s\":%.4f,"
+        "\"crash_all_ratio\":%.3f,"
         "\"restore_step\":%llu,\"shared_root\":\"%s\"}\n",
-        static_cast<unsigned long long>(bytes), detect_s, plan_s, prefetch_s, restart_s, restore_s,
-        recovery_s, raw_read_s, node_ratio, crash->restore_s, crash->process_s, memcpy_s,
-        crash_ratio, slowest_crash_restore_s, memcpy_all_s, crash_all_ratio,
-        static_cast<unsigned long long>(restore_step), object_url.empty() ? "directory" : "object store");
+        static_cast<unsigned long long>(bytes), detect_s, plan_s, prefetch_s,
+        restart_s, restore_s, recovery_s, raw_read_s, node_ratio,
+        crash->restore_s, crash->process_s, memcpy_s, crash_ratio,
+        slowest_crash_restore_s, memcpy_all_s, crash_all_ratio,
+        static_cast<unsigned long long>(restore_step),
+        object_url.empty() ? "directory" : "object store");
     return 0;
   }
-  std::printf("recovery_bench: 2 nodes x 2 ranks x %.2f GiB + 1 spare, heartbeat timeout %d ms\n",
-              bytes / double(1 << 30), o.heartbeat_timeout_ms);
-  std::printf("node loss (restored step %llu):\n", static_cast<unsigned long long>(restore_step));
-  std::printf("  detection (kill -> failure detected)        %8.3f s\n", detect_s);
-  std::printf("  plan (-> plan made)                          %8.3f s\n", plan_s);
-  std::printf("  prefetch into the spare's memory (-> acked)  %8.3f s\n", prefetch_s);
-  std::printf("  trainer restart (-> first trainer start)     %8.3f s\n", restart_s);
-  std::printf("  restore (-> last rank restored)              %8.3f s\n", restore_s);
-  std::printf("  detected -> all restored                     %8.3f s\n", recovery_s);
-  std::printf(object_url.empty() ? "  raw O_DIRECT read of the lost shards         %8.3f s\n"
-                                 : "  raw parallel GET of the lost shards          %8.3f s\n",
+  std::printf(
+      "recovery_bench: 2 nodes x 2 ranks x %.2f GiB + 1 spare, heartbeat "
+      "timeout %d ms\n",
+      bytes / double(1 << 30), o.heartbeat_timeout_ms);
+  std::printf("node loss (restored step %llu):\n",
+              static_cast<unsigned long long>(restore_step));
+  std::printf("  detection (kill -> failure detected)        %8.3f s\n",
+              detect_s);
+  std::printf("  plan (-> plan made)                          %8.3f s\n",
+              plan_s);
+  std::printf("  prefetch into the spare's memory (-> acked)  %8.3f s\n",
+              prefetch_s);
+  std::printf("  trainer restart (-> first trainer start)     %8.3f s\n",
+              restart_s);
+  std::printf("  restore (-> last rank restored)              %8.3f s\n",
+              restore_s);
+  std::printf("  detected -> all restored                     %8.3f s\n",
+              recovery_s);
+  std::printf(object_url.empty()
+                  ? "  raw O_DIRECT read of the lost shards         %8.3f s\n"
+                  : "  raw parallel GET of the lost shards          %8.3f s\n",
               raw_read_s);
-  std::printf("  ratio %.2f (target <= 1.5): %s\n", node_ratio, node_ratio <= 1.5 ? "met" : "NOT met");
+  std::printf("  ratio %.2f (target <= 1.5): %s\n", node_ratio,
+              node_ratio <= 1.5 ? "met" : "NOT met");
   std::printf("trainer crash (node alive):\n");
-  std::printf("  restore of rank 0 from shared memory         %8.4f s\n", crash->restore_s);
-  std::printf("  memcpy of the rank's state                   %8.4f s\n", memcpy_s);
-  std::printf("  process start -> restored                    %8.4f s\n", crash->process_s);
-  std::printf("  ratio %.2f (target <= 1.2, plus process start): %s\n", crash_ratio,
-              crash_ratio <= 1.2 ? "met" : "NOT met");
-  std::printf("  all 4 ranks restore at once: slowest %.4f s vs 4 memcpys at once %.4f s: ratio %.2f\n",
-              slowest_crash_restore_s, memcpy_all_s, crash_all_ratio);
+  std::printf("  restore of rank 0 from shared memory         %8.4f s\n",
+              crash->restore_s);
+  std::printf("  memcpy of the rank's state                   %8.4f s\n",
+              memcpy_s);
+  std::printf("  process start -> restored                    %8.4f s\n",
+              crash->process_s);
+  std::printf("  ratio %.2f (target <= 1.2, plus process start): %s\n",
+              crash_ratio, crash_ratio <= 1.2 ? "met" : "NOT met");
+  std::printf(
+      "  all 4 ranks restore at once: slowest %.4f s vs 4 memcpys at once %.4f "
+      "s: ratio %.2f\n",
+      slowest_crash_restore_s, memcpy_all_s, crash_all_ratio);
   return 0;
 }

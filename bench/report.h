@@ -17,13 +17,14 @@ struct ObjectFigures {
   std::string url;
   uint64_t part_size = 0;
   unsigned concurrency = 0;
-  double upload_s = 0;     // medians
+  double upload_s = 0;  // medians
   double raw_put_s = 0;
   double restore_object_s = 0;
   double raw_get_s = 0;
   double save_stall_upload_s = 0;
   double memcpy_s = 0;
-  int saves_during_upload = 0;  // samples whose upload was still in flight when the save ended
+  int saves_during_upload =
+      0;  // samples whose upload was still in flight when the save ended
   bool restore_matches = false;
 };
 
@@ -35,22 +36,22 @@ struct Spread {
 };
 
 struct Results {
-  uint64_t bytes = 0;         // tensor bytes saved per step
-  uint64_t image_bytes = 0;   // shard image written per step
+  uint64_t bytes = 0;        // tensor bytes saved per step
+  uint64_t image_bytes = 0;  // shard image written per step
   int tensors = 0;
   int copy_threads = 0;
-  int saves = 0;              // measured saves (after the first) per round
-  int repeat = 1;             // rounds; every *_s figure below is a median
+  int saves = 0;   // measured saves (after the first) per round
+  int repeat = 1;  // rounds; every *_s figure below is a median
   std::string root;
-  std::string backend;        // the daemon's storage backend
+  std::string backend;  // the daemon's storage backend
   std::string checksum_impl;
 
   double first_save_s = 0;
-  double save_stall_s = 0;    // median Client::Save
-  double save_copy_s = 0;     // of which copy + checksum (median)
+  double save_stall_s = 0;  // median Client::Save
+  double save_copy_s = 0;   // of which copy + checksum (median)
   double memcpy_s = 0;
   double sync_write_s = 0;
-  double persist_s = 0;       // median commit -> durable
+  double persist_s = 0;  // median commit -> durable
   double raw_write_s = 0;
   double restore_shm_s = 0;
   double restore_disk_s = 0;

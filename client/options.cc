@@ -121,9 +121,10 @@ absl::Status ClientOptions::ResolveFromEnvironment() {
     if (const char* text = Env("CKPT_GENERATION")) {
       uint64_t parsed = 0;
       if (!absl::SimpleAtoi(text, &parsed))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "$CKPT_GENERATION: \"", std::string(std::string_view(text).substr(0, 64)),
-            "\" is not a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("$CKPT_GENERATION: \"",
+                         std::string(std::string_view(text).substr(0, 64)),
+                         "\" is not a non-negative integer"));
       generation = parsed;
     }
   }

@@ -11,8 +11,8 @@ namespace {
 class EnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                          "CKPT_GENERATION"})
+    for (const char* v : {"CKPT_SOCKET", "CKPT_JOB", "RANK", "WORLD_SIZE",
+                          "LOCAL_RANK", "CKPT_GENERATION"})
       ::unsetenv(v);
   }
   void TearDown() override { SetUp(); }

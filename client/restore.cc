@@ -55,7 +55,8 @@ absl::Status Client::Impl::Restore(int64_t step,
   absl::Status first;
   for (int copy = 0; copy < 3; ++copy) {
     absl::Status s = RestoreOneCopy(step, tensors);
-    if (s.code() != absl::StatusCode::kDataLoss) return copy == 0 || s.ok() ? s : first;
+    if (s.code() != absl::StatusCode::kDataLoss)
+      return copy == 0 || s.ok() ? s : first;
     if (copy == 0) first = s;
   }
   return first;

@@ -163,8 +163,10 @@ TEST_F(ServerTest, AgentRemembersABoundedNumberOfCarriedOutOrders) {
   RegisterJob(1);
   for (uint64_t generation = 0; generation < 8; ++generation) {
     TrainerDied("n1", agent->epoch(), 0);
-    ASSERT_TRUE(Eventually([&] { return Job().plan_state() == v1::PLAN_ACKNOWLEDGED; }))
-        << "plan of generation " << generation + 1 << " never acknowledged";
+    ASSERT_TRUE(Eventually([&] {
+      return Job().plan_state() == v1::PLAN_ACKNOWLEDGED;
+    })) << "plan of generation "
+        << generation + 1 << " never acknowledged";
   }
   EXPECT_EQ(Job().generation(), 8u);
   EXPECT_LE(agent->orders_remembered(), 3u);
@@ -191,8 +193,10 @@ TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
   RegisterJob(2);
   agent->ReportFallback(MemoryCopyFailed(1));
   EXPECT_TRUE(Eventually([&] {
-    return CountEvents(v1::FALLBACK, "rank 1 step 3: memory copy failed verification "
-                                     "(checksum mismatch in tensor w); restored from file") == 1;
+    return CountEvents(v1::FALLBACK,
+                       "rank 1 step 3: memory copy failed verification "
+                       "(checksum mismatch in tensor w); restored from file") ==
+           1;
   }));
   // Counted once the agent has the answer, which may come after the event.
   EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1u; }));
@@ -201,7 +205,8 @@ TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
 
 // The coordinator is down: ReportFallback still returns at once, and the
 // report goes out when the coordinator is back.
-TEST_F(ServerTest, FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItReturns) {
+TEST_F(ServerTest,
+       FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItReturns) {
   Start();
   auto agent = Agent();
   ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
@@ -212,10 +217,12 @@ TEST_F(ServerTest, FallbackReportNeverBlocksOnADownCoordinatorAndIsSentWhenItRet
   agent->ReportFallback(MemoryCopyFailed(0));
   // Far below the RPC timeout a blocking send would wait for (a loaded or
   // sanitized run included): the call only queues.
-  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(500));
+  EXPECT_LT(std::chrono::steady_clock::now() - before,
+            std::chrono::milliseconds(500));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   Start(port);
-  EXPECT_TRUE(Eventually([&] { return CountEvents(v1::FALLBACK, "rank 0 step 3") == 1; }));
+  EXPECT_TRUE(Eventually(
+      [&] { return CountEvents(v1::FALLBACK, "rank 0 step 3") == 1; }));
   EXPECT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1u; }));
 }
 
@@ -237,7 +244,8 @@ TEST_F(ServerTest, FallbackReportOlderThanItsTtlIsDroppedNotSentLate) {
   const int port = server_->port();
   server_.reset();
   agent->ReportFallback(MemoryCopyFailed(0));
-  EXPECT_TRUE(Eventually([&] { return agent->fallbacks_dropped() == 1; }, seconds(10)));
+  EXPECT_TRUE(
+      Eventually([&] { return agent->fallbacks_dropped() == 1; }, seconds(10)));
   Start(port);
   // Rank 1's reports prove the agent is connected again (gRPC's reconnect
   // backoff can outlast the 200 ms TTL on a loaded or sanitized run, so
@@ -259,7 +267,10 @@ TEST(LeaderHintTest, TrailerNamesTheLeaderEvenWhenTheMessageDoesNot) {
   const std::string key = kLeaderMetadataKey, leader = "10.0.0.2:7000";
   std::multimap<grpc::string_ref, grpc::string_ref> trailers;
   trailers.emplace(key, leader);
-  EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not leader"), trailers), leader);
+  EXPECT_EQ(
+      LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not leader"),
+                 trailers),
+      leader);
   EXPECT_EQ(LeaderHint(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                     "not leader; leader is 10.0.0.9:7000"),
                        trailers),
@@ -289,9 +300,11 @@ TEST_F(ServerTest, StandbyNamesTheLeaderInATrailerAndTheClientFollowsIt) {
   Leadership leadership;
   leadership.leading = [] { return false; };
   leadership.leader = [addr = Address()] { return addr; };
-  auto standby = CoordinatorServer::StartStandby("127.0.0.1:0", ServerSecurity{}, leadership);
+  auto standby = CoordinatorServer::StartStandby("127.0.0.1:0",
+                                                 ServerSecurity{}, leadership);
   ASSERT_TRUE(standby.ok()) << standby.status();
-  const std::string standby_addr = "127.0.0.1:" + std::to_string((*standby)->port());
+  const std::string standby_addr =
+      "127.0.0.1:" + std::to_string((*standby)->port());
 
   auto stub = v1::Coordinator::NewStub(
       grpc::CreateChannel(standby_addr, grpc::InsecureChannelCredentials()));
@@ -300,7 +313,8 @@ TEST_F(ServerTest, StandbyNamesTheLeaderInATrailerAndTheClientFollowsIt) {
   v1::GetClusterResponse cluster;
   grpc::Status s = stub->GetCluster(&ctx, v1::GetClusterRequest(), &cluster);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_NE(s.error_message().find("not leader"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("not leader"), std::string::npos)
+      << s.error_message();
   const auto& trailers = ctx.GetServerTrailingMetadata();
   auto it = trailers.find(kLeaderMetadataKey);
   ASSERT_NE(it, trailers.end()) << "no ckpt-leader trailer";
@@ -319,11 +333,14 @@ TEST_F(ServerTest, StandbyNamesTheLeaderInATrailerAndTheClientFollowsIt) {
   EXPECT_FALSE(reader->Read(&view));
   s = reader->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_EQ(LeaderHint(grpc::Status(s.error_code(), "not leader"), wctx), Address());
+  EXPECT_EQ(LeaderHint(grpc::Status(s.error_code(), "not leader"), wctx),
+            Address());
 
-  auto client = CoordinatorClient::Create(standby_addr + "," + Address(), TlsFiles{});
+  auto client =
+      CoordinatorClient::Create(standby_addr + "," + Address(), TlsFiles{});
   ASSERT_TRUE(client.ok()) << client.status();
-  s = (*client)->Call(&CoordinatorClient::Stub::GetCluster, v1::GetClusterRequest(), &cluster,
+  s = (*client)->Call(&CoordinatorClient::Stub::GetCluster,
+                      v1::GetClusterRequest(), &cluster,
                       std::chrono::milliseconds(5000));
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ((*client)->current(), Address());

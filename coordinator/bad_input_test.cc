@@ -1,12 +1,12 @@
 // Bad input to the Coordinator: each is refused with an error naming the
 // field, and the state (checked before and after) does not change.
-#include <fstream>
-#include <functional>
-#include <random>
-
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
+
+#include <fstream>
+#include <functional>
+#include <random>
 
 #include "coordinator/coordinator_testing.h"
 #include "coordinator/options.h"
@@ -47,9 +47,11 @@ TEST_F(BadInputTest, StaleEpochReportIsRejectedAndChangesNothing) {
   std::string before = State();
   auto r = Report("n1", e1_, 7, 0, v1::STAGED);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("epoch: " + std::to_string(e1_)), absl::string_view::npos)
+  EXPECT_NE(r.status().message().find("epoch: " + std::to_string(e1_)),
+            absl::string_view::npos)
       << r.status();
-  EXPECT_EQ(Heartbeat("n1", e1_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Heartbeat("n1", e1_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(State(), before);
 }
 
@@ -65,12 +67,14 @@ TEST_F(BadInputTest, SecondRegistrationOfAliveNodeIsAlreadyExists) {
 }
 
 TEST_F(BadInputTest, UnknownNodeAndMalformedRegistrationAreRejected) {
-  EXPECT_EQ(Report("ghost", 1, 1, 0, v1::STAGED).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Report("ghost", 1, 1, 0, v1::STAGED).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(Heartbeat("ghost", 1).status().code(), absl::StatusCode::kNotFound);
   v1::RegisterNodeRequest req;
   req.set_node_id("../etc");
   req.set_capacity(1);
-  EXPECT_EQ(coord_->RegisterNode(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coord_->RegisterNode(req).status().code(),
+            absl::StatusCode::kInvalidArgument);
   req.set_node_id("n3");
   req.set_capacity(0);
   auto r = coord_->RegisterNode(req);
@@ -82,9 +86,12 @@ TEST_F(BadInputTest, ReportForRankTheNodeDoesNotHostIsRejected) {
   std::string before = State();
   auto r = Report("n1", e1_, 5, 1, v1::STAGED);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("rank: 1"), absl::string_view::npos) << r.status();
-  EXPECT_EQ(Report("n1", e1_, 5, 9, v1::STAGED).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Report("n1", e1_, 5, 0, v1::STAGED, "nojob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("rank: 1"), absl::string_view::npos)
+      << r.status();
+  EXPECT_EQ(Report("n1", e1_, 5, 9, v1::STAGED).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Report("n1", e1_, 5, 0, v1::STAGED, "nojob").status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(State(), before);
 }
 
@@ -92,7 +99,8 @@ TEST_F(BadInputTest, DurableReportOfStepNeverStagedIsRejected) {
   std::string before = State();
   auto r = Report("n1", e1_, 5, 0, v1::DURABLE);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("never staged"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("never staged"), absl::string_view::npos)
+      << r.status();
   EXPECT_EQ(State(), before);
 }
 
@@ -110,14 +118,17 @@ TEST_F(BadInputTest, DurableReportWithOtherSizeOrUnsafeKeyIsRejected) {
   req.set_key("job/x");
   auto r = coord_->ReportShard(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("bytes"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("bytes"), absl::string_view::npos)
+      << r.status();
   req.set_bytes(1000);
   req.set_key("../../etc/passwd");
   r = coord_->ReportShard(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("key"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("key"), absl::string_view::npos)
+      << r.status();
   req.set_state(v1::SHARD_STATE_UNSPECIFIED);
-  EXPECT_EQ(coord_->ReportShard(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coord_->ReportShard(req).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(BadInputTest, RollbackToStepNotDurableEverywhereIsRejected) {
@@ -130,7 +141,8 @@ TEST_F(BadInputTest, RollbackToStepNotDurableEverywhereIsRejected) {
   req.set_step(6);
   auto r = coord_->Rollback(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("step: 6"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step: 6"), absl::string_view::npos)
+      << r.status();
   EXPECT_EQ(State(), before);
   req.set_step(4);
   auto ok = coord_->Rollback(req);
@@ -146,14 +158,17 @@ TEST_F(BadInputTest, RollbackToStepNotDurableEverywhereIsRejected) {
 TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
   MakeDurable(4);
   MakeDurable(8);
-  std::string path = dir_.path() + "/shared/" + storage::GlobalManifestKey("job", 8);
+  std::string path =
+      dir_.path() + "/shared/" + storage::GlobalManifestKey("job", 8);
   std::ofstream(path, std::ios::trunc) << "{\"format\": not json";
   v1::RollbackRequest req;
   req.set_job("job");
   req.set_step(8);
   auto r = coord_->Rollback(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(r.status().message().find("MANIFEST.global"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("MANIFEST.global"),
+            absl::string_view::npos)
+      << r.status();
   Reopen();
   EXPECT_TRUE(HasEvent(v1::MANIFEST_INVALID));
   EXPECT_EQ(Job().last_good_step(), 4u);  // falls back to the readable manifest
@@ -161,8 +176,10 @@ TEST_F(BadInputTest, ManifestThatDoesNotParseIsRefusedOnRollbackAndReopen) {
 
 // Refusals name the field and quote at most a prefix of what they refuse.
 void ExpectRefused(const absl::Status& s, const std::string& field) {
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s.message().substr(0, 200);
-  EXPECT_NE(s.message().find(field), absl::string_view::npos) << s.message().substr(0, 200);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+      << field << ": " << s.message().substr(0, 200);
+  EXPECT_NE(s.message().find(field), absl::string_view::npos)
+      << s.message().substr(0, 200);
   EXPECT_LT(s.message().size(), 1024u) << field;
 }
 
@@ -187,8 +204,9 @@ TEST_F(BadInputTest, HugeOrNonAsciiNamesAreRefusedFirstAndChangeNothing) {
   shard.set_epoch(e1_);
   shard.set_job("job");
   shard.set_state(v1::DURABLE);
-  for (const std::string& key : {huge, std::string("job/a\0b", 7), "/" + std::string(900, 'k'),
-                                 "job/../" + std::string(900, 'k')}) {
+  for (const std::string& key :
+       {huge, std::string("job/a\0b", 7), "/" + std::string(900, 'k'),
+        "job/../" + std::string(900, 'k')}) {
     shard.set_key(key);
     ExpectRefused(coord_->ReportShard(shard).status(), "key");
   }
@@ -231,7 +249,8 @@ class HostileRpcTest : public CoordinatorTest {
 };
 
 absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
 TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
@@ -239,20 +258,27 @@ TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
   node.set_node_id("a-node-with-a-long-name");
   node.set_capacity(1);
   std::string body = node.SerializeAsString();
-  ExpectRefused(FromGrpc(RawCall("RegisterNode", body.substr(0, 8))), "node_id: truncated");
-  ExpectRefused(FromGrpc(RawCall("Heartbeat", std::string("\x0c", 1))), "node_id");
-  ExpectRefused(FromGrpc(RawCall("GetCluster", std::string(12, '\xff'))), "request");
+  ExpectRefused(FromGrpc(RawCall("RegisterNode", body.substr(0, 8))),
+                "node_id: truncated");
+  ExpectRefused(FromGrpc(RawCall("Heartbeat", std::string("\x0c", 1))),
+                "node_id");
+  ExpectRefused(FromGrpc(RawCall("GetCluster", std::string(12, '\xff'))),
+                "request");
   node.set_node_id("\xff\xfe");
-  ExpectRefused(FromGrpc(RawCall("RegisterNode", node.SerializeAsString())), "node_id");
+  ExpectRefused(FromGrpc(RawCall("RegisterNode", node.SerializeAsString())),
+                "node_id");
   std::mt19937 rng(8);
-  for (const char* method : {"RegisterNode", "Heartbeat", "RegisterJob", "ReportShard",
-                             "ReportTrainerExit", "Rollback", "Events"}) {
+  for (const char* method :
+       {"RegisterNode", "Heartbeat", "RegisterJob", "ReportShard",
+        "ReportTrainerExit", "Rollback", "Events"}) {
     for (int i = 0; i < 20; ++i) {
       std::string random(1 + rng() % 100, '\0');
       for (char& c : random) c = static_cast<char>(rng());
       grpc::Status s = RawCall(method, random);
-      EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL) << method << ": " << s.error_message();
-      EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << method << ": " << s.error_message();
+      EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL)
+          << method << ": " << s.error_message();
+      EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN)
+          << method << ": " << s.error_message();
       if (!s.ok()) {
         EXPECT_FALSE(s.error_message().empty()) << method;
         EXPECT_LT(s.error_message().size(), 1024u) << method;
@@ -277,10 +303,13 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
   }
   std::string json = storage::EncodeGlobalManifest(m);
   ASSERT_TRUE(storage::DecodeGlobalManifest(json, "k", "j", 3).ok());
-  auto expect_error = [&](storage::v1::GlobalManifest bad, const std::string& field) {
-    auto d = storage::DecodeGlobalManifest(storage::EncodeGlobalManifest(bad), "k", "j", 3);
+  auto expect_error = [&](storage::v1::GlobalManifest bad,
+                          const std::string& field) {
+    auto d = storage::DecodeGlobalManifest(storage::EncodeGlobalManifest(bad),
+                                           "k", "j", 3);
     EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
-    EXPECT_NE(d.status().message().find(field), absl::string_view::npos) << d.status();
+    EXPECT_NE(d.status().message().find(field), absl::string_view::npos)
+        << d.status();
   };
   storage::v1::GlobalManifest bad = m;
   bad.set_step(4);
@@ -294,13 +323,15 @@ TEST(ManifestTest, DecodeNamesTheFieldThatIsWrong) {
   bad = m;
   bad.mutable_shards()->RemoveLast();
   expect_error(bad, "shards");
-  EXPECT_EQ(storage::DecodeGlobalManifest("[]", "k", "j", 3).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(storage::DecodeGlobalManifest("[]", "k", "j", 3).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // A fallback report is a node RPC like the others: a fenced epoch, an
 // unknown job, a rank the node does not host or a malformed field is
 // refused naming the field, and nothing is recorded.
-TEST_F(BadInputTest, FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecordingNothing) {
+TEST_F(BadInputTest,
+       FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecordingNothing) {
   auto fallback = [&](auto edit) {
     v1::ReportFallbackRequest req;
     req.set_node_id("n1");
@@ -337,7 +368,8 @@ TEST_F(BadInputTest, FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecor
     absl::Status s = fallback(c.edit);
     EXPECT_FALSE(s.ok()) << c.field;
     EXPECT_EQ(s.message().rfind(c.field + ":", 0), 0u) << c.field << ": " << s;
-    EXPECT_LE(s.message().size(), 400u) << "a bad value is quoted by its prefix: " << s;
+    EXPECT_LE(s.message().size(), 400u)
+        << "a bad value is quoted by its prefix: " << s;
   }
   EXPECT_FALSE(HasEvent(v1::FALLBACK));
   EXPECT_EQ(State(), before);
@@ -346,21 +378,25 @@ TEST_F(BadInputTest, FallbackOfStaleEpochUnknownJobOrRankNotHostedIsRefusedRecor
 }
 
 // ckpt-coordinator's command line (plus `extra`), parsed.
-absl::StatusOr<CoordinatorServerOptions> ParseArgs(std::vector<std::string> extra,
-                                                  std::string* help = nullptr) {
-  std::vector<std::string> args = {"ckpt-coordinator", "--listen", "127.0.0.1:0",
-                                   "--state", "/nonexistent/state", "--insecure"};
+absl::StatusOr<CoordinatorServerOptions> ParseArgs(
+    std::vector<std::string> extra, std::string* help = nullptr) {
+  std::vector<std::string> args = {"ckpt-coordinator",   "--listen",
+                                   "127.0.0.1:0",        "--state",
+                                   "/nonexistent/state", "--insecure"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   std::string ignored;
-  return ParseCoordinatorOptions(static_cast<int>(argv.size()), argv.data(), help ? help : &ignored);
+  return ParseCoordinatorOptions(static_cast<int>(argv.size()), argv.data(),
+                                 help ? help : &ignored);
 }
 
-TEST(CoordinatorOptionsTest, PlanAckTimeoutAndMaxSoftStepsComeFromFlagsOrTheConfigFile) {
+TEST(CoordinatorOptionsTest,
+     PlanAckTimeoutAndMaxSoftStepsComeFromFlagsOrTheConfigFile) {
   auto o = ParseArgs({});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::minutes(10)) << "the default";
+  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::minutes(10))
+      << "the default";
   EXPECT_EQ(o->coordinator.max_soft_steps, 64u) << "the default";
 
   o = ParseArgs({"--plan-ack-timeout-ms", "120000", "--max-soft-steps", "16"});
@@ -373,19 +409,23 @@ TEST(CoordinatorOptionsTest, PlanAckTimeoutAndMaxSoftStepsComeFromFlagsOrTheConf
   std::ofstream(config) << "plan_ack_timeout_ms = 0\nmax_soft_steps = 8\n";
   o = ParseArgs({"--config", config});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::milliseconds(0)) << "0: no deadline";
+  EXPECT_EQ(o->coordinator.plan_ack_timeout, std::chrono::milliseconds(0))
+      << "0: no deadline";
   EXPECT_EQ(o->coordinator.max_soft_steps, 8u);
   o = ParseArgs({"--config", config, "--max-soft-steps", "32"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->coordinator.max_soft_steps, 32u) << "the flag wins over the file";
+  EXPECT_EQ(o->coordinator.max_soft_steps, 32u)
+      << "the flag wins over the file";
 
   std::string help;
-  EXPECT_EQ(ParseArgs({"--help"}, &help).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ParseArgs({"--help"}, &help).status().code(),
+            absl::StatusCode::kCancelled);
   EXPECT_NE(help.find("--plan-ack-timeout-ms"), std::string::npos) << help;
   EXPECT_NE(help.find("--max-soft-steps"), std::string::npos) << help;
 }
 
-TEST(CoordinatorOptionsTest, BadPlanAckTimeoutOrMaxSoftStepsIsAnErrorNamingTheFlagOrKey) {
+TEST(CoordinatorOptionsTest,
+     BadPlanAckTimeoutOrMaxSoftStepsIsAnErrorNamingTheFlagOrKey) {
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--plan-ack-timeout-ms", "10"},
         {"--plan-ack-timeout-ms", "-1"},
@@ -393,7 +433,9 @@ TEST(CoordinatorOptionsTest, BadPlanAckTimeoutOrMaxSoftStepsIsAnErrorNamingTheFl
         {"--plan-ack-timeout-ms", "999999999999"}}) {
     auto o = ParseArgs(bad);
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
-    EXPECT_NE(o.status().message().find("--plan-ack-timeout-ms"), std::string::npos) << o.status();
+    EXPECT_NE(o.status().message().find("--plan-ack-timeout-ms"),
+              std::string::npos)
+        << o.status();
   }
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--max-soft-steps", "0"},
@@ -402,11 +444,13 @@ TEST(CoordinatorOptionsTest, BadPlanAckTimeoutOrMaxSoftStepsIsAnErrorNamingTheFl
         {"--max-soft-steps", "100000000"}}) {
     auto o = ParseArgs(bad);
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
-    EXPECT_NE(o.status().message().find("--max-soft-steps"), std::string::npos) << o.status();
+    EXPECT_NE(o.status().message().find("--max-soft-steps"), std::string::npos)
+        << o.status();
   }
   ckpt::testing::TempDir dir;
   const std::string config = dir.path() + "/coordinator.toml";
-  for (const auto& [line, key] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [line, key] :
+       std::vector<std::pair<std::string, std::string>>{
            {"plan_ack_timeout_ms = 5", "plan_ack_timeout_ms"},
            {"plan_ack_timeout_ms = \"10m\"", "plan_ack_timeout_ms"},
            {"max_soft_steps = 0", "max_soft_steps"}}) {

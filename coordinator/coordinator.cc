@@ -18,7 +18,8 @@ constexpr uint32_t kMaxWorldSize = 1 << 16;
 constexpr size_t kMaxAddressBytes = 256;
 
 // Checked before any state is touched: a refused request changes nothing.
-[[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id, const std::string& job) {
+[[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id,
+                                              const std::string& job) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(node_id, "node_id"));
   return ValidateJobName(job, "job");
 }
@@ -29,9 +30,10 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
     const v1::RegisterNodeRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   if (req.capacity() == 0 || req.capacity() > kMaxCapacity)
-    return absl::InvalidArgumentError(
-        absl::StrCat("capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
-  CKPT_RETURN_IF_ERROR(ValidatePrintable(req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(
+      req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
@@ -57,34 +59,40 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.live->last_seen_ms = now;
   int64_t expiry = next_expiry_ms_.load();
   while (expiry > now + options_.heartbeat_timeout.count() &&
-         !next_expiry_ms_.compare_exchange_weak(expiry, now + options_.heartbeat_timeout.count())) {
+         !next_expiry_ms_.compare_exchange_weak(
+             expiry, now + options_.heartbeat_timeout.count())) {
   }
   batch.PutNode(node.rec);
-  LogLocked(&batch, v1::NODE_REGISTERED, "", req.node_id(),
-            absl::StrCat("epoch ", node.rec.epoch(), ", capacity ", req.capacity(),
-                         node.rec.spare() ? ", spare" : ", active"));
+  LogLocked(
+      &batch, v1::NODE_REGISTERED, "", req.node_id(),
+      absl::StrCat("epoch ", node.rec.epoch(), ", capacity ", req.capacity(),
+                   node.rec.spare() ? ", spare" : ", active"));
   // Only a node that can end the wait makes a plan (its own lost ranks come
   // back, or a spare has room): any other registration changes nothing.
   for (auto& [name, job] : jobs_)
     if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
         (job.ranks_by_node.count(req.node_id()) || node.rec.spare()))
-      MakePlanLocked(&batch, job, absl::StrCat("node ", req.node_id(), " registered"));
+      MakePlanLocked(&batch, job,
+                     absl::StrCat("node ", req.node_id(), " registered"));
   v1::RegisterNodeResponse resp;
   resp.set_epoch(node.rec.epoch());
-  resp.set_heartbeat_timeout_ms(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
+  resp.set_heartbeat_timeout_ms(
+      static_cast<uint32_t>(options_.heartbeat_timeout.count()));
   resp.set_incarnation(incarnation_.load());
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
+    const v1::HeartbeatRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   {
     // Liveness first, without the state mutex: a heartbeat counts even if
     // reports or a plan hold the state for a while.
     std::shared_lock<std::shared_mutex> live(live_mu_);
     auto it = live_.find(req.node_id());
-    if (it != live_.end() && it->second->alive && it->second->epoch == req.epoch()) {
+    if (it != live_.end() && it->second->alive &&
+        it->second->epoch == req.epoch()) {
       const int64_t now = options_.now_ms();
       int64_t last = it->second->last_seen_ms.load();
       // A node already past its timeout is left to the detector below.
@@ -102,23 +110,27 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     for (uint64_t id : req.acked_order_ids()) {
       auto it = orders_.find(id);
       if (it != orders_.end() && it->second.node_id() != req.node_id()) {
-        s = absl::InvalidArgumentError(absl::StrCat("acked_order_ids: order ", id, " is for node ",
-                                                    it->second.node_id(), ", not ", req.node_id()));
+        s = absl::InvalidArgumentError(
+            absl::StrCat("acked_order_ids: order ", id, " is for node ",
+                         it->second.node_id(), ", not ", req.node_id()));
         break;
       }
     }
   }
   if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));  // timeouts detected above still count
+    CKPT_RETURN_IF_ERROR(
+        Commit(lock, std::move(owned)));  // timeouts detected above still count
     return s;
   }
   std::set<std::string> acked_jobs;
   for (uint64_t id : req.acked_order_ids()) {
     auto it = orders_.find(id);
-    if (it == orders_.end()) continue;  // acknowledged before: a retried heartbeat
+    if (it == orders_.end())
+      continue;  // acknowledged before: a retried heartbeat
     std::string job = it->second.job();
-    LogLocked(&batch, v1::ORDER_ACKED, job, req.node_id(),
-              absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
+    LogLocked(
+        &batch, v1::ORDER_ACKED, job, req.node_id(),
+        absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
     EraseOrderLocked(&batch, it);
     acked_jobs.insert(job);
   }
@@ -131,15 +143,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   auto mine = orders_by_node_.find(req.node_id());
   if (mine != orders_by_node_.end()) {
     for (uint64_t id : mine->second) {
-      if (order_seq_.count(id)) continue;  // not durable yet: the next heartbeat
+      if (order_seq_.count(id))
+        continue;  // not durable yet: the next heartbeat
       v1::Order& order = orders_.at(id);
       if (!order.delivered()) {
         order.set_delivered(true);
         batch.PutOrder(order);
-        LogLocked(&batch, v1::ORDER_SENT, order.job(), req.node_id(),
-                  absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()), " step ",
-                               order.has_step() ? absl::StrCat(order.step()) : "none", " ranks ",
-                               absl::StrJoin(order.ranks(), ",")));
+        LogLocked(
+            &batch, v1::ORDER_SENT, order.job(), req.node_id(),
+            absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
+                         " step ",
+                         order.has_step() ? absl::StrCat(order.step()) : "none",
+                         " ranks ", absl::StrJoin(order.ranks(), ",")));
       }
       *resp.add_orders() = order;
     }
@@ -164,11 +179,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   return resp;
 }
 
-absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::RegisterJobRequest& req) {
+absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
+    const v1::RegisterJobRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize)
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
@@ -178,9 +194,9 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::Regis
   if (existing != jobs_.end()) {
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     if (existing->second.rec.world_size() != req.world_size())
-      return absl::AlreadyExistsError(absl::StrCat("job: \"", req.job(), "\" is registered with world_size ",
-                                                   existing->second.rec.world_size(), ", not ",
-                                                   req.world_size()));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "job: \"", req.job(), "\" is registered with world_size ",
+          existing->second.rec.world_size(), ", not ", req.world_size()));
     *resp.mutable_job() = existing->second.rec;
     return resp;
   }
@@ -194,19 +210,22 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(const v1::Regis
     uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
     // Each launcher runs nproc_per_node trainers: no node gets more.
     if (req.nproc_per_node() > 0) free = std::min(free, req.nproc_per_node());
-    for (; free > 0 && next_rank < req.world_size(); --free, ++next_rank) rec.add_rank_node(id);
+    for (; free > 0 && next_rank < req.world_size(); --free, ++next_rank)
+      rec.add_rank_node(id);
   }
   if (next_rank < req.world_size()) {
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return absl::FailedPreconditionError(absl::StrCat(
-        "world_size: ", req.world_size(), " ranks, but alive active nodes have room for ", next_rank));
+        "world_size: ", req.world_size(),
+        " ranks, but alive active nodes have room for ", next_rank));
   }
   JobState& job = jobs_[req.job()];
   job.rec = rec;
   IndexJobLocked(job);
   PutJobLocked(&batch, job);
   LogLocked(&batch, v1::JOB_REGISTERED, req.job(), "",
-            absl::StrCat("world_size ", req.world_size(), ", ranks on ", absl::StrJoin(rec.rank_node(), ",")));
+            absl::StrCat("world_size ", req.world_size(), ", ranks on ",
+                         absl::StrJoin(rec.rank_node(), ",")));
   *resp.mutable_job() = rec;
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   return resp;
@@ -220,8 +239,9 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
   Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  absl::StatusOr<JobState*> job = s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
-                                         : absl::StatusOr<JobState*>(s);
+  absl::StatusOr<JobState*> job =
+      s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
+             : absl::StatusOr<JobState*>(s);
   if (!job.ok()) {
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return job.status();
@@ -236,15 +256,18 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return resp;
   }
-  std::string how = req.term_signal() != 0 ? absl::StrCat("killed by signal ", req.term_signal())
-                                           : absl::StrCat("exited with code ", req.exit_code());
+  std::string how = req.term_signal() != 0
+                        ? absl::StrCat("killed by signal ", req.term_signal())
+                        : absl::StrCat("exited with code ", req.exit_code());
   if (req.exit_code() == 0 && req.term_signal() == 0) {
-    LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(), absl::StrCat("rank ", req.rank(), " ", how));
+    LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(),
+              absl::StrCat("rank ", req.rank(), " ", how));
   } else {
     LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(),
               absl::StrCat("trainer of rank ", req.rank(), " ", how));
     options_.metrics->FailureDetected(metric::kTrainerExit);
-    MakePlanLocked(&batch, **job, absl::StrCat("trainer of rank ", req.rank(), " ", how));
+    MakePlanLocked(&batch, **job,
+                   absl::StrCat("trainer of rank ", req.rank(), " ", how));
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());
@@ -252,20 +275,28 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
   return resp;
 }
 
-absl::Status Coordinator::CheckRollbackLocked(const v1::RollbackRequest& req) const {
+absl::Status Coordinator::CheckRollbackLocked(
+    const v1::RollbackRequest& req) const {
   auto it = jobs_.find(req.job());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job: \"", req.job(), "\" is not registered"));
+  if (it == jobs_.end())
+    return absl::NotFoundError(
+        absl::StrCat("job: \"", req.job(), "\" is not registered"));
   const v1::JobRecord& rec = it->second.rec;
-  if (std::find(rec.manifest_steps().begin(), rec.manifest_steps().end(), req.step()) == rec.manifest_steps().end())
+  if (std::find(rec.manifest_steps().begin(), rec.manifest_steps().end(),
+                req.step()) == rec.manifest_steps().end())
     return absl::FailedPreconditionError(absl::StrCat(
-        "step: ", req.step(), " of job ", req.job(), " is not durable on every rank (last good: ",
-        rec.has_last_good() ? absl::StrCat(rec.last_good_step()) : "none", ")"));
+        "step: ", req.step(), " of job ", req.job(),
+        " is not durable on every rank (last good: ",
+        rec.has_last_good() ? absl::StrCat(rec.last_good_step()) : "none",
+        ")"));
   if (rec.plan_state() == v1::PLAN_WAITING_FOR_NODE)
-    return absl::FailedPreconditionError(absl::StrCat("job: ", req.job(), " has ranks without a host"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job: ", req.job(), " has ranks without a host"));
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackRequest& req) {
+absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
+    const v1::RollbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
@@ -290,14 +321,17 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
     // Only the write the commit refers to (a deposed leader's late write
     // is not it); this process may still hold the committed one.
     absl::Status stamped = CheckStampLocked(jobs_.at(req.job()).rec, *manifest);
-    const storage::v1::GlobalManifest* kept = KnownManifestLocked(req.job(), req.step());
-    if (!stamped.ok() && kept && CheckStampLocked(jobs_.at(req.job()).rec, *kept).ok())
+    const storage::v1::GlobalManifest* kept =
+        KnownManifestLocked(req.job(), req.step());
+    if (!stamped.ok() && kept &&
+        CheckStampLocked(jobs_.at(req.job()).rec, *kept).ok())
       manifest = *kept;
     else if (!stamped.ok())
       manifest = stamped;
   }
   if (s.ok() && !manifest.ok()) {
-    LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "", std::string(manifest.status().message()));
+    LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "",
+              std::string(manifest.status().message()));
     s = manifest.status();
   }
   if (!s.ok()) {
@@ -307,13 +341,16 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(const v1::RollbackReq
   RememberManifestLocked(*manifest);
   auto it = jobs_.find(req.job());
   JobState& job = it->second;
-  LogLocked(&batch, v1::ROLLBACK, req.job(), "", absl::StrCat("to step ", req.step()));
+  LogLocked(&batch, v1::ROLLBACK, req.job(), "",
+            absl::StrCat("to step ", req.step()));
   job.rec.set_generation(job.rec.generation() + 1);
   auto* steps = job.rec.mutable_manifest_steps();
-  steps->erase(std::remove_if(steps->begin(), steps->end(), [&](uint64_t st) { return st > req.step(); }),
+  steps->erase(std::remove_if(steps->begin(), steps->end(),
+                              [&](uint64_t st) { return st > req.step(); }),
                steps->end());
   auto* stamps = job.rec.mutable_manifest_stamps();
-  for (auto it = stamps->begin(); it != stamps->end();) it = it->first > req.step() ? stamps->erase(it) : std::next(it);
+  for (auto it = stamps->begin(); it != stamps->end();)
+    it = it->first > req.step() ? stamps->erase(it) : std::next(it);
   job.rec.set_has_last_good(true);
   job.rec.set_last_good_step(req.step());
   DropOrdersOfJobLocked(&batch, req.job());

@@ -72,19 +72,20 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
-#include "coordinator/metrics.h"
 #include "coordinator/group_commit.h"
+#include "coordinator/metrics.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
-#include "storage/object_backend.h"
 #include "storage/manifest.h"
+#include "storage/object_backend.h"
 
 namespace ckpt::coordinator {
 
 struct CoordinatorOptions {
   std::string state_dir;    // RocksDB in <state_dir>/db
   std::string shared_root;  // global manifests go here (a directory or s3://)
-  storage::ObjectStoreConfig object_config;  // an s3:// shared root's object_* keys
+  storage::ObjectStoreConfig
+      object_config;  // an s3:// shared root's object_* keys
   std::chrono::milliseconds heartbeat_timeout{3000};
   // How long Open waits for a shared root whose manifests it cannot read
   // (see Open); 0: it fails at once.
@@ -109,7 +110,8 @@ struct CoordinatorOptions {
   // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
   std::shared_ptr<CoordinatorMetrics> metrics;
   // Tests: wraps the shared root's backend (a fault-injection wrapper).
-  std::function<std::unique_ptr<storage::Backend>(std::unique_ptr<storage::Backend>)>
+  std::function<std::unique_ptr<storage::Backend>(
+      std::unique_ptr<storage::Backend>)>
       wrap_shared_root;
 };
 
@@ -134,10 +136,12 @@ class Coordinator {
 
   [[nodiscard]] absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(
       const v1::RegisterNodeRequest& req);
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& req);
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
       const v1::RegisterJobRequest& req);
-  absl::StatusOr<v1::ReportShardResponse> ReportShard(const v1::ReportShardRequest& req);
+  absl::StatusOr<v1::ReportShardResponse> ReportShard(
+      const v1::ReportShardRequest& req);
   // A node's batch: fenced epoch or unknown node refuses the whole call;
   // otherwise one result per report.
   [[nodiscard]] absl::StatusOr<v1::ReportShardsResponse> ReportShards(
@@ -183,7 +187,8 @@ class Coordinator {
   v1::JobView View(const std::string& job, const std::string& node_id);
   // Counts durable changes; WaitForChange returns the count once it is
   // above `seen`, or at `deadline`.
-  uint64_t WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  uint64_t WaitForChange(uint64_t seen,
+                         std::chrono::steady_clock::time_point deadline);
   uint64_t incarnation() const { return incarnation_.load(); }
 
   const CoordinatorOptions& options() const { return options_; }
@@ -204,9 +209,10 @@ class Coordinator {
     v1::JobRecord rec;
     std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
     std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
-    std::map<std::string, std::vector<uint32_t>> ranks_by_node;  // of rec.rank_node
+    std::map<std::string, std::vector<uint32_t>>
+        ranks_by_node;              // of rec.rank_node
     std::set<uint64_t> committing;  // steps whose manifest is being written
-    int64_t plan_ordered_ms = 0;    // when the current plan's orders were queued
+    int64_t plan_ordered_ms = 0;  // when the current plan's orders were queued
     // rec as of the last durable commit: what heartbeats and watches show,
     // so that they never wait for a disk write.
     v1::JobRecord durable_rec;
@@ -233,12 +239,14 @@ class Coordinator {
   // OK when `read`, the failed read of a manifest, proves it invalid: the
   // manifest is corrupt (DATA_LOSS), or missing while other keys of its job
   // are there. Else UNAVAILABLE naming the shared root and the manifest.
-  [[nodiscard]] absl::Status ManifestInvalidLocked(const std::string& job, uint64_t step,
+  [[nodiscard]] absl::Status ManifestInvalidLocked(const std::string& job,
+                                                   uint64_t step,
                                                    const absl::Status& read);
   // Enqueues the batch (if not empty), releases the lock, and waits until
   // every batch enqueued so far is durable.
   [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch);
-  [[nodiscard]] absl::Status CommitLocked(Batch* batch);  // Open only: synchronous
+  [[nodiscard]] absl::Status CommitLocked(
+      Batch* batch);  // Open only: synchronous
   void OnCommitFailed(const absl::Status& s);
   void OnDurable(uint64_t seq);
   void PutJobLocked(Batch* batch, JobState& job);
@@ -246,35 +254,39 @@ class Coordinator {
   // delivery marks may be lost in a crash; orders are re-sent and re-acked).
   void EnqueueLocked(std::unique_ptr<Batch> batch);
   void SetLiveLocked(NodeState& node);
-  int64_t LastSeen(const NodeState& node) const { return node.live->last_seen_ms.load(); }
+  int64_t LastSeen(const NodeState& node) const {
+    return node.live->last_seen_ms.load();
+  }
   void IndexJobLocked(JobState& job);
   void PutShardLocked(JobState& job, v1::ShardRecord rec);
   void EraseStepLocked(JobState& job, uint64_t step);
-  std::map<uint64_t, v1::Order>::iterator EraseOrderLocked(Batch* batch,
-                                                         std::map<uint64_t, v1::Order>::iterator it);
+  std::map<uint64_t, v1::Order>::iterator EraseOrderLocked(
+      Batch* batch, std::map<uint64_t, v1::Order>::iterator it);
   // One report of `node_id` at `epoch`; `complete` gets steps that became
   // durable on every rank.
-  [[nodiscard]] absl::Status ApplyReportLocked(const std::string& node_id, uint64_t epoch,
-                                               const v1::ShardReport& r, Batch* batch,
-                                               v1::ReportResult* result,
-                                               std::vector<PendingCommit>* complete);
+  [[nodiscard]] absl::Status ApplyReportLocked(
+      const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
+      Batch* batch, v1::ReportResult* result,
+      std::vector<PendingCommit>* complete);
   // Writes the manifests (state mutex released), then moves last good.
-  [[nodiscard]] absl::Status CommitSteps(Lock& lock, Batch* batch,
-                                         std::vector<PendingCommit> steps,
-                                         std::set<std::pair<std::string, uint64_t>>* done);
+  [[nodiscard]] absl::Status CommitSteps(
+      Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
+      std::set<std::pair<std::string, uint64_t>>* done);
   void RememberManifestLocked(const storage::v1::GlobalManifest& m);
   // Null when not kept (see manifests_).
   const storage::v1::GlobalManifest* KnownManifestLocked(const std::string& job,
                                                          uint64_t step) const;
   // Why `req` cannot roll back now (the job, the step, the plan), or OK.
-  [[nodiscard]] absl::Status CheckRollbackLocked(const v1::RollbackRequest& req) const;
+  [[nodiscard]] absl::Status CheckRollbackLocked(
+      const v1::RollbackRequest& req) const;
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
                  const std::string& node, const std::string& detail);
   // `e` with its seq and time set here.
   void LogLocked(Batch* batch, v1::Event e);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
                                               uint64_t epoch);
-  absl::StatusOr<JobState*> HostedRankLocked(const std::string& node_id, const std::string& job,
+  absl::StatusOr<JobState*> HostedRankLocked(const std::string& node_id,
+                                             const std::string& job,
                                              uint32_t rank);
   uint32_t HostedRanksLocked(const std::string& node_id) const;
   void QueueOrderLocked(Batch* batch, v1::Order order);
@@ -283,17 +295,22 @@ class Coordinator {
   void DetectTimeoutsLocked(Batch* batch);
   // Marks the node dead and drops its pending orders; plans are the
   // caller's.
-  void DeclareDeadLocked(Batch* batch, NodeState& node, const std::string& reason);
+  void DeclareDeadLocked(Batch* batch, NodeState& node,
+                         const std::string& reason);
   void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause);
-  bool InHostMemoryLocked(const JobState& job, uint64_t step, uint32_t rank) const;
+  bool InHostMemoryLocked(const JobState& job, uint64_t step,
+                          uint32_t rank) const;
   std::optional<uint64_t> RestoreStepLocked(const JobState& job) const;
-  void DropStepsAfterLocked(Batch* batch, JobState& job, std::optional<uint64_t> step);
+  void DropStepsAfterLocked(Batch* batch, JobState& job,
+                            std::optional<uint64_t> step);
   void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
-  void IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
+  void IssueOrdersLocked(Batch* batch, JobState& job,
+                         std::optional<uint64_t> step,
                          const storage::v1::GlobalManifest* manifest);
   // Whether every rank of `step` is durable; if so and not yet committed
   // (or being committed), the manifest to write.
-  bool StepCompleteLocked(JobState& job, uint64_t step, std::vector<PendingCommit>* out);
+  bool StepCompleteLocked(JobState& job, uint64_t step,
+                          std::vector<PendingCommit>* out);
   void FinishStepLocked(Batch* batch, const PendingCommit& c);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);
   // Fails the nodes that left a plan unacknowledged past plan_ack_timeout
@@ -305,8 +322,8 @@ class Coordinator {
   void TrimStepsLocked(JobState& job);
   // OK when `m` is the write of its step that the job's commit refers to
   // (or the commit predates stamps); else DataLoss saying why.
-  [[nodiscard]] absl::Status CheckStampLocked(const v1::JobRecord& rec,
-                                              const storage::v1::GlobalManifest& m) const;
+  [[nodiscard]] absl::Status CheckStampLocked(
+      const v1::JobRecord& rec, const storage::v1::GlobalManifest& m) const;
 
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;
@@ -321,7 +338,8 @@ class Coordinator {
   // the last good step from its manifest uses, so that no plan reads the
   // shared root under mu_. Kept across ReloadLocked (a failed write may
   // move last good back one step).
-  std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>> manifests_;
+  std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>>
+      manifests_;
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, v1::Order> orders_;  // pending, by id
@@ -348,7 +366,8 @@ class Coordinator {
   std::condition_variable change_cv_;
   uint64_t changes_ = 0;
 
-  std::unique_ptr<GroupCommitter> committer_;  // last: its thread uses the above
+  std::unique_ptr<GroupCommitter>
+      committer_;  // last: its thread uses the above
 };
 
 }  // namespace ckpt::coordinator

@@ -34,12 +34,16 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
   }
   for (const std::string& id : dead) {
     NodeState& node = nodes_[id];
-    DeclareDeadLocked(batch, node, absl::StrCat("no heartbeat for ", now - LastSeen(node), " ms"));
+    DeclareDeadLocked(
+        batch, node,
+        absl::StrCat("no heartbeat for ", now - LastSeen(node), " ms"));
   }
   for (auto& [name, job] : jobs_)
     for (const std::string& id : dead)
       if (job.ranks_by_node.count(id)) {
-        MakePlanLocked(batch, job, absl::StrCat("node ", absl::StrJoin(dead, ","), " dead"));
+        MakePlanLocked(
+            batch, job,
+            absl::StrCat("node ", absl::StrJoin(dead, ","), " dead"));
         break;
       }
   DetectUnacknowledgedPlansLocked(batch, now);
@@ -66,17 +70,21 @@ void Coordinator::DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now) {
     std::map<std::string, std::vector<std::string>> late;
     for (const auto& [id, o] : orders_)
       if (o.job() == name && o.kind() != v1::STOP)
-        late[o.node_id()].push_back(absl::StrCat("order ", id, " ", v1::OrderKind_Name(o.kind())));
+        late[o.node_id()].push_back(
+            absl::StrCat("order ", id, " ", v1::OrderKind_Name(o.kind())));
     std::vector<std::string> failed;
     for (const auto& [id, what] : late) {
       auto node = nodes_.find(id);
-      if (node == nodes_.end() || node->second.rec.health() != v1::ALIVE) continue;
+      if (node == nodes_.end() || node->second.rec.health() != v1::ALIVE)
+        continue;
       // Failed for this plan: fenced like a dead node, so that a late
       // acknowledgement (or report) of the stuck epoch changes nothing; it
       // comes back by registering again.
-      DeclareDeadLocked(batch, node->second,
-                        absl::StrCat("did not acknowledge ", absl::StrJoin(what, ", "), " of job ", name,
-                                     " generation ", job.rec.generation(), " within ", limit, " ms"));
+      DeclareDeadLocked(
+          batch, node->second,
+          absl::StrCat("did not acknowledge ", absl::StrJoin(what, ", "),
+                       " of job ", name, " generation ", job.rec.generation(),
+                       " within ", limit, " ms"));
       options_.metrics->FailureDetected(metric::kPlanUnacknowledged);
       failed.push_back(id);
     }
@@ -87,8 +95,9 @@ void Coordinator::DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now) {
     for (auto& [other, j] : jobs_)
       for (const std::string& id : failed)
         if (j.ranks_by_node.count(id)) {
-          MakePlanLocked(batch, j, absl::StrCat("node ", absl::StrJoin(failed, ","),
-                                                " did not acknowledge the plan"));
+          MakePlanLocked(batch, j,
+                         absl::StrCat("node ", absl::StrJoin(failed, ","),
+                                      " did not acknowledge the plan"));
           break;
         }
   }
@@ -102,7 +111,8 @@ void Coordinator::TrimStepsLocked(JobState& job) {
     if (drop.size() == over) break;
     // The last good step's records say where its shards are in memory;
     // a step being committed is not dropped under its writer.
-    if ((job.rec.has_last_good() && n <= job.rec.last_good_step()) || job.committing.count(n))
+    if ((job.rec.has_last_good() && n <= job.rec.last_good_step()) ||
+        job.committing.count(n))
       continue;
     drop.push_back(n);
   }
@@ -110,14 +120,16 @@ void Coordinator::TrimStepsLocked(JobState& job) {
   if (!drop.empty()) options_.metrics->StepsTrimmed(drop.size());
 }
 
-void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node, const std::string& reason) {
+void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node,
+                                    const std::string& reason) {
   const std::string id = node.rec.node_id();
   node.rec.set_health(v1::DEAD);
   node.rec.set_dead_reason(reason);
   SetLiveLocked(node);
   batch->PutNode(node.rec);
   LogLocked(batch, v1::FAILURE_DETECTED, "", id,
-            absl::StrCat("node ", id, " epoch ", node.rec.epoch(), " declared dead: ", reason));
+            absl::StrCat("node ", id, " epoch ", node.rec.epoch(),
+                         " declared dead: ", reason));
   options_.metrics->FailureDetected(metric::kNodeDead);
   auto mine = orders_by_node_.find(id);
   if (mine == orders_by_node_.end()) return;
@@ -125,23 +137,27 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node, const std::st
   for (uint64_t o : ids) EraseOrderLocked(batch, orders_.find(o));
 }
 
-bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step, uint32_t rank) const {
+bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step,
+                                     uint32_t rank) const {
   auto st = job.steps.find(step);
   if (st == job.steps.end()) return false;
   auto sh = st->second.find(rank);
   if (sh == st->second.end()) return false;
   auto host = nodes_.find(job.rec.rank_node(rank));
   return host != nodes_.end() && host->second.rec.health() == v1::ALIVE &&
-         sh->second.node_id() == host->first && sh->second.epoch() == host->second.rec.epoch();
+         sh->second.node_id() == host->first &&
+         sh->second.epoch() == host->second.rec.epoch();
 }
 
-std::optional<uint64_t> Coordinator::RestoreStepLocked(const JobState& job) const {
+std::optional<uint64_t> Coordinator::RestoreStepLocked(
+    const JobState& job) const {
   for (auto st = job.steps.rbegin(); st != job.steps.rend(); ++st) {
     bool every_rank = st->second.size() == job.rec.world_size();
     for (uint32_t r = 0; every_rank && r < job.rec.world_size(); ++r) {
       auto sh = st->second.find(r);
-      every_rank = sh != st->second.end() &&
-                   (sh->second.state() == v1::DURABLE || InHostMemoryLocked(job, st->first, r));
+      every_rank =
+          sh != st->second.end() && (sh->second.state() == v1::DURABLE ||
+                                     InHostMemoryLocked(job, st->first, r));
     }
     if (every_rank) return st->first;
   }
@@ -151,11 +167,13 @@ std::optional<uint64_t> Coordinator::RestoreStepLocked(const JobState& job) cons
   return std::nullopt;
 }
 
-void Coordinator::DropStepsAfterLocked(Batch*, JobState& job, std::optional<uint64_t> step) {
+void Coordinator::DropStepsAfterLocked(Batch*, JobState& job,
+                                       std::optional<uint64_t> step) {
   std::vector<uint64_t> drop;
   for (const auto& [n, shards] : job.steps)
     if (!step || n > *step) drop.push_back(n);
-  for (uint64_t n : drop) EraseStepLocked(job, n);  // soft state: nothing on disk
+  for (uint64_t n : drop)
+    EraseStepLocked(job, n);  // soft state: nothing on disk
 }
 
 void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
@@ -170,7 +188,8 @@ void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
   }
 }
 
-void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string& cause) {
+void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
+                                 const std::string& cause) {
   const std::string& name = job.rec.job();
   options_.metrics->PlanMade(name, options_.now_ms());
   job.rec.set_generation(job.rec.generation() + 1);
@@ -179,14 +198,16 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
   std::map<std::string, std::vector<uint32_t>> lost;
   for (uint32_t r = 0; r < job.rec.world_size(); ++r) {
     auto host = nodes_.find(job.rec.rank_node(r));
-    if (host == nodes_.end() || host->second.rec.health() != v1::ALIVE) lost[job.rec.rank_node(r)].push_back(r);
+    if (host == nodes_.end() || host->second.rec.health() != v1::ALIVE)
+      lost[job.rec.rank_node(r)].push_back(r);
   }
   job.rec.clear_lost_ranks();
   std::vector<std::string> moves;
   for (const auto& [dead, ranks] : lost) {
     NodeState* spare = nullptr;
     for (auto& [id, n] : nodes_) {
-      if (n.rec.health() == v1::ALIVE && n.rec.spare() && n.rec.capacity() >= HostedRanksLocked(id) + ranks.size()) {
+      if (n.rec.health() == v1::ALIVE && n.rec.spare() &&
+          n.rec.capacity() >= HostedRanksLocked(id) + ranks.size()) {
         spare = &n;
         break;
       }
@@ -198,7 +219,8 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
     for (uint32_t r : ranks) job.rec.set_rank_node(r, spare->rec.node_id());
     spare->rec.set_spare(false);
     batch->PutNode(spare->rec);
-    moves.push_back(absl::StrCat("ranks ", absl::StrJoin(ranks, ","), " ", dead, "->", spare->rec.node_id()));
+    moves.push_back(absl::StrCat("ranks ", absl::StrJoin(ranks, ","), " ", dead,
+                                 "->", spare->rec.node_id()));
     v1::Order stop;
     stop.set_node_id(dead);
     stop.set_kind(v1::STOP);
@@ -212,9 +234,11 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
   if (!job.rec.lost_ranks().empty()) {
     job.rec.set_plan_state(v1::PLAN_WAITING_FOR_NODE);
     PutJobLocked(batch, job);
-    LogLocked(batch, v1::PLAN_WAITING, name, "",
-              absl::StrCat("generation ", job.rec.generation(), " (", cause, "): ranks ",
-                           absl::StrJoin(job.rec.lost_ranks(), ","), " have no host; waiting for a spare or their node"));
+    LogLocked(
+        batch, v1::PLAN_WAITING, name, "",
+        absl::StrCat("generation ", job.rec.generation(), " (", cause,
+                     "): ranks ", absl::StrJoin(job.rec.lost_ranks(), ","),
+                     " have no host; waiting for a spare or their node"));
     return;
   }
   std::optional<uint64_t> step = RestoreStepLocked(job);
@@ -223,22 +247,28 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job, const std::string&
   if (step && job.steps.count(*step) == 0) {
     // The last good step (RestoreStepLocked): its manifest is in memory, so
     // no plan waits on the shared root with the state mutex held.
-    if (const storage::v1::GlobalManifest* m = KnownManifestLocked(name, *step)) {
+    if (const storage::v1::GlobalManifest* m =
+            KnownManifestLocked(name, *step)) {
       manifest = *m;
     } else {
       LogLocked(batch, v1::MANIFEST_INVALID, name, "",
-                absl::StrCat("step ", *step, ": its manifest is not in memory; PREFETCH orders name no shard"));
+                absl::StrCat("step ", *step,
+                             ": its manifest is not in memory; PREFETCH orders "
+                             "name no shard"));
     }
   }
-  LogLocked(batch, v1::PLAN_MADE, name, "",
-            absl::StrCat("generation ", job.rec.generation(), " (", cause, "): restore ",
-                         step ? absl::StrCat("step ", *step) : std::string("from scratch"),
-                         moves.empty() ? "" : "; ", absl::StrJoin(moves, "; ")));
+  LogLocked(
+      batch, v1::PLAN_MADE, name, "",
+      absl::StrCat(
+          "generation ", job.rec.generation(), " (", cause, "): restore ",
+          step ? absl::StrCat("step ", *step) : std::string("from scratch"),
+          moves.empty() ? "" : "; ", absl::StrJoin(moves, "; ")));
   IssueOrdersLocked(batch, job, step, manifest ? &*manifest : nullptr);
 }
 
-void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<uint64_t> step,
-                                    const storage::v1::GlobalManifest* manifest) {
+void Coordinator::IssueOrdersLocked(
+    Batch* batch, JobState& job, std::optional<uint64_t> step,
+    const storage::v1::GlobalManifest* manifest) {
   const std::string& name = job.rec.job();
   for (const auto& [host, ranks] : job.ranks_by_node) {
     v1::Order base;
@@ -256,7 +286,8 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
         if (InHostMemoryLocked(job, *step, r)) continue;
         std::string key;
         auto st = job.steps.find(*step);
-        if (st != job.steps.end() && st->second.count(r) && st->second.at(r).state() == v1::DURABLE)
+        if (st != job.steps.end() && st->second.count(r) &&
+            st->second.at(r).state() == v1::DURABLE)
           key = st->second.at(r).key();
         if (key.empty() && manifest)
           for (const auto& s : manifest->shards())
@@ -264,7 +295,8 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
         prefetch.add_ranks(r);
         prefetch.add_shard_keys(key);
       }
-      if (!prefetch.ranks().empty()) QueueOrderLocked(batch, std::move(prefetch));
+      if (!prefetch.ranks().empty())
+        QueueOrderLocked(batch, std::move(prefetch));
     }
     v1::Order restart = base;
     restart.set_kind(v1::RESTART);
@@ -273,7 +305,8 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job, std::optional<u
   }
   job.rec.set_plan_state(v1::PLAN_ORDERED);
   job.plan_ordered_ms = options_.now_ms();
-  LowerNextExpiryLocked(job.plan_ordered_ms + options_.plan_ack_timeout.count() + 1);
+  LowerNextExpiryLocked(job.plan_ordered_ms +
+                        options_.plan_ack_timeout.count() + 1);
   job.rec.set_has_restore_step(step.has_value());
   job.rec.set_restore_step(step.value_or(0));
   PutJobLocked(batch, job);
@@ -286,16 +319,20 @@ void Coordinator::UpdatePlanProgressLocked(Batch* batch, JobState& job) {
   job.rec.set_plan_state(v1::PLAN_ACKNOWLEDGED);
   PutJobLocked(batch, job);
   LogLocked(batch, v1::PLAN_ACKED, job.rec.job(), "",
-            absl::StrCat("generation ", job.rec.generation(), ": every order acknowledged"));
+            absl::StrCat("generation ", job.rec.generation(),
+                         ": every order acknowledged"));
   options_.metrics->PlanAcknowledged(job.rec.job(), options_.now_ms());
 }
 
-bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step, std::vector<PendingCommit>* out) {
+bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step,
+                                     std::vector<PendingCommit>* out) {
   auto count = job.durable_ranks.find(step);
-  if (count == job.durable_ranks.end() || count->second != job.rec.world_size()) return false;
+  if (count == job.durable_ranks.end() || count->second != job.rec.world_size())
+    return false;
   const auto& done = job.rec.manifest_steps();
   if (std::find(done.begin(), done.end(), step) != done.end()) return true;
-  if (!job.committing.insert(step).second) return true;  // another call writes its manifest
+  if (!job.committing.insert(step).second)
+    return true;  // another call writes its manifest
   PendingCommit c;
   c.job = job.rec.job();
   c.step = step;
@@ -329,9 +366,10 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   uint64_t total = 0;
   for (const auto& s : c.manifest.shards()) total += s.bytes();
   // The manifest is durable before the state says the step is good.
-  options_.metrics->StepCommitted(job.rec.job(), c.step,
-                                  !job.rec.has_last_good() || c.step > job.rec.last_good_step(),
-                                  options_.now_ms());
+  options_.metrics->StepCommitted(
+      job.rec.job(), c.step,
+      !job.rec.has_last_good() || c.step > job.rec.last_good_step(),
+      options_.now_ms());
   job.rec.add_manifest_steps(c.step);
   // The commit refers to this write of the manifest, not to whatever the
   // key holds later (a deposed leader's late write): readers check.
@@ -350,8 +388,9 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   }
   PutJobLocked(batch, job);
   LogLocked(batch, v1::STEP_DURABLE, job.rec.job(), "",
-            absl::StrCat("step ", c.step, ": ", total, " bytes on ", job.rec.world_size(),
-                         " ranks; manifest ", storage::GlobalManifestKey(job.rec.job(), c.step)));
+            absl::StrCat("step ", c.step, ": ", total, " bytes on ",
+                         job.rec.world_size(), " ranks; manifest ",
+                         storage::GlobalManifestKey(job.rec.job(), c.step)));
 }
 
 }  // namespace ckpt::coordinator

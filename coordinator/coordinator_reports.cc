@@ -42,29 +42,34 @@ bool IsCopyName(const std::string& copy) {
 }
 
 // The checks of a fallback report that need no state.
-[[nodiscard]] absl::Status ValidateFallback(const v1::ReportFallbackRequest& r) {
+[[nodiscard]] absl::Status ValidateFallback(
+    const v1::ReportFallbackRequest& r) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(r.node_id(), "node_id"));
   CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
   if (!IsCopyName(r.copy()))
     return absl::InvalidArgumentError(
-        absl::StrCat("copy: ", QuotePrefix(r.copy()), " is not \"memory\", \"file\" or \"object\""));
-  CKPT_RETURN_IF_ERROR(
-      ValidatePrintable(r.reason(), "reason", Coordinator::kMaxFallbackReasonBytes, /*allow_empty=*/true));
+        absl::StrCat("copy: ", QuotePrefix(r.copy()),
+                     " is not \"memory\", \"file\" or \"object\""));
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(r.reason(), "reason",
+                                         Coordinator::kMaxFallbackReasonBytes,
+                                         /*allow_empty=*/true));
   if (r.has_next_step() && r.next_step() >= r.step())
-    return absl::InvalidArgumentError(absl::StrCat("next_step: ", r.next_step(),
-                                                   " is not older than step ", r.step()));
-  if (!r.next_copy().empty() && !IsCopyName(r.next_copy()))
     return absl::InvalidArgumentError(absl::StrCat(
-        "next_copy: ", QuotePrefix(r.next_copy()), " is not \"memory\", \"file\", \"object\" or empty"));
+        "next_step: ", r.next_step(), " is not older than step ", r.step()));
+  if (!r.next_copy().empty() && !IsCopyName(r.next_copy()))
+    return absl::InvalidArgumentError(
+        absl::StrCat("next_copy: ", QuotePrefix(r.next_copy()),
+                     " is not \"memory\", \"file\", \"object\" or empty"));
   return absl::OkStatus();
 }
 
 // "rank 3 step 40: memory copy failed verification (why); restored from
 // file" (or "; fell back to step 30 [from file]").
 std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
-  std::string d = absl::StrCat("rank ", r.rank(), " step ", r.step(), ": ", r.copy(),
-                               " copy failed verification (",
-                               r.reason().empty() ? "no reason given" : r.reason(), ")");
+  std::string d =
+      absl::StrCat("rank ", r.rank(), " step ", r.step(), ": ", r.copy(),
+                   " copy failed verification (",
+                   r.reason().empty() ? "no reason given" : r.reason(), ")");
   if (r.has_next_step())
     absl::StrAppend(&d, "; fell back to step ", r.next_step(),
                     r.next_copy().empty() ? "" : " from " + r.next_copy());
@@ -119,9 +124,11 @@ absl::Status Coordinator::ApplyReportLocked(
     // staged digest; a durable one stays); anything else is a no-op.
     if (same_owner && prior->state() != v1::DURABLE &&
         StagedDigest(*prior) == StagedDigest(req)) {
-      LogLocked(batch, v1::SHARD_FAILED, req.job(), node_id,
-                absl::StrCat("step ", req.step(), " rank ", req.rank(),
-                             ": the node failed to persist it for good; no plan restores it"));
+      LogLocked(
+          batch, v1::SHARD_FAILED, req.job(), node_id,
+          absl::StrCat(
+              "step ", req.step(), " rank ", req.rank(),
+              ": the node failed to persist it for good; no plan restores it"));
       step->second.erase(req.rank());
       if (step->second.empty()) EraseStepLocked(*job, req.step());
     }
@@ -143,9 +150,8 @@ absl::Status Coordinator::ApplyReportLocked(
       (prior->bytes() != req.bytes() || StagedDigest(*prior) != save_digest))
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes/staged_digest: ", req.bytes(), "/",
-        storage::DigestHex(save_digest),
-        " for step ", req.step(), " rank ", req.rank(),
-        " differ from the staged ", prior->bytes(), "/",
+        storage::DigestHex(save_digest), " for step ", req.step(), " rank ",
+        req.rank(), " differ from the staged ", prior->bytes(), "/",
         storage::DigestHex(StagedDigest(*prior))));
   v1::ShardRecord rec;
   rec.set_job(req.job());
@@ -166,7 +172,8 @@ absl::Status Coordinator::ApplyReportLocked(
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
   PutShardLocked(j, std::move(rec));
   TrimStepsLocked(j);
-  if (req.has_owner_uid() && (!j.rec.has_owner_uid() || j.rec.owner_uid() != req.owner_uid())) {
+  if (req.has_owner_uid() &&
+      (!j.rec.has_owner_uid() || j.rec.owner_uid() != req.owner_uid())) {
     // A spare that prefetches this job's shards gives it to this uid.
     j.rec.set_owner_uid(req.owner_uid());
     PutJobLocked(batch, j);
@@ -198,8 +205,9 @@ absl::Status Coordinator::CommitSteps(
     // leader writes the committed manifest again over it.
     if (options_.leading && !options_.leading()) {
       written.push_back(absl::UnavailableError(absl::StrCat(
-          "not leader: global manifest ", storage::GlobalManifestKey(c.job, c.step),
-          " not written (fence ", options_.fence, " is no longer the leader's)")));
+          "not leader: global manifest ",
+          storage::GlobalManifestKey(c.job, c.step), " not written (fence ",
+          options_.fence, " is no longer the leader's)")));
       continue;
     }
     written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
@@ -311,7 +319,8 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
   auto owned = std::make_unique<Batch>();
   DetectTimeoutsLocked(owned.get());
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) s = HostedRankLocked(req.node_id(), req.job(), req.rank()).status();
+  if (s.ok())
+    s = HostedRankLocked(req.node_id(), req.job(), req.rank()).status();
   if (s.ok()) {
     v1::Event e;
     e.set_kind(v1::FALLBACK);

@@ -26,7 +26,9 @@ TEST_F(TwoNodeTest, RanksArePlacedOnActiveNodesByCapacity) {
 TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
   ReportAll(10, v1::STAGED);
   for (uint32_t r = 0; r < 3; ++r)
-    ASSERT_TRUE(Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE).ok());
+    ASSERT_TRUE(
+        Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE)
+            .ok());
   EXPECT_FALSE(Job().has_last_good());
   EXPECT_FALSE(std::filesystem::exists(ManifestPath(10)));
   auto last = Report("n2", e2_, 10, 3, v1::DURABLE);
@@ -50,7 +52,9 @@ TEST_F(TwoNodeTest, ManifestAndLastGoodOnlyWhenEveryRankIsDurable) {
 TEST_F(TwoNodeTest, DurableReportNamesItsSaveByTheStagedDigest) {
   ReportAll(10, v1::STAGED);
   for (uint32_t r = 0; r < 3; ++r)
-    ASSERT_TRUE(Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE).ok());
+    ASSERT_TRUE(
+        Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE)
+            .ok());
   v1::ReportShardRequest req;
   req.set_node_id("n2");
   req.set_epoch(e2_);
@@ -64,7 +68,8 @@ TEST_F(TwoNodeTest, DurableReportNamesItsSaveByTheStagedDigest) {
   req.set_staged_digest(0xabc4);  // rank 2's: another save
   auto wrong = coord_->ReportShard(req);
   ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(wrong.status().message().find("staged_digest"), absl::string_view::npos)
+  EXPECT_NE(wrong.status().message().find("staged_digest"),
+            absl::string_view::npos)
       << wrong.status();
   EXPECT_FALSE(Job().has_last_good());
   req.set_staged_digest(0xabc3);
@@ -194,7 +199,8 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
   ReportAll(10, v1::DURABLE);
   ReportAll(11, v1::STAGED);
   now_ms_ += 4000;
-  ASSERT_TRUE(coord_->Tick().ok());  // everyone dead; no spare left alive either
+  ASSERT_TRUE(
+      coord_->Tick().ok());  // everyone dead; no spare left alive either
   uint64_t n1b = Register("n1", 2);
   uint64_t n2b = Register("n2", 2);
   v1::GetClusterResponse before = coord_->GetCluster();
@@ -223,18 +229,21 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
 // Issue 17 (HA): a standby that won the election loads the state and only
 // then serves; heartbeats sent meanwhile went to a dead leader. Judging a
 // node on them made a second plan after every slow failover.
-TEST_F(TwoNodeTest, NewLeaderGivesEveryNodeAFreshHeartbeatWindowWhenItStartsServing) {
+TEST_F(TwoNodeTest,
+       NewLeaderGivesEveryNodeAFreshHeartbeatWindowWhenItStartsServing) {
   const uint64_t generation = Job().generation();
   Reopen();         // the new leader loads the state at t0 ...
   now_ms_ += 2500;  // ... and serves only later (a slow load, a loaded machine)
   coord_->StartServing();
   now_ms_ += 1000;  // each node heartbeats within its timeout of that
-  for (auto [node, epoch] : {std::pair{"n1", e1_}, std::pair{"n2", e2_}, std::pair{"s1", es_}}) {
+  for (auto [node, epoch] :
+       {std::pair{"n1", e1_}, std::pair{"n2", e2_}, std::pair{"s1", es_}}) {
     auto hb = Heartbeat(node, epoch);
     EXPECT_TRUE(hb.ok()) << node << ": " << hb.status();
   }
   ASSERT_TRUE(coord_->Tick().ok());
-  for (const char* node : {"n1", "n2", "s1"}) EXPECT_EQ(Node(node).health(), v1::ALIVE) << node;
+  for (const char* node : {"n1", "n2", "s1"})
+    EXPECT_EQ(Node(node).health(), v1::ALIVE) << node;
   EXPECT_EQ(Job().generation(), generation);
   EXPECT_FALSE(HasEvent(v1::PLAN_MADE));
   now_ms_ += 2000;  // a node silent for a whole window after that is dead
@@ -249,7 +258,8 @@ TEST_F(TwoNodeTest, NewLeaderGivesEveryNodeAFreshHeartbeatWindowWhenItStartsServ
 // NFS mount is late; its job directory was moved away). A missing job
 // directory is no proof that the steps are bad: the coordinator refuses to
 // start, naming the path, and forgets nothing.
-TEST_F(TwoNodeTest, SharedRootMissingAtStartIsRefusedNamingThePathAndForgetsNoGoodStep) {
+TEST_F(TwoNodeTest,
+       SharedRootMissingAtStartIsRefusedNamingThePathAndForgetsNoGoodStep) {
   for (uint64_t step : {10, 12}) {
     ReportAll(step, v1::STAGED);
     ReportAll(step, v1::DURABLE);
@@ -260,7 +270,8 @@ TEST_F(TwoNodeTest, SharedRootMissingAtStartIsRefusedNamingThePathAndForgetsNoGo
   std::filesystem::rename(job_dir, job_dir + ".x");
   absl::Status s = TryReopen();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find(dir_.path() + "/shared"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(dir_.path() + "/shared"), absl::string_view::npos)
+      << s;
   EXPECT_NE(s.message().find("job"), absl::string_view::npos) << s;
   std::filesystem::rename(job_dir + ".x", job_dir);
   Reopen();
@@ -336,9 +347,11 @@ TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
 TEST_F(TwoNodeTest, PlanFromTheLastGoodManifestReadsNothingFromTheSharedRoot) {
   ReportAll(10, v1::STAGED);
   ReportAll(10, v1::DURABLE);
-  Reopen();  // the shard records (soft state) are gone; the manifest is read here
+  Reopen();  // the shard records (soft state) are gone; the manifest is read
+             // here
   const std::string job_dir = dir_.path() + "/shared/job";
-  std::filesystem::rename(job_dir, job_dir + ".x");  // a hung or lost mount from now on
+  std::filesystem::rename(job_dir,
+                          job_dir + ".x");  // a hung or lost mount from now on
   now_ms_ += 2000;
   ASSERT_TRUE(Heartbeat("n1", e1_).ok());
   ASSERT_TRUE(Heartbeat("s1", es_).ok());

@@ -27,8 +27,8 @@ class CoordinatorTest : public ::testing::Test {
   }
   // The same, returning why it could not open; `shared_root_wait` as in
   // CoordinatorOptions.
-  absl::Status TryReopen(
-      std::chrono::milliseconds shared_root_wait = std::chrono::milliseconds(0)) {
+  absl::Status TryReopen(std::chrono::milliseconds shared_root_wait =
+                             std::chrono::milliseconds(0)) {
     coord_.reset();
     CoordinatorOptions o;
     o.state_dir = dir_.path() + "/state";
@@ -42,7 +42,8 @@ class CoordinatorTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
-  uint64_t Register(const std::string& node, uint32_t capacity, bool spare = false) {
+  uint64_t Register(const std::string& node, uint32_t capacity,
+                    bool spare = false) {
     v1::RegisterNodeRequest req;
     req.set_node_id(node);
     req.set_address(node + ":1");
@@ -73,7 +74,9 @@ class CoordinatorTest : public ::testing::Test {
     req.set_state(state);
     req.set_bytes(1000 + rank);
     req.set_checksum_digest(0xabc0 + rank);
-    if (state == v1::DURABLE) req.set_key(job + "/step-" + std::to_string(step) + "/rank-" + std::to_string(rank));
+    if (state == v1::DURABLE)
+      req.set_key(job + "/step-" + std::to_string(step) + "/rank-" +
+                  std::to_string(rank));
     return coord_->ReportShard(req);
   }
 
@@ -120,8 +123,9 @@ class TwoNodeTest : public CoordinatorTest {
  protected:
   // The exit report of the trainer of `rank` on `node`: killed by
   // `term_signal`, or (signal 0) exited with `exit_code`.
-  static v1::ReportTrainerExitRequest TrainerExit(const std::string& node, uint64_t epoch,
-                                                  uint32_t rank, int term_signal,
+  static v1::ReportTrainerExitRequest TrainerExit(const std::string& node,
+                                                  uint64_t epoch, uint32_t rank,
+                                                  int term_signal,
                                                   int exit_code = 0) {
     v1::ReportTrainerExitRequest exit;
     exit.set_node_id(node);

@@ -3,6 +3,8 @@
 // would: global commit and manifest, SIGKILL and restart on the same state,
 // a silent node declared dead and replaced by the spare, a stale epoch
 // refused.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,13 +12,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "coordinator.grpc.pb.h"
 #include "storage/manifest.h"
@@ -35,7 +34,8 @@ class E2ETest : public ::testing::Test {
   std::string state() const { return dir_.path() + "/state"; }
   std::string shared() const { return dir_.path() + "/shared"; }
 
-  uint64_t Register(v1::Coordinator::Stub* stub, const std::string& id, bool spare) {
+  uint64_t Register(v1::Coordinator::Stub* stub, const std::string& id,
+                    bool spare) {
     grpc::ClientContext ctx;
     v1::RegisterNodeRequest req;
     req.set_node_id(id);
@@ -46,8 +46,8 @@ class E2ETest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp.epoch();
   }
-  grpc::Status Report(v1::Coordinator::Stub* stub, const std::string& node, uint64_t epoch, uint32_t rank,
-                      v1::ShardState state) {
+  grpc::Status Report(v1::Coordinator::Stub* stub, const std::string& node,
+                      uint64_t epoch, uint32_t rank, v1::ShardState state) {
     grpc::ClientContext ctx;
     v1::ReportShardRequest req;
     req.set_node_id(node);
@@ -62,8 +62,8 @@ class E2ETest : public ::testing::Test {
     v1::ReportShardResponse resp;
     return stub->ReportShard(&ctx, req, &resp);
   }
-  grpc::Status Heartbeat(v1::Coordinator::Stub* stub, const std::string& node, uint64_t epoch,
-                         v1::HeartbeatResponse* resp) {
+  grpc::Status Heartbeat(v1::Coordinator::Stub* stub, const std::string& node,
+                         uint64_t epoch, v1::HeartbeatResponse* resp) {
     grpc::ClientContext ctx;
     v1::HeartbeatRequest req;
     req.set_node_id(node);
@@ -81,7 +81,8 @@ class E2ETest : public ::testing::Test {
 };
 
 TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
-  auto coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/500);
+  auto coord = std::make_unique<CoordinatorProcess>(
+      state(), shared(), /*heartbeat_timeout_ms=*/500);
   ASSERT_GT(coord->port(), 0);
   auto stub = coord->Stub();
   uint64_t e1 = Register(stub.get(), "n1", false);
@@ -99,11 +100,13 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
     ASSERT_TRUE(Report(stub.get(), "n1", e1, 0, state).ok());
     ASSERT_TRUE(Report(stub.get(), "n2", e2, 1, state).ok());
   }
-  EXPECT_TRUE(std::filesystem::exists(shared() + "/" + storage::GlobalManifestKey("job", 5)));
+  EXPECT_TRUE(std::filesystem::exists(shared() + "/" +
+                                      storage::GlobalManifestKey("job", 5)));
 
   // SIGKILL and restart on the same state: everything is still known.
   coord->Kill(SIGKILL);
-  coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/500);
+  coord = std::make_unique<CoordinatorProcess>(state(), shared(),
+                                               /*heartbeat_timeout_ms=*/500);
   ASSERT_GT(coord->port(), 0);
   stub = coord->Stub();
   v1::GetClusterResponse c = Cluster(stub.get());
@@ -141,7 +144,9 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   // The fenced node's late report is refused, naming its epoch.
   grpc::Status late = Report(stub.get(), "n2", e2, 1, v1::STAGED);
   EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(late.error_message().find("epoch: " + std::to_string(e2)), std::string::npos) << late.error_message();
+  EXPECT_NE(late.error_message().find("epoch: " + std::to_string(e2)),
+            std::string::npos)
+      << late.error_message();
   v1::EventsResponse events;
   {
     grpc::ClientContext ctx;
@@ -151,7 +156,9 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   }
   std::vector<v1::EventKind> kinds;
   for (const auto& e : events.events()) kinds.push_back(e.kind());
-  auto at = [&](v1::EventKind k) { return std::find(kinds.begin(), kinds.end(), k) - kinds.begin(); };
+  auto at = [&](v1::EventKind k) {
+    return std::find(kinds.begin(), kinds.end(), k) - kinds.begin();
+  };
   EXPECT_LT(at(v1::STEP_DURABLE), at(v1::FAILURE_DETECTED));
   EXPECT_LT(at(v1::FAILURE_DETECTED), at(v1::PLAN_MADE));
   EXPECT_LT(at(v1::PLAN_MADE), at(v1::ORDER_SENT));
@@ -162,7 +169,8 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
 // again while the shared root's job directory is not there (an NFS mount
 // not ready yet). It waits for it instead of forgetting the good step.
 TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
-  auto coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/5000);
+  auto coord = std::make_unique<CoordinatorProcess>(
+      state(), shared(), /*heartbeat_timeout_ms=*/5000);
   ASSERT_GT(coord->port(), 0);
   auto stub = coord->Stub();
   uint64_t e1 = Register(stub.get(), "n1", false);
@@ -186,7 +194,8 @@ TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     std::filesystem::rename(job_dir + ".x", job_dir);
   });
-  coord = std::make_unique<CoordinatorProcess>(state(), shared(), /*heartbeat_timeout_ms=*/5000);
+  coord = std::make_unique<CoordinatorProcess>(state(), shared(),
+                                               /*heartbeat_timeout_ms=*/5000);
   mount.join();
   ASSERT_GT(coord->port(), 0);
   stub = coord->Stub();
@@ -194,7 +203,8 @@ TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
   ASSERT_EQ(c.jobs_size(), 1);
   EXPECT_TRUE(c.jobs(0).has_last_good());
   EXPECT_EQ(c.jobs(0).last_good_step(), 5u);
-  for (const auto& e : c.recent_events()) EXPECT_NE(e.kind(), v1::MANIFEST_INVALID) << e.detail();
+  for (const auto& e : c.recent_events())
+    EXPECT_NE(e.kind(), v1::MANIFEST_INVALID) << e.detail();
 }
 
 }  // namespace

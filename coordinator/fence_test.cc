@@ -26,33 +26,41 @@ class FencedKv : public KvBackend {
  public:
   FencedKv(std::shared_ptr<SharedState> state, uint64_t fence)
       : state_(std::move(state)), fence_(fence) {}
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) override {
+  absl::StatusOr<std::optional<std::string>> Get(
+      const std::string& key) override {
     std::lock_guard<std::mutex> l(state_->mu);
     auto it = state_->kv.find(key);
     if (it == state_->kv.end()) return std::nullopt;
     return it->second;
   }
-  absl::Status Scan(const std::string& prefix,
-                    const std::function<absl::Status(const std::string&, const std::string&)>& visit)
-      override {
+  absl::Status Scan(
+      const std::string& prefix,
+      const std::function<absl::Status(const std::string&, const std::string&)>&
+          visit) override {
     std::map<std::string, std::string> copy;
     {
       std::lock_guard<std::mutex> l(state_->mu);
       copy = state_->kv;
     }
-    for (auto it = copy.lower_bound(prefix); it != copy.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    for (auto it = copy.lower_bound(prefix);
+         it != copy.end() && it->first.rfind(prefix, 0) == 0; ++it)
       if (absl::Status s = visit(it->first, it->second); !s.ok()) return s;
     return absl::OkStatus();
   }
-  absl::Status Write(const KvBatch& batch) override { return WriteGroup({&batch}); }
+  absl::Status Write(const KvBatch& batch) override {
+    return WriteGroup({&batch});
+  }
   absl::Status WriteGroup(const std::vector<const KvBatch*>& batches) override {
     std::lock_guard<std::mutex> l(state_->mu);
     if (state_->leader != fence_)
-      return absl::UnavailableError("not leader: fence " + std::to_string(fence_) + " is deposed");
+      return absl::UnavailableError("not leader: fence " +
+                                    std::to_string(fence_) + " is deposed");
     for (const KvBatch* b : batches)
       for (const KvOp& op : *b) {
-        if (op.is_delete) state_->kv.erase(op.key);
-        else state_->kv[op.key] = op.value;
+        if (op.is_delete)
+          state_->kv.erase(op.key);
+        else
+          state_->kv[op.key] = op.value;
       }
     return absl::OkStatus();
   }
@@ -63,7 +71,8 @@ class FencedKv : public KvBackend {
   const uint64_t fence_;
 };
 
-// A GatedBackend that owns what it wraps (CoordinatorOptions::wrap_shared_root).
+// A GatedBackend that owns what it wraps
+// (CoordinatorOptions::wrap_shared_root).
 class OwningGate : public ckpt::testing::GatedBackend {
  public:
   explicit OwningGate(std::unique_ptr<storage::Backend> base)
@@ -77,7 +86,8 @@ class FencedLeadersTest : public TwoNodeTest {
  protected:
   // A coordinator leading with `fence` on the shared state; `gate` (when
   // set) is given the gated shared root.
-  std::unique_ptr<Coordinator> Leader(uint64_t fence, OwningGate** gate = nullptr) {
+  std::unique_ptr<Coordinator> Leader(uint64_t fence,
+                                      OwningGate** gate = nullptr) {
     {
       std::lock_guard<std::mutex> l(state_->mu);
       state_->leader = fence;
@@ -100,8 +110,9 @@ class FencedLeadersTest : public TwoNodeTest {
     (*c)->StartServing();
     return std::move(*c);
   }
-  static absl::Status Report(Coordinator& c, const std::string& node, uint64_t epoch, uint64_t step,
-                             uint32_t rank, v1::ShardState state, uint64_t generation) {
+  static absl::Status Report(Coordinator& c, const std::string& node,
+                             uint64_t epoch, uint64_t step, uint32_t rank,
+                             v1::ShardState state, uint64_t generation) {
     v1::ReportShardRequest req;
     req.set_node_id(node);
     req.set_epoch(epoch);
@@ -112,7 +123,8 @@ class FencedLeadersTest : public TwoNodeTest {
     req.set_bytes(1000 + rank);
     req.set_checksum_digest(0xabc0 + rank + 0x100 * generation);
     req.set_generation(generation);
-    if (state == v1::DURABLE) req.set_key(storage::ShardKey("job", step, rank, node));
+    if (state == v1::DURABLE)
+      req.set_key(storage::ShardKey("job", step, rank, node));
     return c.ReportShard(req).status();
   }
   static v1::JobRecord JobOf(Coordinator& c) {
@@ -148,13 +160,17 @@ class FencedLeadersTest : public TwoNodeTest {
       const char* node = r < 2 ? "n1" : "n2";
       EXPECT_TRUE(Report(*a, node, epochs_[node], 10, r, v1::STAGED, 0).ok());
       if (r < 3) {
-        EXPECT_TRUE(Report(*a, node, epochs_[node], 10, r, v1::DURABLE, 0).ok());
+        EXPECT_TRUE(
+            Report(*a, node, epochs_[node], 10, r, v1::DURABLE, 0).ok());
       }
     }
     gate->Close("MANIFEST.global");
     absl::Status a_last;
-    std::thread a_commit([&] { a_last = Report(*a, "n2", epochs_["n2"], 10, 3, v1::DURABLE, 0); });
-    while (gate->waiting() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::thread a_commit([&] {
+      a_last = Report(*a, "n2", epochs_["n2"], 10, 3, v1::DURABLE, 0);
+    });
+    while (gate->waiting() == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
 
     // A stops (SIGSTOP, a VM freeze) with its write in flight; B leads.
     std::unique_ptr<Coordinator> b = Leader(2);
@@ -174,7 +190,8 @@ class FencedLeadersTest : public TwoNodeTest {
     for (uint32_t r = 0; r < 4; ++r) {
       const char* node = r < 2 ? "n1" : "s1";
       EXPECT_TRUE(Report(*b, node, epochs_[node], 10, r, v1::STAGED, gen).ok());
-      EXPECT_TRUE(Report(*b, node, epochs_[node], 10, r, v1::DURABLE, gen).ok());
+      EXPECT_TRUE(
+          Report(*b, node, epochs_[node], 10, r, v1::DURABLE, gen).ok());
     }
     EXPECT_EQ(JobOf(*b).last_good_step(), 10u);
 
@@ -195,7 +212,8 @@ class FencedLeadersTest : public TwoNodeTest {
   std::map<std::string, uint64_t> epochs_;
 };
 
-TEST_F(FencedLeadersTest, DeposedLeadersLateManifestNeverStandsForTheCommittedStep) {
+TEST_F(FencedLeadersTest,
+       DeposedLeadersLateManifestNeverStandsForTheCommittedStep) {
   std::unique_ptr<Coordinator> b = DeposedLeaderWritesLate();
   ASSERT_TRUE(b);
   // The new leader finds the late write and puts its committed one back.
@@ -204,7 +222,8 @@ TEST_F(FencedLeadersTest, DeposedLeadersLateManifestNeverStandsForTheCommittedSt
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->fence(), 2u);
   EXPECT_EQ(m->generation(), JobOf(*b).generation());
-  EXPECT_EQ(m->shards(2).node_id(), "s1") << "rank 2's shard is the old timeline's, on the dead node";
+  EXPECT_EQ(m->shards(2).node_id(), "s1")
+      << "rank 2's shard is the old timeline's, on the dead node";
   EXPECT_EQ(m->shards(3).key(), storage::ShardKey("job", 10, 3, "s1"));
   // A leader after B trusts it, and restores from the spare's keys.
   b.reset();
@@ -217,7 +236,8 @@ TEST_F(FencedLeadersTest, DeposedLeadersLateManifestNeverStandsForTheCommittedSt
 // the deposed leader's. The next leader checks it against the commit and
 // does not trust it: the step is not good (event MANIFEST_INVALID naming
 // the fences), rather than restoring the dead node's old-timeline shard.
-TEST_F(FencedLeadersTest, NextLeaderNeverTrustsAManifestOfAnotherFenceThanTheCommit) {
+TEST_F(FencedLeadersTest,
+       NextLeaderNeverTrustsAManifestOfAnotherFenceThanTheCommit) {
   std::unique_ptr<Coordinator> b = DeposedLeaderWritesLate();
   ASSERT_TRUE(b);
   b.reset();
@@ -229,7 +249,8 @@ TEST_F(FencedLeadersTest, NextLeaderNeverTrustsAManifestOfAnotherFenceThanTheCom
   bool named = false;
   const v1::EventsResponse events = c->Events({});
   for (const auto& e : events.events())
-    named |= e.kind() == v1::MANIFEST_INVALID && e.detail().find("fence 1") != std::string::npos;
+    named |= e.kind() == v1::MANIFEST_INVALID &&
+             e.detail().find("fence 1") != std::string::npos;
   EXPECT_TRUE(named);
 }
 

@@ -1,9 +1,11 @@
 // ckpt-coordinator: the coordinator of multi-node checkpointed jobs.
-//   ckpt-coordinator --listen HOST:PORT --state DIR|etcd://HOST:PORT[,...]/PREFIX
+//   ckpt-coordinator --listen HOST:PORT --state
+//   DIR|etcd://HOST:PORT[,...]/PREFIX
 //                    [--shared-root DIR] [--heartbeat-timeout-ms N]
 //                    (--tls-cert F --tls-key F --tls-ca F | --insecure)
 //                    [--admin-identities ID,...] [--advertise-addr HOST:PORT]
-//                    [--lease-ttl-s N] [--config FILE] [--metrics-listen HOST:PORT]
+//                    [--lease-ttl-s N] [--config FILE] [--metrics-listen
+//                    HOST:PORT]
 // Prints "listening on HOST:PORT" (with the real port when PORT is 0) on
 // stdout once it serves; SIGTERM/SIGINT stop it (state is always durable,
 // so SIGKILL loses nothing that was acknowledged). With etcd:// it stands by
@@ -42,8 +44,8 @@
 #include "coordinator/etcd/etcd_kv.h"
 #include "coordinator/options.h"
 #include "coordinator/service.h"
-#include "util/service_notify.h"
 #include "util/metrics_server.h"
+#include "util/service_notify.h"
 
 namespace {
 
@@ -52,22 +54,33 @@ namespace co = ckpt::coordinator;
 // See CKPT_COORDINATOR_TEST_FAULT above.
 class HeldGlobalManifest : public ckpt::storage::BackendWrapper {
  public:
-  HeldGlobalManifest(std::unique_ptr<ckpt::storage::Backend> base, std::string path)
-      : BackendWrapper(base.get()), base_(std::move(base)), path_(std::move(path)) {}
-  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
-    if (key.find("MANIFEST.global") != std::string_view::npos && access(path_.c_str(), F_OK) == 0) {
-      int fd = open((path_ + ".taken").c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  HeldGlobalManifest(std::unique_ptr<ckpt::storage::Backend> base,
+                     std::string path)
+      : BackendWrapper(base.get()),
+        base_(std::move(base)),
+        path_(std::move(path)) {}
+  absl::Status PutSmallObject(std::string_view key,
+                              std::string_view contents) override {
+    if (key.find("MANIFEST.global") != std::string_view::npos &&
+        access(path_.c_str(), F_OK) == 0) {
+      int fd = open((path_ + ".taken").c_str(),
+                    O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
       if (fd >= 0) {
         close(fd);
-        std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: holding the write of %.*s until %s is gone\n",
+        std::fprintf(stderr,
+                     "ckpt-coordinator: TEST-ONLY FAULT: holding the write of "
+                     "%.*s until %s is gone\n",
                      static_cast<int>(key.size()), key.data(), path_.c_str());
-        while (access(path_.c_str(), F_OK) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        while (access(path_.c_str(), F_OK) == 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
     absl::Status s = target()->PutSmallObject(key, contents);
     if (key.find("MANIFEST.global") != std::string_view::npos)
-      std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: wrote %.*s: %s\n", static_cast<int>(key.size()),
-                   key.data(), s.ok() ? "OK" : std::string(s.message()).c_str());
+      std::fprintf(stderr,
+                   "ckpt-coordinator: TEST-ONLY FAULT: wrote %.*s: %s\n",
+                   static_cast<int>(key.size()), key.data(),
+                   s.ok() ? "OK" : std::string(s.message()).c_str());
     return s;
   }
 
@@ -77,14 +90,17 @@ class HeldGlobalManifest : public ckpt::storage::BackendWrapper {
 };
 
 [[noreturn]] void Deposed(const std::string& why) {
-  std::fprintf(stderr, "ckpt-coordinator: lost leadership: %s; exiting (a supervisor restarts it as a standby)\n",
+  std::fprintf(stderr,
+               "ckpt-coordinator: lost leadership: %s; exiting (a supervisor "
+               "restarts it as a standby)\n",
                why.c_str());
   std::fflush(stderr);
   std::_Exit(3);
 }
 
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "ckpt-coordinator: %s\n",
+               std::string(s.message()).c_str());
   return 1;
 }
 
@@ -96,14 +112,16 @@ void PrintListening(const std::string& listen, int port) {
 
 // Starts the server as a standby and the election (not yet campaigning).
 absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
-    const co::CoordinatorServerOptions& opts, std::shared_ptr<co::etcd::EtcdClient>* client,
-    std::string* prefix, std::unique_ptr<co::etcd::LeaderElection>* election) {
+    const co::CoordinatorServerOptions& opts,
+    std::shared_ptr<co::etcd::EtcdClient>* client, std::string* prefix,
+    std::unique_ptr<co::etcd::LeaderElection>* election) {
   auto state = co::etcd::ParseEtcdState(opts.etcd_state, "--state");
   if (!state.ok()) return state.status();
-  *client = std::make_shared<co::etcd::EtcdClient>(state->endpoints, std::chrono::seconds(2),
-                                                   opts.etcd_credentials);
+  *client = std::make_shared<co::etcd::EtcdClient>(
+      state->endpoints, std::chrono::seconds(2), opts.etcd_credentials);
   *prefix = state->prefix;
-  auto election_slot = std::make_shared<std::atomic<co::etcd::LeaderElection*>>(nullptr);
+  auto election_slot =
+      std::make_shared<std::atomic<co::etcd::LeaderElection*>>(nullptr);
   co::Leadership leadership;
   leadership.leading = [election_slot] {
     co::etcd::LeaderElection* e = election_slot->load();
@@ -113,12 +131,14 @@ absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
     co::etcd::LeaderElection* e = election_slot->load();
     return e ? e->leader() : std::string();
   };
-  auto server = co::CoordinatorServer::StartStandby(opts.listen, opts.security, leadership);
+  auto server = co::CoordinatorServer::StartStandby(opts.listen, opts.security,
+                                                    leadership);
   if (!server.ok()) return server.status();
   co::etcd::ElectionOptions eo;
   eo.key = state->prefix + "leader";
   eo.advertise = opts.advertise.empty()
-                     ? opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string((*server)->port())
+                     ? opts.listen.substr(0, opts.listen.rfind(':')) + ":" +
+                           std::to_string((*server)->port())
                      : opts.advertise;
   eo.ttl_s = opts.lease_ttl_s;
   *election = std::make_unique<co::etcd::LeaderElection>(*client, eo);
@@ -148,35 +168,45 @@ int main(int argc, char** argv) {
       std::printf("%s", help.c_str());
       return 0;
     }
-    std::fprintf(stderr, "ckpt-coordinator: %s\n", std::string(opts.status().message()).c_str());
+    std::fprintf(stderr, "ckpt-coordinator: %s\n",
+                 std::string(opts.status().message()).c_str());
     return 2;
   }
   const ckpt::ServiceNotifier notifier;
-  notifier.Status(opts->etcd_state.empty() ? "loading state from " + opts->coordinator.state_dir
-                                           : "joining the leader election on " + opts->etcd_state);
+  notifier.Status(opts->etcd_state.empty()
+                      ? "loading state from " + opts->coordinator.state_dir
+                      : "joining the leader election on " + opts->etcd_state);
 
   auto metrics = std::make_shared<co::CoordinatorMetrics>();
   opts->coordinator.metrics = metrics;
-  if (const char* f = std::getenv("CKPT_COORDINATOR_TEST_FAULT"); f != nullptr && f[0] != '\0') {
+  if (const char* f = std::getenv("CKPT_COORDINATOR_TEST_FAULT");
+      f != nullptr && f[0] != '\0') {
     constexpr std::string_view kHold = "hold-global-manifest:";
-    if (std::string_view(f).rfind(kHold, 0) != 0 || std::strlen(f) == kHold.size()) {
-      std::fprintf(stderr, "ckpt-coordinator: CKPT_COORDINATOR_TEST_FAULT: only \"%s PATH\" is known (test-only)\n",
+    if (std::string_view(f).rfind(kHold, 0) != 0 ||
+        std::strlen(f) == kHold.size()) {
+      std::fprintf(stderr,
+                   "ckpt-coordinator: CKPT_COORDINATOR_TEST_FAULT: only \"%s "
+                   "PATH\" is known (test-only)\n",
                    std::string(kHold).c_str());
       return 2;
     }
     std::string path(f + kHold.size());
-    opts->coordinator.wrap_shared_root = [path](std::unique_ptr<ckpt::storage::Backend> b) {
-      return std::unique_ptr<ckpt::storage::Backend>(std::make_unique<HeldGlobalManifest>(std::move(b), path));
-    };
+    opts->coordinator.wrap_shared_root =
+        [path](std::unique_ptr<ckpt::storage::Backend> b) {
+          return std::unique_ptr<ckpt::storage::Backend>(
+              std::make_unique<HeldGlobalManifest>(std::move(b), path));
+        };
     std::fprintf(stderr, "ckpt-coordinator: TEST-ONLY FAULT: %s\n", f);
   }
   std::unique_ptr<ckpt::MetricsServer> metrics_server;
   if (!opts->metrics_listen.empty()) {
-    auto started = ckpt::MetricsServer::Start(opts->metrics_listen, "--metrics-listen", {metrics});
+    auto started = ckpt::MetricsServer::Start(opts->metrics_listen,
+                                              "--metrics-listen", {metrics});
     if (!started.ok()) return Fail(started.status());
     metrics_server = std::move(*started);
   }
-  std::unique_ptr<co::etcd::LeaderElection> election;  // outlives the server (its Leadership asks it)
+  std::unique_ptr<co::etcd::LeaderElection>
+      election;  // outlives the server (its Leadership asks it)
   std::unique_ptr<co::CoordinatorServer> server;
   std::shared_ptr<co::etcd::EtcdClient> etcd_client;
   std::string etcd_prefix;
@@ -187,7 +217,8 @@ int main(int argc, char** argv) {
   } else {
     auto coord = co::Coordinator::Open(opts->coordinator);
     if (!coord.ok()) return Fail(coord.status());
-    auto started = co::CoordinatorServer::Start(std::move(*coord), opts->listen, opts->security);
+    auto started = co::CoordinatorServer::Start(std::move(*coord), opts->listen,
+                                                opts->security);
     if (!started.ok()) return Fail(started.status());
     server = std::move(*started);
   }
@@ -197,23 +228,29 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const std::string host = opts->listen.substr(0, opts->listen.rfind(':'));
-  const std::string serving = "serving on " + host + ":" + std::to_string(server->port());
-  notifier.Ready(election ? "standing by on " + host + ":" + std::to_string(server->port()) : serving);
+  const std::string serving =
+      "serving on " + host + ":" + std::to_string(server->port());
+  notifier.Ready(election ? "standing by on " + host + ":" +
+                                std::to_string(server->port())
+                          : serving);
   std::unique_ptr<ckpt::ServiceWatchdog> watchdog;
   if (notifier.enabled()) {
     std::chrono::steady_clock::duration allowance =
-        std::max<std::chrono::steady_clock::duration>(notifier.watchdog_timeout(), 2 * server->tick_period());
+        std::max<std::chrono::steady_clock::duration>(
+            notifier.watchdog_timeout(), 2 * server->tick_period());
     auto ticks = std::make_shared<ckpt::ProgressWatch>(allowance);
     co::CoordinatorServer* s = server.get();
-    watchdog = std::make_unique<ckpt::ServiceWatchdog>(&notifier, std::chrono::seconds(2), [=] {
-      ckpt::ServiceHealth h;
-      const bool leading = s->promoted();
-      h.healthy = ticks->Healthy(s->ticks(), /*has_work=*/leading, std::chrono::steady_clock::now());
-      h.status = !h.healthy ? "stuck: the failure detector made no progress"
-                 : leading  ? serving
-                            : "standing by (not the leader)";
-      return h;
-    });
+    watchdog = std::make_unique<ckpt::ServiceWatchdog>(
+        &notifier, std::chrono::seconds(2), [=] {
+          ckpt::ServiceHealth h;
+          const bool leading = s->promoted();
+          h.healthy = ticks->Healthy(s->ticks(), /*has_work=*/leading,
+                                     std::chrono::steady_clock::now());
+          h.status = !h.healthy ? "stuck: the failure detector made no progress"
+                     : leading  ? serving
+                                : "standing by (not the leader)";
+          return h;
+        });
   }
   std::thread waiter([&] {
     int sig = 0;
@@ -232,7 +269,9 @@ int main(int argc, char** argv) {
       opts->coordinator.fence = static_cast<uint64_t>(fence->create_revision);
       opts->coordinator.leading = [e = election.get()] { return e->leading(); };
       auto coord = co::Coordinator::Open(opts->coordinator, std::move(kv));
-      if (!coord.ok()) Deposed("cannot load the state from etcd: " + std::string(coord.status().message()));
+      if (!coord.ok())
+        Deposed("cannot load the state from etcd: " +
+                std::string(coord.status().message()));
       election->KeepLeading(Deposed);
       server->Promote(std::move(*coord));
       notifier.Status(serving);

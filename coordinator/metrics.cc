@@ -56,20 +56,25 @@ CoordinatorMetrics::CoordinatorMetrics()
               .Help("First recovery plan of a failure to every order of the "
                     "job's plan acknowledged")
               .Register(*registry_)),
-      steps_trimmed_(prometheus::BuildCounter()
-                         .Name("ckpt_coordinator_soft_steps_trimmed_total")
-                         .Help("Uncommitted steps whose per-rank records were dropped: a job "
-                               "kept more steps newer than its last good one than the bound")
-                         .Register(*registry_)),
+      steps_trimmed_(
+          prometheus::BuildCounter()
+              .Name("ckpt_coordinator_soft_steps_trimmed_total")
+              .Help(
+                  "Uncommitted steps whose per-rank records were dropped: a "
+                  "job "
+                  "kept more steps newer than its last good one than the bound")
+              .Register(*registry_)),
       fallbacks_(prometheus::BuildCounter()
                      .Name("ckpt_coordinator_restore_fallbacks_total")
-                     .Help("Restores that fell back because a copy of a shard failed verification, "
+                     .Help("Restores that fell back because a copy of a shard "
+                           "failed verification, "
                            "by job and failed copy (memory, file, object)")
                      .Register(*registry_)) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
-  for (auto reason : {metric::kNodeDead, metric::kTrainerExit, metric::kPlanUnacknowledged})
+  for (auto reason :
+       {metric::kNodeDead, metric::kTrainerExit, metric::kPlanUnacknowledged})
     failures_.Add({{"reason", std::string(reason)}});
   plans_.Add({});
   recovery_seconds_.Add({}, kRecoveryBuckets);
@@ -106,7 +111,8 @@ void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
   steps_trimmed_.Add({}).Increment(static_cast<double>(steps));
 }
 
-void CoordinatorMetrics::RestoreFellBack(const std::string& job, const std::string& copy) {
+void CoordinatorMetrics::RestoreFellBack(const std::string& job,
+                                         const std::string& copy) {
   fallbacks_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
 }
 

@@ -22,63 +22,93 @@ constexpr int64_t kMaxSoftSteps = 1 << 16;
 
 // One check for both sources; `name` is the flag or "config: <key>".
 absl::Status ValidatePlanAckTimeout(int64_t ms, std::string_view name) {
-  if (ms == 0 || (ms >= kMinPlanAckTimeoutMs && ms <= kMaxPlanAckTimeoutMs)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": ", ms, " is neither 0 (no deadline) nor in [",
-                                                 kMinPlanAckTimeoutMs, ", ", kMaxPlanAckTimeoutMs, "] ms"));
+  if (ms == 0 || (ms >= kMinPlanAckTimeoutMs && ms <= kMaxPlanAckTimeoutMs))
+    return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(name), ": ", ms, " is neither 0 (no deadline) nor in [",
+      kMinPlanAckTimeoutMs, ", ", kMaxPlanAckTimeoutMs, "] ms"));
 }
 absl::Status ValidateMaxSoftSteps(int64_t n, std::string_view name) {
   if (n >= 1 && n <= kMaxSoftSteps) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": ", n, " is not in [1, ", kMaxSoftSteps, "]"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(name), ": ", n, " is not in [1, ", kMaxSoftSteps, "]"));
 }
 
 }  // namespace
 
-absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char** argv,
-                                                                 std::string* help) {
+absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
+    int argc, char** argv, std::string* help) {
   CoordinatorServerOptions o;
   std::string config;
   uint32_t timeout_ms = 3000;
   int64_t plan_ack_timeout_ms = o.coordinator.plan_ack_timeout.count();
   int64_t max_soft_steps = static_cast<int64_t>(o.coordinator.max_soft_steps);
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
-  app.add_option("--listen", o.listen, "HOST:PORT to serve gRPC on (port 0: any free port)")->required();
+  app.add_option("--listen", o.listen,
+                 "HOST:PORT to serve gRPC on (port 0: any free port)")
+      ->required();
   std::string state;
   std::string admins = "ckpt-admin";
   app.add_option("--state", state,
-                 "directory of the coordinator's RocksDB state, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
-                 "(HA: replicas elect a leader through etcd)")->required();
-  app.add_option("--advertise-addr", o.advertise, "HA: HOST:PORT standbys send clients to (default: --listen)");
-  app.add_option("--lease-ttl-s", o.lease_ttl_s, "HA: leader lease in seconds (default: heartbeat timeout, >= 2)")
+                 "directory of the coordinator's RocksDB state, or "
+                 "etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
+                 "(HA: replicas elect a leader through etcd)")
+      ->required();
+  app.add_option("--advertise-addr", o.advertise,
+                 "HA: HOST:PORT standbys send clients to (default: --listen)");
+  app.add_option(
+         "--lease-ttl-s", o.lease_ttl_s,
+         "HA: leader lease in seconds (default: heartbeat timeout, >= 2)")
       ->check(CLI::Range(int64_t{2}, int64_t{3600}));
-  app.add_option("--tls-cert", o.security.tls.cert, "this coordinator's TLS certificate (PEM)");
+  app.add_option("--tls-cert", o.security.tls.cert,
+                 "this coordinator's TLS certificate (PEM)");
   app.add_option("--tls-key", o.security.tls.key, "its private key (PEM)");
-  app.add_option("--tls-ca", o.security.tls.ca, "CA certificate every client certificate must chain to (PEM)");
-  app.add_flag("--insecure", o.security.tls.insecure, "plaintext, no client identity (trusted networks and tests)");
+  app.add_option("--tls-ca", o.security.tls.ca,
+                 "CA certificate every client certificate must chain to (PEM)");
+  app.add_flag("--insecure", o.security.tls.insecure,
+               "plaintext, no client identity (trusted networks and tests)");
   app.add_option("--admin-identities", admins,
-                 "comma-separated certificate identities (CN or subjectAltName) allowed to roll back jobs");
-  app.add_option("--shared-root", o.coordinator.shared_root,
-                 "shared storage root for global manifests (default: <state>/shared)");
-  app.add_option("--heartbeat-timeout-ms", timeout_ms, "declare a node dead after this long without a heartbeat")
+                 "comma-separated certificate identities (CN or "
+                 "subjectAltName) allowed to roll back jobs");
+  app.add_option(
+      "--shared-root", o.coordinator.shared_root,
+      "shared storage root for global manifests (default: <state>/shared)");
+  app.add_option("--heartbeat-timeout-ms", timeout_ms,
+                 "declare a node dead after this long without a heartbeat")
       ->check(CLI::Range(10u, 3600000u));
   app.add_option("--plan-ack-timeout-ms", plan_ack_timeout_ms,
-                 "a recovery plan whose orders are not all acknowledged this long after it was made fails the "
-                 "nodes that did not acknowledge and plans again; 0: no deadline (default 600000, else "
+                 "a recovery plan whose orders are not all acknowledged this "
+                 "long after it was made fails the "
+                 "nodes that did not acknowledge and plans again; 0: no "
+                 "deadline (default 600000, else "
                  ">= 1000)");
   app.add_option("--max-soft-steps", max_soft_steps,
-                 "per job, the most uncommitted steps newer than the last good one whose per-rank reports are "
-                 "kept in memory; the oldest are dropped past it (default 64, 1 to 65536)");
+                 "per job, the most uncommitted steps newer than the last good "
+                 "one whose per-rank reports are "
+                 "kept in memory; the oldest are dropped past it (default 64, "
+                 "1 to 65536)");
   app.add_option("--config", config,
-                 "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, max_soft_steps, shared_root, "
-                 "metrics_listen, tls_cert, tls_key, tls_ca, insecure, admin_identities, advertise_addr, "
+                 "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
+                 "max_soft_steps, shared_root, "
+                 "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
+                 "admin_identities, advertise_addr, "
                  "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
-  app.add_option("--etcd-tls-cert", o.etcd_tls.cert, "HA: client certificate for etcd (PEM)");
+  app.add_option("--etcd-tls-cert", o.etcd_tls.cert,
+                 "HA: client certificate for etcd (PEM)");
   app.add_option("--etcd-tls-key", o.etcd_tls.key, "HA: its private key (PEM)");
-  app.add_option("--etcd-tls-ca", o.etcd_tls.ca, "HA: CA that signed etcd's server certificate (PEM)");
-  app.add_option("--metrics-listen", o.metrics_listen,
-                 "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  app.add_option("--etcd-tls-ca", o.etcd_tls.ca,
+                 "HA: CA that signed etcd's server certificate (PEM)");
+  app.add_option(
+      "--metrics-listen", o.metrics_listen,
+      "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
-  if (absl::Status s = ValidatePlanAckTimeout(plan_ack_timeout_ms, "--plan-ack-timeout-ms"); !s.ok()) return s;
-  if (absl::Status s = ValidateMaxSoftSteps(max_soft_steps, "--max-soft-steps"); !s.ok()) return s;
+  if (absl::Status s =
+          ValidatePlanAckTimeout(plan_ack_timeout_ms, "--plan-ack-timeout-ms");
+      !s.ok())
+    return s;
+  if (absl::Status s = ValidateMaxSoftSteps(max_soft_steps, "--max-soft-steps");
+      !s.ok())
+    return s;
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();
@@ -87,65 +117,98 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(int argc, char*
       int64_t v = timeout_ms;
       s = FromToml(*parsed, "heartbeat_timeout_ms", &v);
       if (s.ok() && (v < 10 || v > 3600000))
-        s = absl::InvalidArgumentError("config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
+        s = absl::InvalidArgumentError(
+            "config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
       if (s.ok()) timeout_ms = static_cast<uint32_t>(v);
     }
     if (s.ok() && !app.count("--plan-ack-timeout-ms")) {
       s = FromToml(*parsed, "plan_ack_timeout_ms", &plan_ack_timeout_ms);
-      if (s.ok()) s = ValidatePlanAckTimeout(plan_ack_timeout_ms, "config: plan_ack_timeout_ms");
+      if (s.ok())
+        s = ValidatePlanAckTimeout(plan_ack_timeout_ms,
+                                   "config: plan_ack_timeout_ms");
     }
     if (s.ok() && !app.count("--max-soft-steps")) {
       s = FromToml(*parsed, "max_soft_steps", &max_soft_steps);
-      if (s.ok()) s = ValidateMaxSoftSteps(max_soft_steps, "config: max_soft_steps");
+      if (s.ok())
+        s = ValidateMaxSoftSteps(max_soft_steps, "config: max_soft_steps");
     }
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
     if (s.ok() && !app.count("--metrics-listen"))
       s = FromToml(*parsed, "metrics_listen", &o.metrics_listen);
-    if (s.ok()) s = storage::ReadObjectStoreConfig(*parsed, &o.coordinator.object_config);
-    if (s.ok() && !app.count("--tls-cert")) s = FromToml(*parsed, "tls_cert", &o.security.tls.cert);
-    if (s.ok() && !app.count("--tls-key")) s = FromToml(*parsed, "tls_key", &o.security.tls.key);
-    if (s.ok() && !app.count("--tls-ca")) s = FromToml(*parsed, "tls_ca", &o.security.tls.ca);
-    if (s.ok() && !app.count("--insecure")) s = FromToml(*parsed, "insecure", &o.security.tls.insecure);
-    if (s.ok() && !app.count("--admin-identities")) s = FromToml(*parsed, "admin_identities", &admins);
-    if (s.ok() && !app.count("--advertise-addr")) s = FromToml(*parsed, "advertise_addr", &o.advertise);
-    if (s.ok() && !app.count("--etcd-tls-cert")) s = FromToml(*parsed, "etcd_tls_cert", &o.etcd_tls.cert);
-    if (s.ok() && !app.count("--etcd-tls-key")) s = FromToml(*parsed, "etcd_tls_key", &o.etcd_tls.key);
-    if (s.ok() && !app.count("--etcd-tls-ca")) s = FromToml(*parsed, "etcd_tls_ca", &o.etcd_tls.ca);
+    if (s.ok())
+      s = storage::ReadObjectStoreConfig(*parsed, &o.coordinator.object_config);
+    if (s.ok() && !app.count("--tls-cert"))
+      s = FromToml(*parsed, "tls_cert", &o.security.tls.cert);
+    if (s.ok() && !app.count("--tls-key"))
+      s = FromToml(*parsed, "tls_key", &o.security.tls.key);
+    if (s.ok() && !app.count("--tls-ca"))
+      s = FromToml(*parsed, "tls_ca", &o.security.tls.ca);
+    if (s.ok() && !app.count("--insecure"))
+      s = FromToml(*parsed, "insecure", &o.security.tls.insecure);
+    if (s.ok() && !app.count("--admin-identities"))
+      s = FromToml(*parsed, "admin_identities", &admins);
+    if (s.ok() && !app.count("--advertise-addr"))
+      s = FromToml(*parsed, "advertise_addr", &o.advertise);
+    if (s.ok() && !app.count("--etcd-tls-cert"))
+      s = FromToml(*parsed, "etcd_tls_cert", &o.etcd_tls.cert);
+    if (s.ok() && !app.count("--etcd-tls-key"))
+      s = FromToml(*parsed, "etcd_tls_key", &o.etcd_tls.key);
+    if (s.ok() && !app.count("--etcd-tls-ca"))
+      s = FromToml(*parsed, "etcd_tls_ca", &o.etcd_tls.ca);
     if (!s.ok()) return s;
   }
   if (o.listen.rfind(':') == std::string::npos)
-    return absl::InvalidArgumentError("--listen: \"" + o.listen + "\" is not HOST:PORT");
+    return absl::InvalidArgumentError("--listen: \"" + o.listen +
+                                      "\" is not HOST:PORT");
   if (!o.metrics_listen.empty())
-    if (absl::Status s = ValidateMetricsListen(
-            o.metrics_listen, app.count("--metrics-listen") ? "--metrics-listen" : "config: metrics_listen");
+    if (absl::Status s = ValidateMetricsListen(o.metrics_listen,
+                                               app.count("--metrics-listen")
+                                                   ? "--metrics-listen"
+                                                   : "config: metrics_listen");
         !s.ok())
       return s;
-  if (absl::Status s = ValidateTlsFlags(o.security.tls, /*require_choice=*/true); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateTlsFlags(o.security.tls, /*require_choice=*/true);
+      !s.ok())
+    return s;
   o.security.admin_identities.clear();
   for (absl::string_view id : absl::StrSplit(admins, ',', absl::SkipEmpty()))
     o.security.admin_identities.emplace_back(id);
   if (o.etcd_tls.enabled() && !etcd::IsEtcdState(state))
-    return absl::InvalidArgumentError("--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state etcd://");
-  if (absl::Status s = ValidateTlsFlags(o.etcd_tls, /*require_choice=*/false, "--etcd-tls"); !s.ok()) return s;
+    return absl::InvalidArgumentError(
+        "--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state "
+        "etcd://");
+  if (absl::Status s =
+          ValidateTlsFlags(o.etcd_tls, /*require_choice=*/false, "--etcd-tls");
+      !s.ok())
+    return s;
   // Read now, so a bad file stops the coordinator before it serves.
   auto etcd_credentials = LoadClientCredentials(o.etcd_tls, "--etcd-tls");
   if (!etcd_credentials.ok()) return etcd_credentials.status();
   o.etcd_credentials = std::move(*etcd_credentials);
   if (etcd::IsEtcdState(state)) {
-    if (auto parsed = etcd::ParseEtcdState(state, "--state"); !parsed.ok()) return parsed.status();
+    if (auto parsed = etcd::ParseEtcdState(state, "--state"); !parsed.ok())
+      return parsed.status();
     o.etcd_state = state;
     if (o.coordinator.shared_root.empty())
-      return absl::InvalidArgumentError("--shared-root: required with --state etcd:// (every replica needs it)");
+      return absl::InvalidArgumentError(
+          "--shared-root: required with --state etcd:// (every replica needs "
+          "it)");
     if (!o.advertise.empty())
-      if (absl::Status s = ValidateHostPort(o.advertise, "--advertise-addr"); !s.ok()) return s;
-    if (o.lease_ttl_s == 0) o.lease_ttl_s = std::max<int64_t>(2, (timeout_ms + 999) / 1000);
+      if (absl::Status s = ValidateHostPort(o.advertise, "--advertise-addr");
+          !s.ok())
+        return s;
+    if (o.lease_ttl_s == 0)
+      o.lease_ttl_s = std::max<int64_t>(2, (timeout_ms + 999) / 1000);
   } else {
     o.coordinator.state_dir = state;
   }
-  if (o.coordinator.shared_root.empty()) o.coordinator.shared_root = o.coordinator.state_dir + "/shared";
+  if (o.coordinator.shared_root.empty())
+    o.coordinator.shared_root = o.coordinator.state_dir + "/shared";
   o.coordinator.heartbeat_timeout = std::chrono::milliseconds(timeout_ms);
-  o.coordinator.plan_ack_timeout = std::chrono::milliseconds(plan_ack_timeout_ms);
+  o.coordinator.plan_ack_timeout =
+      std::chrono::milliseconds(plan_ack_timeout_ms);
   o.coordinator.max_soft_steps = static_cast<size_t>(max_soft_steps);
   return o;
 }

@@ -3,10 +3,10 @@
 #ifndef CKPT_COORDINATOR_OPTIONS_H_
 #define CKPT_COORDINATOR_OPTIONS_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
@@ -22,8 +22,10 @@ struct CoordinatorServerOptions {
   // --state etcd://HOST:PORT[,...]/PREFIX (HA; coordinator.state_dir is
   // then empty), else empty.
   std::string etcd_state;
-  std::string advertise;     // HA: the address clients are sent to; default: listen
-  int64_t lease_ttl_s = 0;   // HA: leader lease; default ceil(heartbeat timeout), at least 2
+  std::string
+      advertise;  // HA: the address clients are sent to; default: listen
+  int64_t lease_ttl_s =
+      0;  // HA: leader lease; default ceil(heartbeat timeout), at least 2
   ServerSecurity security;
   // HA: TLS to etcd (--etcd-tls-cert/-key/-ca: client certificate, key and
   // the CA that signed etcd's server certificate); no files: plaintext.

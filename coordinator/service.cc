@@ -1,9 +1,9 @@
 #include "coordinator/service.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <cstdio>
-
-#include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/leader_channel.h"
@@ -16,7 +16,8 @@ namespace {
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 template <typename Resp>
@@ -30,9 +31,11 @@ grpc::Status Answer(absl::StatusOr<Resp> r, Resp* out) {
 // RpcService); the Coordinator validates every field it is given.
 class Service final : public rpc::RpcService {
  public:
-  Service(AuthPolicy auth, Leadership leadership, std::atomic<int>* max_inflight)
-      : RpcService(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-            v1::Coordinator::service_full_name())),
+  Service(AuthPolicy auth, Leadership leadership,
+          std::atomic<int>* max_inflight)
+      : RpcService(
+            google::protobuf::DescriptorPool::generated_pool()
+                ->FindServiceByName(v1::Coordinator::service_full_name())),
         auth_(std::move(auth)),
         leadership_(std::move(leadership)),
         max_inflight_(max_inflight) {
@@ -48,7 +51,8 @@ class Service final : public rpc::RpcService {
     AddUnary("ReportFallback", this, &Service::ReportFallback);
   }
 
-  grpc::Status RegisterNode(grpc::ServerContext*, const v1::RegisterNodeRequest* req,
+  grpc::Status RegisterNode(grpc::ServerContext*,
+                            const v1::RegisterNodeRequest* req,
                             v1::RegisterNodeResponse* resp) {
     // A registration waits for a disk write too: thousands at once (a job
     // starting) must not take the threads heartbeats need.
@@ -60,29 +64,34 @@ class Service final : public rpc::RpcService {
                          v1::HeartbeatResponse* resp) {
     return Answer(c_->Heartbeat(*req), resp);
   }
-  grpc::Status RegisterJob(grpc::ServerContext*, const v1::RegisterJobRequest* req,
+  grpc::Status RegisterJob(grpc::ServerContext*,
+                           const v1::RegisterJobRequest* req,
                            v1::RegisterJobResponse* resp) {
     return Answer(c_->RegisterJob(*req), resp);
   }
-  grpc::Status ReportShard(grpc::ServerContext*, const v1::ReportShardRequest* req,
+  grpc::Status ReportShard(grpc::ServerContext*,
+                           const v1::ReportShardRequest* req,
                            v1::ReportShardResponse* resp) {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportShard(*req), resp);
   }
-  grpc::Status ReportShards(grpc::ServerContext*, const v1::ReportShardsRequest* req,
+  grpc::Status ReportShards(grpc::ServerContext*,
+                            const v1::ReportShardsRequest* req,
                             v1::ReportShardsResponse* resp) {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportShards(*req), resp);
   }
-  grpc::Status ReportFallback(grpc::ServerContext*, const v1::ReportFallbackRequest* req,
+  grpc::Status ReportFallback(grpc::ServerContext*,
+                              const v1::ReportFallbackRequest* req,
                               v1::ReportFallbackResponse* resp) {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportFallback(*req), resp);
   }
-  grpc::Status ReportTrainerExit(grpc::ServerContext*, const v1::ReportTrainerExitRequest* req,
+  grpc::Status ReportTrainerExit(grpc::ServerContext*,
+                                 const v1::ReportTrainerExitRequest* req,
                                  v1::ReportTrainerExitResponse* resp) {
     return Answer(c_->ReportTrainerExit(*req), resp);
   }
@@ -98,7 +107,8 @@ class Service final : public rpc::RpcService {
   grpc::Status Events(grpc::ServerContext*, const v1::EventsRequest* req,
                       v1::EventsResponse* resp) {
     if (!req->job().empty())
-      if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok()) return ToGrpc(s);
+      if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok())
+        return ToGrpc(s);
     *resp = c_->Events(*req);
     return grpc::Status::OK;
   }
@@ -116,15 +126,18 @@ class Service final : public rpc::RpcService {
   // it too, for people and for clients older than the trailer.
   grpc::Status LeaderCheck(std::string* leader) const {
     leader->clear();
-    if (serving_.load(std::memory_order_acquire) && (!leadership_.leading || leadership_.leading()))
+    if (serving_.load(std::memory_order_acquire) &&
+        (!leadership_.leading || leadership_.leading()))
       return grpc::Status::OK;
     if (leadership_.leader) *leader = leadership_.leader();
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        leader->empty() ? "not leader; no leader elected yet" : "not leader; leader is " + *leader);
+                        leader->empty() ? "not leader; no leader elected yet"
+                                        : "not leader; leader is " + *leader);
   }
 
   // Leadership, then who may call what (auth.h); for the watch service too.
-  grpc::Status AdmitCall(grpc::ServerContextBase* ctx, const std::string& method,
+  grpc::Status AdmitCall(grpc::ServerContextBase* ctx,
+                         const std::string& method,
                          const google::protobuf::Message& request) {
     std::string leader;
     if (grpc::Status s = LeaderCheck(&leader); !s.ok()) {
@@ -143,12 +156,15 @@ class Service final : public rpc::RpcService {
   // Counts a report call in flight while it lives; refused beyond the limit.
   class Admission {
    public:
-    explicit Admission(Service* s) : s_(s) { ok_ = s_->inflight_.fetch_add(1) < s_->max_inflight_->load(); }
+    explicit Admission(Service* s) : s_(s) {
+      ok_ = s_->inflight_.fetch_add(1) < s_->max_inflight_->load();
+    }
     ~Admission() { s_->inflight_.fetch_sub(1); }
     bool ok() const { return ok_; }
     grpc::Status Refusal() const {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          "coordinator busy: too many report or registration calls in flight; retry with backoff");
+                          "coordinator busy: too many report or registration "
+                          "calls in flight; retry with backoff");
     }
 
    private:
@@ -167,39 +183,49 @@ class Service final : public rpc::RpcService {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    std::unique_ptr<Coordinator> coordinator, const std::string& listen, ServerLimits limits) {
+    std::unique_ptr<Coordinator> coordinator, const std::string& listen,
+    ServerLimits limits) {
   return Start(std::move(coordinator), listen, ServerSecurity{}, limits);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    std::unique_ptr<Coordinator> coordinator, const std::string& listen, const ServerSecurity& security,
-    ServerLimits limits) {
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> s = Listen(listen, security, Leadership{}, limits);
+    std::unique_ptr<Coordinator> coordinator, const std::string& listen,
+    const ServerSecurity& security, ServerLimits limits) {
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> s =
+      Listen(listen, security, Leadership{}, limits);
   if (s.ok()) (*s)->Promote(std::move(coordinator));
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::StartStandby(
-    const std::string& listen, const ServerSecurity& security, Leadership leadership, ServerLimits limits) {
+absl::StatusOr<std::unique_ptr<CoordinatorServer>>
+CoordinatorServer::StartStandby(const std::string& listen,
+                                const ServerSecurity& security,
+                                Leadership leadership, ServerLimits limits) {
   return Listen(listen, security, std::move(leadership), limits);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
-    const std::string& listen, const ServerSecurity& security, Leadership leadership, ServerLimits limits) {
-  if (limits.max_threads < 4) return absl::InvalidArgumentError("max_threads: must be at least 4");
-  if (limits.max_inflight_reports < 0) return absl::InvalidArgumentError("max_inflight_reports: negative");
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = LoadServerCredentials(security.tls);
+    const std::string& listen, const ServerSecurity& security,
+    Leadership leadership, ServerLimits limits) {
+  if (limits.max_threads < 4)
+    return absl::InvalidArgumentError("max_threads: must be at least 4");
+  if (limits.max_inflight_reports < 0)
+    return absl::InvalidArgumentError("max_inflight_reports: negative");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      LoadServerCredentials(security.tls);
   if (!creds.ok()) return creds.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer);
   s->max_inflight_reports_ = limits.max_inflight_reports;
   AuthPolicy auth;
   auth.mtls = security.tls.enabled();
   auth.admin_identities = security.admin_identities;
-  auto service = std::make_unique<Service>(std::move(auth), std::move(leadership), &s->max_inflight_reports_);
+  auto service = std::make_unique<Service>(
+      std::move(auth), std::move(leadership), &s->max_inflight_reports_);
   Service* svc = service.get();
   s->service_ = std::move(service);
   s->watch_ = std::make_unique<WatchService>(
-      [svc](grpc::ServerContextBase* ctx, const std::string& method, const google::protobuf::Message& req) {
+      [svc](grpc::ServerContextBase* ctx, const std::string& method,
+            const google::protobuf::Message& req) {
         return svc->AdmitCall(ctx, method, req);
       },
       [svc](std::string* leader) { return svc->LeaderCheck(leader); });
@@ -207,8 +233,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
   grpc::ResourceQuota quota("ckpt-coordinator");
   quota.SetMaxThreads(limits.max_threads);
   builder.SetResourceQuota(quota);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 2);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS,
+                              2);
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   builder.AddListeningPort(listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->watch_.get());
@@ -233,14 +261,17 @@ void CoordinatorServer::Promote(std::unique_ptr<Coordinator> coordinator) {
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
 std::chrono::milliseconds CoordinatorServer::tick_period() const {
-  if (!coordinator_) return std::chrono::milliseconds(20);  // a standby: the most it will be
+  if (!coordinator_)
+    return std::chrono::milliseconds(20);  // a standby: the most it will be
   auto period = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(
                              coordinator_->options().heartbeat_timeout / 4),
                          std::chrono::milliseconds(20));
   return std::max(period, std::chrono::milliseconds(1));
 }
 
-void CoordinatorServer::SetMaxInflightReports(int n) { max_inflight_reports_ = std::max(n, 0); }
+void CoordinatorServer::SetMaxInflightReports(int n) {
+  max_inflight_reports_ = std::max(n, 0);
+}
 
 void CoordinatorServer::TickLoop() {
   const auto period = tick_period();
@@ -248,7 +279,9 @@ void CoordinatorServer::TickLoop() {
   while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
     lock.unlock();
     absl::Status s = coordinator_->Tick();
-    if (!s.ok()) std::fprintf(stderr, "ckpt-coordinator: tick: %s\n", std::string(s.message()).c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "ckpt-coordinator: tick: %s\n",
+                   std::string(s.message()).c_str());
     ticks_.fetch_add(1, std::memory_order_relaxed);
     lock.lock();
   }
@@ -257,9 +290,10 @@ void CoordinatorServer::TickLoop() {
 void CoordinatorServer::AuditLoop() {
   // Often enough that a deposed leader's late write does not stand for
   // long; each round is one small read per job.
-  const auto period = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     coordinator_->options().heartbeat_timeout),
-                                 std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
+  const auto period = std::clamp(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          coordinator_->options().heartbeat_timeout),
+      std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
   std::string last;
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
@@ -267,7 +301,8 @@ void CoordinatorServer::AuditLoop() {
     absl::Status s = coordinator_->AuditManifests();
     std::string said = s.ok() ? "" : std::string(s.message());
     if (said != last && !said.empty())
-      std::fprintf(stderr, "ckpt-coordinator: checking global manifests: %s\n", said.c_str());
+      std::fprintf(stderr, "ckpt-coordinator: checking global manifests: %s\n",
+                   said.c_str());
     last = said;
     lock.lock();
   }
@@ -287,8 +322,11 @@ void CoordinatorServer::Shutdown() {
   cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (auditor_.joinable()) auditor_.join();
-  if (watch_) watch_->Stop();  // ends the open streams, or Shutdown waits for them
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (watch_)
+    watch_->Stop();  // ends the open streams, or Shutdown waits for them
+  if (server_)
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
 }
 
 }  // namespace ckpt::coordinator

@@ -78,9 +78,9 @@ class CoordinatorServer {
       std::unique_ptr<Coordinator> coordinator, const std::string& listen,
       const ServerSecurity& security, ServerLimits limits = ServerLimits());
   // Serves "not leader" until Promote().
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartStandby(
-      const std::string& listen, const ServerSecurity& security, Leadership leadership,
-      ServerLimits limits = ServerLimits());
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>>
+  StartStandby(const std::string& listen, const ServerSecurity& security,
+               Leadership leadership, ServerLimits limits = ServerLimits());
   // Starts serving `coordinator` (once, after StartStandby).
   void Promote(std::unique_ptr<Coordinator> coordinator);
   // Whether a Coordinator is served (Start, or Promote ran). Lock-free.
@@ -97,14 +97,14 @@ class CoordinatorServer {
   // how often the failure detector ticks.
   uint64_t ticks() const { return ticks_.load(std::memory_order_relaxed); }
   std::chrono::milliseconds tick_period() const;
-  void Wait();      // until Shutdown()
+  void Wait();  // until Shutdown()
   void Shutdown();
 
  private:
   CoordinatorServer() = default;
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Listen(
-      const std::string& listen, const ServerSecurity& security, Leadership leadership,
-      ServerLimits limits);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorServer>>
+  Listen(const std::string& listen, const ServerSecurity& security,
+         Leadership leadership, ServerLimits limits);
   void TickLoop();
   // Coordinator::AuditManifests every few seconds (it reads the shared
   // root: never on the failure detector's thread).

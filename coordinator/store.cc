@@ -24,17 +24,22 @@ std::string OrderKey(uint64_t id) { return "O/" + Num20(id); }
 std::string EventKey(uint64_t seq) { return "E/" + Num20(seq); }
 
 template <typename Record>
-absl::Status ScanPrefix(KvBackend* kv, const std::string& prefix, std::vector<Record>* out) {
-  return kv->Scan(prefix, [out](const std::string& key, const std::string& value) {
-    Record r;
-    if (!r.ParseFromString(value))
-      return absl::DataLossError("coordinator state: record " + key + " does not parse");
-    out->push_back(std::move(r));
-    return absl::OkStatus();
-  });
+absl::Status ScanPrefix(KvBackend* kv, const std::string& prefix,
+                        std::vector<Record>* out) {
+  return kv->Scan(prefix,
+                  [out](const std::string& key, const std::string& value) {
+                    Record r;
+                    if (!r.ParseFromString(value))
+                      return absl::DataLossError("coordinator state: record " +
+                                                 key + " does not parse");
+                    out->push_back(std::move(r));
+                    return absl::OkStatus();
+                  });
 }
 
-KvOp Put(std::string key, std::string value) { return KvOp{false, std::move(key), std::move(value)}; }
+KvOp Put(std::string key, std::string value) {
+  return KvOp{false, std::move(key), std::move(value)};
+}
 KvOp Delete(std::string key) { return KvOp{true, std::move(key), ""}; }
 
 }  // namespace
@@ -54,22 +59,31 @@ void CoordStore::Batch::PutJob(const v1::JobRecord& j) {
   ops_.push_back(Put(JobKey(j.job()), j.SerializeAsString()));
 }
 void CoordStore::Batch::PutShard(const v1::ShardRecord& s) {
-  ops_.push_back(Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString()));
+  ops_.push_back(
+      Put(ShardKey(s.job(), s.step(), s.rank()), s.SerializeAsString()));
 }
-void CoordStore::Batch::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
+void CoordStore::Batch::DeleteShard(const std::string& job, uint64_t step,
+                                    uint32_t rank) {
   ops_.push_back(Delete(ShardKey(job, step, rank)));
 }
 void CoordStore::Batch::PutOrder(const v1::Order& o) {
   ops_.push_back(Put(OrderKey(o.id()), o.SerializeAsString()));
 }
-void CoordStore::Batch::DeleteOrder(uint64_t id) { ops_.push_back(Delete(OrderKey(id))); }
+void CoordStore::Batch::DeleteOrder(uint64_t id) {
+  ops_.push_back(Delete(OrderKey(id)));
+}
 void CoordStore::Batch::PutEvent(const v1::Event& e) {
   ops_.push_back(Put(EventKey(e.seq()), e.SerializeAsString()));
 }
-void CoordStore::Batch::DeleteEvent(uint64_t seq) { ops_.push_back(Delete(EventKey(seq))); }
-void CoordStore::Batch::PutCounters(const v1::Counters& c) { ops_.push_back(Put("C", c.SerializeAsString())); }
+void CoordStore::Batch::DeleteEvent(uint64_t seq) {
+  ops_.push_back(Delete(EventKey(seq)));
+}
+void CoordStore::Batch::PutCounters(const v1::Counters& c) {
+  ops_.push_back(Put("C", c.SerializeAsString()));
+}
 
-absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(
+    const std::string& dir) {
   absl::StatusOr<std::unique_ptr<KvBackend>> kv = OpenRocksKv(dir);
   if (!kv.ok()) return kv.status();
   return std::make_unique<CoordStore>(std::move(*kv));

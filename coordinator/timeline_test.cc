@@ -13,9 +13,9 @@ namespace {
 class TimelineTest : public TwoNodeTest {
  protected:
   // One report through the node's batch call, with a generation when set.
-  absl::Status ReportGen(const std::string& node, uint64_t epoch, uint64_t step, uint32_t rank,
-                         v1::ShardState state, std::optional<uint64_t> generation,
-                         uint64_t digest) {
+  absl::Status ReportGen(const std::string& node, uint64_t epoch, uint64_t step,
+                         uint32_t rank, v1::ShardState state,
+                         std::optional<uint64_t> generation, uint64_t digest) {
     v1::ReportShardsRequest req;
     req.set_node_id(node);
     req.set_epoch(epoch);
@@ -28,17 +28,19 @@ class TimelineTest : public TwoNodeTest {
     r->set_checksum_digest(digest);
     if (generation) r->set_generation(*generation);
     if (state == v1::DURABLE)
-      r->set_key("job/step-" + std::to_string(step) + "/rank-" + std::to_string(rank));
+      r->set_key("job/step-" + std::to_string(step) + "/rank-" +
+                 std::to_string(rank));
     auto resp = coord_->ReportShards(req);
     if (!resp.ok()) return resp.status();
     const v1::ReportResult& res = resp->results(0);
-    return absl::Status(static_cast<absl::StatusCode>(res.code()), res.message());
+    return absl::Status(static_cast<absl::StatusCode>(res.code()),
+                        res.message());
   }
-  absl::Status ReportAllGen(uint64_t step, v1::ShardState state, std::optional<uint64_t> gen,
-                            uint64_t digest_base) {
+  absl::Status ReportAllGen(uint64_t step, v1::ShardState state,
+                            std::optional<uint64_t> gen, uint64_t digest_base) {
     for (uint32_t r = 0; r < 4; ++r) {
-      absl::Status s = ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step, r, state, gen,
-                                 digest_base + r);
+      absl::Status s = ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step,
+                                 r, state, gen, digest_base + r);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -50,7 +52,8 @@ class TimelineTest : public TwoNodeTest {
     ASSERT_TRUE(r->failure());
   }
   std::string MetricsText() {
-    return prometheus::TextSerializer().Serialize(coord_->options().metrics->Collect());
+    return prometheus::TextSerializer().Serialize(
+        coord_->options().metrics->Collect());
   }
 };
 
@@ -58,11 +61,14 @@ class TimelineTest : public TwoNodeTest {
 // timeline's reports of 15 that arrive afterwards (trainers saving while
 // being stopped, persists finishing) must not make it good, and must not
 // stand in the way of the new timeline's own step 15.
-TEST_F(TimelineTest, ReportsOfAnAbandonedGenerationAreDroppedAndRecreateNothing) {
+TEST_F(TimelineTest,
+       ReportsOfAnAbandonedGenerationAreDroppedAndRecreateNothing) {
   ASSERT_TRUE(ReportAllGen(10, v1::STAGED, 0, 0xa0).ok());
   ASSERT_TRUE(ReportAllGen(10, v1::DURABLE, 0, 0xa0).ok());
   for (uint32_t r = 0; r < 3; ++r)
-    ASSERT_TRUE(ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 15, r, v1::STAGED, 0, 0xb0 + r).ok());
+    ASSERT_TRUE(ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 15, r,
+                          v1::STAGED, 0, 0xb0 + r)
+                    .ok());
   TrainerDies();
   ASSERT_EQ(Job().generation(), 1u);
   ASSERT_EQ(Job().restore_step(), 10u);  // 15 was not on every rank: dropped
@@ -70,10 +76,12 @@ TEST_F(TimelineTest, ReportsOfAnAbandonedGenerationAreDroppedAndRecreateNothing)
   // The old timeline's reports of 15, replayed at unchanged epochs.
   absl::Status staged = ReportAllGen(15, v1::STAGED, 0, 0xb0);
   EXPECT_EQ(staged.code(), absl::StatusCode::kFailedPrecondition) << staged;
-  EXPECT_NE(staged.message().find("generation"), absl::string_view::npos) << staged;
+  EXPECT_NE(staged.message().find("generation"), absl::string_view::npos)
+      << staged;
   absl::Status durable = ReportAllGen(15, v1::DURABLE, 0, 0xb0);
   EXPECT_EQ(durable.code(), absl::StatusCode::kFailedPrecondition) << durable;
-  EXPECT_EQ(Job().last_good_step(), 10u) << "an abandoned timeline's step became good";
+  EXPECT_EQ(Job().last_good_step(), 10u)
+      << "an abandoned timeline's step became good";
 
   // The new timeline's step 15, other bytes: accepted and committed.
   absl::Status fresh = ReportAllGen(15, v1::STAGED, 1, 0xc0);
@@ -119,11 +127,13 @@ TEST_F(TimelineTest, SaveThatFailedForGoodIsRetractedAndNoPlanChoosesItsStep) {
   for (const v1::Event& e : events.events())
     if (e.kind() == v1::SHARD_FAILED) {
       ++failed_events;
-      EXPECT_NE(e.detail().find("step 12 rank 3"), std::string::npos) << e.detail();
+      EXPECT_NE(e.detail().find("step 12 rank 3"), std::string::npos)
+          << e.detail();
     }
   EXPECT_EQ(failed_events, 1);
   TrainerDies();
-  EXPECT_EQ(Job().restore_step(), 10u) << "a plan chose a step whose rank 3 failed for good";
+  EXPECT_EQ(Job().restore_step(), 10u)
+      << "a plan chose a step whose rank 3 failed for good";
 }
 
 // Reports without a generation (a daemon that does not send it, a trainer
@@ -148,11 +158,16 @@ TEST_F(TimelineTest, RecordsOfStepsThatNeverCommitAreBounded) {
   for (uint64_t step = 2; step < 500; ++step) {
     ASSERT_TRUE(ReportAllGen(step, v1::STAGED, 0, 0x10).ok()) << step;
     for (uint32_t r = 0; r < 3; ++r)  // rank 3's persist never succeeds
-      ASSERT_TRUE(ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step, r, v1::DURABLE, 0, 0x10 + r).ok());
+      ASSERT_TRUE(ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, step, r,
+                            v1::DURABLE, 0, 0x10 + r)
+                      .ok());
   }
   EXPECT_EQ(Job().last_good_step(), 1u);
   const std::string text = MetricsText();
-  EXPECT_GE(ckpt::testing::SampleValue(text, "ckpt_coordinator_soft_steps_trimmed_total").value_or(0), 400.0)
+  EXPECT_GE(ckpt::testing::SampleValue(
+                text, "ckpt_coordinator_soft_steps_trimmed_total")
+                .value_or(0),
+            400.0)
       << text;
   // An old step's records are gone: its last DURABLE report is refused.
   EXPECT_FALSE(ReportGen("n2", e2_, 2, 3, v1::DURABLE, 0, 0x13).ok());
@@ -197,7 +212,8 @@ TEST_F(TimelineTest, PlanNotAcknowledgedInTimeFailsTheSilentNodeAndPlansAgain) {
   bool named = false;
   const v1::EventsResponse events = coord_->Events({});
   for (const auto& e : events.events())
-    named |= e.kind() == v1::FAILURE_DETECTED && e.detail().find("PREFETCH") != std::string::npos;
+    named |= e.kind() == v1::FAILURE_DETECTED &&
+             e.detail().find("PREFETCH") != std::string::npos;
   EXPECT_TRUE(named);
 }
 

@@ -11,8 +11,12 @@ namespace ckpt::coordinator {
 class WatchService::Watcher final
     : public grpc::ServerWriteReactor<v1::JobView> {
  public:
-  Watcher(WatchService* service, grpc::CallbackServerContext* ctx, std::string job, std::string node)
-      : service_(service), ctx_(ctx), job_(std::move(job)), node_(std::move(node)) {}
+  Watcher(WatchService* service, grpc::CallbackServerContext* ctx,
+          std::string job, std::string node)
+      : service_(service),
+        ctx_(ctx),
+        job_(std::move(job)),
+        node_(std::move(node)) {}
   const std::string& job() const { return job_; }
   const std::string& node() const { return node_; }
 

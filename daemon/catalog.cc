@@ -32,17 +32,22 @@ std::string IntentKey(uint64_t id) {
 
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
-  if (s.IsNotFound()) return absl::NotFoundError("catalog: " + what + ": not found");
+  if (s.IsNotFound())
+    return absl::NotFoundError("catalog: " + what + ": not found");
   return absl::InternalError("catalog: " + what + ": " + s.ToString());
 }
 
 template <typename Record>
-absl::StatusOr<std::vector<Record>> ScanPrefix(rocksdb::DB* db, const std::string& prefix) {
+absl::StatusOr<std::vector<Record>> ScanPrefix(rocksdb::DB* db,
+                                               const std::string& prefix) {
   std::vector<Record> out;
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+  std::unique_ptr<rocksdb::Iterator> it(
+      db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
     Record r;
-    if (!r.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())))
+    if (!r.ParseFromArray(it->value().data(),
+                          static_cast<int>(it->value().size())))
       return absl::DataLossError("catalog: record " + it->key().ToString() +
                                  " does not parse");
     out.push_back(std::move(r));
@@ -72,7 +77,9 @@ Catalog::Catalog(rocksdb::DB* db) : db_(db) {}
 Catalog::~Catalog() = default;
 
 absl::Status Catalog::PutJob(const v1::JobRecord& job) {
-  if (fail_job_puts_) return absl::ResourceExhaustedError("put job " + job.job() + ": no space (injected)");
+  if (fail_job_puts_)
+    return absl::ResourceExhaustedError("put job " + job.job() +
+                                        ": no space (injected)");
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db_->Put(wo, JobKey(job.job()), job.SerializeAsString()),
@@ -82,8 +89,9 @@ absl::Status Catalog::PutJob(const v1::JobRecord& job) {
 absl::Status Catalog::DeleteJob(const std::string& job) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  rocksdb::Status s = db_->DeleteRange(wo, db_->DefaultColumnFamily(), ShardPrefix(job),
-                                       ShardPrefix(job) + "\xff");
+  rocksdb::Status s =
+      db_->DeleteRange(wo, db_->DefaultColumnFamily(), ShardPrefix(job),
+                       ShardPrefix(job) + "\xff");
   if (s.ok()) s = db_->Delete(wo, JobKey(job));
   return FromRocks(s, "delete job " + job);
 }
@@ -93,29 +101,37 @@ absl::StatusOr<std::vector<v1::JobRecord>> Catalog::Jobs() {
 }
 
 absl::Status Catalog::PutShard(const v1::ShardRecord& shard, bool sync) {
-  if (fail_shard_puts_) return absl::ResourceExhaustedError("put shard " + shard.job() + ": no space (injected)");
+  if (fail_shard_puts_)
+    return absl::ResourceExhaustedError("put shard " + shard.job() +
+                                        ": no space (injected)");
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  return FromRocks(db_->Put(wo, ShardKey(shard.job(), shard.step(), shard.rank()),
-                            shard.SerializeAsString()),
-                   "put shard " + shard.job());
+  return FromRocks(
+      db_->Put(wo, ShardKey(shard.job(), shard.step(), shard.rank()),
+               shard.SerializeAsString()),
+      "put shard " + shard.job());
 }
 
-absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
+absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step,
+                                  uint32_t rank) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  return FromRocks(db_->Delete(wo, ShardKey(job, step, rank)), "delete shard " + job);
+  return FromRocks(db_->Delete(wo, ShardKey(job, step, rank)),
+                   "delete shard " + job);
 }
 
-absl::StatusOr<std::vector<v1::ShardRecord>> Catalog::Shards(const std::string& job) {
+absl::StatusOr<std::vector<v1::ShardRecord>> Catalog::Shards(
+    const std::string& job) {
   return ScanPrefix<v1::ShardRecord>(db_.get(), ShardPrefix(job));
 }
 
-absl::StatusOr<uint64_t> Catalog::PutDeleteIntent(const v1::DeleteIntent& intent) {
+absl::StatusOr<uint64_t> Catalog::PutDeleteIntent(
+    const v1::DeleteIntent& intent) {
   const uint64_t id = next_intent_.fetch_add(1);
-  CKPT_RETURN_IF_ERROR(FromRocks(
-      db_->Put(rocksdb::WriteOptions(), IntentKey(id), intent.SerializeAsString()),
-      "put delete intent"));
+  CKPT_RETURN_IF_ERROR(
+      FromRocks(db_->Put(rocksdb::WriteOptions(), IntentKey(id),
+                         intent.SerializeAsString()),
+                "put delete intent"));
   return id;
 }
 
@@ -130,11 +146,13 @@ void CatalogEdit::PutJob(const v1::JobRecord& job) {
 }
 
 void CatalogEdit::PutShard(const v1::ShardRecord& shard) {
-  ops_.push_back(
-      {Kind::kShard, ShardKey(shard.job(), shard.step(), shard.rank()), shard.SerializeAsString()});
+  ops_.push_back({Kind::kShard,
+                  ShardKey(shard.job(), shard.step(), shard.rank()),
+                  shard.SerializeAsString()});
 }
 
-void CatalogEdit::DeleteShard(const std::string& job, uint64_t step, uint32_t rank) {
+void CatalogEdit::DeleteShard(const std::string& job, uint64_t step,
+                              uint32_t rank) {
   ops_.push_back({Kind::kOther, ShardKey(job, step, rank), std::nullopt});
 }
 
@@ -146,10 +164,12 @@ absl::Status Catalog::Apply(const CatalogEdit& edit, bool sync) {
   if (edit.empty()) return absl::OkStatus();
   rocksdb::WriteBatch batch;
   for (const CatalogEdit::Op& op : edit.ops_) {
-    if (op.value && ((op.kind == CatalogEdit::Kind::kShard && fail_shard_puts_) ||
-                     (op.kind == CatalogEdit::Kind::kJob && fail_job_puts_)))
+    if (op.value &&
+        ((op.kind == CatalogEdit::Kind::kShard && fail_shard_puts_) ||
+         (op.kind == CatalogEdit::Kind::kJob && fail_job_puts_)))
       return absl::ResourceExhaustedError("catalog edit: no space (injected)");
-    rocksdb::Status s = op.value ? batch.Put(op.key, *op.value) : batch.Delete(op.key);
+    rocksdb::Status s =
+        op.value ? batch.Put(op.key, *op.value) : batch.Delete(op.key);
     if (!s.ok()) return FromRocks(s, "catalog edit");
   }
   rocksdb::WriteOptions wo;
@@ -160,12 +180,14 @@ absl::Status Catalog::Apply(const CatalogEdit& edit, bool sync) {
 absl::StatusOr<std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
 Catalog::DeleteIntents() {
   std::vector<std::pair<uint64_t, v1::DeleteIntent>> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(kIntentPrefix); it->Valid() && it->key().starts_with(kIntentPrefix);
-       it->Next()) {
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(kIntentPrefix);
+       it->Valid() && it->key().starts_with(kIntentPrefix); it->Next()) {
     v1::DeleteIntent d;
     const std::string key = it->key().ToString();
-    if (!d.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())))
+    if (!d.ParseFromArray(it->value().data(),
+                          static_cast<int>(it->value().size())))
       return absl::DataLossError("catalog: record " + key + " does not parse");
     out.emplace_back(std::strtoull(key.c_str() + 2, nullptr, 10), std::move(d));
   }

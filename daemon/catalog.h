@@ -62,7 +62,8 @@ class Catalog {
 
   // sync: wait for the write-ahead log to reach the disk (durable records).
   [[nodiscard]] absl::Status PutShard(const v1::ShardRecord& shard, bool sync);
-  absl::Status DeleteShard(const std::string& job, uint64_t step, uint32_t rank);
+  absl::Status DeleteShard(const std::string& job, uint64_t step,
+                           uint32_t rank);
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardRecord>> Shards(
       const std::string& job);
 

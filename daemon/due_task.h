@@ -24,8 +24,10 @@ namespace ckpt::daemon {
 // earliest not_before, or a notification) and returns nullopt: the caller
 // checks its stop flag and calls again.
 template <typename Task, typename Claim>
-std::optional<Task> TakeDueTask(std::deque<Task>& tasks, std::condition_variable& cv,
-                                std::unique_lock<std::mutex>& lock, Claim claim) {
+std::optional<Task> TakeDueTask(std::deque<Task>& tasks,
+                                std::condition_variable& cv,
+                                std::unique_lock<std::mutex>& lock,
+                                Claim claim) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point now = Clock::now();
   Clock::time_point earliest = Clock::time_point::max();
@@ -47,9 +49,11 @@ std::optional<Task> TakeDueTask(std::deque<Task>& tasks, std::condition_variable
 
 // The first due task in queue order.
 template <typename Task>
-std::optional<Task> TakeDueTask(std::deque<Task>& tasks, std::condition_variable& cv,
+std::optional<Task> TakeDueTask(std::deque<Task>& tasks,
+                                std::condition_variable& cv,
                                 std::unique_lock<std::mutex>& lock) {
-  return TakeDueTask(tasks, cv, lock, [](const Task&, bool due) { return due; });
+  return TakeDueTask(tasks, cv, lock,
+                     [](const Task&, bool due) { return due; });
 }
 
 }  // namespace ckpt::daemon

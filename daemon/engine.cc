@@ -11,10 +11,11 @@
 
 namespace ckpt::daemon {
 
-Engine::Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
-               storage::Backend* object)
+Engine::Engine(EngineOptions options, storage::Backend* backend,
+               Catalog* catalog, storage::Backend* object)
     : options_(std::move(options)),
-      metrics_(options_.metrics ? options_.metrics : std::make_shared<DaemonMetrics>()),
+      metrics_(options_.metrics ? options_.metrics
+                                : std::make_shared<DaemonMetrics>()),
       backend_(backend),
       catalog_(catalog),
       object_(object),
@@ -24,21 +25,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
                                                      Catalog* catalog,
                                                      storage::Backend* object) {
-  std::unique_ptr<Engine> engine(new Engine(std::move(options), backend, catalog, object));
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(options), backend, catalog, object));
   if (object != nullptr) {
     engine->uploader_ = std::make_unique<Uploader>(
-        object, engine->options_.upload_threads, [e = engine.get()](const UploadTask& task) {
+        object, engine->options_.upload_threads,
+        [e = engine.get()](const UploadTask& task) {
           return task.kind == UploadTask::kShard ? e->UploadShard(task)
                                                  : e->WriteObjectManifest(task);
         },
         catalog);
   }
   engine->prefaulter_ = std::make_unique<Prefaulter>(
-      [e = engine.get()](const std::shared_ptr<shm::Arena>& arena, absl::Status s) {
+      [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
+                         absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
       });
   engine->persister_ = std::make_unique<Persister>(
-      &engine->mu_, &engine->cv_, backend, [e = engine.get()](const PersistTask& task) {
+      &engine->mu_, &engine->cv_, backend,
+      [e = engine.get()](const PersistTask& task) {
         if (task.kind == PersistTask::kShard)
           e->PersistShard(task);
         else
@@ -47,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
       catalog);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->persister_->Start();
-  engine->metrics_->SetSnapshotSource([e = engine.get()] { return e->Snapshot(); });
+  engine->metrics_->SetSnapshotSource(
+      [e = engine.get()] { return e->Snapshot(); });
   if (engine->uploader_) engine->uploader_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
@@ -55,8 +61,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 
 Engine::~Engine() {
   metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
-  prefaulter_.reset();  // its callback takes mu_
-  if (uploader_) uploader_->Stop();  // its tasks take mu_
+  prefaulter_.reset();                   // its callback takes mu_
+  if (uploader_) uploader_->Stop();      // its tasks take mu_
   if (persister_) persister_->Stop();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -66,7 +72,8 @@ Engine::~Engine() {
   if (reaper_.joinable()) reaper_.join();
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
-      if (rank.arena && rank.registered) backend_->UnregisterMemory(rank.arena->slot_data(0));
+      if (rank.arena && rank.registered)
+        backend_->UnregisterMemory(rank.arena->slot_data(0));
 }
 
 std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
@@ -77,14 +84,17 @@ absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
                                                    const PeerCreds& peer) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job));
   auto it = jobs_.find(job);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job: unknown job '", job, "'"));
+  if (it == jobs_.end())
+    return absl::NotFoundError(absl::StrCat("job: unknown job '", job, "'"));
   if (peer.uid != 0 && peer.uid != it->second.rec.uid())
-    return absl::PermissionDeniedError(absl::StrCat(
-        "job '", job, "' belongs to uid ", it->second.rec.uid(), ", caller is uid ", peer.uid));
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", job, "' belongs to uid ", it->second.rec.uid(),
+                     ", caller is uid ", peer.uid));
   return &it->second;
 }
 
-Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t rank) {
+Shard* Engine::FindShardLocked(const std::string& job, uint64_t step,
+                               uint32_t rank) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return nullptr;
   auto st = j->second.steps.find(step);
@@ -95,12 +105,13 @@ Shard* Engine::FindShardLocked(const std::string& job, uint64_t step, uint32_t r
 
 absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   if (rank >= job.rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not below world_size ",
-                                                   job.rec.world_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", rank, " is not below world_size ", job.rec.world_size()));
   auto it = job.ranks.find(rank);
   if (it == job.ranks.end() || !it->second.arena)
     return absl::FailedPreconditionError(
-        absl::StrCat("rank: rank ", rank, " of job '", job.rec.job(), "' is not registered"));
+        absl::StrCat("rank: rank ", rank, " of job '", job.rec.job(),
+                     "' is not registered"));
   return &it->second;
 }
 
@@ -117,15 +128,16 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   r.Clear();
 }
 
-absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& lock,
-                                                  const std::string& name, uint32_t rank_no,
-                                                  uint64_t slot_bytes) {
+absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
+    std::unique_lock<std::mutex>& lock, const std::string& name,
+    uint32_t rank_no, uint64_t slot_bytes) {
   Job* job = nullptr;
   Rank* r = nullptr;
   for (;;) {
     auto j = jobs_.find(name);
     if (j == jobs_.end())
-      return absl::AbortedError(absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
+      return absl::AbortedError(
+          absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
     job = &j->second;
     r = &job->ranks[rank_no];
     if (!r->creating) break;
@@ -163,18 +175,23 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   // that cannot be written (a full disk) leaves the rank as it was.
   v1::JobRecord rec = job->rec;
   (*rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
-  if (rec.slot_bytes() < arena->slot_bytes()) rec.set_slot_bytes(arena->slot_bytes());
-  absl::Status s = grow ? r->CheckGrowable(name, rank_no, slot_bytes) : absl::OkStatus();
+  if (rec.slot_bytes() < arena->slot_bytes())
+    rec.set_slot_bytes(arena->slot_bytes());
+  absl::Status s =
+      grow ? r->CheckGrowable(name, rank_no, slot_bytes) : absl::OkStatus();
   if (s.ok()) s = catalog_->PutJob(rec);
   if (s.ok() && grow) {
     s = arena->Rename(ArenaName(name, rank_no));
-    if (!s.ok() && job->recorded) (void)catalog_->PutJob(job->rec);  // back to the old arena
+    if (!s.ok() && job->recorded)
+      (void)catalog_->PutJob(job->rec);  // back to the old arena
   }
   if (!s.ok()) {
     (void)shm::Arena::Unlink(arena->name());
     return s;
   }
-  if (grow) DropArenaLocked(*job, rank_no, /*unlink=*/false);  // the rename replaced its name
+  if (grow)
+    DropArenaLocked(*job, rank_no,
+                    /*unlink=*/false);  // the rename replaced its name
   r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
   job->rec = std::move(rec);
@@ -182,16 +199,19 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(std::unique_lock<std::mutex>& 
   return r;
 }
 
-void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status) {
+void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                          absl::Status status) {
   absl::Status reg = status;
   if (!status.ok()) {
-    LogWarning(absl::StrCat("arena ", arena->name(), ": only slot 0 is usable: ",
-                            status.message()));
+    LogWarning(absl::StrCat("arena ", arena->name(),
+                            ": only slot 0 is usable: ", status.message()));
   } else {
     // Registering pins every page: only now, with the pages faulted in.
-    reg = backend_->RegisterMemory(arena->slot_data(0),
-                                   uint64_t{arena->num_slots()} * arena->slot_bytes());
-    if (!reg.ok()) LogWarning("register arena memory: " + std::string(reg.message()));
+    reg = backend_->RegisterMemory(
+        arena->slot_data(0),
+        uint64_t{arena->num_slots()} * arena->slot_bytes());
+    if (!reg.ok())
+      LogWarning("register arena memory: " + std::string(reg.message()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, job] : jobs_)
@@ -226,35 +246,40 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   for (const auto& [r, rank] : job.ranks) {
     if (rank.creating) return;
     for (const Slot& s : rank.slots)
-      if (s.state != shm::SlotState::kFree) return;  // being persisted or loaded
+      if (s.state != shm::SlotState::kFree)
+        return;  // being persisted or loaded
   }
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
   for (uint32_t r : ranks) DropArenaLocked(job, r, /*unlink=*/true);
   absl::Status s = catalog_->DeleteJob(name);
   if (!s.ok()) LogWarning(std::string(s.message()));
-  LogInfo(absl::StrCat("job ", name, ": every step deleted; record and arenas removed"));
+  LogInfo(absl::StrCat("job ", name,
+                       ": every step deleted; record and arenas removed"));
   jobs_.erase(it);
   metrics_->ForgetJob(name);
   cv_.notify_all();
 }
 
-absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
-                                                      const v1::RegisterRequest& req) {
+absl::StatusOr<v1::RegisterResponse> Engine::Register(
+    const PeerCreds& peer, const v1::RegisterRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job()));
   if (req.world_size() == 0 || req.world_size() > options_.max_world_size)
-    return absl::InvalidArgumentError(absl::StrCat("world_size: ", req.world_size(),
-                                                   " is not in [1, ", options_.max_world_size, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", req.world_size(), " is not in [1, ",
+                     options_.max_world_size, "]"));
   if (req.rank() >= req.world_size())
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank: ", req.rank(), " is not below world_size ", req.world_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", req.rank(), " is not below world_size ", req.world_size()));
   if (req.slot_bytes() == 0 || req.slot_bytes() > options_.max_slot_bytes)
-    return absl::InvalidArgumentError(absl::StrCat("slot_bytes: ", req.slot_bytes(),
-                                                   " is not in [1, ", options_.max_slot_bytes, "]"));
-  uint32_t num_slots = req.num_slots() == 0 ? options_.default_num_slots : req.num_slots();
-  if (num_slots < 2 || num_slots > shm::kMaxSlots)
     return absl::InvalidArgumentError(
-        absl::StrCat("num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
+        absl::StrCat("slot_bytes: ", req.slot_bytes(), " is not in [1, ",
+                     options_.max_slot_bytes, "]"));
+  uint32_t num_slots =
+      req.num_slots() == 0 ? options_.default_num_slots : req.num_slots();
+  if (num_slots < 2 || num_slots > shm::kMaxSlots)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
@@ -272,12 +297,13 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(const PeerCreds& peer,
   }
   Job& job = it->second;
   if (peer.uid != job.rec.uid())
-    return absl::PermissionDeniedError(absl::StrCat(
-        "job '", req.job(), "' belongs to uid ", job.rec.uid(), ", caller is uid ", peer.uid));
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", req.job(), "' belongs to uid ", job.rec.uid(),
+                     ", caller is uid ", peer.uid));
   if (req.world_size() != job.rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat("world_size: ", req.world_size(),
-                                                   " differs from the job's ",
-                                                   job.rec.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", req.world_size(),
+                     " differs from the job's ", job.rec.world_size()));
   job.forget_when_idle = false;
   auto ensured = EnsureArena(lock, req.job(), req.rank(), req.slot_bytes());
   if (!ensured.ok()) {
@@ -321,17 +347,18 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
   cv_.notify_all();
 }
 
-absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
-                                                        const v1::BeginSaveRequest& req) {
+absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
+    const PeerCreds& peer, const v1::BeginSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  if (draining_) return absl::UnavailableError("ckptd is shutting down: no new saves");
+  if (draining_)
+    return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, FindRankLocked(*job, req.rank()));
   if (req.image_bytes() > rank->arena->slot_bytes())
-    return absl::ResourceExhaustedError(
-        absl::StrCat("image_bytes: the shard needs ", req.image_bytes(),
-                     " bytes, the arena's slots hold ", rank->arena->slot_bytes()));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "image_bytes: the shard needs ", req.image_bytes(),
+        " bytes, the arena's slots hold ", rank->arena->slot_bytes()));
   auto start = std::chrono::steady_clock::now();
   auto timeout = req.timeout_ms() ? std::chrono::milliseconds(req.timeout_ms())
                                   : options_.default_busy_timeout;
@@ -342,10 +369,10 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
     slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
-      return absl::ResourceExhaustedError(
-          absl::StrCat("BUSY: every usable slot of job '", req.job(), "' rank ", req.rank(),
-                       " is taken; the others could not be reserved: ",
-                       rank->reserve_error.message()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "BUSY: every usable slot of job '", req.job(), "' rank ", req.rank(),
+          " is taken; the others could not be reserved: ",
+          rank->reserve_error.message()));
     // Slots still being readied by the prefaulter are not busy: wait for
     // them even when the caller does not want to block on busy slots.
     const bool readying = rank->ready_slots < rank->slots.size();
@@ -355,9 +382,10 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
           " is being written, persisted, read or holds the newest step"));
     if (cv_.wait_until(lock, start + timeout) == std::cv_status::timeout)
       return absl::ResourceExhaustedError(
-          absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ", req.rank(),
-                       " after waiting ", timeout.count(), " ms"));
-    if (draining_) return absl::UnavailableError("ckptd is shutting down: no new saves");
+          absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ",
+                       req.rank(), " after waiting ", timeout.count(), " ms"));
+    if (draining_)
+      return absl::UnavailableError("ckptd is shutting down: no new saves");
     CKPT_ASSIGN_OR_RETURN(job, FindJobLocked(req.job(), peer));
   }
   Slot& s = rank->slots[slot];
@@ -372,12 +400,14 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
       // Its persist kept failing, and now its bytes are gone.
       metrics_->Failure(metric::kPersistAbandoned);
       FailShardLocked(lost, absl::StrCat("its slot went to step ", req.step(),
-                                         " while its persist kept failing: ", lost.rec.error()));
-      LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ", req.rank(), ": ",
-                              lost.rec.error()));
+                                         " while its persist kept failing: ",
+                                         lost.rec.error()));
+      LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ",
+                              req.rank(), ": ", lost.rec.error()));
     }
   }
-  Lease lease{req.job(), req.rank(), static_cast<uint32_t>(slot), req.step(), true, peer.pid};
+  Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(slot),
+              req.step(), true,       peer.pid};
   lease.begun = arrived;
   lease.granted = std::chrono::steady_clock::now();
   CKPT_ASSIGN_OR_RETURN(uint64_t id, leases_.Add(std::move(lease)));
@@ -386,17 +416,22 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(const PeerCreds& peer,
   resp.set_slot(slot);
   resp.set_slot_offset(rank->arena->slot_offset(slot));
   resp.set_lease(id);
-  resp.set_waited_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  resp.set_waited_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count());
   return resp;
 }
 
-absl::Status Engine::AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest& req) {
+absl::Status Engine::AbortSave(const PeerCreds& peer,
+                               const v1::AbortSaveRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   (void)job;
-  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true) == nullptr)
-    return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(), " of job '",
-                                            req.job(), "' rank ", req.rank()));
+  if (leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true) ==
+      nullptr)
+    return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(),
+                                            " of job '", req.job(), "' rank ",
+                                            req.rank()));
   ReleaseLeaseLocked(req.lease());
   return absl::OkStatus();
 }

@@ -92,7 +92,7 @@ struct ShardReport {
   // The digest of this save's STAGED report (equal to `digest` unless the
   // persister filled in device tensors' checksums since).
   uint64_t staged_digest = 0;
-  std::string key;      // storage key, when durable
+  std::string key;         // storage key, when durable
   uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
   // The job generation the save was made in (CommitSaveRequest.generation).
   std::optional<uint64_t> generation;
@@ -104,12 +104,13 @@ struct ShardReport {
 // ReportFallback carries to the coordinator: event FALLBACK).
 struct FallbackReport {
   std::string job;
-  uint64_t step = 0;    // the step whose copy failed
+  uint64_t step = 0;  // the step whose copy failed
   uint32_t rank = 0;
-  std::string copy;     // the copy that failed: "memory", "file" or "object"
-  std::string reason;   // why; cut to 512 bytes, unprintable bytes become '?'
+  std::string copy;    // the copy that failed: "memory", "file" or "object"
+  std::string reason;  // why; cut to 512 bytes, unprintable bytes become '?'
   std::optional<uint64_t> next_step;  // the older step restored instead, if any
-  std::string next_copy;  // the copy restored from: "memory", "file", "object" or "" (unknown)
+  std::string next_copy;  // the copy restored from: "memory", "file", "object"
+                          // or "" (unknown)
 };
 
 struct EngineOptions {
@@ -125,7 +126,8 @@ struct EngineOptions {
   // and a newer save may take the shard's slot rather than wait for the
   // disk; the shard then fails for good.
   uint32_t max_persist_attempts = 3;
-  std::chrono::milliseconds persist_retry_delay = std::chrono::milliseconds(200);
+  std::chrono::milliseconds persist_retry_delay =
+      std::chrono::milliseconds(200);
   std::chrono::milliseconds persist_retry_max_delay = std::chrono::seconds(30);
   uint64_t max_slot_bytes = 1ull << 40;
   uint32_t max_world_size = 1u << 20;
@@ -183,14 +185,16 @@ class Engine {
       const PeerCreds& peer, const v1::BeginSaveRequest& req);
   [[nodiscard]] absl::Status CommitSave(const PeerCreds& peer,
                                         const v1::CommitSaveRequest& req);
-  absl::Status AbortSave(const PeerCreds& peer, const v1::AbortSaveRequest& req);
+  absl::Status AbortSave(const PeerCreds& peer,
+                         const v1::AbortSaveRequest& req);
   [[nodiscard]] absl::StatusOr<v1::LatestResponse> Latest(
       const PeerCreds& peer, const v1::LatestRequest& req);
   [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
       const PeerCreds& peer, const v1::OpenRestoreRequest& req);
   [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
                                           const v1::CloseRestoreRequest& req);
-  absl::Status WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req);
+  absl::Status WaitDurable(const PeerCreds& peer,
+                           const v1::WaitDurableRequest& req);
   [[nodiscard]] absl::StatusOr<v1::ListResponse> List(
       const PeerCreds& peer, const v1::ListRequest& req);
   absl::StatusOr<v1::DeleteResponse> Delete(const PeerCreds& peer,
@@ -213,10 +217,9 @@ class Engine {
   // coordinator) the shard file's owner, which is wrong on a root-squashed
   // or object-store shared root. Blocking; the key must be one of the
   // rank's shard keys.
-  [[nodiscard]] absl::Status Prefetch(const std::string& job,
-                                      uint32_t world_size, uint64_t step,
-                                      uint32_t rank, const std::string& key,
-                                      std::optional<uint32_t> owner_uid = std::nullopt);
+  [[nodiscard]] absl::Status Prefetch(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      const std::string& key, std::optional<uint32_t> owner_uid = std::nullopt);
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
@@ -264,7 +267,8 @@ class Engine {
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
-  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena, absl::Status status);
+  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                    absl::Status status);
   // Drops the job and its record if Delete marked it and nothing uses it.
   void MaybeForgetJobLocked(const std::string& job);
   // Removes a job that a refused first Register left without any arena.
@@ -278,11 +282,13 @@ class Engine {
   // The fallback ladder: a client found `shard`'s copy (the stored one, or
   // the one in memory) failing verification. Drops the slot's image; with
   // no good copy left the shard fails (Latest falls back a step).
-  void MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error);
+  void MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
+                         const std::string& error);
   // Drops a rank's shard of a step: its record, and with delete_file its
   // file; the step's manifests go as it is no longer whole. Catalog
   // failures are logged (the shard is gone from memory either way).
-  void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file);
+  void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
+                       bool delete_file);
   // DropShardLocked in two halves, for a caller that must write the
   // catalog before it changes anything (CommitSave): the plan adds the
   // catalog writes (record deletes, delete intents) to `edit` and changes
@@ -299,8 +305,8 @@ class Engine {
     std::vector<LocalDelete> local;  // in order
     std::optional<UploadTask> object;
   };
-  DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank, bool delete_file,
-                          CatalogEdit& edit);
+  DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank,
+                          bool delete_file, CatalogEdit& edit);
   void ApplyDropLocked(Job& job, DropPlan plan, bool recorded);
   // Queues a local delete whose intent is recorded; one of a file that a
   // FILE restore reads waits until its lease is released.
@@ -315,7 +321,8 @@ class Engine {
   // shard's file from itself (a local file of the recorded size that the
   // caller's uid can open), or nullopt: the daemon loads it into a slot.
   // Stats the file (metadata only) with mu_ held.
-  std::optional<std::string> ClientReadablePath(const PeerCreds& peer, const Shard& shard);
+  std::optional<std::string> ClientReadablePath(const PeerCreds& peer,
+                                                const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
@@ -325,9 +332,11 @@ class Engine {
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without mu_.
-  [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local, bool object,
-                                            const storage::ShardInfo& info, char* dst,
-                                            uint64_t bytes, bool* from_object);
+  [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local,
+                                            bool object,
+                                            const storage::ShardInfo& info,
+                                            char* dst, uint64_t bytes,
+                                            bool* from_object);
   // This node's manifest of a step (storage/keys.h).
   std::string NodeManifestKey(const std::string& job, uint64_t step) const {
     return storage::ManifestKey(job, step, options_.node_id);
@@ -335,14 +344,17 @@ class Engine {
   // A rank's shard file. In cluster mode it names the node too: a fenced
   // node that wakes up mid-persist must not replace the file its
   // replacement wrote for the same step and rank.
-  std::string NodeShardKey(const std::string& job, uint64_t step, uint32_t rank) const {
+  std::string NodeShardKey(const std::string& job, uint64_t step,
+                           uint32_t rank) const {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   // Reports the shard to the coordinator (cluster mode): staged, durable
   // or, with `failed`, retracted.
-  void ReportLocked(const Shard& shard, bool durable, bool failed = false) const;
+  void ReportLocked(const Shard& shard, bool durable,
+                    bool failed = false) const;
   // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
-  bool StepCompleteLocked(const Job& job, const Step& step, bool* durable) const;
+  bool StepCompleteLocked(const Job& job, const Step& step,
+                          bool* durable) const;
 
   // The persister's work (engine_persist.cc): read the state under mu_,
   // write without it, record the outcome (or re-queue a retry).
@@ -353,18 +365,20 @@ class Engine {
   // the commit tier.
   bool CommitDurable(const Shard& shard) const {
     return shard.phase == ShardPhase::kDurable &&
-           (options_.commit_tier == EngineOptions::CommitTier::kLocal || shard.uploaded);
+           (options_.commit_tier == EngineOptions::CommitTier::kLocal ||
+            shard.uploaded);
   }
   bool ObjectCommit() const {
-    return object_ != nullptr && options_.commit_tier == EngineOptions::CommitTier::kObject;
+    return object_ != nullptr &&
+           options_.commit_tier == EngineOptions::CommitTier::kObject;
   }
   void QueueUploadLocked(const Job& job, const Shard& shard);
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
   // Queues the write of a step's object manifest (no checks).
   void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
   [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
-  [[nodiscard]] absl::Status UploadFromLocalFile(const std::string& key, uint64_t bytes,
-                                                 const storage::ShardInfo& info);
+  [[nodiscard]] absl::Status UploadFromLocalFile(
+      const std::string& key, uint64_t bytes, const storage::ShardInfo& info);
   [[nodiscard]] absl::Status WriteObjectManifest(const UploadTask& task);
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
@@ -378,8 +392,8 @@ class Engine {
   // Deletes owed to storage (engine_deletes.cc): recorded in the catalog
   // before they are queued, so that a daemon that dies first finishes them
   // after its restart (RecoverDeletes queues them before anything else).
-  void QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::string key,
-                              bool prefix);
+  void QueueLocalDeleteLocked(const std::string& job, uint64_t step,
+                              std::string key, bool prefix);
   void QueueObjectDeleteTaskLocked(UploadTask del);
   [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();

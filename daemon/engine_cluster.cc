@@ -43,7 +43,8 @@ void Engine::FailShardLocked(Shard& shard, const std::string& error) {
   ReportLocked(shard, /*durable=*/false, /*failed=*/true);
 }
 
-void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> ranks,
+void Engine::SetHostedRanks(const std::string& job_name,
+                            std::vector<uint32_t> ranks,
                             std::optional<uint64_t> keep_from) {
   std::lock_guard<std::mutex> lock(mu_);
   Hosting now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
@@ -53,37 +54,43 @@ void Engine::SetHostedRanks(const std::string& job_name, std::vector<uint32_t> r
   // Steps may have become complete here (ranks moved away), or deletable.
   auto job = jobs_.find(job_name);
   if (job == jobs_.end()) return;
-  for (auto& [n, step] : job->second.steps) MaybeQueueManifestLocked(job->second, n);
+  for (auto& [n, step] : job->second.steps)
+    MaybeQueueManifestLocked(job->second, n);
   ApplyRetentionLocked(job->second);
 }
 
-absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, uint64_t step,
-                              uint32_t rank, const std::string& key,
+absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
+                              uint64_t step, uint32_t rank,
+                              const std::string& key,
                               std::optional<uint32_t> owner_uid) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
-  if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size)
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: ", world_size, " with rank ", rank, " is not valid"));
+  if (world_size == 0 || world_size > options_.max_world_size ||
+      rank >= world_size)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", world_size, " with rank ", rank, " is not valid"));
   if (!storage::IsShardKeyOf(key, job_name, step, rank))
-    return absl::InvalidArgumentError(absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
-                                                   job_name, "' step ", step, " rank ", rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
+                     job_name, "' step ", step, " rank ", rank));
   // Without a shared directory the shard is in the object tier (the
   // shared root there); a local copy wins when there is one.
   storage::Backend* source = backend_;
   if (object_ != nullptr && !backend_->Stat(key).ok()) source = object_;
   // Read and check the header and index before touching any state.
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(*source, key));
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info,
+                        storage::ReadShardInfo(*source, key));
   if (info.job != job_name || info.step != step || info.rank != rank ||
       info.world_size != world_size)
-    return absl::DataLossError(absl::StrCat(key, ": holds job '", info.job, "' step ", info.step,
-                                            " rank ", info.rank, " of ", info.world_size,
-                                            ", not the one ordered"));
+    return absl::DataLossError(absl::StrCat(
+        key, ": holds job '", info.job, "' step ", info.step, " rank ",
+        info.rank, " of ", info.world_size, ", not the one ordered"));
   // The file's owner is only a guess for an older coordinator's order: an
   // object store has none, and a root-squashed NFS says "nobody".
   uint32_t uid = 0;
   if (owner_uid) {
     uid = *owner_uid;
-  } else if (auto object = source->Stat(key); object.ok() && object->owner_uid) {
+  } else if (auto object = source->Stat(key);
+             object.ok() && object->owner_uid) {
     uid = *object->owner_uid;
   }
 
@@ -102,13 +109,15 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
   Job& job = it->second;
   job.forget_when_idle = false;
   if (job.rec.world_size() != world_size)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "world_size: job '", job_name, "' has ", job.rec.world_size(), " ranks here, not ", world_size));
+    return absl::FailedPreconditionError(
+        absl::StrCat("world_size: job '", job_name, "' has ",
+                     job.rec.world_size(), " ranks here, not ", world_size));
   auto existing = job.steps.find(step);
   if (existing != job.steps.end() && existing->second.shards.count(rank)) {
     Shard& have = existing->second.shards[rank];
     if (have.slot >= 0) return absl::OkStatus();  // already in memory
-    if (have.phase != ShardPhase::kDurable) DropShardLocked(job, step, rank, false);
+    if (have.phase != ShardPhase::kDurable)
+      DropShardLocked(job, step, rank, false);
   }
   // Newer shards of this rank belong to a timeline the plan abandoned.
   std::vector<uint64_t> newer;
@@ -141,8 +150,10 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size, 
     target.shards[rank] = std::move(shard);
   }
   double load_s = 0;
-  CKPT_RETURN_IF_ERROR(LoadShardLocked(lock, job_name, step, rank, &load_s).status());
-  LogInfo(absl::StrCat("prefetched ", key, " (", info.layout.image_bytes, " bytes) in ", load_s, " s"));
+  CKPT_RETURN_IF_ERROR(
+      LoadShardLocked(lock, job_name, step, rank, &load_s).status());
+  LogInfo(absl::StrCat("prefetched ", key, " (", info.layout.image_bytes,
+                       " bytes) in ", load_s, " s"));
   return absl::OkStatus();
 }
 

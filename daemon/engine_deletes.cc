@@ -17,15 +17,16 @@ namespace {
 uint64_t Record(Catalog& catalog, const v1::DeleteIntent& intent) {
   absl::StatusOr<uint64_t> id = catalog.PutDeleteIntent(intent);
   if (id.ok()) return *id;
-  LogWarning(absl::StrCat("delete of ", intent.keys(0), ": ", id.status().message(),
+  LogWarning(absl::StrCat("delete of ", intent.keys(0), ": ",
+                          id.status().message(),
                           "; not redone if the daemon stops first"));
   return 0;
 }
 
 }  // namespace
 
-void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step, std::string key,
-                                    bool prefix) {
+void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
+                                    std::string key, bool prefix) {
   v1::DeleteIntent intent;
   intent.set_tier(v1::DeleteIntent::LOCAL);
   intent.add_keys(key);
@@ -76,8 +77,9 @@ absl::Status Engine::RecoverDeletes() {
       ++object;
     } else {
       // Kept: a later start with the object tier configured again does it.
-      LogWarning(absl::StrCat("delete of ", intent.keys(0),
-                              " in the object tier: no object tier now; kept for later"));
+      LogWarning(absl::StrCat(
+          "delete of ", intent.keys(0),
+          " in the object tier: no object tier now; kept for later"));
     }
   }
   if (local + object > 0)

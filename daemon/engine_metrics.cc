@@ -31,7 +31,8 @@ MetricsSnapshot Engine::Snapshot() {
   if (uploader_) {
     // The object tier's queue (its own lock; lock order engine -> uploader).
     const UploadBacklog b = uploader_->Backlog();
-    MetricsSnapshot::Backlog& object = snap.backlog[std::string(metric::kTierObject)];
+    MetricsSnapshot::Backlog& object =
+        snap.backlog[std::string(metric::kTierObject)];
     object.steps = b.steps;
     object.shards = b.shards;
     object.bytes = b.bytes;

@@ -30,9 +30,10 @@ absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
     const storage::ShardTensor& t = info.tensors[i];
     uint64_t got = TensorChecksum(image + t.offset, t.bytes);
     if (got != t.checksum)
-      return absl::DataLossError(absl::StrFormat(
-          "tensor \"%s\": checksum mismatch in shared memory (committed %016x, found %016x)",
-          t.name, t.checksum, got));
+      return absl::DataLossError(
+          absl::StrFormat("tensor \"%s\": checksum mismatch in shared memory "
+                          "(committed %016x, found %016x)",
+                          t.name, t.checksum, got));
   }
   return absl::OkStatus();
 }
@@ -47,14 +48,16 @@ void Engine::PersistShard(const PersistTask& task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Shard* shard = FindShardLocked(task.job, task.step, task.rank);
-    if (shard == nullptr || shard->gen != task.gen || shard->phase != ShardPhase::kStaged ||
-        shard->slot < 0)
+    if (shard == nullptr || shard->gen != task.gen ||
+        shard->phase != ShardPhase::kStaged || shard->slot < 0)
       return;
-    if (leases_.HoldsFile(NodeShardKey(task.job, task.step, task.rank), false)) {
+    if (leases_.HoldsFile(NodeShardKey(task.job, task.step, task.rank),
+                          false)) {
       // A FILE restore reads the older save's file at this key: the
       // rename would swap the inode under it. The bytes wait in memory.
       PersistTask later = task;
-      later.not_before = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+      later.not_before =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
       persister_->Push(std::move(later));
       return;
     }
@@ -64,24 +67,27 @@ void Engine::PersistShard(const PersistTask& task) {
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
-    for (const auto& m : shard->rec.tensors()) has_checksum.push_back(m.has_checksum());
+    for (const auto& m : shard->rec.tensors())
+      has_checksum.push_back(m.has_checksum());
   }
 
   absl::Status s;
   bool computed = false;
   for (size_t i = 0; s.ok() && i < info.tensors.size(); ++i) {
     if (has_checksum[i]) continue;  // device tensors: the CPU never saw them
-    info.tensors[i].checksum = TensorChecksum(image + info.tensors[i].offset, info.tensors[i].bytes);
+    info.tensors[i].checksum =
+        TensorChecksum(image + info.tensors[i].offset, info.tensors[i].bytes);
     computed = true;
   }
   if (s.ok() && computed)
-    s = storage::EncodeShardMetadata(info, std::span<char>(image, info.layout.image_bytes));
+    s = storage::EncodeShardMetadata(
+        info, std::span<char>(image, info.layout.image_bytes));
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
   const auto write_start = std::chrono::steady_clock::now();
   if (s.ok()) {
     // The checksum pass runs on another core while the write is in flight.
-    auto verify = std::async(std::launch::async, VerifyImage, image, std::cref(info),
-                             std::cref(has_checksum));
+    auto verify = std::async(std::launch::async, VerifyImage, image,
+                             std::cref(info), std::cref(has_checksum));
     // The job's uid owns its shards, so its trainers can read them directly.
     storage::WriterOptions wo;
     wo.owner_uid = owner_uid;
@@ -90,14 +96,18 @@ void Engine::PersistShard(const PersistTask& task) {
     // In pieces, so the watchdog sees a long write advance (the writer keeps
     // its queue full across calls).
     constexpr uint64_t kPiece = 256ull << 20;
-    for (uint64_t off = 0; s.ok() && off < info.layout.image_bytes; off += kPiece) {
-      s = (*writer)->WriteAt(off, image + off, std::min(kPiece, info.layout.image_bytes - off));
+    for (uint64_t off = 0; s.ok() && off < info.layout.image_bytes;
+         off += kPiece) {
+      s = (*writer)->WriteAt(off, image + off,
+                             std::min(kPiece, info.layout.image_bytes - off));
       persister_->NoteProgress();
     }
     absl::Status v = verify.get();
     if (s.ok()) s = v;
-    if (s.ok()) s = (*writer)->Commit();
-    else if (writer.ok()) (*writer)->Abort();
+    if (s.ok())
+      s = (*writer)->Commit();
+    else if (writer.ok())
+      (*writer)->Abort();
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -110,15 +120,17 @@ void Engine::PersistShard(const PersistTask& task) {
     bool current = false;
     if (job != jobs_.end()) {
       auto step = job->second.steps.find(task.step);
-      current = step != job->second.steps.end() && step->second.shards.count(task.rank);
+      current = step != job->second.steps.end() &&
+                step->second.shards.count(task.rank);
       for (auto& [r, rank] : job->second.ranks)
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
-          if (rank.slots[i].state == shm::SlotState::kPersisting && rank.slots[i].gen == 0 &&
-              rank.arena->slot_data(i) == image) {
+          if (rank.slots[i].state == shm::SlotState::kPersisting &&
+              rank.slots[i].gen == 0 && rank.arena->slot_data(i) == image) {
             rank.Free(i);
           }
     }
-    if (s.ok() && !current) QueueLocalDeleteLocked(task.job, task.step, key, false);
+    if (s.ok() && !current)
+      QueueLocalDeleteLocked(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
@@ -134,10 +146,11 @@ void Engine::PersistShard(const PersistTask& task) {
     rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
-    metrics_->Persisted(
-        metric::kTierLocal,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count(),
-        shard->info.layout.image_bytes);
+    metrics_->Persisted(metric::kTierLocal,
+                        std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - write_start)
+                            .count(),
+                        shard->info.layout.image_bytes);
     if (object_ != nullptr) QueueUploadLocked(job->second, *shard);
     if (!ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
     MaybeQueueManifestLocked(job->second, task.step);
@@ -145,7 +158,8 @@ void Engine::PersistShard(const PersistTask& task) {
   }
   ++failed_persists_;
   ++shard->attempts;
-  LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts, "): ", s.message()));
+  LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts,
+                          "): ", s.message()));
   shard->rec.set_error(std::string(s.message()));
   bool corrupt = s.code() == absl::StatusCode::kDataLoss;
   metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
@@ -165,17 +179,20 @@ void Engine::PersistShard(const PersistTask& task) {
   else
     rank.SetState(shard->slot, SlotStateOf(shard->phase));
   PersistTask retry = task;
-  retry.not_before =
-      std::chrono::steady_clock::now() +
-      std::min(options_.persist_retry_delay * (1u << std::min(shard->attempts - 1, 16u)),
-               std::max(options_.persist_retry_max_delay, options_.persist_retry_delay));
+  retry.not_before = std::chrono::steady_clock::now() +
+                     std::min(options_.persist_retry_delay *
+                                  (1u << std::min(shard->attempts - 1, 16u)),
+                              std::max(options_.persist_retry_max_delay,
+                                       options_.persist_retry_delay));
   persister_->Push(std::move(retry));
 }
 
-bool Engine::StepCompleteLocked(const Job& job, const Step& step, bool* durable) const {
+bool Engine::StepCompleteLocked(const Job& job, const Step& step,
+                                bool* durable) const {
   auto hosted = hosted_.find(job.rec.job());
   return StepComplete(step, job.rec.world_size(),
-                      hosted == hosted_.end() ? nullptr : &hosted->second, durable);
+                      hosted == hosted_.end() ? nullptr : &hosted->second,
+                      durable);
 }
 
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
@@ -186,7 +203,8 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
     if (shard.local_gone) return;
   bool durable = false;
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
-  persister_->Push(PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
+  persister_->Push(
+      PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
   cv_.notify_all();
 }
 
@@ -205,19 +223,23 @@ void Engine::WriteManifest(const PersistTask& task) {
       auto step = job->second.steps.find(task.step);
       if (step == job->second.steps.end() || step->second.manifest) return;
       bool durable = false;
-      if (!StepCompleteLocked(job->second, step->second, &durable) || !durable) return;
-      m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(), step->second);
+      if (!StepCompleteLocked(job->second, step->second, &durable) || !durable)
+        return;
+      m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(),
+                         step->second);
       gens = ShardGenerations(step->second);
     }
     absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!s.ok()) {
-        LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step, ": ", s.message()));
+        LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step,
+                                ": ", s.message()));
         metrics_->Failure(metric::kManifestWrite);
         metrics_->Retry(metric::kRetryManifest);
         PersistTask retry = task;
-        retry.not_before = std::chrono::steady_clock::now() + options_.persist_retry_delay;
+        retry.not_before =
+            std::chrono::steady_clock::now() + options_.persist_retry_delay;
         persister_->Push(std::move(retry));
         return;
       }
@@ -225,7 +247,8 @@ void Engine::WriteManifest(const PersistTask& task) {
       Step* step = nullptr;
       if (auto j = jobs_.find(task.job); j != jobs_.end()) {
         job = &j->second;
-        if (auto st = job->steps.find(task.step); st != job->steps.end()) step = &st->second;
+        if (auto st = job->steps.find(task.step); st != job->steps.end())
+          step = &st->second;
       }
       if (step != nullptr && ShardGenerations(*step) == gens) {
         step->manifest = true;
@@ -247,12 +270,13 @@ void Engine::WriteManifest(const PersistTask& task) {
 void Engine::ApplyRetentionLocked(Job& job) {
   auto hosted = hosted_.find(job.rec.job());
   if (object_ != nullptr) {
-    ApplyTieredRetentionLocked(job, hosted == hosted_.end() ? nullptr : &hosted->second);
+    ApplyTieredRetentionLocked(
+        job, hosted == hosted_.end() ? nullptr : &hosted->second);
     return;
   }
   const Hosting* hosting = hosted == hosted_.end() ? nullptr : &hosted->second;
-  std::optional<uint64_t> cutoff =
-      RetentionCutoff(job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
+  std::optional<uint64_t> cutoff = RetentionCutoff(
+      job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
   for (auto& [n, step] : job.steps) {
     if (cutoff && n < *cutoff) {
@@ -261,7 +285,8 @@ void Engine::ApplyRetentionLocked(Job& job) {
   }
   // Steps that can never be whole do not count towards retain_steps, so
   // without this a rank that fails every persist would fill the disk.
-  for (uint64_t n : BrokenStepsToDrop(job.steps, options_.retain_steps, hosting))
+  for (uint64_t n :
+       BrokenStepsToDrop(job.steps, options_.retain_steps, hosting))
     if (!cutoff || n >= *cutoff)
       for (auto& [r, shard] : job.steps[n].shards) doomed.emplace_back(n, r);
   for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
@@ -281,18 +306,22 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     for (const auto& [name, job] : jobs_)
       for (const auto& [s, step] : job.steps)
         for (const auto& [r, shard] : step.shards)
-          if (shard.phase == ShardPhase::kStaged || shard.phase == ShardPhase::kPersisting) ++n;
+          if (shard.phase == ShardPhase::kStaged ||
+              shard.phase == ShardPhase::kPersisting)
+            ++n;
     return n;
   };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  cv_.wait_until(lock, until, [&] { return pending() == 0 && persister_->Idle(); });
+  cv_.wait_until(lock, until,
+                 [&] { return pending() == 0 && persister_->Idle(); });
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
     lock.unlock();
     auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
         until - std::chrono::steady_clock::now());
-    if (!uploader_->WaitIdle(std::max(remaining, std::chrono::milliseconds(0)))) {
+    if (!uploader_->WaitIdle(
+            std::max(remaining, std::chrono::milliseconds(0)))) {
       lock.lock();
       for (const auto& [name, job] : jobs_)
         for (const auto& [s, step] : job.steps)

@@ -13,19 +13,25 @@ namespace {
 
 // True if the image in memory is the shard the catalog recorded: same
 // tensors at the same offsets with the same checksums.
-bool ImageMatchesRecord(const char* image, uint64_t slot_bytes, const v1::ShardRecord& rec) {
+bool ImageMatchesRecord(const char* image, uint64_t slot_bytes,
+                        const v1::ShardRecord& rec) {
   if (rec.image_bytes() > slot_bytes) return false;
-  if (!CheckLoadedImage(image, rec.image_bytes(), rec.job(), rec.step(), rec.rank(), "slot").ok())
+  if (!CheckLoadedImage(image, rec.image_bytes(), rec.job(), rec.step(),
+                        rec.rank(), "slot")
+           .ok())
     return false;
   auto header = storage::DecodeHeader({image, storage::kShardAlign});
   auto meta = storage::DecodeShardMetadata(
-      {image, header->data_offset}, {image + header->footer_offset, storage::kShardAlign},
-      rec.image_bytes());
-  if (!meta.ok() || meta->tensors.size() != static_cast<size_t>(rec.tensors_size())) return false;
+      {image, header->data_offset},
+      {image + header->footer_offset, storage::kShardAlign}, rec.image_bytes());
+  if (!meta.ok() ||
+      meta->tensors.size() != static_cast<size_t>(rec.tensors_size()))
+    return false;
   for (int i = 0; i < rec.tensors_size(); ++i) {
     const v1::TensorMeta& want = rec.tensors(i);
     const storage::ShardTensor& got = meta->tensors[i];
-    if (got.name != want.name() || got.offset != want.offset() || got.bytes != want.bytes())
+    if (got.name != want.name() || got.offset != want.offset() ||
+        got.bytes != want.bytes())
       return false;
     if (want.has_checksum() && got.checksum != want.checksum()) return false;
   }
@@ -39,23 +45,29 @@ bool ImageMatchesRecord(const char* image, uint64_t slot_bytes, const v1::ShardR
 // replaces it, and device tensors have no client checksum to tell the two
 // apart. The file's index has the device tensors' checksums too.
 absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
-                                               const v1::ShardRecord& rec, const std::string& key) {
-  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info, storage::ReadShardInfo(backend, key));
+                                               const v1::ShardRecord& rec,
+                                               const std::string& key) {
+  CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info,
+                        storage::ReadShardInfo(backend, key));
   auto other = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat(key, ": ", why, "; not the save the catalog records"));
+    return absl::DataLossError(
+        absl::StrCat(key, ": ", why, "; not the save the catalog records"));
   };
-  if (info.job != rec.job() || info.step != rec.step() || info.rank != rec.rank())
+  if (info.job != rec.job() || info.step != rec.step() ||
+      info.rank != rec.rank())
     return other("holds another shard");
-  if (rec.created_unix_ns() != 0 && info.created_unix_ns != rec.created_unix_ns())
-    return other(absl::StrCat("committed at ", info.created_unix_ns, " ns, not ",
-                              rec.created_unix_ns()));
+  if (rec.created_unix_ns() != 0 &&
+      info.created_unix_ns != rec.created_unix_ns())
+    return other(absl::StrCat("committed at ", info.created_unix_ns,
+                              " ns, not ", rec.created_unix_ns()));
   if (info.layout.image_bytes != rec.image_bytes() ||
       info.tensors.size() != static_cast<size_t>(rec.tensors_size()))
     return other("another tensor index");
   for (int i = 0; i < rec.tensors_size(); ++i) {
     const v1::TensorMeta& want = rec.tensors(i);
     const storage::ShardTensor& got = info.tensors[i];
-    if (got.name != want.name() || got.offset != want.offset() || got.bytes != want.bytes() ||
+    if (got.name != want.name() || got.offset != want.offset() ||
+        got.bytes != want.bytes() ||
         (want.has_checksum() && got.checksum != want.checksum()))
       return other(absl::StrCat("tensor \"", got.name, "\" differs"));
   }
@@ -68,7 +80,8 @@ absl::Status Engine::Recover() {
   CKPT_RETURN_IF_ERROR(RecoverDeletes());  // before any write of those keys
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, catalog_->Jobs());
   for (v1::JobRecord& rec : jobs) {
-    CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards, catalog_->Shards(rec.job()));
+    CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards,
+                          catalog_->Shards(rec.job()));
     Job job;
     job.rec = std::move(rec);
     RecoverJob(job, std::move(shards));
@@ -91,30 +104,35 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     expect.user_uid = job.rec.uid();
     auto arena = shm::Arena::Reattach(expect);
     if (!arena.ok()) {
-      LogWarning(absl::StrCat("job ", name, " rank ", r, ": cannot re-attach arena: ",
-                              arena.status().message()));
+      LogWarning(
+          absl::StrCat("job ", name, " rank ", r,
+                       ": cannot re-attach arena: ", arena.status().message()));
       continue;
     }
     Rank& rank = job.ranks[r];
     rank.Reattach(std::move(*arena));
-    rank.registered =
-        backend_->RegisterMemory(rank.arena->slot_data(0),
-                                 uint64_t{rank.arena->num_slots()} * rank.arena->slot_bytes())
-            .ok();
+    rank.registered = backend_
+                          ->RegisterMemory(rank.arena->slot_data(0),
+                                           uint64_t{rank.arena->num_slots()} *
+                                               rank.arena->slot_bytes())
+                          .ok();
   }
   size_t requeued = 0, in_memory = 0, lost = 0;
   for (v1::ShardRecord& rec : shards) {
     Shard sh;
     sh.gen = next_gen_++;
-    sh.info = ToShardInfo(name, rec.step(), rec.rank(), rec.world_size(), rec.tensors());
+    sh.info = ToShardInfo(name, rec.step(), rec.rank(), rec.world_size(),
+                          rec.tensors());
     if (!storage::ValidateShardInfo(&sh.info).ok()) {
-      LogWarning(absl::StrCat("job ", name, " step ", rec.step(), " rank ", rec.rank(),
-                              ": the catalog's tensor index does not validate; dropped"));
+      LogWarning(absl::StrCat(
+          "job ", name, " step ", rec.step(), " rank ", rec.rank(),
+          ": the catalog's tensor index does not validate; dropped"));
       (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
       ++lost;
       continue;
     }
-    sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable : ShardPhase::kStaged;
+    sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable
+                                                       : ShardPhase::kStaged;
     sh.uploaded = rec.uploaded() && object_ != nullptr;
     sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
@@ -134,7 +152,8 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     const std::string key = NodeShardKey(name, rec.step(), rec.rank());
     if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
       // Not in memory any more; the file may have made it before the crash.
-      absl::StatusOr<storage::ShardInfo> file = ShardFileOf(*backend_, rec, key);
+      absl::StatusOr<storage::ShardInfo> file =
+          ShardFileOf(*backend_, rec, key);
       if (file.ok()) {
         sh.phase = ShardPhase::kDurable;  // adopted: kStaged -> kDurable
         sh.info = std::move(*file);
@@ -143,9 +162,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
         rec.set_path(key);
         (void)catalog_->PutShard(rec, /*sync=*/true);
       } else {
-        LogWarning(absl::StrCat("job ", name, " step ", rec.step(), " rank ", rec.rank(),
-                                ": staged in memory before the restart and lost with it (",
-                                file.status().message(), ")"));
+        LogWarning(absl::StrCat(
+            "job ", name, " step ", rec.step(), " rank ", rec.rank(),
+            ": staged in memory before the restart and lost with it (",
+            file.status().message(), ")"));
         (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
         ++lost;
         continue;
@@ -153,7 +173,8 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     }
     if (sh.phase == ShardPhase::kStaged) {
       rec.set_state(CatalogStateOf(sh.phase));
-      persister_->Push(PersistTask{PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
+      persister_->Push(PersistTask{
+          PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }
     sh.rec = std::move(rec);
@@ -174,7 +195,8 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
         step.manifest = true;
       else
-        persister_->Push(PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
+        persister_->Push(
+            PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
     }
     if (object_ == nullptr || !uploaded) continue;
     if (object_->Stat(NodeManifestKey(name, n)).ok())
@@ -182,8 +204,9 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     else
       QueueObjectManifestTaskLocked(name, n);
   }
-  LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ", in_memory,
-                       " in memory, ", requeued, " to persist, ", lost, " lost"));
+  LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ",
+                       in_memory, " in memory, ", requeued, " to persist, ",
+                       lost, " lost"));
 }
 
 }  // namespace ckpt::daemon

@@ -14,15 +14,17 @@
 
 namespace ckpt::daemon {
 
-static_assert(static_cast<int>(shm::SlotState::kFree) == v1::SLOT_STATE_FREE &&
-              static_cast<int>(shm::SlotState::kWriting) == v1::SLOT_STATE_WRITING &&
-              static_cast<int>(shm::SlotState::kStaged) == v1::SLOT_STATE_STAGED &&
-              static_cast<int>(shm::SlotState::kPersisting) == v1::SLOT_STATE_PERSISTING &&
-              static_cast<int>(shm::SlotState::kDurable) == v1::SLOT_STATE_DURABLE,
-              "v1::SlotState mirrors shm::SlotState");
+static_assert(
+    static_cast<int>(shm::SlotState::kFree) == v1::SLOT_STATE_FREE &&
+        static_cast<int>(shm::SlotState::kWriting) == v1::SLOT_STATE_WRITING &&
+        static_cast<int>(shm::SlotState::kStaged) == v1::SLOT_STATE_STAGED &&
+        static_cast<int>(shm::SlotState::kPersisting) ==
+            v1::SLOT_STATE_PERSISTING &&
+        static_cast<int>(shm::SlotState::kDurable) == v1::SLOT_STATE_DURABLE,
+    "v1::SlotState mirrors shm::SlotState");
 
-absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
-                                                  const v1::LatestRequest& req) {
+absl::StatusOr<v1::LatestResponse> Engine::Latest(
+    const PeerCreds& peer, const v1::LatestRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   v1::LatestResponse resp;
@@ -38,21 +40,25 @@ absl::StatusOr<v1::LatestResponse> Engine::Latest(const PeerCreds& peer,
   return resp;
 }
 
-absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& peer,
-                                                            const v1::OpenRestoreRequest& req) {
+absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
+    const PeerCreds& peer, const v1::OpenRestoreRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
   auto count = [&](std::string_view source, uint64_t bytes) {
-    metrics_->Restored(
-        source, std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count(),
-        bytes);
+    metrics_->Restored(source,
+                       std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - arrived)
+                           .count(),
+                       bytes);
   };
   std::unique_lock<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   if (req.rank() >= job->rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " is not below world_size ",
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(),
+                                                   " is not below world_size ",
                                                    job->rec.world_size()));
   auto not_found = [&] {
-    return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ", req.step(),
+    return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
+                                            "' has no step ", req.step(),
                                             " for rank ", req.rank()));
   };
   Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
@@ -60,13 +66,14 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
   std::optional<std::string> path;
-  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable && !shard->local_gone &&
-      req.allow_file_read())
+  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable &&
+      !shard->local_gone && req.allow_file_read())
     path = ClientReadablePath(peer, *shard);
   if (path) {
     // The client reads the file into its own buffers: one read, no arena.
-    LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(), " rank ", req.rank(),
-                         ": the client reads ", shard->rec.path()));
+    LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(),
+                         " rank ", req.rank(), ": the client reads ",
+                         shard->rec.path()));
     // The lease keeps the file: a delete (retention, a re-save, Delete)
     // waits until the client's CloseRestore or its exit.
     Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
@@ -82,28 +89,32 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(const PeerCreds& pee
   }
   if (shard->slot < 0) {
     if (shard->phase != ShardPhase::kDurable)
-      return absl::DataLossError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
-                                              " is neither in memory nor durable: ",
-                                              shard->rec.error()));
+      return absl::DataLossError(absl::StrCat(
+          "step ", req.step(), " rank ", req.rank(),
+          " is neither in memory nor durable: ", shard->rec.error()));
     double load_s = 0;
     bool from_object = false;
-    absl::StatusOr<Shard*> loaded =
-        LoadShardLocked(lock, req.job(), req.step(), req.rank(), &load_s, &from_object);
+    absl::StatusOr<Shard*> loaded = LoadShardLocked(
+        lock, req.job(), req.step(), req.rank(), &load_s, &from_object);
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();
-      if (code == absl::StatusCode::kDataLoss) metrics_->Failure(metric::kRestoreChecksum);
-      else if (code != absl::StatusCode::kResourceExhausted && code != absl::StatusCode::kAborted)
+      if (code == absl::StatusCode::kDataLoss)
+        metrics_->Failure(metric::kRestoreChecksum);
+      else if (code != absl::StatusCode::kResourceExhausted &&
+               code != absl::StatusCode::kAborted)
         metrics_->Failure(metric::kRestoreLoad);
       return loaded.status();
     }
     shard = *loaded;
     job = &jobs_.find(req.job())->second;
     resp.set_load_s(load_s);
-    resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT : v1::RESTORE_SOURCE_DISK);
+    resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
+                                : v1::RESTORE_SOURCE_DISK);
   }
   Rank& rank = job->ranks[req.rank()];
-  Lease lease{req.job(), req.rank(), static_cast<uint32_t>(shard->slot), req.step(), false, peer.pid};
+  Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
+              req.step(), false,      peer.pid};
   CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
   rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
@@ -130,7 +141,8 @@ bool CallerCanOpen(const PeerCreds& peer, const std::string& path) {
   if (geteuid() != 0 || peer.uid == 0) return true;
   const int old_gid = setfsgid(peer.gid);
   const int old_uid = setfsuid(peer.uid);
-  const bool readable = faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) == 0;
+  const bool readable =
+      faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) == 0;
   setfsuid(old_uid);
   setfsgid(old_gid);
   return readable;
@@ -143,7 +155,8 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   std::optional<std::string> path = backend_->LocalPath(shard.rec.path());
   if (!path) return std::nullopt;  // no local file: the daemon loads it
   auto object = backend_->Stat(shard.rec.path());
-  if (!object.ok() || object->size != shard.rec.image_bytes()) return std::nullopt;
+  if (!object.ok() || object->size != shard.rec.image_bytes())
+    return std::nullopt;
   // The caller opens the file with its own credentials: it must be root or
   // the file's owner (the persister creates it owned by the job's uid), and
   // the owner's read bit must be set. Root is held to the bit too: a trainer
@@ -156,10 +169,9 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   return path;
 }
 
-absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& lock,
-                                                       const std::string& job_name,
-                                                       uint64_t step_no, uint32_t rank_no,
-                                                       double* load_s, bool* from_object) {
+absl::StatusOr<Shard*> Engine::LoadShardLocked(
+    std::unique_lock<std::mutex>& lock, const std::string& job_name,
+    uint64_t step_no, uint32_t rank_no, double* load_s, bool* from_object) {
   Shard* shard = FindShardLocked(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
@@ -168,9 +180,12 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   const bool object = object_ != nullptr && shard->uploaded;
   const storage::ShardInfo info = shard->info;
   bool read_object = false;
-  auto changed = [] { return absl::AbortedError("load: the step changed meanwhile; retry"); };
+  auto changed = [] {
+    return absl::AbortedError("load: the step changed meanwhile; retry");
+  };
   // Load the shard file into a slot: one read, then the client copies.
-  auto deadline = std::chrono::steady_clock::now() + options_.default_busy_timeout;
+  auto deadline =
+      std::chrono::steady_clock::now() + options_.default_busy_timeout;
   Rank* rank = nullptr;
   int slot = -1;
   for (;;) {
@@ -184,7 +199,8 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     if (shard->slot >= 0) return shard;  // another request loaded it
     auto existing = job->ranks.find(rank_no);
     if (existing == job->ranks.end() || !existing->second.arena ||
-        existing->second.creating || existing->second.arena->slot_bytes() < bytes) {
+        existing->second.creating ||
+        existing->second.arena->slot_bytes() < bytes) {
       uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
       CKPT_RETURN_IF_ERROR(EnsureArena(lock, job_name, rank_no, need).status());
       continue;
@@ -193,10 +209,12 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
     slot = rank->PickSlot();
     if (slot >= 0) break;
     if (!rank->reserve_error.ok())
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "BUSY: no usable slot to load the shard into: ", rank->reserve_error.message()));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("BUSY: no usable slot to load the shard into: ",
+                       rank->reserve_error.message()));
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
-      return absl::ResourceExhaustedError("BUSY: no slot to load the shard into");
+      return absl::ResourceExhaustedError(
+          "BUSY: no slot to load the shard into");
   }
   Job* job = &jobs_.find(job_name)->second;
   for (auto& [n, st] : job->steps) {
@@ -207,18 +225,23 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = ReadShardImage(key, local, object, info, dst, bytes, &read_object);
-  if (st.ok()) st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
-  *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  absl::Status st =
+      ReadShardImage(key, local, object, info, dst, bytes, &read_object);
+  if (st.ok())
+    st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
+  *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
   if (from_object != nullptr) *from_object = read_object;
-  LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "", ": read ", bytes,
-                       " bytes in ", *load_s, " s", st.ok() ? "" : ": ", st.message()));
+  LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "",
+                       ": read ", bytes, " bytes in ", *load_s, " s",
+                       st.ok() ? "" : ": ", st.message()));
   lock.lock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).
   auto j = jobs_.find(job_name);
   Rank* r = nullptr;
-  if (j != jobs_.end() && j->second.ranks.count(rank_no)) r = &j->second.ranks[rank_no];
+  if (j != jobs_.end() && j->second.ranks.count(rank_no))
+    r = &j->second.ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
     r->Free(slot);
@@ -236,26 +259,30 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(std::unique_lock<std::mutex>& loc
   return cur;
 }
 
-absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreRequest& req) {
+absl::Status Engine::CloseRestore(const PeerCreds& peer,
+                                  const v1::CloseRestoreRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   if (req.bad_copy().size() > 4096)
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
   if (req.lease() == 0 && !req.bad_copy().empty()) {
     // A FILE restore: the shard's stored copy is bad.
     Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
     if (shard == nullptr)
-      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
-                                              req.step(), " for rank ", req.rank()));
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
+                                              "' has no step ", req.step(),
+                                              " for rank ", req.rank()));
     if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
       MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
     return absl::OkStatus();
   }
-  const Lease* lease = leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false);
+  const Lease* lease =
+      leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false);
   if (lease == nullptr)
-    return absl::NotFoundError(absl::StrCat("lease: no open restore ", req.lease(), " of job '",
-                                            req.job(), "' rank ", req.rank()));
+    return absl::NotFoundError(absl::StrCat("lease: no open restore ",
+                                            req.lease(), " of job '", req.job(),
+                                            "' rank ", req.rank()));
   if (!req.bad_copy().empty()) {
     Shard* shard = FindShardLocked(req.job(), lease->step, req.rank());
     if (shard != nullptr && !lease->file_key.empty()) {
@@ -263,7 +290,8 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreR
       if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&
           shard->rec.path() == lease->file_key)
         MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
-    } else if (shard != nullptr && shard->slot == static_cast<int>(lease->slot)) {
+    } else if (shard != nullptr &&
+               shard->slot == static_cast<int>(lease->slot)) {
       MarkBadCopyLocked(*job, *shard, shard->slot_from_storage, req.bad_copy());
     }
   }
@@ -271,9 +299,11 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer, const v1::CloseRestoreR
   return absl::OkStatus();
 }
 
-void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::string& error) {
-  const std::string what = absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(),
-                                        " rank ", shard.rec.rank());
+void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
+                               const std::string& error) {
+  const std::string what =
+      absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
+                   shard.rec.rank());
   metrics_->Failure(metric::kRestoreChecksum);
   if (shard.slot >= 0) {
     // The slot's image goes (its last reader frees the slot).
@@ -289,8 +319,9 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::s
   fallback.copy = stored ? "file" : "memory";
   fallback.reason = absl::StrCat("failed verification: ", error);
   if (!stored && shard.phase == ShardPhase::kDurable) {
-    LogWarning(absl::StrCat("FALLBACK: ", what, ": the copy in memory failed verification (",
-                            error, "); restores read ", shard.rec.path(), " next"));
+    LogWarning(absl::StrCat("FALLBACK: ", what,
+                            ": the copy in memory failed verification (", error,
+                            "); restores read ", shard.rec.path(), " next"));
     fallback.next_copy = "file";
     if (options_.on_fallback) options_.on_fallback(fallback);
     return;
@@ -298,50 +329,59 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored, const std::s
   if (options_.on_fallback) options_.on_fallback(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
-  LogWarning(absl::StrCat("FALLBACK: ", what, ": ",
-                          stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
-                          " failed verification (", error,
-                          "); no other copy here, the step is dropped from Latest"));
+  LogWarning(absl::StrCat(
+      "FALLBACK: ", what, ": ",
+      stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
+      " failed verification (", error,
+      "); no other copy here, the step is dropped from Latest"));
   FailShardLocked(shard, absl::StrCat("failed verification: ", error));
   auto step = job.steps.find(shard.rec.step());
   if (step != job.steps.end() && step->second.manifest) {
     // The step is not whole any more: its manifest must not count.
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), shard.rec.step()), false);
+    persister_->QueueDelete(NodeManifestKey(job.rec.job(), shard.rec.step()),
+                            false);
     step->second.manifest = false;
   }
 }
 
-absl::Status Engine::WaitDurable(const PeerCreds& peer, const v1::WaitDurableRequest& req) {
+absl::Status Engine::WaitDurable(const PeerCreds& peer,
+                                 const v1::WaitDurableRequest& req) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
   for (;;) {
     CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
     (void)job;
     const Shard* found = FindShardLocked(req.job(), req.step(), req.rank());
     if (found == nullptr)
-      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ",
-                                              req.step(), " for rank ", req.rank()));
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
+                                              "' has no step ", req.step(),
+                                              " for rank ", req.rank()));
     const Shard& shard = *found;
     if (CommitDurable(shard)) return absl::OkStatus();
     if (shard.phase == ShardPhase::kFailed)
-      return absl::DataLossError(absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
+      return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
+                                              " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
       if (now != nullptr && now->phase == ShardPhase::kStaged &&
           now->attempts >= options_.max_persist_attempts)
-        return absl::UnavailableError(absl::StrCat(
-            "persist of step ", req.step(), " rank ", req.rank(), " keeps failing (",
-            now->attempts, " attempts; retried while its bytes are in memory): ",
-            now->rec.error()));
-      return absl::DeadlineExceededError(absl::StrCat("step ", req.step(), " rank ", req.rank(),
-                                                      " not durable within the timeout"));
+        return absl::UnavailableError(
+            absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
+                         " keeps failing (", now->attempts,
+                         " attempts; retried while its bytes are in memory): ",
+                         now->rec.error()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", req.step(), " rank ", req.rank(),
+                       " not durable within the timeout"));
     }
   }
 }
 
-absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::ListRequest& req) {
+absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
+                                              const v1::ListRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListResponse resp;
   if (!req.job().empty()) {
@@ -363,8 +403,9 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
       si->set_step(n);
       bool durable = false;
       si->set_complete(StepCompleteLocked(job, step, &durable));
-      si->set_durable(durable && (ObjectCommit() ? step.object_manifest
-                                                 : step.manifest || step.object_manifest));
+      si->set_durable(durable &&
+                      (ObjectCommit() ? step.object_manifest
+                                      : step.manifest || step.object_manifest));
       for (const auto& [r, shard] : step.shards) {
         v1::ShardInfo* sh = si->add_shards();
         sh->set_rank(r);
@@ -379,8 +420,8 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer, const v1::L
   return resp;
 }
 
-absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
-                                                  const v1::DeleteRequest& req) {
+absl::StatusOr<v1::DeleteResponse> Engine::Delete(
+    const PeerCreds& peer, const v1::DeleteRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   std::vector<uint64_t> steps;
@@ -388,7 +429,8 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
     for (const auto& [n, step] : job->steps) steps.push_back(n);
   } else {
     if (!job->steps.count(req.step()))
-      return absl::NotFoundError(absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
+      return absl::NotFoundError(
+          absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
     steps.push_back(req.step());
   }
   for (uint64_t n : steps) {
@@ -413,7 +455,9 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(const PeerCreds& peer,
 v1::StatusResponse Engine::Status(const PeerCreds& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::StatusResponse resp;
-  resp.set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  resp.set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
+          .count());
   resp.set_backend(backend_->name());
   uint64_t in_flight = 0;
   for (const auto& [name, job] : jobs_) {
@@ -435,7 +479,8 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
     }
     for (const auto& [n, step] : job.steps)
       for (const auto& [r, shard] : step.shards)
-        if (shard.phase == ShardPhase::kStaged || shard.phase == ShardPhase::kPersisting)
+        if (shard.phase == ShardPhase::kStaged ||
+            shard.phase == ShardPhase::kPersisting)
           in_flight += shard.rec.image_bytes();
   }
   resp.set_bytes_in_flight(in_flight);

@@ -82,8 +82,8 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
 
 void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
   if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
-  UploadTask t{UploadTask::kShard,  job.rec.job(), shard.rec.step(),
-               shard.rec.rank(),    shard.gen,     shard.rec.image_bytes(),
+  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
+               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes(),
                {shard.rec.path()}};
   uploader_->Push(std::move(t));
 }
@@ -133,8 +133,9 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
              rank->second.slots[slot].write_no == write_no;
     }
     if (done && !verified.ok()) {
-      LogWarning(absl::StrCat("upload of ", key, ": shared memory changed after the commit (",
-                              verified.message(), "); uploading the local file"));
+      LogWarning(absl::StrCat(
+          "upload of ", key, ": shared memory changed after the commit (",
+          verified.message(), "); uploading the local file"));
       done = false;
     }
   }
@@ -143,7 +144,8 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
   const double upload_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   uploader_->CountUploaded(bytes, upload_s);
   metrics_->Persisted(metric::kTierObject, upload_s, bytes);
   Shard* shard = FindShardLocked(task.job, task.step, task.rank);
@@ -204,8 +206,14 @@ void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
   QueueObjectManifestTaskLocked(job.rec.job(), step_no);
 }
 
-void Engine::QueueObjectManifestTaskLocked(const std::string& job, uint64_t step_no) {
-  uploader_->Push(UploadTask{UploadTask::kManifest, job, step_no, 0, 0, 0,
+void Engine::QueueObjectManifestTaskLocked(const std::string& job,
+                                           uint64_t step_no) {
+  uploader_->Push(UploadTask{UploadTask::kManifest,
+                             job,
+                             step_no,
+                             0,
+                             0,
+                             0,
                              {NodeManifestKey(job, step_no)}});
 }
 
@@ -306,7 +314,8 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   }
   // Steps that can never be whole (a shard failed for good) count in
   // neither tier's retain: without this they would fill both.
-  for (uint64_t n : BrokenStepsToDrop(job.steps, options_.retain_steps, hosting)) {
+  for (uint64_t n :
+       BrokenStepsToDrop(job.steps, options_.retain_steps, hosting)) {
     QueueObjectDeleteLocked(job, n);
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);

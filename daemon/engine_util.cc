@@ -15,8 +15,11 @@ void Log(const char* level, const std::string& msg) {
   static std::mutex mu;
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);
-  int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                now.time_since_epoch()).count() % 1000);
+  int ms =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           now.time_since_epoch())
+                           .count() %
+                       1000);
   std::tm tm;
   gmtime_r(&t, &tm);
   char ts[32];
@@ -30,9 +33,9 @@ void Log(const char* level, const std::string& msg) {
 void LogInfo(const std::string& msg) { Log("info", msg); }
 void LogWarning(const std::string& msg) { Log("warning", msg); }
 
-storage::ShardInfo ToShardInfo(const std::string& job, uint64_t step, uint32_t rank,
-                               uint32_t world_size,
-                               const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
+storage::ShardInfo ToShardInfo(
+    const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+    const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
   storage::ShardInfo info;
   info.job = job;
   info.step = step;
@@ -52,20 +55,24 @@ storage::ShardInfo ToShardInfo(const std::string& job, uint64_t step, uint32_t r
   return info;
 }
 
-absl::Status CheckLoadedImage(const char* image, uint64_t bytes, const std::string& job,
-                              uint64_t step, uint32_t rank, const std::string& key) {
-  if (bytes < 2 * storage::kShardAlign) return absl::DataLossError(key + ": too short");
+absl::Status CheckLoadedImage(const char* image, uint64_t bytes,
+                              const std::string& job, uint64_t step,
+                              uint32_t rank, const std::string& key) {
+  if (bytes < 2 * storage::kShardAlign)
+    return absl::DataLossError(key + ": too short");
   auto header = storage::DecodeHeader({image, storage::kShardAlign});
   if (!header.ok()) return Annotate(header.status(), key);
-  if (header->data_offset > bytes || header->footer_offset > bytes - storage::kShardAlign)
+  if (header->data_offset > bytes ||
+      header->footer_offset > bytes - storage::kShardAlign)
     return absl::DataLossError(key + ": offsets beyond the file");
-  auto meta = storage::DecodeShardMetadata({image, header->data_offset},
-                                           {image + header->footer_offset, storage::kShardAlign},
-                                           bytes);
+  auto meta = storage::DecodeShardMetadata(
+      {image, header->data_offset},
+      {image + header->footer_offset, storage::kShardAlign}, bytes);
   if (!meta.ok()) return Annotate(meta.status(), key);
   if (meta->step != step || meta->rank != rank || meta->job != job)
-    return absl::DataLossError(absl::StrCat(key, ": holds job '", meta->job, "' step ",
-                                            meta->step, " rank ", meta->rank));
+    return absl::DataLossError(absl::StrCat(key, ": holds job '", meta->job,
+                                            "' step ", meta->step, " rank ",
+                                            meta->rank));
   return absl::OkStatus();
 }
 
@@ -84,7 +91,8 @@ void ToTensorMetas(const storage::ShardInfo& info,
   }
 }
 
-uint64_t ShardDigest(const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
+uint64_t ShardDigest(
+    const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
   uint64_t combined = 0;
   for (const auto& t : tensors) combined = combined * 1000003 ^ t.checksum();
   return combined;

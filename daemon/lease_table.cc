@@ -64,7 +64,8 @@ pid_t LeaseTable::HolderPid(uint64_t id) const {
 bool LeaseTable::HoldsFile(std::string_view key, bool prefix) const {
   for (const auto& [id, lease] : leases_) {
     if (lease.file_key.empty()) continue;
-    if (prefix ? std::string_view(lease.file_key).starts_with(key) : lease.file_key == key)
+    if (prefix ? std::string_view(lease.file_key).starts_with(key)
+               : lease.file_key == key)
       return true;
   }
   return false;

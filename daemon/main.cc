@@ -11,6 +11,8 @@
 //
 // Test-only: CKPTD_TEST_FAULT=hang-persist-writes makes every storage write
 // hang (storage/fault_backend.h) until shutdown, to wedge the persister.
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -18,9 +20,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 
 #include "coordinator/service.h"
 #include "daemon/catalog.h"
@@ -32,14 +31,15 @@
 #include "daemon/service.h"
 #include "daemon/watchdog.h"
 #include "storage/fault_backend.h"
-#include "util/service_notify.h"
-#include "util/metrics_server.h"
 #include "storage/tier_url.h"
+#include "util/metrics_server.h"
+#include "util/service_notify.h"
 
 namespace {
 
 int Fail(const std::string& what, const absl::Status& s) {
-  std::fprintf(stderr, "ckptd: %s: %s\n", what.c_str(), std::string(s.message()).c_str());
+  std::fprintf(stderr, "ckptd: %s: %s\n", what.c_str(),
+               std::string(s.message()).c_str());
   return 1;
 }
 
@@ -74,26 +74,33 @@ int main(int argc, char** argv) {
   // the soft limit can go up to the hard one (systemd's default soft limit
   // is 1024).
   rlimit nofile;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur < nofile.rlim_max) {
     nofile.rlim_cur = nofile.rlim_max;
-    (void)setrlimit(RLIMIT_NOFILE, &nofile);  // best effort: the old limit still works
+    (void)setrlimit(RLIMIT_NOFILE,
+                    &nofile);  // best effort: the old limit still works
   }
 
   std::error_code ec;
   std::filesystem::create_directories(opts->root, ec);
-  if (ec) return Fail("--root " + opts->root, absl::InternalError(ec.message()));
+  if (ec)
+    return Fail("--root " + opts->root, absl::InternalError(ec.message()));
   auto backend = ckpt::storage::NewLocalBackend(opts->storage);
   if (!backend.ok()) return Fail("storage", backend.status());
   ckpt::storage::Backend* storage = backend->get();
   std::unique_ptr<ckpt::storage::FaultInjectionBackend> fault;
-  if (const char* f = std::getenv("CKPTD_TEST_FAULT"); f != nullptr && f[0] != '\0') {
+  if (const char* f = std::getenv("CKPTD_TEST_FAULT");
+      f != nullptr && f[0] != '\0') {
     if (std::strcmp(f, "hang-persist-writes") != 0)
-      return Fail("CKPTD_TEST_FAULT", absl::InvalidArgumentError(
-                                          "only \"hang-persist-writes\" is known (test-only)"));
+      return Fail("CKPTD_TEST_FAULT",
+                  absl::InvalidArgumentError(
+                      "only \"hang-persist-writes\" is known (test-only)"));
     fault = std::make_unique<ckpt::storage::FaultInjectionBackend>(storage);
     fault->HangWrites();
     storage = fault.get();
-    LogWarning("TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-persist-writes: every storage write hangs");
+    LogWarning(
+        "TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-persist-writes: every storage "
+        "write hangs");
   }
   const ckpt::ServiceNotifier notifier;
   notifier.Status("re-attaching arenas and replaying staged steps");
@@ -101,14 +108,17 @@ int main(int argc, char** argv) {
   if (!catalog.ok()) return Fail("catalog", catalog.status());
   std::unique_ptr<ckpt::storage::Backend> object_tier;
   if (!opts->object_url.empty()) {
-    auto opened = ckpt::storage::OpenTierBackend(opts->object_url, "--object-url",
-                                                       opts->object_config);
+    auto opened = ckpt::storage::OpenTierBackend(
+        opts->object_url, "--object-url", opts->object_config);
     if (!opened.ok()) return Fail("object tier", opened.status());
     object_tier = std::move(*opened);
   }
-  if (!opts->shared_root.empty() && !ckpt::storage::IsObjectStoreUrl(opts->shared_root)) {
+  if (!opts->shared_root.empty() &&
+      !ckpt::storage::IsObjectStoreUrl(opts->shared_root)) {
     std::filesystem::create_directories(opts->shared_root, ec);
-    if (ec) return Fail("--shared-root " + opts->shared_root, absl::InternalError(ec.message()));
+    if (ec)
+      return Fail("--shared-root " + opts->shared_root,
+                  absl::InternalError(ec.message()));
   }
   // Embedded coordinator: the same state machine and service as
   // ckpt-coordinator, its state next to the catalog.
@@ -116,26 +126,33 @@ int main(int argc, char** argv) {
   std::shared_ptr<ckpt::coordinator::CoordinatorMetrics> coordinator_metrics;
   if (!opts->coordinator_listen.empty()) {
     ckpt::coordinator::CoordinatorOptions co;
-    coordinator_metrics = std::make_shared<ckpt::coordinator::CoordinatorMetrics>();
+    coordinator_metrics =
+        std::make_shared<ckpt::coordinator::CoordinatorMetrics>();
     co.metrics = coordinator_metrics;
     co.state_dir = opts->root + "/.coordinator";
-    co.shared_root = ckpt::storage::IsObjectStoreUrl(opts->shared_root) ? opts->shared_root
-                                                                         : opts->storage.root;
-    co.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
+    co.shared_root = ckpt::storage::IsObjectStoreUrl(opts->shared_root)
+                         ? opts->shared_root
+                         : opts->storage.root;
+    co.heartbeat_timeout =
+        std::chrono::milliseconds(opts->heartbeat_timeout_ms);
     co.object_config = opts->object_config;
     auto c = ckpt::coordinator::Coordinator::Open(co);
     if (!c.ok()) return Fail("coordinator", c.status());
-    auto server = ckpt::coordinator::CoordinatorServer::Start(std::move(*c), opts->coordinator_listen);
+    auto server = ckpt::coordinator::CoordinatorServer::Start(
+        std::move(*c), opts->coordinator_listen);
     if (!server.ok()) return Fail("coordinator", server.status());
     coordinator = std::move(*server);
-    std::string host = opts->coordinator_listen.substr(0, opts->coordinator_listen.rfind(':'));
+    std::string host =
+        opts->coordinator_listen.substr(0, opts->coordinator_listen.rfind(':'));
     // A loopback host (options.cc allows no other); the node agent dials it.
     const std::string dial = host.rfind("127.", 0) == 0 ? host
                              : host == "localhost"      ? "127.0.0.1"
                                                         : "[::1]";
     opts->agent.coordinator = dial + ":" + std::to_string(coordinator->port());
-    LogInfo("coordinator listening on " + host + ":" + std::to_string(coordinator->port()));
-    std::printf("coordinator listening on %s:%d\n", host.c_str(), coordinator->port());
+    LogInfo("coordinator listening on " + host + ":" +
+            std::to_string(coordinator->port()));
+    std::printf("coordinator listening on %s:%d\n", host.c_str(),
+                coordinator->port());
     std::fflush(stdout);
   }
   // Metrics are served before recovery starts, so a long re-attach is
@@ -146,7 +163,8 @@ int main(int argc, char** argv) {
   if (!opts->metrics_listen.empty()) {
     std::vector<std::weak_ptr<prometheus::Collectable>> collected{metrics};
     if (coordinator_metrics) collected.push_back(coordinator_metrics);
-    auto started = ckpt::MetricsServer::Start(opts->metrics_listen, "--metrics-listen", collected);
+    auto started = ckpt::MetricsServer::Start(opts->metrics_listen,
+                                              "--metrics-listen", collected);
     if (!started.ok()) return Fail("metrics", started.status());
     metrics_server = std::move(*started);
     LogInfo("metrics on http://" + metrics_server->address() + "/metrics");
@@ -156,10 +174,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<NodeAgent> agent;
   if (opts->cluster) {
     agent = std::make_unique<NodeAgent>(opts->agent);
-    opts->engine.on_shard = [a = agent.get()](const ShardReport& r) { a->Report(r); };
-    opts->engine.on_fallback = [a = agent.get()](const FallbackReport& f) { a->ReportFallback(f); };
+    opts->engine.on_shard = [a = agent.get()](const ShardReport& r) {
+      a->Report(r);
+    };
+    opts->engine.on_fallback = [a = agent.get()](const FallbackReport& f) {
+      a->ReportFallback(f);
+    };
   }
-  auto engine = Engine::Open(opts->engine, storage, catalog->get(), object_tier.get());
+  auto engine =
+      Engine::Open(opts->engine, storage, catalog->get(), object_tier.get());
   if (!engine.ok()) return Fail("recovery", engine.status());
   auto listener = PeerListener::Listen(opts->socket_path, opts->listener);
   if (!listener.ok()) return Fail("socket", listener.status());
@@ -167,19 +190,23 @@ int main(int argc, char** argv) {
   CkptdService service(engine->get(), listener->get(), opts->root);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(opts->max_request_mib << 20));
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(opts->max_request_mib << 20));
   builder.SetMaxSendMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("grpc", absl::InternalError("server did not start"));
   (*listener)->Start(server.get());
   if (agent) agent->Start(engine->get());
-  LogInfo("serving on " + opts->socket_path + ", root " + opts->root + ", storage " +
-          storage->name() + ", shm prefix " + opts->engine.shm_prefix +
-          (object_tier ? ", object tier " + object_tier->name() + " (commit tier " +
-                             (opts->engine.commit_tier == EngineOptions::CommitTier::kObject
-                                  ? "object)"
-                                  : "local)")
-                       : ""));
+  LogInfo(
+      "serving on " + opts->socket_path + ", root " + opts->root +
+      ", storage " + storage->name() + ", shm prefix " +
+      opts->engine.shm_prefix +
+      (object_tier
+           ? ", object tier " + object_tier->name() + " (commit tier " +
+                 (opts->engine.commit_tier == EngineOptions::CommitTier::kObject
+                      ? "object)"
+                      : "local)")
+           : ""));
   // The listener accepts from here on: only now may systemd start trainers.
   notifier.Ready(ServingStatus((*engine)->Progress()));
   auto watchdog = StartEngineWatchdog(&notifier, engine->get());
@@ -188,14 +215,19 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   LogInfo(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
           ", draining pending persists");
-  watchdog.reset();  // systemd's stop timeout (TimeoutStopSec=) bounds the drain
-  notifier.Stopping("draining: " + std::to_string((*engine)->Progress().persists_queued) +
-                    " persists queued");
+  watchdog
+      .reset();  // systemd's stop timeout (TimeoutStopSec=) bounds the drain
+  notifier.Stopping(
+      "draining: " + std::to_string((*engine)->Progress().persists_queued) +
+      " persists queued");
   size_t left = (*engine)->Drain(opts->drain_deadline);
-  if (fault) fault->ClearFaults();  // release the hung writes so the persister can stop
+  if (fault)
+    fault->ClearFaults();  // release the hung writes so the persister can stop
   if (left)
-    LogWarning(std::to_string(left) + " shards not durable at the drain deadline; "
-               "they stay in shared memory and a restarted ckptd persists them");
+    LogWarning(
+        std::to_string(left) +
+        " shards not durable at the drain deadline; "
+        "they stay in shared memory and a restarted ckptd persists them");
   (*listener)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   agent.reset();  // before the engine it reports on

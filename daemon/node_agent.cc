@@ -36,7 +36,8 @@ class NodeAgent::Rpc {
   Rpc(const std::string& targets, const coordinator::TlsFiles& tls)
       : client_(coordinator::CoordinatorClient::Create(targets, tls).value()) {}
   template <typename Req, typename Resp, typename Call>
-  grpc::Status Invoke(Call call, const Req& req, Resp* resp, std::chrono::milliseconds timeout) {
+  grpc::Status Invoke(Call call, const Req& req, Resp* resp,
+                      std::chrono::milliseconds timeout) {
     return client_->Call(call, req, resp, timeout);
   }
 
@@ -61,7 +62,8 @@ bool Fenced(const grpc::Status& s) {
 }  // namespace
 
 NodeAgent::NodeAgent(NodeAgentOptions options)
-    : options_(std::move(options)), rpc_(std::make_unique<Rpc>(options_.coordinator, options_.tls)) {}
+    : options_(std::move(options)),
+      rpc_(std::make_unique<Rpc>(options_.coordinator, options_.tls)) {}
 
 NodeAgent::~NodeAgent() {
   {
@@ -119,9 +121,11 @@ void NodeAgent::Report(const ShardReport& report) {
     // ranks' generation given up) or not registered yet. Tagging it with
     // the next epoch would count the abandoned generation's shard.
     if (reports_dropped_.fetch_add(1) == dropped_logged_)
-      LogWarning(absl::StrCat("node ", options_.node_id, " has no epoch (fenced or not registered): ",
-                              "not reporting job ", report.job, " step ", report.step, " rank ",
-                              report.rank, " (nor later ones until it registers)"));
+      LogWarning(absl::StrCat(
+          "node ", options_.node_id,
+          " has no epoch (fenced or not registered): ", "not reporting job ",
+          report.job, " step ", report.step, " rank ", report.rank,
+          " (nor later ones until it registers)"));
     return;
   }
   reports_.push_back(Queued{report, epoch});
@@ -132,18 +136,22 @@ void NodeAgent::ReportFallback(FallbackReport report) {
   // The coordinator refuses an unprintable or long reason: keep what it
   // can show rather than lose the report.
   constexpr size_t kMaxReasonBytes = 512;
-  if (report.reason.size() > kMaxReasonBytes) report.reason.resize(kMaxReasonBytes);
+  if (report.reason.size() > kMaxReasonBytes)
+    report.reason.resize(kMaxReasonBytes);
   for (char& c : report.reason)
     if (c < 0x20 || c > 0x7e) c = '?';
   std::lock_guard<std::mutex> lock(mu_);
   if (fallbacks_.size() >= std::max<size_t>(options_.max_queued_fallbacks, 1)) {
     const FallbackReport& old = fallbacks_.front().report;
-    LogWarning(absl::StrCat("dropping the fallback report of job ", old.job, " step ", old.step, " rank ",
-                            old.rank, ": more than ", options_.max_queued_fallbacks, " waiting"));
+    LogWarning(absl::StrCat("dropping the fallback report of job ", old.job,
+                            " step ", old.step, " rank ", old.rank,
+                            ": more than ", options_.max_queued_fallbacks,
+                            " waiting"));
     fallbacks_.pop_front();
     ++fallbacks_dropped_;
   }
-  fallbacks_.push_back(QueuedFallback{std::move(report), std::chrono::steady_clock::now(), ++fallback_ids_});
+  fallbacks_.push_back(QueuedFallback{
+      std::move(report), std::chrono::steady_clock::now(), ++fallback_ids_});
   cv_.notify_all();
 }
 
@@ -152,7 +160,8 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
     const auto now = std::chrono::steady_clock::now();
     const FallbackReport& f = fallbacks_.front().report;
     if (now - fallbacks_.front().queued > options_.fallback_ttl) {
-      LogWarning(absl::StrCat("dropping the fallback report of job ", f.job, " step ", f.step, " rank ", f.rank,
+      LogWarning(absl::StrCat("dropping the fallback report of job ", f.job,
+                              " step ", f.step, " rank ", f.rank,
                               ": not accepted by the coordinator within ",
                               options_.fallback_ttl.count(), " ms"));
       fallbacks_.pop_front();
@@ -160,7 +169,8 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
       continue;
     }
     const uint64_t epoch = epoch_.load();
-    if (now < next_fallback_try_ || epoch == 0) return;  // backing off, or (re-)registering
+    if (now < next_fallback_try_ || epoch == 0)
+      return;  // backing off, or (re-)registering
     const uint64_t id = fallbacks_.front().id;
     cv1::ReportFallbackRequest req;
     req.set_node_id(options_.node_id);
@@ -174,16 +184,19 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
     req.set_next_copy(f.next_copy);
     lock.unlock();
     cv1::ReportFallbackResponse resp;
-    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportFallback, req, &resp, options_.rpc_timeout);
+    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportFallback, req,
+                                  &resp, options_.rpc_timeout);
     lock.lock();
     // ReportFallback may have dropped it meanwhile (past the bound).
     const bool still_front = !fallbacks_.empty() && fallbacks_.front().id == id;
-    if (s.ok() || !(Transient(s) || Fenced(s) || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)) {
+    if (s.ok() || !(Transient(s) || Fenced(s) ||
+                    s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)) {
       if (s.ok()) {
         ++fallbacks_sent_;
       } else {
-        LogWarning(absl::StrCat("fallback report of job ", req.job(), " step ", req.step(), " rank ",
-                                req.rank(), " refused: ", s.error_message()));
+        LogWarning(absl::StrCat("fallback report of job ", req.job(), " step ",
+                                req.step(), " rank ", req.rank(),
+                                " refused: ", s.error_message()));
         ++fallbacks_dropped_;
       }
       if (still_front) fallbacks_.pop_front();
@@ -192,8 +205,9 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
     }
     // Unreachable, shedding load, or this epoch or placement refused (the
     // heartbeat thread registers again; a plan moves ranks): later.
-    fallback_backoff_ = std::min(std::max(fallback_backoff_ * 2, std::chrono::milliseconds(100)),
-                                 std::chrono::milliseconds(5000));
+    fallback_backoff_ = std::min(
+        std::max(fallback_backoff_ * 2, std::chrono::milliseconds(100)),
+        std::chrono::milliseconds(5000));
     next_fallback_try_ = std::chrono::steady_clock::now() + fallback_backoff_;
     return;
   }
@@ -210,10 +224,11 @@ void NodeAgent::HeartbeatLoop() {
   std::chrono::milliseconds interval(250);
   bool reachable = true;
   auto note = [&](const grpc::Status& s) {
-    if (s.ok() && !reachable) LogInfo("coordinator " + options_.coordinator + " reachable again");
+    if (s.ok() && !reachable)
+      LogInfo("coordinator " + options_.coordinator + " reachable again");
     if (!s.ok() && Transient(s) && reachable)
-      LogWarning("coordinator " + options_.coordinator + " unreachable: " + s.error_message() +
-                 "; retrying");
+      LogWarning("coordinator " + options_.coordinator +
+                 " unreachable: " + s.error_message() + "; retrying");
     if (s.ok() || Transient(s)) reachable = s.ok();
   };
   do {
@@ -224,26 +239,30 @@ void NodeAgent::HeartbeatLoop() {
       req.set_capacity(options_.capacity);
       req.set_spare(options_.spare);
       cv1::RegisterNodeResponse resp;
-      grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req, &resp,
-                                    options_.rpc_timeout);
+      grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
+                                    &resp, options_.rpc_timeout);
       note(s);
       if (!s.ok()) {
         // ALREADY_EXISTS: our previous incarnation has not timed out yet.
         if (!Transient(s))
-          LogWarning(absl::StrCat("register node ", options_.node_id, ": ", s.error_message()));
+          LogWarning(absl::StrCat("register node ", options_.node_id, ": ",
+                                  s.error_message()));
         continue;
       }
-      interval = std::chrono::milliseconds(std::max<uint32_t>(resp.heartbeat_timeout_ms() / 5, 20));
+      interval = std::chrono::milliseconds(
+          std::max<uint32_t>(resp.heartbeat_timeout_ms() / 5, 20));
       {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.clear();
         handled_.clear();
-        dropped_logged_ = reports_dropped_.load();  // the next drop is worth a line again
+        dropped_logged_ =
+            reports_dropped_.load();  // the next drop is worth a line again
         epoch_ = resp.epoch();
         NoteIncarnationLocked(resp.incarnation());
       }
-      LogInfo(absl::StrCat("node ", options_.node_id, " registered with ", options_.coordinator,
-                           " at epoch ", resp.epoch(), options_.spare ? " (spare)" : ""));
+      LogInfo(absl::StrCat("node ", options_.node_id, " registered with ",
+                           options_.coordinator, " at epoch ", resp.epoch(),
+                           options_.spare ? " (spare)" : ""));
     }
     cv1::HeartbeatRequest req;
     req.set_node_id(options_.node_id);
@@ -253,18 +272,23 @@ void NodeAgent::HeartbeatLoop() {
       *req.mutable_acked_order_ids() = {acked_.begin(), acked_.end()};
     }
     cv1::HeartbeatResponse resp;
-    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
-                                  std::min(options_.rpc_timeout, interval * 4));
+    grpc::Status s =
+        rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
+                     std::min(options_.rpc_timeout, interval * 4));
     note(s);
     if (!s.ok()) {
       if (Fenced(s)) {
-        LogWarning(absl::StrCat("node ", options_.node_id, " fenced at epoch ", req.epoch(), ": ",
-                                s.error_message(), "; registering again"));
+        LogWarning(absl::StrCat("node ", options_.node_id, " fenced at epoch ",
+                                req.epoch(), ": ", s.error_message(),
+                                "; registering again"));
         std::lock_guard<std::mutex> lock(mu_);
         epoch_ = 0;
         // Nothing committed under the fenced epoch may count.
-        std::erase_if(reports_, [&](const Queued& q) { return q.epoch == req.epoch(); });
-        std::erase_if(soft_, [&](const auto& kv) { return kv.second.staged.epoch == req.epoch(); });
+        std::erase_if(reports_,
+                      [&](const Queued& q) { return q.epoch == req.epoch(); });
+        std::erase_if(soft_, [&](const auto& kv) {
+          return kv.second.staged.epoch == req.epoch();
+        });
       }
       continue;
     }
@@ -284,7 +308,8 @@ void NodeAgent::HeartbeatLoop() {
         // Committed steps need no re-sending after a coordinator restart.
         if (a.has_last_good())
           std::erase_if(soft_, [&](const auto& kv) {
-            return std::get<0>(kv.first) == a.job() && std::get<1>(kv.first) <= a.last_good_step();
+            return std::get<0>(kv.first) == a.job() &&
+                   std::get<1>(kv.first) <= a.last_good_step();
           });
         // The oldest step the job may still restore; 0 keeps everything.
         uint64_t keep = a.has_last_good() ? a.last_good_step() : 0;
@@ -305,24 +330,35 @@ void NodeAgent::HeartbeatLoop() {
         // Carried out and acknowledged, yet sent again: the coordinator lost
         // the acknowledgement. Acknowledge again (a PREFETCH still running
         // acknowledges when done).
-        if (taken->second && std::find(acked_.begin(), acked_.end(), o.id()) == acked_.end()) {
-          LogInfo(absl::StrCat("order ", o.id(), " sent again: acknowledging it again"));
+        if (taken->second &&
+            std::find(acked_.begin(), acked_.end(), o.id()) == acked_.end()) {
+          LogInfo(absl::StrCat("order ", o.id(),
+                               " sent again: acknowledging it again"));
           acked_.push_back(o.id());
         }
         continue;
       }
-      LogInfo(absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()), " job ", o.job(),
-                           " generation ", o.generation(), " ranks ", absl::StrJoin(o.ranks(), ","),
-                           o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
-      if (o.kind() == cv1::PREFETCH && o.has_step() && o.ranks_size() == o.shard_keys_size() && engine_) {
+      LogInfo(
+          absl::StrCat("order ", o.id(), " ", cv1::OrderKind_Name(o.kind()),
+                       " job ", o.job(), " generation ", o.generation(),
+                       " ranks ", absl::StrJoin(o.ranks(), ","),
+                       o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
+      if (o.kind() == cv1::PREFETCH && o.has_step() &&
+          o.ranks_size() == o.shard_keys_size() && engine_) {
         std::thread& t = prefetchers_[o.id()];
-        if (t.joinable()) continue;  // forgotten, yet still running: it acknowledges when done
-        t = std::thread(&NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
-                                  o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
-                                  std::vector<std::string>(o.shard_keys().begin(), o.shard_keys().end()),
-                                  o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid()) : std::nullopt);
+        if (t.joinable())
+          continue;  // forgotten, yet still running: it acknowledges when done
+        t = std::thread(
+            &NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
+            o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
+            std::vector<std::string>(o.shard_keys().begin(),
+                                     o.shard_keys().end()),
+            o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid())
+                              : std::nullopt);
       } else {
-        if (o.kind() == cv1::PREFETCH) LogWarning(absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
+        if (o.kind() == cv1::PREFETCH)
+          LogWarning(
+              absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
         taken->second = true;
         acked_.push_back(o.id());
       }
@@ -331,35 +367,41 @@ void NodeAgent::HeartbeatLoop() {
   } while (WaitFor(interval));
 }
 
-void NodeAgent::RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
-                            uint64_t step, std::vector<uint32_t> ranks,
-                            std::vector<std::string> keys, std::optional<uint32_t> owner_uid) {
+void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
+                            uint32_t world_size, uint64_t step,
+                            std::vector<uint32_t> ranks,
+                            std::vector<std::string> keys,
+                            std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i], owner_uid);
+      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i],
+                                     owner_uid);
     });
   for (auto& t : loaders) t.join();
   for (size_t i = 0; i < ranks.size(); ++i)
     if (!results[i].ok())
       // The trainer's restore then reads the shared root itself or fails,
       // and its exit makes a new plan.
-      LogWarning(absl::StrCat("prefetch job ", job, " step ", step, " rank ", ranks[i], ": ",
-                              results[i].message()));
-  LogInfo(absl::StrCat("order ", order_id, ": prefetched ", ranks.size(), " shards of job ", job,
-                       " step ", step, " in ",
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                       " s"));
+      LogWarning(absl::StrCat("prefetch job ", job, " step ", step, " rank ",
+                              ranks[i], ": ", results[i].message()));
+  LogInfo(absl::StrCat(
+      "order ", order_id, ": prefetched ", ranks.size(), " shards of job ", job,
+      " step ", step, " in ",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count(),
+      " s"));
   std::lock_guard<std::mutex> lock(mu_);
   // Gone when the node registered again meanwhile: the order died with the
   // old epoch, and the coordinator ignores its acknowledgement.
-  if (auto taken = handled_.find(order_id); taken != handled_.end()) taken->second = true;
+  if (auto taken = handled_.find(order_id); taken != handled_.end())
+    taken->second = true;
   acked_.push_back(order_id);
   prefetched_.push_back(order_id);  // the heartbeat thread joins this one
-  kick_ = true;  // the plan waits for this acknowledgement
+  kick_ = true;                     // the plan waits for this acknowledgement
   cv_.notify_all();
 }
 
@@ -374,7 +416,8 @@ void NodeAgent::ApplyLoop() {
     std::map<std::string, Hosting> now = hosting_;
     lock.unlock();
     if (engine_)
-      for (auto& [job, h] : now) engine_->SetHostedRanks(job, h.ranks, h.keep_from);
+      for (auto& [job, h] : now)
+        engine_->SetHostedRanks(job, h.ranks, h.keep_from);
     lock.lock();
   }
 }
@@ -393,7 +436,8 @@ void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
     if (sent.durable) again.push_back(*sent.durable);
   }
   reports_resent_ += again.size();
-  LogInfo(absl::StrCat("coordinator restarted (incarnation ", incarnation, "): sending ", again.size(),
+  LogInfo(absl::StrCat("coordinator restarted (incarnation ", incarnation,
+                       "): sending ", again.size(),
                        " reports of uncommitted steps again"));
   reports_.insert(reports_.begin(), again.begin(), again.end());
   cv_.notify_all();
@@ -401,7 +445,8 @@ void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
 
 void NodeAgent::ReportLoop() {
   constexpr size_t kMaxBatch = 4096;
-  const auto kGather = std::chrono::milliseconds(20);  // the other ranks' reports of a step
+  const auto kGather =
+      std::chrono::milliseconds(20);  // the other ranks' reports of a step
   auto backoff = std::chrono::milliseconds(0);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -414,8 +459,10 @@ void NodeAgent::ReportLoop() {
     if (backoff.count() == 0) {
       cv_.wait_for(lock, kGather, [&] { return stopping_; });
     } else {
-      // Exponential backoff with jitter, so that shed nodes do not return together.
-      auto jitter = std::chrono::milliseconds(std::rand() % (backoff.count() / 2 + 1));
+      // Exponential backoff with jitter, so that shed nodes do not return
+      // together.
+      auto jitter =
+          std::chrono::milliseconds(std::rand() % (backoff.count() / 2 + 1));
       cv_.wait_for(lock, backoff / 2 + jitter, [&] { return stopping_; });
     }
     if (stopping_ || reports_.empty()) continue;
@@ -434,18 +481,23 @@ void NodeAgent::ReportLoop() {
       ToReportProto(q.report, req.add_reports());
     }
     cv1::ReportShardsResponse resp;
-    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req, &resp, options_.rpc_timeout);
+    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req,
+                                  &resp, options_.rpc_timeout);
     lock.lock();
-    if (Transient(s) || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    if (Transient(s) ||
+        s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++report_retries_;
-      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(50)), std::chrono::milliseconds(2000));
+      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(50)),
+                         std::chrono::milliseconds(2000));
       continue;  // the same reports again, order kept: never dropped
     }
     backoff = std::chrono::milliseconds(0);
     if (!s.ok())
-      LogWarning(absl::StrCat("report of ", batch.size(), " shards (epoch ", epoch, "): ", s.error_message()));
+      LogWarning(absl::StrCat("report of ", batch.size(), " shards (epoch ",
+                              epoch, "): ", s.error_message()));
     if (s.ok() && resp.results_size() != static_cast<int>(batch.size()))
-      LogWarning(absl::StrCat("report: ", resp.results_size(), " results for ", batch.size(), " reports"));
+      LogWarning(absl::StrCat("report: ", resp.results_size(), " results for ",
+                              batch.size(), " reports"));
     if (s.ok() && incarnation_ != 0 && resp.incarnation() != incarnation_) {
       // A restarted coordinator answered before any heartbeat told us: its
       // refusals ("never staged") are ours to fix. Send the soft state
@@ -459,8 +511,10 @@ void NodeAgent::ReportLoop() {
     for (size_t i = 0; i < batch.size(); ++i) {
       const Queued& q = batch[i];
       auto same = [&](const Queued& o) {
-        return o.epoch == q.epoch && o.report.job == q.report.job && o.report.step == q.report.step &&
-               o.report.rank == q.report.rank && o.report.durable == q.report.durable;
+        return o.epoch == q.epoch && o.report.job == q.report.job &&
+               o.report.step == q.report.step &&
+               o.report.rank == q.report.rank &&
+               o.report.durable == q.report.durable;
       };
       auto it = std::find_if(reports_.begin(), reports_.end(), same);
       if (it == reports_.end()) continue;
@@ -468,23 +522,28 @@ void NodeAgent::ReportLoop() {
       if (!s.ok() || i >= static_cast<size_t>(resp.results_size())) continue;
       const cv1::ReportResult& r = resp.results(static_cast<int>(i));
       auto code = static_cast<grpc::StatusCode>(r.code());
-      if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+      if (code == grpc::StatusCode::UNAVAILABLE ||
+          code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
           code == grpc::StatusCode::DEADLINE_EXCEEDED) {
         retry.push_back(q);
         continue;
       }
       if (code != grpc::StatusCode::OK) {
-        LogWarning(absl::StrCat("report ", q.report.durable ? "durable" : "staged", " job ", q.report.job,
-                                " step ", q.report.step, " rank ", q.report.rank, " (epoch ", q.epoch,
-                                "): ", r.message()));
+        LogWarning(absl::StrCat(
+            "report ", q.report.durable ? "durable" : "staged", " job ",
+            q.report.job, " step ", q.report.step, " rank ", q.report.rank,
+            " (epoch ", q.epoch, "): ", r.message()));
         continue;
       }
       Sent& sent = soft_[{q.report.job, q.report.step, q.report.rank}];
-      if (q.report.durable) sent.durable = q;
-      else sent = Sent{q, std::nullopt};
+      if (q.report.durable)
+        sent.durable = q;
+      else
+        sent = Sent{q, std::nullopt};
       if (r.durable_everywhere()) {
         std::erase_if(soft_, [&](const auto& kv) {
-          return std::get<0>(kv.first) == q.report.job && std::get<1>(kv.first) <= q.report.step;
+          return std::get<0>(kv.first) == q.report.job &&
+                 std::get<1>(kv.first) <= q.report.step;
         });
       }
     }

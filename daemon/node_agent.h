@@ -59,15 +59,16 @@ namespace ckpt::daemon {
 
 // The coordinator's form of one of the engine's shard reports (what
 // ReportShards carries).
-void ToReportProto(const ShardReport& report,
-                   coord::v1::ShardReport* out);
+void ToReportProto(const ShardReport& report, coord::v1::ShardReport* out);
 
 struct NodeAgentOptions {
-  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
-  coordinator::TlsFiles tls;  // the node's certificate must name node_id (CN or subjectAltName)
+  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader
+                            // is followed)
+  coordinator::TlsFiles
+      tls;  // the node's certificate must name node_id (CN or subjectAltName)
   std::string node_id;
-  std::string address;      // advertised to the coordinator (MASTER_ADDR)
-  uint32_t capacity = 8;    // ranks this node can host
+  std::string address;    // advertised to the coordinator (MASTER_ADDR)
+  uint32_t capacity = 8;  // ranks this node can host
   bool spare = false;
   std::chrono::milliseconds rpc_timeout{3000};
   // Order ids remembered as carried out (to acknowledge a re-sent one
@@ -137,8 +138,9 @@ class NodeAgent {
   void SendFallbacksLocked(std::unique_lock<std::mutex>& lock);
   // Under mu_: a new incarnation seen; re-queues the soft state.
   void NoteIncarnationLocked(uint64_t incarnation);
-  void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size, uint64_t step,
-                   std::vector<uint32_t> ranks, std::vector<std::string> keys,
+  void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
+                   uint64_t step, std::vector<uint32_t> ranks,
+                   std::vector<std::string> keys,
                    std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
   // Joins the PREFETCH threads that are done, and forgets the oldest
@@ -153,7 +155,7 @@ class NodeAgent {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  bool kick_ = false;                // heartbeat now: an order is done
+  bool kick_ = false;  // heartbeat now: an order is done
   std::deque<Queued> reports_;
   // Sent and accepted, for steps not known committed: (job, step, rank) ->
   // the STAGED and (once sent) DURABLE reports.
@@ -178,7 +180,7 @@ class NodeAgent {
   std::atomic<uint64_t> fallbacks_sent_{0};
   std::atomic<uint64_t> fallbacks_dropped_{0};
   uint64_t dropped_logged_ = 0;  // reports_dropped_ when the last was logged
-  std::vector<uint64_t> acked_;      // to acknowledge in the next heartbeat
+  std::vector<uint64_t> acked_;  // to acknowledge in the next heartbeat
   // Orders taken, by id: true once carried out and acknowledged (a
   // PREFETCH runs first). An order sent again after that was acknowledged
   // in a heartbeat whose effect the coordinator lost (a crash before its

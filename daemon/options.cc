@@ -1,12 +1,11 @@
 #include "daemon/options.h"
 
-#include <cstdio>
-#include <filesystem>
-#include <functional>
-
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
 
 #include "absl/strings/str_format.h"
 #include "coordinator/client/channel.h"
@@ -27,8 +26,9 @@ namespace {
 std::string DefaultShmPrefix(const std::string& root) {
   std::error_code ec;
   std::string abs = std::filesystem::weakly_canonical(root, ec).string();
-  return absl::StrFormat("ckptd-%08x",
-                         static_cast<uint32_t>(std::hash<std::string>{}(ec ? root : abs)));
+  return absl::StrFormat(
+      "ckptd-%08x",
+      static_cast<uint32_t>(std::hash<std::string>{}(ec ? root : abs)));
 }
 
 std::string HostName() {
@@ -41,12 +41,14 @@ std::string HostName() {
 // loopback interface only.
 bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "[::1]" || host == "::1" ||
-         (host.rfind("127.", 0) == 0 && host.find_first_not_of("0123456789.") == std::string::npos);
+         (host.rfind("127.", 0) == 0 &&
+          host.find_first_not_of("0123456789.") == std::string::npos);
 }
 
 }  // namespace
 
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help) {
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
+                                                 std::string* help) {
   DaemonOptions o;
   std::string config, shm_prefix;
   uint32_t retain = 3, slots = 2, attempts = 3, drain_s = 60, queue_depth = 8;
@@ -56,50 +58,83 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
   std::string commit_tier;
 
   CLI::App app{"ckptd: node-local checkpoint daemon"};
-  app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on")->required();
-  app.add_option("--root", o.root, "directory for shards, manifests and the catalog")->required();
-  app.add_option("--config", config, "TOML file with the settings below (flags win)");
-  app.add_option("--shm-prefix", shm_prefix, "prefix of shared-memory names (default: from --root)");
-  app.add_option("--retain", retain, "durable steps kept per job on local disk (0 = all)");
+  app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on")
+      ->required();
+  app.add_option("--root", o.root,
+                 "directory for shards, manifests and the catalog")
+      ->required();
+  app.add_option("--config", config,
+                 "TOML file with the settings below (flags win)");
+  app.add_option("--shm-prefix", shm_prefix,
+                 "prefix of shared-memory names (default: from --root)");
+  app.add_option("--retain", retain,
+                 "durable steps kept per job on local disk (0 = all)");
   app.add_option("--retain-local", retain, "the same as --retain");
   app.add_option("--object-url", o.object_url,
-                 "object tier: s3://BUCKET/PREFIX (endpoint, credentials: AWS_* environment) or a directory");
+                 "object tier: s3://BUCKET/PREFIX (endpoint, credentials: "
+                 "AWS_* environment) or a directory");
   app.add_option("--commit-tier", commit_tier,
                  "tier that makes a step durable: local (default) or object");
-  app.add_option("--retain-object", retain_object, "steps kept per job in the object tier (0 = all)");
-  app.add_option("--upload-threads", upload_threads, "object tier: shards uploaded at once")
+  app.add_option("--retain-object", retain_object,
+                 "steps kept per job in the object tier (0 = all)");
+  app.add_option("--upload-threads", upload_threads,
+                 "object tier: shards uploaded at once")
       ->check(CLI::Range(1, 64));
-  app.add_option("--slots", slots, "default slots per arena")->check(CLI::Range(2, 16));
-  app.add_option("--persist-attempts", attempts, "failed persist attempts before WaitDurable reports the failure and a newer save may take the slot (retried while the bytes are in memory)")->check(CLI::Range(1, 100));
-  app.add_option("--drain-seconds", drain_s, "on SIGTERM, wait this long for pending persists");
-  app.add_option("--queue-depth", queue_depth, "I/O requests in flight per shard")->check(CLI::Range(1, 256));
-  app.add_option("--io-mib", io_mib, "MiB per I/O request")->check(CLI::Range(1, 256));
-  app.add_flag("--no-io-uring", no_uring, "use pwrite/pread instead of io_uring");
+  app.add_option("--slots", slots, "default slots per arena")
+      ->check(CLI::Range(2, 16));
+  app.add_option(
+         "--persist-attempts", attempts,
+         "failed persist attempts before WaitDurable reports the failure and a "
+         "newer save may take the slot (retried while the bytes are in memory)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--drain-seconds", drain_s,
+                 "on SIGTERM, wait this long for pending persists");
+  app.add_option("--queue-depth", queue_depth,
+                 "I/O requests in flight per shard")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--io-mib", io_mib, "MiB per I/O request")
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--no-io-uring", no_uring,
+               "use pwrite/pread instead of io_uring");
   app.add_flag("--no-direct-io", no_direct, "do not use O_DIRECT");
   app.add_option("--shared-root", o.shared_root,
-                 "directory every node can read (shards go there; the catalog stays in --root)");
+                 "directory every node can read (shards go there; the catalog "
+                 "stays in --root)");
   app.add_option("--coordinator", o.agent.coordinator,
-                 "HOST:PORT[,HOST:PORT...] of ckpt-coordinator (replicas: the leader is followed) to join");
+                 "HOST:PORT[,HOST:PORT...] of ckpt-coordinator (replicas: the "
+                 "leader is followed) to join");
   app.add_option("--tls-cert", o.agent.tls.cert,
-                 "this node's certificate for the coordinator (PEM; CN or SAN = --node-id)");
+                 "this node's certificate for the coordinator (PEM; CN or SAN "
+                 "= --node-id)");
   app.add_option("--tls-key", o.agent.tls.key, "its private key (PEM)");
-  app.add_option("--tls-ca", o.agent.tls.ca, "CA of the coordinator's certificate (PEM)");
-  app.add_flag("--insecure", o.agent.tls.insecure, "plaintext to the coordinator (the default without --tls-*)");
+  app.add_option("--tls-ca", o.agent.tls.ca,
+                 "CA of the coordinator's certificate (PEM)");
+  app.add_flag("--insecure", o.agent.tls.insecure,
+               "plaintext to the coordinator (the default without --tls-*)");
   app.add_option("--coordinator-listen", o.coordinator_listen,
-                 "serve an embedded coordinator on HOST:PORT (one-node jobs; no --coordinator)");
-  app.add_option("--node-id", o.agent.node_id, "this node's id (default: the host name)");
-  app.add_option("--advertise-addr", o.agent.address,
-                 "address other nodes reach this node at (default: the host name)");
-  app.add_option("--capacity", o.agent.capacity, "ranks this node can host")->check(CLI::Range(1, 4096));
-  app.add_flag("--spare", o.agent.spare, "join as a spare that hosts ranks only after a failure");
-  app.add_option("--max-connections-per-uid", o.listener.max_connections_per_uid,
+                 "serve an embedded coordinator on HOST:PORT (one-node jobs; "
+                 "no --coordinator)");
+  app.add_option("--node-id", o.agent.node_id,
+                 "this node's id (default: the host name)");
+  app.add_option(
+      "--advertise-addr", o.agent.address,
+      "address other nodes reach this node at (default: the host name)");
+  app.add_option("--capacity", o.agent.capacity, "ranks this node can host")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--spare", o.agent.spare,
+               "join as a spare that hosts ranks only after a failure");
+  app.add_option("--max-connections-per-uid",
+                 o.listener.max_connections_per_uid,
                  "connections one uid other than root may hold (0 = no limit)");
-  app.add_option("--max-request-mib", o.max_request_mib, "largest request accepted, in MiB")
+  app.add_option("--max-request-mib", o.max_request_mib,
+                 "largest request accepted, in MiB")
       ->check(CLI::Range(1, 1024));
   app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms,
-                 "embedded coordinator: a node silent this long is dead")->check(CLI::Range(100, 600000));
-  app.add_option("--metrics-listen", o.metrics_listen,
-                 "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+                 "embedded coordinator: a node silent this long is dead")
+      ->check(CLI::Range(100, 600000));
+  app.add_option(
+      "--metrics-listen", o.metrics_listen,
+      "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
 
   if (!config.empty()) {
@@ -111,66 +146,135 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
       return app.count(flag) ? absl::OkStatus() : apply();
     };
     absl::Status s;
-    if (s.ok()) s = unless_flag("--shm-prefix", [&] { return FromToml(t, "shm_prefix", &shm_prefix); });
+    if (s.ok())
+      s = unless_flag("--shm-prefix",
+                      [&] { return FromToml(t, "shm_prefix", &shm_prefix); });
     // retain_local is retain's name beside the object tier's retain_object.
     if (s.ok() && !app.count("--retain") && !app.count("--retain-local"))
-      s = FromToml(t, t.contains("retain_local") ? "retain_local" : "retain", &retain);
-    if (s.ok()) s = unless_flag("--object-url", [&] { return FromToml(t, "object_url", &o.object_url); });
-    if (s.ok()) s = unless_flag("--commit-tier", [&] { return FromToml(t, "commit_tier", &commit_tier); });
-    if (s.ok()) s = unless_flag("--retain-object", [&] { return FromToml(t, "retain_object", &retain_object); });
-    if (s.ok()) s = unless_flag("--upload-threads", [&] { return FromToml(t, "upload_threads", &upload_threads); });
+      s = FromToml(t, t.contains("retain_local") ? "retain_local" : "retain",
+                   &retain);
+    if (s.ok())
+      s = unless_flag("--object-url",
+                      [&] { return FromToml(t, "object_url", &o.object_url); });
+    if (s.ok())
+      s = unless_flag("--commit-tier",
+                      [&] { return FromToml(t, "commit_tier", &commit_tier); });
+    if (s.ok())
+      s = unless_flag("--retain-object", [&] {
+        return FromToml(t, "retain_object", &retain_object);
+      });
+    if (s.ok())
+      s = unless_flag("--upload-threads", [&] {
+        return FromToml(t, "upload_threads", &upload_threads);
+      });
     if (s.ok()) s = storage::ReadObjectStoreConfig(t, &o.object_config);
-    if (s.ok()) s = unless_flag("--slots", [&] { return FromToml(t, "slots", &slots); });
-    if (s.ok()) s = unless_flag("--persist-attempts", [&] { return FromToml(t, "persist_attempts", &attempts); });
-    if (s.ok()) s = unless_flag("--drain-seconds", [&] { return FromToml(t, "drain_seconds", &drain_s); });
-    if (s.ok()) s = unless_flag("--queue-depth", [&] { return FromToml(t, "queue_depth", &queue_depth); });
-    if (s.ok()) s = unless_flag("--io-mib", [&] { return FromToml(t, "io_mib", &io_mib); });
-    if (s.ok()) s = unless_flag("--no-io-uring", [&] {
-      bool v = !no_uring;
-      absl::Status r = FromToml(t, "io_uring", &v);
-      no_uring = !v;
-      return r;
-    });
-    if (s.ok()) s = unless_flag("--no-direct-io", [&] {
-      bool v = !no_direct;
-      absl::Status r = FromToml(t, "direct_io", &v);
-      no_direct = !v;
-      return r;
-    });
-    if (s.ok()) s = unless_flag("--shared-root", [&] { return FromToml(t, "shared_root", &o.shared_root); });
-    if (s.ok()) s = unless_flag("--coordinator", [&] { return FromToml(t, "coordinator", &o.agent.coordinator); });
-    if (s.ok()) s = unless_flag("--node-id", [&] { return FromToml(t, "node_id", &o.agent.node_id); });
-    if (s.ok()) s = unless_flag("--tls-cert", [&] { return FromToml(t, "tls_cert", &o.agent.tls.cert); });
-    if (s.ok()) s = unless_flag("--tls-key", [&] { return FromToml(t, "tls_key", &o.agent.tls.key); });
-    if (s.ok()) s = unless_flag("--tls-ca", [&] { return FromToml(t, "tls_ca", &o.agent.tls.ca); });
-    if (s.ok()) s = unless_flag("--insecure", [&] { return FromToml(t, "insecure", &o.agent.tls.insecure); });
-    if (s.ok()) s = unless_flag("--advertise-addr", [&] { return FromToml(t, "advertise_addr", &o.agent.address); });
-    if (s.ok()) s = unless_flag("--capacity", [&] { return FromToml(t, "capacity", &o.agent.capacity); });
-    if (s.ok()) s = unless_flag("--spare", [&] { return FromToml(t, "spare", &o.agent.spare); });
-    if (s.ok()) s = unless_flag("--max-connections-per-uid", [&] {
-      return FromToml(t, "max_connections_per_uid", &o.listener.max_connections_per_uid);
-    });
-    if (s.ok()) s = unless_flag("--max-request-mib", [&] { return FromToml(t, "max_request_mib", &o.max_request_mib); });
-    if (s.ok()) s = unless_flag("--metrics-listen", [&] { return FromToml(t, "metrics_listen", &o.metrics_listen); });
+    if (s.ok())
+      s = unless_flag("--slots", [&] { return FromToml(t, "slots", &slots); });
+    if (s.ok())
+      s = unless_flag("--persist-attempts", [&] {
+        return FromToml(t, "persist_attempts", &attempts);
+      });
+    if (s.ok())
+      s = unless_flag("--drain-seconds",
+                      [&] { return FromToml(t, "drain_seconds", &drain_s); });
+    if (s.ok())
+      s = unless_flag("--queue-depth",
+                      [&] { return FromToml(t, "queue_depth", &queue_depth); });
+    if (s.ok())
+      s = unless_flag("--io-mib",
+                      [&] { return FromToml(t, "io_mib", &io_mib); });
+    if (s.ok())
+      s = unless_flag("--no-io-uring", [&] {
+        bool v = !no_uring;
+        absl::Status r = FromToml(t, "io_uring", &v);
+        no_uring = !v;
+        return r;
+      });
+    if (s.ok())
+      s = unless_flag("--no-direct-io", [&] {
+        bool v = !no_direct;
+        absl::Status r = FromToml(t, "direct_io", &v);
+        no_direct = !v;
+        return r;
+      });
+    if (s.ok())
+      s = unless_flag("--shared-root", [&] {
+        return FromToml(t, "shared_root", &o.shared_root);
+      });
+    if (s.ok())
+      s = unless_flag("--coordinator", [&] {
+        return FromToml(t, "coordinator", &o.agent.coordinator);
+      });
+    if (s.ok())
+      s = unless_flag("--node-id",
+                      [&] { return FromToml(t, "node_id", &o.agent.node_id); });
+    if (s.ok())
+      s = unless_flag("--tls-cert", [&] {
+        return FromToml(t, "tls_cert", &o.agent.tls.cert);
+      });
+    if (s.ok())
+      s = unless_flag("--tls-key",
+                      [&] { return FromToml(t, "tls_key", &o.agent.tls.key); });
+    if (s.ok())
+      s = unless_flag("--tls-ca",
+                      [&] { return FromToml(t, "tls_ca", &o.agent.tls.ca); });
+    if (s.ok())
+      s = unless_flag("--insecure", [&] {
+        return FromToml(t, "insecure", &o.agent.tls.insecure);
+      });
+    if (s.ok())
+      s = unless_flag("--advertise-addr", [&] {
+        return FromToml(t, "advertise_addr", &o.agent.address);
+      });
+    if (s.ok())
+      s = unless_flag("--capacity", [&] {
+        return FromToml(t, "capacity", &o.agent.capacity);
+      });
+    if (s.ok())
+      s = unless_flag("--spare",
+                      [&] { return FromToml(t, "spare", &o.agent.spare); });
+    if (s.ok())
+      s = unless_flag("--max-connections-per-uid", [&] {
+        return FromToml(t, "max_connections_per_uid",
+                        &o.listener.max_connections_per_uid);
+      });
+    if (s.ok())
+      s = unless_flag("--max-request-mib", [&] {
+        return FromToml(t, "max_request_mib", &o.max_request_mib);
+      });
+    if (s.ok())
+      s = unless_flag("--metrics-listen", [&] {
+        return FromToml(t, "metrics_listen", &o.metrics_listen);
+      });
     if (!s.ok()) return s;
     if (o.max_request_mib < 1 || o.max_request_mib > 1024)
-      return absl::InvalidArgumentError("config: max_request_mib: must be in [1, 1024]");
-    if (o.agent.capacity < 1) return absl::InvalidArgumentError("config: capacity: must be >= 1");
-    if (slots < 2 || slots > 16) return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
-    if (attempts < 1) return absl::InvalidArgumentError("config: persist_attempts: must be >= 1");
+      return absl::InvalidArgumentError(
+          "config: max_request_mib: must be in [1, 1024]");
+    if (o.agent.capacity < 1)
+      return absl::InvalidArgumentError("config: capacity: must be >= 1");
+    if (slots < 2 || slots > 16)
+      return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
+    if (attempts < 1)
+      return absl::InvalidArgumentError(
+          "config: persist_attempts: must be >= 1");
     if (queue_depth < 1 || queue_depth > 256)
-      return absl::InvalidArgumentError("config: queue_depth: must be in [1, 256]");
-    if (io_mib < 1 || io_mib > 256) return absl::InvalidArgumentError("config: io_mib: must be in [1, 256]");
+      return absl::InvalidArgumentError(
+          "config: queue_depth: must be in [1, 256]");
+    if (io_mib < 1 || io_mib > 256)
+      return absl::InvalidArgumentError("config: io_mib: must be in [1, 256]");
     if (upload_threads < 1 || upload_threads > 64)
-      return absl::InvalidArgumentError("config: upload_threads: must be in [1, 64]");
+      return absl::InvalidArgumentError(
+          "config: upload_threads: must be in [1, 64]");
   }
   // A shared root in an object store is the object tier, and the tier that
   // commits: nodes share no directory.
   if (storage::IsObjectStoreUrl(o.shared_root)) {
     if (!o.object_url.empty() && o.object_url != o.shared_root)
-      return absl::InvalidArgumentError("--object-url: differs from the object store --shared-root");
+      return absl::InvalidArgumentError(
+          "--object-url: differs from the object store --shared-root");
     if (commit_tier == "local")
-      return absl::InvalidArgumentError("--commit-tier: must be object with an object store --shared-root");
+      return absl::InvalidArgumentError(
+          "--commit-tier: must be object with an object store --shared-root");
     o.object_url = o.shared_root;
     commit_tier = "object";
   }
@@ -178,59 +282,89 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::str
     o.engine.commit_tier = EngineOptions::CommitTier::kLocal;
   } else if (commit_tier == "object") {
     if (o.object_url.empty())
-      return absl::InvalidArgumentError("--commit-tier: object needs --object-url (or object_url)");
+      return absl::InvalidArgumentError(
+          "--commit-tier: object needs --object-url (or object_url)");
     o.engine.commit_tier = EngineOptions::CommitTier::kObject;
   } else {
-    return absl::InvalidArgumentError("--commit-tier: " + QuotePrefix(commit_tier) +
-                                      " is not local or object");
+    return absl::InvalidArgumentError(
+        "--commit-tier: " + QuotePrefix(commit_tier) +
+        " is not local or object");
   }
   o.engine.retain_object = retain_object;
   o.engine.upload_threads = upload_threads;
 
   if (!o.metrics_listen.empty())
-    if (absl::Status s = ValidateMetricsListen(
-            o.metrics_listen, app.count("--metrics-listen") ? "--metrics-listen" : "config: metrics_listen");
+    if (absl::Status s = ValidateMetricsListen(o.metrics_listen,
+                                               app.count("--metrics-listen")
+                                                   ? "--metrics-listen"
+                                                   : "config: metrics_listen");
         !s.ok())
       return s;
-  o.engine.shm_prefix = shm_prefix.empty() ? DefaultShmPrefix(o.root) : shm_prefix;
+  o.engine.shm_prefix =
+      shm_prefix.empty() ? DefaultShmPrefix(o.root) : shm_prefix;
   for (char c : o.engine.shm_prefix)
     if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
-      return absl::InvalidArgumentError("--shm-prefix: only [A-Za-z0-9_-] allowed");
+      return absl::InvalidArgumentError(
+          "--shm-prefix: only [A-Za-z0-9_-] allowed");
   o.engine.retain_steps = retain;
   o.engine.default_num_slots = slots;
   o.engine.max_persist_attempts = attempts;
   o.drain_deadline = std::chrono::seconds(drain_s);
   if (!o.agent.coordinator.empty() && !o.coordinator_listen.empty())
-    return absl::InvalidArgumentError("--coordinator-listen: not with --coordinator (the coordinator runs elsewhere)");
+    return absl::InvalidArgumentError(
+        "--coordinator-listen: not with --coordinator (the coordinator runs "
+        "elsewhere)");
   o.cluster = !o.agent.coordinator.empty() || !o.coordinator_listen.empty();
   if (!o.agent.coordinator.empty()) {
-    if (absl::Status s = coordinator::ParseAddressList(o.agent.coordinator, "--coordinator").status(); !s.ok())
+    if (absl::Status s =
+            coordinator::ParseAddressList(o.agent.coordinator, "--coordinator")
+                .status();
+        !s.ok())
       return s;
-    if (absl::Status s = coordinator::ValidateTlsFlags(o.agent.tls, /*require_choice=*/false); !s.ok()) return s;
-    if (absl::Status s = coordinator::CoordinatorClient::Create(o.agent.coordinator, o.agent.tls).status(); !s.ok())
+    if (absl::Status s = coordinator::ValidateTlsFlags(
+            o.agent.tls, /*require_choice=*/false);
+        !s.ok())
+      return s;
+    if (absl::Status s = coordinator::CoordinatorClient::Create(
+                             o.agent.coordinator, o.agent.tls)
+                             .status();
+        !s.ok())
       return s;
     if (o.shared_root.empty())
-      return absl::InvalidArgumentError("--shared-root: required with --coordinator (spares prefetch from it)");
+      return absl::InvalidArgumentError(
+          "--shared-root: required with --coordinator (spares prefetch from "
+          "it)");
   }
   if (!o.coordinator_listen.empty()) {
-    if (absl::Status s = coordinator::ValidateHostPort(o.coordinator_listen, "--coordinator-listen", /*min_port=*/0); !s.ok()) return s;
+    if (absl::Status s = coordinator::ValidateHostPort(
+            o.coordinator_listen, "--coordinator-listen", /*min_port=*/0);
+        !s.ok())
+      return s;
     // The embedded coordinator has no TLS: whoever reaches it could report,
     // fence nodes or roll the job back, so it serves this machine only.
-    if (!IsLoopbackHost(o.coordinator_listen.substr(0, o.coordinator_listen.rfind(':'))))
+    if (!IsLoopbackHost(
+            o.coordinator_listen.substr(0, o.coordinator_listen.rfind(':'))))
       return absl::InvalidArgumentError(
           "--coordinator-listen: " + o.coordinator_listen.substr(0, 64) +
-          " is not a loopback address; the embedded coordinator has no TLS, so it listens on "
-          "127.0.0.1, [::1] or localhost only (run ckpt-coordinator with --tls-* for other nodes)");
+          " is not a loopback address; the embedded coordinator has no TLS, so "
+          "it listens on "
+          "127.0.0.1, [::1] or localhost only (run ckpt-coordinator with "
+          "--tls-* for other nodes)");
   }
   if (!o.cluster && (o.agent.spare || !o.agent.node_id.empty()))
-    return absl::InvalidArgumentError(std::string(o.agent.spare ? "--spare" : "--node-id") +
-                                      ": needs --coordinator or --coordinator-listen");
+    return absl::InvalidArgumentError(
+        std::string(o.agent.spare ? "--spare" : "--node-id") +
+        ": needs --coordinator or --coordinator-listen");
   if (o.agent.node_id.empty()) o.agent.node_id = HostName();
-  if (absl::Status s = storage::ValidateNodeId(o.agent.node_id, "--node-id"); !s.ok()) return s;
+  if (absl::Status s = storage::ValidateNodeId(o.agent.node_id, "--node-id");
+      !s.ok())
+    return s;
   if (o.agent.address.empty()) o.agent.address = HostName();
   if (o.cluster) o.engine.node_id = o.agent.node_id;
   const std::string& data =
-      o.shared_root.empty() || storage::IsObjectStoreUrl(o.shared_root) ? o.root : o.shared_root;
+      o.shared_root.empty() || storage::IsObjectStoreUrl(o.shared_root)
+          ? o.root
+          : o.shared_root;
   o.storage.root = data;
   // A shared root holds other nodes' writes in flight: only this node's
   // temp files are its leftovers.

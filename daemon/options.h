@@ -44,7 +44,8 @@ struct DaemonOptions {
 
 // Parses argv. Returns InvalidArgument naming the flag or config key on a
 // bad value; `--help` output goes to *help with code Cancelled.
-[[nodiscard]] absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv, std::string* help);
+[[nodiscard]] absl::StatusOr<DaemonOptions> ParseDaemonOptions(
+    int argc, char** argv, std::string* help);
 
 }  // namespace ckpt::daemon
 

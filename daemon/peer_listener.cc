@@ -1,5 +1,8 @@
 #include "daemon/peer_listener.h"
 
+#include <fcntl.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -7,14 +10,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-
-#include <grpcpp/server.h>
-#include <grpcpp/server_posix.h>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
@@ -27,9 +25,9 @@ absl::StatusOr<sockaddr_un> SocketAddress(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path))
-    return absl::InvalidArgumentError("socket path: must be 1 to " +
-                                      std::to_string(sizeof(addr.sun_path) - 1) +
-                                      " bytes: " + path);
+    return absl::InvalidArgumentError(
+        "socket path: must be 1 to " +
+        std::to_string(sizeof(addr.sun_path) - 1) + " bytes: " + path);
   std::memcpy(addr.sun_path, path.data(), path.size());
   return addr;
 }
@@ -38,7 +36,8 @@ absl::StatusOr<sockaddr_un> SocketAddress(const std::string& path) {
 bool SocketIsLive(const sockaddr_un& addr) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  bool live = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  bool live =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
   return live;
 }
@@ -56,7 +55,9 @@ class RateLimitedWarning {
       ++held_back_;
       return;
     }
-    LogWarning(held_back_ ? absl::StrCat(msg, " (and ", held_back_, " more like it)") : msg);
+    LogWarning(held_back_
+                   ? absl::StrCat(msg, " (and ", held_back_, " more like it)")
+                   : msg);
     ++count_;
     held_back_ = 0;
     last_ = now;
@@ -72,15 +73,17 @@ int OpenSpareDescriptor() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::string& path,
-                                                                   PeerListenerOptions options) {
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
+    const std::string& path, PeerListenerOptions options) {
   CKPT_ASSIGN_OR_RETURN(sockaddr_un addr, SocketAddress(path));
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
-      return absl::AlreadyExistsError("socket path " + path + " exists and is not a socket");
+      return absl::AlreadyExistsError("socket path " + path +
+                                      " exists and is not a socket");
     if (SocketIsLive(addr))
-      return absl::AlreadyExistsError("socket " + path + ": another daemon is listening");
+      return absl::AlreadyExistsError("socket " + path +
+                                      ": another daemon is listening");
     unlink(path.c_str());
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -102,7 +105,8 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::st
     close(fd);
     return ErrnoToStatus(err, "eventfd");
   }
-  auto listener = std::unique_ptr<PeerListener>(new PeerListener(fd, wake, path, options));
+  auto listener =
+      std::unique_ptr<PeerListener>(new PeerListener(fd, wake, path, options));
   listener->spare_fd_ = OpenSpareDescriptor();
   return listener;
 }
@@ -146,11 +150,13 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
       continue;
     }
     if (spare_fd_ < 0) spare_fd_ = OpenSpareDescriptor();
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE) {
-        out_of_fds.Warn(absl::StrCat("out of file descriptors (", strerror(errno),
-                                     "): refusing new connections until some close"));
+        out_of_fds.Warn(
+            absl::StrCat("out of file descriptors (", strerror(errno),
+                         "): refusing new connections until some close"));
         ShedWaitingConnection();
         pause = true;
       }
@@ -164,8 +170,9 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
     }
     if (!Admit(fd, PeerCreds{cred.pid, cred.uid, cred.gid})) {
       close(fd);
-      over_limit.Warn(absl::StrCat("refused a connection of uid ", cred.uid, " (pid ", cred.pid,
-                                   "): it holds ", options_.max_connections_per_uid,
+      over_limit.Warn(absl::StrCat("refused a connection of uid ", cred.uid,
+                                   " (pid ", cred.pid, "): it holds ",
+                                   options_.max_connections_per_uid,
                                    " connections (max_connections_per_uid)"));
       continue;
     }
@@ -181,8 +188,8 @@ bool PeerListener::Admit(int fd, const PeerCreds& creds) {
   uint32_t held = 0;
   for (auto it = connections_.begin(); it != connections_.end();) {
     struct stat now;
-    if (it->first == fd || fstat(it->first, &now) != 0 || now.st_dev != it->second.dev ||
-        now.st_ino != it->second.ino) {
+    if (it->first == fd || fstat(it->first, &now) != 0 ||
+        now.st_dev != it->second.dev || now.st_ino != it->second.ino) {
       it = connections_.erase(it);
       continue;
     }

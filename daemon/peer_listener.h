@@ -69,8 +69,12 @@ class PeerListener {
     ino_t ino = 0;
   };
 
-  PeerListener(int listen_fd, int wake_fd, std::string path, PeerListenerOptions options)
-      : listen_fd_(listen_fd), wake_fd_(wake_fd), path_(std::move(path)), options_(options) {}
+  PeerListener(int listen_fd, int wake_fd, std::string path,
+               PeerListenerOptions options)
+      : listen_fd_(listen_fd),
+        wake_fd_(wake_fd),
+        path_(std::move(path)),
+        options_(options) {}
   void AcceptLoop(grpc::Server* server);
   // Records fd's connection, or returns false if its uid is at its limit.
   bool Admit(int fd, const PeerCreds& creds);

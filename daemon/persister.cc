@@ -11,7 +11,11 @@ namespace ckpt::daemon {
 
 Persister::Persister(std::mutex* mu, std::condition_variable* cv,
                      storage::Backend* backend, RunFn run, Catalog* intents)
-    : mu_(mu), cv_(cv), backend_(backend), run_(std::move(run)), intents_(intents) {}
+    : mu_(mu),
+      cv_(cv),
+      backend_(backend),
+      run_(std::move(run)),
+      intents_(intents) {}
 
 Persister::~Persister() { Stop(); }
 
@@ -56,7 +60,8 @@ void Persister::Loop() {
       else if (task.intent != 0 && intents_ != nullptr)
         s = intents_->ForgetDeleteIntent(task.intent);
       if (!s.ok() && task.intent != 0)
-        LogWarning(absl::StrCat("delete ", task.key, ": left for the next start"));
+        LogWarning(
+            absl::StrCat("delete ", task.key, ": left for the next start"));
     } else {
       run_(task);
     }

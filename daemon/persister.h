@@ -18,8 +18,8 @@
 #ifndef CKPT_DAEMON_PERSISTER_H_
 #define CKPT_DAEMON_PERSISTER_H_
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -81,7 +81,9 @@ class Persister {
   // Lock-free. A counter that moves with every task done and every piece
   // of a shard written (NoteProgress); whether a task is running; how many
   // wait.
-  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  uint64_t progress() const {
+    return progress_.load(std::memory_order_relaxed);
+  }
   bool running() const { return running_.load(std::memory_order_relaxed); }
   size_t queued() const { return queued_.load(std::memory_order_relaxed); }
   // Called by the running task as its write advances.

@@ -33,7 +33,8 @@ namespace ckpt::daemon {
 
 class Prefaulter {
  public:
-  using DoneFn = std::function<void(const std::shared_ptr<shm::Arena>&, absl::Status)>;
+  using DoneFn =
+      std::function<void(const std::shared_ptr<shm::Arena>&, absl::Status)>;
   explicit Prefaulter(DoneFn done);
   ~Prefaulter();
   Prefaulter(const Prefaulter&) = delete;

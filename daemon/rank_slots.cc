@@ -19,7 +19,8 @@ int RankSlots::PickSlot() const {
     const Slot& s = slots[i];
     if (s.readers > 0 || static_cast<int>(i) == newest) continue;
     if (s.state == shm::SlotState::kFree) return static_cast<int>(i);
-    const bool reclaimable = s.reclaimable && s.state != shm::SlotState::kPersisting;
+    const bool reclaimable =
+        s.reclaimable && s.state != shm::SlotState::kPersisting;
     if ((s.state == shm::SlotState::kDurable || reclaimable) &&
         (best < 0 || s.step < slots[best].step))
       best = static_cast<int>(i);

@@ -34,7 +34,7 @@ struct Slot {
   uint64_t gen = 0;  // generation of the shard it holds; 0 once it was dropped
   uint64_t image_bytes = 0;
   uint32_t readers = 0;
-  uint64_t writer = 0;       // lease of the client writing it
+  uint64_t writer = 0;  // lease of the client writing it
   // Holds a shard whose persist failed for good, or keeps failing: a newer
   // save may take it (never while the persister writes from it).
   bool reclaimable = false;

@@ -59,7 +59,8 @@ std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
 }
 
 std::vector<uint64_t> BrokenStepsToDrop(const std::map<uint64_t, Step>& steps,
-                                        uint32_t retain_steps, const Hosting* hosting) {
+                                        uint32_t retain_steps,
+                                        const Hosting* hosting) {
   std::vector<uint64_t> out;
   if (retain_steps == 0 || steps.size() <= retain_steps) return out;
   auto newest_kept = std::prev(steps.end(), retain_steps);

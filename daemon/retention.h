@@ -48,14 +48,16 @@ bool StepComplete(const Step& step, uint32_t world_size, const Hosting* hosting,
 // written (the object tier's retention) instead of the local manifest.
 std::optional<uint64_t> RetentionCutoff(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps, bool cluster,
-                                        const Hosting* hosting, bool object = false);
+                                        const Hosting* hosting,
+                                        bool object = false);
 
 // The steps that can never become whole here (one of their shards failed
 // for good) beyond the newest `retain_steps` steps: they do not count as
 // retained steps, so RetentionCutoff alone would keep them forever. Never
 // hosting->keep_from itself; nothing when retain_steps is 0.
 std::vector<uint64_t> BrokenStepsToDrop(const std::map<uint64_t, Step>& steps,
-                                        uint32_t retain_steps, const Hosting* hosting);
+                                        uint32_t retain_steps,
+                                        const Hosting* hosting);
 
 // The (rank, generation) of each of the step's shards: a manifest built
 // from the step still describes it while these are unchanged.

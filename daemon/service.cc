@@ -19,28 +19,34 @@ template <typename Req>
 [[nodiscard]] absl::Status CheckFields(const v1::ListRequest& r) {
   return r.job().empty() ? absl::OkStatus() : ValidateJobName(r.job());
 }
-[[nodiscard]] absl::Status CheckFields(const v1::StatusRequest&) { return absl::OkStatus(); }
+[[nodiscard]] absl::Status CheckFields(const v1::StatusRequest&) {
+  return absl::OkStatus();
+}
 [[nodiscard]] absl::Status CheckFields(const v1::CommitSaveRequest& r) {
   if (absl::Status s = ValidateJobName(r.job()); !s.ok()) return s;
   if (static_cast<size_t>(r.tensors_size()) > storage::kMaxShardTensors)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensors: %d, at most %d allowed", r.tensors_size(), storage::kMaxShardTensors));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensors: %d, at most %d allowed", r.tensors_size(),
+                        storage::kMaxShardTensors));
   for (int i = 0; i < r.tensors_size(); ++i) {
     const v1::TensorMeta& t = r.tensors(i);
     // The field's full name is only built for a refusal (the hot path
     // commits thousands of tensors).
     if (!ValidateTensorName(t.name(), "name").ok())
-      return ValidateTensorName(t.name(), absl::StrFormat("tensors[%d].name", i));
+      return ValidateTensorName(t.name(),
+                                absl::StrFormat("tensors[%d].name", i));
     if (static_cast<size_t>(t.shape_size()) > kMaxTensorDims)
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensors[%d].shape: %d dims, at most %d allowed", i, t.shape_size(), kMaxTensorDims));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensors[%d].shape: %d dims, at most %d allowed", i,
+                          t.shape_size(), kMaxTensorDims));
   }
   return absl::OkStatus();
 }
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 template <typename T>
@@ -52,9 +58,11 @@ grpc::Status Fill(absl::StatusOr<T> r, T* out) {
 
 }  // namespace
 
-CkptdService::CkptdService(Engine* engine, const PeerListener* listener, std::string root)
-    : RpcService(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          v1::Ckptd::service_full_name())),
+CkptdService::CkptdService(Engine* engine, const PeerListener* listener,
+                           std::string root)
+    : RpcService(
+          google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+              v1::Ckptd::service_full_name())),
       engine_(engine),
       listener_(listener),
       root_(std::move(root)) {
@@ -72,26 +80,30 @@ CkptdService::CkptdService(Engine* engine, const PeerListener* listener, std::st
 }
 
 template <typename Req, typename Resp, typename Fn>
-grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req, Resp* /*resp*/, Fn fn) {
+grpc::Status CkptdService::Call(grpc::ServerContext* ctx, const Req* req,
+                                Resp* /*resp*/, Fn fn) {
   if (absl::Status s = CheckFields(*req); !s.ok()) return ToGrpc(s);
   std::optional<PeerCreds> peer = listener_->Lookup(ctx->peer());
   if (!peer)
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "caller's credentials are unknown (connect over the Unix socket)");
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        "caller's credentials are unknown (connect over the Unix socket)");
   return fn(*peer);
 }
 
-#define CKPT_FORWARD_OR(Method, Req, Resp)                                          \
-  grpc::Status CkptdService::Method(grpc::ServerContext* ctx, const v1::Req* req,   \
-                                    v1::Resp* resp) {                               \
-    return Call(ctx, req, resp,                                                     \
-                [&](const PeerCreds& p) { return Fill(engine_->Method(p, *req), resp); }); \
+#define CKPT_FORWARD_OR(Method, Req, Resp)                                \
+  grpc::Status CkptdService::Method(grpc::ServerContext* ctx,             \
+                                    const v1::Req* req, v1::Resp* resp) { \
+    return Call(ctx, req, resp, [&](const PeerCreds& p) {                 \
+      return Fill(engine_->Method(p, *req), resp);                        \
+    });                                                                   \
   }
-#define CKPT_FORWARD_S(Method, Req, Resp)                                          \
-  grpc::Status CkptdService::Method(grpc::ServerContext* ctx, const v1::Req* req,  \
-                                    v1::Resp* resp) {                              \
-    return Call(ctx, req, resp,                                                    \
-                [&](const PeerCreds& p) { return ToGrpc(engine_->Method(p, *req)); }); \
+#define CKPT_FORWARD_S(Method, Req, Resp)                                 \
+  grpc::Status CkptdService::Method(grpc::ServerContext* ctx,             \
+                                    const v1::Req* req, v1::Resp* resp) { \
+    return Call(ctx, req, resp, [&](const PeerCreds& p) {                 \
+      return ToGrpc(engine_->Method(p, *req));                            \
+    });                                                                   \
   }
 
 CKPT_FORWARD_OR(Register, RegisterRequest, RegisterResponse)
@@ -105,7 +117,8 @@ CKPT_FORWARD_S(WaitDurable, WaitDurableRequest, WaitDurableResponse)
 CKPT_FORWARD_OR(List, ListRequest, ListResponse)
 CKPT_FORWARD_OR(Delete, DeleteRequest, DeleteResponse)
 
-grpc::Status CkptdService::Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
+grpc::Status CkptdService::Status(grpc::ServerContext* ctx,
+                                  const v1::StatusRequest* req,
                                   v1::StatusResponse* resp) {
   return Call(ctx, req, resp, [&](const PeerCreds& peer) {
     *resp = engine_->Status(peer);

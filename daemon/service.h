@@ -31,11 +31,13 @@ class CkptdService final : public rpc::RpcService {
                       v1::LatestResponse*);
   grpc::Status OpenRestore(grpc::ServerContext*, const v1::OpenRestoreRequest*,
                            v1::OpenRestoreResponse*);
-  grpc::Status CloseRestore(grpc::ServerContext*, const v1::CloseRestoreRequest*,
+  grpc::Status CloseRestore(grpc::ServerContext*,
+                            const v1::CloseRestoreRequest*,
                             v1::CloseRestoreResponse*);
   grpc::Status WaitDurable(grpc::ServerContext*, const v1::WaitDurableRequest*,
                            v1::WaitDurableResponse*);
-  grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*);
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest*,
+                    v1::ListResponse*);
   grpc::Status Delete(grpc::ServerContext*, const v1::DeleteRequest*,
                       v1::DeleteResponse*);
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
@@ -43,7 +45,8 @@ class CkptdService final : public rpc::RpcService {
 
  private:
   template <typename Req, typename Resp, typename Fn>
-  grpc::Status Call(grpc::ServerContext* ctx, const Req* req, Resp* resp, Fn fn);
+  grpc::Status Call(grpc::ServerContext* ctx, const Req* req, Resp* resp,
+                    Fn fn);
 
   Engine* const engine_;
   const PeerListener* const listener_;

@@ -27,7 +27,8 @@ bool LegalTransition(ShardPhase from, ShardPhase to) {
       return to == ShardPhase::kPersisting || to == ShardPhase::kDurable ||
              to == ShardPhase::kFailed;
     case ShardPhase::kPersisting:
-      return to == ShardPhase::kStaged || to == ShardPhase::kDurable || to == ShardPhase::kFailed;
+      return to == ShardPhase::kStaged || to == ShardPhase::kDurable ||
+             to == ShardPhase::kFailed;
     case ShardPhase::kDurable:
       return to == ShardPhase::kFailed;
     case ShardPhase::kFailed:
@@ -89,9 +90,9 @@ v1::ShardState RpcStateOf(ShardPhase phase) {
 
 bool Shard::MoveTo(ShardPhase to) {
   if (!LegalTransition(phase, to)) {
-    LogWarning(absl::StrCat("job ", rec.job(), " step ", rec.step(), " rank ", rec.rank(),
-                            ": refused shard transition ", ShardPhaseName(phase), " -> ",
-                            ShardPhaseName(to)));
+    LogWarning(absl::StrCat("job ", rec.job(), " step ", rec.step(), " rank ",
+                            rec.rank(), ": refused shard transition ",
+                            ShardPhaseName(phase), " -> ", ShardPhaseName(to)));
     return false;
   }
   phase = to;

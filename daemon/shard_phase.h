@@ -24,7 +24,6 @@
 #ifndef CKPT_DAEMON_SHARD_PHASE_H_
 #define CKPT_DAEMON_SHARD_PHASE_H_
 
-
 #include "ckpt.pb.h"
 #include "shm/arena.h"
 

@@ -130,7 +130,8 @@ void Uploader::Finish(const UploadTask& task, absl::Status status) {
   tasks_.insert(at, std::move(retry));
 }
 
-std::optional<UploadTask> Uploader::TakeLocked(std::unique_lock<std::mutex>& lock) {
+std::optional<UploadTask> Uploader::TakeLocked(
+    std::unique_lock<std::mutex>& lock) {
   std::set<std::string_view> earlier;  // keys of the tasks passed over
   return TakeDueTask(tasks_, cv_, lock, [&](const UploadTask& t, bool due) {
     bool free = due;
@@ -159,7 +160,8 @@ void Uploader::Loop() {
       if (!f.ok()) LogWarning(std::string(f.message()));  // redone at start
     }
     lock.lock();
-    for (const std::string& k : keys) running_keys_.erase(running_keys_.find(k));
+    for (const std::string& k : keys)
+      running_keys_.erase(running_keys_.find(k));
     --busy_;
     Finish(task, std::move(s));
     cv_.notify_all();

@@ -58,7 +58,7 @@ struct UploadTask {
   std::vector<std::string> keys{};
   std::chrono::steady_clock::time_point not_before{};
   uint32_t attempts = 0;
-  uint64_t seq = 0;  // set by Push: the task's place in the queue
+  uint64_t seq = 0;     // set by Push: the task's place in the queue
   uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
 };
 

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# Every C/C++/CUDA file is clang-formatted (Google style); fails naming the files.
+scripts/format.sh --check
 # Warnings are errors here (CKPT_WERROR): the tree builds with zero.
 scripts/build.sh -DCKPT_WERROR=ON
 scripts/install-python.sh

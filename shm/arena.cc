@@ -6,10 +6,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/interprocess/exceptions.hpp>
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -158,7 +158,8 @@ absl::Status Prefault(char* base, uint64_t bytes, const std::string& name) {
   }
   for (auto& t : threads) t.join();
   for (int err : errs)
-    if (err) return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
+    if (err)
+      return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
   return absl::OkStatus();
 }
 
@@ -245,7 +246,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   // size from the start (clients check it), and /dev/shm must have room for
   // all of it now: a later reservation that fails leaves those slots
   // unused, never a SIGBUS.
-  const uint32_t now_slots = std::min(options.prefault_slots, options.num_slots);
+  const uint32_t now_slots =
+      std::min(options.prefault_slots, options.num_slots);
   const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
   if (s.ok() && now_bytes < arena_bytes) {
     if (::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
@@ -296,7 +298,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   h->magic = kArenaMagic;
 
   auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots);
-  if (now_bytes < arena_bytes) std::swap(arena->fd_, fd.fd);  // for ReserveSlots
+  if (now_bytes < arena_bytes)
+    std::swap(arena->fd_, fd.fd);  // for ReserveSlots
   return arena;
 }
 
@@ -313,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": fstat"));
   const uid_t self = ::geteuid();
   CKPT_RETURN_IF_ERROR(CheckSegmentOwner(
-      st, name, self, expect.user_uid == static_cast<uid_t>(-1) ? self : expect.user_uid));
+      st, name, self,
+      expect.user_uid == static_cast<uid_t>(-1) ? self : expect.user_uid));
   const uint64_t real = static_cast<uint64_t>(st.st_size);
   if (real < kHeaderBytes)
     return absl::DataLossError(absl::StrCat("arena ", name,
@@ -381,8 +385,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
   // (a copy faults its pages in on all copy threads at once).
   if (s.ok())
     s = Map(fd.fd, slots_offset, arena_bytes - slots_offset,
-            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-            base + slots_offset, absl::StrCat("arena ", name, ": mmap slots"))
+            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, base + slots_offset,
+            absl::StrCat("arena ", name, ": mmap slots"))
             .status();
   const auto* h = reinterpret_cast<const ArenaHeader*>(base);
   if (s.ok()) s = CheckHeader(*h, name, nullptr, 0, arena_bytes);

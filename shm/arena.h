@@ -51,8 +51,8 @@ inline constexpr uint32_t kArenaVersion = 1;
 inline constexpr uint64_t kSlotAlign = 2ull << 20;
 
 struct alignas(64) SlotControl {
-  std::atomic<uint32_t> state;   // SlotState
-  std::atomic<uint32_t> pid;     // writer or reader pid, 0 if none
+  std::atomic<uint32_t> state;  // SlotState
+  std::atomic<uint32_t> pid;    // writer or reader pid, 0 if none
   std::atomic<uint64_t> step;
   std::atomic<uint64_t> image_bytes;
 };
@@ -74,7 +74,7 @@ struct ArenaHeader {
 static_assert(sizeof(ArenaHeader) <= 4096);
 
 struct ArenaOptions {
-  std::string name;       // shm_open name, "/ckptd.<...>"
+  std::string name;  // shm_open name, "/ckptd.<...>"
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -131,7 +131,9 @@ class Arena {
   uint64_t slot_offset(uint32_t slot) const;
   char* slot_data(uint32_t slot) const;
   char* base() const { return base_; }
-  const ArenaHeader& header() const { return *reinterpret_cast<const ArenaHeader*>(base_); }
+  const ArenaHeader& header() const {
+    return *reinterpret_cast<const ArenaHeader*>(base_);
+  }
 
   // Daemon only (the client's header mapping is read-only).
   void SetSlotState(uint32_t slot, SlotState state, uint64_t step, uint32_t pid,
@@ -141,8 +143,9 @@ class Arena {
  private:
   Arena() = default;
   // The daemon's read-write view of a mapped arena.
-  static std::unique_ptr<Arena> Wrap(std::string name, char* base, uint64_t size,
-                                     uint64_t slot_bytes, uint32_t num_slots);
+  static std::unique_ptr<Arena> Wrap(std::string name, char* base,
+                                     uint64_t size, uint64_t slot_bytes,
+                                     uint32_t num_slots);
   std::string name_;
   char* base_ = nullptr;
   uint64_t size_ = 0;

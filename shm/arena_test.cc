@@ -2,8 +2,8 @@
 
 #include <acl/libacl.h>
 #include <fcntl.h>
-#include <sys/acl.h>
 #include <grp.h>
+#include <sys/acl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -219,19 +219,22 @@ TEST_F(ArenaTest, AttachRefusesAWrongSize) {
 bool OpensAs(const std::string& name, uid_t uid) {
   pid_t child = ::fork();
   if (child == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(2);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 ||
+        ::setuid(uid) != 0)
+      ::_exit(2);
     int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     ::_exit(fd >= 0 ? 0 : 1);
   }
   int wstatus = 0;
-  return child > 0 && ::waitpid(child, &wstatus, 0) == child && WIFEXITED(wstatus) &&
-         WEXITSTATUS(wstatus) == 0;
+  return child > 0 && ::waitpid(child, &wstatus, 0) == child &&
+         WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
 }
 
 // logind's RemoveIPC deletes the /dev/shm files a user owns when the user
 // logs out: the segment must stay the daemon's, the job's uid only a user.
 TEST_F(ArenaTest, SegmentStaysTheDaemonsAndOnlyTheJobsUidMayOpenIt) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to open the segment as other uids";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to open the segment as other uids";
   ArenaOptions o = Options();
   o.user_uid = 1000;
   auto a = Arena::Create(o);
@@ -247,13 +250,15 @@ TEST_F(ArenaTest, SegmentStaysTheDaemonsAndOnlyTheJobsUidMayOpenIt) {
 // The ACL GrantSegment writes (through libacl): the owner and the job's
 // uid read-write, nothing for the group or others, the mask read-write.
 TEST_F(ArenaTest, SegmentAclGrantsTheOwnerAndTheJobsUidOnly) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to name another uid in the ACL";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to name another uid in the ACL";
   ArenaOptions o = Options();
   o.user_uid = 1000;
   auto a = Arena::Create(o);
   ASSERT_TRUE(a.ok()) << a.status();
   acl_t acl = acl_get_file(("/dev/shm" + o.name).c_str(), ACL_TYPE_ACCESS);
-  if (acl == nullptr && errno == EOPNOTSUPP) GTEST_SKIP() << "/dev/shm has no POSIX ACLs";
+  if (acl == nullptr && errno == EOPNOTSUPP)
+    GTEST_SKIP() << "/dev/shm has no POSIX ACLs";
   ASSERT_NE(acl, nullptr) << std::strerror(errno);
   char* text = acl_to_any_text(acl, nullptr, ',', TEXT_NUMERIC_IDS);
   ASSERT_NE(text, nullptr);
@@ -265,7 +270,8 @@ TEST_F(ArenaTest, SegmentAclGrantsTheOwnerAndTheJobsUidOnly) {
 // A segment someone else made under the arena's name (after a reboot, or
 // after logind removed the real one), header copied, is not ours.
 TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentAnotherUidOwns) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the segment to another uid";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to give the segment to another uid";
   ArenaOptions o = Options();
   auto d = Arena::Create(o);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -273,11 +279,15 @@ TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentAnotherUidOwns) {
   d->reset();
   ASSERT_EQ(::chown(("/dev/shm" + o.name).c_str(), 4321, 4321), 0);
   auto r = Arena::Reattach(o);
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
-  EXPECT_NE(r.status().message().find("uid 4321"), absl::string_view::npos) << r.status();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+      << r.status();
+  EXPECT_NE(r.status().message().find("uid 4321"), absl::string_view::npos)
+      << r.status();
   auto c = Arena::Attach(o.name, size, kSlotAlign);
-  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied) << c.status();
-  EXPECT_NE(c.status().message().find("uid 4321"), absl::string_view::npos) << c.status();
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied)
+      << c.status();
+  EXPECT_NE(c.status().message().find("uid 4321"), absl::string_view::npos)
+      << c.status();
   // The refusal changed nothing: the squatter's segment is as it was.
   struct stat st {};
   ASSERT_EQ(::stat(("/dev/shm" + o.name).c_str(), &st), 0);
@@ -287,7 +297,8 @@ TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentAnotherUidOwns) {
 // Older daemons gave arenas to the job's uid: still re-attached, and from
 // then on the daemon's (logind no longer removes them).
 TEST_F(ArenaTest, ReattachTakesBackAnArenaTheJobsUidOwns) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the segment to another uid";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to give the segment to another uid";
   ArenaOptions o = Options();
   o.user_uid = 1000;
   ASSERT_TRUE(Arena::Create(o).ok());
@@ -308,10 +319,13 @@ TEST_F(ArenaTest, ReattachAndAttachRefuseASegmentOthersMayOpen) {
   d->reset();
   ASSERT_EQ(::chmod(("/dev/shm" + o.name).c_str(), 0666), 0);
   auto r = Arena::Reattach(o);
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
-  EXPECT_NE(r.status().message().find("mode"), absl::string_view::npos) << r.status();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+      << r.status();
+  EXPECT_NE(r.status().message().find("mode"), absl::string_view::npos)
+      << r.status();
   auto c = Arena::Attach(o.name, size, kSlotAlign);
-  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied) << c.status();
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied)
+      << c.status();
 }
 
 TEST_F(ArenaTest, UnlinkRemovesTheNameButKeepsMappings) {

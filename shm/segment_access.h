@@ -27,11 +27,13 @@ namespace ckpt::shm {
 // ACLs (a tmpfs built without them) gets the older scheme instead: the
 // segment is given to user_uid. user_uid (uid_t)-1 or the caller's euid:
 // nobody else.
-[[nodiscard]] absl::Status GrantSegment(int fd, const std::string& name, uid_t user_uid);
+[[nodiscard]] absl::Status GrantSegment(int fd, const std::string& name,
+                                        uid_t user_uid);
 
 // PermissionDenied naming the owner or the mode unless st describes a
 // segment owned by one of the two uids that grants others nothing.
-[[nodiscard]] absl::Status CheckSegmentOwner(const struct stat& st, const std::string& name,
+[[nodiscard]] absl::Status CheckSegmentOwner(const struct stat& st,
+                                             const std::string& name,
                                              uid_t owner, uid_t or_owner);
 
 }  // namespace ckpt::shm

@@ -65,7 +65,7 @@ struct WriterOptions {
 struct ObjectInfo {
   uint64_t size = 0;
   std::optional<uid_t> owner_uid;  // absent on stores without owners
-  std::optional<mode_t> mode;      // permission bits; absent on stores without them
+  std::optional<mode_t> mode;  // permission bits; absent on stores without them
 };
 
 // One open object. Used by one thread at a time.
@@ -77,7 +77,8 @@ class ObjectReader {
   // Reads [offset, offset+len) into dst, with several reads in flight (the
   // queue depth and request size of the backend's options). A range past
   // the object's end is DataLoss naming the key.
-  [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) = 0;
+  [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, void* dst,
+                                            uint64_t len) = 0;
 };
 
 struct BackendStats {
@@ -93,21 +94,23 @@ class Backend {
   virtual std::string name() const = 0;
 
   // Starts a new object of exactly `size` bytes.
-  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
-      std::string_view key, uint64_t size, const WriterOptions& options) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectWriter>>
+  NewObjectWriter(std::string_view key, uint64_t size,
+                  const WriterOptions& options) = 0;
   [[nodiscard]] absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
       std::string_view key, uint64_t size) {
     return NewObjectWriter(key, size, WriterOptions{});
   }
   // Writes a small object in one call (manifests). Durable on return.
-  [[nodiscard]] virtual absl::Status PutSmallObject(std::string_view key,
-                                                    std::string_view contents) = 0;
+  [[nodiscard]] virtual absl::Status PutSmallObject(
+      std::string_view key, std::string_view contents) = 0;
 
   // Opens a committed object for reading. NotFound if the key does not exist.
-  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(
-      std::string_view key) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ObjectReader>>
+  NewObjectReader(std::string_view key) = 0;
   // Size and owner of a committed object. NotFound if the key does not exist.
-  [[nodiscard]] virtual absl::StatusOr<ObjectInfo> Stat(std::string_view key) = 0;
+  [[nodiscard]] virtual absl::StatusOr<ObjectInfo> Stat(
+      std::string_view key) = 0;
   // An absolute path a process on this machine may open to read the object
   // itself; only local-directory backends have one. The object need not exist.
   virtual std::optional<std::string> LocalPath(std::string_view /*key*/) const {
@@ -118,8 +121,8 @@ class Backend {
   // (each ReadAt opens the object: a caller reading an object in pieces
   // opens one reader instead).
   [[nodiscard]] absl::StatusOr<uint64_t> ObjectSize(std::string_view key);
-  [[nodiscard]] absl::Status ReadAt(std::string_view key, uint64_t offset, void* dst,
-                                    uint64_t len);
+  [[nodiscard]] absl::Status ReadAt(std::string_view key, uint64_t offset,
+                                    void* dst, uint64_t len);
 
   // Every committed key that starts with prefix, sorted.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> List(
@@ -133,7 +136,8 @@ class Backend {
   // Memory the backend may do I/O from or into without copying (io_uring
   // registered buffers). Optional: a backend may ignore it. The region must
   // stay mapped until UnregisterMemory.
-  [[nodiscard]] virtual absl::Status RegisterMemory(void* /*base*/, uint64_t /*len*/) {
+  [[nodiscard]] virtual absl::Status RegisterMemory(void* /*base*/,
+                                                    uint64_t /*len*/) {
     return absl::OkStatus();
   }
   virtual void UnregisterMemory(void* /*base*/) {}
@@ -165,7 +169,9 @@ class BackendWrapper : public Backend {
       std::string_view key) override {
     return target_->NewObjectReader(key);
   }
-  absl::StatusOr<ObjectInfo> Stat(std::string_view key) override { return target_->Stat(key); }
+  absl::StatusOr<ObjectInfo> Stat(std::string_view key) override {
+    return target_->Stat(key);
+  }
   std::optional<std::string> LocalPath(std::string_view key) const override {
     return target_->LocalPath(key);
   }
@@ -173,14 +179,18 @@ class BackendWrapper : public Backend {
       std::string_view prefix) override {
     return target_->List(prefix);
   }
-  absl::Status Delete(std::string_view key) override { return target_->Delete(key); }
+  absl::Status Delete(std::string_view key) override {
+    return target_->Delete(key);
+  }
   [[nodiscard]] absl::Status DeletePrefix(std::string_view prefix) override {
     return target_->DeletePrefix(prefix);
   }
   [[nodiscard]] absl::Status RegisterMemory(void* base, uint64_t len) override {
     return target_->RegisterMemory(base, len);
   }
-  void UnregisterMemory(void* base) override { target_->UnregisterMemory(base); }
+  void UnregisterMemory(void* base) override {
+    target_->UnregisterMemory(base);
+  }
   BackendStats stats() const override { return target_->stats(); }
 
  private:
@@ -188,12 +198,12 @@ class BackendWrapper : public Backend {
 };
 
 struct LocalBackendOptions {
-  std::string root;            // created if missing
-  bool use_io_uring = true;    // false (or no io_uring in the kernel): pwrite
-  bool direct_io = true;       // O_DIRECT for aligned pieces
-  unsigned queue_depth = 8;    // writes in flight per object
-  uint64_t io_bytes = 4 << 20; // bytes per write/read request
-  bool sync = true;            // fsync file and directory on commit
+  std::string root;             // created if missing
+  bool use_io_uring = true;     // false (or no io_uring in the kernel): pwrite
+  bool direct_io = true;        // O_DIRECT for aligned pieces
+  unsigned queue_depth = 8;     // writes in flight per object
+  uint64_t io_bytes = 4 << 20;  // bytes per write/read request
+  bool sync = true;             // fsync file and directory on commit
   // Remove "*.tmp.*" crash leftovers under root at open. Readers of a root
   // a live daemon writes to (ckptctl) must pass false.
   bool remove_tmp_files = true;

@@ -17,7 +17,8 @@ namespace {
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 absl::Status Crashed() {
-  return absl::UnavailableError("fault injection: simulated crash; call Restart()");
+  return absl::UnavailableError(
+      "fault injection: simulated crash; call Restart()");
 }
 
 }  // namespace
@@ -49,11 +50,14 @@ struct FaultInjectionBackend::State {
     released.wait(lock, [this] { return !hang_writes; });
     if (crashed) return Crashed();
     if (write_countdown > 0 && --write_countdown == 0)
-      return ErrnoToStatus(write_err, absl::StrCat(AV(key), ": injected write failure"));
+      return ErrnoToStatus(write_err,
+                           absl::StrCat(AV(key), ": injected write failure"));
     if (space_limited) {
       if (len > space_left)
-        return ErrnoToStatus(ENOSPC, absl::StrFormat("%s: write of %d bytes past the space limit (%d left)",
-                                                     AV(key), len, space_left));
+        return ErrnoToStatus(
+            ENOSPC, absl::StrFormat(
+                        "%s: write of %d bytes past the space limit (%d left)",
+                        AV(key), len, space_left));
       space_left -= len;
     }
     return absl::OkStatus();
@@ -62,7 +66,8 @@ struct FaultInjectionBackend::State {
     std::lock_guard<std::mutex> lock(mu);
     if (crashed) return Crashed();
     if (commit_countdown > 0 && --commit_countdown == 0)
-      return ErrnoToStatus(commit_err, absl::StrCat(AV(key), ": injected commit failure"));
+      return ErrnoToStatus(commit_err,
+                           absl::StrCat(AV(key), ": injected commit failure"));
     return absl::OkStatus();
   }
   absl::Status Alive() {
@@ -80,7 +85,8 @@ class FaultWriter : public ObjectWriter {
       : state_(std::move(state)), core_(std::move(core)) {}
   ~FaultWriter() override { Abort(); }
 
-  absl::Status WriteAt(uint64_t offset, const void* data, uint64_t len) override {
+  absl::Status WriteAt(uint64_t offset, const void* data,
+                       uint64_t len) override {
     std::lock_guard<std::mutex> lock(core_->mu);
     CKPT_RETURN_IF_ERROR(Usable());
     absl::Status s = state_->NextWrite(core_->key, len);
@@ -95,7 +101,8 @@ class FaultWriter : public ObjectWriter {
     absl::Status s = core_->poisoned;
     if (s.ok()) s = state_->NextCommit(core_->key);
     if (s.ok()) s = core_->base->Commit();
-    if (!s.ok()) core_->base->Abort();  // a failed commit leaves nothing visible
+    if (!s.ok())
+      core_->base->Abort();  // a failed commit leaves nothing visible
     core_->finished = true;
     return s;
   }
@@ -110,8 +117,9 @@ class FaultWriter : public ObjectWriter {
  private:
   absl::Status Usable() {
     if (core_->finished)
-      return absl::FailedPreconditionError(
-          absl::StrCat(core_->key, ": writer already committed, aborted or lost in a crash"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          core_->key,
+          ": writer already committed, aborted or lost in a crash"));
     return state_->Alive();
   }
 
@@ -202,8 +210,9 @@ std::string FaultInjectionBackend::name() const {
   return absl::StrCat("fault(", target()->name(), ")");
 }
 
-absl::StatusOr<std::unique_ptr<ObjectWriter>> FaultInjectionBackend::NewObjectWriter(
-    std::string_view key, uint64_t size, const WriterOptions& options) {
+absl::StatusOr<std::unique_ptr<ObjectWriter>>
+FaultInjectionBackend::NewObjectWriter(std::string_view key, uint64_t size,
+                                       const WriterOptions& options) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> base,
                         target()->NewObjectWriter(key, size, options));
@@ -212,23 +221,29 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> FaultInjectionBackend::NewObjectWr
   core->key = std::string(key);
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    std::erase_if(state_->writers, [](const std::weak_ptr<FaultWriterCore>& w) { return w.expired(); });
+    std::erase_if(state_->writers, [](const std::weak_ptr<FaultWriterCore>& w) {
+      return w.expired();
+    });
     state_->writers.push_back(core);
   }
-  return std::unique_ptr<ObjectWriter>(new FaultWriter(state_, std::move(core)));
+  return std::unique_ptr<ObjectWriter>(
+      new FaultWriter(state_, std::move(core)));
 }
 
-absl::Status FaultInjectionBackend::PutSmallObject(std::string_view key, std::string_view contents) {
+absl::Status FaultInjectionBackend::PutSmallObject(std::string_view key,
+                                                   std::string_view contents) {
   CKPT_RETURN_IF_ERROR(state_->NextWrite(key, contents.size()));
   CKPT_RETURN_IF_ERROR(state_->NextCommit(key));
   return target()->PutSmallObject(key, contents);
 }
 
-absl::StatusOr<std::unique_ptr<ObjectReader>> FaultInjectionBackend::NewObjectReader(
-    std::string_view key) {
+absl::StatusOr<std::unique_ptr<ObjectReader>>
+FaultInjectionBackend::NewObjectReader(std::string_view key) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> base, target()->NewObjectReader(key));
-  return std::unique_ptr<ObjectReader>(new FaultReader(state_, std::move(base)));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> base,
+                        target()->NewObjectReader(key));
+  return std::unique_ptr<ObjectReader>(
+      new FaultReader(state_, std::move(base)));
 }
 
 absl::StatusOr<ObjectInfo> FaultInjectionBackend::Stat(std::string_view key) {
@@ -236,7 +251,8 @@ absl::StatusOr<ObjectInfo> FaultInjectionBackend::Stat(std::string_view key) {
   return target()->Stat(key);
 }
 
-absl::StatusOr<std::vector<std::string>> FaultInjectionBackend::List(std::string_view prefix) {
+absl::StatusOr<std::vector<std::string>> FaultInjectionBackend::List(
+    std::string_view prefix) {
   CKPT_RETURN_IF_ERROR(state_->Alive());
   return target()->List(prefix);
 }

@@ -1,7 +1,7 @@
 // FaultInjectionBackend: a BackendWrapper for tests (after RocksDB's
-// FaultInjectionTestFS) that overrides only the calls it injects faults into. It fails the Nth write or commit with a chosen
-// errno, runs out of space past a byte budget, hangs writes until released,
-// and simulates a crash: every
+// FaultInjectionTestFS) that overrides only the calls it injects faults into.
+// It fails the Nth write or commit with a chosen errno, runs out of space past
+// a byte budget, hangs writes until released, and simulates a crash: every
 // object whose Commit() had not returned OK loses its data, and calls fail
 // with Unavailable until Restart(). Tests then reopen and check that exactly
 // the committed objects are visible. Thread-safe.

@@ -19,7 +19,8 @@ class FaultBackendTest : public ::testing::Test {
     base_ = std::move(*b);
     fault_ = std::make_unique<FaultInjectionBackend>(base_.get());
   }
-  absl::Status Put(Backend& b, const std::string& key, const std::string& data) {
+  absl::Status Put(Backend& b, const std::string& key,
+                   const std::string& data) {
     auto w = b.NewObjectWriter(key, data.size());
     if (!w.ok()) return w.status();
     absl::Status s = (*w)->WriteAt(0, data.data(), data.size());
@@ -31,7 +32,9 @@ class FaultBackendTest : public ::testing::Test {
   std::unique_ptr<FaultInjectionBackend> fault_;
 };
 
-TEST_F(FaultBackendTest, NameWrapsTheBase) { EXPECT_EQ(fault_->name(), "fault(io_uring)"); }
+TEST_F(FaultBackendTest, NameWrapsTheBase) {
+  EXPECT_EQ(fault_->name(), "fault(io_uring)");
+}
 
 TEST_F(FaultBackendTest, FailedNthWriteSurfacesAndItsObjectNeverCommits) {
   fault_->FailNthWrite(2, EIO);
@@ -39,7 +42,8 @@ TEST_F(FaultBackendTest, FailedNthWriteSurfacesAndItsObjectNeverCommits) {
   ASSERT_TRUE((*w)->WriteAt(0, "1234", 4).ok());
   absl::Status s = (*w)->WriteAt(4, "5678", 4);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-  EXPECT_NE(std::string(s.message()).find("a: injected write failure"), std::string::npos);
+  EXPECT_NE(std::string(s.message()).find("a: injected write failure"),
+            std::string::npos);
   EXPECT_FALSE((*w)->Commit().ok());
   EXPECT_TRUE(fault_->List("")->empty());
   EXPECT_TRUE(Put(*fault_, "b", "later").ok());  // only the Nth one fails
@@ -48,7 +52,8 @@ TEST_F(FaultBackendTest, FailedNthWriteSurfacesAndItsObjectNeverCommits) {
 TEST_F(FaultBackendTest, FailedCommitLeavesNothingVisible) {
   fault_->FailNthCommit(1, EIO);
   EXPECT_FALSE(Put(*fault_, "a", "data").ok());
-  EXPECT_EQ(fault_->ObjectSize("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fault_->ObjectSize("a").status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_TRUE(Put(*fault_, "a", "data").ok());
   EXPECT_EQ(*fault_->ObjectSize("a"), 4u);
 }
@@ -58,7 +63,8 @@ TEST_F(FaultBackendTest, SpaceLimitIsResourceExhausted) {
   EXPECT_TRUE(Put(*fault_, "a", "123456").ok());
   absl::Status s = Put(*fault_, "b", "123456");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_EQ(fault_->PutSmallObject("c", "12345").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(fault_->PutSmallObject("c", "12345").code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(*fault_->List(""), std::vector<std::string>{"a"});
   fault_->ClearFaults();
   EXPECT_TRUE(Put(*fault_, "b", "123456").ok());
@@ -72,12 +78,15 @@ TEST_F(FaultBackendTest, CrashKeepsExactlyTheCommittedObjects) {
 
   fault_->SimulateCrash();
   EXPECT_EQ(fault_->List("").status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(fault_->NewObjectWriter("x", 1).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(fault_->PutSmallObject("x", "1").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fault_->NewObjectWriter("x", 1).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fault_->PutSmallObject("x", "1").code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_FALSE((*pending)->Commit().ok());
 
   fault_->Restart();
-  const std::vector<std::string> committed = {"job/step-1/MANIFEST", "job/step-1/rank-0"};
+  const std::vector<std::string> committed = {"job/step-1/MANIFEST",
+                                              "job/step-1/rank-0"};
   EXPECT_EQ(*fault_->List(""), committed);
   EXPECT_FALSE((*pending)->WriteAt(0, "again", 5).ok());  // lost in the crash
   pending->reset();

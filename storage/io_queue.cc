@@ -17,9 +17,10 @@ constexpr uint64_t kMaxRequestBytes = 1ull << 30;
 }  // namespace
 
 int RegisteredTable::Find(const char* p, uint64_t len) const {
-  auto it = std::upper_bound(pieces.begin(), pieces.end(), p, [](const char* x, const iovec& v) {
-    return x < static_cast<const char*>(v.iov_base);
-  });
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), p,
+                             [](const char* x, const iovec& v) {
+                               return x < static_cast<const char*>(v.iov_base);
+                             });
   if (it == pieces.begin()) return -1;
   --it;
   const char* base = static_cast<const char*>(it->iov_base);
@@ -34,7 +35,9 @@ uint64_t RegisteredTable::RoomInPiece(const char* p) const {
 }
 
 RingPool::RingPool(unsigned depth, size_t max_idle)
-    : depth_(depth), max_idle_(max_idle), table_(std::make_shared<RegisteredTable>()) {}
+    : depth_(depth),
+      max_idle_(max_idle),
+      table_(std::make_shared<RegisteredTable>()) {}
 
 std::unique_ptr<Ring> RingPool::NewRing() {
   auto ring = std::make_unique<Ring>();
@@ -53,15 +56,18 @@ bool RingPool::Probe() {
   return true;
 }
 
-int RingPool::Sync(Ring* ring, uint64_t generation, std::shared_ptr<const RegisteredTable> table) {
+int RingPool::Sync(Ring* ring, uint64_t generation,
+                   std::shared_ptr<const RegisteredTable> table) {
   if (ring->generation == generation) return 0;
   if (!ring->table->pieces.empty()) io_uring_unregister_buffers(&ring->ring);
   ring->table = std::make_shared<RegisteredTable>();
   ring->generation = generation;
   if (table->pieces.empty()) return 0;
-  int ret = io_uring_register_buffers(&ring->ring, table->pieces.data(),
-                                      static_cast<unsigned>(table->pieces.size()));
-  if (ret < 0) return ret;  // the ring stays usable, with plain reads and writes
+  int ret =
+      io_uring_register_buffers(&ring->ring, table->pieces.data(),
+                                static_cast<unsigned>(table->pieces.size()));
+  if (ret < 0)
+    return ret;  // the ring stays usable, with plain reads and writes
   ring->table = std::move(table);
   return 0;
 }
@@ -94,7 +100,8 @@ void RingPool::Return(std::unique_ptr<Ring> ring) {
   }
   // A ring borrowed across an Unregister still pins the region's pages:
   // brought up to date before it idles, not when next borrowed.
-  if (ring->generation != generation) Sync(ring.get(), generation, std::move(table));
+  if (ring->generation != generation)
+    Sync(ring.get(), generation, std::move(table));
   std::lock_guard<std::mutex> lock(mu_);
   if (idle_.size() < max_idle_) idle_.push_back(std::move(ring));
 }
@@ -108,14 +115,17 @@ absl::Status RingPool::Register(void* base, uint64_t len) {
     for (const Region& r : regions_) {
       if (p < r.base + r.len && r.base < p + len)
         return absl::AlreadyExistsError(absl::StrFormat(
-            "RegisterMemory(%p, %d): overlaps the registered region at %p", base, len, r.base));
+            "RegisterMemory(%p, %d): overlaps the registered region at %p",
+            base, len, r.base));
     }
     regions_.push_back({p, len});
     auto next = std::make_shared<RegisteredTable>(*table_);
     for (uint64_t off = 0; off < len; off += kMaxRegisteredPiece)
-      next->pieces.push_back({p + off, std::min(kMaxRegisteredPiece, len - off)});
-    std::sort(next->pieces.begin(), next->pieces.end(),
-              [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
+      next->pieces.push_back(
+          {p + off, std::min(kMaxRegisteredPiece, len - off)});
+    std::sort(
+        next->pieces.begin(), next->pieces.end(),
+        [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
     table_ = next;
     generation = ++generation_;
     table = table_;
@@ -126,9 +136,11 @@ absl::Status RingPool::Register(void* base, uint64_t len) {
   if (!ring) return absl::OkStatus();  // no io_uring: plain I/O needs nothing
   if (int err = -Sync(ring.get(), generation, table); err != 0) {
     Unregister(base);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "RegisterMemory(%p, %d): io_uring_register_buffers failed (locked-memory limit?); "
-        "I/O from this region uses unregistered requests: %s", base, len, strerror(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("RegisterMemory(%p, %d): io_uring_register_buffers "
+                        "failed (locked-memory limit?); "
+                        "I/O from this region uses unregistered requests: %s",
+                        base, len, strerror(err)));
   }
   Return(std::move(ring));
   return absl::OkStatus();
@@ -160,11 +172,13 @@ void RingPool::Unregister(void* base) {
   for (std::unique_ptr<Ring>& ring : idle) Return(std::move(ring));
 }
 
-IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes, std::string what)
+IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
+                 std::string what)
     : pool_(pool),
       op_(op),
       depth_(std::max(1u, depth)),
-      io_bytes_(std::clamp<uint64_t>(io_bytes / kAlign * kAlign, kAlign, kMaxRequestBytes)),
+      io_bytes_(std::clamp<uint64_t>(io_bytes / kAlign * kAlign, kAlign,
+                                     kMaxRequestBytes)),
       what_(std::move(what)) {
   if (pool_ != nullptr) ring_ = pool_->Borrow();
   slots_.resize(depth_);
@@ -180,15 +194,19 @@ IoQueue::~IoQueue() {
 void IoQueue::Fail(const Request& r, int err) {
   if (!error_.ok()) return;
   if (op_ == IoOp::kRead && err == ENODATA) {
-    error_ = absl::DataLossError(absl::StrFormat(
-        "%s: object ends before offset %d (read of %d bytes)", what_, r.off + r.len, r.len));
+    error_ = absl::DataLossError(
+        absl::StrFormat("%s: object ends before offset %d (read of %d bytes)",
+                        what_, r.off + r.len, r.len));
     return;
   }
-  error_ = ErrnoToStatus(err, absl::StrFormat("%s: %s of %d bytes at offset %d", what_,
-                                              op_ == IoOp::kWrite ? "write" : "read", r.len, r.off));
+  error_ = ErrnoToStatus(
+      err,
+      absl::StrFormat("%s: %s of %d bytes at offset %d", what_,
+                      op_ == IoOp::kWrite ? "write" : "read", r.len, r.off));
 }
 
-absl::Status IoQueue::Add(int fd, int fallback_fd, char* buf, uint64_t off, uint64_t len) {
+absl::Status IoQueue::Add(int fd, int fallback_fd, char* buf, uint64_t off,
+                          uint64_t len) {
   while (len > 0 && error_.ok()) {
     uint64_t n = std::min(len, io_bytes_);
     if (ring_) {
@@ -222,7 +240,8 @@ void IoQueue::RunSync(Request r) {
     ssize_t n = op_ == IoOp::kWrite ? pwrite(r.fd, r.buf, r.len, r.off)
                                     : pread(r.fd, r.buf, r.len, r.off);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0 && errno == EINVAL && r.fd != r.fallback_fd && r.fallback_fd >= 0) {
+    if (n < 0 && errno == EINVAL && r.fd != r.fallback_fd &&
+        r.fallback_fd >= 0) {
       r.fd = r.fallback_fd;  // direct I/O refused this piece
       continue;
     }
@@ -231,7 +250,8 @@ void IoQueue::RunSync(Request r) {
     r.buf += n;
     r.off += n;
     r.len -= n;
-    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0) r.fd = r.fallback_fd;
+    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0)
+      r.fd = r.fallback_fd;
   }
 }
 
@@ -249,7 +269,8 @@ void IoQueue::Complete(unsigned slot, int res) {
     r.buf += res;
     r.off += res;
     r.len -= res;
-    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0) r.fd = r.fallback_fd;
+    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0)
+      r.fd = r.fallback_fd;
     pending_.push_front(r);
   }
 }
@@ -269,11 +290,15 @@ void IoQueue::Pump(bool wait_all) {
       int index = ring_->table->Find(r.buf, r.len);
       const unsigned n = static_cast<unsigned>(r.len);
       if (op_ == IoOp::kWrite) {
-        if (index >= 0) io_uring_prep_write_fixed(sqe, r.fd, r.buf, n, r.off, index);
-        else io_uring_prep_write(sqe, r.fd, r.buf, n, r.off);
+        if (index >= 0)
+          io_uring_prep_write_fixed(sqe, r.fd, r.buf, n, r.off, index);
+        else
+          io_uring_prep_write(sqe, r.fd, r.buf, n, r.off);
       } else {
-        if (index >= 0) io_uring_prep_read_fixed(sqe, r.fd, r.buf, n, r.off, index);
-        else io_uring_prep_read(sqe, r.fd, r.buf, n, r.off);
+        if (index >= 0)
+          io_uring_prep_read_fixed(sqe, r.fd, r.buf, n, r.off, index);
+        else
+          io_uring_prep_read(sqe, r.fd, r.buf, n, r.off);
       }
       io_uring_sqe_set_data64(sqe, slot);
       ++inflight_;

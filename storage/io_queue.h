@@ -28,7 +28,8 @@ namespace ckpt::storage::internal {
 inline constexpr uint64_t kMaxRegisteredPiece = 1ull << 30;
 
 struct RegisteredTable {
-  std::vector<iovec> pieces;  // sorted by base, each at most kMaxRegisteredPiece
+  std::vector<iovec>
+      pieces;  // sorted by base, each at most kMaxRegisteredPiece
   // Index of the piece holding [p, p+len), or -1.
   int Find(const char* p, uint64_t len) const;
   // Bytes from p to the end of its piece (p must be inside one), else 0.
@@ -61,7 +62,8 @@ class RingPool {
   std::unique_ptr<Ring> NewRing();
   // Brings the ring's registration to the table of `generation`; -errno if
   // the kernel refused (the ring then has no registered buffers).
-  int Sync(Ring* ring, uint64_t generation, std::shared_ptr<const RegisteredTable> table);
+  int Sync(Ring* ring, uint64_t generation,
+           std::shared_ptr<const RegisteredTable> table);
 
   const unsigned depth_;
   const size_t max_idle_;
@@ -81,7 +83,8 @@ enum class IoOp { kRead, kWrite };
 class IoQueue {
  public:
   // pool may be null (pread/pwrite). `what` names the object in errors.
-  IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes, std::string what);
+  IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
+          std::string what);
   ~IoQueue();  // waits for every request in flight
   IoQueue(const IoQueue&) = delete;
   IoQueue& operator=(const IoQueue&) = delete;

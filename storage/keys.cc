@@ -95,7 +95,8 @@ absl::Status ValidateNodeId(std::string_view node, std::string_view field) {
   if (absl::Status s = ValidateJobName(node, field); !s.ok()) return s;
   if (node == kGlobalManifestSuffix)
     return absl::InvalidArgumentError(absl::StrCat(
-        AV(field), ": \"global\" is reserved (MANIFEST.global is the coordinator's)"));
+        AV(field),
+        ": \"global\" is reserved (MANIFEST.global is the coordinator's)"));
   return absl::OkStatus();
 }
 
@@ -145,8 +146,8 @@ absl::StatusOr<uint64_t> ParseStepDir(std::string_view name) {
   uint64_t step;
   if (digits.size() != kStepDigits || !AllDigits(digits) ||
       !ParseDigits(digits, UINT64_MAX, &step))
-    return absl::InvalidArgumentError(
-        absl::StrCat("step: ", QuotePrefix(name), " is not \"step-\" and 20 digits"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: ", QuotePrefix(name), " is not \"step-\" and 20 digits"));
   return step;
 }
 

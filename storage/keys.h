@@ -9,10 +9,10 @@
 //
 // Job and node names follow ValidateJobName ([A-Za-z0-9._-], ...). A node
 // named "global" would collide with the global manifest: ValidateNodeId
-// refuses it, and ParseKey reads "MANIFEST.global" as the global manifest. Ranks are zero-padded to five
-// digits and may use more. Building never fails (callers validate names
-// first); ParseKey refuses anything else with InvalidArgument naming the
-// part. Functions only; thread-safe.
+// refuses it, and ParseKey reads "MANIFEST.global" as the global manifest.
+// Ranks are zero-padded to five digits and may use more. Building never fails
+// (callers validate names first); ParseKey refuses anything else with
+// InvalidArgument naming the part. Functions only; thread-safe.
 #ifndef CKPT_STORAGE_KEYS_H_
 #define CKPT_STORAGE_KEYS_H_
 

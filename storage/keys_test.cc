@@ -94,9 +94,12 @@ TEST(Keys, ANodeMayNotBeNamedGlobal) {
   EXPECT_TRUE(ValidateNodeId("n1").ok());
   absl::Status s = ValidateNodeId("global", "--node-id");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("--node-id: \"global\" is reserved"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("--node-id: \"global\" is reserved"),
+            absl::string_view::npos)
+      << s;
   EXPECT_FALSE(ValidateNodeId("a/b").ok());
-  EXPECT_FALSE(ParseKey("j/step-00000000000000000001/rank-00001.global.shard").ok());
+  EXPECT_FALSE(
+      ParseKey("j/step-00000000000000000001/rank-00001.global.shard").ok());
 }
 
 TEST(Keys, IsShardKeyOfAcceptsEveryNodeButOnlyThatShard) {

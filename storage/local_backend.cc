@@ -28,19 +28,20 @@ using internal::RingPool;
 constexpr uint64_t kAlign = 4096;
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
-
 // Opens `name` in the directory dir_fd (path names it in errors) without
 // following a symlink, and with O_DIRECT when asked; a file system that
 // refuses direct I/O (tmpfs: EINVAL) gets -1 in *direct and the caller uses
 // buffered I/O. Both descriptors are checked to be the same regular file:
 // the name is looked up twice.
-absl::Status OpenPair(int dir_fd, const std::string& name, const std::string& path, int flags,
-                      bool want_direct, int* direct, int* buffered) {
+absl::Status OpenPair(int dir_fd, const std::string& name,
+                      const std::string& path, int flags, bool want_direct,
+                      int* direct, int* buffered) {
   *direct = -1;
-  *buffered = openat(dir_fd, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+  *buffered =
+      openat(dir_fd, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*buffered < 0 && errno == ELOOP)
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": a symlink; refusing to follow it (the root is shared)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": a symlink; refusing to follow it (the root is shared)"));
   if (*buffered < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   auto fail = [&](absl::Status s) {
     if (*direct >= 0) close(*direct);
@@ -49,15 +50,21 @@ absl::Status OpenPair(int dir_fd, const std::string& name, const std::string& pa
     return s;
   };
   struct stat st;
-  if (fstat(*buffered, &st) != 0) return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
-  if (!S_ISREG(st.st_mode)) return fail(absl::NotFoundError(absl::StrCat(path, ": not a regular file")));
+  if (fstat(*buffered, &st) != 0)
+    return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
+  if (!S_ISREG(st.st_mode))
+    return fail(
+        absl::NotFoundError(absl::StrCat(path, ": not a regular file")));
   if (!want_direct) return absl::OkStatus();
-  *direct = openat(dir_fd, name.c_str(),
-                   (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+  *direct =
+      openat(dir_fd, name.c_str(),
+             (flags & ~(O_CREAT | O_EXCL)) | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
   if (*direct < 0 && errno == EINVAL) return absl::OkStatus();
-  if (*direct < 0) return fail(ErrnoToStatus(errno, absl::StrCat("open (O_DIRECT) ", path)));
+  if (*direct < 0)
+    return fail(ErrnoToStatus(errno, absl::StrCat("open (O_DIRECT) ", path)));
   struct stat again;
-  if (fstat(*direct, &again) != 0) return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
+  if (fstat(*direct, &again) != 0)
+    return fail(ErrnoToStatus(errno, absl::StrCat("fstat ", path)));
   if (again.st_dev != st.st_dev || again.st_ino != st.st_ino)
     return fail(absl::FailedPreconditionError(
         absl::StrCat(path, ": replaced while it was being opened; refused")));
@@ -71,17 +78,21 @@ void CloseFd(int* fd) {
 
 // Queues [buf, buf+len) at off: the 4 KiB-aligned middle through the direct
 // fd (when buf and off share their alignment), the ragged ends buffered.
-absl::Status QueuePiece(IoQueue& q, int direct, int buffered, char* buf, uint64_t off,
-                        uint64_t len) {
+absl::Status QueuePiece(IoQueue& q, int direct, int buffered, char* buf,
+                        uint64_t off, uint64_t len) {
   const uint64_t misalign = reinterpret_cast<uintptr_t>(buf) % kAlign;
-  if (direct < 0 || misalign != off % kAlign) return q.Add(buffered, buffered, buf, off, len);
+  if (direct < 0 || misalign != off % kAlign)
+    return q.Add(buffered, buffered, buf, off, len);
   const uint64_t head = std::min(len, misalign == 0 ? 0 : kAlign - misalign);
   const uint64_t middle = (len - head) / kAlign * kAlign;
   const uint64_t tail = len - head - middle;
   if (head > 0) CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf, off, head));
-  if (middle > 0) CKPT_RETURN_IF_ERROR(q.Add(direct, buffered, buf + head, off + head, middle));
+  if (middle > 0)
+    CKPT_RETURN_IF_ERROR(
+        q.Add(direct, buffered, buf + head, off + head, middle));
   if (tail > 0)
-    CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf + head + middle, off + head + middle, tail));
+    CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf + head + middle,
+                               off + head + middle, tail));
   return absl::OkStatus();
 }
 
@@ -89,11 +100,16 @@ class LocalBackend;
 
 class LocalWriter : public ObjectWriter {
  public:
-  LocalWriter(LocalBackend* backend, std::string key, uint64_t size, WriterOptions options)
-      : backend_(backend), key_(std::move(key)), size_(size), wopts_(std::move(options)) {}
+  LocalWriter(LocalBackend* backend, std::string key, uint64_t size,
+              WriterOptions options)
+      : backend_(backend),
+        key_(std::move(key)),
+        size_(size),
+        wopts_(std::move(options)) {}
   ~LocalWriter() override { Abort(); }
   absl::Status Open();
-  absl::Status WriteAt(uint64_t offset, const void* data, uint64_t len) override;
+  absl::Status WriteAt(uint64_t offset, const void* data,
+                       uint64_t len) override;
   absl::Status Commit() override;
   void Abort() override;
 
@@ -138,54 +154,72 @@ class LocalReader : public ObjectReader {
 class LocalBackend : public Backend {
  public:
   explicit LocalBackend(LocalBackendOptions options)
-      : options_(std::move(options)), pool_(std::max(1u, options_.queue_depth), 8) {}
+      : options_(std::move(options)),
+        pool_(std::max(1u, options_.queue_depth), 8) {}
 
   absl::Status Init() {
     if (options_.root.empty()) return absl::InvalidArgumentError("root: empty");
     std::error_code ec;
     std::filesystem::create_directories(options_.root, ec);
-    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create root ", options_.root));
+    if (ec)
+      return ErrnoToStatus(ec.value(),
+                           absl::StrCat("create root ", options_.root));
     // Absolute, so LocalPath() names the object for any process.
     std::filesystem::path abs = std::filesystem::absolute(options_.root, ec);
-    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("absolute path of root ", options_.root));
+    if (ec)
+      return ErrnoToStatus(
+          ec.value(), absl::StrCat("absolute path of root ", options_.root));
     options_.root = abs.lexically_normal().string();
-    while (options_.root.size() > 1 && options_.root.back() == '/') options_.root.pop_back();
+    while (options_.root.size() > 1 && options_.root.back() == '/')
+      options_.root.pop_back();
     if (options_.use_io_uring && !pool_.Probe()) options_.use_io_uring = false;
     if (!options_.remove_tmp_files) return absl::OkStatus();
     return internal::RemoveTmpFiles(options_.root, options_.tmp_tag);
   }
 
-  std::string name() const override { return options_.use_io_uring ? "io_uring" : "pwrite"; }
+  std::string name() const override {
+    return options_.use_io_uring ? "io_uring" : "pwrite";
+  }
   const LocalBackendOptions& options() const { return options_; }
-  std::string Path(std::string_view key) const { return absl::StrCat(options_.root, "/", AV(key)); }
+  std::string Path(std::string_view key) const {
+    return absl::StrCat(options_.root, "/", AV(key));
+  }
 
   std::unique_ptr<IoQueue> NewQueue(IoOp op, const std::string& what) {
-    return std::make_unique<IoQueue>(options_.use_io_uring ? &pool_ : nullptr, op,
-                                     options_.queue_depth, options_.io_bytes, what);
+    return std::make_unique<IoQueue>(options_.use_io_uring ? &pool_ : nullptr,
+                                     op, options_.queue_depth,
+                                     options_.io_bytes, what);
   }
   std::string Nonce() {
     static std::atomic<uint64_t> counter{0};
     static const uint64_t salt = std::random_device{}();
-    return absl::StrFormat("%d-%x-%d", getpid(), salt & 0xffffff, counter.fetch_add(1));
+    return absl::StrFormat("%d-%x-%d", getpid(), salt & 0xffffff,
+                           counter.fetch_add(1));
   }
 
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewObjectWriter(
-      std::string_view key, uint64_t size, const WriterOptions& options) override {
+      std::string_view key, uint64_t size,
+      const WriterOptions& options) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    auto writer = std::make_unique<LocalWriter>(this, std::string(key), size, options);
+    auto writer =
+        std::make_unique<LocalWriter>(this, std::string(key), size, options);
     CKPT_RETURN_IF_ERROR(writer->Open());
     return std::unique_ptr<ObjectWriter>(std::move(writer));
   }
 
-  absl::Status PutSmallObject(std::string_view key, std::string_view contents) override {
-    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, NewObjectWriter(key, contents.size(), {}));
+  absl::Status PutSmallObject(std::string_view key,
+                              std::string_view contents) override {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
+                          NewObjectWriter(key, contents.size(), {}));
     CKPT_RETURN_IF_ERROR(writer->WriteAt(0, contents.data(), contents.size()));
     return writer->Commit();
   }
 
-  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(std::string_view key) override {
+  absl::StatusOr<std::unique_ptr<ObjectReader>> NewObjectReader(
+      std::string_view key) override {
     CKPT_RETURN_IF_ERROR(internal::ValidateKey(key));
-    auto reader = std::make_unique<LocalReader>(this, std::string(key), Path(key));
+    auto reader =
+        std::make_unique<LocalReader>(this, std::string(key), Path(key));
     CKPT_RETURN_IF_ERROR(reader->Open());
     return std::unique_ptr<ObjectReader>(std::move(reader));
   }
@@ -196,9 +230,11 @@ class LocalBackend : public Backend {
     auto [dir, name] = internal::SplitKey(key);
     CKPT_ASSIGN_OR_RETURN(internal::ScopedFd parent, OpenDir(dir, false));
     struct stat st;
-    if (fstatat(parent.get(), std::string(name).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (fstatat(parent.get(), std::string(name).c_str(), &st,
+                AT_SYMLINK_NOFOLLOW) != 0)
       return ErrnoToStatus(errno, absl::StrCat("stat ", path));
-    if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
+    if (!S_ISREG(st.st_mode))
+      return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
     ObjectInfo info;
     info.size = static_cast<uint64_t>(st.st_size);
     info.owner_uid = st.st_uid;
@@ -207,7 +243,8 @@ class LocalBackend : public Backend {
   }
 
   // root/dir, reached without following a symlink (local_fs.h).
-  absl::StatusOr<internal::ScopedFd> OpenDir(std::string_view dir, bool create) const {
+  absl::StatusOr<internal::ScopedFd> OpenDir(std::string_view dir,
+                                             bool create) const {
     return internal::OpenDirBeneath(options_.root, dir, create, options_.sync);
   }
 
@@ -218,14 +255,18 @@ class LocalBackend : public Backend {
 
   void CountRead(uint64_t bytes) { bytes_read_ += bytes; }
 
-  absl::StatusOr<std::vector<std::string>> List(std::string_view prefix) override {
+  absl::StatusOr<std::vector<std::string>> List(
+      std::string_view prefix) override {
     CKPT_RETURN_IF_ERROR(internal::ValidatePrefix(prefix));
     size_t slash = prefix.rfind('/');
-    std::string_view dir = slash == std::string_view::npos ? "" : prefix.substr(0, slash);
-    CKPT_ASSIGN_OR_RETURN(std::vector<std::string> all, internal::ListFiles(options_.root, dir));
+    std::string_view dir =
+        slash == std::string_view::npos ? "" : prefix.substr(0, slash);
+    CKPT_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                          internal::ListFiles(options_.root, dir));
     std::vector<std::string> out;
     for (std::string& k : all) {
-      if (std::string_view(k).substr(0, prefix.size()) == prefix) out.push_back(std::move(k));
+      if (std::string_view(k).substr(0, prefix.size()) == prefix)
+        out.push_back(std::move(k));
     }
     std::sort(out.begin(), out.end());
     return out;
@@ -238,7 +279,8 @@ class LocalBackend : public Backend {
     absl::StatusOr<internal::ScopedFd> parent = OpenDir(dir, false);
     if (absl::IsNotFound(parent.status())) return absl::OkStatus();
     if (!parent.ok()) return parent.status();
-    if (unlinkat(parent->get(), std::string(name).c_str(), 0) != 0 && errno != ENOENT)
+    if (unlinkat(parent->get(), std::string(name).c_str(), 0) != 0 &&
+        errno != ENOENT)
       return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
     return absl::OkStatus();
   }
@@ -246,13 +288,15 @@ class LocalBackend : public Backend {
   absl::Status DeletePrefix(std::string_view prefix) override {
     CKPT_ASSIGN_OR_RETURN(std::vector<std::string> keys, List(prefix));
     for (const std::string& k : keys) CKPT_RETURN_IF_ERROR(Delete(k));
-    for (const std::string& k : keys) internal::RemoveEmptyParents(options_.root, k);
+    for (const std::string& k : keys)
+      internal::RemoveEmptyParents(options_.root, k);
     return absl::OkStatus();
   }
 
   absl::Status RegisterMemory(void* base, uint64_t len) override {
     if (base == nullptr || len == 0)
-      return absl::InvalidArgumentError(absl::StrFormat("RegisterMemory(%p, %d): empty region", base, len));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("RegisterMemory(%p, %d): empty region", base, len));
     if (!options_.use_io_uring) return absl::OkStatus();
     return pool_.Register(base, len);
   }
@@ -274,7 +318,8 @@ class LocalBackend : public Backend {
  private:
   LocalBackendOptions options_;
   RingPool pool_;
-  std::atomic<uint64_t> bytes_written_{0}, bytes_read_{0}, objects_committed_{0};
+  std::atomic<uint64_t> bytes_written_{0}, bytes_read_{0},
+      objects_committed_{0};
 };
 
 absl::Status LocalWriter::Open() {
@@ -282,13 +327,17 @@ absl::Status LocalWriter::Open() {
   path_ = backend_->Path(key_);
   auto [dir, name] = internal::SplitKey(key_);
   name_ = std::string(name);
-  tmp_name_ = absl::StrCat(name_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
-  tmp_path_ = absl::StrCat(path_.substr(0, path_.size() - name_.size()), tmp_name_);
+  tmp_name_ =
+      absl::StrCat(name_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
+  tmp_path_ =
+      absl::StrCat(path_.substr(0, path_.size() - name_.size()), tmp_name_);
   CKPT_ASSIGN_OR_RETURN(dir_, backend_->OpenDir(dir, /*create=*/true));
-  absl::Status opened = OpenPair(dir_.get(), tmp_name_, tmp_path_, O_WRONLY | O_CREAT | O_EXCL,
-                                 o.direct_io, &direct_fd_, &buffered_fd_);
+  absl::Status opened =
+      OpenPair(dir_.get(), tmp_name_, tmp_path_, O_WRONLY | O_CREAT | O_EXCL,
+               o.direct_io, &direct_fd_, &buffered_fd_);
   if (!opened.ok()) {
-    if (!absl::IsAlreadyExists(opened)) unlinkat(dir_.get(), tmp_name_.c_str(), 0);
+    if (!absl::IsAlreadyExists(opened))
+      unlinkat(dir_.get(), tmp_name_.c_str(), 0);
     dir_ = internal::ScopedFd();
     return opened;
   }
@@ -297,12 +346,15 @@ absl::Status LocalWriter::Open() {
   if (size_ > 0) {
     int ret = fallocate(buffered_fd_, 0, 0, static_cast<off_t>(size_));
     if (ret != 0 && errno != EOPNOTSUPP) {
-      absl::Status s = ErrnoToStatus(errno, absl::StrFormat("fallocate %d bytes for %s", size_, tmp_path_));
+      absl::Status s = ErrnoToStatus(
+          errno,
+          absl::StrFormat("fallocate %d bytes for %s", size_, tmp_path_));
       Abort();
       return s;
     }
     if (ret != 0 && ftruncate(buffered_fd_, static_cast<off_t>(size_)) != 0) {
-      absl::Status s = ErrnoToStatus(errno, absl::StrCat("ftruncate ", tmp_path_));
+      absl::Status s =
+          ErrnoToStatus(errno, absl::StrCat("ftruncate ", tmp_path_));
       Abort();
       return s;
     }
@@ -319,20 +371,26 @@ absl::Status LocalWriter::Open() {
 // mode.
 absl::Status LocalWriter::ApplyOwnerAndMode() {
   if (wopts_.mode.has_value() && fchmod(buffered_fd_, *wopts_.mode) != 0)
-    return ErrnoToStatus(errno, absl::StrFormat("fchmod %o %s", *wopts_.mode, tmp_path_));
+    return ErrnoToStatus(
+        errno, absl::StrFormat("fchmod %o %s", *wopts_.mode, tmp_path_));
   if (wopts_.owner_uid.has_value() &&
-      fchown(buffered_fd_, *wopts_.owner_uid, static_cast<gid_t>(-1)) != 0 && errno != EPERM)
-    return ErrnoToStatus(errno, absl::StrFormat("fchown %d %s", *wopts_.owner_uid, tmp_path_));
+      fchown(buffered_fd_, *wopts_.owner_uid, static_cast<gid_t>(-1)) != 0 &&
+      errno != EPERM)
+    return ErrnoToStatus(
+        errno, absl::StrFormat("fchown %d %s", *wopts_.owner_uid, tmp_path_));
   return absl::OkStatus();
 }
 
 absl::Status LocalReader::Open() {
   auto [dir, name] = internal::SplitKey(key_);
-  CKPT_ASSIGN_OR_RETURN(internal::ScopedFd parent, backend_->OpenDir(dir, /*create=*/false));
-  CKPT_RETURN_IF_ERROR(OpenPair(parent.get(), std::string(name), path_, O_RDONLY,
-                                backend_->options().direct_io, &direct_fd_, &buffered_fd_));
+  CKPT_ASSIGN_OR_RETURN(internal::ScopedFd parent,
+                        backend_->OpenDir(dir, /*create=*/false));
+  CKPT_RETURN_IF_ERROR(OpenPair(parent.get(), std::string(name), path_,
+                                O_RDONLY, backend_->options().direct_io,
+                                &direct_fd_, &buffered_fd_));
   struct stat st;
-  if (fstat(buffered_fd_, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", path_));
+  if (fstat(buffered_fd_, &st) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("fstat ", path_));
   size_ = static_cast<uint64_t>(st.st_size);
   return absl::OkStatus();
 }
@@ -340,24 +398,31 @@ absl::Status LocalReader::Open() {
 absl::Status LocalReader::ReadAt(uint64_t offset, void* dst, uint64_t len) {
   if (offset > size_ || len > size_ - offset)
     return absl::DataLossError(absl::StrFormat(
-        "%s: object has %d bytes, read of [%d, %d) is past its end", path_, size_, offset, offset + len));
+        "%s: object has %d bytes, read of [%d, %d) is past its end", path_,
+        size_, offset, offset + len));
   if (len == 0) return absl::OkStatus();
   std::unique_ptr<IoQueue> q = backend_->NewQueue(IoOp::kRead, path_);
-  absl::Status s = QueuePiece(*q, direct_fd_, buffered_fd_, static_cast<char*>(dst), offset, len);
+  absl::Status s = QueuePiece(*q, direct_fd_, buffered_fd_,
+                              static_cast<char*>(dst), offset, len);
   absl::Status f = q->Finish();
   if (s.ok()) s = f;
   if (s.ok()) backend_->CountRead(len);
   return s;
 }
 
-absl::Status LocalWriter::WriteAt(uint64_t offset, const void* data, uint64_t len) {
-  if (done_) return absl::FailedPreconditionError(absl::StrCat(key_, ": writer already committed or aborted"));
+absl::Status LocalWriter::WriteAt(uint64_t offset, const void* data,
+                                  uint64_t len) {
+  if (done_)
+    return absl::FailedPreconditionError(
+        absl::StrCat(key_, ": writer already committed or aborted"));
   if (offset > size_ || len > size_ - offset)
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: write of [%d, %d) is outside the object's %d bytes", key_, offset, offset + len, size_));
+        "%s: write of [%d, %d) is outside the object's %d bytes", key_, offset,
+        offset + len, size_));
   bytes_ += len;
   return QueuePiece(*queue_, direct_fd_, buffered_fd_,
-                    const_cast<char*>(static_cast<const char*>(data)), offset, len);
+                    const_cast<char*>(static_cast<const char*>(data)), offset,
+                    len);
 }
 
 absl::Status LocalWriter::Durable() {
@@ -372,9 +437,11 @@ absl::Status LocalWriter::Durable() {
   }
   buffered_fd_ = -1;
   if (renameat(dir_.get(), tmp_name_.c_str(), dir_.get(), name_.c_str()) != 0)
-    return ErrnoToStatus(errno, absl::StrFormat("rename %s to %s", tmp_path_, path_));
+    return ErrnoToStatus(errno,
+                         absl::StrFormat("rename %s to %s", tmp_path_, path_));
   if (backend_->options().sync) {
-    absl::Status s = internal::SyncFd(dir_.get(), path_.substr(0, path_.rfind('/')));
+    absl::Status s =
+        internal::SyncFd(dir_.get(), path_.substr(0, path_.rfind('/')));
     if (!s.ok()) {
       // Not durable: withdraw the object rather than leave it half-committed.
       unlinkat(dir_.get(), name_.c_str(), 0);
@@ -385,7 +452,9 @@ absl::Status LocalWriter::Durable() {
 }
 
 absl::Status LocalWriter::Commit() {
-  if (done_) return absl::FailedPreconditionError(absl::StrCat(key_, ": writer already committed or aborted"));
+  if (done_)
+    return absl::FailedPreconditionError(
+        absl::StrCat(key_, ": writer already committed or aborted"));
   absl::Status s = Durable();
   if (!s.ok()) {
     Abort();
@@ -407,7 +476,8 @@ void LocalWriter::Abort() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(LocalBackendOptions options) {
+absl::StatusOr<std::unique_ptr<Backend>> NewLocalBackend(
+    LocalBackendOptions options) {
   auto backend = std::make_unique<LocalBackend>(std::move(options));
   CKPT_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));

@@ -35,13 +35,15 @@ struct AlignedDeleter {
   void operator()(char* p) const { std::free(p); }
 };
 std::unique_ptr<char, AlignedDeleter> AlignedAlloc(size_t n) {
-  return std::unique_ptr<char, AlignedDeleter>(static_cast<char*>(std::aligned_alloc(4096, n)));
+  return std::unique_ptr<char, AlignedDeleter>(
+      static_cast<char*>(std::aligned_alloc(4096, n)));
 }
 
 // Every test runs with io_uring and with the pread/pwrite fallback.
 class LocalBackendTest : public ::testing::TestWithParam<bool> {
  protected:
-  std::unique_ptr<Backend> Open(unsigned depth = 8, uint64_t io_bytes = 1 << 20) {
+  std::unique_ptr<Backend> Open(unsigned depth = 8,
+                                uint64_t io_bytes = 1 << 20) {
     LocalBackendOptions o;
     o.root = dir_.path() + "/root";
     o.use_io_uring = GetParam();
@@ -51,7 +53,8 @@ class LocalBackendTest : public ::testing::TestWithParam<bool> {
     EXPECT_TRUE(b.ok()) << b.status();
     return std::move(*b);
   }
-  void WriteObject(Backend& b, const std::string& key, const char* data, uint64_t size) {
+  void WriteObject(Backend& b, const std::string& key, const char* data,
+                   uint64_t size) {
     auto w = b.NewObjectWriter(key, size);
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_TRUE((*w)->WriteAt(0, data, size).ok());
@@ -114,14 +117,15 @@ TEST_P(LocalBackendTest, ManyWritesInFlightLandAtTheirOffsets) {
 TEST_P(LocalBackendTest, WritesFromRegisteredMemoryUseTheRegisteredPath) {
   auto b = Open(8, 1 << 20);
   const size_t n = 6 << 20;
-  char* region = static_cast<char*>(
-      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  char* region = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(region, MAP_FAILED);
   std::vector<char> ref = RandomBytes(n, 4);
   std::memcpy(region, ref.data(), n);
   ASSERT_TRUE(b->RegisterMemory(region, n).ok());
   WriteObject(*b, "reg/one", region, n);
-  WriteObject(*b, "reg/two", region + 4096, n - 8192);  // inside the region, offset
+  WriteObject(*b, "reg/two", region + 4096,
+              n - 8192);  // inside the region, offset
   std::memset(region, 0, n);
   ASSERT_TRUE(b->ReadAt("reg/one", 0, region, n).ok());  // read_fixed into it
   EXPECT_EQ(std::memcmp(region, ref.data(), n), 0);
@@ -153,7 +157,8 @@ TEST_P(LocalBackendTest, ObjectIsVisibleOnlyAfterCommit) {
   auto w = b->NewObjectWriter("job/x", data.size());
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE((*w)->WriteAt(0, data.data(), data.size()).ok());
-  EXPECT_EQ(b->ObjectSize("job/x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->ObjectSize("job/x").status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_TRUE(b->List("job/")->empty());
   ASSERT_TRUE((*w)->Commit().ok());
   EXPECT_EQ(*b->List("job/"), std::vector<std::string>{"job/x"});
@@ -171,19 +176,23 @@ TEST_P(LocalBackendTest, AbortAndDestructionLeaveNothingBehind) {
     ASSERT_TRUE((*w2)->WriteAt(0, data.data(), data.size()).ok());
   }
   EXPECT_TRUE(b->List("")->empty());
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
+  for (auto& e :
+       std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
     EXPECT_FALSE(e.is_regular_file()) << e.path();
 }
 
 TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFiles) {
   auto b = Open();
   std::filesystem::create_directories(dir_.path() + "/root/job/step-1");
-  std::ofstream(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0") << "partial";
+  std::ofstream(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0")
+      << "partial";
   std::ofstream(dir_.path() + "/root/job/step-1/rank-1.shard") << "done";
   EXPECT_EQ(*b->List(""), std::vector<std::string>{"job/step-1/rank-1.shard"});
   auto again = Open();
-  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0"));
-  EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
+  EXPECT_FALSE(std::filesystem::exists(
+      dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0"));
+  EXPECT_TRUE(
+      std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
 }
 
 TEST_P(LocalBackendTest, TaggedBackendRemovesOnlyItsOwnLeftovers) {
@@ -217,13 +226,15 @@ TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
   std::filesystem::create_directories(victim);
   std::ofstream(victim + "/secret") << "not yours";
   std::filesystem::create_directories(dir_.path() + "/root/job");
-  std::filesystem::create_directory_symlink(victim, dir_.path() + "/root/job/step-1");
+  std::filesystem::create_directory_symlink(victim,
+                                            dir_.path() + "/root/job/step-1");
   auto w = b->NewObjectWriter("job/step-1/rank-0.shard", 4096);
   EXPECT_FALSE(w.ok()) << "wrote through a symlinked directory";
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(victim),
                           std::filesystem::directory_iterator()),
             1);
-  std::filesystem::create_symlink(victim + "/secret", dir_.path() + "/root/job/leak");
+  std::filesystem::create_symlink(victim + "/secret",
+                                  dir_.path() + "/root/job/leak");
   auto r = b->NewObjectReader("job/leak");
   EXPECT_FALSE(r.ok()) << "read through a symlink";
 }
@@ -233,12 +244,13 @@ TEST_P(LocalBackendTest, SymlinkInsideTheRootIsNeverFollowed) {
 bool RunAsUser(const std::function<bool()>& fn) {
   pid_t child = fork();
   if (child == 0) {
-    if (setresgid(1000, 1000, 1000) != 0 || setresuid(1000, 1000, 1000) != 0) _exit(2);
+    if (setresgid(1000, 1000, 1000) != 0 || setresuid(1000, 1000, 1000) != 0)
+      _exit(2);
     _exit(fn() ? 0 : 1);
   }
   int status = 0;
-  return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
-         WEXITSTATUS(status) == 0;
+  return child > 0 && waitpid(child, &status, 0) == child &&
+         WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 std::string Slurp(const std::string& path) {
@@ -254,13 +266,15 @@ std::string Slurp(const std::string& path) {
 // writes, deletes and stats through them are refused naming the path, and
 // the other job's shard is untouched.
 TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to plant the links as uid 1000";
+  if (geteuid() != 0)
+    GTEST_SKIP() << "needs root to plant the links as uid 1000";
   auto b = Open();
   const std::string root = dir_.path() + "/root";
   ASSERT_EQ(chmod(root.c_str(), 0777), 0);
   const std::string shard = "rank-00000.a.shard";
   std::vector<char> secret(8192, 's');
-  WriteObject(*b, "victim/step-00000001/" + shard, secret.data(), secret.size());
+  WriteObject(*b, "victim/step-00000001/" + shard, secret.data(),
+              secret.size());
   const std::string victim_file = root + "/victim/step-00000001/" + shard;
   ASSERT_TRUE(RunAsUser([&] {
     return mkdir((root + "/mallory").c_str(), 0755) == 0 &&
@@ -274,19 +288,26 @@ TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
     const std::string key = job + "/step-00000001/" + shard;
     auto w = b->NewObjectWriter(key, junk.size());
     ASSERT_FALSE(w.ok()) << key << ": wrote through a planted symlink";
-    EXPECT_NE(std::string(w.status().message()).find(root + "/" + job), std::string::npos)
+    EXPECT_NE(std::string(w.status().message()).find(root + "/" + job),
+              std::string::npos)
         << w.status();
     absl::Status del = b->Delete(key);
     EXPECT_FALSE(del.ok()) << key << ": deleted through a planted symlink";
-    EXPECT_NE(std::string(del.message()).find(root + "/" + job), std::string::npos) << del;
-    EXPECT_FALSE(b->Stat(key).ok()) << key << ": stat through a planted symlink";
-    EXPECT_FALSE(b->NewObjectReader(key).ok()) << key << ": read through a planted symlink";
+    EXPECT_NE(std::string(del.message()).find(root + "/" + job),
+              std::string::npos)
+        << del;
+    EXPECT_FALSE(b->Stat(key).ok())
+        << key << ": stat through a planted symlink";
+    EXPECT_FALSE(b->NewObjectReader(key).ok())
+        << key << ": read through a planted symlink";
     (void)b->DeletePrefix(job + "/step-00000001/");
     (void)b->DeletePrefix(job + "/");
-    ASSERT_TRUE(std::filesystem::exists(victim_file)) << "deleted through " << job;
+    ASSERT_TRUE(std::filesystem::exists(victim_file))
+        << "deleted through " << job;
   }
   EXPECT_EQ(Slurp(victim_file), std::string(secret.begin(), secret.end()));
-  EXPECT_TRUE(std::filesystem::is_symlink(root + "/alias")) << "the link itself may stay";
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/alias"))
+      << "the link itself may stay";
 }
 
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
@@ -295,26 +316,33 @@ TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   char buf[16];
   absl::Status s = b->ReadAt("small", 2, buf, 4);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(std::string(s.message()).find("root/small"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("root/small"), std::string::npos)
+      << s;
   ASSERT_TRUE(b->ReadAt("small", 1, buf, 4).ok());
   EXPECT_EQ(std::string(buf, 4), "ello");
-  EXPECT_EQ(b->ReadAt("missing", 0, buf, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->ReadAt("missing", 0, buf, 1).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_P(LocalBackendTest, WriteOutsideTheObjectIsRefused) {
   auto b = Open();
   char buf[10] = {};
   auto w = b->NewObjectWriter("k", 8);
-  EXPECT_EQ((*w)->WriteAt(4, buf, 5).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*w)->WriteAt(UINT64_MAX, buf, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->WriteAt(4, buf, 5).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->WriteAt(UINT64_MAX, buf, 2).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(LocalBackendTest, ListIsSortedAndDeletePrefixRemovesEmptiedDirs) {
   auto b = Open();
-  for (const char* k : {"j/step-2/b", "j/step-1/a", "j/step-2/a", "k/step-1/a", "j/step-10/a"})
+  for (const char* k :
+       {"j/step-2/b", "j/step-1/a", "j/step-2/a", "k/step-1/a", "j/step-10/a"})
     ASSERT_TRUE(b->PutSmallObject(k, k).ok());
-  EXPECT_EQ(*b->List("j/step-1"), (std::vector<std::string>{"j/step-1/a", "j/step-10/a"}));
-  EXPECT_EQ(*b->List("j/step-2/"), (std::vector<std::string>{"j/step-2/a", "j/step-2/b"}));
+  EXPECT_EQ(*b->List("j/step-1"),
+            (std::vector<std::string>{"j/step-1/a", "j/step-10/a"}));
+  EXPECT_EQ(*b->List("j/step-2/"),
+            (std::vector<std::string>{"j/step-2/a", "j/step-2/b"}));
   EXPECT_EQ(b->List("").value().size(), 5u);
   ASSERT_TRUE(b->DeletePrefix("j/step-2/").ok());
   EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/root/j/step-2"));
@@ -326,8 +354,11 @@ TEST_P(LocalBackendTest, ListIsSortedAndDeletePrefixRemovesEmptiedDirs) {
 
 TEST_P(LocalBackendTest, KeysThatEscapeTheRootAreRefused) {
   auto b = Open();
-  for (const char* k : {"", "/etc/passwd", "a/../../x", "a//b", "./a", "a/b.tmp.1", "a/"}) {
-    EXPECT_EQ(b->PutSmallObject(k, "x").code(), absl::StatusCode::kInvalidArgument) << k;
+  for (const char* k :
+       {"", "/etc/passwd", "a/../../x", "a//b", "./a", "a/b.tmp.1", "a/"}) {
+    EXPECT_EQ(b->PutSmallObject(k, "x").code(),
+              absl::StatusCode::kInvalidArgument)
+        << k;
   }
   EXPECT_EQ(b->List("../").status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -353,12 +384,16 @@ TEST_P(LocalBackendTest, ReaderOpenedWithoutCleanupKeepsInFlightTmpFiles) {
   EXPECT_EQ(*b->ObjectSize("job/in-flight"), 4096u);
 }
 
-TEST_P(LocalBackendTest, ObjectLargerThanTheFileSystemFailsAtOpenAndLeavesNothing) {
+TEST_P(LocalBackendTest,
+       ObjectLargerThanTheFileSystemFailsAtOpenAndLeavesNothing) {
   auto b = Open();
   auto w = b->NewObjectWriter("job/huge", 1ull << 52);
   EXPECT_FALSE(w.ok());
-  EXPECT_NE(std::string(w.status().message()).find("job/huge.tmp."), std::string::npos) << w.status();
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
+  EXPECT_NE(std::string(w.status().message()).find("job/huge.tmp."),
+            std::string::npos)
+      << w.status();
+  for (auto& e :
+       std::filesystem::recursive_directory_iterator(dir_.path() + "/root"))
     EXPECT_FALSE(e.is_regular_file()) << e.path();
 }
 
@@ -382,7 +417,8 @@ TEST_P(LocalBackendTest, ConcurrentWritersShareRegisteredMemory) {
   EXPECT_EQ(b->List("c/")->size(), threads * 3);
   std::vector<char> back(per);
   for (size_t t = 0; t < threads; ++t) {
-    ASSERT_TRUE(b->ReadAt("c/" + std::to_string(t) + "-2", 0, back.data(), per).ok());
+    ASSERT_TRUE(
+        b->ReadAt("c/" + std::to_string(t) + "-2", 0, back.data(), per).ok());
     EXPECT_EQ(std::memcmp(back.data(), ref.data() + t * per, per), 0) << t;
   }
 }
@@ -403,8 +439,8 @@ TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
   internal::RingPool pool(4, 8);
   if (!pool.Probe()) GTEST_SKIP() << "no io_uring";
   const size_t n = 32 << 20;
-  char* region = static_cast<char*>(
-      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  char* region = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(region, MAP_FAILED);
   std::memset(region, 1, n);
   const uint64_t before = VmPinKiB();
@@ -417,21 +453,26 @@ TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
     pool.Return(std::move(a));
     pool.Return(std::move(b));
   }
-  if (VmPinKiB() < before + n / 1024) GTEST_SKIP() << "VmPin does not count io_uring buffers here";
+  if (VmPinKiB() < before + n / 1024)
+    GTEST_SKIP() << "VmPin does not count io_uring buffers here";
   pool.Unregister(region);
-  EXPECT_EQ(VmPinKiB(), before) << "idle rings still pin the unregistered region";
+  EXPECT_EQ(VmPinKiB(), before)
+      << "idle rings still pin the unregistered region";
 
   ASSERT_TRUE(pool.Register(region, n).ok());
   std::unique_ptr<internal::Ring> held = pool.Borrow();  // an IoQueue in flight
   ASSERT_NE(held, nullptr);
   pool.Unregister(region);
   pool.Return(std::move(held));
-  EXPECT_EQ(VmPinKiB(), before) << "a ring returned after Unregister still pins the region";
+  EXPECT_EQ(VmPinKiB(), before)
+      << "a ring returned after Unregister still pins the region";
   munmap(region, n);
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, LocalBackendTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "io_uring" : "pwrite"; });
+                         [](const auto& info) {
+                           return info.param ? "io_uring" : "pwrite";
+                         });
 
 }  // namespace
 }  // namespace ckpt::storage

@@ -28,8 +28,8 @@ absl::Status FsError(const std::error_code& ec, const std::string& path) {
 
 absl::Status ValidateKey(std::string_view key, std::string_view field) {
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AV(field), " \"", absl::CEscape(AV(key)), "\": ", AV(why)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        AV(field), " \"", absl::CEscape(AV(key)), "\": ", AV(why)));
   };
   if (key.empty()) return bad("empty");
   if (key.size() > 1024) return bad("longer than 1024 bytes");
@@ -40,7 +40,8 @@ absl::Status ValidateKey(std::string_view key, std::string_view field) {
     if (end == std::string_view::npos) end = key.size();
     std::string_view part = key.substr(start, end - start);
     if (part.empty()) return bad("empty path component");
-    if (part == "." || part == "..") return bad("'.' and '..' components are not allowed");
+    if (part == "." || part == "..")
+      return bad("'.' and '..' components are not allowed");
     if (part.find(kTmpMarker) != std::string_view::npos)
       return bad("\".tmp.\" is reserved for temporary files");
     if (part.find('\0') != std::string_view::npos) return bad("contains NUL");
@@ -110,18 +111,22 @@ int OpenComponent(int at, const std::string& name) {
 
 absl::Status ComponentError(int err, const std::string& path) {
   if (err == ELOOP || err == ENOTDIR || err == EXDEV)
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": a symlink or not a directory; refusing to follow it (the root is shared: "
-              "someone who can write to it may have planted it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     ": a symlink or not a directory; refusing to follow it "
+                     "(the root is shared: "
+                     "someone who can write to it may have planted it)"));
   return ErrnoToStatus(err, absl::StrCat("open directory ", path));
 }
 
 }  // namespace
 
-absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root, std::string_view dir, bool create,
+absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
+                                        std::string_view dir, bool create,
                                         bool sync) {
   ScopedFd cur(open(root.c_str(), kDirFlags));
-  if (cur.get() < 0) return ErrnoToStatus(errno, absl::StrCat("open root ", root));
+  if (cur.get() < 0)
+    return ErrnoToStatus(errno, absl::StrCat("open root ", root));
   std::string path = root;
   size_t start = 0;
   while (start < dir.size()) {
@@ -136,12 +141,15 @@ absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root, std::string_vie
       // Made by us or by a concurrent writer whose parent fsync may still
       // be pending: either way the entry must be durable before a file in
       // it is (a no-op on a clean directory).
-      if (sync) CKPT_RETURN_IF_ERROR(SyncFd(cur.get(), path.substr(0, path.rfind('/'))));
+      if (sync)
+        CKPT_RETURN_IF_ERROR(
+            SyncFd(cur.get(), path.substr(0, path.rfind('/'))));
     }
     ScopedFd next(OpenComponent(cur.get(), name));
     if (next.get() < 0) return ComponentError(errno, path);
     struct stat st;
-    if (fstat(next.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("fstat ", path));
+    if (fstat(next.get(), &st) != 0)
+      return ErrnoToStatus(errno, absl::StrCat("fstat ", path));
     if (!S_ISDIR(st.st_mode)) return ComponentError(ENOTDIR, path);
     cur = std::move(next);
   }
@@ -153,7 +161,8 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root,
   std::vector<std::string> out;
   // The start must be a real directory below root; the walk itself follows
   // no symlink (the iterator's default) and lists none.
-  absl::StatusOr<ScopedFd> start_dir = OpenDirBeneath(root, dir_part, false, false);
+  absl::StatusOr<ScopedFd> start_dir =
+      OpenDirBeneath(root, dir_part, false, false);
   if (absl::IsNotFound(start_dir.status())) return out;
   if (!start_dir.ok()) return start_dir.status();
   const fs::path start = fs::path(root) / std::string(dir_part);
@@ -206,8 +215,10 @@ absl::Status RemoveTmpFiles(const std::string& root, std::string_view tag) {
     absl::StatusOr<ScopedFd> parent = OpenDirBeneath(root, dir, false, false);
     if (absl::IsNotFound(parent.status())) continue;
     if (!parent.ok()) return parent.status();
-    if (unlinkat(parent->get(), std::string(name).c_str(), 0) != 0 && errno != ENOENT)
-      return ErrnoToStatus(errno, absl::StrCat("unlink leftover ", root, "/", key));
+    if (unlinkat(parent->get(), std::string(name).c_str(), 0) != 0 &&
+        errno != ENOENT)
+      return ErrnoToStatus(errno,
+                           absl::StrCat("unlink leftover ", root, "/", key));
   }
   return absl::OkStatus();
 }
@@ -216,10 +227,12 @@ void RemoveEmptyParents(const std::string& root, std::string_view key) {
   std::string_view rest = SplitKey(key).first;
   while (!rest.empty()) {
     auto [parent_dir, name] = SplitKey(rest);
-    absl::StatusOr<ScopedFd> parent = OpenDirBeneath(root, parent_dir, false, false);
+    absl::StatusOr<ScopedFd> parent =
+        OpenDirBeneath(root, parent_dir, false, false);
     if (!parent.ok()) return;
     // Not empty (or gone, or not a directory): stop.
-    if (unlinkat(parent->get(), std::string(name).c_str(), AT_REMOVEDIR) != 0) return;
+    if (unlinkat(parent->get(), std::string(name).c_str(), AT_REMOVEDIR) != 0)
+      return;
     rest = parent_dir;
   }
 }

@@ -58,8 +58,8 @@ class ScopedFd {
 // directory is FailedPrecondition naming root/dir; a missing one (create
 // false) NotFound.
 [[nodiscard]] absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
-                                                      std::string_view dir, bool create,
-                                                      bool sync);
+                                                      std::string_view dir,
+                                                      bool create, bool sync);
 // "a/b/c" -> {"a/b", "c"}; "c" -> {"", "c"}.
 std::pair<std::string_view, std::string_view> SplitKey(std::string_view key);
 // fsync(fd); the error names `what`.

@@ -15,7 +15,6 @@
 namespace ckpt::storage {
 namespace {
 
-
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 absl::Status Bad(std::string_view what, std::string_view key,
@@ -84,8 +83,8 @@ absl::StatusOr<v1::NodeManifest> ParseNodeManifest(std::string_view json,
   CKPT_RETURN_IF_ERROR(FromJson(json, &m, "manifest", key));
   if (m.format() != kNodeManifestFormat)
     return Bad("manifest", key,
-               absl::StrCat("format: ", QuotePrefix(m.format()), ", expected \"",
-                            kNodeManifestFormat, "\""));
+               absl::StrCat("format: ", QuotePrefix(m.format()),
+                            ", expected \"", kNodeManifestFormat, "\""));
   if (m.job() != where.job || m.step() != where.step)
     return Bad(
         "manifest", key,
@@ -154,8 +153,8 @@ absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
     return bad(absl::StrCat("format: ", QuotePrefix(m.format()), ", expected ",
                             kGlobalManifestFormat));
   if (m.job() != job)
-    return bad(
-        absl::StrCat("job: ", QuotePrefix(m.job()), ", expected \"", AV(job), "\""));
+    return bad(absl::StrCat("job: ", QuotePrefix(m.job()), ", expected \"",
+                            AV(job), "\""));
   if (m.step() != step)
     return bad(absl::StrCat("step: ", m.step(), ", expected ", step));
   if (m.world_size() == 0) return bad("world_size: 0");
@@ -173,8 +172,8 @@ absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
       return bad(absl::StrCat("shards[rank ", s.rank(), "].key: ",
                               QuotePrefix(s.key()), " is not a storage key"));
     if (!IsHex16(s.checksum_digest()))
-      return bad(absl::StrCat("shards[rank ", s.rank(),
-                              "].checksum_digest: ", QuotePrefix(s.checksum_digest()),
+      return bad(absl::StrCat("shards[rank ", s.rank(), "].checksum_digest: ",
+                              QuotePrefix(s.checksum_digest()),
                               " is not 16 hex digits"));
   }
   return m;

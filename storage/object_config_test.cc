@@ -1,11 +1,12 @@
 // ResolveObjectStoreOptions: the s3:// URL, config keys, AWS environment and
 // shared credentials file, and the refusals (no server needed).
+#include "storage/object_config.h"
+
 #include <cstdio>
 #include <map>
 
 #include "gtest/gtest.h"
 #include "storage/object_backend.h"
-#include "storage/object_config.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::storage {

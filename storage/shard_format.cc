@@ -30,57 +30,67 @@ uint64_t FooterChecksum(const ShardFooter& f) {
 }
 
 // Only built for a refusal; quotes at most a prefix of the name.
-std::string TensorField(size_t i, std::string_view name, std::string_view field) {
-  return absl::StrFormat("tensors[%d] (%s).%s", i, QuotePrefix(name), AV(field));
+std::string TensorField(size_t i, std::string_view name,
+                        std::string_view field) {
+  return absl::StrFormat("tensors[%d] (%s).%s", i, QuotePrefix(name),
+                         AV(field));
 }
 
 // Reads a NUL-padded fixed-size field: a NUL must occur, and every byte after
 // the first NUL must be NUL too (the encoding is canonical).
-absl::StatusOr<std::string> FixedString(const char* p, size_t n, std::string_view field) {
+absl::StatusOr<std::string> FixedString(const char* p, size_t n,
+                                        std::string_view field) {
   const void* nul = std::memchr(p, 0, n);
   if (nul == nullptr)
     return absl::DataLossError(absl::StrCat(AV(field), ": not NUL-terminated"));
   size_t len = static_cast<const char*>(nul) - p;
   for (size_t i = len; i < n; ++i) {
     if (p[i] != 0)
-      return absl::DataLossError(absl::StrCat(AV(field), ": garbage after the terminating NUL"));
+      return absl::DataLossError(
+          absl::StrCat(AV(field), ": garbage after the terminating NUL"));
   }
   return std::string(p, len);
 }
 
 absl::Status Mismatch(std::string_view field, uint64_t got, uint64_t want) {
-  return absl::DataLossError(absl::StrFormat("%s: %d, expected %d", AV(field), got, want));
+  return absl::DataLossError(
+      absl::StrFormat("%s: %d, expected %d", AV(field), got, want));
 }
 
 // Rejects anything but a pristine shard tail: the same message everywhere.
 absl::Status SizeMismatch(uint64_t file_bytes, uint64_t image_bytes) {
   if (file_bytes < image_bytes)
-    return absl::DataLossError(
-        absl::StrFormat("truncated: %d bytes, header says %d", file_bytes, image_bytes));
+    return absl::DataLossError(absl::StrFormat(
+        "truncated: %d bytes, header says %d", file_bytes, image_bytes));
   return absl::DataLossError(
-      absl::StrFormat("trailing bytes: file has %d bytes, header says %d", file_bytes, image_bytes));
+      absl::StrFormat("trailing bytes: file has %d bytes, header says %d",
+                      file_bytes, image_bytes));
 }
 
 }  // namespace
 
-absl::StatusOr<ShardLayout> ComputeLayout(std::span<const uint64_t> tensor_bytes) {
+absl::StatusOr<ShardLayout> ComputeLayout(
+    std::span<const uint64_t> tensor_bytes) {
   if (tensor_bytes.size() > kMaxShardTensors)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "num_tensors: %d, at most %d allowed", tensor_bytes.size(), kMaxShardTensors));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_tensors: %d, at most %d allowed",
+                        tensor_bytes.size(), kMaxShardTensors));
   ShardLayout layout;
   layout.index_offset = kShardAlign;
-  AlignUp(kShardAlign + tensor_bytes.size() * sizeof(IndexEntry), &layout.data_offset);
+  AlignUp(kShardAlign + tensor_bytes.size() * sizeof(IndexEntry),
+          &layout.data_offset);
   layout.tensor_offsets.reserve(tensor_bytes.size());
   uint64_t pos = layout.data_offset;
   for (size_t i = 0; i < tensor_bytes.size(); ++i) {
     uint64_t start;
     if (!AlignUp(pos, &start) || tensor_bytes[i] > UINT64_MAX - start)
-      return absl::InvalidArgumentError(
-          absl::StrFormat("tensors[%d].bytes: %d overflows the layout", i, tensor_bytes[i]));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensors[%d].bytes: %d overflows the layout", i, tensor_bytes[i]));
     layout.tensor_offsets.push_back(start);
     pos = start + tensor_bytes[i];
   }
-  if (!AlignUp(pos, &layout.footer_offset) || layout.footer_offset > UINT64_MAX - kShardAlign)
+  if (!AlignUp(pos, &layout.footer_offset) ||
+      layout.footer_offset > UINT64_MAX - kShardAlign)
     return absl::InvalidArgumentError("tensor bytes overflow the layout");
   layout.image_bytes = layout.footer_offset + kShardAlign;
   return layout;
@@ -92,8 +102,9 @@ absl::Status ValidateShardInfo(ShardInfo* info) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank: %d, must be below world_size %d", info->rank, info->world_size));
   if (info->tensors.size() > kMaxShardTensors)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensors: %d, at most %d allowed", info->tensors.size(), kMaxShardTensors));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensors: %d, at most %d allowed", info->tensors.size(),
+                        kMaxShardTensors));
   std::set<std::string_view> names;
   std::vector<uint64_t> sizes;
   sizes.reserve(info->tensors.size());
@@ -111,8 +122,8 @@ absl::Status ValidateShardInfo(ShardInfo* info) {
           static_cast<uint32_t>(t.dtype)));
     if (t.shape.size() > kMaxTensorDims)
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %d dims, at most %d allowed", TensorField(i, t.name, "shape"), t.shape.size(),
-          kMaxTensorDims));
+          "%s: %d dims, at most %d allowed", TensorField(i, t.name, "shape"),
+          t.shape.size(), kMaxTensorDims));
     uint64_t numel = 1;
     bool overflow = false;
     for (uint64_t d : t.shape) {
@@ -121,12 +132,12 @@ absl::Status ValidateShardInfo(ShardInfo* info) {
     }
     uint64_t elem = DTypeSize(t.dtype);
     if (overflow || (elem != 0 && numel > UINT64_MAX / elem))
-      return absl::InvalidArgumentError(
-          absl::StrCat(TensorField(i, t.name, "shape"), ": element count overflows"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          TensorField(i, t.name, "shape"), ": element count overflows"));
     if (t.bytes != numel * elem)
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %d, expected %d (numel %d * %d bytes)", TensorField(i, t.name, "bytes"), t.bytes,
-          numel * elem, numel, elem));
+          "%s: %d, expected %d (numel %d * %d bytes)",
+          TensorField(i, t.name, "bytes"), t.bytes, numel * elem, numel, elem));
     sizes.push_back(t.bytes);
   }
   CKPT_ASSIGN_OR_RETURN(ShardLayout layout, ComputeLayout(sizes));
@@ -145,8 +156,9 @@ absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image) {
   CKPT_RETURN_IF_ERROR(ValidateShardInfo(&info));
   const ShardLayout& layout = info.layout;
   if (image.size() < layout.image_bytes)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "image: %d bytes, the shard needs %d", image.size(), layout.image_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("image: %d bytes, the shard needs %d", image.size(),
+                        layout.image_bytes));
   std::memset(image.data(), 0, layout.data_offset);
   char* index = image.data() + layout.index_offset;
   for (size_t i = 0; i < info.tensors.size(); ++i) {
@@ -162,7 +174,8 @@ absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image) {
     e.checksum = t.checksum;
     std::memcpy(index + i * sizeof(IndexEntry), &e, sizeof(e));
   }
-  const uint64_t index_checksum = Hash64(index, info.tensors.size() * sizeof(IndexEntry));
+  const uint64_t index_checksum =
+      Hash64(index, info.tensors.size() * sizeof(IndexEntry));
 
   ShardHeader h;
   std::memset(&h, 0, sizeof(h));
@@ -202,58 +215,74 @@ absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image) {
 
 absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block) {
   if (first_block.size() < kShardAlign)
-    return absl::DataLossError(absl::StrFormat(
-        "truncated: %d bytes, a shard header needs %d", first_block.size(), kShardAlign));
+    return absl::DataLossError(
+        absl::StrFormat("truncated: %d bytes, a shard header needs %d",
+                        first_block.size(), kShardAlign));
   ShardHeader h;
   std::memcpy(&h, first_block.data(), sizeof(h));
   if (std::memcmp(h.magic, kShardMagic, sizeof(h.magic)) != 0)
-    return absl::DataLossError("header.magic: not a ckpt shard (expected \"CKPTSHRD\")");
+    return absl::DataLossError(
+        "header.magic: not a ckpt shard (expected \"CKPTSHRD\")");
   if (h.version != kShardVersion)
-    return absl::DataLossError(absl::StrFormat(
-        "header.version: %d, this build reads version %d", h.version, kShardVersion));
+    return absl::DataLossError(
+        absl::StrFormat("header.version: %d, this build reads version %d",
+                        h.version, kShardVersion));
   if (h.header_bytes != sizeof(ShardHeader))
     return Mismatch("header.header_bytes", h.header_bytes, sizeof(ShardHeader));
   if (h.index_entry_bytes != sizeof(IndexEntry))
-    return Mismatch("header.index_entry_bytes", h.index_entry_bytes, sizeof(IndexEntry));
+    return Mismatch("header.index_entry_bytes", h.index_entry_bytes,
+                    sizeof(IndexEntry));
   uint64_t sum = HeaderChecksum(h);
   if (h.header_checksum != sum)
-    return absl::DataLossError(absl::StrFormat(
-        "header.header_checksum: stored %#x, computed %#x", h.header_checksum, sum));
+    return absl::DataLossError(
+        absl::StrFormat("header.header_checksum: stored %#x, computed %#x",
+                        h.header_checksum, sum));
   if (h.num_tensors > kMaxShardTensors)
-    return absl::DataLossError(absl::StrFormat(
-        "header.num_tensors: %d, at most %d allowed", h.num_tensors, kMaxShardTensors));
-  if (h.index_offset != kShardAlign) return Mismatch("header.index_offset", h.index_offset, kShardAlign);
+    return absl::DataLossError(
+        absl::StrFormat("header.num_tensors: %d, at most %d allowed",
+                        h.num_tensors, kMaxShardTensors));
+  if (h.index_offset != kShardAlign)
+    return Mismatch("header.index_offset", h.index_offset, kShardAlign);
   uint64_t data_offset;
-  AlignUp(kShardAlign + uint64_t{h.num_tensors} * sizeof(IndexEntry), &data_offset);
-  if (h.data_offset != data_offset) return Mismatch("header.data_offset", h.data_offset, data_offset);
+  AlignUp(kShardAlign + uint64_t{h.num_tensors} * sizeof(IndexEntry),
+          &data_offset);
+  if (h.data_offset != data_offset)
+    return Mismatch("header.data_offset", h.data_offset, data_offset);
   if (h.footer_offset < h.data_offset || h.footer_offset % kShardAlign != 0 ||
       h.footer_offset > UINT64_MAX - kShardAlign)
-    return absl::DataLossError(absl::StrFormat("header.footer_offset: %d is not a valid offset", h.footer_offset));
+    return absl::DataLossError(absl::StrFormat(
+        "header.footer_offset: %d is not a valid offset", h.footer_offset));
   if (h.image_bytes != h.footer_offset + kShardAlign)
-    return Mismatch("header.image_bytes", h.image_bytes, h.footer_offset + kShardAlign);
+    return Mismatch("header.image_bytes", h.image_bytes,
+                    h.footer_offset + kShardAlign);
   if (h.checksum_chunk_bytes != kChecksumChunk)
-    return Mismatch("header.checksum_chunk_bytes", h.checksum_chunk_bytes, kChecksumChunk);
+    return Mismatch("header.checksum_chunk_bytes", h.checksum_chunk_bytes,
+                    kChecksumChunk);
   return h;
 }
 
-absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
-                                              std::span<const char> footer_block,
-                                              uint64_t file_bytes) {
+absl::StatusOr<ShardInfo> DecodeShardMetadata(
+    std::span<const char> head, std::span<const char> footer_block,
+    uint64_t file_bytes) {
   CKPT_ASSIGN_OR_RETURN(ShardHeader h, DecodeHeader(head));
-  if (file_bytes != h.image_bytes) return SizeMismatch(file_bytes, h.image_bytes);
+  if (file_bytes != h.image_bytes)
+    return SizeMismatch(file_bytes, h.image_bytes);
   if (head.size() < h.data_offset)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "head: %d bytes given, the index ends at %d", head.size(), h.data_offset));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("head: %d bytes given, the index ends at %d",
+                        head.size(), h.data_offset));
   if (footer_block.size() < sizeof(ShardFooter))
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "footer block: %d bytes given, need %d", footer_block.size(), sizeof(ShardFooter)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("footer block: %d bytes given, need %d",
+                        footer_block.size(), sizeof(ShardFooter)));
 
   const char* index = head.data() + h.index_offset;
   const uint64_t index_bytes = uint64_t{h.num_tensors} * sizeof(IndexEntry);
   uint64_t index_sum = Hash64(index, index_bytes);
   if (index_sum != h.index_checksum)
     return absl::DataLossError(absl::StrFormat(
-        "header.index_checksum: stored %#x, computed %#x over the index", h.index_checksum, index_sum));
+        "header.index_checksum: stored %#x, computed %#x over the index",
+        h.index_checksum, index_sum));
 
   ShardFooter f;
   std::memcpy(&f, footer_block.data(), sizeof(f));
@@ -261,17 +290,22 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
     return absl::DataLossError("footer.magic: expected \"CKPTEND1\"");
   uint64_t footer_sum = FooterChecksum(f);
   if (f.footer_checksum != footer_sum)
-    return absl::DataLossError(absl::StrFormat(
-        "footer.footer_checksum: stored %#x, computed %#x", f.footer_checksum, footer_sum));
+    return absl::DataLossError(
+        absl::StrFormat("footer.footer_checksum: stored %#x, computed %#x",
+                        f.footer_checksum, footer_sum));
   if (f.step != h.step) return Mismatch("footer.step", f.step, h.step);
   if (f.rank != h.rank) return Mismatch("footer.rank", f.rank, h.rank);
-  if (f.num_tensors != h.num_tensors) return Mismatch("footer.num_tensors", f.num_tensors, h.num_tensors);
-  if (f.image_bytes != h.image_bytes) return Mismatch("footer.image_bytes", f.image_bytes, h.image_bytes);
+  if (f.num_tensors != h.num_tensors)
+    return Mismatch("footer.num_tensors", f.num_tensors, h.num_tensors);
+  if (f.image_bytes != h.image_bytes)
+    return Mismatch("footer.image_bytes", f.image_bytes, h.image_bytes);
   if (f.index_checksum != h.index_checksum)
-    return Mismatch("footer.index_checksum", f.index_checksum, h.index_checksum);
+    return Mismatch("footer.index_checksum", f.index_checksum,
+                    h.index_checksum);
 
   ShardInfo info;
-  CKPT_ASSIGN_OR_RETURN(info.job, FixedString(h.job, sizeof(h.job), "header.job"));
+  CKPT_ASSIGN_OR_RETURN(info.job,
+                        FixedString(h.job, sizeof(h.job), "header.job"));
   if (absl::Status s = ValidateJobName(info.job, "header.job"); !s.ok())
     return absl::DataLossError(s.message());
   info.step = h.step;
@@ -283,15 +317,18 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
     IndexEntry e;
     std::memcpy(&e, index + uint64_t{i} * sizeof(IndexEntry), sizeof(e));
     ShardTensor& t = info.tensors[i];
-    CKPT_ASSIGN_OR_RETURN(t.name, FixedString(e.name, sizeof(e.name),
-                                              absl::StrFormat("tensors[%d].name", i)));
+    CKPT_ASSIGN_OR_RETURN(t.name,
+                          FixedString(e.name, sizeof(e.name),
+                                      absl::StrFormat("tensors[%d].name", i)));
     if (e.ndim > kMaxTensorDims)
       return absl::DataLossError(absl::StrFormat("%s: %d, at most %d allowed",
-                                                 TensorField(i, t.name, "ndim"), e.ndim, kMaxTensorDims));
+                                                 TensorField(i, t.name, "ndim"),
+                                                 e.ndim, kMaxTensorDims));
     for (uint32_t d = e.ndim; d < kMaxTensorDims; ++d) {
       if (e.shape[d] != 0)
-        return absl::DataLossError(absl::StrFormat("%s[%d]: %d in an unused dimension",
-                                                   TensorField(i, t.name, "shape"), d, e.shape[d]));
+        return absl::DataLossError(
+            absl::StrFormat("%s[%d]: %d in an unused dimension",
+                            TensorField(i, t.name, "shape"), d, e.shape[d]));
     }
     t.dtype = static_cast<DType>(e.dtype);
     t.shape.assign(e.shape, e.shape + e.ndim);
@@ -299,9 +336,11 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(std::span<const char> head,
     t.bytes = e.bytes;
     t.checksum = e.checksum;
   }
-  if (absl::Status s = ValidateShardInfo(&info); !s.ok()) return absl::DataLossError(s.message());
+  if (absl::Status s = ValidateShardInfo(&info); !s.ok())
+    return absl::DataLossError(s.message());
   if (info.layout.footer_offset != h.footer_offset)
-    return Mismatch("header.footer_offset", h.footer_offset, info.layout.footer_offset);
+    return Mismatch("header.footer_offset", h.footer_offset,
+                    info.layout.footer_offset);
   return info;
 }
 

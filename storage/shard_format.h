@@ -28,13 +28,14 @@ inline constexpr uint64_t kShardAlign = 4096;
 inline constexpr uint32_t kShardVersion = 1;
 inline constexpr uint32_t kMaxShardTensors = 1u << 16;
 inline constexpr char kShardMagic[8] = {'C', 'K', 'P', 'T', 'S', 'H', 'R', 'D'};
-inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T', 'E', 'N', 'D', '1'};
+inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T',
+                                         'E', 'N', 'D', '1'};
 
 #pragma pack(push, 1)
 struct ShardHeader {
-  char magic[8];               // kShardMagic
-  uint32_t version;            // kShardVersion
-  uint32_t header_bytes;       // sizeof(ShardHeader)
+  char magic[8];          // kShardMagic
+  uint32_t version;       // kShardVersion
+  uint32_t header_bytes;  // sizeof(ShardHeader)
   uint64_t step;
   uint32_t rank;
   uint32_t world_size;
@@ -43,30 +44,30 @@ struct ShardHeader {
   uint64_t index_offset;       // 4096
   uint64_t data_offset;
   uint64_t footer_offset;
-  uint64_t image_bytes;        // file size: footer_offset + 4096
+  uint64_t image_bytes;           // file size: footer_offset + 4096
   uint64_t checksum_chunk_bytes;  // kChecksumChunk when written
-  uint64_t index_checksum;     // Hash64 of the index entries
+  uint64_t index_checksum;        // Hash64 of the index entries
   uint64_t created_unix_ns;
-  char job[128];               // NUL-padded
-  uint64_t header_checksum;    // Hash64 of every byte above
+  char job[128];             // NUL-padded
+  uint64_t header_checksum;  // Hash64 of every byte above
 };
 struct IndexEntry {
-  char name[160];              // NUL-padded, at most 159 bytes
-  uint32_t dtype;              // ckpt::DType
-  uint32_t ndim;               // <= kMaxTensorDims
-  uint64_t shape[8];           // unused dims are 0
+  char name[160];     // NUL-padded, at most 159 bytes
+  uint32_t dtype;     // ckpt::DType
+  uint32_t ndim;      // <= kMaxTensorDims
+  uint64_t shape[8];  // unused dims are 0
   uint64_t offset;
   uint64_t bytes;
-  uint64_t checksum;           // util/checksum.h TensorChecksum
+  uint64_t checksum;  // util/checksum.h TensorChecksum
 };
 struct ShardFooter {
-  char magic[8];               // kFooterMagic
+  char magic[8];  // kFooterMagic
   uint64_t step;
   uint32_t rank;
   uint32_t num_tensors;
   uint64_t image_bytes;
-  uint64_t index_checksum;     // same as the header's
-  uint64_t footer_checksum;    // Hash64 of every byte above
+  uint64_t index_checksum;   // same as the header's
+  uint64_t footer_checksum;  // Hash64 of every byte above
 };
 #pragma pack(pop)
 static_assert(sizeof(IndexEntry) == 256);

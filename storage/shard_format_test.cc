@@ -1,12 +1,11 @@
 #include "storage/shard_format.h"
 
-#include "storage/shard_testing.h"
-
 #include <cstddef>
 #include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "storage/shard_testing.h"
 #include "util/checksum.h"
 
 namespace ckpt::storage {
@@ -17,16 +16,21 @@ absl::StatusOr<ShardInfo> Decode(const std::vector<char>& image) {
   if (!h.ok()) return h.status();
   if (h->footer_offset + kShardAlign > image.size())
     return DecodeShardMetadata(image, {}, image.size());
-  return DecodeShardMetadata(image, std::span<const char>(image).subspan(h->footer_offset),
-                             image.size());
+  return DecodeShardMetadata(
+      image, std::span<const char>(image).subspan(h->footer_offset),
+      image.size());
 }
 
-ShardHeader* Header(std::vector<char>& image) { return reinterpret_cast<ShardHeader*>(image.data()); }
+ShardHeader* Header(std::vector<char>& image) {
+  return reinterpret_cast<ShardHeader*>(image.data());
+}
 IndexEntry* Entry(std::vector<char>& image, size_t i) {
-  return reinterpret_cast<IndexEntry*>(image.data() + kShardAlign + i * sizeof(IndexEntry));
+  return reinterpret_cast<IndexEntry*>(image.data() + kShardAlign +
+                                       i * sizeof(IndexEntry));
 }
 ShardFooter* Footer(std::vector<char>& image) {
-  return reinterpret_cast<ShardFooter*>(image.data() + Header(image)->footer_offset);
+  return reinterpret_cast<ShardFooter*>(image.data() +
+                                        Header(image)->footer_offset);
 }
 // Recomputes every checksum so that a test reaches the check behind them.
 void Reseal(std::vector<char>& image) {
@@ -40,10 +44,12 @@ void Reseal(std::vector<char>& image) {
   f->footer_checksum = Hash64(f, offsetof(ShardFooter, footer_checksum));
 }
 
-void ExpectDataLoss(const absl::StatusOr<ShardInfo>& r, const std::string& needle) {
+void ExpectDataLoss(const absl::StatusOr<ShardInfo>& r,
+                    const std::string& needle) {
   ASSERT_FALSE(r.ok()) << "expected an error mentioning " << needle;
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos)
+      << r.status();
 }
 
 TEST(ComputeLayout, PlacesEveryTensorAtAnAlignedOffsetInOrder) {
@@ -51,7 +57,8 @@ TEST(ComputeLayout, PlacesEveryTensorAtAnAlignedOffsetInOrder) {
   ShardLayout l = *ComputeLayout(sizes);
   EXPECT_EQ(l.index_offset, 4096u);
   EXPECT_EQ(l.data_offset, 8192u);  // 4096 + 5 * 256, aligned up
-  EXPECT_EQ(l.tensor_offsets, (std::vector<uint64_t>{8192, 12288, 12288, 16384, 24576}));
+  EXPECT_EQ(l.tensor_offsets,
+            (std::vector<uint64_t>{8192, 12288, 12288, 16384, 24576}));
   EXPECT_EQ(l.footer_offset, 24576u);
   EXPECT_EQ(l.image_bytes, 24576u + 4096);
 }
@@ -65,14 +72,17 @@ TEST(ComputeLayout, EmptyShardIsHeaderIndexAndFooter) {
 
 TEST(ComputeLayout, IndexSpillsIntoSeveralBlocks) {
   std::vector<uint64_t> sizes(17, 1);
-  EXPECT_EQ(ComputeLayout(sizes)->data_offset, 4096u + 8192u);  // 17*256 = 4352 bytes of index
+  EXPECT_EQ(ComputeLayout(sizes)->data_offset,
+            4096u + 8192u);  // 17*256 = 4352 bytes of index
 }
 
 TEST(ComputeLayout, RejectsTooManyTensorsAndOverflow) {
   std::vector<uint64_t> many(kMaxShardTensors + 1, 1);
-  EXPECT_EQ(ComputeLayout(many).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeLayout(many).status().code(),
+            absl::StatusCode::kInvalidArgument);
   std::vector<uint64_t> huge = {UINT64_MAX - 100};
-  EXPECT_EQ(ComputeLayout(huge).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeLayout(huge).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ShardFormat, EncodeDecodeRoundTrips) {
@@ -100,7 +110,8 @@ TEST(ValidateShardInfo, NamesTheTensorAndFieldOfAWrongOffset) {
   s.info.tensors[1].offset += 4096;
   absl::Status st = ValidateShardInfo(&s.info);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(st.message(), "tensors[1] (\"layer1.weight\").offset: 16384, expected 12288");
+  EXPECT_EQ(st.message(),
+            "tensors[1] (\"layer1.weight\").offset: 16384, expected 12288");
 }
 
 TEST(ValidateShardInfo, RejectsDuplicateBadDtypeWrongBytesAndTooManyDims) {
@@ -109,11 +120,16 @@ TEST(ValidateShardInfo, RejectsDuplicateBadDtypeWrongBytesAndTooManyDims) {
     std::string field;
   };
   std::vector<Case> cases = {
-      {[](ShardInfo& i) { i.tensors[1].name = i.tensors[0].name; }, "tensors[1] (\"layer0.weight\").name"},
-      {[](ShardInfo& i) { i.tensors[0].name = "bad\nname"; }, "tensors[0] (\"bad\\nname\").name"},
-      {[](ShardInfo& i) { i.tensors[0].dtype = static_cast<DType>(99); }, ".dtype: 99"},
-      {[](ShardInfo& i) { i.tensors[0].bytes += 1; }, "tensors[0] (\"layer0.weight\").bytes"},
-      {[](ShardInfo& i) { i.tensors[0].shape.assign(9, 1); }, "tensors[0] (\"layer0.weight\").shape"},
+      {[](ShardInfo& i) { i.tensors[1].name = i.tensors[0].name; },
+       "tensors[1] (\"layer0.weight\").name"},
+      {[](ShardInfo& i) { i.tensors[0].name = "bad\nname"; },
+       "tensors[0] (\"bad\\nname\").name"},
+      {[](ShardInfo& i) { i.tensors[0].dtype = static_cast<DType>(99); },
+       ".dtype: 99"},
+      {[](ShardInfo& i) { i.tensors[0].bytes += 1; },
+       "tensors[0] (\"layer0.weight\").bytes"},
+      {[](ShardInfo& i) { i.tensors[0].shape.assign(9, 1); },
+       "tensors[0] (\"layer0.weight\").shape"},
       {[](ShardInfo& i) { i.job = "../etc"; }, "job"},
       {[](ShardInfo& i) { i.rank = 4; }, "rank"},
   };
@@ -129,7 +145,8 @@ TEST(ValidateShardInfo, RejectsDuplicateBadDtypeWrongBytesAndTooManyDims) {
 TEST(ShardFormat, EncodeRefusesAnImageTooSmall) {
   Shard s = MakeShard({{4}});
   std::vector<char> small(s.image.size() - 1);
-  EXPECT_EQ(EncodeShardMetadata(s.info, small).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeShardMetadata(s.info, small).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DecodeShardMetadata, DetectsFlippedBitsInHeaderIndexAndFooter) {
@@ -145,10 +162,12 @@ TEST(DecodeShardMetadata, DetectsFlippedBitsInHeaderIndexAndFooter) {
       {offsetof(ShardHeader, step), "header.header_checksum"},
       {offsetof(ShardHeader, job) + 2, "header.header_checksum"},
       {kShardAlign + 3, "header.index_checksum"},
-      {kShardAlign + 256 + offsetof(IndexEntry, offset), "header.index_checksum"},
+      {kShardAlign + 256 + offsetof(IndexEntry, offset),
+       "header.index_checksum"},
       {footer + 1, "footer.magic"},
       {footer + offsetof(ShardFooter, step), "footer.footer_checksum"},
-      {footer + offsetof(ShardFooter, footer_checksum), "footer.footer_checksum"},
+      {footer + offsetof(ShardFooter, footer_checksum),
+       "footer.footer_checksum"},
   };
   for (const Flip& f : flips) {
     std::vector<char> image = s.image;
@@ -164,24 +183,42 @@ TEST(DecodeShardMetadata, ChecksHeaderFieldsBehindAValidChecksum) {
     std::string field;
   };
   std::vector<Case> cases = {
-      {[](std::vector<char>& im) { Header(im)->header_bytes = 100; }, "header.header_bytes"},
-      {[](std::vector<char>& im) { Header(im)->index_entry_bytes = 128; }, "header.index_entry_bytes"},
-      {[](std::vector<char>& im) { Header(im)->num_tensors = kMaxShardTensors + 1; }, "header.num_tensors"},
-      {[](std::vector<char>& im) { Header(im)->index_offset = 0; }, "header.index_offset"},
-      {[](std::vector<char>& im) { Header(im)->data_offset += 4096; }, "header.data_offset"},
-      {[](std::vector<char>& im) { Header(im)->checksum_chunk_bytes = 4096; }, "header.checksum_chunk_bytes"},
-      {[](std::vector<char>& im) { std::memset(Header(im)->job, 'x', 128); }, "header.job: not NUL-terminated"},
+      {[](std::vector<char>& im) { Header(im)->header_bytes = 100; },
+       "header.header_bytes"},
+      {[](std::vector<char>& im) { Header(im)->index_entry_bytes = 128; },
+       "header.index_entry_bytes"},
+      {[](std::vector<char>& im) {
+         Header(im)->num_tensors = kMaxShardTensors + 1;
+       },
+       "header.num_tensors"},
+      {[](std::vector<char>& im) { Header(im)->index_offset = 0; },
+       "header.index_offset"},
+      {[](std::vector<char>& im) { Header(im)->data_offset += 4096; },
+       "header.data_offset"},
+      {[](std::vector<char>& im) { Header(im)->checksum_chunk_bytes = 4096; },
+       "header.checksum_chunk_bytes"},
+      {[](std::vector<char>& im) { std::memset(Header(im)->job, 'x', 128); },
+       "header.job: not NUL-terminated"},
       {[](std::vector<char>& im) { Header(im)->job[0] = '.'; }, "header.job"},
       {[](std::vector<char>& im) { Header(im)->rank = 9; }, "footer.rank"},
       {[](std::vector<char>& im) { Footer(im)->step = 1; }, "footer.step"},
-      {[](std::vector<char>& im) { Entry(im, 1)->offset += 4096; }, "tensors[1] (\"layer1.weight\").offset"},
-      {[](std::vector<char>& im) { Entry(im, 0)->bytes = 24; }, "tensors[0] (\"layer0.weight\").bytes"},
-      {[](std::vector<char>& im) { Entry(im, 0)->ndim = 9; }, "tensors[0] (\"layer0.weight\").ndim"},
-      {[](std::vector<char>& im) { Entry(im, 0)->shape[5] = 1; }, "tensors[0] (\"layer0.weight\").shape[5]"},
-      {[](std::vector<char>& im) { Entry(im, 0)->dtype = 0; }, "tensors[0] (\"layer0.weight\").dtype"},
-      {[](std::vector<char>& im) { std::memset(Entry(im, 1)->name, 'a', 160); }, "tensors[1].name: not NUL"},
-      {[](std::vector<char>& im) { Entry(im, 1)->name[150] = 'z'; }, "tensors[1].name: garbage"},
-      {[](std::vector<char>& im) { std::memcpy(Entry(im, 1)->name, "layer0.weight", 13); },
+      {[](std::vector<char>& im) { Entry(im, 1)->offset += 4096; },
+       "tensors[1] (\"layer1.weight\").offset"},
+      {[](std::vector<char>& im) { Entry(im, 0)->bytes = 24; },
+       "tensors[0] (\"layer0.weight\").bytes"},
+      {[](std::vector<char>& im) { Entry(im, 0)->ndim = 9; },
+       "tensors[0] (\"layer0.weight\").ndim"},
+      {[](std::vector<char>& im) { Entry(im, 0)->shape[5] = 1; },
+       "tensors[0] (\"layer0.weight\").shape[5]"},
+      {[](std::vector<char>& im) { Entry(im, 0)->dtype = 0; },
+       "tensors[0] (\"layer0.weight\").dtype"},
+      {[](std::vector<char>& im) { std::memset(Entry(im, 1)->name, 'a', 160); },
+       "tensors[1].name: not NUL"},
+      {[](std::vector<char>& im) { Entry(im, 1)->name[150] = 'z'; },
+       "tensors[1].name: garbage"},
+      {[](std::vector<char>& im) {
+         std::memcpy(Entry(im, 1)->name, "layer0.weight", 13);
+       },
        "tensors[1] (\"layer0.weight\").name: duplicate"},
   };
   for (const Case& c : cases) {
@@ -194,10 +231,12 @@ TEST(DecodeShardMetadata, ChecksHeaderFieldsBehindAValidChecksum) {
 
 TEST(DecodeShardMetadata, TruncatedFileNamesBothSizes) {
   Shard s = MakeShard({{1024}});
-  std::vector<char> head(s.image.begin(), s.image.begin() + Header(s.image)->data_offset);
+  std::vector<char> head(s.image.begin(),
+                         s.image.begin() + Header(s.image)->data_offset);
   const uint64_t footer = Header(s.image)->footer_offset;
-  auto r = DecodeShardMetadata(head, std::span<const char>(s.image).subspan(footer),
-                               s.image.size() - 4096);
+  auto r =
+      DecodeShardMetadata(head, std::span<const char>(s.image).subspan(footer),
+                          s.image.size() - 4096);
   ExpectDataLoss(r, "truncated: 12288 bytes, header says 16384");
 }
 
@@ -222,9 +261,10 @@ TEST(DecodeShardMetadata, RandomGarbageAndRandomFlipsNeverPass) {
     absl::StatusOr<ShardInfo> r = Decode(image);
     // Metadata decode covers every metadata byte that carries meaning; the
     // padding after the structs and the tensor bytes are not its concern.
-    bool meaningful = pos < sizeof(ShardHeader) ||
-                      (pos >= kShardAlign && pos < kShardAlign + 3 * sizeof(IndexEntry)) ||
-                      (pos >= footer && pos < footer + sizeof(ShardFooter));
+    bool meaningful =
+        pos < sizeof(ShardHeader) ||
+        (pos >= kShardAlign && pos < kShardAlign + 3 * sizeof(IndexEntry)) ||
+        (pos >= footer && pos < footer + sizeof(ShardFooter));
     if (meaningful) {
       EXPECT_FALSE(r.ok()) << "flip at " << pos;
     }
@@ -232,14 +272,16 @@ TEST(DecodeShardMetadata, RandomGarbageAndRandomFlipsNeverPass) {
   for (int i = 0; i < 2000; ++i) {
     std::vector<char> garbage(rng() % 20000);
     for (char& c : garbage) c = static_cast<char>(rng());
-    if (garbage.size() >= 8 && rng() % 2) std::memcpy(garbage.data(), kShardMagic, 8);
+    if (garbage.size() >= 8 && rng() % 2)
+      std::memcpy(garbage.data(), kShardMagic, 8);
     EXPECT_FALSE(Decode(garbage).ok());
   }
 }
 
 TEST(ShardKeys, AreZeroPadded) {
   EXPECT_EQ(StepPrefix("job", 42), "job/step-00000000000000000042/");
-  EXPECT_EQ(ShardKey("job", 42, 7), "job/step-00000000000000000042/rank-00007.shard");
+  EXPECT_EQ(ShardKey("job", 42, 7),
+            "job/step-00000000000000000042/rank-00007.shard");
   EXPECT_EQ(ManifestKey("job", 42), "job/step-00000000000000000042/MANIFEST");
   EXPECT_EQ(StepPrefix("j", UINT64_MAX), "j/step-18446744073709551615/");
 }

@@ -20,7 +20,10 @@ class ShardReaderTest : public ::testing::Test {
     backend_ = std::move(*b);
   }
   void Put(const std::string& key, const std::vector<char>& bytes) {
-    ASSERT_TRUE(backend_->PutSmallObject(key, std::string_view(bytes.data(), bytes.size())).ok());
+    ASSERT_TRUE(
+        backend_
+            ->PutSmallObject(key, std::string_view(bytes.data(), bytes.size()))
+            .ok());
   }
   ckpt::testing::TempDir dir_;
   std::unique_ptr<Backend> backend_;
@@ -34,10 +37,11 @@ TEST_F(ShardReaderTest, ReadsAndVerifiesAGoodShard) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->tensors.size(), 3u);
   int called = 0;
-  absl::Status v = VerifyShard(*backend_, "j/r0", [&](const ShardTensor& t, uint64_t computed) {
-    EXPECT_EQ(t.checksum, computed) << t.name;
-    ++called;
-  });
+  absl::Status v = VerifyShard(*backend_, "j/r0",
+                               [&](const ShardTensor& t, uint64_t computed) {
+                                 EXPECT_EQ(t.checksum, computed) << t.name;
+                                 ++called;
+                               });
   EXPECT_TRUE(v.ok()) << v;
   EXPECT_EQ(called, 3);
 }
@@ -50,9 +54,14 @@ TEST_F(ShardReaderTest, VerifyNamesTheCorruptedTensor) {
   ASSERT_TRUE(ReadShardInfo(*backend_, "j/r0").ok());  // metadata is intact
   absl::Status v = VerifyShard(*backend_, "j/r0");
   EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(std::string(v.message()).find("j/r0: tensor \"layer1.weight\": checksum mismatch (stored 0x"),
-            std::string::npos) << v;
-  EXPECT_NE(std::string(v.message()).find("(and 1 more tensors)"), std::string::npos) << v;
+  EXPECT_NE(
+      std::string(v.message())
+          .find("j/r0: tensor \"layer1.weight\": checksum mismatch (stored 0x"),
+      std::string::npos)
+      << v;
+  EXPECT_NE(std::string(v.message()).find("(and 1 more tensors)"),
+            std::string::npos)
+      << v;
 }
 
 TEST_F(ShardReaderTest, TruncationAtAnyOffsetIsDataLoss) {
@@ -61,13 +70,17 @@ TEST_F(ShardReaderTest, TruncationAtAnyOffsetIsDataLoss) {
     Put("j/cut", std::vector<char>(s.image.begin(), s.image.begin() + len));
     absl::StatusOr<ShardInfo> r = ReadShardInfo(*backend_, "j/cut");
     ASSERT_FALSE(r.ok()) << len;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << len << " " << r.status();
-    EXPECT_NE(std::string(r.status().message()).find("truncated"), std::string::npos) << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss)
+        << len << " " << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("truncated"),
+              std::string::npos)
+        << r.status();
   }
   std::vector<char> longer = s.image;
   longer.resize(longer.size() + 4096);
   Put("j/long", longer);
-  EXPECT_EQ(ReadShardInfo(*backend_, "j/long").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadShardInfo(*backend_, "j/long").status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST_F(ShardReaderTest, GarbageIsDataLossNotACrash) {
@@ -79,7 +92,8 @@ TEST_F(ShardReaderTest, GarbageIsDataLossNotACrash) {
     EXPECT_FALSE(ReadShardInfo(*backend_, "j/junk").ok());
     EXPECT_FALSE(VerifyShard(*backend_, "j/junk").ok());
   }
-  EXPECT_EQ(ReadShardInfo(*backend_, "j/none").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadShardInfo(*backend_, "j/none").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(ShardReaderTest, ReadTensorFillsCallerMemoryAndChecksIt) {
@@ -91,10 +105,14 @@ TEST_F(ShardReaderTest, ReadTensorFillsCallerMemoryAndChecksIt) {
   for (size_t i = 0; i < s.info.tensors.size(); ++i) {
     const ShardTensor& t = s.info.tensors[i];
     std::vector<char> dst(t.bytes + 1);
-    ASSERT_TRUE((*reader)->ReadTensor(i, dst.data() + 1).ok()) << i;  // unaligned dst
-    EXPECT_EQ(std::memcmp(dst.data() + 1, s.image.data() + t.offset, t.bytes), 0) << i;
+    ASSERT_TRUE((*reader)->ReadTensor(i, dst.data() + 1).ok())
+        << i;  // unaligned dst
+    EXPECT_EQ(std::memcmp(dst.data() + 1, s.image.data() + t.offset, t.bytes),
+              0)
+        << i;
   }
-  EXPECT_EQ((*reader)->ReadTensor(3, nullptr).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*reader)->ReadTensor(3, nullptr).code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(ShardReaderTest, ReadTensorNamesAFlippedTensor) {
@@ -107,7 +125,9 @@ TEST_F(ShardReaderTest, ReadTensorNamesAFlippedTensor) {
   EXPECT_TRUE((*reader)->ReadTensor(0, dst.data()).ok());
   absl::Status st = (*reader)->ReadTensor(1, dst.data());
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(std::string(st.message()).find("j/r0: tensor \"layer1.weight\""), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find("j/r0: tensor \"layer1.weight\""),
+            std::string::npos)
+      << st;
 }
 
 // One open: the reader keeps reading the object after its name is deleted.
@@ -124,7 +144,8 @@ TEST_F(ShardReaderTest, StreamTensorReadsThroughTheOneOpenObject) {
   });
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(*sum, s.info.tensors[0].checksum);
-  EXPECT_EQ(streamed, std::string(s.image.data() + s.info.tensors[0].offset, s.info.tensors[0].bytes));
+  EXPECT_EQ(streamed, std::string(s.image.data() + s.info.tensors[0].offset,
+                                  s.info.tensors[0].bytes));
   EXPECT_TRUE((*reader)->Verify().ok());
 }
 

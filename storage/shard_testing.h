@@ -19,7 +19,8 @@ struct Shard {
   std::vector<char> image;
 };
 
-inline Shard MakeShard(const std::vector<std::vector<uint64_t>>& shapes, uint32_t seed = 1) {
+inline Shard MakeShard(const std::vector<std::vector<uint64_t>>& shapes,
+                       uint32_t seed = 1) {
   Shard s;
   s.info.job = "job-a";
   s.info.step = 42;
@@ -43,7 +44,8 @@ inline Shard MakeShard(const std::vector<std::vector<uint64_t>>& shapes, uint32_
   for (size_t i = 0; i < s.info.tensors.size(); ++i) {
     ShardTensor& t = s.info.tensors[i];
     t.offset = layout.tensor_offsets[i];
-    for (uint64_t b = 0; b < t.bytes; ++b) s.image[t.offset + b] = static_cast<char>(rng());
+    for (uint64_t b = 0; b < t.bytes; ++b)
+      s.image[t.offset + b] = static_cast<char>(rng());
     t.checksum = TensorChecksum(s.image.data() + t.offset, t.bytes);
   }
   EXPECT_TRUE(EncodeShardMetadata(s.info, s.image).ok());

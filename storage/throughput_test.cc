@@ -20,10 +20,12 @@ namespace {
 constexpr uint64_t kBytes = 1ull << 30;
 
 double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
+      .count();
 }
 
-double WriteWithBackend(const std::string& root, bool io_uring, bool registered, char* buf) {
+double WriteWithBackend(const std::string& root, bool io_uring, bool registered,
+                        char* buf) {
   LocalBackendOptions o;
   o.root = root;
   o.use_io_uring = io_uring;
@@ -46,9 +48,11 @@ double WriteWithBackend(const std::string& root, bool io_uring, bool registered,
 TEST(Throughput, DISABLED_OneGiBWriteVersusDdDirect) {
   ckpt::testing::TempDir dir;
   char* buf = static_cast<char*>(
-      mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
+      mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
   ASSERT_NE(buf, MAP_FAILED);
-  for (uint64_t i = 0; i < kBytes; i += 4096) buf[i] = static_cast<char>(i >> 12);
+  for (uint64_t i = 0; i < kBytes; i += 4096)
+    buf[i] = static_cast<char>(i >> 12);
 
   const std::string dd_file = dir.path() + "/dd.out";
   const std::string dd = "dd if=/dev/zero of=" + dd_file +
@@ -64,9 +68,12 @@ TEST(Throughput, DISABLED_OneGiBWriteVersusDdDirect) {
   auto gbs = [](double s) { return kBytes / s / 1e9; };
   std::printf("1 GiB, O_DIRECT + fsync + rename + dir fsync:\n");
   std::printf("  dd oflag=direct bs=4M     %.2f GB/s\n", gbs(dd_s));
-  std::printf("  io_uring                  %.2f GB/s (%.2fx dd)\n", gbs(uring_s), dd_s / uring_s);
-  std::printf("  io_uring, registered buf  %.2f GB/s (%.2fx dd)\n", gbs(fixed_s), dd_s / fixed_s);
-  std::printf("  pwrite                    %.2f GB/s (%.2fx dd)\n", gbs(pwrite_s), dd_s / pwrite_s);
+  std::printf("  io_uring                  %.2f GB/s (%.2fx dd)\n",
+              gbs(uring_s), dd_s / uring_s);
+  std::printf("  io_uring, registered buf  %.2f GB/s (%.2fx dd)\n",
+              gbs(fixed_s), dd_s / fixed_s);
+  std::printf("  pwrite                    %.2f GB/s (%.2fx dd)\n",
+              gbs(pwrite_s), dd_s / pwrite_s);
   munmap(buf, kBytes);
 }
 

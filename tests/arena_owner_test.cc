@@ -5,8 +5,8 @@
 //   must go on saving and restoring after that.
 // - A segment another local user put under an arena's name is never used
 //   by a restarted daemon, nor handed to the job.
-#include <gtest/gtest.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -27,8 +27,8 @@ constexpr uint64_t kBytes = 8 << 20;
 
 // Runs test_trainer as kTrainerUid: saves steps [first, last], then restores
 // `restore` unless negative. Returns its exit status, -1 if it did not exit.
-int RunTrainer(const std::string& socket, const std::string& job, int first, int last,
-               int restore) {
+int RunTrainer(const std::string& socket, const std::string& job, int first,
+               int last, int restore) {
   std::string uid = "TEST_TRAINER_UID=" + std::to_string(kTrainerUid);
   std::string step = "TEST_TRAINER_RESTORE=" + std::to_string(restore);
   char* envp[] = {uid.data(), restore >= 0 ? step.data() : nullptr, nullptr};
@@ -36,12 +36,13 @@ int RunTrainer(const std::string& socket, const std::string& job, int first, int
                     l = std::to_string(last);
   pid_t child = fork();
   if (child == 0) {
-    execle(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, socket.c_str(), job.c_str(), b.c_str(),
-           f.c_str(), l.c_str(), nullptr, envp);
+    execle(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, socket.c_str(),
+           job.c_str(), b.c_str(), f.c_str(), l.c_str(), nullptr, envp);
     _exit(127);
   }
   int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status))
+    return -1;
   return WEXITSTATUS(status);
 }
 
@@ -54,7 +55,8 @@ std::vector<std::string> SegmentsOf(const std::string& prefix, uid_t uid) {
   while (dirent* e = readdir(dir)) {
     struct stat st {};
     if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0 &&
-        stat((std::string("/dev/shm/") + e->d_name).c_str(), &st) == 0 && st.st_uid == uid)
+        stat((std::string("/dev/shm/") + e->d_name).c_str(), &st) == 0 &&
+        st.st_uid == uid)
       out.push_back(e->d_name);
   }
   closedir(dir);
@@ -64,7 +66,8 @@ std::vector<std::string> SegmentsOf(const std::string& prefix, uid_t uid) {
 class ArenaOwnerTest : public DaemonTest {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root to run trainers as uid " << kTrainerUid;
+    if (geteuid() != 0)
+      GTEST_SKIP() << "needs root to run trainers as uid " << kTrainerUid;
     DaemonTest::SetUp();
   }
 };
@@ -77,7 +80,8 @@ TEST_F(ArenaOwnerTest, JobGoesOnAfterLogindRemovesTheUsersSharedMemory) {
     ASSERT_EQ(shm_unlink(("/" + name).c_str()), 0) << name;
   // A new session: the trainer saves again and restores from memory.
   EXPECT_EQ(RunTrainer(daemon_->socket(), "tenant", 3, 3, 2), 0)
-      << "exit 2: it could not attach its arena; 3: save failed; 4: restore failed";
+      << "exit 2: it could not attach its arena; 3: save failed; 4: restore "
+         "failed";
 }
 
 TEST_F(ArenaOwnerTest, RestartedDaemonNeverUsesASegmentAnotherUserPutInPlace) {
@@ -94,10 +98,12 @@ TEST_F(ArenaOwnerTest, RestartedDaemonNeverUsesASegmentAnotherUserPutInPlace) {
   ASSERT_EQ(chown(arena.c_str(), 4321, 4321), 0);
   Restart();
   EXPECT_EQ(RunTrainer(daemon_->socket(), "tenant", 2, 2, 1), 0)
-      << "exit 2: it could not attach its arena; 3: save failed; 4: restore failed";
+      << "exit 2: it could not attach its arena; 3: save failed; 4: restore "
+         "failed";
   struct stat st {};
   ASSERT_EQ(stat(arena.c_str(), &st), 0);
-  EXPECT_NE(st.st_uid, 4321u) << "the job's saves went to another user's segment";
+  EXPECT_NE(st.st_uid, 4321u)
+      << "the job's saves went to another user's segment";
 }
 
 }  // namespace

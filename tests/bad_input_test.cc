@@ -2,6 +2,7 @@
 // damaged shard files. The daemon answers with an error naming the field
 // and keeps serving; no other job's data is touched.
 #include <fcntl.h>
+#include <grpcpp/client_context.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,8 +11,6 @@
 
 #include <cstring>
 #include <filesystem>
-
-#include <grpcpp/client_context.h>
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
@@ -36,9 +35,9 @@ class BadInputTest : public RpcDaemonTest {
   void ExpectServing() {
     grpc::ClientContext ctx;
     v1::StatusResponse resp;
-    EXPECT_TRUE(stub_->Status(&ctx, v1::StatusRequest(), &resp).ok()) << "daemon stopped serving";
+    EXPECT_TRUE(stub_->Status(&ctx, v1::StatusRequest(), &resp).ok())
+        << "daemon stopped serving";
   }
-
 };
 
 #define EXPECT_RPC_ERROR(call, code_, field)                                   \
@@ -53,13 +52,16 @@ TEST_F(BadInputTest, RegisterValidatesEveryField) {
   EXPECT_RPC_ERROR(Register("../etc", 0, 1, 1 << 20), INVALID_ARGUMENT, "job");
   EXPECT_RPC_ERROR(Register("a/b", 0, 1, 1 << 20), INVALID_ARGUMENT, "job");
   EXPECT_RPC_ERROR(Register("", 0, 1, 1 << 20), INVALID_ARGUMENT, "job");
-  EXPECT_RPC_ERROR(Register("j", 0, 0, 1 << 20), INVALID_ARGUMENT, "world_size");
+  EXPECT_RPC_ERROR(Register("j", 0, 0, 1 << 20), INVALID_ARGUMENT,
+                   "world_size");
   EXPECT_RPC_ERROR(Register("j", 4, 4, 1 << 20), INVALID_ARGUMENT, "rank");
   EXPECT_RPC_ERROR(Register("j", 0, 1, 0), INVALID_ARGUMENT, "slot_bytes");
   // More than /dev/shm can hold: refused now, not a SIGBUS later.
-  EXPECT_RPC_ERROR(Register("huge", 0, 1, 1ull << 39), RESOURCE_EXHAUSTED, "huge");
+  EXPECT_RPC_ERROR(Register("huge", 0, 1, 1ull << 39), RESOURCE_EXHAUSTED,
+                   "huge");
   ASSERT_TRUE(Register("j", 0, 2, 1 << 20).ok());
-  EXPECT_RPC_ERROR(Register("j", 1, 3, 1 << 20), INVALID_ARGUMENT, "world_size");
+  EXPECT_RPC_ERROR(Register("j", 1, 3, 1 << 20), INVALID_ARGUMENT,
+                   "world_size");
   ExpectServing();
 }
 
@@ -67,7 +69,8 @@ TEST_F(BadInputTest, SaveRpcsRejectBadLeasesSizesAndIndexes) {
   v1::BeginSaveResponse b;
   EXPECT_RPC_ERROR(BeginSave("nosuchjob", 1, 4096, &b), NOT_FOUND, "nosuchjob");
   ASSERT_TRUE(Register("idx", 0, 1, 1 << 20).ok());
-  EXPECT_RPC_ERROR(BeginSave("idx", 1, 64 << 20, &b), RESOURCE_EXHAUSTED, "image_bytes");
+  EXPECT_RPC_ERROR(BeginSave("idx", 1, 64 << 20, &b), RESOURCE_EXHAUSTED,
+                   "image_bytes");
 
   ASSERT_TRUE(BeginSave("idx", 1, 16384, &b).ok());
   auto req = GoodCommit("idx", 1, b);
@@ -111,7 +114,8 @@ TEST_F(BadInputTest, SaveRpcsRejectBadLeasesSizesAndIndexes) {
 
 TEST_F(BadInputTest, AnotherUidCannotTouchTheJob) {
   ASSERT_TRUE(Register("mine", 0, 1, 1 << 20).ok());
-  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"), 0)
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"),
+            0)
       << "bitmask of checks that let the other uid in";
   ExpectServing();
 }
@@ -166,14 +170,16 @@ TEST_F(BadInputTest, TruncatedAndGarbageShardFilesAreDataLoss) {
   auto client = Client::Connect(OptionsFor(*daemon_, "damaged", 0, 1));
   ASSERT_TRUE(client.ok());
   HostState s = MakeState(4 << 20, 3, 41);
-  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*client)->Save(step, s.tensors).ok());
+  for (int step = 1; step <= 3; ++step)
+    ASSERT_TRUE((*client)->Save(step, s.tensors).ok());
   ASSERT_TRUE((*client)->WaitDurable(3).ok());
   client->reset();
   daemon_->Kill(SIGTERM);
   daemon_->Wait();
   UnlinkArenas(prefix_);
   std::string root = this->root() + "/";
-  std::filesystem::resize_file(root + storage::ShardKey("damaged", 2, 0), 4096 * 3);
+  std::filesystem::resize_file(root + storage::ShardKey("damaged", 2, 0),
+                               4096 * 3);
   {
     std::string garbage(1 << 20, 'G');
     FILE* f = fopen((root + storage::ShardKey("damaged", 3, 0)).c_str(), "wb");

@@ -1,6 +1,7 @@
 #include "tests/cluster_harness.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -15,8 +16,6 @@
 #include <sstream>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "coordinator/client/leader_channel.h"
 #include "tests/harness.h"
 #include "tests/test_util.h"
@@ -25,7 +24,8 @@ namespace ckpt::testing {
 
 namespace cv1 = ::ckpt::coord::v1;
 
-std::unique_ptr<Proc> Proc::Spawn(const std::vector<std::string>& argv, const std::string& log,
+std::unique_ptr<Proc> Proc::Spawn(const std::vector<std::string>& argv,
+                                  const std::string& log,
                                   const std::vector<std::string>& env) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -79,7 +79,6 @@ void Proc::Kill() {
 
 namespace {
 
-
 bool Connectable(const std::string& socket_path) {
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -93,10 +92,12 @@ bool Connectable(const std::string& socket_path) {
 }  // namespace
 
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
-  if (options_.shared_root_url.empty()) std::filesystem::create_directories(shared_root());
+  if (options_.shared_root_url.empty())
+    std::filesystem::create_directories(shared_root());
   std::filesystem::create_directories(options_.dir + "/trainers");
   if (!options_.trainer_prefix.empty())
-    std::filesystem::permissions(options_.dir + "/trainers", std::filesystem::perms::all);
+    std::filesystem::permissions(options_.dir + "/trainers",
+                                 std::filesystem::perms::all);
   ports_ = FreeLoopbackPorts(std::max(1, options_.coordinator_replicas));
   port_ = ports_[0];
   coordinators_.resize(ports_.size());
@@ -119,16 +120,25 @@ void Cluster::StartCoordinator() {
 
 void Cluster::StartReplica(int i) {
   std::vector<std::string> argv = {
-      COORDINATOR_BINARY, "--listen", ReplicaAddress(i), "--state",
-      options_.coordinator_state.empty() ? options_.dir + "/coordinator" : options_.coordinator_state,
-      "--shared-root", shared_root(), "--heartbeat-timeout-ms", std::to_string(options_.heartbeat_timeout_ms)};
+      COORDINATOR_BINARY,
+      "--listen",
+      ReplicaAddress(i),
+      "--state",
+      options_.coordinator_state.empty() ? options_.dir + "/coordinator"
+                                         : options_.coordinator_state,
+      "--shared-root",
+      shared_root(),
+      "--heartbeat-timeout-ms",
+      std::to_string(options_.heartbeat_timeout_ms)};
   bool tls = false;
   for (const auto& a : options_.coordinator_args) {
     argv.push_back(a);
     tls = tls || a == "--tls-cert";
   }
   if (!tls) argv.push_back("--insecure");  // plaintext must be asked for
-  std::string log = options_.dir + (i == 0 ? "/coordinator.log" : "/coordinator-" + std::to_string(i) + ".log");
+  std::string log =
+      options_.dir + (i == 0 ? "/coordinator.log"
+                             : "/coordinator-" + std::to_string(i) + ".log");
   coordinators_.at(i) = Proc::Spawn(argv, log);
 }
 
@@ -145,23 +155,27 @@ void Cluster::SignalReplica(int i, int sig) {
   if (coordinators_.at(i)) coordinators_[i]->Signal(sig);
 }
 
-std::optional<int> Cluster::WaitReplica(int i, std::chrono::milliseconds timeout) {
+std::optional<int> Cluster::WaitReplica(int i,
+                                        std::chrono::milliseconds timeout) {
   if (!coordinators_.at(i)) return std::nullopt;
   return coordinators_[i]->Wait(timeout);
 }
 
 std::string Cluster::CoordinatorAddresses() const {
   std::string out;
-  for (int i = 0; i < replicas(); ++i) out += (i ? "," : "") + ReplicaAddress(i);
+  for (int i = 0; i < replicas(); ++i)
+    out += (i ? "," : "") + ReplicaAddress(i);
   return out;
 }
 
 int Cluster::LeaderReplica() const {
   for (int i = 0; i < replicas(); ++i) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(1));
     cv1::GetClusterResponse resp;
-    if (Stub(i)->GetCluster(&ctx, cv1::GetClusterRequest(), &resp).ok()) return i;
+    if (Stub(i)->GetCluster(&ctx, cv1::GetClusterRequest(), &resp).ok())
+      return i;
   }
   return -1;
 }
@@ -172,23 +186,51 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   n.shm_prefix = UniqueShmPrefix();
   std::filesystem::create_directories(n.dir);
   const std::string socket = n.dir + "/ckptd.sock";
-  std::vector<std::string> argv = {
-      CKPTD_BINARY, "--socket", socket, "--root", n.dir + "/root", "--shared-root", shared_root(),
-      "--coordinator", CoordinatorAddresses(), "--node-id", id, "--advertise-addr",
-      "127.0.0.1", "--capacity", std::to_string(options_.nproc_per_node), "--shm-prefix",
-      n.shm_prefix};
+  std::vector<std::string> argv = {CKPTD_BINARY,
+                                   "--socket",
+                                   socket,
+                                   "--root",
+                                   n.dir + "/root",
+                                   "--shared-root",
+                                   shared_root(),
+                                   "--coordinator",
+                                   CoordinatorAddresses(),
+                                   "--node-id",
+                                   id,
+                                   "--advertise-addr",
+                                   "127.0.0.1",
+                                   "--capacity",
+                                   std::to_string(options_.nproc_per_node),
+                                   "--shm-prefix",
+                                   n.shm_prefix};
   if (spare) argv.push_back("--spare");
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
   n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log");
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
-  std::vector<std::string> run = {CKPTRUN_BINARY, "--coordinator", CoordinatorAddresses(), "--node-id", id,
-       "--nproc-per-node", std::to_string(options_.nproc_per_node), "--world-size",
-       std::to_string(options_.world_size), "--job", options_.job, "--socket", socket,
-       "--poll-ms", "50", "--grace-ms", "1000", "--"};
-  run.insert(run.end(), options_.trainer_prefix.begin(), options_.trainer_prefix.end());
-  run.insert(run.end(), {CLUSTER_TRAINER_BINARY, std::to_string(options_.bytes_per_rank),
-                         std::to_string(options_.last_step), std::to_string(options_.step_ms),
-                         options_.dir + "/trainers"});
+  std::vector<std::string> run = {CKPTRUN_BINARY,
+                                  "--coordinator",
+                                  CoordinatorAddresses(),
+                                  "--node-id",
+                                  id,
+                                  "--nproc-per-node",
+                                  std::to_string(options_.nproc_per_node),
+                                  "--world-size",
+                                  std::to_string(options_.world_size),
+                                  "--job",
+                                  options_.job,
+                                  "--socket",
+                                  socket,
+                                  "--poll-ms",
+                                  "50",
+                                  "--grace-ms",
+                                  "1000",
+                                  "--"};
+  run.insert(run.end(), options_.trainer_prefix.begin(),
+             options_.trainer_prefix.end());
+  run.insert(run.end(),
+             {CLUSTER_TRAINER_BINARY, std::to_string(options_.bytes_per_rank),
+              std::to_string(options_.last_step),
+              std::to_string(options_.step_ms), options_.dir + "/trainers"});
   if (options_.hold) run.push_back("hold");
   n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log");
 }
@@ -206,38 +248,50 @@ void Cluster::KillNode(const std::string& id) {
   UnlinkArenas(n.shm_prefix);
 }
 
-void Cluster::SignalDaemon(const std::string& id, int sig) { nodes_.at(id).daemon->Signal(sig); }
+void Cluster::SignalDaemon(const std::string& id, int sig) {
+  nodes_.at(id).daemon->Signal(sig);
+}
 
 std::optional<int> Cluster::LauncherStatus(const std::string& id) {
   return nodes_.at(id).launcher->Poll();
 }
 
-std::optional<int> Cluster::WaitLauncher(const std::string& id, std::chrono::milliseconds timeout) {
+std::optional<int> Cluster::WaitLauncher(const std::string& id,
+                                         std::chrono::milliseconds timeout) {
   return nodes_.at(id).launcher->Wait(timeout);
 }
 
-std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub() const { return Stub(0); }
+std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub() const {
+  return Stub(0);
+}
 
 std::unique_ptr<cv1::Coordinator::Stub> Cluster::Stub(int replica) const {
-  return cv1::Coordinator::NewStub(grpc::CreateChannel(ReplicaAddress(replica), grpc::InsecureChannelCredentials()));
+  return cv1::Coordinator::NewStub(grpc::CreateChannel(
+      ReplicaAddress(replica), grpc::InsecureChannelCredentials()));
 }
 
 std::optional<cv1::GetClusterResponse> Cluster::GetCluster() const {
-  auto client = coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
+  auto client =
+      coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
   cv1::GetClusterResponse resp;
-  if (!client.ok() || !(*client)
-                           ->Call(&cv1::Coordinator::Stub::GetCluster, cv1::GetClusterRequest{}, &resp,
-                                  std::chrono::seconds(2))
-                           .ok())
+  if (!client.ok() ||
+      !(*client)
+           ->Call(&cv1::Coordinator::Stub::GetCluster, cv1::GetClusterRequest{},
+                  &resp, std::chrono::seconds(2))
+           .ok())
     return std::nullopt;
   return resp;
 }
 
 std::vector<cv1::Event> Cluster::Events() const {
-  auto client = coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
+  auto client =
+      coordinator::CoordinatorClient::Create(CoordinatorAddresses(), {});
   cv1::EventsResponse resp;
   if (!client.ok() ||
-      !(*client)->Call(&cv1::Coordinator::Stub::Events, cv1::EventsRequest{}, &resp, std::chrono::seconds(2)).ok())
+      !(*client)
+           ->Call(&cv1::Coordinator::Stub::Events, cv1::EventsRequest{}, &resp,
+                  std::chrono::seconds(2))
+           .ok())
     return {};
   return {resp.events().begin(), resp.events().end()};
 }
@@ -252,7 +306,8 @@ std::optional<cv1::JobRecord> Cluster::Job() const {
 
 std::vector<TrainerLine> Cluster::TrainerLog(uint32_t rank) const {
   std::vector<TrainerLine> out;
-  std::ifstream in(options_.dir + "/trainers/rank-" + std::to_string(rank) + ".log");
+  std::ifstream in(options_.dir + "/trainers/rank-" + std::to_string(rank) +
+                   ".log");
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream words(line);
@@ -275,7 +330,8 @@ pid_t Cluster::TrainerPid(uint32_t rank) const {
   return pid;
 }
 
-bool Cluster::WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+bool Cluster::WaitUntil(const std::function<bool()>& cond,
+                        std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!cond()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
@@ -286,8 +342,10 @@ bool Cluster::WaitUntil(const std::function<bool()>& cond, std::chrono::millisec
 
 std::string Cluster::DumpLogs() const {
   std::string out;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(options_.dir)) {
-    if (entry.path().extension() != ".log" || entry.path().string().find("/db/") != std::string::npos ||
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(options_.dir)) {
+    if (entry.path().extension() != ".log" ||
+        entry.path().string().find("/db/") != std::string::npos ||
         entry.path().string().find("/.catalog/") != std::string::npos)
       continue;
     std::ifstream in(entry.path());

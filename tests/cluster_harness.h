@@ -26,7 +26,8 @@ namespace ckpt::testing {
 // A child process (dies with its parent), output to `log`.
 class Proc {
  public:
-  static std::unique_ptr<Proc> Spawn(const std::vector<std::string>& argv, const std::string& log,
+  static std::unique_ptr<Proc> Spawn(const std::vector<std::string>& argv,
+                                     const std::string& log,
                                      const std::vector<std::string>& env = {});
   ~Proc();  // SIGKILL and reap if still running
   pid_t pid() const { return pid_; }
@@ -43,15 +44,16 @@ class Proc {
 };
 
 struct ClusterOptions {
-  std::string dir;              // everything goes under it
+  std::string dir;  // everything goes under it
   std::string job = "job";
   uint32_t world_size = 4;
   uint32_t nproc_per_node = 2;
   uint64_t bytes_per_rank = 8 << 20;
-  uint64_t last_step = 60;  // long enough that survivors still run when a failure is seen
+  uint64_t last_step =
+      60;  // long enough that survivors still run when a failure is seen
   int step_ms = 100;
   bool hold = false;  // trainers sleep after the last step instead of exiting
-  int heartbeat_timeout_ms = 2000;  // generous: a loaded 2-core CI machine
+  int heartbeat_timeout_ms = 2000;      // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
   // Runs each trainer through this command (e.g. setpriv --reuid 1000 ...,
   // a trainer that is not root); the trainers' log directory is then
@@ -71,7 +73,8 @@ struct ClusterOptions {
 
 // One line of a rank's cluster_trainer log, parsed.
 struct TrainerLine {
-  std::string kind;  // start, restored, saved, done, restore_failed, mismatch, save_failed
+  std::string kind;  // start, restored, saved, done, restore_failed, mismatch,
+                     // save_failed
   std::map<std::string, std::string> fields;
 };
 
@@ -82,18 +85,21 @@ class Cluster {
 
   const ClusterOptions& options() const { return options_; }
   std::string shared_root() const {
-    return options_.shared_root_url.empty() ? options_.dir + "/shared" : options_.shared_root_url;
+    return options_.shared_root_url.empty() ? options_.dir + "/shared"
+                                            : options_.shared_root_url;
   }
   int coordinator_port() const { return port_; }
 
-  void StartCoordinator();  // every replica
+  void StartCoordinator();                  // every replica
   void KillCoordinator(int sig = SIGKILL);  // every replica
   // HA: one replica.
   int replicas() const { return static_cast<int>(ports_.size()); }
   void StartReplica(int i);
   void SignalReplica(int i, int sig);
   std::optional<int> WaitReplica(int i, std::chrono::milliseconds timeout);
-  std::string ReplicaAddress(int i) const { return "127.0.0.1:" + std::to_string(ports_.at(i)); }
+  std::string ReplicaAddress(int i) const {
+    return "127.0.0.1:" + std::to_string(ports_.at(i));
+  }
   std::string CoordinatorAddresses() const;  // "A:P,B:P,..."
   // The replica that answers GetCluster (the leader), or -1.
   int LeaderReplica() const;
@@ -105,7 +111,8 @@ class Cluster {
   void SignalDaemon(const std::string& id, int sig);
   // ckptrun's exit status once it exited.
   std::optional<int> LauncherStatus(const std::string& id);
-  std::optional<int> WaitLauncher(const std::string& id, std::chrono::milliseconds timeout);
+  std::optional<int> WaitLauncher(const std::string& id,
+                                  std::chrono::milliseconds timeout);
 
   std::unique_ptr<coord::v1::Coordinator::Stub> Stub() const;  // replica 0
   std::unique_ptr<coord::v1::Coordinator::Stub> Stub(int replica) const;
@@ -118,7 +125,8 @@ class Cluster {
   // The pid of the rank's current trainer (last "start" line), or -1.
   pid_t TrainerPid(uint32_t rank) const;
   // Polls cond every 20 ms until true or timeout.
-  static bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+  static bool WaitUntil(const std::function<bool()>& cond,
+                        std::chrono::milliseconds timeout);
   // Every log of the cluster, for a failing test's output.
   std::string DumpLogs() const;
 
@@ -129,11 +137,13 @@ class Cluster {
     std::unique_ptr<Proc> daemon;
     std::unique_ptr<Proc> launcher;
   };
-  std::string NodeDir(const std::string& id) const { return options_.dir + "/node-" + id; }
+  std::string NodeDir(const std::string& id) const {
+    return options_.dir + "/node-" + id;
+  }
 
   const ClusterOptions options_;
-  int port_ = 0;                 // replica 0
-  std::vector<int> ports_;       // every replica
+  int port_ = 0;            // replica 0
+  std::vector<int> ports_;  // every replica
   std::vector<std::unique_ptr<Proc>> coordinators_;
   std::map<std::string, Node> nodes_;
 };

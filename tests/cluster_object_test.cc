@@ -37,8 +37,8 @@ std::string Slurp(const std::string& path) {
 // that every rank resumes bit-exact from one step, b's ranks on the spare
 // from the object store. The trainers run through trainer_prefix, as
 // trainer_uid.
-void RecoverLostNodeFromObjectStore(const std::vector<std::string>& trainer_prefix,
-                                    uid_t trainer_uid) {
+void RecoverLostNodeFromObjectStore(
+    const std::vector<std::string>& trainer_prefix, uid_t trainer_uid) {
   S3Server s3;
   ASSERT_TRUE(s3.ok());
   setenv("AWS_ENDPOINT_URL", s3.endpoint().c_str(), 1);
@@ -85,7 +85,10 @@ void RecoverLostNodeFromObjectStore(const std::vector<std::string>& trainer_pref
   std::set<uint64_t> steps;
   for (uint32_t r = 0; r < o.world_size; ++r) {
     struct stat log {};
-    ASSERT_EQ(stat((dir.path() + "/trainers/rank-" + std::to_string(r) + ".log").c_str(), &log), 0);
+    ASSERT_EQ(stat((dir.path() + "/trainers/rank-" + std::to_string(r) + ".log")
+                       .c_str(),
+                   &log),
+              0);
     EXPECT_EQ(log.st_uid, trainer_uid) << "rank " << r << " ran as another uid";
     bool done = false;
     for (const auto& l : cluster.TrainerLog(r)) {
@@ -122,10 +125,13 @@ TEST(ClusterObjectStoreTest,
 TEST(ClusterObjectStoreTest, NodeLostIsRecoveredForTrainersThatAreNotRoot) {
   if (std::string why = S3Server::Unavailable(); !why.empty())
     GTEST_SKIP() << why;
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the trainers as uid 1000";
-  if (access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "needs setpriv (util-linux)";
-  RecoverLostNodeFromObjectStore(
-      {"/usr/bin/setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"}, 1000);
+  if (geteuid() != 0)
+    GTEST_SKIP() << "needs root to run the trainers as uid 1000";
+  if (access("/usr/bin/setpriv", X_OK) != 0)
+    GTEST_SKIP() << "needs setpriv (util-linux)";
+  RecoverLostNodeFromObjectStore({"/usr/bin/setpriv", "--reuid", "1000",
+                                  "--regid", "1000", "--clear-groups"},
+                                 1000);
 }
 
 }  // namespace

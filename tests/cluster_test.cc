@@ -3,6 +3,8 @@
 // real signals. Every scenario ends the same way: each rank resumed at one
 // common step with its state checked bit for bit (by the trainer), and the
 // job ran to its last step.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -10,9 +12,6 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "tests/cluster_harness.h"
 #include "tests/harness.h"
@@ -33,7 +32,8 @@ class ClusterTest : public ::testing::Test {
     return o;
   }
   void TearDown() override {
-    if ((HasFailure() || std::getenv("CKPT_TEST_LOGS")) && cluster_) std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
+    if ((HasFailure() || std::getenv("CKPT_TEST_LOGS")) && cluster_)
+      std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
   }
 
   uint64_t LastSaved(uint32_t rank) const {
@@ -47,15 +47,17 @@ class ClusterTest : public ::testing::Test {
     return job && job->has_last_good() ? job->last_good_step() : 0;
   }
   void WaitForProgress(uint64_t last_good) {
-    ASSERT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= last_good; }, seconds(60)))
+    ASSERT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= last_good; },
+                                   seconds(60)))
         << "last good step never reached " << last_good;
   }
   void ExpectLaunchersSucceed(const std::vector<std::string>& nodes) {
     for (const auto& id : nodes) {
       auto st = cluster_->WaitLauncher(id, seconds(120));
-      ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
-      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << "ckptrun of node " << id
-                                                           << " wait status " << *st;
+      ASSERT_TRUE(st.has_value())
+          << "ckptrun of node " << id << " still running";
+      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << "ckptrun of node " << id << " wait status " << *st;
     }
   }
   // Every rank restored exactly once after the failure, all at one step,
@@ -90,7 +92,8 @@ class ClusterTest : public ::testing::Test {
   std::unique_ptr<Cluster> cluster_;
 };
 
-TEST_F(ClusterTest, KilledTrainerIsRestartedAndEveryRankResumesFromSharedMemory) {
+TEST_F(ClusterTest,
+       KilledTrainerIsRestartedAndEveryRankResumesFromSharedMemory) {
   // The surviving rank saves on until ckptrun stops it; two more saves
   // reuse the slot of the plan's step (2 slots), and the restore then reads
   // the file: correct, but not what this test checks. At 250 ms a step the
@@ -130,7 +133,8 @@ TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
   EXPECT_EQ(job->rank_node(2), "c");
   EXPECT_EQ(job->rank_node(3), "c");
   EXPECT_NE(DaemonLog("c").find("prefetched"), std::string::npos);
-  EXPECT_EQ(DaemonLog("a").find("load "), std::string::npos) << "survivors restore from memory";
+  EXPECT_EQ(DaemonLog("a").find("load "), std::string::npos)
+      << "survivors restore from memory";
 }
 
 TEST_F(ClusterTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
@@ -147,7 +151,8 @@ TEST_F(ClusterTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   cluster_->StartCoordinator();
   ExpectLaunchersSucceed({"a", "b"});
   // Reports queued while it was down arrive: the last step becomes good.
-  EXPECT_TRUE(Cluster::WaitUntil([&] { return LastGood() == o.last_step; }, seconds(30)))
+  EXPECT_TRUE(Cluster::WaitUntil([&] { return LastGood() == o.last_step; },
+                                 seconds(30)))
       << "last good " << LastGood();
   EXPECT_GE(LastGood(), before);
   for (uint32_t r = 0; r < o.world_size; ++r) {
@@ -176,8 +181,12 @@ TEST_F(ClusterTest, StoppedNodeIsFencedAndCannotCommitUntilItRegistersAgain) {
         if (n.node_id() == "b") return n;
     return std::nullopt;
   };
-  ASSERT_TRUE(Cluster::WaitUntil([&] { auto n = node_b(); return n && n->health() == cv1::DEAD; },
-                                 seconds(10)));
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto n = node_b();
+        return n && n->health() == cv1::DEAD;
+      },
+      seconds(10)));
   // A report under the fenced epoch is refused.
   {
     cv1::ReportShardRequest req;
@@ -190,12 +199,17 @@ TEST_F(ClusterTest, StoppedNodeIsFencedAndCannotCommitUntilItRegistersAgain) {
     cv1::ReportShardResponse resp;
     grpc::ClientContext ctx;
     grpc::Status s = cluster_->Stub()->ReportShard(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << s.error_message();
   }
   std::this_thread::sleep_for(milliseconds(500));
   cluster_->SignalDaemon("b", SIGCONT);
-  ASSERT_TRUE(Cluster::WaitUntil([&] { auto n = node_b(); return n && n->health() == cv1::ALIVE; },
-                                 seconds(20)));
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto n = node_b();
+        return n && n->health() == cv1::ALIVE;
+      },
+      seconds(20)));
   EXPECT_GT(node_b()->epoch(), old_epoch);
   ExpectLaunchersSucceed({"a", "b"});
   ExpectAllResumedAtOneStep();
@@ -240,9 +254,11 @@ TEST_F(ClusterTest, ReplacementDyingWhilePrefetchingIsReplacedAgain) {
   ExpectLaunchersSucceed({"a", "d"});
   ExpectAllResumedAtOneStep();
   for (const auto& e : cluster_->Events())
-    EXPECT_FALSE(e.kind() == cv1::ORDER_ACKED && e.node_id() == "c" &&
-                 e.detail().find("order " + std::to_string(prefetch_order) + " ") == 0)
-        << "c acknowledged its prefetch before it died: the test missed its window";
+    EXPECT_FALSE(
+        e.kind() == cv1::ORDER_ACKED && e.node_id() == "c" &&
+        e.detail().find("order " + std::to_string(prefetch_order) + " ") == 0)
+        << "c acknowledged its prefetch before it died: the test missed its "
+           "window";
   auto job = cluster_->Job();
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->rank_node(2), "d");
@@ -255,26 +271,28 @@ TEST_F(ClusterTest, EmbeddedCoordinatorServesOneNodeJobThroughCkptrun) {
   std::filesystem::create_directories(node);
   std::filesystem::create_directories(dir_.path() + "/trainers");
   const std::string prefix = UniqueShmPrefix();
-  auto daemon = Proc::Spawn({CKPTD_BINARY, "--socket", node + "/ckptd.sock", "--root", node + "/root",
-                             "--coordinator-listen", "127.0.0.1:0", "--node-id", "solo",
-                             "--capacity", "2", "--shm-prefix", prefix,
-                             "--heartbeat-timeout-ms", "2000"},
-                            node + "/ckptd.log");
+  auto daemon = Proc::Spawn(
+      {CKPTD_BINARY, "--socket", node + "/ckptd.sock", "--root", node + "/root",
+       "--coordinator-listen", "127.0.0.1:0", "--node-id", "solo", "--capacity",
+       "2", "--shm-prefix", prefix, "--heartbeat-timeout-ms", "2000"},
+      node + "/ckptd.log");
   std::string port;
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
         std::ifstream in(node + "/ckptd.log");
         std::string line;
         while (std::getline(in, line))
-          if (line.rfind("coordinator listening on 127.0.0.1:", 0) == 0) port = line.substr(35);
+          if (line.rfind("coordinator listening on 127.0.0.1:", 0) == 0)
+            port = line.substr(35);
         return !port.empty();
       },
       seconds(20)));
-  auto run = Proc::Spawn({CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + port, "--node-id", "solo",
-                          "--nproc-per-node", "2", "--job", "job", "--socket", node + "/ckptd.sock",
-                          "--poll-ms", "50", "--", CLUSTER_TRAINER_BINARY, std::to_string(4 << 20),
-                          "60", "100", dir_.path() + "/trainers"},
-                         node + "/ckptrun.log");
+  auto run = Proc::Spawn(
+      {CKPTRUN_BINARY, "--coordinator", "127.0.0.1:" + port, "--node-id",
+       "solo", "--nproc-per-node", "2", "--job", "job", "--socket",
+       node + "/ckptd.sock", "--poll-ms", "50", "--", CLUSTER_TRAINER_BINARY,
+       std::to_string(4 << 20), "60", "100", dir_.path() + "/trainers"},
+      node + "/ckptrun.log");
   ClusterOptions o = Options(2);
   Cluster view(o);  // only to read the trainers' logs
   auto saved = [&](uint32_t rank) {
@@ -283,7 +301,8 @@ TEST_F(ClusterTest, EmbeddedCoordinatorServesOneNodeJobThroughCkptrun) {
       if (l.kind == "saved") step = std::stoull(l.fields.at("step"));
     return step;
   };
-  ASSERT_TRUE(Cluster::WaitUntil([&] { return saved(0) >= 5 && saved(1) >= 5; }, seconds(60)));
+  ASSERT_TRUE(Cluster::WaitUntil([&] { return saved(0) >= 5 && saved(1) >= 5; },
+                                 seconds(60)));
   ASSERT_EQ(kill(view.TrainerPid(1), SIGKILL), 0);
   auto st = run->Wait(seconds(120));
   ASSERT_TRUE(st.has_value());
@@ -324,17 +343,24 @@ TEST_F(ClusterTest, BadClusterFlagsAreRefusedNamingTheFlag) {
       {{"--coordinator", "h:1"}, "--shared-root"},
       {{"--spare"}, "--spare"},
       {{"--node-id", "n1"}, "--node-id"},
-      {{"--coordinator", "h:1", "--shared-root", root, "--node-id", "a/b"}, "--node-id"},
-      {{"--coordinator", "h:1", "--shared-root", root, "--coordinator-listen", "127.0.0.1:0"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--node-id", "a/b"},
+       "--node-id"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--coordinator-listen",
+        "127.0.0.1:0"},
        "--coordinator-listen"},
       {{"--coordinator-listen", "127.0.0.1"}, "--coordinator-listen"},
-      {{"--coordinator-listen", "0.0.0.0:0"}, "--coordinator-listen: 0.0.0.0:0 is not a loopback address"},
-      {{"--coordinator-listen", "10.1.2.3:7070"}, "--coordinator-listen: 10.1.2.3:7070 is not a loopback"},
-      {{"--coordinator-listen", "127.example.com:7070"}, "--coordinator-listen: 127.example.com:7070 is not a loopback"},
-      {{"--coordinator", "h:1", "--shared-root", root, "--capacity", "0"}, "--capacity"},
+      {{"--coordinator-listen", "0.0.0.0:0"},
+       "--coordinator-listen: 0.0.0.0:0 is not a loopback address"},
+      {{"--coordinator-listen", "10.1.2.3:7070"},
+       "--coordinator-listen: 10.1.2.3:7070 is not a loopback"},
+      {{"--coordinator-listen", "127.example.com:7070"},
+       "--coordinator-listen: 127.example.com:7070 is not a loopback"},
+      {{"--coordinator", "h:1", "--shared-root", root, "--capacity", "0"},
+       "--capacity"},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", sock, "--root", root};
+    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", sock, "--root",
+                                     root};
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
     const std::string log = dir_.path() + "/bad.log";
     std::filesystem::remove(log);
@@ -345,24 +371,29 @@ TEST_F(ClusterTest, BadClusterFlagsAreRefusedNamingTheFlag) {
     std::ifstream in(log);
     std::stringstream text;
     text << in.rdbuf();
-    EXPECT_NE(text.str().find(c.names), std::string::npos) << c.names << ": " << text.str();
+    EXPECT_NE(text.str().find(c.names), std::string::npos)
+        << c.names << ": " << text.str();
   }
 }
 
 // "global" names the coordinator's manifest (MANIFEST.global): a node by
 // that name would write over it.
 TEST_F(ClusterTest, NodeIdGlobalIsRefusedNamingTheFlag) {
-  const std::string root = dir_.path() + "/r", log = dir_.path() + "/global.log";
-  auto p = Proc::Spawn({CKPTD_BINARY, "--socket", dir_.path() + "/s.sock", "--root", root,
-                        "--coordinator", "h:1", "--shared-root", root, "--node-id", "global"},
-                       log);
+  const std::string root = dir_.path() + "/r",
+                    log = dir_.path() + "/global.log";
+  auto p = Proc::Spawn(
+      {CKPTD_BINARY, "--socket", dir_.path() + "/s.sock", "--root", root,
+       "--coordinator", "h:1", "--shared-root", root, "--node-id", "global"},
+      log);
   auto st = p->Wait(seconds(20));
   ASSERT_TRUE(st.has_value()) << "ckptd kept running";
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) != 0);
   std::ifstream in(log);
   std::stringstream text;
   text << in.rdbuf();
-  EXPECT_NE(text.str().find("--node-id: \"global\" is reserved"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("--node-id: \"global\" is reserved"),
+            std::string::npos)
+      << text.str();
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 long long MonoMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             Clock::now().time_since_epoch())
       .count();
 }
 
@@ -43,7 +44,8 @@ void Stamp(ckpt::testing::HostState& s, uint32_t rank, uint64_t step) {
   for (size_t i = 0; i < s.buffers.size(); ++i) {
     auto& b = s.buffers[i];
     for (size_t off = 0; off + 16 <= b.size(); off += 4096) {
-      uint64_t words[2] = {(uint64_t{rank} << 48) ^ step, step * 0x9E3779B97F4A7C15ull ^ (off + i)};
+      uint64_t words[2] = {(uint64_t{rank} << 48) ^ step,
+                           step * 0x9E3779B97F4A7C15ull ^ (off + i)};
       std::memcpy(&b[off], words, sizeof words);
     }
   }
@@ -54,7 +56,9 @@ void Stamp(ckpt::testing::HostState& s, uint32_t rank, uint64_t step) {
 int main(int argc, char** argv) {
   auto t_start = Clock::now();
   if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "hold")) {
-    std::fprintf(stderr, "usage: cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR [hold]\n");
+    std::fprintf(
+        stderr,
+        "usage: cluster_trainer BYTES LAST_STEP STEP_MS LOG_DIR [hold]\n");
     return 100;
   }
   const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
@@ -63,18 +67,21 @@ int main(int argc, char** argv) {
   ckpt::ClientOptions o;  // everything else from the environment
   auto client = ckpt::Client::Connect(o);
   if (!client.ok()) {
-    std::fprintf(stderr, "cluster_trainer: %s\n", std::string(client.status().message()).c_str());
+    std::fprintf(stderr, "cluster_trainer: %s\n",
+                 std::string(client.status().message()).c_str());
     return 2;
   }
   const uint32_t rank = static_cast<uint32_t>(std::atoi(std::getenv("RANK")));
-  std::string path = std::string(argv[4]) + "/rank-" + std::to_string(rank) + ".log";
+  std::string path =
+      std::string(argv[4]) + "/rank-" + std::to_string(rank) + ".log";
   FILE* log = std::fopen(path.c_str(), "a");
   if (!log) return 101;
   setvbuf(log, nullptr, _IOLBF, 0);
   const char* gen = std::getenv("CKPT_GENERATION");
   const char* restore = std::getenv("CKPT_RESTORE_STEP");
-  std::fprintf(log, "start pid=%d generation=%s restore=%s mono_ms=%lld\n", getpid(),
-               gen ? gen : "none", restore && *restore ? restore : "none", MonoMs());
+  std::fprintf(log, "start pid=%d generation=%s restore=%s mono_ms=%lld\n",
+               getpid(), gen ? gen : "none",
+               restore && *restore ? restore : "none", MonoMs());
 
   uint64_t first = 1;
   ckpt::testing::HostState state;
@@ -83,23 +90,29 @@ int main(int argc, char** argv) {
     uint64_t step = std::strtoull(restore, nullptr, 10);
     state = ckpt::testing::MakeEmptyState(bytes, 8);
     auto t0 = Clock::now();
-    absl::Status s = (*client)->Restore(static_cast<int64_t>(step), state.tensors);
+    absl::Status s =
+        (*client)->Restore(static_cast<int64_t>(step), state.tensors);
     double restore_s = Since(t0);
     long long restored_ms = MonoMs();
     double started_s = Since(t_start);
     if (!s.ok()) {
-      std::fprintf(log, "restore_failed step=%lu %s\n", static_cast<unsigned long>(step),
+      std::fprintf(log, "restore_failed step=%lu %s\n",
+                   static_cast<unsigned long>(step),
                    std::string(s.message()).c_str());
       return 3;
     }
     auto expect = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
     Stamp(expect, rank, step);
     if (!state.Equals(expect)) {
-      std::fprintf(log, "mismatch step=%lu\n", static_cast<unsigned long>(step));
+      std::fprintf(log, "mismatch step=%lu\n",
+                   static_cast<unsigned long>(step));
       return 4;
     }
-    std::fprintf(log, "restored step=%lu seconds=%.6f process_start_to_restored=%.6f mono_ms=%lld\n",
-                 static_cast<unsigned long>(step), restore_s, started_s, restored_ms);
+    std::fprintf(log,
+                 "restored step=%lu seconds=%.6f "
+                 "process_start_to_restored=%.6f mono_ms=%lld\n",
+                 static_cast<unsigned long>(step), restore_s, started_s,
+                 restored_ms);
     first = step + 1;
   } else {
     state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
@@ -109,11 +122,13 @@ int main(int argc, char** argv) {
     auto t0 = Clock::now();
     absl::Status s = (*client)->Save(static_cast<int64_t>(step), state.tensors);
     if (!s.ok()) {
-      std::fprintf(log, "save_failed step=%lu %s\n", static_cast<unsigned long>(step),
+      std::fprintf(log, "save_failed step=%lu %s\n",
+                   static_cast<unsigned long>(step),
                    std::string(s.message()).c_str());
       return 5;
     }
-    std::fprintf(log, "saved step=%lu stall=%.6f\n", static_cast<unsigned long>(step), Since(t0));
+    std::fprintf(log, "saved step=%lu stall=%.6f\n",
+                 static_cast<unsigned long>(step), Since(t0));
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
   std::fprintf(log, "done step=%lu\n", static_cast<unsigned long>(last));

@@ -1,12 +1,13 @@
 // Test helper: the real ckpt-coordinator binary (COORDINATOR_BINARY, a
-// compile definition of the test target, unless another is given) on 127.0.0.1, with the port it
-// picked read from its first stdout line. Used by the coordinator's e2e test
-// the tools' tests (ckptrun_test, ctl_coord_test) and coord_scale_bench. The child gets SIGKILL
-// when the test process dies; the destructor SIGKILLs and reaps it.
-// Header-only; not thread-safe.
+// compile definition of the test target, unless another is given) on 127.0.0.1,
+// with the port it picked read from its first stdout line. Used by the
+// coordinator's e2e test the tools' tests (ckptrun_test, ctl_coord_test) and
+// coord_scale_bench. The child gets SIGKILL when the test process dies; the
+// destructor SIGKILLs and reaps it. Header-only; not thread-safe.
 #ifndef CKPT_TESTS_COORDINATOR_PROCESS_H_
 #define CKPT_TESTS_COORDINATOR_PROCESS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -18,12 +19,11 @@
 #include <memory>
 #include <string>
 
-#include <grpcpp/grpcpp.h>
-
 #include "coordinator.grpc.pb.h"
 
 #ifndef COORDINATOR_BINARY
-#error "tests/coordinator_process.h needs COORDINATOR_BINARY defined by the test target"
+#error \
+    "tests/coordinator_process.h needs COORDINATOR_BINARY defined by the test target"
 #endif
 
 namespace ckpt::testing {
@@ -32,8 +32,9 @@ class CoordinatorProcess {
  public:
   // Forks and execs at once, which is safe after this process used gRPC.
   // port 0: the binary picks one.
-  CoordinatorProcess(const std::string& state, const std::string& shared, int heartbeat_timeout_ms,
-                     int port = 0, const std::string& binary = COORDINATOR_BINARY) {
+  CoordinatorProcess(const std::string& state, const std::string& shared,
+                     int heartbeat_timeout_ms, int port = 0,
+                     const std::string& binary = COORDINATOR_BINARY) {
     std::string listen = "127.0.0.1:" + std::to_string(port);
     int fds[2];
     if (pipe(fds) != 0) return;
@@ -43,8 +44,9 @@ class CoordinatorProcess {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       dup2(fds[1], 1);
       close(fds[0]);
-      execl(binary.c_str(), binary.c_str(), "--listen", listen.c_str(), "--state", state.c_str(),
-            "--shared-root", shared.c_str(), "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
+      execl(binary.c_str(), binary.c_str(), "--listen", listen.c_str(),
+            "--state", state.c_str(), "--shared-root", shared.c_str(),
+            "--heartbeat-timeout-ms", timeout.c_str(), "--insecure", nullptr);
       _exit(127);
     }
     close(fds[1]);

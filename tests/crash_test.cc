@@ -1,5 +1,6 @@
 // Real processes killed with real signals: a trainer mid-save, the daemon
 // mid-persist, a corrupted shard on disk, and a SIGTERM drain.
+#include <grpcpp/client_context.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,8 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <grpcpp/client_context.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +35,8 @@ class CrashTest : public DaemonTest {
       for (const auto& s : a.slots()) {
         std::string text = absl::AsciiStrToLower(
             absl::StripPrefix(v1::SlotState_Name(s.state()), "SLOT_STATE_"));
-        if (s.state() != v1::SLOT_STATE_FREE) absl::StrAppend(&text, "(", s.step(), ")");
+        if (s.state() != v1::SLOT_STATE_FREE)
+          absl::StrAppend(&text, "(", s.step(), ")");
         if (s.readers()) absl::StrAppend(&text, "+", s.readers(), "r");
         out.push_back(text);
       }
@@ -47,7 +47,6 @@ class CrashTest : public DaemonTest {
       if (s.rfind(prefix, 0) == 0) return true;
     return false;
   }
-
 };
 
 TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
@@ -63,8 +62,8 @@ TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    execl(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, daemon_->socket().c_str(), "killed",
-          "1073741824", "2", "100", "1", nullptr);
+    execl(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, daemon_->socket().c_str(),
+          "killed", "1073741824", "2", "100", "1", nullptr);
     _exit(127);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -145,7 +144,8 @@ TEST_F(CrashTest, CorruptShardIsDetectedAndThePreviousStepStaysRestorable) {
   HostState got2 = s2.EmptyLike();
   absl::Status st = client->Restore(2, got2.tensors);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  EXPECT_NE(st.message().find(s2.tensors[0].name), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find(s2.tensors[0].name), absl::string_view::npos)
+      << st;
   HostState got1 = s1.EmptyLike();
   ASSERT_TRUE(client->Restore(1, got1.tensors).ok());
   EXPECT_TRUE(got1.Equals(s1));
@@ -159,8 +159,10 @@ TEST_F(CrashTest, SigtermDrainsPendingPersists) {
   daemon_->Kill(SIGTERM);
   int status = daemon_->Wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  EXPECT_TRUE(std::filesystem::exists(root() + "/" + storage::ShardKey("drain", 1, 0)));
-  EXPECT_TRUE(std::filesystem::exists(root() + "/" + storage::ManifestKey("drain", 1)));
+  EXPECT_TRUE(
+      std::filesystem::exists(root() + "/" + storage::ShardKey("drain", 1, 0)));
+  EXPECT_TRUE(
+      std::filesystem::exists(root() + "/" + storage::ManifestKey("drain", 1)));
 }
 
 }  // namespace

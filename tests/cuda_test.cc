@@ -94,18 +94,20 @@ std::vector<std::unique_ptr<DeviceBuf>> MakeDeviceState(uint32_t seed) {
   std::vector<std::unique_ptr<DeviceBuf>> v;
   v.push_back(std::make_unique<DeviceBuf>("scalar", DType::kFloat32,
                                           std::vector<int64_t>{1}, 4, seed));
-  v.push_back(std::make_unique<DeviceBuf>(
-      "bf16.odd", DType::kBFloat16, std::vector<int64_t>{2049}, 4098, seed + 1));
-  v.push_back(std::make_unique<DeviceBuf>(
-      "fp32.w", DType::kFloat32, std::vector<int64_t>{786435},
-      786435ull * 4, seed + 2));
+  v.push_back(std::make_unique<DeviceBuf>("bf16.odd", DType::kBFloat16,
+                                          std::vector<int64_t>{2049}, 4098,
+                                          seed + 1));
+  v.push_back(std::make_unique<DeviceBuf>("fp32.w", DType::kFloat32,
+                                          std::vector<int64_t>{786435},
+                                          786435ull * 4, seed + 2));
   const int64_t big = (int64_t{64} << 20) + 4097;
   v.push_back(std::make_unique<DeviceBuf>(
       "u8.big", DType::kUInt8, std::vector<int64_t>{big}, big, seed + 3));
   return v;
 }
 
-std::vector<Tensor> TensorsOf(const std::vector<std::unique_ptr<DeviceBuf>>& s) {
+std::vector<Tensor> TensorsOf(
+    const std::vector<std::unique_ptr<DeviceBuf>>& s) {
   std::vector<Tensor> t;
   for (const auto& b : s) t.push_back(b->tensor());
   return t;
@@ -159,8 +161,11 @@ TEST_F(CudaTest, ShardFileCarriesTheChecksumsOfTheDeviceBytes) {
   std::vector<unsigned char> hostbytes(1 << 20);
   for (size_t i = 0; i < hostbytes.size(); ++i) hostbytes[i] = i * 31;
   std::vector<Tensor> t = TensorsOf(s);
-  t.push_back(Tensor{"host.mixed", DType::kUInt8, {static_cast<int64_t>(hostbytes.size())},
-                     hostbytes.data(), Device::Host()});
+  t.push_back(Tensor{"host.mixed",
+                     DType::kUInt8,
+                     {static_cast<int64_t>(hostbytes.size())},
+                     hostbytes.data(),
+                     Device::Host()});
   ASSERT_TRUE(client->Save(4, t).ok());
   ASSERT_TRUE(client->WaitDurable(4).ok());
 
@@ -181,7 +186,8 @@ TEST_F(CudaTest, ShardFileCarriesTheChecksumsOfTheDeviceBytes) {
     const std::vector<unsigned char>* want = &hostbytes;
     for (const auto& b : s)
       if (b->name == st.name) want = &b->host;
-    EXPECT_EQ(st.checksum, TensorChecksum(want->data(), want->size())) << st.name;
+    EXPECT_EQ(st.checksum, TensorChecksum(want->data(), want->size()))
+        << st.name;
   }
   absl::Status v = storage::VerifyShard(**local, key);
   EXPECT_TRUE(v.ok()) << v;
@@ -196,14 +202,20 @@ int SaveLoop(const std::string& socket, const std::string& job) {
   o.world_size = 1;
   auto c = Client::Connect(o);
   if (!c.ok()) {
-    std::fprintf(stderr, "save loop: %s\n", std::string(c.status().message()).c_str());
+    std::fprintf(stderr, "save loop: %s\n",
+                 std::string(c.status().message()).c_str());
     return 2;
   }
   const uint64_t bytes = 1ull << 30;
   void* dev = nullptr;
-  if (cudaMalloc(&dev, bytes) != cudaSuccess || cudaMemset(dev, 0x5a, bytes) != cudaSuccess)
+  if (cudaMalloc(&dev, bytes) != cudaSuccess ||
+      cudaMemset(dev, 0x5a, bytes) != cudaSuccess)
     return 3;
-  Tensor t{"big", DType::kUInt8, {static_cast<int64_t>(bytes)}, dev, Device::Cuda(0)};
+  Tensor t{"big",
+           DType::kUInt8,
+           {static_cast<int64_t>(bytes)},
+           dev,
+           Device::Cuda(0)};
   for (int64_t step = 1;; ++step) {
     absl::Status s = (*c)->Save(step, {&t, 1});
     if (!s.ok()) {

@@ -29,7 +29,8 @@ class DaemonTest : public ::testing::Test {
     daemon_ = std::move(*d);
   }
   std::string root() const { return root_.path() + "/root"; }
-  std::unique_ptr<Client> Connect(const std::string& job, int rank = 0, int world = 1) {
+  std::unique_ptr<Client> Connect(const std::string& job, int rank = 0,
+                                  int world = 1) {
     auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
@@ -49,7 +50,8 @@ class RpcDaemonTest : public DaemonTest {
     Restart();
     stub_ = daemon_->Stub();
   }
-  grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world, uint64_t slot_bytes,
+  grpc::Status Register(const std::string& job, uint32_t rank, uint32_t world,
+                        uint64_t slot_bytes,
                         v1::RegisterResponse* resp = nullptr) {
     grpc::ClientContext ctx;
     v1::RegisterRequest req;
@@ -60,8 +62,8 @@ class RpcDaemonTest : public DaemonTest {
     v1::RegisterResponse r;
     return stub_->Register(&ctx, req, resp ? resp : &r);
   }
-  grpc::Status BeginSave(const std::string& job, uint64_t step, uint64_t image_bytes,
-                         v1::BeginSaveResponse* resp) {
+  grpc::Status BeginSave(const std::string& job, uint64_t step,
+                         uint64_t image_bytes, v1::BeginSaveResponse* resp) {
     grpc::ClientContext ctx;
     v1::BeginSaveRequest req;
     req.set_job(job);

@@ -118,8 +118,10 @@ class EngineCoreTest : public ::testing::Test {
   size_t ShardFiles() {
     size_t n = 0;
     std::error_code ec;
-    for (auto it = std::filesystem::recursive_directory_iterator(dir_.path() + "/root/core", ec);
-         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    for (auto it = std::filesystem::recursive_directory_iterator(
+             dir_.path() + "/root/core", ec);
+         !ec && it != std::filesystem::recursive_directory_iterator();
+         it.increment(ec))
       if (it->path().extension() == ".shard") ++n;
     return n;
   }
@@ -143,15 +145,24 @@ class EngineCoreTest : public ::testing::Test {
 // derived from it.
 TEST(ShardPhaseTest, TransitionsAndDerivedStatesAreTheDocumentedOnes) {
   using daemon::ShardPhase;
-  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kStaged, ShardPhase::kPersisting));
-  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kStaged));
-  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kDurable));
-  EXPECT_TRUE(daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kFailed));
-  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kStaged));
-  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kStaged));
-  EXPECT_FALSE(daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kDurable));
-  EXPECT_EQ(daemon::CatalogStateOf(ShardPhase::kPersisting), v1::ShardRecord::STAGED);
-  EXPECT_EQ(daemon::SlotStateOf(ShardPhase::kPersisting), shm::SlotState::kPersisting);
+  EXPECT_TRUE(
+      daemon::LegalTransition(ShardPhase::kStaged, ShardPhase::kPersisting));
+  EXPECT_TRUE(
+      daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kStaged));
+  EXPECT_TRUE(
+      daemon::LegalTransition(ShardPhase::kPersisting, ShardPhase::kDurable));
+  EXPECT_TRUE(
+      daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kFailed));
+  EXPECT_FALSE(
+      daemon::LegalTransition(ShardPhase::kDurable, ShardPhase::kStaged));
+  EXPECT_FALSE(
+      daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kStaged));
+  EXPECT_FALSE(
+      daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kDurable));
+  EXPECT_EQ(daemon::CatalogStateOf(ShardPhase::kPersisting),
+            v1::ShardRecord::STAGED);
+  EXPECT_EQ(daemon::SlotStateOf(ShardPhase::kPersisting),
+            shm::SlotState::kPersisting);
   EXPECT_EQ(daemon::RpcStateOf(ShardPhase::kFailed), v1::SHARD_STATE_FAILED);
   daemon::Shard shard;
   EXPECT_TRUE(shard.MoveTo(ShardPhase::kPersisting));
@@ -171,7 +182,8 @@ TEST_F(EngineCoreTest, SaveWithAGenerationReportsItAndKeepsItAcrossARestart) {
   std::vector<daemon::ShardReport> reports = Reports();
   ASSERT_GE(reports.size(), 2u);
   for (const daemon::ShardReport& r : reports) {
-    ASSERT_TRUE(r.generation.has_value()) << "step " << r.step << " durable " << r.durable;
+    ASSERT_TRUE(r.generation.has_value())
+        << "step " << r.step << " durable " << r.durable;
     EXPECT_EQ(*r.generation, 3u);
   }
   Close();
@@ -188,7 +200,8 @@ TEST_F(EngineCoreTest, SaveWithoutAGenerationReportsNone) {
   Open(/*node=*/true);
   ASSERT_TRUE(Save({.job = "core", .step = 1}).ok());
   ASSERT_TRUE(WaitDurable(1).ok());
-  for (const daemon::ShardReport& r : Reports()) EXPECT_FALSE(r.generation.has_value());
+  for (const daemon::ShardReport& r : Reports())
+    EXPECT_FALSE(r.generation.has_value());
 }
 
 // Finding 20: a re-save whose catalog write fails (a full disk) must leave
@@ -232,7 +245,8 @@ TEST_F(EngineCoreTest, GrowWhoseJobRecordCannotBeWrittenKeepsTheOldArena) {
   rr.set_slot_bytes(16 << 20);
   auto reg = engine_->Register(peer_, rr);
   EXPECT_FALSE(reg.ok());
-  EXPECT_NE(reg.status().message().find("no space"), std::string::npos) << reg.status();
+  EXPECT_NE(reg.status().message().find("no space"), std::string::npos)
+      << reg.status();
   catalog_->FailPutsForTesting(false, false);
   auto after = engine_->Status(peer_);
   ASSERT_EQ(after.arenas_size(), 1);
@@ -270,8 +284,9 @@ TEST_F(EngineCoreTest, FileRestoreReadsItsFileWhileTheStepIsDeleted) {
   ASSERT_GE(fd, 0) << resp->path() << ": " << strerror(errno);
   const v1::TensorMeta& t = resp->tensors(0);
   std::vector<char> bytes(t.bytes());
-  ASSERT_EQ(::pread(fd, bytes.data(), bytes.size(), static_cast<off_t>(t.offset())),
-            static_cast<ssize_t>(bytes.size()));
+  ASSERT_EQ(
+      ::pread(fd, bytes.data(), bytes.size(), static_cast<off_t>(t.offset())),
+      static_cast<ssize_t>(bytes.size()));
   ::close(fd);
   EXPECT_EQ(TensorChecksum(bytes.data(), bytes.size()), t.checksum());
   EXPECT_EQ(bytes.front(), 0x5a);
@@ -288,7 +303,8 @@ TEST_F(EngineCoreTest, FileRestoreReadsItsFileWhileTheStepIsDeleted) {
 // stops counting its STAGED report.
 TEST_F(EngineCoreTest, PersistThatFailsForGoodIsReportedAsFailed) {
   Open(/*node=*/true);
-  ASSERT_TRUE(Save({.job = "core", .step = 1, .corrupt = true, .generation = 2}).ok());
+  ASSERT_TRUE(
+      Save({.job = "core", .step = 1, .corrupt = true, .generation = 2}).ok());
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   bool failed = false;
   for (const daemon::ShardReport& r : Reports())
@@ -333,7 +349,8 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
   EXPECT_EQ(got[0].rank, 0u);
   EXPECT_EQ(got[0].copy, "memory");
   EXPECT_EQ(got[0].next_copy, "file");
-  EXPECT_NE(got[0].reason.find("checksum mismatch"), std::string::npos) << got[0].reason;
+  EXPECT_NE(got[0].reason.find("checksum mismatch"), std::string::npos)
+      << got[0].reason;
 
   restore_and_reject("tensor 0: checksum mismatch in the file");
   {
@@ -350,8 +367,14 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
 TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillTheDisk) {
   Open(/*node=*/false, /*retain=*/2);
   for (uint64_t step = 1; step <= 6; ++step) {
-    ASSERT_TRUE(Save({.job = "core", .step = step, .rank = 0, .world_size = 2}).ok());
-    ASSERT_TRUE(Save({.job = "core", .step = step, .corrupt = true, .rank = 1, .world_size = 2}).ok());
+    ASSERT_TRUE(
+        Save({.job = "core", .step = step, .rank = 0, .world_size = 2}).ok());
+    ASSERT_TRUE(Save({.job = "core",
+                      .step = step,
+                      .corrupt = true,
+                      .rank = 1,
+                      .world_size = 2})
+                    .ok());
     ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   }
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
@@ -369,9 +392,14 @@ TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillTheDisk) {
 TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillEitherTier) {
   Open(/*node=*/false, /*retain=*/2, /*object=*/true);
   for (uint64_t step = 1; step <= 6; ++step) {
-    ASSERT_TRUE(Save({.job = "core", .step = step, .rank = 0, .world_size = 2}).ok());
     ASSERT_TRUE(
-        Save({.job = "core", .step = step, .corrupt = true, .rank = 1, .world_size = 2}).ok());
+        Save({.job = "core", .step = step, .rank = 0, .world_size = 2}).ok());
+    ASSERT_TRUE(Save({.job = "core",
+                      .step = step,
+                      .corrupt = true,
+                      .rank = 1,
+                      .world_size = 2})
+                    .ok());
     ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   }
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));

@@ -5,6 +5,7 @@
 // deleting every step of a job removes its record and arenas, and shard
 // headers carry their creation time. Driven through a real ckptd's socket.
 #include <fcntl.h>
+#include <grpcpp/client_context.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,8 +14,6 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
-
-#include <grpcpp/client_context.h>
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
@@ -43,8 +42,8 @@ class EngineRefusalTest : public RpcDaemonTest {
   }
   // Two 4 KiB zero tensors; a fresh slot's bytes are zero, so the
   // checksums match unless `corrupt`.
-  grpc::Status Commit(const std::string& job, uint64_t step, const v1::BeginSaveResponse& b,
-                      bool corrupt = false) {
+  grpc::Status Commit(const std::string& job, uint64_t step,
+                      const v1::BeginSaveResponse& b, bool corrupt = false) {
     v1::CommitSaveRequest req = TwoZeroTensorCommit(job, step, b, corrupt);
     grpc::ClientContext ctx;
     v1::CommitSaveResponse resp;
@@ -78,12 +77,12 @@ class EngineRefusalTest : public RpcDaemonTest {
     struct stat st;
     return stat(("/dev/shm/" + prefix_ + "." + job + ".r0").c_str(), &st) == 0;
   }
-
 };
 
 TEST_F(EngineRefusalTest, RegisterRefusedForLackOfSharedMemoryRecordsNothing) {
   grpc::Status s = Register("ghost", 0, 4, kTooBig);
-  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
   EXPECT_EQ(List().jobs_size(), 0);
   EXPECT_EQ(Status().arenas_size(), 0);
   // Another world size is no conflict: the refused Register left no job.
@@ -106,7 +105,8 @@ TEST_F(EngineRefusalTest, RefusedArenaGrowthKeepsTheArenaAndItsSteps) {
   ASSERT_TRUE(client->WaitDurable(1).ok());
 
   grpc::Status s = Register("grow", 0, 1, kTooBig);
-  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
 
   // Step 1 is still in the arena's memory, served from there.
   {
@@ -143,8 +143,10 @@ TEST_F(EngineRefusalTest, StepWhoseChecksumsDoNotMatchIsNotLatest) {
   ASSERT_TRUE(Commit("corrupt", 1, b).ok());
   ASSERT_TRUE(WaitDurable("corrupt", 1).ok());
   ASSERT_TRUE(BeginSave("corrupt", 2, 16384, &b).ok());
-  ASSERT_TRUE(Commit("corrupt", 2, b, /*corrupt=*/true).ok());  // found at persist
-  EXPECT_EQ(WaitDurable("corrupt", 2).error_code(), grpc::StatusCode::DATA_LOSS);
+  ASSERT_TRUE(
+      Commit("corrupt", 2, b, /*corrupt=*/true).ok());  // found at persist
+  EXPECT_EQ(WaitDurable("corrupt", 2).error_code(),
+            grpc::StatusCode::DATA_LOSS);
 
   grpc::ClientContext ctx;
   v1::LatestRequest req;
@@ -162,7 +164,9 @@ TEST_F(EngineRefusalTest, StepWhoseChecksumsDoNotMatchIsNotLatest) {
 TEST_F(EngineRefusalTest, StatusShowsAnotherUidNoArena) {
   ASSERT_TRUE(Register("mine", 0, 1, 1 << 20).ok());
   ASSERT_EQ(Status().arenas_size(), 1);  // root sees every arena
-  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0", "status"), 0)
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0",
+                        "status"),
+            0)
       << "32: Status showed the other uid an arena";
 }
 
@@ -197,19 +201,22 @@ TEST_F(EngineRefusalTest, DeletingEveryStepRemovesTheJobAndItsArenas) {
 
 TEST_F(EngineRefusalTest, ShardHeaderRecordsItsCreationTime) {
   auto now_ns = [] {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count());
   };
   uint64_t before = now_ns();
   ASSERT_TRUE(Register("dated", 0, 1, 1 << 20).ok());
   v1::BeginSaveResponse b;
   ASSERT_TRUE(BeginSave("dated", 1, 16384, &b).ok());
-  EXPECT_EQ(b.slot(), 0u) << "the first save takes the slot faulted in at Register";
+  EXPECT_EQ(b.slot(), 0u)
+      << "the first save takes the slot faulted in at Register";
   ASSERT_TRUE(Commit("dated", 1, b).ok());
   ASSERT_TRUE(WaitDurable("dated", 1).ok());
   uint64_t after = now_ns();
-  std::ifstream f(root() + "/" + storage::ShardKey("dated", 1, 0), std::ios::binary);
+  std::ifstream f(root() + "/" + storage::ShardKey("dated", 1, 0),
+                  std::ios::binary);
   ASSERT_TRUE(f.good());
   std::vector<char> head(storage::kShardAlign);
   f.read(head.data(), static_cast<std::streamsize>(head.size()));

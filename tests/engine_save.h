@@ -35,13 +35,13 @@ struct OneTensorSave {
   // Committed as a device tensor is: has_checksum=false, checksum 0 (the
   // daemon computes it while persisting).
   bool device = false;
-  std::optional<uint64_t> generation = std::nullopt;  // CommitSaveRequest.generation
+  std::optional<uint64_t> generation =
+      std::nullopt;  // CommitSaveRequest.generation
 };
 
-[[nodiscard]] inline absl::Status SaveOneTensorStep(daemon::Engine* engine,
-                                                    const daemon::PeerCreds& peer,
-                                                    const OneTensorSave& save,
-                                                    std::unique_ptr<shm::Arena>* arena) {
+[[nodiscard]] inline absl::Status SaveOneTensorStep(
+    daemon::Engine* engine, const daemon::PeerCreds& peer,
+    const OneTensorSave& save, std::unique_ptr<shm::Arena>* arena) {
   namespace v1 = ::ckpt::v1;
   v1::RegisterRequest rr;
   rr.set_job(save.job);
@@ -51,7 +51,8 @@ struct OneTensorSave {
   auto reg = engine->Register(peer, rr);
   if (!reg.ok()) return reg.status();
   if (!*arena || (*arena)->name() != reg->shm_name()) {
-    auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
+    auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(),
+                                reg->slots_offset());
     if (!a.ok()) return a.status();
     *arena = std::move(*a);
   }
@@ -66,8 +67,10 @@ struct OneTensorSave {
   br.set_image_bytes(layout->image_bytes);
   auto begin = engine->BeginSave(peer, br);
   if (!begin.ok()) return begin.status();
-  char* dst = (*arena)->base() + begin->slot_offset() + layout->tensor_offsets[0];
-  std::memset(dst, save.fill >= 0 ? save.fill : static_cast<int>(save.step), sizes[0]);
+  char* dst =
+      (*arena)->base() + begin->slot_offset() + layout->tensor_offsets[0];
+  std::memset(dst, save.fill >= 0 ? save.fill : static_cast<int>(save.step),
+              sizes[0]);
   v1::CommitSaveRequest cr;
   cr.set_job(save.job);
   cr.set_rank(save.rank);

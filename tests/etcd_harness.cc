@@ -18,7 +18,8 @@
 
 namespace ckpt::testing {
 
-EtcdCluster::EtcdCluster(std::string dir, int members, coordinator::TlsFiles tls)
+EtcdCluster::EtcdCluster(std::string dir, int members,
+                         coordinator::TlsFiles tls)
     : dir_(std::move(dir)), tls_(std::move(tls)) {
   std::filesystem::create_directories(dir_);
   std::string initial;
@@ -35,31 +36,32 @@ EtcdCluster::EtcdCluster(std::string dir, int members, coordinator::TlsFiles tls
     const std::string peer =
         "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
     std::vector<std::string> argv = {ETCD_BINARY,
-                     "--name",
-                     "m" + std::to_string(i),
-                     "--data-dir",
-                     dir_ + "/m" + std::to_string(i),
-                     "--listen-client-urls",
-                     client,
-                     "--advertise-client-urls",
-                     client,
-                     "--listen-peer-urls",
-                     peer,
-                     "--initial-advertise-peer-urls",
-                     peer,
-                     "--initial-cluster",
-                     initial,
-                     "--initial-cluster-state",
-                     "new",
-                     "--initial-cluster-token",
-                     "ckpt-test",
-                     "--max-txn-ops",
-                     "4096",
-                     "--log-level",
-                     "warn"};
+                                     "--name",
+                                     "m" + std::to_string(i),
+                                     "--data-dir",
+                                     dir_ + "/m" + std::to_string(i),
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     initial,
+                                     "--initial-cluster-state",
+                                     "new",
+                                     "--initial-cluster-token",
+                                     "ckpt-test",
+                                     "--max-txn-ops",
+                                     "4096",
+                                     "--log-level",
+                                     "warn"};
     if (tls_.enabled())
-      argv.insert(argv.end(), {"--cert-file", tls_.cert, "--key-file", tls_.key,
-                               "--trusted-ca-file", tls_.ca, "--client-cert-auth"});
+      argv.insert(argv.end(),
+                  {"--cert-file", tls_.cert, "--key-file", tls_.key,
+                   "--trusted-ca-file", tls_.ca, "--client-cert-auth"});
     members_.push_back(
         Proc::Spawn(argv, dir_ + "/member-" + std::to_string(i) + ".log"));
   }
@@ -81,18 +83,21 @@ bool EtcdCluster::WaitHealthy(std::string* why) const {
   const auto credentials = coordinator::LoadClientCredentials(tls_);
   for (size_t i = 0; i < members_.size(); ++i) {
     absl::Status last = credentials.status();
-    bool ok = credentials.ok() && Cluster::WaitUntil(
-        [&] {
-          // A new channel per probe: one that failed while the member was
-          // starting may wait out a long reconnect backoff (seen with TLS).
-          coordinator::etcd::EtcdClient client(
-              {Endpoint(static_cast<int>(i))}, std::chrono::seconds(1), *credentials);
-          etcdserverpb::RangeRequest req;
-          req.set_key("health-probe");
-          last = client.Range(req).status();
-          return last.ok();
-        },
-        std::chrono::seconds(30));
+    bool ok =
+        credentials.ok() && Cluster::WaitUntil(
+                                [&] {
+                                  // A new channel per probe: one that failed
+                                  // while the member was starting may wait out
+                                  // a long reconnect backoff (seen with TLS).
+                                  coordinator::etcd::EtcdClient client(
+                                      {Endpoint(static_cast<int>(i))},
+                                      std::chrono::seconds(1), *credentials);
+                                  etcdserverpb::RangeRequest req;
+                                  req.set_key("health-probe");
+                                  last = client.Range(req).status();
+                                  return last.ok();
+                                },
+                                std::chrono::seconds(30));
     if (!ok) {
       *why = "etcd member " + std::to_string(i) +
              " never served: " + std::string(last.message()) + "\n" + Logs();

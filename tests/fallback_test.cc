@@ -39,11 +39,13 @@ TEST_F(FallbackTest, MemoryCopyThatFailsVerificationFallsBackToTheFile) {
   const std::string name = "/" + prefix_ + ".mem.r0";
   struct stat st {};
   ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0);
-  auto arena = shm::Arena::Attach(name, static_cast<uint64_t>(st.st_size), shm::Arena::SlotsOffset());
+  auto arena = shm::Arena::Attach(name, static_cast<uint64_t>(st.st_size),
+                                  shm::Arena::SlotsOffset());
   ASSERT_TRUE(arena.ok()) << arena.status();
   int slot = -1;
   for (uint32_t i = 0; i < (*arena)->num_slots(); ++i)
-    if ((*arena)->slot_state(i) == shm::SlotState::kDurable && (*arena)->header().slots[i].step.load() == 1)
+    if ((*arena)->slot_state(i) == shm::SlotState::kDurable &&
+        (*arena)->header().slots[i].step.load() == 1)
       slot = static_cast<int>(i);
   ASSERT_GE(slot, 0);
   FlipFirstTensorByte((*arena)->slot_data(slot));
@@ -81,10 +83,12 @@ TEST_F(FallbackTest, StepWithNoGoodCopyLeftIsNoLongerLatest) {
   client = Connect("disk");
   ASSERT_NE(client, nullptr);
   HostState got = state_.EmptyLike();
-  EXPECT_EQ(client->Restore(2, got.tensors).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(client->Restore(2, got.tensors).code(),
+            absl::StatusCode::kDataLoss);
   auto latest = client->LatestStep();
   ASSERT_TRUE(latest.ok()) << latest.status();
-  EXPECT_EQ(*latest, 1) << "Latest still offers the step that cannot be restored";
+  EXPECT_EQ(*latest, 1)
+      << "Latest still offers the step that cannot be restored";
   ASSERT_TRUE(client->Restore(1, got.tensors).ok());
   EXPECT_TRUE(got.Equals(state_));
 }

@@ -2,13 +2,12 @@
 // over a FaultInjectionBackend: failed writes are retried, and after a
 // simulated crash exactly the committed (durable) steps are visible.
 #include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <thread>
-
-#include <prometheus/text_serializer.h>
 
 #include "ckpt/tensor.h"
 #include "daemon/catalog.h"
@@ -67,7 +66,8 @@ class FaultCrashTest : public ::testing::Test {
   // methods, writing the slot as a client would. `corrupt`: one byte of the
   // slot changes after its checksum was taken (as a stray write would).
   absl::Status SaveStep(uint64_t step, bool corrupt = false) {
-    return SaveOneTensorStep(engine_.get(), peer_, {"fault", step, /*block=*/true, corrupt}, &arena_);
+    return SaveOneTensorStep(engine_.get(), peer_,
+                             {"fault", step, /*block=*/true, corrupt}, &arena_);
   }
   absl::Status WaitDurable(uint64_t step, int timeout_ms = 10000) {
     v1::WaitDurableRequest w;
@@ -92,7 +92,8 @@ class FaultCrashTest : public ::testing::Test {
     auto keys = local_->List("fault/");
     std::vector<std::string> out;
     for (const auto& k : *keys)
-      if (k.size() > 6 && k.compare(k.size() - 6, 6, ".shard") == 0) out.push_back(k);
+      if (k.size() > 6 && k.compare(k.size() - 6, 6, ".shard") == 0)
+        out.push_back(k);
     return out;
   }
 
@@ -108,7 +109,8 @@ class FaultCrashTest : public ::testing::Test {
     auto reg = engine_->Register(peer_, rr);
     if (!reg.ok()) return reg.status();
     if (!arena_ || arena_->name() != reg->shm_name()) {
-      auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(), reg->slots_offset());
+      auto a = shm::Arena::Attach(reg->shm_name(), reg->arena_bytes(),
+                                  reg->slots_offset());
       if (!a.ok()) return a.status();
       arena_ = std::move(*a);
     }
@@ -128,7 +130,8 @@ class FaultCrashTest : public ::testing::Test {
     cr.set_slot(begin->slot());
     cr.set_lease(begin->lease());
     for (int i = 0; i < 2; ++i) {
-      char* dst = arena_->base() + begin->slot_offset() + layout->tensor_offsets[i];
+      char* dst =
+          arena_->base() + begin->slot_offset() + layout->tensor_offsets[i];
       std::memset(dst, i == 0 ? host : device, sizes[i]);
       v1::TensorMeta* m = cr.add_tensors();
       m->set_name(i == 0 ? "w" : "d");
@@ -149,10 +152,12 @@ class FaultCrashTest : public ::testing::Test {
     req.set_step(step);
     auto open = engine_->OpenRestore(peer_, req);
     if (!open.ok()) return open.status();
-    auto a = shm::Arena::Attach(open->shm_name(), open->arena_bytes(), shm::Arena::SlotsOffset());
+    auto a = shm::Arena::Attach(open->shm_name(), open->arena_bytes(),
+                                shm::Arena::SlotsOffset());
     if (!a.ok()) return a.status();
     const char* image = (*a)->base() + open->slot_offset();
-    std::pair<char, char> out{image[open->tensors(0).offset()], image[open->tensors(1).offset()]};
+    std::pair<char, char> out{image[open->tensors(0).offset()],
+                              image[open->tensors(1).offset()]};
     v1::CloseRestoreRequest close;
     close.set_job("fault");
     close.set_lease(open->lease());
@@ -166,7 +171,8 @@ class FaultCrashTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::shared_ptr<daemon::DaemonMetrics> metrics_ = std::make_shared<daemon::DaemonMetrics>();
+  std::shared_ptr<daemon::DaemonMetrics> metrics_ =
+      std::make_shared<daemon::DaemonMetrics>();
   std::string prefix_ = UniqueShmPrefix();
   PeerCreds peer_{getpid(), getuid(), getgid()};
   std::unique_ptr<storage::Backend> local_;
@@ -189,11 +195,21 @@ TEST_F(FaultCrashTest, FailedWriteCountsOneFailureAndOneRetryByKind) {
   ASSERT_TRUE(WaitDurable(1).ok());
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   const std::string text = MetricsText();
-  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_write"}}), 1.0) << text;
-  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}), 1.0);
-  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_abandoned"}}), 0.0);
-  EXPECT_EQ(SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}), 1.0);
-  EXPECT_EQ(SampleValue(text, "ckptd_persist_backlog_shards", {{"tier", "local"}}), 0.0);
+  EXPECT_EQ(
+      SampleValue(text, "ckptd_failures_total", {{"kind", "persist_write"}}),
+      1.0)
+      << text;
+  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}),
+            1.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total",
+                        {{"kind", "persist_abandoned"}}),
+            0.0);
+  EXPECT_EQ(
+      SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}),
+      1.0);
+  EXPECT_EQ(
+      SampleValue(text, "ckptd_persist_backlog_shards", {{"tier", "local"}}),
+      0.0);
 }
 
 TEST_F(FaultCrashTest, SlotChangedAfterCommitCountsAChecksumFailureAndGivesUp) {
@@ -202,10 +218,18 @@ TEST_F(FaultCrashTest, SlotChangedAfterCommitCountsAChecksumFailureAndGivesUp) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   const std::string text = MetricsText();
-  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_checksum"}}), 1.0) << text;
-  EXPECT_EQ(SampleValue(text, "ckptd_failures_total", {{"kind", "persist_abandoned"}}), 1.0);
-  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}), 0.0);
-  EXPECT_EQ(SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}), 0.0);
+  EXPECT_EQ(
+      SampleValue(text, "ckptd_failures_total", {{"kind", "persist_checksum"}}),
+      1.0)
+      << text;
+  EXPECT_EQ(SampleValue(text, "ckptd_failures_total",
+                        {{"kind", "persist_abandoned"}}),
+            1.0);
+  EXPECT_EQ(SampleValue(text, "ckptd_retries_total", {{"kind", "persist"}}),
+            0.0);
+  EXPECT_EQ(
+      SampleValue(text, "ckptd_persisted_shards_total", {{"tier", "local"}}),
+      0.0);
 }
 
 TEST_F(FaultCrashTest, PersistentEnospcKeepsRetryingAndWaitDurableSaysWhy) {
@@ -217,7 +241,8 @@ TEST_F(FaultCrashTest, PersistentEnospcKeepsRetryingAndWaitDurableSaysWhy) {
   v1::ListRequest lr;
   lr.set_job("fault");
   auto list = engine_->List(peer_, lr);
-  ASSERT_TRUE(list.ok() && list->jobs_size() == 1 && list->jobs(0).steps_size() == 1);
+  ASSERT_TRUE(list.ok() && list->jobs_size() == 1 &&
+              list->jobs(0).steps_size() == 1);
   EXPECT_FALSE(list->jobs(0).steps(0).durable());
   // The step is still restorable from memory; once the disk has room again
   // it becomes durable, and later saves go on.
@@ -239,7 +264,8 @@ TEST_F(FaultCrashTest, NewerSaveTakesTheSlotOfAShardThatKeepsFailing) {
   ASSERT_TRUE(SaveStep(3).ok());  // step 1's slot
   absl::Status s = WaitDurable(1);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("slot went to step 3"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("slot went to step 3"), absl::string_view::npos)
+      << s;
   fault_->ClearFaults();
   EXPECT_TRUE(WaitDurable(2, 30000).ok());
   EXPECT_TRUE(WaitDurable(3, 30000).ok());
@@ -277,7 +303,6 @@ TEST_F(FaultCrashTest, AfterACrashExactlyTheCommittedStepsAreVisible) {
     EXPECT_EQ(files[i], storage::ShardKey("fault", durable[i], 0));
 }
 
-
 // A re-save of a step whose older file is durable, lost in a machine crash
 // before its own persist: the file at the key is the older timeline's and
 // must not be taken for the new save (its device tensor has no client
@@ -293,8 +318,11 @@ TEST_F(FaultCrashTest, CrashBeforeAResavePersistsNeverAdoptsTheOlderFile) {
   UnlinkArenas(prefix_);  // a machine crash loses shared memory
   Open(3);
   absl::StatusOr<std::pair<char, char>> got = RestoreFirstBytes(1);
-  if (got.ok()) EXPECT_EQ(got->second, 'B') << "step 1 restored the older timeline's device tensor";
-  else EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  if (got.ok())
+    EXPECT_EQ(got->second, 'B')
+        << "step 1 restored the older timeline's device tensor";
+  else
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
 }
 
 // The file is this very save (the crash came between its rename and the

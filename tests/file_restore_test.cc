@@ -2,6 +2,7 @@
 // itself (no arena is created) when the daemon answers FILE, and verifies
 // checksums; the daemon answers with a slot load instead when the caller
 // cannot read the file (another uid, a mode that forbids it).
+#include <grpcpp/client_context.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <signal.h>
@@ -15,8 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <grpcpp/client_context.h>
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
@@ -84,11 +83,13 @@ TEST_F(FileRestoreTest, DiskOnlyStepIsReadFromTheFileBitExactWithoutAnArena) {
   ASSERT_TRUE(client->Restore(1, got1.tensors).ok());
   EXPECT_TRUE(got1.Equals(s1_));
   HostState sub = s2_.EmptyLike();
-  ASSERT_TRUE(client->Restore(2, std::span<const Tensor>(sub.tensors).subspan(3, 2)).ok());
+  ASSERT_TRUE(
+      client->Restore(2, std::span<const Tensor>(sub.tensors).subspan(3, 2))
+          .ok());
   EXPECT_EQ(sub.buffers[4], s2_.buffers[4]);
   EXPECT_EQ(sub.buffers[3], s2_.buffers[3]);
   EXPECT_NE(sub.buffers[2], s2_.buffers[2]);  // not asked for: still zero
-  EXPECT_EQ(Arenas(), 0);  // no slot load happened
+  EXPECT_EQ(Arenas(), 0);                     // no slot load happened
 }
 
 // Tensors at 4 KiB-aligned addresses are read straight into (O_DIRECT, no
@@ -101,21 +102,24 @@ TEST_F(FileRestoreTest, AlignedHostTensorsAreReadStraightInAndVerified) {
   std::vector<Tensor> tensors = s2_.tensors;
   for (size_t i = 0; i < tensors.size(); ++i) {
     size_t n = s2_.buffers[i].size();
-    mem.emplace_back(static_cast<char*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)),
-                     &std::free);
+    mem.emplace_back(
+        static_cast<char*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)),
+        &std::free);
     std::memset(mem.back().get(), 0, n);
     tensors[i].data = mem.back().get();
   }
   absl::Status st = client->Restore(2, tensors);
   ASSERT_TRUE(st.ok()) << st;
   for (size_t i = 0; i < tensors.size(); ++i)
-    EXPECT_EQ(0, std::memcmp(mem[i].get(), s2_.buffers[i].data(), s2_.buffers[i].size()))
+    EXPECT_EQ(0, std::memcmp(mem[i].get(), s2_.buffers[i].data(),
+                             s2_.buffers[i].size()))
         << tensors[i].name;
   // A flipped byte in the middle of a tensor is caught on this path too.
   const std::string name = s2_.tensors[3].name;
   v1::TensorMeta m = Meta("aligned", 2, name);
   {
-    std::fstream f(Shard("aligned", 2), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(Shard("aligned", 2),
+                   std::ios::in | std::ios::out | std::ios::binary);
     const uint64_t at = m.offset() + m.bytes() / 2;
     f.seekg(at);
     char c = 0;
@@ -136,7 +140,8 @@ TEST_F(FileRestoreTest, FlippedByteIsDataLossNamingTheTensor) {
   v1::TensorMeta m = Meta("flip", 2, name);
   ASSERT_GT(m.bytes(), 0u);
   {
-    std::fstream f(Shard("flip", 2), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(Shard("flip", 2),
+                   std::ios::in | std::ios::out | std::ios::binary);
     const uint64_t at = m.offset() + m.bytes() - 1;  // the tensor's last piece
     f.seekg(at);
     char c = 0;
@@ -174,7 +179,8 @@ bool DropDacOverrideOnThisThread() {
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2] = {};
   if (syscall(SYS_capget, &hdr, data) != 0) return false;
-  data[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+  data[0].effective &=
+      ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
   return syscall(SYS_capset, &hdr, data) == 0;
 }
 
@@ -201,8 +207,8 @@ TEST_F(FileRestoreTest, UnreadableFileFallsBackToTheDaemonsLoad) {
 // [first, last] of its state (MakeState(bytes, 8, 2)), then restores step
 // `restore` unless it is negative. Returns its exit status, -1 if it did
 // not exit.
-int RunTrainerAsNobody(const std::string& socket, const std::string& job, uint64_t bytes,
-                       int first, int last, int restore) {
+int RunTrainerAsNobody(const std::string& socket, const std::string& job,
+                       uint64_t bytes, int first, int last, int restore) {
   std::string uid = "TEST_TRAINER_UID=65534";
   std::string step = "TEST_TRAINER_RESTORE=" + std::to_string(restore);
   char* envp[] = {uid.data(), restore >= 0 ? step.data() : nullptr, nullptr};
@@ -210,12 +216,13 @@ int RunTrainerAsNobody(const std::string& socket, const std::string& job, uint64
                     l = std::to_string(last);
   pid_t child = fork();
   if (child == 0) {
-    execle(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, socket.c_str(), job.c_str(), b.c_str(),
-           f.c_str(), l.c_str(), nullptr, envp);
+    execle(TEST_TRAINER_BINARY, TEST_TRAINER_BINARY, socket.c_str(),
+           job.c_str(), b.c_str(), f.c_str(), l.c_str(), nullptr, envp);
     _exit(127);
   }
   int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status))
+    return -1;
   return WEXITSTATUS(status);
 }
 
@@ -224,9 +231,11 @@ int RunTrainerAsNobody(const std::string& socket, const std::string& job, uint64
 // root is 0700 and owned by the daemon's uid), so it must load the shard
 // into a slot; the client makes one OpenRestore and never probes the file.
 TEST_F(FileRestoreTest, AnotherUidThatCannotReadTheFileGetsASlotLoad) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the trainer as another uid";
+  if (geteuid() != 0)
+    GTEST_SKIP() << "needs root to run the trainer as another uid";
   const uint64_t bytes = 24 << 20;
-  ASSERT_EQ(RunTrainerAsNobody(daemon_->socket(), "nobody", bytes, 1, 1, -1), 0);
+  ASSERT_EQ(RunTrainerAsNobody(daemon_->socket(), "nobody", bytes, 1, 1, -1),
+            0);
   daemon_->Kill(SIGTERM);
   daemon_->Wait();
   UnlinkArenas(prefix_);

@@ -67,7 +67,8 @@ class GatedBackend : public storage::BackendWrapper {
     Wait(key);
     auto w = target()->NewObjectWriter(key, size, o);
     std::lock_guard<std::mutex> l(mu_);
-    if (!w.ok() || !hold_armed_ || key.find(hold_part_) == std::string_view::npos)
+    if (!w.ok() || !hold_armed_ ||
+        key.find(hold_part_) == std::string_view::npos)
       return w;
     hold_armed_ = false;
     return std::unique_ptr<storage::ObjectWriter>(
@@ -115,9 +116,8 @@ class GatedBackend : public storage::BackendWrapper {
   void Wait(std::string_view key) {
     std::unique_lock<std::mutex> l(mu_);
     ++waiting_;
-    cv_.wait(l, [&] {
-      return open_ || key.find(part_) == std::string_view::npos;
-    });
+    cv_.wait(
+        l, [&] { return open_ || key.find(part_) == std::string_view::npos; });
     --waiting_;
   }
   std::mutex mu_;

@@ -82,9 +82,10 @@ class HaTest : public ::testing::Test {
     return eo;
   }
   std::string ReplicaLog(int i) const {
-    return ReadFileToString(dir_.path() + "/cluster" +
-                    (i == 0 ? "/coordinator.log"
-                            : "/coordinator-" + std::to_string(i) + ".log"));
+    return ReadFileToString(
+        dir_.path() + "/cluster" +
+        (i == 0 ? "/coordinator.log"
+                : "/coordinator-" + std::to_string(i) + ".log"));
   }
 
   TempDir dir_;
@@ -286,9 +287,12 @@ TEST_F(HaTest, DeposedLeaderResumedAfterStopPastItsLeaseIsRefusedEveryWrite) {
 // the spare) and commits the new timeline's step 10. Then A's write lands
 // over B's, A's commit is refused by the fence, and A exits. The committed
 // manifest must be B's: B finds the late write and puts its own back.
-TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) {
+TEST_F(HaTest,
+       DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) {
   const std::string hold = dir_.path() + "/hold-manifest";
-  ASSERT_EQ(setenv("CKPT_COORDINATOR_TEST_FAULT", ("hold-global-manifest:" + hold).c_str(), 1), 0);
+  ASSERT_EQ(setenv("CKPT_COORDINATOR_TEST_FAULT",
+                   ("hold-global-manifest:" + hold).c_str(), 1),
+            0);
   cluster_ = std::make_unique<Cluster>(Options(2));
   cluster_->StartCoordinator();
   unsetenv("CKPT_COORDINATOR_TEST_FAULT");
@@ -309,7 +313,8 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
     reg.set_capacity(2);
     reg.set_spare(std::string(id) == "s1");
     cv1::RegisterNodeResponse r;
-    grpc::Status s = call(&cv1::Coordinator::Stub::RegisterNode, stub_a.get(), reg, &r);
+    grpc::Status s =
+        call(&cv1::Coordinator::Stub::RegisterNode, stub_a.get(), reg, &r);
     ASSERT_TRUE(s.ok()) << s.error_message();
     epochs[id] = r.epoch();
   }
@@ -325,7 +330,8 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
         hb.set_epoch(epochs[id]);
         cv1::HeartbeatResponse r;
         (void)call(&cv1::Coordinator::Stub::Heartbeat, to_a.get(), hb, &r);
-        if (std::string(id) != "n2") (void)call(&cv1::Coordinator::Stub::Heartbeat, to_b.get(), hb, &r);
+        if (std::string(id) != "n2")
+          (void)call(&cv1::Coordinator::Stub::Heartbeat, to_b.get(), hb, &r);
       }
       std::this_thread::sleep_for(milliseconds(200));
     }
@@ -342,9 +348,11 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
   job.set_job("job");
   job.set_world_size(4);
   cv1::RegisterJobResponse job_resp;
-  ASSERT_TRUE(call(&cv1::Coordinator::Stub::RegisterJob, stub_a.get(), job, &job_resp).ok());
-  auto report = [&](cv1::Coordinator::Stub* stub, const std::string& node, uint32_t rank,
-                    cv1::ShardState state, uint64_t generation) {
+  ASSERT_TRUE(
+      call(&cv1::Coordinator::Stub::RegisterJob, stub_a.get(), job, &job_resp)
+          .ok());
+  auto report = [&](cv1::Coordinator::Stub* stub, const std::string& node,
+                    uint32_t rank, cv1::ShardState state, uint64_t generation) {
     cv1::ReportShardRequest req;
     req.set_node_id(node);
     req.set_epoch(epochs[node]);
@@ -355,7 +363,8 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
     req.set_bytes(4096);
     req.set_checksum_digest(0xabc0 + rank + 0x100 * generation);
     req.set_generation(generation);
-    if (state == cv1::DURABLE) req.set_key(storage::ShardKey("job", 10, rank, node));
+    if (state == cv1::DURABLE)
+      req.set_key(storage::ShardKey("job", 10, rank, node));
     cv1::ReportShardResponse r;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(60));
@@ -370,26 +379,33 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
   }
   { std::ofstream(hold) << "held\n"; }
   grpc::Status late;
-  std::thread late_commit([&] { late = report(stub_a.get(), "n2", 3, cv1::DURABLE, 0); });
+  std::thread late_commit(
+      [&] { late = report(stub_a.get(), "n2", 3, cv1::DURABLE, 0); });
   struct Join {
     std::thread& t;
     ~Join() {
       if (t.joinable()) t.join();
     }
   } join_late{late_commit};
-  ASSERT_TRUE(Cluster::WaitUntil([&] { return access((hold + ".taken").c_str(), F_OK) == 0; }, seconds(30)))
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] { return access((hold + ".taken").c_str(), F_OK) == 0; },
+      seconds(30)))
       << "A never started its manifest write";
 
   // Depose A behind its back: its election key goes; B creates it anew.
-  auto state = coordinator::etcd::ParseEtcdState(etcd_->StateUrl("ckpt-test"), "--state");
+  auto state = coordinator::etcd::ParseEtcdState(etcd_->StateUrl("ckpt-test"),
+                                                 "--state");
   ASSERT_TRUE(state.ok()) << state.status();
   etcdserverpb::TxnRequest txn;
-  txn.add_success()->mutable_request_delete_range()->set_key(state->prefix + "leader");
+  txn.add_success()->mutable_request_delete_range()->set_key(state->prefix +
+                                                             "leader");
   ASSERT_TRUE(EtcdClientOf(0, 1)->Txn(txn).ok());
   cv1::GetClusterResponse view;
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
-        return call(&cv1::Coordinator::Stub::GetCluster, stub_b.get(), cv1::GetClusterRequest(), &view).ok() &&
+        return call(&cv1::Coordinator::Stub::GetCluster, stub_b.get(),
+                    cv1::GetClusterRequest(), &view)
+                   .ok() &&
                view.jobs_size() == 1 && view.jobs(0).rank_node(3) == "s1";
       },
       seconds(30)))
@@ -400,7 +416,9 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
     ASSERT_TRUE(report(stub_b.get(), node, r, cv1::STAGED, generation).ok());
     ASSERT_TRUE(report(stub_b.get(), node, r, cv1::DURABLE, generation).ok());
   }
-  ASSERT_TRUE(call(&cv1::Coordinator::Stub::GetCluster, stub_b.get(), cv1::GetClusterRequest(), &view).ok());
+  ASSERT_TRUE(call(&cv1::Coordinator::Stub::GetCluster, stub_b.get(),
+                   cv1::GetClusterRequest(), &view)
+                  .ok());
   ASSERT_EQ(view.jobs(0).last_good_step(), 10u);
   ASSERT_EQ(view.jobs(0).manifest_stamps().count(10), 1u);
   const uint64_t b_fence = view.jobs(0).manifest_stamps().at(10).fence();
@@ -411,7 +429,8 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
   EXPECT_FALSE(late.ok()) << "the deposed leader's commit was accepted";
   auto exited = cluster_->WaitReplica(a, seconds(20));
   ASSERT_TRUE(exited.has_value()) << "the deposed leader kept running";
-  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 3) << "wait status " << *exited;
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 3)
+      << "wait status " << *exited;
 
   storage::LocalBackendOptions bo;
   bo.root = cluster_->shared_root();
@@ -425,10 +444,13 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
         return m.ok() && m->fence() == b_fence;
       },
       seconds(20)))
-      << (m.ok() ? "MANIFEST.global is still fence " + std::to_string(m->fence()) : m.status().ToString());
+      << (m.ok()
+              ? "MANIFEST.global is still fence " + std::to_string(m->fence())
+              : m.status().ToString());
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->generation(), generation);
-  EXPECT_EQ(m->shards(2).node_id(), "s1") << "rank 2's shard is the old timeline's";
+  EXPECT_EQ(m->shards(2).node_id(), "s1")
+      << "rank 2's shard is the old timeline's";
   EXPECT_EQ(m->shards(3).key(), storage::ShardKey("job", 10, 3, "s1"));
   // B saw A's write (it landed) and wrote the committed one back (the
   // event follows the write: wait for it).
@@ -436,19 +458,24 @@ TEST_F(HaTest, DeposedLeadersLateManifestWriteNeverReplacesTheNewLeadersCommit) 
   EXPECT_TRUE(Cluster::WaitUntil(
       [&] {
         cv1::EventsResponse events;
-        if (!call(&cv1::Coordinator::Stub::Events, stub_b.get(), cv1::EventsRequest(), &events).ok()) return false;
+        if (!call(&cv1::Coordinator::Stub::Events, stub_b.get(),
+                  cv1::EventsRequest(), &events)
+                 .ok())
+          return false;
         seen.clear();
         bool rewritten = false;
         for (const auto& e : events.events()) {
           seen += cv1::EventKind_Name(e.kind()) + " " + e.detail() + "\n";
-          rewritten |= e.kind() == cv1::MANIFEST_INVALID && e.detail().find("written again") != std::string::npos;
+          rewritten |= e.kind() == cv1::MANIFEST_INVALID &&
+                       e.detail().find("written again") != std::string::npos;
         }
         return rewritten;
       },
       seconds(20)))
       << "the deposed leader's write never landed, or was never replaced\n"
       << seen;
-  EXPECT_NE(ReplicaLog(a).find("TEST-ONLY FAULT: holding"), std::string::npos) << ReplicaLog(a);
+  EXPECT_NE(ReplicaLog(a).find("TEST-ONLY FAULT: holding"), std::string::npos)
+      << ReplicaLog(a);
 }
 
 // The fence itself, below the process: a KvBackend holding the fence of a
@@ -487,7 +514,8 @@ TEST_F(HaTest,
   EXPECT_TRUE(fresh->Write({{false, "k", "from the second leader"}}).ok());
 }
 
-TEST_F(HaTest, StandbyEndsTheJobWatchNotLeaderNamingTheLeaderAndTheLeaderServesIt) {
+TEST_F(HaTest,
+       StandbyEndsTheJobWatchNotLeaderNamingTheLeaderAndTheLeaderServesIt) {
   cluster_ = std::make_unique<Cluster>(Options(2));
   cluster_->StartCoordinator();
   int leader = cluster_->LeaderReplica();
@@ -517,13 +545,15 @@ TEST_F(HaTest, StandbyEndsTheJobWatchNotLeaderNamingTheLeaderAndTheLeaderServesI
       },
       seconds(20));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_EQ(coordinator::LeaderHint(s), cluster_->ReplicaAddress(leader)) << s.error_message();
+  EXPECT_EQ(coordinator::LeaderHint(s), cluster_->ReplicaAddress(leader))
+      << s.error_message();
   s = watch(leader, &view);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(view.job(), "job");
 }
 
-TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt) {
+TEST_F(HaTest,
+       EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt) {
   auto client = EtcdClientOf(0, 1);
   etcd::ElectionOptions eo = Election("/group-test/", "first:1");
   auto first = std::make_unique<etcd::LeaderElection>(client, eo);
@@ -534,7 +564,8 @@ TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt
   // last of them overwriting the first key: every batch lands, in order.
   std::vector<coordinator::KvBatch> batches;
   for (int i = 0; i < 299; ++i)
-    batches.push_back({{false, "k/" + std::to_string(1000 + i), std::to_string(i)}});
+    batches.push_back(
+        {{false, "k/" + std::to_string(1000 + i), std::to_string(i)}});
   batches.push_back({{false, "k/1000", "last"}});
   std::vector<const coordinator::KvBatch*> group;
   for (const auto& b : batches) group.push_back(&b);
@@ -563,7 +594,8 @@ TEST_F(HaTest, EtcdGroupWriteOverOneTxnsLimitLandsInOrderAndAStaleFenceRefusesIt
 // takes only client certificates of its CA serves the coordinator given
 // --etcd-tls-*; a plaintext client, a certificate of another CA and a
 // coordinator without the files get nothing from it.
-TEST_F(HaTest, EtcdOverMutualTlsServesTheCoordinatorWithItsCertificateAndNoOneElse) {
+TEST_F(HaTest,
+       EtcdOverMutualTlsServesTheCoordinatorWithItsCertificateAndNoOneElse) {
 #ifndef MAKE_CERTS_SCRIPT
   GTEST_SKIP() << "openssl was not found when this test was configured";
 #else
@@ -586,29 +618,36 @@ TEST_F(HaTest, EtcdOverMutualTlsServesTheCoordinatorWithItsCertificateAndNoOneEl
   other.key = certs + "/n1-other.key";
   etcd::EtcdClient stranger({secure.Endpoint(0)}, seconds(1),
                             coordinator::LoadClientCredentials(other).value());
-  EXPECT_FALSE(stranger.Range(probe).ok()) << "certificate of another CA served";
+  EXPECT_FALSE(stranger.Range(probe).ok())
+      << "certificate of another CA served";
   etcd::EtcdClient trusted({secure.Endpoint(0)}, seconds(2),
                            coordinator::LoadClientCredentials(tls).value());
 
   auto start = [&](const std::string& name, bool with_tls) {
-    std::vector<std::string> argv = {COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--insecure",
-                                     "--state", "etcd://" + secure.Endpoint(0) + "/tls-test",
-                                     "--shared-root", dir_.path() + "/shared",
-                                     "--advertise-addr", name + ":1"};
+    std::vector<std::string> argv = {
+        COORDINATOR_BINARY, "--listen",
+        "127.0.0.1:0",      "--insecure",
+        "--state",          "etcd://" + secure.Endpoint(0) + "/tls-test",
+        "--shared-root",    dir_.path() + "/shared",
+        "--advertise-addr", name + ":1"};
     if (with_tls)
-      argv.insert(argv.end(), {"--etcd-tls-cert", tls.cert, "--etcd-tls-key", tls.key,
-                               "--etcd-tls-ca", tls.ca});
+      argv.insert(argv.end(), {"--etcd-tls-cert", tls.cert, "--etcd-tls-key",
+                               tls.key, "--etcd-tls-ca", tls.ca});
     return Proc::Spawn(argv, dir_.path() + "/" + name + ".log");
   };
   // Without the files first: it must not lead, and writes nothing.
   auto without = start("without", false);
   ASSERT_TRUE(Cluster::WaitUntil(
-      [&] { return ReadFileToString(dir_.path() + "/without.log").find("election:") != std::string::npos; },
+      [&] {
+        return ReadFileToString(dir_.path() + "/without.log")
+                   .find("election:") != std::string::npos;
+      },
       seconds(20)))
       << ReadFileToString(dir_.path() + "/without.log");
   auto none = trusted.Range(probe);
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->kvs_size(), 0) << "a coordinator without the files wrote the election key";
+  EXPECT_EQ(none->kvs_size(), 0)
+      << "a coordinator without the files wrote the election key";
 
   auto with = start("with", true);
   std::string leader;
@@ -620,7 +659,8 @@ TEST_F(HaTest, EtcdOverMutualTlsServesTheCoordinatorWithItsCertificateAndNoOneEl
       },
       seconds(20));
   EXPECT_EQ(leader, "with:1") << ReadFileToString(dir_.path() + "/with.log");
-  EXPECT_NE(ReadFileToString(dir_.path() + "/without.log").find("etcd"), std::string::npos);
+  EXPECT_NE(ReadFileToString(dir_.path() + "/without.log").find("etcd"),
+            std::string::npos);
 #endif
 }
 

@@ -1,10 +1,11 @@
 #include "tests/harness.h"
 
 #include <dirent.h>
+#include <grpcpp/create_channel.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,17 +17,16 @@
 #include <random>
 #include <thread>
 
-#include <grpcpp/create_channel.h>
-
 namespace ckpt::testing {
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    const std::string& root, const std::string& run_dir, const std::string& shm_prefix,
-    std::vector<std::string> extra_args) {
+    const std::string& root, const std::string& run_dir,
+    const std::string& shm_prefix, std::vector<std::string> extra_args) {
   auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess);
   d->socket_ = run_dir + "/ckptd.sock";
-  std::vector<std::string> args = {CKPTD_BINARY, "--socket", d->socket_, "--root", root,
-                                   "--shm-prefix", shm_prefix};
+  std::vector<std::string> args = {CKPTD_BINARY, "--socket", d->socket_,
+                                   "--root",     root,       "--shm-prefix",
+                                   shm_prefix};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       d->pid_ = -1;
-      return absl::InternalError("ckptd exited during start-up, status " + std::to_string(status));
+      return absl::InternalError("ckptd exited during start-up, status " +
+                                 std::to_string(status));
     }
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
@@ -54,7 +55,8 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     if (ok) return d;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return absl::DeadlineExceededError("ckptd did not accept connections within 20 s");
+  return absl::DeadlineExceededError(
+      "ckptd did not accept connections within 20 s");
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -83,8 +85,8 @@ bool DaemonProcess::Exited(int* status) {
 }
 
 std::unique_ptr<v1::Ckptd::Stub> DaemonProcess::Stub() const {
-  return v1::Ckptd::NewStub(
-      grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+  return v1::Ckptd::NewStub(grpc::CreateChannel(
+      "unix:" + socket_, grpc::InsecureChannelCredentials()));
 }
 
 void UnlinkArenas(const std::string& shm_prefix) {
@@ -100,11 +102,12 @@ void UnlinkArenas(const std::string& shm_prefix) {
 
 std::string UniqueShmPrefix() {
   static std::atomic<int> counter{0};
-  return "ckpttest-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  return "ckpttest-" + std::to_string(getpid()) + "-" +
+         std::to_string(counter++);
 }
 
-ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job, int rank,
-                         int world_size) {
+ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job,
+                         int rank, int world_size) {
   ClientOptions o;
   o.socket_path = d.socket();
   o.job = job;
@@ -115,7 +118,8 @@ ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job, int ran
 
 HostState MakeEmptyState(uint64_t total_bytes, int num_tensors) {
   HostState s;
-  const DType kinds[] = {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8};
+  const DType kinds[] = {DType::kFloat32, DType::kBFloat16, DType::kInt64,
+                         DType::kUInt8};
   uint64_t per = total_bytes / num_tensors;
   for (int i = 0; i < num_tensors; ++i) {
     DType dt = kinds[i % 4];
@@ -123,12 +127,14 @@ HostState MakeEmptyState(uint64_t total_bytes, int num_tensors) {
     // Odd element counts, so sizes are not multiples of any chunk.
     int64_t n = static_cast<int64_t>(per / es) - (i % 3);
     if (n < 1) n = 1;
-    std::vector<int64_t> shape = (i % 2) ? std::vector<int64_t>{n} : std::vector<int64_t>{1, n};
+    std::vector<int64_t> shape =
+        (i % 2) ? std::vector<int64_t>{n} : std::vector<int64_t>{1, n};
     s.buffers.emplace_back(n * es);
-    s.tensors.push_back(Tensor{"layer" + std::to_string(i) + ".weight", dt, shape, nullptr,
-                               Device::Host()});
+    s.tensors.push_back(Tensor{"layer" + std::to_string(i) + ".weight", dt,
+                               shape, nullptr, Device::Host()});
   }
-  for (size_t i = 0; i < s.tensors.size(); ++i) s.tensors[i].data = s.buffers[i].data();
+  for (size_t i = 0; i < s.tensors.size(); ++i)
+    s.tensors[i].data = s.buffers[i].data();
   return s;
 }
 
@@ -141,7 +147,8 @@ HostState MakeState(uint64_t total_bytes, int num_tensors, uint32_t seed) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       std::memcpy(&buf[b], &x, 8);
     }
-    for (size_t b = buf.size() & ~size_t{7}; b < buf.size(); ++b) buf[b] = static_cast<char>(rng());
+    for (size_t b = buf.size() & ~size_t{7}; b < buf.size(); ++b)
+      buf[b] = static_cast<char>(rng());
   }
   return s;
 }
@@ -152,11 +159,14 @@ HostState HostState::EmptyLike() const {
     e.buffers.emplace_back(buffers[i].size(), 0);
     e.tensors.push_back(tensors[i]);
   }
-  for (size_t i = 0; i < e.tensors.size(); ++i) e.tensors[i].data = e.buffers[i].data();
+  for (size_t i = 0; i < e.tensors.size(); ++i)
+    e.tensors[i].data = e.buffers[i].data();
   return e;
 }
 
-bool HostState::Equals(const HostState& other) const { return buffers == other.buffers; }
+bool HostState::Equals(const HostState& other) const {
+  return buffers == other.buffers;
+}
 
 uint64_t HostState::bytes() const {
   uint64_t n = 0;

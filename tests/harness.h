@@ -48,8 +48,8 @@ void UnlinkArenas(const std::string& shm_prefix);
 // A prefix unique to this test process and call.
 std::string UniqueShmPrefix();
 
-ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job, int rank,
-                         int world_size);
+ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job,
+                         int rank, int world_size);
 
 // Host tensors with deterministic contents derived from (seed, name).
 struct HostState {

@@ -25,8 +25,8 @@
 #include <thread>
 
 #include "tests/daemon_test.h"
-#include "tests/rpc_helpers.h"
 #include "tests/raw_grpc_call.h"
+#include "tests/rpc_helpers.h"
 
 namespace ckpt::testing {
 namespace {
@@ -51,7 +51,8 @@ class HostileClientTest : public DaemonTest {
   grpc::Status RawCall(const std::string& method, const std::string& body) {
     return RawUnaryCall(grpc::CreateChannel("unix:" + daemon_->socket(),
                                             grpc::InsecureChannelCredentials()),
-                        "/ckpt.v1.Ckptd/" + method, body, std::chrono::seconds(60));
+                        "/ckpt.v1.Ckptd/" + method, body,
+                        std::chrono::seconds(60));
   }
 
   void ExpectServing() {
@@ -284,7 +285,8 @@ TEST_F(HostileClientTest,
   auto deadline = Clock::now() + std::chrono::seconds(20);
   while (OpenDescriptors(daemon_->pid()) > baseline && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"), 0)
+  EXPECT_EQ(RunUidProbe(daemon_->socket(), "mine", "/" + prefix_ + ".mine.r0"),
+            0)
       << "bitmask of uid_probe's calls that were not answered";
   ExpectServing();
 }

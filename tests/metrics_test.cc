@@ -111,8 +111,8 @@ TEST_F(MetricsTest, PromtoolAcceptsTheScrapedText) {
   if (RunCommand("promtool --version", true, 30).exit_code != 0)
     GTEST_SKIP() << "promtool not installed";
   // With an embedded coordinator: its families are checked too.
-  StartDaemon(
-      {"--coordinator-listen", "127.0.0.1:" + std::to_string(FreeLoopbackPort())});
+  StartDaemon({"--coordinator-listen",
+               "127.0.0.1:" + std::to_string(FreeLoopbackPort())});
   auto client = Connect("promtool");
   ASSERT_NE(client, nullptr);
   HostState s = MakeState(256 << 10, 2, 1);
@@ -155,8 +155,9 @@ std::string Ckptd(const TempDir& dir, const std::string& args) {
          dir.path() + "/r " + args;
 }
 std::string Coordinator(const TempDir& dir, const std::string& args) {
-  return std::string(COORDINATOR_BINARY) + " --insecure --listen 127.0.0.1:0 --state " +
-         dir.path() + "/state " + args;
+  return std::string(COORDINATOR_BINARY) +
+         " --insecure --listen 127.0.0.1:0 --state " + dir.path() + "/state " +
+         args;
 }
 
 TEST(MetricsListenTest, MalformedValueIsRefusedNamingTheFlag) {
@@ -205,8 +206,7 @@ TEST(MetricsListenTest, PortInUseIsRefusedNamingTheFlag) {
     EXPECT_NE(r.exit_code, 0) << cmd;
     EXPECT_NE(r.out.find("--metrics-listen"), std::string::npos)
         << cmd << ": " << r.out;
-    EXPECT_NE(r.out.find("in use"), std::string::npos)
-        << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("in use"), std::string::npos) << cmd << ": " << r.out;
   }
   close(fd);
 }
@@ -214,7 +214,8 @@ TEST(MetricsListenTest, PortInUseIsRefusedNamingTheFlag) {
 // One ckptd with an embedded coordinator serves both binaries' families on
 // one endpoint; after a durable step every family has a series.
 TEST_F(MetricsTest, DashboardAndAlertRulesNameOnlyExportedFamilies) {
-  const std::string coordinator = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  const std::string coordinator =
+      "127.0.0.1:" + std::to_string(FreeLoopbackPort());
   StartDaemon({"--coordinator-listen", coordinator});
   // The job is the coordinator's once registered (ckptrun does this); the
   // node agent registers this node in the background first.
@@ -257,9 +258,10 @@ TEST_F(MetricsTest, DashboardAndAlertRulesNameOnlyExportedFamilies) {
   }
   CommandResult r = RunCommand(
       std::string("/usr/bin/python3 ") + CKPT_SOURCE_DIR +
-      "/tests/check_dashboard.py --families " + families + " --dashboard " +
-      CKPT_SOURCE_DIR + "/packaging/grafana/ckptd-dashboard.json --rules " +
-      CKPT_SOURCE_DIR + "/packaging/alerts.yml", true, 30);
+          "/tests/check_dashboard.py --families " + families + " --dashboard " +
+          CKPT_SOURCE_DIR + "/packaging/grafana/ckptd-dashboard.json --rules " +
+          CKPT_SOURCE_DIR + "/packaging/alerts.yml",
+      true, 30);
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 

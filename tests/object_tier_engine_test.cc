@@ -3,6 +3,8 @@
 // until opened, and records deletes) or a FaultInjectionBackend: commit
 // tier object, a stalled or failing store, retention order, damaged
 // objects. The process-level tests are in object_tier_test.cc.
+#include "tests/object_tier_engine.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 #include <fstream>
 
 #include "storage/shard_format.h"
-#include "tests/object_tier_engine.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {

@@ -57,8 +57,9 @@ class ObjectTierFaultTest : public ::testing::Test {
   // Starts ckptd (again) with `extra` flags after the common ones.
   void Start(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {
-        "--config",     config_, "--object-url",
-        std::string("s3://") + kS3Bucket + "/tier", "--retain", "0"};
+        "--config",     config_,
+        "--object-url", std::string("s3://") + kS3Bucket + "/tier",
+        "--retain",     "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto d = DaemonProcess::Start(root(), dir_.path(), prefix_, args);
     ASSERT_TRUE(d.ok()) << d.status();

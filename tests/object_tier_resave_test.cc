@@ -77,7 +77,7 @@ TEST_F(ObjectTierEngineTest, UploadFromChangedSlotSendsTheVerifiedCopy) {
   Open(EngineOptions::CommitTier::kLocal, 0, 0);
   gate_->Close();
   ASSERT_TRUE(SaveStep(1).ok());
-  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));  // durable on local disk
+  ASSERT_TRUE(engine_->WaitIdle(seconds(20)));        // durable on local disk
   Eventually([&] { return gate_->waiting() >= 1; });  // the upload started
   const std::vector<uint64_t> sizes = {64 << 10};
   auto layout = storage::ComputeLayout(sizes);
@@ -144,11 +144,14 @@ TEST_F(ObjectTierEngineTest, ObjectManifestWrittenDuringResaveIsNotKeptStale) {
   ASSERT_TRUE(engine_->WaitIdle(seconds(20)));
   gate_->Open();
   std::string digests;
-  EXPECT_TRUE(Within(seconds(30), [&] {
-    auto m = storage::ReadNodeManifest(*object_dir_, Manifest(1));
-    digests = m.ok() ? DigestOf(*m, 0) + " " + DigestOf(*m, 1) : "none";
-    return m.ok() && DigestOf(*m, 0) != DigestOf(*m, 1);
-  })) << "step 1's object manifest names rank 0's replaced shard: " << digests;
+  EXPECT_TRUE(Within(
+      seconds(30),
+      [&] {
+        auto m = storage::ReadNodeManifest(*object_dir_, Manifest(1));
+        digests = m.ok() ? DigestOf(*m, 0) + " " + DigestOf(*m, 1) : "none";
+        return m.ok() && DigestOf(*m, 0) != DigestOf(*m, 1);
+      }))
+      << "step 1's object manifest names rank 0's replaced shard: " << digests;
 }
 
 }  // namespace

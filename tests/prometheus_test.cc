@@ -95,10 +95,11 @@ TEST(PrometheusTest, RealPrometheusSeesOneSaveStallObservationPerSave) {
       dir.path() + "/root", run.path(), prefix,
       {"--metrics-listen", "127.0.0.1:" + std::to_string(ckptd_port)});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  Child coordinator({COORDINATOR_BINARY, "--insecure", "--listen", "127.0.0.1:0", "--state",
-                     dir.path() + "/coord", "--metrics-listen",
-                     "127.0.0.1:" + std::to_string(coord_port)},
-                    dir.path() + "/coordinator.log");
+  Child coordinator(
+      {COORDINATOR_BINARY, "--insecure", "--listen", "127.0.0.1:0", "--state",
+       dir.path() + "/coord", "--metrics-listen",
+       "127.0.0.1:" + std::to_string(coord_port)},
+      dir.path() + "/coordinator.log");
 
   std::ofstream(dir.path() + "/alerts.yml")
       << Slurp(std::string(CKPT_SOURCE_DIR) + "/packaging/alerts.yml");

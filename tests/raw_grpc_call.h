@@ -18,7 +18,8 @@ namespace ckpt::testing {
 
 // method is the full name, e.g. "/ckpt.v1.Ckptd/Register".
 inline grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
-                                 const std::string& method, const std::string& body,
+                                 const std::string& method,
+                                 const std::string& body,
                                  std::chrono::seconds deadline) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
@@ -32,7 +33,8 @@ inline grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   void* tag = nullptr;
   bool ok = false;
-  if (!cq.Next(&tag, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "no completion");
+  if (!cq.Next(&tag, &ok))
+    return grpc::Status(grpc::StatusCode::INTERNAL, "no completion");
   return status;
 }
 

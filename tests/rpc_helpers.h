@@ -21,7 +21,8 @@ namespace ckpt::testing {
 // A commit of two 4 KiB float32 tensors named a and b at their canonical
 // offsets. A fresh slot's bytes are zero, so the checksums match its bytes
 // unless `corrupt`.
-inline v1::CommitSaveRequest TwoZeroTensorCommit(const std::string& job, uint64_t step,
+inline v1::CommitSaveRequest TwoZeroTensorCommit(const std::string& job,
+                                                 uint64_t step,
                                                  const v1::BeginSaveResponse& b,
                                                  bool corrupt = false) {
   v1::CommitSaveRequest req;
@@ -38,7 +39,8 @@ inline v1::CommitSaveRequest TwoZeroTensorCommit(const std::string& job, uint64_
     m->add_shape(1024);
     m->set_offset(layout->tensor_offsets[i]);
     m->set_bytes(4096);
-    m->set_checksum(TensorChecksum(zeros.data(), zeros.size()) ^ (corrupt ? 1 : 0));
+    m->set_checksum(TensorChecksum(zeros.data(), zeros.size()) ^
+                    (corrupt ? 1 : 0));
     m->set_has_checksum(true);
   }
   return req;
@@ -52,8 +54,8 @@ inline int RunUidProbe(const std::string& socket, const std::string& job,
   pid_t child = fork();
   if (child < 0) return -1;
   if (child == 0) {
-    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, socket.c_str(), job.c_str(), shm.c_str(), mode,
-          nullptr);
+    execl(UID_PROBE_BINARY, UID_PROBE_BINARY, socket.c_str(), job.c_str(),
+          shm.c_str(), mode, nullptr);
     _exit(127);
   }
   int status = 0;

@@ -47,12 +47,15 @@ TEST_F(SaveRestoreTest, RestoreOfASubsetAndOfZeroSizedTensors) {
   ASSERT_NE(client, nullptr);
   HostState s = MakeState(1 << 20, 4, 9);
   float scalar = 3.5f;
-  s.tensors.push_back(Tensor{"scalar", DType::kFloat32, {}, &scalar, Device::Host()});
-  s.tensors.push_back(Tensor{"empty", DType::kFloat32, {0, 7}, nullptr, Device::Host()});
+  s.tensors.push_back(
+      Tensor{"scalar", DType::kFloat32, {}, &scalar, Device::Host()});
+  s.tensors.push_back(
+      Tensor{"empty", DType::kFloat32, {0, 7}, nullptr, Device::Host()});
   ASSERT_TRUE(client->Save(5, s.tensors).ok());
   float out = 0;
-  std::vector<Tensor> want = {Tensor{"scalar", DType::kFloat32, {}, &out, Device::Host()},
-                              Tensor{"empty", DType::kFloat32, {0, 7}, nullptr, Device::Host()}};
+  std::vector<Tensor> want = {
+      Tensor{"scalar", DType::kFloat32, {}, &out, Device::Host()},
+      Tensor{"empty", DType::kFloat32, {0, 7}, nullptr, Device::Host()}};
   ASSERT_TRUE(client->Restore(5, want).ok());
   EXPECT_EQ(out, 3.5f);
 }
@@ -66,7 +69,8 @@ TEST_F(SaveRestoreTest, RestoreNamesTheMismatchingTensor) {
   got.tensors[1].dtype = DType::kFloat64;
   absl::Status st = client->Restore(1, got.tensors);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find(s.tensors[1].name), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find(s.tensors[1].name), absl::string_view::npos)
+      << st;
   HostState unknown = s.EmptyLike();
   unknown.tensors[0].name = "no.such.tensor";
   st = client->Restore(1, unknown.tensors);
@@ -76,8 +80,10 @@ TEST_F(SaveRestoreTest, RestoreNamesTheMismatchingTensor) {
   shape.tensors[2].shape = {1, 2, 3};
   st = client->Restore(1, shape.tensors);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find(s.tensors[2].name), absl::string_view::npos) << st;
-  EXPECT_EQ(client->Restore(7, s.EmptyLike().tensors).code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(st.message().find(s.tensors[2].name), absl::string_view::npos)
+      << st;
+  EXPECT_EQ(client->Restore(7, s.EmptyLike().tensors).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(SaveRestoreTest, FourRanksSaveAtOnce) {
@@ -86,7 +92,8 @@ TEST_F(SaveRestoreTest, FourRanksSaveAtOnce) {
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int r = 0; r < kRanks; ++r) {
-    for (int step = 1; step <= 3; ++step) states[r].push_back(MakeState(16 << 20, 8, r * 10 + step));
+    for (int step = 1; step <= 3; ++step)
+      states[r].push_back(MakeState(16 << 20, 8, r * 10 + step));
   }
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -108,14 +115,16 @@ TEST_F(SaveRestoreTest, FourRanksSaveAtOnce) {
     EXPECT_EQ(*c->LatestStep(), 3);
     for (int step = 2; step <= 3; ++step) {
       HostState got = states[r][step - 1].EmptyLike();
-      ASSERT_TRUE(c->Restore(step, got.tensors).ok()) << "rank " << r << " step " << step;
-      EXPECT_TRUE(got.Equals(states[r][step - 1])) << "rank " << r << " step " << step;
+      ASSERT_TRUE(c->Restore(step, got.tensors).ok())
+          << "rank " << r << " step " << step;
+      EXPECT_TRUE(got.Equals(states[r][step - 1]))
+          << "rank " << r << " step " << step;
     }
   }
   // The manifest of a step is written once every rank is durable.
   for (int step = 1; step <= 3; ++step)
-    EXPECT_TRUE(std::filesystem::exists(root() + "/" +
-                                        storage::ManifestKey("fourranks", step)));
+    EXPECT_TRUE(std::filesystem::exists(
+        root() + "/" + storage::ManifestKey("fourranks", step)));
 }
 
 TEST_F(SaveRestoreTest, SaveAsyncLetsTheCallerGoOnAfterTheCopy) {
@@ -131,7 +140,8 @@ TEST_F(SaveRestoreTest, SaveAsyncLetsTheCallerGoOnAfterTheCopy) {
   ASSERT_TRUE(handle->Wait().ok());
   HostState got = copy.EmptyLike();
   ASSERT_TRUE(client->Restore(1, got.tensors).ok());
-  for (size_t i = 0; i < got.buffers.size(); ++i) EXPECT_EQ(got.buffers[i], copy.buffers[i]);
+  for (size_t i = 0; i < got.buffers.size(); ++i)
+    EXPECT_EQ(got.buffers[i], copy.buffers[i]);
 }
 
 TEST_F(SaveRestoreTest, StateBeyondAFixedSlotSizeIsRefusedNamingBothSizes) {
@@ -153,7 +163,8 @@ TEST_F(SaveRestoreTest, StateBeyondAFixedSlotSizeIsRefusedNamingBothSizes) {
   dup.tensors[1].name = dup.tensors[0].name;
   st = (*c)->Save(3, dup.tensors);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find(dup.tensors[0].name), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find(dup.tensors[0].name), absl::string_view::npos)
+      << st;
 }
 
 TEST_F(SaveRestoreTest, NonBlockingSaveReportsBusyInsteadOfDropping) {
@@ -165,9 +176,12 @@ TEST_F(SaveRestoreTest, NonBlockingSaveReportsBusyInsteadOfDropping) {
   int ok = 0, busy = 0;
   for (int step = 1; step <= 6; ++step) {
     absl::Status st = (*c)->Save(step, s.tensors);
-    if (st.ok()) ++ok;
-    else if (st.code() == absl::StatusCode::kResourceExhausted) ++busy;
-    else ADD_FAILURE() << st;
+    if (st.ok())
+      ++ok;
+    else if (st.code() == absl::StatusCode::kResourceExhausted)
+      ++busy;
+    else
+      ADD_FAILURE() << st;
   }
   EXPECT_GE(ok, 2);
   EXPECT_EQ(ok + busy, 6);

@@ -26,10 +26,10 @@ TEST(SharedRootTest, DaemonStartKeepsOtherNodesTempFiles) {
   for (const std::string& f : {other, coordinator, own})
     std::ofstream(f) << "in flight";
   // No coordinator answers at this address; the daemon starts anyway.
-  auto d = DaemonProcess::Start(
-      dir.path() + "/root", run.path(), UniqueShmPrefix(),
-      {"--coordinator", "127.0.0.1:1", "--insecure", "--node-id", "a",
-       "--shared-root", shared});
+  auto d =
+      DaemonProcess::Start(dir.path() + "/root", run.path(), UniqueShmPrefix(),
+                           {"--coordinator", "127.0.0.1:1", "--insecure",
+                            "--node-id", "a", "--shared-root", shared});
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(std::filesystem::exists(other)) << "node b's write in flight";
   EXPECT_TRUE(std::filesystem::exists(coordinator))

@@ -133,7 +133,8 @@ class SystemdNotifyTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #ifndef CKPT_HAVE_SYSTEMD
-    GTEST_SKIP() << "built without libsystemd: the binaries send no notifications";
+    GTEST_SKIP()
+        << "built without libsystemd: the binaries send no notifications";
 #endif
   }
   void TearDown() override { UnlinkArenas(prefix_); }
@@ -264,8 +265,8 @@ TEST_F(SystemdNotifyTest,
        CoordinatorSaysReadyOnceItListensAndPingsTheWatchdog) {
   ASSERT_TRUE(notify_.bound());
   constexpr int kWatchdogMs = 800;
-  Child coord({COORDINATOR_BINARY, "--insecure", "--listen", "127.0.0.1:0", "--state",
-               dir_.path() + "/state"},
+  Child coord({COORDINATOR_BINARY, "--insecure", "--listen", "127.0.0.1:0",
+               "--state", dir_.path() + "/state"},
               {"NOTIFY_SOCKET=" + notify_.path(),
                "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)});
   std::vector<std::string> before;

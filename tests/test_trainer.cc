@@ -27,15 +27,18 @@ int main(int argc, char** argv) {
   if (argc > 6) o.copy_threads = std::atoi(argv[6]);
   auto c = ckpt::Client::Connect(o);
   if (!c.ok()) {
-    std::fprintf(stderr, "test_trainer: %s\n", std::string(c.status().message()).c_str());
+    std::fprintf(stderr, "test_trainer: %s\n",
+                 std::string(c.status().message()).c_str());
     return 2;
   }
-  auto state = ckpt::testing::MakeState(std::strtoull(argv[3], nullptr, 10), 8, 2);
+  auto state =
+      ckpt::testing::MakeState(std::strtoull(argv[3], nullptr, 10), 8, 2);
   int first = std::atoi(argv[4]), last = std::atoi(argv[5]);
   for (int step = first; step <= last; ++step) {
     absl::Status s = (*c)->Save(step, state.tensors);
     if (!s.ok()) {
-      std::fprintf(stderr, "test_trainer: step %d: %s\n", step, std::string(s.message()).c_str());
+      std::fprintf(stderr, "test_trainer: step %d: %s\n", step,
+                   std::string(s.message()).c_str());
       return 3;
     }
   }
@@ -43,7 +46,8 @@ int main(int argc, char** argv) {
     auto got = state.EmptyLike();
     absl::Status s = (*c)->Restore(std::atoll(restore), got.tensors);
     if (!s.ok()) {
-      std::fprintf(stderr, "test_trainer: restore: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "test_trainer: restore: %s\n",
+                   std::string(s.message()).c_str());
       return 4;
     }
     if (!got.Equals(state)) return 5;

@@ -65,11 +65,12 @@ struct CommandResult {
 
 // Runs `command` through /bin/sh; with_stderr folds stderr into out (else
 // it is discarded); timeout_s > 0 bounds it with coreutils' timeout.
-inline CommandResult RunCommand(const std::string& command, bool with_stderr = true,
-                                int timeout_s = 0) {
+inline CommandResult RunCommand(const std::string& command,
+                                bool with_stderr = true, int timeout_s = 0) {
   CommandResult r;
-  std::string cmd = (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "") +
-                    command + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  std::string cmd =
+      (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "") +
+      command + (with_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];

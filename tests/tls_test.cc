@@ -35,7 +35,8 @@ class TlsTest : public ::testing::Test {
                     log_);
     ASSERT_TRUE(Cluster::WaitUntil(
         [&] {
-          return ReadFileToString(log_).find("listening on") != std::string::npos;
+          return ReadFileToString(log_).find("listening on") !=
+                 std::string::npos;
         },
         seconds(20)))
         << ReadFileToString(log_);
@@ -44,7 +45,8 @@ class TlsTest : public ::testing::Test {
     address_ = address_.substr(0, address_.find('\n'));
   }
   void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s", ReadFileToString(log_).c_str());
+    if (HasFailure())
+      std::fprintf(stderr, "%s", ReadFileToString(log_).c_str());
   }
   std::string Cert(const std::string& name) const {
     return certs_ + "/" + name + ".pem";
@@ -77,13 +79,14 @@ class TlsTest : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     return stub->RegisterNode(&ctx, req, resp ? resp : &ignored);
   }
-  CommandResult Ctl(const std::string& identity, const std::string& args) const {
+  CommandResult Ctl(const std::string& identity,
+                    const std::string& args) const {
     std::string tls = identity.empty()
                           ? ""
                           : " --tls-cert " + Cert(identity) + " --tls-key " +
                                 Key(identity) + " --tls-ca " + Cert("ca");
-    return RunCommand(std::string(CKPTCTL_BINARY) + " --coordinator " + address_ +
-                 tls + " " + args);
+    return RunCommand(std::string(CKPTCTL_BINARY) + " --coordinator " +
+                      address_ + tls + " " + args);
   }
 
   TempDir dir_;
@@ -142,14 +145,19 @@ TEST_F(TlsTest, BatchedReportsAndTheJobWatchNeedTheNodesOwnCertificate) {
   {
     cv1::ReportShardsResponse resp;
     grpc::ClientContext ctx;
-    grpc::Status s = cv1::Coordinator::NewStub(channel("n2"))->ReportShards(&ctx, batch, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
-    EXPECT_NE(s.error_message().find("ReportShards: node_id \"n1\""), std::string::npos) << s.error_message();
+    grpc::Status s = cv1::Coordinator::NewStub(channel("n2"))
+                         ->ReportShards(&ctx, batch, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find("ReportShards: node_id \"n1\""),
+              std::string::npos)
+        << s.error_message();
   }
   {
     cv1::ReportShardsResponse resp;
     grpc::ClientContext ctx;
-    grpc::Status s = cv1::Coordinator::NewStub(channel("n1"))->ReportShards(&ctx, batch, &resp);
+    grpc::Status s = cv1::Coordinator::NewStub(channel("n1"))
+                         ->ReportShards(&ctx, batch, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   // The job watch (ckptrun's stream) likewise.
@@ -159,17 +167,22 @@ TEST_F(TlsTest, BatchedReportsAndTheJobWatchNeedTheNodesOwnCertificate) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    auto reader = cv1::CoordinatorWatch::NewStub(channel("n2"))->WatchJob(&ctx, watch);
+    auto reader =
+        cv1::CoordinatorWatch::NewStub(channel("n2"))->WatchJob(&ctx, watch);
     cv1::JobView view;
     EXPECT_FALSE(reader->Read(&view));
     grpc::Status s = reader->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
-    EXPECT_NE(s.error_message().find("WatchJob: node_id \"n1\""), std::string::npos) << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find("WatchJob: node_id \"n1\""),
+              std::string::npos)
+        << s.error_message();
   }
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    auto reader = cv1::CoordinatorWatch::NewStub(channel("n1"))->WatchJob(&ctx, watch);
+    auto reader =
+        cv1::CoordinatorWatch::NewStub(channel("n1"))->WatchJob(&ctx, watch);
     cv1::JobView view;
     EXPECT_TRUE(reader->Read(&view));  // the current view comes at once
     ctx.TryCancel();
@@ -246,8 +259,8 @@ TEST_F(TlsTest, CtlRollbackIsRefusedWithoutAnAdminCertificateAndWorksWithOne) {
 
 TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
   CommandResult r =
-      RunCommand(std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --state " +
-            dir_.path() + "/other");
+      RunCommand(std::string(COORDINATOR_BINARY) +
+                 " --listen 127.0.0.1:0 --state " + dir_.path() + "/other");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--insecure"), std::string::npos) << r.out;
 }
@@ -255,24 +268,30 @@ TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
 // The etcd TLS files go together, only with --state etcd://, and must be
 // PEM: each mistake stops the coordinator before it serves, naming the flag.
 TEST_F(TlsTest, CoordinatorRefusesBadEtcdTlsFlagsNamingTheFlag) {
-  const std::string base = std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --insecure";
-  const std::string etcd = " --state etcd://127.0.0.1:1/p --shared-root " + dir_.path() + "/s";
+  const std::string base =
+      std::string(COORDINATOR_BINARY) + " --listen 127.0.0.1:0 --insecure";
+  const std::string etcd =
+      " --state etcd://127.0.0.1:1/p --shared-root " + dir_.path() + "/s";
   struct Case {
     std::string args, names;
   };
   const Case cases[] = {
-      {" --state " + dir_.path() + "/other --etcd-tls-ca " + Cert("ca"), "only with --state etcd://"},
+      {" --state " + dir_.path() + "/other --etcd-tls-ca " + Cert("ca"),
+       "only with --state etcd://"},
       {etcd + " --etcd-tls-ca " + Cert("ca"), "--etcd-tls-cert: required"},
-      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " + Cert("coordinator"),
+      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " +
+           Cert("coordinator"),
        "--etcd-tls-key: required"},
-      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " + Cert("coordinator") +
-           " --etcd-tls-key " + dir_.path() + "/missing.key",
+      {etcd + " --etcd-tls-ca " + Cert("ca") + " --etcd-tls-cert " +
+           Cert("coordinator") + " --etcd-tls-key " + dir_.path() +
+           "/missing.key",
        "--etcd-tls-key \"" + dir_.path() + "/missing.key\": cannot be read"},
   };
   for (const Case& c : cases) {
     CommandResult r = RunCommand(base + c.args, true, 30);
     EXPECT_EQ(r.exit_code, 2) << c.names << ": " << r.out;
-    EXPECT_NE(r.out.find(c.names), std::string::npos) << c.names << ": " << r.out;
+    EXPECT_NE(r.out.find(c.names), std::string::npos)
+        << c.names << ": " << r.out;
   }
 }
 

@@ -3,22 +3,21 @@
 // Usage: uid_probe SOCKET JOB SHM_NAME
 //        uid_probe SOCKET JOB SHM_NAME status   (only: Status shows no arena)
 #include <fcntl.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <string>
 
-#include <grpcpp/client_context.h>
-#include <grpcpp/create_channel.h>
-
 #include "ckpt.grpc.pb.h"
 
 int main(int argc, char** argv) {
   if (argc != 4 && !(argc == 5 && std::string(argv[4]) == "status")) return 100;
   if (setgid(65534) != 0 || setuid(65534) != 0) return 101;
-  auto stub = ckpt::v1::Ckptd::NewStub(
-      grpc::CreateChannel(std::string("unix:") + argv[1], grpc::InsecureChannelCredentials()));
+  auto stub = ckpt::v1::Ckptd::NewStub(grpc::CreateChannel(
+      std::string("unix:") + argv[1], grpc::InsecureChannelCredentials()));
   if (argc == 5) {
     grpc::ClientContext ctx;
     ckpt::v1::StatusResponse resp;
@@ -31,7 +30,9 @@ int main(int argc, char** argv) {
     ckpt::v1::ListRequest req;
     req.set_job(argv[2]);
     ckpt::v1::ListResponse resp;
-    if (stub->List(&ctx, req, &resp).error_code() != grpc::StatusCode::PERMISSION_DENIED) bad |= 1;
+    if (stub->List(&ctx, req, &resp).error_code() !=
+        grpc::StatusCode::PERMISSION_DENIED)
+      bad |= 1;
   }
   {
     grpc::ClientContext ctx;
@@ -40,7 +41,9 @@ int main(int argc, char** argv) {
     req.set_world_size(1);
     req.set_slot_bytes(1 << 20);
     ckpt::v1::RegisterResponse resp;
-    if (stub->Register(&ctx, req, &resp).error_code() != grpc::StatusCode::PERMISSION_DENIED) bad |= 2;
+    if (stub->Register(&ctx, req, &resp).error_code() !=
+        grpc::StatusCode::PERMISSION_DENIED)
+      bad |= 2;
   }
   {
     grpc::ClientContext ctx;
@@ -48,7 +51,9 @@ int main(int argc, char** argv) {
     req.set_job(argv[2]);
     req.set_all_steps(true);
     ckpt::v1::DeleteResponse resp;
-    if (stub->Delete(&ctx, req, &resp).error_code() != grpc::StatusCode::PERMISSION_DENIED) bad |= 4;
+    if (stub->Delete(&ctx, req, &resp).error_code() !=
+        grpc::StatusCode::PERMISSION_DENIED)
+      bad |= 4;
   }
   {
     grpc::ClientContext ctx;

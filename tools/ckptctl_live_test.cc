@@ -21,7 +21,8 @@ namespace ckpt::tools {
 namespace {
 
 int Ckptctl(const std::string& args, std::string* out) {
-  FILE* p = popen((std::string(CKPTCTL_PATH) + " " + args + " 2>/dev/null").c_str(), "r");
+  FILE* p = popen(
+      (std::string(CKPTCTL_PATH) + " " + args + " 2>/dev/null").c_str(), "r");
   if (!p) return -1;
   char buf[4096];
   size_t n;
@@ -37,16 +38,21 @@ class CkptctlLiveTest : public ::testing::Test {
     socket_ = dir_.path() + "/ckptd.sock";
     root_ = dir_.path() + "/root";
     prefix_ = "ckptctltest" + std::to_string(getpid());
-    std::vector<std::string> args = {CKPTD_PATH, "--socket", socket_, "--root", root_,
-                                     "--shm-prefix", prefix_};
+    std::vector<std::string> args = {CKPTD_PATH, "--socket", socket_,
+                                     "--root",   root_,      "--shm-prefix",
+                                     prefix_};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ASSERT_EQ(posix_spawn(&pid_, CKPTD_PATH, nullptr, nullptr, argv.data(), environ), 0);
+    ASSERT_EQ(
+        posix_spawn(&pid_, CKPTD_PATH, nullptr, nullptr, argv.data(), environ),
+        0);
     std::string out;
-    for (int i = 0; i < 200 && Ckptctl("--socket " + socket_ + " status", &out) != 0; ++i)
+    for (int i = 0;
+         i < 200 && Ckptctl("--socket " + socket_ + " status", &out) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_EQ(Ckptctl("--socket " + socket_ + " status", &out), 0) << "ckptd did not start";
+    ASSERT_EQ(Ckptctl("--socket " + socket_ + " status", &out), 0)
+        << "ckptd did not start";
 
     ClientOptions o;
     o.socket_path = socket_;
@@ -85,7 +91,8 @@ TEST_F(CkptctlLiveTest, ListJsonShowsDurableStep) {
   EXPECT_NE(out.find("\"job\":\"livejob\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"step\":3"), std::string::npos) << out;
   EXPECT_NE(out.find("\"durable\":true"), std::string::npos) << out;
-  EXPECT_EQ(out.find('\n'), out.size() - 1) << "one JSON object, one line: " << out;
+  EXPECT_EQ(out.find('\n'), out.size() - 1)
+      << "one JSON object, one line: " << out;
 }
 
 TEST_F(CkptctlLiveTest, StatusJsonNamesTheArena) {
@@ -102,10 +109,16 @@ TEST_F(CkptctlLiveTest, VerifyAcceptsTheDaemonsRoot) {
 
 TEST_F(CkptctlLiveTest, DeleteAllRemovesTheJobsSteps) {
   std::string out;
-  ASSERT_EQ(Ckptctl("--socket " + socket_ + " delete --job livejob --all", &out), 0) << out;
-  ASSERT_EQ(Ckptctl("--socket " + socket_ + " list --json --job livejob", &out), 0) << out;
+  ASSERT_EQ(
+      Ckptctl("--socket " + socket_ + " delete --job livejob --all", &out), 0)
+      << out;
+  ASSERT_EQ(Ckptctl("--socket " + socket_ + " list --json --job livejob", &out),
+            0)
+      << out;
   EXPECT_EQ(out.find("\"step\":3"), std::string::npos) << out;
-  EXPECT_NE(Ckptctl("verify --root " + root_ + " --job livejob --step 3", &out), 0) << out;
+  EXPECT_NE(Ckptctl("verify --root " + root_ + " --job livejob --step 3", &out),
+            0)
+      << out;
 }
 
 }  // namespace

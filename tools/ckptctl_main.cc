@@ -5,13 +5,12 @@
 //
 // Exit status: 0 on success; 1 when the operation failed or found damage
 // (the reason on stderr); 2 on a usage error.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
@@ -24,19 +23,24 @@ using ckpt::tools::ShardSelector;
 
 int Finish(const char* command, const absl::Status& s) {
   if (s.ok()) return 0;
-  std::fprintf(stderr, "ckptctl %s: %s\n", command, std::string(s.message()).c_str());
+  std::fprintf(stderr, "ckptctl %s: %s\n", command,
+               std::string(s.message()).c_str());
   return 1;
 }
 
 // The shard-selection flags shared by inspect and restore.
-void AddShardSelector(CLI::App* cmd, ShardSelector* sel, std::optional<uint64_t>* step,
+void AddShardSelector(CLI::App* cmd, ShardSelector* sel,
+                      std::optional<uint64_t>* step,
                       std::optional<uint32_t>* rank) {
-  cmd->add_option("file", sel->file, "shard file (instead of --root/--job/--step/--rank)");
-  cmd->add_option("--root", sel->root, "checkpoint root: a directory, or s3://BUCKET/PREFIX");
+  cmd->add_option("file", sel->file,
+                  "shard file (instead of --root/--job/--step/--rank)");
+  cmd->add_option("--root", sel->root,
+                  "checkpoint root: a directory, or s3://BUCKET/PREFIX");
   cmd->add_option("--job", sel->job, "job name");
   cmd->add_option("--step", *step, "step number");
   cmd->add_option("--rank", *rank, "rank");
-  cmd->add_option("--node", sel->node, "cluster root: the node whose copy of the rank's shard");
+  cmd->add_option("--node", sel->node,
+                  "cluster root: the node whose copy of the rank's shard");
 }
 
 }  // namespace
@@ -52,82 +56,112 @@ int main(int argc, char** argv) {
   app.fallthrough();
   std::string socket;
   if (const char* env = std::getenv("CKPT_SOCKET")) socket = env;
-  app.add_option("--socket", socket, "ckptd's Unix socket (default: $CKPT_SOCKET)");
+  app.add_option("--socket", socket,
+                 "ckptd's Unix socket (default: $CKPT_SOCKET)");
   std::string coordinator;
-  app.add_option("--coordinator", coordinator,
-                 "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events; "
-                 "replicas: the leader is followed)");
+  app.add_option(
+      "--coordinator", coordinator,
+      "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events; "
+      "replicas: the leader is followed)");
   ckpt::coordinator::TlsFiles tls;
-  app.add_option("--tls-cert", tls.cert, "client certificate for the coordinator (PEM; mutual TLS)");
+  app.add_option("--tls-cert", tls.cert,
+                 "client certificate for the coordinator (PEM; mutual TLS)");
   app.add_option("--tls-key", tls.key, "its private key (PEM)");
-  app.add_option("--tls-ca", tls.ca, "CA of the coordinator's certificate (PEM)");
-  app.add_flag("--insecure", tls.insecure, "plaintext to the coordinator (the default without --tls-*)");
+  app.add_option("--tls-ca", tls.ca,
+                 "CA of the coordinator's certificate (PEM)");
+  app.add_flag("--insecure", tls.insecure,
+               "plaintext to the coordinator (the default without --tls-*)");
   bool json = false;
   app.add_flag("--json", json, "print one JSON object instead of tables");
   bool progress = false;
-  app.add_flag("--progress", progress, "draw progress on stderr even when it is not a terminal");
+  app.add_flag("--progress", progress,
+               "draw progress on stderr even when it is not a terminal");
 
   std::string job;
   std::optional<uint64_t> step;
   std::optional<uint32_t> rank;
   bool all_steps = false;
 
-  CLI::App* list = app.add_subcommand("list", "jobs, steps and shards known to the daemon (or on storage)");
+  CLI::App* list = app.add_subcommand(
+      "list", "jobs, steps and shards known to the daemon (or on storage)");
   list->add_option("--job", job, "only this job");
   std::string list_root;
-  list->add_option("--root", list_root,
-                   "list what is on storage under this root (a directory or s3://BUCKET/PREFIX: "
-                   "shards, node and global manifests) instead of asking the daemon");
+  list->add_option(
+      "--root", list_root,
+      "list what is on storage under this root (a directory or "
+      "s3://BUCKET/PREFIX: "
+      "shards, node and global manifests) instead of asking the daemon");
 
-  CLI::App* status = app.add_subcommand("status", "daemon health, arenas, persist queue");
+  CLI::App* status =
+      app.add_subcommand("status", "daemon health, arenas, persist queue");
 
-  CLI::App* del = app.add_subcommand("delete", "delete one step or every step of a job");
+  CLI::App* del =
+      app.add_subcommand("delete", "delete one step or every step of a job");
   del->add_option("--job", job, "job name")->required();
   auto* del_step = del->add_option("--step", step, "step to delete");
-  auto* del_all = del->add_flag("--all", all_steps, "delete every step of the job");
+  auto* del_all =
+      del->add_flag("--all", all_steps, "delete every step of the job");
   del_step->excludes(del_all);
   del_all->excludes(del_step);
 
   ShardSelector sel;
   std::optional<uint64_t> sel_step;
   std::optional<uint32_t> sel_rank;
-  CLI::App* inspect = app.add_subcommand("inspect", "a shard's header and tensor index, or a manifest");
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "a shard's header and tensor index, or a manifest");
   AddShardSelector(inspect, &sel, &sel_step, &sel_rank);
 
   ckpt::tools::VerifyOptions vopts;
-  CLI::App* verify = app.add_subcommand("verify", "check every checksum and manifest under a root");
-  verify->add_option("--root", vopts.root, "checkpoint root: a directory, or s3://BUCKET/PREFIX")->required();
+  CLI::App* verify = app.add_subcommand(
+      "verify", "check every checksum and manifest under a root");
+  verify
+      ->add_option("--root", vopts.root,
+                   "checkpoint root: a directory, or s3://BUCKET/PREFIX")
+      ->required();
   verify->add_option("--job", vopts.job, "only this job");
   verify->add_option("--step", vopts.step, "only this step (needs --job)");
-  verify->add_option("--rank", vopts.rank, "only this rank (needs --job and --step)");
+  verify->add_option("--rank", vopts.rank,
+                     "only this rank (needs --job and --step)");
 
   std::string out;
-  CLI::App* restore = app.add_subcommand("restore", "extract a shard, verifying checksums");
+  CLI::App* restore =
+      app.add_subcommand("restore", "extract a shard, verifying checksums");
   AddShardSelector(restore, &sel, &sel_step, &sel_rank);
-  restore->add_option("--out", out, "file (verified shard copy) or directory/ (one file per tensor)")
+  restore
+      ->add_option(
+          "--out", out,
+          "file (verified shard copy) or directory/ (one file per tensor)")
       ->required();
 
   std::string format = "safetensors";
-  CLI::App* exp = app.add_subcommand("export", "a shard as a safetensors file, verifying checksums");
+  CLI::App* exp = app.add_subcommand(
+      "export", "a shard as a safetensors file, verifying checksums");
   AddShardSelector(exp, &sel, &sel_step, &sel_rank);
   exp->add_option("--format", format, "output format (safetensors)");
   exp->add_option("--out", out, "the file to write")->required();
 
-  CLI::App* cluster = app.add_subcommand("cluster", "the coordinator's nodes, jobs and recent events");
+  CLI::App* cluster = app.add_subcommand(
+      "cluster", "the coordinator's nodes, jobs and recent events");
 
-  CLI::App* rollback = app.add_subcommand("rollback", "restart a job at an older durable step");
+  CLI::App* rollback =
+      app.add_subcommand("rollback", "restart a job at an older durable step");
   rollback->add_option("--job", job, "job name")->required();
-  rollback->add_option("--step", step, "durable step to go back to")->required();
+  rollback->add_option("--step", step, "durable step to go back to")
+      ->required();
 
   uint64_t after_seq = 0;
-  CLI::App* events = app.add_subcommand("events", "the coordinator's event log");
+  CLI::App* events =
+      app.add_subcommand("events", "the coordinator's event log");
   events->add_option("--job", job, "only this job");
-  events->add_option("--after", after_seq, "only events with a sequence number above this");
+  events->add_option("--after", after_seq,
+                     "only events with a sequence number above this");
 
-  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp, cluster, rollback, events})
+  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp,
+                        cluster, rollback, events})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp})
-    cmd->add_flag("--progress", progress, "draw progress on stderr even when it is not a terminal");
+    cmd->add_flag("--progress", progress,
+                  "draw progress on stderr even when it is not a terminal");
 
   try {
     app.parse(argc, argv);
@@ -141,32 +175,48 @@ int main(int argc, char** argv) {
 
   for (CLI::App* cmd : {cluster, rollback, events}) {
     if (!cmd->parsed()) continue;
-    absl::Status s = coordinator.empty()
-                         ? absl::InvalidArgumentError("--coordinator HOST:PORT is required")
-                         : ckpt::coordinator::ParseAddressList(coordinator, "--coordinator").status();
-    if (s.ok()) s = ckpt::coordinator::ValidateTlsFlags(tls, /*require_choice=*/false);
+    absl::Status s =
+        coordinator.empty()
+            ? absl::InvalidArgumentError("--coordinator HOST:PORT is required")
+            : ckpt::coordinator::ParseAddressList(coordinator, "--coordinator")
+                  .status();
+    if (s.ok())
+      s = ckpt::coordinator::ValidateTlsFlags(tls, /*require_choice=*/false);
     if (!s.ok()) {
-      std::fprintf(stderr, "ckptctl %s: %s\n", cmd->get_name().c_str(), std::string(s.message()).c_str());
+      std::fprintf(stderr, "ckptctl %s: %s\n", cmd->get_name().c_str(),
+                   std::string(s.message()).c_str());
       return 2;
     }
   }
-  if (cluster->parsed()) return Finish("cluster", ckpt::tools::RunCluster(coordinator, tls, json));
-  if (rollback->parsed()) return Finish("rollback", ckpt::tools::RunRollback(coordinator, tls, job, step, json));
-  if (events->parsed()) return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job, after_seq, json));
+  if (cluster->parsed())
+    return Finish("cluster", ckpt::tools::RunCluster(coordinator, tls, json));
+  if (rollback->parsed())
+    return Finish("rollback",
+                  ckpt::tools::RunRollback(coordinator, tls, job, step, json));
+  if (events->parsed())
+    return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job,
+                                                   after_seq, json));
   if (list->parsed() && !list_root.empty())
     return Finish("list", ckpt::tools::RunListRoot(list_root, job, json));
-  if (list->parsed()) return Finish("list", ckpt::tools::RunList(socket, job, json));
-  if (status->parsed()) return Finish("status", ckpt::tools::RunStatus(socket, json));
+  if (list->parsed())
+    return Finish("list", ckpt::tools::RunList(socket, job, json));
+  if (status->parsed())
+    return Finish("status", ckpt::tools::RunStatus(socket, json));
   if (del->parsed()) {
     if (!step && !all_steps) {
       std::fprintf(stderr, "ckptctl delete: give --step N or --all\n");
       return 2;
     }
-    return Finish("delete", ckpt::tools::RunDelete(socket, job, step, all_steps, json));
+    return Finish("delete",
+                  ckpt::tools::RunDelete(socket, job, step, all_steps, json));
   }
-  if (inspect->parsed()) return Finish("inspect", ckpt::tools::RunInspect(sel, json));
-  if (verify->parsed()) return Finish("verify", ckpt::tools::RunVerify(vopts, json));
-  if (restore->parsed()) return Finish("restore", ckpt::tools::RunRestore(sel, out, json));
-  if (exp->parsed()) return Finish("export", ckpt::tools::RunExport(sel, out, format, json));
+  if (inspect->parsed())
+    return Finish("inspect", ckpt::tools::RunInspect(sel, json));
+  if (verify->parsed())
+    return Finish("verify", ckpt::tools::RunVerify(vopts, json));
+  if (restore->parsed())
+    return Finish("restore", ckpt::tools::RunRestore(sel, out, json));
+  if (exp->parsed())
+    return Finish("export", ckpt::tools::RunExport(sel, out, format, json));
   return 2;
 }

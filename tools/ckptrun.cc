@@ -21,22 +21,32 @@ constexpr std::chrono::seconds kRpcTimeout{5};
 // Host part of a node's address, for MASTER_ADDR: "h:p" -> "h",
 // "[v6]:p" -> "v6"; a Unix socket or nothing -> empty.
 std::string HostOf(const std::string& address) {
-  if (address.empty() || address.front() == '/' || address.rfind("unix:", 0) == 0) return "";
+  if (address.empty() || address.front() == '/' ||
+      address.rfind("unix:", 0) == 0)
+    return "";
   if (address.front() == '[') {
     size_t close = address.find(']');
     return close == std::string::npos ? "" : address.substr(1, close - 1);
   }
   size_t colon = address.find(':');
   if (colon == std::string::npos) return address;
-  if (address.find(':', colon + 1) != std::string::npos) return address;  // bare IPv6
+  if (address.find(':', colon + 1) != std::string::npos)
+    return address;  // bare IPv6
   return address.substr(0, colon);
 }
 
 // The environment of ckptrun without the variables it sets for trainers.
 std::vector<std::string> InheritedEnv() {
-  static const char* const kOwn[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
-                                     "MASTER_ADDR=", "MASTER_PORT=", "CKPT_SOCKET=", "CKPT_JOB=",
-                                     "CKPT_GENERATION=", "CKPT_RESTORE_STEP="};
+  static const char* const kOwn[] = {"RANK=",
+                                     "WORLD_SIZE=",
+                                     "LOCAL_RANK=",
+                                     "LOCAL_WORLD_SIZE=",
+                                     "MASTER_ADDR=",
+                                     "MASTER_PORT=",
+                                     "CKPT_SOCKET=",
+                                     "CKPT_JOB=",
+                                     "CKPT_GENERATION=",
+                                     "CKPT_RESTORE_STEP="};
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
@@ -53,7 +63,9 @@ Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
     : opts_(std::move(options)),
       signals_(stop_signals),
       // ParseRunOptions already created one with these options.
-      client_(coordinator::CoordinatorClient::Create(opts_.coordinator, opts_.tls).value()) {}
+      client_(
+          coordinator::CoordinatorClient::Create(opts_.coordinator, opts_.tls)
+              .value()) {}
 
 Launcher::~Launcher() {
   {
@@ -81,7 +93,8 @@ void Launcher::WatchLoop() {
     req.set_node_id(opts_.node_id);
     size_t idx = 0;
     const std::string addr = client_->current();
-    std::unique_ptr<grpc::ClientReader<cv1::JobView>> reader = client_->watch_stub(&idx)->WatchJob(&ctx, req);
+    std::unique_ptr<grpc::ClientReader<cv1::JobView>> reader =
+        client_->watch_stub(&idx)->WatchJob(&ctx, req);
     cv1::JobView view;
     while (reader->Read(&view)) {
       std::lock_guard<std::mutex> lock(watch_mu_);
@@ -90,22 +103,28 @@ void Launcher::WatchLoop() {
       backoff = std::chrono::milliseconds(100);
     }
     grpc::Status ended = reader->Finish();
-    const bool moved = !ended.ok() && !coordinator::LeaderHint(ended, ctx).empty();
-    absl::Status s = coordinator::CoordStatus(client_->StreamEnded(ended, idx, &ctx), "WatchJob", addr);
+    const bool moved =
+        !ended.ok() && !coordinator::LeaderHint(ended, ctx).empty();
+    absl::Status s = coordinator::CoordStatus(
+        client_->StreamEnded(ended, idx, &ctx), "WatchJob", addr);
     std::unique_lock<std::mutex> lock(watch_mu_);
     watch_ctx_ = nullptr;
     if (watch_stopping_) return;
-    if (s.ok()) s = absl::UnavailableError("WatchJob to coordinator " + addr + ": stream ended");
+    if (s.ok())
+      s = absl::UnavailableError("WatchJob to coordinator " + addr +
+                                 ": stream ended");
     watch_status_ = s;
     lock.unlock();
-    if (moved && client_->current() != addr) continue;  // the leader is named: go there now
+    if (moved && client_->current() != addr)
+      continue;  // the leader is named: go there now
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
 }
 
 void Launcher::Log(const std::string& line) const {
-  std::fprintf(stderr, "ckptrun[%s]: %s\n", opts_.node_id.c_str(), line.c_str());
+  std::fprintf(stderr, "ckptrun[%s]: %s\n", opts_.node_id.c_str(),
+               line.c_str());
   std::fflush(stderr);
 }
 
@@ -116,9 +135,11 @@ std::string Launcher::GenerationPrefix() const {
 bool Launcher::Wait(std::chrono::milliseconds d) {
   auto deadline = std::chrono::steady_clock::now() + d;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return true;
-    struct timespec ts = {static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
+    struct timespec ts = {static_cast<time_t>(left.count() / 1000000000),
+                          static_cast<long>(left.count() % 1000000000)};
     int sig = sigtimedwait(&signals_, nullptr, &ts);
     if (sig == SIGCHLD) return true;  // a trainer exited: reap it now
     if (sig > 0) {
@@ -138,14 +159,17 @@ std::optional<int> Launcher::RegisterJob() {
     req.set_nproc_per_node(opts_.nproc_per_node);
     cv1::RegisterJobResponse resp;
     absl::Status s = coordinator::CoordStatus(
-        client_->Call(&cv1::Coordinator::Stub::RegisterJob, req, &resp, kRpcTimeout), "RegisterJob",
-        client_->current());
+        client_->Call(&cv1::Coordinator::Stub::RegisterJob, req, &resp,
+                      kRpcTimeout),
+        "RegisterJob", client_->current());
     if (s.ok()) {
-      Log(absl::StrCat("job ", opts_.job, " registered, world size ", resp.job().world_size(), ", generation ",
+      Log(absl::StrCat("job ", opts_.job, " registered, world size ",
+                       resp.job().world_size(), ", generation ",
                        resp.job().generation()));
       return std::nullopt;
     }
-    if (!coordinator::IsUnreachable(s) && s.code() != absl::StatusCode::kFailedPrecondition) {
+    if (!coordinator::IsUnreachable(s) &&
+        s.code() != absl::StatusCode::kFailedPrecondition) {
       Log(std::string(s.message()));
       return 2;
     }
@@ -164,27 +188,32 @@ int Launcher::Run() {
     Poll();
     if (generation_ && !started_.empty() && finished_ == started_) break;
     if (!Wait(opts_.poll)) {
-      Log(absl::StrCat("signal ", stop_signal_, ": stopping ranks ", absl::StrJoin(trainers_.RunningRanks(), ",")));
+      Log(absl::StrCat("signal ", stop_signal_, ": stopping ranks ",
+                       absl::StrJoin(trainers_.RunningRanks(), ",")));
       trainers_.StopAll(opts_.grace);
       return 128 + stop_signal_;
     }
   }
   Log(absl::StrCat(GenerationPrefix(), "every rank on this node finished"));
   // The finish reports are worth a short wait, not a hang.
-  auto deadline = std::chrono::steady_clock::now() + std::max(opts_.grace, std::chrono::milliseconds(5000));
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::max(opts_.grace, std::chrono::milliseconds(5000));
   while (!reports_.empty() && std::chrono::steady_clock::now() < deadline) {
     FlushReports();
     if (!reports_.empty() && !Wait(opts_.poll)) return 128 + stop_signal_;
   }
-  if (!reports_.empty()) Log(absl::StrCat(reports_.size(), " exit report(s) not delivered"));
+  if (!reports_.empty())
+    Log(absl::StrCat(reports_.size(), " exit report(s) not delivered"));
   return 0;
 }
 
 void Launcher::SetReachable(bool reachable, const absl::Status& why) {
   if (reachable == reachable_) return;
   reachable_ = reachable;
-  Log(reachable ? "coordinator reachable again"
-                : absl::StrCat("coordinator unreachable, trainers keep running: ", why.message()));
+  Log(reachable
+          ? "coordinator reachable again"
+          : absl::StrCat("coordinator unreachable, trainers keep running: ",
+                         why.message()));
 }
 
 void Launcher::Poll() {
@@ -200,13 +229,16 @@ void Launcher::Poll() {
     last_watch_error_.clear();
   } else if (coordinator::IsUnreachable(s)) {
     SetReachable(false, s);
-  } else if (s.message() != last_watch_error_) {  // refused (e.g. PERMISSION_DENIED): say so once
+  } else if (s.message() !=
+             last_watch_error_) {  // refused (e.g. PERMISSION_DENIED): say so
+                                   // once
     last_watch_error_ = std::string(s.message());
     Log(last_watch_error_);
   }
   if (view && view->registered()) {
     known_generation_ = std::max(known_generation_, view->generation());
-    if (view->node_health() != cv1::NODE_HEALTH_UNSPECIFIED) epoch_ = view->node_epoch();
+    if (view->node_health() != cv1::NODE_HEALTH_UNSPECIFIED)
+      epoch_ = view->node_epoch();
   }
   for (const TrainerExit& e : trainers_.Reap()) {
     if (e.clean()) finished_.insert(e.rank);
@@ -219,15 +251,18 @@ void Launcher::Poll() {
 void Launcher::FlushReports() {
   while (!reports_.empty()) {
     PendingReport& r = reports_.front();
-    std::string what = absl::StrCat("generation ", r.generation, ": rank ", r.exit.rank, " ", DescribeExit(r.exit));
+    std::string what = absl::StrCat("generation ", r.generation, ": rank ",
+                                    r.exit.rank, " ", DescribeExit(r.exit));
     if (r.generation < known_generation_) {
       // Its generation is already replaced; reporting it would only plan again.
-      Log(absl::StrCat(what, "; not reported (generation ", known_generation_, " is current)"));
+      Log(absl::StrCat(what, "; not reported (generation ", known_generation_,
+                       " is current)"));
       reports_.pop_front();
       continue;
     }
     if (r.awaiting_epoch) {
-      if (epoch_ == r.epoch) return;  // the view has not shown the new epoch yet
+      if (epoch_ == r.epoch)
+        return;  // the view has not shown the new epoch yet
       r.awaiting_epoch = false;
       r.epoch_retried = true;
       r.epoch = epoch_;
@@ -243,12 +278,15 @@ void Launcher::FlushReports() {
     // retry of a report it did take (its answer lost) plans nothing again.
     req.set_generation(r.generation);
     cv1::ReportTrainerExitResponse resp;
-    absl::Status s =
-        coordinator::CoordStatus(client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp, kRpcTimeout),
-                                 "ReportTrainerExit", client_->current());
+    absl::Status s = coordinator::CoordStatus(
+        client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp,
+                      kRpcTimeout),
+        "ReportTrainerExit", client_->current());
     if (coordinator::IsUnreachable(s)) {
       SetReachable(false, s);
-      if (!r.logged_queued) Log(absl::StrCat(what, "; report queued until the coordinator is back"));
+      if (!r.logged_queued)
+        Log(absl::StrCat(what,
+                         "; report queued until the coordinator is back"));
       r.logged_queued = true;
       return;
     }
@@ -256,12 +294,14 @@ void Launcher::FlushReports() {
       SetReachable(true, s);
       known_generation_ = std::max(known_generation_, resp.generation());
       Log(absl::StrCat(what, "; reported"));
-    } else if (s.code() == absl::StatusCode::kFailedPrecondition && !r.epoch_retried) {
+    } else if (s.code() == absl::StatusCode::kFailedPrecondition &&
+               !r.epoch_retried) {
       // epoch_ comes from the view, asynchronously: the node may have
       // registered again (a new epoch) before the view said so. A failure
       // dropped here would never be reported.
-      Log(absl::StrCat(what, "; report refused at epoch ", r.epoch, ": ", s.message(),
-                       "; sending it again once this node's epoch is refreshed"));
+      Log(absl::StrCat(
+          what, "; report refused at epoch ", r.epoch, ": ", s.message(),
+          "; sending it again once this node's epoch is refreshed"));
       r.awaiting_epoch = true;
       return;
     } else {
@@ -273,7 +313,9 @@ void Launcher::FlushReports() {
 
 void Launcher::StopTrainers(const std::string& why) {
   std::vector<uint32_t> running = trainers_.RunningRanks();
-  if (!running.empty()) Log(absl::StrCat(GenerationPrefix(), "stopping ranks ", absl::StrJoin(running, ","), " (", why, ")"));
+  if (!running.empty())
+    Log(absl::StrCat(GenerationPrefix(), "stopping ranks ",
+                     absl::StrJoin(running, ","), " (", why, ")"));
   trainers_.StopAll(opts_.grace);
   generation_.reset();
   started_.clear();
@@ -282,15 +324,20 @@ void Launcher::StopTrainers(const std::string& why) {
 
 void Launcher::Reconcile(const cv1::JobView& job) {
   std::set<uint32_t> desired;
-  if (job.node_health() == cv1::ALIVE) desired.insert(job.ranks().begin(), job.ranks().end());
+  if (job.node_health() == cv1::ALIVE)
+    desired.insert(job.ranks().begin(), job.ranks().end());
   if (generation_ && *generation_ != job.generation())
-    StopTrainers(absl::StrCat("generation ", *generation_, " -> ", job.generation()));
+    StopTrainers(
+        absl::StrCat("generation ", *generation_, " -> ", job.generation()));
   else if (generation_ && desired != started_)
-    StopTrainers(desired.empty() ? "this node is not alive or hosts no ranks" : "the ranks of this node changed");
+    StopTrainers(desired.empty() ? "this node is not alive or hosts no ranks"
+                                 : "the ranks of this node changed");
   if (generation_ || desired.empty()) return;
-  if (job.plan_state() != cv1::PLAN_NONE && job.plan_state() != cv1::PLAN_ACKNOWLEDGED) {
-    std::string waiting = absl::StrCat("generation ", job.generation(), ": waiting for the plan (",
-                                       cv1::PlanState_Name(job.plan_state()), ")");
+  if (job.plan_state() != cv1::PLAN_NONE &&
+      job.plan_state() != cv1::PLAN_ACKNOWLEDGED) {
+    std::string waiting = absl::StrCat(
+        "generation ", job.generation(), ": waiting for the plan (",
+        cv1::PlanState_Name(job.plan_state()), ")");
     if (waiting != waiting_for_) Log(waiting);
     waiting_for_ = waiting;
     return;
@@ -299,10 +346,12 @@ void Launcher::Reconcile(const cv1::JobView& job) {
   StartTrainers(job, std::vector<uint32_t>(desired.begin(), desired.end()));
 }
 
-void Launcher::StartTrainers(const cv1::JobView& job, const std::vector<uint32_t>& ranks) {
+void Launcher::StartTrainers(const cv1::JobView& job,
+                             const std::vector<uint32_t>& ranks) {
   std::optional<uint64_t> step;
   if (job.plan_state() == cv1::PLAN_NONE) {
-    if (job.has_last_good()) step = job.last_good_step();  // a fresh start of the job
+    if (job.has_last_good())
+      step = job.last_good_step();  // a fresh start of the job
   } else if (job.has_restore_step()) {
     step = job.restore_step();
   }
@@ -312,8 +361,10 @@ void Launcher::StartTrainers(const cv1::JobView& job, const std::vector<uint32_t
   generation_ = job.generation();
   started_ = std::set<uint32_t>(ranks.begin(), ranks.end());
   finished_.clear();
-  Log(absl::StrCat(GenerationPrefix(), "start ranks ", absl::StrJoin(ranks, ","),
-                   step ? absl::StrCat(" at step ", *step, " (restore)") : std::string(" (fresh)")));
+  Log(absl::StrCat(GenerationPrefix(), "start ranks ",
+                   absl::StrJoin(ranks, ","),
+                   step ? absl::StrCat(" at step ", *step, " (restore)")
+                        : std::string(" (fresh)")));
   const std::vector<std::string> inherited = InheritedEnv();
   for (size_t local = 0; local < ranks.size(); ++local) {
     std::vector<std::string> env = inherited;
@@ -322,16 +373,20 @@ void Launcher::StartTrainers(const cv1::JobView& job, const std::vector<uint32_t
     env.push_back(absl::StrCat("LOCAL_RANK=", local));
     env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", ranks.size()));
     env.push_back(absl::StrCat("MASTER_ADDR=", master));
-    env.push_back(absl::StrCat("MASTER_PORT=", opts_.master_port + job.generation() % 1000));
+    env.push_back(absl::StrCat("MASTER_PORT=",
+                               opts_.master_port + job.generation() % 1000));
     env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));
     env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
     env.push_back(absl::StrCat("CKPT_GENERATION=", job.generation()));
     if (step) env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *step));
-    absl::Status s = trainers_.Start(ranks[local], opts_.program, opts_.command, env);
+    absl::Status s =
+        trainers_.Start(ranks[local], opts_.program, opts_.command, env);
     // A rank that cannot even be forked counts as a failed trainer.
     if (!s.ok()) {
-      Log(absl::StrCat(GenerationPrefix(), "rank ", ranks[local], ": ", s.message()));
-      reports_.push_back({TrainerExit{ranks[local], 127, 0}, *generation_, epoch_, false});
+      Log(absl::StrCat(GenerationPrefix(), "rank ", ranks[local], ": ",
+                       s.message()));
+      reports_.push_back(
+          {TrainerExit{ranks[local], 127, 0}, *generation_, epoch_, false});
     }
   }
 }

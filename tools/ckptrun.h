@@ -41,7 +41,8 @@
 namespace ckpt::tools {
 
 struct RunOptions {
-  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader is followed)
+  std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader
+                            // is followed)
   coordinator::TlsFiles tls;
   std::string node_id;
   uint32_t nproc_per_node = 0;
@@ -94,7 +95,8 @@ class Launcher {
   // backoff) and stores each view it gets.
   void WatchLoop();
   void Reconcile(const coord::v1::JobView& view);
-  void StartTrainers(const coord::v1::JobView& view, const std::vector<uint32_t>& ranks);
+  void StartTrainers(const coord::v1::JobView& view,
+                     const std::vector<uint32_t>& ranks);
   void StopTrainers(const std::string& why);
   void FlushReports();
   void SetReachable(bool reachable, const absl::Status& why);

@@ -5,11 +5,10 @@
 // See ckptrun.h for what it does and its exit status.
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/client/channel.h"
@@ -20,70 +19,113 @@
 
 namespace ckpt::tools {
 
-absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv, std::string* help) {
+absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
+                                           std::string* help) {
   RunOptions o;
   int split = 1;
   bool wants_help = false;
   for (; split < argc && std::strcmp(argv[split], "--") != 0; ++split)
-    wants_help = wants_help || std::strcmp(argv[split], "--help") == 0 || std::strcmp(argv[split], "-h") == 0;
+    wants_help = wants_help || std::strcmp(argv[split], "--help") == 0 ||
+                 std::strcmp(argv[split], "-h") == 0;
   for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
   // Before the flags: without "--", CMD would be taken for a stray argument.
   if (split == argc && !wants_help)
-    return absl::InvalidArgumentError("--: missing before the trainer command (ckptrun [flags] -- CMD ARGS...)");
+    return absl::InvalidArgumentError(
+        "--: missing before the trainer command (ckptrun [flags] -- CMD "
+        "ARGS...)");
 
-  CLI::App app{"ckptrun: starts this node's trainers of a coordinated job and restarts them on new generations"};
-  app.footer("After the flags: -- CMD ARGS..., the trainer command, started once per rank of this node.");
+  CLI::App app{
+      "ckptrun: starts this node's trainers of a coordinated job and restarts "
+      "them on new generations"};
+  app.footer(
+      "After the flags: -- CMD ARGS..., the trainer command, started once per "
+      "rank of this node.");
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
   app.add_option("--coordinator", o.coordinator,
-                 "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the leader is followed)")
+                 "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the "
+                 "leader is followed)")
       ->required();
-  app.add_option("--tls-cert", o.tls.cert, "this node's certificate for the coordinator (PEM; mutual TLS)");
+  app.add_option(
+      "--tls-cert", o.tls.cert,
+      "this node's certificate for the coordinator (PEM; mutual TLS)");
   app.add_option("--tls-key", o.tls.key, "its private key (PEM)");
-  app.add_option("--tls-ca", o.tls.ca, "CA of the coordinator's certificate (PEM)");
-  app.add_flag("--insecure", o.tls.insecure, "plaintext to the coordinator (the default without --tls-*)");
-  app.add_option("--node-id", o.node_id, "this node's id, as its ckptd registered it")->required();
-  app.add_option("--nproc-per-node", o.nproc_per_node, "trainers per node")->required();
+  app.add_option("--tls-ca", o.tls.ca,
+                 "CA of the coordinator's certificate (PEM)");
+  app.add_flag("--insecure", o.tls.insecure,
+               "plaintext to the coordinator (the default without --tls-*)");
+  app.add_option("--node-id", o.node_id,
+                 "this node's id, as its ckptd registered it")
+      ->required();
+  app.add_option("--nproc-per-node", o.nproc_per_node, "trainers per node")
+      ->required();
   app.add_option("--nnodes", o.nnodes, "nodes of the job (default 1)");
-  app.add_option("--world-size", world_size, "ranks of the job (default nproc-per-node * nnodes)");
+  app.add_option("--world-size", world_size,
+                 "ranks of the job (default nproc-per-node * nnodes)");
   app.add_option("--job", o.job, "job name (default $CKPT_JOB)");
-  app.add_option("--socket", o.socket, "this node's ckptd socket, passed to trainers (default $CKPT_SOCKET)");
-  app.add_option("--master-addr", o.master_addr, "MASTER_ADDR (default: the host of rank 0's node)");
-  app.add_option("--master-port", master_port, "MASTER_PORT base; generation G uses base + G % 1000");
-  app.add_option("--poll-ms", poll_ms, "how often to make trainers match the watched view (no RPC; default 100)");
-  app.add_option("--grace-ms", grace_ms, "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
+  app.add_option(
+      "--socket", o.socket,
+      "this node's ckptd socket, passed to trainers (default $CKPT_SOCKET)");
+  app.add_option("--master-addr", o.master_addr,
+                 "MASTER_ADDR (default: the host of rank 0's node)");
+  app.add_option("--master-port", master_port,
+                 "MASTER_PORT base; generation G uses base + G % 1000");
+  app.add_option("--poll-ms", poll_ms,
+                 "how often to make trainers match the watched view (no RPC; "
+                 "default 100)");
+  app.add_option(
+      "--grace-ms", grace_ms,
+      "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
   if (absl::Status s = ParseCli(app, help, split, argv); !s.ok()) return s;
 
   auto bad = [](const std::string& flag, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
   };
   if (o.command.empty()) return bad("--", "no trainer command after it");
-  if (absl::Status s = coordinator::ParseAddressList(o.coordinator, "--coordinator").status(); !s.ok()) return s;
-  if (absl::Status s = coordinator::ValidateTlsFlags(o.tls, /*require_choice=*/false); !s.ok()) return s;
-  if (absl::Status s = coordinator::CoordinatorClient::Create(o.coordinator, o.tls).status(); !s.ok()) return s;
-  if (absl::Status s = ValidateJobName(o.node_id, "--node-id"); !s.ok()) return s;
-  if (o.nproc_per_node == 0) return bad("--nproc-per-node", "must be at least 1");
+  if (absl::Status s =
+          coordinator::ParseAddressList(o.coordinator, "--coordinator")
+              .status();
+      !s.ok())
+    return s;
+  if (absl::Status s =
+          coordinator::ValidateTlsFlags(o.tls, /*require_choice=*/false);
+      !s.ok())
+    return s;
+  if (absl::Status s =
+          coordinator::CoordinatorClient::Create(o.coordinator, o.tls).status();
+      !s.ok())
+    return s;
+  if (absl::Status s = ValidateJobName(o.node_id, "--node-id"); !s.ok())
+    return s;
+  if (o.nproc_per_node == 0)
+    return bad("--nproc-per-node", "must be at least 1");
   if (o.nnodes == 0) return bad("--nnodes", "must be at least 1");
   uint64_t default_world = uint64_t{o.nproc_per_node} * o.nnodes;
-  if (!world_size && default_world > UINT32_MAX) return bad("--nproc-per-node", "times --nnodes is too large");
+  if (!world_size && default_world > UINT32_MAX)
+    return bad("--nproc-per-node", "times --nnodes is too large");
   o.world_size = world_size.value_or(static_cast<uint32_t>(default_world));
   if (o.world_size == 0) return bad("--world-size", "must be at least 1");
   if (o.job.empty()) {
     const char* env = std::getenv("CKPT_JOB");
-    if (!env || !*env) return bad("--job", "not given and $CKPT_JOB is not set");
+    if (!env || !*env)
+      return bad("--job", "not given and $CKPT_JOB is not set");
     o.job = env;
   }
   if (absl::Status s = ValidateJobName(o.job, "--job"); !s.ok()) return s;
   if (o.socket.empty()) {
     const char* env = std::getenv("CKPT_SOCKET");
-    if (!env || !*env) return bad("--socket", "not given and $CKPT_SOCKET is not set");
+    if (!env || !*env)
+      return bad("--socket", "not given and $CKPT_SOCKET is not set");
     o.socket = env;
   }
-  if (master_port < 1 || master_port + 999 > 65535) return bad("--master-port", "must be in [1, 64536]");
+  if (master_port < 1 || master_port + 999 > 65535)
+    return bad("--master-port", "must be in [1, 64536]");
   o.master_port = static_cast<uint32_t>(master_port);
-  if (poll_ms < 1 || poll_ms > 60000) return bad("--poll-ms", "must be in [1, 60000]");
+  if (poll_ms < 1 || poll_ms > 60000)
+    return bad("--poll-ms", "must be in [1, 60000]");
   o.poll = std::chrono::milliseconds(poll_ms);
-  if (grace_ms < 0 || grace_ms > 3600000) return bad("--grace-ms", "must be in [0, 3600000]");
+  if (grace_ms < 0 || grace_ms > 3600000)
+    return bad("--grace-ms", "must be in [0, 3600000]");
   o.grace = std::chrono::milliseconds(grace_ms);
   absl::StatusOr<std::string> program = ResolveProgram(o.command[0]);
   if (!program.ok()) return program.status();
@@ -108,13 +150,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::string help;
-  absl::StatusOr<ckpt::tools::RunOptions> opts = ckpt::tools::ParseRunOptions(argc, argv, &help);
+  absl::StatusOr<ckpt::tools::RunOptions> opts =
+      ckpt::tools::ParseRunOptions(argc, argv, &help);
   if (!opts.ok()) {
     if (opts.status().code() == absl::StatusCode::kCancelled) {
       std::printf("%s", help.c_str());
       return 0;
     }
-    std::fprintf(stderr, "ckptrun: %s\n", std::string(opts.status().message()).c_str());
+    std::fprintf(stderr, "ckptrun: %s\n",
+                 std::string(opts.status().message()).c_str());
     return 2;
   }
   ckpt::tools::Launcher launcher(std::move(*opts), signals);

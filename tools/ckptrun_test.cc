@@ -3,6 +3,7 @@
 // environment each rank gets, a failed rank reported and the job restarted
 // in the coordinator's next generation, a clean finish, and bad flags.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "storage/shard_format.h"
 #include "tests/temp_dir.h"
@@ -67,7 +66,8 @@ bool WaitFor(const std::function<bool()>& done, milliseconds timeout) {
 class CkptrunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state", dir_.path() + "/shared", 1000);
+    coord_ = std::make_unique<testing::CoordinatorProcess>(
+        dir_.path() + "/state", dir_.path() + "/shared", 1000);
     ASSERT_GT(coord_->port(), 0);
     stub_ = coord_->Stub();
   }
@@ -82,37 +82,61 @@ class CkptrunTest : public ::testing::Test {
     cv1::EventsResponse resp;
     if (stub_ && stub_->Events(&ctx, cv1::EventsRequest(), &resp).ok())
       for (const auto& e : resp.events())
-        std::fprintf(stderr, "event %llu %s %s %s\n", static_cast<unsigned long long>(e.seq()),
-                     cv1::EventKind_Name(e.kind()).c_str(), e.node_id().c_str(), e.detail().c_str());
+        std::fprintf(stderr, "event %llu %s %s %s\n",
+                     static_cast<unsigned long long>(e.seq()),
+                     cv1::EventKind_Name(e.kind()).c_str(), e.node_id().c_str(),
+                     e.detail().c_str());
   }
   std::string log() const { return dir_.path() + "/ckptrun.log"; }
   std::string EnvFile(uint64_t generation, uint32_t rank) const {
-    return dir_.path() + "/env-" + std::to_string(generation) + "-" + std::to_string(rank);
+    return dir_.path() + "/env-" + std::to_string(generation) + "-" +
+           std::to_string(rank);
   }
 
   // ckptrun for job "train" on node n1, stderr to log().
   void StartCkptrun(const std::string& mode, uint32_t nproc) {
-    std::vector<std::string> args = {CKPTRUN_PATH,        "--coordinator", coord_->address(),
-                                     "--node-id",         "n1",            "--nproc-per-node",
-                                     std::to_string(nproc), "--job",       "train",
-                                     "--socket",          "/run/ckptd-test.sock", "--master-port",
-                                     "31000",             "--poll-ms",     "50",
-                                     "--grace-ms",        "1000",          "--",
-                                     "/bin/sh",           "-c",            kTrainer,
-                                     "trainer",           dir_.path(),     mode};
+    std::vector<std::string> args = {CKPTRUN_PATH,
+                                     "--coordinator",
+                                     coord_->address(),
+                                     "--node-id",
+                                     "n1",
+                                     "--nproc-per-node",
+                                     std::to_string(nproc),
+                                     "--job",
+                                     "train",
+                                     "--socket",
+                                     "/run/ckptd-test.sock",
+                                     "--master-port",
+                                     "31000",
+                                     "--poll-ms",
+                                     "50",
+                                     "--grace-ms",
+                                     "1000",
+                                     "--",
+                                     "/bin/sh",
+                                     "-c",
+                                     kTrainer,
+                                     "trainer",
+                                     dir_.path(),
+                                     mode};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ASSERT_EQ(posix_spawn(&ckptrun_, CKPTRUN_PATH, &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_addopen(&actions, 2, log().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_EQ(posix_spawn(&ckptrun_, CKPTRUN_PATH, &actions, nullptr,
+                          argv.data(), environ),
+              0);
     posix_spawn_file_actions_destroy(&actions);
   }
   // ckptrun's exit code, or -1 if it is still running after `timeout`.
   int WaitCkptrun(milliseconds timeout) {
     int status = 0;
-    bool exited = WaitFor([&] { return waitpid(ckptrun_, &status, WNOHANG) == ckptrun_; }, timeout);
+    bool exited =
+        WaitFor([&] { return waitpid(ckptrun_, &status, WNOHANG) == ckptrun_; },
+                timeout);
     if (!exited) return -1;
     ckptrun_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -122,15 +146,17 @@ class CkptrunTest : public ::testing::Test {
     std::istringstream in(ReadFile(EnvFile(generation, rank)));
     for (std::string line; std::getline(in, line);) {
       size_t eq = line.find('=');
-      if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+      if (eq != std::string::npos)
+        env[line.substr(0, eq)] = line.substr(eq + 1);
     }
     return env;
   }
   bool WaitForEnv(uint64_t generation, std::vector<uint32_t> ranks) {
     return WaitFor(
         [&] {
-          return std::all_of(ranks.begin(), ranks.end(),
-                             [&](uint32_t r) { return access(EnvFile(generation, r).c_str(), F_OK) == 0; });
+          return std::all_of(ranks.begin(), ranks.end(), [&](uint32_t r) {
+            return access(EnvFile(generation, r).c_str(), F_OK) == 0;
+          });
         },
         milliseconds(15000));
   }
@@ -149,7 +175,8 @@ class CkptrunTest : public ::testing::Test {
     if (kill(std::stoi(pid), 0) != 0 && errno == ESRCH) return true;
     std::string stat = ReadFile("/proc/" + pid + "/stat");
     size_t paren = stat.rfind(')');
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+    return paren != std::string::npos && paren + 2 < stat.size() &&
+           stat[paren + 2] == 'Z';
   }
 
   ckpt::testing::TempDir dir_;
@@ -174,7 +201,8 @@ TEST_F(CkptrunTest, StartsOneTrainerPerRankWithTorchrunEnvironment) {
     EXPECT_EQ(env["CKPT_GENERATION"], "0");
     EXPECT_EQ(env["MASTER_ADDR"], "10.1.2.3");  // rank 0's node, port removed
     EXPECT_EQ(env["MASTER_PORT"], "31000");
-    EXPECT_EQ(env.count("CKPT_RESTORE_STEP"), 0u) << "a fresh job has nothing to restore";
+    EXPECT_EQ(env.count("CKPT_RESTORE_STEP"), 0u)
+        << "a fresh job has nothing to restore";
   }
   // SIGTERM stops the trainers and ckptrun exits 128+15.
   kill(ckptrun_, SIGTERM);
@@ -191,7 +219,8 @@ TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
   kill(ckptrun_, SIGKILL);
   EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
   std::string pid0 = Env(0, 0)["PID"], pid1 = Env(0, 1)["PID"];
-  EXPECT_TRUE(WaitFor([&] { return Dead(pid0) && Dead(pid1); }, milliseconds(5000)));
+  EXPECT_TRUE(
+      WaitFor([&] { return Dead(pid0) && Dead(pid1); }, milliseconds(5000)));
 }
 
 // Finding 23: `ckptrun -- sh -c ./train.sh` — the real trainer is a child
@@ -207,14 +236,17 @@ TEST_F(CkptrunTest, TrainersUnderAWrapperDieWhenCkptrunIsKilled) {
     while (!pid.empty() && pid.back() == '\n') pid.pop_back();
     return pid;
   };
-  ASSERT_TRUE(WaitFor([&] { return !child(0).empty() && !child(1).empty(); }, milliseconds(10000)));
+  ASSERT_TRUE(WaitFor([&] { return !child(0).empty() && !child(1).empty(); },
+                      milliseconds(10000)));
   const std::string wrapper0 = Env(0, 0)["PID"], wrapper1 = Env(0, 1)["PID"];
   const std::string real0 = child(0), real1 = child(1);
   ASSERT_FALSE(Dead(real0));
   kill(ckptrun_, SIGKILL);
   EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
-  EXPECT_TRUE(WaitFor([&] { return Dead(wrapper0) && Dead(wrapper1); }, milliseconds(5000)));
-  EXPECT_TRUE(WaitFor([&] { return Dead(real0) && Dead(real1); }, milliseconds(5000)))
+  EXPECT_TRUE(WaitFor([&] { return Dead(wrapper0) && Dead(wrapper1); },
+                      milliseconds(5000)));
+  EXPECT_TRUE(
+      WaitFor([&] { return Dead(real0) && Dead(real1); }, milliseconds(5000)))
       << "the trainers under the wrappers survived ckptrun";
   for (const std::string& pid : {real0, real1})
     if (!Dead(pid)) kill(std::stoi(pid), SIGKILL);
@@ -228,10 +260,12 @@ TEST_F(CkptrunTest, StopKillsWhatEachTrainerForked) {
   StartCkptrun("wrapped", 1);
   ASSERT_TRUE(WaitForEnv(0, {0}));
   std::string real;
-  ASSERT_TRUE(WaitFor([&] {
-    real = ReadFile(dir_.path() + "/child-0");
-    return !real.empty();
-  }, milliseconds(10000)));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        real = ReadFile(dir_.path() + "/child-0");
+        return !real.empty();
+      },
+      milliseconds(10000)));
   while (!real.empty() && real.back() == '\n') real.pop_back();
   kill(ckptrun_, SIGTERM);
   EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
@@ -239,18 +273,22 @@ TEST_F(CkptrunTest, StopKillsWhatEachTrainerForked) {
   if (!Dead(real)) kill(std::stoi(real), SIGKILL);
 }
 
-TEST_F(CkptrunTest, FailedRankIsReportedAndJobRestartsFromDurableStepInNextGeneration) {
+TEST_F(CkptrunTest,
+       FailedRankIsReportedAndJobRestartsFromDurableStepInNextGeneration) {
   testing::FakeNode node(coord_->address(), "n1", "", 2);
   ASSERT_TRUE(node.status().ok());
   StartCkptrun("fail1", 2);
   ASSERT_TRUE(WaitForEnv(0, {0, 1}));
-  EXPECT_EQ(Env(0, 0)["MASTER_ADDR"], "127.0.0.1");  // rank 0's node has no address
+  EXPECT_EQ(Env(0, 0)["MASTER_ADDR"],
+            "127.0.0.1");  // rank 0's node has no address
   for (auto state : {cv1::STAGED, cv1::DURABLE})
     for (uint32_t r : {0u, 1u}) {
-      grpc::Status s = node.ReportShard("train", 7, r, state, storage::ShardKey("train", 7, r));
+      grpc::Status s = node.ReportShard("train", 7, r, state,
+                                        storage::ShardKey("train", 7, r));
       ASSERT_TRUE(s.ok()) << s.error_message();
     }
-  std::ofstream(dir_.path() + "/fail").put('x');  // rank 1 of generation 0 exits 3
+  std::ofstream(dir_.path() + "/fail")
+      .put('x');  // rank 1 of generation 0 exits 3
 
   ASSERT_TRUE(WaitForEnv(1, {0, 1})) << "generation 1 never started";
   for (uint32_t r : {0u, 1u}) {
@@ -262,20 +300,29 @@ TEST_F(CkptrunTest, FailedRankIsReportedAndJobRestartsFromDurableStepInNextGener
   }
   EXPECT_TRUE(Dead(Env(0, 0)["PID"])) << "generation 0's rank 0 still runs";
   std::vector<cv1::EventKind> kinds = Events();
-  auto at = [&](cv1::EventKind k) { return std::find(kinds.begin(), kinds.end(), k) - kinds.begin(); };
+  auto at = [&](cv1::EventKind k) {
+    return std::find(kinds.begin(), kinds.end(), k) - kinds.begin();
+  };
   EXPECT_LT(at(cv1::STEP_DURABLE), at(cv1::FAILURE_DETECTED));
   EXPECT_LT(at(cv1::FAILURE_DETECTED), at(cv1::PLAN_MADE));
   EXPECT_LT(at(cv1::PLAN_MADE), at(cv1::PLAN_ACKED));
   EXPECT_LT(at(cv1::PLAN_ACKED), static_cast<long>(kinds.size()));
-  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), cv1::PLAN_MADE), 1) << "only one plan for one failure";
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), cv1::PLAN_MADE), 1)
+      << "only one plan for one failure";
   std::string log_text = ReadFile(log());
-  EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"), std::string::npos) << log_text;
-  EXPECT_NE(log_text.find("generation 1: start ranks 0,1 at step 7 (restore)"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"),
+            std::string::npos)
+      << log_text;
+  EXPECT_NE(log_text.find("generation 1: start ranks 0,1 at step 7 (restore)"),
+            std::string::npos)
+      << log_text;
 }
 
-TEST_F(CkptrunTest, CoordinatorRestartLeavesTrainersRunningAndQueuedExitIsReportedLater) {
+TEST_F(CkptrunTest,
+       CoordinatorRestartLeavesTrainersRunningAndQueuedExitIsReportedLater) {
   // A longer heartbeat timeout: the fake node must outlive the restart.
-  coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state2", dir_.path() + "/shared", 4000);
+  coord_ = std::make_unique<testing::CoordinatorProcess>(
+      dir_.path() + "/state2", dir_.path() + "/shared", 4000);
   ASSERT_GT(coord_->port(), 0);
   const int port = coord_->port();
   testing::FakeNode node(coord_->address(), "n1", "", 2);
@@ -284,22 +331,32 @@ TEST_F(CkptrunTest, CoordinatorRestartLeavesTrainersRunningAndQueuedExitIsReport
   ASSERT_TRUE(WaitForEnv(0, {0, 1}));
 
   coord_->Kill();
-  std::ofstream(dir_.path() + "/fail").put('x');  // rank 1 exits while nobody can hear it
-  ASSERT_TRUE(WaitFor([&] { return ReadFile(log()).find("report queued") != std::string::npos; },
-                      milliseconds(10000)))
+  std::ofstream(dir_.path() + "/fail")
+      .put('x');  // rank 1 exits while nobody can hear it
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ReadFile(log()).find("report queued") != std::string::npos;
+      },
+      milliseconds(10000)))
       << ReadFile(log());
-  EXPECT_FALSE(Dead(Env(0, 0)["PID"])) << "rank 0 must keep running while the coordinator is down";
+  EXPECT_FALSE(Dead(Env(0, 0)["PID"]))
+      << "rank 0 must keep running while the coordinator is down";
 
-  coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state2", dir_.path() + "/shared", 4000,
-                                                         port);
+  coord_ = std::make_unique<testing::CoordinatorProcess>(
+      dir_.path() + "/state2", dir_.path() + "/shared", 4000, port);
   ASSERT_EQ(coord_->port(), port);
   stub_ = coord_->Stub();
-  ASSERT_TRUE(WaitForEnv(1, {0, 1})) << "the queued report never led to generation 1";
+  ASSERT_TRUE(WaitForEnv(1, {0, 1}))
+      << "the queued report never led to generation 1";
   EXPECT_TRUE(Dead(Env(0, 0)["PID"]));
   std::string log_text = ReadFile(log());
-  EXPECT_NE(log_text.find("coordinator unreachable"), std::string::npos) << log_text;
-  EXPECT_NE(log_text.find("coordinator reachable again"), std::string::npos) << log_text;
-  EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find("coordinator unreachable"), std::string::npos)
+      << log_text;
+  EXPECT_NE(log_text.find("coordinator reachable again"), std::string::npos)
+      << log_text;
+  EXPECT_NE(log_text.find("generation 0: rank 1 exited with code 3; reported"),
+            std::string::npos)
+      << log_text;
 }
 
 TEST_F(CkptrunTest, ExitsZeroOnceEveryRankFinishedAndWaitsForNodeToRegister) {
@@ -315,7 +372,9 @@ TEST_F(CkptrunTest, ExitsZeroOnceEveryRankFinishedAndWaitsForNodeToRegister) {
 }
 
 TEST(CkptrunFlagsTest, BadFlagsAreRejectedNamingTheFlag) {
-  const std::string ok = " --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j --socket /s";
+  const std::string ok =
+      " --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j "
+      "--socket /s";
   struct Case {
     std::string args;
     std::string flag;
@@ -323,25 +382,37 @@ TEST(CkptrunFlagsTest, BadFlagsAreRejectedNamingTheFlag) {
   std::vector<Case> cases = {
       {ok + " /bin/true", "--: missing"},
       {ok + " --", "--: no trainer command"},
-      {" --node-id n1 --nproc-per-node 1 --job j --socket /s -- /bin/true", "--coordinator"},
-      {" --coordinator 127.0.0.1:1 --nproc-per-node 1 --job j --socket /s -- /bin/true", "--node-id"},
-      {" --coordinator nohost --node-id n1 --nproc-per-node 1 --job j --socket /s -- /bin/true", "--coordinator"},
-      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 0 --job j --socket /s -- /bin/true",
+      {" --node-id n1 --nproc-per-node 1 --job j --socket /s -- /bin/true",
+       "--coordinator"},
+      {" --coordinator 127.0.0.1:1 --nproc-per-node 1 --job j --socket /s -- "
+       "/bin/true",
+       "--node-id"},
+      {" --coordinator nohost --node-id n1 --nproc-per-node 1 --job j --socket "
+       "/s -- /bin/true",
+       "--coordinator"},
+      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 0 --job j "
+       "--socket /s -- /bin/true",
        "--nproc-per-node"},
-      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node x --job j --socket /s -- /bin/true",
+      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node x --job j "
+       "--socket /s -- /bin/true",
        "--nproc-per-node"},
       {ok + " --world-size 0 -- /bin/true", "--world-size"},
       {ok + " --nnodes 0 -- /bin/true", "--nnodes"},
       {ok + " --job bad/name -- /bin/true", "--job"},
-      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --socket /s -- /bin/true", "--job"},
-      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j -- /bin/true", "--socket"},
+      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --socket /s "
+       "-- /bin/true",
+       "--job"},
+      {" --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j -- "
+       "/bin/true",
+       "--socket"},
       {ok + " --poll-ms 0 -- /bin/true", "--poll-ms"},
       {ok + " --master-port 65000 -- /bin/true", "--master-port"},
       {ok + " -- /nonexistent/trainer", "CMD"},
   };
   for (const Case& c : cases) {
-    testing::CommandResult r =
-        testing::RunCommand("env -u CKPT_JOB -u CKPT_SOCKET " + std::string(CKPTRUN_PATH) + c.args, true);
+    testing::CommandResult r = testing::RunCommand(
+        "env -u CKPT_JOB -u CKPT_SOCKET " + std::string(CKPTRUN_PATH) + c.args,
+        true);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.flag), std::string::npos) << c.args << "\n" << r.out;
   }

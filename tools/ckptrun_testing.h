@@ -1,11 +1,13 @@
 // Test helpers for the tools that talk to the coordinator (ckptrun_test,
-// ctl_coord_test): the real ckpt-coordinator binary (tests/coordinator_process.h),
-// a fake node daemon (registers, heartbeats, acknowledges every
-// order it receives, reports shards), and running a tool binary to
-// completion. Not thread-safe, except FakeNode's own heartbeat thread.
+// ctl_coord_test): the real ckpt-coordinator binary
+// (tests/coordinator_process.h), a fake node daemon (registers, heartbeats,
+// acknowledges every order it receives, reports shards), and running a tool
+// binary to completion. Not thread-safe, except FakeNode's own heartbeat
+// thread.
 #ifndef CKPT_TOOLS_CKPTRUN_TESTING_H_
 #define CKPT_TOOLS_CKPTRUN_TESTING_H_
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -20,8 +22,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
@@ -39,8 +39,10 @@ using ::ckpt::testing::CoordinatorProcess;  // tests/coordinator_process.h
 // PLAN_ACKNOWLEDGED.
 class FakeNode {
  public:
-  FakeNode(const std::string& coordinator, std::string id, std::string address, uint32_t capacity)
-      : stub_(coordinator::NewCoordinatorStub(coordinator)),  // reconnects within 1 s of a coordinator restart
+  FakeNode(const std::string& coordinator, std::string id, std::string address,
+           uint32_t capacity)
+      : stub_(coordinator::NewCoordinatorStub(
+            coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
     grpc::ClientContext ctx;
     cv1::RegisterNodeRequest req;
@@ -60,8 +62,8 @@ class FakeNode {
   uint64_t epoch() const { return epoch_; }
 
   // STAGED then DURABLE for `rank` of `step`, under the key ckptd would use.
-  grpc::Status ReportShard(const std::string& job, uint64_t step, uint32_t rank, cv1::ShardState state,
-                           const std::string& key) {
+  grpc::Status ReportShard(const std::string& job, uint64_t step, uint32_t rank,
+                           cv1::ShardState state, const std::string& key) {
     grpc::ClientContext ctx;
     cv1::ReportShardRequest req;
     req.set_node_id(id_);
@@ -82,7 +84,8 @@ class FakeNode {
     std::vector<uint64_t> to_ack;
     while (!stop_) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(2));
       cv1::HeartbeatRequest req;
       req.set_node_id(id_);
       req.set_epoch(epoch_);

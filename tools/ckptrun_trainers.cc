@@ -23,20 +23,24 @@ namespace {
 
 bool IsExecutableFile(const std::string& path) {
   struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         access(path.c_str(), X_OK) == 0;
 }
 
 TrainerExit FromWaitStatus(uint32_t rank, int status) {
   TrainerExit e;
   e.rank = rank;
-  if (WIFSIGNALED(status)) e.term_signal = WTERMSIG(status);
-  else e.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status))
+    e.term_signal = WTERMSIG(status);
+  else
+    e.exit_code = WEXITSTATUS(status);
   return e;
 }
 
 std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   std::vector<char*> out;
-  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  for (const std::string& s : strings)
+    out.push_back(const_cast<char*>(s.c_str()));
   out.push_back(nullptr);
   return out;
 }
@@ -76,12 +80,14 @@ void TrainerSet::StartGuardian() {
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
-    std::fprintf(stderr, "ckptrun: no trainer guardian (socketpair: %s)\n", std::strerror(errno));
+    std::fprintf(stderr, "ckptrun: no trainer guardian (socketpair: %s)\n",
+                 std::strerror(errno));
     return;
   }
   pid_t pid = fork();
   if (pid < 0) {
-    std::fprintf(stderr, "ckptrun: no trainer guardian (fork: %s)\n", std::strerror(errno));
+    std::fprintf(stderr, "ckptrun: no trainer guardian (fork: %s)\n",
+                 std::strerror(errno));
     close(fds[0]);
     close(fds[1]);
     return;
@@ -90,13 +96,15 @@ void TrainerSet::StartGuardian() {
     setpgid(0, 0);  // no terminal signal, no trainer group kill reaches it
     struct sigaction ign = {};
     ign.sa_handler = SIG_IGN;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) sigaction(sig, &ign, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE})
+      sigaction(sig, &ign, nullptr);
     // Keep no copy of ckptrun's sockets (its coordinator connections
     // would outlive their closing here): only its end of the pair.
     int fd = fds[0] == 3 ? 3 : dup2(fds[0], 3);
     if (fd != 3) _exit(1);
     close_range(4, ~0U, 0);
-    for (int std_fd = 0; std_fd < 3; ++std_fd) close(std_fd);  // nor a log pipe's end
+    for (int std_fd = 0; std_fd < 3; ++std_fd)
+      close(std_fd);  // nor a log pipe's end
     GuardianLoop(3);
   }
   close(fds[0]);
@@ -111,7 +119,8 @@ void TrainerSet::TellGuardian(char op, pid_t pgid) {
   int32_t v = pgid;
   std::memcpy(rec + 1, &v, sizeof v);
   // MSG_NOSIGNAL: a dead guardian must not take ckptrun with it (SIGPIPE).
-  while (send(guardian_fd_, rec, sizeof rec, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  while (send(guardian_fd_, rec, sizeof rec, MSG_NOSIGNAL) < 0 &&
+         errno == EINTR) {
   }
 }
 
@@ -121,20 +130,25 @@ std::string DescribeExit(const TrainerExit& e) {
 }
 
 absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
-  if (program.empty()) return absl::InvalidArgumentError("CMD: empty program name");
+  if (program.empty())
+    return absl::InvalidArgumentError("CMD: empty program name");
   if (program.find('/') != std::string::npos) {
     if (IsExecutableFile(program)) return program;
-    return absl::NotFoundError(absl::StrCat("CMD: ", program, " is not an executable file"));
+    return absl::NotFoundError(
+        absl::StrCat("CMD: ", program, " is not an executable file"));
   }
   const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+  for (absl::string_view dir :
+       absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
     std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
     if (IsExecutableFile(candidate)) return candidate;
   }
-  return absl::NotFoundError(absl::StrCat("CMD: ", program, " not found in $PATH"));
+  return absl::NotFoundError(
+      absl::StrCat("CMD: ", program, " not found in $PATH"));
 }
 
-absl::Status TrainerSet::Start(uint32_t rank, const std::string& path, const std::vector<std::string>& argv,
+absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
+                               const std::vector<std::string>& argv,
                                const std::vector<std::string>& env) {
   // Everything the child touches is built before fork: between fork and
   // exec only async-signal-safe calls (gRPC's threads may hold locks).
@@ -143,7 +157,8 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path, const std
   if (guardian_ == 0) StartGuardian();
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return ErrnoToStatus(errno, absl::StrCat("fork for rank ", rank));
+  if (pid < 0)
+    return ErrnoToStatus(errno, absl::StrCat("fork for rank ", rank));
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -157,7 +172,8 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path, const std
     execve(path.c_str(), c_argv.data(), c_env.data());
     _exit(127);
   }
-  setpgid(pid, pid);  // also here, so a StopAll right after Start hits the group
+  setpgid(pid,
+          pid);  // also here, so a StopAll right after Start hits the group
   running_[rank] = pid;
   TellGuardian('+', pid);
   return absl::OkStatus();
@@ -172,7 +188,9 @@ std::vector<TrainerExit> TrainerSet::Reap() {
     pid_t r = waitpid(-1, &status, WNOHANG);
     if (r <= 0) break;
     if (r == guardian_) {
-      std::fprintf(stderr, "ckptrun: the trainer guardian (pid %d) died; starting another\n", r);
+      std::fprintf(
+          stderr,
+          "ckptrun: the trainer guardian (pid %d) died; starting another\n", r);
       close(guardian_fd_);
       guardian_fd_ = -1;
       guardian_ = 0;
@@ -199,10 +217,13 @@ void TrainerSet::StopAll(std::chrono::milliseconds grace) {
   std::map<uint32_t, pid_t> left = running_;
   while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
     for (auto it = left.begin(); it != left.end();)
-      it = waitpid(it->second, nullptr, WNOHANG) == it->second ? left.erase(it) : std::next(it);
-    if (!left.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      it = waitpid(it->second, nullptr, WNOHANG) == it->second ? left.erase(it)
+                                                               : std::next(it);
+    if (!left.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (const auto& [rank, pid] : running_) kill(-pid, SIGKILL);  // stragglers in each group too
+  for (const auto& [rank, pid] : running_)
+    kill(-pid, SIGKILL);  // stragglers in each group too
   for (const auto& [rank, pid] : left) waitpid(pid, nullptr, 0);
   for (const auto& [rank, pid] : running_) TellGuardian('-', pid);
   running_.clear();

@@ -44,13 +44,13 @@ absl::Status RunStatus(const std::string& socket, bool json);
 // Restarts the whole job at `step` (required; must be durable on every
 // rank) and prints the new generation.
 [[nodiscard]] absl::Status RunRollback(const std::string& coordinator,
-                                      const coordinator::TlsFiles& tls,
+                                       const coordinator::TlsFiles& tls,
                                        const std::string& job,
                                        std::optional<uint64_t> step, bool json);
 // Events with seq > after_seq: of one job and the cluster-wide ones (node
 // registered, node dead), or (job empty) every event.
 [[nodiscard]] absl::Status RunEvents(const std::string& coordinator,
-                                      const coordinator::TlsFiles& tls,
+                                     const coordinator::TlsFiles& tls,
                                      const std::string& job, uint64_t after_seq,
                                      bool json);
 

@@ -19,7 +19,8 @@ constexpr std::chrono::seconds kRpcTimeout{5};
 
 absl::Status CheckCoordinator(const std::string& coordinator) {
   if (coordinator.empty())
-    return absl::InvalidArgumentError("--coordinator: not given (HOST:PORT of ckpt-coordinator)");
+    return absl::InvalidArgumentError(
+        "--coordinator: not given (HOST:PORT of ckpt-coordinator)");
   return coordinator::ParseAddressList(coordinator, "--coordinator").status();
 }
 
@@ -27,19 +28,29 @@ std::string HealthName(cv1::NodeHealth h) {
   return h == cv1::ALIVE ? "ALIVE" : h == cv1::DEAD ? "DEAD" : "UNSPECIFIED";
 }
 
-void WriteEvents(JsonWriter& w, const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
+void WriteEvents(JsonWriter& w,
+                 const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
   w.BeginArray();
   for (const auto& e : events) {
-    w.BeginObject().Field("seq", static_cast<uint64_t>(e.seq())).Field("time_ms", static_cast<int64_t>(e.time_ms()));
-    w.Field("job", e.job()).Field("node_id", e.node_id()).Field("kind", cv1::EventKind_Name(e.kind()));
+    w.BeginObject()
+        .Field("seq", static_cast<uint64_t>(e.seq()))
+        .Field("time_ms", static_cast<int64_t>(e.time_ms()));
+    w.Field("job", e.job())
+        .Field("node_id", e.node_id())
+        .Field("kind", cv1::EventKind_Name(e.kind()));
     w.Field("detail", e.detail());
     if (e.kind() == cv1::FALLBACK) {
       // The fields of the detail, for scripts (issue 17).
       const cv1::Fallback& f = e.fallback();
-      w.Key("fallback").BeginObject().Field("rank", f.rank()).Field("step", static_cast<uint64_t>(f.step()));
+      w.Key("fallback")
+          .BeginObject()
+          .Field("rank", f.rank())
+          .Field("step", static_cast<uint64_t>(f.step()));
       w.Field("copy", f.copy()).Field("reason", f.reason()).Key("next_step");
-      if (f.has_next_step()) w.Uint(f.next_step());
-      else w.Null();
+      if (f.has_next_step())
+        w.Uint(f.next_step());
+      else
+        w.Null();
       w.Field("next_copy", f.next_copy()).EndObject();
     }
     w.EndObject();
@@ -50,8 +61,10 @@ void WriteEvents(JsonWriter& w, const google::protobuf::RepeatedPtrField<cv1::Ev
 void PrintEvents(const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
   Table t({"SEQ", "TIME_MS", "JOB", "NODE", "KIND", "DETAIL"});
   for (const auto& e : events)
-    t.AddRow({std::to_string(e.seq()), std::to_string(e.time_ms()), e.job().empty() ? "-" : e.job(),
-              e.node_id().empty() ? "-" : e.node_id(), cv1::EventKind_Name(e.kind()), e.detail()});
+    t.AddRow({std::to_string(e.seq()), std::to_string(e.time_ms()),
+              e.job().empty() ? "-" : e.job(),
+              e.node_id().empty() ? "-" : e.node_id(),
+              cv1::EventKind_Name(e.kind()), e.detail()});
   if (t.empty()) {
     std::printf("no events\n");
     return;
@@ -64,8 +77,11 @@ std::string Placement(const cv1::JobRecord& j) {
   std::vector<std::string> runs;
   for (int r = 0; r < j.rank_node_size();) {
     int end = r;
-    while (end + 1 < j.rank_node_size() && j.rank_node(end + 1) == j.rank_node(r)) ++end;
-    runs.push_back(absl::StrCat(r, end > r ? absl::StrCat("-", end) : "", ":", j.rank_node(r)));
+    while (end + 1 < j.rank_node_size() &&
+           j.rank_node(end + 1) == j.rank_node(r))
+      ++end;
+    runs.push_back(absl::StrCat(r, end > r ? absl::StrCat("-", end) : "", ":",
+                                j.rank_node(r)));
     r = end + 1;
   }
   return runs.empty() ? "-" : absl::StrJoin(runs, " ");
@@ -76,7 +92,8 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
   w.BeginObject().Key("nodes").BeginArray();
   for (const auto& n : c.nodes()) {
     w.BeginObject().Field("node_id", n.node_id()).Field("address", n.address());
-    w.Field("health", HealthName(n.health())).Field("epoch", static_cast<uint64_t>(n.epoch()));
+    w.Field("health", HealthName(n.health()))
+        .Field("epoch", static_cast<uint64_t>(n.epoch()));
     w.Field("spare", n.spare()).Field("capacity", n.capacity());
     w.Field("ms_since_heartbeat", static_cast<int64_t>(n.ms_since_heartbeat()));
     w.Field("dead_reason", n.dead_reason()).EndObject();
@@ -87,25 +104,34 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
     w.Key("rank_node").BeginArray();
     for (const auto& node : j.rank_node()) w.String(node);
     w.EndArray().Key("last_good_step");
-    if (j.has_last_good()) w.Uint(j.last_good_step());
-    else w.Null();
+    if (j.has_last_good())
+      w.Uint(j.last_good_step());
+    else
+      w.Null();
     w.Key("manifest_steps").BeginArray();
     for (uint64_t st : j.manifest_steps()) w.Uint(st);
     w.EndArray().Field("generation", static_cast<uint64_t>(j.generation()));
-    w.Field("plan_state", cv1::PlanState_Name(j.plan_state())).Key("restore_step");
-    if (j.has_restore_step()) w.Uint(j.restore_step());
-    else w.Null();
+    w.Field("plan_state", cv1::PlanState_Name(j.plan_state()))
+        .Key("restore_step");
+    if (j.has_restore_step())
+      w.Uint(j.restore_step());
+    else
+      w.Null();
     w.Key("lost_ranks").BeginArray();
     for (uint32_t r : j.lost_ranks()) w.Uint(r);
     // Which write of the last good step's MANIFEST.global its commit
     // refers to (a leader's fence; null for a commit without a stamp).
     w.EndArray().Key("last_good_manifest");
-    auto stamp = j.has_last_good() ? j.manifest_stamps().find(j.last_good_step()) : j.manifest_stamps().end();
+    auto stamp = j.has_last_good()
+                     ? j.manifest_stamps().find(j.last_good_step())
+                     : j.manifest_stamps().end();
     if (stamp == j.manifest_stamps().end()) {
       w.Null();
     } else {
-      w.BeginObject().Field("generation", static_cast<uint64_t>(stamp->second.generation()));
-      w.Field("fence", static_cast<uint64_t>(stamp->second.fence())).EndObject();
+      w.BeginObject().Field("generation",
+                            static_cast<uint64_t>(stamp->second.generation()));
+      w.Field("fence", static_cast<uint64_t>(stamp->second.fence()))
+          .EndObject();
     }
     w.EndObject();
   }
@@ -116,46 +142,64 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
 }
 
 void PrintCluster(const cv1::GetClusterResponse& c) {
-  Table nodes({"NODE", "ADDRESS", "HEALTH", "EPOCH", "SPARE", "CAPACITY", "HEARTBEAT", "DEAD_REASON"});
+  Table nodes({"NODE", "ADDRESS", "HEALTH", "EPOCH", "SPARE", "CAPACITY",
+               "HEARTBEAT", "DEAD_REASON"});
   for (const auto& n : c.nodes())
-    nodes.AddRow({n.node_id(), n.address().empty() ? "-" : n.address(), HealthName(n.health()),
-                  std::to_string(n.epoch()), n.spare() ? "yes" : "no", std::to_string(n.capacity()),
-                  absl::StrCat(n.ms_since_heartbeat(), " ms ago"), n.dead_reason().empty() ? "-" : n.dead_reason()});
-  if (nodes.empty()) std::printf("no nodes\n");
-  else nodes.Print(stdout);
+    nodes.AddRow({n.node_id(), n.address().empty() ? "-" : n.address(),
+                  HealthName(n.health()), std::to_string(n.epoch()),
+                  n.spare() ? "yes" : "no", std::to_string(n.capacity()),
+                  absl::StrCat(n.ms_since_heartbeat(), " ms ago"),
+                  n.dead_reason().empty() ? "-" : n.dead_reason()});
+  if (nodes.empty())
+    std::printf("no nodes\n");
+  else
+    nodes.Print(stdout);
   std::printf("\n");
-  Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "RESTORE", "LOST", "MANIFESTS", "PLACEMENT"});
+  Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "RESTORE",
+              "LOST", "MANIFESTS", "PLACEMENT"});
   for (const auto& j : c.jobs())
-    jobs.AddRow({j.job(), std::to_string(j.world_size()), std::to_string(j.generation()),
-                 cv1::PlanState_Name(j.plan_state()), j.has_last_good() ? std::to_string(j.last_good_step()) : "-",
-                 j.has_restore_step() ? std::to_string(j.restore_step()) : "-",
-                 j.lost_ranks().empty() ? "-" : absl::StrJoin(j.lost_ranks(), ","),
-                 j.manifest_steps().empty() ? "-" : absl::StrJoin(j.manifest_steps(), ","), Placement(j)});
-  if (jobs.empty()) std::printf("no jobs\n");
-  else jobs.Print(stdout);
+    jobs.AddRow(
+        {j.job(), std::to_string(j.world_size()),
+         std::to_string(j.generation()), cv1::PlanState_Name(j.plan_state()),
+         j.has_last_good() ? std::to_string(j.last_good_step()) : "-",
+         j.has_restore_step() ? std::to_string(j.restore_step()) : "-",
+         j.lost_ranks().empty() ? "-" : absl::StrJoin(j.lost_ranks(), ","),
+         j.manifest_steps().empty() ? "-"
+                                    : absl::StrJoin(j.manifest_steps(), ","),
+         Placement(j)});
+  if (jobs.empty())
+    std::printf("no jobs\n");
+  else
+    jobs.Print(stdout);
   std::printf("\n");
   PrintEvents(c.recent_events());
 }
 
 }  // namespace
 
-absl::Status RunCluster(const std::string& coordinator, const coordinator::TlsFiles& tls, bool json) {
+absl::Status RunCluster(const std::string& coordinator,
+                        const coordinator::TlsFiles& tls, bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (!s.ok()) return s;
   auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
   if (!client.ok()) return client.status();
   cv1::GetClusterResponse resp;
   s = coordinator::CoordStatus(
-      (*client)->Call(&cv1::Coordinator::Stub::GetCluster, cv1::GetClusterRequest{}, &resp, kRpcTimeout),
+      (*client)->Call(&cv1::Coordinator::Stub::GetCluster,
+                      cv1::GetClusterRequest{}, &resp, kRpcTimeout),
       "GetCluster", (*client)->current());
   if (!s.ok()) return s;
-  if (json) WriteCluster(resp);
-  else PrintCluster(resp);
+  if (json)
+    WriteCluster(resp);
+  else
+    PrintCluster(resp);
   return absl::OkStatus();
 }
 
-absl::Status RunRollback(const std::string& coordinator, const coordinator::TlsFiles& tls, const std::string& job,
-                         std::optional<uint64_t> step, bool json) {
+absl::Status RunRollback(const std::string& coordinator,
+                         const coordinator::TlsFiles& tls,
+                         const std::string& job, std::optional<uint64_t> step,
+                         bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (s.ok()) s = ValidateJobName(job, "--job");
   if (s.ok() && !step) s = absl::InvalidArgumentError("--step: not given");
@@ -167,7 +211,9 @@ absl::Status RunRollback(const std::string& coordinator, const coordinator::TlsF
   req.set_step(*step);
   cv1::RollbackResponse resp;
   s = coordinator::CoordStatus(
-      (*client)->Call(&cv1::Coordinator::Stub::Rollback, req, &resp, kRpcTimeout), "Rollback", (*client)->current());
+      (*client)->Call(&cv1::Coordinator::Stub::Rollback, req, &resp,
+                      kRpcTimeout),
+      "Rollback", (*client)->current());
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;
@@ -175,15 +221,16 @@ absl::Status RunRollback(const std::string& coordinator, const coordinator::TlsF
     w.Field("generation", static_cast<uint64_t>(resp.generation())).EndObject();
     std::printf("%s\n", w.str().c_str());
   } else {
-    std::printf("job %s rolls back to step %llu in generation %llu\n", job.c_str(),
-                static_cast<unsigned long long>(*step), static_cast<unsigned long long>(resp.generation()));
+    std::printf("job %s rolls back to step %llu in generation %llu\n",
+                job.c_str(), static_cast<unsigned long long>(*step),
+                static_cast<unsigned long long>(resp.generation()));
   }
   return absl::OkStatus();
 }
 
-absl::Status RunEvents(const std::string& coordinator, const coordinator::TlsFiles& tls, const std::string& job,
-                       uint64_t after_seq,
-                       bool json) {
+absl::Status RunEvents(const std::string& coordinator,
+                       const coordinator::TlsFiles& tls, const std::string& job,
+                       uint64_t after_seq, bool json) {
   absl::Status s = CheckCoordinator(coordinator);
   if (s.ok() && !job.empty()) s = ValidateJobName(job, "--job");
   if (!s.ok()) return s;
@@ -194,7 +241,8 @@ absl::Status RunEvents(const std::string& coordinator, const coordinator::TlsFil
   req.set_after_seq(after_seq);
   cv1::EventsResponse resp;
   s = coordinator::CoordStatus(
-      (*client)->Call(&cv1::Coordinator::Stub::Events, req, &resp, kRpcTimeout), "Events", (*client)->current());
+      (*client)->Call(&cv1::Coordinator::Stub::Events, req, &resp, kRpcTimeout),
+      "Events", (*client)->current());
   if (!s.ok()) return s;
   if (json) {
     JsonWriter w;

@@ -1,8 +1,8 @@
 // Runs the real ckptctl binary against the real ckpt-coordinator binary:
 // cluster, rollback and events, and the errors a script relies on.
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "tests/temp_dir.h"
 #include "tools/ckptrun_testing.h"
@@ -16,7 +16,8 @@ using testing::RunCommand;
 class CtlCoordTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coord_ = std::make_unique<testing::CoordinatorProcess>(dir_.path() + "/state", dir_.path() + "/shared", 5000);
+    coord_ = std::make_unique<testing::CoordinatorProcess>(
+        dir_.path() + "/state", dir_.path() + "/shared", 5000);
     ASSERT_GT(coord_->port(), 0);
   }
   CommandResult Ctl(const std::string& args, bool with_stderr = false) {
@@ -47,15 +48,23 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   }
   CommandResult r = Ctl(Flag() + " cluster --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find(R"("node_id":"n1","address":"10.0.0.7:50051","health":"ALIVE")"), std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          R"("node_id":"n1","address":"10.0.0.7:50051","health":"ALIVE")"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find(R"("job":"train","world_size":2,"rank_node":["n1","n1"],"last_good_step":null)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          R"("job":"train","world_size":2,"rank_node":["n1","n1"],"last_good_step":null)"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find(R"("plan_state":"PLAN_NONE")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("plan_state":"PLAN_NONE")"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find(R"("generation":0)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(R"("last_good_manifest":null)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("last_good_manifest":null)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos)
+      << r.out;
 
   r = Ctl(Flag() + " cluster");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -65,7 +74,8 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   r = Ctl(Flag() + " events --job train --after 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find(R"("seq":2,)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("NODE_REGISTERED"), std::string::npos) << r.out;
 }
 
@@ -94,20 +104,28 @@ TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
   }
   CommandResult r = Ctl(Flag() + " events --job train --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find(R"("node_id":"n1","kind":"FALLBACK","detail":"rank 0 step 40: memory copy failed )"
-                       R"(verification (checksum mismatch in tensor w); fell back to step 30 from file")"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          R"("node_id":"n1","kind":"FALLBACK","detail":"rank 0 step 40: memory copy failed )"
+          R"(verification (checksum mismatch in tensor w); fell back to step 30 from file")"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find(R"("fallback":{"rank":0,"step":40,"copy":"memory","reason":"checksum mismatch in )"
-                       R"(tensor w","next_step":30,"next_copy":"file"})"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          R"("fallback":{"rank":0,"step":40,"copy":"memory","reason":"checksum mismatch in )"
+          R"(tensor w","next_step":30,"next_copy":"file"})"),
+      std::string::npos)
       << r.out;
-  EXPECT_EQ(r.out.find(R"("fallback")"), r.out.rfind(R"("fallback")")) << "only FALLBACK events carry one: " << r.out;
+  EXPECT_EQ(r.out.find(R"("fallback")"), r.out.rfind(R"("fallback")"))
+      << "only FALLBACK events carry one: " << r.out;
 
   r = Ctl(Flag() + " events --job train");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("FALLBACK"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("memory copy failed verification (checksum mismatch in tensor w)"), std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "memory copy failed verification (checksum mismatch in tensor w)"),
+      std::string::npos)
       << r.out;
 }
 
@@ -117,8 +135,12 @@ TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
   ASSERT_TRUE(RegisterTrain(1).ok());
   CommandResult r = Ctl(Flag() + " rollback --job train --step 9", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("ckptctl rollback: Rollback to coordinator"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("step: 9 of job train is not durable"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ckptctl rollback: Rollback to coordinator"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("step: 9 of job train is not durable"),
+            std::string::npos)
+      << r.out;
 
   r = Ctl(Flag() + " rollback --job nosuchjob --step 1", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
@@ -129,19 +151,26 @@ TEST_F(CtlCoordTest, UnreachableCoordinatorFailsCleanly) {
   // Port 1 on loopback: nothing listens there, the connection is refused.
   CommandResult r = Ctl("--coordinator 127.0.0.1:1 cluster", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("GetCluster to coordinator 127.0.0.1:1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GetCluster to coordinator 127.0.0.1:1"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CtlCoordTest, MissingOrMalformedCoordinatorFlagIsAUsageError) {
-  for (const char* args : {"cluster", "events --json", "rollback --job j --step 1"}) {
+  for (const char* args :
+       {"cluster", "events --json", "rollback --job j --step 1"}) {
     CommandResult r = Ctl(args, true);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
-    EXPECT_NE(r.out.find("--coordinator"), std::string::npos) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("--coordinator"), std::string::npos)
+        << args << ": " << r.out;
   }
-  for (const char* addr : {"localhost", "host:0", "host:99999", ":5000", "host:abc", "::1:5000"}) {
-    CommandResult r = Ctl(std::string("--coordinator ") + addr + " cluster", true);
+  for (const char* addr :
+       {"localhost", "host:0", "host:99999", ":5000", "host:abc", "::1:5000"}) {
+    CommandResult r =
+        Ctl(std::string("--coordinator ") + addr + " cluster", true);
     EXPECT_EQ(r.exit_code, 2) << addr << ": " << r.out;
-    EXPECT_NE(r.out.find("--coordinator"), std::string::npos) << addr << ": " << r.out;
+    EXPECT_NE(r.out.find("--coordinator"), std::string::npos)
+        << addr << ": " << r.out;
   }
   CommandResult r = Ctl(Flag() + " rollback --job 'bad/name' --step 1", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;

@@ -28,7 +28,8 @@ std::string FormatTime(uint64_t unix_ns) {
   time_t secs = static_cast<time_t>(unix_ns / 1000000000ull);
   struct tm tm;
   char buf[64];
-  if (!gmtime_r(&secs, &tm) || !std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm))
+  if (!gmtime_r(&secs, &tm) ||
+      !std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm))
     return std::to_string(unix_ns);
   return buf;
 }
@@ -42,12 +43,18 @@ void TensorJson(JsonWriter& w, const storage::ShardTensor& t) {
 
 // A file name for tensor `name`: [A-Za-z0-9._-] kept, anything else '_',
 // no leading '.', unique within `taken`.
-std::string TensorFileName(const std::string& name, std::set<std::string>* taken) {
+std::string TensorFileName(const std::string& name,
+                           std::set<std::string>* taken) {
   std::string base;
-  for (char c : name) base += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') ? c : '_';
+  for (char c : name)
+    base += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+             c == '-')
+                ? c
+                : '_';
   if (base.empty() || base[0] == '.') base = "_" + base;
   std::string file = base + ".bin";
-  for (int i = 1; taken->count(file) || file == "index.json"; ++i) file = absl::StrCat(base, "~", i, ".bin");
+  for (int i = 1; taken->count(file) || file == "index.json"; ++i)
+    file = absl::StrCat(base, "~", i, ".bin");
   taken->insert(file);
   return file;
 }
@@ -67,17 +74,24 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
 
   if (json) {
     JsonWriter w;
-    w.BeginObject().Field("path", shard.path).Field("format_version", storage::kShardVersion);
+    w.BeginObject()
+        .Field("path", shard.path)
+        .Field("format_version", storage::kShardVersion);
     w.Field("job", info.job).Field("step", info.step).Field("rank", info.rank);
-    w.Field("world_size", info.world_size).Field("created_unix_ns", info.created_unix_ns);
+    w.Field("world_size", info.world_size)
+        .Field("created_unix_ns", info.created_unix_ns);
     w.Field("created", FormatTime(info.created_unix_ns));
-    w.Field("image_bytes", info.layout.image_bytes).Field("tensor_bytes", tensor_bytes);
-    w.Field("data_offset", info.layout.data_offset).Field("footer_offset", info.layout.footer_offset);
+    w.Field("image_bytes", info.layout.image_bytes)
+        .Field("tensor_bytes", tensor_bytes);
+    w.Field("data_offset", info.layout.data_offset)
+        .Field("footer_offset", info.layout.footer_offset);
     w.Key("tensors").BeginArray();
     for (const auto& t : info.tensors) {
       w.BeginObject();
       TensorJson(w, t);
-      w.Field("offset", t.offset).Field("bytes", t.bytes).Field("checksum", HexChecksum(t.checksum));
+      w.Field("offset", t.offset)
+          .Field("bytes", t.bytes)
+          .Field("checksum", HexChecksum(t.checksum));
       w.EndObject();
     }
     w.EndArray().EndObject();
@@ -86,11 +100,14 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
   }
 
   std::printf("shard      %s\n", shard.path.c_str());
-  std::printf("job        %s\nstep       %llu\nrank       %u of %u\n", info.job.c_str(),
-              static_cast<unsigned long long>(info.step), info.rank, info.world_size);
+  std::printf("job        %s\nstep       %llu\nrank       %u of %u\n",
+              info.job.c_str(), static_cast<unsigned long long>(info.step),
+              info.rank, info.world_size);
   std::printf("created    %s\n", FormatTime(info.created_unix_ns).c_str());
-  std::printf("size       %s (%llu bytes; tensors %s)\n", FormatBytes(info.layout.image_bytes).c_str(),
-              static_cast<unsigned long long>(info.layout.image_bytes), FormatBytes(tensor_bytes).c_str());
+  std::printf("size       %s (%llu bytes; tensors %s)\n",
+              FormatBytes(info.layout.image_bytes).c_str(),
+              static_cast<unsigned long long>(info.layout.image_bytes),
+              FormatBytes(tensor_bytes).c_str());
   std::printf("layout     index at %llu, data at %llu, footer at %llu\n",
               static_cast<unsigned long long>(info.layout.index_offset),
               static_cast<unsigned long long>(info.layout.data_offset),
@@ -98,54 +115,72 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
   std::printf("tensors    %zu\n\n", info.tensors.size());
   Table t({"NAME", "DTYPE", "SHAPE", "OFFSET", "BYTES", "CHECKSUM"});
   for (const auto& ti : info.tensors)
-    t.AddRow({ti.name, std::string(DTypeName(ti.dtype)), ShapeString(ti), std::to_string(ti.offset),
-              std::to_string(ti.bytes), HexChecksum(ti.checksum)});
+    t.AddRow({ti.name, std::string(DTypeName(ti.dtype)), ShapeString(ti),
+              std::to_string(ti.offset), std::to_string(ti.bytes),
+              HexChecksum(ti.checksum)});
   t.Print(stdout);
   return absl::OkStatus();
 }
 
-absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool json) {
+absl::Status RunRestore(const ShardSelector& sel, const std::string& out,
+                        bool json) {
   if (out.empty()) return absl::InvalidArgumentError("--out: empty path");
   CKPT_ASSIGN_OR_RETURN(OpenedShard shard, OpenShard(sel));
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
                         storage::ShardReader::Open(*shard.backend, shard.key));
   const storage::ShardInfo& info = reader->info();
   std::error_code ec;
-  const bool to_dir = out.back() == '/' || std::filesystem::is_directory(out, ec);
+  const bool to_dir =
+      out.back() == '/' || std::filesystem::is_directory(out, ec);
   Progress progress("restore " + shard.key, info.layout.image_bytes);
 
   if (!to_dir) {
     OutFile file;
     CKPT_RETURN_IF_ERROR(file.Open(out));
     ShardSink sink;
-    sink.other = [&](uint64_t, const char* d, uint64_t n) { return file.Write(d, n); };
-    sink.tensor = [&](const storage::ShardTensor&, const char* d, uint64_t n) { return file.Write(d, n); };
+    sink.other = [&](uint64_t, const char* d, uint64_t n) {
+      return file.Write(d, n);
+    };
+    sink.tensor = [&](const storage::ShardTensor&, const char* d, uint64_t n) {
+      return file.Write(d, n);
+    };
     CKPT_RETURN_IF_ERROR(StreamShard(*reader, sink, &progress));
     CKPT_RETURN_IF_ERROR(file.Close());
     progress.Finish();
     if (json) {
       JsonWriter w;
-      w.BeginObject().Field("out", out).Field("mode", "shard").Field("bytes", info.layout.image_bytes);
-      w.Field("tensors", static_cast<uint64_t>(info.tensors.size())).Field("verified", true).EndObject();
+      w.BeginObject()
+          .Field("out", out)
+          .Field("mode", "shard")
+          .Field("bytes", info.layout.image_bytes);
+      w.Field("tensors", static_cast<uint64_t>(info.tensors.size()))
+          .Field("verified", true)
+          .EndObject();
       std::printf("%s\n", w.str().c_str());
     } else {
-      std::printf("restored %s (%zu tensors, %s, checksums verified) to %s\n", shard.path.c_str(),
-                  info.tensors.size(), FormatBytes(info.layout.image_bytes).c_str(), out.c_str());
+      std::printf("restored %s (%zu tensors, %s, checksums verified) to %s\n",
+                  shard.path.c_str(), info.tensors.size(),
+                  FormatBytes(info.layout.image_bytes).c_str(), out.c_str());
     }
     return absl::OkStatus();
   }
 
   std::filesystem::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("--out ", out, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("--out ", out, ": ", ec.message()));
   const std::filesystem::path dir(out);
   std::set<std::string> taken;
   std::vector<std::string> files;
-  for (const auto& t : info.tensors) files.push_back(TensorFileName(t.name, &taken));
+  for (const auto& t : info.tensors)
+    files.push_back(TensorFileName(t.name, &taken));
 
   std::unique_ptr<OutFile> file;
-  auto index_of = [&](const storage::ShardTensor& t) { return static_cast<size_t>(&t - info.tensors.data()); };
+  auto index_of = [&](const storage::ShardTensor& t) {
+    return static_cast<size_t>(&t - info.tensors.data());
+  };
   ShardSink sink;
-  sink.tensor = [&](const storage::ShardTensor& t, const char* d, uint64_t n) -> absl::Status {
+  sink.tensor = [&](const storage::ShardTensor& t, const char* d,
+                    uint64_t n) -> absl::Status {
     if (!file) {
       file = std::make_unique<OutFile>();
       CKPT_RETURN_IF_ERROR(file->Open((dir / files[index_of(t)]).string()));
@@ -166,13 +201,18 @@ absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool j
   progress.Finish();
 
   JsonWriter index;
-  index.BeginObject().Field("job", info.job).Field("step", info.step).Field("rank", info.rank);
+  index.BeginObject()
+      .Field("job", info.job)
+      .Field("step", info.step)
+      .Field("rank", info.rank);
   index.Field("world_size", info.world_size).Key("tensors").BeginArray();
   for (size_t i = 0; i < info.tensors.size(); ++i) {
     const auto& t = info.tensors[i];
     index.BeginObject();
     TensorJson(index, t);
-    index.Field("file", files[i]).Field("bytes", t.bytes).Field("checksum", HexChecksum(t.checksum));
+    index.Field("file", files[i])
+        .Field("bytes", t.bytes)
+        .Field("checksum", HexChecksum(t.checksum));
     index.EndObject();
   }
   index.EndArray().EndObject();
@@ -184,12 +224,19 @@ absl::Status RunRestore(const ShardSelector& sel, const std::string& out, bool j
 
   if (json) {
     JsonWriter w;
-    w.BeginObject().Field("out", out).Field("mode", "tensors").Field("bytes", info.layout.image_bytes);
-    w.Field("tensors", static_cast<uint64_t>(info.tensors.size())).Field("verified", true).EndObject();
+    w.BeginObject()
+        .Field("out", out)
+        .Field("mode", "tensors")
+        .Field("bytes", info.layout.image_bytes);
+    w.Field("tensors", static_cast<uint64_t>(info.tensors.size()))
+        .Field("verified", true)
+        .EndObject();
     std::printf("%s\n", w.str().c_str());
   } else {
-    std::printf("restored %zu tensors of %s (checksums verified) into %s (see index.json)\n",
-                info.tensors.size(), shard.path.c_str(), out.c_str());
+    std::printf(
+        "restored %zu tensors of %s (checksums verified) into %s (see "
+        "index.json)\n",
+        info.tensors.size(), shard.path.c_str(), out.c_str());
   }
   return absl::OkStatus();
 }

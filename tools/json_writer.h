@@ -30,15 +30,33 @@ class JsonWriter {
   JsonWriter& Null();
 
   // Key + value in one call.
-  JsonWriter& Field(std::string_view key, std::string_view value) { return Key(key).String(value); }
-  JsonWriter& Field(std::string_view key, const char* value) { return Key(key).String(value); }
-  JsonWriter& Field(std::string_view key, const std::string& value) { return Key(key).String(value); }
-  JsonWriter& Field(std::string_view key, bool value) { return Key(key).Bool(value); }
-  JsonWriter& Field(std::string_view key, double value) { return Key(key).Double(value); }
-  JsonWriter& Field(std::string_view key, int64_t value) { return Key(key).Int(value); }
-  JsonWriter& Field(std::string_view key, uint64_t value) { return Key(key).Uint(value); }
-  JsonWriter& Field(std::string_view key, int value) { return Key(key).Int(value); }
-  JsonWriter& Field(std::string_view key, uint32_t value) { return Key(key).Uint(value); }
+  JsonWriter& Field(std::string_view key, std::string_view value) {
+    return Key(key).String(value);
+  }
+  JsonWriter& Field(std::string_view key, const char* value) {
+    return Key(key).String(value);
+  }
+  JsonWriter& Field(std::string_view key, const std::string& value) {
+    return Key(key).String(value);
+  }
+  JsonWriter& Field(std::string_view key, bool value) {
+    return Key(key).Bool(value);
+  }
+  JsonWriter& Field(std::string_view key, double value) {
+    return Key(key).Double(value);
+  }
+  JsonWriter& Field(std::string_view key, int64_t value) {
+    return Key(key).Int(value);
+  }
+  JsonWriter& Field(std::string_view key, uint64_t value) {
+    return Key(key).Uint(value);
+  }
+  JsonWriter& Field(std::string_view key, int value) {
+    return Key(key).Int(value);
+  }
+  JsonWriter& Field(std::string_view key, uint32_t value) {
+    return Key(key).Uint(value);
+  }
 
   const std::string& str() const { return out_; }
 

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "storage/object_backend.h"
 #include "storage/keys.h"
+#include "storage/object_backend.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -40,14 +40,17 @@ std::pair<std::filesystem::path, std::string> SplitFile(
 // FILE given as "s3://bucket/[prefix/]<job>/step-<N>/<name>": the root is
 // everything before the key's three components.
 absl::StatusOr<OpenedShard> OpenObjectFile(const std::string& url) {
-  CKPT_ASSIGN_OR_RETURN(storage::ObjectUrl parsed, storage::ParseObjectUrl(url, "FILE"));
+  CKPT_ASSIGN_OR_RETURN(storage::ObjectUrl parsed,
+                        storage::ParseObjectUrl(url, "FILE"));
   std::vector<std::string> parts = absl::StrSplit(parsed.prefix, '/');
   if (parts.size() < 3)
     return absl::InvalidArgumentError(
-        absl::StrCat("FILE ", url.substr(0, 200), ": not s3://BUCKET/[PREFIX/]JOB/step-N/NAME"));
+        absl::StrCat("FILE ", url.substr(0, 200),
+                     ": not s3://BUCKET/[PREFIX/]JOB/step-N/NAME"));
   const std::string key = absl::StrJoin(parts.end() - 3, parts.end(), "/");
   const std::string prefix = absl::StrJoin(parts.begin(), parts.end() - 3, "/");
-  const std::string root = absl::StrCat("s3://", parsed.bucket, prefix.empty() ? "" : "/", prefix);
+  const std::string root =
+      absl::StrCat("s3://", parsed.bucket, prefix.empty() ? "" : "/", prefix);
   OpenedShard out;
   CKPT_ASSIGN_OR_RETURN(out.backend, OpenRoot(root, "FILE"));
   out.key = key;
@@ -172,8 +175,8 @@ absl::StatusOr<OpenedShard> OpenShard(const ShardSelector& sel) {
   return out;
 }
 
-std::string DisplayPath(const storage::Backend& backend, const std::string& root,
-                        const std::string& key) {
+std::string DisplayPath(const storage::Backend& backend,
+                        const std::string& root, const std::string& key) {
   if (storage::IsObjectUrl(root)) {
     std::string r = root;
     while (!r.empty() && r.back() == '/') r.pop_back();

@@ -48,12 +48,13 @@ struct RootContents {
 struct OpenedShard {
   std::unique_ptr<storage::Backend> backend;
   std::string key;
-  std::string path;  // for messages: the file on disk, or s3://bucket/prefix/key
+  std::string
+      path;  // for messages: the file on disk, or s3://bucket/prefix/key
 };
 // What a user calls the object at key under root: the file on disk, or
 // "s3://bucket/prefix/key".
-std::string DisplayPath(const storage::Backend& backend, const std::string& root,
-                        const std::string& key);
+std::string DisplayPath(const storage::Backend& backend,
+                        const std::string& root, const std::string& key);
 // Either sel.file, or all of sel.root, sel.job, sel.step, sel.rank. On a
 // cluster root the rank's shard is "rank-R.<node>.shard": sel.node picks the
 // node when more than one wrote that rank. A FILE inside a root's layout

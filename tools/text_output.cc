@@ -37,7 +37,8 @@ void Table::Print(std::FILE* out) const {
     for (size_t c = 0; c < headers_.size(); ++c) {
       const std::string cell = c < row.size() ? row[c] : "";
       line += cell;
-      if (c + 1 < headers_.size()) line += std::string(width[c] - cell.size() + 2, ' ');
+      if (c + 1 < headers_.size())
+        line += std::string(width[c] - cell.size() + 2, ' ');
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     std::fprintf(out, "%s\n", line.c_str());
@@ -71,8 +72,12 @@ void Progress::Add(uint64_t bytes) {
 }
 
 void Progress::Draw() {
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  double pct = total_ ? 100.0 * static_cast<double>(done_) / static_cast<double>(total_) : 100.0;
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+          .count();
+  double pct =
+      total_ ? 100.0 * static_cast<double>(done_) / static_cast<double>(total_)
+             : 100.0;
   double rate = secs > 0 ? static_cast<double>(done_) / secs : 0;
   std::fprintf(stderr, "\r\033[K%s: %5.1f%% %s / %s  %s/s", label_.c_str(), pct,
                FormatBytes(done_).c_str(), FormatBytes(total_).c_str(),

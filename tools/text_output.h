@@ -21,7 +21,8 @@ std::string FormatSeconds(double seconds);
 
 class Table {
  public:
-  explicit Table(std::vector<std::string> headers) : headers_(std::move(headers)) {}
+  explicit Table(std::vector<std::string> headers)
+      : headers_(std::move(headers)) {}
   // Rows shorter than the header are padded with empty cells.
   void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
   bool empty() const { return rows_.empty(); }

@@ -23,7 +23,8 @@ namespace {
 using CtlRun = ::ckpt::testing::CommandResult;
 
 CtlRun Ckptctl(const std::string& args) {
-  return ::ckpt::testing::RunCommand(std::string(CKPTCTL_PATH) + " " + args, /*with_stderr=*/false);
+  return ::ckpt::testing::RunCommand(std::string(CKPTCTL_PATH) + " " + args,
+                                     /*with_stderr=*/false);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -34,14 +35,16 @@ class CkptctlTest : public ::testing::Test {
  protected:
   void SetUp() override {
     shard_ = storage::MakeShard({{256, 1024}, {3, 5}, {2048, 600}}, 7);
-    key_ = storage::ShardKey(shard_.info.job, shard_.info.step, shard_.info.rank);
+    key_ =
+        storage::ShardKey(shard_.info.job, shard_.info.step, shard_.info.rank);
     storage::LocalBackendOptions o;
     o.root = dir_.path();
     auto backend = storage::NewLocalBackend(o);
     ASSERT_TRUE(backend.ok()) << backend.status();
     auto w = (*backend)->NewObjectWriter(key_, shard_.image.size());
     ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE((*w)->WriteAt(0, shard_.image.data(), shard_.image.size()).ok());
+    ASSERT_TRUE(
+        (*w)->WriteAt(0, shard_.image.data(), shard_.image.size()).ok());
     ASSERT_TRUE((*w)->Commit().ok());
     path_ = dir_.path() + "/" + key_;
   }
@@ -55,8 +58,9 @@ class CkptctlTest : public ::testing::Test {
   }
 
   std::string Selector() const {
-    return absl::StrFormat("--root %s --job %s --step %d --rank %d", dir_.path(), shard_.info.job,
-                           shard_.info.step, shard_.info.rank);
+    return absl::StrFormat("--root %s --job %s --step %d --rank %d",
+                           dir_.path(), shard_.info.job, shard_.info.step,
+                           shard_.info.rank);
   }
 
   ckpt::testing::TempDir dir_;
@@ -73,7 +77,9 @@ TEST_F(CkptctlTest, VerifySucceedsOnIntactShard) {
 
 TEST_F(CkptctlTest, VerifyNamesTheDamagedTensor) {
   const storage::ShardTensor& t = shard_.info.tensors[2];
-  Overwrite(t.offset + t.bytes / 2, std::string(1, static_cast<char>(~shard_.image[t.offset + t.bytes / 2])));
+  Overwrite(
+      t.offset + t.bytes / 2,
+      std::string(1, static_cast<char>(~shard_.image[t.offset + t.bytes / 2])));
   CtlRun r = Ckptctl("verify --root " + dir_.path());
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("layer2.weight"), std::string::npos) << r.out;
@@ -81,7 +87,9 @@ TEST_F(CkptctlTest, VerifyNamesTheDamagedTensor) {
 }
 
 TEST_F(CkptctlTest, VerifyFailsOnTruncatedShard) {
-  ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(shard_.image.size() - 4096)), 0);
+  ASSERT_EQ(
+      truncate(path_.c_str(), static_cast<off_t>(shard_.image.size() - 4096)),
+      0);
   CtlRun r = Ckptctl("verify --root " + dir_.path() + " --job job-a --step 42");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("truncated"), std::string::npos) << r.out;
@@ -98,20 +106,24 @@ TEST_F(CkptctlTest, VerifyFailsWhenManifestSizeDisagrees) {
   std::string manifest = absl::StrFormat(
       R"({"format":"ckptd-manifest-v1","job":"job-a","step":42,"world_size":1,"shards":[{"rank":1,"key":"%s","bytes":%d,"tensors":3}]})",
       key_, shard_.image.size() + 4096);
-  std::ofstream(dir_.path() + "/" + storage::ManifestKey("job-a", 42)) << manifest;
+  std::ofstream(dir_.path() + "/" + storage::ManifestKey("job-a", 42))
+      << manifest;
   CtlRun r = Ckptctl("verify --root " + dir_.path());
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("manifest says"), std::string::npos) << r.out;
 }
 
 TEST_F(CkptctlTest, VerifyFailsOnUnknownStep) {
-  EXPECT_EQ(Ckptctl("verify --root " + dir_.path() + " --job job-a --step 7").exit_code, 1);
+  EXPECT_EQ(Ckptctl("verify --root " + dir_.path() + " --job job-a --step 7")
+                .exit_code,
+            1);
 }
 
 TEST_F(CkptctlTest, InspectListsEveryTensor) {
   CtlRun r = Ckptctl("inspect --json " + path_);
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const auto& t : shard_.info.tensors) EXPECT_NE(r.out.find(t.name), std::string::npos) << r.out;
+  for (const auto& t : shard_.info.tensors)
+    EXPECT_NE(r.out.find(t.name), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"shape\":[3,5]"), std::string::npos) << r.out;
 }
 
@@ -120,26 +132,31 @@ TEST_F(CkptctlTest, RestoreWritesOneFilePerTensor) {
   CtlRun r = Ckptctl("restore " + Selector() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const auto& t : shard_.info.tensors)
-    EXPECT_EQ(ReadFile(out + t.name + ".bin"), std::string(shard_.image.data() + t.offset, t.bytes));
-  EXPECT_NE(ReadFile(out + "index.json").find("layer1.weight"), std::string::npos);
+    EXPECT_EQ(ReadFile(out + t.name + ".bin"),
+              std::string(shard_.image.data() + t.offset, t.bytes));
+  EXPECT_NE(ReadFile(out + "index.json").find("layer1.weight"),
+            std::string::npos);
 }
 
 TEST_F(CkptctlTest, RestoreCopiesShardFile) {
   std::string out = dir_.path() + "/copy.shard";
   ASSERT_EQ(Ckptctl("restore " + Selector() + " --out " + out).exit_code, 0);
-  EXPECT_EQ(ReadFile(out), std::string(shard_.image.data(), shard_.image.size()));
+  EXPECT_EQ(ReadFile(out),
+            std::string(shard_.image.data(), shard_.image.size()));
 }
 
 TEST_F(CkptctlTest, RestoreRefusesDamagedTensor) {
   const storage::ShardTensor& t = shard_.info.tensors[0];
-  Overwrite(t.offset, std::string(1, static_cast<char>(~shard_.image[t.offset])));
+  Overwrite(t.offset,
+            std::string(1, static_cast<char>(~shard_.image[t.offset])));
   std::string out = dir_.path() + "/copy.shard";
   EXPECT_EQ(Ckptctl("restore " + Selector() + " --out " + out).exit_code, 1);
   EXPECT_FALSE(std::ifstream(out).good());
 }
 
 TEST_F(CkptctlTest, ListWithoutDaemonFailsClearly) {
-  EXPECT_EQ(Ckptctl("--socket " + dir_.path() + "/nope.sock list").exit_code, 1);
+  EXPECT_EQ(Ckptctl("--socket " + dir_.path() + "/nope.sock list").exit_code,
+            1);
 }
 
 // A cluster root, written through the storage API as a two-node job does:
@@ -165,19 +182,24 @@ class ClusterRootTest : public ::testing::Test {
       m.set_job("job-c");
       m.set_step(kStep);
       m.set_world_size(4);
-      for (uint32_t rank : node == std::string("n1") ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{2, 3}) {
-        storage::Shard shard = storage::MakeShard({{64, 256}, {1000}}, 10 + rank);
+      for (uint32_t rank : node == std::string("n1")
+                               ? std::vector<uint32_t>{0, 1}
+                               : std::vector<uint32_t>{2, 3}) {
+        storage::Shard shard =
+            storage::MakeShard({{64, 256}, {1000}}, 10 + rank);
         shard.info.job = "job-c";
         shard.info.rank = rank;
         ASSERT_TRUE(storage::EncodeShardMetadata(shard.info, shard.image).ok());
         const std::string key = storage::ShardKey("job-c", kStep, rank, node);
         auto w = backend_->NewObjectWriter(key, shard.image.size());
         ASSERT_TRUE(w.ok()) << w.status();
-        ASSERT_TRUE((*w)->WriteAt(0, shard.image.data(), shard.image.size()).ok());
+        ASSERT_TRUE(
+            (*w)->WriteAt(0, shard.image.data(), shard.image.size()).ok());
         ASSERT_TRUE((*w)->Commit().ok());
         std::vector<uint64_t> sums;
         for (const auto& t : shard.info.tensors) sums.push_back(t.checksum);
-        const std::string digest = storage::DigestHex(storage::ChecksumsDigest(sums));
+        const std::string digest =
+            storage::DigestHex(storage::ChecksumsDigest(sums));
         auto* s = m.add_shards();
         s->set_rank(rank);
         s->set_key(key);
@@ -196,20 +218,27 @@ class ClusterRootTest : public ::testing::Test {
     }
     ASSERT_TRUE(storage::WriteGlobalManifest(*backend_, global).ok());
   }
-  std::string PathOf(const std::string& key) const { return *backend_->LocalPath(key); }
+  std::string PathOf(const std::string& key) const {
+    return *backend_->LocalPath(key);
+  }
 
   ckpt::testing::TempDir dir_;
   std::unique_ptr<storage::Backend> backend_;
   std::map<uint32_t, storage::Shard> shards_;
 };
 
-TEST_F(ClusterRootTest, VerifyChecksNodeSuffixedShardsNodeManifestsAndTheGlobalManifest) {
+TEST_F(ClusterRootTest,
+       VerifyChecksNodeSuffixedShardsNodeManifestsAndTheGlobalManifest) {
   CtlRun r = Ckptctl("verify --root " + dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("4 shard(s)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("3 manifest(s); 0 problem(s)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("OK      " + storage::ShardKey("job-c", kStep, 3, "n2")), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;  // every step has its manifests
+  EXPECT_NE(r.out.find("3 manifest(s); 0 problem(s)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("OK      " + storage::ShardKey("job-c", kStep, 3, "n2")),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("note:"), std::string::npos)
+      << r.out;  // every step has its manifests
 }
 
 TEST_F(ClusterRootTest, VerifyNamesTheKeyOfAFlippedByteInANodeSuffixedShard) {
@@ -223,53 +252,72 @@ TEST_F(ClusterRootTest, VerifyNamesTheKeyOfAFlippedByteInANodeSuffixedShard) {
   CtlRun r = Ckptctl("verify --root " + dir_.path());
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("DAMAGED " + key), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(key + ": tensor \"layer1.weight\": checksum mismatch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(key + ": tensor \"layer1.weight\": checksum mismatch"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(ClusterRootTest, VerifyFlagsAShardTheManifestsListButStorageLacks) {
-  ASSERT_TRUE(backend_->Delete(storage::ShardKey("job-c", kStep, 0, "n1")).ok());
+  ASSERT_TRUE(
+      backend_->Delete(storage::ShardKey("job-c", kStep, 0, "n1")).ok());
   CtlRun r = Ckptctl("verify --root " + dir_.path() + " --json");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("\"key\":\"" + storage::ManifestKey("job-c", kStep, "n1") + "\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"key\":\"" + storage::GlobalManifestKey("job-c", kStep) + "\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"key\":\"" +
+                       storage::ManifestKey("job-c", kStep, "n1") + "\""),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"key\":\"" +
+                       storage::GlobalManifestKey("job-c", kStep) + "\""),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("rank 0: listed shard"), std::string::npos) << r.out;
 }
 
 TEST_F(ClusterRootTest, ListRootShowsEveryNodesShardsAndManifests) {
   CtlRun r = Ckptctl("list --root " + dir_.path() + " --json");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* want : {"\"job\":\"job-c\"", "\"step\":42", "\"node\":\"n2\"", "\"MANIFEST.global\"",
-                           "\"MANIFEST.n1\"", "\"MANIFEST.n2\""})
+  for (const char* want :
+       {"\"job\":\"job-c\"", "\"step\":42", "\"node\":\"n2\"",
+        "\"MANIFEST.global\"", "\"MANIFEST.n1\"", "\"MANIFEST.n2\""})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << " in " << r.out;
   CtlRun table = Ckptctl("list --root " + dir_.path() + " --job job-c");
   EXPECT_EQ(table.exit_code, 0) << table.out;
   EXPECT_NE(table.out.find("n1,n2"), std::string::npos) << table.out;
 }
 
-TEST_F(ClusterRootTest, InspectFindsARanksShardOnAClusterRootAndReadsManifests) {
-  CtlRun r = Ckptctl(absl::StrFormat("inspect --json --root %s --job job-c --step %d --rank 2",
-                                     dir_.path(), kStep));
+TEST_F(ClusterRootTest,
+       InspectFindsARanksShardOnAClusterRootAndReadsManifests) {
+  CtlRun r = Ckptctl(
+      absl::StrFormat("inspect --json --root %s --job job-c --step %d --rank 2",
+                      dir_.path(), kStep));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("rank-00002.n2.shard"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"rank\":2"), std::string::npos) << r.out;
-  CtlRun g = Ckptctl("inspect --json " + PathOf(storage::GlobalManifestKey("job-c", kStep)));
+  CtlRun g = Ckptctl("inspect --json " +
+                     PathOf(storage::GlobalManifestKey("job-c", kStep)));
   EXPECT_EQ(g.exit_code, 0) << g.out;
   EXPECT_NE(g.out.find("\"global\":true"), std::string::npos) << g.out;
-  EXPECT_NE(g.out.find(storage::ShardKey("job-c", kStep, 1, "n1")), std::string::npos) << g.out;
-  CtlRun n = Ckptctl("inspect " + PathOf(storage::ManifestKey("job-c", kStep, "n2")));
+  EXPECT_NE(g.out.find(storage::ShardKey("job-c", kStep, 1, "n1")),
+            std::string::npos)
+      << g.out;
+  CtlRun n =
+      Ckptctl("inspect " + PathOf(storage::ManifestKey("job-c", kStep, "n2")));
   EXPECT_EQ(n.exit_code, 0) << n.out;
-  EXPECT_NE(n.out.find(storage::ShardKey("job-c", kStep, 3, "n2")), std::string::npos) << n.out;
+  EXPECT_NE(n.out.find(storage::ShardKey("job-c", kStep, 3, "n2")),
+            std::string::npos)
+      << n.out;
 }
 
 // After a prefetch two nodes may hold a copy of one rank: --node picks one.
 TEST_F(ClusterRootTest, InspectAsksForNodeWhenTwoNodesWroteTheRank) {
   const storage::Shard& shard = shards_[2];
   ASSERT_TRUE(backend_
-                  ->PutSmallObject(storage::ShardKey("job-c", kStep, 2, "n1"),
-                                   std::string_view(shard.image.data(), shard.image.size()))
+                  ->PutSmallObject(
+                      storage::ShardKey("job-c", kStep, 2, "n1"),
+                      std::string_view(shard.image.data(), shard.image.size()))
                   .ok());
-  const std::string sel = absl::StrFormat("inspect --root %s --job job-c --step %d --rank 2",
-                                          dir_.path(), kStep);
+  const std::string sel = absl::StrFormat(
+      "inspect --root %s --job job-c --step %d --rank 2", dir_.path(), kStep);
   CtlRun both = Ckptctl(sel);
   EXPECT_EQ(both.exit_code, 1) << both.out;
   CtlRun n1 = Ckptctl(sel + " --node n1");

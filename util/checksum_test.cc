@@ -17,8 +17,8 @@ std::vector<char> RandomBytes(size_t n, uint32_t seed) {
 }
 
 TEST(ChecksumTest, CopyAndHashCopiesAndMatchesHash64) {
-  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{65537},
-                   size_t{kChecksumChunk}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536},
+                   size_t{65537}, size_t{kChecksumChunk}}) {
     auto src = RandomBytes(n, 7);
     std::vector<char> dst(n + 1, 0);
     uint64_t h = CopyAndHash(dst.data(), src.data(), n);
@@ -34,15 +34,18 @@ TEST(ChecksumTest, FusedCopyAndHashEqualsXxh3ForEveryLengthAndAlignment) {
   std::vector<char> dst(kChecksumChunk + 512);
   std::vector<size_t> sizes;
   for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
-  for (size_t n : {4095ul, 4096ul, 4097ul, 65535ul, 65536ul, 99999ul, kChecksumChunk - 1,
-                   kChecksumChunk})
+  for (size_t n : {4095ul, 4096ul, 4097ul, 65535ul, 65536ul, 99999ul,
+                   kChecksumChunk - 1, kChecksumChunk})
     sizes.push_back(n);
   for (size_t n : sizes) {
     for (size_t dst_off : {size_t{0}, size_t{64}, size_t{3}}) {
       for (size_t src_off : {size_t{0}, size_t{5}}) {
         if (n + src_off > src.size()) continue;
-        char* d = dst.data() + ((64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64) + dst_off;
-        ASSERT_EQ(CopyAndHash(d, src.data() + src_off, n), Hash64(src.data() + src_off, n))
+        char* d = dst.data() +
+                  ((64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64) +
+                  dst_off;
+        ASSERT_EQ(CopyAndHash(d, src.data() + src_off, n),
+                  Hash64(src.data() + src_off, n))
             << "size " << n << " dst_off " << dst_off << " src_off " << src_off;
         if (n > 0) {
           ASSERT_EQ(0, std::memcmp(d, src.data() + src_off, n)) << n;
@@ -57,7 +60,8 @@ TEST(ChecksumTest, TensorChecksumIsCombinationOfChunkHashes) {
   auto bytes = RandomBytes(n, 3);
   std::vector<uint64_t> chunks;
   for (size_t off = 0; off < n; off += kChecksumChunk)
-    chunks.push_back(Hash64(bytes.data() + off, std::min<size_t>(kChecksumChunk, n - off)));
+    chunks.push_back(
+        Hash64(bytes.data() + off, std::min<size_t>(kChecksumChunk, n - off)));
   EXPECT_EQ(chunks.size(), ChecksumChunks(n));
   EXPECT_EQ(TensorChecksum(bytes.data(), n), CombineChunkHashes(chunks));
 }

@@ -5,10 +5,9 @@
 #ifndef CKPT_UTIL_CLI_PARSE_H_
 #define CKPT_UTIL_CLI_PARSE_H_
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <utility>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 
@@ -16,7 +15,8 @@ namespace ckpt {
 
 // `args` are what CLI::App::parse takes: (argc, argv) or a vector of words.
 template <typename... Args>
-[[nodiscard]] absl::Status ParseCli(CLI::App& app, std::string* help, Args&&... args) {
+[[nodiscard]] absl::Status ParseCli(CLI::App& app, std::string* help,
+                                    Args&&... args) {
   try {
     app.parse(std::forward<Args>(args)...);
   } catch (const CLI::CallForHelp&) {

@@ -4,11 +4,11 @@
 #ifndef CKPT_UTIL_CONFIG_FILE_H_
 #define CKPT_UTIL_CONFIG_FILE_H_
 
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <string>
 #include <type_traits>
-
-#include <toml++/toml.h>
 
 #include "absl/status/statusor.h"
 
@@ -19,7 +19,8 @@ namespace ckpt {
   try {
     return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError("config " + path + ": " + std::string(e.description()));
+    return absl::InvalidArgumentError("config " + path + ": " +
+                                      std::string(e.description()));
   }
 }
 
@@ -31,14 +32,19 @@ template <typename T>
   const toml::node* n = t.get(key);
   if (!n) return absl::OkStatus();
   if constexpr (std::is_same_v<T, std::string>) {
-    if (!n->is_string()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a string");
+    if (!n->is_string())
+      return absl::InvalidArgumentError(std::string("config: ") + key +
+                                        ": not a string");
     *out = *n->value<std::string>();
   } else if constexpr (std::is_same_v<T, bool>) {
-    if (!n->is_boolean()) return absl::InvalidArgumentError(std::string("config: ") + key + ": not a boolean");
+    if (!n->is_boolean())
+      return absl::InvalidArgumentError(std::string("config: ") + key +
+                                        ": not a boolean");
     *out = *n->value<bool>();
   } else {
     if (!n->is_integer() || *n->value<int64_t>() < 0)
-      return absl::InvalidArgumentError(std::string("config: ") + key + ": not a non-negative integer");
+      return absl::InvalidArgumentError(std::string("config: ") + key +
+                                        ": not a non-negative integer");
     *out = static_cast<T>(*n->value<int64_t>());
   }
   return absl::OkStatus();

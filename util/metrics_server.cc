@@ -1,12 +1,12 @@
 #include "util/metrics_server.h"
 
-#include <algorithm>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <prometheus/exposer.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>

@@ -44,7 +44,7 @@ namespace internal {
 
 // Parses and destroys `payload` (gRPC hands the handler its ownership).
 [[nodiscard]] grpc::Status ParseRequest(grpc_byte_buffer* payload,
-                          google::protobuf::Message* request);
+                                        google::protobuf::Message* request);
 
 template <class Req, class Resp>
 class UnaryHandler final : public grpc::internal::MethodHandler {

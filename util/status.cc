@@ -32,7 +32,8 @@ absl::Status ErrnoToStatus(int err, std::string_view context) {
 
 absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), std::string(context) + ": " + std::string(s.message()));
+  return absl::Status(s.code(),
+                      std::string(context) + ": " + std::string(s.message()));
 }
 
 }  // namespace ckpt

@@ -22,19 +22,19 @@ namespace ckpt {
 }  // namespace ckpt
 
 // Evaluates expr (an absl::Status); returns it from the caller when not ok.
-#define CKPT_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::absl::Status _ckpt_s = (expr);          \
-    if (!_ckpt_s.ok()) return _ckpt_s;        \
+#define CKPT_RETURN_IF_ERROR(expr)     \
+  do {                                 \
+    ::absl::Status _ckpt_s = (expr);   \
+    if (!_ckpt_s.ok()) return _ckpt_s; \
   } while (0)
 
 #define CKPT_CONCAT_INNER(a, b) a##b
 #define CKPT_CONCAT(a, b) CKPT_CONCAT_INNER(a, b)
 // lhs = value of expr (an absl::StatusOr<T>), or returns its error.
-#define CKPT_ASSIGN_OR_RETURN(lhs, expr)                                    \
-  auto CKPT_CONCAT(_ckpt_or_, __LINE__) = (expr);                          \
-  if (!CKPT_CONCAT(_ckpt_or_, __LINE__).ok())                              \
-    return CKPT_CONCAT(_ckpt_or_, __LINE__).status();                      \
+#define CKPT_ASSIGN_OR_RETURN(lhs, expr)              \
+  auto CKPT_CONCAT(_ckpt_or_, __LINE__) = (expr);     \
+  if (!CKPT_CONCAT(_ckpt_or_, __LINE__).ok())         \
+    return CKPT_CONCAT(_ckpt_or_, __LINE__).status(); \
   lhs = std::move(*CKPT_CONCAT(_ckpt_or_, __LINE__))
 
 #endif  // CKPT_UTIL_STATUS_H_

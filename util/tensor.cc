@@ -11,11 +11,11 @@ struct DTypeInfo {
   std::string_view name;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kFloat32, 4, "float32"}, {DType::kFloat16, 2, "float16"},
+    {DType::kFloat32, 4, "float32"},   {DType::kFloat16, 2, "float16"},
     {DType::kBFloat16, 2, "bfloat16"}, {DType::kFloat64, 8, "float64"},
-    {DType::kInt8, 1, "int8"},       {DType::kUInt8, 1, "uint8"},
-    {DType::kInt16, 2, "int16"},     {DType::kInt32, 4, "int32"},
-    {DType::kInt64, 8, "int64"},     {DType::kBool, 1, "bool"},
+    {DType::kInt8, 1, "int8"},         {DType::kUInt8, 1, "uint8"},
+    {DType::kInt16, 2, "int16"},       {DType::kInt32, 4, "int32"},
+    {DType::kInt64, 8, "int64"},       {DType::kBool, 1, "bool"},
 };
 const DTypeInfo* Find(DType d) {
   for (const auto& i : kDTypes)
@@ -40,7 +40,9 @@ std::optional<DType> DTypeFromName(std::string_view name) {
   return std::nullopt;
 }
 
-bool IsValidDType(uint32_t raw) { return Find(static_cast<DType>(raw)) != nullptr; }
+bool IsValidDType(uint32_t raw) {
+  return Find(static_cast<DType>(raw)) != nullptr;
+}
 
 std::string Device::ToString() const {
   return kind == Kind::kHost ? "cpu" : absl::StrCat("cuda:", index);
@@ -50,7 +52,8 @@ std::optional<uint64_t> Tensor::numel() const {
   uint64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) return std::nullopt;
-    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d)) return std::nullopt;
+    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d))
+      return std::nullopt;
     n *= static_cast<uint64_t>(d);
   }
   return n;

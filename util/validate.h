@@ -17,13 +17,17 @@ inline constexpr size_t kMaxJobNameBytes = 127;
 
 // A job name becomes a directory and part of a shared-memory name: 1 to 127
 // characters of [A-Za-z0-9._-], not "." or "..", not starting with '.' or '-'.
-[[nodiscard]] absl::Status ValidateJobName(std::string_view job, std::string_view field = "job");
+[[nodiscard]] absl::Status ValidateJobName(std::string_view job,
+                                           std::string_view field = "job");
 // Tensor names: 1 to kMaxTensorNameBytes printable ASCII characters.
-[[nodiscard]] absl::Status ValidateTensorName(std::string_view name, std::string_view field);
+[[nodiscard]] absl::Status ValidateTensorName(std::string_view name,
+                                              std::string_view field);
 // A free-form value shown to people (an address, a storage key): 1 to
 // max_bytes printable ASCII characters (empty allowed when allow_empty).
-[[nodiscard]] absl::Status ValidatePrintable(std::string_view value, std::string_view field,
-                                             size_t max_bytes, bool allow_empty = false);
+[[nodiscard]] absl::Status ValidatePrintable(std::string_view value,
+                                             std::string_view field,
+                                             size_t max_bytes,
+                                             bool allow_empty = false);
 
 // True if s is well-formed UTF-8 (no overlong forms, no surrogates).
 bool IsValidUtf8(std::string_view s);
@@ -32,7 +36,8 @@ bool IsValidUtf8(std::string_view s);
 // than max_bytes is cut to its first max_bytes bytes and followed by
 // "... (N bytes)".
 inline constexpr size_t kQuotedPrefixBytes = 64;
-std::string QuotePrefix(std::string_view value, size_t max_bytes = kQuotedPrefixBytes);
+std::string QuotePrefix(std::string_view value,
+                        size_t max_bytes = kQuotedPrefixBytes);
 
 }  // namespace ckpt
 

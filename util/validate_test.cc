@@ -22,10 +22,13 @@ TEST(ValidateTest, JobNamesThatWouldEscapeTheRootAreRefused) {
 }
 
 TEST(ValidateTest, TensorNamesMustBePrintableAndShort) {
-  EXPECT_TRUE(ValidateTensorName("model.layers.0.attn.q_proj.weight", "name").ok());
+  EXPECT_TRUE(
+      ValidateTensorName("model.layers.0.attn.q_proj.weight", "name").ok());
   EXPECT_FALSE(ValidateTensorName("", "name").ok());
   EXPECT_FALSE(ValidateTensorName(std::string("a\0b", 3), "name").ok());
-  EXPECT_FALSE(ValidateTensorName(std::string(kMaxTensorNameBytes + 1, 'x'), "name").ok());
+  EXPECT_FALSE(
+      ValidateTensorName(std::string(kMaxTensorNameBytes + 1, 'x'), "name")
+          .ok());
 }
 
 TEST(TensorTest, BytesDetectsOverflowAndNegativeDims) {
@@ -52,7 +55,8 @@ TEST(ValidateTest, ErrorMessagesQuoteOnlyAPrefixOfALongValue) {
 
 TEST(ValidateTest, Utf8AndPrintableChecksRefuseWhatTheyShould) {
   EXPECT_TRUE(IsValidUtf8("plain \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
-  for (const char* bad : {"\xff", "\xc3", "\xc3(", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"})
+  for (const char* bad : {"\xff", "\xc3", "\xc3(", "\xc0\xaf", "\xed\xa0\x80",
+                          "\xf4\x90\x80\x80"})
     EXPECT_FALSE(IsValidUtf8(bad)) << QuotePrefix(bad);
   EXPECT_TRUE(ValidatePrintable("host:1", "address", 16).ok());
   EXPECT_TRUE(ValidatePrintable("", "address", 16, /*allow_empty=*/true).ok());

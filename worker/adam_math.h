@@ -33,9 +33,9 @@ struct AdamStepScalars {
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float eps;
-  float decay;          // 1 - lr * weight_decay
-  float step_size;      // lr / (1 - beta1^t)
-  float bias2_sqrt;     // sqrt(1 - beta2^t)
+  float decay;       // 1 - lr * weight_decay
+  float step_size;   // lr / (1 - beta1^t)
+  float bias2_sqrt;  // sqrt(1 - beta2^t)
 };
 
 // step counts from 1.
@@ -49,7 +49,8 @@ inline AdamStepScalars MakeStepScalars(const AdamConfig& c, int64_t step) {
   s.eps = c.eps;
   s.decay = static_cast<float>(1.0 - double{c.lr} * c.weight_decay);
   s.step_size = static_cast<float>(c.lr / (1.0 - std::pow(double{c.beta1}, t)));
-  s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{c.beta2}, t)));
+  s.bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(double{c.beta2}, t)));
   return s;
 }
 
@@ -57,7 +58,8 @@ inline AdamStepScalars MakeStepScalars(const AdamConfig& c, int64_t step) {
 inline uint16_t FloatToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
 }

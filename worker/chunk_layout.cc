@@ -22,10 +22,12 @@ ChunkLayout Place(std::span<const TensorSpec> tensors, size_t chunk_elems) {
   layout.chunk_elems = chunk_elems;
   layout.slots.reserve(tensors.size());
   for (const TensorSpec& t : tensors) {
-    if (layout.chunk_used.empty() || layout.chunk_used.back() + t.numel > chunk_elems) {
+    if (layout.chunk_used.empty() ||
+        layout.chunk_used.back() + t.numel > chunk_elems) {
       layout.chunk_used.push_back(0);
     }
-    layout.slots.push_back({layout.chunk_used.size() - 1, layout.chunk_used.back(), t.numel});
+    layout.slots.push_back(
+        {layout.chunk_used.size() - 1, layout.chunk_used.back(), t.numel});
     layout.chunk_used.back() += t.numel;
   }
   size_t total = 0;
@@ -37,7 +39,8 @@ ChunkLayout Place(std::span<const TensorSpec> tensors, size_t chunk_elems) {
 }  // namespace
 
 absl::Status ValidateTensors(std::span<const TensorSpec> tensors) {
-  if (tensors.empty()) return absl::InvalidArgumentError("optimizer: no tensors given");
+  if (tensors.empty())
+    return absl::InvalidArgumentError("optimizer: no tensors given");
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string field = absl::StrCat("tensors[", i, "].name");
     absl::Status s = ValidateTensorName(tensors[i].name, field);
@@ -67,15 +70,18 @@ absl::StatusOr<ChunkLayout> SearchChunkSize(std::span<const TensorSpec> tensors,
                                             const ChunkSearchRange& range) {
   absl::Status s = ValidateTensors(tensors);
   if (!s.ok()) return s;
-  if (range.step_elems == 0 || range.min_elems == 0 || range.max_elems < range.min_elems) {
+  if (range.step_elems == 0 || range.min_elems == 0 ||
+      range.max_elems < range.min_elems) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "chunk search range: need 0 < min_elems <= max_elems and step_elems > 0, got [",
+        "chunk search range: need 0 < min_elems <= max_elems and step_elems > "
+        "0, got [",
         range.min_elems, ", ", range.max_elems, "] step ", range.step_elems));
   }
   const TensorSpec& largest = Largest(tensors);
   bool found = false;
   ChunkLayout best;
-  for (size_t c = range.min_elems; c <= range.max_elems; c += range.step_elems) {
+  for (size_t c = range.min_elems; c <= range.max_elems;
+       c += range.step_elems) {
     if (c < largest.numel) continue;
     // Each candidate is laid out from scratch, so its waste starts at zero.
     ChunkLayout candidate = Place(tensors, c);
@@ -86,10 +92,10 @@ absl::StatusOr<ChunkLayout> SearchChunkSize(std::span<const TensorSpec> tensors,
     if (range.max_elems - c < range.step_elems) break;  // no overflow past max
   }
   if (!found) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk search range [", range.min_elems, ", ", range.max_elems,
-        "] holds no size that fits tensor '", largest.name, "' (", largest.numel,
-        " elements)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk search range [", range.min_elems, ", ",
+                     range.max_elems, "] holds no size that fits tensor '",
+                     largest.name, "' (", largest.numel, " elements)"));
   }
   return best;
 }

@@ -32,7 +32,7 @@ struct ChunkedAdamOptions {
   size_t chunk_elems = 0;  // 0: pick by SearchChunkSize over `search`
   ChunkSearchRange search;
   PlacementPolicy policy = PlacementPolicy::kStatic;
-  double offload_fraction = 0.5;  // kStatic
+  double offload_fraction = 0.5;     // kStatic
   uint64_t device_budget_bytes = 0;  // kAuto; 0 means the device's capacity
   int cpu_threads = 1;
   bool overlap = true;
@@ -108,15 +108,16 @@ class ChunkedAdam {
     uint16_t* host_bf16 = nullptr;
     float* dev_g = nullptr;
     uint16_t* dev_bf16 = nullptr;
-    float* dev_p = nullptr;  // dev_p, dev_m, dev_v: one allocation, resident only
+    float* dev_p =
+        nullptr;  // dev_p, dev_m, dev_v: one allocation, resident only
     float* dev_m = nullptr;
     float* dev_v = nullptr;
   };
 
-  ChunkedAdam(Device* device, std::vector<TensorSpec> tensors, ChunkLayout layout,
-              const ChunkedAdamOptions& options);
+  ChunkedAdam(Device* device, std::vector<TensorSpec> tensors,
+              ChunkLayout layout, const ChunkedAdamOptions& options);
   [[nodiscard]] absl::Status AllocateChunks();
-  absl::Status Promote(size_t chunk);  // host -> device
+  absl::Status Promote(size_t chunk);               // host -> device
   [[nodiscard]] absl::Status Demote(size_t chunk);  // device -> host
   absl::Status PlaceResident(size_t target);
   [[nodiscard]] absl::Status CheckTensor(size_t tensor, size_t count,

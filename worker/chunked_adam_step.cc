@@ -9,7 +9,8 @@ namespace ckpt::worker {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -19,7 +20,8 @@ absl::Status ChunkedAdam::UpdateOverlapped(const AdamStepScalars& s) {
   // Resident chunks: the device's own Adam, concurrent with all below.
   for (size_t i = 0; i < resident_; ++i) {
     const Chunk& c = chunks_[i];
-    AdamSpan span{c.dev_p, c.dev_g, c.dev_m, c.dev_v, c.dev_bf16, layout_.chunk_used[i]};
+    AdamSpan span{c.dev_p, c.dev_g,    c.dev_m,
+                  c.dev_v, c.dev_bf16, layout_.chunk_used[i]};
     CKPT_RETURN_IF_ERROR(device_->AdamAsync(Queue::kCompute, s, span));
   }
   // Stage 1: every gradient download is queued at once; the download queue
@@ -31,7 +33,8 @@ absl::Status ChunkedAdam::UpdateOverlapped(const AdamStepScalars& s) {
     status = device_->CopyToHostAsync(Queue::kDownload, c.host_g, c.dev_g,
                                       4 * layout_.chunk_used[i]);
     if (status.ok()) {
-      absl::StatusOr<std::unique_ptr<DeviceEvent>> e = device_->Record(Queue::kDownload);
+      absl::StatusOr<std::unique_ptr<DeviceEvent>> e =
+          device_->Record(Queue::kDownload);
       if (e.ok()) downloaded.push_back(*std::move(e));
       status = e.status();
     }
@@ -43,7 +46,8 @@ absl::Status ChunkedAdam::UpdateOverlapped(const AdamStepScalars& s) {
     status = downloaded[k]->Wait();
     if (!status.ok()) break;
     double t0 = Now();
-    cpu_.Update(s, {c.host_p, c.host_g, c.host_m, c.host_v, c.host_bf16, layout_.chunk_used[i]});
+    cpu_.Update(s, {c.host_p, c.host_g, c.host_m, c.host_v, c.host_bf16,
+                    layout_.chunk_used[i]});
     timings_.cpu_adam_s += Now() - t0;
     status = device_->CopyToDeviceAsync(Queue::kUpload, c.dev_bf16, c.host_bf16,
                                         2 * layout_.chunk_used[i]);
@@ -60,7 +64,8 @@ absl::Status ChunkedAdam::UpdateSerial(const AdamStepScalars& s) {
   double t0 = Now();
   for (size_t i = 0; i < resident_; ++i) {
     const Chunk& c = chunks_[i];
-    AdamSpan span{c.dev_p, c.dev_g, c.dev_m, c.dev_v, c.dev_bf16, layout_.chunk_used[i]};
+    AdamSpan span{c.dev_p, c.dev_g,    c.dev_m,
+                  c.dev_v, c.dev_bf16, layout_.chunk_used[i]};
     CKPT_RETURN_IF_ERROR(device_->AdamAsync(Queue::kCompute, s, span));
   }
   CKPT_RETURN_IF_ERROR(device_->Synchronize(Queue::kCompute));
@@ -69,13 +74,14 @@ absl::Status ChunkedAdam::UpdateSerial(const AdamStepScalars& s) {
     const Chunk& c = chunks_[i];
     const size_t n = layout_.chunk_used[i];
     t0 = Now();
-    CKPT_RETURN_IF_ERROR(device_->CopyToHostAsync(Queue::kDownload, c.host_g, c.dev_g, 4 * n));
+    CKPT_RETURN_IF_ERROR(
+        device_->CopyToHostAsync(Queue::kDownload, c.host_g, c.dev_g, 4 * n));
     CKPT_RETURN_IF_ERROR(device_->Synchronize(Queue::kDownload));
     double t1 = Now();
     cpu_.Update(s, {c.host_p, c.host_g, c.host_m, c.host_v, c.host_bf16, n});
     double t2 = Now();
-    CKPT_RETURN_IF_ERROR(
-        device_->CopyToDeviceAsync(Queue::kUpload, c.dev_bf16, c.host_bf16, 2 * n));
+    CKPT_RETURN_IF_ERROR(device_->CopyToDeviceAsync(Queue::kUpload, c.dev_bf16,
+                                                    c.host_bf16, 2 * n));
     CKPT_RETURN_IF_ERROR(device_->Synchronize(Queue::kUpload));
     timings_.download_s += t1 - t0;
     timings_.cpu_adam_s += t2 - t1;

@@ -14,7 +14,8 @@ using testing::RandomFloats;
 // Sizes are odd on purpose; with 2100-element chunks Next-Fit gives four
 // chunks: [a b] [c d] [e] [f].
 std::vector<TensorSpec> Model() {
-  return {{"a", 1031}, {"b", 517}, {"c", 2049}, {"d", 33}, {"e", 1500}, {"f", 777}};
+  return {{"a", 1031}, {"b", 517},  {"c", 2049},
+          {"d", 33},   {"e", 1500}, {"f", 777}};
 }
 constexpr size_t kChunk = 2100;
 
@@ -35,7 +36,8 @@ struct Result {
 absl::Status Initialize(ChunkedAdam& opt) {
   std::vector<TensorSpec> model = Model();
   for (size_t t = 0; t < model.size(); ++t) {
-    absl::Status s = opt.SetParams(t, RandomFloats(model[t].numel, 100 + t, -1, 1));
+    absl::Status s =
+        opt.SetParams(t, RandomFloats(model[t].numel, 100 + t, -1, 1));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -44,7 +46,8 @@ absl::Status Initialize(ChunkedAdam& opt) {
 absl::Status FeedGradients(ChunkedAdam& opt, int step) {
   std::vector<TensorSpec> model = Model();
   for (size_t t = 0; t < model.size(); ++t) {
-    absl::Status s = opt.SetGradients(t, RandomFloats(model[t].numel, 1000 * step + t, -0.1f, 0.1f));
+    absl::Status s = opt.SetGradients(
+        t, RandomFloats(model[t].numel, 1000 * step + t, -0.1f, 0.1f));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -62,7 +65,8 @@ Result Collect(const ChunkedAdam& opt) {
   return r;
 }
 
-Result Train(const ChunkedAdamOptions& options, int steps, size_t* resident = nullptr) {
+Result Train(const ChunkedAdamOptions& options, int steps,
+             size_t* resident = nullptr) {
   HostBudgetDevice device(uint64_t{1} << 30);
   auto opt = ChunkedAdam::Create(&device, Model(), options);
   EXPECT_TRUE(opt.ok()) << opt.status();
@@ -87,7 +91,9 @@ Result TrainReference(const AdamConfig& config, int steps) {
     std::vector<uint16_t> bf16(n);
     for (int step = 1; step <= steps; ++step) {
       std::vector<float> g = RandomFloats(n, 1000 * step + t, -0.1f, 0.1f);
-      AdamKernelScalar(MakeStepScalars(config, step), {p.data(), g.data(), m.data(), v.data(), bf16.data(), n});
+      AdamKernelScalar(
+          MakeStepScalars(config, step),
+          {p.data(), g.data(), m.data(), v.data(), bf16.data(), n});
     }
     r.params.push_back(p);
     r.bf16.push_back(bf16);
@@ -98,7 +104,8 @@ Result TrainReference(const AdamConfig& config, int steps) {
 void ExpectSame(const Result& a, const Result& b, const char* what) {
   ASSERT_EQ(a.params.size(), b.params.size()) << what;
   for (size_t t = 0; t < a.params.size(); ++t) {
-    EXPECT_TRUE(BitwiseEqual(a.params[t], b.params[t])) << what << " tensor " << t;
+    EXPECT_TRUE(BitwiseEqual(a.params[t], b.params[t]))
+        << what << " tensor " << t;
     EXPECT_TRUE(BitwiseEqual(a.bf16[t], b.bf16[t])) << what << " tensor " << t;
   }
 }
@@ -113,7 +120,8 @@ TEST(ChunkedAdamTest, HybridPlacementEqualsAllOnOnePlacement) {
   EXPECT_EQ(resident_none, 0u);
   ExpectSame(on_device, hybrid, "all-device vs hybrid");
   ExpectSame(on_host, hybrid, "all-host vs hybrid");
-  ExpectSame(TrainReference(AdamConfig{}, 3), hybrid, "scalar reference vs hybrid");
+  ExpectSame(TrainReference(AdamConfig{}, 3), hybrid,
+             "scalar reference vs hybrid");
 }
 
 TEST(ChunkedAdamTest, SerialBaselineEqualsOverlappedPipeline) {
@@ -126,7 +134,8 @@ TEST(ChunkedAdamTest, OffloadFractionOutsideUnitIntervalFailsBeforeTraining) {
   for (double f : {-0.5, 1.5}) {
     auto opt = ChunkedAdam::Create(&device, Model(), Options(f));
     ASSERT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument) << f;
-    EXPECT_NE(std::string(opt.status().message()).find("offload_fraction"), std::string::npos);
+    EXPECT_NE(std::string(opt.status().message()).find("offload_fraction"),
+              std::string::npos);
   }
   EXPECT_EQ(device.used_bytes(), 0u);
 }
@@ -147,12 +156,14 @@ TEST(ChunkedAdamTest, AutoBudgetBelowMinimumFailsBeforeTraining) {
   o.device_budget_bytes = 4 * kChunk * kFixedBytesPerElem - 1;
   auto opt = ChunkedAdam::Create(&device, Model(), o);
   ASSERT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(opt.status().message()).find("device_budget_bytes"), std::string::npos);
+  EXPECT_NE(std::string(opt.status().message()).find("device_budget_bytes"),
+            std::string::npos);
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
 TEST(ChunkedAdamTest, StaticPlacementAboveDeviceCapacityFailsBeforeTraining) {
-  HostBudgetDevice device(4 * kChunk * kFixedBytesPerElem + kChunk * kResidentBytesPerElem);
+  HostBudgetDevice device(4 * kChunk * kFixedBytesPerElem +
+                          kChunk * kResidentBytesPerElem);
   EXPECT_FALSE(ChunkedAdam::Create(&device, Model(), Options(0.5)).ok());
   EXPECT_TRUE(ChunkedAdam::Create(&device, Model(), Options(0.75)).ok());
 }
@@ -188,12 +199,16 @@ TEST(ChunkedAdamTest, AutoPolicyStaysUnderBudgetAsPeakAndBudgetChange) {
       budget = plan[it].budget;
     }
     ASSERT_TRUE(opt.Step().ok());
-    EXPECT_EQ(opt.resident_chunks(), plan[it].expect_resident) << "iteration " << it;
-    EXPECT_LE(device.used_bytes() + plan[it].peak, budget) << "iteration " << it;
+    EXPECT_EQ(opt.resident_chunks(), plan[it].expect_resident)
+        << "iteration " << it;
+    EXPECT_LE(device.used_bytes() + plan[it].peak, budget)
+        << "iteration " << it;
   }
-  EXPECT_EQ(opt.SetDeviceBudget(fixed - 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt.SetDeviceBudget(fixed - 1).code(),
+            absl::StatusCode::kInvalidArgument);
   // Moving chunks back and forth never changes the arithmetic.
-  ExpectSame(TrainReference(AdamConfig{}, std::size(plan)), Collect(opt), "auto vs reference");
+  ExpectSame(TrainReference(AdamConfig{}, std::size(plan)), Collect(opt),
+             "auto vs reference");
 }
 
 TEST(ChunkedAdamTest, WrongGradientSizeIsRefusedNamingTheTensor) {

@@ -21,7 +21,8 @@ struct Choice {
 const Choice& Chosen() {
   static const Choice choice = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return Choice{avx512::AdamKernel, "avx512"};
+    if (__builtin_cpu_supports("avx512f"))
+      return Choice{avx512::AdamKernel, "avx512"};
     if (__builtin_cpu_supports("avx2")) return Choice{avx2::AdamKernel, "avx2"};
     return Choice{AdamKernelScalar, "scalar"};
   }();
@@ -36,7 +37,8 @@ const char* BestAdamKernelName() { return Chosen().name; }
 CpuAdam::CpuAdam(int threads, AdamKernel kernel)
     : threads_(std::max(threads, 1)),
       kernel_(kernel != nullptr ? kernel : BestAdamKernel()) {
-  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < threads_; ++i)
+    workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 CpuAdam::~CpuAdam() {
@@ -70,7 +72,8 @@ void CpuAdam::WorkerLoop(int index) {
   }
 }
 
-void CpuAdam::ParallelFor(size_t n, const std::function<void(size_t, size_t)>& fn) {
+void CpuAdam::ParallelFor(size_t n,
+                          const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
   size_t per_thread = (n + threads_ - 1) / threads_;
   size_t block = (per_thread + kGrain - 1) / kGrain * kGrain;
@@ -95,7 +98,10 @@ void CpuAdam::ParallelFor(size_t n, const std::function<void(size_t, size_t)>& f
 
 void CpuAdam::Update(const AdamStepScalars& s, const AdamSpan& span) {
   std::function<void(size_t, size_t)> fn = [&](size_t begin, size_t end) {
-    AdamSpan part{span.p + begin, span.g + begin, span.m + begin, span.v + begin,
+    AdamSpan part{span.p + begin,
+                  span.g + begin,
+                  span.m + begin,
+                  span.v + begin,
                   span.p_bf16 != nullptr ? span.p_bf16 + begin : nullptr,
                   end - begin};
     kernel_(s, part);

@@ -15,13 +15,16 @@ using testing::RandomFloats;
 struct State {
   std::vector<float> p, g, m, v;
   std::vector<uint16_t> bf16;
-  AdamSpan Span() { return {p.data(), g.data(), m.data(), v.data(), bf16.data(), p.size()}; }
+  AdamSpan Span() {
+    return {p.data(), g.data(), m.data(), v.data(), bf16.data(), p.size()};
+  }
 };
 
 State MakeState(size_t n, uint32_t seed) {
-  State s{RandomFloats(n, seed, -1.0f, 1.0f), RandomFloats(n, seed + 1, -0.1f, 0.1f),
-          RandomFloats(n, seed + 2, -0.01f, 0.01f), RandomFloats(n, seed + 3, 0.0f, 1e-4f),
-          std::vector<uint16_t>(n)};
+  State s{RandomFloats(n, seed, -1.0f, 1.0f),
+          RandomFloats(n, seed + 1, -0.1f, 0.1f),
+          RandomFloats(n, seed + 2, -0.01f, 0.01f),
+          RandomFloats(n, seed + 3, 0.0f, 1e-4f), std::vector<uint16_t>(n)};
   return s;
 }
 
@@ -33,9 +36,10 @@ struct Kernel {
 
 std::vector<Kernel> AllKernels() {
   __builtin_cpu_init();
-  return {{"scalar", AdamKernelScalar, true},
-          {"avx2", avx2::AdamKernel, __builtin_cpu_supports("avx2") != 0},
-          {"avx512", avx512::AdamKernel, __builtin_cpu_supports("avx512f") != 0}};
+  return {
+      {"scalar", AdamKernelScalar, true},
+      {"avx2", avx2::AdamKernel, __builtin_cpu_supports("avx2") != 0},
+      {"avx512", avx512::AdamKernel, __builtin_cpu_supports("avx512f") != 0}};
 }
 
 // Sizes straddle both vector widths and are never all multiples of them.
@@ -56,11 +60,16 @@ TEST(CpuAdamTest, EveryKernelMatchesDoubleReferenceElementByElement) {
         }
       }
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_NEAR(s.p[i], p[i], 1e-6 * std::fabs(p[i]) + 1e-8) << k.name << " n=" << n << " i=" << i;
-        // m can cancel (b1 * m and (1 - b1) * g of opposite signs): scale by |g|.
-        ASSERT_NEAR(s.m[i], m[i], 1e-6 * (std::fabs(m[i]) + std::fabs(s.g[i]))) << k.name << " n=" << n;
-        ASSERT_NEAR(s.v[i], v[i], 1e-6 * std::fabs(v[i]) + 1e-15) << k.name << " n=" << n;
-        ASSERT_EQ(s.bf16[i], FloatToBf16(s.p[i])) << k.name << " n=" << n << " i=" << i;
+        ASSERT_NEAR(s.p[i], p[i], 1e-6 * std::fabs(p[i]) + 1e-8)
+            << k.name << " n=" << n << " i=" << i;
+        // m can cancel (b1 * m and (1 - b1) * g of opposite signs): scale by
+        // |g|.
+        ASSERT_NEAR(s.m[i], m[i], 1e-6 * (std::fabs(m[i]) + std::fabs(s.g[i])))
+            << k.name << " n=" << n;
+        ASSERT_NEAR(s.v[i], v[i], 1e-6 * std::fabs(v[i]) + 1e-15)
+            << k.name << " n=" << n;
+        ASSERT_EQ(s.bf16[i], FloatToBf16(s.p[i]))
+            << k.name << " n=" << n << " i=" << i;
       }
     }
   }
@@ -89,11 +98,13 @@ TEST(CpuAdamTest, ThreadCountDoesNotChangeAnyBit) {
   const size_t n = 100003;
   State reference = MakeState(n, 5);
   CpuAdam one(1);
-  for (int64_t step = 1; step <= 2; ++step) one.Update(MakeStepScalars(config, step), reference.Span());
+  for (int64_t step = 1; step <= 2; ++step)
+    one.Update(MakeStepScalars(config, step), reference.Span());
   for (int threads : {2, 3, 5, 8}) {
     State s = MakeState(n, 5);
     CpuAdam pool(threads);
-    for (int64_t step = 1; step <= 2; ++step) pool.Update(MakeStepScalars(config, step), s.Span());
+    for (int64_t step = 1; step <= 2; ++step)
+      pool.Update(MakeStepScalars(config, step), s.Span());
     EXPECT_TRUE(BitwiseEqual(reference.p, s.p)) << threads << " threads";
     EXPECT_TRUE(BitwiseEqual(reference.m, s.m)) << threads << " threads";
     EXPECT_TRUE(BitwiseEqual(reference.v, s.v)) << threads << " threads";
@@ -104,13 +115,15 @@ TEST(CpuAdamTest, ThreadCountDoesNotChangeAnyBit) {
 TEST(CpuAdamTest, ParallelForCoversEveryElementExactlyOnce) {
   for (int threads : {1, 3, 4}) {
     CpuAdam pool(threads);
-    for (size_t n : {size_t{1}, size_t{63}, size_t{65}, size_t{1000}, size_t{12345}}) {
+    for (size_t n :
+         {size_t{1}, size_t{63}, size_t{65}, size_t{1000}, size_t{12345}}) {
       std::vector<int> hits(n);
       pool.ParallelFor(n, [&](size_t b, size_t e) {
         EXPECT_EQ(b % CpuAdam::kGrain, 0u);
         for (size_t i = b; i < e; ++i) ++hits[i];
       });
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << "n=" << n << " i=" << i;
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[i], 1) << "n=" << n << " i=" << i;
     }
   }
 }
@@ -134,7 +147,8 @@ TEST(CpuAdamTest, ConfigValidationNamesTheField) {
   EXPECT_NE(std::string(s.message()).find("beta1"), std::string::npos);
   c = AdamConfig{};
   c.eps = 0;
-  EXPECT_NE(std::string(ValidateAdamConfig(c).message()).find("eps"), std::string::npos);
+  EXPECT_NE(std::string(ValidateAdamConfig(c).message()).find("eps"),
+            std::string::npos);
   c = AdamConfig{};
   c.lr = NAN;
   EXPECT_FALSE(ValidateAdamConfig(c).ok());

@@ -1,5 +1,3 @@
-#include "worker/cuda_device.h"
-
 #include <cuda_runtime.h>
 
 #include <array>
@@ -7,49 +5,57 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda_device.h"
 
 namespace ckpt::worker {
 
 namespace {
 
 // The one conversion of CUDA errors; also clears the sticky last error.
-absl::Status CudaStatus(cudaError_t err, std::string_view call, std::string_view object) {
+absl::Status CudaStatus(cudaError_t err, std::string_view call,
+                        std::string_view object) {
   if (err == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
-  std::string msg = absl::StrCat(std::string(call), " (", std::string(object),
-                                 "): ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  std::string msg =
+      absl::StrCat(std::string(call), " (", std::string(object),
+                   "): ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation)
+    return absl::ResourceExhaustedError(msg);
   if (err == cudaErrorInvalidValue) return absl::InvalidArgumentError(msg);
   return absl::InternalError(msg);
 }
 
-#define CKPT_CUDA_RETURN(call, object)                              \
-  do {                                                              \
-    absl::Status _s = CudaStatus((call), #call, (object));          \
-    if (!_s.ok()) return _s;                                        \
+#define CKPT_CUDA_RETURN(call, object)                     \
+  do {                                                     \
+    absl::Status _s = CudaStatus((call), #call, (object)); \
+    if (!_s.ok()) return _s;                               \
   } while (0)
 
 __device__ __forceinline__ unsigned short ToBf16(float f) {
   unsigned int bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<unsigned short>((bits >> 16) | 0x40u);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<unsigned short>(bits >> 16);
 }
 
 // AdamElement with every operation explicitly rounded (_rn intrinsics are
 // never contracted into FMAs).
-__global__ void AdamKernel(AdamStepScalars s, float* __restrict__ p, const float* __restrict__ g,
-                           float* __restrict__ m, float* __restrict__ v,
+__global__ void AdamKernel(AdamStepScalars s, float* __restrict__ p,
+                           const float* __restrict__ g, float* __restrict__ m,
+                           float* __restrict__ v,
                            unsigned short* __restrict__ p_bf16, size_t n) {
   size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
     float gi = g[i];
-    float m1 = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, gi));
+    float m1 =
+        __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, gi));
     float v1 = __fadd_rn(__fmul_rn(s.beta2, v[i]),
                          __fmul_rn(s.one_minus_beta2, __fmul_rn(gi, gi)));
     float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v1), s.bias2_sqrt), s.eps);
-    float pi = __fsub_rn(__fmul_rn(p[i], s.decay), __fmul_rn(s.step_size, __fdiv_rn(m1, denom)));
+    float pi = __fsub_rn(__fmul_rn(p[i], s.decay),
+                         __fmul_rn(s.step_size, __fdiv_rn(m1, denom)));
     m[i] = m1;
     v[i] = v1;
     p[i] = pi;
@@ -62,7 +68,8 @@ class CudaEvent final : public DeviceEvent {
   explicit CudaEvent(cudaEvent_t e) : e_(e) {}
   ~CudaEvent() override { cudaEventDestroy(e_); }
   absl::Status Wait() override {
-    return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize", "queue event");
+    return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize",
+                      "queue event");
   }
 
  private:
@@ -71,7 +78,8 @@ class CudaEvent final : public DeviceEvent {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, uint64_t capacity) : ordinal_(ordinal), capacity_(capacity) {}
+  CudaDevice(int ordinal, uint64_t capacity)
+      : ordinal_(ordinal), capacity_(capacity) {}
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
     for (cudaStream_t st : streams_) {
@@ -83,7 +91,8 @@ class CudaDevice final : public Device {
   absl::Status Init() {
     CKPT_CUDA_RETURN(cudaSetDevice(ordinal_), name());
     for (cudaStream_t& st : streams_) {
-      CKPT_CUDA_RETURN(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), name());
+      CKPT_CUDA_RETURN(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking),
+                       name());
     }
     return absl::OkStatus();
   }
@@ -120,7 +129,8 @@ class CudaDevice final : public Device {
     cudaFree(device_ptr);
   }
 
-  absl::StatusOr<void*> AllocateHost(size_t bytes, std::string_view what) override {
+  absl::StatusOr<void*> AllocateHost(size_t bytes,
+                                     std::string_view what) override {
     void* p = nullptr;
     CKPT_CUDA_RETURN(cudaMallocHost(&p, bytes), what);
     return p;
@@ -129,30 +139,37 @@ class CudaDevice final : public Device {
     if (host_ptr != nullptr) cudaFreeHost(host_ptr);
   }
 
-  absl::Status CopyToHostAsync(Queue q, void* host, const void* device, size_t bytes) override {
-    CKPT_CUDA_RETURN(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, Stream(q)),
-                     name());
+  absl::Status CopyToHostAsync(Queue q, void* host, const void* device,
+                               size_t bytes) override {
+    CKPT_CUDA_RETURN(
+        cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, Stream(q)),
+        name());
     return absl::OkStatus();
   }
-  absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host, size_t bytes) override {
-    CKPT_CUDA_RETURN(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, Stream(q)),
-                     name());
+  absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host,
+                                 size_t bytes) override {
+    CKPT_CUDA_RETURN(
+        cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, Stream(q)),
+        name());
     return absl::OkStatus();
   }
-  absl::Status AdamAsync(Queue q, const AdamStepScalars& s, const AdamSpan& d) override {
+  absl::Status AdamAsync(Queue q, const AdamStepScalars& s,
+                         const AdamSpan& d) override {
     if (d.n == 0) return absl::OkStatus();
     CKPT_CUDA_RETURN(cudaSetDevice(ordinal_), name());
     constexpr int kThreads = 256;
     size_t blocks = (d.n + kThreads - 1) / kThreads;
     int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
-    AdamKernel<<<grid, kThreads, 0, Stream(q)>>>(s, d.p, d.g, d.m, d.v, d.p_bf16, d.n);
+    AdamKernel<<<grid, kThreads, 0, Stream(q)>>>(s, d.p, d.g, d.m, d.v,
+                                                 d.p_bf16, d.n);
     CKPT_CUDA_RETURN(cudaGetLastError(), "AdamKernel launch");
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(Queue q) override {
     cudaEvent_t e;
-    CKPT_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), name());
+    CKPT_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                     name());
     std::unique_ptr<DeviceEvent> event(new CudaEvent(e));
     CKPT_CUDA_RETURN(cudaEventRecord(e, Stream(q)), name());
     return event;
@@ -184,11 +201,12 @@ int CudaDeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal, uint64_t capacity_bytes) {
+absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(
+    int ordinal, uint64_t capacity_bytes) {
   int count = CudaDeviceCount();
   if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda ordinal ", ordinal, ": only ", count, " CUDA devices present"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda ordinal ", ordinal, ": only ", count, " CUDA devices present"));
   }
   std::string object = absl::StrCat("cuda:", ordinal);
   CKPT_CUDA_RETURN(cudaSetDevice(ordinal), object);
@@ -196,8 +214,9 @@ absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal, uint64_t cap
   CKPT_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes), object);
   if (capacity_bytes == 0) capacity_bytes = free_bytes;
   if (capacity_bytes > free_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        object, ": capacity ", capacity_bytes, " bytes exceeds free memory ", free_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(object, ": capacity ", capacity_bytes,
+                     " bytes exceeds free memory ", free_bytes));
   }
   auto device = std::make_unique<CudaDevice>(ordinal, capacity_bytes);
   absl::Status s = device->Init();

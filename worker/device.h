@@ -50,13 +50,16 @@ class Device {
       size_t bytes, std::string_view what) = 0;
   virtual void FreeHost(void* host_ptr) = 0;
 
-  [[nodiscard]] virtual absl::Status CopyToHostAsync(Queue q, void* host, const void* device,
+  [[nodiscard]] virtual absl::Status CopyToHostAsync(Queue q, void* host,
+                                                     const void* device,
                                                      size_t bytes) = 0;
-  [[nodiscard]] virtual absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host,
+  [[nodiscard]] virtual absl::Status CopyToDeviceAsync(Queue q, void* device,
+                                                       const void* host,
                                                        size_t bytes) = 0;
   // AdamW over a span whose pointers are all device memory (p_bf16 may be
   // null), in AdamElement's operation order.
-  [[nodiscard]] virtual absl::Status AdamAsync(Queue q, const AdamStepScalars& s,
+  [[nodiscard]] virtual absl::Status AdamAsync(Queue q,
+                                               const AdamStepScalars& s,
                                                const AdamSpan& device_span) = 0;
 
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> Record(

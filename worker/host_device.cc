@@ -32,7 +32,8 @@ class HostBudgetDevice::Event final : public DeviceEvent {
   uint64_t ticket_;
 };
 
-HostBudgetDevice::HostBudgetDevice(uint64_t capacity_bytes) : capacity_(capacity_bytes) {
+HostBudgetDevice::HostBudgetDevice(uint64_t capacity_bytes)
+    : capacity_(capacity_bytes) {
   for (Worker& w : workers_) w.thread = std::thread([this, &w] { Run(&w); });
 }
 
@@ -69,7 +70,8 @@ void HostBudgetDevice::Run(Worker* w) {
 
 absl::Status HostBudgetDevice::Submit(Queue q, std::function<void()> fn) {
   if (Index(q) < 0 || Index(q) >= kNumQueues) {
-    return absl::InvalidArgumentError(absl::StrCat("host-budget device: no queue ", Index(q)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host-budget device: no queue ", Index(q)));
   }
   Worker& w = workers_[Index(q)];
   {
@@ -86,17 +88,19 @@ uint64_t HostBudgetDevice::used_bytes() const {
   return used_;
 }
 
-absl::StatusOr<void*> HostBudgetDevice::Allocate(size_t bytes, std::string_view what) {
+absl::StatusOr<void*> HostBudgetDevice::Allocate(size_t bytes,
+                                                 std::string_view what) {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   if (bytes > capacity_ - used_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host-budget device: allocating ", bytes, " bytes for ", std::string(what),
-        " exceeds capacity (", used_, " of ", capacity_, " bytes in use)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host-budget device: allocating ", bytes, " bytes for ",
+                     std::string(what), " exceeds capacity (", used_, " of ",
+                     capacity_, " bytes in use)"));
   }
   void* p = AlignedAlloc(bytes);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("host-budget device: out of host memory for ", std::string(what)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host-budget device: out of host memory for ", std::string(what)));
   }
   allocations_[p] = bytes;
   used_ += bytes;
@@ -113,23 +117,27 @@ void HostBudgetDevice::Free(void* device_ptr) {
   std::free(device_ptr);
 }
 
-absl::StatusOr<void*> HostBudgetDevice::AllocateHost(size_t bytes, std::string_view what) {
+absl::StatusOr<void*> HostBudgetDevice::AllocateHost(size_t bytes,
+                                                     std::string_view what) {
   void* p = AlignedAlloc(bytes);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host-budget device: cannot allocate ", bytes, " host bytes for ", std::string(what)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host-budget device: cannot allocate ", bytes,
+                     " host bytes for ", std::string(what)));
   }
   return p;
 }
 
 void HostBudgetDevice::FreeHost(void* host_ptr) { std::free(host_ptr); }
 
-absl::Status HostBudgetDevice::CopyToHostAsync(Queue q, void* host, const void* device,
+absl::Status HostBudgetDevice::CopyToHostAsync(Queue q, void* host,
+                                               const void* device,
                                                size_t bytes) {
   return Submit(q, [=] { std::memcpy(host, device, bytes); });
 }
 
-absl::Status HostBudgetDevice::CopyToDeviceAsync(Queue q, void* device, const void* host,
+absl::Status HostBudgetDevice::CopyToDeviceAsync(Queue q, void* device,
+                                                 const void* host,
                                                  size_t bytes) {
   return Submit(q, [=] { std::memcpy(device, host, bytes); });
 }
@@ -141,7 +149,8 @@ absl::Status HostBudgetDevice::AdamAsync(Queue q, const AdamStepScalars& s,
 
 absl::StatusOr<std::unique_ptr<DeviceEvent>> HostBudgetDevice::Record(Queue q) {
   if (Index(q) < 0 || Index(q) >= kNumQueues) {
-    return absl::InvalidArgumentError(absl::StrCat("host-budget device: no queue ", Index(q)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host-budget device: no queue ", Index(q)));
   }
   Worker& w = workers_[Index(q)];
   std::lock_guard<std::mutex> lock(w.mu);

@@ -37,7 +37,8 @@ class HostBudgetDevice final : public Device {
   [[nodiscard]] absl::Status CopyToHostAsync(Queue q, void* host,
                                              const void* device,
                                              size_t bytes) override;
-  absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host, size_t bytes) override;
+  absl::Status CopyToDeviceAsync(Queue q, void* device, const void* host,
+                                 size_t bytes) override;
   [[nodiscard]] absl::Status AdamAsync(Queue q, const AdamStepScalars& s,
                                        const AdamSpan& span) override;
 
@@ -62,7 +63,7 @@ class HostBudgetDevice final : public Device {
 
   const uint64_t capacity_;
   mutable std::mutex alloc_mu_;
-  uint64_t used_ = 0;                             // guarded by alloc_mu_
+  uint64_t used_ = 0;                              // guarded by alloc_mu_
   std::unordered_map<void*, size_t> allocations_;  // guarded by alloc_mu_
   std::array<Worker, kNumQueues> workers_;
 };

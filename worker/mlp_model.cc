@@ -26,10 +26,11 @@ absl::Status CheckRange(const char* field, int value, int lo, int hi) {
 }
 
 // Row-major C (m x n) = alpha * op(A) op(B) + beta * C.
-void Gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b,
-          int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-              n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+void Gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
+              beta, c, ldc);
 }
 
 }  // namespace
@@ -43,9 +44,10 @@ absl::Status ValidateMlpConfig(const MlpConfig& c) {
   if (!s.ok()) return s;
   uint64_t rows = uint64_t(c.seq) * uint64_t(c.batch);
   if (rows * uint64_t(std::max(c.vocab, c.dim)) > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch * seq * max(vocab, dim) = ", rows * uint64_t(std::max(c.vocab, c.dim)),
-        ": activations above 2^30 floats"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch * seq * max(vocab, dim) = ",
+                     rows * uint64_t(std::max(c.vocab, c.dim)),
+                     ": activations above 2^30 floats"));
   }
   return absl::OkStatus();
 }
@@ -63,7 +65,8 @@ std::vector<ParamShape> MlpParamShapes(const MlpConfig& c) {
   return out;
 }
 
-std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& c, uint64_t seed) {
+std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& c,
+                                                 uint64_t seed) {
   std::vector<std::vector<float>> out;
   const float matrix_scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
   uint64_t index = 0;
@@ -71,7 +74,9 @@ std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& c, uint64_t se
     SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + ++index);
     std::vector<float> values(p.numel, 0.0f);
     if (p.shape.size() == 2) {  // biases start at zero
-      float scale = p.name == "embed" ? 1.0f : (p.name == "out.w" ? 1.0f : 0.5f) * matrix_scale;
+      float scale = p.name == "embed"
+                        ? 1.0f
+                        : (p.name == "out.w" ? 1.0f : 0.5f) * matrix_scale;
       for (float& x : values) x = scale * (2.0f * rng.NextFloat() - 1.0f);
     }
     out.push_back(std::move(values));
@@ -81,8 +86,10 @@ std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& c, uint64_t se
 
 void PinBlasToOneThread() {
   using SetThreads = void (*)(int);
-  for (const char* symbol : {"openblas_set_num_threads", "goto_set_num_threads"}) {
-    if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, symbol))) fn(1);
+  for (const char* symbol :
+       {"openblas_set_num_threads", "goto_set_num_threads"}) {
+    if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, symbol)))
+      fn(1);
   }
 }
 
@@ -92,7 +99,8 @@ absl::StatusOr<MlpModel> MlpModel::Create(const MlpConfig& config) {
   return MlpModel(config);
 }
 
-MlpModel::MlpModel(const MlpConfig& c) : config_(c), rows_(size_t(c.batch) * c.seq) {
+MlpModel::MlpModel(const MlpConfig& c)
+    : config_(c), rows_(size_t(c.batch) * c.seq) {
   for (const ParamShape& p : MlpParamShapes(c)) {
     weights_.emplace_back(p.numel, 0.0f);
     grads_.emplace_back(p.numel, 0.0f);
@@ -105,16 +113,18 @@ MlpModel::MlpModel(const MlpConfig& c) : config_(c), rows_(size_t(c.batch) * c.s
   da_.resize(rows_ * c.dim);
 }
 
-absl::StatusOr<float> MlpModel::ForwardBackward(std::span<const int32_t> tokens) {
+absl::StatusOr<float> MlpModel::ForwardBackward(
+    std::span<const int32_t> tokens) {
   const size_t want = size_t(config_.batch) * (config_.seq + 1);
   if (tokens.size() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokens: ", tokens.size(), " given, batch * (seq + 1) = ", want));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokens: ", tokens.size(), " given, batch * (seq + 1) = ", want));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "] = ", tokens[i],
-                                                     ": not in [0, ", config_.vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokens[", i, "] = ", tokens[i], ": not in [0, ",
+                       config_.vocab, ")"));
     }
   }
   Forward(tokens);
@@ -131,7 +141,8 @@ void MlpModel::Forward(std::span<const int32_t> tokens) {
   for (int b = 0, r = 0; b < config_.batch; ++b) {
     for (int t = 0; t < config_.seq; ++t, ++r) {
       int32_t tok = tokens[size_t(b) * (config_.seq + 1) + t];
-      std::memcpy(&hidden_[0][size_t(r) * d], embed + size_t(tok) * d, sizeof(float) * d);
+      std::memcpy(&hidden_[0][size_t(r) * d], embed + size_t(tok) * d,
+                  sizeof(float) * d);
     }
   }
   for (int l = 0; l < config_.layers; ++l) {
@@ -150,8 +161,8 @@ void MlpModel::Forward(std::span<const int32_t> tokens) {
   }
   const float* out_w = weights_[1 + 2 * config_.layers].data();
   const float* out_b = weights_[2 + 2 * config_.layers].data();
-  Gemm(false, false, n, v, d, hidden_[config_.layers].data(), d, out_w, v, 0.0f, logits_.data(),
-       v);
+  Gemm(false, false, n, v, d, hidden_[config_.layers].data(), d, out_w, v, 0.0f,
+       logits_.data(), v);
   for (size_t r = 0; r < rows_; ++r) {
     float* row = &logits_[r * v];
     for (int j = 0; j < v; ++j) row[j] += out_b[j];
@@ -186,12 +197,14 @@ void MlpModel::Backward(std::span<const int32_t> tokens) {
   const int L = config_.layers;
   const float* dlogits = logits_.data();
   // Output projection.
-  Gemm(true, false, d, v, n, hidden_[L].data(), d, dlogits, v, 0.0f, grads_[1 + 2 * L].data(), v);
+  Gemm(true, false, d, v, n, hidden_[L].data(), d, dlogits, v, 0.0f,
+       grads_[1 + 2 * L].data(), v);
   std::vector<float>& dout_b = grads_[2 + 2 * L];
   std::fill(dout_b.begin(), dout_b.end(), 0.0f);
   for (size_t r = 0; r < rows_; ++r)
     for (int j = 0; j < v; ++j) dout_b[j] += dlogits[r * v + j];
-  Gemm(false, true, n, d, v, dlogits, v, weights_[1 + 2 * L].data(), v, 0.0f, dh_.data(), d);
+  Gemm(false, true, n, d, v, dlogits, v, weights_[1 + 2 * L].data(), v, 0.0f,
+       dh_.data(), d);
   // Residual blocks, last to first: h_out = h_in + gelu(h_in W + b).
   for (int l = L - 1; l >= 0; --l) {
     const std::vector<float>& a = pre_[l];
@@ -207,8 +220,8 @@ void MlpModel::Backward(std::span<const int32_t> tokens) {
     std::fill(db.begin(), db.end(), 0.0f);
     for (size_t i = 0; i < da_.size(); ++i) db[i % d] += da_[i];
     dh_next_ = dh_;
-    Gemm(false, true, n, d, d, da_.data(), d, weights_[1 + 2 * l].data(), d, 1.0f,
-         dh_next_.data(), d);
+    Gemm(false, true, n, d, d, da_.data(), d, weights_[1 + 2 * l].data(), d,
+         1.0f, dh_next_.data(), d);
     dh_.swap(dh_next_);
   }
   // Embedding rows, accumulated in row order so repeated tokens add up

@@ -41,7 +41,8 @@ struct ParamShape {
 std::vector<ParamShape> MlpParamShapes(const MlpConfig& config);
 
 // Deterministic initial values of every parameter tensor from the seed.
-std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& config, uint64_t seed);
+std::vector<std::vector<float>> MlpInitialParams(const MlpConfig& config,
+                                                 uint64_t seed);
 
 // Limits the BLAS library to one thread when it has threads of its own
 // (OpenBLAS); a no-op for the reference BLAS. Idempotent.
@@ -54,8 +55,12 @@ class MlpModel {
   const MlpConfig& config() const { return config_; }
   size_t num_tensors() const { return weights_.size(); }
   std::span<float> weights(size_t tensor) { return weights_[tensor]; }
-  std::span<const float> weights(size_t tensor) const { return weights_[tensor]; }
-  std::span<const float> gradients(size_t tensor) const { return grads_[tensor]; }
+  std::span<const float> weights(size_t tensor) const {
+    return weights_[tensor];
+  }
+  std::span<const float> gradients(size_t tensor) const {
+    return grads_[tensor];
+  }
 
   // Runs the batch (batch sequences of seq + 1 tokens, row after row) and
   // fills the gradients; returns the mean cross-entropy. InvalidArgument if
@@ -73,10 +78,11 @@ class MlpModel {
   size_t rows_ = 0;  // batch * seq
   std::vector<std::vector<float>> weights_;
   std::vector<std::vector<float>> grads_;
-  std::vector<std::vector<float>> hidden_;  // layers + 1 activations, rows x dim
-  std::vector<std::vector<float>> pre_;     // layers pre-GELU values, rows x dim
-  std::vector<float> logits_;               // rows x vocab; then d loss / d logits
-  std::vector<float> dh_, dh_next_, da_;    // rows x dim
+  std::vector<std::vector<float>>
+      hidden_;                           // layers + 1 activations, rows x dim
+  std::vector<std::vector<float>> pre_;  // layers pre-GELU values, rows x dim
+  std::vector<float> logits_;            // rows x vocab; then d loss / d logits
+  std::vector<float> dh_, dh_next_, da_;  // rows x dim
 };
 
 }  // namespace ckpt::worker

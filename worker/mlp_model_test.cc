@@ -10,7 +10,10 @@
 namespace ckpt::worker {
 namespace {
 
-MlpConfig Tiny() { return MlpConfig{/*vocab=*/16, /*dim=*/8, /*layers=*/2, /*seq=*/6, /*batch=*/3}; }
+MlpConfig Tiny() {
+  return MlpConfig{/*vocab=*/16, /*dim=*/8, /*layers=*/2, /*seq=*/6,
+                   /*batch=*/3};
+}
 
 std::vector<int32_t> Batch(const MlpConfig& c, int64_t step) {
   return MakeBatch(SyntheticData{c.vocab, c.seq, c.batch, /*seed=*/7}, step, 0);
@@ -29,7 +32,8 @@ TEST(MlpModelTest, GradientsMatchCentralDifferences) {
   std::vector<std::vector<float>> params = MlpInitialParams(c, 3);
   // Non-zero biases so their gradients pass through the GELU's curvature.
   for (size_t i = 2; i + 2 < params.size(); i += 2)
-    for (size_t j = 0; j < params[i].size(); ++j) params[i][j] = 0.1f * float(j % 3) - 0.1f;
+    for (size_t j = 0; j < params[i].size(); ++j)
+      params[i][j] = 0.1f * float(j % 3) - 0.1f;
   Load(*model, params);
   std::vector<int32_t> tokens = Batch(c, 1);
   ASSERT_TRUE(model->ForwardBackward(tokens).ok());
@@ -64,7 +68,8 @@ TEST(MlpModelTest, RefusesTokensOutsideTheVocabulary) {
   tokens[5] = c.vocab;
   absl::StatusOr<float> loss = model->ForwardBackward(tokens);
   EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(loss.status().message()).find("tokens[5]"), std::string::npos);
+  EXPECT_NE(std::string(loss.status().message()).find("tokens[5]"),
+            std::string::npos);
   tokens.pop_back();
   EXPECT_FALSE(model->ForwardBackward(tokens).ok());
 }
@@ -77,7 +82,8 @@ TEST(MlpModelTest, RefusesBadSizesNamingTheField) {
   EXPECT_NE(std::string(s.message()).find("dim"), std::string::npos);
   c = Tiny();
   c.vocab = 1;
-  EXPECT_NE(std::string(ValidateMlpConfig(c).message()).find("vocab"), std::string::npos);
+  EXPECT_NE(std::string(ValidateMlpConfig(c).message()).find("vocab"),
+            std::string::npos);
 }
 
 TEST(SyntheticDataTest, BatchIsAFunctionOfSeedStepAndRank) {
@@ -101,7 +107,8 @@ TEST(SyntheticDataTest, NextTokenFollowsAFewAffinePatterns) {
   std::vector<int32_t> b = MakeBatch(d, 1, 0);
   std::vector<std::set<int32_t>> successors(64);
   for (int s = 0; s < d.batch; ++s)
-    for (int t = 0; t < d.seq; ++t) successors[b[s * 21 + t]].insert(b[s * 21 + t + 1]);
+    for (int t = 0; t < d.seq; ++t)
+      successors[b[s * 21 + t]].insert(b[s * 21 + t + 1]);
   for (const auto& next : successors) EXPECT_LE(next.size(), 3u);
 }
 

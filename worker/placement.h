@@ -26,7 +26,7 @@ inline constexpr uint64_t kFixedBytesPerElem = 4 + 2;
 inline constexpr uint64_t kResidentBytesPerElem = 4 + 4 + 4;
 
 struct DeviceFootprint {
-  uint64_t fixed_bytes = 0;         // all chunks' grad + bf16 buffers
+  uint64_t fixed_bytes = 0;           // all chunks' grad + bf16 buffers
   uint64_t resident_chunk_bytes = 0;  // p, m, v of one chunk
 };
 

@@ -11,7 +11,8 @@ TEST(PlacementTest, OffloadFractionOutsideUnitIntervalIsRefused) {
   for (double f : {-0.01, 1.01, double{NAN}, double{INFINITY}}) {
     absl::Status s = ValidateOffloadFraction(f);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << f;
-    EXPECT_NE(std::string(s.message()).find("offload_fraction"), std::string::npos);
+    EXPECT_NE(std::string(s.message()).find("offload_fraction"),
+              std::string::npos);
   }
   EXPECT_TRUE(ValidateOffloadFraction(0.0).ok());
   EXPECT_TRUE(ValidateOffloadFraction(1.0).ok());
@@ -34,7 +35,8 @@ TEST(PlacementTest, AutoBudgetBelowFixedBytesIsRefused) {
 }
 
 TEST(PlacementTest, AutoKeepsAsManyChunksAsFitAfterTheNonModelPeak) {
-  DeviceFootprint f = FootprintOf(4, 100);  // 2400 fixed, 1200 per resident chunk
+  DeviceFootprint f =
+      FootprintOf(4, 100);  // 2400 fixed, 1200 per resident chunk
   EXPECT_EQ(AutoResidentChunks(2400 + 3 * 1200 + 1199, 0, f, 4), 3u);
   EXPECT_EQ(AutoResidentChunks(2400 + 3 * 1200, 1, f, 4), 2u);
   EXPECT_EQ(AutoResidentChunks(2400 + 10 * 1200, 0, f, 4), 4u);

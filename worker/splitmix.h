@@ -19,7 +19,9 @@ class SplitMix64 {
     return z ^ (z >> 31);
   }
   // Uniform in [0, 1), 24 random bits.
-  float NextFloat() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
+  float NextFloat() {
+    return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f);
+  }
   // Uniform in [0, n) for n > 0 (modulo bias is irrelevant here).
   uint32_t Below(uint32_t n) { return static_cast<uint32_t>(Next() % n); }
 

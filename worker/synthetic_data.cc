@@ -4,7 +4,8 @@
 
 namespace ckpt::worker {
 
-std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step, int rank) {
+std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step,
+                               int rank) {
   const uint32_t vocab = static_cast<uint32_t>(data.vocab);
   const int patterns = data.patterns < 1 ? 1 : data.patterns;
   std::vector<uint32_t> mul(patterns), add(patterns);
@@ -15,7 +16,8 @@ std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step, int rank
   }
   // One independent stream per (seed, step, rank).
   SplitMix64 mix(data.seed);
-  uint64_t key = mix.Next() ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull) ^
+  uint64_t key = mix.Next() ^
+                 (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull) ^
                  (static_cast<uint64_t>(rank) * 0xABC98388FB8FAC03ull);
   SplitMix64 rng(key);
   std::vector<int32_t> out;
@@ -28,7 +30,8 @@ std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step, int rank
       if (rng.NextFloat() < data.noise) {
         token = rng.Below(vocab);
       } else {
-        token = static_cast<uint32_t>((uint64_t{mul[k]} * token + add[k]) % vocab);
+        token =
+            static_cast<uint32_t>((uint64_t{mul[k]} * token + add[k]) % vocab);
       }
       out.push_back(static_cast<int32_t>(token));
     }

@@ -24,7 +24,8 @@ struct SyntheticData {
 };
 
 // batch sequences of seq + 1 tokens, row after row, each in [0, vocab).
-std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step, int rank);
+std::vector<int32_t> MakeBatch(const SyntheticData& data, int64_t step,
+                               int rank);
 
 }  // namespace ckpt::worker
 

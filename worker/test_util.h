@@ -9,7 +9,8 @@
 
 namespace ckpt::worker::testing {
 
-inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float hi) {
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo,
+                                       float hi) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> out(n);
@@ -19,7 +20,8 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float 
 
 template <typename T>
 bool BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 }  // namespace ckpt::worker::testing

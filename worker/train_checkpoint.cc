@@ -9,11 +9,14 @@ namespace {
 
 // Host memory in both cases: the only Device the trainer drives today is the
 // host-budget one, whose "device memory" is host memory.
-ckpt::Device MemoryOf(const ChunkedAdam::MasterState&) { return ckpt::Device::Host(); }
+ckpt::Device MemoryOf(const ChunkedAdam::MasterState&) {
+  return ckpt::Device::Host();
+}
 
 }  // namespace
 
-TrainCheckpoint::TrainCheckpoint(const MlpConfig& model, int world_size, ChunkedAdam* optimizer)
+TrainCheckpoint::TrainCheckpoint(const MlpConfig& model, int world_size,
+                                 ChunkedAdam* optimizer)
     : model_(model),
       world_size_(world_size),
       optimizer_(optimizer),
@@ -28,8 +31,8 @@ Tensor TrainCheckpoint::Meta(const char* name, int64_t* data, int64_t count) {
   return t;
 }
 
-absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(int64_t step,
-                                                                uint64_t data_seed) {
+absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(
+    int64_t step, uint64_t data_seed) {
   meta_step_[0] = step;
   meta_rng_[0] = static_cast<int64_t>(data_seed);
   meta_rng_[1] = step;  // the data position is the step
@@ -41,8 +44,10 @@ absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(int64_t step,
   std::vector<Tensor> out;
   out.reserve(3 * shapes_.size() + 3);
   for (size_t i = 0; i < shapes_.size(); ++i) {
-    CKPT_ASSIGN_OR_RETURN(ChunkedAdam::MasterState st, optimizer_->MasterStateOf(i));
-    for (auto [prefix, data] : {std::pair{"param/", st.p}, {"adam_m/", st.m}, {"adam_v/", st.v}}) {
+    CKPT_ASSIGN_OR_RETURN(ChunkedAdam::MasterState st,
+                          optimizer_->MasterStateOf(i));
+    for (auto [prefix, data] :
+         {std::pair{"param/", st.p}, {"adam_m/", st.m}, {"adam_v/", st.v}}) {
       Tensor t;
       t.name = absl::StrCat(prefix, i);
       t.dtype = DType::kFloat32;
@@ -61,9 +66,9 @@ absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(int64_t step,
 absl::Status TrainCheckpoint::CheckMeta(int64_t step) const {
   std::string where = absl::StrCat("checkpoint step ", step, ": ");
   if (meta_model_[0] != kCheckpointLayoutVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, "meta/model layout version ", meta_model_[0], ", expected ",
-        kCheckpointLayoutVersion));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, "meta/model layout version ", meta_model_[0],
+                     ", expected ", kCheckpointLayoutVersion));
   }
   if (meta_model_[4] != world_size_) {
     return absl::FailedPreconditionError(
@@ -74,10 +79,11 @@ absl::Status TrainCheckpoint::CheckMeta(int64_t step) const {
   const char* names[3] = {"vocab", "dim", "layers"};
   for (int i = 0; i < 3; ++i) {
     if (meta_model_[1 + i] != mine[i]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, "model has ", names[i], " = ", meta_model_[1 + i], ", this run has ", names[i],
-          " = ", mine[i], " (checkpoint model: vocab ", meta_model_[1], ", dim ",
-          meta_model_[2], ", layers ", meta_model_[3], ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, "model has ", names[i], " = ", meta_model_[1 + i],
+                       ", this run has ", names[i], " = ", mine[i],
+                       " (checkpoint model: vocab ", meta_model_[1], ", dim ",
+                       meta_model_[2], ", layers ", meta_model_[3], ")"));
     }
   }
   if (meta_step_[0] != step) {
@@ -85,21 +91,25 @@ absl::Status TrainCheckpoint::CheckMeta(int64_t step) const {
         absl::StrCat(where, "meta/step holds ", meta_step_[0]));
   }
   if (meta_rng_[1] != step) {
-    return absl::DataLossError(
-        absl::StrCat(where, "meta/rng data position ", meta_rng_[1], " is not the step"));
+    return absl::DataLossError(absl::StrCat(where, "meta/rng data position ",
+                                            meta_rng_[1], " is not the step"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<RestoredState> TrainCheckpoint::Restore(Client& client, int64_t step) {
-  std::vector<Tensor> meta = {Meta("meta/step", meta_step_, 1), Meta("meta/rng", meta_rng_, 2),
+absl::StatusOr<RestoredState> TrainCheckpoint::Restore(Client& client,
+                                                       int64_t step) {
+  std::vector<Tensor> meta = {Meta("meta/step", meta_step_, 1),
+                              Meta("meta/rng", meta_rng_, 2),
                               Meta("meta/model", meta_model_, 5)};
   if (absl::Status s = client.Restore(step, meta); !s.ok()) {
-    return Annotate(s, absl::StrCat("checkpoint step ", step,
-                                    ": not a ckpt-worker checkpoint (reading meta/*)"));
+    return Annotate(
+        s, absl::StrCat("checkpoint step ", step,
+                        ": not a ckpt-worker checkpoint (reading meta/*)"));
   }
   CKPT_RETURN_IF_ERROR(CheckMeta(step));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> all, TensorsFor(step, meta_rng_[0]));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> all,
+                        TensorsFor(step, meta_rng_[0]));
   all.resize(3 * shapes_.size());  // the state; meta is already read
   if (absl::Status s = client.Restore(step, all); !s.ok()) {
     return Annotate(s, absl::StrCat("checkpoint step ", step));

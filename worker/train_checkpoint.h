@@ -31,7 +31,8 @@ struct RestoredState {
 class TrainCheckpoint {
  public:
   // optimizer must outlive this object and hold MlpParamShapes(model) in order.
-  TrainCheckpoint(const MlpConfig& model, int world_size, ChunkedAdam* optimizer);
+  TrainCheckpoint(const MlpConfig& model, int world_size,
+                  ChunkedAdam* optimizer);
 
   // The tensors of a save of `step`. They point into the optimizer's master
   // state and this object's meta buffers: both must stay untouched (no

@@ -16,7 +16,10 @@ namespace {
 using ckpt::testing::DaemonProcess;
 using ckpt::testing::TempDir;
 
-MlpConfig Model() { return MlpConfig{/*vocab=*/32, /*dim=*/8, /*layers=*/1, /*seq=*/4, /*batch=*/2}; }
+MlpConfig Model() {
+  return MlpConfig{/*vocab=*/32, /*dim=*/8, /*layers=*/1, /*seq=*/4,
+                   /*batch=*/2};
+}
 
 struct Optimizer {
   HostBudgetDevice device{1 << 20};
@@ -26,14 +29,16 @@ struct Optimizer {
 std::unique_ptr<Optimizer> MakeOptimizer(uint64_t seed) {
   auto o = std::make_unique<Optimizer>();
   std::vector<TensorSpec> specs;
-  for (const ParamShape& p : MlpParamShapes(Model())) specs.push_back({p.name, p.numel});
+  for (const ParamShape& p : MlpParamShapes(Model()))
+    specs.push_back({p.name, p.numel});
   ChunkedAdamOptions opt;
   opt.chunk_elems = 32 * 8;
   auto adam = ChunkedAdam::Create(&o->device, specs, opt);
   EXPECT_TRUE(adam.ok()) << adam.status();
   o->adam = std::move(*adam);
   std::vector<std::vector<float>> init = MlpInitialParams(Model(), seed);
-  for (size_t i = 0; i < init.size(); ++i) EXPECT_TRUE(o->adam->SetParams(i, init[i]).ok());
+  for (size_t i = 0; i < init.size(); ++i)
+    EXPECT_TRUE(o->adam->SetParams(i, init[i]).ok());
   return o;
 }
 
@@ -59,7 +64,8 @@ class TrainCheckpointTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-TEST_F(TrainCheckpointTest, RestoreOfAnotherWorldSizeIsRefusedBeforeAnyWeightIsRead) {
+TEST_F(TrainCheckpointTest,
+       RestoreOfAnotherWorldSizeIsRefusedBeforeAnyWeightIsRead) {
   auto saved = MakeOptimizer(1);
   TrainCheckpoint writer(Model(), /*world_size=*/1, saved->adam.get());
   auto tensors = writer.TensorsFor(3, 77);
@@ -72,7 +78,8 @@ TEST_F(TrainCheckpointTest, RestoreOfAnotherWorldSizeIsRefusedBeforeAnyWeightIsR
   TrainCheckpoint reader(Model(), /*world_size=*/2, other->adam.get());
   absl::StatusOr<RestoredState> r = reader.Restore(*client_, 3);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(std::string(r.status().message()).find("world size 1, this run has world size 2"),
+  EXPECT_NE(std::string(r.status().message())
+                .find("world size 1, this run has world size 2"),
             std::string::npos)
       << r.status();
   ASSERT_TRUE(other->adam->GetParams(0, after).ok());
@@ -84,7 +91,8 @@ TEST_F(TrainCheckpointTest, RestoreBringsBackWeightsMomentsStepAndSeed) {
   size_t n = MlpParamShapes(Model()).size();
   for (int step = 0; step < 2; ++step) {
     for (size_t i = 0; i < n; ++i) {
-      std::vector<float> g(MlpParamShapes(Model())[i].numel, 0.01f * float(i + 1));
+      std::vector<float> g(MlpParamShapes(Model())[i].numel,
+                           0.01f * float(i + 1));
       ASSERT_TRUE(saved->adam->SetGradients(i, g).ok());
     }
     ASSERT_TRUE(saved->adam->Step().ok());
@@ -102,7 +110,8 @@ TEST_F(TrainCheckpointTest, RestoreBringsBackWeightsMomentsStepAndSeed) {
   EXPECT_EQ(r->data_seed, 77u);
   EXPECT_EQ(restored->adam->step(), 2);
   for (size_t i = 0; i < n; ++i) {
-    auto a = saved->adam->MasterStateOf(i), b = restored->adam->MasterStateOf(i);
+    auto a = saved->adam->MasterStateOf(i),
+         b = restored->adam->MasterStateOf(i);
     ASSERT_TRUE(a.ok() && b.ok());
     size_t numel = MlpParamShapes(Model())[i].numel;
     EXPECT_EQ(std::memcmp(a->p, b->p, 4 * numel), 0) << i;
@@ -129,7 +138,9 @@ TEST_F(TrainCheckpointTest, RestoreOfMismatchedTensorIsRefusedNamingIt) {
   TrainCheckpoint reader(Model(), 1, restored->adam.get());
   absl::StatusOr<RestoredState> r = reader.Restore(*client_, 4);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(std::string(r.status().message()).find("param/1"), std::string::npos) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("param/1"),
+            std::string::npos)
+      << r.status();
 
   tensors = writer.TensorsFor(5, 77);
   ASSERT_TRUE(tensors.ok());
@@ -138,7 +149,9 @@ TEST_F(TrainCheckpointTest, RestoreOfMismatchedTensorIsRefusedNamingIt) {
   ASSERT_TRUE(client_->Save(5, *tensors).ok());
   r = reader.Restore(*client_, 5);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(std::string(r.status().message()).find("adam_v/2"), std::string::npos) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("adam_v/2"),
+            std::string::npos)
+      << r.status();
 }
 
 }  // namespace

@@ -14,40 +14,45 @@ namespace ckpt::worker {
 absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
   CKPT_RETURN_IF_ERROR(ValidateMlpConfig(o.model));
   if (o.steps < 0 || o.steps > (int64_t{1} << 40)) {
-    return absl::InvalidArgumentError(absl::StrCat("steps = ", o.steps, ": must be in [0, 2^40]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("steps = ", o.steps, ": must be in [0, 2^40]"));
   }
   if (o.ckpt_every < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("ckpt_every = ", o.ckpt_every, ": negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ckpt_every = ", o.ckpt_every, ": negative"));
   }
   CKPT_RETURN_IF_ERROR(ValidateOffloadFraction(o.offload_fraction));
   if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("lr = ", o.lr, ": must be in (0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr = ", o.lr, ": must be in (0, 1]"));
   }
   if (o.log_every < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("log_every = ", o.log_every, ": negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_every = ", o.log_every, ": negative"));
   }
   if (o.cpu_threads < 1 || o.cpu_threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu_threads = ", o.cpu_threads, ": must be in [1, 1024]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu_threads = ", o.cpu_threads, ": must be in [1, 1024]"));
   }
   if (o.world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size = ", o.world_size, ": not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size = ", o.world_size, ": not positive"));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
   }
   if (o.model.batch % o.world_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "batch = ", o.model.batch, ": the global batch must split evenly over world_size ",
-        o.world_size));
+        "batch = ", o.model.batch,
+        ": the global batch must split evenly over world_size ", o.world_size));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
-                                                         std::unique_ptr<Client> client,
-                                                         std::unique_ptr<DataParallel> comm) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainerOptions& options, std::unique_ptr<Client> client,
+    std::unique_ptr<DataParallel> comm) {
   CKPT_RETURN_IF_ERROR(ValidateTrainerOptions(options));
   if (options.world_size > 1 &&
       (comm == nullptr || comm->rank() != options.rank ||
@@ -59,8 +64,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   MlpConfig local = options.model;
   local.batch = options.model.batch / options.world_size;  // this rank's slice
   CKPT_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(local));
-  std::unique_ptr<Trainer> t(
-      new Trainer(options, std::move(client), std::move(comm), std::move(model)));
+  std::unique_ptr<Trainer> t(new Trainer(options, std::move(client),
+                                         std::move(comm), std::move(model)));
   CKPT_RETURN_IF_ERROR(t->Initialize());
   return t;
 }
@@ -93,10 +98,14 @@ absl::Status Trainer::Initialize() {
   opt.cpu_threads = options_.cpu_threads;
   CKPT_ASSIGN_OR_RETURN(ChunkLayout layout, NextFitLayout(specs, largest));
   DeviceFootprint f = FootprintOf(layout.num_chunks(), layout.chunk_elems);
-  size_t resident = StaticResidentChunks(options_.offload_fraction, layout.num_chunks());
-  device_ = std::make_unique<HostBudgetDevice>(f.fixed_bytes + resident * f.resident_chunk_bytes);
-  CKPT_ASSIGN_OR_RETURN(optimizer_, ChunkedAdam::Create(device_.get(), specs, opt));
-  std::vector<std::vector<float>> init = MlpInitialParams(options_.model, options_.seed);
+  size_t resident =
+      StaticResidentChunks(options_.offload_fraction, layout.num_chunks());
+  device_ = std::make_unique<HostBudgetDevice>(
+      f.fixed_bytes + resident * f.resident_chunk_bytes);
+  CKPT_ASSIGN_OR_RETURN(optimizer_,
+                        ChunkedAdam::Create(device_.get(), specs, opt));
+  std::vector<std::vector<float>> init =
+      MlpInitialParams(options_.model, options_.seed);
   for (size_t i = 0; i < init.size(); ++i) {
     CKPT_RETURN_IF_ERROR(optimizer_->SetParams(i, init[i]));
   }
@@ -106,8 +115,8 @@ absl::Status Trainer::Initialize() {
     for (const TensorSpec& t : specs) total += t.numel;
     reduce_buffer_.resize(total + 1);
   }
-  checkpoint_ =
-      std::make_unique<TrainCheckpoint>(options_.model, options_.world_size, optimizer_.get());
+  checkpoint_ = std::make_unique<TrainCheckpoint>(
+      options_.model, options_.world_size, optimizer_.get());
   return absl::OkStatus();
 }
 
@@ -120,8 +129,8 @@ absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step) {
 absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
   if (client_ == nullptr) {
     if (step.has_value()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("restore step ", *step, ": no checkpoint daemon to restore from"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "restore step ", *step, ": no checkpoint daemon to restore from"));
     }
     return step_;
   }
@@ -131,10 +140,12 @@ absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
   } else {
     absl::StatusOr<int64_t> latest = client_->LatestStep();
     if (absl::IsNotFound(latest.status())) return step_;  // a fresh job
-    if (!latest.ok()) return Annotate(latest.status(), "finding the latest checkpoint");
+    if (!latest.ok())
+      return Annotate(latest.status(), "finding the latest checkpoint");
     target = *latest;
   }
-  CKPT_ASSIGN_OR_RETURN(RestoredState r, checkpoint_->Restore(*client_, target));
+  CKPT_ASSIGN_OR_RETURN(RestoredState r,
+                        checkpoint_->Restore(*client_, target));
   step_ = r.step;
   data_seed_ = r.data_seed;
   return step_;
@@ -152,7 +163,8 @@ absl::Status Trainer::LoadWorkingWeights() {
 
 absl::Status Trainer::FinishSave(bool wait_daemon) {
   if (!pending_save_.has_value()) return absl::OkStatus();
-  absl::Status s = wait_daemon ? pending_save_->Wait() : pending_save_->WaitCopied();
+  absl::Status s =
+      wait_daemon ? pending_save_->Wait() : pending_save_->WaitCopied();
   if (!s.ok() || wait_daemon) pending_save_.reset();
   return s.ok() ? s : Annotate(s, "checkpoint save");
 }
@@ -173,12 +185,14 @@ absl::Status Trainer::ReduceGradients(float& loss) {
   }
   *at = loss;
   if (absl::Status s = comm_->AllReduceMean(reduce_buffer_); !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step_ + 1, ": gradient allreduce"));
+    return Annotate(s,
+                    absl::StrCat("step ", step_ + 1, ": gradient allreduce"));
   }
   at = reduce_buffer_.data();
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
     size_t n = model_.gradients(i).size();
-    CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(i, std::span<const float>(at, n)));
+    CKPT_RETURN_IF_ERROR(
+        optimizer_->SetGradients(i, std::span<const float>(at, n)));
     at += n;
   }
   loss = *at;
@@ -190,13 +204,15 @@ absl::Status Trainer::CheckRanksAgree(const char* when) {
   CKPT_ASSIGN_OR_RETURN(uint64_t digest, ParamsDigest());
   CKPT_ASSIGN_OR_RETURN(std::vector<uint64_t> steps,
                         comm_->AllGather(static_cast<uint64_t>(step_)));
-  CKPT_ASSIGN_OR_RETURN(std::vector<uint64_t> digests, comm_->AllGather(digest));
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint64_t> digests,
+                        comm_->AllGather(digest));
   for (int r = 1; r < options_.world_size; ++r) {
     if (steps[r] != steps[0] || digests[r] != digests[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
-          when, ": ranks differ: rank 0 is at step ", steps[0], " with params digest ",
-          absl::Hex(digests[0], absl::kZeroPad16), ", rank ", r, " at step ", steps[r],
-          " with params digest ", absl::Hex(digests[r], absl::kZeroPad16)));
+          when, ": ranks differ: rank 0 is at step ", steps[0],
+          " with params digest ", absl::Hex(digests[0], absl::kZeroPad16),
+          ", rank ", r, " at step ", steps[r], " with params digest ",
+          absl::Hex(digests[r], absl::kZeroPad16)));
     }
   }
   return absl::OkStatus();
@@ -205,15 +221,17 @@ absl::Status Trainer::CheckRanksAgree(const char* when) {
 absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
   last_step = std::min(last_step, options_.steps);
   // The global batch; this rank trains on its contiguous slice of rows.
-  SyntheticData data{options_.model.vocab, options_.model.seq, options_.model.batch,
-                     data_seed_};
+  SyntheticData data{options_.model.vocab, options_.model.seq,
+                     options_.model.batch, data_seed_};
   const size_t row = static_cast<size_t>(options_.model.seq) + 1;
-  const size_t rows = static_cast<size_t>(options_.model.batch / options_.world_size);
+  const size_t rows =
+      static_cast<size_t>(options_.model.batch / options_.world_size);
   while (step_ < last_step) {
     const int64_t s = step_ + 1;
     CKPT_RETURN_IF_ERROR(LoadWorkingWeights());
     std::vector<int32_t> global = MakeBatch(data, s, /*rank=*/0);
-    std::span<const int32_t> tokens(global.data() + options_.rank * rows * row, rows * row);
+    std::span<const int32_t> tokens(global.data() + options_.rank * rows * row,
+                                    rows * row);
     CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
     CKPT_RETURN_IF_ERROR(ReduceGradients(loss));
     // The last save reads the master weights the step is about to rewrite.
@@ -221,16 +239,21 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
     CKPT_RETURN_IF_ERROR(optimizer_->Step());
     step_ = s;
     losses_.push_back(loss);
-    if (client_ != nullptr && options_.ckpt_every > 0 && s % options_.ckpt_every == 0) {
+    if (client_ != nullptr && options_.ckpt_every > 0 &&
+        s % options_.ckpt_every == 0) {
       CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/true));
-      CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, checkpoint_->TensorsFor(s, data_seed_));
+      CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> tensors,
+                            checkpoint_->TensorsFor(s, data_seed_));
       absl::StatusOr<SaveHandle> h = client_->SaveAsync(s, tensors);
-      if (!h.ok()) return Annotate(h.status(), absl::StrCat("checkpoint save of step ", s));
+      if (!h.ok())
+        return Annotate(h.status(),
+                        absl::StrCat("checkpoint save of step ", s));
       pending_save_ = *std::move(h);
     }
     if (log != nullptr && options_.log_every > 0 &&
         (s % options_.log_every == 0 || s == options_.steps)) {
-      std::fprintf(log, "step %lld loss %.4f\n", static_cast<long long>(s), loss);
+      std::fprintf(log, "step %lld loss %.4f\n", static_cast<long long>(s),
+                   loss);
       std::fflush(log);
     }
   }
@@ -243,8 +266,8 @@ absl::StatusOr<uint64_t> Trainer::ParamsDigest() const {
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
     size_t at = all.size();
     all.resize(at + std::as_const(model_).weights(i).size());
-    CKPT_RETURN_IF_ERROR(
-        optimizer_->GetParams(i, std::span<float>(all.data() + at, all.size() - at)));
+    CKPT_RETURN_IF_ERROR(optimizer_->GetParams(
+        i, std::span<float>(all.data() + at, all.size() - at)));
   }
   return Hash64(all.data(), all.size() * sizeof(float));
 }

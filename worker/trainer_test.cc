@@ -9,7 +9,8 @@ namespace {
 
 TrainerOptions Small(int64_t steps) {
   TrainerOptions o;
-  o.model = MlpConfig{/*vocab=*/64, /*dim=*/32, /*layers=*/2, /*seq=*/16, /*batch=*/8};
+  o.model = MlpConfig{/*vocab=*/64, /*dim=*/32, /*layers=*/2, /*seq=*/16,
+                      /*batch=*/8};
   o.steps = steps;
   o.seed = 11;
   o.lr = 1e-2f;
@@ -18,7 +19,8 @@ TrainerOptions Small(int64_t steps) {
 }
 
 float Mean(const std::vector<float>& v, size_t begin, size_t end) {
-  return std::accumulate(v.begin() + begin, v.begin() + end, 0.0f) / float(end - begin);
+  return std::accumulate(v.begin() + begin, v.begin() + end, 0.0f) /
+         float(end - begin);
 }
 
 TEST(TrainerTest, LossFallsOnTheSyntheticTask) {
@@ -62,7 +64,8 @@ TEST(TrainerTest, DifferentSeedsGiveDifferentWeights) {
 void ExpectInvalid(const TrainerOptions& o, const std::string& field) {
   auto t = Trainer::Create(o, nullptr);
   ASSERT_FALSE(t.ok()) << field;
-  EXPECT_NE(std::string(t.status().message()).find(field), std::string::npos) << t.status();
+  EXPECT_NE(std::string(t.status().message()).find(field), std::string::npos)
+      << t.status();
 }
 
 TEST(TrainerTest, RefusesOffloadFractionOutsideZeroToOne) {
@@ -92,15 +95,17 @@ TEST(TrainerTest, RefusesBadSizesAndRanks) {
   auto t = Trainer::Create(o, nullptr);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(t.status().message()).find("needs a DataParallel connection"),
-            std::string::npos)
+  EXPECT_NE(
+      std::string(t.status().message()).find("needs a DataParallel connection"),
+      std::string::npos)
       << t.status();
 }
 
 TEST(TrainerTest, RestoreStepWithoutDaemonIsRefused) {
   auto t = Trainer::Create(Small(1), nullptr);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ((*t)->Restore(5).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*t)->Restore(5).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(*(*t)->Restore(std::nullopt), 0);
 }
 

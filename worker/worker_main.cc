@@ -6,20 +6,20 @@
 //   RANK, WORLD_SIZE       this process's place in the job (default 0 of 1)
 //   LOCAL_RANK             its place on this node (checked, not otherwise used)
 //   MASTER_ADDR, MASTER_PORT  where rank 0 serves the rendezvous store
-//                          (default 127.0.0.1:29500; needed when WORLD_SIZE > 1)
+//                          (default 127.0.0.1:29500; needed when WORLD_SIZE >
+//                          1)
 //   GLOO_SOCKET_IFNAME     bind gloo to this interface instead of the one
 //                          that reaches MASTER_ADDR
 //   CKPT_RESTORE_STEP      restore this step instead of the latest one
 // Prints "step N loss X" lines and, last, "rank=R ... params_digest=<16 hex
 // digits>".
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,37 +40,45 @@ const char* Env(const char* name) {
 }
 
 // $name as an int64 in [lo, hi]; `fallback` when unset.
-absl::StatusOr<std::optional<int64_t>> EnvInt(const char* name, int64_t lo, int64_t hi) {
+absl::StatusOr<std::optional<int64_t>> EnvInt(const char* name, int64_t lo,
+                                              int64_t hi) {
   const char* text = Env(name);
   if (text == nullptr) return std::optional<int64_t>();
   int64_t v = 0;
   if (!absl::SimpleAtoi(text, &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("$", name, " = \"", text, "\": not an integer in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("$", name, " = \"", text,
+                                                   "\": not an integer in [",
+                                                   lo, ", ", hi, "]"));
   }
   return std::optional<int64_t>(v);
 }
 
 absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
-  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> rank, EnvInt("RANK", 0, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> world, EnvInt("WORLD_SIZE", 1, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> local_rank, EnvInt("LOCAL_RANK", 0, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> port, EnvInt("MASTER_PORT", 1, 65535));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> rank,
+                        EnvInt("RANK", 0, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> world,
+                        EnvInt("WORLD_SIZE", 1, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> local_rank,
+                        EnvInt("LOCAL_RANK", 0, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> port,
+                        EnvInt("MASTER_PORT", 1, 65535));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> restore_step,
                         EnvInt("CKPT_RESTORE_STEP", 0, int64_t{1} << 62));
   options.rank = static_cast<int>(rank.value_or(0));
   options.world_size = static_cast<int>(world.value_or(1));
   CKPT_RETURN_IF_ERROR(ckpt::worker::ValidateTrainerOptions(options));
   if (local_rank.has_value() && *local_rank > options.rank) {
-    return absl::InvalidArgumentError(absl::StrCat("$LOCAL_RANK = ", *local_rank,
-                                                   ": above $RANK = ", options.rank));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "$LOCAL_RANK = ", *local_rank, ": above $RANK = ", options.rank));
   }
   dp.rank = options.rank;
   dp.world_size = options.world_size;
   if (Env("MASTER_ADDR") != nullptr) dp.master_addr = Env("MASTER_ADDR");
   if (port.has_value()) dp.master_port = static_cast<int>(*port);
-  if (Env("GLOO_SOCKET_IFNAME") != nullptr) dp.iface = Env("GLOO_SOCKET_IFNAME");
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> comm, DataParallel::Connect(dp));
+  if (Env("GLOO_SOCKET_IFNAME") != nullptr)
+    dp.iface = Env("GLOO_SOCKET_IFNAME");
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> comm,
+                        DataParallel::Connect(dp));
 
   std::unique_ptr<ckpt::Client> client;
   if (Env("CKPT_SOCKET") != nullptr) {
@@ -79,29 +87,35 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
     co.world_size = options.world_size;
     CKPT_ASSIGN_OR_RETURN(client, ckpt::Client::Connect(co));
   } else if (restore_step.has_value()) {
-    return absl::InvalidArgumentError("$CKPT_RESTORE_STEP is set but $CKPT_SOCKET is not");
+    return absl::InvalidArgumentError(
+        "$CKPT_RESTORE_STEP is set but $CKPT_SOCKET is not");
   } else {
     std::printf("no $CKPT_SOCKET: training without checkpoints\n");
   }
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(options, std::move(client), std::move(comm)));
+  CKPT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(options, std::move(client), std::move(comm)));
   CKPT_ASSIGN_OR_RETURN(int64_t start, trainer->Restore(restore_step));
-  if (start > 0) std::printf("restored step %lld\n", static_cast<long long>(start));
+  if (start > 0)
+    std::printf("restored step %lld\n", static_cast<long long>(start));
   std::fflush(stdout);
   CKPT_RETURN_IF_ERROR(trainer->Run(stdout));
   CKPT_ASSIGN_OR_RETURN(uint64_t digest, trainer->ParamsDigest());
   std::printf("done rank=%d step %lld params_digest=%016llx\n", options.rank,
-              static_cast<long long>(trainer->step()), static_cast<unsigned long long>(digest));
+              static_cast<long long>(trainer->step()),
+              static_cast<unsigned long long>(digest));
   return absl::OkStatus();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("ckpt-worker: trains an MLP language model, checkpointing through ckptd");
+  CLI::App app(
+      "ckpt-worker: trains an MLP language model, checkpointing through ckptd");
   TrainerOptions o;
   int64_t steps = -1;
-  app.add_option("--steps", steps, "train until this many optimizer steps")->required();
+  app.add_option("--steps", steps, "train until this many optimizer steps")
+      ->required();
   app.add_option("--seed", o.seed, "initial weights and data");
   app.add_option("--ckpt-every", o.ckpt_every, "save every K steps (0: never)");
   app.add_option("--vocab", o.model.vocab);
@@ -112,23 +126,27 @@ int main(int argc, char** argv) {
   app.add_option("--offload-fraction", o.offload_fraction,
                  "share of optimizer chunks updated by the CPU");
   app.add_option("--lr", o.lr);
-  app.add_option("--log-every", o.log_every, "print the loss every N steps (0: never)");
+  app.add_option("--log-every", o.log_every,
+                 "print the loss every N steps (0: never)");
   app.add_option("--cpu-threads", o.cpu_threads, "threads of the CPU Adam");
   double connect_timeout_s = 60, collective_timeout_s = 30;
   app.add_option("--connect-timeout-s", connect_timeout_s,
                  "how long ranks wait for each other to join (WORLD_SIZE > 1)");
-  app.add_option("--collective-timeout-s", collective_timeout_s,
-                 "how long a gradient allreduce waits for a peer before failing");
+  app.add_option(
+      "--collective-timeout-s", collective_timeout_s,
+      "how long a gradient allreduce waits for a peer before failing");
   CLI11_PARSE(app, argc, argv);
   o.steps = steps;
   DataParallelOptions dp;
-  dp.connect_timeout = std::chrono::milliseconds(std::llround(connect_timeout_s * 1000));
-  dp.collective_timeout = std::chrono::milliseconds(std::llround(collective_timeout_s * 1000));
+  dp.connect_timeout =
+      std::chrono::milliseconds(std::llround(connect_timeout_s * 1000));
+  dp.collective_timeout =
+      std::chrono::milliseconds(std::llround(collective_timeout_s * 1000));
   absl::Status s = Main(o, dp);
   if (!s.ok()) {
     const char* rank = Env("RANK");
-    std::fprintf(stderr, "ckpt-worker rank=%s: %s\n", rank != nullptr ? rank : "0",
-                 s.ToString().c_str());
+    std::fprintf(stderr, "ckpt-worker rank=%s: %s\n",
+                 rank != nullptr ? rank : "0", s.ToString().c_str());
     return 1;
   }
   return 0;

@@ -19,8 +19,9 @@ absl::StatusOr<std::vector<std::string>> ParseAddressList(
   return out;
 }
 
-std::string LeaderHint(const grpc::Status& s,
-                       const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
+std::string LeaderHint(
+    const grpc::Status& s,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
   if (s.ok()) return "";
   auto it = trailers.find(kLeaderMetadataKey);
   if (it != trailers.end() && it->second.size() > 0)
@@ -53,7 +54,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   c->addresses_ = std::move(*list);
   c->tls_ = tls.enabled();
   for (const std::string& a : c->addresses_) {
-    std::shared_ptr<grpc::Channel> ch = NewCoordinatorChannel(a, *creds, tls.enabled());
+    std::shared_ptr<grpc::Channel> ch =
+        NewCoordinatorChannel(a, *creds, tls.enabled());
     c->stubs_.push_back(coord::v1::Coordinator::NewStub(ch));
     c->watch_stubs_.push_back(coord::v1::CoordinatorWatch::NewStub(ch));
   }
@@ -82,7 +84,8 @@ bool CoordinatorClient::Retry(const grpc::Status& s) const {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-size_t CoordinatorClient::NextIndex(const std::string& leader, size_t idx) const {
+size_t CoordinatorClient::NextIndex(const std::string& leader,
+                                    size_t idx) const {
   for (size_t i = 0; !leader.empty() && i < addresses_.size(); ++i)
     if (addresses_[i] == leader && i != idx) return i;
   return (idx + 1) % addresses_.size();

@@ -46,23 +46,28 @@ absl::StatusOr<Pems> ReadAll(const TlsFiles& tls, std::string_view flags) {
 
 absl::Status ValidateTlsFlags(const TlsFiles& tls, bool require_choice,
                               std::string_view flags) {
-  const std::string cert = std::string(flags) + "-cert", key = std::string(flags) + "-key",
+  const std::string cert = std::string(flags) + "-cert",
+                    key = std::string(flags) + "-key",
                     ca = std::string(flags) + "-ca";
   if (tls.enabled()) {
     if (tls.insecure)
-      return absl::InvalidArgumentError("--insecure: not with " + cert + "/" + key + "/" + ca);
+      return absl::InvalidArgumentError("--insecure: not with " + cert + "/" +
+                                        key + "/" + ca);
     if (tls.cert.empty())
-      return absl::InvalidArgumentError(cert + ": required with " + key + "/" + ca);
+      return absl::InvalidArgumentError(cert + ": required with " + key + "/" +
+                                        ca);
     if (tls.key.empty())
-      return absl::InvalidArgumentError(key + ": required with " + cert + "/" + ca);
+      return absl::InvalidArgumentError(key + ": required with " + cert + "/" +
+                                        ca);
     if (tls.ca.empty())
-      return absl::InvalidArgumentError(ca + ": required with " + cert + "/" + key);
+      return absl::InvalidArgumentError(ca + ": required with " + cert + "/" +
+                                        key);
     return absl::OkStatus();
   }
   if (require_choice && !tls.insecure)
-    return absl::InvalidArgumentError(
-        cert + "/" + key + "/" + ca +
-        ": required (mutual TLS), or --insecure for plaintext on a trusted network");
+    return absl::InvalidArgumentError(cert + "/" + key + "/" + ca +
+                                      ": required (mutual TLS), or --insecure "
+                                      "for plaintext on a trusted network");
   return absl::OkStatus();
 }
 

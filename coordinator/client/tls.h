@@ -33,7 +33,8 @@ struct TlsFiles {
 // only some of the three files are given, or TLS files and --insecure both;
 // with `require_choice` (the coordinator) also when neither TLS nor
 // --insecure is given.
-[[nodiscard]] absl::Status ValidateTlsFlags(const TlsFiles& tls, bool require_choice,
+[[nodiscard]] absl::Status ValidateTlsFlags(const TlsFiles& tls,
+                                            bool require_choice,
                                             std::string_view flags = "--tls");
 
 // Reads the files (an unreadable or empty one is InvalidArgument naming its

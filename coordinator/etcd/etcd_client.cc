@@ -85,8 +85,7 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints,
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetMaxReceiveMessageSize(64 << 20);
-    auto channel =
-        grpc::CreateCustomChannel(ep, credentials, args);
+    auto channel = grpc::CreateCustomChannel(ep, credentials, args);
     kv_.push_back(etcdserverpb::KV::NewStub(channel));
     lease_.push_back(etcdserverpb::Lease::NewStub(channel));
     watch_.push_back(etcdserverpb::Watch::NewStub(channel));

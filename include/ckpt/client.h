@@ -112,7 +112,8 @@ class Client {
 
   // Copies the tensors into shared memory and commits the step; returns once
   // the daemon holds it. Steps must increase.
-  [[nodiscard]] absl::Status Save(int64_t step, std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status Save(int64_t step,
+                                  std::span<const Tensor> tensors);
   // Starts a save and returns at once. CONTRACT: the tensors' bytes must
   // stay valid and unmodified until handle.WaitCopied() returns (for CUDA
   // tensors: until then, no kernel may write them).
@@ -124,10 +125,12 @@ class Client {
   // Fills the given tensors (matched by name; a subset is allowed) with the
   // step's values. A mismatch of dtype, shape or size, an unknown name, or a
   // checksum mismatch fails with an error naming the tensor.
-  [[nodiscard]] absl::Status Restore(int64_t step, std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status Restore(int64_t step,
+                                     std::span<const Tensor> tensors);
   // Blocks until the step's shard of this rank is durable on disk.
   [[nodiscard]] absl::Status WaitDurable(
-      int64_t step, std::chrono::milliseconds timeout = std::chrono::minutes(10));
+      int64_t step,
+      std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
   SaveStats last_save_stats() const;
 

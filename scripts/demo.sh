@@ -56,8 +56,12 @@ pgids=()               # process groups started here, killed on exit
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  for g in "${pgids[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # One redirection around the kills and the wait: bash reports a job killed
+  # by a signal ("Killed") whenever it reaps it, also between two commands.
+  {
+    for g in "${pgids[@]}"; do kill -KILL -- "-$g" || true; done
+    wait || true
+  } 2>/dev/null
   rm -f /dev/shm/"$shm_tag"-*
   if ((rc == 0)) && [[ -z ${KEEP:-} ]]; then
     rm -rf "$work"
@@ -243,9 +247,11 @@ kill2_at=$((steps / 2 / ckpt_every * ckpt_every + 3))
 wait_for 120 step_at_least "$kill2_at" || fail "training never reached step $kill2_at after failure 1"
 gen_before=$(job_field generation)
 kill2_t=$(now)
-kill -KILL -- "-${launcher_pgid[b]}"
-kill -KILL "${daemon_pid[b]}"
-wait "${launcher_pgid[b]}" "${daemon_pid[b]}" 2>/dev/null || true  # reaped quietly
+{
+  kill -KILL -- "-${launcher_pgid[b]}"
+  kill -KILL "${daemon_pid[b]}"
+  wait "${launcher_pgid[b]}" "${daemon_pid[b]}" || true
+} 2>/dev/null # reaped quietly, with no "Killed" report
 rm -f /dev/shm/"$shm_tag-b"*
 kill2_step=$(max_step "${logs[@]}")
 echo

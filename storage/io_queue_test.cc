@@ -74,15 +74,15 @@ TEST_P(IoQueueTest, ReapReportsEveryRequestOnceByTagWithItsQueuedLength) {
   struct Range {
     uint64_t off, len;
   };
-  const Range ranges[] = {{0, 2 << 20}, {(2 << 20) + 100, 5000},
-                          {3 << 20, (2 << 20) + 123}};
+  const Range ranges[] = {
+      {0, 2 << 20}, {(2 << 20) + 100, 5000}, {3 << 20, (2 << 20) + 123}};
   for (uint64_t t = 0; t < 3; ++t)
     q.Queue(direct_, buffered_, buf + ranges[t].off, ranges[t].off,
             ranges[t].len, ranges[t].len, t);
   std::map<uint64_t, uint64_t> got;
   while (q.outstanding() > 0)
-    ASSERT_TRUE(q.Reap([&](uint64_t tag, uint64_t len) { got[tag] += len; })
-                    .ok());
+    ASSERT_TRUE(
+        q.Reap([&](uint64_t tag, uint64_t len) { got[tag] += len; }).ok());
   for (uint64_t t = 0; t < 3; ++t) {
     EXPECT_EQ(got[t], ranges[t].len) << "tag " << t;
     EXPECT_EQ(std::memcmp(buf + ranges[t].off, bytes_.data() + ranges[t].off,

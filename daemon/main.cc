@@ -31,7 +31,7 @@
 #include "daemon/service.h"
 #include "daemon/watchdog.h"
 #include "storage/fault_backend.h"
-#include "storage/tier_url.h"
+#include "storage/open_backend.h"
 #include "util/metrics_server.h"
 #include "util/service_notify.h"
 
@@ -108,13 +108,18 @@ int main(int argc, char** argv) {
   if (!catalog.ok()) return Fail("catalog", catalog.status());
   std::unique_ptr<ckpt::storage::Backend> object_tier;
   if (!opts->object_url.empty()) {
-    auto opened = ckpt::storage::OpenTierBackend(
-        opts->object_url, "--object-url", opts->object_config);
+    ckpt::storage::OpenBackendOptions o;
+    o.field = "--object-url";
+    o.object = opts->object_config;
+    // A directory stands in for a remote store (tests, a second disk): the
+    // page cache is fine.
+    o.local.direct_io = false;
+    auto opened = ckpt::storage::OpenBackend(opts->object_url, o);
     if (!opened.ok()) return Fail("object tier", opened.status());
     object_tier = std::move(*opened);
   }
   if (!opts->shared_root.empty() &&
-      !ckpt::storage::IsObjectStoreUrl(opts->shared_root)) {
+      !ckpt::storage::IsObjectUrl(opts->shared_root)) {
     std::filesystem::create_directories(opts->shared_root, ec);
     if (ec)
       return Fail("--shared-root " + opts->shared_root,
@@ -130,7 +135,7 @@ int main(int argc, char** argv) {
         std::make_shared<ckpt::coordinator::CoordinatorMetrics>();
     co.metrics = coordinator_metrics;
     co.state_dir = opts->root + "/.coordinator";
-    co.shared_root = ckpt::storage::IsObjectStoreUrl(opts->shared_root)
+    co.shared_root = ckpt::storage::IsObjectUrl(opts->shared_root)
                          ? opts->shared_root
                          : opts->storage.root;
     co.heartbeat_timeout =

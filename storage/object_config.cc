@@ -332,17 +332,4 @@ absl::Status ReadObjectStoreConfig(const toml::table& t, ObjectStoreConfig* c) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(
-    const std::string& url_or_dir, const OpenBackendOptions& options) {
-  if (IsObjectUrl(url_or_dir)) {
-    CKPT_ASSIGN_OR_RETURN(
-        ObjectStoreOptions o,
-        ResolveObjectStoreOptions(url_or_dir, options.object, options.env));
-    return NewObjectBackend(std::move(o));
-  }
-  LocalBackendOptions local = options.local;
-  local.root = url_or_dir;
-  return NewLocalBackend(std::move(local));
-}
-
 }  // namespace ckpt::storage

@@ -18,6 +18,7 @@
 #include "client/tensor_check.h"
 #include "util/checksum.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 namespace ckpt::client {
 namespace {
@@ -27,7 +28,6 @@ constexpr uint64_t kAlign = 4096;
 // split into two reads.
 constexpr uint64_t kMaxGap = 1 << 20;
 
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 uint64_t AlignDown(uint64_t x) { return x / kAlign * kAlign; }
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 

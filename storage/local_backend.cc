@@ -17,11 +17,10 @@
 #include "storage/io_queue.h"
 #include "storage/local_fs.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 // Opens `name` in the directory dir_fd (path names it in errors) without
 // following a symlink, and with O_DIRECT when asked; a file system that

@@ -14,20 +14,11 @@
 #include "absl/strings/strip.h"
 #include "util/config_file.h"
 #include "util/status.h"
+#include "util/strings.h"
+#include "util/validate.h"
 
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-
-// At most 40 characters of a bad value, quoted.
-std::string QuotePrefix(std::string_view v) {
-  constexpr size_t kMax = 40;
-  std::string out = "\"";
-  for (char c : v.substr(0, kMax)) out += absl::ascii_isprint(c) ? c : '?';
-  out += v.size() > kMax ? "\"..." : "\"";
-  return out;
-}
 
 bool IsKeyChar(char c) {
   return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';

@@ -5,8 +5,6 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <boost/property_tree/ptree.hpp>
-#include <boost/property_tree/xml_parser.hpp>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -17,20 +15,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/validate.h"
 
 namespace ckpt::storage::internal {
 namespace {
 
 constexpr uint64_t kMaxReplyBytes =
     16 << 20;  // XML replies (a list page ~300 KiB)
+// An S3 error code or message quoted in ours.
 constexpr size_t kMaxQuote = 120;
-
-std::string QuotePrefix(std::string_view v) {
-  std::string out;
-  for (char c : v.substr(0, kMaxQuote)) out += absl::ascii_isprint(c) ? c : ' ';
-  if (v.size() > kMaxQuote) out += "...";
-  return out;
-}
 
 void GlobalInit() {
   static const bool done = [] {
@@ -367,8 +360,9 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
     return absl::Status(
         HttpCode(response.status),
         absl::StrCat(Describe(r), ": HTTP ", response.status,
-                     code.empty() ? "" : " ", QuotePrefix(code),
-                     message.empty() ? "" : ": ", QuotePrefix(message)));
+                     code.empty() ? "" : " ", QuotePrefix(code, kMaxQuote),
+                     message.empty() ? "" : ": ",
+                     QuotePrefix(message, kMaxQuote)));
   }
   if (r.dst != nullptr && r.method == "GET" && response.received != r.dst_len) {
     // curl saw a complete reply (a Content-Length it honoured) of the

@@ -5,15 +5,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
+#include "util/strings.h"
 #include "util/validate.h"
 
 namespace ckpt::storage {
-namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(
     std::string_view url, const OpenBackendOptions& options) {
   const std::string& field = options.field;

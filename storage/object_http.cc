@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/retry.h"
 #include "util/validate.h"
 
 namespace ckpt::storage::internal {
@@ -88,6 +89,12 @@ std::chrono::milliseconds Backoff(const ObjectStoreOptions& o,
 }
 
 }  // namespace
+
+absl::StatusCode ReplyCode(long http_status, std::string_view s3_code) {
+  // S3's SlowDown or RequestTimeTooSkewed may come as a 400 or a 403.
+  return RetryableHttp(http_status, s3_code) ? absl::StatusCode::kUnavailable
+                                             : HttpCode(http_status);
+}
 
 std::string UriEncode(std::string_view s, bool keep_slash) {
   std::string out;
@@ -250,10 +257,8 @@ std::string ObjectHttp::Describe(const HttpRequest& r) const {
 
 absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
                                                      const HttpRequest& r,
-                                                     bool* retryable,
                                                      bool* transport) {
   CURL* curl = static_cast<CURL*>(h);
-  *retryable = false;
   *transport = false;
   curl_easy_reset(curl);  // keeps the live connection and caches
   HttpResponse response;
@@ -337,12 +342,12 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
                      r.dst ? r.dst_len : kMaxReplyBytes, " bytes"));
   }
   if (rc != CURLE_OK) {
-    *retryable = RetryableCurl(rc);
     *transport = true;
-    absl::StatusCode code = rc == CURLE_OPERATION_TIMEDOUT
+    // The code carries the retry class (util/retry.h IsTransient).
+    absl::StatusCode code = !RetryableCurl(rc) ? absl::StatusCode::kInternal
+                            : rc == CURLE_OPERATION_TIMEDOUT
                                 ? absl::StatusCode::kDeadlineExceeded
                                 : absl::StatusCode::kUnavailable;
-    if (!*retryable) code = absl::StatusCode::kInternal;
     return absl::Status(
         code, absl::StrCat(Describe(r), ": ", curl_easy_strerror(rc)));
   }
@@ -356,9 +361,8 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
         message = xml->Find("Error.Message").value_or("");
       }
     }
-    *retryable = RetryableHttp(response.status, code);
     return absl::Status(
-        HttpCode(response.status),
+        ReplyCode(response.status, code),
         absl::StrCat(Describe(r), ": HTTP ", response.status,
                      code.empty() ? "" : " ", QuotePrefix(code, kMaxQuote),
                      message.empty() ? "" : ": ",
@@ -383,9 +387,8 @@ absl::StatusOr<HttpResponse> ObjectHttp::Perform(const HttpRequest& r) {
   absl::Status last;
   unsigned attempt = 0;
   for (;;) {
-    bool retryable = false, transport = false;
-    absl::StatusOr<HttpResponse> result =
-        PerformOnce(handle, r, &retryable, &transport);
+    bool transport = false;
+    absl::StatusOr<HttpResponse> result = PerformOnce(handle, r, &transport);
     ++attempt;
     if (result.ok()) {
       ReleaseHandle(handle);
@@ -393,7 +396,7 @@ absl::StatusOr<HttpResponse> ObjectHttp::Perform(const HttpRequest& r) {
       return result;
     }
     last = result.status();
-    if (!retryable) break;
+    if (!IsTransient(last)) break;
     // A transfer that failed below HTTP may have left a half-dead
     // connection: the next attempt gets a new one. An HTTP error reply
     // leaves the connection usable.

@@ -33,6 +33,7 @@
 #include "storage/fault_backend.h"
 #include "storage/open_backend.h"
 #include "util/metrics_server.h"
+#include "util/program.h"
 #include "util/service_notify.h"
 
 namespace {
@@ -47,19 +48,9 @@ int Fail(const std::string& what, const absl::Status& s) {
 
 int main(int argc, char** argv) {
   using namespace ckpt::daemon;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("ckptd %s\n", CKPT_VERSION);
-      return 0;
-    }
-  // Signals go to the main thread's sigwait, never to a worker thread:
-  // blocked before anything starts one (parsing the options may start
-  // gRPC's).
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (ckpt::PrintedVersion(argc, argv, "ckptd", CKPT_VERSION)) return 0;
+  // Signals go to the main thread's sigwait, never to a worker thread.
+  const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});
   std::string help;
   auto opts = ParseDaemonOptions(argc, argv, &help);
   if (!opts.ok()) {

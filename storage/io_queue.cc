@@ -36,7 +36,10 @@ IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
 }
 
 IoQueue::~IoQueue() {
-  (void)Finish();  // an owner that wants the error calls Finish() itself
+  // What was never submitted is dropped (an owner that wants it done, or
+  // the error, calls Finish() itself); what the kernel holds is waited for.
+  pending_.clear();
+  (void)Finish();
   // A ring whose submit or wait failed may hold stale entries: not reused.
   if (ring_ && !broken_) pool_->Return(std::move(ring_));
 }

@@ -47,7 +47,9 @@ class IoQueue {
   // pool may be null (pread/pwrite). `what` names the file in errors.
   IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
           std::string what);
-  ~IoQueue();  // waits for every request the kernel holds
+  // Drops what is queued but not submitted; waits for every request the
+  // kernel holds (it writes into the caller's buffers).
+  ~IoQueue();
   IoQueue(const IoQueue&) = delete;
   IoQueue& operator=(const IoQueue&) = delete;
 

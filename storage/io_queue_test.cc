@@ -130,6 +130,20 @@ TEST_P(IoQueueTest, ReadPastTheEndIsDataLossNamingTheFile) {
   EXPECT_NE(s.message().find(path_), absl::string_view::npos) << s;
 }
 
+TEST_P(IoQueueTest, DestroyingTheQueueDropsWhatWasNeverSubmitted) {
+  // A restore that gives up (a tensor failed its copy) must not go on
+  // reading the rest of the file into the caller's memory.
+  MakeFile(1 << 20);
+  char* buf = Buffer(1 << 20);
+  {
+    IoQueue q = NewQueue(64 << 10);
+    q.Queue(direct_, buffered_, buf, 0, 1 << 20, 1 << 20, 0);
+    EXPECT_EQ(q.outstanding(), 16u);
+  }
+  for (uint64_t i = 0; i < (1 << 20); ++i)
+    ASSERT_EQ(static_cast<unsigned char>(buf[i]), 0xEE) << "byte " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(IoPaths, IoQueueTest, ::testing::Bool(),
                          [](const auto& info) {
                            return info.param ? "io_uring" : "pread";

@@ -1,6 +1,9 @@
 #include "client/file_restore.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +18,7 @@
 #include "client/tensor_check.h"
 #include "util/checksum.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 namespace ckpt::client {
 namespace {
@@ -24,7 +28,6 @@ constexpr uint64_t kAlign = 4096;
 // split into two reads.
 constexpr uint64_t kMaxGap = 1 << 20;
 
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 uint64_t AlignDown(uint64_t x) { return x / kAlign * kAlign; }
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -69,6 +72,34 @@ absl::Status MatchIndex(const v1::OpenRestoreResponse& resp,
   }
   return absl::OkStatus();
 }
+
+struct FileRestorer::File {
+  std::string path;
+  int buffered = -1;
+  int direct = -1;  // -1: the file system refuses O_DIRECT (tmpfs)
+  ~File() {
+    if (direct >= 0) ::close(direct);
+    if (buffered >= 0) ::close(buffered);
+  }
+  // Opens path; an error names it (PermissionDenied, NotFound, ...), and
+  // DataLoss if it is not a regular file of exactly `bytes` bytes.
+  absl::Status Open(uint64_t bytes) {
+    buffered = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (buffered < 0)
+      return ErrnoToStatus(errno, absl::StrCat("open shard file ", path));
+    struct stat st {};
+    if (::fstat(buffered, &st) != 0)
+      return ErrnoToStatus(errno, absl::StrCat("fstat shard file ", path));
+    if (!S_ISREG(st.st_mode))
+      return absl::DataLossError(
+          absl::StrCat("shard file ", path, ": not a regular file"));
+    if (static_cast<uint64_t>(st.st_size) != bytes)
+      return absl::DataLossError(absl::StrCat(
+          "shard file ", path, ": ", st.st_size, " bytes, expected ", bytes));
+    direct = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    return absl::OkStatus();
+  }
+};
 
 struct FileRestorer::Progress {
   std::mutex mu;
@@ -184,14 +215,14 @@ char* FileRestorer::ChunkMemory(size_t c) const {
              : buffers_ + (c % kBounceBuffers) * kBounceBytes;
 }
 
-void FileRestorer::ReadLoop(FileReadQueue* q, Progress* p) {
+void FileRestorer::ReadLoop(const File& f, storage::IoQueue* q, Progress* p) {
   // A bounce chunk c may start once chunk c - kBounceBuffers, the last user
   // of its buffer, was taken; a direct chunk at once (its memory is the
   // tensor's own).
   auto startable = [&](size_t c) {
     return chunks_[c].direct != nullptr || c < p->copied + kBounceBuffers;
   };
-  auto done = [&](uint64_t tag, uint64_t len) {
+  const storage::IoQueue::Done done = [&](uint64_t tag, uint64_t len) {
     Chunk& c = chunks_[tag];
     c.left -= len;
     if (c.left > 0) return;
@@ -211,8 +242,8 @@ void FileRestorer::ReadLoop(FileReadQueue* q, Progress* p) {
       }
       l.unlock();
       const Chunk& c = chunks_[next];
-      q->Add(ChunkMemory(next), c.offset, c.len,
-             c.direct != nullptr ? c.len : kBounceBytes, next);
+      q->Queue(f.direct, f.buffered, ChunkMemory(next), c.offset, c.len,
+               c.direct != nullptr ? c.len : kBounceBytes, next);
       ++next;
     }
     if (q->outstanding() == 0) {
@@ -238,8 +269,13 @@ absl::Status FileRestorer::Restore(
     return absl::InternalError(absl::StrCat("OpenRestore: path \"",
                                             path.substr(0, 256),
                                             "\" is not an absolute file path"));
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileReadQueue> queue,
-                        FileReadQueue::Open(path, image_bytes));
+  File file{path};
+  CKPT_RETURN_IF_ERROR(file.Open(image_bytes));
+  // Without io_uring (a kernel or seccomp filter that refuses it) the
+  // queue runs pread.
+  auto queue = std::make_unique<storage::IoQueue>(
+      &rings_, storage::IoOp::kRead, kReadDepth, kReadIoBytes,
+      absl::StrCat("shard file ", path));
 
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<size_t> first_hash;
@@ -253,7 +289,7 @@ absl::Status FileRestorer::Restore(
   Progress progress;
   progress.read.assign(chunks_.size(), 0);
   std::unique_ptr<DeviceCopyBatch> dma = devices_->NewBatch();
-  std::thread reader([&] { ReadLoop(queue.get(), &progress); });
+  std::thread reader([&] { ReadLoop(file, queue.get(), &progress); });
   absl::Status s;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     {
@@ -271,8 +307,7 @@ absl::Status FileRestorer::Restore(
   reader.join();
   queue.reset();  // nothing in flight writes into tensors or buffers now
   if (!progress.read_status.ok())
-    return absl::DataLossError(absl::StrCat("read of shard file ", path, ": ",
-                                            progress.read_status.message()));
+    return absl::DataLossError(progress.read_status.message());
   CKPT_RETURN_IF_ERROR(s);
 
   for (size_t i = 0; i < tensors.size(); ++i) {

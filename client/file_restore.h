@@ -4,19 +4,19 @@
 // are touched once on their way to the tensors.
 //
 // FileRestorer::Restore is a two-stage pipeline. One reader thread keeps the
-// raw read's queue of requests in flight (FileReadQueue: io_uring, 8 x 4 MiB,
-// O_DIRECT) over the file ranges that hold the requested tensors, in file
-// order. A host tensor at a 4 KiB-aligned address is read straight into its
-// own memory; other ranges go through three reusable 4096-aligned bounce
-// buffers of kBounceBytes (allocated and pre-faulted on first need,
-// page-locked when a device exists, kept for later restores). Meanwhile the
-// caller's thread takes each chunk as its last request completes and, on the
-// CopyEngine, hashes it one kChecksumChunk piece at a time (pieces start at
-// the tensor's offset, so their hashes are the tensor's chunk hashes),
-// copying bounce bytes to host tensors while hashing; a device tensor's
-// piece goes by DMA (DeviceCopier) and its bounce bytes are only hashed.
-// Every tensor's checksum is then verified: one pass, restore time is about
-// read time.
+// raw read's queue of requests in flight (storage's IoQueue: io_uring,
+// 8 x 4 MiB, O_DIRECT; its ring is kept for later restores) over the file
+// ranges that hold the requested tensors, in file order. A host tensor at a 4
+// KiB-aligned address is read straight into its own memory; other ranges go
+// through three reusable 4096-aligned bounce buffers of kBounceBytes (allocated
+// and pre-faulted on first need, page-locked when a device exists, kept for
+// later restores). Meanwhile the caller's thread takes each chunk as its last
+// request completes and, on the CopyEngine, hashes it one kChecksumChunk piece
+// at a time (pieces start at the tensor's offset, so their hashes are the
+// tensor's chunk hashes), copying bounce bytes to host tensors while hashing; a
+// device tensor's piece goes by DMA (DeviceCopier) and its bounce bytes are
+// only hashed. Every tensor's checksum is then verified: one pass, restore time
+// is about read time.
 //
 // Thread-safety: Restore() may be called from several threads; calls are
 // serialised (they share the bounce buffers). The CopyEngine and the
@@ -37,7 +37,8 @@
 #include "ckpt/tensor.h"
 #include "client/copy_engine.h"
 #include "client/device_copier.h"
-#include "client/file_read_queue.h"
+#include "storage/io_queue.h"
+#include "storage/ring_pool.h"
 
 namespace ckpt::client {
 
@@ -52,6 +53,9 @@ class FileRestorer {
  public:
   static constexpr int kBounceBuffers = 3;
   static constexpr uint64_t kBounceBytes = 32ull << 20;
+  // The raw read's settings (bench/raw_io.h RawIoOptions).
+  static constexpr unsigned kReadDepth = 8;
+  static constexpr uint64_t kReadIoBytes = 4 << 20;
 
   FileRestorer(CopyEngine* engine, DeviceCopier* devices);
   ~FileRestorer();
@@ -90,14 +94,16 @@ class FileRestorer {
 
   // The chunks' shared progress between the reader and the caller.
   struct Progress;
+  // The shard file, opened buffered and (where allowed) with O_DIRECT.
+  struct File;
 
   [[nodiscard]] absl::Status EnsureBuffersLocked();
   void PlanLocked(uint64_t image_bytes, std::span<const Tensor> tensors,
                   std::span<const v1::TensorMeta* const> metas,
                   std::vector<size_t>* first_hash);
   char* ChunkMemory(size_t c) const;
-  // Reads every chunk through q, in order, each once Progress lets it.
-  void ReadLoop(FileReadQueue* q, Progress* p);
+  // Reads every chunk of f through q, in order, each once Progress lets it.
+  void ReadLoop(const File& f, storage::IoQueue* q, Progress* p);
   // Copies chunk c, now in buffer buf, into the tensors; fills hashes.
   [[nodiscard]] absl::Status CopyChunk(const Chunk& c, const char* buf,
                                        std::span<const Tensor> tensors,
@@ -105,6 +111,7 @@ class FileRestorer {
 
   CopyEngine* const engine_;
   DeviceCopier* const devices_;
+  storage::RingPool rings_{kReadDepth, 1};
 
   std::mutex mu_;            // serialises Restore; guards everything below
   char* buffers_ = nullptr;  // kBounceBuffers * kBounceBytes, one mapping

@@ -14,7 +14,6 @@ namespace ckpt::coordinator {
 namespace {
 
 constexpr uint32_t kMaxCapacity = 1 << 16;
-constexpr uint32_t kMaxWorldSize = 1 << 16;
 constexpr size_t kMaxAddressBytes = 256;
 
 // Checked before any state is touched: a refused request changes nothing.

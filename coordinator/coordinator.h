@@ -160,6 +160,9 @@ class Coordinator {
   [[nodiscard]] absl::StatusOr<v1::ReportFallbackResponse> ReportFallback(
       const v1::ReportFallbackRequest& req);
   static constexpr size_t kMaxFallbackReasonBytes = 512;
+  // The largest job (RegisterJob's world_size), and so the most reports one
+  // ReportShards call may carry.
+  static constexpr uint32_t kMaxWorldSize = 1 << 16;
   // Restart the whole job at `step`, which must have a readable global
   // manifest.
   [[nodiscard]] absl::StatusOr<v1::RollbackResponse> Rollback(

@@ -12,8 +12,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-constexpr uint32_t kMaxWorldSize = 1
-                                   << 16;  // also the most reports in one call
 constexpr size_t kMaxKeyBytes = 1024;
 
 absl::Status ValidateShardKey(const std::string& key) {

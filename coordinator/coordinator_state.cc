@@ -10,7 +10,7 @@
 #include "coordinator/rocks_kv.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
-#include "storage/tier_url.h"
+#include "storage/open_backend.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {
@@ -72,20 +72,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
   if (!options.metrics)
     options.metrics = std::make_shared<CoordinatorMetrics>();
   auto store = std::make_unique<CoordStore>(std::move(kv));
-  std::unique_ptr<storage::Backend> shared;
-  if (storage::IsObjectStoreUrl(options.shared_root)) {
-    // No shared directory: global manifests go to the object store.
-    CKPT_ASSIGN_OR_RETURN(
-        shared, storage::OpenTierBackend(options.shared_root, "shared_root",
-                                         options.object_config));
-  } else {
-    storage::LocalBackendOptions bo;
-    bo.root = options.shared_root;
-    bo.use_io_uring = false;  // a few small objects
-    bo.direct_io = false;
-    bo.remove_tmp_files = false;  // node daemons write shards here concurrently
-    CKPT_ASSIGN_OR_RETURN(shared, storage::NewLocalBackend(bo));
-  }
+  storage::OpenBackendOptions bo;
+  bo.field = "shared_root";
+  bo.object = options.object_config;  // no shared directory: an object store
+  bo.relative_ok = true;              // the default is <state_dir>/shared
+  bo.local.use_io_uring = false;      // a few small objects
+  bo.local.direct_io = false;
+  bo.local.remove_tmp_files = false;  // node daemons write shards here
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::Backend> shared,
+                        storage::OpenBackend(options.shared_root, bo));
   if (options.wrap_shared_root)
     shared = options.wrap_shared_root(std::move(shared));
   std::unique_ptr<Coordinator> c(

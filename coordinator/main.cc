@@ -45,6 +45,7 @@
 #include "coordinator/options.h"
 #include "coordinator/service.h"
 #include "util/metrics_server.h"
+#include "util/program.h"
 #include "util/service_notify.h"
 
 namespace {
@@ -149,18 +150,10 @@ absl::StatusOr<std::unique_ptr<co::CoordinatorServer>> StartHa(
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("ckpt-coordinator %s\n", CKPT_VERSION);
-      return 0;
-    }
-  // Blocked before anything can start a thread: parsing the options
-  // creates gRPC credentials, and gRPC's threads must not take SIGTERM.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (ckpt::PrintedVersion(argc, argv, "ckpt-coordinator", CKPT_VERSION))
+    return 0;
+  // gRPC's threads must not take SIGTERM: the waiter thread does.
+  const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});
   std::string help;
   auto opts = co::ParseCoordinatorOptions(argc, argv, &help);
   if (!opts.ok()) {

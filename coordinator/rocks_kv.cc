@@ -3,26 +3,25 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#include "util/rocks.h"
+#include "util/status.h"
 
 namespace ckpt::coordinator {
 namespace {
 
-absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError("coordinator state: " + what + ": " +
-                             s.ToString());
-}
+constexpr std::string_view kStore = "coordinator state";
 
 class RocksKv final : public KvBackend {
  public:
-  RocksKv(rocksdb::DB* db, std::string dir) : db_(db), dir_(std::move(dir)) {}
+  RocksKv(std::unique_ptr<rocksdb::DB> db, std::string dir)
+      : db_(std::move(db)), dir_(std::move(dir)) {}
 
   absl::StatusOr<std::optional<std::string>> Get(
       const std::string& key) override {
     std::string value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
     if (s.IsNotFound()) return std::nullopt;
-    if (!s.ok()) return FromRocks(s, "get " + key);
+    if (!s.ok()) return FromRocks(s, kStore, "get " + key);
     return value;
   }
 
@@ -37,7 +36,7 @@ class RocksKv final : public KvBackend {
       absl::Status s = visit(it->key().ToString(), it->value().ToString());
       if (!s.ok()) return s;
     }
-    return FromRocks(it->status(), "scan " + prefix);
+    return FromRocks(it->status(), kStore, "scan " + prefix);
   }
 
   absl::Status Write(const KvBatch& batch) override {
@@ -51,13 +50,13 @@ class RocksKv final : public KvBackend {
       for (const KvOp& op : *batch) {
         rocksdb::Status s =
             op.is_delete ? wb.Delete(op.key) : wb.Put(op.key, op.value);
-        if (!s.ok()) return FromRocks(s, "batch " + op.key);
+        if (!s.ok()) return FromRocks(s, kStore, "batch " + op.key);
       }
     }
     if (wb.Count() == 0) return absl::OkStatus();
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    return FromRocks(db_->Write(wo, &wb), "write to " + dir_);
+    return FromRocks(db_->Write(wo, &wb), kStore, "write to " + dir_);
   }
 
   std::string Describe() const override { return "RocksDB " + dir_; }
@@ -70,14 +69,9 @@ class RocksKv final : public KvBackend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvBackend>> OpenRocksKv(const std::string& dir) {
-  rocksdb::Options options;
-  options.create_if_missing = true;
-  options.max_background_jobs = 1;
-  options.keep_log_file_num = 2;
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
-  if (!s.ok()) return FromRocks(s, "open " + dir);
-  return std::unique_ptr<KvBackend>(new RocksKv(db, dir));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<rocksdb::DB> db,
+                        OpenRocksDb(dir, kStore));
+  return std::unique_ptr<KvBackend>(new RocksKv(std::move(db), dir));
 }
 
 }  // namespace ckpt::coordinator

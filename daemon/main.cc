@@ -31,8 +31,9 @@
 #include "daemon/service.h"
 #include "daemon/watchdog.h"
 #include "storage/fault_backend.h"
-#include "storage/tier_url.h"
+#include "storage/open_backend.h"
 #include "util/metrics_server.h"
+#include "util/program.h"
 #include "util/service_notify.h"
 
 namespace {
@@ -47,19 +48,9 @@ int Fail(const std::string& what, const absl::Status& s) {
 
 int main(int argc, char** argv) {
   using namespace ckpt::daemon;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("ckptd %s\n", CKPT_VERSION);
-      return 0;
-    }
-  // Signals go to the main thread's sigwait, never to a worker thread:
-  // blocked before anything starts one (parsing the options may start
-  // gRPC's).
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (ckpt::PrintedVersion(argc, argv, "ckptd", CKPT_VERSION)) return 0;
+  // Signals go to the main thread's sigwait, never to a worker thread.
+  const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});
   std::string help;
   auto opts = ParseDaemonOptions(argc, argv, &help);
   if (!opts.ok()) {
@@ -108,13 +99,18 @@ int main(int argc, char** argv) {
   if (!catalog.ok()) return Fail("catalog", catalog.status());
   std::unique_ptr<ckpt::storage::Backend> object_tier;
   if (!opts->object_url.empty()) {
-    auto opened = ckpt::storage::OpenTierBackend(
-        opts->object_url, "--object-url", opts->object_config);
+    ckpt::storage::OpenBackendOptions o;
+    o.field = "--object-url";
+    o.object = opts->object_config;
+    // A directory stands in for a remote store (tests, a second disk): the
+    // page cache is fine.
+    o.local.direct_io = false;
+    auto opened = ckpt::storage::OpenBackend(opts->object_url, o);
     if (!opened.ok()) return Fail("object tier", opened.status());
     object_tier = std::move(*opened);
   }
   if (!opts->shared_root.empty() &&
-      !ckpt::storage::IsObjectStoreUrl(opts->shared_root)) {
+      !ckpt::storage::IsObjectUrl(opts->shared_root)) {
     std::filesystem::create_directories(opts->shared_root, ec);
     if (ec)
       return Fail("--shared-root " + opts->shared_root,
@@ -130,7 +126,7 @@ int main(int argc, char** argv) {
         std::make_shared<ckpt::coordinator::CoordinatorMetrics>();
     co.metrics = coordinator_metrics;
     co.state_dir = opts->root + "/.coordinator";
-    co.shared_root = ckpt::storage::IsObjectStoreUrl(opts->shared_root)
+    co.shared_root = ckpt::storage::IsObjectUrl(opts->shared_root)
                          ? opts->shared_root
                          : opts->storage.root;
     co.heartbeat_timeout =

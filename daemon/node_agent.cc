@@ -11,6 +11,7 @@
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
 #include "daemon/engine_util.h"
+#include "util/retry.h"
 
 namespace ckpt::daemon {
 
@@ -46,11 +47,6 @@ class NodeAgent::Rpc {
 };
 
 namespace {
-
-bool Transient(const grpc::Status& s) {
-  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
 
 // The coordinator refuses this incarnation of the node: declared dead
 // (fenced) or unknown after losing its state.
@@ -189,8 +185,7 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
     lock.lock();
     // ReportFallback may have dropped it meanwhile (past the bound).
     const bool still_front = !fallbacks_.empty() && fallbacks_.front().id == id;
-    if (s.ok() || !(Transient(s) || Fenced(s) ||
-                    s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)) {
+    if (s.ok() || !(IsTransient(s) || Fenced(s))) {
       if (s.ok()) {
         ++fallbacks_sent_;
       } else {
@@ -226,10 +221,10 @@ void NodeAgent::HeartbeatLoop() {
   auto note = [&](const grpc::Status& s) {
     if (s.ok() && !reachable)
       LogInfo("coordinator " + options_.coordinator + " reachable again");
-    if (!s.ok() && Transient(s) && reachable)
+    if (!s.ok() && IsUnreachable(s) && reachable)
       LogWarning("coordinator " + options_.coordinator +
                  " unreachable: " + s.error_message() + "; retrying");
-    if (s.ok() || Transient(s)) reachable = s.ok();
+    if (s.ok() || IsUnreachable(s)) reachable = s.ok();
   };
   do {
     if (epoch_.load() == 0) {
@@ -244,7 +239,7 @@ void NodeAgent::HeartbeatLoop() {
       note(s);
       if (!s.ok()) {
         // ALREADY_EXISTS: our previous incarnation has not timed out yet.
-        if (!Transient(s))
+        if (!IsUnreachable(s))
           LogWarning(absl::StrCat("register node ", options_.node_id, ": ",
                                   s.error_message()));
         continue;
@@ -484,8 +479,7 @@ void NodeAgent::ReportLoop() {
     grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req,
                                   &resp, options_.rpc_timeout);
     lock.lock();
-    if (Transient(s) ||
-        s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    if (IsTransient(s)) {
       ++report_retries_;
       backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(50)),
                          std::chrono::milliseconds(2000));
@@ -521,14 +515,12 @@ void NodeAgent::ReportLoop() {
       reports_.erase(it);
       if (!s.ok() || i >= static_cast<size_t>(resp.results_size())) continue;
       const cv1::ReportResult& r = resp.results(static_cast<int>(i));
-      auto code = static_cast<grpc::StatusCode>(r.code());
-      if (code == grpc::StatusCode::UNAVAILABLE ||
-          code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-          code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      const auto code = static_cast<absl::StatusCode>(r.code());
+      if (IsTransient(code)) {
         retry.push_back(q);
         continue;
       }
-      if (code != grpc::StatusCode::OK) {
+      if (code != absl::StatusCode::kOk) {
         LogWarning(absl::StrCat(
             "report ", q.report.durable ? "durable" : "staged", " job ",
             q.report.job, " step ", q.report.step, " rank ", q.report.rank,

@@ -11,8 +11,8 @@
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
 #include "storage/keys.h"
+#include "storage/object_backend.h"
 #include "storage/object_config.h"
-#include "storage/tier_url.h"
 #include "util/cli_parse.h"
 #include "util/config_file.h"
 #include "util/metrics_server.h"
@@ -268,7 +268,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   }
   // A shared root in an object store is the object tier, and the tier that
   // commits: nodes share no directory.
-  if (storage::IsObjectStoreUrl(o.shared_root)) {
+  if (storage::IsObjectUrl(o.shared_root)) {
     if (!o.object_url.empty() && o.object_url != o.shared_root)
       return absl::InvalidArgumentError(
           "--object-url: differs from the object store --shared-root");
@@ -362,7 +362,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   if (o.agent.address.empty()) o.agent.address = HostName();
   if (o.cluster) o.engine.node_id = o.agent.node_id;
   const std::string& data =
-      o.shared_root.empty() || storage::IsObjectStoreUrl(o.shared_root)
+      o.shared_root.empty() || storage::IsObjectUrl(o.shared_root)
           ? o.root
           : o.shared_root;
   o.storage.root = data;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "shm/segment_access.h"
 #include "util/status.h"
+#include "util/strings.h"
 #include "util/validate.h"
 
 namespace ckpt::shm {
@@ -30,8 +31,6 @@ namespace bip = boost::interprocess;
 namespace {
 
 constexpr uint64_t kHeaderBytes = 4096;
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 uint64_t RoundUp(uint64_t n, uint64_t align) {
   return (n + align - 1) / align * align;

@@ -8,13 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 // Counting: every WriteAt counts as one write and every Commit as one commit;
 // PutSmallObject counts as one write and one commit, since it is both.
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 absl::Status Crashed() {
   return absl::UnavailableError(

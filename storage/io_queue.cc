@@ -4,173 +4,23 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/status.h"
 
-namespace ckpt::storage::internal {
+namespace ckpt::storage {
 namespace {
+
 constexpr uint64_t kAlign = 4096;
 // prep_read/prep_write take an unsigned length.
 constexpr uint64_t kMaxRequestBytes = 1ull << 30;
+
+bool Aligned(uint64_t x) { return x % kAlign == 0; }
+bool Aligned(const char* p) { return Aligned(reinterpret_cast<uintptr_t>(p)); }
+uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
 }  // namespace
-
-int RegisteredTable::Find(const char* p, uint64_t len) const {
-  auto it = std::upper_bound(pieces.begin(), pieces.end(), p,
-                             [](const char* x, const iovec& v) {
-                               return x < static_cast<const char*>(v.iov_base);
-                             });
-  if (it == pieces.begin()) return -1;
-  --it;
-  const char* base = static_cast<const char*>(it->iov_base);
-  if (p + len > base + it->iov_len) return -1;
-  return static_cast<int>(it - pieces.begin());
-}
-
-uint64_t RegisteredTable::RoomInPiece(const char* p) const {
-  int i = Find(p, 1);
-  if (i < 0) return 0;
-  return static_cast<const char*>(pieces[i].iov_base) + pieces[i].iov_len - p;
-}
-
-RingPool::RingPool(unsigned depth, size_t max_idle)
-    : depth_(depth),
-      max_idle_(max_idle),
-      table_(std::make_shared<RegisteredTable>()) {}
-
-std::unique_ptr<Ring> RingPool::NewRing() {
-  auto ring = std::make_unique<Ring>();
-  if (io_uring_queue_init(depth_, &ring->ring, 0) < 0) {
-    ring.release();  // never initialised: nothing to exit
-    return nullptr;
-  }
-  ring->table = std::make_shared<RegisteredTable>();
-  return ring;
-}
-
-bool RingPool::Probe() {
-  std::unique_ptr<Ring> ring = NewRing();
-  if (!ring) return false;
-  Return(std::move(ring));
-  return true;
-}
-
-int RingPool::Sync(Ring* ring, uint64_t generation,
-                   std::shared_ptr<const RegisteredTable> table) {
-  if (ring->generation == generation) return 0;
-  if (!ring->table->pieces.empty()) io_uring_unregister_buffers(&ring->ring);
-  ring->table = std::make_shared<RegisteredTable>();
-  ring->generation = generation;
-  if (table->pieces.empty()) return 0;
-  int ret =
-      io_uring_register_buffers(&ring->ring, table->pieces.data(),
-                                static_cast<unsigned>(table->pieces.size()));
-  if (ret < 0)
-    return ret;  // the ring stays usable, with plain reads and writes
-  ring->table = std::move(table);
-  return 0;
-}
-
-std::unique_ptr<Ring> RingPool::Borrow() {
-  std::unique_ptr<Ring> ring;
-  uint64_t generation;
-  std::shared_ptr<const RegisteredTable> table;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!idle_.empty()) {
-      ring = std::move(idle_.back());
-      idle_.pop_back();
-    }
-    generation = generation_;
-    table = table_;
-  }
-  if (!ring) ring = NewRing();
-  if (ring) Sync(ring.get(), generation, std::move(table));
-  return ring;
-}
-
-void RingPool::Return(std::unique_ptr<Ring> ring) {
-  uint64_t generation;
-  std::shared_ptr<const RegisteredTable> table;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation = generation_;
-    table = table_;
-  }
-  // A ring borrowed across an Unregister still pins the region's pages:
-  // brought up to date before it idles, not when next borrowed.
-  if (ring->generation != generation)
-    Sync(ring.get(), generation, std::move(table));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (idle_.size() < max_idle_) idle_.push_back(std::move(ring));
-}
-
-absl::Status RingPool::Register(void* base, uint64_t len) {
-  char* p = static_cast<char*>(base);
-  uint64_t generation;
-  std::shared_ptr<const RegisteredTable> table;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Region& r : regions_) {
-      if (p < r.base + r.len && r.base < p + len)
-        return absl::AlreadyExistsError(absl::StrFormat(
-            "RegisterMemory(%p, %d): overlaps the registered region at %p",
-            base, len, r.base));
-    }
-    regions_.push_back({p, len});
-    auto next = std::make_shared<RegisteredTable>(*table_);
-    for (uint64_t off = 0; off < len; off += kMaxRegisteredPiece)
-      next->pieces.push_back(
-          {p + off, std::min(kMaxRegisteredPiece, len - off)});
-    std::sort(
-        next->pieces.begin(), next->pieces.end(),
-        [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
-    table_ = next;
-    generation = ++generation_;
-    table = table_;
-  }
-  // Register on one ring now so that a refusal (memlock limit, unsupported
-  // memory) reaches the caller instead of silently costing every write.
-  std::unique_ptr<Ring> ring = NewRing();
-  if (!ring) return absl::OkStatus();  // no io_uring: plain I/O needs nothing
-  if (int err = -Sync(ring.get(), generation, table); err != 0) {
-    Unregister(base);
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("RegisterMemory(%p, %d): io_uring_register_buffers "
-                        "failed (locked-memory limit?); "
-                        "I/O from this region uses unregistered requests: %s",
-                        base, len, strerror(err)));
-  }
-  Return(std::move(ring));
-  return absl::OkStatus();
-}
-
-void RingPool::Unregister(void* base) {
-  std::vector<std::unique_ptr<Ring>> idle;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = std::find_if(regions_.begin(), regions_.end(),
-                           [&](const Region& r) { return r.base == base; });
-    if (it == regions_.end()) return;
-    char* p = it->base;
-    uint64_t len = it->len;
-    regions_.erase(it);
-    auto next = std::make_shared<RegisteredTable>();
-    for (const iovec& v : table_->pieces) {
-      char* b = static_cast<char*>(v.iov_base);
-      if (b < p || b >= p + len) next->pieces.push_back(v);
-    }
-    table_ = next;
-    ++generation_;
-    idle.swap(idle_);
-  }
-  // Idle rings drop the region now: their registration pins its pages, so
-  // a deleted or grown arena's memory would otherwise never be freed.
-  // Outside the lock: unpinning GiBs takes a while, and Borrow may make a
-  // new ring meanwhile. Return syncs each one.
-  for (std::unique_ptr<Ring>& ring : idle) Return(std::move(ring));
-}
 
 IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
                  std::string what)
@@ -186,7 +36,10 @@ IoQueue::IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
 }
 
 IoQueue::~IoQueue() {
-  (void)Finish();  // an owner that wants the error calls Finish() itself
+  // What was never submitted is dropped (an owner that wants it done, or
+  // the error, calls Finish() itself); what the kernel holds is waited for.
+  pending_.clear();
+  (void)Finish();
   // A ring whose submit or wait failed may hold stale entries: not reused.
   if (ring_ && !broken_) pool_->Return(std::move(ring_));
 }
@@ -195,8 +48,8 @@ void IoQueue::Fail(const Request& r, int err) {
   if (!error_.ok()) return;
   if (op_ == IoOp::kRead && err == ENODATA) {
     error_ = absl::DataLossError(
-        absl::StrFormat("%s: object ends before offset %d (read of %d bytes)",
-                        what_, r.off + r.len, r.len));
+        absl::StrFormat("%s: ends before offset %d (read of %d bytes at %d)",
+                        what_, r.off + r.len, r.len, r.off));
     return;
   }
   error_ = ErrnoToStatus(
@@ -205,136 +58,210 @@ void IoQueue::Fail(const Request& r, int err) {
                       op_ == IoOp::kWrite ? "write" : "read", r.len, r.off));
 }
 
-absl::Status IoQueue::Add(int fd, int fallback_fd, char* buf, uint64_t off,
-                          uint64_t len) {
-  while (len > 0 && error_.ok()) {
+void IoQueue::FailRing(const char* call, int err) {
+  if (error_.ok()) error_ = ErrnoToStatus(err, absl::StrCat(what_, ": ", call));
+  broken_ = true;
+}
+
+void IoQueue::Split(int fd, int buffered_fd, char* buf, uint64_t off,
+                    uint64_t len, uint64_t extra, uint64_t tag) {
+  while (len > 0) {
     uint64_t n = std::min(len, io_bytes_);
     if (ring_) {
       // A request from registered memory must not cross a piece's end.
-      uint64_t room = ring_->table->RoomInPiece(buf);
+      const uint64_t room = ring_->table->RoomInPiece(buf);
       if (room > 0) n = std::min(n, room);
     }
-    Request r{fd, fallback_fd, buf, off, n};
+    const uint64_t ask = n == len ? n + extra : n;
+    pending_.push_back({fd, buffered_fd, buf, off, n, ask, tag, n});
     buf += n;
     off += n;
     len -= n;
-    if (!ring_) {
-      RunSync(r);
-      continue;
-    }
-    pending_.push_back(r);
-    if (pending_.size() >= depth_) Pump(false);
   }
-  if (ring_ && error_.ok()) Pump(false);
+}
+
+void IoQueue::Queue(int direct_fd, int buffered_fd, char* buf, uint64_t off,
+                    uint64_t len, uint64_t room, uint64_t tag) {
+  const uint64_t misalign = reinterpret_cast<uintptr_t>(buf) % kAlign;
+  if (direct_fd < 0 || misalign != off % kAlign)
+    return Split(buffered_fd, buffered_fd, buf, off, len, 0, tag);
+  const uint64_t head = std::min(len, misalign == 0 ? 0 : kAlign - misalign);
+  const uint64_t middle = (len - head) / kAlign * kAlign;
+  const uint64_t tail = len - head - middle;
+  if (head > 0) Split(buffered_fd, buffered_fd, buf, off, head, 0, tag);
+  // A read may take its ragged tail directly when whole blocks fit in the
+  // caller's room: the kernel stops at the end of the file.
+  if (op_ == IoOp::kRead && tail > 0 && room >= head + middle + AlignUp(tail)) {
+    Split(direct_fd, buffered_fd, buf + head, off + head, middle + tail,
+          AlignUp(tail) - tail, tag);
+    return;
+  }
+  if (middle > 0)
+    Split(direct_fd, buffered_fd, buf + head, off + head, middle, 0, tag);
+  if (tail > 0)
+    Split(buffered_fd, buffered_fd, buf + head + middle, off + head + middle,
+          tail, 0, tag);
+}
+
+absl::Status IoQueue::Add(int direct_fd, int buffered_fd, char* buf,
+                          uint64_t off, uint64_t len) {
+  if (!error_.ok()) return error_;
+  Queue(direct_fd, buffered_fd, buf, off, len, len, 0);
+  if (!ring_) {
+    while (error_.ok() && !pending_.empty()) RunOne(nullptr);
+  } else if (!broken_) {
+    Pump(false);
+  }
   return error_;
 }
 
 absl::Status IoQueue::Finish() {
-  if (ring_ && !broken_) Pump(true);
+  if (!ring_) {
+    while (error_.ok() && !pending_.empty()) RunOne(nullptr);
+  } else if (!broken_) {
+    Pump(true);
+  } else {
+    // Whatever the kernel still holds writes into the caller's buffers:
+    // wait for it before they may go.
+    while (inflight_ > 0) {
+      io_uring_cqe* cqe = nullptr;
+      int ret = io_uring_wait_cqe(&ring_->ring, &cqe);
+      if (ret == -EINTR || ret == -EAGAIN) continue;
+      if (ret < 0) break;
+      io_uring_cqe_seen(&ring_->ring, cqe);
+      --inflight_;
+    }
+  }
   pending_.clear();
   return error_;
 }
 
-void IoQueue::RunSync(Request r) {
-  while (r.len > 0) {
-    ssize_t n = op_ == IoOp::kWrite ? pwrite(r.fd, r.buf, r.len, r.off)
-                                    : pread(r.fd, r.buf, r.len, r.off);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0 && errno == EINVAL && r.fd != r.fallback_fd &&
-        r.fallback_fd >= 0) {
-      r.fd = r.fallback_fd;  // direct I/O refused this piece
-      continue;
-    }
-    if (n < 0) return Fail(r, errno);
-    if (n == 0) return Fail(r, op_ == IoOp::kWrite ? EIO : ENODATA);
-    r.buf += n;
-    r.off += n;
-    r.len -= n;
-    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0)
-      r.fd = r.fallback_fd;
+absl::Status IoQueue::Reap(const Done& done) {
+  if (!error_.ok()) return error_;
+  if (outstanding() == 0) return absl::OkStatus();
+  if (!ring_) {
+    RunOne(&done);
+  } else if (Submit() && inflight_ > 0) {
+    WaitAndDrain(&done);
   }
+  return error_;
 }
 
-void IoQueue::Complete(unsigned slot, int res) {
-  Request r = slots_[slot];
-  free_slots_.push_back(slot);
-  --inflight_;
+void IoQueue::RunOne(const Done* done) {
+  Request r = pending_.front();
+  pending_.pop_front();
+  const ssize_t n = op_ == IoOp::kWrite ? pwrite(r.fd, r.buf, r.ask, r.off)
+                                        : pread(r.fd, r.buf, r.ask, r.off);
+  Complete(r, n < 0 ? -errno : static_cast<int>(n), done);
+}
+
+void IoQueue::Complete(Request r, int res, const Done* done) {
   if (res == -EAGAIN || res == -EINTR) {
+    pending_.push_front(r);
+    return;
+  }
+  const bool direct = r.fd != r.buffered_fd && r.buffered_fd >= 0;
+  if (res == -EINVAL && direct) {
+    // The file system refused this direct request: the page cache serves it.
+    r.fd = r.buffered_fd;
+    r.ask = r.len;
     pending_.push_front(r);
     return;
   }
   if (res < 0) return Fail(r, -res);
   if (res == 0) return Fail(r, op_ == IoOp::kWrite ? EIO : ENODATA);
-  if (static_cast<uint64_t>(res) < r.len) {
-    r.buf += res;
-    r.off += res;
-    r.len -= res;
-    if ((r.off % kAlign != 0 || r.len % kAlign != 0) && r.fallback_fd >= 0)
-      r.fd = r.fallback_fd;
-    pending_.push_front(r);
+  const uint64_t got = static_cast<uint64_t>(res);
+  if (got >= r.len) {
+    if (done != nullptr && *done) (*done)(r.tag, r.report);
+    return;
   }
+  r.buf += got;
+  r.off += got;
+  r.len -= got;
+  if (direct && Aligned(r.buf) && Aligned(r.off)) {
+    r.ask -= got;
+  } else {
+    r.fd = r.buffered_fd >= 0 ? r.buffered_fd : r.fd;
+    r.ask = r.len;
+  }
+  pending_.push_front(r);
+}
+
+bool IoQueue::Submit() {
+  io_uring* ring = &ring_->ring;
+  while (error_.ok() && inflight_ < depth_ && !pending_.empty()) {
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    if (sqe == nullptr) break;
+    const Request r = pending_.front();
+    pending_.pop_front();
+    const unsigned slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = r;
+    const int index = ring_->table->Find(r.buf, r.ask);
+    const unsigned n = static_cast<unsigned>(r.ask);
+    if (op_ == IoOp::kWrite) {
+      if (index >= 0)
+        io_uring_prep_write_fixed(sqe, r.fd, r.buf, n, r.off, index);
+      else
+        io_uring_prep_write(sqe, r.fd, r.buf, n, r.off);
+    } else {
+      if (index >= 0)
+        io_uring_prep_read_fixed(sqe, r.fd, r.buf, n, r.off, index);
+      else
+        io_uring_prep_read(sqe, r.fd, r.buf, n, r.off);
+    }
+    io_uring_sqe_set_data64(sqe, slot);
+    ++inflight_;
+  }
+  for (;;) {
+    const unsigned unsubmitted = io_uring_sq_ready(ring);
+    if (unsubmitted == 0) return true;
+    const int ret = io_uring_submit(ring);
+    if (ret >= 0) return true;
+    if (ret == -EINTR) continue;
+    if (ret == -EAGAIN || ret == -EBUSY) {
+      // The kernel is short of memory, or its completion queue is full:
+      // a completion frees both, and the next Submit sends the rest. With
+      // nothing of ours in the kernel there is none to wait for: again.
+      if (inflight_ > unsubmitted) return true;
+      continue;
+    }
+    // The kernel took none of them; those it took before are waited for.
+    inflight_ -= unsubmitted;
+    FailRing("io_uring_submit", -ret);
+    return false;
+  }
+}
+
+bool IoQueue::WaitAndDrain(const Done* done) {
+  io_uring* ring = &ring_->ring;
+  io_uring_cqe* cqe = nullptr;
+  int ret;
+  do ret = io_uring_wait_cqe(ring, &cqe);
+  while (ret == -EINTR || ret == -EAGAIN);
+  if (ret < 0) {
+    FailRing("io_uring_wait_cqe", -ret);
+    return false;
+  }
+  do {
+    const unsigned slot = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+    const int res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    free_slots_.push_back(slot);
+    --inflight_;
+    Complete(slots_[slot], res, done);
+  } while (io_uring_peek_cqe(ring, &cqe) == 0);
+  return true;
 }
 
 void IoQueue::Pump(bool wait_all) {
-  io_uring* ring = &ring_->ring;
   for (;;) {
-    unsigned prepared = 0;
-    while (error_.ok() && inflight_ < depth_ && !pending_.empty()) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring);
-      if (sqe == nullptr) break;
-      Request r = pending_.front();
-      pending_.pop_front();
-      unsigned slot = free_slots_.back();
-      free_slots_.pop_back();
-      slots_[slot] = r;
-      int index = ring_->table->Find(r.buf, r.len);
-      const unsigned n = static_cast<unsigned>(r.len);
-      if (op_ == IoOp::kWrite) {
-        if (index >= 0)
-          io_uring_prep_write_fixed(sqe, r.fd, r.buf, n, r.off, index);
-        else
-          io_uring_prep_write(sqe, r.fd, r.buf, n, r.off);
-      } else {
-        if (index >= 0)
-          io_uring_prep_read_fixed(sqe, r.fd, r.buf, n, r.off, index);
-        else
-          io_uring_prep_read(sqe, r.fd, r.buf, n, r.off);
-      }
-      io_uring_sqe_set_data64(sqe, slot);
-      ++inflight_;
-      ++prepared;
-    }
-    if (prepared > 0) {
-      int ret;
-      do ret = io_uring_submit(ring);
-      while (ret == -EINTR || ret == -EAGAIN);
-      if (ret < 0) {
-        // The kernel took none of them: account them as failed.
-        Fail(Request{-1, -1, nullptr, 0, 0}, -ret);
-        inflight_ -= prepared;
-        broken_ = true;
-        return;
-      }
-    }
+    if (!Submit()) return;
     if (inflight_ == 0) return;
     const bool room = inflight_ < depth_ && error_.ok();
     if (!wait_all && room && pending_.empty()) return;
-    io_uring_cqe* cqe = nullptr;
-    int ret;
-    do ret = io_uring_wait_cqe(ring, &cqe);
-    while (ret == -EINTR || ret == -EAGAIN);
-    if (ret < 0) {
-      Fail(Request{-1, -1, nullptr, 0, 0}, -ret);
-      broken_ = true;
-      return;
-    }
-    do {
-      unsigned slot = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
-      int res = cqe->res;
-      io_uring_cqe_seen(ring, cqe);
-      Complete(slot, res);
-    } while (io_uring_peek_cqe(ring, &cqe) == 0);
+    if (!WaitAndDrain(nullptr)) return;
   }
 }
 
-}  // namespace ckpt::storage::internal
+}  // namespace ckpt::storage

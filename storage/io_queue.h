@@ -1,117 +1,112 @@
-// Internals of the local backend: a pool of io_uring instances sharing one
-// table of registered buffers, and IoQueue, which runs one object's reads or
-// writes with several requests in flight (the liburing io_uring-cp loop:
-// fill the queue, submit, wait for one completion, drain the rest; short
-// transfers re-queued, -EAGAIN/-EINTR resubmitted). Without a ring the same
-// requests run as pread/pwrite loops.
+// IoQueue: the one io_uring loop of the tree. It runs one file's reads or
+// writes with several requests in flight, the liburing io_uring-cp way:
+// fill the queue up to its depth, submit, wait for one completion, drain
+// the rest. Every completion, from the ring or from the pread/pwrite used
+// without one, goes through one function: short transfers are re-queued,
+// -EAGAIN/-EINTR resubmitted, a direct request the file system refuses
+// (-EINVAL) goes again through the buffered descriptor, and the end of a
+// file is DataLoss.
 //
-// RingPool is thread-safe. An IoQueue belongs to one thread at a time and
-// holds one ring borrowed from the pool for its lifetime, so registering
-// buffers is paid once per ring per change of the table, never per object.
+// A range is queued as requests of at most io_bytes: its 4 KiB-aligned
+// middle through an O_DIRECT descriptor (when the buffer and the file
+// offset share their alignment), the ragged ends through a buffered one. A
+// read whose caller has room past the range may finish its ragged tail
+// directly, rounded up to whole blocks. Requests from memory registered
+// with the RingPool (ring_pool.h) use the fixed-buffer opcodes.
+//
+// Two ways to drive it: Add() then Finish() (the local backend: Add
+// returns once the rest fits in the queue), or Queue() then Reap(), which
+// reports each finished request's tag, so a caller can use a range the
+// moment its last request completes while the next ones are read (the
+// client's file restore).
+//
+// Thread-safety: an IoQueue belongs to one thread at a time; it holds a
+// ring borrowed from the pool for its lifetime (none: pread/pwrite).
 #ifndef CKPT_STORAGE_IO_QUEUE_H_
 #define CKPT_STORAGE_IO_QUEUE_H_
 
-#include <liburing.h>
-
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "storage/ring_pool.h"
 
-namespace ckpt::storage::internal {
-
-// The kernel refuses a registered buffer above 1 GiB.
-inline constexpr uint64_t kMaxRegisteredPiece = 1ull << 30;
-
-struct RegisteredTable {
-  std::vector<iovec>
-      pieces;  // sorted by base, each at most kMaxRegisteredPiece
-  // Index of the piece holding [p, p+len), or -1.
-  int Find(const char* p, uint64_t len) const;
-  // Bytes from p to the end of its piece (p must be inside one), else 0.
-  uint64_t RoomInPiece(const char* p) const;
-};
-
-struct Ring {
-  io_uring ring;
-  uint64_t generation = 0;  // of the pool's table when registered here
-  std::shared_ptr<const RegisteredTable> table;  // what the kernel knows
-  ~Ring() { io_uring_queue_exit(&ring); }
-};
-
-class RingPool {
- public:
-  RingPool(unsigned depth, size_t max_idle);
-  // False when the kernel refused to create a ring (no io_uring).
-  bool Probe();
-  // A ring with the current table registered, or null if none can be made.
-  std::unique_ptr<Ring> Borrow();
-  // Takes the ring back; one registered under an older table is brought up
-  // to date first, so it pins no unregistered memory while idle.
-  void Return(std::unique_ptr<Ring> ring);
-  [[nodiscard]] absl::Status Register(void* base, uint64_t len);
-  // After it returns, no idle ring pins the region's pages; a borrowed ring
-  // drops them when it is returned.
-  void Unregister(void* base);
-
- private:
-  std::unique_ptr<Ring> NewRing();
-  // Brings the ring's registration to the table of `generation`; -errno if
-  // the kernel refused (the ring then has no registered buffers).
-  int Sync(Ring* ring, uint64_t generation,
-           std::shared_ptr<const RegisteredTable> table);
-
-  const unsigned depth_;
-  const size_t max_idle_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Ring>> idle_;
-  struct Region {
-    char* base;
-    uint64_t len;
-  };
-  std::vector<Region> regions_;
-  std::shared_ptr<const RegisteredTable> table_;
-  uint64_t generation_ = 1;
-};
+namespace ckpt::storage {
 
 enum class IoOp { kRead, kWrite };
 
 class IoQueue {
  public:
-  // pool may be null (pread/pwrite). `what` names the object in errors.
+  // Called as each request finishes: its tag and its length as queued.
+  using Done = std::function<void(uint64_t tag, uint64_t len)>;
+
+  // pool may be null (pread/pwrite). `what` names the file in errors.
   IoQueue(RingPool* pool, IoOp op, unsigned depth, uint64_t io_bytes,
           std::string what);
-  ~IoQueue();  // waits for every request in flight
+  // Drops what is queued but not submitted; waits for every request the
+  // kernel holds (it writes into the caller's buffers).
+  ~IoQueue();
   IoQueue(const IoQueue&) = delete;
   IoQueue& operator=(const IoQueue&) = delete;
 
-  // Queues [buf, buf+len) at file offset off on fd, split into io_bytes
-  // requests; returns once the rest fits in the queue. direct_fd is fd opened
-  // with O_DIRECT, or -1; fallback_fd is buffered and takes any remainder
-  // that a short direct transfer leaves unaligned. Returns the first error
-  // seen so far.
-  [[nodiscard]] absl::Status Add(int fd, int fallback_fd, char* buf,
+  // Queues [buf, buf+len) at file offset off (see the header paragraph).
+  // direct_fd is the file opened with O_DIRECT, or -1; buffered_fd is the
+  // same file without. A read may write up to `room` >= len bytes at buf
+  // (room == len: exactly the range). Nothing is submitted here.
+  void Queue(int direct_fd, int buffered_fd, char* buf, uint64_t off,
+             uint64_t len, uint64_t room, uint64_t tag);
+  // Queue() with room == len, then runs the queue until what is left fits
+  // in it. The first error seen so far.
+  [[nodiscard]] absl::Status Add(int direct_fd, int buffered_fd, char* buf,
                                  uint64_t off, uint64_t len);
   // Waits for every queued request; the first error, if any.
   [[nodiscard]] absl::Status Finish();
+  // Submits what is queued and blocks until at least one request finishes
+  // (none outstanding: returns at once); calls done for each finished one.
+  // The first error names the file and offset; nothing more is submitted.
+  [[nodiscard]] absl::Status Reap(const Done& done);
+
+  // Requests not finished yet (queued or in flight).
+  size_t outstanding() const { return pending_.size() + inflight_; }
+  // True when every queued request is in flight: time to queue more, so a
+  // completion finds a request to submit in its place.
+  bool WantsMore() const { return pending_.empty(); }
   bool uses_ring() const { return ring_ != nullptr; }
 
  private:
   struct Request {
-    int fd;
-    int fallback_fd;
+    int fd;           // direct_fd or buffered_fd
+    int buffered_fd;  // fd == buffered_fd: a buffered request
     char* buf;
     uint64_t off;
-    uint64_t len;
+    uint64_t len;  // bytes wanted
+    uint64_t ask;  // bytes asked of the kernel (> len: a rounded-up read)
+    uint64_t tag;
+    uint64_t report;  // len as queued, reported when done
   };
+  // Splits [buf, buf+len) into requests of at most io_bytes on fd; the
+  // last one asks for `extra` bytes more.
+  void Split(int fd, int buffered_fd, char* buf, uint64_t off, uint64_t len,
+             uint64_t extra, uint64_t tag);
+  // Runs the ring until nothing is pending and there is room (wait_all:
+  // until nothing is outstanding).
   void Pump(bool wait_all);
-  void Complete(unsigned slot, int res);
-  void RunSync(Request r);
+  // Moves pending requests into the ring and submits them; false when the
+  // ring broke.
+  bool Submit();
+  // Waits for one completion and drains every ready one; false on a
+  // broken ring.
+  bool WaitAndDrain(const Done* done);
+  // One pread/pwrite of the first pending request (no ring).
+  void RunOne(const Done* done);
+  // Applies a completion of res bytes (or -errno) to r.
+  void Complete(Request r, int res, const Done* done);
   void Fail(const Request& r, int err);
+  void FailRing(const char* call, int err);
 
   RingPool* pool_;
   const IoOp op_;
@@ -122,11 +117,11 @@ class IoQueue {
   std::deque<Request> pending_;
   std::vector<Request> slots_;
   std::vector<unsigned> free_slots_;
-  unsigned inflight_ = 0;
+  unsigned inflight_ = 0;  // in the ring: submitted, or prepared
   bool broken_ = false;
   absl::Status error_;
 };
 
-}  // namespace ckpt::storage::internal
+}  // namespace ckpt::storage
 
 #endif  // CKPT_STORAGE_IO_QUEUE_H_

@@ -4,6 +4,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/strings.h"
 #include "util/validate.h"
 
 namespace ckpt::storage {
@@ -15,8 +16,6 @@ constexpr std::string_view kRankPrefix = "rank-";
 constexpr std::string_view kShardSuffix = ".shard";
 constexpr std::string_view kManifest = "MANIFEST";
 constexpr size_t kRankMinDigits = 5;
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 bool AllDigits(std::string_view s) {
   if (s.empty()) return false;

@@ -17,16 +17,10 @@
 #include "storage/io_queue.h"
 #include "storage/local_fs.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 namespace ckpt::storage {
 namespace {
-
-using internal::IoOp;
-using internal::IoQueue;
-using internal::RingPool;
-
-constexpr uint64_t kAlign = 4096;
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 // Opens `name` in the directory dir_fd (path names it in errors) without
 // following a symlink, and with O_DIRECT when asked; a file system that
@@ -74,26 +68,6 @@ absl::Status OpenPair(int dir_fd, const std::string& name,
 void CloseFd(int* fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
-}
-
-// Queues [buf, buf+len) at off: the 4 KiB-aligned middle through the direct
-// fd (when buf and off share their alignment), the ragged ends buffered.
-absl::Status QueuePiece(IoQueue& q, int direct, int buffered, char* buf,
-                        uint64_t off, uint64_t len) {
-  const uint64_t misalign = reinterpret_cast<uintptr_t>(buf) % kAlign;
-  if (direct < 0 || misalign != off % kAlign)
-    return q.Add(buffered, buffered, buf, off, len);
-  const uint64_t head = std::min(len, misalign == 0 ? 0 : kAlign - misalign);
-  const uint64_t middle = (len - head) / kAlign * kAlign;
-  const uint64_t tail = len - head - middle;
-  if (head > 0) CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf, off, head));
-  if (middle > 0)
-    CKPT_RETURN_IF_ERROR(
-        q.Add(direct, buffered, buf + head, off + head, middle));
-  if (tail > 0)
-    CKPT_RETURN_IF_ERROR(q.Add(buffered, buffered, buf + head + middle,
-                               off + head + middle, tail));
-  return absl::OkStatus();
 }
 
 class LocalBackend;
@@ -402,8 +376,8 @@ absl::Status LocalReader::ReadAt(uint64_t offset, void* dst, uint64_t len) {
         size_, offset, offset + len));
   if (len == 0) return absl::OkStatus();
   std::unique_ptr<IoQueue> q = backend_->NewQueue(IoOp::kRead, path_);
-  absl::Status s = QueuePiece(*q, direct_fd_, buffered_fd_,
-                              static_cast<char*>(dst), offset, len);
+  absl::Status s =
+      q->Add(direct_fd_, buffered_fd_, static_cast<char*>(dst), offset, len);
   absl::Status f = q->Finish();
   if (s.ok()) s = f;
   if (s.ok()) backend_->CountRead(len);
@@ -420,9 +394,9 @@ absl::Status LocalWriter::WriteAt(uint64_t offset, const void* data,
         "%s: write of [%d, %d) is outside the object's %d bytes", key_, offset,
         offset + len, size_));
   bytes_ += len;
-  return QueuePiece(*queue_, direct_fd_, buffered_fd_,
-                    const_cast<char*>(static_cast<const char*>(data)), offset,
-                    len);
+  return queue_->Add(direct_fd_, buffered_fd_,
+                     const_cast<char*>(static_cast<const char*>(data)), offset,
+                     len);
 }
 
 absl::Status LocalWriter::Durable() {

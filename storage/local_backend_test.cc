@@ -138,7 +138,7 @@ TEST_P(LocalBackendTest, WritesFromRegisteredMemoryUseTheRegisteredPath) {
 }
 
 TEST(RegisteredTable, RequestsNeverCrossAPieceEnd) {
-  internal::RegisteredTable t;
+  RegisteredTable t;
   static char memory[3 * 4096];
   t.pieces = {{memory, 4096}, {memory + 4096, 8192}};
   EXPECT_EQ(t.Find(memory + 100, 100), 0);
@@ -436,7 +436,7 @@ uint64_t VmPinKiB() {
 // a region after UnregisterMemory, until borrowed again; a deleted arena's
 // pages were never freed.
 TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
-  internal::RingPool pool(4, 8);
+  RingPool pool(4, 8);
   if (!pool.Probe()) GTEST_SKIP() << "no io_uring";
   const size_t n = 32 << 20;
   char* region = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE,
@@ -447,7 +447,7 @@ TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
   ASSERT_TRUE(pool.Register(region, n).ok());
   {
     // Two rings at once, so two go back idle with the region registered.
-    std::unique_ptr<internal::Ring> a = pool.Borrow(), b = pool.Borrow();
+    std::unique_ptr<Ring> a = pool.Borrow(), b = pool.Borrow();
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
     pool.Return(std::move(a));
@@ -460,7 +460,7 @@ TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {
       << "idle rings still pin the unregistered region";
 
   ASSERT_TRUE(pool.Register(region, n).ok());
-  std::unique_ptr<internal::Ring> held = pool.Borrow();  // an IoQueue in flight
+  std::unique_ptr<Ring> held = pool.Borrow();  // an IoQueue in flight
   ASSERT_NE(held, nullptr);
   pool.Unregister(region);
   pool.Return(std::move(held));

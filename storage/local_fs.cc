@@ -14,12 +14,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
+#include "util/strings.h"
 
 namespace ckpt::storage::internal {
 namespace fs = std::filesystem;
 
 namespace {
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 absl::Status FsError(const std::error_code& ec, const std::string& path) {
   return ErrnoToStatus(ec.value(), path);

@@ -10,12 +10,11 @@
 #include "storage/keys.h"
 #include "storage/local_fs.h"
 #include "util/status.h"
+#include "util/strings.h"
 #include "util/validate.h"
 
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 absl::Status Bad(std::string_view what, std::string_view key,
                  std::string_view why) {

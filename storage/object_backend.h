@@ -1,7 +1,7 @@
 // storage::Backend on an S3-compatible object store (AWS S3, MinIO, Ceph
 // RGW, s3rver), over libcurl with its built-in SigV4 signing
-// (CURLOPT_AWS_SIGV4); and OpenBackend, the one factory that turns a
-// "--root"-like string (a directory or "s3://bucket/prefix") into a Backend.
+// (CURLOPT_AWS_SIGV4). A URL becomes a Backend through OpenBackend
+// (storage/open_backend.h), the one factory.
 //
 // Keys map to object names "<prefix>/<key>" (prefix may be empty), so a
 // step's objects are "<prefix>/<job>/step-<N>/rank-<R>.shard" and
@@ -138,15 +138,6 @@ std::optional<std::string> ProcessEnv(const char* name);
 // backend; nothing is sent until the first call. name() is "s3".
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> NewObjectBackend(
     ObjectStoreOptions options);
-
-// A directory or an "s3://bucket/prefix" URL.
-struct OpenBackendOptions {
-  LocalBackendOptions local;  // root is replaced by the directory
-  ObjectStoreConfig object;
-  EnvLookup env = ProcessEnv;
-};
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(
-    const std::string& url_or_dir, const OpenBackendOptions& options);
 
 // Object-store counters beyond BackendStats (requests and retries by
 // kind), for metrics and the fault tests. All zero on other backends.

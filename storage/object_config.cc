@@ -14,20 +14,11 @@
 #include "absl/strings/strip.h"
 #include "util/config_file.h"
 #include "util/status.h"
+#include "util/strings.h"
+#include "util/validate.h"
 
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-
-// At most 40 characters of a bad value, quoted.
-std::string QuotePrefix(std::string_view v) {
-  constexpr size_t kMax = 40;
-  std::string out = "\"";
-  for (char c : v.substr(0, kMax)) out += absl::ascii_isprint(c) ? c : '?';
-  out += v.size() > kMax ? "\"..." : "\"";
-  return out;
-}
 
 bool IsKeyChar(char c) {
   return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
@@ -330,19 +321,6 @@ absl::Status ReadObjectStoreConfig(const toml::table& t, ObjectStoreConfig* c) {
   if (s.ok()) s = opt("object_credentials_file", &c->credentials_file);
   if (s.ok()) s = opt("object_profile", &c->profile);
   return s;
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(
-    const std::string& url_or_dir, const OpenBackendOptions& options) {
-  if (IsObjectUrl(url_or_dir)) {
-    CKPT_ASSIGN_OR_RETURN(
-        ObjectStoreOptions o,
-        ResolveObjectStoreOptions(url_or_dir, options.object, options.env));
-    return NewObjectBackend(std::move(o));
-  }
-  LocalBackendOptions local = options.local;
-  local.root = url_or_dir;
-  return NewLocalBackend(std::move(local));
 }
 
 }  // namespace ckpt::storage

@@ -5,8 +5,6 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <boost/property_tree/ptree.hpp>
-#include <boost/property_tree/xml_parser.hpp>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -17,20 +15,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/retry.h"
+#include "util/validate.h"
 
 namespace ckpt::storage::internal {
 namespace {
 
 constexpr uint64_t kMaxReplyBytes =
     16 << 20;  // XML replies (a list page ~300 KiB)
+// An S3 error code or message quoted in ours.
 constexpr size_t kMaxQuote = 120;
-
-std::string QuotePrefix(std::string_view v) {
-  std::string out;
-  for (char c : v.substr(0, kMaxQuote)) out += absl::ascii_isprint(c) ? c : ' ';
-  if (v.size() > kMaxQuote) out += "...";
-  return out;
-}
 
 void GlobalInit() {
   static const bool done = [] {
@@ -95,6 +89,12 @@ std::chrono::milliseconds Backoff(const ObjectStoreOptions& o,
 }
 
 }  // namespace
+
+absl::StatusCode ReplyCode(long http_status, std::string_view s3_code) {
+  // S3's SlowDown or RequestTimeTooSkewed may come as a 400 or a 403.
+  return RetryableHttp(http_status, s3_code) ? absl::StatusCode::kUnavailable
+                                             : HttpCode(http_status);
+}
 
 std::string UriEncode(std::string_view s, bool keep_slash) {
   std::string out;
@@ -257,10 +257,8 @@ std::string ObjectHttp::Describe(const HttpRequest& r) const {
 
 absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
                                                      const HttpRequest& r,
-                                                     bool* retryable,
                                                      bool* transport) {
   CURL* curl = static_cast<CURL*>(h);
-  *retryable = false;
   *transport = false;
   curl_easy_reset(curl);  // keeps the live connection and caches
   HttpResponse response;
@@ -344,12 +342,12 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
                      r.dst ? r.dst_len : kMaxReplyBytes, " bytes"));
   }
   if (rc != CURLE_OK) {
-    *retryable = RetryableCurl(rc);
     *transport = true;
-    absl::StatusCode code = rc == CURLE_OPERATION_TIMEDOUT
+    // The code carries the retry class (util/retry.h IsTransient).
+    absl::StatusCode code = !RetryableCurl(rc) ? absl::StatusCode::kInternal
+                            : rc == CURLE_OPERATION_TIMEDOUT
                                 ? absl::StatusCode::kDeadlineExceeded
                                 : absl::StatusCode::kUnavailable;
-    if (!*retryable) code = absl::StatusCode::kInternal;
     return absl::Status(
         code, absl::StrCat(Describe(r), ": ", curl_easy_strerror(rc)));
   }
@@ -363,12 +361,12 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
         message = xml->Find("Error.Message").value_or("");
       }
     }
-    *retryable = RetryableHttp(response.status, code);
     return absl::Status(
-        HttpCode(response.status),
+        ReplyCode(response.status, code),
         absl::StrCat(Describe(r), ": HTTP ", response.status,
-                     code.empty() ? "" : " ", QuotePrefix(code),
-                     message.empty() ? "" : ": ", QuotePrefix(message)));
+                     code.empty() ? "" : " ", QuotePrefix(code, kMaxQuote),
+                     message.empty() ? "" : ": ",
+                     QuotePrefix(message, kMaxQuote)));
   }
   if (r.dst != nullptr && r.method == "GET" && response.received != r.dst_len) {
     // curl saw a complete reply (a Content-Length it honoured) of the
@@ -389,9 +387,8 @@ absl::StatusOr<HttpResponse> ObjectHttp::Perform(const HttpRequest& r) {
   absl::Status last;
   unsigned attempt = 0;
   for (;;) {
-    bool retryable = false, transport = false;
-    absl::StatusOr<HttpResponse> result =
-        PerformOnce(handle, r, &retryable, &transport);
+    bool transport = false;
+    absl::StatusOr<HttpResponse> result = PerformOnce(handle, r, &transport);
     ++attempt;
     if (result.ok()) {
       ReleaseHandle(handle);
@@ -399,7 +396,7 @@ absl::StatusOr<HttpResponse> ObjectHttp::Perform(const HttpRequest& r) {
       return result;
     }
     last = result.status();
-    if (!retryable) break;
+    if (!IsTransient(last)) break;
     // A transfer that failed below HTTP may have left a half-dead
     // connection: the next attempt gets a new one. An HTTP error reply
     // leaves the connection usable.

@@ -89,11 +89,12 @@ class ObjectHttp {
   void* AcquireHandle();
   void ReleaseHandle(void* handle);
   std::string Url(const HttpRequest& request) const;
-  // One attempt. On failure *retryable says whether to try again and
-  // *transport whether it failed below HTTP (the connection is suspect).
+  // One attempt. On failure the code says whether to try again
+  // (util/retry.h IsTransient) and *transport whether it failed below HTTP
+  // (the connection is suspect).
   absl::StatusOr<HttpResponse> PerformOnce(void* handle,
                                            const HttpRequest& request,
-                                           bool* retryable, bool* transport);
+                                           bool* transport);
 
   const ObjectStoreOptions options_;
   const std::string userpwd_;
@@ -107,6 +108,14 @@ class ObjectHttp {
 // SigV4's URI encoding (RFC 3986 unreserved kept; '/' kept when
 // keep_slash).
 std::string UriEncode(std::string_view s, bool keep_slash);
+
+// The code of a reply that is not 2xx, given its HTTP status and S3 error
+// code: UNAVAILABLE exactly when it is worth retrying (throttling, a
+// timeout, a server error, clock skew), so that util/retry.h's IsTransient
+// is the retry decision; else by HTTP status (404 NotFound, 401/403
+// PermissionDenied, 409/412 FailedPrecondition, 416 DataLoss, other
+// InvalidArgument).
+absl::StatusCode ReplyCode(long http_status, std::string_view s3_code);
 
 }  // namespace ckpt::storage::internal
 

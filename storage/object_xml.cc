@@ -7,19 +7,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "util/validate.h"
 
 namespace ckpt::storage::internal {
-namespace {
-
-std::string QuotePrefix(std::string_view v) {
-  constexpr size_t kMax = 120;
-  std::string out;
-  for (char c : v.substr(0, kMax)) out += absl::ascii_isprint(c) ? c : ' ';
-  if (v.size() > kMax) out += "...";
-  return out;
-}
-
-}  // namespace
 
 struct XmlReply::Tree {
   boost::property_tree::ptree pt;
@@ -39,7 +29,7 @@ absl::StatusOr<XmlReply> XmlReply::Parse(const std::string& body,
         in, reply.tree_->pt, boost::property_tree::xml_parser::trim_whitespace);
   } catch (const boost::property_tree::ptree_error& e) {
     return absl::DataLossError(absl::StrCat(
-        reply.what_, ": reply is not XML: ", QuotePrefix(e.what())));
+        reply.what_, ": reply is not XML: ", QuotePrefix(e.what(), 120)));
   }
   return reply;
 }

@@ -9,12 +9,11 @@
 #include "absl/strings/str_format.h"
 #include "util/checksum.h"
 #include "util/status.h"
+#include "util/strings.h"
 #include "util/validate.h"
 
 namespace ckpt::storage {
 namespace {
-
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 bool AlignUp(uint64_t v, uint64_t* out) {
   if (v > UINT64_MAX - (kShardAlign - 1)) return false;

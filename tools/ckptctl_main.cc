@@ -16,6 +16,7 @@
 #include "coordinator/client/leader_channel.h"
 #include "tools/ctl_commands.h"
 #include "tools/text_output.h"
+#include "util/program.h"
 
 namespace {
 
@@ -46,11 +47,7 @@ void AddShardSelector(CLI::App* cmd, ShardSelector* sel,
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("ckptctl %s\n", CKPT_VERSION);
-      return 0;
-    }
+  if (ckpt::PrintedVersion(argc, argv, "ckptctl", CKPT_VERSION)) return 0;
   CLI::App app{"ckptctl: inspect and manage ckptd checkpoints"};
   app.require_subcommand(1);
   app.fallthrough();

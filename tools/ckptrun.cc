@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/client/channel.h"
+#include "util/retry.h"
 
 extern char** environ;
 
@@ -168,7 +169,7 @@ std::optional<int> Launcher::RegisterJob() {
                        resp.job().generation()));
       return std::nullopt;
     }
-    if (!coordinator::IsUnreachable(s) &&
+    if (!IsUnreachable(s) &&
         s.code() != absl::StatusCode::kFailedPrecondition) {
       Log(std::string(s.message()));
       return 2;
@@ -227,7 +228,7 @@ void Launcher::Poll() {
   if (s.ok()) {
     SetReachable(true, s);
     last_watch_error_.clear();
-  } else if (coordinator::IsUnreachable(s)) {
+  } else if (IsUnreachable(s)) {
     SetReachable(false, s);
   } else if (s.message() !=
              last_watch_error_) {  // refused (e.g. PERMISSION_DENIED): say so
@@ -282,7 +283,7 @@ void Launcher::FlushReports() {
         client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp,
                       kRpcTimeout),
         "ReportTrainerExit", client_->current());
-    if (coordinator::IsUnreachable(s)) {
+    if (IsUnreachable(s)) {
       SetReachable(false, s);
       if (!r.logged_queued)
         Log(absl::StrCat(what,

@@ -15,6 +15,7 @@
 #include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun.h"
 #include "util/cli_parse.h"
+#include "util/program.h"
 #include "util/validate.h"
 
 namespace ckpt::tools {
@@ -136,19 +137,9 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
 }  // namespace ckpt::tools
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("ckptrun %s\n", CKPT_VERSION);
-      return 0;
-    }
-  // Blocked before gRPC starts any thread (parsing the options already
-  // creates a coordinator client), so only sigtimedwait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGCHLD);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (ckpt::PrintedVersion(argc, argv, "ckptrun", CKPT_VERSION)) return 0;
+  // Only the launcher's sigtimedwait sees them.
+  const sigset_t signals = ckpt::BlockSignals({SIGTERM, SIGINT, SIGCHLD});
   std::string help;
   absl::StatusOr<ckpt::tools::RunOptions> opts =
       ckpt::tools::ParseRunOptions(argc, argv, &help);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "storage/keys.h"
 #include "storage/object_backend.h"
+#include "storage/open_backend.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -88,27 +89,13 @@ absl::StatusOr<std::string> ResolveShardKey(storage::Backend& backend,
 
 absl::StatusOr<std::unique_ptr<storage::Backend>> OpenRoot(
     const std::string& dir, const std::string& flag) {
-  if (storage::IsObjectUrl(dir)) {
-    // Endpoint, region and credentials: AWS_* environment or credentials
-    // file, never a flag.
-    absl::StatusOr<storage::ObjectStoreOptions> o =
-        storage::ResolveObjectStoreOptions(dir, storage::ObjectStoreConfig{});
-    if (!o.ok()) return Annotate(o.status(), flag);
-    return storage::NewObjectBackend(*std::move(o));
-  }
-  struct stat st;
-  if (dir.empty()) return absl::InvalidArgumentError(flag + ": empty path");
-  if (stat(dir.c_str(), &st) != 0)
-    return absl::NotFoundError(
-        absl::StrCat(flag, " ", dir, ": no such directory"));
-  if (!S_ISDIR(st.st_mode))
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", dir, ": not a directory"));
-  storage::LocalBackendOptions o;
-  o.root = dir;
-  o.sync = false;              // the tools only read through it
-  o.remove_tmp_files = false;  // a live daemon may be writing them
-  return storage::NewLocalBackend(o);
+  storage::OpenBackendOptions o;
+  o.field = flag;
+  o.relative_ok = true;
+  o.must_exist = true;
+  o.local.sync = false;              // the tools only read through it
+  o.local.remove_tmp_files = false;  // a live daemon may be writing them
+  return storage::OpenBackend(dir, o);
 }
 
 absl::StatusOr<RootContents> ScanRoot(storage::Backend& backend,

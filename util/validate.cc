@@ -4,10 +4,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckpt/tensor.h"
+#include "util/strings.h"
 
 namespace {
 // Debian's abseil has its own string_view type.
-absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 }  // namespace
 
 namespace ckpt {

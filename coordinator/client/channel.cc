@@ -74,9 +74,4 @@ absl::Status CoordStatus(const grpc::Status& s, std::string_view rpc,
                                    ": ", s.error_message()));
 }
 
-bool IsUnreachable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable ||
-         s.code() == absl::StatusCode::kDeadlineExceeded;
-}
-
 }  // namespace ckpt::coordinator

@@ -46,10 +46,6 @@ void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout);
                                        std::string_view rpc,
                                        const std::string& addr);
 
-// True for the codes that mean "the coordinator could not be reached" (as
-// opposed to "it answered and refused").
-bool IsUnreachable(const absl::Status& s);
-
 }  // namespace ckpt::coordinator
 
 #endif  // CKPT_COORDINATOR_CLIENT_CHANNEL_H_

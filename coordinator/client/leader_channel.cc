@@ -1,6 +1,7 @@
 #include "coordinator/client/leader_channel.h"
 
 #include "absl/strings/str_split.h"
+#include "util/retry.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -80,8 +81,7 @@ grpc::Status CoordinatorClient::WithHint(const grpc::Status& s) const {
 
 bool CoordinatorClient::Retry(const grpc::Status& s) const {
   if (stubs_.size() < 2) return false;
-  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  return IsUnreachable(s);  // a busy leader is not a reason to fail over
 }
 
 size_t CoordinatorClient::NextIndex(const std::string& leader,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/client/channel.h"
+#include "util/retry.h"
 
 namespace ckpt::coordinator::etcd {
 namespace {
@@ -17,11 +18,6 @@ absl::Status FromGrpc(const grpc::Status& s, const char* what,
   return absl::Status(
       static_cast<absl::StatusCode>(s.error_code()),
       absl::StrCat("etcd ", what, " at ", endpoint, ": ", s.error_message()));
-}
-
-bool Unreachable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable ||
-         s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
 }  // namespace
@@ -105,7 +101,7 @@ absl::Status EtcdClient::WithFailover(const char* what, Call call) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout_);
     last = FromGrpc(call(idx, &ctx), what, endpoints_[idx]);
-    if (!Unreachable(last)) {
+    if (!IsUnreachable(last)) {
       if (idx != start % endpoints_.size()) {
         std::fprintf(stderr,
                      "ckpt-coordinator: etcd: member %s unreachable; now "

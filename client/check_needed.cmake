@@ -1,0 +1,17 @@
+# cmake -DLIB=a.so -DPROBE=b.so -P check_needed.cmake: fails if either
+# needs (DT_NEEDED) a library of the object-store stack.
+# (OpenSSL comes with gRPC, so libssl and libcrypto cannot be told apart.)
+set(forbidden "libcurl" "libtomlplusplus")
+foreach(lib ${LIB} ${PROBE})
+  execute_process(COMMAND readelf -d ${lib} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${lib} failed (${rc})")
+  endif()
+  foreach(f IN LISTS forbidden)
+    if(dyn MATCHES "\\[(${f}[A-Za-z0-9_.+-]*)\\]")
+      message(FATAL_ERROR "${lib} needs ${CMAKE_MATCH_1}: the object-store stack is back in libckpt's link")
+    endif()
+  endforeach()
+  list(JOIN forbidden ", " names)
+  message(STATUS "${lib}: needs none of ${names}")
+endforeach()

@@ -1,0 +1,29 @@
+#include "util/program.h"
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace ckpt {
+
+bool PrintedVersion(int argc, char** argv, const char* program,
+                    const char* version) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("%s %s\n", program, version);
+      return true;
+    }
+  }
+  return false;
+}
+
+sigset_t BlockSignals(std::initializer_list<int> signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : signals) sigaddset(&set, s);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+}  // namespace ckpt

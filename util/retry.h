@@ -1,0 +1,54 @@
+// Retry classification, decided once for the whole tree: which failed
+// calls are worth making again. Two questions, two answers:
+//
+// IsUnreachable: the peer did not answer (UNAVAILABLE, DEADLINE_EXCEEDED).
+// A client with several endpoints (the coordinator's replicas, etcd's
+// members) tries the next one, and a caller may tell its user the peer is
+// unreachable.
+//
+// IsTransient: the same call may succeed later, unchanged: the peer was
+// unreachable, or it answered RESOURCE_EXHAUSTED. Every RESOURCE_EXHAUSTED
+// our peers send is load shedding: the coordinator's admission limit and
+// gRPC's thread quota ("retry with backoff", coordinator/service.h), etcd's
+// "too many requests", an object store's 429 (storage/object_http.cc maps
+// it to UNAVAILABLE). A permanent one (a request over the peer's size
+// limit, a full etcd) then costs retries until the caller's budget or
+// backoff ends, never a dropped report; treating shedding as final would
+// drop work exactly when a peer is busiest. It is not a reason to fail
+// over: another replica of a busy leader only points back at it, and the
+// extra calls add to the load being shed.
+//
+// Everything else (INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED,
+// NOT_FOUND, DATA_LOSS, ABORTED, INTERNAL, ...) is an answer: retrying the
+// same call cannot change it. Functions only; thread-safe.
+#ifndef CKPT_UTIL_RETRY_H_
+#define CKPT_UTIL_RETRY_H_
+
+#include "absl/status/status.h"
+
+namespace ckpt {
+
+bool IsUnreachable(absl::StatusCode code);
+bool IsTransient(absl::StatusCode code);
+
+inline bool IsUnreachable(const absl::Status& s) {
+  return IsUnreachable(s.code());
+}
+inline bool IsTransient(const absl::Status& s) { return IsTransient(s.code()); }
+
+// grpc::Status, whose codes are numbered as absl's (util does not depend on
+// gRPC).
+template <typename GrpcStatus>
+requires requires(const GrpcStatus& s) { s.error_code(); }
+bool IsUnreachable(const GrpcStatus& s) {
+  return IsUnreachable(static_cast<absl::StatusCode>(s.error_code()));
+}
+template <typename GrpcStatus>
+requires requires(const GrpcStatus& s) { s.error_code(); }
+bool IsTransient(const GrpcStatus& s) {
+  return IsTransient(static_cast<absl::StatusCode>(s.error_code()));
+}
+
+}  // namespace ckpt
+
+#endif  // CKPT_UTIL_RETRY_H_

@@ -88,7 +88,7 @@ struct ShardReport {
   uint32_t rank = 0;
   bool durable = false;
   uint64_t bytes = 0;
-  uint64_t digest = 0;  // ShardDigest() of the tensors' checksums
+  uint64_t digest = 0;  // storage::ChecksumsDigest of the shard's index
   // The digest of this save's STAGED report (equal to `digest` unless the
   // persister filled in device tensors' checksums since).
   uint64_t staged_digest = 0;

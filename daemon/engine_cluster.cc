@@ -8,6 +8,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/keys.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"
@@ -25,7 +26,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
   r.failed = failed;
   if (shard.rec.has_generation()) r.generation = shard.rec.generation();
   r.bytes = shard.rec.image_bytes();
-  r.digest = ShardDigest(shard.rec.tensors());
+  r.digest = storage::ChecksumsDigest(shard.info);
   r.staged_digest = shard.staged_digest.value_or(r.digest);
   auto job = jobs_.find(r.job);
   if (job != jobs_.end()) r.owner_uid = job->second.rec.uid();

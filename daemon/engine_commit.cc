@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "util/status.h"
 
@@ -66,7 +67,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   *shard.rec.mutable_tensors() = req.tensors();
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);
-  shard.staged_digest = ShardDigest(shard.rec.tensors());
+  shard.staged_digest = storage::ChecksumsDigest(shard.info);
 
   // A save of step S starts a new timeline for this rank: its shards of
   // later steps (left over from before a rollback) go, and so does an

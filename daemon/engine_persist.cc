@@ -9,36 +9,15 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
+#include "storage/shard_image.h"
 #include "util/checksum.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
-
-namespace {
-
-// Checks every checksum the client computed against the bytes now in the
-// slot; a mismatch means the slot changed after the commit.
-absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
-                         const std::vector<bool>& has_checksum) {
-  for (size_t i = 0; i < info.tensors.size(); ++i) {
-    if (!has_checksum[i]) continue;
-    const storage::ShardTensor& t = info.tensors[i];
-    uint64_t got = TensorChecksum(image + t.offset, t.bytes);
-    if (got != t.checksum)
-      return absl::DataLossError(
-          absl::StrFormat("tensor \"%s\": checksum mismatch in shared memory "
-                          "(committed %016x, found %016x)",
-                          t.name, t.checksum, got));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 void Engine::PersistShard(const PersistTask& task) {
   char* image = nullptr;
@@ -67,8 +46,7 @@ void Engine::PersistShard(const PersistTask& task) {
     image = rank.arena->slot_data(shard->slot);
     owner_uid = jobs_.find(task.job)->second.rec.uid();
     info = shard->info;  // validated at commit
-    for (const auto& m : shard->rec.tensors())
-      has_checksum.push_back(m.has_checksum());
+    has_checksum = KnownChecksums(shard->rec.tensors());
   }
 
   absl::Status s;
@@ -86,8 +64,11 @@ void Engine::PersistShard(const PersistTask& task) {
   const auto write_start = std::chrono::steady_clock::now();
   if (s.ok()) {
     // The checksum pass runs on another core while the write is in flight.
-    auto verify = std::async(std::launch::async, VerifyImage, image,
-                             std::cref(info), std::cref(has_checksum));
+    // A mismatch means the slot changed after the commit.
+    auto verify = std::async(std::launch::async, [&] {
+      return storage::VerifyTensorChecksums(
+          image, info, absl::StrCat(key, " in shared memory"), has_checksum);
+    });
     // The job's uid owns its shards, so its trainers can read them directly.
     storage::WriterOptions wo;
     wo.owner_uid = owner_uid;

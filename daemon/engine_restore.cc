@@ -10,6 +10,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
+#include "storage/shard_image.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -228,7 +229,8 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   absl::Status st =
       ReadShardImage(key, local, object, info, dst, bytes, &read_object);
   if (st.ok())
-    st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
+    st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
+             .status();
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
   if (from_object != nullptr) *from_object = read_object;

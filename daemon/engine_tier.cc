@@ -14,24 +14,11 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
-#include "util/checksum.h"
+#include "storage/shard_image.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
 namespace {
-
-// Every tensor's checksum against the bytes at image; DataLoss naming key.
-absl::Status VerifyTensors(const char* image, const storage::ShardInfo& info,
-                           const std::string& key) {
-  for (const storage::ShardTensor& t : info.tensors) {
-    uint64_t got = TensorChecksum(image + t.offset, t.bytes);
-    if (got != t.checksum)
-      return absl::DataLossError(absl::StrFormat(
-          "%s: tensor \"%s\": checksum mismatch (recorded %016x, found %016x)",
-          key, t.name.substr(0, 64), t.checksum, got));
-  }
-  return absl::OkStatus();
-}
 
 // Anonymous memory of the daemon's own, page-aligned (direct I/O reads into
 // it), unmapped on destruction.
@@ -124,7 +111,8 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
     // The job's processes can still write to the slot, so the bytes sent
     // must be checked against the shard's checksums after the writer read
     // them; a stray write sends the verified local file instead.
-    absl::Status verified = VerifyTensors(arena->slot_data(slot), info, key);
+    absl::Status verified =
+        storage::VerifyTensorChecksums(arena->slot_data(slot), info, key);
     std::lock_guard<std::mutex> lock(mu_);
     auto job = jobs_.find(task.job);
     if (job != jobs_.end()) {
@@ -182,8 +170,9 @@ absl::Status Engine::UploadFromLocalFile(const std::string& key, uint64_t bytes,
   CKPT_RETURN_IF_ERROR(reader->ReadAt(0, buf.data(), bytes));
   reader.reset();
   // The checksum pass runs beside the upload; a bad local file is not sent.
-  auto verify = std::async(std::launch::async, VerifyTensors, buf.data(),
-                           std::cref(info), std::cref(where));
+  auto verify = std::async(std::launch::async, [&] {
+    return storage::VerifyTensorChecksums(buf.data(), info, where);
+  });
   auto writer = object_->NewObjectWriter(key, bytes);
   absl::Status s = writer.status();
   if (s.ok()) s = (*writer)->WriteAt(0, buf.data(), bytes);
@@ -371,7 +360,7 @@ absl::Status Engine::ReadShardImage(const std::string& key, bool local,
   auto t0 = std::chrono::steady_clock::now();
   s = read(*object_);
   auto t1 = std::chrono::steady_clock::now();
-  if (s.ok()) s = VerifyTensors(dst, info, key);
+  if (s.ok()) s = storage::VerifyTensorChecksums(dst, info, key);
   LogInfo(absl::StrFormat(
       "load %s from the object tier: GETs %.3f s, checksums %.3f s", key,
       std::chrono::duration<double>(t1 - t0).count(),

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* object) {
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
+  engine->writer_ = std::make_unique<CatalogWriter>(catalog);
   if (object != nullptr) {
     engine->uploader_ = std::make_unique<Uploader>(
         object, engine->options_.upload_threads,
@@ -34,7 +35,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
           return task.kind == UploadTask::kShard ? e->UploadShard(task)
                                                  : e->WriteObjectManifest(task);
         },
-        catalog);
+        catalog, engine->writer_.get());
   }
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
@@ -49,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
         else
           e->WriteManifest(task);
       },
-      catalog);
+      catalog, engine->writer_.get());
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->persister_->Start();
   engine->metrics_->SetSnapshotSource(
@@ -70,6 +71,7 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  writer_.reset();  // writes what is queued
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
@@ -167,26 +169,54 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   // Nothing erases a job or a rank while one of its arenas is being created.
   job = &jobs_.find(name)->second;
   r = &job->ranks[rank_no];
+  absl::Status s = created.status();
+  if (s.ok() && grow) s = r->CheckGrowable(name, rank_no, slot_bytes);
+  std::shared_ptr<shm::Arena> arena;
+  if (s.ok()) {
+    arena = std::move(*created);
+    // The job's record describes the arena before it is installed: a
+    // record that cannot be written (a full disk) leaves the rank as it
+    // was. The record in memory changes with the edit (another rank's
+    // arena, created meanwhile, records this one's too) and comes back if
+    // the write fails; the rank stays `creating` until then, with mu_
+    // released during the write (and a grown arena's rename).
+    const bool had_old = job->rec.arena_slot_bytes().count(rank_no) > 0;
+    const uint64_t old_bytes =
+        had_old ? job->rec.arena_slot_bytes().at(rank_no) : 0;
+    const uint64_t old_slot_bytes = job->rec.slot_bytes();
+    (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
+    if (job->rec.slot_bytes() < arena->slot_bytes())
+      job->rec.set_slot_bytes(arena->slot_bytes());
+    CatalogEdit edit;
+    edit.PutJob(job->rec);
+    const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/true);
+    lock.unlock();
+    s = writer_->Wait(ticket);
+    if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
+    lock.lock();
+    job = &jobs_.find(name)->second;
+    r = &job->ranks[rank_no];
+    if (!s.ok()) {
+      if (had_old)
+        (*job->rec.mutable_arena_slot_bytes())[rank_no] = old_bytes;
+      else
+        job->rec.mutable_arena_slot_bytes()->erase(rank_no);
+      job->rec.set_slot_bytes(old_slot_bytes);
+      for (const auto& [n, bytes] : job->rec.arena_slot_bytes())
+        if (job->rec.slot_bytes() < bytes) job->rec.set_slot_bytes(bytes);
+      if (job->recorded) {
+        // Back to the old arena (the write may have landed; a later one of
+        // another rank may carry this one's entry).
+        CatalogEdit back;
+        back.PutJob(job->rec);
+        RecordLocked(std::move(back), /*sync=*/true);
+      }
+    }
+  }
   r->creating = false;
   cv_.notify_all();
-  if (!created.ok()) return created.status();
-  std::shared_ptr<shm::Arena> arena = std::move(*created);
-  // The job's record describes the arena before it is installed: a record
-  // that cannot be written (a full disk) leaves the rank as it was.
-  v1::JobRecord rec = job->rec;
-  (*rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
-  if (rec.slot_bytes() < arena->slot_bytes())
-    rec.set_slot_bytes(arena->slot_bytes());
-  absl::Status s =
-      grow ? r->CheckGrowable(name, rank_no, slot_bytes) : absl::OkStatus();
-  if (s.ok()) s = catalog_->PutJob(rec);
-  if (s.ok() && grow) {
-    s = arena->Rename(ArenaName(name, rank_no));
-    if (!s.ok() && job->recorded)
-      (void)catalog_->PutJob(job->rec);  // back to the old arena
-  }
   if (!s.ok()) {
-    (void)shm::Arena::Unlink(arena->name());
+    if (arena) (void)shm::Arena::Unlink(arena->name());
     return s;
   }
   if (grow)
@@ -194,7 +224,6 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
                     /*unlink=*/false);  // the rename replaced its name
   r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
-  job->rec = std::move(rec);
   job->recorded = true;
   return r;
 }
@@ -252,8 +281,9 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
   for (uint32_t r : ranks) DropArenaLocked(job, r, /*unlink=*/true);
-  absl::Status s = catalog_->DeleteJob(name);
-  if (!s.ok()) LogWarning(std::string(s.message()));
+  CatalogEdit edit;
+  edit.DeleteJob(name);
+  RecordLocked(std::move(edit), /*sync=*/true);
   LogInfo(absl::StrCat("job ", name,
                        ": every step deleted; record and arenas removed"));
   jobs_.erase(it);
@@ -432,6 +462,9 @@ absl::Status Engine::AbortSave(const PeerCreds& peer,
     return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
                                             req.rank()));
+  if (committing_.count(req.lease()))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lease: save ", req.lease(), " is being committed; too late to abort"));
   ReleaseLeaseLocked(req.lease());
   return absl::OkStatus();
 }

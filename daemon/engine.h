@@ -27,7 +27,9 @@
 //   prefaulter.h   the background fault-in of new arenas' slots;
 //   metrics.h      the Prometheus metrics it updates and reports;
 //   uploader.h     the object tier's queue and threads (engine_tier.cc
-//                  uploads, writes object manifests, applies retain_object).
+//                  uploads, writes object manifests, applies retain_object);
+//   catalog_writer.h  the catalog edits, applied in order and group-synced
+//                  outside mu_.
 // The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
 // reaper), engine_commit.cc (CommitSave, dropping shards),
 // engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
@@ -40,7 +42,11 @@
 // retention drops shards across ranks, so separate locks for these would
 // need an ordering every path keeps (not done). The parts above therefore
 // have no lock of their own: the Engine holds mu_ around every call. Disk
-// I/O, checksum passes and arena creation run outside it: a rank's arena
+// I/O, catalog writes, checksum passes and arena creation run outside it.
+// A state change queues its catalog edit (CatalogWriter) in the same
+// critical section, so edits land in the order of the changes; whoever
+// needs the outcome (CommitSave, a grown arena, a delete that waits for
+// its intent) waits after releasing mu_. A rank's arena
 // is created (or grown, beside the old one) with mu_ released while
 // RankSlots::creating makes other requests for that rank wait; the
 // Prefaulter (its own lock, never held while it calls back) readies the
@@ -57,6 +63,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "daemon/lease_table.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_listener.h"
@@ -298,6 +306,7 @@ class Engine {
     std::string key;
     bool prefix = false;
     uint64_t intent = 0;  // its DeleteIntent's id (0: none recorded)
+    uint64_t ticket = 0;  // the catalog edit recording it (0: written)
   };
   struct DropPlan {
     uint64_t step = 0;
@@ -307,7 +316,26 @@ class Engine {
   };
   DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank,
                           bool delete_file, CatalogEdit& edit);
-  void ApplyDropLocked(Job& job, DropPlan plan, bool recorded);
+  // `ticket`: the catalog edit holding the plan's intents (its deletes
+  // wait until it is written; 0: written already).
+  void ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket);
+  // CommitSave's drops of the rank's saves the new one supersedes (steps
+  // >= its step), planned into `edit`.
+  std::vector<DropPlan> PlanSupersededLocked(const Job& job, uint64_t step,
+                                             uint32_t rank, CatalogEdit& edit);
+  // What a planned drop depends on, to tell whether the state it was
+  // planned from changed while its edit was written.
+  std::vector<std::string> DropBasisLocked(
+      const Job& job, const std::vector<DropPlan>& drops) const;
+  // A commit whose record could not be written after it changed memory
+  // (the fast path): the shard goes again, and its STAGED report is
+  // retracted.
+  void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
+                        uint64_t gen);
+  // Queues a catalog edit (in the order of the state changes, mu_ held).
+  uint64_t RecordLocked(CatalogEdit edit, bool sync) {
+    return writer_->Enqueue(std::move(edit), sync);
+  }
   // Queues a local delete whose intent is recorded; one of a file that a
   // FILE restore reads waits until its lease is released.
   void PushLocalDeleteLocked(LocalDelete del);
@@ -421,6 +449,10 @@ class Engine {
   uint64_t persisted_shards_ = 0;
   uint64_t persisted_bytes_ = 0;
   uint64_t failed_persists_ = 0;
+  // Applies catalog edits in order outside mu_ (catalog_writer.h).
+  std::unique_ptr<CatalogWriter> writer_;
+  // Write leases whose CommitSave waits for its record outside mu_.
+  std::set<uint64_t> committing_;
   std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
   std::thread reaper_;
   std::atomic<uint64_t> reaper_ticks_{0};

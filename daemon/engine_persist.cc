@@ -122,8 +122,11 @@ void Engine::PersistShard(const PersistTask& task) {
     shard->rec.clear_error();
     shard->info = std::move(info);
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
-    absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
-    if (!c.ok()) LogWarning(std::string(c.message()));
+    // Recorded in order, outside mu_: should the daemon stop before the
+    // record is written, recovery adopts the file (engine_recover.cc).
+    CatalogEdit edit;
+    edit.PutShard(shard->rec);
+    RecordLocked(std::move(edit), /*sync=*/true);
     rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;

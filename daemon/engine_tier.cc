@@ -146,8 +146,9 @@ absl::Status Engine::UploadShard(const UploadTask& task) {
   }
   shard->uploaded = true;
   shard->rec.set_uploaded(true);
-  absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/false);
-  if (!c.ok()) LogWarning(std::string(c.message()));
+  CatalogEdit edit;
+  edit.PutShard(shard->rec);
+  RecordLocked(std::move(edit), /*sync=*/false);
   Job& job = jobs_.find(task.job)->second;
   if (ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
   MaybeQueueObjectManifestLocked(job, task.step);
@@ -282,8 +283,9 @@ void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
     QueueLocalDeleteLocked(job.rec.job(), step_no, shard.rec.path(), false);
     shard.local_gone = true;
     shard.rec.set_local_gone(true);
-    absl::Status c = catalog_->PutShard(shard.rec, /*sync=*/false);
-    if (!c.ok()) LogWarning(std::string(c.message()));
+    CatalogEdit edit;
+    edit.PutShard(shard.rec);
+    RecordLocked(std::move(edit), /*sync=*/false);
   }
 }
 

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -45,6 +46,9 @@ struct PersistTask {
   std::string key{};  // {}: aggregate inits may leave it out without a warning
   bool prefix = false;
   uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
+  // kDelete: the catalog edit that records the intent (CatalogWriter
+  // ticket, 0: none); the delete waits until it is written.
+  uint64_t ticket = 0;
 };
 
 class Persister {
@@ -53,9 +57,11 @@ class Persister {
   using RunFn = std::function<void(const PersistTask&)>;
 
   // mu and cv are the engine's; backend (and intents, where a done
-  // delete's intent is forgotten, if given) must outlive the persister.
+  // delete's intent is forgotten, and writer, which records intents, if
+  // given) must outlive the persister.
   Persister(std::mutex* mu, std::condition_variable* cv,
-            storage::Backend* backend, RunFn run, Catalog* intents = nullptr);
+            storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
+            CatalogWriter* writer = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -71,9 +77,12 @@ class Persister {
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_relaxed);
   }
-  // A delete, and its DeleteIntent in the catalog (0: none): forgotten once
-  // done; a failure leaves it for the next start.
-  void QueueDelete(std::string key, bool prefix, uint64_t intent = 0);
+  // A delete, and its DeleteIntent in the catalog (0: none), recorded by
+  // the writer's edit `ticket` (0: already written): the delete runs once
+  // that edit is written, and the intent is forgotten once it is done; a
+  // failure leaves it for the next start.
+  void QueueDelete(std::string key, bool prefix, uint64_t intent = 0,
+                   uint64_t ticket = 0);
   size_t Size() const { return tasks_.size(); }
   // Nothing queued or running.
   bool Idle() const { return tasks_.empty() && !busy_; }
@@ -97,6 +106,7 @@ class Persister {
   storage::Backend* const backend_;
   const RunFn run_;
   Catalog* const intents_;
+  CatalogWriter* const writer_;
   std::deque<PersistTask> tasks_;
   bool busy_ = false;
   bool stopping_ = false;

@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -60,6 +61,9 @@ struct UploadTask {
   uint32_t attempts = 0;
   uint64_t seq = 0;     // set by Push: the task's place in the queue
   uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
+  // kDelete: the catalog edit recording the intent (CatalogWriter ticket,
+  // 0: none); the delete waits until it is written.
+  uint64_t ticket = 0;
 };
 
 // What Status and metrics show of the object tier.
@@ -79,10 +83,10 @@ class Uploader {
   // Runs a kShard or kManifest task; an error re-queues it.
   using RunFn = std::function<absl::Status(const UploadTask&)>;
 
-  // object (and intents, where a done delete's intent is forgotten, if
-  // given) must outlive the uploader.
+  // object (and intents, where a done delete's intent is forgotten, and
+  // writer, which records intents, if given) must outlive the uploader.
   Uploader(storage::Backend* object, unsigned threads, RunFn run,
-           Catalog* intents = nullptr);
+           Catalog* intents = nullptr, CatalogWriter* writer = nullptr);
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
   ~Uploader();  // Stop()
@@ -112,6 +116,7 @@ class Uploader {
   const unsigned threads_;
   const RunFn run_;
   Catalog* const intents_;
+  CatalogWriter* const writer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<UploadTask> tasks_;  // by seq

@@ -28,34 +28,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
   engine->writer_ = std::make_unique<CatalogWriter>(catalog);
-  if (object != nullptr) {
-    engine->uploader_ = std::make_unique<Uploader>(
-        object, engine->options_.upload_threads,
-        [e = engine.get()](const UploadTask& task) {
-          return task.kind == UploadTask::kShard ? e->UploadShard(task)
-                                                 : e->WriteObjectManifest(task);
-        },
-        catalog, engine->writer_.get());
-  }
+  engine->pipeline_ = std::make_unique<PersistPipeline>(
+      static_cast<PipelineState*>(engine.get()), &engine->mu_, &engine->cv_,
+      backend, object, engine->options_.upload_threads, catalog,
+      engine->writer_.get(), engine->options_.node_id);
+  engine->persister_ = &engine->pipeline_->persist();
+  engine->uploader_ = engine->pipeline_->upload();
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
                          absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
       });
-  engine->persister_ = std::make_unique<Persister>(
-      &engine->mu_, &engine->cv_, backend,
-      [e = engine.get()](const PersistTask& task) {
-        if (task.kind == PersistTask::kShard)
-          e->PersistShard(task);
-        else
-          e->WriteManifest(task);
-      },
-      catalog, engine->writer_.get());
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
-  engine->persister_->Start();
+  engine->pipeline_->Start();
   engine->metrics_->SetSnapshotSource(
       [e = engine.get()] { return e->Snapshot(); });
-  if (engine->uploader_) engine->uploader_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
@@ -63,8 +50,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 Engine::~Engine() {
   metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
   prefaulter_.reset();                   // its callback takes mu_
-  if (uploader_) uploader_->Stop();      // its tasks take mu_
-  if (persister_) persister_->Stop();
+  if (pipeline_) pipeline_->Stop();      // its tasks take mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;

@@ -20,21 +20,24 @@
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
 //                  slot, catalog and RPC states derived from it;
 //   step_state.h   a step's shards (plain data);
-//   persister.h    the persist queue and its thread (the shard and
-//                  manifest writes call back into engine_persist.cc);
+//   pipeline.h     persist -> manifest -> upload and the deletes: the
+//                  queues (persister.h, uploader.h) and all their I/O,
+//                  reading the state through Snapshot*() and reporting
+//                  through Record*() (engine_persist.cc, engine_tier.cc);
 //   retention.h    which steps are complete, durable or dropped, and the
 //                  node manifest's contents;
 //   prefaulter.h   the background fault-in of new arenas' slots;
 //   metrics.h      the Prometheus metrics it updates and reports;
-//   uploader.h     the object tier's queue and threads (engine_tier.cc
-//                  uploads, writes object manifests, applies retain_object);
 //   catalog_writer.h  the catalog edits, applied in order and group-synced
 //                  outside mu_.
 // The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
 // reaper), engine_commit.cc (CommitSave, dropping shards),
 // engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
 // WaitDurable, List, Delete, Status),
-// engine_persist.cc, engine_cluster.cc (hosted ranks, reports, Prefetch).
+// engine_persist.cc (a persist's and a manifest's snapshot and record,
+// retention, Drain), engine_tier.cc (the same for uploads, tiered
+// retention), engine_deletes.cc (delete intents), engine_cluster.cc
+// (hosted ranks, reports, Prefetch).
 //
 // Thread-safety: all methods are safe to call concurrently. One mutex
 // (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
@@ -76,6 +79,7 @@
 #include "daemon/metrics.h"
 #include "daemon/peer_listener.h"
 #include "daemon/persister.h"
+#include "daemon/pipeline.h"
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
@@ -176,7 +180,7 @@ struct EngineProgress {
   size_t persists_queued = 0;
 };
 
-class Engine {
+class Engine : private PipelineState {
  public:
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
@@ -185,7 +189,7 @@ class Engine {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Open(
       EngineOptions options, storage::Backend* backend, Catalog* catalog,
       storage::Backend* object = nullptr);
-  ~Engine();
+  ~Engine() override;
 
   [[nodiscard]] absl::StatusOr<v1::RegisterResponse> Register(
       const PeerCreds& peer, const v1::RegisterRequest& req);
@@ -384,10 +388,24 @@ class Engine {
   bool StepCompleteLocked(const Job& job, const Step& step,
                           bool* durable) const;
 
-  // The persister's work (engine_persist.cc): read the state under mu_,
-  // write without it, record the outcome (or re-queue a retry).
-  void PersistShard(const PersistTask& task);
-  void WriteManifest(const PersistTask& task);
+  // The pipeline's view of the state (pipeline.h): each takes mu_. The
+  // persist and manifest halves are in engine_persist.cc, the upload's in
+  // engine_tier.cc.
+  std::optional<PersistSnapshot> SnapshotPersist(
+      const PersistTask& task) override;
+  void RecordPersist(const PersistTask& task, PersistOutcome outcome) override;
+  std::optional<ManifestSnapshot> SnapshotManifest(const std::string& job,
+                                                   uint64_t step, bool object,
+                                                   bool* written) override;
+  bool RecordManifest(const std::string& job, uint64_t step, bool object,
+                      const ManifestSnapshot& m,
+                      const absl::Status& status) override;
+  absl::StatusOr<UploadSnapshot> SnapshotUpload(
+      const UploadTask& task) override;
+  bool SlotUnchanged(const UploadTask& task,
+                     const UploadSnapshot& snap) override;
+  void RecordUpload(const UploadTask& task, const std::string& key,
+                    uint64_t bytes, double seconds) override;
 
   // The object tier (engine_tier.cc). Whether a shard counts as durable in
   // the commit tier.
@@ -404,10 +422,6 @@ class Engine {
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
   // Queues the write of a step's object manifest (no checks).
   void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
-  [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
-  [[nodiscard]] absl::Status UploadFromLocalFile(
-      const std::string& key, uint64_t bytes, const storage::ShardInfo& info);
-  [[nodiscard]] absl::Status WriteObjectManifest(const UploadTask& task);
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.
@@ -453,11 +467,15 @@ class Engine {
   std::unique_ptr<CatalogWriter> writer_;
   // Write leases whose CommitSave waits for its record outside mu_.
   std::set<uint64_t> committing_;
-  std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
+  // Persist, manifest, upload and deletes (pipeline.h); persister_ and
+  // uploader_ (null without an object tier) are its queues. The persist
+  // queue is guarded by mu_, the uploader has its own lock.
+  std::unique_ptr<PersistPipeline> pipeline_;
+  Persister* persister_ = nullptr;
   std::thread reaper_;
   std::atomic<uint64_t> reaper_ticks_{0};
   std::unique_ptr<Prefaulter> prefaulter_;
-  std::unique_ptr<Uploader> uploader_;  // with an object tier; its own lock
+  Uploader* uploader_ = nullptr;
 };
 
 }  // namespace ckpt::daemon

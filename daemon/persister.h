@@ -5,9 +5,9 @@
 // later one).
 //
 // The persister owns the queue and its thread; it deletes files itself and
-// hands shard and manifest tasks to the engine's `run` callback, which
-// reads and updates the engine's state under the engine mutex and does its
-// I/O without it.
+// hands shard and manifest tasks to the `run` callback of its owner, the
+// PersistPipeline (pipeline.h), which does their I/O without the engine
+// mutex.
 //
 // Thread-safety: the queue is guarded by the engine's mutex (given at
 // construction): callers of Push, Size and Idle hold it, and notify the

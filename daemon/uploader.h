@@ -7,8 +7,9 @@
 //
 // The uploader runs deletes itself (in order, stopping at the first
 // failure so a step's shards never go before its manifest) and hands
-// shard and manifest tasks to the engine's `run` callback, which takes the
-// engine mutex only to read and record state, never across network I/O.
+// shard and manifest tasks to the `run` callback of its owner, the
+// PersistPipeline (pipeline.h), which takes the engine mutex only to read
+// and record state, never across network I/O.
 // A task whose run fails is re-queued with exponential backoff (capped),
 // without limit: the store may come back; each failure is counted and the
 // last error kept for Status.

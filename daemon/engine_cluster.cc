@@ -36,6 +36,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
   if (!shard.MoveTo(ShardPhase::kFailed)) return;
+  durable_cv_.notify_all();
   shard.rec.set_error(error);
   CatalogEdit edit;
   edit.PutShard(shard.rec);

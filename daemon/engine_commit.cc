@@ -160,7 +160,6 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
       Seconds(arrived - lease.granted).count(), shard_bytes);
   ReleaseLeaseLocked(req.lease());
   persister_->Push(std::move(task));
-  cv_.notify_all();
   if (ticket == 0) return absl::OkStatus();
   lock.unlock();
   absl::Status s = writer_->Wait(ticket);
@@ -294,7 +293,8 @@ void Engine::ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket) {
     d.ticket = ticket;
     PushLocalDeleteLocked(std::move(d));
   }
-  cv_.notify_all();
+  slot_cv_.notify_all();
+  durable_cv_.notify_all();
 }
 
 }  // namespace ckpt::daemon

@@ -49,7 +49,8 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   const absl::Status& s = outcome.status;
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
   std::lock_guard<std::mutex> lock(mu_);
-  cv_.notify_all();
+  slot_cv_.notify_all();  // the slot frees or becomes durable
+  durable_cv_.notify_all();
   auto job = jobs_.find(task.job);
   Shard* shard = FindShardLocked(task.job, task.step, task.rank);
   if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
@@ -144,7 +145,6 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
   persister_->Push(
       PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
-  cv_.notify_all();
 }
 
 std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
@@ -197,7 +197,6 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     metrics_->StepDurable(job, step_no);
   }
   ApplyRetentionLocked(j->second);
-  cv_.notify_all();
   return true;
 }
 
@@ -228,13 +227,13 @@ void Engine::ApplyRetentionLocked(Job& job) {
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
+  return queue_cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
-  cv_.notify_all();
+  slot_cv_.notify_all();  // waiting saves give up
   auto pending = [this] {
     size_t n = 0;
     for (const auto& [name, job] : jobs_)
@@ -246,8 +245,8 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     return n;
   };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  cv_.wait_until(lock, until,
-                 [&] { return pending() == 0 && persister_->Idle(); });
+  durable_cv_.wait_until(lock, until,
+                         [&] { return pending() == 0 && persister_->Idle(); });
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.

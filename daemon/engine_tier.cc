@@ -60,7 +60,7 @@ bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
-  cv_.notify_all();
+  durable_cv_.notify_all();  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);
   Shard* shard = FindShardLocked(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen) {

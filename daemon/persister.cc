@@ -11,9 +11,10 @@ namespace ckpt::daemon {
 
 Persister::Persister(std::mutex* mu, std::condition_variable* cv,
                      storage::Backend* backend, RunFn run, Catalog* intents,
-                     CatalogWriter* writer)
+                     CatalogWriter* writer, std::condition_variable* done)
     : mu_(mu),
       cv_(cv),
+      done_(done),
       backend_(backend),
       run_(std::move(run)),
       intents_(intents),
@@ -80,6 +81,7 @@ void Persister::Loop() {
     lock.lock();
     busy_ = false;
     cv_->notify_all();
+    if (done_ != nullptr) done_->notify_all();
   }
 }
 

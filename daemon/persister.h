@@ -10,11 +10,11 @@
 // mutex.
 //
 // Thread-safety: the queue is guarded by the engine's mutex (given at
-// construction): callers of Push, Size and Idle hold it, and notify the
-// engine's condition variable once their state change is done (the
-// persister waits on it). The thread runs tasks with the mutex released.
-// progress() and busy() are lock-free, for the service watchdog: they must
-// answer even while the thread (or whoever holds the mutex) is wedged.
+// construction): callers of Push, Size and Idle hold it. Push notifies the
+// queue's condition variable (given too; the persister waits on it, and
+// notifies it when a task is done). The thread runs tasks with the mutex
+// released. progress() and busy() are lock-free, for the service watchdog: they
+// must answer even while the thread (or whoever holds the mutex) is wedged.
 #ifndef CKPT_DAEMON_PERSISTER_H_
 #define CKPT_DAEMON_PERSISTER_H_
 
@@ -59,9 +59,11 @@ class Persister {
   // mu and cv are the engine's; backend (and intents, where a done
   // delete's intent is forgotten, and writer, which records intents, if
   // given) must outlive the persister.
+  // done (if given) is notified, besides cv, when a task is done.
   Persister(std::mutex* mu, std::condition_variable* cv,
             storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
-            CatalogWriter* writer = nullptr);
+            CatalogWriter* writer = nullptr,
+            std::condition_variable* done = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -76,6 +78,7 @@ class Persister {
   void Push(PersistTask task) {
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_relaxed);
+    cv_->notify_all();
   }
   // A delete, and its DeleteIntent in the catalog (0: none), recorded by
   // the writer's edit `ticket` (0: already written): the delete runs once
@@ -103,6 +106,7 @@ class Persister {
 
   std::mutex* const mu_;
   std::condition_variable* const cv_;
+  std::condition_variable* const done_;
   storage::Backend* const backend_;
   const RunFn run_;
   Catalog* const intents_;

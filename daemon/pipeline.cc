@@ -66,6 +66,7 @@ absl::Status PutObject(storage::Backend& backend, const std::string& key,
 
 PersistPipeline::PersistPipeline(PipelineState* state, std::mutex* mu,
                                  std::condition_variable* cv,
+                                 std::condition_variable* done,
                                  storage::Backend* local,
                                  storage::Backend* object,
                                  unsigned upload_threads, Catalog* catalog,
@@ -82,7 +83,7 @@ PersistPipeline::PersistPipeline(PipelineState* state, std::mutex* mu,
             else
               WriteManifest(task);
           },
-          catalog, writer) {
+          catalog, writer, done) {
   if (object != nullptr)
     uploader_ = std::make_unique<Uploader>(
         object, upload_threads,

@@ -98,13 +98,15 @@ class PipelineState {
 
 class PersistPipeline {
  public:
-  // mu and cv are the state's (the persist queue's lock, persister.h);
+  // mu and cv are the state's (the persist queue's lock and condition
+  // variable, persister.h), done is notified when a persist task is done;
   // every pointer must outlive the pipeline; object may be null (no object
   // tier).
   PersistPipeline(PipelineState* state, std::mutex* mu,
-                  std::condition_variable* cv, storage::Backend* local,
-                  storage::Backend* object, unsigned upload_threads,
-                  Catalog* catalog, CatalogWriter* writer, std::string node_id);
+                  std::condition_variable* cv, std::condition_variable* done,
+                  storage::Backend* local, storage::Backend* object,
+                  unsigned upload_threads, Catalog* catalog,
+                  CatalogWriter* writer, std::string node_id);
   PersistPipeline(const PersistPipeline&) = delete;
   PersistPipeline& operator=(const PersistPipeline&) = delete;
   ~PersistPipeline();  // Stop()

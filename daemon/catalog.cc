@@ -80,6 +80,7 @@ absl::Status Catalog::PutJob(const v1::JobRecord& job) {
   if (fail_job_puts_)
     return absl::ResourceExhaustedError("put job " + job.job() +
                                         ": no space (injected)");
+  BeforeSync(true);
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db_->Put(wo, JobKey(job.job()), job.SerializeAsString()),
@@ -87,6 +88,7 @@ absl::Status Catalog::PutJob(const v1::JobRecord& job) {
 }
 
 absl::Status Catalog::DeleteJob(const std::string& job) {
+  BeforeSync(true);
   rocksdb::WriteOptions wo;
   wo.sync = true;
   rocksdb::Status s =
@@ -104,6 +106,7 @@ absl::Status Catalog::PutShard(const v1::ShardRecord& shard, bool sync) {
   if (fail_shard_puts_)
     return absl::ResourceExhaustedError("put shard " + shard.job() +
                                         ": no space (injected)");
+  BeforeSync(sync);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(
@@ -160,18 +163,38 @@ void CatalogEdit::PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent) {
   ops_.push_back({Kind::kOther, IntentKey(id), intent.SerializeAsString()});
 }
 
+void CatalogEdit::ForgetDeleteIntent(uint64_t id) {
+  ops_.push_back({Kind::kOther, IntentKey(id), std::nullopt});
+}
+
+void CatalogEdit::DeleteJob(const std::string& job) {
+  ops_.push_back({Kind::kOther, ShardPrefix(job), std::nullopt, true});
+  ops_.push_back({Kind::kOther, JobKey(job), std::nullopt});
+}
+
 absl::Status Catalog::Apply(const CatalogEdit& edit, bool sync) {
-  if (edit.empty()) return absl::OkStatus();
+  const CatalogEdit* edits[] = {&edit};
+  return ApplyGroup(edits, sync);
+}
+
+absl::Status Catalog::ApplyGroup(std::span<const CatalogEdit* const> edits,
+                                 bool sync) {
   rocksdb::WriteBatch batch;
-  for (const CatalogEdit::Op& op : edit.ops_) {
-    if (op.value &&
-        ((op.kind == CatalogEdit::Kind::kShard && fail_shard_puts_) ||
-         (op.kind == CatalogEdit::Kind::kJob && fail_job_puts_)))
-      return absl::ResourceExhaustedError("catalog edit: no space (injected)");
-    rocksdb::Status s =
-        op.value ? batch.Put(op.key, *op.value) : batch.Delete(op.key);
-    if (!s.ok()) return FromRocks(s, "catalog edit");
+  for (const CatalogEdit* edit : edits) {
+    for (const CatalogEdit::Op& op : edit->ops_) {
+      if (op.value &&
+          ((op.kind == CatalogEdit::Kind::kShard && fail_shard_puts_) ||
+           (op.kind == CatalogEdit::Kind::kJob && fail_job_puts_)))
+        return absl::ResourceExhaustedError(
+            "catalog edit: no space (injected)");
+      rocksdb::Status s = op.range ? batch.DeleteRange(op.key, op.key + "\xff")
+                          : op.value ? batch.Put(op.key, *op.value)
+                                     : batch.Delete(op.key);
+      if (!s.ok()) return FromRocks(s, "catalog edit");
+    }
   }
+  if (batch.Count() == 0) return absl::OkStatus();
+  BeforeSync(sync);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(db_->Write(wo, &batch), "catalog edit");

@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,8 +37,11 @@ class CatalogEdit {
   void PutJob(const v1::JobRecord& job);
   void PutShard(const v1::ShardRecord& shard);
   void DeleteShard(const std::string& job, uint64_t step, uint32_t rank);
+  // The job's record and every shard record of it.
+  void DeleteJob(const std::string& job);
   // `id` comes from Catalog::NewIntentId.
   void PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent);
+  void ForgetDeleteIntent(uint64_t id);
   bool empty() const { return ops_.empty(); }
 
  private:
@@ -46,6 +51,7 @@ class CatalogEdit {
     Kind kind;
     std::string key;
     std::optional<std::string> value;  // nullopt: delete the key
+    bool range = false;                // delete [key, key + "\xff")
   };
   std::vector<Op> ops_;
 };
@@ -83,12 +89,21 @@ class Catalog {
   // Writes the edit's records in one batch, in order; `sync` waits for the
   // write-ahead log to reach the disk. On an error nothing was written.
   [[nodiscard]] absl::Status Apply(const CatalogEdit& edit, bool sync);
+  // The same for several edits, in order, as one batch (CatalogWriter's
+  // group commit).
+  [[nodiscard]] absl::Status ApplyGroup(
+      std::span<const CatalogEdit* const> edits, bool sync);
 
   // Tests: every later write that puts a shard (`shards`) or a job (`jobs`)
   // record fails as on a full disk, and changes nothing.
   void FailPutsForTesting(bool shards, bool jobs) {
     fail_shard_puts_ = shards;
     fail_job_puts_ = jobs;
+  }
+  // Tests: called before every synced write (a test holds a sync there);
+  // set it before the engine starts, clear it after it stopped.
+  void SetBeforeSyncForTesting(std::function<void()> hook) {
+    before_sync_ = std::move(hook);
   }
 
  private:
@@ -97,6 +112,10 @@ class Catalog {
   std::atomic<uint64_t> next_intent_{1};
   std::atomic<bool> fail_shard_puts_{false};
   std::atomic<bool> fail_job_puts_{false};
+  std::function<void()> before_sync_;
+  void BeforeSync(bool sync) const {
+    if (sync && before_sync_) before_sync_();
+  }
 };
 
 }  // namespace ckpt::daemon

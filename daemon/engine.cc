@@ -1,4 +1,5 @@
-// Arenas, Register, BeginSave, AbortSave and the reaper. See engine.h.
+// Opening and closing the engine, Register, BeginSave, AbortSave, leases
+// and the reaper. See engine.h.
 #include "daemon/engine.h"
 
 #include <algorithm>
@@ -27,34 +28,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* object) {
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
-  if (object != nullptr) {
-    engine->uploader_ = std::make_unique<Uploader>(
-        object, engine->options_.upload_threads,
-        [e = engine.get()](const UploadTask& task) {
-          return task.kind == UploadTask::kShard ? e->UploadShard(task)
-                                                 : e->WriteObjectManifest(task);
-        },
-        catalog);
-  }
+  engine->writer_ = std::make_unique<CatalogWriter>(catalog);
+  engine->pipeline_ = std::make_unique<PersistPipeline>(
+      static_cast<PipelineState*>(engine.get()), &engine->mu_,
+      &engine->queue_cv_, &engine->durable_cv_, backend, object,
+      engine->options_.upload_threads, catalog, engine->writer_.get(),
+      engine->options_.node_id);
+  engine->persister_ = &engine->pipeline_->persist();
+  engine->uploader_ = engine->pipeline_->upload();
   engine->prefaulter_ = std::make_unique<Prefaulter>(
       [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
                          absl::Status s) {
         e->OnPrefaulted(arena, std::move(s));
       });
-  engine->persister_ = std::make_unique<Persister>(
-      &engine->mu_, &engine->cv_, backend,
-      [e = engine.get()](const PersistTask& task) {
-        if (task.kind == PersistTask::kShard)
-          e->PersistShard(task);
-        else
-          e->WriteManifest(task);
-      },
-      catalog);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
-  engine->persister_->Start();
+  engine->pipeline_->Start();
   engine->metrics_->SetSnapshotSource(
       [e = engine.get()] { return e->Snapshot(); });
-  if (engine->uploader_) engine->uploader_->Start();
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
@@ -62,22 +52,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 Engine::~Engine() {
   metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
   prefaulter_.reset();                   // its callback takes mu_
-  if (uploader_) uploader_->Stop();      // its tasks take mu_
-  if (persister_) persister_->Stop();
+  if (pipeline_) pipeline_->Stop();      // its tasks take mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  writer_.reset();  // writes what is queued
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
         backend_->UnregisterMemory(rank.arena->slot_data(0));
-}
-
-std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
-  return absl::StrCat("/", options_.shm_prefix, ".", job, ".r", rank);
 }
 
 absl::StatusOr<Engine::Job*> Engine::FindJobLocked(const std::string& job,
@@ -115,120 +101,6 @@ absl::StatusOr<Engine::Rank*> Engine::FindRankLocked(Job& job, uint32_t rank) {
   return &it->second;
 }
 
-void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
-  auto it = job.ranks.find(rank_no);
-  if (it == job.ranks.end() || !it->second.arena) return;
-  Rank& r = it->second;
-  for (auto& [n, step] : job.steps) {
-    auto sh = step.shards.find(rank_no);
-    if (sh != step.shards.end()) sh->second.slot = -1;
-  }
-  if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
-  if (unlink) (void)shm::Arena::Unlink(r.arena->name());
-  r.Clear();
-}
-
-absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
-    std::unique_lock<std::mutex>& lock, const std::string& name,
-    uint32_t rank_no, uint64_t slot_bytes) {
-  Job* job = nullptr;
-  Rank* r = nullptr;
-  for (;;) {
-    auto j = jobs_.find(name);
-    if (j == jobs_.end())
-      return absl::AbortedError(
-          absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
-    job = &j->second;
-    r = &job->ranks[rank_no];
-    if (!r->creating) break;
-    cv_.wait(lock);  // another request creates this rank's arena
-  }
-  if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
-  const bool grow = r->arena != nullptr;
-  if (grow) CKPT_RETURN_IF_ERROR(r->CheckGrowable(name, rank_no, slot_bytes));
-  shm::ArenaOptions ao;
-  // A grown arena is created beside the old one, which stays whole until
-  // the new one exists: a refusal (no room in /dev/shm) changes nothing.
-  ao.name = ArenaName(name, rank_no) + (grow ? ".grow" : "");
-  ao.job = name;
-  ao.rank = rank_no;
-  ao.world_size = job->rec.world_size();
-  ao.slot_bytes = slot_bytes;
-  ao.num_slots = job->rec.num_slots();
-  ao.user_uid = job->rec.uid();
-  // The first save takes slot 0 (PickSlot takes the first free
-  // slot): only its pages are faulted before Register answers.
-  ao.prefault_slots = 1;
-  r->creating = true;
-  lock.unlock();
-  (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
-  auto created = shm::Arena::Create(ao);
-  lock.lock();
-  // Nothing erases a job or a rank while one of its arenas is being created.
-  job = &jobs_.find(name)->second;
-  r = &job->ranks[rank_no];
-  r->creating = false;
-  cv_.notify_all();
-  if (!created.ok()) return created.status();
-  std::shared_ptr<shm::Arena> arena = std::move(*created);
-  // The job's record describes the arena before it is installed: a record
-  // that cannot be written (a full disk) leaves the rank as it was.
-  v1::JobRecord rec = job->rec;
-  (*rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
-  if (rec.slot_bytes() < arena->slot_bytes())
-    rec.set_slot_bytes(arena->slot_bytes());
-  absl::Status s =
-      grow ? r->CheckGrowable(name, rank_no, slot_bytes) : absl::OkStatus();
-  if (s.ok()) s = catalog_->PutJob(rec);
-  if (s.ok() && grow) {
-    s = arena->Rename(ArenaName(name, rank_no));
-    if (!s.ok() && job->recorded)
-      (void)catalog_->PutJob(job->rec);  // back to the old arena
-  }
-  if (!s.ok()) {
-    (void)shm::Arena::Unlink(arena->name());
-    return s;
-  }
-  if (grow)
-    DropArenaLocked(*job, rank_no,
-                    /*unlink=*/false);  // the rename replaced its name
-  r->Install(arena);
-  prefaulter_->Add(arena, /*first_slot=*/1);
-  job->rec = std::move(rec);
-  job->recorded = true;
-  return r;
-}
-
-void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
-                          absl::Status status) {
-  absl::Status reg = status;
-  if (!status.ok()) {
-    LogWarning(absl::StrCat("arena ", arena->name(),
-                            ": only slot 0 is usable: ", status.message()));
-  } else {
-    // Registering pins every page: only now, with the pages faulted in.
-    reg = backend_->RegisterMemory(
-        arena->slot_data(0),
-        uint64_t{arena->num_slots()} * arena->slot_bytes());
-    if (!reg.ok())
-      LogWarning("register arena memory: " + std::string(reg.message()));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [name, job] : jobs_)
-    for (auto& [r, rank] : job.ranks)
-      if (rank.arena == arena) {
-        rank.registered = reg.ok();
-        if (status.ok())
-          rank.ready_slots = arena->num_slots();
-        else
-          rank.reserve_error = status;
-        cv_.notify_all();
-        return;
-      }
-  // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
-  if (reg.ok()) backend_->UnregisterMemory(arena->slot_data(0));
-}
-
 void Engine::EraseIfUnrecordedLocked(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end() || it->second.recorded) return;
@@ -252,13 +124,15 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
   for (uint32_t r : ranks) DropArenaLocked(job, r, /*unlink=*/true);
-  absl::Status s = catalog_->DeleteJob(name);
-  if (!s.ok()) LogWarning(std::string(s.message()));
+  CatalogEdit edit;
+  edit.DeleteJob(name);
+  RecordLocked(std::move(edit), /*sync=*/true);
   LogInfo(absl::StrCat("job ", name,
                        ": every step deleted; record and arenas removed"));
   jobs_.erase(it);
   metrics_->ForgetJob(name);
-  cv_.notify_all();
+  slot_cv_.notify_all();
+  durable_cv_.notify_all();
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(
@@ -330,7 +204,6 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
     deferred.swap(deferred_deletes_);
     for (LocalDelete& d : deferred) PushLocalDeleteLocked(std::move(d));
     MaybeForgetJobLocked(lease.job);
-    cv_.notify_all();
     return;
   }
   auto job = jobs_.find(lease.job);
@@ -344,7 +217,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
   else
     rank->second.EndRead(lease.slot);
   MaybeForgetJobLocked(lease.job);
-  cv_.notify_all();
+  slot_cv_.notify_all();
 }
 
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
@@ -380,7 +253,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));
-    if (cv_.wait_until(lock, start + timeout) == std::cv_status::timeout)
+    if (slot_cv_.wait_until(lock, start + timeout) == std::cv_status::timeout)
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ",
                        req.rank(), " after waiting ", timeout.count(), " ms"));
@@ -432,6 +305,9 @@ absl::Status Engine::AbortSave(const PeerCreds& peer,
     return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
                                             req.rank()));
+  if (committing_.count(req.lease()))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lease: save ", req.lease(), " is being committed; too late to abort"));
   ReleaseLeaseLocked(req.lease());
   return absl::OkStatus();
 }
@@ -448,7 +324,7 @@ EngineProgress Engine::Progress() const {
 void Engine::ReapLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    reaper_cv_.wait_for(lock, std::chrono::milliseconds(100));
     for (uint64_t id : leases_.DeadHolders()) ReleaseLeaseLocked(id);
     reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }

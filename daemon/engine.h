@@ -20,31 +20,48 @@
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
 //                  slot, catalog and RPC states derived from it;
 //   step_state.h   a step's shards (plain data);
-//   persister.h    the persist queue and its thread (the shard and
-//                  manifest writes call back into engine_persist.cc);
+//   pipeline.h     persist -> manifest -> upload and the deletes: the
+//                  queues (persister.h, uploader.h) and all their I/O,
+//                  reading the state through Snapshot*() and reporting
+//                  through Record*() (engine_persist.cc, engine_tier.cc);
 //   retention.h    which steps are complete, durable or dropped, and the
 //                  node manifest's contents;
 //   prefaulter.h   the background fault-in of new arenas' slots;
 //   metrics.h      the Prometheus metrics it updates and reports;
-//   uploader.h     the object tier's queue and threads (engine_tier.cc
-//                  uploads, writes object manifests, applies retain_object).
-// The method files: engine.cc (arenas, Register, BeginSave, AbortSave, the
-// reaper), engine_commit.cc (CommitSave, dropping shards),
+//   catalog_writer.h  the catalog edits, applied in order and group-synced
+//                  outside mu_.
+// engine_options.h holds its options and the reports it sends. The method
+// files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
+// reaper), engine_arena.cc (a rank's arena: create, grow, prefaulted,
+// drop), engine_commit.cc (CommitSave, dropping shards),
 // engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
 // WaitDurable, List, Delete, Status),
-// engine_persist.cc, engine_cluster.cc (hosted ranks, reports, Prefetch).
+// engine_persist.cc (a persist's and a manifest's snapshot and record,
+// retention, Drain), engine_tier.cc (the same for uploads, tiered
+// retention), engine_deletes.cc (delete intents), engine_cluster.cc
+// (hosted ranks, reports, Prefetch).
 //
 // Thread-safety: all methods are safe to call concurrently. One mutex
 // (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
 // release changes its slot, the persister changes slots and shards, and
 // retention drops shards across ranks, so separate locks for these would
 // need an ordering every path keeps (not done). The parts above therefore
-// have no lock of their own: the Engine holds mu_ around every call. Disk
-// I/O, checksum passes and arena creation run outside it: a rank's arena
-// is created (or grown, beside the old one) with mu_ released while
-// RankSlots::creating makes other requests for that rank wait; the
-// Prefaulter (its own lock, never held while it calls back) readies the
-// slots beyond slot 0 in the background.
+// have no lock of their own: the Engine holds mu_ around every call. Each
+// kind of waiter has its own condition variable (slot, arena, durable,
+// persist queue, reaper; see the members), notified only by the changes
+// it waits for.
+//
+// No I/O runs under mu_ but the documented Stat of ClientReadablePath:
+// disk and object I/O, catalog writes, checksum passes and arena creation
+// run outside it. A state change queues its catalog edit (CatalogWriter)
+// in the same critical section, so edits land in the order of the
+// changes; whoever needs the outcome (CommitSave, a new or grown arena,
+// Prefetch, a delete that waits for its intent; Delete, WaitDurable and a
+// bad-copy CloseRestore before they answer) waits with mu_ released. A
+// rank's arena is created (or grown, beside the old one) with mu_
+// released while RankSlots::creating makes other requests for that rank
+// wait; the Prefaulter (its own lock, never held while it calls back)
+// readies the slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -57,6 +74,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,10 +82,13 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
+#include "daemon/engine_options.h"
 #include "daemon/lease_table.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_listener.h"
 #include "daemon/persister.h"
+#include "daemon/pipeline.h"
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
@@ -80,95 +101,7 @@
 
 namespace ckpt::daemon {
 
-// A shard's progress as the coordinator hears of it (cluster mode): staged
-// when committed to shared memory, durable once its file is in storage.
-struct ShardReport {
-  std::string job;
-  uint64_t step = 0;
-  uint32_t rank = 0;
-  bool durable = false;
-  uint64_t bytes = 0;
-  uint64_t digest = 0;  // ShardDigest() of the tensors' checksums
-  // The digest of this save's STAGED report (equal to `digest` unless the
-  // persister filled in device tensors' checksums since).
-  uint64_t staged_digest = 0;
-  std::string key;         // storage key, when durable
-  uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
-  // The job generation the save was made in (CommitSaveRequest.generation).
-  std::optional<uint64_t> generation;
-  // The save failed for good here: retracts its STAGED report.
-  bool failed = false;
-};
-
-// A rank's restore found a copy of its shard bad and fell back (what
-// ReportFallback carries to the coordinator: event FALLBACK).
-struct FallbackReport {
-  std::string job;
-  uint64_t step = 0;  // the step whose copy failed
-  uint32_t rank = 0;
-  std::string copy;    // the copy that failed: "memory", "file" or "object"
-  std::string reason;  // why; cut to 512 bytes, unprintable bytes become '?'
-  std::optional<uint64_t> next_step;  // the older step restored instead, if any
-  std::string next_copy;  // the copy restored from: "memory", "file", "object"
-                          // or "" (unknown)
-};
-
-struct EngineOptions {
-  std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
-  uint32_t retain_steps = 3;         // durable steps kept per job
-  uint32_t default_num_slots = 2;
-  std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
-  // A failed persist is retried, the delay doubling from
-  // persist_retry_delay up to persist_retry_max_delay, for as long as the
-  // shard's bytes are in memory: a storage hiccup must not lose a step
-  // (only DataLoss, a slot changed after its commit, is final). After
-  // max_persist_attempts failures a WaitDurable that times out says why,
-  // and a newer save may take the shard's slot rather than wait for the
-  // disk; the shard then fails for good.
-  uint32_t max_persist_attempts = 3;
-  std::chrono::milliseconds persist_retry_delay =
-      std::chrono::milliseconds(200);
-  std::chrono::milliseconds persist_retry_max_delay = std::chrono::seconds(30);
-  uint64_t max_slot_bytes = 1ull << 40;
-  uint32_t max_world_size = 1u << 20;
-  // Cluster mode when non-empty: this node's id. The storage root is then
-  // shared with other nodes, so this node's manifest of a step is
-  // "MANIFEST.<node_id>", a step is complete here when every rank this node
-  // hosts has a shard, shard files are "rank-R.<node_id>.shard", and
-  // nothing is deleted by step prefix.
-  std::string node_id;
-  // Object tier (doc/object-tier.md), used when Open is given an object
-  // backend. commit_tier says which tier makes a shard durable for
-  // WaitDurable, Latest and the coordinator's reports; retain_object is
-  // the number of steps kept there (0 = all); retain_steps is the local
-  // tier's.
-  enum class CommitTier { kLocal, kObject };
-  CommitTier commit_tier = CommitTier::kLocal;
-  uint32_t retain_object = 0;
-  unsigned upload_threads = 4;
-  // Called, with the engine's mutex held, when a shard is committed and
-  // when it becomes durable; it must only queue the report.
-  std::function<void(const ShardReport&)> on_shard;
-  // Called, with the engine's mutex held, when a copy of a shard failed
-  // a restore's verification; it must only queue the report.
-  std::function<void(const FallbackReport&)> on_fallback;
-  // Where the engine counts saves, persists and restores (metrics.h); the
-  // engine makes one nobody scrapes when this is null.
-  std::shared_ptr<DaemonMetrics> metrics;
-};
-
-// Lock-free counters of the engine's threads, for the service watchdog
-// (util/service_notify.h): the reaper ticks every 100 ms while the engine
-// mutex can be taken; the persister's progress moves with each task and each
-// piece of a shard written.
-struct EngineProgress {
-  uint64_t reaper_ticks = 0;
-  uint64_t persist_progress = 0;
-  bool persist_running = false;
-  size_t persists_queued = 0;
-};
-
-class Engine {
+class Engine : private PipelineState {
  public:
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
@@ -177,7 +110,7 @@ class Engine {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Open(
       EngineOptions options, storage::Backend* backend, Catalog* catalog,
       storage::Backend* object = nullptr);
-  ~Engine();
+  ~Engine() override;
 
   [[nodiscard]] absl::StatusOr<v1::RegisterResponse> Register(
       const PeerCreds& peer, const v1::RegisterRequest& req);
@@ -298,6 +231,7 @@ class Engine {
     std::string key;
     bool prefix = false;
     uint64_t intent = 0;  // its DeleteIntent's id (0: none recorded)
+    uint64_t ticket = 0;  // the catalog edit recording it (0: written)
   };
   struct DropPlan {
     uint64_t step = 0;
@@ -307,7 +241,26 @@ class Engine {
   };
   DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank,
                           bool delete_file, CatalogEdit& edit);
-  void ApplyDropLocked(Job& job, DropPlan plan, bool recorded);
+  // `ticket`: the catalog edit holding the plan's intents (its deletes
+  // wait until it is written; 0: written already).
+  void ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket);
+  // CommitSave's drops of the rank's saves the new one supersedes (steps
+  // >= its step), planned into `edit`.
+  std::vector<DropPlan> PlanSupersededLocked(const Job& job, uint64_t step,
+                                             uint32_t rank, CatalogEdit& edit);
+  // What a planned drop depends on, to tell whether the state it was
+  // planned from changed while its edit was written.
+  std::vector<std::string> DropBasisLocked(
+      const Job& job, const std::vector<DropPlan>& drops) const;
+  // A commit whose record could not be written after it changed memory
+  // (the fast path): the shard goes again, and its STAGED report is
+  // retracted.
+  void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
+                        uint64_t gen);
+  // Queues a catalog edit (in the order of the state changes, mu_ held).
+  uint64_t RecordLocked(CatalogEdit edit, bool sync) {
+    return writer_->Enqueue(std::move(edit), sync);
+  }
   // Queues a local delete whose intent is recorded; one of a file that a
   // FILE restore reads waits until its lease is released.
   void PushLocalDeleteLocked(LocalDelete del);
@@ -356,10 +309,24 @@ class Engine {
   bool StepCompleteLocked(const Job& job, const Step& step,
                           bool* durable) const;
 
-  // The persister's work (engine_persist.cc): read the state under mu_,
-  // write without it, record the outcome (or re-queue a retry).
-  void PersistShard(const PersistTask& task);
-  void WriteManifest(const PersistTask& task);
+  // The pipeline's view of the state (pipeline.h): each takes mu_. The
+  // persist and manifest halves are in engine_persist.cc, the upload's in
+  // engine_tier.cc.
+  std::optional<PersistSnapshot> SnapshotPersist(
+      const PersistTask& task) override;
+  void RecordPersist(const PersistTask& task, PersistOutcome outcome) override;
+  std::optional<ManifestSnapshot> SnapshotManifest(const std::string& job,
+                                                   uint64_t step, bool object,
+                                                   bool* written) override;
+  bool RecordManifest(const std::string& job, uint64_t step, bool object,
+                      const ManifestSnapshot& m,
+                      const absl::Status& status) override;
+  absl::StatusOr<UploadSnapshot> SnapshotUpload(
+      const UploadTask& task) override;
+  bool SlotUnchanged(const UploadTask& task,
+                     const UploadSnapshot& snap) override;
+  void RecordUpload(const UploadTask& task, const std::string& key,
+                    uint64_t bytes, double seconds) override;
 
   // The object tier (engine_tier.cc). Whether a shard counts as durable in
   // the commit tier.
@@ -376,10 +343,6 @@ class Engine {
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
   // Queues the write of a step's object manifest (no checks).
   void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
-  [[nodiscard]] absl::Status UploadShard(const UploadTask& task);
-  [[nodiscard]] absl::Status UploadFromLocalFile(
-      const std::string& key, uint64_t bytes, const storage::ShardInfo& info);
-  [[nodiscard]] absl::Status WriteObjectManifest(const UploadTask& task);
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.
@@ -408,7 +371,19 @@ class Engine {
   const std::chrono::steady_clock::time_point started_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  // One condition variable per kind of waiter, each notified by the
+  // changes its waiters wait for:
+  //   queue_cv_   the persist queue (persister.h): its thread and WaitIdle;
+  //   slot_cv_    a free or ready slot (BeginSave, loads), draining;
+  //   arena_cv_   a rank's arena creation done (RankSlots::creating);
+  //   durable_cv_ a shard's phase or upload, a task done (WaitDurable,
+  //               Drain);
+  //   reaper_cv_  the reaper's tick, and stopping.
+  std::condition_variable queue_cv_;
+  std::condition_variable slot_cv_;
+  std::condition_variable arena_cv_;
+  std::condition_variable durable_cv_;
+  std::condition_variable reaper_cv_;
   std::map<std::string, Job> jobs_;
   LeaseTable leases_;
   // Local deletes of files that FILE restores still read (finding 24):
@@ -421,11 +396,19 @@ class Engine {
   uint64_t persisted_shards_ = 0;
   uint64_t persisted_bytes_ = 0;
   uint64_t failed_persists_ = 0;
-  std::unique_ptr<Persister> persister_;  // its queue is guarded by mu_
+  // Applies catalog edits in order outside mu_ (catalog_writer.h).
+  std::unique_ptr<CatalogWriter> writer_;
+  // Write leases whose CommitSave waits for its record outside mu_.
+  std::set<uint64_t> committing_;
+  // Persist, manifest, upload and deletes (pipeline.h); persister_ and
+  // uploader_ (null without an object tier) are its queues. The persist
+  // queue is guarded by mu_, the uploader has its own lock.
+  std::unique_ptr<PersistPipeline> pipeline_;
+  Persister* persister_ = nullptr;
   std::thread reaper_;
   std::atomic<uint64_t> reaper_ticks_{0};
   std::unique_ptr<Prefaulter> prefaulter_;
-  std::unique_ptr<Uploader> uploader_;  // with an object tier; its own lock
+  Uploader* uploader_ = nullptr;
 };
 
 }  // namespace ckpt::daemon

@@ -8,6 +8,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/keys.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"
@@ -25,7 +26,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
   r.failed = failed;
   if (shard.rec.has_generation()) r.generation = shard.rec.generation();
   r.bytes = shard.rec.image_bytes();
-  r.digest = ShardDigest(shard.rec.tensors());
+  r.digest = storage::ChecksumsDigest(shard.info);
   r.staged_digest = shard.staged_digest.value_or(r.digest);
   auto job = jobs_.find(r.job);
   if (job != jobs_.end()) r.owner_uid = job->second.rec.uid();
@@ -35,9 +36,11 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
   if (!shard.MoveTo(ShardPhase::kFailed)) return;
+  durable_cv_.notify_all();
   shard.rec.set_error(error);
-  absl::Status s = catalog_->PutShard(shard.rec, /*sync=*/true);
-  if (!s.ok()) LogWarning(std::string(s.message()));
+  CatalogEdit edit;
+  edit.PutShard(shard.rec);
+  RecordLocked(std::move(edit), /*sync=*/true);
   // The coordinator's STAGED record of this save would keep its step
   // looking restorable from memory: plans would choose it again and again.
   ReportLocked(shard, /*durable=*/false, /*failed=*/true);
@@ -96,6 +99,9 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
+  // The records are written in order outside mu_; the prefetch fails if
+  // they could not be (the shard is then only in memory here).
+  std::vector<uint64_t> tickets;
   auto it = jobs_.find(job_name);
   if (it == jobs_.end()) {
     Job job;
@@ -103,7 +109,9 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     job.rec.set_world_size(world_size);
     job.rec.set_uid(uid);
     job.rec.set_num_slots(options_.default_num_slots);
-    CKPT_RETURN_IF_ERROR(catalog_->PutJob(job.rec));
+    CatalogEdit edit;
+    edit.PutJob(job.rec);
+    tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
     it = jobs_.emplace(job_name, std::move(job)).first;
   }
   Job& job = it->second;
@@ -146,12 +154,17 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
       shard.rec.set_uploaded(true);
       shard.rec.set_local_gone(true);
     }
-    CKPT_RETURN_IF_ERROR(catalog_->PutShard(shard.rec, /*sync=*/true));
+    CatalogEdit edit;
+    edit.PutShard(shard.rec);
+    tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
     target.shards[rank] = std::move(shard);
   }
   double load_s = 0;
-  CKPT_RETURN_IF_ERROR(
-      LoadShardLocked(lock, job_name, step, rank, &load_s).status());
+  absl::Status loaded =
+      LoadShardLocked(lock, job_name, step, rank, &load_s).status();
+  lock.unlock();
+  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
+  CKPT_RETURN_IF_ERROR(loaded);
   LogInfo(absl::StrCat("prefetched ", key, " (", info.layout.image_bytes,
                        " bytes) in ", load_s, " s"));
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "util/status.h"
 
@@ -13,7 +14,7 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer,
                                 const v1::CommitSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   const Lease* found =
       leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true);
@@ -21,15 +22,17 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
                                             req.rank()));
-  const Lease& lease = *found;
-  if (lease.slot != req.slot())
+  if (committing_.count(req.lease()))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lease: save ", req.lease(), " is being committed already"));
+  if (found->slot != req.slot())
     return absl::InvalidArgumentError(
         absl::StrCat("slot: ", req.slot(), " but lease ", req.lease(),
-                     " is for slot ", lease.slot));
-  if (lease.step != req.step())
+                     " is for slot ", found->slot));
+  if (found->step != req.step())
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", req.step(), " but lease ", req.lease(),
-                     " is for step ", lease.step));
+                     " is for step ", found->step));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, FindRankLocked(*job, req.rank()));
   const uint32_t slot_no = req.slot();
 
@@ -66,33 +69,81 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   *shard.rec.mutable_tensors() = req.tensors();
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);
-  shard.staged_digest = ShardDigest(shard.rec.tensors());
+  shard.staged_digest = storage::ChecksumsDigest(shard.info);
 
   // A save of step S starts a new timeline for this rank: its shards of
   // later steps (left over from before a rollback) go, and so does an
   // older shard of S itself. Their removal and the new record are one
-  // catalog batch, written before anything changes here: a failed write
-  // (a full disk) leaves every older save as it was.
+  // catalog batch, written (synced: their files are deleted next, and a
+  // record that came back after a machine crash would name a file that is
+  // gone) before anything changes here, with mu_ released: a failed write
+  // (a full disk) leaves every older save as it was. Should the shards it
+  // drops change meanwhile (a persist finished), the drops are planned
+  // and written again from the new state.
   CatalogEdit edit;
-  std::vector<DropPlan> drops;
-  for (auto& [n, step] : job->steps)
-    if (n >= req.step() && step.shards.count(req.rank()))
-      drops.push_back(
-          PlanDropLocked(*job, n, req.rank(), n != req.step(), edit));
-  edit.PutShard(shard.rec);
-  // Not synced when it only adds the record: a staged step lives in shared
-  // memory, which a machine crash loses anyway; a daemon crash keeps the
-  // page cache. Synced when it drops older saves (a re-save, a rollback):
-  // their files are deleted next, and a record that came back after a
-  // machine crash would name a file that is gone.
-  if (absl::Status s = catalog_->Apply(edit, /*sync=*/!drops.empty());
-      !s.ok()) {
-    ReleaseLeaseLocked(req.lease());  // the save is over; the slot frees
-    return s;
+  std::vector<DropPlan> drops =
+      PlanSupersededLocked(*job, req.step(), req.rank(), edit);
+  std::vector<uint64_t> planned_intents;
+  bool fast = drops.empty();
+  uint64_t ticket = 0;
+  while (!drops.empty()) {
+    for (const DropPlan& d : drops) {
+      for (const LocalDelete& l : d.local) planned_intents.push_back(l.intent);
+      if (d.object) planned_intents.push_back(d.object->intent);
+    }
+    const std::vector<std::string> basis = DropBasisLocked(*job, drops);
+    edit.PutShard(shard.rec);
+    committing_.insert(req.lease());
+    ticket = RecordLocked(std::move(edit), /*sync=*/true);
+    lock.unlock();
+    absl::Status s = writer_->Wait(ticket);
+    lock.lock();
+    committing_.erase(req.lease());
+    auto j = jobs_.find(req.job());
+    const bool leased =
+        j != jobs_.end() && leases_.FindFor(req.lease(), req.job(), req.rank(),
+                                            /*write=*/true) != nullptr;
+    if (!s.ok()) {
+      if (leased) ReleaseLeaseLocked(req.lease());  // the slot frees
+      return s;
+    }
+    job = &j->second;
+    edit = CatalogEdit();
+    if (leased && DropBasisLocked(*job, drops) == basis) break;
+    // The edit ran ahead of memory: its intents go, and the records of
+    // what it deleted come back from memory (or are planned again).
+    for (uint64_t id : planned_intents) edit.ForgetDeleteIntent(id);
+    planned_intents.clear();
+    if (!leased) {
+      for (const DropPlan& d : drops) {
+        const Shard* sh = FindShardLocked(req.job(), d.step, d.rank);
+        if (sh != nullptr) edit.PutShard(sh->rec);
+      }
+      if (FindShardLocked(req.job(), req.step(), req.rank()) == nullptr)
+        edit.DeleteShard(req.job(), req.step(), req.rank());
+      RecordLocked(std::move(edit), /*sync=*/true);
+      return absl::NotFoundError(
+          absl::StrCat("lease: save ", req.lease(), " of job '", req.job(),
+                       "' rank ", req.rank(), " ended while it committed"));
+    }
+    drops = PlanSupersededLocked(*job, req.step(), req.rank(), edit);
+    if (drops.empty()) edit.PutShard(shard.rec);
   }
-  for (DropPlan& d : drops)
-    ApplyDropLocked(*job, std::move(d), /*recorded=*/true);
+  CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
+  for (DropPlan& d : drops) ApplyDropLocked(*job, std::move(d), 0);
+  if (fast || !edit.empty()) {
+    // Only the new record (not synced: a staged step lives in shared
+    // memory, which a machine crash loses anyway; a daemon crash keeps
+    // the page cache). Memory changes now, in the same critical section
+    // as the edit is queued, and a write that fails undoes the commit.
+    if (fast) edit.PutShard(shard.rec);
+    ticket = RecordLocked(std::move(edit), /*sync=*/!fast);
+  } else {
+    ticket = 0;  // written above
+  }
+  const Lease lease = *leases_.Find(req.lease());
   shard.gen = next_gen_++;
+  const uint64_t gen = shard.gen;
 
   rank->Hold(slot_no, SlotStateOf(shard.phase), req.step(), shard.gen,
              shard.info.layout.image_bytes);
@@ -109,17 +160,65 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
       Seconds(arrived - lease.granted).count(), shard_bytes);
   ReleaseLeaseLocked(req.lease());
   persister_->Push(std::move(task));
-  cv_.notify_all();
-  return absl::OkStatus();
+  if (ticket == 0) return absl::OkStatus();
+  lock.unlock();
+  absl::Status s = writer_->Wait(ticket);
+  if (s.ok()) return s;
+  lock.lock();
+  UndoCommitLocked(req.job(), req.step(), req.rank(), gen);
+  return s;
+}
+
+std::vector<Engine::DropPlan> Engine::PlanSupersededLocked(const Job& job,
+                                                           uint64_t step,
+                                                           uint32_t rank,
+                                                           CatalogEdit& edit) {
+  std::vector<DropPlan> drops;
+  for (const auto& [n, st] : job.steps)
+    if (n >= step && st.shards.count(rank))
+      drops.push_back(PlanDropLocked(job, n, rank, n != step, edit));
+  return drops;
+}
+
+std::vector<std::string> Engine::DropBasisLocked(
+    const Job& job, const std::vector<DropPlan>& drops) const {
+  std::vector<std::string> basis;
+  for (const DropPlan& d : drops) {
+    auto step = job.steps.find(d.step);
+    if (step == job.steps.end()) {
+      basis.push_back("gone");
+      continue;
+    }
+    auto sh = step->second.shards.find(d.rank);
+    if (sh == step->second.shards.end()) {
+      basis.push_back("gone");
+      continue;
+    }
+    const Shard& s = sh->second;
+    basis.push_back(
+        absl::StrCat(s.gen, "/", static_cast<int>(s.phase), "/", s.uploaded,
+                     s.local_gone, step->second.manifest,
+                     step->second.object_manifest, step->second.shards.size()));
+  }
+  return basis;
+}
+
+void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
+                              uint32_t rank, uint64_t gen) {
+  Shard* shard = FindShardLocked(job_name, step, rank);
+  auto job = jobs_.find(job_name);
+  if (shard == nullptr || shard->gen != gen || job == jobs_.end()) return;
+  ReportLocked(*shard, /*durable=*/false, /*failed=*/true);
+  DropShardLocked(job->second, step, rank, /*delete_file=*/true);
+  MaybeForgetJobLocked(job_name);
 }
 
 void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank,
                              bool delete_file) {
   CatalogEdit edit;
   DropPlan plan = PlanDropLocked(job, step_no, rank, delete_file, edit);
-  absl::Status s = catalog_->Apply(edit, /*sync=*/true);
-  if (!s.ok()) LogWarning(std::string(s.message()));
-  ApplyDropLocked(job, std::move(plan), s.ok());
+  const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/true);
+  ApplyDropLocked(job, std::move(plan), ticket);
 }
 
 Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
@@ -174,7 +273,7 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
   return plan;
 }
 
-void Engine::ApplyDropLocked(Job& job, DropPlan plan, bool recorded) {
+void Engine::ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket) {
   auto step = job.steps.find(plan.step);
   if (step == job.steps.end()) return;
   auto sh = step->second.shards.find(plan.rank);
@@ -184,17 +283,18 @@ void Engine::ApplyDropLocked(Job& job, DropPlan plan, bool recorded) {
     r->second.DropShard(sh->second.slot, sh->second.gen);
   if (plan.object) {
     step->second.object_manifest = false;
-    if (!recorded) plan.object->intent = 0;
+    plan.object->ticket = ticket;
     uploader_->Push(std::move(*plan.object));
   }
   step->second.shards.erase(sh);
   step->second.manifest = false;
   if (step->second.shards.empty()) job.steps.erase(step);
   for (LocalDelete& d : plan.local) {
-    if (!recorded) d.intent = 0;  // still done, but not after a crash
+    d.ticket = ticket;
     PushLocalDeleteLocked(std::move(d));
   }
-  cv_.notify_all();
+  slot_cv_.notify_all();
+  durable_cv_.notify_all();
 }
 
 }  // namespace ckpt::daemon

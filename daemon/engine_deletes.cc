@@ -1,30 +1,17 @@
 // The deletes the engine owes storage (retention, superseded and deleted
-// shards): each is recorded in the catalog as a DeleteIntent before it is
-// queued, in the same log as (and so before) the deletion of the records
-// that made it due, and forgotten by the persister or the uploader once
-// done. A daemon that dies first (SIGKILL, a machine crash) finds them at
-// its next start and queues them again, ahead of everything else, so that
-// a step it deleted never stays visible. See engine.h.
+// shards): each is recorded in the catalog as a DeleteIntent (an edit
+// queued to the catalog writer, which the delete waits for) in the same
+// log as (and so before) the deletion of the records that made it due, and
+// forgotten by the persister or the uploader once done. A daemon that dies
+// first (SIGKILL, a machine crash) finds them at its next start and queues them
+// again, ahead of everything else, so that a step it deleted never stays
+// visible. See engine.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
-namespace {
-
-// The intent's id, or 0 (the delete still runs, but not after a crash).
-uint64_t Record(Catalog& catalog, const v1::DeleteIntent& intent) {
-  absl::StatusOr<uint64_t> id = catalog.PutDeleteIntent(intent);
-  if (id.ok()) return *id;
-  LogWarning(absl::StrCat("delete of ", intent.keys(0), ": ",
-                          id.status().message(),
-                          "; not redone if the daemon stops first"));
-  return 0;
-}
-
-}  // namespace
-
 void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
                                     std::string key, bool prefix) {
   v1::DeleteIntent intent;
@@ -33,8 +20,11 @@ void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
   intent.set_prefix(prefix);
   intent.set_job(job);
   intent.set_step(step);
-  const uint64_t id = Record(*catalog_, intent);
-  PushLocalDeleteLocked({std::move(key), prefix, id});
+  const uint64_t id = catalog_->NewIntentId();
+  CatalogEdit edit;
+  edit.PutDeleteIntent(id, intent);
+  const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/false);
+  PushLocalDeleteLocked({std::move(key), prefix, id, ticket});
 }
 
 void Engine::PushLocalDeleteLocked(LocalDelete del) {
@@ -44,7 +34,8 @@ void Engine::PushLocalDeleteLocked(LocalDelete del) {
     deferred_deletes_.push_back(std::move(del));
     return;
   }
-  persister_->QueueDelete(std::move(del.key), del.prefix, del.intent);
+  persister_->QueueDelete(std::move(del.key), del.prefix, del.intent,
+                          del.ticket);
 }
 
 void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {
@@ -54,7 +45,10 @@ void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {
   for (const std::string& k : del.keys) intent.add_keys(k);
   intent.set_job(del.job);
   intent.set_step(del.step);
-  del.intent = Record(*catalog_, intent);
+  del.intent = catalog_->NewIntentId();
+  CatalogEdit edit;
+  edit.PutDeleteIntent(del.intent, intent);
+  del.ticket = RecordLocked(std::move(edit), /*sync=*/false);
   uploader_->Push(std::move(del));
 }
 

@@ -5,113 +5,52 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <future>
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
-#include "util/checksum.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
 
-namespace {
-
-// Checks every checksum the client computed against the bytes now in the
-// slot; a mismatch means the slot changed after the commit.
-absl::Status VerifyImage(const char* image, const storage::ShardInfo& info,
-                         const std::vector<bool>& has_checksum) {
-  for (size_t i = 0; i < info.tensors.size(); ++i) {
-    if (!has_checksum[i]) continue;
-    const storage::ShardTensor& t = info.tensors[i];
-    uint64_t got = TensorChecksum(image + t.offset, t.bytes);
-    if (got != t.checksum)
-      return absl::DataLossError(
-          absl::StrFormat("tensor \"%s\": checksum mismatch in shared memory "
-                          "(committed %016x, found %016x)",
-                          t.name, t.checksum, got));
+std::optional<PersistSnapshot> Engine::SnapshotPersist(
+    const PersistTask& task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  if (shard == nullptr || shard->gen != task.gen ||
+      shard->phase != ShardPhase::kStaged || shard->slot < 0)
+    return std::nullopt;
+  PersistSnapshot snap;
+  snap.key = NodeShardKey(task.job, task.step, task.rank);
+  if (leases_.HoldsFile(snap.key, false)) {
+    // A FILE restore reads the older save's file at this key: the
+    // rename would swap the inode under it. The bytes wait in memory.
+    PersistTask later = task;
+    later.not_before =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    persister_->Push(std::move(later));
+    return std::nullopt;
   }
-  return absl::OkStatus();
+  Job& job = jobs_.find(task.job)->second;
+  Rank& rank = job.ranks[task.rank];
+  shard->MoveTo(ShardPhase::kPersisting);
+  rank.SetState(shard->slot, SlotStateOf(shard->phase));
+  snap.image = rank.arena->slot_data(shard->slot);
+  snap.owner_uid = job.rec.uid();
+  snap.info = shard->info;  // validated at commit
+  snap.known = KnownChecksums(shard->rec.tensors());
+  return snap;
 }
 
-}  // namespace
-
-void Engine::PersistShard(const PersistTask& task) {
-  char* image = nullptr;
-  storage::ShardInfo info;
-  std::vector<bool> has_checksum;
-  uid_t owner_uid = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Shard* shard = FindShardLocked(task.job, task.step, task.rank);
-    if (shard == nullptr || shard->gen != task.gen ||
-        shard->phase != ShardPhase::kStaged || shard->slot < 0)
-      return;
-    if (leases_.HoldsFile(NodeShardKey(task.job, task.step, task.rank),
-                          false)) {
-      // A FILE restore reads the older save's file at this key: the
-      // rename would swap the inode under it. The bytes wait in memory.
-      PersistTask later = task;
-      later.not_before =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-      persister_->Push(std::move(later));
-      return;
-    }
-    Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
-    shard->MoveTo(ShardPhase::kPersisting);
-    rank.SetState(shard->slot, SlotStateOf(shard->phase));
-    image = rank.arena->slot_data(shard->slot);
-    owner_uid = jobs_.find(task.job)->second.rec.uid();
-    info = shard->info;  // validated at commit
-    for (const auto& m : shard->rec.tensors())
-      has_checksum.push_back(m.has_checksum());
-  }
-
-  absl::Status s;
-  bool computed = false;
-  for (size_t i = 0; s.ok() && i < info.tensors.size(); ++i) {
-    if (has_checksum[i]) continue;  // device tensors: the CPU never saw them
-    info.tensors[i].checksum =
-        TensorChecksum(image + info.tensors[i].offset, info.tensors[i].bytes);
-    computed = true;
-  }
-  if (s.ok() && computed)
-    s = storage::EncodeShardMetadata(
-        info, std::span<char>(image, info.layout.image_bytes));
+void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
+  const absl::Status& s = outcome.status;
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
-  const auto write_start = std::chrono::steady_clock::now();
-  if (s.ok()) {
-    // The checksum pass runs on another core while the write is in flight.
-    auto verify = std::async(std::launch::async, VerifyImage, image,
-                             std::cref(info), std::cref(has_checksum));
-    // The job's uid owns its shards, so its trainers can read them directly.
-    storage::WriterOptions wo;
-    wo.owner_uid = owner_uid;
-    auto writer = backend_->NewObjectWriter(key, info.layout.image_bytes, wo);
-    s = writer.status();
-    // In pieces, so the watchdog sees a long write advance (the writer keeps
-    // its queue full across calls).
-    constexpr uint64_t kPiece = 256ull << 20;
-    for (uint64_t off = 0; s.ok() && off < info.layout.image_bytes;
-         off += kPiece) {
-      s = (*writer)->WriteAt(off, image + off,
-                             std::min(kPiece, info.layout.image_bytes - off));
-      persister_->NoteProgress();
-    }
-    absl::Status v = verify.get();
-    if (s.ok()) s = v;
-    if (s.ok())
-      s = (*writer)->Commit();
-    else if (writer.ok())
-      (*writer)->Abort();
-  }
-
   std::lock_guard<std::mutex> lock(mu_);
-  cv_.notify_all();
+  slot_cv_.notify_all();  // the slot frees or becomes durable
+  durable_cv_.notify_all();
   auto job = jobs_.find(task.job);
   Shard* shard = FindShardLocked(task.job, task.step, task.rank);
   if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
@@ -125,7 +64,8 @@ void Engine::PersistShard(const PersistTask& task) {
       for (auto& [r, rank] : job->second.ranks)
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
           if (rank.slots[i].state == shm::SlotState::kPersisting &&
-              rank.slots[i].gen == 0 && rank.arena->slot_data(i) == image) {
+              rank.slots[i].gen == 0 &&
+              rank.arena->slot_data(i) == outcome.image) {
             rank.Free(i);
           }
     }
@@ -139,17 +79,17 @@ void Engine::PersistShard(const PersistTask& task) {
     shard->MoveTo(ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
-    shard->info = std::move(info);
+    shard->info = std::move(outcome.info);
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
-    absl::Status c = catalog_->PutShard(shard->rec, /*sync=*/true);
-    if (!c.ok()) LogWarning(std::string(c.message()));
+    // Recorded in order, outside mu_: should the daemon stop before the
+    // record is written, recovery adopts the file (engine_recover.cc).
+    CatalogEdit edit;
+    edit.PutShard(shard->rec);
+    RecordLocked(std::move(edit), /*sync=*/true);
     rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
-    metrics_->Persisted(metric::kTierLocal,
-                        std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - write_start)
-                            .count(),
+    metrics_->Persisted(metric::kTierLocal, outcome.seconds,
                         shard->info.layout.image_bytes);
     if (object_ != nullptr) QueueUploadLocked(job->second, *shard);
     if (!ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
@@ -205,66 +145,59 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
   persister_->Push(
       PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
-  cv_.notify_all();
 }
 
-void Engine::WriteManifest(const PersistTask& task) {
-  const std::string key = NodeManifestKey(task.job, task.step);
-  // Built under the lock, written without it: a shard that changes
-  // meanwhile (a re-save, a drop) saw no manifest to delete, so the one
-  // written then is deleted here, and the step written again if whole.
-  for (;;) {
-    storage::v1::NodeManifest m;
-    std::vector<std::pair<uint32_t, uint64_t>> gens;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto job = jobs_.find(task.job);
-      if (job == jobs_.end()) return;
-      auto step = job->second.steps.find(task.step);
-      if (step == job->second.steps.end() || step->second.manifest) return;
-      bool durable = false;
-      if (!StepCompleteLocked(job->second, step->second, &durable) || !durable)
-        return;
-      m = NodeManifestOf(task.job, task.step, job->second.rec.world_size(),
-                         step->second);
-      gens = ShardGenerations(step->second);
-    }
-    absl::Status s = storage::WriteNodeManifest(*backend_, m, options_.node_id);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!s.ok()) {
-        LogWarning(absl::StrCat("manifest of ", task.job, " step ", task.step,
-                                ": ", s.message()));
-        metrics_->Failure(metric::kManifestWrite);
-        metrics_->Retry(metric::kRetryManifest);
-        PersistTask retry = task;
-        retry.not_before =
-            std::chrono::steady_clock::now() + options_.persist_retry_delay;
-        persister_->Push(std::move(retry));
-        return;
-      }
-      Job* job = nullptr;
-      Step* step = nullptr;
-      if (auto j = jobs_.find(task.job); j != jobs_.end()) {
-        job = &j->second;
-        if (auto st = job->steps.find(task.step); st != job->steps.end())
-          step = &st->second;
-      }
-      if (step != nullptr && ShardGenerations(*step) == gens) {
-        step->manifest = true;
-        metrics_->StepDurable(task.job, task.step);
-        ApplyRetentionLocked(*job);
-        cv_.notify_all();
-        return;
-      }
-    }
-    absl::Status d = backend_->Delete(key);
-    if (!d.ok()) {
-      // Left for the next write of the step's manifest to replace.
-      LogWarning(absl::StrCat("stale manifest ", key, ": ", d.message()));
-      return;
-    }
+std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
+                                                         uint64_t step_no,
+                                                         bool object,
+                                                         bool* written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *written = false;
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return std::nullopt;
+  auto step = j->second.steps.find(step_no);
+  if (step == j->second.steps.end()) return std::nullopt;
+  *written = object ? step->second.object_manifest : step->second.manifest;
+  if (*written) return std::nullopt;
+  if (object)
+    for (const auto& [r, shard] : step->second.shards)
+      if (!shard.uploaded) return std::nullopt;
+  bool durable = false;
+  if (!StepCompleteLocked(j->second, step->second, &durable) || !durable)
+    return std::nullopt;
+  return ManifestSnapshot{
+      NodeManifestOf(job, step_no, j->second.rec.world_size(), step->second),
+      ShardGenerations(step->second)};
+}
+
+bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
+                            bool object, const ManifestSnapshot& m,
+                            const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s.ok()) {
+    LogWarning(absl::StrCat("manifest of ", job, " step ", step_no, ": ",
+                            s.message()));
+    metrics_->Failure(metric::kManifestWrite);
+    metrics_->Retry(metric::kRetryManifest);
+    PersistTask retry{PersistTask::kManifest, job, step_no, 0, 0, {}};
+    retry.not_before =
+        std::chrono::steady_clock::now() + options_.persist_retry_delay;
+    persister_->Push(std::move(retry));
+    return false;
   }
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return false;
+  auto step = j->second.steps.find(step_no);
+  if (step == j->second.steps.end() || ShardGenerations(step->second) != m.gens)
+    return false;
+  if (object) {
+    step->second.object_manifest = true;
+  } else {
+    step->second.manifest = true;
+    metrics_->StepDurable(job, step_no);
+  }
+  ApplyRetentionLocked(j->second);
+  return true;
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {
@@ -294,13 +227,13 @@ void Engine::ApplyRetentionLocked(Job& job) {
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
+  return queue_cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
-  cv_.notify_all();
+  slot_cv_.notify_all();  // waiting saves give up
   auto pending = [this] {
     size_t n = 0;
     for (const auto& [name, job] : jobs_)
@@ -312,8 +245,8 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     return n;
   };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  cv_.wait_until(lock, until,
-                 [&] { return pending() == 0 && persister_->Idle(); });
+  durable_cv_.wait_until(lock, until,
+                         [&] { return pending() == 0 && persister_->Idle(); });
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.

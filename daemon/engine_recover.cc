@@ -5,47 +5,40 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
+#include "storage/shard_image.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
 namespace {
 
-// True if the image in memory is the shard the catalog recorded: same
-// tensors at the same offsets with the same checksums.
-bool ImageMatchesRecord(const char* image, uint64_t slot_bytes,
-                        const v1::ShardRecord& rec) {
-  if (rec.image_bytes() > slot_bytes) return false;
-  if (!CheckLoadedImage(image, rec.image_bytes(), rec.job(), rec.step(),
-                        rec.rank(), "slot")
-           .ok())
-    return false;
-  auto header = storage::DecodeHeader({image, storage::kShardAlign});
-  auto meta = storage::DecodeShardMetadata(
-      {image, header->data_offset},
-      {image + header->footer_offset, storage::kShardAlign}, rec.image_bytes());
-  if (!meta.ok() ||
-      meta->tensors.size() != static_cast<size_t>(rec.tensors_size()))
-    return false;
-  for (int i = 0; i < rec.tensors_size(); ++i) {
-    const v1::TensorMeta& want = rec.tensors(i);
-    const storage::ShardTensor& got = meta->tensors[i];
-    if (got.name != want.name() || got.offset != want.offset() ||
-        got.bytes != want.bytes())
-      return false;
-    if (want.has_checksum() && got.checksum != want.checksum()) return false;
-  }
-  return true;
+// The image in a re-attached slot, if it is the save `rec` records (its
+// index `want`): the same shard, tensors at the same offsets and, where
+// the client computed them, the same checksums. Returns the image's index.
+absl::StatusOr<storage::ShardInfo> SlotImageOf(const char* slot,
+                                               uint64_t slot_bytes,
+                                               const v1::ShardRecord& rec,
+                                               const storage::ShardInfo& want) {
+  if (rec.image_bytes() > slot_bytes)
+    return absl::DataLossError("the record's image exceeds the slot");
+  CKPT_ASSIGN_OR_RETURN(
+      storage::ShardInfo got,
+      storage::ValidateImage({slot, rec.image_bytes()},
+                             {rec.job(), rec.step(), rec.rank()}, "slot"));
+  CKPT_RETURN_IF_ERROR(
+      storage::SameIndex(got, want, KnownChecksums(rec.tensors()), "slot"));
+  return got;
 }
 
 // The index of the shard file at `key` if the file is the save `rec`
-// records: the same shard, tensors and client checksums and, where the
-// record has it, the same commit time. A re-save of a step (after a
-// rollback) leaves the older save's file at the key until its own persist
-// replaces it, and device tensors have no client checksum to tell the two
-// apart. The file's index has the device tensors' checksums too.
+// records (its index `want`): the same shard, tensors and client checksums
+// and, where the record has it, the same commit time. A re-save of a step
+// (after a rollback) leaves the older save's file at the key until its own
+// persist replaces it, and device tensors have no client checksum to tell
+// the two apart. The file's index has the device tensors' checksums too.
 absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
                                                const v1::ShardRecord& rec,
+                                               const storage::ShardInfo& want,
                                                const std::string& key) {
   CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info,
                         storage::ReadShardInfo(backend, key));
@@ -60,17 +53,11 @@ absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
       info.created_unix_ns != rec.created_unix_ns())
     return other(absl::StrCat("committed at ", info.created_unix_ns,
                               " ns, not ", rec.created_unix_ns()));
-  if (info.layout.image_bytes != rec.image_bytes() ||
-      info.tensors.size() != static_cast<size_t>(rec.tensors_size()))
+  if (info.layout.image_bytes != rec.image_bytes())
     return other("another tensor index");
-  for (int i = 0; i < rec.tensors_size(); ++i) {
-    const v1::TensorMeta& want = rec.tensors(i);
-    const storage::ShardTensor& got = info.tensors[i];
-    if (got.name != want.name() || got.offset != want.offset() ||
-        got.bytes != want.bytes() ||
-        (want.has_checksum() && got.checksum != want.checksum()))
-      return other(absl::StrCat("tensor \"", got.name, "\" differs"));
-  }
+  absl::Status same =
+      storage::SameIndex(info, want, KnownChecksums(rec.tensors()), key);
+  if (!same.ok()) return Annotate(same, "not the save the catalog records");
   return info;
 }
 
@@ -136,15 +123,15 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     sh.uploaded = rec.uploaded() && object_ != nullptr;
     sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
+    absl::StatusOr<storage::ShardInfo> image = absl::NotFoundError("no slot");
     if (rank != job.ranks.end() && rec.slot() < rank->second.slots.size() &&
-        rank->second.slots[rec.slot()].state == shm::SlotState::kFree &&
-        ImageMatchesRecord(rank->second.arena->slot_data(rec.slot()),
-                           rank->second.arena->slot_bytes(), rec)) {
+        rank->second.slots[rec.slot()].state == shm::SlotState::kFree)
+      image = SlotImageOf(rank->second.arena->slot_data(rec.slot()),
+                          rank->second.arena->slot_bytes(), rec, sh.info);
+    if (image.ok()) {
       sh.slot = static_cast<int>(rec.slot());
       // The image's header has the commit time the index does not carry.
-      auto header = storage::DecodeHeader(
-          {rank->second.arena->slot_data(rec.slot()), storage::kShardAlign});
-      if (header.ok()) sh.info.created_unix_ns = header->created_unix_ns;
+      sh.info.created_unix_ns = image->created_unix_ns;
       rank->second.Hold(rec.slot(), SlotStateOf(sh.phase), rec.step(), sh.gen,
                         rec.image_bytes());
       ++in_memory;
@@ -153,7 +140,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
       // Not in memory any more; the file may have made it before the crash.
       absl::StatusOr<storage::ShardInfo> file =
-          ShardFileOf(*backend_, rec, key);
+          ShardFileOf(*backend_, rec, sh.info, key);
       if (file.ok()) {
         sh.phase = ShardPhase::kDurable;  // adopted: kStaged -> kDurable
         sh.info = std::move(*file);
@@ -192,7 +179,7 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
     }
     // A step whose local copy retention deleted gets no local manifest again.
     if (!local_gone) {
-      if (backend_->ObjectSize(NodeManifestKey(name, n)).ok())
+      if (backend_->Stat(NodeManifestKey(name, n)).ok())
         step.manifest = true;
       else
         persister_->Push(

@@ -10,6 +10,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
+#include "storage/shard_image.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -212,7 +213,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (slot_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
@@ -228,7 +229,8 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   absl::Status st =
       ReadShardImage(key, local, object, info, dst, bytes, &read_object);
   if (st.ok())
-    st = CheckLoadedImage(dst, bytes, job_name, step_no, rank_no, key);
+    st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
+             .status();
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
   if (from_object != nullptr) *from_object = read_object;
@@ -246,7 +248,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   if (slot_ok) {
     r->Free(slot);
   }
-  cv_.notify_all();
+  slot_cv_.notify_all();
   Shard* cur = FindShardLocked(job_name, step_no, rank_no);
   if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
     MaybeForgetJobLocked(job_name);
@@ -261,7 +263,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                   const v1::CloseRestoreRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -275,6 +277,8 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                               " for rank ", req.rank()));
     if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
       MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
+    lock.unlock();
+    writer_->Flush();  // a failed shard's record, written before we answer
     return absl::OkStatus();
   }
   const Lease* lease =
@@ -296,6 +300,9 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     }
   }
   ReleaseLeaseLocked(req.lease());
+  if (req.bad_copy().empty()) return absl::OkStatus();
+  lock.unlock();
+  writer_->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();
 }
 
@@ -359,12 +366,18 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
                                               "' has no step ", req.step(),
                                               " for rank ", req.rank()));
     const Shard& shard = *found;
-    if (CommitDurable(shard)) return absl::OkStatus();
+    if (CommitDurable(shard)) {
+      // As durable in the catalog as on storage: the record of it (queued
+      // with the change, written outside mu_) is written when we answer.
+      lock.unlock();
+      writer_->Flush();
+      return absl::OkStatus();
+    }
     if (shard.phase == ShardPhase::kFailed)
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
                                               " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (durable_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
       if (now != nullptr && now->phase == ShardPhase::kStaged &&
           now->attempts >= options_.max_persist_attempts)
@@ -422,7 +435,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
 
 absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     const PeerCreds& peer, const v1::DeleteRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
   std::vector<uint64_t> steps;
   if (req.all_steps()) {
@@ -449,6 +462,9 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
+  // Deleted once the RPC answers: its records are written (outside mu_).
+  lock.unlock();
+  writer_->Flush();
   return resp;
 }
 

@@ -55,25 +55,12 @@ storage::ShardInfo ToShardInfo(
   return info;
 }
 
-absl::Status CheckLoadedImage(const char* image, uint64_t bytes,
-                              const std::string& job, uint64_t step,
-                              uint32_t rank, const std::string& key) {
-  if (bytes < 2 * storage::kShardAlign)
-    return absl::DataLossError(key + ": too short");
-  auto header = storage::DecodeHeader({image, storage::kShardAlign});
-  if (!header.ok()) return Annotate(header.status(), key);
-  if (header->data_offset > bytes ||
-      header->footer_offset > bytes - storage::kShardAlign)
-    return absl::DataLossError(key + ": offsets beyond the file");
-  auto meta = storage::DecodeShardMetadata(
-      {image, header->data_offset},
-      {image + header->footer_offset, storage::kShardAlign}, bytes);
-  if (!meta.ok()) return Annotate(meta.status(), key);
-  if (meta->step != step || meta->rank != rank || meta->job != job)
-    return absl::DataLossError(absl::StrCat(key, ": holds job '", meta->job,
-                                            "' step ", meta->step, " rank ",
-                                            meta->rank));
-  return absl::OkStatus();
+std::vector<bool> KnownChecksums(
+    const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
+  std::vector<bool> known;
+  known.reserve(tensors.size());
+  for (const v1::TensorMeta& m : tensors) known.push_back(m.has_checksum());
+  return known;
 }
 
 void ToTensorMetas(const storage::ShardInfo& info,
@@ -89,13 +76,6 @@ void ToTensorMetas(const storage::ShardInfo& info,
     m->set_checksum(t.checksum);
     m->set_has_checksum(true);
   }
-}
-
-uint64_t ShardDigest(
-    const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {
-  uint64_t combined = 0;
-  for (const auto& t : tensors) combined = combined * 1000003 ^ t.checksum();
-  return combined;
 }
 
 }  // namespace ckpt::daemon

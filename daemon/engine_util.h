@@ -4,6 +4,7 @@
 #define CKPT_DAEMON_ENGINE_UTIL_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "ckpt.pb.h"
@@ -18,16 +19,10 @@ void LogWarning(const std::string& msg);
 storage::ShardInfo ToShardInfo(
     const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
     const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors);
-// Validates a shard image that sits in memory (loaded from disk, or found
-// in a re-attached slot) and checks that it holds (job, step, rank).
-[[nodiscard]] absl::Status CheckLoadedImage(const char* image, uint64_t bytes,
-                                            const std::string& job,
-                                            uint64_t step, uint32_t rank,
-                                            const std::string& what);
-
-// One 64-bit digest of a shard's tensor checksums, in index order (the
-// node manifest and the coordinator's global manifest carry it).
-uint64_t ShardDigest(
+// Which tensors of an index have a checksum the client computed (false:
+// a device tensor's, computed by the persister): what
+// storage::VerifyTensorChecksums and storage::SameIndex take as `known`.
+std::vector<bool> KnownChecksums(
     const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors);
 
 void ToTensorMetas(const storage::ShardInfo& info,

@@ -10,12 +10,15 @@
 namespace ckpt::daemon {
 
 Persister::Persister(std::mutex* mu, std::condition_variable* cv,
-                     storage::Backend* backend, RunFn run, Catalog* intents)
+                     storage::Backend* backend, RunFn run, Catalog* intents,
+                     CatalogWriter* writer, std::condition_variable* done)
     : mu_(mu),
       cv_(cv),
+      done_(done),
       backend_(backend),
       run_(std::move(run)),
-      intents_(intents) {}
+      intents_(intents),
+      writer_(writer) {}
 
 Persister::~Persister() { Stop(); }
 
@@ -33,12 +36,14 @@ void Persister::Stop() {
   thread_.join();
 }
 
-void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent) {
+void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent,
+                            uint64_t ticket) {
   PersistTask t;
   t.kind = PersistTask::kDelete;
   t.key = std::move(key);
   t.prefix = prefix;
   t.intent = intent;
+  t.ticket = ticket;
   Push(std::move(t));
 }
 
@@ -53,6 +58,12 @@ void Persister::Loop() {
     running_.store(true, std::memory_order_relaxed);
     lock.unlock();
     if (task.kind == PersistTask::kDelete) {
+      // Never before its intent is recorded: a forget that overtook the
+      // record would leave an intent to delete a key written again later.
+      // Without one the delete still runs (not redone after a crash).
+      if (task.ticket != 0 && writer_ != nullptr &&
+          !writer_->Wait(task.ticket).ok())
+        task.intent = 0;
       absl::Status s = task.prefix ? backend_->DeletePrefix(task.key)
                                    : backend_->Delete(task.key);
       if (!s.ok())
@@ -70,6 +81,7 @@ void Persister::Loop() {
     lock.lock();
     busy_ = false;
     cv_->notify_all();
+    if (done_ != nullptr) done_->notify_all();
   }
 }
 

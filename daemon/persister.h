@@ -5,16 +5,16 @@
 // later one).
 //
 // The persister owns the queue and its thread; it deletes files itself and
-// hands shard and manifest tasks to the engine's `run` callback, which
-// reads and updates the engine's state under the engine mutex and does its
-// I/O without it.
+// hands shard and manifest tasks to the `run` callback of its owner, the
+// PersistPipeline (pipeline.h), which does their I/O without the engine
+// mutex.
 //
 // Thread-safety: the queue is guarded by the engine's mutex (given at
-// construction): callers of Push, Size and Idle hold it, and notify the
-// engine's condition variable once their state change is done (the
-// persister waits on it). The thread runs tasks with the mutex released.
-// progress() and busy() are lock-free, for the service watchdog: they must
-// answer even while the thread (or whoever holds the mutex) is wedged.
+// construction): callers of Push, Size and Idle hold it. Push notifies the
+// queue's condition variable (given too; the persister waits on it, and
+// notifies it when a task is done). The thread runs tasks with the mutex
+// released. progress() and busy() are lock-free, for the service watchdog: they
+// must answer even while the thread (or whoever holds the mutex) is wedged.
 #ifndef CKPT_DAEMON_PERSISTER_H_
 #define CKPT_DAEMON_PERSISTER_H_
 
@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -45,6 +46,9 @@ struct PersistTask {
   std::string key{};  // {}: aggregate inits may leave it out without a warning
   bool prefix = false;
   uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
+  // kDelete: the catalog edit that records the intent (CatalogWriter
+  // ticket, 0: none); the delete waits until it is written.
+  uint64_t ticket = 0;
 };
 
 class Persister {
@@ -53,9 +57,13 @@ class Persister {
   using RunFn = std::function<void(const PersistTask&)>;
 
   // mu and cv are the engine's; backend (and intents, where a done
-  // delete's intent is forgotten, if given) must outlive the persister.
+  // delete's intent is forgotten, and writer, which records intents, if
+  // given) must outlive the persister.
+  // done (if given) is notified, besides cv, when a task is done.
   Persister(std::mutex* mu, std::condition_variable* cv,
-            storage::Backend* backend, RunFn run, Catalog* intents = nullptr);
+            storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
+            CatalogWriter* writer = nullptr,
+            std::condition_variable* done = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -70,10 +78,14 @@ class Persister {
   void Push(PersistTask task) {
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_relaxed);
+    cv_->notify_all();
   }
-  // A delete, and its DeleteIntent in the catalog (0: none): forgotten once
-  // done; a failure leaves it for the next start.
-  void QueueDelete(std::string key, bool prefix, uint64_t intent = 0);
+  // A delete, and its DeleteIntent in the catalog (0: none), recorded by
+  // the writer's edit `ticket` (0: already written): the delete runs once
+  // that edit is written, and the intent is forgotten once it is done; a
+  // failure leaves it for the next start.
+  void QueueDelete(std::string key, bool prefix, uint64_t intent = 0,
+                   uint64_t ticket = 0);
   size_t Size() const { return tasks_.size(); }
   // Nothing queued or running.
   bool Idle() const { return tasks_.empty() && !busy_; }
@@ -94,9 +106,11 @@ class Persister {
 
   std::mutex* const mu_;
   std::condition_variable* const cv_;
+  std::condition_variable* const done_;
   storage::Backend* const backend_;
   const RunFn run_;
   Catalog* const intents_;
+  CatalogWriter* const writer_;
   std::deque<PersistTask> tasks_;
   bool busy_ = false;
   bool stopping_ = false;

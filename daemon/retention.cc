@@ -95,7 +95,7 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job,
     ms->set_bytes(shard.rec.image_bytes());
     ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
     ms->set_checksums_digest(
-        storage::DigestHex(ShardDigest(shard.rec.tensors())));
+        storage::DigestHex(storage::ChecksumsDigest(shard.info)));
   }
   return m;
 }

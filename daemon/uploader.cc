@@ -18,11 +18,12 @@ constexpr auto kMaxRetry = std::chrono::seconds(30);
 }  // namespace
 
 Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run,
-                   Catalog* intents)
+                   Catalog* intents, CatalogWriter* writer)
     : object_(object),
       threads_(std::max(1u, threads)),
       run_(std::move(run)),
-      intents_(intents) {}
+      intents_(intents),
+      writer_(writer) {}
 
 Uploader::~Uploader() { Stop(); }
 
@@ -90,6 +91,11 @@ bool Uploader::WaitIdle(std::chrono::milliseconds timeout) {
 }
 
 absl::Status Uploader::RunDelete(UploadTask& task) {
+  // Never before its intent is recorded (persister.cc says why).
+  if (task.ticket != 0 && writer_ != nullptr) {
+    if (!writer_->Wait(task.ticket).ok()) task.intent = 0;
+    task.ticket = 0;
+  }
   while (!task.keys.empty()) {
     absl::Status s = object_->Delete(task.keys.front());
     if (!s.ok()) return s;

@@ -7,8 +7,9 @@
 //
 // The uploader runs deletes itself (in order, stopping at the first
 // failure so a step's shards never go before its manifest) and hands
-// shard and manifest tasks to the engine's `run` callback, which takes the
-// engine mutex only to read and record state, never across network I/O.
+// shard and manifest tasks to the `run` callback of its owner, the
+// PersistPipeline (pipeline.h), which takes the engine mutex only to read
+// and record state, never across network I/O.
 // A task whose run fails is re-queued with exponential backoff (capped),
 // without limit: the store may come back; each failure is counted and the
 // last error kept for Status.
@@ -41,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -60,6 +62,9 @@ struct UploadTask {
   uint32_t attempts = 0;
   uint64_t seq = 0;     // set by Push: the task's place in the queue
   uint64_t intent = 0;  // kDelete: its record in the catalog (0: none)
+  // kDelete: the catalog edit recording the intent (CatalogWriter ticket,
+  // 0: none); the delete waits until it is written.
+  uint64_t ticket = 0;
 };
 
 // What Status and metrics show of the object tier.
@@ -79,10 +84,10 @@ class Uploader {
   // Runs a kShard or kManifest task; an error re-queues it.
   using RunFn = std::function<absl::Status(const UploadTask&)>;
 
-  // object (and intents, where a done delete's intent is forgotten, if
-  // given) must outlive the uploader.
+  // object (and intents, where a done delete's intent is forgotten, and
+  // writer, which records intents, if given) must outlive the uploader.
   Uploader(storage::Backend* object, unsigned threads, RunFn run,
-           Catalog* intents = nullptr);
+           Catalog* intents = nullptr, CatalogWriter* writer = nullptr);
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
   ~Uploader();  // Stop()
@@ -112,6 +117,7 @@ class Uploader {
   const unsigned threads_;
   const RunFn run_;
   Catalog* const intents_;
+  CatalogWriter* const writer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<UploadTask> tasks_;  // by seq

@@ -60,6 +60,13 @@ uint64_t ChecksumsDigest(std::span<const uint64_t> checksums) {
   return combined;
 }
 
+uint64_t ChecksumsDigest(const ShardInfo& info) {
+  std::vector<uint64_t> checksums;
+  checksums.reserve(info.tensors.size());
+  for (const ShardTensor& t : info.tensors) checksums.push_back(t.checksum);
+  return ChecksumsDigest(checksums);
+}
+
 std::string DigestHex(uint64_t digest) {
   return absl::StrFormat("%016x", digest);
 }

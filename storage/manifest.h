@@ -35,6 +35,7 @@
 #include "manifest.pb.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
+#include "storage/shard_format.h"
 
 namespace ckpt::storage {
 
@@ -47,6 +48,8 @@ inline constexpr uint64_t kMaxManifestBytes = 64 << 20;
 // The digest of a shard's tensor checksums, in index order, that manifests
 // record (daemon and coordinator compute it the same way).
 uint64_t ChecksumsDigest(std::span<const uint64_t> checksums);
+// The same, of a shard index's tensor checksums.
+uint64_t ChecksumsDigest(const ShardInfo& info);
 // 16 lowercase hex digits.
 std::string DigestHex(uint64_t digest);
 

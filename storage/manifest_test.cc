@@ -164,10 +164,17 @@ TEST(Manifests, WriteAndReadBackThroughABackend) {
             absl::StatusCode::kNotFound);
 }
 
-TEST(Manifests, ChecksumsDigestMatchesTheDaemonsFormula) {
+TEST(Manifests, ChecksumsDigestIsTheDocumentedFormula) {
   const uint64_t sums[] = {1, 2, 3};
   EXPECT_EQ(ChecksumsDigest(sums), ((1 * 1000003ull) ^ 2) * 1000003ull ^ 3);
-  EXPECT_EQ(ChecksumsDigest({}), 0u);
+  EXPECT_EQ(ChecksumsDigest(std::span<const uint64_t>()), 0u);
+  ShardInfo info;
+  for (uint64_t c : sums) {
+    ShardTensor t;
+    t.checksum = c;
+    info.tensors.push_back(t);
+  }
+  EXPECT_EQ(ChecksumsDigest(info), ChecksumsDigest(sums));
 }
 
 }  // namespace

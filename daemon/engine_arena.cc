@@ -1,0 +1,157 @@
+// A rank's shared-memory arena: its name, creation and growth outside the
+// engine mutex (the job record written first), the prefaulter's report,
+// and dropping it. See engine.h and rank_slots.h.
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
+  return absl::StrCat("/", options_.shm_prefix, ".", job, ".r", rank);
+}
+
+void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
+  auto it = job.ranks.find(rank_no);
+  if (it == job.ranks.end() || !it->second.arena) return;
+  Rank& r = it->second;
+  for (auto& [n, step] : job.steps) {
+    auto sh = step.shards.find(rank_no);
+    if (sh != step.shards.end()) sh->second.slot = -1;
+  }
+  if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
+  if (unlink) (void)shm::Arena::Unlink(r.arena->name());
+  r.Clear();
+}
+
+absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
+    std::unique_lock<std::mutex>& lock, const std::string& name,
+    uint32_t rank_no, uint64_t slot_bytes) {
+  Job* job = nullptr;
+  Rank* r = nullptr;
+  for (;;) {
+    auto j = jobs_.find(name);
+    if (j == jobs_.end())
+      return absl::AbortedError(
+          absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
+    job = &j->second;
+    r = &job->ranks[rank_no];
+    if (!r->creating) break;
+    arena_cv_.wait(lock);  // another request creates this rank's arena
+  }
+  if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
+  const bool grow = r->arena != nullptr;
+  if (grow) CKPT_RETURN_IF_ERROR(r->CheckGrowable(name, rank_no, slot_bytes));
+  shm::ArenaOptions ao;
+  // A grown arena is created beside the old one, which stays whole until
+  // the new one exists: a refusal (no room in /dev/shm) changes nothing.
+  ao.name = ArenaName(name, rank_no) + (grow ? ".grow" : "");
+  ao.job = name;
+  ao.rank = rank_no;
+  ao.world_size = job->rec.world_size();
+  ao.slot_bytes = slot_bytes;
+  ao.num_slots = job->rec.num_slots();
+  ao.user_uid = job->rec.uid();
+  // The first save takes slot 0 (PickSlot takes the first free
+  // slot): only its pages are faulted before Register answers.
+  ao.prefault_slots = 1;
+  r->creating = true;
+  lock.unlock();
+  (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
+  auto created = shm::Arena::Create(ao);
+  lock.lock();
+  // Nothing erases a job or a rank while one of its arenas is being created.
+  job = &jobs_.find(name)->second;
+  r = &job->ranks[rank_no];
+  absl::Status s = created.status();
+  if (s.ok() && grow) s = r->CheckGrowable(name, rank_no, slot_bytes);
+  std::shared_ptr<shm::Arena> arena;
+  if (s.ok()) {
+    arena = std::move(*created);
+    // The job's record describes the arena before it is installed: a
+    // record that cannot be written (a full disk) leaves the rank as it
+    // was. The record in memory changes with the edit (another rank's
+    // arena, created meanwhile, records this one's too) and comes back if
+    // the write fails; the rank stays `creating` until then, with mu_
+    // released during the write (and a grown arena's rename).
+    const bool had_old = job->rec.arena_slot_bytes().count(rank_no) > 0;
+    const uint64_t old_bytes =
+        had_old ? job->rec.arena_slot_bytes().at(rank_no) : 0;
+    const uint64_t old_slot_bytes = job->rec.slot_bytes();
+    (*job->rec.mutable_arena_slot_bytes())[rank_no] = arena->slot_bytes();
+    if (job->rec.slot_bytes() < arena->slot_bytes())
+      job->rec.set_slot_bytes(arena->slot_bytes());
+    CatalogEdit edit;
+    edit.PutJob(job->rec);
+    const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/true);
+    lock.unlock();
+    s = writer_->Wait(ticket);
+    if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
+    lock.lock();
+    job = &jobs_.find(name)->second;
+    r = &job->ranks[rank_no];
+    if (!s.ok()) {
+      if (had_old)
+        (*job->rec.mutable_arena_slot_bytes())[rank_no] = old_bytes;
+      else
+        job->rec.mutable_arena_slot_bytes()->erase(rank_no);
+      job->rec.set_slot_bytes(old_slot_bytes);
+      for (const auto& [n, bytes] : job->rec.arena_slot_bytes())
+        if (job->rec.slot_bytes() < bytes) job->rec.set_slot_bytes(bytes);
+      if (job->recorded) {
+        // Back to the old arena (the write may have landed; a later one of
+        // another rank may carry this one's entry).
+        CatalogEdit back;
+        back.PutJob(job->rec);
+        RecordLocked(std::move(back), /*sync=*/true);
+      }
+    }
+  }
+  r->creating = false;
+  arena_cv_.notify_all();
+  slot_cv_.notify_all();
+  if (!s.ok()) {
+    if (arena) (void)shm::Arena::Unlink(arena->name());
+    return s;
+  }
+  if (grow)
+    DropArenaLocked(*job, rank_no,
+                    /*unlink=*/false);  // the rename replaced its name
+  r->Install(arena);
+  prefaulter_->Add(arena, /*first_slot=*/1);
+  job->recorded = true;
+  return r;
+}
+
+void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                          absl::Status status) {
+  absl::Status reg = status;
+  if (!status.ok()) {
+    LogWarning(absl::StrCat("arena ", arena->name(),
+                            ": only slot 0 is usable: ", status.message()));
+  } else {
+    // Registering pins every page: only now, with the pages faulted in.
+    reg = backend_->RegisterMemory(
+        arena->slot_data(0),
+        uint64_t{arena->num_slots()} * arena->slot_bytes());
+    if (!reg.ok())
+      LogWarning("register arena memory: " + std::string(reg.message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, job] : jobs_)
+    for (auto& [r, rank] : job.ranks)
+      if (rank.arena == arena) {
+        rank.registered = reg.ok();
+        if (status.ok())
+          rank.ready_slots = arena->num_slots();
+        else
+          rank.reserve_error = status;
+        slot_cv_.notify_all();
+        return;
+      }
+  // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
+  if (reg.ok()) backend_->UnregisterMemory(arena->slot_data(0));
+}
+
+}  // namespace ckpt::daemon

@@ -23,13 +23,13 @@ double NsPerCall(long calls, Body&& body) {
 absl::StatusOr<ProgressCost> MeasureProgressCost(const std::string& dir,
                                                  long calls) {
   const std::string prefix = testing::UniqueShmPrefix();
-  auto daemon = testing::DaemonProcess::Start(dir + "/progress-root", dir,
-                                              prefix);
+  auto daemon =
+      testing::DaemonProcess::Start(dir + "/progress-root", dir, prefix);
   if (!daemon.ok()) return daemon.status();
   ProgressCost cost;
   {
-    auto client = Client::Connect(
-        testing::OptionsFor(**daemon, "progress-bench", 0, 1));
+    auto client =
+        Client::Connect(testing::OptionsFor(**daemon, "progress-bench", 0, 1));
     if (!client.ok()) return client.status();
     testing::HostState state = testing::MakeState(1 << 20, 2, 1);
     if (absl::Status s = (*client)->Save(1, state.tensors); !s.ok()) return s;
@@ -50,9 +50,8 @@ absl::StatusOr<ProgressCost> MeasureProgressCost(const std::string& dir,
     ckpt_client* cc = nullptr;
     if (ckpt_connect(&o, &cc) != CKPT_OK)
       return absl::InternalError(ckpt_last_error());
-    cost.c_api_ns = NsPerCall(calls, [&](long i) {
-      (void)ckpt_progress(cc, i, -1.0);
-    });
+    cost.c_api_ns =
+        NsPerCall(calls, [&](long i) { (void)ckpt_progress(cc, i, -1.0); });
     ckpt_close(cc);
     alignas(64) static std::atomic<long> word{0};
     cost.store_ns = NsPerCall(

@@ -44,7 +44,7 @@ class ProgressBeacon {
   void ProgressSlow(int64_t step, uint64_t compute_ns);
 
   std::atomic<shm::BeaconWriter*> writer_{nullptr};
-  std::mutex mu_;  // the fields below
+  std::mutex mu_;                                            // the fields below
   std::vector<std::unique_ptr<shm::BeaconWriter>> writers_;  // newest last
   dev_t dev_ = 0;
   ino_t ino_ = 0;

@@ -73,8 +73,8 @@ CoordinatorMetrics::CoordinatorMetrics()
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
-  for (auto reason :
-       {metric::kNodeDead, metric::kTrainerExit, metric::kPlanUnacknowledged})
+  for (auto reason : {metric::kNodeDead, metric::kTrainerExit,
+                      metric::kPlanUnacknowledged, metric::kHang})
     failures_.Add({{"reason", std::string(reason)}});
   plans_.Add({});
   recovery_seconds_.Add({}, kRecoveryBuckets);

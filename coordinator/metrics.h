@@ -49,6 +49,7 @@ namespace metric {
 inline constexpr std::string_view kNodeDead = "node_dead";
 inline constexpr std::string_view kTrainerExit = "trainer_exit";
 inline constexpr std::string_view kPlanUnacknowledged = "plan_unacknowledged";
+inline constexpr std::string_view kHang = "hang";
 }  // namespace metric
 
 class CoordinatorMetrics : public prometheus::Collectable {

@@ -111,8 +111,7 @@ bool BeaconView::IsCurrent() const {
 }
 
 std::optional<BeaconSnapshot> BeaconView::Read() const {
-  return ReadBeacon(
-      *reinterpret_cast<const BeaconPage*>(map_ + kBeaconOffset));
+  return ReadBeacon(*reinterpret_cast<const BeaconPage*>(map_ + kBeaconOffset));
 }
 
 std::optional<uint64_t> BeaconView::NewestSlotStep() const {
@@ -169,7 +168,8 @@ absl::StatusOr<std::unique_ptr<BeaconWriter>> BeaconWriter::Open(
 
 void BeaconWriter::ExpectPause(uint64_t pause_ms, std::string_view reason) {
   char buf[kPauseReasonWords * 8] = {};
-  std::memcpy(buf, reason.data(), std::min(reason.size(), kMaxPauseReasonBytes));
+  std::memcpy(buf, reason.data(),
+              std::min(reason.size(), kMaxPauseReasonBytes));
   const uint64_t s = page_->seq.load(std::memory_order_relaxed);
   page_->seq.store(s + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);

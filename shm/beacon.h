@@ -46,7 +46,7 @@ struct alignas(64) BeaconPage {
   std::atomic<uint64_t> pause_count;     // ExpectPause calls
   std::atomic<uint64_t> pause_ms;        // of the last ExpectPause
   std::atomic<uint64_t> pause_reason[kPauseReasonWords];  // NUL-padded
-  std::atomic<uint32_t> pid;             // the writer's pid (informational)
+  std::atomic<uint32_t> pid;  // the writer's pid (informational)
 };
 static_assert(sizeof(BeaconPage) <= 4096);
 static_assert(std::atomic<int64_t>::is_always_lock_free);

@@ -113,10 +113,9 @@ TEST_F(BeaconTest, ViewRefusesAnArenaOfAnotherJobOrRank) {
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(BeaconView::Open(name_, "job-b", 3).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(BeaconView::Open("/ckpt_beacon_test.none", "job-b", 2)
-                .status()
-                .code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      BeaconView::Open("/ckpt_beacon_test.none", "job-b", 2).status().code(),
+      absl::StatusCode::kNotFound);
 }
 
 }  // namespace

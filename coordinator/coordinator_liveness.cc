@@ -30,11 +30,10 @@ absl::Status Coordinator::ValidateProgress(const v1::HeartbeatRequest& req) {
     CKPT_RETURN_IF_ERROR(ValidatePrintable(
         p.pause_reason(), field + "pause_reason", kMaxPauseReasonBytes,
         /*allow_empty=*/true));
-    for (auto [name, v] :
-         {std::pair<const char*, uint64_t>{"ms_since_advance",
-                                           p.ms_since_advance()},
-          {"ms_since_pause", p.ms_since_pause()},
-          {"pause_ms", p.pause_ms()}})
+    for (auto [name, v] : {std::pair<const char*, uint64_t>{
+                               "ms_since_advance", p.ms_since_advance()},
+                           {"ms_since_pause", p.ms_since_pause()},
+                           {"pause_ms", p.pause_ms()}})
       if (v > kMaxReportMs)
         return absl::InvalidArgumentError(
             absl::StrCat(field, name, ": ", v, " ms is more than a year"));
@@ -104,10 +103,9 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
     h->set_first_step(v->first_step);
     h->set_pause_reason(v->pause_reason);
     h->set_generation(hung_generation);
-    h->set_stacks(absl::StrCat("ckptctl stacks --job ", name,
-                               " --generation ", hung_generation,
-                               " (captured on ", absl::StrJoin(nodes, ","),
-                               ")"));
+    h->set_stacks(absl::StrCat("ckptctl stacks --job ", name, " --generation ",
+                               hung_generation, " (captured on ",
+                               absl::StrJoin(nodes, ","), ")"));
     LogLocked(batch, std::move(e));
     options_.metrics->FailureDetected(metric::kHang);
     v1::StackRequest* sr = job.rec.mutable_stack_request();
@@ -171,7 +169,8 @@ absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
   // Only the newest kept_stack_generations hangs (this one counted).
   std::set<uint64_t> generations{req.generation()};
   for (const v1::StackReport& k : kept) generations.insert(k.generation());
-  while (generations.size() > std::max<size_t>(options_.kept_stack_generations, 1))
+  while (generations.size() >
+         std::max<size_t>(options_.kept_stack_generations, 1))
     generations.erase(generations.begin());
   for (const v1::StackReport& k : kept)
     if (!generations.count(k.generation()))

@@ -514,7 +514,9 @@ v1::JobView Coordinator::View(const std::string& job_name,
   auto mine = it->second.durable_ranks_by_node.find(node_id);
   if (mine != it->second.durable_ranks_by_node.end())
     *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};
-  for (const std::string& n : j.stack_request().nodes())
+  for (const std::string& n : j.has_stack_request()
+                                  ? j.stack_request().nodes()
+                                  : decltype(j.stack_request().nodes()){})
     if (n == node_id)
       v.set_capture_stacks_generation(j.stack_request().generation());
   if (j.rank_node_size() > 0) {

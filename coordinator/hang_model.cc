@@ -21,8 +21,7 @@ int64_t HangDeadlineMs(const HangPolicy& policy, const RankBeat* beat,
   const double timeout_s =
       first ? policy.first_step_s : HangTimeoutS(policy, *beat);
   const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
-  int64_t deadline =
-      (first ? start_ms : beat->advanced_ms) + timeout_ms;
+  int64_t deadline = (first ? start_ms : beat->advanced_ms) + timeout_ms;
   if (beat != nullptr && beat->has_pause)
     deadline = std::max(deadline, beat->pause_end_ms + timeout_ms);
   return deadline;
@@ -92,13 +91,13 @@ std::optional<HangVerdict> FindHang(const HangPolicy& policy,
   v.silent_s = static_cast<double>(now_ms - since) / 1000.0;
   if (b != nullptr && b->has_pause) v.pause_reason = b->pause_reason;
   const bool plural = v.stuck.size() > 1;
-  v.detail = absl::StrCat(
-      plural ? "ranks " : "rank ", RankRanges(v.stuck),
-      v.has_step ? absl::StrCat(" stopped at step ", v.step)
-                 : std::string(" never reported a step"),
-      v.first_step ? " (first step after the start)" : "", ", silent ",
-      absl::StrFormat("%.1f", v.silent_s), " s > timeout ",
-      absl::StrFormat("%.1f", v.timeout_s), " s");
+  v.detail =
+      absl::StrCat(plural ? "ranks " : "rank ", RankRanges(v.stuck),
+                   v.has_step ? absl::StrCat(" stopped at step ", v.step)
+                              : std::string(" never reported a step"),
+                   v.first_step ? " (first step after the start)" : "",
+                   ", silent ", absl::StrFormat("%.1f", v.silent_s),
+                   " s > timeout ", absl::StrFormat("%.1f", v.timeout_s), " s");
   if (!v.pause_reason.empty())
     absl::StrAppend(&v.detail, " (pause declared: ", v.pause_reason, ")");
   if (!others.empty()) {

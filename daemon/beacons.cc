@@ -14,8 +14,7 @@ uint64_t MsBetween(BeaconMonitor::Clock::time_point from,
                    BeaconMonitor::Clock::time_point to) {
   if (to <= from) return 0;
   return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(to - from)
-          .count());
+      std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count());
 }
 
 uint32_t Clamp32(double v) {
@@ -86,10 +85,10 @@ void BeaconMonitor::PollOnce(Clock::time_point now) {
   }
   for (auto& [key, view] : due) {
     if (view && view->IsCurrent()) continue;
-    auto opened = shm::BeaconView::Open(
-        absl::StrCat("/", options_.shm_prefix, ".", key.first, ".r",
-                     key.second),
-        key.first, key.second);
+    auto opened =
+        shm::BeaconView::Open(absl::StrCat("/", options_.shm_prefix, ".",
+                                           key.first, ".r", key.second),
+                              key.first, key.second);
     view = opened.ok() ? std::shared_ptr<shm::BeaconView>(std::move(*opened))
                        : nullptr;
   }
@@ -101,8 +100,7 @@ void BeaconMonitor::PollOnce(Clock::time_point now) {
   for (auto& [key, rank] : ranks_) PollRank(rank, now);
 }
 
-void BeaconMonitor::Advance(Rank& rank, Clock::time_point now,
-                            bool timed) {
+void BeaconMonitor::Advance(Rank& rank, Clock::time_point now, bool timed) {
   // The sample is the time between two advances the poll saw, however
   // many steps they span: what a hang deadline must cover (a trainer that
   // reports every tenth step, or only saves, advances that seldom).

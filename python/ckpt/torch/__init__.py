@@ -31,8 +31,12 @@ import os
 
 import torch
 
-from .. import _client, errors
+from .. import _client, _stacks, errors
 from . import _tensors, _tree
+
+# A hang's evidence: the Python stacks on SIGUSR2 when ckptrun asks
+# ($CKPT_STACKS_FILE, see ckpt/_stacks.py).
+_stacks.register()
 
 __all__ = ["Checkpointer", "SaveHandle", "storable_dtypes"]
 

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "tests/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
 namespace {
@@ -60,8 +61,8 @@ TEST_F(ClusterTest, StoppedTrainerIsNamedHungItsStacksKeptAndTheJobResumes) {
   EXPECT_GE(hang->hang().timeout_s(), 3.0);
   // For the record (not asserted: timing on a shared machine).
   std::printf("hang_detect_s=%.2f hang_timeout_s=%.2f (%s)\n",
-              (hang->time_ms() - stopped_ms) / 1000.0,
-              hang->hang().timeout_s(), hang->detail().c_str());
+              (hang->time_ms() - stopped_ms) / 1000.0, hang->hang().timeout_s(),
+              hang->detail().c_str());
 
   ExpectLaunchersSucceed({"a", "b"});
   for (const auto& e : cluster_->Events())  // shown with a failure
@@ -97,6 +98,26 @@ TEST_F(ClusterTest, StoppedTrainerIsNamedHungItsStacksKeptAndTheJobResumes) {
     }
   }
   EXPECT_TRUE(found) << "no stacks of rank 1";
+
+  // What a script reads: the event's fields and the stacks through ckptctl.
+  const std::string ctl = std::string(CKPTCTL_BINARY) +
+                          " --coordinator 127.0.0.1:" +
+                          std::to_string(cluster_->coordinator_port()) + " ";
+  CommandResult events = RunCommand(ctl + "events --job job --json");
+  ASSERT_EQ(events.exit_code, 0) << events.out;
+  EXPECT_NE(events.out.find(R"("kind":"HANG_DETECTED")"), std::string::npos)
+      << events.out;
+  EXPECT_NE(events.out.find(R"("rank":1,"ranks":[1],"step":)"),
+            std::string::npos)
+      << events.out;
+  EXPECT_NE(events.out.find(R"("stacks":"ckptctl stacks --job job)"),
+            std::string::npos)
+      << events.out;
+  CommandResult stacks = RunCommand(ctl + "stacks --job job");
+  ASSERT_EQ(stacks.exit_code, 0) << stacks.out;
+  EXPECT_NE(stacks.out.find("node a rank 1 (pid " + std::to_string(victim)),
+            std::string::npos)
+      << stacks.out;
 }
 
 }  // namespace

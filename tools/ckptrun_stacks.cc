@@ -32,8 +32,8 @@ std::string Launcher::PythonStacksFile(uint32_t rank) {
   std::string path = absl::StrCat(stacks_dir_, "/rank-", rank, ".pystacks");
   // Write-only for others: a trainer of another uid appends its dump,
   // nobody else reads it.
-  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW,
-                  0622);
+  int fd =
+      ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0622);
   if (fd < 0) return "";
   ::fchmod(fd, 0622);
   ::close(fd);
@@ -64,8 +64,8 @@ void Launcher::CaptureStacks(uint64_t generation) {
   req.set_generation(generation);
   for (const CapturedStacks& c : captured) {
     Log(absl::StrCat("generation ", generation, ": rank ", c.rank, " (pid ",
-                     c.pid, "): ", c.text.size(), " bytes of stacks (",
-                     c.tool, ")"));
+                     c.pid, "): ", c.text.size(), " bytes of stacks (", c.tool,
+                     ")"));
     cv1::RankStacks* r = req.add_ranks();
     r->set_rank(c.rank);
     r->set_pid(static_cast<uint32_t>(c.pid));
@@ -90,8 +90,8 @@ void Launcher::CaptureStacks(uint64_t generation) {
   }
   // Kept in the log at least: nobody else will have them.
   for (const CapturedStacks& c : captured)
-    Log(absl::StrCat("generation ", generation, ": rank ", c.rank,
-                     " stacks:\n", c.text));
+    Log(absl::StrCat("generation ", generation, ": rank ", c.rank, " stacks:\n",
+                     c.text));
 }
 
 }  // namespace ckpt::tools

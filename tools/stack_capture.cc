@@ -34,8 +34,9 @@ std::string ReadFile(const std::string& path) {
 // The first executable `name` in $PATH, or "".
 std::string FindTool(const std::string& name) {
   const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(
-           path ? path : "/usr/local/bin:/usr/bin:/bin", ':', absl::SkipEmpty())) {
+  for (absl::string_view dir :
+       absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':',
+                      absl::SkipEmpty())) {
     std::string candidate = absl::StrCat(dir, "/", name);
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
@@ -47,7 +48,8 @@ std::string FindTool(const std::string& name) {
 std::string Run(const std::vector<std::string>& argv,
                 std::chrono::milliseconds timeout, size_t max_bytes) {
   std::vector<char*> c_argv;
-  for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
@@ -179,8 +181,8 @@ CapturedStacks CaptureStacks(uint32_t rank, pid_t pgid,
       std::string dump = ReadFile(options.py_file);
       if (!dump.empty()) {
         python = true;
-        absl::StrAppend(&out.text, "== Python stacks (faulthandler) ==\n",
-                        dump, "\n");
+        absl::StrAppend(&out.text, "== Python stacks (faulthandler) ==\n", dump,
+                        "\n");
       }
     }
   }
@@ -198,10 +200,10 @@ CapturedStacks CaptureStacks(uint32_t rank, pid_t pgid,
       out.text += "(no eu-stack or gdb in $PATH: no native stacks)\n";
   }
   if (out.text.size() > options.max_bytes) out.text.resize(options.max_bytes);
-  out.tool = absl::StrCat(python ? "faulthandler+" : "",
-                          !eu_stack.empty() ? "eu-stack"
-                          : !gdb.empty()    ? "gdb"
-                                            : "none");
+  out.tool =
+      absl::StrCat(python ? "faulthandler+" : "", !eu_stack.empty() ? "eu-stack"
+                                                  : !gdb.empty()    ? "gdb"
+                                                                    : "none");
   return out;
 }
 

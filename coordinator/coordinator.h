@@ -241,6 +241,11 @@ class Coordinator {
       int64_t start_ms = 0;
       std::map<uint32_t, RankBeat> beats;
       std::set<uint32_t> finished;
+      // Stragglers: the next window's end, consecutive slow windows per
+      // rank, and the ranks named.
+      int64_t next_window_ms = 0;
+      std::map<uint32_t, int> slow_windows;
+      std::set<uint32_t> stragglers;
     } watch;
   };
   using Batch = CoordStore::Batch;
@@ -327,6 +332,10 @@ class Coordinator {
   // the stuck ranks' nodes for stacks and plans a restart.
   void DetectHangsLocked(Batch* batch, int64_t now);
   static constexpr int64_t kHangScanMs = 100;
+  // A window of the straggler check: slow ranks counted, named at
+  // straggler_windows in a row (event STRAGGLER, metric).
+  void CheckStragglersLocked(Batch* batch, JobState& job,
+                             const std::vector<uint32_t>& ranks, int64_t now);
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

@@ -59,6 +59,8 @@ void Coordinator::NoteProgressLocked(const v1::HeartbeatRequest& req,
     b.pause_end_ms = now - static_cast<int64_t>(p.ms_since_pause()) +
                      static_cast<int64_t>(p.pause_ms());
     b.pause_reason = p.pause_reason();
+    b.compute_ms = p.compute_ms();
+    b.p50_ms = p.step_ms_p50();
   }
 }
 
@@ -78,6 +80,8 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
       w.generation = job.rec.generation() + 1;
       w.start_ms = now;
       w.finished.clear();
+      w.slow_windows.clear();  // a new generation is judged afresh
+      w.next_window_ms = now;
     }
     std::vector<uint32_t> ranks;
     for (uint32_t r = 0; r < job.rec.world_size(); ++r)
@@ -85,7 +89,10 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
     if (ranks.empty()) continue;
     std::optional<HangVerdict> v =
         FindHang(options_.hang, ranks, w.beats, w.start_ms, now);
-    if (!v) continue;
+    if (!v) {
+      CheckStragglersLocked(batch, job, ranks, now);
+      continue;
+    }
     const uint64_t hung_generation = job.rec.generation();
     std::set<std::string> nodes;
     for (uint32_t r : v->stuck) nodes.insert(job.rec.rank_node(r));
@@ -116,6 +123,49 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
     // after their grace: a stopped process ignores SIGTERM).
     MakePlanLocked(batch, job, absl::StrCat("hang: ", v->detail));
     w.generation = 0;
+  }
+}
+
+void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
+                                        const std::vector<uint32_t>& ranks,
+                                        int64_t now) {
+  JobState::HangWatch& w = job.watch;
+  if (now < w.next_window_ms) return;
+  w.next_window_ms =
+      now + static_cast<int64_t>(options_.hang.straggler_window_s * 1000);
+  uint32_t median = 0;
+  std::vector<uint32_t> slow =
+      SlowRanks(options_.hang, ranks, w.beats, &median);
+  const std::string& name = job.rec.job();
+  for (uint32_t r : ranks) {
+    const bool is_slow = std::find(slow.begin(), slow.end(), r) != slow.end();
+    int& n = w.slow_windows[r];
+    n = is_slow ? n + 1 : 0;
+    const std::string& node = job.rec.rank_node(r);
+    if (!is_slow && w.stragglers.erase(r)) {
+      options_.metrics->SetStraggler(name, node, r, false);
+      continue;
+    }
+    if (n != options_.hang.straggler_windows) continue;
+    const RankBeat& b = w.beats.at(r);
+    w.stragglers.insert(r);
+    options_.metrics->SetStraggler(name, node, r, true);
+    v1::Event e;
+    e.set_kind(v1::STRAGGLER);
+    e.set_job(name);
+    e.set_node_id(node);
+    const bool compute = b.compute_ms > 0;
+    e.set_detail(absl::StrCat("rank ", r, " ", compute ? "compute" : "step",
+                              " time ", StragglerTimeMs(b), " ms > ",
+                              options_.hang.straggler_factor, " x the median ",
+                              median, " ms for ", n, " windows"));
+    v1::Straggler* s = e.mutable_straggler();
+    s->set_rank(r);
+    s->set_time_ms(StragglerTimeMs(b));
+    s->set_median_ms(median);
+    s->set_windows(static_cast<uint32_t>(n));
+    s->set_compute(compute);
+    LogLocked(batch, std::move(e));
   }
 }
 

@@ -27,6 +27,29 @@ int64_t HangDeadlineMs(const HangPolicy& policy, const RankBeat* beat,
   return deadline;
 }
 
+std::vector<uint32_t> SlowRanks(const HangPolicy& policy,
+                                const std::vector<uint32_t>& ranks,
+                                const std::map<uint32_t, RankBeat>& beats,
+                                uint32_t* median_ms) {
+  std::vector<std::pair<uint32_t, uint32_t>> known;  // (time, rank)
+  for (uint32_t r : ranks) {
+    auto it = beats.find(r);
+    if (it != beats.end() && StragglerTimeMs(it->second) > 0)
+      known.emplace_back(StragglerTimeMs(it->second), r);
+  }
+  *median_ms = 0;
+  if (known.size() < 2) return {};
+  std::vector<uint32_t> times;
+  for (const auto& [t, r] : known) times.push_back(t);
+  std::sort(times.begin(), times.end());
+  // The lower median: with two ranks, the faster one is the reference.
+  *median_ms = times[(times.size() - 1) / 2];
+  std::vector<uint32_t> slow;
+  for (const auto& [t, r] : known)
+    if (t > policy.straggler_factor * *median_ms) slow.push_back(r);
+  return slow;
+}
+
 std::string RankRanges(const std::vector<uint32_t>& ranks) {
   std::vector<uint32_t> r = ranks;
   std::sort(r.begin(), r.end());

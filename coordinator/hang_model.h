@@ -30,6 +30,12 @@ struct HangPolicy {
   double min_s = 120;         // --hang-timeout-min-s
   double factor = 10;         // --hang-factor
   double first_step_s = 900;  // --first-step-timeout-s
+  // Stragglers: a rank whose compute time (its step time where none is
+  // reported) is above straggler_factor x the job's median in
+  // straggler_windows consecutive windows of straggler_window_s.
+  double straggler_factor = 1.5;  // --straggler-factor
+  int straggler_windows = 3;      // --straggler-windows
+  double straggler_window_s = 10;
 };
 
 // One rank as the coordinator last heard of it (coordinator clock, ms).
@@ -41,7 +47,22 @@ struct RankBeat {
   bool has_pause = false;   // declared since advanced_ms
   int64_t pause_end_ms = 0;
   std::string pause_reason;
+  uint32_t compute_ms = 0;  // the last step's own compute; 0: not reported
+  uint32_t p50_ms = 0;      // median time between advances
 };
+
+// The time a straggler is judged on: the compute time, else the median
+// step time; 0 when neither is known.
+inline uint32_t StragglerTimeMs(const RankBeat& b) {
+  return b.compute_ms > 0 ? b.compute_ms : b.p50_ms;
+}
+
+// The ranks (of `ranks`, with a known time) whose time is above
+// factor x the median of those times; empty with fewer than two known.
+std::vector<uint32_t> SlowRanks(const HangPolicy& policy,
+                                const std::vector<uint32_t>& ranks,
+                                const std::map<uint32_t, RankBeat>& beats,
+                                uint32_t* median_ms);
 
 struct HangVerdict {
   std::vector<uint32_t> stuck;

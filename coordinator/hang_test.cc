@@ -4,6 +4,9 @@
 // and a plan that restarts every rank.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "coordinator/coordinator_testing.h"
 
 namespace ckpt::coordinator {
@@ -16,6 +19,7 @@ struct Beat {
   uint32_t p99_ms = 1000;
   uint64_t pause_ms = 0;  // > 0: a pause declared ms_since_pause ago
   uint64_t ms_since_pause = 0;
+  uint32_t compute_ms = 0;
 };
 
 class HangTest : public TwoNodeTest {
@@ -39,6 +43,7 @@ class HangTest : public TwoNodeTest {
       p->set_ms_since_advance(b.ms_since_advance);
       p->set_step_ms_p99(b.p99_ms);
       p->set_step_samples(100);
+      p->set_compute_ms(b.compute_ms);
       if (b.pause_ms > 0) {
         p->set_has_pause(true);
         p->set_pause_ms(b.pause_ms);
@@ -103,6 +108,12 @@ TEST_F(HangTest, TheRankBehindIsNamedNotTheRanksWaitingForIt) {
   EXPECT_EQ(hangs[0].node_id(), "n2");
   EXPECT_NE(h.stacks().find("ckptctl stacks --job job"), std::string::npos);
   // Every rank restarts (a new generation), and only n2 captures stacks.
+  // A heartbeat does not wait for its batch, and views show durable
+  // state only: wait for the group commit (bounded, not timed).
+  for (int i = 0;
+       i < 1000 && !coord_->View("job", "n2").has_capture_stacks_generation();
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   v1::JobRecord j = Job();
   EXPECT_EQ(j.generation(), generation + 1);
   EXPECT_EQ(j.plan_state(), v1::PLAN_ORDERED);
@@ -161,6 +172,41 @@ TEST_F(HangTest, ReportsOfRanksTheNodeDoesNotHostAreIgnored) {
   // n1 claims rank 2 is stuck for 61 s: it is n2's.
   ASSERT_TRUE(Beats("n1", {{0, 4, 0}, {1, 4, 0}, {2, 1, 61'000}}).ok());
   ASSERT_TRUE(Beats("n2", {{2, 4, 0}, {3, 4, 0}}).ok());
+  EXPECT_TRUE(Hangs().empty());
+}
+
+TEST_F(HangTest, ASlowRankIsNamedAStragglerAfterThreeWindowsAndNoOtherRank) {
+  auto beat = [&](uint64_t step) {
+    // Rank 3 computes 3x longer than the others; all advance.
+    ASSERT_TRUE(Beats("n1", {{0, step, 0, 1000, 0, 0, 100},
+                             {1, step, 0, 1000, 0, 0, 110}})
+                    .ok());
+    ASSERT_TRUE(Beats("n2", {{2, step, 0, 1000, 0, 0, 105},
+                             {3, step, 0, 1000, 0, 0, 300}})
+                    .ok());
+  };
+  auto stragglers = [&] {
+    std::vector<v1::Event> out;
+    v1::EventsResponse events = coord_->Events({});
+    for (const auto& e : events.events())
+      if (e.kind() == v1::STRAGGLER) out.push_back(e);
+    return out;
+  };
+  beat(1);  // the watch starts (a window judged before n2 reported)
+  for (uint64_t step = 2; step <= 4; ++step) {
+    EXPECT_TRUE(stragglers().empty()) << "window " << step - 1;
+    now_ms_ += 10'000;
+    beat(step);
+  }
+  auto named = stragglers();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].straggler().rank(), 3u);
+  EXPECT_EQ(named[0].node_id(), "n2");
+  EXPECT_EQ(named[0].straggler().median_ms(), 105u);
+  EXPECT_TRUE(named[0].straggler().compute());
+  now_ms_ += 10'000;
+  beat(5);
+  EXPECT_EQ(stragglers().size(), 1u);  // named once, not every window
   EXPECT_TRUE(Hangs().empty());
 }
 

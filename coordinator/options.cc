@@ -102,6 +102,14 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "(re)start: process start, collective init, restore "
                  "(default 900)")
       ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--straggler-factor", hang.straggler_factor,
+                 "stragglers: a rank whose compute (else step) time is above "
+                 "this many times the job's median (default 1.5)")
+      ->check(CLI::Range(1.01, 1000.0));
+  app.add_option("--straggler-windows", hang.straggler_windows,
+                 "stragglers: ... in this many consecutive 10 s windows "
+                 "(default 3)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, hang_timeout_min_s, "

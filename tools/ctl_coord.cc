@@ -54,6 +54,17 @@ void WriteEvents(JsonWriter& w,
         w.Null();
       w.Field("next_copy", f.next_copy()).EndObject();
     }
+    if (e.kind() == cv1::STRAGGLER) {
+      const cv1::Straggler& st = e.straggler();
+      w.Field("rank", st.rank())
+          .Key("straggler")
+          .BeginObject()
+          .Field("time_ms", st.time_ms())
+          .Field("median_ms", st.median_ms())
+          .Field("windows", st.windows())
+          .Field("compute", st.compute())
+          .EndObject();
+    }
     if (e.kind() == cv1::HANG_DETECTED) {
       // rank: the first rank named stuck; ranks: every one (issue 18).
       const cv1::Hang& h = e.hang();

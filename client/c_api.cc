@@ -265,6 +265,26 @@ ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
   });
 }
 
+ckpt_status ckpt_progress(ckpt_client* client, int64_t step, double compute_s) {
+  return Guarded("ckpt_progress", [&] {
+    if (client == nullptr) return NullArgument("ckpt_progress", "client");
+    if (compute_s < 0)
+      client->client->Progress(step);
+    else
+      client->client->Progress(step, compute_s);
+    return Report(absl::OkStatus());
+  });
+}
+
+ckpt_status ckpt_expect_pause(ckpt_client* client, double seconds,
+                              const char* reason) {
+  return Guarded("ckpt_expect_pause", [&] {
+    if (client == nullptr) return NullArgument("ckpt_expect_pause", "client");
+    client->client->ExpectPause(seconds, reason == nullptr ? "" : reason);
+    return Report(absl::OkStatus());
+  });
+}
+
 ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out) {
   return Guarded("ckpt_last_save_stats", [&] {
     if (out == nullptr) return NullArgument("ckpt_last_save_stats", "out");

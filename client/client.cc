@@ -108,6 +108,27 @@ absl::Status Client::WaitDurable(int64_t step,
 
 SaveStats Client::last_save_stats() const { return impl_->last_save_stats(); }
 
+namespace {
+// Non-negative finite seconds as whole units of `per_s`; 0 for anything
+// else (a NaN, a negative time), and capped at `max`.
+uint64_t SecondsTo(double seconds, double per_s, uint64_t max) {
+  if (!(seconds > 0)) return 0;
+  double units = seconds * per_s;
+  return units >= static_cast<double>(max) ? max : static_cast<uint64_t>(units);
+}
+}  // namespace
+
+void Client::Progress(int64_t step) { impl_->beacon().Progress(step, 0); }
+
+void Client::Progress(int64_t step, double compute_s) {
+  impl_->beacon().Progress(step, SecondsTo(compute_s, 1e9, UINT64_MAX / 2));
+}
+
+void Client::ExpectPause(double seconds, std::string_view reason) {
+  impl_->beacon().ExpectPause(SecondsTo(seconds, 1e3, shm::kMaxPauseMs),
+                              std::string(reason));
+}
+
 // ---- Client::Impl: lifetime and arenas ----
 
 namespace client {
@@ -226,6 +247,7 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::ArenaLocked(
   if (!known || !mapped->IsCurrent())
     return absl::AbortedError(absl::StrCat(
         "arena ", name, ": replaced by the daemon while attaching; retry"));
+  beacon_.Attach(name, mapped->dev, mapped->ino);
   if (devices_->HasDevice()) {
     const shm::Arena& a = *mapped->arena;
     absl::Status s =

@@ -30,6 +30,7 @@
 #include "client/daemon_stub.h"
 #include "client/device_copier.h"
 #include "client/file_restore.h"
+#include "client/progress_beacon.h"
 #include "shm/arena.h"
 #include "storage/shard_format.h"
 
@@ -86,6 +87,7 @@ class Client::Impl {
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
                                          std::chrono::milliseconds timeout);
   SaveStats last_save_stats() const;
+  client::ProgressBeacon& beacon() { return beacon_; }
 
  private:
   struct SaveJob {
@@ -132,6 +134,7 @@ class Client::Impl {
   const std::unique_ptr<client::DeviceCopier> devices_;
   std::unique_ptr<client::FileRestorer> file_restorer_;  // source FILE
 
+  client::ProgressBeacon beacon_;
   std::mutex arena_mu_;
   std::shared_ptr<client::MappedArena> save_arena_;
   std::shared_ptr<client::MappedArena> restore_arena_;

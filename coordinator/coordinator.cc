@@ -85,6 +85,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   {
     // Liveness first, without the state mutex: a heartbeat counts even if
     // reports or a plan hold the state for a while.
@@ -137,6 +138,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     auto j = jobs_.find(job);
     if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
   }
+  NoteProgressLocked(req, options_.now_ms());
+  DetectHangsLocked(&batch, options_.now_ms());
   v1::HeartbeatResponse resp;
   resp.set_incarnation(incarnation_.load());
   auto mine = orders_by_node_.find(req.node_id());
@@ -261,6 +264,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
   if (req.exit_code() == 0 && req.term_signal() == 0) {
     LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(),
               absl::StrCat("rank ", req.rank(), " ", how));
+    (*job)->watch.finished.insert(req.rank());  // no longer watched
   } else {
     LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(),
               absl::StrCat("trainer of rank ", req.rank(), " ", how));

@@ -73,6 +73,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
 #include "coordinator/group_commit.h"
+#include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
@@ -105,6 +106,11 @@ struct CoordinatorOptions {
   // Whether this process still leads (HA); checked right before a global
   // manifest is written. Null: always.
   std::function<bool()> leading;
+  // Hang detection's timeout model (hang_model.h).
+  HangPolicy hang;
+  // Hang-detection evidence (stacks) kept per job: the newest this many
+  // hangs.
+  size_t kept_stack_generations = 8;
   // Milliseconds on a monotonic clock; tests pass a fake one.
   std::function<int64_t()> now_ms;
   // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
@@ -167,6 +173,16 @@ class Coordinator {
   // manifest.
   [[nodiscard]] absl::StatusOr<v1::RollbackResponse> Rollback(
       const v1::RollbackRequest& req);
+  // A launcher's capture of its trainers' stacks after a hang (node_id
+  // known, job registered, generation not newer than the job's; each
+  // text at most kMaxStackBytes): kept under the job and generation (the
+  // newest kept_stack_generations), event STACKS_CAPTURED.
+  [[nodiscard]] absl::StatusOr<v1::ReportStacksResponse> ReportStacks(
+      const v1::ReportStacksRequest& req);
+  static constexpr size_t kMaxStackBytes = 256 << 10;
+  // The stacks kept for a job's hang (the newest without a generation).
+  [[nodiscard]] absl::StatusOr<v1::GetStacksResponse> GetStacks(
+      const v1::GetStacksRequest& req);
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
@@ -220,6 +236,20 @@ class Coordinator {
     // so that they never wait for a disk write.
     v1::JobRecord durable_rec;
     std::map<std::string, std::vector<uint32_t>> durable_ranks_by_node;
+    // Hang detection (soft): the generation watched (0: none, a plan is
+    // under way), when it started, the ranks' last reports, and the ranks
+    // that finished in it (not watched).
+    struct HangWatch {
+      uint64_t generation = 0;
+      int64_t start_ms = 0;
+      std::map<uint32_t, RankBeat> beats;
+      std::set<uint32_t> finished;
+      // Stragglers: the next window's end, consecutive slow windows per
+      // rank, and the ranks named.
+      int64_t next_window_ms = 0;
+      std::map<uint32_t, int> slow_windows;
+      std::set<uint32_t> stragglers;
+    } watch;
   };
   using Batch = CoordStore::Batch;
   using Lock = std::unique_lock<std::mutex>;
@@ -294,6 +324,22 @@ class Coordinator {
   uint32_t HostedRanksLocked(const std::string& node_id) const;
   void QueueOrderLocked(Batch* batch, v1::Order order);
 
+  // coordinator_liveness.cc: progress reports and hang detection.
+  // Checks a heartbeat's progress reports (before any state is touched).
+  [[nodiscard]] static absl::Status ValidateProgress(
+      const v1::HeartbeatRequest& req);
+  // Records the reports of ranks `node_id` hosts (others are skipped: a
+  // plan moved them).
+  void NoteProgressLocked(const v1::HeartbeatRequest& req, int64_t now);
+  // At most every kHangScanMs: finds hung jobs, logs HANG_DETECTED, asks
+  // the stuck ranks' nodes for stacks and plans a restart.
+  void DetectHangsLocked(Batch* batch, int64_t now);
+  static constexpr int64_t kHangScanMs = 100;
+  // A window of the straggler check: slow ranks counted, named at
+  // straggler_windows in a row (event STRAGGLER, metric).
+  void CheckStragglersLocked(Batch* batch, JobState& job,
+                             const std::vector<uint32_t>& ranks, int64_t now);
+
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);
   // Marks the node dead and drops its pending orders; plans are the
@@ -358,6 +404,7 @@ class Coordinator {
   v1::Counters counters_;
   uint64_t next_epoch_ = 1;
   uint64_t next_event_seq_ = 1;
+  int64_t last_hang_scan_ms_ = INT64_MIN;
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;

@@ -509,6 +509,10 @@ v1::JobView Coordinator::View(const std::string& job_name,
   auto mine = it->second.durable_ranks_by_node.find(node_id);
   if (mine != it->second.durable_ranks_by_node.end())
     *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};
+  if (j.has_stack_request())
+    for (const std::string& n : j.stack_request().nodes())
+      if (n == node_id)
+        v.set_capture_stacks_generation(j.stack_request().generation());
   if (j.rank_node_size() > 0) {
     auto r0 = nodes_.find(j.rank_node(0));
     if (r0 != nodes_.end()) v.set_rank0_address(r0->second.rec.address());

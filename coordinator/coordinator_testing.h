@@ -33,7 +33,8 @@ class CoordinatorTest : public ::testing::Test {
     CoordinatorOptions o;
     o.state_dir = dir_.path() + "/state";
     o.shared_root = dir_.path() + "/shared";
-    o.heartbeat_timeout = std::chrono::milliseconds(3000);
+    o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
+    o.hang = hang_;
     o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
     auto c = Coordinator::Open(o);
@@ -115,6 +116,8 @@ class CoordinatorTest : public ::testing::Test {
 
   ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;
+  int64_t heartbeat_timeout_ms_ = 3000;
+  HangPolicy hang_;
   std::unique_ptr<Coordinator> coord_;
 };
 

@@ -69,12 +69,18 @@ CoordinatorMetrics::CoordinatorMetrics()
                      .Help("Restores that fell back because a copy of a shard "
                            "failed verification, "
                            "by job and failed copy (memory, file, object)")
-                     .Register(*registry_)) {
+                     .Register(*registry_)),
+      stragglers_(prometheus::BuildGauge()
+                      .Name("ckpt_coordinator_straggler")
+                      .Help("1 while a rank is a straggler: its compute (or "
+                            "step) time above --straggler-factor x the "
+                            "job's median for --straggler-windows windows")
+                      .Register(*registry_)) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
-  for (auto reason :
-       {metric::kNodeDead, metric::kTrainerExit, metric::kPlanUnacknowledged})
+  for (auto reason : {metric::kNodeDead, metric::kTrainerExit,
+                      metric::kPlanUnacknowledged, metric::kHang})
     failures_.Add({{"reason", std::string(reason)}});
   plans_.Add({});
   recovery_seconds_.Add({}, kRecoveryBuckets);
@@ -114,6 +120,14 @@ void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
 void CoordinatorMetrics::RestoreFellBack(const std::string& job,
                                          const std::string& copy) {
   fallbacks_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
+}
+
+void CoordinatorMetrics::SetStraggler(const std::string& job,
+                                      const std::string& node, uint32_t rank,
+                                      bool straggler) {
+  stragglers_
+      .Add({{"ckpt_job", job}, {"node", node}, {"rank", std::to_string(rank)}})
+      .Set(straggler ? 1 : 0);
 }
 
 void CoordinatorMetrics::FailureDetected(std::string_view reason) {

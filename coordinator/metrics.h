@@ -49,6 +49,7 @@ namespace metric {
 inline constexpr std::string_view kNodeDead = "node_dead";
 inline constexpr std::string_view kTrainerExit = "trainer_exit";
 inline constexpr std::string_view kPlanUnacknowledged = "plan_unacknowledged";
+inline constexpr std::string_view kHang = "hang";
 }  // namespace metric
 
 class CoordinatorMetrics : public prometheus::Collectable {
@@ -74,6 +75,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // A rank of `job` restored from another copy or step: `copy` ("memory",
   // "file", "object") failed verification.
   void RestoreFellBack(const std::string& job, const std::string& copy);
+  // Whether rank `rank` of `job` on `node` is a straggler now.
+  void SetStraggler(const std::string& job, const std::string& node,
+                    uint32_t rank, bool straggler);
 
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);
@@ -90,6 +94,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& steps_trimmed_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
+  prometheus::Family<prometheus::Gauge>& stragglers_;
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int64_t>

@@ -87,9 +87,33 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "one whose per-rank reports are "
                  "kept in memory; the oldest are dropped past it (default 64, "
                  "1 to 65536)");
+  HangPolicy& hang = o.coordinator.hang;
+  app.add_option("--hang-timeout-min-s", hang.min_s,
+                 "hang detection: the shortest time without progress that is "
+                 "a hang (default 120)")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--hang-factor", hang.factor,
+                 "hang detection: a rank is hung after this many times its "
+                 "p99 step time without progress, if longer than "
+                 "--hang-timeout-min-s (default 10)")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--first-step-timeout-s", hang.first_step_s,
+                 "hang detection: the allowance of the first step after a "
+                 "(re)start: process start, collective init, restore "
+                 "(default 900)")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--straggler-factor", hang.straggler_factor,
+                 "stragglers: a rank whose compute (else step) time is above "
+                 "this many times the job's median (default 1.5)")
+      ->check(CLI::Range(1.01, 1000.0));
+  app.add_option("--straggler-windows", hang.straggler_windows,
+                 "stragglers: ... in this many consecutive 10 s windows "
+                 "(default 3)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
-                 "max_soft_steps, shared_root, "
+                 "max_soft_steps, shared_root, hang_timeout_min_s, "
+                 "hang_factor, first_step_timeout_s (integers), "
                  "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
                  "admin_identities, advertise_addr, "
                  "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
@@ -131,6 +155,20 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
       s = FromToml(*parsed, "max_soft_steps", &max_soft_steps);
       if (s.ok())
         s = ValidateMaxSoftSteps(max_soft_steps, "config: max_soft_steps");
+    }
+    for (auto [flag, key, out, max] :
+         {std::tuple<const char*, const char*, double*, int64_t>{
+              "--hang-timeout-min-s", "hang_timeout_min_s", &hang.min_s, 86400},
+          {"--hang-factor", "hang_factor", &hang.factor, 1000},
+          {"--first-step-timeout-s", "first_step_timeout_s", &hang.first_step_s,
+           86400}}) {
+      int64_t v = 0;
+      if (!s.ok() || app.count(flag) || !parsed->contains(key)) continue;
+      s = FromToml(*parsed, key, &v);
+      if (s.ok() && (v < 1 || v > max))
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "config: ", key, ": not an integer in [1, ", max, "]"));
+      if (s.ok()) *out = static_cast<double>(v);
     }
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);

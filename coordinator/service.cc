@@ -49,6 +49,8 @@ class Service final : public rpc::RpcService {
     AddUnary("Events", this, &Service::Events);
     AddUnary("ReportShards", this, &Service::ReportShards);
     AddUnary("ReportFallback", this, &Service::ReportFallback);
+    AddUnary("ReportStacks", this, &Service::ReportStacks);
+    AddUnary("GetStacks", this, &Service::GetStacks);
   }
 
   grpc::Status RegisterNode(grpc::ServerContext*,
@@ -89,6 +91,17 @@ class Service final : public rpc::RpcService {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportFallback(*req), resp);
+  }
+  grpc::Status ReportStacks(grpc::ServerContext*,
+                            const v1::ReportStacksRequest* req,
+                            v1::ReportStacksResponse* resp) {
+    Admission a(this);
+    if (!a.ok()) return a.Refusal();
+    return Answer(c_->ReportStacks(*req), resp);
+  }
+  grpc::Status GetStacks(grpc::ServerContext*, const v1::GetStacksRequest* req,
+                         v1::GetStacksResponse* resp) {
+    return Answer(c_->GetStacks(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*,
                                  const v1::ReportTrainerExitRequest* req,

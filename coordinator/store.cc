@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "coordinator/rocks_kv.h"
+#include "util/status.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -22,6 +23,11 @@ std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
 }
 std::string OrderKey(uint64_t id) { return "O/" + Num20(id); }
 std::string EventKey(uint64_t seq) { return "E/" + Num20(seq); }
+std::string StacksPrefix(const std::string& job) { return "K/" + job + "/"; }
+std::string StacksKey(const std::string& job, uint64_t generation,
+                      const std::string& node) {
+  return StacksPrefix(job) + Num20(generation) + "/" + node;
+}
 
 template <typename Record>
 absl::Status ScanPrefix(KvBackend* kv, const std::string& prefix,
@@ -78,6 +84,15 @@ void CoordStore::Batch::PutEvent(const v1::Event& e) {
 void CoordStore::Batch::DeleteEvent(uint64_t seq) {
   ops_.push_back(Delete(EventKey(seq)));
 }
+void CoordStore::Batch::PutStacks(const v1::StackReport& r) {
+  ops_.push_back(Put(StacksKey(r.job(), r.generation(), r.node_id()),
+                     r.SerializeAsString()));
+}
+void CoordStore::Batch::DeleteStacks(const std::string& job,
+                                     uint64_t generation,
+                                     const std::string& node) {
+  ops_.push_back(Delete(StacksKey(job, generation, node)));
+}
 void CoordStore::Batch::PutCounters(const v1::Counters& c) {
   ops_.push_back(Put("C", c.SerializeAsString()));
 }
@@ -90,6 +105,13 @@ absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(
 }
 
 CoordStore::~CoordStore() = default;
+
+absl::StatusOr<std::vector<v1::StackReport>> CoordStore::LoadStacks(
+    const std::string& job) {
+  std::vector<v1::StackReport> out;
+  CKPT_RETURN_IF_ERROR(ScanPrefix(kv_.get(), StacksPrefix(job), &out));
+  return out;
+}
 
 absl::StatusOr<CoordStore::Snapshot> CoordStore::Load() {
   Snapshot snap;

@@ -7,6 +7,8 @@
 //   "O/<order id:20>"          Order (pending, not yet acknowledged)
 //   "E/<seq:20>"               Event
 //   "C"                        Counters
+//   "K/<job>/<gen:20>/<node>"  StackReport (a hang's evidence; not part of
+//                              the Snapshot, read by LoadStacks)
 // Every change of one coordinator operation goes into one Batch, committed
 // atomically and durably by the backend, so a coordinator killed at any
 // point restarts with either all or none of an operation's effects. Shard
@@ -55,6 +57,9 @@ class CoordStore {
     void PutEvent(const v1::Event& e);
     void DeleteEvent(uint64_t seq);
     void PutCounters(const v1::Counters& c);
+    void PutStacks(const v1::StackReport& r);
+    void DeleteStacks(const std::string& job, uint64_t generation,
+                      const std::string& node);
     bool empty() const;
 
    private:
@@ -71,6 +76,9 @@ class CoordStore {
 
   // Every record; DataLoss naming the key if one does not parse.
   [[nodiscard]] absl::StatusOr<Snapshot> Load();
+  // Every StackReport kept for `job`, in (generation, node) order.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::StackReport>> LoadStacks(
+      const std::string& job);
   // Applies the batch atomically, durable on return.
   [[nodiscard]] absl::Status Commit(Batch* batch);
   // Applies the batches in order, each atomically, with one sync for all

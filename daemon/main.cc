@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<NodeAgent> agent;
   if (opts->cluster) {
+    opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons
     agent = std::make_unique<NodeAgent>(opts->agent);
     opts->engine.on_shard = [a = agent.get()](const ShardReport& r) {
       a->Report(r);

@@ -104,6 +104,12 @@ void NodeAgent::ReapOrders() {
 
 void NodeAgent::Start(Engine* engine) {
   engine_ = engine;
+  if (!options_.shm_prefix.empty()) {
+    BeaconMonitorOptions bo;
+    bo.shm_prefix = options_.shm_prefix;
+    beacons_ = std::make_unique<BeaconMonitor>(bo);
+    beacons_->Start();
+  }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   reporter_ = std::thread([this] { ReportLoop(); });
   applier_ = std::thread([this] { ApplyLoop(); });
@@ -266,6 +272,9 @@ void NodeAgent::HeartbeatLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       *req.mutable_acked_order_ids() = {acked_.begin(), acked_.end()};
     }
+    if (beacons_)
+      for (auto& p : beacons_->Snapshot(BeaconMonitor::Clock::now()))
+        *req.add_progress() = std::move(p);
     cv1::HeartbeatResponse resp;
     grpc::Status s =
         rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
@@ -317,6 +326,12 @@ void NodeAgent::HeartbeatLoop() {
           cv_.notify_all();
         }
       }
+    }
+    if (beacons_) {
+      std::map<std::string, std::vector<uint32_t>> hosted;
+      for (const cv1::Assignment& a : resp.assignments())
+        hosted[a.job()].assign(a.ranks().begin(), a.ranks().end());
+      beacons_->SetHosted(hosted);
     }
     for (const cv1::Order& o : resp.orders()) {
       std::unique_lock<std::mutex> lock(mu_);

@@ -53,6 +53,7 @@
 
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
+#include "daemon/beacons.h"
 #include "daemon/engine.h"
 
 namespace ckpt::daemon {
@@ -80,6 +81,9 @@ struct NodeAgentOptions {
   std::chrono::milliseconds fallback_ttl{std::chrono::minutes(5)};
   // At most this many fallback reports wait; the oldest is dropped past it.
   size_t max_queued_fallbacks = 256;
+  // The engine's arena prefix: the hosted ranks' progress beacons are read
+  // there and reported with each heartbeat (beacons.h). Empty: none.
+  std::string shm_prefix;
 };
 
 class NodeAgent {
@@ -195,6 +199,7 @@ class NodeAgent {
   // (an arena being created): the heartbeat thread must never wait on it.
   std::map<std::string, Hosting> hosting_;
   bool hosting_changed_ = false;
+  std::unique_ptr<BeaconMonitor> beacons_;  // with shm_prefix only
   std::thread applier_;
   std::thread heartbeat_;
   std::thread reporter_;

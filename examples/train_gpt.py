@@ -284,8 +284,13 @@ def main(argv=None):
         x, y = data.batch()
         x, y = x.to(device), y.to(device)
         opt.zero_grad(set_to_none=True)
+        compute_start = time.monotonic()
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
         loss.backward()
+        if ck is not None:
+            # The hang beacon, after this rank's own work and before it waits
+            # for the others: a stuck rank stays behind the ones waiting.
+            ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
         allreduce_mean_grads(torch, dist, model, world)
         if pending is not None:
             pending.wait_copied()  # the saved tensors may change from here on

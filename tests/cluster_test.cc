@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "tests/cluster_fixture.h"
 #include "tests/cluster_harness.h"
 #include "tests/harness.h"
 
@@ -22,75 +23,6 @@ namespace {
 namespace cv1 = ::ckpt::coord::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-class ClusterTest : public ::testing::Test {
- protected:
-  ClusterOptions Options(uint32_t world_size) {
-    ClusterOptions o;
-    o.dir = dir_.path();
-    o.world_size = world_size;
-    return o;
-  }
-  void TearDown() override {
-    if ((HasFailure() || std::getenv("CKPT_TEST_LOGS")) && cluster_)
-      std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
-  }
-
-  uint64_t LastSaved(uint32_t rank) const {
-    uint64_t step = 0;
-    for (const auto& l : cluster_->TrainerLog(rank))
-      if (l.kind == "saved") step = std::stoull(l.fields.at("step"));
-    return step;
-  }
-  uint64_t LastGood() const {
-    auto job = cluster_->Job();
-    return job && job->has_last_good() ? job->last_good_step() : 0;
-  }
-  void WaitForProgress(uint64_t last_good) {
-    ASSERT_TRUE(Cluster::WaitUntil([&] { return LastGood() >= last_good; },
-                                   seconds(60)))
-        << "last good step never reached " << last_good;
-  }
-  void ExpectLaunchersSucceed(const std::vector<std::string>& nodes) {
-    for (const auto& id : nodes) {
-      auto st = cluster_->WaitLauncher(id, seconds(120));
-      ASSERT_TRUE(st.has_value())
-          << "ckptrun of node " << id << " still running";
-      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
-          << "ckptrun of node " << id << " wait status " << *st;
-    }
-  }
-  // Every rank restored exactly once after the failure, all at one step,
-  // never saw a wrong byte, and finished. Returns that step.
-  uint64_t ExpectAllResumedAtOneStep() {
-    std::set<uint64_t> steps;
-    for (uint32_t r = 0; r < cluster_->options().world_size; ++r) {
-      auto log = cluster_->TrainerLog(r);
-      std::optional<uint64_t> restored;
-      bool done = false;
-      for (const auto& l : log) {
-        EXPECT_NE(l.kind, "mismatch") << "rank " << r;
-        EXPECT_NE(l.kind, "restore_failed") << "rank " << r;
-        if (l.kind == "restored") restored = std::stoull(l.fields.at("step"));
-        if (l.kind == "done") done = true;
-      }
-      EXPECT_TRUE(restored.has_value()) << "rank " << r << " never restored";
-      EXPECT_TRUE(done) << "rank " << r << " did not finish";
-      if (restored) steps.insert(*restored);
-    }
-    EXPECT_EQ(steps.size(), 1u) << "ranks resumed at different steps";
-    return steps.empty() ? 0 : *steps.begin();
-  }
-  std::string DaemonLog(const std::string& id) const {
-    std::ifstream in(dir_.path() + "/node-" + id + "/ckptd.log");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  TempDir dir_;
-  std::unique_ptr<Cluster> cluster_;
-};
 
 TEST_F(ClusterTest,
        KilledTrainerIsRestartedAndEveryRankResumesFromSharedMemory) {

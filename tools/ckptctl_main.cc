@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   std::string coordinator;
   app.add_option(
       "--coordinator", coordinator,
-      "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events; "
+      "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events, "
+      "stacks; "
       "replicas: the leader is followed)");
   ckpt::coordinator::TlsFiles tls;
   app.add_option("--tls-cert", tls.cert,
@@ -153,8 +154,16 @@ int main(int argc, char** argv) {
   events->add_option("--after", after_seq,
                      "only events with a sequence number above this");
 
+  std::optional<uint64_t> generation;
+  std::string stacks_job;
+  CLI::App* stacks = app.add_subcommand(
+      "stacks", "the stacks captured when a job hung (HANG_DETECTED)");
+  stacks->add_option("--job", stacks_job, "job name")->required();
+  stacks->add_option("--generation", generation,
+                     "the generation that hung (default: the newest hang)");
+
   for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp,
-                        cluster, rollback, events})
+                        cluster, rollback, events, stacks})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp})
     cmd->add_flag("--progress", progress,
@@ -170,7 +179,7 @@ int main(int argc, char** argv) {
   sel.rank = sel_rank;
   ckpt::tools::Progress::Force(progress);
 
-  for (CLI::App* cmd : {cluster, rollback, events}) {
+  for (CLI::App* cmd : {cluster, rollback, events, stacks}) {
     if (!cmd->parsed()) continue;
     absl::Status s =
         coordinator.empty()
@@ -193,6 +202,9 @@ int main(int argc, char** argv) {
   if (events->parsed())
     return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job,
                                                    after_seq, json));
+  if (stacks->parsed())
+    return Finish("stacks", ckpt::tools::RunStacks(coordinator, tls, stacks_job,
+                                                   generation, json));
   if (list->parsed() && !list_root.empty())
     return Finish("list", ckpt::tools::RunListRoot(list_root, job, json));
   if (list->parsed())

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -75,6 +76,10 @@ Launcher::~Launcher() {
     if (watch_ctx_) watch_ctx_->TryCancel();
   }
   if (watcher_.joinable()) watcher_.join();
+  if (!stacks_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(stacks_dir_, ec);
+  }
 }
 
 // The stream follows the leader: when it ends UNAVAILABLE (a replica down,
@@ -327,6 +332,11 @@ void Launcher::Reconcile(const cv1::JobView& job) {
   std::set<uint32_t> desired;
   if (job.node_health() == cv1::ALIVE)
     desired.insert(job.ranks().begin(), job.ranks().end());
+  if (generation_ && *generation_ != job.generation() &&
+      job.has_capture_stacks_generation() &&
+      job.capture_stacks_generation() == *generation_ &&
+      !trainers_.RunningRanks().empty())
+    CaptureStacks(*generation_);  // a hang: the evidence before the kill
   if (generation_ && *generation_ != job.generation())
     StopTrainers(
         absl::StrCat("generation ", *generation_, " -> ", job.generation()));
@@ -380,6 +390,8 @@ void Launcher::StartTrainers(const cv1::JobView& job,
     env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
     env.push_back(absl::StrCat("CKPT_GENERATION=", job.generation()));
     if (step) env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *step));
+    if (std::string f = PythonStacksFile(ranks[local]); !f.empty())
+      env.push_back(absl::StrCat("CKPT_STACKS_FILE=", f));
     absl::Status s =
         trainers_.Start(ranks[local], opts_.program, opts_.command, env);
     // A rank that cannot even be forked counts as a failed trainer.

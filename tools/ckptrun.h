@@ -98,6 +98,15 @@ class Launcher {
   void StartTrainers(const coord::v1::JobView& view,
                      const std::vector<uint32_t>& ranks);
   void StopTrainers(const std::string& why);
+  // ckptrun_stacks.cc: a hang was detected in `generation` (the view's
+  // capture_stacks_generation): captures the stacks of every running
+  // trainer (stack_capture.h) and sends them to the coordinator
+  // (ReportStacks), before they are stopped.
+  void CaptureStacks(uint64_t generation);
+  // Where rank `rank`'s trainer writes its Python stacks
+  // ($CKPT_STACKS_FILE), created writable for the trainer; "" if the
+  // directory could not be made.
+  std::string PythonStacksFile(uint32_t rank);
   void FlushReports();
   void SetReachable(bool reachable, const absl::Status& why);
   void Log(const std::string& line) const;
@@ -123,6 +132,7 @@ class Launcher {
   uint64_t epoch_ = 0;             // this node's epoch, last seen
   bool reachable_ = true;
   std::string waiting_for_;  // last "waiting" line logged, to log it once
+  std::string stacks_dir_;   // made on first use, removed by the destructor
 };
 
 }  // namespace ckpt::tools

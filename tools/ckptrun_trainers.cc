@@ -163,6 +163,10 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);  // ckptrun died before PDEATHSIG was set
+    // Yama (ptrace_scope 1) lets only ancestors trace: ckptrun and its
+    // children (the stack tools of a hang, stack_capture.h) may trace this
+    // trainer. EINVAL without Yama; nothing to do then.
+    prctl(PR_SET_PTRACER, parent, 0, 0, 0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -63,6 +63,8 @@ class TrainerSet {
   // after `grace`; returns once all are reaped.
   void StopAll(std::chrono::milliseconds grace);
   std::vector<uint32_t> RunningRanks() const;
+  // rank -> pid (= process group id) of each running trainer.
+  std::map<uint32_t, pid_t> Running() const { return running_; }
   // The guardian's pid (0 before the first Start, or if it could not be
   // started: trainers then rely on PDEATHSIG alone).
   pid_t guardian() const { return guardian_; }

@@ -54,6 +54,14 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                      const std::string& job, uint64_t after_seq,
                                      bool json);
 
+// The stacks a hang's launchers captured (of `generation`, or the newest
+// hang's): every trainer of the stuck ranks' nodes.
+[[nodiscard]] absl::Status RunStacks(const std::string& coordinator,
+                                     const coordinator::TlsFiles& tls,
+                                     const std::string& job,
+                                     std::optional<uint64_t> generation,
+                                     bool json);
+
 // ---- offline (shard files) ----
 
 // Names one shard: either a file path, or (root, job, step, rank[, node]).

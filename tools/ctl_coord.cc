@@ -1,4 +1,5 @@
-// cluster, rollback and events: the subcommands that ask the coordinator.
+// cluster, rollback, events and stacks: the subcommands that ask the
+// coordinator.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,39 @@ void WriteEvents(JsonWriter& w,
       else
         w.Null();
       w.Field("next_copy", f.next_copy()).EndObject();
+    }
+    if (e.kind() == cv1::STRAGGLER) {
+      const cv1::Straggler& st = e.straggler();
+      w.Field("rank", st.rank())
+          .Key("straggler")
+          .BeginObject()
+          .Field("time_ms", st.time_ms())
+          .Field("median_ms", st.median_ms())
+          .Field("windows", st.windows())
+          .Field("compute", st.compute())
+          .EndObject();
+    }
+    if (e.kind() == cv1::HANG_DETECTED) {
+      // rank: the first rank named stuck; ranks: every one (issue 18).
+      const cv1::Hang& h = e.hang();
+      w.Key("rank");
+      if (h.ranks_size() > 0)
+        w.Uint(h.ranks(0));
+      else
+        w.Null();
+      w.Key("ranks").BeginArray();
+      for (uint32_t r : h.ranks()) w.Uint(r);
+      w.EndArray().Key("step");
+      if (h.has_step())
+        w.Uint(h.step());
+      else
+        w.Null();
+      w.Field("timeout_s", h.timeout_s())
+          .Field("silent_s", h.silent_s())
+          .Field("first_step", h.first_step())
+          .Field("pause_reason", h.pause_reason())
+          .Field("generation", static_cast<uint64_t>(h.generation()))
+          .Field("stacks", h.stacks());
     }
     w.EndObject();
   }
@@ -253,6 +287,67 @@ absl::Status RunEvents(const std::string& coordinator,
   } else {
     PrintEvents(resp.events());
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunStacks(const std::string& coordinator,
+                       const coordinator::TlsFiles& tls, const std::string& job,
+                       std::optional<uint64_t> generation, bool json) {
+  absl::Status s = CheckCoordinator(coordinator);
+  if (s.ok()) s = ValidateJobName(job, "--job");
+  if (!s.ok()) return s;
+  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
+  if (!client.ok()) return client.status();
+  cv1::GetStacksRequest req;
+  req.set_job(job);
+  if (generation) {
+    req.set_has_generation(true);
+    req.set_generation(*generation);
+  }
+  cv1::GetStacksResponse resp;
+  s = coordinator::CoordStatus(
+      (*client)->Call(&cv1::Coordinator::Stub::GetStacks, req, &resp,
+                      kRpcTimeout),
+      "GetStacks", (*client)->current());
+  if (!s.ok()) return s;
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Field("job", job).Key("generations").BeginArray();
+    for (uint64_t g : resp.generations()) w.Uint(g);
+    w.EndArray().Key("reports").BeginArray();
+    for (const cv1::StackReport& r : resp.reports()) {
+      w.BeginObject()
+          .Field("node_id", r.node_id())
+          .Field("generation", static_cast<uint64_t>(r.generation()))
+          .Field("time_ms", static_cast<int64_t>(r.time_ms()))
+          .Key("ranks")
+          .BeginArray();
+      for (const cv1::RankStacks& k : r.ranks())
+        w.BeginObject()
+            .Field("rank", k.rank())
+            .Field("pid", k.pid())
+            .Field("tool", k.tool())
+            .Field("text", k.text())
+            .EndObject();
+      w.EndArray().EndObject();
+    }
+    w.EndArray().EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return absl::OkStatus();
+  }
+  if (resp.reports_size() == 0) {
+    std::printf("no stacks kept for job %s\n", job.c_str());
+    return absl::OkStatus();
+  }
+  for (const cv1::StackReport& r : resp.reports())
+    for (const cv1::RankStacks& k : r.ranks())
+      std::printf(
+          "=== job %s generation %llu node %s rank %u (pid %u, %s) ===\n%s\n",
+          job.c_str(), static_cast<unsigned long long>(r.generation()),
+          r.node_id().c_str(), k.rank(), k.pid(), k.tool().c_str(),
+          k.text().c_str());
+  std::printf("generations with stacks kept: %s\n",
+              absl::StrJoin(resp.generations(), ",").c_str());
   return absl::OkStatus();
 }
 

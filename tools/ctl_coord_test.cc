@@ -129,6 +129,54 @@ TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
       << r.out;
 }
 
+TEST_F(CtlCoordTest, StacksShowWhatALauncherCapturedAndRefuseOtherGenerations) {
+  testing::FakeNode node(coord_->address(), "n1", "10.0.0.7:50051", 2);
+  ASSERT_TRUE(node.status().ok()) << node.status().error_message();
+  ASSERT_TRUE(RegisterTrain(2).ok());
+  CommandResult none = Ctl(Flag() + " stacks --job train");
+  ASSERT_EQ(none.exit_code, 0) << none.out;
+  EXPECT_NE(none.out.find("no stacks kept for job train"), std::string::npos);
+  {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::ReportStacksRequest req;
+    req.set_node_id("n1");
+    req.set_job("train");
+    req.set_generation(0);
+    auto* r = req.add_ranks();
+    r->set_rank(1);
+    r->set_pid(4242);
+    r->set_tool("gdb");
+    r->set_text("#0  0x1 in pause ()\n");
+    testing::cv1::ReportStacksResponse resp;
+    grpc::Status s = stub->ReportStacks(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  CommandResult text = Ctl(Flag() + " stacks --job train");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("generation 0 node n1 rank 1 (pid 4242, gdb)"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("#0  0x1 in pause ()"), std::string::npos);
+  CommandResult json =
+      Ctl(Flag() + " stacks --job train --generation 0 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  EXPECT_NE(
+      json.out.find(
+          R"("rank":1,"pid":4242,"tool":"gdb","text":"#0  0x1 in pause ()\n")"),
+      std::string::npos)
+      << json.out;
+  CommandResult events = Ctl(Flag() + " events --job train --json");
+  EXPECT_NE(events.out.find(R"("kind":"STACKS_CAPTURED")"), std::string::npos)
+      << events.out;
+  CommandResult other =
+      Ctl(Flag() + " stacks --job train --generation 3", /*with_stderr=*/true);
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.out.find("generation: 3 of job train has no stacks kept"),
+            std::string::npos)
+      << other.out;
+}
+
 TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
   testing::FakeNode node(coord_->address(), "n1", "", 1);
   ASSERT_TRUE(node.status().ok());

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "shm/beacon.h"
 #include "tests/harness.h"
 #include "worker/worker_process.h"
 
@@ -74,6 +75,33 @@ class DataParallelTest : public ::testing::Test {
   std::string prefix_ = ckpt::testing::UniqueShmPrefix();
   std::unique_ptr<DaemonProcess> daemon_;
 };
+
+TEST_F(DataParallelTest, AHungRankStaysBehindTheRankWaitingForItsAllreduce) {
+  // Rank 1 blocks forever in step 5, before its compute; rank 0 finishes
+  // its compute of step 5 and waits for rank 1 in the allreduce until the
+  // collective timeout. Their beacons tell them apart: the hung rank is
+  // the one behind (what the coordinator's model names).
+  std::vector<std::string> flags = {
+      "--steps",      "20",  "--ckpt-every",           "1",
+      "--fault-hang", "5:1", "--collective-timeout-s", "3"};
+  int port = FreePort();
+  auto r1 = WorkerProcess::Start(flags, RankEnv(1, 2, port, "hang"));
+  auto r0 = WorkerProcess::Start(flags, RankEnv(0, 2, port, "hang"));
+  WorkerRun waiter = r0->Wait();
+  EXPECT_FALSE(waiter.exited_ok()) << waiter.output;  // its allreduce failed
+  auto step_of = [&](int rank) -> int64_t {
+    auto view = shm::BeaconView::Open(
+        "/" + prefix_ + ".hang.r" + std::to_string(rank), "hang", rank);
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return -1;
+    auto snap = (*view)->Read();
+    EXPECT_TRUE(snap.has_value()) << "rank " << rank << ": no beacon";
+    return snap ? snap->step : -1;
+  };
+  EXPECT_EQ(step_of(0), 5);  // computed step 5, waited for rank 1
+  EXPECT_EQ(step_of(1), 4);  // stuck inside step 5
+  r1.reset();                // SIGKILL: it would block forever
+}
 
 TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {
   std::vector<WorkerRun> r =

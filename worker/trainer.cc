@@ -1,7 +1,11 @@
 #include "worker/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -218,6 +222,14 @@ absl::Status Trainer::CheckRanksAgree(const char* when) {
   return absl::OkStatus();
 }
 
+void Trainer::HangForever(int64_t step) {
+  std::fprintf(stderr,
+               "ckpt-worker rank=%d: --fault-hang: blocking forever in "
+               "step %lld\n",
+               options_.rank, static_cast<long long>(step));
+  for (;;) ::pause();
+}
+
 absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
   last_step = std::min(last_step, options_.steps);
   // The global batch; this rank trains on its contiguous slice of rows.
@@ -232,7 +244,18 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
     std::vector<int32_t> global = MakeBatch(data, s, /*rank=*/0);
     std::span<const int32_t> tokens(global.data() + options_.rank * rows * row,
                                     rows * row);
+    if (s == options_.fault_hang_step &&
+        options_.rank == options_.fault_hang_rank)
+      HangForever(s);
+    const auto compute_start = std::chrono::steady_clock::now();
     CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    // The beacon after this rank's own work, before it waits for the
+    // others: a rank stuck in its compute stays behind the ranks waiting
+    // for it in the allreduce, and is the one named.
+    if (client_ != nullptr)
+      client_->Progress(s, std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - compute_start)
+                               .count());
     CKPT_RETURN_IF_ERROR(ReduceGradients(loss));
     // The last save reads the master weights the step is about to rewrite.
     CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/false));

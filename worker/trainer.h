@@ -44,6 +44,11 @@ struct TrainerOptions {
   int cpu_threads = 1;
   int rank = 0;
   int world_size = 1;  // model.batch is the global batch: a multiple of it
+  // Fault injection (--fault-hang STEP:RANK): rank fault_hang_rank blocks
+  // forever inside step fault_hang_step, before its compute, while the
+  // other ranks wait for it in the allreduce. -1: never.
+  int64_t fault_hang_step = -1;
+  int fault_hang_rank = -1;
 };
 
 // InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
@@ -79,6 +84,7 @@ class Trainer {
   [[nodiscard]] absl::StatusOr<uint64_t> ParamsDigest() const;
 
  private:
+  [[noreturn]] void HangForever(int64_t step);
   Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
           std::unique_ptr<DataParallel> comm, MlpModel model);
   [[nodiscard]] absl::Status Initialize();

@@ -23,6 +23,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "util/status.h"
 #include "worker/data_parallel.h"
 #include "worker/trainer.h"
@@ -135,8 +136,24 @@ int main(int argc, char** argv) {
   app.add_option(
       "--collective-timeout-s", collective_timeout_s,
       "how long a gradient allreduce waits for a peer before failing");
+  std::string fault_hang;
+  app.add_option("--fault-hang", fault_hang,
+                 "STEP:RANK: rank RANK blocks forever in step STEP while the "
+                 "others wait for it in the allreduce (hang detection tests)");
   CLI11_PARSE(app, argc, argv);
   o.steps = steps;
+  if (!fault_hang.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(fault_hang, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &o.fault_hang_step) ||
+        !absl::SimpleAtoi(parts[1], &o.fault_hang_rank) ||
+        o.fault_hang_step < 1 || o.fault_hang_rank < 0) {
+      std::fprintf(stderr,
+                   "ckpt-worker: --fault-hang: \"%.40s\" is not STEP:RANK "
+                   "(STEP >= 1, RANK >= 0)\n",
+                   fault_hang.c_str());
+      return 2;
+    }
+  }
   DataParallelOptions dp;
   dp.connect_timeout =
       std::chrono::milliseconds(std::llround(connect_timeout_s * 1000));

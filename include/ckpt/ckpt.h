@@ -150,6 +150,14 @@ ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count);
 ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
                               int64_t timeout_ms);
+/* Progress beacon (ckpt::Client::Progress): call once per training step.
+ * A store into shared memory, no system call. compute_s: this rank's own
+ * compute seconds of the step; negative: not reported. */
+ckpt_status ckpt_progress(ckpt_client* client, int64_t step, double compute_s);
+/* The next `seconds` may show no progress (ckpt::Client::ExpectPause);
+ * reason may be NULL. */
+ckpt_status ckpt_expect_pause(ckpt_client* client, double seconds,
+                              const char* reason);
 /* The stats of the client's last finished save (all zero before one). */
 ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out);
 

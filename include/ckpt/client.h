@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -133,6 +134,21 @@ class Client {
       std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
   SaveStats last_save_stats() const;
+
+  // Progress beacon (hang and straggler detection): call once per training
+  // step, after the rank's own work of the step. A store into shared
+  // memory, no system call or RPC (tens of nanoseconds). `compute_s`: the
+  // seconds this rank spent in its own compute this step (excluding waits
+  // for other ranks), so that a straggler can be told from the ranks that
+  // wait for it. Before the rank's arena exists (its first save or
+  // restore) the value waits in the process. A save counts as progress
+  // too. Call from one thread at a time.
+  void Progress(int64_t step);
+  void Progress(int64_t step, double compute_s);
+  // The next `seconds` may show no progress (evaluation, a long save): the
+  // hang deadline of the current step is extended once, and `reason` is
+  // kept with a hang event. Same thread rules as Progress.
+  void ExpectPause(double seconds, std::string_view reason);
 
   class Impl;
 

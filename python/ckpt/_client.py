@@ -228,6 +228,15 @@ class Client:
                                                 timeout_ms),
                    "wait_durable step %d" % step)
 
+    def progress(self, step, compute_s):
+        _lib.check(_lib.lib().ckpt_progress(self._live(), step, compute_s),
+                   "progress step %d" % step)
+
+    def expect_pause(self, seconds, reason):
+        _lib.check(_lib.lib().ckpt_expect_pause(self._live(), seconds,
+                                                reason.encode("utf-8")),
+                   "expect_pause")
+
     def last_save_stats(self):
         stats = _lib.CSaveStats()
         _lib.check(_lib.lib().ckpt_last_save_stats(self._live(),

@@ -106,6 +106,8 @@ def _declare(lib):
         "ckpt_restore": (c_int, [p, c_int64, p, c_size_t]),
         "ckpt_wait_durable": (c_int, [p, c_int64, c_int64]),
         "ckpt_last_save_stats": (c_int, [p, ctypes.POINTER(CSaveStats)]),
+        "ckpt_progress": (c_int, [p, c_int64, ctypes.c_double]),
+        "ckpt_expect_pause": (c_int, [p, ctypes.c_double, ctypes.c_char_p]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

@@ -31,8 +31,12 @@ import os
 
 import torch
 
-from .. import _client, errors
+from .. import _client, _stacks, errors
 from . import _tensors, _tree
+
+# A hang's evidence: the Python stacks on SIGUSR2 when ckptrun asks
+# ($CKPT_STACKS_FILE, see ckpt/_stacks.py).
+_stacks.register()
 
 __all__ = ["Checkpointer", "SaveHandle", "storable_dtypes"]
 
@@ -171,6 +175,38 @@ class Checkpointer:
                 "timeout: %.40r is not a number of seconds in [0, 2^32 ms)"
                 % (timeout,))
         self._client.wait_durable(step, int(timeout * 1000))
+
+    def progress(self, step, compute_s=None):
+        """Progress beacon: call once per training step (after this rank's
+        own work of it). A store into shared memory, no system call.
+        compute_s: the seconds this rank spent in its own compute (forward,
+        backward; not waits for other ranks), so that a straggler can be
+        told from the ranks that wait for it."""
+        _check_step(step)
+        if compute_s is None:
+            compute_s = -1.0
+        elif isinstance(compute_s, bool) or \
+                not isinstance(compute_s, (int, float)) or \
+                not 0 <= compute_s < 3600:
+            raise errors.InvalidArgument(
+                "compute_s: %.40r is not a number of seconds in [0, 3600)"
+                % (compute_s,))
+        self._client.progress(step, float(compute_s))
+
+    def expect_pause(self, seconds, reason):
+        """The next `seconds` may show no progress (evaluation, a long
+        save): the hang deadline of the current step is extended once, and
+        `reason` is kept with a hang event."""
+        if isinstance(seconds, bool) or \
+                not isinstance(seconds, (int, float)) or \
+                not 0 <= seconds <= 86400:
+            raise errors.InvalidArgument(
+                "seconds: %.40r is not a number of seconds in [0, 86400]"
+                % (seconds,))
+        if not isinstance(reason, str):
+            raise errors.InvalidArgument(
+                "reason: %.40r is not a str" % (reason,))
+        self._client.expect_pause(float(seconds), reason)
 
     def last_save_stats(self):
         """What the last save took: wait_slot_s, copy_s, rpc_s, total_s,

@@ -7,6 +7,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#include "util/rocks.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -30,11 +31,9 @@ std::string IntentKey(uint64_t id) {
   return buf;
 }
 
-absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  if (s.IsNotFound())
-    return absl::NotFoundError("catalog: " + what + ": not found");
-  return absl::InternalError("catalog: " + what + ": " + s.ToString());
+// The catalog's errors: "catalog: <what>: ..." (util/rocks.h).
+absl::Status FromRocks(const rocksdb::Status& s, std::string_view what) {
+  return ckpt::FromRocks(s, "catalog", what);
 }
 
 template <typename Record>
@@ -59,14 +58,9 @@ absl::StatusOr<std::vector<Record>> ScanPrefix(rocksdb::DB* db,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
-  rocksdb::Options options;
-  options.create_if_missing = true;
-  options.max_background_jobs = 1;
-  options.keep_log_file_num = 2;
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
-  if (!s.ok()) return FromRocks(s, "open " + dir);
-  std::unique_ptr<Catalog> catalog(new Catalog(db));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<rocksdb::DB> db,
+                        OpenRocksDb(dir, "catalog"));
+  std::unique_ptr<Catalog> catalog(new Catalog(db.release()));
   auto intents = catalog->DeleteIntents();
   if (!intents.ok()) return intents.status();
   if (!intents->empty()) catalog->next_intent_ = intents->back().first + 1;

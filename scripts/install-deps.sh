@@ -7,6 +7,8 @@ pkgs=(build-essential cmake ninja-build pkg-config clang-format
       libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev
       # POSIX ACLs on arena segments (shm/segment_access.cc)
       libacl1-dev
+      # a hung trainer's native stacks (eu-stack; ckptrun falls back to gdb)
+      elfutils
       # Python package and its tests (Debian's python3 + torch 1.13)
       python3 python3-cffi python3-torch python3-yaml
       # object tier (libcurl SigV4) and its interop tests

@@ -10,6 +10,7 @@
 #include "coordinator/client/channel.h"
 #include "tools/ckptrun.h"
 #include "tools/stack_capture.h"
+#include "util/retry.h"
 
 namespace ckpt::tools {
 namespace {
@@ -86,7 +87,7 @@ void Launcher::CaptureStacks(uint64_t generation) {
     }
     Log(absl::StrCat("generation ", generation, ": stacks not sent (try ",
                      attempt, "): ", s.message()));
-    if (!coordinator::IsUnreachable(s)) break;
+    if (!IsUnreachable(s)) break;
   }
   // Kept in the log at least: nobody else will have them.
   for (const CapturedStacks& c : captured)

@@ -113,6 +113,9 @@ struct CoordinatorOptions {
   std::function<std::unique_ptr<storage::Backend>(
       std::unique_ptr<storage::Backend>)>
       wrap_shared_root;
+  // A node whose memcpy or CUDA bandwidth is below this fraction of the
+  // cluster's median is unhealthy (health_state.h).
+  double health_min_ratio = 0.5;
 };
 
 class Coordinator {
@@ -293,6 +296,14 @@ class Coordinator {
                                              uint32_t rank);
   uint32_t HostedRanksLocked(const std::string& node_id) const;
   void QueueOrderLocked(Batch* batch, v1::Order order);
+
+  // coordinator_health.cc: judges every alive node's health report
+  // against the cluster's medians; a node that turns unhealthy gets event
+  // HEALTH_FAILED. Unhealthy nodes are given no ranks.
+  void JudgeHealthLocked(Batch* batch);
+  // "; spare X is unhealthy (check: reason)" per such spare: why a plan
+  // found no host.
+  std::string UnhealthySparesLocked() const;
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

@@ -87,6 +87,10 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "one whose per-rank reports are "
                  "kept in memory; the oldest are dropped past it (default 64, "
                  "1 to 65536)");
+  app.add_option("--health-min-ratio", o.coordinator.health_min_ratio,
+                 "a node whose memcpy or CUDA bandwidth is below this "
+                 "fraction of the cluster's median is unhealthy (0: never)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, "

@@ -153,8 +153,13 @@ int main(int argc, char** argv) {
   events->add_option("--after", after_seq,
                      "only events with a sequence number above this");
 
+  std::string health_node;
+  CLI::App* health = app.add_subcommand(
+      "health", "each node's latest health check and verdict");
+  health->add_option("--node", health_node, "only this node");
+
   for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp,
-                        cluster, rollback, events})
+                        cluster, rollback, events, health})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp})
     cmd->add_flag("--progress", progress,
@@ -170,7 +175,7 @@ int main(int argc, char** argv) {
   sel.rank = sel_rank;
   ckpt::tools::Progress::Force(progress);
 
-  for (CLI::App* cmd : {cluster, rollback, events}) {
+  for (CLI::App* cmd : {cluster, rollback, events, health}) {
     if (!cmd->parsed()) continue;
     absl::Status s =
         coordinator.empty()
@@ -190,6 +195,9 @@ int main(int argc, char** argv) {
   if (rollback->parsed())
     return Finish("rollback",
                   ckpt::tools::RunRollback(coordinator, tls, job, step, json));
+  if (health->parsed())
+    return Finish("health",
+                  ckpt::tools::RunHealth(coordinator, tls, health_node, json));
   if (events->parsed())
     return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job,
                                                    after_seq, json));

@@ -53,6 +53,8 @@ void WriteEvents(JsonWriter& w,
         w.Null();
       w.Field("next_copy", f.next_copy()).EndObject();
     }
+    if (e.kind() == cv1::HEALTH_FAILED)  // issue 18: node_id, check, reason
+      w.Field("check", e.health().check()).Field("reason", e.health().reason());
     w.EndObject();
   }
   w.EndArray();

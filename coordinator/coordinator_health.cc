@@ -26,8 +26,8 @@ void Coordinator::JudgeHealthLocked(Batch* batch) {
     v1::Event e;
     e.set_node_id(id);
     e.set_kind(v1::HEALTH_FAILED);
-    e.set_detail(absl::StrCat(v.check, ": ", v.reason,
-                              "; the node is given no ranks"));
+    e.set_detail(
+        absl::StrCat(v.check, ": ", v.reason, "; the node is given no ranks"));
     e.mutable_health()->set_check(v.check);
     e.mutable_health()->set_reason(v.reason);
     LogLocked(batch, std::move(e));

@@ -63,13 +63,14 @@ HealthVerdict JudgeHealth(const v1::NodeHealthReport& report,
       return {false, c.name(), c.reason().empty() ? "failed" : c.reason()};
   for (const v1::HealthCheck& c : report.checks()) {
     auto m = medians.find(c.name());
-    if (m == medians.end() || c.skipped() || c.figure() >= min_ratio * m->second)
+    if (m == medians.end() || c.skipped() ||
+        c.figure() >= min_ratio * m->second)
       continue;
-    return {false, c.name(),
-            absl::StrFormat("%.2f %s is below %.2f x the cluster's median "
-                            "%.2f %s",
-                            c.figure(), c.unit(), min_ratio, m->second,
-                            c.unit())};
+    return {
+        false, c.name(),
+        absl::StrFormat("%.2f %s is below %.2f x the cluster's median "
+                        "%.2f %s",
+                        c.figure(), c.unit(), min_ratio, m->second, c.unit())};
   }
   return {};
 }

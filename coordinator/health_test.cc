@@ -1,20 +1,19 @@
 // Node health in the coordinator (health_state.h, coordinator_health.cc),
 // with the fake clock: unhealthy nodes get no ranks, neither at placement
 // nor in a recovery plan, and a plan that cannot place says why.
-#include "coordinator/health_state.h"
-
 #include <prometheus/text_serializer.h>
 
 #include <cmath>
 
 #include "coordinator/coordinator_testing.h"
+#include "coordinator/health_state.h"
 
 namespace ckpt::coordinator {
 namespace {
 
 v1::NodeHealthReport HealthReport(double memcpy_gbps,
                                   const std::string& failed = "",
-                            const std::string& reason = "") {
+                                  const std::string& reason = "") {
   v1::NodeHealthReport r;
   v1::HealthCheck* m = r.add_checks();
   m->set_name("memcpy");
@@ -31,7 +30,8 @@ v1::NodeHealthReport HealthReport(double memcpy_gbps,
 }
 
 TEST(HealthStateTest, MedianNeedsTwoNodesAndSkipsFailedFigures) {
-  const auto a = HealthReport(10), b = HealthReport(20), c = HealthReport(3), d = HealthReport(0);
+  const auto a = HealthReport(10), b = HealthReport(20), c = HealthReport(3),
+             d = HealthReport(0);
   EXPECT_TRUE(MedianFigures({&a}).empty());
   EXPECT_EQ(MedianFigures({&a, &b}).at("memcpy"), 15);
   EXPECT_EQ(MedianFigures({&a, &b, &c, &d}).at("memcpy"), 10);
@@ -45,7 +45,8 @@ TEST(HealthStateTest, OwnFailedCheckOrLowFigureIsUnhealthy) {
   EXPECT_EQ(slow.check, "memcpy");
   EXPECT_EQ(slow.reason,
             "4.90 GB/s is below 0.50 x the cluster's median 10.00 GB/s");
-  HealthVerdict root = JudgeHealth(HealthReport(10, "root", "EROFS"), medians, 0.5);
+  HealthVerdict root =
+      JudgeHealth(HealthReport(10, "root", "EROFS"), medians, 0.5);
   EXPECT_FALSE(root.healthy);
   EXPECT_EQ(root.check, "root");
   EXPECT_EQ(root.reason, "EROFS");
@@ -79,7 +80,8 @@ class HealthTest : public CoordinatorTest {
 
 TEST_F(HealthTest, NodeWithFailedCheckGetsNoRanksAndAHealthFailedEvent) {
   Must(RegisterWith("n1", 2, false, HealthReport(10)));
-  Must(RegisterWith("n2", 2, false, HealthReport(10, "root", "EROFS on /ckpt")));
+  Must(
+      RegisterWith("n2", 2, false, HealthReport(10, "root", "EROFS on /ckpt")));
   EXPECT_TRUE(Node("n2").unhealthy());
   EXPECT_FALSE(Node("n1").unhealthy());
   auto events = EventsOf(v1::HEALTH_FAILED);
@@ -135,8 +137,8 @@ TEST_F(HealthTest, PlanSkipsUnhealthySpareAndUsesAnother) {
 TEST_F(HealthTest, PlanWithOnlyAnUnhealthySpareWaitsAndSaysWhy) {
   const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
   Must(RegisterWith("n2", 2, false, HealthReport(10)));
-  const uint64_t es =
-      Must(RegisterWith("s1", 2, true, HealthReport(10, "root", "not a directory")));
+  const uint64_t es = Must(
+      RegisterWith("s1", 2, true, HealthReport(10, "root", "not a directory")));
   RegisterJob("job", 4);
   now_ms_ += 2000;
   ASSERT_TRUE(Heartbeat("n1", e1).ok());

@@ -66,8 +66,7 @@ HealthCheckResult CheckShm(const std::string& dir, uint64_t need) {
     return r;
   }
   // A tmpfs mounted read-only or full to the last page fails here.
-  const std::string probe =
-      absl::StrCat(dir, "/ckptd-health-probe-", getpid());
+  const std::string probe = absl::StrCat(dir, "/ckptd-health-probe-", getpid());
   int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     return Failed("shm", ErrnoToStatus(errno, "create " + probe).ToString());
@@ -111,9 +110,9 @@ HealthCheckResult CheckStorage(const std::string& name, const std::string& url,
   if (s.ok()) s = deleted;
   if (!s.ok()) return Failed(name, s.ToString());
   const double secs = SecondsSince(start);
-  return {name, Outcome::kPassed, "",
-          secs > 0 ? 2.0 * static_cast<double>(bytes) / secs / 1e6 : 0, "MB/s",
-          0};
+  return {name,   Outcome::kPassed,
+          "",     secs > 0 ? 2.0 * static_cast<double>(bytes) / secs / 1e6 : 0,
+          "MB/s", 0};
 }
 
 }  // namespace
@@ -122,14 +121,15 @@ HealthCheckResult RunBounded(const std::string& name,
                              std::function<HealthCheckResult()> check,
                              std::chrono::milliseconds timeout) {
   const auto start = Clock::now();
-  auto task =
-      std::make_shared<std::packaged_task<HealthCheckResult()>>(std::move(check));
+  auto task = std::make_shared<std::packaged_task<HealthCheckResult()>>(
+      std::move(check));
   std::future<HealthCheckResult> done = task->get_future();
   std::thread([task] { (*task)(); }).detach();
   HealthCheckResult r;
   if (done.wait_for(timeout) != std::future_status::ready) {
-    r = Failed(name, absl::StrFormat("timed out after %.1f s",
-                                     static_cast<double>(timeout.count()) / 1e3));
+    r = Failed(name,
+               absl::StrFormat("timed out after %.1f s",
+                               static_cast<double>(timeout.count()) / 1e3));
   } else {
     r = done.get();
   }
@@ -160,8 +160,8 @@ std::vector<HealthCheckResult> RunHealthChecks(const HealthOptions& options) {
       },
       options.timeout));
   if (options.shared_root.empty()) {
-    out.push_back({"shared_root", Outcome::kSkipped, "no --shared-root", 0,
-                   "", 0});
+    out.push_back(
+        {"shared_root", Outcome::kSkipped, "no --shared-root", 0, "", 0});
   } else {
     out.push_back(RunBounded(
         "shared_root",

@@ -29,9 +29,13 @@ HealthCheckResult CheckCuda(uint64_t bytes) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
       (e == cudaSuccess && count == 0))
-    return {"cuda", Outcome::kSkipped,
-            e == cudaSuccess ? "no CUDA device" : CudaError("cudaGetDeviceCount", e),
-            0, "", 0};
+    return {"cuda",
+            Outcome::kSkipped,
+            e == cudaSuccess ? "no CUDA device"
+                             : CudaError("cudaGetDeviceCount", e),
+            0,
+            "",
+            0};
   HealthCheckResult fail{"cuda", Outcome::kFailed, "", 0, "", 0};
   if (e != cudaSuccess) {
     fail.reason = CudaError("cudaGetDeviceCount", e);
@@ -87,8 +91,11 @@ HealthCheckResult CheckCuda(uint64_t bytes) {
     return fail;
   }
   // Two copies per round: H2D and D2H.
-  return {"cuda", Outcome::kPassed, absl::StrCat(count, " device(s)"),
-          best > 0 ? 2.0 * static_cast<double>(bytes) / best / 1e9 : 0, "GB/s",
+  return {"cuda",
+          Outcome::kPassed,
+          absl::StrCat(count, " device(s)"),
+          best > 0 ? 2.0 * static_cast<double>(bytes) / best / 1e9 : 0,
+          "GB/s",
           0};
 }
 

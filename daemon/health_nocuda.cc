@@ -4,8 +4,12 @@
 namespace ckpt::daemon {
 
 HealthCheckResult CheckCuda(uint64_t /*bytes*/) {
-  return {"cuda", HealthCheckResult::Outcome::kSkipped,
-          "ckptd was built without CUDA", 0, "", 0};
+  return {"cuda",
+          HealthCheckResult::Outcome::kSkipped,
+          "ckptd was built without CUDA",
+          0,
+          "",
+          0};
 }
 
 }  // namespace ckpt::daemon

@@ -85,8 +85,8 @@ TEST(HealthTest, CheckThatHangsFailsAtItsDeadline) {
       "shared_root",
       [released] {
         released.wait();
-        return HealthCheckResult{"shared_root",
-                                 HealthCheckResult::Outcome::kPassed, "", 0, "", 0};
+        return HealthCheckResult{
+            "shared_root", HealthCheckResult::Outcome::kPassed, "", 0, "", 0};
       },
       std::chrono::milliseconds(100));
   release->set_value();

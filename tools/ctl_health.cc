@@ -45,13 +45,13 @@ void WriteHealth(const std::vector<const cv1::NodeRecord*>& nodes) {
 }
 
 void PrintHealth(const std::vector<const cv1::NodeRecord*>& nodes) {
-  Table t({"NODE", "HEALTHY", "CHECK", "RESULT", "FIGURE", "SECONDS",
-           "REASON"});
+  Table t(
+      {"NODE", "HEALTHY", "CHECK", "RESULT", "FIGURE", "SECONDS", "REASON"});
   for (const cv1::NodeRecord* n : nodes) {
-    const std::string verdict =
-        n->health() != cv1::ALIVE ? "dead"
-        : n->unhealthy()          ? "NO (" + n->unhealthy_check() + ")"
-                                  : "yes";
+    const std::string verdict = n->health() != cv1::ALIVE ? "dead"
+                                : n->unhealthy()
+                                    ? "NO (" + n->unhealthy_check() + ")"
+                                    : "yes";
     if (n->health_report().checks().empty())
       t.AddRow({n->node_id(), verdict, "-", "no report", "-", "-", "-"});
     for (const cv1::HealthCheck& c : n->health_report().checks())
@@ -59,9 +59,9 @@ void PrintHealth(const std::vector<const cv1::NodeRecord*>& nodes) {
                 !c.passed()   ? "FAILED"
                 : c.skipped() ? "skipped"
                               : "ok",
-                c.unit().empty() ? "-"
-                                 : absl::StrFormat("%.2f %s", c.figure(),
-                                                   c.unit()),
+                c.unit().empty()
+                    ? "-"
+                    : absl::StrFormat("%.2f %s", c.figure(), c.unit()),
                 absl::StrFormat("%.2f", c.seconds()),
                 c.reason().empty() ? "-" : c.reason()});
   }

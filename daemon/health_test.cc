@@ -1,7 +1,11 @@
 // Node health checks (health.h) on real directories and the real /dev/shm.
 #include "daemon/health.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <future>
@@ -92,6 +96,37 @@ TEST(HealthTest, CheckThatHangsFailsAtItsDeadline) {
   release->set_value();
   EXPECT_FALSE(r.passed());
   EXPECT_EQ(r.reason, "timed out after 0.1 s");
+}
+
+// A stalled S3 endpoint (it accepts connections and never answers): the
+// shared-root check fails at its deadline instead of waiting on the
+// object store's own retries.
+TEST(HealthTest, StalledObjectStoreSharedRootFailsAtTheDeadline) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  setenv("AWS_ACCESS_KEY_ID", "health", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "health-secret", 1);
+  testing::TempDir dir;
+  auto o = Options(dir.path());
+  o.shared_root = "s3://health-bucket/probe";
+  o.object_config.endpoint =
+      "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  o.object_config.addressing = "path";
+  o.object_config.region = "us-east-1";
+  o.timeout = std::chrono::milliseconds(1000);
+  const auto results = RunHealthChecks(o);
+  const HealthCheckResult* shared = Find(results, "shared_root");
+  EXPECT_FALSE(shared->passed()) << HealthText(results);
+  EXPECT_EQ(shared->reason, "timed out after 1.0 s") << shared->reason;
+  EXPECT_TRUE(Find(results, "root")->passed());
+  close(listener);  // the abandoned check's connection ends; it returns
 }
 
 TEST(HealthTest, ReportCarriesEveryCheck) {

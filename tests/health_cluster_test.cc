@@ -107,5 +107,27 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
             false);
 }
 
+TEST(HealthCheckCommandTest, ExitsNonZeroNamingEachFailedCheck) {
+  TempDir dir;
+  ASSERT_EQ(RunCommand("touch " + dir.path() + "/file").exit_code, 0);
+  const std::string ckptd = CKPTD_BINARY;
+  CommandResult ok =
+      RunCommand(ckptd + " --health-check --json --root " + dir.path() +
+                     "/root --shared-root " + dir.path() + "/shared",
+                 /*with_stderr=*/false, 60);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ok.out.rfind("{\"healthy\":true,\"checks\":[", 0), 0u) << ok.out;
+  CommandResult bad = RunCommand(
+      ckptd + " --health-check --capacity 4 --health-shm-mib-per-rank " +
+          "1073741824 --root " + dir.path() + "/file/root",
+      /*with_stderr=*/true, 60);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("ckptd: health check failed: shm, root"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("root: FAILED"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("memcpy: ok"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/health_state.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
@@ -33,6 +34,8 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
         "capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
   CKPT_RETURN_IF_ERROR(ValidatePrintable(
       req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
+  CKPT_RETURN_IF_ERROR(
+      ValidateHealthReport(req.health_report(), "health_report"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
@@ -53,6 +56,11 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.set_epoch(next_epoch_++);
   node.rec.set_health(v1::ALIVE);
   node.rec.clear_dead_reason();
+  // A new check: judged afresh (a failure logs HEALTH_FAILED again).
+  *node.rec.mutable_health_report() = req.health_report();
+  node.rec.clear_unhealthy();
+  node.rec.clear_unhealthy_check();
+  node.rec.clear_unhealthy_reason();
   SetLiveLocked(node);
   const int64_t now = options_.now_ms();
   node.live->last_seen_ms = now;
@@ -66,11 +74,13 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
       &batch, v1::NODE_REGISTERED, "", req.node_id(),
       absl::StrCat("epoch ", node.rec.epoch(), ", capacity ", req.capacity(),
                    node.rec.spare() ? ", spare" : ", active"));
+  JudgeHealthLocked(&batch);
   // Only a node that can end the wait makes a plan (its own lost ranks come
   // back, or a spare has room): any other registration changes nothing.
   for (auto& [name, job] : jobs_)
     if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
-        (job.ranks_by_node.count(req.node_id()) || node.rec.spare()))
+        (job.ranks_by_node.count(req.node_id()) ||
+         (node.rec.spare() && !node.rec.unhealthy())))
       MakePlanLocked(&batch, job,
                      absl::StrCat("node ", req.node_id(), " registered"));
   v1::RegisterNodeResponse resp;
@@ -207,7 +217,8 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   rec.set_world_size(req.world_size());
   uint32_t next_rank = 0;
   for (const auto& [id, n] : nodes_) {
-    if (n.rec.health() != v1::ALIVE || n.rec.spare()) continue;
+    if (n.rec.health() != v1::ALIVE || n.rec.spare() || n.rec.unhealthy())
+      continue;
     uint32_t used = HostedRanksLocked(id);
     uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
     // Each launcher runs nproc_per_node trainers: no node gets more.
@@ -219,7 +230,7 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return absl::FailedPreconditionError(absl::StrCat(
         "world_size: ", req.world_size(),
-        " ranks, but alive active nodes have room for ", next_rank));
+        " ranks, but alive active healthy nodes have room for ", next_rank));
   }
   JobState& job = jobs_[req.job()];
   job.rec = rec;

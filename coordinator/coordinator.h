@@ -119,6 +119,9 @@ struct CoordinatorOptions {
   std::function<std::unique_ptr<storage::Backend>(
       std::unique_ptr<storage::Backend>)>
       wrap_shared_root;
+  // A node whose memcpy or CUDA bandwidth is below this fraction of the
+  // cluster's median is unhealthy (health_state.h).
+  double health_min_ratio = 0.5;
 };
 
 class Coordinator {
@@ -339,6 +342,13 @@ class Coordinator {
   // straggler_windows in a row (event STRAGGLER, metric).
   void CheckStragglersLocked(Batch* batch, JobState& job,
                              const std::vector<uint32_t>& ranks, int64_t now);
+  // coordinator_health.cc: judges every alive node's health report
+  // against the cluster's medians; a node that turns unhealthy gets event
+  // HEALTH_FAILED. Unhealthy nodes are given no ranks.
+  void JudgeHealthLocked(Batch* batch);
+  // "; spare X is unhealthy (check: reason)" per such spare: why a plan
+  // found no host.
+  std::string UnhealthySparesLocked() const;
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

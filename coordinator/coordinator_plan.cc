@@ -206,7 +206,7 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
   for (const auto& [dead, ranks] : lost) {
     NodeState* spare = nullptr;
     for (auto& [id, n] : nodes_) {
-      if (n.rec.health() == v1::ALIVE && n.rec.spare() &&
+      if (n.rec.health() == v1::ALIVE && n.rec.spare() && !n.rec.unhealthy() &&
           n.rec.capacity() >= HostedRanksLocked(id) + ranks.size()) {
         spare = &n;
         break;
@@ -238,7 +238,8 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
         batch, v1::PLAN_WAITING, name, "",
         absl::StrCat("generation ", job.rec.generation(), " (", cause,
                      "): ranks ", absl::StrJoin(job.rec.lost_ranks(), ","),
-                     " have no host; waiting for a spare or their node"));
+                     " have no host; waiting for a spare or their node",
+                     UnhealthySparesLocked()));
     return;
   }
   std::optional<uint64_t> step = RestoreStepLocked(job);

@@ -198,6 +198,14 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
                    .Name("ckpt_coordinator_lost_ranks")
                    .Help("Ranks of the job waiting for a node to host them")
                    .Register(gauges);
+  auto& healthy =
+      prometheus::BuildGauge()
+          .Name("ckpt_coordinator_node_healthy")
+          .Help("1 if the node's health check passed (it may take ranks)")
+          .Register(gauges);
+  for (const auto& n : cluster.nodes())
+    if (n.health() == v1::ALIVE)
+      healthy.Add({{"node", n.node_id()}}).Set(n.unhealthy() ? 0 : 1);
   std::map<std::pair<std::string, std::string>, double> by_state;
   for (const char* state : {"alive", "dead"})
     for (const char* role : {"worker", "spare"}) by_state[{state, role}] = 0;

@@ -110,6 +110,10 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "stragglers: ... in this many consecutive 10 s windows "
                  "(default 3)")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--health-min-ratio", o.coordinator.health_min_ratio,
+                 "a node whose memcpy or CUDA bandwidth is below this "
+                 "fraction of the cluster's median is unhealthy (0: never)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, hang_timeout_min_s, "

@@ -25,6 +25,7 @@
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "daemon/health.h"
 #include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
@@ -61,6 +62,21 @@ int main(int argc, char** argv) {
     return Fail("bad arguments", opts.status());
   }
   signal(SIGPIPE, SIG_IGN);
+  if (opts->health_check) {
+    const auto results = RunHealthChecks(opts->health);
+    std::string failed;
+    for (const auto& r : results)
+      if (!r.passed()) failed += (failed.empty() ? "" : ", ") + r.name;
+    std::fputs(opts->health_json ? (HealthJson(results) + "\n").c_str()
+                                 : HealthText(results).c_str(),
+               stdout);
+    if (!failed.empty())
+      std::fprintf(stderr, "ckptd: health check failed: %s\n", failed.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Without static destructors: a timed-out check's thread may still run.
+    std::_Exit(failed.empty() ? 0 : 1);
+  }
   // Every connection costs a descriptor; gRPC uses epoll, not select(), so
   // the soft limit can go up to the hard one (systemd's default soft limit
   // is 1024).
@@ -167,6 +183,18 @@ int main(int argc, char** argv) {
     std::printf("metrics listening on %s\n", metrics_server->address().c_str());
     std::fflush(stdout);
   }
+  // The node's health, before READY and before it registers: the
+  // coordinator gives an unhealthy node no ranks (health.h).
+  notifier.Status("running health checks");
+  const auto health = RunHealthChecks(opts->health);
+  for (const auto& r : health) {
+    const std::string line = "health " + HealthText({r});
+    if (r.passed())
+      LogInfo(line.substr(0, line.size() - 1));
+    else
+      LogWarning(line.substr(0, line.size() - 1));
+  }
+  opts->agent.health_report = ToHealthProto(health);
   std::unique_ptr<NodeAgent> agent;
   if (opts->cluster) {
     opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons

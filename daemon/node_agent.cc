@@ -239,6 +239,7 @@ void NodeAgent::HeartbeatLoop() {
       req.set_address(options_.address);
       req.set_capacity(options_.capacity);
       req.set_spare(options_.spare);
+      *req.mutable_health_report() = options_.health_report;
       cv1::RegisterNodeResponse resp;
       grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
                                     &resp, options_.rpc_timeout);

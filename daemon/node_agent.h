@@ -71,6 +71,9 @@ struct NodeAgentOptions {
   std::string address;    // advertised to the coordinator (MASTER_ADDR)
   uint32_t capacity = 8;  // ranks this node can host
   bool spare = false;
+  // The node's health check at start (health.h), sent with every
+  // registration; empty: none ran.
+  coord::v1::NodeHealthReport health_report;
   std::chrono::milliseconds rpc_timeout{3000};
   // Order ids remembered as carried out (to acknowledge a re-sent one
   // again without running it twice): the newest this many. Ids only grow,

@@ -58,8 +58,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   std::string commit_tier;
 
   CLI::App app{"ckptd: node-local checkpoint daemon"};
-  app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on")
-      ->required();
+  // Required unless --health-check (checked below).
+  app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on");
   app.add_option("--root", o.root,
                  "directory for shards, manifests and the catalog")
       ->required();
@@ -135,7 +135,24 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   app.add_option(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  uint32_t health_timeout_s = 10;
+  uint64_t shm_mib_per_rank = 0;
+  app.add_flag("--health-check", o.health_check,
+               "run the node health checks, print one line per check and "
+               "exit (0: healthy)");
+  app.add_flag("--json", o.health_json, "with --health-check: one JSON object");
+  app.add_option("--health-timeout-s", health_timeout_s,
+                 "a health check not done in this many seconds fails")
+      ->check(CLI::Range(1, 600));
+  app.add_option("--health-shm-mib-per-rank", shm_mib_per_rank,
+                 "free MiB the shm check wants in /dev/shm per rank of "
+                 "--capacity (default 0: only a probe)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  if (o.socket_path.empty() && !o.health_check)
+    return absl::InvalidArgumentError("--socket: required");
+  if (o.health_json && !o.health_check)
+    return absl::InvalidArgumentError("--json: only with --health-check");
 
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
@@ -373,6 +390,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   o.storage.direct_io = !no_direct;
   o.storage.queue_depth = queue_depth;
   o.storage.io_bytes = io_mib << 20;
+  o.health.root = o.root;
+  o.health.shared_root = o.shared_root;
+  o.health.object_config = o.object_config;
+  o.health.shm_need_bytes = shm_mib_per_rank * o.agent.capacity << 20;
+  o.health.timeout = std::chrono::seconds(health_timeout_s);
   return o;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/engine.h"
+#include "daemon/health.h"
 #include "daemon/node_agent.h"
 #include "daemon/peer_listener.h"
 #include "storage/backend.h"
@@ -40,6 +41,11 @@ struct DaemonOptions {
   uint32_t max_request_mib = 64;
   // Serve Prometheus metrics on HOST:PORT (util/metrics_server.h); empty: off.
   std::string metrics_listen;
+  // Node health checks (health.h): run at every start before READY, or
+  // only them with --health-check (exit status, --json output).
+  bool health_check = false;
+  bool health_json = false;
+  HealthOptions health;
 };
 
 // Parses argv. Returns InvalidArgument naming the flag or config key on a

@@ -205,6 +205,9 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                                    n.shm_prefix};
   if (spare) argv.push_back("--spare");
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
+  if (auto it = options_.node_ckptd_args.find(id);
+      it != options_.node_ckptd_args.end())
+    argv.insert(argv.end(), it->second.begin(), it->second.end());
   n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log");
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
   std::vector<std::string> run = {CKPTRUN_BINARY,

@@ -55,6 +55,8 @@ struct ClusterOptions {
   bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;      // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
+  // Extra flags for one node's ckptd, by node id.
+  std::map<std::string, std::vector<std::string>> node_ckptd_args;
   // Runs each trainer through this command (e.g. setpriv --reuid 1000 ...,
   // a trainer that is not root); the trainers' log directory is then
   // world-writable.

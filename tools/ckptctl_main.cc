@@ -162,8 +162,13 @@ int main(int argc, char** argv) {
   stacks->add_option("--generation", generation,
                      "the generation that hung (default: the newest hang)");
 
+  std::string health_node;
+  CLI::App* health = app.add_subcommand(
+      "health", "each node's latest health check and verdict");
+  health->add_option("--node", health_node, "only this node");
+
   for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp,
-                        cluster, rollback, events, stacks})
+                        cluster, rollback, events, stacks, health})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp})
     cmd->add_flag("--progress", progress,
@@ -179,7 +184,7 @@ int main(int argc, char** argv) {
   sel.rank = sel_rank;
   ckpt::tools::Progress::Force(progress);
 
-  for (CLI::App* cmd : {cluster, rollback, events, stacks}) {
+  for (CLI::App* cmd : {cluster, rollback, events, stacks, health}) {
     if (!cmd->parsed()) continue;
     absl::Status s =
         coordinator.empty()
@@ -199,6 +204,9 @@ int main(int argc, char** argv) {
   if (rollback->parsed())
     return Finish("rollback",
                   ckpt::tools::RunRollback(coordinator, tls, job, step, json));
+  if (health->parsed())
+    return Finish("health",
+                  ckpt::tools::RunHealth(coordinator, tls, health_node, json));
   if (events->parsed())
     return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job,
                                                    after_seq, json));

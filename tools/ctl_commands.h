@@ -53,6 +53,11 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                      const coordinator::TlsFiles& tls,
                                      const std::string& job, uint64_t after_seq,
                                      bool json);
+// Each node's latest health check (ctl_health.cc): every node, or only
+// `node` when not empty.
+[[nodiscard]] absl::Status RunHealth(const std::string& coordinator,
+                                     const coordinator::TlsFiles& tls,
+                                     const std::string& node, bool json);
 
 // The stacks a hang's launchers captured (of `generation`, or the newest
 // hang's): every trainer of the stuck ranks' nodes.

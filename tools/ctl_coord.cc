@@ -87,6 +87,8 @@ void WriteEvents(JsonWriter& w,
           .Field("generation", static_cast<uint64_t>(h.generation()))
           .Field("stacks", h.stacks());
     }
+    if (e.kind() == cv1::HEALTH_FAILED)  // issue 18: node_id, check, reason
+      w.Field("check", e.health().check()).Field("reason", e.health().reason());
     w.EndObject();
   }
   w.EndArray();

@@ -1,0 +1,54 @@
+// The coordinator's judgement of node health (issue 18, item 5): which
+// node may take ranks, from the health reports nodes send with their
+// registration (daemon/health.h runs the checks).
+//
+// A node is unhealthy when its own report has a failed check, or when one
+// of its bandwidth figures (memcpy, cuda) is below min_ratio x the median
+// of that figure over the alive nodes that reported it (at least two: one
+// node has nothing to be compared with). Storage probe figures are not
+// compared: one fsync's latency says too little about a disk. A node that
+// reported nothing is healthy (a ckptd that predates health checks).
+// Functions only; thread-safe.
+#ifndef CKPT_COORDINATOR_HEALTH_STATE_H_
+#define CKPT_COORDINATOR_HEALTH_STATE_H_
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator.pb.h"
+
+namespace ckpt::coordinator {
+
+namespace v1 = ::ckpt::coord::v1;
+
+// What a report may hold: at most kMaxHealthChecks checks, names and units
+// printable (at most 64 bytes), reasons printable (at most 512), figures
+// and seconds finite and not negative. A refusal names the field.
+inline constexpr int kMaxHealthChecks = 32;
+[[nodiscard]] absl::Status ValidateHealthReport(
+    const v1::NodeHealthReport& report, std::string_view field);
+
+// The checks whose figures are compared against the cluster's median.
+bool ComparedAgainstMedian(std::string_view check);
+
+// Per compared check, the median of its figure over `reports` (the passed,
+// not skipped checks with a figure above 0); checks reported by fewer than
+// two nodes have none.
+std::map<std::string, double> MedianFigures(
+    const std::vector<const v1::NodeHealthReport*>& reports);
+
+struct HealthVerdict {
+  bool healthy = true;
+  std::string check;   // the first check that made it unhealthy
+  std::string reason;  // why, with the figures
+};
+HealthVerdict JudgeHealth(const v1::NodeHealthReport& report,
+                          const std::map<std::string, double>& medians,
+                          double min_ratio);
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_HEALTH_STATE_H_

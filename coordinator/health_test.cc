@@ -1,0 +1,193 @@
+// Node health in the coordinator (health_state.h, coordinator_health.cc),
+// with the fake clock: unhealthy nodes get no ranks, neither at placement
+// nor in a recovery plan, and a plan that cannot place says why.
+#include <prometheus/text_serializer.h>
+
+#include <cmath>
+
+#include "coordinator/coordinator_testing.h"
+#include "coordinator/health_state.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+v1::NodeHealthReport HealthReport(double memcpy_gbps,
+                                  const std::string& failed = "",
+                                  const std::string& reason = "") {
+  v1::NodeHealthReport r;
+  v1::HealthCheck* m = r.add_checks();
+  m->set_name("memcpy");
+  m->set_passed(true);
+  m->set_figure(memcpy_gbps);
+  m->set_unit("GB/s");
+  for (const char* name : {"shm", "root"}) {
+    v1::HealthCheck* c = r.add_checks();
+    c->set_name(name);
+    c->set_passed(failed != name);
+    if (failed == name) c->set_reason(reason);
+  }
+  return r;
+}
+
+TEST(HealthStateTest, MedianNeedsTwoNodesAndSkipsFailedFigures) {
+  const auto a = HealthReport(10), b = HealthReport(20), c = HealthReport(3),
+             d = HealthReport(0);
+  EXPECT_TRUE(MedianFigures({&a}).empty());
+  EXPECT_EQ(MedianFigures({&a, &b}).at("memcpy"), 15);
+  EXPECT_EQ(MedianFigures({&a, &b, &c, &d}).at("memcpy"), 10);
+}
+
+TEST(HealthStateTest, OwnFailedCheckOrLowFigureIsUnhealthy) {
+  const std::map<std::string, double> medians{{"memcpy", 10}};
+  EXPECT_TRUE(JudgeHealth(HealthReport(5), medians, 0.5).healthy);
+  HealthVerdict slow = JudgeHealth(HealthReport(4.9), medians, 0.5);
+  EXPECT_FALSE(slow.healthy);
+  EXPECT_EQ(slow.check, "memcpy");
+  EXPECT_EQ(slow.reason,
+            "4.90 GB/s is below 0.50 x the cluster's median 10.00 GB/s");
+  HealthVerdict root =
+      JudgeHealth(HealthReport(10, "root", "EROFS"), medians, 0.5);
+  EXPECT_FALSE(root.healthy);
+  EXPECT_EQ(root.check, "root");
+  EXPECT_EQ(root.reason, "EROFS");
+  EXPECT_TRUE(JudgeHealth(v1::NodeHealthReport(), medians, 0.5).healthy);
+}
+
+class HealthTest : public CoordinatorTest {
+ protected:
+  absl::StatusOr<v1::RegisterNodeResponse> RegisterWith(
+      const std::string& node, uint32_t capacity, bool spare,
+      const v1::NodeHealthReport& report) {
+    v1::RegisterNodeRequest req;
+    req.set_node_id(node);
+    req.set_capacity(capacity);
+    req.set_spare(spare);
+    *req.mutable_health_report() = report;
+    return coord_->RegisterNode(req);
+  }
+  uint64_t Must(absl::StatusOr<v1::RegisterNodeResponse> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->epoch() : 0;
+  }
+  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
+    std::vector<v1::Event> out;
+    const v1::EventsResponse events = coord_->Events({});
+    for (const auto& e : events.events())
+      if (e.kind() == kind) out.push_back(e);
+    return out;
+  }
+};
+
+TEST_F(HealthTest, NodeWithFailedCheckGetsNoRanksAndAHealthFailedEvent) {
+  Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  Must(
+      RegisterWith("n2", 2, false, HealthReport(10, "root", "EROFS on /ckpt")));
+  EXPECT_TRUE(Node("n2").unhealthy());
+  EXPECT_FALSE(Node("n1").unhealthy());
+  auto events = EventsOf(v1::HEALTH_FAILED);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].node_id(), "n2");
+  EXPECT_EQ(events[0].health().check(), "root");
+  EXPECT_EQ(events[0].health().reason(), "EROFS on /ckpt");
+
+  v1::RegisterJobRequest big;
+  big.set_job("big");
+  big.set_world_size(4);
+  auto refused = coord_->RegisterJob(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  RegisterJob("job", 2);
+  EXPECT_EQ(Job().rank_node(0), "n1");
+  EXPECT_EQ(Job().rank_node(1), "n1");
+}
+
+TEST_F(HealthTest, BandwidthBelowRatioOfMedianIsUnhealthy) {
+  Must(RegisterWith("n1", 1, false, HealthReport(10)));
+  Must(RegisterWith("n2", 1, false, HealthReport(11)));
+  Must(RegisterWith("n3", 1, false, HealthReport(2)));
+  EXPECT_FALSE(Node("n1").unhealthy());
+  EXPECT_FALSE(Node("n2").unhealthy());
+  EXPECT_TRUE(Node("n3").unhealthy());
+  EXPECT_EQ(Node("n3").unhealthy_check(), "memcpy");
+  const std::string text = prometheus::TextSerializer().Serialize(
+      coord_->options().metrics->Collect());
+  EXPECT_NE(text.find("ckpt_coordinator_node_healthy{node=\"n3\"} 0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ckpt_coordinator_node_healthy{node=\"n1\"} 1"),
+            std::string::npos);
+}
+
+TEST_F(HealthTest, PlanSkipsUnhealthySpareAndUsesAnother) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  Must(RegisterWith("s1", 2, true, HealthReport(10, "shm", "too small")));
+  Must(RegisterWith("s2", 2, true, HealthReport(10)));
+  RegisterJob("job", 4);
+  // n2 stops heartbeating: its ranks move to s2, never to s1.
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  ASSERT_TRUE(Heartbeat("s2", Node("s2").epoch()).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().rank_node(2), "s2");
+  EXPECT_EQ(Job().rank_node(3), "s2");
+  EXPECT_TRUE(Node("s1").spare());
+}
+
+TEST_F(HealthTest, PlanWithOnlyAnUnhealthySpareWaitsAndSaysWhy) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  const uint64_t es = Must(
+      RegisterWith("s1", 2, true, HealthReport(10, "root", "not a directory")));
+  RegisterJob("job", 4);
+  now_ms_ += 2000;
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  ASSERT_TRUE(Heartbeat("s1", es).ok());
+  now_ms_ += 2000;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+  auto waiting = EventsOf(v1::PLAN_WAITING);
+  ASSERT_FALSE(waiting.empty());
+  EXPECT_NE(waiting.back().detail().find(
+                "spare s1 is unhealthy (root: not a directory)"),
+            std::string::npos)
+      << waiting.back().detail();
+  // s1 re-registers healthy (its root fixed): the plan goes ahead on it.
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  for (int i = 0; i < 2; ++i) {
+    now_ms_ += 2000;
+    ASSERT_TRUE(Heartbeat("n1", e1).ok());
+  }
+  ASSERT_TRUE(coord_->Tick().ok());
+  ASSERT_EQ(Node("s1").health(), v1::DEAD);
+  Must(RegisterWith("s1", 2, true, HealthReport(10)));
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_NE(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+}
+
+TEST_F(HealthTest, VerdictSurvivesACoordinatorRestart) {
+  Must(RegisterWith("n1", 2, false, HealthReport(10, "shm", "full")));
+  Reopen();
+  EXPECT_TRUE(Node("n1").unhealthy());
+  EXPECT_EQ(Node("n1").unhealthy_reason(), "full");
+}
+
+TEST_F(HealthTest, BadReportIsRefusedNamingTheField) {
+  v1::NodeHealthReport r = HealthReport(10);
+  r.mutable_checks(0)->set_figure(std::nan(""));
+  auto refused = RegisterWith("n1", 2, false, r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("health_report.checks[0].figure"),
+            std::string::npos)
+      << refused.status();
+  r = HealthReport(10);
+  r.mutable_checks(1)->set_reason("bad\nline");
+  refused = RegisterWith("n1", 2, false, r);
+  EXPECT_NE(refused.status().message().find("health_report.checks[1].reason"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(coord_->GetCluster().nodes().empty());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,133 @@
+// Node health with real processes (issue 18, item 5): a spare whose
+// /dev/shm has no room for its --capacity fails its health check at start,
+// reports it with its registration, and is never given ranks; the plan
+// for a killed node takes the healthy spare instead. ckptctl shows both.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include "tests/cluster_harness.h"
+#include "tests/temp_dir.h"
+#include "tests/test_util.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+using std::chrono::seconds;
+
+class HealthClusterTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if ((HasFailure() || std::getenv("CKPT_TEST_LOGS")) && cluster_)
+      std::fprintf(stderr, "%s", cluster_->DumpLogs().c_str());
+  }
+  std::string Ctl(const std::string& args) {
+    return RunCommand(std::string(CKPTCTL_PATH) + " --coordinator 127.0.0.1:" +
+                          std::to_string(cluster_->coordinator_port()) +
+                          " --insecure " + args,
+                      /*with_stderr=*/true, 30)
+        .out;
+  }
+  TempDir dir_;
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
+  ClusterOptions o;
+  o.dir = dir_.path();
+  o.world_size = 4;
+  // "c" comes before "d" in node-id order: without its health check the
+  // plan would choose it.
+  o.node_ckptd_args["c"] = {"--health-shm-mib-per-rank", "1073741824"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  cluster_->StartNode("c", /*spare=*/true);
+  cluster_->StartNode("d", /*spare=*/true);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto job = cluster_->Job();
+        return job && job->has_last_good() && job->last_good_step() >= 3;
+      },
+      seconds(60)))
+      << "no progress";
+  cluster_->KillNode("b");
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto job = cluster_->Job();
+        return job && job->rank_node(2) != "b";
+      },
+      seconds(60)));
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "d");
+  EXPECT_EQ(job->rank_node(3), "d");
+  for (const std::string id : {"a", "d"}) {
+    auto st = cluster_->WaitLauncher(id, seconds(120));
+    ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+        << "ckptrun of node " << id << " wait status " << *st;
+  }
+  auto cluster = cluster_->GetCluster();
+  ASSERT_TRUE(cluster.has_value());
+  for (const auto& n : cluster->nodes()) {
+    EXPECT_EQ(n.unhealthy(), n.node_id() == "c") << n.node_id();
+    if (n.node_id() == "c") {
+      EXPECT_TRUE(n.spare());
+      EXPECT_EQ(n.unhealthy_check(), "shm");
+    }
+  }
+  bool event = false;
+  for (const auto& e : cluster_->Events())
+    if (e.kind() == cv1::HEALTH_FAILED) {
+      EXPECT_EQ(e.node_id(), "c");
+      EXPECT_EQ(e.health().check(), "shm");
+      event = true;
+    }
+  EXPECT_TRUE(event) << "no HEALTH_FAILED event";
+
+  const std::string events = Ctl("events --json");
+  EXPECT_NE(events.find("\"kind\":\"HEALTH_FAILED\""), std::string::npos)
+      << events;
+  EXPECT_NE(events.find("\"check\":\"shm\",\"reason\":\"/dev/shm has "),
+            std::string::npos)
+      << events;
+  const std::string health = Ctl("health --node c --json");
+  EXPECT_NE(health.find("\"node_id\":\"c\""), std::string::npos) << health;
+  EXPECT_NE(health.find("\"healthy\":false,\"check\":\"shm\""),
+            std::string::npos)
+      << health;
+  EXPECT_NE(health.find("\"name\":\"memcpy\",\"passed\":true"),
+            std::string::npos)
+      << health;
+  const std::string table = Ctl("health");
+  EXPECT_NE(table.find("NO (shm)"), std::string::npos) << table;
+  EXPECT_EQ(Ctl("health --node zz").find("not registered") == std::string::npos,
+            false);
+}
+
+TEST(HealthCheckCommandTest, ExitsNonZeroNamingEachFailedCheck) {
+  TempDir dir;
+  ASSERT_EQ(RunCommand("touch " + dir.path() + "/file").exit_code, 0);
+  const std::string ckptd = CKPTD_BINARY;
+  CommandResult ok =
+      RunCommand(ckptd + " --health-check --json --root " + dir.path() +
+                     "/root --shared-root " + dir.path() + "/shared",
+                 /*with_stderr=*/false, 60);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ok.out.rfind("{\"healthy\":true,\"checks\":[", 0), 0u) << ok.out;
+  CommandResult bad = RunCommand(
+      ckptd + " --health-check --capacity 4 --health-shm-mib-per-rank " +
+          "1073741824 --root " + dir.path() + "/file/root",
+      /*with_stderr=*/true, 60);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("ckptd: health check failed: shm, root"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("root: FAILED"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("memcpy: ok"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace ckpt::testing

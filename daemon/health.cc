@@ -90,6 +90,9 @@ HealthCheckResult CheckStorage(const std::string& name, const std::string& url,
   o.field = name == "root" ? "--root" : "--shared-root";
   o.local.direct_io = false;
   o.local.use_io_uring = false;
+  // The probe removes nothing but itself: another node's temp file on a
+  // shared root, or the running daemon's on its root, is a write in flight.
+  o.local.remove_tmp_files = false;
   o.object = config;
   o.relative_ok = true;
   auto backend = storage::OpenBackend(url, o);

@@ -34,22 +34,22 @@ absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write,
   io_uring ring;
   int ret = io_uring_queue_init(o.depth, &ring, 0);
   if (ret < 0) return ErrnoToStatus(-ret, "io_uring_queue_init for " + path);
-  std::deque<Piece> todo;
+  std::deque<Piece> queued;
   for (uint64_t off = 0; off < bytes; off += o.io_bytes)
-    todo.push_back({off, std::min(o.io_bytes, bytes - off)});
+    queued.push_back({off, std::min(o.io_bytes, bytes - off)});
   std::vector<Piece> slots(o.depth);
   std::vector<unsigned> free_slots;
   for (unsigned i = 0; i < o.depth; ++i) free_slots.push_back(i);
   unsigned inflight = 0;
   absl::Status status;
-  while (status.ok() && (!todo.empty() || inflight > 0)) {
-    while (!todo.empty() && !free_slots.empty()) {
+  while (status.ok() && (!queued.empty() || inflight > 0)) {
+    while (!queued.empty() && !free_slots.empty()) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
       unsigned slot = free_slots.back();
       free_slots.pop_back();
-      slots[slot] = todo.front();
-      todo.pop_front();
+      slots[slot] = queued.front();
+      queued.pop_front();
       const Piece& p = slots[slot];
       if (write)
         io_uring_prep_write(sqe, fd, buf + p.off, static_cast<unsigned>(p.len),
@@ -80,7 +80,7 @@ absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write,
       --inflight;
       free_slots.push_back(slot);
       if (res == -EAGAIN || res == -EINTR) {
-        todo.push_front(p);
+        queued.push_front(p);
       } else if (res < 0) {
         status = ErrnoToStatus(-res, absl::StrCat(write ? "write " : "read ",
                                                   path, " at ", p.off));
@@ -88,8 +88,8 @@ absl::Status RunRing(int fd, char* buf, uint64_t bytes, bool write,
         status = absl::DataLossError(
             absl::StrCat(path, ": unexpected end of file at ", p.off));
       } else if (static_cast<uint64_t>(res) < p.len) {
-        todo.push_front({p.off + static_cast<uint64_t>(res),
-                         p.len - static_cast<uint64_t>(res)});
+        queued.push_front({p.off + static_cast<uint64_t>(res),
+                           p.len - static_cast<uint64_t>(res)});
       }
     } while (io_uring_peek_cqe(&ring, &cqe) == 0);
   }

@@ -54,6 +54,24 @@ run() {  # run NAME TIMEOUT_S COMMAND...
 run env 30 bash -c "nvidia-smi; df -h /dev/shm /var/tmp .; free -g; nproc;
   $py -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))';
   for f in $b/*/*; do [[ -x \$f && -f \$f ]] && ldd \$f | grep 'not found' | sed \"s|^|\$f: |\"; done; true"
+# ckptd's node health checks on a GPU machine: the cuda check enumerates the
+# devices and times a pinned H2D/D2H copy through the dlopen'd runtime; it
+# must pass, not skip.
+health_check() {
+  local d rc
+  d=$(mktemp -d /var/tmp/ckpt-health.XXXXXX)
+  "$b/daemon/ckptd" --health-check --json --root "$d" --capacity 8 \
+    --health-shm-mib-per-rank 1024 >"$out/health.json"
+  rc=$?
+  rm -rf "$d"
+  cat "$out/health.json"
+  ((rc == 0)) || return $rc
+  grep -q '"name":"cuda","passed":true,"skipped":false' "$out/health.json" ||
+    { echo "the cuda check did not run and pass"; return 7; }
+}
+export -f health_check
+export b out
+run health 60 bash -c health_check
 run cuda_test 240 $b/tests/cuda_test
 run cuda_adam 60 $b/worker/worker_optim_test --gtest_filter='*Cuda*'
 # A root in memory when /dev/shm has room for it besides the arenas.

@@ -2,11 +2,12 @@
 // machine's limits, all in one run on the same state (see bench/report.h
 // for the figures and targets). It starts its own ckptd on a temporary
 // socket and root, and stops it at the end.
+#include "bench/ckpt_bench.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,20 +32,6 @@ namespace ckpt::bench {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Options {
-  uint64_t bytes = 1ull << 30;
-  int tensors = 64;
-  int saves = 3;
-  int repeat = 3;  // rounds, each figure next to its limit
-  int copy_threads = 0;
-  std::string root;
-  std::string ckptd;
-  bool keep = false;
-  bool json = false;
-  std::string
-      object_url;  // object-tier figures too (bench/object_tier_bench.h)
-};
 
 // Anonymous memory, faulted in now so no measurement pays for page faults.
 struct Mapping {
@@ -103,6 +90,7 @@ class Bench {
   absl::Status SampleRawIo(Results* r);
   absl::Status SampleRawRead(Results* r);
   absl::Status WaitDaemonSettled();
+  void ReportRound(int round) const;  // this round's figures, on stderr
   void Summarize(Results* r) const;
   void Cleanup();
 
@@ -366,6 +354,18 @@ absl::Status Bench::MeasureRound(Results* r) {
   return absl::OkStatus();
 }
 
+void Bench::ReportRound(int round) const {
+  const Samples& x = samples_;
+  std::fprintf(stderr,
+               "ckpt_bench: round %d/%d: save stall %.1f ms (memcpy %.1f ms), "
+               "persist %.3f s (raw write %.3f s), restore from shm %.1f ms, "
+               "from disk %.3f s (raw read %.3f s)\n",
+               round + 1, o_.repeat, x.stall.back() * 1e3,
+               x.memcpy.back() * 1e3, x.persist.back(), x.raw_write.back(),
+               x.restore_shm.back() * 1e3, x.restore_disk.back(),
+               x.raw_read.back());
+}
+
 void Bench::Summarize(Results* r) const {
   struct Figure {
     const char* key;
@@ -411,8 +411,14 @@ absl::Status Bench::Run(Results* r) {
       Annotate(client_->WaitDurable(1), "first save: WaitDurable"));
   last_step_ = 1;
   r->restore_matches = true;
-  for (int round = 0; round < o_.repeat; ++round)
+  // Figures as they come (stderr), so the first one shows within seconds;
+  // the table (or JSON) on stdout has the medians.
+  std::fprintf(stderr, "ckpt_bench: first save (creates the arena) %.3f s\n",
+               r->first_save_s);
+  for (int round = 0; round < o_.repeat; ++round) {
     CKPT_RETURN_IF_ERROR(MeasureRound(r));
+    ReportRound(round);
+  }
   Summarize(r);
 
   if (!o_.object_url.empty()) {
@@ -464,52 +470,10 @@ void Bench::Cleanup() {
 }
 
 }  // namespace
-}  // namespace ckpt::bench
 
-int main(int argc, char** argv) {
-  ckpt::bench::Options o;
-  CLI::App app{
-      "ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk "
-      "I/O"};
-  app.add_option("--bytes", o.bytes, "bytes of state (float32 host tensors)")
-      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40));
-  app.add_option("--tensors", o.tensors, "number of tensors")
-      ->check(CLI::Range(1, 65536));
-  app.add_option("--saves", o.saves,
-                 "measured saves after the first, in each round")
-      ->check(CLI::Range(1, 100));
-  app.add_option("--repeat", o.repeat,
-                 "rounds: each figure measured next to its limit this many "
-                 "times; medians and "
-                 "spreads (min-max) are reported")
-      ->check(CLI::Range(1, 100));
-  app.add_option("--copy-threads", o.copy_threads,
-                 "client copy threads (0 = online CPUs)")
-      ->check(CLI::Range(0, 1024));
-  app.add_option("--root", o.root,
-                 "directory on the disk to measure (default /var/tmp)");
-  app.add_option("--ckptd", o.ckptd,
-                 "ckptd binary (default ../daemon/ckptd next to this one)");
-  app.add_flag("--keep", o.keep,
-               "leave the run's directory (checkpoints, daemon log) behind");
-  app.add_flag("--json", o.json, "print one JSON object");
-  app.add_option(
-      "--object-url", o.object_url,
-      "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
-  CLI11_PARSE(app, argc, argv);
-
-  ckpt::bench::Results r;
-  absl::Status s;
-  {
-    ckpt::bench::Bench bench(o);
-    s = bench.Run(&r);
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  std::printf("%s\n", (o.json ? ckpt::bench::FormatJson(r)
-                              : ckpt::bench::FormatTable(r))
-                          .c_str());
-  return 0;
+absl::Status RunBench(const Options& o, Results* r) {
+  Bench bench(o);
+  return bench.Run(r);
 }
+
+}  // namespace ckpt::bench

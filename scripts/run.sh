@@ -11,12 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 # Only what this job runs, the benchmark's first (the first figures come
-# sooner), then the demo's binaries; the test binaries are scripts/test.sh's.
-TARGETS="ckpt_bench ckptd ckptctl" scripts/build.sh
+# sooner; ckpt_bench prints each round's as it goes), then ckptctl and the
+# demo's binaries; the test binaries are scripts/test.sh's.
+TARGETS="ckpt_bench ckptd" scripts/build.sh
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 build/bench/ckpt_bench --bytes "${BYTES:-2147483648}" --tensors "${TENSORS:-64}" \
   --root "$work" --keep
+TARGETS="ckptctl" scripts/build.sh
 root=$(find "$work" -mindepth 2 -maxdepth 2 -type d -name ckptd | head -n1)
 echo
 echo "== ckptctl verify --root $root"

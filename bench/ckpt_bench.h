@@ -1,0 +1,31 @@
+// ckpt_bench's options and entry point (bench/ckpt_bench.cc measures,
+// bench/ckpt_bench_main.cc parses the command line and prints).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "bench/report.h"
+
+namespace ckpt::bench {
+
+struct Options {
+  uint64_t bytes = 1ull << 30;
+  int tensors = 64;
+  int saves = 3;
+  int repeat = 3;  // rounds, each figure next to its limit
+  int copy_threads = 0;
+  std::string root;
+  std::string ckptd;
+  bool keep = false;
+  bool json = false;
+  std::string
+      object_url;  // object-tier figures too (bench/object_tier_bench.h)
+};
+
+// Starts a ckptd, measures every figure next to its limit o.repeat times,
+// fills *r with medians and spreads, and cleans up.
+absl::Status RunBench(const Options& o, Results* r);
+
+}  // namespace ckpt::bench

@@ -1,0 +1,52 @@
+// ckpt_bench's command line: see bench/ckpt_bench.cc for what it measures.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "bench/ckpt_bench.h"
+#include "bench/report.h"
+
+int main(int argc, char** argv) {
+  ckpt::bench::Options o;
+  CLI::App app{
+      "ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk "
+      "I/O"};
+  app.add_option("--bytes", o.bytes, "bytes of state (float32 host tensors)")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40));
+  app.add_option("--tensors", o.tensors, "number of tensors")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--saves", o.saves,
+                 "measured saves after the first, in each round")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--repeat", o.repeat,
+                 "rounds: each figure measured next to its limit this many "
+                 "times; medians and "
+                 "spreads (min-max) are reported")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--copy-threads", o.copy_threads,
+                 "client copy threads (0 = online CPUs)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--root", o.root,
+                 "directory on the disk to measure (default /var/tmp)");
+  app.add_option("--ckptd", o.ckptd,
+                 "ckptd binary (default ../daemon/ckptd next to this one)");
+  app.add_flag("--keep", o.keep,
+               "leave the run's directory (checkpoints, daemon log) behind");
+  app.add_flag("--json", o.json, "print one JSON object");
+  app.add_option(
+      "--object-url", o.object_url,
+      "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
+  CLI11_PARSE(app, argc, argv);
+
+  ckpt::bench::Results r;
+  absl::Status s;
+  s = ckpt::bench::RunBench(o, &r);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckpt_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("%s\n", (o.json ? ckpt::bench::FormatJson(r)
+                              : ckpt::bench::FormatTable(r))
+                          .c_str());
+  return 0;
+}

@@ -139,6 +139,9 @@ class NodeAgent {
   void HeartbeatLoop();
   void ApplyLoop();
   void ReportLoop();
+  // Heartbeat thread: takes the orders of a heartbeat's answer (starts a
+  // PREFETCH, acknowledges the others and any sent again).
+  void TakeOrders(const coord::v1::HeartbeatResponse& resp);
   // Under mu_ (released during each call): sends the queued fallback
   // reports in order, drops the expired and the refused; returns when the
   // queue is empty or the front must wait.

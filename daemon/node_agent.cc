@@ -34,10 +34,12 @@ NodeAgent::~NodeAgent() {
   if (reporter_.joinable()) reporter_.join();
   if (applier_.joinable()) applier_.join();
   for (auto& [id, t] : prefetchers_) t.join();
+  for (auto& [token, t] : net_probers_) t.join();
 }
 
 void NodeAgent::Start(Engine* engine) {
   engine_ = engine;
+  StartNetProbeServer();
   if (!options_.shm_prefix.empty()) {
     BeaconMonitorOptions bo;
     bo.shm_prefix = options_.shm_prefix;
@@ -75,6 +77,8 @@ void NodeAgent::HeartbeatLoop() {
       req.set_capacity(options_.capacity);
       req.set_spare(options_.spare);
       *req.mutable_health_report() = options_.health_report;
+      if (net_server_)
+        req.set_net_probe_port(static_cast<uint32_t>(net_server_->port()));
       cv1::RegisterNodeResponse resp;
       grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
                                     &resp, options_.rpc_timeout);
@@ -111,6 +115,7 @@ void NodeAgent::HeartbeatLoop() {
     if (beacons_)
       for (auto& p : beacons_->Snapshot(BeaconMonitor::Clock::now()))
         *req.add_progress() = std::move(p);
+    AddNetResults(&req);
     cv1::HeartbeatResponse resp;
     grpc::Status s =
         rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
@@ -169,7 +174,9 @@ void NodeAgent::HeartbeatLoop() {
         hosted[a.job()].assign(a.ranks().begin(), a.ranks().end());
       beacons_->SetHosted(hosted);
     }
+    NetResultsSent(req);
     TakeOrders(resp);
+    TakeNetProbes(resp);
     ReapOrders();
   } while (WaitFor(interval));
 }

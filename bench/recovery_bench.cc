@@ -1,6 +1,8 @@
 // recovery_bench: recovery times of a multi-node job on one machine, with
 // the limits they are held to measured in the same run.
 //   recovery_bench [--bytes-per-rank N] [--dir DIR] [--json]
+//   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
+//                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
 // Two nodes x two ranks (cluster_trainer, N bytes each, default 1 GiB) and
 // a spare, run by ckpt-coordinator, ckptd and ckptrun (tests/
 // cluster_harness.h). Then:
@@ -21,6 +23,11 @@
 // prefetches from the object store, and the limit of 1. is a raw parallel
 // GET of the lost shards (bench/object_raw.h, same part size and
 // concurrency as the daemon's).
+// The liveness modes (bench/liveness_bench.h, doc/benchmarks.md) run
+// instead: --hang (a SIGSTOPped trainer: detection against the model's
+// timeout), --soak (ckpt-worker under the defaults for --soak-s seconds,
+// default 600: false hangs) and --straggler (a rank slowed --slow-factor
+// times, default 3: windows until it is named).
 #include <signal.h>
 
 #include <algorithm>
@@ -31,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/liveness_bench.h"
 #include "bench/object_raw.h"
 #include "bench/progress_cost.h"
 #include "bench/raw_io.h"
@@ -113,22 +121,50 @@ int main(int argc, char** argv) {
   std::string dir = "/var/tmp";
   bool json = false, keep = false;
   std::string object_url;
+  ckpt::bench::LivenessArgs live;
+  auto number = [&](int& i, double lo, double hi, double& out) {
+    char* end = nullptr;
+    out = std::strtod(argv[++i], &end);
+    return *end == '\0' && out >= lo && out <= hi;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--bytes-per-rank" && i + 1 < argc)
+    if (a == "--hang" || a == "--soak" || a == "--straggler") {
+      if (!live.mode.empty()) return Fail("one of --hang, --soak, --straggler");
+      live.mode = a.substr(2);
+    } else if (a == "--hang-timeout-min-s" && i + 1 < argc) {
+      if (!number(i, 1, 3600, live.timeout_min_s))
+        return Fail("--hang-timeout-min-s: a number of seconds in [1, 3600]");
+    } else if (a == "--soak-s" && i + 1 < argc) {
+      if (!number(i, 10, 86400, live.soak.seconds))
+        return Fail("--soak-s: a number of seconds in [10, 86400]");
+      live.mode = "soak";
+    } else if (a == "--soak-first-step-s" && i + 1 < argc) {
+      if (!number(i, 0, 3600, live.soak.first_step_s))
+        return Fail("--soak-first-step-s: seconds in [0, 3600]");
+    } else if (a == "--soak-eval-s" && i + 1 < argc) {
+      if (!number(i, 0.01, 3600, live.soak.eval_s))
+        return Fail("--soak-eval-s: seconds in [0.01, 3600]");
+    } else if (a == "--slow-factor" && i + 1 < argc) {
+      if (!number(i, 1.5, 100, live.slow_factor))
+        return Fail("--slow-factor: a factor in [1.5, 100]");
+    } else if (a == "--bytes-per-rank" && i + 1 < argc) {
       bytes = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--dir" && i + 1 < argc)
+    } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
-    else if (a == "--json")
+    } else if (a == "--json") {
       json = true;
-    else if (a == "--keep")
+    } else if (a == "--keep") {
       keep = true;
-    else if (a == "--object-url" && i + 1 < argc)
+    } else if (a == "--object-url" && i + 1 < argc) {
       object_url = argv[++i];
-    else
-      return Fail("unknown argument " + a +
+    } else {
+      return Fail("unknown argument " + a.substr(0, 40) +
                   " (--bytes-per-rank N, --dir DIR, --json, --keep, "
-                  "--object-url s3://B/P)");
+                  "--object-url s3://B/P, --hang [--hang-timeout-min-s S], "
+                  "--soak [--soak-s S --soak-first-step-s S --soak-eval-s S], "
+                  "--straggler [--slow-factor F])");
+    }
   }
   if (bytes < (1 << 20)) return Fail("--bytes-per-rank: at least 1 MiB");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
@@ -148,6 +184,9 @@ int main(int argc, char** argv) {
   auto progress = ckpt::bench::MeasureProgressCost(root, 5'000'000);
   if (!progress.ok())
     return Fail("progress cost: " + std::string(progress.status().message()));
+  if (!live.mode.empty())
+    return ckpt::bench::RunLivenessMode(live, root, progress->progress_ns,
+                                        json);
 
   ClusterOptions o;
   o.dir = root;

@@ -36,6 +36,9 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
       req.address(), "address", kMaxAddressBytes, /*allow_empty=*/true));
   CKPT_RETURN_IF_ERROR(
       ValidateHealthReport(req.health_report(), "health_report"));
+  if (req.net_probe_port() > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "net_probe_port: ", req.net_probe_port(), " not in [0, 65535]"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
@@ -58,6 +61,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.clear_dead_reason();
   // A new check: judged afresh (a failure logs HEALTH_FAILED again).
   *node.rec.mutable_health_report() = req.health_report();
+  node.rec.set_net_probe_port(req.net_probe_port());
   node.rec.clear_unhealthy();
   node.rec.clear_unhealthy_check();
   node.rec.clear_unhealthy_reason();
@@ -96,6 +100,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
+  CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
   {
     // Liveness first, without the state mutex: a heartbeat counts even if
     // reports or a plan hold the state for a while.
@@ -152,6 +157,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   DetectHangsLocked(&batch, options_.now_ms());
   v1::HeartbeatResponse resp;
   resp.set_incarnation(incarnation_.load());
+  NetCheckLocked(&batch, req, &resp);
   auto mine = orders_by_node_.find(req.node_id());
   if (mine != orders_by_node_.end()) {
     for (uint64_t id : mine->second) {

@@ -75,6 +75,7 @@
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
+#include "coordinator/net_check.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
 #include "storage/manifest.h"
@@ -349,6 +350,12 @@ class Coordinator {
   // "; spare X is unhealthy (check: reason)" per such spare: why a plan
   // found no host.
   std::string UnhealthySparesLocked() const;
+  // coordinator_net_check.cc: the pairwise network check (net_check.h) at
+  // a node's heartbeat: its results recorded, its probes handed out, and a
+  // finished round's figures put in the nodes' reports as check "network"
+  // (judged against the median like memcpy).
+  void NetCheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
+                      v1::HeartbeatResponse* resp);
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);
@@ -415,6 +422,7 @@ class Coordinator {
   uint64_t next_epoch_ = 1;
   uint64_t next_event_seq_ = 1;
   int64_t last_hang_scan_ms_ = INT64_MIN;
+  NetCheckPlanner net_check_;
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;

@@ -3,7 +3,8 @@
 // registration (daemon/health.h runs the checks).
 //
 // A node is unhealthy when its own report has a failed check, or when one
-// of its bandwidth figures (memcpy, cuda) is below min_ratio x the median
+// of its bandwidth figures (memcpy, cuda, and network: the pairwise check
+// of net_check.h) is below min_ratio x the median
 // of that figure over the alive nodes that reported it (at least two: one
 // node has nothing to be compared with). Storage probe figures are not
 // compared: one fsync's latency says too little about a disk. A node that

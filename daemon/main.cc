@@ -9,8 +9,10 @@
 // watchdog ($WATCHDOG_USEC) only while the engine's reaper and persister
 // make progress (daemon/watchdog.h).
 //
-// Test-only: CKPTD_TEST_FAULT=hang-persist-writes makes every storage write
-// hang (storage/fault_backend.h) until shutdown, to wedge the persister.
+// Test-only: CKPTD_TEST_FAULT=slow-network slows this node's network
+// probes (daemon/net_probe.h); CKPTD_TEST_FAULT=hang-persist-writes makes every
+// storage write hang (storage/fault_backend.h) until shutdown, to wedge the
+// persister.
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <signal.h>
@@ -98,16 +100,24 @@ int main(int argc, char** argv) {
   std::unique_ptr<ckpt::storage::FaultInjectionBackend> fault;
   if (const char* f = std::getenv("CKPTD_TEST_FAULT");
       f != nullptr && f[0] != '\0') {
-    if (std::strcmp(f, "hang-persist-writes") != 0)
+    if (std::strcmp(f, "slow-network") == 0) {
+      opts->agent.net_probe_slow = true;
+      LogWarning(
+          "TEST-ONLY FAULT: CKPTD_TEST_FAULT=slow-network: this node's "
+          "network probes run at about 6 MB/s");
+    } else if (std::strcmp(f, "hang-persist-writes") == 0) {
+      fault = std::make_unique<ckpt::storage::FaultInjectionBackend>(storage);
+      fault->HangWrites();
+      storage = fault.get();
+      LogWarning(
+          "TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-persist-writes: every "
+          "storage write hangs");
+    } else {
       return Fail("CKPTD_TEST_FAULT",
                   absl::InvalidArgumentError(
-                      "only \"hang-persist-writes\" is known (test-only)"));
-    fault = std::make_unique<ckpt::storage::FaultInjectionBackend>(storage);
-    fault->HangWrites();
-    storage = fault.get();
-    LogWarning(
-        "TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-persist-writes: every storage "
-        "write hangs");
+                      "only \"hang-persist-writes\" and \"slow-network\" are "
+                      "known (test-only)"));
+    }
   }
   const ckpt::ServiceNotifier notifier;
   notifier.Status("re-attaching arenas and replaying staged steps");

@@ -55,6 +55,7 @@
 #include "coordinator/client/tls.h"
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
+#include "daemon/net_probe.h"
 
 namespace ckpt::daemon {
 
@@ -87,6 +88,12 @@ struct NodeAgentOptions {
   // The engine's arena prefix: the hosted ranks' progress beacons are read
   // there and reported with each heartbeat (beacons.h). Empty: none.
   std::string shm_prefix;
+  // The network check (net_probe.h): the listener's port (-1: none, the
+  // node is left out; 0: any free one), bound to `address` when that is
+  // an IPv4 address, else to every interface. net_probe_slow: test-only
+  // (CKPTD_TEST_FAULT=slow-network).
+  int net_probe_port = -1;
+  bool net_probe_slow = false;
 };
 
 class NodeAgent {
@@ -139,6 +146,19 @@ class NodeAgent {
   void HeartbeatLoop();
   void ApplyLoop();
   void ReportLoop();
+  // Heartbeat thread: takes the orders of a heartbeat's answer (starts a
+  // PREFETCH, acknowledges the others and any sent again).
+  void TakeOrders(const coord::v1::HeartbeatResponse& resp);
+  // node_agent_net_check.cc. Before the threads start: the probe listener.
+  void StartNetProbeServer();
+  // Heartbeat thread: tokens to expect registered with the listener before
+  // the next heartbeat, probes to send started on threads of their own.
+  void TakeNetProbes(const coord::v1::HeartbeatResponse& resp);
+  // Heartbeat thread: the probe results not yet sent, into `req`; and,
+  // once that heartbeat was answered, forgets them and joins the threads
+  // that are done.
+  void AddNetResults(coord::v1::HeartbeatRequest* req);
+  void NetResultsSent(const coord::v1::HeartbeatRequest& req);
   // Under mu_ (released during each call): sends the queued fallback
   // reports in order, drops the expired and the refused; returns when the
   // queue is empty or the front must wait.
@@ -202,7 +222,12 @@ class NodeAgent {
   // (an arena being created): the heartbeat thread must never wait on it.
   std::map<std::string, Hosting> hosting_;
   bool hosting_changed_ = false;
-  std::unique_ptr<BeaconMonitor> beacons_;  // with shm_prefix only
+  std::unique_ptr<BeaconMonitor> beacons_;      // with shm_prefix only
+  std::unique_ptr<NetProbeServer> net_server_;  // net_probe_port >= 0
+  // Probes this node sends, by token (once each); done ones in net_done_
+  // with their result, until a heartbeat carried it.
+  std::map<std::string, std::thread> net_probers_;
+  std::map<std::string, coord::v1::NetProbeResult> net_done_;
   std::thread applier_;
   std::thread heartbeat_;
   std::thread reporter_;

@@ -123,6 +123,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
       ->check(CLI::Range(1, 4096));
   app.add_flag("--spare", o.agent.spare,
                "join as a spare that hosts ranks only after a failure");
+  app.add_option("--health-net-port", o.agent.net_probe_port,
+                 "TCP port of the network health check's listener, the same "
+                 "on every node (-1, the default: none, the node is left out "
+                 "of the check; 0: any free port)")
+      ->check(CLI::Range(-1, 65535));
   app.add_option("--max-connections-per-uid",
                  o.listener.max_connections_per_uid,
                  "connections one uid other than root may hold (0 = no limit)");

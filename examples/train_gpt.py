@@ -80,7 +80,21 @@ def parse_args(argv=None):
                    help="sleep after each step (tests: a window to kill a rank in)")
     p.add_argument("--timeout-s", type=float, default=60,
                    help="how long ranks wait for each other (rendezvous, collectives)")
+    p.add_argument("--fault-hang", default="", metavar="STEP:RANK",
+                   help="rank RANK spins forever in a Python loop inside step STEP, before its "
+                        "compute, while the others wait for it in the all-reduce (hang "
+                        "detection tests; a process that restored a checkpoint never hangs, "
+                        "so the restarted job finishes)")
     a = p.parse_args(argv)
+    a.hang_step, a.hang_rank = -1, -1
+    if a.fault_hang:
+        parts = a.fault_hang.split(":")
+        try:
+            a.hang_step, a.hang_rank = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            a.hang_step = -1
+        if len(parts) != 2 or a.hang_step < 1 or a.hang_rank < 0:
+            p.error(f"--fault-hang {a.fault_hang[:32]!r}: not STEP:RANK (STEP >= 1, RANK >= 0)")
     for name in ("steps", "vocab", "dim", "heads", "layers", "seq", "batch", "threads"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -161,6 +175,15 @@ class SyntheticData:
             cols.append(x)
         seq = torch.cat(cols, dim=1)
         return seq[:, :-1], seq[:, 1:]
+
+
+def hang_in_python_loop(rank, step):
+    """--fault-hang: never returns. The stacks ckptrun captures on a hang
+    must show this loop's line (python/tests/test_train_gpt.py looks for
+    it by the marker comment)."""
+    say(f"fault-hang: rank {rank} spins forever in step {step}")
+    while True:
+        time.sleep(0.05)  # fault-hang loop
 
 
 def params_digest(model):
@@ -277,8 +300,11 @@ def main(argv=None):
         say(f"restored step {step}")
 
     pending = None  # the save in flight
+    restored = restore_step is not None
     while step < a.steps:
         s = step + 1
+        if s == a.hang_step and rank == a.hang_rank and not restored:
+            hang_in_python_loop(rank, s)
         for g in opt.param_groups:
             g["lr"] = lr_at(a, step)
         x, y = data.batch()

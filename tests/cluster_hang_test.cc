@@ -1,12 +1,22 @@
 // Hang detection with real processes: a trainer stopped with SIGSTOP stays
 // alive and says nothing, yet the coordinator names its rank from the
 // nodes' beacon reports, ckptrun keeps the stacks of the node's trainers,
-// and every rank resumes from one step, checked bit for bit.
+// and every rank resumes from one step, checked bit for bit. And a
+// ckpt-worker rank blocked inside its step (--fault-hang) while the others
+// wait for it in the allreduce: it is named, not the waiters, and the job
+// ends with the weights of an undisturbed run.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/cluster_fixture.h"
 #include "tests/test_util.h"
 
@@ -118,6 +128,118 @@ TEST_F(ClusterTest, StoppedTrainerIsNamedHungItsStacksKeptAndTheJobResumes) {
   EXPECT_NE(stacks.out.find("node a rank 1 (pid " + std::to_string(victim)),
             std::string::npos)
       << stacks.out;
+}
+
+// The small model ckpt-worker trains in these tests.
+std::vector<std::string> WorkerFlags() {
+  return {"--steps",
+          "60",
+          "--ckpt-every",
+          "5",
+          "--vocab",
+          "64",
+          "--dim",
+          "32",
+          "--seq",
+          "16",
+          "--batch",
+          "8",
+          "--seed",
+          "5",
+          "--lr",
+          "0.01",
+          "--log-every",
+          "10",
+          "--collective-timeout-s",
+          "90"};
+}
+
+// Every "done rank=R step N params_digest=D" line of `log`, as R -> D.
+std::map<uint32_t, std::string> DoneDigests(const std::string& log) {
+  std::map<uint32_t, std::string> out;
+  static const std::regex done(
+      R"(done rank=(\d+) step (\d+) params_digest=([0-9a-f]{16}))");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), done);
+       it != std::sregex_iterator(); ++it)
+    out[std::stoul((*it)[1])] = (*it)[3];
+  return out;
+}
+
+TEST_F(ClusterTest, WorkerRankBlockedInItsStepIsNamedNotItsWaitersBitExact) {
+  constexpr uint32_t kWorld = 4, kHungRank = 2, kHangStep = 23;
+  // The undisturbed reference: the same 4 ranks, no daemon, no fault.
+  std::string reference;
+  {
+    const int port = FreeLoopbackPorts(1)[0];
+    std::vector<std::unique_ptr<Proc>> ranks;
+    std::vector<std::string> argv = {CKPT_WORKER_BINARY};
+    for (const std::string& f : WorkerFlags()) argv.push_back(f);
+    const std::string log = dir_.path() + "/reference.log";
+    for (uint32_t r = 0; r < kWorld; ++r)
+      ranks.push_back(Proc::Spawn(
+          argv, log,
+          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(kWorld),
+           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)}));
+    for (auto& p : ranks) {
+      std::optional<int> st = p->Wait(std::chrono::seconds(120));
+      ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << ReadFileToString(log);
+    }
+    std::map<uint32_t, std::string> d = DoneDigests(ReadFileToString(log));
+    ASSERT_EQ(d.size(), kWorld) << ReadFileToString(log);
+    reference = d.at(0);
+  }
+
+  ClusterOptions o = Options(kWorld);
+  o.trainer_command = {CKPT_WORKER_BINARY};
+  for (const std::string& f : WorkerFlags()) o.trainer_command.push_back(f);
+  o.trainer_command.insert(
+      o.trainer_command.end(),
+      {"--fault-hang", absl::StrCat(kHangStep, ":", kHungRank)});
+  // The worker's collective timeout (90 s) is above the hang timeout, so
+  // the waiters are still waiting when the hang is found.
+  o.coordinator_args = {"--hang-timeout-min-s", "5", "--first-step-timeout-s",
+                        "120"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");  // ranks 0, 1
+  cluster_->StartNode("b");  // ranks 2, 3
+  std::optional<cv1::Event> hang;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        hang = FindEvent(cluster_->Events(), cv1::HANG_DETECTED);
+        return hang.has_value();
+      },
+      seconds(120)))
+      << "no HANG_DETECTED";
+  ASSERT_EQ(hang->hang().ranks_size(), 1) << hang->detail();
+  EXPECT_EQ(hang->hang().ranks(0), kHungRank) << hang->detail();
+  EXPECT_EQ(hang->hang().step(), kHangStep - 1) << hang->detail();
+  EXPECT_EQ(hang->node_id(), "b");
+  EXPECT_NE(hang->detail().find("ranks 0-1,3 are ahead and wait for it"),
+            std::string::npos)
+      << hang->detail();
+
+  ExpectLaunchersSucceed({"a", "b"});
+  const std::string logs =
+      cluster_->LauncherLog("a") + cluster_->LauncherLog("b");
+  EXPECT_NE(logs.find("--fault-hang: blocking forever in step " +
+                      std::to_string(kHangStep)),
+            std::string::npos)
+      << logs;
+  // Every rank restarted from one checkpoint and ended with the weights of
+  // the undisturbed run.
+  std::set<std::string> restored;
+  static const std::regex restored_line(R"(restored step (\d+))");
+  for (auto it = std::sregex_iterator(logs.begin(), logs.end(), restored_line);
+       it != std::sregex_iterator(); ++it)
+    restored.insert((*it)[1]);
+  EXPECT_EQ(restored.size(), 1u) << logs;
+  std::map<uint32_t, std::string> digests = DoneDigests(logs);
+  EXPECT_EQ(digests.size(), kWorld) << logs;
+  for (const auto& [rank, digest] : digests)
+    EXPECT_EQ(digest, reference) << "rank " << rank;
+  EXPECT_TRUE(FindEvent(cluster_->Events(), cv1::STACKS_CAPTURED).has_value());
 }
 
 }  // namespace

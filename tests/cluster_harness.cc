@@ -208,7 +208,11 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   if (auto it = options_.node_ckptd_args.find(id);
       it != options_.node_ckptd_args.end())
     argv.insert(argv.end(), it->second.begin(), it->second.end());
-  n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log");
+  auto env = options_.node_ckptd_env.find(id);
+  n.daemon = Proc::Spawn(argv, n.dir + "/ckptd.log",
+                         env == options_.node_ckptd_env.end()
+                             ? std::vector<std::string>()
+                             : env->second);
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
   std::vector<std::string> run = {CKPTRUN_BINARY,
                                   "--coordinator",
@@ -228,13 +232,22 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                                   "--grace-ms",
                                   "1000",
                                   "--"};
+  if (!options_.trainer_command.empty()) {
+    if (master_port_ == 0) master_port_ = FreeLoopbackPorts(1)[0];
+    run.insert(run.end() - 1, {"--master-port", std::to_string(master_port_)});
+  }
   run.insert(run.end(), options_.trainer_prefix.begin(),
              options_.trainer_prefix.end());
-  run.insert(run.end(),
-             {CLUSTER_TRAINER_BINARY, std::to_string(options_.bytes_per_rank),
-              std::to_string(options_.last_step),
-              std::to_string(options_.step_ms), options_.dir + "/trainers"});
-  if (options_.hold) run.push_back("hold");
+  if (!options_.trainer_command.empty()) {
+    run.insert(run.end(), options_.trainer_command.begin(),
+               options_.trainer_command.end());
+  } else {
+    run.insert(run.end(),
+               {CLUSTER_TRAINER_BINARY, std::to_string(options_.bytes_per_rank),
+                std::to_string(options_.last_step),
+                std::to_string(options_.step_ms), options_.dir + "/trainers"});
+    if (options_.hold) run.push_back("hold");
+  }
   n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log");
 }
 
@@ -341,6 +354,13 @@ bool Cluster::WaitUntil(const std::function<bool()>& cond,
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return true;
+}
+
+std::string Cluster::LauncherLog(const std::string& id) const {
+  std::ifstream in(NodeDir(id) + "/ckptrun.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 std::string Cluster::DumpLogs() const {

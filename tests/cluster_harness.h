@@ -57,10 +57,16 @@ struct ClusterOptions {
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
   // Extra flags for one node's ckptd, by node id.
   std::map<std::string, std::vector<std::string>> node_ckptd_args;
+  // Extra environment ("NAME=value") for one node's ckptd, by node id.
+  std::map<std::string, std::vector<std::string>> node_ckptd_env;
   // Runs each trainer through this command (e.g. setpriv --reuid 1000 ...,
   // a trainer that is not root); the trainers' log directory is then
   // world-writable.
   std::vector<std::string> trainer_prefix;
+  // Set: ckptrun runs this command instead of cluster_trainer (e.g.
+  // ckpt-worker; its output goes to the node's ckptrun.log, TrainerLog
+  // stays empty), with a free --master-port base for its rendezvous.
+  std::vector<std::string> trainer_command;
   // Set: the shared root is this object store URL ("s3://bucket/prefix",
   // endpoint and credentials from the environment) and the nodes share no
   // directory.
@@ -131,6 +137,8 @@ class Cluster {
                         std::chrono::milliseconds timeout);
   // Every log of the cluster, for a failing test's output.
   std::string DumpLogs() const;
+  // The node's ckptrun.log (with trainer_command: its trainers' output).
+  std::string LauncherLog(const std::string& id) const;
 
  private:
   struct Node {
@@ -146,6 +154,7 @@ class Cluster {
   const ClusterOptions options_;
   int port_ = 0;            // replica 0
   std::vector<int> ports_;  // every replica
+  int master_port_ = 0;     // trainer_command: ckptrun's --master-port
   std::vector<std::unique_ptr<Proc>> coordinators_;
   std::map<std::string, Node> nodes_;
 };

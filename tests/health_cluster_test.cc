@@ -2,8 +2,14 @@
 // /dev/shm has no room for its --capacity fails its health check at start,
 // reports it with its registration, and is never given ranks; the plan
 // for a killed node takes the healthy spare instead. ckptctl shows both.
+// And the pairwise network check: of three nodes, the one whose links are
+// slow (a test-only throttle) is unhealthy for "network", the others not.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
 
 #include "tests/cluster_harness.h"
 #include "tests/temp_dir.h"
@@ -105,6 +111,53 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
   EXPECT_NE(table.find("NO (shm)"), std::string::npos) << table;
   EXPECT_EQ(Ctl("health --node zz").find("not registered") == std::string::npos,
             false);
+}
+
+TEST_F(HealthClusterTest, NodeWhoseLinksAreSlowFailsTheNetworkCheck) {
+  ClusterOptions o;
+  o.dir = dir_.path();
+  o.world_size = 2;
+  o.nproc_per_node = 1;
+  // Every node takes part (loopback only); node c's probes, sent and
+  // received, run at about 6 MB/s.
+  o.ckptd_args = {"--health-net-port", "0"};
+  o.node_ckptd_env["c"] = {"CKPTD_TEST_FAULT=slow-network"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  cluster_->StartNode("c", /*spare=*/true);
+  std::optional<cv1::Event> failed;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        for (const auto& e : cluster_->Events())
+          if (e.kind() == cv1::HEALTH_FAILED) failed = e;
+        return failed.has_value();
+      },
+      seconds(90)))
+      << "no HEALTH_FAILED";
+  std::printf("network check: %s\n", failed->detail().c_str());  // record
+  EXPECT_EQ(failed->node_id(), "c");
+  EXPECT_EQ(failed->health().check(), "network");
+  EXPECT_NE(failed->health().reason().find("below 0.50 x the cluster's median"),
+            std::string::npos)
+      << failed->health().reason();
+  auto cluster = cluster_->GetCluster();
+  ASSERT_TRUE(cluster.has_value());
+  for (const auto& n : cluster->nodes()) {
+    EXPECT_EQ(n.unhealthy(), n.node_id() == "c") << n.node_id();
+    bool figure = false;
+    for (const auto& c : n.health_report().checks())
+      if (c.name() == "network") figure = c.figure() > 0;
+    EXPECT_TRUE(figure) << n.node_id() << ": no network figure";
+  }
+  const std::string health = Ctl("health --node c --json");
+  EXPECT_NE(health.find("\"healthy\":false,\"check\":\"network\""),
+            std::string::npos)
+      << health;
+  EXPECT_NE(ReadFileToString(dir_.path() + "/node-a/ckptd.log")
+                .find("network check: listening on 127.0.0.1:"),
+            std::string::npos);
 }
 
 TEST(HealthCheckCommandTest, ExitsNonZeroNamingEachFailedCheck) {

@@ -1,8 +1,9 @@
 // Data-parallel ckpt-worker: two real ckpt-worker processes (RANK 0 and 1,
 // WORLD_SIZE 2, MASTER_* on 127.0.0.1) against one real ckptd. The ranks end
 // with the same weights, resume bit for bit after a stop or a SIGKILL of one
-// rank, fail instead of hanging when a peer dies or never joins, and refuse
-// a checkpoint of another world size.
+// rank, fail instead of hanging when a peer dies or never joins, refuse a
+// checkpoint of another world size, and compute the same weights with a
+// slowed rank, a slow first step and declared evaluations.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shm/beacon.h"
@@ -101,6 +103,58 @@ TEST_F(DataParallelTest, AHungRankStaysBehindTheRankWaitingForItsAllreduce) {
   EXPECT_EQ(step_of(0), 5);  // computed step 5, waited for rank 1
   EXPECT_EQ(step_of(1), 4);  // stuck inside step 5
   r1.reset();                // SIGKILL: it would block forever
+}
+
+TEST_F(DataParallelTest,
+       SlowRankSlowFirstStepAndDeclaredEvaluationsLeaveTheWeightsUnchanged) {
+  // --fault-slow, --slow-first-step-s and --eval-every change the time a
+  // run takes, never what it computes: the digest is an undisturbed run's.
+  std::vector<WorkerRun> plain = RunTwoRanks({"--steps", "20"}, "");
+  ASSERT_TRUE(plain[0].exited_ok()) << plain[0].output;
+  std::vector<WorkerRun> r = RunTwoRanks(
+      {"--steps", "20", "--ckpt-every", "1", "--fault-slow", "1:3",
+       "--slow-first-step-s", "0.2", "--eval-every", "5", "--eval-s", "0.05"},
+      "slow");
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(r[rank].exited_ok()) << r[rank].output;
+    EXPECT_EQ(r[rank].Digest(), plain[0].Digest()) << r[rank].output;
+    EXPECT_NE(r[rank].output.find("\neval step 5 loss "), std::string::npos)
+        << r[rank].output;
+    EXPECT_NE(r[rank].output.find("\neval step 20 loss "), std::string::npos)
+        << r[rank].output;
+  }
+  // Every evaluation was declared to the hang detector, through the beacon
+  // ckptd reads; the slowed rank reported compute times like the others.
+  for (int rank = 0; rank < 2; ++rank) {
+    auto view = shm::BeaconView::Open(
+        "/" + prefix_ + ".slow.r" + std::to_string(rank), "slow", rank);
+    ASSERT_TRUE(view.ok()) << view.status();
+    auto snap = (*view)->Read();
+    ASSERT_TRUE(snap.has_value()) << "rank " << rank << ": no beacon";
+    EXPECT_EQ(snap->step, 20);
+    EXPECT_EQ(snap->pause_count, 4u) << "rank " << rank;
+    EXPECT_EQ(snap->pause_reason, "evaluation after step 20");
+    EXPECT_GT(snap->compute_ns, 0u) << "rank " << rank;
+  }
+}
+
+TEST_F(DataParallelTest, BadFaultAndEvaluationFlagsAreRefusedNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--fault-slow", "1:0.5"}, "--fault-slow"},
+      {{"--fault-slow", "x:3"}, "--fault-slow"},
+      {{"--fault-slow", "1:nan"}, "--fault-slow"},
+      {{"--fault-slow", "1"}, "--fault-slow"},
+      {{"--eval-every", "-1"}, "--eval-every"},
+      {{"--eval-s", "0"}, "--eval-s"},
+      {{"--slow-first-step-s", "-2"}, "--slow-first-step-s"}};
+  for (const auto& [flags, name] : cases) {
+    std::vector<std::string> argv = {"--steps", "2"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    WorkerRun r = WorkerProcess::Start(argv, {})->Wait();
+    EXPECT_EQ(r.exit_code(), 2) << flags[1] << ": " << r.output;
+    EXPECT_NE(r.output.find(name), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1 loss"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,29 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
   if (o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank = ", o.rank, ": not in [0, world_size ", o.world_size, ")"));
+  }
+  if (!std::isfinite(o.fault_slow_factor) || o.fault_slow_factor < 1 ||
+      o.fault_slow_factor > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault_slow_factor = ", o.fault_slow_factor, ": must be in [1, 100]"));
+  }
+  if (o.fault_slow_rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault_slow_rank = ", o.fault_slow_rank,
+                     ": no such rank in world_size ", o.world_size));
+  }
+  if (!std::isfinite(o.slow_first_step_s) || o.slow_first_step_s < 0 ||
+      o.slow_first_step_s > 3600) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slow_first_step_s = ", o.slow_first_step_s, ": must be in [0, 3600]"));
+  }
+  if (o.eval_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_every = ", o.eval_every, ": negative"));
+  }
+  if (!std::isfinite(o.eval_s) || o.eval_s <= 0 || o.eval_s > 3600) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_s = ", o.eval_s, ": must be in (0, 3600]"));
   }
   if (o.model.batch % o.world_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -152,6 +176,7 @@ absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
                         checkpoint_->Restore(*client_, target));
   step_ = r.step;
   data_seed_ = r.data_seed;
+  restored_ = true;
   return step_;
 }
 
@@ -230,6 +255,48 @@ void Trainer::HangForever(int64_t step) {
   for (;;) ::pause();
 }
 
+double Trainer::SlowDown(double compute_s) const {
+  if (options_.rank != options_.fault_slow_rank) return compute_s;
+  const double extra = (options_.fault_slow_factor - 1) * compute_s;
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  return compute_s + extra;
+}
+
+absl::Status Trainer::Evaluate(int64_t step, std::FILE* log) {
+  if (client_ != nullptr)
+    client_->ExpectPause(options_.eval_s,
+                         absl::StrCat("evaluation after step ", step));
+  CKPT_RETURN_IF_ERROR(LoadWorkingWeights());  // the weights after `step`
+  // Held-out data: the same patterns, batches no training step draws
+  // (steps count up from 1; these count down from -1). Only the working
+  // weights and the gradient buffers are used, both rewritten by the next
+  // step before they are read.
+  SyntheticData data{options_.model.vocab, options_.model.seq,
+                     options_.model.batch, data_seed_};
+  const size_t row = static_cast<size_t>(options_.model.seq) + 1;
+  const size_t rows =
+      static_cast<size_t>(options_.model.batch / options_.world_size);
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::chrono::duration<double>(options_.eval_s);
+  double sum = 0;
+  int64_t batches = 0;
+  do {
+    std::vector<int32_t> global = MakeBatch(data, -1 - batches, /*rank=*/0);
+    std::span<const int32_t> tokens(global.data() + options_.rank * rows * row,
+                                    rows * row);
+    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    sum += loss;
+    ++batches;
+  } while (std::chrono::steady_clock::now() < until);
+  if (log != nullptr) {
+    std::fprintf(log, "eval step %lld loss %.4f batches %lld\n",
+                 static_cast<long long>(step), sum / batches,
+                 static_cast<long long>(batches));
+    std::fflush(log);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
   last_step = std::min(last_step, options_.steps);
   // The global batch; this rank trains on its contiguous slice of rows.
@@ -245,17 +312,22 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
     std::span<const int32_t> tokens(global.data() + options_.rank * rows * row,
                                     rows * row);
     if (s == options_.fault_hang_step &&
-        options_.rank == options_.fault_hang_rank)
+        options_.rank == options_.fault_hang_rank && !restored_)
       HangForever(s);
+    if (!first_step_done_ && options_.slow_first_step_s > 0)
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(options_.slow_first_step_s));
+    first_step_done_ = true;
     const auto compute_start = std::chrono::steady_clock::now();
     CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    const double compute_s =
+        SlowDown(std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - compute_start)
+                     .count());
     // The beacon after this rank's own work, before it waits for the
     // others: a rank stuck in its compute stays behind the ranks waiting
     // for it in the allreduce, and is the one named.
-    if (client_ != nullptr)
-      client_->Progress(s, std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - compute_start)
-                               .count());
+    if (client_ != nullptr) client_->Progress(s, compute_s);
     CKPT_RETURN_IF_ERROR(ReduceGradients(loss));
     // The last save reads the master weights the step is about to rewrite.
     CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/false));
@@ -279,6 +351,8 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
                    loss);
       std::fflush(log);
     }
+    if (options_.eval_every > 0 && s % options_.eval_every == 0)
+      CKPT_RETURN_IF_ERROR(Evaluate(s, log));
   }
   CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/true));
   return CheckRanksAgree(absl::StrCat("after step ", step_).c_str());

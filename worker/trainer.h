@@ -46,13 +46,32 @@ struct TrainerOptions {
   int world_size = 1;  // model.batch is the global batch: a multiple of it
   // Fault injection (--fault-hang STEP:RANK): rank fault_hang_rank blocks
   // forever inside step fault_hang_step, before its compute, while the
-  // other ranks wait for it in the allreduce. -1: never.
+  // other ranks wait for it in the allreduce; a process that restored a
+  // checkpoint never does, so a job restarted after the hang finishes.
+  // -1: never.
   int64_t fault_hang_step = -1;
   int fault_hang_rank = -1;
+  // Fault injection (--fault-slow RANK:FACTOR): rank fault_slow_rank takes
+  // fault_slow_factor times as long for its compute of every step (it
+  // sleeps the difference after computing) and reports that time as its
+  // compute_s, as a slow GPU or a throttled node would. -1: nobody.
+  int fault_slow_rank = -1;
+  double fault_slow_factor = 1.0;  // in [1, 100]
+  // The first step this process runs sleeps this long before its compute
+  // (a stand-in for warm-up: compilation, caches, lazy init). 0: none.
+  double slow_first_step_s = 0;
+  // Every eval_every steps (0: never), after the step, an evaluation:
+  // forward passes over held-out batches for eval_s seconds (at least one
+  // batch), declared beforehand with ExpectPause(eval_s, "evaluation ...").
+  // The training state is not touched: a run with evaluations ends with
+  // the same weights as one without.
+  int eval_every = 0;
+  double eval_s = 1.0;  // in (0, 3600]
 };
 
 // InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
-// log_every, cpu_threads, rank, world_size, or a model size).
+// log_every, cpu_threads, rank, world_size, fault_slow_factor,
+// slow_first_step_s, eval_every, eval_s, or a model size).
 [[nodiscard]] absl::Status ValidateTrainerOptions(
     const TrainerOptions& options);
 
@@ -85,6 +104,11 @@ class Trainer {
 
  private:
   [[noreturn]] void HangForever(int64_t step);
+  // --fault-slow: sleeps (factor - 1) x `compute` on the slowed rank;
+  // returns the compute time the rank reports (its own, slowed).
+  double SlowDown(double compute_s) const;
+  // The evaluation after step `step` (eval_every); logs its loss to `log`.
+  [[nodiscard]] absl::Status Evaluate(int64_t step, std::FILE* log);
   Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
           std::unique_ptr<DataParallel> comm, MlpModel model);
   [[nodiscard]] absl::Status Initialize();
@@ -109,6 +133,9 @@ class Trainer {
   std::vector<float> reduce_buffer_;  // every gradient, then the loss
   uint64_t data_seed_;
   int64_t step_ = 0;
+  bool first_step_done_ = false;
+  bool restored_ = false;  // this process restored a checkpoint  //
+                           // slow_first_step_s: once per process
   std::vector<float> losses_;
 };
 

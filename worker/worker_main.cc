@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -139,9 +141,49 @@ int main(int argc, char** argv) {
   std::string fault_hang;
   app.add_option("--fault-hang", fault_hang,
                  "STEP:RANK: rank RANK blocks forever in step STEP while the "
-                 "others wait for it in the allreduce (hang detection tests)");
+                 "others wait for it in the allreduce, unless it restored a "
+                 "checkpoint (hang detection tests)");
+  std::string fault_slow;
+  app.add_option("--fault-slow", fault_slow,
+                 "RANK:FACTOR: rank RANK computes FACTOR (in [1, 100]) times "
+                 "slower and reports it (straggler detection tests)");
+  app.add_option("--slow-first-step-s", o.slow_first_step_s,
+                 "the first step of each process sleeps this long before "
+                 "its compute (warm-up stand-in; in [0, 3600])");
+  app.add_option("--eval-every", o.eval_every,
+                 "evaluate on held-out batches every N steps, declared to "
+                 "the hang detector as a pause (0: never)");
+  app.add_option("--eval-s", o.eval_s,
+                 "how long each evaluation runs, in (0, 3600] seconds");
   CLI11_PARSE(app, argc, argv);
   o.steps = steps;
+  if (!fault_slow.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(fault_slow, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &o.fault_slow_rank) ||
+        !absl::SimpleAtod(parts[1], &o.fault_slow_factor) ||
+        o.fault_slow_rank < 0 || !(o.fault_slow_factor >= 1) ||
+        o.fault_slow_factor > 100) {
+      std::fprintf(stderr,
+                   "ckpt-worker: --fault-slow: \"%.40s\" is not RANK:FACTOR "
+                   "(RANK >= 0, FACTOR in [1, 100])\n",
+                   fault_slow.c_str());
+      return 2;
+    }
+  }
+  // The flags' own names in the refusal (ValidateTrainerOptions names the
+  // option fields, for library callers).
+  const std::pair<bool, const char*> refusals[] = {
+      {!(o.slow_first_step_s >= 0 && o.slow_first_step_s <= 3600),
+       "--slow-first-step-s: must be in [0, 3600]"},
+      {o.eval_every < 0, "--eval-every: must not be negative"},
+      {!(o.eval_s > 0 && o.eval_s <= 3600), "--eval-s: must be in (0, 3600]"},
+  };
+  for (const auto& [bad, why] : refusals) {
+    if (bad) {
+      std::fprintf(stderr, "ckpt-worker: %s\n", why);
+      return 2;
+    }
+  }
   if (!fault_hang.empty()) {
     std::vector<std::string> parts = absl::StrSplit(fault_hang, ':');
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &o.fault_hang_step) ||

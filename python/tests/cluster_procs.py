@@ -65,13 +65,13 @@ class Cluster:
             return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True, close_fds=True)
 
-    def start_coordinator(self):
+    def start_coordinator(self, extra_args=()):
         log = os.path.join(self.dir, "coordinator.log")
         self.coordinator = self._spawn(
             [_binary("CKPT_COORDINATOR_BINARY", "ckpt-coordinator"), "--listen", "127.0.0.1:0",
              "--state", os.path.join(self.dir, "coordinator"), "--shared-root", self.shared,
              "--heartbeat-timeout-ms", str(self.heartbeat_ms),
-             "--insecure"], log)  # plaintext on loopback must be asked for
+             "--insecure"] + list(extra_args), log)  # plaintext on loopback must be asked for
 
         def listening():
             with open(log) as f:
@@ -80,13 +80,17 @@ class Cluster:
             return self.address is not None
         wait_for(listening, 20, "ckpt-coordinator to listen")
 
-    def cluster(self):
-        r = subprocess.run([_binary("CKPTCTL_BINARY", "ckptctl"), "--coordinator", self.address,
-                            "cluster", "--json"], capture_output=True, timeout=20)
+    def ctl_json(self, *args):
+        """`ckptctl --coordinator ADDR ARGS... --json`, parsed; {} on failure."""
+        r = subprocess.run([_binary("CKPTCTL_BINARY", "ckptctl"), "--coordinator", self.address]
+                           + list(args) + ["--json"], capture_output=True, timeout=20)
         try:
             return json.loads(r.stdout.decode()) if r.returncode == 0 else {}
         except ValueError:
             return {}
+
+    def cluster(self):
+        return self.ctl_json("cluster")
 
     def node_alive(self, node_id):
         return any(n.get("node_id") == node_id and n.get("health") == "ALIVE"

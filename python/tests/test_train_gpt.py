@@ -1,7 +1,9 @@
 """examples/train_gpt.py under ckptrun and a real coordinator: a 2-rank job
-survives a rank SIGKILLed at a random step, and the loss of a whole node
-(a spare takes its rank), and ends with the params_digest of an undisturbed
-run. The random step is printed (and $CKPT_TEST_SEED fixes it)."""
+survives a rank SIGKILLed at a random step, the loss of a whole node (a
+spare takes its rank), and a rank hung in a Python loop (named by the
+coordinator, its Python stack kept), and ends with the params_digest of an
+undisturbed run. The random step is printed (and $CKPT_TEST_SEED fixes
+it)."""
 
 import os
 import random
@@ -77,18 +79,18 @@ class TrainGptTest(unittest.TestCase):
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def run_job(self, nodes, spares, disturb):
+    def run_job(self, nodes, spares, disturb, extra_args=(), coordinator_args=()):
         """Starts the cluster and the job, calls disturb(), waits for the
         launchers still running to exit 0, returns all their output."""
         nproc = WORLD // len(nodes)
         c = self.cluster = self.Cluster(self.dir, "gpt", WORLD, nproc)
-        c.start_coordinator()
+        c.start_coordinator(coordinator_args)
         for n in nodes:
             c.start_node(n)
         for n in spares:
             c.start_node(n, spare=True)
         port = 20000 + self.rng.randrange(0, 400) * 50
-        cmd = [sys.executable, TRAIN] + ARGS + ["--step-sleep-ms", "40"]
+        cmd = [sys.executable, TRAIN] + ARGS + ["--step-sleep-ms", "40"] + list(extra_args)
         for n in nodes + spares:
             c.start_launcher(n, cmd, port, env=trainer_env())
         disturb(c)
@@ -135,6 +137,33 @@ class TrainGptTest(unittest.TestCase):
             c.kill_node("b")
             print("killed node b at step >= %d" % kill_at, file=sys.stderr)
         self.check(self.run_job(["a", "b"], ["c"], disturb))
+
+    def test_rank_hung_in_a_python_loop_is_named_with_its_python_stack(self):
+        # After two checkpoints, so that the restart restores (and a
+        # restored process never hangs again).
+        hang_at = 2 * EVERY + 2
+        with open(TRAIN) as f:
+            loop_line = next(i for i, line in enumerate(f, 1) if line.rstrip().endswith("# fault-hang loop"))
+        # A short floor so that the test takes seconds; the gloo timeout
+        # (30 s) is longer, so the waiting rank does not fail first.
+        text = self.run_job(["a"], [], lambda c: None, extra_args=["--fault-hang", "%d:1" % hang_at],
+                            coordinator_args=["--hang-timeout-min-s", "5", "--first-step-timeout-s", "120"])
+        c = self.cluster
+        self.assertIn("fault-hang: rank 1 spins forever in step %d" % hang_at, text)
+        self.check(text)
+        hangs = [e for e in c.ctl_json("events", "--job", "gpt").get("events", [])
+                 if e.get("kind") == "HANG_DETECTED"]
+        if len(hangs) != 1:
+            self.keep = True
+        self.assertEqual(len(hangs), 1, c.logs_text()[-4000:])
+        self.assertEqual(hangs[0]["ranks"], [1], hangs[0]["detail"])  # not the waiter, rank 0
+        self.assertEqual(hangs[0]["step"], hang_at - 1, hangs[0]["detail"])
+        reports = c.ctl_json("stacks", "--job", "gpt").get("reports", [])
+        stacks = "".join(r["text"] for rep in reports for r in rep["ranks"] if r["rank"] == 1)
+        where = 'train_gpt.py", line %d in hang_in_python_loop' % loop_line
+        if where not in stacks:
+            self.keep = True
+        self.assertIn(where, stacks, stacks[-4000:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+#include "coordinator/net_check.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+constexpr int kMaxNetResults = 16;
+constexpr size_t kTokenChars = 32;
+
+std::string NewToken() {
+  static thread_local std::random_device rd;
+  static const char kHex[] = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 8; ++j) t += kHex[(v >> (4 * j)) & 0xf];
+  }
+  return t;
+}
+
+bool IsToken(const std::string& t) {
+  if (t.size() != kTokenChars) return false;
+  for (char c : t)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+}  // namespace
+
+absl::Status ValidateNetResults(const v1::HeartbeatRequest& req) {
+  if (req.net_results_size() > kMaxNetResults)
+    return absl::InvalidArgumentError(
+        absl::StrCat("net_results: ", req.net_results_size(),
+                     " results, at most ", kMaxNetResults));
+  for (int i = 0; i < req.net_results_size(); ++i) {
+    const v1::NetProbeResult& r = req.net_results(i);
+    const std::string at = absl::StrCat("net_results[", i, "]");
+    if (!IsToken(r.token()))
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".token: not ", kTokenChars, " hex characters"));
+    CKPT_RETURN_IF_ERROR(ValidatePrintable(r.error(), at + ".error", 512,
+                                           /*allow_empty=*/true));
+    if (!std::isfinite(r.mb_per_s()) || r.mb_per_s() < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ".mb_per_s: ", r.mb_per_s(), " is not a finite >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+void NetCheckPlanner::SetNodes(const std::map<std::string, NetEndpoint>& nodes,
+                               int64_t now_ms) {
+  if (nodes == nodes_) return;
+  nodes_ = nodes;
+  probes_.clear();
+  round_start_ms_ = now_ms;
+  ++round_;
+  finished_ = nodes_.size() < 2;  // one node has nobody to probe
+  std::vector<std::string> ids;
+  for (const auto& [id, e] : nodes_) ids.push_back(id);
+  if (ids.size() < 2) return;
+  // A ring; with two nodes one probe says all a pair can say.
+  const size_t n = ids.size() == 2 ? 1 : ids.size();
+  for (size_t i = 0; i < n; ++i) {
+    Probe p;
+    p.sender = ids[i];
+    p.receiver = ids[(i + 1) % ids.size()];
+    p.token = NewToken();
+    probes_.push_back(std::move(p));
+  }
+}
+
+bool NetCheckPlanner::Record(const std::string& node,
+                             const v1::NetProbeResult& result, int64_t now_ms) {
+  (void)now_ms;
+  for (Probe& p : probes_) {
+    if (p.token != result.token() || p.sender != node || p.done) continue;
+    p.done = true;
+    p.mb_per_s = result.mb_per_s();
+    p.error = result.error();
+    return FinishIfDone();
+  }
+  return false;
+}
+
+bool NetCheckPlanner::ExpireLate(int64_t now_ms) {
+  if (finished_ || now_ms - round_start_ms_ < options_.order_ttl_ms)
+    return false;
+  for (Probe& p : probes_) {
+    if (p.done) continue;
+    p.done = true;
+    p.error = absl::StrCat("probe ", p.sender, " -> ", p.receiver,
+                           ": no result within ", options_.order_ttl_ms, " ms");
+  }
+  return FinishIfDone();
+}
+
+bool NetCheckPlanner::FinishIfDone() {
+  if (finished_) return false;
+  for (const Probe& p : probes_)
+    if (!p.done) return false;
+  finished_ = true;
+  figures_.clear();
+  for (const Probe& p : probes_) {
+    for (const std::string* id : {&p.sender, &p.receiver}) {
+      NetFigure& f = figures_[*id];
+      f.mb_per_s = std::max(f.mb_per_s, p.error.empty() ? p.mb_per_s : 0.0);
+      if (!p.error.empty())
+        absl::StrAppend(&f.errors, f.errors.empty() ? "" : "; ", p.error);
+    }
+  }
+  return true;
+}
+
+std::vector<v1::NetProbeOrder> NetCheckPlanner::OrdersFor(
+    const std::string& node, int64_t now_ms) {
+  (void)now_ms;
+  std::vector<v1::NetProbeOrder> out;
+  for (Probe& p : probes_) {
+    if (p.done) continue;
+    v1::NetProbeOrder o;
+    o.set_token(p.token);
+    o.set_bytes(options_.bytes);
+    o.set_timeout_ms(options_.timeout_ms);
+    if (node == p.receiver) {
+      // Heartbeats of a node come one after the other: told before this
+      // one, it registered the token before sending this one.
+      if (p.accept_told) p.accept_known = true;
+      p.accept_told = true;
+      o.set_peer_node(p.sender);
+      o.set_send(false);
+      out.push_back(std::move(o));
+    } else if (node == p.sender && p.accept_known) {
+      const NetEndpoint& to = nodes_.at(p.receiver);
+      o.set_peer_node(p.receiver);
+      o.set_peer_host(to.host);
+      o.set_peer_port(to.port);
+      o.set_send(true);
+      out.push_back(std::move(o));
+    }
+  }
+  return out;
+}
+
+}  // namespace ckpt::coordinator

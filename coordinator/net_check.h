@@ -1,0 +1,101 @@
+// The pairwise network check (issue 18, node health): the coordinator
+// pairs the alive nodes that run a probe listener (daemon/net_probe.h) in
+// a ring over their sorted ids — each node sends one bounded TCP probe to
+// the next and receives one from the previous (two nodes: one probe) —
+// and hands both ends of each pair a one-time token over their
+// authenticated heartbeat channel. A node is told to send only after the
+// receiver has heartbeaten again since it was told the token (the agent
+// registers a token before its next heartbeat), so the receiver always
+// expects it first.
+//
+// A node's figure is the best MB/s of the probes it took part in: a slow
+// link between two good nodes leaves each of them another pair, while a
+// node whose every link is slow stands out against the cluster's median
+// (health_state.h compares "network" like memcpy). A round starts when the
+// set of probing nodes changes; a probe without a result within
+// order_ttl_ms counts as failed. Not thread-safe: the coordinator calls it
+// under its state lock (memory only, no I/O).
+#ifndef CKPT_COORDINATOR_NET_CHECK_H_
+#define CKPT_COORDINATOR_NET_CHECK_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator.pb.h"
+
+namespace ckpt::coordinator {
+
+namespace v1 = ::ckpt::coord::v1;
+
+struct NetEndpoint {
+  std::string host;
+  uint32_t port = 0;
+  bool operator==(const NetEndpoint&) const = default;
+};
+
+struct NetCheckOptions {
+  uint64_t bytes = 64ull << 20;  // per probe
+  uint32_t timeout_ms = 5000;    // per probe, connect included
+  int64_t order_ttl_ms = 30000;  // a probe not reported by then failed
+};
+
+// A node's result of the finished round.
+struct NetFigure {
+  double mb_per_s = 0;  // the best of its probes (0: every one failed)
+  std::string errors;   // why its probes failed, if they did
+};
+
+// A heartbeat's net_results: at most 16, tokens of 32 hex characters,
+// peers and errors printable, figures finite and not negative. A refusal
+// names the field.
+[[nodiscard]] absl::Status ValidateNetResults(const v1::HeartbeatRequest& req);
+
+class NetCheckPlanner {
+ public:
+  explicit NetCheckPlanner(NetCheckOptions options = {}) : options_(options) {}
+
+  // The probing nodes now (id -> where their listener is); a set other
+  // than the last one starts a new round.
+  void SetNodes(const std::map<std::string, NetEndpoint>& nodes,
+                int64_t now_ms);
+  // `node`'s report of a probe it sent; a token not of this round is
+  // ignored. True when this finished the round.
+  bool Record(const std::string& node, const v1::NetProbeResult& result,
+              int64_t now_ms);
+  // What `node` is told in this heartbeat's answer: tokens to expect, and
+  // probes to send once their receiver expects them.
+  std::vector<v1::NetProbeOrder> OrdersFor(const std::string& node,
+                                           int64_t now_ms);
+  // True (once) when probes expired and so finished the round.
+  bool ExpireLate(int64_t now_ms);
+  // Every node's figure of the last finished round; empty before one.
+  const std::map<std::string, NetFigure>& figures() const { return figures_; }
+  uint64_t round() const { return round_; }
+
+ private:
+  struct Probe {
+    std::string sender, receiver, token;
+    bool accept_told = false;   // the receiver got the token...
+    bool accept_known = false;  // ...and heartbeat again since
+    bool done = false;
+    double mb_per_s = 0;
+    std::string error;
+  };
+  // Fills figures_ from the round's probes once all are done.
+  bool FinishIfDone();
+
+  const NetCheckOptions options_;
+  std::map<std::string, NetEndpoint> nodes_;
+  std::vector<Probe> probes_;
+  int64_t round_start_ms_ = 0;
+  uint64_t round_ = 0;
+  bool finished_ = true;
+  std::map<std::string, NetFigure> figures_;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_NET_CHECK_H_

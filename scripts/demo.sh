@@ -171,8 +171,11 @@ echo
 echo "== 2. disturbed run: coordinator, nodes a and b (2 ranks each), spare c"
 shared=$work/shared
 mkdir -p "$shared"
+# --health-min-ratio 0: the simulated nodes share this machine's memory, so
+# comparing their bandwidth would judge the load of the moment, not a node.
 spawn "$work/coordinator.log" "$coordinator_bin" --listen 127.0.0.1:0 --state "$work/coordinator" \
-  --shared-root "$shared" --heartbeat-timeout-ms "$heartbeat_ms" --insecure
+  --shared-root "$shared" --heartbeat-timeout-ms "$heartbeat_ms" --insecure \
+  --health-min-ratio 0
 coordinator_pid=$started
 wait_for 20 grep -q '^listening on ' "$work/coordinator.log" ||
   fail "ckpt-coordinator did not start: $(cat "$work/coordinator.log")"

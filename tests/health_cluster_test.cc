@@ -122,6 +122,7 @@ TEST_F(HealthClusterTest, NodeWhoseLinksAreSlowFailsTheNetworkCheck) {
   // received, run at about 6 MB/s.
   o.ckptd_args = {"--health-net-port", "0"};
   o.node_ckptd_env["c"] = {"CKPTD_TEST_FAULT=slow-network"};
+  o.coordinator_args = {"--health-min-ratio", "0.5"};  // the default's
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");

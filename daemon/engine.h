@@ -171,7 +171,7 @@ class Engine : private PipelineState {
   // One rank's arena and slot table (rank_slots.h).
   using Rank = RankSlots;
   struct Job {
-    v1::JobRecord rec;
+    catv1::JobRecord rec;
     std::map<uint32_t, Rank> ranks;
     std::map<uint64_t, Step> steps;
     // False while a first Register creates the job: the catalog records a
@@ -185,7 +185,7 @@ class Engine : private PipelineState {
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
          storage::Backend* object);
   [[nodiscard]] absl::Status Recover();
-  void RecoverJob(Job& job, std::vector<v1::ShardRecord> shards);
+  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
 
   // Helpers; *Locked ones need mu_ held.
   [[nodiscard]] absl::StatusOr<Job*> FindJobLocked(const std::string& job,

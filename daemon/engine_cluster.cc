@@ -140,8 +140,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     shard.rec.set_step(step);
     shard.rec.set_rank(rank);
     shard.rec.set_world_size(world_size);
-    shard.phase = ShardPhase::kDurable;  // a prefetched shard starts durable
-    shard.rec.set_state(CatalogStateOf(shard.phase));
+    shard.Start(ShardPhase::kDurable);  // a prefetched shard starts durable
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());

@@ -61,7 +61,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   shard.rec.set_step(req.step());
   shard.rec.set_rank(req.rank());
   shard.rec.set_world_size(job->rec.world_size());
-  shard.rec.set_state(CatalogStateOf(shard.phase));  // a commit starts staged
+  shard.Start(ShardPhase::kStaged);  // a commit starts staged
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
   shard.rec.set_created_unix_ns(info.created_unix_ns);
@@ -230,9 +230,9 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
   auto sh = step->second.shards.find(rank);
   if (sh == step->second.shards.end()) return plan;
   const std::string& name = job.rec.job();
-  auto intent = [&](v1::DeleteIntent::Tier tier,
+  auto intent = [&](catv1::DeleteIntent::Tier tier,
                     const std::vector<std::string>& keys, bool prefix) {
-    v1::DeleteIntent d;
+    catv1::DeleteIntent d;
     d.set_tier(tier);
     for (const std::string& k : keys) d.add_keys(k);
     d.set_prefix(prefix);
@@ -243,7 +243,7 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
     return id;
   };
   auto local = [&](std::string key, bool prefix) {
-    const uint64_t id = intent(v1::DeleteIntent::LOCAL, {key}, prefix);
+    const uint64_t id = intent(catv1::DeleteIntent::LOCAL, {key}, prefix);
     plan.local.push_back({std::move(key), prefix, id});
   };
   const bool was_durable =
@@ -257,7 +257,7 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
     if (step->second.object_manifest)
       del.keys.push_back(NodeManifestKey(name, step_no));
     if (delete_object) del.keys.push_back(sh->second.rec.path());
-    del.intent = intent(v1::DeleteIntent::OBJECT, del.keys, false);
+    del.intent = intent(catv1::DeleteIntent::OBJECT, del.keys, false);
     plan.object = std::move(del);
   }
   // The intents go before the record deletes that made them due.

@@ -14,8 +14,8 @@
 namespace ckpt::daemon {
 void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
                                     std::string key, bool prefix) {
-  v1::DeleteIntent intent;
-  intent.set_tier(v1::DeleteIntent::LOCAL);
+  catv1::DeleteIntent intent;
+  intent.set_tier(catv1::DeleteIntent::LOCAL);
   intent.add_keys(key);
   intent.set_prefix(prefix);
   intent.set_job(job);
@@ -40,8 +40,8 @@ void Engine::PushLocalDeleteLocked(LocalDelete del) {
 
 void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {
   if (del.keys.empty()) return;
-  v1::DeleteIntent intent;
-  intent.set_tier(v1::DeleteIntent::OBJECT);
+  catv1::DeleteIntent intent;
+  intent.set_tier(catv1::DeleteIntent::OBJECT);
   for (const std::string& k : del.keys) intent.add_keys(k);
   intent.set_job(del.job);
   intent.set_step(del.step);
@@ -60,7 +60,7 @@ absl::Status Engine::RecoverDeletes() {
       (void)catalog_->ForgetDeleteIntent(id);
       continue;
     }
-    if (intent.tier() == v1::DeleteIntent::LOCAL) {
+    if (intent.tier() == catv1::DeleteIntent::LOCAL) {
       persister_->QueueDelete(intent.keys(0), intent.prefix(), id);
       ++local;
     } else if (uploader_ != nullptr) {

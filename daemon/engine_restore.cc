@@ -15,15 +15,6 @@
 
 namespace ckpt::daemon {
 
-static_assert(
-    static_cast<int>(shm::SlotState::kFree) == v1::SLOT_STATE_FREE &&
-        static_cast<int>(shm::SlotState::kWriting) == v1::SLOT_STATE_WRITING &&
-        static_cast<int>(shm::SlotState::kStaged) == v1::SLOT_STATE_STAGED &&
-        static_cast<int>(shm::SlotState::kPersisting) ==
-            v1::SLOT_STATE_PERSISTING &&
-        static_cast<int>(shm::SlotState::kDurable) == v1::SLOT_STATE_DURABLE,
-    "v1::SlotState mirrors shm::SlotState");
-
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -488,7 +479,7 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
       a->set_arena_bytes(rank.arena->size());
       for (const Slot& s : rank.slots) {
         v1::SlotStatus* st = a->add_slots();
-        st->set_state(static_cast<v1::SlotState>(s.state));
+        st->set_state(RpcSlotStateOf(s.state));
         if (s.state != shm::SlotState::kFree) st->set_step(s.step);
         st->set_readers(s.readers);
       }

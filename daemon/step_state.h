@@ -13,19 +13,20 @@
 #include <map>
 #include <optional>
 
-#include "ckpt.pb.h"
+#include "catalog.pb.h"
 #include "daemon/shard_phase.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
 
 struct Shard {
-  v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
+  catv1::ShardRecord
+      rec;  // what the catalog records (tensors as v1::TensorMeta)
   // The validated index, kept from commit (or recovery, or prefetch) on:
   // the persister encodes and checks from it; rec.tensors() is its copy
   // for the catalog and the RPC replies.
   storage::ShardInfo info;
-  // Only MoveTo changes it (the record's state follows).
+  // Only Start and MoveTo set it (the record's state follows).
   ShardPhase phase = ShardPhase::kStaged;
   uint64_t gen = 0;
   // The digest the STAGED report carried: of the index as committed, where
@@ -44,6 +45,9 @@ struct Shard {
   bool uploaded = false;
   bool local_gone = false;
 
+  // A new save (a commit, a prefetch, a recovered record) starts its life
+  // in `first`; the record's state follows.
+  void Start(ShardPhase first);
   // Moves the shard to `to` (a legal transition; an illegal one is a bug
   // and is refused with a log line) and derives the record's state.
   bool MoveTo(ShardPhase to);

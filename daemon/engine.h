@@ -34,12 +34,12 @@
 // files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
 // reaper), engine_arena.cc (a rank's arena: create, grow, prefaulted,
 // drop), engine_commit.cc (CommitSave, dropping shards),
-// engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
-// WaitDurable, List, Delete, Status),
-// engine_persist.cc (a persist's and a manifest's snapshot and record,
-// retention, Drain), engine_tier.cc (the same for uploads, tiered
-// retention), engine_deletes.cc (delete intents), engine_cluster.cc
-// (hosted ranks, reports, Prefetch).
+// engine_restore.cc (Latest, OpenRestore's choice of source, loads),
+// engine_fallback.cc (CloseRestore, the fallback ladder), engine_query.cc
+// (WaitDurable, List, Status), engine_persist.cc (a persist's and a
+// manifest's snapshot and record, retention, Drain), engine_tier.cc (the
+// same for uploads, tiered retention), engine_deletes.cc (Delete, delete
+// intents), engine_cluster.cc (hosted ranks, reports, Prefetch).
 //
 // Thread-safety: all methods are safe to call concurrently. One mutex
 // (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's

@@ -15,8 +15,8 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     const PeerCreds& peer, const v1::DeleteRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   std::vector<uint64_t> steps;
   if (req.all_steps()) {
     for (const auto& [n, step] : job->steps) steps.push_back(n);
@@ -42,7 +42,7 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
-  // Deleted once the RPC answers: its records are written (outside mu_).
+  // Deleted once the RPC answers: its records are written (outside the lock).
   lock.unlock();
   writer_->Flush();
   return resp;
@@ -64,7 +64,7 @@ void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
 }
 
 void Engine::PushLocalDeleteLocked(LocalDelete del) {
-  if (leases_.HoldsFile(del.key, del.prefix)) {
+  if (table_.leases().HoldsFile(del.key, del.prefix)) {
     // A FILE restore reads it: its CloseRestore (or its holder's exit)
     // queues the delete. The intent is recorded, so a restart does it too.
     deferred_deletes_.push_back(std::move(del));

@@ -12,14 +12,14 @@ namespace ckpt::daemon {
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                   const v1::CloseRestoreRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
         "bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
   if (req.lease() == 0 && !req.bad_copy().empty()) {
     // A FILE restore: the shard's stored copy is bad.
-    Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
+    Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
     if (shard == nullptr)
       return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                               "' has no step ", req.step(),
@@ -30,14 +30,14 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     writer_->Flush();  // a failed shard's record, written before we answer
     return absl::OkStatus();
   }
-  const Lease* lease =
-      leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false);
+  const Lease* lease = table_.leases().FindFor(req.lease(), req.job(),
+                                               req.rank(), /*write=*/false);
   if (lease == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open restore ",
                                             req.lease(), " of job '", req.job(),
                                             "' rank ", req.rank()));
   if (!req.bad_copy().empty()) {
-    Shard* shard = FindShardLocked(req.job(), lease->step, req.rank());
+    Shard* shard = table_.FindShard(req.job(), lease->step, req.rank());
     if (shard != nullptr && !lease->file_key.empty()) {
       // A FILE restore: the stored copy it read is bad (if still that one).
       if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&

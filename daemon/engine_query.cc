@@ -10,14 +10,14 @@ namespace ckpt::daemon {
 
 absl::Status Engine::WaitDurable(const PeerCreds& peer,
                                  const v1::WaitDurableRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(table_.mu());
   auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
   for (;;) {
-    CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+    CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
     (void)job;
-    const Shard* found = FindShardLocked(req.job(), req.step(), req.rank());
+    const Shard* found = table_.FindShard(req.job(), req.step(), req.rank());
     if (found == nullptr)
       return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                               "' has no step ", req.step(),
@@ -25,7 +25,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
     const Shard& shard = *found;
     if (CommitDurable(shard)) {
       // As durable in the catalog as on storage: the record of it (queued
-      // with the change, written outside mu_) is written when we answer.
+      // with the change, written outside the lock) is written when we answer.
       lock.unlock();
       writer_->Flush();
       return absl::OkStatus();
@@ -34,8 +34,9 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
                                               " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
-    if (durable_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
+    if (table_.durable_cv.wait_until(lock, deadline) ==
+        std::cv_status::timeout) {
+      const Shard* now = table_.FindShard(req.job(), req.step(), req.rank());
       if (now != nullptr && now->phase == ShardPhase::kStaged &&
           now->attempts >= options_.max_persist_attempts)
         return absl::UnavailableError(
@@ -52,15 +53,15 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
 
 absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
                                               const v1::ListRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(table_.mu());
   v1::ListResponse resp;
   if (!req.job().empty()) {
     // A job whose steps were all deleted has no record left: listed empty.
-    absl::Status found = FindJobLocked(req.job(), peer).status();
+    absl::Status found = table_.FindFor(req.job(), peer).status();
     if (absl::IsNotFound(found)) return resp;
     CKPT_RETURN_IF_ERROR(found);
   }
-  for (const auto& [name, job] : jobs_) {
+  for (const auto& [name, job] : table_.jobs()) {
     if (!req.job().empty() && name != req.job()) continue;
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
     if (!job.recorded) continue;  // a first Register is still creating it
@@ -72,7 +73,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
       v1::StepInfo* si = ji->add_steps();
       si->set_step(n);
       bool durable = false;
-      si->set_complete(StepCompleteLocked(job, step, &durable));
+      si->set_complete(table_.StepComplete(job, step, &durable));
       si->set_durable(durable &&
                       (ObjectCommit() ? step.object_manifest
                                       : step.manifest || step.object_manifest));
@@ -91,14 +92,14 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
 }
 
 v1::StatusResponse Engine::Status(const PeerCreds& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(table_.mu());
   v1::StatusResponse resp;
   resp.set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
           .count());
   resp.set_backend(backend_->name());
   uint64_t in_flight = 0;
-  for (const auto& [name, job] : jobs_) {
+  for (const auto& [name, job] : table_.jobs()) {
     // Other uids' jobs are not shown (as in List); the counters are global.
     if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
     for (const auto& [r, rank] : job.ranks) {

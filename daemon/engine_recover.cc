@@ -72,8 +72,7 @@ absl::Status Engine::Recover() {
     Job job;
     job.rec = std::move(rec);
     RecoverJob(job, std::move(shards));
-    std::string name = job.rec.job();
-    jobs_.emplace(name, std::move(job));
+    table_.Add(std::move(job));
   }
   return absl::OkStatus();
 }
@@ -107,7 +106,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
   size_t requeued = 0, in_memory = 0, lost = 0;
   for (catv1::ShardRecord& recorded : shards) {
     Shard sh;
-    sh.gen = next_gen_++;
+    sh.gen = table_.NextGen();
     sh.rec = std::move(recorded);
     catv1::ShardRecord& rec = sh.rec;
     sh.Start(PhaseOfRecord(rec.state()));
@@ -169,7 +168,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
   }
   for (auto& [n, step] : job.steps) {
     bool durable = false;
-    if (!StepCompleteLocked(job, step, &durable) || !durable) continue;
+    if (!table_.StepComplete(job, step, &durable) || !durable) continue;
     bool local_gone = false, uploaded = true;
     for (const auto& [r, shard] : step.shards) {
       local_gone = local_gone || shard.local_gone;

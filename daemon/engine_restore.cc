@@ -20,12 +20,12 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::lock_guard<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   v1::LatestResponse resp;
   for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
     bool durable = false;
-    if (!StepCompleteLocked(*job, it->second, &durable)) continue;
+    if (!table_.StepComplete(*job, it->second, &durable)) continue;
     resp.set_found(true);
     resp.set_step(it->first);
     if (ObjectCommit()) durable = durable && it->second.object_manifest;
@@ -45,8 +45,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                            .count(),
                        bytes);
   };
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.rank() >= job->rec.world_size())
     return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(),
                                                    " is not below world_size ",
@@ -56,7 +56,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                                             "' has no step ", req.step(),
                                             " for rank ", req.rank()));
   };
-  Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
+  Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
   if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
@@ -73,7 +73,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     // waits until the client's CloseRestore or its exit.
     Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
     lease.file_key = shard->rec.path();
-    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                          table_.leases().Add(std::move(lease)));
     resp.set_lease(lease_id);
     resp.set_source(v1::RESTORE_SOURCE_FILE);
     resp.set_path(*path);
@@ -102,7 +103,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
       return loaded.status();
     }
     shard = *loaded;
-    job = &jobs_.find(req.job())->second;
+    job = table_.Find(req.job());
     resp.set_load_s(load_s);
     resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
                                 : v1::RESTORE_SOURCE_DISK);
@@ -110,7 +111,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   Rank& rank = job->ranks[req.rank()];
   Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
               req.step(), false,      peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                        table_.leases().Add(std::move(lease)));
   rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
@@ -167,7 +169,7 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
 absl::StatusOr<Shard*> Engine::LoadShardLocked(
     std::unique_lock<std::mutex>& lock, const std::string& job_name,
     uint64_t step_no, uint32_t rank_no, double* load_s, bool* from_object) {
-  Shard* shard = FindShardLocked(job_name, step_no, rank_no);
+  Shard* shard = table_.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
   const std::string key = shard->rec.path();
@@ -186,10 +188,10 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   for (;;) {
     // The lock is released while an arena is created and while waiting for
     // a slot: the job, the rank and the shard are found again each time.
-    auto j = jobs_.find(job_name);
-    if (j == jobs_.end()) return changed();
+    auto j = table_.jobs().find(job_name);
+    if (j == table_.jobs().end()) return changed();
     Job* job = &j->second;
-    shard = FindShardLocked(job_name, step_no, rank_no);
+    shard = table_.FindShard(job_name, step_no, rank_no);
     if (shard == nullptr || shard->gen != gen) return changed();
     if (shard->slot >= 0) return shard;  // another request loaded it
     auto existing = job->ranks.find(rank_no);
@@ -207,15 +209,11 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (slot_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
-  Job* job = &jobs_.find(job_name)->second;
-  for (auto& [n, st] : job->steps) {
-    auto o = st.shards.find(rank_no);
-    if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
-  }
+  JobTable::DetachSlot(*table_.Find(job_name), rank_no, slot);
   rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
@@ -234,16 +232,16 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   lock.lock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).
-  auto j = jobs_.find(job_name);
+  auto j = table_.jobs().find(job_name);
   Rank* r = nullptr;
-  if (j != jobs_.end() && j->second.ranks.count(rank_no))
+  if (j != table_.jobs().end() && j->second.ranks.count(rank_no))
     r = &j->second.ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
     r->Free(slot);
   }
-  slot_cv_.notify_all();
-  Shard* cur = FindShardLocked(job_name, step_no, rank_no);
+  table_.slot_cv.notify_all();
+  Shard* cur = table_.FindShard(job_name, step_no, rank_no);
   if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
     MaybeForgetJobLocked(job_name);
     if (!st.ok()) return Annotate(st, "load from storage");

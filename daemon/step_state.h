@@ -1,11 +1,10 @@
-// The engine's record of a checkpoint step on this node: each rank's shard
+// The daemon's record of a checkpoint step on this node: each rank's shard
 // (its catalog record, its validated index, its phase (shard_phase.h), the
-// slot holding it)
-// and whether this node's manifest of the step is written. Plain data: the
-// Engine owns the step table (one per job) and changes it; retention.h
-// reads it.
+// slot holding it) and whether this node's manifest of the step is
+// written. Plain data: each job of the JobTable (job_table.h) has a step
+// table; the Engine changes it, retention.h reads it.
 //
-// Thread-safety: none; callers hold the engine mutex.
+// Thread-safety: none; callers hold the job table's lock (job_table.h).
 #ifndef CKPT_DAEMON_STEP_STATE_H_
 #define CKPT_DAEMON_STEP_STATE_H_
 

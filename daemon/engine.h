@@ -56,14 +56,16 @@
 // only by the changes it waits for.
 //
 // No I/O runs under the lock but the documented Stat of
-// ClientReadablePath: disk and object I/O, catalog writes, checksum passes
-// and arena creation run outside it. A state change queues its catalog
-// edit (CatalogWriter) in the same critical section, so edits land in the
-// order of the changes; whoever needs the outcome (CommitSave, a new or
-// grown arena, Prefetch, a delete that waits for its intent; Delete,
-// WaitDurable and a bad-copy CloseRestore before they answer) waits with
-// the lock released. A rank's arena is created (or grown, beside the old
-// one) with the lock released while RankSlots::creating makes other
+// ClientReadablePath and the drop of an arena (DropArenaLocked: the
+// backend's unregister, shm_unlink and the unmap, no disk; the unlink must
+// precede a re-created arena of the same name): disk and object I/O,
+// catalog writes, checksum passes and arena creation run outside it. A state
+// change queues its catalog edit (CatalogWriter) in the same critical section,
+// so edits land in the order of the changes; whoever needs the outcome
+// (CommitSave, a new or grown arena, Prefetch, a delete that waits for its
+// intent; Delete, WaitDurable and a bad-copy CloseRestore before they answer)
+// waits with the lock released. A rank's arena is created (or grown, beside the
+// old one) with the lock released while RankSlots::creating makes other
 // requests for that rank wait; the Prefaulter (its own lock, never held
 // while it calls back) readies the slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_

@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
 Catalog::Catalog(rocksdb::DB* db) : db_(db) {}
 Catalog::~Catalog() = default;
 
-absl::Status Catalog::PutJob(const v1::JobRecord& job) {
+absl::Status Catalog::PutJob(const catv1::JobRecord& job) {
   if (fail_job_puts_)
     return absl::ResourceExhaustedError("put job " + job.job() +
                                         ": no space (injected)");
@@ -92,11 +92,11 @@ absl::Status Catalog::DeleteJob(const std::string& job) {
   return FromRocks(s, "delete job " + job);
 }
 
-absl::StatusOr<std::vector<v1::JobRecord>> Catalog::Jobs() {
-  return ScanPrefix<v1::JobRecord>(db_.get(), "J/");
+absl::StatusOr<std::vector<catv1::JobRecord>> Catalog::Jobs() {
+  return ScanPrefix<catv1::JobRecord>(db_.get(), "J/");
 }
 
-absl::Status Catalog::PutShard(const v1::ShardRecord& shard, bool sync) {
+absl::Status Catalog::PutShard(const catv1::ShardRecord& shard, bool sync) {
   if (fail_shard_puts_)
     return absl::ResourceExhaustedError("put shard " + shard.job() +
                                         ": no space (injected)");
@@ -117,13 +117,13 @@ absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step,
                    "delete shard " + job);
 }
 
-absl::StatusOr<std::vector<v1::ShardRecord>> Catalog::Shards(
+absl::StatusOr<std::vector<catv1::ShardRecord>> Catalog::Shards(
     const std::string& job) {
-  return ScanPrefix<v1::ShardRecord>(db_.get(), ShardPrefix(job));
+  return ScanPrefix<catv1::ShardRecord>(db_.get(), ShardPrefix(job));
 }
 
 absl::StatusOr<uint64_t> Catalog::PutDeleteIntent(
-    const v1::DeleteIntent& intent) {
+    const catv1::DeleteIntent& intent) {
   const uint64_t id = next_intent_.fetch_add(1);
   CKPT_RETURN_IF_ERROR(
       FromRocks(db_->Put(rocksdb::WriteOptions(), IntentKey(id),
@@ -138,11 +138,11 @@ absl::Status Catalog::ForgetDeleteIntent(uint64_t id) {
   return FromRocks(db_->Delete(wo, IntentKey(id)), "forget delete intent");
 }
 
-void CatalogEdit::PutJob(const v1::JobRecord& job) {
+void CatalogEdit::PutJob(const catv1::JobRecord& job) {
   ops_.push_back({Kind::kJob, JobKey(job.job()), job.SerializeAsString()});
 }
 
-void CatalogEdit::PutShard(const v1::ShardRecord& shard) {
+void CatalogEdit::PutShard(const catv1::ShardRecord& shard) {
   ops_.push_back({Kind::kShard,
                   ShardKey(shard.job(), shard.step(), shard.rank()),
                   shard.SerializeAsString()});
@@ -153,7 +153,8 @@ void CatalogEdit::DeleteShard(const std::string& job, uint64_t step,
   ops_.push_back({Kind::kOther, ShardKey(job, step, rank), std::nullopt});
 }
 
-void CatalogEdit::PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent) {
+void CatalogEdit::PutDeleteIntent(uint64_t id,
+                                  const catv1::DeleteIntent& intent) {
   ops_.push_back({Kind::kOther, IntentKey(id), intent.SerializeAsString()});
 }
 
@@ -194,14 +195,14 @@ absl::Status Catalog::ApplyGroup(std::span<const CatalogEdit* const> edits,
   return FromRocks(db_->Write(wo, &batch), "catalog edit");
 }
 
-absl::StatusOr<std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
+absl::StatusOr<std::vector<std::pair<uint64_t, catv1::DeleteIntent>>>
 Catalog::DeleteIntents() {
-  std::vector<std::pair<uint64_t, v1::DeleteIntent>> out;
+  std::vector<std::pair<uint64_t, catv1::DeleteIntent>> out;
   std::unique_ptr<rocksdb::Iterator> it(
       db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(kIntentPrefix);
        it->Valid() && it->key().starts_with(kIntentPrefix); it->Next()) {
-    v1::DeleteIntent d;
+    catv1::DeleteIntent d;
     const std::string key = it->key().ToString();
     if (!d.ParseFromArray(it->value().data(),
                           static_cast<int>(it->value().size())))

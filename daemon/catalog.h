@@ -18,13 +18,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ckpt.pb.h"
+#include "catalog.pb.h"
 
 namespace rocksdb {
 class DB;
 }  // namespace rocksdb
 
 namespace ckpt::daemon {
+
+// The catalog's records (proto/catalog.proto).
+namespace catv1 = ::ckpt::catalog::v1;
 
 class Catalog;
 
@@ -34,13 +37,13 @@ class Catalog;
 // memory leaves everything as it was when the write fails. Plain data.
 class CatalogEdit {
  public:
-  void PutJob(const v1::JobRecord& job);
-  void PutShard(const v1::ShardRecord& shard);
+  void PutJob(const catv1::JobRecord& job);
+  void PutShard(const catv1::ShardRecord& shard);
   void DeleteShard(const std::string& job, uint64_t step, uint32_t rank);
   // The job's record and every shard record of it.
   void DeleteJob(const std::string& job);
   // `id` comes from Catalog::NewIntentId.
-  void PutDeleteIntent(uint64_t id, const v1::DeleteIntent& intent);
+  void PutDeleteIntent(uint64_t id, const catv1::DeleteIntent& intent);
   void ForgetDeleteIntent(uint64_t id);
   bool empty() const { return ops_.empty(); }
 
@@ -62,26 +65,27 @@ class Catalog {
       const std::string& dir);
   ~Catalog();
 
-  [[nodiscard]] absl::Status PutJob(const v1::JobRecord& job);
+  [[nodiscard]] absl::Status PutJob(const catv1::JobRecord& job);
   absl::Status DeleteJob(const std::string& job);
-  [[nodiscard]] absl::StatusOr<std::vector<v1::JobRecord>> Jobs();
+  [[nodiscard]] absl::StatusOr<std::vector<catv1::JobRecord>> Jobs();
 
   // sync: wait for the write-ahead log to reach the disk (durable records).
-  [[nodiscard]] absl::Status PutShard(const v1::ShardRecord& shard, bool sync);
+  [[nodiscard]] absl::Status PutShard(const catv1::ShardRecord& shard,
+                                      bool sync);
   absl::Status DeleteShard(const std::string& job, uint64_t step,
                            uint32_t rank);
-  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardRecord>> Shards(
+  [[nodiscard]] absl::StatusOr<std::vector<catv1::ShardRecord>> Shards(
       const std::string& job);
 
   // Deletes the daemon owes storage, by id (> 0): put before the records
   // that made them due are deleted (the log keeps the order), forgotten
   // (synced: a stale one could delete a key written again) once done.
   [[nodiscard]] absl::StatusOr<uint64_t> PutDeleteIntent(
-      const v1::DeleteIntent& intent);
+      const catv1::DeleteIntent& intent);
   absl::Status ForgetDeleteIntent(uint64_t id);
   // Oldest first.
   [[nodiscard]] absl::StatusOr<
-      std::vector<std::pair<uint64_t, v1::DeleteIntent>>>
+      std::vector<std::pair<uint64_t, catv1::DeleteIntent>>>
   DeleteIntents();
 
   // A fresh id for a delete intent put through a CatalogEdit.

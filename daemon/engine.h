@@ -1,8 +1,10 @@
-// Engine: the state of one ckptd — jobs, their ranks' shared-memory arenas
-// and slot tables, the shards of every step, the leases that clients hold
-// on slots, and the persister that writes staged slots to storage.
+// Engine: one ckptd's RPC front and composition root. It wires the job
+// table (the in-memory state), the catalog writer, the persistence
+// pipeline and the prefaulter, and turns each RPC into: validate the
+// request → change the job table under its lock → queue the catalog edit
+// of the change (written outside the lock) → hand work to the pipeline.
 //
-// The engine is authoritative for slot states; it mirrors them into each
+// The daemon is authoritative for slot states; it mirrors them into each
 // arena's header for tools and clients but never reads them back, so a
 // client that scribbles over shared memory cannot corrupt the daemon's
 // view (only its own data, which the checksums then reject).
@@ -12,9 +14,10 @@
 // field. A lease whose holder process exits (seen through a pidfd) is
 // released, so a trainer killed mid-save leaves no slot locked.
 //
-// Where each concept lives: the Engine owns the job table (jobs, their
-// ranks and steps), the RPCs, recovery (engine_recover.cc) and the wiring
-// of these parts, each in its own file:
+// Where each concept lives:
+//   job_table.h    jobs, ranks, slots, steps, leases and hosting in
+//                  memory: lookups, shard/slot transitions, queries, the
+//                  lock and the per-waiter condition variables;
 //   lease_table.h  the leases and the reaper's poll of their holders;
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
@@ -28,40 +31,43 @@
 //                  node manifest's contents;
 //   prefaulter.h   the background fault-in of new arenas' slots;
 //   metrics.h      the Prometheus metrics it updates and reports;
-//   catalog_writer.h  the catalog edits, applied in order and group-synced
-//                  outside mu_.
+//   catalog.h, catalog_writer.h  the catalog (records: proto/catalog.proto)
+//                  and its edits, applied in order and group-synced
+//                  outside the job table's lock.
 // engine_options.h holds its options and the reports it sends. The method
 // files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
 // reaper), engine_arena.cc (a rank's arena: create, grow, prefaulted,
 // drop), engine_commit.cc (CommitSave, dropping shards),
-// engine_restore.cc (Latest, OpenRestore, loads, CloseRestore,
-// WaitDurable, List, Delete, Status),
-// engine_persist.cc (a persist's and a manifest's snapshot and record,
-// retention, Drain), engine_tier.cc (the same for uploads, tiered
-// retention), engine_deletes.cc (delete intents), engine_cluster.cc
-// (hosted ranks, reports, Prefetch).
+// engine_restore.cc (Latest, OpenRestore's choice of source, loads),
+// engine_fallback.cc (CloseRestore, the fallback ladder), engine_query.cc
+// (WaitDurable, List, Status), engine_persist.cc (a persist's and a
+// manifest's snapshot and record, retention, Drain), engine_tier.cc (the
+// same for uploads, tiered retention), engine_deletes.cc (Delete, delete
+// intents), engine_cluster.cc (hosted ranks, reports, Prefetch),
+// engine_recover.cc (recovery from the catalog).
 //
-// Thread-safety: all methods are safe to call concurrently. One mutex
-// (mu_) guards jobs, slots, shards, leases and the persist queue: a lease's
-// release changes its slot, the persister changes slots and shards, and
-// retention drops shards across ranks, so separate locks for these would
-// need an ordering every path keeps (not done). The parts above therefore
-// have no lock of their own: the Engine holds mu_ around every call. Each
-// kind of waiter has its own condition variable (slot, arena, durable,
-// persist queue, reaper; see the members), notified only by the changes
-// it waits for.
+// Thread-safety: all methods are safe to call concurrently. The job
+// table's lock (table_.mu(), "the lock" below) guards the table and also
+// the persist queue: a lease's release changes its slot, the persister
+// changes slots and shards, and retention drops shards across ranks, so
+// a separate lock for the queue would need an ordering every path keeps
+// (not done). Each kind of waiter has its own condition variable (slot,
+// arena, durable in the table; persist queue and reaper here), notified
+// only by the changes it waits for.
 //
-// No I/O runs under mu_ but the documented Stat of ClientReadablePath:
-// disk and object I/O, catalog writes, checksum passes and arena creation
-// run outside it. A state change queues its catalog edit (CatalogWriter)
-// in the same critical section, so edits land in the order of the
-// changes; whoever needs the outcome (CommitSave, a new or grown arena,
-// Prefetch, a delete that waits for its intent; Delete, WaitDurable and a
-// bad-copy CloseRestore before they answer) waits with mu_ released. A
-// rank's arena is created (or grown, beside the old one) with mu_
-// released while RankSlots::creating makes other requests for that rank
-// wait; the Prefaulter (its own lock, never held while it calls back)
-// readies the slots beyond slot 0 in the background.
+// No I/O runs under the lock but the documented Stat of
+// ClientReadablePath and the drop of an arena (DropArenaLocked: the
+// backend's unregister, shm_unlink and the unmap, no disk; the unlink must
+// precede a re-created arena of the same name): disk and object I/O,
+// catalog writes, checksum passes and arena creation run outside it. A state
+// change queues its catalog edit (CatalogWriter) in the same critical section,
+// so edits land in the order of the changes; whoever needs the outcome
+// (CommitSave, a new or grown arena, Prefetch, a delete that waits for its
+// intent; Delete, WaitDurable and a bad-copy CloseRestore before they answer)
+// waits with the lock released. A rank's arena is created (or grown, beside the
+// old one) with the lock released while RankSlots::creating makes other
+// requests for that rank wait; the Prefaulter (its own lock, never held
+// while it calls back) readies the slots beyond slot 0 in the background.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -84,6 +90,7 @@
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
 #include "daemon/engine_options.h"
+#include "daemon/job_table.h"
 #include "daemon/lease_table.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_listener.h"
@@ -170,27 +177,13 @@ class Engine : private PipelineState {
  private:
   // One rank's arena and slot table (rank_slots.h).
   using Rank = RankSlots;
-  struct Job {
-    v1::JobRecord rec;
-    std::map<uint32_t, Rank> ranks;
-    std::map<uint64_t, Step> steps;
-    // False while a first Register creates the job: the catalog records a
-    // job only once one of its arenas exists.
-    bool recorded = true;
-    // Every step was deleted: the record goes and the arenas are unlinked
-    // once no lease, save or load uses the job (MaybeForgetJobLocked).
-    bool forget_when_idle = false;
-  };
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
          storage::Backend* object);
   [[nodiscard]] absl::Status Recover();
-  void RecoverJob(Job& job, std::vector<v1::ShardRecord> shards);
+  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
 
-  // Helpers; *Locked ones need mu_ held.
-  [[nodiscard]] absl::StatusOr<Job*> FindJobLocked(const std::string& job,
-                                                   const PeerCreds& peer);
-  absl::StatusOr<Rank*> FindRankLocked(Job& job, uint32_t rank);
+  // Helpers; *Locked ones need the job table's lock held.
   // Returns the rank's arena, creating or growing it to slot_bytes. The
   // creation runs with `lock` released (Rank::creating marks it); a refusal
   // leaves the rank's old arena and its steps as they were.
@@ -204,13 +197,9 @@ class Engine : private PipelineState {
                     absl::Status status);
   // Drops the job and its record if Delete marked it and nothing uses it.
   void MaybeForgetJobLocked(const std::string& job);
-  // Removes a job that a refused first Register left without any arena.
-  void EraseIfUnrecordedLocked(const std::string& job);
-  // The shard of (job, step, rank), or nullptr.
-  Shard* FindShardLocked(const std::string& job, uint64_t step, uint32_t rank);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
-  // Removes lease `id` and undoes what it held on its slot (an unfinished
-  // write frees the slot; a read drops one reader).
+  // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
+  // restore's lease lets the deletes it held back go.
   void ReleaseLeaseLocked(uint64_t id);
   // The fallback ladder: a client found `shard`'s copy (the stored one, or
   // the one in memory) failing verification. Drops the slot's image; with
@@ -225,8 +214,8 @@ class Engine : private PipelineState {
   // DropShardLocked in two halves, for a caller that must write the
   // catalog before it changes anything (CommitSave): the plan adds the
   // catalog writes (record deletes, delete intents) to `edit` and changes
-  // nothing; ApplyDropLocked, once the edit is written, changes memory and
-  // queues the deletes.
+  // nothing; ApplyDropLocked, once the edit is written, changes memory
+  // (JobTable::EraseShard) and queues the deletes.
   struct LocalDelete {
     std::string key;
     bool prefix = false;
@@ -257,7 +246,7 @@ class Engine : private PipelineState {
   // retracted.
   void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
                         uint64_t gen);
-  // Queues a catalog edit (in the order of the state changes, mu_ held).
+  // Queues a catalog edit (in the order of the state changes, the lock held).
   uint64_t RecordLocked(CatalogEdit edit, bool sync) {
     return writer_->Enqueue(std::move(edit), sync);
   }
@@ -273,7 +262,7 @@ class Engine : private PipelineState {
   // Restore's one decision: the path the caller may read the durable
   // shard's file from itself (a local file of the recorded size that the
   // caller's uid can open), or nullopt: the daemon loads it into a slot.
-  // Stats the file (metadata only) with mu_ held.
+  // Stats the file (metadata only) with the lock held.
   std::optional<std::string> ClientReadablePath(const PeerCreds& peer,
                                                 const Shard& shard);
   // Loads a durable shard into a free slot of its rank's arena; releases
@@ -284,7 +273,7 @@ class Engine : private PipelineState {
       uint32_t rank, double* load_s, bool* from_object = nullptr);
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
-  // verifies the object's tensor checksums. Called without mu_.
+  // verifies the object's tensor checksums. Called without the lock.
   [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local,
                                             bool object,
                                             const storage::ShardInfo& info,
@@ -305,11 +294,7 @@ class Engine : private PipelineState {
   // or, with `failed`, retracted.
   void ReportLocked(const Shard& shard, bool durable,
                     bool failed = false) const;
-  // StepComplete (retention.h) with the job's hosted ranks in cluster mode.
-  bool StepCompleteLocked(const Job& job, const Step& step,
-                          bool* durable) const;
-
-  // The pipeline's view of the state (pipeline.h): each takes mu_. The
+  // The pipeline's view of the state (pipeline.h): each takes the lock. The
   // persist and manifest halves are in engine_persist.cc, the upload's in
   // engine_tier.cc.
   std::optional<PersistSnapshot> SnapshotPersist(
@@ -360,7 +345,7 @@ class Engine : private PipelineState {
   void QueueObjectDeleteTaskLocked(UploadTask del);
   [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();
-  // The gauges of a scrape (engine_metrics.cc); takes mu_.
+  // The gauges of a scrape (engine_metrics.cc); takes the lock.
   MetricsSnapshot Snapshot();
 
   const EngineOptions options_;
@@ -370,39 +355,29 @@ class Engine : private PipelineState {
   storage::Backend* const object_;  // the object tier, or nullptr
   const std::chrono::steady_clock::time_point started_;
 
-  std::mutex mu_;
-  // One condition variable per kind of waiter, each notified by the
-  // changes its waiters wait for:
+  // Jobs, ranks, slots, steps, leases and hosting, with the lock (mu())
+  // and the slot, arena and durable condition variables (job_table.h).
+  JobTable table_;
+  // The Engine's own waiters, on table_.mu():
   //   queue_cv_   the persist queue (persister.h): its thread and WaitIdle;
-  //   slot_cv_    a free or ready slot (BeginSave, loads), draining;
-  //   arena_cv_   a rank's arena creation done (RankSlots::creating);
-  //   durable_cv_ a shard's phase or upload, a task done (WaitDurable,
-  //               Drain);
   //   reaper_cv_  the reaper's tick, and stopping.
   std::condition_variable queue_cv_;
-  std::condition_variable slot_cv_;
-  std::condition_variable arena_cv_;
-  std::condition_variable durable_cv_;
   std::condition_variable reaper_cv_;
-  std::map<std::string, Job> jobs_;
-  LeaseTable leases_;
   // Local deletes of files that FILE restores still read (finding 24):
   // queued once no lease holds them.
   std::vector<LocalDelete> deferred_deletes_;
-  std::map<std::string, Hosting> hosted_;  // cluster mode
-  uint64_t next_gen_ = 1;
   bool draining_ = false;
   bool stopping_ = false;
   uint64_t persisted_shards_ = 0;
   uint64_t persisted_bytes_ = 0;
   uint64_t failed_persists_ = 0;
-  // Applies catalog edits in order outside mu_ (catalog_writer.h).
+  // Applies catalog edits in order outside the lock (catalog_writer.h).
   std::unique_ptr<CatalogWriter> writer_;
-  // Write leases whose CommitSave waits for its record outside mu_.
+  // Write leases whose CommitSave waits for its record outside the lock.
   std::set<uint64_t> committing_;
   // Persist, manifest, upload and deletes (pipeline.h); persister_ and
   // uploader_ (null without an object tier) are its queues. The persist
-  // queue is guarded by mu_, the uploader has its own lock.
+  // queue is guarded by the lock, the uploader has its own lock.
   std::unique_ptr<PersistPipeline> pipeline_;
   Persister* persister_ = nullptr;
   std::thread reaper_;

@@ -16,10 +16,7 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   auto it = job.ranks.find(rank_no);
   if (it == job.ranks.end() || !it->second.arena) return;
   Rank& r = it->second;
-  for (auto& [n, step] : job.steps) {
-    auto sh = step.shards.find(rank_no);
-    if (sh != step.shards.end()) sh->second.slot = -1;
-  }
+  JobTable::DetachSlot(job, rank_no, JobTable::kAnySlot);
   if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
   if (unlink) (void)shm::Arena::Unlink(r.arena->name());
   r.Clear();
@@ -31,14 +28,14 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   Job* job = nullptr;
   Rank* r = nullptr;
   for (;;) {
-    auto j = jobs_.find(name);
-    if (j == jobs_.end())
+    auto j = table_.jobs().find(name);
+    if (j == table_.jobs().end())
       return absl::AbortedError(
           absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
     job = &j->second;
     r = &job->ranks[rank_no];
     if (!r->creating) break;
-    arena_cv_.wait(lock);  // another request creates this rank's arena
+    table_.arena_cv.wait(lock);  // another request creates this rank's arena
   }
   if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
   const bool grow = r->arena != nullptr;
@@ -62,7 +59,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   auto created = shm::Arena::Create(ao);
   lock.lock();
   // Nothing erases a job or a rank while one of its arenas is being created.
-  job = &jobs_.find(name)->second;
+  job = table_.Find(name);
   r = &job->ranks[rank_no];
   absl::Status s = created.status();
   if (s.ok() && grow) s = r->CheckGrowable(name, rank_no, slot_bytes);
@@ -73,7 +70,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     // record that cannot be written (a full disk) leaves the rank as it
     // was. The record in memory changes with the edit (another rank's
     // arena, created meanwhile, records this one's too) and comes back if
-    // the write fails; the rank stays `creating` until then, with mu_
+    // the write fails; the rank stays `creating` until then, with the lock
     // released during the write (and a grown arena's rename).
     const bool had_old = job->rec.arena_slot_bytes().count(rank_no) > 0;
     const uint64_t old_bytes =
@@ -89,7 +86,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     s = writer_->Wait(ticket);
     if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
     lock.lock();
-    job = &jobs_.find(name)->second;
+    job = table_.Find(name);
     r = &job->ranks[rank_no];
     if (!s.ok()) {
       if (had_old)
@@ -109,8 +106,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     }
   }
   r->creating = false;
-  arena_cv_.notify_all();
-  slot_cv_.notify_all();
+  table_.arena_cv.notify_all();
+  table_.slot_cv.notify_all();
   if (!s.ok()) {
     if (arena) (void)shm::Arena::Unlink(arena->name());
     return s;
@@ -138,8 +135,8 @@ void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
     if (!reg.ok())
       LogWarning("register arena memory: " + std::string(reg.message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [name, job] : jobs_)
+  std::lock_guard<std::mutex> lock(table_.mu());
+  for (auto& [name, job] : table_.jobs())
     for (auto& [r, rank] : job.ranks)
       if (rank.arena == arena) {
         rank.registered = reg.ok();
@@ -147,7 +144,7 @@ void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
           rank.ready_slots = arena->num_slots();
         else
           rank.reserve_error = status;
-        slot_cv_.notify_all();
+        table_.slot_cv.notify_all();
         return;
       }
   // Dropped meanwhile; the prefaulter's reference still keeps it mapped.

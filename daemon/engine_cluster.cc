@@ -28,15 +28,14 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
   r.bytes = shard.rec.image_bytes();
   r.digest = storage::ChecksumsDigest(shard.info);
   r.staged_digest = shard.staged_digest.value_or(r.digest);
-  auto job = jobs_.find(r.job);
-  if (job != jobs_.end()) r.owner_uid = job->second.rec.uid();
+  if (const Job* job = table_.Find(r.job)) r.owner_uid = job->rec.uid();
   if (durable) r.key = shard.rec.path();
   options_.on_shard(r);
 }
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
   if (!shard.MoveTo(ShardPhase::kFailed)) return;
-  durable_cv_.notify_all();
+  table_.durable_cv.notify_all();
   shard.rec.set_error(error);
   CatalogEdit edit;
   edit.PutShard(shard.rec);
@@ -49,17 +48,14 @@ void Engine::FailShardLocked(Shard& shard, const std::string& error) {
 void Engine::SetHostedRanks(const std::string& job_name,
                             std::vector<uint32_t> ranks,
                             std::optional<uint64_t> keep_from) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(table_.mu());
   Hosting now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
-  Hosting& hosted = hosted_[job_name];
-  if (hosted.ranks == now.ranks && hosted.keep_from == now.keep_from) return;
-  hosted = std::move(now);
+  if (!table_.SetHosting(job_name, std::move(now))) return;
   // Steps may have become complete here (ranks moved away), or deletable.
-  auto job = jobs_.find(job_name);
-  if (job == jobs_.end()) return;
-  for (auto& [n, step] : job->second.steps)
-    MaybeQueueManifestLocked(job->second, n);
-  ApplyRetentionLocked(job->second);
+  Job* job = table_.Find(job_name);
+  if (job == nullptr) return;
+  for (auto& [n, step] : job->steps) MaybeQueueManifestLocked(*job, n);
+  ApplyRetentionLocked(*job);
 }
 
 absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
@@ -97,13 +93,12 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     uid = *object->owner_uid;
   }
 
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(table_.mu());
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
-  // The records are written in order outside mu_; the prefetch fails if
+  // The records are written in order outside the lock; the prefetch fails if
   // they could not be (the shard is then only in memory here).
   std::vector<uint64_t> tickets;
-  auto it = jobs_.find(job_name);
-  if (it == jobs_.end()) {
+  if (table_.Find(job_name) == nullptr) {
     Job job;
     job.rec.set_job(job_name);
     job.rec.set_world_size(world_size);
@@ -112,9 +107,9 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     CatalogEdit edit;
     edit.PutJob(job.rec);
     tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
-    it = jobs_.emplace(job_name, std::move(job)).first;
+    table_.Add(std::move(job));
   }
-  Job& job = it->second;
+  Job& job = *table_.Find(job_name);
   job.forget_when_idle = false;
   if (job.rec.world_size() != world_size)
     return absl::FailedPreconditionError(
@@ -140,13 +135,12 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     shard.rec.set_step(step);
     shard.rec.set_rank(rank);
     shard.rec.set_world_size(world_size);
-    shard.phase = ShardPhase::kDurable;  // a prefetched shard starts durable
-    shard.rec.set_state(CatalogStateOf(shard.phase));
+    shard.Start(ShardPhase::kDurable);  // a prefetched shard starts durable
     shard.rec.set_image_bytes(info.layout.image_bytes);
     shard.rec.set_path(key);
     ToTensorMetas(info, shard.rec.mutable_tensors());
     shard.info = info;
-    shard.gen = next_gen_++;
+    shard.gen = table_.NextGen();
     if (source == object_) {
       // Only in the object tier: never uploaded again, never read locally.
       shard.uploaded = true;

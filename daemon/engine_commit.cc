@@ -14,10 +14,10 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer,
                                 const v1::CommitSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  const Lease* found =
-      leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/true);
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  const Lease* found = table_.leases().FindFor(req.lease(), req.job(),
+                                               req.rank(), /*write=*/true);
   if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
@@ -33,7 +33,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", req.step(), " but lease ", req.lease(),
                      " is for step ", found->step));
-  CKPT_ASSIGN_OR_RETURN(Rank * rank, FindRankLocked(*job, req.rank()));
+  CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*job, req.rank()));
   const uint32_t slot_no = req.slot();
 
   storage::ShardInfo info = ToShardInfo(req.job(), req.step(), req.rank(),
@@ -61,7 +61,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   shard.rec.set_step(req.step());
   shard.rec.set_rank(req.rank());
   shard.rec.set_world_size(job->rec.world_size());
-  shard.rec.set_state(CatalogStateOf(shard.phase));  // a commit starts staged
+  shard.Start(ShardPhase::kStaged);  // a commit starts staged
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
   shard.rec.set_created_unix_ns(info.created_unix_ns);
@@ -76,7 +76,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   // older shard of S itself. Their removal and the new record are one
   // catalog batch, written (synced: their files are deleted next, and a
   // record that came back after a machine crash would name a file that is
-  // gone) before anything changes here, with mu_ released: a failed write
+  // gone) before anything changes here, with the lock released: a failed write
   // (a full disk) leaves every older save as it was. Should the shards it
   // drops change meanwhile (a persist finished), the drops are planned
   // and written again from the new state.
@@ -99,10 +99,11 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     absl::Status s = writer_->Wait(ticket);
     lock.lock();
     committing_.erase(req.lease());
-    auto j = jobs_.find(req.job());
+    auto j = table_.jobs().find(req.job());
     const bool leased =
-        j != jobs_.end() && leases_.FindFor(req.lease(), req.job(), req.rank(),
-                                            /*write=*/true) != nullptr;
+        j != table_.jobs().end() &&
+        table_.leases().FindFor(req.lease(), req.job(), req.rank(),
+                                /*write=*/true) != nullptr;
     if (!s.ok()) {
       if (leased) ReleaseLeaseLocked(req.lease());  // the slot frees
       return s;
@@ -116,10 +117,10 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     planned_intents.clear();
     if (!leased) {
       for (const DropPlan& d : drops) {
-        const Shard* sh = FindShardLocked(req.job(), d.step, d.rank);
+        const Shard* sh = table_.FindShard(req.job(), d.step, d.rank);
         if (sh != nullptr) edit.PutShard(sh->rec);
       }
-      if (FindShardLocked(req.job(), req.step(), req.rank()) == nullptr)
+      if (table_.FindShard(req.job(), req.step(), req.rank()) == nullptr)
         edit.DeleteShard(req.job(), req.step(), req.rank());
       RecordLocked(std::move(edit), /*sync=*/true);
       return absl::NotFoundError(
@@ -129,7 +130,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     drops = PlanSupersededLocked(*job, req.step(), req.rank(), edit);
     if (drops.empty()) edit.PutShard(shard.rec);
   }
-  CKPT_ASSIGN_OR_RETURN(rank, FindRankLocked(*job, req.rank()));
+  CKPT_ASSIGN_OR_RETURN(rank, JobTable::FindRank(*job, req.rank()));
   for (DropPlan& d : drops) ApplyDropLocked(*job, std::move(d), 0);
   if (fast || !edit.empty()) {
     // Only the new record (not synced: a staged step lives in shared
@@ -141,8 +142,8 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   } else {
     ticket = 0;  // written above
   }
-  const Lease lease = *leases_.Find(req.lease());
-  shard.gen = next_gen_++;
+  const Lease lease = *table_.leases().Find(req.lease());
+  shard.gen = table_.NextGen();
   const uint64_t gen = shard.gen;
 
   rank->Hold(slot_no, SlotStateOf(shard.phase), req.step(), shard.gen,
@@ -205,9 +206,10 @@ std::vector<std::string> Engine::DropBasisLocked(
 
 void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
                               uint32_t rank, uint64_t gen) {
-  Shard* shard = FindShardLocked(job_name, step, rank);
-  auto job = jobs_.find(job_name);
-  if (shard == nullptr || shard->gen != gen || job == jobs_.end()) return;
+  Shard* shard = table_.FindShard(job_name, step, rank);
+  auto job = table_.jobs().find(job_name);
+  if (shard == nullptr || shard->gen != gen || job == table_.jobs().end())
+    return;
   ReportLocked(*shard, /*durable=*/false, /*failed=*/true);
   DropShardLocked(job->second, step, rank, /*delete_file=*/true);
   MaybeForgetJobLocked(job_name);
@@ -230,9 +232,9 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
   auto sh = step->second.shards.find(rank);
   if (sh == step->second.shards.end()) return plan;
   const std::string& name = job.rec.job();
-  auto intent = [&](v1::DeleteIntent::Tier tier,
+  auto intent = [&](catv1::DeleteIntent::Tier tier,
                     const std::vector<std::string>& keys, bool prefix) {
-    v1::DeleteIntent d;
+    catv1::DeleteIntent d;
     d.set_tier(tier);
     for (const std::string& k : keys) d.add_keys(k);
     d.set_prefix(prefix);
@@ -243,7 +245,7 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
     return id;
   };
   auto local = [&](std::string key, bool prefix) {
-    const uint64_t id = intent(v1::DeleteIntent::LOCAL, {key}, prefix);
+    const uint64_t id = intent(catv1::DeleteIntent::LOCAL, {key}, prefix);
     plan.local.push_back({std::move(key), prefix, id});
   };
   const bool was_durable =
@@ -257,7 +259,7 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
     if (step->second.object_manifest)
       del.keys.push_back(NodeManifestKey(name, step_no));
     if (delete_object) del.keys.push_back(sh->second.rec.path());
-    del.intent = intent(v1::DeleteIntent::OBJECT, del.keys, false);
+    del.intent = intent(catv1::DeleteIntent::OBJECT, del.keys, false);
     plan.object = std::move(del);
   }
   // The intents go before the record deletes that made them due.
@@ -274,27 +276,15 @@ Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
 }
 
 void Engine::ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket) {
-  auto step = job.steps.find(plan.step);
-  if (step == job.steps.end()) return;
-  auto sh = step->second.shards.find(plan.rank);
-  if (sh == step->second.shards.end()) return;
-  auto r = job.ranks.find(plan.rank);
-  if (r != job.ranks.end())
-    r->second.DropShard(sh->second.slot, sh->second.gen);
+  if (!table_.EraseShard(job, plan.step, plan.rank)) return;
   if (plan.object) {
-    step->second.object_manifest = false;
     plan.object->ticket = ticket;
     uploader_->Push(std::move(*plan.object));
   }
-  step->second.shards.erase(sh);
-  step->second.manifest = false;
-  if (step->second.shards.empty()) job.steps.erase(step);
   for (LocalDelete& d : plan.local) {
     d.ticket = ticket;
     PushLocalDeleteLocked(std::move(d));
   }
-  slot_cv_.notify_all();
-  durable_cv_.notify_all();
 }
 
 }  // namespace ckpt::daemon

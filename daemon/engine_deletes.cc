@@ -1,21 +1,57 @@
-// The deletes the engine owes storage (retention, superseded and deleted
-// shards): each is recorded in the catalog as a DeleteIntent (an edit
-// queued to the catalog writer, which the delete waits for) in the same
-// log as (and so before) the deletion of the records that made it due, and
-// forgotten by the persister or the uploader once done. A daemon that dies
-// first (SIGKILL, a machine crash) finds them at its next start and queues them
-// again, ahead of everything else, so that a step it deleted never stays
-// visible. See engine.h.
+// Delete (the RPC), and the deletes the engine owes storage (retention,
+// superseded and deleted shards): each is recorded in the catalog as a
+// DeleteIntent (an edit queued to the catalog writer, which the delete waits
+// for) in the same log as (and so before) the deletion of the records that made
+// it due, and forgotten by the persister or the uploader once done. A daemon
+// that dies first (SIGKILL, a machine crash) finds them at its next start and
+// queues them again, ahead of everything else, so that a step it deleted never
+// stays visible. See engine.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
+
+absl::StatusOr<v1::DeleteResponse> Engine::Delete(
+    const PeerCreds& peer, const v1::DeleteRequest& req) {
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  std::vector<uint64_t> steps;
+  if (req.all_steps()) {
+    for (const auto& [n, step] : job->steps) steps.push_back(n);
+  } else {
+    if (!job->steps.count(req.step()))
+      return absl::NotFoundError(
+          absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
+    steps.push_back(req.step());
+  }
+  for (uint64_t n : steps) {
+    if (object_ != nullptr) QueueObjectDeleteLocked(*job, n);
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
+    // The files go through the persister's queue (recorded as intents,
+    // held back while a FILE restore reads one), never under the lock.
+    for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
+  }
+  if (req.all_steps()) {
+    // Nothing left: the job's record and arenas go once nothing uses them;
+    // a later Register creates the job again.
+    job->forget_when_idle = true;
+    MaybeForgetJobLocked(req.job());
+  }
+  v1::DeleteResponse resp;
+  resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
+  // Deleted once the RPC answers: its records are written (outside the lock).
+  lock.unlock();
+  writer_->Flush();
+  return resp;
+}
+
 void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
                                     std::string key, bool prefix) {
-  v1::DeleteIntent intent;
-  intent.set_tier(v1::DeleteIntent::LOCAL);
+  catv1::DeleteIntent intent;
+  intent.set_tier(catv1::DeleteIntent::LOCAL);
   intent.add_keys(key);
   intent.set_prefix(prefix);
   intent.set_job(job);
@@ -28,7 +64,7 @@ void Engine::QueueLocalDeleteLocked(const std::string& job, uint64_t step,
 }
 
 void Engine::PushLocalDeleteLocked(LocalDelete del) {
-  if (leases_.HoldsFile(del.key, del.prefix)) {
+  if (table_.leases().HoldsFile(del.key, del.prefix)) {
     // A FILE restore reads it: its CloseRestore (or its holder's exit)
     // queues the delete. The intent is recorded, so a restart does it too.
     deferred_deletes_.push_back(std::move(del));
@@ -40,8 +76,8 @@ void Engine::PushLocalDeleteLocked(LocalDelete del) {
 
 void Engine::QueueObjectDeleteTaskLocked(UploadTask del) {
   if (del.keys.empty()) return;
-  v1::DeleteIntent intent;
-  intent.set_tier(v1::DeleteIntent::OBJECT);
+  catv1::DeleteIntent intent;
+  intent.set_tier(catv1::DeleteIntent::OBJECT);
   for (const std::string& k : del.keys) intent.add_keys(k);
   intent.set_job(del.job);
   intent.set_step(del.step);
@@ -60,7 +96,7 @@ absl::Status Engine::RecoverDeletes() {
       (void)catalog_->ForgetDeleteIntent(id);
       continue;
     }
-    if (intent.tier() == v1::DeleteIntent::LOCAL) {
+    if (intent.tier() == catv1::DeleteIntent::LOCAL) {
       persister_->QueueDelete(intent.keys(0), intent.prefix(), id);
       ++local;
     } else if (uploader_ != nullptr) {

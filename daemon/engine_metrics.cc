@@ -7,8 +7,8 @@ MetricsSnapshot Engine::Snapshot() {
   MetricsSnapshot snap;
   MetricsSnapshot::Backlog& local =
       snap.backlog[std::string(metric::kTierLocal)];
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, job] : jobs_) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  for (const auto& [name, job] : table_.jobs()) {
     MetricsSnapshot::Job& g = snap.jobs[name];
     for (const auto& [r, rank] : job.ranks) {
       if (!rank.arena) continue;

@@ -18,14 +18,14 @@ namespace ckpt::daemon {
 
 std::optional<PersistSnapshot> Engine::SnapshotPersist(
     const PersistTask& task) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  std::lock_guard<std::mutex> lock(table_.mu());
+  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kStaged || shard->slot < 0)
     return std::nullopt;
   PersistSnapshot snap;
   snap.key = NodeShardKey(task.job, task.step, task.rank);
-  if (leases_.HoldsFile(snap.key, false)) {
+  if (table_.leases().HoldsFile(snap.key, false)) {
     // A FILE restore reads the older save's file at this key: the
     // rename would swap the inode under it. The bytes wait in memory.
     PersistTask later = task;
@@ -34,10 +34,9 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
     persister_->Push(std::move(later));
     return std::nullopt;
   }
-  Job& job = jobs_.find(task.job)->second;
+  Job& job = *table_.Find(task.job);
   Rank& rank = job.ranks[task.rank];
-  shard->MoveTo(ShardPhase::kPersisting);
-  rank.SetState(shard->slot, SlotStateOf(shard->phase));
+  table_.MoveShard(job, *shard, ShardPhase::kPersisting);
   snap.image = rank.arena->slot_data(shard->slot);
   snap.owner_uid = job.rec.uid();
   snap.info = shard->info;  // validated at commit
@@ -48,16 +47,16 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
 void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   const absl::Status& s = outcome.status;
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
-  std::lock_guard<std::mutex> lock(mu_);
-  slot_cv_.notify_all();  // the slot frees or becomes durable
-  durable_cv_.notify_all();
-  auto job = jobs_.find(task.job);
-  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  std::lock_guard<std::mutex> lock(table_.mu());
+  table_.slot_cv.notify_all();  // the slot frees or becomes durable
+  table_.durable_cv.notify_all();
+  auto job = table_.jobs().find(task.job);
+  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
   if (shard == nullptr) {
     // Deleted or replaced while we wrote: the file must not outlive it.
     bool current = false;
-    if (job != jobs_.end()) {
+    if (job != table_.jobs().end()) {
       auto step = job->second.steps.find(task.step);
       current = step != job->second.steps.end() &&
                 step->second.shards.count(task.rank);
@@ -76,17 +75,16 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   }
   Rank& rank = job->second.ranks[task.rank];
   if (s.ok()) {
-    shard->MoveTo(ShardPhase::kDurable);
+    table_.MoveShard(job->second, *shard, ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
     shard->info = std::move(outcome.info);
     ToTensorMetas(shard->info, shard->rec.mutable_tensors());
-    // Recorded in order, outside mu_: should the daemon stop before the
+    // Recorded in order, outside the lock: should the daemon stop before the
     // record is written, recovery adopts the file (engine_recover.cc).
     CatalogEdit edit;
     edit.PutShard(shard->rec);
     RecordLocked(std::move(edit), /*sync=*/true);
-    rank.SetState(shard->slot, SlotStateOf(shard->phase));
     ++persisted_shards_;
     persisted_bytes_ += shard->info.layout.image_bytes;
     metrics_->Persisted(metric::kTierLocal, outcome.seconds,
@@ -113,11 +111,9 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   }
   // The bytes are still in the slot: retry for as long as they are.
   metrics_->Retry(metric::kRetryPersist);
-  shard->MoveTo(ShardPhase::kStaged);
+  table_.MoveShard(job->second, *shard, ShardPhase::kStaged);
   if (shard->attempts >= options_.max_persist_attempts)
     rank.FailPersist(shard->slot);  // a newer save may take the slot now
-  else
-    rank.SetState(shard->slot, SlotStateOf(shard->phase));
   PersistTask retry = task;
   retry.not_before = std::chrono::steady_clock::now() +
                      std::min(options_.persist_retry_delay *
@@ -127,14 +123,6 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   persister_->Push(std::move(retry));
 }
 
-bool Engine::StepCompleteLocked(const Job& job, const Step& step,
-                                bool* durable) const {
-  auto hosted = hosted_.find(job.rec.job());
-  return StepComplete(step, job.rec.world_size(),
-                      hosted == hosted_.end() ? nullptr : &hosted->second,
-                      durable);
-}
-
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   auto step = job.steps.find(step_no);
   if (step == job.steps.end() || step->second.manifest) return;
@@ -142,7 +130,7 @@ void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
   for (const auto& [r, shard] : step->second.shards)
     if (shard.local_gone) return;
   bool durable = false;
-  if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
+  if (!table_.StepComplete(job, step->second, &durable) || !durable) return;
   persister_->Push(
       PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
 }
@@ -151,10 +139,10 @@ std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
                                                          uint64_t step_no,
                                                          bool object,
                                                          bool* written) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(table_.mu());
   *written = false;
-  auto j = jobs_.find(job);
-  if (j == jobs_.end()) return std::nullopt;
+  auto j = table_.jobs().find(job);
+  if (j == table_.jobs().end()) return std::nullopt;
   auto step = j->second.steps.find(step_no);
   if (step == j->second.steps.end()) return std::nullopt;
   *written = object ? step->second.object_manifest : step->second.manifest;
@@ -163,7 +151,7 @@ std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
     for (const auto& [r, shard] : step->second.shards)
       if (!shard.uploaded) return std::nullopt;
   bool durable = false;
-  if (!StepCompleteLocked(j->second, step->second, &durable) || !durable)
+  if (!table_.StepComplete(j->second, step->second, &durable) || !durable)
     return std::nullopt;
   return ManifestSnapshot{
       NodeManifestOf(job, step_no, j->second.rec.world_size(), step->second),
@@ -173,7 +161,7 @@ std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
 bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
                             bool object, const ManifestSnapshot& m,
                             const absl::Status& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(table_.mu());
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", job, " step ", step_no, ": ",
                             s.message()));
@@ -185,8 +173,8 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     persister_->Push(std::move(retry));
     return false;
   }
-  auto j = jobs_.find(job);
-  if (j == jobs_.end()) return false;
+  auto j = table_.jobs().find(job);
+  if (j == table_.jobs().end()) return false;
   auto step = j->second.steps.find(step_no);
   if (step == j->second.steps.end() || ShardGenerations(step->second) != m.gens)
     return false;
@@ -201,13 +189,11 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
 }
 
 void Engine::ApplyRetentionLocked(Job& job) {
-  auto hosted = hosted_.find(job.rec.job());
+  const Hosting* hosting = table_.HostingOf(job.rec.job());
   if (object_ != nullptr) {
-    ApplyTieredRetentionLocked(
-        job, hosted == hosted_.end() ? nullptr : &hosted->second);
+    ApplyTieredRetentionLocked(job, hosting);
     return;
   }
-  const Hosting* hosting = hosted == hosted_.end() ? nullptr : &hosted->second;
   std::optional<uint64_t> cutoff = RetentionCutoff(
       job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
   std::vector<std::pair<uint64_t, uint32_t>> doomed;
@@ -226,27 +212,18 @@ void Engine::ApplyRetentionLocked(Job& job) {
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(table_.mu());
   return queue_cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(table_.mu());
   draining_ = true;
-  slot_cv_.notify_all();  // waiting saves give up
-  auto pending = [this] {
-    size_t n = 0;
-    for (const auto& [name, job] : jobs_)
-      for (const auto& [s, step] : job.steps)
-        for (const auto& [r, shard] : step.shards)
-          if (shard.phase == ShardPhase::kStaged ||
-              shard.phase == ShardPhase::kPersisting)
-            ++n;
-    return n;
-  };
+  table_.slot_cv.notify_all();  // waiting saves give up
+  auto pending = [this] { return table_.NotDurable(); };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  durable_cv_.wait_until(lock, until,
-                         [&] { return pending() == 0 && persister_->Idle(); });
+  table_.durable_cv.wait_until(
+      lock, until, [&] { return pending() == 0 && persister_->Idle(); });
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
@@ -256,7 +233,7 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
     if (!uploader_->WaitIdle(
             std::max(remaining, std::chrono::milliseconds(0)))) {
       lock.lock();
-      for (const auto& [name, job] : jobs_)
+      for (const auto& [name, job] : table_.jobs())
         for (const auto& [s, step] : job.steps)
           for (const auto& [r, shard] : step.shards)
             if (shard.phase == ShardPhase::kDurable && !shard.uploaded) ++left;

@@ -17,7 +17,7 @@ namespace {
 // the client computed them, the same checksums. Returns the image's index.
 absl::StatusOr<storage::ShardInfo> SlotImageOf(const char* slot,
                                                uint64_t slot_bytes,
-                                               const v1::ShardRecord& rec,
+                                               const catv1::ShardRecord& rec,
                                                const storage::ShardInfo& want) {
   if (rec.image_bytes() > slot_bytes)
     return absl::DataLossError("the record's image exceeds the slot");
@@ -37,7 +37,7 @@ absl::StatusOr<storage::ShardInfo> SlotImageOf(const char* slot,
 // persist replaces it, and device tensors have no client checksum to tell
 // the two apart. The file's index has the device tensors' checksums too.
 absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
-                                               const v1::ShardRecord& rec,
+                                               const catv1::ShardRecord& rec,
                                                const storage::ShardInfo& want,
                                                const std::string& key) {
   CKPT_ASSIGN_OR_RETURN(storage::ShardInfo info,
@@ -65,20 +65,19 @@ absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
 
 absl::Status Engine::Recover() {
   CKPT_RETURN_IF_ERROR(RecoverDeletes());  // before any write of those keys
-  CKPT_ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, catalog_->Jobs());
-  for (v1::JobRecord& rec : jobs) {
-    CKPT_ASSIGN_OR_RETURN(std::vector<v1::ShardRecord> shards,
+  CKPT_ASSIGN_OR_RETURN(std::vector<catv1::JobRecord> jobs, catalog_->Jobs());
+  for (catv1::JobRecord& rec : jobs) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<catv1::ShardRecord> shards,
                           catalog_->Shards(rec.job()));
     Job job;
     job.rec = std::move(rec);
     RecoverJob(job, std::move(shards));
-    std::string name = job.rec.job();
-    jobs_.emplace(name, std::move(job));
+    table_.Add(std::move(job));
   }
   return absl::OkStatus();
 }
 
-void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
+void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
   const std::string& name = job.rec.job();
   for (const auto& [r, slot_bytes] : job.rec.arena_slot_bytes()) {
     shm::ArenaOptions expect;
@@ -105,9 +104,12 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
                           .ok();
   }
   size_t requeued = 0, in_memory = 0, lost = 0;
-  for (v1::ShardRecord& rec : shards) {
+  for (catv1::ShardRecord& recorded : shards) {
     Shard sh;
-    sh.gen = next_gen_++;
+    sh.gen = table_.NextGen();
+    sh.rec = std::move(recorded);
+    catv1::ShardRecord& rec = sh.rec;
+    sh.Start(PhaseOfRecord(rec.state()));
     sh.info = ToShardInfo(name, rec.step(), rec.rank(), rec.world_size(),
                           rec.tensors());
     if (!storage::ValidateShardInfo(&sh.info).ok()) {
@@ -118,8 +120,6 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       ++lost;
       continue;
     }
-    sh.phase = rec.state() == v1::ShardRecord::DURABLE ? ShardPhase::kDurable
-                                                       : ShardPhase::kStaged;
     sh.uploaded = rec.uploaded() && object_ != nullptr;
     sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
@@ -142,11 +142,10 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       absl::StatusOr<storage::ShardInfo> file =
           ShardFileOf(*backend_, rec, sh.info, key);
       if (file.ok()) {
-        sh.phase = ShardPhase::kDurable;  // adopted: kStaged -> kDurable
         sh.info = std::move(*file);
         ToTensorMetas(sh.info, rec.mutable_tensors());
-        rec.set_state(CatalogStateOf(sh.phase));
         rec.set_path(key);
+        sh.MoveTo(ShardPhase::kDurable);  // adopted
         (void)catalog_->PutShard(rec, /*sync=*/true);
       } else {
         LogWarning(absl::StrCat(
@@ -159,19 +158,17 @@ void Engine::RecoverJob(Job& job, std::vector<v1::ShardRecord> shards) {
       }
     }
     if (sh.phase == ShardPhase::kStaged) {
-      rec.set_state(CatalogStateOf(sh.phase));
       persister_->Push(PersistTask{
           PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }
-    sh.rec = std::move(rec);
     if (object_ != nullptr && sh.phase == ShardPhase::kDurable && !sh.uploaded)
       QueueUploadLocked(job, sh);
     job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
   }
   for (auto& [n, step] : job.steps) {
     bool durable = false;
-    if (!StepCompleteLocked(job, step, &durable) || !durable) continue;
+    if (!table_.StepComplete(job, step, &durable) || !durable) continue;
     bool local_gone = false, uploaded = true;
     for (const auto& [r, shard] : step.shards) {
       local_gone = local_gone || shard.local_gone;

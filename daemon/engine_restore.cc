@@ -1,4 +1,7 @@
-// Latest, restore, list, delete and status. See engine.h.
+// Restore: which step (Latest), where its bytes come from (OpenRestore's
+// one decision: memory, the caller reading the file, or a load into a slot
+// from the local or object tier) and the load itself. The fallback when a
+// copy fails verification is in engine_fallback.cc. See engine.h.
 #include <fcntl.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
@@ -15,23 +18,14 @@
 
 namespace ckpt::daemon {
 
-static_assert(
-    static_cast<int>(shm::SlotState::kFree) == v1::SLOT_STATE_FREE &&
-        static_cast<int>(shm::SlotState::kWriting) == v1::SLOT_STATE_WRITING &&
-        static_cast<int>(shm::SlotState::kStaged) == v1::SLOT_STATE_STAGED &&
-        static_cast<int>(shm::SlotState::kPersisting) ==
-            v1::SLOT_STATE_PERSISTING &&
-        static_cast<int>(shm::SlotState::kDurable) == v1::SLOT_STATE_DURABLE,
-    "v1::SlotState mirrors shm::SlotState");
-
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::lock_guard<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   v1::LatestResponse resp;
   for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
     bool durable = false;
-    if (!StepCompleteLocked(*job, it->second, &durable)) continue;
+    if (!table_.StepComplete(*job, it->second, &durable)) continue;
     resp.set_found(true);
     resp.set_step(it->first);
     if (ObjectCommit()) durable = durable && it->second.object_manifest;
@@ -51,8 +45,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                            .count(),
                        bytes);
   };
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
+  std::unique_lock<std::mutex> lock(table_.mu());
+  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.rank() >= job->rec.world_size())
     return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(),
                                                    " is not below world_size ",
@@ -62,7 +56,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                                             "' has no step ", req.step(),
                                             " for rank ", req.rank()));
   };
-  Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
+  Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
   if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
@@ -79,7 +73,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     // waits until the client's CloseRestore or its exit.
     Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
     lease.file_key = shard->rec.path();
-    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                          table_.leases().Add(std::move(lease)));
     resp.set_lease(lease_id);
     resp.set_source(v1::RESTORE_SOURCE_FILE);
     resp.set_path(*path);
@@ -108,7 +103,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
       return loaded.status();
     }
     shard = *loaded;
-    job = &jobs_.find(req.job())->second;
+    job = table_.Find(req.job());
     resp.set_load_s(load_s);
     resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
                                 : v1::RESTORE_SOURCE_DISK);
@@ -116,7 +111,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   Rank& rank = job->ranks[req.rank()];
   Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
               req.step(), false,      peer.pid};
-  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id, leases_.Add(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                        table_.leases().Add(std::move(lease)));
   rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
@@ -173,7 +169,7 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
 absl::StatusOr<Shard*> Engine::LoadShardLocked(
     std::unique_lock<std::mutex>& lock, const std::string& job_name,
     uint64_t step_no, uint32_t rank_no, double* load_s, bool* from_object) {
-  Shard* shard = FindShardLocked(job_name, step_no, rank_no);
+  Shard* shard = table_.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
   const std::string key = shard->rec.path();
@@ -192,10 +188,10 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   for (;;) {
     // The lock is released while an arena is created and while waiting for
     // a slot: the job, the rank and the shard are found again each time.
-    auto j = jobs_.find(job_name);
-    if (j == jobs_.end()) return changed();
+    auto j = table_.jobs().find(job_name);
+    if (j == table_.jobs().end()) return changed();
     Job* job = &j->second;
-    shard = FindShardLocked(job_name, step_no, rank_no);
+    shard = table_.FindShard(job_name, step_no, rank_no);
     if (shard == nullptr || shard->gen != gen) return changed();
     if (shard->slot >= 0) return shard;  // another request loaded it
     auto existing = job->ranks.find(rank_no);
@@ -213,15 +209,11 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (slot_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
-  Job* job = &jobs_.find(job_name)->second;
-  for (auto& [n, st] : job->steps) {
-    auto o = st.shards.find(rank_no);
-    if (o != st.shards.end() && o->second.slot == slot) o->second.slot = -1;
-  }
+  JobTable::DetachSlot(*table_.Find(job_name), rank_no, slot);
   rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   lock.unlock();
@@ -240,16 +232,16 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   lock.lock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).
-  auto j = jobs_.find(job_name);
+  auto j = table_.jobs().find(job_name);
   Rank* r = nullptr;
-  if (j != jobs_.end() && j->second.ranks.count(rank_no))
+  if (j != table_.jobs().end() && j->second.ranks.count(rank_no))
     r = &j->second.ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
     r->Free(slot);
   }
-  slot_cv_.notify_all();
-  Shard* cur = FindShardLocked(job_name, step_no, rank_no);
+  table_.slot_cv.notify_all();
+  Shard* cur = table_.FindShard(job_name, step_no, rank_no);
   if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
     MaybeForgetJobLocked(job_name);
     if (!st.ok()) return Annotate(st, "load from storage");
@@ -259,264 +251,6 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   cur->slot = slot;
   cur->slot_from_storage = true;
   return cur;
-}
-
-absl::Status Engine::CloseRestore(const PeerCreds& peer,
-                                  const v1::CloseRestoreRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  if (req.bad_copy().size() > 4096)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
-  if (req.lease() == 0 && !req.bad_copy().empty()) {
-    // A FILE restore: the shard's stored copy is bad.
-    Shard* shard = FindShardLocked(req.job(), req.step(), req.rank());
-    if (shard == nullptr)
-      return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
-                                              "' has no step ", req.step(),
-                                              " for rank ", req.rank()));
-    if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
-      MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
-    lock.unlock();
-    writer_->Flush();  // a failed shard's record, written before we answer
-    return absl::OkStatus();
-  }
-  const Lease* lease =
-      leases_.FindFor(req.lease(), req.job(), req.rank(), /*write=*/false);
-  if (lease == nullptr)
-    return absl::NotFoundError(absl::StrCat("lease: no open restore ",
-                                            req.lease(), " of job '", req.job(),
-                                            "' rank ", req.rank()));
-  if (!req.bad_copy().empty()) {
-    Shard* shard = FindShardLocked(req.job(), lease->step, req.rank());
-    if (shard != nullptr && !lease->file_key.empty()) {
-      // A FILE restore: the stored copy it read is bad (if still that one).
-      if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&
-          shard->rec.path() == lease->file_key)
-        MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
-    } else if (shard != nullptr &&
-               shard->slot == static_cast<int>(lease->slot)) {
-      MarkBadCopyLocked(*job, *shard, shard->slot_from_storage, req.bad_copy());
-    }
-  }
-  ReleaseLeaseLocked(req.lease());
-  if (req.bad_copy().empty()) return absl::OkStatus();
-  lock.unlock();
-  writer_->Flush();  // a failed shard's record, written before we answer
-  return absl::OkStatus();
-}
-
-void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
-                               const std::string& error) {
-  const std::string what =
-      absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
-                   shard.rec.rank());
-  metrics_->Failure(metric::kRestoreChecksum);
-  if (shard.slot >= 0) {
-    // The slot's image goes (its last reader frees the slot).
-    auto rank = job.ranks.find(shard.rec.rank());
-    if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
-    shard.slot = -1;
-    shard.slot_from_storage = false;
-  }
-  FallbackReport fallback;
-  fallback.job = job.rec.job();
-  fallback.step = shard.rec.step();
-  fallback.rank = shard.rec.rank();
-  fallback.copy = stored ? "file" : "memory";
-  fallback.reason = absl::StrCat("failed verification: ", error);
-  if (!stored && shard.phase == ShardPhase::kDurable) {
-    LogWarning(absl::StrCat("FALLBACK: ", what,
-                            ": the copy in memory failed verification (", error,
-                            "); restores read ", shard.rec.path(), " next"));
-    fallback.next_copy = "file";
-    if (options_.on_fallback) options_.on_fallback(fallback);
-    return;
-  }
-  if (options_.on_fallback) options_.on_fallback(fallback);
-  // No good copy left: the step is no longer restorable here, and Latest
-  // offers the previous good step.
-  LogWarning(absl::StrCat(
-      "FALLBACK: ", what, ": ",
-      stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
-      " failed verification (", error,
-      "); no other copy here, the step is dropped from Latest"));
-  FailShardLocked(shard, absl::StrCat("failed verification: ", error));
-  auto step = job.steps.find(shard.rec.step());
-  if (step != job.steps.end() && step->second.manifest) {
-    // The step is not whole any more: its manifest must not count.
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), shard.rec.step()),
-                            false);
-    step->second.manifest = false;
-  }
-}
-
-absl::Status Engine::WaitDurable(const PeerCreds& peer,
-                                 const v1::WaitDurableRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
-  for (;;) {
-    CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-    (void)job;
-    const Shard* found = FindShardLocked(req.job(), req.step(), req.rank());
-    if (found == nullptr)
-      return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
-                                              "' has no step ", req.step(),
-                                              " for rank ", req.rank()));
-    const Shard& shard = *found;
-    if (CommitDurable(shard)) {
-      // As durable in the catalog as on storage: the record of it (queued
-      // with the change, written outside mu_) is written when we answer.
-      lock.unlock();
-      writer_->Flush();
-      return absl::OkStatus();
-    }
-    if (shard.phase == ShardPhase::kFailed)
-      return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
-                                              " rank ", req.rank(),
-                                              " failed: ", shard.rec.error()));
-    if (durable_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      const Shard* now = FindShardLocked(req.job(), req.step(), req.rank());
-      if (now != nullptr && now->phase == ShardPhase::kStaged &&
-          now->attempts >= options_.max_persist_attempts)
-        return absl::UnavailableError(
-            absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
-                         " keeps failing (", now->attempts,
-                         " attempts; retried while its bytes are in memory): ",
-                         now->rec.error()));
-      return absl::DeadlineExceededError(
-          absl::StrCat("step ", req.step(), " rank ", req.rank(),
-                       " not durable within the timeout"));
-    }
-  }
-}
-
-absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
-                                              const v1::ListRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
-  v1::ListResponse resp;
-  if (!req.job().empty()) {
-    // A job whose steps were all deleted has no record left: listed empty.
-    absl::Status found = FindJobLocked(req.job(), peer).status();
-    if (absl::IsNotFound(found)) return resp;
-    CKPT_RETURN_IF_ERROR(found);
-  }
-  for (const auto& [name, job] : jobs_) {
-    if (!req.job().empty() && name != req.job()) continue;
-    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
-    if (!job.recorded) continue;  // a first Register is still creating it
-    v1::JobInfo* ji = resp.add_jobs();
-    ji->set_job(name);
-    ji->set_world_size(job.rec.world_size());
-    ji->set_uid(job.rec.uid());
-    for (const auto& [n, step] : job.steps) {
-      v1::StepInfo* si = ji->add_steps();
-      si->set_step(n);
-      bool durable = false;
-      si->set_complete(StepCompleteLocked(job, step, &durable));
-      si->set_durable(durable &&
-                      (ObjectCommit() ? step.object_manifest
-                                      : step.manifest || step.object_manifest));
-      for (const auto& [r, shard] : step.shards) {
-        v1::ShardInfo* sh = si->add_shards();
-        sh->set_rank(r);
-        sh->set_state(RpcStateOf(shard.phase));
-        sh->set_bytes(shard.rec.image_bytes());
-        sh->set_path(shard.rec.path());
-        sh->set_in_memory(shard.slot >= 0);
-        sh->set_error(shard.rec.error());
-      }
-    }
-  }
-  return resp;
-}
-
-absl::StatusOr<v1::DeleteResponse> Engine::Delete(
-    const PeerCreds& peer, const v1::DeleteRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  CKPT_ASSIGN_OR_RETURN(Job * job, FindJobLocked(req.job(), peer));
-  std::vector<uint64_t> steps;
-  if (req.all_steps()) {
-    for (const auto& [n, step] : job->steps) steps.push_back(n);
-  } else {
-    if (!job->steps.count(req.step()))
-      return absl::NotFoundError(
-          absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
-    steps.push_back(req.step());
-  }
-  for (uint64_t n : steps) {
-    if (object_ != nullptr) QueueObjectDeleteLocked(*job, n);
-    std::vector<uint32_t> ranks;
-    for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
-    // The files go through the persister's queue (recorded as intents,
-    // held back while a FILE restore reads one), never under the lock.
-    for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
-  }
-  if (req.all_steps()) {
-    // Nothing left: the job's record and arenas go once nothing uses them;
-    // a later Register creates the job again.
-    job->forget_when_idle = true;
-    MaybeForgetJobLocked(req.job());
-  }
-  v1::DeleteResponse resp;
-  resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
-  // Deleted once the RPC answers: its records are written (outside mu_).
-  lock.unlock();
-  writer_->Flush();
-  return resp;
-}
-
-v1::StatusResponse Engine::Status(const PeerCreds& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  v1::StatusResponse resp;
-  resp.set_uptime_s(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
-          .count());
-  resp.set_backend(backend_->name());
-  uint64_t in_flight = 0;
-  for (const auto& [name, job] : jobs_) {
-    // Other uids' jobs are not shown (as in List); the counters are global.
-    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
-    for (const auto& [r, rank] : job.ranks) {
-      if (!rank.arena) continue;
-      v1::ArenaStatus* a = resp.add_arenas();
-      a->set_job(name);
-      a->set_rank(r);
-      a->set_shm_name(rank.arena->name());
-      a->set_arena_bytes(rank.arena->size());
-      for (const Slot& s : rank.slots) {
-        v1::SlotStatus* st = a->add_slots();
-        st->set_state(static_cast<v1::SlotState>(s.state));
-        if (s.state != shm::SlotState::kFree) st->set_step(s.step);
-        st->set_readers(s.readers);
-      }
-    }
-    for (const auto& [n, step] : job.steps)
-      for (const auto& [r, shard] : step.shards)
-        if (shard.phase == ShardPhase::kStaged ||
-            shard.phase == ShardPhase::kPersisting)
-          in_flight += shard.rec.image_bytes();
-  }
-  resp.set_bytes_in_flight(in_flight);
-  resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
-  resp.set_persisted_shards(persisted_shards_);
-  resp.set_persisted_bytes(persisted_bytes_);
-  resp.set_failed_persists(failed_persists_);
-  if (std::optional<UploadBacklog> b = ObjectBacklog()) {
-    resp.set_object_tier(object_->name());
-    resp.set_commit_tier(ObjectCommit() ? "object" : "local");
-    resp.set_upload_backlog_steps(b->steps);
-    resp.set_upload_backlog_shards(b->shards);
-    resp.set_upload_backlog_bytes(b->bytes);
-    resp.set_uploaded_shards(b->uploaded_shards);
-    resp.set_uploaded_bytes(b->uploaded_bytes);
-    resp.set_failed_uploads(b->failed);
-    resp.set_last_upload_error(b->last_error);
-    resp.set_last_upload_s(b->last_upload_s);
-  }
-  return resp;
 }
 
 }  // namespace ckpt::daemon

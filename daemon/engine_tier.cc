@@ -30,8 +30,8 @@ void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
 }
 
 absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  std::lock_guard<std::mutex> lock(table_.mu());
+  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kDurable || shard->uploaded)
     return absl::CancelledError("no longer wanted");
@@ -40,7 +40,7 @@ absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
   snap.bytes = shard->rec.image_bytes();
   snap.info = shard->info;
   if (shard->slot >= 0) {
-    const Rank& rank = jobs_.find(task.job)->second.ranks[task.rank];
+    const Rank& rank = table_.Find(task.job)->ranks[task.rank];
     snap.arena = rank.arena;
     snap.slot = shard->slot;
     snap.write_no = rank.slots[shard->slot].write_no;
@@ -49,9 +49,9 @@ absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
 }
 
 bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto job = jobs_.find(task.job);
-  if (job == jobs_.end()) return false;
+  std::lock_guard<std::mutex> lock(table_.mu());
+  auto job = table_.jobs().find(task.job);
+  if (job == table_.jobs().end()) return false;
   auto rank = job->second.ranks.find(task.rank);
   return rank != job->second.ranks.end() && rank->second.arena == snap.arena &&
          rank->second.slots[snap.slot].write_no == snap.write_no;
@@ -59,10 +59,10 @@ bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
 
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  durable_cv_.notify_all();  // WaitDurable in the object commit tier
+  std::lock_guard<std::mutex> lock(table_.mu());
+  table_.durable_cv.notify_all();  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);
-  Shard* shard = FindShardLocked(task.job, task.step, task.rank);
+  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen) {
     // Deleted or replaced while we uploaded: the object must not outlive it.
     if (shard == nullptr)
@@ -75,7 +75,7 @@ void Engine::RecordUpload(const UploadTask& task, const std::string& key,
   CatalogEdit edit;
   edit.PutShard(shard->rec);
   RecordLocked(std::move(edit), /*sync=*/false);
-  Job& job = jobs_.find(task.job)->second;
+  Job& job = *table_.Find(task.job);
   if (ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
   MaybeQueueObjectManifestLocked(job, task.step);
 }
@@ -84,7 +84,7 @@ void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
   auto step = job.steps.find(step_no);
   if (step == job.steps.end() || step->second.object_manifest) return;
   bool durable = false;
-  if (!StepCompleteLocked(job, step->second, &durable) || !durable) return;
+  if (!table_.StepComplete(job, step->second, &durable) || !durable) return;
   for (const auto& [r, shard] : step->second.shards)
     if (!shard.uploaded) return;
   QueueObjectManifestTaskLocked(job.rec.job(), step_no);
@@ -172,7 +172,7 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
       uploaded = uploaded && shard.uploaded;
     if (uploaded)
       local_only.push_back(n);
-    else if (!StepCompleteLocked(job, step, &durable))
+    else if (!table_.StepComplete(job, step, &durable))
       drop_whole.push_back(n);
   }
   for (uint64_t n : local_only) DropLocalCopyLocked(job, n);

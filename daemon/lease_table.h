@@ -9,8 +9,8 @@
 // nothing of slots: what a release does to the slot is the engine's (and
 // RankSlots') business.
 //
-// Thread-safety: none of its own; the Engine holds its mutex around every
-// call.
+// Thread-safety: none of its own; it is part of the JobTable
+// (job_table.h), whose lock its caller holds around every call.
 #ifndef CKPT_DAEMON_LEASE_TABLE_H_
 #define CKPT_DAEMON_LEASE_TABLE_H_
 

@@ -10,9 +10,10 @@
 // transitions. The arena is shared with the Prefaulter while it faults in
 // the slots beyond slot 0; slots [0, ready_slots) may be used.
 //
-// Thread-safety: none of its own. The Engine owns one per (job, rank) and
-// holds its mutex around every use; an arena is created or grown with the
-// mutex released while `creating` makes other requests for the rank wait.
+// Thread-safety: none of its own. The JobTable (job_table.h) holds one per
+// (job, rank), and its lock is held around every use; an arena is created
+// or grown with the lock released while `creating` makes other requests
+// for the rank wait.
 #ifndef CKPT_DAEMON_RANK_SLOTS_H_
 #define CKPT_DAEMON_RANK_SLOTS_H_
 

@@ -9,7 +9,7 @@
 // keep_from (the oldest step the job may still restore) is dropped; while
 // keep_from is unknown nothing is.
 //
-// Thread-safety: the functions keep no state; callers hold the engine mutex
+// Thread-safety: the functions keep no state; callers hold the job table's lock
 // while the step table they pass can change.
 #ifndef CKPT_DAEMON_RETENTION_H_
 #define CKPT_DAEMON_RETENTION_H_

@@ -50,28 +50,38 @@ shm::SlotState SlotStateOf(ShardPhase phase) {
   return shm::SlotState::kStaged;
 }
 
-v1::ShardRecord::State CatalogStateOf(ShardPhase phase) {
+catv1::ShardRecord::State CatalogStateOf(ShardPhase phase) {
   switch (phase) {
     case ShardPhase::kStaged:
     case ShardPhase::kPersisting:
-      return v1::ShardRecord::STAGED;
+      return catv1::ShardRecord::STAGED;
     case ShardPhase::kDurable:
-      return v1::ShardRecord::DURABLE;
+      return catv1::ShardRecord::DURABLE;
     case ShardPhase::kFailed:
-      return v1::ShardRecord::FAILED;
+      return catv1::ShardRecord::FAILED;
   }
-  return v1::ShardRecord::UNKNOWN;
+  return catv1::ShardRecord::UNKNOWN;
 }
 
-ShardPhase PhaseOfRecord(v1::ShardRecord::State state) {
+ShardPhase PhaseOfRecord(catv1::ShardRecord::State state) {
+  return state == catv1::ShardRecord::DURABLE ? ShardPhase::kDurable
+                                              : ShardPhase::kStaged;
+}
+
+v1::SlotState RpcSlotStateOf(shm::SlotState state) {
   switch (state) {
-    case v1::ShardRecord::DURABLE:
-      return ShardPhase::kDurable;
-    case v1::ShardRecord::FAILED:
-      return ShardPhase::kFailed;
-    default:
-      return ShardPhase::kStaged;
+    case shm::SlotState::kFree:
+      return v1::SLOT_STATE_FREE;
+    case shm::SlotState::kWriting:
+      return v1::SLOT_STATE_WRITING;
+    case shm::SlotState::kStaged:
+      return v1::SLOT_STATE_STAGED;
+    case shm::SlotState::kPersisting:
+      return v1::SLOT_STATE_PERSISTING;
+    case shm::SlotState::kDurable:
+      return v1::SLOT_STATE_DURABLE;
   }
+  return v1::SLOT_STATE_FREE;
 }
 
 v1::ShardState RpcStateOf(ShardPhase phase) {
@@ -86,6 +96,11 @@ v1::ShardState RpcStateOf(ShardPhase phase) {
       return v1::SHARD_STATE_FAILED;
   }
   return v1::SHARD_STATE_UNSPECIFIED;
+}
+
+void Shard::Start(ShardPhase first) {
+  phase = first;
+  rec.set_state(CatalogStateOf(first));
 }
 
 bool Shard::MoveTo(ShardPhase to) {

@@ -24,10 +24,14 @@
 #ifndef CKPT_DAEMON_SHARD_PHASE_H_
 #define CKPT_DAEMON_SHARD_PHASE_H_
 
+#include "catalog.pb.h"
 #include "ckpt.pb.h"
 #include "shm/arena.h"
 
 namespace ckpt::daemon {
+
+// The catalog's records (proto/catalog.proto).
+namespace catv1 = ::ckpt::catalog::v1;
 
 enum class ShardPhase { kStaged, kPersisting, kDurable, kFailed };
 
@@ -38,11 +42,16 @@ bool LegalTransition(ShardPhase from, ShardPhase to);
 // The state of the slot holding the shard. A failed shard's slot stays
 // kStaged (the bytes are there, for tools) and is reclaimable.
 shm::SlotState SlotStateOf(ShardPhase phase);
+// The RPC's view of a slot (Status): the slot's state, named for clients.
+v1::SlotState RpcSlotStateOf(shm::SlotState state);
 // The catalog record's state: kPersisting is recorded as STAGED (a restart
 // persists it again).
-v1::ShardRecord::State CatalogStateOf(ShardPhase phase);
-// The phase a recovered record starts in (FAILED records stay failed).
-ShardPhase PhaseOfRecord(v1::ShardRecord::State state);
+catv1::ShardRecord::State CatalogStateOf(ShardPhase phase);
+// The phase a recovered record starts its new life in: DURABLE records
+// kDurable; any other (STAGED, and FAILED, which a restart tries once
+// more) kStaged: recovery persists its image if a slot still holds it,
+// adopts its file if that is the recorded save, or drops it.
+ShardPhase PhaseOfRecord(catv1::ShardRecord::State state);
 // What List answers.
 v1::ShardState RpcStateOf(ShardPhase phase);
 

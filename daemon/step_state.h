@@ -1,11 +1,10 @@
-// The engine's record of a checkpoint step on this node: each rank's shard
+// The daemon's record of a checkpoint step on this node: each rank's shard
 // (its catalog record, its validated index, its phase (shard_phase.h), the
-// slot holding it)
-// and whether this node's manifest of the step is written. Plain data: the
-// Engine owns the step table (one per job) and changes it; retention.h
-// reads it.
+// slot holding it) and whether this node's manifest of the step is
+// written. Plain data: each job of the JobTable (job_table.h) has a step
+// table; the Engine changes it, retention.h reads it.
 //
-// Thread-safety: none; callers hold the engine mutex.
+// Thread-safety: none; callers hold the job table's lock (job_table.h).
 #ifndef CKPT_DAEMON_STEP_STATE_H_
 #define CKPT_DAEMON_STEP_STATE_H_
 
@@ -13,19 +12,20 @@
 #include <map>
 #include <optional>
 
-#include "ckpt.pb.h"
+#include "catalog.pb.h"
 #include "daemon/shard_phase.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
 
 struct Shard {
-  v1::ShardRecord rec;  // what the catalog records (tensors as v1::TensorMeta)
+  catv1::ShardRecord
+      rec;  // what the catalog records (tensors as v1::TensorMeta)
   // The validated index, kept from commit (or recovery, or prefetch) on:
   // the persister encodes and checks from it; rec.tensors() is its copy
   // for the catalog and the RPC replies.
   storage::ShardInfo info;
-  // Only MoveTo changes it (the record's state follows).
+  // Only Start and MoveTo set it (the record's state follows).
   ShardPhase phase = ShardPhase::kStaged;
   uint64_t gen = 0;
   // The digest the STAGED report carried: of the index as committed, where
@@ -44,6 +44,9 @@ struct Shard {
   bool uploaded = false;
   bool local_gone = false;
 
+  // A new save (a commit, a prefetch, a recovered record) starts its life
+  // in `first`; the record's state follows.
+  void Start(ShardPhase first);
   // Moves the shard to `to` (a legal transition; an illegal one is a bug
   // and is refused with a log line) and derives the record's state.
   bool MoveTo(ShardPhase to);

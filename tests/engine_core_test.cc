@@ -160,14 +160,14 @@ TEST(ShardPhaseTest, TransitionsAndDerivedStatesAreTheDocumentedOnes) {
   EXPECT_FALSE(
       daemon::LegalTransition(ShardPhase::kFailed, ShardPhase::kDurable));
   EXPECT_EQ(daemon::CatalogStateOf(ShardPhase::kPersisting),
-            v1::ShardRecord::STAGED);
+            daemon::catv1::ShardRecord::STAGED);
   EXPECT_EQ(daemon::SlotStateOf(ShardPhase::kPersisting),
             shm::SlotState::kPersisting);
   EXPECT_EQ(daemon::RpcStateOf(ShardPhase::kFailed), v1::SHARD_STATE_FAILED);
   daemon::Shard shard;
   EXPECT_TRUE(shard.MoveTo(ShardPhase::kPersisting));
   EXPECT_TRUE(shard.MoveTo(ShardPhase::kDurable));
-  EXPECT_EQ(shard.rec.state(), v1::ShardRecord::DURABLE);
+  EXPECT_EQ(shard.rec.state(), daemon::catv1::ShardRecord::DURABLE);
   EXPECT_FALSE(shard.MoveTo(ShardPhase::kPersisting));
   EXPECT_EQ(shard.phase, ShardPhase::kDurable);
 }

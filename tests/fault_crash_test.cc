@@ -341,8 +341,8 @@ TEST_F(FaultCrashTest, RecoveredFileKeepsTheDeviceTensorsChecksums) {
     ASSERT_TRUE(cat.ok()) << cat.status();
     auto shards = (*cat)->Shards("fault");
     ASSERT_TRUE(shards.ok() && shards->size() == 1u);
-    v1::ShardRecord rec = shards->front();
-    rec.set_state(v1::ShardRecord::STAGED);
+    daemon::catv1::ShardRecord rec = shards->front();
+    rec.set_state(daemon::catv1::ShardRecord::STAGED);
     rec.clear_path();
     rec.mutable_tensors(1)->set_has_checksum(false);
     rec.mutable_tensors(1)->set_checksum(0);

@@ -1,0 +1,145 @@
+// What the engine answers about its state without changing it:
+// WaitDurable (waits for a shard to be durable in the commit tier), List
+// and Status. See engine.h.
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+absl::Status Engine::WaitDurable(const PeerCreds& peer,
+                                 const v1::WaitDurableRequest& req) {
+  std::unique_lock<std::mutex> lock(table_.mu());
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
+  for (;;) {
+    CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+    (void)job;
+    const Shard* found = table_.FindShard(req.job(), req.step(), req.rank());
+    if (found == nullptr)
+      return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
+                                              "' has no step ", req.step(),
+                                              " for rank ", req.rank()));
+    const Shard& shard = *found;
+    if (CommitDurable(shard)) {
+      // As durable in the catalog as on storage: the record of it (queued
+      // with the change, written outside the lock) is written when we answer.
+      lock.unlock();
+      writer_->Flush();
+      return absl::OkStatus();
+    }
+    if (shard.phase == ShardPhase::kFailed)
+      return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
+                                              " rank ", req.rank(),
+                                              " failed: ", shard.rec.error()));
+    if (table_.durable_cv.wait_until(lock, deadline) ==
+        std::cv_status::timeout) {
+      const Shard* now = table_.FindShard(req.job(), req.step(), req.rank());
+      if (now != nullptr && now->phase == ShardPhase::kStaged &&
+          now->attempts >= options_.max_persist_attempts)
+        return absl::UnavailableError(
+            absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
+                         " keeps failing (", now->attempts,
+                         " attempts; retried while its bytes are in memory): ",
+                         now->rec.error()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", req.step(), " rank ", req.rank(),
+                       " not durable within the timeout"));
+    }
+  }
+}
+
+absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
+                                              const v1::ListRequest& req) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  v1::ListResponse resp;
+  if (!req.job().empty()) {
+    // A job whose steps were all deleted has no record left: listed empty.
+    absl::Status found = table_.FindFor(req.job(), peer).status();
+    if (absl::IsNotFound(found)) return resp;
+    CKPT_RETURN_IF_ERROR(found);
+  }
+  for (const auto& [name, job] : table_.jobs()) {
+    if (!req.job().empty() && name != req.job()) continue;
+    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
+    if (!job.recorded) continue;  // a first Register is still creating it
+    v1::JobInfo* ji = resp.add_jobs();
+    ji->set_job(name);
+    ji->set_world_size(job.rec.world_size());
+    ji->set_uid(job.rec.uid());
+    for (const auto& [n, step] : job.steps) {
+      v1::StepInfo* si = ji->add_steps();
+      si->set_step(n);
+      bool durable = false;
+      si->set_complete(table_.StepComplete(job, step, &durable));
+      si->set_durable(durable &&
+                      (ObjectCommit() ? step.object_manifest
+                                      : step.manifest || step.object_manifest));
+      for (const auto& [r, shard] : step.shards) {
+        v1::ShardInfo* sh = si->add_shards();
+        sh->set_rank(r);
+        sh->set_state(RpcStateOf(shard.phase));
+        sh->set_bytes(shard.rec.image_bytes());
+        sh->set_path(shard.rec.path());
+        sh->set_in_memory(shard.slot >= 0);
+        sh->set_error(shard.rec.error());
+      }
+    }
+  }
+  return resp;
+}
+
+v1::StatusResponse Engine::Status(const PeerCreds& peer) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  v1::StatusResponse resp;
+  resp.set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
+          .count());
+  resp.set_backend(backend_->name());
+  uint64_t in_flight = 0;
+  for (const auto& [name, job] : table_.jobs()) {
+    // Other uids' jobs are not shown (as in List); the counters are global.
+    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
+    for (const auto& [r, rank] : job.ranks) {
+      if (!rank.arena) continue;
+      v1::ArenaStatus* a = resp.add_arenas();
+      a->set_job(name);
+      a->set_rank(r);
+      a->set_shm_name(rank.arena->name());
+      a->set_arena_bytes(rank.arena->size());
+      for (const Slot& s : rank.slots) {
+        v1::SlotStatus* st = a->add_slots();
+        st->set_state(RpcSlotStateOf(s.state));
+        if (s.state != shm::SlotState::kFree) st->set_step(s.step);
+        st->set_readers(s.readers);
+      }
+    }
+    for (const auto& [n, step] : job.steps)
+      for (const auto& [r, shard] : step.shards)
+        if (shard.phase == ShardPhase::kStaged ||
+            shard.phase == ShardPhase::kPersisting)
+          in_flight += shard.rec.image_bytes();
+  }
+  resp.set_bytes_in_flight(in_flight);
+  resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
+  resp.set_persisted_shards(persisted_shards_);
+  resp.set_persisted_bytes(persisted_bytes_);
+  resp.set_failed_persists(failed_persists_);
+  if (std::optional<UploadBacklog> b = ObjectBacklog()) {
+    resp.set_object_tier(object_->name());
+    resp.set_commit_tier(ObjectCommit() ? "object" : "local");
+    resp.set_upload_backlog_steps(b->steps);
+    resp.set_upload_backlog_shards(b->shards);
+    resp.set_upload_backlog_bytes(b->bytes);
+    resp.set_uploaded_shards(b->uploaded_shards);
+    resp.set_uploaded_bytes(b->uploaded_bytes);
+    resp.set_failed_uploads(b->failed);
+    resp.set_last_upload_error(b->last_error);
+    resp.set_last_upload_s(b->last_upload_s);
+  }
+  return resp;
+}
+
+}  // namespace ckpt::daemon

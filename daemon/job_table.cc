@@ -1,0 +1,196 @@
+// The job table's lookups, transitions and queries. See job_table.h.
+#include "daemon/job_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+absl::StatusOr<Job*> JobTable::FindFor(const std::string& name,
+                                       const PeerCreds& peer) {
+  absl::Status valid = ValidateJobName(name);
+  if (!valid.ok()) return valid;
+  auto it = jobs_.find(name);
+  if (it == jobs_.end())
+    return absl::NotFoundError(absl::StrCat("job: unknown job '", name, "'"));
+  if (peer.uid != 0 && peer.uid != it->second.rec.uid())
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", name, "' belongs to uid ", it->second.rec.uid(),
+                     ", caller is uid ", peer.uid));
+  return &it->second;
+}
+
+Job* JobTable::Find(const std::string& name) {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const Job* JobTable::Find(const std::string& name) const {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
+                                         uint32_t world_size,
+                                         uint32_t num_slots) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) {
+    // Recorded in the catalog only once its first arena exists.
+    Job job;
+    job.rec.set_job(name);
+    job.rec.set_world_size(world_size);
+    job.rec.set_uid(uid);
+    job.rec.set_num_slots(num_slots);
+    job.rec.set_slot_bytes(0);
+    job.recorded = false;
+    it = jobs_.emplace(name, std::move(job)).first;
+  }
+  Job& job = it->second;
+  if (uid != job.rec.uid())
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", name, "' belongs to uid ", job.rec.uid(),
+                     ", caller is uid ", uid));
+  if (world_size != job.rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
+                                                   " differs from the job's ",
+                                                   job.rec.world_size()));
+  return &job;
+}
+
+Job& JobTable::Add(Job job) {
+  std::string name = job.rec.job();
+  return jobs_.emplace(std::move(name), std::move(job)).first->second;
+}
+
+void JobTable::EraseIfUnrecorded(const std::string& name) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end() || it->second.recorded) return;
+  for (const auto& [r, rank] : it->second.ranks)
+    if (rank.arena || rank.creating) return;
+  jobs_.erase(it);
+}
+
+bool JobTable::Unused(const Job& job) const {
+  if (!job.steps.empty() || leases_.AnyForJob(job.rec.job())) return false;
+  for (const auto& [r, rank] : job.ranks) {
+    if (rank.creating) return false;
+    for (const Slot& s : rank.slots)
+      if (s.state != shm::SlotState::kFree) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<RankSlots*> JobTable::FindRank(Job& job, uint32_t rank) {
+  if (rank >= job.rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", rank, " is not below world_size ", job.rec.world_size()));
+  auto it = job.ranks.find(rank);
+  if (it == job.ranks.end() || !it->second.arena)
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: rank ", rank, " of job '", job.rec.job(),
+                     "' is not registered"));
+  return &it->second;
+}
+
+Shard* JobTable::FindShard(const std::string& job, uint64_t step,
+                           uint32_t rank) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return nullptr;
+  auto st = j->second.steps.find(step);
+  if (st == j->second.steps.end()) return nullptr;
+  auto sh = st->second.shards.find(rank);
+  return sh == st->second.shards.end() ? nullptr : &sh->second;
+}
+
+bool JobTable::MoveShard(Job& job, Shard& shard, ShardPhase to) {
+  if (!shard.MoveTo(to)) return false;
+  if (shard.slot < 0) return true;
+  auto rank = job.ranks.find(shard.rec.rank());
+  if (rank != job.ranks.end() && rank->second.arena)
+    rank->second.SetState(static_cast<uint32_t>(shard.slot),
+                          SlotStateOf(shard.phase));
+  return true;
+}
+
+std::vector<std::pair<uint64_t, Shard*>> JobTable::DetachSlot(Job& job,
+                                                              uint32_t rank_no,
+                                                              int slot) {
+  std::vector<std::pair<uint64_t, Shard*>> detached;
+  for (auto& [n, step] : job.steps) {
+    auto sh = step.shards.find(rank_no);
+    if (sh == step.shards.end() || sh->second.slot < 0) continue;
+    if (slot != kAnySlot && sh->second.slot != slot) continue;
+    sh->second.slot = -1;
+    detached.emplace_back(n, &sh->second);
+  }
+  return detached;
+}
+
+bool JobTable::EraseShard(Job& job, uint64_t step_no, uint32_t rank) {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end()) return false;
+  auto sh = step->second.shards.find(rank);
+  if (sh == step->second.shards.end()) return false;
+  auto r = job.ranks.find(rank);
+  if (r != job.ranks.end())
+    r->second.DropShard(sh->second.slot, sh->second.gen);
+  step->second.shards.erase(sh);
+  // The step is no longer whole: neither manifest counts.
+  step->second.manifest = false;
+  step->second.object_manifest = false;
+  if (step->second.shards.empty()) job.steps.erase(step);
+  slot_cv.notify_all();
+  durable_cv.notify_all();
+  return true;
+}
+
+std::optional<Lease> JobTable::ReleaseLease(uint64_t id) {
+  std::optional<Lease> lease = leases_.Remove(id);
+  if (!lease || !lease->file_key.empty()) return lease;
+  Job* job = Find(lease->job);
+  if (job == nullptr) return lease;
+  auto rank = job->ranks.find(lease->rank);
+  if (rank == job->ranks.end() || !rank->second.arena ||
+      lease->slot >= rank->second.slots.size())
+    return lease;
+  if (lease->write)
+    rank->second.EndWrite(lease->slot, id);
+  else
+    rank->second.EndRead(lease->slot);
+  slot_cv.notify_all();
+  return lease;
+}
+
+const Hosting* JobTable::HostingOf(const std::string& job) const {
+  auto it = hosted_.find(job);
+  return it == hosted_.end() ? nullptr : &it->second;
+}
+
+bool JobTable::SetHosting(const std::string& job, Hosting now) {
+  Hosting& hosted = hosted_[job];
+  if (hosted.ranks == now.ranks && hosted.keep_from == now.keep_from)
+    return false;
+  hosted = std::move(now);
+  return true;
+}
+
+bool JobTable::StepComplete(const Job& job, const Step& step,
+                            bool* durable) const {
+  return daemon::StepComplete(step, job.rec.world_size(),
+                              HostingOf(job.rec.job()), durable);
+}
+
+size_t JobTable::NotDurable() const {
+  size_t n = 0;
+  for (const auto& [name, job] : jobs_)
+    for (const auto& [s, step] : job.steps)
+      for (const auto& [r, shard] : step.shards)
+        if (shard.phase == ShardPhase::kStaged ||
+            shard.phase == ShardPhase::kPersisting)
+          ++n;
+  return n;
+}
+
+}  // namespace ckpt::daemon

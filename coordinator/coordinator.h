@@ -145,6 +145,24 @@ class Coordinator {
   // The stacks kept for a job's hang (the newest without a generation).
   [[nodiscard]] absl::StatusOr<v1::GetStacksResponse> GetStacks(
       const v1::GetStacksRequest& req);
+  // coordinator_cordon.cc. Cordon keeps a node (node_id registered; reason
+  // printable, 1 to kMaxCordonReasonBytes) out of placement: event
+  // CORDONED, its ranks move to a spare as a dead node's do (or wait for
+  // one). Uncordon lets it back (UNCORDONED); one that hosts nothing
+  // becomes a spare. Either is a no-op (changed: false) when the node is
+  // already so. A refusal names the field and changes nothing.
+  [[nodiscard]] absl::StatusOr<v1::CordonResponse> Cordon(
+      const v1::CordonRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::UncordonResponse> Uncordon(
+      const v1::UncordonRequest& req);
+  static constexpr size_t kMaxCordonReasonBytes = 512;
+  // coordinator_health.cc: a launcher's own check of its node (the node RPC
+  // rules; check.name printable, at most 64 bytes, reason at most 512):
+  // replaces the check of that name in the node's report, which is judged
+  // again (HEALTH_FAILED); jobs with ranks on a node now unhealthy plan
+  // again (their ranks move to a spare).
+  [[nodiscard]] absl::StatusOr<v1::ReportNodeCheckResponse> ReportNodeCheck(
+      const v1::ReportNodeCheckRequest& req);
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
@@ -185,6 +203,7 @@ class Coordinator {
   struct NodeState {
     v1::NodeRecord rec;
     Liveness* live = nullptr;  // owned by live_
+    IncidentLog incidents;     // soft: hangs and crashes, for cordoning
   };
   struct JobState {
     v1::JobRecord rec;
@@ -311,6 +330,29 @@ class Coordinator {
   // "; spare X is unhealthy (check: reason)" per such spare: why a plan
   // found no host.
   std::string UnhealthySparesLocked() const;
+
+  // coordinator_cordon.cc: cordoning and eviction.
+  // Whether `n` may be given ranks: alive, healthy, not cordoned.
+  static bool Placeable(const v1::NodeRecord& n) {
+    return n.health() == v1::ALIVE && !n.unhealthy() && !n.cordoned();
+  }
+  // A placeable spare with room for `ranks` more ranks, or null.
+  NodeState* SpareForLocked(size_t ranks);
+  // Cordons `node` (event CORDONED, `by` as in v1::Cordon) and plans again
+  // every job that has ranks on it.
+  void CordonLocked(Batch* batch, NodeState& node, const std::string& reason,
+                    const std::string& by);
+  // Cordons `node_id` as `by` when a spare can take its ranks; otherwise
+  // logs EVICTION_SKIPPED saying why. True when it cordoned (and so
+  // planned every job with ranks there).
+  bool EvictLocked(Batch* batch, const std::string& node_id,
+                   const std::string& job, const std::string& reason,
+                   const std::string& by);
+  // Charges a hang or crash of `job`'s `generation` to `node_id`; true
+  // when that made it cordoned (EvictLocked).
+  bool ChargeIncidentLocked(Batch* batch, const std::string& node_id,
+                            const std::string& job, uint64_t generation,
+                            const std::string& what);
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/cordon_policy.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
 #include "storage/backend.h"
@@ -58,6 +59,12 @@ struct CoordinatorOptions {
   // A node whose memcpy or CUDA bandwidth is below this fraction of the
   // cluster's median is unhealthy (health_state.h).
   double health_min_ratio = 0.5;
+  // Automatic cordoning after repeated hangs and crashes on one node
+  // (cordon_policy.h).
+  CordonPolicy cordon;
+  // A straggler's node is replaced by a spare (cordoned, reason
+  // "straggler"); never when no healthy spare has room for its ranks.
+  bool evict_stragglers = false;
 };
 
 }  // namespace ckpt::coordinator

@@ -133,7 +133,16 @@ v1::GetClusterResponse Coordinator::GetCluster() {
     *r = n.rec;
     r->set_ms_since_heartbeat(now - LastSeen(n));
   }
-  for (const auto& [name, job] : jobs_) *resp.add_jobs() = job.rec;
+  for (const auto& [name, job] : jobs_) {
+    *resp.add_jobs() = job.rec;
+    for (uint32_t r : job.watch.stragglers) {
+      v1::StragglerMark* m = resp.add_stragglers();
+      m->set_job(name);
+      m->set_rank(r);
+      if (r < static_cast<uint32_t>(job.rec.rank_node_size()))
+        m->set_node_id(job.rec.rank_node(r));
+    }
+  }
   size_t first = events_.size() > 50 ? events_.size() - 50 : 0;
   for (size_t i = first; i < events_.size(); ++i)
     *resp.add_recent_events() = events_[i];

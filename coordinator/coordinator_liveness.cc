@@ -177,7 +177,9 @@ void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
   }
   // Replaced like a failed node, when a spare can take its ranks (else
   // EVICTION_SKIPPED says why); the plan starts a new generation.
+  std::set<std::string> tried;
   for (const auto& [node, why] : evict) {
+    if (!tried.insert(node).second) continue;  // its other straggler
     std::vector<uint32_t> there;  // its ranks, before the plan moves them
     for (uint32_t r : w.stragglers)
       if (job.rec.rank_node(r) == node) there.push_back(r);

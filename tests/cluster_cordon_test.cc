@@ -69,8 +69,9 @@ TEST_F(CordonClusterTest, TwoCrashesInTheWindowCordonTheNodeUncordonBringsIt) {
   // Refusals name the field and change nothing.
   CommandResult unknown = Ctl("cordon zz --reason test");
   EXPECT_EQ(unknown.exit_code, 1) << unknown.out;
-  EXPECT_NE(unknown.out.find("ckptctl cordon: node_id: \"zz\" is not "
-                             "registered"),
+  EXPECT_EQ(unknown.out.rfind("ckptctl cordon: Cordon to coordinator ", 0), 0u)
+      << unknown.out;
+  EXPECT_NE(unknown.out.find(": node_id: \"zz\" is not registered"),
             std::string::npos)
       << unknown.out;
   CommandResult empty = Ctl("cordon b --reason ''");

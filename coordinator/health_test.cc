@@ -215,6 +215,23 @@ TEST_F(HealthTest, AnUnkillableTrainerMakesItsNodeUnhealthyAndMovesItsRanks) {
   EXPECT_EQ(Node("n2").unhealthy_check(), "trainer_unkillable");
 }
 
+TEST_F(HealthTest, AnUnhealthyHostWithoutASpareKeepsItsRanks) {
+  Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  RegisterJob("job", 4);
+  v1::ReportNodeCheckRequest req;
+  req.set_node_id("n2");
+  req.set_epoch(e2);
+  req.mutable_check()->set_name("trainer_unkillable");
+  req.mutable_check()->set_reason("still there");
+  ASSERT_TRUE(coord_->ReportNodeCheck(req).ok());
+  EXPECT_TRUE(Node("n2").unhealthy());
+  // No spare: the job restarts in place rather than wait for one.
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
+  EXPECT_EQ(Job().rank_node(2), "n2");
+  EXPECT_EQ(Job().lost_ranks_size(), 0);
+}
+
 TEST_F(HealthTest, BadReportIsRefusedNamingTheField) {
   v1::NodeHealthReport r = HealthReport(10);
   r.mutable_checks(0)->set_figure(std::nan(""));

@@ -10,7 +10,9 @@
 namespace ckpt::coordinator {
 namespace {
 
-bool IsAdminMethod(const std::string& method) { return method == "Rollback"; }
+bool IsAdminMethod(const std::string& method) {
+  return method == "Rollback" || method == "Cordon" || method == "Uncordon";
+}
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();

@@ -7,7 +7,8 @@
 //   is admitted only when
 //   that node id is one of the caller's identities: a node cannot report for
 //   another node;
-// - job-changing commands (Rollback) need an admin identity: one listed in
+// - job-changing commands (Rollback, Cordon, Uncordon) need an admin
+//   identity: one listed in
 //   AuthPolicy::admin_identities (--admin-identities, default "ckpt-admin");
 // - the rest (GetCluster, Events, RegisterJob) need any valid certificate.
 // Refusals are PERMISSION_DENIED naming the method, the identity and the

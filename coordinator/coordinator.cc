@@ -84,7 +84,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   for (auto& [name, job] : jobs_)
     if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
         (job.ranks_by_node.count(req.node_id()) ||
-         (node.rec.spare() && !node.rec.unhealthy())))
+         (node.rec.spare() && Placeable(node.rec))))
       MakePlanLocked(&batch, job,
                      absl::StrCat("node ", req.node_id(), " registered"));
   v1::RegisterNodeResponse resp;
@@ -223,8 +223,7 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   rec.set_world_size(req.world_size());
   uint32_t next_rank = 0;
   for (const auto& [id, n] : nodes_) {
-    if (n.rec.health() != v1::ALIVE || n.rec.spare() || n.rec.unhealthy())
-      continue;
+    if (n.rec.spare() || !Placeable(n.rec)) continue;
     uint32_t used = HostedRanksLocked(id);
     uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
     // Each launcher runs nproc_per_node trainers: no node gets more.
@@ -236,7 +235,8 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return absl::FailedPreconditionError(absl::StrCat(
         "world_size: ", req.world_size(),
-        " ranks, but alive active healthy nodes have room for ", next_rank));
+        " ranks, but alive active healthy uncordoned nodes have room for ",
+        next_rank));
   }
   JobState& job = jobs_[req.job()];
   job.rec = rec;
@@ -286,8 +286,12 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(),
               absl::StrCat("trainer of rank ", req.rank(), " ", how));
     options_.metrics->FailureDetected(metric::kTrainerExit);
-    MakePlanLocked(&batch, **job,
-                   absl::StrCat("trainer of rank ", req.rank(), " ", how));
+    const std::string cause =
+        absl::StrCat("trainer of rank ", req.rank(), " ", how);
+    // Repeated on this node: cordoned, which plans (its ranks to a spare).
+    if (!ChargeIncidentLocked(&batch, req.node_id(), req.job(),
+                              (*job)->rec.generation(), cause))
+      MakePlanLocked(&batch, **job, cause);
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());

@@ -72,6 +72,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
+#include "coordinator/coordinator_options.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
@@ -82,48 +83,6 @@
 #include "storage/object_backend.h"
 
 namespace ckpt::coordinator {
-
-struct CoordinatorOptions {
-  std::string state_dir;    // RocksDB in <state_dir>/db
-  std::string shared_root;  // global manifests go here (a directory or s3://)
-  storage::ObjectStoreConfig
-      object_config;  // an s3:// shared root's object_* keys
-  std::chrono::milliseconds heartbeat_timeout{3000};
-  // How long Open waits for a shared root whose manifests it cannot read
-  // (see Open); 0: it fails at once.
-  std::chrono::milliseconds shared_root_wait{30000};
-  size_t max_events = 4096;  // older events are dropped from memory and disk
-  // A plan whose orders are not all acknowledged this long after it was
-  // made fails the nodes that did not acknowledge (a PREFETCH stuck on a
-  // hung shared root) and plans again; 0: no deadline.
-  std::chrono::milliseconds plan_ack_timeout{600000};
-  // Per job, the most steps newer than the last good one whose per-rank
-  // records are kept (soft state); the oldest are dropped past it.
-  size_t max_soft_steps = 64;
-  // The leader's fence (etcd: the election key's create revision; 0 with
-  // one coordinator), recorded in every MANIFEST.global it writes and in
-  // the commit that refers to it.
-  uint64_t fence = 0;
-  // Whether this process still leads (HA); checked right before a global
-  // manifest is written. Null: always.
-  std::function<bool()> leading;
-  // Hang detection's timeout model (hang_model.h).
-  HangPolicy hang;
-  // Hang-detection evidence (stacks) kept per job: the newest this many
-  // hangs.
-  size_t kept_stack_generations = 8;
-  // Milliseconds on a monotonic clock; tests pass a fake one.
-  std::function<int64_t()> now_ms;
-  // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
-  std::shared_ptr<CoordinatorMetrics> metrics;
-  // Tests: wraps the shared root's backend (a fault-injection wrapper).
-  std::function<std::unique_ptr<storage::Backend>(
-      std::unique_ptr<storage::Backend>)>
-      wrap_shared_root;
-  // A node whose memcpy or CUDA bandwidth is below this fraction of the
-  // cluster's median is unhealthy (health_state.h).
-  double health_min_ratio = 0.5;
-};
 
 class Coordinator {
  public:
@@ -187,6 +146,24 @@ class Coordinator {
   // The stacks kept for a job's hang (the newest without a generation).
   [[nodiscard]] absl::StatusOr<v1::GetStacksResponse> GetStacks(
       const v1::GetStacksRequest& req);
+  // coordinator_cordon.cc. Cordon keeps a node (node_id registered; reason
+  // printable, 1 to kMaxCordonReasonBytes) out of placement: event
+  // CORDONED, its ranks move to a spare as a dead node's do (or wait for
+  // one). Uncordon lets it back (UNCORDONED); one that hosts nothing
+  // becomes a spare. Either is a no-op (changed: false) when the node is
+  // already so. A refusal names the field and changes nothing.
+  [[nodiscard]] absl::StatusOr<v1::CordonResponse> Cordon(
+      const v1::CordonRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::UncordonResponse> Uncordon(
+      const v1::UncordonRequest& req);
+  static constexpr size_t kMaxCordonReasonBytes = 512;
+  // coordinator_health.cc: a launcher's own check of its node (the node RPC
+  // rules; check.name printable, at most 64 bytes, reason at most 512):
+  // replaces the check of that name in the node's report, which is judged
+  // again (HEALTH_FAILED); jobs with ranks on a node now unhealthy plan
+  // again (their ranks move to a spare).
+  [[nodiscard]] absl::StatusOr<v1::ReportNodeCheckResponse> ReportNodeCheck(
+      const v1::ReportNodeCheckRequest& req);
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
@@ -227,6 +204,7 @@ class Coordinator {
   struct NodeState {
     v1::NodeRecord rec;
     Liveness* live = nullptr;  // owned by live_
+    IncidentLog incidents;     // soft: hangs and crashes, for cordoning
   };
   struct JobState {
     v1::JobRecord rec;
@@ -267,7 +245,10 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, std::unique_ptr<CoordStore> store,
               std::unique_ptr<storage::Backend> shared);
 
-  // coordinator_state.cc: loading, committing, events, shared helpers.
+  // coordinator_open.cc: loading and reloading the state;
+  // coordinator_manifests.cc: the last good steps' manifests;
+  // coordinator_commit.cc: group commit; coordinator_state.cc: indexes,
+  // the event log and the checks every call shares.
   [[nodiscard]] absl::Status ReloadLocked();
   // Drops the last good steps whose manifest is invalid (events
   // MANIFEST_INVALID) and commits that; UNAVAILABLE, changing nothing
@@ -356,6 +337,29 @@ class Coordinator {
   // (judged against the median like memcpy).
   void NetCheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
                       v1::HeartbeatResponse* resp);
+
+  // coordinator_cordon.cc: cordoning and eviction.
+  // Whether `n` may be given ranks: alive, healthy, not cordoned.
+  static bool Placeable(const v1::NodeRecord& n) {
+    return n.health() == v1::ALIVE && !n.unhealthy() && !n.cordoned();
+  }
+  // A placeable spare with room for `ranks` more ranks, or null.
+  NodeState* SpareForLocked(size_t ranks);
+  // Cordons `node` (event CORDONED, `by` as in v1::Cordon) and plans again
+  // every job that has ranks on it.
+  void CordonLocked(Batch* batch, NodeState& node, const std::string& reason,
+                    const std::string& by);
+  // Cordons `node_id` as `by` when a spare can take its ranks; otherwise
+  // logs EVICTION_SKIPPED saying why. True when it cordoned (and so
+  // planned every job with ranks there).
+  bool EvictLocked(Batch* batch, const std::string& node_id,
+                   const std::string& job, const std::string& reason,
+                   const std::string& by);
+  // Charges a hang or crash of `job`'s `generation` to `node_id`; true
+  // when that made it cordoned (EvictLocked).
+  bool ChargeIncidentLocked(Batch* batch, const std::string& node_id,
+                            const std::string& job, uint64_t generation,
+                            const std::string& what);
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

@@ -120,8 +120,13 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
     *sr->mutable_nodes() = {nodes.begin(), nodes.end()};
     // Restart every rank from the last good step, as after a trainer
     // exit; the launchers stop the hung generation's trainers (SIGKILL
-    // after their grace: a stopped process ignores SIGTERM).
-    MakePlanLocked(batch, job, absl::StrCat("hang: ", v->detail));
+    // after their grace: a stopped process ignores SIGTERM). A node hung
+    // repeatedly is cordoned instead, which plans too.
+    bool planned = false;
+    for (const std::string& node : nodes)
+      planned |= ChargeIncidentLocked(batch, node, name, hung_generation,
+                                      absl::StrCat("hang: ", v->detail));
+    if (!planned) MakePlanLocked(batch, job, absl::StrCat("hang: ", v->detail));
     w.generation = 0;
   }
 }
@@ -137,6 +142,7 @@ void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
   std::vector<uint32_t> slow =
       SlowRanks(options_.hang, ranks, w.beats, &median);
   const std::string& name = job.rec.job();
+  std::vector<std::pair<std::string, std::string>> evict;  // node, why
   for (uint32_t r : ranks) {
     const bool is_slow = std::find(slow.begin(), slow.end(), r) != slow.end();
     int& n = w.slow_windows[r];
@@ -165,7 +171,24 @@ void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
     s->set_median_ms(median);
     s->set_windows(static_cast<uint32_t>(n));
     s->set_compute(compute);
+    if (options_.evict_stragglers)
+      evict.emplace_back(node, absl::StrCat("straggler: ", e.detail()));
     LogLocked(batch, std::move(e));
+  }
+  // Replaced like a failed node, when a spare can take its ranks (else
+  // EVICTION_SKIPPED says why); the plan starts a new generation.
+  std::set<std::string> tried;
+  for (const auto& [node, why] : evict) {
+    if (!tried.insert(node).second) continue;  // its other straggler
+    std::vector<uint32_t> there;  // its ranks, before the plan moves them
+    for (uint32_t r : w.stragglers)
+      if (job.rec.rank_node(r) == node) there.push_back(r);
+    if (!EvictLocked(batch, node, name, why, "straggler")) continue;
+    for (uint32_t r : there) {
+      options_.metrics->SetStraggler(name, node, r, false);
+      w.stragglers.erase(r);
+    }
+    break;  // one replacement per window
   }
 }
 

@@ -1,6 +1,7 @@
 // Coordinator: failure detection, recovery plans, orders, and the global
 // commit of a step (manifest first, then last good).
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -194,24 +195,25 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
   options_.metrics->PlanMade(name, options_.now_ms());
   job.rec.set_generation(job.rec.generation() + 1);
   DropOrdersOfJobLocked(batch, name);
-  // Group the ranks of dead hosts by host; move each group to a spare.
+  // Group the ranks of hosts that may not keep them (dead, cordoned,
+  // unhealthy) by host; move each group to a spare. An unhealthy host that
+  // is alive keeps its ranks when no spare can take them: a restart there
+  // beats a job waiting on a bandwidth verdict.
   std::map<std::string, std::vector<uint32_t>> lost;
+  std::set<std::string> may_stay;  // alive, not cordoned, unhealthy
   for (uint32_t r = 0; r < job.rec.world_size(); ++r) {
     auto host = nodes_.find(job.rec.rank_node(r));
-    if (host == nodes_.end() || host->second.rec.health() != v1::ALIVE)
-      lost[job.rec.rank_node(r)].push_back(r);
+    if (host != nodes_.end() && Placeable(host->second.rec)) continue;
+    lost[job.rec.rank_node(r)].push_back(r);
+    if (host != nodes_.end() && host->second.rec.health() == v1::ALIVE &&
+        !host->second.rec.cordoned())
+      may_stay.insert(host->first);
   }
   job.rec.clear_lost_ranks();
   std::vector<std::string> moves;
   for (const auto& [dead, ranks] : lost) {
-    NodeState* spare = nullptr;
-    for (auto& [id, n] : nodes_) {
-      if (n.rec.health() == v1::ALIVE && n.rec.spare() && !n.rec.unhealthy() &&
-          n.rec.capacity() >= HostedRanksLocked(id) + ranks.size()) {
-        spare = &n;
-        break;
-      }
-    }
+    NodeState* spare = SpareForLocked(ranks.size());
+    if (!spare && may_stay.count(dead)) continue;
     if (!spare) {
       job.rec.mutable_lost_ranks()->Add(ranks.begin(), ranks.end());
       continue;

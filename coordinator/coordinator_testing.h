@@ -35,6 +35,8 @@ class CoordinatorTest : public ::testing::Test {
     o.shared_root = dir_.path() + "/shared";
     o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
     o.hang = hang_;
+    o.cordon = cordon_;
+    o.evict_stragglers = evict_stragglers_;
     o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
     auto c = Coordinator::Open(o);
@@ -118,6 +120,8 @@ class CoordinatorTest : public ::testing::Test {
   int64_t now_ms_ = 1'000'000;
   int64_t heartbeat_timeout_ms_ = 3000;
   HangPolicy hang_;
+  CordonPolicy cordon_;
+  bool evict_stragglers_ = false;
   std::unique_ptr<Coordinator> coord_;
 };
 

@@ -210,6 +210,75 @@ TEST_F(HangTest, ASlowRankIsNamedAStragglerAfterThreeWindowsAndNoOtherRank) {
   EXPECT_TRUE(Hangs().empty());
 }
 
+// --evict-stragglers: a straggler's node is replaced by a spare, and never
+// when no spare can take its ranks.
+class EvictStragglersTest : public HangTest {
+ protected:
+  void SetUp() override {
+    evict_stragglers_ = true;
+    HangTest::SetUp();
+  }
+  // Rank 3 (on n2) computes 3x longer than the others, for `windows`
+  // straggler windows.
+  void SlowRank3(int windows) {
+    for (int i = 0; i <= windows; ++i) {
+      if (i > 0) now_ms_ += 10'000;
+      const uint64_t step = 10 + static_cast<uint64_t>(i);
+      ASSERT_TRUE(Beats("n1", {{0, step, 0, 1000, 0, 0, 100},
+                               {1, step, 0, 1000, 0, 0, 110}})
+                      .ok());
+      ASSERT_TRUE(Beats("n2", {{2, step, 0, 1000, 0, 0, 105},
+                               {3, step, 0, 1000, 0, 0, 300}})
+                      .ok());
+    }
+  }
+  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
+    std::vector<v1::Event> out;
+    const v1::EventsResponse events = coord_->Events({});
+    for (const auto& e : events.events())
+      if (e.kind() == kind) out.push_back(e);
+    return out;
+  }
+};
+
+TEST_F(EvictStragglersTest, TheStragglersNodeIsReplacedByTheSpare) {
+  ASSERT_NO_FATAL_FAILURE(SlowRank3(3));
+  ASSERT_EQ(EventsOf(v1::STRAGGLER).size(), 1u);
+  const v1::JobRecord job = Job();
+  EXPECT_EQ(job.rank_node(2), "s1");
+  EXPECT_EQ(job.rank_node(3), "s1");
+  EXPECT_EQ(job.rank_node(0), "n1");
+  EXPECT_TRUE(Node("n2").cordoned());
+  auto cordoned = EventsOf(v1::CORDONED);
+  ASSERT_EQ(cordoned.size(), 1u);
+  EXPECT_EQ(cordoned[0].cordon().by(), "straggler");
+  EXPECT_EQ(cordoned[0].cordon().reason().rfind("straggler: rank 3 ", 0), 0u)
+      << cordoned[0].cordon().reason();
+  EXPECT_EQ(coord_->GetCluster().stragglers_size(), 0);  // replaced
+}
+
+TEST_F(EvictStragglersTest, WithoutASpareNothingIsEvictedAndAnEventSaysWhy) {
+  v1::CordonRequest spare;
+  spare.set_node_id("s1");
+  spare.set_reason("under repair");
+  ASSERT_TRUE(coord_->Cordon(spare).ok());
+  ASSERT_NO_FATAL_FAILURE(SlowRank3(3));
+  ASSERT_EQ(EventsOf(v1::STRAGGLER).size(), 1u);
+  EXPECT_EQ(Job().rank_node(3), "n2");
+  EXPECT_EQ(Job().generation(), 0u);  // no plan
+  EXPECT_FALSE(Node("n2").cordoned());
+  auto skipped = EventsOf(v1::EVICTION_SKIPPED);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].node_id(), "n2");
+  EXPECT_EQ(skipped[0].cordon().by(), "straggler");
+  // The mark stays for `ckptctl cluster`.
+  const v1::GetClusterResponse c = coord_->GetCluster();
+  ASSERT_EQ(c.stragglers_size(), 1);
+  EXPECT_EQ(c.stragglers(0).rank(), 3u);
+  EXPECT_EQ(c.stragglers(0).node_id(), "n2");
+  EXPECT_EQ(c.stragglers(0).job(), "job");
+}
+
 TEST_F(HangTest, BadProgressIsRefusedNamingTheField) {
   v1::HeartbeatRequest req;
   req.set_node_id("n1");

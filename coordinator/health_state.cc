@@ -16,20 +16,27 @@ absl::Status ValidateHealthReport(const v1::NodeHealthReport& report,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".checks: ", report.checks_size(),
                      " checks, at most ", kMaxHealthChecks));
-  for (int i = 0; i < report.checks_size(); ++i) {
-    const v1::HealthCheck& c = report.checks(i);
-    const std::string at = absl::StrCat(field, ".checks[", i, "]");
-    absl::Status s = ValidatePrintable(c.name(), at + ".name", 64);
-    if (s.ok()) s = ValidatePrintable(c.unit(), at + ".unit", 64, true);
-    if (s.ok()) s = ValidatePrintable(c.reason(), at + ".reason", 512, true);
-    if (!s.ok()) return s;
-    if (!std::isfinite(c.figure()) || c.figure() < 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".figure: ", c.figure(), " is not a finite >= 0"));
-    if (!std::isfinite(c.seconds()) || c.seconds() < 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".seconds: ", c.seconds(), " is not a finite >= 0"));
-  }
+  for (int i = 0; i < report.checks_size(); ++i)
+    if (absl::Status s = ValidateHealthCheck(
+            report.checks(i), absl::StrCat(field, ".checks[", i, "]"));
+        !s.ok())
+      return s;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateHealthCheck(const v1::HealthCheck& c,
+                                 std::string_view field) {
+  const std::string at(field);
+  absl::Status s = ValidatePrintable(c.name(), at + ".name", 64);
+  if (s.ok()) s = ValidatePrintable(c.unit(), at + ".unit", 64, true);
+  if (s.ok()) s = ValidatePrintable(c.reason(), at + ".reason", 512, true);
+  if (!s.ok()) return s;
+  if (!std::isfinite(c.figure()) || c.figure() < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, ".figure: ", c.figure(), " is not a finite >= 0"));
+  if (!std::isfinite(c.seconds()) || c.seconds() < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, ".seconds: ", c.seconds(), " is not a finite >= 0"));
   return absl::OkStatus();
 }
 

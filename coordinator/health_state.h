@@ -31,6 +31,9 @@ namespace v1 = ::ckpt::coord::v1;
 inline constexpr int kMaxHealthChecks = 32;
 [[nodiscard]] absl::Status ValidateHealthReport(
     const v1::NodeHealthReport& report, std::string_view field);
+// One check of it (`field` names it, e.g. "check").
+[[nodiscard]] absl::Status ValidateHealthCheck(const v1::HealthCheck& check,
+                                               std::string_view field);
 
 // The checks whose figures are compared against the cluster's median.
 bool ComparedAgainstMedian(std::string_view check);

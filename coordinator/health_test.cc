@@ -172,6 +172,66 @@ TEST_F(HealthTest, VerdictSurvivesACoordinatorRestart) {
   EXPECT_EQ(Node("n1").unhealthy_reason(), "full");
 }
 
+// ckptrun found a trainer still there seconds after SIGKILL (uninterruptible
+// sleep): the node is unhealthy with that check, and its ranks move.
+TEST_F(HealthTest, AnUnkillableTrainerMakesItsNodeUnhealthyAndMovesItsRanks) {
+  Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  Must(RegisterWith("s1", 2, true, HealthReport(10)));
+  RegisterJob("job", 4);
+  v1::ReportNodeCheckRequest req;
+  req.set_node_id("n2");
+  req.set_epoch(e2);
+  v1::HealthCheck* c = req.mutable_check();
+  c->set_name("trainer_unkillable");
+  c->set_passed(false);
+  c->set_reason(
+      "trainer of rank 2 (pid 77, state D) still there 10 s after "
+      "SIGKILL");
+  c->set_reason(std::string("bad\x01", 4));
+  auto bad = coord_->ReportNodeCheck(req);
+  EXPECT_EQ(bad.status().message().rfind("check.reason: ", 0), 0u)
+      << bad.status();
+  c->set_reason(
+      "trainer of rank 2 (pid 77, state D) still there 10 s after "
+      "SIGKILL");
+  req.set_epoch(e2 + 100);
+  EXPECT_EQ(coord_->ReportNodeCheck(req).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Node("n2").unhealthy());  // refusals change nothing
+  req.set_epoch(e2);
+  auto r = coord_->ReportNodeCheck(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->unhealthy());
+  EXPECT_EQ(Node("n2").unhealthy_check(), "trainer_unkillable");
+  auto events = EventsOf(v1::HEALTH_FAILED);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].node_id(), "n2");
+  EXPECT_EQ(events[0].health().check(), "trainer_unkillable");
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_EQ(Job().rank_node(3), "s1");
+  EXPECT_EQ(Job().rank_node(0), "n1");
+  Reopen();  // durable, like the node's other checks
+  EXPECT_EQ(Node("n2").unhealthy_check(), "trainer_unkillable");
+}
+
+TEST_F(HealthTest, AnUnhealthyHostWithoutASpareKeepsItsRanks) {
+  Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  RegisterJob("job", 4);
+  v1::ReportNodeCheckRequest req;
+  req.set_node_id("n2");
+  req.set_epoch(e2);
+  req.mutable_check()->set_name("trainer_unkillable");
+  req.mutable_check()->set_reason("still there");
+  ASSERT_TRUE(coord_->ReportNodeCheck(req).ok());
+  EXPECT_TRUE(Node("n2").unhealthy());
+  // No spare: the job restarts in place rather than wait for one.
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
+  EXPECT_EQ(Job().rank_node(2), "n2");
+  EXPECT_EQ(Job().lost_ranks_size(), 0);
+}
+
 TEST_F(HealthTest, BadReportIsRefusedNamingTheField) {
   v1::NodeHealthReport r = HealthReport(10);
   r.mutable_checks(0)->set_figure(std::nan(""));

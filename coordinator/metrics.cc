@@ -206,6 +206,13 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (const auto& n : cluster.nodes())
     if (n.health() == v1::ALIVE)
       healthy.Add({{"node", n.node_id()}}).Set(n.unhealthy() ? 0 : 1);
+  auto& cordoned =
+      prometheus::BuildGauge()
+          .Name("ckpt_coordinator_node_cordoned")
+          .Help("1 if the node is cordoned (kept out of placement)")
+          .Register(gauges);
+  for (const auto& n : cluster.nodes())
+    cordoned.Add({{"node", n.node_id()}}).Set(n.cordoned() ? 1 : 0);
   std::map<std::pair<std::string, std::string>, double> by_state;
   for (const char* state : {"alive", "dead"})
     for (const char* role : {"worker", "spare"}) by_state[{state, role}] = 0;

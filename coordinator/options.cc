@@ -110,6 +110,18 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "stragglers: ... in this many consecutive 10 s windows "
                  "(default 3)")
       ->check(CLI::Range(1, 1000));
+  CordonPolicy& cordon = o.coordinator.cordon;
+  app.add_option("--cordon-after", cordon.after,
+                 "cordon a node (its ranks move to a spare) after this many "
+                 "hangs or trainer crashes on it within --cordon-window-s; "
+                 "0: never (default 3)")
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--cordon-window-s", cordon.window_s,
+                 "the window of --cordon-after in seconds (default 1800)")
+      ->check(CLI::Range(1.0, 30.0 * 86400));
+  app.add_flag("--evict-stragglers", o.coordinator.evict_stragglers,
+               "replace a straggler's node by a spare (cordoned, reason "
+               "straggler); never without a healthy spare with room");
   app.add_option("--health-min-ratio", o.coordinator.health_min_ratio,
                  "a node whose memcpy or CUDA bandwidth is below this "
                  "fraction of the cluster's median is unhealthy (0: never)")
@@ -117,7 +129,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, hang_timeout_min_s, "
-                 "hang_factor, first_step_timeout_s (integers), "
+                 "hang_factor, first_step_timeout_s, cordon_after, "
+                 "cordon_window_s (integers), evict_stragglers, "
                  "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
                  "admin_identities, advertise_addr, "
                  "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
@@ -165,7 +178,9 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
               "--hang-timeout-min-s", "hang_timeout_min_s", &hang.min_s, 86400},
           {"--hang-factor", "hang_factor", &hang.factor, 1000},
           {"--first-step-timeout-s", "first_step_timeout_s", &hang.first_step_s,
-           86400}}) {
+           86400},
+          {"--cordon-window-s", "cordon_window_s", &cordon.window_s,
+           30 * 86400}}) {
       int64_t v = 0;
       if (!s.ok() || app.count(flag) || !parsed->contains(key)) continue;
       s = FromToml(*parsed, key, &v);
@@ -174,6 +189,18 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
             "config: ", key, ": not an integer in [1, ", max, "]"));
       if (s.ok()) *out = static_cast<double>(v);
     }
+    if (s.ok() && !app.count("--cordon-after") &&
+        parsed->contains("cordon_after")) {
+      int64_t v = 0;
+      s = FromToml(*parsed, "cordon_after", &v);
+      if (s.ok() && (v < 0 || v > 1000))
+        s = absl::InvalidArgumentError(
+            "config: cordon_after: not an integer in [0, 1000]");
+      if (s.ok()) cordon.after = static_cast<int>(v);
+    }
+    if (s.ok() && !app.count("--evict-stragglers"))
+      s = FromToml(*parsed, "evict_stragglers",
+                   &o.coordinator.evict_stragglers);
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
     if (s.ok() && !app.count("--metrics-listen"))

@@ -51,6 +51,9 @@ class Service final : public rpc::RpcService {
     AddUnary("ReportFallback", this, &Service::ReportFallback);
     AddUnary("ReportStacks", this, &Service::ReportStacks);
     AddUnary("GetStacks", this, &Service::GetStacks);
+    AddUnary("Cordon", this, &Service::Cordon);
+    AddUnary("Uncordon", this, &Service::Uncordon);
+    AddUnary("ReportNodeCheck", this, &Service::ReportNodeCheck);
   }
 
   grpc::Status RegisterNode(grpc::ServerContext*,
@@ -102,6 +105,19 @@ class Service final : public rpc::RpcService {
   grpc::Status GetStacks(grpc::ServerContext*, const v1::GetStacksRequest* req,
                          v1::GetStacksResponse* resp) {
     return Answer(c_->GetStacks(*req), resp);
+  }
+  grpc::Status Cordon(grpc::ServerContext*, const v1::CordonRequest* req,
+                      v1::CordonResponse* resp) {
+    return Answer(c_->Cordon(*req), resp);
+  }
+  grpc::Status Uncordon(grpc::ServerContext*, const v1::UncordonRequest* req,
+                        v1::UncordonResponse* resp) {
+    return Answer(c_->Uncordon(*req), resp);
+  }
+  grpc::Status ReportNodeCheck(grpc::ServerContext*,
+                               const v1::ReportNodeCheckRequest* req,
+                               v1::ReportNodeCheckResponse* resp) {
+    return Answer(c_->ReportNodeCheck(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*,
                                  const v1::ReportTrainerExitRequest* req,

@@ -59,6 +59,9 @@ struct ClusterOptions {
   std::map<std::string, std::vector<std::string>> node_ckptd_args;
   // Extra environment ("NAME=value") for one node's ckptd, by node id.
   std::map<std::string, std::vector<std::string>> node_ckptd_env;
+  // Extra environment ("K=V") of one node's ckptrun and so its trainers,
+  // by node id (CLUSTER_TRAINER_SLOW=F: a slow node).
+  std::map<std::string, std::vector<std::string>> node_launcher_env;
   // Runs each trainer through this command (e.g. setpriv --reuid 1000 ...,
   // a trainer that is not root); the trainers' log directory is then
   // world-writable.

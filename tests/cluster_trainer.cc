@@ -12,7 +12,8 @@
 //   saved step=<S> stall=<t>
 //   done step=<LAST_STEP>
 // With "hold" it then sleeps until killed instead of exiting (a quiet job
-// for the recovery benchmark).
+// for the recovery benchmark). CLUSTER_TRAINER_SLOW=F in the environment
+// makes each step F times STEP_MS (a slow node: a straggler).
 #include <unistd.h>
 
 #include <chrono>
@@ -63,7 +64,9 @@ int main(int argc, char** argv) {
   }
   const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
   const uint64_t last = std::strtoull(argv[2], nullptr, 10);
-  const int step_ms = std::atoi(argv[3]);
+  int step_ms = std::atoi(argv[3]);
+  if (const char* slow = std::getenv("CLUSTER_TRAINER_SLOW"))
+    step_ms = static_cast<int>(step_ms * std::atof(slow));
   ckpt::ClientOptions o;  // everything else from the environment
   auto client = ckpt::Client::Connect(o);
   if (!client.ok()) {

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   app.add_option(
       "--coordinator", coordinator,
       "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (cluster, rollback, events, "
-      "stacks; "
+      "stacks, health, cordon, uncordon; "
       "replicas: the leader is followed)");
   ckpt::coordinator::TlsFiles tls;
   app.add_option("--tls-cert", tls.cert,
@@ -167,8 +167,19 @@ int main(int argc, char** argv) {
       "health", "each node's latest health check and verdict");
   health->add_option("--node", health_node, "only this node");
 
-  for (CLI::App* cmd : {list, status, del, inspect, verify, restore, exp,
-                        cluster, rollback, events, stacks, health})
+  std::string cordon_node, cordon_reason;
+  CLI::App* cordon = app.add_subcommand(
+      "cordon", "keep a node out of placement; its ranks move to a spare");
+  cordon->add_option("NODE", cordon_node, "node id")->required();
+  cordon->add_option("--reason", cordon_reason, "why (shown with the node)")
+      ->required();
+  CLI::App* uncordon =
+      app.add_subcommand("uncordon", "let a cordoned node take ranks again");
+  uncordon->add_option("NODE", cordon_node, "node id")->required();
+
+  for (CLI::App* cmd :
+       {list, status, del, inspect, verify, restore, exp, cluster, rollback,
+        events, stacks, health, cordon, uncordon})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp})
     cmd->add_flag("--progress", progress,
@@ -184,7 +195,8 @@ int main(int argc, char** argv) {
   sel.rank = sel_rank;
   ckpt::tools::Progress::Force(progress);
 
-  for (CLI::App* cmd : {cluster, rollback, events, stacks, health}) {
+  for (CLI::App* cmd :
+       {cluster, rollback, events, stacks, health, cordon, uncordon}) {
     if (!cmd->parsed()) continue;
     absl::Status s =
         coordinator.empty()
@@ -207,6 +219,13 @@ int main(int argc, char** argv) {
   if (health->parsed())
     return Finish("health",
                   ckpt::tools::RunHealth(coordinator, tls, health_node, json));
+  if (cordon->parsed())
+    return Finish("cordon",
+                  ckpt::tools::RunCordon(coordinator, tls, cordon_node,
+                                         cordon_reason, json));
+  if (uncordon->parsed())
+    return Finish("uncordon", ckpt::tools::RunUncordon(coordinator, tls,
+                                                       cordon_node, json));
   if (events->parsed())
     return Finish("events", ckpt::tools::RunEvents(coordinator, tls, job,
                                                    after_seq, json));

@@ -251,6 +251,7 @@ void Launcher::Poll() {
     reports_.push_back({e, generation_.value_or(0), epoch_, false});
   }
   FlushReports();
+  FlushNodeCheck();
   if (view && view->registered()) Reconcile(*view);
 }
 
@@ -322,7 +323,7 @@ void Launcher::StopTrainers(const std::string& why) {
   if (!running.empty())
     Log(absl::StrCat(GenerationPrefix(), "stopping ranks ",
                      absl::StrJoin(running, ","), " (", why, ")"));
-  trainers_.StopAll(opts_.grace);
+  NoteUnkillable(trainers_.StopAll(opts_.grace));
   generation_.reset();
   started_.clear();
   finished_.clear();

@@ -108,6 +108,11 @@ class Launcher {
   // directory could not be made.
   std::string PythonStacksFile(uint32_t rank);
   void FlushReports();
+  // ckptrun_node_check.cc: a trainer outlived SIGKILL (StopAll): this node
+  // is reported unhealthy (check "trainer_unkillable"), sent by
+  // FlushNodeCheck once the coordinator is reachable.
+  void NoteUnkillable(const std::vector<Unkillable>& stuck);
+  void FlushNodeCheck();
   void SetReachable(bool reachable, const absl::Status& why);
   void Log(const std::string& line) const;
   std::string GenerationPrefix() const;
@@ -133,6 +138,7 @@ class Launcher {
   bool reachable_ = true;
   std::string waiting_for_;  // last "waiting" line logged, to log it once
   std::string stacks_dir_;   // made on first use, removed by the destructor
+  std::string unkillable_;   // the reason not yet delivered, if any
 };
 
 }  // namespace ckpt::tools

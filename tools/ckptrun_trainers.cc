@@ -37,6 +37,21 @@ TrainerExit FromWaitStatus(uint32_t rank, int status) {
   return e;
 }
 
+// The state letter of /proc/PID/stat ("R", "S", "D", "Z", ...), '?' when
+// it cannot be read.
+char ProcessState(pid_t pid) {
+  FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (!f) return '?';
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": comm may hold spaces and parentheses; the state
+  // follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close && close[1] == ' ' && close[2] ? close[2] : '?';
+}
+
 std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   std::vector<char*> out;
   for (const std::string& s : strings)
@@ -214,23 +229,32 @@ std::vector<TrainerExit> TrainerSet::Reap() {
   return exits;
 }
 
-void TrainerSet::StopAll(std::chrono::milliseconds grace) {
-  if (running_.empty()) return;
-  for (const auto& [rank, pid] : running_) kill(-pid, SIGTERM);
-  auto deadline = std::chrono::steady_clock::now() + grace;
+std::vector<Unkillable> TrainerSet::StopAll(
+    std::chrono::milliseconds grace, std::chrono::milliseconds kill_wait) {
+  if (running_.empty()) return {};
   std::map<uint32_t, pid_t> left = running_;
-  while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (auto it = left.begin(); it != left.end();)
-      it = waitpid(it->second, nullptr, WNOHANG) == it->second ? left.erase(it)
-                                                               : std::next(it);
-    if (!left.empty())
+  // Reaps what exits until `until` or nothing is left.
+  auto reap_until = [&left](std::chrono::steady_clock::time_point until) {
+    for (;;) {
+      for (auto it = left.begin(); it != left.end();)
+        it = waitpid(it->second, nullptr, WNOHANG) == it->second
+                 ? left.erase(it)
+                 : std::next(it);
+      if (left.empty() || std::chrono::steady_clock::now() >= until) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    }
+  };
+  for (const auto& [rank, pid] : running_) kill(-pid, SIGTERM);
+  reap_until(std::chrono::steady_clock::now() + grace);
   for (const auto& [rank, pid] : running_)
     kill(-pid, SIGKILL);  // stragglers in each group too
-  for (const auto& [rank, pid] : left) waitpid(pid, nullptr, 0);
+  reap_until(std::chrono::steady_clock::now() + kill_wait);
+  std::vector<Unkillable> stuck;
+  for (const auto& [rank, pid] : left)
+    stuck.push_back({rank, pid, ProcessState(pid)});
   for (const auto& [rank, pid] : running_) TellGuardian('-', pid);
   running_.clear();
+  return stuck;
 }
 
 std::vector<uint32_t> TrainerSet::RunningRanks() const {

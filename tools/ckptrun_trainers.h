@@ -10,7 +10,10 @@
 // child subreaper (PR_SET_CHILD_SUBREAPER): a descendant orphaned by its
 // wrapper is reparented to ckptrun, not to init, and is reaped by Reap().
 // The caller owns every trainer's lifetime: Reap() hands back the trainers
-// that exited on their own; StopAll() ends the rest and hands back nothing.
+// that exited on their own; StopAll() ends the rest and hands back only
+// those still there kill_wait after SIGKILL (a process in uninterruptible
+// sleep: a hung driver or file system). Those are reaped later by Reap(),
+// silently.
 // Not thread-safe; fork only from the thread that lives as long as ckptrun
 // (PDEATHSIG fires when the forking thread exits).
 #ifndef CKPT_TOOLS_CKPTRUN_TRAINERS_H_
@@ -35,6 +38,13 @@ struct TrainerExit {
   bool clean() const { return exit_code == 0 && term_signal == 0; }
 };
 
+// A trainer that outlived SIGKILL (StopAll).
+struct Unkillable {
+  uint32_t rank = 0;
+  pid_t pid = 0;
+  char state = '?';  // its state in /proc/PID/stat ('D': uninterruptible)
+};
+
 // "exited with code 3" / "exited with signal 9".
 std::string DescribeExit(const TrainerExit& e);
 
@@ -50,6 +60,11 @@ class TrainerSet {
   TrainerSet& operator=(const TrainerSet&) = delete;
   ~TrainerSet() { StopAll(std::chrono::milliseconds(0)); }
 
+  // How long StopAll waits for a SIGKILLed trainer to be gone: the exit of
+  // a process with tens of GB mapped takes a second or two; ten seconds
+  // more is not an exit in progress.
+  static constexpr std::chrono::seconds kKillWait{10};
+
   // Starts `path` (resolved) with `argv` and exactly `env` ("K=V") for
   // `rank`; stdout/stderr are inherited, the signal mask is cleared. A
   // trainer whose exec fails exits with code 127.
@@ -60,8 +75,11 @@ class TrainerSet {
   // left behind in their process group is killed.
   std::vector<TrainerExit> Reap();
   // SIGTERM to every trainer's process group, SIGKILL to those still there
-  // after `grace`; returns once all are reaped.
-  void StopAll(std::chrono::milliseconds grace);
+  // after `grace`; returns once all are reaped, or kill_wait after the
+  // SIGKILL with those that are not.
+  std::vector<Unkillable> StopAll(
+      std::chrono::milliseconds grace,
+      std::chrono::milliseconds kill_wait = kKillWait);
   std::vector<uint32_t> RunningRanks() const;
   // rank -> pid (= process group id) of each running trainer.
   std::map<uint32_t, pid_t> Running() const { return running_; }

@@ -59,6 +59,17 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                      const coordinator::TlsFiles& tls,
                                      const std::string& node, bool json);
 
+// Cordons `node` (its ranks move to a spare; it takes none until
+// uncordoned) for `reason` (printable, 1 to 512 bytes), or lets it back;
+// ctl_cordon.cc. The coordinator needs an admin identity under mTLS.
+[[nodiscard]] absl::Status RunCordon(const std::string& coordinator,
+                                     const coordinator::TlsFiles& tls,
+                                     const std::string& node,
+                                     const std::string& reason, bool json);
+[[nodiscard]] absl::Status RunUncordon(const std::string& coordinator,
+                                       const coordinator::TlsFiles& tls,
+                                       const std::string& node, bool json);
+
 // The stacks a hang's launchers captured (of `generation`, or the newest
 // hang's): every trainer of the stuck ranks' nodes.
 [[nodiscard]] absl::Status RunStacks(const std::string& coordinator,

@@ -1,5 +1,6 @@
-// cluster, rollback, events and stacks: the subcommands that ask the
-// coordinator.
+// cluster, rollback and stacks: subcommands that ask the coordinator.
+#include "tools/ctl_coord.h"
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -16,96 +17,8 @@ namespace {
 
 namespace cv1 = ::ckpt::coord::v1;
 
-constexpr std::chrono::seconds kRpcTimeout{5};
-
-absl::Status CheckCoordinator(const std::string& coordinator) {
-  if (coordinator.empty())
-    return absl::InvalidArgumentError(
-        "--coordinator: not given (HOST:PORT of ckpt-coordinator)");
-  return coordinator::ParseAddressList(coordinator, "--coordinator").status();
-}
-
 std::string HealthName(cv1::NodeHealth h) {
   return h == cv1::ALIVE ? "ALIVE" : h == cv1::DEAD ? "DEAD" : "UNSPECIFIED";
-}
-
-void WriteEvents(JsonWriter& w,
-                 const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
-  w.BeginArray();
-  for (const auto& e : events) {
-    w.BeginObject()
-        .Field("seq", static_cast<uint64_t>(e.seq()))
-        .Field("time_ms", static_cast<int64_t>(e.time_ms()));
-    w.Field("job", e.job())
-        .Field("node_id", e.node_id())
-        .Field("kind", cv1::EventKind_Name(e.kind()));
-    w.Field("detail", e.detail());
-    if (e.kind() == cv1::FALLBACK) {
-      // The fields of the detail, for scripts (issue 17).
-      const cv1::Fallback& f = e.fallback();
-      w.Key("fallback")
-          .BeginObject()
-          .Field("rank", f.rank())
-          .Field("step", static_cast<uint64_t>(f.step()));
-      w.Field("copy", f.copy()).Field("reason", f.reason()).Key("next_step");
-      if (f.has_next_step())
-        w.Uint(f.next_step());
-      else
-        w.Null();
-      w.Field("next_copy", f.next_copy()).EndObject();
-    }
-    if (e.kind() == cv1::STRAGGLER) {
-      const cv1::Straggler& st = e.straggler();
-      w.Field("rank", st.rank())
-          .Key("straggler")
-          .BeginObject()
-          .Field("time_ms", st.time_ms())
-          .Field("median_ms", st.median_ms())
-          .Field("windows", st.windows())
-          .Field("compute", st.compute())
-          .EndObject();
-    }
-    if (e.kind() == cv1::HANG_DETECTED) {
-      // rank: the first rank named stuck; ranks: every one (issue 18).
-      const cv1::Hang& h = e.hang();
-      w.Key("rank");
-      if (h.ranks_size() > 0)
-        w.Uint(h.ranks(0));
-      else
-        w.Null();
-      w.Key("ranks").BeginArray();
-      for (uint32_t r : h.ranks()) w.Uint(r);
-      w.EndArray().Key("step");
-      if (h.has_step())
-        w.Uint(h.step());
-      else
-        w.Null();
-      w.Field("timeout_s", h.timeout_s())
-          .Field("silent_s", h.silent_s())
-          .Field("first_step", h.first_step())
-          .Field("pause_reason", h.pause_reason())
-          .Field("generation", static_cast<uint64_t>(h.generation()))
-          .Field("stacks", h.stacks());
-    }
-    if (e.kind() == cv1::HEALTH_FAILED)  // issue 18: node_id, check, reason
-      w.Field("check", e.health().check()).Field("reason", e.health().reason());
-    w.EndObject();
-  }
-  w.EndArray();
-}
-
-void PrintEvents(const google::protobuf::RepeatedPtrField<cv1::Event>& events) {
-  Table t({"SEQ", "TIME_MS", "JOB", "NODE", "KIND", "DETAIL"});
-  for (const auto& e : events)
-    t.AddRow({std::to_string(e.seq()), std::to_string(e.time_ms()),
-              e.job().empty() ? "-" : e.job(),
-              e.node_id().empty() ? "-" : e.node_id(),
-              cv1::EventKind_Name(e.kind()), e.detail()});
-  if (t.empty()) {
-    std::printf("no events\n");
-    return;
-  }
-  t.Print(stdout);
 }
 
 // "0-3:n1 4-7:n2": runs of consecutive ranks on one node.
@@ -123,6 +36,29 @@ std::string Placement(const cv1::JobRecord& j) {
   return runs.empty() ? "-" : absl::StrJoin(runs, " ");
 }
 
+// The stragglers the coordinator names on `node` now (its soft state).
+std::vector<const cv1::StragglerMark*> StragglersOn(
+    const cv1::GetClusterResponse& c, const std::string& node) {
+  std::vector<const cv1::StragglerMark*> out;
+  for (const cv1::StragglerMark& m : c.stragglers())
+    if (m.node_id() == node) out.push_back(&m);
+  return out;
+}
+
+// Why a node is marked (issue 18): "cordoned (R)", "unhealthy (check:
+// R)", "straggler (job J rank N)"; "-" when none.
+std::string Marks(const cv1::GetClusterResponse& c, const cv1::NodeRecord& n) {
+  std::vector<std::string> marks;
+  if (n.cordoned()) marks.push_back("cordoned (" + n.cordon_reason() + ")");
+  if (n.unhealthy())
+    marks.push_back(absl::StrCat("unhealthy (", n.unhealthy_check(), ": ",
+                                 n.unhealthy_reason(), ")"));
+  for (const cv1::StragglerMark* m : StragglersOn(c, n.node_id()))
+    marks.push_back(
+        absl::StrCat("straggler (job ", m->job(), " rank ", m->rank(), ")"));
+  return marks.empty() ? "-" : absl::StrJoin(marks, "; ");
+}
+
 void WriteCluster(const cv1::GetClusterResponse& c) {
   JsonWriter w;
   w.BeginObject().Key("nodes").BeginArray();
@@ -132,7 +68,19 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
         .Field("epoch", static_cast<uint64_t>(n.epoch()));
     w.Field("spare", n.spare()).Field("capacity", n.capacity());
     w.Field("ms_since_heartbeat", static_cast<int64_t>(n.ms_since_heartbeat()));
-    w.Field("dead_reason", n.dead_reason()).EndObject();
+    w.Field("dead_reason", n.dead_reason());
+    // The marks (issue 18): why the node takes no ranks, or is slow.
+    w.Field("cordoned", n.cordoned()).Field("cordon_reason", n.cordon_reason());
+    w.Field("unhealthy", n.unhealthy())
+        .Field("unhealthy_check", n.unhealthy_check())
+        .Field("unhealthy_reason", n.unhealthy_reason());
+    w.Key("stragglers").BeginArray();
+    for (const cv1::StragglerMark* m : StragglersOn(c, n.node_id()))
+      w.BeginObject()
+          .Field("job", m->job())
+          .Field("rank", m->rank())
+          .EndObject();
+    w.EndArray().EndObject();
   }
   w.EndArray().Key("jobs").BeginArray();
   for (const auto& j : c.jobs()) {
@@ -179,13 +127,14 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
 
 void PrintCluster(const cv1::GetClusterResponse& c) {
   Table nodes({"NODE", "ADDRESS", "HEALTH", "EPOCH", "SPARE", "CAPACITY",
-               "HEARTBEAT", "DEAD_REASON"});
+               "HEARTBEAT", "DEAD_REASON", "MARKS"});
   for (const auto& n : c.nodes())
     nodes.AddRow({n.node_id(), n.address().empty() ? "-" : n.address(),
                   HealthName(n.health()), std::to_string(n.epoch()),
                   n.spare() ? "yes" : "no", std::to_string(n.capacity()),
                   absl::StrCat(n.ms_since_heartbeat(), " ms ago"),
-                  n.dead_reason().empty() ? "-" : n.dead_reason()});
+                  n.dead_reason().empty() ? "-" : n.dead_reason(),
+                  Marks(c, n)});
   if (nodes.empty())
     std::printf("no nodes\n");
   else
@@ -260,34 +209,6 @@ absl::Status RunRollback(const std::string& coordinator,
     std::printf("job %s rolls back to step %llu in generation %llu\n",
                 job.c_str(), static_cast<unsigned long long>(*step),
                 static_cast<unsigned long long>(resp.generation()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RunEvents(const std::string& coordinator,
-                       const coordinator::TlsFiles& tls, const std::string& job,
-                       uint64_t after_seq, bool json) {
-  absl::Status s = CheckCoordinator(coordinator);
-  if (s.ok() && !job.empty()) s = ValidateJobName(job, "--job");
-  if (!s.ok()) return s;
-  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
-  if (!client.ok()) return client.status();
-  cv1::EventsRequest req;
-  req.set_job(job);
-  req.set_after_seq(after_seq);
-  cv1::EventsResponse resp;
-  s = coordinator::CoordStatus(
-      (*client)->Call(&cv1::Coordinator::Stub::Events, req, &resp, kRpcTimeout),
-      "Events", (*client)->current());
-  if (!s.ok()) return s;
-  if (json) {
-    JsonWriter w;
-    w.BeginObject().Key("events");
-    WriteEvents(w, resp.events());
-    w.EndObject();
-    std::printf("%s\n", w.str().c_str());
-  } else {
-    PrintEvents(resp.events());
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,5 @@
 // Runs the real ckptctl binary against the real ckpt-coordinator binary:
-// cluster, rollback and events, and the errors a script relies on.
+// cluster, rollback, events, stacks, cordon, and the errors a script relies on.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -38,6 +38,36 @@ class CtlCoordTest : public ::testing::Test {
   ckpt::testing::TempDir dir_;
   std::unique_ptr<testing::CoordinatorProcess> coord_;
 };
+
+TEST_F(CtlCoordTest, CordonShowsAsANodeMarkAndAnEventUntilUncordoned) {
+  testing::FakeNode node(coord_->address(), "n1", "10.0.0.7:50051", 2);
+  ASSERT_TRUE(node.status().ok()) << node.status().error_message();
+  CommandResult r = Ctl(Flag() + " cordon n1 --reason 'bad disk' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out,
+            "{\"node_id\":\"n1\",\"cordoned\":true,\"changed\":true,"
+            "\"reason\":\"bad disk\"}\n");
+  r = Ctl(Flag() + " cluster --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("cordoned":true,"cordon_reason":"bad disk",)"
+                       R"("unhealthy":false,"unhealthy_check":"",)"
+                       R"("unhealthy_reason":"","stragglers":[])"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"CORDONED")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("reason":"bad disk","by":"operator")"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " cluster");
+  EXPECT_NE(r.out.find("cordoned (bad disk)"), std::string::npos) << r.out;
+  r = Ctl(Flag() + " uncordon n1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "node n1 uncordoned (a spare: it may take ranks)\n");
+  r = Ctl(Flag() + " cluster --json");
+  EXPECT_NE(r.out.find(R"("cordoned":false,"cordon_reason":"")"),
+            std::string::npos)
+      << r.out;
+}
 
 TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   testing::FakeNode node(coord_->address(), "n1", "10.0.0.7:50051", 2);

@@ -1,0 +1,77 @@
+// Coordinator: committing the state — batches enqueued on the group
+// committer, what heartbeats and watches show once a batch is durable, and
+// the change counter watchers wait on.
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "util/status.h"
+
+namespace ckpt::coordinator {
+
+absl::Status Coordinator::CommitLocked(Batch* batch) {
+  absl::Status s = store_->Commit(batch);
+  if (s.ok()) return s;
+  absl::Status reload = ReloadLocked();
+  if (!reload.ok())
+    return Annotate(s,
+                    absl::StrCat("and reloading failed: ", reload.message()));
+  return s;
+}
+
+void Coordinator::PutJobLocked(Batch* batch, JobState& job) {
+  batch->PutJob(job.rec);
+  dirty_jobs_.insert(job.rec.job());
+}
+
+void Coordinator::EnqueueLocked(std::unique_ptr<Batch> batch) {
+  if (batch->empty()) return;
+  uint64_t seq = committer_->Enqueue(std::move(batch));
+  for (const std::string& name : dirty_jobs_) {
+    auto it = jobs_.find(name);
+    if (it != jobs_.end()) pending_recs_.emplace_back(seq, it->second.rec);
+  }
+  dirty_jobs_.clear();
+  for (uint64_t id : new_orders_) order_seq_[id] = seq;
+  new_orders_.clear();
+}
+
+absl::Status Coordinator::Commit(Lock& lock, std::unique_ptr<Batch> batch) {
+  if (batch->empty())
+    return absl::OkStatus();  // nothing of this call to wait for
+  EnqueueLocked(std::move(batch));
+  uint64_t seq = committer_->last_enqueued();
+  lock.unlock();
+  return committer_->Wait(seq);
+}
+
+void Coordinator::OnDurable(uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_recs_.empty() && pending_recs_.front().first <= seq) {
+      auto it = jobs_.find(pending_recs_.front().second.job());
+      if (it != jobs_.end()) {
+        JobState& job = it->second;
+        job.durable_rec = std::move(pending_recs_.front().second);
+        job.durable_ranks_by_node.clear();
+        for (uint32_t r = 0;
+             r < static_cast<uint32_t>(job.durable_rec.rank_node_size()); ++r)
+          job.durable_ranks_by_node[job.durable_rec.rank_node(r)].push_back(r);
+      }
+      pending_recs_.pop_front();
+    }
+    std::erase_if(order_seq_, [&](const auto& kv) { return kv.second <= seq; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(change_mu_);
+    ++changes_;
+  }
+  change_cv_.notify_all();
+}
+
+uint64_t Coordinator::WaitForChange(
+    uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(change_mu_);
+  change_cv_.wait_until(lock, deadline, [&] { return changes_ > seen; });
+  return changes_;
+}
+
+}  // namespace ckpt::coordinator

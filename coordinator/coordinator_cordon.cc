@@ -1,0 +1,163 @@
+// Coordinator: cordoning (issue 18). A cordoned node is kept out of
+// placement and its ranks move to a spare as a dead node's do; an operator
+// cordons and uncordons (ckptctl), and the coordinator cordons a node on
+// its own after repeated incidents there (cordon_policy.h) or, with
+// --evict-stragglers, a straggler's node — but only when a spare can take
+// its ranks. The mark is in the node's durable record.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/coordinator.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+v1::Event CordonEvent(v1::EventKind kind, const std::string& job,
+                      const std::string& node, const std::string& detail,
+                      const std::string& reason, const std::string& by) {
+  v1::Event e;
+  e.set_kind(kind);
+  e.set_job(job);
+  e.set_node_id(node);
+  e.set_detail(detail);
+  e.mutable_cordon()->set_reason(reason);
+  e.mutable_cordon()->set_by(by);
+  return e;
+}
+
+}  // namespace
+
+Coordinator::NodeState* Coordinator::SpareForLocked(size_t ranks) {
+  for (auto& [id, n] : nodes_)
+    if (n.rec.spare() && Placeable(n.rec) &&
+        n.rec.capacity() >= HostedRanksLocked(id) + ranks)
+      return &n;
+  return nullptr;
+}
+
+void Coordinator::CordonLocked(Batch* batch, NodeState& node,
+                               const std::string& reason,
+                               const std::string& by) {
+  const std::string id = node.rec.node_id();
+  node.rec.set_cordoned(true);
+  node.rec.set_cordon_reason(reason);
+  node.incidents.Clear();
+  batch->PutNode(node.rec);
+  const uint32_t hosted = HostedRanksLocked(id);
+  LogLocked(batch, CordonEvent(v1::CORDONED, "", id,
+                               absl::StrCat("node ", id, " cordoned (", by,
+                                            "): ", reason, "; ", hosted,
+                                            " hosted ranks move to a spare"),
+                               reason, by));
+  for (auto& [name, job] : jobs_)
+    if (job.ranks_by_node.count(id))
+      MakePlanLocked(batch, job, absl::StrCat("node ", id, " cordoned"));
+}
+
+bool Coordinator::EvictLocked(Batch* batch, const std::string& node_id,
+                              const std::string& job, const std::string& reason,
+                              const std::string& by) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.rec.cordoned()) return false;
+  const uint32_t hosted = HostedRanksLocked(node_id);
+  if (!SpareForLocked(hosted)) {
+    // The job keeps running where it is: a cordon now would leave its
+    // ranks without a host until someone adds a node.
+    LogLocked(
+        batch,
+        CordonEvent(v1::EVICTION_SKIPPED, job, node_id,
+                    absl::StrCat("node ", node_id, " not replaced (", reason,
+                                 "): no healthy spare has room ", "for its ",
+                                 hosted, " ranks", UnhealthySparesLocked()),
+                    reason, by));
+    return false;
+  }
+  CordonLocked(batch, it->second, reason, by);
+  return true;
+}
+
+bool Coordinator::ChargeIncidentLocked(Batch* batch, const std::string& node_id,
+                                       const std::string& job,
+                                       uint64_t generation,
+                                       const std::string& what) {
+  const CordonPolicy& p = options_.cordon;
+  auto it = nodes_.find(node_id);
+  if (p.after <= 0 || it == nodes_.end() || it->second.rec.cordoned())
+    return false;
+  const int n = it->second.incidents.Add(p, options_.now_ms(), job, generation);
+  if (!IncidentLog::Due(p, n)) return false;
+  return EvictLocked(
+      batch, node_id, job,
+      absl::StrFormat("%d hangs or trainer crashes within %g s (--cordon-after "
+                      "%d); the last: %s",
+                      n, p.window_s, p.after, what),
+      "incidents");
+}
+
+absl::StatusOr<v1::CordonResponse> Coordinator::Cordon(
+    const v1::CordonRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(
+      ValidatePrintable(req.reason(), "reason", kMaxCordonReasonBytes));
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  DetectTimeoutsLocked(owned.get());
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end()) {
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return absl::NotFoundError(
+        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered"));
+  }
+  v1::CordonResponse resp;
+  resp.set_changed(!it->second.rec.cordoned());
+  if (resp.changed())
+    CordonLocked(owned.get(), it->second, req.reason(), "operator");
+  resp.set_reason(it->second.rec.cordon_reason());
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+  return resp;
+}
+
+absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
+    const v1::UncordonRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  Batch& batch = *owned;
+  DetectTimeoutsLocked(&batch);
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end()) {
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return absl::NotFoundError(
+        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered"));
+  }
+  NodeState& node = it->second;
+  v1::UncordonResponse resp;
+  resp.set_changed(node.rec.cordoned());
+  if (resp.changed()) {
+    const std::string was = node.rec.cordon_reason();
+    node.rec.set_cordoned(false);
+    node.rec.clear_cordon_reason();
+    node.incidents.Clear();
+    // Its ranks went to a spare: it takes the spare's place.
+    if (HostedRanksLocked(req.node_id()) == 0) node.rec.set_spare(true);
+    batch.PutNode(node.rec);
+    LogLocked(&batch,
+              CordonEvent(v1::UNCORDONED, "", req.node_id(),
+                          absl::StrCat(
+                              "node ", req.node_id(), " uncordoned (was: ", was,
+                              ")", node.rec.spare() ? "; a spare again" : ""),
+                          was, "operator"));
+    // A plan waiting for a host may have one now.
+    for (auto& [name, job] : jobs_)
+      if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
+          Placeable(node.rec))
+        MakePlanLocked(&batch, job,
+                       absl::StrCat("node ", req.node_id(), " uncordoned"));
+  }
+  resp.set_spare(node.rec.spare());
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+  return resp;
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,72 @@
+// CoordinatorOptions: what a Coordinator (coordinator.h) is opened with —
+// where its state and the shared root are, its timeouts, and the policies
+// of hang detection, health and cordoning. Filled in one place from flags
+// and the config file (options.h); plain data.
+#ifndef CKPT_COORDINATOR_COORDINATOR_OPTIONS_H_
+#define CKPT_COORDINATOR_COORDINATOR_OPTIONS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "coordinator/cordon_policy.h"
+#include "coordinator/hang_model.h"
+#include "coordinator/metrics.h"
+#include "storage/backend.h"
+#include "storage/object_backend.h"
+
+namespace ckpt::coordinator {
+
+struct CoordinatorOptions {
+  std::string state_dir;    // RocksDB in <state_dir>/db
+  std::string shared_root;  // global manifests go here (a directory or s3://)
+  storage::ObjectStoreConfig
+      object_config;  // an s3:// shared root's object_* keys
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  // How long Open waits for a shared root whose manifests it cannot read
+  // (see Open); 0: it fails at once.
+  std::chrono::milliseconds shared_root_wait{30000};
+  size_t max_events = 4096;  // older events are dropped from memory and disk
+  // A plan whose orders are not all acknowledged this long after it was
+  // made fails the nodes that did not acknowledge (a PREFETCH stuck on a
+  // hung shared root) and plans again; 0: no deadline.
+  std::chrono::milliseconds plan_ack_timeout{600000};
+  // Per job, the most steps newer than the last good one whose per-rank
+  // records are kept (soft state); the oldest are dropped past it.
+  size_t max_soft_steps = 64;
+  // The leader's fence (etcd: the election key's create revision; 0 with
+  // one coordinator), recorded in every MANIFEST.global it writes and in
+  // the commit that refers to it.
+  uint64_t fence = 0;
+  // Whether this process still leads (HA); checked right before a global
+  // manifest is written. Null: always.
+  std::function<bool()> leading;
+  // Hang detection's timeout model (hang_model.h).
+  HangPolicy hang;
+  // Hang-detection evidence (stacks) kept per job: the newest this many
+  // hangs.
+  size_t kept_stack_generations = 8;
+  // Milliseconds on a monotonic clock; tests pass a fake one.
+  std::function<int64_t()> now_ms;
+  // Prometheus metrics (metrics.h); Open makes one nobody scrapes when null.
+  std::shared_ptr<CoordinatorMetrics> metrics;
+  // Tests: wraps the shared root's backend (a fault-injection wrapper).
+  std::function<std::unique_ptr<storage::Backend>(
+      std::unique_ptr<storage::Backend>)>
+      wrap_shared_root;
+  // A node whose memcpy or CUDA bandwidth is below this fraction of the
+  // cluster's median is unhealthy (health_state.h).
+  double health_min_ratio = 0.5;
+  // Automatic cordoning after repeated hangs and crashes on one node
+  // (cordon_policy.h).
+  CordonPolicy cordon;
+  // A straggler's node is replaced by a spare (cordoned, reason
+  // "straggler"); never when no healthy spare has room for its ranks.
+  bool evict_stragglers = false;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_COORDINATOR_OPTIONS_H_

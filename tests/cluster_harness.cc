@@ -256,11 +256,11 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                 std::to_string(options_.step_ms), options_.dir + "/trainers"});
     if (options_.hold) run.push_back("hold");
   }
-  auto env = options_.node_launcher_env.find(id);
+  auto launcher_env = options_.node_launcher_env.find(id);
   n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log",
-                           env == options_.node_launcher_env.end()
+                           launcher_env == options_.node_launcher_env.end()
                                ? std::vector<std::string>{}
-                               : env->second);
+                               : launcher_env->second);
 }
 
 void Cluster::KillNode(const std::string& id) {

@@ -4,7 +4,7 @@
 # libraries: the stripped binaries of a CUDA build (BUILD_DIR, default
 # build) at their places under build/, and every shared library they need
 # except glibc, the C++ runtime and CUDA's own (the GPU machine's are used).
-#   scripts/gpu_bundle.sh OUT_DIR      -> OUT_DIR/gpu-bundle.tar.xz
+#   scripts/gpu_bundle.sh OUT_DIR      -> OUT_DIR/gpu-bundle.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_bundle.sh OUT_DIR}
@@ -30,5 +30,6 @@ sort -u "$stage/libs.txt" | while read -r lib; do
   esac
 done
 mkdir -p "$out"
-tar -C "$stage" -cJf "$out/gpu-bundle.tar.xz" build lib
-ls -la "$out/gpu-bundle.tar.xz"
+# gzip, not xz: xz took over ten minutes on a busy 2-core machine.
+tar -C "$stage" -czf "$out/gpu-bundle.tar.gz" build lib
+ls -la "$out/gpu-bundle.tar.gz"

@@ -171,6 +171,9 @@ TEST_F(CudaTest, ShardFileCarriesTheChecksumsOfTheDeviceBytes) {
 
   storage::LocalBackendOptions lo;
   lo.root = root();
+  // The daemon is live: its temporary files (this step's MANIFEST, being
+  // written) are not leftovers to sweep.
+  lo.remove_tmp_files = false;
   auto local = storage::NewLocalBackend(lo);
   ASSERT_TRUE(local.ok()) << local.status();
   std::string key;

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "coordinator/coordinator.h"
 #include "storage/manifest.h"
@@ -109,12 +110,15 @@ class CoordinatorTest : public ::testing::Test {
     return {};
   }
 
-  bool HasEvent(v1::EventKind kind) {
-    v1::EventsResponse events = coord_->Events({});
+  // The events of `kind` in the log, oldest first.
+  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
+    std::vector<v1::Event> out;
+    const v1::EventsResponse events = coord_->Events({});
     for (const auto& e : events.events())
-      if (e.kind() == kind) return true;
-    return false;
+      if (e.kind() == kind) out.push_back(e);
+    return out;
   }
+  bool HasEvent(v1::EventKind kind) { return !EventsOf(kind).empty(); }
 
   ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;

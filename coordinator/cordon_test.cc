@@ -38,13 +38,6 @@ class CordonTest : public TwoNodeTest {
     exit.set_generation(Job().generation());
     return coord_->ReportTrainerExit(exit);
   }
-  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
-    std::vector<v1::Event> out;
-    const v1::EventsResponse events = coord_->Events({});
-    for (const auto& e : events.events())
-      if (e.kind() == kind) out.push_back(e);
-    return out;
-  }
   absl::StatusOr<v1::CordonResponse> Cordon(const std::string& node,
                                             const std::string& reason) {
     v1::CordonRequest req;

@@ -232,13 +232,6 @@ class EvictStragglersTest : public HangTest {
                       .ok());
     }
   }
-  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
-    std::vector<v1::Event> out;
-    const v1::EventsResponse events = coord_->Events({});
-    for (const auto& e : events.events())
-      if (e.kind() == kind) out.push_back(e);
-    return out;
-  }
 };
 
 TEST_F(EvictStragglersTest, TheStragglersNodeIsReplacedByTheSpare) {

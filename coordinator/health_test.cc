@@ -69,13 +69,6 @@ class HealthTest : public CoordinatorTest {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->epoch() : 0;
   }
-  std::vector<v1::Event> EventsOf(v1::EventKind kind) {
-    std::vector<v1::Event> out;
-    const v1::EventsResponse events = coord_->Events({});
-    for (const auto& e : events.events())
-      if (e.kind() == kind) out.push_back(e);
-    return out;
-  }
 };
 
 TEST_F(HealthTest, NodeWithFailedCheckGetsNoRanksAndAHealthFailedEvent) {

@@ -65,6 +65,12 @@ struct CoordinatorOptions {
   // A straggler's node is replaced by a spare (cordoned, reason
   // "straggler"); never when no healthy spare has room for its ranks.
   bool evict_stragglers = false;
+  // A spare whose newest health report is older than this is checked again
+  // before it takes ranks (the plan waits for the report); 0: never. Idle
+  // ckptd re-check on their own every --health-recheck-s (300), so with
+  // the defaults a spare's report is always fresh and a recovery waits for
+  // no check.
+  int64_t spare_check_max_age_ms = 600000;
 };
 
 }  // namespace ckpt::coordinator

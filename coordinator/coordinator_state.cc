@@ -132,6 +132,7 @@ v1::GetClusterResponse Coordinator::GetCluster() {
     v1::NodeRecord* r = resp.add_nodes();
     *r = n.rec;
     r->set_ms_since_heartbeat(now - LastSeen(n));
+    r->set_ms_since_health_check(HealthAgeLocked(n));
   }
   for (const auto& [name, job] : jobs_) {
     *resp.add_jobs() = job.rec;

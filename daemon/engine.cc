@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
   engine->writer_ = std::make_unique<CatalogWriter>(catalog);
+  engine->drops_ = std::make_unique<ArenaDrops>(backend);
   engine->pipeline_ = std::make_unique<PersistPipeline>(
       static_cast<PipelineState*>(engine.get()), &engine->table_.mu(),
       &engine->queue_cv_, &engine->table_.durable_cv, backend, object,
@@ -60,6 +61,7 @@ Engine::~Engine() {
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
   writer_.reset();  // writes what is queued
+  drops_.reset();   // lets go of the arenas dropped so far
   for (auto& [name, job] : table_.jobs())
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)

@@ -30,6 +30,7 @@
 //   retention.h    which steps are complete, durable or dropped, and the
 //                  node manifest's contents;
 //   prefaulter.h   the background fault-in of new arenas' slots;
+//   arena_drops.h  the unregister, unlink and unmap of dropped arenas;
 //   metrics.h      the Prometheus metrics it updates and reports;
 //   catalog.h, catalog_writer.h  the catalog (records: proto/catalog.proto)
 //                  and its edits, applied in order and group-synced
@@ -56,10 +57,10 @@
 // only by the changes it waits for.
 //
 // No I/O runs under the lock but the documented Stat of
-// ClientReadablePath and the drop of an arena (DropArenaLocked: the
-// backend's unregister, shm_unlink and the unmap, no disk; the unlink must
-// precede a re-created arena of the same name): disk and object I/O,
-// catalog writes, checksum passes and arena creation run outside it. A state
+// ClientReadablePath: disk and object I/O, catalog writes, checksum
+// passes, arena creation and an arena's drop (DropArenaLocked hands it to
+// ArenaDrops, whose thread unregisters, unlinks and unmaps it; a new arena
+// of the same name waits for the unlink) run outside it. A state
 // change queues its catalog edit (CatalogWriter) in the same critical section,
 // so edits land in the order of the changes; whoever needs the outcome
 // (CommitSave, a new or grown arena, Prefetch, a delete that waits for its
@@ -87,6 +88,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
+#include "daemon/arena_drops.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
 #include "daemon/engine_options.h"
@@ -384,6 +386,8 @@ class Engine : private PipelineState {
   std::atomic<uint64_t> reaper_ticks_{0};
   std::unique_ptr<Prefaulter> prefaulter_;
   Uploader* uploader_ = nullptr;
+  // Unregisters, unlinks and unmaps dropped arenas off the lock.
+  std::unique_ptr<ArenaDrops> drops_;
 };
 
 }  // namespace ckpt::daemon

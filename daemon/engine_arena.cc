@@ -1,6 +1,7 @@
 // A rank's shared-memory arena: its name, creation and growth outside the
-// engine mutex (the job record written first), the prefaulter's report,
-// and dropping it. See engine.h and rank_slots.h.
+// job table's lock (the job record written first), the prefaulter's
+// report, and dropping it (the syscalls on the drop queue, arena_drops.h).
+// See engine.h and rank_slots.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
@@ -17,8 +18,8 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   if (it == job.ranks.end() || !it->second.arena) return;
   Rank& r = it->second;
   JobTable::DetachSlot(job, rank_no, JobTable::kAnySlot);
-  if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
-  if (unlink) (void)shm::Arena::Unlink(r.arena->name());
+  // The unregister, unlink and unmap run on the drop queue's thread.
+  drops_->Drop(r.arena, r.registered, unlink);
   r.Clear();
 }
 
@@ -55,6 +56,10 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   ao.prefault_slots = 1;
   r->creating = true;
   lock.unlock();
+  // A dropped arena of this name is unlinked first, so that its queued
+  // unlink cannot remove the new one.
+  drops_->AwaitUnlinked(ao.name);
+  if (grow) drops_->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   auto created = shm::Arena::Create(ao);
   lock.lock();
@@ -109,7 +114,9 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   table_.arena_cv.notify_all();
   table_.slot_cv.notify_all();
   if (!s.ok()) {
-    if (arena) (void)shm::Arena::Unlink(arena->name());
+    if (arena)
+      drops_->Drop(std::move(arena), /*registered=*/false,
+                   /*unlink=*/true);
     return s;
   }
   if (grow)

@@ -42,9 +42,11 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
-  // Deleted once the RPC answers: its records are written (outside the lock).
+  // Deleted once the RPC answers: its records are written and a forgotten
+  // job's arenas unlinked (outside the lock).
   lock.unlock();
   writer_->Flush();
+  drops_->Flush();
   return resp;
 }
 

@@ -31,17 +31,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   engine->writer_ = std::make_unique<CatalogWriter>(catalog);
   engine->drops_ = std::make_unique<ArenaDrops>(backend);
   engine->pipeline_ = std::make_unique<PersistPipeline>(
-      static_cast<PipelineState*>(engine.get()), &engine->table_.mu(),
-      &engine->queue_cv_, &engine->table_.durable_cv, backend, object,
+      static_cast<PipelineState*>(engine.get()), backend, object,
       engine->options_.upload_threads, catalog, engine->writer_.get(),
       engine->options_.node_id);
   engine->persister_ = &engine->pipeline_->persist();
   engine->uploader_ = engine->pipeline_->upload();
-  engine->prefaulter_ = std::make_unique<Prefaulter>(
-      [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
-                         absl::Status s) {
-        e->OnPrefaulted(arena, std::move(s));
-      });
+  engine->prefaulter_ = std::make_unique<Prefaulter>(&engine->table_, backend);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->pipeline_->Start();
   engine->metrics_->SetSnapshotSource(
@@ -52,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 
 Engine::~Engine() {
   metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
-  prefaulter_.reset();                   // its callback takes the lock
+  prefaulter_.reset();                   // it publishes under the lock
   if (pipeline_) pipeline_->Stop();      // its tasks take the lock
   {
     std::lock_guard<std::mutex> lock(table_.mu());

@@ -29,7 +29,8 @@
 //                  through Record*() (engine_persist.cc, engine_tier.cc);
 //   retention.h    which steps are complete, durable or dropped, and the
 //                  node manifest's contents;
-//   prefaulter.h   the background fault-in of new arenas' slots;
+//   prefaulter.h   the background fault-in and registration of new arenas'
+//                  slots, published into the job table;
 //   arena_drops.h  the unregister, unlink and unmap of dropped arenas;
 //   metrics.h      the Prometheus metrics it updates and reports;
 //   catalog.h, catalog_writer.h  the catalog (records: proto/catalog.proto)
@@ -37,24 +38,24 @@
 //                  outside the job table's lock.
 // engine_options.h holds its options and the reports it sends. The method
 // files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
-// reaper), engine_arena.cc (a rank's arena: create, grow, prefaulted,
-// drop), engine_commit.cc (CommitSave, dropping shards),
-// engine_restore.cc (Latest, OpenRestore's choice of source, loads),
-// engine_fallback.cc (CloseRestore, the fallback ladder), engine_query.cc
-// (WaitDurable, List, Status), engine_persist.cc (a persist's and a
-// manifest's snapshot and record, retention, Drain), engine_tier.cc (the
-// same for uploads, tiered retention), engine_deletes.cc (Delete, delete
-// intents), engine_cluster.cc (hosted ranks, reports, Prefetch),
-// engine_recover.cc (recovery from the catalog).
+// reaper), engine_arena.cc (a rank's arena: create, grow, drop),
+// engine_commit.cc (CommitSave, dropping shards), engine_restore.cc (Latest,
+// OpenRestore's choice of source, loads), engine_fallback.cc (CloseRestore, the
+// fallback ladder), engine_query.cc (WaitDurable, List, Status),
+// engine_persist.cc (a persist's and a manifest's snapshot and record,
+// retention, Drain), engine_tier.cc (the same for uploads, tiered retention),
+// engine_deletes.cc (Delete, delete intents), engine_cluster.cc (hosted ranks,
+// reports, Prefetch), engine_recover.cc (recovery from the catalog).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
-// table's lock (table_.mu(), "the lock" below) guards the table and also
-// the persist queue: a lease's release changes its slot, the persister
-// changes slots and shards, and retention drops shards across ranks, so
-// a separate lock for the queue would need an ordering every path keeps
-// (not done). Each kind of waiter has its own condition variable (slot,
-// arena, durable in the table; persist queue and reaper here), notified
-// only by the changes it waits for.
+// table's lock (table_.mu(), "the lock" below) guards the table only. The
+// queues (persist, upload, catalog writer, arena drops, prefaulter) each
+// have their own lock, taken after the table's when a change queues work
+// and never held while they call out; a stage takes the table's lock only
+// through PipelineState's Snapshot/Record, with no lock of its own held.
+// Each kind of waiter has its own condition variable (slot, arena, durable
+// in the table; the queues' idle waiters in the queues; the reaper's
+// here), notified only by the changes it waits for.
 //
 // No I/O runs under the lock but the documented Stat of
 // ClientReadablePath: disk and object I/O, catalog writes, checksum
@@ -67,8 +68,9 @@
 // intent; Delete, WaitDurable and a bad-copy CloseRestore before they answer)
 // waits with the lock released. A rank's arena is created (or grown, beside the
 // old one) with the lock released while RankSlots::creating makes other
-// requests for that rank wait; the Prefaulter (its own lock, never held
-// while it calls back) readies the slots beyond slot 0 in the background.
+// requests for that rank wait; the Prefaulter (its own lock) readies the
+// slots beyond slot 0 in the background and publishes them into the job
+// table (JobTable::RecordPrefaulted), never calling the engine.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -195,8 +197,6 @@ class Engine : private PipelineState {
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
-  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
-                    absl::Status status);
   // Drops the job and its record if Delete marked it and nothing uses it.
   void MaybeForgetJobLocked(const std::string& job);
   std::string ArenaName(const std::string& job, uint32_t rank) const;
@@ -360,10 +360,8 @@ class Engine : private PipelineState {
   // Jobs, ranks, slots, steps, leases and hosting, with the lock (mu())
   // and the slot, arena and durable condition variables (job_table.h).
   JobTable table_;
-  // The Engine's own waiters, on table_.mu():
-  //   queue_cv_   the persist queue (persister.h): its thread and WaitIdle;
-  //   reaper_cv_  the reaper's tick, and stopping.
-  std::condition_variable queue_cv_;
+  // The Engine's own waiter, on table_.mu(): the reaper's tick, and
+  // stopping.
   std::condition_variable reaper_cv_;
   // Local deletes of files that FILE restores still read (finding 24):
   // queued once no lease holds them.
@@ -378,8 +376,8 @@ class Engine : private PipelineState {
   // Write leases whose CommitSave waits for its record outside the lock.
   std::set<uint64_t> committing_;
   // Persist, manifest, upload and deletes (pipeline.h); persister_ and
-  // uploader_ (null without an object tier) are its queues. The persist
-  // queue is guarded by the lock, the uploader has its own lock.
+  // uploader_ (null without an object tier) are its queues, each with its
+  // own lock (taken after the table's, never before it).
   std::unique_ptr<PersistPipeline> pipeline_;
   Persister* persister_ = nullptr;
   std::thread reaper_;

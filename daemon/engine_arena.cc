@@ -1,6 +1,6 @@
 // A rank's shared-memory arena: its name, creation and growth outside the
-// job table's lock (the job record written first), the prefaulter's
-// report, and dropping it (the syscalls on the drop queue, arena_drops.h).
+// job table's lock (the job record written first), and dropping it (the
+// syscalls on the drop queue, arena_drops.h).
 // See engine.h and rank_slots.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
@@ -126,36 +126,6 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   prefaulter_->Add(arena, /*first_slot=*/1);
   job->recorded = true;
   return r;
-}
-
-void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
-                          absl::Status status) {
-  absl::Status reg = status;
-  if (!status.ok()) {
-    LogWarning(absl::StrCat("arena ", arena->name(),
-                            ": only slot 0 is usable: ", status.message()));
-  } else {
-    // Registering pins every page: only now, with the pages faulted in.
-    reg = backend_->RegisterMemory(
-        arena->slot_data(0),
-        uint64_t{arena->num_slots()} * arena->slot_bytes());
-    if (!reg.ok())
-      LogWarning("register arena memory: " + std::string(reg.message()));
-  }
-  std::lock_guard<std::mutex> lock(table_.mu());
-  for (auto& [name, job] : table_.jobs())
-    for (auto& [r, rank] : job.ranks)
-      if (rank.arena == arena) {
-        rank.registered = reg.ok();
-        if (status.ok())
-          rank.ready_slots = arena->num_slots();
-        else
-          rank.reserve_error = status;
-        table_.slot_cv.notify_all();
-        return;
-      }
-  // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
-  if (reg.ok()) backend_->UnregisterMemory(arena->slot_data(0));
 }
 
 }  // namespace ckpt::daemon

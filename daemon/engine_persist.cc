@@ -212,8 +212,7 @@ void Engine::ApplyRetentionLocked(Job& job) {
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(table_.mu());
-  return queue_cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
+  return persister_->WaitIdle(timeout);
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
@@ -222,21 +221,30 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
   table_.slot_cv.notify_all();  // waiting saves give up
   auto pending = [this] { return table_.NotDurable(); };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  table_.durable_cv.wait_until(
-      lock, until, [&] { return pending() == 0 && persister_->Idle(); });
+  auto remaining = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        until - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(0));
+  };
+  table_.durable_cv.wait_until(lock, until, [&] { return pending() == 0; });
+  if (pending() == 0) {
+    // The manifests and deletes the last persists queued (the persist
+    // queue has its own lock and waiters).
+    lock.unlock();
+    (void)persister_->WaitIdle(remaining());
+    lock.lock();
+  }
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
     lock.unlock();
-    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (!uploader_->WaitIdle(
-            std::max(remaining, std::chrono::milliseconds(0)))) {
+    if (!uploader_->WaitIdle(remaining())) {
       lock.lock();
-      for (const auto& [name, job] : table_.jobs())
+      table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
         for (const auto& [s, step] : job.steps)
           for (const auto& [r, shard] : step.shards)
             if (shard.phase == ShardPhase::kDurable && !shard.uploaded) ++left;
+      });
     }
   }
   return left;

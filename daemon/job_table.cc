@@ -163,6 +163,23 @@ std::optional<Lease> JobTable::ReleaseLease(uint64_t id) {
   return lease;
 }
 
+bool JobTable::RecordPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                                const absl::Status& status, bool registered) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, job] : jobs_)
+    for (auto& [r, rank] : job.ranks)
+      if (rank.arena == arena) {
+        rank.registered = registered;
+        if (status.ok())
+          rank.ready_slots = arena->num_slots();
+        else
+          rank.reserve_error = status;
+        slot_cv.notify_all();
+        return true;
+      }
+  return false;
+}
+
 const Hosting* JobTable::HostingOf(const std::string& job) const {
   auto it = hosted_.find(job);
   return it == hosted_.end() ? nullptr : &it->second;
@@ -184,13 +201,25 @@ bool JobTable::StepComplete(const Job& job, const Step& step,
 
 size_t JobTable::NotDurable() const {
   size_t n = 0;
-  for (const auto& [name, job] : jobs_)
-    for (const auto& [s, step] : job.steps)
-      for (const auto& [r, shard] : step.shards)
-        if (shard.phase == ShardPhase::kStaged ||
-            shard.phase == ShardPhase::kPersisting)
-          ++n;
+  for (const auto& [name, job] : jobs_) n += InFlightOf(job).shards;
   return n;
+}
+
+JobTable::InFlight JobTable::InFlightOf(const Job& job) {
+  InFlight in;
+  for (const auto& [n, step] : job.steps) {
+    bool pending = false;
+    for (const auto& [r, shard] : step.shards) {
+      if (shard.phase != ShardPhase::kStaged &&
+          shard.phase != ShardPhase::kPersisting)
+        continue;
+      pending = true;
+      ++in.shards;
+      in.bytes += shard.rec.image_bytes();
+    }
+    if (pending) ++in.steps;
+  }
+  return in;
 }
 
 }  // namespace ckpt::daemon

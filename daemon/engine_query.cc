@@ -37,7 +37,11 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
     if (table_.durable_cv.wait_until(lock, deadline) ==
         std::cv_status::timeout) {
       const Shard* now = table_.FindShard(req.job(), req.step(), req.rank());
-      if (now != nullptr && now->phase == ShardPhase::kStaged &&
+      // Staged, or in its next attempt at this instant: it keeps failing
+      // either way.
+      if (now != nullptr &&
+          (now->phase == ShardPhase::kStaged ||
+           now->phase == ShardPhase::kPersisting) &&
           now->attempts >= options_.max_persist_attempts)
         return absl::UnavailableError(
             absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),

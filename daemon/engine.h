@@ -16,8 +16,10 @@
 //
 // Where each concept lives:
 //   job_table.h    jobs, ranks, slots, steps, leases and hosting in
-//                  memory: lookups, shard/slot transitions, queries, the
-//                  lock and the per-waiter condition variables;
+//                  memory: lookups, shard/slot transitions, queries (List,
+//                  Status and metrics read through ForEachVisible and
+//                  InFlightOf), the lock and the per-waiter condition
+//                  variables;
 //   lease_table.h  the leases and the reaper's poll of their holders;
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
@@ -27,7 +29,8 @@
 //                  queues (persister.h, uploader.h) and all their I/O,
 //                  reading the state through Snapshot*() and reporting
 //                  through Record*() (engine_persist.cc, engine_tier.cc);
-//   retention.h    which steps are complete, durable or dropped, and the
+//   retention.h    which steps are complete, durable or dropped (local
+//                  retention's whole decision: ShardsToDrop), and the
 //                  node manifest's contents;
 //   prefaulter.h   the background fault-in and registration of new arenas'
 //                  slots, published into the job table;

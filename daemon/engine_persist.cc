@@ -194,21 +194,9 @@ void Engine::ApplyRetentionLocked(Job& job) {
     ApplyTieredRetentionLocked(job, hosting);
     return;
   }
-  std::optional<uint64_t> cutoff = RetentionCutoff(
-      job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
-  std::vector<std::pair<uint64_t, uint32_t>> doomed;
-  for (auto& [n, step] : job.steps) {
-    if (cutoff && n < *cutoff) {
-      for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
-    }
-  }
-  // Steps that can never be whole do not count towards retain_steps, so
-  // without this a rank that fails every persist would fill the disk.
-  for (uint64_t n :
-       BrokenStepsToDrop(job.steps, options_.retain_steps, hosting))
-    if (!cutoff || n >= *cutoff)
-      for (auto& [r, shard] : job.steps[n].shards) doomed.emplace_back(n, r);
-  for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
+  for (auto [n, r] : ShardsToDrop(job.steps, options_.retain_steps,
+                                  !options_.node_id.empty(), hosting))
+    DropShardLocked(job, n, r, /*delete_file=*/true);
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {

@@ -59,6 +59,13 @@ std::vector<uint64_t> BrokenStepsToDrop(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps,
                                         const Hosting* hosting);
 
+// Local-only retention's decision: the (step, rank) of every shard to drop
+// now — those of the steps below RetentionCutoff, and of the steps
+// BrokenStepsToDrop names — in step order.
+std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
+    const Hosting* hosting);
+
 // The (rank, generation) of each of the step's shards: a manifest built
 // from the step still describes it while these are unchanged.
 std::vector<std::pair<uint32_t, uint64_t>> ShardGenerations(const Step& step);

@@ -29,13 +29,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
   engine->writer_ = std::make_unique<CatalogWriter>(catalog);
-  engine->drops_ = std::make_unique<ArenaDrops>(backend);
+  engine->arena_drops_ = std::make_unique<ArenaDrops>(backend);
   engine->pipeline_ = std::make_unique<PersistPipeline>(
       static_cast<PipelineState*>(engine.get()), backend, object,
       engine->options_.upload_threads, catalog, engine->writer_.get(),
       engine->options_.node_id);
   engine->persister_ = &engine->pipeline_->persist();
   engine->uploader_ = engine->pipeline_->upload();
+  engine->shard_drops_ = std::make_unique<ShardDrops>(
+      &engine->table_, catalog, engine->writer_.get(), engine->persister_,
+      engine->uploader_, engine->options_.node_id);
   engine->prefaulter_ = std::make_unique<Prefaulter>(&engine->table_, backend);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->pipeline_->Start();
@@ -55,8 +58,8 @@ Engine::~Engine() {
   }
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
-  writer_.reset();  // writes what is queued
-  drops_.reset();   // lets go of the arenas dropped so far
+  writer_.reset();       // writes what is queued
+  arena_drops_.reset();  // lets go of the arenas dropped so far
   for (auto& [name, job] : table_.jobs())
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
@@ -126,12 +129,8 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
 void Engine::ReleaseLeaseLocked(uint64_t id) {
   std::optional<Lease> lease = table_.ReleaseLease(id);
   if (!lease) return;
-  if (!lease->file_key.empty()) {
-    // A FILE restore is over: the deletes it held back go now.
-    std::vector<LocalDelete> deferred;
-    deferred.swap(deferred_deletes_);
-    for (LocalDelete& d : deferred) PushLocalDeleteLocked(std::move(d));
-  }
+  // A FILE restore is over: the deletes it held back go now.
+  if (!lease->file_key.empty()) shard_drops_->ReleaseDeferred();
   MaybeForgetJobLocked(lease->job);
 }
 

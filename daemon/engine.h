@@ -29,6 +29,9 @@
 //                  queues (persister.h, uploader.h) and all their I/O,
 //                  reading the state through Snapshot*() and reporting
 //                  through Record*() (engine_persist.cc, engine_tier.cc);
+//   shard_drops.h  dropping a shard (its catalog edit planned, then
+//                  applied) and the deletes owed to storage, recorded as
+//                  intents and redone after a crash;
 //   retention.h    which steps are complete, durable or dropped (local
 //                  retention's whole decision: ShardsToDrop), and the
 //                  node manifest's contents;
@@ -42,12 +45,12 @@
 // engine_options.h holds its options and the reports it sends. The method
 // files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
 // reaper), engine_arena.cc (a rank's arena: create, grow, drop),
-// engine_commit.cc (CommitSave, dropping shards), engine_restore.cc (Latest,
+// engine_commit.cc (CommitSave), engine_restore.cc (Latest,
 // OpenRestore's choice of source, loads), engine_fallback.cc (CloseRestore, the
 // fallback ladder), engine_query.cc (WaitDurable, List, Status),
 // engine_persist.cc (a persist's and a manifest's snapshot and record,
 // retention, Drain), engine_tier.cc (the same for uploads, tiered retention),
-// engine_deletes.cc (Delete, delete intents), engine_cluster.cc (hosted ranks,
+// engine_deletes.cc (Delete), engine_cluster.cc (hosted ranks,
 // reports, Prefetch), engine_recover.cc (recovery from the catalog).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
@@ -106,6 +109,7 @@
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
+#include "daemon/shard_drops.h"
 #include "daemon/step_state.h"
 #include "daemon/uploader.h"
 #include "shm/arena.h"
@@ -211,41 +215,11 @@ class Engine : private PipelineState {
   // no good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
                          const std::string& error);
-  // Drops a rank's shard of a step: its record, and with delete_file its
-  // file; the step's manifests go as it is no longer whole. Catalog
-  // failures are logged (the shard is gone from memory either way).
+  // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
-                       bool delete_file);
-  // DropShardLocked in two halves, for a caller that must write the
-  // catalog before it changes anything (CommitSave): the plan adds the
-  // catalog writes (record deletes, delete intents) to `edit` and changes
-  // nothing; ApplyDropLocked, once the edit is written, changes memory
-  // (JobTable::EraseShard) and queues the deletes.
-  struct LocalDelete {
-    std::string key;
-    bool prefix = false;
-    uint64_t intent = 0;  // its DeleteIntent's id (0: none recorded)
-    uint64_t ticket = 0;  // the catalog edit recording it (0: written)
-  };
-  struct DropPlan {
-    uint64_t step = 0;
-    uint32_t rank = 0;
-    std::vector<LocalDelete> local;  // in order
-    std::optional<UploadTask> object;
-  };
-  DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank,
-                          bool delete_file, CatalogEdit& edit);
-  // `ticket`: the catalog edit holding the plan's intents (its deletes
-  // wait until it is written; 0: written already).
-  void ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket);
-  // CommitSave's drops of the rank's saves the new one supersedes (steps
-  // >= its step), planned into `edit`.
-  std::vector<DropPlan> PlanSupersededLocked(const Job& job, uint64_t step,
-                                             uint32_t rank, CatalogEdit& edit);
-  // What a planned drop depends on, to tell whether the state it was
-  // planned from changed while its edit was written.
-  std::vector<std::string> DropBasisLocked(
-      const Job& job, const std::vector<DropPlan>& drops) const;
+                       bool delete_file) {
+    shard_drops_->Drop(job, step, rank, delete_file);
+  }
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
@@ -255,9 +229,6 @@ class Engine : private PipelineState {
   uint64_t RecordLocked(CatalogEdit edit, bool sync) {
     return writer_->Enqueue(std::move(edit), sync);
   }
-  // Queues a local delete whose intent is recorded; one of a file that a
-  // FILE restore reads waits until its lease is released.
-  void PushLocalDeleteLocked(LocalDelete del);
   // The shard failed for good (its persist gave up, every copy failed
   // verification): records it, and tells the coordinator so that no plan
   // chooses its step.
@@ -342,13 +313,6 @@ class Engine : private PipelineState {
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
   void QueueObjectDeleteLocked(Job& job, uint64_t step);
-  // Deletes owed to storage (engine_deletes.cc): recorded in the catalog
-  // before they are queued, so that a daemon that dies first finishes them
-  // after its restart (RecoverDeletes queues them before anything else).
-  void QueueLocalDeleteLocked(const std::string& job, uint64_t step,
-                              std::string key, bool prefix);
-  void QueueObjectDeleteTaskLocked(UploadTask del);
-  [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes the lock.
   MetricsSnapshot Snapshot();
@@ -366,9 +330,6 @@ class Engine : private PipelineState {
   // The Engine's own waiter, on table_.mu(): the reaper's tick, and
   // stopping.
   std::condition_variable reaper_cv_;
-  // Local deletes of files that FILE restores still read (finding 24):
-  // queued once no lease holds them.
-  std::vector<LocalDelete> deferred_deletes_;
   bool draining_ = false;
   bool stopping_ = false;
   uint64_t persisted_shards_ = 0;
@@ -388,7 +349,9 @@ class Engine : private PipelineState {
   std::unique_ptr<Prefaulter> prefaulter_;
   Uploader* uploader_ = nullptr;
   // Unregisters, unlinks and unmaps dropped arenas off the lock.
-  std::unique_ptr<ArenaDrops> drops_;
+  std::unique_ptr<ArenaDrops> arena_drops_;
+  // Drops shards and queues the deletes owed to storage (shard_drops.h).
+  std::unique_ptr<ShardDrops> shard_drops_;
 };
 
 }  // namespace ckpt::daemon

@@ -19,7 +19,7 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   Rank& r = it->second;
   JobTable::DetachSlot(job, rank_no, JobTable::kAnySlot);
   // The unregister, unlink and unmap run on the drop queue's thread.
-  drops_->Drop(r.arena, r.registered, unlink);
+  arena_drops_->Drop(r.arena, r.registered, unlink);
   r.Clear();
 }
 
@@ -58,8 +58,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   lock.unlock();
   // A dropped arena of this name is unlinked first, so that its queued
   // unlink cannot remove the new one.
-  drops_->AwaitUnlinked(ao.name);
-  if (grow) drops_->AwaitUnlinked(ArenaName(name, rank_no));
+  arena_drops_->AwaitUnlinked(ao.name);
+  if (grow) arena_drops_->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   auto created = shm::Arena::Create(ao);
   lock.lock();
@@ -115,8 +115,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   table_.slot_cv.notify_all();
   if (!s.ok()) {
     if (arena)
-      drops_->Drop(std::move(arena), /*registered=*/false,
-                   /*unlink=*/true);
+      arena_drops_->Drop(std::move(arena), /*registered=*/false,
+                         /*unlink=*/true);
     return s;
   }
   if (grow)

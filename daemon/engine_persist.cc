@@ -69,7 +69,7 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
           }
     }
     if (s.ok() && !current)
-      QueueLocalDeleteLocked(task.job, task.step, key, false);
+      shard_drops_->QueueLocalDelete(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }

@@ -66,7 +66,7 @@ void Engine::RecordUpload(const UploadTask& task, const std::string& key,
   if (shard == nullptr || shard->gen != task.gen) {
     // Deleted or replaced while we uploaded: the object must not outlive it.
     if (shard == nullptr)
-      QueueObjectDeleteTaskLocked(
+      shard_drops_->QueueObjectDelete(
           UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
     return;
   }
@@ -110,7 +110,7 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
   del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
   for (const auto& [r, shard] : step->second.shards)
     if (shard.uploaded) del.keys.push_back(shard.rec.path());
-  QueueObjectDeleteTaskLocked(std::move(del));
+  shard_drops_->QueueObjectDelete(std::move(del));
   step->second.object_manifest = false;
   for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
 }
@@ -118,13 +118,14 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
 void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
   Step& step = job.steps[step_no];
   if (step.manifest) {
-    QueueLocalDeleteLocked(job.rec.job(), step_no,
-                           NodeManifestKey(job.rec.job(), step_no), false);
+    shard_drops_->QueueLocalDelete(
+        job.rec.job(), step_no, NodeManifestKey(job.rec.job(), step_no), false);
     step.manifest = false;
   }
   for (auto& [r, shard] : step.shards) {
     if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
-    QueueLocalDeleteLocked(job.rec.job(), step_no, shard.rec.path(), false);
+    shard_drops_->QueueLocalDelete(job.rec.job(), step_no, shard.rec.path(),
+                                   false);
     shard.local_gone = true;
     shard.rec.set_local_gone(true);
     CatalogEdit edit;

@@ -144,17 +144,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     ticket = 0;  // written above
   }
   const Lease lease = *table_.leases().Find(req.lease());
-  shard.gen = table_.NextGen();
-  const uint64_t gen = shard.gen;
-
-  rank->Hold(slot_no, SlotStateOf(shard.phase), req.step(), shard.gen,
-             shard.info.layout.image_bytes);
-  PersistTask task{PersistTask::kShard, req.job(), req.step(),
-                   req.rank(),          shard.gen, {}};
-  ReportLocked(shard, /*durable=*/false);
   const uint64_t shard_bytes = shard.info.layout.image_bytes;
-  job->steps[req.step()].shards[req.rank()] = std::move(shard);
-  job->forget_when_idle = false;
+  const uint64_t gen =
+      table_.AddCommitted(*job, *rank, slot_no, std::move(shard));
+  ReportLocked(job->steps[req.step()].shards[req.rank()], /*durable=*/false);
+  PersistTask task{PersistTask::kShard, req.job(), req.step(),
+                   req.rank(),          gen,       {}};
   using Seconds = std::chrono::duration<double>;
   metrics_->SaveCommitted(
       req.job(), Seconds(lease.granted - lease.begun).count(),

@@ -114,6 +114,32 @@ bool JobTable::MoveShard(Job& job, Shard& shard, ShardPhase to) {
   return true;
 }
 
+uint64_t JobTable::AddCommitted(Job& job, RankSlots& rank, uint32_t slot,
+                                Shard shard) {
+  shard.gen = NextGen();
+  const uint64_t gen = shard.gen;
+  rank.Hold(slot, SlotStateOf(shard.phase), shard.rec.step(), gen,
+            shard.info.layout.image_bytes);
+  job.steps[shard.rec.step()].shards[shard.rec.rank()] = std::move(shard);
+  job.forget_when_idle = false;
+  return gen;
+}
+
+bool JobTable::FailShard(Shard& shard, const std::string& error) {
+  if (!shard.MoveTo(ShardPhase::kFailed)) return false;
+  shard.rec.set_error(error);
+  durable_cv.notify_all();
+  return true;
+}
+
+void JobTable::DropImage(Job& job, Shard& shard) {
+  if (shard.slot < 0) return;
+  auto rank = job.ranks.find(shard.rec.rank());
+  if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
+  shard.slot = -1;
+  shard.slot_from_storage = false;
+}
+
 std::vector<std::pair<uint64_t, Shard*>> JobTable::DetachSlot(Job& job,
                                                               uint32_t rank_no,
                                                               int slot) {

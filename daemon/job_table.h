@@ -106,6 +106,18 @@ class JobTable {
   bool MoveShard(Job& job, Shard& shard, ShardPhase to);
   // A fresh save generation (Shard::gen), unique in this table.
   uint64_t NextGen() { return next_gen_++; }
+  // A committed save enters the table: `shard` (staged, its image in slot
+  // `slot` of its rank) gets a fresh generation, its slot holds it, and
+  // it replaces whatever the step held for its rank. The job is in use
+  // again. Returns the shard's generation.
+  uint64_t AddCommitted(Job& job, RankSlots& rank, uint32_t slot, Shard shard);
+  // The shard failed for good (kFailed, with `error`). False when it could
+  // not move there (already failed, or gone from memory and disk).
+  bool FailShard(Shard& shard, const std::string& error);
+  // The shard's image in memory is no longer usable (it failed
+  // verification): its slot frees (or its last reader frees it) and the
+  // shard is restorable only from storage.
+  static void DropImage(Job& job, Shard& shard);
   // The shards of rank `rank_no` of `job` whose image is in `slot` (in
   // any slot of the rank with kAnySlot) are no longer in memory: their
   // slot is unset. Returns them with their steps; the slot table is the

@@ -77,6 +77,14 @@
 // requests for that rank wait; the Prefaulter (its own lock) readies the
 // slots beyond slot 0 in the background and publishes them into the job
 // table (JobTable::RecordPrefaulted), never calling the engine.
+//
+// What still runs under the lock besides memory work: the Stat (and
+// setfsuid/faccessat) of ClientReadablePath, and the on_shard/on_fallback
+// callbacks (the node agent's, which only queue a report). Still in the
+// Engine rather than in an owner of its own (issue 17): the object tier's
+// retention decisions (engine_tier.cc), what a persist's outcome changes
+// (RecordPersist), CommitSave's re-planning when its superseded drops
+// changed while their edit was written, and restore's choice of copy.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 

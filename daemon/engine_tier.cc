@@ -139,7 +139,7 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   // The object tier first: whole steps go, object manifest first.
   std::optional<uint64_t> object_cutoff = RetentionCutoff(
       job.steps, options_.retain_object, cluster, hosting, /*object=*/true);
-  std::vector<uint64_t> doomed, local_only;
+  std::vector<uint64_t> doomed;
   for (const auto& [n, step] : job.steps)
     if (object_cutoff && n < *object_cutoff) doomed.push_back(n);
   for (uint64_t n : doomed) {
@@ -160,24 +160,10 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   // Then the local tier: a step's local copy goes once the step is in the
   // object tier; a complete step still uploading keeps it (the upload may
   // need the file); an incomplete or failed one goes as without tiers.
-  std::optional<uint64_t> local_cutoff = RetentionCutoff(
-      job.steps, options_.retain_steps, cluster, hosting, /*object=*/false);
-  if (!local_cutoff) return;
-  std::vector<uint64_t> drop_whole;
-  for (auto& [n, step] : job.steps) {
-    if (n >= *local_cutoff) break;
-    bool durable = false;
-    // Only a copy the object tier holds may go.
-    bool uploaded = step.object_manifest;
-    for (const auto& [r, shard] : step.shards)
-      uploaded = uploaded && shard.uploaded;
-    if (uploaded)
-      local_only.push_back(n);
-    else if (!table_.StepComplete(job, step, &durable))
-      drop_whole.push_back(n);
-  }
-  for (uint64_t n : local_only) DropLocalCopyLocked(job, n);
-  for (uint64_t n : drop_whole) {
+  const LocalTierDrops local = LocalTierDropsOf(
+      job.steps, options_.retain_steps, job.rec.world_size(), cluster, hosting);
+  for (uint64_t n : local.local_only) DropLocalCopyLocked(job, n);
+  for (uint64_t n : local.whole) {
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);

@@ -118,4 +118,26 @@ std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
   return doomed;
 }
 
+LocalTierDrops LocalTierDropsOf(const std::map<uint64_t, Step>& steps,
+                                uint32_t retain_steps, uint32_t world_size,
+                                bool cluster, const Hosting* hosting) {
+  LocalTierDrops drops;
+  std::optional<uint64_t> cutoff =
+      RetentionCutoff(steps, retain_steps, cluster, hosting, /*object=*/false);
+  if (!cutoff) return drops;
+  for (const auto& [n, step] : steps) {
+    if (n >= *cutoff) break;
+    // Only a copy the object tier holds may go.
+    bool uploaded = step.object_manifest;
+    for (const auto& [r, shard] : step.shards)
+      uploaded = uploaded && shard.uploaded;
+    bool durable = false;
+    if (uploaded)
+      drops.local_only.push_back(n);
+    else if (!StepComplete(step, world_size, hosting, &durable))
+      drops.whole.push_back(n);
+  }
+  return drops;
+}
+
 }  // namespace ckpt::daemon

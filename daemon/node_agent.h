@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,7 @@
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
 #include "daemon/net_probe.h"
+#include "daemon/replicator.h"
 
 namespace ckpt::daemon {
 
@@ -94,6 +96,13 @@ struct NodeAgentOptions {
   // (CKPTD_TEST_FAULT=slow-network).
   int net_probe_port = -1;
   bool net_probe_slow = false;
+  // Peer replicas (doc/replicas.md): the node's failure domain and replica
+  // listener port (0: none), sent with every registration; the replica
+  // target each heartbeat names goes to on_replica_target (unset: ignored,
+  // e.g. a fixed --replica-target).
+  std::string domain;
+  uint32_t replica_port = 0;
+  std::function<void(std::optional<ReplicaPeer>)> on_replica_target;
 };
 
 class NodeAgent {
@@ -168,7 +177,16 @@ class NodeAgent {
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                    uint64_t step, std::vector<uint32_t> ranks,
                    std::vector<std::string> keys,
+                   std::vector<coord::v1::ShardSource> sources,
                    std::optional<uint32_t> owner_uid);
+  // node_agent_fetch.cc: one rank of a PREFETCH: from its peer source when
+  // it has one (falling back to the shared root with a FALLBACK report),
+  // else from the shared root.
+  absl::Status PrefetchRank(const std::string& job, uint32_t world_size,
+                            uint64_t step, uint32_t rank,
+                            const std::string& key,
+                            const coord::v1::ShardSource* source,
+                            std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
   // Joins the PREFETCH threads that are done, and forgets the oldest
   // carried-out orders beyond remembered_orders.
@@ -191,6 +209,8 @@ class NodeAgent {
     std::optional<Queued> durable;
   };
   std::map<std::tuple<std::string, uint64_t, uint32_t>, Sent> soft_;
+  // REPLICATED reports accepted, by (job, rank): the newest copy held.
+  std::map<std::pair<std::string, uint32_t>, Queued> soft_replicas_;
   uint64_t incarnation_ = 0;
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};

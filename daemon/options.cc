@@ -140,6 +140,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   app.add_option(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  std::string replica_target;
+  AddReplicaFlags(app, o.replicas, replica_target);
   uint32_t health_timeout_s = 10;
   uint64_t shm_mib_per_rank = 0;
   app.add_flag("--health-check", o.health_check,
@@ -377,6 +379,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
     return absl::InvalidArgumentError(
         std::string(o.agent.spare ? "--spare" : "--node-id") +
         ": needs --coordinator or --coordinator-listen");
+  if (absl::Status s =
+          FinishReplicaOptions(o.replicas, replica_target, o.cluster);
+      !s.ok())
+    return s;
+  o.agent.domain = o.replicas.domain;
+  o.agent.replica_port = o.replicas.port;
   if (o.agent.node_id.empty()) o.agent.node_id = HostName();
   if (absl::Status s = storage::ValidateNodeId(o.agent.node_id, "--node-id");
       !s.ok())

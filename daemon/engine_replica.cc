@@ -92,9 +92,9 @@ absl::Status Engine::WaitFetchLocked(std::unique_lock<std::mutex>& lock,
       std::chrono::steady_clock::now() + options_.default_busy_timeout;
   while (table_.fetching.count({job, step, rank})) {
     if (table_.fetch_cv.wait_until(lock, deadline) == std::cv_status::timeout)
-      return absl::DeadlineExceededError(absl::StrCat(
-          "step: the fetch of job '", job, "' step ", step, " rank ", rank,
-          " is still running"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("step: the fetch of job '", job, "' step ", step,
+                       " rank ", rank, " is still running"));
   }
   return absl::OkStatus();
 }
@@ -122,10 +122,10 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   auto dst_for = [&](const rv1::ShardCopy& copy) -> absl::StatusOr<char*> {
     if (copy.job() != job_name || copy.step() != step ||
         copy.rank() != rank_no || copy.world_size() != world_size)
-      return absl::DataLossError(absl::StrCat(
-          "copy: the peer sent job '", copy.job(), "' step ", copy.step(),
-          " rank ", copy.rank(), " of ", copy.world_size(),
-          ", not the one ordered"));
+      return absl::DataLossError(
+          absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
+                       copy.step(), " rank ", copy.rank(), " of ",
+                       copy.world_size(), ", not the one ordered"));
     CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
     const uint64_t bytes = copy.image_bytes();
     std::unique_lock<std::mutex> lock(table_.mu());
@@ -181,11 +181,11 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   absl::StatusOr<rv1::ShardCopy> got = fetch(dst_for);
   if (have) return absl::OkStatus();
   absl::StatusOr<storage::ShardInfo> info =
-      got.ok() ? VerifyReplicaImage(
-                     arena->slot_data(slot), *got,
-                     absl::StrCat("peer copy of job '", job_name, "' step ",
-                                  step, " rank ", rank_no))
-               : absl::StatusOr<storage::ShardInfo>(got.status());
+      got.ok()
+          ? VerifyReplicaImage(arena->slot_data(slot), *got,
+                               absl::StrCat("peer copy of job '", job_name,
+                                            "' step ", step, " rank ", rank_no))
+          : absl::StatusOr<storage::ShardInfo>(got.status());
   std::unique_lock<std::mutex> lock(table_.mu());
   Job* job = table_.Find(job_name);
   RankSlots* r = nullptr;
@@ -230,8 +230,8 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   if (staged) ReportLocked(shard, /*durable=*/false);
   job->steps[step].shards[rank_no] = std::move(shard);
   if (staged)
-    persister_->Push(PersistTask{PersistTask::kShard, job_name, step, rank_no,
-                                 gen, {}});
+    persister_->Push(
+        PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
   lock.unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
   LogInfo(absl::StrCat("fetched job '", job_name, "' step ", step, " rank ",

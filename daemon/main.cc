@@ -330,12 +330,15 @@ int main(int argc, char** argv) {
         "they stay in shared memory and a restarted ckptd persists them");
   (*listener)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  replicate = nullptr;
-  replicator.reset();  // reads the engine's slots
+  // Stopped before the engine whose slots it reads, destroyed after the
+  // engine, whose persister may still call Staged().
+  if (replicator) replicator->Stop();
   if (replica_server) replica_server->Shutdown();
   agent.reset();  // before the engine it reports on
   replica_server.reset();
   engine->reset();
+  replicate = nullptr;
+  replicator.reset();
   if (coordinator) coordinator->Shutdown();
   metrics_server.reset();
   LogInfo("stopped");

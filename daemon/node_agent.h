@@ -179,14 +179,6 @@ class NodeAgent {
                    std::vector<std::string> keys,
                    std::vector<coord::v1::ShardSource> sources,
                    std::optional<uint32_t> owner_uid);
-  // node_agent_fetch.cc: one rank of a PREFETCH: from its peer source when
-  // it has one (falling back to the shared root with a FALLBACK report),
-  // else from the shared root.
-  absl::Status PrefetchRank(const std::string& job, uint32_t world_size,
-                            uint64_t step, uint32_t rank,
-                            const std::string& key,
-                            const coord::v1::ShardSource* source,
-                            std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
   // Joins the PREFETCH threads that are done, and forgets the oldest
   // carried-out orders beyond remembered_orders.

@@ -14,6 +14,7 @@
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/node_agent_rpc.h"
+#include "daemon/peer_fetch.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {
@@ -116,9 +117,11 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] =
-          PrefetchRank(job, world_size, step, ranks[i], keys[i],
-                       i < sources.size() ? &sources[i] : nullptr, owner_uid);
+      // From a peer's memory when the order names one (peer_fetch.h).
+      results[i] = PrefetchRank(
+          *engine_, options_.tls, job, world_size, step, ranks[i], keys[i],
+          i < sources.size() ? &sources[i] : nullptr, owner_uid,
+          [this](FallbackReport f) { ReportFallback(std::move(f)); });
       if (!sources.empty()) engine_->EndFetch(job, step, ranks[i]);
     });
   for (auto& t : loaders) t.join();

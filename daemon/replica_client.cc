@@ -106,9 +106,8 @@ absl::StatusOr<rv1::ShardCopy> GetReplica(
     if (chunk.offset() != got ||
         chunk.data().size() > copy.image_bytes() - got) {
       bad = absl::DataLossError(absl::StrCat(
-          "replica get: offset ", chunk.offset(), " with ",
-          chunk.data().size(), " bytes after ", got, " of ",
-          copy.image_bytes()));
+          "replica get: offset ", chunk.offset(), " with ", chunk.data().size(),
+          " bytes after ", got, " of ", copy.image_bytes()));
       break;
     }
     std::memcpy(dst + got, chunk.data().data(), chunk.data().size());
@@ -122,9 +121,8 @@ absl::StatusOr<rv1::ShardCopy> GetReplica(
   grpc::Status s = reader->Finish();
   if (!s.ok()) return FromGrpc(s, "replica get");
   if (dst == nullptr || got != copy.image_bytes())
-    return absl::DataLossError(absl::StrCat("replica get: ", got,
-                                            " bytes arrived of ",
-                                            copy.image_bytes()));
+    return absl::DataLossError(absl::StrCat(
+        "replica get: ", got, " bytes arrived of ", copy.image_bytes()));
   return copy;
 }
 

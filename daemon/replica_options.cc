@@ -40,7 +40,7 @@ absl::Status FinishReplicaOptions(ReplicaOptions& o, const std::string& target,
   if (o.memory_bytes == 0) o.memory_bytes = kDefaultReplicaMemoryBytes;
   if (!cluster && (o.port != 0 || !target.empty() || !o.domain.empty()))
     return absl::InvalidArgumentError(
-        absl::StrCat(o.port != 0        ? "--replica-port"
+        absl::StrCat(o.port != 0       ? "--replica-port"
                      : !target.empty() ? "--replica-target"
                                        : "--domain",
                      ": needs --coordinator (replicas are a cluster's)"));
@@ -49,15 +49,15 @@ absl::Status FinishReplicaOptions(ReplicaOptions& o, const std::string& target,
   const size_t colon = target.rfind(':');
   uint32_t port = 0;
   if (at == std::string::npos || at == 0 || colon == std::string::npos ||
-      colon < at + 2 ||
-      !absl::SimpleAtoi(target.substr(colon + 1), &port) || port == 0 ||
-      port > 65535)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--replica-target: '", target.substr(0, 128),
-        "' is not NODE@HOST:PORT"));
+      colon < at + 2 || !absl::SimpleAtoi(target.substr(colon + 1), &port) ||
+      port == 0 || port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("--replica-target: '",
+                                                   target.substr(0, 128),
+                                                   "' is not NODE@HOST:PORT"));
   ReplicaPeer peer{target.substr(0, at), target.substr(at + 1, colon - at - 1),
                    port};
-  if (absl::Status s = storage::ValidateNodeId(peer.node_id, "--replica-target");
+  if (absl::Status s =
+          storage::ValidateNodeId(peer.node_id, "--replica-target");
       !s.ok())
     return s;
   o.fixed_target = std::move(peer);

@@ -29,8 +29,7 @@ std::vector<std::string> Identities(const grpc::ServerContext& ctx) {
   std::vector<std::string> ids;
   auto auth = ctx.auth_context();
   if (!auth || !auth->IsPeerAuthenticated()) return ids;
-  for (const char* prop :
-       {"x509_common_name", "x509_subject_alternative_name"})
+  for (const char* prop : {"x509_common_name", "x509_subject_alternative_name"})
     for (const grpc::string_ref& v : auth->FindPropertyValues(prop))
       ids.emplace_back(v.data(), v.size());
   return ids;
@@ -73,9 +72,8 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "copy: the first chunk must describe the copy");
     const std::vector<std::string> ids = Identities(*ctx);
-    if (!ids.empty() &&
-        std::find(ids.begin(), ids.end(), chunk.copy().source_node()) ==
-            ids.end())
+    if (!ids.empty() && std::find(ids.begin(), ids.end(),
+                                  chunk.copy().source_node()) == ids.end())
       return grpc::Status(
           grpc::StatusCode::PERMISSION_DENIED,
           absl::StrCat("copy.source_node: '", chunk.copy().source_node(),
@@ -90,21 +88,22 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             "copy: only the first chunk describes the copy");
       if (chunk.offset() != got)
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("offset: ", chunk.offset(),
-                                         ", expected ", got,
-                                         " (chunks come in order)"));
-      if (chunk.data().size() > kMaxReplicaChunkBytes)
         return grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("data: ", chunk.data().size(),
-                         " bytes in one chunk; at most ", kMaxReplicaChunkBytes));
-      if (chunk.data().size() > want - got)
+            absl::StrCat("offset: ", chunk.offset(), ", expected ", got,
+                         " (chunks come in order)"));
+      if (chunk.data().size() > kMaxReplicaChunkBytes)
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("data: ends at ",
-                                         got + chunk.data().size(),
-                                         ", past image_bytes ", want));
-      std::memcpy((*in)->data() + got, chunk.data().data(), chunk.data().size());
+                            absl::StrCat("data: ", chunk.data().size(),
+                                         " bytes in one chunk; at most ",
+                                         kMaxReplicaChunkBytes));
+      if (chunk.data().size() > want - got)
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("data: ends at ", got + chunk.data().size(),
+                         ", past image_bytes ", want));
+      std::memcpy((*in)->data() + got, chunk.data().data(),
+                  chunk.data().size());
       got += chunk.data().size();
     } while (reader->Read(&chunk));
     if (got != want)
@@ -175,8 +174,7 @@ absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
                         coordinator::LoadServerCredentials(options.tls));
   auto server = std::unique_ptr<ReplicaServer>(new ReplicaServer);
-  const std::string listen =
-      absl::StrCat(options.host, ":", options.port);
+  const std::string listen = absl::StrCat(options.host, ":", options.port);
   server->service_ =
       std::make_unique<Service>(std::move(options), store, staged);
   grpc::ServerBuilder builder;

@@ -25,7 +25,9 @@ class ReplicaMemory {
  public:
   ReplicaMemory(void* base, uint64_t bytes,
                 std::shared_ptr<std::atomic<uint64_t>> used)
-      : base_(static_cast<char*>(base)), bytes_(bytes), used_(std::move(used)) {}
+      : base_(static_cast<char*>(base)),
+        bytes_(bytes),
+        used_(std::move(used)) {}
   ~ReplicaMemory() {
     if (base_ != nullptr) munmap(base_, bytes_);
     used_->fetch_sub(bytes_);
@@ -46,8 +48,8 @@ absl::Status ValidateShardCopy(const rv1::ShardCopy& copy,
       ValidateJobName(copy.job(), absl::StrCat(std::string(prefix), "job")));
   if (copy.world_size() == 0 || copy.rank() >= copy.world_size())
     return absl::InvalidArgumentError(
-        absl::StrCat(std::string(prefix), "rank: ", copy.rank(), " is not below world_size ",
-                     copy.world_size()));
+        absl::StrCat(std::string(prefix), "rank: ", copy.rank(),
+                     " is not below world_size ", copy.world_size()));
   if (copy.image_bytes() < 2 * storage::kShardAlign ||
       copy.image_bytes() > kMaxReplicaImageBytes ||
       copy.image_bytes() % storage::kShardAlign != 0)
@@ -57,13 +59,13 @@ absl::Status ValidateShardCopy(const rv1::ShardCopy& copy,
         ", at least two, at most ", kMaxReplicaImageBytes, ")"));
   if (copy.checksums_size() == 0 ||
       static_cast<uint32_t>(copy.checksums_size()) > storage::kMaxShardTensors)
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(prefix), "checksums: ", copy.checksums_size(),
-                     " entries; a shard has 1 to ", storage::kMaxShardTensors,
-                     " tensors"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(prefix), "checksums: ", copy.checksums_size(),
+        " entries; a shard has 1 to ", storage::kMaxShardTensors, " tensors"));
   if (!copy.source_node().empty())
     CKPT_RETURN_IF_ERROR(ValidatePrintable(
-        copy.source_node(), absl::StrCat(std::string(prefix), "source_node"), 128));
+        copy.source_node(), absl::StrCat(std::string(prefix), "source_node"),
+        128));
   return absl::OkStatus();
 }
 
@@ -78,9 +80,10 @@ absl::StatusOr<storage::ShardInfo> VerifyReplicaImage(
                                             info.world_size, ", the copy says ",
                                             copy.world_size()));
   if (info.tensors.size() != static_cast<size_t>(copy.checksums_size()))
-    return absl::DataLossError(absl::StrCat(
-        std::string(what), ": checksums: the copy names ", copy.checksums_size(),
-        ", the image's index has ", info.tensors.size(), " tensors"));
+    return absl::DataLossError(
+        absl::StrCat(std::string(what), ": checksums: the copy names ",
+                     copy.checksums_size(), ", the image's index has ",
+                     info.tensors.size(), " tensors"));
   for (size_t i = 0; i < info.tensors.size(); ++i)
     info.tensors[i].checksum = copy.checksums(static_cast<int>(i));
   CKPT_RETURN_IF_ERROR(storage::VerifyTensorChecksums(image, info, what));
@@ -104,7 +107,8 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
     std::lock_guard<std::mutex> lock(mu_);
     auto it = held_.find({copy.job(), copy.rank()});
     if (it != held_.end() &&
-        std::make_pair(it->second->copy.generation(), it->second->copy.step()) >=
+        std::make_pair(it->second->copy.generation(),
+                       it->second->copy.step()) >=
             std::make_pair(copy.generation(), copy.step())) {
       ++counts_.refused;
       return absl::FailedPreconditionError(absl::StrCat(
@@ -128,8 +132,9 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
   if (base == MAP_FAILED) {
     const int err = errno;
     used_bytes_->fetch_sub(bytes);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "replica_memory_bytes: mapping ", bytes, " bytes: ", std::strerror(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("replica_memory_bytes: mapping ", bytes,
+                     " bytes: ", std::strerror(err)));
   }
   auto memory = std::make_shared<ReplicaMemory>(base, bytes, used_bytes_);
   return std::unique_ptr<Incoming>(new Incoming(this, copy, std::move(memory)));

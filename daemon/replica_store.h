@@ -26,12 +26,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -101,8 +101,8 @@ class ReplicaStore {
   [[nodiscard]] absl::StatusOr<std::unique_ptr<Incoming>> Begin(
       const replica::v1::ShardCopy& copy);
   // The held copy of (job, step, rank), or null.
-  std::shared_ptr<const HeldReplica> Find(const std::string& job,
-                                          uint64_t step, uint32_t rank) const;
+  std::shared_ptr<const HeldReplica> Find(const std::string& job, uint64_t step,
+                                          uint32_t rank) const;
   ReplicaStats Stats() const;
 
  private:
@@ -127,8 +127,8 @@ class ReplicaStore {
 
 // The shard a copy names, validated: job name, rank < world_size, sizes
 // within limits. InvalidArgument naming `prefix` + the field.
-[[nodiscard]] absl::Status ValidateShardCopy(
-    const replica::v1::ShardCopy& copy, std::string_view prefix);
+[[nodiscard]] absl::Status ValidateShardCopy(const replica::v1::ShardCopy& copy,
+                                             std::string_view prefix);
 
 }  // namespace ckpt::daemon
 

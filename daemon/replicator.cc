@@ -10,7 +10,9 @@
 namespace ckpt::daemon {
 
 Replicator::Replicator(ReplicatorOptions options, StagedShards* staged)
-    : options_(std::move(options)), staged_(staged), limit_(options_.bandwidth) {}
+    : options_(std::move(options)),
+      staged_(staged),
+      limit_(options_.bandwidth) {}
 
 Replicator::~Replicator() { Stop(); }
 
@@ -113,8 +115,8 @@ void Replicator::SendOne(const Key& key, uint64_t step,
       channel = channel_;
     }
     if (!channel) {
-      absl::StatusOr<std::shared_ptr<grpc::Channel>> made =
-          ReplicaChannel(options_.tls, target.node_id, target.host, target.port);
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> made = ReplicaChannel(
+          options_.tls, target.node_id, target.host, target.port);
       status = made.status();
       if (made.ok()) {
         channel = *made;
@@ -128,10 +130,8 @@ void Replicator::SendOne(const Key& key, uint64_t step,
       PutOptions put;
       put.limit = &limit_;
       put.corrupt = options_.corrupt;
-      // Long enough for the copy at the rate limit (or 100 MB/s), so that
-      // a stopped holder fails this try rather than wedge the stage.
       const double rate = options_.bandwidth ? options_.bandwidth : 100e6;
-      put.deadline = std::chrono::system_clock::now() + std::chrono::seconds(10) +
+      put.deadline = std::chrono::system_clock::now() + options_.put_deadline +
                      std::chrono::milliseconds(static_cast<int64_t>(
                          2000.0 * static_cast<double>(bytes) / rate));
       status = PutReplica(*channel, snap->copy, snap->data(), put).status();
@@ -180,7 +180,8 @@ void Replicator::SendOne(const Key& key, uint64_t step,
   stats_.last_error = std::string(status.message());
   if (!same) return;
   ++r.attempts;
-  auto delay = options_.retry_delay * (1u << std::min<uint32_t>(r.attempts, 10));
+  auto delay =
+      options_.retry_delay * (1u << std::min<uint32_t>(r.attempts, 10));
   delay = std::min<std::chrono::milliseconds>(
       std::chrono::duration_cast<std::chrono::milliseconds>(delay),
       options_.max_retry_delay);

@@ -54,10 +54,13 @@ struct ReplicatorOptions {
   std::chrono::milliseconds retry_delay{200};
   std::chrono::milliseconds max_retry_delay{std::chrono::seconds(10)};
   bool corrupt = false;  // test-only: PutOptions::corrupt
+  // A send fails after this long plus twice its time at the rate limit (or
+  // at 100 MB/s), so that a stopped holder costs one try, not the stage.
+  std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};
 };
 
 struct ReplicatorStats {
-  uint64_t sent = 0;         // copies the holder verified
+  uint64_t sent = 0;  // copies the holder verified
   uint64_t sent_bytes = 0;
   uint64_t failed = 0;       // attempts that failed (each retried)
   uint64_t overwritten = 0;  // abandoned: a save took the slot meanwhile

@@ -22,7 +22,7 @@
 namespace ckpt::daemon {
 
 struct StagedCopy {
-  replica::v1::ShardCopy copy;  // checksums all known (see below)
+  replica::v1::ShardCopy copy;        // checksums all known (see below)
   std::shared_ptr<shm::Arena> arena;  // keeps the mapping while read
   int slot = -1;
   uint64_t write_no = 0;

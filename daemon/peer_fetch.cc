@@ -1,12 +1,8 @@
-// NodeAgent (node_agent.h): one rank of a PREFETCH, from a peer's memory
-// when the order names one (doc/replicas.md), else from the shared root.
-// The fallback ladder: a peer copy that cannot be fetched or does not
-// verify is reported (FALLBACK) and the shard is read from the shared
-// root; when that fails too, the trainer's restore fails and its exit
-// makes the coordinator plan an older step.
+// PrefetchRank (peer_fetch.h): one rank of a PREFETCH and its fallbacks.
+#include "daemon/peer_fetch.h"
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
-#include "daemon/node_agent.h"
 #include "daemon/replica_client.h"
 #include "daemon/replica_service.h"
 
@@ -19,11 +15,12 @@ namespace rv1 = ::ckpt::replica::v1;
 // after this long; the shared root is then read instead.
 constexpr std::chrono::seconds kPeerFetchDeadline(120);
 
-absl::Status NodeAgent::PrefetchRank(const std::string& job,
-                                     uint32_t world_size, uint64_t step,
-                                     uint32_t rank, const std::string& key,
-                                     const cv1::ShardSource* source,
-                                     std::optional<uint32_t> owner_uid) {
+absl::Status PrefetchRank(Engine& engine, const coordinator::TlsFiles& tls,
+                          const std::string& job, uint32_t world_size,
+                          uint64_t step, uint32_t rank, const std::string& key,
+                          const cv1::ShardSource* source,
+                          std::optional<uint32_t> owner_uid,
+                          const std::function<void(FallbackReport)>& fallback) {
   if (source != nullptr && !source->host().empty()) {
     absl::Status st;
     if (source->port() == 0 || source->port() > 65535) {
@@ -31,10 +28,10 @@ absl::Status NodeAgent::PrefetchRank(const std::string& job,
           absl::StrCat("sources.port: ", source->port(), " is not a port"));
     } else {
       absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ReplicaChannel(
-          options_.tls, source->node_id(), source->host(), source->port());
+          tls, source->node_id(), source->host(), source->port());
       st = channel.status();
       if (st.ok())
-        st = engine_->FetchFromPeer(
+        st = engine.FetchFromPeer(
             job, world_size, step, rank, key, owner_uid,
             [&](const auto& dst_for) {
               rv1::GetRequest req;
@@ -60,12 +57,13 @@ absl::Status NodeAgent::PrefetchRank(const std::string& job,
     // The coordinator knows the copies "memory", "file" and "object": a
     // peer's is memory, and the reason names whose.
     f.copy = "memory";
-    f.reason = absl::StrCat(copy, " on ", source->node_id(), ": ", st.message());
+    f.reason =
+        absl::StrCat(copy, " on ", source->node_id(), ": ", st.message());
     f.next_copy = key.empty() ? "" : "file";
-    ReportFallback(std::move(f));
+    if (fallback) fallback(std::move(f));
     if (key.empty()) return st;
   }
-  return engine_->Prefetch(job, world_size, step, rank, key, owner_uid);
+  return engine.Prefetch(job, world_size, step, rank, key, owner_uid);
 }
 
 }  // namespace ckpt::daemon

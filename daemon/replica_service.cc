@@ -18,6 +18,9 @@ namespace rv1 = ::ckpt::replica::v1;
 
 namespace {
 
+constexpr int kHttp2FrameBytes = (1 << 24) - 1;  // HTTP/2's largest
+constexpr int kHttp2WindowBytes = 64 << 20;
+
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
                       std::string(s.message()));
@@ -184,6 +187,11 @@ absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(
       static_cast<int>(kMaxReplicaChunkBytes + (64 << 10)));
   builder.SetMaxSendMessageSize(
       static_cast<int>(kMaxReplicaChunkBytes + (64 << 10)));
+  // Bulk bytes: large frames and a window of several chunks, not HTTP/2's
+  // 16 KiB frames and 64 KiB start.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             kHttp2WindowBytes);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0)
     return absl::UnavailableError(
@@ -208,6 +216,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ReplicaChannel(
   if (tls.enabled() && !node_id.empty()) args.SetSslTargetNameOverride(node_id);
   args.SetMaxReceiveMessageSize(
       static_cast<int>(kMaxReplicaChunkBytes + (64 << 10)));
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kHttp2WindowBytes);
   // Each peer gets a channel of its own (not a shared subchannel).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   const std::string target =

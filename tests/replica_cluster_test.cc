@@ -52,20 +52,24 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   ASSERT_GT(coordinator.port(), 0);
   const int replica_port = FreeLoopbackPort();
   auto node = [&](const std::string& id, std::vector<std::string> extra) {
-    std::vector<std::string> args = {
-        "--coordinator", coordinator.address(), "--insecure",
-        "--node-id",     id,                    "--advertise-addr",
-        "127.0.0.1",     "--shared-root",       shared};
+    std::vector<std::string> args = {"--coordinator",
+                                     coordinator.address(),
+                                     "--insecure",
+                                     "--node-id",
+                                     id,
+                                     "--advertise-addr",
+                                     "127.0.0.1",
+                                     "--shared-root",
+                                     shared};
     args.insert(args.end(), extra.begin(), extra.end());
     std::filesystem::create_directories(dir.path() + "/" + id);
     return DaemonProcess::Start(dir.path() + "/" + id + "/root",
-                                dir.path() + "/" + id, UniqueShmPrefix(),
-                                args);
+                                dir.path() + "/" + id, UniqueShmPrefix(), args);
   };
   auto b = node("b", {"--replica-port", std::to_string(replica_port)});
   ASSERT_TRUE(b.ok()) << b.status();
-  auto a = node("a", {"--replica-target",
-                      "b@127.0.0.1:" + std::to_string(replica_port)});
+  auto a = node(
+      "a", {"--replica-target", "b@127.0.0.1:" + std::to_string(replica_port)});
   ASSERT_TRUE(a.ok()) << a.status();
 
   auto client = Client::Connect(OptionsFor(**a, "job", 0, 1));
@@ -74,7 +78,8 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   for (int64_t step = 1; step <= 3; ++step)
     ASSERT_TRUE((*client)->Save(step, state.tensors).ok());
   absl::StatusOr<std::vector<char>> held = absl::NotFoundError("not yet");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!(held = GetCopy(replica_port, "job", 3)).ok() &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -23,7 +23,8 @@ using ReplicaFetchTest = ReplicaFixture;
 const daemon::PeerCreds kMe{getpid(), getuid(), getgid()};
 
 bool Eventually(const std::function<bool()>& cond) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!cond()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -49,12 +50,45 @@ TEST_F(ReplicaFetchTest, ReplicateStageSendsEachRanksNewestStagedShard) {
     ASSERT_TRUE(
         SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
             .ok());
-  ASSERT_TRUE(Eventually([&] { return store_->Find("core", 3, 0) != nullptr; }));
+  ASSERT_TRUE(
+      Eventually([&] { return store_->Find("core", 3, 0) != nullptr; }));
   auto held = store_->Find("core", 3, 0);
   EXPECT_EQ(held->copy.source_node(), "a");
   const std::vector<char> want = SlotBytes(*a.engine, "core", 3, 0);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), held->data()));
-  EXPECT_GE(replicated_.load(), 1);
+  EXPECT_TRUE(Eventually([&] { return replicated_.load() >= 1; }));
+}
+
+TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::ReplicatorOptions ro;
+  ro.node_id = "a";
+  ro.retry_delay = std::chrono::milliseconds(20);
+  ro.max_retry_delay = std::chrono::milliseconds(100);
+  ro.corrupt = true;  // CKPTD_TEST_FAULT=corrupt-replica-sends
+  replicators_.push_back(
+      std::make_unique<daemon::Replicator>(ro, a.engine.get()));
+  daemon::Replicator& rep = *replicators_.back();
+  rep.SetTarget(Holder());
+  rep.Start();
+  a.replicator = &rep;
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  // Sent, refused and retried, again and again.
+  ASSERT_TRUE(Eventually([&] { return store_->Stats().rejected >= 3; }));
+  EXPECT_EQ(store_->Stats().held, 0u);
+  EXPECT_EQ(replicated_.load(), 0);
+  EXPECT_EQ(rep.Stats().sent, 0u);
+  EXPECT_GE(rep.Stats().failed, 3u);
+  EXPECT_NE(rep.Stats().last_error.find("checksum mismatch"), std::string::npos)
+      << rep.Stats().last_error;
+  // The slot itself was never touched: its bytes still verify.
+  auto snap = a.engine->SnapshotStaged("core", 1, 0);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_TRUE(
+      daemon::VerifyReplicaImage(snap->data(), snap->copy, "slot").ok());
 }
 
 TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
@@ -68,10 +102,9 @@ TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
   ASSERT_EQ(listen(stuck, 16), 0);
   ASSERT_EQ(getsockname(stuck, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   Node& a = OpenNode("a", dir_.path() + "/shared");
-  daemon::Replicator& rep =
-      StartReplicator(a, "a",
-                      daemon::ReplicaPeer{"b", "127.0.0.1", ntohs(addr.sin_port)},
-                      std::chrono::milliseconds(500));
+  daemon::Replicator& rep = StartReplicator(
+      a, "a", daemon::ReplicaPeer{"b", "127.0.0.1", ntohs(addr.sin_port)},
+      std::chrono::milliseconds(500));
   std::unique_ptr<shm::Arena> arena;
   for (uint64_t step = 1; step <= 20; ++step)
     ASSERT_TRUE(
@@ -84,8 +117,11 @@ TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
   // The coordinator places the replica elsewhere: the newest step goes.
   StartHolder(1ull << 30);
   rep.SetTarget(Holder());
-  ASSERT_TRUE(Eventually([&] { return store_->Find("core", 20, 0) != nullptr; }));
-  EXPECT_EQ(rep.Stats().sent, 1u);
+  ASSERT_TRUE(
+      Eventually([&] { return store_->Find("core", 20, 0) != nullptr; }));
+  // The holder keeps it before the sender hears back.
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_EQ(store_->Stats().held, 1u);
   close(stuck);
 }
 
@@ -150,8 +186,7 @@ TEST_F(ReplicaFetchTest, RestoreWaitsForAFetchInFlightInsteadOfFailing) {
   // The PREFETCH is taken: the trainer starts before its shard arrived
   // (without the wait its restore finds no job 'j' here and fails).
   c.engine->BeginFetches("j", 9, {0});
-  absl::StatusOr<std::vector<char>> restored =
-      absl::UnknownError("not run");
+  absl::StatusOr<std::vector<char>> restored = absl::UnknownError("not run");
   std::thread trainer([&] { restored = Restore(c, "j", 9, 0); });
   coord::v1::ShardSource src;
   src.set_node_id("b");

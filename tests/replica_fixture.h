@@ -39,7 +39,8 @@ namespace rv1 = ::ckpt::replica::v1;
 // of `floats` random values (seed), valid checksums.
 inline storage::Shard ReplicaImage(const std::string& job, uint64_t step,
                                    uint32_t rank, uint32_t world,
-                                   uint64_t floats = 100000, uint32_t seed = 1) {
+                                   uint64_t floats = 100000,
+                                   uint32_t seed = 1) {
   storage::Shard s = storage::MakeShard({{floats}}, seed);
   s.info.job = job;
   s.info.step = step;
@@ -116,10 +117,10 @@ class ReplicaFixture : public ::testing::Test {
   }
 
   // The replicate stage of `node`, sending to `target`.
-  daemon::Replicator& StartReplicator(Node& node, const std::string& id,
-                                      std::optional<daemon::ReplicaPeer> target,
-                                      std::chrono::milliseconds deadline =
-                                          std::chrono::seconds(10)) {
+  daemon::Replicator& StartReplicator(
+      Node& node, const std::string& id,
+      std::optional<daemon::ReplicaPeer> target,
+      std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
     daemon::ReplicatorOptions ro;
     ro.node_id = id;
     ro.retry_delay = std::chrono::milliseconds(20);
@@ -207,10 +208,10 @@ class ReplicaFixture : public ::testing::Test {
     if (!r.ok()) return r.status();
     if (r->shm_name().empty())
       return absl::FailedPreconditionError("not restored from memory");
-    const int fd = open(("/dev/shm/" + r->shm_name().substr(
-                                           r->shm_name()[0] == '/' ? 1 : 0))
-                            .c_str(),
-                        O_RDONLY);
+    const int fd = open(
+        ("/dev/shm/" + r->shm_name().substr(r->shm_name()[0] == '/' ? 1 : 0))
+            .c_str(),
+        O_RDONLY);
     if (fd < 0) return absl::NotFoundError("shm " + r->shm_name());
     void* base = mmap(nullptr, r->arena_bytes(), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);

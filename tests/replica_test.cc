@@ -121,9 +121,8 @@ TEST_F(ReplicaHolderTest, BadInputIsRefusedNamingTheFieldAndServingGoesOn) {
   c.clear_checksums();
   expect(RawPut({first(c, 0, img)}), "copy.checksums");
   expect(RawPut({first(CopyOf(s), 4096, img.substr(4096))}), "offset");
-  expect(RawPut({first(CopyOf(s), 0, std::string(
-                                          daemon::kMaxReplicaChunkBytes + 1,
-                                          'x'))}),
+  expect(RawPut({first(CopyOf(s), 0,
+                       std::string(daemon::kMaxReplicaChunkBytes + 1, 'x'))}),
          "data");
   expect(RawPut({first(CopyOf(s), 0, img), data(img.size(), "x")}), "data");
   expect(RawPut({first(CopyOf(s), 0, img.substr(0, 8192))}), "data");

@@ -270,6 +270,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
       s = unless_flag("--metrics-listen", [&] {
         return FromToml(t, "metrics_listen", &o.metrics_listen);
       });
+    if (s.ok()) s = ReadReplicaConfig(t, app, o.replicas, replica_target);
     if (!s.ok()) return s;
     if (o.max_request_mib < 1 || o.max_request_mib > 1024)
       return absl::InvalidArgumentError(

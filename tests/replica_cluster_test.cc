@@ -97,5 +97,37 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(ReplicaClusterTest, BadReplicaFlagsAndKeysAreRefusedNamingThem) {
+  TempDir dir;
+  const std::string base = std::string(CKPTD_BINARY) + " --socket " +
+                           dir.path() + "/s.sock --root " + dir.path() + "/r";
+  const std::string cluster =
+      " --coordinator 127.0.0.1:1 --shared-root " + dir.path() + "/shared";
+  {
+    std::ofstream toml(dir.path() + "/c.toml");
+    toml << "replica_port = 70000\n";
+  }
+  struct Case {
+    std::string flags;
+    std::string names;
+  };
+  const Case cases[] = {
+      {" --replica-port 5000", "--replica-port: needs --coordinator"},
+      {cluster + " --replica-port 70000", "--replica-port"},
+      {cluster + " --replica-target b", "--replica-target"},
+      {cluster + " --replica-target b@h:0", "--replica-target"},
+      {cluster + " --replica-target a/b@h:1", "--replica-target"},
+      {cluster + " --domain $'\\x01'", "--domain"},
+      {cluster + " --config " + dir.path() + "/c.toml", "replica_port"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r =
+        RunCommand("bash -c \"" + base + c.flags + "\"", true, 20);
+    EXPECT_NE(r.exit_code, 0) << c.flags;
+    EXPECT_NE(r.out.find(c.names), std::string::npos)
+        << c.flags << ": " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::testing

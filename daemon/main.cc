@@ -33,6 +33,7 @@
 #include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
+#include "daemon/replica_metrics.h"
 #include "daemon/replica_service.h"
 #include "daemon/replica_store.h"
 #include "daemon/replicator.h"
@@ -193,8 +194,10 @@ int main(int argc, char** argv) {
   auto metrics = std::make_shared<DaemonMetrics>();
   opts->engine.metrics = metrics;
   std::unique_ptr<ckpt::MetricsServer> metrics_server;
+  auto replica_metrics = std::make_shared<ReplicaMetrics>();
   if (!opts->metrics_listen.empty()) {
-    std::vector<std::weak_ptr<prometheus::Collectable>> collected{metrics};
+    std::vector<std::weak_ptr<prometheus::Collectable>> collected{
+        metrics, replica_metrics};
     if (coordinator_metrics) collected.push_back(coordinator_metrics);
     auto started = ckpt::MetricsServer::Start(opts->metrics_listen,
                                               "--metrics-listen", collected);
@@ -235,7 +238,7 @@ int main(int argc, char** argv) {
                              &replicate](const ShardReport& r) {
       a->Report(r);
       if (Replicator* rep = replicate.load(); rep != nullptr && !r.failed)
-        rep->Staged(r.job, r.step, r.rank);
+        rep->Staged(r.job, r.step, r.rank, r.durable);
     };
     opts->engine.on_fallback = [a = agent.get()](const FallbackReport& f) {
       a->ReportFallback(f);
@@ -296,6 +299,7 @@ int main(int argc, char** argv) {
     replicator->Start();
     replicate = replicator.get();
   }
+  replica_metrics->Attach(replica_store.get(), replicator.get());
   if (agent) agent->Start(engine->get());
   LogInfo(
       "serving on " + opts->socket_path + ", root " + opts->root +
@@ -330,6 +334,7 @@ int main(int argc, char** argv) {
         "they stay in shared memory and a restarted ckptd persists them");
   (*listener)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  replica_metrics->Detach();
   // Stopped before the engine whose slots it reads, destroyed after the
   // engine, whose persister may still call Staged().
   if (replicator) replicator->Stop();

@@ -27,9 +27,13 @@ void Replicator::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Replicator::Staged(const std::string& job, uint64_t step, uint32_t rank) {
+void Replicator::Staged(const std::string& job, uint64_t step, uint32_t rank,
+                        bool durable) {
   std::lock_guard<std::mutex> lock(mu_);
   Rank& r = ranks_[{job, rank}];
+  // An older step becoming durable says nothing new: the rank's newest is
+  // whatever was committed last (a rollback's smaller step included).
+  if (durable && r.step != 0 && step != r.step) return;
   // A save of an older step after a rollback is the rank's newest too: the
   // holder orders copies by (generation, step) and takes it.
   if (r.step == step && r.done && !r.waiting) return;
@@ -150,13 +154,12 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     LogInfo(absl::StrCat("replica of job '", job, "' step ", step,
                          " sent while a save reused its slot; it verified"));
   }
-  if (status.ok() && same) {
-    r.done = true;
-    ++stats_.sent;
+  if (status.ok()) {
+    ++stats_.sent;  // the holder verified and kept it
     stats_.sent_bytes += bytes;
-    return;
+    if (same) r.done = true;
+    return;  // else a newer step or target: it is due now
   }
-  if (status.ok()) return;  // a newer step or target: it is due now
   if (snap.ok() && overwritten) {
     // A save took the slot: its own Staged() queued the newer shard.
     ++stats_.overwritten;

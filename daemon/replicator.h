@@ -79,9 +79,11 @@ class Replicator {
   void Start();
   void Stop();  // abandons queued copies; a running one ends at its deadline
 
-  // The rank's shard of `step` is in memory (staged, or durable with its
-  // checksums now all known): its newest, unless a newer one was seen.
-  void Staged(const std::string& job, uint64_t step, uint32_t rank);
+  // The rank's shard of `step` was committed (durable false: it is the
+  // rank's newest from now on) or became durable (its checksums are now
+  // all known; ignored unless it is still the rank's newest).
+  void Staged(const std::string& job, uint64_t step, uint32_t rank,
+              bool durable = false);
   // Where copies go from now on; nullopt: nowhere.
   void SetTarget(std::optional<ReplicaPeer> target);
   ReplicatorStats Stats() const;

@@ -16,6 +16,8 @@
 #include "storage/keys.h"
 #include "tests/coordinator_process.h"
 #include "tests/harness.h"
+#include "tests/metrics_scrape.h"
+#include "tests/metrics_text.h"
 #include "tests/test_util.h"
 
 namespace ckpt::testing {
@@ -50,7 +52,10 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   std::filesystem::create_directories(shared);
   CoordinatorProcess coordinator(dir.path() + "/coord", shared, 3000);
   ASSERT_GT(coordinator.port(), 0);
-  const int replica_port = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(3);
+  const int replica_port = ports[0];
+  const std::string metrics_a = "127.0.0.1:" + std::to_string(ports[1]);
+  const std::string metrics_b = "127.0.0.1:" + std::to_string(ports[2]);
   auto node = [&](const std::string& id, std::vector<std::string> extra) {
     std::vector<std::string> args = {"--coordinator",
                                      coordinator.address(),
@@ -66,10 +71,12 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
     return DaemonProcess::Start(dir.path() + "/" + id + "/root",
                                 dir.path() + "/" + id, UniqueShmPrefix(), args);
   };
-  auto b = node("b", {"--replica-port", std::to_string(replica_port)});
+  auto b = node("b", {"--replica-port", std::to_string(replica_port),
+                      "--metrics-listen", metrics_b});
   ASSERT_TRUE(b.ok()) << b.status();
   auto a = node(
-      "a", {"--replica-target", "b@127.0.0.1:" + std::to_string(replica_port)});
+      "a", {"--replica-target", "b@127.0.0.1:" + std::to_string(replica_port),
+            "--metrics-listen", metrics_a});
   ASSERT_TRUE(a.ok()) << a.status();
 
   auto client = Client::Connect(OptionsFor(**a, "job", 0, 1));
@@ -95,6 +102,18 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   // Only the newest step is kept.
   EXPECT_EQ(GetCopy(replica_port, "job", 1).status().code(),
             absl::StatusCode::kNotFound);
+  // What the operators see.
+  const std::string holder =
+      HttpGet("http://" + metrics_b + "/metrics").value_or("");
+  EXPECT_EQ(SampleValue(holder, "ckptd_replica_held"), 1.0) << holder;
+  EXPECT_GE(SampleValue(holder, "ckptd_replicas_verified_total").value_or(0),
+            1.0);
+  // A copy read while a save reused its slot is refused there (and
+  // abandoned by the sender); rejected_total may count it.
+  const std::string sent =
+      HttpGet("http://" + metrics_a + "/metrics").value_or("");
+  EXPECT_GE(SampleValue(sent, "ckptd_replicas_sent_total").value_or(0), 1.0)
+      << sent;
 }
 
 TEST(ReplicaClusterTest, BadReplicaFlagsAndKeysAreRefusedNamingThem) {

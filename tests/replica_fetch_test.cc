@@ -59,6 +59,27 @@ TEST_F(ReplicaFetchTest, ReplicateStageSendsEachRanksNewestStagedShard) {
   EXPECT_TRUE(Eventually([&] { return replicated_.load() >= 1; }));
 }
 
+TEST_F(ReplicaFetchTest, AnOlderStepBecomingDurableDoesNotReplaceTheNewest) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  std::unique_ptr<shm::Arena> arena;
+  for (uint64_t step = 1; step <= 3; ++step)
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok());
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
+  // The reports as the engine may order them: step 3 committed, then
+  // step 1's persist done.
+  daemon::Replicator& rep = StartReplicator(a, "a", std::nullopt);
+  a.replicator = nullptr;  // only the calls below
+  rep.Staged("core", 3, 0);
+  rep.Staged("core", 1, 0, /*durable=*/true);
+  rep.SetTarget(Holder());
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_NE(store_->Find("core", 3, 0), nullptr);
+  EXPECT_EQ(rep.Stats().pending, 0u);
+}
+
 TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
   StartHolder(1ull << 30);
   Node& a = OpenNode("a", dir_.path() + "/shared");

@@ -107,7 +107,7 @@ class ReplicaFixture : public ::testing::Test {
     Node* raw = n.get();
     eo.on_shard = [raw](const daemon::ShardReport& r) {
       if (auto* rep = raw->replicator.load(); rep && !r.failed)
-        rep->Staged(r.job, r.step, r.rank);
+        rep->Staged(r.job, r.step, r.rank, r.durable);
     };
     auto e = daemon::Engine::Open(eo, n->local.get(), n->catalog.get());
     EXPECT_TRUE(e.ok()) << e.status();

@@ -189,9 +189,10 @@ int main(int argc, char** argv) {
 
   char tmpl[] = "/tmp/replica-bench-XXXXXX";
   const std::string certs = mkdtemp(tmpl);
-  const bool tls = std::system(("sh " + certs_script + " " + certs +
-                                " >/dev/null 2>&1")
-                                   .c_str()) == 0;
+  const bool tls =
+      std::system(
+          ("sh " + certs_script + " " + certs + " >/dev/null 2>&1").c_str()) ==
+      0;
   auto files = [&](const std::string& name) {
     ckpt::coordinator::TlsFiles t;
     t.cert = certs + "/" + name + ".pem";
@@ -234,8 +235,9 @@ int main(int argc, char** argv) {
     std::printf("  gRPC Put, plaintext %8.4f s  %6.2f GB/s  %.2fx TCP\n", g,
                 gb / g, g / t);
     if (tls)
-      std::printf("  gRPC Put, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n",
-                  s, gb / s, s / g);
+      std::printf(
+          "  gRPC Put, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n", s,
+          gb / s, s / g);
     std::printf("  holder's verify     %8.4f s  %6.2f GB/s\n", v, gb / v);
   }
   std::system(("rm -rf " + certs).c_str());

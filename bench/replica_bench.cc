@@ -7,6 +7,8 @@
 //             verification (header, index, footer, every tensor checksum);
 //   grpc_tls  the same under mutual TLS with certificates of one CA
 //             (tests/make_certs.sh): the payload-encryption cost;
+//   get, get_tls  a fetch (Get) of the held copy into pre-faulted memory,
+//             the direction a node-loss recovery waits for;
 //   verify    the holder's verification alone (VerifyReplicaImage).
 // Repeats are interleaved (tcp, grpc, grpc_tls per round) and medians
 // reported; --json prints one object.
@@ -165,6 +167,27 @@ double PutOnce(Holder& h, rv1::ShardCopy copy, uint64_t step,
   return secs;
 }
 
+// One Get of the held copy (step 1, the newest generation) into `sink`,
+// pre-faulted as the slot a fetch fills would be.
+double GetOnce(Holder& h, char* sink) {
+  rv1::GetRequest req;
+  req.set_job("bench");
+  req.set_step(1);
+  req.set_rank(0);
+  req.set_replica(true);
+  const auto t0 = Clock::now();
+  auto r = ckpt::daemon::GetReplica(
+      *h.channel, req,
+      [&](const rv1::ShardCopy&) -> absl::StatusOr<char*> { return sink; },
+      std::chrono::system_clock::now() + std::chrono::minutes(5));
+  const double secs = Since(t0);
+  if (!r.ok()) {
+    std::fprintf(stderr, "get: %s\n", r.status().ToString().c_str());
+    std::exit(1);
+  }
+  return secs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,13 +227,15 @@ int main(int argc, char** argv) {
   Holder secure;
   if (tls) secure = StartHolder(3 * bytes, files("n2"), files("n1"));
 
-  std::vector<double> tcp, grpc_plain, grpc_tls, verify;
+  std::vector<double> tcp, grpc_plain, grpc_tls, verify, get_plain, get_tls;
   PutOnce(plain, copy, 1, image);  // warm: channel up, pages mapped once
   if (tls) PutOnce(secure, copy, 1, image);
   for (int r = 0; r < repeats; ++r) {
     tcp.push_back(TcpOnce(image, sink));
     grpc_plain.push_back(PutOnce(plain, copy, 2 + r, image));
     if (tls) grpc_tls.push_back(PutOnce(secure, copy, 2 + r, image));
+    get_plain.push_back(GetOnce(plain, sink));
+    if (tls) get_tls.push_back(GetOnce(secure, sink));
     const auto t0 = Clock::now();
     copy.set_step(1);
     if (!ckpt::daemon::VerifyReplicaImage(image.data(), copy, "bench").ok())
@@ -219,15 +244,17 @@ int main(int argc, char** argv) {
   }
   const double gb = static_cast<double>(bytes) / 1e9;
   const double t = Median(tcp), g = Median(grpc_plain), s = Median(grpc_tls),
-               v = Median(verify);
+               v = Median(verify), gp = Median(get_plain),
+               gs = Median(get_tls);
   if (json) {
     std::printf(
         "{\"bytes\": %llu, \"repeats\": %d, \"tcp_s\": %.4f, \"grpc_s\": %.4f, "
         "\"grpc_tls_s\": %.4f, \"verify_s\": %.4f, \"tcp_gbps\": %.3f, "
         "\"grpc_gbps\": %.3f, \"grpc_tls_gbps\": %.3f, \"grpc_vs_tcp\": %.3f, "
-        "\"tls_vs_plain\": %.3f}\n",
+        "\"tls_vs_plain\": %.3f, \"get_s\": %.4f, \"get_tls_s\": %.4f, "
+        "\"get_vs_tcp\": %.3f}\n",
         static_cast<unsigned long long>(bytes), repeats, t, g, s, v, gb / t,
-        gb / g, tls ? gb / s : 0.0, g / t, tls ? s / g : 0.0);
+        gb / g, tls ? gb / s : 0.0, g / t, tls ? s / g : 0.0, gp, gs, gp / t);
   } else {
     std::printf("copy of %.1f MiB, median of %d interleaved rounds\n",
                 static_cast<double>(bytes) / (1 << 20), repeats);
@@ -238,6 +265,11 @@ int main(int argc, char** argv) {
       std::printf(
           "  gRPC Put, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n", s,
           gb / s, s / g);
+    std::printf("  gRPC Get, plaintext %8.4f s  %6.2f GB/s  %.2fx TCP\n", gp,
+                gb / gp, gp / t);
+    if (tls)
+      std::printf("  gRPC Get, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n",
+                  gs, gb / gs, gs / gp);
     std::printf("  holder's verify     %8.4f s  %6.2f GB/s\n", v, gb / v);
   }
   std::system(("rm -rf " + certs).c_str());

@@ -244,8 +244,7 @@ int main(int argc, char** argv) {
   }
   const double gb = static_cast<double>(bytes) / 1e9;
   const double t = Median(tcp), g = Median(grpc_plain), s = Median(grpc_tls),
-               v = Median(verify), gp = Median(get_plain),
-               gs = Median(get_tls);
+               v = Median(verify), gp = Median(get_plain), gs = Median(get_tls);
   if (json) {
     std::printf(
         "{\"bytes\": %llu, \"repeats\": %d, \"tcp_s\": %.4f, \"grpc_s\": %.4f, "
@@ -268,8 +267,9 @@ int main(int argc, char** argv) {
     std::printf("  gRPC Get, plaintext %8.4f s  %6.2f GB/s  %.2fx TCP\n", gp,
                 gb / gp, gp / t);
     if (tls)
-      std::printf("  gRPC Get, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n",
-                  gs, gb / gs, gs / gp);
+      std::printf(
+          "  gRPC Get, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n", gs,
+          gb / gs, gs / gp);
     std::printf("  holder's verify     %8.4f s  %6.2f GB/s\n", v, gb / v);
   }
   std::system(("rm -rf " + certs).c_str());

@@ -283,7 +283,9 @@ def plot(results, scales, path):
             "set xlabel 'GPUs'\nset ylabel 'effective training time (%)'\n"
             "set grid\n"
             f"plot {plots}, {GOAL * 100} with lines dashtype 2 title 'goal: 99%'\n")
-        subprocess.run([gnuplot], input=script, text=True, check=True)
+        done = subprocess.run([gnuplot], input=script, text=True, check=False)
+    if done.returncode != 0:
+        return f"plot: gnuplot failed (exit {done.returncode}), no plot"
     return f"plot: {path} (gnuplot)"
 
 
@@ -314,7 +316,11 @@ def main(argv=None):
     try:
         values, doc = load_inputs(args.inputs)
         parse_set(args.set, values)
-        scales = [int(x) for x in args.scales.split(",") if x.strip()]
+        try:
+            scales = [int(x) for x in args.scales.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--scales {args.scales}: not comma-separated "
+                             f"GPU counts") from None
         if not scales or any(n < values["gpus_per_node"] for n in scales):
             raise ValueError("--scales: GPU counts of at least one node")
     except (OSError, ValueError) as e:

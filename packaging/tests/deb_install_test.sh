@@ -66,8 +66,12 @@ got="$(in_root ckptd --version)"
 for bin in ckpt-coordinator ckptctl ckptrun; do
   [[ "$(in_root "$bin" --version)" == "$bin $version" ]] || fail "$bin --version"
 done
-in_root ckptctl --help | grep -q "inspect and manage ckptd checkpoints" || fail "ckptctl --help"
-in_root ckptd --help | grep -q -- "--socket" || fail "ckptd --help"
+# Captured whole first: `grep -q` stops reading at its match, and a help
+# text longer than one stdio buffer then dies of SIGPIPE (pipefail).
+help=$(in_root ckptctl --help) || fail "ckptctl --help"
+grep -q "inspect and manage ckptd checkpoints" <<<"$help" || fail "ckptctl --help"
+help=$(in_root ckptd --help) || fail "ckptd --help"
+grep -q -- "--socket" <<<"$help" || fail "ckptd --help"
 in_root getent group ckptd >/dev/null || fail "no ckptd group"
 in_root getent passwd ckptd | grep -q ":/usr/sbin/nologin$" || fail "no ckptd system user"
 [[ "$(stat -c %U:%a "$root/var/lib/ckptd")" == root:755 ]] || fail "/var/lib/ckptd: $(stat -c %U:%a "$root/var/lib/ckptd")"

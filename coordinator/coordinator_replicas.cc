@@ -75,10 +75,10 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
   }
   if (req.source_node() != saved->node_id() &&
       req.source_node() != job.rec.rank_node(req.rank()))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "source_node: ", req.source_node(), " did not host rank ", req.rank(),
-        " of job ", req.job(), " (step ", req.step(), " was staged by ",
-        saved->node_id(), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("source_node: ", req.source_node(), " did not host rank ",
+                     req.rank(), " of job ", req.job(), " (step ", req.step(),
+                     " was staged by ", saved->node_id(), ")"));
   if (req.bytes() != saved->bytes())
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes: ", req.bytes(), " of the replica of step ", req.step(),
@@ -260,9 +260,13 @@ void Coordinator::LogRestoreSourcesLocked(Batch* batch, const JobState& job,
   rs.set_newest_step(newest.value_or(0));
   rs.set_has_durable_step(durable.has_value());
   rs.set_durable_step(durable.value_or(0));
+  // Steps lost against `from`: none restores from scratch (all of them).
   const uint64_t top = newest.value_or(0);
-  rs.set_steps_lost(step && top > *step ? top - *step : top);
-  rs.set_steps_lost_durable(durable && top > *durable ? top - *durable : top);
+  auto lost = [top](std::optional<uint64_t> from) -> uint64_t {
+    return !from ? top : top > *from ? top - *from : 0;
+  };
+  rs.set_steps_lost(lost(step));
+  rs.set_steps_lost_durable(lost(durable));
   std::vector<std::string> where;
   for (v1::RankSource& s : fetched) {
     rs.set_from_memory(rs.from_memory() || s.copy() != "storage");
@@ -274,11 +278,11 @@ void Coordinator::LogRestoreSourcesLocked(Batch* batch, const JobState& job,
   }
   e.set_detail(absl::StrCat(
       "generation ", job.rec.generation(), ": restore ",
-      step ? absl::StrCat("step ", *step) : std::string("from scratch"),
-      " (", rs.steps_lost(), " steps lost; storage alone: ",
+      step ? absl::StrCat("step ", *step) : std::string("from scratch"), " (",
+      rs.steps_lost(), " steps lost; storage alone: ",
       durable ? absl::StrCat("step ", *durable) : std::string("none"), ", ",
-      rs.steps_lost_durable(), " lost)",
-      where.empty() ? "" : "; ", absl::StrJoin(where, "; ")));
+      rs.steps_lost_durable(), " lost)", where.empty() ? "" : "; ",
+      absl::StrJoin(where, "; ")));
   LogLocked(batch, std::move(e));
 }
 

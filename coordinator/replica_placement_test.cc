@@ -42,8 +42,8 @@ TEST(ReplicaPlacementTest, EveryTargetIsInAnotherDomainAndHoldersAreSpread) {
 TEST(ReplicaPlacementTest, TwoNodesThatCanPairOtherwiseAreNotMutual) {
   // Two domains of two: a pair that replicates to each other loses both
   // copies when both die; with four nodes no pair needs to.
-  auto t = PlaceReplicas({N("a1", "a"), N("a2", "a"), N("b1", "b"),
-                          N("b2", "b")});
+  auto t =
+      PlaceReplicas({N("a1", "a"), N("a2", "a"), N("b1", "b"), N("b2", "b")});
   ASSERT_EQ(t.size(), 4u);
   int mutual = 0;
   for (const auto& [src, holder] : t) mutual += t.at(holder) == src;
@@ -67,15 +67,15 @@ TEST(ReplicaPlacementTest, EmptyDomainsAreEachTheirOwn) {
 
 TEST(ReplicaPlacementTest, ASingleNodeOrNoHolderGetsNoTarget) {
   EXPECT_TRUE(PlaceReplicas({N("n1", "a")}).empty());
-  EXPECT_TRUE(PlaceReplicas({N("n1", "a", true, false),
-                             N("n2", "b", true, false)})
-                  .empty());
+  EXPECT_TRUE(
+      PlaceReplicas({N("n1", "a", true, false), N("n2", "b", true, false)})
+          .empty());
 }
 
 TEST(ReplicaPlacementTest, OnlyHoldersHoldAndSparesMay) {
   // n2 runs no replica listener; s1 (a spare: no source) may hold.
-  auto t = PlaceReplicas({N("n1", "a"), N("n2", "b", true, false),
-                          N("s1", "c", false, true)});
+  auto t = PlaceReplicas(
+      {N("n1", "a"), N("n2", "b", true, false), N("s1", "c", false, true)});
   ASSERT_EQ(t.size(), 2u);
   EXPECT_NE(t.at("n1"), "n2");
   EXPECT_NE(t.at("n2"), "n2");

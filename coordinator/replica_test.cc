@@ -175,7 +175,8 @@ TEST_F(ReplicaTest, RegistrationRefusesABadDomainOrPortNamingTheField) {
   EXPECT_EQ(State(), before);
 }
 
-TEST_F(ReplicaTest, BadReplicatedReportsAreRefusedNamingTheFieldAndChangeNothing) {
+TEST_F(ReplicaTest,
+       BadReplicatedReportsAreRefusedNamingTheFieldAndChangeNothing) {
   ReportAll(12, v1::STAGED);
   const std::string before = State();
   struct Case {
@@ -207,8 +208,7 @@ TEST_F(ReplicaTest, BadReplicatedReportsAreRefusedNamingTheFieldAndChangeNothing
   for (const Case& c : cases) {
     absl::Status s = Replicated(c.holder, 12, 2, c.source, c.tweak);
     EXPECT_EQ(s.code(), c.code) << c.field << ": " << s;
-    EXPECT_EQ(s.message().substr(0, c.field.size() + 1), c.field + ":")
-        << s;
+    EXPECT_EQ(s.message().substr(0, c.field.size() + 1), c.field + ":") << s;
     EXPECT_EQ(State(), before) << c.field;
   }
   // A fenced holder's whole call.
@@ -233,9 +233,8 @@ TEST_F(ReplicaTest, AReplicaOfAnAbandonedGenerationIsDropped) {
   ASSERT_TRUE(coord_->ReportTrainerExit(exit).ok());
   ASSERT_EQ(Job().generation(), 1u);
   const std::string before = State();
-  absl::Status s = Replicated("n3", 12, 2, "n2", [](v1::ShardReport& r) {
-    r.set_generation(0);
-  });
+  absl::Status s = Replicated("n3", 12, 2, "n2",
+                              [](v1::ShardReport& r) { r.set_generation(0); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(s.message().substr(0, 11), "generation:") << s;
   EXPECT_EQ(State(), before);
@@ -379,8 +378,7 @@ TEST_F(ReplicaTest, TrainersStartOnceRestartsAreAckedWhilePrefetchRuns) {
   auto spare = Heartbeat("s1", es_);
   auto survivor = Heartbeat("n1", e1_);
   const uint64_t prefetch = OrderOf(*spare, v1::PREFETCH).id();
-  ASSERT_TRUE(
-      Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
   EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());  // n1's
   ASSERT_TRUE(Heartbeat("n1", e1_, {survivor->orders(0).id()}).ok());
   v1::JobView view = coord_->View("job", "s1");
@@ -398,8 +396,7 @@ TEST_F(ReplicaTest, WithoutEarlyStartTrainersWaitForEveryAcknowledgement) {
   Silence({"n2"});
   auto spare = Heartbeat("s1", es_);
   auto survivor = Heartbeat("n1", e1_);
-  ASSERT_TRUE(
-      Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
+  ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
   ASSERT_TRUE(Heartbeat("n1", e1_, {survivor->orders(0).id()}).ok());
   EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());
 }

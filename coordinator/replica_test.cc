@@ -2,9 +2,11 @@
 // targets in heartbeats, REPLICATED reports and their refusals, and plans
 // that restore a lost node's ranks from a live holder's memory.
 #include <algorithm>
+#include <fstream>
 #include <functional>
 
 #include "coordinator/coordinator_testing.h"
+#include "coordinator/options.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -399,6 +401,32 @@ TEST_F(ReplicaTest, WithoutEarlyStartTrainersWaitForEveryAcknowledgement) {
   ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
   ASSERT_TRUE(Heartbeat("n1", e1_, {survivor->orders(0).id()}).ok());
   EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());
+}
+
+TEST(WaitForPrefetchOptionTest, ComesFromTheFlagOrTheConfigFile) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"ckpt-coordinator",   "--listen",
+                                     "127.0.0.1:0",        "--state",
+                                     "/nonexistent/state", "--insecure"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    std::string help;
+    return ParseCoordinatorOptions(static_cast<int>(argv.size()), argv.data(),
+                                   &help);
+  };
+  auto o = parse({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->coordinator.start_trainers_with_prefetch) << "the default";
+  o = parse({"--wait-for-prefetch"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->coordinator.start_trainers_with_prefetch);
+  ckpt::testing::TempDir dir;
+  const std::string config = dir.path() + "/coordinator.toml";
+  std::ofstream(config) << "wait_for_prefetch = true\n";
+  o = parse({"--config", config});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->coordinator.start_trainers_with_prefetch);
 }
 
 }  // namespace

@@ -36,11 +36,12 @@ using ::ckpt::testing::CoordinatorProcess;  // tests/coordinator_process.h
 
 // A node daemon stand-in: heartbeats every 50 ms from its own thread and
 // acknowledges every order in the next heartbeat, so plans reach
-// PLAN_ACKNOWLEDGED.
+// PLAN_ACKNOWLEDGED (a PREFETCH only while ack_prefetch: a fetch that
+// never ends).
 class FakeNode {
  public:
   FakeNode(const std::string& coordinator, std::string id, std::string address,
-           uint32_t capacity)
+           uint32_t capacity, bool spare = false)
       : stub_(coordinator::NewCoordinatorStub(
             coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
@@ -49,6 +50,7 @@ class FakeNode {
     req.set_node_id(id_);
     req.set_address(address);
     req.set_capacity(capacity);
+    req.set_spare(spare);
     cv1::RegisterNodeResponse resp;
     status_ = stub_->RegisterNode(&ctx, req, &resp);
     epoch_ = resp.epoch();
@@ -59,6 +61,7 @@ class FakeNode {
     if (thread_.joinable()) thread_.join();
   }
   const grpc::Status& status() const { return status_; }
+  void set_ack_prefetch(bool ack) { ack_prefetch_ = ack; }
   uint64_t epoch() const { return epoch_; }
 
   // STAGED then DURABLE for `rank` of `step`, under the key ckptd would use.
@@ -93,7 +96,9 @@ class FakeNode {
       cv1::HeartbeatResponse resp;
       if (stub_->Heartbeat(&ctx, req, &resp).ok()) {
         to_ack.clear();
-        for (const auto& o : resp.orders()) to_ack.push_back(o.id());
+        for (const auto& o : resp.orders())
+          if (o.kind() != cv1::PREFETCH || ack_prefetch_)
+            to_ack.push_back(o.id());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -104,6 +109,7 @@ class FakeNode {
   uint64_t epoch_ = 0;
   grpc::Status status_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> ack_prefetch_{true};
   std::thread thread_;
 };
 

@@ -29,12 +29,12 @@ TEST_F(CkptrunTest, AReplacementsTrainersStartWhileItsPrefetchRuns) {
   ASSERT_TRUE(WaitFor([&] { return TrainJob(stub_.get()).world_size() == 2; },
                       milliseconds(15000)));
   for (auto state : {cv1::STAGED, cv1::DURABLE}) {
-    ASSERT_TRUE(n1.ReportShard("train", 7, 0, state,
-                               storage::ShardKey("train", 7, 0))
-                    .ok());
-    ASSERT_TRUE(n2->ReportShard("train", 7, 1, state,
-                                storage::ShardKey("train", 7, 1))
-                    .ok());
+    ASSERT_TRUE(
+        n1.ReportShard("train", 7, 0, state, storage::ShardKey("train", 7, 0))
+            .ok());
+    ASSERT_TRUE(
+        n2->ReportShard("train", 7, 1, state, storage::ShardKey("train", 7, 1))
+            .ok());
   }
   n2.reset();  // silent: declared dead, rank 1 moves to s1
   ASSERT_TRUE(WaitForEnv(1, {1})) << "the replacement's trainer never started";

@@ -1,15 +1,21 @@
 // Peer replicas (issue 19) through the Coordinator's own calls: replica
 // targets in heartbeats, REPLICATED reports and their refusals, and plans
 // that restore a lost node's ranks from a live holder's memory.
+#include <prometheus/text_serializer.h>
+
 #include <algorithm>
 #include <fstream>
 #include <functional>
 
 #include "coordinator/coordinator_testing.h"
 #include "coordinator/options.h"
+#include "tests/metrics_text.h"
 
 namespace ckpt::coordinator {
 namespace {
+
+using ckpt::testing::SampleValue;
+using Labels = std::map<std::string, std::string>;
 
 constexpr uint32_t kPortBase = 7100;
 
@@ -291,6 +297,26 @@ TEST_F(ReplicaTest, NodeLossRestoresTheNewerMemoryStepFromTheReplicaHolder) {
   EXPECT_NE(where[0].detail().find("rank 2 from replica on n3"),
             std::string::npos)
       << where[0].detail();
+}
+
+TEST_F(ReplicaTest, MetricsCountReplicatedRanksAndWhereAPlanFetchedFrom) {
+  StageAndReplicate();
+  auto text = [&] {
+    return prometheus::TextSerializer().Serialize(
+        coord_->options().metrics->Collect());
+  };
+  const Labels job{{"ckpt_job", "job"}};
+  std::string t = text();
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_replicated_ranks", job), 2.0) << t;
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_memory_restorable_step", job),
+            12.0)
+      << t;
+  Silence({"n2"});
+  t = text();
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_restore_sources_total",
+                        {{"ckpt_job", "job"}, {"copy", "replica"}}),
+            2.0)
+      << t;
 }
 
 TEST_F(ReplicaTest, WithoutReplicasTheSameLossRestoresTheDurableStep) {

@@ -21,11 +21,17 @@
 //   signal) makes a plan: lost ranks move to a spare with room (or wait for
 //   their node to re-register); restore step = the newest step every rank
 //   can restore, from its host's memory (shard reported by that host at its
-//   current epoch) or from the shared root (DURABLE); shard records newer
-//   than it are dropped; orders are queued: PREFETCH to hosts that do not
-//   hold their ranks' shards in memory, RESTART to every host, STOP to the
-//   dead node for ranks it lost. Orders go out in Heartbeat responses until
+//   current epoch), the live node that saved it, a live holder's replica
+//   (restore_source.h), or the shared root (DURABLE) — it may be newer
+//   than last good; shard records newer than it are dropped; orders are
+//   queued: PREFETCH (with each rank's source) to hosts that do not hold
+//   their ranks' shards in memory, RESTART to every host, STOP to the dead
+//   node for ranks it lost. Orders go out in Heartbeat responses until
 //   acknowledged by a later Heartbeat.
+// - Replicas (issue 19): each node hosting ranks is told a replica target
+//   (replica_placement.h) in its heartbeats; holders report REPLICATED,
+//   checked against the rank's STAGED save. A holder's death drops its
+//   replicas.
 // - Durable state (nodes and epochs, jobs with placement, last good step and
 //   plans, orders, events) changes in memory under the state mutex and goes
 //   into one batch per call; batches are made durable by group commit (one
@@ -33,9 +39,10 @@
 //   returns after its batch, and every batch before it, is durable. If a
 //   write fails the in-memory state is reloaded from the store, under a
 //   new incarnation (the per-rank reports are gone with it).
-// - Soft state: per-rank shard reports (staged / durable) are kept in
-//   memory only. A restarted coordinator has a new incarnation(); nodes
-//   that see it send their reports of uncommitted steps again. Only the
+// - Soft state: per-rank shard reports (staged / durable / replicated)
+//   are kept in memory only. A restarted coordinator has a new
+//   incarnation(); nodes that see it send their reports of uncommitted
+//   steps again. Only the
 //   commit of a step (global manifest written, then last good moved) is
 //   durable.
 // - Reports come one per call (ReportShard) or as a node's batch
@@ -77,6 +84,7 @@
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
+#include "coordinator/restore_source.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
 #include "storage/manifest.h"
@@ -402,21 +410,9 @@ class Coordinator {
   // last good, not being committed).
   void TrimStepsLocked(JobState& job);
   // coordinator_replicas.cc: replica placement, REPLICATED reports and
-  // where a plan restores each rank from (issue 19).
-  // Where rank `rank`'s shard of `step` can come from, best first: its
-  // host's memory (no fetch), the staged slot of the live node that saved
-  // it, a live holder's replica, the shared root; kNone: nowhere.
-  struct CopySource {
-    enum Kind { kNone, kHostMemory, kOwnSlot, kReplica, kStorage } kind = kNone;
-    const NodeState* node = nullptr;  // kOwnSlot, kReplica: who serves it
-  };
+  // where a plan restores each rank from (issue 19; restore_source.h).
   CopySource SourceOfLocked(const JobState& job, uint64_t step,
                             uint32_t rank) const;
-  // "replica", "own slot" or "storage" (RankSource.copy).
-  static const char* CopyName(CopySource::Kind kind);
-  // What a PREFETCH names for it (Order.sources): a peer's replica
-  // listener, or an empty host for the shared root.
-  static v1::ShardSource ShardSourceOf(const CopySource& c);
   // The newest step every rank restores from memory (host, own slot or
   // replica), and the newest that storage alone restores (else last good).
   std::optional<uint64_t> MemoryStepLocked(const JobState& job) const;

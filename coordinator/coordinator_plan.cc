@@ -302,7 +302,7 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
           v1::RankSource& f = fetched->emplace_back();
           f.set_rank(r);
           f.set_copy(CopyName(source.kind));
-          if (source.node) f.set_node_id(source.node->rec.node_id());
+          if (source.node) f.set_node_id(source.node->node_id());
         }
         std::string key;
         auto st = job.steps.find(*step);

@@ -11,12 +11,6 @@
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {
-const char* Coordinator::CopyName(CopySource::Kind kind) {
-  return kind == CopySource::kReplica   ? "replica"
-         : kind == CopySource::kOwnSlot ? "own slot"
-                                        : "storage";
-}
-
 absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
                                                    uint64_t epoch,
                                                    const v1::ShardReport& req,
@@ -119,9 +113,8 @@ void Coordinator::DropReplicasHeldByLocked(const std::string& holder) {
       for (auto& [rank, holders] : ranks) holders.erase(holder);
 }
 
-Coordinator::CopySource Coordinator::SourceOfLocked(const JobState& job,
-                                                    uint64_t step,
-                                                    uint32_t rank) const {
+CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
+                                       uint32_t rank) const {
   CopySource out;
   auto st = job.steps.find(step);
   if (st == job.steps.end()) return out;
@@ -134,16 +127,16 @@ Coordinator::CopySource Coordinator::SourceOfLocked(const JobState& job,
   }
   // A live node that serves copies: alive at the epoch it reported in.
   auto serving = [&](const std::string& id,
-                     uint64_t epoch) -> const NodeState* {
+                     uint64_t epoch) -> const v1::NodeRecord* {
     auto n = nodes_.find(id);
     if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
         n->second.rec.epoch() != epoch || n->second.rec.replica_port() == 0 ||
         n->second.rec.address().empty())
       return nullptr;
-    return &n->second;
+    return &n->second.rec;
   };
   // The node that saved it lives (its ranks moved: cordoned, unhealthy).
-  if (const NodeState* n = serving(saved.node_id(), saved.epoch())) {
+  if (const v1::NodeRecord* n = serving(saved.node_id(), saved.epoch())) {
     out.kind = CopySource::kOwnSlot;
     out.node = n;
     return out;
@@ -154,9 +147,9 @@ Coordinator::CopySource Coordinator::SourceOfLocked(const JobState& job,
     if (holders != reps->second.end()) {
       // The rank's new host first (it fetches from itself), then by id.
       const std::string& host = job.rec.rank_node(rank);
-      const NodeState* best = nullptr;
+      const v1::NodeRecord* best = nullptr;
       for (const auto& [id, rec] : holders->second) {
-        const NodeState* n = serving(id, rec.epoch());
+        const v1::NodeRecord* n = serving(id, rec.epoch());
         if (!n || rec.checksum_digest() != StagedDigest(saved)) continue;
         if (!best || id == host) best = n;
         if (id == host) break;
@@ -294,17 +287,6 @@ bool Coordinator::TrainersMayStartLocked(const JobState& job) const {
   for (const auto& [id, o] : orders_)
     if (o.job() == job.rec.job() && o.kind() == v1::RESTART) return false;
   return true;
-}
-
-v1::ShardSource Coordinator::ShardSourceOf(const CopySource& c) {
-  v1::ShardSource s;
-  if (c.kind != CopySource::kReplica && c.kind != CopySource::kOwnSlot)
-    return s;  // the shared root
-  s.set_node_id(c.node->rec.node_id());
-  s.set_host(HostOf(c.node->rec.address()));
-  s.set_port(c.node->rec.replica_port());
-  s.set_replica(c.kind == CopySource::kReplica);
-  return s;
 }
 
 }  // namespace ckpt::coordinator

@@ -7,7 +7,8 @@
 //   is admitted only when
 //   that node id is one of the caller's identities: a node cannot report for
 //   another node;
-// - job-changing commands (Rollback, Cordon, Uncordon) need an admin
+// - job-changing commands (Rollback, Cordon, Uncordon) and CheckHealth
+//   (it makes nodes run checks) need an admin
 //   identity: one listed in
 //   AuthPolicy::admin_identities (--admin-identities, default "ckpt-admin");
 // - the rest (GetCluster, Events, RegisterJob) need any valid certificate.

@@ -75,6 +75,8 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.clear_unhealthy_reason();
   SetLiveLocked(node);
   const int64_t now = options_.now_ms();
+  node.health_checked_ms = now;
+  node.health_requested = 0;
   node.live->last_seen_ms = now;
   int64_t expiry = next_expiry_ms_.load();
   while (expiry > now + options_.heartbeat_timeout.count() &&
@@ -109,6 +111,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
+  CKPT_RETURN_IF_ERROR(
+      ValidateHealthReport(req.health_report(), "health_report"));
   {
     // Liveness first, without the state mutex: a heartbeat counts even if
     // reports or a plan hold the state for a while.
@@ -166,6 +170,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   v1::HeartbeatResponse resp;
   resp.set_incarnation(incarnation_.load());
   NetCheckLocked(&batch, req, &resp);
+  HealthRecheckLocked(&batch, req, &resp);
   auto mine = orders_by_node_.find(req.node_id());
   if (mine != orders_by_node_.end()) {
     for (uint64_t id : mine->second) {

@@ -172,6 +172,12 @@ class Coordinator {
   // again (their ranks move to a spare).
   [[nodiscard]] absl::StatusOr<v1::ReportNodeCheckResponse> ReportNodeCheck(
       const v1::ReportNodeCheckRequest& req);
+  // coordinator_health.cc: asks `node_id` (registered and alive; empty:
+  // every alive node) to run its health checks now (and, with `network`,
+  // starts a new round of the network check). The reports come with later
+  // heartbeats (HealthRecheckLocked). A refusal names the field.
+  [[nodiscard]] absl::StatusOr<v1::CheckHealthResponse> CheckHealth(
+      const v1::CheckHealthRequest& req);
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
@@ -213,6 +219,11 @@ class Coordinator {
     v1::NodeRecord rec;
     Liveness* live = nullptr;  // owned by live_
     IncidentLog incidents;     // soft: hangs and crashes, for cordoning
+    // Health re-checks (soft): when its newest report came (registration,
+    // a heartbeat's report, or this process's load of the node), and the
+    // check it is asked to run (0: none; HeartbeatResponse.run_health_check).
+    int64_t health_checked_ms = 0;
+    uint64_t health_requested = 0;
   };
   struct JobState {
     v1::JobRecord rec;
@@ -345,6 +356,18 @@ class Coordinator {
   // "; spare X is unhealthy (check: reason)" per such spare: why a plan
   // found no host.
   std::string UnhealthySparesLocked() const;
+  // coordinator_health.cc: a heartbeat's health report (a re-check; taken
+  // like a registration's: checks of the same names replaced, judged
+  // again, a waiting plan tried again when the node is a placeable spare
+  // now) and the check the node is asked to run, if any.
+  void HealthRecheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
+                           v1::HeartbeatResponse* resp);
+  // How old `n`'s newest health report is (ms; see NodeState).
+  int64_t HealthAgeLocked(const NodeState& n) const;
+  // Whether a spare's report is too old to give it ranks; if so, asks it
+  // for a fresh one (the plan waits for the report).
+  bool StaleSpareLocked(NodeState& n);
+  uint64_t NextHealthRequestLocked() { return ++last_health_request_; }
   // coordinator_net_check.cc: the pairwise network check (net_check.h) at
   // a node's heartbeat: its results recorded, its probes handed out, and a
   // finished round's figures put in the nodes' reports as check "network"
@@ -449,6 +472,10 @@ class Coordinator {
   const std::unique_ptr<storage::Backend> shared_;
   // Changes when the soft state is lost: at Open, and when a failed write
   // makes the state go back to the store (nodes then send it again).
+  // The newest CheckHealth/stale-spare request id: starts at this
+  // process's start time in microseconds, so ids differ from a previous
+  // incarnation's (a node runs each id once).
+  uint64_t last_health_request_ = 0;
   std::atomic<uint64_t> incarnation_;
 
   std::mutex mu_;  // the state; held for memory work only, never for I/O

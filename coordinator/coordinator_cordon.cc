@@ -31,7 +31,8 @@ v1::Event CordonEvent(v1::EventKind kind, const std::string& job,
 Coordinator::NodeState* Coordinator::SpareForLocked(size_t ranks) {
   for (auto& [id, n] : nodes_)
     if (n.rec.spare() && Placeable(n.rec) &&
-        n.rec.capacity() >= HostedRanksLocked(id) + ranks)
+        n.rec.capacity() >= HostedRanksLocked(id) + ranks &&
+        !StaleSpareLocked(n))
       return &n;
   return nullptr;
 }

@@ -1,5 +1,8 @@
 // Coordinator: node health (health_state.h judges; this keeps the verdict
-// in each NodeRecord and logs HEALTH_FAILED).
+// in each NodeRecord and logs HEALTH_FAILED), and re-checks: on demand
+// (CheckHealth) and of a spare whose report is too old to give it ranks.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/health_state.h"
@@ -80,12 +83,106 @@ absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
 
 std::string Coordinator::UnhealthySparesLocked() const {
   std::string out;
-  for (const auto& [id, n] : nodes_)
-    if (n.rec.health() == v1::ALIVE && n.rec.spare() && n.rec.unhealthy())
+  for (const auto& [id, n] : nodes_) {
+    if (n.rec.health() != v1::ALIVE || !n.rec.spare()) continue;
+    if (n.rec.unhealthy())
       absl::StrAppend(&out, "; spare ", id, " is unhealthy (",
                       n.rec.unhealthy_check(), ": ", n.rec.unhealthy_reason(),
                       ")");
+    else if (n.health_requested != 0 && Placeable(n.rec))
+      absl::StrAppend(&out, "; spare ", id, "'s health check is ",
+                      HealthAgeLocked(n) / 1000, " s old: checking it again");
+  }
   return out;
+}
+
+int64_t Coordinator::HealthAgeLocked(const NodeState& n) const {
+  return std::max<int64_t>(0, options_.now_ms() - n.health_checked_ms);
+}
+
+bool Coordinator::StaleSpareLocked(NodeState& n) {
+  if (options_.spare_check_max_age_ms <= 0 ||
+      HealthAgeLocked(n) <= options_.spare_check_max_age_ms)
+    return false;
+  if (n.health_requested == 0) n.health_requested = NextHealthRequestLocked();
+  return true;
+}
+
+void Coordinator::HealthRecheckLocked(Batch* batch,
+                                      const v1::HeartbeatRequest& req,
+                                      v1::HeartbeatResponse* resp) {
+  NodeState& node = nodes_.at(req.node_id());
+  if (req.has_health_report()) {
+    // The node's own checks replace theirs; checks it does not run (the
+    // network check, a launcher's) stay.
+    v1::NodeHealthReport* report = node.rec.mutable_health_report();
+    auto* checks = report->mutable_checks();
+    checks->erase(std::remove_if(checks->begin(), checks->end(),
+                                 [&](const v1::HealthCheck& c) {
+                                   for (const v1::HealthCheck& f :
+                                        req.health_report().checks())
+                                     if (f.name() == c.name()) return true;
+                                   return false;
+                                 }),
+                  checks->end());
+    for (const v1::HealthCheck& c : req.health_report().checks()) {
+      if (report->checks_size() >= static_cast<int>(kMaxHealthChecks)) break;
+      *report->add_checks() = c;
+    }
+    if (req.health_check_id() != 0)
+      node.rec.set_health_check_id(req.health_check_id());
+    if (req.health_check_id() == node.health_requested)
+      node.health_requested = 0;
+    node.health_checked_ms = options_.now_ms();
+    batch->PutNode(node.rec);
+    JudgeHealthLocked(batch);
+    if (Placeable(node.rec)) {
+      // A spare checked again may end a wait for a host.
+      for (auto& [name, job] : jobs_)
+        if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
+            node.rec.spare())
+          MakePlanLocked(batch, job,
+                         absl::StrCat("spare ", req.node_id(), " checked"));
+    } else {
+      for (auto& [name, job] : jobs_)
+        if (job.ranks_by_node.count(req.node_id()))
+          MakePlanLocked(batch, job,
+                         absl::StrCat("node ", req.node_id(), " unhealthy (",
+                                      node.rec.unhealthy_check(), ")"));
+    }
+  }
+  if (node.health_requested != 0)
+    resp->set_run_health_check(node.health_requested);
+}
+
+absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
+    const v1::CheckHealthRequest& req) {
+  if (!req.node_id().empty())
+    CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  Lock lock(mu_);
+  auto owned = std::make_unique<Batch>();
+  DetectTimeoutsLocked(owned.get());
+  std::vector<NodeState*> asked;
+  for (auto& [id, n] : nodes_)
+    if ((req.node_id().empty() || id == req.node_id()) &&
+        n.rec.health() == v1::ALIVE)
+      asked.push_back(&n);
+  if (!req.node_id().empty() && asked.empty()) {
+    const bool known = nodes_.count(req.node_id()) != 0;
+    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("node_id: \"", req.node_id(), "\" ",
+                     known ? "is dead" : "is not registered"));
+  }
+  v1::CheckHealthResponse resp;
+  resp.set_request_id(NextHealthRequestLocked());
+  for (NodeState* n : asked) {
+    n->health_requested = resp.request_id();
+    resp.add_node_ids(n->rec.node_id());
+  }
+  if (req.network()) net_check_.Restart();
+  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
+  return resp;
 }
 
 }  // namespace ckpt::coordinator

@@ -30,7 +30,12 @@ Coordinator::Coordinator(CoordinatorOptions options,
     : options_(std::move(options)),
       store_(std::move(store)),
       shared_(std::move(shared)),
-      incarnation_(NewIncarnation()) {}
+      incarnation_(NewIncarnation()) {
+  last_health_request_ = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
 
 Coordinator::~Coordinator() {
   options_.metrics->SetClusterSource(
@@ -140,6 +145,8 @@ absl::Status Coordinator::ReloadLocked() {
     next_epoch_ = std::max(next_epoch_, n.epoch() + 1);
     NodeState& ns = nodes_[n.node_id()];
     ns.rec = std::move(n);
+    ns.health_checked_ms = now;  // the node re-checks on its own meanwhile
+    ns.health_requested = 0;
     SetLiveLocked(ns);
     ns.live->last_seen_ms =
         now;  // a restarted coordinator gives every node a full timeout

@@ -69,6 +69,12 @@ struct CoordinatorOptions {
   // while PREFETCH orders still run (JobView.trainers_may_start); false:
   // only after every order is acknowledged.
   bool start_trainers_with_prefetch = true;
+  // A spare whose newest health report is older than this is checked again
+  // before it takes ranks (the plan waits for the report); 0: never. Idle
+  // ckptd re-check on their own every --health-recheck-s (300), so with
+  // the defaults a spare's report is always fresh and a recovery waits for
+  // no check.
+  int64_t spare_check_max_age_ms = 600000;
 };
 
 }  // namespace ckpt::coordinator

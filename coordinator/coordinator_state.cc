@@ -138,6 +138,7 @@ v1::GetClusterResponse Coordinator::GetCluster() {
     r->set_ms_since_heartbeat(now - LastSeen(n));
     if (auto t = targets.find(id); t != targets.end())
       r->set_replica_target(t->second);
+    r->set_ms_since_health_check(HealthAgeLocked(n));
   }
   for (const auto& [name, job] : jobs_) {
     *resp.add_jobs() = job.rec;

@@ -69,6 +69,19 @@ class HealthTest : public CoordinatorTest {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->epoch() : 0;
   }
+  // Ten minutes and a second of heartbeats from n1, n2 and s1 (every
+  // report is stale then); then n2 stops heartbeating and is declared dead.
+  void AgeReports(uint64_t e1, uint64_t e2, uint64_t es1) {
+    for (int i = 0; i < 304; ++i) {
+      now_ms_ += 2000;
+      ASSERT_TRUE(Heartbeat("n1", e1).ok());
+      ASSERT_TRUE(Heartbeat("s1", es1).ok());
+      if (i < 301) {
+        ASSERT_TRUE(Heartbeat("n2", e2).ok());
+      }
+    }
+    ASSERT_EQ(Node("n2").health(), v1::DEAD);
+  }
 };
 
 TEST_F(HealthTest, NodeWithFailedCheckGetsNoRanksAndAHealthFailedEvent) {
@@ -240,6 +253,134 @@ TEST_F(HealthTest, BadReportIsRefusedNamingTheField) {
             std::string::npos)
       << refused.status();
   EXPECT_TRUE(coord_->GetCluster().nodes().empty());
+}
+
+// A spare whose report is older than spare_check_max_age_ms is checked
+// again before it takes ranks: the plan waits, the spare is asked (in its
+// heartbeat's answer), and its fresh report decides. Here the fresh report
+// says its root broke since it registered: the ranks go to the other spare.
+TEST_F(HealthTest, StaleSpareIsCheckedAgainBeforeItTakesRanks) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  const uint64_t es1 = Must(RegisterWith("s1", 2, true, HealthReport(10)));
+  RegisterJob("job", 4);
+  ASSERT_EQ(coord_->options().spare_check_max_age_ms, 600000);
+  AgeReports(e1, e2, es1);
+  // Without the re-check, s1 (the only spare, healthy at registration)
+  // would host ranks 2 and 3 now.
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+  EXPECT_TRUE(Node("s1").spare());
+  auto waiting = EventsOf(v1::PLAN_WAITING);
+  ASSERT_FALSE(waiting.empty());
+  EXPECT_NE(waiting.back().detail().find("spare s1's health check is "),
+            std::string::npos)
+      << waiting.back().detail();
+  auto asked = Heartbeat("s1", es1);
+  ASSERT_TRUE(asked.ok());
+  const uint64_t id = asked->run_health_check();
+  EXPECT_NE(id, 0u);
+  EXPECT_GE(Node("s1").ms_since_health_check(), 600000);
+  // The fresh report: the root broke meanwhile.
+  v1::HeartbeatRequest req;
+  req.set_node_id("s1");
+  req.set_epoch(es1);
+  *req.mutable_health_report() = HealthReport(10, "root", "ENOTDIR");
+  req.set_health_check_id(id);
+  auto answered = coord_->Heartbeat(req);
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->run_health_check(), 0u);  // asked once
+  EXPECT_TRUE(Node("s1").unhealthy());
+  EXPECT_EQ(Node("s1").unhealthy_check(), "root");
+  EXPECT_EQ(Node("s1").health_check_id(), id);
+  EXPECT_EQ(Node("s1").ms_since_health_check(), 0);
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+  // A fresh spare registers: it takes the ranks at once.
+  Must(RegisterWith("s2", 2, true, HealthReport(10)));
+  EXPECT_EQ(Job().rank_node(2), "s2");
+  EXPECT_EQ(Job().rank_node(3), "s2");
+}
+
+TEST_F(HealthTest, StaleSpareWhoseFreshReportPassesTakesTheRanks) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, false, HealthReport(10)));
+  const uint64_t es1 = Must(RegisterWith("s1", 2, true, HealthReport(10)));
+  RegisterJob("job", 4);
+  AgeReports(e1, e2, es1);
+  ASSERT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+  auto asked = Heartbeat("s1", es1);
+  ASSERT_TRUE(asked.ok());
+  v1::HeartbeatRequest req;
+  req.set_node_id("s1");
+  req.set_epoch(es1);
+  *req.mutable_health_report() = HealthReport(10);
+  req.set_health_check_id(asked->run_health_check());
+  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_NE(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
+}
+
+// A heartbeat's report replaces the checks of its names; others (the
+// network check, a launcher's) stay. An idle node's own re-check carries
+// no id and leaves the on-demand id alone.
+TEST_F(HealthTest, HeartbeatReportReplacesOnlyItsOwnChecks) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  v1::ReportNodeCheckRequest unkillable;
+  unkillable.set_node_id("n1");
+  unkillable.set_epoch(e1);
+  unkillable.mutable_check()->set_name("trainer_unkillable");
+  unkillable.mutable_check()->set_passed(false);
+  unkillable.mutable_check()->set_reason("pid 7 outlived SIGKILL");
+  ASSERT_TRUE(coord_->ReportNodeCheck(unkillable).ok());
+  v1::HeartbeatRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1);
+  *req.mutable_health_report() = HealthReport(12);
+  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  const v1::NodeRecord n1 = Node("n1");
+  std::map<std::string, int> names;
+  for (const auto& c : n1.health_report().checks()) ++names[c.name()];
+  EXPECT_EQ(
+      names,
+      (std::map<std::string, int>{
+          {"memcpy", 1}, {"root", 1}, {"shm", 1}, {"trainer_unkillable", 1}}));
+  EXPECT_TRUE(n1.unhealthy());
+  EXPECT_EQ(n1.unhealthy_check(), "trainer_unkillable");
+  EXPECT_EQ(n1.health_check_id(), 0u);
+}
+
+TEST_F(HealthTest, CheckHealthAsksAliveNodesAndRefusesUnknownOnes) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  const uint64_t e2 = Must(RegisterWith("n2", 2, true, HealthReport(10)));
+  v1::CheckHealthRequest one;
+  one.set_node_id("zz");
+  auto refused = coord_->CheckHealth(one);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      refused.status().message().find("node_id: \"zz\" is not registered"),
+      std::string::npos)
+      << refused.status();
+  auto none = Heartbeat("n1", e1);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->run_health_check(), 0u);  // the refusal asked nobody
+  one.set_node_id(std::string("n\x01", 2));
+  EXPECT_EQ(coord_->CheckHealth(one).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto all = coord_->CheckHealth(v1::CheckHealthRequest());
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(
+      std::vector<std::string>(all->node_ids().begin(), all->node_ids().end()),
+      (std::vector<std::string>{"n1", "n2"}));
+  for (auto [node, epoch] : {std::pair{"n1", e1}, std::pair{"n2", e2}}) {
+    auto hb = Heartbeat(node, epoch);
+    ASSERT_TRUE(hb.ok());
+    EXPECT_EQ(hb->run_health_check(), all->request_id()) << node;
+  }
+  // A later request gets a new id, so a node runs it too.
+  one.set_node_id("n2");
+  auto again = coord_->CheckHealth(one);
+  ASSERT_TRUE(again.ok());
+  EXPECT_GT(again->request_id(), all->request_id());
+  EXPECT_EQ(Heartbeat("n2", e2)->run_health_check(), again->request_id());
 }
 
 }  // namespace

@@ -69,6 +69,10 @@ class NetCheckPlanner {
   // probes to send once their receiver expects them.
   std::vector<v1::NetProbeOrder> OrdersFor(const std::string& node,
                                            int64_t now_ms);
+  // Forgets the node set, so that the next SetNodes starts a new round
+  // (an on-demand check, CheckHealth with network); a round under way is
+  // dropped.
+  void Restart() { nodes_.clear(); }
   // True (once) when probes expired and so finished the round.
   bool ExpireLate(int64_t now_ms);
   // Every node's figure of the last finished round; empty before one.

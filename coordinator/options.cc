@@ -131,6 +131,12 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "a node whose memcpy or CUDA bandwidth is below this "
                  "fraction of the cluster's median is unhealthy (0: never)")
       ->check(CLI::Range(0.0, 1.0));
+  double spare_check_max_age_s = 600;
+  app.add_option("--spare-check-max-age-s", spare_check_max_age_s,
+                 "a spare whose newest health report is older than this is "
+                 "checked again before it takes ranks (0: never; ckptd "
+                 "re-checks an idle node every --health-recheck-s, 300)")
+      ->check(CLI::Range(0.0, 30.0 * 86400));
   app.add_option("--config", config,
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, hang_timeout_min_s, "
@@ -149,6 +155,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  o.coordinator.spare_check_max_age_ms =
+      static_cast<int64_t>(spare_check_max_age_s * 1000);
   if (absl::Status s =
           ValidatePlanAckTimeout(plan_ack_timeout_ms, "--plan-ack-timeout-ms");
       !s.ok())

@@ -53,6 +53,7 @@ class Service final : public rpc::RpcService {
     AddUnary("GetStacks", this, &Service::GetStacks);
     AddUnary("Cordon", this, &Service::Cordon);
     AddUnary("Uncordon", this, &Service::Uncordon);
+    AddUnary("CheckHealth", this, &Service::CheckHealth);
     AddUnary("ReportNodeCheck", this, &Service::ReportNodeCheck);
   }
 
@@ -113,6 +114,11 @@ class Service final : public rpc::RpcService {
   grpc::Status Uncordon(grpc::ServerContext*, const v1::UncordonRequest* req,
                         v1::UncordonResponse* resp) {
     return Answer(c_->Uncordon(*req), resp);
+  }
+  grpc::Status CheckHealth(grpc::ServerContext*,
+                           const v1::CheckHealthRequest* req,
+                           v1::CheckHealthResponse* resp) {
+    return Answer(c_->CheckHealth(*req), resp);
   }
   grpc::Status ReportNodeCheck(grpc::ServerContext*,
                                const v1::ReportNodeCheckRequest* req,

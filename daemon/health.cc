@@ -1,7 +1,9 @@
 #include "daemon/health.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -50,7 +53,26 @@ HealthCheckResult CheckMemcpy(uint64_t bytes) {
   return {"memcpy", Outcome::kPassed, "", gbps, "GB/s", 0};
 }
 
-HealthCheckResult CheckShm(const std::string& dir, uint64_t need) {
+// Bytes the files "<prefix>.*" in `dir` hold (the daemon's own arenas).
+uint64_t HeldBytes(const std::string& dir, const std::string& prefix) {
+  if (prefix.empty()) return 0;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return 0;
+  uint64_t held = 0;
+  const std::string lead = prefix + ".";
+  while (dirent* e = readdir(d)) {
+    if (std::string_view(e->d_name).substr(0, lead.size()) != lead) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode))
+      held += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  closedir(d);
+  return held;
+}
+
+HealthCheckResult CheckShm(const std::string& dir, uint64_t need,
+                           const std::string& prefix) {
   struct statvfs vfs;
   if (statvfs(dir.c_str(), &vfs) != 0)
     return Failed("shm", ErrnoToStatus(errno, "statvfs " + dir).ToString());
@@ -58,7 +80,8 @@ HealthCheckResult CheckShm(const std::string& dir, uint64_t need) {
       static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
   const double free_gib = static_cast<double>(free_bytes) / (1ull << 30);
   HealthCheckResult r{"shm", Outcome::kPassed, "", free_gib, "GiB free", 0};
-  if (free_bytes < need) {
+  const uint64_t held = need > free_bytes ? HeldBytes(dir, prefix) : 0;
+  if (free_bytes + held < need) {
     r.outcome = Outcome::kFailed;
     r.reason = absl::StrFormat(
         "%s has %.2f GiB free, the configured capacity needs %.2f GiB", dir,
@@ -150,9 +173,8 @@ std::vector<HealthCheckResult> RunHealthChecks(const HealthOptions& options) {
       options.timeout));
   out.push_back(RunBounded(
       "shm",
-      [dir = options.shm_dir, need = options.shm_need_bytes] {
-        return CheckShm(dir, need);
-      },
+      [dir = options.shm_dir, need = options.shm_need_bytes,
+       prefix = options.shm_prefix] { return CheckShm(dir, need, prefix); },
       options.timeout));
   const auto config = options.object_config;
   const uint64_t probe = std::max<uint64_t>(options.probe_bytes, 1);

@@ -7,7 +7,8 @@
 // holding only its own copies, so a hung shared root never hangs ckptd):
 //   memcpy       memory copy bandwidth, GB/s (judged by the coordinator
 //                against the cluster's median; fails here only if 0)
-//   shm          free bytes in the shm directory >= shm_need_bytes, and a
+//   shm          free bytes in the shm directory (plus what the daemon's
+//                own arenas there hold) >= shm_need_bytes, and a
 //                probe file there can be created, written and removed
 //   root         write + fsync + read back + delete of a probe on --root
 //   shared_root  the same on --shared-root (a PUT/GET/DELETE on s3://);
@@ -36,6 +37,9 @@ struct HealthOptions {
   storage::ObjectStoreConfig object_config;  // for an s3:// shared root
   std::string shm_dir = "/dev/shm";
   uint64_t shm_need_bytes = 0;  // what the configured capacity needs
+  // The daemon's arenas ("<prefix>.*" in shm_dir) count as room: a re-check
+  // of a node that hosts ranks finds their memory in use by design.
+  std::string shm_prefix;
   uint64_t memcpy_bytes = 64ull << 20;
   uint64_t probe_bytes = 1ull << 20;
   std::chrono::milliseconds timeout{10000};  // per check

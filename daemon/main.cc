@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
       LogWarning(line.substr(0, line.size() - 1));
   }
   opts->agent.health_report = ToHealthProto(health);
+  opts->agent.health_check = [o = opts->health] {
+    return ToHealthProto(RunHealthChecks(o));
+  };
   std::unique_ptr<NodeAgent> agent;
   if (opts->cluster) {
     opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons

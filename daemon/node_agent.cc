@@ -39,6 +39,8 @@ NodeAgent::~NodeAgent() {
 
 void NodeAgent::Start(Engine* engine) {
   engine_ = engine;
+  health_report_ = options_.health_report;
+  health_last_run_ = std::chrono::steady_clock::now();
   StartNetProbeServer();
   if (!options_.shm_prefix.empty()) {
     BeaconMonitorOptions bo;
@@ -76,7 +78,7 @@ void NodeAgent::HeartbeatLoop() {
       req.set_address(options_.address);
       req.set_capacity(options_.capacity);
       req.set_spare(options_.spare);
-      *req.mutable_health_report() = options_.health_report;
+      *req.mutable_health_report() = health_report_;
       if (net_server_)
         req.set_net_probe_port(static_cast<uint32_t>(net_server_->port()));
       cv1::RegisterNodeResponse resp;
@@ -116,6 +118,7 @@ void NodeAgent::HeartbeatLoop() {
       for (auto& p : beacons_->Snapshot(BeaconMonitor::Clock::now()))
         *req.add_progress() = std::move(p);
     AddNetResults(&req);
+    AddHealthReport(&req);
     cv1::HeartbeatResponse resp;
     grpc::Status s =
         rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
@@ -175,6 +178,7 @@ void NodeAgent::HeartbeatLoop() {
       beacons_->SetHosted(hosted);
     }
     NetResultsSent(req);
+    TakeHealthOrder(req, resp);
     TakeOrders(resp);
     TakeNetProbes(resp);
     ReapOrders();

@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -94,6 +95,13 @@ struct NodeAgentOptions {
   // (CKPTD_TEST_FAULT=slow-network).
   int net_probe_port = -1;
   bool net_probe_slow = false;
+  // Health re-checks (issue 18): runs the node's checks (health.h) on a
+  // thread of its own; the report goes with a later heartbeat. Run when
+  // the coordinator asks (`ckptctl health`, a spare about to take ranks)
+  // and, while the node hosts no ranks, every health_recheck on its own
+  // (a spare stays checked; a busy node is not disturbed). Null: never.
+  std::function<coord::v1::NodeHealthReport()> health_check;
+  std::chrono::milliseconds health_recheck{std::chrono::minutes(5)};
 };
 
 class NodeAgent {
@@ -159,6 +167,13 @@ class NodeAgent {
   // that are done.
   void AddNetResults(coord::v1::HeartbeatRequest* req);
   void NetResultsSent(const coord::v1::HeartbeatRequest& req);
+  // node_agent_health.cc, heartbeat thread: a finished re-check's report
+  // into `req`; once answered, it is the report a registration sends; a
+  // check the answer asks for, or one due while idle, started.
+  void AddHealthReport(coord::v1::HeartbeatRequest* req);
+  void TakeHealthOrder(const coord::v1::HeartbeatRequest& sent,
+                       const coord::v1::HeartbeatResponse& resp);
+  void StartHealthCheck(uint64_t id);
   // Under mu_ (released during each call): sends the queued fallback
   // reports in order, drops the expired and the refused; returns when the
   // queue is empty or the front must wait.
@@ -217,6 +232,19 @@ class NodeAgent {
   // PREFETCH threads by order id; an id in prefetched_ is done (joined by
   // the heartbeat thread, at once).
   std::map<uint64_t, std::thread> prefetchers_;
+  // Health re-checks (heartbeat thread only, but for HealthRun's fields):
+  // the report registrations send, the last id run, the run under way (a
+  // detached thread: a hung check never holds up shutdown).
+  struct HealthRun {
+    std::mutex mu;
+    bool done = false;
+    uint64_t id = 0;
+    coord::v1::NodeHealthReport report;
+  };
+  coord::v1::NodeHealthReport health_report_;
+  uint64_t health_last_id_ = 0;
+  std::shared_ptr<HealthRun> health_run_;
+  std::chrono::steady_clock::time_point health_last_run_;
   std::vector<uint64_t> prefetched_;
   // Placement to pass to the engine, whose mutex may be held for seconds
   // (an arena being created): the heartbeat thread must never wait on it.

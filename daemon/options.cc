@@ -149,6 +149,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   app.add_option("--health-timeout-s", health_timeout_s,
                  "a health check not done in this many seconds fails")
       ->check(CLI::Range(1, 600));
+  uint32_t health_recheck_s = 300;
+  app.add_option("--health-recheck-s", health_recheck_s,
+                 "while the node hosts no ranks, run the health checks again "
+                 "every this many seconds and report them (a spare stays "
+                 "checked); 0: only at start and when the coordinator asks")
+      ->check(CLI::Range(0, 86400));
   app.add_option("--health-shm-mib-per-rank", shm_mib_per_rank,
                  "free MiB the shm check wants in /dev/shm per rank of "
                  "--capacity (default 0: only a probe)")
@@ -400,6 +406,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   o.health.object_config = o.object_config;
   o.health.shm_need_bytes = shm_mib_per_rank * o.agent.capacity << 20;
   o.health.timeout = std::chrono::seconds(health_timeout_s);
+  o.health.shm_prefix = o.engine.shm_prefix;
+  o.agent.health_recheck = std::chrono::seconds(health_recheck_s);
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -158,6 +159,153 @@ TEST_F(HealthClusterTest, NodeWhoseLinksAreSlowFailsTheNetworkCheck) {
       << health;
   EXPECT_NE(ReadFileToString(dir_.path() + "/node-a/ckptd.log")
                 .find("network check: listening on 127.0.0.1:"),
+            std::string::npos);
+}
+
+// A spare is checked again before it takes ranks (issue 18, item 5): spare
+// c's root breaks after it started (its start check passed); when node b
+// dies, the coordinator finds c's report older than
+// --spare-check-max-age-s, asks for a fresh one, and gives b's ranks to
+// spare d instead. Then `ckptctl health` runs every alive node's checks on
+// demand and shows each answer.
+TEST_F(HealthClusterTest, SpareWhoseRootBrokeIsCheckedBeforeItTakesRanks) {
+  ClusterOptions o;
+  o.dir = dir_.path();
+  o.world_size = 4;
+  // No re-checks of their own: only the coordinator's request finds it.
+  o.ckptd_args = {"--health-recheck-s", "0"};
+  o.coordinator_args = {"--spare-check-max-age-s", "1"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  cluster_->StartNode("c", /*spare=*/true);
+  cluster_->StartNode("d", /*spare=*/true);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto job = cluster_->Job();
+        return job && job->has_last_good() && job->last_good_step() >= 3;
+      },
+      seconds(60)))
+      << "no progress";
+  // c's root is no directory any more (a disk that went away).
+  const std::string root = dir_.path() + "/node-c/root";
+  ASSERT_EQ(RunCommand("mv " + root + " " + root + ".gone && touch " + root)
+                .exit_code,
+            0);
+  auto c_before = cluster_->GetCluster();
+  ASSERT_TRUE(c_before.has_value());
+  for (const auto& n : c_before->nodes())
+    ASSERT_FALSE(n.unhealthy()) << n.node_id() << " " << n.unhealthy_reason();
+  cluster_->KillNode("b");
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto job = cluster_->Job();
+        return job && job->rank_node(2) != "b";
+      },
+      seconds(60)));
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "d");
+  EXPECT_EQ(job->rank_node(3), "d");
+  // c's failed report may come a heartbeat after d's good one.
+  std::optional<cv1::NodeRecord> c;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto cluster = cluster_->GetCluster();
+        if (cluster)
+          for (const auto& n : cluster->nodes())
+            if (n.node_id() == "c" && n.health_check_id() != 0) c = n;
+        return c.has_value();
+      },
+      seconds(30)))
+      << "c was never asked for a check";
+  EXPECT_TRUE(c->spare());
+  EXPECT_TRUE(c->unhealthy());
+  EXPECT_EQ(c->unhealthy_check(), "root");
+  EXPECT_NE(c->unhealthy_reason().find("Not a directory"), std::string::npos)
+      << c->unhealthy_reason();
+  bool waited = false;
+  for (const auto& e : cluster_->Events())
+    waited |= e.kind() == cv1::PLAN_WAITING &&
+              e.detail().find("health check is") != std::string::npos;
+  EXPECT_TRUE(waited) << "no plan waited for a spare's check";
+  for (const std::string id : {"a", "d"}) {
+    auto st = cluster_->WaitLauncher(id, seconds(120));
+    ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+        << "ckptrun of node " << id << " wait status " << *st;
+  }
+
+  // On demand: every alive node runs its checks and answers.
+  const std::string health = Ctl("health --json --timeout-s 30");
+  for (const std::string id : {"a", "c", "d"}) {
+    const size_t at = health.find("\"node_id\":\"" + id + "\",\"alive\":true");
+    ASSERT_NE(at, std::string::npos) << health;
+    const std::string yes = "\"answered\":true";
+    EXPECT_EQ(health.compare(health.find("\"answered\":", at), yes.size(), yes),
+              0)
+        << id << ": " << health;
+  }
+  EXPECT_NE(health.find("\"healthy\":false,\"check\":\"root\""),
+            std::string::npos)
+      << health;
+  EXPECT_NE(ReadFileToString(dir_.path() + "/node-a/ckptd.log")
+                .find("health: the coordinator asks for a check"),
+            std::string::npos);
+  // --last runs nothing: a's on-demand id stays what it was.
+  auto ids = [&] {
+    std::map<std::string, uint64_t> out;
+    auto c = cluster_->GetCluster();
+    if (c)
+      for (const auto& n : c->nodes()) out[n.node_id()] = n.health_check_id();
+    return out;
+  };
+  const auto before = ids();
+  EXPECT_NE(Ctl("health --last").find("NO (root)"), std::string::npos);
+  EXPECT_EQ(ids(), before);
+  EXPECT_NE(Ctl("health --node zz").find("not registered"), std::string::npos);
+  EXPECT_NE(Ctl("health --timeout-s 0").find("--timeout-s: 0 not in [1, 3600]"),
+            std::string::npos);
+}
+
+// An idle node re-checks on its own (--health-recheck-s): spare c's root
+// breaks while nothing happens in the cluster, and c's next re-check makes
+// it unhealthy, without a request or a failure.
+TEST_F(HealthClusterTest, IdleSpareRechecksOnItsOwn) {
+  ClusterOptions o;
+  o.dir = dir_.path();
+  o.world_size = 2;
+  o.node_ckptd_args["c"] = {"--health-recheck-s", "1"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("c", /*spare=*/true);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto cluster = cluster_->GetCluster();
+        return cluster && cluster->nodes_size() == 2;
+      },
+      seconds(30)));
+  const std::string root = dir_.path() + "/node-c/root";
+  ASSERT_EQ(RunCommand("mv " + root + " " + root + ".gone && touch " + root)
+                .exit_code,
+            0);
+  std::optional<cv1::NodeRecord> c;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto cluster = cluster_->GetCluster();
+        if (cluster)
+          for (const auto& n : cluster->nodes())
+            if (n.node_id() == "c" && n.unhealthy()) c = n;
+        return c.has_value();
+      },
+      seconds(30)))
+      << "c's re-check never reported the broken root";
+  EXPECT_EQ(c->unhealthy_check(), "root");
+  EXPECT_EQ(c->health_check_id(), 0u);  // its own, not a request
+  EXPECT_NE(ReadFileToString(dir_.path() + "/node-c/ckptd.log")
+                .find("health: re-check failed: root:"),
             std::string::npos);
 }
 

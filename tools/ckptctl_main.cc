@@ -162,10 +162,16 @@ int main(int argc, char** argv) {
   stacks->add_option("--generation", generation,
                      "the generation that hung (default: the newest hang)");
 
-  std::string health_node;
+  ckpt::tools::HealthArgs health_args;
   CLI::App* health = app.add_subcommand(
-      "health", "each node's latest health check and verdict");
-  health->add_option("--node", health_node, "only this node");
+      "health", "run the nodes' health checks now; show each verdict");
+  health->add_option("--node", health_args.node, "only this node");
+  health->add_flag("--last", health_args.last,
+                   "run nothing: show each node's newest report");
+  health->add_flag("--network", health_args.network,
+                   "also run a round of the pairwise network check");
+  health->add_option("--timeout-s", health_args.timeout_s,
+                     "wait this long for the reports (default 60)");
 
   std::string cordon_node, cordon_reason;
   CLI::App* cordon = app.add_subcommand(
@@ -218,7 +224,7 @@ int main(int argc, char** argv) {
                   ckpt::tools::RunRollback(coordinator, tls, job, step, json));
   if (health->parsed())
     return Finish("health",
-                  ckpt::tools::RunHealth(coordinator, tls, health_node, json));
+                  ckpt::tools::RunHealth(coordinator, tls, health_args, json));
   if (cordon->parsed())
     return Finish("cordon",
                   ckpt::tools::RunCordon(coordinator, tls, cordon_node,

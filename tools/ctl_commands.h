@@ -53,11 +53,21 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                      const coordinator::TlsFiles& tls,
                                      const std::string& job, uint64_t after_seq,
                                      bool json);
-// Each node's latest health check (ctl_health.cc): every node, or only
-// `node` when not empty.
+// ckptctl health (ctl_health.cc): runs the health checks of every alive
+// node, or only `node` when not empty, waits up to timeout_s for their
+// reports and shows them with the verdicts (an admin identity under mTLS;
+// `network` also starts a round of the network check); `last` only shows
+// the newest reports. DeadlineExceeded naming the nodes that did not
+// answer in time.
+struct HealthArgs {
+  std::string node;
+  bool last = false;
+  bool network = false;
+  int timeout_s = 60;
+};
 [[nodiscard]] absl::Status RunHealth(const std::string& coordinator,
                                      const coordinator::TlsFiles& tls,
-                                     const std::string& node, bool json);
+                                     const HealthArgs& args, bool json);
 
 // Cordons `node` (its ranks move to a spare; it takes none until
 // uncordoned) for `reason` (printable, 1 to 512 bytes), or lets it back;

@@ -77,8 +77,14 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes: ", req.bytes(), " of the replica of step ", req.step(),
         " rank ", req.rank(), " differ from the staged ", saved->bytes()));
-  if (StagedDigest(req) != StagedDigest(*saved) &&
-      req.checksum_digest() != saved->checksum_digest())
+  // The copy names its save by the STAGED digest, or carries the digest
+  // of the bytes it holds: the staged one, or (device tensors, once
+  // durable) the durable one.
+  const bool same_save = (req.has_staged_digest() &&
+                          req.staged_digest() == StagedDigest(*saved)) ||
+                         req.checksum_digest() == StagedDigest(*saved) ||
+                         req.checksum_digest() == saved->checksum_digest();
+  if (!same_save)
     return absl::InvalidArgumentError(absl::StrCat(
         "checksum_digest: ", storage::DigestHex(req.checksum_digest()),
         " of the replica of step ", req.step(), " rank ", req.rank(),

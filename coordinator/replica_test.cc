@@ -107,6 +107,20 @@ TEST_F(ReplicaTest,
   EXPECT_EQ(Memory().replicated_ranks(), 1u);
 }
 
+// A holder may name the save by its staged digest or carry the digest of
+// the bytes it holds; either matches the rank's STAGED report.
+TEST_F(ReplicaTest, AReplicaMatchesItsSaveByEitherDigest) {
+  ReportAll(12, v1::STAGED);
+  EXPECT_TRUE(Replicated("n3", 12, 2, "n2", [](v1::ShardReport& r) {
+                r.set_staged_digest(0);  // unset in the holder's terms
+              }).ok());
+  EXPECT_TRUE(Replicated("n3", 12, 3, "n2", [](v1::ShardReport& r) {
+                r.set_staged_digest(r.checksum_digest());
+                r.set_checksum_digest(0xfeed);  // device tensors, checksummed
+              }).ok());
+  EXPECT_EQ(Memory().replicated_ranks(), 2u);
+}
+
 TEST_F(ReplicaTest, AReplicaOfAnAbandonedGenerationIsDropped) {
   ReportAll(12, v1::STAGED);
   // A crash plans generation 1 (every rank restores 12 from memory).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <tuple>
 
 namespace ckpt::coordinator {
@@ -14,6 +15,11 @@ std::string HostOf(const std::string& address) {
              : address;
 }
 
+// The rule of the header, in O(nodes log nodes): holders sit in sets by
+// load, ordered by ring position, so the least loaded nearest one is a
+// lower_bound away, and a source's own domain (contiguous on the ring) is
+// skipped in one jump. replica_placement_test keeps it equal to the rule
+// written out plainly.
 std::map<std::string, std::string> PlaceReplicas(
     std::vector<PlacementNode> nodes) {
   std::sort(nodes.begin(), nodes.end(),
@@ -21,34 +27,64 @@ std::map<std::string, std::string> PlaceReplicas(
               return std::tie(a.domain, a.id) < std::tie(b.domain, b.id);
             });
   const size_t n = nodes.size();
-  std::vector<size_t> holders;
-  for (size_t i = 0; i < n; ++i)
-    if (nodes[i].holder) holders.push_back(i);
+  constexpr size_t kNone = SIZE_MAX;
+  // Each node's domain as a ring range [first, last] ("" : itself), and
+  // holders counted up to each position.
+  std::vector<size_t> first(n), last(n), holders_before(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    holders_before[i + 1] = holders_before[i] + (nodes[i].holder ? 1 : 0);
+    first[i] = last[i] = i;
+    if (nodes[i].domain.empty()) continue;
+    if (i > 0 && nodes[i - 1].domain == nodes[i].domain)
+      first[i] = first[i - 1];
+  }
+  for (size_t i = n; i-- > 0;)
+    if (!nodes[i].domain.empty() && i + 1 < n &&
+        nodes[i + 1].domain == nodes[i].domain)
+      last[i] = last[i + 1];
+  std::map<uint32_t, std::set<size_t>> by_load;
   std::vector<uint32_t> load(n, 0);
-  std::vector<size_t> target(n, SIZE_MAX);
+  std::vector<size_t> target(n, kNone);
+  for (size_t i = 0; i < n; ++i)
+    if (nodes[i].holder) by_load[0].insert(i);
   std::map<std::string, std::string> out;
   for (size_t s = 0; s < n; ++s) {
     if (!nodes[s].source) continue;
-    bool other_domain = false;
-    for (size_t h : holders)
-      other_domain |= h != s && !SameDomain(nodes[h].domain, nodes[s].domain);
-    size_t best = SIZE_MAX;
-    std::tuple<uint32_t, bool, size_t> best_key;
-    for (size_t h : holders) {
-      if (h == s) continue;
-      if (other_domain && SameDomain(nodes[h].domain, nodes[s].domain))
-        continue;
-      std::tuple<uint32_t, bool, size_t> key{load[h], target[h] == s,
-                                             (h + n - s) % n};
-      if (best == SIZE_MAX || key < best_key) {
-        best = h;
-        best_key = key;
-      }
+    const size_t own = holders_before[last[s] + 1] - holders_before[first[s]];
+    const bool other_domain = holders_before[n] > own;
+    size_t pick = kNone;
+    for (auto level = by_load.begin(); level != by_load.end() && pick == kNone;
+         ++level) {
+      const std::set<size_t>& ring = level->second;
+      size_t mutual = kNone;
+      // Candidates in ring order after s, within [lo, hi): true when a
+      // holder that does not replicate to s was found.
+      auto scan = [&](size_t lo, size_t hi) {
+        for (auto it = ring.lower_bound(lo); it != ring.end() && *it < hi;) {
+          const size_t c = *it;
+          if (c == s) {
+            ++it;
+          } else if (other_domain && c >= first[s] && c <= last[s]) {
+            it = ring.upper_bound(last[s]);  // s's own domain
+          } else if (target[c] != s) {
+            pick = c;
+            return true;
+          } else {
+            if (mutual == kNone) mutual = c;
+            ++it;
+          }
+        }
+        return false;
+      };
+      if (!scan(s + 1, n) && !scan(0, s + 1) && mutual != kNone) pick = mutual;
     }
-    if (best == SIZE_MAX) continue;
-    target[s] = best;
-    ++load[best];
-    out[nodes[s].id] = nodes[best].id;
+    if (pick == kNone) continue;
+    std::set<size_t>& from = by_load[load[pick]];
+    from.erase(pick);
+    if (from.empty()) by_load.erase(load[pick]);
+    by_load[++load[pick]].insert(pick);
+    target[s] = pick;
+    out[nodes[s].id] = nodes[pick].id;
   }
   return out;
 }

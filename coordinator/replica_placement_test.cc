@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ckpt::coordinator {
@@ -90,6 +93,57 @@ TEST(ReplicaPlacementTest, TheSameMembershipInAnyOrderGivesTheSameTargets) {
   EXPECT_EQ(PlaceReplicas(nodes), first);
   std::rotate(nodes.begin(), nodes.begin() + 2, nodes.end());
   EXPECT_EQ(PlaceReplicas(nodes), first);
+}
+
+// The rule of replica_placement.h written out plainly: for each source in
+// ring order, the allowed holder with the least (load, replicates to the
+// source, ring distance).
+std::map<std::string, std::string> PlainRule(std::vector<PlacementNode> nodes) {
+  std::sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.domain, a.id) < std::tie(b.domain, b.id);
+  });
+  const size_t n = nodes.size();
+  std::vector<uint32_t> load(n, 0);
+  std::vector<size_t> target(n, SIZE_MAX);
+  std::map<std::string, std::string> out;
+  for (size_t s = 0; s < n; ++s) {
+    if (!nodes[s].source) continue;
+    bool other = false;
+    for (size_t h = 0; h < n; ++h)
+      other |= nodes[h].holder && h != s &&
+               !SameDomain(nodes[h].domain, nodes[s].domain);
+    size_t best = SIZE_MAX;
+    std::tuple<uint32_t, bool, size_t> best_key;
+    for (size_t h = 0; h < n; ++h) {
+      if (!nodes[h].holder || h == s ||
+          (other && SameDomain(nodes[h].domain, nodes[s].domain)))
+        continue;
+      std::tuple<uint32_t, bool, size_t> key{load[h], target[h] == s,
+                                             (h + n - s) % n};
+      if (best == SIZE_MAX || key < best_key) best = h, best_key = key;
+    }
+    if (best == SIZE_MAX) continue;
+    target[s] = best;
+    ++load[best];
+    out[nodes[s].id] = nodes[best].id;
+  }
+  return out;
+}
+
+TEST(ReplicaPlacementTest, TheFastPlacementFollowsThePlainRule) {
+  std::mt19937 rng(19);
+  for (int round = 0; round < 300; ++round) {
+    std::vector<PlacementNode> nodes;
+    const int count = 1 + static_cast<int>(rng() % 40);
+    const int domains = static_cast<int>(rng() % 6);  // 0: all unlabelled
+    for (int i = 0; i < count; ++i) {
+      const int d = domains == 0 ? -1 : static_cast<int>(rng() % (domains + 1));
+      nodes.push_back(N("n" + std::to_string(i),
+                        d <= 0 ? "" : "rack-" + std::to_string(d),
+                        rng() % 4 != 0, rng() % 3 != 0));
+    }
+    ASSERT_EQ(PlaceReplicas(nodes), PlainRule(nodes)) << "round " << round;
+  }
 }
 
 TEST(ReplicaPlacementTest, HostOfDropsOnlyAPort) {

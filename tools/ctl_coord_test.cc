@@ -135,6 +135,31 @@ TEST_F(CtlCoordTest, ClusterShowsDomainsReplicaTargetsAndTheMemoryStep) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* want : {"REPLICAS_TO", "rack-b", "IN_MEMORY", "1/2"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+
+  // A plan says what its restore step saved (here: a trainer crash, every
+  // rank in its host's memory; storage alone has nothing).
+  {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::ReportTrainerExitRequest exit;
+    exit.set_node_id("n1");
+    exit.set_epoch(n1.epoch());
+    exit.set_job("train");
+    exit.set_rank(0);
+    exit.set_term_signal(9);
+    testing::cv1::ReportTrainerExitResponse resp;
+    ASSERT_TRUE(stub->ReportTrainerExit(&ctx, exit, &resp).ok());
+  }
+  r = Ctl(Flag() + " events --job train --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"RESTORE_SOURCES")"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("restore":{"generation":1,"step":3,)"
+                       R"("from_memory":false,"newest_step":3,)"
+                       R"("durable_step":null,"steps_lost":0,)"
+                       R"("steps_lost_durable":3,"ranks":[]})"),
+            std::string::npos)
+      << r.out;
 }
 
 // Issue 17: a restore that fell back shows in `events` as FALLBACK, with

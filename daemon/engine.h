@@ -44,7 +44,8 @@
 // manifest's snapshot and record, retention, Drain), engine_tier.cc (the
 // same for uploads, tiered retention), engine_deletes.cc (Delete, delete
 // intents), engine_cluster.cc (hosted ranks, reports, Prefetch),
-// engine_recover.cc (recovery from the catalog).
+// engine_recover.cc (recovery from the catalog), engine_replica.cc (peer
+// replicas: staged snapshots, fetches from peers).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
 // table's lock (table_.mu(), "the lock" below) guards the table and also
@@ -99,6 +100,7 @@
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
+#include "daemon/staged_shards.h"
 #include "daemon/step_state.h"
 #include "daemon/uploader.h"
 #include "shm/arena.h"
@@ -108,7 +110,7 @@
 
 namespace ckpt::daemon {
 
-class Engine : private PipelineState {
+class Engine : public StagedShards, private PipelineState {
  public:
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
@@ -161,6 +163,34 @@ class Engine : private PipelineState {
       const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
       const std::string& key, std::optional<uint32_t> owner_uid = std::nullopt);
 
+  // Peer replicas (engine_replica.cc, doc/replicas.md). StagedShards: the
+  // replicate stage's and the replica listener's reads of this node's
+  // shards in memory.
+  absl::StatusOr<StagedCopy> SnapshotStaged(const std::string& job,
+                                            std::optional<uint64_t> step,
+                                            uint32_t rank) override;
+  bool StagedUnchanged(const std::string& job, uint32_t rank,
+                       const StagedCopy& snap) override;
+  // A PREFETCH fetches these ranks' shards from peers: an OpenRestore of
+  // one of them waits (fetch_cv) until EndFetch instead of failing.
+  void BeginFetches(const std::string& job, uint64_t step,
+                    const std::vector<uint32_t>& ranks);
+  void EndFetch(const std::string& job, uint64_t step, uint32_t rank);
+  // Fetches `rank`'s shard of `step` from a peer straight into a slot of
+  // the rank's arena (creating the job as Prefetch does), verifies it
+  // (VerifyReplicaImage) and keeps it in memory: durable under `key` when
+  // the step is stored, else staged and persisted here. `fetch` runs the
+  // transfer (GetReplica), asking its callback where the bytes go.
+  using PeerFetch = std::function<absl::StatusOr<replica::v1::ShardCopy>(
+      const std::function<absl::StatusOr<char*>(
+          const replica::v1::ShardCopy&)>&)>;
+  [[nodiscard]] absl::Status FetchFromPeer(const std::string& job,
+                                           uint32_t world_size, uint64_t step,
+                                           uint32_t rank,
+                                           const std::string& key,
+                                           std::optional<uint32_t> owner_uid,
+                                           const PeerFetch& fetch);
+
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
   // shards were still not durable.
@@ -195,6 +225,10 @@ class Engine : private PipelineState {
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
   void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
                     absl::Status status);
+  // OpenRestore: waits while a peer fetch of the shard runs.
+  [[nodiscard]] absl::Status WaitFetchLocked(std::unique_lock<std::mutex>& lock,
+                                             const std::string& job,
+                                             uint64_t step, uint32_t rank);
   // Drops the job and its record if Delete marked it and nothing uses it.
   void MaybeForgetJobLocked(const std::string& job);
   std::string ArenaName(const std::string& job, uint32_t rank) const;

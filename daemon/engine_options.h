@@ -33,6 +33,10 @@ struct ShardReport {
   std::optional<uint64_t> generation;
   // The save failed for good here: retracts its STAGED report.
   bool failed = false;
+  // A verified copy of another node's shard that this node holds (peer
+  // replicas, doc/replicas.md): reported REPLICATED, source_node sent it.
+  bool replicated = false;
+  std::string source_node;
 };
 
 // A rank's restore found a copy of its shard bad and fell back (what

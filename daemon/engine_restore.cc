@@ -46,6 +46,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                        bytes);
   };
   std::unique_lock<std::mutex> lock(table_.mu());
+  // A replacement's trainer may start while its shard still arrives.
+  CKPT_RETURN_IF_ERROR(
+      WaitFetchLocked(lock, req.job(), req.step(), req.rank()));
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.rank() >= job->rec.world_size())
     return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(),

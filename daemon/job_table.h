@@ -22,7 +22,8 @@
 //   slot_cv     a free or ready slot (BeginSave, loads), draining;
 //   arena_cv    a rank's arena creation done (RankSlots::creating);
 //   durable_cv  a shard's phase or upload, a task done (WaitDurable,
-//               Drain).
+//               Drain);
+//   fetch_cv    a peer fetch ended (OpenRestore of a fetched shard).
 // (The persist queue still shares mu(): the Engine passes it to the
 // pipeline, whose persist queue has its own condition variable.)
 #ifndef CKPT_DAEMON_JOB_TABLE_H_
@@ -33,7 +34,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -65,6 +68,10 @@ class JobTable {
   std::condition_variable slot_cv;
   std::condition_variable arena_cv;
   std::condition_variable durable_cv;
+  // Peer fetches of a PREFETCH in flight, (job, step, rank): OpenRestore
+  // of one waits on fetch_cv (Engine::WaitFetchLocked) until it ends.
+  std::multiset<std::tuple<std::string, uint64_t, uint32_t>> fetching;
+  std::condition_variable fetch_cv;
 
   // The job `name` as `peer` may use it: the name is valid
   // (InvalidArgument), the job exists (NotFound) and the peer is root or

@@ -12,12 +12,14 @@
 // Test-only: CKPTD_TEST_FAULT=slow-network slows this node's network
 // probes (daemon/net_probe.h); CKPTD_TEST_FAULT=hang-persist-writes makes every
 // storage write hang (storage/fault_backend.h) until shutdown, to wedge the
-// persister.
+// persister; CKPTD_TEST_FAULT=corrupt-replica-sends flips a byte of every
+// replica chunk this node sends (on the wire, never in the slot).
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +33,10 @@
 #include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
+#include "daemon/replica_metrics.h"
+#include "daemon/replica_service.h"
+#include "daemon/replica_store.h"
+#include "daemon/replicator.h"
 #include "daemon/service.h"
 #include "daemon/watchdog.h"
 #include "storage/fault_backend.h"
@@ -98,9 +104,15 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return Fail("storage", backend.status());
   ckpt::storage::Backend* storage = backend->get();
   std::unique_ptr<ckpt::storage::FaultInjectionBackend> fault;
+  bool corrupt_replicas = false;
   if (const char* f = std::getenv("CKPTD_TEST_FAULT");
       f != nullptr && f[0] != '\0') {
-    if (std::strcmp(f, "slow-network") == 0) {
+    if (std::strcmp(f, "corrupt-replica-sends") == 0) {
+      corrupt_replicas = true;
+      LogWarning(
+          "TEST-ONLY FAULT: CKPTD_TEST_FAULT=corrupt-replica-sends: every "
+          "replica this node sends is damaged on the wire");
+    } else if (std::strcmp(f, "slow-network") == 0) {
       opts->agent.net_probe_slow = true;
       LogWarning(
           "TEST-ONLY FAULT: CKPTD_TEST_FAULT=slow-network: this node's "
@@ -115,8 +127,8 @@ int main(int argc, char** argv) {
     } else {
       return Fail("CKPTD_TEST_FAULT",
                   absl::InvalidArgumentError(
-                      "only \"hang-persist-writes\" and \"slow-network\" are "
-                      "known (test-only)"));
+                      "only \"hang-persist-writes\", \"slow-network\" and "
+                      "\"corrupt-replica-sends\" are known (test-only)"));
     }
   }
   const ckpt::ServiceNotifier notifier;
@@ -182,8 +194,10 @@ int main(int argc, char** argv) {
   auto metrics = std::make_shared<DaemonMetrics>();
   opts->engine.metrics = metrics;
   std::unique_ptr<ckpt::MetricsServer> metrics_server;
+  auto replica_metrics = std::make_shared<ReplicaMetrics>();
   if (!opts->metrics_listen.empty()) {
-    std::vector<std::weak_ptr<prometheus::Collectable>> collected{metrics};
+    std::vector<std::weak_ptr<prometheus::Collectable>> collected{
+        metrics, replica_metrics};
     if (coordinator_metrics) collected.push_back(coordinator_metrics);
     auto started = ckpt::MetricsServer::Start(opts->metrics_listen,
                                               "--metrics-listen", collected);
@@ -209,11 +223,25 @@ int main(int argc, char** argv) {
     return ToHealthProto(RunHealthChecks(o));
   };
   std::unique_ptr<NodeAgent> agent;
+  // Peer replicas (doc/replicas.md): the replicate stage, set once the
+  // engine it reads exists; the engine's reports before that (recovery)
+  // are not replicated until the rank's next save.
+  std::unique_ptr<Replicator> replicator;
+  std::atomic<Replicator*> replicate{nullptr};
   if (opts->cluster) {
     opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons
+    if (opts->replicas.send && !opts->replicas.fixed_target)
+      opts->agent.on_replica_target =
+          [&replicate](std::optional<ReplicaPeer> target) {
+            if (Replicator* r = replicate.load())
+              r->SetTarget(std::move(target));
+          };
     agent = std::make_unique<NodeAgent>(opts->agent);
-    opts->engine.on_shard = [a = agent.get()](const ShardReport& r) {
+    opts->engine.on_shard = [a = agent.get(),
+                             &replicate](const ShardReport& r) {
       a->Report(r);
+      if (Replicator* rep = replicate.load(); rep != nullptr && !r.failed)
+        rep->Staged(r.job, r.step, r.rank, r.durable);
     };
     opts->engine.on_fallback = [a = agent.get()](const FallbackReport& f) {
       a->ReportFallback(f);
@@ -234,6 +262,47 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("grpc", absl::InternalError("server did not start"));
   (*listener)->Start(server.get());
+  std::unique_ptr<ReplicaStore> replica_store;
+  std::unique_ptr<ReplicaServer> replica_server;
+  if (agent && opts->replicas.port != 0) {
+    replica_store = std::make_unique<ReplicaStore>(opts->replicas.memory_bytes);
+    ReplicaServerOptions ro;
+    ro.port = static_cast<int>(opts->replicas.port);
+    ro.tls = opts->agent.tls;
+    ro.on_replicated = [a = agent.get()](const HeldReplica& held) {
+      ShardReport r;
+      r.job = held.copy.job();
+      r.step = held.copy.step();
+      r.rank = held.copy.rank();
+      r.replicated = true;
+      r.source_node = held.copy.source_node();
+      r.bytes = held.copy.image_bytes();
+      r.digest = r.staged_digest = held.digest;
+      r.owner_uid = held.copy.owner_uid();
+      if (held.copy.generation() != 0) r.generation = held.copy.generation();
+      a->Report(r);
+    };
+    auto started =
+        ReplicaServer::Start(std::move(ro), replica_store.get(), engine->get());
+    if (!started.ok()) return Fail("replicas", started.status());
+    replica_server = std::move(*started);
+    LogInfo("replica listener on port " +
+            std::to_string(replica_server->port()) + ", holding up to " +
+            std::to_string(opts->replicas.memory_bytes) + " bytes");
+  }
+  if (agent && opts->replicas.send) {
+    ReplicatorOptions ro;
+    ro.node_id = opts->agent.node_id;
+    ro.tls = opts->agent.tls;
+    ro.bandwidth = opts->replicas.bandwidth;
+    ro.corrupt = corrupt_replicas;
+    replicator = std::make_unique<Replicator>(std::move(ro), engine->get());
+    if (opts->replicas.fixed_target)
+      replicator->SetTarget(opts->replicas.fixed_target);
+    replicator->Start();
+    replicate = replicator.get();
+  }
+  replica_metrics->Attach(replica_store.get(), replicator.get());
   if (agent) agent->Start(engine->get());
   LogInfo(
       "serving on " + opts->socket_path + ", root " + opts->root +
@@ -268,8 +337,16 @@ int main(int argc, char** argv) {
         "they stay in shared memory and a restarted ckptd persists them");
   (*listener)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  replica_metrics->Detach();
+  // Stopped before the engine whose slots it reads, destroyed after the
+  // engine, whose persister may still call Staged().
+  if (replicator) replicator->Stop();
+  if (replica_server) replica_server->Shutdown();
   agent.reset();  // before the engine it reports on
+  replica_server.reset();
   engine->reset();
+  replicate = nullptr;
+  replicator.reset();
   if (coordinator) coordinator->Shutdown();
   metrics_server.reset();
   LogInfo("stopped");

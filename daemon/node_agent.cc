@@ -81,6 +81,8 @@ void NodeAgent::HeartbeatLoop() {
       *req.mutable_health_report() = health_report_;
       if (net_server_)
         req.set_net_probe_port(static_cast<uint32_t>(net_server_->port()));
+      req.set_domain(options_.domain);
+      req.set_replica_port(options_.replica_port);
       cv1::RegisterNodeResponse resp;
       grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
                                     &resp, options_.rpc_timeout);
@@ -176,6 +178,16 @@ void NodeAgent::HeartbeatLoop() {
       for (const cv1::Assignment& a : resp.assignments())
         hosted[a.job()].assign(a.ranks().begin(), a.ranks().end());
       beacons_->SetHosted(hosted);
+    }
+    if (options_.on_replica_target) {
+      std::optional<ReplicaPeer> target;
+      if (resp.has_replica_target() && resp.replica_target().port() != 0 &&
+          resp.replica_target().port() <= 65535 &&
+          !resp.replica_target().host().empty())
+        target = ReplicaPeer{resp.replica_target().node_id(),
+                             resp.replica_target().host(),
+                             resp.replica_target().port()};
+      options_.on_replica_target(std::move(target));
     }
     NetResultsSent(req);
     TakeHealthOrder(req, resp);

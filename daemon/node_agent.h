@@ -57,6 +57,7 @@
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
 #include "daemon/net_probe.h"
+#include "daemon/replicator.h"
 
 namespace ckpt::daemon {
 
@@ -102,6 +103,13 @@ struct NodeAgentOptions {
   // (a spare stays checked; a busy node is not disturbed). Null: never.
   std::function<coord::v1::NodeHealthReport()> health_check;
   std::chrono::milliseconds health_recheck{std::chrono::minutes(5)};
+  // Peer replicas (doc/replicas.md): the node's failure domain and replica
+  // listener port (0: none), sent with every registration; the replica
+  // target each heartbeat names goes to on_replica_target (unset: ignored,
+  // e.g. a fixed --replica-target).
+  std::string domain;
+  uint32_t replica_port = 0;
+  std::function<void(std::optional<ReplicaPeer>)> on_replica_target;
 };
 
 class NodeAgent {
@@ -183,6 +191,7 @@ class NodeAgent {
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                    uint64_t step, std::vector<uint32_t> ranks,
                    std::vector<std::string> keys,
+                   std::vector<coord::v1::ShardSource> sources,
                    std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
   // Joins the PREFETCH threads that are done, and forgets the oldest
@@ -206,6 +215,8 @@ class NodeAgent {
     std::optional<Queued> durable;
   };
   std::map<std::tuple<std::string, uint64_t, uint32_t>, Sent> soft_;
+  // REPLICATED reports accepted, by (job, rank): the newest copy held.
+  std::map<std::pair<std::string, uint32_t>, Queued> soft_replicas_;
   uint64_t incarnation_ = 0;
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};

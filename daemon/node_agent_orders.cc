@@ -14,6 +14,7 @@
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/node_agent_rpc.h"
+#include "daemon/peer_fetch.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {
@@ -69,18 +70,27 @@ void NodeAgent::TakeOrders(const cv1::HeartbeatResponse& resp) {
                          " job ", o.job(), " generation ", o.generation(),
                          " ranks ", absl::StrJoin(o.ranks(), ","),
                          o.has_step() ? absl::StrCat(" step ", o.step()) : ""));
-    if (o.kind() == cv1::PREFETCH && o.has_step() &&
-        o.ranks_size() == o.shard_keys_size() && engine_) {
+    // Sources (peer replicas): one per rank; a rank with a peer source may
+    // have no stored copy (its key "").
+    const bool keyed =
+        o.ranks_size() == o.shard_keys_size() ||
+        (o.shard_keys_size() == 0 && o.sources_size() == o.ranks_size());
+    if (o.kind() == cv1::PREFETCH && o.has_step() && keyed &&
+        (o.sources_size() == 0 || o.sources_size() == o.ranks_size()) &&
+        engine_) {
+      std::vector<std::string> keys(o.shard_keys().begin(),
+                                    o.shard_keys().end());
+      keys.resize(o.ranks_size());
       std::thread& t = prefetchers_[o.id()];
       if (t.joinable())
         continue;  // forgotten, yet still running: it acknowledges when done
-      t = std::thread(&NodeAgent::RunPrefetch, this, o.id(), o.job(),
-                      o.world_size(), o.step(),
-                      std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
-                      std::vector<std::string>(o.shard_keys().begin(),
-                                               o.shard_keys().end()),
-                      o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid())
-                                        : std::nullopt);
+      t = std::thread(
+          &NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
+          o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
+          std::move(keys),
+          std::vector<cv1::ShardSource>(o.sources().begin(), o.sources().end()),
+          o.has_owner_uid() ? std::optional<uint32_t>(o.owner_uid())
+                            : std::nullopt);
     } else {
       if (o.kind() == cv1::PREFETCH)
         LogWarning(
@@ -95,15 +105,24 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
                             uint32_t world_size, uint64_t step,
                             std::vector<uint32_t> ranks,
                             std::vector<std::string> keys,
+                            std::vector<cv1::ShardSource> sources,
                             std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
+  // Registered before any transfer (and off the heartbeat thread, which
+  // never takes the engine's lock): a trainer's OpenRestore of these
+  // shards waits for them from now on instead of failing.
+  if (!sources.empty()) engine_->BeginFetches(job, step, ranks);
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
-      results[i] = engine_->Prefetch(job, world_size, step, ranks[i], keys[i],
-                                     owner_uid);
+      // From a peer's memory when the order names one (peer_fetch.h).
+      results[i] = PrefetchRank(
+          *engine_, options_.tls, job, world_size, step, ranks[i], keys[i],
+          i < sources.size() ? &sources[i] : nullptr, owner_uid,
+          [this](FallbackReport f) { ReportFallback(std::move(f)); });
+      if (!sources.empty()) engine_->EndFetch(job, step, ranks[i]);
     });
   for (auto& t : loaders) t.join();
   for (size_t i = 0; i < ranks.size(); ++i)

@@ -23,7 +23,10 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
   out->set_job(report.job);
   out->set_step(report.step);
   out->set_rank(report.rank);
-  out->set_state(report.durable ? cv1::DURABLE : cv1::STAGED);
+  out->set_state(report.replicated ? cv1::REPLICATED
+                 : report.durable  ? cv1::DURABLE
+                                   : cv1::STAGED);
+  if (report.replicated) out->set_source_node(report.source_node);
   out->set_bytes(report.bytes);
   out->set_checksum_digest(report.digest);
   out->set_staged_digest(report.staged_digest);
@@ -56,7 +59,7 @@ void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
   if (incarnation == 0 || incarnation == incarnation_) return;
   bool restarted = incarnation_ != 0;
   incarnation_ = incarnation;
-  if (!restarted || soft_.empty()) return;
+  if (!restarted || (soft_.empty() && soft_replicas_.empty())) return;
   // The new coordinator lost every per-rank report: send ours again, ahead
   // of anything queued (a queued DURABLE needs its STAGED first).
   std::deque<Queued> again;
@@ -64,6 +67,10 @@ void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
     if (sent.staged.epoch != epoch_.load()) continue;
     again.push_back(sent.staged);
     if (sent.durable) again.push_back(*sent.durable);
+  }
+  for (auto& [key, held] : soft_replicas_) {
+    held.epoch = epoch_.load();  // a replica is not tied to an epoch
+    again.push_back(held);
   }
   reports_resent_ += again.size();
   LogInfo(absl::StrCat("coordinator restarted (incarnation ", incarnation,
@@ -143,7 +150,8 @@ void NodeAgent::ReportLoop() {
         return o.epoch == q.epoch && o.report.job == q.report.job &&
                o.report.step == q.report.step &&
                o.report.rank == q.report.rank &&
-               o.report.durable == q.report.durable;
+               o.report.durable == q.report.durable &&
+               o.report.replicated == q.report.replicated;
       };
       auto it = std::find_if(reports_.begin(), reports_.end(), same);
       if (it == reports_.end()) continue;
@@ -156,10 +164,18 @@ void NodeAgent::ReportLoop() {
         continue;
       }
       if (code != absl::StatusCode::kOk) {
-        LogWarning(absl::StrCat(
-            "report ", q.report.durable ? "durable" : "staged", " job ",
-            q.report.job, " step ", q.report.step, " rank ", q.report.rank,
-            " (epoch ", q.epoch, "): ", r.message()));
+        LogWarning(absl::StrCat("report ",
+                                q.report.replicated ? "replicated"
+                                : q.report.durable  ? "durable"
+                                                    : "staged",
+                                " job ", q.report.job, " step ", q.report.step,
+                                " rank ", q.report.rank, " (epoch ", q.epoch,
+                                "): ", r.message()));
+        continue;
+      }
+      if (q.report.replicated) {
+        // The holder keeps the newest copy of a rank: it replaces the older.
+        soft_replicas_[{q.report.job, q.report.rank}] = q;
         continue;
       }
       Sent& sent = soft_[{q.report.job, q.report.step, q.report.rank}];

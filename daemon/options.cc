@@ -140,6 +140,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   app.add_option(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  std::string replica_target;
+  AddReplicaFlags(app, o.replicas, replica_target);
   uint32_t health_timeout_s = 10;
   uint64_t shm_mib_per_rank = 0;
   app.add_flag("--health-check", o.health_check,
@@ -274,6 +276,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
       s = unless_flag("--metrics-listen", [&] {
         return FromToml(t, "metrics_listen", &o.metrics_listen);
       });
+    if (s.ok()) s = ReadReplicaConfig(t, app, o.replicas, replica_target);
     if (!s.ok()) return s;
     if (o.max_request_mib < 1 || o.max_request_mib > 1024)
       return absl::InvalidArgumentError(
@@ -383,6 +386,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
     return absl::InvalidArgumentError(
         std::string(o.agent.spare ? "--spare" : "--node-id") +
         ": needs --coordinator or --coordinator-listen");
+  if (absl::Status s =
+          FinishReplicaOptions(o.replicas, replica_target, o.cluster);
+      !s.ok())
+    return s;
+  o.agent.domain = o.replicas.domain;
+  o.agent.replica_port = o.replicas.port;
   if (o.agent.node_id.empty()) o.agent.node_id = HostName();
   if (absl::Status s = storage::ValidateNodeId(o.agent.node_id, "--node-id");
       !s.ok())

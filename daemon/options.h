@@ -11,6 +11,7 @@
 #include "daemon/health.h"
 #include "daemon/node_agent.h"
 #include "daemon/peer_listener.h"
+#include "daemon/replica_options.h"
 #include "storage/backend.h"
 #include "storage/object_backend.h"
 
@@ -31,6 +32,7 @@ struct DaemonOptions {
   std::string coordinator_listen;
   uint32_t heartbeat_timeout_ms = 3000;  // embedded coordinator only
   NodeAgentOptions agent;
+  ReplicaOptions replicas;  // peer replicas (replica_options.h)
   std::chrono::milliseconds drain_deadline = std::chrono::seconds(60);
   EngineOptions engine;
   storage::LocalBackendOptions storage;

@@ -1,0 +1,243 @@
+// Peer replicas on the engine's side (doc/replicas.md): what the replicate
+// stage and the replica listener read of this node's staged shards
+// (StagedShards, staged_shards.h), and a PREFETCH's fetch of a shard from
+// a peer straight into the slot the trainer restores from, which
+// OpenRestore waits for instead of failing. See engine.h.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/engine_util.h"
+#include "daemon/replica_store.h"
+#include "storage/keys.h"
+#include "storage/manifest.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+namespace rv1 = ::ckpt::replica::v1;
+
+absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
+                                                  std::optional<uint64_t> step,
+                                                  uint32_t rank_no) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  Job* job = table_.Find(job_name);
+  const Shard* shard = nullptr;
+  if (job != nullptr && step) {
+    shard = table_.FindShard(job_name, *step, rank_no);
+  } else if (job != nullptr) {
+    for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it)
+      if (auto sh = it->second.shards.find(rank_no);
+          sh != it->second.shards.end()) {
+        shard = &sh->second;
+        break;
+      }
+  }
+  if (shard == nullptr || shard->slot < 0 ||
+      shard->phase == ShardPhase::kFailed)
+    return absl::NotFoundError(absl::StrCat(
+        "step: job '", job_name, "' rank ", rank_no, " has no shard of step ",
+        step ? absl::StrCat(*step) : "any", " in memory here"));
+  const std::vector<bool> known = KnownChecksums(shard->rec.tensors());
+  if (std::find(known.begin(), known.end(), false) != known.end())
+    return absl::UnavailableError(
+        "checksums: a device tensor's checksum is computed by the persist");
+  const RankSlots& rank = job->ranks[rank_no];
+  StagedCopy snap;
+  snap.arena = rank.arena;
+  snap.slot = shard->slot;
+  snap.write_no = rank.slots[shard->slot].write_no;
+  rv1::ShardCopy& c = snap.copy;
+  c.set_job(job_name);
+  c.set_step(shard->rec.step());
+  c.set_rank(rank_no);
+  c.set_world_size(job->rec.world_size());
+  c.set_generation(shard->rec.generation());
+  c.set_image_bytes(shard->rec.image_bytes());
+  for (const storage::ShardTensor& t : shard->info.tensors)
+    c.add_checksums(t.checksum);
+  c.set_owner_uid(job->rec.uid());
+  return snap;
+}
+
+bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
+                             const StagedCopy& snap) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  Job* job = table_.Find(job_name);
+  if (job == nullptr) return false;
+  auto rank = job->ranks.find(rank_no);
+  return rank != job->ranks.end() && rank->second.arena == snap.arena &&
+         rank->second.slots[snap.slot].write_no == snap.write_no;
+}
+
+void Engine::BeginFetches(const std::string& job, uint64_t step,
+                          const std::vector<uint32_t>& ranks) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  for (uint32_t r : ranks) table_.fetching.insert({job, step, r});
+}
+
+void Engine::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  if (auto it = table_.fetching.find({job, step, rank});
+      it != table_.fetching.end())
+    table_.fetching.erase(it);
+  table_.fetch_cv.notify_all();
+}
+
+absl::Status Engine::WaitFetchLocked(std::unique_lock<std::mutex>& lock,
+                                     const std::string& job, uint64_t step,
+                                     uint32_t rank) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.default_busy_timeout;
+  while (table_.fetching.count({job, step, rank})) {
+    if (table_.fetch_cv.wait_until(lock, deadline) == std::cv_status::timeout)
+      return absl::DeadlineExceededError(
+          absl::StrCat("step: the fetch of job '", job, "' step ", step,
+                       " rank ", rank, " is still running"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FetchFromPeer(const std::string& job_name,
+                                   uint32_t world_size, uint64_t step,
+                                   uint32_t rank_no, const std::string& key,
+                                   std::optional<uint32_t> owner_uid,
+                                   const PeerFetch& fetch) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
+  if (world_size == 0 || world_size > options_.max_world_size ||
+      rank_no >= world_size)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", world_size, " with rank ", rank_no, " is not valid"));
+  if (!key.empty() && !storage::IsShardKeyOf(key, job_name, step, rank_no))
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
+                     job_name, "' step ", step, " rank ", rank_no));
+  std::vector<uint64_t> tickets;
+  std::shared_ptr<shm::Arena> arena;
+  int slot = -1;
+  bool have = false;  // already in memory here
+  // Called with the copy's description once the peer answers: the slot
+  // is taken then, when its size is known, and filled with no lock held.
+  auto dst_for = [&](const rv1::ShardCopy& copy) -> absl::StatusOr<char*> {
+    if (copy.job() != job_name || copy.step() != step ||
+        copy.rank() != rank_no || copy.world_size() != world_size)
+      return absl::DataLossError(
+          absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
+                       copy.step(), " rank ", copy.rank(), " of ",
+                       copy.world_size(), ", not the one ordered"));
+    CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+    const uint64_t bytes = copy.image_bytes();
+    std::unique_lock<std::mutex> lock(table_.mu());
+    if (draining_) return absl::UnavailableError("ckptd is shutting down");
+    if (table_.Find(job_name) == nullptr) {
+      Job job;
+      job.rec.set_job(job_name);
+      job.rec.set_world_size(world_size);
+      job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
+      job.rec.set_num_slots(options_.default_num_slots);
+      CatalogEdit edit;
+      edit.PutJob(job.rec);
+      tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+      table_.Add(std::move(job));
+    }
+    Job* job = table_.Find(job_name);
+    job->forget_when_idle = false;
+    if (job->rec.world_size() != world_size)
+      return absl::FailedPreconditionError(
+          absl::StrCat("world_size: job '", job_name, "' has ",
+                       job->rec.world_size(), " ranks here, not ", world_size));
+    if (const Shard* s = table_.FindShard(job_name, step, rank_no);
+        s != nullptr && s->slot >= 0) {
+      have = true;
+      return absl::AlreadyExistsError("in memory already");
+    }
+    const auto deadline =
+        std::chrono::steady_clock::now() + options_.default_busy_timeout;
+    for (;;) {
+      job = table_.Find(job_name);
+      if (job == nullptr) return absl::AbortedError("job: deleted meanwhile");
+      auto r = job->ranks.find(rank_no);
+      if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
+          r->second.arena->slot_bytes() < bytes) {
+        CKPT_RETURN_IF_ERROR(
+            EnsureArena(lock, job_name, rank_no,
+                        std::max<uint64_t>(bytes, job->rec.slot_bytes()))
+                .status());
+        continue;
+      }
+      slot = r->second.PickSlot();
+      if (slot >= 0) {
+        JobTable::DetachSlot(*job, rank_no, slot);
+        r->second.BeginWrite(slot, step, bytes, /*lease=*/0, /*writer_pid=*/0);
+        arena = r->second.arena;
+        return arena->slot_data(slot);
+      }
+      if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
+        return absl::ResourceExhaustedError(
+            "BUSY: no slot to fetch the shard into");
+    }
+  };
+  absl::StatusOr<rv1::ShardCopy> got = fetch(dst_for);
+  if (have) return absl::OkStatus();
+  absl::StatusOr<storage::ShardInfo> info =
+      got.ok()
+          ? VerifyReplicaImage(arena->slot_data(slot), *got,
+                               absl::StrCat("peer copy of job '", job_name,
+                                            "' step ", step, " rank ", rank_no))
+          : absl::StatusOr<storage::ShardInfo>(got.status());
+  std::unique_lock<std::mutex> lock(table_.mu());
+  Job* job = table_.Find(job_name);
+  RankSlots* r = nullptr;
+  if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];
+  const bool slot_ok = arena && r && r->arena == arena;
+  if (slot_ok) r->Free(slot);
+  table_.slot_cv.notify_all();
+  if (!info.ok() || !slot_ok) {
+    MaybeForgetJobLocked(job_name);
+    if (!info.ok()) return info.status();
+    return absl::AbortedError("fetch: the rank's arena changed meanwhile");
+  }
+  // The plan's step replaces whatever this rank has of it or after it.
+  std::vector<uint64_t> drop;
+  for (const auto& [n, s] : job->steps)
+    if (n >= step && s.shards.count(rank_no)) drop.push_back(n);
+  for (uint64_t n : drop) DropShardLocked(*job, n, rank_no, false);
+  Shard shard;
+  shard.rec.set_job(job_name);
+  shard.rec.set_step(step);
+  shard.rec.set_rank(rank_no);
+  shard.rec.set_world_size(world_size);
+  // With a stored copy the shard is durable there already (a PREFETCH from
+  // storage says the same); without one this node persists it.
+  shard.Start(key.empty() ? ShardPhase::kStaged : ShardPhase::kDurable);
+  if (!key.empty()) shard.rec.set_path(key);
+  shard.rec.set_slot(static_cast<uint32_t>(slot));
+  shard.rec.set_image_bytes(got->image_bytes());
+  shard.rec.set_created_unix_ns(info->created_unix_ns);
+  if (got->generation() != 0) shard.rec.set_generation(got->generation());
+  ToTensorMetas(*info, shard.rec.mutable_tensors());
+  shard.info = *info;
+  shard.gen = table_.NextGen();
+  shard.slot = slot;
+  CatalogEdit edit;
+  edit.PutShard(shard.rec);
+  tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+  r->Hold(static_cast<uint32_t>(slot), SlotStateOf(shard.phase), step,
+          shard.gen, got->image_bytes());
+  const uint64_t gen = shard.gen;
+  const bool staged = key.empty();
+  if (staged) ReportLocked(shard, /*durable=*/false);
+  job->steps[step].shards[rank_no] = std::move(shard);
+  if (staged)
+    persister_->Push(
+        PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
+  lock.unlock();
+  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
+  LogInfo(absl::StrCat("fetched job '", job_name, "' step ", step, " rank ",
+                       rank_no, " from a peer (", got->image_bytes(),
+                       " bytes, verified)"));
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,62 @@
+// The client half of the replica transport (proto/replica.proto): send a
+// copy (Put) and fetch one (Get) over a channel from ReplicaChannel
+// (replica_service.h), and the rate limit a sender keeps
+// (--replica-bandwidth). Functions and a small class; see each for its
+// thread-safety.
+#ifndef CKPT_DAEMON_REPLICA_CLIENT_H_
+#define CKPT_DAEMON_REPLICA_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+#include "absl/status/statusor.h"
+#include "replica.pb.h"
+
+namespace ckpt::daemon {
+
+// A token bucket of `bytes_per_s` (0: unlimited) with one second of burst:
+// Acquire(n) sleeps until n more bytes may go. Thread-safe.
+class RateLimiter {
+ public:
+  explicit RateLimiter(uint64_t bytes_per_s) : rate_(bytes_per_s) {}
+  void Acquire(uint64_t bytes);
+  uint64_t rate() const { return rate_; }
+
+ private:
+  const uint64_t rate_;
+  std::mutex mu_;
+  double tokens_ = 0;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+struct PutOptions {
+  RateLimiter* limit = nullptr;  // optional
+  std::chrono::system_clock::time_point deadline;
+  // Test-only (CKPTD_TEST_FAULT=corrupt-replica-sends): flips one byte of
+  // each chunk on the wire, never in the slot.
+  bool corrupt = false;
+};
+
+// Streams `copy`'s image (copy.image_bytes() bytes at `image`) in chunks.
+// Returns the holder's digest of the verified copy, or its refusal.
+[[nodiscard]] absl::StatusOr<uint64_t> PutReplica(
+    grpc::Channel& channel, const replica::v1::ShardCopy& copy,
+    const char* image, const PutOptions& options);
+
+// Fetches a copy: `dst_for` is given the copy's description (from the
+// first chunk) and returns where its image_bytes go (or an error that ends
+// the fetch); chunks are then written there in order, their offsets and
+// sizes checked. The caller verifies the image (VerifyReplicaImage).
+[[nodiscard]] absl::StatusOr<replica::v1::ShardCopy> GetReplica(
+    grpc::Channel& channel, const replica::v1::GetRequest& req,
+    const std::function<absl::StatusOr<char*>(const replica::v1::ShardCopy&)>&
+        dst_for,
+    std::chrono::system_clock::time_point deadline);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_REPLICA_CLIENT_H_

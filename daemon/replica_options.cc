@@ -1,0 +1,88 @@
+// ckptd's replica flags (replica_options.h).
+#include "daemon/replica_options.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "storage/keys.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target) {
+  app.add_option("--domain", o.domain,
+                 "this node's failure domain (e.g. a rack): replicas go to "
+                 "another domain when there is one");
+  app.add_option("--replicas", o.send,
+                 "1 (default): send a copy of each hosted rank's newest "
+                 "staged shard to the replica node the coordinator names; 0: "
+                 "none");
+  app.add_option("--replica-port", o.port,
+                 "TCP port of the replica listener that holds other nodes' "
+                 "copies and serves fetches (0, the default: none)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--replica-memory-bytes", o.memory_bytes,
+                 "memory the replicas held here may take (default 8 GiB): "
+                 "one copy per rank of the nodes that replicate here, plus "
+                 "one arriving");
+  app.add_option("--replica-bandwidth", o.bandwidth,
+                 "bytes/s this node sends replicas at (0, the default: "
+                 "unlimited)");
+  app.add_option("--replica-target", target,
+                 "NODE@HOST:PORT: send replicas there rather than where the "
+                 "coordinator says (static pairs, tests)");
+}
+
+absl::Status ReadReplicaConfig(const toml::table& t, const CLI::App& app,
+                               ReplicaOptions& o, std::string& target) {
+  auto unless_flag = [&](const char* flag, const char* key,
+                         auto* out) -> absl::Status {
+    return app.count(flag) ? absl::OkStatus() : FromToml(t, key, out);
+  };
+  absl::Status s = unless_flag("--domain", "domain", &o.domain);
+  if (s.ok()) s = unless_flag("--replicas", "replicas", &o.send);
+  if (s.ok()) s = unless_flag("--replica-port", "replica_port", &o.port);
+  if (s.ok())
+    s = unless_flag("--replica-memory-bytes", "replica_memory_bytes",
+                    &o.memory_bytes);
+  if (s.ok())
+    s = unless_flag("--replica-bandwidth", "replica_bandwidth", &o.bandwidth);
+  if (s.ok()) s = unless_flag("--replica-target", "replica_target", &target);
+  if (s.ok() && o.port > 65535)
+    s = absl::InvalidArgumentError(
+        absl::StrCat("config: replica_port: ", o.port, " is not a port"));
+  return s;
+}
+
+absl::Status FinishReplicaOptions(ReplicaOptions& o, const std::string& target,
+                                  bool cluster) {
+  if (!o.domain.empty())
+    if (absl::Status s = ValidatePrintable(o.domain, "--domain", 128); !s.ok())
+      return s;
+  if (o.memory_bytes == 0) o.memory_bytes = kDefaultReplicaMemoryBytes;
+  if (!cluster && (o.port != 0 || !target.empty() || !o.domain.empty()))
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.port != 0       ? "--replica-port"
+                     : !target.empty() ? "--replica-target"
+                                       : "--domain",
+                     ": needs --coordinator (replicas are a cluster's)"));
+  if (target.empty()) return absl::OkStatus();
+  const size_t at = target.find('@');
+  const size_t colon = target.rfind(':');
+  uint32_t port = 0;
+  if (at == std::string::npos || at == 0 || colon == std::string::npos ||
+      colon < at + 2 || !absl::SimpleAtoi(target.substr(colon + 1), &port) ||
+      port == 0 || port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("--replica-target: '",
+                                                   target.substr(0, 128),
+                                                   "' is not NODE@HOST:PORT"));
+  ReplicaPeer peer{target.substr(0, at), target.substr(at + 1, colon - at - 1),
+                   port};
+  if (absl::Status s =
+          storage::ValidateNodeId(peer.node_id, "--replica-target");
+      !s.ok())
+    return s;
+  o.fixed_target = std::move(peer);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

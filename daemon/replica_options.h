@@ -1,0 +1,54 @@
+// ckptd's peer-replica settings (doc/replicas.md): the flags, their
+// checks, and where they go. Filled in one place with the rest of ckptd's
+// options (options.cc calls these).
+#ifndef CKPT_DAEMON_REPLICA_OPTIONS_H_
+#define CKPT_DAEMON_REPLICA_OPTIONS_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/replicator.h"
+#include "util/config_file.h"
+
+namespace ckpt::daemon {
+
+struct ReplicaOptions {
+  std::string domain;  // --domain: the node's failure domain ("" its own)
+  // --replicas 1|0: send copies of this node's staged shards to the
+  // replica target (default 1; nothing is sent without a target).
+  bool send = true;
+  // --replica-port: the listener that holds other nodes' copies and
+  // serves fetches (0: none, the default).
+  uint32_t port = 0;
+  // --replica-memory-bytes: what the held copies (and one arriving, and
+  // evicted ones still being read) may take; 0: --replica-memory-slots'
+  // default, 8 GiB.
+  uint64_t memory_bytes = 0;
+  uint64_t bandwidth = 0;  // --replica-bandwidth, bytes/s; 0: unlimited
+  // --replica-target NODE@HOST:PORT: send copies there instead of where
+  // the coordinator says (static pairs, tests).
+  std::optional<ReplicaPeer> fixed_target;
+};
+
+inline constexpr uint64_t kDefaultReplicaMemoryBytes = 8ull << 30;
+
+// Adds the flags; `target` receives --replica-target's text.
+void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target);
+// The config file's keys (domain, replicas, replica_port,
+// replica_memory_bytes, replica_bandwidth, replica_target), each unless
+// its flag was given. InvalidArgument naming the key.
+[[nodiscard]] absl::Status ReadReplicaConfig(const toml::table& t,
+                                             const CLI::App& app,
+                                             ReplicaOptions& o,
+                                             std::string& target);
+// Checks the values (InvalidArgument naming the flag) and parses `target`.
+[[nodiscard]] absl::Status FinishReplicaOptions(ReplicaOptions& o,
+                                                const std::string& target,
+                                                bool cluster);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_REPLICA_OPTIONS_H_

@@ -1,0 +1,201 @@
+// ReplicaStore (replica_store.h): the holder's copies, their budget and
+// their verification.
+#include "daemon/replica_store.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
+#include "storage/manifest.h"
+#include "storage/shard_image.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+namespace rv1 = ::ckpt::replica::v1;
+
+// The largest image a copy may name: as ckptd's --max-slot-bytes default.
+inline constexpr uint64_t kMaxReplicaImageBytes = 1ull << 40;
+
+class ReplicaMemory {
+ public:
+  ReplicaMemory(void* base, uint64_t bytes,
+                std::shared_ptr<std::atomic<uint64_t>> used)
+      : base_(static_cast<char*>(base)),
+        bytes_(bytes),
+        used_(std::move(used)) {}
+  ~ReplicaMemory() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+    used_->fetch_sub(bytes_);
+  }
+  char* data() { return base_; }
+
+ private:
+  char* const base_;
+  const uint64_t bytes_;
+  const std::shared_ptr<std::atomic<uint64_t>> used_;
+};
+
+const char* HeldReplica::data() const { return memory->data(); }
+
+absl::Status ValidateShardCopy(const rv1::ShardCopy& copy,
+                               std::string_view prefix) {
+  CKPT_RETURN_IF_ERROR(
+      ValidateJobName(copy.job(), absl::StrCat(std::string(prefix), "job")));
+  if (copy.world_size() == 0 || copy.rank() >= copy.world_size())
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(prefix), "rank: ", copy.rank(),
+                     " is not below world_size ", copy.world_size()));
+  if (copy.image_bytes() < 2 * storage::kShardAlign ||
+      copy.image_bytes() > kMaxReplicaImageBytes ||
+      copy.image_bytes() % storage::kShardAlign != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(prefix), "image_bytes: ", copy.image_bytes(),
+        " is not a shard image size (a multiple of ", storage::kShardAlign,
+        ", at least two, at most ", kMaxReplicaImageBytes, ")"));
+  if (copy.checksums_size() == 0 ||
+      static_cast<uint32_t>(copy.checksums_size()) > storage::kMaxShardTensors)
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(prefix), "checksums: ", copy.checksums_size(),
+        " entries; a shard has 1 to ", storage::kMaxShardTensors, " tensors"));
+  if (!copy.source_node().empty())
+    CKPT_RETURN_IF_ERROR(ValidatePrintable(
+        copy.source_node(), absl::StrCat(std::string(prefix), "source_node"),
+        128));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<storage::ShardInfo> VerifyReplicaImage(
+    const char* image, const rv1::ShardCopy& copy, std::string_view what) {
+  CKPT_ASSIGN_OR_RETURN(
+      storage::ShardInfo info,
+      storage::ValidateImage({image, copy.image_bytes()},
+                             {copy.job(), copy.step(), copy.rank()}, what));
+  if (info.world_size != copy.world_size())
+    return absl::DataLossError(absl::StrCat(std::string(what), ": world_size ",
+                                            info.world_size, ", the copy says ",
+                                            copy.world_size()));
+  if (info.tensors.size() != static_cast<size_t>(copy.checksums_size()))
+    return absl::DataLossError(
+        absl::StrCat(std::string(what), ": checksums: the copy names ",
+                     copy.checksums_size(), ", the image's index has ",
+                     info.tensors.size(), " tensors"));
+  for (size_t i = 0; i < info.tensors.size(); ++i)
+    info.tensors[i].checksum = copy.checksums(static_cast<int>(i));
+  CKPT_RETURN_IF_ERROR(storage::VerifyTensorChecksums(image, info, what));
+  return info;
+}
+
+ReplicaStore::ReplicaStore(uint64_t budget_bytes, EvictFn on_evict)
+    : budget_(budget_bytes),
+      used_bytes_(std::make_shared<std::atomic<uint64_t>>(0)),
+      on_evict_(std::move(on_evict)) {
+  counts_.budget_bytes = budget_bytes;
+}
+
+ReplicaStore::~ReplicaStore() = default;
+
+absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
+    const rv1::ShardCopy& copy) {
+  CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+  const uint64_t bytes = copy.image_bytes();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find({copy.job(), copy.rank()});
+    if (it != held_.end() &&
+        std::make_pair(it->second->copy.generation(),
+                       it->second->copy.step()) >=
+            std::make_pair(copy.generation(), copy.step())) {
+      ++counts_.refused;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "copy.step: job '", copy.job(), "' rank ", copy.rank(), " step ",
+          copy.step(), " generation ", copy.generation(),
+          " is not newer than the copy held (step ", it->second->copy.step(),
+          " generation ", it->second->copy.generation(), ")"));
+    }
+    uint64_t used = used_bytes_->load();
+    do {
+      if (used + bytes > budget_ || used + bytes < used) {
+        ++counts_.refused;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "replica_memory_bytes: ", bytes, " more bytes do not fit: ", used,
+            " of ", budget_, " are in use (held, arriving or being read)"));
+      }
+    } while (!used_bytes_->compare_exchange_weak(used, used + bytes));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    used_bytes_->fetch_sub(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("replica_memory_bytes: mapping ", bytes,
+                     " bytes: ", std::strerror(err)));
+  }
+  auto memory = std::make_shared<ReplicaMemory>(base, bytes, used_bytes_);
+  return std::unique_ptr<Incoming>(new Incoming(this, copy, std::move(memory)));
+}
+
+ReplicaStore::Incoming::~Incoming() = default;
+
+char* ReplicaStore::Incoming::data() { return memory_->data(); }
+
+absl::StatusOr<std::shared_ptr<const HeldReplica>>
+ReplicaStore::Incoming::Commit() {
+  const std::string what =
+      absl::StrCat("replica of job '", copy_.job(), "' step ", copy_.step(),
+                   " rank ", copy_.rank());
+  absl::StatusOr<storage::ShardInfo> info =
+      VerifyReplicaImage(memory_->data(), copy_, what);
+  std::shared_ptr<const HeldReplica> evicted;
+  std::shared_ptr<HeldReplica> held;
+  {
+    std::lock_guard<std::mutex> lock(store_->mu_);
+    if (!info.ok()) {
+      ++store_->counts_.rejected;
+      memory_.reset();
+      return info.status();
+    }
+    auto& slot = store_->held_[{copy_.job(), copy_.rank()}];
+    if (slot && std::make_pair(slot->copy.generation(), slot->copy.step()) >=
+                    std::make_pair(copy_.generation(), copy_.step())) {
+      ++store_->counts_.refused;
+      memory_.reset();
+      return absl::FailedPreconditionError(
+          absl::StrCat(std::string(what), ": a newer copy arrived meanwhile"));
+    }
+    held = std::make_shared<HeldReplica>();
+    held->copy = copy_;
+    held->digest = storage::ChecksumsDigest(*info);
+    held->memory = std::move(memory_);
+    evicted = std::move(slot);
+    slot = held;
+    ++store_->counts_.verified;
+    if (evicted) ++store_->counts_.evicted;
+  }
+  if (evicted && store_->on_evict_) store_->on_evict_(evicted->copy);
+  return std::shared_ptr<const HeldReplica>(std::move(held));
+}
+
+std::shared_ptr<const HeldReplica> ReplicaStore::Find(const std::string& job,
+                                                      uint64_t step,
+                                                      uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({job, rank});
+  if (it == held_.end() || it->second->copy.step() != step) return nullptr;
+  return it->second;
+}
+
+ReplicaStats ReplicaStore::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReplicaStats s = counts_;
+  s.used_bytes = used_bytes_->load();
+  s.held = static_cast<uint32_t>(held_.size());
+  return s;
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,135 @@
+// ReplicaStore: the holder's side of peer replicas (doc/replicas.md). It
+// keeps, per (job, rank) of another node, the newest verified copy of the
+// rank's shard in this daemon's own shared memory (one anonymous shared
+// mapping per copy), within a byte budget (--replica-memory-bytes).
+//
+// A copy arrives through an Incoming: Begin reserves its bytes against the
+// budget (refused, naming replica_memory_bytes, when they do not fit: the
+// sender tries again later or the coordinator places it elsewhere), the
+// caller writes the image into it, and Commit verifies it with storage/'s
+// one validator and checksum verifier (the image's header, index and
+// footer, then every tensor against the checksums the copy names) before it
+// replaces the rank's older copy. A copy that fails is dropped and never
+// counted. "Newer" is the pair (generation, step): after a rollback a
+// smaller step of a newer generation replaces a larger one.
+//
+// Bytes are counted from Begin until the mapping is unmapped, which is
+// when the last reader (a Get streaming it) lets go of an evicted copy: the
+// budget bounds the memory really held, in flight and being read included.
+//
+// Thread-safety: all methods are safe to call concurrently; the store's
+// mutex guards bookkeeping only, never held while bytes are copied or
+// verified.
+#ifndef CKPT_DAEMON_REPLICA_STORE_H_
+#define CKPT_DAEMON_REPLICA_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "replica.pb.h"
+#include "storage/shard_format.h"
+
+namespace ckpt::daemon {
+
+// One copy's memory: an anonymous shared mapping, unmapped (and its bytes
+// given back to the store's count) when the last owner lets go.
+class ReplicaMemory;
+
+// A verified copy. The mapping lives as long as the shared_ptr.
+struct HeldReplica {
+  replica::v1::ShardCopy copy;
+  uint64_t digest = 0;  // storage::ChecksumsDigest of copy.checksums
+  std::shared_ptr<ReplicaMemory> memory;
+  const char* data() const;
+};
+
+struct ReplicaStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;  // held, in flight and still being read
+  uint32_t held = 0;
+  uint64_t verified = 0;  // copies that verified and were kept
+  uint64_t rejected = 0;  // copies that failed verification
+  uint64_t refused = 0;   // Begin refused: over budget or older
+  uint64_t evicted = 0;   // replaced by a newer copy of their rank
+};
+
+class ReplicaStore {
+ public:
+  // A replaced copy's (job, step, rank, source node): its holder retracts it.
+  using EvictFn = std::function<void(const replica::v1::ShardCopy&)>;
+
+  explicit ReplicaStore(uint64_t budget_bytes, EvictFn on_evict = nullptr);
+  ReplicaStore(const ReplicaStore&) = delete;
+  ReplicaStore& operator=(const ReplicaStore&) = delete;
+  ~ReplicaStore();
+
+  class Incoming {
+   public:
+    ~Incoming();
+    char* data();
+    uint64_t size() const { return copy_.image_bytes(); }
+    const replica::v1::ShardCopy& copy() const { return copy_; }
+    // Verifies the image and keeps it as the rank's copy (evicting the
+    // older one). DataLoss naming the field or tensor when it fails; the
+    // copy is then dropped. FailedPrecondition when a newer copy of the
+    // rank was kept meanwhile.
+    [[nodiscard]] absl::StatusOr<std::shared_ptr<const HeldReplica>> Commit();
+
+   private:
+    friend class ReplicaStore;
+    Incoming(ReplicaStore* store, replica::v1::ShardCopy copy,
+             std::shared_ptr<ReplicaMemory> memory)
+        : store_(store), copy_(std::move(copy)), memory_(std::move(memory)) {}
+    ReplicaStore* store_;
+    replica::v1::ShardCopy copy_;
+    std::shared_ptr<ReplicaMemory> memory_;
+  };
+
+  // Validates the copy's description (fields named) and reserves its bytes.
+  // ResourceExhausted naming replica_memory_bytes when they do not fit;
+  // FailedPrecondition when the store holds a newer or the same copy.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<Incoming>> Begin(
+      const replica::v1::ShardCopy& copy);
+  // The held copy of (job, step, rank), or null.
+  std::shared_ptr<const HeldReplica> Find(const std::string& job, uint64_t step,
+                                          uint32_t rank) const;
+  ReplicaStats Stats() const;
+
+ private:
+  const uint64_t budget_;
+  // Shared with every ReplicaMemory, which gives its bytes back on unmap.
+  const std::shared_ptr<std::atomic<uint64_t>> used_bytes_;
+  const EvictFn on_evict_;
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<const HeldReplica>>
+      held_;
+  ReplicaStats counts_;
+};
+
+// Checks a copy's image against the copy (every byte of image_bytes is
+// the image): storage::ValidateImage (header, index, footer, the shard
+// named), then every tensor's bytes against copy.checksums
+// (storage::VerifyTensorChecksums). Returns the index with those
+// checksums. DataLoss naming `what` and the field or tensor.
+[[nodiscard]] absl::StatusOr<storage::ShardInfo> VerifyReplicaImage(
+    const char* image, const replica::v1::ShardCopy& copy,
+    std::string_view what);
+
+// The shard a copy names, validated: job name, rank < world_size, sizes
+// within limits. InvalidArgument naming `prefix` + the field.
+[[nodiscard]] absl::Status ValidateShardCopy(const replica::v1::ShardCopy& copy,
+                                             std::string_view prefix);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_REPLICA_STORE_H_

@@ -1,0 +1,121 @@
+// Replicator: the sending half of peer replicas, the pipeline's replicate
+// stage (doc/replicas.md). For every rank this node hosts it sends the
+// newest staged shard to the node's replica target (the coordinator's
+// HeartbeatResponse.replica_target, or a fixed --replica-target), where
+// the holder verifies it before it reports REPLICATED.
+//
+// It has its own queue and one thread. Staged() (the engine's on_shard
+// hook, called with the job table's lock held) only records the rank's
+// newest step and wakes the thread: a save never waits for a replica.
+// The thread takes a StagedShards snapshot (under the table's lock, for
+// the bookkeeping only), streams the slot's bytes with no lock and no
+// lease, and then asks whether a save overwrote the slot meanwhile: such a
+// copy is abandoned (the newer save is queued by then). Sends are paced by
+// the rate limit (--replica-bandwidth); a failed send (the holder down,
+// stopped, out of room, or a copy damaged on the way) is retried with
+// exponential backoff, capped, for as long as it is the rank's newest. A
+// new target re-sends every rank's newest shard.
+//
+// Thread-safety: all methods are safe to call concurrently; the mutex is
+// never held across a transfer or a call into StagedShards.
+#ifndef CKPT_DAEMON_REPLICATOR_H_
+#define CKPT_DAEMON_REPLICATOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "coordinator/client/tls.h"
+#include "daemon/replica_client.h"
+#include "daemon/staged_shards.h"
+
+namespace ckpt::daemon {
+
+struct ReplicaPeer {
+  std::string node_id;
+  std::string host;
+  uint32_t port = 0;
+  bool operator==(const ReplicaPeer&) const = default;
+};
+
+struct ReplicatorOptions {
+  std::string node_id;  // this node (the copies' source_node)
+  coordinator::TlsFiles tls;
+  uint64_t bandwidth = 0;  // bytes/s, 0: unlimited
+  std::chrono::milliseconds retry_delay{200};
+  std::chrono::milliseconds max_retry_delay{std::chrono::seconds(10)};
+  bool corrupt = false;  // test-only: PutOptions::corrupt
+  // A send fails after this long plus twice its time at the rate limit (or
+  // at 100 MB/s), so that a stopped holder costs one try, not the stage.
+  std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};
+};
+
+struct ReplicatorStats {
+  uint64_t sent = 0;  // copies the holder verified
+  uint64_t sent_bytes = 0;
+  uint64_t failed = 0;       // attempts that failed (each retried)
+  uint64_t overwritten = 0;  // abandoned: a save took the slot meanwhile
+  uint32_t pending = 0;      // ranks whose newest shard is not at the target
+  std::string last_error;
+};
+
+class Replicator {
+ public:
+  // staged must outlive the replicator.
+  Replicator(ReplicatorOptions options, StagedShards* staged);
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+  ~Replicator();  // Stop()
+
+  void Start();
+  void Stop();  // abandons queued copies; a running one ends at its deadline
+
+  // The rank's shard of `step` was committed (durable false: it is the
+  // rank's newest from now on) or became durable (its checksums are now
+  // all known; ignored unless it is still the rank's newest).
+  void Staged(const std::string& job, uint64_t step, uint32_t rank,
+              bool durable = false);
+  // Where copies go from now on; nullopt: nowhere.
+  void SetTarget(std::optional<ReplicaPeer> target);
+  ReplicatorStats Stats() const;
+
+ private:
+  struct Rank {
+    uint64_t step = 0;
+    bool done = false;     // the target holds this step (verified)
+    bool waiting = false;  // done until its checksums are known
+    uint32_t attempts = 0;
+    std::chrono::steady_clock::time_point not_before{};
+  };
+  using Key = std::pair<std::string, uint32_t>;  // (job, rank)
+
+  void Loop();
+  // The next due rank, or nullopt (then *wait_until says until when).
+  std::optional<Key> NextLocked(std::chrono::steady_clock::time_point* wake);
+  void SendOne(const Key& key, uint64_t step, const ReplicaPeer& target);
+
+  const ReplicatorOptions options_;
+  StagedShards* const staged_;
+  RateLimiter limit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::optional<ReplicaPeer> target_;
+  std::shared_ptr<grpc::Channel> channel_;  // to target_
+  std::map<Key, Rank> ranks_;
+  ReplicatorStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_REPLICATOR_H_

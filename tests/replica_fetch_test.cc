@@ -1,0 +1,228 @@
+// The sending and fetching sides of peer replicas (doc/replicas.md),
+// in-process engines over real storage and a real replica listener: the
+// replicate stage sends each rank's newest staged shard, a stopped holder
+// never holds up a save, a PREFETCH from a replica restores the exact
+// bytes, a failed peer fetch falls back to the shared root, and a restore
+// waits for a fetch in flight instead of failing.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "daemon/peer_fetch.h"
+#include "storage/keys.h"
+#include "tests/engine_save.h"
+#include "tests/replica_fixture.h"
+#include "tests/test_util.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ReplicaFetchTest = ReplicaFixture;
+
+const daemon::PeerCreds kMe{getpid(), getuid(), getgid()};
+
+bool Eventually(const std::function<bool()>& cond) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The bytes of a node's shard in memory (what it would replicate).
+std::vector<char> SlotBytes(daemon::Engine& e, const std::string& job,
+                            uint64_t step, uint32_t rank) {
+  auto snap = e.SnapshotStaged(job, step, rank);
+  EXPECT_TRUE(snap.ok()) << snap.status();
+  if (!snap.ok()) return {};
+  return {snap->data(), snap->data() + snap->copy.image_bytes()};
+}
+
+TEST_F(ReplicaFetchTest, ReplicateStageSendsEachRanksNewestStagedShard) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  StartReplicator(a, "a", Holder());
+  std::unique_ptr<shm::Arena> arena;
+  for (uint64_t step = 1; step <= 3; ++step)
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok());
+  ASSERT_TRUE(
+      Eventually([&] { return store_->Find("core", 3, 0) != nullptr; }));
+  auto held = store_->Find("core", 3, 0);
+  EXPECT_EQ(held->copy.source_node(), "a");
+  const std::vector<char> want = SlotBytes(*a.engine, "core", 3, 0);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), held->data()));
+  EXPECT_TRUE(Eventually([&] { return replicated_.load() >= 1; }));
+}
+
+TEST_F(ReplicaFetchTest, AnOlderStepBecomingDurableDoesNotReplaceTheNewest) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  std::unique_ptr<shm::Arena> arena;
+  for (uint64_t step = 1; step <= 3; ++step)
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok());
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
+  // The reports as the engine may order them: step 3 committed, then
+  // step 1's persist done.
+  daemon::Replicator& rep = StartReplicator(a, "a", std::nullopt);
+  a.replicator = nullptr;  // only the calls below
+  rep.Staged("core", 3, 0);
+  rep.Staged("core", 1, 0, /*durable=*/true);
+  rep.SetTarget(Holder());
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_NE(store_->Find("core", 3, 0), nullptr);
+  EXPECT_EQ(rep.Stats().pending, 0u);
+}
+
+TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::ReplicatorOptions ro;
+  ro.node_id = "a";
+  ro.retry_delay = std::chrono::milliseconds(20);
+  ro.max_retry_delay = std::chrono::milliseconds(100);
+  ro.corrupt = true;  // CKPTD_TEST_FAULT=corrupt-replica-sends
+  replicators_.push_back(
+      std::make_unique<daemon::Replicator>(ro, a.engine.get()));
+  daemon::Replicator& rep = *replicators_.back();
+  rep.SetTarget(Holder());
+  rep.Start();
+  a.replicator = &rep;
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  // Sent, refused and retried, again and again.
+  ASSERT_TRUE(Eventually([&] { return store_->Stats().rejected >= 3; }));
+  EXPECT_EQ(store_->Stats().held, 0u);
+  EXPECT_EQ(replicated_.load(), 0);
+  EXPECT_EQ(rep.Stats().sent, 0u);
+  EXPECT_GE(rep.Stats().failed, 3u);
+  EXPECT_NE(rep.Stats().last_error.find("checksum mismatch"), std::string::npos)
+      << rep.Stats().last_error;
+  // The slot itself was never touched: its bytes still verify.
+  auto snap = a.engine->SnapshotStaged("core", 1, 0);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_TRUE(
+      daemon::VerifyReplicaImage(snap->data(), snap->copy, "slot").ok());
+}
+
+TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
+  // A "stopped" holder: the kernel accepts the connection, nobody reads.
+  int stuck = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(stuck, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(stuck, 16), 0);
+  ASSERT_EQ(getsockname(stuck, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(
+      a, "a", daemon::ReplicaPeer{"b", "127.0.0.1", ntohs(addr.sin_port)},
+      std::chrono::milliseconds(500));
+  std::unique_ptr<shm::Arena> arena;
+  for (uint64_t step = 1; step <= 20; ++step)
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok())
+        << "save " << step;
+  // Every save committed while the stage could deliver nothing.
+  EXPECT_EQ(rep.Stats().sent, 0u);
+  EXPECT_EQ(rep.Stats().pending, 1u);
+  // The coordinator places the replica elsewhere: the newest step goes.
+  StartHolder(1ull << 30);
+  rep.SetTarget(Holder());
+  ASSERT_TRUE(
+      Eventually([&] { return store_->Find("core", 20, 0) != nullptr; }));
+  // The holder keeps it before the sender hears back.
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_EQ(store_->Stats().held, 1u);
+  close(stuck);
+}
+
+TEST_F(ReplicaFetchTest, PrefetchFromAReplicaRestoresTheExactBytes) {
+  StartHolder(1ull << 30);
+  const storage::Shard s = ReplicaImage("j", 7, 1, 2);
+  ASSERT_TRUE(Put(CopyOf(s), s.image).ok());
+  Node& c = OpenNode("c", dir_.path() + "/shared");
+  coord::v1::ShardSource src;
+  src.set_node_id("b");
+  src.set_host("127.0.0.1");
+  src.set_port(server_->port());
+  src.set_replica(true);
+  std::vector<daemon::FallbackReport> fallbacks;
+  ASSERT_TRUE(daemon::PrefetchRank(
+                  *c.engine, {}, "j", 2, 7, 1, "", &src, getuid(),
+                  [&](daemon::FallbackReport f) { fallbacks.push_back(f); })
+                  .ok());
+  EXPECT_TRUE(fallbacks.empty());
+  auto restored = Restore(c, "j", 7, 1);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == s.image);
+  // Not stored anywhere yet: the replacement persists it itself.
+  EXPECT_TRUE(c.engine->WaitIdle(std::chrono::seconds(20)));
+  EXPECT_TRUE(c.local->Stat(storage::ShardKey("j", 7, 1, "c")).ok());
+}
+
+TEST_F(ReplicaFetchTest, FailedPeerFetchFallsBackToTheSharedRoot) {
+  const std::string shared = dir_.path() + "/shared";
+  Node& a = OpenNode("a", shared);
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 4, true}, &arena).ok());
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
+  const std::vector<char> want = SlotBytes(*a.engine, "core", 4, 0);
+  Node& c = OpenNode("c", shared);
+  coord::v1::ShardSource dead;  // a holder that is gone
+  dead.set_node_id("b");
+  dead.set_host("127.0.0.1");
+  dead.set_port(FreeLoopbackPort());
+  dead.set_replica(true);
+  std::vector<daemon::FallbackReport> fallbacks;
+  ASSERT_TRUE(daemon::PrefetchRank(
+                  *c.engine, {}, "core", 1, 4, 0,
+                  storage::ShardKey("core", 4, 0, "a"), &dead, getuid(),
+                  [&](daemon::FallbackReport f) { fallbacks.push_back(f); })
+                  .ok());
+  ASSERT_EQ(fallbacks.size(), 1u);
+  EXPECT_EQ(fallbacks[0].copy, "memory");
+  EXPECT_EQ(fallbacks[0].next_copy, "file");
+  EXPECT_NE(fallbacks[0].reason.find("replica on b"), std::string::npos);
+  auto restored = Restore(c, "core", 4, 0);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == want);
+}
+
+TEST_F(ReplicaFetchTest, RestoreWaitsForAFetchInFlightInsteadOfFailing) {
+  StartHolder(1ull << 30);
+  const storage::Shard s = ReplicaImage("j", 9, 0, 1);
+  ASSERT_TRUE(Put(CopyOf(s), s.image).ok());
+  Node& c = OpenNode("c", dir_.path() + "/shared");
+  // The PREFETCH is taken: the trainer starts before its shard arrived
+  // (without the wait its restore finds no job 'j' here and fails).
+  c.engine->BeginFetches("j", 9, {0});
+  absl::StatusOr<std::vector<char>> restored = absl::UnknownError("not run");
+  std::thread trainer([&] { restored = Restore(c, "j", 9, 0); });
+  coord::v1::ShardSource src;
+  src.set_node_id("b");
+  src.set_host("127.0.0.1");
+  src.set_port(server_->port());
+  src.set_replica(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it ask
+  absl::Status fetched =
+      daemon::PrefetchRank(*c.engine, {}, "j", 1, 9, 0, "", &src, getuid(), {});
+  c.engine->EndFetch("j", 9, 0);
+  trainer.join();
+  ASSERT_TRUE(fetched.ok()) << fetched;
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == s.image);
+}
+
+}  // namespace
+}  // namespace ckpt::testing

@@ -1,0 +1,178 @@
+// The holder's side of peer replicas (doc/replicas.md) over a real replica
+// listener on loopback: a copy is kept only once it verifies, a damaged
+// one is refused and never reported, the budget keeps the newest copy per
+// rank and refuses past it, bad input is refused naming the field while
+// the listener goes on serving, and under mutual TLS only certificates of
+// the cluster's CA get in.
+#include <sys/wait.h>
+
+#include <cstdlib>
+
+#include "storage/manifest.h"
+#include "tests/replica_fixture.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ReplicaHolderTest = ReplicaFixture;
+
+TEST_F(ReplicaHolderTest, VerifiedCopyIsKeptReportedAndServedBack) {
+  StartHolder(1ull << 30);
+  const storage::Shard s = ReplicaImage("j", 5, 0, 2);
+  auto digest = Put(CopyOf(s), s.image);
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(*digest, storage::ChecksumsDigest(s.info));
+  EXPECT_EQ(replicated_.load(), 1);
+  auto back = Get("j", 5, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == s.image);
+}
+
+TEST_F(ReplicaHolderTest, DamagedCopyIsRefusedNeverHeldNorReported) {
+  StartHolder(1ull << 30);
+  const storage::Shard s = ReplicaImage("j", 5, 0, 2);
+  std::vector<char> bad = s.image;
+  bad[s.info.tensors[0].offset + 1000] ^= 0x40;  // a flip in transit
+  auto put = Put(CopyOf(s), bad);
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(put.status().message().find("layer0.weight"), std::string::npos)
+      << put.status();
+  // A copy whose checksums are not the shard's is as bad.
+  rv1::ShardCopy lying = CopyOf(s);
+  lying.set_checksums(0, lying.checksums(0) + 1);
+  EXPECT_EQ(Put(lying, s.image).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(replicated_.load(), 0);
+  EXPECT_EQ(Get("j", 5, 0).status().code(), absl::StatusCode::kNotFound);
+  const daemon::ReplicaStats st = store_->Stats();
+  EXPECT_EQ(st.rejected, 2u);
+  EXPECT_EQ(st.held, 0u);
+  EXPECT_EQ(st.used_bytes, 0u);  // the refused copies' memory is given back
+}
+
+TEST_F(ReplicaHolderTest, BudgetKeepsTheNewestCopyPerRankAndRefusesPastIt) {
+  const storage::Shard r0s1 = ReplicaImage("j", 1, 0, 4);
+  const uint64_t x = r0s1.image.size();
+  StartHolder(2 * x + x / 2);  // two copies held, or one and one arriving
+  ASSERT_TRUE(Put(CopyOf(r0s1), r0s1.image).ok());
+  const storage::Shard r0s2 = ReplicaImage("j", 2, 0, 4, 100000, 2);
+  ASSERT_TRUE(Put(CopyOf(r0s2), r0s2.image).ok());
+  EXPECT_EQ(Get("j", 1, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Get("j", 2, 0).ok());
+  EXPECT_EQ(store_->Stats().used_bytes, x);  // the evicted copy is unmapped
+  // A rollback: a smaller step of a newer generation replaces it.
+  const storage::Shard r0s0 = ReplicaImage("j", 0, 0, 4, 100000, 3);
+  ASSERT_TRUE(Put(CopyOf(r0s0, /*generation=*/2), r0s0.image).ok());
+  EXPECT_EQ(Get("j", 2, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Stats().evicted, 2u);
+  // An older save of a rank never replaces its newer copy.
+  auto older = Put(CopyOf(r0s2), r0s2.image);
+  EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(older.status().message().find("copy.step"), std::string::npos);
+  const storage::Shard r1 = ReplicaImage("j", 1, 1, 4);
+  ASSERT_TRUE(Put(CopyOf(r1), r1.image).ok());
+  const storage::Shard r2 = ReplicaImage("j", 1, 2, 4);
+  auto over = Put(CopyOf(r2), r2.image);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("replica_memory_bytes"),
+            std::string::npos)
+      << over.status();
+  EXPECT_EQ(store_->Stats().held, 2u);
+  EXPECT_LE(store_->Stats().used_bytes, 2 * x + x / 2);
+  EXPECT_TRUE(Get("j", 0, 0).ok());
+  EXPECT_TRUE(Get("j", 1, 1).ok());
+}
+
+TEST_F(ReplicaHolderTest, BadInputIsRefusedNamingTheFieldAndServingGoesOn) {
+  StartHolder(1ull << 30);
+  const storage::Shard s = ReplicaImage("j", 3, 1, 2);
+  auto first = [&](rv1::ShardCopy c, uint64_t offset, std::string data) {
+    rv1::PutChunk p;
+    *p.mutable_copy() = std::move(c);
+    p.set_offset(offset);
+    p.set_data(std::move(data));
+    return p;
+  };
+  auto data = [&](uint64_t offset, std::string bytes) {
+    rv1::PutChunk p;
+    p.set_offset(offset);
+    p.set_data(std::move(bytes));
+    return p;
+  };
+  auto expect = [](const grpc::Status& st, const std::string& field) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << field << ": " << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(field, 0), 0u)
+        << "want '" << field << "' first: " << st.error_message();
+  };
+  const std::string img(s.image.begin(), s.image.end());
+  expect(RawPut({}), "copy");
+  expect(RawPut({data(0, img)}), "copy");
+  rv1::ShardCopy c = CopyOf(s);
+  c.set_job("../etc");
+  expect(RawPut({first(c, 0, img)}), "copy.job");
+  c = CopyOf(s);
+  c.set_rank(2);
+  expect(RawPut({first(c, 0, img)}), "copy.rank");
+  c = CopyOf(s);
+  c.set_image_bytes(s.image.size() + 1);
+  expect(RawPut({first(c, 0, img)}), "copy.image_bytes");
+  c = CopyOf(s);
+  c.clear_checksums();
+  expect(RawPut({first(c, 0, img)}), "copy.checksums");
+  expect(RawPut({first(CopyOf(s), 4096, img.substr(4096))}), "offset");
+  expect(RawPut({first(CopyOf(s), 0,
+                       std::string(daemon::kMaxReplicaChunkBytes + 1, 'x'))}),
+         "data");
+  expect(RawPut({first(CopyOf(s), 0, img), data(img.size(), "x")}), "data");
+  expect(RawPut({first(CopyOf(s), 0, img.substr(0, 8192))}), "data");
+  rv1::GetRequest bad;
+  bad.set_job("");
+  grpc::ClientContext ctx;
+  rv1::GetChunk chunk;
+  auto reader = rv1::Replica::NewStub(Channel())->Get(&ctx, bad);
+  while (reader->Read(&chunk)) {
+  }
+  expect(reader->Finish(), "job");
+  EXPECT_EQ(Get("j", 9, 1).status().code(), absl::StatusCode::kNotFound);
+  // None of it held anything, and the listener still serves.
+  EXPECT_EQ(store_->Stats().used_bytes, 0u);
+  ASSERT_TRUE(Put(CopyOf(s), s.image).ok());
+  EXPECT_TRUE(Get("j", 3, 1).ok());
+}
+
+#ifdef MAKE_CERTS_SCRIPT
+TEST_F(ReplicaHolderTest, OnlyPeersWithTheClustersCertificateGetIn) {
+  const std::string certs = dir_.path() + "/certs";
+  const std::string cmd =
+      std::string("sh ") + MAKE_CERTS_SCRIPT + " " + certs + " >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl failed";
+  auto files = [&](const std::string& name, const std::string& ca) {
+    coordinator::TlsFiles t;
+    t.cert = certs + "/" + name + ".pem";
+    t.key = certs + "/" + name + ".key";
+    t.ca = certs + "/" + ca + ".pem";
+    return t;
+  };
+  StartHolder(1ull << 30, files("n2", "ca"));
+  const storage::Shard s = ReplicaImage("j", 1, 0, 2);
+  // A node of the cluster's CA puts and gets.
+  auto n1 = Channel(files("n1", "ca"), "n2");
+  ASSERT_TRUE(Put(CopyOf(s, 1, "n1"), s.image, n1.get()).ok());
+  // A certificate of another CA, or none at all, gets nowhere.
+  auto other = Channel(files("n1-other", "other-ca"), "n2");
+  auto refused = Put(CopyOf(s, 2, "n1"), s.image, other.get());
+  EXPECT_FALSE(refused.ok());
+  auto plain = Channel();
+  EXPECT_FALSE(Put(CopyOf(s, 2, "n1"), s.image, plain.get()).ok());
+  // A node cannot put a copy in another node's name.
+  auto forged = Put(CopyOf(s, 2, "n2"), s.image, n1.get());
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(forged.status().message().find("copy.source_node"),
+            std::string::npos);
+  EXPECT_EQ(replicated_.load(), 1);
+}
+#endif
+
+}  // namespace
+}  // namespace ckpt::testing

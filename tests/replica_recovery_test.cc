@@ -52,18 +52,27 @@ TEST(ReplicaRecoveryTest, ALostNodesRankIsRestoredBitIdenticalFromItsPeer) {
   const std::vector<int> ports = FreeLoopbackPorts(4);
   auto start = [&](const std::string& id, const std::string& domain, int port,
                    bool spare, bool hang_persist) {
-    std::vector<std::string> args = {
-        "--coordinator", coordinator.address(), "--insecure",
-        "--node-id",     id,                    "--advertise-addr",
-        "127.0.0.1",     "--shared-root",       shared,
-        "--capacity",    "1",                   "--domain",
-        domain,          "--replica-port",      std::to_string(port)};
+    std::vector<std::string> args = {"--coordinator",
+                                     coordinator.address(),
+                                     "--insecure",
+                                     "--node-id",
+                                     id,
+                                     "--advertise-addr",
+                                     "127.0.0.1",
+                                     "--shared-root",
+                                     shared,
+                                     "--capacity",
+                                     "1",
+                                     "--domain",
+                                     domain,
+                                     "--replica-port",
+                                     std::to_string(port)};
     if (spare) args.push_back("--spare");
     std::filesystem::create_directories(dir.path() + "/" + id);
     if (hang_persist) setenv("CKPTD_TEST_FAULT", "hang-persist-writes", 1);
-    auto d = DaemonProcess::Start(dir.path() + "/" + id + "/root",
-                                  dir.path() + "/" + id, UniqueShmPrefix(),
-                                  args);
+    auto d =
+        DaemonProcess::Start(dir.path() + "/" + id + "/root",
+                             dir.path() + "/" + id, UniqueShmPrefix(), args);
     unsetenv("CKPTD_TEST_FAULT");
     return d;
   };

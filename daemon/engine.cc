@@ -29,18 +29,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
   engine->writer_ = std::make_unique<CatalogWriter>(catalog);
+  engine->arena_drops_ = std::make_unique<ArenaDrops>(backend);
   engine->pipeline_ = std::make_unique<PersistPipeline>(
-      static_cast<PipelineState*>(engine.get()), &engine->table_.mu(),
-      &engine->queue_cv_, &engine->table_.durable_cv, backend, object,
+      static_cast<PipelineState*>(engine.get()), backend, object,
       engine->options_.upload_threads, catalog, engine->writer_.get(),
       engine->options_.node_id);
   engine->persister_ = &engine->pipeline_->persist();
   engine->uploader_ = engine->pipeline_->upload();
-  engine->prefaulter_ = std::make_unique<Prefaulter>(
-      [e = engine.get()](const std::shared_ptr<shm::Arena>& arena,
-                         absl::Status s) {
-        e->OnPrefaulted(arena, std::move(s));
-      });
+  engine->shard_drops_ = std::make_unique<ShardDrops>(
+      &engine->table_, catalog, engine->writer_.get(), engine->persister_,
+      engine->uploader_, engine->options_.node_id);
+  engine->prefaulter_ = std::make_unique<Prefaulter>(&engine->table_, backend);
   CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
   engine->pipeline_->Start();
   engine->metrics_->SetSnapshotSource(
@@ -51,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 
 Engine::~Engine() {
   metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
-  prefaulter_.reset();                   // its callback takes the lock
+  prefaulter_.reset();                   // it publishes under the lock
   if (pipeline_) pipeline_->Stop();      // its tasks take the lock
   {
     std::lock_guard<std::mutex> lock(table_.mu());
@@ -59,7 +58,8 @@ Engine::~Engine() {
   }
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
-  writer_.reset();  // writes what is queued
+  writer_.reset();       // writes what is queued
+  arena_drops_.reset();  // lets go of the arenas dropped so far
   for (auto& [name, job] : table_.jobs())
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
@@ -129,12 +129,8 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
 void Engine::ReleaseLeaseLocked(uint64_t id) {
   std::optional<Lease> lease = table_.ReleaseLease(id);
   if (!lease) return;
-  if (!lease->file_key.empty()) {
-    // A FILE restore is over: the deletes it held back go now.
-    std::vector<LocalDelete> deferred;
-    deferred.swap(deferred_deletes_);
-    for (LocalDelete& d : deferred) PushLocalDeleteLocked(std::move(d));
-  }
+  // A FILE restore is over: the deletes it held back go now.
+  if (!lease->file_key.empty()) shard_drops_->ReleaseDeferred();
   MaybeForgetJobLocked(lease->job);
 }
 

@@ -16,8 +16,10 @@
 //
 // Where each concept lives:
 //   job_table.h    jobs, ranks, slots, steps, leases and hosting in
-//                  memory: lookups, shard/slot transitions, queries, the
-//                  lock and the per-waiter condition variables;
+//                  memory: lookups, shard/slot transitions, queries (List,
+//                  Status and metrics read through ForEachVisible and
+//                  InFlightOf), the lock and the per-waiter condition
+//                  variables;
 //   lease_table.h  the leases and the reaper's poll of their holders;
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
@@ -27,48 +29,64 @@
 //                  queues (persister.h, uploader.h) and all their I/O,
 //                  reading the state through Snapshot*() and reporting
 //                  through Record*() (engine_persist.cc, engine_tier.cc);
-//   retention.h    which steps are complete, durable or dropped, and the
+//   shard_drops.h  dropping a shard (its catalog edit planned, then
+//                  applied) and the deletes owed to storage, recorded as
+//                  intents and redone after a crash;
+//   retention.h    which steps are complete, durable or dropped (local
+//                  retention's whole decision: ShardsToDrop), and the
 //                  node manifest's contents;
-//   prefaulter.h   the background fault-in of new arenas' slots;
+//   prefaulter.h   the background fault-in and registration of new arenas'
+//                  slots, published into the job table;
+//   arena_drops.h  the unregister, unlink and unmap of dropped arenas;
 //   metrics.h      the Prometheus metrics it updates and reports;
 //   catalog.h, catalog_writer.h  the catalog (records: proto/catalog.proto)
 //                  and its edits, applied in order and group-synced
 //                  outside the job table's lock.
 // engine_options.h holds its options and the reports it sends. The method
 // files: engine.cc (Open, Register, BeginSave, AbortSave, leases, the
-// reaper), engine_arena.cc (a rank's arena: create, grow, prefaulted,
-// drop), engine_commit.cc (CommitSave, dropping shards),
-// engine_restore.cc (Latest, OpenRestore's choice of source, loads),
-// engine_fallback.cc (CloseRestore, the fallback ladder), engine_query.cc
-// (WaitDurable, List, Status), engine_persist.cc (a persist's and a
-// manifest's snapshot and record, retention, Drain), engine_tier.cc (the
-// same for uploads, tiered retention), engine_deletes.cc (Delete, delete
-// intents), engine_cluster.cc (hosted ranks, reports, Prefetch),
-// engine_recover.cc (recovery from the catalog), engine_replica.cc (peer
+// reaper), engine_arena.cc (a rank's arena: create, grow, drop),
+// engine_commit.cc (CommitSave), engine_restore.cc (Latest,
+// OpenRestore's choice of source, loads), engine_fallback.cc (CloseRestore, the
+// fallback ladder), engine_query.cc (WaitDurable, List, Status),
+// engine_persist.cc (a persist's and a manifest's snapshot and record,
+// retention, Drain), engine_tier.cc (the same for uploads, tiered retention),
+// engine_deletes.cc (Delete), engine_cluster.cc (hosted ranks,
+// reports, Prefetch), engine_recover.cc (recovery from the catalog), engine_replica.cc (peer
 // replicas: staged snapshots, fetches from peers).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
-// table's lock (table_.mu(), "the lock" below) guards the table and also
-// the persist queue: a lease's release changes its slot, the persister
-// changes slots and shards, and retention drops shards across ranks, so
-// a separate lock for the queue would need an ordering every path keeps
-// (not done). Each kind of waiter has its own condition variable (slot,
-// arena, durable in the table; persist queue and reaper here), notified
-// only by the changes it waits for.
+// table's lock (table_.mu(), "the lock" below) guards the table only. The
+// queues (persist, upload, catalog writer, arena drops, prefaulter) each
+// have their own lock, taken after the table's when a change queues work
+// and never held while they call out; a stage takes the table's lock only
+// through PipelineState's Snapshot/Record, with no lock of its own held.
+// Each kind of waiter has its own condition variable (slot, arena, durable
+// in the table; the queues' idle waiters in the queues; the reaper's
+// here), notified only by the changes it waits for.
 //
 // No I/O runs under the lock but the documented Stat of
-// ClientReadablePath and the drop of an arena (DropArenaLocked: the
-// backend's unregister, shm_unlink and the unmap, no disk; the unlink must
-// precede a re-created arena of the same name): disk and object I/O,
-// catalog writes, checksum passes and arena creation run outside it. A state
+// ClientReadablePath: disk and object I/O, catalog writes, checksum
+// passes, arena creation and an arena's drop (DropArenaLocked hands it to
+// ArenaDrops, whose thread unregisters, unlinks and unmaps it; a new arena
+// of the same name waits for the unlink) run outside it. A state
 // change queues its catalog edit (CatalogWriter) in the same critical section,
 // so edits land in the order of the changes; whoever needs the outcome
 // (CommitSave, a new or grown arena, Prefetch, a delete that waits for its
 // intent; Delete, WaitDurable and a bad-copy CloseRestore before they answer)
 // waits with the lock released. A rank's arena is created (or grown, beside the
 // old one) with the lock released while RankSlots::creating makes other
-// requests for that rank wait; the Prefaulter (its own lock, never held
-// while it calls back) readies the slots beyond slot 0 in the background.
+// requests for that rank wait; the Prefaulter (its own lock) readies the
+// slots beyond slot 0 in the background and publishes them into the job
+// table (JobTable::RecordPrefaulted), never calling the engine.
+//
+// What still runs under the lock besides memory work: the Stat (and
+// setfsuid/faccessat) of ClientReadablePath, and the on_shard/on_fallback
+// callbacks (the node agent's, which only queue a report). Still in the
+// Engine rather than in an owner of its own (issue 17): the object half
+// of tiered retention's decision (engine_tier.cc; the local half is
+// retention.h's LocalTierDropsOf), what a persist's outcome changes
+// (RecordPersist), CommitSave's re-planning when its superseded drops
+// changed while their edit was written, and restore's choice of copy.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -88,6 +106,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
+#include "daemon/arena_drops.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
 #include "daemon/engine_options.h"
@@ -100,6 +119,7 @@
 #include "daemon/prefaulter.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
+#include "daemon/shard_drops.h"
 #include "daemon/staged_shards.h"
 #include "daemon/step_state.h"
 #include "daemon/uploader.h"
@@ -223,8 +243,6 @@ class Engine : public StagedShards, private PipelineState {
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
-  void OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
-                    absl::Status status);
   // OpenRestore: waits while a peer fetch of the shard runs.
   [[nodiscard]] absl::Status WaitFetchLocked(std::unique_lock<std::mutex>& lock,
                                              const std::string& job,
@@ -240,41 +258,11 @@ class Engine : public StagedShards, private PipelineState {
   // no good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
                          const std::string& error);
-  // Drops a rank's shard of a step: its record, and with delete_file its
-  // file; the step's manifests go as it is no longer whole. Catalog
-  // failures are logged (the shard is gone from memory either way).
+  // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
-                       bool delete_file);
-  // DropShardLocked in two halves, for a caller that must write the
-  // catalog before it changes anything (CommitSave): the plan adds the
-  // catalog writes (record deletes, delete intents) to `edit` and changes
-  // nothing; ApplyDropLocked, once the edit is written, changes memory
-  // (JobTable::EraseShard) and queues the deletes.
-  struct LocalDelete {
-    std::string key;
-    bool prefix = false;
-    uint64_t intent = 0;  // its DeleteIntent's id (0: none recorded)
-    uint64_t ticket = 0;  // the catalog edit recording it (0: written)
-  };
-  struct DropPlan {
-    uint64_t step = 0;
-    uint32_t rank = 0;
-    std::vector<LocalDelete> local;  // in order
-    std::optional<UploadTask> object;
-  };
-  DropPlan PlanDropLocked(const Job& job, uint64_t step, uint32_t rank,
-                          bool delete_file, CatalogEdit& edit);
-  // `ticket`: the catalog edit holding the plan's intents (its deletes
-  // wait until it is written; 0: written already).
-  void ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket);
-  // CommitSave's drops of the rank's saves the new one supersedes (steps
-  // >= its step), planned into `edit`.
-  std::vector<DropPlan> PlanSupersededLocked(const Job& job, uint64_t step,
-                                             uint32_t rank, CatalogEdit& edit);
-  // What a planned drop depends on, to tell whether the state it was
-  // planned from changed while its edit was written.
-  std::vector<std::string> DropBasisLocked(
-      const Job& job, const std::vector<DropPlan>& drops) const;
+                       bool delete_file) {
+    shard_drops_->Drop(job, step, rank, delete_file);
+  }
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
@@ -284,9 +272,6 @@ class Engine : public StagedShards, private PipelineState {
   uint64_t RecordLocked(CatalogEdit edit, bool sync) {
     return writer_->Enqueue(std::move(edit), sync);
   }
-  // Queues a local delete whose intent is recorded; one of a file that a
-  // FILE restore reads waits until its lease is released.
-  void PushLocalDeleteLocked(LocalDelete del);
   // The shard failed for good (its persist gave up, every copy failed
   // verification): records it, and tells the coordinator so that no plan
   // chooses its step.
@@ -371,13 +356,6 @@ class Engine : public StagedShards, private PipelineState {
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
   void QueueObjectDeleteLocked(Job& job, uint64_t step);
-  // Deletes owed to storage (engine_deletes.cc): recorded in the catalog
-  // before they are queued, so that a daemon that dies first finishes them
-  // after its restart (RecoverDeletes queues them before anything else).
-  void QueueLocalDeleteLocked(const std::string& job, uint64_t step,
-                              std::string key, bool prefix);
-  void QueueObjectDeleteTaskLocked(UploadTask del);
-  [[nodiscard]] absl::Status RecoverDeletes();
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes the lock.
   MetricsSnapshot Snapshot();
@@ -392,14 +370,9 @@ class Engine : public StagedShards, private PipelineState {
   // Jobs, ranks, slots, steps, leases and hosting, with the lock (mu())
   // and the slot, arena and durable condition variables (job_table.h).
   JobTable table_;
-  // The Engine's own waiters, on table_.mu():
-  //   queue_cv_   the persist queue (persister.h): its thread and WaitIdle;
-  //   reaper_cv_  the reaper's tick, and stopping.
-  std::condition_variable queue_cv_;
+  // The Engine's own waiter, on table_.mu(): the reaper's tick, and
+  // stopping.
   std::condition_variable reaper_cv_;
-  // Local deletes of files that FILE restores still read (finding 24):
-  // queued once no lease holds them.
-  std::vector<LocalDelete> deferred_deletes_;
   bool draining_ = false;
   bool stopping_ = false;
   uint64_t persisted_shards_ = 0;
@@ -410,14 +383,18 @@ class Engine : public StagedShards, private PipelineState {
   // Write leases whose CommitSave waits for its record outside the lock.
   std::set<uint64_t> committing_;
   // Persist, manifest, upload and deletes (pipeline.h); persister_ and
-  // uploader_ (null without an object tier) are its queues. The persist
-  // queue is guarded by the lock, the uploader has its own lock.
+  // uploader_ (null without an object tier) are its queues, each with its
+  // own lock (taken after the table's, never before it).
   std::unique_ptr<PersistPipeline> pipeline_;
   Persister* persister_ = nullptr;
   std::thread reaper_;
   std::atomic<uint64_t> reaper_ticks_{0};
   std::unique_ptr<Prefaulter> prefaulter_;
   Uploader* uploader_ = nullptr;
+  // Unregisters, unlinks and unmaps dropped arenas off the lock.
+  std::unique_ptr<ArenaDrops> arena_drops_;
+  // Drops shards and queues the deletes owed to storage (shard_drops.h).
+  std::unique_ptr<ShardDrops> shard_drops_;
 };
 
 }  // namespace ckpt::daemon

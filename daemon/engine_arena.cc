@@ -1,6 +1,7 @@
 // A rank's shared-memory arena: its name, creation and growth outside the
-// engine mutex (the job record written first), the prefaulter's report,
-// and dropping it. See engine.h and rank_slots.h.
+// job table's lock (the job record written first), and dropping it (the
+// syscalls on the drop queue, arena_drops.h).
+// See engine.h and rank_slots.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
@@ -17,8 +18,8 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   if (it == job.ranks.end() || !it->second.arena) return;
   Rank& r = it->second;
   JobTable::DetachSlot(job, rank_no, JobTable::kAnySlot);
-  if (r.registered) backend_->UnregisterMemory(r.arena->slot_data(0));
-  if (unlink) (void)shm::Arena::Unlink(r.arena->name());
+  // The unregister, unlink and unmap run on the drop queue's thread.
+  arena_drops_->Drop(r.arena, r.registered, unlink);
   r.Clear();
 }
 
@@ -55,6 +56,10 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   ao.prefault_slots = 1;
   r->creating = true;
   lock.unlock();
+  // A dropped arena of this name is unlinked first, so that its queued
+  // unlink cannot remove the new one.
+  arena_drops_->AwaitUnlinked(ao.name);
+  if (grow) arena_drops_->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   auto created = shm::Arena::Create(ao);
   lock.lock();
@@ -109,7 +114,9 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   table_.arena_cv.notify_all();
   table_.slot_cv.notify_all();
   if (!s.ok()) {
-    if (arena) (void)shm::Arena::Unlink(arena->name());
+    if (arena)
+      arena_drops_->Drop(std::move(arena), /*registered=*/false,
+                         /*unlink=*/true);
     return s;
   }
   if (grow)
@@ -119,36 +126,6 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   prefaulter_->Add(arena, /*first_slot=*/1);
   job->recorded = true;
   return r;
-}
-
-void Engine::OnPrefaulted(const std::shared_ptr<shm::Arena>& arena,
-                          absl::Status status) {
-  absl::Status reg = status;
-  if (!status.ok()) {
-    LogWarning(absl::StrCat("arena ", arena->name(),
-                            ": only slot 0 is usable: ", status.message()));
-  } else {
-    // Registering pins every page: only now, with the pages faulted in.
-    reg = backend_->RegisterMemory(
-        arena->slot_data(0),
-        uint64_t{arena->num_slots()} * arena->slot_bytes());
-    if (!reg.ok())
-      LogWarning("register arena memory: " + std::string(reg.message()));
-  }
-  std::lock_guard<std::mutex> lock(table_.mu());
-  for (auto& [name, job] : table_.jobs())
-    for (auto& [r, rank] : job.ranks)
-      if (rank.arena == arena) {
-        rank.registered = reg.ok();
-        if (status.ok())
-          rank.ready_slots = arena->num_slots();
-        else
-          rank.reserve_error = status;
-        table_.slot_cv.notify_all();
-        return;
-      }
-  // Dropped meanwhile; the prefaulter's reference still keeps it mapped.
-  if (reg.ok()) backend_->UnregisterMemory(arena->slot_data(0));
 }
 
 }  // namespace ckpt::daemon

@@ -34,9 +34,7 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
 }
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
-  if (!shard.MoveTo(ShardPhase::kFailed)) return;
-  table_.durable_cv.notify_all();
-  shard.rec.set_error(error);
+  if (!table_.FailShard(shard, error)) return;
   CatalogEdit edit;
   edit.PutShard(shard.rec);
   RecordLocked(std::move(edit), /*sync=*/true);

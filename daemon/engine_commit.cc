@@ -1,4 +1,5 @@
-// CommitSave and the removal of shards. See engine.h.
+// CommitSave, and undoing a commit whose record could not be written. The
+// drops a commit plans and applies are shard_drops.h's. See engine.h.
 #include <chrono>
 #include <span>
 
@@ -82,7 +83,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   // and written again from the new state.
   CatalogEdit edit;
   std::vector<DropPlan> drops =
-      PlanSupersededLocked(*job, req.step(), req.rank(), edit);
+      shard_drops_->PlanSuperseded(*job, req.step(), req.rank(), edit);
   std::vector<uint64_t> planned_intents;
   bool fast = drops.empty();
   uint64_t ticket = 0;
@@ -91,7 +92,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
       for (const LocalDelete& l : d.local) planned_intents.push_back(l.intent);
       if (d.object) planned_intents.push_back(d.object->intent);
     }
-    const std::vector<std::string> basis = DropBasisLocked(*job, drops);
+    const std::vector<std::string> basis = ShardDrops::Basis(*job, drops);
     edit.PutShard(shard.rec);
     committing_.insert(req.lease());
     ticket = RecordLocked(std::move(edit), /*sync=*/true);
@@ -110,7 +111,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     }
     job = &j->second;
     edit = CatalogEdit();
-    if (leased && DropBasisLocked(*job, drops) == basis) break;
+    if (leased && ShardDrops::Basis(*job, drops) == basis) break;
     // The edit ran ahead of memory: its intents go, and the records of
     // what it deleted come back from memory (or are planned again).
     for (uint64_t id : planned_intents) edit.ForgetDeleteIntent(id);
@@ -127,11 +128,11 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
           absl::StrCat("lease: save ", req.lease(), " of job '", req.job(),
                        "' rank ", req.rank(), " ended while it committed"));
     }
-    drops = PlanSupersededLocked(*job, req.step(), req.rank(), edit);
+    drops = shard_drops_->PlanSuperseded(*job, req.step(), req.rank(), edit);
     if (drops.empty()) edit.PutShard(shard.rec);
   }
   CKPT_ASSIGN_OR_RETURN(rank, JobTable::FindRank(*job, req.rank()));
-  for (DropPlan& d : drops) ApplyDropLocked(*job, std::move(d), 0);
+  for (DropPlan& d : drops) shard_drops_->Apply(*job, std::move(d), 0);
   if (fast || !edit.empty()) {
     // Only the new record (not synced: a staged step lives in shared
     // memory, which a machine crash loses anyway; a daemon crash keeps
@@ -143,17 +144,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     ticket = 0;  // written above
   }
   const Lease lease = *table_.leases().Find(req.lease());
-  shard.gen = table_.NextGen();
-  const uint64_t gen = shard.gen;
-
-  rank->Hold(slot_no, SlotStateOf(shard.phase), req.step(), shard.gen,
-             shard.info.layout.image_bytes);
-  PersistTask task{PersistTask::kShard, req.job(), req.step(),
-                   req.rank(),          shard.gen, {}};
-  ReportLocked(shard, /*durable=*/false);
   const uint64_t shard_bytes = shard.info.layout.image_bytes;
-  job->steps[req.step()].shards[req.rank()] = std::move(shard);
-  job->forget_when_idle = false;
+  const uint64_t gen =
+      table_.AddCommitted(*job, *rank, slot_no, std::move(shard));
+  ReportLocked(job->steps[req.step()].shards[req.rank()], /*durable=*/false);
+  PersistTask task{PersistTask::kShard, req.job(), req.step(),
+                   req.rank(),          gen,       {}};
   using Seconds = std::chrono::duration<double>;
   metrics_->SaveCommitted(
       req.job(), Seconds(lease.granted - lease.begun).count(),
@@ -170,40 +166,6 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   return s;
 }
 
-std::vector<Engine::DropPlan> Engine::PlanSupersededLocked(const Job& job,
-                                                           uint64_t step,
-                                                           uint32_t rank,
-                                                           CatalogEdit& edit) {
-  std::vector<DropPlan> drops;
-  for (const auto& [n, st] : job.steps)
-    if (n >= step && st.shards.count(rank))
-      drops.push_back(PlanDropLocked(job, n, rank, n != step, edit));
-  return drops;
-}
-
-std::vector<std::string> Engine::DropBasisLocked(
-    const Job& job, const std::vector<DropPlan>& drops) const {
-  std::vector<std::string> basis;
-  for (const DropPlan& d : drops) {
-    auto step = job.steps.find(d.step);
-    if (step == job.steps.end()) {
-      basis.push_back("gone");
-      continue;
-    }
-    auto sh = step->second.shards.find(d.rank);
-    if (sh == step->second.shards.end()) {
-      basis.push_back("gone");
-      continue;
-    }
-    const Shard& s = sh->second;
-    basis.push_back(
-        absl::StrCat(s.gen, "/", static_cast<int>(s.phase), "/", s.uploaded,
-                     s.local_gone, step->second.manifest,
-                     step->second.object_manifest, step->second.shards.size()));
-  }
-  return basis;
-}
-
 void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
                               uint32_t rank, uint64_t gen) {
   Shard* shard = table_.FindShard(job_name, step, rank);
@@ -213,78 +175,6 @@ void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
   ReportLocked(*shard, /*durable=*/false, /*failed=*/true);
   DropShardLocked(job->second, step, rank, /*delete_file=*/true);
   MaybeForgetJobLocked(job_name);
-}
-
-void Engine::DropShardLocked(Job& job, uint64_t step_no, uint32_t rank,
-                             bool delete_file) {
-  CatalogEdit edit;
-  DropPlan plan = PlanDropLocked(job, step_no, rank, delete_file, edit);
-  const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/true);
-  ApplyDropLocked(job, std::move(plan), ticket);
-}
-
-Engine::DropPlan Engine::PlanDropLocked(const Job& job, uint64_t step_no,
-                                        uint32_t rank, bool delete_file,
-                                        CatalogEdit& edit) {
-  DropPlan plan{step_no, rank, {}, std::nullopt};
-  auto step = job.steps.find(step_no);
-  if (step == job.steps.end()) return plan;
-  auto sh = step->second.shards.find(rank);
-  if (sh == step->second.shards.end()) return plan;
-  const std::string& name = job.rec.job();
-  auto intent = [&](catv1::DeleteIntent::Tier tier,
-                    const std::vector<std::string>& keys, bool prefix) {
-    catv1::DeleteIntent d;
-    d.set_tier(tier);
-    for (const std::string& k : keys) d.add_keys(k);
-    d.set_prefix(prefix);
-    d.set_job(name);
-    d.set_step(step_no);
-    const uint64_t id = catalog_->NewIntentId();
-    edit.PutDeleteIntent(id, d);
-    return id;
-  };
-  auto local = [&](std::string key, bool prefix) {
-    const uint64_t id = intent(catv1::DeleteIntent::LOCAL, {key}, prefix);
-    plan.local.push_back({std::move(key), prefix, id});
-  };
-  const bool was_durable =
-      sh->second.phase == ShardPhase::kDurable && !sh->second.local_gone;
-  const bool delete_object = delete_file && sh->second.uploaded;
-  if (object_ != nullptr && (step->second.object_manifest || delete_object)) {
-    // One ordered task: the object manifest goes before the shard. The
-    // step is no longer whole, so its object manifest goes even when the
-    // shard's key is about to be written again (a re-save of the step).
-    UploadTask del{UploadTask::kDelete, name, step_no};
-    if (step->second.object_manifest)
-      del.keys.push_back(NodeManifestKey(name, step_no));
-    if (delete_object) del.keys.push_back(sh->second.rec.path());
-    del.intent = intent(catv1::DeleteIntent::OBJECT, del.keys, false);
-    plan.object = std::move(del);
-  }
-  // The intents go before the record deletes that made them due.
-  // The step is no longer whole: its manifest goes first.
-  if (step->second.manifest) local(NodeManifestKey(name, step_no), false);
-  if (delete_file && was_durable)
-    local(NodeShardKey(name, step_no, rank), false);
-  // A shared root holds other nodes' files under the same prefix.
-  if (step->second.shards.size() == 1 && delete_file &&
-      options_.node_id.empty())
-    local(storage::StepPrefix(name, step_no), true);
-  edit.DeleteShard(name, step_no, rank);
-  return plan;
-}
-
-void Engine::ApplyDropLocked(Job& job, DropPlan plan, uint64_t ticket) {
-  if (!table_.EraseShard(job, plan.step, plan.rank)) return;
-  if (plan.object) {
-    plan.object->ticket = ticket;
-    uploader_->Push(std::move(*plan.object));
-  }
-  for (LocalDelete& d : plan.local) {
-    d.ticket = ticket;
-    PushLocalDeleteLocked(std::move(d));
-  }
 }
 
 }  // namespace ckpt::daemon

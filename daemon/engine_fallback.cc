@@ -61,13 +61,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
       absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
                    shard.rec.rank());
   metrics_->Failure(metric::kRestoreChecksum);
-  if (shard.slot >= 0) {
-    // The slot's image goes (its last reader frees the slot).
-    auto rank = job.ranks.find(shard.rec.rank());
-    if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
-    shard.slot = -1;
-    shard.slot_from_storage = false;
-  }
+  JobTable::DropImage(job, shard);  // its last reader frees the slot
   FallbackReport fallback;
   fallback.job = job.rec.job();
   fallback.step = shard.rec.step();

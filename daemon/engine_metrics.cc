@@ -8,26 +8,18 @@ MetricsSnapshot Engine::Snapshot() {
   MetricsSnapshot::Backlog& local =
       snap.backlog[std::string(metric::kTierLocal)];
   std::lock_guard<std::mutex> lock(table_.mu());
-  for (const auto& [name, job] : table_.jobs()) {
-    MetricsSnapshot::Job& g = snap.jobs[name];
+  table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
+    MetricsSnapshot::Job& g = snap.jobs[job.rec.job()];
     for (const auto& [r, rank] : job.ranks) {
       if (!rank.arena) continue;
       ++g.arenas;
       g.shm_bytes += rank.arena->size();
     }
-    for (const auto& [n, step] : job.steps) {
-      bool pending = false;
-      for (const auto& [r, shard] : step.shards) {
-        if (shard.phase != ShardPhase::kStaged &&
-            shard.phase != ShardPhase::kPersisting)
-          continue;
-        pending = true;
-        ++local.shards;
-        local.bytes += shard.rec.image_bytes();
-      }
-      if (pending) ++local.steps;
-    }
-  }
+    const JobTable::InFlight in = JobTable::InFlightOf(job);
+    local.steps += in.steps;
+    local.shards += in.shards;
+    local.bytes += in.bytes;
+  });
   if (uploader_) {
     // The object tier's queue (its own lock; lock order engine -> uploader).
     const UploadBacklog b = uploader_->Backlog();

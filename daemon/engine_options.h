@@ -85,10 +85,10 @@ struct EngineOptions {
   CommitTier commit_tier = CommitTier::kLocal;
   uint32_t retain_object = 0;
   unsigned upload_threads = 4;
-  // Called, with the engine's mutex held, when a shard is committed and
+  // Called, with the job table's lock held, when a shard is committed and
   // when it becomes durable; it must only queue the report.
   std::function<void(const ShardReport&)> on_shard;
-  // Called, with the engine's mutex held, when a copy of a shard failed
+  // Called, with the job table's lock held, when a copy of a shard failed
   // a restore's verification; it must only queue the report.
   std::function<void(const FallbackReport&)> on_fallback;
   // Where the engine counts saves, persists and restores (metrics.h); the

@@ -69,7 +69,7 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
           }
     }
     if (s.ok() && !current)
-      QueueLocalDeleteLocked(task.job, task.step, key, false);
+      shard_drops_->QueueLocalDelete(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
@@ -194,26 +194,13 @@ void Engine::ApplyRetentionLocked(Job& job) {
     ApplyTieredRetentionLocked(job, hosting);
     return;
   }
-  std::optional<uint64_t> cutoff = RetentionCutoff(
-      job.steps, options_.retain_steps, !options_.node_id.empty(), hosting);
-  std::vector<std::pair<uint64_t, uint32_t>> doomed;
-  for (auto& [n, step] : job.steps) {
-    if (cutoff && n < *cutoff) {
-      for (auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
-    }
-  }
-  // Steps that can never be whole do not count towards retain_steps, so
-  // without this a rank that fails every persist would fill the disk.
-  for (uint64_t n :
-       BrokenStepsToDrop(job.steps, options_.retain_steps, hosting))
-    if (!cutoff || n >= *cutoff)
-      for (auto& [r, shard] : job.steps[n].shards) doomed.emplace_back(n, r);
-  for (auto [n, r] : doomed) DropShardLocked(job, n, r, /*delete_file=*/true);
+  for (auto [n, r] : ShardsToDrop(job.steps, options_.retain_steps,
+                                  !options_.node_id.empty(), hosting))
+    DropShardLocked(job, n, r, /*delete_file=*/true);
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(table_.mu());
-  return queue_cv_.wait_for(lock, timeout, [&] { return persister_->Idle(); });
+  return persister_->WaitIdle(timeout);
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
@@ -222,21 +209,30 @@ size_t Engine::Drain(std::chrono::milliseconds deadline) {
   table_.slot_cv.notify_all();  // waiting saves give up
   auto pending = [this] { return table_.NotDurable(); };
   const auto until = std::chrono::steady_clock::now() + deadline;
-  table_.durable_cv.wait_until(
-      lock, until, [&] { return pending() == 0 && persister_->Idle(); });
+  auto remaining = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        until - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(0));
+  };
+  table_.durable_cv.wait_until(lock, until, [&] { return pending() == 0; });
+  if (pending() == 0) {
+    // The manifests and deletes the last persists queued (the persist
+    // queue has its own lock and waiters).
+    lock.unlock();
+    (void)persister_->WaitIdle(remaining());
+    lock.lock();
+  }
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
     lock.unlock();
-    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (!uploader_->WaitIdle(
-            std::max(remaining, std::chrono::milliseconds(0)))) {
+    if (!uploader_->WaitIdle(remaining())) {
       lock.lock();
-      for (const auto& [name, job] : table_.jobs())
+      table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
         for (const auto& [s, step] : job.steps)
           for (const auto& [r, shard] : step.shards)
             if (shard.phase == ShardPhase::kDurable && !shard.uploaded) ++left;
+      });
     }
   }
   return left;

@@ -37,7 +37,11 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
     if (table_.durable_cv.wait_until(lock, deadline) ==
         std::cv_status::timeout) {
       const Shard* now = table_.FindShard(req.job(), req.step(), req.rank());
-      if (now != nullptr && now->phase == ShardPhase::kStaged &&
+      // Staged, or in its next attempt at this instant: it keeps failing
+      // either way.
+      if (now != nullptr &&
+          (now->phase == ShardPhase::kStaged ||
+           now->phase == ShardPhase::kPersisting) &&
           now->attempts >= options_.max_persist_attempts)
         return absl::UnavailableError(
             absl::StrCat("persist of step ", req.step(), " rank ", req.rank(),
@@ -61,12 +65,10 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
     if (absl::IsNotFound(found)) return resp;
     CKPT_RETURN_IF_ERROR(found);
   }
-  for (const auto& [name, job] : table_.jobs()) {
-    if (!req.job().empty() && name != req.job()) continue;
-    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
-    if (!job.recorded) continue;  // a first Register is still creating it
+  table_.ForEachVisible(peer.uid, req.job(), [&](const Job& job) {
+    if (!job.recorded) return;  // a first Register is still creating it
     v1::JobInfo* ji = resp.add_jobs();
-    ji->set_job(name);
+    ji->set_job(job.rec.job());
     ji->set_world_size(job.rec.world_size());
     ji->set_uid(job.rec.uid());
     for (const auto& [n, step] : job.steps) {
@@ -87,7 +89,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
         sh->set_error(shard.rec.error());
       }
     }
-  }
+  });
   return resp;
 }
 
@@ -99,13 +101,12 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
           .count());
   resp.set_backend(backend_->name());
   uint64_t in_flight = 0;
-  for (const auto& [name, job] : table_.jobs()) {
-    // Other uids' jobs are not shown (as in List); the counters are global.
-    if (peer.uid != 0 && peer.uid != job.rec.uid()) continue;
+  // Other uids' jobs are not shown (as in List); the counters are global.
+  table_.ForEachVisible(peer.uid, /*only=*/"", [&](const Job& job) {
     for (const auto& [r, rank] : job.ranks) {
       if (!rank.arena) continue;
       v1::ArenaStatus* a = resp.add_arenas();
-      a->set_job(name);
+      a->set_job(job.rec.job());
       a->set_rank(r);
       a->set_shm_name(rank.arena->name());
       a->set_arena_bytes(rank.arena->size());
@@ -116,12 +117,8 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
         st->set_readers(s.readers);
       }
     }
-    for (const auto& [n, step] : job.steps)
-      for (const auto& [r, shard] : step.shards)
-        if (shard.phase == ShardPhase::kStaged ||
-            shard.phase == ShardPhase::kPersisting)
-          in_flight += shard.rec.image_bytes();
-  }
+    in_flight += JobTable::InFlightOf(job).bytes;
+  });
   resp.set_bytes_in_flight(in_flight);
   resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
   resp.set_persisted_shards(persisted_shards_);

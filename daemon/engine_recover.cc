@@ -64,7 +64,8 @@ absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
 }  // namespace
 
 absl::Status Engine::Recover() {
-  CKPT_RETURN_IF_ERROR(RecoverDeletes());  // before any write of those keys
+  CKPT_RETURN_IF_ERROR(
+      shard_drops_->Recover());  // before any write of those keys
   CKPT_ASSIGN_OR_RETURN(std::vector<catv1::JobRecord> jobs, catalog_->Jobs());
   for (catv1::JobRecord& rec : jobs) {
     CKPT_ASSIGN_OR_RETURN(std::vector<catv1::ShardRecord> shards,

@@ -66,7 +66,7 @@ void Engine::RecordUpload(const UploadTask& task, const std::string& key,
   if (shard == nullptr || shard->gen != task.gen) {
     // Deleted or replaced while we uploaded: the object must not outlive it.
     if (shard == nullptr)
-      QueueObjectDeleteTaskLocked(
+      shard_drops_->QueueObjectDelete(
           UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
     return;
   }
@@ -110,7 +110,7 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
   del.keys.push_back(NodeManifestKey(job.rec.job(), step_no));
   for (const auto& [r, shard] : step->second.shards)
     if (shard.uploaded) del.keys.push_back(shard.rec.path());
-  QueueObjectDeleteTaskLocked(std::move(del));
+  shard_drops_->QueueObjectDelete(std::move(del));
   step->second.object_manifest = false;
   for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
 }
@@ -118,13 +118,14 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
 void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
   Step& step = job.steps[step_no];
   if (step.manifest) {
-    QueueLocalDeleteLocked(job.rec.job(), step_no,
-                           NodeManifestKey(job.rec.job(), step_no), false);
+    shard_drops_->QueueLocalDelete(
+        job.rec.job(), step_no, NodeManifestKey(job.rec.job(), step_no), false);
     step.manifest = false;
   }
   for (auto& [r, shard] : step.shards) {
     if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
-    QueueLocalDeleteLocked(job.rec.job(), step_no, shard.rec.path(), false);
+    shard_drops_->QueueLocalDelete(job.rec.job(), step_no, shard.rec.path(),
+                                   false);
     shard.local_gone = true;
     shard.rec.set_local_gone(true);
     CatalogEdit edit;
@@ -138,7 +139,7 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   // The object tier first: whole steps go, object manifest first.
   std::optional<uint64_t> object_cutoff = RetentionCutoff(
       job.steps, options_.retain_object, cluster, hosting, /*object=*/true);
-  std::vector<uint64_t> doomed, local_only;
+  std::vector<uint64_t> doomed;
   for (const auto& [n, step] : job.steps)
     if (object_cutoff && n < *object_cutoff) doomed.push_back(n);
   for (uint64_t n : doomed) {
@@ -159,24 +160,10 @@ void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   // Then the local tier: a step's local copy goes once the step is in the
   // object tier; a complete step still uploading keeps it (the upload may
   // need the file); an incomplete or failed one goes as without tiers.
-  std::optional<uint64_t> local_cutoff = RetentionCutoff(
-      job.steps, options_.retain_steps, cluster, hosting, /*object=*/false);
-  if (!local_cutoff) return;
-  std::vector<uint64_t> drop_whole;
-  for (auto& [n, step] : job.steps) {
-    if (n >= *local_cutoff) break;
-    bool durable = false;
-    // Only a copy the object tier holds may go.
-    bool uploaded = step.object_manifest;
-    for (const auto& [r, shard] : step.shards)
-      uploaded = uploaded && shard.uploaded;
-    if (uploaded)
-      local_only.push_back(n);
-    else if (!table_.StepComplete(job, step, &durable))
-      drop_whole.push_back(n);
-  }
-  for (uint64_t n : local_only) DropLocalCopyLocked(job, n);
-  for (uint64_t n : drop_whole) {
+  const LocalTierDrops local = LocalTierDropsOf(
+      job.steps, options_.retain_steps, job.rec.world_size(), cluster, hosting);
+  for (uint64_t n : local.local_only) DropLocalCopyLocked(job, n);
+  for (uint64_t n : local.whole) {
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);

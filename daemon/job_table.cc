@@ -114,6 +114,32 @@ bool JobTable::MoveShard(Job& job, Shard& shard, ShardPhase to) {
   return true;
 }
 
+uint64_t JobTable::AddCommitted(Job& job, RankSlots& rank, uint32_t slot,
+                                Shard shard) {
+  shard.gen = NextGen();
+  const uint64_t gen = shard.gen;
+  rank.Hold(slot, SlotStateOf(shard.phase), shard.rec.step(), gen,
+            shard.info.layout.image_bytes);
+  job.steps[shard.rec.step()].shards[shard.rec.rank()] = std::move(shard);
+  job.forget_when_idle = false;
+  return gen;
+}
+
+bool JobTable::FailShard(Shard& shard, const std::string& error) {
+  if (!shard.MoveTo(ShardPhase::kFailed)) return false;
+  shard.rec.set_error(error);
+  durable_cv.notify_all();
+  return true;
+}
+
+void JobTable::DropImage(Job& job, Shard& shard) {
+  if (shard.slot < 0) return;
+  auto rank = job.ranks.find(shard.rec.rank());
+  if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
+  shard.slot = -1;
+  shard.slot_from_storage = false;
+}
+
 std::vector<std::pair<uint64_t, Shard*>> JobTable::DetachSlot(Job& job,
                                                               uint32_t rank_no,
                                                               int slot) {
@@ -163,6 +189,23 @@ std::optional<Lease> JobTable::ReleaseLease(uint64_t id) {
   return lease;
 }
 
+bool JobTable::RecordPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                                const absl::Status& status, bool registered) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, job] : jobs_)
+    for (auto& [r, rank] : job.ranks)
+      if (rank.arena == arena) {
+        rank.registered = registered;
+        if (status.ok())
+          rank.ready_slots = arena->num_slots();
+        else
+          rank.reserve_error = status;
+        slot_cv.notify_all();
+        return true;
+      }
+  return false;
+}
+
 const Hosting* JobTable::HostingOf(const std::string& job) const {
   auto it = hosted_.find(job);
   return it == hosted_.end() ? nullptr : &it->second;
@@ -184,13 +227,25 @@ bool JobTable::StepComplete(const Job& job, const Step& step,
 
 size_t JobTable::NotDurable() const {
   size_t n = 0;
-  for (const auto& [name, job] : jobs_)
-    for (const auto& [s, step] : job.steps)
-      for (const auto& [r, shard] : step.shards)
-        if (shard.phase == ShardPhase::kStaged ||
-            shard.phase == ShardPhase::kPersisting)
-          ++n;
+  for (const auto& [name, job] : jobs_) n += InFlightOf(job).shards;
   return n;
+}
+
+JobTable::InFlight JobTable::InFlightOf(const Job& job) {
+  InFlight in;
+  for (const auto& [n, step] : job.steps) {
+    bool pending = false;
+    for (const auto& [r, shard] : step.shards) {
+      if (shard.phase != ShardPhase::kStaged &&
+          shard.phase != ShardPhase::kPersisting)
+        continue;
+      pending = true;
+      ++in.shards;
+      in.bytes += shard.rec.image_bytes();
+    }
+    if (pending) ++in.steps;
+  }
+  return in;
 }
 
 }  // namespace ckpt::daemon

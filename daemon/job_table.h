@@ -16,22 +16,24 @@
 // mu(), queues the catalog edit of the change in the same critical
 // section, and does every write and storage I/O with mu() released.
 //
-// Thread-safety: the caller holds mu() around every method and every use
-// of what a method returns. One condition variable per kind of waiter,
+// Thread-safety: the caller holds mu() around every method (but
+// RecordPrefaulted, which takes it) and every use of what a method
+// returns. One condition variable per kind of waiter,
 // each waited on with mu() and notified by the changes it waits for:
 //   slot_cv     a free or ready slot (BeginSave, loads), draining;
 //   arena_cv    a rank's arena creation done (RankSlots::creating);
 //   durable_cv  a shard's phase or upload, a task done (WaitDurable,
 //               Drain);
 //   fetch_cv    a peer fetch ended (OpenRestore of a fetched shard).
-// (The persist queue still shares mu(): the Engine passes it to the
-// pipeline, whose persist queue has its own condition variable.)
+// The persistence pipeline's queues have locks of their own (persister.h,
+// uploader.h), taken after mu() when a change queues work.
 #ifndef CKPT_DAEMON_JOB_TABLE_H_
 #define CKPT_DAEMON_JOB_TABLE_H_
 
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -111,6 +113,18 @@ class JobTable {
   bool MoveShard(Job& job, Shard& shard, ShardPhase to);
   // A fresh save generation (Shard::gen), unique in this table.
   uint64_t NextGen() { return next_gen_++; }
+  // A committed save enters the table: `shard` (staged, its image in slot
+  // `slot` of its rank) gets a fresh generation, its slot holds it, and
+  // it replaces whatever the step held for its rank. The job is in use
+  // again. Returns the shard's generation.
+  uint64_t AddCommitted(Job& job, RankSlots& rank, uint32_t slot, Shard shard);
+  // The shard failed for good (kFailed, with `error`). False when it could
+  // not move there (already failed, or gone from memory and disk).
+  bool FailShard(Shard& shard, const std::string& error);
+  // The shard's image in memory is no longer usable (it failed
+  // verification): its slot frees (or its last reader frees it) and the
+  // shard is restorable only from storage.
+  static void DropImage(Job& job, Shard& shard);
   // The shards of rank `rank_no` of `job` whose image is in `slot` (in
   // any slot of the rank with kAnySlot) are no longer in memory: their
   // slot is unset. Returns them with their steps; the slot table is the
@@ -123,6 +137,13 @@ class JobTable {
   // freed by its persister or last reader), the step's manifests no
   // longer count, an empty step goes. Returns whether there was one.
   bool EraseShard(Job& job, uint64_t step, uint32_t rank);
+  // The prefaulter's outcome for `arena` (prefaulter.h), published into the
+  // rank that holds it: every slot ready (or, with an error, only those it
+  // had), `registered` with the backend; wakes the slot waiters. Takes
+  // mu() itself (the one method that does). False when no rank holds the
+  // arena any more (dropped meanwhile).
+  bool RecordPrefaulted(const std::shared_ptr<shm::Arena>& arena,
+                        const absl::Status& status, bool registered);
   // Removes lease `id` and undoes what it held on its slot: an unfinished
   // write frees the slot, a read drops one reader (a FILE restore's lease
   // holds no slot). Returns the lease, nullopt if there was none.
@@ -136,6 +157,26 @@ class JobTable {
   bool StepComplete(const Job& job, const Step& step, bool* durable) const;
   // Committed shards not yet durable (staged or persisting), all jobs.
   size_t NotDurable() const;
+  // What `job` holds that is not yet durable: the steps with such a shard,
+  // the shards and their bytes (Status, metrics, NotDurable).
+  struct InFlight {
+    uint64_t steps = 0;
+    uint64_t shards = 0;
+    uint64_t bytes = 0;
+  };
+  static InFlight InFlightOf(const Job& job);
+
+  // The readers' view (List, Status, metrics): calls fn(job) for every
+  // job `uid` may see — root every job, another uid its own — in name
+  // order; with `only` non-empty, for that job alone.
+  template <typename Fn>
+  void ForEachVisible(uint32_t uid, const std::string& only, Fn fn) const {
+    for (const auto& [name, job] : jobs_) {
+      if (!only.empty() && name != only) continue;
+      if (uid != 0 && uid != job.rec.uid()) continue;
+      fn(job);
+    }
+  }
 
   std::map<std::string, Job>& jobs() { return jobs_; }
   const std::map<std::string, Job>& jobs() const { return jobs_; }

@@ -57,7 +57,8 @@ void NodeAgent::StartHealthCheck(uint64_t id) {
     cv1::NodeHealthReport report = check();
     std::string failed;
     for (const cv1::HealthCheck& c : report.checks())
-      if (!c.passed()) absl::StrAppend(&failed, " ", c.name(), ": ", c.reason());
+      if (!c.passed())
+        absl::StrAppend(&failed, " ", c.name(), ": ", c.reason());
     if (failed.empty())
       LogInfo("health: re-check passed");
     else

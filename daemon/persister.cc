@@ -9,13 +9,9 @@
 
 namespace ckpt::daemon {
 
-Persister::Persister(std::mutex* mu, std::condition_variable* cv,
-                     storage::Backend* backend, RunFn run, Catalog* intents,
-                     CatalogWriter* writer, std::condition_variable* done)
-    : mu_(mu),
-      cv_(cv),
-      done_(done),
-      backend_(backend),
+Persister::Persister(storage::Backend* backend, RunFn run, Catalog* intents,
+                     CatalogWriter* writer)
+    : backend_(backend),
       run_(std::move(run)),
       intents_(intents),
       writer_(writer) {}
@@ -29,11 +25,36 @@ void Persister::Start() {
 void Persister::Stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(*mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_->notify_all();
+  work_cv_.notify_all();
   thread_.join();
+}
+
+void Persister::Push(PersistTask task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    queued_.store(tasks_.size(), std::memory_order_relaxed);
+  }
+  work_cv_.notify_all();
+}
+
+size_t Persister::Size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tasks_.size();
+}
+
+bool Persister::Idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tasks_.empty() && !busy_;
+}
+
+bool Persister::WaitIdle(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, timeout,
+                           [&] { return tasks_.empty() && !busy_; });
 }
 
 void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent,
@@ -48,9 +69,9 @@ void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent,
 }
 
 void Persister::Loop() {
-  std::unique_lock<std::mutex> lock(*mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    std::optional<PersistTask> due = TakeDueTask(tasks_, *cv_, lock);
+    std::optional<PersistTask> due = TakeDueTask(tasks_, work_cv_, lock);
     if (!due) continue;
     PersistTask task = std::move(*due);
     queued_.store(tasks_.size(), std::memory_order_relaxed);
@@ -80,8 +101,7 @@ void Persister::Loop() {
     running_.store(false, std::memory_order_relaxed);
     lock.lock();
     busy_ = false;
-    cv_->notify_all();
-    if (done_ != nullptr) done_->notify_all();
+    idle_cv_.notify_all();
   }
 }
 

@@ -9,12 +9,13 @@
 // PersistPipeline (pipeline.h), which does their I/O without the engine
 // mutex.
 //
-// Thread-safety: the queue is guarded by the engine's mutex (given at
-// construction): callers of Push, Size and Idle hold it. Push notifies the
-// queue's condition variable (given too; the persister waits on it, and
-// notifies it when a task is done). The thread runs tasks with the mutex
-// released. progress() and busy() are lock-free, for the service watchdog: they
-// must answer even while the thread (or whoever holds the mutex) is wedged.
+// Thread-safety: every method is safe from any thread. The queue has its
+// own lock, taken only for queue work and never held while a task runs,
+// so a caller may queue with the job table's lock held (that order, table
+// then queue, is the only one: the persister never takes the table's lock,
+// and its tasks run with no lock of the persister held). progress() and
+// running() are lock-free, for the service watchdog: they must answer even
+// while the thread (or whoever holds a lock) is wedged.
 #ifndef CKPT_DAEMON_PERSISTER_H_
 #define CKPT_DAEMON_PERSISTER_H_
 
@@ -53,17 +54,14 @@ struct PersistTask {
 
 class Persister {
  public:
-  // Runs a kShard or kManifest task; called without the mutex held.
+  // Runs a kShard or kManifest task (the pipeline, its owner); called with
+  // no lock of the persister held.
   using RunFn = std::function<void(const PersistTask&)>;
 
-  // mu and cv are the engine's; backend (and intents, where a done
-  // delete's intent is forgotten, and writer, which records intents, if
-  // given) must outlive the persister.
-  // done (if given) is notified, besides cv, when a task is done.
-  Persister(std::mutex* mu, std::condition_variable* cv,
-            storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
-            CatalogWriter* writer = nullptr,
-            std::condition_variable* done = nullptr);
+  // backend (and intents, where a done delete's intent is forgotten, and
+  // writer, which records intents, if given) must outlive the persister.
+  Persister(storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
+            CatalogWriter* writer = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -71,24 +69,20 @@ class Persister {
   // Starts the thread (after recovery has queued its tasks).
   void Start();
   // Stops the thread after the task it is running; queued tasks stay.
-  // Takes the mutex: callers must not hold it.
   void Stop();
 
-  // Callers hold the mutex.
-  void Push(PersistTask task) {
-    tasks_.push_back(std::move(task));
-    queued_.store(tasks_.size(), std::memory_order_relaxed);
-    cv_->notify_all();
-  }
+  void Push(PersistTask task);
   // A delete, and its DeleteIntent in the catalog (0: none), recorded by
   // the writer's edit `ticket` (0: already written): the delete runs once
   // that edit is written, and the intent is forgotten once it is done; a
   // failure leaves it for the next start.
   void QueueDelete(std::string key, bool prefix, uint64_t intent = 0,
                    uint64_t ticket = 0);
-  size_t Size() const { return tasks_.size(); }
+  size_t Size() const;
   // Nothing queued or running.
-  bool Idle() const { return tasks_.empty() && !busy_; }
+  bool Idle() const;
+  // Waits until Idle(); false on timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout) const;
 
   // Lock-free. A counter that moves with every task done and every piece
   // of a shard written (NoteProgress); whether a task is running; how many
@@ -104,13 +98,13 @@ class Persister {
  private:
   void Loop();
 
-  std::mutex* const mu_;
-  std::condition_variable* const cv_;
-  std::condition_variable* const done_;
   storage::Backend* const backend_;
   const RunFn run_;
   Catalog* const intents_;
   CatalogWriter* const writer_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;          // a task queued, or stopping
+  mutable std::condition_variable idle_cv_;  // a task done (WaitIdle)
   std::deque<PersistTask> tasks_;
   bool busy_ = false;
   bool stopping_ = false;

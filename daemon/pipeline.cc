@@ -64,10 +64,7 @@ absl::Status PutObject(storage::Backend& backend, const std::string& key,
 
 }  // namespace
 
-PersistPipeline::PersistPipeline(PipelineState* state, std::mutex* mu,
-                                 std::condition_variable* cv,
-                                 std::condition_variable* done,
-                                 storage::Backend* local,
+PersistPipeline::PersistPipeline(PipelineState* state, storage::Backend* local,
                                  storage::Backend* object,
                                  unsigned upload_threads, Catalog* catalog,
                                  CatalogWriter* writer, std::string node_id)
@@ -76,14 +73,14 @@ PersistPipeline::PersistPipeline(PipelineState* state, std::mutex* mu,
       object_(object),
       node_id_(std::move(node_id)),
       persister_(
-          mu, cv, local,
+          local,
           [this](const PersistTask& task) {
             if (task.kind == PersistTask::kShard)
               PersistShard(task);
             else
               WriteManifest(task);
           },
-          catalog, writer, done) {
+          catalog, writer) {
   if (object != nullptr)
     uploader_ = std::make_unique<Uploader>(
         object, upload_threads,

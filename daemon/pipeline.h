@@ -9,7 +9,8 @@
 // with a Record of its outcome (applied under it); the pipeline holds no
 // state lock while it writes, and never reaches into the state otherwise.
 // The state queues work through Persist()/Upload() (their Push and
-// QueueDelete), under its own lock for the persist queue (persister.h).
+// QueueDelete); each queue has its own lock (persister.h, uploader.h), so
+// the state may queue with its lock held.
 //
 // Thread-safety: as the Persister's and the Uploader's; the PipelineState
 // methods are called from their threads without the state lock held.
@@ -98,21 +99,18 @@ class PipelineState {
 
 class PersistPipeline {
  public:
-  // mu and cv are the state's (the persist queue's lock and condition
-  // variable, persister.h), done is notified when a persist task is done;
-  // every pointer must outlive the pipeline; object may be null (no object
+  // Every pointer must outlive the pipeline; object may be null (no object
   // tier).
-  PersistPipeline(PipelineState* state, std::mutex* mu,
-                  std::condition_variable* cv, std::condition_variable* done,
-                  storage::Backend* local, storage::Backend* object,
-                  unsigned upload_threads, Catalog* catalog,
-                  CatalogWriter* writer, std::string node_id);
+  PersistPipeline(PipelineState* state, storage::Backend* local,
+                  storage::Backend* object, unsigned upload_threads,
+                  Catalog* catalog, CatalogWriter* writer, std::string node_id);
   PersistPipeline(const PersistPipeline&) = delete;
   PersistPipeline& operator=(const PersistPipeline&) = delete;
   ~PersistPipeline();  // Stop()
 
   void Start();
-  // Takes the state's lock (the persister's Stop): callers must not hold it.
+  // Waits for the running tasks, which take the state's lock (Snapshot,
+  // Record): callers must not hold it.
   void Stop();
 
   Persister& persist() { return persister_; }

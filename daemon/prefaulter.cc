@@ -1,8 +1,15 @@
+// The prefaulter's queue and thread. See prefaulter.h.
 #include "daemon/prefaulter.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
 
 namespace ckpt::daemon {
 
-Prefaulter::Prefaulter(DoneFn done) : done_(std::move(done)) {
+Prefaulter::Prefaulter(JobTable* table, storage::Backend* backend)
+    : table_(table), backend_(backend) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -32,11 +39,30 @@ void Prefaulter::Loop() {
     auto [arena, first] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    absl::Status s = arena->ReserveSlots(first, arena->num_slots());
-    done_(arena, std::move(s));
+    Ready(arena, first);
     arena.reset();
     lock.lock();
   }
+}
+
+void Prefaulter::Ready(const std::shared_ptr<shm::Arena>& arena,
+                       uint32_t first) {
+  absl::Status status = arena->ReserveSlots(first, arena->num_slots());
+  bool registered = false;
+  if (!status.ok()) {
+    LogWarning(absl::StrCat("arena ", arena->name(),
+                            ": only slot 0 is usable: ", status.message()));
+  } else {
+    absl::Status reg = backend_->RegisterMemory(
+        arena->slot_data(0),
+        uint64_t{arena->num_slots()} * arena->slot_bytes());
+    registered = reg.ok();
+    if (!registered)
+      LogWarning("register arena memory: " + std::string(reg.message()));
+  }
+  // Dropped meanwhile: our reference still keeps it mapped.
+  if (!table_->RecordPrefaulted(arena, status, registered) && registered)
+    backend_->UnregisterMemory(arena->slot_data(0));
 }
 
 }  // namespace ckpt::daemon

@@ -100,4 +100,44 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job,
   return m;
 }
 
+std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
+    const Hosting* hosting) {
+  std::optional<uint64_t> cutoff =
+      RetentionCutoff(steps, retain_steps, cluster, hosting);
+  std::vector<std::pair<uint64_t, uint32_t>> doomed;
+  for (const auto& [n, step] : steps)
+    if (cutoff && n < *cutoff)
+      for (const auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
+  // Steps that can never be whole do not count towards retain_steps, so
+  // without this a rank that fails every persist would fill the disk.
+  for (uint64_t n : BrokenStepsToDrop(steps, retain_steps, hosting))
+    if (!cutoff || n >= *cutoff)
+      for (const auto& [r, shard] : steps.at(n).shards)
+        doomed.emplace_back(n, r);
+  return doomed;
+}
+
+LocalTierDrops LocalTierDropsOf(const std::map<uint64_t, Step>& steps,
+                                uint32_t retain_steps, uint32_t world_size,
+                                bool cluster, const Hosting* hosting) {
+  LocalTierDrops drops;
+  std::optional<uint64_t> cutoff =
+      RetentionCutoff(steps, retain_steps, cluster, hosting, /*object=*/false);
+  if (!cutoff) return drops;
+  for (const auto& [n, step] : steps) {
+    if (n >= *cutoff) break;
+    // Only a copy the object tier holds may go.
+    bool uploaded = step.object_manifest;
+    for (const auto& [r, shard] : step.shards)
+      uploaded = uploaded && shard.uploaded;
+    bool durable = false;
+    if (uploaded)
+      drops.local_only.push_back(n);
+    else if (!StepComplete(step, world_size, hosting, &durable))
+      drops.whole.push_back(n);
+  }
+  return drops;
+}
+
 }  // namespace ckpt::daemon

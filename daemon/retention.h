@@ -59,6 +59,28 @@ std::vector<uint64_t> BrokenStepsToDrop(const std::map<uint64_t, Step>& steps,
                                         uint32_t retain_steps,
                                         const Hosting* hosting);
 
+// Local-only retention's decision: the (step, rank) of every shard to drop
+// now — those of the steps below RetentionCutoff, and of the steps
+// BrokenStepsToDrop names — in step order.
+std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
+    const Hosting* hosting);
+
+// Tiered retention's local half (with an object tier), over the steps
+// left once the object tier's retention ran: of the steps below the local
+// cutoff (RetentionCutoff over the local manifests), those whose local
+// copy may go because the object tier holds the whole step (local_only),
+// and those that can never be whole here (whole: they go from both tiers,
+// as without tiers). A complete step still uploading keeps its files (the
+// upload may need them).
+struct LocalTierDrops {
+  std::vector<uint64_t> local_only;
+  std::vector<uint64_t> whole;
+};
+LocalTierDrops LocalTierDropsOf(const std::map<uint64_t, Step>& steps,
+                                uint32_t retain_steps, uint32_t world_size,
+                                bool cluster, const Hosting* hosting);
+
 // The (rank, generation) of each of the step's shards: a manifest built
 // from the step still describes it while these are unchanged.
 std::vector<std::pair<uint32_t, uint64_t>> ShardGenerations(const Step& step);

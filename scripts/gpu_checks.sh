@@ -23,10 +23,11 @@ if [[ -n ${2:-} ]]; then
 print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/**/lib", recursive=True)))' 2>/dev/null)
   export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}${wheels:+:$wheels}"
   # The test binaries name the daemon by the build tree's absolute path.
-  src=$(grep -a -m1 -o '/[[:alnum:]/._-]*/build/daemon/ckptd' build/tests/cuda_test || true)
+  # (any build directory's name: the bundle puts its binaries under build/)
+  src=$(grep -a -m1 -o '/[[:alnum:]/._-]*/build[[:alnum:]_-]*/daemon/ckptd' build/tests/cuda_test || true)
   if [[ -n $src && ! -e $src ]]; then
-    mkdir -p "$(dirname "${src%/build/daemon/ckptd}")"
-    ln -sfn "$PWD" "${src%/build/daemon/ckptd}"
+    mkdir -p "$(dirname "${src%/daemon/ckptd}")"
+    ln -sfn "$PWD/build" "${src%/daemon/ckptd}"
   fi
 fi
 b=build

@@ -2,8 +2,9 @@
 // that holds every new object (writers and small objects) whose key
 // contains a chosen part (every key by default) while the gate is closed,
 // can hold one writer's Commit (its bytes written, not yet visible), and
-// records the order of deletes. Every method is thread-safe; the held
-// calls wait on the gate's own lock.
+// records the order of deletes; it can also hold UnregisterMemory (an
+// arena's drop) and counts RegisterMemory. Every method is thread-safe; the
+// held calls wait on the gate's own lock.
 #ifndef CKPT_TESTS_GATED_BACKEND_H_
 #define CKPT_TESTS_GATED_BACKEND_H_
 
@@ -60,6 +61,42 @@ class GatedBackend : public storage::BackendWrapper {
   std::vector<std::string> deletes() {
     std::lock_guard<std::mutex> l(mu_);
     return deletes_;
+  }
+  // UnregisterMemory waits (after counting itself in unregistering())
+  // until ReleaseUnregister().
+  void HoldUnregister() {
+    std::lock_guard<std::mutex> l(mu_);
+    unregister_open_ = false;
+  }
+  void ReleaseUnregister() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      unregister_open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int unregistering() {
+    std::lock_guard<std::mutex> l(mu_);
+    return unregistering_;
+  }
+  // RegisterMemory calls that succeeded.
+  int registered() {
+    std::lock_guard<std::mutex> l(mu_);
+    return registered_;
+  }
+  absl::Status RegisterMemory(void* base, uint64_t len) override {
+    absl::Status s = target()->RegisterMemory(base, len);
+    std::lock_guard<std::mutex> l(mu_);
+    if (s.ok()) ++registered_;
+    return s;
+  }
+  void UnregisterMemory(void* base) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++unregistering_;
+      cv_.wait(l, [&] { return unregister_open_; });
+    }
+    target()->UnregisterMemory(base);
   }
   absl::StatusOr<std::unique_ptr<storage::ObjectWriter>> NewObjectWriter(
       std::string_view key, uint64_t size,
@@ -129,6 +166,9 @@ class GatedBackend : public storage::BackendWrapper {
   bool hold_armed_ = false;
   bool commit_open_ = true;
   std::vector<std::string> deletes_;
+  bool unregister_open_ = true;
+  int unregistering_ = 0;
+  int registered_ = 0;
 };
 
 }  // namespace ckpt::testing

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tests/cluster_harness.h"
 #include "tests/temp_dir.h"
@@ -35,6 +36,39 @@ class HealthClusterTest : public ::testing::Test {
                       /*with_stderr=*/true, 30)
         .out;
   }
+  // Nodes a and b host a 4-rank job, c and d are spares; returns once the
+  // job has a good step 3.
+  void StartTwoNodesAndTwoSpares(const ClusterOptions& o) {
+    cluster_ = std::make_unique<Cluster>(o);
+    cluster_->StartCoordinator();
+    cluster_->StartNode("a");
+    cluster_->StartNode("b");
+    cluster_->StartNode("c", /*spare=*/true);
+    cluster_->StartNode("d", /*spare=*/true);
+    ASSERT_TRUE(Cluster::WaitUntil(
+        [&] {
+          auto job = cluster_->Job();
+          return job && job->has_last_good() && job->last_good_step() >= 3;
+        },
+        seconds(60)))
+        << "no progress";
+  }
+  void ExpectLaunchersFinish(const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+      auto st = cluster_->WaitLauncher(id, seconds(120));
+      ASSERT_TRUE(st.has_value())
+          << "ckptrun of node " << id << " still running";
+      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << "ckptrun of node " << id << " wait status " << *st;
+    }
+  }
+  // The node's root is no directory any more (a disk that went away).
+  void BreakRoot(const std::string& node) {
+    const std::string root = dir_.path() + "/node-" + node + "/root";
+    ASSERT_EQ(RunCommand("mv " + root + " " + root + ".gone && touch " + root)
+                  .exit_code,
+              0);
+  }
   TempDir dir_;
   std::unique_ptr<Cluster> cluster_;
 };
@@ -46,19 +80,7 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
   // "c" comes before "d" in node-id order: without its health check the
   // plan would choose it.
   o.node_ckptd_args["c"] = {"--health-shm-mib-per-rank", "1073741824"};
-  cluster_ = std::make_unique<Cluster>(o);
-  cluster_->StartCoordinator();
-  cluster_->StartNode("a");
-  cluster_->StartNode("b");
-  cluster_->StartNode("c", /*spare=*/true);
-  cluster_->StartNode("d", /*spare=*/true);
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        auto job = cluster_->Job();
-        return job && job->has_last_good() && job->last_good_step() >= 3;
-      },
-      seconds(60)))
-      << "no progress";
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodesAndTwoSpares(o));
   cluster_->KillNode("b");
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
@@ -70,12 +92,7 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->rank_node(2), "d");
   EXPECT_EQ(job->rank_node(3), "d");
-  for (const std::string id : {"a", "d"}) {
-    auto st = cluster_->WaitLauncher(id, seconds(120));
-    ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
-    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
-        << "ckptrun of node " << id << " wait status " << *st;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectLaunchersFinish({"a", "d"}));
   auto cluster = cluster_->GetCluster();
   ASSERT_TRUE(cluster.has_value());
   for (const auto& n : cluster->nodes()) {
@@ -175,24 +192,8 @@ TEST_F(HealthClusterTest, SpareWhoseRootBrokeIsCheckedBeforeItTakesRanks) {
   // No re-checks of their own: only the coordinator's request finds it.
   o.ckptd_args = {"--health-recheck-s", "0"};
   o.coordinator_args = {"--spare-check-max-age-s", "1"};
-  cluster_ = std::make_unique<Cluster>(o);
-  cluster_->StartCoordinator();
-  cluster_->StartNode("a");
-  cluster_->StartNode("b");
-  cluster_->StartNode("c", /*spare=*/true);
-  cluster_->StartNode("d", /*spare=*/true);
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        auto job = cluster_->Job();
-        return job && job->has_last_good() && job->last_good_step() >= 3;
-      },
-      seconds(60)))
-      << "no progress";
-  // c's root is no directory any more (a disk that went away).
-  const std::string root = dir_.path() + "/node-c/root";
-  ASSERT_EQ(RunCommand("mv " + root + " " + root + ".gone && touch " + root)
-                .exit_code,
-            0);
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodesAndTwoSpares(o));
+  ASSERT_NO_FATAL_FAILURE(BreakRoot("c"));
   auto c_before = cluster_->GetCluster();
   ASSERT_TRUE(c_before.has_value());
   for (const auto& n : c_before->nodes())
@@ -230,12 +231,7 @@ TEST_F(HealthClusterTest, SpareWhoseRootBrokeIsCheckedBeforeItTakesRanks) {
     waited |= e.kind() == cv1::PLAN_WAITING &&
               e.detail().find("health check is") != std::string::npos;
   EXPECT_TRUE(waited) << "no plan waited for a spare's check";
-  for (const std::string id : {"a", "d"}) {
-    auto st = cluster_->WaitLauncher(id, seconds(120));
-    ASSERT_TRUE(st.has_value()) << "ckptrun of node " << id << " still running";
-    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
-        << "ckptrun of node " << id << " wait status " << *st;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectLaunchersFinish({"a", "d"}));
 
   // On demand: every alive node runs its checks and answers.
   const std::string health = Ctl("health --json --timeout-s 30");
@@ -287,10 +283,7 @@ TEST_F(HealthClusterTest, IdleSpareRechecksOnItsOwn) {
         return cluster && cluster->nodes_size() == 2;
       },
       seconds(30)));
-  const std::string root = dir_.path() + "/node-c/root";
-  ASSERT_EQ(RunCommand("mv " + root + " " + root + ".gone && touch " + root)
-                .exit_code,
-            0);
+  ASSERT_NO_FATAL_FAILURE(BreakRoot("c"));
   std::optional<cv1::NodeRecord> c;
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {

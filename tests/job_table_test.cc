@@ -176,5 +176,46 @@ TEST_F(JobTableTest, CompletenessCountsOnlyTheHostedRanks) {
   EXPECT_EQ(table_.NotDurable(), 0u);
 }
 
+TEST_F(JobTableTest, ACommittedSaveHoldsItsSlotUntilItsImageIsDropped) {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  Job* job = *table_.FindOrAdd("train", ::geteuid(), 1, 2);
+  InstallArena(*job, 0);
+  daemon::RankSlots& rank = job->ranks[0];
+  job->forget_when_idle = true;
+  Shard committed = NewShard("train", 5, 0, ShardPhase::kStaged);
+  committed.slot = 1;
+  committed.info.layout.image_bytes = 4096;
+  const uint64_t gen = table_.AddCommitted(*job, rank, 1, std::move(committed));
+  Shard* shard = table_.FindShard("train", 5, 0);
+  ASSERT_NE(shard, nullptr);
+  EXPECT_EQ(shard->gen, gen);
+  EXPECT_FALSE(job->forget_when_idle);
+  EXPECT_EQ(rank.slots[1].state, shm::SlotState::kStaged);
+  EXPECT_EQ(rank.slots[1].gen, gen);
+  EXPECT_EQ(rank.arena->slot_state(1), shm::SlotState::kStaged);
+  // A newer generation for the same step and rank replaces it.
+  Shard again = NewShard("train", 5, 0, ShardPhase::kStaged);
+  again.slot = 0;
+  EXPECT_GT(table_.AddCommitted(*job, rank, 0, std::move(again)), gen);
+  EXPECT_EQ(job->steps[5].shards.size(), 1u);
+  shard = table_.FindShard("train", 5, 0);
+  ASSERT_TRUE(table_.MoveShard(*job, *shard, ShardPhase::kPersisting));
+  ASSERT_TRUE(table_.MoveShard(*job, *shard, ShardPhase::kDurable));
+
+  // Its image failed verification: the slot frees, the shard stays
+  // (restorable from storage).
+  JobTable::DropImage(*job, *shard);
+  EXPECT_EQ(shard->slot, -1);
+  EXPECT_EQ(rank.slots[0].state, shm::SlotState::kFree);
+  EXPECT_EQ(shard->phase, ShardPhase::kDurable);
+
+  // Failing for good records why, once.
+  EXPECT_TRUE(table_.FailShard(*shard, "every copy failed"));
+  EXPECT_EQ(shard->phase, ShardPhase::kFailed);
+  EXPECT_EQ(shard->rec.error(), "every copy failed");
+  EXPECT_FALSE(table_.FailShard(*shard, "again"));
+  EXPECT_EQ(shard->rec.error(), "every copy failed");
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -1,7 +1,10 @@
 #include "bench/raw_io.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -199,6 +202,60 @@ absl::Status DropFileCache(const std::string& path) {
     s = ErrnoToStatus(err, "posix_fadvise(DONTNEED) " + path);
   ::close(fd);
   return s;
+}
+
+absl::StatusOr<double> RawTcpTransfer(const char* data, uint64_t bytes,
+                                      char* sink) {
+  const int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (ls < 0 || bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    absl::Status s = absl::InternalError(
+        absl::StrCat("loopback listener: ", std::strerror(errno)));
+    if (ls >= 0) close(ls);
+    return s;
+  }
+  bool received = false;
+  std::thread rx([&] {
+    const int c = accept(ls, nullptr, nullptr);
+    uint64_t got = 0;
+    while (c >= 0 && got < bytes) {
+      const ssize_t n = read(c, sink + got, bytes - got);
+      if (n <= 0 && errno != EINTR) break;
+      if (n > 0) got += static_cast<uint64_t>(n);
+    }
+    received = got == bytes;
+    const char ok = 1;
+    if (c >= 0) {
+      (void)!write(c, &ok, 1);
+      close(c);
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  bool sent =
+      s >= 0 && connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  for (uint64_t off = 0; sent && off < bytes;) {
+    const ssize_t w =
+        write(s, data + off, std::min<uint64_t>(2 << 20, bytes - off));
+    if (w <= 0 && errno != EINTR) sent = false;
+    if (w > 0) off += static_cast<uint64_t>(w);
+  }
+  char ok = 0;
+  if (sent && read(s, &ok, 1) != 1) sent = false;
+  const double secs = Since(t0);
+  if (s >= 0) shutdown(s, SHUT_RDWR);
+  shutdown(ls, SHUT_RDWR);  // a receiver still in accept() gives up
+  rx.join();
+  if (s >= 0) close(s);
+  close(ls);
+  if (!sent || !received)
+    return absl::InternalError("loopback TCP transfer broke off");
+  return secs;
 }
 
 }  // namespace ckpt::bench

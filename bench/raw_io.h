@@ -43,6 +43,12 @@ struct RawIoOptions {
 // after an fdatasync so dirty pages can go).
 [[nodiscard]] absl::Status DropFileCache(const std::string& path);
 
+// The network's limit: `bytes` from `data` over one plain loopback TCP
+// connection (2 MiB writes) into `sink`; seconds until the receiver has
+// every byte.
+[[nodiscard]] absl::StatusOr<double> RawTcpTransfer(const char* data,
+                                                    uint64_t bytes, char* sink);
+
 }  // namespace ckpt::bench
 
 #endif  // CKPT_BENCH_RAW_IO_H_

@@ -1,6 +1,6 @@
 // recovery_bench: recovery times of a multi-node job on one machine, with
 // the limits they are held to measured in the same run.
-//   recovery_bench [--bytes-per-rank N] [--dir DIR] [--json]
+//   recovery_bench [--bytes-per-rank N] [--replicas] [--dir DIR] [--json]
 //   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
 //                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
 // Two nodes x two ranks (cluster_trainer, N bytes each, default 1 GiB) and
@@ -18,6 +18,10 @@
 //     a memcpy of the rank's state into memory already faulted in.
 //     Target: rank 0's restore call <= 1.2 x the memcpy (process start is
 //     reported beside it).
+// With --replicas (issue 19) every node has a failure domain and a replica
+// listener: the lost ranks come from a live peer's memory (event
+// RESTORE_SOURCES says which copy), and a second limit is measured in the
+// same run: the lost bytes sent over one plain loopback TCP connection.
 // With --object-url s3://BUCKET/PREFIX (AWS_* environment) the nodes share
 // no directory: --shared-root is that URL (doc/object-tier.md), the spare
 // prefetches from the object store, and the limit of 1. is a raw parallel
@@ -46,6 +50,7 @@
 #include "storage/keys.h"
 #include "tests/cluster_harness.h"
 #include "tests/harness.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -119,7 +124,7 @@ std::optional<Restart> RestartAfter(const Cluster& c, uint32_t rank,
 int main(int argc, char** argv) {
   uint64_t bytes = 1ull << 30;
   std::string dir = "/var/tmp";
-  bool json = false, keep = false;
+  bool json = false, keep = false, replicas = false;
   std::string object_url;
   ckpt::bench::LivenessArgs live;
   auto number = [&](int& i, double lo, double hi, double& out) {
@@ -154,16 +159,19 @@ int main(int argc, char** argv) {
       dir = argv[++i];
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--replicas") {
+      replicas = true;
     } else if (a == "--keep") {
       keep = true;
     } else if (a == "--object-url" && i + 1 < argc) {
       object_url = argv[++i];
     } else {
-      return Fail("unknown argument " + a.substr(0, 40) +
-                  " (--bytes-per-rank N, --dir DIR, --json, --keep, "
-                  "--object-url s3://B/P, --hang [--hang-timeout-min-s S], "
-                  "--soak [--soak-s S --soak-first-step-s S --soak-eval-s S], "
-                  "--straggler [--slow-factor F])");
+      return Fail(
+          "unknown argument " + a.substr(0, 40) +
+          " (--bytes-per-rank N, --replicas, --dir DIR, --json, --keep, "
+          "--object-url s3://B/P, --hang [--hang-timeout-min-s S], "
+          "--soak [--soak-s S --soak-first-step-s S --soak-eval-s S], "
+          "--straggler [--slow-factor F])");
     }
   }
   if (bytes < (1 << 20)) return Fail("--bytes-per-rank: at least 1 MiB");
@@ -200,6 +208,13 @@ int main(int argc, char** argv) {
   o.heartbeat_timeout_ms = 2000;
   o.ckptd_args = {"--slots", "2"};
   o.shared_root_url = object_url;
+  if (replicas) {
+    const std::vector<int> ports = ckpt::testing::FreeLoopbackPorts(3);
+    int i = 0;
+    for (const char* id : {"a", "b", "c"})
+      o.node_ckptd_args[id] = {"--domain", std::string("rack-") + id,
+                               "--replica-port", std::to_string(ports[i++])};
+  }
   Cluster c(o);
   c.StartCoordinator();
   c.StartNode("a");
@@ -291,6 +306,24 @@ int main(int argc, char** argv) {
     if (!t.ok()) return Fail(std::string(t.status().message()));
     raw_read_s += *t;
   }
+  // The network's limit (--replicas): the same bytes over plain TCP.
+  double raw_tcp_s = 0;
+  std::string restore_from;
+  if (replicas) {
+    std::vector<char> sink(std::max<uint64_t>(lost_bytes, 1));
+    for (int i = 0; i < 2; ++i) {
+      auto t = ckpt::bench::RawTcpTransfer(static_cast<char*>(buf), lost_bytes,
+                                           sink.data());
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      raw_tcp_s += *t;
+    }
+    if (auto where =
+            FirstEvent(events, cv1::RESTORE_SOURCES, detected->time_ms()))
+      for (const auto& r : where->restore().ranks())
+        restore_from = restore_from.empty() || restore_from == r.copy()
+                           ? r.copy()
+                           : "mixed";
+  }
   free(buf);
 
   // 2. Trainer crash on a live node, once the job is quiet again.
@@ -363,14 +396,18 @@ int main(int argc, char** argv) {
         "\"memcpy_rank_state_s\":%.4f,\"crash_restore_ratio\":%.3f,"
         "\"crash_all_ranks_restore_s\":%.4f,\"memcpy_all_ranks_s\":%.4f,"
         "\"crash_all_ratio\":%.3f,"
-        "\"restore_step\":%llu,\"shared_root\":\"%s\",\"progress_ns\":%.2f}\n",
+        "\"restore_step\":%llu,\"shared_root\":\"%s\",\"progress_ns\":%.2f,"
+        "\"replicas\":%s,\"restore_from\":\"%s\",\"raw_transfer_s\":%.3f,"
+        "\"node_recovery_transfer_ratio\":%.3f}\n",
         static_cast<unsigned long long>(bytes), detect_s, plan_s, prefetch_s,
         restart_s, restore_s, recovery_s, raw_read_s, node_ratio,
         crash->restore_s, crash->process_s, memcpy_s, crash_ratio,
         slowest_crash_restore_s, memcpy_all_s, crash_all_ratio,
         static_cast<unsigned long long>(restore_step),
         object_url.empty() ? "directory" : "object store",
-        progress->progress_ns);
+        progress->progress_ns, replicas ? "true" : "false",
+        restore_from.c_str(), raw_tcp_s,
+        raw_tcp_s > 0 ? recovery_s / raw_tcp_s : 0.0);
     return 0;
   }
   std::printf(
@@ -401,6 +438,15 @@ int main(int argc, char** argv) {
               raw_read_s);
   std::printf("  ratio %.2f (target <= 1.5): %s\n", node_ratio,
               node_ratio <= 1.5 ? "met" : "NOT met");
+  if (replicas) {
+    std::printf("  lost ranks restored from                     %8s\n",
+                restore_from.empty() ? "-" : restore_from.c_str());
+    std::printf("  plain loopback TCP of the lost shards        %8.3f s\n",
+                raw_tcp_s);
+    std::printf("  ratio to it %.2f (target <= 1.5): %s\n",
+                recovery_s / raw_tcp_s,
+                recovery_s / raw_tcp_s <= 1.5 ? "met" : "NOT met");
+  }
   std::printf("trainer crash (node alive):\n");
   std::printf("  restore of rank 0 from shared memory         %8.4f s\n",
               crash->restore_s);

@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint32_t kMaxCapacity = 1 << 16;
 constexpr size_t kMaxAddressBytes = 256;
+constexpr size_t kMaxDomainBytes = 128;
 
 // Checked before any state is touched: a refused request changes nothing.
 [[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id,
@@ -39,6 +40,11 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   if (req.net_probe_port() > 65535)
     return absl::InvalidArgumentError(absl::StrCat(
         "net_probe_port: ", req.net_probe_port(), " not in [0, 65535]"));
+  CKPT_RETURN_IF_ERROR(ValidatePrintable(
+      req.domain(), "domain", kMaxDomainBytes, /*allow_empty=*/true));
+  if (req.replica_port() > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica_port: ", req.replica_port(), " not in [0, 65535]"));
   Lock lock(mu_);
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
@@ -62,6 +68,8 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   // A new check: judged afresh (a failure logs HEALTH_FAILED again).
   *node.rec.mutable_health_report() = req.health_report();
   node.rec.set_net_probe_port(req.net_probe_port());
+  node.rec.set_domain(req.domain());
+  node.rec.set_replica_port(req.replica_port());
   node.rec.clear_unhealthy();
   node.rec.clear_unhealthy_check();
   node.rec.clear_unhealthy_reason();
@@ -198,6 +206,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     a.set_restore_step(rec.restore_step());
     *resp.add_assignments() = std::move(a);
   }
+  ReplicaTargetForLocked(req.node_id(), &resp);
   EnqueueLocked(std::move(owned));
   return resp;
 }

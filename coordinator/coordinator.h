@@ -21,11 +21,17 @@
 //   signal) makes a plan: lost ranks move to a spare with room (or wait for
 //   their node to re-register); restore step = the newest step every rank
 //   can restore, from its host's memory (shard reported by that host at its
-//   current epoch) or from the shared root (DURABLE); shard records newer
-//   than it are dropped; orders are queued: PREFETCH to hosts that do not
-//   hold their ranks' shards in memory, RESTART to every host, STOP to the
-//   dead node for ranks it lost. Orders go out in Heartbeat responses until
+//   current epoch), the live node that saved it, a live holder's replica
+//   (restore_source.h), or the shared root (DURABLE) — it may be newer
+//   than last good; shard records newer than it are dropped; orders are
+//   queued: PREFETCH (with each rank's source) to hosts that do not hold
+//   their ranks' shards in memory, RESTART to every host, STOP to the dead
+//   node for ranks it lost. Orders go out in Heartbeat responses until
 //   acknowledged by a later Heartbeat.
+// - Replicas (issue 19): each node hosting ranks is told a replica target
+//   (replica_placement.h) in its heartbeats; holders report REPLICATED,
+//   checked against the rank's STAGED save. A holder's death drops its
+//   replicas.
 // - Durable state (nodes and epochs, jobs with placement, last good step and
 //   plans, orders, events) changes in memory under the state mutex and goes
 //   into one batch per call; batches are made durable by group commit (one
@@ -33,9 +39,10 @@
 //   returns after its batch, and every batch before it, is durable. If a
 //   write fails the in-memory state is reloaded from the store, under a
 //   new incarnation (the per-rank reports are gone with it).
-// - Soft state: per-rank shard reports (staged / durable) are kept in
-//   memory only. A restarted coordinator has a new incarnation(); nodes
-//   that see it send their reports of uncommitted steps again. Only the
+// - Soft state: per-rank shard reports (staged / durable / replicated)
+//   are kept in memory only. A restarted coordinator has a new
+//   incarnation(); nodes that see it send their reports of uncommitted
+//   steps again. Only the
 //   commit of a step (global manifest written, then last good moved) is
 //   durable.
 // - Reports come one per call (ReportShard) or as a node's batch
@@ -77,6 +84,7 @@
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
+#include "coordinator/restore_source.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
 #include "storage/manifest.h"
@@ -221,6 +229,12 @@ class Coordinator {
     v1::JobRecord rec;
     std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
     std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
+    // Verified replicas (soft, issue 19): step -> rank -> holder -> its
+    // REPLICATED record (node_id and epoch: the holder's). A holder keeps
+    // the newest replicated step of each rank, and so do these.
+    std::map<uint64_t,
+             std::map<uint32_t, std::map<std::string, v1::ShardRecord>>>
+        replicas;
     std::map<std::string, std::vector<uint32_t>>
         ranks_by_node;              // of rec.rank_node
     std::set<uint64_t> committing;  // steps whose manifest is being written
@@ -393,13 +407,18 @@ class Coordinator {
   void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause);
   bool InHostMemoryLocked(const JobState& job, uint64_t step,
                           uint32_t rank) const;
+  // The newest step every rank can restore (SourceOfLocked), else the last
+  // good step.
   std::optional<uint64_t> RestoreStepLocked(const JobState& job) const;
   void DropStepsAfterLocked(Batch* batch, JobState& job,
                             std::optional<uint64_t> step);
   void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
+  // `fetched`, when given, gets where each rank a PREFETCH names comes
+  // from.
   void IssueOrdersLocked(Batch* batch, JobState& job,
                          std::optional<uint64_t> step,
-                         const storage::v1::GlobalManifest* manifest);
+                         const storage::v1::GlobalManifest* manifest,
+                         std::vector<v1::RankSource>* fetched = nullptr);
   // Whether every rank of `step` is durable; if so and not yet committed
   // (or being committed), the manifest to write.
   bool StepCompleteLocked(JobState& job, uint64_t step,
@@ -413,6 +432,36 @@ class Coordinator {
   // Drops the records of the oldest steps past max_soft_steps (newer than
   // last good, not being committed).
   void TrimStepsLocked(JobState& job);
+  // coordinator_replicas.cc: replica placement, REPLICATED reports and
+  // where a plan restores each rank from (issue 19; restore_source.h).
+  CopySource SourceOfLocked(const JobState& job, uint64_t step,
+                            uint32_t rank) const;
+  // The newest step every rank restores from memory (host, own slot or
+  // replica), and the newest that storage alone restores (else last good).
+  std::optional<uint64_t> MemoryStepLocked(const JobState& job) const;
+  std::optional<uint64_t> DurableStepLocked(const JobState& job) const;
+  // A REPLICATED report of holder `node_id` (ApplyReportLocked's rules for
+  // the parts they share; see ShardReport.source_node).
+  [[nodiscard]] absl::Status ApplyReplicaReportLocked(
+      const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
+      Batch* batch);
+  // A dead holder's replicas are gone with its memory.
+  void DropReplicasHeldByLocked(const std::string& holder);
+  // Source node -> holder node, recomputed when membership changed.
+  const std::map<std::string, std::string>& ReplicaTargetsLocked();
+  void ReplicaTargetForLocked(const std::string& node_id,
+                              v1::HeartbeatResponse* resp);
+  v1::JobMemory JobMemoryLocked(const JobState& job) const;
+  // Event RESTORE_SOURCES of a plan (and the restore-source counter).
+  void LogRestoreSourcesLocked(Batch* batch, const JobState& job,
+                               std::optional<uint64_t> step,
+                               std::optional<uint64_t> newest,
+                               std::optional<uint64_t> durable,
+                               std::vector<v1::RankSource> fetched);
+  // JobView.trainers_may_start: the job's durable plan is ordered and no
+  // RESTART of it is left unacknowledged.
+  bool TrainersMayStartLocked(const JobState& job) const;
+
   // OK when `m` is the write of its step that the job's commit refers to
   // (or the commit predates stamps); else DataLoss saying why.
   [[nodiscard]] absl::Status CheckStampLocked(
@@ -454,6 +503,10 @@ class Coordinator {
   uint64_t next_event_seq_ = 1;
   int64_t last_hang_scan_ms_ = INT64_MIN;
   NetCheckPlanner net_check_;
+  // ReplicaTargetsLocked's placement and whether membership changed since
+  // (set wherever a node's liveness, placeability or hosting changes).
+  std::map<std::string, std::string> replica_targets_;
+  bool replica_targets_stale_ = true;
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;

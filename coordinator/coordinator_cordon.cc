@@ -42,6 +42,7 @@ void Coordinator::CordonLocked(Batch* batch, NodeState& node,
                                const std::string& by) {
   const std::string id = node.rec.node_id();
   node.rec.set_cordoned(true);
+  replica_targets_stale_ = true;
   node.rec.set_cordon_reason(reason);
   node.incidents.Clear();
   batch->PutNode(node.rec);
@@ -138,6 +139,7 @@ absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
   if (resp.changed()) {
     const std::string was = node.rec.cordon_reason();
     node.rec.set_cordoned(false);
+    replica_targets_stale_ = true;
     node.rec.clear_cordon_reason();
     node.incidents.Clear();
     // Its ranks went to a spare: it takes the spare's place.

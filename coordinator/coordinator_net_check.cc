@@ -5,20 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/replica_placement.h"
 
 namespace ckpt::coordinator {
-namespace {
-
-// The host of a node's advertised address ("host" or "host:port").
-std::string HostOf(const std::string& address) {
-  const size_t colon = address.find(':');
-  return colon != std::string::npos &&
-                 address.find(':', colon + 1) == std::string::npos
-             ? address.substr(0, colon)
-             : address;
-}
-
-}  // namespace
 
 void Coordinator::NetCheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
                                  v1::HeartbeatResponse* resp) {

@@ -65,6 +65,10 @@ struct CoordinatorOptions {
   // A straggler's node is replaced by a spare (cordoned, reason
   // "straggler"); never when no healthy spare has room for its ranks.
   bool evict_stragglers = false;
+  // A plan's trainers start once every node acknowledged its RESTART,
+  // while PREFETCH orders still run (JobView.trainers_may_start); false:
+  // only after every order is acknowledged.
+  bool start_trainers_with_prefetch = true;
   // A spare whose newest health report is older than this is checked again
   // before it takes ranks (the plan waits for the report); 0: never. Idle
   // ckptd re-check on their own every --health-recheck-s (300), so with

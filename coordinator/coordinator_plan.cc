@@ -132,6 +132,7 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node,
             absl::StrCat("node ", id, " epoch ", node.rec.epoch(),
                          " declared dead: ", reason));
   options_.metrics->FailureDetected(metric::kNodeDead);
+  DropReplicasHeldByLocked(id);
   auto mine = orders_by_node_.find(id);
   if (mine == orders_by_node_.end()) return;
   std::set<uint64_t> ids = mine->second;
@@ -154,12 +155,8 @@ std::optional<uint64_t> Coordinator::RestoreStepLocked(
     const JobState& job) const {
   for (auto st = job.steps.rbegin(); st != job.steps.rend(); ++st) {
     bool every_rank = st->second.size() == job.rec.world_size();
-    for (uint32_t r = 0; every_rank && r < job.rec.world_size(); ++r) {
-      auto sh = st->second.find(r);
-      every_rank =
-          sh != st->second.end() && (sh->second.state() == v1::DURABLE ||
-                                     InHostMemoryLocked(job, st->first, r));
-    }
+    for (uint32_t r = 0; every_rank && r < job.rec.world_size(); ++r)
+      every_rank = SourceOfLocked(job, st->first, r).kind != CopySource::kNone;
     if (every_rank) return st->first;
   }
   // Shard records of the last good step may be gone (a rollback to an older
@@ -245,6 +242,12 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
     return;
   }
   std::optional<uint64_t> step = RestoreStepLocked(job);
+  // What the choice saved: against the newest step any rank reached and
+  // the newest that storage alone restores (event RESTORE_SOURCES).
+  const std::optional<uint64_t> durable = DurableStepLocked(job);
+  std::optional<uint64_t> newest = durable;
+  if (!job.steps.empty() && (!newest || job.steps.rbegin()->first > *newest))
+    newest = job.steps.rbegin()->first;
   DropStepsAfterLocked(batch, job, step);
   std::optional<storage::v1::GlobalManifest> manifest;
   if (step && job.steps.count(*step) == 0) {
@@ -266,12 +269,17 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
           "generation ", job.rec.generation(), " (", cause, "): restore ",
           step ? absl::StrCat("step ", *step) : std::string("from scratch"),
           moves.empty() ? "" : "; ", absl::StrJoin(moves, "; ")));
-  IssueOrdersLocked(batch, job, step, manifest ? &*manifest : nullptr);
+  std::vector<v1::RankSource> fetched;
+  IssueOrdersLocked(batch, job, step, manifest ? &*manifest : nullptr,
+                    &fetched);
+  LogRestoreSourcesLocked(batch, job, step, newest, durable,
+                          std::move(fetched));
 }
 
-void Coordinator::IssueOrdersLocked(
-    Batch* batch, JobState& job, std::optional<uint64_t> step,
-    const storage::v1::GlobalManifest* manifest) {
+void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
+                                    std::optional<uint64_t> step,
+                                    const storage::v1::GlobalManifest* manifest,
+                                    std::vector<v1::RankSource>* fetched) {
   const std::string& name = job.rec.job();
   for (const auto& [host, ranks] : job.ranks_by_node) {
     v1::Order base;
@@ -286,7 +294,16 @@ void Coordinator::IssueOrdersLocked(
       prefetch.set_kind(v1::PREFETCH);
       if (job.rec.has_owner_uid()) prefetch.set_owner_uid(job.rec.owner_uid());
       for (uint32_t r : ranks) {
-        if (InHostMemoryLocked(job, *step, r)) continue;
+        const CopySource source = SourceOfLocked(job, *step, r);
+        if (source.kind == CopySource::kHostMemory) continue;
+        // A peer's copy first; the key (when durable) is the fallback.
+        *prefetch.add_sources() = ShardSourceOf(source);
+        if (fetched) {
+          v1::RankSource& f = fetched->emplace_back();
+          f.set_rank(r);
+          f.set_copy(CopyName(source.kind));
+          if (source.node) f.set_node_id(source.node->node_id());
+        }
         std::string key;
         auto st = job.steps.find(*step);
         if (st != job.steps.end() && st->second.count(r) &&

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/save_digest.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
@@ -25,9 +26,16 @@ absl::Status ValidateShardKey(const std::string& key) {
 // The checks of one report that need no state.
 [[nodiscard]] absl::Status ValidateReport(const v1::ShardReport& r) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
-  if (r.state() != v1::STAGED && r.state() != v1::DURABLE)
+  if (r.state() != v1::STAGED && r.state() != v1::DURABLE &&
+      r.state() != v1::REPLICATED)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state: ", r.state(), " is not STAGED, DURABLE or REPLICATED"));
+  // A replica names the node whose rank it is; only a replica does.
+  if (r.state() == v1::REPLICATED)
+    CKPT_RETURN_IF_ERROR(ValidateJobName(r.source_node(), "source_node"));
+  else if (r.has_source_node())
     return absl::InvalidArgumentError(
-        absl::StrCat("state: ", r.state(), " is neither STAGED nor DURABLE"));
+        "source_node: set on a report that is not REPLICATED");
   // A STAGED report carries no key; one that does is still checked, since
   // it is kept.
   if (r.state() == v1::DURABLE || !r.key().empty())
@@ -78,12 +86,6 @@ std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
   return d;
 }
 
-// The digest that names a save (see ShardReport.staged_digest).
-template <typename ReportOrRecord>
-uint64_t StagedDigest(const ReportOrRecord& r) {
-  return r.has_staged_digest() ? r.staged_digest() : r.checksum_digest();
-}
-
 }  // namespace
 
 absl::Status Coordinator::ApplyReportLocked(
@@ -91,6 +93,8 @@ absl::Status Coordinator::ApplyReportLocked(
     Batch* batch, v1::ReportResult* result,
     std::vector<PendingCommit>* complete) {
   CKPT_RETURN_IF_ERROR(ValidateReport(req));
+  if (req.state() == v1::REPLICATED)
+    return ApplyReplicaReportLocked(node_id, epoch, req, batch);
   CKPT_ASSIGN_OR_RETURN(JobState * job,
                         HostedRankLocked(node_id, req.job(), req.rank()));
   // A save of a generation a plan replaced belongs to an abandoned

@@ -14,12 +14,14 @@ void Coordinator::SetLiveLocked(NodeState& node) {
   l->epoch = node.rec.epoch();
   l->alive = node.rec.health() == v1::ALIVE;
   node.live = l.get();
+  replica_targets_stale_ = true;  // a node joined, died or came back
 }
 
 void Coordinator::IndexJobLocked(JobState& job) {
   job.ranks_by_node.clear();
   for (uint32_t r = 0; r < static_cast<uint32_t>(job.rec.rank_node_size()); ++r)
     job.ranks_by_node[job.rec.rank_node(r)].push_back(r);
+  replica_targets_stale_ = true;  // which nodes host ranks may have changed
 }
 
 void Coordinator::PutShardLocked(JobState& job, v1::ShardRecord rec) {
@@ -35,6 +37,7 @@ void Coordinator::PutShardLocked(JobState& job, v1::ShardRecord rec) {
 void Coordinator::EraseStepLocked(JobState& job, uint64_t step) {
   job.steps.erase(step);
   job.durable_ranks.erase(step);
+  job.replicas.erase(step);
 }
 
 std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
@@ -128,14 +131,18 @@ v1::GetClusterResponse Coordinator::GetCluster() {
   std::lock_guard<std::mutex> lock(mu_);
   v1::GetClusterResponse resp;
   const int64_t now = options_.now_ms();
+  const auto& targets = ReplicaTargetsLocked();
   for (const auto& [id, n] : nodes_) {
     v1::NodeRecord* r = resp.add_nodes();
     *r = n.rec;
     r->set_ms_since_heartbeat(now - LastSeen(n));
+    if (auto t = targets.find(id); t != targets.end())
+      r->set_replica_target(t->second);
     r->set_ms_since_health_check(HealthAgeLocked(n));
   }
   for (const auto& [name, job] : jobs_) {
     *resp.add_jobs() = job.rec;
+    *resp.add_memory() = JobMemoryLocked(job);
     for (uint32_t r : job.watch.stragglers) {
       v1::StragglerMark* m = resp.add_stragglers();
       m->set_job(name);
@@ -182,6 +189,7 @@ v1::JobView Coordinator::View(const std::string& job_name,
   v.set_last_good_step(j.last_good_step());
   v.set_has_restore_step(j.has_restore_step());
   v.set_restore_step(j.restore_step());
+  v.set_trainers_may_start(TrainersMayStartLocked(it->second));
   auto mine = it->second.durable_ranks_by_node.find(node_id);
   if (mine != it->second.durable_ranks_by_node.end())
     *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};

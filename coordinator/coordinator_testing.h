@@ -38,6 +38,7 @@ class CoordinatorTest : public ::testing::Test {
     o.hang = hang_;
     o.cordon = cordon_;
     o.evict_stragglers = evict_stragglers_;
+    o.start_trainers_with_prefetch = start_trainers_with_prefetch_;
     o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
     auto c = Coordinator::Open(o);
@@ -126,6 +127,7 @@ class CoordinatorTest : public ::testing::Test {
   HangPolicy hang_;
   CordonPolicy cordon_;
   bool evict_stragglers_ = false;
+  bool start_trainers_with_prefetch_ = true;
   std::unique_ptr<Coordinator> coord_;
 };
 

@@ -15,7 +15,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "coordinator.grpc.pb.h"
 #include "storage/manifest.h"
@@ -205,6 +208,136 @@ TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
   EXPECT_EQ(c.jobs(0).last_good_step(), 5u);
   for (const auto& e : c.recent_events())
     EXPECT_NE(e.kind(), v1::MANIFEST_INVALID) << e.detail();
+}
+
+// Issue 19 with the real binary: a holder's REPLICATED report, sent again
+// after a SIGKILL and restart (soft state), makes the plan after a node
+// loss restore the newer staged step from the holder, not the durable one.
+TEST_F(E2ETest,
+       NodeLossRestoresTheNewerStepFromAReplicaSentAgainAfterARestart) {
+  auto coord = std::make_unique<CoordinatorProcess>(
+      state(), shared(), /*heartbeat_timeout_ms=*/1000);
+  ASSERT_GT(coord->port(), 0);
+  auto stub = coord->Stub();
+  std::map<std::string, uint64_t> epoch;
+  for (const auto& [id, domain, spare] :
+       std::vector<std::tuple<std::string, std::string, bool>>{
+           {"n1", "rack-a", false},
+           {"n2", "rack-b", false},
+           {"n3", "rack-c", false},
+           {"s1", "rack-d", true}}) {
+    grpc::ClientContext ctx;
+    v1::RegisterNodeRequest req;
+    req.set_node_id(id);
+    req.set_address(id + ":1");
+    req.set_capacity(1);
+    req.set_spare(spare);
+    req.set_domain(domain);
+    req.set_replica_port(7000 + id[1] - '0');
+    v1::RegisterNodeResponse resp;
+    grpc::Status s = stub->RegisterNode(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    epoch[id] = resp.epoch();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterJobRequest req;
+    req.set_job("job");
+    req.set_world_size(2);  // n1: rank 0, n2: rank 1; n3 holds replicas
+    v1::RegisterJobResponse resp;
+    ASSERT_TRUE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  v1::HeartbeatResponse hb;
+  ASSERT_TRUE(Heartbeat(stub.get(), "n2", epoch["n2"], &hb).ok());
+  EXPECT_EQ(hb.replica_target().node_id(), "n3");
+  EXPECT_EQ(hb.replica_target().port(), 7003u);
+  for (auto state : {v1::STAGED, v1::DURABLE}) {  // step 5: last good
+    ASSERT_TRUE(Report(stub.get(), "n1", epoch["n1"], 0, state).ok());
+    ASSERT_TRUE(Report(stub.get(), "n2", epoch["n2"], 1, state).ok());
+  }
+  auto send_step7 = [&] {
+    for (uint32_t rank : {0u, 1u}) {
+      grpc::ClientContext ctx;
+      v1::ReportShardRequest req;
+      req.set_node_id(rank == 0 ? "n1" : "n2");
+      req.set_epoch(epoch[req.node_id()]);
+      req.set_job("job");
+      req.set_step(7);
+      req.set_rank(rank);
+      req.set_state(v1::STAGED);
+      req.set_bytes(4096);
+      req.set_checksum_digest(90 + rank);
+      v1::ReportShardResponse resp;
+      grpc::Status s = stub->ReportShard(&ctx, req, &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+    grpc::ClientContext ctx;
+    v1::ReportShardsRequest req;
+    req.set_node_id("n3");
+    req.set_epoch(epoch["n3"]);
+    v1::ShardReport& r = *req.add_reports();
+    r.set_job("job");
+    r.set_step(7);
+    r.set_rank(1);
+    r.set_state(v1::REPLICATED);
+    r.set_bytes(4096);
+    r.set_checksum_digest(91);
+    r.set_source_node("n2");
+    v1::ReportShardsResponse resp;
+    grpc::Status s = stub->ReportShards(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.results(0).code(), 0) << resp.results(0).message();
+  };
+  send_step7();
+  coord->Kill(SIGKILL);  // the per-rank reports die with it
+  coord = std::make_unique<CoordinatorProcess>(state(), shared(),
+                                               /*heartbeat_timeout_ms=*/1000);
+  ASSERT_GT(coord->port(), 0);
+  stub = coord->Stub();
+  send_step7();  // as the nodes do for a new incarnation
+
+  // n2 goes silent; the others keep heartbeating.
+  v1::HeartbeatResponse spare;
+  bool dead = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!dead && std::chrono::steady_clock::now() < deadline) {
+    for (const char* n : {"n1", "n3"}) {
+      v1::HeartbeatResponse r;
+      ASSERT_TRUE(Heartbeat(stub.get(), n, epoch[n], &r).ok());
+    }
+    spare.Clear();
+    ASSERT_TRUE(Heartbeat(stub.get(), "s1", epoch["s1"], &spare).ok());
+    const v1::GetClusterResponse now = Cluster(stub.get());
+    for (const auto& n : now.nodes())
+      if (n.node_id() == "n2" && n.health() == v1::DEAD) dead = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(dead) << "n2 never declared dead";
+  // The plan's orders go out once durable.
+  while (spare.orders_size() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(Heartbeat(stub.get(), "s1", epoch["s1"], &spare).ok());
+  }
+  ASSERT_EQ(spare.orders_size(), 2);
+  const v1::Order& prefetch = spare.orders(0);
+  EXPECT_EQ(prefetch.kind(), v1::PREFETCH);
+  EXPECT_EQ(prefetch.step(), 7u);  // storage alone: 5
+  ASSERT_EQ(prefetch.sources_size(), 1);
+  EXPECT_EQ(prefetch.sources(0).node_id(), "n3");
+  EXPECT_EQ(prefetch.sources(0).port(), 7003u);
+  EXPECT_TRUE(prefetch.sources(0).replica());
+  v1::GetClusterResponse c = Cluster(stub.get());
+  EXPECT_EQ(c.jobs(0).restore_step(), 7u);
+  EXPECT_EQ(c.jobs(0).last_good_step(), 5u);
+  bool told = false;
+  for (const auto& e : c.recent_events())
+    if (e.kind() == v1::RESTORE_SOURCES) {
+      told = true;
+      EXPECT_EQ(e.restore().steps_lost_durable(), 2u) << e.detail();
+      EXPECT_EQ(e.restore().ranks(0).copy(), "replica") << e.detail();
+    }
+  EXPECT_TRUE(told);
 }
 
 }  // namespace

@@ -70,6 +70,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                            "failed verification, "
                            "by job and failed copy (memory, file, object)")
                      .Register(*registry_)),
+      restore_sources_(
+          prometheus::BuildCounter()
+              .Name("ckpt_coordinator_restore_sources_total")
+              .Help("Ranks a recovery plan fetched onto a new host, by job "
+                    "and source (replica, own slot, storage)")
+              .Register(*registry_)),
       stragglers_(prometheus::BuildGauge()
                       .Name("ckpt_coordinator_straggler")
                       .Help("1 while a rank is a straggler: its compute (or "
@@ -120,6 +126,11 @@ void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
 void CoordinatorMetrics::RestoreFellBack(const std::string& job,
                                          const std::string& copy) {
   fallbacks_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
+}
+
+void CoordinatorMetrics::RestoreSourced(const std::string& job,
+                                        const std::string& copy) {
+  restore_sources_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
 }
 
 void CoordinatorMetrics::SetStraggler(const std::string& job,
@@ -240,6 +251,24 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     if (t == last_good_unix_s_.end()) continue;
     last_good_time.Add(l).Set(t->second);
     last_good_age.Add(l).Set(now > t->second ? now - t->second : 0);
+  }
+  auto& replicated =
+      prometheus::BuildGauge()
+          .Name("ckpt_coordinator_replicated_ranks")
+          .Help("Ranks of the job with a verified replica on a live holder")
+          .Register(gauges);
+  auto& memory_step =
+      prometheus::BuildGauge()
+          .Name("ckpt_coordinator_memory_restorable_step")
+          .Help(
+              "Newest step every rank of the job restores from memory "
+              "(its host, or a live peer's replica)")
+          .Register(gauges);
+  for (const auto& m : cluster.memory()) {
+    const Labels l{{"ckpt_job", m.job()}};
+    replicated.Add(l).Set(m.replicated_ranks());
+    if (m.has_memory_step())
+      memory_step.Add(l).Set(static_cast<double>(m.memory_step()));
   }
   for (auto& f : gauges.Collect()) out.push_back(std::move(f));
   return out;

@@ -75,6 +75,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // A rank of `job` restored from another copy or step: `copy` ("memory",
   // "file", "object") failed verification.
   void RestoreFellBack(const std::string& job, const std::string& copy);
+  // A plan fetches a rank of `job` from `copy` ("replica", "own slot",
+  // "storage"; RankSource.copy).
+  void RestoreSourced(const std::string& job, const std::string& copy);
   // Whether rank `rank` of `job` on `node` is a straggler now.
   void SetStraggler(const std::string& job, const std::string& node,
                     uint32_t rank, bool straggler);
@@ -94,6 +97,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& steps_trimmed_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
+  prometheus::Family<prometheus::Counter>& restore_sources_;
   prometheus::Family<prometheus::Gauge>& stragglers_;
 
   mutable std::mutex mu_;

@@ -122,6 +122,11 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_flag("--evict-stragglers", o.coordinator.evict_stragglers,
                "replace a straggler's node by a spare (cordoned, reason "
                "straggler); never without a healthy spare with room");
+  bool wait_for_prefetch = false;
+  app.add_flag("--wait-for-prefetch", wait_for_prefetch,
+               "start a plan's trainers only once every PREFETCH is "
+               "acknowledged (default: once every node acknowledged its "
+               "RESTART, while the fetches run)");
   app.add_option("--health-min-ratio", o.coordinator.health_min_ratio,
                  "a node whose memcpy or CUDA bandwidth is below this "
                  "fraction of the cluster's median is unhealthy (0: never)")
@@ -137,6 +142,7 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "max_soft_steps, shared_root, hang_timeout_min_s, "
                  "hang_factor, first_step_timeout_s, cordon_after, "
                  "cordon_window_s (integers), evict_stragglers, "
+                 "wait_for_prefetch, "
                  "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
                  "admin_identities, advertise_addr, "
                  "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
@@ -209,6 +215,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
     if (s.ok() && !app.count("--evict-stragglers"))
       s = FromToml(*parsed, "evict_stragglers",
                    &o.coordinator.evict_stragglers);
+    if (s.ok() && !app.count("--wait-for-prefetch"))
+      s = FromToml(*parsed, "wait_for_prefetch", &wait_for_prefetch);
     if (s.ok() && !app.count("--shared-root"))
       s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
     if (s.ok() && !app.count("--metrics-listen"))
@@ -287,6 +295,7 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   o.coordinator.plan_ack_timeout =
       std::chrono::milliseconds(plan_ack_timeout_ms);
   o.coordinator.max_soft_steps = static_cast<size_t>(max_soft_steps);
+  o.coordinator.start_trainers_with_prefetch = !wait_for_prefetch;
   return o;
 }
 

@@ -345,8 +345,10 @@ void Launcher::Reconcile(const cv1::JobView& job) {
     StopTrainers(desired.empty() ? "this node is not alive or hosts no ranks"
                                  : "the ranks of this node changed");
   if (generation_ || desired.empty()) return;
+  // A plan's trainers may start while its prefetches run (ckptd's restore
+  // waits for a fetch in flight): the coordinator says when.
   if (job.plan_state() != cv1::PLAN_NONE &&
-      job.plan_state() != cv1::PLAN_ACKNOWLEDGED) {
+      job.plan_state() != cv1::PLAN_ACKNOWLEDGED && !job.trainers_may_start()) {
     std::string waiting = absl::StrCat(
         "generation ", job.generation(), ": waiting for the plan (",
         cv1::PlanState_Name(job.plan_state()), ")");

@@ -36,11 +36,13 @@ using ::ckpt::testing::CoordinatorProcess;  // tests/coordinator_process.h
 
 // A node daemon stand-in: heartbeats every 50 ms from its own thread and
 // acknowledges every order in the next heartbeat, so plans reach
-// PLAN_ACKNOWLEDGED.
+// PLAN_ACKNOWLEDGED (a PREFETCH only while ack_prefetch: a fetch that
+// never ends).
 class FakeNode {
  public:
   FakeNode(const std::string& coordinator, std::string id, std::string address,
-           uint32_t capacity)
+           uint32_t capacity, bool spare = false,
+           const std::string& domain = "", uint32_t replica_port = 0)
       : stub_(coordinator::NewCoordinatorStub(
             coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
@@ -49,6 +51,9 @@ class FakeNode {
     req.set_node_id(id_);
     req.set_address(address);
     req.set_capacity(capacity);
+    req.set_spare(spare);
+    req.set_domain(domain);
+    req.set_replica_port(replica_port);
     cv1::RegisterNodeResponse resp;
     status_ = stub_->RegisterNode(&ctx, req, &resp);
     epoch_ = resp.epoch();
@@ -58,7 +63,31 @@ class FakeNode {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
   }
+  // This node holds a verified replica of `source`'s `rank` of `step`, as
+  // ReportShard describes the save.
+  grpc::Status ReportReplica(const std::string& job, uint64_t step,
+                             uint32_t rank, const std::string& source) {
+    grpc::ClientContext ctx;
+    cv1::ReportShardsRequest req;
+    req.set_node_id(id_);
+    req.set_epoch(epoch_);
+    cv1::ShardReport& r = *req.add_reports();
+    r.set_job(job);
+    r.set_step(step);
+    r.set_rank(rank);
+    r.set_state(cv1::REPLICATED);
+    r.set_bytes(4096);
+    r.set_checksum_digest(1000 + rank);
+    r.set_source_node(source);
+    cv1::ReportShardsResponse resp;
+    grpc::Status s = stub_->ReportShards(&ctx, req, &resp);
+    if (s.ok() && resp.results(0).code() != 0)
+      return grpc::Status(static_cast<grpc::StatusCode>(resp.results(0).code()),
+                          resp.results(0).message());
+    return s;
+  }
   const grpc::Status& status() const { return status_; }
+  void set_ack_prefetch(bool ack) { ack_prefetch_ = ack; }
   uint64_t epoch() const { return epoch_; }
 
   // STAGED then DURABLE for `rank` of `step`, under the key ckptd would use.
@@ -93,7 +122,9 @@ class FakeNode {
       cv1::HeartbeatResponse resp;
       if (stub_->Heartbeat(&ctx, req, &resp).ok()) {
         to_ack.clear();
-        for (const auto& o : resp.orders()) to_ack.push_back(o.id());
+        for (const auto& o : resp.orders())
+          if (o.kind() != cv1::PREFETCH || ack_prefetch_)
+            to_ack.push_back(o.id());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -104,6 +135,7 @@ class FakeNode {
   uint64_t epoch_ = 0;
   grpc::Status status_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> ack_prefetch_{true};
   std::thread thread_;
 };
 

@@ -21,6 +21,14 @@ std::string HealthName(cv1::NodeHealth h) {
   return h == cv1::ALIVE ? "ALIVE" : h == cv1::DEAD ? "DEAD" : "UNSPECIFIED";
 }
 
+// The coordinator's view of what `job` restores from memory (issue 19).
+const cv1::JobMemory* MemoryOf(const cv1::GetClusterResponse& c,
+                               const std::string& job) {
+  for (const cv1::JobMemory& m : c.memory())
+    if (m.job() == job) return &m;
+  return nullptr;
+}
+
 // "0-3:n1 4-7:n2": runs of consecutive ranks on one node.
 std::string Placement(const cv1::JobRecord& j) {
   std::vector<std::string> runs;
@@ -80,7 +88,13 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
           .Field("job", m->job())
           .Field("rank", m->rank())
           .EndObject();
-    w.EndArray().EndObject();
+    // Replicas (issue 19): its failure domain, its replica listener and
+    // where its ranks' replicas go now ("" none).
+    w.EndArray()
+        .Field("domain", n.domain())
+        .Field("replica_port", n.replica_port())
+        .Field("replica_target", n.replica_target());
+    w.EndObject();
   }
   w.EndArray().Key("jobs").BeginArray();
   for (const auto& j : c.jobs()) {
@@ -117,6 +131,15 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
       w.Field("fence", static_cast<uint64_t>(stamp->second.fence()))
           .EndObject();
     }
+    // Issue 19: the newest step every rank restores from memory (its
+    // host's, or a live peer's replica), were a node lost now.
+    const cv1::JobMemory* memory = MemoryOf(c, j.job());
+    w.Key("memory_step");
+    if (memory && memory->has_memory_step())
+      w.Uint(memory->memory_step());
+    else
+      w.Null();
+    w.Field("replicated_ranks", memory ? memory->replicated_ranks() : 0u);
     w.EndObject();
   }
   w.EndArray().Key("events");
@@ -127,12 +150,14 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
 
 void PrintCluster(const cv1::GetClusterResponse& c) {
   Table nodes({"NODE", "ADDRESS", "HEALTH", "EPOCH", "SPARE", "CAPACITY",
-               "HEARTBEAT", "DEAD_REASON", "MARKS"});
+               "HEARTBEAT", "DOMAIN", "REPLICAS_TO", "DEAD_REASON", "MARKS"});
   for (const auto& n : c.nodes())
     nodes.AddRow({n.node_id(), n.address().empty() ? "-" : n.address(),
                   HealthName(n.health()), std::to_string(n.epoch()),
                   n.spare() ? "yes" : "no", std::to_string(n.capacity()),
                   absl::StrCat(n.ms_since_heartbeat(), " ms ago"),
+                  n.domain().empty() ? "-" : n.domain(),
+                  n.replica_target().empty() ? "-" : n.replica_target(),
                   n.dead_reason().empty() ? "-" : n.dead_reason(),
                   Marks(c, n)});
   if (nodes.empty())
@@ -140,18 +165,25 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
   else
     nodes.Print(stdout);
   std::printf("\n");
-  Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "RESTORE",
-              "LOST", "MANIFESTS", "PLACEMENT"});
-  for (const auto& j : c.jobs())
+  Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "IN_MEMORY",
+              "REPLICATED", "RESTORE", "LOST", "MANIFESTS", "PLACEMENT"});
+  for (const auto& j : c.jobs()) {
+    const cv1::JobMemory* memory = MemoryOf(c, j.job());
     jobs.AddRow(
         {j.job(), std::to_string(j.world_size()),
          std::to_string(j.generation()), cv1::PlanState_Name(j.plan_state()),
          j.has_last_good() ? std::to_string(j.last_good_step()) : "-",
+         memory && memory->has_memory_step()
+             ? std::to_string(memory->memory_step())
+             : "-",
+         absl::StrCat(memory ? memory->replicated_ranks() : 0u, "/",
+                      j.world_size()),
          j.has_restore_step() ? std::to_string(j.restore_step()) : "-",
          j.lost_ranks().empty() ? "-" : absl::StrJoin(j.lost_ranks(), ","),
          j.manifest_steps().empty() ? "-"
                                     : absl::StrJoin(j.manifest_steps(), ","),
          Placement(j)});
+  }
   if (jobs.empty())
     std::printf("no jobs\n");
   else

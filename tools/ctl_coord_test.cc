@@ -109,6 +109,59 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   EXPECT_EQ(r.out.find("NODE_REGISTERED"), std::string::npos) << r.out;
 }
 
+// Issue 19: each node's domain and replica target, and per job the step it
+// restores from memory and how many ranks have a replica.
+TEST_F(CtlCoordTest, ClusterShowsDomainsReplicaTargetsAndTheMemoryStep) {
+  testing::FakeNode n1(coord_->address(), "n1", "10.0.0.1:1", 1, false,
+                       "rack-a", 7001);
+  testing::FakeNode n2(coord_->address(), "n2", "10.0.0.2:1", 1, false,
+                       "rack-b", 7002);
+  ASSERT_TRUE(n1.status().ok() && n2.status().ok());
+  ASSERT_TRUE(RegisterTrain(2).ok());
+  ASSERT_TRUE(n1.ReportShard("train", 3, 0, testing::cv1::STAGED, "").ok());
+  ASSERT_TRUE(n2.ReportShard("train", 3, 1, testing::cv1::STAGED, "").ok());
+  grpc::Status s = n2.ReportReplica("train", 3, 0, "n1");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  CommandResult r = Ctl(Flag() + " cluster --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("stragglers":[],"domain":"rack-a",)"
+                       R"("replica_port":7001,"replica_target":"n2"})"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("memory_step":3,"replicated_ranks":1})"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " cluster");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* want : {"REPLICAS_TO", "rack-b", "IN_MEMORY", "1/2"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+
+  // A plan says what its restore step saved (here: a trainer crash, every
+  // rank in its host's memory; storage alone has nothing).
+  {
+    auto stub = coord_->Stub();
+    grpc::ClientContext ctx;
+    testing::cv1::ReportTrainerExitRequest exit;
+    exit.set_node_id("n1");
+    exit.set_epoch(n1.epoch());
+    exit.set_job("train");
+    exit.set_rank(0);
+    exit.set_term_signal(9);
+    testing::cv1::ReportTrainerExitResponse resp;
+    ASSERT_TRUE(stub->ReportTrainerExit(&ctx, exit, &resp).ok());
+  }
+  r = Ctl(Flag() + " events --job train --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("kind":"RESTORE_SOURCES")"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(R"("restore":{"generation":1,"step":3,)"
+                       R"("from_memory":false,"newest_step":3,)"
+                       R"("durable_step":null,"steps_lost":0,)"
+                       R"("steps_lost_durable":3,"ranks":[]})"),
+            std::string::npos)
+      << r.out;
+}
+
 // Issue 17: a restore that fell back shows in `events` as FALLBACK, with
 // its copy, step and reason (text and --json).
 TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {

@@ -78,6 +78,41 @@ void WriteEvents(JsonWriter& w,
           .Field("generation", static_cast<uint64_t>(h.generation()))
           .Field("stacks", h.stacks());
     }
+    if (e.kind() == cv1::RESTORE_SOURCES) {
+      // Issue 19: where each moved rank came from, and the steps lost
+      // against storage alone.
+      const cv1::RestoreSources& rs = e.restore();
+      w.Key("restore")
+          .BeginObject()
+          .Field("generation", static_cast<uint64_t>(rs.generation()))
+          .Key("step");
+      if (rs.has_step())
+        w.Uint(rs.step());
+      else
+        w.Null();
+      w.Field("from_memory", rs.from_memory()).Key("newest_step");
+      if (rs.has_newest_step())
+        w.Uint(rs.newest_step());
+      else
+        w.Null();
+      w.Key("durable_step");
+      if (rs.has_durable_step())
+        w.Uint(rs.durable_step());
+      else
+        w.Null();
+      w.Field("steps_lost", static_cast<uint64_t>(rs.steps_lost()))
+          .Field("steps_lost_durable",
+                 static_cast<uint64_t>(rs.steps_lost_durable()))
+          .Key("ranks")
+          .BeginArray();
+      for (const cv1::RankSource& r : rs.ranks())
+        w.BeginObject()
+            .Field("rank", r.rank())
+            .Field("node_id", r.node_id())
+            .Field("copy", r.copy())
+            .EndObject();
+      w.EndArray().EndObject();
+    }
     if (e.kind() == cv1::HEALTH_FAILED)  // issue 18: node_id, check, reason
       w.Field("check", e.health().check()).Field("reason", e.health().reason());
     if (e.kind() == cv1::CORDONED || e.kind() == cv1::UNCORDONED ||

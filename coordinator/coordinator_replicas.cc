@@ -1,0 +1,298 @@
+// Coordinator: peer replicas (issue 19) — where each node sends its ranks'
+// replicas (replica_placement.h), the REPLICATED reports of their holders
+// (soft state, like STAGED), and where a plan restores each rank from.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/replica_placement.h"
+#include "coordinator/save_digest.h"
+#include "storage/manifest.h"
+
+namespace ckpt::coordinator {
+absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
+                                                   uint64_t epoch,
+                                                   const v1::ShardReport& req,
+                                                   Batch*) {
+  auto it = jobs_.find(req.job());
+  if (it == jobs_.end())
+    return absl::NotFoundError(
+        absl::StrCat("job: \"", req.job(), "\" is not registered"));
+  JobState& job = it->second;
+  if (req.rank() >= job.rec.world_size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", req.rank(), " >= world_size ",
+                     job.rec.world_size(), " of job ", req.job()));
+  if (req.source_node() == node_id)
+    return absl::InvalidArgumentError(
+        absl::StrCat("source_node: ", node_id,
+                     " is the reporting node; a node holds no replica of "
+                     "its own rank"));
+  if (req.has_generation() && req.generation() < job.rec.generation())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation: ", req.generation(), " of the replica of step ",
+        req.step(), " rank ", req.rank(), " of job ", req.job(),
+        " is older than the job's generation ", job.rec.generation(),
+        " (a timeline a plan abandoned); dropped"));
+  if (job.rec.has_last_good() && req.step() < job.rec.last_good_step())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", req.step(), " of job ", req.job(),
+        " is older than the last good step ", job.rec.last_good_step()));
+  if (req.failed()) {
+    // The holder lost or refused this copy: it no longer counts.
+    auto st = job.replicas.find(req.step());
+    if (st != job.replicas.end()) {
+      auto rk = st->second.find(req.rank());
+      if (rk != st->second.end()) rk->second.erase(node_id);
+    }
+    return absl::OkStatus();
+  }
+  const v1::ShardRecord* saved = nullptr;
+  if (auto st = job.steps.find(req.step()); st != job.steps.end())
+    if (auto rk = st->second.find(req.rank()); rk != st->second.end())
+      saved = &rk->second;
+  if (!saved) {
+    // After a restart of the coordinator holders and sources send their
+    // reports again in no order across nodes: while the source lives, its
+    // STAGED report may still come (retry); else it never will.
+    auto src = nodes_.find(req.source_node());
+    if (src != nodes_.end() && src->second.rec.health() == v1::ALIVE)
+      return absl::UnavailableError(absl::StrCat(
+          "step: ", req.step(), " rank ", req.rank(), " of job ", req.job(),
+          " has no STAGED report from ", req.source_node(),
+          " yet; the replica counts once it has"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", req.step(), " rank ", req.rank(), " of job ", req.job(),
+        " has no STAGED report, and source_node ", req.source_node(),
+        " is not alive to send one; the replica does not count"));
+  }
+  if (req.source_node() != saved->node_id() &&
+      req.source_node() != job.rec.rank_node(req.rank()))
+    return absl::FailedPreconditionError(
+        absl::StrCat("source_node: ", req.source_node(), " did not host rank ",
+                     req.rank(), " of job ", req.job(), " (step ", req.step(),
+                     " was staged by ", saved->node_id(), ")"));
+  if (req.bytes() != saved->bytes())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: ", req.bytes(), " of the replica of step ", req.step(),
+        " rank ", req.rank(), " differ from the staged ", saved->bytes()));
+  // The copy names its save by the STAGED digest, or carries the digest
+  // of the bytes it holds: the staged one, or (device tensors, once
+  // durable) the durable one.
+  const bool same_save = (req.has_staged_digest() &&
+                          req.staged_digest() == StagedDigest(*saved)) ||
+                         req.checksum_digest() == StagedDigest(*saved) ||
+                         req.checksum_digest() == saved->checksum_digest();
+  if (!same_save)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checksum_digest: ", storage::DigestHex(req.checksum_digest()),
+        " of the replica of step ", req.step(), " rank ", req.rank(),
+        " is not the staged save's ",
+        storage::DigestHex(StagedDigest(*saved))));
+  v1::ShardRecord rec;
+  rec.set_job(req.job());
+  rec.set_step(req.step());
+  rec.set_rank(req.rank());
+  rec.set_node_id(node_id);
+  rec.set_epoch(epoch);
+  rec.set_state(v1::REPLICATED);
+  rec.set_bytes(req.bytes());
+  rec.set_checksum_digest(StagedDigest(*saved));
+  job.replicas[req.step()][req.rank()][node_id] = std::move(rec);
+  // The holder keeps the newest replicated step of each rank: its older
+  // copies of this rank are gone.
+  for (auto st = job.replicas.begin();
+       st != job.replicas.end() && st->first < req.step();) {
+    if (auto rk = st->second.find(req.rank()); rk != st->second.end()) {
+      rk->second.erase(node_id);
+      if (rk->second.empty()) st->second.erase(rk);
+    }
+    st = st->second.empty() ? job.replicas.erase(st) : std::next(st);
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::DropReplicasHeldByLocked(const std::string& holder) {
+  for (auto& [name, job] : jobs_)
+    for (auto& [step, ranks] : job.replicas)
+      for (auto& [rank, holders] : ranks) holders.erase(holder);
+}
+
+CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
+                                       uint32_t rank) const {
+  CopySource out;
+  auto st = job.steps.find(step);
+  if (st == job.steps.end()) return out;
+  auto sh = st->second.find(rank);
+  if (sh == st->second.end()) return out;
+  const v1::ShardRecord& saved = sh->second;
+  if (InHostMemoryLocked(job, step, rank)) {
+    out.kind = CopySource::kHostMemory;
+    return out;
+  }
+  // A live node that serves copies: alive at the epoch it reported in.
+  auto serving = [&](const std::string& id,
+                     uint64_t epoch) -> const v1::NodeRecord* {
+    auto n = nodes_.find(id);
+    if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
+        n->second.rec.epoch() != epoch || n->second.rec.replica_port() == 0 ||
+        n->second.rec.address().empty())
+      return nullptr;
+    return &n->second.rec;
+  };
+  // The node that saved it lives (its ranks moved: cordoned, unhealthy).
+  if (const v1::NodeRecord* n = serving(saved.node_id(), saved.epoch())) {
+    out.kind = CopySource::kOwnSlot;
+    out.node = n;
+    return out;
+  }
+  auto reps = job.replicas.find(step);
+  if (reps != job.replicas.end()) {
+    auto holders = reps->second.find(rank);
+    if (holders != reps->second.end()) {
+      // The rank's new host first (it fetches from itself), then by id.
+      const std::string& host = job.rec.rank_node(rank);
+      const v1::NodeRecord* best = nullptr;
+      for (const auto& [id, rec] : holders->second) {
+        const v1::NodeRecord* n = serving(id, rec.epoch());
+        if (!n || rec.checksum_digest() != StagedDigest(saved)) continue;
+        if (!best || id == host) best = n;
+        if (id == host) break;
+      }
+      if (best) {
+        out.kind = CopySource::kReplica;
+        out.node = best;
+        return out;
+      }
+    }
+  }
+  if (saved.state() == v1::DURABLE) out.kind = CopySource::kStorage;
+  return out;
+}
+
+std::optional<uint64_t> Coordinator::MemoryStepLocked(
+    const JobState& job) const {
+  for (auto st = job.steps.rbegin(); st != job.steps.rend(); ++st) {
+    bool every_rank = st->second.size() == job.rec.world_size();
+    for (uint32_t r = 0; every_rank && r < job.rec.world_size(); ++r) {
+      CopySource::Kind k = SourceOfLocked(job, st->first, r).kind;
+      every_rank = k != CopySource::kNone && k != CopySource::kStorage;
+    }
+    if (every_rank) return st->first;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> Coordinator::DurableStepLocked(
+    const JobState& job) const {
+  for (auto st = job.durable_ranks.rbegin(); st != job.durable_ranks.rend();
+       ++st)
+    if (st->second == job.rec.world_size()) return st->first;
+  if (job.rec.has_last_good()) return job.rec.last_good_step();
+  return std::nullopt;
+}
+
+const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
+  if (!replica_targets_stale_) return replica_targets_;
+  std::vector<PlacementNode> in;
+  for (const auto& [id, n] : nodes_) {
+    if (n.rec.health() != v1::ALIVE) continue;
+    PlacementNode p;
+    p.id = id;
+    p.domain = n.rec.domain();
+    p.source = !n.rec.cordoned() && HostedRanksLocked(id) > 0;
+    p.holder = Placeable(n.rec) && n.rec.replica_port() != 0 &&
+               !n.rec.address().empty();
+    if (p.source || p.holder) in.push_back(std::move(p));
+  }
+  replica_targets_ = PlaceReplicas(std::move(in));
+  replica_targets_stale_ = false;
+  return replica_targets_;
+}
+
+void Coordinator::ReplicaTargetForLocked(const std::string& node_id,
+                                         v1::HeartbeatResponse* resp) {
+  const auto& targets = ReplicaTargetsLocked();
+  auto t = targets.find(node_id);
+  if (t == targets.end()) return;
+  const v1::NodeRecord& holder = nodes_.at(t->second).rec;
+  v1::ReplicaTarget* out = resp->mutable_replica_target();
+  out->set_node_id(holder.node_id());
+  out->set_host(HostOf(holder.address()));
+  out->set_port(holder.replica_port());
+}
+
+v1::JobMemory Coordinator::JobMemoryLocked(const JobState& job) const {
+  v1::JobMemory m;
+  m.set_job(job.rec.job());
+  if (std::optional<uint64_t> step = MemoryStepLocked(job)) {
+    m.set_has_memory_step(true);
+    m.set_memory_step(*step);
+  }
+  std::set<uint32_t> replicated;
+  for (const auto& [step, ranks] : job.replicas)
+    for (const auto& [rank, holders] : ranks)
+      for (const auto& [id, rec] : holders) {
+        auto n = nodes_.find(id);
+        if (n != nodes_.end() && n->second.rec.health() == v1::ALIVE &&
+            n->second.rec.epoch() == rec.epoch())
+          replicated.insert(rank);
+      }
+  m.set_replicated_ranks(static_cast<uint32_t>(replicated.size()));
+  return m;
+}
+
+void Coordinator::LogRestoreSourcesLocked(Batch* batch, const JobState& job,
+                                          std::optional<uint64_t> step,
+                                          std::optional<uint64_t> newest,
+                                          std::optional<uint64_t> durable,
+                                          std::vector<v1::RankSource> fetched) {
+  v1::Event e;
+  e.set_kind(v1::RESTORE_SOURCES);
+  e.set_job(job.rec.job());
+  v1::RestoreSources& rs = *e.mutable_restore();
+  rs.set_generation(job.rec.generation());
+  rs.set_has_step(step.has_value());
+  rs.set_step(step.value_or(0));
+  rs.set_has_newest_step(newest.has_value());
+  rs.set_newest_step(newest.value_or(0));
+  rs.set_has_durable_step(durable.has_value());
+  rs.set_durable_step(durable.value_or(0));
+  // Steps lost against `from`: none restores from scratch (all of them).
+  const uint64_t top = newest.value_or(0);
+  auto lost = [top](std::optional<uint64_t> from) -> uint64_t {
+    return !from ? top : top > *from ? top - *from : 0;
+  };
+  rs.set_steps_lost(lost(step));
+  rs.set_steps_lost_durable(lost(durable));
+  std::vector<std::string> where;
+  for (v1::RankSource& s : fetched) {
+    rs.set_from_memory(rs.from_memory() || s.copy() != "storage");
+    options_.metrics->RestoreSourced(job.rec.job(), s.copy());
+    where.push_back(absl::StrCat(
+        "rank ", s.rank(), " from ", s.copy(),
+        s.node_id().empty() ? "" : absl::StrCat(" on ", s.node_id())));
+    *rs.add_ranks() = std::move(s);
+  }
+  e.set_detail(absl::StrCat(
+      "generation ", job.rec.generation(), ": restore ",
+      step ? absl::StrCat("step ", *step) : std::string("from scratch"), " (",
+      rs.steps_lost(), " steps lost; storage alone: ",
+      durable ? absl::StrCat("step ", *durable) : std::string("none"), ", ",
+      rs.steps_lost_durable(), " lost)", where.empty() ? "" : "; ",
+      absl::StrJoin(where, "; ")));
+  LogLocked(batch, std::move(e));
+}
+
+bool Coordinator::TrainersMayStartLocked(const JobState& job) const {
+  if (!options_.start_trainers_with_prefetch ||
+      job.durable_rec.plan_state() != v1::PLAN_ORDERED ||
+      job.durable_rec.generation() != job.rec.generation())
+    return false;
+  for (const auto& [id, o] : orders_)
+    if (o.job() == job.rec.job() && o.kind() == v1::RESTART) return false;
+  return true;
+}
+
+}  // namespace ckpt::coordinator

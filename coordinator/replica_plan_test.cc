@@ -1,0 +1,172 @@
+// Recovery plans with peer replicas (issue 19): a node loss restores the
+// newer step a live holder keeps, with each rank's source in the PREFETCH
+// and event RESTORE_SOURCES; storage when no live copy is left; a cordoned
+// node's own slot; trainers that start while the prefetch runs; metrics.
+#include <prometheus/text_serializer.h>
+
+#include <map>
+#include <string>
+
+#include "coordinator/replica_testing.h"
+#include "tests/metrics_text.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ckpt::testing::SampleValue;
+using Labels = std::map<std::string, std::string>;
+
+TEST_F(ReplicaTest, NodeLossRestoresTheNewerMemoryStepFromTheReplicaHolder) {
+  StageAndReplicate();
+  EXPECT_EQ(Memory().memory_step(), 12u);
+  EXPECT_EQ(Memory().replicated_ranks(), 2u);
+  Silence({"n2"});
+  v1::JobRecord j = Job();
+  EXPECT_EQ(j.rank_node(2), "s1");
+  ASSERT_TRUE(j.has_restore_step());
+  EXPECT_EQ(j.restore_step(), 12u);  // storage alone: 10
+  auto spare = Heartbeat("s1", es_);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  v1::Order prefetch = OrderOf(*spare, v1::PREFETCH);
+  EXPECT_EQ(prefetch.step(), 12u);
+  ASSERT_EQ(prefetch.ranks_size(), 2);
+  ASSERT_EQ(prefetch.sources_size(), 2);
+  ASSERT_EQ(prefetch.shard_keys_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(prefetch.sources(i).node_id(), "n3");
+    EXPECT_EQ(prefetch.sources(i).host(), "n3");
+    EXPECT_EQ(prefetch.sources(i).port(), kPortBase + 3);
+    EXPECT_TRUE(prefetch.sources(i).replica());
+  }
+  EXPECT_EQ(OrderOf(*spare, v1::RESTART).step(), 12u);
+  // The survivor restores 12 from its own memory and keeps it.
+  auto survivor = Heartbeat("n1", e1_);
+  ASSERT_EQ(survivor->orders_size(), 1);
+  EXPECT_EQ(survivor->orders(0).step(), 12u);
+  ASSERT_EQ(survivor->assignments_size(), 1);
+  EXPECT_EQ(survivor->assignments(0).restore_step(), 12u);
+  EXPECT_EQ(Job().last_good_step(), 10u);  // last good is still storage's
+
+  std::vector<v1::Event> where = EventsOf(v1::RESTORE_SOURCES);
+  ASSERT_EQ(where.size(), 1u);
+  const v1::RestoreSources& rs = where[0].restore();
+  EXPECT_EQ(rs.step(), 12u);
+  EXPECT_TRUE(rs.from_memory());
+  EXPECT_EQ(rs.durable_step(), 10u);
+  EXPECT_EQ(rs.steps_lost(), 0u);
+  EXPECT_EQ(rs.steps_lost_durable(), 2u);
+  ASSERT_EQ(rs.ranks_size(), 2);
+  EXPECT_EQ(rs.ranks(0).rank(), 2u);
+  EXPECT_EQ(rs.ranks(0).node_id(), "n3");
+  EXPECT_EQ(rs.ranks(0).copy(), "replica");
+  EXPECT_NE(where[0].detail().find("rank 2 from replica on n3"),
+            std::string::npos)
+      << where[0].detail();
+}
+
+TEST_F(ReplicaTest, MetricsCountReplicatedRanksAndWhereAPlanFetchedFrom) {
+  StageAndReplicate();
+  auto text = [&] {
+    return prometheus::TextSerializer().Serialize(
+        coord_->options().metrics->Collect());
+  };
+  const Labels job{{"ckpt_job", "job"}};
+  std::string t = text();
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_replicated_ranks", job), 2.0) << t;
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_memory_restorable_step", job),
+            12.0)
+      << t;
+  Silence({"n2"});
+  t = text();
+  EXPECT_EQ(SampleValue(t, "ckpt_coordinator_restore_sources_total",
+                        {{"ckpt_job", "job"}, {"copy", "replica"}}),
+            2.0)
+      << t;
+}
+
+TEST_F(ReplicaTest, WithoutReplicasTheSameLossRestoresTheDurableStep) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  ReportAll(12, v1::STAGED);
+  Silence({"n2"});
+  EXPECT_EQ(Job().restore_step(), 10u);
+}
+
+TEST_F(ReplicaTest, NodeAndItsHolderLostTogetherFallBackToStorage) {
+  StageAndReplicate();
+  Silence({"n2", "n3"});
+  EXPECT_EQ(Job().restore_step(), 10u);
+  EXPECT_EQ(Memory().replicated_ranks(), 0u);  // died with n3
+  v1::Order prefetch = OrderOf(*Heartbeat("s1", es_), v1::PREFETCH);
+  EXPECT_EQ(prefetch.step(), 10u);
+  ASSERT_EQ(prefetch.sources_size(), 2);
+  EXPECT_EQ(prefetch.sources(0).host(), "");  // the shared root
+  EXPECT_EQ(prefetch.shard_keys(0), "job/step-10/rank-2");
+  std::vector<v1::Event> where = EventsOf(v1::RESTORE_SOURCES);
+  ASSERT_EQ(where.size(), 1u);
+  EXPECT_FALSE(where[0].restore().from_memory());
+  EXPECT_EQ(where[0].restore().ranks(0).copy(), "storage");
+  EXPECT_EQ(where[0].restore().steps_lost(), 2u);
+}
+
+TEST_F(ReplicaTest, AHolderThatDiedFirstTakesItsReplicasWithIt) {
+  StageAndReplicate();
+  Silence({"n3"});
+  EXPECT_EQ(Memory().replicated_ranks(), 0u);
+  // 12 is still in its hosts' memory, but n2's copy is its only one.
+  EXPECT_EQ(Memory().memory_step(), 12u);
+  EXPECT_NE(Heartbeat("n2", e2_)->replica_target().node_id(), "n3");
+  Silence({"n2"});
+  EXPECT_EQ(Job().restore_step(), 10u);
+}
+
+TEST_F(ReplicaTest, ACordonedNodeServesItsOwnSlotToTheRanksThatLeftIt) {
+  ReportAll(10, v1::STAGED);
+  ReportAll(10, v1::DURABLE);
+  ReportAll(12, v1::STAGED);  // no replica: n2's memory is the only copy
+  v1::CordonRequest cordon;
+  cordon.set_node_id("n2");
+  cordon.set_reason("ECC errors");
+  ASSERT_TRUE(coord_->Cordon(cordon).ok());
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_EQ(Job().restore_step(), 12u);
+  v1::Order prefetch = OrderOf(*Heartbeat("s1", es_), v1::PREFETCH);
+  ASSERT_EQ(prefetch.sources_size(), 2);
+  EXPECT_EQ(prefetch.sources(0).node_id(), "n2");
+  EXPECT_FALSE(prefetch.sources(0).replica());
+  EXPECT_EQ(EventsOf(v1::RESTORE_SOURCES)[0].restore().ranks(0).copy(),
+            "own slot");
+}
+
+TEST_F(ReplicaTest, TrainersStartOnceRestartsAreAckedWhilePrefetchRuns) {
+  StageAndReplicate();
+  Silence({"n2"});
+  EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());
+  auto spare = Heartbeat("s1", es_);
+  auto survivor = Heartbeat("n1", e1_);
+  const uint64_t prefetch = OrderOf(*spare, v1::PREFETCH).id();
+  ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
+  EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());  // n1's
+  ASSERT_TRUE(Heartbeat("n1", e1_, {survivor->orders(0).id()}).ok());
+  v1::JobView view = coord_->View("job", "s1");
+  EXPECT_TRUE(view.trainers_may_start());
+  EXPECT_EQ(view.plan_state(), v1::PLAN_ORDERED);  // the prefetch still counts
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
+  ASSERT_TRUE(Heartbeat("s1", es_, {prefetch}).ok());
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ACKNOWLEDGED);
+}
+
+TEST_F(ReplicaTest, WithoutEarlyStartTrainersWaitForEveryAcknowledgement) {
+  start_trainers_with_prefetch_ = false;
+  Reopen();
+  StageAndReplicate();
+  Silence({"n2"});
+  auto spare = Heartbeat("s1", es_);
+  auto survivor = Heartbeat("n1", e1_);
+  ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
+  ASSERT_TRUE(Heartbeat("n1", e1_, {survivor->orders(0).id()}).ok());
+  EXPECT_FALSE(coord_->View("job", "s1").trainers_may_start());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -51,8 +51,8 @@
 // engine_persist.cc (a persist's and a manifest's snapshot and record,
 // retention, Drain), engine_tier.cc (the same for uploads, tiered retention),
 // engine_deletes.cc (Delete), engine_cluster.cc (hosted ranks,
-// reports, Prefetch), engine_recover.cc (recovery from the catalog), engine_replica.cc (peer
-// replicas: staged snapshots, fetches from peers).
+// reports, Prefetch), engine_recover.cc (recovery from the catalog),
+// engine_replica.cc (peer replicas: staged snapshots, fetches from peers).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
 // table's lock (table_.mu(), "the lock" below) guards the table only. The

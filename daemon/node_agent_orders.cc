@@ -81,9 +81,21 @@ void NodeAgent::TakeOrders(const cv1::HeartbeatResponse& resp) {
       std::vector<std::string> keys(o.shard_keys().begin(),
                                     o.shard_keys().end());
       keys.resize(o.ranks_size());
-      std::thread& t = prefetchers_[o.id()];
-      if (t.joinable())
+      if (auto running = prefetchers_.find(o.id());
+          running != prefetchers_.end() && running->second.joinable())
         continue;  // forgotten, yet still running: it acknowledges when done
+      if (o.sources_size() != 0) {
+        // Registered before this heartbeat's answer is acknowledged (the
+        // plan's RESTART with it, which lets the trainers start): their
+        // OpenRestore of these shards waits for the fetch from then on,
+        // instead of failing. A brief hold of the job table's lock (memory
+        // only), with mu_ released.
+        lock.unlock();
+        engine_->BeginFetches(o.job(), o.step(),
+                              {o.ranks().begin(), o.ranks().end()});
+        lock.lock();
+      }
+      std::thread& t = prefetchers_[o.id()];
       t = std::thread(
           &NodeAgent::RunPrefetch, this, o.id(), o.job(), o.world_size(),
           o.step(), std::vector<uint32_t>(o.ranks().begin(), o.ranks().end()),
@@ -108,10 +120,7 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
                             std::vector<cv1::ShardSource> sources,
                             std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
-  // Registered before any transfer (and off the heartbeat thread, which
-  // never takes the engine's lock): a trainer's OpenRestore of these
-  // shards waits for them from now on instead of failing.
-  if (!sources.empty()) engine_->BeginFetches(job, step, ranks);
+  // (TakeOrders registered the fetches: BeginFetches.)
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());

@@ -53,6 +53,20 @@ class HealthClusterTest : public ::testing::Test {
         seconds(60)))
         << "no progress";
   }
+  // Node b dies; its ranks (2 and 3) must move to spare d.
+  void KillBAndExpectItsRanksOnD() {
+    cluster_->KillNode("b");
+    ASSERT_TRUE(Cluster::WaitUntil(
+        [&] {
+          auto job = cluster_->Job();
+          return job && job->rank_node(2) != "b";
+        },
+        seconds(60)));
+    auto job = cluster_->Job();
+    ASSERT_TRUE(job.has_value());
+    EXPECT_EQ(job->rank_node(2), "d");
+    EXPECT_EQ(job->rank_node(3), "d");
+  }
   void ExpectLaunchersFinish(const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
       auto st = cluster_->WaitLauncher(id, seconds(120));
@@ -81,17 +95,7 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
   // plan would choose it.
   o.node_ckptd_args["c"] = {"--health-shm-mib-per-rank", "1073741824"};
   ASSERT_NO_FATAL_FAILURE(StartTwoNodesAndTwoSpares(o));
-  cluster_->KillNode("b");
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        auto job = cluster_->Job();
-        return job && job->rank_node(2) != "b";
-      },
-      seconds(60)));
-  auto job = cluster_->Job();
-  ASSERT_TRUE(job.has_value());
-  EXPECT_EQ(job->rank_node(2), "d");
-  EXPECT_EQ(job->rank_node(3), "d");
+  ASSERT_NO_FATAL_FAILURE(KillBAndExpectItsRanksOnD());
   ASSERT_NO_FATAL_FAILURE(ExpectLaunchersFinish({"a", "d"}));
   auto cluster = cluster_->GetCluster();
   ASSERT_TRUE(cluster.has_value());
@@ -198,17 +202,7 @@ TEST_F(HealthClusterTest, SpareWhoseRootBrokeIsCheckedBeforeItTakesRanks) {
   ASSERT_TRUE(c_before.has_value());
   for (const auto& n : c_before->nodes())
     ASSERT_FALSE(n.unhealthy()) << n.node_id() << " " << n.unhealthy_reason();
-  cluster_->KillNode("b");
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        auto job = cluster_->Job();
-        return job && job->rank_node(2) != "b";
-      },
-      seconds(60)));
-  auto job = cluster_->Job();
-  ASSERT_TRUE(job.has_value());
-  EXPECT_EQ(job->rank_node(2), "d");
-  EXPECT_EQ(job->rank_node(3), "d");
+  ASSERT_NO_FATAL_FAILURE(KillBAndExpectItsRanksOnD());
   // c's failed report may come a heartbeat after d's good one.
   std::optional<cv1::NodeRecord> c;
   ASSERT_TRUE(Cluster::WaitUntil(

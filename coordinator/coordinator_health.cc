@@ -113,6 +113,8 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
                                       v1::HeartbeatResponse* resp) {
   NodeState& node = nodes_.at(req.node_id());
   if (req.has_health_report()) {
+    const bool was_placeable = Placeable(node.rec);
+    const bool was_asked = node.health_requested != 0;
     // The node's own checks replace theirs; checks it does not run (the
     // network check, a launcher's) stay.
     v1::NodeHealthReport* report = node.rec.mutable_health_report();
@@ -136,14 +138,16 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
     node.health_checked_ms = options_.now_ms();
     batch->PutNode(node.rec);
     JudgeHealthLocked(batch);
+    // Plans only when the verdict changed, or a spare answered the check a
+    // plan waits for: a report that says what the last one said (an idle
+    // node's routine re-check, `ckptctl health`) never restarts a job.
     if (Placeable(node.rec)) {
-      // A spare checked again may end a wait for a host.
-      for (auto& [name, job] : jobs_)
-        if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
-            node.rec.spare())
-          MakePlanLocked(batch, job,
-                         absl::StrCat("spare ", req.node_id(), " checked"));
-    } else {
+      if (node.rec.spare() && (!was_placeable || was_asked))
+        for (auto& [name, job] : jobs_)
+          if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE)
+            MakePlanLocked(batch, job,
+                           absl::StrCat("spare ", req.node_id(), " checked"));
+    } else if (was_placeable) {
       for (auto& [name, job] : jobs_)
         if (job.ranks_by_node.count(req.node_id()))
           MakePlanLocked(batch, job,

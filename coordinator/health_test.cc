@@ -383,5 +383,26 @@ TEST_F(HealthTest, CheckHealthAsksAliveNodesAndRefusesUnknownOnes) {
   EXPECT_EQ(Heartbeat("n2", e2)->run_health_check(), again->request_id());
 }
 
+// A re-check that says what the last one said changes nothing: an
+// unhealthy node that keeps its ranks (no spare) is not restarted again by
+// every report (`ckptctl health`, an on-demand check).
+TEST_F(HealthTest, RepeatedFailedReportDoesNotRestartTheJobAgain) {
+  const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
+  RegisterJob("job", 2);
+  v1::HeartbeatRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1);
+  *req.mutable_health_report() = HealthReport(10, "root", "EIO");
+  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  ASSERT_TRUE(Node("n1").unhealthy());
+  const uint64_t generation = Job().generation();
+  EXPECT_EQ(Job().rank_node(0), "n1");  // no spare: it keeps its ranks
+  for (int i = 0; i < 3; ++i) {
+    now_ms_ += 1000;
+    ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  }
+  EXPECT_EQ(Job().generation(), generation);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -134,8 +134,10 @@ TEST(ReplicaRecoveryTest, ALostNodesRankIsRestoredBitIdenticalFromItsPeer) {
   ASSERT_TRUE(WaitUntil(
       [&] {
         cv1::GetClusterResponse c = Cluster(coordinator);
+        // Both ranks: b's own (rank 1) must be held elsewhere before b
+        // dies, not only a's.
         return c.memory_size() == 1 && c.memory(0).memory_step() == 2 &&
-               c.memory(0).replicated_ranks() >= 1;
+               c.memory(0).replicated_ranks() == 2;
       },
       seconds(60)))
       << Cluster(coordinator).DebugString();

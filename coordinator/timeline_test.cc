@@ -218,7 +218,9 @@ TEST_F(TimelineTest, PlanNotAcknowledgedInTimeFailsTheSilentNodeAndPlansAgain) {
   }
   // The spare, idle for half an hour, is checked before it takes ranks.
   beat("s1", es_);
-  EXPECT_GE(Job().generation(), 2u) << "the plan stayed unacknowledged";
+  // Generation 2 waited for the stale spare's check, 3 placed on it.
+  EXPECT_EQ(Job().generation(), 3u) << "the plan stayed unacknowledged";
+  EXPECT_EQ(EventsOf(v1::PLAN_WAITING).size(), 1u);
   EXPECT_EQ(Node("n2").health(), v1::DEAD);
   EXPECT_NE(Node("n2").dead_reason().find("acknowledge"), std::string::npos)
       << Node("n2").dead_reason();

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -24,9 +25,18 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     const std::string& shm_prefix, std::vector<std::string> extra_args) {
   auto d = std::unique_ptr<DaemonProcess>(new DaemonProcess);
   d->socket_ = run_dir + "/ckptd.sock";
-  std::vector<std::string> args = {CKPTD_BINARY, "--socket", d->socket_,
-                                   "--root",     root,       "--shm-prefix",
-                                   shm_prefix};
+  // CKPTD_BINARY in the environment wins over the build tree's path: a
+  // test binary carried to another machine (scripts/gpu_checks.sh) names
+  // the daemon it was carried with.
+  const char* binary = std::getenv("CKPTD_BINARY");
+  std::vector<std::string> args = {
+      binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY,
+      "--socket",
+      d->socket_,
+      "--root",
+      root,
+      "--shm-prefix",
+      shm_prefix};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");

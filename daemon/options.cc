@@ -403,6 +403,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
           ? o.root
           : o.shared_root;
   o.storage.root = data;
+  o.storage.remove_tmp_files = true;  // this daemon owns the root's leftovers
   // A shared root holds other nodes' writes in flight: only this node's
   // temp files are its leftovers.
   if (o.cluster) o.storage.tmp_tag = o.engine.node_id;

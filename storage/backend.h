@@ -204,9 +204,10 @@ struct LocalBackendOptions {
   unsigned queue_depth = 8;     // writes in flight per object
   uint64_t io_bytes = 4 << 20;  // bytes per write/read request
   bool sync = true;             // fsync file and directory on commit
-  // Remove "*.tmp.*" crash leftovers under root at open. Readers of a root
-  // a live daemon writes to (ckptctl) must pass false.
-  bool remove_tmp_files = true;
+  // Remove "*.tmp.*" crash leftovers under root at open. Only the root's
+  // owner (the daemon, at start) asks for it: any other opener (a tool, a
+  // reader, a library user) would remove a live writer's file in flight.
+  bool remove_tmp_files = false;
   // Writers sharing a root (the nodes of a cluster) each give their temp
   // files a tag, "<key>.tmp.<tag>.<nonce>", and remove at open only the
   // leftovers with their own tag: another writer's temp file may be a

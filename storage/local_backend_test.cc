@@ -181,24 +181,45 @@ TEST_P(LocalBackendTest, AbortAndDestructionLeaveNothingBehind) {
     EXPECT_FALSE(e.is_regular_file()) << e.path();
 }
 
-TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFiles) {
+TEST_P(LocalBackendTest, NewBackendRemovesLeftoverTmpFilesWhenAsked) {
   auto b = Open();
   std::filesystem::create_directories(dir_.path() + "/root/job/step-1");
   std::ofstream(dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0")
       << "partial";
   std::ofstream(dir_.path() + "/root/job/step-1/rank-1.shard") << "done";
   EXPECT_EQ(*b->List(""), std::vector<std::string>{"job/step-1/rank-1.shard"});
-  auto again = Open();
+  LocalBackendOptions o;
+  o.root = dir_.path() + "/root";
+  o.use_io_uring = GetParam();
+  o.remove_tmp_files = true;  // what the daemon that owns the root asks
+  auto again = NewLocalBackend(o);
+  ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(std::filesystem::exists(
       dir_.path() + "/root/job/step-1/rank-0.shard.tmp.123-abc-0"));
   EXPECT_TRUE(
       std::filesystem::exists(dir_.path() + "/root/job/step-1/rank-1.shard"));
 }
 
+// A reader opening a root with default options (a tool, a test, a
+// library user) must never remove a live writer's temp file: the default
+// leaves leftovers alone, only the root's owner asks for the cleanup.
+TEST_P(LocalBackendTest, DefaultOptionsNeverRemoveAWriteInFlight) {
+  auto writer = Open();
+  auto in_flight = writer->NewObjectWriter("job/step-1/rank-0.shard", 4096);
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  auto reader = Open();
+  std::vector<char> data(4096, 'x');
+  ASSERT_TRUE((*in_flight)->WriteAt(0, data.data(), data.size()).ok());
+  EXPECT_TRUE((*in_flight)->Commit().ok()) << "the writer's temp file went";
+  EXPECT_EQ(*reader->List(""),
+            std::vector<std::string>{"job/step-1/rank-0.shard"});
+}
+
 TEST_P(LocalBackendTest, TaggedBackendRemovesOnlyItsOwnLeftovers) {
   LocalBackendOptions o;
   o.root = dir_.path() + "/root";
   o.use_io_uring = GetParam();
+  o.remove_tmp_files = true;  // as each node's daemon asks
   o.tmp_tag = "b";
   auto b = NewLocalBackend(o);
   ASSERT_TRUE(b.ok()) << b.status();

@@ -237,7 +237,8 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   rec.set_world_size(req.world_size());
   uint32_t next_rank = 0;
   for (const auto& [id, n] : nodes_) {
-    if (n.rec.spare() || !Placeable(n.rec)) continue;
+    if (n.rec.spare() || !Placeable(n.rec) || n.low_figure_recheck != 0)
+      continue;
     uint32_t used = HostedRanksLocked(id);
     uint32_t free = n.rec.capacity() > used ? n.rec.capacity() - used : 0;
     // Each launcher runs nproc_per_node trainers: no node gets more.

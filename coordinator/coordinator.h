@@ -224,6 +224,11 @@ class Coordinator {
     // check it is asked to run (0: none; HeartbeatResponse.run_health_check).
     int64_t health_checked_ms = 0;
     uint64_t health_requested = 0;
+    // A figure below the median's ratio is measured again before a verdict:
+    // the request that re-measures it (0: none), and whether the report
+    // being judged is its answer.
+    uint64_t low_figure_recheck = 0;
+    bool low_figure_answered = false;
   };
   struct JobState {
     v1::JobRecord rec;

@@ -20,6 +20,17 @@ void Coordinator::JudgeHealthLocked(Batch* batch) {
     if (n.rec.health() != v1::ALIVE) continue;
     const HealthVerdict v =
         JudgeHealth(n.rec.health_report(), medians, options_.health_min_ratio);
+    // A low figure the node measured itself is one sample, perhaps taken in
+    // a burst of load: ask for another before the verdict (the node takes
+    // no new ranks meanwhile), and judge the answer.
+    if (!v.healthy && !n.rec.unhealthy() && !n.low_figure_answered &&
+        LowOwnFigure(n.rec.health_report(), v.check)) {
+      if (n.health_requested == 0)
+        n.health_requested = NextHealthRequestLocked();
+      n.low_figure_recheck = n.health_requested;
+      continue;
+    }
+    if (n.low_figure_answered || v.healthy) n.low_figure_recheck = 0;
     if (v.healthy == !n.rec.unhealthy() && v.check == n.rec.unhealthy_check() &&
         v.reason == n.rec.unhealthy_reason())
       continue;  // unchanged
@@ -89,6 +100,9 @@ std::string Coordinator::UnhealthySparesLocked() const {
       absl::StrAppend(&out, "; spare ", id, " is unhealthy (",
                       n.rec.unhealthy_check(), ": ", n.rec.unhealthy_reason(),
                       ")");
+    else if (n.low_figure_recheck != 0)
+      absl::StrAppend(&out, "; spare ", id,
+                      " reported a low figure: measuring it again");
     else if (n.health_requested != 0 && Placeable(n.rec))
       absl::StrAppend(&out, "; spare ", id, "'s health check is ",
                       HealthAgeLocked(n) / 1000, " s old: checking it again");
@@ -101,6 +115,7 @@ int64_t Coordinator::HealthAgeLocked(const NodeState& n) const {
 }
 
 bool Coordinator::StaleSpareLocked(NodeState& n) {
+  if (n.low_figure_recheck != 0) return true;  // being measured again
   if (options_.spare_check_max_age_ms <= 0 ||
       HealthAgeLocked(n) <= options_.spare_check_max_age_ms)
     return false;
@@ -137,7 +152,10 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
       node.health_requested = 0;
     node.health_checked_ms = options_.now_ms();
     batch->PutNode(node.rec);
+    node.low_figure_answered = node.low_figure_recheck != 0 &&
+                               req.health_check_id() == node.low_figure_recheck;
     JudgeHealthLocked(batch);
+    node.low_figure_answered = false;
     // Plans only when the verdict changed, or a spare answered the check a
     // plan waits for: a report that says what the last one said (an idle
     // node's routine re-check, `ckptctl health`) never restarts a job.

@@ -62,6 +62,13 @@ std::map<std::string, double> MedianFigures(
   return medians;
 }
 
+bool LowOwnFigure(const v1::NodeHealthReport& report, std::string_view check) {
+  if (!ComparedAgainstMedian(check) || check == "network") return false;
+  for (const v1::HealthCheck& c : report.checks())
+    if (c.name() == check) return c.passed();
+  return false;
+}
+
 HealthVerdict JudgeHealth(const v1::NodeHealthReport& report,
                           const std::map<std::string, double>& medians,
                           double min_ratio) {

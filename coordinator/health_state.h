@@ -53,6 +53,11 @@ HealthVerdict JudgeHealth(const v1::NodeHealthReport& report,
                           const std::map<std::string, double>& medians,
                           double min_ratio);
 
+// Whether `check` of `report` is a figure the node measured itself (memcpy,
+// CUDA: not the coordinator's network round) that passed on its own, so a
+// verdict against it rests on that one low figure.
+bool LowOwnFigure(const v1::NodeHealthReport& report, std::string_view check);
+
 }  // namespace ckpt::coordinator
 
 #endif  // CKPT_COORDINATOR_HEALTH_STATE_H_

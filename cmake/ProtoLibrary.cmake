@@ -51,4 +51,6 @@ function(ckpt_proto_library)
   target_include_directories(${ARG_NAME} PUBLIC ${gen})
   target_link_libraries(${ARG_NAME} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
   target_compile_options(${ARG_NAME} PRIVATE -w)
+  # Generated sources define the same file-static names (cmake/Unity.cmake).
+  set_target_properties(${ARG_NAME} PROPERTIES UNITY_BUILD OFF)
 endfunction()

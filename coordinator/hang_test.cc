@@ -12,7 +12,7 @@
 namespace ckpt::coordinator {
 namespace {
 
-struct Beat {
+struct BeatSpec {
   uint32_t rank;
   uint64_t step;
   uint64_t ms_since_advance;
@@ -29,12 +29,12 @@ class HangTest : public TwoNodeTest {
     heartbeat_timeout_ms_ = 3'600'000;  // the nodes live; ranks may hang
     TwoNodeTest::SetUp();
   }
-  absl::StatusOr<v1::HeartbeatResponse> Beats(const std::string& node,
-                                              const std::vector<Beat>& beats) {
+  absl::StatusOr<v1::HeartbeatResponse> Beats(
+      const std::string& node, const std::vector<BeatSpec>& beats) {
     v1::HeartbeatRequest req;
     req.set_node_id(node);
     req.set_epoch(node == "n1" ? e1_ : e2_);
-    for (const Beat& b : beats) {
+    for (const BeatSpec& b : beats) {
       v1::RankProgress* p = req.add_progress();
       p->set_job("job");
       p->set_rank(b.rank);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shm/scoped_fd.h"
 #include "shm/segment_access.h"
 #include "util/status.h"
 #include "util/strings.h"
@@ -98,13 +99,6 @@ absl::StatusOr<int> OpenSegment(const std::string& name, bool create,
     return BoostToStatus(e, absl::StrCat("arena ", name, ": shm_open"));
   }
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 absl::StatusOr<char*> Map(int fd, uint64_t offset, uint64_t bytes, int prot,
                           int flags, void* at, std::string_view what) {
@@ -236,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(options));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, options.num_slots);
   const std::string& name = options.name;
-  Fd fd;
+  ScopedFd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/true, /*writable=*/true));
   absl::Status s = GrantSegment(fd.fd, name, options.user_uid);
@@ -307,7 +301,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(expect));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, expect.num_slots);
   const std::string& name = expect.name;
-  Fd fd;
+  ScopedFd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/false, /*writable=*/true));
   struct stat st {};
@@ -356,7 +350,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
     return absl::InvalidArgumentError(absl::StrCat(
         "arena ", name, ": slots_offset ", slots_offset, " / arena_bytes ",
         arena_bytes, " do not describe an arena"));
-  Fd fd;
+  ScopedFd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/false, /*writable=*/true));
   struct stat st {};

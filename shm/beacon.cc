@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shm/arena.h"
+#include "shm/scoped_fd.h"
 #include "shm/segment_access.h"
 #include "util/status.h"
 
@@ -22,13 +23,6 @@ constexpr int kReadTries = 4;
 std::string ShmPath(std::string_view name) {
   return absl::StrCat("/dev/shm", absl::string_view(name.data(), name.size()));
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 }  // namespace
 
@@ -72,7 +66,7 @@ BeaconView::~BeaconView() {
 absl::StatusOr<std::unique_ptr<BeaconView>> BeaconView::Open(
     std::string_view name, std::string_view job, uint32_t rank) {
   const std::string path = ShmPath(name);
-  Fd fd;
+  ScopedFd fd;
   fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd.fd < 0) return ErrnoToStatus(errno, absl::StrCat("beacon ", path));
   struct stat st {};
@@ -137,7 +131,7 @@ BeaconWriter::~BeaconWriter() {
 absl::StatusOr<std::unique_ptr<BeaconWriter>> BeaconWriter::Open(
     std::string_view name) {
   const std::string path = ShmPath(name);
-  Fd fd;
+  ScopedFd fd;
   fd.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd.fd < 0) return ErrnoToStatus(errno, absl::StrCat("beacon ", path));
   struct stat st {};

@@ -18,8 +18,6 @@ namespace {
 
 namespace cv1 = ::ckpt::coord::v1;
 
-constexpr std::chrono::seconds kRpcTimeout{5};
-
 // Host part of a node's address, for MASTER_ADDR: "h:p" -> "h",
 // "[v6]:p" -> "v6"; a Unix socket or nothing -> empty.
 std::string HostOf(const std::string& address) {

@@ -73,6 +73,9 @@ class Launcher {
   int Run();
 
  private:
+  // Each call to the coordinator.
+  static constexpr std::chrono::seconds kRpcTimeout{5};
+
   struct PendingReport {
     TrainerExit exit;
     uint64_t generation = 0;  // of the trainer

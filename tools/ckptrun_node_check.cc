@@ -11,7 +11,6 @@ namespace ckpt::tools {
 namespace {
 
 namespace cv1 = ::ckpt::coord::v1;
-constexpr std::chrono::seconds kRpcTimeout{5};
 
 }  // namespace
 

@@ -240,9 +240,9 @@ int main(int argc, char** argv) {
               r->SetTarget(std::move(target));
           };
     opts->agent.replica_transport = opts->replicas.transport;
-    opts->agent.held_replica = [&held_replicas](const std::string& job,
-                                                uint64_t step, uint32_t rank)
-        -> std::shared_ptr<const HeldReplica> {
+    opts->agent.held_replica =
+        [&held_replicas](const std::string& job, uint64_t step,
+                         uint32_t rank) -> std::shared_ptr<const HeldReplica> {
       ReplicaStore* store = held_replicas.load();
       return store ? store->Find(job, step, rank) : nullptr;
     };

@@ -115,8 +115,8 @@ struct NodeAgentOptions {
   // How a PREFETCH fetches from a peer (--replica-transport), and this
   // node's own held copies (a source naming this node is read from them).
   ReplicaTransport replica_transport = ReplicaTransport::kBulk;
-  std::function<std::shared_ptr<const HeldReplica>(const std::string&,
-                                                   uint64_t, uint32_t)>
+  std::function<std::shared_ptr<const HeldReplica>(const std::string&, uint64_t,
+                                                   uint32_t)>
       held_replica;
 };
 

@@ -79,8 +79,7 @@ absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
             "job ", job, " step ", step, " rank ", rank, " fetched from ",
             source->node_id(), " over ", ReplicaTransportName(peer.transport),
             " in ",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                          t0)
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count(),
             " s (slot, transfer, verification)"));
     }

@@ -31,8 +31,8 @@ struct PeerFetchOptions {
   std::string node_id;        // this node: a source naming it is local
   ReplicaTransport transport = ReplicaTransport::kBulk;
   // This node's held replica of (job, step, rank), or null (no store).
-  std::function<std::shared_ptr<const HeldReplica>(const std::string&,
-                                                   uint64_t, uint32_t)>
+  std::function<std::shared_ptr<const HeldReplica>(const std::string&, uint64_t,
+                                                   uint32_t)>
       held;
 };
 

@@ -100,9 +100,9 @@ absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Listen(
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(options.port));
   if (inet_pton(AF_INET, options.host.c_str(), &addr.sin_addr) != 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("bulk listener address \"", options.host.substr(0, 64),
-                     "\": not an IPv4 address"));
+    return absl::InvalidArgumentError(absl::StrCat("bulk listener address \"",
+                                                   options.host.substr(0, 64),
+                                                   "\": not an IPv4 address"));
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoToStatus(errno, "bulk listener socket");
   const int one = 1;
@@ -210,29 +210,27 @@ void BulkListener::Serve(int fd) {
   ++(s.ok() ? stats_.served : stats_.failed);
 }
 
-absl::Status BulkListener::Transfer(int fd, BulkTransfer& t,
-                                    uint64_t* digest) {
+absl::Status BulkListener::Transfer(int fd, BulkTransfer& t, uint64_t* digest) {
   // A transfer may take as long as its bytes need (a sender paced by its
   // --replica-bandwidth), but not stop for longer than stall_timeout.
   const auto never = Clock::time_point::max();
   const auto stall = options_.stall_timeout;
   CKPT_RETURN_IF_ERROR(
       WriteBulkReply(fd, absl::OkStatus(), 0, Clock::now() + stall));
-  absl::Status s =
-      t.kind == BulkKind::kPut
-          ? RecvAll(fd, t.dst, t.bytes, never, t.what, stall)
-          : SendAll(fd, t.src, t.bytes, never, t.what, stall);
+  absl::Status s = t.kind == BulkKind::kPut
+                       ? RecvAll(fd, t.dst, t.bytes, never, t.what, stall)
+                       : SendAll(fd, t.src, t.bytes, never, t.what, stall);
   if (!s.ok()) {
-    LogWarning(absl::StrCat("bulk ", BulkKindName(t.kind), " of ", t.what,
-                            ": ", s.message()));
+    LogWarning(absl::StrCat("bulk ", BulkKindName(t.kind), " of ", t.what, ": ",
+                            s.message()));
     return s;
   }
   absl::StatusOr<uint64_t> done = t.finish ? t.finish() : uint64_t{0};
   t.finish = nullptr;  // a refused put's memory goes back now
   t.pin.reset();
   if (done.ok()) *digest = *done;
-  CKPT_RETURN_IF_ERROR(WriteBulkReply(
-      fd, done.status(), done.ok() ? *done : 0, Clock::now() + options_.stall_timeout));
+  CKPT_RETURN_IF_ERROR(WriteBulkReply(fd, done.status(), done.ok() ? *done : 0,
+                                      Clock::now() + options_.stall_timeout));
   return done.status();
 }
 

@@ -40,9 +40,9 @@ struct Fd {
 // The offer's fields the caller relies on, checked.
 absl::Status CheckOffer(const rv1::BulkOffer& offer, std::string_view what) {
   if (offer.token().size() != kBulkTokenBytes)
-    return absl::DataLossError(absl::StrCat(
-        std::string(what), ": offer.token: ", offer.token().size(),
-        " bytes, expected ", kBulkTokenBytes));
+    return absl::DataLossError(
+        absl::StrCat(std::string(what), ": offer.token: ", offer.token().size(),
+                     " bytes, expected ", kBulkTokenBytes));
   if (offer.port() == 0 || offer.port() > 65535)
     return absl::DataLossError(absl::StrCat(
         std::string(what), ": offer.port: ", offer.port(), " is not a port"));
@@ -121,9 +121,9 @@ absl::StatusOr<rv1::ShardCopy> BulkGet(
   // now); the token outlives that.
   CKPT_ASSIGN_OR_RETURN(char* dst, dst_for(offer.copy()));
   const BulkDeadline steady = ToSteady(deadline);
-  CKPT_ASSIGN_OR_RETURN(int fd,
-                        OpenBulk(host, offer, BulkKind::kGet,
-                                 offer.copy().image_bytes(), steady, what));
+  CKPT_ASSIGN_OR_RETURN(
+      int fd, OpenBulk(host, offer, BulkKind::kGet, offer.copy().image_bytes(),
+                       steady, what));
   Fd owned{fd};
   CKPT_RETURN_IF_ERROR(
       RecvAll(fd, dst, offer.copy().image_bytes(), steady, what));
@@ -133,12 +133,9 @@ absl::StatusOr<rv1::ShardCopy> BulkGet(
 
 }  // namespace
 
-absl::StatusOr<uint64_t> SendReplica(ReplicaTransport transport,
-                                     grpc::Channel& channel,
-                                     const std::string& host,
-                                     const rv1::ShardCopy& copy,
-                                     const char* image,
-                                     const PutOptions& options) {
+absl::StatusOr<uint64_t> SendReplica(
+    ReplicaTransport transport, grpc::Channel& channel, const std::string& host,
+    const rv1::ShardCopy& copy, const char* image, const PutOptions& options) {
   if (transport == ReplicaTransport::kGrpc)
     return PutReplica(channel, copy, image, options);
   return BulkPut(channel, host, copy, image, options);

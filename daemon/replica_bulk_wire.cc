@@ -104,8 +104,9 @@ absl::Status SendAll(int fd, const char* p, uint64_t n, BulkDeadline deadline,
             absl::StrCat(std::string(what), ": the peer stopped reading"));
       continue;
     }
-    return absl::UnavailableError(absl::StrCat(
-        std::string(what), ": send: ", w < 0 ? std::strerror(errno) : "closed"));
+    return absl::UnavailableError(
+        absl::StrCat(std::string(what),
+                     ": send: ", w < 0 ? std::strerror(errno) : "closed"));
   }
   return absl::OkStatus();
 }
@@ -128,16 +129,15 @@ absl::Status RecvAll(int fd, char* p, uint64_t n, BulkDeadline deadline,
             absl::StrCat(std::string(what), ": the peer stopped sending"));
       continue;
     }
-    return absl::UnavailableError(
-        absl::StrCat(std::string(what), ": the connection ended ", n,
-                     " bytes short", r < 0 ? ": " : "",
-                     r < 0 ? std::strerror(errno) : ""));
+    return absl::UnavailableError(absl::StrCat(
+        std::string(what), ": the connection ended ", n, " bytes short",
+        r < 0 ? ": " : "", r < 0 ? std::strerror(errno) : ""));
   }
   return absl::OkStatus();
 }
 
-absl::Status WriteBulkReply(int fd, const absl::Status& status,
-                            uint64_t digest, BulkDeadline deadline) {
+absl::Status WriteBulkReply(int fd, const absl::Status& status, uint64_t digest,
+                            BulkDeadline deadline) {
   const absl::string_view msg = status.message().substr(0, kMaxBulkMessage);
   std::string out(kBulkReplyBytes, '\0');
   std::memcpy(out.data(), kReplyMagic, 8);
@@ -218,8 +218,8 @@ absl::StatusOr<int> ConnectBulk(const std::string& host, uint32_t port,
       PrepareBulkSocket(fd);
       return fd;
     }
-    last = absl::UnavailableError(absl::StrCat(
-        "bulk connection to ", where, ": ", std::strerror(errno)));
+    last = absl::UnavailableError(
+        absl::StrCat("bulk connection to ", where, ": ", std::strerror(errno)));
     close(fd);
   }
   freeaddrinfo(found);

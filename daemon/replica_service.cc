@@ -227,8 +227,8 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
   static grpc::Status CheckSource(const grpc::ServerContext& ctx,
                                   const rv1::ShardCopy& copy) {
     const std::vector<std::string> ids = Identities(ctx);
-    if (!ids.empty() && std::find(ids.begin(), ids.end(),
-                                  copy.source_node()) == ids.end())
+    if (!ids.empty() &&
+        std::find(ids.begin(), ids.end(), copy.source_node()) == ids.end())
       return grpc::Status(
           grpc::StatusCode::PERMISSION_DENIED,
           absl::StrCat("copy.source_node: '", copy.source_node(),

@@ -9,6 +9,11 @@
 //             (tests/make_certs.sh): the payload-encryption cost;
 //   get, get_tls  a fetch (Get) of the held copy into pre-faulted memory,
 //             the direction a node-loss recovery waits for;
+//   bulk, bulk_get  the bulk path (daemon/replica_bulk*.h): the offer over
+//             the gRPC channel (mTLS when certificates could be made), the
+//             bytes over plain TCP with the offer's token, into the
+//             reservation (put, then the holder's verification) or
+//             pre-faulted memory (get);
 //   verify    the holder's verification alone (VerifyReplicaImage).
 // Repeats are interleaved (tcp, grpc, grpc_tls per round) and medians
 // reported; --json prints one object.
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "bench/stats.h"
+#include "daemon/replica_bulk_client.h"
 #include "daemon/replica_client.h"
 #include "daemon/replica_service.h"
 #include "daemon/replica_store.h"
@@ -150,7 +156,9 @@ Holder StartHolder(uint64_t budget, const ckpt::coordinator::TlsFiles& server,
 }
 
 double PutOnce(Holder& h, rv1::ShardCopy copy, uint64_t step,
-               const std::vector<char>& image) {
+               const std::vector<char>& image,
+               ckpt::daemon::ReplicaTransport transport =
+                   ckpt::daemon::ReplicaTransport::kGrpc) {
   // The image names step 1; the holder checks the step it names, so each
   // round puts generation `step` of step 1.
   copy.set_step(1);
@@ -158,7 +166,8 @@ double PutOnce(Holder& h, rv1::ShardCopy copy, uint64_t step,
   ckpt::daemon::PutOptions po;
   po.deadline = std::chrono::system_clock::now() + std::chrono::minutes(5);
   const auto t0 = Clock::now();
-  auto r = ckpt::daemon::PutReplica(*h.channel, copy, image.data(), po);
+  auto r = ckpt::daemon::SendReplica(transport, *h.channel, "127.0.0.1", copy,
+                                     image.data(), po);
   const double secs = Since(t0);
   if (!r.ok()) {
     std::fprintf(stderr, "put: %s\n", r.status().ToString().c_str());
@@ -169,15 +178,17 @@ double PutOnce(Holder& h, rv1::ShardCopy copy, uint64_t step,
 
 // One Get of the held copy (step 1, the newest generation) into `sink`,
 // pre-faulted as the slot a fetch fills would be.
-double GetOnce(Holder& h, char* sink) {
+double GetOnce(Holder& h, char* sink,
+               ckpt::daemon::ReplicaTransport transport =
+                   ckpt::daemon::ReplicaTransport::kGrpc) {
   rv1::GetRequest req;
   req.set_job("bench");
   req.set_step(1);
   req.set_rank(0);
   req.set_replica(true);
   const auto t0 = Clock::now();
-  auto r = ckpt::daemon::GetReplica(
-      *h.channel, req,
+  auto r = ckpt::daemon::FetchReplica(
+      transport, *h.channel, "127.0.0.1", req,
       [&](const rv1::ShardCopy&) -> absl::StatusOr<char*> { return sink; },
       std::chrono::system_clock::now() + std::chrono::minutes(5));
   const double secs = Since(t0);
@@ -227,15 +238,20 @@ int main(int argc, char** argv) {
   Holder secure;
   if (tls) secure = StartHolder(3 * bytes, files("n2"), files("n1"));
 
-  std::vector<double> tcp, grpc_plain, grpc_tls, verify, get_plain, get_tls;
+  std::vector<double> tcp, grpc_plain, grpc_tls, verify, get_plain, get_tls,
+      bulk, bulk_get;
+  constexpr auto kBulk = ckpt::daemon::ReplicaTransport::kBulk;
+  Holder& control = tls ? secure : plain;  // the bulk path's offer channel
   PutOnce(plain, copy, 1, image);  // warm: channel up, pages mapped once
   if (tls) PutOnce(secure, copy, 1, image);
   for (int r = 0; r < repeats; ++r) {
     tcp.push_back(TcpOnce(image, sink));
-    grpc_plain.push_back(PutOnce(plain, copy, 2 + r, image));
-    if (tls) grpc_tls.push_back(PutOnce(secure, copy, 2 + r, image));
+    grpc_plain.push_back(PutOnce(plain, copy, 2 + 2 * r, image));
+    if (tls) grpc_tls.push_back(PutOnce(secure, copy, 2 + 2 * r, image));
+    bulk.push_back(PutOnce(control, copy, 3 + 2 * r, image, kBulk));
     get_plain.push_back(GetOnce(plain, sink));
     if (tls) get_tls.push_back(GetOnce(secure, sink));
+    bulk_get.push_back(GetOnce(control, sink, kBulk));
     const auto t0 = Clock::now();
     copy.set_step(1);
     if (!ckpt::daemon::VerifyReplicaImage(image.data(), copy, "bench").ok())
@@ -244,16 +260,20 @@ int main(int argc, char** argv) {
   }
   const double gb = static_cast<double>(bytes) / 1e9;
   const double t = Median(tcp), g = Median(grpc_plain), s = Median(grpc_tls),
-               v = Median(verify), gp = Median(get_plain), gs = Median(get_tls);
+               v = Median(verify), gp = Median(get_plain), gs = Median(get_tls),
+               b = Median(bulk), bg = Median(bulk_get);
   if (json) {
     std::printf(
         "{\"bytes\": %llu, \"repeats\": %d, \"tcp_s\": %.4f, \"grpc_s\": %.4f, "
         "\"grpc_tls_s\": %.4f, \"verify_s\": %.4f, \"tcp_gbps\": %.3f, "
         "\"grpc_gbps\": %.3f, \"grpc_tls_gbps\": %.3f, \"grpc_vs_tcp\": %.3f, "
         "\"tls_vs_plain\": %.3f, \"get_s\": %.4f, \"get_tls_s\": %.4f, "
-        "\"get_vs_tcp\": %.3f}\n",
+        "\"get_vs_tcp\": %.3f, \"bulk_s\": %.4f, \"bulk_vs_tcp\": %.3f, "
+        "\"bulk_get_s\": %.4f, \"bulk_get_vs_tcp\": %.3f, "
+        "\"bulk_control_tls\": %s}\n",
         static_cast<unsigned long long>(bytes), repeats, t, g, s, v, gb / t,
-        gb / g, tls ? gb / s : 0.0, g / t, tls ? s / g : 0.0, gp, gs, gp / t);
+        gb / g, tls ? gb / s : 0.0, g / t, tls ? s / g : 0.0, gp, gs, gp / t, b,
+        b / t, bg, bg / t, tls ? "true" : "false");
   } else {
     std::printf("copy of %.1f MiB, median of %d interleaved rounds\n",
                 static_cast<double>(bytes) / (1 << 20), repeats);
@@ -270,6 +290,10 @@ int main(int argc, char** argv) {
       std::printf(
           "  gRPC Get, mTLS      %8.4f s  %6.2f GB/s  %.2fx plaintext\n", gs,
           gb / gs, gs / gp);
+    std::printf("  bulk put (%s offer) %8.4f s  %6.2f GB/s  %.2fx TCP\n",
+                tls ? "mTLS" : "plain", b, gb / b, b / t);
+    std::printf("  bulk get (%s offer) %8.4f s  %6.2f GB/s  %.2fx TCP\n",
+                tls ? "mTLS" : "plain", bg, gb / bg, bg / t);
     std::printf("  holder's verify     %8.4f s  %6.2f GB/s\n", v, gb / v);
   }
   std::system(("rm -rf " + certs).c_str());

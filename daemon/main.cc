@@ -228,6 +228,9 @@ int main(int argc, char** argv) {
   // are not replicated until the rank's next save.
   std::unique_ptr<Replicator> replicator;
   std::atomic<Replicator*> replicate{nullptr};
+  // The replica store, once it exists: a PREFETCH naming this node as a
+  // lost rank's holder copies from it.
+  std::atomic<ReplicaStore*> held_replicas{nullptr};
   if (opts->cluster) {
     opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons
     if (opts->replicas.send && !opts->replicas.fixed_target)
@@ -236,6 +239,13 @@ int main(int argc, char** argv) {
             if (Replicator* r = replicate.load())
               r->SetTarget(std::move(target));
           };
+    opts->agent.replica_transport = opts->replicas.transport;
+    opts->agent.held_replica =
+        [&held_replicas](const std::string& job, uint64_t step,
+                         uint32_t rank) -> std::shared_ptr<const HeldReplica> {
+      ReplicaStore* store = held_replicas.load();
+      return store ? store->Find(job, step, rank) : nullptr;
+    };
     agent = std::make_unique<NodeAgent>(opts->agent);
     opts->engine.on_shard = [a = agent.get(),
                              &replicate](const ShardReport& r) {
@@ -268,6 +278,7 @@ int main(int argc, char** argv) {
     replica_store = std::make_unique<ReplicaStore>(opts->replicas.memory_bytes);
     ReplicaServerOptions ro;
     ro.port = static_cast<int>(opts->replicas.port);
+    ro.bulk_port = static_cast<int>(opts->replicas.bulk_port);
     ro.tls = opts->agent.tls;
     ro.on_replicated = [a = agent.get()](const HeldReplica& held) {
       ShardReport r;
@@ -286,9 +297,11 @@ int main(int argc, char** argv) {
         ReplicaServer::Start(std::move(ro), replica_store.get(), engine->get());
     if (!started.ok()) return Fail("replicas", started.status());
     replica_server = std::move(*started);
+    held_replicas = replica_store.get();
     LogInfo("replica listener on port " +
             std::to_string(replica_server->port()) + ", holding up to " +
-            std::to_string(opts->replicas.memory_bytes) + " bytes");
+            std::to_string(opts->replicas.memory_bytes) + " bytes, bulk port " +
+            std::to_string(replica_server->bulk_port()));
   }
   if (agent && opts->replicas.send) {
     ReplicatorOptions ro;
@@ -296,6 +309,7 @@ int main(int argc, char** argv) {
     ro.tls = opts->agent.tls;
     ro.bandwidth = opts->replicas.bandwidth;
     ro.corrupt = corrupt_replicas;
+    ro.transport = opts->replicas.transport;
     replicator = std::make_unique<Replicator>(std::move(ro), engine->get());
     if (opts->replicas.fixed_target)
       replicator->SetTarget(opts->replicas.fixed_target);

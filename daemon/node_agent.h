@@ -57,6 +57,8 @@
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
 #include "daemon/net_probe.h"
+#include "daemon/replica_bulk_client.h"
+#include "daemon/replica_store.h"
 #include "daemon/replicator.h"
 
 namespace ckpt::daemon {
@@ -110,6 +112,12 @@ struct NodeAgentOptions {
   std::string domain;
   uint32_t replica_port = 0;
   std::function<void(std::optional<ReplicaPeer>)> on_replica_target;
+  // How a PREFETCH fetches from a peer (--replica-transport), and this
+  // node's own held copies (a source naming this node is read from them).
+  ReplicaTransport replica_transport = ReplicaTransport::kBulk;
+  std::function<std::shared_ptr<const HeldReplica>(const std::string&, uint64_t,
+                                                   uint32_t)>
+      held_replica;
 };
 
 class NodeAgent {

@@ -124,11 +124,16 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
+  PeerFetchOptions peer_fetch;
+  peer_fetch.tls = options_.tls;
+  peer_fetch.node_id = options_.node_id;
+  peer_fetch.transport = options_.replica_transport;
+  peer_fetch.held = options_.held_replica;
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
       // From a peer's memory when the order names one (peer_fetch.h).
       results[i] = PrefetchRank(
-          *engine_, options_.tls, job, world_size, step, ranks[i], keys[i],
+          *engine_, peer_fetch, job, world_size, step, ranks[i], keys[i],
           i < sources.size() ? &sources[i] : nullptr, owner_uid,
           [this](FallbackReport f) { ReportFallback(std::move(f)); });
       if (!sources.empty()) engine_->EndFetch(job, step, ranks[i]);

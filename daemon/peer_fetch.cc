@@ -1,10 +1,13 @@
 // PrefetchRank (peer_fetch.h): one rank of a PREFETCH and its fallbacks.
 #include "daemon/peer_fetch.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
 #include "daemon/replica_client.h"
 #include "daemon/replica_service.h"
+#include "util/status.h"
 
 namespace ckpt::daemon {
 
@@ -15,7 +18,21 @@ namespace rv1 = ::ckpt::replica::v1;
 // after this long; the shared root is then read instead.
 constexpr std::chrono::seconds kPeerFetchDeadline(120);
 
-absl::Status PrefetchRank(Engine& engine, const coordinator::TlsFiles& tls,
+namespace {
+
+// The copy from this node's own replica store into the slot.
+absl::StatusOr<rv1::ShardCopy> CopyHeld(
+    const HeldReplica& held,
+    const std::function<absl::StatusOr<char*>(const rv1::ShardCopy&)>&
+        dst_for) {
+  CKPT_ASSIGN_OR_RETURN(char* dst, dst_for(held.copy));
+  std::memcpy(dst, held.data(), held.copy.image_bytes());
+  return held.copy;
+}
+
+}  // namespace
+
+absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
                           const std::string& job, uint32_t world_size,
                           uint64_t step, uint32_t rank, const std::string& key,
                           const cv1::ShardSource* source,
@@ -26,10 +43,24 @@ absl::Status PrefetchRank(Engine& engine, const coordinator::TlsFiles& tls,
     if (source->port() == 0 || source->port() > 65535) {
       st = absl::InvalidArgumentError(
           absl::StrCat("sources.port: ", source->port(), " is not a port"));
+    } else if (std::shared_ptr<const HeldReplica> mine =
+                   source->replica() && source->node_id() == peer.node_id &&
+                           peer.held
+                       ? peer.held(job, step, rank)
+                       : nullptr) {
+      // This node holds the copy itself: from its memory, verified again
+      // in the slot as any fetched copy.
+      st = engine.FetchFromPeer(
+          job, world_size, step, rank, key, owner_uid,
+          [&](const auto& dst_for) { return CopyHeld(*mine, dst_for); });
+      if (st.ok())
+        LogInfo(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                             ": taken from this node's own replica"));
     } else {
       absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ReplicaChannel(
-          tls, source->node_id(), source->host(), source->port());
+          peer.tls, source->node_id(), source->host(), source->port());
       st = channel.status();
+      const auto t0 = std::chrono::steady_clock::now();
       if (st.ok())
         st = engine.FetchFromPeer(
             job, world_size, step, rank, key, owner_uid,
@@ -39,10 +70,18 @@ absl::Status PrefetchRank(Engine& engine, const coordinator::TlsFiles& tls,
               req.set_step(step);
               req.set_rank(rank);
               req.set_replica(source->replica());
-              return GetReplica(
-                  **channel, req, dst_for,
+              return FetchReplica(
+                  peer.transport, **channel, source->host(), req, dst_for,
                   std::chrono::system_clock::now() + kPeerFetchDeadline);
             });
+      if (st.ok())
+        LogInfo(absl::StrCat(
+            "job ", job, " step ", step, " rank ", rank, " fetched from ",
+            source->node_id(), " over ", ReplicaTransportName(peer.transport),
+            " in ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count(),
+            " s (slot, transfer, verification)"));
     }
     if (st.ok()) return st;
     const std::string copy = source->replica() ? "replica" : "peer";

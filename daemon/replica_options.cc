@@ -27,6 +27,15 @@ void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target) {
   app.add_option("--replica-bandwidth", o.bandwidth,
                  "bytes/s this node sends replicas at (0, the default: "
                  "unlimited)");
+  app.add_option("--replica-transport", o.transport_text,
+                 "bulk (default): offers over the authenticated gRPC "
+                 "channel, the bytes over plain TCP with a one-time token; "
+                 "grpc: every byte inside the channel's TLS (encrypted, "
+                 "2-7x slower)");
+  app.add_option("--replica-bulk-port", o.bulk_port,
+                 "TCP port of the bulk listener beside --replica-port (0, "
+                 "the default: any free port, named in each offer)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--replica-target", target,
                  "NODE@HOST:PORT: send replicas there rather than where the "
                  "coordinator says (static pairs, tests)");
@@ -47,6 +56,14 @@ absl::Status ReadReplicaConfig(const toml::table& t, const CLI::App& app,
   if (s.ok())
     s = unless_flag("--replica-bandwidth", "replica_bandwidth", &o.bandwidth);
   if (s.ok()) s = unless_flag("--replica-target", "replica_target", &target);
+  if (s.ok())
+    s = unless_flag("--replica-transport", "replica_transport",
+                    &o.transport_text);
+  if (s.ok())
+    s = unless_flag("--replica-bulk-port", "replica_bulk_port", &o.bulk_port);
+  if (s.ok() && o.bulk_port > 65535)
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "config: replica_bulk_port: ", o.bulk_port, " is not a port"));
   if (s.ok() && o.port > 65535)
     s = absl::InvalidArgumentError(
         absl::StrCat("config: replica_port: ", o.port, " is not a port"));
@@ -59,6 +76,10 @@ absl::Status FinishReplicaOptions(ReplicaOptions& o, const std::string& target,
     if (absl::Status s = ValidatePrintable(o.domain, "--domain", 128); !s.ok())
       return s;
   if (o.memory_bytes == 0) o.memory_bytes = kDefaultReplicaMemoryBytes;
+  absl::StatusOr<ReplicaTransport> transport =
+      ParseReplicaTransport(o.transport_text, "--replica-transport");
+  if (!transport.ok()) return transport.status();
+  o.transport = *transport;
   if (!cluster && (o.port != 0 || !target.empty() || !o.domain.empty()))
     return absl::InvalidArgumentError(
         absl::StrCat(o.port != 0       ? "--replica-port"

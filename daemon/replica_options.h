@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "daemon/replica_transport.h"
 #include "daemon/replicator.h"
 #include "util/config_file.h"
 
@@ -31,6 +32,13 @@ struct ReplicaOptions {
   // --replica-target NODE@HOST:PORT: send copies there instead of where
   // the coordinator says (static pairs, tests).
   std::optional<ReplicaPeer> fixed_target;
+  // --replica-transport bulk|grpc: how this node sends and fetches copies
+  // (replica_bulk_client.h); the listener serves both.
+  ReplicaTransport transport = ReplicaTransport::kBulk;
+  std::string transport_text = "bulk";
+  // --replica-bulk-port: the bulk listener's port (0: any free one, named
+  // in each offer).
+  uint32_t bulk_port = 0;
 };
 
 inline constexpr uint64_t kDefaultReplicaMemoryBytes = 8ull << 30;
@@ -38,7 +46,8 @@ inline constexpr uint64_t kDefaultReplicaMemoryBytes = 8ull << 30;
 // Adds the flags; `target` receives --replica-target's text.
 void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target);
 // The config file's keys (domain, replicas, replica_port,
-// replica_memory_bytes, replica_bandwidth, replica_target), each unless
+// replica_memory_bytes, replica_bandwidth, replica_target,
+// replica_transport, replica_bulk_port), each unless
 // its flag was given. InvalidArgument naming the key.
 [[nodiscard]] absl::Status ReadReplicaConfig(const toml::table& t,
                                              const CLI::App& app,

@@ -74,13 +74,7 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
     if (!chunk.has_copy())
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "copy: the first chunk must describe the copy");
-    const std::vector<std::string> ids = Identities(*ctx);
-    if (!ids.empty() && std::find(ids.begin(), ids.end(),
-                                  chunk.copy().source_node()) == ids.end())
-      return grpc::Status(
-          grpc::StatusCode::PERMISSION_DENIED,
-          absl::StrCat("copy.source_node: '", chunk.copy().source_node(),
-                       "' is not the caller's certificate identity"));
+    if (grpc::Status s = CheckSource(*ctx, chunk.copy()); !s.ok()) return s;
     absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> in =
         store_->Begin(chunk.copy());
     if (!in.ok()) return ToGrpc(in.status());
@@ -113,31 +107,79 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("data: ", got, " bytes arrived of ",
                                        want, " (copy.image_bytes)"));
-    absl::StatusOr<std::shared_ptr<const HeldReplica>> held = (*in)->Commit();
-    if (!held.ok()) {
-      LogWarning(absl::StrCat("replica refused: ", held.status().message()));
-      return ToGrpc(held.status());
-    }
-    resp->set_checksum_digest((*held)->digest);
-    LogInfo(absl::StrCat("replica of job '", (*held)->copy.job(), "' step ",
-                         (*held)->copy.step(), " rank ", (*held)->copy.rank(),
-                         " from ", (*held)->copy.source_node(), " verified (",
-                         want, " bytes)"));
-    if (options_.on_replicated) options_.on_replicated(**held);
+    absl::StatusOr<uint64_t> digest = Keep(**in);
+    if (!digest.ok()) return ToGrpc(digest.status());
+    resp->set_checksum_digest(*digest);
     return grpc::Status::OK;
+  }
+
+  grpc::Status OfferPut(grpc::ServerContext* ctx, const rv1::ShardCopy* copy,
+                        rv1::BulkOffer* offer) override {
+    if (grpc::Status s = CheckSource(*ctx, *copy); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> in =
+        store_->Begin(*copy);
+    if (!in.ok()) return ToGrpc(in.status());
+    std::shared_ptr<ReplicaStore::Incoming> incoming = std::move(*in);
+    BulkTransfer t;
+    t.kind = BulkKind::kPut;
+    t.bytes = incoming->size();
+    t.dst = incoming->data();
+    t.what = Name(*copy);
+    t.finish = [this, incoming] { return Keep(*incoming); };
+    t.pin = std::move(incoming);
+    return Issue(std::move(t), offer);
+  }
+
+  grpc::Status OfferGet(grpc::ServerContext*, const rv1::GetRequest* req,
+                        rv1::BulkOffer* offer) override {
+    if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok())
+      return ToGrpc(s);
+    BulkTransfer t;
+    t.kind = BulkKind::kGet;
+    if (req->replica()) {
+      std::shared_ptr<const HeldReplica> held =
+          store_->Find(req->job(), req->step(), req->rank());
+      if (!held) return NotFound(*req);
+      *offer->mutable_copy() = held->copy;
+      t.src = held->data();
+      t.pin = std::const_pointer_cast<HeldReplica>(std::move(held));
+    } else {
+      if (staged_ == nullptr) return NotFound(*req);
+      absl::StatusOr<StagedCopy> snap =
+          staged_->SnapshotStaged(req->job(), req->step(), req->rank());
+      if (!snap.ok())
+        return snap.status().code() == absl::StatusCode::kNotFound
+                   ? NotFound(*req)
+                   : ToGrpc(snap.status());
+      *offer->mutable_copy() = snap->copy;
+      auto pinned = std::make_shared<StagedCopy>(std::move(*snap));
+      t.src = pinned->data();
+      t.finish = [this, pinned, job = req->job(),
+                  rank = req->rank()]() -> absl::StatusOr<uint64_t> {
+        // The reader verifies what it got; this says why it would not.
+        if (!staged_->StagedUnchanged(job, rank, *pinned))
+          return absl::AbortedError(
+              "step: the slot was overwritten by a save while it was sent; "
+              "fetch again");
+        return uint64_t{0};
+      };
+      t.pin = std::move(pinned);
+    }
+    t.bytes = offer->copy().image_bytes();
+    t.what = Name(offer->copy());
+    return Issue(std::move(t), offer);
+  }
+
+  void set_bulk(BulkTokens* tokens, int port) {
+    tokens_ = tokens;
+    bulk_port_ = port;
   }
 
   grpc::Status Get(grpc::ServerContext*, const rv1::GetRequest* req,
                    grpc::ServerWriter<rv1::GetChunk>* writer) override {
     if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok())
       return ToGrpc(s);
-    auto not_found = [&] {
-      return grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("step: no ", req->replica() ? "replica" : "staged shard",
-                       " of job '", req->job(), "' step ", req->step(),
-                       " rank ", req->rank(), " here"));
-    };
+    auto not_found = [&] { return NotFound(*req); };
     if (req->replica()) {
       std::shared_ptr<const HeldReplica> held =
           store_->Find(req->job(), req->step(), req->rank());
@@ -167,9 +209,63 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
   }
 
  private:
+  static std::string Name(const rv1::ShardCopy& c) {
+    return absl::StrCat("replica of job '", c.job(), "' step ", c.step(),
+                        " rank ", c.rank());
+  }
+
+  static grpc::Status NotFound(const rv1::GetRequest& req) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("step: no ", req.replica() ? "replica" : "staged shard",
+                     " of job '", req.job(), "' step ", req.step(), " rank ",
+                     req.rank(), " here"));
+  }
+
+  // Under TLS a copy's source_node must be one of the caller's
+  // certificate identities: no node plants a copy in another's name.
+  static grpc::Status CheckSource(const grpc::ServerContext& ctx,
+                                  const rv1::ShardCopy& copy) {
+    const std::vector<std::string> ids = Identities(ctx);
+    if (!ids.empty() &&
+        std::find(ids.begin(), ids.end(), copy.source_node()) == ids.end())
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("copy.source_node: '", copy.source_node(),
+                       "' is not the caller's certificate identity"));
+    return grpc::Status::OK;
+  }
+
+  // Verifies an arrived copy and keeps it (Put and the bulk put): its
+  // digest, or the refusal.
+  absl::StatusOr<uint64_t> Keep(ReplicaStore::Incoming& in) {
+    absl::StatusOr<std::shared_ptr<const HeldReplica>> held = in.Commit();
+    if (!held.ok()) {
+      LogWarning(absl::StrCat("replica refused: ", held.status().message()));
+      return held.status();
+    }
+    LogInfo(absl::StrCat("replica of job '", (*held)->copy.job(), "' step ",
+                         (*held)->copy.step(), " rank ", (*held)->copy.rank(),
+                         " from ", (*held)->copy.source_node(), " verified (",
+                         (*held)->copy.image_bytes(), " bytes)"));
+    if (options_.on_replicated) options_.on_replicated(**held);
+    return (*held)->digest;
+  }
+
+  grpc::Status Issue(BulkTransfer t, rv1::BulkOffer* offer) {
+    absl::StatusOr<std::string> token = tokens_->Issue(std::move(t));
+    if (!token.ok()) return ToGrpc(token.status());
+    offer->set_token(*token);
+    offer->set_port(static_cast<uint32_t>(bulk_port_));
+    offer->set_expires_in_ms(static_cast<uint64_t>(tokens_->ttl().count()));
+    return grpc::Status::OK;
+  }
+
   const ReplicaServerOptions options_;
   ReplicaStore* const store_;
   StagedShards* const staged_;
+  BulkTokens* tokens_ = nullptr;
+  int bulk_port_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(
@@ -178,8 +274,16 @@ absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(
                         coordinator::LoadServerCredentials(options.tls));
   auto server = std::unique_ptr<ReplicaServer>(new ReplicaServer);
   const std::string listen = absl::StrCat(options.host, ":", options.port);
+  server->tokens_ = std::make_unique<BulkTokens>(options.bulk_token_ttl);
+  BulkListenerOptions bo;
+  bo.host = options.host;
+  bo.port = options.bulk_port;
+  bo.stall_timeout = options.bulk_stall_timeout;
+  CKPT_ASSIGN_OR_RETURN(server->bulk_,
+                        BulkListener::Listen(bo, server->tokens_.get()));
   server->service_ =
       std::make_unique<Service>(std::move(options), store, staged);
+  server->service_->set_bulk(server->tokens_.get(), server->bulk_->port());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, creds, &server->port_);
   builder.RegisterService(server->service_.get());
@@ -205,6 +309,8 @@ void ReplicaServer::Shutdown() {
   if (server_)
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
+  if (bulk_) bulk_->Shutdown();
+  if (tokens_) tokens_->Sweep();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ReplicaChannel(

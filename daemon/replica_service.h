@@ -6,7 +6,11 @@
 //        report) only once it verified;
 //   Get: a replica this node holds, or one of its own staged shards (a
 //        StagedShards snapshot: read from the slot without any lock, and
-//        refused afterwards if a save overwrote the slot meanwhile).
+//        refused afterwards if a save overwrote the slot meanwhile);
+//   OfferPut, OfferGet: the same two for the bulk path (replica_bulk.h):
+//        checked and reserved or pinned the same way, answered with a
+//        one-time token for the bulk listener, whose connection carries
+//        the bytes and the outcome.
 // Every request is validated, refusals name the field; a refusal ends that
 // call only. Transport security: mutual TLS with the node's own certificate,
 // key and CA (the ones it talks to the coordinator with), so only holders
@@ -28,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/client/tls.h"
+#include "daemon/replica_bulk.h"
 #include "daemon/replica_store.h"
 #include "daemon/staged_shards.h"
 
@@ -43,6 +48,11 @@ struct ReplicaServerOptions {
   coordinator::TlsFiles tls;
   // Called once a Put's copy verified and was kept (it must only queue).
   std::function<void(const HeldReplica&)> on_replicated;
+  // The bulk listener (--replica-bulk-port; 0: any free port, named in
+  // each offer) on `host`, and how long an offer's token lives.
+  int bulk_port = 0;
+  std::chrono::milliseconds bulk_token_ttl{std::chrono::seconds(60)};
+  std::chrono::milliseconds bulk_stall_timeout{std::chrono::seconds(30)};
 };
 
 class ReplicaServer {
@@ -53,11 +63,15 @@ class ReplicaServer {
       ReplicaServerOptions options, ReplicaStore* store, StagedShards* staged);
   ~ReplicaServer();  // Shutdown
   int port() const { return port_; }
+  int bulk_port() const { return bulk_->port(); }
+  BulkListenerStats bulk_stats() const { return bulk_->Stats(); }
   void Shutdown();
 
  private:
   class Service;
   ReplicaServer() = default;
+  std::unique_ptr<BulkTokens> tokens_;
+  std::unique_ptr<BulkListener> bulk_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

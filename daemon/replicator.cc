@@ -138,7 +138,9 @@ void Replicator::SendOne(const Key& key, uint64_t step,
       put.deadline = std::chrono::system_clock::now() + options_.put_deadline +
                      std::chrono::milliseconds(static_cast<int64_t>(
                          2000.0 * static_cast<double>(bytes) / rate));
-      status = PutReplica(*channel, snap->copy, snap->data(), put).status();
+      status = SendReplica(options_.transport, *channel, target.host,
+                           snap->copy, snap->data(), put)
+                   .status();
       overwritten = !staged_->StagedUnchanged(job, rank, *snap);
     }
   } else {

@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "coordinator/client/tls.h"
+#include "daemon/replica_bulk_client.h"
 #include "daemon/replica_client.h"
 #include "daemon/staged_shards.h"
 
@@ -54,6 +55,7 @@ struct ReplicatorOptions {
   std::chrono::milliseconds retry_delay{200};
   std::chrono::milliseconds max_retry_delay{std::chrono::seconds(10)};
   bool corrupt = false;  // test-only: PutOptions::corrupt
+  ReplicaTransport transport = ReplicaTransport::kBulk;  // --replica-transport
   // A send fails after this long plus twice its time at the rate limit (or
   // at 100 MB/s), so that a stopped holder costs one try, not the stage.
   std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};

@@ -136,12 +136,15 @@ class ReplicaFixture : public ::testing::Test {
   }
 
   // The holder "b": a store of `budget` bytes behind a replica listener.
-  void StartHolder(uint64_t budget, coordinator::TlsFiles tls = {},
-                   daemon::StagedShards* staged = nullptr) {
+  void StartHolder(
+      uint64_t budget, coordinator::TlsFiles tls = {},
+      daemon::StagedShards* staged = nullptr,
+      std::chrono::milliseconds bulk_token_ttl = std::chrono::seconds(60)) {
     store_ = std::make_unique<daemon::ReplicaStore>(budget);
     daemon::ReplicaServerOptions so;
     so.host = "127.0.0.1";
     so.tls = tls;
+    so.bulk_token_ttl = bulk_token_ttl;
     so.on_replicated = [this](const daemon::HeldReplica&) { ++replicated_; };
     auto s = daemon::ReplicaServer::Start(so, store_.get(), staged);
     ASSERT_TRUE(s.ok()) << s.status();

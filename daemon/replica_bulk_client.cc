@@ -1,0 +1,154 @@
+// The replica transport's caller side (replica_bulk_client.h).
+#include "daemon/replica_bulk_client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/replica_bulk_wire.h"
+#include "replica.grpc.pb.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+
+namespace rv1 = ::ckpt::replica::v1;
+
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(std::string(what), ": ", s.error_message()));
+}
+
+BulkDeadline ToSteady(std::chrono::system_clock::time_point t) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             t - std::chrono::system_clock::now());
+}
+
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// The offer's fields the caller relies on, checked.
+absl::Status CheckOffer(const rv1::BulkOffer& offer, std::string_view what) {
+  if (offer.token().size() != kBulkTokenBytes)
+    return absl::DataLossError(
+        absl::StrCat(std::string(what), ": offer.token: ", offer.token().size(),
+                     " bytes, expected ", kBulkTokenBytes));
+  if (offer.port() == 0 || offer.port() > 65535)
+    return absl::DataLossError(absl::StrCat(
+        std::string(what), ": offer.port: ", offer.port(), " is not a port"));
+  return absl::OkStatus();
+}
+
+// Connects, presents the token and waits for the holder's acceptance.
+absl::StatusOr<int> OpenBulk(const std::string& host,
+                             const rv1::BulkOffer& offer, BulkKind kind,
+                             uint64_t bytes, BulkDeadline deadline,
+                             std::string_view what) {
+  CKPT_ASSIGN_OR_RETURN(int fd, ConnectBulk(host, offer.port(), deadline));
+  Fd owned{fd};
+  BulkHeader h;
+  h.kind = kind;
+  h.token = offer.token();
+  h.length = bytes;
+  const auto raw = EncodeBulkHeader(h);
+  CKPT_RETURN_IF_ERROR(SendAll(fd, raw.data(), raw.size(), deadline, what));
+  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, nullptr));
+  owned.fd = -1;
+  return fd;
+}
+
+absl::StatusOr<uint64_t> BulkPut(grpc::Channel& channel,
+                                 const std::string& host,
+                                 const rv1::ShardCopy& copy, const char* image,
+                                 const PutOptions& options) {
+  auto stub = rv1::Replica::NewStub(
+      std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(options.deadline);
+  rv1::BulkOffer offer;
+  if (grpc::Status s = stub->OfferPut(&ctx, copy, &offer); !s.ok())
+    return FromGrpc(s, "replica offer");
+  const std::string what = "replica bulk put";
+  CKPT_RETURN_IF_ERROR(CheckOffer(offer, what));
+  const BulkDeadline deadline = ToSteady(options.deadline);
+  CKPT_ASSIGN_OR_RETURN(int fd, OpenBulk(host, offer, BulkKind::kPut,
+                                         copy.image_bytes(), deadline, what));
+  Fd owned{fd};
+  std::vector<char> damaged;  // test-only: a chunk flipped on the wire
+  for (uint64_t off = 0; off < copy.image_bytes();) {
+    const uint64_t n = std::min(kBulkIoBytes, copy.image_bytes() - off);
+    if (options.limit != nullptr) options.limit->Acquire(n);
+    const char* p = image + off;
+    if (options.corrupt) {
+      damaged.assign(p, p + n);
+      damaged[n / 2] ^= 0x5a;
+      p = damaged.data();
+    }
+    CKPT_RETURN_IF_ERROR(SendAll(fd, p, n, deadline, what));
+    off += n;
+  }
+  uint64_t digest = 0;
+  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, &digest));
+  return digest;
+}
+
+absl::StatusOr<rv1::ShardCopy> BulkGet(
+    grpc::Channel& channel, const std::string& host, const rv1::GetRequest& req,
+    const std::function<absl::StatusOr<char*>(const rv1::ShardCopy&)>& dst_for,
+    std::chrono::system_clock::time_point deadline) {
+  auto stub = rv1::Replica::NewStub(
+      std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  rv1::BulkOffer offer;
+  if (grpc::Status s = stub->OfferGet(&ctx, req, &offer); !s.ok())
+    return FromGrpc(s, "replica offer");
+  const std::string what = "replica bulk get";
+  CKPT_RETURN_IF_ERROR(CheckOffer(offer, what));
+  if (!offer.has_copy())
+    return absl::DataLossError("replica bulk get: offer.copy: missing");
+  // The slot is taken once the size is known (the arena may be created
+  // now); the token outlives that.
+  CKPT_ASSIGN_OR_RETURN(char* dst, dst_for(offer.copy()));
+  const BulkDeadline steady = ToSteady(deadline);
+  CKPT_ASSIGN_OR_RETURN(
+      int fd, OpenBulk(host, offer, BulkKind::kGet, offer.copy().image_bytes(),
+                       steady, what));
+  Fd owned{fd};
+  CKPT_RETURN_IF_ERROR(
+      RecvAll(fd, dst, offer.copy().image_bytes(), steady, what));
+  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, steady, what, nullptr));
+  return offer.copy();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> SendReplica(
+    ReplicaTransport transport, grpc::Channel& channel, const std::string& host,
+    const rv1::ShardCopy& copy, const char* image, const PutOptions& options) {
+  if (transport == ReplicaTransport::kGrpc)
+    return PutReplica(channel, copy, image, options);
+  return BulkPut(channel, host, copy, image, options);
+}
+
+absl::StatusOr<rv1::ShardCopy> FetchReplica(
+    ReplicaTransport transport, grpc::Channel& channel, const std::string& host,
+    const rv1::GetRequest& req,
+    const std::function<absl::StatusOr<char*>(const rv1::ShardCopy&)>& dst_for,
+    std::chrono::system_clock::time_point deadline) {
+  if (transport == ReplicaTransport::kGrpc)
+    return GetReplica(channel, req, dst_for, deadline);
+  return BulkGet(channel, host, req, dst_for, deadline);
+}
+
+}  // namespace ckpt::daemon

@@ -134,7 +134,7 @@ absl::Status LinkShaper::Start(int port_base, double gbit) {
     return absl::FailedPreconditionError("tc (iproute2) is not installed");
   if (show.status != 0)
     return absl::FailedPreconditionError("tc qdisc show dev lo: " + show.out);
-  if (show.out.find(std::string("qdisc prio ") + kHandle + " root") !=
+  if (show.out.find(std::string("qdisc htb ") + kHandle + " root") !=
       std::string::npos) {
     if (MarkerOwnerAlive())
       return absl::FailedPreconditionError(
@@ -148,25 +148,24 @@ absl::Status LinkShaper::Start(int port_base, double gbit) {
       show.out.find("qdisc noqueue") == std::string::npos)
     return absl::FailedPreconditionError(
         "lo already has a root qdisc that is not ours: " + show.out);
-  // Bands 1-3 behave as the default priomap; band 4 is the shaped one.
+  // HTB (this VM's kernel has no prio qdisc): traffic no filter matches is
+  // sent directly, unshaped (no default class); the filters' go to one
+  // class at the rate.
   const std::string rate = absl::StrFormat("%.0fmbit", gbit * 1000);
   // A burst well above one 64 KiB GSO packet and ~1 ms at the rate.
   const uint64_t burst = std::max<uint64_t>(
       256 << 10, static_cast<uint64_t>(gbit * 1e9 / 8 / 1000));
   std::vector<std::vector<std::string>> steps = {
-      {"qdisc", "add",   "dev", "lo",      "root", "handle", kHandle,
-       "prio",  "bands", "4",   "priomap", "1",    "2",      "2",
-       "2",     "1",     "2",   "0",       "0",    "1",      "1",
-       "1",     "1",     "1",   "1",       "1",    "1"},
-      {"qdisc", "add", "dev", "lo", "parent", "7c4b:4", "handle",
-       "7c4c:", "tbf", "rate", rate, "burst", std::to_string(burst), "limit",
-       std::to_string(std::max<uint64_t>(16 << 20, 4 * burst))},
+      {"qdisc", "add", "dev", "lo", "root", "handle", kHandle, "htb"},
+      {"class", "add", "dev", "lo", "parent", kHandle, "classid", "7c4b:1",
+       "htb", "rate", rate, "ceil", rate, "burst", std::to_string(burst),
+       "cburst", std::to_string(burst), "quantum", "200000"},
   };
   const std::string mask = "0xfff0";
   for (const char* dir : {"sport", "dport"})
     steps.push_back({"filter", "add", "dev", "lo", "parent", kHandle,
                      "protocol", "ip", "prio", "1", "u32", "match", "ip", dir,
-                     std::to_string(port_base), mask, "flowid", "7c4b:4"});
+                     std::to_string(port_base), mask, "flowid", "7c4b:1"});
   {
     std::ofstream marker(kMarker, std::ios::trunc);
     marker << getpid() << "\n";

@@ -1,10 +1,12 @@
 // LinkShaper: recovery_bench's --link-gbit. On one machine the "network"
 // between nodes is the loopback, which runs at memory speed; this makes
 // the bench's own traffic cross a link of a stated rate instead, and only
-// its own: a prio qdisc at lo's root whose default bands pass everything
-// unshaped, plus u32 filters that send packets whose source or destination
-// port lies in one aligned block of 16 ports (the bench's listeners: the
-// plain TCP limit and every node's replica listener) to a tbf band.
+// its own: an htb qdisc at lo's root, which sends unclassified traffic on
+// unshaped (no default class), plus u32 filters that send packets whose
+// source or destination port lies in one aligned block of 16 ports (the
+// bench's listeners: the plain TCP limit and every node's replica
+// listener) to one htb class at the rate. (The prio + tbf pair does the
+// same where the kernel has sch_prio; this VM's has not.)
 // The block lies below the kernel's ephemeral range, so no other process's
 // connection matches it by chance. The qdisc is removed by the destructor
 // (and at exit, and on SIGINT/SIGTERM); one left behind by a SIGKILLed

@@ -338,6 +338,8 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
     auto rs = RestartAfter(c, r, kill_ms);
     first_start = std::min(first_start, rs->start_ms);
     all_restored = std::max(all_restored, rs->restored_ms);
+    double& side = r < 2 ? f.survivors_s : f.lost_ranks_s;
+    side = std::max(side, (rs->restored_ms - detected->time_ms()) / 1e3);
     f.restore_step = rs->step;
     absl::StrAppend(
         &f.timeline,

@@ -58,6 +58,11 @@ struct NodeLossFigures {
   double restart_s = 0;   // -> first trainer start (negative: before ack)
   double restore_s = 0;   // first trainer start -> last rank restored
   double recovery_s = 0;  // FAILURE_DETECTED -> every rank restored
+  // FAILURE_DETECTED -> the last survivor (ranks 0,1, restored from their
+  // own node's memory) / the last lost rank (2,3) restored: what every rank
+  // pays anyway on this machine, and the path's own time beside it.
+  double survivors_s = 0;
+  double lost_ranks_s = 0;
   // The path's limit, measured after the recovery on the same cluster:
   // raw TCP of the lost bytes (peer) or the raw read of them (storage).
   double limit_s = 0;

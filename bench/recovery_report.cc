@@ -30,6 +30,7 @@ double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 // The medians of one path's rounds.
 struct Path {
   double detect_s, plan_s, prefetch_s, restart_s, restore_s, recovery_s;
+  double survivors_s, lost_ranks_s;
   double limit_s, steps_lost, restore_step, coordinator_steps_lost;
   std::string restore_from;
 };
@@ -42,6 +43,8 @@ Path Summarize(const std::vector<NodeLossFigures>& r) {
   p.restart_s = MedianOf(r, [](auto& f) { return f.restart_s; });
   p.restore_s = MedianOf(r, [](auto& f) { return f.restore_s; });
   p.recovery_s = MedianOf(r, [](auto& f) { return f.recovery_s; });
+  p.survivors_s = MedianOf(r, [](auto& f) { return f.survivors_s; });
+  p.lost_ranks_s = MedianOf(r, [](auto& f) { return f.lost_ranks_s; });
   p.limit_s = MedianOf(r, [](auto& f) { return f.limit_s; });
   p.steps_lost = MedianOf(r, [](auto& f) { return f.steps_lost; });
   p.restore_step = MedianOf(r, [](auto& f) { return f.restore_step; });
@@ -118,6 +121,10 @@ std::string RecoveryJson(const RecoveryRun& run) {
   num("node_loss_storage_s", storage.recovery_s);
   num("raw_read_s", storage.limit_s);
   num("node_loss_storage_ratio", Ratio(storage.recovery_s, storage.limit_s));
+  num("survivors_restored_peer_s", peer.survivors_s);
+  num("lost_ranks_restored_peer_s", peer.lost_ranks_s);
+  num("survivors_restored_storage_s", storage.survivors_s);
+  num("lost_ranks_restored_storage_s", storage.lost_ranks_s);
   num("prefetch_peer_s", peer.prefetch_s);
   num("prefetch_storage_s", storage.prefetch_s);
   num("steps_lost_node_peer", peer.steps_lost, 1);
@@ -176,6 +183,8 @@ std::string RecoveryText(const RecoveryRun& run) {
         {"prefetch into the spare (-> plan acked)", p.prefetch_s},
         {"trainer restart (-> first start, from ack)", p.restart_s},
         {"restore (first start -> last restored)", p.restore_s},
+        {"detected -> survivors (0,1) restored", p.survivors_s},
+        {"detected -> lost ranks (2,3) restored", p.lost_ranks_s},
         {"detected -> all restored", p.recovery_s},
         {limit, p.limit_s}};
     for (const auto& [what, v] : rows)

@@ -288,10 +288,13 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
   co.ckptd_args = {"--slots", "2"};
   co.shared_root_url = o.object_url;
   // Both paths run the same listeners; the storage path sends no copies.
+  // The spare shares node b's failure domain, so b's replicas live on a
+  // and the spare fetches them across the link (a spare that happened to
+  // hold them would restore without any transfer).
   int i = 1;
   for (const char* id : {"a", "b", "c"})
     co.node_ckptd_args[id] = {
-        "--domain",       std::string("rack-") + id,
+        "--domain",       std::string("rack-") + (id[0] == 'c' ? "b" : id),
         "--replica-port", std::to_string(o.port_base + i++),
         "--replicas",     o.replicas ? "1" : "0"};
   Cluster c(co);

@@ -196,12 +196,16 @@ std::string RecoveryText(const RecoveryRun& run) {
                 Ratio(p.recovery_s, p.limit_s) <= 1.5 ? "met" : "NOT met",
                 Each(
                     r, [](auto& f) { return f.recovery_s; }, 2)));
+    std::vector<std::string> from;
+    for (const auto& f : r) from.push_back(f.restore_from);
     absl::StrAppend(
         &t,
-        absl::StrFormat("  steps lost %.1f (coordinator: %.1f); rounds: %s\n",
+        absl::StrFormat("  steps lost %.1f (coordinator: %.1f); rounds: %s; "
+                        "lost ranks from: %s\n",
                         p.steps_lost, p.coordinator_steps_lost,
                         Each(
-                            r, [](auto& f) { return f.steps_lost; }, 0)));
+                            r, [](auto& f) { return f.steps_lost; }, 0),
+                        absl::StrJoin(from, " ")));
   };
   path("from peers' memory", peer, run.peer, "plain TCP of the lost bytes");
   path("from storage (replicas off)", storage, run.storage,

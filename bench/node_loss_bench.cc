@@ -331,7 +331,7 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
       absl::StrFormat("  %+7.3f s FAILURE_DETECTED b (kill at %+.3f)\n", 0.0,
                       (kill_ms - t0) / 1e3);
   for (const auto& e : events)
-    if (e.time_ms() > t0 && e.kind() != cv1::FAILURE_DETECTED)
+    if (e.time_ms() >= t0 && e.kind() != cv1::FAILURE_DETECTED)
       absl::StrAppend(
           &f.timeline,
           absl::StrFormat("  %+7.3f s %s %s %s\n", (e.time_ms() - t0) / 1e3,

@@ -29,9 +29,11 @@ double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 // The medians of one path's rounds.
 struct Path {
-  double detect_s, plan_s, prefetch_s, restart_s, restore_s, recovery_s;
-  double survivors_s, lost_ranks_s;
-  double limit_s, steps_lost, restore_step, coordinator_steps_lost;
+  double detect_s = 0, plan_s = 0, prefetch_s = 0, restart_s = 0, restore_s = 0,
+         recovery_s = 0;
+  double survivors_s = 0, lost_ranks_s = 0;
+  double limit_s = 0, steps_lost = 0, restore_step = 0,
+         coordinator_steps_lost = 0;
   std::string restore_from;
 };
 

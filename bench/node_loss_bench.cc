@@ -368,6 +368,21 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
                              ? r.copy()
                              : "mixed";
   }
+  // The limit on a quiet job: the restored ranks staged and persisted the
+  // last step again and (peer) every rank's replica is on a live holder,
+  // so no persist or re-replication shares the disk or the link with it.
+  CKPT_RETURN_IF_ERROR(
+      WaitStaged(c, 4, o.last_step, o.last_step, "before the limit"));
+  if (o.replicas)
+    Cluster::WaitUntil(
+        [&] {
+          auto cluster = c.GetCluster();
+          if (!cluster) return false;
+          for (const auto& m : cluster->memory())
+            if (m.replicated_ranks() >= 4) return true;
+          return false;
+        },
+        seconds(120));
   CKPT_RETURN_IF_ERROR(MeasureLimit(o, c, f));
   if (o.crash) {
     auto crash = MeasureCrash(o, c);

@@ -7,14 +7,15 @@
 // SIGKILLed with its trainers and shared memory; the spare takes ranks 2,3
 // from a live peer's memory (peer path: every node has a replica listener
 // and a failure domain) or from the shared root (storage path: no
-// listener, so no replicas). Then, on the same cluster, the limit of the
-// path: the same bytes over one plain TCP connection to a port of the
-// bench's block (peer), or a raw O_DIRECT read of the lost shards (storage;
-// a raw parallel GET with an object store). With `crash`, rank 0's trainer
-// is then SIGKILLed on its live node the same way (one interval after the
-// job staged its last step again) and restores from shared memory.
-// Timings come from the coordinator's events and the trainers' logs, one
-// CLOCK_MONOTONIC. Not thread-safe: one round at a time.
+// listener, so no replicas). Then, on the same cluster once it is quiet
+// again (the last step staged and durable everywhere, and every rank's
+// replica on a live holder), the limit of the path: the same bytes over one
+// plain TCP connection to a port of the bench's block (peer), or a raw O_DIRECT
+// read of the lost shards (storage; a raw parallel GET with an object store).
+// With `crash`, rank 0's trainer is then SIGKILLed on its live node the same
+// way (one interval after the job staged its last step again) and restores from
+// shared memory. Timings come from the coordinator's events and the trainers'
+// logs, one CLOCK_MONOTONIC. Not thread-safe: one round at a time.
 #ifndef CKPT_BENCH_NODE_LOSS_BENCH_H_
 #define CKPT_BENCH_NODE_LOSS_BENCH_H_
 

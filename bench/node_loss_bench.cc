@@ -318,11 +318,21 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
           },
           seconds(120)))
     return Failed("ranks did not restore after the node loss", c);
-  const auto events = c.Events();
-  auto detected = FirstEvent(events, cv1::FAILURE_DETECTED, kill_ms - 10, "b");
+  // Events() gives up after 2 s, which a loaded machine can take: ask
+  // again until the recovery's events are all there.
+  std::vector<cv1::Event> events;
+  std::optional<cv1::Event> detected, planned, acked;
+  Cluster::WaitUntil(
+      [&] {
+        events = c.Events();
+        detected = FirstEvent(events, cv1::FAILURE_DETECTED, kill_ms - 10, "b");
+        if (!detected) return false;
+        planned = FirstEvent(events, cv1::PLAN_MADE, detected->time_ms());
+        acked = FirstEvent(events, cv1::PLAN_ACKED, detected->time_ms());
+        return planned && acked;
+      },
+      seconds(60));
   if (!detected) return Failed("no FAILURE_DETECTED event for node b", c);
-  auto planned = FirstEvent(events, cv1::PLAN_MADE, detected->time_ms());
-  auto acked = FirstEvent(events, cv1::PLAN_ACKED, detected->time_ms());
   if (!planned || !acked)
     return Failed("no PLAN_MADE / PLAN_ACKED after the failure", c);
   long long first_start = INT64_MAX, all_restored = 0;

@@ -205,12 +205,15 @@ absl::Status DropFileCache(const std::string& path) {
 }
 
 absl::StatusOr<double> RawTcpTransfer(const char* data, uint64_t bytes,
-                                      char* sink) {
+                                      char* sink, int port) {
   const int ls = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof a;
+  const int one = 1;
+  if (ls >= 0) setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (ls < 0 || bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       listen(ls, 1) != 0 ||
       getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {

@@ -45,9 +45,11 @@ struct RawIoOptions {
 
 // The network's limit: `bytes` from `data` over one plain loopback TCP
 // connection (2 MiB writes) into `sink`; seconds until the receiver has
-// every byte.
+// every byte. The receiver listens on `port` (0: any free port; a fixed one
+// lets a traffic shaper match it, recovery_bench --link-gbit).
 [[nodiscard]] absl::StatusOr<double> RawTcpTransfer(const char* data,
-                                                    uint64_t bytes, char* sink);
+                                                    uint64_t bytes, char* sink,
+                                                    int port = 0);
 
 }  // namespace ckpt::bench
 

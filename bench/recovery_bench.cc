@@ -1,130 +1,68 @@
 // recovery_bench: recovery times of a multi-node job on one machine, with
 // the limits they are held to measured in the same run.
-//   recovery_bench [--bytes-per-rank N] [--replicas] [--dir DIR] [--json]
+//   recovery_bench [--bytes-per-rank N] [--rounds R] [--link-gbit G]
+//                  [--port-base P] [--replicas] [--no-step]
+//                  [--worker-dim D] [--worker-steps S] [--dir DIR] [--json]
 //   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
 //                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
-// Two nodes x two ranks (cluster_trainer, N bytes each, default 1 GiB) and
-// a spare, run by ckpt-coordinator, ckptd and ckptrun (tests/
-// cluster_harness.h). Then:
-//  1. node loss: node b is SIGKILLed with its trainers and its shared
-//     memory; the spare takes ranks 2,3. Breakdown from the coordinator's
-//     events and the trainers' logs (one monotonic clock): detection
-//     (kill -> FAILURE_DETECTED), plan (-> PLAN_MADE), prefetch into the
-//     spare's memory (-> PLAN_ACKED), trainer restart (-> trainer start)
-//     and restore (-> last rank restored). Limit: a raw sequential O_DIRECT
-//     read of the lost ranks' shards from the shared root.
-//     Target: detected -> all restored <= 1.5 x the raw read.
-//  2. trainer crash: rank 0's trainer is SIGKILLed, its node lives. Limit:
-//     a memcpy of the rank's state into memory already faulted in.
-//     Target: rank 0's restore call <= 1.2 x the memcpy (process start is
-//     reported beside it).
-// With --replicas (issue 19) every node has a failure domain and a replica
-// listener: the lost ranks come from a live peer's memory (event
-// RESTORE_SOURCES says which copy), and a second limit is measured in the
-// same run: the lost bytes sent over one plain loopback TCP connection.
-// With --object-url s3://BUCKET/PREFIX (AWS_* environment) the nodes share
-// no directory: --shared-root is that URL (doc/object-tier.md), the spare
-// prefetches from the object store, and the limit of 1. is a raw parallel
-// GET of the lost shards (bench/object_raw.h, same part size and
-// concurrency as the daemon's).
+// One run reports (issue 19), R rounds of each, the paths alternated
+// (peer, storage, then storage, peer, ...), medians and ratios:
+//  1. node loss from peers' memory: two nodes x two ranks (cluster_trainer,
+//     N bytes each, default 256 MiB) and a spare, every ckptd with a
+//     replica listener and a failure domain; node b is SIGKILLed with its
+//     trainers and shared memory one save interval after the job staged
+//     its last step (bench/node_loss_bench.h says exactly when); the spare
+//     fetches ranks 2,3 from the replica holder. Limit: the same bytes over
+//     one plain TCP connection on the same link (raw_transfer_s).
+//  2. the same with --replicas 0 (the storage path). Limit: a raw O_DIRECT
+//     read of the lost shards (raw_read_s); with --object-url s3://B/P a
+//     raw parallel GET (bench/object_raw.h).
+//     Targets: detected -> all restored <= 1.5 x the limit, each path.
+//  3. steps lost in each (newest step saved before the kill - restored
+//     step), and after a trainer crash (rank 0's trainer SIGKILLed on a
+//     live node, restored from shared memory; its restore against a
+//     memcpy of the rank's state).
+//  4. the training step with and without replication (ckpt-worker, a save
+//     every step; bench/replication_step.h): speed on/off = off/on,
+//     target >= 0.97. --no-step skips it.
+// --link-gbit G shapes the bench's own ports on lo to G Gbit/s
+// (bench/link_shaper.h; root and tc needed, else said why and unshaped), so
+// that the plain TCP limit and the replica fetch cross the same link.
 // The liveness modes (bench/liveness_bench.h, doc/benchmarks.md) run
 // instead: --hang (a SIGSTOPped trainer: detection against the model's
 // timeout), --soak (ckpt-worker under the defaults for --soak-s seconds,
 // default 600: false hangs) and --straggler (a rank slowed --slow-factor
 // times, default 3: windows until it is named).
-#include <signal.h>
+#include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 
+#include "absl/strings/str_format.h"
+#include "bench/link_shaper.h"
 #include "bench/liveness_bench.h"
-#include "bench/object_raw.h"
+#include "bench/node_loss_bench.h"
 #include "bench/progress_cost.h"
-#include "bench/raw_io.h"
-#include "storage/backend.h"
-#include "storage/keys.h"
-#include "tests/cluster_harness.h"
-#include "tests/harness.h"
-#include "tests/test_util.h"
+#include "bench/recovery_report.h"
+#include "bench/replication_step.h"
 
 namespace {
-
-namespace cv1 = ::ckpt::coord::v1;
-using ckpt::testing::Cluster;
-using ckpt::testing::ClusterOptions;
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-
-long long MonoMs() {
-  return std::chrono::duration_cast<milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "recovery_bench: %s\n", what.c_str());
   return 1;
 }
 
-std::string EventLog(const Cluster& c) {
-  std::string out = "coordinator events:\n";
-  for (const auto& e : c.Events())
-    out += std::to_string(e.time_ms()) + " " + cv1::EventKind_Name(e.kind()) +
-           " " + e.node_id() + " " + e.detail() + "\n";
-  return out;
-}
-
-// The first event of `kind` at or after `from_ms` (and for `node` if given).
-std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,
-                                     cv1::EventKind kind, long long from_ms,
-                                     const std::string& node = "") {
-  for (const auto& e : events)
-    if (e.kind() == kind && e.time_ms() >= from_ms &&
-        (node.empty() || e.node_id() == node))
-      return e;
-  return std::nullopt;
-}
-
-struct Restart {
-  long long start_ms = 0;
-  long long restored_ms = 0;
-  double restore_s = 0;
-  double process_s = 0;
-  uint64_t step = 0;
-};
-
-// Rank's first trainer start after `after_ms` and its restore.
-std::optional<Restart> RestartAfter(const Cluster& c, uint32_t rank,
-                                    long long after_ms) {
-  Restart r;
-  bool started = false;
-  for (const auto& l : c.TrainerLog(rank)) {
-    if (l.kind == "start" && !started &&
-        std::stoll(l.fields.at("mono_ms")) >= after_ms) {
-      started = true;
-      r.start_ms = std::stoll(l.fields.at("mono_ms"));
-    } else if (l.kind == "restored" && started) {
-      r.restored_ms = std::stoll(l.fields.at("mono_ms"));
-      r.restore_s = std::stod(l.fields.at("seconds"));
-      r.process_s = std::stod(l.fields.at("process_start_to_restored"));
-      r.step = std::stoull(l.fields.at("step"));
-      return r;
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t bytes = 1ull << 30;
+  uint64_t bytes = 256ull << 20;
   std::string dir = "/var/tmp";
-  bool json = false, keep = false, replicas = false;
+  bool json = false, keep = false, replicas = false, step = true;
+  double rounds = 3, link_gbit = 0, port_base = 0, worker_dim = 1024,
+         worker_steps = 20;
   std::string object_url;
   ckpt::bench::LivenessArgs live;
   auto number = [&](int& i, double lo, double hi, double& out) {
@@ -154,7 +92,28 @@ int main(int argc, char** argv) {
       if (!number(i, 1.5, 100, live.slow_factor))
         return Fail("--slow-factor: a factor in [1.5, 100]");
     } else if (a == "--bytes-per-rank" && i + 1 < argc) {
-      bytes = std::strtoull(argv[++i], nullptr, 10);
+      char* end = nullptr;
+      bytes = std::strtoull(argv[++i], &end, 10);
+      if (*end != '\0' || bytes < (1 << 20) || bytes > (64ull << 30))
+        return Fail("--bytes-per-rank: bytes in [1 MiB, 64 GiB]");
+    } else if (a == "--rounds" && i + 1 < argc) {
+      if (!number(i, 1, 20, rounds) || rounds != static_cast<int>(rounds))
+        return Fail("--rounds: an integer in [1, 20]");
+    } else if (a == "--link-gbit" && i + 1 < argc) {
+      if (!number(i, 0.01, 400, link_gbit))
+        return Fail("--link-gbit: Gbit/s in [0.01, 400]");
+    } else if (a == "--port-base" && i + 1 < argc) {
+      if (!number(i, 1024, 65520, port_base) ||
+          static_cast<int>(port_base) % 16 != 0)
+        return Fail("--port-base: a multiple of 16 in [1024, 65520]");
+    } else if (a == "--worker-dim" && i + 1 < argc) {
+      if (!number(i, 16, 8192, worker_dim))
+        return Fail("--worker-dim: the model width in [16, 8192]");
+    } else if (a == "--worker-steps" && i + 1 < argc) {
+      if (!number(i, 2, 100000, worker_steps))
+        return Fail("--worker-steps: steps in [2, 100000]");
+    } else if (a == "--no-step") {
+      step = false;
     } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
     } else if (a == "--json") {
@@ -168,13 +127,13 @@ int main(int argc, char** argv) {
     } else {
       return Fail(
           "unknown argument " + a.substr(0, 40) +
-          " (--bytes-per-rank N, --replicas, --dir DIR, --json, --keep, "
-          "--object-url s3://B/P, --hang [--hang-timeout-min-s S], "
-          "--soak [--soak-s S --soak-first-step-s S --soak-eval-s S], "
-          "--straggler [--slow-factor F])");
+          " (--bytes-per-rank N, --rounds R, --link-gbit G, --port-base P, "
+          "--replicas, --no-step, --worker-dim D, --worker-steps S, --dir "
+          "DIR, --json, --keep, --object-url s3://B/P, --hang "
+          "[--hang-timeout-min-s S], --soak [--soak-s S --soak-first-step-s "
+          "S --soak-eval-s S], --straggler [--slow-factor F])");
     }
   }
-  if (bytes < (1 << 20)) return Fail("--bytes-per-rank: at least 1 MiB");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
   std::filesystem::create_directories(root);
   struct Cleanup {
@@ -196,269 +155,73 @@ int main(int argc, char** argv) {
     return ckpt::bench::RunLivenessMode(live, root, progress->progress_ns,
                                         json);
 
-  ClusterOptions o;
-  o.dir = root;
-  o.world_size = 4;
-  o.bytes_per_rank = bytes;
-  // Three steps, then the trainers sit idle: failures hit a quiet job, and
-  // the raw read is measured on a quiet machine.
-  o.last_step = 3;
-  o.hold = true;
-  o.step_ms = 200;
-  o.heartbeat_timeout_ms = 2000;
-  o.ckptd_args = {"--slots", "2"};
-  o.shared_root_url = object_url;
-  if (replicas) {
-    const std::vector<int> ports = ckpt::testing::FreeLoopbackPorts(3);
-    int i = 0;
-    for (const char* id : {"a", "b", "c"})
-      o.node_ckptd_args[id] = {"--domain", std::string("rack-") + id,
-                               "--replica-port", std::to_string(ports[i++])};
+  ckpt::bench::RecoveryRun run;
+  run.bytes_per_rank = bytes;
+  run.rounds = static_cast<int>(rounds);
+  run.primary_replicas = replicas;
+  run.shared_root = object_url.empty() ? "directory" : "object store";
+  run.progress_ns = progress->progress_ns;
+  run.progress_store_ns = progress->store_ns;
+  run.link_gbit = link_gbit;
+  auto block = ckpt::bench::FreePortBlock(static_cast<int>(port_base));
+  if (!block.ok()) return Fail(std::string(block.status().message()));
+  run.port_base = *block;
+  ckpt::bench::LinkShaper shaper;
+  if (link_gbit > 0) {
+    absl::Status shaped = shaper.Start(run.port_base, link_gbit);
+    run.link_shaped = shaped.ok();
+    if (!shaped.ok()) {
+      run.link_note = std::string(shaped.message());
+      std::fprintf(stderr, "recovery_bench: --link-gbit: not shaping: %s\n",
+                   run.link_note.c_str());
+    }
   }
-  Cluster c(o);
-  c.StartCoordinator();
-  c.StartNode("a");
-  c.StartNode("b");
-  c.StartNode("c", /*spare=*/true);
-  auto last_good = [&]() -> uint64_t {
-    auto j = c.Job();
-    return j && j->has_last_good() ? j->last_good_step() : 0;
+  auto log = [&](const std::string& line) {
+    std::fprintf(stderr, "recovery_bench: %s\n", line.c_str());
   };
-  if (!Cluster::WaitUntil([&] { return last_good() >= o.last_step; },
-                          seconds(300)))
-    return Fail("the job never made its last step durable everywhere\n" +
-                c.DumpLogs());
-
-  // 1. Node loss.
-  long long kill_ms = MonoMs();
-  c.KillNode("b");
-  std::optional<Restart> lost[2];
-  if (!Cluster::WaitUntil(
-          [&] {
-            lost[0] = RestartAfter(c, 2, kill_ms);
-            lost[1] = RestartAfter(c, 3, kill_ms);
-            return lost[0] && lost[1] && RestartAfter(c, 0, kill_ms) &&
-                   RestartAfter(c, 1, kill_ms);
-          },
-          seconds(120)))
-    return Fail("ranks did not restore after the node loss\n" + c.DumpLogs() +
-                EventLog(c));
-  auto events = c.Events();
-  auto detected = FirstEvent(events, cv1::FAILURE_DETECTED, kill_ms - 10, "b");
-  if (!detected) return Fail("no FAILURE_DETECTED event for node b");
-  auto planned = FirstEvent(events, cv1::PLAN_MADE, detected->time_ms());
-  auto acked = FirstEvent(events, cv1::PLAN_ACKED, detected->time_ms());
-  if (!planned || !acked)
-    return Fail("no PLAN_MADE / PLAN_ACKED after the failure");
-  long long first_start = INT64_MAX, all_restored = 0;
-  uint64_t restore_step = 0;
-  for (uint32_t r = 0; r < 4; ++r) {
-    auto rs = RestartAfter(c, r, kill_ms);
-    first_start = std::min(first_start, rs->start_ms);
-    all_restored = std::max(all_restored, rs->restored_ms);
-    restore_step = rs->step;
-  }
-  // The limit: the lost ranks' shards read back sequentially, raw.
-  double raw_read_s = 0;
-  if (!object_url.empty()) {
-    auto so = ckpt::storage::ResolveObjectStoreOptions(object_url, {});
-    if (!so.ok()) return Fail(std::string(so.status().message()));
-    auto store = ckpt::storage::NewObjectBackend(*so);
-    if (!store.ok()) return Fail(std::string(store.status().message()));
-    for (uint32_t r : {2u, 3u}) {
-      std::string key = ckpt::storage::ShardKey(o.job, restore_step, r, "b");
-      auto size = (*store)->ObjectSize(key);
-      if (!size.ok()) return Fail(std::string(size.status().message()));
-      std::vector<char> buf(*size, 1);
-      auto t = ckpt::bench::RawObjectGet(*so, key, buf.data(), buf.size());
-      if (!t.ok()) return Fail(std::string(t.status().message()));
-      raw_read_s += *t;
+  for (int r = 0; r < run.rounds; ++r) {
+    // Alternated: peer first in even rounds, storage first in odd ones.
+    for (bool peer : {r % 2 == 0, r % 2 != 0}) {
+      ckpt::bench::NodeLossOptions o;
+      o.dir =
+          root + "/round-" + std::to_string(r) + (peer ? "-peer" : "-storage");
+      o.bytes_per_rank = bytes;
+      o.replicas = peer;
+      o.port_base = run.port_base;
+      o.object_url = object_url;
+      o.crash = peer == replicas;  // the crash after the primary path's loss
+      auto f = ckpt::bench::RunNodeLossRound(o);
+      if (!f.ok()) return Fail(std::string(f.status().message()));
+      log(absl::StrFormat(
+          "round %d %s: detected -> restored %.3f s, limit "
+          "%.3f s, restored step %llu of %llu\n%s",
+          r, peer ? "peer" : "storage", f->recovery_s, f->limit_s,
+          static_cast<unsigned long long>(f->restore_step),
+          static_cast<unsigned long long>(f->reached_step), f->timeline));
+      (peer ? run.peer : run.storage).push_back(*std::move(f));
+      if (!keep) std::filesystem::remove_all(o.dir);
     }
   }
-  std::vector<std::string> lost_files;
-  uint64_t lost_bytes = 0;
-  // Node b wrote them (cluster mode names the node in the key).
-  ckpt::storage::LocalBackendOptions shared_opts;
-  shared_opts.root = object_url.empty() ? c.shared_root() : root + "/unused";
-  shared_opts.remove_tmp_files = false;  // only paths are looked up
-  auto shared = ckpt::storage::NewLocalBackend(shared_opts);
-  if (!shared.ok()) return Fail(std::string(shared.status().message()));
-  for (uint32_t r : {2u, 3u}) {
-    if (!object_url.empty()) break;  // measured above
-    std::string path = *(*shared)->LocalPath(
-        ckpt::storage::ShardKey(o.job, restore_step, r, "b"));
-    std::error_code ec;
-    uint64_t size = std::filesystem::file_size(path, ec);
-    if (ec) return Fail(path + ": " + ec.message());
-    lost_files.push_back(path);
-    lost_bytes = std::max<uint64_t>(lost_bytes, size);
-  }
-  lost_bytes &= ~uint64_t{4095};
-  void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, std::max<uint64_t>(lost_bytes, 4096)) != 0)
-    return Fail("out of memory");
-  std::memset(buf, 0, lost_bytes);  // faulted in: the read alone is timed
-  for (const auto& f : lost_files) {
-    // A cache that cannot be dropped only makes the raw read (the limit)
-    // faster.
-    (void)ckpt::bench::DropFileCache(f);
-    auto t = ckpt::bench::RawRead(f, static_cast<char*>(buf), lost_bytes, {});
-    if (!t.ok()) return Fail(std::string(t.status().message()));
-    raw_read_s += *t;
-  }
-  // The network's limit (--replicas): the same bytes over plain TCP.
-  double raw_tcp_s = 0;
-  std::string restore_from;
-  if (replicas) {
-    std::vector<char> sink(std::max<uint64_t>(lost_bytes, 1));
-    for (int i = 0; i < 2; ++i) {
-      auto t = ckpt::bench::RawTcpTransfer(static_cast<char*>(buf), lost_bytes,
-                                           sink.data());
-      if (!t.ok()) return Fail(std::string(t.status().message()));
-      raw_tcp_s += *t;
+  for (int r = 0; step && r < run.rounds; ++r) {
+    for (bool on : {r % 2 != 0, r % 2 == 0}) {
+      ckpt::bench::ReplicationStepOptions o;
+      o.dir = root + "/step-" + std::to_string(r) + (on ? "-on" : "-off");
+      o.replicas = on;
+      o.port_base = run.port_base;
+      o.dim = static_cast<int>(worker_dim);
+      o.steps = static_cast<int>(worker_steps);
+      auto f = ckpt::bench::MeasureReplicationStep(o);
+      if (!f.ok()) return Fail(std::string(f.status().message()));
+      log(absl::StrFormat("step round %d replication %s: %.4f s a step", r,
+                          on ? "on" : "off", f->step_s));
+      (on ? run.step_on : run.step_off).push_back(*f);
+      if (!keep) std::filesystem::remove_all(o.dir);
     }
-    if (auto where =
-            FirstEvent(events, cv1::RESTORE_SOURCES, detected->time_ms()))
-      for (const auto& r : where->restore().ranks())
-        restore_from = restore_from.empty() || restore_from == r.copy()
-                           ? r.copy()
-                           : "mixed";
   }
-  free(buf);
-
-  // 2. Trainer crash on a live node, once the job is quiet again.
-  auto all_done = [&] {
-    for (uint32_t r = 0; r < 4; ++r) {
-      auto log = c.TrainerLog(r);
-      if (log.empty() || log.back().kind != "done") return false;
-    }
-    return true;
-  };
-  if (!Cluster::WaitUntil(all_done, seconds(120)))
-    return Fail("ranks did not finish after the recovery\n" + c.DumpLogs());
-  std::this_thread::sleep_for(seconds(2));  // persists and heartbeats settle
-  long long crash_ms = MonoMs();
-  pid_t victim = c.TrainerPid(0);
-  if (victim <= 0 || kill(victim, SIGKILL) != 0)
-    return Fail("cannot kill rank 0's trainer");
-  std::optional<Restart> crash;
-  if (!Cluster::WaitUntil(
-          [&] { return (crash = RestartAfter(c, 0, crash_ms)).has_value(); },
-          seconds(120)))
-    return Fail("rank 0 did not restore after its crash\n" + c.DumpLogs());
-  auto state = ckpt::testing::MakeState(bytes, 8, 1);
-  std::vector<char> dst(state.bytes());
-  std::memset(dst.data(), 1, dst.size());
-  double memcpy_s = 1e9;
-  for (int i = 0; i < 3; ++i)
-    memcpy_s = std::min(
-        memcpy_s, ckpt::bench::ParallelMemcpy(dst.data(), state.tensors, 2));
-  // Every rank restarts after a crash (they roll back together), and on
-  // this one machine the four share its cores: the limit for that is four
-  // rank-sized memcpys at once.
-  double memcpy_all_s = 0;
-  {
-    std::vector<std::vector<char>> dsts(4, std::vector<char>(state.bytes(), 1));
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> copiers;
-    for (auto& d : dsts)
-      copiers.emplace_back([&, p = d.data()] {
-        ckpt::bench::ParallelMemcpy(p, state.tensors, 2);
-      });
-    for (auto& t : copiers) t.join();
-    memcpy_all_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-  }
-  double slowest_crash_restore_s = 0;
-  for (uint32_t r = 0; r < 4; ++r)
-    if (auto rs = RestartAfter(c, r, crash_ms))
-      slowest_crash_restore_s =
-          std::max(slowest_crash_restore_s, rs->restore_s);
-
-  const double detect_s = (detected->time_ms() - kill_ms) / 1e3;
-  const double plan_s = (planned->time_ms() - detected->time_ms()) / 1e3;
-  const double prefetch_s = (acked->time_ms() - planned->time_ms()) / 1e3;
-  const double restart_s = (first_start - acked->time_ms()) / 1e3;
-  const double restore_s = (all_restored - first_start) / 1e3;
-  const double recovery_s = (all_restored - detected->time_ms()) / 1e3;
-  const double node_ratio = recovery_s / raw_read_s;
-  const double crash_ratio = crash->restore_s / memcpy_s;
-  const double crash_all_ratio = slowest_crash_restore_s / memcpy_all_s;
-  if (json) {
-    std::printf(
-        "{\"bytes_per_rank\":%llu,\"detect_s\":%.3f,\"plan_s\":%.3f,\"prefetch_"
-        "s\":%.3f,"
-        "\"trainer_restart_s\":%.3f,\"restore_s\":%.3f,\"node_recovery_s\":%."
-        "3f,"
-        "\"raw_read_lost_shards_s\":%.3f,\"node_recovery_ratio\":%.3f,"
-        "\"crash_restore_s\":%.4f,\"crash_process_start_to_restored_s\":%.4f,"
-        "\"memcpy_rank_state_s\":%.4f,\"crash_restore_ratio\":%.3f,"
-        "\"crash_all_ranks_restore_s\":%.4f,\"memcpy_all_ranks_s\":%.4f,"
-        "\"crash_all_ratio\":%.3f,"
-        "\"restore_step\":%llu,\"shared_root\":\"%s\",\"progress_ns\":%.2f,"
-        "\"replicas\":%s,\"restore_from\":\"%s\",\"raw_transfer_s\":%.3f,"
-        "\"node_recovery_transfer_ratio\":%.3f}\n",
-        static_cast<unsigned long long>(bytes), detect_s, plan_s, prefetch_s,
-        restart_s, restore_s, recovery_s, raw_read_s, node_ratio,
-        crash->restore_s, crash->process_s, memcpy_s, crash_ratio,
-        slowest_crash_restore_s, memcpy_all_s, crash_all_ratio,
-        static_cast<unsigned long long>(restore_step),
-        object_url.empty() ? "directory" : "object store",
-        progress->progress_ns, replicas ? "true" : "false",
-        restore_from.c_str(), raw_tcp_s,
-        raw_tcp_s > 0 ? recovery_s / raw_tcp_s : 0.0);
-    return 0;
-  }
-  std::printf(
-      "recovery_bench: 2 nodes x 2 ranks x %.2f GiB + 1 spare, heartbeat "
-      "timeout %d ms\n",
-      bytes / double(1 << 30), o.heartbeat_timeout_ms);
-  std::printf(
-      "progress beacon: %.2f ns a call (target <= 100 ns), atomic store "
-      "%.2f ns\n",
-      progress->progress_ns, progress->store_ns);
-  std::printf("node loss (restored step %llu):\n",
-              static_cast<unsigned long long>(restore_step));
-  std::printf("  detection (kill -> failure detected)        %8.3f s\n",
-              detect_s);
-  std::printf("  plan (-> plan made)                          %8.3f s\n",
-              plan_s);
-  std::printf("  prefetch into the spare's memory (-> acked)  %8.3f s\n",
-              prefetch_s);
-  std::printf("  trainer restart (-> first trainer start)     %8.3f s\n",
-              restart_s);
-  std::printf("  restore (-> last rank restored)              %8.3f s\n",
-              restore_s);
-  std::printf("  detected -> all restored                     %8.3f s\n",
-              recovery_s);
-  std::printf(object_url.empty()
-                  ? "  raw O_DIRECT read of the lost shards         %8.3f s\n"
-                  : "  raw parallel GET of the lost shards          %8.3f s\n",
-              raw_read_s);
-  std::printf("  ratio %.2f (target <= 1.5): %s\n", node_ratio,
-              node_ratio <= 1.5 ? "met" : "NOT met");
-  if (replicas) {
-    std::printf("  lost ranks restored from                     %8s\n",
-                restore_from.empty() ? "-" : restore_from.c_str());
-    std::printf("  plain loopback TCP of the lost shards        %8.3f s\n",
-                raw_tcp_s);
-    std::printf("  ratio to it %.2f (target <= 1.5): %s\n",
-                recovery_s / raw_tcp_s,
-                recovery_s / raw_tcp_s <= 1.5 ? "met" : "NOT met");
-  }
-  std::printf("trainer crash (node alive):\n");
-  std::printf("  restore of rank 0 from shared memory         %8.4f s\n",
-              crash->restore_s);
-  std::printf("  memcpy of the rank's state                   %8.4f s\n",
-              memcpy_s);
-  std::printf("  process start -> restored                    %8.4f s\n",
-              crash->process_s);
-  std::printf("  ratio %.2f (target <= 1.2, plus process start): %s\n",
-              crash_ratio, crash_ratio <= 1.2 ? "met" : "NOT met");
-  std::printf(
-      "  all 4 ranks restore at once: slowest %.4f s vs 4 memcpys at once %.4f "
-      "s: ratio %.2f\n",
-      slowest_crash_restore_s, memcpy_all_s, crash_all_ratio);
+  shaper.Stop();
+  std::fputs(
+      (json ? ckpt::bench::RecoveryJson(run) : ckpt::bench::RecoveryText(run))
+          .c_str(),
+      stdout);
   return 0;
 }

@@ -1,0 +1,40 @@
+// recovery_bench's summary of one run: the node-loss rounds of both paths
+// (peer memory, storage), the trainer crashes, the replication step rounds
+// and the link they ran over, reduced to medians and ratios, printed as a
+// table or as one JSON object (whose keys scripts rely on: the old ones of
+// recovery_bench plus issue 19's). Pure formatting; not thread-safe.
+#ifndef CKPT_BENCH_RECOVERY_REPORT_H_
+#define CKPT_BENCH_RECOVERY_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "bench/node_loss_bench.h"
+#include "bench/replication_step.h"
+
+namespace ckpt::bench {
+
+struct RecoveryRun {
+  uint64_t bytes_per_rank = 0;
+  int rounds = 0;
+  bool primary_replicas = false;  // --replicas: the old keys describe peers
+  std::string shared_root;        // "directory" or "object store"
+  double progress_ns = 0;
+  double progress_store_ns = 0;
+  int heartbeat_timeout_ms = 2000;
+  int port_base = 0;
+  double link_gbit = 0;  // asked for (0: the loopback unshaped)
+  bool link_shaped = false;
+  std::string link_note;  // why it was not shaped, when asked
+  std::vector<NodeLossFigures> peer, storage;  // in the order run
+  std::vector<ReplicationStepFigures> step_off, step_on;
+};
+
+// One JSON object on one line.
+std::string RecoveryJson(const RecoveryRun& run);
+// The human-readable table.
+std::string RecoveryText(const RecoveryRun& run);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_BENCH_RECOVERY_REPORT_H_

@@ -1,0 +1,31 @@
+#!/bin/sh
+# CTest smoke run of recovery_bench at tiny sizes (one round of each path,
+# a small worker): the JSON has every key scripts rely on, the peer path
+# restored the lost ranks from a replica and the storage path from storage,
+# and every figure the keys name was measured. No timing threshold.
+set -eu
+dir=$(mktemp -d "${TMPDIR:-/tmp}/recovery-smoke.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+out=$("$1" --bytes-per-rank 4194304 --rounds 1 --worker-dim 64 --worker-steps 3 \
+      --dir "$dir" --json)
+echo "$out"
+for key in bytes_per_rank detect_s plan_s prefetch_s trainer_restart_s restore_s \
+           node_recovery_s raw_read_lost_shards_s node_recovery_ratio crash_restore_s \
+           crash_process_start_to_restored_s memcpy_rank_state_s crash_restore_ratio \
+           crash_all_ranks_restore_s memcpy_all_ranks_s crash_all_ratio restore_step \
+           shared_root progress_ns replicas restore_from raw_transfer_s \
+           node_recovery_transfer_ratio node_loss_peer_s node_loss_storage_s raw_read_s \
+           steps_lost_node_peer steps_lost_node_storage steps_lost_trainer_crash \
+           step_s_replication_off step_s_replication_on step_speed_on_vs_off \
+           node_loss_peer_ratio node_loss_storage_ratio link_shaped; do
+  echo "$out" | grep -q "\"$key\":" || { echo "missing key $key" >&2; exit 1; }
+done
+# Measured, not left at zero.
+for key in node_loss_peer_s raw_transfer_s node_loss_storage_s raw_read_s \
+           step_s_replication_off step_s_replication_on; do
+  echo "$out" | grep -q "\"$key\":0\.0*[,}]" && { echo "$key was not measured" >&2; exit 1; }
+done
+echo "$out" | grep -q '"restore_from_peer":"replica"' ||
+  { echo "the peer path did not restore from a replica" >&2; exit 1; }
+echo "$out" | grep -q '"restore_from_storage":"storage"' ||
+  { echo "the storage path did not restore from storage" >&2; exit 1; }

@@ -110,6 +110,13 @@ struct NodeAgentOptions {
   std::string domain;
   uint32_t replica_port = 0;
   std::function<void(std::optional<ReplicaPeer>)> on_replica_target;
+  // The target's refusal of this node's copies for want of room, sent
+  // with each heartbeat while it stands (the coordinator re-places them).
+  std::function<std::optional<HolderRefusal>()> replica_refusal;
+  // A PREFETCH put the rank's shard of `step` in memory here: its copy
+  // goes to this node's replica target as a save's does.
+  std::function<void(const std::string& job, uint64_t step, uint32_t rank)>
+      on_prefetched;
 };
 
 class NodeAgent {

@@ -111,6 +111,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
+  CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));
   CKPT_RETURN_IF_ERROR(
       ValidateHealthReport(req.health_report(), "health_report"));
   {
@@ -206,7 +207,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     a.set_restore_step(rec.restore_step());
     *resp.add_assignments() = std::move(a);
   }
-  ReplicaTargetForLocked(req.node_id(), &resp);
+  ReplicaTargetForLocked(&batch, req, &resp);
   EnqueueLocked(std::move(owned));
   return resp;
 }

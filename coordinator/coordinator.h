@@ -31,7 +31,7 @@
 // - Replicas (issue 19): each node hosting ranks is told a replica target
 //   (replica_placement.h) in its heartbeats; holders report REPLICATED,
 //   checked against the rank's STAGED save. A holder's death drops its
-//   replicas.
+//   replicas; a refusal re-places them (replica_refusals.h).
 // - Durable state (nodes and epochs, jobs with placement, last good step and
 //   plans, orders, events) changes in memory under the state mutex and goes
 //   into one batch per call; batches are made durable by group commit (one
@@ -42,9 +42,8 @@
 // - Soft state: per-rank shard reports (staged / durable / replicated)
 //   are kept in memory only. A restarted coordinator has a new
 //   incarnation(); nodes that see it send their reports of uncommitted
-//   steps again. Only the
-//   commit of a step (global manifest written, then last good moved) is
-//   durable.
+//   steps again. Only the commit of a step (global manifest written, then
+//   last good moved) is durable.
 // - Reports come one per call (ReportShard) or as a node's batch
 //   (ReportShards, one result per report: a refused report does not refuse
 //   the others). The global manifest is written outside the state mutex.
@@ -84,6 +83,7 @@
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
+#include "coordinator/replica_refusals.h"
 #include "coordinator/restore_source.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
@@ -452,9 +452,9 @@ class Coordinator {
       Batch* batch);
   // A dead holder's replicas are gone with its memory.
   void DropReplicasHeldByLocked(const std::string& holder);
-  // Source node -> holder node, recomputed when membership changed.
+  // Source -> holder (when stale: recomputed); a heartbeat's refusal, target.
   const std::map<std::string, std::string>& ReplicaTargetsLocked();
-  void ReplicaTargetForLocked(const std::string& node_id,
+  void ReplicaTargetForLocked(Batch* batch, const v1::HeartbeatRequest& req,
                               v1::HeartbeatResponse* resp);
   v1::JobMemory JobMemoryLocked(const JobState& job) const;
   // Event RESTORE_SOURCES of a plan (and the restore-source counter).
@@ -508,10 +508,10 @@ class Coordinator {
   uint64_t next_event_seq_ = 1;
   int64_t last_hang_scan_ms_ = INT64_MIN;
   NetCheckPlanner net_check_;
-  // ReplicaTargetsLocked's placement and whether membership changed since
-  // (set wherever a node's liveness, placeability or hosting changes).
+  // ReplicaTargetsLocked's placement (stale: recompute it) and refusals.
   std::map<std::string, std::string> replica_targets_;
   bool replica_targets_stale_ = true;
+  ReplicaRefusals replica_refusals_;
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;

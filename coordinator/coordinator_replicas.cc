@@ -11,6 +11,21 @@
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {
+namespace {
+
+// A node's epoch while it is alive, else 0 (ReplicaRefusals::EpochOf).
+template <typename Nodes>
+ReplicaRefusals::EpochOf AliveEpochs(const Nodes& nodes) {
+  return [&nodes](const std::string& id) {
+    auto n = nodes.find(id);
+    return n != nodes.end() && n->second.rec.health() == v1::ALIVE
+               ? n->second.rec.epoch()
+               : uint64_t{0};
+  };
+}
+
+}  // namespace
+
 absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
                                                    uint64_t epoch,
                                                    const v1::ShardReport& req,
@@ -29,7 +44,11 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
         absl::StrCat("source_node: ", node_id,
                      " is the reporting node; a node holds no replica of "
                      "its own rank"));
-  if (req.has_generation() && req.generation() < job.rec.generation())
+  // An older generation's save is of an abandoned timeline, unless it is
+  // at or before the step the plans restored (a replacement replicating
+  // the shard it restored: the STAGED save it is checked against below).
+  if (req.has_generation() && req.generation() < job.rec.generation() &&
+      !(job.rec.has_restore_step() && req.step() <= job.rec.restore_step()))
     return absl::FailedPreconditionError(absl::StrCat(
         "generation: ", req.generation(), " of the replica of step ",
         req.step(), " rank ", req.rank(), " of job ", req.job(),
@@ -195,6 +214,7 @@ std::optional<uint64_t> Coordinator::DurableStepLocked(
 
 const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
   if (!replica_targets_stale_) return replica_targets_;
+  const ReplicaRefusals::EpochOf epoch_of = AliveEpochs(nodes_);
   std::vector<PlacementNode> in;
   for (const auto& [id, n] : nodes_) {
     if (n.rec.health() != v1::ALIVE) continue;
@@ -204,6 +224,7 @@ const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
     p.source = !n.rec.cordoned() && HostedRanksLocked(id) > 0;
     p.holder = Placeable(n.rec) && n.rec.replica_port() != 0 &&
                !n.rec.address().empty();
+    if (p.source) p.excluded = replica_refusals_.Excluded(id, epoch_of);
     if (p.source || p.holder) in.push_back(std::move(p));
   }
   replica_targets_ = PlaceReplicas(std::move(in));
@@ -211,8 +232,30 @@ const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
   return replica_targets_;
 }
 
-void Coordinator::ReplicaTargetForLocked(const std::string& node_id,
+void Coordinator::ReplicaTargetForLocked(Batch* batch,
+                                         const v1::HeartbeatRequest& req,
                                          v1::HeartbeatResponse* resp) {
+  const std::string& node_id = req.node_id();
+  if (req.has_replica_refused()) {
+    // Only a refusal of the target the node has now moves it (a retried
+    // heartbeat may still carry one of an earlier target).
+    const v1::ReplicaRefusal& r = req.replica_refused();
+    auto now = ReplicaTargetsLocked().find(node_id);
+    if (now != replica_targets_.end() && now->second == r.holder_node_id() &&
+        replica_refusals_.Note(node_id, r.holder_node_id(),
+                               AliveEpochs(nodes_))) {
+      replica_targets_stale_ = true;
+      auto next = ReplicaTargetsLocked().find(node_id);
+      const std::string to =
+          next == replica_targets_.end() ? "none" : next->second;
+      LogLocked(
+          batch, v1::REPLICA_REFUSED, "", node_id,
+          absl::StrCat("node ", node_id, "'s replicas: ", r.holder_node_id(),
+                       " refused them (",
+                       r.reason().empty() ? "no reason given" : r.reason(),
+                       "); target now ", to));
+    }
+  }
   const auto& targets = ReplicaTargetsLocked();
   auto t = targets.find(node_id);
   if (t == targets.end()) return;

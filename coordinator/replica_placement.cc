@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <set>
 #include <tuple>
+#include <vector>
 
 namespace ckpt::coordinator {
 
@@ -47,11 +48,25 @@ std::map<std::string, std::string> PlaceReplicas(
   std::vector<size_t> target(n, kNone);
   for (size_t i = 0; i < n; ++i)
     if (nodes[i].holder) by_load[0].insert(i);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < n; ++i) index[nodes[i].id] = i;
   std::map<std::string, std::string> out;
   for (size_t s = 0; s < n; ++s) {
     if (!nodes[s].source) continue;
     const size_t own = holders_before[last[s] + 1] - holders_before[first[s]];
-    const bool other_domain = holders_before[n] > own;
+    // Excluded holders are no holders of s's: neither counted nor picked.
+    std::vector<bool> excluded;
+    size_t excluded_other = 0;
+    if (!nodes[s].excluded.empty()) {
+      excluded.assign(n, false);
+      for (const std::string& id : nodes[s].excluded) {
+        auto it = index.find(id);
+        if (it == index.end() || !nodes[it->second].holder) continue;
+        excluded[it->second] = true;
+        if (it->second < first[s] || it->second > last[s]) ++excluded_other;
+      }
+    }
+    const bool other_domain = holders_before[n] - own > excluded_other;
     size_t pick = kNone;
     for (auto level = by_load.begin(); level != by_load.end() && pick == kNone;
          ++level) {
@@ -62,7 +77,7 @@ std::map<std::string, std::string> PlaceReplicas(
       auto scan = [&](size_t lo, size_t hi) {
         for (auto it = ring.lower_bound(lo); it != ring.end() && *it < hi;) {
           const size_t c = *it;
-          if (c == s) {
+          if (c == s || (!excluded.empty() && excluded[c])) {
             ++it;
           } else if (other_domain && c >= first[s] && c <= last[s]) {
             it = ring.upper_bound(last[s]);  // s's own domain

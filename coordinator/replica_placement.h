@@ -11,11 +11,13 @@
 // its own replicas to this source (a pair that replicates to each other
 // loses both copies when both die), then the nearest after the source on a
 // ring of every node sorted by domain, then id. An empty domain is a
-// domain of its own. Thread-compatible (no state).
+// domain of its own. A source's excluded holders are left out first (its
+// other domain is one with a holder it may get). Thread-compatible (no state).
 #ifndef CKPT_COORDINATOR_REPLICA_PLACEMENT_H_
 #define CKPT_COORDINATOR_REPLICA_PLACEMENT_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,9 @@ struct PlacementNode {
   std::string domain;   // "" = a domain of its own
   bool source = false;  // hosts ranks: needs a target
   bool holder = false;  // may hold replicas (alive, listening, placeable)
+  // Holders this source must not get (they refused its copies for want of
+  // room: replica_refusals.h); the rules above apply to the others.
+  std::set<std::string> excluded;
 };
 
 // Source id -> holder id, for every source that has a holder.

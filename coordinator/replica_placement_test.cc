@@ -17,7 +17,7 @@ namespace {
 
 PlacementNode N(const std::string& id, const std::string& domain,
                 bool source = true, bool holder = true) {
-  return PlacementNode{id, domain, source, holder};
+  return PlacementNode{id, domain, source, holder, {}};
 }
 
 std::map<std::string, int> Loads(const std::map<std::string, std::string>& t) {
@@ -108,15 +108,16 @@ std::map<std::string, std::string> PlainRule(std::vector<PlacementNode> nodes) {
   std::map<std::string, std::string> out;
   for (size_t s = 0; s < n; ++s) {
     if (!nodes[s].source) continue;
+    auto may = [&](size_t h) {
+      return nodes[h].holder && h != s && !nodes[s].excluded.count(nodes[h].id);
+    };
     bool other = false;
     for (size_t h = 0; h < n; ++h)
-      other |= nodes[h].holder && h != s &&
-               !SameDomain(nodes[h].domain, nodes[s].domain);
+      other |= may(h) && !SameDomain(nodes[h].domain, nodes[s].domain);
     size_t best = SIZE_MAX;
     std::tuple<uint32_t, bool, size_t> best_key;
     for (size_t h = 0; h < n; ++h) {
-      if (!nodes[h].holder || h == s ||
-          (other && SameDomain(nodes[h].domain, nodes[s].domain)))
+      if (!may(h) || (other && SameDomain(nodes[h].domain, nodes[s].domain)))
         continue;
       std::tuple<uint32_t, bool, size_t> key{load[h], target[h] == s,
                                              (h + n - s) % n};
@@ -142,8 +143,30 @@ TEST(ReplicaPlacementTest, TheFastPlacementFollowsThePlainRule) {
                         d <= 0 ? "" : "rack-" + std::to_string(d),
                         rng() % 4 != 0, rng() % 3 != 0));
     }
+    // Some sources had copies refused by some holders.
+    for (auto& node : nodes)
+      while (rng() % 3 == 0)
+        node.excluded.insert("n" + std::to_string(rng() % count));
     ASSERT_EQ(PlaceReplicas(nodes), PlainRule(nodes)) << "round " << round;
   }
+}
+
+TEST(ReplicaPlacementTest, AHolderThatRefusedIsSkippedUnderTheSameRules) {
+  // n1's nearest holder in another domain is n2; n2 refused n1's copies.
+  std::vector<PlacementNode> nodes = {N("n1", "a"), N("n2", "b"), N("n3", "a"),
+                                      N("n4", "c", false)};
+  ASSERT_EQ(PlaceReplicas(nodes).at("n1"), "n2");
+  nodes[0].excluded = {"n2"};
+  auto t = PlaceReplicas(nodes);
+  EXPECT_EQ(t.at("n1"), "n4") << "another domain, not n3 in n1's own";
+  // Only n1 is affected: n2 and n3 still get targets.
+  EXPECT_EQ(t.size(), 3u);
+  // With every other domain's holder refused, n1's own domain is next.
+  nodes[0].excluded = {"n2", "n4"};
+  EXPECT_EQ(PlaceReplicas(nodes).at("n1"), "n3");
+  // Every holder refused: no target at all.
+  nodes[0].excluded = {"n2", "n3", "n4"};
+  EXPECT_FALSE(PlaceReplicas(nodes).count("n1"));
 }
 
 TEST(ReplicaPlacementTest, HostOfDropsOnlyAPort) {

@@ -122,8 +122,12 @@ TEST_F(ReplicaTest, AReplicaMatchesItsSaveByEitherDigest) {
 }
 
 TEST_F(ReplicaTest, AReplicaOfAnAbandonedGenerationIsDropped) {
-  ReportAll(12, v1::STAGED);
-  // A crash plans generation 1 (every rank restores 12 from memory).
+  ReportAll(11, v1::STAGED);
+  for (uint32_t r = 0; r < 3; ++r)  // step 12 never reached rank 3
+    ASSERT_TRUE(
+        Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 12, r, v1::STAGED).ok());
+  // A crash plans generation 1 (every rank restores 11 from memory): 12 is
+  // of the timeline it abandoned.
   v1::ReportTrainerExitRequest exit;
   exit.set_node_id("n1");
   exit.set_epoch(e1_);
@@ -132,14 +136,16 @@ TEST_F(ReplicaTest, AReplicaOfAnAbandonedGenerationIsDropped) {
   exit.set_term_signal(9);
   ASSERT_TRUE(coord_->ReportTrainerExit(exit).ok());
   ASSERT_EQ(Job().generation(), 1u);
+  ASSERT_EQ(Job().restore_step(), 11u);
   const std::string before = State();
   absl::Status s = Replicated("n3", 12, 2, "n2",
                               [](v1::ShardReport& r) { r.set_generation(0); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(s.message().substr(0, 11), "generation:") << s;
   EXPECT_EQ(State(), before);
-  EXPECT_TRUE(Replicated("n3", 12, 2, "n2", [](v1::ShardReport& r) {
-                r.set_generation(1);
+  // The restored step itself is the new generation's too.
+  EXPECT_TRUE(Replicated("n3", 11, 2, "n2", [](v1::ShardReport& r) {
+                r.set_generation(0);
               }).ok());
 }
 
@@ -167,6 +173,91 @@ TEST_F(ReplicaTest, ReplicasSentAgainToANewIncarnationCountAgain) {
   EXPECT_EQ(Job().restore_step(), 12u);
   EXPECT_EQ(OrderOf(*Heartbeat("s1", es_), v1::PREFETCH).sources(0).node_id(),
             "n3");
+}
+
+// A heartbeat of `node` saying its target `holder` refused its copies.
+absl::StatusOr<v1::HeartbeatResponse> RefusedBy(Coordinator& c,
+                                                const std::string& node,
+                                                uint64_t epoch,
+                                                const std::string& holder,
+                                                const std::string& reason) {
+  v1::HeartbeatRequest req;
+  req.set_node_id(node);
+  req.set_epoch(epoch);
+  req.mutable_replica_refused()->set_holder_node_id(holder);
+  req.mutable_replica_refused()->set_reason(reason);
+  return c.Heartbeat(req);
+}
+
+TEST_F(ReplicaTest, AHolderWithoutRoomIsReplacedInAnotherDomainUntilRestarted) {
+  ASSERT_EQ(Heartbeat("n2", e2_)->replica_target().node_id(), "n3");
+  // n1 names n3, which is not its target (n2): nothing moves.
+  ASSERT_TRUE(RefusedBy(*coord_, "n1", e1_, "n3", "replica_memory_bytes").ok());
+  EXPECT_EQ(Heartbeat("n1", e1_)->replica_target().node_id(), "n2");
+  EXPECT_TRUE(EventsOf(v1::REPLICA_REFUSED).empty());
+
+  auto hb = RefusedBy(*coord_, "n2", e2_, "n3",
+                      "replica_memory_bytes: 8388608 more bytes do not fit");
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  const std::string now = hb->replica_target().node_id();
+  EXPECT_NE(now, "n3");
+  EXPECT_NE(now, "n2");
+  EXPECT_NE(Node(now).domain(), "rack-b") << "failure domains still hold";
+  EXPECT_EQ(Node("n2").replica_target(), now);
+  EXPECT_EQ(Heartbeat("n1", e1_)->replica_target().node_id(), "n2");
+  // Said again (the node has not seen its new target yet): still news once.
+  ASSERT_TRUE(RefusedBy(*coord_, "n2", e2_, "n3", "again").ok());
+  EXPECT_EQ(Heartbeat("n2", e2_)->replica_target().node_id(), now);
+  std::vector<v1::Event> refused = EventsOf(v1::REPLICA_REFUSED);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].node_id(), "n2");
+  EXPECT_NE(refused[0].detail().find("n3 refused them (replica_memory_bytes"),
+            std::string::npos)
+      << refused[0].detail();
+  EXPECT_NE(refused[0].detail().find("target now " + now), std::string::npos)
+      << refused[0].detail();
+
+  // n3 restarts (its memory is empty again): n2 may use it again.
+  Silence({"n3"});
+  e3_ = RegisterIn("n3", "rack-c", 1, 3);
+  EXPECT_EQ(Heartbeat("n2", e2_)->replica_target().node_id(), "n3");
+}
+
+TEST_F(ReplicaTest, ABadRefusalIsRefusedNamingTheFieldAndChangesNothing) {
+  const std::string before = State();
+  struct Case {
+    std::string holder, reason, field;
+  };
+  for (const Case& c :
+       {Case{"", "x", "replica_refused.holder_node_id"},
+        Case{"n\n3", "x", "replica_refused.holder_node_id"},
+        Case{"n2", "x", "replica_refused.holder_node_id"},
+        Case{"n3", "bad\nreason", "replica_refused.reason"},
+        Case{"n3", std::string(2000, 'r'), "replica_refused.reason"}}) {
+    auto hb = RefusedBy(*coord_, "n2", e2_, c.holder, c.reason);
+    ASSERT_EQ(hb.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.holder;
+    EXPECT_NE(hb.status().message().find(c.field), absl::string_view::npos)
+        << hb.status();
+  }
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(Heartbeat("n2", e2_)->replica_target().node_id(), "n3");
+}
+
+TEST_F(ReplicaTest, AReplacementReplicatesTheShardItRestoredOfTheOldTimeline) {
+  // Saved in generation 0; n2 lost; s1 restores step 12 in generation 1
+  // and sends copies of it, still tagged with generation 0.
+  StageAndReplicate();
+  Silence({"n2"});
+  ASSERT_EQ(Job().generation(), 1u);
+  ASSERT_EQ(Job().restore_step(), 12u);
+  auto gen0 = [](v1::ShardReport& r) { r.set_generation(0); };
+  absl::Status s = Replicated("n1", 12, 2, "s1", gen0);
+  EXPECT_TRUE(s.ok()) << s;
+  // A step of generation 0 after the restore step is still abandoned.
+  s = Replicated("n1", 13, 2, "s1", gen0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message().substr(0, 11), "generation:") << s;
 }
 
 TEST(WaitForPrefetchOptionTest, ComesFromTheFlagOrTheConfigFile) {

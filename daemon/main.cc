@@ -233,12 +233,17 @@ int main(int argc, char** argv) {
   std::atomic<ReplicaStore*> held_replicas{nullptr};
   if (opts->cluster) {
     opts->agent.shm_prefix = opts->engine.shm_prefix;  // beacons
-    if (opts->replicas.send && !opts->replicas.fixed_target)
+    if (opts->replicas.send && !opts->replicas.fixed_target) {
       opts->agent.on_replica_target =
           [&replicate](std::optional<ReplicaPeer> target) {
             if (Replicator* r = replicate.load())
               r->SetTarget(std::move(target));
           };
+      opts->agent.replica_refusal = [&replicate] {
+        Replicator* r = replicate.load();
+        return r ? r->Refused() : std::nullopt;
+      };
+    }
     opts->agent.replica_transport = opts->replicas.transport;
     opts->agent.held_replica =
         [&held_replicas](const std::string& job, uint64_t step,
@@ -246,6 +251,11 @@ int main(int argc, char** argv) {
       ReplicaStore* store = held_replicas.load();
       return store ? store->Find(job, step, rank) : nullptr;
     };
+    if (opts->replicas.send)
+      opts->agent.on_prefetched = [&replicate](const std::string& job,
+                                               uint64_t step, uint32_t rank) {
+        if (Replicator* r = replicate.load()) r->Staged(job, step, rank);
+      };
     agent = std::make_unique<NodeAgent>(opts->agent);
     opts->engine.on_shard = [a = agent.get(),
                              &replicate](const ShardReport& r) {

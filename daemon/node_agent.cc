@@ -121,6 +121,15 @@ void NodeAgent::HeartbeatLoop() {
         *req.add_progress() = std::move(p);
     AddNetResults(&req);
     AddHealthReport(&req);
+    if (options_.replica_refusal)
+      if (std::optional<HolderRefusal> r = options_.replica_refusal()) {
+        // The coordinator takes 1024 printable characters.
+        std::string reason = r->reason.substr(0, 1000);
+        for (char& c : reason)
+          if (c < 0x20 || c > 0x7e) c = '?';
+        req.mutable_replica_refused()->set_holder_node_id(r->holder);
+        req.mutable_replica_refused()->set_reason(std::move(reason));
+      }
     cv1::HeartbeatResponse resp;
     grpc::Status s =
         rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,

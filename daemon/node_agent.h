@@ -118,6 +118,13 @@ struct NodeAgentOptions {
   std::function<std::shared_ptr<const HeldReplica>(const std::string&, uint64_t,
                                                    uint32_t)>
       held_replica;
+  // The target's refusal of this node's copies for want of room, sent
+  // with each heartbeat while it stands (the coordinator re-places them).
+  std::function<std::optional<HolderRefusal>()> replica_refusal;
+  // A PREFETCH put the rank's shard of `step` in memory here: its copy
+  // goes to this node's replica target as a save's does.
+  std::function<void(const std::string& job, uint64_t step, uint32_t rank)>
+      on_prefetched;
 };
 
 class NodeAgent {

@@ -145,6 +145,8 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
       // and its exit makes a new plan.
       LogWarning(absl::StrCat("prefetch job ", job, " step ", step, " rank ",
                               ranks[i], ": ", results[i].message()));
+    else if (options_.on_prefetched)
+      options_.on_prefetched(job, step, ranks[i]);  // replicated from here
   LogInfo(absl::StrCat(
       "order ", order_id, ": prefetched ", ranks.size(), " shards of job ", job,
       " step ", step, " in ",

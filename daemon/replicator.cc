@@ -55,12 +55,18 @@ void Replicator::SetTarget(std::optional<ReplicaPeer> target) {
                  : std::string("replica target: none"));
   target_ = std::move(target);
   channel_.reset();
+  refused_.reset();
   for (auto& [key, r] : ranks_) {
     r.done = false;
     r.attempts = 0;
     r.not_before = {};
   }
   cv_.notify_all();
+}
+
+std::optional<HolderRefusal> Replicator::Refused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_;
 }
 
 ReplicatorStats Replicator::Stats() const {
@@ -155,6 +161,16 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     // The holder verified what it got, so those were the shard's bytes.
     LogInfo(absl::StrCat("replica of job '", job, "' step ", step,
                          " sent while a save reused its slot; it verified"));
+  }
+  if (target_ == target && status.code() != absl::StatusCode::kCancelled) {
+    // What the target said last: room, or none (the coordinator is told).
+    const bool no_room =
+        status.code() == absl::StatusCode::kResourceExhausted &&
+        status.message().find("replica_memory_bytes") != std::string::npos;
+    if (no_room)
+      refused_ = HolderRefusal{target.node_id, std::string(status.message())};
+    else if (status.ok())
+      refused_.reset();
   }
   if (status.ok()) {
     ++stats_.sent;  // the holder verified and kept it

@@ -13,8 +13,10 @@
 // copy is abandoned (the newer save is queued by then). Sends are paced by
 // the rate limit (--replica-bandwidth); a failed send (the holder down,
 // stopped, out of room, or a copy damaged on the way) is retried with
-// exponential backoff, capped, for as long as it is the rank's newest. A
-// new target re-sends every rank's newest shard.
+// exponential backoff, capped, for as long as it is the rank's newest; a
+// refusal for want of room is also reported (Refused) so that the
+// coordinator names another target. A new target re-sends every rank's
+// newest shard.
 //
 // Thread-safety: all methods are safe to call concurrently; the mutex is
 // never held across a transfer or a call into StagedShards.
@@ -61,6 +63,14 @@ struct ReplicatorOptions {
   std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};
 };
 
+// The target's refusal of this node's copies for want of room (its
+// --replica-memory-bytes): the node agent tells the coordinator, which
+// places them elsewhere (HeartbeatRequest.replica_refused).
+struct HolderRefusal {
+  std::string holder;  // the target's node id
+  std::string reason;  // its words, naming replica_memory_bytes
+};
+
 struct ReplicatorStats {
   uint64_t sent = 0;  // copies the holder verified
   uint64_t sent_bytes = 0;
@@ -86,8 +96,13 @@ class Replicator {
   // all known; ignored unless it is still the rank's newest).
   void Staged(const std::string& job, uint64_t step, uint32_t rank,
               bool durable = false);
-  // Where copies go from now on; nullopt: nowhere.
+  // Where copies go from now on; nullopt: nowhere. A new target gets every
+  // rank's newest shard (a copy in flight to the old one ends at its
+  // deadline or sooner, then this one is sent).
   void SetTarget(std::optional<ReplicaPeer> target);
+  // Set while the current target's last answer was "no room"
+  // (ResourceExhausted naming replica_memory_bytes).
+  std::optional<HolderRefusal> Refused() const;
   ReplicatorStats Stats() const;
 
  private:
@@ -114,6 +129,7 @@ class Replicator {
   std::optional<ReplicaPeer> target_;
   std::shared_ptr<grpc::Channel> channel_;  // to target_
   std::map<Key, Rank> ranks_;
+  std::optional<HolderRefusal> refused_;  // by target_
   ReplicatorStats stats_;
   std::thread thread_;
 };

@@ -146,6 +146,46 @@ TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
   close(stuck);
 }
 
+TEST_F(ReplicaFetchTest, AHolderWithoutRoomIsReportedUntilTheTargetChanges) {
+  StartHolder(4096);  // not one shard
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(a, "a", Holder());
+  EXPECT_FALSE(rep.Refused().has_value());
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  ASSERT_TRUE(Eventually([&] { return rep.Refused().has_value(); }));
+  EXPECT_EQ(rep.Refused()->holder, "b");
+  EXPECT_NE(rep.Refused()->reason.find("replica_memory_bytes"),
+            std::string::npos)
+      << rep.Refused()->reason;
+  EXPECT_EQ(store_->Stats().used_bytes, 0u);
+  EXPECT_EQ(store_->Stats().held, 0u);
+  // The coordinator names another target (here: none): the refusal was of
+  // the old one.
+  rep.SetTarget(std::nullopt);
+  EXPECT_FALSE(rep.Refused().has_value());
+  EXPECT_EQ(rep.Stats().pending, 1u);
+}
+
+TEST_F(ReplicaFetchTest, SavesBeforeTheTargetIsKnownAreSentOnceItIs) {
+  // The node learns its target with a heartbeat after its trainer saved.
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(a, "a", std::nullopt);
+  std::unique_ptr<shm::Arena> arena;
+  for (uint64_t step = 1; step <= 2; ++step)
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok());
+  EXPECT_EQ(rep.Stats().pending, 1u);
+  rep.SetTarget(Holder());
+  ASSERT_TRUE(
+      Eventually([&] { return store_->Find("core", 2, 0) != nullptr; }));
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().pending == 0; }));
+  EXPECT_EQ(rep.Stats().failed, 0u) << rep.Stats().last_error;
+}
+
 TEST_F(ReplicaFetchTest, PrefetchFromAReplicaRestoresTheExactBytes) {
   StartHolder(1ull << 30);
   const storage::Shard s = ReplicaImage("j", 7, 1, 2);

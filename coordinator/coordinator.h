@@ -236,7 +236,7 @@ class Coordinator {
     std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
     // Verified replicas (soft, issue 19): step -> rank -> holder -> its
     // REPLICATED record (node_id and epoch: the holder's). A holder keeps
-    // the newest replicated step of each rank, and so do these.
+    // the two newest replicated steps of each rank, and so do these.
     std::map<uint64_t,
              std::map<uint32_t, std::map<std::string, v1::ShardRecord>>>
         replicas;

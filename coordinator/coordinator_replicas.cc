@@ -119,15 +119,27 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
   rec.set_bytes(req.bytes());
   rec.set_checksum_digest(StagedDigest(*saved));
   job.replicas[req.step()][req.rank()][node_id] = std::move(rec);
-  // The holder keeps the newest replicated step of each rank: its older
-  // copies of this rank are gone.
-  for (auto st = job.replicas.begin();
-       st != job.replicas.end() && st->first < req.step();) {
-    if (auto rk = st->second.find(req.rank()); rk != st->second.end()) {
-      rk->second.erase(node_id);
-      if (rk->second.empty()) st->second.erase(rk);
+  // The holder keeps the two newest replicated steps of each rank
+  // (replica_store.h): its copies of this rank older than those are gone.
+  bool previous_kept = false;
+  for (auto st = std::make_reverse_iterator(job.replicas.find(req.step()));
+       st != job.replicas.rend();) {
+    auto rk = st->second.find(req.rank());
+    if (rk == st->second.end() || rk->second.count(node_id) == 0) {
+      ++st;
+      continue;
     }
-    st = st->second.empty() ? job.replicas.erase(st) : std::next(st);
+    if (!previous_kept) {
+      previous_kept = true;
+      ++st;
+      continue;
+    }
+    rk->second.erase(node_id);
+    if (rk->second.empty()) st->second.erase(rk);
+    if (st->second.empty())
+      st = std::make_reverse_iterator(job.replicas.erase(std::next(st).base()));
+    else
+      ++st;
   }
   return absl::OkStatus();
 }

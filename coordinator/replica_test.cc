@@ -149,14 +149,29 @@ TEST_F(ReplicaTest, AReplicaOfAnAbandonedGenerationIsDropped) {
               }).ok());
 }
 
-TEST_F(ReplicaTest, ANewerReplicaOfARankReplacesTheHoldersOlderOne) {
+// A holder keeps the two newest copies of a rank (replica_store.h): when
+// n2 dies with rank 2's step 12 copied and rank 3's not yet, step 11 is
+// still in memory for both ranks.
+TEST_F(ReplicaTest, AHolderKeepsTheTwoNewestReplicasOfARank) {
   ReportAll(11, v1::STAGED);
   ReportAll(12, v1::STAGED);
   ASSERT_TRUE(Replicated("n3", 11, 2, "n2").ok());
   ASSERT_TRUE(Replicated("n3", 11, 3, "n2").ok());
-  ASSERT_TRUE(Replicated("n3", 12, 2, "n2").ok());  // n3 dropped 11 of rank 2
+  ASSERT_TRUE(Replicated("n3", 12, 2, "n2").ok());  // n3 keeps 11 of rank 2
   Silence({"n2"});
-  // 12 lacks rank 3's replica, 11 rank 2's: no memory step; nothing durable.
+  ASSERT_TRUE(Job().has_restore_step());
+  EXPECT_EQ(Job().restore_step(), 11u);
+}
+
+TEST_F(ReplicaTest, AThirdReplicaOfARankReplacesTheHoldersOldest) {
+  for (uint64_t step : {11, 12, 13}) ReportAll(step, v1::STAGED);
+  ASSERT_TRUE(Replicated("n3", 11, 2, "n2").ok());
+  ASSERT_TRUE(Replicated("n3", 11, 3, "n2").ok());
+  ASSERT_TRUE(Replicated("n3", 12, 2, "n2").ok());
+  ASSERT_TRUE(Replicated("n3", 13, 2, "n2").ok());  // n3 dropped 11 of rank 2
+  Silence({"n2"});
+  // 13 and 12 lack rank 3's replica, 11 rank 2's: no memory step; nothing
+  // durable.
   EXPECT_FALSE(Job().has_restore_step());
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/replica_bulk_wire.h"
+#include "daemon/replica_client.h"
 #include "replica.grpc.pb.h"
 #include "util/status.h"
 
@@ -18,11 +19,6 @@ namespace ckpt::daemon {
 namespace rv1 = ::ckpt::replica::v1;
 
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(std::string(what), ": ", s.error_message()));
-}
 
 BulkDeadline ToSteady(std::chrono::system_clock::time_point t) {
   return std::chrono::steady_clock::now() +

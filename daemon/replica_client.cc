@@ -14,14 +14,10 @@ namespace ckpt::daemon {
 
 namespace rv1 = ::ckpt::replica::v1;
 
-namespace {
-
 absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat(std::string(what), ": ", s.error_message()));
 }
-
-}  // namespace
 
 void RateLimiter::Acquire(uint64_t bytes) {
   if (rate_ == 0) return;

@@ -18,6 +18,9 @@
 
 namespace ckpt::daemon {
 
+// A replica RPC's failure as a Status of the same code, prefixed `what`.
+absl::Status FromGrpc(const grpc::Status& s, std::string_view what);
+
 // A token bucket of `bytes_per_s` (0: unlimited) with one second of burst:
 // Acquire(n) sleeps until n more bytes may go. Thread-safe.
 class RateLimiter {

@@ -2,6 +2,8 @@
 // their verification.
 #include "daemon/replica_store.h"
 
+#include <algorithm>
+
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -103,29 +105,45 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
     const rv1::ShardCopy& copy) {
   CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
   const uint64_t bytes = copy.image_bytes();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = held_.find({copy.job(), copy.rank()});
-    if (it != held_.end() &&
-        std::make_pair(it->second->copy.generation(),
-                       it->second->copy.step()) >=
-            std::make_pair(copy.generation(), copy.step())) {
-      ++counts_.refused;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "copy.step: job '", copy.job(), "' rank ", copy.rank(), " step ",
-          copy.step(), " generation ", copy.generation(),
-          " is not newer than the copy held (step ", it->second->copy.step(),
-          " generation ", it->second->copy.generation(), ")"));
-    }
-    uint64_t used = used_bytes_->load();
-    do {
-      if (used + bytes > budget_ || used + bytes < used) {
+  // Two tries: when the copy does not fit, previous copies make room (this
+  // rank's first: the one this copy makes obsolete), unmapped outside the
+  // lock, and the reservation is tried once more.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::shared_ptr<const HeldReplica>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = held_.find({copy.job(), copy.rank()});
+      if (it != held_.end() &&
+          std::make_pair(it->second.newest->copy.generation(),
+                         it->second.newest->copy.step()) >=
+              std::make_pair(copy.generation(), copy.step())) {
+        ++counts_.refused;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "copy.step: job '", copy.job(), "' rank ", copy.rank(), " step ",
+            copy.step(), " generation ", copy.generation(),
+            " is not newer than the copy held (step ",
+            it->second.newest->copy.step(), " generation ",
+            it->second.newest->copy.generation(), ")"));
+      }
+      uint64_t used = used_bytes_->load();
+      bool fits = true;
+      do {
+        fits = used + bytes <= budget_ && used + bytes >= used;
+      } while (fits &&
+               !used_bytes_->compare_exchange_weak(used, used + bytes));
+      if (fits) break;
+      if (attempt == 0)
+        DropPreviousLocked(copy.job(), copy.rank(),
+                           used + bytes < used ? UINT64_MAX
+                                               : used + bytes - budget_,
+                           &dropped);
+      if (dropped.empty()) {
         ++counts_.refused;
         return absl::ResourceExhaustedError(absl::StrCat(
             "replica_memory_bytes: ", bytes, " more bytes do not fit: ", used,
             " of ", budget_, " are in use (held, arriving or being read)"));
       }
-    } while (!used_bytes_->compare_exchange_weak(used, used + bytes));
+    }
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -160,9 +178,11 @@ ReplicaStore::Incoming::Commit() {
       memory_.reset();
       return info.status();
     }
-    auto& slot = store_->held_[{copy_.job(), copy_.rank()}];
-    if (slot && std::make_pair(slot->copy.generation(), slot->copy.step()) >=
-                    std::make_pair(copy_.generation(), copy_.step())) {
+    Copies& rank = store_->held_[{copy_.job(), copy_.rank()}];
+    if (rank.newest &&
+        std::make_pair(rank.newest->copy.generation(),
+                       rank.newest->copy.step()) >=
+            std::make_pair(copy_.generation(), copy_.step())) {
       ++store_->counts_.refused;
       memory_.reset();
       return absl::FailedPreconditionError(
@@ -172,8 +192,11 @@ ReplicaStore::Incoming::Commit() {
     held->copy = copy_;
     held->digest = storage::ChecksumsDigest(*info);
     held->memory = std::move(memory_);
-    evicted = std::move(slot);
-    slot = held;
+    // The newest copy stays as the previous one: a step every rank of the
+    // sender has in memory survives one rank's newer copy arriving first.
+    evicted = std::move(rank.previous);
+    rank.previous = std::move(rank.newest);
+    rank.newest = held;
     ++store_->counts_.verified;
     if (evicted) ++store_->counts_.evicted;
   }
@@ -186,15 +209,41 @@ std::shared_ptr<const HeldReplica> ReplicaStore::Find(const std::string& job,
                                                       uint32_t rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find({job, rank});
-  if (it == held_.end() || it->second->copy.step() != step) return nullptr;
-  return it->second;
+  if (it == held_.end()) return nullptr;
+  for (const auto& c : {it->second.newest, it->second.previous})
+    if (c && c->copy.step() == step) return c;
+  return nullptr;
+}
+
+void ReplicaStore::DropPreviousLocked(
+    const std::string& job, uint32_t rank, uint64_t need,
+    std::vector<std::shared_ptr<const HeldReplica>>* dropped) {
+  uint64_t freed = 0;
+  auto drop = [&](Copies& c) {
+    if (!c.previous || freed >= need) return;
+    freed += c.previous->copy.image_bytes();
+    dropped->push_back(std::move(c.previous));
+    c.previous = nullptr;
+    ++counts_.evicted;
+  };
+  auto own = held_.find({job, rank});
+  if (own != held_.end()) drop(own->second);
+  // Then the other ranks' previous copies, oldest step first.
+  std::vector<Copies*> others;
+  for (auto& [key, c] : held_)
+    if (c.previous) others.push_back(&c);
+  std::sort(others.begin(), others.end(), [](Copies* a, Copies* b) {
+    return a->previous->copy.step() < b->previous->copy.step();
+  });
+  for (Copies* c : others) drop(*c);
 }
 
 ReplicaStats ReplicaStore::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ReplicaStats s = counts_;
   s.used_bytes = used_bytes_->load();
-  s.held = static_cast<uint32_t>(held_.size());
+  for (const auto& [key, c] : held_)
+    s.held += (c.newest ? 1 : 0) + (c.previous ? 1 : 0);
   return s;
 }
 

@@ -1,7 +1,11 @@
 // ReplicaStore: the holder's side of peer replicas (doc/replicas.md). It
-// keeps, per (job, rank) of another node, the newest verified copy of the
-// rank's shard in this daemon's own shared memory (one anonymous shared
-// mapping per copy), within a byte budget (--replica-memory-bytes).
+// keeps, per (job, rank) of another node, the two newest verified copies of
+// the rank's shard in this daemon's own shared memory (one anonymous shared
+// mapping per copy), within a byte budget (--replica-memory-bytes). Two, as
+// the sender's arena holds two slots per rank: when a node dies while its
+// ranks' newest copies are on the way, the step before is still here for
+// every rank. The previous copies are what gives way to a copy that does
+// not fit (the arriving rank's own first, then the oldest steps').
 //
 // A copy arrives through an Incoming: Begin reserves its bytes against the
 // budget (refused, naming replica_memory_bytes, when they do not fit: the
@@ -60,7 +64,7 @@ struct ReplicaStats {
   uint64_t verified = 0;  // copies that verified and were kept
   uint64_t rejected = 0;  // copies that failed verification
   uint64_t refused = 0;   // Begin refused: over budget or older
-  uint64_t evicted = 0;   // replaced by a newer copy of their rank
+  uint64_t evicted = 0;   // replaced by newer copies, or dropped for room
 };
 
 class ReplicaStore {
@@ -79,8 +83,8 @@ class ReplicaStore {
     char* data();
     uint64_t size() const { return copy_.image_bytes(); }
     const replica::v1::ShardCopy& copy() const { return copy_; }
-    // Verifies the image and keeps it as the rank's copy (evicting the
-    // older one). DataLoss naming the field or tensor when it fails; the
+    // Verifies the image and keeps it as the rank's newest copy (the newest
+    // becomes the previous one; the previous one goes). DataLoss naming the field or tensor when it fails; the
     // copy is then dropped. FailedPrecondition when a newer copy of the
     // rank was kept meanwhile.
     [[nodiscard]] absl::StatusOr<std::shared_ptr<const HeldReplica>> Commit();
@@ -111,8 +115,17 @@ class ReplicaStore {
   const std::shared_ptr<std::atomic<uint64_t>> used_bytes_;
   const EvictFn on_evict_;
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<const HeldReplica>>
-      held_;
+  struct Copies {
+    std::shared_ptr<const HeldReplica> newest;  // never null once kept
+    std::shared_ptr<const HeldReplica> previous;
+  };
+  // Moves previous copies of `need` bytes or more (the rank's own first,
+  // then other ranks', oldest step first) into `dropped`, which the caller
+  // releases without the lock.
+  void DropPreviousLocked(
+      const std::string& job, uint32_t rank, uint64_t need,
+      std::vector<std::shared_ptr<const HeldReplica>>* dropped);
+  std::map<std::pair<std::string, uint32_t>, Copies> held_;
   ReplicaStats counts_;
 };
 

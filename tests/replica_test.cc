@@ -1,7 +1,7 @@
 // The holder's side of peer replicas (doc/replicas.md) over a real replica
 // listener on loopback: a copy is kept only once it verifies, a damaged
-// one is refused and never reported, the budget keeps the newest copy per
-// rank and refuses past it, bad input is refused naming the field while
+// one is refused and never reported, the budget keeps the two newest copies
+// per rank and refuses past them, bad input is refused naming the field while
 // the listener goes on serving, and under mutual TLS only certificates of
 // the cluster's CA get in.
 #include <sys/wait.h>
@@ -50,37 +50,59 @@ TEST_F(ReplicaHolderTest, DamagedCopyIsRefusedNeverHeldNorReported) {
   EXPECT_EQ(st.used_bytes, 0u);  // the refused copies' memory is given back
 }
 
-TEST_F(ReplicaHolderTest, BudgetKeepsTheNewestCopyPerRankAndRefusesPastIt) {
+// The two newest copies per rank are kept, so the step before survives one
+// rank's newer copy arriving first; previous copies give way to a copy that
+// does not fit, and past that the budget refuses.
+TEST_F(ReplicaHolderTest, BudgetKeepsTheTwoNewestCopiesPerRankAndRefusesPastIt) {
   const storage::Shard r0s1 = ReplicaImage("j", 1, 0, 4);
   const uint64_t x = r0s1.image.size();
-  StartHolder(2 * x + x / 2);  // two copies held, or one and one arriving
+  StartHolder(3 * x + x / 2);  // three copies held, or two and one arriving
   ASSERT_TRUE(Put(CopyOf(r0s1), r0s1.image).ok());
+  const storage::Shard r1s1 = ReplicaImage("j", 1, 1, 4, 100000, 5);
+  ASSERT_TRUE(Put(CopyOf(r1s1), r1s1.image).ok());
+  // Rank 0's step 2 arrives; rank 1's does not (its node dies): step 1 is
+  // still held for both ranks.
   const storage::Shard r0s2 = ReplicaImage("j", 2, 0, 4, 100000, 2);
   ASSERT_TRUE(Put(CopyOf(r0s2), r0s2.image).ok());
-  EXPECT_EQ(Get("j", 1, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Get("j", 2, 0).ok());
-  EXPECT_EQ(store_->Stats().used_bytes, x);  // the evicted copy is unmapped
-  // A rollback: a smaller step of a newer generation replaces it.
-  const storage::Shard r0s0 = ReplicaImage("j", 0, 0, 4, 100000, 3);
-  ASSERT_TRUE(Put(CopyOf(r0s0, /*generation=*/2), r0s0.image).ok());
-  EXPECT_EQ(Get("j", 2, 0).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->Stats().evicted, 2u);
+  auto step1 = Get("j", 1, 0);
+  ASSERT_TRUE(step1.ok()) << step1.status();
+  EXPECT_TRUE(*step1 == r0s1.image);
+  EXPECT_TRUE(Get("j", 1, 1).ok());
+  EXPECT_EQ(store_->Stats().held, 3u);
+  // Rank 1's step 2 does not fit: the previous copy of a rank makes room
+  // (rank 1 has none: rank 0's step 1 goes).
+  const storage::Shard r1s2 = ReplicaImage("j", 2, 1, 4, 100000, 6);
+  ASSERT_TRUE(Put(CopyOf(r1s2), r1s2.image).ok());
+  EXPECT_EQ(Get("j", 1, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Get("j", 1, 1).ok());
+  EXPECT_TRUE(Get("j", 2, 0).ok());
+  EXPECT_TRUE(Get("j", 2, 1).ok());
+  EXPECT_EQ(store_->Stats().used_bytes, 3 * x);  // the dropped one unmapped
   // An older save of a rank never replaces its newer copy.
-  auto older = Put(CopyOf(r0s2), r0s2.image);
+  auto older = Put(CopyOf(r0s1), r0s1.image);
   EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(older.status().message().find("copy.step"), std::string::npos);
-  const storage::Shard r1 = ReplicaImage("j", 1, 1, 4);
-  ASSERT_TRUE(Put(CopyOf(r1), r1.image).ok());
+  // A rollback: a smaller step of a newer generation is the newest copy.
+  const storage::Shard r0s0 = ReplicaImage("j", 0, 0, 4, 100000, 3);
+  ASSERT_TRUE(Put(CopyOf(r0s0, /*generation=*/2), r0s0.image).ok());
+  EXPECT_TRUE(Get("j", 0, 0).ok());
+  EXPECT_EQ(Get("j", 1, 1).status().code(), absl::StatusCode::kNotFound)
+      << "rank 1's previous copy made room";
+  // With no previous copy left to give way, the budget refuses by name.
   const storage::Shard r2 = ReplicaImage("j", 1, 2, 4);
-  auto over = Put(CopyOf(r2), r2.image);
+  ASSERT_TRUE(Put(CopyOf(r2), r2.image).ok());  // rank 0's step 2 goes
+  const storage::Shard r3 = ReplicaImage("j", 1, 3, 4);
+  auto over = Put(CopyOf(r3), r3.image);
   ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(over.status().message().find("replica_memory_bytes"),
             std::string::npos)
       << over.status();
-  EXPECT_EQ(store_->Stats().held, 2u);
-  EXPECT_LE(store_->Stats().used_bytes, 2 * x + x / 2);
+  EXPECT_EQ(store_->Stats().held, 3u);
+  EXPECT_LE(store_->Stats().used_bytes, 3 * x + x / 2);
   EXPECT_TRUE(Get("j", 0, 0).ok());
-  EXPECT_TRUE(Get("j", 1, 1).ok());
+  EXPECT_TRUE(Get("j", 2, 1).ok());
+  EXPECT_TRUE(Get("j", 1, 2).ok());
 }
 
 TEST_F(ReplicaHolderTest, BadInputIsRefusedNamingTheFieldAndServingGoesOn) {

@@ -116,6 +116,11 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   std::vector<uint64_t> tickets;
   std::shared_ptr<shm::Arena> arena;
   int slot = -1;
+  // Where a fetch's time goes (logged): the slot (its arena created), the
+  // transfer, the verification, the catalog.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point slot_at = t0;
   bool have = false;  // already in memory here
   // Called with the copy's description once the peer answers: the slot
   // is taken then, when its size is known, and filled with no lock held.
@@ -171,6 +176,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
         JobTable::DetachSlot(*job, rank_no, slot);
         r->second.BeginWrite(slot, step, bytes, /*lease=*/0, /*writer_pid=*/0);
         arena = r->second.arena;
+        slot_at = Clock::now();
         return arena->slot_data(slot);
       }
       if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
@@ -180,12 +186,14 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   };
   absl::StatusOr<rv1::ShardCopy> got = fetch(dst_for);
   if (have) return absl::OkStatus();
+  const Clock::time_point got_at = Clock::now();
   absl::StatusOr<storage::ShardInfo> info =
       got.ok()
           ? VerifyReplicaImage(arena->slot_data(slot), *got,
                                absl::StrCat("peer copy of job '", job_name,
                                             "' step ", step, " rank ", rank_no))
           : absl::StatusOr<storage::ShardInfo>(got.status());
+  const Clock::time_point verified_at = Clock::now();
   std::unique_lock<std::mutex> lock(table_.mu());
   Job* job = table_.Find(job_name);
   RankSlots* r = nullptr;
@@ -234,9 +242,15 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
         PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
   lock.unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
+  auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   LogInfo(absl::StrCat("fetched job '", job_name, "' step ", step, " rank ",
                        rank_no, " from a peer (", got->image_bytes(),
-                       " bytes, verified)"));
+                       " bytes, verified): slot ", secs(t0, slot_at),
+                       " s, transfer ", secs(slot_at, got_at), " s, verify ",
+                       secs(got_at, verified_at), " s, catalog ",
+                       secs(verified_at, Clock::now()), " s"));
   return absl::OkStatus();
 }
 

@@ -199,15 +199,16 @@ void BulkListener::Serve(int fd) {
       h.ok() ? tokens_->Take(*h) : absl::StatusOr<BulkTransfer>(h.status());
   if (!t.ok()) {
     LogWarning(absl::StrCat("bulk transfer refused: ", t.status().message()));
+    {
+      // Counted before the caller hears of it.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.refused;
+    }
     (void)WriteBulkReply(fd, t.status(), 0, header_deadline);
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.refused;
     return;
   }
   uint64_t digest = 0;
-  absl::Status s = Transfer(fd, *t, &digest);
-  std::lock_guard<std::mutex> lock(mu_);
-  ++(s.ok() ? stats_.served : stats_.failed);
+  (void)Transfer(fd, *t, &digest);  // counts its outcome
 }
 
 absl::Status BulkListener::Transfer(int fd, BulkTransfer& t, uint64_t* digest) {
@@ -215,20 +216,32 @@ absl::Status BulkListener::Transfer(int fd, BulkTransfer& t, uint64_t* digest) {
   // --replica-bandwidth), but not stop for longer than stall_timeout.
   const auto never = Clock::time_point::max();
   const auto stall = options_.stall_timeout;
-  CKPT_RETURN_IF_ERROR(
-      WriteBulkReply(fd, absl::OkStatus(), 0, Clock::now() + stall));
+  if (absl::Status s =
+          WriteBulkReply(fd, absl::OkStatus(), 0, Clock::now() + stall);
+      !s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.failed;
+    return s;
+  }
   absl::Status s = t.kind == BulkKind::kPut
                        ? RecvAll(fd, t.dst, t.bytes, never, t.what, stall)
                        : SendAll(fd, t.src, t.bytes, never, t.what, stall);
   if (!s.ok()) {
     LogWarning(absl::StrCat("bulk ", BulkKindName(t.kind), " of ", t.what, ": ",
                             s.message()));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.failed;
     return s;
   }
   absl::StatusOr<uint64_t> done = t.finish ? t.finish() : uint64_t{0};
   t.finish = nullptr;  // a refused put's memory goes back now
   t.pin.reset();
   if (done.ok()) *digest = *done;
+  {
+    // Counted before the caller hears the outcome.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++(done.ok() ? stats_.served : stats_.failed);
+  }
   CKPT_RETURN_IF_ERROR(WriteBulkReply(fd, done.status(), done.ok() ? *done : 0,
                                       Clock::now() + options_.stall_timeout));
   return done.status();

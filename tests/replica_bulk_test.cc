@@ -280,10 +280,9 @@ TEST_F(BulkFixture, TheGrpcTransportStaysAvailable) {
   src.set_replica(true);
   daemon::PeerFetchOptions peer;
   peer.transport = daemon::ReplicaTransport::kGrpc;
-  ASSERT_TRUE(
-      daemon::PrefetchRank(*c.engine, peer, "j", 2, 7, 1, "", &src, getuid(),
-                           {})
-          .ok());
+  ASSERT_TRUE(daemon::PrefetchRank(*c.engine, peer, "j", 2, 7, 1, "", &src,
+                                   getuid(), {})
+                  .ok());
   EXPECT_EQ(server_->bulk_stats().served, 0u);  // all over the gRPC streams
   auto restored = Restore(c, "j", 7, 1);
   ASSERT_TRUE(restored.ok()) << restored.status();

@@ -2,7 +2,9 @@
 // joined to the real ckpt-coordinator binary on loopback, one sending its
 // rank's staged shards (--replica-target) to the other's replica listener
 // (--replica-port), which holds the newest verified copy: the bytes it
-// serves are the shard's, the same the sender persisted.
+// serves are the shard's, the same the sender persisted; a sender whose
+// copies are damaged on the wire (CKPTD_TEST_FAULT=corrupt-replica-sends,
+// over the default bulk transport) has every one refused, none held.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -116,6 +118,65 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
       << sent;
 }
 
+TEST(ReplicaClusterTest, CopiesDamagedOnTheWireAreRefusedByARealHolder) {
+  TempDir dir;
+  const std::string shared = dir.path() + "/shared";
+  std::filesystem::create_directories(shared);
+  CoordinatorProcess coordinator(dir.path() + "/coord", shared, 3000);
+  ASSERT_GT(coordinator.port(), 0);
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int replica_port = ports[0];
+  const std::string metrics_b = "127.0.0.1:" + std::to_string(ports[1]);
+  auto node = [&](const std::string& id, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--coordinator",
+                                     coordinator.address(),
+                                     "--insecure",
+                                     "--node-id",
+                                     id,
+                                     "--advertise-addr",
+                                     "127.0.0.1",
+                                     "--shared-root",
+                                     shared};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::filesystem::create_directories(dir.path() + "/" + id);
+    return DaemonProcess::Start(dir.path() + "/" + id + "/root",
+                                dir.path() + "/" + id, UniqueShmPrefix(), args);
+  };
+  auto b = node("b", {"--replica-port", std::to_string(replica_port),
+                      "--metrics-listen", metrics_b});
+  ASSERT_TRUE(b.ok()) << b.status();
+  setenv("CKPTD_TEST_FAULT", "corrupt-replica-sends", 1);
+  auto a = node(
+      "a", {"--replica-target", "b@127.0.0.1:" + std::to_string(replica_port),
+            "--replica-transport", "bulk"});
+  unsetenv("CKPTD_TEST_FAULT");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto client = Client::Connect(OptionsFor(**a, "job", 0, 1));
+  ASSERT_TRUE(client.ok()) << client.status();
+  HostState state = MakeState(6 << 20, 5, 7);
+  ASSERT_TRUE((*client)->Save(1, state.tensors).ok());
+  auto scrape = [&] {
+    return HttpGet("http://" + metrics_b + "/metrics").value_or("");
+  };
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (SampleValue(scrape(), "ckptd_replicas_rejected_total").value_or(0) <
+             2 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string holder = scrape();
+  // Sent, refused on verification, sent again (the sender retries): never
+  // held, never counted as verified.
+  EXPECT_GE(SampleValue(holder, "ckptd_replicas_rejected_total").value_or(0),
+            2.0)
+      << holder;
+  EXPECT_EQ(SampleValue(holder, "ckptd_replica_held"), 0.0) << holder;
+  EXPECT_EQ(SampleValue(holder, "ckptd_replicas_verified_total"), 0.0)
+      << holder;
+  EXPECT_EQ(GetCopy(replica_port, "job", 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(ReplicaClusterTest, BadReplicaFlagsAndKeysAreRefusedNamingThem) {
   TempDir dir;
   const std::string base = std::string(CKPTD_BINARY) + " --socket " +
@@ -137,6 +198,7 @@ TEST(ReplicaClusterTest, BadReplicaFlagsAndKeysAreRefusedNamingThem) {
       {cluster + " --replica-target b@h:0", "--replica-target"},
       {cluster + " --replica-target a/b@h:1", "--replica-target"},
       {cluster + " --domain $'\\x01'", "--domain"},
+      {cluster + " --replica-transport udp", "--replica-transport"},
       {cluster + " --config " + dir.path() + "/c.toml", "replica_port"},
   };
   for (const Case& c : cases) {

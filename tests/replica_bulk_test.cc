@@ -24,15 +24,6 @@ using ReplicaBulkTest = ReplicaFixture;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-bool Eventually(const std::function<bool()>& cond) {
-  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
-
 // A shard of several bulk I/O calls (kBulkIoBytes) with a partial last one.
 storage::Shard BigImage(const std::string& job, uint64_t step) {
   return ReplicaImage(job, step, 0, 1, (5 * daemon::kBulkIoBytes) / 4 + 12345);

@@ -22,16 +22,6 @@ using ReplicaFetchTest = ReplicaFixture;
 
 const daemon::PeerCreds kMe{getpid(), getuid(), getgid()};
 
-bool Eventually(const std::function<bool()>& cond) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
 // The bytes of a node's shard in memory (what it would replicate).
 std::vector<char> SlotBytes(daemon::Engine& e, const std::string& job,
                             uint64_t step, uint32_t rank) {

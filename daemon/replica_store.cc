@@ -2,10 +2,9 @@
 // their verification.
 #include "daemon/replica_store.h"
 
-#include <algorithm>
-
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -129,14 +128,13 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
       bool fits = true;
       do {
         fits = used + bytes <= budget_ && used + bytes >= used;
-      } while (fits &&
-               !used_bytes_->compare_exchange_weak(used, used + bytes));
+      } while (fits && !used_bytes_->compare_exchange_weak(used, used + bytes));
       if (fits) break;
       if (attempt == 0)
-        DropPreviousLocked(copy.job(), copy.rank(),
-                           used + bytes < used ? UINT64_MAX
-                                               : used + bytes - budget_,
-                           &dropped);
+        DropPreviousLocked(
+            copy.job(), copy.rank(),
+            used + bytes < used ? UINT64_MAX : used + bytes - budget_,
+            &dropped);
       if (dropped.empty()) {
         ++counts_.refused;
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -179,10 +177,9 @@ ReplicaStore::Incoming::Commit() {
       return info.status();
     }
     Copies& rank = store_->held_[{copy_.job(), copy_.rank()}];
-    if (rank.newest &&
-        std::make_pair(rank.newest->copy.generation(),
-                       rank.newest->copy.step()) >=
-            std::make_pair(copy_.generation(), copy_.step())) {
+    if (rank.newest && std::make_pair(rank.newest->copy.generation(),
+                                      rank.newest->copy.step()) >=
+                           std::make_pair(copy_.generation(), copy_.step())) {
       ++store_->counts_.refused;
       memory_.reset();
       return absl::FailedPreconditionError(

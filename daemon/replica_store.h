@@ -84,9 +84,9 @@ class ReplicaStore {
     uint64_t size() const { return copy_.image_bytes(); }
     const replica::v1::ShardCopy& copy() const { return copy_; }
     // Verifies the image and keeps it as the rank's newest copy (the newest
-    // becomes the previous one; the previous one goes). DataLoss naming the field or tensor when it fails; the
-    // copy is then dropped. FailedPrecondition when a newer copy of the
-    // rank was kept meanwhile.
+    // becomes the previous one; the previous one goes). DataLoss naming the
+    // field or tensor when it fails; the copy is then dropped.
+    // FailedPrecondition when a newer copy of the rank was kept meanwhile.
     [[nodiscard]] absl::StatusOr<std::shared_ptr<const HeldReplica>> Commit();
 
    private:

@@ -53,7 +53,8 @@ TEST_F(ReplicaHolderTest, DamagedCopyIsRefusedNeverHeldNorReported) {
 // The two newest copies per rank are kept, so the step before survives one
 // rank's newer copy arriving first; previous copies give way to a copy that
 // does not fit, and past that the budget refuses.
-TEST_F(ReplicaHolderTest, BudgetKeepsTheTwoNewestCopiesPerRankAndRefusesPastIt) {
+TEST_F(ReplicaHolderTest,
+       BudgetKeepsTheTwoNewestCopiesPerRankAndRefusesPastIt) {
   const storage::Shard r0s1 = ReplicaImage("j", 1, 0, 4);
   const uint64_t x = r0s1.image.size();
   StartHolder(3 * x + x / 2);  // three copies held, or two and one arriving

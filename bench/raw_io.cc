@@ -15,15 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/stats.h"
 #include "util/status.h"
 
 namespace ckpt::bench {
 namespace {
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-      .count();
-}
 
 struct Piece {
   uint64_t off;

@@ -164,7 +164,7 @@ std::string RecoveryText(const RecoveryRun& run) {
       absl::StrFormat("link: %s\n",
                       run.link_shaped
                           ? absl::StrFormat("the bench's ports [%d, %d) on lo "
-                                            "shaped to %.2f Gbit/s (tc tbf)",
+                                            "shaped to %.2f Gbit/s (tc htb)",
                                             run.port_base, run.port_base + 16,
                                             run.link_gbit)
                       : run.link_gbit > 0

@@ -69,8 +69,8 @@ class ReplicaFailureTest : public ClusterTest {
              const std::string& source,
              std::optional<uint64_t> step = std::nullopt) const {
     const std::string log = DaemonLog(holder);
-    const std::string tail = " rank " + std::to_string(rank) + " from " +
-                             source + " verified";
+    const std::string tail =
+        " rank " + std::to_string(rank) + " from " + source + " verified";
     for (size_t at = log.find(tail); at != std::string::npos;
          at = log.find(tail, at + 1)) {
       if (!step) return true;
@@ -126,21 +126,24 @@ class ReplicaFailureTest : public ClusterTest {
   }
 };
 
-TEST_F(ReplicaFailureTest, NodeLostWithTheSharedRootUnreadableResumesFromPeers) {
+TEST_F(ReplicaFailureTest,
+       NodeLostWithTheSharedRootUnreadableResumesFromPeers) {
   constexpr uint64_t kLast = 5;
   Start(ReplicaOptions(8 << 20, kLast, 100));
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
         auto b = NodeRec("b");
-        return Done(0, kLast) && Done(1, kLast) && b &&
+        // Durable too: the PREFETCH names the stored copy as the
+        // fallback (which is gone by then).
+        return Done(0, kLast) && Done(1, kLast) && LastGood() == kLast && b &&
                b->replica_target() == "h" && Holds("h", 1, "b", kLast) &&
                Holds("b", 0, "a", kLast) && Memory().replicated_ranks() == 2;
       },
       seconds(90)));
   BreakSharedRoot();
   cluster_->KillNode("b");
-  ASSERT_TRUE(Cluster::WaitUntil([&] { return AllRestored(kLast); },
-                                 seconds(90)));
+  ASSERT_TRUE(
+      Cluster::WaitUntil([&] { return AllRestored(kLast); }, seconds(90)));
   ExpectNoMismatch();
   std::optional<cv1::Event> where = LastRestoreSources();
   ASSERT_TRUE(where.has_value());
@@ -162,8 +165,8 @@ TEST_F(ReplicaFailureTest, NodeLostWithTheSharedRootUnreadableResumesFromPeers) 
       [&] {
         auto h = NodeRec("h");
         return h && h->health() == cv1::DEAD &&
-               Memory().replicated_ranks() == 2 &&
-               Memory().has_memory_step() && Memory().memory_step() == kLast;
+               Memory().replicated_ranks() == 2 && Memory().has_memory_step() &&
+               Memory().memory_step() == kLast;
       },
       seconds(60)))
       << Memory().DebugString();

@@ -270,6 +270,27 @@ int main(int argc, char** argv) {
   auto engine =
       Engine::Open(opts->engine, storage, catalog->get(), object_tier.get());
   if (!engine.ok()) return Fail("recovery", engine.status());
+  // Before the socket accepts saves: a save's Staged() is never missed.
+  if (agent && opts->replicas.send) {
+    ReplicatorOptions ro;
+    ro.node_id = opts->agent.node_id;
+    ro.tls = opts->agent.tls;
+    ro.bandwidth = opts->replicas.bandwidth;
+    ro.corrupt = corrupt_replicas;
+    ro.transport = opts->replicas.transport;
+    replicator = std::make_unique<Replicator>(std::move(ro), engine->get());
+    if (opts->replicas.fixed_target)
+      replicator->SetTarget(opts->replicas.fixed_target);
+    replicator->Start();
+    replicate = replicator.get();
+  }
+  // Every return from here on stops it before the engine it reads goes.
+  struct StopFirst {
+    Replicator* r;
+    ~StopFirst() {
+      if (r != nullptr) r->Stop();
+    }
+  } stop_replicator{replicator.get()};
   auto listener = PeerListener::Listen(opts->socket_path, opts->listener);
   if (!listener.ok()) return Fail("socket", listener.status());
 
@@ -312,19 +333,6 @@ int main(int argc, char** argv) {
             std::to_string(replica_server->port()) + ", holding up to " +
             std::to_string(opts->replicas.memory_bytes) + " bytes, bulk port " +
             std::to_string(replica_server->bulk_port()));
-  }
-  if (agent && opts->replicas.send) {
-    ReplicatorOptions ro;
-    ro.node_id = opts->agent.node_id;
-    ro.tls = opts->agent.tls;
-    ro.bandwidth = opts->replicas.bandwidth;
-    ro.corrupt = corrupt_replicas;
-    ro.transport = opts->replicas.transport;
-    replicator = std::make_unique<Replicator>(std::move(ro), engine->get());
-    if (opts->replicas.fixed_target)
-      replicator->SetTarget(opts->replicas.fixed_target);
-    replicator->Start();
-    replicate = replicator.get();
   }
   replica_metrics->Attach(replica_store.get(), replicator.get());
   if (agent) agent->Start(engine->get());
@@ -370,6 +378,7 @@ int main(int argc, char** argv) {
   replica_server.reset();
   engine->reset();
   replicate = nullptr;
+  stop_replicator.r = nullptr;  // stopped above
   replicator.reset();
   if (coordinator) coordinator->Shutdown();
   metrics_server.reset();

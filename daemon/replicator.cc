@@ -167,6 +167,11 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     const bool no_room =
         status.code() == absl::StatusCode::kResourceExhausted &&
         status.message().find("replica_memory_bytes") != std::string::npos;
+    if (no_room && !refused_)
+      LogWarning(absl::StrCat(
+          "replica target ", target.node_id,
+          " has no room for this node's copies (", status.message(),
+          "); the coordinator is told with each heartbeat"));
     if (no_room)
       refused_ = HolderRefusal{target.node_id, std::string(status.message())};
     else if (status.ok())

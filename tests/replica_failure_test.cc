@@ -133,7 +133,9 @@ TEST_F(ReplicaFailureTest,
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
         auto b = NodeRec("b");
-        return Done(0, kLast) && Done(1, kLast) && b &&
+        // Durable too: the PREFETCH names the stored copy as the
+        // fallback (which is gone by then).
+        return Done(0, kLast) && Done(1, kLast) && LastGood() == kLast && b &&
                b->replica_target() == "h" && Holds("h", 1, "b", kLast) &&
                Holds("b", 0, "a", kLast) && Memory().replicated_ranks() == 2;
       },

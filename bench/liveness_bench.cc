@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/cluster_events.h"
 #include "tests/cluster_harness.h"
 
 namespace ckpt::bench {
@@ -24,12 +25,6 @@ namespace cv1 = ::ckpt::coord::v1;
 using ckpt::testing::Cluster;
 using ckpt::testing::ClusterOptions;
 using std::chrono::seconds;
-
-int64_t MonoMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int CountEvents(const std::vector<cv1::Event>& events, cv1::EventKind kind) {
   return static_cast<int>(
@@ -42,15 +37,6 @@ std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,
   for (const auto& e : events)
     if (e.kind() == kind) return e;
   return std::nullopt;
-}
-
-absl::Status Failed(const std::string& what, const Cluster& c) {
-  std::string events;
-  for (const auto& e : c.Events())
-    absl::StrAppend(&events, e.time_ms(), " ", cv1::EventKind_Name(e.kind()),
-                    " ", e.node_id(), " ", e.detail(), "\n");
-  return absl::InternalError(
-      absl::StrCat(what, "\n", c.DumpLogs(), "coordinator events:\n", events));
 }
 
 // ckpt-worker with a model whose compute takes milliseconds a step (so

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/cluster_events.h"
 #include "bench/object_raw.h"
 #include "bench/raw_io.h"
 #include "storage/backend.h"
@@ -28,25 +29,6 @@ using ckpt::testing::Cluster;
 using ckpt::testing::ClusterOptions;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-long long MonoMs() {
-  return std::chrono::duration_cast<milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string EventLog(const Cluster& c) {
-  std::string out = "coordinator events:\n";
-  for (const auto& e : c.Events())
-    absl::StrAppend(&out, e.time_ms(), " ", cv1::EventKind_Name(e.kind()), " ",
-                    e.node_id(), " ", e.detail(), "\n");
-  return out;
-}
-
-absl::Status Failed(const std::string& what, const Cluster& c) {
-  return absl::InternalError(
-      absl::StrCat(what, "\n", c.DumpLogs(), EventLog(c)));
-}
 
 // The first event of `kind` at or after `from_ms` (and for `node` if given).
 std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,

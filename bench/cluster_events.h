@@ -1,0 +1,41 @@
+// Small helpers the cluster benchmarks share (liveness_bench.cc,
+// node_loss_bench.cc): one monotonic clock in milliseconds, and a failure
+// that carries the cluster's logs and the coordinator's event log.
+#ifndef CKPT_BENCH_CLUSTER_EVENTS_H_
+#define CKPT_BENCH_CLUSTER_EVENTS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator.grpc.pb.h"
+#include "tests/cluster_harness.h"
+
+namespace ckpt::bench {
+
+inline int64_t MonoMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::string EventLog(const ckpt::testing::Cluster& c) {
+  std::string out = "coordinator events:\n";
+  for (const auto& e : c.Events())
+    absl::StrAppend(&out, e.time_ms(), " ",
+                    ckpt::coord::v1::EventKind_Name(e.kind()), " ",
+                    e.node_id(), " ", e.detail(), "\n");
+  return out;
+}
+
+inline absl::Status Failed(const std::string& what,
+                           const ckpt::testing::Cluster& c) {
+  return absl::InternalError(
+      absl::StrCat(what, "\n", c.DumpLogs(), EventLog(c)));
+}
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_BENCH_CLUSTER_EVENTS_H_

@@ -101,13 +101,15 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
                            std::istreambuf_iterator<char>());
   EXPECT_EQ(stored.size(), held->size());
   EXPECT_TRUE(stored == *held);
-  // Only the newest step is kept.
-  EXPECT_EQ(GetCopy(replica_port, "job", 1).status().code(),
-            absl::StatusCode::kNotFound);
+  // Only the two newest copies are kept: step 3 and at most one of the
+  // older steps (a sender sends each rank's newest, so it may skip one).
+  int older = 0;
+  for (int64_t step : {1, 2}) older += GetCopy(replica_port, "job", step).ok();
+  EXPECT_LE(older, 1);
   // What the operators see.
   const std::string holder =
       HttpGet("http://" + metrics_b + "/metrics").value_or("");
-  EXPECT_EQ(SampleValue(holder, "ckptd_replica_held"), 1.0) << holder;
+  EXPECT_EQ(SampleValue(holder, "ckptd_replica_held"), 1.0 + older) << holder;
   EXPECT_GE(SampleValue(holder, "ckptd_replicas_verified_total").value_or(0),
             1.0);
   // A copy read while a save reused its slot is refused there (and

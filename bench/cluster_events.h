@@ -25,8 +25,8 @@ inline std::string EventLog(const ckpt::testing::Cluster& c) {
   std::string out = "coordinator events:\n";
   for (const auto& e : c.Events())
     absl::StrAppend(&out, e.time_ms(), " ",
-                    ckpt::coord::v1::EventKind_Name(e.kind()), " ",
-                    e.node_id(), " ", e.detail(), "\n");
+                    ckpt::coord::v1::EventKind_Name(e.kind()), " ", e.node_id(),
+                    " ", e.detail(), "\n");
   return out;
 }
 

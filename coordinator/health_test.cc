@@ -65,6 +65,18 @@ class HealthTest : public CoordinatorTest {
     *req.mutable_health_report() = report;
     return coord_->RegisterNode(req);
   }
+  // A heartbeat of `node` carrying `report`, as the answer to check `id`
+  // (0: a routine re-check nobody asked for).
+  absl::StatusOr<v1::HeartbeatResponse> HealthBeat(
+      const std::string& node, uint64_t epoch,
+      const v1::NodeHealthReport& report, uint64_t id = 0) {
+    v1::HeartbeatRequest req;
+    req.set_node_id(node);
+    req.set_epoch(epoch);
+    *req.mutable_health_report() = report;
+    req.set_health_check_id(id);
+    return coord_->Heartbeat(req);
+  }
   uint64_t Must(absl::StatusOr<v1::RegisterNodeResponse> r) {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->epoch() : 0;
@@ -124,12 +136,8 @@ TEST_F(HealthTest, BandwidthBelowRatioOfMedianIsUnhealthyOnceMeasuredAgain) {
   auto asked = Heartbeat("n3", e3);
   ASSERT_TRUE(asked.ok()) << asked.status();
   ASSERT_NE(asked->run_health_check(), 0u);
-  v1::HeartbeatRequest req;
-  req.set_node_id("n3");
-  req.set_epoch(e3);
-  *req.mutable_health_report() = HealthReport(2.5);
-  req.set_health_check_id(asked->run_health_check());
-  auto answered = coord_->Heartbeat(req);
+  auto answered =
+      HealthBeat("n3", e3, HealthReport(2.5), asked->run_health_check());
   ASSERT_TRUE(answered.ok()) << answered.status();
   EXPECT_EQ(answered->run_health_check(), 0u) << "asked once";
   EXPECT_FALSE(Node("n1").unhealthy());
@@ -153,12 +161,8 @@ TEST_F(HealthTest, LowFigureThatIsFineWhenMeasuredAgainLeavesTheNodeHealthy) {
   auto asked = Heartbeat("n3", e3);
   ASSERT_TRUE(asked.ok()) << asked.status();
   ASSERT_NE(asked->run_health_check(), 0u);
-  v1::HeartbeatRequest req;
-  req.set_node_id("n3");
-  req.set_epoch(e3);
-  *req.mutable_health_report() = HealthReport(9);
-  req.set_health_check_id(asked->run_health_check());
-  auto answered = coord_->Heartbeat(req);
+  auto answered =
+      HealthBeat("n3", e3, HealthReport(9), asked->run_health_check());
   ASSERT_TRUE(answered.ok()) << answered.status();
   EXPECT_EQ(answered->run_health_check(), 0u);
   EXPECT_FALSE(Node("n3").unhealthy());
@@ -325,12 +329,8 @@ TEST_F(HealthTest, StaleSpareIsCheckedAgainBeforeItTakesRanks) {
   EXPECT_NE(id, 0u);
   EXPECT_GE(Node("s1").ms_since_health_check(), 600000);
   // The fresh report: the root broke meanwhile.
-  v1::HeartbeatRequest req;
-  req.set_node_id("s1");
-  req.set_epoch(es1);
-  *req.mutable_health_report() = HealthReport(10, "root", "ENOTDIR");
-  req.set_health_check_id(id);
-  auto answered = coord_->Heartbeat(req);
+  auto answered =
+      HealthBeat("s1", es1, HealthReport(10, "root", "ENOTDIR"), id);
   ASSERT_TRUE(answered.ok()) << answered.status();
   EXPECT_EQ(answered->run_health_check(), 0u);  // asked once
   EXPECT_TRUE(Node("s1").unhealthy());
@@ -353,12 +353,8 @@ TEST_F(HealthTest, StaleSpareWhoseFreshReportPassesTakesTheRanks) {
   ASSERT_EQ(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
   auto asked = Heartbeat("s1", es1);
   ASSERT_TRUE(asked.ok());
-  v1::HeartbeatRequest req;
-  req.set_node_id("s1");
-  req.set_epoch(es1);
-  *req.mutable_health_report() = HealthReport(10);
-  req.set_health_check_id(asked->run_health_check());
-  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  ASSERT_TRUE(
+      HealthBeat("s1", es1, HealthReport(10), asked->run_health_check()).ok());
   EXPECT_EQ(Job().rank_node(2), "s1");
   EXPECT_NE(Job().plan_state(), v1::PLAN_WAITING_FOR_NODE);
 }
@@ -375,11 +371,7 @@ TEST_F(HealthTest, HeartbeatReportReplacesOnlyItsOwnChecks) {
   unkillable.mutable_check()->set_passed(false);
   unkillable.mutable_check()->set_reason("pid 7 outlived SIGKILL");
   ASSERT_TRUE(coord_->ReportNodeCheck(unkillable).ok());
-  v1::HeartbeatRequest req;
-  req.set_node_id("n1");
-  req.set_epoch(e1);
-  *req.mutable_health_report() = HealthReport(12);
-  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  ASSERT_TRUE(HealthBeat("n1", e1, HealthReport(12)).ok());
   const v1::NodeRecord n1 = Node("n1");
   std::map<std::string, int> names;
   for (const auto& c : n1.health_report().checks()) ++names[c.name()];
@@ -433,17 +425,13 @@ TEST_F(HealthTest, CheckHealthAsksAliveNodesAndRefusesUnknownOnes) {
 TEST_F(HealthTest, RepeatedFailedReportDoesNotRestartTheJobAgain) {
   const uint64_t e1 = Must(RegisterWith("n1", 2, false, HealthReport(10)));
   RegisterJob("job", 2);
-  v1::HeartbeatRequest req;
-  req.set_node_id("n1");
-  req.set_epoch(e1);
-  *req.mutable_health_report() = HealthReport(10, "root", "EIO");
-  ASSERT_TRUE(coord_->Heartbeat(req).ok());
+  ASSERT_TRUE(HealthBeat("n1", e1, HealthReport(10, "root", "EIO")).ok());
   ASSERT_TRUE(Node("n1").unhealthy());
   const uint64_t generation = Job().generation();
   EXPECT_EQ(Job().rank_node(0), "n1");  // no spare: it keeps its ranks
   for (int i = 0; i < 3; ++i) {
     now_ms_ += 1000;
-    ASSERT_TRUE(coord_->Heartbeat(req).ok());
+    ASSERT_TRUE(HealthBeat("n1", e1, HealthReport(10, "root", "EIO")).ok());
   }
   EXPECT_EQ(Job().generation(), generation);
 }

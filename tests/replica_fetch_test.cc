@@ -87,8 +87,11 @@ TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
   std::unique_ptr<shm::Arena> arena;
   ASSERT_TRUE(
       SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
-  // Sent, refused and retried, again and again.
-  ASSERT_TRUE(Eventually([&] { return store_->Stats().rejected >= 3; }));
+  // Sent, refused and retried, again and again. The holder counts a
+  // refusal before the sender hears of it: wait for both.
+  ASSERT_TRUE(Eventually([&] {
+    return store_->Stats().rejected >= 3 && rep.Stats().failed >= 3;
+  }));
   EXPECT_EQ(store_->Stats().held, 0u);
   EXPECT_EQ(replicated_.load(), 0);
   EXPECT_EQ(rep.Stats().sent, 0u);

@@ -9,14 +9,15 @@ scripts/format.sh --check
 # Warnings are errors here (CKPT_WERROR): the tree builds with zero.
 scripts/build.sh -DCKPT_WERROR=ON
 scripts/install-python.sh
-(cd build && ctest --output-on-failure -j1 --timeout 600)
+# Two at a time (tests that must run alone are RUN_SERIAL), then the
+# tests labelled "slow" (external servers, Python, packaging) one at a time.
+(cd build && ctest --output-on-failure -j2 --timeout 600 -LE slow)
+(cd build && ctest --output-on-failure -j1 --timeout 600 -L slow)
 if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
   # CUDA and the benchmarks add nothing to a sanitizer run.
   BUILD_DIR=build-asan scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF -DCKPT_WERROR=ON \
     -DCKPT_SKIP=bench
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-  # Tests labelled "slow" (multi-process, external servers, Python, packaging)
-  # ran once above; the sanitizer build runs the rest.
-  # Two at a time (tests that must run alone are RUN_SERIAL).
+  # The tests labelled "slow" ran once above; the sanitizer build runs the rest.
   (cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE slow)
 fi

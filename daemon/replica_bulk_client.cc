@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -49,7 +50,8 @@ absl::Status CheckOffer(const rv1::BulkOffer& offer, std::string_view what) {
 absl::StatusOr<int> OpenBulk(const std::string& host,
                              const rv1::BulkOffer& offer, BulkKind kind,
                              uint64_t bytes, BulkDeadline deadline,
-                             std::string_view what) {
+                             std::string_view what,
+                             const std::atomic<bool>* cancel = nullptr) {
   CKPT_ASSIGN_OR_RETURN(int fd, ConnectBulk(host, offer.port(), deadline));
   Fd owned{fd};
   BulkHeader h;
@@ -57,8 +59,9 @@ absl::StatusOr<int> OpenBulk(const std::string& host,
   h.token = offer.token();
   h.length = bytes;
   const auto raw = EncodeBulkHeader(h);
-  CKPT_RETURN_IF_ERROR(SendAll(fd, raw.data(), raw.size(), deadline, what));
-  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, nullptr));
+  CKPT_RETURN_IF_ERROR(SendAll(fd, raw.data(), raw.size(), deadline, what,
+                               kNoStallLimit, cancel));
+  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, nullptr, cancel));
   owned.fd = -1;
   return fd;
 }
@@ -72,13 +75,19 @@ absl::StatusOr<uint64_t> BulkPut(grpc::Channel& channel,
   grpc::ClientContext ctx;
   ctx.set_deadline(options.deadline);
   rv1::BulkOffer offer;
-  if (grpc::Status s = stub->OfferPut(&ctx, copy, &offer); !s.ok())
-    return FromGrpc(s, "replica offer");
+  {
+    const TransferCancel::Call cancellable(options.cancel, &ctx);
+    if (grpc::Status s = stub->OfferPut(&ctx, copy, &offer); !s.ok())
+      return FromGrpc(s, "replica offer");
+  }
   const std::string what = "replica bulk put";
   CKPT_RETURN_IF_ERROR(CheckOffer(offer, what));
   const BulkDeadline deadline = ToSteady(options.deadline);
-  CKPT_ASSIGN_OR_RETURN(int fd, OpenBulk(host, offer, BulkKind::kPut,
-                                         copy.image_bytes(), deadline, what));
+  const std::atomic<bool>* cancel =
+      options.cancel != nullptr ? options.cancel->flag() : nullptr;
+  CKPT_ASSIGN_OR_RETURN(
+      int fd, OpenBulk(host, offer, BulkKind::kPut, copy.image_bytes(),
+                       deadline, what, cancel));
   Fd owned{fd};
   std::vector<char> damaged;  // test-only: a chunk flipped on the wire
   for (uint64_t off = 0; off < copy.image_bytes();) {
@@ -90,11 +99,12 @@ absl::StatusOr<uint64_t> BulkPut(grpc::Channel& channel,
       damaged[n / 2] ^= 0x5a;
       p = damaged.data();
     }
-    CKPT_RETURN_IF_ERROR(SendAll(fd, p, n, deadline, what));
+    CKPT_RETURN_IF_ERROR(
+        SendAll(fd, p, n, deadline, what, kNoStallLimit, cancel));
     off += n;
   }
   uint64_t digest = 0;
-  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, &digest));
+  CKPT_RETURN_IF_ERROR(ReadBulkReply(fd, deadline, what, &digest, cancel));
   return digest;
 }
 

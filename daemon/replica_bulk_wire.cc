@@ -50,6 +50,14 @@ bool Overdue(BulkDeadline deadline, BulkDeadline last,
   return now >= deadline || now - last >= stall;
 }
 
+bool Cancelled(const std::atomic<bool>* cancel) {
+  return cancel != nullptr && cancel->load(std::memory_order_relaxed);
+}
+
+absl::Status CancelledStatus(std::string_view what) {
+  return absl::CancelledError(absl::StrCat(std::string(what), ": cancelled"));
+}
+
 }  // namespace
 
 const char* BulkKindName(BulkKind kind) {
@@ -87,9 +95,11 @@ absl::StatusOr<BulkHeader> DecodeBulkHeader(const char* p) {
 }
 
 absl::Status SendAll(int fd, const char* p, uint64_t n, BulkDeadline deadline,
-                     std::string_view what, std::chrono::milliseconds stall) {
+                     std::string_view what, std::chrono::milliseconds stall,
+                     const std::atomic<bool>* cancel) {
   auto last = std::chrono::steady_clock::now();
   while (n > 0) {
+    if (Cancelled(cancel)) return CancelledStatus(what);
     const ssize_t w = send(fd, p, std::min(n, kBulkIoBytes), MSG_NOSIGNAL);
     if (w > 0) {
       p += w;
@@ -112,9 +122,11 @@ absl::Status SendAll(int fd, const char* p, uint64_t n, BulkDeadline deadline,
 }
 
 absl::Status RecvAll(int fd, char* p, uint64_t n, BulkDeadline deadline,
-                     std::string_view what, std::chrono::milliseconds stall) {
+                     std::string_view what, std::chrono::milliseconds stall,
+                     const std::atomic<bool>* cancel) {
   auto last = std::chrono::steady_clock::now();
   while (n > 0) {
+    if (Cancelled(cancel)) return CancelledStatus(what);
     const ssize_t r = recv(fd, p, std::min(n, kBulkIoBytes), MSG_WAITALL);
     if (r > 0) {
       p += r;
@@ -149,9 +161,10 @@ absl::Status WriteBulkReply(int fd, const absl::Status& status, uint64_t digest,
 }
 
 absl::Status ReadBulkReply(int fd, BulkDeadline deadline, std::string_view what,
-                           uint64_t* digest) {
+                           uint64_t* digest, const std::atomic<bool>* cancel) {
   char head[kBulkReplyBytes];
-  CKPT_RETURN_IF_ERROR(RecvAll(fd, head, sizeof head, deadline, what));
+  CKPT_RETURN_IF_ERROR(
+      RecvAll(fd, head, sizeof head, deadline, what, kNoStallLimit, cancel));
   if (std::memcmp(head, kReplyMagic, 8) != 0)
     return absl::DataLossError(
         absl::StrCat(std::string(what), ": reply.magic: not a bulk reply"));

@@ -21,6 +21,7 @@
 #define CKPT_DAEMON_REPLICA_BULK_WIRE_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -62,20 +63,23 @@ std::array<char, kBulkHeaderBytes> EncodeBulkHeader(const BulkHeader& h);
 // Reads a reply: the holder's status (its code and message, prefixed with
 // `what`), with *digest set; DataLoss naming the field when the reply is
 // malformed, Unavailable when the connection failed.
-[[nodiscard]] absl::Status ReadBulkReply(int fd, BulkDeadline deadline,
-                                         std::string_view what,
-                                         uint64_t* digest);
+[[nodiscard]] absl::Status ReadBulkReply(
+    int fd, BulkDeadline deadline, std::string_view what, uint64_t* digest,
+    const std::atomic<bool>* cancel = nullptr);
 
 // Every byte, or an error: DeadlineExceeded past `deadline` or after
-// `stall` without progress, Unavailable when the peer left. `what` names
-// the transfer in the message.
+// `stall` without progress, Unavailable when the peer left, Cancelled
+// within one socket wakeup of *cancel turning true (optional). `what`
+// names the transfer in the message.
 inline constexpr std::chrono::milliseconds kNoStallLimit{std::chrono::hours(1)};
 [[nodiscard]] absl::Status SendAll(
     int fd, const char* p, uint64_t n, BulkDeadline deadline,
-    std::string_view what, std::chrono::milliseconds stall = kNoStallLimit);
+    std::string_view what, std::chrono::milliseconds stall = kNoStallLimit,
+    const std::atomic<bool>* cancel = nullptr);
 [[nodiscard]] absl::Status RecvAll(
     int fd, char* p, uint64_t n, BulkDeadline deadline, std::string_view what,
-    std::chrono::milliseconds stall = kNoStallLimit);
+    std::chrono::milliseconds stall = kNoStallLimit,
+    const std::atomic<bool>* cancel = nullptr);
 
 // A connected socket's options for the loops above: blocking calls that
 // wake every 250 ms to look at the deadline, no Nagle delay.

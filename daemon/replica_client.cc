@@ -19,6 +19,32 @@ absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
                       absl::StrCat(std::string(what), ": ", s.error_message()));
 }
 
+void TransferCancel::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  if (call_ != nullptr) call_->TryCancel();
+}
+
+void TransferCancel::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = false;
+}
+
+TransferCancel::Call::Call(TransferCancel* cancel, grpc::ClientContext* ctx)
+    : cancel_(cancel) {
+  if (cancel_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(cancel_->mu_);
+  cancel_->call_ = ctx;
+  // Cancelled before the call began: gRPC ends it as soon as it starts.
+  if (cancel_->cancelled_) ctx->TryCancel();
+}
+
+TransferCancel::Call::~Call() {
+  if (cancel_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(cancel_->mu_);
+  cancel_->call_ = nullptr;
+}
+
 void RateLimiter::Acquire(uint64_t bytes) {
   if (rate_ == 0) return;
   std::unique_lock<std::mutex> lock(mu_);
@@ -47,6 +73,7 @@ absl::StatusOr<uint64_t> PutReplica(grpc::Channel& channel,
       std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
   grpc::ClientContext ctx;
   ctx.set_deadline(options.deadline);
+  const TransferCancel::Call cancellable(options.cancel, &ctx);
   rv1::PutResponse resp;
   std::unique_ptr<grpc::ClientWriter<rv1::PutChunk>> writer =
       stub->Put(&ctx, &resp);

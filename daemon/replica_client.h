@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -36,8 +37,39 @@ class RateLimiter {
   std::chrono::steady_clock::time_point last_{};
 };
 
+// A transfer's cancellation: Cancel() from any thread ends the transfer it
+// was given with Cancelled, a gRPC call at once (TryCancel), a bulk
+// transfer within one socket wakeup (250 ms). The replicator cancels its
+// send in flight when its target changes or it stops, instead of waiting
+// for the old target's deadline. Thread-safe.
+class TransferCancel {
+ public:
+  void Cancel();
+  void Reset();  // before the next transfer
+  bool cancelled() const { return cancelled_.load(); }
+  const std::atomic<bool>* flag() const { return &cancelled_; }
+
+  // While a gRPC call is under way: Cancel() cancels it too.
+  class Call {
+   public:
+    Call(TransferCancel* cancel, grpc::ClientContext* ctx);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    TransferCancel* const cancel_;
+  };
+
+ private:
+  std::mutex mu_;
+  std::atomic<bool> cancelled_{false};
+  grpc::ClientContext* call_ = nullptr;  // under mu_
+};
+
 struct PutOptions {
-  RateLimiter* limit = nullptr;  // optional
+  RateLimiter* limit = nullptr;      // optional
+  TransferCancel* cancel = nullptr;  // optional
   std::chrono::system_clock::time_point deadline;
   // Test-only (CKPTD_TEST_FAULT=corrupt-replica-sends): flips one byte of
   // each chunk on the wire, never in the slot.

@@ -22,6 +22,7 @@ void Replicator::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    cancel_.Cancel();
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -54,6 +55,7 @@ void Replicator::SetTarget(std::optional<ReplicaPeer> target) {
                                 target->host, ":", target->port)
                  : std::string("replica target: none"));
   target_ = std::move(target);
+  cancel_.Cancel();  // the send in flight, if any, was to the old target
   channel_.reset();
   refused_.reset();
   for (auto& [key, r] : ranks_) {
@@ -105,6 +107,7 @@ void Replicator::Loop() {
     }
     const uint64_t step = ranks_[*key].step;
     const ReplicaPeer target = *target_;
+    cancel_.Reset();  // SetTarget and Stop cancel under mu_: none missed
     lock.unlock();
     SendOne(*key, step, target);
     lock.lock();
@@ -139,6 +142,7 @@ void Replicator::SendOne(const Key& key, uint64_t step,
       bytes = snap->copy.image_bytes();
       PutOptions put;
       put.limit = &limit_;
+      put.cancel = &cancel_;
       put.corrupt = options_.corrupt;
       const double rate = options_.bandwidth ? options_.bandwidth : 100e6;
       put.deadline = std::chrono::system_clock::now() + options_.put_deadline +
@@ -153,6 +157,10 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     status = snap.status();
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // Cancelled by SetTarget (which queued every rank again) or Stop.
+  if (status.code() == absl::StatusCode::kCancelled &&
+      (stopping_ || !(target_ == target)))
+    return;
   auto it = ranks_.find(key);
   if (it == ranks_.end()) return;
   Rank& r = it->second;

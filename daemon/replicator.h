@@ -10,7 +10,8 @@
 // The thread takes a StagedShards snapshot (under the table's lock, for
 // the bookkeeping only), streams the slot's bytes with no lock and no
 // lease, and then asks whether a save overwrote the slot meanwhile: such a
-// copy is abandoned (the newer save is queued by then). Sends are paced by
+// copy is abandoned (the newer save is queued by then); a send in flight
+// is cancelled when the target changes. Sends are paced by
 // the rate limit (--replica-bandwidth); a failed send (the holder down,
 // stopped, out of room, or a copy damaged on the way) is retried with
 // exponential backoff, capped, for as long as it is the rank's newest; a
@@ -89,7 +90,7 @@ class Replicator {
   ~Replicator();  // Stop()
 
   void Start();
-  void Stop();  // abandons queued copies; a running one ends at its deadline
+  void Stop();  // abandons queued copies and cancels the one in flight
 
   // The rank's shard of `step` was committed (durable false: it is the
   // rank's newest from now on) or became durable (its checksums are now
@@ -97,8 +98,8 @@ class Replicator {
   void Staged(const std::string& job, uint64_t step, uint32_t rank,
               bool durable = false);
   // Where copies go from now on; nullopt: nowhere. A new target gets every
-  // rank's newest shard (a copy in flight to the old one ends at its
-  // deadline or sooner, then this one is sent).
+  // rank's newest shard; a copy in flight to the old one is cancelled (a
+  // stopped holder would hold it until its deadline).
   void SetTarget(std::optional<ReplicaPeer> target);
   // Set while the current target's last answer was "no room"
   // (ResourceExhausted naming replica_memory_bytes).
@@ -130,6 +131,7 @@ class Replicator {
   std::shared_ptr<grpc::Channel> channel_;  // to target_
   std::map<Key, Rank> ranks_;
   std::optional<HolderRefusal> refused_;  // by target_
+  TransferCancel cancel_;  // of the send in flight; reset under mu_
   ReplicatorStats stats_;
   std::thread thread_;
 };

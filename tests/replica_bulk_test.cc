@@ -6,8 +6,10 @@
 // change nothing; a byte damaged in transit is refused and not counted; a
 // replacement that holds a lost rank's copy itself takes it from its own
 // memory; the grpc transport stays available.
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "daemon/peer_fetch.h"
@@ -282,6 +284,29 @@ TEST_F(BulkFixture, TheGrpcTransportStaysAvailable) {
                 .status()
                 .message(),
             "--replica-transport: 'udp' is neither bulk nor grpc");
+}
+
+TEST(BulkWireTest, ASendToAPeerThatStoppedReadingEndsCancelledWhenAsked) {
+  // The peer never reads: without the cancel the send would last its
+  // deadline (two minutes).
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  daemon::PrepareBulkSocket(fds[0]);
+  std::vector<char> bytes(64 << 20);
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    cancel = true;
+  });
+  const absl::Status s = daemon::SendAll(
+      fds[0], bytes.data(), bytes.size(),
+      std::chrono::steady_clock::now() + std::chrono::minutes(2), "test send",
+      daemon::kNoStallLimit, &cancel);
+  canceller.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ(s.message(), "test send: cancelled");
+  close(fds[0]);
+  close(fds[1]);
 }
 
 }  // namespace

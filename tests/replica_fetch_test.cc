@@ -5,6 +5,7 @@
 // bytes, a failed peer fetch falls back to the shared root, and a restore
 // waits for a fetch in flight instead of failing.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <thread>
@@ -105,20 +106,36 @@ TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
       daemon::VerifyReplicaImage(snap->data(), snap->copy, "slot").ok());
 }
 
+// A "stopped" holder on loopback: the kernel accepts connections, nobody
+// reads. Closes its socket when it goes.
+struct StuckHolder {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  uint16_t port = 0;
+  StuckHolder() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        listen(fd, 16) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.sin_port);
+  }
+  ~StuckHolder() { close(fd); }
+  // Whether a connection waits to be accepted (the kernel took it).
+  bool Connected() const {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+  }
+  daemon::ReplicaPeer Peer() const { return {"b", "127.0.0.1", port}; }
+};
+
 TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
-  // A "stopped" holder: the kernel accepts the connection, nobody reads.
-  int stuck = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(bind(stuck, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(stuck, 16), 0);
-  ASSERT_EQ(getsockname(stuck, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  StuckHolder stuck;
+  ASSERT_NE(stuck.port, 0);
   Node& a = OpenNode("a", dir_.path() + "/shared");
-  daemon::Replicator& rep = StartReplicator(
-      a, "a", daemon::ReplicaPeer{"b", "127.0.0.1", ntohs(addr.sin_port)},
-      std::chrono::milliseconds(500));
+  daemon::Replicator& rep =
+      StartReplicator(a, "a", stuck.Peer(), std::chrono::milliseconds(500));
   std::unique_ptr<shm::Arena> arena;
   for (uint64_t step = 1; step <= 20; ++step)
     ASSERT_TRUE(
@@ -136,7 +153,27 @@ TEST_F(ReplicaFetchTest, SavesGoOnWhileTheHolderIsStoppedThenItIsReplaced) {
   // The holder keeps it before the sender hears back.
   ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
   EXPECT_EQ(store_->Stats().held, 1u);
-  close(stuck);
+}
+
+TEST_F(ReplicaFetchTest, ASendInFlightToAStoppedHolderIsCancelledOnANewTarget) {
+  // The send to the stopped holder would last its whole deadline (two
+  // minutes here, past Eventually's 30 s): a new target cancels it.
+  StuckHolder stuck;
+  ASSERT_NE(stuck.port, 0);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep =
+      StartReplicator(a, "a", stuck.Peer(), std::chrono::minutes(2));
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  // In flight: the sender has connected to the stopped holder.
+  ASSERT_TRUE(Eventually([&] { return stuck.Connected(); }));
+  StartHolder(1ull << 30);
+  rep.SetTarget(Holder());
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_NE(store_->Find("core", 1, 0), nullptr);
+  // A cancel is not a failure of the holder.
+  EXPECT_EQ(rep.Stats().failed, 0u) << rep.Stats().last_error;
 }
 
 TEST_F(ReplicaFetchTest, AHolderWithoutRoomIsReportedUntilTheTargetChanges) {

@@ -137,6 +137,13 @@ absl::StatusOr<rv1::ShardCopy> BulkGet(
   return offer.copy();
 }
 
+// A ckptd from before the bulk path (a rolling upgrade) has no OfferPut or
+// OfferGet: gRPC answers UNIMPLEMENTED, and the copy goes over the gRPC
+// stream instead, as that holder expects.
+bool FromOlderHolder(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnimplemented;
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> SendReplica(
@@ -144,7 +151,10 @@ absl::StatusOr<uint64_t> SendReplica(
     const rv1::ShardCopy& copy, const char* image, const PutOptions& options) {
   if (transport == ReplicaTransport::kGrpc)
     return PutReplica(channel, copy, image, options);
-  return BulkPut(channel, host, copy, image, options);
+  absl::StatusOr<uint64_t> sent = BulkPut(channel, host, copy, image, options);
+  if (FromOlderHolder(sent.status()))
+    return PutReplica(channel, copy, image, options);
+  return sent;
 }
 
 absl::StatusOr<rv1::ShardCopy> FetchReplica(
@@ -154,7 +164,12 @@ absl::StatusOr<rv1::ShardCopy> FetchReplica(
     std::chrono::system_clock::time_point deadline) {
   if (transport == ReplicaTransport::kGrpc)
     return GetReplica(channel, req, dst_for, deadline);
-  return BulkGet(channel, host, req, dst_for, deadline);
+  absl::StatusOr<rv1::ShardCopy> got =
+      BulkGet(channel, host, req, dst_for, deadline);
+  // dst_for was not called: the offer comes first.
+  if (FromOlderHolder(got.status()))
+    return GetReplica(channel, req, dst_for, deadline);
+  return got;
 }
 
 }  // namespace ckpt::daemon

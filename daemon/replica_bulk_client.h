@@ -8,6 +8,8 @@
 //         check (get) comes back on that connection;
 //   grpc  the streams Put / Get (replica_client.h): every byte inside the
 //         channel's mutual TLS, so encrypted, at 2-7x the time.
+// A holder from before the bulk path (a rolling upgrade: its gRPC answers
+// UNIMPLEMENTED to the offer) is sent to and fetched from over grpc.
 // Both verify the same way: a put is kept only once the holder verified it
 // against the checksums the offer named; a get is verified by the caller
 // (VerifyReplicaImage). Functions; thread-safe.

@@ -286,6 +286,75 @@ TEST_F(BulkFixture, TheGrpcTransportStaysAvailable) {
             "--replica-transport: 'udp' is neither bulk nor grpc");
 }
 
+// A holder running a ckptd from before the bulk path: the Put and Get
+// streams only (gRPC answers UNIMPLEMENTED to OfferPut and OfferGet), each
+// call passed on to the fixture's holder.
+class OlderHolder final : public rv1::Replica::Service {
+ public:
+  explicit OlderHolder(std::shared_ptr<grpc::Channel> holder)
+      : stub_(rv1::Replica::NewStub(std::move(holder))) {}
+  grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<rv1::PutChunk>* in,
+                   rv1::PutResponse* resp) override {
+    grpc::ClientContext ctx;
+    auto out = stub_->Put(&ctx, resp);
+    rv1::PutChunk chunk;
+    while (in->Read(&chunk) && out->Write(chunk)) {
+    }
+    out->WritesDone();
+    return out->Finish();
+  }
+  grpc::Status Get(grpc::ServerContext*, const rv1::GetRequest* req,
+                   grpc::ServerWriter<rv1::GetChunk>* out) override {
+    grpc::ClientContext ctx;
+    auto in = stub_->Get(&ctx, *req);
+    rv1::GetChunk chunk;
+    while (in->Read(&chunk) && out->Write(chunk)) {
+    }
+    return in->Finish();
+  }
+
+ private:
+  std::unique_ptr<rv1::Replica::Stub> stub_;
+};
+
+TEST_F(BulkFixture, AHolderFromBeforeTheBulkPathGetsTheGrpcStreams) {
+  StartHolder(1ull << 30);
+  OlderHolder older(Channel());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&older);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  auto channel = daemon::ReplicaChannel({}, "b", "127.0.0.1", port);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const storage::Shard s = BigImage("j", 8);
+  auto digest =
+      daemon::SendReplica(daemon::ReplicaTransport::kBulk, **channel,
+                          "127.0.0.1", CopyOf(s), s.image.data(), Opts());
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(*digest, storage::ChecksumsDigest(s.info));
+  rv1::GetRequest req;
+  req.set_job("j");
+  req.set_step(8);
+  req.set_rank(0);
+  req.set_replica(true);
+  std::vector<char> got;
+  auto copy = daemon::FetchReplica(
+      daemon::ReplicaTransport::kBulk, **channel, "127.0.0.1", req,
+      [&](const rv1::ShardCopy& c) -> absl::StatusOr<char*> {
+        got.resize(c.image_bytes());
+        return got.data();
+      },
+      std::chrono::system_clock::now() + seconds(30));
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(got == s.image);
+  // Nothing went over the bulk listener.
+  EXPECT_EQ(server_->bulk_stats().served, 0u);
+  server->Shutdown();
+}
+
 TEST(BulkWireTest, ASendToAPeerThatStoppedReadingEndsCancelledWhenAsked) {
   // The peer never reads: without the cancel the send would last its
   // deadline (two minutes).

@@ -60,7 +60,8 @@ int Fail(const std::string& what) {
 int main(int argc, char** argv) {
   uint64_t bytes = 256ull << 20;
   std::string dir = "/var/tmp";
-  bool json = false, keep = false, replicas = false, step = true;
+  bool json = false, keep = false, replicas = false, step = true,
+       node_loss = true;
   double rounds = 3, link_gbit = 0, port_base = 0, worker_dim = 1024,
          worker_steps = 20;
   std::string object_url;
@@ -114,6 +115,8 @@ int main(int argc, char** argv) {
         return Fail("--worker-steps: steps in [2, 100000]");
     } else if (a == "--no-step") {
       step = false;
+    } else if (a == "--step-only") {
+      node_loss = false;
     } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
     } else if (a == "--json") {
@@ -128,12 +131,15 @@ int main(int argc, char** argv) {
       return Fail(
           "unknown argument " + a.substr(0, 40) +
           " (--bytes-per-rank N, --rounds R, --link-gbit G, --port-base P, "
-          "--replicas, --no-step, --worker-dim D, --worker-steps S, --dir "
+          "--replicas, --no-step, --step-only, --worker-dim D, --worker-steps "
+          "S, --dir "
           "DIR, --json, --keep, --object-url s3://B/P, --hang "
           "[--hang-timeout-min-s S], --soak [--soak-s S --soak-first-step-s "
           "S --soak-eval-s S], --straggler [--slow-factor F])");
     }
   }
+  if (!step && !node_loss)
+    return Fail("--no-step with --step-only: nothing to run");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
   std::filesystem::create_directories(root);
   struct Cleanup {
@@ -179,7 +185,7 @@ int main(int argc, char** argv) {
   auto log = [&](const std::string& line) {
     std::fprintf(stderr, "recovery_bench: %s\n", line.c_str());
   };
-  for (int r = 0; r < run.rounds; ++r) {
+  for (int r = 0; node_loss && r < run.rounds; ++r) {
     // Alternated: peer first in even rounds, storage first in odd ones.
     for (bool peer : {r % 2 == 0, r % 2 != 0}) {
       ckpt::bench::NodeLossOptions o;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
 #include "util/status.h"
+#include "util/thread_priority.h"
 
 namespace ckpt::daemon {
 
@@ -207,6 +208,10 @@ void BulkListener::Serve(int fd) {
     (void)WriteBulkReply(fd, t.status(), 0, header_deadline);
     return;
   }
+  // A replica arriving (receive and verify) must not take the training
+  // step's CPU; a fetch for a recovery is on the critical path and keeps
+  // its priority (util/thread_priority.h).
+  if (t->kind == BulkKind::kPut) RunThisThreadInBackground("ckpt-bulk-put");
   uint64_t digest = 0;
   (void)Transfer(fd, *t, &digest);  // counts its outcome
 }

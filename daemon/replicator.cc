@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
 #include "daemon/replica_service.h"
+#include "util/thread_priority.h"
 
 namespace ckpt::daemon {
 
@@ -97,6 +98,9 @@ std::optional<Replicator::Key> Replicator::NextLocked(
 }
 
 void Replicator::Loop() {
+  // Its copies (send, and on loopback the receive too) must not take the
+  // training step's CPU (util/thread_priority.h).
+  RunThisThreadInBackground("ckpt-replicate");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     std::chrono::steady_clock::time_point wake;

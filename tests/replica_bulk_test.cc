@@ -18,6 +18,7 @@
 #include "storage/manifest.h"
 #include "tests/replica_fixture.h"
 #include "tests/test_util.h"
+#include "util/thread_priority.h"
 
 namespace ckpt::testing {
 namespace {
@@ -95,6 +96,8 @@ TEST_F(BulkFixture, PutAndGetMoveTheBytesBitExact) {
   ASSERT_TRUE(digest.ok()) << digest.status();
   EXPECT_EQ(*digest, storage::ChecksumsDigest(s.info));
   EXPECT_EQ(replicated_.load(), 1);
+  // Received and verified in the background (util/thread_priority.h).
+  EXPECT_EQ(replicated_nice_.load(), kBackgroundNice);
   auto held = store_->Find("j", 5, 0);
   ASSERT_NE(held, nullptr);
   EXPECT_EQ(std::memcmp(held->data(), s.image.data(), s.image.size()), 0);

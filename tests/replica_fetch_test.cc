@@ -8,6 +8,9 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <thread>
 
 #include "daemon/peer_fetch.h"
@@ -15,6 +18,7 @@
 #include "tests/engine_save.h"
 #include "tests/replica_fixture.h"
 #include "tests/test_util.h"
+#include "util/thread_priority.h"
 
 namespace ckpt::testing {
 namespace {
@@ -48,6 +52,27 @@ TEST_F(ReplicaFetchTest, ReplicateStageSendsEachRanksNewestStagedShard) {
   const std::vector<char> want = SlotBytes(*a.engine, "core", 3, 0);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), held->data()));
   EXPECT_TRUE(Eventually([&] { return replicated_.load() >= 1; }));
+}
+
+TEST_F(ReplicaFetchTest, TheReplicateStageRunsInTheBackground) {
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  StartReplicator(a, "a", std::nullopt);
+  // Its thread, by the name `top -H` shows, at nice 19.
+  std::optional<int> nice;
+  ASSERT_TRUE(Eventually([&] {
+    for (const auto& task :
+         std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (std::getline(comm, name) && name == "ckpt-replicate") {
+        nice = getpriority(
+            PRIO_PROCESS, static_cast<id_t>(std::stoi(task.path().filename())));
+        return true;
+      }
+    }
+    return false;
+  }));
+  EXPECT_EQ(nice, kBackgroundNice);
 }
 
 TEST_F(ReplicaFetchTest, AnOlderStepBecomingDurableDoesNotReplaceTheNewest) {

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -159,7 +160,11 @@ class ReplicaFixture : public ::testing::Test {
     so.host = "127.0.0.1";
     so.tls = tls;
     so.bulk_token_ttl = bulk_token_ttl;
-    so.on_replicated = [this](const daemon::HeldReplica&) { ++replicated_; };
+    so.on_replicated = [this](const daemon::HeldReplica&) {
+      // Called on the thread that received and verified the copy.
+      replicated_nice_ = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+      ++replicated_;
+    };
     auto s = daemon::ReplicaServer::Start(so, store_.get(), staged);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
@@ -245,6 +250,7 @@ class ReplicaFixture : public ::testing::Test {
   std::unique_ptr<daemon::ReplicaStore> store_;
   std::unique_ptr<daemon::ReplicaServer> server_;
   std::atomic<int> replicated_{0};
+  std::atomic<int> replicated_nice_{-100};  // of the last verifying thread
 };
 
 }  // namespace ckpt::testing

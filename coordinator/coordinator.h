@@ -79,6 +79,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
 #include "coordinator/coordinator_options.h"
+#include "coordinator/coordinator_records.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
@@ -208,61 +209,6 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
-  // Read by heartbeats under live_mu_ (shared); epoch and alive change
-  // under mu_ and live_mu_ (exclusive).
-  struct Liveness {
-    uint64_t epoch = 0;
-    bool alive = false;
-    std::atomic<int64_t> last_seen_ms{0};
-  };
-  struct NodeState {
-    v1::NodeRecord rec;
-    Liveness* live = nullptr;  // owned by live_
-    IncidentLog incidents;     // soft: hangs and crashes, for cordoning
-    // Health re-checks (soft): when its newest report came (registration,
-    // a heartbeat's report, or this process's load of the node), and the
-    // check it is asked to run (0: none; HeartbeatResponse.run_health_check).
-    int64_t health_checked_ms = 0;
-    uint64_t health_requested = 0;
-    // A figure below the median's ratio is measured again before a verdict:
-    // the request that re-measures it (0: none), and whether the report
-    // being judged is its answer.
-    uint64_t low_figure_recheck = 0;
-    bool low_figure_answered = false;
-  };
-  struct JobState {
-    v1::JobRecord rec;
-    std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
-    std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
-    // Verified replicas (soft, issue 19): step -> rank -> holder -> its
-    // REPLICATED record (node_id and epoch: the holder's). A holder keeps
-    // the two newest replicated steps of each rank, and so do these.
-    std::map<uint64_t,
-             std::map<uint32_t, std::map<std::string, v1::ShardRecord>>>
-        replicas;
-    std::map<std::string, std::vector<uint32_t>>
-        ranks_by_node;              // of rec.rank_node
-    std::set<uint64_t> committing;  // steps whose manifest is being written
-    int64_t plan_ordered_ms = 0;  // when the current plan's orders were queued
-    // rec as of the last durable commit: what heartbeats and watches show,
-    // so that they never wait for a disk write.
-    v1::JobRecord durable_rec;
-    std::map<std::string, std::vector<uint32_t>> durable_ranks_by_node;
-    // Hang detection (soft): the generation watched (0: none, a plan is
-    // under way), when it started, the ranks' last reports, and the ranks
-    // that finished in it (not watched).
-    struct HangWatch {
-      uint64_t generation = 0;
-      int64_t start_ms = 0;
-      std::map<uint32_t, RankBeat> beats;
-      std::set<uint32_t> finished;
-      // Stragglers: the next window's end, consecutive slow windows per
-      // rank, and the ranks named.
-      int64_t next_window_ms = 0;
-      std::map<uint32_t, int> slow_windows;
-      std::set<uint32_t> stragglers;
-    } watch;
-  };
   using Batch = CoordStore::Batch;
   using Lock = std::unique_lock<std::mutex>;
   struct PendingCommit {
@@ -514,7 +460,7 @@ class Coordinator {
   ReplicaRefusals replica_refusals_;
 
   std::shared_mutex live_mu_;
-  std::unordered_map<std::string, std::unique_ptr<Liveness>> live_;
+  std::unordered_map<std::string, std::unique_ptr<NodeLiveness>> live_;
   // No alive node can time out before this (a heartbeat only moves a
   // node's deadline later), so calls skip the scan until then.
   std::atomic<int64_t> next_expiry_ms_{INT64_MIN};

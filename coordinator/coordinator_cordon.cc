@@ -28,7 +28,7 @@ v1::Event CordonEvent(v1::EventKind kind, const std::string& job,
 
 }  // namespace
 
-Coordinator::NodeState* Coordinator::SpareForLocked(size_t ranks) {
+NodeState* Coordinator::SpareForLocked(size_t ranks) {
   for (auto& [id, n] : nodes_)
     if (n.rec.spare() && Placeable(n.rec) &&
         n.rec.capacity() >= HostedRanksLocked(id) + ranks &&

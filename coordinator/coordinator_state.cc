@@ -9,8 +9,8 @@ namespace ckpt::coordinator {
 
 void Coordinator::SetLiveLocked(NodeState& node) {
   std::unique_lock<std::shared_mutex> live(live_mu_);
-  std::unique_ptr<Liveness>& l = live_[node.rec.node_id()];
-  if (!l) l = std::make_unique<Liveness>();
+  std::unique_ptr<NodeLiveness>& l = live_[node.rec.node_id()];
+  if (!l) l = std::make_unique<NodeLiveness>();
   l->epoch = node.rec.epoch();
   l->alive = node.rec.health() == v1::ALIVE;
   node.live = l.get();
@@ -89,7 +89,7 @@ absl::Status Coordinator::CheckEpochLocked(const std::string& node_id,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Coordinator::JobState*> Coordinator::HostedRankLocked(
+absl::StatusOr<JobState*> Coordinator::HostedRankLocked(
     const std::string& node_id, const std::string& job, uint32_t rank) {
   auto it = jobs_.find(job);
   if (it == jobs_.end())

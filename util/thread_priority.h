@@ -28,8 +28,7 @@ inline void NameThisThread(const std::string& name) {
 // leaves it at its priority), named `name`.
 inline void RunThisThreadInBackground(const std::string& name) {
   NameThisThread(name);
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()),
-                    kBackgroundNice);
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kBackgroundNice);
 }
 
 }  // namespace ckpt

@@ -400,6 +400,8 @@ class Coordinator {
   void DropReplicasHeldByLocked(const std::string& holder);
   // Source -> holder (when stale: recomputed); a heartbeat's refusal, target.
   const std::map<std::string, std::string>& ReplicaTargetsLocked();
+  // Whether the node has a PREFETCH it has not acknowledged (it is fetching).
+  bool FetchingLocked(const std::string& node_id) const;
   void ReplicaTargetForLocked(Batch* batch, const v1::HeartbeatRequest& req,
                               v1::HeartbeatResponse* resp);
   v1::JobMemory JobMemoryLocked(const JobState& job) const;

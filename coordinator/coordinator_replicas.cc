@@ -224,6 +224,16 @@ std::optional<uint64_t> Coordinator::DurableStepLocked(
   return std::nullopt;
 }
 
+bool Coordinator::FetchingLocked(const std::string& node_id) const {
+  auto mine = orders_by_node_.find(node_id);
+  if (mine == orders_by_node_.end()) return false;
+  return std::any_of(
+      mine->second.begin(), mine->second.end(), [&](uint64_t id) {
+        auto o = orders_.find(id);
+        return o != orders_.end() && o->second.kind() == v1::PREFETCH;
+      });
+}
+
 const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
   if (!replica_targets_stale_) return replica_targets_;
   const ReplicaRefusals::EpochOf epoch_of = AliveEpochs(nodes_);
@@ -234,8 +244,11 @@ const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
     p.id = id;
     p.domain = n.rec.domain();
     p.source = !n.rec.cordoned() && HostedRanksLocked(id) > 0;
+    // A node fetching a plan's shards (a PREFETCH not yet acknowledged)
+    // holds no replicas until it is done: survivors' copies to it would
+    // share its link (and the sources' uplinks) with the recovery's fetch.
     p.holder = Placeable(n.rec) && n.rec.replica_port() != 0 &&
-               !n.rec.address().empty();
+               !n.rec.address().empty() && !FetchingLocked(id);
     if (p.source) p.excluded = replica_refusals_.Excluded(id, epoch_of);
     if (p.source || p.holder) in.push_back(std::move(p));
   }

@@ -43,6 +43,8 @@ void Coordinator::EraseStepLocked(JobState& job, uint64_t step) {
 std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
     Batch* batch, std::map<uint64_t, v1::Order>::iterator it) {
   batch->DeleteOrder(it->first);
+  // A node done fetching may hold replicas again (FetchingLocked).
+  if (it->second.kind() == v1::PREFETCH) replica_targets_stale_ = true;
   auto by = orders_by_node_.find(it->second.node_id());
   if (by != orders_by_node_.end()) {
     by->second.erase(it->first);
@@ -124,6 +126,7 @@ void Coordinator::QueueOrderLocked(Batch* batch, v1::Order order) {
   batch->PutOrder(order);
   orders_by_node_[order.node_id()].insert(order.id());
   new_orders_.push_back(order.id());
+  if (order.kind() == v1::PREFETCH) replica_targets_stale_ = true;
   orders_[order.id()] = std::move(order);
 }
 

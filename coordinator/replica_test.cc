@@ -190,6 +190,32 @@ TEST_F(ReplicaTest, ReplicasSentAgainToANewIncarnationCountAgain) {
             "n3");
 }
 
+TEST_F(ReplicaTest, ANodeFetchingAPlansShardsHoldsNoReplicasUntilItIsDone) {
+  StageAndReplicate();
+  // n2 and n3 (n1's holder-to-be) die: the spare s1 takes n2's ranks and
+  // fetches them (from the shared root), and is the only node left that
+  // could hold n1's replicas.
+  Silence({"n2", "n3"});
+  auto spare = Heartbeat("s1", es_);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  const uint64_t prefetch = OrderOf(*spare, v1::PREFETCH).id();
+  // While s1 fetches, n1's copies would compete with the fetch for the
+  // link: no target yet.
+  auto survivor = Heartbeat("n1", e1_);
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  EXPECT_FALSE(survivor->has_replica_target())
+      << survivor->replica_target().DebugString();
+  EXPECT_EQ(Node("n1").replica_target(), "");
+  // s1 hosts ranks now: its own copies go to n1 meanwhile.
+  EXPECT_EQ(spare->replica_target().node_id(), "n1");
+  // The restarts acknowledged: s1 still fetches.
+  ASSERT_TRUE(Heartbeat("s1", es_, {OrderOf(*spare, v1::RESTART).id()}).ok());
+  EXPECT_FALSE(Heartbeat("n1", e1_)->has_replica_target());
+  // Done fetching: s1 holds n1's replicas.
+  ASSERT_TRUE(Heartbeat("s1", es_, {prefetch}).ok());
+  EXPECT_EQ(Heartbeat("n1", e1_)->replica_target().node_id(), "s1");
+}
+
 // A heartbeat of `node` saying its target `holder` refused its copies.
 absl::StatusOr<v1::HeartbeatResponse> RefusedBy(Coordinator& c,
                                                 const std::string& node,

@@ -47,12 +47,20 @@ absl::StatusOr<ReplicationStepFigures> MeasureReplicationStep(
   co.nproc_per_node = 1;
   co.heartbeat_timeout_ms = 5000;  // a loaded machine: no false failures
   co.ckptd_args = {"--slots", "2"};
+  // Every replica port in the bench's block (node_loss_bench.cc): gRPC
+  // +1..+2, bulk +4..+5.
   int i = 1;
-  for (const char* id : {"a", "b"})
-    co.node_ckptd_args[id] = {
-        "--domain",       std::string("rack-") + id,
-        "--replica-port", std::to_string(o.port_base + i++),
-        "--replicas",     o.replicas ? "1" : "0"};
+  for (const char* id : {"a", "b"}) {
+    co.node_ckptd_args[id] = {"--domain",
+                              std::string("rack-") + id,
+                              "--replica-port",
+                              std::to_string(o.port_base + i),
+                              "--replica-bulk-port",
+                              std::to_string(o.port_base + 3 + i),
+                              "--replicas",
+                              o.replicas ? "1" : "0"};
+    ++i;
+  }
   const int last = o.warmup + o.steps;
   co.trainer_command = {CKPT_WORKER_BINARY,
                         "--vocab",

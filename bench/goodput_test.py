@@ -117,15 +117,16 @@ class ModelTest(unittest.TestCase):
 
     def test_node_loss_from_peers_by_hand_at_16k(self):
         # Per node 8 x 6.48e12 / 16,384 = 3.164e9 B. Replication lag:
-        # 3.164e9 / (25e9 / 6.6) = 0.835 s; fetch 3.164e9 / 25e9 x 2.1.
+        # 3.164e9 / (25e9 / 4.0) = 0.506 s (the bulk put); fetch
+        # 3.164e9 / 25e9 x 1.01 (the bulk get).
         p = inputs()
         node = goodput.model(p, 16384)["ckptd_replicas"]["node_loss"]
         per_node = 8 * 405e9 * 16 / 16384
         self.assertEqual(node["from"], "peer memory")
-        self.assertAlmostEqual(node["replication_lag_s"], per_node / (25e9 / 6.6))
-        self.assertAlmostEqual(node["lost_s"], 6.0 / 2 + per_node / (25e9 / 6.6))
+        self.assertAlmostEqual(node["replication_lag_s"], per_node / (25e9 / 4.0))
+        self.assertAlmostEqual(node["lost_s"], 6.0 / 2 + per_node / (25e9 / 4.0))
         self.assertAlmostEqual(node["recovery_s"],
-                               3.0 + 1.434 + 60.0 + per_node / 25e9 * 2.1)
+                               3.0 + 1.434 + 60.0 + per_node / 25e9 * 1.01)
 
 
 class CliTest(unittest.TestCase):

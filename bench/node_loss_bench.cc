@@ -272,21 +272,13 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
   // Both paths run the same listeners; the storage path sends no copies.
   // The spare shares node b's failure domain, so b's replicas live on a
   // and the spare fetches them across the link (a spare that happened to
-  // hold them would restore without any transfer). Every replica port,
-  // the bulk data's included, is in the bench's block: --link-gbit shapes
-  // exactly that block (ports +1..+3 gRPC, +4..+6 bulk; +0 the limit).
+  // hold them would restore without any transfer). Every replica port is
+  // in the bench's block, which --link-gbit shapes (ReplicaNodeArgs).
   int i = 1;
-  for (const char* id : {"a", "b", "c"}) {
-    co.node_ckptd_args[id] = {"--domain",
-                              std::string("rack-") + (id[0] == 'c' ? "b" : id),
-                              "--replica-port",
-                              std::to_string(o.port_base + i),
-                              "--replica-bulk-port",
-                              std::to_string(o.port_base + 3 + i),
-                              "--replicas",
-                              o.replicas ? "1" : "0"};
-    ++i;
-  }
+  for (const char* id : {"a", "b", "c"})
+    co.node_ckptd_args[id] =
+        ReplicaNodeArgs(std::string("rack-") + (id[0] == 'c' ? "b" : id),
+                        o.port_base, i++, o.replicas);
   Cluster c(co);
   c.StartCoordinator();
   c.StartNode("a");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/cluster_events.h"
 #include "tests/cluster_harness.h"
 
 namespace ckpt::bench {
@@ -47,20 +48,10 @@ absl::StatusOr<ReplicationStepFigures> MeasureReplicationStep(
   co.nproc_per_node = 1;
   co.heartbeat_timeout_ms = 5000;  // a loaded machine: no false failures
   co.ckptd_args = {"--slots", "2"};
-  // Every replica port in the bench's block (node_loss_bench.cc): gRPC
-  // +1..+2, bulk +4..+5.
   int i = 1;
-  for (const char* id : {"a", "b"}) {
-    co.node_ckptd_args[id] = {"--domain",
-                              std::string("rack-") + id,
-                              "--replica-port",
-                              std::to_string(o.port_base + i),
-                              "--replica-bulk-port",
-                              std::to_string(o.port_base + 3 + i),
-                              "--replicas",
-                              o.replicas ? "1" : "0"};
-    ++i;
-  }
+  for (const char* id : {"a", "b"})
+    co.node_ckptd_args[id] = ReplicaNodeArgs(std::string("rack-") + id,
+                                             o.port_base, i++, o.replicas);
   const int last = o.warmup + o.steps;
   co.trainer_command = {CKPT_WORKER_BINARY,
                         "--vocab",

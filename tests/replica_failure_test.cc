@@ -256,9 +256,13 @@ TEST_F(ReplicaFailureTest, AStoppedHolderNeverHoldsUpSavesAndIsReplaced) {
       },
       seconds(90)))
       << Memory().DebugString();
-  // Meanwhile b's trainer saved on: its saves kept returning, none failed,
-  // nothing was restarted, no plan was made.
-  EXPECT_GE(LastSaved(1), saved_at_stop + 10);
+  // b's trainer saves on while h stays stopped (until the SIGCONT below):
+  // its saves keep returning, none failed, nothing was restarted, no plan
+  // was made. (Waited for: once the new target cancels the send to h, c
+  // may hold a copy before ten more saves.)
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] { return LastSaved(1) >= saved_at_stop + 10; }, seconds(60)))
+      << "saved " << LastSaved(1) << " of " << saved_at_stop + 10;
   for (uint32_t r = 0; r < 2; ++r) {
     int starts = 0;
     for (const auto& l : cluster_->TrainerLog(r)) {

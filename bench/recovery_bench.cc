@@ -131,9 +131,9 @@ int main(int argc, char** argv) {
       return Fail(
           "unknown argument " + a.substr(0, 40) +
           " (--bytes-per-rank N, --rounds R, --link-gbit G, --port-base P, "
-          "--replicas, --no-step, --step-only, --worker-dim D, --worker-steps "
-          "S, --dir "
-          "DIR, --json, --keep, --object-url s3://B/P, --hang "
+          "--replicas, --no-step, --step-only, --worker-dim D, "
+          "--worker-steps S, --dir DIR, --json, --keep, --object-url s3://B/P, "
+          "--hang "
           "[--hang-timeout-min-s S], --soak [--soak-s S --soak-first-step-s "
           "S --soak-eval-s S], --straggler [--slow-factor F])");
     }

@@ -46,7 +46,6 @@ class TransferCancel {
  public:
   void Cancel();
   void Reset();  // before the next transfer
-  bool cancelled() const { return cancelled_.load(); }
   const std::atomic<bool>* flag() const { return &cancelled_; }
 
   // While a gRPC call is under way: Cancel() cancels it too.

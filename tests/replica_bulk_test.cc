@@ -101,22 +101,10 @@ TEST_F(BulkFixture, PutAndGetMoveTheBytesBitExact) {
   auto held = store_->Find("j", 5, 0);
   ASSERT_NE(held, nullptr);
   EXPECT_EQ(std::memcmp(held->data(), s.image.data(), s.image.size()), 0);
-  rv1::GetRequest req;
-  req.set_job("j");
-  req.set_step(5);
-  req.set_rank(0);
-  req.set_replica(true);
-  std::vector<char> back;
-  auto got = daemon::FetchReplica(
-      daemon::ReplicaTransport::kBulk, *Channel(), "127.0.0.1", req,
-      [&](const rv1::ShardCopy& c) -> absl::StatusOr<char*> {
-        back.resize(c.image_bytes());
-        return back.data();
-      },
-      std::chrono::system_clock::now() + seconds(30));
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->image_bytes(), s.image.size());
-  EXPECT_TRUE(back == s.image);
+  auto back = Get("j", 5, 0, true, daemon::ReplicaTransport::kBulk);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->size(), s.image.size());
+  EXPECT_TRUE(*back == s.image);
   EXPECT_EQ(server_->bulk_stats().served, 2u);
   EXPECT_EQ(server_->bulk_stats().refused, 0u);
 }
@@ -338,21 +326,10 @@ TEST_F(BulkFixture, AHolderFromBeforeTheBulkPathGetsTheGrpcStreams) {
                           "127.0.0.1", CopyOf(s), s.image.data(), Opts());
   ASSERT_TRUE(digest.ok()) << digest.status();
   EXPECT_EQ(*digest, storage::ChecksumsDigest(s.info));
-  rv1::GetRequest req;
-  req.set_job("j");
-  req.set_step(8);
-  req.set_rank(0);
-  req.set_replica(true);
-  std::vector<char> got;
-  auto copy = daemon::FetchReplica(
-      daemon::ReplicaTransport::kBulk, **channel, "127.0.0.1", req,
-      [&](const rv1::ShardCopy& c) -> absl::StatusOr<char*> {
-        got.resize(c.image_bytes());
-        return got.data();
-      },
-      std::chrono::system_clock::now() + seconds(30));
-  ASSERT_TRUE(copy.ok()) << copy.status();
-  EXPECT_TRUE(got == s.image);
+  auto got =
+      Get("j", 8, 0, true, daemon::ReplicaTransport::kBulk, channel->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == s.image);
   // Nothing went over the bulk listener.
   EXPECT_EQ(server_->bulk_stats().served, 0u);
   server->Shutdown();

@@ -25,6 +25,7 @@
 
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
+#include "daemon/replica_bulk_client.h"
 #include "daemon/replica_client.h"
 #include "daemon/replica_service.h"
 #include "daemon/replica_store.h"
@@ -187,17 +188,21 @@ class ReplicaFixture : public ::testing::Test {
     auto c = channel ? nullptr : Channel();
     return daemon::PutReplica(channel ? *channel : *c, copy, image.data(), po);
   }
-  // Get into a vector; the status on failure.
-  absl::StatusOr<std::vector<char>> Get(const std::string& job, uint64_t step,
-                                        uint32_t rank, bool replica = true) {
+  // Get into a vector over `transport` (from the holder "b", or over
+  // `channel`); the status on failure.
+  absl::StatusOr<std::vector<char>> Get(
+      const std::string& job, uint64_t step, uint32_t rank, bool replica = true,
+      daemon::ReplicaTransport transport = daemon::ReplicaTransport::kGrpc,
+      grpc::Channel* channel = nullptr) {
     rv1::GetRequest req;
     req.set_job(job);
     req.set_step(step);
     req.set_rank(rank);
     req.set_replica(replica);
     std::vector<char> out;
-    auto got = daemon::GetReplica(
-        *Channel(), req,
+    auto c = channel ? nullptr : Channel();
+    auto got = daemon::FetchReplica(
+        transport, channel ? *channel : *c, "127.0.0.1", req,
         [&](const rv1::ShardCopy& c) -> absl::StatusOr<char*> {
           out.resize(c.image_bytes());
           return out.data();

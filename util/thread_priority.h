@@ -19,15 +19,10 @@ namespace ckpt {
 
 inline constexpr int kBackgroundNice = 19;
 
-// Names the calling thread (cut to the kernel's 15 bytes).
-inline void NameThisThread(const std::string& name) {
-  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-}
-
 // The calling thread at nice kBackgroundNice (best effort: a failure
-// leaves it at its priority), named `name`.
+// leaves it at its priority), named `name` (cut to the kernel's 15 bytes).
 inline void RunThisThreadInBackground(const std::string& name) {
-  NameThisThread(name);
+  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kBackgroundNice);
 }
 

@@ -22,23 +22,131 @@ namespace rv1 = ::ckpt::replica::v1;
 // The largest image a copy may name: as ckptd's --max-slot-bytes default.
 inline constexpr uint64_t kMaxReplicaImageBytes = 1ull << 40;
 
+struct Spare {
+  char* base;
+  uint64_t bytes;
+};
+
+// The store's memory: what copies hold (in flight, held, being read) and
+// spare mappings, let go by their last owner and kept mapped for the next
+// copy of the same size. A reused mapping's pages are already there: no
+// page faults, no zeroing, no unmap per copy (a 256 MiB copy is 65,536
+// faults on fresh pages). Spares count against the budget and are the
+// first thing given up when a copy needs room. Shared with every
+// ReplicaMemory, so a copy may outlive the store.
+class ReplicaPool {
+ public:
+  explicit ReplicaPool(uint64_t budget) : budget_(budget) {}
+  ~ReplicaPool() {
+    for (const Spare& s : spares_) munmap(s.base, s.bytes);
+  }
+
+  struct Reservation {
+    bool ok = false;
+    char* reused = nullptr;  // a spare of the size, or null: map fresh
+  };
+  // Reserves `bytes`: a spare of that size when there is one, else new
+  // bytes, giving up spares (moved to `unmap`, for the caller to unmap
+  // outside every lock) when they do not fit otherwise.
+  Reservation Reserve(uint64_t bytes, std::vector<Spare>* unmap);
+  // Bytes of a mapping that was never made (mmap failed).
+  void Unreserve(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= bytes;
+  }
+  // The last owner let go: kept as a spare while fewer than max_spares are
+  // kept, else unmapped.
+  void Release(char* base, uint64_t bytes);
+  // One spare per rank held, and one for a copy on the way.
+  void SetMaxSpares(size_t n) {
+    std::vector<Spare> unmap;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      max_spares_ = n;
+      while (spares_.size() > max_spares_) {
+        unmap.push_back(spares_.back());
+        spare_bytes_ -= spares_.back().bytes;
+        spares_.pop_back();
+      }
+    }
+    Unmap(unmap);
+  }
+  uint64_t used() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return used_;
+  }
+  uint64_t spare_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return spare_bytes_;
+  }
+  uint64_t reused() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reused_;
+  }
+  static void Unmap(const std::vector<Spare>& spares) {
+    for (const Spare& s : spares) munmap(s.base, s.bytes);
+  }
+
+ private:
+  const uint64_t budget_;
+  mutable std::mutex mu_;  // a leaf: nothing is called while it is held
+  uint64_t used_ = 0;
+  uint64_t spare_bytes_ = 0;
+  uint64_t reused_ = 0;
+  size_t max_spares_ = 1;
+  std::vector<Spare> spares_;
+};
+
+ReplicaPool::Reservation ReplicaPool::Reserve(uint64_t bytes,
+                                              std::vector<Spare>* unmap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < spares_.size(); ++i) {
+    if (spares_[i].bytes != bytes) continue;
+    char* base = spares_[i].base;
+    spares_.erase(spares_.begin() + static_cast<ptrdiff_t>(i));
+    spare_bytes_ -= bytes;
+    used_ += bytes;
+    ++reused_;
+    return {true, base};
+  }
+  auto fits = [&] {
+    const uint64_t total = used_ + spare_bytes_;
+    return total + bytes >= total && total + bytes <= budget_;
+  };
+  while (!fits() && !spares_.empty()) {
+    unmap->push_back(spares_.back());
+    spare_bytes_ -= spares_.back().bytes;
+    spares_.pop_back();
+  }
+  if (!fits()) return {};
+  used_ += bytes;
+  return {true, nullptr};
+}
+
+void ReplicaPool::Release(char* base, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= bytes;
+    if (spares_.size() < max_spares_) {
+      spares_.push_back({base, bytes});
+      spare_bytes_ += bytes;
+      return;
+    }
+  }
+  munmap(base, bytes);
+}
+
 class ReplicaMemory {
  public:
-  ReplicaMemory(void* base, uint64_t bytes,
-                std::shared_ptr<std::atomic<uint64_t>> used)
-      : base_(static_cast<char*>(base)),
-        bytes_(bytes),
-        used_(std::move(used)) {}
-  ~ReplicaMemory() {
-    if (base_ != nullptr) munmap(base_, bytes_);
-    used_->fetch_sub(bytes_);
-  }
+  ReplicaMemory(char* base, uint64_t bytes, std::shared_ptr<ReplicaPool> pool)
+      : base_(base), bytes_(bytes), pool_(std::move(pool)) {}
+  ~ReplicaMemory() { pool_->Release(base_, bytes_); }
   char* data() { return base_; }
 
  private:
   char* const base_;
   const uint64_t bytes_;
-  const std::shared_ptr<std::atomic<uint64_t>> used_;
+  const std::shared_ptr<ReplicaPool> pool_;
 };
 
 const char* HeldReplica::data() const { return memory->data(); }
@@ -93,7 +201,7 @@ absl::StatusOr<storage::ShardInfo> VerifyReplicaImage(
 
 ReplicaStore::ReplicaStore(uint64_t budget_bytes, EvictFn on_evict)
     : budget_(budget_bytes),
-      used_bytes_(std::make_shared<std::atomic<uint64_t>>(0)),
+      pool_(std::make_shared<ReplicaPool>(budget_bytes)),
       on_evict_(std::move(on_evict)) {
   counts_.budget_bytes = budget_bytes;
 }
@@ -104,11 +212,13 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
     const rv1::ShardCopy& copy) {
   CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
   const uint64_t bytes = copy.image_bytes();
-  // Two tries: when the copy does not fit, previous copies make room (this
-  // rank's first: the one this copy makes obsolete), unmapped outside the
-  // lock, and the reservation is tried once more.
+  // Two tries: when the copy does not fit, spares go first, then previous
+  // copies (this rank's first: the one this copy makes obsolete), released
+  // outside the lock, and the reservation is tried once more.
+  ReplicaPool::Reservation got;
   for (int attempt = 0;; ++attempt) {
     std::vector<std::shared_ptr<const HeldReplica>> dropped;
+    std::vector<Spare> unmap;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = held_.find({copy.job(), copy.rank()});
@@ -124,35 +234,42 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
             it->second.newest->copy.step(), " generation ",
             it->second.newest->copy.generation(), ")"));
       }
-      uint64_t used = used_bytes_->load();
-      bool fits = true;
-      do {
-        fits = used + bytes <= budget_ && used + bytes >= used;
-      } while (fits && !used_bytes_->compare_exchange_weak(used, used + bytes));
-      if (fits) break;
-      if (attempt == 0)
-        DropPreviousLocked(
-            copy.job(), copy.rank(),
-            used + bytes < used ? UINT64_MAX : used + bytes - budget_,
-            &dropped);
-      if (dropped.empty()) {
-        ++counts_.refused;
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "replica_memory_bytes: ", bytes, " more bytes do not fit: ", used,
-            " of ", budget_, " are in use (held, arriving or being read)"));
+      got = pool_->Reserve(bytes, &unmap);
+      if (!got.ok) {
+        const uint64_t used = pool_->used();
+        if (attempt == 0)
+          DropPreviousLocked(
+              copy.job(), copy.rank(),
+              used + bytes < used ? UINT64_MAX : used + bytes - budget_,
+              &dropped);
+        if (dropped.empty()) {
+          ++counts_.refused;
+          ReplicaPool::Unmap(unmap);
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "replica_memory_bytes: ", bytes, " more bytes do not fit: ",
+              used, " of ", budget_, " are in use (held, arriving or being read)"));
+        }
       }
     }
+    ReplicaPool::Unmap(unmap);
+    if (got.ok) break;
+    // `dropped` lets go here: their mappings become spares, one of which
+    // the next try may take.
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) {
-    const int err = errno;
-    used_bytes_->fetch_sub(bytes);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("replica_memory_bytes: mapping ", bytes,
-                     " bytes: ", std::strerror(err)));
+  char* base = got.reused;
+  if (base == nullptr) {
+    void* fresh = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (fresh == MAP_FAILED) {
+      const int err = errno;
+      pool_->Unreserve(bytes);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("replica_memory_bytes: mapping ", bytes,
+                       " bytes: ", std::strerror(err)));
+    }
+    base = static_cast<char*>(fresh);
   }
-  auto memory = std::make_shared<ReplicaMemory>(base, bytes, used_bytes_);
+  auto memory = std::make_shared<ReplicaMemory>(base, bytes, pool_);
   return std::unique_ptr<Incoming>(new Incoming(this, copy, std::move(memory)));
 }
 
@@ -169,6 +286,7 @@ ReplicaStore::Incoming::Commit() {
       VerifyReplicaImage(memory_->data(), copy_, what);
   std::shared_ptr<const HeldReplica> evicted;
   std::shared_ptr<HeldReplica> held;
+  size_t max_spares = 0;
   {
     std::lock_guard<std::mutex> lock(store_->mu_);
     if (!info.ok()) {
@@ -196,7 +314,9 @@ ReplicaStore::Incoming::Commit() {
     rank.newest = held;
     ++store_->counts_.verified;
     if (evicted) ++store_->counts_.evicted;
+    max_spares = store_->held_.size() + 1;
   }
+  store_->pool_->SetMaxSpares(max_spares);
   if (evicted && store_->on_evict_) store_->on_evict_(evicted->copy);
   return std::shared_ptr<const HeldReplica>(std::move(held));
 }
@@ -238,7 +358,9 @@ void ReplicaStore::DropPreviousLocked(
 ReplicaStats ReplicaStore::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ReplicaStats s = counts_;
-  s.used_bytes = used_bytes_->load();
+  s.used_bytes = pool_->used();
+  s.spare_bytes = pool_->spare_bytes();
+  s.reused = pool_->reused();
   for (const auto& [key, c] : held_)
     s.held += (c.newest ? 1 : 0) + (c.previous ? 1 : 0);
   return s;

@@ -17,9 +17,12 @@
 // counted. "Newer" is the pair (generation, step): after a rollback a
 // smaller step of a newer generation replaces a larger one.
 //
-// Bytes are counted from Begin until the mapping is unmapped, which is
-// when the last reader (a Get streaming it) lets go of an evicted copy: the
-// budget bounds the memory really held, in flight and being read included.
+// Bytes are counted from Begin until the last owner (a Get streaming it)
+// lets go of an evicted copy. Its mapping is then kept as a spare for the
+// next copy of that size (one spare per rank held, one more for a copy on
+// the way): its pages are already there, so a copy costs no page faults,
+// zeroing or unmap. Spares count against the budget too and are the first
+// to go when a copy needs room: the budget bounds the memory really held.
 //
 // Thread-safety: all methods are safe to call concurrently; the store's
 // mutex guards bookkeeping only, never held while bytes are copied or
@@ -48,6 +51,8 @@ namespace ckpt::daemon {
 // One copy's memory: an anonymous shared mapping, unmapped (and its bytes
 // given back to the store's count) when the last owner lets go.
 class ReplicaMemory;
+// The store's byte count and its spare mappings (replica_store.cc).
+class ReplicaPool;
 
 // A verified copy. The mapping lives as long as the shared_ptr.
 struct HeldReplica {
@@ -60,6 +65,10 @@ struct HeldReplica {
 struct ReplicaStats {
   uint64_t budget_bytes = 0;
   uint64_t used_bytes = 0;  // held, in flight and still being read
+  // Mappings kept for the next copy of their size (within the budget, the
+  // first to go when a copy needs room), and how many copies took one.
+  uint64_t spare_bytes = 0;
+  uint64_t reused = 0;
   uint32_t held = 0;
   uint64_t verified = 0;  // copies that verified and were kept
   uint64_t rejected = 0;  // copies that failed verification
@@ -111,8 +120,8 @@ class ReplicaStore {
 
  private:
   const uint64_t budget_;
-  // Shared with every ReplicaMemory, which gives its bytes back on unmap.
-  const std::shared_ptr<std::atomic<uint64_t>> used_bytes_;
+  // Shared with every ReplicaMemory, which gives its mapping back to it.
+  const std::shared_ptr<ReplicaPool> pool_;
   const EvictFn on_evict_;
   mutable std::mutex mu_;
   struct Copies {

@@ -106,6 +106,66 @@ TEST_F(ReplicaHolderTest,
   EXPECT_TRUE(Get("j", 1, 2).ok());
 }
 
+// An evicted copy's mapping takes the next copy of its size: the copy is
+// written into pages that are already there (no page faults, no zeroing),
+// and the spare counts against the budget, giving way to a copy that needs
+// the room.
+TEST(ReplicaStoreMemoryTest, AnEvictedCopysMappingTakesTheNextCopyUnfaulted) {
+  constexpr uint64_t kFloats = 1 << 20;  // 4 MiB: 1,024 pages
+  const uint64_t x = ReplicaImage("j", 1, 0, 2, kFloats).image.size();
+  daemon::ReplicaStore store(3 * x + x / 2);
+  struct Arrival {
+    const char* base = nullptr;
+    long faults = -1;
+  };
+  auto arrive = [&](uint32_t rank, uint64_t step, uint64_t floats) {
+    const storage::Shard s = ReplicaImage("j", step, rank, 2, floats);
+    auto in = store.Begin(CopyOf(s));
+    EXPECT_TRUE(in.ok()) << in.status();
+    if (!in.ok()) return Arrival{};
+    rusage before{}, after{};
+    getrusage(RUSAGE_THREAD, &before);
+    std::memcpy((*in)->data(), s.image.data(), s.image.size());
+    getrusage(RUSAGE_THREAD, &after);
+    Arrival a{(*in)->data(), after.ru_minflt - before.ru_minflt};
+    auto held = (*in)->Commit();
+    EXPECT_TRUE(held.ok()) << held.status();
+    return a;
+  };
+  const Arrival s1 = arrive(0, 1, kFloats);
+  const Arrival s2 = arrive(0, 2, kFloats);
+  const Arrival s3 = arrive(0, 3, kFloats);  // step 1 goes: a spare
+  EXPECT_GE(s1.faults, 256) << "fresh pages fault (the measure works)";
+  EXPECT_EQ(store.Stats().spare_bytes, x);
+  EXPECT_EQ(store.Stats().used_bytes, 2 * x);
+  const Arrival s4 = arrive(0, 4, kFloats);
+  EXPECT_EQ(s4.base, s1.base) << "step 1's mapping takes step 4";
+  EXPECT_LT(s4.faults, 16);
+  const Arrival s5 = arrive(0, 5, kFloats);
+  EXPECT_EQ(s5.base, s2.base);
+  EXPECT_LT(s5.faults, 16);
+  daemon::ReplicaStats st = store.Stats();
+  EXPECT_EQ(st.reused, 2u);
+  EXPECT_EQ(st.used_bytes, 2 * x);
+  EXPECT_EQ(st.spare_bytes, x);  // step 3's
+  EXPECT_LE(st.used_bytes + st.spare_bytes, 3 * x + x / 2);
+  // Rank 1's copy of another size does not fit beside the spare: the spare
+  // gives way, no held copy does.
+  const uint64_t floats1 = kFloats + kFloats / 4;
+  const uint64_t y = ReplicaImage("j", 1, 1, 2, floats1).image.size();
+  ASSERT_GT(2 * x + x + y, 3 * x + x / 2);
+  const Arrival r1 = arrive(1, 1, floats1);
+  ASSERT_NE(r1.base, nullptr);
+  EXPECT_NE(r1.base, s3.base);
+  st = store.Stats();
+  EXPECT_EQ(st.spare_bytes, 0u);
+  EXPECT_EQ(st.used_bytes, 2 * x + y);
+  EXPECT_EQ(st.held, 3u);
+  EXPECT_NE(store.Find("j", 4, 0), nullptr);
+  EXPECT_NE(store.Find("j", 5, 0), nullptr);
+  EXPECT_NE(store.Find("j", 1, 1), nullptr);
+}
+
 TEST_F(ReplicaHolderTest, BadInputIsRefusedNamingTheFieldAndServingGoesOn) {
   StartHolder(1ull << 30);
   const storage::Shard s = ReplicaImage("j", 3, 1, 2);

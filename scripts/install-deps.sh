@@ -2,6 +2,8 @@
 # Installs the Debian 12 packages ckptd builds against (run as root).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config clang-format
+      # the linker (cmake/Linker.cmake): links ~3x faster than GNU ld here
+      lld
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
       protobuf-compiler librocksdb-dev libgtest-dev libgmock-dev libxxhash-dev
       libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev

@@ -246,8 +246,8 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
           ++counts_.refused;
           ReplicaPool::Unmap(unmap);
           return absl::ResourceExhaustedError(absl::StrCat(
-              "replica_memory_bytes: ", bytes, " more bytes do not fit: ",
-              used, " of ", budget_, " are in use (held, arriving or being read)"));
+              "replica_memory_bytes: ", bytes, " more bytes do not fit: ", used,
+              " of ", budget_, " are in use (held, arriving or being read)"));
         }
       }
     }

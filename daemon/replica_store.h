@@ -48,8 +48,8 @@
 
 namespace ckpt::daemon {
 
-// One copy's memory: an anonymous shared mapping, unmapped (and its bytes
-// given back to the store's count) when the last owner lets go.
+// One copy's memory: an anonymous shared mapping, given back to the
+// store's pool (kept as a spare, or unmapped) when the last owner lets go.
 class ReplicaMemory;
 // The store's byte count and its spare mappings (replica_store.cc).
 class ReplicaPool;

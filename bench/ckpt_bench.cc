@@ -14,9 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/daemon_process.h"
 #include "bench/object_tier_bench.h"
 #include "bench/raw_io.h"
@@ -356,11 +359,17 @@ absl::Status Bench::MeasureRound(Results* r) {
 
 void Bench::ReportRound(int round) const {
   const Samples& x = samples_;
+  // Every save of the round: one slow save (e.g. the first through a new
+  // mapping) is what the median hides.
+  std::vector<std::string> stalls;
+  for (size_t i = x.stall.size() - std::min<size_t>(o_.saves, x.stall.size());
+       i < x.stall.size(); ++i)
+    stalls.push_back(absl::StrFormat("%.1f", x.stall[i] * 1e3));
   std::fprintf(stderr,
-               "ckpt_bench: round %d/%d: save stall %.1f ms (memcpy %.1f ms), "
+               "ckpt_bench: round %d/%d: save stalls %s ms (memcpy %.1f ms), "
                "persist %.3f s (raw write %.3f s), restore from shm %.1f ms, "
                "from disk %.3f s (raw read %.3f s)\n",
-               round + 1, o_.repeat, x.stall.back() * 1e3,
+               round + 1, o_.repeat, absl::StrJoin(stalls, ", ").c_str(),
                x.memcpy.back() * 1e3, x.persist.back(), x.raw_write.back(),
                x.restore_shm.back() * 1e3, x.restore_disk.back(),
                x.raw_read.back());

@@ -59,6 +59,8 @@ std::vector<std::string> InheritedEnv() {
 
 }  // namespace
 
+int ViewSignal() { return SIGRTMIN; }
+
 Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
     : opts_(std::move(options)),
       signals_(stop_signals),
@@ -101,10 +103,13 @@ void Launcher::WatchLoop() {
         client_->watch_stub(&idx)->WatchJob(&ctx, req);
     cv1::JobView view;
     while (reader->Read(&view)) {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      view_ = view;
-      watch_status_ = absl::OkStatus();
-      backoff = std::chrono::milliseconds(100);
+      {
+        std::lock_guard<std::mutex> lock(watch_mu_);
+        view_ = view;
+        watch_status_ = absl::OkStatus();
+        backoff = std::chrono::milliseconds(100);
+      }
+      pthread_kill(loop_thread_, ViewSignal());  // act on it now
     }
     grpc::Status ended = reader->Finish();
     const bool moved =
@@ -145,7 +150,8 @@ bool Launcher::Wait(std::chrono::milliseconds d) {
     struct timespec ts = {static_cast<time_t>(left.count() / 1000000000),
                           static_cast<long>(left.count() % 1000000000)};
     int sig = sigtimedwait(&signals_, nullptr, &ts);
-    if (sig == SIGCHLD) return true;  // a trainer exited: reap it now
+    // A trainer exited, or a view arrived: act on it now.
+    if (sig == SIGCHLD || sig == ViewSignal()) return true;
     if (sig > 0) {
       stop_signal_ = sig;
       return false;
@@ -187,6 +193,7 @@ std::optional<int> Launcher::RegisterJob() {
 
 int Launcher::Run() {
   if (std::optional<int> rc = RegisterJob()) return *rc;
+  loop_thread_ = pthread_self();
   watcher_ = std::thread([this] { WatchLoop(); });
   for (;;) {
     Poll();

@@ -112,7 +112,7 @@ class CkptrunTest : public ::testing::Test {
                                      "--master-port",
                                      "31000",
                                      "--poll-ms",
-                                     "50",
+                                     poll_ms_,
                                      "--grace-ms",
                                      "1000",
                                      "--",
@@ -188,6 +188,9 @@ class CkptrunTest : public ::testing::Test {
   std::unique_ptr<testing::CoordinatorProcess> coord_;
   std::unique_ptr<cv1::Coordinator::Stub> stub_;
   pid_t ckptrun_ = -1;
+  // ckptrun's --poll-ms: how often its loop looks at the newest view
+  // when nothing (a trainer's exit, a new view) wakes it sooner.
+  std::string poll_ms_ = "50";
 };
 
 }  // namespace ckpt::tools

@@ -139,7 +139,8 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
 int main(int argc, char** argv) {
   if (ckpt::PrintedVersion(argc, argv, "ckptrun", CKPT_VERSION)) return 0;
   // Only the launcher's sigtimedwait sees them.
-  const sigset_t signals = ckpt::BlockSignals({SIGTERM, SIGINT, SIGCHLD});
+  const sigset_t signals =
+      ckpt::BlockSignals({SIGTERM, SIGINT, SIGCHLD, ckpt::tools::ViewSignal()});
   std::string help;
   absl::StatusOr<ckpt::tools::RunOptions> opts =
       ckpt::tools::ParseRunOptions(argc, argv, &help);

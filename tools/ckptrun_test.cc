@@ -141,6 +141,31 @@ TEST_F(CkptrunTest,
       << log_text;
 }
 
+// Issue 19 (recovery at the speed of the network): a new view wakes
+// ckptrun's loop at once. With a 60 s poll, the first generation's
+// trainers and the restarted one's start only when the view arrives;
+// before, each waited for the next poll (60 s here, 100 ms by default).
+TEST_F(CkptrunTest, NewViewStartsTrainersWithoutWaitingForThePoll) {
+  poll_ms_ = "60000";
+  testing::FakeNode node(coord_->address(), "n1", "", 2);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("fail1", 2);
+  ASSERT_TRUE(WaitForEnv(0, {0, 1})) << "generation 0 waited for the poll\n"
+                                     << ReadFile(log());
+  for (auto state : {cv1::STAGED, cv1::DURABLE})
+    for (uint32_t r : {0u, 1u}) {
+      grpc::Status s = node.ReportShard("train", 7, r, state,
+                                        storage::ShardKey("train", 7, r));
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  std::ofstream(dir_.path() + "/fail").put('x');  // rank 1 exits 3
+  ASSERT_TRUE(WaitForEnv(1, {0, 1})) << "generation 1 waited for the poll\n"
+                                     << ReadFile(log());
+  EXPECT_EQ(Env(1, 0)["CKPT_RESTORE_STEP"], "7");
+  kill(ckptrun_, SIGTERM);
+  EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
+}
+
 TEST_F(CkptrunTest,
        CoordinatorRestartLeavesTrainersRunningAndQueuedExitIsReportedLater) {
   // A longer heartbeat timeout: the fake node must outlive the restart.

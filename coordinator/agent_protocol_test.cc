@@ -48,6 +48,61 @@ TEST_F(ServerTest,
       << "plan state " << v1::PlanState_Name(Job().plan_state());
 }
 
+// Issue 19 (recovery at the speed of the network): an order reaches the
+// agent as soon as it is durable (WatchNode), and its acknowledgement goes
+// at once. With a 60 s heartbeat timeout the agent heartbeats every 12 s;
+// before, the RESTART waited for the next heartbeat and its
+// acknowledgement for the one after (12 s or more).
+TEST_F(ServerTest, OrderArrivesAndIsAcknowledgedWithoutWaitingForHeartbeats) {
+  heartbeat_timeout_ms_ = 60000;
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  const auto failed = std::chrono::steady_clock::now();
+  TrainerDied("n1", agent->epoch(), 1);
+  EXPECT_TRUE(Eventually(
+      [&] { return Job().plan_state() == v1::PLAN_ACKNOWLEDGED; }, seconds(6)))
+      << "plan state " << v1::PlanState_Name(Job().plan_state()) << " after "
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                       failed)
+             .count()
+      << " s";
+  EXPECT_EQ(CountEvents(v1::ORDER_ACKED), CountEvents(v1::ORDER_SENT));
+}
+
+// The order watch validates what it is given: a node id that is not a
+// name is refused naming the field, and the server serves on.
+TEST_F(ServerTest, OrderWatchOfABadNodeIdIsRefusedNamingTheField) {
+  Start();
+  auto watch = v1::CoordinatorWatch::NewStub(
+      grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  for (const char* bad : {"../etc", ""}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    v1::WatchNodeRequest req;
+    req.set_node_id(bad);
+    auto reader = watch->WatchNode(&ctx, req);
+    v1::NodeView view;
+    EXPECT_FALSE(reader->Read(&view));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find("node_id"), std::string::npos)
+        << s.error_message();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+  v1::WatchNodeRequest req;
+  req.set_node_id("n1");
+  auto reader = watch->WatchNode(&ctx, req);
+  v1::NodeView view;
+  EXPECT_TRUE(reader->Read(&view)) << "a good watch after the refusals";
+  EXPECT_EQ(view.order_ids_size(), 0);
+  ctx.TryCancel();
+  reader->Finish();
+}
+
 // Finding 2, the same through a failed group write: the coordinator goes
 // back to its store, where the order is still pending.
 TEST_F(ServerTest, AckOfAFailedGroupWriteIsSentAgainAndThePlanIsAcknowledged) {

@@ -200,6 +200,9 @@ class Coordinator {
 
   // What a launcher of `job` on `node_id` needs (see WatchJob).
   v1::JobView View(const std::string& job, const std::string& node_id);
+  // What node `node_id`'s agent watches (WatchNode): the orders its next
+  // heartbeat would get (queued and durable, not yet acknowledged).
+  v1::NodeView NodeOrders(const std::string& node_id);
   // Counts durable changes; WaitForChange returns the count once it is
   // above `seen`, or at `deadline`.
   uint64_t WaitForChange(uint64_t seen,

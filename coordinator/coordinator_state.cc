@@ -170,6 +170,16 @@ v1::EventsResponse Coordinator::Events(const v1::EventsRequest& req) {
   return resp;
 }
 
+v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::NodeView v;
+  auto mine = orders_by_node_.find(node_id);
+  if (mine == orders_by_node_.end()) return v;
+  for (uint64_t id : mine->second)
+    if (!order_seq_.count(id)) v.add_order_ids(id);  // durable: deliverable
+  return v;
+}
+
 v1::JobView Coordinator::View(const std::string& job_name,
                               const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,6 @@
 #include "coordinator/watch_service.h"
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -8,25 +9,24 @@
 
 namespace ckpt::coordinator {
 
-class WatchService::Watcher final
-    : public grpc::ServerWriteReactor<v1::JobView> {
+// A stream of `View`s; `compute` gives the current one.
+template <typename View>
+class WatchService::Watcher final : public grpc::ServerWriteReactor<View>,
+                                    public WatchService::Stream {
  public:
   Watcher(WatchService* service, grpc::CallbackServerContext* ctx,
-          std::string job, std::string node)
-      : service_(service),
-        ctx_(ctx),
-        job_(std::move(job)),
-        node_(std::move(node)) {}
-  const std::string& job() const { return job_; }
-  const std::string& node() const { return node_; }
+          std::function<View(Coordinator*)> compute)
+      : service_(service), ctx_(ctx), compute_(std::move(compute)) {}
+
+  void Refresh(Coordinator* c) override { Push(compute_(c)); }
 
   // Sends `v` unless it is what the reader has already; keeps only the
   // newest while a write is in flight.
-  void Push(v1::JobView v) {
+  void Push(View v) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     std::string bytes = v.SerializeAsString();
-    if (bytes == last_) return;
+    if (last_ && bytes == *last_) return;  // (an empty view is sent once)
     last_ = std::move(bytes);
     if (writing_) {
       pending_ = std::move(v);
@@ -34,15 +34,14 @@ class WatchService::Watcher final
     }
     writing_ = true;
     current_ = std::move(v);
-    StartWrite(&current_);
+    this->StartWrite(&current_);
   }
-  // `leader`, when not empty, goes in the kLeaderMetadataKey trailer.
-  void End(const grpc::Status& s, const std::string& leader = "") {
+  void End(const grpc::Status& s, const std::string& leader) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
     if (!leader.empty()) ctx_->AddTrailingMetadata(kLeaderMetadataKey, leader);
-    Finish(s);
+    this->Finish(s);
   }
 
   void OnWriteDone(bool ok) override {
@@ -50,7 +49,7 @@ class WatchService::Watcher final
     if (!ok) {
       if (!finished_) {
         finished_ = true;
-        Finish(
+        this->Finish(
             grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broken"));
       }
       return;
@@ -58,12 +57,12 @@ class WatchService::Watcher final
     if (pending_ && !finished_) {
       current_ = std::move(*pending_);
       pending_.reset();
-      StartWrite(&current_);
+      this->StartWrite(&current_);
     } else {
       writing_ = false;
     }
   }
-  void OnCancel() override { End(grpc::Status::CANCELLED); }
+  void OnCancel() override { End(grpc::Status::CANCELLED, ""); }
   void OnDone() override {
     service_->Remove(this);
     delete this;
@@ -72,14 +71,13 @@ class WatchService::Watcher final
  private:
   WatchService* const service_;
   grpc::CallbackServerContext* const ctx_;  // the call's; lives until OnDone
-  const std::string job_;
-  const std::string node_;
+  const std::function<View(Coordinator*)> compute_;
   std::mutex mu_;
   bool writing_ = false;
   bool finished_ = false;
-  std::string last_;
-  v1::JobView current_;
-  std::optional<v1::JobView> pending_;
+  std::optional<std::string> last_;
+  View current_;
+  std::optional<View> pending_;
 };
 
 WatchService::WatchService(AdmitFn admit, LeadingFn leading)
@@ -102,19 +100,21 @@ void WatchService::Stop() {
   }
   if (notifier.joinable()) notifier.join();
   std::lock_guard<std::mutex> lock(mu_);
-  for (Watcher* w : watchers_)
-    w->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator stopping"));
+  for (Stream* w : watchers_)
+    w->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator stopping"),
+           "");
 }
 
-grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
-    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
-  absl::Status s = ValidateJobName(req->job(), "job");
-  if (s.ok()) s = ValidateJobName(req->node_id(), "node_id");
+template <typename View>
+grpc::ServerWriteReactor<View>* WatchService::Open(
+    grpc::CallbackServerContext* ctx, const char* method,
+    const google::protobuf::Message& req, const absl::Status& checked,
+    Watcher<View>* w) {
   grpc::Status refusal =
-      s.ok() ? grpc::Status::OK
-             : grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                            std::string(s.message()));
-  if (refusal.ok() && admit_) refusal = admit_(ctx, "WatchJob", *req);
+      checked.ok() ? grpc::Status::OK
+                   : grpc::Status(static_cast<grpc::StatusCode>(checked.code()),
+                                  std::string(checked.message()));
+  if (refusal.ok() && admit_) refusal = admit_(ctx, method, req);
   if (refusal.ok() && stopping_)
     refusal =
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator stopping");
@@ -122,22 +122,41 @@ grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
   if (refusal.ok() && c == nullptr)
     refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            "not leader; no leader elected yet");
-  auto* w = new Watcher(this, ctx, req->job(), req->node_id());
   if (!refusal.ok()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       watchers_.insert(w);  // OnDone removes it
     }
-    w->End(refusal);
+    w->End(refusal, "");
     return w;
   }
   std::lock_guard<std::mutex> lock(mu_);
   watchers_.insert(w);
-  w->Push(c->View(w->job(), w->node()));
+  w->Refresh(c);
   return w;
 }
 
-void WatchService::Remove(Watcher* w) {
+grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
+    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
+  absl::Status s = ValidateJobName(req->job(), "job");
+  if (s.ok()) s = ValidateJobName(req->node_id(), "node_id");
+  auto* w = new Watcher<v1::JobView>(
+      this, ctx, [job = req->job(), node = req->node_id()](Coordinator* c) {
+        return c->View(job, node);
+      });
+  return Open(ctx, "WatchJob", *req, s, w);
+}
+
+grpc::ServerWriteReactor<v1::NodeView>* WatchService::WatchNode(
+    grpc::CallbackServerContext* ctx, const v1::WatchNodeRequest* req) {
+  absl::Status s = ValidateJobName(req->node_id(), "node_id");
+  auto* w = new Watcher<v1::NodeView>(
+      this, ctx,
+      [node = req->node_id()](Coordinator* c) { return c->NodeOrders(node); });
+  return Open(ctx, "WatchNode", *req, s, w);
+}
+
+void WatchService::Remove(Stream* w) {
   std::lock_guard<std::mutex> lock(mu_);
   watchers_.erase(w);
 }
@@ -154,7 +173,7 @@ void WatchService::NotifyLoop() {
       std::string leader;
       if (grpc::Status lead = leading_(&leader); !lead.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
-        for (Watcher* w : watchers_) w->End(lead, leader);
+        for (Stream* w : watchers_) w->End(lead, leader);
         continue;
       }
     }
@@ -163,7 +182,7 @@ void WatchService::NotifyLoop() {
     // Views are computed under mu_ so no watcher is deleted meanwhile
     // (OnDone waits for mu_); each View takes the state mutex briefly.
     std::lock_guard<std::mutex> lock(mu_);
-    for (Watcher* w : watchers_) w->Push(c->View(w->job(), w->node()));
+    for (Stream* w : watchers_) w->Refresh(c);
   }
 }
 

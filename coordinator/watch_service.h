@@ -1,9 +1,10 @@
 // WatchService: the CoordinatorWatch gRPC service (coordinator.proto) on
 // gRPC's callback API, so an open stream costs no thread: thousands of
-// launchers (ckptrun) can each hold one. A watcher gets its JobView at
-// once, then again after each durable change of the state that changes
-// its view (one notifier thread recomputes the views; a slow reader gets
-// only the newest view when its previous write completes).
+// launchers (ckptrun, WatchJob) and node agents (ckptd, WatchNode) can each
+// hold one. A watcher gets its view at once, then again after each durable
+// change of the state that changes it (one notifier thread recomputes the
+// views; a slow reader gets only the newest view when its previous write
+// completes).
 // Every call goes through `admit` first (leadership and authorisation, the
 // Coordinator service's rules: service.h, auth.h); a refusal ends the
 // stream with its status. Until Serve() hands it the Coordinator (a
@@ -47,18 +48,39 @@ class WatchService final : public v1::CoordinatorWatch::CallbackService {
   grpc::ServerWriteReactor<v1::JobView>* WatchJob(
       grpc::CallbackServerContext* ctx,
       const v1::WatchJobRequest* req) override;
+  grpc::ServerWriteReactor<v1::NodeView>* WatchNode(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchNodeRequest* req) override;
 
-  class Watcher;
-  void Remove(Watcher* w);
+  // One open stream, whatever it watches.
+  class Stream {
+   public:
+    virtual ~Stream() = default;
+    // Sends the stream's view of `c` unless the reader has it already.
+    virtual void Refresh(Coordinator* c) = 0;
+    // `leader`, when not empty, goes in the kLeaderMetadataKey trailer.
+    virtual void End(const grpc::Status& s, const std::string& leader) = 0;
+  };
+  void Remove(Stream* w);
 
  private:
+  template <typename View>
+  class Watcher;
+  // Admits `req` (already checked: `checked`), registers `w` and sends its
+  // first view, or ends it with the refusal.
+  template <typename View>
+  grpc::ServerWriteReactor<View>* Open(grpc::CallbackServerContext* ctx,
+                                       const char* method,
+                                       const google::protobuf::Message& req,
+                                       const absl::Status& checked,
+                                       Watcher<View>* w);
   void NotifyLoop();
 
   const AdmitFn admit_;
   const LeadingFn leading_;
   std::atomic<Coordinator*> c_{nullptr};
   std::mutex mu_;
-  std::set<Watcher*> watchers_;
+  std::set<Stream*> watchers_;
   std::atomic<bool> stopping_{false};
   std::thread notifier_;
 };

@@ -28,8 +28,10 @@ NodeAgent::~NodeAgent() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    if (order_watch_ctx_) order_watch_ctx_->TryCancel();
   }
   cv_.notify_all();
+  if (order_watch_.joinable()) order_watch_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (reporter_.joinable()) reporter_.join();
   if (applier_.joinable()) applier_.join();
@@ -49,6 +51,7 @@ void NodeAgent::Start(Engine* engine) {
     beacons_->Start();
   }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  order_watch_ = std::thread([this] { OrderWatchLoop(); });
   reporter_ = std::thread([this] { ReportLoop(); });
   applier_ = std::thread([this] { ApplyLoop(); });
 }
@@ -58,6 +61,48 @@ bool NodeAgent::WaitFor(std::chrono::milliseconds d) {
   cv_.wait_for(lock, d, [&] { return stopping_ || kick_; });
   kick_ = false;
   return !stopping_;
+}
+
+void NodeAgent::OrderWatchLoop() {
+  coordinator::CoordinatorClient& client = rpc_->client();
+  auto backoff = std::chrono::milliseconds(100);
+  for (;;) {
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      order_watch_ctx_ = &ctx;
+    }
+    cv1::WatchNodeRequest req;
+    req.set_node_id(options_.node_id);
+    size_t idx = 0;
+    const std::string addr = client.current();
+    std::unique_ptr<grpc::ClientReader<cv1::NodeView>> reader =
+        client.watch_stub(&idx)->WatchNode(&ctx, req);
+    cv1::NodeView view;
+    while (reader->Read(&view)) {
+      backoff = std::chrono::milliseconds(100);
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint64_t id : view.order_ids())
+        if (!handled_.count(id)) kick_ = true;  // not taken yet: go get it
+      if (kick_) cv_.notify_all();
+    }
+    grpc::Status ended = reader->Finish();
+    const bool moved =
+        !ended.ok() && !coordinator::LeaderHint(ended, ctx).empty();
+    client.StreamEnded(ended, idx, &ctx);
+    std::unique_lock<std::mutex> lock(mu_);
+    order_watch_ctx_ = nullptr;
+    if (stopping_) return;
+    if (ended.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      LogInfo("coordinator " + addr +
+              " has no WatchNode: orders come with heartbeats");
+      return;
+    }
+    if (moved && client.current() != addr) continue;  // to the named leader
+    cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
 }
 
 void NodeAgent::HeartbeatLoop() {

@@ -61,6 +61,10 @@
 #include "daemon/replica_store.h"
 #include "daemon/replicator.h"
 
+namespace grpc {
+class ClientContext;
+}
+
 namespace ckpt::daemon {
 
 // The coordinator's form of one of the engine's shard reports (what
@@ -175,6 +179,12 @@ class NodeAgent {
     std::optional<uint64_t> keep_from;
   };
   void HeartbeatLoop();
+  // Keeps a WatchNode stream open on the leading coordinator (reopening it
+  // with backoff) and kicks a heartbeat as soon as it shows an order not
+  // taken yet: orders arrive when they are durable, not a heartbeat
+  // interval later. A coordinator without WatchNode (older): heartbeats
+  // alone, as before.
+  void OrderWatchLoop();
   void ApplyLoop();
   void ReportLoop();
   // Heartbeat thread: takes the orders of a heartbeat's answer (starts a
@@ -221,7 +231,8 @@ class NodeAgent {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  bool kick_ = false;  // heartbeat now: an order is done
+  bool kick_ = false;  // heartbeat now: an order is done, or one arrived
+  grpc::ClientContext* order_watch_ctx_ = nullptr;  // the open WatchNode
   std::deque<Queued> reports_;
   // Sent and accepted, for steps not known committed: (job, step, rank) ->
   // the STAGED and (once sent) DURABLE reports.
@@ -284,6 +295,7 @@ class NodeAgent {
   std::map<std::string, coord::v1::NetProbeResult> net_done_;
   std::thread applier_;
   std::thread heartbeat_;
+  std::thread order_watch_;
   std::thread reporter_;
 };
 

@@ -63,6 +63,7 @@ void NodeAgent::TakeOrders(const cv1::HeartbeatResponse& resp) {
         LogInfo(absl::StrCat("order ", o.id(),
                              " sent again: acknowledging it again"));
         acked_.push_back(o.id());
+        kick_ = true;  // the plan waits for it: the next heartbeat now
       }
       continue;
     }
@@ -109,6 +110,9 @@ void NodeAgent::TakeOrders(const cv1::HeartbeatResponse& resp) {
             absl::StrCat("order ", o.id(), ": malformed PREFETCH ignored"));
       taken->second = true;
       acked_.push_back(o.id());
+      // The plan (and the trainers, for a RESTART) waits for it: the next
+      // heartbeat now, not an interval later.
+      kick_ = true;
     }
   }
 }

@@ -25,6 +25,8 @@ class NodeAgent::Rpc {
                       std::chrono::milliseconds timeout) {
     return client_->Call(call, req, resp, timeout);
   }
+  // For streams (CoordinatorWatch), which follow the leader themselves.
+  coordinator::CoordinatorClient& client() { return *client_; }
 
  private:
   std::unique_ptr<coordinator::CoordinatorClient> client_;

@@ -188,6 +188,30 @@ TEST_F(TlsTest, BatchedReportsAndTheJobWatchNeedTheNodesOwnCertificate) {
     ctx.TryCancel();
     reader->Finish();
   }
+  // And the node's order watch (ckptd's stream): only n1 sees n1's orders.
+  cv1::WatchNodeRequest orders;
+  orders.set_node_id("n1");
+  for (const char* caller : {"n2", "n1"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    auto reader = cv1::CoordinatorWatch::NewStub(channel(caller))
+                      ->WatchNode(&ctx, orders);
+    cv1::NodeView view;
+    const bool read = reader->Read(&view);
+    if (std::string(caller) == "n1") {
+      EXPECT_TRUE(read);  // the current view comes at once
+      ctx.TryCancel();
+      reader->Finish();
+      continue;
+    }
+    EXPECT_FALSE(read);
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find("WatchNode: node_id \"n1\""),
+              std::string::npos)
+        << s.error_message();
+  }
 }
 
 TEST_F(TlsTest, ClientWithoutACertificateIsRefusedAtTheHandshake) {

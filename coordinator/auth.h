@@ -3,7 +3,8 @@
 // or with one of another CA; here the verified certificate's identities (its
 // subject CN and every subjectAltName entry) decide:
 // - a request that names a node (a `node_id` field: RegisterNode, Heartbeat,
-//   ReportShard, ReportShards, ReportTrainerExit, WatchJob, and any later one)
+//   ReportShard, ReportShards, ReportTrainerExit, WatchJob, WatchNode, and
+//   any later one)
 //   is admitted only when
 //   that node id is one of the caller's identities: a node cannot report for
 //   another node;

@@ -72,7 +72,8 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   app.add_option("--master-port", master_port,
                  "MASTER_PORT base; generation G uses base + G % 1000");
   app.add_option("--poll-ms", poll_ms,
-                 "how often to make trainers match the watched view (no RPC; "
+                 "the longest the loop sleeps when nothing happens (a new "
+                 "view or a trainer's exit wakes it at once; no RPC; "
                  "default 100)");
   app.add_option(
       "--grace-ms", grace_ms,

@@ -172,24 +172,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   resp.set_incarnation(incarnation_.load());
   NetCheckLocked(&batch, req, &resp);
   HealthRecheckLocked(&batch, req, &resp);
-  auto mine = orders_by_node_.find(req.node_id());
-  if (mine != orders_by_node_.end()) {
-    for (uint64_t id : mine->second) {
-      if (order_seq_.count(id))
-        continue;  // not durable yet: the next heartbeat
-      v1::Order& order = orders_.at(id);
-      if (!order.delivered()) {
-        order.set_delivered(true);
-        batch.PutOrder(order);
-        LogLocked(
-            &batch, v1::ORDER_SENT, order.job(), req.node_id(),
-            absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
-                         " step ",
-                         order.has_step() ? absl::StrCat(order.step()) : "none",
-                         " ranks ", absl::StrJoin(order.ranks(), ",")));
-      }
-      *resp.add_orders() = order;
+  for (uint64_t id : DeliverableOrdersLocked(req.node_id())) {
+    v1::Order& order = orders_.at(id);
+    if (!order.delivered()) {
+      order.set_delivered(true);
+      batch.PutOrder(order);
+      LogLocked(
+          &batch, v1::ORDER_SENT, order.job(), req.node_id(),
+          absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
+                       " step ",
+                       order.has_step() ? absl::StrCat(order.step()) : "none",
+                       " ranks ", absl::StrJoin(order.ranks(), ",")));
     }
+    *resp.add_orders() = order;
   }
   // What is durable only: a heartbeat never waits for a disk write.
   for (const auto& [name, job] : jobs_) {

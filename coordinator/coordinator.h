@@ -287,6 +287,11 @@ class Coordinator {
                                              uint32_t rank);
   uint32_t HostedRanksLocked(const std::string& node_id) const;
   void QueueOrderLocked(Batch* batch, v1::Order order);
+  // The orders `node_id` may be given now: queued and durable (an order
+  // whose batch is not yet durable waits for the next heartbeat), not yet
+  // acknowledged. What a heartbeat answers with and WatchNode shows.
+  std::vector<uint64_t> DeliverableOrdersLocked(
+      const std::string& node_id) const;
 
   // coordinator_liveness.cc: progress reports and hang detection.
   // Checks a heartbeat's progress reports (before any state is touched).

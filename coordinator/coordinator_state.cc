@@ -170,13 +170,20 @@ v1::EventsResponse Coordinator::Events(const v1::EventsRequest& req) {
   return resp;
 }
 
+std::vector<uint64_t> Coordinator::DeliverableOrdersLocked(
+    const std::string& node_id) const {
+  std::vector<uint64_t> ids;
+  auto mine = orders_by_node_.find(node_id);
+  if (mine == orders_by_node_.end()) return ids;
+  for (uint64_t id : mine->second)
+    if (!order_seq_.count(id)) ids.push_back(id);
+  return ids;
+}
+
 v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::NodeView v;
-  auto mine = orders_by_node_.find(node_id);
-  if (mine == orders_by_node_.end()) return v;
-  for (uint64_t id : mine->second)
-    if (!order_seq_.count(id)) v.add_order_ids(id);  // durable: deliverable
+  for (uint64_t id : DeliverableOrdersLocked(node_id)) v.add_order_ids(id);
   return v;
 }
 

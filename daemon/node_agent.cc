@@ -94,11 +94,8 @@ void NodeAgent::OrderWatchLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     order_watch_ctx_ = nullptr;
     if (stopping_) return;
-    if (ended.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-      LogInfo("coordinator " + addr +
-              " has no WatchNode: orders come with heartbeats");
-      return;
-    }
+    // Any other end (unreachable, an older coordinator without WatchNode):
+    // heartbeats still carry the orders; try again after the backoff.
     if (moved && client.current() != addr) continue;  // to the named leader
     cv_.wait_for(lock, backoff, [&] { return stopping_; });
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));

@@ -182,8 +182,8 @@ class NodeAgent {
   // Keeps a WatchNode stream open on the leading coordinator (reopening it
   // with backoff) and kicks a heartbeat as soon as it shows an order not
   // taken yet: orders arrive when they are durable, not a heartbeat
-  // interval later. A coordinator without WatchNode (older): heartbeats
-  // alone, as before.
+  // interval later. While the stream is down (or the coordinator is an
+  // older one without WatchNode) heartbeats alone carry the orders.
   void OrderWatchLoop();
   void ApplyLoop();
   void ReportLoop();

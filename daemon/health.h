@@ -9,7 +9,8 @@
 //                against the cluster's median; fails here only if 0)
 //   shm          free bytes in the shm directory (plus what the daemon's
 //                own arenas there hold) >= shm_need_bytes, and a
-//                probe file there can be created, written and removed
+//                probe file there can be created, written and removed;
+//                passes with a reason when arenas there get no huge pages
 //   root         write + fsync + read back + delete of a probe on --root
 //   shared_root  the same on --shared-root (a PUT/GET/DELETE on s3://);
 //                skipped when there is none
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "coordinator.pb.h"
@@ -68,6 +70,14 @@ HealthCheckResult RunBounded(const std::string& name,
 
 // The CUDA check (health_cuda.cc with CUDA, else health_nocuda.cc).
 HealthCheckResult CheckCuda(uint64_t bytes);
+
+// Whether arenas in `dir` get transparent huge pages, from the text of
+// /proc/self/mountinfo and of /sys/kernel/mm/transparent_hugepage/
+// shmem_enabled: "on: huge=advise" (ckptd advises its mappings),
+// "off: /dev/shm is mounted huge=never", or "unknown" (not a tmpfs, or no
+// mount found). The shm check names an "off" in its reason.
+std::string ShmHugePages(std::string_view mountinfo,
+                         std::string_view shmem_enabled, std::string_view dir);
 
 bool AllPassed(const std::vector<HealthCheckResult>& results);
 // One line per check: "memcpy: ok 12.3 GB/s (0.21 s)", "root: FAILED ...".

@@ -4,9 +4,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 
@@ -44,6 +49,87 @@ TEST(HealthTest, HealthyNodePassesEveryCheckWithFigures) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path() + "/shared"));
   EXPECT_EQ(HealthJson(results).rfind("{\"healthy\":true,\"checks\":[", 0), 0u)
       << HealthJson(results);
+}
+
+constexpr char kMountinfo[] =
+    "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    "25 22 0:21 / /dev rw,nosuid shared:2 - devtmpfs udev rw,size=1k\n"
+    "26 25 0:23 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs "
+    "rw,size=24683620k,inode64\n"
+    "40 22 0:40 / /run/big rw,relatime - tmpfs tmpfs rw,huge=within_size\n"
+    "41 40 0:41 / /run/big/small rw,relatime - tmpfs tmpfs rw,size=8k\n";
+
+TEST(HealthTest, ShmHugePagesReadsTheMountHoldingTheDirectory) {
+  const char* thp = "always within_size advise [never] deny force";
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/dev/shm"),
+            "off: /dev/shm is mounted huge=never");
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/run/big"), "on: huge=within_size");
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/run/big/arenas"),
+            "on: huge=within_size");
+  // The longest mount point that holds it, not a name that merely starts
+  // the same.
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/run/big/small/x"),
+            "off: /run/big/small is mounted huge=never");
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/run/bigger"), "unknown");
+  EXPECT_EQ(ShmHugePages(kMountinfo, thp, "/var/tmp"), "unknown");  // ext4
+  // The system-wide override wins over the mount.
+  EXPECT_EQ(ShmHugePages(kMountinfo, "always [deny] force", "/run/big"),
+            "off: shmem_enabled is deny, huge=within_size");
+  EXPECT_EQ(ShmHugePages(kMountinfo, "never deny [force]", "/dev/shm"),
+            "on: shmem_enabled is force");
+  // Garbage is not a crash.
+  EXPECT_EQ(ShmHugePages("x - \n\n - - -", thp, "/dev/shm"), "unknown");
+}
+
+// The shm check passes either way, and says so when arenas get no huge
+// pages; two real tmpfs mounts in a private mount namespace (root only).
+TEST(HealthTest, ShmCheckNamesAMountWithoutHugePages) {
+  testing::TempDir dir;
+  const std::string off = dir.path() + "/off", on = dir.path() + "/on";
+  std::filesystem::create_directories(off);
+  std::filesystem::create_directories(on);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    auto say = [&](int code, const std::string& what) {
+      (void)!::write(fds[1], what.data(), what.size());
+      ::_exit(code);
+    };
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", off.c_str(), "tmpfs", 0, "size=16m") != 0 ||
+        ::mount("tmpfs", on.c_str(), "tmpfs", 0, "size=16m,huge=advise") != 0)
+      say(77, std::string("tmpfs mounts in a private namespace: ") +
+                  std::strerror(errno));
+    std::string out;
+    for (const std::string& d : {off, on}) {
+      HealthOptions o = Options(dir.path() + "/root");
+      o.shm_dir = d;
+      const HealthCheckResult* shm = nullptr;
+      const auto results = RunHealthChecks(o);
+      shm = Find(results, "shm");
+      out += std::string(shm->passed() ? "passed" : "FAILED") + " [" +
+             shm->reason + "]\n";
+    }
+    say(0, out);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << got;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << got;
+  EXPECT_EQ(got, "passed [no huge pages (" + off +
+                     " is mounted huge=never): each new mapping of an arena "
+                     "fills a page table entry per 4 KiB "
+                     "(doc/operations.md)]\npassed []\n");
 }
 
 TEST(HealthTest, RootThatIsNotADirectoryFailsTheRootCheckOnly) {

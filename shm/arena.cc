@@ -126,12 +126,25 @@ absl::Status Reserve(int fd, const std::string& name, uint64_t offset,
       err, absl::StrCat("arena ", name, ": posix_fallocate ", bytes, " bytes"));
 }
 
-// Faults every page in, on several threads: the first touch of a shmem
-// page (zeroing it) is the expensive part of creating an arena, and a
-// first save must not pay it page by page.
-absl::Status Prefault(char* base, uint64_t bytes, const std::string& name) {
+// Asks for transparent huge pages on [base, base + bytes). Where the
+// tmpfs allows them (mounted huge=within_size or always, or huge=advise
+// with this advice), a slot is 2 MiB pages: every process that maps the
+// arena fills one page-table entry per 2 MiB instead of 512, which is most
+// of what a first copy through a new mapping costs (doc/operations.md
+// "Huge pages"). Advice only: a kernel or mount without them ignores it.
+void AdviseHugePages(char* base, uint64_t bytes) {
+  (void)::madvise(base, bytes, MADV_HUGEPAGE);
+}
+
+// Faults every page of [base, base + bytes) in with MADV_POPULATE_WRITE, on
+// several threads: the first touch of a shmem page (zeroing it) is the
+// expensive part of creating an arena, and a first save must not pay it
+// page by page. Returns the first errno (EINVAL: a kernel before 5.14;
+// EFAULT: a page could not be allocated), 0 if all went in.
+int Populate(char* base, uint64_t bytes) {
   unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  uint64_t per = (bytes / n + 4095) & ~uint64_t{4095};
+  // Whole 2 MiB pieces, so that no huge page is split between threads.
+  uint64_t per = RoundUp(bytes / n + 1, kSlotAlign);
   std::vector<std::thread> threads;
   std::vector<int> errs(n, 0);
   for (unsigned i = 0; i < n; ++i) {
@@ -139,20 +152,46 @@ absl::Status Prefault(char* base, uint64_t bytes, const std::string& name) {
     if (off >= bytes) break;
     uint64_t len = std::min(per, bytes - off);
     threads.emplace_back([&, i, off, len] {
-      if (::madvise(base + off, len, MADV_POPULATE_WRITE) == 0) return;
-      if (errno != EINVAL) {
-        errs[i] = errno;
-        return;
-      }
-      // Kernels before 5.14: touch one byte per page (the pages exist).
-      for (uint64_t p = 0; p < len; p += 4096)
-        reinterpret_cast<volatile char*>(base + off)[p] = 0;
+      if (::madvise(base + off, len, MADV_POPULATE_WRITE) != 0) errs[i] = errno;
     });
   }
   for (auto& t : threads) t.join();
   for (int err : errs)
-    if (err)
-      return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
+    if (err) return err;
+  return 0;
+}
+
+// Allocates and faults in [offset, offset + bytes) of the segment `fd`,
+// mapped at `base` (`fd` < 0: the pages are allocated already). The pages
+// are faulted in through the mapping first and reserved (fallocate) after:
+// on a huge=advise tmpfs a fault through an advised mapping allocates huge
+// pages where fallocate would allocate small ones. Running out of room is
+// ResourceExhausted, never a SIGBUS (MADV_POPULATE_WRITE reports EFAULT);
+// with `fresh` (the range holds nothing yet), the pages the faults got are
+// given back then.
+absl::Status ReserveAndPrefault(int fd, char* base, uint64_t offset,
+                                uint64_t bytes, const std::string& name,
+                                bool fresh) {
+  AdviseHugePages(base + offset, bytes);
+  int err = Populate(base + offset, bytes);
+  if (fd >= 0) {
+    if (absl::Status r = Reserve(fd, name, offset, bytes); !r.ok()) {
+      if (fresh)
+        (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          static_cast<off_t>(offset),
+                          static_cast<off_t>(bytes));
+      return r;
+    }
+  }
+  if (err == EFAULT) err = Populate(base + offset, bytes);  // room now
+  if (err == EINVAL) {
+    // Kernels before 5.14: touch one byte per page (reserved above).
+    for (uint64_t p = 0; p < bytes; p += 4096)
+      reinterpret_cast<volatile char*>(base + offset)[p] = 0;
+    err = 0;
+  }
+  if (err != 0)
+    return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
   return absl::OkStatus();
 }
 
@@ -242,18 +281,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   const uint32_t now_slots =
       std::min(options.prefault_slots, options.num_slots);
   const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
-  if (s.ok() && now_bytes < arena_bytes) {
-    if (::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
-      s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
-                                            arena_bytes, " bytes"));
-    struct statvfs vfs {};
-    if (s.ok() && ::fstatvfs(fd.fd, &vfs) == 0 &&
-        uint64_t{vfs.f_bavail} * vfs.f_frsize < arena_bytes)
-      s = absl::ResourceExhaustedError(absl::StrCat(
-          "arena ", name, ": /dev/shm cannot hold ", arena_bytes,
-          " bytes (free: ", uint64_t{vfs.f_bavail} * vfs.f_frsize, ")"));
-  }
-  if (s.ok()) s = Reserve(fd.fd, name, 0, now_bytes);
+  if (s.ok() && ::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
+    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
+                                          arena_bytes, " bytes"));
+  struct statvfs vfs {};
+  if (s.ok() && ::fstatvfs(fd.fd, &vfs) == 0 &&
+      uint64_t{vfs.f_bavail} * vfs.f_frsize < arena_bytes)
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        "arena ", name, ": /dev/shm cannot hold ", arena_bytes,
+        " bytes (free: ", uint64_t{vfs.f_bavail} * vfs.f_frsize, ")"));
   char* base = nullptr;
   if (s.ok()) {
     auto mapped =
@@ -261,7 +297,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
     if (mapped.ok()) {
       base = *mapped;
-      s = Prefault(base, now_bytes, name);
+      AdviseHugePages(base, arena_bytes);  // the slots ReserveSlots adds too
+      s = ReserveAndPrefault(fd.fd, base, 0, now_bytes, name,
+                             /*fresh=*/true);
       if (!s.ok()) ::munmap(base, arena_bytes);
     } else {
       s = mapped.status();
@@ -331,13 +369,19 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
   // An older daemon gave its arenas to the job's uid (which logind's
   // RemoveIPC deletes); from now on it is ours.
   CKPT_RETURN_IF_ERROR(GrantSegment(fd.fd, name, expect.user_uid));
-  // The daemon that created it may have died before reserving every slot.
-  CKPT_RETURN_IF_ERROR(Reserve(fd.fd, name, 0, arena_bytes));
   CKPT_ASSIGN_OR_RETURN(
       char* base,
-      Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE,
-          MAP_SHARED | MAP_POPULATE, nullptr,
+      Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, nullptr,
           absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes")));
+  // Advised before the page tables are filled, so that huge pages are
+  // mapped as such; the daemon that created it may have died before
+  // reserving every slot.
+  if (absl::Status p = ReserveAndPrefault(fd.fd, base, 0, arena_bytes, name,
+                                          /*fresh=*/false);
+      !p.ok()) {
+    ::munmap(base, arena_bytes);
+    return p;
+  }
   return Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots);
 }
 
@@ -381,6 +425,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
             PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, base + slots_offset,
             absl::StrCat("arena ", name, ": mmap slots"))
             .status();
+  if (s.ok()) AdviseHugePages(base + slots_offset, arena_bytes - slots_offset);
   const auto* h = reinterpret_cast<const ArenaHeader*>(base);
   if (s.ok()) s = CheckHeader(*h, name, nullptr, 0, arena_bytes);
   if (!s.ok()) {
@@ -427,9 +472,8 @@ absl::Status Arena::ReserveSlots(uint32_t first, uint32_t count) const {
   if (first >= num_slots_) return absl::OkStatus();
   count = std::min(count, num_slots_ - first);
   const uint64_t bytes = uint64_t{count} * slot_bytes_;
-  if (fd_ >= 0)
-    CKPT_RETURN_IF_ERROR(Reserve(fd_, name_, slot_offset(first), bytes));
-  return Prefault(slot_data(first), bytes, name_);
+  return ReserveAndPrefault(fd_, base_, slot_offset(first), bytes, name_,
+                            /*fresh=*/true);
 }
 
 uint64_t Arena::slot_offset(uint32_t slot) const {

@@ -27,6 +27,7 @@
 #include "bench/stats.h"
 #include "ckpt/client.h"
 #include "shm/arena.h"
+#include "shm/huge_pages.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"
 #include "util/status.h"
@@ -126,6 +127,7 @@ absl::Status Bench::Setup(Results* r) {
   r->saves = o_.saves;
   r->repeat = o_.repeat;
   r->checksum_impl = ChecksumImplementation();
+  r->shm_huge_pages = shm::ShmHugePagesOf("/dev/shm");
 
   std::string parent = o_.root.empty() ? "/var/tmp" : o_.root;
   std::error_code ec;

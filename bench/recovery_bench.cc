@@ -47,6 +47,7 @@
 #include "bench/progress_cost.h"
 #include "bench/recovery_report.h"
 #include "bench/replication_step.h"
+#include "shm/huge_pages.h"
 
 namespace {
 
@@ -162,6 +163,7 @@ int main(int argc, char** argv) {
                                         json);
 
   ckpt::bench::RecoveryRun run;
+  run.shm_huge_pages = ckpt::shm::ShmHugePagesOf("/dev/shm");
   run.bytes_per_rank = bytes;
   run.rounds = static_cast<int>(rounds);
   run.primary_replicas = replicas;

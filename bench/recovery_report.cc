@@ -148,6 +148,7 @@ std::string RecoveryJson(const RecoveryRun& run) {
   num("link_gbit", run.link_gbit, 2);
   boolean("link_shaped", run.link_shaped);
   str("link_note", run.link_note);
+  str("shm_huge_pages", run.shm_huge_pages);
   j += "}\n";
   return j;
 }
@@ -170,6 +171,7 @@ std::string RecoveryText(const RecoveryRun& run) {
                       : run.link_gbit > 0
                           ? "NOT shaped: " + run.link_note
                           : std::string("loopback, unshaped (memory speed)")));
+  absl::StrAppend(&t, "/dev/shm huge pages: ", run.shm_huge_pages, "\n");
   absl::StrAppend(&t, absl::StrFormat("progress beacon: %.2f ns a call "
                                       "(target <= 100 ns)\n",
                                       run.progress_ns));

@@ -17,7 +17,7 @@ for key in bytes_per_rank detect_s plan_s prefetch_s trainer_restart_s restore_s
            node_recovery_transfer_ratio node_loss_peer_s node_loss_storage_s raw_read_s \
            steps_lost_node_peer steps_lost_node_storage steps_lost_trainer_crash \
            step_s_replication_off step_s_replication_on step_speed_on_vs_off \
-           node_loss_peer_ratio node_loss_storage_ratio link_shaped; do
+           node_loss_peer_ratio node_loss_storage_ratio link_shaped shm_huge_pages; do
   echo "$out" | grep -q "\"$key\":" || { echo "missing key $key" >&2; exit 1; }
 done
 # Measured, not left at zero.

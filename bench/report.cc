@@ -67,6 +67,7 @@ std::string FormatJson(const Results& r) {
       .Field("saves", r.saves)
       .Field("root", r.root);
   w.Field("backend", r.backend).Field("checksum_impl", r.checksum_impl);
+  w.Field("shm_huge_pages", r.shm_huge_pages);
   w.Field("first_save_s", r.first_save_s).Field("save_stall_s", r.save_stall_s);
   w.Field("save_copy_s", r.save_copy_s).Field("memcpy_s", r.memcpy_s);
   w.Field("sync_write_s", r.sync_write_s).Field("persist_s", r.persist_s);
@@ -115,9 +116,10 @@ std::string FormatTable(const Results& r) {
       "ckpt_bench: %s in %d float32 tensors (shard image %s), %d copy threads, "
       "%d rounds of %d "
       "saves; medians, each figure measured next to its limit in every round\n"
-      "root %s, storage %s, checksums %s\n\n",
+      "root %s, storage %s, checksums %s, /dev/shm huge pages %s\n\n",
       tools::FormatBytes(r.bytes), r.tensors, tools::FormatBytes(r.image_bytes),
-      r.copy_threads, r.repeat, r.saves, r.root, r.backend, r.checksum_impl);
+      r.copy_threads, r.repeat, r.saves, r.root, r.backend, r.checksum_impl,
+      r.shm_huge_pages);
   struct Row {
     const char* name;
     double s;

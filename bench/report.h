@@ -45,6 +45,7 @@ struct Results {
   std::string root;
   std::string backend;  // the daemon's storage backend
   std::string checksum_impl;
+  std::string shm_huge_pages;  // shm::ShmHugePagesOf("/dev/shm")
 
   double first_save_s = 0;
   double save_stall_s = 0;  // median Client::Save

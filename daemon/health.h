@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "coordinator.pb.h"
@@ -70,14 +69,6 @@ HealthCheckResult RunBounded(const std::string& name,
 
 // The CUDA check (health_cuda.cc with CUDA, else health_nocuda.cc).
 HealthCheckResult CheckCuda(uint64_t bytes);
-
-// Whether arenas in `dir` get transparent huge pages, from the text of
-// /proc/self/mountinfo and of /sys/kernel/mm/transparent_hugepage/
-// shmem_enabled: "on: huge=advise" (ckptd advises its mappings),
-// "off: /dev/shm is mounted huge=never", or "unknown" (not a tmpfs, or no
-// mount found). The shm check names an "off" in its reason.
-std::string ShmHugePages(std::string_view mountinfo,
-                         std::string_view shmem_enabled, std::string_view dir);
 
 bool AllPassed(const std::vector<HealthCheckResult>& results);
 // One line per check: "memcpy: ok 12.3 GB/s (0.21 s)", "root: FAILED ...".

@@ -1,0 +1,77 @@
+#include "shm/huge_pages.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace ckpt::shm {
+namespace {
+
+std::string ReadSmallFile(const char* path) {
+  std::string out;
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0 && out.size() < (1 << 22);)
+    out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// The pieces of `text` between `sep`s (empty ones included).
+std::vector<std::string_view> Split(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0;;) {
+    const size_t next = text.find(sep, at);
+    out.push_back(text.substr(at, next - at));
+    if (next == std::string_view::npos) return out;
+    at = next + 1;
+  }
+}
+
+}  // namespace
+
+std::string ShmHugePages(std::string_view mountinfo,
+                         std::string_view shmem_enabled, std::string_view dir) {
+  // The mount holding `dir`: the longest mount point that is `dir` or a
+  // parent of it; of equal ones the last (it covers the others).
+  std::string_view best_point, best_type, best_options;
+  bool found = false;
+  for (std::string_view line : Split(mountinfo, '\n')) {
+    // id parent major:minor root mount-point options [optional...] -
+    // fstype source super-options
+    const std::vector<std::string_view> f = Split(line, ' ');
+    auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
+    const std::string_view point = f[4];
+    const bool covers = dir == point || point == "/" ||
+                        (dir.substr(0, point.size()) == point &&
+                         dir.size() > point.size() && dir[point.size()] == '/');
+    if (!covers || point.size() < best_point.size()) continue;
+    best_point = point;
+    best_type = dash[1];
+    best_options = dash[3];
+    found = true;
+  }
+  if (!found || best_type != "tmpfs") return "unknown";
+  std::string mode = "never";  // tmpfs shows huge= only when it is not
+  for (std::string_view o : Split(best_options, ','))
+    if (o.substr(0, 5) == "huge=") mode = std::string(o.substr(5));
+  if (shmem_enabled.find("[deny]") != std::string_view::npos)
+    return "off: shmem_enabled is deny, huge=" + mode;
+  if (shmem_enabled.find("[force]") != std::string_view::npos)
+    return "on: shmem_enabled is force";
+  if (mode == "never" || mode == "deny")
+    return "off: " + std::string(best_point) + " is mounted huge=" + mode;
+  return "on: huge=" + mode;
+}
+
+std::string ShmHugePagesOf(const std::string& dir) {
+  return ShmHugePages(
+      ReadSmallFile("/proc/self/mountinfo"),
+      ReadSmallFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled"), dir);
+}
+
+}  // namespace ckpt::shm

@@ -1,0 +1,26 @@
+// Whether shared memory in a directory gets transparent huge pages: the
+// huge= option of the tmpfs that holds it and the system-wide
+// shmem_enabled override (doc/operations.md "Huge pages for the arenas").
+// ckptd's shm health check names a directory without them; the
+// benchmarks print it beside their figures. Functions only; thread-safe.
+#ifndef CKPT_SHM_HUGE_PAGES_H_
+#define CKPT_SHM_HUGE_PAGES_H_
+
+#include <string>
+#include <string_view>
+
+namespace ckpt::shm {
+
+// From the text of /proc/self/mountinfo and of
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled: "on: huge=advise"
+// (ckptd advises its mappings), "off: /dev/shm is mounted huge=never", or
+// "unknown" (not a tmpfs, or no mount holds `dir`).
+std::string ShmHugePages(std::string_view mountinfo,
+                         std::string_view shmem_enabled, std::string_view dir);
+
+// The same for `dir` on this machine, now.
+std::string ShmHugePagesOf(const std::string& dir);
+
+}  // namespace ckpt::shm
+
+#endif  // CKPT_SHM_HUGE_PAGES_H_

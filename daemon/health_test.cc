@@ -4,10 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sched.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,6 +12,7 @@
 #include <fstream>
 #include <future>
 
+#include "tests/private_mounts.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::daemon {
@@ -58,48 +56,26 @@ TEST(HealthTest, ShmCheckNamesAMountWithoutHugePages) {
   const std::string off = dir.path() + "/off", on = dir.path() + "/on";
   std::filesystem::create_directories(off);
   std::filesystem::create_directories(on);
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(fds[0]);
-    auto say = [&](int code, const std::string& what) {
-      (void)!::write(fds[1], what.data(), what.size());
-      ::_exit(code);
-    };
-    if (::unshare(CLONE_NEWNS) != 0 ||
-        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", off.c_str(), "tmpfs", 0, "size=16m") != 0 ||
-        ::mount("tmpfs", on.c_str(), "tmpfs", 0, "size=16m,huge=advise") != 0)
-      say(77, std::string("tmpfs mounts in a private namespace: ") +
-                  std::strerror(errno));
-    std::string out;
-    for (const std::string& d : {off, on}) {
-      HealthOptions o = Options(dir.path() + "/root");
-      o.shm_dir = d;
-      const HealthCheckResult* shm = nullptr;
-      const auto results = RunHealthChecks(o);
-      shm = Find(results, "shm");
-      out += std::string(shm->passed() ? "passed" : "FAILED") + " [" +
-             shm->reason + "]\n";
-    }
-    say(0, out);
-  }
-  ::close(fds[1]);
-  std::string got;
-  char buf[1024];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
-    got.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << got;
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << got;
-  EXPECT_EQ(got, "passed [no huge pages (" + off +
-                     " is mounted huge=never): each new mapping of an arena "
-                     "fills a page table entry per 4 KiB "
-                     "(doc/operations.md)]\npassed []\n");
+  const testing::ChildResult r = testing::RunWithPrivateMounts(
+      {{off, "size=16m"}, {on, "size=16m,huge=advise"}},
+      [&]() -> std::pair<int, std::string> {
+        std::string out;
+        for (const std::string& d : {off, on}) {
+          HealthOptions o = Options(dir.path() + "/root");
+          o.shm_dir = d;
+          const auto results = RunHealthChecks(o);
+          const HealthCheckResult* shm = Find(results, "shm");
+          out += std::string(shm->passed() ? "passed" : "FAILED") + " [" +
+                 shm->reason + "]\n";
+        }
+        return {0, out};
+      });
+  if (r.skipped) GTEST_SKIP() << r.text;
+  ASSERT_TRUE(r.exited && r.code == 0) << r.code << ": " << r.text;
+  EXPECT_EQ(r.text, "passed [no huge pages (" + off +
+                        " is mounted huge=never): each new mapping of an "
+                        "arena fills a page table entry per 4 KiB "
+                        "(doc/operations.md)]\npassed []\n");
 }
 
 TEST(HealthTest, RootThatIsNotADirectoryFailsTheRootCheckOnly) {

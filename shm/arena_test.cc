@@ -3,10 +3,8 @@
 #include <acl/libacl.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <sched.h>
 #include <sys/acl.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -21,6 +19,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/private_mounts.h"
 
 namespace ckpt::shm {
 namespace {
@@ -374,57 +373,34 @@ long SmapsField(const void* start, const char* field) {
 // pages), and the client advises before it touches. Run in a child with a
 // private mount namespace, so that the node's /dev/shm is left alone.
 TEST(ArenaHugePagesTest, SlotsAreHugePagesOnAnAdviseMount) {
-  int pipe_fds[2];
-  ASSERT_EQ(::pipe(pipe_fds), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    auto say = [&](int code, const std::string& what) {
-      (void)!::write(pipe_fds[1], what.data(), what.size());
-      ::_exit(code);
-    };
-    if (::unshare(CLONE_NEWNS) != 0)
-      say(77, std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno));
-    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", "/dev/shm", "tmpfs", 0,
-                "huge=advise,size=256m,mode=1777") != 0)
-      say(77, std::string("a huge=advise tmpfs on /dev/shm: ") +
-                  std::strerror(errno));
-    ArenaOptions o;
-    o.name = "/ckpt_test.huge";
-    o.job = "job-h";
-    o.world_size = 1;
-    o.slot_bytes = 4 << 20;
-    o.num_slots = 2;
-    o.prefault_slots = 1;  // slot 1 comes from ReserveSlots
-    auto daemon = Arena::Create(o);
-    if (!daemon.ok()) say(1, "Create: " + daemon.status().ToString());
-    if (absl::Status r = (*daemon)->ReserveSlots(1, 1); !r.ok())
-      say(1, "ReserveSlots: " + r.ToString());
-    auto client =
-        Arena::Attach(o.name, (*daemon)->size(), Arena::SlotsOffset());
-    if (!client.ok()) say(1, "Attach: " + client.status().ToString());
-    std::memset((*client)->slot_data(0), 7, 2 * (4 << 20));
-    const long d = SmapsField((*daemon)->slot_data(0) - Arena::SlotsOffset(),
-                              "ShmemPmdMapped");
-    const long c = SmapsField((*client)->slot_data(0), "ShmemPmdMapped");
-    say(0, "daemon " + std::to_string(d) + " kB client " + std::to_string(c) +
-               " kB");
-  }
-  ::close(pipe_fds[1]);
-  std::string got;
-  char buf[512];
-  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;)
-    got.append(buf, static_cast<size_t>(n));
-  ::close(pipe_fds[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << got;
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << got;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << got;
+  const testing::ChildResult r = testing::RunWithPrivateMounts(
+      {{"/dev/shm", "huge=advise,size=256m,mode=1777"}},
+      []() -> std::pair<int, std::string> {
+        ArenaOptions o;
+        o.name = "/ckpt_test.huge";
+        o.job = "job-h";
+        o.world_size = 1;
+        o.slot_bytes = 4 << 20;
+        o.num_slots = 2;
+        o.prefault_slots = 1;  // slot 1 comes from ReserveSlots
+        auto daemon = Arena::Create(o);
+        if (!daemon.ok()) return {1, "Create: " + daemon.status().ToString()};
+        if (absl::Status s = (*daemon)->ReserveSlots(1, 1); !s.ok())
+          return {1, "ReserveSlots: " + s.ToString()};
+        auto client =
+            Arena::Attach(o.name, (*daemon)->size(), Arena::SlotsOffset());
+        if (!client.ok()) return {1, "Attach: " + client.status().ToString()};
+        std::memset((*client)->slot_data(0), 7, 2 * (4 << 20));
+        const long d = SmapsField(
+            (*daemon)->slot_data(0) - Arena::SlotsOffset(), "ShmemPmdMapped");
+        const long c = SmapsField((*client)->slot_data(0), "ShmemPmdMapped");
+        return {0, "daemon " + std::to_string(d) + " kB client " +
+                       std::to_string(c) + " kB"};
+      });
+  if (r.skipped) GTEST_SKIP() << r.text;
+  ASSERT_TRUE(r.exited && r.code == 0) << r.code << ": " << r.text;
   // Both slots (8 MiB) and, in the daemon's mapping, the header's 2 MiB.
-  EXPECT_EQ(got, "daemon 10240 kB client 8192 kB");
+  EXPECT_EQ(r.text, "daemon 10240 kB client 8192 kB");
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ std::string ReadSmallFile(const char* path) {
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return out;
   char buf[8192];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0 && out.size() < (1 << 22);)
+  for (ssize_t n;
+       (n = ::read(fd, buf, sizeof buf)) > 0 && out.size() < (1 << 22);)
     out.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return out;

@@ -46,6 +46,8 @@ struct Restart {
   long long restored_ms = 0;
   double restore_s = 0;
   double process_s = 0;
+  double connect_s = 0;  // before the restore call: Client::Connect
+  double alloc_s = 0;    // and the trainer's own state, allocated and zeroed
   uint64_t step = 0;
 };
 
@@ -63,6 +65,9 @@ std::optional<Restart> RestartAfter(const Cluster& c, uint32_t rank,
       r.restored_ms = std::stoll(l.fields.at("mono_ms"));
       r.restore_s = std::stod(l.fields.at("seconds"));
       r.process_s = std::stod(l.fields.at("process_start_to_restored"));
+      if (l.fields.count("connect"))
+        r.connect_s = std::stod(l.fields.at("connect"));
+      if (l.fields.count("alloc")) r.alloc_s = std::stod(l.fields.at("alloc"));
       r.step = std::stoull(l.fields.at("step"));
       return r;
     }
@@ -340,10 +345,11 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
         &f.timeline,
         absl::StrFormat("  %+7.3f s rank %u trainer start; restored %+.3f s "
                         "(restore call %.3f s, process start -> restored "
-                        "%.3f s)\n",
+                        "%.3f s; before the call: connect %.3f s, its own "
+                        "state allocated %.3f s)\n",
                         (rs->start_ms - t0) / 1e3, r,
                         (rs->restored_ms - t0) / 1e3, rs->restore_s,
-                        rs->process_s));
+                        rs->process_s, rs->connect_s, rs->alloc_s));
   }
   f.detect_s = (t0 - kill_ms) / 1e3;
   f.plan_s = (planned->time_ms() - t0) / 1e3;

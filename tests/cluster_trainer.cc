@@ -8,6 +8,9 @@
 // to LOG_DIR/rank-<R>.log lines that the tests parse:
 //   start pid=<pid> generation=<G> restore=<S|none> mono_ms=<ms>
 //   restored step=<S> seconds=<t> process_start_to_restored=<t> mono_ms=<ms>
+//            connect=<t> alloc=<t>
+// (connect: Client::Connect; alloc: allocating and zeroing the state the
+// restore fills, both before the restore call.)
 // (mono_ms: CLOCK_MONOTONIC in ms, the clock of the coordinator's events.)
 //   saved step=<S> stall=<t>
 //   done step=<LAST_STEP>
@@ -68,7 +71,9 @@ int main(int argc, char** argv) {
   if (const char* slow = std::getenv("CLUSTER_TRAINER_SLOW"))
     step_ms = static_cast<int>(step_ms * std::atof(slow));
   ckpt::ClientOptions o;  // everything else from the environment
+  const auto t_connect = Clock::now();
   auto client = ckpt::Client::Connect(o);
+  const double connect_s = Since(t_connect);
   if (!client.ok()) {
     std::fprintf(stderr, "cluster_trainer: %s\n",
                  std::string(client.status().message()).c_str());
@@ -91,7 +96,9 @@ int main(int argc, char** argv) {
   if (restore && *restore) {
     // Restore first: what a trainer does before it builds anything else.
     uint64_t step = std::strtoull(restore, nullptr, 10);
+    const auto t_alloc = Clock::now();
     state = ckpt::testing::MakeEmptyState(bytes, 8);
+    const double alloc_s = Since(t_alloc);
     auto t0 = Clock::now();
     absl::Status s =
         (*client)->Restore(static_cast<int64_t>(step), state.tensors);
@@ -113,9 +120,10 @@ int main(int argc, char** argv) {
     }
     std::fprintf(log,
                  "restored step=%lu seconds=%.6f "
-                 "process_start_to_restored=%.6f mono_ms=%lld\n",
+                 "process_start_to_restored=%.6f mono_ms=%lld connect=%.6f "
+                 "alloc=%.6f\n",
                  static_cast<unsigned long>(step), restore_s, started_s,
-                 restored_ms);
+                 restored_ms, connect_s, alloc_s);
     first = step + 1;
   } else {
     state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);

@@ -51,8 +51,8 @@ inline ChildResult RunWithPrivateMounts(
     };
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-      finish(kSkip, std::string("a private mount namespace: ") +
-                        std::strerror(errno));
+      finish(kSkip,
+             std::string("a private mount namespace: ") + std::strerror(errno));
     for (const TmpfsMount& m : mounts)
       if (::mount("tmpfs", m.at.c_str(), "tmpfs", 0, m.options.c_str()) != 0)
         finish(kSkip, "tmpfs on " + m.at + " (" + m.options +

@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/private_mounts.h"
+#include "tests/smaps.h"
 
 namespace ckpt::shm {
 namespace {
@@ -343,30 +344,6 @@ TEST_F(ArenaTest, UnlinkRemovesTheNameButKeepsMappings) {
   EXPECT_EQ(Arena::Unlink(o.name).code(), absl::StatusCode::kNotFound);
 }
 
-// kB of `field` ("ShmemPmdMapped") in /proc/self/smaps for the mapping that
-// starts at `start`; -1 if there is none.
-long SmapsField(const void* start, const char* field) {
-  FILE* f = std::fopen("/proc/self/smaps", "r");
-  if (f == nullptr) return -1;
-  char line[512];
-  bool in = false;
-  long kb = -1;
-  const size_t flen = std::strlen(field);
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
-      in = lo == reinterpret_cast<unsigned long>(start);
-      continue;
-    }
-    if (in && std::strncmp(line, field, flen) == 0 && line[flen] == ':') {
-      kb = std::strtol(line + flen + 1, nullptr, 10);
-      break;
-    }
-  }
-  std::fclose(f);
-  return kb;
-}
-
 // On a tmpfs mounted huge=advise (only what asks for huge pages gets them),
 // the daemon's and a client's mappings of an arena are 2 MiB pages: the
 // daemon advises before it allocates (fallocate alone would allocate small
@@ -391,9 +368,10 @@ TEST(ArenaHugePagesTest, SlotsAreHugePagesOnAnAdviseMount) {
             Arena::Attach(o.name, (*daemon)->size(), Arena::SlotsOffset());
         if (!client.ok()) return {1, "Attach: " + client.status().ToString()};
         std::memset((*client)->slot_data(0), 7, 2 * (4 << 20));
-        const long d = SmapsField(
+        const long d = testing::SmapsKb(
             (*daemon)->slot_data(0) - Arena::SlotsOffset(), "ShmemPmdMapped");
-        const long c = SmapsField((*client)->slot_data(0), "ShmemPmdMapped");
+        const long c =
+            testing::SmapsKb((*client)->slot_data(0), "ShmemPmdMapped");
         return {0, "daemon " + std::to_string(d) + " kB client " +
                        std::to_string(c) + " kB"};
       });

@@ -168,7 +168,7 @@ int Populate(char* base, uint64_t bytes) {
 // pages where fallocate would allocate small ones. Running out of room is
 // ResourceExhausted, never a SIGBUS (MADV_POPULATE_WRITE reports EFAULT);
 // with `fresh` (the range holds nothing yet), the pages the faults got are
-// given back then.
+// given back then. Never changes a byte the range holds.
 absl::Status ReserveAndPrefault(int fd, char* base, uint64_t offset,
                                 uint64_t bytes, const std::string& name,
                                 bool fresh) {
@@ -185,9 +185,10 @@ absl::Status ReserveAndPrefault(int fd, char* base, uint64_t offset,
   }
   if (err == EFAULT) err = Populate(base + offset, bytes);  // room now
   if (err == EINVAL) {
-    // Kernels before 5.14: touch one byte per page (reserved above).
-    for (uint64_t p = 0; p < bytes; p += 4096)
-      reinterpret_cast<volatile char*>(base + offset)[p] = 0;
+    // Kernels before 5.14: write each page's first byte back as it is (a
+    // re-attached arena holds staged shards; the pages are reserved above).
+    volatile char* at = base + offset;
+    for (uint64_t p = 0; p < bytes; p += 4096) at[p] = at[p];
     err = 0;
   }
   if (err != 0)
@@ -297,7 +298,6 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
     if (mapped.ok()) {
       base = *mapped;
-      AdviseHugePages(base, arena_bytes);  // the slots ReserveSlots adds too
       s = ReserveAndPrefault(fd.fd, base, 0, now_bytes, name,
                              /*fresh=*/true);
       if (!s.ok()) ::munmap(base, arena_bytes);

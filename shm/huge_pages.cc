@@ -64,7 +64,7 @@ std::string ShmHugePages(std::string_view mountinfo,
     return "off: shmem_enabled is deny, huge=" + mode;
   if (shmem_enabled.find("[force]") != std::string_view::npos)
     return "on: shmem_enabled is force";
-  if (mode == "never" || mode == "deny")
+  if (mode == "never")
     return "off: " + std::string(best_point) + " is mounted huge=" + mode;
   return "on: huge=" + mode;
 }

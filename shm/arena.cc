@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shm/arena_pages.h"
 #include "shm/scoped_fd.h"
 #include "shm/segment_access.h"
 #include "util/status.h"
@@ -105,95 +105,6 @@ absl::StatusOr<char*> Map(int fd, uint64_t offset, uint64_t bytes, int prot,
   void* p = ::mmap(at, bytes, prot, flags, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return ErrnoToStatus(errno, what);
   return static_cast<char*>(p);
-}
-
-// Reserves every page of the segment so that running out of /dev/shm is an
-// error now, never a SIGBUS on a later store.
-absl::Status Reserve(int fd, const std::string& name, uint64_t offset,
-                     uint64_t bytes) {
-  int err = ::posix_fallocate(fd, static_cast<off_t>(offset),
-                              static_cast<off_t>(bytes));
-  if (err == 0) return absl::OkStatus();
-  if (err == ENOSPC || err == EFBIG) {
-    struct statvfs vfs {};
-    uint64_t free_bytes =
-        ::fstatvfs(fd, &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("arena ", name, ": /dev/shm cannot hold ", bytes,
-                     " bytes (free: ", free_bytes, ")"));
-  }
-  return ErrnoToStatus(
-      err, absl::StrCat("arena ", name, ": posix_fallocate ", bytes, " bytes"));
-}
-
-// Asks for transparent huge pages on [base, base + bytes). Where the
-// tmpfs allows them (mounted huge=within_size or always, or huge=advise
-// with this advice), a slot is 2 MiB pages: every process that maps the
-// arena fills one page-table entry per 2 MiB instead of 512, which is most
-// of what a first copy through a new mapping costs (doc/operations.md
-// "Huge pages"). Advice only: a kernel or mount without them ignores it.
-void AdviseHugePages(char* base, uint64_t bytes) {
-  (void)::madvise(base, bytes, MADV_HUGEPAGE);
-}
-
-// Faults every page of [base, base + bytes) in with MADV_POPULATE_WRITE, on
-// several threads: the first touch of a shmem page (zeroing it) is the
-// expensive part of creating an arena, and a first save must not pay it
-// page by page. Returns the first errno (EINVAL: a kernel before 5.14;
-// EFAULT: a page could not be allocated), 0 if all went in.
-int Populate(char* base, uint64_t bytes) {
-  unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  // Whole 2 MiB pieces, so that no huge page is split between threads.
-  uint64_t per = RoundUp(bytes / n + 1, kSlotAlign);
-  std::vector<std::thread> threads;
-  std::vector<int> errs(n, 0);
-  for (unsigned i = 0; i < n; ++i) {
-    uint64_t off = i * per;
-    if (off >= bytes) break;
-    uint64_t len = std::min(per, bytes - off);
-    threads.emplace_back([&, i, off, len] {
-      if (::madvise(base + off, len, MADV_POPULATE_WRITE) != 0) errs[i] = errno;
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int err : errs)
-    if (err) return err;
-  return 0;
-}
-
-// Allocates and faults in [offset, offset + bytes) of the segment `fd`,
-// mapped at `base` (`fd` < 0: the pages are allocated already). The pages
-// are faulted in through the mapping first and reserved (fallocate) after:
-// on a huge=advise tmpfs a fault through an advised mapping allocates huge
-// pages where fallocate would allocate small ones. Running out of room is
-// ResourceExhausted, never a SIGBUS (MADV_POPULATE_WRITE reports EFAULT);
-// with `fresh` (the range holds nothing yet), the pages the faults got are
-// given back then. Never changes a byte the range holds.
-absl::Status ReserveAndPrefault(int fd, char* base, uint64_t offset,
-                                uint64_t bytes, const std::string& name,
-                                bool fresh) {
-  AdviseHugePages(base + offset, bytes);
-  int err = Populate(base + offset, bytes);
-  if (fd >= 0) {
-    if (absl::Status r = Reserve(fd, name, offset, bytes); !r.ok()) {
-      if (fresh)
-        (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                          static_cast<off_t>(offset),
-                          static_cast<off_t>(bytes));
-      return r;
-    }
-  }
-  if (err == EFAULT) err = Populate(base + offset, bytes);  // room now
-  if (err == EINVAL) {
-    // Kernels before 5.14: write each page's first byte back as it is (a
-    // re-attached arena holds staged shards; the pages are reserved above).
-    volatile char* at = base + offset;
-    for (uint64_t p = 0; p < bytes; p += 4096) at[p] = at[p];
-    err = 0;
-  }
-  if (err != 0)
-    return ErrnoToStatus(err, absl::StrCat("arena ", name, ": pre-fault"));
-  return absl::OkStatus();
 }
 
 // Compares the header with what the caller expects; DataLoss names the field.

@@ -299,14 +299,23 @@ v1::JobMemory Coordinator::JobMemoryLocked(const JobState& job) const {
     m.set_memory_step(*step);
   }
   std::set<uint32_t> replicated;
-  for (const auto& [step, ranks] : job.replicas)
+  for (const auto& [step, ranks] : job.replicas) {
+    uint32_t whole = 0;  // ranks of this step with a live copy
     for (const auto& [rank, holders] : ranks)
       for (const auto& [id, rec] : holders) {
         auto n = nodes_.find(id);
         if (n != nodes_.end() && n->second.rec.health() == v1::ALIVE &&
-            n->second.rec.epoch() == rec.epoch())
+            n->second.rec.epoch() == rec.epoch()) {
           replicated.insert(rank);
+          ++whole;
+          break;
+        }
       }
+    if (whole == job.rec.world_size()) {  // steps ascend: the newest wins
+      m.set_has_replicated_step(true);
+      m.set_replicated_step(step);
+    }
+  }
   m.set_replicated_ranks(static_cast<uint32_t>(replicated.size()));
   return m;
 }

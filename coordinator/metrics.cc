@@ -264,9 +264,18 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
               "Newest step every rank of the job restores from memory "
               "(its host, or a live peer's replica)")
           .Register(gauges);
+  auto& replicated_step =
+      prometheus::BuildGauge()
+          .Name("ckpt_coordinator_replicated_step")
+          .Help(
+              "Newest step every rank of the job has a verified replica of on "
+              "a live holder (what any one node's loss restores at worst)")
+          .Register(gauges);
   for (const auto& m : cluster.memory()) {
     const Labels l{{"ckpt_job", m.job()}};
     replicated.Add(l).Set(m.replicated_ranks());
+    if (m.has_replicated_step())
+      replicated_step.Add(l).Set(static_cast<double>(m.replicated_step()));
     if (m.has_memory_step())
       memory_step.Add(l).Set(static_cast<double>(m.memory_step()));
   }

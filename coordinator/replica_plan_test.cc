@@ -64,6 +64,41 @@ TEST_F(ReplicaTest, NodeLossRestoresTheNewerMemoryStepFromTheReplicaHolder) {
       << where[0].detail();
 }
 
+// replicated_step: the newest step whose every rank has a verified copy on
+// a live holder, so the loss of any one node restores it from memory. A
+// count of replicated ranks (of any kept step) cannot say that: it counts
+// a rank whose newest copy is of an older step.
+TEST_F(ReplicaTest, ReplicatedStepIsTheNewestStepEveryRankHasACopyOf) {
+  StageAndReplicate();  // step 12: n2's ranks on n3; n1's nowhere
+  EXPECT_EQ(Memory().replicated_ranks(), 2u);
+  EXPECT_FALSE(Memory().has_replicated_step());
+  for (uint32_t r : {0u, 1u}) ASSERT_TRUE(Replicated("n2", 12, r, "n1").ok());
+  EXPECT_TRUE(Memory().has_replicated_step());
+  EXPECT_EQ(Memory().replicated_step(), 12u);
+  // Step 13: staged everywhere, three ranks copied. Every rank counts as
+  // replicated, yet 13 is not what a node loss keeps.
+  ReportAll(13, v1::STAGED);
+  for (uint32_t r : {0u, 1u, 2u}) {
+    const std::string holder = r < 2 ? "n2" : "n3";
+    const std::string source = r < 2 ? "n1" : "n2";
+    ASSERT_TRUE(Replicated(holder, 13, r, source).ok());
+  }
+  EXPECT_EQ(Memory().memory_step(), 13u);
+  EXPECT_EQ(Memory().replicated_ranks(), 4u);
+  EXPECT_EQ(Memory().replicated_step(), 12u);
+  ASSERT_TRUE(Replicated("n3", 13, 3, "n2").ok());
+  EXPECT_EQ(Memory().replicated_step(), 13u);
+  auto text = prometheus::TextSerializer().Serialize(
+      coord_->options().metrics->Collect());
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_replicated_step",
+                        {{"ckpt_job", "job"}}),
+            13.0)
+      << text;
+  // n3 dies with ranks 2 and 3's copies: no step is copied whole.
+  Silence({"n3"});
+  EXPECT_FALSE(Memory().has_replicated_step());
+}
+
 TEST_F(ReplicaTest, MetricsCountReplicatedRanksAndWhereAPlanFetchedFrom) {
   StageAndReplicate();
   auto text = [&] {

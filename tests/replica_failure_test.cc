@@ -137,9 +137,11 @@ TEST_F(ReplicaFailureTest,
         // fallback (which is gone by then).
         return Done(0, kLast) && Done(1, kLast) && LastGood() == kLast && b &&
                b->replica_target() == "h" && Holds("h", 1, "b", kLast) &&
-               Holds("b", 0, "a", kLast) && Memory().replicated_ranks() == 2;
+               Holds("b", 0, "a", kLast) &&
+               Memory().replicated_step() == kLast;  // the coordinator knows
       },
-      seconds(90)));
+      seconds(90)))
+      << Memory().DebugString();
   BreakSharedRoot();
   cluster_->KillNode("b");
   ASSERT_TRUE(

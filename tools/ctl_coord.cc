@@ -140,6 +140,11 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
     else
       w.Null();
     w.Field("replicated_ranks", memory ? memory->replicated_ranks() : 0u);
+    w.Key("replicated_step");
+    if (memory && memory->has_replicated_step())
+      w.Uint(memory->replicated_step());
+    else
+      w.Null();
     w.EndObject();
   }
   w.EndArray().Key("events");
@@ -166,7 +171,8 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
     nodes.Print(stdout);
   std::printf("\n");
   Table jobs({"JOB", "WORLD", "GENERATION", "PLAN", "LAST_GOOD", "IN_MEMORY",
-              "REPLICATED", "RESTORE", "LOST", "MANIFESTS", "PLACEMENT"});
+              "REPLICATED", "REPLICA_STEP", "RESTORE", "LOST", "MANIFESTS",
+              "PLACEMENT"});
   for (const auto& j : c.jobs()) {
     const cv1::JobMemory* memory = MemoryOf(c, j.job());
     jobs.AddRow(
@@ -178,6 +184,9 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
              : "-",
          absl::StrCat(memory ? memory->replicated_ranks() : 0u, "/",
                       j.world_size()),
+         memory && memory->has_replicated_step()
+             ? std::to_string(memory->replicated_step())
+             : "-",
          j.has_restore_step() ? std::to_string(j.restore_step()) : "-",
          j.lost_ranks().empty() ? "-" : absl::StrJoin(j.lost_ranks(), ","),
          j.manifest_steps().empty() ? "-"

@@ -128,12 +128,24 @@ TEST_F(CtlCoordTest, ClusterShowsDomainsReplicaTargetsAndTheMemoryStep) {
                        R"("replica_port":7001,"replica_target":"n2"})"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find(R"("memory_step":3,"replicated_ranks":1})"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          R"("memory_step":3,"replicated_ranks":1,"replicated_step":null})"),
+      std::string::npos)
       << r.out;
   r = Ctl(Flag() + " cluster");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* want : {"REPLICAS_TO", "rack-b", "IN_MEMORY", "1/2"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // Rank 1's copy too: step 3 survives the loss of either node.
+  s = n1.ReportReplica("train", 3, 1, "n2");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  r = Ctl(Flag() + " cluster --json");
+  EXPECT_NE(r.out.find(R"("replicated_ranks":2,"replicated_step":3})"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " cluster");
+  for (const char* want : {"REPLICA_STEP", "2/2"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
 
   // A plan says what its restore step saved (here: a trainer crash, every

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/daemon_process.h"
+#include "bench/huge_buffer.h"
 #include "bench/object_tier_bench.h"
 #include "bench/raw_io.h"
 #include "bench/report.h"
@@ -101,7 +102,8 @@ class Bench {
   Options o_;
   std::string dir_;  // everything of this run lives here
   bool made_dir_ = false;
-  Mapping state_, scratch_;
+  Mapping state_;
+  HugeBuffer scratch_;
   std::vector<Tensor> tensors_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
@@ -141,10 +143,10 @@ absl::Status Bench::Setup(Results* r) {
 
   uint64_t padded = (r->bytes + 4095) / 4096 * 4096;
   CKPT_RETURN_IF_ERROR(Map(padded, &state_));
-  CKPT_RETURN_IF_ERROR(Map(padded, &scratch_));
+  // The memcpy limit's destination: pages of the arenas' size (a limit
+  // into 4 KiB pages would compare page tables, HugeBuffer).
+  CKPT_ASSIGN_OR_RETURN(scratch_, HugeBuffer::Make(padded));
   FillRandom(state_.data, r->bytes, r->copy_threads);
-  std::memset(scratch_.data, 0,
-              padded);  // MAP_POPULATE may share the zero page
   std::vector<uint64_t> sizes;
   for (int i = 0; i < o_.tensors; ++i) {
     Tensor t;
@@ -217,7 +219,7 @@ absl::Status Bench::MeasureRestoreFromShm(Results* r) {
 }
 
 absl::Status Bench::CompareState(bool* equal) {
-  *equal = std::memcmp(state_.data, scratch_.data,
+  *equal = std::memcmp(state_.data, scratch_.data(),
                        tensors_.size() * *tensors_[0].bytes()) == 0;
   return absl::OkStatus();
 }
@@ -286,7 +288,7 @@ absl::Status Bench::DropShardCache() {
 // The machine is shared, so limits drift during a run: each limit is
 // sampled next to the figure it is compared with, and medians are reported.
 absl::Status Bench::SampleMemcpy(int threads) {
-  samples_.memcpy.push_back(ParallelMemcpy(scratch_.data, tensors_, threads));
+  samples_.memcpy.push_back(ParallelMemcpy(scratch_.data(), tensors_, threads));
   return absl::OkStatus();
 }
 
@@ -295,7 +297,7 @@ absl::Status Bench::SampleRawIo(Results* r) {
   const std::string path = dir_ + "/raw_io.bin";
   const uint64_t bytes = (r->bytes + 4095) / 4096 * 4096;
   fs::remove(path);
-  CKPT_ASSIGN_OR_RETURN(double w, RawWrite(path, scratch_.data, bytes, {}));
+  CKPT_ASSIGN_OR_RETURN(double w, RawWrite(path, scratch_.data(), bytes, {}));
   samples_.raw_write.push_back(w);
   return absl::OkStatus();
 }
@@ -438,7 +440,7 @@ absl::Status Bench::Run(Results* r) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
     CKPT_RETURN_IF_ERROR(daemon_->Stop());
     for (const std::string& name : state.arenas) (void)shm::Arena::Unlink(name);
-    ParallelMemcpy(scratch_.data, tensors_,
+    ParallelMemcpy(scratch_.data(), tensors_,
                    r->copy_threads);  // scratch_: the reference
     ObjectTierConfig oc{o_.object_url,
                         dir_,
@@ -447,7 +449,7 @@ absl::Status Bench::Run(Results* r) {
                         r->copy_threads,
                         o_.saves};
     CKPT_RETURN_IF_ERROR(
-        MeasureObjectTier(oc, tensors_, scratch_.data, &r->object));
+        MeasureObjectTier(oc, tensors_, scratch_.data(), &r->object));
   }
   return absl::OkStatus();
 }

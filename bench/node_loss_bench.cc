@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/cluster_events.h"
+#include "bench/huge_buffer.h"
 #include "bench/object_raw.h"
 #include "bench/raw_io.h"
 #include "storage/backend.h"
@@ -143,10 +144,10 @@ absl::Status MeasureLimit(const NodeLossOptions& o, const Cluster& c,
       std::string key = storage::ShardKey("job", f.restore_step, r, "b");
       auto size = (*store)->ObjectSize(key);
       if (!size.ok()) return size.status();
-      std::vector<char> buf(*size, 1);
+      CKPT_ASSIGN_OR_RETURN(HugeBuffer buf, HugeBuffer::Make(*size, 1));
       f.lost_bytes = *size;
       if (o.replicas) {
-        std::vector<char> sink(buf.size(), 1);
+        CKPT_ASSIGN_OR_RETURN(HugeBuffer sink, HugeBuffer::Make(*size, 1));
         auto t =
             RawTcpTransfer(buf.data(), buf.size(), sink.data(), o.port_base);
         if (!t.ok()) return t.status();
@@ -177,16 +178,12 @@ absl::Status MeasureLimit(const NodeLossOptions& o, const Cluster& c,
   }
   bytes &= ~uint64_t{4095};
   f.lost_bytes = bytes;
-  void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, std::max<uint64_t>(bytes, 4096)) != 0)
-    return absl::ResourceExhaustedError("out of memory");
-  std::unique_ptr<void, decltype(&free)> owned(buf, &free);
-  std::memset(buf, 0, bytes);  // faulted in: the transfer alone is timed
+  // 2 MiB-aligned, so 4096-aligned for O_DIRECT too.
+  CKPT_ASSIGN_OR_RETURN(HugeBuffer buf, HugeBuffer::Make(bytes));
   if (o.replicas) {
-    std::vector<char> sink(std::max<uint64_t>(bytes, 1), 1);
+    CKPT_ASSIGN_OR_RETURN(HugeBuffer sink, HugeBuffer::Make(bytes, 1));
     for (size_t i = 0; i < files.size(); ++i) {
-      auto t = RawTcpTransfer(static_cast<char*>(buf), bytes, sink.data(),
-                              o.port_base);
+      auto t = RawTcpTransfer(buf.data(), bytes, sink.data(), o.port_base);
       if (!t.ok()) return t.status();
       f.limit_s += *t;
     }
@@ -195,7 +192,7 @@ absl::Status MeasureLimit(const NodeLossOptions& o, const Cluster& c,
   for (const auto& file : files) {
     // A cache that cannot be dropped only makes the limit faster.
     (void)DropFileCache(file);
-    auto t = RawRead(file, static_cast<char*>(buf), bytes, {});
+    auto t = RawRead(file, buf.data(), bytes, {});
     if (!t.ok()) return t.status();
     f.limit_s += *t;
   }
@@ -226,15 +223,21 @@ absl::StatusOr<CrashFigures> MeasureCrash(const NodeLossOptions& o,
   f.restore_step = crash->step;
   f.steps_lost = f.reached_step - std::min(f.reached_step, crash->step);
   auto state = testing::MakeState(o.bytes_per_rank, 8, 1);
-  std::vector<char> dst(state.bytes(), 1);
+  absl::StatusOr<HugeBuffer> dst = HugeBuffer::Make(state.bytes(), 1);
+  if (!dst.ok()) return dst.status();
   f.memcpy_s = 1e9;
   for (int i = 0; i < 3; ++i)
     f.memcpy_s =
-        std::min(f.memcpy_s, ParallelMemcpy(dst.data(), state.tensors, 2));
+        std::min(f.memcpy_s, ParallelMemcpy(dst->data(), state.tensors, 2));
   // Every rank restarts after a crash (they roll back together), and on
   // this one machine the four share its cores: the limit for that is four
   // rank-sized memcpys at once.
-  std::vector<std::vector<char>> dsts(4, std::vector<char>(state.bytes(), 1));
+  std::vector<HugeBuffer> dsts;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<HugeBuffer> d = HugeBuffer::Make(state.bytes(), 1);
+    if (!d.ok()) return d.status();
+    dsts.push_back(std::move(*d));
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> copiers;
   for (auto& d : dsts)

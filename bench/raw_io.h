@@ -1,5 +1,6 @@
 // The machine's limits that ckpt_bench compares ckptd against, each measured
-// the plain way: a multi-threaded memcpy into a buffer already faulted in,
+// the plain way: a multi-threaded memcpy into a buffer already faulted in
+// (bench/huge_buffer.h: the page size ckptd's own memory gets),
 // write()+fsync of every tensor to one file (what torch.save does), and
 // sequential O_DIRECT writes and reads through io_uring with several
 // requests in flight (the device limit). Every function returns elapsed

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/huge_buffer.h"
 #include "bench/stats.h"
 #include "daemon/replica_bulk_client.h"
 #include "daemon/replica_client.h"
@@ -217,9 +218,11 @@ int main(int argc, char** argv) {
   rv1::ShardCopy copy;
   const std::vector<char> image = MakeImage(mib << 20, &copy);
   const uint64_t bytes = image.size();
-  char* sink = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  std::memset(sink, 0, bytes);  // pre-faulted, as the receiver's slot would be
+  // Pre-faulted, in the pages the receiver's slot would have.
+  absl::StatusOr<ckpt::bench::HugeBuffer> sink_memory =
+      ckpt::bench::HugeBuffer::Make(bytes);
+  if (!sink_memory.ok()) std::abort();
+  char* sink = sink_memory->data();
 
   char tmpl[] = "/tmp/replica-bench-XXXXXX";
   const std::string certs = mkdtemp(tmpl);

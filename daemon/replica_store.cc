@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
+#include "shm/huge_pages.h"
 #include "storage/manifest.h"
 #include "storage/shard_image.h"
 #include "util/status.h"
@@ -178,32 +179,6 @@ absl::Status ValidateShardCopy(const rv1::ShardCopy& copy,
   return absl::OkStatus();
 }
 
-namespace {
-
-// Private anonymous memory for one copy, 2 MiB-aligned and advised for
-// transparent huge pages (THP "madvise" or "always"): a copy arrives into
-// fresh pages, and one fault and one page-table entry per 2 MiB instead of
-// per 4 KiB is most of what receiving into them costs. MAP_FAILED when it
-// cannot be mapped (errno set).
-void* MapCopyMemory(uint64_t bytes) {
-  constexpr uint64_t kHuge = 2ull << 20;
-  const uint64_t keep = (bytes + 4095) & ~uint64_t{4095};
-  void* got = mmap(nullptr, keep + kHuge, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (got == MAP_FAILED) return MAP_FAILED;
-  char* raw = static_cast<char*>(got);
-  char* base = reinterpret_cast<char*>(
-      (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~uintptr_t{kHuge - 1});
-  // Trim to [base, base + bytes): what the pool later unmaps.
-  if (base > raw) munmap(raw, static_cast<size_t>(base - raw));
-  if (char* end = raw + keep + kHuge; end > base + keep)
-    munmap(base + keep, static_cast<size_t>(end - (base + keep)));
-  (void)madvise(base, bytes, MADV_HUGEPAGE);  // advice: ignored without THP
-  return base;
-}
-
-}  // namespace
-
 absl::StatusOr<storage::ShardInfo> VerifyReplicaImage(
     const char* image, const rv1::ShardCopy& copy, std::string_view what) {
   CKPT_ASSIGN_OR_RETURN(
@@ -284,7 +259,9 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
   }
   char* base = got.reused;
   if (base == nullptr) {
-    void* fresh = MapCopyMemory(bytes);
+    // Fresh pages, 2 MiB each where THP allows: one fault and one
+    // page-table entry per 2 MiB is most of what receiving costs.
+    void* fresh = shm::MapHugeAnonymous(bytes);
     if (fresh == MAP_FAILED) {
       const int err = errno;
       pool_->Unreserve(bytes);

@@ -1,6 +1,7 @@
 #include "shm/huge_pages.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,23 @@ std::string ShmHugePagesOf(const std::string& dir) {
   return ShmHugePages(
       ReadSmallFile("/proc/self/mountinfo"),
       ReadSmallFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled"), dir);
+}
+
+void* MapHugeAnonymous(uint64_t bytes) {
+  constexpr uint64_t kHuge = 2ull << 20;
+  const uint64_t keep = (bytes + 4095) & ~uint64_t{4095};
+  void* got = mmap(nullptr, keep + kHuge, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (got == MAP_FAILED) return MAP_FAILED;
+  char* raw = static_cast<char*>(got);
+  char* base = reinterpret_cast<char*>(
+      (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+  // Trim to [base, base + bytes): what the caller unmaps.
+  if (base > raw) munmap(raw, static_cast<size_t>(base - raw));
+  if (char* end = raw + keep + kHuge; end > base + keep)
+    munmap(base + keep, static_cast<size_t>(end - (base + keep)));
+  (void)madvise(base, bytes, MADV_HUGEPAGE);  // advice: ignored without THP
+  return base;
 }
 
 }  // namespace ckpt::shm

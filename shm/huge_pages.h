@@ -2,10 +2,13 @@
 // huge= option of the tmpfs that holds it and the system-wide
 // shmem_enabled override (doc/operations.md "Huge pages for the arenas").
 // ckptd's shm health check names a directory without them; the
-// benchmarks print it beside their figures. Functions only; thread-safe.
+// benchmarks print it beside their figures. And private memory in the
+// same 2 MiB pages (replica copies; the benchmarks' limits). Functions
+// only; thread-safe.
 #ifndef CKPT_SHM_HUGE_PAGES_H_
 #define CKPT_SHM_HUGE_PAGES_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,6 +23,13 @@ std::string ShmHugePages(std::string_view mountinfo,
 
 // The same for `dir` on this machine, now.
 std::string ShmHugePagesOf(const std::string& dir);
+
+// Private anonymous memory of `bytes`, 2 MiB-aligned and advised for
+// transparent huge pages (THP "madvise" or "always"; mere advice
+// otherwise): one fault and one page-table entry per 2 MiB instead of per
+// 4 KiB. Not faulted in. munmap(p, bytes) lets go of it. MAP_FAILED when
+// it cannot be mapped (errno set).
+void* MapHugeAnonymous(uint64_t bytes);
 
 }  // namespace ckpt::shm
 

@@ -1,0 +1,40 @@
+// Memory for the benchmarks' limits, in the pages ckptd's own memory gets.
+#ifndef CKPT_BENCH_HUGE_BUFFER_H_
+#define CKPT_BENCH_HUGE_BUFFER_H_
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/statusor.h"
+
+namespace ckpt::bench {
+
+// Memory for a limit's measurement: `bytes`, faulted in (every byte
+// `fill`), in the pages ckptd's arenas and replica copies get (2 MiB where
+// transparent huge pages allow: shm::MapHugeAnonymous). A limit measured
+// into 4 KiB pages while ckptd's path uses 2 MiB ones compares page tables,
+// not the copy: on a virtualized host a memcpy, a socket receive or an
+// O_DIRECT read into 4 KiB pages ran 4-8x slower. Move-only.
+class HugeBuffer {
+ public:
+  static absl::StatusOr<HugeBuffer> Make(uint64_t bytes, char fill = 0);
+  HugeBuffer() = default;  // empty
+  HugeBuffer(HugeBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  HugeBuffer& operator=(HugeBuffer&& other) noexcept;
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  ~HugeBuffer();
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  HugeBuffer(char* data, uint64_t size) : data_(data), size_(size) {}
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_BENCH_HUGE_BUFFER_H_

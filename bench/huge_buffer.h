@@ -14,7 +14,7 @@ namespace ckpt::bench {
 // transparent huge pages allow: shm::MapHugeAnonymous). A limit measured
 // into 4 KiB pages while ckptd's path uses 2 MiB ones compares page tables,
 // not the copy: on a virtualized host a memcpy, a socket receive or an
-// O_DIRECT read into 4 KiB pages ran 4-8x slower. Move-only.
+// O_DIRECT read into 4 KiB pages ran 2-20x slower. Move-only.
 class HugeBuffer {
  public:
   static absl::StatusOr<HugeBuffer> Make(uint64_t bytes, char fill = 0);

@@ -18,6 +18,8 @@
 #include <random>
 #include <thread>
 
+#include "shm/huge_pages.h"
+
 namespace ckpt::testing {
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
@@ -125,6 +127,13 @@ ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job,
   o.world_size = world_size;
   return o;
 }
+
+void* MapTensorMemory(size_t bytes) {
+  void* p = shm::MapHugeAnonymous(bytes);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void UnmapTensorMemory(void* p, size_t bytes) { munmap(p, bytes); }
 
 HostState MakeEmptyState(uint64_t total_bytes, int num_tensors) {
   HostState s;

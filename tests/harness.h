@@ -6,7 +6,9 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -51,9 +53,42 @@ std::string UniqueShmPrefix();
 ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job,
                          int rank, int world_size);
 
+// Memory for the tests' host tensors: 2 MiB or more in transparent huge
+// pages (shm::MapHugeAnonymous), as ckptd's arenas are; less from the heap.
+// A real trainer restores into memory it holds already (device memory, a
+// framework's pooled host memory); a stand-in that faults in fresh 4 KiB
+// pages at each start measures the host's page tables instead (2.5 s for
+// four 256 MiB states at once on a 2-core VM, in recovery_bench).
+// (Its large blocks: nullptr when they cannot be mapped.)
+void* MapTensorMemory(size_t bytes);
+void UnmapTensorMemory(void* p, size_t bytes);
+template <class T>
+struct TensorAllocator {
+  using value_type = T;
+  static constexpr size_t kHuge = size_t{2} << 20;
+  TensorAllocator() = default;
+  template <class U>
+  TensorAllocator(const TensorAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    if (n * sizeof(T) < kHuge) return std::allocator<T>().allocate(n);
+    void* p = MapTensorMemory(n * sizeof(T));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n * sizeof(T) < kHuge) return std::allocator<T>().deallocate(p, n);
+    UnmapTensorMemory(p, n * sizeof(T));
+  }
+  template <class U>
+  bool operator==(const TensorAllocator<U>&) const {
+    return true;
+  }
+};
+using TensorBytes = std::vector<char, TensorAllocator<char>>;
+
 // Host tensors with deterministic contents derived from (seed, name).
 struct HostState {
-  std::vector<std::vector<char>> buffers;
+  std::vector<TensorBytes> buffers;
   std::vector<Tensor> tensors;
   // Same names, dtypes and shapes; zeroed buffers.
   HostState EmptyLike() const;

@@ -294,6 +294,24 @@ absl::StatusOr<NodeLossFigures> RunNodeLossRound(const NodeLossOptions& o) {
   c.StartNode("c", /*spare=*/true);
   CKPT_RETURN_IF_ERROR(
       WaitStaged(c, 4, o.last_step, o.last_step - 1, "before the node loss"));
+  // With replicas: the last step's copies verified on their holders and
+  // known to the coordinator (as the storage path waits for a durable
+  // step), else a kill that lands while b's copies are on the wire loses a
+  // step and measures the race, not the recovery.
+  if (o.replicas && !Cluster::WaitUntil(
+                        [&] {
+                          auto cluster = c.GetCluster();
+                          if (!cluster) return false;
+                          for (const auto& m : cluster->memory())
+                            if (m.job() == "job" && m.has_replicated_step() &&
+                                m.replicated_step() >= o.last_step)
+                              return true;
+                          return false;
+                        },
+                        seconds(120)))
+    return Failed(absl::StrCat("step ", o.last_step,
+                               " was never replicated for every rank"),
+                  c);
   std::this_thread::sleep_for(milliseconds(o.step_ms));
   for (uint32_t r = 0; r < 4; ++r)
     f.reached_step = std::max(f.reached_step, NewestSaved(c, r));

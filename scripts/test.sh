@@ -14,9 +14,10 @@ scripts/install-python.sh
 (cd build && ctest --output-on-failure -j2 --timeout 600 -LE slow)
 (cd build && ctest --output-on-failure -j1 --timeout 600 -L slow)
 if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
-  # CUDA and the benchmarks add nothing to a sanitizer run.
+  # CUDA, the benchmarks, the Python module and the binaries of slow tests
+  # (run once above, not here) add nothing to a sanitizer run.
   BUILD_DIR=build-asan scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF -DCKPT_WERROR=ON \
-    -DCKPT_SKIP=bench
+    "-DCKPT_SKIP=bench;python" -DCKPT_SLOW_TESTS=OFF
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
   # The tests labelled "slow" ran once above; the sanitizer build runs the rest.
   (cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE slow)

@@ -9,7 +9,8 @@ scripts/format.sh --check
 # Warnings are errors here (CKPT_WERROR): the tree builds with zero.
 scripts/build.sh -DCKPT_WERROR=ON
 scripts/install-python.sh
-# Two at a time (tests that must run alone are RUN_SERIAL), then the
+# Two at a time (the multi-node tests one at a time beside the rest: their
+# RESOURCE_LOCK in tests/CMakeLists.txt), then the
 # tests labelled "slow" (external servers, Python, packaging) one at a time.
 (cd build && ctest --output-on-failure -j2 --timeout 600 -LE slow)
 (cd build && ctest --output-on-failure -j1 --timeout 600 -L slow)

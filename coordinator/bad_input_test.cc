@@ -461,5 +461,22 @@ TEST(CoordinatorOptionsTest,
   }
 }
 
+TEST(CoordinatorOptionsTest, StragglerWindowIsSetOrRefusedNamingTheFlag) {
+  auto o = ParseArgs({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.hang.straggler_window_s, 10);
+  o = ParseArgs({"--straggler-window-s", "2.5", "--straggler-windows", "2"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.hang.straggler_window_s, 2.5);
+  EXPECT_EQ(o->coordinator.hang.straggler_windows, 2);
+  for (const char* bad : {"0", "0.5", "-1", "soon", "3601"}) {
+    auto r = ParseArgs({"--straggler-window-s", bad});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("--straggler-window-s"),
+              std::string::npos)
+        << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -33,9 +33,9 @@ struct HangPolicy {
   // Stragglers: a rank whose compute time (its step time where none is
   // reported) is above straggler_factor x the job's median in
   // straggler_windows consecutive windows of straggler_window_s.
-  double straggler_factor = 1.5;  // --straggler-factor
-  int straggler_windows = 3;      // --straggler-windows
-  double straggler_window_s = 10;
+  double straggler_factor = 1.5;   // --straggler-factor
+  int straggler_windows = 3;       // --straggler-windows
+  double straggler_window_s = 10;  // --straggler-window-s
 };
 
 // One rank as the coordinator last heard of it (coordinator clock, ms).

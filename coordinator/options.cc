@@ -107,9 +107,13 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "this many times the job's median (default 1.5)")
       ->check(CLI::Range(1.01, 1000.0));
   app.add_option("--straggler-windows", hang.straggler_windows,
-                 "stragglers: ... in this many consecutive 10 s windows "
-                 "(default 3)")
+                 "stragglers: ... in this many consecutive windows of "
+                 "--straggler-window-s (default 3)")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--straggler-window-s", hang.straggler_window_s,
+                 "stragglers: the window's length in seconds: a window holds "
+                 "enough steps of every rank to compare them (default 10)")
+      ->check(CLI::Range(1.0, 3600.0));
   CordonPolicy& cordon = o.coordinator.cordon;
   app.add_option("--cordon-after", cordon.after,
                  "cordon a node (its ranks move to a spare) after this many "

@@ -149,10 +149,13 @@ TEST_F(CordonClusterTest, TwoCrashesInTheWindowCordonTheNodeUncordonBringsIt) {
 
 TEST_F(CordonClusterTest, AStragglersNodeIsReplacedByTheSpare) {
   ClusterOptions o = Options(4);
-  o.last_step = 300;  // the fast ranks still run when the slow are named
+  // 3 s windows (30 fast steps, 10 slow ones): named within ~6 s, while
+  // the fast ranks still run.
+  o.last_step = 150;
   o.bytes_per_rank = 1 << 20;
   o.node_launcher_env["b"] = {"CLUSTER_TRAINER_SLOW=3"};
-  o.coordinator_args = {"--straggler-windows", "1", "--evict-stragglers"};
+  o.coordinator_args = {"--straggler-windows", "1", "--straggler-window-s", "3",
+                        "--evict-stragglers"};
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");

@@ -85,7 +85,9 @@ class Bench {
   };
   absl::Status Setup(Results* r);
   absl::Status Connect();
-  absl::Status MeasureRound(Results* r);
+  // One round; each figure is printed (stderr) as soon as it and its limit
+  // are measured, the save stalls within seconds of the start.
+  absl::Status MeasureRound(int round, Results* r);
   absl::Status MeasureSaves(Results* r);
   absl::Status MeasureRestoreFromShm(Results* r);
   absl::Status MeasureRestoreFromDisk(Results* r);
@@ -95,7 +97,7 @@ class Bench {
   absl::Status SampleRawIo(Results* r);
   absl::Status SampleRawRead(Results* r);
   absl::Status WaitDaemonSettled();
-  void ReportRound(int round) const;  // this round's figures, on stderr
+  void Report(int round, const std::string& figures) const;
   void Summarize(Results* r) const;
   void Cleanup();
 
@@ -348,35 +350,41 @@ absl::Status Bench::WaitDaemonSettled() {
 
 // One round: every figure once, each next to its limit, so a drift of the
 // shared machine's disk or memory speed moves both alike.
-absl::Status Bench::MeasureRound(Results* r) {
-  CKPT_RETURN_IF_ERROR(MeasureSaves(r));  // save stall and persist; memcpy
-  CKPT_RETURN_IF_ERROR(MeasureRestoreFromShm(r));
-  const std::string sync_path = dir_ + "/sync_write.bin";
-  CKPT_ASSIGN_OR_RETURN(double sync_write, SyncWrite(sync_path, tensors_));
-  samples_.sync_write.push_back(sync_write);
-  fs::remove(sync_path);
-  CKPT_RETURN_IF_ERROR(SampleRawIo(r));             // raw write after persist
-  CKPT_RETURN_IF_ERROR(MeasureRestoreFromDisk(r));  // each after a raw read
-  fs::remove(dir_ + "/raw_io.bin");
-  return absl::OkStatus();
-}
-
-void Bench::ReportRound(int round) const {
+absl::Status Bench::MeasureRound(int round, Results* r) {
   const Samples& x = samples_;
+  CKPT_RETURN_IF_ERROR(MeasureSaves(r));  // save stall and persist; memcpy
   // Every save of the round: one slow save (e.g. the first through a new
   // mapping) is what the median hides.
   std::vector<std::string> stalls;
   for (size_t i = x.stall.size() - std::min<size_t>(o_.saves, x.stall.size());
        i < x.stall.size(); ++i)
     stalls.push_back(absl::StrFormat("%.1f", x.stall[i] * 1e3));
-  std::fprintf(stderr,
-               "ckpt_bench: round %d/%d: save stalls %s ms (memcpy %.1f ms), "
-               "persist %.3f s (raw write %.3f s), restore from shm %.1f ms, "
-               "from disk %.3f s (raw read %.3f s)\n",
-               round + 1, o_.repeat, absl::StrJoin(stalls, ", ").c_str(),
-               x.memcpy.back() * 1e3, x.persist.back(), x.raw_write.back(),
-               x.restore_shm.back() * 1e3, x.restore_disk.back(),
-               x.raw_read.back());
+  Report(round,
+         absl::StrFormat("save stalls %s ms (memcpy %.1f ms)",
+                         absl::StrJoin(stalls, ", "), x.memcpy.back() * 1e3));
+  CKPT_RETURN_IF_ERROR(MeasureRestoreFromShm(r));
+  Report(round,
+         absl::StrFormat("restore from shm %.1f ms (memcpy %.1f ms)",
+                         x.restore_shm.back() * 1e3, x.memcpy.back() * 1e3));
+  const std::string sync_path = dir_ + "/sync_write.bin";
+  CKPT_ASSIGN_OR_RETURN(double sync_write, SyncWrite(sync_path, tensors_));
+  samples_.sync_write.push_back(sync_write);
+  fs::remove(sync_path);
+  CKPT_RETURN_IF_ERROR(SampleRawIo(r));  // raw write after persist
+  Report(round,
+         absl::StrFormat("persist %.3f s (raw write %.3f s; write()+fsync "
+                         "%.3f s)",
+                         x.persist.back(), x.raw_write.back(), sync_write));
+  CKPT_RETURN_IF_ERROR(MeasureRestoreFromDisk(r));  // each after a raw read
+  fs::remove(dir_ + "/raw_io.bin");
+  Report(round, absl::StrFormat("restore from disk %.3f s (raw read %.3f s)",
+                                x.restore_disk.back(), x.raw_read.back()));
+  return absl::OkStatus();
+}
+
+void Bench::Report(int round, const std::string& figures) const {
+  std::fprintf(stderr, "ckpt_bench: round %d/%d: %s\n", round + 1, o_.repeat,
+               figures.c_str());
 }
 
 void Bench::Summarize(Results* r) const {
@@ -429,8 +437,7 @@ absl::Status Bench::Run(Results* r) {
   std::fprintf(stderr, "ckpt_bench: first save (creates the arena) %.3f s\n",
                r->first_save_s);
   for (int round = 0; round < o_.repeat; ++round) {
-    CKPT_RETURN_IF_ERROR(MeasureRound(r));
-    ReportRound(round);
+    CKPT_RETURN_IF_ERROR(MeasureRound(round, r));
   }
   Summarize(r);
 

@@ -149,11 +149,14 @@ TEST_F(CordonClusterTest, TwoCrashesInTheWindowCordonTheNodeUncordonBringsIt) {
 
 TEST_F(CordonClusterTest, AStragglersNodeIsReplacedByTheSpare) {
   ClusterOptions o = Options(4);
-  // 3 s windows (30 fast steps, 10 slow ones): named within ~6 s, while
-  // the fast ranks still run.
-  o.last_step = 150;
+  // The fast ranks must still run when the slow are named: 3 s windows
+  // name them within ~6 s on a quiet machine, while 300 steps keep the
+  // fast ranks busy for 30 s or more. A loaded machine adds the same save
+  // cost to every step, which dilutes the slow ranks' ratio to the
+  // median: 4x the sleep keeps it well above --straggler-factor 1.5.
+  o.last_step = 300;
   o.bytes_per_rank = 1 << 20;
-  o.node_launcher_env["b"] = {"CLUSTER_TRAINER_SLOW=3"};
+  o.node_launcher_env["b"] = {"CLUSTER_TRAINER_SLOW=4"};
   o.coordinator_args = {"--straggler-windows", "1", "--straggler-window-s", "3",
                         "--evict-stragglers"};
   cluster_ = std::make_unique<Cluster>(o);

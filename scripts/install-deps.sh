@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages ckptd builds against (run as root).
+# Installs the Debian 12 packages ckptd builds against and its tests and
+# demos run with (run as root). `--build` installs only what configuring and
+# building the tree needs (scripts/run.sh: the benchmark's first figures
+# come before torch, etcd and the test servers are downloaded).
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config clang-format
+case "${1:-}" in
+  "" | --build) ;;
+  *) echo "usage: scripts/install-deps.sh [--build]: unknown argument '$1'" >&2; exit 2 ;;
+esac
+# What CMake's configure requires, and the compilers.
+pkgs=(build-essential cmake ninja-build pkg-config
       # the linker (cmake/Linker.cmake): links ~3x faster than GNU ld here
       lld
       liburing-dev libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
@@ -9,17 +17,26 @@ pkgs=(build-essential cmake ninja-build pkg-config clang-format
       libcli11-dev libtomlplusplus-dev libabsl-dev libblas-dev libgloo-dev
       # POSIX ACLs on arena segments (shm/segment_access.cc)
       libacl1-dev
-      # a hung trainer's native stacks (eu-stack; ckptrun falls back to gdb)
-      elfutils
-      # Python package and its tests (Debian's python3 + torch 1.13)
-      python3 python3-cffi python3-torch python3-yaml
-      # object tier (libcurl SigV4) and its interop tests
-      libcurl4-openssl-dev awscli python3-boto3
-      # coordinator HA on etcd (server, etcdctl, etcd's own .proto files)
-      etcd-server etcd-client golang-etcd-server-dev
-      # operations: metrics, systemd notify, real Prometheus, .deb install test
-      # (systemd: systemd-analyze for the unit checks)
-      prometheus-cpp-dev libsystemd-dev prometheus debootstrap openssl systemd)
+      # object tier (libcurl SigV4)
+      libcurl4-openssl-dev
+      # coordinator HA on etcd (etcd's own .proto files)
+      golang-etcd-server-dev
+      # operations: metrics, systemd notify
+      prometheus-cpp-dev libsystemd-dev)
+if [[ "${1:-}" != --build ]]; then
+  pkgs+=(clang-format
+         # a hung trainer's native stacks (eu-stack; ckptrun falls back to gdb)
+         elfutils
+         # Python package and its tests (Debian's python3 + torch 1.13)
+         python3 python3-cffi python3-torch python3-yaml
+         # the object tier's interop tests
+         awscli python3-boto3
+         # coordinator HA tests: a real etcd and etcdctl
+         etcd-server etcd-client
+         # operations tests: real Prometheus, .deb install test, TLS
+         # certificates (systemd: systemd-analyze for the unit checks)
+         prometheus debootstrap openssl systemd)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +47,8 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+[[ "${1:-}" == --build ]] && exit 0
 
 # The object-storage tests' S3 server (s3rver, pinned in tests/s3/package-lock.json),
 # installed into the project (tests/s3/node_modules, git-ignored). Needs Node + npm:

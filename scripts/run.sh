@@ -9,9 +9,11 @@
 # undisturbed run; then scripts/demo_torch.sh, the same with a PyTorch job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+# What building needs first; torch, etcd and the test servers (most of
+# apt's time on a fresh machine) after the benchmark, for the demos.
+scripts/install-deps.sh --build
 # Only what this job runs, the benchmark's first (the first figures come
-# sooner; ckpt_bench prints each round's as it goes), then ckptctl and the
+# sooner; ckpt_bench prints each as it measures it), then ckptctl and the
 # demo's binaries; the test binaries are scripts/test.sh's.
 TARGETS="ckpt_bench ckptd" scripts/build.sh
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
@@ -24,6 +26,7 @@ echo
 echo "== ckptctl verify --root $root"
 build/tools/ckptctl verify --root "$root"
 rm -rf "$work"  # the demo needs no multi-GiB leftovers
+scripts/install-deps.sh
 TARGETS="ckpt-coordinator ckptrun ckpt-worker ckpt_python" scripts/build.sh
 # `import ckpt, ckpt.torch` for Debian's python3 and the one on PATH.
 scripts/install-python.sh

@@ -12,7 +12,9 @@
 // Test-only: CKPTD_TEST_FAULT=slow-network slows this node's network
 // probes (daemon/net_probe.h); CKPTD_TEST_FAULT=hang-persist-writes makes every
 // storage write hang (storage/fault_backend.h) until shutdown, to wedge the
-// persister; CKPTD_TEST_FAULT=corrupt-replica-sends flips a byte of every
+// persister; CKPTD_TEST_FAULT=hang-prefetch makes every PREFETCH order hang
+// unacknowledged (a replacement wedged on its shared root);
+// CKPTD_TEST_FAULT=corrupt-replica-sends flips a byte of every
 // replica chunk this node sends (on the wire, never in the slot).
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -117,6 +119,11 @@ int main(int argc, char** argv) {
       LogWarning(
           "TEST-ONLY FAULT: CKPTD_TEST_FAULT=slow-network: this node's "
           "network probes run at about 6 MB/s");
+    } else if (std::strcmp(f, "hang-prefetch") == 0) {
+      opts->agent.hang_prefetch = true;
+      LogWarning(
+          "TEST-ONLY FAULT: CKPTD_TEST_FAULT=hang-prefetch: every PREFETCH "
+          "order hangs, never acknowledged");
     } else if (std::strcmp(f, "hang-persist-writes") == 0) {
       fault = std::make_unique<ckpt::storage::FaultInjectionBackend>(storage);
       fault->HangWrites();
@@ -127,8 +134,9 @@ int main(int argc, char** argv) {
     } else {
       return Fail("CKPTD_TEST_FAULT",
                   absl::InvalidArgumentError(
-                      "only \"hang-persist-writes\", \"slow-network\" and "
-                      "\"corrupt-replica-sends\" are known (test-only)"));
+                      "only \"hang-persist-writes\", \"hang-prefetch\", "
+                      "\"slow-network\" and \"corrupt-replica-sends\" are "
+                      "known (test-only)"));
     }
   }
   const ckpt::ServiceNotifier notifier;

@@ -102,6 +102,10 @@ struct NodeAgentOptions {
   // (CKPTD_TEST_FAULT=slow-network).
   int net_probe_port = -1;
   bool net_probe_slow = false;
+  // Test-only (CKPTD_TEST_FAULT=hang-prefetch): every PREFETCH order hangs
+  // before it reads anything, never acknowledged, until the agent stops (a
+  // replacement wedged on its shared root).
+  bool hang_prefetch = false;
   // Health re-checks (issue 18): runs the node's checks (health.h) on a
   // thread of its own; the report goes with a later heartbeat. Run when
   // the coordinator asks (`ckptctl health`, a spare about to take ranks)

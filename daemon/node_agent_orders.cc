@@ -124,6 +124,13 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
                             std::vector<cv1::ShardSource> sources,
                             std::optional<uint32_t> owner_uid) {
   auto t0 = std::chrono::steady_clock::now();
+  if (options_.hang_prefetch) {
+    LogWarning(absl::StrCat("order ", order_id,
+                            ": TEST-ONLY FAULT: the prefetch hangs"));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stopping_; });
+    return;
+  }
   // (TakeOrders registered the fetches: BeginFetches.)
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;

@@ -35,7 +35,7 @@ if [[ "${1:-}" != --build ]]; then
          etcd-server etcd-client
          # operations tests: real Prometheus, .deb install test, TLS
          # certificates (systemd: systemd-analyze for the unit checks)
-         prometheus debootstrap openssl systemd)
+         prometheus mmdebstrap openssl systemd)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "tests/cluster_fixture.h"
@@ -57,6 +58,9 @@ class CordonClusterTest : public ClusterTest {
 TEST_F(CordonClusterTest, TwoCrashesInTheWindowCordonTheNodeUncordonBringsIt) {
   ClusterOptions o = Options(4);
   o.last_step = 250;  // still running after two restarts and a node loss
+  // Each restart runs 100 more steps (10 s or more): enough for the checks
+  // and the node loss below, and no run to step 250 at the end.
+  o.steps_after_restore = 100;
   o.bytes_per_rank = 1 << 20;
   o.coordinator_args = {"--cordon-after", "2", "--cordon-window-s", "600"};
   cluster_ = std::make_unique<Cluster>(o);
@@ -133,7 +137,14 @@ TEST_F(CordonClusterTest, TwoCrashesInTheWindowCordonTheNodeUncordonBringsIt) {
                         R"("spare":true})"),
             std::string::npos)
       << un.out;
-  EXPECT_LT(LastGood(), o.last_step - 20) << "the job ended too soon";
+  uint64_t restored = 0;  // the step of the newest restart
+  for (uint32_t r = 0; r < o.world_size; ++r)
+    for (const auto& l : cluster_->TrainerLog(r))
+      if (l.kind == "restored")
+        restored =
+            std::max<uint64_t>(restored, std::stoull(l.fields.at("step")));
+  EXPECT_LT(LastGood() + 20, restored + o.steps_after_restore)
+      << "the job ended too soon";
   cluster_->KillNode("a");
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
@@ -155,6 +166,7 @@ TEST_F(CordonClusterTest, AStragglersNodeIsReplacedByTheSpare) {
   // cost to every step, which dilutes the slow ranks' ratio to the
   // median: 4x the sleep keeps it well above --straggler-factor 1.5.
   o.last_step = 300;
+  o.steps_after_restore = 30;  // after the eviction
   o.bytes_per_rank = 1 << 20;
   o.node_launcher_env["b"] = {"CLUSTER_TRAINER_SLOW=4"};
   o.coordinator_args = {"--straggler-windows", "1", "--straggler-window-s", "3",

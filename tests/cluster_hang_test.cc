@@ -44,6 +44,7 @@ TEST_F(ClusterTest, StoppedTrainerIsNamedHungItsStacksKeptAndTheJobResumes) {
   ClusterOptions o = Options(4);
   o.step_ms = 100;
   o.last_step = 150;  // nobody finishes before the hang is found
+  o.steps_after_restore = 30;
   // A short floor so that the test takes seconds; the first step keeps a
   // generous allowance (a loaded machine starts processes slowly).
   o.coordinator_args = {"--hang-timeout-min-s", "5", "--first-step-timeout-s",

@@ -256,11 +256,14 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                 std::to_string(options_.step_ms), options_.dir + "/trainers"});
     if (options_.hold) run.push_back("hold");
   }
-  auto launcher_env = options_.node_launcher_env.find(id);
-  n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log",
-                           launcher_env == options_.node_launcher_env.end()
-                               ? std::vector<std::string>{}
-                               : launcher_env->second);
+  std::vector<std::string> launcher_env;
+  if (auto e = options_.node_launcher_env.find(id);
+      e != options_.node_launcher_env.end())
+    launcher_env = e->second;
+  if (options_.steps_after_restore > 0)
+    launcher_env.push_back("CLUSTER_TRAINER_STEPS_AFTER_RESTORE=" +
+                           std::to_string(options_.steps_after_restore));
+  n.launcher = Proc::Spawn(run, n.dir + "/ckptrun.log", launcher_env);
 }
 
 void Cluster::KillNode(const std::string& id) {

@@ -52,6 +52,10 @@ struct ClusterOptions {
   uint64_t last_step =
       60;  // long enough that survivors still run when a failure is seen
   int step_ms = 100;
+  // > 0: a restored trainer stops after step restore+N (before last_step):
+  // the test's tail after its last recovery is N steps, not the run to
+  // last_step. 0: every trainer runs to last_step.
+  uint64_t steps_after_restore = 0;
   bool hold = false;  // trainers sleep after the last step instead of exiting
   int heartbeat_timeout_ms = 2000;      // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd

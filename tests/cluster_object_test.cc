@@ -51,6 +51,7 @@ void RecoverLostNodeFromObjectStore(
   o.dir = dir.path();
   o.world_size = 6;  // three nodes of two ranks, and a spare
   o.bytes_per_rank = 4 << 20;
+  o.steps_after_restore = 10;  // the ranks need only show that they run on
   // StrCat: GCC 12 misreads string operator+ here as an over-read.
   o.shared_root_url = absl::StrCat("s3://", kS3Bucket, "/cluster");
   o.trainer_prefix = trainer_prefix;

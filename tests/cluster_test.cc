@@ -33,6 +33,7 @@ TEST_F(ClusterTest,
   // it did not, once in a full run with a build beside it).
   ClusterOptions o = Options(2);
   o.step_ms = 250;
+  o.steps_after_restore = 8;
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");
@@ -50,7 +51,9 @@ TEST_F(ClusterTest,
 }
 
 TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
-  cluster_ = std::make_unique<Cluster>(Options(4));
+  ClusterOptions o = Options(4);
+  o.steps_after_restore = 10;
+  cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");
   cluster_->StartNode("b");

@@ -16,9 +16,13 @@
 //   done step=<LAST_STEP>
 // With "hold" it then sleeps until killed instead of exiting (a quiet job
 // for the recovery benchmark). CLUSTER_TRAINER_SLOW=F in the environment
-// makes each step F times STEP_MS (a slow node: a straggler).
+// makes each step F times STEP_MS (a slow node: a straggler);
+// CLUSTER_TRAINER_STEPS_AFTER_RESTORE=N makes a restored trainer stop after
+// step restore+N when that comes before LAST_STEP (a test that has seen its
+// recovery needs only a few more steps, not the run to LAST_STEP).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +70,7 @@ int main(int argc, char** argv) {
     return 100;
   }
   const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
-  const uint64_t last = std::strtoull(argv[2], nullptr, 10);
+  uint64_t last = std::strtoull(argv[2], nullptr, 10);
   int step_ms = std::atoi(argv[3]);
   if (const char* slow = std::getenv("CLUSTER_TRAINER_SLOW"))
     step_ms = static_cast<int>(step_ms * std::atof(slow));
@@ -125,6 +129,9 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long>(step), restore_s, started_s,
                  restored_ms, connect_s, alloc_s);
     first = step + 1;
+    if (const char* n = std::getenv("CLUSTER_TRAINER_STEPS_AFTER_RESTORE");
+        n != nullptr && *n != '\0')
+      last = std::min<uint64_t>(last, step + std::strtoull(n, nullptr, 10));
   } else {
     state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
   }

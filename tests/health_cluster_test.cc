@@ -94,6 +94,7 @@ TEST_F(HealthClusterTest, SpareWithTooLittleShmIsNeverGivenRanks) {
   // "c" comes before "d" in node-id order: without its health check the
   // plan would choose it.
   o.node_ckptd_args["c"] = {"--health-shm-mib-per-rank", "1073741824"};
+  o.steps_after_restore = 10;  // d's ranks need only show that they run
   ASSERT_NO_FATAL_FAILURE(StartTwoNodesAndTwoSpares(o));
   ASSERT_NO_FATAL_FAILURE(KillBAndExpectItsRanksOnD());
   ASSERT_NO_FATAL_FAILURE(ExpectLaunchersFinish({"a", "d"}));
@@ -196,6 +197,7 @@ TEST_F(HealthClusterTest, SpareWhoseRootBrokeIsCheckedBeforeItTakesRanks) {
   // No re-checks of their own: only the coordinator's request finds it.
   o.ckptd_args = {"--health-recheck-s", "0"};
   o.coordinator_args = {"--spare-check-max-age-s", "1"};
+  o.steps_after_restore = 10;
   ASSERT_NO_FATAL_FAILURE(StartTwoNodesAndTwoSpares(o));
   ASSERT_NO_FATAL_FAILURE(BreakRoot("c"));
   auto c_before = cluster_->GetCluster();

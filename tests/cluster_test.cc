@@ -166,6 +166,12 @@ TEST_F(ClusterTest, ReplacementDyingWhilePrefetchingIsReplacedAgain) {
   // MiB that took long enough to read made the test a minute long.
   o.node_ckptd_env["c"] = {"CKPTD_TEST_FAULT=hang-prefetch"};
   o.heartbeat_timeout_ms = 3000;
+  // Node a's trainers must still run when b's loss is seen (200 steps: 20
+  // s or more), and again, after the first plan's restart, when c's is
+  // (80 steps: 8 s or more, against the 3 s heartbeat timeout): a node
+  // whose ranks all finished has no launcher left to restart them.
+  o.last_step = 200;
+  o.steps_after_restore = 80;
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");

@@ -10,10 +10,12 @@ scripts/format.sh --check
 scripts/build.sh -DCKPT_WERROR=ON
 scripts/install-python.sh
 # Two at a time (the multi-node tests one at a time beside the rest: their
-# RESOURCE_LOCK in tests/CMakeLists.txt), then the
-# tests labelled "slow" (external servers, Python, packaging) one at a time.
+# RESOURCE_LOCK in tests/CMakeLists.txt), then the tests labelled "slow"
+# (external servers, Python, packaging), also two at a time but for those
+# marked RUN_SERIAL (etcd failovers, object-store node losses, the GPT
+# recovery), which run alone.
 (cd build && ctest --output-on-failure -j2 --timeout 600 -LE slow)
-(cd build && ctest --output-on-failure -j1 --timeout 600 -L slow)
+(cd build && ctest --output-on-failure -j2 --timeout 600 -L slow)
 if [[ "${CKPT_SKIP_SANITIZERS:-0}" != 1 ]]; then
   # CUDA, the benchmarks, the Python module and the binaries of slow tests
   # (run once above, not here) add nothing to a sanitizer run.

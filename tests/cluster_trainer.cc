@@ -13,7 +13,7 @@
 // restore fills, both before the restore call.)
 // (mono_ms: CLOCK_MONOTONIC in ms, the clock of the coordinator's events.)
 //   saved step=<S> stall=<t>
-//   done step=<LAST_STEP>
+//   done step=<the last step saved: LAST_STEP, or restore+N below>
 // With "hold" it then sleeps until killed instead of exiting (a quiet job
 // for the recovery benchmark). CLUSTER_TRAINER_SLOW=F in the environment
 // makes each step F times STEP_MS (a slow node: a straggler);

@@ -49,6 +49,25 @@ class DaemonProcess {
 void UnlinkArenas(const std::string& shm_prefix);
 // A prefix unique to this test process and call.
 std::string UniqueShmPrefix();
+// Hands out UniqueShmPrefix()es and unlinks every arena under them when it
+// goes (a killed ckptd leaves its arenas, by design). Declare it before
+// the daemons that use its prefixes, so that it outlives them.
+class ArenaPrefixes {
+ public:
+  ArenaPrefixes() = default;
+  ArenaPrefixes(const ArenaPrefixes&) = delete;
+  ArenaPrefixes& operator=(const ArenaPrefixes&) = delete;
+  ~ArenaPrefixes() {
+    for (const std::string& p : prefixes_) UnlinkArenas(p);
+  }
+  std::string New() {
+    prefixes_.push_back(UniqueShmPrefix());
+    return prefixes_.back();
+  }
+
+ private:
+  std::vector<std::string> prefixes_;
+};
 
 ClientOptions OptionsFor(const DaemonProcess& d, const std::string& job,
                          int rank, int world_size);

@@ -50,6 +50,7 @@ absl::StatusOr<std::vector<char>> GetCopy(int port, const std::string& job,
 
 TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   TempDir dir;
+  ArenaPrefixes arenas;  // outlives the daemons below
   const std::string shared = dir.path() + "/shared";
   std::filesystem::create_directories(shared);
   CoordinatorProcess coordinator(dir.path() + "/coord", shared, 3000);
@@ -71,7 +72,7 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
     args.insert(args.end(), extra.begin(), extra.end());
     std::filesystem::create_directories(dir.path() + "/" + id);
     return DaemonProcess::Start(dir.path() + "/" + id + "/root",
-                                dir.path() + "/" + id, UniqueShmPrefix(), args);
+                                dir.path() + "/" + id, arenas.New(), args);
   };
   auto b = node("b", {"--replica-port", std::to_string(replica_port),
                       "--metrics-listen", metrics_b});
@@ -122,6 +123,7 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
 
 TEST(ReplicaClusterTest, CopiesDamagedOnTheWireAreRefusedByARealHolder) {
   TempDir dir;
+  ArenaPrefixes arenas;  // outlives the daemons below
   const std::string shared = dir.path() + "/shared";
   std::filesystem::create_directories(shared);
   CoordinatorProcess coordinator(dir.path() + "/coord", shared, 3000);
@@ -142,7 +144,7 @@ TEST(ReplicaClusterTest, CopiesDamagedOnTheWireAreRefusedByARealHolder) {
     args.insert(args.end(), extra.begin(), extra.end());
     std::filesystem::create_directories(dir.path() + "/" + id);
     return DaemonProcess::Start(dir.path() + "/" + id + "/root",
-                                dir.path() + "/" + id, UniqueShmPrefix(), args);
+                                dir.path() + "/" + id, arenas.New(), args);
   };
   auto b = node("b", {"--replica-port", std::to_string(replica_port),
                       "--metrics-listen", metrics_b});

@@ -45,6 +45,7 @@ cv1::GetClusterResponse Cluster(const CoordinatorProcess& coordinator) {
 
 TEST(ReplicaRecoveryTest, ALostNodesRankIsRestoredBitIdenticalFromItsPeer) {
   TempDir dir;
+  ArenaPrefixes arenas;  // outlives the daemons below
   const std::string shared = dir.path() + "/shared";
   std::filesystem::create_directories(shared);
   CoordinatorProcess coordinator(dir.path() + "/coord", shared, 2000);
@@ -63,9 +64,8 @@ TEST(ReplicaRecoveryTest, ALostNodesRankIsRestoredBitIdenticalFromItsPeer) {
     if (spare) args.push_back("--spare");
     std::filesystem::create_directories(dir.path() + "/" + id);
     if (hang_persist) setenv("CKPTD_TEST_FAULT", "hang-persist-writes", 1);
-    auto d =
-        DaemonProcess::Start(dir.path() + "/" + id + "/root",
-                             dir.path() + "/" + id, UniqueShmPrefix(), args);
+    auto d = DaemonProcess::Start(dir.path() + "/" + id + "/root",
+                                  dir.path() + "/" + id, arenas.New(), args);
     unsetenv("CKPTD_TEST_FAULT");
     return d;
   };

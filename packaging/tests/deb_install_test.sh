@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The .deb in a clean Debian 12: builds ckptd_<version>_amd64.deb with
 # `cpack -G DEB` in BUILD_DIR, unpacks a fresh minbase bookworm root
-# (mmdebstrap; cached under BUILD_DIR/debootstrap-cache after the first
+# (mmdebstrap; cached under BUILD_DIR/bookworm-root-cache after the first
 # run), `apt-get install ./ckptd_*.deb` in a chroot (apt resolves the
 # shared-library Depends), then checks there: `ckptd --version` prints the
 # version, `ckptctl --help` works, the ckptd user/group and the state
@@ -26,7 +26,7 @@ echo "built $(basename "$deb") in $((SECONDS - start)) s"
 # A minbase root with fresh apt lists, kept as a tarball: later runs only
 # unpack it. mmdebstrap rather than debootstrap: it builds the same root in
 # half the time (38 s against 77 s here), which every clean CI run pays.
-cache="$build/debootstrap-cache"
+cache="$build/bookworm-root-cache"
 mkdir -p "$cache"
 root_tar="$cache/bookworm-minbase-root.tar"
 if [[ ! -f "$root_tar" ]]; then

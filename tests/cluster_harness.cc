@@ -256,10 +256,15 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                 std::to_string(options_.step_ms), options_.dir + "/trainers"});
     if (options_.hold) run.push_back("hold");
   }
-  std::vector<std::string> launcher_env;
+  // Like /tmp (trainers may run as another uid), but the test's own.
+  const std::string tmp = NodeTmpDir(id);
+  std::filesystem::create_directories(tmp);
+  std::filesystem::permissions(
+      tmp, std::filesystem::perms::all | std::filesystem::perms::sticky_bit);
+  std::vector<std::string> launcher_env = {"TMPDIR=" + tmp};
   if (auto e = options_.node_launcher_env.find(id);
       e != options_.node_launcher_env.end())
-    launcher_env = e->second;
+    launcher_env.insert(launcher_env.end(), e->second.begin(), e->second.end());
   if (options_.steps_after_restore > 0)
     launcher_env.push_back("CLUSTER_TRAINER_STEPS_AFTER_RESTORE=" +
                            std::to_string(options_.steps_after_restore));

@@ -146,6 +146,12 @@ class Cluster {
   std::string DumpLogs() const;
   // The node's ckptrun.log (with trainer_command: its trainers' output).
   std::string LauncherLog(const std::string& id) const;
+  // The node's TMPDIR (its ckptrun's and trainers'), inside dir: what a
+  // SIGKILLed ckptrun leaves there goes with the test's directory, not
+  // into /tmp.
+  std::string NodeTmpDir(const std::string& id) const {
+    return NodeDir(id) + "/tmp";
+  }
 
  private:
   struct Node {

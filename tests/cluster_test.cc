@@ -24,6 +24,17 @@ namespace cv1 = ::ckpt::coord::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// A ckptrun-stacks-* directory (ckptrun's, for its trainers' Python
+// stacks) in dir.
+bool HasStacksDir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_directory() &&
+        e.path().filename().string().rfind("ckptrun-stacks-", 0) == 0)
+      return true;
+  return false;
+}
+
 TEST_F(ClusterTest,
        KilledTrainerIsRestartedAndEveryRankResumesFromSharedMemory) {
   // The surviving rank saves on until ckptrun stops it; two more saves
@@ -60,6 +71,10 @@ TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
   cluster_->StartNode("c", /*spare=*/true);
   ASSERT_NO_FATAL_FAILURE(WaitForProgress(3));
   cluster_->KillNode("b");
+  // The killed ckptrun could not remove its stacks directory; it is in the
+  // node's TMPDIR, which goes with the test's directory.
+  EXPECT_TRUE(HasStacksDir(cluster_->NodeTmpDir("b")))
+      << cluster_->NodeTmpDir("b");
   ExpectLaunchersSucceed({"a", "c"});
   uint64_t step = ExpectAllResumedAtOneStep();
   EXPECT_GE(step, 3u);

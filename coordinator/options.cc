@@ -6,7 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/client/channel.h"
 #include "coordinator/client/tls.h"
-#include "coordinator/etcd/etcd_client.h"
+#include "coordinator/etcd/etcd_state.h"
 #include "storage/object_config.h"
 #include "util/cli_parse.h"
 #include "util/config_file.h"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ckptd builds against and its tests and
-# demos run with (run as root). `--build` installs only what configuring and
-# building the tree needs (scripts/run.sh: the benchmark's first figures
-# come before torch, etcd and the test servers are downloaded).
+# demos run with (run as root). `--build` installs only what configuring the
+# tree and building ckptd and the benchmarks needs (scripts/run.sh: the
+# benchmark's first figures come before torch, etcd, etcd's protos for
+# ckpt-coordinator and the test servers are downloaded).
 set -euo pipefail
 case "${1:-}" in
   "" | --build) ;;
@@ -19,12 +20,14 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libacl1-dev
       # object tier (libcurl SigV4)
       libcurl4-openssl-dev
-      # coordinator HA on etcd (etcd's own .proto files)
-      golang-etcd-server-dev
       # operations: metrics, systemd notify
       prometheus-cpp-dev libsystemd-dev)
 if [[ "${1:-}" != --build ]]; then
-  pkgs+=(clang-format
+  pkgs+=(# ckpt-coordinator's HA on etcd: etcd's own .proto files (with 132
+         # Go source packages, ~400 MB: ckptd and the benchmarks build
+         # without them)
+         golang-etcd-server-dev
+         clang-format
          # a hung trainer's native stacks (eu-stack; ckptrun falls back to gdb)
          elfutils
          # Python package and its tests (Debian's python3 + torch 1.13)

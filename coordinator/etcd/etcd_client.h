@@ -6,7 +6,7 @@
 // a dead member costs one failed attempt. Retrying a Txn on another member is
 // safe for our writes: they are idempotent puts/deletes fenced by a compare,
 // and the one leader that issues them waits for the answer.
-// Also: ParseEtcdState for `--state etcd://HOST:PORT[,HOST:PORT...]/PREFIX`.
+// (`--state etcd://...` is parsed by etcd_state.h.)
 // Thread-safe.
 #ifndef CKPT_COORDINATOR_ETCD_ETCD_CLIENT_H_
 #define CKPT_COORDINATOR_ETCD_ETCD_CLIENT_H_
@@ -21,22 +21,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/etcd/etcd_state.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace ckpt::coordinator::etcd {
-
-struct EtcdState {
-  std::vector<std::string> endpoints;  // HOST:PORT each
-  std::string prefix;  // "/PREFIX/": every key of ours starts with it
-};
-
-// True when `state` starts with "etcd://".
-bool IsEtcdState(const std::string& state);
-// InvalidArgument naming `flag` unless `state` is
-// etcd://HOST:PORT[,HOST:PORT...]/PREFIX with a non-empty PREFIX of
-// [A-Za-z0-9._/-].
-[[nodiscard]] absl::StatusOr<EtcdState> ParseEtcdState(const std::string& state,
-                                                       const std::string& flag);
 
 class EtcdClient {
  public:

@@ -64,24 +64,24 @@
 // in the table; the queues' idle waiters in the queues; the reaper's
 // here), notified only by the changes it waits for.
 //
-// No I/O runs under the lock but the documented Stat of
-// ClientReadablePath: disk and object I/O, catalog writes, checksum
-// passes, arena creation and an arena's drop (DropArenaLocked hands it to
-// ArenaDrops, whose thread unregisters, unlinks and unmaps it; a new arena
-// of the same name waits for the unlink) run outside it. A state
-// change queues its catalog edit (CatalogWriter) in the same critical section,
-// so edits land in the order of the changes; whoever needs the outcome
-// (CommitSave, a new or grown arena, Prefetch, a delete that waits for its
-// intent; Delete, WaitDurable and a bad-copy CloseRestore before they answer)
-// waits with the lock released. A rank's arena is created (or grown, beside the
-// old one) with the lock released while RankSlots::creating makes other
-// requests for that rank wait; the Prefaulter (its own lock) readies the
-// slots beyond slot 0 in the background and publishes them into the job
-// table (JobTable::RecordPrefaulted), never calling the engine.
+// No I/O runs under the lock: disk and object I/O (a restore's check of
+// the file it hands out included), catalog writes, checksum passes, arena
+// creation and an arena's drop (DropArenaLocked hands it to ArenaDrops, whose
+// thread unregisters, unlinks and unmaps it; a new arena of the same name waits
+// for the unlink) run outside it. A state change queues its catalog edit
+// (CatalogWriter) in the same critical section, so edits land in the order of
+// the changes; whoever needs the outcome (CommitSave, a new or grown arena,
+// Prefetch, a delete that waits for its intent; Delete, WaitDurable and a
+// bad-copy CloseRestore before they answer) waits with the lock released. A
+// rank's arena is created (or grown, beside the old one) with the lock released
+// while RankSlots::creating makes other requests for that rank wait; the
+// Prefaulter (its own lock) readies the slots beyond slot 0 in the background
+// and publishes them into the job table (JobTable::RecordPrefaulted), never
+// calling the engine.
 //
-// What still runs under the lock besides memory work: the Stat (and
-// setfsuid/faccessat) of ClientReadablePath, and the on_shard/on_fallback
-// callbacks (the node agent's, which only queue a report). Still in the
+// What still runs under the lock besides memory work: the
+// on_shard/on_fallback callbacks (the node agent's, which only queue a
+// report). Still in the
 // Engine rather than in an owner of its own (issue 17): the object half
 // of tiered retention's decision (engine_tier.cc; the local half is
 // retention.h's LocalTierDropsOf), what a persist's outcome changes
@@ -279,11 +279,12 @@ class Engine : public StagedShards, private PipelineState {
   void MaybeQueueManifestLocked(Job& job, uint64_t step);
   void ApplyRetentionLocked(Job& job);
   // Restore's one decision: the path the caller may read the durable
-  // shard's file from itself (a local file of the recorded size that the
-  // caller's uid can open), or nullopt: the daemon loads it into a slot.
-  // Stats the file (metadata only) with the lock held.
+  // shard's file (`key`, of image_bytes) from itself (a local file of the
+  // recorded size that the caller's uid can open), or nullopt: the daemon
+  // loads it into a slot. Stats the file: called without the lock.
   std::optional<std::string> ClientReadablePath(const PeerCreds& peer,
-                                                const Shard& shard);
+                                                const std::string& key,
+                                                uint64_t image_bytes);
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.

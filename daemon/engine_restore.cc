@@ -49,11 +49,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   // A replacement's trainer may start while its shard still arrives.
   CKPT_RETURN_IF_ERROR(
       WaitFetchLocked(lock, req.job(), req.step(), req.rank()));
+  auto bad_rank = [&](const Job& j) -> absl::Status {
+    if (req.rank() < j.rec.world_size()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", req.rank(), " is not below world_size ", j.rec.world_size()));
+  };
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
-  if (req.rank() >= job->rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(),
-                                                   " is not below world_size ",
-                                                   job->rec.world_size()));
+  CKPT_RETURN_IF_ERROR(bad_rank(*job));
   auto not_found = [&] {
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", req.step(),
@@ -63,10 +65,28 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  auto file_readable = [&](const Shard& s) {
+    return s.slot < 0 && s.phase == ShardPhase::kDurable && !s.local_gone &&
+           req.allow_file_read();
+  };
   std::optional<std::string> path;
-  if (shard->slot < 0 && shard->phase == ShardPhase::kDurable &&
-      !shard->local_gone && req.allow_file_read())
-    path = ClientReadablePath(peer, *shard);
+  if (file_readable(*shard)) {
+    // The file is checked (a stat and an access check, which on a shared
+    // root wait for its server) with the lock released; the shard is
+    // found again after, and a path checked for another generation of it
+    // is not used.
+    const uint64_t gen = shard->gen;
+    const std::string key = shard->rec.path();
+    const uint64_t image_bytes = shard->rec.image_bytes();
+    lock.unlock();
+    path = ClientReadablePath(peer, key, image_bytes);
+    lock.lock();
+    CKPT_ASSIGN_OR_RETURN(job, table_.FindFor(req.job(), peer));
+    CKPT_RETURN_IF_ERROR(bad_rank(*job));
+    shard = table_.FindShard(req.job(), req.step(), req.rank());
+    if (shard == nullptr) return not_found();
+    if (shard->gen != gen || !file_readable(*shard)) path.reset();
+  }
   if (path) {
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(),
@@ -151,12 +171,12 @@ bool CallerCanOpen(const PeerCreds& peer, const std::string& path) {
 }  // namespace
 
 std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
-                                                      const Shard& shard) {
-  std::optional<std::string> path = backend_->LocalPath(shard.rec.path());
+                                                      const std::string& key,
+                                                      uint64_t image_bytes) {
+  std::optional<std::string> path = backend_->LocalPath(key);
   if (!path) return std::nullopt;  // no local file: the daemon loads it
-  auto object = backend_->Stat(shard.rec.path());
-  if (!object.ok() || object->size != shard.rec.image_bytes())
-    return std::nullopt;
+  auto object = backend_->Stat(key);
+  if (!object.ok() || object->size != image_bytes) return std::nullopt;
   // The caller opens the file with its own credentials: it must be root or
   // the file's owner (the persister creates it owned by the job's uid), and
   // the owner's read bit must be set. Root is held to the bit too: a trainer

@@ -10,7 +10,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "daemon/catalog.h"
@@ -18,6 +20,7 @@
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"
+#include "tests/gated_backend.h"
 #include "tests/harness.h"
 #include "tests/temp_dir.h"
 
@@ -43,6 +46,7 @@ class EngineCoreTest : public ::testing::Test {
     auto local = storage::NewLocalBackend(lo);
     ASSERT_TRUE(local.ok()) << local.status();
     local_ = std::move(*local);
+    gate_ = std::make_unique<GatedBackend>(local_.get());
     auto cat = Catalog::Open(dir_.path() + "/catalog");
     ASSERT_TRUE(cat.ok()) << cat.status();
     catalog_ = std::move(*cat);
@@ -68,7 +72,7 @@ class EngineCoreTest : public ::testing::Test {
       ASSERT_TRUE(store.ok()) << store.status();
       object_ = std::move(*store);
     }
-    auto e = Engine::Open(eo, local_.get(), catalog_.get(), object_.get());
+    auto e = Engine::Open(eo, gate_.get(), catalog_.get(), object_.get());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
     if (node) engine_->SetHostedRanks("core", {0}, std::nullopt);
@@ -76,6 +80,7 @@ class EngineCoreTest : public ::testing::Test {
   void Close() {
     engine_.reset();
     catalog_.reset();
+    gate_.reset();
     local_.reset();
     object_.reset();
     arenas_[0].reset();
@@ -132,6 +137,7 @@ class EngineCoreTest : public ::testing::Test {
   bool node_ = false;
   uint32_t retain_ = 0;
   std::unique_ptr<storage::Backend> local_;
+  std::unique_ptr<GatedBackend> gate_;  // over local_: what the engine uses
   std::unique_ptr<storage::Backend> object_;  // the object tier, if any
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<Engine> engine_;
@@ -297,6 +303,61 @@ TEST_F(EngineCoreTest, FileRestoreReadsItsFileWhileTheStepIsDeleted) {
   ASSERT_TRUE(engine_->CloseRestore(peer_, close).ok());
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   EXPECT_FALSE(std::filesystem::exists(resp->path()));
+}
+
+// Checking that the caller may read a durable shard's file itself (a
+// stat, which on an NFS shared root can block for as long as the server
+// is away, and an access check) holds no lock that other requests need,
+// and a step deleted meanwhile is not handed out.
+TEST_F(EngineCoreTest, FileRestoresCheckOfItsFileHoldsNoOtherRequest) {
+  Open();
+  ASSERT_TRUE(Save({.job = "core", .step = 1, .fill = 0x5a}).ok());
+  ASSERT_TRUE(Save({.job = "core", .step = 2, .fill = 0x5b}).ok());
+  ASSERT_TRUE(WaitDurable(2).ok());
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  Close();
+  UnlinkArenas(prefix_);
+  Open();
+  auto open_restore = [&](uint64_t step) {
+    v1::OpenRestoreRequest open;
+    open.set_job("core");
+    open.set_step(step);
+    open.set_allow_file_read(true);
+    return engine_->OpenRestore(peer_, open);
+  };
+
+  gate_->HoldStat();
+  auto restore2 =
+      std::async(std::launch::async, [&] { return open_restore(2); });
+  for (int i = 0; i < 1000 && gate_->stating() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(gate_->stating(), 1) << "the restore never checked its file";
+  // Meanwhile: a query, and the delete of the very step being opened.
+  auto meanwhile = std::async(std::launch::async, [&] {
+    absl::StatusOr<uint64_t> latest = Latest();
+    v1::DeleteRequest del;
+    del.set_job("core");
+    del.set_step(2);
+    absl::Status deleted = engine_->Delete(peer_, del).status();
+    return std::make_pair(latest, deleted);
+  });
+  const bool answered =
+      meanwhile.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  gate_->ReleaseStat();
+  EXPECT_TRUE(answered) << "Latest and Delete waited for the stat";
+  auto [latest, deleted] = meanwhile.get();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 2u);
+  EXPECT_TRUE(deleted.ok()) << deleted;
+
+  absl::StatusOr<v1::OpenRestoreResponse> resp = restore2.get();
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kNotFound)
+      << (resp.ok() ? resp->path() : resp.status().ToString());
+  // The other step is still handed out as a file.
+  auto resp1 = open_restore(1);
+  ASSERT_TRUE(resp1.ok()) << resp1.status();
+  EXPECT_EQ(resp1->source(), v1::RESTORE_SOURCE_FILE);
+  EXPECT_TRUE(std::filesystem::exists(resp1->path())) << resp1->path();
 }
 
 // Finding 18: a save that failed for good is reported, so the coordinator

@@ -3,7 +3,8 @@
 // contains a chosen part (every key by default) while the gate is closed,
 // can hold one writer's Commit (its bytes written, not yet visible), and
 // records the order of deletes; it can also hold UnregisterMemory (an
-// arena's drop) and counts RegisterMemory. Every method is thread-safe; the
+// arena's drop) and Stat (a metadata call to a slow shared root), and
+// counts RegisterMemory. Every method is thread-safe; the
 // held calls wait on the gate's own lock.
 #ifndef CKPT_TESTS_GATED_BACKEND_H_
 #define CKPT_TESTS_GATED_BACKEND_H_
@@ -78,6 +79,31 @@ class GatedBackend : public storage::BackendWrapper {
   int unregistering() {
     std::lock_guard<std::mutex> l(mu_);
     return unregistering_;
+  }
+  // Stat waits (after counting itself in stating()) until ReleaseStat().
+  void HoldStat() {
+    std::lock_guard<std::mutex> l(mu_);
+    stat_open_ = false;
+  }
+  void ReleaseStat() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stat_open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int stating() {
+    std::lock_guard<std::mutex> l(mu_);
+    return stating_;
+  }
+  absl::StatusOr<storage::ObjectInfo> Stat(std::string_view key) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++stating_;
+      cv_.wait(l, [&] { return stat_open_; });
+      --stating_;
+    }
+    return target()->Stat(key);
   }
   // RegisterMemory calls that succeeded.
   int registered() {
@@ -168,6 +194,8 @@ class GatedBackend : public storage::BackendWrapper {
   std::vector<std::string> deletes_;
   bool unregister_open_ = true;
   int unregistering_ = 0;
+  bool stat_open_ = true;
+  int stating_ = 0;
   int registered_ = 0;
 };
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -127,12 +128,21 @@ class CkptrunTest : public ::testing::Test {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    // TMPDIR in the test's directory: TearDown SIGKILLs ckptrun, which
+    // then cannot remove its stacks directory (made under TMPDIR).
+    std::vector<std::string> env_strings = {"TMPDIR=" + dir_.path()};
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::string_view(*e).rfind("TMPDIR=", 0) != 0)
+        env_strings.emplace_back(*e);
+    std::vector<char*> env;
+    for (auto& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, log().c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ASSERT_EQ(posix_spawn(&ckptrun_, CKPTRUN_PATH, &actions, nullptr,
-                          argv.data(), environ),
+                          argv.data(), env.data()),
               0);
     posix_spawn_file_actions_destroy(&actions);
   }

@@ -39,6 +39,10 @@ TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
   ASSERT_TRUE(node.status().ok());
   StartCkptrun("sleep", 2);
   ASSERT_TRUE(WaitForEnv(0, {0, 1}));
+  // The killed ckptrun cannot remove its stacks directory: the fixture
+  // gives it a TMPDIR in the test's directory, not /tmp.
+  EXPECT_EQ(Env(0, 0)["CKPT_STACKS_FILE"].rfind(dir_.path() + "/", 0), 0u)
+      << Env(0, 0)["CKPT_STACKS_FILE"];
   kill(ckptrun_, SIGKILL);
   EXPECT_EQ(WaitCkptrun(milliseconds(5000)), 128 + SIGKILL);
   std::string pid0 = Env(0, 0)["PID"], pid1 = Env(0, 1)["PID"];

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <thread>
 
 #include "ckpt/client.h"
@@ -46,6 +47,32 @@ absl::StatusOr<std::vector<char>> GetCopy(int port, const std::string& job,
       std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (!got.ok()) return got.status();
   return out;
+}
+
+// The ports these tests hand to daemons: distinct, free on every address,
+// and below the kernel's ephemeral range, where no other test's outgoing
+// connection can take one before the daemon binds it (a run of the quick
+// suite failed with "--replica-port: cannot listen on 0.0.0.0:46469":
+// address already in use).
+TEST(FreeLoopbackPortsTest, AreDistinctFreeAndOutsideTheEphemeralRange) {
+  const int ephemeral = EphemeralPortsStart();
+  ASSERT_GT(ephemeral, 11000) << "this machine's ephemeral range starts low";
+  const std::vector<int> ports = FreeLoopbackPorts(8);
+  ASSERT_EQ(ports.size(), 8u);
+  for (int port : ports) {
+    EXPECT_GE(port, 10000);
+    EXPECT_LT(port, ephemeral);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0)
+        << "port " << port;
+    close(fd);
+  }
+  EXPECT_EQ(std::set<int>(ports.begin(), ports.end()).size(), ports.size());
 }
 
 TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {

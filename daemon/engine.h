@@ -81,12 +81,12 @@
 //
 // What still runs under the lock besides memory work: the
 // on_shard/on_fallback callbacks (the node agent's, which only queue a
-// report). Still in the
-// Engine rather than in an owner of its own (issue 17): the object half
-// of tiered retention's decision (engine_tier.cc; the local half is
-// retention.h's LocalTierDropsOf), what a persist's outcome changes
-// (RecordPersist), CommitSave's re-planning when its superseded drops
-// changed while their edit was written, and restore's choice of copy.
+// report). Still in the Engine rather than in an owner of its own
+// (issue 17): the object half of tiered retention's decision
+// (engine_tier.cc; the local half is retention.h's LocalTierDropsOf),
+// what a persist's outcome changes (RecordPersist), CommitSave's
+// re-planning when its superseded drops changed while their edit was
+// written, and restore's choice of copy.
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 

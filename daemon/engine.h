@@ -24,7 +24,8 @@
 //   rank_slots.h   one rank's arena, slot table, slot policy and mirror;
 //   shard_phase.h  a shard's lifecycle: its legal transitions, and the
 //                  slot, catalog and RPC states derived from it;
-//   step_state.h   a step's shards (plain data);
+//   step_state.h   a step's shards (plain data) and where a restore
+//                  reads one from (RestoreCopyOf);
 //   pipeline.h     persist -> manifest -> upload and the deletes: the
 //                  queues (persister.h, uploader.h) and all their I/O,
 //                  reading the state through Snapshot*() and reporting
@@ -84,9 +85,9 @@
 // report). Still in the Engine rather than in an owner of its own
 // (issue 17): the object half of tiered retention's decision
 // (engine_tier.cc; the local half is retention.h's LocalTierDropsOf),
-// what a persist's outcome changes (RecordPersist), CommitSave's
+// what a persist's outcome changes (RecordPersist), and CommitSave's
 // re-planning when its superseded drops changed while their edit was
-// written, and restore's choice of copy.
+// written. Restore's choice of copy is RestoreCopyOf (step_state.h).
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 

@@ -65,12 +65,11 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   if (shard == nullptr) return not_found();
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
-  auto file_readable = [&](const Shard& s) {
-    return s.slot < 0 && s.phase == ShardPhase::kDurable && !s.local_gone &&
-           req.allow_file_read();
+  auto copy_of = [&](const Shard& s) {
+    return RestoreCopyOf(s, req.allow_file_read());
   };
   std::optional<std::string> path;
-  if (file_readable(*shard)) {
+  if (copy_of(*shard) == RestoreCopy::kFileIfReadable) {
     // The file is checked (a stat and an access check, which on a shared
     // root wait for its server) with the lock released; the shard is
     // found again after, and a path checked for another generation of it
@@ -85,7 +84,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     CKPT_RETURN_IF_ERROR(bad_rank(*job));
     shard = table_.FindShard(req.job(), req.step(), req.rank());
     if (shard == nullptr) return not_found();
-    if (shard->gen != gen || !file_readable(*shard)) path.reset();
+    if (shard->gen != gen || copy_of(*shard) != RestoreCopy::kFileIfReadable)
+      path.reset();
   }
   if (path) {
     // The client reads the file into its own buffers: one read, no arena.
@@ -106,11 +106,12 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     count(metric::kSourceDisk, shard->rec.image_bytes());
     return resp;
   }
-  if (shard->slot < 0) {
-    if (shard->phase != ShardPhase::kDurable)
-      return absl::DataLossError(absl::StrCat(
-          "step ", req.step(), " rank ", req.rank(),
-          " is neither in memory nor durable: ", shard->rec.error()));
+  const RestoreCopy copy = copy_of(*shard);
+  if (copy == RestoreCopy::kLost)
+    return absl::DataLossError(absl::StrCat(
+        "step ", req.step(), " rank ", req.rank(),
+        " is neither in memory nor durable: ", shard->rec.error()));
+  if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
     double load_s = 0;
     bool from_object = false;
     absl::StatusOr<Shard*> loaded = LoadShardLocked(

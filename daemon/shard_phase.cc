@@ -115,4 +115,12 @@ bool Shard::MoveTo(ShardPhase to) {
   return true;
 }
 
+RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file) {
+  if (shard.slot >= 0) return RestoreCopy::kSlot;
+  if (shard.phase != ShardPhase::kDurable) return RestoreCopy::kLost;
+  if (client_may_read_file && !shard.local_gone)
+    return RestoreCopy::kFileIfReadable;
+  return RestoreCopy::kLoad;
+}
+
 }  // namespace ckpt::daemon

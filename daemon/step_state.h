@@ -52,6 +52,16 @@ struct Shard {
   bool MoveTo(ShardPhase to);
 };
 
+// Where a restore of a shard reads it from: OpenRestore's one choice
+// (engine_restore.cc). kSlot: the slot that holds it (committed there, or
+// loaded or fetched earlier). kFileIfReadable: its local file, read by the
+// client itself when OpenRestore finds that the caller may (else as
+// kLoad). kLoad: read from storage (the local file, or the object tier's
+// copy once local retention dropped it) into a slot first. kLost: neither
+// in memory nor durable. The client verifies every copy.
+enum class RestoreCopy { kSlot, kFileIfReadable, kLoad, kLost };
+RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file);
+
 struct Step {
   std::map<uint32_t, Shard> shards;  // by rank
   bool manifest = false;             // this node's manifest is written

@@ -17,6 +17,8 @@
 
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
+#include "daemon/shard_phase.h"
+#include "daemon/step_state.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"
@@ -180,6 +182,33 @@ TEST(ShardPhaseTest, TransitionsAndDerivedStatesAreTheDocumentedOnes) {
 
 // Finding 9: the coordinator can drop an abandoned timeline's saves only if
 // every report says which generation the save was made in.
+// Restore's choice of copy (step_state.h): the slot, else the file the
+// client may read itself, else a load; nothing for a shard that is
+// neither in memory nor durable.
+TEST(RestoreCopyTest, IsTheSlotThenTheFileThenALoad) {
+  using daemon::RestoreCopy;
+  using daemon::RestoreCopyOf;
+  using daemon::ShardPhase;
+  daemon::Shard s;
+  for (ShardPhase p : {ShardPhase::kStaged, ShardPhase::kPersisting,
+                       ShardPhase::kDurable, ShardPhase::kFailed}) {
+    s.phase = p;
+    s.slot = 1;
+    s.local_gone = false;
+    EXPECT_EQ(RestoreCopyOf(s, true), RestoreCopy::kSlot) << ShardPhaseName(p);
+    s.slot = -1;
+    EXPECT_EQ(RestoreCopyOf(s, true), p == ShardPhase::kDurable
+                                          ? RestoreCopy::kFileIfReadable
+                                          : RestoreCopy::kLost)
+        << ShardPhaseName(p);
+  }
+  s.phase = ShardPhase::kDurable;
+  s.slot = -1;
+  EXPECT_EQ(RestoreCopyOf(s, false), RestoreCopy::kLoad);
+  s.local_gone = true;  // only the object tier's copy is left
+  EXPECT_EQ(RestoreCopyOf(s, true), RestoreCopy::kLoad);
+}
+
 TEST_F(EngineCoreTest, SaveWithAGenerationReportsItAndKeepsItAcrossARestart) {
   Open(/*node=*/true);
   ASSERT_TRUE(Save({.job = "core", .step = 1, .generation = 3}).ok());

@@ -197,7 +197,12 @@ TEST_F(CordonClusterTest, AStragglersNodeIsReplacedByTheSpare) {
   EXPECT_EQ(cluster_->Job()->rank_node(3), "c");
   ExpectLaunchersSucceed({"a", "c"});
   ExpectAllResumedAtOneStep();
-  EXPECT_TRUE(EventsOf(cv1::EVICTION_SKIPPED).empty());
+  // b's replacement was not skipped on the way. After it no spare is
+  // left, and a rank that restarts slower than the others may be named in
+  // the one 3 s window its 30 remaining steps fill (as seen on a loaded
+  // 2-core machine): that eviction is skipped, rightly.
+  for (const auto& e : EventsOf(cv1::EVICTION_SKIPPED))
+    EXPECT_GT(e.seq(), cordoned[0].seq()) << e.node_id() << ": " << e.detail();
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // The shard lifecycle's plain functions (daemon/shard_phase.h,
 // daemon/step_state.h): its legal transitions, the slot, catalog and RPC
 // states derived from it, and where a restore reads a shard from.
+#include "daemon/shard_phase.h"
+
 #include <gtest/gtest.h>
 
-#include "daemon/shard_phase.h"
 #include "daemon/step_state.h"
 
 namespace ckpt::testing {

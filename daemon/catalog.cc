@@ -74,7 +74,7 @@ absl::Status Catalog::PutJob(const catv1::JobRecord& job) {
   if (fail_job_puts_)
     return absl::ResourceExhaustedError("put job " + job.job() +
                                         ": no space (injected)");
-  BeforeSync(true);
+  BeforeWrite(true);
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db_->Put(wo, JobKey(job.job()), job.SerializeAsString()),
@@ -82,7 +82,7 @@ absl::Status Catalog::PutJob(const catv1::JobRecord& job) {
 }
 
 absl::Status Catalog::DeleteJob(const std::string& job) {
-  BeforeSync(true);
+  BeforeWrite(true);
   rocksdb::WriteOptions wo;
   wo.sync = true;
   rocksdb::Status s =
@@ -100,7 +100,7 @@ absl::Status Catalog::PutShard(const catv1::ShardRecord& shard, bool sync) {
   if (fail_shard_puts_)
     return absl::ResourceExhaustedError("put shard " + shard.job() +
                                         ": no space (injected)");
-  BeforeSync(sync);
+  BeforeWrite(sync);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(
@@ -189,7 +189,7 @@ absl::Status Catalog::ApplyGroup(std::span<const CatalogEdit* const> edits,
     }
   }
   if (batch.Count() == 0) return absl::OkStatus();
-  BeforeSync(sync);
+  BeforeWrite(sync);
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(db_->Write(wo, &batch), "catalog edit");

@@ -104,10 +104,11 @@ class Catalog {
     fail_shard_puts_ = shards;
     fail_job_puts_ = jobs;
   }
-  // Tests: called before every synced write (a test holds a sync there);
-  // set it before the engine starts, clear it after it stopped.
-  void SetBeforeSyncForTesting(std::function<void()> hook) {
-    before_sync_ = std::move(hook);
+  // Tests: called before every write with whether it is synced (a test
+  // holds or counts writes there); set it before the engine starts, clear
+  // it after it stopped.
+  void SetBeforeWriteForTesting(std::function<void(bool sync)> hook) {
+    before_write_ = std::move(hook);
   }
 
  private:
@@ -116,9 +117,9 @@ class Catalog {
   std::atomic<uint64_t> next_intent_{1};
   std::atomic<bool> fail_shard_puts_{false};
   std::atomic<bool> fail_job_puts_{false};
-  std::function<void()> before_sync_;
-  void BeforeSync(bool sync) const {
-    if (sync && before_sync_) before_sync_();
+  std::function<void(bool sync)> before_write_;
+  void BeforeWrite(bool sync) const {
+    if (before_write_) before_write_(sync);
   }
 };
 

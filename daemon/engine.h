@@ -269,6 +269,14 @@ class Engine : public StagedShards, private PipelineState {
   // retracted.
   void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
                         uint64_t gen);
+  // `sync` for RecordLocked of a record that describes only this node's
+  // shared memory (a staged or fetched shard, a job's arenas): not synced.
+  // A machine crash loses the memory with the record; a daemon crash keeps
+  // the write in the page cache; and the write-ahead log is one sequence,
+  // so the next synced write (a shard's persist, a delete's intent) makes
+  // every earlier record durable with it. A commit or a replacement's fetch
+  // then waits for no disk sync (each ~0.1 s on a slow disk).
+  static constexpr bool kMemoryOnly = false;
   // Queues a catalog edit (in the order of the state changes, the lock held).
   uint64_t RecordLocked(CatalogEdit edit, bool sync) {
     return writer_->Enqueue(std::move(edit), sync);

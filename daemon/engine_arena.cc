@@ -86,7 +86,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
       job->rec.set_slot_bytes(arena->slot_bytes());
     CatalogEdit edit;
     edit.PutJob(job->rec);
-    const uint64_t ticket = RecordLocked(std::move(edit), /*sync=*/true);
+    const uint64_t ticket = RecordLocked(std::move(edit), kMemoryOnly);
     lock.unlock();
     s = writer_->Wait(ticket);
     if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));

@@ -104,7 +104,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     job.rec.set_num_slots(options_.default_num_slots);
     CatalogEdit edit;
     edit.PutJob(job.rec);
-    tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+    tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
     table_.Add(std::move(job));
   }
   Job& job = *table_.Find(job_name);
@@ -146,9 +146,11 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
       shard.rec.set_uploaded(true);
       shard.rec.set_local_gone(true);
     }
+    // Not synced (kMemoryOnly): the file is the writer's, synced by it;
+    // this record only says that this node holds it in memory.
     CatalogEdit edit;
     edit.PutShard(shard.rec);
-    tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+    tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
     target.shards[rank] = std::move(shard);
   }
   double load_s = 0;

@@ -134,12 +134,11 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   CKPT_ASSIGN_OR_RETURN(rank, JobTable::FindRank(*job, req.rank()));
   for (DropPlan& d : drops) shard_drops_->Apply(*job, std::move(d), 0);
   if (fast || !edit.empty()) {
-    // Only the new record (not synced: a staged step lives in shared
-    // memory, which a machine crash loses anyway; a daemon crash keeps
-    // the page cache). Memory changes now, in the same critical section
-    // as the edit is queued, and a write that fails undoes the commit.
+    // Only the new record (kMemoryOnly: a staged step lives in shared
+    // memory). Memory changes now, in the same critical section as the
+    // edit is queued, and a write that fails undoes the commit.
     if (fast) edit.PutShard(shard.rec);
-    ticket = RecordLocked(std::move(edit), /*sync=*/!fast);
+    ticket = RecordLocked(std::move(edit), fast ? kMemoryOnly : true);
   } else {
     ticket = 0;  // written above
   }

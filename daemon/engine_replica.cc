@@ -143,7 +143,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
       job.rec.set_num_slots(options_.default_num_slots);
       CatalogEdit edit;
       edit.PutJob(job.rec);
-      tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+      tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
       table_.Add(std::move(job));
     }
     Job* job = table_.Find(job_name);
@@ -228,9 +228,11 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   shard.info = *info;
   shard.gen = table_.NextGen();
   shard.slot = slot;
+  // Not synced: the shard's bytes are in this node's shared memory (its
+  // file, if any, is the writer's and synced by it): see kMemoryOnly.
   CatalogEdit edit;
   edit.PutShard(shard.rec);
-  tickets.push_back(RecordLocked(std::move(edit), /*sync=*/true));
+  tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
   r->Hold(static_cast<uint32_t>(slot), SlotStateOf(shard.phase), step,
           shard.gen, got->image_bytes());
   const uint64_t gen = shard.gen;

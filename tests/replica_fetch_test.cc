@@ -265,6 +265,65 @@ TEST_F(ReplicaFetchTest, PrefetchFromAReplicaRestoresTheExactBytes) {
   EXPECT_TRUE(c.local->Stat(storage::ShardKey("j", 7, 1, "c")).ok());
 }
 
+// A replacement's fetch records what it fetched (the job, the rank's
+// arena, the shard) without waiting for a disk sync, as a save's commit
+// records its staged shard: the records describe shared memory, which a
+// machine crash loses with them, and a daemon crash keeps the page cache.
+// Synced, each waited ~0.1 s on this VM's disk on a node loss's critical
+// path. Both copies are stored on the shared root already (the key), so
+// nothing is persisted here and no other write syncs meanwhile.
+TEST_F(ReplicaFetchTest, AReplacementsFetchWaitsForNoDiskSync) {
+  const std::string shared = dir_.path() + "/shared";
+  Node& a = OpenNode("a", shared);
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 4, true}, &arena).ok());
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
+  const std::vector<char> want = SlotBytes(*a.engine, "core", 4, 0);
+  const std::string key = storage::ShardKey("core", 4, 0, "a");
+  StartHolder(1ull << 30);
+  auto held = a.engine->SnapshotStaged("core", 4, 0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(Put(held->copy, want).ok());
+  std::atomic<int> syncs{0};
+  auto count = [&](bool sync) { syncs += sync ? 1 : 0; };
+  Node& c = OpenNode("c", shared, count);
+  Node& d = OpenNode("d", shared, count);
+  ASSERT_EQ(syncs.load(), 0);
+  coord::v1::ShardSource src;
+  src.set_node_id("b");
+  src.set_host("127.0.0.1");
+  src.set_port(server_->port());
+  src.set_replica(true);
+  std::vector<daemon::FallbackReport> fallbacks;
+  auto fallback = [&](daemon::FallbackReport f) { fallbacks.push_back(f); };
+  // From the replica holder's memory, and from the shared root.
+  ASSERT_TRUE(daemon::PrefetchRank(*c.engine, {}, "core", 1, 4, 0, key, &src,
+                                   getuid(), fallback)
+                  .ok());
+  ASSERT_TRUE(daemon::PrefetchRank(*d.engine, {}, "core", 1, 4, 0, key, nullptr,
+                                   getuid(), fallback)
+                  .ok());
+  EXPECT_TRUE(fallbacks.empty());
+  EXPECT_EQ(syncs.load(), 0) << "a fetch waited for a synced catalog write";
+  for (Node* n : {&c, &d}) {
+    auto restored = Restore(*n, "core", 4, 0);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_TRUE(*restored == want);
+  }
+  // The records are there for a restarted daemon all the same.
+  for (Node* n : {&c, &d}) {
+    auto shards = n->catalog->Shards("core");
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    ASSERT_EQ(shards->size(), 1u);
+    EXPECT_EQ((*shards)[0].path(), key);
+    auto jobs = n->catalog->Jobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].arena_slot_bytes().count(0), 1u);
+  }
+}
+
 TEST_F(ReplicaFetchTest, FailedPeerFetchFallsBackToTheSharedRoot) {
   const std::string shared = dir_.path() + "/shared";
   Node& a = OpenNode("a", shared);

@@ -104,8 +104,10 @@ class ReplicaFixture : public ::testing::Test {
   }
 
   // An engine in cluster mode as node `id`, its storage root `root`
-  // (nodes may share one: the shared root).
-  Node& OpenNode(const std::string& id, const std::string& root) {
+  // (nodes may share one: the shared root); `before_write` runs before
+  // each write of its catalog (Catalog::SetBeforeWriteForTesting).
+  Node& OpenNode(const std::string& id, const std::string& root,
+                 std::function<void(bool sync)> before_write = {}) {
     auto n = std::make_unique<Node>();
     n->prefix = UniqueShmPrefix();
     storage::LocalBackendOptions lo;
@@ -117,6 +119,7 @@ class ReplicaFixture : public ::testing::Test {
     auto cat = daemon::Catalog::Open(dir_.path() + "/catalog-" + id);
     EXPECT_TRUE(cat.ok()) << cat.status();
     n->catalog = std::move(*cat);
+    if (before_write) n->catalog->SetBeforeWriteForTesting(before_write);
     daemon::EngineOptions eo;
     eo.shm_prefix = n->prefix;
     eo.node_id = id;

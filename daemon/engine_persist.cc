@@ -53,13 +53,16 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   auto job = table_.jobs().find(task.job);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
+  const PersistRetryPolicy policy{options_.max_persist_attempts,
+                                  options_.persist_retry_delay,
+                                  options_.persist_retry_max_delay};
   if (shard == nullptr) {
     // Deleted or replaced while we wrote: the file must not outlive it.
-    bool current = false;
+    bool key_in_use = false;
     if (job != table_.jobs().end()) {
       auto step = job->second.steps.find(task.step);
-      current = step != job->second.steps.end() &&
-                step->second.shards.count(task.rank);
+      key_in_use = step != job->second.steps.end() &&
+                   step->second.shards.count(task.rank);
       for (auto& [r, rank] : job->second.ranks)
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
           if (rank.slots[i].state == shm::SlotState::kPersisting &&
@@ -68,13 +71,16 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
             rank.Free(i);
           }
     }
-    if (s.ok() && !current)
+    if (PersistVerdictOf(false, key_in_use, s.code(), 0, policy).delete_file)
       shard_drops_->QueueLocalDelete(task.job, task.step, key, false);
     MaybeForgetJobLocked(task.job);
     return;
   }
   Rank& rank = job->second.ranks[task.rank];
-  if (s.ok()) {
+  if (!s.ok()) ++shard->attempts;
+  const PersistVerdict verdict =
+      PersistVerdictOf(true, true, s.code(), shard->attempts, policy);
+  if (verdict.kind == PersistVerdict::kDurable) {
     table_.MoveShard(job->second, *shard, ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
@@ -95,11 +101,10 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
     return;
   }
   ++failed_persists_;
-  ++shard->attempts;
   LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts,
                           "): ", s.message()));
   shard->rec.set_error(std::string(s.message()));
-  bool corrupt = s.code() == absl::StatusCode::kDataLoss;
+  const bool corrupt = verdict.kind == PersistVerdict::kAbandon;
   metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
   if (corrupt) {
     metrics_->Failure(metric::kPersistAbandoned);
@@ -112,14 +117,10 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   // The bytes are still in the slot: retry for as long as they are.
   metrics_->Retry(metric::kRetryPersist);
   table_.MoveShard(job->second, *shard, ShardPhase::kStaged);
-  if (shard->attempts >= options_.max_persist_attempts)
+  if (verdict.release_slot)
     rank.FailPersist(shard->slot);  // a newer save may take the slot now
   PersistTask retry = task;
-  retry.not_before = std::chrono::steady_clock::now() +
-                     std::min(options_.persist_retry_delay *
-                                  (1u << std::min(shard->attempts - 1, 16u)),
-                              std::max(options_.persist_retry_max_delay,
-                                       options_.persist_retry_delay));
+  retry.not_before = std::chrono::steady_clock::now() + verdict.retry_after;
   persister_->Push(std::move(retry));
 }
 

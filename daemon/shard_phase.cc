@@ -1,6 +1,8 @@
 // The shard lifecycle's transitions and mappings. See shard_phase.h.
 #include "daemon/shard_phase.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
 #include "daemon/step_state.h"
@@ -113,6 +115,32 @@ bool Shard::MoveTo(ShardPhase to) {
   phase = to;
   rec.set_state(CatalogStateOf(to));
   return true;
+}
+
+PersistVerdict PersistVerdictOf(bool mine, bool key_in_use,
+                                absl::StatusCode code, uint32_t failed_attempts,
+                                const PersistRetryPolicy& policy) {
+  PersistVerdict v;
+  const bool ok = code == absl::StatusCode::kOk;
+  if (!mine) {
+    v.kind = PersistVerdict::kOrphan;
+    v.delete_file = ok && !key_in_use;
+    return v;
+  }
+  if (ok) {
+    v.kind = PersistVerdict::kDurable;
+    return v;
+  }
+  if (code == absl::StatusCode::kDataLoss) {
+    v.kind = PersistVerdict::kAbandon;
+    return v;
+  }
+  v.kind = PersistVerdict::kRetry;
+  v.release_slot = failed_attempts >= policy.max_attempts;
+  const uint32_t doublings = failed_attempts == 0 ? 0 : failed_attempts - 1;
+  v.retry_after = std::min(policy.delay * (1u << std::min(doublings, 16u)),
+                           std::max(policy.max_delay, policy.delay));
+  return v;
 }
 
 RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file) {

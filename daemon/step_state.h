@@ -8,10 +8,12 @@
 #ifndef CKPT_DAEMON_STEP_STATE_H_
 #define CKPT_DAEMON_STEP_STATE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "catalog.pb.h"
 #include "daemon/shard_phase.h"
 #include "storage/shard_format.h"
@@ -61,6 +63,40 @@ struct Shard {
 // in memory nor durable. The client verifies every copy.
 enum class RestoreCopy { kSlot, kFileIfReadable, kLoad, kLost };
 RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file);
+
+// How a failed persist is retried (EngineOptions' persist_retry_*).
+struct PersistRetryPolicy {
+  uint32_t max_attempts = 3;
+  std::chrono::milliseconds delay{200};
+  std::chrono::milliseconds max_delay{30000};
+};
+
+// What a persist's outcome does to its shard: the persist stage's one
+// decision (Engine::RecordPersist applies it to the job table).
+//  kOrphan: the save went (deleted, or replaced by a save of another
+//    generation) while it was written; the file goes too (delete_file)
+//    when it was written and no shard of that step and rank is left whose
+//    file has the same key.
+//  kDurable: written: kPersisting -> kDurable.
+//  kAbandon: DataLoss, the slot's bytes changed after the commit; no
+//    retry can help: -> kFailed.
+//  kRetry: any other failure: back to kStaged, persisted again after
+//    retry_after (the delay doubling per failed attempt, up to max_delay),
+//    for as long as the bytes are in memory; release_slot once
+//    max_attempts failed, so that a newer save may take the slot rather
+//    than wait for the disk (the shard then fails for good when it does).
+struct PersistVerdict {
+  enum Kind { kOrphan, kDurable, kAbandon, kRetry } kind = kDurable;
+  bool delete_file = false;
+  bool release_slot = false;
+  std::chrono::milliseconds retry_after{0};
+};
+// `mine`: the persisted save is still the step's shard (same generation);
+// `key_in_use`: a shard of that step and rank exists (only read when not
+// mine); `failed_attempts`: of this save, this one included.
+PersistVerdict PersistVerdictOf(bool mine, bool key_in_use,
+                                absl::StatusCode code, uint32_t failed_attempts,
+                                const PersistRetryPolicy& policy);
 
 struct Step {
   std::map<uint32_t, Shard> shards;  // by rank

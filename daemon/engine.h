@@ -83,12 +83,12 @@
 // What still runs under the lock besides memory work: the
 // on_shard/on_fallback callbacks (the node agent's, which only queue a
 // report). Still in the Engine rather than in an owner of its own
-// (issue 17): the object half of tiered retention's decision
-// (engine_tier.cc; the local half is retention.h's LocalTierDropsOf) and
-// CommitSave's re-planning when its superseded drops changed while their
-// edit was written. Restore's choice of copy is RestoreCopyOf, and what a
-// persist's outcome does to its shard PersistVerdictOf (step_state.h);
-// RecordPersist applies it.
+// (issue 17): CommitSave's re-planning when its superseded drops changed
+// while their edit was written. Restore's choice of copy is RestoreCopyOf,
+// and what a persist's outcome does to its shard PersistVerdictOf
+// (step_state.h; RecordPersist applies it); retention's decisions, both
+// tiers', are retention.h's (ApplyRetentionLocked and
+// ApplyTieredRetentionLocked apply them).
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 

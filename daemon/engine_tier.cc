@@ -136,38 +136,24 @@ void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
 
 void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   const bool cluster = !options_.node_id.empty();
-  // The object tier first: whole steps go, object manifest first.
-  std::optional<uint64_t> object_cutoff = RetentionCutoff(
-      job.steps, options_.retain_object, cluster, hosting, /*object=*/true);
-  std::vector<uint64_t> doomed;
-  for (const auto& [n, step] : job.steps)
-    if (object_cutoff && n < *object_cutoff) doomed.push_back(n);
-  for (uint64_t n : doomed) {
-    QueueObjectDeleteLocked(job, n);
+  auto drop_step = [&](uint64_t n) {
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
-  }
-  // Steps that can never be whole (a shard failed for good) count in
-  // neither tier's retain: without this they would fill both.
+  };
+  // The object tier first: whole steps go from both tiers, the object
+  // manifest first (retention.h's ObjectTierStepsToDrop decides).
   for (uint64_t n :
-       BrokenStepsToDrop(job.steps, options_.retain_steps, hosting)) {
+       ObjectTierStepsToDrop(job.steps, options_.retain_object,
+                             options_.retain_steps, cluster, hosting)) {
     QueueObjectDeleteLocked(job, n);
-    std::vector<uint32_t> ranks;
-    for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
-    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
+    drop_step(n);
   }
-  // Then the local tier: a step's local copy goes once the step is in the
-  // object tier; a complete step still uploading keeps it (the upload may
-  // need the file); an incomplete or failed one goes as without tiers.
+  // Then the local tier, over what is left (LocalTierDropsOf).
   const LocalTierDrops local = LocalTierDropsOf(
       job.steps, options_.retain_steps, job.rec.world_size(), cluster, hosting);
   for (uint64_t n : local.local_only) DropLocalCopyLocked(job, n);
-  for (uint64_t n : local.whole) {
-    std::vector<uint32_t> ranks;
-    for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
-    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
-  }
+  for (uint64_t n : local.whole) drop_step(n);
 }
 
 absl::Status Engine::ReadShardImage(const std::string& key, bool local,

@@ -100,22 +100,44 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job,
   return m;
 }
 
-std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
-    const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
-    const Hosting* hosting) {
-  std::optional<uint64_t> cutoff =
-      RetentionCutoff(steps, retain_steps, cluster, hosting);
-  std::vector<std::pair<uint64_t, uint32_t>> doomed;
+namespace {
+
+// The steps below `cutoff`, then the broken ones at or above it (retention
+// of `retain_steps`): in step order.
+std::vector<uint64_t> StepsToDrop(const std::map<uint64_t, Step>& steps,
+                                  std::optional<uint64_t> cutoff,
+                                  uint32_t retain_steps,
+                                  const Hosting* hosting) {
+  std::vector<uint64_t> doomed;
   for (const auto& [n, step] : steps)
-    if (cutoff && n < *cutoff)
-      for (const auto& [r, shard] : step.shards) doomed.emplace_back(n, r);
+    if (cutoff && n < *cutoff) doomed.push_back(n);
   // Steps that can never be whole do not count towards retain_steps, so
   // without this a rank that fails every persist would fill the disk.
   for (uint64_t n : BrokenStepsToDrop(steps, retain_steps, hosting))
-    if (!cutoff || n >= *cutoff)
-      for (const auto& [r, shard] : steps.at(n).shards)
-        doomed.emplace_back(n, r);
+    if (!cutoff || n >= *cutoff) doomed.push_back(n);
   return doomed;
+}
+
+}  // namespace
+
+std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
+    const Hosting* hosting) {
+  std::vector<std::pair<uint64_t, uint32_t>> doomed;
+  for (uint64_t n : StepsToDrop(
+           steps, RetentionCutoff(steps, retain_steps, cluster, hosting),
+           retain_steps, hosting))
+    for (const auto& [r, shard] : steps.at(n).shards) doomed.emplace_back(n, r);
+  return doomed;
+}
+
+std::vector<uint64_t> ObjectTierStepsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_object,
+    uint32_t retain_steps, bool cluster, const Hosting* hosting) {
+  return StepsToDrop(steps,
+                     RetentionCutoff(steps, retain_object, cluster, hosting,
+                                     /*object=*/true),
+                     retain_steps, hosting);
 }
 
 LocalTierDrops LocalTierDropsOf(const std::map<uint64_t, Step>& steps,

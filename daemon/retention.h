@@ -66,6 +66,15 @@ std::vector<std::pair<uint64_t, uint32_t>> ShardsToDrop(
     const std::map<uint64_t, Step>& steps, uint32_t retain_steps, bool cluster,
     const Hosting* hosting);
 
+// Tiered retention's object half (with an object tier): the steps that go
+// from both tiers now, in step order — those below the object tier's
+// cutoff (RetentionCutoff over the object manifests, keeping
+// `retain_object`), and those that can never be whole (BrokenStepsToDrop,
+// beyond the newest `retain_steps`), which count in neither tier's retain.
+std::vector<uint64_t> ObjectTierStepsToDrop(
+    const std::map<uint64_t, Step>& steps, uint32_t retain_object,
+    uint32_t retain_steps, bool cluster, const Hosting* hosting);
+
 // Tiered retention's local half (with an object tier), over the steps
 // left once the object tier's retention ran: of the steps below the local
 // cutoff (RetentionCutoff over the local manifests), those whose local

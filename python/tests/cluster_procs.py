@@ -117,7 +117,16 @@ class Cluster:
         self.daemons[node_id] = self._spawn(argv, os.path.join(d, "ckptd.log"))
         wait_for(lambda: self.node_alive(node_id), 30, "ckptd of node %s to join" % node_id)
 
+    def tmp_dir(self, node_id):
+        """The TMPDIR of the node's ckptrun and trainers: what a SIGKILLed
+        ckptrun cannot remove (its stacks directory) stays in the test's
+        directory, not in /tmp."""
+        return os.path.join(self.node_dir(node_id), "tmp")
+
     def start_launcher(self, node_id, command, master_port, env=None):
+        env = dict(os.environ if env is None else env)
+        env["TMPDIR"] = self.tmp_dir(node_id)
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         self.launchers[node_id] = self._spawn(
             [_binary("CKPTRUN_BINARY", "ckptrun"), "--coordinator", self.address, "--node-id", node_id,
              "--nproc-per-node", str(self.nproc_per_node), "--world-size", str(self.world_size),

@@ -5,6 +5,7 @@ coordinator, its Python stack kept), and ends with the params_digest of an
 undisturbed run. The random step is printed (and $CKPT_TEST_SEED fixes
 it)."""
 
+import glob
 import os
 import random
 import re
@@ -136,6 +137,10 @@ class TrainGptTest(unittest.TestCase):
             self.wait_step(c, kill_at)
             c.kill_node("b")
             print("killed node b at step >= %d" % kill_at, file=sys.stderr)
+            # What the killed ckptrun could not remove is in the test's
+            # directory (removed with it), not left in /tmp.
+            self.assertTrue(glob.glob(os.path.join(c.node_dir("b"), "tmp", "ckptrun-stacks-*")),
+                            "node b's ckptrun kept its stacks directory outside its TMPDIR")
         self.check(self.run_job(["a", "b"], ["c"], disturb))
 
     def test_rank_hung_in_a_python_loop_is_named_with_its_python_stack(self):

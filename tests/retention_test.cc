@@ -89,8 +89,8 @@ TEST(RetentionTest, TheLocalTierDropsOnlyCopiesTheObjectTierHolds) {
   EXPECT_EQ(drops.whole, (std::vector<uint64_t>{3}));
   // Without tiers every shard below the cutoff goes, and the broken one.
   const auto shards = daemon::ShardsToDrop(steps, 2, false, nullptr);
-  const std::vector<std::pair<uint64_t, uint32_t>> want = {{1, 0}, {2, 0},
-                                                           {3, 0}};
+  const std::vector<std::pair<uint64_t, uint32_t>> want = {
+      {1, 0}, {2, 0}, {3, 0}};
   EXPECT_EQ(shards, want);
 }
 

@@ -4,7 +4,9 @@
 # one is not formatted (scripts/test.sh runs it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.c')
+# Tracked files and new ones not yet added (not the ignored build trees):
+# a new file is checked before its first commit, not after it.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.c')
 if [[ ${1:-} == --check ]]; then
   if ! out=$(clang-format --dry-run --Werror "${files[@]}" 2>&1); then
     echo "format: not clang-formatted (run scripts/format.sh):" >&2

@@ -36,6 +36,25 @@ std::vector<char> SlotBytes(daemon::Engine& e, const std::string& job,
   return {snap->data(), snap->data() + snap->copy.image_bytes()};
 }
 
+// Step 4 of job "core" (rank 0 of 1) saved on `e` and durable on its
+// storage root: the bytes it holds.
+std::vector<char> SaveDurableStep4(daemon::Engine& e,
+                                   std::unique_ptr<shm::Arena>* arena) {
+  EXPECT_TRUE(SaveOneTensorStep(&e, kMe, {"core", 4, true}, arena).ok());
+  EXPECT_TRUE(e.WaitIdle(std::chrono::seconds(20)));
+  return SlotBytes(e, "core", 4, 0);
+}
+
+// A PREFETCH order's source: the replica held by node "b" at `port`.
+coord::v1::ShardSource ReplicaOnB(int port) {
+  coord::v1::ShardSource src;
+  src.set_node_id("b");
+  src.set_host("127.0.0.1");
+  src.set_port(port);
+  src.set_replica(true);
+  return src;
+}
+
 TEST_F(ReplicaFetchTest, ReplicateStageSendsEachRanksNewestStagedShard) {
   StartHolder(1ull << 30);
   Node& a = OpenNode("a", dir_.path() + "/shared");
@@ -246,11 +265,7 @@ TEST_F(ReplicaFetchTest, PrefetchFromAReplicaRestoresTheExactBytes) {
   const storage::Shard s = ReplicaImage("j", 7, 1, 2);
   ASSERT_TRUE(Put(CopyOf(s), s.image).ok());
   Node& c = OpenNode("c", dir_.path() + "/shared");
-  coord::v1::ShardSource src;
-  src.set_node_id("b");
-  src.set_host("127.0.0.1");
-  src.set_port(server_->port());
-  src.set_replica(true);
+  const coord::v1::ShardSource src = ReplicaOnB(server_->port());
   std::vector<daemon::FallbackReport> fallbacks;
   ASSERT_TRUE(daemon::PrefetchRank(
                   *c.engine, {}, "j", 2, 7, 1, "", &src, getuid(),
@@ -276,10 +291,7 @@ TEST_F(ReplicaFetchTest, AReplacementsFetchWaitsForNoDiskSync) {
   const std::string shared = dir_.path() + "/shared";
   Node& a = OpenNode("a", shared);
   std::unique_ptr<shm::Arena> arena;
-  ASSERT_TRUE(
-      SaveOneTensorStep(a.engine.get(), kMe, {"core", 4, true}, &arena).ok());
-  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
-  const std::vector<char> want = SlotBytes(*a.engine, "core", 4, 0);
+  const std::vector<char> want = SaveDurableStep4(*a.engine, &arena);
   const std::string key = storage::ShardKey("core", 4, 0, "a");
   StartHolder(1ull << 30);
   auto held = a.engine->SnapshotStaged("core", 4, 0);
@@ -290,11 +302,7 @@ TEST_F(ReplicaFetchTest, AReplacementsFetchWaitsForNoDiskSync) {
   Node& c = OpenNode("c", shared, count);
   Node& d = OpenNode("d", shared, count);
   ASSERT_EQ(syncs.load(), 0);
-  coord::v1::ShardSource src;
-  src.set_node_id("b");
-  src.set_host("127.0.0.1");
-  src.set_port(server_->port());
-  src.set_replica(true);
+  const coord::v1::ShardSource src = ReplicaOnB(server_->port());
   std::vector<daemon::FallbackReport> fallbacks;
   auto fallback = [&](daemon::FallbackReport f) { fallbacks.push_back(f); };
   // From the replica holder's memory, and from the shared root.
@@ -328,16 +336,10 @@ TEST_F(ReplicaFetchTest, FailedPeerFetchFallsBackToTheSharedRoot) {
   const std::string shared = dir_.path() + "/shared";
   Node& a = OpenNode("a", shared);
   std::unique_ptr<shm::Arena> arena;
-  ASSERT_TRUE(
-      SaveOneTensorStep(a.engine.get(), kMe, {"core", 4, true}, &arena).ok());
-  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
-  const std::vector<char> want = SlotBytes(*a.engine, "core", 4, 0);
+  const std::vector<char> want = SaveDurableStep4(*a.engine, &arena);
   Node& c = OpenNode("c", shared);
-  coord::v1::ShardSource dead;  // a holder that is gone
-  dead.set_node_id("b");
-  dead.set_host("127.0.0.1");
-  dead.set_port(FreeLoopbackPort());
-  dead.set_replica(true);
+  // A holder that is gone.
+  const coord::v1::ShardSource dead = ReplicaOnB(FreeLoopbackPort());
   std::vector<daemon::FallbackReport> fallbacks;
   ASSERT_TRUE(daemon::PrefetchRank(
                   *c.engine, {}, "core", 1, 4, 0,
@@ -363,11 +365,7 @@ TEST_F(ReplicaFetchTest, RestoreWaitsForAFetchInFlightInsteadOfFailing) {
   c.engine->BeginFetches("j", 9, {0});
   absl::StatusOr<std::vector<char>> restored = absl::UnknownError("not run");
   std::thread trainer([&] { restored = Restore(c, "j", 9, 0); });
-  coord::v1::ShardSource src;
-  src.set_node_id("b");
-  src.set_host("127.0.0.1");
-  src.set_port(server_->port());
-  src.set_replica(true);
+  const coord::v1::ShardSource src = ReplicaOnB(server_->port());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it ask
   absl::Status fetched =
       daemon::PrefetchRank(*c.engine, {}, "j", 1, 9, 0, "", &src, getuid(), {});

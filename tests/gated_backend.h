@@ -63,46 +63,17 @@ class GatedBackend : public storage::BackendWrapper {
     std::lock_guard<std::mutex> l(mu_);
     return deletes_;
   }
-  // UnregisterMemory waits (after counting itself in unregistering())
-  // until ReleaseUnregister().
-  void HoldUnregister() {
-    std::lock_guard<std::mutex> l(mu_);
-    unregister_open_ = false;
-  }
-  void ReleaseUnregister() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      unregister_open_ = true;
-    }
-    cv_.notify_all();
-  }
-  int unregistering() {
-    std::lock_guard<std::mutex> l(mu_);
-    return unregistering_;
-  }
-  // Stat waits (after counting itself in stating()) until ReleaseStat().
-  void HoldStat() {
-    std::lock_guard<std::mutex> l(mu_);
-    stat_open_ = false;
-  }
-  void ReleaseStat() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stat_open_ = true;
-    }
-    cv_.notify_all();
-  }
-  int stating() {
-    std::lock_guard<std::mutex> l(mu_);
-    return stating_;
-  }
+  // UnregisterMemory waits until ReleaseUnregister(); unregistering()
+  // counts the calls waiting.
+  void HoldUnregister() { Close(unregister_); }
+  void ReleaseUnregister() { Open(unregister_); }
+  int unregistering() { return Waiting(unregister_); }
+  // Stat waits until ReleaseStat(); stating() counts the calls waiting.
+  void HoldStat() { Close(stat_); }
+  void ReleaseStat() { Open(stat_); }
+  int stating() { return Waiting(stat_); }
   absl::StatusOr<storage::ObjectInfo> Stat(std::string_view key) override {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      ++stating_;
-      cv_.wait(l, [&] { return stat_open_; });
-      --stating_;
-    }
+    Pass(stat_);
     return target()->Stat(key);
   }
   // RegisterMemory calls that succeeded.
@@ -117,11 +88,7 @@ class GatedBackend : public storage::BackendWrapper {
     return s;
   }
   void UnregisterMemory(void* base) override {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      ++unregistering_;
-      cv_.wait(l, [&] { return unregister_open_; });
-    }
+    Pass(unregister_);
     target()->UnregisterMemory(base);
   }
   absl::StatusOr<std::unique_ptr<storage::ObjectWriter>> NewObjectWriter(
@@ -151,6 +118,33 @@ class GatedBackend : public storage::BackendWrapper {
   }
 
  private:
+  // One kind of call held while closed: those waiting are counted.
+  struct Hold {
+    bool open = true;
+    int waiting = 0;
+  };
+  void Close(Hold& h) {
+    std::lock_guard<std::mutex> l(mu_);
+    h.open = false;
+  }
+  void Open(Hold& h) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      h.open = true;
+    }
+    cv_.notify_all();
+  }
+  int Waiting(const Hold& h) {
+    std::lock_guard<std::mutex> l(mu_);
+    return h.waiting;
+  }
+  void Pass(Hold& h) {
+    std::unique_lock<std::mutex> l(mu_);
+    ++h.waiting;
+    cv_.wait(l, [&] { return h.open; });
+    --h.waiting;
+  }
+
   // Its Commit waits for ReleaseCommit().
   class HeldWriter : public storage::ObjectWriter {
    public:
@@ -192,10 +186,8 @@ class GatedBackend : public storage::BackendWrapper {
   bool hold_armed_ = false;
   bool commit_open_ = true;
   std::vector<std::string> deletes_;
-  bool unregister_open_ = true;
-  int unregistering_ = 0;
-  bool stat_open_ = true;
-  int stating_ = 0;
+  Hold unregister_;
+  Hold stat_;
   int registered_ = 0;
 };
 

@@ -1,7 +1,7 @@
 // recovery_bench: recovery times of a multi-node job on one machine, with
 // the limits they are held to measured in the same run.
 //   recovery_bench [--bytes-per-rank N] [--rounds R] [--link-gbit G]
-//                  [--port-base P] [--replicas] [--no-step]
+//                  [--storage-gbit G] [--port-base P] [--replicas] [--no-step]
 //                  [--worker-dim D] [--worker-steps S] [--dir DIR] [--json]
 //   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
 //                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
@@ -28,6 +28,10 @@
 // --link-gbit G shapes the bench's own ports on lo to G Gbit/s
 // (bench/link_shaper.h; root and tc needed, else said why and unshaped), so
 // that the plain TCP limit and the replica fetch cross the same link.
+// --storage-gbit G caps reads of the disk under --dir at G Gbit/s for the
+// bench and every process it starts (bench/storage_throttle.h; root and a
+// block device needed, else said why and unthrottled), so that the raw
+// read and the storage path's fetches read a shared root of that rate.
 // The liveness modes (bench/liveness_bench.h, doc/benchmarks.md) run
 // instead: --hang (a SIGSTOPped trainer: detection against the model's
 // timeout), --soak (ckpt-worker under the defaults for --soak-s seconds,
@@ -47,6 +51,7 @@
 #include "bench/progress_cost.h"
 #include "bench/recovery_report.h"
 #include "bench/replication_step.h"
+#include "bench/storage_throttle.h"
 #include "shm/huge_pages.h"
 
 namespace {
@@ -63,8 +68,8 @@ int main(int argc, char** argv) {
   std::string dir = "/var/tmp";
   bool json = false, keep = false, replicas = false, step = true,
        node_loss = true;
-  double rounds = 3, link_gbit = 0, port_base = 0, worker_dim = 1024,
-         worker_steps = 20;
+  double rounds = 3, link_gbit = 0, storage_gbit = 0, port_base = 0,
+         worker_dim = 1024, worker_steps = 20;
   std::string object_url;
   ckpt::bench::LivenessArgs live;
   auto number = [&](int& i, double lo, double hi, double& out) {
@@ -104,6 +109,9 @@ int main(int argc, char** argv) {
     } else if (a == "--link-gbit" && i + 1 < argc) {
       if (!number(i, 0.01, 400, link_gbit))
         return Fail("--link-gbit: Gbit/s in [0.01, 400]");
+    } else if (a == "--storage-gbit" && i + 1 < argc) {
+      if (!number(i, 0.01, 400, storage_gbit))
+        return Fail("--storage-gbit: Gbit/s in [0.01, 400]");
     } else if (a == "--port-base" && i + 1 < argc) {
       if (!number(i, 1024, 65520, port_base) ||
           static_cast<int>(port_base) % 16 != 0)
@@ -131,7 +139,8 @@ int main(int argc, char** argv) {
     } else {
       return Fail(
           "unknown argument " + a.substr(0, 40) +
-          " (--bytes-per-rank N, --rounds R, --link-gbit G, --port-base P, "
+          " (--bytes-per-rank N, --rounds R, --link-gbit G, --storage-gbit G, "
+          "--port-base P, "
           "--replicas, --no-step, --step-only, --worker-dim D, "
           "--worker-steps S, --dir DIR, --json, --keep, --object-url s3://B/P, "
           "--hang "
@@ -141,6 +150,8 @@ int main(int argc, char** argv) {
   }
   if (!step && !node_loss)
     return Fail("--no-step with --step-only: nothing to run");
+  if (storage_gbit > 0 && !object_url.empty())
+    return Fail("--storage-gbit: caps a directory's disk, not --object-url");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
   std::filesystem::create_directories(root);
   struct Cleanup {
@@ -182,6 +193,20 @@ int main(int argc, char** argv) {
       run.link_note = std::string(shaped.message());
       std::fprintf(stderr, "recovery_bench: --link-gbit: not shaping: %s\n",
                    run.link_note.c_str());
+    }
+  }
+  ckpt::bench::StorageThrottle throttle;
+  run.storage_gbit = storage_gbit;
+  if (storage_gbit > 0) {
+    absl::Status capped = throttle.Start(root, storage_gbit);
+    run.storage_throttled = capped.ok();
+    if (!capped.ok()) {
+      run.storage_note = std::string(capped.message());
+      std::fprintf(stderr,
+                   "recovery_bench: --storage-gbit: not throttling: %s\n",
+                   run.storage_note.c_str());
+    } else {
+      run.storage_note = "disk " + throttle.device();
     }
   }
   auto log = [&](const std::string& line) {

@@ -148,6 +148,9 @@ std::string RecoveryJson(const RecoveryRun& run) {
   num("link_gbit", run.link_gbit, 2);
   boolean("link_shaped", run.link_shaped);
   str("link_note", run.link_note);
+  num("storage_gbit", run.storage_gbit, 2);
+  boolean("storage_throttled", run.storage_throttled);
+  str("storage_note", run.storage_note);
   str("shm_huge_pages", run.shm_huge_pages);
   j += "}\n";
   return j;
@@ -171,6 +174,15 @@ std::string RecoveryText(const RecoveryRun& run) {
                       : run.link_gbit > 0
                           ? "NOT shaped: " + run.link_note
                           : std::string("loopback, unshaped (memory speed)")));
+  absl::StrAppend(
+      &t, "storage: ",
+      run.storage_throttled
+          ? absl::StrFormat("reads of the shared root's %s capped at %.2f "
+                            "Gbit/s (block cgroup)",
+                            run.storage_note, run.storage_gbit)
+      : run.storage_gbit > 0 ? "NOT throttled: " + run.storage_note
+                             : std::string("the local disk, uncapped"),
+      "\n");
   absl::StrAppend(&t, "/dev/shm huge pages: ", run.shm_huge_pages, "\n");
   absl::StrAppend(&t, absl::StrFormat("progress beacon: %.2f ns a call "
                                       "(target <= 100 ns)\n",

@@ -25,7 +25,10 @@ struct RecoveryRun {
   int port_base = 0;
   double link_gbit = 0;  // asked for (0: the loopback unshaped)
   bool link_shaped = false;
-  std::string link_note;       // why it was not shaped, when asked
+  std::string link_note;    // why it was not shaped, when asked
+  double storage_gbit = 0;  // --storage-gbit asked for (0: the disk's speed)
+  bool storage_throttled = false;
+  std::string storage_note;    // the disk throttled, or why it was not
   std::string shm_huge_pages;  // shm::ShmHugePagesOf("/dev/shm")
   std::vector<NodeLossFigures> peer, storage;  // in the order run
   std::vector<ReplicationStepFigures> step_off, step_on;

@@ -6,6 +6,16 @@
 set -eu
 dir=$(mktemp -d "${TMPDIR:-/tmp}/recovery-smoke.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
+# A bad --storage-gbit is refused naming the flag, before anything runs.
+if err=$("$1" --storage-gbit 0 --dir "$dir" 2>&1); then
+  echo "--storage-gbit 0 was accepted" >&2; exit 1
+fi
+echo "$err" | grep -q -- "--storage-gbit: Gbit/s in" || { echo "$err" >&2; exit 1; }
+if err=$("$1" --storage-gbit 1 --object-url s3://b/p --dir "$dir" 2>&1); then
+  echo "--storage-gbit with --object-url was accepted" >&2; exit 1
+fi
+echo "$err" | grep -q -- "--storage-gbit: caps a directory" || { echo "$err" >&2; exit 1; }
+[ -z "$(ls -A "$dir")" ] || { echo "a refused run left files in $dir" >&2; exit 1; }
 out=$("$1" --bytes-per-rank 4194304 --rounds 1 --worker-dim 64 --worker-steps 3 \
       --dir "$dir" --json)
 echo "$out"
@@ -17,7 +27,8 @@ for key in bytes_per_rank detect_s plan_s prefetch_s trainer_restart_s restore_s
            node_recovery_transfer_ratio node_loss_peer_s node_loss_storage_s raw_read_s \
            steps_lost_node_peer steps_lost_node_storage steps_lost_trainer_crash \
            step_s_replication_off step_s_replication_on step_speed_on_vs_off \
-           node_loss_peer_ratio node_loss_storage_ratio link_shaped shm_huge_pages; do
+           node_loss_peer_ratio node_loss_storage_ratio link_shaped shm_huge_pages \
+           storage_gbit storage_throttled; do
   echo "$out" | grep -q "\"$key\":" || { echo "missing key $key" >&2; exit 1; }
 done
 # Measured, not left at zero.

@@ -1,5 +1,6 @@
 #include "bench/storage_throttle.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -8,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -21,12 +24,16 @@ absl::Status Refused(const std::string& why) {
   return absl::FailedPreconditionError(why);
 }
 
+// One write(2), so that the kernel's refusal (EINVAL, EBUSY, EACCES) is
+// the errno reported.
 absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (out) out << text << std::flush;
-  if (!out)
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  const ssize_t n = fd < 0 ? -1 : ::write(fd, text.data(), text.size());
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (n != static_cast<ssize_t>(text.size()))
     return Refused(absl::StrCat("cannot write '", text, "' to ", path, ": ",
-                                std::strerror(errno)));
+                                n < 0 ? std::strerror(err) : "short write"));
   return absl::OkStatus();
 }
 
@@ -56,8 +63,8 @@ absl::StatusOr<std::string> DiskOf(const std::string& dir) {
   return parent;
 }
 
-// The process's cgroup directory and the file that caps its reads, for
-// the hierarchy that has the block controller.
+// The process's cgroup directory in the hierarchy that has the block
+// controller, and whether that hierarchy is cgroup v2.
 struct Hierarchy {
   std::string dir;  // the process's cgroup now
   bool v2 = false;
@@ -65,19 +72,19 @@ struct Hierarchy {
 
 absl::StatusOr<Hierarchy> BlockHierarchy() {
   std::ifstream in("/proc/self/cgroup");
-  std::string line, v2_path;
-  bool have_v2 = false;
+  std::string line;
+  std::optional<std::string> v2_path;  // the "0::" line's, when there is one
   while (std::getline(in, line)) {
     std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (f.size() != 3) continue;
     for (absl::string_view c : absl::StrSplit(f[1], ','))
       if (c == "blkio")
         return Hierarchy{absl::StrCat("/sys/fs/cgroup/blkio", f[2]), false};
-    if (f[0] == "0") have_v2 = true, v2_path = f[2];
+    if (f[0] == "0") v2_path = f[2];
   }
-  if (have_v2) {
+  if (v2_path) {
     for (const char* mount : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
-      const std::string dir = absl::StrCat(mount, v2_path);
+      const std::string dir = absl::StrCat(mount, *v2_path);
       const std::string controllers = ReadLine(dir + "/cgroup.controllers");
       for (absl::string_view c : absl::StrSplit(controllers, ' '))
         if (c == "io") return Hierarchy{dir, true};

@@ -255,10 +255,13 @@ class Engine : public StagedShards, private PipelineState {
   // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
   // restore's lease lets the deletes it held back go.
   void ReleaseLeaseLocked(uint64_t id);
-  // The fallback ladder: a client found `shard`'s copy (the stored one, or
-  // the one in memory) failing verification. Drops the slot's image; with
-  // no good copy left the shard fails (Latest falls back a step).
-  void MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
+  // The copies of a shard a restore reads, in the fallback ladder's order.
+  enum class Copy { kMemory, kFile, kObject };
+  // The fallback ladder: a client found `shard`'s `copy` failing
+  // verification. Drops the slot's image; a bad local file with a copy in
+  // the object tier is dropped (restores read the object next); with no
+  // good copy left the shard fails (Latest falls back a step).
+  void MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
                          const std::string& error);
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
@@ -364,6 +367,8 @@ class Engine : public StagedShards, private PipelineState {
   void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting);
   // Deletes the local files of a step in the object tier (manifest first).
   void DropLocalCopyLocked(Job& job, uint64_t step);
+  // The same for one shard of it (the step's local manifest goes too).
+  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard);
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
   void QueueObjectDeleteLocked(Job& job, uint64_t step);

@@ -25,7 +25,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                               "' has no step ", req.step(),
                                               " for rank ", req.rank()));
     if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
-      MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
+      MarkBadCopyLocked(*job, *shard, Copy::kFile, req.bad_copy());
     lock.unlock();
     writer_->Flush();  // a failed shard's record, written before we answer
     return absl::OkStatus();
@@ -42,10 +42,14 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
       // A FILE restore: the stored copy it read is bad (if still that one).
       if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&
           shard->rec.path() == lease->file_key)
-        MarkBadCopyLocked(*job, *shard, /*stored=*/true, req.bad_copy());
+        MarkBadCopyLocked(*job, *shard, Copy::kFile, req.bad_copy());
     } else if (shard != nullptr &&
                shard->slot == static_cast<int>(lease->slot)) {
-      MarkBadCopyLocked(*job, *shard, shard->slot_from_storage, req.bad_copy());
+      // A slot a load filled holds the copy it read.
+      const Copy copy = !shard->slot_from_storage ? Copy::kMemory
+                        : shard->slot_from_object ? Copy::kObject
+                                                  : Copy::kFile;
+      MarkBadCopyLocked(*job, *shard, copy, req.bad_copy());
     }
   }
   ReleaseLeaseLocked(req.lease());
@@ -55,7 +59,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   return absl::OkStatus();
 }
 
-void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
+void Engine::MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
                                const std::string& error) {
   const std::string what =
       absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
@@ -66,14 +70,31 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
   fallback.job = job.rec.job();
   fallback.step = shard.rec.step();
   fallback.rank = shard.rec.rank();
-  fallback.copy = stored ? "file" : "memory";
+  fallback.copy = copy == Copy::kMemory ? "memory"
+                  : copy == Copy::kFile ? "file"
+                                        : "object";
   fallback.reason = absl::StrCat("failed verification: ", error);
-  if (!stored && shard.phase == ShardPhase::kDurable) {
+  const bool durable = shard.phase == ShardPhase::kDurable;
+  const bool in_object_tier = object_ != nullptr && shard.uploaded;
+  if (copy == Copy::kMemory && durable) {
+    fallback.next_copy = shard.local_gone ? "object" : "file";
     LogWarning(absl::StrCat("FALLBACK: ", what,
                             ": the copy in memory failed verification (", error,
-                            "); restores read ", shard.rec.path(), " next"));
-    fallback.next_copy = "file";
+                            "); restores read the ", fallback.next_copy,
+                            " copy of ", shard.rec.path(), " next"));
     if (options_.on_fallback) options_.on_fallback(fallback);
+    return;
+  }
+  if (copy == Copy::kFile && durable && in_object_tier && !shard.local_gone) {
+    // The local file goes as local retention would drop it; the object
+    // tier's copy, verified as it is loaded, serves the step.
+    fallback.next_copy = "object";
+    LogWarning(absl::StrCat("FALLBACK: ", what, ": the stored copy ",
+                            shard.rec.path(), " failed verification (", error,
+                            "); it is deleted and restores read the object "
+                            "tier's copy next"));
+    if (options_.on_fallback) options_.on_fallback(fallback);
+    DropLocalShardLocked(job, shard.rec.step(), shard);
     return;
   }
   if (options_.on_fallback) options_.on_fallback(fallback);
@@ -81,7 +102,9 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, bool stored,
   // offers the previous good step.
   LogWarning(absl::StrCat(
       "FALLBACK: ", what, ": ",
-      stored ? "the stored copy " + shard.rec.path() : "the copy in memory",
+      copy == Copy::kMemory
+          ? "the copy in memory"
+          : absl::StrCat("the ", fallback.copy, " copy of ", shard.rec.path()),
       " failed verification (", error,
       "); no other copy here, the step is dropped from Latest"));
   FailShardLocked(shard, absl::StrCat("failed verification: ", error));

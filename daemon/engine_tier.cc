@@ -116,22 +116,25 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
 }
 
 void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
+  for (auto& [r, shard] : job.steps[step_no].shards)
+    if (!shard.local_gone && shard.phase == ShardPhase::kDurable)
+      DropLocalShardLocked(job, step_no, shard);
+}
+
+void Engine::DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard) {
   Step& step = job.steps[step_no];
-  if (step.manifest) {
+  if (step.manifest) {  // the step is not whole on local disk any more
     shard_drops_->QueueLocalDelete(
         job.rec.job(), step_no, NodeManifestKey(job.rec.job(), step_no), false);
     step.manifest = false;
   }
-  for (auto& [r, shard] : step.shards) {
-    if (shard.local_gone || shard.phase != ShardPhase::kDurable) continue;
-    shard_drops_->QueueLocalDelete(job.rec.job(), step_no, shard.rec.path(),
-                                   false);
-    shard.local_gone = true;
-    shard.rec.set_local_gone(true);
-    CatalogEdit edit;
-    edit.PutShard(shard.rec);
-    RecordLocked(std::move(edit), /*sync=*/false);
-  }
+  shard_drops_->QueueLocalDelete(job.rec.job(), step_no, shard.rec.path(),
+                                 false);
+  shard.local_gone = true;
+  shard.rec.set_local_gone(true);
+  CatalogEdit edit;
+  edit.PutShard(shard.rec);
+  RecordLocked(std::move(edit), /*sync=*/false);
 }
 
 void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {

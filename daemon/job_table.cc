@@ -138,6 +138,7 @@ void JobTable::DropImage(Job& job, Shard& shard) {
   if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
   shard.slot = -1;
   shard.slot_from_storage = false;
+  shard.slot_from_object = false;
 }
 
 std::vector<std::pair<uint64_t, Shard*>> JobTable::DetachSlot(Job& job,

@@ -40,6 +40,8 @@ struct Shard {
   // The slot's image was read from storage (a restore's load, a
   // prefetch), not committed: a bad image there means a bad stored copy.
   bool slot_from_storage = false;
+  // ... and from the object tier's copy (else from the local file).
+  bool slot_from_object = false;
   uint32_t attempts = 0;
   // Object tier: the shard is also in the object store (same key), and
   // local retention deleted its local file (restores read the object).

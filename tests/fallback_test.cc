@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/stat.h>
 
-#include <fstream>
 #include <string>
 
 #include "shm/arena.h"
@@ -65,20 +64,7 @@ TEST_F(FallbackTest, StepWithNoGoodCopyLeftIsNoLongerLatest) {
   daemon_->Kill(SIGTERM);
   daemon_->Wait();
   UnlinkArenas(prefix_);  // only the files are left
-  {
-    const std::string path = root() + "/" + storage::ShardKey("disk", 2, 0);
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    std::vector<char> head(storage::kShardAlign);
-    f.read(head.data(), head.size());
-    auto header = storage::DecodeHeader(head);
-    ASSERT_TRUE(header.ok()) << header.status();
-    f.seekg(header->data_offset);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x20;
-    f.seekp(header->data_offset);
-    f.write(&c, 1);
-  }
+  FlipFirstTensorByteOfFile(root() + "/" + storage::ShardKey("disk", 2, 0));
   Restart();
   client = Connect("disk");
   ASSERT_NE(client, nullptr);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,10 +16,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
 #include "shm/huge_pages.h"
+#include "storage/shard_format.h"
 
 namespace ckpt::testing {
 
@@ -110,6 +113,22 @@ void UnlinkArenas(const std::string& shm_prefix) {
       names.push_back(e->d_name);
   closedir(dir);
   for (const auto& n : names) shm_unlink(("/" + n).c_str());
+}
+
+void FlipFirstTensorByteOfFile(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.is_open()) << path;
+  std::vector<char> head(storage::kShardAlign);
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  auto header = storage::DecodeHeader(head);
+  ASSERT_TRUE(header.ok()) << header.status();
+  f.seekg(static_cast<std::streamoff>(header->data_offset));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x20;
+  f.seekp(static_cast<std::streamoff>(header->data_offset));
+  f.write(&c, 1);
+  ASSERT_TRUE(f.good()) << path;
 }
 
 std::string UniqueShmPrefix() {

@@ -47,6 +47,10 @@ class DaemonProcess {
 
 // Removes every /dev/shm entry whose name starts with prefix.
 void UnlinkArenas(const std::string& shm_prefix);
+// Flips one bit of the first tensor's first byte in the shard file at
+// `path`, as bit rot would: the header and index stay valid, the tensor's
+// checksum no longer matches.
+void FlipFirstTensorByteOfFile(const std::string& path);
 // A prefix unique to this test process and call.
 std::string UniqueShmPrefix();
 // Hands out UniqueShmPrefix()es and unlinks every arena under them when it

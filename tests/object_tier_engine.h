@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
@@ -64,6 +66,10 @@ class ObjectTierEngineTest : public ::testing::Test {
     eo.retain_object = retain_object;
     eo.commit_tier = tier;
     eo.upload_threads = 2;
+    eo.on_fallback = [this](const daemon::FallbackReport& f) {
+      std::lock_guard<std::mutex> l(fallbacks_mu_);
+      fallbacks_.push_back(f);
+    };
     auto e = Engine::Open(eo, local_gate_.get(), catalog_.get(),
                           no_object_tier_ ? nullptr : gate_.get());
     ASSERT_TRUE(e.ok()) << e.status();
@@ -126,11 +132,27 @@ class ObjectTierEngineTest : public ::testing::Test {
     EXPECT_TRUE(b.ReadAt(key, 0, out.data(), out.size()).ok());
     return out;
   }
-  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(uint64_t step) {
+  absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
+      uint64_t step, bool allow_file_read = false) {
     v1::OpenRestoreRequest req;
     req.set_job("tier");
     req.set_step(step);
+    req.set_allow_file_read(allow_file_read);
     return engine_->OpenRestore(peer_, req);
+  }
+  // Ends a restore as a client does, naming the copy bad if `bad` is set.
+  absl::Status CloseRestore(uint64_t step, uint64_t lease,
+                            const std::string& bad = "") {
+    v1::CloseRestoreRequest req;
+    req.set_job("tier");
+    req.set_step(step);
+    req.set_lease(lease);
+    req.set_bad_copy(bad);
+    return engine_->CloseRestore(peer_, req);
+  }
+  std::vector<daemon::FallbackReport> Fallbacks() {
+    std::lock_guard<std::mutex> l(fallbacks_mu_);
+    return fallbacks_;
   }
 
   TempDir dir_;
@@ -144,6 +166,8 @@ class ObjectTierEngineTest : public ::testing::Test {
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<shm::Arena> arena_, arena1_;  // ranks 0 and 1
+  std::mutex fallbacks_mu_;
+  std::vector<daemon::FallbackReport> fallbacks_;  // on_fallback's reports
 };
 
 }  // namespace ckpt::testing

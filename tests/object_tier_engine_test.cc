@@ -145,5 +145,70 @@ TEST_F(ObjectTierEngineTest,
   EXPECT_EQ(good->source(), v1::RESTORE_SOURCE_OBJECT);
 }
 
+// The fallback ladder's rung below the local file (issue 17): a local copy
+// that a restore found bad is dropped and the next restore of the same step
+// reads the object tier's copy, which the load verifies, rather than losing
+// the step. Both ways a client meets the local copy: reading the file
+// itself (FILE), and a slot the daemon loaded from it.
+class ObjectTierFallbackTest : public ObjectTierEngineTest,
+                               public ::testing::WithParamInterface<bool> {};
+
+TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
+  const bool file_read = GetParam();
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  Eventually([&] {
+    return InObjectTier(Manifest(1)) && Status().upload_backlog_steps() == 0;
+  });
+  // A restart without shared memory: only the stored copies are left.
+  Close();
+  arena_.reset();
+  UnlinkArenas(prefix_);
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  auto first = OpenRestore(1, file_read);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->source(),
+            file_read ? v1::RESTORE_SOURCE_FILE : v1::RESTORE_SOURCE_DISK);
+  ASSERT_TRUE(
+      CloseRestore(1, first->lease(), "tensor 'w': checksum mismatch").ok());
+
+  auto next = OpenRestore(1, file_read);
+  ASSERT_TRUE(next.ok()) << "the step was lost with its local copy: "
+                         << next.status();
+  EXPECT_EQ(next->source(), v1::RESTORE_SOURCE_OBJECT);
+  EXPECT_TRUE(CloseRestore(1, next->lease()).ok());
+  std::vector<daemon::FallbackReport> f = Fallbacks();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].step, 1u);
+  EXPECT_EQ(f[0].copy, "file");
+  EXPECT_EQ(f[0].next_copy, "object");
+  EXPECT_NE(f[0].reason.find("checksum mismatch"), std::string::npos)
+      << f[0].reason;
+  v1::LatestRequest lr;
+  lr.set_job("tier");
+  auto latest = engine_->Latest(peer_, lr);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_TRUE(latest->found());
+  EXPECT_EQ(latest->step(), 1u);
+  // The bad local file goes; the object copy stays.
+  EXPECT_TRUE(Within(std::chrono::seconds(20),
+                     [&] { return !local_->Stat(ShardKey(1)).ok(); }));
+  EXPECT_TRUE(InObjectTier(ShardKey(1)));
+  // A restart keeps the decision: the step is read from the object tier.
+  Close();
+  arena_.reset();
+  UnlinkArenas(prefix_);
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  auto after = OpenRestore(1, file_read);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->source(), v1::RESTORE_SOURCE_OBJECT);
+}
+
+INSTANTIATE_TEST_SUITE_P(ReadBy, ObjectTierFallbackTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "TheClient" : "TheDaemon";
+                         });
+
 }  // namespace
 }  // namespace ckpt::testing

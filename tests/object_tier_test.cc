@@ -158,6 +158,40 @@ TEST_P(ObjectTierTest,
   EXPECT_TRUE(got.Equals(state_));
 }
 
+// The fallback ladder's last rung with a real ckptd and the client: the
+// local file rotted, and the restore of the same step comes from the
+// object tier's copy, bit-exact, instead of failing (issue 17).
+TEST_P(ObjectTierTest, RottedLocalFileIsRestoredFromTheObjectStoreCopy) {
+  {
+    auto client = Connect("obj");
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+    ASSERT_TRUE(client->WaitDurable(1).ok());
+  }
+  WaitForObjectManifest("obj", 1);
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  const std::string local =
+      dir_.path() + "/root/" + storage::ShardKey("obj", 1, 0);
+  FlipFirstTensorByteOfFile(local);
+  Start();
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  HostState got = state_.EmptyLike();
+  absl::Status s = client->Restore(1, got.tensors);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(got.Equals(state_));
+  auto latest = client->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 1);
+  // The rotted file goes; the object copy stays.
+  for (int i = 0; i < 2000 && std::filesystem::exists(local); ++i)
+    usleep(10000);
+  EXPECT_FALSE(std::filesystem::exists(local));
+  EXPECT_TRUE(objects_->Stat(storage::ShardKey("obj", 1, 0)).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierTest, ::testing::Values("dir", "s3"),
                          [](const auto& info) { return info.param; });
 

@@ -151,7 +151,16 @@ TEST_F(ObjectTierEngineTest,
 // the step. Both ways a client meets the local copy: reading the file
 // itself (FILE), and a slot the daemon loaded from it.
 class ObjectTierFallbackTest : public ObjectTierEngineTest,
-                               public ::testing::WithParamInterface<bool> {};
+                               public ::testing::WithParamInterface<bool> {
+ protected:
+  // A restart without shared memory: only the stored copies are left.
+  void ReopenWithoutSharedMemory() {
+    Close();
+    arena_.reset();
+    UnlinkArenas(prefix_);
+    Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  }
+};
 
 TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
   const bool file_read = GetParam();
@@ -161,11 +170,7 @@ TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
   Eventually([&] {
     return InObjectTier(Manifest(1)) && Status().upload_backlog_steps() == 0;
   });
-  // A restart without shared memory: only the stored copies are left.
-  Close();
-  arena_.reset();
-  UnlinkArenas(prefix_);
-  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ReopenWithoutSharedMemory();
   auto first = OpenRestore(1, file_read);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->source(),
@@ -196,10 +201,7 @@ TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
                      [&] { return !local_->Stat(ShardKey(1)).ok(); }));
   EXPECT_TRUE(InObjectTier(ShardKey(1)));
   // A restart keeps the decision: the step is read from the object tier.
-  Close();
-  arena_.reset();
-  UnlinkArenas(prefix_);
-  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ReopenWithoutSharedMemory();
   auto after = OpenRestore(1, file_read);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->source(), v1::RESTORE_SOURCE_OBJECT);

@@ -79,6 +79,26 @@ class ObjectTierTest : public ::testing::TestWithParam<std::string> {
     return resp;
   }
   // The step's object manifest follows its last shard's upload.
+  // Job "obj" saves step 1 (in the object tier too), then ckptd stops
+  // and its arenas go: only the stored copies are left.
+  void SaveStepOneThenStopAndDropSharedMemory() {
+    {
+      auto client = Connect("obj");
+      ASSERT_NE(client, nullptr);
+      ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+      ASSERT_TRUE(client->WaitDurable(1).ok());
+    }
+    WaitForObjectManifest("obj", 1);
+    daemon_->Kill(SIGTERM);
+    daemon_->Wait();
+    UnlinkArenas(prefix_);
+  }
+  void ExpectStepOneRestoresBitExact(Client& client) {
+    HostState got = state_.EmptyLike();
+    absl::Status s = client.Restore(1, got.tensors);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(got.Equals(state_));
+  }
   void WaitForObjectManifest(const std::string& job, uint64_t step) {
     while (!objects_->Stat(storage::ManifestKey(job, step)).ok()) usleep(10000);
   }
@@ -119,16 +139,7 @@ TEST_P(ObjectTierTest, RoundTripThroughTheObjectTierIsBitExact) {
 
 TEST_P(ObjectTierTest,
        RestoreFromObjectStoreAfterLocalDiskAndSharedMemoryAreGone) {
-  {
-    auto client = Connect("obj");
-    ASSERT_NE(client, nullptr);
-    ASSERT_TRUE(client->Save(1, state_.tensors).ok());
-    ASSERT_TRUE(client->WaitDurable(1).ok());
-  }
-  WaitForObjectManifest("obj", 1);
-  daemon_->Kill(SIGTERM);
-  daemon_->Wait();
-  UnlinkArenas(prefix_);
+  SaveStepOneThenStopAndDropSharedMemory();
   ASSERT_TRUE(std::filesystem::remove(dir_.path() + "/root/" +
                                       storage::ShardKey("obj", 1, 0)));
   Start();
@@ -152,36 +163,21 @@ TEST_P(ObjectTierTest,
   }
   auto client = Connect("obj");
   ASSERT_NE(client, nullptr);
-  HostState got = state_.EmptyLike();
-  absl::Status s = client->Restore(1, got.tensors);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(got.Equals(state_));
+  ExpectStepOneRestoresBitExact(*client);
 }
 
 // The fallback ladder's last rung with a real ckptd and the client: the
 // local file rotted, and the restore of the same step comes from the
 // object tier's copy, bit-exact, instead of failing (issue 17).
 TEST_P(ObjectTierTest, RottedLocalFileIsRestoredFromTheObjectStoreCopy) {
-  {
-    auto client = Connect("obj");
-    ASSERT_NE(client, nullptr);
-    ASSERT_TRUE(client->Save(1, state_.tensors).ok());
-    ASSERT_TRUE(client->WaitDurable(1).ok());
-  }
-  WaitForObjectManifest("obj", 1);
-  daemon_->Kill(SIGTERM);
-  daemon_->Wait();
-  UnlinkArenas(prefix_);
+  SaveStepOneThenStopAndDropSharedMemory();
   const std::string local =
       dir_.path() + "/root/" + storage::ShardKey("obj", 1, 0);
   FlipFirstTensorByteOfFile(local);
   Start();
   auto client = Connect("obj");
   ASSERT_NE(client, nullptr);
-  HostState got = state_.EmptyLike();
-  absl::Status s = client->Restore(1, got.tensors);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(got.Equals(state_));
+  ExpectStepOneRestoresBitExact(*client);
   auto latest = client->LatestStep();
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, 1);

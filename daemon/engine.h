@@ -255,13 +255,11 @@ class Engine : public StagedShards, private PipelineState {
   // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
   // restore's lease lets the deletes it held back go.
   void ReleaseLeaseLocked(uint64_t id);
-  // The copies of a shard a restore reads, in the fallback ladder's order.
-  enum class Copy { kMemory, kFile, kObject };
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no
   // good copy left the shard fails (Latest falls back a step).
-  void MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
+  void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                          const std::string& error);
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,

@@ -25,7 +25,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                               "' has no step ", req.step(),
                                               " for rank ", req.rank()));
     if (shard->phase == ShardPhase::kDurable && !shard->local_gone)
-      MarkBadCopyLocked(*job, *shard, Copy::kFile, req.bad_copy());
+      MarkBadCopyLocked(*job, *shard, ShardCopy::kFile, req.bad_copy());
     lock.unlock();
     writer_->Flush();  // a failed shard's record, written before we answer
     return absl::OkStatus();
@@ -42,14 +42,10 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
       // A FILE restore: the stored copy it read is bad (if still that one).
       if (shard->phase == ShardPhase::kDurable && !shard->local_gone &&
           shard->rec.path() == lease->file_key)
-        MarkBadCopyLocked(*job, *shard, Copy::kFile, req.bad_copy());
+        MarkBadCopyLocked(*job, *shard, ShardCopy::kFile, req.bad_copy());
     } else if (shard != nullptr &&
                shard->slot == static_cast<int>(lease->slot)) {
-      // A slot a load filled holds the copy it read.
-      const Copy copy = !shard->slot_from_storage ? Copy::kMemory
-                        : shard->slot_from_object ? Copy::kObject
-                                                  : Copy::kFile;
-      MarkBadCopyLocked(*job, *shard, copy, req.bad_copy());
+      MarkBadCopyLocked(*job, *shard, shard->slot_copy, req.bad_copy());
     }
   }
   ReleaseLeaseLocked(req.lease());
@@ -59,7 +55,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   return absl::OkStatus();
 }
 
-void Engine::MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
+void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                                const std::string& error) {
   const std::string what =
       absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
@@ -70,13 +66,13 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
   fallback.job = job.rec.job();
   fallback.step = shard.rec.step();
   fallback.rank = shard.rec.rank();
-  fallback.copy = copy == Copy::kMemory ? "memory"
-                  : copy == Copy::kFile ? "file"
-                                        : "object";
+  fallback.copy = copy == ShardCopy::kMemory ? "memory"
+                  : copy == ShardCopy::kFile ? "file"
+                                             : "object";
   fallback.reason = absl::StrCat("failed verification: ", error);
   const bool durable = shard.phase == ShardPhase::kDurable;
   const bool in_object_tier = object_ != nullptr && shard.uploaded;
-  if (copy == Copy::kMemory && durable) {
+  if (copy == ShardCopy::kMemory && durable) {
     fallback.next_copy = shard.local_gone ? "object" : "file";
     LogWarning(absl::StrCat("FALLBACK: ", what,
                             ": the copy in memory failed verification (", error,
@@ -85,7 +81,8 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
     if (options_.on_fallback) options_.on_fallback(fallback);
     return;
   }
-  if (copy == Copy::kFile && durable && in_object_tier && !shard.local_gone) {
+  if (copy == ShardCopy::kFile && durable && in_object_tier &&
+      !shard.local_gone) {
     // The local file goes as local retention would drop it; the object
     // tier's copy, verified as it is loaded, serves the step.
     fallback.next_copy = "object";
@@ -102,7 +99,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, Copy copy,
   // offers the previous good step.
   LogWarning(absl::StrCat(
       "FALLBACK: ", what, ": ",
-      copy == Copy::kMemory
+      copy == ShardCopy::kMemory
           ? "the copy in memory"
           : absl::StrCat("the ", fallback.copy, " copy of ", shard.rec.path()),
       " failed verification (", error,

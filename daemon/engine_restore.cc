@@ -273,8 +273,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   }
   r->Hold(slot, SlotStateOf(cur->phase), step_no, gen, bytes);
   cur->slot = slot;
-  cur->slot_from_storage = true;
-  cur->slot_from_object = read_object;
+  cur->slot_copy = read_object ? ShardCopy::kObject : ShardCopy::kFile;
   return cur;
 }
 

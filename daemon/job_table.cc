@@ -137,8 +137,7 @@ void JobTable::DropImage(Job& job, Shard& shard) {
   auto rank = job.ranks.find(shard.rec.rank());
   if (rank != job.ranks.end()) rank->second.DropShard(shard.slot, shard.gen);
   shard.slot = -1;
-  shard.slot_from_storage = false;
-  shard.slot_from_object = false;
+  shard.slot_copy = ShardCopy::kMemory;
 }
 
 std::vector<std::pair<uint64_t, Shard*>> JobTable::DetachSlot(Job& job,

@@ -20,6 +20,9 @@
 
 namespace ckpt::daemon {
 
+// The copies of a shard a restore reads, in the fallback ladder's order.
+enum class ShardCopy { kMemory, kFile, kObject };
+
 struct Shard {
   catv1::ShardRecord
       rec;  // what the catalog records (tensors as v1::TensorMeta)
@@ -37,11 +40,10 @@ struct Shard {
   // commit (recovered, prefetched: their checksums are all known).
   std::optional<uint64_t> staged_digest;
   int slot = -1;  // slot that holds the image, -1 if none
-  // The slot's image was read from storage (a restore's load, a
-  // prefetch), not committed: a bad image there means a bad stored copy.
-  bool slot_from_storage = false;
-  // ... and from the object tier's copy (else from the local file).
-  bool slot_from_object = false;
+  // Where the slot's image came from: a commit (kMemory), or a load of the
+  // local file or of the object tier's copy (a restore's load, a
+  // prefetch), so that a bad image there names the stored copy as bad.
+  ShardCopy slot_copy = ShardCopy::kMemory;
   uint32_t attempts = 0;
   // Object tier: the shard is also in the object store (same key), and
   // local retention deleted its local file (restores read the object).

@@ -253,6 +253,22 @@ ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
   });
 }
 
+ckpt_status ckpt_restore_latest(ckpt_client* client, const ckpt_tensor* tensors,
+                                size_t count, int64_t* step) {
+  return Guarded("ckpt_restore_latest", [&] {
+    if (step == nullptr) return NullArgument("ckpt_restore_latest", "step");
+    *step = -1;
+    std::vector<ckpt::Tensor> ts;
+    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
+      return Fail(s);
+    if (client == nullptr) return NullArgument("ckpt_restore_latest", "client");
+    auto restored = client->client->RestoreLatest(ts);
+    if (!restored.ok()) return Fail(restored.status());
+    *step = *restored;
+    return Report(absl::OkStatus());
+  });
+}
+
 ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
                               int64_t timeout_ms) {
   return Guarded("ckpt_wait_durable", [&] {

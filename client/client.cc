@@ -101,6 +101,10 @@ absl::Status Client::Restore(int64_t step, std::span<const Tensor> tensors) {
   return impl_->Restore(step, tensors);
 }
 
+absl::StatusOr<int64_t> Client::RestoreLatest(std::span<const Tensor> tensors) {
+  return impl_->RestoreLatest(tensors);
+}
+
 absl::Status Client::WaitDurable(int64_t step,
                                  std::chrono::milliseconds timeout) {
   return impl_->WaitDurable(step, timeout);

@@ -82,6 +82,8 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
       int64_t step, std::span<const Tensor> tensors);
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
+  [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
+      std::span<const Tensor> tensors);
   [[nodiscard]] absl::Status Restore(int64_t step,
                                      std::span<const Tensor> tensors);
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
@@ -117,9 +119,10 @@ class Client::Impl {
   ArenaLocked(const std::string& name, uint64_t arena_bytes,
               uint64_t slots_offset);
   // One OpenRestore and the copy it names; a copy failing verification is
-  // reported bad (DataLoss returned).
+  // reported bad (DataLoss returned). *opened: the daemon offered a copy.
   [[nodiscard]] absl::Status RestoreOneCopy(int64_t step,
-                                            std::span<const Tensor> tensors);
+                                            std::span<const Tensor> tensors,
+                                            bool* opened);
   // Restores from the arena slot the daemon leased; closes the lease (and
   // reports the copy bad when it fails verification).
   [[nodiscard]] absl::Status RestoreFromSlot(

@@ -3,6 +3,7 @@
 // file_restore.h), each with checksum verification; WaitDurable.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "client/file_restore.h"
 #include "client/tensor_check.h"
@@ -51,19 +52,53 @@ absl::Status Client::Impl::Restore(int64_t step,
 
   // The fallback ladder: a copy that fails verification (DataLoss) is
   // reported bad, and the daemon serves the next one (memory, then the
-  // file); the first error stands once none is left.
-  absl::Status first;
+  // file, then the object tier). With none left the error names every copy
+  // tried.
+  std::vector<std::string> tried;
   for (int copy = 0; copy < 3; ++copy) {
-    absl::Status s = RestoreOneCopy(step, tensors);
-    if (s.code() != absl::StatusCode::kDataLoss)
-      return copy == 0 || s.ok() ? s : first;
-    if (copy == 0) first = s;
+    bool opened = false;
+    absl::Status s = RestoreOneCopy(step, tensors, &opened);
+    if (s.ok() || (copy == 0 && s.code() != absl::StatusCode::kDataLoss))
+      return s;
+    tried.emplace_back(s.message());
+    // The daemon has no copy left to offer (or failed otherwise).
+    if (!opened || s.code() != absl::StatusCode::kDataLoss) break;
   }
-  return first;
+  return absl::DataLossError(absl::StrCat("restore of step ", step,
+                                          ": no copy verifies; tried ",
+                                          absl::StrJoin(tried, "; then ")));
+}
+
+absl::StatusOr<int64_t> Client::Impl::RestoreLatest(
+    std::span<const Tensor> tensors) {
+  // Each round restores the step Latest offers now; a step whose last copy
+  // failed is no longer offered, so the steps tried strictly decrease and
+  // the loop ends. A step that is offered again after it failed (the
+  // daemon found the copy good) ends it with that step's error.
+  std::vector<std::string> tried;
+  int64_t last = -1;
+  for (;;) {
+    absl::StatusOr<int64_t> step = LatestStep();
+    if (!step.ok()) {
+      if (tried.empty() || step.status().code() != absl::StatusCode::kNotFound)
+        return step.status();
+      break;
+    }
+    if (last >= 0 && *step >= last) break;
+    absl::Status s = Restore(*step, tensors);
+    if (s.ok()) return *step;
+    if (s.code() != absl::StatusCode::kDataLoss) return s;
+    tried.emplace_back(s.message());
+    last = *step;
+  }
+  return absl::DataLossError(
+      absl::StrCat("restore of the latest step: no step verifies; ",
+                   absl::StrJoin(tried, "; ")));
 }
 
 absl::Status Client::Impl::RestoreOneCopy(int64_t step,
-                                          std::span<const Tensor> tensors) {
+                                          std::span<const Tensor> tensors,
+                                          bool* opened) {
   // The daemon decides the source: FILE (a lease on the file) only when
   // this process can read the shard file itself, else a slot it loaded the
   // shard into.
@@ -73,6 +108,7 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
   open.set_step(static_cast<uint64_t>(step));
   open.set_allow_file_read(true);
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  *opened = true;
   if (resp.source() == v1::RESTORE_SOURCE_FILE) {
     std::vector<const v1::TensorMeta*> metas;
     absl::Status s = client::MatchIndex(resp, tensors, &metas);

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "ckpt/ckpt.h"
 #include "shm/arena.h"
 #include "storage/keys.h"
 #include "storage/shard_format.h"
@@ -77,6 +78,81 @@ TEST_F(FallbackTest, StepWithNoGoodCopyLeftIsNoLongerLatest) {
       << "Latest still offers the step that cannot be restored";
   ASSERT_TRUE(client->Restore(1, got.tensors).ok());
   EXPECT_TRUE(got.Equals(state_));
+}
+
+// Steps 1 and 2 of job `job` with different bytes, durable; then the
+// daemon restarts without its shared memory and one byte of step 2's file
+// flips, so step 2's only copy fails verification.
+class LatestFallbackTest : public FallbackTest {
+ protected:
+  void SaveTwoStepsAndRotTheSecond(const std::string& job) {
+    auto client = Connect(job);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Save(1, state_.tensors).ok());
+    ASSERT_TRUE(client->Save(2, second_.tensors).ok());
+    ASSERT_TRUE(client->WaitDurable(2).ok());
+    client.reset();
+    daemon_->Kill(SIGTERM);
+    daemon_->Wait();
+    UnlinkArenas(prefix_);
+    FlipFirstTensorByteOfFile(root() + "/" + storage::ShardKey(job, 2, 0));
+    Restart();
+  }
+  HostState second_ = MakeState(8 << 20, 4, 8);
+};
+
+TEST_F(LatestFallbackTest, LatestRestoreFallsBackToThePreviousStepInOneCall) {
+  SaveTwoStepsAndRotTheSecond("latest");
+  auto client = Connect("latest");
+  ASSERT_NE(client, nullptr);
+  HostState got = state_.EmptyLike();
+  auto step = client->RestoreLatest(got.tensors);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  EXPECT_TRUE(got.Equals(state_)) << "the tensors hold more than one step";
+}
+
+TEST_F(LatestFallbackTest, ExplicitStepWithNoGoodCopyNamesTheStepAndCopies) {
+  SaveTwoStepsAndRotTheSecond("explicit");
+  auto client = Connect("explicit");
+  ASSERT_NE(client, nullptr);
+  HostState got = state_.EmptyLike();
+  absl::Status s = client->Restore(2, got.tensors);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("restore of step 2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("; then "), std::string::npos)
+      << "the error names one copy only: " << s;
+}
+
+TEST_F(LatestFallbackTest, CApiLatestRestoreFallsBackAndSaysWhichStep) {
+  SaveTwoStepsAndRotTheSecond("capi");
+  HostState got = state_.EmptyLike();
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<ckpt_tensor> ts;
+  for (const Tensor& t : got.tensors)
+    shapes.emplace_back(t.shape.begin(), t.shape.end());
+  for (size_t i = 0; i < got.tensors.size(); ++i) {
+    const Tensor& t = got.tensors[i];
+    ts.push_back({t.name.c_str(), static_cast<ckpt_dtype>(t.dtype),
+                  static_cast<int>(shapes[i].size()), shapes[i].data(), t.data,
+                  -1});
+  }
+  ckpt_options o;
+  ckpt_options_init(&o);
+  const std::string socket = daemon_->socket();
+  o.socket_path = socket.c_str();
+  o.job = "capi";
+  o.rank = 0;
+  o.world_size = 1;
+  ckpt_client* c = nullptr;
+  ASSERT_EQ(ckpt_connect(&o, &c), CKPT_OK) << ckpt_last_error();
+  int64_t step = -7;
+  EXPECT_EQ(ckpt_restore_latest(c, ts.data(), ts.size(), &step), CKPT_OK)
+      << ckpt_last_error();
+  EXPECT_EQ(step, 1);
+  EXPECT_TRUE(got.Equals(state_));
+  ckpt_close(c);
 }
 
 }  // namespace

@@ -148,6 +148,13 @@ ckpt_status ckpt_wait(ckpt_save_handle* handle);
 ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step);
 ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count);
+/* Restores the newest step whose copies verify and sets *step to it (-1 on
+ * failure). A copy failing verification is reported and the next copy, then
+ * the previous good step, is tried in this one call; the tensors end holding
+ * exactly one step's bytes. CKPT_NOT_FOUND when the job has no checkpoint;
+ * CKPT_DATA_LOSS naming every step tried when none verifies. */
+ckpt_status ckpt_restore_latest(ckpt_client* client, const ckpt_tensor* tensors,
+                                size_t count, int64_t* step);
 ckpt_status ckpt_wait_durable(ckpt_client* client, int64_t step,
                               int64_t timeout_ms);
 /* Progress beacon (ckpt::Client::Progress): call once per training step.

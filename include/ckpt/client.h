@@ -128,6 +128,14 @@ class Client {
   // checksum mismatch fails with an error naming the tensor.
   [[nodiscard]] absl::Status Restore(int64_t step,
                                      std::span<const Tensor> tensors);
+  // Restores the newest step whose copies verify and returns it. A copy
+  // that fails verification is reported (the daemon checks it and drops it
+  // if it is bad), the next copy of the step is tried, then the previous
+  // good step, all in this one call; the tensors end holding exactly one
+  // step's bytes. NotFound when the job has no checkpoint; DataLoss naming
+  // every step tried when none verifies.
+  [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
+      std::span<const Tensor> tensors);
   // Blocks until the step's shard of this rank is durable on disk.
   [[nodiscard]] absl::Status WaitDurable(
       int64_t step,

@@ -217,6 +217,14 @@ class Client:
                                            packed.count),
                    "restore step %d" % step)
 
+    def restore_latest(self, packed):
+        """Restores the newest step whose copies verify; returns it."""
+        step = ctypes.c_int64(-1)
+        _lib.check(_lib.lib().ckpt_restore_latest(
+            self._live(), packed.array, packed.count, ctypes.byref(step)),
+            "restore of the latest step")
+        return step.value
+
     def latest_step(self):
         step = ctypes.c_int64(-1)
         status = _lib.lib().ckpt_latest_step(self._live(), ctypes.byref(step))

@@ -104,6 +104,8 @@ def _declare(lib):
         "ckpt_wait": (c_int, [p]),
         "ckpt_latest_step": (c_int, [p, ctypes.POINTER(c_int64)]),
         "ckpt_restore": (c_int, [p, c_int64, p, c_size_t]),
+        "ckpt_restore_latest": (c_int, [p, p, c_size_t,
+                                        ctypes.POINTER(c_int64)]),
         "ckpt_wait_durable": (c_int, [p, c_int64, c_int64]),
         "ckpt_last_save_stats": (c_int, [p, ctypes.POINTER(CSaveStats)]),
         "ckpt_progress": (c_int, [p, c_int64, ctypes.c_double]),

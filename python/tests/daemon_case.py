@@ -7,6 +7,7 @@ import collections
 import math
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import unittest
@@ -56,6 +57,22 @@ def bits(t):
 def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and \
         bool(torch.equal(bits(a), bits(b))) if a.numel() else a.shape == b.shape
+
+
+def shard_path(root, job, step, rank=0):
+    """A one-node ckptd's shard file of (job, step, rank) under root."""
+    return os.path.join(root, job, "step-%020d" % step, "rank-%05d.shard" % rank)
+
+
+def flip_first_tensor_byte(path):
+    """Flips one byte of the first tensor's data in a shard file (its
+    header's data_offset, a little-endian u64 at byte 48)."""
+    with open(path, "r+b") as f:
+        data_offset = struct.unpack_from("<Q", f.read(64), 48)[0]
+        f.seek(data_offset)
+        byte = f.read(1)[0]
+        f.seek(data_offset)
+        f.write(bytes([byte ^ 0x20]))
 
 
 class DaemonTestCase(unittest.TestCase):

@@ -21,6 +21,7 @@ except ImportError:  # the CTest still reports the reason
 import ckpt
 import ckpt.torch
 from tests.daemon_case import (DaemonTestCase, PACKAGE_ROOT, bits,
+                               flip_first_tensor_byte, shard_path,
                                nested_state, same_bits, tensors_of,
                                without_tensors)
 
@@ -205,6 +206,29 @@ class RestartTest(DaemonTestCase):
         out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_ROOT,
                              capture_output=True, text=True, timeout=120)
         self.assertIn("restored-from-disk", out.stdout, out.stderr)
+
+    def test_latest_load_over_a_flipped_byte_loads_the_previous_step(self):
+        job = self.new_job()
+        c = self.checkpointer(job=job)
+        first = nested_state(torch.Generator().manual_seed(1))
+        c.save(1, first)
+        c.save(2, nested_state(torch.Generator().manual_seed(2)))
+        c.wait_durable(2, timeout=60)
+        c.close()
+        self.assertEqual(self.daemon.stop(), 0)
+        self.daemon.drop_shm()
+        flip_first_tensor_byte(shard_path(self.daemon.root, job, 2))
+        self.daemon.start()
+        c = self.checkpointer(job=job)
+        target = nested_state(torch.Generator().manual_seed(3))
+        c.load(None, target)
+        self.assertEqual(c.loaded_step, 1)
+        self.assertTrue(all(same_bits(a, b) for a, b in
+                            zip(tensors_of(first), tensors_of(target))),
+                        "the tensors do not hold step 1's bytes")
+        with self.assertRaises(ckpt.errors.Error) as e:
+            c.load(2, target)
+        self.assertIn("step 2", e.exception.message)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,29 @@ class DcpTest(unittest.TestCase):
         self.save(sd, "ckptd://diskjob/3")  # returns once durable
         self.roundtrip("ckptd://diskjob/3", sd, restart_without_shm=True)
 
+    def test_latest_load_over_a_flipped_byte_loads_the_previous_step(self):
+        from tests import dcp_roundtrip
+        from tests.daemon_case import flip_first_tensor_byte, shard_path
+
+        def shifted(v):
+            if isinstance(v, torch.Tensor):
+                return v + 1 if v.is_floating_point() else v.clone()
+            if isinstance(v, dict):
+                return {k: shifted(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [shifted(x) for x in v]
+            return v
+        first = dcp_roundtrip.state(0, 1)
+        self.save(first, "ckptd://rot/1")
+        self.save(shifted(first), "ckptd://rot/2")  # returns once durable
+        self.daemon.stop()
+        self.daemon.drop_shm()
+        flip_first_tensor_byte(shard_path(self.daemon.root, "rot", 2))
+        self.daemon.start()
+        got = dcp_roundtrip.zeroed(first)
+        self.load(got, "ckptd://rot/latest")
+        self.assertIsNone(dcp_roundtrip.first_difference(first, got))
+
     def test_roundtrip_world2_over_gloo_reads_the_other_ranks_shard(self):
         env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(20000 + os.getpid() % 20000), CKPT_SOCKET=self.daemon.socket,

@@ -101,6 +101,7 @@ class Checkpointer:
         self._client = _client.Client(job, socket, rank, world_size, **options)
         self.job = job if job is not None else os.environ.get("CKPT_JOB")
         self.rank, self.world_size = rank, world_size
+        self.loaded_step = None  # the step the last load() restored
 
     # -- save -------------------------------------------------------------
 
@@ -246,10 +247,39 @@ class Checkpointer:
         and shape (else NotFound / InvalidArgument naming its key path).
         strict=True also requires every saved tensor to be in state_dict;
         strict=False returns the ones it lacks as new CPU tensors. With
-        state_dict None every tensor comes back new (on the CPU)."""
-        if step is None:
-            step = self._client.latest_step()
-        _check_step(step)
+        state_dict None every tensor comes back new (on the CPU).
+
+        With step None a step whose copies fail verification is reported
+        and the previous good step is loaded in this same call; the
+        tensors end holding exactly one step's bytes and `loaded_step`
+        says which step that was."""
+        if step is not None:
+            _check_step(step)
+            out = self._load_step(step, state_dict, strict)
+            self.loaded_step = step
+            return out
+        tried, last = [], None
+        while True:
+            try:
+                step = self._client.latest_step()
+            except errors.NotFound:
+                if not tried:
+                    raise
+                break
+            if last is not None and step >= last:
+                break  # offered again: the daemon found its copy good
+            try:
+                out = self._load_step(step, state_dict, strict)
+            except errors.DataLoss as e:
+                tried.append(e.message)
+                last = step
+                continue
+            self.loaded_step = step
+            return out
+        raise errors.DataLoss("load of the latest step: no step verifies; "
+                              + "; ".join(tried))
+
+    def _load_step(self, step, state_dict, strict):
         skeleton = self._skeleton(step)
         saved = skeleton["tensors"]
         live = {}

@@ -302,12 +302,37 @@ class CkptdStorageReader(StorageReader):
             self._read_by_reset = False
             return self._metadata
         shards = self._t.shards()
-        step = self._t.step
-        if step is None:
-            step = shards.latest_step()
-        self._metadata = shards.read_metadata(step)
-        self._step, self._shards = step, shards
-        return self._metadata
+        self._shards = shards
+        if self._t.step is not None:
+            self._metadata = shards.read_metadata(self._t.step)
+            self._step = self._t.step
+            return self._metadata
+        self._tried = []
+        while True:  # latest: a step whose metadata fails falls back
+            step = self._older_latest()
+            try:
+                self._metadata = shards.read_metadata(step)
+            except errors.DataLoss as e:
+                self._tried.append(e.message)
+                self._step = step
+                continue
+            self._step = step
+            return self._metadata
+
+    def _older_latest(self):
+        """The newest step now, which must be older than the one that just
+        failed (self._step after a failure); DataLoss naming what was tried
+        once none is left."""
+        try:
+            step = self._shards.latest_step()
+        except errors.NotFound:
+            if not self._tried:
+                raise
+            step = None
+        if self._tried and (step is None or step >= self._step):
+            raise errors.DataLoss("ckptd://%s/latest: no step verifies; %s"
+                                  % (self._t.job[:64], "; ".join(self._tried)))
+        return step
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self.init(metadata, is_coordinator)
@@ -334,11 +359,35 @@ class CkptdStorageReader(StorageReader):
             if not isinstance(loc, _dcp_json.StorageLocation):
                 raise KeyError("step %d: no stored item for %r" % (self._step, item.storage_index.fqn[:80]))
             by_rank.setdefault(loc.rank, []).append((item, loc))
-        for rank in sorted(by_rank):
-            self._read_rank(rank, by_rank[rank], planner)
+        while True:
+            try:
+                for rank in sorted(by_rank):
+                    self._read_rank(rank, by_rank[rank], planner)
+                break
+            except errors.DataLoss as e:
+                if self._t.step is not None:
+                    raise
+                self._fall_back_for_data(e)
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+    def _fall_back_for_data(self, error):
+        """A "latest" load whose data failed verification after DCP planned
+        it: the previous good step is read instead when it has the same
+        layout (the plan stays valid), so every tensor ends holding one
+        step's bytes; else DataLoss names both steps."""
+        self._tried = getattr(self, "_tried", [])
+        self._tried.append(error.message)
+        step = self._older_latest()
+        metadata = self._shards.read_metadata(step)
+        if metadata.state_dict_metadata != self._metadata.state_dict_metadata \
+                or metadata.storage_data != self._metadata.storage_data:
+            raise errors.DataLoss(
+                "ckptd://%s/latest: step %d failed verification (%s) and the "
+                "previous good step %d has another layout; load it by its "
+                "step" % (self._t.job[:64], self._step, error.message, step))
+        self._step, self._metadata = step, metadata
 
     def _read_rank(self, rank, pairs, planner):
         """One restore from `rank`'s shard for every item it holds."""

@@ -83,9 +83,14 @@ class E2ETest : public ::testing::Test {
   ckpt::testing::TempDir dir_;
 };
 
+// The live nodes' heartbeats must never miss a timeout, also on a loaded
+// 2-core machine where one round of this loop (three RPCs) can take most
+// of a second: the timeout is several rounds long.
+constexpr int kE2EHeartbeatTimeoutMs = 3000;
+
 TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
-  auto coord = std::make_unique<CoordinatorProcess>(
-      state(), shared(), /*heartbeat_timeout_ms=*/500);
+  auto coord = std::make_unique<CoordinatorProcess>(state(), shared(),
+                                                    kE2EHeartbeatTimeoutMs);
   ASSERT_GT(coord->port(), 0);
   auto stub = coord->Stub();
   uint64_t e1 = Register(stub.get(), "n1", false);
@@ -109,7 +114,7 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   // SIGKILL and restart on the same state: everything is still known.
   coord->Kill(SIGKILL);
   coord = std::make_unique<CoordinatorProcess>(state(), shared(),
-                                               /*heartbeat_timeout_ms=*/500);
+                                               kE2EHeartbeatTimeoutMs);
   ASSERT_GT(coord->port(), 0);
   stub = coord->Stub();
   v1::GetClusterResponse c = Cluster(stub.get());
@@ -121,7 +126,7 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   // n2 goes silent; n1 and the spare keep heartbeating.
   v1::HeartbeatResponse spare_orders;
   bool dead = false;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!dead && std::chrono::steady_clock::now() < deadline) {
     v1::HeartbeatResponse r1;
     ASSERT_TRUE(Heartbeat(stub.get(), "n1", e1, &r1).ok());

@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
   if (const char* slow = std::getenv("CLUSTER_TRAINER_SLOW"))
     step_ms = static_cast<int>(step_ms * std::atof(slow));
   ckpt::ClientOptions o;  // everything else from the environment
+  // More slots keep older steps in memory for longer (a test that wants
+  // its restore served from memory whatever the machine's load).
+  if (const char* slots = std::getenv("CLUSTER_TRAINER_SLOTS"))
+    o.num_slots = std::atoi(slots);
   const auto t_connect = Clock::now();
   auto client = ckpt::Client::Connect(o);
   const double connect_s = Since(t_connect);

@@ -1,5 +1,6 @@
 #include "coordinator/net_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -57,9 +58,14 @@ void NetCheckPlanner::SetNodes(const std::map<std::string, NetEndpoint>& nodes,
                                int64_t now_ms) {
   if (nodes == nodes_) return;
   nodes_ = nodes;
+  first_sample_.clear();
+  ++round_;
+  StartRound(now_ms);
+}
+
+void NetCheckPlanner::StartRound(int64_t now_ms) {
   probes_.clear();
   round_start_ms_ = now_ms;
-  ++round_;
   finished_ = nodes_.size() < 2;  // one node has nobody to probe
   std::vector<std::string> ids;
   for (const auto& [id, e] : nodes_) ids.push_back(id);
@@ -77,13 +83,12 @@ void NetCheckPlanner::SetNodes(const std::map<std::string, NetEndpoint>& nodes,
 
 bool NetCheckPlanner::Record(const std::string& node,
                              const v1::NetProbeResult& result, int64_t now_ms) {
-  (void)now_ms;
   for (Probe& p : probes_) {
     if (p.token != result.token() || p.sender != node || p.done) continue;
     p.done = true;
     p.mb_per_s = result.mb_per_s();
     p.error = result.error();
-    return FinishIfDone();
+    return FinishIfDone(now_ms);
   }
   return false;
 }
@@ -97,24 +102,47 @@ bool NetCheckPlanner::ExpireLate(int64_t now_ms) {
     p.error = absl::StrCat("probe ", p.sender, " -> ", p.receiver,
                            ": no result within ", options_.order_ttl_ms, " ms");
   }
-  return FinishIfDone();
+  return FinishIfDone(now_ms);
 }
 
-bool NetCheckPlanner::FinishIfDone() {
+bool NetCheckPlanner::FinishIfDone(int64_t now_ms) {
   if (finished_) return false;
   for (const Probe& p : probes_)
     if (!p.done) return false;
-  finished_ = true;
-  figures_.clear();
+  std::map<std::string, NetFigure> figures;
   for (const Probe& p : probes_) {
     for (const std::string* id : {&p.sender, &p.receiver}) {
-      NetFigure& f = figures_[*id];
+      NetFigure& f = figures[*id];
       f.mb_per_s = std::max(f.mb_per_s, p.error.empty() ? p.mb_per_s : 0.0);
       if (!p.error.empty())
         absl::StrAppend(&f.errors, f.errors.empty() ? "" : "; ", p.error);
     }
   }
+  if (first_sample_.empty() && AnyLow(figures)) {
+    first_sample_ = std::move(figures);
+    StartRound(now_ms);
+    return false;
+  }
+  for (auto& [id, first] : first_sample_) {
+    NetFigure& f = figures[id];
+    if (first.mb_per_s > f.mb_per_s) f = std::move(first);
+  }
+  first_sample_.clear();
+  finished_ = true;
+  figures_ = std::move(figures);
   return true;
+}
+
+bool NetCheckPlanner::AnyLow(
+    const std::map<std::string, NetFigure>& figures) const {
+  std::vector<double> v;
+  for (const auto& [id, f] : figures)
+    if (f.mb_per_s > 0) v.push_back(f.mb_per_s);
+  if (v.size() < figures.size()) return true;  // a node's probes all failed
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return v.front() < options_.min_ratio * median;
 }
 
 std::vector<v1::NetProbeOrder> NetCheckPlanner::OrdersFor(

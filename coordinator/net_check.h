@@ -13,8 +13,9 @@
 // node whose every link is slow stands out against the cluster's median
 // (health_state.h compares "network" like memcpy). A round starts when the
 // set of probing nodes changes; a probe without a result within
-// order_ttl_ms counts as failed. Not thread-safe: the coordinator calls it
-// under its state lock (memory only, no I/O).
+// order_ttl_ms counts as failed. A round with a low figure is run once
+// more, and each node keeps the better of its two figures. Not thread-safe: the
+// coordinator calls it under its state lock (memory only, no I/O).
 #ifndef CKPT_COORDINATOR_NET_CHECK_H_
 #define CKPT_COORDINATOR_NET_CHECK_H_
 
@@ -40,6 +41,10 @@ struct NetCheckOptions {
   uint64_t bytes = 64ull << 20;  // per probe
   uint32_t timeout_ms = 5000;    // per probe, connect included
   int64_t order_ttl_ms = 30000;  // a probe not reported by then failed
+  // A node whose figure is below min_ratio x the round's median (or 0) is
+  // sampled once more before the round's figures are published: a probe
+  // that met a busy CPU or a passing burst of traffic is not a verdict.
+  double min_ratio = 0.5;
 };
 
 // A node's result of the finished round.
@@ -88,8 +93,13 @@ class NetCheckPlanner {
     double mb_per_s = 0;
     std::string error;
   };
-  // Fills figures_ from the round's probes once all are done.
-  bool FinishIfDone();
+  // Fills figures_ from the round's probes once all are done, or starts
+  // the round again when a figure is low and was not sampled twice yet.
+  bool FinishIfDone(int64_t now_ms);
+  // New probes (and tokens) over nodes_.
+  void StartRound(int64_t now_ms);
+  // Whether any figure is 0 or below min_ratio x their median.
+  bool AnyLow(const std::map<std::string, NetFigure>& figures) const;
 
   const NetCheckOptions options_;
   std::map<std::string, NetEndpoint> nodes_;
@@ -98,6 +108,8 @@ class NetCheckPlanner {
   uint64_t round_ = 0;
   bool finished_ = true;
   std::map<std::string, NetFigure> figures_;
+  // The first sample of a round being run again (empty otherwise).
+  std::map<std::string, NetFigure> first_sample_;
 };
 
 }  // namespace ckpt::coordinator

@@ -432,6 +432,11 @@ class Coordinator {
   // replica), and the newest that storage alone restores (else last good).
   std::optional<uint64_t> MemoryStepLocked(const JobState& job) const;
   std::optional<uint64_t> DurableStepLocked(const JobState& job) const;
+  // Whether `r`, a report of an older generation than the job's, is of the
+  // save the job's plan restores (its restore step, the digest of the save
+  // the plan chose): a replacement's copy of it, fetched from a peer,
+  // keeps that save's generation.
+  bool RestoredSaveLocked(const JobState& job, const v1::ShardReport& r) const;
   // A REPLICATED report of holder `node_id` (ApplyReportLocked's rules for
   // the parts they share; see ShardReport.source_node).
   [[nodiscard]] absl::Status ApplyReplicaReportLocked(

@@ -88,6 +88,29 @@ std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
 
 }  // namespace
 
+bool Coordinator::RestoredSaveLocked(const JobState& job,
+                                     const v1::ShardReport& r) const {
+  if (!job.rec.has_restore_step() || r.step() != job.rec.restore_step())
+    return false;
+  // The save the plan chose: the rank's record of the step (the source's,
+  // or the replacement's own once it reported it), as a replica is judged;
+  // else the committed manifest's shard.
+  if (auto st = job.steps.find(r.step()); st != job.steps.end()) {
+    auto rk = st->second.find(r.rank());
+    if (rk == st->second.end()) return false;
+    const v1::ShardRecord& saved = rk->second;
+    return StagedDigest(r) == StagedDigest(saved) ||
+           r.checksum_digest() == StagedDigest(saved) ||
+           r.checksum_digest() == saved.checksum_digest();
+  }
+  if (const storage::v1::GlobalManifest* m =
+          KnownManifestLocked(job.rec.job(), r.step()))
+    for (const auto& s : m->shards())
+      if (s.rank() == r.rank())
+        return s.checksum_digest() == storage::DigestHex(r.checksum_digest());
+  return false;
+}
+
 absl::Status Coordinator::ApplyReportLocked(
     const std::string& node_id, uint64_t epoch, const v1::ShardReport& req,
     Batch* batch, v1::ReportResult* result,
@@ -100,8 +123,11 @@ absl::Status Coordinator::ApplyReportLocked(
   // A save of a generation a plan replaced belongs to an abandoned
   // timeline (a trainer saving while it is stopped, a persist finishing
   // late): it must neither count nor recreate the records the plan
-  // dropped. Reports without a generation are judged as before.
-  if (req.has_generation() && req.generation() < job->rec.generation())
+  // dropped; except the save the plan restores, which starts the new
+  // timeline (a replacement's copy of it). Reports without a generation
+  // are judged as before.
+  if (req.has_generation() && req.generation() < job->rec.generation() &&
+      !RestoredSaveLocked(*job, req))
     return absl::FailedPreconditionError(absl::StrCat(
         "generation: ", req.generation(), " of the report of step ", req.step(),
         " rank ", req.rank(), " of job ", req.job(),

@@ -354,15 +354,17 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   s = CheckRollbackLocked(req);  // the state may have moved meanwhile
   if (s.ok() && manifest.ok()) {
     // Only the write the commit refers to (a deposed leader's late write
-    // is not it); this process may still hold the committed one.
-    absl::Status stamped = CheckStampLocked(jobs_.at(req.job()).rec, *manifest);
-    const storage::v1::GlobalManifest* kept =
-        KnownManifestLocked(req.job(), req.step());
-    if (!stamped.ok() && kept &&
-        CheckStampLocked(jobs_.at(req.job()).rec, *kept).ok())
-      manifest = *kept;
-    else if (!stamped.ok())
-      manifest = stamped;
+    // is not it); the committed one may be kept, or be the same shards.
+    const v1::JobRecord& rec = jobs_.at(req.job()).rec;
+    absl::Status stamped = CheckStampLocked(rec, *manifest);
+    if (!stamped.ok()) {
+      std::optional<storage::v1::GlobalManifest> committed =
+          CommittedManifestLocked(rec, req.step(), &*manifest);
+      if (committed)
+        manifest = std::move(*committed);
+      else
+        manifest = stamped;
+    }
   }
   if (s.ok() && !manifest.ok()) {
     LogLocked(&batch, v1::MANIFEST_INVALID, req.job(), "",
@@ -373,7 +375,6 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
     CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     return s;
   }
-  RememberManifestLocked(*manifest);
   auto it = jobs_.find(req.job());
   JobState& job = it->second;
   LogLocked(&batch, v1::ROLLBACK, req.job(), "",
@@ -388,6 +389,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
     it = it->first > req.step() ? stamps->erase(it) : std::next(it);
   job.rec.set_has_last_good(true);
   job.rec.set_last_good_step(req.step());
+  RememberManifestLocked(&batch, *manifest);  // after the steps it undid
   DropOrdersOfJobLocked(&batch, req.job());
   DropStepsAfterLocked(&batch, job, req.step());
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);

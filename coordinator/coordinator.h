@@ -98,7 +98,12 @@ class Coordinator {
   // Opens (or creates) the state, and reads back each job's last good
   // manifest: one that does not parse or check, or is missing while the
   // job's other keys are there, is dropped (event MANIFEST_INVALID) and
-  // last good falls back to the previous manifest. A manifest that cannot
+  // last good falls back to the previous manifest. One that is another
+  // write than the commit's (a deposed leader's, landed late) proves
+  // nothing about the step: the committed write (kept in the state, or
+  // the same shards restamped) goes back (MANIFEST_INVALID); when it
+  // cannot be rebuilt, Open fails FAILED_PRECONDITION naming the path and
+  // changes nothing. A manifest that cannot
   // be read (a shared root not mounted yet: none of the job's keys there;
   // UNAVAILABLE, PERMISSION_DENIED, EIO) proves nothing: Open retries for
   // shared_root_wait, then fails UNAVAILABLE naming the path, having
@@ -182,12 +187,20 @@ class Coordinator {
   v1::GetClusterResponse GetCluster();
   v1::EventsResponse Events(const v1::EventsRequest& req);
 
-  // Reads each job's last good MANIFEST.global (without the state mutex)
-  // and, when it is not the write its commit refers to (generation and
-  // fence differ: a deposed leader's write landed after this leader's
-  // commit), writes the committed one again (event MANIFEST_INVALID).
-  // The server runs it every few seconds on its own thread.
+  // Reads the MANIFEST.global of each job's committed steps (without the
+  // state mutex: the last good step's every call, the others
+  // kAuditStepsPerCall at a time in turn) and, when one is not the write
+  // its commit refers to (generation and fence differ: a deposed leader's
+  // write landed after this leader's commit), writes the committed one
+  // again (event MANIFEST_INVALID); one that cannot be rebuilt (neither
+  // kept nor the same shards) is named once in an event. The server runs
+  // it every few seconds on its own thread.
   [[nodiscard]] absl::Status AuditManifests();
+  static constexpr size_t kAuditStepsPerCall = 8;
+
+  // A digest of `m` without its generation and fence: what its commit's
+  // stamp records to tell a restamped copy of the same shards.
+  static uint64_t ManifestContentDigest(storage::v1::GlobalManifest m);
 
   // Declares nodes whose heartbeat timed out dead (and plans recovery).
   [[nodiscard]] absl::Status Tick();
@@ -266,10 +279,28 @@ class Coordinator {
       Batch* batch, v1::ReportResult* result,
       std::vector<PendingCommit>* complete);
   // Writes the manifests (state mutex released), then moves last good.
+  // `done` gets the steps committed; `dropped`, those a plan made while
+  // their manifest was written took out of the timeline (the manifest is
+  // removed again; they are not committed).
   [[nodiscard]] absl::Status CommitSteps(
       Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
-      std::set<std::pair<std::string, uint64_t>>* done);
-  void RememberManifestLocked(const storage::v1::GlobalManifest& m);
+      std::set<std::pair<std::string, uint64_t>>* done,
+      std::set<std::pair<std::string, uint64_t>>* dropped = nullptr);
+  // Keeps `m` (a committed write) in memory and, when small enough for
+  // one state write, in the state (`batch`): the newest kKeptManifests per
+  // job.
+  void RememberManifestLocked(Batch* batch,
+                              const storage::v1::GlobalManifest& m);
+  static constexpr size_t kKeptManifests = 2;
+  // Larger manifests are kept in memory only: etcd refuses a request over
+  // 1.5 MiB, and the commit's batch carries the job record too.
+  static constexpr size_t kMaxKeptManifestBytes = 768 << 10;
+  // The committed write of `step`'s manifest: the kept one, else `found`
+  // restamped when its shards are the committed ones (content digest);
+  // nullopt when neither.
+  std::optional<storage::v1::GlobalManifest> CommittedManifestLocked(
+      const v1::JobRecord& rec, uint64_t step,
+      const storage::v1::GlobalManifest* found) const;
   // Null when not kept (see manifests_).
   const storage::v1::GlobalManifest* KnownManifestLocked(const std::string& job,
                                                          uint64_t step) const;
@@ -382,7 +413,9 @@ class Coordinator {
   // (or being committed), the manifest to write.
   bool StepCompleteLocked(JobState& job, uint64_t step,
                           std::vector<PendingCommit>* out);
-  void FinishStepLocked(Batch* batch, const PendingCommit& c);
+  // Commits `c` (its manifest written) unless a plan made meanwhile took
+  // the step out of the timeline: false then.
+  [[nodiscard]] bool FinishStepLocked(Batch* batch, const PendingCommit& c);
   void UpdatePlanProgressLocked(Batch* batch, JobState& job);
   // Fails the nodes that left a plan unacknowledged past plan_ack_timeout
   // and plans again; lowers next_expiry_ms_ to the next plan deadline.
@@ -399,6 +432,11 @@ class Coordinator {
   // replica), and the newest that storage alone restores (else last good).
   std::optional<uint64_t> MemoryStepLocked(const JobState& job) const;
   std::optional<uint64_t> DurableStepLocked(const JobState& job) const;
+  // Whether `r`, a report of an older generation than the job's, is of the
+  // save the job's plan restores (its restore step, the digest of the save
+  // the plan chose): a replacement's copy of it, fetched from a peer,
+  // keeps that save's generation.
+  bool RestoredSaveLocked(const JobState& job, const v1::ShardReport& r) const;
   // A REPLICATED report of holder `node_id` (ApplyReportLocked's rules for
   // the parts they share; see ShardReport.source_node).
   [[nodiscard]] absl::Status ApplyReplicaReportLocked(
@@ -441,12 +479,17 @@ class Coordinator {
 
   std::mutex mu_;  // the state; held for memory work only, never for I/O
   // Per job, the manifests of its last good step and the one before (read
-  // at Open, written by a commit, read by Rollback): what a plan restoring
-  // the last good step from its manifest uses, so that no plan reads the
+  // at Open, written by a commit, read by Rollback; also in the state, so
+  // a new process has the committed writes): what a plan restoring the
+  // last good step from its manifest uses, so that no plan reads the
   // shared root under mu_. Kept across ReloadLocked (a failed write may
   // move last good back one step).
   std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>>
       manifests_;
+  // AuditManifests' turn among the committed steps, and the steps whose
+  // manifest it found but could not rebuild (named once).
+  uint64_t audit_round_ = 0;
+  std::set<std::pair<std::string, uint64_t>> audit_unrebuilt_;
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, JobState> jobs_;
   std::map<uint64_t, v1::Order> orders_;  // pending, by id

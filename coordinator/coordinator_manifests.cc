@@ -1,6 +1,7 @@
-// Coordinator: the global manifests of the jobs' last good steps — checked
+// Coordinator: the global manifests of the jobs' committed steps — checked
 // at Open (an invalid one moves last good back; an unreadable one proves
-// nothing), kept in memory for plans, and audited against a deposed
+// nothing; another write than the committed one is replaced by it), kept
+// in memory and in the state for plans, and audited against a deposed
 // leader's late write.
 #include <algorithm>
 
@@ -8,9 +9,18 @@
 #include "coordinator/coordinator.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
+#include "util/checksum.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {
+
+uint64_t Coordinator::ManifestContentDigest(storage::v1::GlobalManifest m) {
+  m.clear_generation();
+  m.clear_fence();
+  // No map fields: the encoding of equal messages is equal.
+  const std::string bytes = m.SerializeAsString();
+  return Hash64(bytes.data(), bytes.size());
+}
 
 absl::Status Coordinator::ManifestInvalidLocked(const std::string& job,
                                                 uint64_t step,
@@ -40,6 +50,23 @@ absl::Status Coordinator::ManifestInvalidLocked(const std::string& job,
       absl::StrCat(where, " cannot be read: ", read.message(), "; ", rule));
 }
 
+std::optional<storage::v1::GlobalManifest> Coordinator::CommittedManifestLocked(
+    const v1::JobRecord& rec, uint64_t step,
+    const storage::v1::GlobalManifest* found) const {
+  const storage::v1::GlobalManifest* kept =
+      KnownManifestLocked(rec.job(), step);
+  if (kept && CheckStampLocked(rec, *kept).ok()) return *kept;
+  auto stamp = rec.manifest_stamps().find(step);
+  if (!found || stamp == rec.manifest_stamps().end() ||
+      !stamp->second.has_content_digest() ||
+      ManifestContentDigest(*found) != stamp->second.content_digest())
+    return std::nullopt;
+  storage::v1::GlobalManifest m = *found;
+  m.set_generation(stamp->second.generation());
+  m.set_fence(stamp->second.fence());
+  return m;
+}
+
 absl::Status Coordinator::VerifyManifestsLocked() {
   Batch batch;
   for (auto& [name, job] : jobs_) {
@@ -47,22 +74,39 @@ absl::Status Coordinator::VerifyManifestsLocked() {
       uint64_t step = job.rec.last_good_step();
       absl::StatusOr<storage::v1::GlobalManifest> m =
           storage::ReadGlobalManifest(*shared_, name, step);
-      if (m.ok())
-        m = [&]() -> absl::StatusOr<storage::v1::GlobalManifest> {
-          absl::Status stamped = CheckStampLocked(job.rec, *m);
-          if (stamped.ok()) return std::move(*m);
-          // Not the committed write (a deposed leader's, landed late). This
-          // process kept the committed one (a reload after a failed write):
-          // it goes back to the shared root. Otherwise the step is invalid.
-          const storage::v1::GlobalManifest* kept =
-              KnownManifestLocked(name, step);
-          if (kept && CheckStampLocked(job.rec, *kept).ok() &&
-              storage::WriteGlobalManifest(*shared_, *kept).ok())
-            return *kept;
-          return stamped;
-        }();
       if (m.ok()) {
-        RememberManifestLocked(*m);
+        absl::Status stamped = CheckStampLocked(job.rec, *m);
+        if (!stamped.ok()) {
+          // Not the committed write (a deposed leader's, landed late): that
+          // proves nothing about the step, whose shards are whole. The
+          // committed write goes back; a step is never forgotten for it.
+          const std::string path =
+              absl::StrCat(options_.shared_root, "/",
+                           storage::GlobalManifestKey(name, step));
+          std::optional<storage::v1::GlobalManifest> committed =
+              CommittedManifestLocked(job.rec, step, &*m);
+          if (!committed)
+            return absl::FailedPreconditionError(absl::StrCat(
+                path, ": ", stamped.message(),
+                "; the committed write is not kept and this one lists other "
+                "shards, so it cannot be rebuilt. Not starting rather than "
+                "forgetting good step ",
+                step, " of job ", name,
+                ": put the committed manifest back, or remove this one to "
+                "give the step up"));
+          absl::Status written =
+              storage::WriteGlobalManifest(*shared_, *committed);
+          if (!written.ok())
+            return absl::UnavailableError(absl::StrCat(
+                path, ": ", stamped.message(),
+                "; writing the committed one back failed: ", written.message(),
+                "; not starting"));
+          LogLocked(&batch, v1::MANIFEST_INVALID, name, "",
+                    absl::StrCat("step ", step, ": ", stamped.message(),
+                                 "; the committed write is back"));
+          m = std::move(*committed);
+        }
+        RememberManifestLocked(&batch, *m);
         break;
       }
       CKPT_RETURN_IF_ERROR(ManifestInvalidLocked(name, step, m.status()));
@@ -81,10 +125,34 @@ absl::Status Coordinator::VerifyManifestsLocked() {
   return CommitLocked(&batch);
 }
 
-void Coordinator::RememberManifestLocked(const storage::v1::GlobalManifest& m) {
+void Coordinator::RememberManifestLocked(Batch* batch,
+                                         const storage::v1::GlobalManifest& m) {
   auto& kept = manifests_[m.job()];
+  auto same = kept.find(m.step());
+  if (same != kept.end() &&
+      same->second.SerializeAsString() == m.SerializeAsString())
+    return;  // kept already (loaded from the state, or remembered)
   kept[m.step()] = m;
-  while (kept.size() > 2) kept.erase(kept.begin());
+  if (m.ByteSizeLong() <= kMaxKeptManifestBytes) batch->PutManifest(m);
+  auto job = jobs_.find(m.job());
+  auto committed = [&](uint64_t step) {
+    if (job == jobs_.end()) return false;
+    const auto& done = job->second.rec.manifest_steps();
+    return std::find(done.begin(), done.end(), step) != done.end();
+  };
+  while (kept.size() > kKeptManifests) {
+    // Steps no longer committed go first (a rollback keeps an older step),
+    // then the oldest; never the one just kept.
+    auto victim = std::find_if(kept.begin(), kept.end(), [&](const auto& e) {
+      return e.first != m.step() && !committed(e.first);
+    });
+    if (victim == kept.end()) {
+      victim = kept.begin();
+      if (victim->first == m.step()) ++victim;
+    }
+    batch->DeleteManifest(m.job(), victim->first);
+    kept.erase(victim);
+  }
 }
 
 const storage::v1::GlobalManifest* Coordinator::KnownManifestLocked(
@@ -112,29 +180,43 @@ absl::Status Coordinator::CheckStampLocked(
 }
 
 absl::Status Coordinator::AuditManifests() {
-  struct Expect {
+  struct Audit {
     std::string job;
-    storage::v1::GlobalManifest manifest;  // the committed write
+    uint64_t step = 0;
+    v1::ManifestStamp stamp;  // of the commit
   };
-  std::vector<Expect> expect;
+  std::vector<Audit> todo;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t round = audit_round_++;
     for (const auto& [name, job] : jobs_) {
-      if (!job.rec.has_last_good()) continue;
-      const storage::v1::GlobalManifest* kept =
-          KnownManifestLocked(name, job.rec.last_good_step());
-      if (kept && job.rec.manifest_stamps().count(kept->step()) &&
-          CheckStampLocked(job.rec, *kept).ok())
-        expect.push_back({name, *kept});
+      // Steps committed before stamps existed cannot be checked.
+      std::vector<uint64_t> steps;
+      for (uint64_t st : job.rec.manifest_steps())
+        if (job.rec.manifest_stamps().count(st) &&
+            (!job.rec.has_last_good() || st != job.rec.last_good_step()))
+          steps.push_back(st);
+      std::sort(steps.begin(), steps.end());
+      // The last good step every call (plans restore it); the others a few
+      // at a time in turn, so that a job with many committed steps costs a
+      // few reads per call, and every step is read within a bounded time.
+      std::vector<uint64_t> pick;
+      if (job.rec.has_last_good() &&
+          job.rec.manifest_stamps().count(job.rec.last_good_step()))
+        pick.push_back(job.rec.last_good_step());
+      const size_t n = std::min(steps.size(), kAuditStepsPerCall);
+      for (size_t i = 0; i < n; ++i)
+        pick.push_back(steps[(round * kAuditStepsPerCall + i) % steps.size()]);
+      for (uint64_t st : pick)
+        todo.push_back({name, st, job.rec.manifest_stamps().at(st)});
     }
   }
   absl::Status first;
-  for (Expect& e : expect) {
-    const uint64_t step = e.manifest.step();
+  for (const Audit& a : todo) {
     absl::StatusOr<storage::v1::GlobalManifest> found =
-        storage::ReadGlobalManifest(*shared_, e.job, step);
-    if (found.ok() && found->generation() == e.manifest.generation() &&
-        found->fence() == e.manifest.fence())
+        storage::ReadGlobalManifest(*shared_, a.job, a.step);
+    if (found.ok() && found->generation() == a.stamp.generation() &&
+        found->fence() == a.stamp.fence())
       continue;
     if (!found.ok() && found.status().code() != absl::StatusCode::kDataLoss &&
         found.status().code() != absl::StatusCode::kNotFound) {
@@ -143,35 +225,51 @@ absl::Status Coordinator::AuditManifests() {
     }
     if (options_.leading && !options_.leading())
       return absl::UnavailableError("not leader");
+    std::optional<storage::v1::GlobalManifest> committed;
     {
-      // Still the committed write (no rollback or new commit meanwhile)?
+      // Still committed, by the same write (no rollback or new commit
+      // meanwhile)?
       std::lock_guard<std::mutex> lock(mu_);
-      auto job = jobs_.find(e.job);
-      if (job == jobs_.end() || !job->second.rec.has_last_good() ||
-          job->second.rec.last_good_step() != step ||
-          !CheckStampLocked(job->second.rec, e.manifest).ok())
+      auto job = jobs_.find(a.job);
+      if (job == jobs_.end()) continue;
+      const v1::JobRecord& rec = job->second.rec;
+      const auto& done = rec.manifest_steps();
+      auto stamp = rec.manifest_stamps().find(a.step);
+      if (std::find(done.begin(), done.end(), a.step) == done.end() ||
+          stamp == rec.manifest_stamps().end() ||
+          stamp->second.SerializeAsString() != a.stamp.SerializeAsString())
         continue;
+      committed =
+          CommittedManifestLocked(rec, a.step, found.ok() ? &*found : nullptr);
+      if (!committed && !audit_unrebuilt_.insert({a.job, a.step}).second)
+        continue;  // named already
     }
-    absl::Status written = storage::WriteGlobalManifest(*shared_, e.manifest);
+    absl::Status written =
+        committed ? storage::WriteGlobalManifest(*shared_, *committed)
+                  : absl::FailedPreconditionError(
+                        "the committed write is not kept and this one lists "
+                        "other shards: not rebuilt; a rollback to the step is "
+                        "refused until the committed manifest is back");
     Lock lock(mu_);
     auto batch = std::make_unique<Batch>();
     LogLocked(
-        batch.get(), v1::MANIFEST_INVALID, e.job, "",
+        batch.get(), v1::MANIFEST_INVALID, a.job, "",
         absl::StrCat(
-            "step ", step, ": ",
+            "step ", a.step, ": ",
             found.ok()
                 ? absl::StrCat("MANIFEST.global was written in generation ",
                                found->generation(), " under fence ",
                                found->fence())
                 : std::string(found.status().message()),
-            ", not the committed write (generation ", e.manifest.generation(),
-            ", fence ", e.manifest.fence(), "); ",
-            written.ok() ? "written again"
-                         : absl::StrCat("writing it again failed: ",
-                                        written.message())));
-    absl::Status committed = Commit(lock, std::move(batch));
+            ", not the committed write (generation ", a.stamp.generation(),
+            ", fence ", a.stamp.fence(), "); ",
+            written.ok()
+                ? "written again"
+                : absl::StrCat(committed ? "writing it again failed: " : "",
+                               written.message())));
+    absl::Status durable = Commit(lock, std::move(batch));
     if (first.ok() && !written.ok()) first = written;
-    if (first.ok() && !committed.ok()) first = committed;
+    if (first.ok() && !durable.ok()) first = durable;
   }
   return first;
 }

@@ -161,6 +161,13 @@ absl::Status Coordinator::ReloadLocked() {
     js.durable_rec = js.rec;
     js.durable_ranks_by_node = js.ranks_by_node;
   }
+  // The committed writes of recent good steps' manifests (what Open puts
+  // back over a deposed leader's late write).
+  for (auto& m : snap.manifests) {
+    std::string job = m.job();
+    const uint64_t step = m.step();
+    manifests_[job][step] = std::move(m);
+  }
   dirty_jobs_.clear();
   new_orders_.clear();
   pending_recs_.clear();

@@ -376,13 +376,27 @@ bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step,
   return true;
 }
 
-void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
+bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   JobState& job = jobs_[c.job];
-  // A plan made while the manifest was written dropped this step (or made
-  // it unreachable): the manifest stays unreferenced.
-  if (job.rec.generation() != c.generation || !job.steps.count(c.step)) return;
   const auto& done = job.rec.manifest_steps();
-  if (std::find(done.begin(), done.end(), c.step) != done.end()) return;
+  if (std::find(done.begin(), done.end(), c.step) != done.end()) return true;
+  // A plan made while the manifest was written may have taken the step out
+  // of the timeline (a rollback or a restore of an older step dropped its
+  // records; a newer step committed meanwhile did too). When its records
+  // are still the durable shards the manifest names (the plan restores
+  // this step or a later one), it is committed, as its reports were told.
+  auto st = job.steps.find(c.step);
+  if (st == job.steps.end() ||
+      st->second.size() != static_cast<size_t>(c.manifest.shards_size()))
+    return false;
+  for (const auto& s : c.manifest.shards()) {
+    auto rec = st->second.find(s.rank());
+    if (rec == st->second.end() || rec->second.state() != v1::DURABLE ||
+        rec->second.node_id() != s.node_id() || rec->second.key() != s.key() ||
+        storage::DigestHex(rec->second.checksum_digest()) !=
+            s.checksum_digest())
+      return false;
+  }
   uint64_t total = 0;
   for (const auto& s : c.manifest.shards()) total += s.bytes();
   // The manifest is durable before the state says the step is good.
@@ -396,8 +410,9 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   v1::ManifestStamp& stamp = (*job.rec.mutable_manifest_stamps())[c.step];
   stamp.set_generation(c.manifest.generation());
   stamp.set_fence(c.manifest.fence());
+  stamp.set_content_digest(ManifestContentDigest(c.manifest));
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
-    RememberManifestLocked(c.manifest);
+    RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);
     job.rec.set_last_good_step(c.step);
     // Shard records older than the last good step are no longer needed.
@@ -411,6 +426,7 @@ void Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
             absl::StrCat("step ", c.step, ": ", total, " bytes on ",
                          job.rec.world_size(), " ranks; manifest ",
                          storage::GlobalManifestKey(job.rec.job(), c.step)));
+  return true;
 }
 
 }  // namespace ckpt::coordinator

@@ -88,6 +88,29 @@ std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
 
 }  // namespace
 
+bool Coordinator::RestoredSaveLocked(const JobState& job,
+                                     const v1::ShardReport& r) const {
+  if (!job.rec.has_restore_step() || r.step() != job.rec.restore_step())
+    return false;
+  // The save the plan chose: the rank's record of the step (the source's,
+  // or the replacement's own once it reported it), as a replica is judged;
+  // else the committed manifest's shard.
+  if (auto st = job.steps.find(r.step()); st != job.steps.end()) {
+    auto rk = st->second.find(r.rank());
+    if (rk == st->second.end()) return false;
+    const v1::ShardRecord& saved = rk->second;
+    return StagedDigest(r) == StagedDigest(saved) ||
+           r.checksum_digest() == StagedDigest(saved) ||
+           r.checksum_digest() == saved.checksum_digest();
+  }
+  if (const storage::v1::GlobalManifest* m =
+          KnownManifestLocked(job.rec.job(), r.step()))
+    for (const auto& s : m->shards())
+      if (s.rank() == r.rank())
+        return s.checksum_digest() == storage::DigestHex(r.checksum_digest());
+  return false;
+}
+
 absl::Status Coordinator::ApplyReportLocked(
     const std::string& node_id, uint64_t epoch, const v1::ShardReport& req,
     Batch* batch, v1::ReportResult* result,
@@ -100,8 +123,11 @@ absl::Status Coordinator::ApplyReportLocked(
   // A save of a generation a plan replaced belongs to an abandoned
   // timeline (a trainer saving while it is stopped, a persist finishing
   // late): it must neither count nor recreate the records the plan
-  // dropped. Reports without a generation are judged as before.
-  if (req.has_generation() && req.generation() < job->rec.generation())
+  // dropped; except the save the plan restores, which starts the new
+  // timeline (a replacement's copy of it). Reports without a generation
+  // are judged as before.
+  if (req.has_generation() && req.generation() < job->rec.generation() &&
+      !RestoredSaveLocked(*job, req))
     return absl::FailedPreconditionError(absl::StrCat(
         "generation: ", req.generation(), " of the report of step ", req.step(),
         " rank ", req.rank(), " of job ", req.job(),
@@ -194,38 +220,77 @@ absl::Status Coordinator::ApplyReportLocked(
 
 absl::Status Coordinator::CommitSteps(
     Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
-    std::set<std::pair<std::string, uint64_t>>* done) {
-  if (steps.empty()) return absl::OkStatus();
-  // The manifests go to the shared root without the state mutex: reports
-  // and heartbeats of other nodes go on meanwhile.
-  lock.unlock();
-  std::vector<absl::Status> written;
-  for (const PendingCommit& c : steps) {
-    // A deposed leader that knows it is deposed writes nothing. One that
-    // does not know yet may still write: its commit (a fenced Txn) then
-    // fails, nothing refers to its write, and AuditManifests of the new
-    // leader writes the committed manifest again over it.
-    if (options_.leading && !options_.leading()) {
-      written.push_back(absl::UnavailableError(absl::StrCat(
-          "not leader: global manifest ",
-          storage::GlobalManifestKey(c.job, c.step), " not written (fence ",
-          options_.fence, " is no longer the leader's)")));
-      continue;
-    }
-    written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
-  }
-  lock.lock();
+    std::set<std::pair<std::string, uint64_t>>* done,
+    std::set<std::pair<std::string, uint64_t>>* dropped) {
   absl::Status first;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    auto job = jobs_.find(steps[i].job);
-    if (job == jobs_.end()) continue;
-    job->second.committing.erase(steps[i].step);
-    if (!written[i].ok()) {
-      if (first.ok()) first = written[i];
-      continue;
+  while (!steps.empty()) {
+    // The manifests go to the shared root without the state mutex: reports
+    // and heartbeats of other nodes go on meanwhile.
+    lock.unlock();
+    std::vector<absl::Status> written;
+    for (const PendingCommit& c : steps) {
+      // A deposed leader that knows it is deposed writes nothing. One that
+      // does not know yet may still write: its commit (a fenced Txn) then
+      // fails, nothing refers to its write, and AuditManifests of the new
+      // leader writes the committed manifest again over it.
+      if (options_.leading && !options_.leading()) {
+        written.push_back(absl::UnavailableError(absl::StrCat(
+            "not leader: global manifest ",
+            storage::GlobalManifestKey(c.job, c.step), " not written (fence ",
+            options_.fence, " is no longer the leader's)")));
+        continue;
+      }
+      written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
     }
-    FinishStepLocked(batch, steps[i]);
-    if (done) done->insert({steps[i].job, steps[i].step});
+    lock.lock();
+    std::vector<PendingCommit> unreferenced;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      auto job = jobs_.find(steps[i].job);
+      if (job == jobs_.end()) continue;
+      if (!written[i].ok()) {
+        job->second.committing.erase(steps[i].step);
+        if (first.ok()) first = written[i];
+        continue;
+      }
+      if (!FinishStepLocked(batch, steps[i])) {
+        // Stays "committing" while its manifest is removed: no other call
+        // writes that key meanwhile.
+        unreferenced.push_back(std::move(steps[i]));
+        continue;
+      }
+      job->second.committing.erase(steps[i].step);
+      if (done) done->insert({steps[i].job, steps[i].step});
+      if (dropped) dropped->erase({steps[i].job, steps[i].step});
+    }
+    steps.clear();
+    if (unreferenced.empty()) break;
+    // A plan took these steps out of the timeline while their manifests
+    // were written: no commit refers to them, and a manifest left behind
+    // would read as a good step on the shared root.
+    lock.unlock();
+    std::vector<absl::Status> removed;
+    for (const PendingCommit& c : unreferenced)
+      removed.push_back(
+          shared_->Delete(storage::GlobalManifestKey(c.job, c.step)));
+    lock.lock();
+    for (size_t i = 0; i < unreferenced.size(); ++i) {
+      const PendingCommit& c = unreferenced[i];
+      auto job = jobs_.find(c.job);
+      if (job == jobs_.end()) continue;
+      job->second.committing.erase(c.step);
+      if (dropped) dropped->insert({c.job, c.step});
+      LogLocked(batch, v1::MANIFEST_INVALID, c.job, "",
+                absl::StrCat(
+                    "step ", c.step,
+                    ": a plan took the step out of the timeline while its "
+                    "manifest was written; not committed, manifest ",
+                    removed[i].ok()
+                        ? "removed"
+                        : absl::StrCat("not removed: ", removed[i].message())));
+      // A report that completed the step meanwhile left its commit to this
+      // call: made now, from the records there are.
+      (void)StepCompleteLocked(job->second, c.step, &steps);
+    }
   }
   return first;
 }
@@ -289,12 +354,15 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
       result->set_message(std::string(rs.message()));
     }
   }
-  std::set<std::pair<std::string, uint64_t>> done;
-  s = CommitSteps(lock, &batch, std::move(complete), &done);
+  std::set<std::pair<std::string, uint64_t>> done, dropped;
+  s = CommitSteps(lock, &batch, std::move(complete), &done, &dropped);
   // Reports of a step whose manifest could not be written fail (the node
   // retries them; the state has not moved).
   for (int i = 0; i < req.reports_size(); ++i) {
     v1::ReportResult* result = resp.mutable_results(i);
+    // A step a plan took out of the timeline was not committed.
+    if (dropped.count({req.reports(i).job(), req.reports(i).step()}))
+      result->set_durable_everywhere(false);
     if (!s.ok() && result->code() == 0 && result->durable_everywhere() &&
         !done.count({req.reports(i).job(), req.reports(i).step()})) {
       auto job = jobs_.find(req.reports(i).job());

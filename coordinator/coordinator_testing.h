@@ -12,9 +12,21 @@
 
 #include "coordinator/coordinator.h"
 #include "storage/manifest.h"
+#include "tests/gated_backend.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::coordinator {
+
+// A GatedBackend that owns what it wraps
+// (CoordinatorOptions::wrap_shared_root).
+class OwningGate : public ckpt::testing::GatedBackend {
+ public:
+  explicit OwningGate(std::unique_ptr<storage::Backend> base)
+      : GatedBackend(base.get()), base_(std::move(base)) {}
+
+ private:
+  std::unique_ptr<storage::Backend> base_;
+};
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -41,6 +53,7 @@ class CoordinatorTest : public ::testing::Test {
     o.start_trainers_with_prefetch = start_trainers_with_prefetch_;
     o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
+    o.wrap_shared_root = wrap_shared_root_;
     auto c = Coordinator::Open(o);
     if (!c.ok()) return c.status();
     coord_ = std::move(*c);
@@ -128,6 +141,9 @@ class CoordinatorTest : public ::testing::Test {
   CordonPolicy cordon_;
   bool evict_stragglers_ = false;
   bool start_trainers_with_prefetch_ = true;
+  std::function<std::unique_ptr<storage::Backend>(
+      std::unique_ptr<storage::Backend>)>
+      wrap_shared_root_;  // CoordinatorOptions::wrap_shared_root
   std::unique_ptr<Coordinator> coord_;
 };
 

@@ -71,17 +71,6 @@ class FencedKv : public KvBackend {
   const uint64_t fence_;
 };
 
-// A GatedBackend that owns what it wraps
-// (CoordinatorOptions::wrap_shared_root).
-class OwningGate : public ckpt::testing::GatedBackend {
- public:
-  explicit OwningGate(std::unique_ptr<storage::Backend> base)
-      : GatedBackend(base.get()), base_(std::move(base)) {}
-
- private:
-  std::unique_ptr<storage::Backend> base_;
-};
-
 class FencedLeadersTest : public TwoNodeTest {
  protected:
   // A coordinator leading with `fence` on the shared state; `gate` (when
@@ -233,25 +222,67 @@ TEST_F(FencedLeadersTest,
 }
 
 // The same, with no audit before the next leader: the manifest at the key is
-// the deposed leader's. The next leader checks it against the commit and
-// does not trust it: the step is not good (event MANIFEST_INVALID naming
-// the fences), rather than restoring the dead node's old-timeline shard.
-TEST_F(FencedLeadersTest,
-       NextLeaderNeverTrustsAManifestOfAnotherFenceThanTheCommit) {
+// the deposed leader's. The next leader checks it against the commit, does
+// not trust it, and does not forget the step either: the commit kept the
+// manifest it refers to, which goes back to the shared root (event
+// MANIFEST_INVALID naming the fences).
+TEST_F(FencedLeadersTest, NextLeaderPutsTheCommittedManifestBackOverALateOne) {
   std::unique_ptr<Coordinator> b = DeposedLeaderWritesLate();
   ASSERT_TRUE(b);
+  const uint64_t gen = JobOf(*b).generation();
   b.reset();
   std::unique_ptr<Coordinator> c = Leader(3);
   ASSERT_TRUE(c);
   v1::JobRecord j = JobOf(*c);
-  EXPECT_FALSE(j.has_last_good() && j.last_good_step() == 10u)
-      << "the next leader took the deposed leader's manifest for step 10";
+  EXPECT_TRUE(j.has_last_good());
+  EXPECT_EQ(j.last_good_step(), 10u)
+      << "a deposed leader's late write erased the good step 10";
+  auto m = ReadManifest(10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->fence(), 2u);
+  EXPECT_EQ(m->generation(), gen);
+  EXPECT_EQ(m->shards(3).key(), storage::ShardKey("job", 10, 3, "s1"));
   bool named = false;
   const v1::EventsResponse events = c->Events({});
   for (const auto& e : events.events())
     named |= e.kind() == v1::MANIFEST_INVALID &&
              e.detail().find("fence 1") != std::string::npos;
   EXPECT_TRUE(named);
+}
+
+// When the committed manifest is not kept (a step committed by an older
+// coordinator) and the one at the key is another write with other shards,
+// nothing can rebuild it: the next leader refuses to start, naming the
+// manifest, and the good step stays in the state.
+TEST_F(FencedLeadersTest, NextLeaderWithoutTheCommittedManifestRefusesToStart) {
+  std::unique_ptr<Coordinator> b = DeposedLeaderWritesLate();
+  ASSERT_TRUE(b);
+  b.reset();
+  {
+    std::lock_guard<std::mutex> l(state_->mu);
+    for (auto it = state_->kv.begin(); it != state_->kv.end();)
+      it = it->first.rfind("G/", 0) == 0 ? state_->kv.erase(it) : std::next(it);
+    state_->leader = 3;
+  }
+  CoordinatorOptions o;
+  o.shared_root = dir_.path() + "/shared";
+  o.heartbeat_timeout = std::chrono::milliseconds(3000);
+  o.shared_root_wait = std::chrono::milliseconds(0);
+  o.now_ms = [this] { return now_ms_; };
+  o.fence = 3;
+  auto c = Coordinator::Open(o, std::make_unique<FencedKv>(state_, 3));
+  ASSERT_FALSE(c.ok()) << "started without a good step's manifest";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition)
+      << c.status();
+  EXPECT_NE(c.status().message().find(ManifestPath(10)), std::string::npos)
+      << c.status();
+  v1::JobRecord j;
+  {
+    std::lock_guard<std::mutex> l(state_->mu);
+    ASSERT_TRUE(j.ParseFromString(state_->kv.at("J/job")));
+  }
+  EXPECT_TRUE(j.has_last_good());
+  EXPECT_EQ(j.last_good_step(), 10u);
 }
 
 }  // namespace

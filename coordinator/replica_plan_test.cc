@@ -205,3 +205,95 @@ TEST_F(ReplicaTest, WithoutEarlyStartTrainersWaitForEveryAcknowledgement) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+// A report as a node's engine sends it, with the save's generation.
+absl::Status ReportOfGeneration(Coordinator& c, const std::string& node,
+                                uint64_t epoch, uint64_t step, uint32_t rank,
+                                v1::ShardState state, uint64_t generation,
+                                uint64_t digest) {
+  v1::ReportShardRequest req;
+  req.set_node_id(node);
+  req.set_epoch(epoch);
+  req.set_job("job");
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_state(state);
+  req.set_bytes(1000 + rank);
+  req.set_checksum_digest(digest);
+  req.set_generation(generation);
+  if (state == v1::DURABLE)
+    req.set_key(storage::ShardKey("job", step, rank, node));
+  return c.ReportShard(req).status();
+}
+
+// A spare that fetched the plan's restore step from a peer holds a copy of
+// the save the plan chose, stamped with that save's (older) generation: its
+// reports of it count, so that a second failure restores the step from the
+// spare instead of falling back. A report of another save of that step, or
+// of a step after it, is still of an abandoned timeline.
+TEST_F(ReplicaTest, SparesFetchedCopyOfTheRestoreStepCountsAsASource) {
+  auto exit = coord_->ReportTrainerExit([&] {
+    v1::ReportTrainerExitRequest e;
+    e.set_node_id("n1");
+    e.set_epoch(e1_);
+    e.set_job("job");
+    e.set_rank(0);
+    e.set_exit_code(1);
+    return e;
+  }());
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const uint64_t gen = Job().generation();
+  ASSERT_GT(gen, 0u);
+  for (uint64_t step : {10u, 12u})
+    for (v1::ShardState state : {v1::STAGED, v1::DURABLE}) {
+      if (step == 12 && state == v1::DURABLE) continue;
+      for (uint32_t r = 0; r < 4; ++r) {
+        const std::string node = r < 2 ? "n1" : "n2";
+        ASSERT_TRUE(ReportOfGeneration(*coord_, node, EpochOf(node), step, r,
+                                       state, gen, 0xabc0 + r)
+                        .ok());
+      }
+    }
+  for (uint32_t r : {2u, 3u})
+    ASSERT_TRUE(Replicated("n3", 12, r, "n2", [&](v1::ShardReport& rep) {
+                  rep.set_generation(gen);
+                }).ok());
+  Silence({"n2"});
+  ASSERT_EQ(Job().restore_step(), 12u);
+  ASSERT_EQ(Job().rank_node(2), "s1");
+  ASSERT_GT(Job().generation(), gen);
+
+  absl::Status other =
+      ReportOfGeneration(*coord_, "s1", es_, 12, 2, v1::STAGED, gen, 0xdead);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  absl::Status later =
+      ReportOfGeneration(*coord_, "s1", es_, 13, 2, v1::STAGED, gen, 0xabc2);
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  for (uint32_t r : {2u, 3u})
+    for (v1::ShardState state : {v1::STAGED, v1::DURABLE}) {
+      absl::Status s =
+          ReportOfGeneration(*coord_, "s1", es_, 12, r, state, gen, 0xabc0 + r);
+      EXPECT_TRUE(s.ok()) << "the spare's copy of rank " << r << ": " << s;
+    }
+  // The holder of the replicas dies too, and a trainer fails: step 12 is
+  // still whole, on n1 and on the spare.
+  Silence({"n3"});
+  auto again = coord_->ReportTrainerExit([&] {
+    v1::ReportTrainerExitRequest e;
+    e.set_node_id("s1");
+    e.set_epoch(es_);
+    e.set_job("job");
+    e.set_rank(2);
+    e.set_exit_code(1);
+    return e;
+  }());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Job().restore_step(), 12u)
+      << "the spare's copy of step 12 was not counted";
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

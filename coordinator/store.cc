@@ -21,6 +21,9 @@ std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
   std::snprintf(buf, sizeof buf, "%05u", rank);
   return "S/" + job + "/" + Num20(step) + "/" + buf;
 }
+std::string ManifestKey(const std::string& job, uint64_t step) {
+  return "G/" + job + "/" + Num20(step);
+}
 std::string OrderKey(uint64_t id) { return "O/" + Num20(id); }
 std::string EventKey(uint64_t seq) { return "E/" + Num20(seq); }
 std::string StacksPrefix(const std::string& job) { return "K/" + job + "/"; }
@@ -96,6 +99,12 @@ void CoordStore::Batch::DeleteStacks(const std::string& job,
 void CoordStore::Batch::PutCounters(const v1::Counters& c) {
   ops_.push_back(Put("C", c.SerializeAsString()));
 }
+void CoordStore::Batch::PutManifest(const storage::v1::GlobalManifest& m) {
+  ops_.push_back(Put(ManifestKey(m.job(), m.step()), m.SerializeAsString()));
+}
+void CoordStore::Batch::DeleteManifest(const std::string& job, uint64_t step) {
+  ops_.push_back(Delete(ManifestKey(job, step)));
+}
 
 absl::StatusOr<std::unique_ptr<CoordStore>> CoordStore::Open(
     const std::string& dir) {
@@ -120,6 +129,7 @@ absl::StatusOr<CoordStore::Snapshot> CoordStore::Load() {
   if (s.ok()) s = ScanPrefix(kv_.get(), "S/", &snap.shards);
   if (s.ok()) s = ScanPrefix(kv_.get(), "O/", &snap.orders);
   if (s.ok()) s = ScanPrefix(kv_.get(), "E/", &snap.events);
+  if (s.ok()) s = ScanPrefix(kv_.get(), "G/", &snap.manifests);
   if (!s.ok()) return s;
   absl::StatusOr<std::optional<std::string>> counters = kv_->Get("C");
   if (!counters.ok()) return counters.status();

@@ -7,6 +7,9 @@
 //   "O/<order id:20>"          Order (pending, not yet acknowledged)
 //   "E/<seq:20>"               Event
 //   "C"                        Counters
+//   "G/<job>/<step:20>"        storage GlobalManifest: the committed write
+//                              of a recent good step's MANIFEST.global
+//                              (what Open puts back over another write)
 //   "K/<job>/<gen:20>/<node>"  StackReport (a hang's evidence; not part of
 //                              the Snapshot, read by LoadStacks)
 // Every change of one coordinator operation goes into one Batch, committed
@@ -25,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator.pb.h"
 #include "coordinator/kv_backend.h"
+#include "manifest.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -39,6 +43,7 @@ class CoordStore {
     std::vector<v1::Order> orders;        // in id order
     std::vector<v1::Event> events;        // in seq order
     v1::Counters counters;
+    std::vector<storage::v1::GlobalManifest> manifests;  // kept ("G/")
   };
 
   class Batch {
@@ -57,6 +62,8 @@ class CoordStore {
     void PutEvent(const v1::Event& e);
     void DeleteEvent(uint64_t seq);
     void PutCounters(const v1::Counters& c);
+    void PutManifest(const storage::v1::GlobalManifest& m);
+    void DeleteManifest(const std::string& job, uint64_t step);
     void PutStacks(const v1::StackReport& r);
     void DeleteStacks(const std::string& job, uint64_t generation,
                       const std::string& node);

@@ -27,7 +27,44 @@ struct StepEntry {
   std::vector<ShardEntry> shards;
   std::vector<std::string>
       manifests;  // "MANIFEST", "MANIFEST.n1", "MANIFEST.global"
+  // MANIFEST.global's stamp (which write it is), when it could be read;
+  // `suspect` says why it cannot be the committed write, or is empty.
+  bool stamped = false;
+  uint64_t generation = 0, fence = 0;
+  std::string suspect;
 };
+
+// Which write of a step's MANIFEST.global the coordinator committed is in
+// its state, not on the root. What the root does show: a job's committed
+// steps were committed in step order (a report of a step older than the
+// last good one is refused), each under a generation and a leader fence
+// that never go down, so a manifest stamped older than an earlier step's
+// is not the committed write (a deposed leader's late write) or belongs
+// to a timeline a rollback abandoned.
+void FlagStaleStamps(
+    std::map<std::pair<std::string, uint64_t>, StepEntry>& steps) {
+  const std::pair<std::string, uint64_t>* newest = nullptr;
+  const StepEntry* newest_entry = nullptr;
+  for (auto& [id, e] : steps) {
+    if (newest && newest->first != id.first) newest = nullptr;
+    if (!e.stamped) continue;
+    if (newest && (e.generation < newest_entry->generation ||
+                   e.fence < newest_entry->fence)) {
+      e.suspect = absl::StrCat(
+          "older than step ", newest->second, "'s (generation ",
+          newest_entry->generation, " fence ", newest_entry->fence,
+          "): not the write the coordinator committed for this step (a "
+          "deposed leader's late write), or of a timeline a rollback "
+          "abandoned; ckptctl cluster shows the committed steps");
+      continue;
+    }
+    if (!newest || e.generation > newest_entry->generation ||
+        e.fence > newest_entry->fence) {
+      newest = &id;
+      newest_entry = &e;
+    }
+  }
+}
 
 std::string Leaf(const std::string& key) {
   return key.substr(key.rfind('/') + 1);
@@ -57,6 +94,21 @@ absl::Status RunListRoot(const std::string& root, const std::string& job,
       if (p.ok()) steps[{p->job, p->step}].manifests.push_back(Leaf(k));
     }
   }
+  for (const std::string& k : c.global_manifests) {
+    absl::StatusOr<storage::ParsedKey> p = storage::ParseKey(k);
+    if (!p.ok()) continue;
+    StepEntry& e = steps[{p->job, p->step}];
+    absl::StatusOr<storage::v1::GlobalManifest> m =
+        storage::ReadGlobalManifest(*backend, p->job, p->step);
+    if (!m.ok()) {
+      e.suspect = std::string(m.status().message());
+      continue;
+    }
+    e.stamped = true;
+    e.generation = m->generation();
+    e.fence = m->fence();
+  }
+  FlagStaleStamps(steps);
   if (json) {
     JsonWriter w;
     w.BeginObject().Field("root", root).Key("steps").BeginArray();
@@ -75,13 +127,21 @@ absl::Status RunListRoot(const std::string& root, const std::string& job,
       }
       w.EndArray().Key("manifests").BeginArray();
       for (const std::string& m : e.manifests) w.String(m);
-      w.EndArray().EndObject();
+      w.EndArray();
+      if (e.stamped || !e.suspect.empty()) {
+        w.Key("global").BeginObject();
+        if (e.stamped)
+          w.Field("generation", e.generation).Field("fence", e.fence);
+        w.Field("suspect", e.suspect).EndObject();
+      }
+      w.EndObject();
     }
     w.EndArray().EndObject();
     std::printf("%s\n", w.str().c_str());
     return absl::OkStatus();
   }
-  Table t({"JOB", "STEP", "SHARDS", "RANKS", "NODES", "BYTES", "MANIFESTS"});
+  Table t({"JOB", "STEP", "SHARDS", "RANKS", "NODES", "BYTES", "MANIFESTS",
+           "GEN/FENCE"});
   for (const auto& [id, e] : steps) {
     std::set<uint32_t> ranks;
     std::set<std::string> nodes;
@@ -94,9 +154,20 @@ absl::Status RunListRoot(const std::string& root, const std::string& job,
     t.AddRow({id.first, std::to_string(id.second),
               std::to_string(e.shards.size()), std::to_string(ranks.size()),
               absl::StrJoin(nodes, ","), FormatBytes(bytes),
-              e.manifests.empty() ? "-" : absl::StrJoin(e.manifests, ",")});
+              e.manifests.empty() ? "-" : absl::StrJoin(e.manifests, ","),
+              e.stamped ? absl::StrCat(e.generation, "/", e.fence) : "-"});
   }
   t.Print(stdout);
+  for (const auto& [id, e] : steps) {
+    if (e.suspect.empty()) continue;
+    const std::string key = storage::GlobalManifestKey(id.first, id.second);
+    if (e.stamped)
+      std::printf("  note: %s: generation %llu fence %llu, %s\n", key.c_str(),
+                  static_cast<unsigned long long>(e.generation),
+                  static_cast<unsigned long long>(e.fence), e.suspect.c_str());
+    else
+      std::printf("  note: %s: %s\n", key.c_str(), e.suspect.c_str());
+  }
   for (const auto& [key, why] : c.unrecognized)
     std::printf("  note: %s: %s\n", key.c_str(), why.c_str());
   return absl::OkStatus();
@@ -114,12 +185,15 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
   std::vector<Row> rows;
   std::string format;
   uint32_t world_size = 0;
+  uint64_t generation = 0, fence = 0;  // global: which write it is
   if (where.kind == storage::KeyKind::kGlobalManifest) {
     CKPT_ASSIGN_OR_RETURN(
         storage::v1::GlobalManifest m,
         storage::DecodeGlobalManifest(text, key, where.job, where.step));
     format = m.format();
     world_size = m.world_size();
+    generation = m.generation();
+    fence = m.fence();
     for (const auto& s : m.shards())
       rows.push_back({s.rank(), s.key(), std::to_string(s.bytes()),
                       s.checksum_digest(), s.node_id()});
@@ -141,9 +215,10 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
     w.Field("job", where.job)
         .Field("step", where.step)
         .Field("world_size", world_size);
-    w.Field("global", where.kind == storage::KeyKind::kGlobalManifest)
-        .Key("shards")
-        .BeginArray();
+    w.Field("global", where.kind == storage::KeyKind::kGlobalManifest);
+    if (where.kind == storage::KeyKind::kGlobalManifest)
+      w.Field("generation", generation).Field("fence", fence);
+    w.Key("shards").BeginArray();
     for (const Row& r : rows) {
       w.BeginObject()
           .Field("rank", r.rank)
@@ -157,9 +232,14 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
   }
   std::printf(
       "manifest   %s\nformat     %s\njob        %s\nstep       %llu\nworld "
-      "size %u\n\n",
+      "size %u\n",
       path.c_str(), format.c_str(), where.job.c_str(),
       static_cast<unsigned long long>(where.step), world_size);
+  if (where.kind == storage::KeyKind::kGlobalManifest)
+    std::printf("generation %llu\nfence      %llu\n",
+                static_cast<unsigned long long>(generation),
+                static_cast<unsigned long long>(fence));
+  std::printf("\n");
   Table t({"RANK", "NODE", "KEY", "BYTES", "DIGEST"});
   for (const Row& r : rows)
     t.AddRow({std::to_string(r.rank), r.node.empty() ? "-" : r.node, r.key,

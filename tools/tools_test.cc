@@ -308,6 +308,44 @@ TEST_F(ClusterRootTest,
       << n.out;
 }
 
+// Which write of a MANIFEST.global the coordinator committed is in its state,
+// not on the root; what the root can show is each manifest's stamp, and a
+// stamp older than an earlier step's (a deposed leader's late write, or a
+// timeline a rollback abandoned) is flagged.
+TEST_F(ClusterRootTest, ListRootShowsStampsAndFlagsAManifestOlderThanItsPast) {
+  auto m = storage::ReadGlobalManifest(*backend_, "job-c", kStep);
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->set_generation(1);
+  m->set_fence(1);
+  ASSERT_TRUE(storage::WriteGlobalManifest(*backend_, *m).ok());
+  m->set_step(kStep - 2);
+  m->set_generation(3);
+  m->set_fence(2);
+  ASSERT_TRUE(storage::WriteGlobalManifest(*backend_, *m).ok());
+  CtlRun r = Ckptctl("list --root " + dir_.path() + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(
+      r.out.find(
+          "\"generation\":1,\"fence\":1,\"suspect\":\"older than step 40's"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"generation\":3,\"fence\":2,\"suspect\":\"\""),
+            std::string::npos)
+      << r.out;
+  CtlRun table = Ckptctl("list --root " + dir_.path() + " --job job-c");
+  EXPECT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_NE(
+      table.out.find("note: " + storage::GlobalManifestKey("job-c", kStep) +
+                     ": generation 1 fence 1, older than step 40's"),
+      std::string::npos)
+      << table.out;
+  CtlRun g =
+      Ckptctl("inspect " + PathOf(storage::GlobalManifestKey("job-c", kStep)));
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_NE(g.out.find("generation 1\nfence      1\n"), std::string::npos)
+      << g.out;
+}
+
 // After a prefetch two nodes may hold a copy of one rank: --node picks one.
 TEST_F(ClusterRootTest, InspectAsksForNodeWhenTwoNodesWroteTheRank) {
   const storage::Shard& shard = shards_[2];

@@ -98,6 +98,12 @@ TEST_F(ArenaTruncateTest, TruncatedArenaFailsItsSaveAndOtherJobsGoOn) {
                      reg.shm_name());
   // Its durable step stays on disk.
   EXPECT_TRUE(WaitDurable("hostile", 1).ok());
+  // Registering again replaces the arena, and the job saves again.
+  v1::RegisterResponse again;
+  ASSERT_TRUE(Register("hostile", 0, 1, 1 << 20, &again).ok());
+  ASSERT_TRUE(BeginSave("hostile", 3, TwoTensorImageBytes(), &begin).ok());
+  ASSERT_TRUE(Commit("hostile", 3, begin).ok());
+  EXPECT_TRUE(WaitDurable("hostile", 3).ok());
 
   // The other job saves and restores bit-exact.
   HostState b2 = MakeState(1 << 20, 3, 2);

@@ -1,5 +1,10 @@
 #include "daemon/catalog.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -55,9 +60,29 @@ absl::StatusOr<std::vector<Record>> ScanPrefix(rocksdb::DB* db,
   return out;
 }
 
+// Creates `dir` if missing, and closes it to everyone but its owner (the
+// catalog names every job, its uid and its files): one created by RocksDB
+// or an older daemon was world-readable.
+absl::Status MakePrivateDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return ErrnoToStatus(errno, "catalog: mkdir " + dir);
+  const int fd =
+      ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "catalog: open " + dir);
+  struct stat st {};
+  absl::Status s;
+  if (::fstat(fd, &st) != 0)
+    s = ErrnoToStatus(errno, "catalog: fstat " + dir);
+  else if ((st.st_mode & 07777) != 0700 && ::fchmod(fd, 0700) != 0)
+    s = ErrnoToStatus(errno, "catalog: chmod 0700 " + dir);
+  ::close(fd);
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir) {
+  CKPT_RETURN_IF_ERROR(MakePrivateDir(dir));
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<rocksdb::DB> db,
                         OpenRocksDb(dir, "catalog"));
   std::unique_ptr<Catalog> catalog(new Catalog(db.release()));

@@ -142,6 +142,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*job, req.rank()));
+  // A truncated arena cannot hold a save (its slots read zeros).
+  CKPT_RETURN_IF_ERROR(rank->arena->CheckIntact());
   if (req.image_bytes() > rank->arena->slot_bytes())
     return absl::ResourceExhaustedError(absl::StrCat(
         "image_bytes: the shard needs ", req.image_bytes(),

@@ -2,6 +2,8 @@
 // job table's lock (the job record written first), and dropping it (the
 // syscalls on the drop queue, arena_drops.h).
 // See engine.h and rank_slots.h.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
@@ -38,7 +40,11 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     if (!r->creating) break;
     table_.arena_cv.wait(lock);  // another request creates this rank's arena
   }
-  if (r->arena && r->arena->slot_bytes() >= slot_bytes) return r;
+  // An arena the job's uid truncated is replaced as one that grows is:
+  // the shards in its slots are lost anyway.
+  const bool truncated = r->arena && !r->arena->CheckIntact().ok();
+  if (r->arena && !truncated && r->arena->slot_bytes() >= slot_bytes) return r;
+  if (truncated) slot_bytes = std::max(slot_bytes, r->arena->slot_bytes());
   const bool grow = r->arena != nullptr;
   if (grow) CKPT_RETURN_IF_ERROR(r->CheckGrowable(name, rank_no, slot_bytes));
   shm::ArenaOptions ao;

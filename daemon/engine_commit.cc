@@ -52,6 +52,9 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     valid = storage::EncodeShardMetadata(
         info, std::span<char>(rank->arena->slot_data(slot_no),
                               rank->arena->slot_bytes()));
+  // The job's uid may have truncated the arena: the tensors it wrote are
+  // gone, and so is the metadata just written.
+  if (valid.ok()) valid = rank->arena->CheckIntact();
   if (!valid.ok()) {
     ReleaseLeaseLocked(req.lease());  // the save is over; the slot frees
     return valid;

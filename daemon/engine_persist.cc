@@ -38,6 +38,7 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
   Rank& rank = job.ranks[task.rank];
   table_.MoveShard(job, *shard, ShardPhase::kPersisting);
   snap.image = rank.arena->slot_data(shard->slot);
+  snap.arena = rank.arena;
   snap.owner_uid = job.rec.uid();
   snap.info = shard->info;  // validated at commit
   snap.known = KnownChecksums(shard->rec.tensors());

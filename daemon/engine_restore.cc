@@ -240,6 +240,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   JobTable::DetachSlot(*table_.Find(job_name), rank_no, slot);
   rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
+  const std::shared_ptr<shm::Arena> arena = rank->arena;
   lock.unlock();
   auto t0 = std::chrono::steady_clock::now();
   absl::Status st =
@@ -247,6 +248,8 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   if (st.ok())
     st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
              .status();
+  // The job's uid may have truncated the arena under the load.
+  if (absl::Status a = arena->CheckIntact(); !a.ok()) st = a;
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
   if (from_object != nullptr) *from_object = read_object;

@@ -144,10 +144,16 @@ void PersistPipeline::PersistShard(const PersistTask& task) {
     }
     absl::Status v = verify.get();
     if (s.ok()) s = v;
+    // The job's uid may have truncated the arena meanwhile: what was read
+    // then is zeros (or the write failed), and the error to report is the
+    // arena's, whatever the symptom.
+    if (absl::Status a = snap->arena->CheckIntact(); !a.ok()) s = a;
     if (s.ok())
       s = (*writer)->Commit();
     else if (writer.ok())
       (*writer)->Abort();
+  } else if (absl::Status a = snap->arena->CheckIntact(); !a.ok()) {
+    s = a;
   }
   PersistOutcome outcome;
   outcome.status = std::move(s);
@@ -193,14 +199,22 @@ absl::Status PersistPipeline::UploadShard(const UploadTask& task) {
     // the step's object manifest, which waits for `uploaded`.
     const char* bytes = snap.arena->slot_data(snap.slot);
     absl::Status s = PutObject(*object_, snap.key, bytes, snap.bytes);
-    if (!s.ok()) return Annotate(s, "upload from shared memory");
+    // The job's uid may truncate the arena: its shard is durable in the
+    // local file, which is sent instead.
+    absl::Status intact = snap.arena->CheckIntact();
+    if (!s.ok() && intact.ok()) return Annotate(s, "upload from shared memory");
     // The job's processes can still write to the slot, so the bytes sent
     // must be checked against the shard's checksums after the writer read
     // them; a stray write sends the verified local file instead.
     absl::Status verified =
-        storage::VerifyTensorChecksums(bytes, snap.info, snap.key);
+        s.ok() ? storage::VerifyTensorChecksums(bytes, snap.info, snap.key) : s;
+    if (intact.ok()) intact = snap.arena->CheckIntact();
     done = state_->SlotUnchanged(task, snap);
-    if (done && !verified.ok()) {
+    if (done && !intact.ok()) {
+      LogWarning(absl::StrCat("upload of ", snap.key, ": ", intact.message(),
+                              "; uploading the local file"));
+      done = false;
+    } else if (done && !verified.ok()) {
       LogWarning(absl::StrCat(
           "upload of ", snap.key, ": shared memory changed after the commit (",
           verified.message(), "); uploading the local file"));

@@ -40,10 +40,11 @@ namespace ckpt::daemon {
 
 // What a shard's persist writes.
 struct PersistSnapshot {
-  char* image = nullptr;    // the slot (kPersisting while the task runs)
-  storage::ShardInfo info;  // validated at commit
-  std::vector<bool> known;  // the checksums the client computed
-  uint32_t owner_uid = 0;   // owns the file (the job's uid)
+  char* image = nullptr;  // the slot (kPersisting while the task runs)
+  std::shared_ptr<shm::Arena> arena;  // holds `image`
+  storage::ShardInfo info;            // validated at commit
+  std::vector<bool> known;            // the checksums the client computed
+  uint32_t owner_uid = 0;             // owns the file (the job's uid)
   std::string key;
 };
 struct PersistOutcome {

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -172,8 +173,9 @@ uint64_t Arena::ArenaBytes(uint64_t slot_bytes, uint32_t num_slots) {
 }
 
 Arena::~Arena() {
+  guard_.Release();  // before the range can be mapped by anything else
   if (base_ != nullptr) ::munmap(base_, size_);
-  if (fd_ >= 0) ::close(fd_);
+  if (segment_fd_ >= 0) ::close(segment_fd_);
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
@@ -203,15 +205,23 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
         "arena ", name, ": /dev/shm cannot hold ", arena_bytes,
         " bytes (free: ", uint64_t{vfs.f_bavail} * vfs.f_frsize, ")"));
   char* base = nullptr;
+  TruncationGuard guard;
   if (s.ok()) {
     auto mapped =
         Map(fd.fd, 0, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, nullptr,
             absl::StrCat("arena ", name, ": mmap ", arena_bytes, " bytes"));
     if (mapped.ok()) {
       base = *mapped;
-      s = ReserveAndPrefault(fd.fd, base, 0, now_bytes, name,
-                             /*fresh=*/true);
-      if (!s.ok()) ::munmap(base, arena_bytes);
+      // The job's uid may open the segment from now on.
+      s = guard.Guard(base, arena_bytes, PROT_READ | PROT_WRITE,
+                      absl::StrCat("arena ", name));
+      if (s.ok())
+        s = ReserveAndPrefault(fd.fd, base, 0, now_bytes, name,
+                               /*fresh=*/true);
+      if (!s.ok()) {
+        guard.Release();
+        ::munmap(base, arena_bytes);
+      }
     } else {
       s = mapped.status();
     }
@@ -239,9 +249,10 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kArenaMagic;
 
-  auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots);
+  auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots,
+                    std::exchange(fd.fd, -1), std::move(guard));
   if (now_bytes < arena_bytes)
-    std::swap(arena->fd_, fd.fd);  // for ReserveSlots
+    arena->fd_ = arena->segment_fd_;  // for ReserveSlots
   return arena;
 }
 
@@ -269,8 +280,16 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
   CKPT_ASSIGN_OR_RETURN(
       char* head, Map(fd.fd, 0, kHeaderBytes, PROT_READ, MAP_SHARED, nullptr,
                       absl::StrCat("arena ", name, ": mmap header")));
-  absl::Status s = CheckHeader(*reinterpret_cast<const ArenaHeader*>(head),
-                               name, &expect, slot_bytes, arena_bytes);
+  TruncationGuard head_guard;
+  absl::Status s = head_guard.Guard(head, kHeaderBytes, PROT_READ,
+                                    absl::StrCat("arena ", name));
+  if (s.ok())
+    s = CheckHeader(*reinterpret_cast<const ArenaHeader*>(head), name, &expect,
+                    slot_bytes, arena_bytes);
+  if (s.ok() && head_guard.faulted())
+    s = absl::DataLossError(
+        absl::StrCat("arena ", name, ": segment truncated while read"));
+  head_guard.Release();
   ::munmap(head, kHeaderBytes);
   CKPT_RETURN_IF_ERROR(s);
   if (real != arena_bytes)
@@ -287,13 +306,19 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
   // Advised before the page tables are filled, so that huge pages are
   // mapped as such; the daemon that created it may have died before
   // reserving every slot.
-  if (absl::Status p = ReserveAndPrefault(fd.fd, base, 0, arena_bytes, name,
-                                          /*fresh=*/false);
-      !p.ok()) {
+  TruncationGuard guard;
+  absl::Status p = guard.Guard(base, arena_bytes, PROT_READ | PROT_WRITE,
+                               absl::StrCat("arena ", name));
+  if (p.ok())
+    p = ReserveAndPrefault(fd.fd, base, 0, arena_bytes, name,
+                           /*fresh=*/false);
+  if (!p.ok()) {
+    guard.Release();
     ::munmap(base, arena_bytes);
     return p;
   }
-  return Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots);
+  return Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots,
+              std::exchange(fd.fd, -1), std::move(guard));
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
@@ -381,6 +406,7 @@ absl::Status Arena::Rename(std::string_view to_view) {
 
 absl::Status Arena::ReserveSlots(uint32_t first, uint32_t count) const {
   if (first >= num_slots_) return absl::OkStatus();
+  CKPT_RETURN_IF_ERROR(CheckIntact());
   count = std::min(count, num_slots_ - first);
   const uint64_t bytes = uint64_t{count} * slot_bytes_;
   return ReserveAndPrefault(fd_, base_, slot_offset(first), bytes, name_,
@@ -412,9 +438,25 @@ SlotState Arena::slot_state(uint32_t slot) const {
       header().slots[slot].state.load(std::memory_order_acquire));
 }
 
+absl::Status Arena::CheckIntact() const {
+  if (segment_fd_ < 0) return absl::OkStatus();  // a client's mapping
+  struct stat st {};
+  if (::fstat(segment_fd_, &st) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("arena ", name_, ": fstat"));
+  const bool resized = static_cast<uint64_t>(st.st_size) != size_;
+  if (resized || guard_.faulted())
+    return absl::DataLossError(absl::StrCat(
+        "arena ", name_, ": segment truncated by another process (", st.st_size,
+        " bytes, expected ", size_, "); the shards in its slots are lost"));
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Arena> Arena::Wrap(std::string name, char* base, uint64_t size,
-                                   uint64_t slot_bytes, uint32_t num_slots) {
+                                   uint64_t slot_bytes, uint32_t num_slots,
+                                   int segment_fd, TruncationGuard guard) {
   std::unique_ptr<Arena> arena(new Arena());
+  arena->segment_fd_ = segment_fd;
+  arena->guard_ = std::move(guard);
   arena->name_ = std::move(name);
   arena->base_ = base;
   arena->size_ = size;

@@ -21,6 +21,12 @@
 // in-memory table is authoritative, the header is a mirror for tools and
 // clients. Thread-safety: an Arena object is immutable after creation apart
 // from SetSlotState, which is safe to call concurrently for different slots.
+//
+// The job's uid can open the segment read-write, so it can also truncate
+// it under the daemon. The daemon's mappings are guarded
+// (util/truncation_guard.h): a SIGBUS on one replaces it with zero pages
+// instead of killing the daemon, and CheckIntact() tells whoever read or
+// wrote the arena that its bytes were lost.
 #ifndef CKPT_SHM_ARENA_H_
 #define CKPT_SHM_ARENA_H_
 
@@ -33,6 +39,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "util/truncation_guard.h"
 
 namespace ckpt::shm {
 
@@ -135,6 +142,12 @@ class Arena {
     return *reinterpret_cast<const ArenaHeader*>(base_);
   }
 
+  // Daemon: OK while the segment keeps its size and no access faulted;
+  // else DataLoss naming the arena (its slots are lost for good: the
+  // daemon's mapping of it now reads zeros). Run it after reading or
+  // writing a slot; a read from a failed arena must not be trusted.
+  [[nodiscard]] absl::Status CheckIntact() const;
+
   // Daemon only (the client's header mapping is read-only).
   void SetSlotState(uint32_t slot, SlotState state, uint64_t step, uint32_t pid,
                     uint64_t image_bytes);
@@ -145,7 +158,8 @@ class Arena {
   // The daemon's read-write view of a mapped arena.
   static std::unique_ptr<Arena> Wrap(std::string name, char* base,
                                      uint64_t size, uint64_t slot_bytes,
-                                     uint32_t num_slots);
+                                     uint32_t num_slots, int segment_fd,
+                                     TruncationGuard guard);
   std::string name_;
   char* base_ = nullptr;
   uint64_t size_ = 0;
@@ -153,7 +167,9 @@ class Arena {
   uint64_t slot_bytes_ = 0;
   uint32_t num_slots_ = 0;
   bool header_writable_ = false;
-  int fd_ = -1;  // Create's segment while slots are left to reserve
+  int fd_ = -1;            // Create's segment while slots are left to reserve
+  int segment_fd_ = -1;    // the daemon's, for CheckIntact
+  TruncationGuard guard_;  // the daemon's mapping
 };
 
 }  // namespace ckpt::shm

@@ -17,11 +17,15 @@ namespace ckpt::shm {
 namespace {
 
 // Reserves every page of the segment so that running out of /dev/shm is an
-// error now, never a SIGBUS on a later store.
+// error now, never a SIGBUS on a later store. Never changes the segment's
+// size: one the job's uid truncated stays truncated (and its loss seen,
+// Arena::CheckIntact) rather than grown back full of zeros.
 absl::Status Reserve(int fd, const std::string& name, uint64_t offset,
                      uint64_t bytes) {
-  int err = ::posix_fallocate(fd, static_cast<off_t>(offset),
-                              static_cast<off_t>(bytes));
+  int err = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                        static_cast<off_t>(bytes)) == 0
+                ? 0
+                : errno;
   if (err == 0) return absl::OkStatus();
   if (err == ENOSPC || err == EFBIG) {
     struct statvfs vfs {};

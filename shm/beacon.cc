@@ -59,6 +59,7 @@ std::optional<BeaconSnapshot> ReadBeacon(const BeaconPage& page) {
 }
 
 BeaconView::~BeaconView() {
+  guard_.Release();
   if (map_ != nullptr)
     ::munmap(const_cast<char*>(map_), kBeaconOffset + sizeof(BeaconPage));
 }
@@ -84,6 +85,8 @@ absl::StatusOr<std::unique_ptr<BeaconView>> BeaconView::Open(
   view->map_ = static_cast<const char*>(p);
   view->dev_ = st.st_dev;
   view->ino_ = st.st_ino;
+  CKPT_RETURN_IF_ERROR(
+      view->guard_.Guard(p, bytes, PROT_READ, absl::StrCat("beacon ", path)));
   const auto* h = reinterpret_cast<const ArenaHeader*>(view->map_);
   if (h->magic != kArenaMagic || h->version != kArenaVersion)
     return absl::DataLossError(

@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "util/truncation_guard.h"
 
 namespace ckpt::shm {
 
@@ -90,6 +91,9 @@ class BeaconView {
   BeaconView() = default;
   std::string name_;
   const char* map_ = nullptr;
+  // The job's uid may truncate the segment: a poll then reads zeros (no
+  // beacon) instead of killing the daemon.
+  TruncationGuard guard_;
   uint64_t dev_ = 0, ino_ = 0;
 };
 

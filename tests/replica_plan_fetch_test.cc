@@ -188,5 +188,72 @@ TEST_F(ReplicaPlanFetchTest, ACopyTheHolderDroppedForRoomIsNeverNamedByAPlan) {
       << "step 5 has no copy of rank 2 anywhere";
 }
 
+// A PREFETCH from the saving node's own slot (its ranks moved: cordoned)
+// names the save the plan chose. The node saves the step again (its
+// trainer's last save before it stops) before the spare fetches: the
+// fetch refuses that other save and falls to the stored copy of the one
+// chosen.
+TEST_F(ReplicaPlanFetchTest, AFetchRefusesAnotherSaveOfTheStepThePlanChose) {
+  Node& a = OpenNode("a", dir_.path() + "/a-root");
+  Node& s = OpenNode("s", dir_.path() + "/shared");
+  std::mutex mu;
+  std::vector<daemon::ShardReport> reports;
+  a.on_report = [&](const daemon::ShardReport& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports.push_back(r);
+  };
+  StartHolder(1 << 20, {}, a.engine.get());  // a's replica listener
+  RegisterNode("a", 1, false, static_cast<uint32_t>(server_->port()));
+  RegisterNode("s", 1, true, 7103);
+  RegisterJob("core", 1);
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kTrainer, {"core", 4}, &arena).ok());
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
+  auto chosen = a.engine->SnapshotStaged("core", 4, 0);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const std::vector<char> want(chosen->data(),
+                               chosen->data() + chosen->copy.image_bytes());
+  // Its stored copy, where the spare reads the shared root.
+  const std::string key = storage::ShardKey("core", 4, 0, "a");
+  std::filesystem::create_directories(
+      std::filesystem::path(dir_.path() + "/shared/" + key).parent_path());
+  std::filesystem::copy_file(dir_.path() + "/a-root/" + key,
+                             dir_.path() + "/shared/" + key);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_TRUE(Send("a", reports).ok());
+    reports.clear();
+  }
+  cv1::CordonRequest cordon;
+  cordon.set_node_id("a");
+  cordon.set_reason("ECC errors");
+  ASSERT_TRUE(coord_->Cordon(cordon).ok());
+  ASSERT_EQ(Job("core").rank_node(0), "s");
+  const cv1::Order prefetch = PrefetchFor("s");
+  ASSERT_EQ(prefetch.step(), 4u);
+  ASSERT_EQ(prefetch.sources_size(), 1);
+  ASSERT_EQ(prefetch.sources(0).node_id(), "a");
+  ASSERT_FALSE(prefetch.sources(0).replica());
+  ASSERT_EQ(prefetch.shard_keys(0), key);
+  // The stopping trainer saves step 4 again, other bytes.
+  OneTensorSave again{"core", 4};
+  again.fill = 0x5a;
+  ASSERT_TRUE(SaveOneTensorStep(a.engine.get(), kTrainer, again, &arena).ok());
+  std::vector<daemon::FallbackReport> fallbacks;
+  ASSERT_TRUE(daemon::PrefetchRank(
+                  *s.engine, {}, "core", 1, 4, 0, prefetch.shard_keys(0),
+                  &prefetch.sources(0), getuid(),
+                  [&](daemon::FallbackReport f) { fallbacks.push_back(f); })
+                  .ok());
+  auto restored = Restore(s, "core", 4, 0);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == want) << "the spare restored another save";
+  ASSERT_EQ(fallbacks.size(), 1u);
+  EXPECT_EQ(fallbacks[0].next_copy, "file");
+  EXPECT_NE(fallbacks[0].reason.find("digest"), std::string::npos)
+      << fallbacks[0].reason;
+}
+
 }  // namespace
 }  // namespace ckpt::testing

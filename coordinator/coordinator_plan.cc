@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/save_digest.h"
 #include "storage/manifest.h"
 
 namespace ckpt::coordinator {
@@ -297,7 +298,14 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
         const CopySource source = SourceOfLocked(job, *step, r);
         if (source.kind == CopySource::kHostMemory) continue;
         // A peer's copy first; the key (when durable) is the fallback.
-        *prefetch.add_sources() = ShardSourceOf(source);
+        v1::ShardSource& from = *prefetch.add_sources() = ShardSourceOf(source);
+        if (!from.host().empty()) {
+          // The save this plan chose: a fetch refuses any other.
+          const v1::ShardRecord& saved = job.steps.at(*step).at(r);
+          from.add_save_digests(StagedDigest(saved));
+          if (saved.checksum_digest() != StagedDigest(saved))
+            from.add_save_digests(saved.checksum_digest());
+        }
         if (fetched) {
           v1::RankSource& f = fetched->emplace_back();
           f.set_rank(r);

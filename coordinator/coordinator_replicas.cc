@@ -44,6 +44,21 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
         absl::StrCat("source_node: ", node_id,
                      " is the reporting node; a node holds no replica of "
                      "its own rank"));
+  if (req.failed()) {
+    // The holder dropped this copy (replaced, or given up for room): it
+    // no longer counts, whatever step or generation it was of. Removing
+    // the holder's own record is always safe, so nothing else is checked.
+    auto st = job.replicas.find(req.step());
+    if (st != job.replicas.end()) {
+      auto rk = st->second.find(req.rank());
+      if (rk != st->second.end()) {
+        rk->second.erase(node_id);
+        if (rk->second.empty()) st->second.erase(rk);
+      }
+      if (st->second.empty()) job.replicas.erase(st);
+    }
+    return absl::OkStatus();
+  }
   // An older generation's save is of an abandoned timeline, unless it is
   // at or before the step the plans restored (a replacement replicating
   // the shard it restored: the STAGED save it is checked against below).
@@ -58,15 +73,6 @@ absl::Status Coordinator::ApplyReplicaReportLocked(const std::string& node_id,
     return absl::FailedPreconditionError(absl::StrCat(
         "step: ", req.step(), " of job ", req.job(),
         " is older than the last good step ", job.rec.last_good_step()));
-  if (req.failed()) {
-    // The holder lost or refused this copy: it no longer counts.
-    auto st = job.replicas.find(req.step());
-    if (st != job.replicas.end()) {
-      auto rk = st->second.find(req.rank());
-      if (rk != st->second.end()) rk->second.erase(node_id);
-    }
-    return absl::OkStatus();
-  }
   const v1::ShardRecord* saved = nullptr;
   if (auto st = job.steps.find(req.step()); st != job.steps.end())
     if (auto rk = st->second.find(req.rank()); rk != st->second.end())

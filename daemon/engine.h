@@ -203,15 +203,16 @@ class Engine : public StagedShards, private PipelineState {
   // (VerifyReplicaImage) and keeps it in memory: durable under `key` when
   // the step is stored, else staged and persisted here. `fetch` runs the
   // transfer (GetReplica), asking its callback where the bytes go.
+  // `save_digests` (ShardSource.save_digests) name the save wanted: a copy
+  // whose checksums digest is none of them is another save of the step,
+  // refused (DataLoss naming digest); empty: any.
   using PeerFetch = std::function<absl::StatusOr<replica::v1::ShardCopy>(
       const std::function<absl::StatusOr<char*>(
           const replica::v1::ShardCopy&)>&)>;
-  [[nodiscard]] absl::Status FetchFromPeer(const std::string& job,
-                                           uint32_t world_size, uint64_t step,
-                                           uint32_t rank,
-                                           const std::string& key,
-                                           std::optional<uint32_t> owner_uid,
-                                           const PeerFetch& fetch);
+  [[nodiscard]] absl::Status FetchFromPeer(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      const std::string& key, std::optional<uint32_t> owner_uid,
+      const PeerFetch& fetch, std::vector<uint64_t> save_digests = {});
 
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many

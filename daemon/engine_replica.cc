@@ -103,7 +103,8 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
                                    uint32_t world_size, uint64_t step,
                                    uint32_t rank_no, const std::string& key,
                                    std::optional<uint32_t> owner_uid,
-                                   const PeerFetch& fetch) {
+                                   const PeerFetch& fetch,
+                                   std::vector<uint64_t> save_digests) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
   if (world_size == 0 || world_size > options_.max_world_size ||
       rank_no >= world_size)
@@ -193,6 +194,18 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
                                absl::StrCat("peer copy of job '", job_name,
                                             "' step ", step, " rank ", rank_no))
           : absl::StatusOr<storage::ShardInfo>(got.status());
+  if (info.ok() && !save_digests.empty()) {
+    // Every tensor verified against the copy's own checksums; those must
+    // be the save's the plan chose, not another save of the step.
+    const uint64_t digest = storage::ChecksumsDigest(*info);
+    if (std::find(save_digests.begin(), save_digests.end(), digest) ==
+        save_digests.end())
+      info = absl::DataLossError(absl::StrCat(
+          "digest: the peer's copy of job '", job_name, "' step ", step,
+          " rank ", rank_no, " is another save (digest ",
+          storage::DigestHex(digest), "), not the one the plan chose (",
+          storage::DigestHex(save_digests.front()), ")"));
+  }
   const Clock::time_point verified_at = Clock::now();
   std::unique_lock<std::mutex> lock(table_.mu());
   Job* job = table_.Find(job_name);

@@ -36,6 +36,7 @@
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
 #include "daemon/replica_metrics.h"
+#include "daemon/replica_reports.h"
 #include "daemon/replica_service.h"
 #include "daemon/replica_store.h"
 #include "daemon/replicator.h"
@@ -314,23 +315,19 @@ int main(int argc, char** argv) {
   std::unique_ptr<ReplicaStore> replica_store;
   std::unique_ptr<ReplicaServer> replica_server;
   if (agent && opts->replicas.port != 0) {
-    replica_store = std::make_unique<ReplicaStore>(opts->replicas.memory_bytes);
+    // Every copy dropped (replaced, or given up for room) is withdrawn:
+    // no plan names a copy this node no longer holds.
+    replica_store = std::make_unique<ReplicaStore>(
+        opts->replicas.memory_bytes,
+        [a = agent.get()](const ckpt::replica::v1::ShardCopy& dropped) {
+          a->Report(ReplicaWithdrawalOf(dropped));
+        });
     ReplicaServerOptions ro;
     ro.port = static_cast<int>(opts->replicas.port);
     ro.bulk_port = static_cast<int>(opts->replicas.bulk_port);
     ro.tls = opts->agent.tls;
     ro.on_replicated = [a = agent.get()](const HeldReplica& held) {
-      ShardReport r;
-      r.job = held.copy.job();
-      r.step = held.copy.step();
-      r.rank = held.copy.rank();
-      r.replicated = true;
-      r.source_node = held.copy.source_node();
-      r.bytes = held.copy.image_bytes();
-      r.digest = r.staged_digest = held.digest;
-      r.owner_uid = held.copy.owner_uid();
-      if (held.copy.generation() != 0) r.generation = held.copy.generation();
-      a->Report(r);
+      a->Report(ReplicatedReportOf(held));
     };
     auto started =
         ReplicaServer::Start(std::move(ro), replica_store.get(), engine->get());

@@ -151,7 +151,8 @@ void NodeAgent::ReportLoop() {
                o.report.step == q.report.step &&
                o.report.rank == q.report.rank &&
                o.report.durable == q.report.durable &&
-               o.report.replicated == q.report.replicated;
+               o.report.replicated == q.report.replicated &&
+               o.report.failed == q.report.failed;
       };
       auto it = std::find_if(reports_.begin(), reports_.end(), same);
       if (it == reports_.end()) continue;
@@ -163,6 +164,13 @@ void NodeAgent::ReportLoop() {
         retry.push_back(q);
         continue;
       }
+      if (q.report.replicated && q.report.failed) {
+        // A withdrawn copy is not announced again to a new coordinator.
+        auto held = soft_replicas_.find({q.report.job, q.report.rank});
+        if (held != soft_replicas_.end() &&
+            held->second.report.step == q.report.step)
+          soft_replicas_.erase(held);
+      }
       if (code != absl::StatusCode::kOk) {
         LogWarning(absl::StrCat("report ",
                                 q.report.replicated ? "replicated"
@@ -173,6 +181,7 @@ void NodeAgent::ReportLoop() {
                                 "): ", r.message()));
         continue;
       }
+      if (q.report.replicated && q.report.failed) continue;
       if (q.report.replicated) {
         // The holder keeps the newest copy of a rank: it replaces the older.
         soft_replicas_[{q.report.job, q.report.rank}] = q;

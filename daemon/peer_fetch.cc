@@ -39,6 +39,8 @@ absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
                           std::optional<uint32_t> owner_uid,
                           const std::function<void(FallbackReport)>& fallback) {
   if (source != nullptr && !source->host().empty()) {
+    const std::vector<uint64_t> save_digests(source->save_digests().begin(),
+                                             source->save_digests().end());
     absl::Status st;
     if (source->port() == 0 || source->port() > 65535) {
       st = absl::InvalidArgumentError(
@@ -52,7 +54,8 @@ absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
       // in the slot as any fetched copy.
       st = engine.FetchFromPeer(
           job, world_size, step, rank, key, owner_uid,
-          [&](const auto& dst_for) { return CopyHeld(*mine, dst_for); });
+          [&](const auto& dst_for) { return CopyHeld(*mine, dst_for); },
+          save_digests);
       if (st.ok())
         LogInfo(absl::StrCat("job ", job, " step ", step, " rank ", rank,
                              ": taken from this node's own replica"));
@@ -73,7 +76,8 @@ absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
               return FetchReplica(
                   peer.transport, **channel, source->host(), req, dst_for,
                   std::chrono::system_clock::now() + kPeerFetchDeadline);
-            });
+            },
+            save_digests);
       if (st.ok())
         LogInfo(absl::StrCat(
             "job ", job, " step ", step, " rank ", rank, " fetched from ",

@@ -7,7 +7,9 @@
 // that fails too, the trainer's restore fails and its exit makes the
 // coordinator plan an older step. A source that is this node's own replica
 // store (the replacement holds the lost rank's copy itself) is copied from
-// memory, not fetched over the network from itself. Blocking; thread-safe
+// memory, not fetched over the network from itself. A source naming the
+// save the plan chose (save_digests) refuses a copy of another save of the
+// step as it refuses a damaged one. Blocking; thread-safe
 // as the Engine.
 #ifndef CKPT_DAEMON_PEER_FETCH_H_
 #define CKPT_DAEMON_PEER_FETCH_H_

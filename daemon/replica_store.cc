@@ -222,19 +222,11 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
     std::vector<Spare> unmap;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = held_.find({copy.job(), copy.rank()});
-      if (it != held_.end() &&
-          std::make_pair(it->second.newest->copy.generation(),
-                         it->second.newest->copy.step()) >=
-              std::make_pair(copy.generation(), copy.step())) {
-        ++counts_.refused;
-        return absl::FailedPreconditionError(absl::StrCat(
-            "copy.step: job '", copy.job(), "' rank ", copy.rank(), " step ",
-            copy.step(), " generation ", copy.generation(),
-            " is not newer than the copy held (step ",
-            it->second.newest->copy.step(), " generation ",
-            it->second.newest->copy.generation(), ")"));
-      }
+      if (auto it = held_.find({copy.job(), copy.rank()}); it != held_.end())
+        if (absl::Status st = RefusalLocked(it->second, copy); !st.ok()) {
+          ++counts_.refused;
+          return st;
+        }
       got = pool_->Reserve(bytes, &unmap);
       if (!got.ok) {
         const uint64_t used = pool_->used();
@@ -253,6 +245,10 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
       }
     }
     ReplicaPool::Unmap(unmap);
+    // Dropped copies are retracted like replaced ones: the coordinator
+    // must not name them as sources.
+    if (on_evict_)
+      for (const auto& d : dropped) on_evict_(d->copy);
     if (got.ok) break;
     // `dropped` lets go here: their mappings become spares, one of which
     // the next try may take.
@@ -286,7 +282,7 @@ ReplicaStore::Incoming::Commit() {
                    " rank ", copy_.rank());
   absl::StatusOr<storage::ShardInfo> info =
       VerifyReplicaImage(memory_->data(), copy_, what);
-  std::shared_ptr<const HeldReplica> evicted;
+  std::vector<std::shared_ptr<const HeldReplica>> evicted;
   std::shared_ptr<HeldReplica> held;
   size_t max_spares = 0;
   {
@@ -297,30 +293,77 @@ ReplicaStore::Incoming::Commit() {
       return info.status();
     }
     Copies& rank = store_->held_[{copy_.job(), copy_.rank()}];
-    if (rank.newest && std::make_pair(rank.newest->copy.generation(),
-                                      rank.newest->copy.step()) >=
-                           std::make_pair(copy_.generation(), copy_.step())) {
+    if (absl::Status st = store_->RefusalLocked(rank, copy_); !st.ok()) {
       ++store_->counts_.refused;
       memory_.reset();
-      return absl::FailedPreconditionError(
-          absl::StrCat(std::string(what), ": a newer copy arrived meanwhile"));
+      return absl::Status(st.code(),
+                          absl::StrCat(std::string(what),
+                                       ": arrived meanwhile: ", st.message()));
     }
     held = std::make_shared<HeldReplica>();
     held->copy = copy_;
     held->digest = storage::ChecksumsDigest(*info);
     held->memory = std::move(memory_);
+    // Another save of a step held replaces that copy: one copy per step.
+    auto same_step = [&](const std::shared_ptr<const HeldReplica>& c) {
+      return c && c->copy.step() == copy_.step();
+    };
+    if (same_step(rank.newest)) {
+      evicted.push_back(std::move(rank.newest));
+      rank.newest = std::move(rank.previous);
+      rank.previous = nullptr;
+    } else if (same_step(rank.previous)) {
+      evicted.push_back(std::move(rank.previous));
+      rank.previous = nullptr;
+    }
     // The newest copy stays as the previous one: a step every rank of the
     // sender has in memory survives one rank's newer copy arriving first.
-    evicted = std::move(rank.previous);
+    if (rank.previous) evicted.push_back(std::move(rank.previous));
     rank.previous = std::move(rank.newest);
     rank.newest = held;
     ++store_->counts_.verified;
-    if (evicted) ++store_->counts_.evicted;
+    store_->counts_.evicted += evicted.size();
     max_spares = store_->held_.size() + 1;
   }
   store_->pool_->SetMaxSpares(max_spares);
-  if (evicted && store_->on_evict_) store_->on_evict_(evicted->copy);
+  if (store_->on_evict_)
+    for (const auto& e : evicted) store_->on_evict_(e->copy);
   return std::shared_ptr<const HeldReplica>(std::move(held));
+}
+
+namespace {
+
+bool SameSave(const rv1::ShardCopy& a, const rv1::ShardCopy& b) {
+  return a.source_node() == b.source_node() && a.step() == b.step() &&
+         a.generation() == b.generation() &&
+         a.image_bytes() == b.image_bytes() &&
+         std::equal(a.checksums().begin(), a.checksums().end(),
+                    b.checksums().begin(), b.checksums().end());
+}
+
+}  // namespace
+
+absl::Status ReplicaStore::RefusalLocked(const Copies& held,
+                                         const rv1::ShardCopy& copy) const {
+  for (const auto& c : {held.newest, held.previous})
+    if (c && SameSave(c->copy, copy))
+      return absl::AlreadyExistsError(absl::StrCat(
+          "copy: job '", copy.job(), "' step ", copy.step(), " rank ",
+          copy.rank(), " from ", copy.source_node(), " is held already"));
+  if (!held.newest) return absl::OkStatus();
+  // Only the node that sent the newest copy is judged by its order: a
+  // copy another node claims for the rank, however high, never keeps out
+  // the copies of the node the rank is on now.
+  const rv1::ShardCopy& newest = held.newest->copy;
+  if (newest.source_node() == copy.source_node() &&
+      std::make_pair(newest.generation(), newest.step()) >
+          std::make_pair(copy.generation(), copy.step()))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "copy.step: job '", copy.job(), "' rank ", copy.rank(), " step ",
+        copy.step(), " generation ", copy.generation(), " from ",
+        copy.source_node(), " is older than the copy it sent before (step ",
+        newest.step(), " generation ", newest.generation(), ")"));
+  return absl::OkStatus();
 }
 
 std::shared_ptr<const HeldReplica> ReplicaStore::Find(const std::string& job,

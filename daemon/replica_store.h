@@ -14,8 +14,16 @@
 // one validator and checksum verifier (the image's header, index and
 // footer, then every tensor against the checksums the copy names) before it
 // replaces the rank's older copy. A copy that fails is dropped and never
-// counted. "Newer" is the pair (generation, step): after a rollback a
-// smaller step of a newer generation replaces a larger one.
+// counted. A copy of a step held replaces that copy (another save of the
+// step). Copies from the node that sent the rank's newest copy must be
+// newer by (generation, step): after a rollback a smaller step of a newer
+// generation replaces a larger one, and a late older save never replaces
+// a newer one. A copy from another node is not judged by that order: the
+// rank's copies come from whichever node hosts it now, and a claim another
+// node makes (any generation, any step) must never keep them out. What
+// the coordinator may name is its business: it checks every copy against
+// the save it recorded. Every copy that goes (replaced, or dropped for
+// room) is handed to the eviction hook, so that its holder retracts it.
 //
 // Bytes are counted from Begin until the last owner (a Get streaming it)
 // lets go of an evicted copy. Its mapping is then kept as a spare for the
@@ -78,7 +86,8 @@ struct ReplicaStats {
 
 class ReplicaStore {
  public:
-  // A replaced copy's (job, step, rank, source node): its holder retracts it.
+  // A copy that went (replaced, or dropped for room): its holder retracts
+  // it. Called with no lock held.
   using EvictFn = std::function<void(const replica::v1::ShardCopy&)>;
 
   explicit ReplicaStore(uint64_t budget_bytes, EvictFn on_evict = nullptr);
@@ -95,7 +104,7 @@ class ReplicaStore {
     // Verifies the image and keeps it as the rank's newest copy (the newest
     // becomes the previous one; the previous one goes). DataLoss naming the
     // field or tensor when it fails; the copy is then dropped.
-    // FailedPrecondition when a newer copy of the rank was kept meanwhile.
+    // As Begin's refusals when another copy was kept meanwhile.
     [[nodiscard]] absl::StatusOr<std::shared_ptr<const HeldReplica>> Commit();
 
    private:
@@ -110,7 +119,8 @@ class ReplicaStore {
 
   // Validates the copy's description (fields named) and reserves its bytes.
   // ResourceExhausted naming replica_memory_bytes when they do not fit;
-  // FailedPrecondition when the store holds a newer or the same copy.
+  // AlreadyExists when the store holds this save; FailedPrecondition when
+  // it holds a newer copy from the same source node.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<Incoming>> Begin(
       const replica::v1::ShardCopy& copy);
   // The held copy of (job, step, rank), or null.
@@ -128,6 +138,9 @@ class ReplicaStore {
     std::shared_ptr<const HeldReplica> newest;  // never null once kept
     std::shared_ptr<const HeldReplica> previous;
   };
+  // Why `copy` may not be kept beside (or in place of) `held`, or OK.
+  absl::Status RefusalLocked(const Copies& held,
+                             const replica::v1::ShardCopy& copy) const;
   // Moves previous copies of `need` bytes or more (the rank's own first,
   // then other ranks', oldest step first) into `dropped`, which the caller
   // releases without the lock.

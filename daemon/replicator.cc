@@ -174,19 +174,26 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     LogInfo(absl::StrCat("replica of job '", job, "' step ", step,
                          " sent while a save reused its slot; it verified"));
   }
+  // The holder has this very copy already (sent again to a new target).
+  const bool held_already =
+      snap.ok() && status.code() == absl::StatusCode::kAlreadyExists;
   if (target_ == target && status.code() != absl::StatusCode::kCancelled) {
     // What the target said last: room, or none (the coordinator is told).
     const bool no_room =
         status.code() == absl::StatusCode::kResourceExhausted &&
         status.message().find("replica_memory_bytes") != std::string::npos;
-    if (no_room && !refused_)
+    // It keeps a copy of the rank it takes for newer (one of a job that
+    // had this name before, or a stale claim): no copy of this rank gets
+    // there, so the coordinator is told as for want of room.
+    const bool holds_newer =
+        snap.ok() && status.code() == absl::StatusCode::kFailedPrecondition;
+    if ((no_room || holds_newer) && !refused_)
       LogWarning(absl::StrCat(
-          "replica target ", target.node_id,
-          " has no room for this node's copies (", status.message(),
-          "); the coordinator is told with each heartbeat"));
-    if (no_room)
+          "replica target ", target.node_id, " refuses this node's copies (",
+          status.message(), "); the coordinator is told with each heartbeat"));
+    if (no_room || holds_newer)
       refused_ = HolderRefusal{target.node_id, std::string(status.message())};
-    else if (status.ok())
+    else if (status.ok() || held_already)
       refused_.reset();
   }
   if (status.ok()) {
@@ -194,6 +201,10 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     stats_.sent_bytes += bytes;
     if (same) r.done = true;
     return;  // else a newer step or target: it is due now
+  }
+  if (held_already) {
+    if (same) r.done = true;
+    return;
   }
   if (snap.ok() && overwritten) {
     // A save took the slot: its own Staged() queued the newer shard.
@@ -207,10 +218,9 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     if (same) r.done = r.waiting = true;
     return;
   }
-  if (status.code() == absl::StatusCode::kNotFound ||
-      status.code() == absl::StatusCode::kFailedPrecondition) {
-    // The shard is gone from memory (superseded, dropped), or the holder
-    // has this copy or a newer one already.
+  if (!snap.ok() && (status.code() == absl::StatusCode::kNotFound ||
+                     status.code() == absl::StatusCode::kFailedPrecondition)) {
+    // The shard is gone from memory (superseded, dropped).
     if (same) r.done = true;
     return;
   }

@@ -15,8 +15,10 @@
 // the rate limit (--replica-bandwidth); a failed send (the holder down,
 // stopped, out of room, or a copy damaged on the way) is retried with
 // exponential backoff, capped, for as long as it is the rank's newest; a
-// refusal for want of room is also reported (Refused) so that the
-// coordinator names another target. A new target re-sends every rank's
+// refusal for want of room, or because the holder keeps a copy of the
+// rank it takes for newer, is also reported (Refused) so that the
+// coordinator names another target; a copy the holder has already counts
+// as done, not as sent. A new target re-sends every rank's
 // newest shard.
 //
 // Thread-safety: all methods are safe to call concurrently; the mutex is
@@ -64,12 +66,13 @@ struct ReplicatorOptions {
   std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};
 };
 
-// The target's refusal of this node's copies for want of room (its
-// --replica-memory-bytes): the node agent tells the coordinator, which
-// places them elsewhere (HeartbeatRequest.replica_refused).
+// The target's refusal of this node's copies, for want of room (its
+// --replica-memory-bytes) or because it keeps a copy of the rank it takes
+// for newer: the node agent tells the coordinator, which places them
+// elsewhere (HeartbeatRequest.replica_refused).
 struct HolderRefusal {
   std::string holder;  // the target's node id
-  std::string reason;  // its words, naming replica_memory_bytes
+  std::string reason;  // its words, naming the field
 };
 
 struct ReplicatorStats {
@@ -101,8 +104,9 @@ class Replicator {
   // rank's newest shard; a copy in flight to the old one is cancelled (a
   // stopped holder would hold it until its deadline).
   void SetTarget(std::optional<ReplicaPeer> target);
-  // Set while the current target's last answer was "no room"
-  // (ResourceExhausted naming replica_memory_bytes).
+  // Set while the current target's last answer was a refusal: "no room"
+  // (ResourceExhausted naming replica_memory_bytes) or "holds a newer
+  // copy" (FailedPrecondition naming copy.step).
   std::optional<HolderRefusal> Refused() const;
   ReplicatorStats Stats() const;
 

@@ -242,6 +242,45 @@ TEST_F(ReplicaFetchTest, AHolderWithoutRoomIsReportedUntilTheTargetChanges) {
   EXPECT_EQ(rep.Stats().pending, 1u);
 }
 
+// Another node's copy of the rank at a huge generation and step (any peer
+// may send one) does not keep this node's copies out of the holder.
+TEST_F(ReplicaFetchTest, AnotherNodesClaimOnARankDoesNotKeepItsCopiesOut) {
+  StartHolder(1ull << 30);
+  const storage::Shard claim = ReplicaImage("core", 1000, 0, 1);
+  ASSERT_TRUE(Put(CopyOf(claim, 9, "p"), claim.image).ok());
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(a, "a", Holder());
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  EXPECT_TRUE(
+      Eventually([&] { return store_->Find("core", 1, 0) != nullptr; }));
+  EXPECT_TRUE(Eventually([&] { return rep.Stats().sent == 1; }));
+  EXPECT_EQ(rep.Stats().failed, 0u) << rep.Stats().last_error;
+}
+
+// A holder that refuses this node's copy as older than the one it holds
+// (here: a job of the same name, deleted and started again, whose steps
+// and generation start low again) is reported as a refusal, so that the
+// coordinator places the copies elsewhere; the copy never counts as sent.
+TEST_F(ReplicaFetchTest, AHolderRefusingACopyAsOlderIsReportedNotCountedSent) {
+  StartHolder(1ull << 30);
+  const storage::Shard old_job = ReplicaImage("core", 1000, 0, 1);
+  ASSERT_TRUE(Put(CopyOf(old_job, 9, "a"), old_job.image).ok());
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(a, "a", Holder());
+  std::unique_ptr<shm::Arena> arena;
+  ASSERT_TRUE(
+      SaveOneTensorStep(a.engine.get(), kMe, {"core", 1, true}, &arena).ok());
+  ASSERT_TRUE(Eventually([&] { return rep.Refused().has_value(); }));
+  EXPECT_EQ(rep.Refused()->holder, "b");
+  EXPECT_NE(rep.Refused()->reason.find("copy.step"), std::string::npos)
+      << rep.Refused()->reason;
+  EXPECT_EQ(rep.Stats().sent, 0u);
+  EXPECT_GE(rep.Stats().failed, 1u);
+  EXPECT_EQ(store_->Find("core", 1, 0), nullptr);
+}
+
 TEST_F(ReplicaFetchTest, SavesBeforeTheTargetIsKnownAreSentOnceItIs) {
   // The node learns its target with a heartbeat after its trainer saved.
   StartHolder(1ull << 30);

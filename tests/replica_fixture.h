@@ -89,6 +89,8 @@ class ReplicaFixture : public ::testing::Test {
     std::unique_ptr<daemon::Catalog> catalog;
     std::unique_ptr<daemon::Engine> engine;
     std::atomic<daemon::Replicator*> replicator{nullptr};
+    // Sees every report the engine makes (set before its first save).
+    std::function<void(const daemon::ShardReport&)> on_report;
   };
 
   void TearDown() override {
@@ -125,6 +127,7 @@ class ReplicaFixture : public ::testing::Test {
     eo.node_id = id;
     Node* raw = n.get();
     eo.on_shard = [raw](const daemon::ShardReport& r) {
+      if (raw->on_report) raw->on_report(r);
       if (auto* rep = raw->replicator.load(); rep && !r.failed)
         rep->Staged(r.job, r.step, r.rank, r.durable);
     };

@@ -109,6 +109,68 @@ TEST_F(ReplicaHolderTest,
   EXPECT_TRUE(Get("j", 1, 2).ok());
 }
 
+// Begins, fills and commits a copy of `s` in `store`: its status.
+absl::Status Keep(daemon::ReplicaStore& store, const storage::Shard& s,
+                  const rv1::ShardCopy& copy) {
+  auto in = store.Begin(copy);
+  if (!in.ok()) return in.status();
+  std::memcpy((*in)->data(), s.image.data(), s.image.size());
+  return (*in)->Commit().status();
+}
+
+// A previous copy given up to make room for another rank's copy is handed
+// to the eviction hook, as a replaced one is: the holder retracts it.
+TEST(ReplicaStoreEvictionTest, ACopyDroppedForRoomGoesThroughTheEvictHook) {
+  const uint64_t x = ReplicaImage("j", 5, 0, 3).image.size();
+  std::vector<rv1::ShardCopy> evicted;
+  daemon::ReplicaStore store(
+      4 * x + x / 2, [&](const rv1::ShardCopy& c) { evicted.push_back(c); });
+  auto keep = [&](uint64_t step, uint32_t rank) {
+    const storage::Shard s = ReplicaImage(
+        "j", step, rank, 3, 100000, static_cast<uint32_t>(step * 10 + rank));
+    return Keep(store, s, CopyOf(s));
+  };
+  for (uint32_t rank = 0; rank < 3; ++rank) ASSERT_TRUE(keep(5, rank).ok());
+  ASSERT_TRUE(keep(6, 2).ok());  // rank 2 holds steps 6 and 5
+  EXPECT_TRUE(evicted.empty());
+  // Rank 1's step 6 does not fit: rank 2's previous copy goes.
+  ASSERT_TRUE(keep(6, 1).ok());
+  EXPECT_EQ(store.Find("j", 5, 2), nullptr);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].step(), 5u);
+  EXPECT_EQ(evicted[0].rank(), 2u);
+  EXPECT_EQ(evicted[0].source_node(), "a");
+}
+
+// A copy of a rank sent by another node, whatever generation and step it
+// claims, never keeps out the copies of the node the rank is on: a copy
+// from another source than the held one replaces it. From one source an
+// older save still never replaces a newer one, and the same save again is
+// no new copy.
+TEST(ReplicaStoreOrderTest, AnotherNodesHighClaimDoesNotBlockTheRanksCopies) {
+  std::vector<rv1::ShardCopy> evicted;
+  daemon::ReplicaStore store(
+      1ull << 30, [&](const rv1::ShardCopy& c) { evicted.push_back(c); });
+  const storage::Shard claim = ReplicaImage("j", 100, 0, 1, 1000, 1);
+  ASSERT_TRUE(Keep(store, claim, CopyOf(claim, 9, "p")).ok());
+  const storage::Shard mine = ReplicaImage("j", 3, 0, 1, 1000, 2);
+  absl::Status kept = Keep(store, mine, CopyOf(mine, 0, "a"));
+  ASSERT_TRUE(kept.ok()) << kept;
+  ASSERT_NE(store.Find("j", 3, 0), nullptr);
+  EXPECT_EQ(store.Find("j", 3, 0)->copy.source_node(), "a");
+  const daemon::ReplicaStats before = store.Stats();
+  auto again = store.Begin(CopyOf(mine, 0, "a"));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists)
+      << again.status();
+  const storage::Shard older = ReplicaImage("j", 2, 0, 1, 1000, 3);
+  absl::Status refused = Keep(store, older, CopyOf(older, 0, "a"));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("copy.step"), std::string::npos);
+  EXPECT_EQ(store.Stats().held, before.held);
+  EXPECT_EQ(store.Stats().used_bytes, before.used_bytes);
+  EXPECT_EQ(store.Find("j", 2, 0), nullptr);
+}
+
 // An evicted copy's mapping takes the next copy of its size: the copy is
 // written into pages that are already there (no page faults, no zeroing),
 // and the spare counts against the budget, giving way to a copy that needs

@@ -261,6 +261,13 @@ class Engine : public StagedShards, private PipelineState {
   // good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                          const std::string& error);
+  // A client claimed `shard`'s `copy` bad, and the daemon's own check
+  // (`checked`: OK, or why it could not run) did not find it so: the copy
+  // is kept, and the claim is counted and reported (FallbackReport's
+  // verified_bad false).
+  void ReportUnconfirmedLocked(const Job& job, const Shard& shard,
+                               ShardCopy copy, const std::string& claim,
+                               const absl::Status& checked);
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
                        bool delete_file) {

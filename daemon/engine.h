@@ -213,6 +213,13 @@ class Engine : public StagedShards, private PipelineState {
                                            std::optional<uint32_t> owner_uid,
                                            const PeerFetch& fetch);
 
+  // Cluster mode, once, after the node's first registration: reports every
+  // shard recovered from the catalog at Open that is still here (STAGED,
+  // then DURABLE when it is durable in the commit tier). Their reports of
+  // the previous life went under an epoch the coordinator has ended, so
+  // without this it never learns that they are durable.
+  void ReportRecovered();
+
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
   // shards were still not durable.
@@ -234,6 +241,15 @@ class Engine : public StagedShards, private PipelineState {
          storage::Backend* object);
   [[nodiscard]] absl::Status Recover();
   void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
+  // The shards Recover found (each save by its generation), for
+  // ReportRecovered; guarded by the lock.
+  struct RecoveredShard {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    uint64_t gen = 0;
+  };
+  std::vector<RecoveredShard> recovered_;
 
   // Helpers; *Locked ones need the job table's lock held.
   // Returns the rank's arena, creating or growing it to slot_bytes. The

@@ -100,8 +100,10 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
         "bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
+  // Lease 0 names no restore: only a FILE restore's claim of a bad copy
+  // (a daemon before leases on files handed out none).
   const Lease* lease = nullptr;
-  if (req.lease() != 0) {
+  if (req.lease() != 0 || req.bad_copy().empty()) {
     lease = table_.leases().FindFor(req.lease(), req.job(), req.rank(),
                                     /*write=*/false);
     if (lease == nullptr)
@@ -110,7 +112,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                        req.job(), "' rank ", req.rank()));
   }
   if (req.bad_copy().empty()) {
-    if (lease != nullptr) ReleaseLeaseLocked(req.lease());
+    ReleaseLeaseLocked(req.lease());
     return absl::OkStatus();
   }
   const uint64_t step = lease != nullptr ? lease->step : req.step();
@@ -146,7 +148,11 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
         c.arena = rank->second.arena;
         c.slot = shard->slot;
         c.image = c.arena->slot_data(shard->slot);
-        c.stored = shard->slot_copy;
+        // A local file that retention dropped since the load is no copy
+        // to check (nor to drop): only the slot is.
+        c.stored = shard->slot_copy == ShardCopy::kFile && shard->local_gone
+                       ? ShardCopy::kMemory
+                       : shard->slot_copy;
         claim = std::move(c);
       }
     }
@@ -178,6 +184,8 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                    /*write=*/false) != nullptr;
   if (same && claim->image == nullptr)
     same = shard->phase == ShardPhase::kDurable && !shard->local_gone;
+  if (same && claim->stored == ShardCopy::kFile && shard->local_gone)
+    verdict.stored.reset();  // dropped meanwhile: nothing left to mark
   if (same) {
     if (Bad(verdict.stored)) {
       MarkBadCopyLocked(
@@ -198,7 +206,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
           req.bad_copy(), checked);
     }
   }
-  if (lease != nullptr) ReleaseLeaseLocked(req.lease());
+  if (req.lease() != 0) ReleaseLeaseLocked(req.lease());
   lock.unlock();
   writer_->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();

@@ -258,6 +258,31 @@ TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
   EXPECT_EQ(agent->fallbacks_dropped(), 0u);
 }
 
+// A copy a client claimed bad that the node verified (and kept) reaches
+// the event log as such: a sign about the node, not about the copy.
+TEST_F(ServerTest, FallbackClaimTheNodeFoundGoodIsRecordedAsVerified) {
+  Start();
+  auto agent = Agent();
+  ASSERT_TRUE(Eventually([&] { return agent->epoch() > 0; }));
+  RegisterJob(2);
+  daemon::FallbackReport claim = MemoryCopyFailed(1);
+  claim.verified_bad = false;
+  claim.next_copy = "memory";
+  agent->ReportFallback(claim);
+  ASSERT_TRUE(Eventually([&] { return agent->fallbacks_sent() == 1u; }));
+  int found = 0;
+  const v1::EventsResponse events = server_->coordinator()->Events({});
+  for (const auto& e : events.events()) {
+    if (e.kind() != v1::FALLBACK) continue;
+    ++found;
+    ASSERT_TRUE(e.fallback().has_verified_bad()) << e.detail();
+    EXPECT_FALSE(e.fallback().verified_bad());
+    EXPECT_NE(e.detail().find("verified by the node"), std::string::npos)
+        << e.detail();
+  }
+  EXPECT_EQ(found, 1);
+}
+
 // The coordinator is down: ReportFallback still returns at once, and the
 // report goes out when the coordinator is back.
 TEST_F(ServerTest,

@@ -72,6 +72,12 @@ bool IsCopyName(const std::string& copy) {
 // "rank 3 step 40: memory copy failed verification (why); restored from
 // file" (or "; fell back to step 30 [from file]").
 std::string FallbackDetail(const v1::ReportFallbackRequest& r) {
+  if (r.has_verified_bad() && !r.verified_bad())
+    return absl::StrCat("rank ", r.rank(), " step ", r.step(), ": ", r.copy(),
+                        " copy claimed bad by a restore but verified by the "
+                        "node (",
+                        r.reason().empty() ? "no reason given" : r.reason(),
+                        "); kept: suspect the node's memory or device");
   std::string d =
       absl::StrCat("rank ", r.rank(), " step ", r.step(), ": ", r.copy(),
                    " copy failed verification (",
@@ -404,13 +410,17 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     f.set_reason(req.reason());
     if (req.has_next_step()) f.set_next_step(req.next_step());
     f.set_next_copy(req.next_copy());
+    if (req.has_verified_bad()) f.set_verified_bad(req.verified_bad());
     LogLocked(owned.get(), std::move(e));
   }
   // Timeouts found on the way are committed either way; a refusal
   // recorded nothing of its own.
   CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
   if (!s.ok()) return s;
-  options_.metrics->RestoreFellBack(req.job(), req.copy());
+  if (req.has_verified_bad() && !req.verified_bad())
+    options_.metrics->BadCopyClaimUnconfirmed(req.node_id());
+  else
+    options_.metrics->RestoreFellBack(req.job(), req.copy());
   return v1::ReportFallbackResponse();
 }
 

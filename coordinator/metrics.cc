@@ -70,6 +70,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                            "failed verification, "
                            "by job and failed copy (memory, file, object)")
                      .Register(*registry_)),
+      unconfirmed_claims_(
+          prometheus::BuildCounter()
+              .Name("ckpt_coordinator_unconfirmed_bad_copy_claims_total")
+              .Help("Copies a restore claimed bad that the node's own check "
+                    "found good and kept, by node: a node that keeps "
+                    "reporting them has faulty memory or a faulty device")
+              .Register(*registry_)),
       restore_sources_(
           prometheus::BuildCounter()
               .Name("ckpt_coordinator_restore_sources_total")
@@ -126,6 +133,10 @@ void CoordinatorMetrics::StepsTrimmed(uint64_t steps) {
 void CoordinatorMetrics::RestoreFellBack(const std::string& job,
                                          const std::string& copy) {
   fallbacks_.Add({{"ckpt_job", job}, {"copy", copy}}).Increment();
+}
+
+void CoordinatorMetrics::BadCopyClaimUnconfirmed(const std::string& node) {
+  unconfirmed_claims_.Add({{"node", node}}).Increment();
 }
 
 void CoordinatorMetrics::RestoreSourced(const std::string& job,

@@ -75,6 +75,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // A rank of `job` restored from another copy or step: `copy` ("memory",
   // "file", "object") failed verification.
   void RestoreFellBack(const std::string& job, const std::string& copy);
+  // A restore on `node` claimed a copy bad that the node's own check found
+  // good (a sign of the node's memory or device, not of the copy).
+  void BadCopyClaimUnconfirmed(const std::string& node);
   // A plan fetches a rank of `job` from `copy` ("replica", "own slot",
   // "storage"; RankSource.copy).
   void RestoreSourced(const std::string& job, const std::string& copy);
@@ -97,6 +100,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& steps_trimmed_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
+  prometheus::Family<prometheus::Counter>& unconfirmed_claims_;
   prometheus::Family<prometheus::Counter>& restore_sources_;
   prometheus::Family<prometheus::Gauge>& stragglers_;
 

@@ -37,8 +37,43 @@ absl::Status CatalogWriter::Wait(uint64_t ticket) {
     else
       cv_.wait(lock);
   }
-  auto failed = failed_.find(ticket);
-  return failed == failed_.end() ? absl::OkStatus() : failed->second;
+  auto run = failed_.upper_bound(ticket);
+  if (run != failed_.begin()) {
+    --run;
+    const auto& [first, failed] = *run;
+    if (ticket <= failed.last) {
+      if (first == ticket && failed.last == ticket) return failed.status;
+      return absl::Status(
+          failed.status.code(),
+          absl::StrCat("catalog edit ", ticket, " failed with edits ", first,
+                       " to ", failed.last,
+                       " (the first: ", failed.status.message(), ")"));
+    }
+  }
+  if (ticket <= forgotten_)
+    return absl::Status(
+        forgotten_status_.code(),
+        absl::StrCat("catalog edit ", ticket,
+                     ": outcome no longer known (more than ", kMaxFailedRuns,
+                     " runs of failed edits since; the last forgotten: ",
+                     forgotten_status_.message(), ")"));
+  return absl::OkStatus();
+}
+
+void CatalogWriter::RecordFailureLocked(uint64_t ticket, absl::Status status) {
+  if (!failed_.empty()) {
+    FailedRun& newest = failed_.rbegin()->second;
+    if (newest.last + 1 == ticket && newest.status.code() == status.code()) {
+      newest.last = ticket;
+      return;
+    }
+  }
+  failed_.emplace(ticket, FailedRun{ticket, std::move(status)});
+  while (failed_.size() > kMaxFailedRuns) {
+    forgotten_ = failed_.begin()->second.last;
+    forgotten_status_ = failed_.begin()->second.status;
+    failed_.erase(failed_.begin());
+  }
 }
 
 void CatalogWriter::Flush() {
@@ -66,7 +101,7 @@ void CatalogWriter::WriteGroupLocked(std::unique_lock<std::mutex>& lock) {
     edits.push_back(&q.edit);
     sync = sync || q.sync;
   }
-  std::map<uint64_t, absl::Status> failures;
+  std::vector<std::pair<uint64_t, absl::Status>> failures;
   absl::Status s = catalog_->ApplyGroup(edits, sync);
   if (!s.ok()) {
     // One at a time, in order: only the edits that cannot be written fail.
@@ -74,13 +109,13 @@ void CatalogWriter::WriteGroupLocked(std::unique_lock<std::mutex>& lock) {
       absl::Status one = catalog_->Apply(q.edit, q.sync);
       if (!one.ok()) {
         LogWarning(absl::StrCat("catalog: ", one.message()));
-        failures.emplace(q.ticket, std::move(one));
+        failures.emplace_back(q.ticket, std::move(one));
       }
     }
   }
   lock.lock();
-  failed_.merge(failures);
-  while (failed_.size() > 256) failed_.erase(failed_.begin());
+  for (auto& [ticket, status] : failures)
+    RecordFailureLocked(ticket, std::move(status));
   done_ = group.back().ticket;
   ++groups_;
   writing_ = false;

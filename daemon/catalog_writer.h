@@ -14,7 +14,12 @@
 // group itself; a background thread writes the edits nobody waits for.
 //
 // A group whose batch fails is written again one edit at a time, so that
-// one edit that cannot be written fails alone. The destructor writes what
+// one edit that cannot be written fails alone. Wait never answers OK for
+// an edit that failed: failures are remembered as runs of consecutive
+// tickets (a full disk fails a whole group alike, so a run costs one
+// entry however many edits it holds); past kMaxFailedRuns the oldest runs
+// are forgotten, and a ticket at or below them is then answered with an
+// error, since its outcome is no longer known. The destructor writes what
 // is queued, then stops. Thread-safe; its mutex is never held across a
 // write, and the engine's state lock may be held by callers of Enqueue.
 #ifndef CKPT_DAEMON_CATALOG_WRITER_H_
@@ -43,7 +48,8 @@ class CatalogWriter {
   // Queues `edit` (an empty one too); `sync` makes its group wait for the
   // write-ahead log to reach the disk. Returns its ticket (> 0).
   uint64_t Enqueue(CatalogEdit edit, bool sync);
-  // Until edit `ticket` and every earlier one are written; its outcome.
+  // Until edit `ticket` and every earlier one are written; its outcome
+  // (an error, never OK, when it failed or its outcome was forgotten).
   [[nodiscard]] absl::Status Wait(uint64_t ticket);
   // Until every edit queued so far is written.
   void Flush();
@@ -69,8 +75,20 @@ class CatalogWriter {
   bool writing_ = false;
   bool stopping_ = false;
   uint64_t groups_ = 0;
-  // Recent failures by ticket (rare; pruned to the newest 256).
-  std::map<uint64_t, absl::Status> failed_;
+  static constexpr size_t kMaxFailedRuns = 1024;
+  // Consecutive failed tickets with the same error code, by first ticket:
+  // the last ticket of the run and the first failure's status.
+  struct FailedRun {
+    uint64_t last;
+    absl::Status status;
+  };
+  // Records ticket's failure (tickets in increasing order).
+  void RecordFailureLocked(uint64_t ticket, absl::Status status);
+  std::map<uint64_t, FailedRun> failed_;
+  // Failures of tickets <= forgotten_ may have been dropped (past
+  // kMaxFailedRuns): such a ticket's outcome is unknown.
+  uint64_t forgotten_ = 0;
+  absl::Status forgotten_status_;
   std::thread thread_;
 };
 

@@ -214,6 +214,13 @@ class Engine : public StagedShards, private PipelineState {
       const std::string& key, std::optional<uint32_t> owner_uid,
       const PeerFetch& fetch, std::vector<uint64_t> save_digests = {});
 
+  // Cluster mode, once, after the node's first registration: reports every
+  // shard recovered from the catalog at Open that is still here (STAGED,
+  // then DURABLE when it is durable in the commit tier). Their reports of
+  // the previous life went under an epoch the coordinator has ended, so
+  // without this it never learns that they are durable.
+  void ReportRecovered();
+
   // Refuses new saves from now on and waits until every committed shard is
   // durable (or failed for good) or the deadline passes. Returns how many
   // shards were still not durable.
@@ -235,6 +242,15 @@ class Engine : public StagedShards, private PipelineState {
          storage::Backend* object);
   [[nodiscard]] absl::Status Recover();
   void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
+  // The shards Recover found (each save by its generation), for
+  // ReportRecovered; guarded by the lock.
+  struct RecoveredShard {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    uint64_t gen = 0;
+  };
+  std::vector<RecoveredShard> recovered_;
 
   // Helpers; *Locked ones need the job table's lock held.
   // Returns the rank's arena, creating or growing it to slot_bytes. The
@@ -262,6 +278,13 @@ class Engine : public StagedShards, private PipelineState {
   // good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                          const std::string& error);
+  // A client claimed `shard`'s `copy` bad, and the daemon's own check
+  // (`checked`: OK, or why it could not run) did not find it so: the copy
+  // is kept, and the claim is counted and reported (FallbackReport's
+  // verified_bad false).
+  void ReportUnconfirmedLocked(const Job& job, const Shard& shard,
+                               ShardCopy copy, const std::string& claim,
+                               const absl::Status& checked);
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
   void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
                        bool delete_file) {

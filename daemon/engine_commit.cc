@@ -74,6 +74,7 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);
   shard.staged_digest = storage::ChecksumsDigest(shard.info);
+  shard.rec.set_staged_digest(*shard.staged_digest);  // for a restart's reports
 
   // A save of step S starts a new timeline for this rank: its shards of
   // later steps (left over from before a rollback) go, and so does an

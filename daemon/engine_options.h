@@ -50,6 +50,10 @@ struct FallbackReport {
   std::optional<uint64_t> next_step;  // the older step restored instead, if any
   std::string next_copy;  // the copy restored from: "memory", "file", "object"
                           // or "" (unknown)
+  // Whether the daemon's own check of the copy found it bad. false: a
+  // client claimed it bad but it verified, so it is kept; a node whose
+  // clients keep doing that has faulty memory or a faulty device.
+  bool verified_bad = true;
 };
 
 struct EngineOptions {

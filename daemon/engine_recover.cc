@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
@@ -121,6 +122,14 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
       ++lost;
       continue;
     }
+    // The digest its STAGED report named, which every later report of the
+    // save repeats (the catalog keeps it; an older record has none, and a
+    // staged one's is then that of the index as committed, as the commit
+    // computed it).
+    if (rec.has_staged_digest())
+      sh.staged_digest = rec.staged_digest();
+    else if (sh.phase == ShardPhase::kStaged)
+      sh.staged_digest = storage::ChecksumsDigest(sh.info);
     sh.uploaded = rec.uploaded() && object_ != nullptr;
     sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
@@ -165,6 +174,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
     }
     if (object_ != nullptr && sh.phase == ShardPhase::kDurable && !sh.uploaded)
       QueueUploadLocked(job, sh);
+    recovered_.push_back({name, sh.rec.step(), sh.rec.rank(), sh.gen});
     job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
   }
   for (auto& [n, step] : job.steps) {
@@ -192,6 +202,29 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ",
                        in_memory, " in memory, ", requeued, " to persist, ",
                        lost, " lost"));
+}
+
+void Engine::ReportRecovered() {
+  std::lock_guard<std::mutex> lock(table_.mu());
+  std::vector<RecoveredShard> recovered;
+  recovered.swap(recovered_);
+  size_t reported = 0;
+  for (const RecoveredShard& r : recovered) {
+    const Shard* shard = table_.FindShard(r.job, r.step, r.rank);
+    // Replaced by a newer save (reported by its commit), dropped, or failed.
+    if (shard == nullptr || shard->gen != r.gen ||
+        shard->phase == ShardPhase::kFailed)
+      continue;
+    // STAGED first: the coordinator takes a DURABLE report only of a save
+    // this node staged under the same epoch. A persist that ends later
+    // reports DURABLE itself.
+    ReportLocked(*shard, /*durable=*/false);
+    if (CommitDurable(*shard)) ReportLocked(*shard, /*durable=*/true);
+    ++reported;
+  }
+  if (reported > 0)
+    LogInfo(absl::StrCat("reported ", reported,
+                         " shards recovered at start to the coordinator"));
 }
 
 }  // namespace ckpt::daemon

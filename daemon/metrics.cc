@@ -113,9 +113,10 @@ DaemonMetrics::DaemonMetrics()
       .Set(1);
   // Series that exist from the start, so that rate() and increase() see
   // their first increment and dashboards show zero rather than nothing.
-  for (auto kind : {metric::kPersistWrite, metric::kPersistChecksum,
-                    metric::kPersistAbandoned, metric::kManifestWrite,
-                    metric::kRestoreLoad, metric::kRestoreChecksum})
+  for (auto kind :
+       {metric::kPersistWrite, metric::kPersistChecksum,
+        metric::kPersistAbandoned, metric::kManifestWrite, metric::kRestoreLoad,
+        metric::kRestoreChecksum, metric::kRestoreClaimUnconfirmed})
     failures_.Add(L("kind", kind));
   for (auto kind : {metric::kRetryPersist, metric::kRetryManifest})
     retries_.Add(L("kind", kind));

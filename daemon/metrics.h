@@ -55,6 +55,9 @@ inline constexpr std::string_view kPersistAbandoned = "persist_abandoned";
 inline constexpr std::string_view kManifestWrite = "manifest_write";
 inline constexpr std::string_view kRestoreLoad = "restore_load";
 inline constexpr std::string_view kRestoreChecksum = "restore_checksum";
+// A client found a copy bad that the daemon's own check found good.
+inline constexpr std::string_view kRestoreClaimUnconfirmed =
+    "restore_claim_unconfirmed";
 // Retry kinds.
 inline constexpr std::string_view kRetryPersist = "persist";
 inline constexpr std::string_view kRetryManifest = "manifest";

@@ -150,6 +150,13 @@ void NodeAgent::HeartbeatLoop() {
       LogInfo(absl::StrCat("node ", options_.node_id, " registered with ",
                            options_.coordinator, " at epoch ", resp.epoch(),
                            options_.spare ? " (spare)" : ""));
+      // What the engine recovered at start was reported, if at all, under
+      // an epoch of the previous life: once, under this one (without mu_:
+      // the engine reports through Report, under its own lock).
+      if (engine_ != nullptr && !recovered_reported_) {
+        recovered_reported_ = true;
+        engine_->ReportRecovered();
+      }
     }
     cv1::HeartbeatRequest req;
     req.set_node_id(options_.node_id);

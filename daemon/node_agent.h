@@ -16,7 +16,10 @@
 // epoch) and drops the reports of the old one. A shard committed while the
 // node has no epoch (fenced and not registered again yet, or before its
 // first registration) is never reported: it belongs to a generation the
-// coordinator gave up on, and must not count under the next epoch.
+// coordinator gave up on, and must not count under the next epoch. What
+// the engine recovered from its catalog at start (a ckptd restart) is
+// reported once, after the first registration (Engine::ReportRecovered):
+// the coordinator forgot it with the previous life's epoch.
 //
 // Reports go in batches: one ReportShards call carries every report
 // queued (all ranks of this node), after a short gathering delay. A batch
@@ -231,6 +234,9 @@ class NodeAgent {
   Engine* engine_ = nullptr;
   std::unique_ptr<Rpc> rpc_;
   std::atomic<uint64_t> epoch_{0};
+  // Heartbeat thread: the engine's recovered shards were reported (after
+  // the first registration).
+  bool recovered_reported_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;

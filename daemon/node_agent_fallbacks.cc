@@ -68,6 +68,7 @@ void NodeAgent::SendFallbacksLocked(std::unique_lock<std::mutex>& lock) {
     req.set_reason(f.reason);
     if (f.next_step) req.set_next_step(*f.next_step);
     req.set_next_copy(f.next_copy);
+    req.set_verified_bad(f.verified_bad);
     lock.unlock();
     cv1::ReportFallbackResponse resp;
     grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportFallback, req,

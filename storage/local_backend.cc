@@ -217,9 +217,12 @@ class LocalBackend : public Backend {
   }
 
   // root/dir, reached without following a symlink (local_fs.h).
-  absl::StatusOr<internal::ScopedFd> OpenDir(std::string_view dir,
-                                             bool create) const {
-    return internal::OpenDirBeneath(options_.root, dir, create, options_.sync);
+  // job_uid: with create, the uid the files written there are made for.
+  absl::StatusOr<internal::ScopedFd> OpenDir(
+      std::string_view dir, bool create,
+      std::optional<uid_t> job_uid = std::nullopt) const {
+    return internal::OpenDirBeneath(options_.root, dir, create, options_.sync,
+                                    job_uid);
   }
 
   std::optional<std::string> LocalPath(std::string_view key) const override {
@@ -305,7 +308,8 @@ absl::Status LocalWriter::Open() {
       absl::StrCat(name_, internal::TmpSuffix(o.tmp_tag, backend_->Nonce()));
   tmp_path_ =
       absl::StrCat(path_.substr(0, path_.size() - name_.size()), tmp_name_);
-  CKPT_ASSIGN_OR_RETURN(dir_, backend_->OpenDir(dir, /*create=*/true));
+  CKPT_ASSIGN_OR_RETURN(
+      dir_, backend_->OpenDir(dir, /*create=*/true, wopts_.owner_uid));
   absl::Status opened =
       OpenPair(dir_.get(), tmp_name_, tmp_path_, O_WRONLY | O_CREAT | O_EXCL,
                o.direct_io, &direct_fd_, &buffered_fd_);

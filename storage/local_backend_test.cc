@@ -331,6 +331,41 @@ TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
       << "the link itself may stay";
 }
 
+// The rest of finding 25: a user who can write to the shared root makes
+// `<job>/step-…/` before the job's first save. A shard written there could
+// be renamed over or unlinked by that user (the directory's owner), so the
+// write is refused naming the directory, and nothing is created in it.
+// Directories the job's own uid made are used.
+TEST_P(LocalBackendTest, DirectoryPlantedByAnotherUserIsNotWrittenInto) {
+  if (geteuid() != 0)
+    GTEST_SKIP() << "needs root to plant the directory as uid 1000";
+  auto b = Open();
+  const std::string root = dir_.path() + "/root";
+  ASSERT_EQ(chmod(root.c_str(), 0777), 0);
+  ASSERT_TRUE(RunAsUser([&] {
+    return mkdir((root + "/joba").c_str(), 0755) == 0 &&
+           mkdir((root + "/joba/step-00000001").c_str(), 0777) == 0;
+  })) << "uid 1000 could not plant the directories";
+  const std::string key = "joba/step-00000001/rank-00000.shard";
+  std::vector<char> data(4096, 'a');
+  WriterOptions wo;
+  wo.owner_uid = 2000;  // job A's uid: not the planter's
+  auto w = b->NewObjectWriter(key, data.size(), wo);
+  ASSERT_FALSE(w.ok()) << "wrote into a directory uid 1000 owns";
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition)
+      << w.status();
+  EXPECT_NE(std::string(w.status().message()).find(root + "/joba"),
+            std::string::npos)
+      << w.status();
+  EXPECT_TRUE(std::filesystem::is_empty(root + "/joba/step-00000001"));
+  // The same directories are the job's own when the job runs as uid 1000.
+  wo.owner_uid = 1000;
+  auto own = b->NewObjectWriter(key, data.size(), wo);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_TRUE((*own)->WriteAt(0, data.data(), data.size()).ok());
+  ASSERT_TRUE((*own)->Commit().ok());
+}
+
 TEST_P(LocalBackendTest, ReadPastTheEndIsDataLossNamingThePath) {
   auto b = Open();
   ASSERT_TRUE(b->PutSmallObject("small", "hello").ok());

@@ -123,10 +123,18 @@ absl::Status ComponentError(int err, const std::string& path) {
 
 absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
                                         std::string_view dir, bool create,
-                                        bool sync) {
+                                        bool sync,
+                                        std::optional<uid_t> job_uid) {
   ScopedFd cur(open(root.c_str(), kDirFlags));
   if (cur.get() < 0)
     return ErrnoToStatus(errno, absl::StrCat("open root ", root));
+  struct stat root_st {};
+  if (create && fstat(cur.get(), &root_st) != 0)
+    return ErrnoToStatus(errno, absl::StrCat("fstat root ", root));
+  auto trusted = [&](uid_t owner) {
+    return owner == 0 || owner == geteuid() || owner == root_st.st_uid ||
+           (job_uid && owner == *job_uid);
+  };
   std::string path = root;
   size_t start = 0;
   while (start < dir.size()) {
@@ -151,6 +159,12 @@ absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
     if (fstat(next.get(), &st) != 0)
       return ErrnoToStatus(errno, absl::StrCat("fstat ", path));
     if (!S_ISDIR(st.st_mode)) return ComponentError(ENOTDIR, path);
+    if (create && !trusted(st.st_uid))
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": owned by uid ", st.st_uid,
+          ", neither root, ckptd, the root's owner nor the job's uid; "
+          "refusing to write into it (the root is shared: its owner could "
+          "rename or delete what is written there)"));
     cur = std::move(next);
   }
   return cur;

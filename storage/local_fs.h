@@ -5,6 +5,9 @@
 #ifndef CKPT_STORAGE_LOCAL_FS_H_
 #define CKPT_STORAGE_LOCAL_FS_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,9 +60,15 @@ class ScopedFd {
 // may not have happened yet. A component that is a symlink or not a
 // directory is FailedPrecondition naming root/dir; a missing one (create
 // false) NotFound.
-[[nodiscard]] absl::StatusOr<ScopedFd> OpenDirBeneath(const std::string& root,
-                                                      std::string_view dir,
-                                                      bool create, bool sync);
+//
+// With create, a directory is written into only when it is trusted: owned
+// by root, by this process's effective uid, by root's own owner, or by
+// `job_uid` (the uid the files are made for). A directory another user
+// made first in a shared root would let that user rename or unlink what is
+// written there; it is FailedPrecondition naming it.
+[[nodiscard]] absl::StatusOr<ScopedFd> OpenDirBeneath(
+    const std::string& root, std::string_view dir, bool create, bool sync,
+    std::optional<uid_t> job_uid = std::nullopt);
 // "a/b/c" -> {"a/b", "c"}; "c" -> {"", "c"}.
 std::pair<std::string_view, std::string_view> SplitKey(std::string_view key);
 // fsync(fd); the error names `what`.

@@ -13,8 +13,10 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "daemon/catalog.h"
+#include "daemon/catalog_writer.h"
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
@@ -29,6 +31,7 @@ namespace {
 using daemon::Catalog;
 using daemon::Engine;
 using daemon::PeerCreds;
+namespace catv1 = ::ckpt::catalog::v1;
 
 // Holds the next synced catalog write (with `any`, the next write) until
 // Release().
@@ -62,6 +65,88 @@ class SyncGate {
   std::condition_variable cv_;
   bool armed_ = false, any_ = false, entered_ = false, released_ = false;
 };
+
+// A group with more failing edits than the writer once remembered (a full
+// catalog disk while many records queue behind a slow sync): every
+// waiter hears its own edit's failure; none is told OK for an edit that
+// was never written.
+TEST(CatalogWriterTest, EveryWaiterOfAFailedEditHearsTheFailure) {
+  TempDir dir;
+  auto cat = Catalog::Open(dir.path() + "/catalog");
+  ASSERT_TRUE(cat.ok()) << cat.status();
+  SyncGate gate;
+  (*cat)->SetBeforeWriteForTesting([&](bool sync) { gate.BeforeWrite(sync); });
+  (*cat)->FailPutsForTesting(/*shards=*/true, /*jobs=*/false);
+  {
+    daemon::CatalogWriter writer(cat->get());
+    // The writer is held inside a write that succeeds, so that the failing
+    // edits queue behind it and are written as one group.
+    gate.Arm(/*any=*/true);
+    catv1::JobRecord job;
+    job.set_job("w");
+    daemon::CatalogEdit hold;
+    hold.PutJob(job);
+    const uint64_t held = writer.Enqueue(std::move(hold), /*sync=*/false);
+    ASSERT_TRUE(gate.WaitEntered());
+    std::vector<uint64_t> tickets;
+    for (uint64_t step = 1; step <= 300; ++step) {
+      catv1::ShardRecord shard;
+      shard.set_job("w");
+      shard.set_step(step);
+      daemon::CatalogEdit edit;
+      edit.PutShard(shard);
+      tickets.push_back(writer.Enqueue(std::move(edit), /*sync=*/true));
+    }
+    gate.Release();
+    EXPECT_TRUE(writer.Wait(held).ok());
+    size_t told_ok = 0;
+    for (uint64_t t : tickets)
+      if (writer.Wait(t).ok()) ++told_ok;
+    EXPECT_EQ(told_ok, 0u) << "edits that were never written, answered OK";
+    EXPECT_EQ(writer.Wait(tickets.front()).code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  (*cat)->SetBeforeWriteForTesting(nullptr);
+}
+
+// Failures that alternate with successes cannot be kept as one run; past
+// what the writer keeps, an old failed edit is still never answered OK.
+TEST(CatalogWriterTest, FailureOlderThanWhatIsKeptIsNeverAnsweredOk) {
+  TempDir dir;
+  auto cat = Catalog::Open(dir.path() + "/catalog");
+  ASSERT_TRUE(cat.ok()) << cat.status();
+  SyncGate gate;
+  (*cat)->SetBeforeWriteForTesting([&](bool sync) { gate.BeforeWrite(sync); });
+  (*cat)->FailPutsForTesting(/*shards=*/true, /*jobs=*/false);
+  {
+    daemon::CatalogWriter writer(cat->get());
+    gate.Arm(/*any=*/true);
+    catv1::JobRecord job;
+    job.set_job("w");
+    daemon::CatalogEdit hold;
+    hold.PutJob(job);
+    (void)writer.Enqueue(std::move(hold), /*sync=*/false);
+    ASSERT_TRUE(gate.WaitEntered());
+    std::vector<uint64_t> failing;
+    for (uint64_t step = 1; step <= 5000; ++step) {
+      catv1::ShardRecord shard;
+      shard.set_job("w");
+      shard.set_step(step);
+      daemon::CatalogEdit edit;
+      edit.PutShard(shard);
+      failing.push_back(writer.Enqueue(std::move(edit), /*sync=*/false));
+      daemon::CatalogEdit ok;
+      ok.PutJob(job);
+      (void)writer.Enqueue(std::move(ok), /*sync=*/false);
+    }
+    gate.Release();
+    size_t told_ok = 0;
+    for (uint64_t t : failing)
+      if (writer.Wait(t).ok()) ++told_ok;
+    EXPECT_EQ(told_ok, 0u) << "edits that were never written, answered OK";
+  }
+  (*cat)->SetBeforeWriteForTesting(nullptr);
+}
 
 class EngineCatalogTest : public ::testing::Test {
  protected:

@@ -19,6 +19,8 @@
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
+#include "storage/keys.h"
+#include "storage/shard_format.h"
 #include "tests/engine_save.h"
 #include "tests/gated_backend.h"
 #include "tests/harness.h"
@@ -367,6 +369,22 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
     close.set_bad_copy(why);
     ASSERT_TRUE(engine_->CloseRestore(peer_, close).ok());
   };
+  // Both copies are really bad (the daemon checks a claim before it acts):
+  // a stray write into the slot, then a flipped bit in the file.
+  auto flip_slot = [&] {
+    shm::Arena& arena = *arenas_[0];
+    for (uint32_t i = 0; i < arena.num_slots(); ++i)
+      if (arena.slot_state(i) == shm::SlotState::kDurable &&
+          arena.header().slots[i].step.load() == 1) {
+        char* image = arena.slot_data(i);
+        auto header = storage::DecodeHeader({image, storage::kShardAlign});
+        ASSERT_TRUE(header.ok()) << header.status();
+        image[header->data_offset] ^= 0x20;
+        return;
+      }
+    FAIL() << "no slot holds step 1";
+  };
+  flip_slot();
   restore_and_reject("tensor 0: checksum mismatch");
   std::vector<daemon::FallbackReport> got;
   {
@@ -382,6 +400,8 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
   EXPECT_NE(got[0].reason.find("checksum mismatch"), std::string::npos)
       << got[0].reason;
 
+  FlipFirstTensorByteOfFile(dir_.path() + "/root/" +
+                            storage::ShardKey("core", 1, 0, "a"));
   restore_and_reject("tensor 0: checksum mismatch in the file");
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -390,6 +410,8 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[1].copy, "file");
   EXPECT_EQ(got[1].next_copy, "");
+  EXPECT_TRUE(got[0].verified_bad);
+  EXPECT_TRUE(got[1].verified_bad);
 }
 
 // Finding 22: with one rank failing every persist no step is ever whole;

@@ -171,6 +171,7 @@ TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
     return InObjectTier(Manifest(1)) && Status().upload_backlog_steps() == 0;
   });
   ReopenWithoutSharedMemory();
+  FlipFirstTensorByteOfFile(dir_.path() + "/local/" + ShardKey(1));
   auto first = OpenRestore(1, file_read);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->source(),
@@ -190,6 +191,7 @@ TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
   EXPECT_EQ(f[0].next_copy, "object");
   EXPECT_NE(f[0].reason.find("checksum mismatch"), std::string::npos)
       << f[0].reason;
+  EXPECT_TRUE(f[0].verified_bad);
   v1::LatestRequest lr;
   lr.set_job("tier");
   auto latest = engine_->Latest(peer_, lr);
@@ -205,6 +207,90 @@ TEST_P(ObjectTierFallbackTest, BadLocalCopyFallsBackToTheObjectCopyOfTheStep) {
   auto after = OpenRestore(1, file_read);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->source(), v1::RESTORE_SOURCE_OBJECT);
+}
+
+// A client's claim is checked before anything is dropped: a node with
+// faulty memory or a faulty device finds good copies bad, and must not
+// delete them. The local copy that verifies stays, restores keep reading
+// it (across a restart too), and the report says it verified.
+TEST_P(ObjectTierFallbackTest, ClaimedBadLocalCopyThatVerifiesIsKept) {
+  const bool file_read = GetParam();
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  Eventually([&] {
+    return InObjectTier(Manifest(1)) && Status().upload_backlog_steps() == 0;
+  });
+  ReopenWithoutSharedMemory();
+  auto first = OpenRestore(1, file_read);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(
+      CloseRestore(1, first->lease(), "tensor 'w': checksum mismatch").ok());
+  const v1::RestoreSource local =
+      file_read ? v1::RESTORE_SOURCE_FILE : v1::RESTORE_SOURCE_DISK;
+  auto next = OpenRestore(1, file_read);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->source(), file_read ? local : v1::RESTORE_SOURCE_MEMORY)
+      << "the good local copy was dropped on the client's word";
+  EXPECT_TRUE(CloseRestore(1, next->lease()).ok());
+  std::vector<daemon::FallbackReport> f = Fallbacks();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_FALSE(f[0].verified_bad);
+  EXPECT_EQ(f[0].copy, file_read ? "file" : "memory");
+  EXPECT_TRUE(local_->Stat(ShardKey(1)).ok());
+  ReopenWithoutSharedMemory();
+  auto after = OpenRestore(1, file_read);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->source(), local);
+}
+
+// Without another copy a claim used to fail the shard, and Latest walked
+// back: a step that verifies stays the latest and restorable.
+TEST_P(ObjectTierFallbackTest, ClaimedBadOnlyCopyThatVerifiesKeepsTheStep) {
+  const bool file_read = GetParam();
+  no_object_tier_ = true;
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(SaveStep(2).ok());
+  ASSERT_TRUE(WaitDurable(2).ok());
+  ReopenWithoutSharedMemory();
+  auto first = OpenRestore(2, file_read);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(
+      CloseRestore(2, first->lease(), "tensor 'w': checksum mismatch").ok());
+  v1::LatestRequest lr;
+  lr.set_job("tier");
+  auto latest = engine_->Latest(peer_, lr);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step(), 2u) << "a step that verifies was dropped";
+  auto next = OpenRestore(2, file_read);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(CloseRestore(2, next->lease()).ok());
+  std::vector<daemon::FallbackReport> f = Fallbacks();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_FALSE(f[0].verified_bad);
+  EXPECT_TRUE(local_->Stat(ShardKey(2)).ok());
+}
+
+// A claim with no lease (a client of a daemon that handed out none) names
+// only a step: the current file is checked, and kept when it verifies.
+TEST_F(ObjectTierEngineTest, LeaselessClaimAboutAGoodFileKeepsIt) {
+  no_object_tier_ = true;
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(WaitDurable(1).ok());
+  Close();
+  arena_.reset();
+  UnlinkArenas(prefix_);
+  Open(EngineOptions::CommitTier::kLocal, 0, 0);
+  ASSERT_TRUE(CloseRestore(1, 0, "tensor 'w': checksum mismatch").ok());
+  auto next = OpenRestore(1, true);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->source(), v1::RESTORE_SOURCE_FILE);
+  EXPECT_TRUE(CloseRestore(1, next->lease()).ok());
+  std::vector<daemon::FallbackReport> f = Fallbacks();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_FALSE(f[0].verified_bad);
 }
 
 INSTANTIATE_TEST_SUITE_P(ReadBy, ObjectTierFallbackTest, ::testing::Bool(),

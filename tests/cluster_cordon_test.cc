@@ -173,9 +173,25 @@ TEST_F(CordonClusterTest, AStragglersNodeIsReplacedByTheSpare) {
                         "--evict-stragglers"};
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
+  // The spare first, and healthy before the job starts: a straggler named
+  // while the spare's start check still runs (a loaded machine) is
+  // rightly not replaced ("no healthy spare"), which is not what this test
+  // checks.
+  cluster_->StartNode("c", /*spare=*/true);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        auto c = cluster_->GetCluster();
+        if (!c) return false;
+        for (const auto& n : c->nodes())
+          if (n.node_id() == "c")
+            return n.health() == cv1::ALIVE &&
+                   n.health_report().checks_size() > 0 && !n.unhealthy();
+        return false;
+      },
+      seconds(90)))
+      << "the spare never reported healthy";
   cluster_->StartNode("a");
   cluster_->StartNode("b");
-  cluster_->StartNode("c", /*spare=*/true);
   ASSERT_TRUE(Cluster::WaitUntil(
       [&] {
         auto j = cluster_->Job();

@@ -77,8 +77,20 @@ TEST(ReplicaRecoveryTest, ALostNodesRankIsRestoredBitIdenticalFromItsPeer) {
   ASSERT_TRUE(h.ok()) << h.status();
   auto s = start("s", "rack-d", ports[3], true, false);
   ASSERT_TRUE(s.ok()) << s.status();
-  ASSERT_TRUE(WaitUntil([&] { return Cluster(coordinator).nodes_size() == 4; },
-                        seconds(30)));
+  // Every node registered and healthy before the job is placed: a node
+  // whose start check still runs (a loaded machine) gets no ranks, and
+  // rank 1 would not land on b.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const cv1::GetClusterResponse c = Cluster(coordinator);
+        int healthy = 0;
+        for (const auto& n : c.nodes())
+          healthy += n.health() == cv1::ALIVE &&
+                     n.health_report().checks_size() > 0 && !n.unhealthy();
+        return healthy == 4;
+      },
+      seconds(90)))
+      << Cluster(coordinator).DebugString();
   {
     grpc::ClientContext ctx;
     cv1::RegisterJobRequest req;

@@ -66,86 +66,83 @@ class SyncGate {
   bool armed_ = false, any_ = false, entered_ = false, released_ = false;
 };
 
+// A catalog whose shard puts all fail, and a writer over it held inside a
+// write that succeeds, so that the edits enqueued next are written as one
+// group when the test releases the gate.
+class CatalogWriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cat = Catalog::Open(dir_.path() + "/catalog");
+    ASSERT_TRUE(cat.ok()) << cat.status();
+    cat_ = std::move(*cat);
+    cat_->SetBeforeWriteForTesting(
+        [this](bool sync) { gate_.BeforeWrite(sync); });
+    cat_->FailPutsForTesting(/*shards=*/true, /*jobs=*/false);
+    writer_ = std::make_unique<daemon::CatalogWriter>(cat_.get());
+    gate_.Arm(/*any=*/true);
+    job_.set_job("w");
+    daemon::CatalogEdit hold;
+    hold.PutJob(job_);
+    held_ = writer_->Enqueue(std::move(hold), /*sync=*/false);
+    ASSERT_TRUE(gate_.WaitEntered());
+  }
+  void TearDown() override {
+    gate_.Release();
+    writer_.reset();
+    cat_->SetBeforeWriteForTesting(nullptr);
+  }
+  uint64_t EnqueueShard(uint64_t step, bool sync) {
+    catv1::ShardRecord shard;
+    shard.set_job("w");
+    shard.set_step(step);
+    daemon::CatalogEdit edit;
+    edit.PutShard(shard);
+    return writer_->Enqueue(std::move(edit), sync);
+  }
+  size_t ToldOk(const std::vector<uint64_t>& tickets) {
+    size_t n = 0;
+    for (uint64_t t : tickets)
+      if (writer_->Wait(t).ok()) ++n;
+    return n;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Catalog> cat_;
+  SyncGate gate_;
+  std::unique_ptr<daemon::CatalogWriter> writer_;
+  catv1::JobRecord job_;
+  uint64_t held_ = 0;
+};
+
 // A group with more failing edits than the writer once remembered (a full
 // catalog disk while many records queue behind a slow sync): every
 // waiter hears its own edit's failure; none is told OK for an edit that
 // was never written.
-TEST(CatalogWriterTest, EveryWaiterOfAFailedEditHearsTheFailure) {
-  TempDir dir;
-  auto cat = Catalog::Open(dir.path() + "/catalog");
-  ASSERT_TRUE(cat.ok()) << cat.status();
-  SyncGate gate;
-  (*cat)->SetBeforeWriteForTesting([&](bool sync) { gate.BeforeWrite(sync); });
-  (*cat)->FailPutsForTesting(/*shards=*/true, /*jobs=*/false);
-  {
-    daemon::CatalogWriter writer(cat->get());
-    // The writer is held inside a write that succeeds, so that the failing
-    // edits queue behind it and are written as one group.
-    gate.Arm(/*any=*/true);
-    catv1::JobRecord job;
-    job.set_job("w");
-    daemon::CatalogEdit hold;
-    hold.PutJob(job);
-    const uint64_t held = writer.Enqueue(std::move(hold), /*sync=*/false);
-    ASSERT_TRUE(gate.WaitEntered());
-    std::vector<uint64_t> tickets;
-    for (uint64_t step = 1; step <= 300; ++step) {
-      catv1::ShardRecord shard;
-      shard.set_job("w");
-      shard.set_step(step);
-      daemon::CatalogEdit edit;
-      edit.PutShard(shard);
-      tickets.push_back(writer.Enqueue(std::move(edit), /*sync=*/true));
-    }
-    gate.Release();
-    EXPECT_TRUE(writer.Wait(held).ok());
-    size_t told_ok = 0;
-    for (uint64_t t : tickets)
-      if (writer.Wait(t).ok()) ++told_ok;
-    EXPECT_EQ(told_ok, 0u) << "edits that were never written, answered OK";
-    EXPECT_EQ(writer.Wait(tickets.front()).code(),
-              absl::StatusCode::kResourceExhausted);
-  }
-  (*cat)->SetBeforeWriteForTesting(nullptr);
+TEST_F(CatalogWriterTest, EveryWaiterOfAFailedEditHearsTheFailure) {
+  std::vector<uint64_t> tickets;
+  for (uint64_t step = 1; step <= 300; ++step)
+    tickets.push_back(EnqueueShard(step, /*sync=*/true));
+  gate_.Release();
+  EXPECT_TRUE(writer_->Wait(held_).ok());
+  EXPECT_EQ(ToldOk(tickets), 0u)
+      << "edits that were never written, answered OK";
+  EXPECT_EQ(writer_->Wait(tickets.front()).code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 // Failures that alternate with successes cannot be kept as one run; past
 // what the writer keeps, an old failed edit is still never answered OK.
-TEST(CatalogWriterTest, FailureOlderThanWhatIsKeptIsNeverAnsweredOk) {
-  TempDir dir;
-  auto cat = Catalog::Open(dir.path() + "/catalog");
-  ASSERT_TRUE(cat.ok()) << cat.status();
-  SyncGate gate;
-  (*cat)->SetBeforeWriteForTesting([&](bool sync) { gate.BeforeWrite(sync); });
-  (*cat)->FailPutsForTesting(/*shards=*/true, /*jobs=*/false);
-  {
-    daemon::CatalogWriter writer(cat->get());
-    gate.Arm(/*any=*/true);
-    catv1::JobRecord job;
-    job.set_job("w");
-    daemon::CatalogEdit hold;
-    hold.PutJob(job);
-    (void)writer.Enqueue(std::move(hold), /*sync=*/false);
-    ASSERT_TRUE(gate.WaitEntered());
-    std::vector<uint64_t> failing;
-    for (uint64_t step = 1; step <= 5000; ++step) {
-      catv1::ShardRecord shard;
-      shard.set_job("w");
-      shard.set_step(step);
-      daemon::CatalogEdit edit;
-      edit.PutShard(shard);
-      failing.push_back(writer.Enqueue(std::move(edit), /*sync=*/false));
-      daemon::CatalogEdit ok;
-      ok.PutJob(job);
-      (void)writer.Enqueue(std::move(ok), /*sync=*/false);
-    }
-    gate.Release();
-    size_t told_ok = 0;
-    for (uint64_t t : failing)
-      if (writer.Wait(t).ok()) ++told_ok;
-    EXPECT_EQ(told_ok, 0u) << "edits that were never written, answered OK";
+TEST_F(CatalogWriterTest, FailureOlderThanWhatIsKeptIsNeverAnsweredOk) {
+  std::vector<uint64_t> failing;
+  for (uint64_t step = 1; step <= 5000; ++step) {
+    failing.push_back(EnqueueShard(step, /*sync=*/false));
+    daemon::CatalogEdit ok;
+    ok.PutJob(job_);
+    (void)writer_->Enqueue(std::move(ok), /*sync=*/false);
   }
-  (*cat)->SetBeforeWriteForTesting(nullptr);
+  gate_.Release();
+  EXPECT_EQ(ToldOk(failing), 0u)
+      << "edits that were never written, answered OK";
 }
 
 class EngineCatalogTest : public ::testing::Test {

@@ -185,7 +185,7 @@ absl::Status Coordinator::AuditManifests() {
     uint64_t step = 0;
     v1::ManifestStamp stamp;  // of the commit
   };
-  std::vector<Audit> todo;
+  std::vector<Audit> audits;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t round = audit_round_++;
@@ -208,11 +208,11 @@ absl::Status Coordinator::AuditManifests() {
       for (size_t i = 0; i < n; ++i)
         pick.push_back(steps[(round * kAuditStepsPerCall + i) % steps.size()]);
       for (uint64_t st : pick)
-        todo.push_back({name, st, job.rec.manifest_stamps().at(st)});
+        audits.push_back({name, st, job.rec.manifest_stamps().at(st)});
     }
   }
   absl::Status first;
-  for (const Audit& a : todo) {
+  for (const Audit& a : audits) {
     absl::StatusOr<storage::v1::GlobalManifest> found =
         storage::ReadGlobalManifest(*shared_, a.job, a.step);
     if (found.ok() && found->generation() == a.stamp.generation() &&

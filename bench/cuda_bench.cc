@@ -1,5 +1,5 @@
 // ckpt_cuda_bench: the GPU save and restore paths against the GPU's own
-// limits, measured in the same run (doc/benchmarks-gpu.md):
+// limits, measured in the same run (doc/gpu.md):
 //  - device -> shared memory Save of --sizes-gib GiB vs cudaMemcpy
 //    device -> pinned host of the same bytes (target >= 0.90 of its speed);
 //  - shared memory -> device Restore vs cudaMemcpy pinned -> device

@@ -1,4 +1,4 @@
-// The liveness figures of recovery_bench (issue 18): how fast a hang is
+// The liveness figures of recovery_bench: how fast a hang is
 // found against the model's timeout, whether the defaults raise false
 // hangs over a long run, and how many straggler windows a slowed rank
 // takes to be named. Each runs its own cluster of real processes

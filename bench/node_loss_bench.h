@@ -1,4 +1,4 @@
-// One round of recovery_bench's node-loss figures (issue 19): a cluster of
+// One round of recovery_bench's node-loss figures: a cluster of
 // two nodes x two ranks of cluster_trainer plus a spare (real
 // ckpt-coordinator, ckptd, ckptrun; tests/cluster_harness.h) saves steps
 // 1..last_step and holds. Once every rank staged the last step and the

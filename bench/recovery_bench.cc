@@ -5,7 +5,7 @@
 //                  [--worker-dim D] [--worker-steps S] [--dir DIR] [--json]
 //   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
 //                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
-// One run reports (issue 19), R rounds of each, the paths alternated
+// One run reports, R rounds of each, the paths alternated
 // (peer, storage, then storage, peer, ...), medians and ratios:
 //  1. node loss from peers' memory: two nodes x two ranks (cluster_trainer,
 //     N bytes each, default 256 MiB) and a spare, every ckptd with a

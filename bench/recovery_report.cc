@@ -117,7 +117,7 @@ std::string RecoveryJson(const RecoveryRun& run) {
   str("restore_from", primary.restore_from);
   num("raw_transfer_s", peer.limit_s);
   num("node_recovery_transfer_ratio", Ratio(primary.recovery_s, peer.limit_s));
-  // Issue 19: both paths, their limits, steps lost and the step overhead.
+  // Both node-loss paths, their limits, steps lost and the step overhead.
   num("node_loss_peer_s", peer.recovery_s);
   num("node_loss_peer_ratio", Ratio(peer.recovery_s, peer.limit_s));
   num("node_loss_storage_s", storage.recovery_s);

@@ -2,7 +2,8 @@
 // (peer memory, storage), the trainer crashes, the replication step rounds
 // and the link they ran over, reduced to medians and ratios, printed as a
 // table or as one JSON object (whose keys scripts rely on: the old ones of
-// recovery_bench plus issue 19's). Pure formatting; not thread-safe.
+// recovery_bench plus those of both node-loss paths and the replication
+// step). Pure formatting; not thread-safe.
 #ifndef CKPT_BENCH_RECOVERY_REPORT_H_
 #define CKPT_BENCH_RECOVERY_REPORT_H_
 

@@ -1,5 +1,5 @@
-// What replication costs the training step (issue 19's target: step time
-// with replication on >= 97% of the speed without, i.e. on-time <= off-time
+// What replication costs the training step (the target: step time with
+// replication on >= 97% of the speed without, i.e. on-time <= off-time
 // / 0.97): ckpt-worker (the bundled trainer: a real model, the chunked
 // offloaded Adam, a checkpoint save every step) as 2 nodes x 1 rank under
 // ckptrun, every ckptd with a replica listener and a failure domain, and

@@ -1,4 +1,4 @@
-// Cordoning and straggler eviction with real processes (issue 18): a node
+// Cordoning and straggler eviction with real processes: a node
 // whose trainers crash twice within --cordon-window-s is cordoned and its
 // ranks move to the spare; `ckptctl uncordon` makes it a spare again, and
 // it takes the ranks of the next node that dies. A node whose trainers run

@@ -1,4 +1,4 @@
-// Finding 1 of the correctness review: a shard whose tensors were committed
+// A shard whose tensors were committed
 // without a checksum (device tensors: the daemon computes it while
 // persisting) must become globally durable. The engine's STAGED and DURABLE
 // reports go, as the node agent sends them, to a real in-process

@@ -236,10 +236,10 @@ bool Eventually(Fn done) {
   return true;
 }
 
-// Design problem 2 of the review: the persister's synced record of a
-// durable shard ran under the engine's one mutex, so a slow fsync stalled
-// every RPC on the node. Here rank 0's record is held in its fsync while
-// rank 1 begins a save and a trainer asks for the latest step.
+// The persister's synced record of a durable shard once ran under the
+// engine's one mutex, so a slow fsync stalled every RPC on the node. Here
+// rank 0's record is held in its fsync while rank 1 begins a save and a
+// trainer asks for the latest step.
 TEST_F(EngineCatalogTest, SyncedRecordInFlightBlocksNoOtherRanksRpc) {
   ASSERT_TRUE(Save(0, 1).ok());
   ASSERT_TRUE(Save(1, 1).ok());
@@ -310,7 +310,7 @@ TEST_F(EngineCatalogTest, CommitWhoseRecordCannotBeWrittenLeavesNoStep) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Issue 19 item 3: a rank's arena creation (here held in the write of the
+// A rank's arena creation (here held in the write of the
 // job record that describes it, with the rank marked `creating`; not a
 // synced one: the record describes shared memory) must not block the RPCs
 // of the node's other ranks.
@@ -351,7 +351,7 @@ TEST_F(EngineCatalogTest, ArenaCreationInFlightBlocksNoOtherRanksRpc) {
   EXPECT_EQ(engine_->Status(peer_).arenas_size(), 2);
 }
 
-// Issue 17: dropping an arena (the backend's unregister, shm_unlink, the
+// Dropping an arena (the backend's unregister, shm_unlink, the
 // unmap) ran under the job table's lock, so every RPC on the node waited
 // for a deleted job's arenas to go. Here the unregister is held: another
 // job's RPCs finish meanwhile, and the Delete answers only once the arena

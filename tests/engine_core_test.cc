@@ -1,6 +1,5 @@
-// The daemon core's promises on the interleavings the correctness review
-// found broken (shared/review/correctness.md, findings 9, 18, 20, 22, 24),
-// with the engine in-process over a local backend and a real catalog:
+// The daemon core's promises on interleavings that once broke them, with
+// the engine in-process over a local backend and a real catalog:
 // reports carry the job generation, a failed commit changes nothing, a
 // FILE restore keeps its file, a save that failed for good is reported,
 // and steps that can never become whole do not fill the disk.
@@ -149,7 +148,7 @@ class EngineCoreTest : public ::testing::Test {
   std::vector<daemon::FallbackReport> fallbacks_;
 };
 
-// Finding 9: the coordinator can drop an abandoned timeline's saves only if
+// The coordinator can drop an abandoned timeline's saves only if
 // every report says which generation the save was made in.
 TEST_F(EngineCoreTest, SaveWithAGenerationReportsItAndKeepsItAcrossARestart) {
   Open(/*node=*/true);
@@ -181,7 +180,7 @@ TEST_F(EngineCoreTest, SaveWithoutAGenerationReportsNone) {
     EXPECT_FALSE(r.generation.has_value());
 }
 
-// Finding 20: a re-save whose catalog write fails (a full disk) must leave
+// A re-save whose catalog write fails (a full disk) must leave
 // the durable step it would have replaced as it was, now and after a restart.
 TEST_F(EngineCoreTest, ResaveWhoseRecordCannotBeWrittenKeepsTheDurableStep) {
   Open();
@@ -206,7 +205,7 @@ TEST_F(EngineCoreTest, ResaveWhoseRecordCannotBeWrittenKeepsTheDurableStep) {
   EXPECT_TRUE(Save({.job = "core", .step = 2}).ok());
 }
 
-// Finding 20: a grown arena whose job record cannot be written is not
+// A grown arena whose job record cannot be written is not
 // installed; the rank keeps the arena the catalog describes.
 TEST_F(EngineCoreTest, GrowWhoseJobRecordCannotBeWrittenKeepsTheOldArena) {
   Open();
@@ -231,7 +230,7 @@ TEST_F(EngineCoreTest, GrowWhoseJobRecordCannotBeWrittenKeepsTheOldArena) {
   EXPECT_EQ(after.arenas(0).shm_name(), before.arenas(0).shm_name());
 }
 
-// Finding 24: a FILE restore holds its file: a Delete meanwhile waits for
+// A FILE restore holds its file: a Delete meanwhile waits for
 // CloseRestore, and the client reads the bytes it was promised.
 TEST_F(EngineCoreTest, FileRestoreReadsItsFileWhileTheStepIsDeleted) {
   Open();
@@ -331,7 +330,7 @@ TEST_F(EngineCoreTest, FileRestoresCheckOfItsFileHoldsNoOtherRequest) {
   EXPECT_TRUE(std::filesystem::exists(resp1->path())) << resp1->path();
 }
 
-// Finding 18: a save that failed for good is reported, so the coordinator
+// A save that failed for good is reported, so the coordinator
 // stops counting its STAGED report.
 TEST_F(EngineCoreTest, PersistThatFailsForGoodIsReportedAsFailed) {
   Open(/*node=*/true);
@@ -348,7 +347,7 @@ TEST_F(EngineCoreTest, PersistThatFailsForGoodIsReportedAsFailed) {
   EXPECT_TRUE(failed) << "no report retracts step 1";
 }
 
-// Finding 18 / issue 17's FALLBACK event: a copy a restore found bad is
+// The FALLBACK event: a copy a restore found bad is
 // reported (for the coordinator's event log), naming the copy, the step
 // and where restores go next: the memory copy of a durable step falls
 // back to the file; a bad file with no other copy falls back to nothing.
@@ -414,7 +413,7 @@ TEST_F(EngineCoreTest, CopyThatFailsVerificationIsReportedAsAFallback) {
   EXPECT_TRUE(got[1].verified_bad);
 }
 
-// Finding 22: with one rank failing every persist no step is ever whole;
+// With one rank failing every persist no step is ever whole;
 // retention must still bound what stays on disk.
 TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillTheDisk) {
   Open(/*node=*/false, /*retain=*/2);
@@ -439,8 +438,8 @@ TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillTheDisk) {
   }
 }
 
-// Finding 22 with an object tier: neither tier's retention counts a step
-// that can never be whole, so both would fill.
+// The same with an object tier: were a step that can never be whole
+// counted by neither tier's retention, both tiers would fill.
 TEST_F(EngineCoreTest, StepsThatCanNeverBeWholeDoNotFillEitherTier) {
   Open(/*node=*/false, /*retain=*/2, /*object=*/true);
   for (uint64_t step = 1; step <= 6; ++step) {

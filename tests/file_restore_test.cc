@@ -226,7 +226,7 @@ int RunTrainerAsNobody(const std::string& socket, const std::string& job,
   return WEXITSTATUS(status);
 }
 
-// NEEDS THE DAEMON'S RESTORE DECISION (issue 8 part 5): the daemon answers
+// The daemon decides where a restore reads from: it answers
 // FILE only when the caller can read the shard file. Here it cannot (the
 // root is 0700 and owned by the daemon's uid), so it must load the shard
 // into a slot; the client makes one OpenRestore and never probes the file.

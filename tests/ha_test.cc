@@ -206,7 +206,8 @@ TEST_F(HaTest, DeposedLeaderResumedAfterStopPastItsLeaseIsRefusedEveryWrite) {
     EXPECT_NE(e.kind(), cv1::FAILURE_DETECTED) << e.detail();
 }
 
-// Review finding 10, with real processes: the old leader A is held in the
+// A deposed leader's late manifest write, with real processes: the old
+// leader A is held in the
 // middle of its MANIFEST.global write of step 10 (a test-only fault of the
 // binary). A is deposed while it runs (its election key deleted in etcd: A
 // does not know yet, as after a partition or a pause its clock did not

@@ -1,4 +1,4 @@
-// Node health with real processes (issue 18, item 5): a spare whose
+// Node health with real processes: a spare whose
 // /dev/shm has no room for its --capacity fails its health check at start,
 // reports it with its registration, and is never given ranks; the plan
 // for a killed node takes the healthy spare instead. ckptctl shows both.
@@ -184,7 +184,7 @@ TEST_F(HealthClusterTest, NodeWhoseLinksAreSlowFailsTheNetworkCheck) {
             std::string::npos);
 }
 
-// A spare is checked again before it takes ranks (issue 18, item 5): spare
+// A spare is checked again before it takes ranks: spare
 // c's root breaks after it started (its start check passed); when node b
 // dies, the coordinator finds c's report older than
 // --spare-check-max-age-s, asks for a fresh one, and gives b's ranks to

@@ -145,7 +145,7 @@ TEST_F(ObjectTierEngineTest,
   EXPECT_EQ(good->source(), v1::RESTORE_SOURCE_OBJECT);
 }
 
-// The fallback ladder's rung below the local file (issue 17): a local copy
+// The fallback ladder's rung below the local file: a local copy
 // that a restore found bad is dropped and the next restore of the same step
 // reads the object tier's copy, which the load verifies, rather than losing
 // the step. Both ways a client meets the local copy: reading the file

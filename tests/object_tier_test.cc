@@ -168,7 +168,7 @@ TEST_P(ObjectTierTest,
 
 // The fallback ladder's last rung with a real ckptd and the client: the
 // local file rotted, and the restore of the same step comes from the
-// object tier's copy, bit-exact, instead of failing (issue 17).
+// object tier's copy, bit-exact, instead of failing.
 TEST_P(ObjectTierTest, RottedLocalFileIsRestoredFromTheObjectStoreCopy) {
   SaveStepOneThenStopAndDropSharedMemory();
   const std::string local =

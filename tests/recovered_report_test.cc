@@ -100,7 +100,7 @@ class RecoveredReportTest : public coordinator::ServerTest {
   std::shared_ptr<daemon::NodeAgent> agent_;
 };
 
-// The review's scenario on one node: step 3 is staged and reported, the
+// On one node: step 3 is staged and reported, the
 // daemon dies while its persist is held (the persist ends unreported),
 // and the restarted daemon recovers the step as durable from its catalog.
 // The coordinator commits it only if the restarted daemon reports it.

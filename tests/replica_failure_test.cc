@@ -1,4 +1,4 @@
-// Peer replicas under failures (issue 19), with real processes and real
+// Peer replicas under failures, with real processes and real
 // signals (cluster_harness.h): a coordinator and four nodes, each a ckptd
 // with a replica listener in its own failure domain plus ckptrun running
 // cluster_trainer, whose restore checks every byte. Ranks 0 and 1 run on a

@@ -1,4 +1,4 @@
-// Issue 19 end to end, with real processes: four ckptd's in four failure
+// Peer replicas end to end, with real processes: four ckptd's in four failure
 // domains joined to the real ckpt-coordinator binary (rank 0 on a, rank 1
 // on b, h holding replicas, s the spare). Nothing a and b save becomes
 // durable (their storage writes hang: CKPTD_TEST_FAULT), so storage alone

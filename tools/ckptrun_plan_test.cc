@@ -1,4 +1,4 @@
-// ckptrun and the coordinator's plans (issue 19): a replacement node's
+// ckptrun and the coordinator's plans: a replacement node's
 // trainers start while its PREFETCH still runs, once every node
 // acknowledged its RESTART (JobView.trainers_may_start).
 #include "coordinator.grpc.pb.h"

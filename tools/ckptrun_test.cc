@@ -50,7 +50,7 @@ TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
       WaitFor([&] { return Dead(pid0) && Dead(pid1); }, milliseconds(5000)));
 }
 
-// Finding 23: `ckptrun -- sh -c ./train.sh` — the real trainer is a child
+// `ckptrun -- sh -c ./train.sh`: the real trainer is a child
 // of the wrapper, which PR_SET_PDEATHSIG does not reach. SIGKILL of ckptrun
 // must still leave no trainer process behind (checked in /proc).
 TEST_F(CkptrunTest, TrainersUnderAWrapperDieWhenCkptrunIsKilled) {
@@ -145,8 +145,8 @@ TEST_F(CkptrunTest,
       << log_text;
 }
 
-// Issue 19 (recovery at the speed of the network): a new view wakes
-// ckptrun's loop at once. With a 60 s poll, the first generation's
+// Recovery at the speed of the network: a new view wakes ckptrun's loop
+// at once. With a 60 s poll, the first generation's
 // trainers and the restarted one's start only when the view arrives;
 // before, each waited for the next poll (60 s here, 100 ms by default).
 TEST_F(CkptrunTest, NewViewStartsTrainersWithoutWaitingForThePoll) {

@@ -21,7 +21,8 @@ std::string HealthName(cv1::NodeHealth h) {
   return h == cv1::ALIVE ? "ALIVE" : h == cv1::DEAD ? "DEAD" : "UNSPECIFIED";
 }
 
-// The coordinator's view of what `job` restores from memory (issue 19).
+// The coordinator's view of what `job` restores from memory (peer
+// replicas included).
 const cv1::JobMemory* MemoryOf(const cv1::GetClusterResponse& c,
                                const std::string& job) {
   for (const cv1::JobMemory& m : c.memory())
@@ -53,7 +54,7 @@ std::vector<const cv1::StragglerMark*> StragglersOn(
   return out;
 }
 
-// Why a node is marked (issue 18): "cordoned (R)", "unhealthy (check:
+// Why a node is marked: "cordoned (R)", "unhealthy (check:
 // R)", "straggler (job J rank N)"; "-" when none.
 std::string Marks(const cv1::GetClusterResponse& c, const cv1::NodeRecord& n) {
   std::vector<std::string> marks;
@@ -77,7 +78,7 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
     w.Field("spare", n.spare()).Field("capacity", n.capacity());
     w.Field("ms_since_heartbeat", static_cast<int64_t>(n.ms_since_heartbeat()));
     w.Field("dead_reason", n.dead_reason());
-    // The marks (issue 18): why the node takes no ranks, or is slow.
+    // The marks: why the node takes no ranks, or is slow.
     w.Field("cordoned", n.cordoned()).Field("cordon_reason", n.cordon_reason());
     w.Field("unhealthy", n.unhealthy())
         .Field("unhealthy_check", n.unhealthy_check())
@@ -88,7 +89,7 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
           .Field("job", m->job())
           .Field("rank", m->rank())
           .EndObject();
-    // Replicas (issue 19): its failure domain, its replica listener and
+    // Replicas: its failure domain, its replica listener and
     // where its ranks' replicas go now ("" none).
     w.EndArray()
         .Field("domain", n.domain())
@@ -131,7 +132,7 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
       w.Field("fence", static_cast<uint64_t>(stamp->second.fence()))
           .EndObject();
     }
-    // Issue 19: the newest step every rank restores from memory (its
+    // The newest step every rank restores from memory (its
     // host's, or a live peer's replica), were a node lost now.
     const cv1::JobMemory* memory = MemoryOf(c, j.job());
     w.Key("memory_step");

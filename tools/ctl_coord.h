@@ -20,7 +20,8 @@ inline constexpr std::chrono::seconds kRpcTimeout{5};
 // HOST:PORT[,HOST:PORT...].
 [[nodiscard]] absl::Status CheckCoordinator(const std::string& coordinator);
 
-// An array of events, with each kind's own fields (issue 17, 18).
+// An array of events, with each kind's own fields (fallbacks, hangs,
+// health, cordons).
 void WriteEvents(
     JsonWriter& w,
     const google::protobuf::RepeatedPtrField<coord::v1::Event>& events);

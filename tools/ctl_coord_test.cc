@@ -109,7 +109,7 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   EXPECT_EQ(r.out.find("NODE_REGISTERED"), std::string::npos) << r.out;
 }
 
-// Issue 19: each node's domain and replica target, and per job the step it
+// Each node's domain and replica target, and per job the step it
 // restores from memory and how many ranks have a replica.
 TEST_F(CtlCoordTest, ClusterShowsDomainsReplicaTargetsAndTheMemoryStep) {
   testing::FakeNode n1(coord_->address(), "n1", "10.0.0.1:1", 1, false,
@@ -174,7 +174,7 @@ TEST_F(CtlCoordTest, ClusterShowsDomainsReplicaTargetsAndTheMemoryStep) {
       << r.out;
 }
 
-// Issue 17: a restore that fell back shows in `events` as FALLBACK, with
+// A restore that fell back shows in `events` as FALLBACK, with
 // its copy, step and reason (text and --json).
 TEST_F(CtlCoordTest, EventsShowAFallbackWithItsCopyStepAndReason) {
   testing::FakeNode node(coord_->address(), "n1", "", 1);

@@ -32,7 +32,7 @@ void WriteEvents(JsonWriter& w,
         .Field("kind", cv1::EventKind_Name(e.kind()));
     w.Field("detail", e.detail());
     if (e.kind() == cv1::FALLBACK) {
-      // The fields of the detail, for scripts (issue 17).
+      // The fields of the detail, for scripts.
       const cv1::Fallback& f = e.fallback();
       w.Key("fallback")
           .BeginObject()
@@ -57,7 +57,7 @@ void WriteEvents(JsonWriter& w,
           .EndObject();
     }
     if (e.kind() == cv1::HANG_DETECTED) {
-      // rank: the first rank named stuck; ranks: every one (issue 18).
+      // rank: the first rank named stuck; ranks: every one.
       const cv1::Hang& h = e.hang();
       w.Key("rank");
       if (h.ranks_size() > 0)
@@ -79,7 +79,7 @@ void WriteEvents(JsonWriter& w,
           .Field("stacks", h.stacks());
     }
     if (e.kind() == cv1::RESTORE_SOURCES) {
-      // Issue 19: where each moved rank came from, and the steps lost
+      // Where each moved rank came from, and the steps lost
       // against storage alone.
       const cv1::RestoreSources& rs = e.restore();
       w.Key("restore")
@@ -113,10 +113,10 @@ void WriteEvents(JsonWriter& w,
             .EndObject();
       w.EndArray().EndObject();
     }
-    if (e.kind() == cv1::HEALTH_FAILED)  // issue 18: node_id, check, reason
+    if (e.kind() == cv1::HEALTH_FAILED)  // node_id, check, reason
       w.Field("check", e.health().check()).Field("reason", e.health().reason());
     if (e.kind() == cv1::CORDONED || e.kind() == cv1::UNCORDONED ||
-        e.kind() == cv1::EVICTION_SKIPPED)  // issue 18: node_id, reason
+        e.kind() == cv1::EVICTION_SKIPPED)  // node_id, reason
       w.Field("reason", e.cordon().reason()).Field("by", e.cordon().by());
     w.EndObject();
   }

@@ -4,6 +4,7 @@ restarts without its shared memory, and bad input (ids, steps, daemon,
 metadata). Run with Debian's python3 (torch 1.13): the 1.13 API names."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,25 @@ class DcpTest(unittest.TestCase):
         self.assertTrue(R.validate_checkpoint_id("ckptd://job/latest"))
         with self.assertRaisesRegex(ValueError, "checkpoint_id: a str"):
             W(17)
+
+    def test_checkpoint_id_whose_job_ckptd_would_refuse_is_refused_at_construction(self):
+        # The job part becomes a directory and a shared-memory name on the
+        # node: the daemon's rules ([A-Za-z0-9._-], 1-127, no leading '.' or
+        # '-', no '..') apply at construction, not at the first save.
+        W, R = self.dcp.CkptdStorageWriter, self.dcp.CkptdStorageReader
+        for bad, why in (("ckptd://team/llm/100", "character 0x2f"),
+                         ("ckptd://my job/1", "character 0x20"),
+                         ("ckptd://.hidden/1", "may not start with"),
+                         ("ckptd://-x/1", "may not start with"),
+                         ("ckptd://a..b/1", "'..'"),
+                         ("ckptd://%s/1" % ("j" * 128), "at most 127")):
+            self.assertFalse(W.validate_checkpoint_id(bad), bad)
+            self.assertFalse(R.validate_checkpoint_id(bad.replace("/1", "/latest")), bad)
+            with self.assertRaisesRegex(ValueError, "checkpoint_id .*job .*" + re.escape(why)):
+                W(bad)
+            with self.assertRaisesRegex(ValueError, "checkpoint_id .*job .*" + re.escape(why)):
+                R(bad)
+        self.assertTrue(W.validate_checkpoint_id("ckptd://team.llm_v2-a/100"))
 
     def test_missing_step_is_an_error_naming_the_step(self):
         self.save({"t": torch.ones(3)}, "ckptd://onejob/1")

@@ -92,6 +92,26 @@ _STEP_MAX = (1 << 62)
 _ID_RE = re.compile(r"^ckptd://(?P<job>[^\x00]+)/(?P<step>[^/]+)$")
 
 
+_JOB_MAX_BYTES = 127  # util/validate.h's kMaxJobNameBytes
+_JOB_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _job_name_problem(job):
+    """What ckptd's ValidateJobName would refuse in ``job``, or None: the
+    name becomes a directory and a shared-memory name on the node, so a
+    bad one is named here rather than at the first save."""
+    if len(job.encode()) > _JOB_MAX_BYTES:
+        return "%d bytes, at most %d allowed" % (len(job.encode()), _JOB_MAX_BYTES)
+    if ".." in job:
+        return "'..' is not allowed"
+    if job[0] in ".-":
+        return "may not start with '.' or '-'"
+    for b in job.encode():  # bytes, as the daemon names them
+        if chr(b) not in _JOB_CHARS:
+            return "character 0x%02x is not allowed (use [A-Za-z0-9._-])" % b
+    return None
+
+
 def parse_checkpoint_id(checkpoint_id, allow_latest=False):
     """``ckptd://<job>/<step>`` -> (job, step); step None for "latest"
     (where allowed). ValueError names what is wrong."""
@@ -104,6 +124,9 @@ def parse_checkpoint_id(checkpoint_id, allow_latest=False):
     if m is None:
         raise ValueError("checkpoint_id %r: not %s<job>/<step>" % (shown, SCHEME))
     job, step = m.group("job"), m.group("step")
+    why = _job_name_problem(job)
+    if why:
+        raise ValueError("checkpoint_id %r: job %r: %s" % (shown, job[:32], why))
     if step == "latest" and allow_latest:
         return job, None
     if not step.isdigit() or len(step) > 19 or int(step) >= _STEP_MAX:

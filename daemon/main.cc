@@ -44,6 +44,7 @@
 #include "daemon/watchdog.h"
 #include "storage/fault_backend.h"
 #include "storage/open_backend.h"
+#include "util/dir_lock.h"
 #include "util/metrics_server.h"
 #include "util/program.h"
 #include "util/service_notify.h"
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(opts->root, ec);
   if (ec)
     return Fail("--root " + opts->root, absl::InternalError(ec.message()));
+  // One ckptd per root, named when refused; held until exit.
+  auto root_lock = ckpt::DirLock::Acquire(opts->root, "ckptd", "--root");
+  if (!root_lock.ok()) return Fail("--root", root_lock.status());
   auto backend = ckpt::storage::NewLocalBackend(opts->storage);
   if (!backend.ok()) return Fail("storage", backend.status());
   ckpt::storage::Backend* storage = backend->get();

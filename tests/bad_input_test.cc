@@ -15,6 +15,7 @@
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
 #include "tests/rpc_helpers.h"
+#include "tests/test_util.h"
 #include "util/checksum.h"
 
 namespace ckpt::testing {
@@ -47,6 +48,31 @@ class BadInputTest : public RpcDaemonTest {
     EXPECT_NE(_s.error_message().find(field), std::string::npos)               \
         << "message does not name '" << field << "': " << _s.error_message();  \
   } while (0)
+
+// A second ckptd on a root in use is refused by name, pid and all; the first
+// keeps serving and its catalog is untouched.
+TEST_F(BadInputTest, SecondDaemonOnARootInUseIsRefusedNamingThePid) {
+  ASSERT_EQ(Register("keep", 0, 1, 1 << 20).error_code(), grpc::StatusCode::OK);
+  TempDir other;
+  const std::string cmd = std::string(CKPTD_BINARY) + " --socket " +
+                          other.path() + "/s --root " + root() +
+                          " --shm-prefix " + UniqueShmPrefix();
+  CommandResult r = RunCommand(cmd, /*with_stderr=*/true, 60);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--root: " + root() + ": in use by ckptd pid " +
+                       std::to_string(daemon_->pid())),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("Resource temporarily unavailable"), std::string::npos)
+      << r.out;
+  ExpectServing();
+  grpc::ClientContext ctx;
+  v1::ListRequest req;
+  v1::ListResponse resp;
+  ASSERT_TRUE(stub_->List(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.jobs_size(), 1);
+  EXPECT_EQ(resp.jobs(0).job(), "keep");
+}
 
 TEST_F(BadInputTest, RegisterValidatesEveryField) {
   EXPECT_RPC_ERROR(Register("../etc", 0, 1, 1 << 20), INVALID_ARGUMENT, "job");

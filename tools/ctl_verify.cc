@@ -278,6 +278,12 @@ absl::Status RunVerify(const VerifyOptions& opts, bool json) {
     return absl::NotFoundError(
         absl::StrCat("no shards of the selected checkpoint under ", opts.root));
 
+  if (c.shards.empty() && c.node_manifests.empty() &&
+      c.global_manifests.empty() && c.unrecognized.empty())
+    return absl::NotFoundError(absl::StrCat(
+        "nothing to verify under ", opts.root,
+        ": no shards or manifests (is it the daemon's --root, or a job's "
+        "shared root?)"));
   Report report;
   for (const auto& [key, why] : c.unrecognized)
     report.problems.push_back({key, "", why});

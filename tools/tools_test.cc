@@ -119,6 +119,20 @@ TEST_F(CkptctlTest, VerifyFailsOnUnknownStep) {
             1);
 }
 
+// A root with nothing in it (an empty directory, or the parent of the real
+// root typed by mistake) is not "0 problems": nothing was verified.
+TEST(CkptctlVerifyTest, RootWithNothingToVerifyFailsSayingSo) {
+  ::ckpt::testing::TempDir dir;
+  CtlRun r = ::ckpt::testing::RunCommand(
+      std::string(CKPTCTL_PATH) + " verify --root " + dir.path(),
+      /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("nothing to verify under " + dir.path()),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("0 problem(s)"), std::string::npos) << r.out;
+}
+
 TEST_F(CkptctlTest, InspectListsEveryTensor) {
   CtlRun r = Ckptctl("inspect --json " + path_);
   EXPECT_EQ(r.exit_code, 0) << r.out;

@@ -56,10 +56,18 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   };
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   CKPT_RETURN_IF_ERROR(bad_rank(*job));
+  // The missing step first, then what there is instead.
   auto not_found = [&] {
+    std::string newest = "; the job has no complete step here";
+    bool durable = false;
+    for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it)
+      if (table_.StepComplete(*job, it->second, &durable)) {
+        newest = absl::StrCat("; newest is ", it->first);
+        break;
+      }
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", req.step(),
-                                            " for rank ", req.rank()));
+                                            " for rank ", req.rank(), newest));
   };
   Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
   if (shard == nullptr) return not_found();

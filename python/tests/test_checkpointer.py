@@ -122,6 +122,16 @@ class SaveModesTest(DaemonTestCase):
         c.load(3, {"t": out})
         self.assertTrue(torch.equal(out, torch.arange(1000.0)))
 
+    def test_load_of_a_missing_step_names_the_step_and_the_newest(self):
+        c = self.checkpointer()
+        c.save(4, {"t": torch.ones(8)})
+        c.save(6, {"t": torch.ones(8)})
+        with self.assertRaises(ckpt.NotFound) as cm:
+            c.load(999, {"t": torch.empty(8)})
+        msg = cm.exception.message
+        self.assertRegex(msg, r"^restore step 999: .*job '[^']+' has no step 999 for rank 0; newest is 6")
+        self.assertNotIn("skeleton", msg)
+
     def test_restore_step_is_ckptruns_choice_else_the_latest(self):
         c = self.checkpointer()
         saved = os.environ.pop("CKPT_RESTORE_STEP", None)

@@ -222,6 +222,8 @@ class Checkpointer:
             self._client.restore(
                 step, _client.Packed([_tensors.desc(_HEADER, header)]))
         except errors.NotFound as e:
+            if "not in the checkpoint" not in e.message:
+                raise  # the step itself is missing: the daemon names it
             raise errors.NotFound(
                 "step %d has no ckpt.torch skeleton (saved by another "
                 "client?): %s" % (step, e.message)) from None

@@ -5,8 +5,10 @@
 
 #include "bench/ckpt_bench.h"
 #include "bench/report.h"
+#include "util/program.h"
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "ckpt_bench", CKPT_VERSION)) return 0;
   ckpt::bench::Options o;
   CLI::App app{
       "ckpt_bench: ckptd's save/persist/restore against memcpy and raw disk "

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/coord_scale_sim.h"
+#include "util/program.h"
 
 using ckpt::bench::Args;
 using ckpt::bench::PrintText;
@@ -32,6 +33,15 @@ using ckpt::bench::RunOnce;
 using ckpt::bench::ToJson;
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "coord_scale_bench", CKPT_VERSION))
+    return 0;
+  if (ckpt::PrintedHelp(
+          argc, argv,
+          "usage: coord_scale_bench --nodes N [--ranks-per-node 8] "
+          "[--interval-s S] [--duration-s D] [--kill-at-s S] [--heartbeat-ms "
+          "MS] [--timeout-ms MS] [--persist-ms MS] [--channels C] "
+          "[--coordinator-binary PATH] [--json] [--sweep 256,1024,2048]"))
+    return 0;
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];

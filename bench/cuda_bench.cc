@@ -32,6 +32,7 @@
 #include "bench/stats.h"
 #include "ckpt.grpc.pb.h"
 #include "ckpt/client.h"
+#include "util/program.h"
 
 namespace ckpt::bench {
 namespace {
@@ -292,6 +293,8 @@ OverlapFigures MeasureOverlap(const Options& o, const std::string& socket) {
 }
 
 int Main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "ckpt_cuda_bench", CKPT_VERSION))
+    return 0;
   Options o;
   CLI::App app{
       "ckpt_cuda_bench: GPU save/restore against cudaMemcpy in the same run"};

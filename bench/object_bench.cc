@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/object_raw.h"
 #include "storage/object_backend.h"
+#include "util/program.h"
 
 namespace {
 
@@ -62,6 +63,7 @@ char* MapBuffer(uint64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "object_bench", CKPT_VERSION)) return 0;
   CLI::App app{
       "ObjectBackend upload/restore vs raw libcurl PUT/GET to the same store"};
   std::string url;

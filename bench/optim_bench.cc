@@ -27,6 +27,7 @@
 #include "worker/host_device.h"
 #include "worker/test_util.h"
 #ifdef CKPT_HAVE_CUDA
+#include "util/program.h"
 #include "worker/cuda_device.h"
 #endif
 
@@ -159,6 +160,8 @@ absl::Status Run(size_t n, int threads, int iters, size_t chunk_elems,
 }  // namespace ckpt::worker
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "ckpt_optim_bench", CKPT_VERSION))
+    return 0;
   using namespace ckpt::worker;
   CLI::App app{"Chunked offloaded AdamW benchmark"};
   size_t n = size_t{1} << 24, chunk_elems = size_t{1} << 20;

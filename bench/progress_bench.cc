@@ -7,8 +7,14 @@
 
 #include "bench/progress_cost.h"
 #include "tests/temp_dir.h"
+#include "util/program.h"
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "progress_bench", CKPT_VERSION))
+    return 0;
+  if (ckpt::PrintedHelp(argc, argv,
+                        "usage: progress_bench [--dir DIR] [--json]"))
+    return 0;
   bool json = false;
   std::string dir;
   for (int i = 1; i < argc; ++i) {

@@ -53,6 +53,7 @@
 #include "bench/replication_step.h"
 #include "bench/storage_throttle.h"
 #include "shm/huge_pages.h"
+#include "util/program.h"
 
 namespace {
 
@@ -64,6 +65,17 @@ int Fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "recovery_bench", CKPT_VERSION))
+    return 0;
+  if (ckpt::PrintedHelp(
+          argc, argv,
+          "usage: recovery_bench [--bytes-per-rank N] [--rounds R] "
+          "[--link-gbit G] [--storage-gbit G] [--port-base P] [--replicas] "
+          "[--no-step] [--step-only] [--worker-dim D] [--worker-steps S] "
+          "[--dir DIR] [--json] [--keep] [--object-url s3://B/P] [--hang "
+          "[--hang-timeout-min-s S]] [--soak [--soak-s S --soak-first-step-s "
+          "S --soak-eval-s S]] [--straggler [--slow-factor F]]"))
+    return 0;
   uint64_t bytes = 256ull << 20;
   std::string dir = "/var/tmp";
   bool json = false, keep = false, replicas = false, step = true,

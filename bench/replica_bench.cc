@@ -41,6 +41,7 @@
 #include "daemon/replica_store.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"
+#include "util/program.h"
 
 namespace {
 
@@ -203,6 +204,7 @@ double GetOnce(Holder& h, char* sink,
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "replica_bench", CKPT_VERSION)) return 0;
   uint64_t mib = 256;
   int repeats = 5;
   bool json = false;

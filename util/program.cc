@@ -18,6 +18,17 @@ bool PrintedVersion(int argc, char** argv, const char* program,
   return false;
 }
 
+bool PrintedHelp(int argc, char** argv, const char* usage) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 ||
+        std::strcmp(argv[i], "-h") == 0) {
+      std::printf("%s\n", usage);
+      return true;
+    }
+  }
+  return false;
+}
+
 sigset_t BlockSignals(std::initializer_list<int> signals) {
   sigset_t set;
   sigemptyset(&set);

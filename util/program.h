@@ -14,6 +14,9 @@ namespace ckpt {
 // before any "--" (what follows is another program's) is "--version".
 bool PrintedVersion(int argc, char** argv, const char* program,
                     const char* version);
+// The same for "--help" or "-h": prints `usage` on stdout. For the programs
+// that parse their arguments by hand (CLI11's answer --help themselves).
+bool PrintedHelp(int argc, char** argv, const char* usage);
 
 // Blocks `signals` in the calling thread, and so in every thread it starts
 // afterwards, and returns them as a set for sigwait/sigtimedwait. Call it

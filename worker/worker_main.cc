@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "util/program.h"
 #include "util/status.h"
 #include "worker/data_parallel.h"
 #include "worker/trainer.h"
@@ -113,6 +114,7 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "ckpt-worker", CKPT_VERSION)) return 0;
   CLI::App app(
       "ckpt-worker: trains an MLP language model, checkpointing through ckptd");
   TrainerOptions o;

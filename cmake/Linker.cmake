@@ -1,4 +1,4 @@
-# The linker (issue 17: build time). LLVM's lld links this tree's 133
+# The linker. LLVM's lld links this tree's 133
 # executables (most of them test binaries with line tables) in 14 s of
 # wall time where GNU ld takes 50 s (2 cores, `farm-bench --vs` of a relink
 # of all of them, 2 pairs). Used when the compiler accepts -fuse-ld=lld

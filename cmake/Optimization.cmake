@@ -1,5 +1,5 @@
 # Where the tree compiles below the build type's optimisation level, and
-# why (issue 17: build time). Both only when the build type optimises.
+# why. Both only when the build type optimises.
 #
 # Test code at -O1. The tests' own units (the
 # *_test executables and everything in tests/) were about a third of the

@@ -1,4 +1,4 @@
-# Unity builds (issue 17: build time): each target's sources are compiled
+# Unity builds: each target's sources are compiled
 # in batches, one translation unit per batch. Most of a unit's time here is
 # spent on the gRPC, protobuf and abseil templates and inline functions that
 # every unit instantiates and optimises again; a batch does that once.

@@ -281,7 +281,7 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-// Finding 25: a shared root users can write to (a team's NFS directory).
+// A shared root users can write to (a team's NFS directory).
 // User 1000 plants `<job>/` and `<job>/step-…` symlinks into another job's
 // step directory (shard names do not include the job); the root daemon's
 // writes, deletes and stats through them are refused naming the path, and
@@ -331,7 +331,7 @@ TEST_P(LocalBackendTest, UserPlantedSymlinksNeverRedirectWritesOrDeletes) {
       << "the link itself may stay";
 }
 
-// The rest of finding 25: a user who can write to the shared root makes
+// Also: a user who can write to the shared root makes
 // `<job>/step-…/` before the job's first save. A shard written there could
 // be renamed over or unlinked by that user (the directory's owner), so the
 // write is refused naming the directory, and nothing is created in it.
@@ -488,7 +488,7 @@ uint64_t VmPinKiB() {
   return 0;
 }
 
-// Finding 22: idle rings kept the registered buffers (pinned shm pages) of
+// Idle rings kept the registered buffers (pinned shm pages) of
 // a region after UnregisterMemory, until borrowed again; a deleted arena's
 // pages were never freed.
 TEST(RingPool, UnregisterReleasesThePagesIdleAndBorrowedRingsPinned) {

@@ -1,6 +1,7 @@
 # Precompiled headers for every C++ target of the tree. Most translation
-# units here include gRPC, protobuf, abseil and GoogleTest headers through the generated *.pb.h files; parsing them was
-# about a third of each unit's compile time. Two PCH targets are built once
+# units here include gRPC, protobuf, abseil and GoogleTest headers through
+# the generated *.pb.h files; parsing them was about a third of each unit's
+# compile time. Two PCH targets are built once
 # and reused by every target: GCC refuses a PCH built with -fPIC in a -fPIE
 # unit, so libraries (PIC) and executables (PIE) get one each.
 #

@@ -53,23 +53,26 @@ Engine::~Engine() {
   prefaulter_.reset();                   // it publishes under the lock
   if (pipeline_) pipeline_->Stop();      // its tasks take the lock
   {
-    std::lock_guard<std::mutex> lock(table_.mu());
+    JobTable::Lock lock(&table_);
     stopping_ = true;
   }
-  reaper_cv_.notify_all();
+  table_.Wake(JobTable::Waiter::kReaper);
   if (reaper_.joinable()) reaper_.join();
   writer_.reset();       // writes what is queued
   arena_drops_.reset();  // lets go of the arenas dropped so far
-  for (auto& [name, job] : table_.jobs())
+  // Every other thread is gone; the lock only satisfies the analysis.
+  JobTable::Lock lock(&table_);
+  table_.ForEachJob([&](Job& job) {
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
         backend_->UnregisterMemory(rank.arena->slot_data(0));
+  });
 }
 
 void Engine::MaybeForgetJobLocked(const std::string& name) {
-  auto it = table_.jobs().find(name);
-  if (it == table_.jobs().end() || !it->second.forget_when_idle) return;
-  Job& job = it->second;
+  Job* found = table_.Find(name);
+  if (found == nullptr || !found->forget_when_idle) return;
+  Job& job = *found;
   if (!table_.Unused(job)) return;
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
@@ -81,8 +84,8 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
                        ": every step deleted; record and arenas removed"));
   table_.Erase(name);
   metrics_->ForgetJob(name);
-  table_.slot_cv.notify_all();
-  table_.durable_cv.notify_all();
+  table_.Wake(JobTable::Waiter::kSlot);
+  table_.Wake(JobTable::Waiter::kDurable);
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(
@@ -105,13 +108,13 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
     return absl::InvalidArgumentError(absl::StrCat(
         "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
   CKPT_ASSIGN_OR_RETURN(
       Job * job,
       table_.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots));
   job->forget_when_idle = false;
-  auto ensured = EnsureArena(lock, req.job(), req.rank(), req.slot_bytes());
+  auto ensured = EnsureArena(req.job(), req.rank(), req.slot_bytes());
   if (!ensured.ok()) {
     table_.EraseIfUnrecorded(req.job());
     return ensured.status();
@@ -137,7 +140,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     const PeerCreds& peer, const v1::BeginSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   if (draining_)
     return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
@@ -169,8 +172,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));
-    if (table_.slot_cv.wait_until(lock, start + timeout) ==
-        std::cv_status::timeout)
+    if (!table_.WaitUntil(JobTable::Waiter::kSlot, start + timeout))
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ",
                        req.rank(), " after waiting ", timeout.count(), " ms"));
@@ -211,7 +213,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
 
 absl::Status Engine::AbortSave(const PeerCreds& peer,
                                const v1::AbortSaveRequest& req) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   (void)job;
   if (table_.leases().FindFor(req.lease(), req.job(), req.rank(),
@@ -236,9 +238,11 @@ EngineProgress Engine::Progress() const {
 }
 
 void Engine::ReapLoop() {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   while (!stopping_) {
-    reaper_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    table_.WaitUntil(
+        JobTable::Waiter::kReaper,
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
     for (uint64_t id : table_.leases().DeadHolders()) ReleaseLeaseLocked(id);
     reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }

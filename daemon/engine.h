@@ -56,7 +56,8 @@
 // engine_replica.cc (peer replicas: staged snapshots, fetches from peers).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
-// table's lock (table_.mu(), "the lock" below) guards the table only. The
+// table's lock ("the lock" below, taken through JobTable::Lock; what needs
+// it is annotated, and clang checks it) guards the table only. The
 // queues (persist, upload, catalog writer, arena drops, prefaulter) each
 // have their own lock, taken after the table's when a change queues work
 // and never held while they call out; a stage takes the table's lock only
@@ -94,18 +95,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/arena_drops.h"
@@ -194,7 +194,8 @@ class Engine : public StagedShards, private PipelineState {
   bool StagedUnchanged(const std::string& job, uint32_t rank,
                        const StagedCopy& snap) override;
   // A PREFETCH fetches these ranks' shards from peers: an OpenRestore of
-  // one of them waits (fetch_cv) until EndFetch instead of failing.
+  // one of them waits (the table's kFetch waiter) until EndFetch instead of
+  // failing.
   void BeginFetches(const std::string& job, uint64_t step,
                     const std::vector<uint32_t>& ranks);
   void EndFetch(const std::string& job, uint64_t step, uint32_t rank);
@@ -240,8 +241,11 @@ class Engine : public StagedShards, private PipelineState {
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
          storage::Backend* object);
-  [[nodiscard]] absl::Status Recover();
-  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
+  // Both run in Open, before any other thread exists: without the lock,
+  // which they would hold across the catalog's reads and the arenas' maps.
+  [[nodiscard]] absl::Status Recover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The shards Recover found (each save by its generation), for
   // ReportRecovered; guarded by the lock.
   struct RecoveredShard {
@@ -250,51 +254,58 @@ class Engine : public StagedShards, private PipelineState {
     uint32_t rank = 0;
     uint64_t gen = 0;
   };
-  std::vector<RecoveredShard> recovered_;
+  std::vector<RecoveredShard> recovered_ ABSL_GUARDED_BY(table_.mu());
 
   // Helpers; *Locked ones need the job table's lock held.
   // Returns the rank's arena, creating or growing it to slot_bytes. The
   // creation runs with `lock` released (Rank::creating marks it); a refusal
   // leaves the rank's old arena and its steps as they were.
-  [[nodiscard]] absl::StatusOr<Rank*> EnsureArena(
-      std::unique_lock<std::mutex>& lock, const std::string& job, uint32_t rank,
-      uint64_t slot_bytes);
+  [[nodiscard]] absl::StatusOr<Rank*> EnsureArena(const std::string& job,
+                                                  uint32_t rank,
+                                                  uint64_t slot_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
-  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
+  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // OpenRestore: waits while a peer fetch of the shard runs.
-  [[nodiscard]] absl::Status WaitFetchLocked(std::unique_lock<std::mutex>& lock,
-                                             const std::string& job,
-                                             uint64_t step, uint32_t rank);
+  [[nodiscard]] absl::Status WaitFetchLocked(const std::string& job,
+                                             uint64_t step, uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops the job and its record if Delete marked it and nothing uses it.
-  void MaybeForgetJobLocked(const std::string& job);
+  void MaybeForgetJobLocked(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   std::string ArenaName(const std::string& job, uint32_t rank) const;
   // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
   // restore's lease lets the deletes it held back go.
-  void ReleaseLeaseLocked(uint64_t id);
+  void ReleaseLeaseLocked(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no
   // good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
-                         const std::string& error);
+                         const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A client claimed `shard`'s `copy` bad, and the daemon's own check
   // (`checked`: OK, or why it could not run) did not find it so: the copy
   // is kept, and the claim is counted and reported (FallbackReport's
   // verified_bad false).
   void ReportUnconfirmedLocked(const Job& job, const Shard& shard,
                                ShardCopy copy, const std::string& claim,
-                               const absl::Status& checked);
+                               const absl::Status& checked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
-  void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
-                       bool delete_file) {
+  void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     shard_drops_->Drop(job, step, rank, delete_file);
   }
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
   void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
-                        uint64_t gen);
+                        uint64_t gen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // `sync` for RecordLocked of a record that describes only this node's
   // shared memory (a staged or fetched shard, a job's arenas): not synced.
   // A machine crash loses the memory with the record; a daemon crash keeps
@@ -304,15 +315,19 @@ class Engine : public StagedShards, private PipelineState {
   // then waits for no disk sync (each ~0.1 s on a slow disk).
   static constexpr bool kMemoryOnly = false;
   // Queues a catalog edit (in the order of the state changes, the lock held).
-  uint64_t RecordLocked(CatalogEdit edit, bool sync) {
+  uint64_t RecordLocked(CatalogEdit edit, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     return writer_->Enqueue(std::move(edit), sync);
   }
   // The shard failed for good (its persist gave up, every copy failed
   // verification): records it, and tells the coordinator so that no plan
   // chooses its step.
-  void FailShardLocked(Shard& shard, const std::string& error);
-  void MaybeQueueManifestLocked(Job& job, uint64_t step);
-  void ApplyRetentionLocked(Job& job);
+  void FailShardLocked(Shard& shard, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void MaybeQueueManifestLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void ApplyRetentionLocked(Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Restore's one decision: the path the caller may read the durable
   // shard's file (`key`, of image_bytes) from itself (a local file of the
   // recorded size that the caller's uid can open), or nullopt: the daemon
@@ -324,8 +339,8 @@ class Engine : public StagedShards, private PipelineState {
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
   [[nodiscard]] absl::StatusOr<Shard*> LoadShardLocked(
-      std::unique_lock<std::mutex>& lock, const std::string& job, uint64_t step,
-      uint32_t rank, double* load_s, bool* from_object = nullptr);
+      const std::string& job, uint64_t step, uint32_t rank, double* load_s,
+      bool* from_object = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without the lock.
@@ -347,8 +362,8 @@ class Engine : public StagedShards, private PipelineState {
   }
   // Reports the shard to the coordinator (cluster mode): staged, durable
   // or, with `failed`, retracted.
-  void ReportLocked(const Shard& shard, bool durable,
-                    bool failed = false) const;
+  void ReportLocked(const Shard& shard, bool durable, bool failed = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The pipeline's view of the state (pipeline.h): each takes the lock. The
   // persist and manifest halves are in engine_persist.cc, the upload's in
   // engine_tier.cc.
@@ -379,21 +394,28 @@ class Engine : public StagedShards, private PipelineState {
     return object_ != nullptr &&
            options_.commit_tier == EngineOptions::CommitTier::kObject;
   }
-  void QueueUploadLocked(const Job& job, const Shard& shard);
-  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
+  void QueueUploadLocked(const Job& job, const Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Queues the write of a step's object manifest (no checks).
-  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
+  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.
-  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting);
+  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Deletes the local files of a step in the object tier (manifest first).
-  void DropLocalCopyLocked(Job& job, uint64_t step);
+  void DropLocalCopyLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The same for one shard of it (the step's local manifest goes too).
-  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard);
+  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
-  void QueueObjectDeleteLocked(Job& job, uint64_t step);
+  void QueueObjectDeleteLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes the lock.
   MetricsSnapshot Snapshot();
@@ -405,21 +427,19 @@ class Engine : public StagedShards, private PipelineState {
   storage::Backend* const object_;  // the object tier, or nullptr
   const std::chrono::steady_clock::time_point started_;
 
-  // Jobs, ranks, slots, steps, leases and hosting, with the lock (mu())
-  // and the slot, arena and durable condition variables (job_table.h).
+  // Jobs, ranks, slots, steps, leases and hosting, with the lock and
+  // the waiters' condition variables (job_table.h).
   JobTable table_;
-  // The Engine's own waiter, on table_.mu(): the reaper's tick, and
-  // stopping.
-  std::condition_variable reaper_cv_;
-  bool draining_ = false;
-  bool stopping_ = false;
-  uint64_t persisted_shards_ = 0;
-  uint64_t persisted_bytes_ = 0;
-  uint64_t failed_persists_ = 0;
+  // Guarded by the table's lock; stopping_ wakes the reaper (kReaper).
+  bool draining_ ABSL_GUARDED_BY(table_.mu()) = false;
+  bool stopping_ ABSL_GUARDED_BY(table_.mu()) = false;
+  uint64_t persisted_shards_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  uint64_t persisted_bytes_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  uint64_t failed_persists_ ABSL_GUARDED_BY(table_.mu()) = 0;
   // Applies catalog edits in order outside the lock (catalog_writer.h).
   std::unique_ptr<CatalogWriter> writer_;
   // Write leases whose CommitSave waits for its record outside the lock.
-  std::set<uint64_t> committing_;
+  std::set<uint64_t> committing_ ABSL_GUARDED_BY(table_.mu());
   // Persist, manifest, upload and deletes (pipeline.h); persister_ and
   // uploader_ (null without an object tier) are its queues, each with its
   // own lock (taken after the table's, never before it).

@@ -15,7 +15,7 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer,
                                 const v1::CommitSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   const Lease* found = table_.leases().FindFor(req.lease(), req.job(),
                                                req.rank(), /*write=*/true);
@@ -100,20 +100,19 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     edit.PutShard(shard.rec);
     committing_.insert(req.lease());
     ticket = RecordLocked(std::move(edit), /*sync=*/true);
-    lock.unlock();
+    lock.Unlock();
     absl::Status s = writer_->Wait(ticket);
-    lock.lock();
+    lock.Relock();
     committing_.erase(req.lease());
-    auto j = table_.jobs().find(req.job());
-    const bool leased =
-        j != table_.jobs().end() &&
-        table_.leases().FindFor(req.lease(), req.job(), req.rank(),
-                                /*write=*/true) != nullptr;
+    Job* j = table_.Find(req.job());
+    const bool leased = j != nullptr && table_.leases().FindFor(
+                                            req.lease(), req.job(), req.rank(),
+                                            /*write=*/true) != nullptr;
     if (!s.ok()) {
       if (leased) ReleaseLeaseLocked(req.lease());  // the slot frees
       return s;
     }
-    job = &j->second;
+    job = j;
     edit = CatalogEdit();
     if (leased && ShardDrops::Basis(*job, drops) == basis) break;
     // The edit ran ahead of memory: its intents go, and the records of
@@ -161,10 +160,10 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   ReleaseLeaseLocked(req.lease());
   persister_->Push(std::move(task));
   if (ticket == 0) return absl::OkStatus();
-  lock.unlock();
+  lock.Unlock();
   absl::Status s = writer_->Wait(ticket);
   if (s.ok()) return s;
-  lock.lock();
+  lock.Relock();
   UndoCommitLocked(req.job(), req.step(), req.rank(), gen);
   return s;
 }
@@ -172,11 +171,10 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
 void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
                               uint32_t rank, uint64_t gen) {
   Shard* shard = table_.FindShard(job_name, step, rank);
-  auto job = table_.jobs().find(job_name);
-  if (shard == nullptr || shard->gen != gen || job == table_.jobs().end())
-    return;
+  Job* job = table_.Find(job_name);
+  if (shard == nullptr || shard->gen != gen || job == nullptr) return;
   ReportLocked(*shard, /*durable=*/false, /*failed=*/true);
-  DropShardLocked(job->second, step, rank, /*delete_file=*/true);
+  DropShardLocked(*job, step, rank, /*delete_file=*/true);
   MaybeForgetJobLocked(job_name);
 }
 

@@ -95,7 +95,7 @@ bool Bad(const std::optional<absl::Status>& s) {
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                   const v1::CloseRestoreRequest& req) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,7 +163,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   }
   // The checks read the copy (disk, object store, a pass over the slot):
   // the lock is released, and the lease keeps the slot and the file.
-  lock.unlock();
+  lock.Unlock();
   ClaimVerdict verdict;
   if (claim->image != nullptr) verdict.slot = VerifySlotImage(*claim);
   const bool check_stored = claim->image == nullptr || Bad(verdict.slot);
@@ -172,7 +172,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   else if (check_stored && claim->stored == ShardCopy::kObject &&
            object_ != nullptr)
     verdict.stored = VerifyStoredCopy(*object_, *claim);
-  lock.lock();
+  lock.Relock();
   job = table_.Find(req.job());
   shard = table_.FindShard(req.job(), claim->step, req.rank());
   // The verdict is about the copy read: a shard replaced, a slot let go or
@@ -207,7 +207,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     }
   }
   if (req.lease() != 0) ReleaseLeaseLocked(req.lease());
-  lock.unlock();
+  lock.Unlock();
   writer_->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();
 }

@@ -18,7 +18,7 @@ namespace ckpt::daemon {
 
 std::optional<PersistSnapshot> Engine::SnapshotPersist(
     const PersistTask& task) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kStaged || shard->slot < 0)
@@ -48,10 +48,10 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
 void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   const absl::Status& s = outcome.status;
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
-  std::lock_guard<std::mutex> lock(table_.mu());
-  table_.slot_cv.notify_all();  // the slot frees or becomes durable
-  table_.durable_cv.notify_all();
-  auto job = table_.jobs().find(task.job);
+  JobTable::Lock lock(&table_);
+  table_.Wake(JobTable::Waiter::kSlot);  // the slot frees or becomes durable
+  table_.Wake(JobTable::Waiter::kDurable);
+  Job* job = table_.Find(task.job);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
   const PersistRetryPolicy policy{options_.max_persist_attempts,
@@ -60,11 +60,11 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   if (shard == nullptr) {
     // Deleted or replaced while we wrote: the file must not outlive it.
     bool key_in_use = false;
-    if (job != table_.jobs().end()) {
-      auto step = job->second.steps.find(task.step);
-      key_in_use = step != job->second.steps.end() &&
-                   step->second.shards.count(task.rank);
-      for (auto& [r, rank] : job->second.ranks)
+    if (job != nullptr) {
+      auto step = job->steps.find(task.step);
+      key_in_use =
+          step != job->steps.end() && step->second.shards.count(task.rank);
+      for (auto& [r, rank] : job->ranks)
         for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
           if (rank.slots[i].state == shm::SlotState::kPersisting &&
               rank.slots[i].gen == 0 &&
@@ -77,12 +77,12 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
     MaybeForgetJobLocked(task.job);
     return;
   }
-  Rank& rank = job->second.ranks[task.rank];
+  Rank& rank = job->ranks[task.rank];
   if (!s.ok()) ++shard->attempts;
   const PersistVerdict verdict =
       PersistVerdictOf(true, true, s.code(), shard->attempts, policy);
   if (verdict.kind == PersistVerdict::kDurable) {
-    table_.MoveShard(job->second, *shard, ShardPhase::kDurable);
+    table_.MoveShard(*job, *shard, ShardPhase::kDurable);
     shard->rec.set_path(key);
     shard->rec.clear_error();
     shard->info = std::move(outcome.info);
@@ -96,9 +96,9 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
     persisted_bytes_ += shard->info.layout.image_bytes;
     metrics_->Persisted(metric::kTierLocal, outcome.seconds,
                         shard->info.layout.image_bytes);
-    if (object_ != nullptr) QueueUploadLocked(job->second, *shard);
+    if (object_ != nullptr) QueueUploadLocked(*job, *shard);
     if (!ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
-    MaybeQueueManifestLocked(job->second, task.step);
+    MaybeQueueManifestLocked(*job, task.step);
     return;
   }
   ++failed_persists_;
@@ -112,12 +112,12 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
     rank.FailPersist(shard->slot);
     FailShardLocked(*shard, std::string(s.message()));
     // The step can never be whole now: retention may drop it.
-    ApplyRetentionLocked(job->second);
+    ApplyRetentionLocked(*job);
     return;
   }
   // The bytes are still in the slot: retry for as long as they are.
   metrics_->Retry(metric::kRetryPersist);
-  table_.MoveShard(job->second, *shard, ShardPhase::kStaged);
+  table_.MoveShard(*job, *shard, ShardPhase::kStaged);
   if (verdict.release_slot)
     rank.FailPersist(shard->slot);  // a newer save may take the slot now
   PersistTask retry = task;
@@ -141,29 +141,29 @@ std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
                                                          uint64_t step_no,
                                                          bool object,
                                                          bool* written) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   *written = false;
-  auto j = table_.jobs().find(job);
-  if (j == table_.jobs().end()) return std::nullopt;
-  auto step = j->second.steps.find(step_no);
-  if (step == j->second.steps.end()) return std::nullopt;
+  Job* j = table_.Find(job);
+  if (j == nullptr) return std::nullopt;
+  auto step = j->steps.find(step_no);
+  if (step == j->steps.end()) return std::nullopt;
   *written = object ? step->second.object_manifest : step->second.manifest;
   if (*written) return std::nullopt;
   if (object)
     for (const auto& [r, shard] : step->second.shards)
       if (!shard.uploaded) return std::nullopt;
   bool durable = false;
-  if (!table_.StepComplete(j->second, step->second, &durable) || !durable)
+  if (!table_.StepComplete(*j, step->second, &durable) || !durable)
     return std::nullopt;
   return ManifestSnapshot{
-      NodeManifestOf(job, step_no, j->second.rec.world_size(), step->second),
+      NodeManifestOf(job, step_no, j->rec.world_size(), step->second),
       ShardGenerations(step->second)};
 }
 
 bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
                             bool object, const ManifestSnapshot& m,
                             const absl::Status& s) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", job, " step ", step_no, ": ",
                             s.message()));
@@ -175,10 +175,10 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     persister_->Push(std::move(retry));
     return false;
   }
-  auto j = table_.jobs().find(job);
-  if (j == table_.jobs().end()) return false;
-  auto step = j->second.steps.find(step_no);
-  if (step == j->second.steps.end() || ShardGenerations(step->second) != m.gens)
+  Job* j = table_.Find(job);
+  if (j == nullptr) return false;
+  auto step = j->steps.find(step_no);
+  if (step == j->steps.end() || ShardGenerations(step->second) != m.gens)
     return false;
   if (object) {
     step->second.object_manifest = true;
@@ -186,7 +186,7 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     step->second.manifest = true;
     metrics_->StepDurable(job, step_no);
   }
-  ApplyRetentionLocked(j->second);
+  ApplyRetentionLocked(*j);
   return true;
 }
 
@@ -206,30 +206,34 @@ bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   draining_ = true;
-  table_.slot_cv.notify_all();  // waiting saves give up
-  auto pending = [this] { return table_.NotDurable(); };
+  table_.Wake(JobTable::Waiter::kSlot);  // waiting saves give up
+  auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
+    return table_.NotDurable();
+  };
   const auto until = std::chrono::steady_clock::now() + deadline;
   auto remaining = [&] {
     return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
                         until - std::chrono::steady_clock::now()),
                     std::chrono::milliseconds(0));
   };
-  table_.durable_cv.wait_until(lock, until, [&] { return pending() == 0; });
+  while (pending() != 0 &&
+         table_.WaitUntil(JobTable::Waiter::kDurable, until)) {
+  }
   if (pending() == 0) {
     // The manifests and deletes the last persists queued (the persist
     // queue has its own lock and waiters).
-    lock.unlock();
+    lock.Unlock();
     (void)persister_->WaitIdle(remaining());
-    lock.lock();
+    lock.Relock();
   }
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
-    lock.unlock();
+    lock.Unlock();
     if (!uploader_->WaitIdle(remaining())) {
-      lock.lock();
+      lock.Relock();
       table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
         for (const auto& [s, step] : job.steps)
           for (const auto& [r, shard] : step.shards)

@@ -20,7 +20,14 @@ Engine::Engine(EngineOptions options, storage::Backend* backend,
       backend_(backend),
       catalog_(catalog),
       object_(object),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      table_(JobTable::Rules{
+          PersistRetryPolicy{options_.max_persist_attempts,
+                             options_.persist_retry_delay,
+                             options_.persist_retry_max_delay},
+          object != nullptr,
+          object != nullptr &&
+              options_.commit_tier == EngineOptions::CommitTier::kObject}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
@@ -53,7 +60,7 @@ Engine::~Engine() {
   prefaulter_.reset();                   // it publishes under the lock
   if (pipeline_) pipeline_->Stop();      // its tasks take the lock
   {
-    JobTable::Lock lock(&table_);
+    Section lock(this);
     stopping_ = true;
   }
   table_.Wake(JobTable::Waiter::kReaper);
@@ -61,12 +68,81 @@ Engine::~Engine() {
   writer_.reset();       // writes what is queued
   arena_drops_.reset();  // lets go of the arenas dropped so far
   // Every other thread is gone; the lock only satisfies the analysis.
-  JobTable::Lock lock(&table_);
+  JobTable::Lock table_lock(&table_);
   table_.ForEachJob([&](Job& job) {
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
         backend_->UnregisterMemory(rank.arena->slot_data(0));
   });
+}
+
+Engine::Section::Section(Engine* engine) ABSL_NO_THREAD_SAFETY_ANALYSIS
+    : engine_(engine),
+      lock_(&engine->table_) {}
+
+// The analysis follows lock_ inside, not the capability Section stands for.
+Engine::Section::~Section() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (held_) Unlock();
+}
+
+void Engine::Section::Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint64_t upto = engine_->queued_reports_;
+  lock_.Unlock();
+  held_ = false;
+  engine_->Deliver(upto);
+}
+
+void Engine::Section::Relock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  lock_.Relock();
+  held_ = true;
+}
+
+void Engine::OutboxLocked(Report report) {
+  const bool wanted = std::holds_alternative<ShardReport>(report)
+                          ? static_cast<bool>(options_.on_shard)
+                          : static_cast<bool>(options_.on_fallback);
+  if (!wanted) return;
+  outbox_.push_back(std::move(report));
+  ++queued_reports_;
+}
+
+void Engine::Deliver(uint64_t upto) {
+  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
+  // One deliverer at a time, so that reports reach the node agent in the
+  // order of the changes; whoever comes first delivers the others' too.
+  absl::MutexLock order(&deliver_mu_);
+  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
+  std::vector<Report> out;
+  {
+    JobTable::Lock lock(&table_);
+    out.swap(outbox_);
+  }
+  for (const Report& r : out) {
+    if (const ShardReport* shard = std::get_if<ShardReport>(&r))
+      options_.on_shard(*shard);
+    else
+      options_.on_fallback(std::get<FallbackReport>(r));
+  }
+  delivered_reports_.fetch_add(out.size(), std::memory_order_release);
+}
+
+uint64_t Engine::ApplyLocked(Effects& fx) {
+  uint64_t ticket = 0;
+  if (!fx.edit.empty()) ticket = RecordLocked(std::move(fx.edit), fx.sync);
+  fx.edit = CatalogEdit();
+  for (OwedDelete& d : fx.deletes)
+    shard_drops_->QueueLocalDelete(d.job, d.step, std::move(d.key), false);
+  fx.deletes.clear();
+  for (ShardReport& r : fx.reports) OutboxLocked(std::move(r));
+  fx.reports.clear();
+  return ticket;
+}
+
+void Engine::Perform(Effects fx) {
+  for (PersistTask& t : fx.persist) persister_->Push(std::move(t));
+  for (UploadTask& t : fx.upload) uploader_->Push(std::move(t));
+  if (fx.wake_slots) table_.Wake(JobTable::Waiter::kSlot);
+  if (fx.wake_durable) table_.Wake(JobTable::Waiter::kDurable);
 }
 
 void Engine::MaybeForgetJobLocked(const std::string& name) {
@@ -108,7 +184,7 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
     return absl::InvalidArgumentError(absl::StrCat(
         "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
   CKPT_ASSIGN_OR_RETURN(
       Job * job,
@@ -140,7 +216,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     const PeerCreds& peer, const v1::BeginSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   if (draining_)
     return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
@@ -213,7 +289,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
 
 absl::Status Engine::AbortSave(const PeerCreds& peer,
                                const v1::AbortSaveRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   (void)job;
   if (table_.leases().FindFor(req.lease(), req.job(), req.rank(),
@@ -238,7 +314,7 @@ EngineProgress Engine::Progress() const {
 }
 
 void Engine::ReapLoop() {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   while (!stopping_) {
     table_.WaitUntil(
         JobTable::Waiter::kReaper,

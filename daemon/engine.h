@@ -33,6 +33,8 @@
 //   shard_drops.h  dropping a shard (its catalog edit planned, then
 //                  applied) and the deletes owed to storage, recorded as
 //                  intents and redone after a crash;
+//   effects.h      what a transition of the job table hands the Engine
+//                  to do: the catalog edit, tasks, reports, wakes;
 //   retention.h    which steps are complete, durable or dropped (local
 //                  retention's whole decision: ShardsToDrop), and the
 //                  node manifest's contents;
@@ -81,13 +83,17 @@
 // and publishes them into the job table (JobTable::RecordPrefaulted), never
 // calling the engine.
 //
-// What still runs under the lock besides memory work: the
-// on_shard/on_fallback callbacks (the node agent's, which only queue a
-// report). Still in the Engine rather than in an owner of its own
-// (issue 17): CommitSave's re-planning when its superseded drops changed
-// while their edit was written. Restore's choice of copy is RestoreCopyOf,
+// No callback runs under the lock either: the reports for the node agent
+// (on_shard/on_fallback) are queued in the order of the changes and
+// delivered once the lock is released (Section). Transitions of the job
+// table return their effects (effects.h): a commit's and a persist's
+// (JobTable::Commit, JobTable::Persisted); the Engine queues their edit
+// in the same critical section (ApplyLocked) and pushes their tasks after
+// unlocking (Perform). Still in the Engine: CommitSave's re-planning when
+// its superseded drops changed while their edit was written
+// (WriteSupersededLocked). Restore's choice of copy is RestoreCopyOf,
 // and what a persist's outcome does to its shard PersistVerdictOf
-// (step_state.h; RecordPersist applies it); retention's decisions, both
+// (step_state.h; JobTable::Persisted applies it); retention's decisions, both
 // tiers', are retention.h's (ApplyRetentionLocked and
 // ApplyTieredRetentionLocked apply them).
 #ifndef CKPT_DAEMON_ENGINE_H_
@@ -103,6 +109,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -111,6 +118,7 @@
 #include "daemon/arena_drops.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
+#include "daemon/effects.h"
 #include "daemon/engine_options.h"
 #include "daemon/job_table.h"
 #include "daemon/lease_table.h"
@@ -134,6 +142,25 @@ namespace ckpt::daemon {
 
 class Engine : public StagedShards, private PipelineState {
  public:
+  // The table's lock for one request or task (a JobTable::Lock) that,
+  // whenever it releases the lock, delivers the reports the changes made
+  // under it queued: no callback runs under the lock.
+  class ABSL_SCOPED_LOCKABLE Section {
+   public:
+    explicit Section(Engine* engine)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(engine->table_.mu());
+    ~Section() ABSL_UNLOCK_FUNCTION();
+    Section(const Section&) = delete;
+    Section& operator=(const Section&) = delete;
+    void Unlock() ABSL_UNLOCK_FUNCTION();
+    void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
+
+   private:
+    Engine* const engine_;
+    JobTable::Lock lock_;
+    bool held_ = true;
+  };
+
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
   // backend, catalog and object (the object tier, or nullptr for none)
@@ -300,6 +327,27 @@ class Engine : public StagedShards, private PipelineState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     shard_drops_->Drop(job, step, rank, delete_file);
   }
+  // CommitSave's steps: the open save the request names (its lease),
+  // checked; the new shard, its metadata written into its slot and
+  // validated (a refusal ends the save); and the drops of what it
+  // supersedes, written with its record (and with the lock released)
+  // unless there is none (fast: the record is queued with the commit).
+  [[nodiscard]] absl::StatusOr<Lease> CommitLeaseLocked(
+      const PeerCreds& peer, const v1::CommitSaveRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  [[nodiscard]] absl::StatusOr<Shard> StageShardLocked(
+      const v1::CommitSaveRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  struct Superseded {
+    Job* job = nullptr;
+    std::vector<DropPlan> drops;  // to apply (their edit is written)
+    CatalogEdit edit;             // to queue before the record, synced
+    bool fast = false;            // nothing superseded
+    bool written = false;         // the record went with the drops' edit
+  };
+  [[nodiscard]] absl::StatusOr<Superseded> WriteSupersededLocked(
+      const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
@@ -361,9 +409,23 @@ class Engine : public StagedShards, private PipelineState {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   // Reports the shard to the coordinator (cluster mode): staged, durable
-  // or, with `failed`, retracted.
-  void ReportLocked(const Shard& shard, bool durable, bool failed = false) const
+  // or, with `failed`, retracted. Queued (OutboxLocked) and delivered once
+  // the lock is released.
+  void ReportLocked(const Shard& shard, bool durable, bool failed = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // A report to the node agent (on_shard, on_fallback), queued in the
+  // order of the changes; nothing without the callback.
+  using Report = std::variant<ShardReport, FallbackReport>;
+  void OutboxLocked(Report report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // Delivers the queued reports, in order, up to the `upto`-th ever
+  // queued at least; called with the lock released (Section does).
+  void Deliver(uint64_t upto) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // Executes a transition's effects (effects.h). ApplyLocked, in the
+  // transition's critical section: queues the edit (returns its ticket,
+  // 0 for none), the deletes' intents and the reports. Perform, with the
+  // lock released: pushes the tasks and wakes the waiters.
+  uint64_t ApplyLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void Perform(Effects fx) ABSL_LOCKS_EXCLUDED(table_.mu());
   // The pipeline's view of the state (pipeline.h): each takes the lock. The
   // persist and manifest halves are in engine_persist.cc, the upload's in
   // engine_tier.cc.
@@ -436,6 +498,14 @@ class Engine : public StagedShards, private PipelineState {
   uint64_t persisted_shards_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t persisted_bytes_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t failed_persists_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  // Reports queued under the lock (OutboxLocked), how many ever were, and
+  // how many were delivered; deliver_mu_ keeps their order across the
+  // threads that deliver them (taken before the table's lock, never
+  // under it).
+  std::vector<Report> outbox_ ABSL_GUARDED_BY(table_.mu());
+  uint64_t queued_reports_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  std::atomic<uint64_t> delivered_reports_{0};
+  absl::Mutex deliver_mu_;
   // Applies catalog edits in order outside the lock (catalog_writer.h).
   std::unique_ptr<CatalogWriter> writer_;
   // Write leases whose CommitSave waits for its record outside the lock.

@@ -11,7 +11,7 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     const PeerCreds& peer, const v1::DeleteRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   std::vector<uint64_t> steps;
   if (req.all_steps()) {

@@ -95,7 +95,7 @@ bool Bad(const std::optional<absl::Status>& s) {
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                   const v1::CloseRestoreRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -238,7 +238,7 @@ void Engine::ReportUnconfirmedLocked(const Job& job, const Shard& shard,
                                   checked.message(), ")"),
       "; it is kept (a client that keeps doing this suggests faulty memory "
       "or a faulty device on this node)"));
-  if (options_.on_fallback) options_.on_fallback(fallback);
+  OutboxLocked(fallback);
 }
 
 void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
@@ -262,7 +262,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             ": the copy in memory failed verification (", error,
                             "); restores read the ", fallback.next_copy,
                             " copy of ", shard.rec.path(), " next"));
-    if (options_.on_fallback) options_.on_fallback(fallback);
+    OutboxLocked(fallback);
     return;
   }
   if (copy == ShardCopy::kFile && durable && in_object_tier &&
@@ -274,11 +274,11 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             shard.rec.path(), " failed verification (", error,
                             "); it is deleted and restores read the object "
                             "tier's copy next"));
-    if (options_.on_fallback) options_.on_fallback(fallback);
+    OutboxLocked(fallback);
     DropLocalShardLocked(job, shard.rec.step(), shard);
     return;
   }
-  if (options_.on_fallback) options_.on_fallback(fallback);
+  OutboxLocked(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
   LogWarning(absl::StrCat(

@@ -10,7 +10,7 @@ namespace ckpt::daemon {
 
 absl::Status Engine::WaitDurable(const PeerCreds& peer,
                                  const v1::WaitDurableRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
@@ -56,7 +56,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
 
 absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
                                               const v1::ListRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   v1::ListResponse resp;
   if (!req.job().empty()) {
     // A job whose steps were all deleted has no record left: listed empty.
@@ -94,7 +94,7 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
 }
 
 v1::StatusResponse Engine::Status(const PeerCreds& peer) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   v1::StatusResponse resp;
   resp.set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)

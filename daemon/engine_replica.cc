@@ -21,7 +21,7 @@ namespace rv1 = ::ckpt::replica::v1;
 absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
                                                   std::optional<uint64_t> step,
                                                   uint32_t rank_no) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   Job* job = table_.Find(job_name);
   const Shard* shard = nullptr;
   if (job != nullptr && step) {
@@ -63,7 +63,7 @@ absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
 
 bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
                              const StagedCopy& snap) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   Job* job = table_.Find(job_name);
   if (job == nullptr) return false;
   auto rank = job->ranks.find(rank_no);
@@ -73,12 +73,12 @@ bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
 
 void Engine::BeginFetches(const std::string& job, uint64_t step,
                           const std::vector<uint32_t>& ranks) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   for (uint32_t r : ranks) table_.BeginFetch(job, step, r);
 }
 
 void Engine::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   table_.EndFetch(job, step, rank);
 }
 
@@ -130,7 +130,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
                        copy.world_size(), ", not the one ordered"));
     CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
     const uint64_t bytes = copy.image_bytes();
-    JobTable::Lock lock(&table_);
+    Section lock(this);
     if (draining_) return absl::UnavailableError("ckptd is shutting down");
     if (table_.Find(job_name) == nullptr) {
       Job job;
@@ -203,7 +203,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
           storage::DigestHex(save_digests.front()), ")"));
   }
   const Clock::time_point verified_at = Clock::now();
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   Job* job = table_.Find(job_name);
   RankSlots* r = nullptr;
   if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];

@@ -20,7 +20,7 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   v1::LatestResponse resp;
   for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
@@ -45,7 +45,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                            .count(),
                        bytes);
   };
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   // A replacement's trainer may start while its shard still arrives.
   CKPT_RETURN_IF_ERROR(WaitFetchLocked(req.job(), req.step(), req.rank()));
   auto bad_rank = [&](const Job& j) -> absl::Status {

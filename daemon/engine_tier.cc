@@ -22,15 +22,12 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
 }
 
 void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
-  if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
-  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
-               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes(),
-               {shard.rec.path()}};
-  uploader_->Push(std::move(t));
+  if (std::optional<UploadTask> t = JobTable::UploadOf(job, shard))
+    uploader_->Push(std::move(*t));
 }
 
 absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kDurable || shard->uploaded)
@@ -49,7 +46,7 @@ absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
 }
 
 bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   Job* job = table_.Find(task.job);
   if (job == nullptr) return false;
   auto rank = job->ranks.find(task.rank);
@@ -59,7 +56,7 @@ bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
 
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
-  JobTable::Lock lock(&table_);
+  Section lock(this);
   table_.Wake(
       JobTable::Waiter::kDurable);  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);

@@ -12,9 +12,11 @@
 // the job's hosting, what is not yet durable).
 //
 // Pure memory: no method does I/O, calls back, or knows the catalog or
-// the persistence pipeline. Whoever changes the state (the Engine) holds
-// the table's lock, queues the catalog edit of the change in the same
-// critical section, and does every write and storage I/O with it released.
+// the persistence pipeline. The transitions that need either (Commit,
+// Persisted) return it as Effects (effects.h) for the caller to do. Whoever
+// changes the state (the Engine) holds the table's lock, queues the catalog
+// edit of the change in the same critical section, and does every write and
+// storage I/O with it released.
 //
 // Thread-safety: the lock is private. A caller takes it with a
 // JobTable::Lock (scoped, like absl::MutexLock, but it may release and
@@ -54,8 +56,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/catalog.h"
+#include "daemon/effects.h"
 #include "daemon/lease_table.h"
 #include "daemon/peer_listener.h"
+#include "daemon/pipeline.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"
 #include "daemon/step_state.h"
@@ -74,8 +78,21 @@ struct Job {
   bool forget_when_idle = false;
 };
 
+// What the daemon's configuration decides in the job table's transitions.
+struct TableRules {
+  PersistRetryPolicy persist_retry;
+  bool upload = false;  // an object tier: durable shards are uploaded
+  // The object tier is the commit tier: a shard is reported durable once
+  // uploaded, not once persisted.
+  bool object_commit = false;
+};
+
 class JobTable {
  public:
+  using Rules = TableRules;
+  JobTable() = default;
+  explicit JobTable(Rules rules) : rules_(std::move(rules)) {}
+
   // Holds the table's lock for its scope. Unlike absl::MutexLock it may
   // release the lock (Unlock) for the I/O a request waits for and take it
   // back (Relock); it releases it at the end of its scope if held.
@@ -223,6 +240,42 @@ class JobTable {
   std::optional<Lease> ReleaseLease(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Transitions that return what the caller must do (effects.h) instead
+  // of doing it.
+  //
+  // A committed save enters the table (AddCommitted; *gen its
+  // generation): its record (not synced), its STAGED report and its
+  // persist task.
+  Effects Commit(Job& job, RankSlots& rank, uint32_t slot, Shard shard,
+                 uint64_t* gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A persist's outcome for `task`, whose file is `key`, at `now`
+  // (PersistVerdictOf decides): durable (its record, synced; its upload,
+  // DURABLE report and the step's manifest as due), a retry (its task, not
+  // before now + the verdict's delay), abandoned (the shard fails: its
+  // record and retraction, and retention runs), or an orphan (the file
+  // goes, and the job if it is to be forgotten).
+  struct PersistResult {
+    Effects effects;
+    PersistVerdict verdict;
+    uint32_t attempts = 0;  // failed attempts of the save so far
+    uint64_t bytes = 0;     // durable: the shard's bytes
+  };
+  PersistResult Persisted(const PersistTask& task, const std::string& key,
+                          PersistOutcome outcome,
+                          std::chrono::steady_clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The coordinator's report of `shard`: staged, durable or, with
+  // `failed`, retracted.
+  ShardReport ReportOf(const Shard& shard, bool durable,
+                       bool failed = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The upload of a durable shard not yet uploaded, else nullopt.
+  static std::optional<UploadTask> UploadOf(const Job& job, const Shard& shard);
+  // Whether the step's local manifest is due: complete and durable, not
+  // written yet, and no local copy of it deleted by retention.
+  bool ManifestDue(const Job& job, uint64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Cluster mode: the ranks of `job` this node hosts (nullptr: every rank
   // counts). SetHosting returns whether anything changed.
   const Hosting* HostingOf(const std::string& job) const
@@ -289,6 +342,7 @@ class JobTable {
     return reaper_cv_;
   }
 
+  const Rules rules_{};
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);

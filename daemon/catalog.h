@@ -45,7 +45,13 @@ class CatalogEdit {
   // `id` comes from Catalog::NewIntentId.
   void PutDeleteIntent(uint64_t id, const catv1::DeleteIntent& intent);
   void ForgetDeleteIntent(uint64_t id);
+  // Appends `other`'s writes after these.
+  void Append(CatalogEdit other) {
+    for (Op& op : other.ops_) ops_.push_back(std::move(op));
+  }
   bool empty() const { return ops_.empty(); }
+  // The same writes in the same order (tests).
+  friend bool operator==(const CatalogEdit&, const CatalogEdit&) = default;
 
  private:
   friend class Catalog;
@@ -55,6 +61,7 @@ class CatalogEdit {
     std::string key;
     std::optional<std::string> value;  // nullopt: delete the key
     bool range = false;                // delete [key, key + "\xff")
+    friend bool operator==(const Op&, const Op&) = default;
   };
   std::vector<Op> ops_;
 };

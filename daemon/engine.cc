@@ -20,7 +20,14 @@ Engine::Engine(EngineOptions options, storage::Backend* backend,
       backend_(backend),
       catalog_(catalog),
       object_(object),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      table_(JobTable::Rules{
+          PersistRetryPolicy{options_.max_persist_attempts,
+                             options_.persist_retry_delay,
+                             options_.persist_retry_max_delay},
+          object != nullptr,
+          object != nullptr &&
+              options_.commit_tier == EngineOptions::CommitTier::kObject}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
@@ -53,23 +60,95 @@ Engine::~Engine() {
   prefaulter_.reset();                   // it publishes under the lock
   if (pipeline_) pipeline_->Stop();      // its tasks take the lock
   {
-    std::lock_guard<std::mutex> lock(table_.mu());
+    Section lock(this);
     stopping_ = true;
   }
-  reaper_cv_.notify_all();
+  table_.Wake(JobTable::Waiter::kReaper);
   if (reaper_.joinable()) reaper_.join();
   writer_.reset();       // writes what is queued
   arena_drops_.reset();  // lets go of the arenas dropped so far
-  for (auto& [name, job] : table_.jobs())
+  // Every other thread is gone; the lock only satisfies the analysis.
+  JobTable::Lock table_lock(&table_);
+  table_.ForEachJob([&](Job& job) {
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
         backend_->UnregisterMemory(rank.arena->slot_data(0));
+  });
+}
+
+Engine::Section::Section(Engine* engine) ABSL_NO_THREAD_SAFETY_ANALYSIS
+    : engine_(engine),
+      lock_(&engine->table_) {}
+
+// The analysis follows lock_ inside, not the capability Section stands for.
+Engine::Section::~Section() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (held_) Unlock();
+}
+
+void Engine::Section::Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint64_t upto = engine_->queued_reports_;
+  lock_.Unlock();
+  held_ = false;
+  engine_->Deliver(upto);
+}
+
+void Engine::Section::Relock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  lock_.Relock();
+  held_ = true;
+}
+
+void Engine::OutboxLocked(Report report) {
+  const bool wanted = std::holds_alternative<ShardReport>(report)
+                          ? static_cast<bool>(options_.on_shard)
+                          : static_cast<bool>(options_.on_fallback);
+  if (!wanted) return;
+  outbox_.push_back(std::move(report));
+  ++queued_reports_;
+}
+
+void Engine::Deliver(uint64_t upto) {
+  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
+  // One deliverer at a time, so that reports reach the node agent in the
+  // order of the changes; whoever comes first delivers the others' too.
+  absl::MutexLock order(&deliver_mu_);
+  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
+  std::vector<Report> out;
+  {
+    JobTable::Lock lock(&table_);
+    out.swap(outbox_);
+  }
+  for (const Report& r : out) {
+    if (const ShardReport* shard = std::get_if<ShardReport>(&r))
+      options_.on_shard(*shard);
+    else
+      options_.on_fallback(std::get<FallbackReport>(r));
+  }
+  delivered_reports_.fetch_add(out.size(), std::memory_order_release);
+}
+
+uint64_t Engine::ApplyLocked(Effects& fx) {
+  uint64_t ticket = 0;
+  if (!fx.edit.empty()) ticket = RecordLocked(std::move(fx.edit), fx.sync);
+  fx.edit = CatalogEdit();
+  for (OwedDelete& d : fx.deletes)
+    shard_drops_->QueueLocalDelete(d.job, d.step, std::move(d.key), false);
+  fx.deletes.clear();
+  for (ShardReport& r : fx.reports) OutboxLocked(std::move(r));
+  fx.reports.clear();
+  return ticket;
+}
+
+void Engine::Perform(Effects fx) {
+  for (PersistTask& t : fx.persist) persister_->Push(std::move(t));
+  for (UploadTask& t : fx.upload) uploader_->Push(std::move(t));
+  if (fx.wake_slots) table_.Wake(JobTable::Waiter::kSlot);
+  if (fx.wake_durable) table_.Wake(JobTable::Waiter::kDurable);
 }
 
 void Engine::MaybeForgetJobLocked(const std::string& name) {
-  auto it = table_.jobs().find(name);
-  if (it == table_.jobs().end() || !it->second.forget_when_idle) return;
-  Job& job = it->second;
+  Job* found = table_.Find(name);
+  if (found == nullptr || !found->forget_when_idle) return;
+  Job& job = *found;
   if (!table_.Unused(job)) return;
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
@@ -81,8 +160,8 @@ void Engine::MaybeForgetJobLocked(const std::string& name) {
                        ": every step deleted; record and arenas removed"));
   table_.Erase(name);
   metrics_->ForgetJob(name);
-  table_.slot_cv.notify_all();
-  table_.durable_cv.notify_all();
+  table_.Wake(JobTable::Waiter::kSlot);
+  table_.Wake(JobTable::Waiter::kDurable);
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(
@@ -105,13 +184,13 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
     return absl::InvalidArgumentError(absl::StrCat(
         "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
   CKPT_ASSIGN_OR_RETURN(
       Job * job,
       table_.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots));
   job->forget_when_idle = false;
-  auto ensured = EnsureArena(lock, req.job(), req.rank(), req.slot_bytes());
+  auto ensured = EnsureArena(req.job(), req.rank(), req.slot_bytes());
   if (!ensured.ok()) {
     table_.EraseIfUnrecorded(req.job());
     return ensured.status();
@@ -137,7 +216,7 @@ void Engine::ReleaseLeaseLocked(uint64_t id) {
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     const PeerCreds& peer, const v1::BeginSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   if (draining_)
     return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
@@ -169,8 +248,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));
-    if (table_.slot_cv.wait_until(lock, start + timeout) ==
-        std::cv_status::timeout)
+    if (!table_.WaitUntil(JobTable::Waiter::kSlot, start + timeout))
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ",
                        req.rank(), " after waiting ", timeout.count(), " ms"));
@@ -211,7 +289,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
 
 absl::Status Engine::AbortSave(const PeerCreds& peer,
                                const v1::AbortSaveRequest& req) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   (void)job;
   if (table_.leases().FindFor(req.lease(), req.job(), req.rank(),
@@ -236,9 +314,11 @@ EngineProgress Engine::Progress() const {
 }
 
 void Engine::ReapLoop() {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   while (!stopping_) {
-    reaper_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    table_.WaitUntil(
+        JobTable::Waiter::kReaper,
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
     for (uint64_t id : table_.leases().DeadHolders()) ReleaseLeaseLocked(id);
     reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }

@@ -33,6 +33,8 @@
 //   shard_drops.h  dropping a shard (its catalog edit planned, then
 //                  applied) and the deletes owed to storage, recorded as
 //                  intents and redone after a crash;
+//   effects.h      what a transition of the job table hands the Engine
+//                  to do: the catalog edit, tasks, reports, wakes;
 //   retention.h    which steps are complete, durable or dropped (local
 //                  retention's whole decision: ShardsToDrop), and the
 //                  node manifest's contents;
@@ -56,7 +58,8 @@
 // engine_replica.cc (peer replicas: staged snapshots, fetches from peers).
 //
 // Thread-safety: all methods are safe to call concurrently. The job
-// table's lock (table_.mu(), "the lock" below) guards the table only. The
+// table's lock ("the lock" below, taken through JobTable::Lock; what needs
+// it is annotated, and clang checks it) guards the table only. The
 // queues (persist, upload, catalog writer, arena drops, prefaulter) each
 // have their own lock, taken after the table's when a change queues work
 // and never held while they call out; a stage takes the table's lock only
@@ -80,13 +83,17 @@
 // and publishes them into the job table (JobTable::RecordPrefaulted), never
 // calling the engine.
 //
-// What still runs under the lock besides memory work: the
-// on_shard/on_fallback callbacks (the node agent's, which only queue a
-// report). Still in the Engine rather than in an owner of its own
-// (issue 17): CommitSave's re-planning when its superseded drops changed
-// while their edit was written. Restore's choice of copy is RestoreCopyOf,
+// No callback runs under the lock either: the reports for the node agent
+// (on_shard/on_fallback) are queued in the order of the changes and
+// delivered once the lock is released (Section). Transitions of the job
+// table return their effects (effects.h): a commit's and a persist's
+// (JobTable::Commit, JobTable::Persisted); the Engine queues their edit
+// in the same critical section (ApplyLocked) and pushes their tasks after
+// unlocking (Perform). Still in the Engine: CommitSave's re-planning when
+// its superseded drops changed while their edit was written
+// (WriteSupersededLocked). Restore's choice of copy is RestoreCopyOf,
 // and what a persist's outcome does to its shard PersistVerdictOf
-// (step_state.h; RecordPersist applies it); retention's decisions, both
+// (step_state.h; JobTable::Persisted applies it); retention's decisions, both
 // tiers', are retention.h's (ApplyRetentionLocked and
 // ApplyTieredRetentionLocked apply them).
 #ifndef CKPT_DAEMON_ENGINE_H_
@@ -94,23 +101,24 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/arena_drops.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
+#include "daemon/effects.h"
 #include "daemon/engine_options.h"
 #include "daemon/job_table.h"
 #include "daemon/lease_table.h"
@@ -134,6 +142,25 @@ namespace ckpt::daemon {
 
 class Engine : public StagedShards, private PipelineState {
  public:
+  // The table's lock for one request or task (a JobTable::Lock) that,
+  // whenever it releases the lock, delivers the reports the changes made
+  // under it queued: no callback runs under the lock.
+  class ABSL_SCOPED_LOCKABLE Section {
+   public:
+    explicit Section(Engine* engine)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(engine->table_.mu());
+    ~Section() ABSL_UNLOCK_FUNCTION();
+    Section(const Section&) = delete;
+    Section& operator=(const Section&) = delete;
+    void Unlock() ABSL_UNLOCK_FUNCTION();
+    void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
+
+   private:
+    Engine* const engine_;
+    JobTable::Lock lock_;
+    bool held_ = true;
+  };
+
   // Recovers from the catalog: re-attaches arenas, re-queues staged steps
   // that were not yet durable, and starts the persister and the reaper.
   // backend, catalog and object (the object tier, or nullptr for none)
@@ -194,7 +221,8 @@ class Engine : public StagedShards, private PipelineState {
   bool StagedUnchanged(const std::string& job, uint32_t rank,
                        const StagedCopy& snap) override;
   // A PREFETCH fetches these ranks' shards from peers: an OpenRestore of
-  // one of them waits (fetch_cv) until EndFetch instead of failing.
+  // one of them waits (the table's kFetch waiter) until EndFetch instead of
+  // failing.
   void BeginFetches(const std::string& job, uint64_t step,
                     const std::vector<uint32_t>& ranks);
   void EndFetch(const std::string& job, uint64_t step, uint32_t rank);
@@ -240,8 +268,11 @@ class Engine : public StagedShards, private PipelineState {
 
   Engine(EngineOptions options, storage::Backend* backend, Catalog* catalog,
          storage::Backend* object);
-  [[nodiscard]] absl::Status Recover();
-  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards);
+  // Both run in Open, before any other thread exists: without the lock,
+  // which they would hold across the catalog's reads and the arenas' maps.
+  [[nodiscard]] absl::Status Recover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The shards Recover found (each save by its generation), for
   // ReportRecovered; guarded by the lock.
   struct RecoveredShard {
@@ -250,51 +281,79 @@ class Engine : public StagedShards, private PipelineState {
     uint32_t rank = 0;
     uint64_t gen = 0;
   };
-  std::vector<RecoveredShard> recovered_;
+  std::vector<RecoveredShard> recovered_ ABSL_GUARDED_BY(table_.mu());
 
   // Helpers; *Locked ones need the job table's lock held.
   // Returns the rank's arena, creating or growing it to slot_bytes. The
   // creation runs with `lock` released (Rank::creating marks it); a refusal
   // leaves the rank's old arena and its steps as they were.
-  [[nodiscard]] absl::StatusOr<Rank*> EnsureArena(
-      std::unique_lock<std::mutex>& lock, const std::string& job, uint32_t rank,
-      uint64_t slot_bytes);
+  [[nodiscard]] absl::StatusOr<Rank*> EnsureArena(const std::string& job,
+                                                  uint32_t rank,
+                                                  uint64_t slot_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
-  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink);
+  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // OpenRestore: waits while a peer fetch of the shard runs.
-  [[nodiscard]] absl::Status WaitFetchLocked(std::unique_lock<std::mutex>& lock,
-                                             const std::string& job,
-                                             uint64_t step, uint32_t rank);
+  [[nodiscard]] absl::Status WaitFetchLocked(const std::string& job,
+                                             uint64_t step, uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops the job and its record if Delete marked it and nothing uses it.
-  void MaybeForgetJobLocked(const std::string& job);
+  void MaybeForgetJobLocked(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   std::string ArenaName(const std::string& job, uint32_t rank) const;
   // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
   // restore's lease lets the deletes it held back go.
-  void ReleaseLeaseLocked(uint64_t id);
+  void ReleaseLeaseLocked(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no
   // good copy left the shard fails (Latest falls back a step).
   void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
-                         const std::string& error);
+                         const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A client claimed `shard`'s `copy` bad, and the daemon's own check
   // (`checked`: OK, or why it could not run) did not find it so: the copy
   // is kept, and the claim is counted and reported (FallbackReport's
   // verified_bad false).
   void ReportUnconfirmedLocked(const Job& job, const Shard& shard,
                                ShardCopy copy, const std::string& claim,
-                               const absl::Status& checked);
+                               const absl::Status& checked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
-  void DropShardLocked(Job& job, uint64_t step, uint32_t rank,
-                       bool delete_file) {
+  void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     shard_drops_->Drop(job, step, rank, delete_file);
   }
+  // CommitSave's steps: the open save the request names (its lease),
+  // checked; the new shard, its metadata written into its slot and
+  // validated (a refusal ends the save); and the drops of what it
+  // supersedes, written with its record (and with the lock released)
+  // unless there is none (fast: the record is queued with the commit).
+  [[nodiscard]] absl::StatusOr<Lease> CommitLeaseLocked(
+      const PeerCreds& peer, const v1::CommitSaveRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  [[nodiscard]] absl::StatusOr<Shard> StageShardLocked(
+      const v1::CommitSaveRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  struct Superseded {
+    Job* job = nullptr;
+    std::vector<DropPlan> drops;  // to apply (their edit is written)
+    CatalogEdit edit;             // to queue before the record, synced
+    bool fast = false;            // nothing superseded
+    bool written = false;         // the record went with the drops' edit
+  };
+  [[nodiscard]] absl::StatusOr<Superseded> WriteSupersededLocked(
+      const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
   void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
-                        uint64_t gen);
+                        uint64_t gen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // `sync` for RecordLocked of a record that describes only this node's
   // shared memory (a staged or fetched shard, a job's arenas): not synced.
   // A machine crash loses the memory with the record; a daemon crash keeps
@@ -304,15 +363,19 @@ class Engine : public StagedShards, private PipelineState {
   // then waits for no disk sync (each ~0.1 s on a slow disk).
   static constexpr bool kMemoryOnly = false;
   // Queues a catalog edit (in the order of the state changes, the lock held).
-  uint64_t RecordLocked(CatalogEdit edit, bool sync) {
+  uint64_t RecordLocked(CatalogEdit edit, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     return writer_->Enqueue(std::move(edit), sync);
   }
   // The shard failed for good (its persist gave up, every copy failed
   // verification): records it, and tells the coordinator so that no plan
   // chooses its step.
-  void FailShardLocked(Shard& shard, const std::string& error);
-  void MaybeQueueManifestLocked(Job& job, uint64_t step);
-  void ApplyRetentionLocked(Job& job);
+  void FailShardLocked(Shard& shard, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void MaybeQueueManifestLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void ApplyRetentionLocked(Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Restore's one decision: the path the caller may read the durable
   // shard's file (`key`, of image_bytes) from itself (a local file of the
   // recorded size that the caller's uid can open), or nullopt: the daemon
@@ -324,8 +387,8 @@ class Engine : public StagedShards, private PipelineState {
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
   [[nodiscard]] absl::StatusOr<Shard*> LoadShardLocked(
-      std::unique_lock<std::mutex>& lock, const std::string& job, uint64_t step,
-      uint32_t rank, double* load_s, bool* from_object = nullptr);
+      const std::string& job, uint64_t step, uint32_t rank, double* load_s,
+      bool* from_object = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without the lock.
@@ -346,9 +409,23 @@ class Engine : public StagedShards, private PipelineState {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   // Reports the shard to the coordinator (cluster mode): staged, durable
-  // or, with `failed`, retracted.
-  void ReportLocked(const Shard& shard, bool durable,
-                    bool failed = false) const;
+  // or, with `failed`, retracted. Queued (OutboxLocked) and delivered once
+  // the lock is released.
+  void ReportLocked(const Shard& shard, bool durable, bool failed = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // A report to the node agent (on_shard, on_fallback), queued in the
+  // order of the changes; nothing without the callback.
+  using Report = std::variant<ShardReport, FallbackReport>;
+  void OutboxLocked(Report report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // Delivers the queued reports, in order, up to the `upto`-th ever
+  // queued at least; called with the lock released (Section does).
+  void Deliver(uint64_t upto) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // Executes a transition's effects (effects.h). ApplyLocked, in the
+  // transition's critical section: queues the edit (returns its ticket,
+  // 0 for none), the deletes' intents and the reports. Perform, with the
+  // lock released: pushes the tasks and wakes the waiters.
+  uint64_t ApplyLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void Perform(Effects fx) ABSL_LOCKS_EXCLUDED(table_.mu());
   // The pipeline's view of the state (pipeline.h): each takes the lock. The
   // persist and manifest halves are in engine_persist.cc, the upload's in
   // engine_tier.cc.
@@ -379,21 +456,28 @@ class Engine : public StagedShards, private PipelineState {
     return object_ != nullptr &&
            options_.commit_tier == EngineOptions::CommitTier::kObject;
   }
-  void QueueUploadLocked(const Job& job, const Shard& shard);
-  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step);
+  void QueueUploadLocked(const Job& job, const Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Queues the write of a step's object manifest (no checks).
-  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step);
+  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.
-  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting);
+  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Deletes the local files of a step in the object tier (manifest first).
-  void DropLocalCopyLocked(Job& job, uint64_t step);
+  void DropLocalCopyLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The same for one shard of it (the step's local manifest goes too).
-  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard);
+  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
-  void QueueObjectDeleteLocked(Job& job, uint64_t step);
+  void QueueObjectDeleteLocked(Job& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes the lock.
   MetricsSnapshot Snapshot();
@@ -405,21 +489,27 @@ class Engine : public StagedShards, private PipelineState {
   storage::Backend* const object_;  // the object tier, or nullptr
   const std::chrono::steady_clock::time_point started_;
 
-  // Jobs, ranks, slots, steps, leases and hosting, with the lock (mu())
-  // and the slot, arena and durable condition variables (job_table.h).
+  // Jobs, ranks, slots, steps, leases and hosting, with the lock and
+  // the waiters' condition variables (job_table.h).
   JobTable table_;
-  // The Engine's own waiter, on table_.mu(): the reaper's tick, and
-  // stopping.
-  std::condition_variable reaper_cv_;
-  bool draining_ = false;
-  bool stopping_ = false;
-  uint64_t persisted_shards_ = 0;
-  uint64_t persisted_bytes_ = 0;
-  uint64_t failed_persists_ = 0;
+  // Guarded by the table's lock; stopping_ wakes the reaper (kReaper).
+  bool draining_ ABSL_GUARDED_BY(table_.mu()) = false;
+  bool stopping_ ABSL_GUARDED_BY(table_.mu()) = false;
+  uint64_t persisted_shards_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  uint64_t persisted_bytes_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  uint64_t failed_persists_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  // Reports queued under the lock (OutboxLocked), how many ever were, and
+  // how many were delivered; deliver_mu_ keeps their order across the
+  // threads that deliver them (taken before the table's lock, never
+  // under it).
+  std::vector<Report> outbox_ ABSL_GUARDED_BY(table_.mu());
+  uint64_t queued_reports_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  std::atomic<uint64_t> delivered_reports_{0};
+  absl::Mutex deliver_mu_;
   // Applies catalog edits in order outside the lock (catalog_writer.h).
   std::unique_ptr<CatalogWriter> writer_;
   // Write leases whose CommitSave waits for its record outside the lock.
-  std::set<uint64_t> committing_;
+  std::set<uint64_t> committing_ ABSL_GUARDED_BY(table_.mu());
   // Persist, manifest, upload and deletes (pipeline.h); persister_ and
   // uploader_ (null without an object tier) are its queues, each with its
   // own lock (taken after the table's, never before it).

@@ -25,20 +25,20 @@ void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
   r.Clear();
 }
 
-absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
-    std::unique_lock<std::mutex>& lock, const std::string& name,
-    uint32_t rank_no, uint64_t slot_bytes) {
+absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
+                                                  uint32_t rank_no,
+                                                  uint64_t slot_bytes) {
   Job* job = nullptr;
   Rank* r = nullptr;
   for (;;) {
-    auto j = table_.jobs().find(name);
-    if (j == table_.jobs().end())
+    job = table_.Find(name);
+    if (job == nullptr)
       return absl::AbortedError(
           absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
-    job = &j->second;
     r = &job->ranks[rank_no];
     if (!r->creating) break;
-    table_.arena_cv.wait(lock);  // another request creates this rank's arena
+    table_.Wait(
+        JobTable::Waiter::kArena);  // another request creates this rank's arena
   }
   // An arena the job's uid truncated is replaced as one that grows is:
   // the shards in its slots are lost anyway.
@@ -61,14 +61,14 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
   r->creating = true;
-  lock.unlock();
+  table_.Unlock();
   // A dropped arena of this name is unlinked first, so that its queued
   // unlink cannot remove the new one.
   arena_drops_->AwaitUnlinked(ao.name);
   if (grow) arena_drops_->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   auto created = shm::Arena::Create(ao);
-  lock.lock();
+  table_.Relock();
   // Nothing erases a job or a rank while one of its arenas is being created.
   job = table_.Find(name);
   r = &job->ranks[rank_no];
@@ -93,10 +93,10 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     CatalogEdit edit;
     edit.PutJob(job->rec);
     const uint64_t ticket = RecordLocked(std::move(edit), kMemoryOnly);
-    lock.unlock();
+    table_.Unlock();
     s = writer_->Wait(ticket);
     if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
-    lock.lock();
+    table_.Relock();
     job = table_.Find(name);
     r = &job->ranks[rank_no];
     if (!s.ok()) {
@@ -117,8 +117,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(
     }
   }
   r->creating = false;
-  table_.arena_cv.notify_all();
-  table_.slot_cv.notify_all();
+  table_.Wake(JobTable::Waiter::kArena);
+  table_.Wake(JobTable::Waiter::kSlot);
   if (!s.ok()) {
     if (arena)
       arena_drops_->Drop(std::move(arena), /*registered=*/false,

@@ -16,21 +16,8 @@
 
 namespace ckpt::daemon {
 
-void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) const {
-  if (!options_.on_shard) return;
-  ShardReport r;
-  r.job = shard.rec.job();
-  r.step = shard.rec.step();
-  r.rank = shard.rec.rank();
-  r.durable = durable && !failed;
-  r.failed = failed;
-  if (shard.rec.has_generation()) r.generation = shard.rec.generation();
-  r.bytes = shard.rec.image_bytes();
-  r.digest = storage::ChecksumsDigest(shard.info);
-  r.staged_digest = shard.staged_digest.value_or(r.digest);
-  if (const Job* job = table_.Find(r.job)) r.owner_uid = job->rec.uid();
-  if (durable) r.key = shard.rec.path();
-  options_.on_shard(r);
+void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) {
+  OutboxLocked(table_.ReportOf(shard, durable, failed));
 }
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
@@ -46,7 +33,7 @@ void Engine::FailShardLocked(Shard& shard, const std::string& error) {
 void Engine::SetHostedRanks(const std::string& job_name,
                             std::vector<uint32_t> ranks,
                             std::optional<uint64_t> keep_from) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   Hosting now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
   if (!table_.SetHosting(job_name, std::move(now))) return;
   // Steps may have become complete here (ranks moved away), or deletable.
@@ -91,7 +78,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     uid = *object->owner_uid;
   }
 
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   if (draining_) return absl::UnavailableError("ckptd is shutting down");
   // The records are written in order outside the lock; the prefetch fails if
   // they could not be (the shard is then only in memory here).
@@ -154,9 +141,8 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     target.shards[rank] = std::move(shard);
   }
   double load_s = 0;
-  absl::Status loaded =
-      LoadShardLocked(lock, job_name, step, rank, &load_s).status();
-  lock.unlock();
+  absl::Status loaded = LoadShardLocked(job_name, step, rank, &load_s).status();
+  lock.Unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
   CKPT_RETURN_IF_ERROR(loaded);
   LogInfo(absl::StrCat("prefetched ", key, " (", info.layout.image_bytes,

@@ -11,7 +11,7 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     const PeerCreds& peer, const v1::DeleteRequest& req) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   std::vector<uint64_t> steps;
   if (req.all_steps()) {
@@ -40,7 +40,7 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
   // Deleted once the RPC answers: its records are written and a forgotten
   // job's arenas unlinked (outside the lock).
-  lock.unlock();
+  lock.Unlock();
   writer_->Flush();
   arena_drops_->Flush();
   return resp;

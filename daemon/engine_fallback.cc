@@ -95,7 +95,7 @@ bool Bad(const std::optional<absl::Status>& s) {
 
 absl::Status Engine::CloseRestore(const PeerCreds& peer,
                                   const v1::CloseRestoreRequest& req) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,7 +163,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   }
   // The checks read the copy (disk, object store, a pass over the slot):
   // the lock is released, and the lease keeps the slot and the file.
-  lock.unlock();
+  lock.Unlock();
   ClaimVerdict verdict;
   if (claim->image != nullptr) verdict.slot = VerifySlotImage(*claim);
   const bool check_stored = claim->image == nullptr || Bad(verdict.slot);
@@ -172,7 +172,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   else if (check_stored && claim->stored == ShardCopy::kObject &&
            object_ != nullptr)
     verdict.stored = VerifyStoredCopy(*object_, *claim);
-  lock.lock();
+  lock.Relock();
   job = table_.Find(req.job());
   shard = table_.FindShard(req.job(), claim->step, req.rank());
   // The verdict is about the copy read: a shard replaced, a slot let go or
@@ -207,7 +207,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     }
   }
   if (req.lease() != 0) ReleaseLeaseLocked(req.lease());
-  lock.unlock();
+  lock.Unlock();
   writer_->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();
 }
@@ -238,7 +238,7 @@ void Engine::ReportUnconfirmedLocked(const Job& job, const Shard& shard,
                                   checked.message(), ")"),
       "; it is kept (a client that keeps doing this suggests faulty memory "
       "or a faulty device on this node)"));
-  if (options_.on_fallback) options_.on_fallback(fallback);
+  OutboxLocked(fallback);
 }
 
 void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
@@ -262,7 +262,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             ": the copy in memory failed verification (", error,
                             "); restores read the ", fallback.next_copy,
                             " copy of ", shard.rec.path(), " next"));
-    if (options_.on_fallback) options_.on_fallback(fallback);
+    OutboxLocked(fallback);
     return;
   }
   if (copy == ShardCopy::kFile && durable && in_object_tier &&
@@ -274,11 +274,11 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             shard.rec.path(), " failed verification (", error,
                             "); it is deleted and restores read the object "
                             "tier's copy next"));
-    if (options_.on_fallback) options_.on_fallback(fallback);
+    OutboxLocked(fallback);
     DropLocalShardLocked(job, shard.rec.step(), shard);
     return;
   }
-  if (options_.on_fallback) options_.on_fallback(fallback);
+  OutboxLocked(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
   LogWarning(absl::StrCat(

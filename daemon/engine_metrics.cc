@@ -7,7 +7,7 @@ MetricsSnapshot Engine::Snapshot() {
   MetricsSnapshot snap;
   MetricsSnapshot::Backlog& local =
       snap.backlog[std::string(metric::kTierLocal)];
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
     MetricsSnapshot::Job& g = snap.jobs[job.rec.job()];
     for (const auto& [r, rank] : job.ranks) {

@@ -89,11 +89,12 @@ struct EngineOptions {
   CommitTier commit_tier = CommitTier::kLocal;
   uint32_t retain_object = 0;
   unsigned upload_threads = 4;
-  // Called, with the job table's lock held, when a shard is committed and
-  // when it becomes durable; it must only queue the report.
+  // Called when a shard is committed and when it becomes durable (or
+  // fails), in the order of those changes, with no lock of the engine's
+  // held; it must not call the engine back.
   std::function<void(const ShardReport&)> on_shard;
-  // Called, with the job table's lock held, when a copy of a shard failed
-  // a restore's verification; it must only queue the report.
+  // Called, likewise, when a copy of a shard failed a restore's
+  // verification.
   std::function<void(const FallbackReport&)> on_fallback;
   // Where the engine counts saves, persists and restores (metrics.h); the
   // engine makes one nobody scrapes when this is null.

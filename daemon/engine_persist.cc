@@ -18,7 +18,7 @@ namespace ckpt::daemon {
 
 std::optional<PersistSnapshot> Engine::SnapshotPersist(
     const PersistTask& task) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kStaged || shard->slot < 0)
@@ -46,93 +46,44 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
 }
 
 void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
-  const absl::Status& s = outcome.status;
   const std::string key = NodeShardKey(task.job, task.step, task.rank);
-  std::lock_guard<std::mutex> lock(table_.mu());
-  table_.slot_cv.notify_all();  // the slot frees or becomes durable
-  table_.durable_cv.notify_all();
-  auto job = table_.jobs().find(task.job);
-  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
-  if (shard != nullptr && shard->gen != task.gen) shard = nullptr;
-  const PersistRetryPolicy policy{options_.max_persist_attempts,
-                                  options_.persist_retry_delay,
-                                  options_.persist_retry_max_delay};
-  if (shard == nullptr) {
-    // Deleted or replaced while we wrote: the file must not outlive it.
-    bool key_in_use = false;
-    if (job != table_.jobs().end()) {
-      auto step = job->second.steps.find(task.step);
-      key_in_use = step != job->second.steps.end() &&
-                   step->second.shards.count(task.rank);
-      for (auto& [r, rank] : job->second.ranks)
-        for (uint32_t i = 0; r == task.rank && i < rank.slots.size(); ++i)
-          if (rank.slots[i].state == shm::SlotState::kPersisting &&
-              rank.slots[i].gen == 0 &&
-              rank.arena->slot_data(i) == outcome.image) {
-            rank.Free(i);
-          }
-    }
-    if (PersistVerdictOf(false, key_in_use, s.code(), 0, policy).delete_file)
-      shard_drops_->QueueLocalDelete(task.job, task.step, key, false);
-    MaybeForgetJobLocked(task.job);
-    return;
+  const absl::Status s = outcome.status;
+  const double seconds = outcome.seconds;
+  Section lock(this);
+  JobTable::PersistResult r = table_.Persisted(
+      task, key, std::move(outcome), std::chrono::steady_clock::now());
+  ApplyLocked(r.effects);
+  switch (r.verdict.kind) {
+    case PersistVerdict::kOrphan:
+      break;
+    case PersistVerdict::kDurable:
+      ++persisted_shards_;
+      persisted_bytes_ += r.bytes;
+      metrics_->Persisted(metric::kTierLocal, seconds, r.bytes);
+      break;
+    case PersistVerdict::kAbandon:
+    case PersistVerdict::kRetry:
+      ++failed_persists_;
+      LogWarning(absl::StrCat("persist ", key, " (attempt ", r.attempts,
+                              "): ", s.message()));
+      if (r.verdict.kind == PersistVerdict::kAbandon) {
+        metrics_->Failure(metric::kPersistChecksum);
+        metrics_->Failure(metric::kPersistAbandoned);
+      } else {
+        metrics_->Failure(metric::kPersistWrite);
+        metrics_->Retry(metric::kRetryPersist);
+      }
+      break;
   }
-  Rank& rank = job->second.ranks[task.rank];
-  if (!s.ok()) ++shard->attempts;
-  const PersistVerdict verdict =
-      PersistVerdictOf(true, true, s.code(), shard->attempts, policy);
-  if (verdict.kind == PersistVerdict::kDurable) {
-    table_.MoveShard(job->second, *shard, ShardPhase::kDurable);
-    shard->rec.set_path(key);
-    shard->rec.clear_error();
-    shard->info = std::move(outcome.info);
-    ToTensorMetas(shard->info, shard->rec.mutable_tensors());
-    // Recorded in order, outside the lock: should the daemon stop before the
-    // record is written, recovery adopts the file (engine_recover.cc).
-    CatalogEdit edit;
-    edit.PutShard(shard->rec);
-    RecordLocked(std::move(edit), /*sync=*/true);
-    ++persisted_shards_;
-    persisted_bytes_ += shard->info.layout.image_bytes;
-    metrics_->Persisted(metric::kTierLocal, outcome.seconds,
-                        shard->info.layout.image_bytes);
-    if (object_ != nullptr) QueueUploadLocked(job->second, *shard);
-    if (!ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
-    MaybeQueueManifestLocked(job->second, task.step);
-    return;
-  }
-  ++failed_persists_;
-  LogWarning(absl::StrCat("persist ", key, " (attempt ", shard->attempts,
-                          "): ", s.message()));
-  shard->rec.set_error(std::string(s.message()));
-  const bool corrupt = verdict.kind == PersistVerdict::kAbandon;
-  metrics_->Failure(corrupt ? metric::kPersistChecksum : metric::kPersistWrite);
-  if (corrupt) {
-    metrics_->Failure(metric::kPersistAbandoned);
-    rank.FailPersist(shard->slot);
-    FailShardLocked(*shard, std::string(s.message()));
-    // The step can never be whole now: retention may drop it.
-    ApplyRetentionLocked(job->second);
-    return;
-  }
-  // The bytes are still in the slot: retry for as long as they are.
-  metrics_->Retry(metric::kRetryPersist);
-  table_.MoveShard(job->second, *shard, ShardPhase::kStaged);
-  if (verdict.release_slot)
-    rank.FailPersist(shard->slot);  // a newer save may take the slot now
-  PersistTask retry = task;
-  retry.not_before = std::chrono::steady_clock::now() + verdict.retry_after;
-  persister_->Push(std::move(retry));
+  if (Job* job = table_.Find(task.job); job != nullptr && r.effects.retention)
+    ApplyRetentionLocked(*job);
+  if (r.effects.forget_job) MaybeForgetJobLocked(task.job);
+  lock.Unlock();
+  Perform(std::move(r.effects));
 }
 
 void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
-  auto step = job.steps.find(step_no);
-  if (step == job.steps.end() || step->second.manifest) return;
-  // A step whose local copy retention deleted gets no local manifest again.
-  for (const auto& [r, shard] : step->second.shards)
-    if (shard.local_gone) return;
-  bool durable = false;
-  if (!table_.StepComplete(job, step->second, &durable) || !durable) return;
+  if (!table_.ManifestDue(job, step_no)) return;
   persister_->Push(
       PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
 }
@@ -141,29 +92,29 @@ std::optional<ManifestSnapshot> Engine::SnapshotManifest(const std::string& job,
                                                          uint64_t step_no,
                                                          bool object,
                                                          bool* written) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   *written = false;
-  auto j = table_.jobs().find(job);
-  if (j == table_.jobs().end()) return std::nullopt;
-  auto step = j->second.steps.find(step_no);
-  if (step == j->second.steps.end()) return std::nullopt;
+  Job* j = table_.Find(job);
+  if (j == nullptr) return std::nullopt;
+  auto step = j->steps.find(step_no);
+  if (step == j->steps.end()) return std::nullopt;
   *written = object ? step->second.object_manifest : step->second.manifest;
   if (*written) return std::nullopt;
   if (object)
     for (const auto& [r, shard] : step->second.shards)
       if (!shard.uploaded) return std::nullopt;
   bool durable = false;
-  if (!table_.StepComplete(j->second, step->second, &durable) || !durable)
+  if (!table_.StepComplete(*j, step->second, &durable) || !durable)
     return std::nullopt;
   return ManifestSnapshot{
-      NodeManifestOf(job, step_no, j->second.rec.world_size(), step->second),
+      NodeManifestOf(job, step_no, j->rec.world_size(), step->second),
       ShardGenerations(step->second)};
 }
 
 bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
                             bool object, const ManifestSnapshot& m,
                             const absl::Status& s) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   if (!s.ok()) {
     LogWarning(absl::StrCat("manifest of ", job, " step ", step_no, ": ",
                             s.message()));
@@ -175,10 +126,10 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     persister_->Push(std::move(retry));
     return false;
   }
-  auto j = table_.jobs().find(job);
-  if (j == table_.jobs().end()) return false;
-  auto step = j->second.steps.find(step_no);
-  if (step == j->second.steps.end() || ShardGenerations(step->second) != m.gens)
+  Job* j = table_.Find(job);
+  if (j == nullptr) return false;
+  auto step = j->steps.find(step_no);
+  if (step == j->steps.end() || ShardGenerations(step->second) != m.gens)
     return false;
   if (object) {
     step->second.object_manifest = true;
@@ -186,7 +137,7 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     step->second.manifest = true;
     metrics_->StepDurable(job, step_no);
   }
-  ApplyRetentionLocked(j->second);
+  ApplyRetentionLocked(*j);
   return true;
 }
 
@@ -206,30 +157,34 @@ bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
 }
 
 size_t Engine::Drain(std::chrono::milliseconds deadline) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   draining_ = true;
-  table_.slot_cv.notify_all();  // waiting saves give up
-  auto pending = [this] { return table_.NotDurable(); };
+  table_.Wake(JobTable::Waiter::kSlot);  // waiting saves give up
+  auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
+    return table_.NotDurable();
+  };
   const auto until = std::chrono::steady_clock::now() + deadline;
   auto remaining = [&] {
     return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
                         until - std::chrono::steady_clock::now()),
                     std::chrono::milliseconds(0));
   };
-  table_.durable_cv.wait_until(lock, until, [&] { return pending() == 0; });
+  while (pending() != 0 &&
+         table_.WaitUntil(JobTable::Waiter::kDurable, until)) {
+  }
   if (pending() == 0) {
     // The manifests and deletes the last persists queued (the persist
     // queue has its own lock and waiters).
-    lock.unlock();
+    lock.Unlock();
     (void)persister_->WaitIdle(remaining());
-    lock.lock();
+    lock.Relock();
   }
   size_t left = pending();
   if (left == 0 && ObjectCommit()) {
     // The commit tier is the object store: wait for the uploads too.
-    lock.unlock();
+    lock.Unlock();
     if (!uploader_->WaitIdle(remaining())) {
-      lock.lock();
+      lock.Relock();
       table_.ForEachVisible(/*uid=*/0, /*only=*/"", [&](const Job& job) {
         for (const auto& [s, step] : job.steps)
           for (const auto& [r, shard] : step.shards)

@@ -10,7 +10,7 @@ namespace ckpt::daemon {
 
 absl::Status Engine::WaitDurable(const PeerCreds& peer,
                                  const v1::WaitDurableRequest& req) {
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 600000);
@@ -26,7 +26,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
     if (CommitDurable(shard)) {
       // As durable in the catalog as on storage: the record of it (queued
       // with the change, written outside the lock) is written when we answer.
-      lock.unlock();
+      lock.Unlock();
       writer_->Flush();
       return absl::OkStatus();
     }
@@ -34,8 +34,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
       return absl::DataLossError(absl::StrCat("persist of step ", req.step(),
                                               " rank ", req.rank(),
                                               " failed: ", shard.rec.error()));
-    if (table_.durable_cv.wait_until(lock, deadline) ==
-        std::cv_status::timeout) {
+    if (!table_.WaitUntil(JobTable::Waiter::kDurable, deadline)) {
       const Shard* now = table_.FindShard(req.job(), req.step(), req.rank());
       // Staged, or in its next attempt at this instant: it keeps failing
       // either way.
@@ -57,7 +56,7 @@ absl::Status Engine::WaitDurable(const PeerCreds& peer,
 
 absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
                                               const v1::ListRequest& req) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   v1::ListResponse resp;
   if (!req.job().empty()) {
     // A job whose steps were all deleted has no record left: listed empty.
@@ -65,8 +64,9 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
     if (absl::IsNotFound(found)) return resp;
     CKPT_RETURN_IF_ERROR(found);
   }
-  table_.ForEachVisible(peer.uid, req.job(), [&](const Job& job) {
-    if (!job.recorded) return;  // a first Register is still creating it
+  for (const Job* visible : table_.Visible(peer.uid, req.job())) {
+    const Job& job = *visible;
+    if (!job.recorded) continue;  // a first Register is still creating it
     v1::JobInfo* ji = resp.add_jobs();
     ji->set_job(job.rec.job());
     ji->set_world_size(job.rec.world_size());
@@ -89,12 +89,12 @@ absl::StatusOr<v1::ListResponse> Engine::List(const PeerCreds& peer,
         sh->set_error(shard.rec.error());
       }
     }
-  });
+  }
   return resp;
 }
 
 v1::StatusResponse Engine::Status(const PeerCreds& peer) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   v1::StatusResponse resp;
   resp.set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)

@@ -205,7 +205,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
 }
 
 void Engine::ReportRecovered() {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   std::vector<RecoveredShard> recovered;
   recovered.swap(recovered_);
   size_t reported = 0;

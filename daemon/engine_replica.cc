@@ -21,7 +21,7 @@ namespace rv1 = ::ckpt::replica::v1;
 absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
                                                   std::optional<uint64_t> step,
                                                   uint32_t rank_no) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   Job* job = table_.Find(job_name);
   const Shard* shard = nullptr;
   if (job != nullptr && step) {
@@ -63,7 +63,7 @@ absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
 
 bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
                              const StagedCopy& snap) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   Job* job = table_.Find(job_name);
   if (job == nullptr) return false;
   auto rank = job->ranks.find(rank_no);
@@ -73,25 +73,21 @@ bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
 
 void Engine::BeginFetches(const std::string& job, uint64_t step,
                           const std::vector<uint32_t>& ranks) {
-  std::lock_guard<std::mutex> lock(table_.mu());
-  for (uint32_t r : ranks) table_.fetching.insert({job, step, r});
+  Section lock(this);
+  for (uint32_t r : ranks) table_.BeginFetch(job, step, r);
 }
 
 void Engine::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
-  std::lock_guard<std::mutex> lock(table_.mu());
-  if (auto it = table_.fetching.find({job, step, rank});
-      it != table_.fetching.end())
-    table_.fetching.erase(it);
-  table_.fetch_cv.notify_all();
+  Section lock(this);
+  table_.EndFetch(job, step, rank);
 }
 
-absl::Status Engine::WaitFetchLocked(std::unique_lock<std::mutex>& lock,
-                                     const std::string& job, uint64_t step,
+absl::Status Engine::WaitFetchLocked(const std::string& job, uint64_t step,
                                      uint32_t rank) {
   const auto deadline =
       std::chrono::steady_clock::now() + options_.default_busy_timeout;
-  while (table_.fetching.count({job, step, rank})) {
-    if (table_.fetch_cv.wait_until(lock, deadline) == std::cv_status::timeout)
+  while (table_.Fetching(job, step, rank)) {
+    if (!table_.WaitUntil(JobTable::Waiter::kFetch, deadline))
       return absl::DeadlineExceededError(
           absl::StrCat("step: the fetch of job '", job, "' step ", step,
                        " rank ", rank, " is still running"));
@@ -134,7 +130,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
                        copy.world_size(), ", not the one ordered"));
     CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
     const uint64_t bytes = copy.image_bytes();
-    std::unique_lock<std::mutex> lock(table_.mu());
+    Section lock(this);
     if (draining_) return absl::UnavailableError("ckptd is shutting down");
     if (table_.Find(job_name) == nullptr) {
       Job job;
@@ -167,7 +163,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
       if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
           r->second.arena->slot_bytes() < bytes) {
         CKPT_RETURN_IF_ERROR(
-            EnsureArena(lock, job_name, rank_no,
+            EnsureArena(job_name, rank_no,
                         std::max<uint64_t>(bytes, job->rec.slot_bytes()))
                 .status());
         continue;
@@ -180,7 +176,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
         slot_at = Clock::now();
         return arena->slot_data(slot);
       }
-      if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
+      if (!table_.WaitUntil(JobTable::Waiter::kSlot, deadline))
         return absl::ResourceExhaustedError(
             "BUSY: no slot to fetch the shard into");
     }
@@ -207,13 +203,13 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
           storage::DigestHex(save_digests.front()), ")"));
   }
   const Clock::time_point verified_at = Clock::now();
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   Job* job = table_.Find(job_name);
   RankSlots* r = nullptr;
   if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];
   const bool slot_ok = arena && r && r->arena == arena;
   if (slot_ok) r->Free(slot);
-  table_.slot_cv.notify_all();
+  table_.Wake(JobTable::Waiter::kSlot);
   if (!info.ok() || !slot_ok) {
     MaybeForgetJobLocked(job_name);
     if (!info.ok()) return info.status();
@@ -255,7 +251,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   if (staged)
     persister_->Push(
         PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
-  lock.unlock();
+  lock.Unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
   auto secs = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();

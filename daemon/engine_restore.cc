@@ -20,7 +20,7 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   v1::LatestResponse resp;
   for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
@@ -45,10 +45,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                            .count(),
                        bytes);
   };
-  std::unique_lock<std::mutex> lock(table_.mu());
+  Section lock(this);
   // A replacement's trainer may start while its shard still arrives.
-  CKPT_RETURN_IF_ERROR(
-      WaitFetchLocked(lock, req.job(), req.step(), req.rank()));
+  CKPT_RETURN_IF_ERROR(WaitFetchLocked(req.job(), req.step(), req.rank()));
   auto bad_rank = [&](const Job& j) -> absl::Status {
     if (req.rank() < j.rec.world_size()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -85,9 +84,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     const uint64_t gen = shard->gen;
     const std::string key = shard->rec.path();
     const uint64_t image_bytes = shard->rec.image_bytes();
-    lock.unlock();
+    lock.Unlock();
     path = ClientReadablePath(peer, key, image_bytes);
-    lock.lock();
+    lock.Relock();
     CKPT_ASSIGN_OR_RETURN(job, table_.FindFor(req.job(), peer));
     CKPT_RETURN_IF_ERROR(bad_rank(*job));
     shard = table_.FindShard(req.job(), req.step(), req.rank());
@@ -123,7 +122,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     double load_s = 0;
     bool from_object = false;
     absl::StatusOr<Shard*> loaded = LoadShardLocked(
-        lock, req.job(), req.step(), req.rank(), &load_s, &from_object);
+        req.job(), req.step(), req.rank(), &load_s, &from_object);
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();
@@ -198,9 +197,10 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   return path;
 }
 
-absl::StatusOr<Shard*> Engine::LoadShardLocked(
-    std::unique_lock<std::mutex>& lock, const std::string& job_name,
-    uint64_t step_no, uint32_t rank_no, double* load_s, bool* from_object) {
+absl::StatusOr<Shard*> Engine::LoadShardLocked(const std::string& job_name,
+                                               uint64_t step_no,
+                                               uint32_t rank_no, double* load_s,
+                                               bool* from_object) {
   Shard* shard = table_.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
@@ -220,9 +220,9 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   for (;;) {
     // The lock is released while an arena is created and while waiting for
     // a slot: the job, the rank and the shard are found again each time.
-    auto j = table_.jobs().find(job_name);
-    if (j == table_.jobs().end()) return changed();
-    Job* job = &j->second;
+    Job* j = table_.Find(job_name);
+    if (j == nullptr) return changed();
+    Job* job = j;
     shard = table_.FindShard(job_name, step_no, rank_no);
     if (shard == nullptr || shard->gen != gen) return changed();
     if (shard->slot >= 0) return shard;  // another request loaded it
@@ -231,7 +231,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
         existing->second.creating ||
         existing->second.arena->slot_bytes() < bytes) {
       uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
-      CKPT_RETURN_IF_ERROR(EnsureArena(lock, job_name, rank_no, need).status());
+      CKPT_RETURN_IF_ERROR(EnsureArena(job_name, rank_no, need).status());
       continue;
     }
     rank = &existing->second;
@@ -241,7 +241,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (table_.slot_cv.wait_until(lock, deadline) == std::cv_status::timeout)
+    if (!table_.WaitUntil(JobTable::Waiter::kSlot, deadline))
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
@@ -249,7 +249,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   const std::shared_ptr<shm::Arena> arena = rank->arena;
-  lock.unlock();
+  table_.Unlock();
   auto t0 = std::chrono::steady_clock::now();
   absl::Status st =
       ReadShardImage(key, local, object, info, dst, bytes, &read_object);
@@ -264,18 +264,17 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(
   LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "",
                        ": read ", bytes, " bytes in ", *load_s, " s",
                        st.ok() ? "" : ": ", st.message()));
-  lock.lock();
+  table_.Relock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).
-  auto j = table_.jobs().find(job_name);
+  Job* j = table_.Find(job_name);
   Rank* r = nullptr;
-  if (j != table_.jobs().end() && j->second.ranks.count(rank_no))
-    r = &j->second.ranks[rank_no];
+  if (j != nullptr && j->ranks.count(rank_no)) r = &j->ranks[rank_no];
   bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
   if (slot_ok) {
     r->Free(slot);
   }
-  table_.slot_cv.notify_all();
+  table_.Wake(JobTable::Waiter::kSlot);
   Shard* cur = table_.FindShard(job_name, step_no, rank_no);
   if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
     MaybeForgetJobLocked(job_name);

@@ -22,15 +22,12 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
 }
 
 void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
-  if (shard.uploaded || shard.phase != ShardPhase::kDurable) return;
-  UploadTask t{UploadTask::kShard, job.rec.job(), shard.rec.step(),
-               shard.rec.rank(),   shard.gen,     shard.rec.image_bytes(),
-               {shard.rec.path()}};
-  uploader_->Push(std::move(t));
+  if (std::optional<UploadTask> t = JobTable::UploadOf(job, shard))
+    uploader_->Push(std::move(*t));
 }
 
 absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  Section lock(this);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen ||
       shard->phase != ShardPhase::kDurable || shard->uploaded)
@@ -49,18 +46,19 @@ absl::StatusOr<UploadSnapshot> Engine::SnapshotUpload(const UploadTask& task) {
 }
 
 bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
-  std::lock_guard<std::mutex> lock(table_.mu());
-  auto job = table_.jobs().find(task.job);
-  if (job == table_.jobs().end()) return false;
-  auto rank = job->second.ranks.find(task.rank);
-  return rank != job->second.ranks.end() && rank->second.arena == snap.arena &&
+  Section lock(this);
+  Job* job = table_.Find(task.job);
+  if (job == nullptr) return false;
+  auto rank = job->ranks.find(task.rank);
+  return rank != job->ranks.end() && rank->second.arena == snap.arena &&
          rank->second.slots[snap.slot].write_no == snap.write_no;
 }
 
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
-  std::lock_guard<std::mutex> lock(table_.mu());
-  table_.durable_cv.notify_all();  // WaitDurable in the object commit tier
+  Section lock(this);
+  table_.Wake(
+      JobTable::Waiter::kDurable);  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);
   Shard* shard = table_.FindShard(task.job, task.step, task.rank);
   if (shard == nullptr || shard->gen != task.gen) {
@@ -139,7 +137,7 @@ void Engine::DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard) {
 
 void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
   const bool cluster = !options_.node_id.empty();
-  auto drop_step = [&](uint64_t n) {
+  auto drop_step = [&](uint64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
     for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);

@@ -128,7 +128,7 @@ uint64_t JobTable::AddCommitted(Job& job, RankSlots& rank, uint32_t slot,
 bool JobTable::FailShard(Shard& shard, const std::string& error) {
   if (!shard.MoveTo(ShardPhase::kFailed)) return false;
   shard.rec.set_error(error);
-  durable_cv.notify_all();
+  Wake(Waiter::kDurable);
   return true;
 }
 
@@ -167,8 +167,8 @@ bool JobTable::EraseShard(Job& job, uint64_t step_no, uint32_t rank) {
   step->second.manifest = false;
   step->second.object_manifest = false;
   if (step->second.shards.empty()) job.steps.erase(step);
-  slot_cv.notify_all();
-  durable_cv.notify_all();
+  Wake(Waiter::kSlot);
+  Wake(Waiter::kDurable);
   return true;
 }
 
@@ -185,13 +185,13 @@ std::optional<Lease> JobTable::ReleaseLease(uint64_t id) {
     rank->second.EndWrite(lease->slot, id);
   else
     rank->second.EndRead(lease->slot);
-  slot_cv.notify_all();
+  Wake(Waiter::kSlot);
   return lease;
 }
 
 bool JobTable::RecordPrefaulted(const std::shared_ptr<shm::Arena>& arena,
                                 const absl::Status& status, bool registered) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [name, job] : jobs_)
     for (auto& [r, rank] : job.ranks)
       if (rank.arena == arena) {
@@ -200,10 +200,25 @@ bool JobTable::RecordPrefaulted(const std::shared_ptr<shm::Arena>& arena,
           rank.ready_slots = arena->num_slots();
         else
           rank.reserve_error = status;
-        slot_cv.notify_all();
+        Wake(Waiter::kSlot);
         return true;
       }
   return false;
+}
+
+bool JobTable::WaitUntil(Waiter w,
+                         std::chrono::steady_clock::time_point deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  if (deadline <= now) return false;
+  // absl::CondVar waits for a duration; the callers' deadlines are steady.
+  cv(w).WaitWithTimeout(&mu_, absl::FromChrono(deadline - now));
+  return std::chrono::steady_clock::now() < deadline;
+}
+
+void JobTable::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
+  if (auto it = fetching_.find({job, step, rank}); it != fetching_.end())
+    fetching_.erase(it);
+  Wake(Waiter::kFetch);
 }
 
 const Hosting* JobTable::HostingOf(const std::string& job) const {

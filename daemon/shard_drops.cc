@@ -22,7 +22,7 @@ ShardDrops::ShardDrops(JobTable* table, Catalog* catalog, CatalogWriter* writer,
 
 std::vector<DropPlan> ShardDrops::PlanSuperseded(const Job& job, uint64_t step,
                                                  uint32_t rank,
-                                                 CatalogEdit& edit) {
+                                                 CatalogEdit& edit) const {
   std::vector<DropPlan> drops;
   for (const auto& [n, st] : job.steps)
     if (n >= step && st.shards.count(rank))
@@ -55,6 +55,7 @@ std::vector<std::string> ShardDrops::Basis(const Job& job,
 
 void ShardDrops::Drop(Job& job, uint64_t step_no, uint32_t rank,
                       bool delete_file) {
+  table_->AssertHeld();
   CatalogEdit edit;
   DropPlan plan = Plan(job, step_no, rank, delete_file, edit);
   const uint64_t ticket = writer_->Enqueue(std::move(edit), /*sync=*/true);
@@ -62,7 +63,7 @@ void ShardDrops::Drop(Job& job, uint64_t step_no, uint32_t rank,
 }
 
 DropPlan ShardDrops::Plan(const Job& job, uint64_t step_no, uint32_t rank,
-                          bool delete_file, CatalogEdit& edit) {
+                          bool delete_file, CatalogEdit& edit) const {
   DropPlan plan{step_no, rank, {}, std::nullopt};
   auto step = job.steps.find(step_no);
   if (step == job.steps.end()) return plan;
@@ -113,6 +114,7 @@ DropPlan ShardDrops::Plan(const Job& job, uint64_t step_no, uint32_t rank,
 }
 
 void ShardDrops::Apply(Job& job, DropPlan plan, uint64_t ticket) {
+  table_->AssertHeld();
   if (!table_->EraseShard(job, plan.step, plan.rank)) return;
   if (plan.object) {
     plan.object->ticket = ticket;
@@ -126,6 +128,7 @@ void ShardDrops::Apply(Job& job, DropPlan plan, uint64_t ticket) {
 
 void ShardDrops::QueueLocalDelete(const std::string& job, uint64_t step,
                                   std::string key, bool prefix) {
+  table_->AssertHeld();
   catv1::DeleteIntent intent;
   intent.set_tier(catv1::DeleteIntent::LOCAL);
   intent.add_keys(key);
@@ -151,6 +154,7 @@ void ShardDrops::PushLocal(LocalDelete del) {
 }
 
 void ShardDrops::QueueObjectDelete(UploadTask del) {
+  table_->AssertHeld();
   if (del.keys.empty()) return;
   catv1::DeleteIntent intent;
   intent.set_tier(catv1::DeleteIntent::OBJECT);
@@ -195,6 +199,7 @@ absl::Status ShardDrops::Recover() {
 }
 
 void ShardDrops::ReleaseDeferred() {
+  table_->AssertHeld();
   std::vector<LocalDelete> deferred;
   deferred.swap(deferred_);
   for (LocalDelete& d : deferred) PushLocal(std::move(d));

@@ -15,10 +15,11 @@
 // FILE restore reads is held back until that restore's lease ends
 // (ReleaseDeferred), its intent recorded already.
 //
-// Thread-safety: none of its own. Every method but Recover is called with
-// the job table's lock held (it queues into the persister and uploader,
-// whose locks come after it); Recover runs once at start, before the
-// pipeline starts.
+// Thread-safety: none of its own. Every method but Recover and the plans
+// (which read only the job they are given) is called with the job table's
+// lock held, and asserts it (JobTable::AssertHeld) (it queues into the
+// persister and uploader, whose locks come after it); Recover runs once at
+// start, before the pipeline starts.
 #ifndef CKPT_DAEMON_SHARD_DROPS_H_
 #define CKPT_DAEMON_SHARD_DROPS_H_
 
@@ -63,11 +64,11 @@ class ShardDrops {
   // nothing; with delete_file its file (and uploaded object) goes too. The
   // step's manifests go either way: the step is no longer whole.
   DropPlan Plan(const Job& job, uint64_t step, uint32_t rank, bool delete_file,
-                CatalogEdit& edit);
+                CatalogEdit& edit) const;
   // The drops a save of (step, rank) supersedes: the rank's shards of
   // steps >= step (files kept only for step itself, which is re-written).
   std::vector<DropPlan> PlanSuperseded(const Job& job, uint64_t step,
-                                       uint32_t rank, CatalogEdit& edit);
+                                       uint32_t rank, CatalogEdit& edit) const;
   // What the planned drops depend on: equal before and after the edit was
   // written when the state they were planned from did not change.
   static std::vector<std::string> Basis(const Job& job,
@@ -90,7 +91,7 @@ class ShardDrops {
   [[nodiscard]] absl::Status Recover();
 
  private:
-  void PushLocal(LocalDelete del);
+  void PushLocal(LocalDelete del) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
 
   JobTable* const table_;
   Catalog* const catalog_;
@@ -100,7 +101,7 @@ class ShardDrops {
   const std::string node_id_;
   // Local deletes of files that FILE restores still read (finding 24):
   // queued once no lease holds them.
-  std::vector<LocalDelete> deferred_;
+  std::vector<LocalDelete> deferred_ ABSL_GUARDED_BY(table_->mu());
 };
 
 }  // namespace ckpt::daemon

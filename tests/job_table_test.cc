@@ -60,7 +60,7 @@ class JobTableTest : public ::testing::Test {
 };
 
 TEST_F(JobTableTest, FindForNamesTheFieldAndTheOwner) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   ASSERT_TRUE(table_.FindOrAdd("train", 1000, 2, 3).ok());
   const PeerCreds owner{1, 1000, 1000}, other{1, 1001, 1001}, root{1, 0, 0};
 
@@ -82,7 +82,7 @@ TEST_F(JobTableTest, FindForNamesTheFieldAndTheOwner) {
 }
 
 TEST_F(JobTableTest, AFirstRegistersJobIsUnrecordedUntilItHasAnArena) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   auto job = table_.FindOrAdd("train", 1000, 2, 3);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE((*job)->recorded);
@@ -109,7 +109,7 @@ TEST_F(JobTableTest, AFirstRegistersJobIsUnrecordedUntilItHasAnArena) {
 }
 
 TEST_F(JobTableTest, FindRankNamesTheRank) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   Job* job = *table_.FindOrAdd("train", ::geteuid(), 2, 2);
   auto beyond = JobTable::FindRank(*job, 2);
   EXPECT_EQ(beyond.status().code(), absl::StatusCode::kInvalidArgument);
@@ -125,7 +125,7 @@ TEST_F(JobTableTest, FindRankNamesTheRank) {
 }
 
 TEST_F(JobTableTest, MoveShardMirrorsThePhaseIntoItsSlotAndTheArena) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   Job* job = *table_.FindOrAdd("train", ::geteuid(), 1, 2);
   InstallArena(*job, 0);
   daemon::RankSlots& rank = job->ranks[0];
@@ -159,7 +159,7 @@ TEST_F(JobTableTest, MoveShardMirrorsThePhaseIntoItsSlotAndTheArena) {
 }
 
 TEST_F(JobTableTest, CompletenessCountsOnlyTheHostedRanks) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   Job* job = *table_.FindOrAdd("train", 1000, 2, 2);
   job->steps[3].shards[0] = NewShard("train", 3, 0, ShardPhase::kDurable);
   const daemon::Step& step = job->steps[3];
@@ -177,7 +177,7 @@ TEST_F(JobTableTest, CompletenessCountsOnlyTheHostedRanks) {
 }
 
 TEST_F(JobTableTest, ACommittedSaveHoldsItsSlotUntilItsImageIsDropped) {
-  std::lock_guard<std::mutex> lock(table_.mu());
+  JobTable::Lock lock(&table_);
   Job* job = *table_.FindOrAdd("train", ::geteuid(), 1, 2);
   InstallArena(*job, 0);
   daemon::RankSlots& rank = job->ranks[0];

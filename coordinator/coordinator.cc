@@ -73,6 +73,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.clear_unhealthy();
   node.rec.clear_unhealthy_check();
   node.rec.clear_unhealthy_reason();
+  node.claims.Clear();  // its report, the suspect check included, is new
   SetLiveLocked(node);
   const int64_t now = options_.now_ms();
   node.health_checked_ms = now;

@@ -138,7 +138,9 @@ class Coordinator {
   // job, rank hosted by node_id; copy and next_copy "memory", "file" or
   // "object"; reason printable, at most kMaxFallbackReasonBytes;
   // next_step older than step). Records a FALLBACK event and counts it;
-  // changes no plan (the node already restored). A refusal names the field
+  // changes no plan (the node already restored), except that a claim the
+  // node's check disproved (verified_bad false) counts toward the node
+  // being suspect (NoteUnconfirmedClaimLocked). A refusal names the field
   // and records nothing.
   [[nodiscard]] absl::StatusOr<v1::ReportFallbackResponse> ReportFallback(
       const v1::ReportFallbackRequest& req);
@@ -358,6 +360,14 @@ class Coordinator {
   // for a fresh one (the plan waits for the report).
   bool StaleSpareLocked(NodeState& n);
   uint64_t NextHealthRequestLocked() { return ++last_health_request_; }
+  // A restore on `node_id` claimed a copy of `job` bad that the node found
+  // good (suspect_policy.h): counted; once the node is suspect, its health
+  // report gets the failed check (judged: HEALTH_FAILED, its ranks move
+  // like an unhealthy node's) and each such restore is an incident toward
+  // its cordon. Drops nothing.
+  void NoteUnconfirmedClaimLocked(Batch* batch, const std::string& node_id,
+                                  const std::string& job,
+                                  const std::string& what);
   // coordinator_net_check.cc: the pairwise network check (net_check.h) at
   // a node's heartbeat: its results recorded, its probes handed out, and a
   // finished round's figures put in the nodes' reports as check "network"
@@ -382,11 +392,13 @@ class Coordinator {
   bool EvictLocked(Batch* batch, const std::string& node_id,
                    const std::string& job, const std::string& reason,
                    const std::string& by);
-  // Charges a hang or crash of `job`'s `generation` to `node_id`; true
-  // when that made it cordoned (EvictLocked).
+  // Charges a hang or crash (or, `kind`, a suspect node's restore) of
+  // `job`'s `generation` to `node_id`; true when that made it cordoned
+  // (EvictLocked).
   bool ChargeIncidentLocked(Batch* batch, const std::string& node_id,
                             const std::string& job, uint64_t generation,
-                            const std::string& what);
+                            const std::string& what,
+                            IncidentKind kind = IncidentKind::kFailure);
 
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch);

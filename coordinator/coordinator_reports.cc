@@ -411,7 +411,11 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     if (req.has_next_step()) f.set_next_step(req.next_step());
     f.set_next_copy(req.next_copy());
     if (req.has_verified_bad()) f.set_verified_bad(req.verified_bad());
+    const std::string what = e.detail();
     LogLocked(owned.get(), std::move(e));
+    // A claim the node disproved is about the node, never the copy.
+    if (req.has_verified_bad() && !req.verified_bad())
+      NoteUnconfirmedClaimLocked(owned.get(), req.node_id(), req.job(), what);
   }
   // Timeouts found on the way are committed either way; a refusal
   // recorded nothing of its own.

@@ -73,6 +73,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   node.rec.clear_unhealthy();
   node.rec.clear_unhealthy_check();
   node.rec.clear_unhealthy_reason();
+  node.claims.Clear();  // its report, the suspect check included, is new
   SetLiveLocked(node);
   const int64_t now = options_.now_ms();
   node.health_checked_ms = now;
@@ -344,10 +345,10 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   // The manifest is read without the state mutex (an s3:// shared root may
   // retry for a minute); what the timeouts changed keeps its place in line.
   EnqueueLocked(std::move(owned));
-  lock.unlock();
+  lock.Unlock();
   absl::StatusOr<storage::v1::GlobalManifest> manifest =
       storage::ReadGlobalManifest(*shared_, req.job(), req.step());
-  lock.lock();
+  lock.Relock();
   owned = std::make_unique<Batch>();
   Batch& batch = *owned;
   DetectTimeoutsLocked(&batch);

@@ -61,13 +61,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <shared_mutex>
@@ -76,7 +74,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator.pb.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/coordinator_records.h"
@@ -138,7 +138,9 @@ class Coordinator {
   // job, rank hosted by node_id; copy and next_copy "memory", "file" or
   // "object"; reason printable, at most kMaxFallbackReasonBytes;
   // next_step older than step). Records a FALLBACK event and counts it;
-  // changes no plan (the node already restored). A refusal names the field
+  // changes no plan (the node already restored), except that a claim the
+  // node's check disproved (verified_bad false) counts toward the node
+  // being suspect (NoteUnconfirmedClaimLocked). A refusal names the field
   // and records nothing.
   [[nodiscard]] absl::StatusOr<v1::ReportFallbackResponse> ReportFallback(
       const v1::ReportFallbackRequest& req);
@@ -226,7 +228,32 @@ class Coordinator {
 
  private:
   using Batch = CoordStore::Batch;
-  using Lock = std::unique_lock<std::mutex>;
+  // mu_ held for a scope, with Unlock/Lock in between (Rollback reads a
+  // manifest without it) and released early by Commit; checked by clang's
+  // -Wthread-safety like absl::MutexLock.
+  class ABSL_SCOPED_LOCKABLE Lock {
+   public:
+    explicit Lock(absl::Mutex& mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
+      mu_.Lock();
+    }
+    ~Lock() ABSL_UNLOCK_FUNCTION() {
+      if (held_) mu_.Unlock();
+    }
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+    void Unlock() ABSL_UNLOCK_FUNCTION() {
+      held_ = false;
+      mu_.Unlock();
+    }
+    void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+      mu_.Lock();
+      held_ = true;
+    }
+
+   private:
+    absl::Mutex& mu_;
+    bool held_ = true;
+  };
   struct PendingCommit {
     std::string job;
     uint64_t step = 0;
@@ -241,56 +268,67 @@ class Coordinator {
   // coordinator_manifests.cc: the last good steps' manifests;
   // coordinator_commit.cc: group commit; coordinator_state.cc: indexes,
   // the event log and the checks every call shares.
-  [[nodiscard]] absl::Status ReloadLocked();
+  [[nodiscard]] absl::Status ReloadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the last good steps whose manifest is invalid (events
   // MANIFEST_INVALID) and commits that; UNAVAILABLE, changing nothing
   // durable, when a manifest cannot be read (ManifestInvalidLocked).
-  [[nodiscard]] absl::Status VerifyManifestsLocked();
+  [[nodiscard]] absl::Status VerifyManifestsLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when `read`, the failed read of a manifest, proves it invalid: the
   // manifest is corrupt (DATA_LOSS), or missing while other keys of its job
   // are there. Else UNAVAILABLE naming the shared root and the manifest.
   [[nodiscard]] absl::Status ManifestInvalidLocked(const std::string& job,
                                                    uint64_t step,
-                                                   const absl::Status& read);
+                                                   const absl::Status& read)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues the batch (if not empty), releases the lock, and waits until
   // every batch enqueued so far is durable.
-  [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch);
-  [[nodiscard]] absl::Status CommitLocked(
-      Batch* batch);  // Open only: synchronous
-  void OnCommitFailed(const absl::Status& s);
-  void OnDurable(uint64_t seq);
-  void PutJobLocked(Batch* batch, JobState& job);
+  [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch)
+      ABSL_UNLOCK_FUNCTION(mu_);
+  [[nodiscard]] absl::Status CommitLocked(Batch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // Open only: synchronous
+  void OnCommitFailed(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnDurable(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, change_mu_);
+  void PutJobLocked(Batch* batch, JobState& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues a non-empty batch without waiting (heartbeats: acks and
   // delivery marks may be lost in a crash; orders are re-sent and re-acked).
-  void EnqueueLocked(std::unique_ptr<Batch> batch);
-  void SetLiveLocked(NodeState& node);
+  void EnqueueLocked(std::unique_ptr<Batch> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLiveLocked(NodeState& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t LastSeen(const NodeState& node) const {
     return node.live->last_seen_ms.load();
   }
-  void IndexJobLocked(JobState& job);
-  void PutShardLocked(JobState& job, v1::ShardRecord rec);
-  void EraseStepLocked(JobState& job, uint64_t step);
+  void IndexJobLocked(JobState& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PutShardLocked(JobState& job, v1::ShardRecord rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseStepLocked(JobState& job, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<uint64_t, v1::Order>::iterator EraseOrderLocked(
-      Batch* batch, std::map<uint64_t, v1::Order>::iterator it);
+      Batch* batch, std::map<uint64_t, v1::Order>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One report of `node_id` at `epoch`; `complete` gets steps that became
   // durable on every rank.
   [[nodiscard]] absl::Status ApplyReportLocked(
       const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
       Batch* batch, v1::ReportResult* result,
-      std::vector<PendingCommit>* complete);
-  // Writes the manifests (state mutex released), then moves last good.
+      std::vector<PendingCommit>* complete) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the manifests (state mutex released meanwhile), then moves last
+  // good.
   // `done` gets the steps committed; `dropped`, those a plan made while
   // their manifest was written took out of the timeline (the manifest is
   // removed again; they are not committed).
   [[nodiscard]] absl::Status CommitSteps(
-      Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
+      Batch* batch, std::vector<PendingCommit> steps,
       std::set<std::pair<std::string, uint64_t>>* done,
-      std::set<std::pair<std::string, uint64_t>>* dropped = nullptr);
+      std::set<std::pair<std::string, uint64_t>>* dropped = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `m` (a committed write) in memory and, when small enough for
   // one state write, in the state (`batch`): the newest kKeptManifests per
   // job.
   void RememberManifestLocked(Batch* batch,
-                              const storage::v1::GlobalManifest& m);
+                              const storage::v1::GlobalManifest& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr size_t kKeptManifests = 2;
   // Larger manifests are kept in memory only: etcd refuses a request over
   // 1.5 MiB, and the commit's batch carries the job record too.
@@ -300,29 +338,36 @@ class Coordinator {
   // nullopt when neither.
   std::optional<storage::v1::GlobalManifest> CommittedManifestLocked(
       const v1::JobRecord& rec, uint64_t step,
-      const storage::v1::GlobalManifest* found) const;
+      const storage::v1::GlobalManifest* found) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Null when not kept (see manifests_).
   const storage::v1::GlobalManifest* KnownManifestLocked(const std::string& job,
-                                                         uint64_t step) const;
+                                                         uint64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `req` cannot roll back now (the job, the step, the plan), or OK.
   [[nodiscard]] absl::Status CheckRollbackLocked(
-      const v1::RollbackRequest& req) const;
+      const v1::RollbackRequest& req) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogLocked(Batch* batch, v1::EventKind kind, const std::string& job,
-                 const std::string& node, const std::string& detail);
+                 const std::string& node, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `e` with its seq and time set here.
-  void LogLocked(Batch* batch, v1::Event e);
+  void LogLocked(Batch* batch, v1::Event e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status CheckEpochLocked(const std::string& node_id,
-                                              uint64_t epoch);
+                                              uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobState*> HostedRankLocked(const std::string& node_id,
                                              const std::string& job,
-                                             uint32_t rank);
-  uint32_t HostedRanksLocked(const std::string& node_id) const;
-  void QueueOrderLocked(Batch* batch, v1::Order order);
+                                             uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t HostedRanksLocked(const std::string& node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueOrderLocked(Batch* batch, v1::Order order)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The orders `node_id` may be given now: queued and durable (an order
   // whose batch is not yet durable waits for the next heartbeat), not yet
   // acknowledged. What a heartbeat answers with and WatchNode shows.
   std::vector<uint64_t> DeliverableOrdersLocked(
-      const std::string& node_id) const;
+      const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_liveness.cc: progress reports and hang detection.
   // Checks a heartbeat's progress reports (before any state is touched).
@@ -330,40 +375,57 @@ class Coordinator {
       const v1::HeartbeatRequest& req);
   // Records the reports of ranks `node_id` hosts (others are skipped: a
   // plan moved them).
-  void NoteProgressLocked(const v1::HeartbeatRequest& req, int64_t now);
+  void NoteProgressLocked(const v1::HeartbeatRequest& req, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At most every kHangScanMs: finds hung jobs, logs HANG_DETECTED, asks
   // the stuck ranks' nodes for stacks and plans a restart.
-  void DetectHangsLocked(Batch* batch, int64_t now);
+  void DetectHangsLocked(Batch* batch, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr int64_t kHangScanMs = 100;
   // A window of the straggler check: slow ranks counted, named at
   // straggler_windows in a row (event STRAGGLER, metric).
   void CheckStragglersLocked(Batch* batch, JobState& job,
-                             const std::vector<uint32_t>& ranks, int64_t now);
+                             const std::vector<uint32_t>& ranks, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_health.cc: judges every alive node's health report
   // against the cluster's medians; a node that turns unhealthy gets event
   // HEALTH_FAILED. Unhealthy nodes are given no ranks.
-  void JudgeHealthLocked(Batch* batch);
+  void JudgeHealthLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "; spare X is unhealthy (check: reason)" per such spare: why a plan
   // found no host.
-  std::string UnhealthySparesLocked() const;
+  std::string UnhealthySparesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_health.cc: a heartbeat's health report (a re-check; taken
   // like a registration's: checks of the same names replaced, judged
   // again, a waiting plan tried again when the node is a placeable spare
   // now) and the check the node is asked to run, if any.
   void HealthRecheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
-                           v1::HeartbeatResponse* resp);
+                           v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How old `n`'s newest health report is (ms; see NodeState).
-  int64_t HealthAgeLocked(const NodeState& n) const;
+  int64_t HealthAgeLocked(const NodeState& n) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a spare's report is too old to give it ranks; if so, asks it
   // for a fresh one (the plan waits for the report).
-  bool StaleSpareLocked(NodeState& n);
-  uint64_t NextHealthRequestLocked() { return ++last_health_request_; }
+  bool StaleSpareLocked(NodeState& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NextHealthRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ++last_health_request_;
+  }
+  // A restore on `node_id` claimed a copy of `job` bad that the node found
+  // good (suspect_policy.h): counted; once the node is suspect, its health
+  // report gets the failed check (judged: HEALTH_FAILED, its ranks move
+  // like an unhealthy node's) and each such restore is an incident toward
+  // its cordon. Drops nothing.
+  void NoteUnconfirmedClaimLocked(Batch* batch, const std::string& node_id,
+                                  const std::string& job,
+                                  const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_net_check.cc: the pairwise network check (net_check.h) at
   // a node's heartbeat: its results recorded, its probes handed out, and a
   // finished round's figures put in the nodes' reports as check "network"
   // (judged against the median like memcpy).
   void NetCheckLocked(Batch* batch, const v1::HeartbeatRequest& req,
-                      v1::HeartbeatResponse* resp);
+                      v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_cordon.cc: cordoning and eviction.
   // Whether `n` may be given ranks: alive, healthy, not cordoned.
@@ -371,100 +433,126 @@ class Coordinator {
     return n.health() == v1::ALIVE && !n.unhealthy() && !n.cordoned();
   }
   // A placeable spare with room for `ranks` more ranks, or null.
-  NodeState* SpareForLocked(size_t ranks);
+  NodeState* SpareForLocked(size_t ranks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cordons `node` (event CORDONED, `by` as in v1::Cordon) and plans again
   // every job that has ranks on it.
   void CordonLocked(Batch* batch, NodeState& node, const std::string& reason,
-                    const std::string& by);
+                    const std::string& by) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cordons `node_id` as `by` when a spare can take its ranks; otherwise
   // logs EVICTION_SKIPPED saying why. True when it cordoned (and so
   // planned every job with ranks there).
   bool EvictLocked(Batch* batch, const std::string& node_id,
                    const std::string& job, const std::string& reason,
-                   const std::string& by);
-  // Charges a hang or crash of `job`'s `generation` to `node_id`; true
-  // when that made it cordoned (EvictLocked).
+                   const std::string& by) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges a hang or crash (or, `kind`, a suspect node's restore) of
+  // `job`'s `generation` to `node_id`; true when that made it cordoned
+  // (EvictLocked).
   bool ChargeIncidentLocked(Batch* batch, const std::string& node_id,
                             const std::string& job, uint64_t generation,
-                            const std::string& what);
+                            const std::string& what,
+                            IncidentKind kind = IncidentKind::kFailure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_plan.cc: failures, plans, manifests.
-  void DetectTimeoutsLocked(Batch* batch);
+  void DetectTimeoutsLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the node dead and drops its pending orders; plans are the
   // caller's.
   void DeclareDeadLocked(Batch* batch, NodeState& node,
-                         const std::string& reason);
-  void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause);
+                         const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool InHostMemoryLocked(const JobState& job, uint64_t step,
-                          uint32_t rank) const;
+                          uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The newest step every rank can restore (SourceOfLocked), else the last
   // good step.
-  std::optional<uint64_t> RestoreStepLocked(const JobState& job) const;
+  std::optional<uint64_t> RestoreStepLocked(const JobState& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropStepsAfterLocked(Batch* batch, JobState& job,
-                            std::optional<uint64_t> step);
-  void DropOrdersOfJobLocked(Batch* batch, const std::string& job);
+                            std::optional<uint64_t> step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropOrdersOfJobLocked(Batch* batch, const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `fetched`, when given, gets where each rank a PREFETCH names comes
   // from.
   void IssueOrdersLocked(Batch* batch, JobState& job,
                          std::optional<uint64_t> step,
                          const storage::v1::GlobalManifest* manifest,
-                         std::vector<v1::RankSource>* fetched = nullptr);
+                         std::vector<v1::RankSource>* fetched = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every rank of `step` is durable; if so and not yet committed
   // (or being committed), the manifest to write.
   bool StepCompleteLocked(JobState& job, uint64_t step,
-                          std::vector<PendingCommit>* out);
+                          std::vector<PendingCommit>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits `c` (its manifest written) unless a plan made meanwhile took
   // the step out of the timeline: false then.
-  [[nodiscard]] bool FinishStepLocked(Batch* batch, const PendingCommit& c);
-  void UpdatePlanProgressLocked(Batch* batch, JobState& job);
+  [[nodiscard]] bool FinishStepLocked(Batch* batch, const PendingCommit& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdatePlanProgressLocked(Batch* batch, JobState& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the nodes that left a plan unacknowledged past plan_ack_timeout
   // and plans again; lowers next_expiry_ms_ to the next plan deadline.
-  void DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now);
-  void LowerNextExpiryLocked(int64_t at);
+  void DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LowerNextExpiryLocked(int64_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the records of the oldest steps past max_soft_steps (newer than
   // last good, not being committed).
-  void TrimStepsLocked(JobState& job);
+  void TrimStepsLocked(JobState& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_replicas.cc: replica placement, REPLICATED reports and
   // where a plan restores each rank from (issue 19; restore_source.h).
   CopySource SourceOfLocked(const JobState& job, uint64_t step,
-                            uint32_t rank) const;
+                            uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The newest step every rank restores from memory (host, own slot or
   // replica), and the newest that storage alone restores (else last good).
-  std::optional<uint64_t> MemoryStepLocked(const JobState& job) const;
-  std::optional<uint64_t> DurableStepLocked(const JobState& job) const;
+  std::optional<uint64_t> MemoryStepLocked(const JobState& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<uint64_t> DurableStepLocked(const JobState& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `r`, a report of an older generation than the job's, is of the
   // save the job's plan restores (its restore step, the digest of the save
   // the plan chose): a replacement's copy of it, fetched from a peer,
   // keeps that save's generation.
-  bool RestoredSaveLocked(const JobState& job, const v1::ShardReport& r) const;
+  bool RestoredSaveLocked(const JobState& job, const v1::ShardReport& r) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A REPLICATED report of holder `node_id` (ApplyReportLocked's rules for
   // the parts they share; see ShardReport.source_node).
   [[nodiscard]] absl::Status ApplyReplicaReportLocked(
       const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
-      Batch* batch);
+      Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A dead holder's replicas are gone with its memory.
-  void DropReplicasHeldByLocked(const std::string& holder);
+  void DropReplicasHeldByLocked(const std::string& holder)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Source -> holder (when stale: recomputed); a heartbeat's refusal, target.
-  const std::map<std::string, std::string>& ReplicaTargetsLocked();
+  const std::map<std::string, std::string>& ReplicaTargetsLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the node has a PREFETCH it has not acknowledged (it is fetching).
-  bool FetchingLocked(const std::string& node_id) const;
+  bool FetchingLocked(const std::string& node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReplicaTargetForLocked(Batch* batch, const v1::HeartbeatRequest& req,
-                              v1::HeartbeatResponse* resp);
-  v1::JobMemory JobMemoryLocked(const JobState& job) const;
+                              v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobMemory JobMemoryLocked(const JobState& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Event RESTORE_SOURCES of a plan (and the restore-source counter).
   void LogRestoreSourcesLocked(Batch* batch, const JobState& job,
                                std::optional<uint64_t> step,
                                std::optional<uint64_t> newest,
                                std::optional<uint64_t> durable,
-                               std::vector<v1::RankSource> fetched);
+                               std::vector<v1::RankSource> fetched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobView.trainers_may_start: the job's durable plan is ordered and no
   // RESTART of it is left unacknowledged.
-  bool TrainersMayStartLocked(const JobState& job) const;
+  bool TrainersMayStartLocked(const JobState& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // OK when `m` is the write of its step that the job's commit refers to
   // (or the commit predates stamps); else DataLoss saying why.
   [[nodiscard]] absl::Status CheckStampLocked(
-      const v1::JobRecord& rec, const storage::v1::GlobalManifest& m) const;
+      const v1::JobRecord& rec, const storage::v1::GlobalManifest& m) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   const std::unique_ptr<CoordStore> store_;
@@ -474,10 +562,10 @@ class Coordinator {
   // The newest CheckHealth/stale-spare request id: starts at this
   // process's start time in microseconds, so ids differ from a previous
   // incarnation's (a node runs each id once).
-  uint64_t last_health_request_ = 0;
+  uint64_t last_health_request_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> incarnation_;
 
-  std::mutex mu_;  // the state; held for memory work only, never for I/O
+  absl::Mutex mu_;  // the state; held for memory work only, never for I/O
   // Per job, the manifests of its last good step and the one before (read
   // at Open, written by a commit, read by Rollback; also in the state, so
   // a new process has the committed writes): what a plan restoring the
@@ -485,32 +573,36 @@ class Coordinator {
   // shared root under mu_. Kept across ReloadLocked (a failed write may
   // move last good back one step).
   std::map<std::string, std::map<uint64_t, storage::v1::GlobalManifest>>
-      manifests_;
+      manifests_ ABSL_GUARDED_BY(mu_);
   // AuditManifests' turn among the committed steps, and the steps whose
   // manifest it found but could not rebuild (named once).
-  uint64_t audit_round_ = 0;
-  std::set<std::pair<std::string, uint64_t>> audit_unrebuilt_;
-  std::map<std::string, NodeState> nodes_;
-  std::map<std::string, JobState> jobs_;
-  std::map<uint64_t, v1::Order> orders_;  // pending, by id
-  std::map<std::string, std::set<uint64_t>> orders_by_node_;
+  uint64_t audit_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::pair<std::string, uint64_t>> audit_unrebuilt_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NodeState> nodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, v1::Order> orders_ ABSL_GUARDED_BY(mu_);  // pending, by id
+  std::map<std::string, std::set<uint64_t>> orders_by_node_
+      ABSL_GUARDED_BY(mu_);
   // Durability of what heartbeats show: jobs changed since the last
   // enqueue, their records by batch sequence until durable, and the batch
   // of each order not yet durable (an order is delivered once durable).
-  std::set<std::string> dirty_jobs_;
-  std::vector<uint64_t> new_orders_;
-  std::deque<std::pair<uint64_t, v1::JobRecord>> pending_recs_;
-  std::map<uint64_t, uint64_t> order_seq_;  // order id -> batch sequence
-  std::deque<v1::Event> events_;
-  v1::Counters counters_;
-  uint64_t next_epoch_ = 1;
-  uint64_t next_event_seq_ = 1;
-  int64_t last_hang_scan_ms_ = INT64_MIN;
-  NetCheckPlanner net_check_;
+  std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> new_orders_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, v1::JobRecord>> pending_recs_
+      ABSL_GUARDED_BY(mu_);
+  // order id -> batch sequence
+  std::map<uint64_t, uint64_t> order_seq_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::Event> events_ ABSL_GUARDED_BY(mu_);
+  v1::Counters counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_event_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t last_hang_scan_ms_ ABSL_GUARDED_BY(mu_) = INT64_MIN;
+  NetCheckPlanner net_check_ ABSL_GUARDED_BY(mu_);
   // ReplicaTargetsLocked's placement (stale: recompute it) and refusals.
-  std::map<std::string, std::string> replica_targets_;
-  bool replica_targets_stale_ = true;
-  ReplicaRefusals replica_refusals_;
+  std::map<std::string, std::string> replica_targets_ ABSL_GUARDED_BY(mu_);
+  bool replica_targets_stale_ ABSL_GUARDED_BY(mu_) = true;
+  ReplicaRefusals replica_refusals_ ABSL_GUARDED_BY(mu_);
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<NodeLiveness>> live_;
@@ -518,9 +610,9 @@ class Coordinator {
   // node's deadline later), so calls skip the scan until then.
   std::atomic<int64_t> next_expiry_ms_{INT64_MIN};
 
-  std::mutex change_mu_;
-  std::condition_variable change_cv_;
-  uint64_t changes_ = 0;
+  absl::Mutex change_mu_;
+  absl::CondVar change_cv_;
+  uint64_t changes_ ABSL_GUARDED_BY(change_mu_) = 0;
 
   std::unique_ptr<GroupCommitter>
       committer_;  // last: its thread uses the above

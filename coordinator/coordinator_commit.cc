@@ -34,18 +34,23 @@ void Coordinator::EnqueueLocked(std::unique_ptr<Batch> batch) {
   new_orders_.clear();
 }
 
-absl::Status Coordinator::Commit(Lock& lock, std::unique_ptr<Batch> batch) {
-  if (batch->empty())
-    return absl::OkStatus();  // nothing of this call to wait for
-  EnqueueLocked(std::move(batch));
-  uint64_t seq = committer_->last_enqueued();
-  lock.unlock();
-  return committer_->Wait(seq);
+// Unchecked inside: clang cannot see through a Lock& that it releases
+// mu_; its callers are checked against the declaration.
+absl::Status Coordinator::Commit(Lock& lock, std::unique_ptr<Batch> batch)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  uint64_t seq = 0;
+  const bool wait = !batch->empty();  // else nothing of this call to wait for
+  if (wait) {
+    EnqueueLocked(std::move(batch));
+    seq = committer_->last_enqueued();
+  }
+  lock.Unlock();
+  return wait ? committer_->Wait(seq) : absl::OkStatus();
 }
 
 void Coordinator::OnDurable(uint64_t seq) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     while (!pending_recs_.empty() && pending_recs_.front().first <= seq) {
       auto it = jobs_.find(pending_recs_.front().second.job());
       if (it != jobs_.end()) {
@@ -60,17 +65,20 @@ void Coordinator::OnDurable(uint64_t seq) {
     }
     std::erase_if(order_seq_, [&](const auto& kv) { return kv.second <= seq; });
   }
-  {
-    std::lock_guard<std::mutex> lock(change_mu_);
-    ++changes_;
-  }
-  change_cv_.notify_all();
+  absl::MutexLock lock(&change_mu_);
+  ++changes_;
+  change_cv_.SignalAll();
 }
 
 uint64_t Coordinator::WaitForChange(
     uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(change_mu_);
-  change_cv_.wait_until(lock, deadline, [&] { return changes_ > seen; });
+  const absl::Time until =
+      absl::Now() +
+      absl::FromChrono(std::chrono::duration_cast<std::chrono::nanoseconds>(
+          deadline - std::chrono::steady_clock::now()));
+  absl::MutexLock lock(&change_mu_);
+  while (changes_ <= seen)
+    if (change_cv_.WaitWithDeadline(&change_mu_, until)) break;  // timed out
   return changes_;
 }
 

@@ -1,7 +1,8 @@
 // Coordinator: cordoning (issue 18). A cordoned node is kept out of
 // placement and its ranks move to a spare as a dead node's do; an operator
 // cordons and uncordons (ckptctl), and the coordinator cordons a node on
-// its own after repeated incidents there (cordon_policy.h) or, with
+// its own after repeated incidents there (cordon_policy.h: hangs, crashes,
+// a suspect node's restores) or, with
 // --evict-stragglers, a straggler's node — but only when a spare can take
 // its ranks. The mark is in the node's durable record.
 #include "absl/strings/str_cat.h"
@@ -82,18 +83,26 @@ bool Coordinator::EvictLocked(Batch* batch, const std::string& node_id,
 bool Coordinator::ChargeIncidentLocked(Batch* batch, const std::string& node_id,
                                        const std::string& job,
                                        uint64_t generation,
-                                       const std::string& what) {
+                                       const std::string& what,
+                                       IncidentKind kind) {
   const CordonPolicy& p = options_.cordon;
   auto it = nodes_.find(node_id);
   if (p.after <= 0 || it == nodes_.end() || it->second.rec.cordoned())
     return false;
-  const int n = it->second.incidents.Add(p, options_.now_ms(), job, generation);
+  IncidentLog& log = it->second.incidents;
+  const int n = log.Add(p, options_.now_ms(), job, generation, kind);
   if (!IncidentLog::Due(p, n)) return false;
+  // "2 hangs or trainer crashes", "1 suspect restore", or both joined.
+  std::string counted;
+  if (int f = log.Count(IncidentKind::kFailure); f > 0)
+    counted = absl::StrCat(f, " hangs or trainer crashes");
+  if (int r = log.Count(IncidentKind::kSuspectRestore); r > 0)
+    absl::StrAppend(&counted, counted.empty() ? "" : " and ", r,
+                    r == 1 ? " suspect restore" : " suspect restores");
   return EvictLocked(
       batch, node_id, job,
-      absl::StrFormat("%d hangs or trainer crashes within %g s (--cordon-after "
-                      "%d); the last: %s",
-                      n, p.window_s, p.after, what),
+      absl::StrFormat("%s within %g s (--cordon-after %d); the last: %s",
+                      counted, p.window_s, p.after, what),
       "incidents");
 }
 

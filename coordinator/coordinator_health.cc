@@ -51,6 +51,41 @@ void Coordinator::JudgeHealthLocked(Batch* batch) {
   }
 }
 
+void Coordinator::NoteUnconfirmedClaimLocked(Batch* batch,
+                                             const std::string& node_id,
+                                             const std::string& job,
+                                             const std::string& what) {
+  const SuspectPolicy& p = options_.suspect;
+  NodeState& node = nodes_.at(node_id);
+  const int n = node.claims.Add(p, options_.now_ms());
+  if (!ClaimLog::Due(p, n)) return;
+  // Each restore of a suspect node that claims again counts toward its
+  // cordon, once per job generation like a crash.
+  auto j = jobs_.find(job);
+  const bool cordoned =
+      j != jobs_.end() &&
+      ChargeIncidentLocked(batch, node_id, job, j->second.rec.generation(),
+                           what, IncidentKind::kSuspectRestore);
+  v1::NodeHealthReport* report = node.rec.mutable_health_report();
+  for (const v1::HealthCheck& c : report->checks())
+    if (c.name() == kSuspectCheck && !c.passed()) return;  // already suspect
+  const bool was_placeable = Placeable(node.rec);
+  v1::HealthCheck* slot = nullptr;
+  for (v1::HealthCheck& c : *report->mutable_checks())
+    if (c.name() == kSuspectCheck) slot = &c;
+  *(slot ? slot : report->add_checks()) = SuspectCheck(p, n);
+  batch->PutNode(node.rec);
+  JudgeHealthLocked(batch);
+  // As for any node turning unhealthy: its ranks move (a cordon above
+  // has planned already).
+  if (cordoned || !was_placeable || Placeable(node.rec)) return;
+  for (auto& [name, j] : jobs_)
+    if (j.ranks_by_node.count(node_id))
+      MakePlanLocked(batch, j,
+                     absl::StrCat("node ", node_id, " unhealthy (",
+                                  node.rec.unhealthy_check(), ")"));
+}
+
 absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
     const v1::ReportNodeCheckRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));

@@ -135,7 +135,7 @@ void Coordinator::RememberManifestLocked(Batch* batch,
   kept[m.step()] = m;
   if (m.ByteSizeLong() <= kMaxKeptManifestBytes) batch->PutManifest(m);
   auto job = jobs_.find(m.job());
-  auto committed = [&](uint64_t step) {
+  auto committed = [&](uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job == jobs_.end()) return false;
     const auto& done = job->second.rec.manifest_steps();
     return std::find(done.begin(), done.end(), step) != done.end();
@@ -143,9 +143,11 @@ void Coordinator::RememberManifestLocked(Batch* batch,
   while (kept.size() > kKeptManifests) {
     // Steps no longer committed go first (a rollback keeps an older step),
     // then the oldest; never the one just kept.
-    auto victim = std::find_if(kept.begin(), kept.end(), [&](const auto& e) {
-      return e.first != m.step() && !committed(e.first);
-    });
+    auto victim =
+        std::find_if(kept.begin(), kept.end(),
+                     [&](const auto& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       return e.first != m.step() && !committed(e.first);
+                     });
     if (victim == kept.end()) {
       victim = kept.begin();
       if (victim->first == m.step()) ++victim;
@@ -187,7 +189,7 @@ absl::Status Coordinator::AuditManifests() {
   };
   std::vector<Audit> audits;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const uint64_t round = audit_round_++;
     for (const auto& [name, job] : jobs_) {
       // Steps committed before stamps existed cannot be checked.
@@ -229,7 +231,7 @@ absl::Status Coordinator::AuditManifests() {
     {
       // Still committed, by the same write (no rollback or new commit
       // meanwhile)?
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto job = jobs_.find(a.job);
       if (job == jobs_.end()) continue;
       const v1::JobRecord& rec = job->second.rec;

@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
   const auto give_up =
       std::chrono::steady_clock::now() + c->options_.shared_root_wait;
   for (bool said = false;; said = true) {
-    std::unique_lock<std::mutex> lock(c->mu_);
+    Lock lock(c->mu_);
     CKPT_RETURN_IF_ERROR(c->ReloadLocked());
     absl::Status verified = c->VerifyManifestsLocked();
     if (verified.ok()) {
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     const auto now = std::chrono::steady_clock::now();
     if (verified.code() != absl::StatusCode::kUnavailable || now >= give_up)
       return verified;
-    lock.unlock();
+    lock.Unlock();
     if (!said)
       std::fprintf(stderr, "ckpt-coordinator: %s; retrying for up to %lld s\n",
                    std::string(verified.message()).c_str(),
@@ -191,7 +191,7 @@ absl::Status Coordinator::ReloadLocked() {
 void Coordinator::OnCommitFailed(const absl::Status& s) {
   // Memory ran ahead of the committed state: fail what was built on it and
   // go back to the store.
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   committer_->FailQueued(s);
   absl::Status reload = ReloadLocked();
   // The reload dropped every per-rank report (soft state). Nodes send
@@ -205,7 +205,7 @@ void Coordinator::OnCommitFailed(const absl::Status& s) {
 }
 
 void Coordinator::StartServing() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t now = options_.now_ms();
   for (auto& [name, job] : jobs_)
     job.plan_ordered_ms = now;  // as for heartbeats below

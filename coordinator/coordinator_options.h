@@ -14,6 +14,7 @@
 #include "coordinator/cordon_policy.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/metrics.h"
+#include "coordinator/suspect_policy.h"
 #include "storage/backend.h"
 #include "storage/object_backend.h"
 
@@ -62,6 +63,9 @@ struct CoordinatorOptions {
   // Automatic cordoning after repeated hangs and crashes on one node
   // (cordon_policy.h).
   CordonPolicy cordon;
+  // A node whose restores keep claiming good copies bad is unhealthy
+  // (suspect_policy.h).
+  SuspectPolicy suspect;
   // A straggler's node is replaced by a spare (cordoned, reason
   // "straggler"); never when no healthy spare has room for its ranks.
   bool evict_stragglers = false;

@@ -16,6 +16,7 @@
 #include "coordinator.pb.h"
 #include "coordinator/cordon_policy.h"
 #include "coordinator/hang_model.h"
+#include "coordinator/suspect_policy.h"
 
 namespace ckpt::coordinator {
 
@@ -30,6 +31,7 @@ struct NodeState {
   v1::NodeRecord rec;
   NodeLiveness* live = nullptr;  // owned by Coordinator::live_
   IncidentLog incidents;         // soft: hangs and crashes, for cordoning
+  ClaimLog claims;  // soft: unconfirmed bad-copy claims, for the verdict
   // Health re-checks (soft): when its newest report came (registration,
   // a heartbeat's report, or this process's load of the node), and the
   // check it is asked to run (0: none; HeartbeatResponse.run_health_check).

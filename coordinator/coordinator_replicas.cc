@@ -169,8 +169,9 @@ CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
     return out;
   }
   // A live node that serves copies: alive at the epoch it reported in.
-  auto serving = [&](const std::string& id,
-                     uint64_t epoch) -> const v1::NodeRecord* {
+  auto serving =
+      [&](const std::string& id, uint64_t epoch)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::NodeRecord* {
     auto n = nodes_.find(id);
     if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
         n->second.rec.epoch() != epoch || n->second.rec.replica_port() == 0 ||
@@ -233,11 +234,12 @@ std::optional<uint64_t> Coordinator::DurableStepLocked(
 bool Coordinator::FetchingLocked(const std::string& node_id) const {
   auto mine = orders_by_node_.find(node_id);
   if (mine == orders_by_node_.end()) return false;
-  return std::any_of(
-      mine->second.begin(), mine->second.end(), [&](uint64_t id) {
-        auto o = orders_.find(id);
-        return o != orders_.end() && o->second.kind() == v1::PREFETCH;
-      });
+  return std::any_of(mine->second.begin(), mine->second.end(),
+                     [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       auto o = orders_.find(id);
+                       return o != orders_.end() &&
+                              o->second.kind() == v1::PREFETCH;
+                     });
 }
 
 const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {

@@ -225,14 +225,14 @@ absl::Status Coordinator::ApplyReportLocked(
 }
 
 absl::Status Coordinator::CommitSteps(
-    Lock& lock, Batch* batch, std::vector<PendingCommit> steps,
+    Batch* batch, std::vector<PendingCommit> steps,
     std::set<std::pair<std::string, uint64_t>>* done,
     std::set<std::pair<std::string, uint64_t>>* dropped) {
   absl::Status first;
   while (!steps.empty()) {
     // The manifests go to the shared root without the state mutex: reports
     // and heartbeats of other nodes go on meanwhile.
-    lock.unlock();
+    mu_.Unlock();
     std::vector<absl::Status> written;
     for (const PendingCommit& c : steps) {
       // A deposed leader that knows it is deposed writes nothing. One that
@@ -248,7 +248,7 @@ absl::Status Coordinator::CommitSteps(
       }
       written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
     }
-    lock.lock();
+    mu_.Lock();
     std::vector<PendingCommit> unreferenced;
     for (size_t i = 0; i < steps.size(); ++i) {
       auto job = jobs_.find(steps[i].job);
@@ -273,12 +273,12 @@ absl::Status Coordinator::CommitSteps(
     // A plan took these steps out of the timeline while their manifests
     // were written: no commit refers to them, and a manifest left behind
     // would read as a good step on the shared root.
-    lock.unlock();
+    mu_.Unlock();
     std::vector<absl::Status> removed;
     for (const PendingCommit& c : unreferenced)
       removed.push_back(
           shared_->Delete(storage::GlobalManifestKey(c.job, c.step)));
-    lock.lock();
+    mu_.Lock();
     for (size_t i = 0; i < unreferenced.size(); ++i) {
       const PendingCommit& c = unreferenced[i];
       auto job = jobs_.find(c.job);
@@ -361,7 +361,7 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     }
   }
   std::set<std::pair<std::string, uint64_t>> done, dropped;
-  s = CommitSteps(lock, &batch, std::move(complete), &done, &dropped);
+  s = CommitSteps(&batch, std::move(complete), &done, &dropped);
   // Reports of a step whose manifest could not be written fail (the node
   // retries them; the state has not moved).
   for (int i = 0; i < req.reports_size(); ++i) {
@@ -411,7 +411,11 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     if (req.has_next_step()) f.set_next_step(req.next_step());
     f.set_next_copy(req.next_copy());
     if (req.has_verified_bad()) f.set_verified_bad(req.verified_bad());
+    const std::string what = e.detail();
     LogLocked(owned.get(), std::move(e));
+    // A claim the node disproved is about the node, never the copy.
+    if (req.has_verified_bad() && !req.verified_bad())
+      NoteUnconfirmedClaimLocked(owned.get(), req.node_id(), req.job(), what);
   }
   // Timeouts found on the way are committed either way; a refusal
   // recorded nothing of its own.

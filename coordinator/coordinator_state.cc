@@ -131,7 +131,7 @@ void Coordinator::QueueOrderLocked(Batch* batch, v1::Order order) {
 }
 
 v1::GetClusterResponse Coordinator::GetCluster() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::GetClusterResponse resp;
   const int64_t now = options_.now_ms();
   const auto& targets = ReplicaTargetsLocked();
@@ -161,7 +161,7 @@ v1::GetClusterResponse Coordinator::GetCluster() {
 }
 
 v1::EventsResponse Coordinator::Events(const v1::EventsRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::EventsResponse resp;
   for (const auto& e : events_)
     if (e.seq() > req.after_seq() &&
@@ -181,7 +181,7 @@ std::vector<uint64_t> Coordinator::DeliverableOrdersLocked(
 }
 
 v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::NodeView v;
   for (uint64_t id : DeliverableOrdersLocked(node_id)) v.add_order_ids(id);
   return v;
@@ -189,7 +189,7 @@ v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
 
 v1::JobView Coordinator::View(const std::string& job_name,
                               const std::string& node_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::JobView v;
   v.set_job(job_name);
   auto node = nodes_.find(node_id);

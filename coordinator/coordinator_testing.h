@@ -49,6 +49,7 @@ class CoordinatorTest : public ::testing::Test {
     o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
     o.hang = hang_;
     o.cordon = cordon_;
+    o.suspect = suspect_;
     o.evict_stragglers = evict_stragglers_;
     o.start_trainers_with_prefetch = start_trainers_with_prefetch_;
     o.shared_root_wait = shared_root_wait;
@@ -139,6 +140,7 @@ class CoordinatorTest : public ::testing::Test {
   int64_t heartbeat_timeout_ms_ = 3000;
   HangPolicy hang_;
   CordonPolicy cordon_;
+  SuspectPolicy suspect_;
   bool evict_stragglers_ = false;
   bool start_trainers_with_prefetch_ = true;
   std::function<std::unique_ptr<storage::Backend>(

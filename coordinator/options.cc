@@ -123,6 +123,17 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option("--cordon-window-s", cordon.window_s,
                  "the window of --cordon-after in seconds (default 1800)")
       ->check(CLI::Range(1.0, 30.0 * 86400));
+  SuspectPolicy& suspect = o.coordinator.suspect;
+  app.add_option("--suspect-after-claims", suspect.after,
+                 "a node is unhealthy (check restore_claims; its ranks move "
+                 "to a spare) after this many copies its restores claimed "
+                 "bad were verified good by the node within "
+                 "--suspect-claims-window-s; 0: never (default 3)")
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--suspect-claims-window-s", suspect.window_s,
+                 "the window of --suspect-after-claims in seconds (default "
+                 "1800)")
+      ->check(CLI::Range(1.0, 30.0 * 86400));
   app.add_flag("--evict-stragglers", o.coordinator.evict_stragglers,
                "replace a straggler's node by a spare (cordoned, reason "
                "straggler); never without a healthy spare with room");
@@ -145,7 +156,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
                  "max_soft_steps, shared_root, hang_timeout_min_s, "
                  "hang_factor, first_step_timeout_s, cordon_after, "
-                 "cordon_window_s (integers), evict_stragglers, "
+                 "cordon_window_s, suspect_after_claims, "
+                 "suspect_claims_window_s (integers), evict_stragglers, "
                  "wait_for_prefetch, "
                  "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
                  "admin_identities, advertise_addr, "
@@ -198,7 +210,9 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
           {"--first-step-timeout-s", "first_step_timeout_s", &hang.first_step_s,
            86400},
           {"--cordon-window-s", "cordon_window_s", &cordon.window_s,
-           30 * 86400}}) {
+           30 * 86400},
+          {"--suspect-claims-window-s", "suspect_claims_window_s",
+           &suspect.window_s, 30 * 86400}}) {
       int64_t v = 0;
       if (!s.ok() || app.count(flag) || !parsed->contains(key)) continue;
       s = FromToml(*parsed, key, &v);
@@ -215,6 +229,15 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
         s = absl::InvalidArgumentError(
             "config: cordon_after: not an integer in [0, 1000]");
       if (s.ok()) cordon.after = static_cast<int>(v);
+    }
+    if (s.ok() && !app.count("--suspect-after-claims") &&
+        parsed->contains("suspect_after_claims")) {
+      int64_t v = 0;
+      s = FromToml(*parsed, "suspect_after_claims", &v);
+      if (s.ok() && (v < 0 || v > 1000))
+        s = absl::InvalidArgumentError(
+            "config: suspect_after_claims: not an integer in [0, 1000]");
+      if (s.ok()) suspect.after = static_cast<int>(v);
     }
     if (s.ok() && !app.count("--evict-stragglers"))
       s = FromToml(*parsed, "evict_stragglers",

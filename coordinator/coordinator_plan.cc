@@ -191,7 +191,23 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
                                  const std::string& cause) {
   const std::string& name = job.rec.job();
   options_.metrics->PlanMade(name, options_.now_ms());
+  // When the failure this plan answers was last heard from: a dead host's
+  // last heartbeat (the earliest), else now (a hang, a cordon, a
+  // rollback). A plan that found no spare before answers the same failure.
+  // A trainer started after it is of the new generation (its launcher
+  // restarted it, maybe before this plan); one started before is not.
+  int64_t failed = options_.now_ms();
+  for (const std::string& host : job.rec.rank_node())
+    if (auto n = nodes_.find(host); n != nodes_.end() && !n->second.live->alive)
+      failed = std::min(failed, LastSeen(n->second));
+  if (auto prev = job.failure_ms.find(job.rec.generation());
+      job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
+      prev != job.failure_ms.end())
+    failed = std::min(failed, prev->second);
   job.rec.set_generation(job.rec.generation() + 1);
+  job.failure_ms[job.rec.generation()] = failed;
+  while (job.failure_ms.size() > 8)
+    job.failure_ms.erase(job.failure_ms.begin());
   DropOrdersOfJobLocked(batch, name);
   // Group the ranks of hosts that may not keep them (dead, cordoned,
   // unhealthy) by host; move each group to a spare. An unhealthy host that

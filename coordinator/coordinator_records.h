@@ -56,6 +56,11 @@ struct JobState {
       ranks_by_node;              // of rec.rank_node
   std::set<uint64_t> committing;  // steps whose manifest is being written
   int64_t plan_ordered_ms = 0;    // when the current plan's orders were queued
+  // Soft: for each of the newest generations a plan made, when the failure
+  // it was planned for was last heard from (the coordinator's clock). A
+  // trainer without a generation that started before the current one's
+  // runs in an older generation (ShardReport.trainer_age_ms).
+  std::map<uint64_t, int64_t> failure_ms;
   // rec as of the last durable commit: what heartbeats and watches show,
   // so that they never wait for a disk write.
   v1::JobRecord durable_rec;

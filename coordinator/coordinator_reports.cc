@@ -2,6 +2,8 @@
 // of a step whose ranks are all durable (manifest written outside the
 // state mutex, then last good moved), and restore fallbacks.
 #include <algorithm>
+#include <iterator>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
@@ -14,6 +16,30 @@ namespace ckpt::coordinator {
 namespace {
 
 constexpr size_t kMaxKeyBytes = 1024;
+// A trainer's age, bounded so that "now - age" cannot overflow (~100 years).
+constexpr uint64_t kMaxTrainerAgeMs = uint64_t{1} << 42;
+// A report reaches the coordinator some time after its trainer's age was
+// taken, so a trainer looks older than it is, by that transit. A trainer
+// started up to this long before a failure counts as started after it:
+// never take a restarted trainer for one of the abandoned generation.
+constexpr int64_t kTrainerStartSlackMs = 1000;
+
+// The generation a trainer runs in that started `age_ms` before `now_ms`,
+// judged against the failures the job's plans were made for: the newest
+// generation whose failure came before it started. nullopt: unknown (no
+// failure time kept for the current generation: the job's first, or a
+// plan made before this coordinator started).
+std::optional<uint64_t> TrainerGeneration(const JobState& job, int64_t now_ms,
+                                          uint64_t age_ms) {
+  auto current = job.failure_ms.find(job.rec.generation());
+  if (current == job.failure_ms.end()) return std::nullopt;
+  const int64_t started =
+      now_ms - static_cast<int64_t>(age_ms) + kTrainerStartSlackMs;
+  for (auto it = std::make_reverse_iterator(std::next(current));
+       it != job.failure_ms.rend(); ++it)
+    if (started >= it->second) return it->first;
+  return job.failure_ms.begin()->first - 1;
+}
 
 absl::Status ValidateShardKey(const std::string& key) {
   CKPT_RETURN_IF_ERROR(ValidatePrintable(key, "key", kMaxKeyBytes));
@@ -40,6 +66,10 @@ absl::Status ValidateShardKey(const std::string& key) {
   // it is kept.
   if (r.state() == v1::DURABLE || !r.key().empty())
     CKPT_RETURN_IF_ERROR(ValidateShardKey(r.key()));
+  if (r.trainer_age_ms() > kMaxTrainerAgeMs)
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_age_ms: ", r.trainer_age_ms(), " is more than ",
+                     kMaxTrainerAgeMs));
   return absl::OkStatus();
 }
 
@@ -139,6 +169,23 @@ absl::Status Coordinator::ApplyReportLocked(
         " rank ", req.rank(), " of job ", req.job(),
         " is older than the job's generation ", job->rec.generation(),
         " (a timeline a plan abandoned); dropped"));
+  // A save without a generation (a launcher other than ckptrun) is judged
+  // by when its trainer started: one that started before the failure the
+  // current generation answers is a process of the abandoned timeline
+  // still saving (its launcher restarts it later, or never noticed); one
+  // started after is the restarted trainer, whenever it started
+  // relative to the plan.
+  if (!req.has_generation() && req.has_trainer_age_ms()) {
+    std::optional<uint64_t> g =
+        TrainerGeneration(*job, options_.now_ms(), req.trainer_age_ms());
+    if (g && *g < job->rec.generation() && !RestoredSaveLocked(*job, req))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer_age_ms: the trainer that saved step ", req.step(), " rank ",
+          req.rank(), " of job ", req.job(), " started ", req.trainer_age_ms(),
+          " ms ago, before the failure the job's generation ",
+          job->rec.generation(), " answers: it runs in generation ", *g,
+          " (a timeline a plan abandoned); dropped"));
+  }
   if (job->rec.has_last_good() && req.step() < job->rec.last_good_step())
     return absl::FailedPreconditionError(absl::StrCat(
         "step: ", req.step(), " of job ", req.job(),

@@ -15,7 +15,8 @@ class TimelineTest : public TwoNodeTest {
   // One report through the node's batch call, with a generation when set.
   absl::Status ReportGen(const std::string& node, uint64_t epoch, uint64_t step,
                          uint32_t rank, v1::ShardState state,
-                         std::optional<uint64_t> generation, uint64_t digest) {
+                         std::optional<uint64_t> generation, uint64_t digest,
+                         std::optional<uint64_t> trainer_age_ms = {}) {
     v1::ReportShardsRequest req;
     req.set_node_id(node);
     req.set_epoch(epoch);
@@ -27,6 +28,7 @@ class TimelineTest : public TwoNodeTest {
     r->set_bytes(1000 + rank);
     r->set_checksum_digest(digest);
     if (generation) r->set_generation(*generation);
+    if (trainer_age_ms) r->set_trainer_age_ms(*trainer_age_ms);
     if (state == v1::DURABLE)
       r->set_key("job/step-" + std::to_string(step) + "/rank-" +
                  std::to_string(rank));
@@ -146,6 +148,42 @@ TEST_F(TimelineTest, ReportsWithoutAGenerationAreJudgedAsBefore) {
   EXPECT_EQ(Job().last_good_step(), 20u);
   // A newer generation than the coordinator's is not refused either.
   ASSERT_TRUE(ReportAllGen(21, v1::STAGED, 7, 0xe0).ok());
+}
+
+// A trainer launched without ckptrun carries no generation; its node
+// sends how long ago it started. One that started before the failure the
+// current generation answers still saves for the abandoned timeline and
+// is refused, naming its generation; one that started after it (its
+// launcher restarted it) counts, and so does one whose start is unknown.
+TEST_F(TimelineTest, TrainersWithoutAGenerationAreJudgedByWhenTheyStarted) {
+  TrainerDies();  // now: the failure generation 1 answers
+  ASSERT_EQ(Job().generation(), 1u);
+  now_ms_ += 500;
+  // Started 5 s before the failure.
+  absl::Status zombie =
+      ReportGen("n1", e1_, 20, 0, v1::STAGED, std::nullopt, 0xd0, 5'500);
+  EXPECT_EQ(zombie.code(), absl::StatusCode::kFailedPrecondition) << zombie;
+  EXPECT_NE(zombie.message().find("trainer_age_ms"), absl::string_view::npos)
+      << zombie;
+  EXPECT_NE(zombie.message().find("runs in generation 0"),
+            absl::string_view::npos)
+      << zombie;
+  // Restarted 0.4 s after the failure: every rank's save of 20 counts.
+  for (v1::ShardState state : {v1::STAGED, v1::DURABLE})
+    for (uint32_t r = 0; r < 4; ++r) {
+      absl::Status s = ReportGen(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 20, r,
+                                 state, std::nullopt, 0xe0 + r, 100);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  EXPECT_EQ(Job().last_good_step(), 20u);
+  // No start known (another pid namespace): judged as before.
+  EXPECT_TRUE(ReportGen("n1", e1_, 21, 0, v1::STAGED, std::nullopt, 0xf0).ok());
+  // A bound on the age, so that no arithmetic on it overflows.
+  absl::Status huge = ReportGen("n1", e1_, 21, 1, v1::STAGED, std::nullopt,
+                                0xf1, uint64_t{1} << 60);
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument) << huge;
+  EXPECT_NE(huge.message().find("trainer_age_ms"), absl::string_view::npos)
+      << huge;
 }
 
 // Finding 22: with one rank never durable (a full disk on one node), no

@@ -110,7 +110,10 @@ absl::StatusOr<Shard> Engine::StageShardLocked(
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
   shard.rec.set_created_unix_ns(info.created_unix_ns);
-  if (req.has_generation()) shard.rec.set_generation(req.generation());
+  if (req.has_generation())
+    shard.rec.set_generation(req.generation());
+  else
+    shard.trainer_started_ms = peer.started_ms;
   *shard.rec.mutable_tensors() = req.tensors();
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);

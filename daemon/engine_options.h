@@ -31,6 +31,9 @@ struct ShardReport {
   uint32_t owner_uid = 0;  // the job's uid here (its trainers' peer uid)
   // The job generation the save was made in (CommitSaveRequest.generation).
   std::optional<uint64_t> generation;
+  // A save without a generation: when its trainer started (CLOCK_BOOTTIME
+  // ms, PeerCreds::started_ms); 0: unknown. Sent as an age.
+  int64_t trainer_started_ms = 0;
   // The save failed for good here: retracts its STAGED report.
   bool failed = false;
   // A verified copy of another node's shard that this node holds (peer

@@ -19,6 +19,7 @@ ShardReport JobTable::ReportOf(const Shard& shard, bool durable,
   r.durable = durable && !failed;
   r.failed = failed;
   if (shard.rec.has_generation()) r.generation = shard.rec.generation();
+  r.trainer_started_ms = shard.trainer_started_ms;
   r.bytes = shard.rec.image_bytes();
   r.digest = storage::ChecksumsDigest(shard.info);
   r.staged_digest = shard.staged_digest.value_or(r.digest);

@@ -13,6 +13,7 @@
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/node_agent_rpc.h"
+#include "daemon/peer_listener.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {
@@ -33,6 +34,10 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
   out->set_owner_uid(report.owner_uid);
   out->set_key(report.key);
   if (report.generation) out->set_generation(*report.generation);
+  // An age, taken as it is sent (a queued report ages while it waits).
+  if (report.trainer_started_ms > 0)
+    out->set_trainer_age_ms(static_cast<uint64_t>(
+        std::max<int64_t>(BootClockMs() - report.trainer_started_ms, 0)));
   if (report.failed) out->set_failed(true);
 }
 

@@ -245,6 +245,11 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
       }
     }
     ReplicaPool::Unmap(unmap);
+    for (const auto& d : dropped)
+      LogInfo(absl::StrCat("replica of job '", d->copy.job(), "' step ",
+                           d->copy.step(), " rank ", d->copy.rank(), " from ",
+                           d->copy.source_node(), " dropped for room (step ",
+                           copy.step(), " rank ", copy.rank(), " arriving)"));
     // Dropped copies are retracted like replaced ones: the coordinator
     // must not name them as sources.
     if (on_evict_)

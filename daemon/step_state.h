@@ -39,6 +39,10 @@ struct Shard {
   // the same save from another one; unset for shards this node did not
   // commit (recovered, prefetched: their checksums are all known).
   std::optional<uint64_t> staged_digest;
+  // A save committed without a job generation: when the trainer that
+  // committed it started (PeerCreds::started_ms; 0: unknown, or the save
+  // has a generation). Memory only: a boot clock reading.
+  int64_t trainer_started_ms = 0;
   int slot = -1;  // slot that holds the image, -1 if none
   // Where the slot's image came from: a commit (kMemory), or a load of the
   // local file or of the object tier's copy (a restore's load, a

@@ -222,6 +222,7 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                              ? std::vector<std::string>()
                              : env->second);
   WaitUntil([&] { return Connectable(socket); }, std::chrono::seconds(20));
+  if (!options_.launcher) return;
   std::vector<std::string> run = {CKPTRUN_BINARY,
                                   "--coordinator",
                                   CoordinatorAddresses(),

@@ -84,6 +84,9 @@ struct ClusterOptions {
   std::string coordinator_state;
   int coordinator_replicas = 1;
   std::vector<std::string> coordinator_args;  // extra flags for every replica
+  // false: StartNode starts no ckptrun; the test registers the job and
+  // starts trainers itself (a job launched without ckptrun, e.g. torchrun).
+  bool launcher = true;
 };
 
 // One line of a rank's cluster_trainer log, parsed.
@@ -151,6 +154,10 @@ class Cluster {
   // into /tmp.
   std::string NodeTmpDir(const std::string& id) const {
     return NodeDir(id) + "/tmp";
+  }
+  // The node's ckptd socket (a trainer's CKPT_SOCKET).
+  std::string Socket(const std::string& id) const {
+    return NodeDir(id) + "/ckptd.sock";
   }
 
  private:

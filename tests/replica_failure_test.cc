@@ -317,5 +317,95 @@ TEST_F(ReplicaFailureTest, AHolderWithoutRoomSaysSoAndTheReplicaGoesElsewhere) {
   EXPECT_EQ(NodeRec("a")->replica_target(), "b");
 }
 
+// A holder with room for 4.5 of a's shards holds a's three ranks: the
+// second rank's copy of a step makes it drop the first rank's copy of the
+// step before, for room (each rank keeps its newest copy). With the shared
+// root broken, the steps since are in memory only. a is SIGKILLed right
+// after such a drop, before the step's third copy arrives: no step is
+// whole in h's memory, and a plan that still counted the dropped copy
+// would restore the step before from it, fail the fetch (no stored copy
+// to fall back to) and plan again, forever. The plan restores the newest
+// stored step instead, names no copy h dropped, every rank restores it
+// bit for bit, and nothing plans twice.
+TEST_F(ReplicaFailureTest, ACopyDroppedForRoomIsNeverNamedWhenTheSenderDies) {
+  constexpr uint64_t kBytes = 4 << 20;  // a shard's image is a little more
+  ClusterOptions o = Options(3);
+  o.nproc_per_node = 3;
+  o.bytes_per_rank = kBytes;
+  o.last_step = 100000;
+  o.step_ms = 1500;
+  o.steps_after_restore = 2;
+  const std::vector<int> ports = FreeLoopbackPorts(3);
+  const char* ids[] = {"a", "h", "c"};  // rack-1 .. rack-3: a sends to h
+  for (int i = 0; i < 3; ++i)
+    o.node_ckptd_args[ids[i]] = {"--domain", "rack-" + std::to_string(i + 1),
+                                 "--replica-port", std::to_string(ports[i])};
+  // 0.4 s a copy: the holder has a step's first two copies of a's ranks
+  // well before its third.
+  for (const char* flag : {"--replica-bandwidth", "10000000"})
+    o.node_ckptd_args["a"].push_back(flag);
+  o.node_ckptd_args["h"].push_back("--replica-memory-bytes");
+  o.node_ckptd_args["h"].push_back(std::to_string(kBytes * 9 / 2));
+  cluster_ = std::make_unique<Cluster>(std::move(o));
+  cluster_->StartCoordinator();
+  cluster_->StartNode("h", /*spare=*/true);
+  cluster_->StartNode("c", /*spare=*/true);
+  cluster_->StartNode("a");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(1));
+  ASSERT_EQ(NodeRec("a")->replica_target(), "h");
+  BreakSharedRoot();
+  const uint64_t durable = LastGood();
+  // h's log lines "replica of job 'job' step S rank R from a dropped for
+  // room (...)": wait for one of a step that is not stored.
+  auto drops = [&] {
+    const std::string log = DaemonLog("h");
+    std::vector<std::string> out;
+    const std::string head = "replica of job 'job' step ";
+    for (size_t at = log.find(head); at != std::string::npos;
+         at = log.find(head, at + 1)) {
+      const size_t eol = log.find('\n', at);
+      const std::string line = log.substr(at, eol - at);
+      if (line.find(" dropped for room") != std::string::npos)
+        out.push_back(line);
+    }
+    return out;
+  };
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        for (const std::string& d : drops())
+          if (std::stoull(d.substr(d.find(" step ") + 6)) > durable + 1)
+            return true;
+        return false;
+      },
+      seconds(120)))
+      << "h never dropped a copy of a step newer than " << durable + 1;
+  cluster_->KillNode("a");
+  RepairSharedRoot();
+  std::optional<cv1::Event> where;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        where = LastRestoreSources();
+        return where && AllRestored(where->restore().step());
+      },
+      seconds(120)))
+      << (where ? where->DebugString() : "no RESTORE_SOURCES event");
+  ExpectNoMismatch();
+  for (const auto& r : where->restore().ranks()) {
+    if (r.node_id() != "h") continue;
+    const std::string named = "step " +
+                              std::to_string(where->restore().step()) +
+                              " rank " + std::to_string(r.rank()) + " from a";
+    for (const std::string& d : drops())
+      EXPECT_EQ(d.find(named), std::string::npos)
+          << "the plan names a copy h dropped: " << where->detail();
+  }
+  int plans = 0;
+  for (const auto& e : cluster_->Events()) plans += e.kind() == cv1::PLAN_MADE;
+  EXPECT_EQ(plans, 1) << "planned again after a failed fetch";
+  for (uint32_t r = 0; r < 3; ++r)
+    for (const auto& l : cluster_->TrainerLog(r))
+      EXPECT_NE(l.kind, "restore_failed") << "rank " << r;
+}
+
 }  // namespace
 }  // namespace ckpt::testing

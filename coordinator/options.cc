@@ -152,11 +152,20 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  bool print_keys = false;
+  app.add_flag("--print-config-keys", print_keys,
+               "print the config file's keys, one \"key --flag\" a line, "
+               "and exit");
   // The exceptions to "flag --foo-bar is key foo_bar" (config_file.h).
-  const ConfigKeyRules keys{.command_line_only = {"--config"},
-                            .aliases = {},
-                            .other_keys = storage::ObjectStoreConfigKeys()};
+  const ConfigKeyRules keys{
+      .command_line_only = {"--config", "--print-config-keys"},
+      .aliases = {},
+      .other_keys = storage::ObjectStoreConfigKeys()};
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  if (print_keys) {
+    *help = ConfigKeyList(app, keys);
+    return absl::CancelledError("config keys");
+  }
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();

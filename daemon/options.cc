@@ -161,12 +161,21 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                  "free MiB the shm check wants in /dev/shm per rank of "
                  "--capacity (default 0: only a probe)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  bool print_keys = false;
+  app.add_flag("--print-config-keys", print_keys,
+               "print the config file's keys, one \"key --flag\" a line, "
+               "and exit");
   // The exceptions to "flag --foo-bar is key foo_bar" (config_file.h).
   const ConfigKeyRules keys{
-      .command_line_only = {"--config", "--health-check", "--json"},
+      .command_line_only = {"--config", "--print-config-keys", "--health-check",
+                            "--json"},
       .aliases = {{"--retain-local", "--retain"}},
       .other_keys = storage::ObjectStoreConfigKeys()};
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  if (print_keys) {
+    *help = ConfigKeyList(app, keys);
+    return absl::CancelledError("config keys");
+  }
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();

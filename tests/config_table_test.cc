@@ -21,7 +21,8 @@ namespace {
 // Flags that are not settings: the config file itself, the help and
 // version answers, and ckptd's one-shot health check mode.
 const std::set<std::string> kCommandLineOnly = {
-    "--help", "--version", "--config", "--health-check", "--json"};
+    "--help",         "--version", "--config", "--print-config-keys",
+    "--health-check", "--json"};
 
 // The binaries, set up to fail right after parsing their options (the root
 // or state directory lies under a regular file), so a key that is ignored
@@ -108,6 +109,31 @@ TEST(ConfigTableTest, EveryFlagInHelpHasAKeyThatIsRead) {
       EXPECT_NE(r.exit_code, 0) << b.path << " " << key;
       EXPECT_NE(r.out.find(": " + key + ": "), std::string::npos)
           << b.path << " " << flag << " (key " << key << "): " << r.out;
+    }
+  }
+}
+
+// doc/operations.md names every key --print-config-keys prints, and that
+// list is --help's flags (less the command-line-only ones) plus object_*.
+TEST(ConfigTableTest, DocNamesEveryKeyThatPrintConfigKeysPrints) {
+  TempDir dir;
+  const std::string doc =
+      ReadFileToString(std::string(CKPT_SOURCE_DIR) + "/doc/operations.md");
+  ASSERT_FALSE(doc.empty());
+  for (const Binary& b : Binaries(dir)) {
+    CommandResult r = RunCommand(b.path + " --print-config-keys", false, 30);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::set<std::string> printed;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      const std::string key = line.substr(0, line.find(' '));
+      printed.insert(key);
+      EXPECT_NE(doc.find("`" + key + "`"), std::string::npos)
+          << b.path << ": doc/operations.md does not name key " << key;
+    }
+    for (const std::string& flag : HelpFlags(b.path)) {
+      if (kCommandLineOnly.count(flag)) continue;
+      EXPECT_TRUE(printed.count(KeyOf(flag))) << b.path << " " << flag;
     }
   }
 }

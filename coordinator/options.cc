@@ -44,16 +44,16 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   int64_t plan_ack_timeout_ms = o.coordinator.plan_ack_timeout.count();
   int64_t max_soft_steps = static_cast<int64_t>(o.coordinator.max_soft_steps);
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
+  // --listen and --state are required, from the command line or the config
+  // file (checked below).
   app.add_option("--listen", o.listen,
-                 "HOST:PORT to serve gRPC on (port 0: any free port)")
-      ->required();
+                 "HOST:PORT to serve gRPC on (port 0: any free port)");
   std::string state;
   std::string admins = "ckpt-admin";
   app.add_option("--state", state,
                  "directory of the coordinator's RocksDB state, or "
                  "etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
-                 "(HA: replicas elect a leader through etcd)")
-      ->required();
+                 "(HA: replicas elect a leader through etcd)");
   app.add_option("--advertise-addr", o.advertise,
                  "HA: HOST:PORT standbys send clients to (default: --listen)");
   app.add_option(
@@ -153,15 +153,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "re-checks an idle node every --health-recheck-s, 300)")
       ->check(CLI::Range(0.0, 30.0 * 86400));
   app.add_option("--config", config,
-                 "TOML file with heartbeat_timeout_ms, plan_ack_timeout_ms, "
-                 "max_soft_steps, shared_root, hang_timeout_min_s, "
-                 "hang_factor, first_step_timeout_s, cordon_after, "
-                 "cordon_window_s, suspect_after_claims, "
-                 "suspect_claims_window_s (integers), evict_stragglers, "
-                 "wait_for_prefetch, "
-                 "metrics_listen, tls_cert, tls_key, tls_ca, insecure, "
-                 "admin_identities, advertise_addr, "
-                 "etcd_tls_cert, etcd_tls_key, etcd_tls_ca (flags win)");
+                 "TOML file: each flag --foo-bar is key foo_bar, and the "
+                 "object_* keys (flags win)");
   app.add_option("--etcd-tls-cert", o.etcd_tls.cert,
                  "HA: client certificate for etcd (PEM)");
   app.add_option("--etcd-tls-key", o.etcd_tls.key, "HA: its private key (PEM)");
@@ -170,114 +163,58 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option(
       "--metrics-listen", o.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off)");
+  bool print_keys = false;
+  app.add_flag("--print-config-keys", print_keys,
+               "print the config file's keys, one \"key --flag\" a line, "
+               "and exit");
+  // The exceptions to "flag --foo-bar is key foo_bar" (config_file.h).
+  const ConfigKeyRules keys{
+      .command_line_only = {"--config", "--print-config-keys"},
+      .aliases = {},
+      .other_keys = storage::ObjectStoreConfigKeys()};
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
-  o.coordinator.spare_check_max_age_ms =
-      static_cast<int64_t>(spare_check_max_age_s * 1000);
-  if (absl::Status s =
-          ValidatePlanAckTimeout(plan_ack_timeout_ms, "--plan-ack-timeout-ms");
-      !s.ok())
-    return s;
-  if (absl::Status s = ValidateMaxSoftSteps(max_soft_steps, "--max-soft-steps");
-      !s.ok())
-    return s;
+  if (print_keys) {
+    *help = ConfigKeyList(app, keys);
+    return absl::CancelledError("config keys");
+  }
   if (!config.empty()) {
     auto parsed = ParseConfigFile(config);
     if (!parsed.ok()) return parsed.status();
-    absl::Status s;
-    if (!app.count("--heartbeat-timeout-ms")) {
-      int64_t v = timeout_ms;
-      s = FromToml(*parsed, "heartbeat_timeout_ms", &v);
-      if (s.ok() && (v < 10 || v > 3600000))
-        s = absl::InvalidArgumentError(
-            "config: heartbeat_timeout_ms: not an integer in [10, 3600000]");
-      if (s.ok()) timeout_ms = static_cast<uint32_t>(v);
-    }
-    if (s.ok() && !app.count("--plan-ack-timeout-ms")) {
-      s = FromToml(*parsed, "plan_ack_timeout_ms", &plan_ack_timeout_ms);
-      if (s.ok())
-        s = ValidatePlanAckTimeout(plan_ack_timeout_ms,
-                                   "config: plan_ack_timeout_ms");
-    }
-    if (s.ok() && !app.count("--max-soft-steps")) {
-      s = FromToml(*parsed, "max_soft_steps", &max_soft_steps);
-      if (s.ok())
-        s = ValidateMaxSoftSteps(max_soft_steps, "config: max_soft_steps");
-    }
-    for (auto [flag, key, out, max] :
-         {std::tuple<const char*, const char*, double*, int64_t>{
-              "--hang-timeout-min-s", "hang_timeout_min_s", &hang.min_s, 86400},
-          {"--hang-factor", "hang_factor", &hang.factor, 1000},
-          {"--first-step-timeout-s", "first_step_timeout_s", &hang.first_step_s,
-           86400},
-          {"--cordon-window-s", "cordon_window_s", &cordon.window_s,
-           30 * 86400},
-          {"--suspect-claims-window-s", "suspect_claims_window_s",
-           &suspect.window_s, 30 * 86400}}) {
-      int64_t v = 0;
-      if (!s.ok() || app.count(flag) || !parsed->contains(key)) continue;
-      s = FromToml(*parsed, key, &v);
-      if (s.ok() && (v < 1 || v > max))
-        s = absl::InvalidArgumentError(absl::StrCat(
-            "config: ", key, ": not an integer in [1, ", max, "]"));
-      if (s.ok()) *out = static_cast<double>(v);
-    }
-    if (s.ok() && !app.count("--cordon-after") &&
-        parsed->contains("cordon_after")) {
-      int64_t v = 0;
-      s = FromToml(*parsed, "cordon_after", &v);
-      if (s.ok() && (v < 0 || v > 1000))
-        s = absl::InvalidArgumentError(
-            "config: cordon_after: not an integer in [0, 1000]");
-      if (s.ok()) cordon.after = static_cast<int>(v);
-    }
-    if (s.ok() && !app.count("--suspect-after-claims") &&
-        parsed->contains("suspect_after_claims")) {
-      int64_t v = 0;
-      s = FromToml(*parsed, "suspect_after_claims", &v);
-      if (s.ok() && (v < 0 || v > 1000))
-        s = absl::InvalidArgumentError(
-            "config: suspect_after_claims: not an integer in [0, 1000]");
-      if (s.ok()) suspect.after = static_cast<int>(v);
-    }
-    if (s.ok() && !app.count("--evict-stragglers"))
-      s = FromToml(*parsed, "evict_stragglers",
-                   &o.coordinator.evict_stragglers);
-    if (s.ok() && !app.count("--wait-for-prefetch"))
-      s = FromToml(*parsed, "wait_for_prefetch", &wait_for_prefetch);
-    if (s.ok() && !app.count("--shared-root"))
-      s = FromToml(*parsed, "shared_root", &o.coordinator.shared_root);
-    if (s.ok() && !app.count("--metrics-listen"))
-      s = FromToml(*parsed, "metrics_listen", &o.metrics_listen);
-    if (s.ok())
-      s = storage::ReadObjectStoreConfig(*parsed, &o.coordinator.object_config);
-    if (s.ok() && !app.count("--tls-cert"))
-      s = FromToml(*parsed, "tls_cert", &o.security.tls.cert);
-    if (s.ok() && !app.count("--tls-key"))
-      s = FromToml(*parsed, "tls_key", &o.security.tls.key);
-    if (s.ok() && !app.count("--tls-ca"))
-      s = FromToml(*parsed, "tls_ca", &o.security.tls.ca);
-    if (s.ok() && !app.count("--insecure"))
-      s = FromToml(*parsed, "insecure", &o.security.tls.insecure);
-    if (s.ok() && !app.count("--admin-identities"))
-      s = FromToml(*parsed, "admin_identities", &admins);
-    if (s.ok() && !app.count("--advertise-addr"))
-      s = FromToml(*parsed, "advertise_addr", &o.advertise);
-    if (s.ok() && !app.count("--etcd-tls-cert"))
-      s = FromToml(*parsed, "etcd_tls_cert", &o.etcd_tls.cert);
-    if (s.ok() && !app.count("--etcd-tls-key"))
-      s = FromToml(*parsed, "etcd_tls_key", &o.etcd_tls.key);
-    if (s.ok() && !app.count("--etcd-tls-ca"))
-      s = FromToml(*parsed, "etcd_tls_ca", &o.etcd_tls.ca);
-    if (!s.ok()) return s;
+    if (absl::Status s = ApplyConfigFile(app, *parsed, config, keys); !s.ok())
+      return s;
+    if (absl::Status s = storage::ReadObjectStoreConfig(
+            *parsed, &o.coordinator.object_config);
+        !s.ok())
+      return s;
   }
+  // Named as the operator gave them: the flag, else the file's key.
+  auto name = [&](const char* flag, const char* key) {
+    return app.count(flag) ? std::string(flag)
+                           : absl::StrCat("config ", config, ": ", key);
+  };
+  if (o.listen.empty())
+    return absl::InvalidArgumentError(
+        "--listen: required (or listen in --config)");
+  if (state.empty())
+    return absl::InvalidArgumentError(
+        "--state: required (or state in --config)");
+  o.coordinator.spare_check_max_age_ms =
+      static_cast<int64_t>(spare_check_max_age_s * 1000);
+  if (absl::Status s = ValidatePlanAckTimeout(
+          plan_ack_timeout_ms,
+          name("--plan-ack-timeout-ms", "plan_ack_timeout_ms"));
+      !s.ok())
+    return s;
+  if (absl::Status s = ValidateMaxSoftSteps(
+          max_soft_steps, name("--max-soft-steps", "max_soft_steps"));
+      !s.ok())
+    return s;
   if (o.listen.rfind(':') == std::string::npos)
     return absl::InvalidArgumentError("--listen: \"" + o.listen +
                                       "\" is not HOST:PORT");
   if (!o.metrics_listen.empty())
-    if (absl::Status s = ValidateMetricsListen(o.metrics_listen,
-                                               app.count("--metrics-listen")
-                                                   ? "--metrics-listen"
-                                                   : "config: metrics_listen");
+    if (absl::Status s = ValidateMetricsListen(
+            o.metrics_listen, name("--metrics-listen", "metrics_listen"));
         !s.ok())
       return s;
   if (absl::Status s =

@@ -60,9 +60,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   CLI::App app{"ckptd: node-local checkpoint daemon"};
   // Required unless --health-check (checked below).
   app.add_option("--socket", o.socket_path, "Unix socket to serve gRPC on");
+  // Required, from the command line or the config file (checked below).
   app.add_option("--root", o.root,
-                 "directory for shards, manifests and the catalog")
-      ->required();
+                 "directory for shards, manifests and the catalog");
   app.add_option("--config", config,
                  "TOML file with the settings below (flags win)");
   app.add_option("--shm-prefix", shm_prefix,
@@ -161,142 +161,37 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                  "free MiB the shm check wants in /dev/shm per rank of "
                  "--capacity (default 0: only a probe)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  bool print_keys = false;
+  app.add_flag("--print-config-keys", print_keys,
+               "print the config file's keys, one \"key --flag\" a line, "
+               "and exit");
+  // The exceptions to "flag --foo-bar is key foo_bar" (config_file.h).
+  const ConfigKeyRules keys{
+      .command_line_only = {"--config", "--print-config-keys", "--health-check",
+                            "--json"},
+      .aliases = {{"--retain-local", "--retain"}},
+      .other_keys = storage::ObjectStoreConfigKeys()};
   if (absl::Status s = ParseCli(app, help, argc, argv); !s.ok()) return s;
+  if (print_keys) {
+    *help = ConfigKeyList(app, keys);
+    return absl::CancelledError("config keys");
+  }
+  if (!config.empty()) {
+    auto parsed = ParseConfigFile(config);
+    if (!parsed.ok()) return parsed.status();
+    if (absl::Status s = ApplyConfigFile(app, *parsed, config, keys); !s.ok())
+      return s;
+    if (absl::Status s =
+            storage::ReadObjectStoreConfig(*parsed, &o.object_config);
+        !s.ok())
+      return s;
+  }
+  if (o.root.empty())
+    return absl::InvalidArgumentError("--root: required (or root in --config)");
   if (o.socket_path.empty() && !o.health_check)
     return absl::InvalidArgumentError("--socket: required");
   if (o.health_json && !o.health_check)
     return absl::InvalidArgumentError("--json: only with --health-check");
-
-  if (!config.empty()) {
-    auto parsed = ParseConfigFile(config);
-    if (!parsed.ok()) return parsed.status();
-    const toml::table& t = *parsed;
-    // Flags given on the command line win over the file.
-    auto unless_flag = [&](const char* flag, auto&& apply) -> absl::Status {
-      return app.count(flag) ? absl::OkStatus() : apply();
-    };
-    absl::Status s;
-    if (s.ok())
-      s = unless_flag("--shm-prefix",
-                      [&] { return FromToml(t, "shm_prefix", &shm_prefix); });
-    // retain_local is retain's name beside the object tier's retain_object.
-    if (s.ok() && !app.count("--retain") && !app.count("--retain-local"))
-      s = FromToml(t, t.contains("retain_local") ? "retain_local" : "retain",
-                   &retain);
-    if (s.ok())
-      s = unless_flag("--object-url",
-                      [&] { return FromToml(t, "object_url", &o.object_url); });
-    if (s.ok())
-      s = unless_flag("--commit-tier",
-                      [&] { return FromToml(t, "commit_tier", &commit_tier); });
-    if (s.ok())
-      s = unless_flag("--retain-object", [&] {
-        return FromToml(t, "retain_object", &retain_object);
-      });
-    if (s.ok())
-      s = unless_flag("--upload-threads", [&] {
-        return FromToml(t, "upload_threads", &upload_threads);
-      });
-    if (s.ok()) s = storage::ReadObjectStoreConfig(t, &o.object_config);
-    if (s.ok())
-      s = unless_flag("--slots", [&] { return FromToml(t, "slots", &slots); });
-    if (s.ok())
-      s = unless_flag("--persist-attempts", [&] {
-        return FromToml(t, "persist_attempts", &attempts);
-      });
-    if (s.ok())
-      s = unless_flag("--drain-seconds",
-                      [&] { return FromToml(t, "drain_seconds", &drain_s); });
-    if (s.ok())
-      s = unless_flag("--queue-depth",
-                      [&] { return FromToml(t, "queue_depth", &queue_depth); });
-    if (s.ok())
-      s = unless_flag("--io-mib",
-                      [&] { return FromToml(t, "io_mib", &io_mib); });
-    if (s.ok())
-      s = unless_flag("--no-io-uring", [&] {
-        bool v = !no_uring;
-        absl::Status r = FromToml(t, "io_uring", &v);
-        no_uring = !v;
-        return r;
-      });
-    if (s.ok())
-      s = unless_flag("--no-direct-io", [&] {
-        bool v = !no_direct;
-        absl::Status r = FromToml(t, "direct_io", &v);
-        no_direct = !v;
-        return r;
-      });
-    if (s.ok())
-      s = unless_flag("--shared-root", [&] {
-        return FromToml(t, "shared_root", &o.shared_root);
-      });
-    if (s.ok())
-      s = unless_flag("--coordinator", [&] {
-        return FromToml(t, "coordinator", &o.agent.coordinator);
-      });
-    if (s.ok())
-      s = unless_flag("--node-id",
-                      [&] { return FromToml(t, "node_id", &o.agent.node_id); });
-    if (s.ok())
-      s = unless_flag("--tls-cert", [&] {
-        return FromToml(t, "tls_cert", &o.agent.tls.cert);
-      });
-    if (s.ok())
-      s = unless_flag("--tls-key",
-                      [&] { return FromToml(t, "tls_key", &o.agent.tls.key); });
-    if (s.ok())
-      s = unless_flag("--tls-ca",
-                      [&] { return FromToml(t, "tls_ca", &o.agent.tls.ca); });
-    if (s.ok())
-      s = unless_flag("--insecure", [&] {
-        return FromToml(t, "insecure", &o.agent.tls.insecure);
-      });
-    if (s.ok())
-      s = unless_flag("--advertise-addr", [&] {
-        return FromToml(t, "advertise_addr", &o.agent.address);
-      });
-    if (s.ok())
-      s = unless_flag("--capacity", [&] {
-        return FromToml(t, "capacity", &o.agent.capacity);
-      });
-    if (s.ok())
-      s = unless_flag("--spare",
-                      [&] { return FromToml(t, "spare", &o.agent.spare); });
-    if (s.ok())
-      s = unless_flag("--max-connections-per-uid", [&] {
-        return FromToml(t, "max_connections_per_uid",
-                        &o.listener.max_connections_per_uid);
-      });
-    if (s.ok())
-      s = unless_flag("--max-request-mib", [&] {
-        return FromToml(t, "max_request_mib", &o.max_request_mib);
-      });
-    if (s.ok())
-      s = unless_flag("--metrics-listen", [&] {
-        return FromToml(t, "metrics_listen", &o.metrics_listen);
-      });
-    if (s.ok()) s = ReadReplicaConfig(t, app, o.replicas, replica_target);
-    if (!s.ok()) return s;
-    if (o.max_request_mib < 1 || o.max_request_mib > 1024)
-      return absl::InvalidArgumentError(
-          "config: max_request_mib: must be in [1, 1024]");
-    if (o.agent.capacity < 1)
-      return absl::InvalidArgumentError("config: capacity: must be >= 1");
-    if (slots < 2 || slots > 16)
-      return absl::InvalidArgumentError("config: slots: must be in [2, 16]");
-    if (attempts < 1)
-      return absl::InvalidArgumentError(
-          "config: persist_attempts: must be >= 1");
-    if (queue_depth < 1 || queue_depth > 256)
-      return absl::InvalidArgumentError(
-          "config: queue_depth: must be in [1, 256]");
-    if (io_mib < 1 || io_mib > 256)
-      return absl::InvalidArgumentError("config: io_mib: must be in [1, 256]");
-    if (upload_threads < 1 || upload_threads > 64)
-      return absl::InvalidArgumentError(
-          "config: upload_threads: must be in [1, 64]");
-  }
   // A shared root in an object store is the object tier, and the tier that
   // commits: nodes share no directory.
   if (storage::IsObjectUrl(o.shared_root)) {
@@ -325,10 +220,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   o.engine.upload_threads = upload_threads;
 
   if (!o.metrics_listen.empty())
-    if (absl::Status s = ValidateMetricsListen(o.metrics_listen,
-                                               app.count("--metrics-listen")
-                                                   ? "--metrics-listen"
-                                                   : "config: metrics_listen");
+    if (absl::Status s = ValidateMetricsListen(
+            o.metrics_listen, app.count("--metrics-listen")
+                                  ? "--metrics-listen"
+                                  : "config " + config + ": metrics_listen");
         !s.ok())
       return s;
   o.engine.shm_prefix =

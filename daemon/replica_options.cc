@@ -41,35 +41,6 @@ void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target) {
                  "coordinator says (static pairs, tests)");
 }
 
-absl::Status ReadReplicaConfig(const toml::table& t, const CLI::App& app,
-                               ReplicaOptions& o, std::string& target) {
-  auto unless_flag = [&](const char* flag, const char* key,
-                         auto* out) -> absl::Status {
-    return app.count(flag) ? absl::OkStatus() : FromToml(t, key, out);
-  };
-  absl::Status s = unless_flag("--domain", "domain", &o.domain);
-  if (s.ok()) s = unless_flag("--replicas", "replicas", &o.send);
-  if (s.ok()) s = unless_flag("--replica-port", "replica_port", &o.port);
-  if (s.ok())
-    s = unless_flag("--replica-memory-bytes", "replica_memory_bytes",
-                    &o.memory_bytes);
-  if (s.ok())
-    s = unless_flag("--replica-bandwidth", "replica_bandwidth", &o.bandwidth);
-  if (s.ok()) s = unless_flag("--replica-target", "replica_target", &target);
-  if (s.ok())
-    s = unless_flag("--replica-transport", "replica_transport",
-                    &o.transport_text);
-  if (s.ok())
-    s = unless_flag("--replica-bulk-port", "replica_bulk_port", &o.bulk_port);
-  if (s.ok() && o.bulk_port > 65535)
-    s = absl::InvalidArgumentError(absl::StrCat(
-        "config: replica_bulk_port: ", o.bulk_port, " is not a port"));
-  if (s.ok() && o.port > 65535)
-    s = absl::InvalidArgumentError(
-        absl::StrCat("config: replica_port: ", o.port, " is not a port"));
-  return s;
-}
-
 absl::Status FinishReplicaOptions(ReplicaOptions& o, const std::string& target,
                                   bool cluster) {
   if (!o.domain.empty())

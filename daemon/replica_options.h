@@ -43,16 +43,9 @@ struct ReplicaOptions {
 
 inline constexpr uint64_t kDefaultReplicaMemoryBytes = 8ull << 30;
 
-// Adds the flags; `target` receives --replica-target's text.
+// Adds the flags (each also a config key, config_file.h); `target`
+// receives --replica-target's text.
 void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target);
-// The config file's keys (domain, replicas, replica_port,
-// replica_memory_bytes, replica_bandwidth, replica_target,
-// replica_transport, replica_bulk_port), each unless
-// its flag was given. InvalidArgument naming the key.
-[[nodiscard]] absl::Status ReadReplicaConfig(const toml::table& t,
-                                             const CLI::App& app,
-                                             ReplicaOptions& o,
-                                             std::string& target);
 // Checks the values (InvalidArgument naming the flag) and parses `target`.
 [[nodiscard]] absl::Status FinishReplicaOptions(ReplicaOptions& o,
                                                 const std::string& target,

@@ -299,28 +299,48 @@ absl::StatusOr<ObjectStoreOptions> ResolveObjectStoreOptions(
   return o;
 }
 
+namespace {
+
+// Every object-store key with its field: the one list the reader and
+// ObjectStoreConfigKeys both walk.
+template <typename Visit>
+absl::Status VisitObjectKeys(ObjectStoreConfig* c, Visit visit) {
+  absl::Status s = visit("object_endpoint", &c->endpoint);
+  if (s.ok()) s = visit("object_region", &c->region);
+  if (s.ok()) s = visit("object_addressing", &c->addressing);
+  if (s.ok()) s = visit("object_part_mib", &c->part_size_mib);
+  if (s.ok()) s = visit("object_concurrency", &c->concurrency);
+  if (s.ok()) s = visit("object_verify_md5", &c->verify_part_md5);
+  if (s.ok()) s = visit("object_max_attempts", &c->max_attempts);
+  if (s.ok()) s = visit("object_retry_budget_ms", &c->retry_budget_ms);
+  if (s.ok()) s = visit("object_connect_timeout_ms", &c->connect_timeout_ms);
+  if (s.ok()) s = visit("object_stall_timeout_ms", &c->stall_timeout_ms);
+  if (s.ok()) s = visit("object_credentials_file", &c->credentials_file);
+  if (s.ok()) s = visit("object_profile", &c->profile);
+  return s;
+}
+
+}  // namespace
+
 absl::Status ReadObjectStoreConfig(const toml::table& t, ObjectStoreConfig* c) {
-  auto opt = [&](const char* key, auto* field) -> absl::Status {
+  return VisitObjectKeys(c, [&](const char* key, auto* field) -> absl::Status {
     using T = typename std::remove_reference_t<decltype(*field)>::value_type;
     if (!t.get(key)) return absl::OkStatus();
     T v{};
     CKPT_RETURN_IF_ERROR(FromToml(t, key, &v));
     *field = v;
     return absl::OkStatus();
-  };
-  absl::Status s = opt("object_endpoint", &c->endpoint);
-  if (s.ok()) s = opt("object_region", &c->region);
-  if (s.ok()) s = opt("object_addressing", &c->addressing);
-  if (s.ok()) s = opt("object_part_mib", &c->part_size_mib);
-  if (s.ok()) s = opt("object_concurrency", &c->concurrency);
-  if (s.ok()) s = opt("object_verify_md5", &c->verify_part_md5);
-  if (s.ok()) s = opt("object_max_attempts", &c->max_attempts);
-  if (s.ok()) s = opt("object_retry_budget_ms", &c->retry_budget_ms);
-  if (s.ok()) s = opt("object_connect_timeout_ms", &c->connect_timeout_ms);
-  if (s.ok()) s = opt("object_stall_timeout_ms", &c->stall_timeout_ms);
-  if (s.ok()) s = opt("object_credentials_file", &c->credentials_file);
-  if (s.ok()) s = opt("object_profile", &c->profile);
-  return s;
+  });
+}
+
+std::vector<std::string> ObjectStoreConfigKeys() {
+  std::vector<std::string> keys;
+  ObjectStoreConfig unused;
+  (void)VisitObjectKeys(&unused, [&](const char* key, auto*) {
+    keys.emplace_back(key);
+    return absl::OkStatus();
+  });
+  return keys;
 }
 
 }  // namespace ckpt::storage

@@ -10,6 +10,9 @@
 
 #include <toml++/toml.h>
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "storage/object_backend.h"
 
@@ -20,6 +23,8 @@ namespace ckpt::storage {
 // ResolveObjectStoreOptions.
 [[nodiscard]] absl::Status ReadObjectStoreConfig(const toml::table& table,
                                                  ObjectStoreConfig* config);
+// The keys ReadObjectStoreConfig reads (for refusing the keys nothing reads).
+std::vector<std::string> ObjectStoreConfigKeys();
 
 }  // namespace ckpt::storage
 

@@ -18,6 +18,8 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   Section lock(this);
   CKPT_ASSIGN_OR_RETURN(const Lease lease, CommitLeaseLocked(peer, req));
   CKPT_ASSIGN_OR_RETURN(Shard shard, StageShardLocked(req));
+  // Without a generation, the trainer's start fences it (ShardReport).
+  if (!req.has_generation()) shard.trainer_started_ms = peer.started_ms;
   CKPT_ASSIGN_OR_RETURN(Superseded sup, WriteSupersededLocked(req, shard.rec));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*sup.job, req.rank()));
   for (DropPlan& d : sup.drops) shard_drops_->Apply(*sup.job, std::move(d), 0);
@@ -110,10 +112,7 @@ absl::StatusOr<Shard> Engine::StageShardLocked(
   shard.rec.set_slot(slot_no);
   shard.rec.set_image_bytes(info.layout.image_bytes);
   shard.rec.set_created_unix_ns(info.created_unix_ns);
-  if (req.has_generation())
-    shard.rec.set_generation(req.generation());
-  else
-    shard.trainer_started_ms = peer.started_ms;
+  if (req.has_generation()) shard.rec.set_generation(req.generation());
   *shard.rec.mutable_tensors() = req.tensors();
   shard.slot = static_cast<int>(slot_no);
   shard.info = std::move(info);

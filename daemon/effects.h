@@ -24,7 +24,8 @@
 
 namespace ckpt::daemon {
 
-// A file written for a shard that went meanwhile: it must not outlive it.
+// A file written for a shard that went meanwhile: it must not outlive it
+// (an object's is an UploadTask of kind kDelete).
 struct OwedDelete {
   std::string job;
   uint64_t step = 0;
@@ -38,6 +39,7 @@ struct Effects {
   std::vector<UploadTask> upload;    // likewise (an object tier only)
   std::vector<ShardReport> reports;  // delivered, in order, after unlocking
   std::vector<OwedDelete> deletes;   // intents recorded under the lock
+  std::vector<UploadTask> object_deletes;  // likewise, in the object tier
   // Decisions the executor takes under the same lock after the edit:
   // retention of the job runs again (a step can never be whole now), or
   // the job goes if Delete marked it and nothing uses it any more.

@@ -27,7 +27,8 @@ Engine::Engine(EngineOptions options, storage::Backend* backend,
                              options_.persist_retry_max_delay},
           object != nullptr,
           object != nullptr &&
-              options_.commit_tier == EngineOptions::CommitTier::kObject}) {}
+              options_.commit_tier == EngineOptions::CommitTier::kObject,
+          options_.node_id}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
@@ -133,6 +134,9 @@ uint64_t Engine::ApplyLocked(Effects& fx) {
   for (OwedDelete& d : fx.deletes)
     shard_drops_->QueueLocalDelete(d.job, d.step, std::move(d.key), false);
   fx.deletes.clear();
+  for (UploadTask& del : fx.object_deletes)
+    shard_drops_->QueueObjectDelete(std::move(del));
+  fx.object_deletes.clear();
   for (ShardReport& r : fx.reports) OutboxLocked(std::move(r));
   fx.reports.clear();
   return ticket;

@@ -460,9 +460,6 @@ class Engine : public StagedShards, private PipelineState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   void MaybeQueueObjectManifestLocked(Job& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  // Queues the write of a step's object manifest (no checks).
-  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.

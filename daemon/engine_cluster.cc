@@ -21,13 +21,8 @@ void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) {
 }
 
 void Engine::FailShardLocked(Shard& shard, const std::string& error) {
-  if (!table_.FailShard(shard, error)) return;
-  CatalogEdit edit;
-  edit.PutShard(shard.rec);
-  RecordLocked(std::move(edit), /*sync=*/true);
-  // The coordinator's STAGED record of this save would keep its step
-  // looking restorable from memory: plans would choose it again and again.
-  ReportLocked(shard, /*durable=*/false, /*failed=*/true);
+  Effects fx = table_.Fail(shard, error);
+  ApplyLocked(fx);  // an edit and a report: nothing left to perform
 }
 
 void Engine::SetHostedRanks(const std::string& job_name,

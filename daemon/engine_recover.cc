@@ -197,7 +197,8 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
     if (object_->Stat(NodeManifestKey(name, n)).ok())
       step.object_manifest = true;
     else
-      QueueObjectManifestTaskLocked(name, n);
+      uploader_->Push(UploadTask{
+          UploadTask::kManifest, name, n, 0, 0, 0, {NodeManifestKey(name, n)}});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ",
                        in_memory, " in memory, ", requeued, " to persist, ",

@@ -56,47 +56,17 @@ bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
 
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
-  Section lock(this);
-  table_.Wake(
-      JobTable::Waiter::kDurable);  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);
-  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
-  if (shard == nullptr || shard->gen != task.gen) {
-    // Deleted or replaced while we uploaded: the object must not outlive it.
-    if (shard == nullptr)
-      shard_drops_->QueueObjectDelete(
-          UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
-    return;
-  }
-  shard->uploaded = true;
-  shard->rec.set_uploaded(true);
-  CatalogEdit edit;
-  edit.PutShard(shard->rec);
-  RecordLocked(std::move(edit), /*sync=*/false);
-  Job& job = *table_.Find(task.job);
-  if (ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
-  MaybeQueueObjectManifestLocked(job, task.step);
+  Section lock(this);
+  Effects fx = table_.Uploaded(task, key);
+  ApplyLocked(fx);
+  lock.Unlock();
+  Perform(std::move(fx));
 }
 
 void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
-  auto step = job.steps.find(step_no);
-  if (step == job.steps.end() || step->second.object_manifest) return;
-  bool durable = false;
-  if (!table_.StepComplete(job, step->second, &durable) || !durable) return;
-  for (const auto& [r, shard] : step->second.shards)
-    if (!shard.uploaded) return;
-  QueueObjectManifestTaskLocked(job.rec.job(), step_no);
-}
-
-void Engine::QueueObjectManifestTaskLocked(const std::string& job,
-                                           uint64_t step_no) {
-  uploader_->Push(UploadTask{UploadTask::kManifest,
-                             job,
-                             step_no,
-                             0,
-                             0,
-                             0,
-                             {NodeManifestKey(job, step_no)}});
+  if (auto manifest = table_.ObjectManifestDue(job, step_no))
+    uploader_->Push(std::move(*manifest));
 }
 
 void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {

@@ -8,7 +8,7 @@
 // The executor queues the edit (and the deletes' intents, and the
 // reports) in the transition's critical section, so that they keep the
 // order of the changes; it pushes the tasks, delivers the reports and
-// wakes the waiters once the lock is released (Engine::ApplyLocked,
+// wakes the waiters once the lock is released (Engine::Apply,
 // Engine::Perform). Plain data.
 #ifndef CKPT_DAEMON_EFFECTS_H_
 #define CKPT_DAEMON_EFFECTS_H_

@@ -74,7 +74,7 @@ struct Job {
   // job only once one of its arenas exists.
   bool recorded = true;
   // Every step was deleted: the record goes and the arenas are unlinked
-  // once no lease, save or load uses the job (Engine::MaybeForgetJobLocked).
+  // once no lease, save or load uses the job (Engine::MaybeForgetJob).
   bool forget_when_idle = false;
 };
 

@@ -8,7 +8,7 @@
 // The executor queues the edit (and the deletes' intents, and the
 // reports) in the transition's critical section, so that they keep the
 // order of the changes; it pushes the tasks, delivers the reports and
-// wakes the waiters once the lock is released (Engine::ApplyLocked,
+// wakes the waiters once the lock is released (Engine::Apply,
 // Engine::Perform). Plain data.
 #ifndef CKPT_DAEMON_EFFECTS_H_
 #define CKPT_DAEMON_EFFECTS_H_
@@ -24,7 +24,8 @@
 
 namespace ckpt::daemon {
 
-// A file written for a shard that went meanwhile: it must not outlive it.
+// A file written for a shard that went meanwhile: it must not outlive it
+// (an object's is an UploadTask of kind kDelete).
 struct OwedDelete {
   std::string job;
   uint64_t step = 0;
@@ -38,6 +39,7 @@ struct Effects {
   std::vector<UploadTask> upload;    // likewise (an object tier only)
   std::vector<ShardReport> reports;  // delivered, in order, after unlocking
   std::vector<OwedDelete> deletes;   // intents recorded under the lock
+  std::vector<UploadTask> object_deletes;  // likewise, in the object tier
   // Decisions the executor takes under the same lock after the edit:
   // retention of the job runs again (a step can never be whole now), or
   // the job goes if Delete marked it and nothing uses it any more.

@@ -27,7 +27,8 @@ Engine::Engine(EngineOptions options, storage::Backend* backend,
                              options_.persist_retry_max_delay},
           object != nullptr,
           object != nullptr &&
-              options_.commit_tier == EngineOptions::CommitTier::kObject}) {}
+              options_.commit_tier == EngineOptions::CommitTier::kObject,
+          options_.node_id}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
@@ -97,7 +98,7 @@ void Engine::Section::Relock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   held_ = true;
 }
 
-void Engine::OutboxLocked(Report report) {
+void Engine::Outbox(Report report) {
   const bool wanted = std::holds_alternative<ShardReport>(report)
                           ? static_cast<bool>(options_.on_shard)
                           : static_cast<bool>(options_.on_fallback);
@@ -126,14 +127,17 @@ void Engine::Deliver(uint64_t upto) {
   delivered_reports_.fetch_add(out.size(), std::memory_order_release);
 }
 
-uint64_t Engine::ApplyLocked(Effects& fx) {
+uint64_t Engine::Apply(Effects& fx) {
   uint64_t ticket = 0;
-  if (!fx.edit.empty()) ticket = RecordLocked(std::move(fx.edit), fx.sync);
+  if (!fx.edit.empty()) ticket = QueueEdit(std::move(fx.edit), fx.sync);
   fx.edit = CatalogEdit();
   for (OwedDelete& d : fx.deletes)
     shard_drops_->QueueLocalDelete(d.job, d.step, std::move(d.key), false);
   fx.deletes.clear();
-  for (ShardReport& r : fx.reports) OutboxLocked(std::move(r));
+  for (UploadTask& del : fx.object_deletes)
+    shard_drops_->QueueObjectDelete(std::move(del));
+  fx.object_deletes.clear();
+  for (ShardReport& r : fx.reports) Outbox(std::move(r));
   fx.reports.clear();
   return ticket;
 }
@@ -145,17 +149,17 @@ void Engine::Perform(Effects fx) {
   if (fx.wake_durable) table_.Wake(JobTable::Waiter::kDurable);
 }
 
-void Engine::MaybeForgetJobLocked(const std::string& name) {
+void Engine::MaybeForgetJob(const std::string& name) {
   Job* found = table_.Find(name);
   if (found == nullptr || !found->forget_when_idle) return;
   Job& job = *found;
   if (!table_.Unused(job)) return;
   std::vector<uint32_t> ranks;
   for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
-  for (uint32_t r : ranks) DropArenaLocked(job, r, /*unlink=*/true);
+  for (uint32_t r : ranks) DropArena(job, r, /*unlink=*/true);
   CatalogEdit edit;
   edit.DeleteJob(name);
-  RecordLocked(std::move(edit), /*sync=*/true);
+  QueueEdit(std::move(edit), /*sync=*/true);
   LogInfo(absl::StrCat("job ", name,
                        ": every step deleted; record and arenas removed"));
   table_.Erase(name);
@@ -205,12 +209,12 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
   return resp;
 }
 
-void Engine::ReleaseLeaseLocked(uint64_t id) {
+void Engine::ReleaseLease(uint64_t id) {
   std::optional<Lease> lease = table_.ReleaseLease(id);
   if (!lease) return;
   // A FILE restore is over: the deletes it held back go now.
   if (!lease->file_key.empty()) shard_drops_->ReleaseDeferred();
-  MaybeForgetJobLocked(lease->job);
+  MaybeForgetJob(lease->job);
 }
 
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
@@ -264,9 +268,9 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       if (lost.phase != ShardPhase::kStaged) continue;
       // Its persist kept failing, and now its bytes are gone.
       metrics_->Failure(metric::kPersistAbandoned);
-      FailShardLocked(lost, absl::StrCat("its slot went to step ", req.step(),
-                                         " while its persist kept failing: ",
-                                         lost.rec.error()));
+      FailShard(lost, absl::StrCat("its slot went to step ", req.step(),
+                                   " while its persist kept failing: ",
+                                   lost.rec.error()));
       LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ",
                               req.rank(), ": ", lost.rec.error()));
     }
@@ -300,7 +304,7 @@ absl::Status Engine::AbortSave(const PeerCreds& peer,
   if (committing_.count(req.lease()))
     return absl::FailedPreconditionError(absl::StrCat(
         "lease: save ", req.lease(), " is being committed; too late to abort"));
-  ReleaseLeaseLocked(req.lease());
+  ReleaseLease(req.lease());
   return absl::OkStatus();
 }
 
@@ -319,7 +323,7 @@ void Engine::ReapLoop() {
     table_.WaitUntil(
         JobTable::Waiter::kReaper,
         std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
-    for (uint64_t id : table_.leases().DeadHolders()) ReleaseLeaseLocked(id);
+    for (uint64_t id : table_.leases().DeadHolders()) ReleaseLease(id);
     reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }
 }

@@ -70,7 +70,7 @@
 //
 // No I/O runs under the lock: disk and object I/O (a restore's check of
 // the file it hands out included), catalog writes, checksum passes, arena
-// creation and an arena's drop (DropArenaLocked hands it to ArenaDrops, whose
+// creation and an arena's drop (DropArena hands it to ArenaDrops, whose
 // thread unregisters, unlinks and unmaps it; a new arena of the same name waits
 // for the unlink) run outside it. A state change queues its catalog edit
 // (CatalogWriter) in the same critical section, so edits land in the order of
@@ -88,14 +88,14 @@
 // delivered once the lock is released (Section). Transitions of the job
 // table return their effects (effects.h): a commit's and a persist's
 // (JobTable::Commit, JobTable::Persisted); the Engine queues their edit
-// in the same critical section (ApplyLocked) and pushes their tasks after
+// in the same critical section (Apply) and pushes their tasks after
 // unlocking (Perform). Still in the Engine: CommitSave's re-planning when
 // its superseded drops changed while their edit was written
-// (WriteSupersededLocked). Restore's choice of copy is RestoreCopyOf,
+// (WriteSuperseded). Restore's choice of copy is RestoreCopyOf,
 // and what a persist's outcome does to its shard PersistVerdictOf
 // (step_state.h; JobTable::Persisted applies it); retention's decisions, both
-// tiers', are retention.h's (ApplyRetentionLocked and
-// ApplyTieredRetentionLocked apply them).
+// tiers', are retention.h's (ApplyRetention and
+// ApplyTieredRetention apply them).
 #ifndef CKPT_DAEMON_ENGINE_H_
 #define CKPT_DAEMON_ENGINE_H_
 
@@ -283,7 +283,8 @@ class Engine : public StagedShards, private PipelineState {
   };
   std::vector<RecoveredShard> recovered_ ABSL_GUARDED_BY(table_.mu());
 
-  // Helpers; *Locked ones need the job table's lock held.
+  // Helpers. Those annotated ABSL_EXCLUSIVE_LOCKS_REQUIRED need the job
+  // table's lock held; clang checks every caller (scripts/thread-safety.sh).
   // Returns the rank's arena, creating or growing it to slot_bytes. The
   // creation runs with `lock` released (Rank::creating marks it); a refusal
   // leaves the rank's old arena and its steps as they were.
@@ -293,37 +294,35 @@ class Engine : public StagedShards, private PipelineState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
-  void DropArenaLocked(Job& job, uint32_t rank_no, bool unlink)
+  void DropArena(Job& job, uint32_t rank_no, bool unlink)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // OpenRestore: waits while a peer fetch of the shard runs.
-  [[nodiscard]] absl::Status WaitFetchLocked(const std::string& job,
-                                             uint64_t step, uint32_t rank)
+  [[nodiscard]] absl::Status WaitFetch(const std::string& job, uint64_t step,
+                                       uint32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops the job and its record if Delete marked it and nothing uses it.
-  void MaybeForgetJobLocked(const std::string& job)
+  void MaybeForgetJob(const std::string& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   std::string ArenaName(const std::string& job, uint32_t rank) const;
   // Releases lease `id` (JobTable::ReleaseLease); the end of a FILE
   // restore's lease lets the deletes it held back go.
-  void ReleaseLeaseLocked(uint64_t id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void ReleaseLease(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no
   // good copy left the shard fails (Latest falls back a step).
-  void MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
-                         const std::string& error)
+  void MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
+                   const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A client claimed `shard`'s `copy` bad, and the daemon's own check
   // (`checked`: OK, or why it could not run) did not find it so: the copy
   // is kept, and the claim is counted and reported (FallbackReport's
   // verified_bad false).
-  void ReportUnconfirmedLocked(const Job& job, const Shard& shard,
-                               ShardCopy copy, const std::string& claim,
-                               const absl::Status& checked)
+  void ReportUnconfirmed(const Job& job, const Shard& shard, ShardCopy copy,
+                         const std::string& claim, const absl::Status& checked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Drops a rank's shard of a step (ShardDrops::Drop, shard_drops.h).
-  void DropShardLocked(Job& job, uint64_t step, uint32_t rank, bool delete_file)
+  void DropShard(Job& job, uint64_t step, uint32_t rank, bool delete_file)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     shard_drops_->Drop(job, step, rank, delete_file);
   }
@@ -332,10 +331,10 @@ class Engine : public StagedShards, private PipelineState {
   // validated (a refusal ends the save); and the drops of what it
   // supersedes, written with its record (and with the lock released)
   // unless there is none (fast: the record is queued with the commit).
-  [[nodiscard]] absl::StatusOr<Lease> CommitLeaseLocked(
+  [[nodiscard]] absl::StatusOr<Lease> CommitLease(
       const PeerCreds& peer, const v1::CommitSaveRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  [[nodiscard]] absl::StatusOr<Shard> StageShardLocked(
+  [[nodiscard]] absl::StatusOr<Shard> StageShard(
       const v1::CommitSaveRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   struct Superseded {
@@ -345,16 +344,15 @@ class Engine : public StagedShards, private PipelineState {
     bool fast = false;            // nothing superseded
     bool written = false;         // the record went with the drops' edit
   };
-  [[nodiscard]] absl::StatusOr<Superseded> WriteSupersededLocked(
+  [[nodiscard]] absl::StatusOr<Superseded> WriteSuperseded(
       const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
-  void UndoCommitLocked(const std::string& job, uint64_t step, uint32_t rank,
-                        uint64_t gen)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  // `sync` for RecordLocked of a record that describes only this node's
+  void UndoCommit(const std::string& job, uint64_t step, uint32_t rank,
+                  uint64_t gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // `sync` for QueueEdit of a record that describes only this node's
   // shared memory (a staged or fetched shard, a job's arenas): not synced.
   // A machine crash loses the memory with the record; a daemon crash keeps
   // the write in the page cache; and the write-ahead log is one sequence,
@@ -363,19 +361,18 @@ class Engine : public StagedShards, private PipelineState {
   // then waits for no disk sync (each ~0.1 s on a slow disk).
   static constexpr bool kMemoryOnly = false;
   // Queues a catalog edit (in the order of the state changes, the lock held).
-  uint64_t RecordLocked(CatalogEdit edit, bool sync)
+  uint64_t QueueEdit(CatalogEdit edit, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     return writer_->Enqueue(std::move(edit), sync);
   }
   // The shard failed for good (its persist gave up, every copy failed
   // verification): records it, and tells the coordinator so that no plan
   // chooses its step.
-  void FailShardLocked(Shard& shard, const std::string& error)
+  void FailShard(Shard& shard, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  void MaybeQueueManifestLocked(Job& job, uint64_t step)
+  void MaybeQueueManifest(Job& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  void ApplyRetentionLocked(Job& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void ApplyRetention(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Restore's one decision: the path the caller may read the durable
   // shard's file (`key`, of image_bytes) from itself (a local file of the
   // recorded size that the caller's uid can open), or nullopt: the daemon
@@ -386,9 +383,11 @@ class Engine : public StagedShards, private PipelineState {
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
-  [[nodiscard]] absl::StatusOr<Shard*> LoadShardLocked(
-      const std::string& job, uint64_t step, uint32_t rank, double* load_s,
-      bool* from_object = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  [[nodiscard]] absl::StatusOr<Shard*> LoadShard(const std::string& job,
+                                                 uint64_t step, uint32_t rank,
+                                                 double* load_s,
+                                                 bool* from_object = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without the lock.
@@ -409,22 +408,22 @@ class Engine : public StagedShards, private PipelineState {
     return storage::ShardKey(job, step, rank, options_.node_id);
   }
   // Reports the shard to the coordinator (cluster mode): staged, durable
-  // or, with `failed`, retracted. Queued (OutboxLocked) and delivered once
+  // or, with `failed`, retracted. Queued (Outbox) and delivered once
   // the lock is released.
-  void ReportLocked(const Shard& shard, bool durable, bool failed = false)
+  void ReportShard(const Shard& shard, bool durable, bool failed = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A report to the node agent (on_shard, on_fallback), queued in the
   // order of the changes; nothing without the callback.
   using Report = std::variant<ShardReport, FallbackReport>;
-  void OutboxLocked(Report report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  void Outbox(Report report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Delivers the queued reports, in order, up to the `upto`-th ever
   // queued at least; called with the lock released (Section does).
   void Deliver(uint64_t upto) ABSL_LOCKS_EXCLUDED(table_.mu());
-  // Executes a transition's effects (effects.h). ApplyLocked, in the
+  // Executes a transition's effects (effects.h). Apply, in the
   // transition's critical section: queues the edit (returns its ticket,
   // 0 for none), the deletes' intents and the reports. Perform, with the
   // lock released: pushes the tasks and wakes the waiters.
-  uint64_t ApplyLocked(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  uint64_t Apply(Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   void Perform(Effects fx) ABSL_LOCKS_EXCLUDED(table_.mu());
   // The pipeline's view of the state (pipeline.h): each takes the lock. The
   // persist and manifest halves are in engine_persist.cc, the upload's in
@@ -456,27 +455,24 @@ class Engine : public StagedShards, private PipelineState {
     return object_ != nullptr &&
            options_.commit_tier == EngineOptions::CommitTier::kObject;
   }
-  void QueueUploadLocked(const Job& job, const Shard& shard)
+  void QueueUpload(const Job& job, const Shard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  void MaybeQueueObjectManifestLocked(Job& job, uint64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
-  // Queues the write of a step's object manifest (no checks).
-  void QueueObjectManifestTaskLocked(const std::string& job, uint64_t step)
+  void MaybeQueueObjectManifest(Job& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Retention with an object tier: local copies of steps below the local
   // cutoff go once the step is in the object tier; steps below the object
   // cutoff go from both, object manifest first.
-  void ApplyTieredRetentionLocked(Job& job, const Hosting* hosting)
+  void ApplyTieredRetention(Job& job, const Hosting* hosting)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Deletes the local files of a step in the object tier (manifest first).
-  void DropLocalCopyLocked(Job& job, uint64_t step)
+  void DropLocalCopy(Job& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // The same for one shard of it (the step's local manifest goes too).
-  void DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard)
+  void DropLocalShard(Job& job, uint64_t step_no, Shard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Queues the object tier's deletes of a step: its manifest, then the
   // shards that were uploaded.
-  void QueueObjectDeleteLocked(Job& job, uint64_t step)
+  void QueueObjectDelete(Job& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   void ReapLoop();
   // The gauges of a scrape (engine_metrics.cc); takes the lock.
@@ -498,7 +494,7 @@ class Engine : public StagedShards, private PipelineState {
   uint64_t persisted_shards_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t persisted_bytes_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t failed_persists_ ABSL_GUARDED_BY(table_.mu()) = 0;
-  // Reports queued under the lock (OutboxLocked), how many ever were, and
+  // Reports queued under the lock (Outbox), how many ever were, and
   // how many were delivered; deliver_mu_ keeps their order across the
   // threads that deliver them (taken before the table's lock, never
   // under it).

@@ -15,7 +15,7 @@ std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
   return absl::StrCat("/", options_.shm_prefix, ".", job, ".r", rank);
 }
 
-void Engine::DropArenaLocked(Job& job, uint32_t rank_no, bool unlink) {
+void Engine::DropArena(Job& job, uint32_t rank_no, bool unlink) {
   auto it = job.ranks.find(rank_no);
   if (it == job.ranks.end() || !it->second.arena) return;
   Rank& r = it->second;
@@ -92,7 +92,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
       job->rec.set_slot_bytes(arena->slot_bytes());
     CatalogEdit edit;
     edit.PutJob(job->rec);
-    const uint64_t ticket = RecordLocked(std::move(edit), kMemoryOnly);
+    const uint64_t ticket = QueueEdit(std::move(edit), kMemoryOnly);
     table_.Unlock();
     s = writer_->Wait(ticket);
     if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
@@ -112,7 +112,7 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
         // another rank may carry this one's entry).
         CatalogEdit back;
         back.PutJob(job->rec);
-        RecordLocked(std::move(back), /*sync=*/true);
+        QueueEdit(std::move(back), /*sync=*/true);
       }
     }
   }
@@ -126,8 +126,8 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
     return s;
   }
   if (grow)
-    DropArenaLocked(*job, rank_no,
-                    /*unlink=*/false);  // the rename replaced its name
+    DropArena(*job, rank_no,
+              /*unlink=*/false);  // the rename replaced its name
   r->Install(arena);
   prefaulter_->Add(arena, /*first_slot=*/1);
   job->recorded = true;

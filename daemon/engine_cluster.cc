@@ -16,18 +16,13 @@
 
 namespace ckpt::daemon {
 
-void Engine::ReportLocked(const Shard& shard, bool durable, bool failed) {
-  OutboxLocked(table_.ReportOf(shard, durable, failed));
+void Engine::ReportShard(const Shard& shard, bool durable, bool failed) {
+  Outbox(table_.ReportOf(shard, durable, failed));
 }
 
-void Engine::FailShardLocked(Shard& shard, const std::string& error) {
-  if (!table_.FailShard(shard, error)) return;
-  CatalogEdit edit;
-  edit.PutShard(shard.rec);
-  RecordLocked(std::move(edit), /*sync=*/true);
-  // The coordinator's STAGED record of this save would keep its step
-  // looking restorable from memory: plans would choose it again and again.
-  ReportLocked(shard, /*durable=*/false, /*failed=*/true);
+void Engine::FailShard(Shard& shard, const std::string& error) {
+  Effects fx = table_.Fail(shard, error);
+  Apply(fx);  // an edit and a report: nothing left to perform
 }
 
 void Engine::SetHostedRanks(const std::string& job_name,
@@ -39,8 +34,8 @@ void Engine::SetHostedRanks(const std::string& job_name,
   // Steps may have become complete here (ranks moved away), or deletable.
   Job* job = table_.Find(job_name);
   if (job == nullptr) return;
-  for (auto& [n, step] : job->steps) MaybeQueueManifestLocked(*job, n);
-  ApplyRetentionLocked(*job);
+  for (auto& [n, step] : job->steps) MaybeQueueManifest(*job, n);
+  ApplyRetention(*job);
 }
 
 absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
@@ -91,7 +86,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     job.rec.set_num_slots(options_.default_num_slots);
     CatalogEdit edit;
     edit.PutJob(job.rec);
-    tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
+    tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
     table_.Add(std::move(job));
   }
   Job& job = *table_.Find(job_name);
@@ -104,14 +99,13 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
   if (existing != job.steps.end() && existing->second.shards.count(rank)) {
     Shard& have = existing->second.shards[rank];
     if (have.slot >= 0) return absl::OkStatus();  // already in memory
-    if (have.phase != ShardPhase::kDurable)
-      DropShardLocked(job, step, rank, false);
+    if (have.phase != ShardPhase::kDurable) DropShard(job, step, rank, false);
   }
   // Newer shards of this rank belong to a timeline the plan abandoned.
   std::vector<uint64_t> newer;
   for (const auto& [n, s] : job.steps)
     if (n > step && s.shards.count(rank)) newer.push_back(n);
-  for (uint64_t n : newer) DropShardLocked(job, n, rank, /*delete_file=*/false);
+  for (uint64_t n : newer) DropShard(job, n, rank, /*delete_file=*/false);
 
   Step& target = job.steps[step];
   if (!target.shards.count(rank)) {
@@ -137,11 +131,11 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     // this record only says that this node holds it in memory.
     CatalogEdit edit;
     edit.PutShard(shard.rec);
-    tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
+    tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
     target.shards[rank] = std::move(shard);
   }
   double load_s = 0;
-  absl::Status loaded = LoadShardLocked(job_name, step, rank, &load_s).status();
+  absl::Status loaded = LoadShard(job_name, step, rank, &load_s).status();
   lock.Unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
   CKPT_RETURN_IF_ERROR(loaded);

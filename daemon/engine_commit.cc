@@ -16,11 +16,11 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
                                 const v1::CommitSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
   Section lock(this);
-  CKPT_ASSIGN_OR_RETURN(const Lease lease, CommitLeaseLocked(peer, req));
-  CKPT_ASSIGN_OR_RETURN(Shard shard, StageShardLocked(req));
+  CKPT_ASSIGN_OR_RETURN(const Lease lease, CommitLease(peer, req));
+  CKPT_ASSIGN_OR_RETURN(Shard shard, StageShard(req));
   // Without a generation, the trainer's start fences it (ShardReport).
   if (!req.has_generation()) shard.trainer_started_ms = peer.started_ms;
-  CKPT_ASSIGN_OR_RETURN(Superseded sup, WriteSupersededLocked(req, shard.rec));
+  CKPT_ASSIGN_OR_RETURN(Superseded sup, WriteSuperseded(req, shard.rec));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*sup.job, req.rank()));
   for (DropPlan& d : sup.drops) shard_drops_->Apply(*sup.job, std::move(d), 0);
   const uint64_t bytes = shard.info.layout.image_bytes;
@@ -34,13 +34,13 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     fx.edit = std::move(sup.edit);
     fx.sync = true;
   }
-  const uint64_t ticket = ApplyLocked(fx);
+  const uint64_t ticket = Apply(fx);
   using Seconds = std::chrono::duration<double>;
   metrics_->SaveCommitted(
       req.job(), Seconds(lease.granted - lease.begun).count(),
       Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
       Seconds(arrived - lease.granted).count(), bytes);
-  ReleaseLeaseLocked(req.lease());
+  ReleaseLease(req.lease());
   lock.Unlock();
   Perform(std::move(fx));
   if (ticket == 0) return absl::OkStatus();
@@ -48,12 +48,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   absl::Status s = writer_->Wait(ticket);
   if (s.ok()) return s;
   lock.Relock();
-  UndoCommitLocked(req.job(), req.step(), req.rank(), gen);
+  UndoCommit(req.job(), req.step(), req.rank(), gen);
   return s;
 }
 
-absl::StatusOr<Lease> Engine::CommitLeaseLocked(
-    const PeerCreds& peer, const v1::CommitSaveRequest& req) {
+absl::StatusOr<Lease> Engine::CommitLease(const PeerCreds& peer,
+                                          const v1::CommitSaveRequest& req) {
   CKPT_RETURN_IF_ERROR(table_.FindFor(req.job(), peer).status());
   const Lease* found = table_.leases().FindFor(req.lease(), req.job(),
                                                req.rank(), /*write=*/true);
@@ -75,8 +75,7 @@ absl::StatusOr<Lease> Engine::CommitLeaseLocked(
   return *found;
 }
 
-absl::StatusOr<Shard> Engine::StageShardLocked(
-    const v1::CommitSaveRequest& req) {
+absl::StatusOr<Shard> Engine::StageShard(const v1::CommitSaveRequest& req) {
   Job& job = *table_.Find(req.job());
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(job, req.rank()));
   const uint32_t slot_no = req.slot();
@@ -99,7 +98,7 @@ absl::StatusOr<Shard> Engine::StageShardLocked(
   // gone, and so is the metadata just written.
   if (valid.ok()) valid = rank->arena->CheckIntact();
   if (!valid.ok()) {
-    ReleaseLeaseLocked(req.lease());  // the save is over; the slot frees
+    ReleaseLease(req.lease());  // the save is over; the slot frees
     return valid;
   }
 
@@ -130,7 +129,7 @@ absl::StatusOr<Shard> Engine::StageShardLocked(
 // disk) leaves every older save as it was. Should the shards it drops
 // change meanwhile (a persist finished), the drops are planned and written
 // again from the new state.
-absl::StatusOr<Engine::Superseded> Engine::WriteSupersededLocked(
+absl::StatusOr<Engine::Superseded> Engine::WriteSuperseded(
     const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec) {
   Superseded sup;
   sup.job = table_.Find(req.job());
@@ -147,7 +146,7 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSupersededLocked(
         ShardDrops::Basis(*sup.job, sup.drops);
     sup.edit.PutShard(rec);
     committing_.insert(req.lease());
-    const uint64_t ticket = RecordLocked(std::move(sup.edit), /*sync=*/true);
+    const uint64_t ticket = QueueEdit(std::move(sup.edit), /*sync=*/true);
     table_.Unlock();
     absl::Status s = writer_->Wait(ticket);
     table_.Relock();
@@ -158,7 +157,7 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSupersededLocked(
         table_.leases().FindFor(req.lease(), req.job(), req.rank(),
                                 /*write=*/true) != nullptr;
     if (!s.ok()) {
-      if (leased) ReleaseLeaseLocked(req.lease());  // the slot frees
+      if (leased) ReleaseLease(req.lease());  // the slot frees
       return s;
     }
     sup.edit = CatalogEdit();
@@ -177,7 +176,7 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSupersededLocked(
       }
       if (table_.FindShard(req.job(), req.step(), req.rank()) == nullptr)
         sup.edit.DeleteShard(req.job(), req.step(), req.rank());
-      RecordLocked(std::move(sup.edit), /*sync=*/true);
+      QueueEdit(std::move(sup.edit), /*sync=*/true);
       return absl::NotFoundError(
           absl::StrCat("lease: save ", req.lease(), " of job '", req.job(),
                        "' rank ", req.rank(), " ended while it committed"));
@@ -188,14 +187,14 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSupersededLocked(
   return sup;
 }
 
-void Engine::UndoCommitLocked(const std::string& job_name, uint64_t step,
-                              uint32_t rank, uint64_t gen) {
+void Engine::UndoCommit(const std::string& job_name, uint64_t step,
+                        uint32_t rank, uint64_t gen) {
   Shard* shard = table_.FindShard(job_name, step, rank);
   Job* job = table_.Find(job_name);
   if (shard == nullptr || shard->gen != gen || job == nullptr) return;
-  ReportLocked(*shard, /*durable=*/false, /*failed=*/true);
-  DropShardLocked(*job, step, rank, /*delete_file=*/true);
-  MaybeForgetJobLocked(job_name);
+  ReportShard(*shard, /*durable=*/false, /*failed=*/true);
+  DropShard(*job, step, rank, /*delete_file=*/true);
+  MaybeForgetJob(job_name);
 }
 
 }  // namespace ckpt::daemon

@@ -23,18 +23,18 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     steps.push_back(req.step());
   }
   for (uint64_t n : steps) {
-    if (object_ != nullptr) QueueObjectDeleteLocked(*job, n);
+    if (object_ != nullptr) QueueObjectDelete(*job, n);
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
     // The files go through the persister's queue (recorded as intents,
     // held back while a FILE restore reads one), never under the lock.
-    for (uint32_t r : ranks) DropShardLocked(*job, n, r, /*delete_file=*/true);
+    for (uint32_t r : ranks) DropShard(*job, n, r, /*delete_file=*/true);
   }
   if (req.all_steps()) {
     // Nothing left: the job's record and arenas go once nothing uses them;
     // a later Register creates the job again.
     job->forget_when_idle = true;
-    MaybeForgetJobLocked(req.job());
+    MaybeForgetJob(req.job());
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));

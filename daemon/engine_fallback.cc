@@ -112,7 +112,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
                        req.job(), "' rank ", req.rank()));
   }
   if (req.bad_copy().empty()) {
-    ReleaseLeaseLocked(req.lease());
+    ReleaseLease(req.lease());
     return absl::OkStatus();
   }
   const uint64_t step = lease != nullptr ? lease->step : req.step();
@@ -158,7 +158,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     }
   }
   if (!claim) {
-    if (lease != nullptr) ReleaseLeaseLocked(req.lease());
+    if (lease != nullptr) ReleaseLease(req.lease());
     return absl::OkStatus();
   }
   // The checks read the copy (disk, object store, a pass over the slot):
@@ -188,33 +188,32 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     verdict.stored.reset();  // dropped meanwhile: nothing left to mark
   if (same) {
     if (Bad(verdict.stored)) {
-      MarkBadCopyLocked(
+      MarkBadCopy(
           *job, *shard, claim->stored,
           absl::StrCat(req.bad_copy(), "; ", verdict.stored->message()));
     } else if (Bad(verdict.slot)) {
       // Only the slot's image is bad: the next restore reads the stored
       // copy it came from (or, committed there, none is left).
-      MarkBadCopyLocked(
-          *job, *shard, ShardCopy::kMemory,
-          absl::StrCat(req.bad_copy(), "; ", verdict.slot->message()));
+      MarkBadCopy(*job, *shard, ShardCopy::kMemory,
+                  absl::StrCat(req.bad_copy(), "; ", verdict.slot->message()));
     } else {
       const absl::Status& checked =
           verdict.stored ? *verdict.stored : *verdict.slot;
-      ReportUnconfirmedLocked(
+      ReportUnconfirmed(
           *job, *shard,
           claim->image != nullptr ? ShardCopy::kMemory : ShardCopy::kFile,
           req.bad_copy(), checked);
     }
   }
-  if (req.lease() != 0) ReleaseLeaseLocked(req.lease());
+  if (req.lease() != 0) ReleaseLease(req.lease());
   lock.Unlock();
   writer_->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();
 }
 
-void Engine::ReportUnconfirmedLocked(const Job& job, const Shard& shard,
-                                     ShardCopy copy, const std::string& claim,
-                                     const absl::Status& checked) {
+void Engine::ReportUnconfirmed(const Job& job, const Shard& shard,
+                               ShardCopy copy, const std::string& claim,
+                               const absl::Status& checked) {
   metrics_->Failure(metric::kRestoreClaimUnconfirmed);
   FallbackReport fallback;
   fallback.job = job.rec.job();
@@ -238,11 +237,11 @@ void Engine::ReportUnconfirmedLocked(const Job& job, const Shard& shard,
                                   checked.message(), ")"),
       "; it is kept (a client that keeps doing this suggests faulty memory "
       "or a faulty device on this node)"));
-  OutboxLocked(fallback);
+  Outbox(fallback);
 }
 
-void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
-                               const std::string& error) {
+void Engine::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
+                         const std::string& error) {
   const std::string what =
       absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
                    shard.rec.rank());
@@ -262,7 +261,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             ": the copy in memory failed verification (", error,
                             "); restores read the ", fallback.next_copy,
                             " copy of ", shard.rec.path(), " next"));
-    OutboxLocked(fallback);
+    Outbox(fallback);
     return;
   }
   if (copy == ShardCopy::kFile && durable && in_object_tier &&
@@ -274,11 +273,11 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
                             shard.rec.path(), " failed verification (", error,
                             "); it is deleted and restores read the object "
                             "tier's copy next"));
-    OutboxLocked(fallback);
-    DropLocalShardLocked(job, shard.rec.step(), shard);
+    Outbox(fallback);
+    DropLocalShard(job, shard.rec.step(), shard);
     return;
   }
-  OutboxLocked(fallback);
+  Outbox(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
   LogWarning(absl::StrCat(
@@ -288,7 +287,7 @@ void Engine::MarkBadCopyLocked(Job& job, Shard& shard, ShardCopy copy,
           : absl::StrCat("the ", fallback.copy, " copy of ", shard.rec.path()),
       " failed verification (", error,
       "); no other copy here, the step is dropped from Latest"));
-  FailShardLocked(shard, absl::StrCat("failed verification: ", error));
+  FailShard(shard, absl::StrCat("failed verification: ", error));
   auto step = job.steps.find(shard.rec.step());
   if (step != job.steps.end() && step->second.manifest) {
     // The step is not whole any more: its manifest must not count.

@@ -52,7 +52,7 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   Section lock(this);
   JobTable::PersistResult r = table_.Persisted(
       task, key, std::move(outcome), std::chrono::steady_clock::now());
-  ApplyLocked(r.effects);
+  Apply(r.effects);
   switch (r.verdict.kind) {
     case PersistVerdict::kOrphan:
       break;
@@ -76,13 +76,13 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
       break;
   }
   if (Job* job = table_.Find(task.job); job != nullptr && r.effects.retention)
-    ApplyRetentionLocked(*job);
-  if (r.effects.forget_job) MaybeForgetJobLocked(task.job);
+    ApplyRetention(*job);
+  if (r.effects.forget_job) MaybeForgetJob(task.job);
   lock.Unlock();
   Perform(std::move(r.effects));
 }
 
-void Engine::MaybeQueueManifestLocked(Job& job, uint64_t step_no) {
+void Engine::MaybeQueueManifest(Job& job, uint64_t step_no) {
   if (!table_.ManifestDue(job, step_no)) return;
   persister_->Push(
       PersistTask{PersistTask::kManifest, job.rec.job(), step_no, 0, 0, {}});
@@ -137,19 +137,19 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     step->second.manifest = true;
     metrics_->StepDurable(job, step_no);
   }
-  ApplyRetentionLocked(*j);
+  ApplyRetention(*j);
   return true;
 }
 
-void Engine::ApplyRetentionLocked(Job& job) {
+void Engine::ApplyRetention(Job& job) {
   const Hosting* hosting = table_.HostingOf(job.rec.job());
   if (object_ != nullptr) {
-    ApplyTieredRetentionLocked(job, hosting);
+    ApplyTieredRetention(job, hosting);
     return;
   }
   for (auto [n, r] : ShardsToDrop(job.steps, options_.retain_steps,
                                   !options_.node_id.empty(), hosting))
-    DropShardLocked(job, n, r, /*delete_file=*/true);
+    DropShard(job, n, r, /*delete_file=*/true);
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {

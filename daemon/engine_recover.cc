@@ -173,7 +173,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
       ++requeued;
     }
     if (object_ != nullptr && sh.phase == ShardPhase::kDurable && !sh.uploaded)
-      QueueUploadLocked(job, sh);
+      QueueUpload(job, sh);
     recovered_.push_back({name, sh.rec.step(), sh.rec.rank(), sh.gen});
     job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
   }
@@ -197,7 +197,8 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
     if (object_->Stat(NodeManifestKey(name, n)).ok())
       step.object_manifest = true;
     else
-      QueueObjectManifestTaskLocked(name, n);
+      uploader_->Push(UploadTask{
+          UploadTask::kManifest, name, n, 0, 0, 0, {NodeManifestKey(name, n)}});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ",
                        in_memory, " in memory, ", requeued, " to persist, ",
@@ -218,8 +219,8 @@ void Engine::ReportRecovered() {
     // STAGED first: the coordinator takes a DURABLE report only of a save
     // this node staged under the same epoch. A persist that ends later
     // reports DURABLE itself.
-    ReportLocked(*shard, /*durable=*/false);
-    if (CommitDurable(*shard)) ReportLocked(*shard, /*durable=*/true);
+    ReportShard(*shard, /*durable=*/false);
+    if (CommitDurable(*shard)) ReportShard(*shard, /*durable=*/true);
     ++reported;
   }
   if (reported > 0)

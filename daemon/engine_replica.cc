@@ -82,8 +82,8 @@ void Engine::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
   table_.EndFetch(job, step, rank);
 }
 
-absl::Status Engine::WaitFetchLocked(const std::string& job, uint64_t step,
-                                     uint32_t rank) {
+absl::Status Engine::WaitFetch(const std::string& job, uint64_t step,
+                               uint32_t rank) {
   const auto deadline =
       std::chrono::steady_clock::now() + options_.default_busy_timeout;
   while (table_.Fetching(job, step, rank)) {
@@ -140,7 +140,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
       job.rec.set_num_slots(options_.default_num_slots);
       CatalogEdit edit;
       edit.PutJob(job.rec);
-      tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
+      tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
       table_.Add(std::move(job));
     }
     Job* job = table_.Find(job_name);
@@ -211,7 +211,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   if (slot_ok) r->Free(slot);
   table_.Wake(JobTable::Waiter::kSlot);
   if (!info.ok() || !slot_ok) {
-    MaybeForgetJobLocked(job_name);
+    MaybeForgetJob(job_name);
     if (!info.ok()) return info.status();
     return absl::AbortedError("fetch: the rank's arena changed meanwhile");
   }
@@ -219,7 +219,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   std::vector<uint64_t> drop;
   for (const auto& [n, s] : job->steps)
     if (n >= step && s.shards.count(rank_no)) drop.push_back(n);
-  for (uint64_t n : drop) DropShardLocked(*job, n, rank_no, false);
+  for (uint64_t n : drop) DropShard(*job, n, rank_no, false);
   Shard shard;
   shard.rec.set_job(job_name);
   shard.rec.set_step(step);
@@ -241,12 +241,12 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   // file, if any, is the writer's and synced by it): see kMemoryOnly.
   CatalogEdit edit;
   edit.PutShard(shard.rec);
-  tickets.push_back(RecordLocked(std::move(edit), kMemoryOnly));
+  tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
   r->Hold(static_cast<uint32_t>(slot), SlotStateOf(shard.phase), step,
           shard.gen, got->image_bytes());
   const uint64_t gen = shard.gen;
   const bool staged = key.empty();
-  if (staged) ReportLocked(shard, /*durable=*/false);
+  if (staged) ReportShard(shard, /*durable=*/false);
   job->steps[step].shards[rank_no] = std::move(shard);
   if (staged)
     persister_->Push(

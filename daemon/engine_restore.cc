@@ -47,7 +47,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   };
   Section lock(this);
   // A replacement's trainer may start while its shard still arrives.
-  CKPT_RETURN_IF_ERROR(WaitFetchLocked(req.job(), req.step(), req.rank()));
+  CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), req.rank()));
   auto bad_rank = [&](const Job& j) -> absl::Status {
     if (req.rank() < j.rec.world_size()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -121,8 +121,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
     double load_s = 0;
     bool from_object = false;
-    absl::StatusOr<Shard*> loaded = LoadShardLocked(
-        req.job(), req.step(), req.rank(), &load_s, &from_object);
+    absl::StatusOr<Shard*> loaded =
+        LoadShard(req.job(), req.step(), req.rank(), &load_s, &from_object);
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();
@@ -197,10 +197,9 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   return path;
 }
 
-absl::StatusOr<Shard*> Engine::LoadShardLocked(const std::string& job_name,
-                                               uint64_t step_no,
-                                               uint32_t rank_no, double* load_s,
-                                               bool* from_object) {
+absl::StatusOr<Shard*> Engine::LoadShard(const std::string& job_name,
+                                         uint64_t step_no, uint32_t rank_no,
+                                         double* load_s, bool* from_object) {
   Shard* shard = table_.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
@@ -277,7 +276,7 @@ absl::StatusOr<Shard*> Engine::LoadShardLocked(const std::string& job_name,
   table_.Wake(JobTable::Waiter::kSlot);
   Shard* cur = table_.FindShard(job_name, step_no, rank_no);
   if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
-    MaybeForgetJobLocked(job_name);
+    MaybeForgetJob(job_name);
     if (!st.ok()) return Annotate(st, "load from storage");
     return changed();
   }

@@ -21,7 +21,7 @@ std::optional<UploadBacklog> Engine::ObjectBacklog() const {
   return uploader_->Backlog();
 }
 
-void Engine::QueueUploadLocked(const Job& job, const Shard& shard) {
+void Engine::QueueUpload(const Job& job, const Shard& shard) {
   if (std::optional<UploadTask> t = JobTable::UploadOf(job, shard))
     uploader_->Push(std::move(*t));
 }
@@ -56,50 +56,20 @@ bool Engine::SlotUnchanged(const UploadTask& task, const UploadSnapshot& snap) {
 
 void Engine::RecordUpload(const UploadTask& task, const std::string& key,
                           uint64_t bytes, double seconds) {
-  Section lock(this);
-  table_.Wake(
-      JobTable::Waiter::kDurable);  // WaitDurable in the object commit tier
   metrics_->Persisted(metric::kTierObject, seconds, bytes);
-  Shard* shard = table_.FindShard(task.job, task.step, task.rank);
-  if (shard == nullptr || shard->gen != task.gen) {
-    // Deleted or replaced while we uploaded: the object must not outlive it.
-    if (shard == nullptr)
-      shard_drops_->QueueObjectDelete(
-          UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
-    return;
-  }
-  shard->uploaded = true;
-  shard->rec.set_uploaded(true);
-  CatalogEdit edit;
-  edit.PutShard(shard->rec);
-  RecordLocked(std::move(edit), /*sync=*/false);
-  Job& job = *table_.Find(task.job);
-  if (ObjectCommit()) ReportLocked(*shard, /*durable=*/true);
-  MaybeQueueObjectManifestLocked(job, task.step);
+  Section lock(this);
+  Effects fx = table_.Uploaded(task, key);
+  Apply(fx);
+  lock.Unlock();
+  Perform(std::move(fx));
 }
 
-void Engine::MaybeQueueObjectManifestLocked(Job& job, uint64_t step_no) {
-  auto step = job.steps.find(step_no);
-  if (step == job.steps.end() || step->second.object_manifest) return;
-  bool durable = false;
-  if (!table_.StepComplete(job, step->second, &durable) || !durable) return;
-  for (const auto& [r, shard] : step->second.shards)
-    if (!shard.uploaded) return;
-  QueueObjectManifestTaskLocked(job.rec.job(), step_no);
+void Engine::MaybeQueueObjectManifest(Job& job, uint64_t step_no) {
+  if (auto manifest = table_.ObjectManifestDue(job, step_no))
+    uploader_->Push(std::move(*manifest));
 }
 
-void Engine::QueueObjectManifestTaskLocked(const std::string& job,
-                                           uint64_t step_no) {
-  uploader_->Push(UploadTask{UploadTask::kManifest,
-                             job,
-                             step_no,
-                             0,
-                             0,
-                             0,
-                             {NodeManifestKey(job, step_no)}});
-}
-
-void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
+void Engine::QueueObjectDelete(Job& job, uint64_t step_no) {
   auto step = job.steps.find(step_no);
   if (step == job.steps.end()) return;
   UploadTask del{UploadTask::kDelete, job.rec.job(), step_no};
@@ -113,13 +83,13 @@ void Engine::QueueObjectDeleteLocked(Job& job, uint64_t step_no) {
   for (auto& [r, shard] : step->second.shards) shard.uploaded = false;
 }
 
-void Engine::DropLocalCopyLocked(Job& job, uint64_t step_no) {
+void Engine::DropLocalCopy(Job& job, uint64_t step_no) {
   for (auto& [r, shard] : job.steps[step_no].shards)
     if (!shard.local_gone && shard.phase == ShardPhase::kDurable)
-      DropLocalShardLocked(job, step_no, shard);
+      DropLocalShard(job, step_no, shard);
 }
 
-void Engine::DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard) {
+void Engine::DropLocalShard(Job& job, uint64_t step_no, Shard& shard) {
   Step& step = job.steps[step_no];
   if (step.manifest) {  // the step is not whole on local disk any more
     shard_drops_->QueueLocalDelete(
@@ -132,28 +102,28 @@ void Engine::DropLocalShardLocked(Job& job, uint64_t step_no, Shard& shard) {
   shard.rec.set_local_gone(true);
   CatalogEdit edit;
   edit.PutShard(shard.rec);
-  RecordLocked(std::move(edit), /*sync=*/false);
+  QueueEdit(std::move(edit), /*sync=*/false);
 }
 
-void Engine::ApplyTieredRetentionLocked(Job& job, const Hosting* hosting) {
+void Engine::ApplyTieredRetention(Job& job, const Hosting* hosting) {
   const bool cluster = !options_.node_id.empty();
   auto drop_step = [&](uint64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu()) {
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job.steps[n].shards) ranks.push_back(r);
-    for (uint32_t r : ranks) DropShardLocked(job, n, r, /*delete_file=*/true);
+    for (uint32_t r : ranks) DropShard(job, n, r, /*delete_file=*/true);
   };
   // The object tier first: whole steps go from both tiers, the object
   // manifest first (retention.h's ObjectTierStepsToDrop decides).
   for (uint64_t n :
        ObjectTierStepsToDrop(job.steps, options_.retain_object,
                              options_.retain_steps, cluster, hosting)) {
-    QueueObjectDeleteLocked(job, n);
+    QueueObjectDelete(job, n);
     drop_step(n);
   }
   // Then the local tier, over what is left (LocalTierDropsOf).
   const LocalTierDrops local = LocalTierDropsOf(
       job.steps, options_.retain_steps, job.rec.world_size(), cluster, hosting);
-  for (uint64_t n : local.local_only) DropLocalCopyLocked(job, n);
+  for (uint64_t n : local.local_only) DropLocalCopy(job, n);
   for (uint64_t n : local.whole) drop_step(n);
 }
 

@@ -74,7 +74,7 @@ struct Job {
   // job only once one of its arenas exists.
   bool recorded = true;
   // Every step was deleted: the record goes and the arenas are unlinked
-  // once no lease, save or load uses the job (Engine::MaybeForgetJobLocked).
+  // once no lease, save or load uses the job (Engine::MaybeForgetJob).
   bool forget_when_idle = false;
 };
 
@@ -85,6 +85,8 @@ struct TableRules {
   // The object tier is the commit tier: a shard is reported durable once
   // uploaded, not once persisted.
   bool object_commit = false;
+  // This node's name in its manifests' keys (cluster mode; "" otherwise).
+  std::string node_id;
 };
 
 class JobTable {
@@ -271,9 +273,25 @@ class JobTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The upload of a durable shard not yet uploaded, else nullopt.
   static std::optional<UploadTask> UploadOf(const Job& job, const Shard& shard);
+  // An upload of `task` (to `key`) ended: the shard is in the object tier
+  // (its record, not synced; its DURABLE report when that is the commit
+  // tier; the step's object manifest when due), or, when the shard went
+  // meanwhile, the object goes too.
+  Effects Uploaded(const UploadTask& task, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard failed for good (FailShard, with `error`): its record,
+  // synced, and its STAGED report retracted, so that no plan chooses its
+  // step again. Nothing when it could not move there.
+  Effects Fail(Shard& shard, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the step's local manifest is due: complete and durable, not
   // written yet, and no local copy of it deleted by retention.
   bool ManifestDue(const Job& job, uint64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The write of the step's object manifest, when due: complete, durable,
+  // every shard uploaded and the manifest not written yet.
+  std::optional<UploadTask> ObjectManifestDue(const Job& job,
+                                              uint64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Cluster mode: the ranks of `job` this node hosts (nullptr: every rank

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shm/arena.h"
+#include "storage/keys.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -172,8 +173,10 @@ TEST_F(JobTableEffectsTest,
 }
 
 TEST_F(JobTableEffectsTest, WithAnObjectCommitTierAPersistUploadsUnreported) {
-  JobTable table(JobTable::Rules{PersistRetryPolicy{}, /*upload=*/true,
-                                 /*object_commit=*/true});
+  JobTable::Rules rules;
+  rules.upload = true;
+  rules.object_commit = true;
+  JobTable table(rules);
   JobTable::Lock lock(&table);
   Job& job = NewJob(table);
   uint64_t gen = 0;
@@ -198,8 +201,9 @@ TEST_F(JobTableEffectsTest, WithAnObjectCommitTierAPersistUploadsUnreported) {
 
 TEST_F(JobTableEffectsTest, AFailedPersistRetriesLaterThenGivesUpItsSlot) {
   // Two attempts, 200 ms doubling: the second failure lets the slot go.
-  JobTable table(JobTable::Rules{
-      PersistRetryPolicy{2, milliseconds(200), milliseconds(30000)}});
+  JobTable::Rules rules;
+  rules.persist_retry = {2, milliseconds(200), milliseconds(30000)};
+  JobTable table(rules);
   JobTable::Lock lock(&table);
   Job& job = NewJob(table);
   uint64_t gen = 0;
@@ -286,6 +290,68 @@ TEST_F(JobTableEffectsTest, APersistOfASaveThatWentOwesTheDeleteOfItsFile) {
                       Outcome(absl::UnavailableError("disk busy"), job), now_);
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kOrphan);
   EXPECT_TRUE(r.effects.deletes.empty());
+}
+
+TEST_F(JobTableEffectsTest, AnUploadRecordsReportsAndQueuesTheObjectManifest) {
+  JobTable::Rules rules;
+  rules.upload = true;
+  rules.object_commit = true;
+  rules.node_id = "node-a";
+  JobTable table(rules);
+  JobTable::Lock lock(&table);
+  Job& job = NewJob(table);
+  uint64_t gen = 0;
+  (void)table.Commit(job, job.ranks[0], 0, Staged(5), &gen);
+  Shard& shard = *table.FindShard("train", 5, 0);
+  ASSERT_TRUE(table.MoveShard(job, shard, ShardPhase::kPersisting));
+  const PersistTask persist{PersistTask::kShard, "train", 5, 0, gen, {}};
+  (void)table.Persisted(persist, key_, Outcome(absl::OkStatus(), job), now_);
+
+  const UploadTask task{UploadTask::kShard, "train", 5, 0, gen, 4096, {key_}};
+  Effects fx = table.Uploaded(task, key_);
+  EXPECT_TRUE(shard.uploaded);
+  EXPECT_TRUE(shard.rec.uploaded());
+  EXPECT_TRUE(fx.edit == Put(shard));
+  EXPECT_FALSE(fx.sync);
+  // The object tier is the commit tier: durable now.
+  EXPECT_EQ(Reports(fx),
+            std::vector<std::string>{absl::StrCat("train/5/0 durable 4096 uid ",
+                                                  uid_, " key '", key_, "'")});
+  ASSERT_EQ(fx.upload.size(), 1u);
+  EXPECT_EQ(fx.upload[0].kind, UploadTask::kManifest);
+  EXPECT_EQ(fx.upload[0].keys, std::vector<std::string>{
+                                   storage::ManifestKey("train", 5, "node-a")});
+  EXPECT_TRUE(fx.object_deletes.empty());
+  EXPECT_TRUE(fx.wake_durable);
+
+  // A save that went while it was uploaded: its object goes too.
+  ASSERT_TRUE(table.EraseShard(job, 5, 0));
+  fx = table.Uploaded(task, key_);
+  EXPECT_TRUE(fx.edit.empty());
+  EXPECT_TRUE(fx.reports.empty());
+  ASSERT_EQ(fx.object_deletes.size(), 1u);
+  EXPECT_EQ(fx.object_deletes[0].kind, UploadTask::kDelete);
+  EXPECT_EQ(fx.object_deletes[0].keys, std::vector<std::string>{key_});
+}
+
+TEST_F(JobTableEffectsTest, AShardFailsOnceWithItsRecordAndRetraction) {
+  JobTable table;
+  JobTable::Lock lock(&table);
+  Job& job = NewJob(table);
+  uint64_t gen = 0;
+  (void)table.Commit(job, job.ranks[0], 0, Staged(5), &gen);
+  Shard& shard = *table.FindShard("train", 5, 0);
+  Effects fx = table.Fail(shard, "every copy failed");
+  EXPECT_EQ(shard.phase, ShardPhase::kFailed);
+  EXPECT_TRUE(fx.edit == Put(shard));
+  EXPECT_TRUE(fx.sync);
+  EXPECT_EQ(Reports(fx), std::vector<std::string>{absl::StrCat(
+                             "train/5/0 failed 4096 uid ", uid_, " key ''")});
+  // Already failed: nothing to record or report again.
+  fx = table.Fail(shard, "again");
+  EXPECT_TRUE(fx.edit.empty());
+  EXPECT_TRUE(fx.reports.empty());
+  EXPECT_EQ(shard.rec.error(), "every copy failed");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "daemon/engine_util.h"
 #include "daemon/job_table.h"
+#include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
 
@@ -45,6 +46,57 @@ bool JobTable::ManifestDue(const Job& job, uint64_t step_no) const {
     if (shard.local_gone) return false;
   bool durable = false;
   return StepComplete(job, step->second, &durable) && durable;
+}
+
+std::optional<UploadTask> JobTable::ObjectManifestDue(const Job& job,
+                                                      uint64_t step_no) const {
+  auto step = job.steps.find(step_no);
+  if (step == job.steps.end() || step->second.object_manifest)
+    return std::nullopt;
+  bool durable = false;
+  if (!StepComplete(job, step->second, &durable) || !durable)
+    return std::nullopt;
+  for (const auto& [r, shard] : step->second.shards)
+    if (!shard.uploaded) return std::nullopt;
+  const std::string& name = job.rec.job();
+  return UploadTask{UploadTask::kManifest,
+                    name,
+                    step_no,
+                    0,
+                    0,
+                    0,
+                    {storage::ManifestKey(name, step_no, rules_.node_id)}};
+}
+
+Effects JobTable::Fail(Shard& shard, const std::string& error) {
+  Effects fx;
+  if (!FailShard(shard, error)) return fx;
+  fx.edit.PutShard(shard.rec);
+  fx.sync = true;
+  fx.reports.push_back(ReportOf(shard, /*durable=*/false, /*failed=*/true));
+  return fx;
+}
+
+Effects JobTable::Uploaded(const UploadTask& task, const std::string& key) {
+  Effects fx;
+  fx.wake_durable = true;  // WaitDurable in the object commit tier
+  Shard* shard = FindShard(task.job, task.step, task.rank);
+  if (shard == nullptr) {
+    // Deleted while it was uploaded: the object must not outlive it.
+    fx.object_deletes.push_back(
+        UploadTask{UploadTask::kDelete, task.job, task.step, 0, 0, 0, {key}});
+    return fx;
+  }
+  if (shard->gen != task.gen) return fx;  // replaced: its own upload follows
+  shard->uploaded = true;
+  shard->rec.set_uploaded(true);
+  fx.edit.PutShard(shard->rec);
+  fx.sync = false;
+  if (rules_.object_commit)
+    fx.reports.push_back(ReportOf(*shard, /*durable=*/true));
+  if (auto manifest = ObjectManifestDue(*Find(task.job), task.step))
+    fx.upload.push_back(std::move(*manifest));
+  return fx;
 }
 
 Effects JobTable::Commit(Job& job, RankSlots& rank, uint32_t slot, Shard shard,
@@ -126,14 +178,9 @@ JobTable::PersistResult JobTable::Persisted(
       // never be whole now, so retention may drop it.
       shard->rec.set_error(std::string(s.message()));
       rank.FailPersist(shard->slot);
-      if (FailShard(*shard, std::string(s.message()))) {
-        fx.edit.PutShard(shard->rec);
-        fx.sync = true;
-        // The coordinator's STAGED record would keep the step looking
-        // restorable from memory.
-        fx.reports.push_back(
-            ReportOf(*shard, /*durable=*/false, /*failed=*/true));
-      }
+      fx = Fail(*shard, std::string(s.message()));
+      fx.wake_slots = true;
+      fx.wake_durable = true;
       fx.retention = true;
       return r;
     default:

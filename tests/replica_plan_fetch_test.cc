@@ -253,6 +253,9 @@ TEST_F(ReplicaPlanFetchTest, AFetchRefusesAnotherSaveOfTheStepThePlanChose) {
   EXPECT_EQ(fallbacks[0].next_copy, "file");
   EXPECT_NE(fallbacks[0].reason.find("digest"), std::string::npos)
       << fallbacks[0].reason;
+  // a's persist of the second save reports into `reports` under `mu`:
+  // both must outlive it.
+  ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
 }
 
 }  // namespace

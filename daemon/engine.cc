@@ -286,7 +286,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
   }
   Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(slot),
               req.step(), true,       peer.pid};
-  lease.rewind = !newer.empty();
+  // Allowed above (or asked for): the commit may drop newer steps.
+  lease.rewind = req.rewind() || !newer.empty();
   lease.begun = arrived;
   lease.granted = std::chrono::steady_clock::now();
   CKPT_ASSIGN_OR_RETURN(uint64_t id, table_.leases().Add(std::move(lease)));

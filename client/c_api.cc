@@ -127,6 +127,12 @@ ckpt::ClientOptions ToClientOptions(const ckpt_options& o) {
   return co;
 }
 
+ckpt::SaveOptions ToSaveOptions(const ckpt_save_options* options) {
+  ckpt::SaveOptions o;
+  if (options != nullptr) o.rewind = options->rewind != 0;
+  return o;
+}
+
 }  // namespace
 
 extern "C" {
@@ -144,6 +150,12 @@ void ckpt_options_init(ckpt_options* options) {
   options->copy_threads = defaults.copy_threads;
   options->slot_headroom = defaults.slot_headroom;
   options->busy_timeout_ms = defaults.busy_timeout.count();
+}
+
+void ckpt_save_options_init(ckpt_save_options* options) {
+  if (options == nullptr) return;
+  const ckpt::SaveOptions defaults;
+  options->rewind = defaults.rewind ? 1 : 0;
 }
 
 const char* ckpt_last_error(void) { return last_error.c_str(); }
@@ -189,18 +201,31 @@ void ckpt_close(ckpt_client* client) {
 
 ckpt_status ckpt_save(ckpt_client* client, int64_t step,
                       const ckpt_tensor* tensors, size_t count) {
+  return ckpt_save_ex(client, step, tensors, count, nullptr);
+}
+
+ckpt_status ckpt_save_ex(ckpt_client* client, int64_t step,
+                         const ckpt_tensor* tensors, size_t count,
+                         const ckpt_save_options* options) {
   return Guarded("ckpt_save", [&] {
     std::vector<ckpt::Tensor> ts;
     if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
       return Fail(s);
     if (client == nullptr) return NullArgument("ckpt_save", "client");
-    return Report(client->client->Save(step, ts));
+    return Report(client->client->Save(step, ts, ToSaveOptions(options)));
   });
 }
 
 ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
                             const ckpt_tensor* tensors, size_t count,
                             ckpt_save_handle** out) {
+  return ckpt_save_async_ex(client, step, tensors, count, nullptr, out);
+}
+
+ckpt_status ckpt_save_async_ex(ckpt_client* client, int64_t step,
+                               const ckpt_tensor* tensors, size_t count,
+                               const ckpt_save_options* options,
+                               ckpt_save_handle** out) {
   return Guarded("ckpt_save_async", [&] {
     if (out == nullptr) return NullArgument("ckpt_save_async", "out");
     *out = nullptr;
@@ -208,7 +233,7 @@ ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
     if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
       return Fail(s);
     if (client == nullptr) return NullArgument("ckpt_save_async", "client");
-    auto handle = client->client->SaveAsync(step, ts);
+    auto handle = client->client->SaveAsync(step, ts, ToSaveOptions(options));
     if (!handle.ok()) return Fail(handle.status());
     *out = new ckpt_save_handle{std::move(*handle)};
     return Report(absl::OkStatus());

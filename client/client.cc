@@ -86,13 +86,25 @@ Client::~Client() = default;
 const ClientOptions& Client::options() const { return impl_->options(); }
 
 absl::Status Client::Save(int64_t step, std::span<const Tensor> tensors) {
-  CKPT_ASSIGN_OR_RETURN(SaveHandle handle, impl_->SaveAsync(step, tensors));
+  return Save(step, tensors, SaveOptions());
+}
+
+absl::Status Client::Save(int64_t step, std::span<const Tensor> tensors,
+                          const SaveOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(SaveHandle handle,
+                        impl_->SaveAsync(step, tensors, options));
   return handle.Wait();
 }
 
 absl::StatusOr<SaveHandle> Client::SaveAsync(int64_t step,
                                              std::span<const Tensor> tensors) {
-  return impl_->SaveAsync(step, tensors);
+  return impl_->SaveAsync(step, tensors, SaveOptions());
+}
+
+absl::StatusOr<SaveHandle> Client::SaveAsync(int64_t step,
+                                             std::span<const Tensor> tensors,
+                                             const SaveOptions& options) {
+  return impl_->SaveAsync(step, tensors, options);
 }
 
 absl::StatusOr<int64_t> Client::LatestStep() { return impl_->LatestStep(); }

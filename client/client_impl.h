@@ -80,7 +80,8 @@ class Client::Impl {
   [[nodiscard]] absl::Status Start();
 
   [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
-      int64_t step, std::span<const Tensor> tensors);
+      int64_t step, std::span<const Tensor> tensors,
+      const SaveOptions& options);
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
   [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
       std::span<const Tensor> tensors);
@@ -94,6 +95,7 @@ class Client::Impl {
  private:
   struct SaveJob {
     int64_t step = 0;
+    SaveOptions options;
     std::vector<Tensor> tensors;
     std::vector<uint64_t> bytes;
     storage::ShardLayout layout;

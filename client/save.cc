@@ -18,13 +18,14 @@ double Seconds(Client::Impl::Clock::duration d) {
 }  // namespace
 
 absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(
-    int64_t step, std::span<const Tensor> tensors) {
+    int64_t step, std::span<const Tensor> tensors, const SaveOptions& options) {
   if (step < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", step, " is negative"));
   SaveJob job;
   job.start = Clock::now();
   job.step = step;
+  job.options = options;
   CKPT_RETURN_IF_ERROR(
       client::ValidateTensorsAndDevices(tensors, *devices_, &job.bytes));
   auto layout = storage::ComputeLayout(job.bytes);
@@ -83,6 +84,7 @@ void Client::Impl::RunSave(SaveJob& job) {
   begin.set_rank(static_cast<uint32_t>(options_.rank));
   begin.set_step(static_cast<uint64_t>(job.step));
   begin.set_block(options_.block_when_busy);
+  begin.set_rewind(job.options.rewind);
   begin.set_timeout_ms(static_cast<uint32_t>(options_.busy_timeout.count()));
   begin.set_image_bytes(image_bytes);
   auto slot = stub_->BeginSave(begin);

@@ -225,6 +225,19 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     return absl::UnavailableError("ckptd is shutting down: no new saves");
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*job, req.rank()));
+  // A save below the rank's newest step drops the newer steps (a new
+  // timeline): only when asked to, or by the process that restored an
+  // older step (a restarted trainer resuming). Checked per rank: ranks
+  // commit a step at different times. Refused before any slot is taken,
+  // so the trainer copies nothing and nothing changes.
+  const std::vector<uint64_t> newer =
+      ShardDrops::Newer(*job, req.step(), req.rank());
+  if (!newer.empty() && !req.rewind()) {
+    auto r = job->restored_by.find(req.rank());
+    if (r == job->restored_by.end() || r->second.pid != peer.pid ||
+        r->second.step > req.step())
+      return BelowNewestError(req.job(), req.rank(), req.step(), newer);
+  }
   // A truncated arena cannot hold a save (its slots read zeros).
   CKPT_RETURN_IF_ERROR(rank->arena->CheckIntact());
   if (req.image_bytes() > rank->arena->slot_bytes())
@@ -277,6 +290,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
   }
   Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(slot),
               req.step(), true,       peer.pid};
+  // Allowed above (or asked for): the commit may drop newer steps.
+  lease.rewind = req.rewind() || !newer.empty();
   lease.begun = arrived;
   lease.granted = std::chrono::steady_clock::now();
   CKPT_ASSIGN_OR_RETURN(uint64_t id, table_.leases().Add(std::move(lease)));

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
@@ -17,6 +18,12 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   const auto arrived = std::chrono::steady_clock::now();
   Section lock(this);
   CKPT_ASSIGN_OR_RETURN(const Lease lease, CommitLease(peer, req));
+  // A newer step of this rank committed after BeginSave (another process
+  // saving the rank) is not dropped unless BeginSave allowed a rewind.
+  const std::vector<uint64_t> newer =
+      ShardDrops::Newer(*table_.Find(req.job()), req.step(), req.rank());
+  if (!newer.empty() && !lease.rewind)
+    return BelowNewestError(req.job(), req.rank(), req.step(), newer);
   CKPT_ASSIGN_OR_RETURN(Shard shard, StageShard(req));
   // Without a generation, the trainer's start fences it (ShardReport).
   if (!req.has_generation()) shard.trainer_started_ms = peer.started_ms;
@@ -35,6 +42,18 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
     fx.sync = true;
   }
   const uint64_t ticket = Apply(fx);
+  if (!newer.empty()) {
+    LogWarning(absl::StrCat("job ", req.job(), " rank ", req.rank(),
+                            ": rollback from step ", newer.back(), " to ",
+                            req.step(),
+                            "; steps dropped: ", absl::StrJoin(newer, ", ")));
+    metrics_->Rollback();
+    // A resuming trainer's allowance is used up: the steps it saves from
+    // now on are its own timeline.
+    auto r = sup.job->restored_by.find(req.rank());
+    if (r != sup.job->restored_by.end() && r->second.pid == lease.pid)
+      sup.job->restored_by.erase(r);
+  }
   using Seconds = std::chrono::duration<double>;
   metrics_->SaveCommitted(
       req.job(), Seconds(lease.granted - lease.begun).count(),

@@ -70,6 +70,10 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   };
   Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
   if (shard == nullptr) return not_found();
+  // A restore that opens lets this process go on from the step (BeginSave).
+  auto restored = [&](Job& j) {
+    j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
+  };
   v1::OpenRestoreResponse resp;
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
   auto copy_of = [&](const Shard& s) {
@@ -111,6 +115,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     resp.set_image_bytes(shard->rec.image_bytes());
     *resp.mutable_tensors() = shard->rec.tensors();
     count(metric::kSourceDisk, shard->rec.image_bytes());
+    restored(*job);
     return resp;
   }
   const RestoreCopy copy = copy_of(*shard);
@@ -155,6 +160,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
         : resp.source() == v1::RESTORE_SOURCE_OBJECT ? metric::kSourceObject
                                                      : metric::kSourceDisk,
         shard->rec.image_bytes());
+  restored(*job);
   return resp;
 }
 

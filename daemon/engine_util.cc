@@ -1,11 +1,13 @@
 #include "daemon/engine_util.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -29,6 +31,23 @@ void Log(const char* level, const std::string& msg) {
 }
 
 }  // namespace
+
+absl::Status BelowNewestError(const std::string& job, uint32_t rank,
+                              uint64_t step,
+                              const std::vector<uint64_t>& newer) {
+  // A long list (retention keeps few steps, but it is configurable) is cut.
+  constexpr size_t kNamed = 8;
+  std::string steps = absl::StrJoin(
+      newer.begin(), newer.begin() + std::min(newer.size(), kNamed), ", ");
+  if (newer.size() > kNamed)
+    absl::StrAppend(&steps, ", ... (", newer.size(), " steps)");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step: ", step, " is below this rank's newest step(s) ", steps,
+      " of job ", job, " (rank ", rank,
+      "); a save would delete them. Restore an older step first (the normal "
+      "recovery path), or ask for the rewind explicitly (SaveOptions.rewind "
+      "/ rewind=True / ckptctl rollback)"));
+}
 
 void LogInfo(const std::string& msg) { Log("info", msg); }
 void LogWarning(const std::string& msg) { Log("warning", msg); }

@@ -13,6 +13,12 @@
 
 namespace ckpt::daemon {
 
+// FailedPrecondition for a save of `step` that would drop the rank's
+// `newer` steps without being asked to: names them and how to proceed.
+absl::Status BelowNewestError(const std::string& job, uint32_t rank,
+                              uint64_t step,
+                              const std::vector<uint64_t>& newer);
+
 void LogInfo(const std::string& msg);
 void LogWarning(const std::string& msg);
 

@@ -76,6 +76,16 @@ struct Job {
   // Every step was deleted: the record goes and the arenas are unlinked
   // once no lease, save or load uses the job (Engine::MaybeForgetJob).
   bool forget_when_idle = false;
+  // By rank, the process that last opened a restore of it and the step:
+  // that process may save a step >= it below the rank's newest (a
+  // restarted trainer resuming from an older step), dropping the newer
+  // ones. In memory only; kept on the job, not the rank's arena, because
+  // a restore from a file needs no arena.
+  struct Restorer {
+    pid_t pid = 0;
+    uint64_t step = 0;
+  };
+  std::map<uint32_t, Restorer> restored_by;
 };
 
 // What the daemon's configuration decides in the job table's transitions.

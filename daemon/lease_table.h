@@ -39,6 +39,9 @@ struct Lease {
   // A FILE restore's lease: the storage key of the shard file the client
   // reads itself (slot is then unused). Empty for a slot's lease.
   std::string file_key{};
+  // A save that may drop the rank's shards of later steps (BeginSave
+  // allowed the rewind); without it a commit that would is refused.
+  bool rewind = false;
   // Saves: BeginSave's arrival and the slot's grant (metrics.h).
   std::chrono::steady_clock::time_point begun{}, granted{};
 };

@@ -80,6 +80,12 @@ DaemonMetrics::DaemonMetrics()
                    .Name("ckptd_retries_total")
                    .Help("Operations re-queued after a failure, by kind")
                    .Register(*registry_)),
+      rollbacks_(prometheus::BuildCounter()
+                     .Name("ckptd_rollbacks_total")
+                     .Help("Saves that dropped newer steps of their rank (a "
+                           "restore of an older step, or an explicit rewind)")
+                     .Register(*registry_)
+                     .Add({})),
       restore_seconds_(prometheus::BuildHistogram()
                            .Name("ckptd_restore_seconds")
                            .Help("OpenRestore's arrival to its answer (for "
@@ -161,6 +167,8 @@ void DaemonMetrics::Persisted(std::string_view tier, double seconds,
 void DaemonMetrics::Failure(std::string_view kind) {
   failures_.Add(L("kind", kind)).Increment();
 }
+
+void DaemonMetrics::Rollback() { rollbacks_.Increment(); }
 
 void DaemonMetrics::Retry(std::string_view kind) {
   retries_.Add(L("kind", kind)).Increment();

@@ -90,6 +90,8 @@ class DaemonMetrics : public prometheus::Collectable {
   // A shard write to `tier` succeeded after `seconds` (one attempt).
   void Persisted(std::string_view tier, double seconds, uint64_t bytes);
   void Failure(std::string_view kind);
+  // A save dropped newer steps of its rank (a rollback it was allowed).
+  void Rollback();
   void Retry(std::string_view kind);
   // OpenRestore answered from `source` after `seconds`.
   void Restored(std::string_view source, double seconds, uint64_t bytes);
@@ -124,6 +126,7 @@ class DaemonMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& persisted_shards_;
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Counter>& retries_;
+  prometheus::Counter& rollbacks_;
   prometheus::Family<prometheus::Histogram>& restore_seconds_;
   prometheus::Family<prometheus::Counter>& restores_;
   prometheus::Family<prometheus::Counter>& restored_bytes_;

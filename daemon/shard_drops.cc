@@ -30,6 +30,14 @@ std::vector<DropPlan> ShardDrops::PlanSuperseded(const Job& job, uint64_t step,
   return drops;
 }
 
+std::vector<uint64_t> ShardDrops::Newer(const Job& job, uint64_t step,
+                                        uint32_t rank) {
+  std::vector<uint64_t> newer;
+  for (auto it = job.steps.upper_bound(step); it != job.steps.end(); ++it)
+    if (it->second.shards.count(rank)) newer.push_back(it->first);
+  return newer;
+}
+
 std::vector<std::string> ShardDrops::Basis(const Job& job,
                                            const std::vector<DropPlan>& drops) {
   std::vector<std::string> basis;

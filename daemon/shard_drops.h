@@ -65,6 +65,10 @@ class ShardDrops {
   // step's manifests go either way: the step is no longer whole.
   DropPlan Plan(const Job& job, uint64_t step, uint32_t rank, bool delete_file,
                 CatalogEdit& edit) const;
+  // The steps above `step` of which `rank` has a shard: what a save of
+  // (step, rank) drops besides step itself (a rewind), ascending.
+  static std::vector<uint64_t> Newer(const Job& job, uint64_t step,
+                                     uint32_t rank);
   // The drops a save of (step, rank) supersedes: the rank's shards of
   // steps >= step (files kept only for step itself, which is re-written).
   std::vector<DropPlan> PlanSuperseded(const Job& job, uint64_t step,

@@ -4,7 +4,9 @@
 // Usage: test_trainer SOCKET JOB BYTES FIRST_STEP LAST_STEP [COPY_THREADS]
 // With TEST_TRAINER_UID=N it first becomes uid and gid N; with
 // TEST_TRAINER_RESTORE=STEP it then restores STEP and exits 4 if that fails,
-// 5 if the bytes differ from the saved state.
+// 5 if the bytes differ from the saved state. With TEST_TRAINER_RESUME=STEP
+// it restores STEP before its first save (a restarted trainer resuming;
+// exit 4 if that fails).
 #include <unistd.h>
 
 #include <cstdio>
@@ -34,6 +36,15 @@ int main(int argc, char** argv) {
   auto state =
       ckpt::testing::MakeState(std::strtoull(argv[3], nullptr, 10), 8, 2);
   int first = std::atoi(argv[4]), last = std::atoi(argv[5]);
+  if (const char* resume = std::getenv("TEST_TRAINER_RESUME")) {
+    auto got = state.EmptyLike();
+    absl::Status s = (*c)->Restore(std::atoll(resume), got.tensors);
+    if (!s.ok()) {
+      std::fprintf(stderr, "test_trainer: resume: %s\n",
+                   std::string(s.message()).c_str());
+      return 4;
+    }
+  }
   for (int step = first; step <= last; ++step) {
     absl::Status s = (*c)->Save(step, state.tensors);
     if (!s.ok()) {

@@ -99,6 +99,16 @@ typedef struct {
   int64_t busy_timeout_ms; /* block_when_busy: longest wait; default 10 min */
 } ckpt_options;
 
+/* ckpt::SaveOptions, field by field. Call ckpt_save_options_init() first:
+ * it sets every field to the C++ default, so fields added later keep
+ * theirs. */
+typedef struct {
+  /* A save of a step below this rank's newest drops the newer steps; it is
+   * refused (CKPT_FAILED_PRECONDITION naming them) unless this process
+   * restored a step <= it first, or rewind is nonzero. */
+  int rewind;
+} ckpt_save_options;
+
 typedef struct ckpt_client ckpt_client;
 typedef struct ckpt_save_handle ckpt_save_handle;
 
@@ -118,6 +128,8 @@ int ckpt_abi_version(void);
 
 /* Sets every field to its default (a NULL options is ignored). */
 void ckpt_options_init(ckpt_options* options);
+/* Sets every field to its default (a NULL options is ignored). */
+void ckpt_save_options_init(ckpt_save_options* options);
 /* The message of the calling thread's last failure ("" after a success). */
 const char* ckpt_last_error(void);
 
@@ -134,12 +146,23 @@ ckpt_status ckpt_connect(const ckpt_options* options, ckpt_client** out);
 /* Finishes every queued save, then frees the client (NULL is ignored). */
 void ckpt_close(ckpt_client* client);
 
+/* A save of the rank's newest step replaces it; a lower step is refused
+ * unless this process restored a step <= it first (see ckpt_save_options;
+ * ckpt_save is ckpt_save_ex with the defaults). */
 ckpt_status ckpt_save(ckpt_client* client, int64_t step,
                       const ckpt_tensor* tensors, size_t count);
+/* options NULL: every default. */
+ckpt_status ckpt_save_ex(ckpt_client* client, int64_t step,
+                         const ckpt_tensor* tensors, size_t count,
+                         const ckpt_save_options* options);
 /* The tensors must stay unmodified until ckpt_wait_copied() returns. */
 ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
                             const ckpt_tensor* tensors, size_t count,
                             ckpt_save_handle** out);
+ckpt_status ckpt_save_async_ex(ckpt_client* client, int64_t step,
+                               const ckpt_tensor* tensors, size_t count,
+                               const ckpt_save_options* options,
+                               ckpt_save_handle** out);
 ckpt_status ckpt_wait_copied(ckpt_save_handle* handle);
 /* Waits for the save to finish and frees the handle. */
 ckpt_status ckpt_wait(ckpt_save_handle* handle);

@@ -95,6 +95,16 @@ class SaveHandle {
   std::shared_ptr<State> state_;
 };
 
+// How one save treats the rank's newer steps.
+struct SaveOptions {
+  // A save of a step below this rank's newest deletes the newer steps (a
+  // new timeline). The daemon refuses that (FailedPrecondition naming the
+  // newer steps) unless this process restored an older step of the job
+  // first (a restarted trainer resuming: the normal recovery path) or
+  // rewind is set here.
+  bool rewind = false;
+};
+
 struct SaveStats {
   double wait_slot_s = 0;  // time blocked waiting for a free slot
   double copy_s = 0;       // copy + checksum
@@ -112,14 +122,22 @@ class Client {
   const ClientOptions& options() const;
 
   // Copies the tensors into shared memory and commits the step; returns once
-  // the daemon holds it. Steps must increase.
+  // the daemon holds it. A save of the rank's newest step replaces it. A
+  // save of a lower step drops the newer ones and is refused
+  // (FailedPrecondition, nothing changes) unless this process restored a
+  // step <= it first or options.rewind is set (see SaveOptions).
   [[nodiscard]] absl::Status Save(int64_t step,
                                   std::span<const Tensor> tensors);
+  [[nodiscard]] absl::Status Save(int64_t step, std::span<const Tensor> tensors,
+                                  const SaveOptions& options);
   // Starts a save and returns at once. CONTRACT: the tensors' bytes must
   // stay valid and unmodified until handle.WaitCopied() returns (for CUDA
   // tensors: until then, no kernel may write them).
   [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
       int64_t step, std::span<const Tensor> tensors);
+  [[nodiscard]] absl::StatusOr<SaveHandle> SaveAsync(
+      int64_t step, std::span<const Tensor> tensors,
+      const SaveOptions& options);
 
   // The newest step restorable on every rank of the job; NotFound if none.
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();

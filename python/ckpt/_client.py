@@ -122,6 +122,17 @@ def _options(job, socket, rank, world_size, options):
     return o
 
 
+def _save_options(rewind):
+    """A ckpt_save_options; rewind must be a bool (see ckpt_save_ex)."""
+    if not isinstance(rewind, bool):
+        raise errors.InvalidArgument(
+            "rewind: a bool, not %s" % type(rewind).__name__)
+    o = _lib.CSaveOptions()
+    _lib.lib().ckpt_save_options_init(ctypes.byref(o))
+    o.rewind = 1 if rewind else 0
+    return o
+
+
 class SaveHandle:
     """The progress of one save_async (ckpt_save_handle)."""
 
@@ -201,15 +212,18 @@ class Client:
             raise errors.FailedPrecondition("the client is closed")
         return self._client
 
-    def save(self, step, packed):
-        _lib.check(_lib.lib().ckpt_save(self._live(), step, packed.array,
-                                        packed.count), "save step %d" % step)
+    def save(self, step, packed, rewind=False):
+        o = _save_options(rewind)
+        _lib.check(_lib.lib().ckpt_save_ex(self._live(), step, packed.array,
+                                           packed.count, ctypes.byref(o)),
+                   "save step %d" % step)
 
-    def save_async(self, step, packed, keepalive):
+    def save_async(self, step, packed, keepalive, rewind=False):
+        o = _save_options(rewind)
         out = ctypes.c_void_p()
-        _lib.check(_lib.lib().ckpt_save_async(self._live(), step, packed.array,
-                                              packed.count, ctypes.byref(out)),
-                   "save_async step %d" % step)
+        _lib.check(_lib.lib().ckpt_save_async_ex(
+            self._live(), step, packed.array, packed.count, ctypes.byref(o),
+            ctypes.byref(out)), "save_async step %d" % step)
         return SaveHandle(out, keepalive, "save_async step %d" % step)
 
     def restore(self, step, packed):

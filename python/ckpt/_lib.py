@@ -63,6 +63,10 @@ class CSaveStats(ctypes.Structure):
     ]
 
 
+class CSaveOptions(ctypes.Structure):
+    _fields_ = [("rewind", ctypes.c_int)]
+
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
@@ -100,6 +104,12 @@ def _declare(lib):
         "ckpt_save": (c_int, [p, c_int64, p, c_size_t]),
         "ckpt_save_async": (c_int, [p, c_int64, p, c_size_t,
                                     ctypes.POINTER(p)]),
+        "ckpt_save_options_init": (None, [ctypes.POINTER(CSaveOptions)]),
+        "ckpt_save_ex": (c_int, [p, c_int64, p, c_size_t,
+                                 ctypes.POINTER(CSaveOptions)]),
+        "ckpt_save_async_ex": (c_int, [p, c_int64, p, c_size_t,
+                                       ctypes.POINTER(CSaveOptions),
+                                       ctypes.POINTER(p)]),
         "ckpt_wait_copied": (c_int, [p]),
         "ckpt_wait": (c_int, [p]),
         "ckpt_latest_step": (c_int, [p, ctypes.POINTER(c_int64)]),

@@ -182,6 +182,47 @@ class SaveModesTest(DaemonTestCase):
         self.assertTrue(torch.equal(out.cpu(), want))
 
 
+class RewindTest(DaemonTestCase):
+    """A save below the rank's newest step deletes the newer steps: only
+    after a restore of an older step, or with rewind=True."""
+
+    def saved_100_and_200(self, job):
+        c = self.checkpointer(job=job)
+        c.save(100, {"t": torch.full((64,), 100.0)})
+        c.save(200, {"t": torch.full((64,), 200.0)})
+        c.wait_durable(200, timeout=60)
+        return c
+
+    def test_fresh_checkpointer_saving_a_lower_step_is_refused(self):
+        job = self.new_job()
+        self.saved_100_and_200(job)
+        fresh = self.checkpointer(job=job)
+        with self.assertRaises(ckpt.errors.FailedPrecondition) as e:
+            fresh.save(50, {"t": torch.zeros(64)})
+        self.assertIn("newest step(s) 100, 200", e.exception.message)
+        self.assertIn("rewind=True", e.exception.message)
+        self.assertEqual(fresh.latest_step(), 200)
+        for step in (100, 200):
+            out = torch.empty(64)
+            fresh.load(step, {"t": out})
+            self.assertTrue(torch.equal(out, torch.full((64,), float(step))))
+
+    def test_rewind_true_drops_the_newer_steps(self):
+        job = self.new_job()
+        self.saved_100_and_200(job)
+        fresh = self.checkpointer(job=job, rewind=True)
+        fresh.save(50, {"t": torch.zeros(64)})
+        self.assertEqual(fresh.latest_step(), 50)
+        with self.assertRaises(ckpt.errors.NotFound):
+            fresh.load(200, {"t": torch.empty(64)})
+        # save(..., rewind=True) overrides a Checkpointer's default.
+        other = self.checkpointer(job=job)
+        other.save(40, {"t": torch.zeros(64)}, rewind=True)
+        self.assertEqual(other.latest_step(), 40)
+        with self.assertRaises(ckpt.errors.InvalidArgument):
+            other.save(30, {"t": torch.zeros(64)}, rewind=1)
+
+
 class RestartTest(DaemonTestCase):
 
     def test_restore_from_disk_in_a_fresh_process_after_the_shm_is_gone(self):

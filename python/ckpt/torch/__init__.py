@@ -90,10 +90,20 @@ class Checkpointer:
     of 1. local_rank is $LOCAL_RANK (None when unset). options:
     slot_bytes, slot_headroom, num_slots, block_when_busy, copy_threads,
     busy_timeout_s (see ckpt/client.h).
+
+    rewind: the default of save()'s rewind. A save of a step below this
+    rank's newest deletes the newer steps; ckptd refuses it
+    (errors.FailedPrecondition naming them) unless this process restored
+    (load()) a step <= it first, the normal recovery path, or rewind is
+    True.
     """
 
     def __init__(self, job=None, socket=None, rank=None, world_size=None,
-                 **options):
+                 *, rewind=False, **options):
+        if not isinstance(rewind, bool):
+            raise errors.InvalidArgument(
+                "rewind: a bool, not %s" % type(rewind).__name__)
+        self.rewind = rewind
         # libckpt decides the launcher rule (ckpt_resolve_rank) for every
         # front end; the client is then given the resolved values.
         rank, world_size, self.local_rank = _client.resolve_rank(
@@ -123,26 +133,43 @@ class Checkpointer:
         _tensors.wait_for_producers(keep)
         return _client.Packed(descs), keep
 
-    def save(self, step, state_dict, *, block=True):
-        """Saves state_dict as `step` (steps must increase).
+    def save(self, step, state_dict, *, block=True, rewind=None):
+        """Saves state_dict as `step`.
+
+        A save of this rank's newest step replaces it; a lower step drops
+        the newer ones and is refused (errors.FailedPrecondition, nothing
+        changes) unless this process restored a step <= it first or
+        rewind (None: the Checkpointer's) is True.
 
         block=True returns once the daemon holds the step. block=False
         returns once the tensors have been copied (they may change again)
         and gives the SaveHandle whose wait() reports the commit."""
         if block:
+            rewind = self._rewind(rewind)
             packed, keep = self._pack(step, state_dict)
-            self._client.save(step, packed)
+            self._client.save(step, packed, rewind)
             del keep
             return None
-        handle = self.save_async(step, state_dict)
+        handle = self.save_async(step, state_dict, rewind=rewind)
         handle.wait_copied()
         return handle
 
-    def save_async(self, step, state_dict):
+    def save_async(self, step, state_dict, *, rewind=None):
         """Starts a save and returns its SaveHandle at once. CONTRACT: the
-        tensors must not change until handle.wait_copied() returns."""
+        tensors must not change until handle.wait_copied() returns. rewind:
+        as save()'s."""
+        rewind = self._rewind(rewind)
         packed, keep = self._pack(step, state_dict)
-        return SaveHandle(step, self._client.save_async(step, packed, keep))
+        return SaveHandle(step, self._client.save_async(step, packed, keep,
+                                                        rewind))
+
+    def _rewind(self, rewind):
+        if rewind is None:
+            return self.rewind
+        if not isinstance(rewind, bool):
+            raise errors.InvalidArgument(
+                "rewind: a bool, not %s" % type(rewind).__name__)
+        return rewind
 
     # -- queries ----------------------------------------------------------
 

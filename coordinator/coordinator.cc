@@ -45,16 +45,14 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   if (req.replica_port() > 65535)
     return absl::InvalidArgumentError(absl::StrCat(
         "replica_port: ", req.replica_port(), " not in [0, 65535]"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   auto existing = nodes_.find(req.node_id());
   if (existing != nodes_.end() && existing->second.rec.health() == v1::ALIVE) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::AlreadyExistsError(absl::StrCat(
+    return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
         "node_id: \"", req.node_id(), "\" is registered and alive at epoch ",
-        existing->second.rec.epoch(), "; retry after its heartbeat times out"));
+        existing->second.rec.epoch(),
+        "; retry after its heartbeat times out")));
   }
   NodeState& node = nodes_[req.node_id()];
   node.rec.set_node_id(req.node_id());
@@ -103,8 +101,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   resp.set_heartbeat_timeout_ms(
       static_cast<uint32_t>(options_.heartbeat_timeout.count()));
   resp.set_incarnation(incarnation_.load());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
@@ -130,10 +127,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       }
     }
   }
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   if (s.ok()) {
     for (uint64_t id : req.acked_order_ids()) {
@@ -147,9 +142,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     }
   }
   if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(
-        Commit(lock, std::move(owned)));  // timeouts detected above still count
-    return s;
+    return txn.Commit(s);  // timeouts detected above still count
   }
   std::set<std::string> acked_jobs;
   for (uint64_t id : req.acked_order_ids()) {
@@ -204,7 +197,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     *resp.add_assignments() = std::move(a);
   }
   ReplicaTargetForLocked(&batch, req, &resp);
-  EnqueueLocked(std::move(owned));
+  txn.Enqueue();
   return resp;
 }
 
@@ -214,20 +207,17 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize)
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   v1::RegisterJobResponse resp;
   auto existing = jobs_.find(req.job());
   if (existing != jobs_.end()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     if (existing->second.rec.world_size() != req.world_size())
-      return absl::AlreadyExistsError(absl::StrCat(
+      return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
           "job: \"", req.job(), "\" is registered with world_size ",
-          existing->second.rec.world_size(), ", not ", req.world_size()));
+          existing->second.rec.world_size(), ", not ", req.world_size())));
     *resp.mutable_job() = existing->second.rec;
-    return resp;
+    return txn.Commit(resp);
   }
   v1::JobRecord rec;
   rec.set_job(req.job());
@@ -243,13 +233,11 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
     for (; free > 0 && next_rank < req.world_size(); --free, ++next_rank)
       rec.add_rank_node(id);
   }
-  if (next_rank < req.world_size()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::FailedPreconditionError(absl::StrCat(
+  if (next_rank < req.world_size())
+    return txn.Commit(absl::FailedPreconditionError(absl::StrCat(
         "world_size: ", req.world_size(),
         " ranks, but alive active healthy uncordoned nodes have room for ",
-        next_rank));
-  }
+        next_rank)));
   JobState& job = jobs_[req.job()];
   job.rec = rec;
   IndexJobLocked(job);
@@ -258,25 +246,19 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
             absl::StrCat("world_size ", req.world_size(), ", ranks on ",
                          absl::StrJoin(rec.rank_node(), ",")));
   *resp.mutable_job() = rec;
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     const v1::ReportTrainerExitRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   absl::StatusOr<JobState*> job =
       s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
              : absl::StatusOr<JobState*>(s);
-  if (!job.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return job.status();
-  }
+  if (!job.ok()) return txn.Commit(job.status());
   v1::ReportTrainerExitResponse resp;
   if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
     // Its generation was already replaced by a plan: this exit is a retry
@@ -284,8 +266,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     // being stopped for the new generation. Planning again would restart
     // every rank once more.
     resp.set_generation((*job)->rec.generation());
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return resp;
+    return txn.Commit(resp);
   }
   std::string how = req.term_signal() != 0
                         ? absl::StrCat("killed by signal ", req.term_signal())
@@ -307,8 +288,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::Status Coordinator::CheckRollbackLocked(
@@ -334,24 +314,16 @@ absl::Status Coordinator::CheckRollbackLocked(
 absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
     const v1::RollbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+  Txn txn(this);
   absl::Status s = CheckRollbackLocked(req);
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   // The manifest is read without the state mutex (an s3:// shared root may
   // retry for a minute); what the timeouts changed keeps its place in line.
-  EnqueueLocked(std::move(owned));
-  lock.Unlock();
+  txn.Unlock();
   absl::StatusOr<storage::v1::GlobalManifest> manifest =
       storage::ReadGlobalManifest(*shared_, req.job(), req.step());
-  lock.Relock();
-  owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  txn.Relock();
+  Batch& batch = *txn.batch();
   s = CheckRollbackLocked(req);  // the state may have moved meanwhile
   if (s.ok() && manifest.ok()) {
     // Only the write the commit refers to (a deposed leader's late write
@@ -372,10 +344,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
               std::string(manifest.status().message()));
     s = manifest.status();
   }
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   auto it = jobs_.find(req.job());
   JobState& job = it->second;
   LogLocked(&batch, v1::ROLLBACK, req.job(), "",
@@ -396,8 +365,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);
   v1::RollbackResponse resp;
   resp.set_generation(job.rec.generation());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 }  // namespace ckpt::coordinator

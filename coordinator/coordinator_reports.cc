@@ -338,15 +338,10 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     return absl::InvalidArgumentError(
         absl::StrCat("reports: ", req.reports_size(),
                      " in one call, more than ", kMaxWorldSize));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   v1::ReportShardsResponse resp;
   resp.set_incarnation(incarnation_.load());
   std::vector<PendingCommit> complete;
@@ -384,16 +379,13 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
       }
     }
   }
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     const v1::ReportFallbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateFallback(req));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+  Txn txn(this);
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   if (s.ok())
     s = HostedRankLocked(req.node_id(), req.job(), req.rank()).status();
@@ -412,15 +404,14 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     f.set_next_copy(req.next_copy());
     if (req.has_verified_bad()) f.set_verified_bad(req.verified_bad());
     const std::string what = e.detail();
-    LogLocked(owned.get(), std::move(e));
+    LogLocked(txn.batch(), std::move(e));
     // A claim the node disproved is about the node, never the copy.
     if (req.has_verified_bad() && !req.verified_bad())
-      NoteUnconfirmedClaimLocked(owned.get(), req.node_id(), req.job(), what);
+      NoteUnconfirmedClaimLocked(txn.batch(), req.node_id(), req.job(), what);
   }
   // Timeouts found on the way are committed either way; a refusal
   // recorded nothing of its own.
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  if (!s.ok()) return s;
+  CKPT_RETURN_IF_ERROR(txn.Commit(s));
   if (req.has_verified_bad() && !req.verified_bad())
     options_.metrics->BadCopyClaimUnconfirmed(req.node_id());
   else

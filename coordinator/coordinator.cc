@@ -21,7 +21,7 @@ constexpr size_t kMaxDomainBytes = 128;
 // Checked before any state is touched: a refused request changes nothing.
 [[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id,
                                               const std::string& job) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(node_id, "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(node_id));
   return ValidateJobName(job, "job");
 }
 
@@ -29,7 +29,7 @@ constexpr size_t kMaxDomainBytes = 128;
 
 absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
     const v1::RegisterNodeRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   if (req.capacity() == 0 || req.capacity() > kMaxCapacity)
     return absl::InvalidArgumentError(absl::StrCat(
         "capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
@@ -106,7 +106,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
   CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));

@@ -108,7 +108,7 @@ bool Coordinator::ChargeIncidentLocked(Batch* batch, const std::string& node_id,
 
 absl::StatusOr<v1::CordonResponse> Coordinator::Cordon(
     const v1::CordonRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(
       ValidatePrintable(req.reason(), "reason", kMaxCordonReasonBytes));
   Txn txn(this);
@@ -126,7 +126,7 @@ absl::StatusOr<v1::CordonResponse> Coordinator::Cordon(
 
 absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
     const v1::UncordonRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   Txn txn(this);
   Batch& batch = *txn.batch();
   auto it = nodes_.find(req.node_id());

@@ -88,7 +88,7 @@ void Coordinator::NoteUnconfirmedClaimLocked(Batch* batch,
 
 absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
     const v1::ReportNodeCheckRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateHealthCheck(req.check(), "check"));
   Txn txn(this);
   Batch& batch = *txn.batch();
@@ -207,7 +207,7 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
 absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
     const v1::CheckHealthRequest& req) {
   if (!req.node_id().empty())
-    CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+    CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   Txn txn(this);
   std::vector<NodeState*> asked;
   for (auto& [id, n] : nodes_)

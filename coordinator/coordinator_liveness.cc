@@ -194,7 +194,7 @@ void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
 
 absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
     const v1::ReportStacksRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   if (req.ranks_size() > kMaxStackRanks)
     return absl::InvalidArgumentError(absl::StrCat(

@@ -32,7 +32,7 @@ absl::Status ValidateShardKey(const std::string& key) {
         "state: ", r.state(), " is not STAGED, DURABLE or REPLICATED"));
   // A replica names the node whose rank it is; only a replica does.
   if (r.state() == v1::REPLICATED)
-    CKPT_RETURN_IF_ERROR(ValidateJobName(r.source_node(), "source_node"));
+    CKPT_RETURN_IF_ERROR(ValidateNodeId(r.source_node(), "source_node"));
   else if (r.has_source_node())
     return absl::InvalidArgumentError(
         "source_node: set on a report that is not REPLICATED");
@@ -50,7 +50,7 @@ bool IsCopyName(const std::string& copy) {
 // The checks of a fallback report that need no state.
 [[nodiscard]] absl::Status ValidateFallback(
     const v1::ReportFallbackRequest& r) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(r.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(r.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
   if (!IsCopyName(r.copy()))
     return absl::InvalidArgumentError(
@@ -303,7 +303,7 @@ absl::Status Coordinator::CommitSteps(
 
 absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
     const v1::ReportShardRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   v1::ReportShardsRequest batch_req;
   batch_req.set_node_id(req.node_id());
@@ -333,7 +333,7 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
 
 absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     const v1::ReportShardsRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   if (req.reports_size() > static_cast<int>(kMaxWorldSize))
     return absl::InvalidArgumentError(
         absl::StrCat("reports: ", req.reports_size(),

@@ -130,20 +130,38 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) {
-    for (uint64_t id : req.acked_order_ids()) {
-      auto it = orders_.find(id);
-      if (it != orders_.end() && it->second.node_id() != req.node_id()) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("acked_order_ids: order ", id, " is for node ",
-                         it->second.node_id(), ", not ", req.node_id()));
-        break;
-      }
-    }
-  }
+  if (s.ok()) s = CheckAcksLocked(req);
   if (!s.ok()) {
     return txn.Commit(s);  // timeouts detected above still count
   }
+  ApplyAcksLocked(&batch, req);
+  NoteProgressLocked(req, options_.now_ms());
+  DetectHangsLocked(&batch, options_.now_ms());
+  v1::HeartbeatResponse resp;
+  resp.set_incarnation(incarnation_.load());
+  NetCheckLocked(&batch, req, &resp);
+  HealthRecheckLocked(&batch, req, &resp);
+  DeliverOrdersLocked(&batch, req.node_id(), &resp);
+  AssignmentsLocked(req.node_id(), &resp);
+  ReplicaTargetForLocked(&batch, req, &resp);
+  txn.Enqueue();
+  return resp;
+}
+
+absl::Status Coordinator::CheckAcksLocked(
+    const v1::HeartbeatRequest& req) const {
+  for (uint64_t id : req.acked_order_ids()) {
+    auto it = orders_.find(id);
+    if (it != orders_.end() && it->second.node_id() != req.node_id())
+      return absl::InvalidArgumentError(
+          absl::StrCat("acked_order_ids: order ", id, " is for node ",
+                       it->second.node_id(), ", not ", req.node_id()));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ApplyAcksLocked(Batch* batch,
+                                  const v1::HeartbeatRequest& req) {
   std::set<std::string> acked_jobs;
   for (uint64_t id : req.acked_order_ids()) {
     auto it = orders_.find(id);
@@ -151,38 +169,40 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       continue;  // acknowledged before: a retried heartbeat
     std::string job = it->second.job();
     LogLocked(
-        &batch, v1::ORDER_ACKED, job, req.node_id(),
+        batch, v1::ORDER_ACKED, job, req.node_id(),
         absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
-    EraseOrderLocked(&batch, it);
+    EraseOrderLocked(batch, it);
     acked_jobs.insert(job);
   }
   for (const std::string& job : acked_jobs) {
     auto j = jobs_.find(job);
-    if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
+    if (j != jobs_.end()) UpdatePlanProgressLocked(batch, j->second);
   }
-  NoteProgressLocked(req, options_.now_ms());
-  DetectHangsLocked(&batch, options_.now_ms());
-  v1::HeartbeatResponse resp;
-  resp.set_incarnation(incarnation_.load());
-  NetCheckLocked(&batch, req, &resp);
-  HealthRecheckLocked(&batch, req, &resp);
-  for (uint64_t id : DeliverableOrdersLocked(req.node_id())) {
+}
+
+void Coordinator::DeliverOrdersLocked(Batch* batch, const std::string& node_id,
+                                      v1::HeartbeatResponse* resp) {
+  for (uint64_t id : DeliverableOrdersLocked(node_id)) {
     v1::Order& order = orders_.at(id);
     if (!order.delivered()) {
       order.set_delivered(true);
-      batch.PutOrder(order);
+      batch->PutOrder(order);
       LogLocked(
-          &batch, v1::ORDER_SENT, order.job(), req.node_id(),
+          batch, v1::ORDER_SENT, order.job(), node_id,
           absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
                        " step ",
                        order.has_step() ? absl::StrCat(order.step()) : "none",
                        " ranks ", absl::StrJoin(order.ranks(), ",")));
     }
-    *resp.add_orders() = order;
+    *resp->add_orders() = order;
   }
+}
+
+void Coordinator::AssignmentsLocked(const std::string& node_id,
+                                    v1::HeartbeatResponse* resp) const {
   // What is durable only: a heartbeat never waits for a disk write.
   for (const auto& [name, job] : jobs_) {
-    auto hosted = job.durable_ranks_by_node.find(req.node_id());
+    auto hosted = job.durable_ranks_by_node.find(node_id);
     if (hosted == job.durable_ranks_by_node.end()) continue;
     const v1::JobRecord& rec = job.durable_rec;
     v1::Assignment a;
@@ -194,11 +214,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     a.set_last_good_step(rec.last_good_step());
     a.set_has_restore_step(rec.has_restore_step());
     a.set_restore_step(rec.restore_step());
-    *resp.add_assignments() = std::move(a);
+    *resp->add_assignments() = std::move(a);
   }
-  ReplicaTargetForLocked(&batch, req, &resp);
-  txn.Enqueue();
-  return resp;
 }
 
 absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(

@@ -377,6 +377,23 @@ class Coordinator {
   std::vector<uint64_t> DeliverableOrdersLocked(
       const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // coordinator.cc: the parts of a heartbeat, in the order Heartbeat runs
+  // them (between them: progress and hangs, the net check, health).
+  // Acknowledged orders must be the node's own (checked before any is
+  // applied); applied, they are dropped and their plans move on.
+  [[nodiscard]] absl::Status CheckAcksLocked(
+      const v1::HeartbeatRequest& req) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyAcksLocked(Batch* batch, const v1::HeartbeatRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's deliverable orders into `resp` (ORDER_SENT the first time).
+  void DeliverOrdersLocked(Batch* batch, const std::string& node_id,
+                           v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's ranks per job, as of the last durable commit.
+  void AssignmentsLocked(const std::string& node_id,
+                         v1::HeartbeatResponse* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // coordinator_liveness.cc: progress reports and hang detection.
   // Checks a heartbeat's progress reports (before any state is touched).
   [[nodiscard]] static absl::Status ValidateProgress(

@@ -21,7 +21,7 @@ constexpr size_t kMaxDomainBytes = 128;
 // Checked before any state is touched: a refused request changes nothing.
 [[nodiscard]] absl::Status ValidateNodeAndJob(const std::string& node_id,
                                               const std::string& job) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(node_id, "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(node_id));
   return ValidateJobName(job, "job");
 }
 
@@ -29,7 +29,7 @@ constexpr size_t kMaxDomainBytes = 128;
 
 absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
     const v1::RegisterNodeRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   if (req.capacity() == 0 || req.capacity() > kMaxCapacity)
     return absl::InvalidArgumentError(absl::StrCat(
         "capacity: ", req.capacity(), " not in [1, ", kMaxCapacity, "]"));
@@ -45,16 +45,14 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   if (req.replica_port() > 65535)
     return absl::InvalidArgumentError(absl::StrCat(
         "replica_port: ", req.replica_port(), " not in [0, 65535]"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   auto existing = nodes_.find(req.node_id());
   if (existing != nodes_.end() && existing->second.rec.health() == v1::ALIVE) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::AlreadyExistsError(absl::StrCat(
+    return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
         "node_id: \"", req.node_id(), "\" is registered and alive at epoch ",
-        existing->second.rec.epoch(), "; retry after its heartbeat times out"));
+        existing->second.rec.epoch(),
+        "; retry after its heartbeat times out")));
   }
   NodeState& node = nodes_[req.node_id()];
   node.rec.set_node_id(req.node_id());
@@ -103,13 +101,12 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   resp.set_heartbeat_timeout_ms(
       static_cast<uint32_t>(options_.heartbeat_timeout.count()));
   resp.set_incarnation(incarnation_.load());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
   CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));
@@ -130,27 +127,41 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       }
     }
   }
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) {
-    for (uint64_t id : req.acked_order_ids()) {
-      auto it = orders_.find(id);
-      if (it != orders_.end() && it->second.node_id() != req.node_id()) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("acked_order_ids: order ", id, " is for node ",
-                         it->second.node_id(), ", not ", req.node_id()));
-        break;
-      }
-    }
-  }
+  if (s.ok()) s = CheckAcksLocked(req);
   if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(
-        Commit(lock, std::move(owned)));  // timeouts detected above still count
-    return s;
+    return txn.Commit(s);  // timeouts detected above still count
   }
+  ApplyAcksLocked(&batch, req);
+  NoteProgressLocked(req, options_.now_ms());
+  DetectHangsLocked(&batch, options_.now_ms());
+  v1::HeartbeatResponse resp;
+  resp.set_incarnation(incarnation_.load());
+  NetCheckLocked(&batch, req, &resp);
+  HealthRecheckLocked(&batch, req, &resp);
+  DeliverOrdersLocked(&batch, req.node_id(), &resp);
+  AssignmentsLocked(req.node_id(), &resp);
+  ReplicaTargetForLocked(&batch, req, &resp);
+  txn.Enqueue();
+  return resp;
+}
+
+absl::Status Coordinator::CheckAcksLocked(
+    const v1::HeartbeatRequest& req) const {
+  for (uint64_t id : req.acked_order_ids()) {
+    auto it = orders_.find(id);
+    if (it != orders_.end() && it->second.node_id() != req.node_id())
+      return absl::InvalidArgumentError(
+          absl::StrCat("acked_order_ids: order ", id, " is for node ",
+                       it->second.node_id(), ", not ", req.node_id()));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ApplyAcksLocked(Batch* batch,
+                                  const v1::HeartbeatRequest& req) {
   std::set<std::string> acked_jobs;
   for (uint64_t id : req.acked_order_ids()) {
     auto it = orders_.find(id);
@@ -158,38 +169,40 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
       continue;  // acknowledged before: a retried heartbeat
     std::string job = it->second.job();
     LogLocked(
-        &batch, v1::ORDER_ACKED, job, req.node_id(),
+        batch, v1::ORDER_ACKED, job, req.node_id(),
         absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
-    EraseOrderLocked(&batch, it);
+    EraseOrderLocked(batch, it);
     acked_jobs.insert(job);
   }
   for (const std::string& job : acked_jobs) {
     auto j = jobs_.find(job);
-    if (j != jobs_.end()) UpdatePlanProgressLocked(&batch, j->second);
+    if (j != jobs_.end()) UpdatePlanProgressLocked(batch, j->second);
   }
-  NoteProgressLocked(req, options_.now_ms());
-  DetectHangsLocked(&batch, options_.now_ms());
-  v1::HeartbeatResponse resp;
-  resp.set_incarnation(incarnation_.load());
-  NetCheckLocked(&batch, req, &resp);
-  HealthRecheckLocked(&batch, req, &resp);
-  for (uint64_t id : DeliverableOrdersLocked(req.node_id())) {
+}
+
+void Coordinator::DeliverOrdersLocked(Batch* batch, const std::string& node_id,
+                                      v1::HeartbeatResponse* resp) {
+  for (uint64_t id : DeliverableOrdersLocked(node_id)) {
     v1::Order& order = orders_.at(id);
     if (!order.delivered()) {
       order.set_delivered(true);
-      batch.PutOrder(order);
+      batch->PutOrder(order);
       LogLocked(
-          &batch, v1::ORDER_SENT, order.job(), req.node_id(),
+          batch, v1::ORDER_SENT, order.job(), node_id,
           absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
                        " step ",
                        order.has_step() ? absl::StrCat(order.step()) : "none",
                        " ranks ", absl::StrJoin(order.ranks(), ",")));
     }
-    *resp.add_orders() = order;
+    *resp->add_orders() = order;
   }
+}
+
+void Coordinator::AssignmentsLocked(const std::string& node_id,
+                                    v1::HeartbeatResponse* resp) const {
   // What is durable only: a heartbeat never waits for a disk write.
   for (const auto& [name, job] : jobs_) {
-    auto hosted = job.durable_ranks_by_node.find(req.node_id());
+    auto hosted = job.durable_ranks_by_node.find(node_id);
     if (hosted == job.durable_ranks_by_node.end()) continue;
     const v1::JobRecord& rec = job.durable_rec;
     v1::Assignment a;
@@ -201,11 +214,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     a.set_last_good_step(rec.last_good_step());
     a.set_has_restore_step(rec.has_restore_step());
     a.set_restore_step(rec.restore_step());
-    *resp.add_assignments() = std::move(a);
+    *resp->add_assignments() = std::move(a);
   }
-  ReplicaTargetForLocked(&batch, req, &resp);
-  EnqueueLocked(std::move(owned));
-  return resp;
 }
 
 absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
@@ -214,20 +224,17 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize)
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   v1::RegisterJobResponse resp;
   auto existing = jobs_.find(req.job());
   if (existing != jobs_.end()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
     if (existing->second.rec.world_size() != req.world_size())
-      return absl::AlreadyExistsError(absl::StrCat(
+      return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
           "job: \"", req.job(), "\" is registered with world_size ",
-          existing->second.rec.world_size(), ", not ", req.world_size()));
+          existing->second.rec.world_size(), ", not ", req.world_size())));
     *resp.mutable_job() = existing->second.rec;
-    return resp;
+    return txn.Commit(resp);
   }
   v1::JobRecord rec;
   rec.set_job(req.job());
@@ -243,13 +250,11 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
     for (; free > 0 && next_rank < req.world_size(); --free, ++next_rank)
       rec.add_rank_node(id);
   }
-  if (next_rank < req.world_size()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::FailedPreconditionError(absl::StrCat(
+  if (next_rank < req.world_size())
+    return txn.Commit(absl::FailedPreconditionError(absl::StrCat(
         "world_size: ", req.world_size(),
         " ranks, but alive active healthy uncordoned nodes have room for ",
-        next_rank));
-  }
+        next_rank)));
   JobState& job = jobs_[req.job()];
   job.rec = rec;
   IndexJobLocked(job);
@@ -258,25 +263,19 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
             absl::StrCat("world_size ", req.world_size(), ", ranks on ",
                          absl::StrJoin(rec.rank_node(), ",")));
   *resp.mutable_job() = rec;
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     const v1::ReportTrainerExitRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateNodeAndJob(req.node_id(), req.job()));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   absl::StatusOr<JobState*> job =
       s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
              : absl::StatusOr<JobState*>(s);
-  if (!job.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return job.status();
-  }
+  if (!job.ok()) return txn.Commit(job.status());
   v1::ReportTrainerExitResponse resp;
   if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
     // Its generation was already replaced by a plan: this exit is a retry
@@ -284,8 +283,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     // being stopped for the new generation. Planning again would restart
     // every rank once more.
     resp.set_generation((*job)->rec.generation());
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return resp;
+    return txn.Commit(resp);
   }
   std::string how = req.term_signal() != 0
                         ? absl::StrCat("killed by signal ", req.term_signal())
@@ -307,8 +305,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::Status Coordinator::CheckRollbackLocked(
@@ -334,24 +331,16 @@ absl::Status Coordinator::CheckRollbackLocked(
 absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
     const v1::RollbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+  Txn txn(this);
   absl::Status s = CheckRollbackLocked(req);
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   // The manifest is read without the state mutex (an s3:// shared root may
   // retry for a minute); what the timeouts changed keeps its place in line.
-  EnqueueLocked(std::move(owned));
-  lock.Unlock();
+  txn.Unlock();
   absl::StatusOr<storage::v1::GlobalManifest> manifest =
       storage::ReadGlobalManifest(*shared_, req.job(), req.step());
-  lock.Relock();
-  owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  txn.Relock();
+  Batch& batch = *txn.batch();
   s = CheckRollbackLocked(req);  // the state may have moved meanwhile
   if (s.ok() && manifest.ok()) {
     // Only the write the commit refers to (a deposed leader's late write
@@ -372,10 +361,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
               std::string(manifest.status().message()));
     s = manifest.status();
   }
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   auto it = jobs_.find(req.job());
   JobState& job = it->second;
   LogLocked(&batch, v1::ROLLBACK, req.job(), "",
@@ -396,8 +382,7 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);
   v1::RollbackResponse resp;
   resp.set_generation(job.rec.generation());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 }  // namespace ckpt::coordinator

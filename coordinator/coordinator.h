@@ -228,31 +228,43 @@ class Coordinator {
 
  private:
   using Batch = CoordStore::Batch;
-  // mu_ held for a scope, with Unlock/Lock in between (Rollback reads a
-  // manifest without it) and released early by Commit; checked by clang's
-  // -Wthread-safety like absl::MutexLock.
-  class ABSL_SCOPED_LOCKABLE Lock {
+  // One call's critical section, the preamble every state-changing call
+  // shares: takes mu_, starts a batch and declares the nodes whose
+  // heartbeat timed out (planning for them) before the call reads the
+  // state, so no answer is built on a node that is already dead. It ends
+  // with Commit (the batch made durable, mu_ released meanwhile: a call
+  // answers only once what it changed is durable) or Enqueue (handed to
+  // the group commit without waiting: heartbeats). A Txn that ends
+  // without either enqueues its batch, so no change is ever dropped.
+  // Checked by clang's -Wthread-safety like absl::MutexLock.
+  class ABSL_SCOPED_LOCKABLE Txn {
    public:
-    explicit Lock(absl::Mutex& mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
-      mu_.Lock();
+    explicit Txn(Coordinator* c) ABSL_EXCLUSIVE_LOCK_FUNCTION(c->mu_);
+    ~Txn() ABSL_UNLOCK_FUNCTION();
+    Txn(const Txn&) = delete;
+    Txn& operator=(const Txn&) = delete;
+    Batch* batch() { return batch_.get(); }
+    // Makes the batch durable; its error if that failed, else `result`
+    // (a refusal still commits the timeouts found on the way).
+    [[nodiscard]] absl::Status Commit(absl::Status result = absl::OkStatus())
+        ABSL_UNLOCK_FUNCTION();
+    template <typename T>
+    [[nodiscard]] absl::StatusOr<T> Commit(T result) ABSL_UNLOCK_FUNCTION() {
+      absl::Status s = Commit();
+      if (!s.ok()) return s;
+      return result;
     }
-    ~Lock() ABSL_UNLOCK_FUNCTION() {
-      if (held_) mu_.Unlock();
-    }
-    Lock(const Lock&) = delete;
-    Lock& operator=(const Lock&) = delete;
-    void Unlock() ABSL_UNLOCK_FUNCTION() {
-      held_ = false;
-      mu_.Unlock();
-    }
-    void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
-      mu_.Lock();
-      held_ = true;
-    }
+    void Enqueue() ABSL_UNLOCK_FUNCTION();
+    // Enqueues the batch and releases mu_ for I/O; Relock takes it again
+    // with a new batch, timeouts detected again.
+    void Unlock() ABSL_UNLOCK_FUNCTION() { Enqueue(); }
+    void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
 
    private:
-    absl::Mutex& mu_;
-    bool held_ = true;
+    void Begin() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+    Coordinator& c_;
+    std::unique_ptr<Batch> batch_;
+    bool held_ = false;
   };
   struct PendingCommit {
     std::string job;
@@ -281,10 +293,6 @@ class Coordinator {
                                                    uint64_t step,
                                                    const absl::Status& read)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Enqueues the batch (if not empty), releases the lock, and waits until
-  // every batch enqueued so far is durable.
-  [[nodiscard]] absl::Status Commit(Lock& lock, std::unique_ptr<Batch> batch)
-      ABSL_UNLOCK_FUNCTION(mu_);
   [[nodiscard]] absl::Status CommitLocked(Batch* batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // Open only: synchronous
   void OnCommitFailed(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_);
@@ -368,6 +376,23 @@ class Coordinator {
   // acknowledged. What a heartbeat answers with and WatchNode shows.
   std::vector<uint64_t> DeliverableOrdersLocked(
       const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator.cc: the parts of a heartbeat, in the order Heartbeat runs
+  // them (between them: progress and hangs, the net check, health).
+  // Acknowledged orders must be the node's own (checked before any is
+  // applied); applied, they are dropped and their plans move on.
+  [[nodiscard]] absl::Status CheckAcksLocked(
+      const v1::HeartbeatRequest& req) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyAcksLocked(Batch* batch, const v1::HeartbeatRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's deliverable orders into `resp` (ORDER_SENT the first time).
+  void DeliverOrdersLocked(Batch* batch, const std::string& node_id,
+                           v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's ranks per job, as of the last durable commit.
+  void AssignmentsLocked(const std::string& node_id,
+                         v1::HeartbeatResponse* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_liveness.cc: progress reports and hang detection.
   // Checks a heartbeat's progress reports (before any state is touched).

@@ -34,18 +34,44 @@ void Coordinator::EnqueueLocked(std::unique_ptr<Batch> batch) {
   new_orders_.clear();
 }
 
-// Unchecked inside: clang cannot see through a Lock& that it releases
-// mu_; its callers are checked against the declaration.
-absl::Status Coordinator::Commit(Lock& lock, std::unique_ptr<Batch> batch)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+Coordinator::Txn::Txn(Coordinator* c) : c_(*c) {
+  c_.mu_.Lock();
+  Begin();
+}
+
+Coordinator::Txn::~Txn() {
+  if (held_) Enqueue();
+}
+
+void Coordinator::Txn::Begin() {
+  held_ = true;
+  batch_ = std::make_unique<Batch>();
+  c_.DetectTimeoutsLocked(batch_.get());
+}
+
+void Coordinator::Txn::Relock() {
+  c_.mu_.Lock();
+  Begin();
+}
+
+void Coordinator::Txn::Enqueue() {
+  c_.EnqueueLocked(std::move(batch_));
+  held_ = false;
+  c_.mu_.Unlock();
+}
+
+absl::Status Coordinator::Txn::Commit(absl::Status result) {
+  const bool wait =
+      !batch_->empty();  // else nothing of this call's to wait for
   uint64_t seq = 0;
-  const bool wait = !batch->empty();  // else nothing of this call to wait for
   if (wait) {
-    EnqueueLocked(std::move(batch));
-    seq = committer_->last_enqueued();
+    c_.EnqueueLocked(std::move(batch_));
+    seq = c_.committer_->last_enqueued();
   }
-  lock.Unlock();
-  return wait ? committer_->Wait(seq) : absl::OkStatus();
+  held_ = false;
+  c_.mu_.Unlock();
+  if (wait) CKPT_RETURN_IF_ERROR(c_.committer_->Wait(seq));
+  return result;
 }
 
 void Coordinator::OnDurable(uint64_t seq) {

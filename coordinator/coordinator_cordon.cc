@@ -108,40 +108,31 @@ bool Coordinator::ChargeIncidentLocked(Batch* batch, const std::string& node_id,
 
 absl::StatusOr<v1::CordonResponse> Coordinator::Cordon(
     const v1::CordonRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(
       ValidatePrintable(req.reason(), "reason", kMaxCordonReasonBytes));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+  Txn txn(this);
   auto it = nodes_.find(req.node_id());
-  if (it == nodes_.end()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::NotFoundError(
-        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered"));
-  }
+  if (it == nodes_.end())
+    return txn.Commit(absl::NotFoundError(
+        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered")));
   v1::CordonResponse resp;
   resp.set_changed(!it->second.rec.cordoned());
   if (resp.changed())
-    CordonLocked(owned.get(), it->second, req.reason(), "operator");
+    CordonLocked(txn.batch(), it->second, req.reason(), "operator");
   resp.set_reason(it->second.rec.cordon_reason());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
     const v1::UncordonRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   auto it = nodes_.find(req.node_id());
-  if (it == nodes_.end()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::NotFoundError(
-        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered"));
-  }
+  if (it == nodes_.end())
+    return txn.Commit(absl::NotFoundError(
+        absl::StrCat("node_id: \"", req.node_id(), "\" is not registered")));
   NodeState& node = it->second;
   v1::UncordonResponse resp;
   resp.set_changed(node.rec.cordoned());
@@ -168,8 +159,7 @@ absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
                        absl::StrCat("node ", req.node_id(), " uncordoned"));
   }
   resp.set_spare(node.rec.spare());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 }  // namespace ckpt::coordinator

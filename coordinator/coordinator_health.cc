@@ -88,29 +88,22 @@ void Coordinator::NoteUnconfirmedClaimLocked(Batch* batch,
 
 absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
     const v1::ReportNodeCheckRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateHealthCheck(req.check(), "check"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   NodeState& node = nodes_.at(req.node_id());
   v1::NodeHealthReport* report = node.rec.mutable_health_report();
   v1::HealthCheck* slot = nullptr;
   for (v1::HealthCheck& c : *report->mutable_checks())
     if (c.name() == req.check().name()) slot = &c;
-  if (!slot && report->checks_size() >= kMaxHealthChecks) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::InvalidArgumentError(
+  if (!slot && report->checks_size() >= kMaxHealthChecks)
+    return txn.Commit(absl::InvalidArgumentError(
         absl::StrCat("check.name: \"", req.check().name(), "\" would be check ",
                      report->checks_size() + 1, " of node ", req.node_id(),
-                     ", at most ", kMaxHealthChecks));
-  }
+                     ", at most ", kMaxHealthChecks)));
   if (!slot) slot = report->add_checks();
   *slot = req.check();
   batch.PutNode(node.rec);
@@ -123,8 +116,7 @@ absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
                                     node.rec.unhealthy_check(), ")"));
   v1::ReportNodeCheckResponse resp;
   resp.set_unhealthy(node.rec.unhealthy());
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 std::string Coordinator::UnhealthySparesLocked() const {
@@ -215,10 +207,8 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
 absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
     const v1::CheckHealthRequest& req) {
   if (!req.node_id().empty())
-    CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+    CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
+  Txn txn(this);
   std::vector<NodeState*> asked;
   for (auto& [id, n] : nodes_)
     if ((req.node_id().empty() || id == req.node_id()) &&
@@ -226,10 +216,9 @@ absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
       asked.push_back(&n);
   if (!req.node_id().empty() && asked.empty()) {
     const bool known = nodes_.count(req.node_id()) != 0;
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return absl::FailedPreconditionError(
+    return txn.Commit(absl::FailedPreconditionError(
         absl::StrCat("node_id: \"", req.node_id(), "\" ",
-                     known ? "is dead" : "is not registered"));
+                     known ? "is dead" : "is not registered")));
   }
   v1::CheckHealthResponse resp;
   resp.set_request_id(NextHealthRequestLocked());
@@ -238,8 +227,7 @@ absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
     resp.add_node_ids(n->rec.node_id());
   }
   if (req.network()) net_check_.Restart();
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 }  // namespace ckpt::coordinator

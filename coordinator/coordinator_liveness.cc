@@ -194,7 +194,7 @@ void Coordinator::CheckStragglersLocked(Batch* batch, JobState& job,
 
 absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
     const v1::ReportStacksRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   if (req.ranks_size() > kMaxStackRanks)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -212,10 +212,8 @@ absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
   // What is kept already (a read of the store): without the state mutex.
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::StackReport> kept,
                         store_->LoadStacks(req.job()));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s;
   auto job = jobs_.find(req.job());
   if (!nodes_.count(req.node_id()))
@@ -228,10 +226,7 @@ absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
     s = absl::InvalidArgumentError(
         absl::StrCat("generation: ", req.generation(), " is newer than job ",
                      req.job(), "'s ", job->second.rec.generation()));
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   v1::StackReport report;
   report.set_job(req.job());
   report.set_generation(req.generation());
@@ -259,8 +254,7 @@ absl::StatusOr<v1::ReportStacksResponse> Coordinator::ReportStacks(
                          RankRanges(ranks), " (", bytes,
                          " bytes): ckptctl stacks --job ", req.job(),
                          " --generation ", req.generation()));
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return v1::ReportStacksResponse();
+  return txn.Commit(v1::ReportStacksResponse());
 }
 
 absl::StatusOr<v1::GetStacksResponse> Coordinator::GetStacks(

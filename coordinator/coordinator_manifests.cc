@@ -252,10 +252,9 @@ absl::Status Coordinator::AuditManifests() {
                         "the committed write is not kept and this one lists "
                         "other shards: not rebuilt; a rollback to the step is "
                         "refused until the committed manifest is back");
-    Lock lock(mu_);
-    auto batch = std::make_unique<Batch>();
+    Txn txn(this);
     LogLocked(
-        batch.get(), v1::MANIFEST_INVALID, a.job, "",
+        txn.batch(), v1::MANIFEST_INVALID, a.job, "",
         absl::StrCat(
             "step ", a.step, ": ",
             found.ok()
@@ -269,7 +268,7 @@ absl::Status Coordinator::AuditManifests() {
                 ? "written again"
                 : absl::StrCat(committed ? "writing it again failed: " : "",
                                written.message())));
-    absl::Status durable = Commit(lock, std::move(batch));
+    absl::Status durable = txn.Commit();
     if (first.ok() && !written.ok()) first = written;
     if (first.ok() && !durable.ok()) first = durable;
   }

@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
   const auto give_up =
       std::chrono::steady_clock::now() + c->options_.shared_root_wait;
   for (bool said = false;; said = true) {
-    Lock lock(c->mu_);
+    absl::ReleasableMutexLock lock(&c->mu_);
     CKPT_RETURN_IF_ERROR(c->ReloadLocked());
     absl::Status verified = c->VerifyManifestsLocked();
     if (verified.ok()) {
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     const auto now = std::chrono::steady_clock::now();
     if (verified.code() != absl::StatusCode::kUnavailable || now >= give_up)
       return verified;
-    lock.Unlock();
+    lock.Release();
     if (!said)
       std::fprintf(stderr, "ckpt-coordinator: %s; retrying for up to %lld s\n",
                    std::string(verified.message()).c_str(),

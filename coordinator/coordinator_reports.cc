@@ -58,7 +58,7 @@ absl::Status ValidateShardKey(const std::string& key) {
         "state: ", r.state(), " is not STAGED, DURABLE or REPLICATED"));
   // A replica names the node whose rank it is; only a replica does.
   if (r.state() == v1::REPLICATED)
-    CKPT_RETURN_IF_ERROR(ValidateJobName(r.source_node(), "source_node"));
+    CKPT_RETURN_IF_ERROR(ValidateNodeId(r.source_node(), "source_node"));
   else if (r.has_source_node())
     return absl::InvalidArgumentError(
         "source_node: set on a report that is not REPLICATED");
@@ -80,7 +80,7 @@ bool IsCopyName(const std::string& copy) {
 // The checks of a fallback report that need no state.
 [[nodiscard]] absl::Status ValidateFallback(
     const v1::ReportFallbackRequest& r) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(r.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(r.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(r.job(), "job"));
   if (!IsCopyName(r.copy()))
     return absl::InvalidArgumentError(
@@ -350,7 +350,7 @@ absl::Status Coordinator::CommitSteps(
 
 absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
     const v1::ReportShardRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
   v1::ReportShardsRequest batch_req;
   batch_req.set_node_id(req.node_id());
@@ -380,20 +380,15 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
 
 absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     const v1::ReportShardsRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobName(req.node_id(), "node_id"));
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   if (req.reports_size() > static_cast<int>(kMaxWorldSize))
     return absl::InvalidArgumentError(
         absl::StrCat("reports: ", req.reports_size(),
                      " in one call, more than ", kMaxWorldSize));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  Batch& batch = *owned;
-  DetectTimeoutsLocked(&batch);
+  Txn txn(this);
+  Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (!s.ok()) {
-    CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-    return s;
-  }
+  if (!s.ok()) return txn.Commit(s);
   v1::ReportShardsResponse resp;
   resp.set_incarnation(incarnation_.load());
   std::vector<PendingCommit> complete;
@@ -431,16 +426,13 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
       }
     }
   }
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  return resp;
+  return txn.Commit(resp);
 }
 
 absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     const v1::ReportFallbackRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateFallback(req));
-  Lock lock(mu_);
-  auto owned = std::make_unique<Batch>();
-  DetectTimeoutsLocked(owned.get());
+  Txn txn(this);
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
   if (s.ok())
     s = HostedRankLocked(req.node_id(), req.job(), req.rank()).status();
@@ -459,15 +451,14 @@ absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(
     f.set_next_copy(req.next_copy());
     if (req.has_verified_bad()) f.set_verified_bad(req.verified_bad());
     const std::string what = e.detail();
-    LogLocked(owned.get(), std::move(e));
+    LogLocked(txn.batch(), std::move(e));
     // A claim the node disproved is about the node, never the copy.
     if (req.has_verified_bad() && !req.verified_bad())
-      NoteUnconfirmedClaimLocked(owned.get(), req.node_id(), req.job(), what);
+      NoteUnconfirmedClaimLocked(txn.batch(), req.node_id(), req.job(), what);
   }
   // Timeouts found on the way are committed either way; a refusal
   // recorded nothing of its own.
-  CKPT_RETURN_IF_ERROR(Commit(lock, std::move(owned)));
-  if (!s.ok()) return s;
+  CKPT_RETURN_IF_ERROR(txn.Commit(s));
   if (req.has_verified_bad() && !req.verified_bad())
     options_.metrics->BadCopyClaimUnconfirmed(req.node_id());
   else

@@ -227,10 +227,8 @@ v1::JobView Coordinator::View(const std::string& job_name,
 absl::Status Coordinator::Tick() {
   // Cheap without the state mutex while no node can have timed out.
   if (options_.now_ms() < next_expiry_ms_.load()) return absl::OkStatus();
-  Lock lock(mu_);
-  auto batch = std::make_unique<Batch>();
-  DetectTimeoutsLocked(batch.get());
-  return Commit(lock, std::move(batch));
+  Txn txn(this);
+  return txn.Commit();
 }
 
 }  // namespace ckpt::coordinator

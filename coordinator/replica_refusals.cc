@@ -11,7 +11,7 @@ absl::Status ValidateReplicaRefusal(const coord::v1::HeartbeatRequest& req) {
   if (!req.has_replica_refused()) return absl::OkStatus();
   const coord::v1::ReplicaRefusal& r = req.replica_refused();
   CKPT_RETURN_IF_ERROR(
-      ValidateJobName(r.holder_node_id(), "replica_refused.holder_node_id"));
+      ValidateNodeId(r.holder_node_id(), "replica_refused.holder_node_id"));
   if (r.holder_node_id() == req.node_id())
     return absl::InvalidArgumentError(
         absl::StrCat("replica_refused.holder_node_id: ", r.holder_node_id(),

@@ -139,7 +139,7 @@ grpc::ServerWriteReactor<View>* WatchService::Open(
 grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
     grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
   absl::Status s = ValidateJobName(req->job(), "job");
-  if (s.ok()) s = ValidateJobName(req->node_id(), "node_id");
+  if (s.ok()) s = ValidateNodeId(req->node_id());
   auto* w = new Watcher<v1::JobView>(
       this, ctx, [job = req->job(), node = req->node_id()](Coordinator* c) {
         return c->View(job, node);
@@ -149,7 +149,7 @@ grpc::ServerWriteReactor<v1::JobView>* WatchService::WatchJob(
 
 grpc::ServerWriteReactor<v1::NodeView>* WatchService::WatchNode(
     grpc::CallbackServerContext* ctx, const v1::WatchNodeRequest* req) {
-  absl::Status s = ValidateJobName(req->node_id(), "node_id");
+  absl::Status s = ValidateNodeId(req->node_id());
   auto* w = new Watcher<v1::NodeView>(
       this, ctx,
       [node = req->node_id()](Coordinator* c) { return c->NodeOrders(node); });

@@ -19,6 +19,12 @@ inline constexpr size_t kMaxJobNameBytes = 127;
 // characters of [A-Za-z0-9._-], not "." or "..", not starting with '.' or '-'.
 [[nodiscard]] absl::Status ValidateJobName(std::string_view job,
                                            std::string_view field = "job");
+// A node id names the node's directory under the shared root and is a
+// metrics label: the job-name rules, the error naming `field`.
+[[nodiscard]] inline absl::Status ValidateNodeId(
+    std::string_view id, std::string_view field = "node_id") {
+  return ValidateJobName(id, field);
+}
 // Tensor names: 1 to kMaxTensorNameBytes printable ASCII characters.
 [[nodiscard]] absl::Status ValidateTensorName(std::string_view name,
                                               std::string_view field);

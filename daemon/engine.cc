@@ -230,13 +230,22 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
   // older step (a restarted trainer resuming). Checked per rank: ranks
   // commit a step at different times. Refused before any slot is taken,
   // so the trainer copies nothing and nothing changes.
+  // Only a newer step some restore can return (complete on every rank)
+  // blocks: a job that died before its first complete step restarts from
+  // nothing, and its fast ranks' newer shards must not stop it.
   const std::vector<uint64_t> newer =
       ShardDrops::Newer(*job, req.step(), req.rank());
-  if (!newer.empty() && !req.rewind()) {
+  std::vector<uint64_t> restorable;
+  for (uint64_t n : newer) {
+    bool durable = false;
+    if (table_.StepComplete(*job, job->steps.at(n), &durable))
+      restorable.push_back(n);
+  }
+  if (!restorable.empty() && !req.rewind()) {
     auto r = job->restored_by.find(req.rank());
     if (r == job->restored_by.end() || r->second.pid != peer.pid ||
         r->second.step > req.step())
-      return BelowNewestError(req.job(), req.rank(), req.step(), newer);
+      return BelowNewestError(req.job(), req.rank(), req.step(), restorable);
   }
   // A truncated arena cannot hold a save (its slots read zeros).
   CKPT_RETURN_IF_ERROR(rank->arena->CheckIntact());

@@ -180,6 +180,22 @@ TEST_F(RewindTest, RestartedProcessThatRestoresFirstMayGoOn) {
   EXPECT_EQ(Rollbacks(), 1);
 }
 
+// A job that died before any step was complete on every rank has nothing
+// to restore: its restarted trainers start over, and a fast rank's newer
+// shards, of steps no restore can ever return, must not stop them.
+TEST_F(RewindTest, NewerStepsNoRestoreCanReturnDoNotStopAStartOver) {
+  auto fast = Connect("early", /*rank=*/0, /*world=*/2);
+  ASSERT_NE(fast, nullptr);
+  HostState s1 = MakeState(kBytes, 8, 1), s2 = MakeState(kBytes, 8, 2);
+  ASSERT_TRUE(fast->Save(1, s1.tensors).ok());
+  ASSERT_TRUE(fast->Save(2, s2.tensors).ok());
+  auto again = Connect("early", /*rank=*/0, /*world=*/2);
+  ASSERT_NE(again, nullptr);
+  absl::Status s = again->Save(1, s1.tensors);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Rollbacks(), 1);
+}
+
 TEST_F(RewindTest, ExplicitRewindDropsTheNewerSteps) {
   auto first = Connect("rewind");
   ASSERT_NE(first, nullptr);

@@ -17,6 +17,20 @@
 #include "util/status.h"
 
 namespace ckpt::daemon {
+namespace {
+
+// "; newest is N" (the job's newest step complete on every rank), for an
+// error about a step the job does not have.
+std::string NewestCompleteNote(const JobTable& table, const Job& job)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu()) {
+  bool durable = false;
+  for (auto it = job.steps.rbegin(); it != job.steps.rend(); ++it)
+    if (table.StepComplete(job, it->second, &durable))
+      return absl::StrCat("; newest is ", it->first);
+  return "; the job has no complete step here";
+}
+
+}  // namespace
 
 absl::StatusOr<v1::LatestResponse> Engine::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
@@ -56,20 +70,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
   CKPT_RETURN_IF_ERROR(bad_rank(*job));
   // The missing step first, then what there is instead.
-  auto not_found = [&] {
-    std::string newest = "; the job has no complete step here";
-    bool durable = false;
-    for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it)
-      if (table_.StepComplete(*job, it->second, &durable)) {
-        newest = absl::StrCat("; newest is ", it->first);
-        break;
-      }
+  auto not_found = [&](const std::string& newest) {
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", req.step(),
                                             " for rank ", req.rank(), newest));
   };
   Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
-  if (shard == nullptr) return not_found();
+  if (shard == nullptr) return not_found(NewestCompleteNote(table_, *job));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {
     j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
@@ -94,7 +101,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     CKPT_ASSIGN_OR_RETURN(job, table_.FindFor(req.job(), peer));
     CKPT_RETURN_IF_ERROR(bad_rank(*job));
     shard = table_.FindShard(req.job(), req.step(), req.rank());
-    if (shard == nullptr) return not_found();
+    if (shard == nullptr) return not_found(NewestCompleteNote(table_, *job));
     if (shard->gen != gen || copy_of(*shard) != RestoreCopy::kFileIfReadable)
       path.reset();
   }

@@ -28,6 +28,10 @@ if [[ "${1:-}" != --build ]]; then
          # without them)
          golang-etcd-server-dev
          clang-format
+         # scripts/thread-safety.sh: clang's -Wthread-safety over the lock contracts
+         clang
+         # scripts/test.sh: setsid for the background sanitizer build
+         util-linux
          # a hung trainer's native stacks (eu-stack; ckptrun falls back to gdb)
          elfutils
          # Python package and its tests (Debian's python3 + torch 1.13)

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds, and runs every test: the normal build,
-# then the same tests built with AddressSanitizer + UBSan, and clang's
+# Installs what is needed, builds, and runs every test once, and clang's
 # thread-safety analysis of the lock contracts.
+#
+# Each test runs in one of two builds: the tests of whole jobs (a
+# coordinator, several ckptd and their trainers: label system) and the
+# slow ones (external servers, Python, packaging, benchmarks' smoke runs)
+# in the normal build; the tests of components and of a single ckptd,
+# which exercise most of the code, in a build with AddressSanitizer + UBSan.
+# A few run in both, where the optimised code is the point (util_test's
+# real SIGBUS, the optimizer's bit-exact kernels at -O3).
 #
 # The sanitizer build compiles in the background (at a lower priority)
 # while the normal build's tests run: those spend most of their time
 # waiting on heartbeats, timeouts and child processes, which leaves a
-# build most of the two cores. CKPT_SKIP_SANITIZERS=1 leaves it out.
+# build most of the two cores. CKPT_SKIP_SANITIZERS=1 leaves it out, and
+# the normal build then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sanitizers=$([[ "${CKPT_SKIP_SANITIZERS:-0}" == 1 ]] && echo 0 || echo 1)
 scripts/install-deps.sh
 # Every C/C++/CUDA file is clang-formatted (Google style); fails naming the files.
 scripts/format.sh --check
 # Warnings are errors here (CKPT_WERROR): the tree builds with zero.
-scripts/build.sh -DCKPT_WERROR=ON
+scripts/build.sh -DCKPT_WERROR=ON -DCKPT_SYSTEM_TESTS=ON -DCKPT_SLOW_TESTS=ON \
+  -DCKPT_UNIT_TESTS=$([[ $sanitizers == 1 ]] && echo OFF || echo ON)
 scripts/install-python.sh
 
-sanitizers=$([[ "${CKPT_SKIP_SANITIZERS:-0}" == 1 ]] && echo 0 || echo 1)
 asan_pid=
 if [[ $sanitizers == 1 ]]; then
   # CUDA, the benchmarks, the Python module and the binaries of slow tests
@@ -29,7 +38,7 @@ if [[ $sanitizers == 1 ]]; then
   mkdir -p build-asan
   # Its own process group, stopped with this script however it ends.
   BUILD_DIR=build-asan setsid nice -n 10 scripts/build.sh -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF \
-    -DCKPT_WERROR=ON "-DCKPT_SKIP=bench;python" -DCKPT_SLOW_TESTS=OFF \
+    -DCKPT_WERROR=ON "-DCKPT_SKIP=bench;python" -DCKPT_UNIT_TESTS=ON -DCKPT_SYSTEM_TESTS=OFF -DCKPT_SLOW_TESTS=OFF \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG -Wno-maybe-uninitialized" \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG -Wno-maybe-uninitialized" \
     >build-asan/build.log 2>&1 &
@@ -37,13 +46,10 @@ if [[ $sanitizers == 1 ]]; then
   trap 'kill -- -"$asan_pid" 2>/dev/null || true' EXIT
 fi
 
-# Two at a time (the multi-node tests one at a time beside the rest: their
-# RESOURCE_LOCK in tests/CMakeLists.txt), then the tests labelled "slow"
-# (external servers, Python, packaging), also two at a time but for those
-# marked RUN_SERIAL (etcd failovers, object-store node losses, the GPT
-# recovery), which run alone.
-(cd build && ctest --output-on-failure -j2 --timeout 600 -LE slow)
-(cd build && ctest --output-on-failure -j2 --timeout 600 -L slow)
+# Two at a time: the multi-node tests one at a time beside the rest (their
+# RESOURCE_LOCK in tests/CMakeLists.txt), those marked RUN_SERIAL (etcd
+# failovers, object-store node losses, the GPT recovery) alone.
+(cd build && ctest --output-on-failure -j2 --timeout 600)
 # The lock contracts (ABSL_GUARDED_BY, ...) of the daemon and coordinator.
 scripts/thread-safety.sh
 
@@ -54,6 +60,5 @@ if [[ $sanitizers == 1 ]]; then
     exit 1
   fi
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-  # The tests labelled "slow" ran once above; the sanitizer build runs the rest.
-  (cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE slow)
+  (cd build-asan && ctest --output-on-failure -j2 --timeout 900)
 fi

@@ -170,8 +170,8 @@ void NodeAgent::HeartbeatLoop() {
         *req.add_progress() = std::move(p);
     AddNetResults(&req);
     AddHealthReport(&req);
-    if (options_.replica_refusal)
-      if (std::optional<HolderRefusal> r = options_.replica_refusal()) {
+    if (options_.replicas != nullptr)
+      if (std::optional<HolderRefusal> r = options_.replicas->Refused()) {
         // The coordinator takes 1024 printable characters.
         std::string reason = r->reason.substr(0, 1000);
         for (char& c : reason)
@@ -237,7 +237,7 @@ void NodeAgent::HeartbeatLoop() {
         hosted[a.job()].assign(a.ranks().begin(), a.ranks().end());
       beacons_->SetHosted(hosted);
     }
-    if (options_.on_replica_target) {
+    if (options_.replicas != nullptr) {
       std::optional<ReplicaPeer> target;
       if (resp.has_replica_target() && resp.replica_target().port() != 0 &&
           resp.replica_target().port() <= 65535 &&
@@ -245,7 +245,7 @@ void NodeAgent::HeartbeatLoop() {
         target = ReplicaPeer{resp.replica_target().node_id(),
                              resp.replica_target().host(),
                              resp.replica_target().port()};
-      options_.on_replica_target(std::move(target));
+      options_.replicas->SetTarget(std::move(target));
     }
     NetResultsSent(req);
     TakeHealthOrder(req, resp);

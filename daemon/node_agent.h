@@ -60,6 +60,7 @@
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
 #include "daemon/net_probe.h"
+#include "daemon/node_replicas.h"
 #include "daemon/replica_bulk_client.h"
 #include "daemon/replica_store.h"
 #include "daemon/replicator.h"
@@ -117,25 +118,13 @@ struct NodeAgentOptions {
   std::function<coord::v1::NodeHealthReport()> health_check;
   std::chrono::milliseconds health_recheck{std::chrono::minutes(5)};
   // Peer replicas (doc/replicas.md): the node's failure domain and replica
-  // listener port (0: none), sent with every registration; the replica
-  // target each heartbeat names goes to on_replica_target (unset: ignored,
-  // e.g. a fixed --replica-target).
+  // listener port (0: none), sent with every registration; how a PREFETCH
+  // fetches from a peer (--replica-transport); and this node's replica
+  // side (node_replicas.h; null: none), which outlives the agent.
   std::string domain;
   uint32_t replica_port = 0;
-  std::function<void(std::optional<ReplicaPeer>)> on_replica_target;
-  // How a PREFETCH fetches from a peer (--replica-transport), and this
-  // node's own held copies (a source naming this node is read from them).
   ReplicaTransport replica_transport = ReplicaTransport::kBulk;
-  std::function<std::shared_ptr<const HeldReplica>(const std::string&, uint64_t,
-                                                   uint32_t)>
-      held_replica;
-  // The target's refusal of this node's copies for want of room, sent
-  // with each heartbeat while it stands (the coordinator re-places them).
-  std::function<std::optional<HolderRefusal>()> replica_refusal;
-  // A PREFETCH put the rank's shard of `step` in memory here: its copy
-  // goes to this node's replica target as a save's does.
-  std::function<void(const std::string& job, uint64_t step, uint32_t rank)>
-      on_prefetched;
+  NodeReplicas* replicas = nullptr;
 };
 
 class NodeAgent {

@@ -139,7 +139,9 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   peer_fetch.tls = options_.tls;
   peer_fetch.node_id = options_.node_id;
   peer_fetch.transport = options_.replica_transport;
-  peer_fetch.held = options_.held_replica;
+  if (NodeReplicas* r = options_.replicas)
+    peer_fetch.held = [r](const std::string& job, uint64_t step,
+                          uint32_t rank) { return r->Held(job, step, rank); };
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
       // From a peer's memory when the order names one (peer_fetch.h).
@@ -156,8 +158,8 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
       // and its exit makes a new plan.
       LogWarning(absl::StrCat("prefetch job ", job, " step ", step, " rank ",
                               ranks[i], ": ", results[i].message()));
-    else if (options_.on_prefetched)
-      options_.on_prefetched(job, step, ranks[i]);  // replicated from here
+    else if (options_.replicas != nullptr)
+      options_.replicas->Prefetched(job, step, ranks[i]);  // replicated on
   LogInfo(absl::StrCat(
       "order ", order_id, ": prefetched ", ranks.size(), " shards of job ", job,
       " step ", step, " in ",

@@ -10,14 +10,18 @@
 
 namespace ckpt::daemon {
 
-Replicator::Replicator(ReplicatorOptions options, StagedShards* staged)
-    : options_(std::move(options)),
-      staged_(staged),
-      limit_(options_.bandwidth) {}
+Replicator::Replicator(ReplicatorOptions options)
+    : options_(std::move(options)), limit_(options_.bandwidth) {}
 
 Replicator::~Replicator() { Stop(); }
 
-void Replicator::Start() { thread_ = std::thread(&Replicator::Loop, this); }
+void Replicator::Start(StagedShards* staged) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ = staged;
+  }
+  thread_ = std::thread(&Replicator::Loop, this);
+}
 
 void Replicator::Stop() {
   {
@@ -32,6 +36,7 @@ void Replicator::Stop() {
 void Replicator::Staged(const std::string& job, uint64_t step, uint32_t rank,
                         bool durable) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (staged_ == nullptr) return;  // not started
   Rank& r = ranks_[{job, rank}];
   // An older step becoming durable says nothing new: the rank's newest is
   // whatever was committed last (a rollback's smaller step included).

@@ -86,18 +86,22 @@ struct ReplicatorStats {
 
 class Replicator {
  public:
-  // staged must outlive the replicator.
-  Replicator(ReplicatorOptions options, StagedShards* staged);
+  explicit Replicator(ReplicatorOptions options);
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
   ~Replicator();  // Stop()
 
-  void Start();
+  // Copies are read from `staged` (the engine), which must outlive the
+  // replicator. The replicator exists before the engine it reads, so the
+  // engine's reports can name it from its first one.
+  void Start(StagedShards* staged);
   void Stop();  // abandons queued copies and cancels the one in flight
 
   // The rank's shard of `step` was committed (durable false: it is the
   // rank's newest from now on) or became durable (its checksums are now
-  // all known; ignored unless it is still the rank's newest).
+  // all known; ignored unless it is still the rank's newest). Before
+  // Start (the engine's recovery) it is ignored: a recovered shard is
+  // replicated with the rank's next save.
   void Staged(const std::string& job, uint64_t step, uint32_t rank,
               bool durable = false);
   // Where copies go from now on; nullopt: nowhere. A new target gets every
@@ -126,7 +130,7 @@ class Replicator {
   void SendOne(const Key& key, uint64_t step, const ReplicaPeer& target);
 
   const ReplicatorOptions options_;
-  StagedShards* const staged_;
+  StagedShards* staged_ = nullptr;  // set by Start, before the thread
   RateLimiter limit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -123,11 +123,10 @@ TEST_F(ReplicaFetchTest, CopyDamagedOnTheWayIsRefusedAndNeverCounted) {
   ro.retry_delay = std::chrono::milliseconds(20);
   ro.max_retry_delay = std::chrono::milliseconds(100);
   ro.corrupt = true;  // CKPTD_TEST_FAULT=corrupt-replica-sends
-  replicators_.push_back(
-      std::make_unique<daemon::Replicator>(ro, a.engine.get()));
+  replicators_.push_back(std::make_unique<daemon::Replicator>(ro));
   daemon::Replicator& rep = *replicators_.back();
   rep.SetTarget(Holder());
-  rep.Start();
+  rep.Start(a.engine.get());
   a.replicator = &rep;
   std::unique_ptr<shm::Arena> arena;
   ASSERT_TRUE(

@@ -148,11 +148,10 @@ class ReplicaFixture : public ::testing::Test {
     ro.retry_delay = std::chrono::milliseconds(20);
     ro.max_retry_delay = std::chrono::milliseconds(200);
     ro.put_deadline = deadline;
-    replicators_.push_back(
-        std::make_unique<daemon::Replicator>(ro, node.engine.get()));
+    replicators_.push_back(std::make_unique<daemon::Replicator>(ro));
     daemon::Replicator& r = *replicators_.back();
     r.SetTarget(std::move(target));
-    r.Start();
+    r.Start(node.engine.get());
     node.replicator = &r;
     return r;
   }

@@ -347,6 +347,18 @@ class Engine : public StagedShards, private PipelineState {
   [[nodiscard]] absl::StatusOr<Superseded> WriteSuperseded(
       const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // The commit's catalog edit, after the drops' edit it supersedes (or
+  // none: the record went with the drops').
+  static void ChainEdit(Superseded sup, Effects* fx);
+  // An allowed rewind: logged, counted, and the restoring trainer's
+  // allowance used up.
+  void NoteRollback(Job& job, const v1::CommitSaveRequest& req,
+                    const std::vector<uint64_t>& newer, pid_t pid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // The save's timings (metrics.h).
+  void NoteCommitted(const std::string& job, const Lease& lease,
+                     std::chrono::steady_clock::time_point arrived,
+                     uint64_t bytes);
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.

@@ -28,37 +28,16 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   // Without a generation, the trainer's start fences it (ShardReport).
   if (!req.has_generation()) shard.trainer_started_ms = peer.started_ms;
   CKPT_ASSIGN_OR_RETURN(Superseded sup, WriteSuperseded(req, shard.rec));
-  CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*sup.job, req.rank()));
-  for (DropPlan& d : sup.drops) shard_drops_->Apply(*sup.job, std::move(d), 0);
+  Job& job = *sup.job;
+  CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(job, req.rank()));
+  for (DropPlan& d : sup.drops) shard_drops_->Apply(job, std::move(d), 0);
   const uint64_t bytes = shard.info.layout.image_bytes;
   uint64_t gen = 0;
-  Effects fx =
-      table_.Commit(*sup.job, *rank, req.slot(), std::move(shard), &gen);
-  if (sup.written) {
-    fx.edit = CatalogEdit();  // the record went with the drops' edit
-  } else if (!sup.fast) {
-    sup.edit.Append(std::move(fx.edit));  // the drops planned again first
-    fx.edit = std::move(sup.edit);
-    fx.sync = true;
-  }
+  Effects fx = table_.Commit(job, *rank, req.slot(), std::move(shard), &gen);
+  ChainEdit(std::move(sup), &fx);
   const uint64_t ticket = Apply(fx);
-  if (!newer.empty()) {
-    LogWarning(absl::StrCat("job ", req.job(), " rank ", req.rank(),
-                            ": rollback from step ", newer.back(), " to ",
-                            req.step(),
-                            "; steps dropped: ", absl::StrJoin(newer, ", ")));
-    metrics_->Rollback();
-    // A resuming trainer's allowance is used up: the steps it saves from
-    // now on are its own timeline.
-    auto r = sup.job->restored_by.find(req.rank());
-    if (r != sup.job->restored_by.end() && r->second.pid == lease.pid)
-      sup.job->restored_by.erase(r);
-  }
-  using Seconds = std::chrono::duration<double>;
-  metrics_->SaveCommitted(
-      req.job(), Seconds(lease.granted - lease.begun).count(),
-      Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
-      Seconds(arrived - lease.granted).count(), bytes);
+  if (!newer.empty()) NoteRollback(job, req, newer, lease.pid);
+  NoteCommitted(req.job(), lease, arrived, bytes);
   ReleaseLease(req.lease());
   lock.Unlock();
   Perform(std::move(fx));
@@ -69,6 +48,40 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   lock.Relock();
   UndoCommit(req.job(), req.step(), req.rank(), gen);
   return s;
+}
+
+void Engine::ChainEdit(Superseded sup, Effects* fx) {
+  if (sup.written) {
+    fx->edit = CatalogEdit();  // the record went with the drops' edit
+  } else if (!sup.fast) {
+    sup.edit.Append(std::move(fx->edit));  // the drops planned again first
+    fx->edit = std::move(sup.edit);
+    fx->sync = true;
+  }
+}
+
+void Engine::NoteRollback(Job& job, const v1::CommitSaveRequest& req,
+                          const std::vector<uint64_t>& newer, pid_t pid) {
+  LogWarning(absl::StrCat("job ", req.job(), " rank ", req.rank(),
+                          ": rollback from step ", newer.back(), " to ",
+                          req.step(),
+                          "; steps dropped: ", absl::StrJoin(newer, ", ")));
+  metrics_->Rollback();
+  // A resuming trainer's allowance is used up: the steps it saves from now
+  // on are its own timeline.
+  auto r = job.restored_by.find(req.rank());
+  if (r != job.restored_by.end() && r->second.pid == pid)
+    job.restored_by.erase(r);
+}
+
+void Engine::NoteCommitted(const std::string& job, const Lease& lease,
+                           std::chrono::steady_clock::time_point arrived,
+                           uint64_t bytes) {
+  using Seconds = std::chrono::duration<double>;
+  metrics_->SaveCommitted(
+      job, Seconds(lease.granted - lease.begun).count(),
+      Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
+      Seconds(arrived - lease.granted).count(), bytes);
 }
 
 absl::StatusOr<Lease> Engine::CommitLease(const PeerCreds& peer,

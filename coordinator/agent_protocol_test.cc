@@ -27,7 +27,7 @@ FaultyKv::Rule OnFirstAck(Fault fault) {
   };
 }
 
-// Finding 2: the agent acknowledged the RESTART, the coordinator answered
+// The agent acknowledged the RESTART, the coordinator answered
 // and died before the acknowledgement was durable. The restarted one still
 // has the order and sends it again; the agent must acknowledge it again,
 // or the plan waits forever (and ckptrun with it).
@@ -48,7 +48,7 @@ TEST_F(ServerTest,
       << "plan state " << v1::PlanState_Name(Job().plan_state());
 }
 
-// Issue 19 (recovery at the speed of the network): an order reaches the
+// An order reaches the
 // agent as soon as it is durable (WatchNode), and its acknowledgement goes
 // at once. With a 60 s heartbeat timeout the agent heartbeats every 12 s;
 // before, the RESTART waited for the next heartbeat and its
@@ -103,7 +103,7 @@ TEST_F(ServerTest, OrderWatchOfABadNodeIdIsRefusedNamingTheField) {
   reader->Finish();
 }
 
-// Finding 2, the same through a failed group write: the coordinator goes
+// The same through a failed group write: the coordinator goes
 // back to its store, where the order is still pending.
 TEST_F(ServerTest, AckOfAFailedGroupWriteIsSentAgainAndThePlanIsAcknowledged) {
   Start(0, 16, OnFirstAck(Fault::kFail));
@@ -118,7 +118,7 @@ TEST_F(ServerTest, AckOfAFailedGroupWriteIsSentAgainAndThePlanIsAcknowledged) {
       << "plan state " << v1::PlanState_Name(Job().plan_state());
 }
 
-// Finding 12: a failed group write makes the coordinator reload its state,
+// A failed group write makes the coordinator reload its state,
 // which drops every per-rank report (soft state). Nodes send those again
 // only to a new incarnation; without one, the step's DURABLE reports are
 // refused as "never staged" and the step never commits.
@@ -153,7 +153,7 @@ TEST_F(ServerTest, StepInFlightWhenAGroupWriteFailsStillCommits) {
   EXPECT_EQ(Job().last_good_step(), 3u);
 }
 
-// Finding 8: a shard committed while the node is fenced (declared dead;
+// A shard committed while the node is fenced (declared dead;
 // its agent has not registered again yet) belongs to the abandoned
 // generation. It must never count, not even under the node's next epoch.
 TEST_F(ServerTest, ShardCommittedWhileFencedNeverCountsUnderTheNextEpoch) {
@@ -208,7 +208,7 @@ TEST(ReportProtoTest, CarriesTheGenerationAndAFailureOfTheSave) {
   EXPECT_TRUE(out.failed());
 }
 
-// Finding 22: the agent remembers the orders it carried out (to answer a
+// The agent remembers the orders it carried out (to answer a
 // re-sent one without running it twice), but not every order of the
 // node's life: one plan after another leaves it a bounded memory.
 TEST_F(ServerTest, AgentRemembersABoundedNumberOfCarriedOutOrders) {
@@ -239,7 +239,7 @@ daemon::FallbackReport MemoryCopyFailed(uint32_t rank) {
   return f;
 }
 
-// Issue 17: a restore that fell back reaches the coordinator as an event,
+// A restore that fell back reaches the coordinator as an event,
 // sent by the agent's report thread; the caller (the engine) never waits.
 TEST_F(ServerTest, AgentSendsAFallbackReportAndTheCoordinatorRecordsIt) {
   Start();

@@ -1,4 +1,4 @@
-// Coordinator: cordoning (issue 18). A cordoned node is kept out of
+// Coordinator: cordoning. A cordoned node is kept out of
 // placement and its ranks move to a spare as a dead node's do; an operator
 // cordons and uncordons (ckptctl), and the coordinator cordons a node on
 // its own after repeated incidents there (cordon_policy.h: hangs, crashes,

@@ -1,4 +1,4 @@
-// Coordinator: peer replicas (issue 19) — where each node sends its ranks'
+// Coordinator: peer replicas — where each node sends its ranks'
 // replicas (replica_placement.h), the REPLICATED reports of their holders
 // (soft state, like STAGED), and where a plan restores each rank from.
 #include <algorithm>

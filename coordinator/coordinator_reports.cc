@@ -199,8 +199,8 @@ absl::Status Coordinator::ApplyReportLocked(
   bool same_owner =
       prior && prior->node_id() == node_id && prior->epoch() == epoch;
   if (req.failed()) {
-    // The node gave up persisting this save and can no longer restore it
-    // (finding 18): forget its STAGED record so no plan chooses the step
+    // The node gave up persisting this save and can no longer restore it:
+    // forget its STAGED record so no plan chooses the step
     // for this rank. Only that save's record goes (same node, epoch and
     // staged digest; a durable one stays); anything else is a no-op.
     if (same_owner && prior->state() != v1::DURABLE &&

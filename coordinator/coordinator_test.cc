@@ -226,7 +226,7 @@ TEST_F(TwoNodeTest, RestartedCoordinatorKnowsNodesEpochsStepsAndOrders) {
   ASSERT_TRUE(rep.ok()) << rep.status();
 }
 
-// Issue 17 (HA): a standby that won the election loads the state and only
+// A standby that won the election loads the state and only
 // then serves; heartbeats sent meanwhile went to a dead leader. Judging a
 // node on them made a second plan after every slow failover.
 TEST_F(TwoNodeTest,
@@ -254,7 +254,7 @@ TEST_F(TwoNodeTest,
   EXPECT_EQ(Node("n2").health(), v1::DEAD);
 }
 
-// Finding 3: the shared root is not there when the coordinator starts (the
+// The shared root is not there when the coordinator starts (the
 // NFS mount is late; its job directory was moved away). A missing job
 // directory is no proof that the steps are bad: the coordinator refuses to
 // start, naming the path, and forgets nothing.
@@ -281,7 +281,7 @@ TEST_F(TwoNodeTest,
   EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
 }
 
-// Finding 3, waiting: the mount comes while the coordinator starts.
+// Waiting: the mount comes while the coordinator starts.
 TEST_F(TwoNodeTest, CoordinatorWaitsForALateSharedRootAndKeepsItsGoodSteps) {
   ReportAll(10, v1::STAGED);
   ReportAll(10, v1::DURABLE);
@@ -299,7 +299,7 @@ TEST_F(TwoNodeTest, CoordinatorWaitsForALateSharedRootAndKeepsItsGoodSteps) {
   EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
 }
 
-// Finding 3: a manifest that is there but missing one step's file, or
+// A manifest that is there but missing one step's file, or
 // corrupt, is invalid (the step is dropped) as before.
 TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
   for (uint64_t step : {10, 12}) {
@@ -313,7 +313,7 @@ TEST_F(TwoNodeTest, MissingManifestBesideOthersOfTheJobIsStillInvalid) {
   EXPECT_EQ(Job().last_good_step(), 10u);
 }
 
-// Issue 17 (HA): ckptrun's exit report timed out on a loaded machine, the
+// ckptrun's exit report timed out on a loaded machine, the
 // leader had made the plan, and the retry (to the new leader) made a second
 // one. An exit of a generation already replaced plans nothing.
 TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
@@ -339,7 +339,7 @@ TEST_F(TwoNodeTest, TrainerExitOfAReplacedGenerationMakesNoSecondPlan) {
   EXPECT_EQ(Job().generation(), 2u);
 }
 
-// Finding 19: a plan restoring the last good step from its manifest (no
+// A plan restoring the last good step from its manifest (no
 // shard records after a restart) must not read the shared root under the
 // state mutex: the coordinator keeps the last good manifest it read or
 // wrote. Shown with the shared root gone by the time of the plan: the

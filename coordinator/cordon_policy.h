@@ -1,4 +1,4 @@
-// When a node is cordoned automatically (issue 18): the incidents — hangs
+// When a node is cordoned automatically: the incidents — hangs
 // of a rank it hosts, crashes of its trainers, restores on it that claimed
 // good copies bad once it is suspect (suspect_policy.h) — charged to each
 // node, and the rule that turns them into a cordon. Pure state over a clock

@@ -173,7 +173,7 @@ TEST_F(E2ETest, CommitSurviveSigkillDetectDeadNodeAndFenceIt) {
   EXPECT_LT(at(v1::ORDER_SENT), static_cast<long>(kinds.size()));
 }
 
-// Finding 3 with the real binary: the coordinator is SIGKILLed and starts
+// With the real binary: the coordinator is SIGKILLed and starts
 // again while the shared root's job directory is not there (an NFS mount
 // not ready yet). It waits for it instead of forgetting the good step.
 TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
@@ -215,7 +215,7 @@ TEST_F(E2ETest, RestartWithoutTheSharedRootWaitsForItAndForgetsNoGoodStep) {
     EXPECT_NE(e.kind(), v1::MANIFEST_INVALID) << e.detail();
 }
 
-// Issue 19 with the real binary: a holder's REPLICATED report, sent again
+// With the real binary: a holder's REPLICATED report, sent again
 // after a SIGKILL and restart (soft state), makes the plan after a node
 // loss restore the newer staged step from the holder, not the durable one.
 TEST_F(E2ETest,

@@ -1,4 +1,4 @@
-// Review finding 10: MANIFEST.global, the commit point of a step, is written
+// MANIFEST.global, the commit point of a step, is written
 // to the shared root, which no leader fence can guard. Two coordinators in
 // one process stand for an HA pair: their state is one in-memory store
 // fenced like EtcdKv (a write of a leader that is no longer the current one

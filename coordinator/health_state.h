@@ -1,4 +1,4 @@
-// The coordinator's judgement of node health (issue 18, item 5): which
+// The coordinator's judgement of node health: which
 // node may take ranks, from the health reports nodes send with their
 // registration (daemon/health.h runs the checks).
 //

@@ -1,4 +1,4 @@
-// The pairwise network check (issue 18, node health): the coordinator
+// The pairwise network check (node health): the coordinator
 // pairs the alive nodes that run a probe listener (daemon/net_probe.h) in
 // a ring over their sorted ids — each node sends one bounded TCP probe to
 // the next and receives one from the previous (two nodes: one probe) —

@@ -1,4 +1,4 @@
-// Replica placement (issue 19): which node each node sends its ranks'
+// Replica placement: which node each node sends its ranks'
 // replicas to. A pure function of the membership, so the same nodes always
 // get the same targets (stable across heartbeats) and any change of
 // membership (a node dies, joins, is cordoned, hosts ranks or stops)

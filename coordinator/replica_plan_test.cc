@@ -1,4 +1,4 @@
-// Recovery plans with peer replicas (issue 19): a node loss restores the
+// Recovery plans with peer replicas: a node loss restores the
 // newer step a live holder keeps, with each rank's source in the PREFETCH
 // and event RESTORE_SOURCES; storage when no live copy is left; a cordoned
 // node's own slot; trainers that start while the prefetch runs; metrics.

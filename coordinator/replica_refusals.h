@@ -1,5 +1,5 @@
-// Replica holders that refused a node's copies for want of room (issue 19,
-// doc/replicas.md). A sender whose target answers "replica_memory_bytes:
+// Replica holders that refused a node's copies for want of room
+// (doc/replicas.md). A sender whose target answers "replica_memory_bytes:
 // ... do not fit" says so in its heartbeats (HeartbeatRequest.
 // replica_refused); the placement then gives that sender another holder
 // (PlacementNode.excluded) under the same failure-domain rules. Soft state,

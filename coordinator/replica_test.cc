@@ -1,4 +1,4 @@
-// Peer replicas (issue 19) through the Coordinator's own calls: replica
+// Peer replicas through the Coordinator's own calls: replica
 // targets in heartbeats, registration of domains and ports, REPLICATED
 // reports and their refusals, and the soft state sent again to a new
 // incarnation.

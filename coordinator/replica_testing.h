@@ -1,4 +1,4 @@
-// The fixture of the replica tests (issue 19): four nodes in four failure
+// The fixture of the replica tests: four nodes in four failure
 // domains with replica listeners, a job of four ranks, and the calls a
 // holder and a failure make. Not thread-safe.
 #ifndef CKPT_COORDINATOR_REPLICA_TESTING_H_

@@ -1,4 +1,4 @@
-// Where a recovery plan restores one rank's shard from (issue 19), best
+// Where a recovery plan restores one rank's shard from, best
 // first: its host's memory (no fetch), the staged slot of the live node
 // that saved it (its ranks moved: cordoned, unhealthy), a live holder's
 // verified replica, the shared root; kNone: nowhere. Plain data.

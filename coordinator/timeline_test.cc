@@ -1,5 +1,5 @@
 // Timelines and bounds of the Coordinator, with the fake clock: reports of
-// an abandoned generation (review finding 9), what MANIFEST.global records
+// an abandoned generation, what MANIFEST.global records
 // (10), soft state that never commits (22), and a plan nobody acknowledges
 // (23).
 #include <prometheus/text_serializer.h>
@@ -59,7 +59,7 @@ class TimelineTest : public TwoNodeTest {
   }
 };
 
-// Finding 9: a plan drops step 15 (staged on three ranks only); the old
+// A plan drops step 15 (staged on three ranks only); the old
 // timeline's reports of 15 that arrive afterwards (trainers saving while
 // being stopped, persists finishing) must not make it good, and must not
 // stand in the way of the new timeline's own step 15.
@@ -96,7 +96,7 @@ TEST_F(TimelineTest,
   EXPECT_EQ(m->generation(), 1u);  // MANIFEST.global records its timeline
 }
 
-// Finding 18: a persist that failed for good on n2 (rank 3 of step 12,
+// A persist that failed for good on n2 (rank 3 of step 12,
 // staged on every rank) makes its node retract the save. A later plan
 // must not choose step 12, whose rank 3 is restorable nowhere, but the
 // newest step that is (10, durable). A retraction of another save (other
@@ -186,7 +186,7 @@ TEST_F(TimelineTest, TrainersWithoutAGenerationAreJudgedByWhenTheyStarted) {
       << huge;
 }
 
-// Finding 22: with one rank never durable (a full disk on one node), no
+// With one rank never durable (a full disk on one node), no
 // step commits and last good never moves; the per-rank records of every
 // step must not pile up without bound. The oldest are trimmed (counted in
 // a metric); the newest still commit once they complete.
@@ -214,7 +214,7 @@ TEST_F(TimelineTest, RecordsOfStepsThatNeverCommitAreBounded) {
   EXPECT_EQ(Job().last_good_step(), 499u);
 }
 
-// Finding 23: a PREFETCH blocked forever (a read on a hung NFS) while the
+// A PREFETCH blocked forever (a read on a hung NFS) while the
 // node's heartbeats go on must not keep the plan PLAN_ORDERED forever:
 // past the acknowledgement deadline the silent node fails for that plan
 // (an event names it and the order) and a new plan moves its ranks.

@@ -1,4 +1,4 @@
-// Node health checks (issue 18, PAI's "3D check"): what `ckptd
+// Node health checks (PAI's "3D check"): what `ckptd
 // --health-check` and every ckptd start run before the node says READY,
 // and what the node reports to the coordinator with its registration.
 //

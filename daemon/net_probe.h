@@ -1,4 +1,4 @@
-// The network half of the node health check (issue 18): a short TCP
+// The network half of the node health check: a short TCP
 // bandwidth test between two ckptds that the coordinator pairs.
 //
 // NetProbeServer listens on a TCP port of the node (--health-net-port) and

@@ -103,7 +103,7 @@ class ShardDrops {
   Persister* const persister_;
   Uploader* const uploader_;
   const std::string node_id_;
-  // Local deletes of files that FILE restores still read (finding 24):
+  // Local deletes of files that FILE restores still read:
   // queued once no lease holds them.
   std::vector<LocalDelete> deferred_ ABSL_GUARDED_BY(table_->mu());
 };

@@ -88,7 +88,7 @@ if(BUILD_TESTING AND TARGET ckptd AND TARGET ckpt-coordinator)
                    --version ${PROJECT_VERSION})
   set_tests_properties(packaging_units_pass_verify_and_security_ceiling packaging_k8s_manifests_match_binaries
                        PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
-  if(TARGET ckptctl AND TARGET ckptrun AND TARGET ckpt-worker)
+  if(CKPT_SLOW_TESTS AND TARGET ckptctl AND TARGET ckptrun AND TARGET ckpt-worker)
     add_test(NAME packaging_deb_installs_in_clean_bookworm
              COMMAND ${tests_dir}/deb_install_test.sh ${CMAKE_BINARY_DIR} ${PROJECT_VERSION})
     set_tests_properties(packaging_deb_installs_in_clean_bookworm PROPERTIES

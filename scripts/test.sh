@@ -60,5 +60,6 @@ if [[ $sanitizers == 1 ]]; then
     exit 1
   fi
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-  (cd build-asan && ctest --output-on-failure -j2 --timeout 900)
+  # (Its build has no slow or system test; the labels only make sure.)
+  (cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE 'slow|system')
 fi

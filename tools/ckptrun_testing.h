@@ -47,6 +47,12 @@ class FakeNode {
             coordinator)),  // reconnects within 1 s of a coordinator restart
         id_(std::move(id)) {
     grpc::ClientContext ctx;
+    // The channel bounds a connection attempt at 100 ms (channel.cc); a
+    // coordinator on a loaded machine may answer later than that, so the
+    // registration waits for the connection (the test's event), bounded.
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
     cv1::RegisterNodeRequest req;
     req.set_node_id(id_);
     req.set_address(address);

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,9 +53,18 @@ class CoordinatorProcess {
     close(fds[1]);
     FILE* out = fdopen(fds[0], "r");
     char line[256] = {};
-    if (out && std::fgets(line, sizeof line, out)) {
+    // The first "listening on HOST:PORT" line; a read interrupted by a
+    // signal is read again.
+    while (out != nullptr) {
+      if (std::fgets(line, sizeof line, out) == nullptr) {
+        if (!std::ferror(out) || errno != EINTR) break;
+        std::clearerr(out);
+        continue;
+      }
+      if (std::strncmp(line, "listening on ", 13) != 0) continue;
       const char* colon = std::strrchr(line, ':');
       if (colon) port_ = std::atoi(colon + 1);
+      break;
     }
     if (out) std::fclose(out);
   }

@@ -214,7 +214,11 @@ TEST_F(CkptrunTest,
 TEST_F(CkptrunTest, ExitsZeroOnceEveryRankFinishedAndWaitsForNodeToRegister) {
   // ckptrun comes up before the node's daemon: RegisterJob is retried.
   StartCkptrun("exit0", 2);
-  std::this_thread::sleep_for(milliseconds(300));
+  // Registered only once ckptrun said it is waiting for a node.
+  ASSERT_TRUE(WaitFor(
+      [&] { return ReadFile(log()).find("waiting: ") != std::string::npos; },
+      milliseconds(30000)))
+      << ReadFile(log());
   testing::FakeNode node(coord_->address(), "n1", "", 2);
   ASSERT_TRUE(node.status().ok());
   EXPECT_EQ(WaitCkptrun(milliseconds(15000)), 0);

@@ -119,6 +119,11 @@ class Harness:
         object replaces the probe's, so the snippet links exactly what a
         target linking ckpt_client links."""
         if self._cpp_link is None:
+            if not os.path.exists(os.path.join(self.a.build_dir,
+                                               "build.ninja")):
+                raise RuntimeError("C++ blocks take the link line from Ninja:"
+                                   " configure %s with -G Ninja"
+                                   % self.a.build_dir)
             out = subprocess.run(
                 ["ninja", "-C", self.a.build_dir, "-t", "commands",
                  self.a.link_probe], stdout=subprocess.PIPE, text=True,

@@ -102,6 +102,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -359,6 +360,11 @@ class Engine : public StagedShards, private PipelineState {
   void NoteCommitted(const std::string& job, const Lease& lease,
                      std::chrono::steady_clock::time_point arrived,
                      uint64_t bytes);
+  // An allowed save below the rank's newest step dropped `dropped`
+  // (ascending): a ROLLBACK event for Status, beside the log line.
+  void RecordRollback(const Job& job, const v1::CommitSaveRequest& req,
+                      const std::vector<uint64_t>& dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // A commit whose record could not be written after it changed memory
   // (the fast path): the shard goes again, and its STAGED report is
   // retracted.
@@ -506,6 +512,14 @@ class Engine : public StagedShards, private PipelineState {
   uint64_t persisted_shards_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t persisted_bytes_ ABSL_GUARDED_BY(table_.mu()) = 0;
   uint64_t failed_persists_ ABSL_GUARDED_BY(table_.mu()) = 0;
+  // The newest events (Status answers them to the jobs' owners), with the
+  // uid of the job each is about; the oldest go past kMaxEvents.
+  struct OwnedEvent {
+    uint32_t uid = 0;
+    v1::DaemonEvent event;
+  };
+  static constexpr size_t kMaxEvents = 256;
+  std::deque<OwnedEvent> events_ ABSL_GUARDED_BY(table_.mu());
   // Reports queued under the lock (Outbox), how many ever were, and
   // how many were delivered; deliver_mu_ keeps their order across the
   // threads that deliver them (taken before the table's lock, never

@@ -67,6 +67,7 @@ void Engine::NoteRollback(Job& job, const v1::CommitSaveRequest& req,
                           req.step(),
                           "; steps dropped: ", absl::StrJoin(newer, ", ")));
   metrics_->Rollback();
+  RecordRollback(job, req, newer);
   // A resuming trainer's allowance is used up: the steps it saves from now
   // on are its own timeline.
   auto r = job.restored_by.find(req.rank());
@@ -82,6 +83,22 @@ void Engine::NoteCommitted(const std::string& job, const Lease& lease,
       job, Seconds(lease.granted - lease.begun).count(),
       Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
       Seconds(arrived - lease.granted).count(), bytes);
+}
+
+void Engine::RecordRollback(const Job& job, const v1::CommitSaveRequest& req,
+                            const std::vector<uint64_t>& dropped) {
+  v1::DaemonEvent e;
+  e.set_kind("ROLLBACK");
+  e.set_job(req.job());
+  e.set_rank(req.rank());
+  e.set_from_step(dropped.back());
+  e.set_to_step(req.step());
+  for (uint64_t n : dropped) e.add_dropped_steps(n);
+  e.set_unix_time_s(std::chrono::duration<double>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count());
+  events_.push_back({job.rec.uid(), std::move(e)});
+  if (events_.size() > kMaxEvents) events_.pop_front();
 }
 
 absl::StatusOr<Lease> Engine::CommitLease(const PeerCreds& peer,

@@ -120,6 +120,8 @@ v1::StatusResponse Engine::Status(const PeerCreds& peer) {
     in_flight += JobTable::InFlightOf(job).bytes;
   });
   resp.set_bytes_in_flight(in_flight);
+  for (const OwnedEvent& e : events_)
+    if (peer.uid == 0 || peer.uid == e.uid) *resp.add_events() = e.event;
   resp.set_persist_queue(static_cast<uint32_t>(persister_->Size()));
   resp.set_persisted_shards(persisted_shards_);
   resp.set_persisted_bytes(persisted_bytes_);

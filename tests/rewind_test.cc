@@ -1,7 +1,8 @@
 // A save of a step below the rank's newest deletes the newer steps (a new
 // timeline). Through a real ckptd: a trainer that starts over without
 // restoring is refused and every checkpoint stays; one that restored an
-// older step, or asks for the rewind, gets it, and the rewind is counted.
+// older step, or asks for the rewind, gets it, and the rewind is counted
+// and recorded as a ROLLBACK event (ckptctl status).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "storage/keys.h"
 #include "tests/daemon_test.h"
@@ -73,6 +75,17 @@ class RewindTest : public DaemonTest {
     return SampleValue(text.value_or(""), "ckptd_rollbacks_total", {})
         .value_or(-1);
   }
+  // The events ckptd reports in its Status answer.
+  std::vector<v1::DaemonEvent> Events() {
+    grpc::ClientContext ctx;
+    v1::StatusResponse resp;
+    grpc::Status s = daemon_->Stub()->Status(&ctx, v1::StatusRequest(), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {resp.events().begin(), resp.events().end()};
+  }
+  static std::vector<uint64_t> Dropped(const v1::DaemonEvent& e) {
+    return {e.dropped_steps().begin(), e.dropped_steps().end()};
+  }
   // The shard files of the job on disk.
   std::set<std::string> ShardFiles(const std::string& job) {
     std::set<std::string> out;
@@ -132,6 +145,7 @@ TEST_F(RewindTest, TrainerStartingOverWithoutRestoreIsRefusedAndKeepsAll) {
   EXPECT_TRUE(got10.Equals(s10));
   EXPECT_TRUE(got20.Equals(s20));
   EXPECT_EQ(Rollbacks(), 0);
+  EXPECT_TRUE(Events().empty());
 }
 
 TEST_F(RewindTest, ResavingTheNewestStepStaysAllowed) {
@@ -165,6 +179,14 @@ TEST_F(RewindTest, ProcessThatRestoredAnOlderStepContinuesFromIt) {
   EXPECT_EQ(client->Restore(20, got.tensors).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(Rollbacks(), 1);
+  std::vector<v1::DaemonEvent> events = Events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind(), "ROLLBACK");
+  EXPECT_EQ(events[0].job(), "resume");
+  EXPECT_EQ(events[0].rank(), 0u);
+  EXPECT_EQ(events[0].from_step(), 20u);
+  EXPECT_EQ(events[0].to_step(), 11u);
+  EXPECT_EQ(Dropped(events[0]), std::vector<uint64_t>{20});
 }
 
 TEST_F(RewindTest, RestartedProcessThatRestoresFirstMayGoOn) {
@@ -216,6 +238,14 @@ TEST_F(RewindTest, ExplicitRewindDropsTheNewerSteps) {
   EXPECT_EQ(fresh->Restore(20, got.tensors).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(Rollbacks(), 1);
+  std::vector<v1::DaemonEvent> events = Events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind(), "ROLLBACK");
+  EXPECT_EQ(events[0].job(), "rewind");
+  EXPECT_EQ(events[0].from_step(), 20u);
+  EXPECT_EQ(events[0].to_step(), 5u);
+  EXPECT_EQ(Dropped(events[0]), (std::vector<uint64_t>{10, 20}));
+  EXPECT_GT(events[0].unix_time_s(), 0);
   // SaveAsync takes the options too.
   HostState s3 = MakeState(kBytes, 8, 3);
   auto handle = fresh->SaveAsync(3, s3.tensors, rewind);

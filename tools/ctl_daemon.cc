@@ -197,6 +197,17 @@ absl::Status RunStatus(const std::string& socket, bool json) {
       w.Field("failed_uploads", static_cast<uint64_t>(st.failed_uploads()));
       w.Field("last_upload_error", st.last_upload_error()).EndObject();
     }
+    w.Key("events").BeginArray();
+    for (const v1::DaemonEvent& e : st.events()) {
+      w.BeginObject().Field("kind", e.kind()).Field("job", e.job());
+      w.Field("rank", e.rank())
+          .Field("from_step", static_cast<uint64_t>(e.from_step()))
+          .Field("to_step", static_cast<uint64_t>(e.to_step()));
+      w.Key("dropped_steps").BeginArray();
+      for (uint64_t n : e.dropped_steps()) w.Uint(n);
+      w.EndArray().Field("unix_time_s", e.unix_time_s()).EndObject();
+    }
+    w.EndArray();
     w.Key("arenas").BeginArray();
     for (const auto& a : st.arenas()) {
       w.BeginObject()
@@ -237,6 +248,12 @@ absl::Status RunStatus(const std::string& socket, bool json) {
         st.last_upload_error().empty() ? "" : "; last error: ",
         st.last_upload_error().c_str());
   }
+  for (const v1::DaemonEvent& e : st.events())
+    std::printf("event %s: job %s rank %u from step %llu to %llu, dropped %s\n",
+                e.kind().c_str(), e.job().c_str(), e.rank(),
+                static_cast<unsigned long long>(e.from_step()),
+                static_cast<unsigned long long>(e.to_step()),
+                absl::StrJoin(e.dropped_steps(), ", ").c_str());
   if (st.arenas_size() == 0) {
     std::printf("no arenas\n");
     return absl::OkStatus();

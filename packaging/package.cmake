@@ -69,19 +69,21 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, python3")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, pkg-config, cmake, libabsl-dev")
 set(CPACK_DEBIAN_PACKAGE_PROVIDES "libckpt1, libckpt-dev")
-# shlibs for packages linked against libckpt.so.1, and the ldconfig trigger.
+# shlibs for packages linked against libckpt.so.1 (the ldconfig trigger:
+# packaging/debian/triggers).
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_STRIP_FILES ON)
 set(deb_scripts ${CMAKE_BINARY_DIR}/packaging/debian)
-foreach(script postinst prerm postrm conffiles)
+foreach(script postinst prerm postrm conffiles triggers)
   file(COPY ${PROJECT_SOURCE_DIR}/packaging/debian/${script} DESTINATION ${deb_scripts}
        FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE
                         WORLD_READ WORLD_EXECUTE)
 endforeach()
-file(CHMOD ${deb_scripts}/conffiles PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+file(CHMOD ${deb_scripts}/conffiles ${deb_scripts}/triggers PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
-    ${deb_scripts}/postinst ${deb_scripts}/prerm ${deb_scripts}/postrm ${deb_scripts}/conffiles)
+    ${deb_scripts}/postinst ${deb_scripts}/prerm ${deb_scripts}/postrm ${deb_scripts}/conffiles
+    ${deb_scripts}/triggers)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_GENERATOR DEB)
 include(CPack)

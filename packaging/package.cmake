@@ -41,8 +41,18 @@ install(FILES ${PROJECT_SOURCE_DIR}/doc/operations.md ${PROJECT_SOURCE_DIR}/doc/
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/packaging/k8s DESTINATION share/doc/ckptd/examples OPTIONAL)
 
 # The Python package (python/CMakeLists.txt installs it, component
-# "python"): ckpt/ in lib/python3/dist-packages, libckpt.so in lib/ckptd.
+# "python"): ckpt/ in lib/python3/dist-packages, loading libckpt.so.1.
 # python3 is a dependency; torch stays a suggestion (ckpt imports without it).
+#
+# The development files (client/install.cmake, component libckpt:
+# libckpt.so.1 and its libckpt.so link, include/ckpt/, ckpt.pc, the CMake
+# package) are in this same .deb, not a libckpt-dev of their own: a trainer
+# links libckpt to talk to the ckptd of its node, so every machine that
+# builds or runs one has this package already; the development files add
+# ~40 KB to it; and one package keeps one version of the library, the
+# daemon and the protocol between them, which a split could let drift
+# (a libckpt1 from one build beside a ckptd from another). The .deb
+# Provides libckpt1 and libckpt-dev for build dependencies that name them.
 
 set(CPACK_PACKAGE_NAME ckptd)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -50,25 +60,30 @@ set(CPACK_PACKAGE_VENDOR "ckptd developers")
 set(CPACK_PACKAGE_CONTACT "ckptd developers <ckptd@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "node-local checkpoint daemon for large-model training")
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-    "node-local checkpoint daemon for large-model training\n ckptd stages training checkpoints in shared memory and persists them to disk;\n ckpt-coordinator coordinates multi-node jobs. Includes ckptctl, ckptrun,\n ckpt-worker and the systemd units.")
+    "node-local checkpoint daemon for large-model training\n ckptd stages training checkpoints in shared memory and persists them to disk;\n ckpt-coordinator coordinates multi-node jobs. Includes ckptctl, ckptrun,\n ckpt-worker, the systemd units, the Python package and libckpt with its\n development files (headers, pkg-config ckpt, CMake find_package(ckpt)).")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # ckptd_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # adduser: the postinst creates the ckptd account (not in a minbase system).
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, python3")
-set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, pkg-config, cmake, libabsl-dev")
+set(CPACK_DEBIAN_PACKAGE_PROVIDES "libckpt1, libckpt-dev")
+# shlibs for packages linked against libckpt.so.1 (the ldconfig trigger:
+# packaging/debian/triggers).
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_STRIP_FILES ON)
 set(deb_scripts ${CMAKE_BINARY_DIR}/packaging/debian)
-foreach(script postinst prerm postrm conffiles)
+foreach(script postinst prerm postrm conffiles triggers)
   file(COPY ${PROJECT_SOURCE_DIR}/packaging/debian/${script} DESTINATION ${deb_scripts}
        FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE
                         WORLD_READ WORLD_EXECUTE)
 endforeach()
-file(CHMOD ${deb_scripts}/conffiles PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+file(CHMOD ${deb_scripts}/conffiles ${deb_scripts}/triggers PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
-    ${deb_scripts}/postinst ${deb_scripts}/prerm ${deb_scripts}/postrm ${deb_scripts}/conffiles)
+    ${deb_scripts}/postinst ${deb_scripts}/prerm ${deb_scripts}/postrm ${deb_scripts}/conffiles
+    ${deb_scripts}/triggers)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_GENERATOR DEB)
 include(CPack)
@@ -78,8 +93,15 @@ include(CPack)
 # against the real binaries' flags, and the .deb in a clean Debian 12 (in
 # a chroot and a private mount namespace, no port: it runs beside other
 # tests, and first, being the longest of the slow ones).
+set(tests_dir ${PROJECT_SOURCE_DIR}/packaging/tests)
+# The development files as a trainer's build meets them (pkg-config for C,
+# find_package for C++), from a `cmake --install` into a scratch prefix.
+if(BUILD_TESTING AND TARGET ckpt_shared)
+  add_test(NAME packaging_dev_files_build_c_and_cxx_trainers
+           COMMAND ${tests_dir}/dev_install_test.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(packaging_dev_files_build_c_and_cxx_trainers PROPERTIES TIMEOUT 300)
+endif()
 if(BUILD_TESTING AND TARGET ckptd AND TARGET ckpt-coordinator)
-  set(tests_dir ${PROJECT_SOURCE_DIR}/packaging/tests)
   add_test(NAME packaging_units_pass_verify_and_security_ceiling
            COMMAND ${tests_dir}/check_units.sh $<TARGET_FILE:ckptd> $<TARGET_FILE:ckpt-coordinator>)
   add_test(NAME packaging_k8s_manifests_match_binaries

@@ -3,12 +3,14 @@
 // little-endian header length, a JSON header of {name: {dtype, shape,
 // data_offsets}} plus "__metadata__", then the tensors packed in order).
 // Every tensor is checked against its stored checksum as it streams; a
-// mismatch leaves no output file.
+// mismatch leaves no output file. export_plan.h decides the keys: a
+// ckpt.torch shard exports as its state_dict.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "storage/shard_reader.h"
 #include "tools/ctl_commands.h"
+#include "tools/export_plan.h"
 #include "tools/json_writer.h"
 #include "tools/out_file.h"
 #include "tools/shard_access.h"
@@ -17,63 +19,24 @@
 namespace ckpt::tools {
 namespace {
 
-// safetensors' dtype names.
-const char* SafetensorsDType(DType d) {
-  switch (d) {
-    case DType::kFloat32:
-      return "F32";
-    case DType::kFloat16:
-      return "F16";
-    case DType::kBFloat16:
-      return "BF16";
-    case DType::kFloat64:
-      return "F64";
-    case DType::kInt8:
-      return "I8";
-    case DType::kUInt8:
-      return "U8";
-    case DType::kInt16:
-      return "I16";
-    case DType::kInt32:
-      return "I32";
-    case DType::kInt64:
-      return "I64";
-    case DType::kBool:
-      return "BOOL";
-  }
-  return nullptr;
-}
-
-absl::StatusOr<std::string> SafetensorsHeader(const storage::ShardInfo& info) {
+// The header of the plan's tensors, packed in the shard's order.
+std::string SafetensorsHeader(const ExportPlan& plan,
+                              const storage::ShardInfo& info) {
   JsonWriter w;
   w.BeginObject();
   w.Key("__metadata__").BeginObject();
-  w.Field("format", "pt").Field("source", "ckptd").Field("job", info.job);
-  w.Field("step", absl::StrCat(info.step))
-      .Field("rank", absl::StrCat(info.rank));
-  w.Field("world_size", absl::StrCat(info.world_size));
+  for (const auto& [key, value] : plan.metadata) w.Field(key, value);
   w.EndObject();
   uint64_t offset = 0;
-  for (const storage::ShardTensor& t : info.tensors) {
-    const char* dtype = SafetensorsDType(t.dtype);
-    if (dtype == nullptr)
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", t.name.substr(0, 80),
-                       "\": dtype has no safetensors name"));
-    if (t.name == "__metadata__")
-      return absl::InvalidArgumentError(
-          "a tensor named \"__metadata__\" cannot be exported");
-    w.Key(t.name).BeginObject().Field("dtype", dtype);
+  for (const ExportTensor& t : plan.tensors) {
+    const uint64_t bytes = info.tensors[t.index].bytes;
+    w.Key(t.key).BeginObject().Field("dtype", t.dtype);
     w.Key("shape").BeginArray();
     for (uint64_t d : t.shape) w.Uint(d);
     w.EndArray();
-    w.Key("data_offsets")
-        .BeginArray()
-        .Uint(offset)
-        .Uint(offset + t.bytes)
-        .EndArray();
-    w.EndObject();
-    offset += t.bytes;
+    w.Key("data_offsets").BeginArray().Uint(offset).Uint(offset + bytes);
+    w.EndArray().EndObject();
+    offset += bytes;
   }
   w.EndObject();
   std::string header = w.str();
@@ -94,9 +57,11 @@ absl::Status RunExport(const ShardSelector& sel, const std::string& out,
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
                         storage::ShardReader::Open(*shard.backend, shard.key));
   const storage::ShardInfo& info = reader->info();
-  CKPT_ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(info));
+  CKPT_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(*reader));
+  const std::string header = SafetensorsHeader(plan, info);
   uint64_t data_bytes = 0;
-  for (const storage::ShardTensor& t : info.tensors) data_bytes += t.bytes;
+  for (const ExportTensor& t : plan.tensors)
+    data_bytes += info.tensors[t.index].bytes;
 
   OutFile file;
   CKPT_RETURN_IF_ERROR(file.Open(out));
@@ -108,8 +73,11 @@ absl::Status RunExport(const ShardSelector& sel, const std::string& out,
   CKPT_RETURN_IF_ERROR(file.Write(header.data(), header.size()));
   Progress progress("export " + shard.key, info.layout.image_bytes);
   ShardSink sink;
-  sink.tensor = [&](const storage::ShardTensor&, const char* d, uint64_t len) {
-    return file.Write(d, len);
+  sink.tensor = [&](const storage::ShardTensor& t, const char* d,
+                    uint64_t len) {
+    // The tensors a ckpt.torch shard keeps for itself went to the metadata.
+    return plan.exported[&t - info.tensors.data()] ? file.Write(d, len)
+                                                   : absl::OkStatus();
   };
   CKPT_RETURN_IF_ERROR(StreamShard(*reader, sink, &progress));
   CKPT_RETURN_IF_ERROR(file.Close());
@@ -120,7 +88,7 @@ absl::Status RunExport(const ShardSelector& sel, const std::string& out,
         .Field("out", out)
         .Field("format", "safetensors")
         .Field("source", shard.path);
-    w.Field("tensors", static_cast<uint64_t>(info.tensors.size()))
+    w.Field("tensors", static_cast<uint64_t>(plan.tensors.size()))
         .Field("bytes", 8 + header.size() + data_bytes)
         .Field("verified", true)
         .EndObject();
@@ -129,7 +97,7 @@ absl::Status RunExport(const ShardSelector& sel, const std::string& out,
     std::printf(
         "exported %zu tensors of %s (checksums verified) to %s (safetensors, "
         "%s)\n",
-        info.tensors.size(), shard.path.c_str(), out.c_str(),
+        plan.tensors.size(), shard.path.c_str(), out.c_str(),
         FormatBytes(8 + header.size() + data_bytes).c_str());
   }
   return absl::OkStatus();

@@ -6,8 +6,14 @@
 # shared-library Depends), then checks there: `ckptd --version` prints the
 # version, `ckptctl --help` works, the ckptd user/group and the state
 # directories exist with their owners, /etc/ckptd.toml is a conffile, the
-# installed ckptd serves `ckptctl status` with the installed config; and
-# `apt-get purge` removes the state directories.
+# installed ckptd serves `ckptctl status` with the installed config; a C
+# program built with `pkg-config ckpt` and a C++ program built with CMake's
+# find_package(ckpt) (consumer/), compiled in the root outside any source
+# tree, save and restore a step bit-exact through that ckptd; a `pip
+# install` of python/ into a virtual environment loads the installed
+# libckpt.so.1; and `apt-get purge` removes the state directories. The
+# root gets the compilers, cmake, pkg-config, libabsl-dev and python3-venv
+# from the mirror as the .deb's dependencies come (apt, cached with them).
 # Usage: deb_install_test.sh BUILD_DIR VERSION. Exit 77 (skipped) when not
 # root, without mmdebstrap, or when no Debian mirror can be reached.
 set -euo pipefail
@@ -77,6 +83,43 @@ in_root dpkg-query -W -f='${Conffiles}\n' ckptd | grep -q "/etc/ckptd.toml" || f
 in_root python3 -c "import ckpt; assert ckpt.__file__.startswith('/usr/lib/python3/dist-packages/')" \
   || fail "python3 -c 'import ckpt' in the installed root"
 
+# The development files, as a trainer's build outside any tree meets them.
+dev_start=$SECONDS
+dev_tools=(gcc g++ libc6-dev make cmake pkg-config libabsl-dev python3-venv python3-wheel)
+# The cached root's lists may name versions the mirror has since replaced:
+# one `apt-get update` then.
+in_root apt-get install -y -q --no-install-recommends "${dev_tools[@]}" >"$root/tmp/dev-apt.log" 2>&1 ||
+  { in_root apt-get update -q >>"$root/tmp/dev-apt.log" 2>&1 &&
+    in_root apt-get install -y -q --no-install-recommends "${dev_tools[@]}" >>"$root/tmp/dev-apt.log" 2>&1; } ||
+  { cat "$root/tmp/dev-apt.log"; fail "apt-get install of the build tools"; }
+cp "$root/var/cache/apt/archives/"*.deb "$cache/archives/" 2>/dev/null || true
+here="$(cd "$(dirname "$0")" && pwd)"
+cp -r "$here/consumer" "$root/tmp/consumer"
+mkdir -p "$root/tmp/ckpt-python"
+cp -r "$here/../../python/pyproject.toml" "$here/../../python/ckpt" "$root/tmp/ckpt-python/"
+rm -rf "$root/tmp/ckpt-python/ckpt/_build_paths.py" "$root/tmp/ckpt-python/ckpt/__pycache__"
+# A CUDA build's libckpt needs the CUDA runtime, which no Debian package
+# provides (NVIDIA's repository does) and a GPU node has: the root gets the
+# build host's copy, in /usr/local/lib (ld.so.conf).
+cudart="$(ldd "$build/client/libckpt.so" | awk '/libcudart/ {print $3}')"
+if [[ -n "$cudart" ]]; then
+  cp -L "$cudart" "$root/usr/local/lib/" && in_root ldconfig || fail "copying $cudart into the root"
+fi
+[[ "$(readlink "$root/usr/lib/libckpt.so")" == libckpt.so.1 ]] || fail "/usr/lib/libckpt.so is no link to libckpt.so.1"
+in_root sh -c 'cc -o /tmp/consumer_c /tmp/consumer/consumer.c $(pkg-config --cflags --libs ckpt)' ||
+  fail "cc with pkg-config ckpt"
+in_root sh -c 'cmake -S /tmp/consumer -B /tmp/cxx -DCMAKE_BUILD_TYPE=Release >/tmp/cxx.log 2>&1 &&
+  cmake --build /tmp/cxx >>/tmp/cxx.log 2>&1' || { cat "$root/tmp/cxx.log"; fail "find_package(ckpt) build"; }
+in_root /tmp/consumer_c | grep -q "libckpt ABI 1" || fail "consumer_c without a daemon"
+# pip with no index: setuptools and Debian's wheel (seen through
+# --system-site-packages) build the pure package.
+in_root sh -c 'cd /tmp && python3 -m venv --system-site-packages /tmp/venv >/tmp/venv.log 2>&1 &&
+  /tmp/venv/bin/pip install --no-index --no-build-isolation /tmp/ckpt-python >>/tmp/venv.log 2>&1' ||
+  { cat "$root/tmp/venv.log"; fail "pip install of python/ into a venv"; }
+got="$(in_root sh -c 'cd / && /tmp/venv/bin/python -c "import ckpt; print(ckpt.__file__, ckpt.lib_path())"')"
+[[ "$got" == "/tmp/venv/lib/"*"/ckpt/__init__.py libckpt.so.1" ]] || fail "the venv's ckpt: '$got'"
+echo "built a C and a C++ trainer against the package, pip-installed python/, in $((SECONDS - dev_start)) s"
+
 # The installed ckptd serves with the installed configuration: started as
 # the unit would start it (in a private mount namespace with its own
 # /dev/shm and /proc, gone when it exits), asked for its status by ckptctl,
@@ -92,9 +135,15 @@ unshare --mount --propagation private sh -c '
       if ckptctl --socket /run/ckptd/ckptd.sock status >/tmp/status.out 2>&1; then ok=0; break; fi
       sleep 0.1
     done
+    if [ \$ok = 0 ]; then
+      /tmp/consumer_c /run/ckptd/ckptd.sock trainer-c >/tmp/consumers.out 2>&1 &&
+        /tmp/cxx/consumer_cxx /run/ckptd/ckptd.sock trainer-cxx >>/tmp/consumers.out 2>&1 || ok=2
+    fi
     kill -TERM \$pid; wait \$pid || ok=1
-    exit \$ok"' sh "$root" || { cat "$root/tmp/ckptd.log" "$root/tmp/status.out" 2>/dev/null; fail "the installed ckptd did not serve ckptctl status"; }
-echo "the installed ckptd served 'ckptctl status' and stopped on SIGTERM"
+    exit \$ok"' sh "$root" || { cat "$root/tmp/ckptd.log" "$root/tmp/status.out" "$root/tmp/consumers.out" 2>/dev/null;
+  fail "the installed ckptd did not serve ckptctl status and both trainers"; }
+cat "$root/tmp/consumers.out"
+echo "the installed ckptd served 'ckptctl status', the C and C++ trainers' round trips, and stopped on SIGTERM"
 
 in_root apt-get purge -y -q ckptd >/dev/null 2>&1 || fail "apt-get purge"
 [[ ! -e "$root/var/lib/ckptd" && ! -e "$root/var/lib/ckpt-coordinator" && ! -e "$root/etc/ckptd.toml" ]] ||

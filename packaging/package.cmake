@@ -96,10 +96,10 @@ include(CPack)
 set(tests_dir ${PROJECT_SOURCE_DIR}/packaging/tests)
 # The development files as a trainer's build meets them (pkg-config for C,
 # find_package for C++), from a `cmake --install` into a scratch prefix.
-if(BUILD_TESTING AND TARGET ckpt_shared)
+if(BUILD_TESTING AND CKPT_SYSTEM_TESTS AND TARGET ckpt_shared)
   add_test(NAME packaging_dev_files_build_c_and_cxx_trainers
            COMMAND ${tests_dir}/dev_install_test.sh ${CMAKE_BINARY_DIR})
-  set_tests_properties(packaging_dev_files_build_c_and_cxx_trainers PROPERTIES TIMEOUT 300)
+  set_tests_properties(packaging_dev_files_build_c_and_cxx_trainers PROPERTIES LABELS system TIMEOUT 300)
 endif()
 if(BUILD_TESTING AND TARGET ckptd AND TARGET ckpt-coordinator)
   add_test(NAME packaging_units_pass_verify_and_security_ceiling

@@ -276,6 +276,15 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
       s.ok() ? HostedRankLocked(req.node_id(), req.job(), req.rank())
              : absl::StatusOr<JobState*>(s);
   if (!job.ok()) return txn.Commit(job.status());
+  const uint32_t world = (*job)->rec.world_size();
+  if (static_cast<uint32_t>(req.lost_peer_ranks_size()) > world)
+    return txn.Commit(absl::InvalidArgumentError(
+        absl::StrCat("lost_peer_ranks: ", req.lost_peer_ranks_size(),
+                     " ranks, more than the job's ", world)));
+  for (uint32_t r : req.lost_peer_ranks())
+    if (r >= world)
+      return txn.Commit(absl::InvalidArgumentError(absl::StrCat(
+          "lost_peer_ranks: rank ", r, " not below world size ", world)));
   v1::ReportTrainerExitResponse resp;
   if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
     // Its generation was already replaced by a plan: this exit is a retry
@@ -292,12 +301,17 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(),
               absl::StrCat("rank ", req.rank(), " ", how));
     (*job)->watch.finished.insert(req.rank());  // no longer watched
+  } else if (const std::string cause =
+                 absl::StrCat("trainer of rank ", req.rank(), " ", how,
+                              req.peer_lost() ? " after losing peers" : "");
+             HoldExitLocked(&batch, **job, req, cause)) {
+    // Maybe a symptom of a peer's death: planned once the probe answers
+    // (coordinator_probe.cc).
+    resp.set_failure(true);
+    resp.set_held(true);
   } else {
-    LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(),
-              absl::StrCat("trainer of rank ", req.rank(), " ", how));
+    LogLocked(&batch, v1::FAILURE_DETECTED, req.job(), req.node_id(), cause);
     options_.metrics->FailureDetected(metric::kTrainerExit);
-    const std::string cause =
-        absl::StrCat("trainer of rank ", req.rank(), " ", how);
     // Repeated on this node: cordoned, which plans (its ranks to a spare).
     if (!ChargeIncidentLocked(&batch, req.node_id(), req.job(),
                               (*job)->rec.generation(), cause))

@@ -478,6 +478,33 @@ class Coordinator {
                             IncidentKind kind = IncidentKind::kFailure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // coordinator_probe.cc: a trainer's exit that lost peers (see
+  // ReportTrainerExitRequest.peer_lost). Holds the exit when it suspects
+  // a live node (probed now) or a probe of the job is under way; false:
+  // plan it as before.
+  bool HoldExitLocked(Batch* batch, JobState& job,
+                      const v1::ReportTrainerExitRequest& req,
+                      const std::string& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Probes whose node heartbeat since they began: answered (PROBE_ANSWERED);
+  // a job whose every awaited probe is answered plans its held exits.
+  void AnsweredProbesLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DetectTimeoutsLocked's part: the probed nodes past their deadline
+  // without a heartbeat since the probe began, marked not alive (live_mu_
+  // held exclusively by the caller), with why; lowers `next` to the next
+  // deadline.
+  void ExpiredProbesLocked(
+      int64_t now, int64_t* next,
+      std::vector<std::pair<std::string, std::string>>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The exits `job` held, planned as failures of their own (every probe
+  // answered): each is a failure (event, metric, incident), one plan.
+  void PlanHeldExitsLocked(Batch* batch, JobState& job, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "; folded: <each held exit>" for a plan's cause; clears them.
+  std::string FoldHeldExitsLocked(JobState& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // coordinator_plan.cc: failures, plans, manifests.
   void DetectTimeoutsLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the node dead and drops its pending orders; plans are the
@@ -591,6 +618,18 @@ class Coordinator {
   std::atomic<uint64_t> incarnation_;
 
   absl::Mutex mu_;  // the state; held for memory work only, never for I/O
+  // Soft: the nodes probed because an exit suspected them (NodeView.probe),
+  // by node id: when the probe began, its deadline, its id, and the epoch
+  // probed (a node that registers again is another life).
+  struct Probe {
+    int64_t started_ms = 0;
+    int64_t deadline_ms = 0;
+    uint64_t id = 0;
+    uint64_t epoch = 0;
+    std::string by;  // who suspected it, for the events
+  };
+  std::map<std::string, Probe> probes_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_probe_id_ ABSL_GUARDED_BY(mu_) = 0;
   // Per job, the manifests of its last good step and the one before (read
   // at Open, written by a commit, read by Rollback; also in the state, so
   // a new process has the committed writes): what a plan restoring the

@@ -47,6 +47,7 @@ void Coordinator::Txn::Begin() {
   held_ = true;
   batch_ = std::make_unique<Batch>();
   c_.DetectTimeoutsLocked(batch_.get());
+  if (!c_.probes_.empty()) c_.AnsweredProbesLocked(batch_.get());
 }
 
 void Coordinator::Txn::Relock() {

@@ -34,6 +34,10 @@ struct CoordinatorOptions {
   // made fails the nodes that did not acknowledge (a PREFETCH stuck on a
   // hung shared root) and plans again; 0: no deadline.
   std::chrono::milliseconds plan_ack_timeout{600000};
+  // A node that a trainer's exit suspects (its peers there are gone) is
+  // probed: asked to heartbeat at once. No heartbeat within this long: it
+  // is dead, and one plan covers it and the exits that suspected it.
+  std::chrono::milliseconds peer_probe_timeout{300};
   // Per job, the most steps newer than the last good one whose per-rank
   // records are kept (soft state); the oldest are dropped past it.
   size_t max_soft_steps = 64;

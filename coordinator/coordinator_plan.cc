@@ -1,6 +1,7 @@
 // Coordinator: failure detection, recovery plans, orders, and the global
 // commit of a step (manifest first, then last good).
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
   // Every node that timed out is dead before any plan is made, so that no
   // plan hands ranks to a node that is about to be declared dead too.
   std::vector<std::string> dead;
+  std::map<std::string, std::string> why;
   int64_t next = INT64_MAX;
   {
     // Exclusive: no heartbeat moves a last-seen time while we decide.
@@ -31,15 +33,21 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
       }
       node.live->alive = false;
       dead.push_back(id);
+      why[id] = absl::StrCat("no heartbeat for ", now - last, " ms");
+    }
+    // Probed nodes that did not answer in time die with them: one plan.
+    if (!probes_.empty()) {
+      std::vector<std::pair<std::string, std::string>> probed;
+      ExpiredProbesLocked(now, &next, &probed);
+      for (auto& [id, reason] : probed) {
+        dead.push_back(id);
+        why[id] = std::move(reason);
+      }
     }
     next_expiry_ms_ = next;
   }
-  for (const std::string& id : dead) {
-    NodeState& node = nodes_[id];
-    DeclareDeadLocked(
-        batch, node,
-        absl::StrCat("no heartbeat for ", now - LastSeen(node), " ms"));
-  }
+  for (const std::string& id : dead)
+    DeclareDeadLocked(batch, nodes_[id], why[id]);
   for (auto& [name, job] : jobs_)
     for (const std::string& id : dead)
       if (job.ranks_by_node.count(id)) {
@@ -188,8 +196,10 @@ void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
 }
 
 void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
-                                 const std::string& cause) {
+                                 const std::string& failure) {
   const std::string& name = job.rec.job();
+  // Every rank restarts: the exits that waited for a probe are covered.
+  const std::string cause = absl::StrCat(failure, FoldHeldExitsLocked(job));
   options_.metrics->PlanMade(name, options_.now_ms());
   // When the failure this plan answers was last heard from: a dead host's
   // last heartbeat (the earliest), else now (a hang, a cordon, a

@@ -61,6 +61,18 @@ struct JobState {
   // trainer without a generation that started before the current one's
   // runs in an older generation (ShardReport.trainer_age_ms).
   std::map<uint64_t, int64_t> failure_ms;
+  // Trainer exits that wait for the probes of the nodes they suspect
+  // (soft; coordinator_probe.cc): the generation they exited in, each
+  // exit's node and what it said, and the nodes whose answer is awaited.
+  // Any plan of the job covers them (every rank restarts).
+  struct HeldExit {
+    std::string node_id;
+    uint32_t rank = 0;
+    std::string cause;  // "trainer of rank R exited with code C ..."
+  };
+  uint64_t held_generation = 0;
+  std::vector<HeldExit> held_exits;
+  std::set<std::string> awaited_probes;
   // rec as of the last durable commit: what heartbeats and watches show,
   // so that they never wait for a disk write.
   v1::JobRecord durable_rec;

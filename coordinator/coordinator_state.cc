@@ -184,6 +184,8 @@ v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
   absl::MutexLock lock(&mu_);
   v1::NodeView v;
   for (uint64_t id : DeliverableOrdersLocked(node_id)) v.add_order_ids(id);
+  if (auto p = probes_.find(node_id); p != probes_.end())
+    v.set_probe(p->second.id);  // a peer suspects it: heartbeat now
   return v;
 }
 

@@ -47,6 +47,7 @@ class CoordinatorTest : public ::testing::Test {
     o.state_dir = dir_.path() + "/state";
     o.shared_root = dir_.path() + "/shared";
     o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
+    o.peer_probe_timeout = std::chrono::milliseconds(peer_probe_timeout_ms_);
     o.hang = hang_;
     o.cordon = cordon_;
     o.suspect = suspect_;
@@ -138,6 +139,7 @@ class CoordinatorTest : public ::testing::Test {
   ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;
   int64_t heartbeat_timeout_ms_ = 3000;
+  int64_t peer_probe_timeout_ms_ = 300;
   HangPolicy hang_;
   CordonPolicy cordon_;
   SuspectPolicy suspect_;

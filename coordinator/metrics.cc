@@ -45,6 +45,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                   "Failures detected, by reason (node_dead: heartbeat timeout; "
                   "trainer_exit: a trainer exited with an error)")
               .Register(*registry_)),
+      peer_probes_(prometheus::BuildCounter()
+                       .Name("ckpt_coordinator_peer_probes_total")
+                       .Help("Nodes probed because a trainer's exit said its "
+                             "peers there were lost, by outcome (answered: "
+                             "alive, it keeps its ranks; dead: no answer "
+                             "within --peer-probe-timeout-ms)")
+                       .Register(*registry_)),
       plans_(
           prometheus::BuildCounter()
               .Name("ckpt_coordinator_plans_total")
@@ -96,6 +103,8 @@ CoordinatorMetrics::CoordinatorMetrics()
                       metric::kPlanUnacknowledged, metric::kHang})
     failures_.Add({{"reason", std::string(reason)}});
   plans_.Add({});
+  for (const char* outcome : {"answered", "dead"})
+    peer_probes_.Add({{"outcome", outcome}});
   recovery_seconds_.Add({}, kRecoveryBuckets);
 }
 
@@ -150,6 +159,10 @@ void CoordinatorMetrics::SetStraggler(const std::string& job,
   stragglers_
       .Add({{"ckpt_job", job}, {"node", node}, {"rank", std::to_string(rank)}})
       .Set(straggler ? 1 : 0);
+}
+
+void CoordinatorMetrics::PeerProbed(bool answered) {
+  peer_probes_.Add({{"outcome", answered ? "answered" : "dead"}}).Increment();
 }
 
 void CoordinatorMetrics::FailureDetected(std::string_view reason) {

@@ -64,6 +64,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   void StepCommitted(const std::string& job, uint64_t step, bool last_good,
                      int64_t now_ms);
   void FailureDetected(std::string_view reason);
+  // A node a trainer's exit suspected was probed: it answered (alive, it
+  // keeps its ranks) or not (dead).
+  void PeerProbed(bool answered);
   // A recovery plan was made for `job`; the first plan since the last
   // acknowledged one starts the recovery time.
   void PlanMade(const std::string& job, int64_t now_ms);
@@ -96,6 +99,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& commit_seconds_;
   prometheus::Family<prometheus::Counter>& steps_committed_;
   prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Counter>& peer_probes_;
   prometheus::Family<prometheus::Counter>& plans_;
   prometheus::Family<prometheus::Histogram>& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& steps_trimmed_;

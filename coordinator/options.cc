@@ -42,6 +42,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   std::string config;
   uint32_t timeout_ms = 3000;
   int64_t plan_ack_timeout_ms = o.coordinator.plan_ack_timeout.count();
+  uint32_t peer_probe_timeout_ms =
+      static_cast<uint32_t>(o.coordinator.peer_probe_timeout.count());
   int64_t max_soft_steps = static_cast<int64_t>(o.coordinator.max_soft_steps);
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
   // --listen and --state are required, from the command line or the config
@@ -76,6 +78,12 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option("--heartbeat-timeout-ms", timeout_ms,
                  "declare a node dead after this long without a heartbeat")
       ->check(CLI::Range(10u, 3600000u));
+  app.add_option("--peer-probe-timeout-ms", peer_probe_timeout_ms,
+                 "a node that a trainer's exit suspects (its peers there "
+                 "were lost) is probed; no heartbeat within this long: it "
+                 "is dead, and one plan covers it and the exit (default "
+                 "300)")
+      ->check(CLI::Range(10u, 60000u));
   app.add_option("--plan-ack-timeout-ms", plan_ack_timeout_ms,
                  "a recovery plan whose orders are not all acknowledged this "
                  "long after it was made fails the "
@@ -200,6 +208,8 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
         "--state: required (or state in --config)");
   o.coordinator.spare_check_max_age_ms =
       static_cast<int64_t>(spare_check_max_age_s * 1000);
+  o.coordinator.peer_probe_timeout =
+      std::chrono::milliseconds(peer_probe_timeout_ms);
   if (absl::Status s = ValidatePlanAckTimeout(
           plan_ack_timeout_ms,
           name("--plan-ack-timeout-ms", "plan_ack_timeout_ms"));

@@ -85,6 +85,10 @@ void NodeAgent::OrderWatchLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       for (uint64_t id : view.order_ids())
         if (!handled_.count(id)) kick_ = true;  // not taken yet: go get it
+      if (view.probe() != 0 && view.probe() != probe_seen_) {
+        probe_seen_ = view.probe();
+        kick_ = true;  // a peer suspects this node: answer at once
+      }
       if (kick_) cv_.notify_all();
     }
     grpc::Status ended = reader->Finish();

@@ -231,6 +231,9 @@ class NodeAgent {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool kick_ = false;  // heartbeat now: an order is done, or one arrived
+  // The newest probe the coordinator sent (NodeView.probe): a peer
+  // suspects this node is gone, and a heartbeat now says it is not.
+  uint64_t probe_seen_ = 0;
   grpc::ClientContext* order_watch_ctx_ = nullptr;  // the open WatchNode
   std::deque<Queued> reports_;
   // Sent and accepted, for steps not known committed: (job, step, rank) ->

@@ -241,7 +241,7 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                                   "--grace-ms",
                                   "1000",
                                   "--"};
-  if (!options_.trainer_command.empty()) {
+  if (!options_.trainer_command.empty() || options_.links) {
     if (master_port_ == 0) master_port_ = FreeLoopbackPorts(1)[0];
     run.insert(run.end() - 1, {"--master-port", std::to_string(master_port_)});
   }
@@ -266,6 +266,7 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   if (auto e = options_.node_launcher_env.find(id);
       e != options_.node_launcher_env.end())
     launcher_env.insert(launcher_env.end(), e->second.begin(), e->second.end());
+  if (options_.links) launcher_env.push_back("CLUSTER_TRAINER_LINKS=1");
   if (options_.steps_after_restore > 0)
     launcher_env.push_back("CLUSTER_TRAINER_STEPS_AFTER_RESTORE=" +
                            std::to_string(options_.steps_after_restore));
@@ -274,6 +275,10 @@ void Cluster::StartNode(const std::string& id, bool spare) {
 
 void Cluster::KillNode(const std::string& id) {
   Node& n = nodes_.at(id);
+  // Every process of the node gets its SIGKILL before any is reaped, the
+  // daemon first: the node dies at once, as a machine does (a peer that
+  // sees a trainer's link break finds its ckptd gone too).
+  if (n.daemon) n.daemon->Signal(SIGKILL);
   // The trainers are in ckptrun's process groups; they die with it
   // (PDEATHSIG) or with their group.
   if (n.launcher) {

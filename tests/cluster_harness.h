@@ -57,6 +57,11 @@ struct ClusterOptions {
   // last_step. 0: every trainer runs to last_step.
   uint64_t steps_after_restore = 0;
   bool hold = false;  // trainers sleep after the last step instead of exiting
+  // The trainers join through links to rank 0 (MASTER_ADDR/MASTER_PORT,
+  // a free port) and meet at a barrier every step, a collective: a trainer
+  // whose link breaks names the lost peer in $CKPT_PEER_LOST_FILE and
+  // exits 6 (cluster_trainer.cc).
+  bool links = false;
   int heartbeat_timeout_ms = 2000;      // generous: a loaded 2-core CI machine
   std::vector<std::string> ckptd_args;  // extra flags for every ckptd
   // Extra flags for one node's ckptd, by node id.

@@ -20,15 +20,32 @@
 // CLUSTER_TRAINER_STEPS_AFTER_RESTORE=N makes a restored trainer stop after
 // step restore+N when that comes before LAST_STEP (a test that has seen its
 // recovery needs only a few more steps, not the run to LAST_STEP).
+// CLUSTER_TRAINER_LINKS=1: the ranks run a collective. Each rank other
+// than 0 holds a TCP link to rank 0 (MASTER_ADDR:MASTER_PORT, as ckptrun
+// sets them) and every step ends in a barrier over the links. A rank whose
+// link breaks (a peer died) writes the lost peer's rank to
+// $CKPT_PEER_LOST_FILE, logs "peer_lost rank=<R>" and exits 6, as a real
+// trainer's failed collective does. CLUSTER_TRAINER_FAKE_PEER_LOST=R:S:P
+// makes rank R, in generation 0, claim at step S that peer P is lost
+// (exit 6 while P lives: a network blip, or a slow peer).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/harness.h"
 
@@ -57,6 +74,111 @@ void Stamp(ckpt::testing::HostState& s, uint32_t rank, uint64_t step) {
       std::memcpy(&b[off], words, sizeof words);
     }
   }
+}
+
+// The links of the barrier: rank 0 holds one per other rank (by rank),
+// every other rank one to rank 0.
+struct Links {
+  uint32_t rank = 0;
+  std::map<uint32_t, int> fds;
+};
+
+[[noreturn]] void PeerLost(FILE* log, uint32_t peer) {
+  if (const char* f = std::getenv("CKPT_PEER_LOST_FILE"); f && *f)
+    if (FILE* note = std::fopen(f, "w")) {
+      std::fprintf(note, "%u\n", peer);
+      std::fclose(note);
+    }
+  std::fprintf(log, "peer_lost rank=%u mono_ms=%lld\n", peer, MonoMs());
+  std::exit(6);
+}
+
+bool ReadByte(int fd) {
+  char c;
+  for (;;) {
+    ssize_t n = read(fd, &c, 1);
+    if (n == 1) return true;
+    if (n < 0 && errno == EINTR) continue;
+    return false;
+  }
+}
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* b = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, b, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    b += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Joins the generation's links (rank 0 listens, the others connect, each
+// saying its rank); false after two minutes without every peer.
+bool Join(Links& l, uint32_t world) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (!addr || !port) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(port)));
+  if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) return false;
+  const auto deadline = Clock::now() + std::chrono::minutes(2);
+  const int one = 1;
+  if (l.rank != 0) {
+    for (;;) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        l.fds[0] = fd;
+        return WriteAll(fd, &l.rank, sizeof l.rank);
+      }
+      close(fd);
+      // Rank 0 of this generation may not listen yet.
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      listen(lfd, 64) != 0)
+    return false;
+  while (l.fds.size() + 1 < world) {
+    pollfd p{lfd, POLLIN, 0};
+    if (poll(&p, 1, 1000) <= 0) {
+      if (Clock::now() > deadline) return false;
+      continue;
+    }
+    int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    uint32_t peer = 0;
+    if (fd < 0) continue;
+    if (read(fd, &peer, sizeof peer) != sizeof peer || peer == 0 ||
+        peer >= world) {
+      close(fd);
+      continue;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    l.fds[peer] = fd;
+  }
+  close(lfd);
+  return true;
+}
+
+// Every rank arrives, then every rank leaves; a broken link is a lost
+// peer (PeerLost does not return).
+void Barrier(Links& l, FILE* log) {
+  const char c = 1;
+  if (l.rank != 0) {
+    if (!WriteAll(l.fds[0], &c, 1) || !ReadByte(l.fds[0])) PeerLost(log, 0);
+    return;
+  }
+  for (const auto& [peer, fd] : l.fds)
+    if (!ReadByte(fd)) PeerLost(log, peer);
+  for (const auto& [peer, fd] : l.fds)
+    if (!WriteAll(fd, &c, 1)) PeerLost(log, peer);
 }
 
 }  // namespace
@@ -139,6 +261,27 @@ int main(int argc, char** argv) {
   } else {
     state = ckpt::testing::MakeState(bytes, 8, 1000 + rank);
   }
+  const bool linked = std::getenv("CLUSTER_TRAINER_LINKS") != nullptr;
+  Links links;
+  links.rank = rank;
+  if (linked) {
+    signal(SIGPIPE, SIG_IGN);  // a dead peer's link is an error, not a kill
+    const char* world = std::getenv("WORLD_SIZE");
+    if (!world || !Join(links, static_cast<uint32_t>(std::atoi(world)))) {
+      std::fprintf(log, "join_failed\n");
+      return 7;
+    }
+  }
+  // R:S:P, in generation 0 only.
+  long fake_rank = -1;
+  uint64_t fake_step = 0;
+  unsigned fake_peer = 0;
+  if (const char* f = std::getenv("CLUSTER_TRAINER_FAKE_PEER_LOST");
+      f && gen && std::string(gen) == "0") {
+    unsigned long s = 0;
+    if (std::sscanf(f, "%ld:%lu:%u", &fake_rank, &s, &fake_peer) == 3)
+      fake_step = s;
+  }
   for (uint64_t step = first; step <= last; ++step) {
     Stamp(state, rank, step);
     auto t0 = Clock::now();
@@ -152,6 +295,9 @@ int main(int argc, char** argv) {
     std::fprintf(log, "saved step=%lu stall=%.6f\n",
                  static_cast<unsigned long>(step), Since(t0));
     (*client)->Progress(static_cast<int64_t>(step));  // the hang beacon
+    if (fake_rank == static_cast<long>(rank) && step == fake_step)
+      PeerLost(log, fake_peer);
+    if (linked) Barrier(links, log);
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
   std::fprintf(log, "done step=%lu\n", static_cast<unsigned long>(last));

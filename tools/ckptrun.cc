@@ -46,7 +46,8 @@ std::vector<std::string> InheritedEnv() {
                                      "CKPT_SOCKET=",
                                      "CKPT_JOB=",
                                      "CKPT_GENERATION=",
-                                     "CKPT_RESTORE_STEP="};
+                                     "CKPT_RESTORE_STEP=",
+                                     "CKPT_PEER_LOST_FILE="};
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
@@ -251,9 +252,13 @@ void Launcher::Poll() {
     if (view->node_health() != cv1::NODE_HEALTH_UNSPECIFIED)
       epoch_ = view->node_epoch();
   }
+  if (view && view->registered()) world_size_ = view->world_size();
   for (const TrainerExit& e : trainers_.Reap()) {
     if (e.clean()) finished_.insert(e.rank);
-    reports_.push_back({e, generation_.value_or(0), epoch_, false});
+    PeerLost peers = TakePeerLost(e.rank, world_size_);
+    if (e.clean()) peers = {};
+    reports_.push_back(
+        {e, std::move(peers), generation_.value_or(0), epoch_, false});
   }
   FlushReports();
   FlushNodeCheck();
@@ -263,8 +268,14 @@ void Launcher::Poll() {
 void Launcher::FlushReports() {
   while (!reports_.empty()) {
     PendingReport& r = reports_.front();
-    std::string what = absl::StrCat("generation ", r.generation, ": rank ",
-                                    r.exit.rank, " ", DescribeExit(r.exit));
+    std::string what = absl::StrCat(
+        "generation ", r.generation, ": rank ", r.exit.rank, " ",
+        DescribeExit(r.exit),
+        !r.peers.said ? ""
+        : r.peers.ranks.empty()
+            ? " (it lost peers)"
+            : absl::StrCat(" (it lost peer ranks ",
+                           absl::StrJoin(r.peers.ranks, ","), ")"));
     if (r.generation < known_generation_) {
       // Its generation is already replaced; reporting it would only plan again.
       Log(absl::StrCat(what, "; not reported (generation ", known_generation_,
@@ -289,6 +300,10 @@ void Launcher::FlushReports() {
     // The coordinator plans only for an exit of the current generation: a
     // retry of a report it did take (its answer lost) plans nothing again.
     req.set_generation(r.generation);
+    // Maybe a symptom of a peer's death: the coordinator probes the
+    // peers' nodes before it plans.
+    req.set_peer_lost(r.peers.said);
+    for (uint32_t p : r.peers.ranks) req.add_lost_peer_ranks(p);
     cv1::ReportTrainerExitResponse resp;
     absl::Status s = coordinator::CoordStatus(
         client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp,
@@ -305,7 +320,9 @@ void Launcher::FlushReports() {
     if (s.ok()) {
       SetReachable(true, s);
       known_generation_ = std::max(known_generation_, resp.generation());
-      Log(absl::StrCat(what, "; reported"));
+      Log(absl::StrCat(what, resp.held() ? "; reported (held: its peers' "
+                                           "nodes are probed)"
+                                         : "; reported"));
     } else if (s.code() == absl::StatusCode::kFailedPrecondition &&
                !r.epoch_retried) {
       // epoch_ comes from the view, asynchronously: the node may have
@@ -400,14 +417,16 @@ void Launcher::StartTrainers(const cv1::JobView& job,
     if (step) env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *step));
     if (std::string f = PythonStacksFile(ranks[local]); !f.empty())
       env.push_back(absl::StrCat("CKPT_STACKS_FILE=", f));
+    if (std::string f = PeerLostFile(ranks[local]); !f.empty())
+      env.push_back(absl::StrCat("CKPT_PEER_LOST_FILE=", f));
     absl::Status s =
         trainers_.Start(ranks[local], opts_.program, opts_.command, env);
     // A rank that cannot even be forked counts as a failed trainer.
     if (!s.ok()) {
       Log(absl::StrCat(GenerationPrefix(), "rank ", ranks[local], ": ",
                        s.message()));
-      reports_.push_back(
-          {TrainerExit{ranks[local], 127, 0}, *generation_, epoch_, false});
+      reports_.push_back({TrainerExit{ranks[local], 127, 0}, PeerLost{},
+                          *generation_, epoch_, false});
     }
   }
 }

@@ -82,8 +82,16 @@ class Launcher {
   // Each call to the coordinator.
   static constexpr std::chrono::seconds kRpcTimeout{5};
 
+  // A trainer's word that its collective lost peers (the ranks, when it
+  // knows them; CKPT_PEER_LOST_FILE).
+  struct PeerLost {
+    bool said = false;
+    std::vector<uint32_t> ranks;
+  };
+
   struct PendingReport {
     TrainerExit exit;
+    PeerLost peers;           // what the trainer said of its peers
     uint64_t generation = 0;  // of the trainer
     uint64_t epoch = 0;       // of this node when the trainer exited
     bool logged_queued = false;
@@ -116,6 +124,15 @@ class Launcher {
   // ($CKPT_STACKS_FILE), created writable for the trainer; "" if the
   // directory could not be made.
   std::string PythonStacksFile(uint32_t rank);
+  // A file of rank `rank` in the launcher's directory (made on first use),
+  // writable by the trainer; "" if it could not be made.
+  std::string RankFile(uint32_t rank, const char* suffix, bool truncate);
+  // ckptrun_peer_lost.cc: where rank `rank`'s trainer says that its
+  // collective failed because peers are gone ($CKPT_PEER_LOST_FILE),
+  // emptied for a new start; and, once it exited, what it said (read and
+  // emptied).
+  std::string PeerLostFile(uint32_t rank);
+  PeerLost TakePeerLost(uint32_t rank, uint32_t world_size);
   void FlushReports();
   // ckptrun_node_check.cc: a trainer outlived SIGKILL (StopAll): this node
   // is reported unhealthy (check "trainer_unkillable"), sent by
@@ -145,6 +162,7 @@ class Launcher {
   std::deque<PendingReport> reports_;
   uint64_t known_generation_ = 0;  // newest generation the coordinator told us
   uint64_t epoch_ = 0;             // this node's epoch, last seen
+  uint32_t world_size_ = 0;        // the job's, from the view
   bool reachable_ = true;
   std::string waiting_for_;  // last "waiting" line logged, to log it once
   std::string stacks_dir_;   // made on first use, removed by the destructor

@@ -21,7 +21,8 @@ constexpr int kStacksSendTries = 3;
 
 }  // namespace
 
-std::string Launcher::PythonStacksFile(uint32_t rank) {
+std::string Launcher::RankFile(uint32_t rank, const char* suffix,
+                               bool truncate) {
   if (stacks_dir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ =
@@ -30,15 +31,21 @@ std::string Launcher::PythonStacksFile(uint32_t rank) {
     ::chmod(templ.c_str(), 0755);  // trainers may run as another uid
     stacks_dir_ = templ;
   }
-  std::string path = absl::StrCat(stacks_dir_, "/rank-", rank, ".pystacks");
-  // Write-only for others: a trainer of another uid appends its dump,
-  // nobody else reads it.
-  int fd =
-      ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0622);
+  std::string path = absl::StrCat(stacks_dir_, "/rank-", rank, suffix);
+  // Write-only for others: a trainer of another uid writes to it, nobody
+  // else reads it.
+  int fd = ::open(
+      path.c_str(),
+      O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (truncate ? O_TRUNC : 0),
+      0622);
   if (fd < 0) return "";
   ::fchmod(fd, 0622);
   ::close(fd);
   return path;
+}
+
+std::string Launcher::PythonStacksFile(uint32_t rank) {
+  return RankFile(rank, ".pystacks", /*truncate=*/false);
 }
 
 void Launcher::CaptureStacks(uint64_t generation) {

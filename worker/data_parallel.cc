@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +66,21 @@ absl::StatusOr<std::string> LocalAddressFor(const std::string& host, int port) {
         absl::StrCat("local address for ", host, ": ", gai_strerror(rc)));
   }
   return std::string(name);
+}
+
+// A collective broke on a peer's link (closed, reset, or past its
+// timeout): maybe the peer's node died. Said to the launcher before the
+// worker exits, so that the coordinator probes the peers' nodes instead of
+// planning this exit as a failure of its own ($CKPT_PEER_LOST_FILE,
+// doc/operations.md "Detection from peers"). gloo does not say which rank,
+// so the note names none.
+void NotePeerLost() {
+  const char* path = std::getenv("CKPT_PEER_LOST_FILE");
+  if (path == nullptr || *path == '\0') return;
+  if (FILE* f = std::fopen(path, "w")) {
+    std::fputs("\n", f);
+    std::fclose(f);
+  }
 }
 
 }  // namespace
@@ -156,6 +173,7 @@ absl::Status DataParallel::AllReduceMean(std::span<float> values) {
     gloo::allreduce(opts);
   });
   if (!s.ok()) {
+    NotePeerLost();
     return Annotate(
         s, absl::StrCat("a peer rank died or stalled (collective timeout ",
                         options_.collective_timeout.count() / 1000.0, " s)"));
@@ -179,6 +197,7 @@ absl::StatusOr<std::vector<uint64_t>> DataParallel::AllGather(uint64_t value) {
     gloo::allgather(opts);
   });
   if (!s.ok()) {
+    NotePeerLost();
     return Annotate(
         s, absl::StrCat("a peer rank died or stalled (collective timeout ",
                         options_.collective_timeout.count() / 1000.0, " s)"));

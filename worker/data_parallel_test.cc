@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -208,8 +209,10 @@ TEST_F(DataParallelTest,
   ASSERT_TRUE(straight[0].exited_ok()) << straight[0].output;
 
   auto began = std::chrono::steady_clock::now();
-  std::vector<WorkerRun> killed =
-      RunTwoRanks(flags, "killed", {}, /*kill_rank1_at=*/30);
+  // Where ckptrun asks a trainer to say that it lost peers.
+  const std::string note = run_.path() + "/peer-lost";
+  std::vector<WorkerRun> killed = RunTwoRanks(
+      flags, "killed", {{"CKPT_PEER_LOST_FILE", note}}, /*kill_rank1_at=*/30);
   ASSERT_TRUE(killed[1].killed()) << "rank 1 finished before it was killed:\n"
                                   << killed[1].output;
   // Rank 0 notices its dead peer and exits non-zero, well within the timeout.
@@ -218,6 +221,9 @@ TEST_F(DataParallelTest,
             std::string::npos)
       << killed[0].output;
   EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(40));
+  // ... and says so, for the coordinator to probe its peer's node.
+  std::ifstream said(note);
+  EXPECT_TRUE(said.good()) << "rank 0 did not write " << note;
 
   // Without CKPT_RESTORE_STEP each rank takes the job's latest step, the
   // newest that every rank holds.

@@ -1,0 +1,160 @@
+// One failure, one plan (fake clock): a trainer whose collective broke
+// because a peer's node died says so in its exit report; the coordinator
+// probes the suspected node at once and plans once, for the node, instead
+// of planning the survivor's exit and then the node's heartbeat timeout.
+// A node that answers the probe keeps its ranks.
+#include <algorithm>
+
+#include "coordinator/coordinator_testing.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+class PeerProbeTest : public TwoNodeTest {
+ protected:
+  // Rank `rank` on n1 exited with code 1; `peers` set: it said it lost
+  // them (an empty list: it does not know which).
+  absl::StatusOr<v1::ReportTrainerExitResponse> Exit(
+      uint32_t rank, std::optional<std::vector<uint32_t>> peers) {
+    v1::ReportTrainerExitRequest req = TrainerExit("n1", e1_, rank, 0, 1);
+    req.set_generation(Job().generation());
+    if (peers) {
+      req.set_peer_lost(true);
+      for (uint32_t p : *peers) req.add_lost_peer_ranks(p);
+    }
+    return coord_->ReportTrainerExit(req);
+  }
+  // Every node but n2 heartbeats, `ms` later.
+  void OthersHeartbeat(int64_t ms) {
+    now_ms_ += ms;
+    ASSERT_TRUE(Heartbeat("n1", e1_).ok());
+    ASSERT_TRUE(Heartbeat("s1", es_).ok());
+  }
+  size_t Plans() { return EventsOf(v1::PLAN_MADE).size(); }
+  // FAILURE_DETECTED events about node `node`.
+  std::vector<v1::Event> FailuresOf(const std::string& node) {
+    std::vector<v1::Event> out;
+    for (const v1::Event& e : EventsOf(v1::FAILURE_DETECTED))
+      if (e.node_id() == node) out.push_back(e);
+    return out;
+  }
+};
+
+// The timeline: n2 dies; rank 0 on n1 fails its collective and
+// exits, then rank 1 (its local peer) exits without knowing why. Both
+// exits wait for the probe of n2, which does not answer: one plan.
+TEST_F(PeerProbeTest, SurvivorsExitsAreFoldedIntoOnePlanForTheSilentNode) {
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  auto r = Exit(0, std::vector<uint32_t>{2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->held());
+  EXPECT_EQ(Job().generation(), 0u) << "the survivor's exit was planned";
+  EXPECT_NE(coord_->NodeOrders("n2").probe(), 0u) << "n2 is not probed";
+  EXPECT_EQ(coord_->NodeOrders("n1").probe(), 0u);
+  ASSERT_EQ(EventsOf(v1::PEER_SUSPECTED).size(), 1u);
+  EXPECT_NE(EventsOf(v1::PEER_SUSPECTED)[0].detail().find("n2"),
+            std::string::npos);
+
+  auto second = Exit(1, std::nullopt);  // no evidence, during the probe
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->held());
+  OthersHeartbeat(200);
+  EXPECT_EQ(Job().generation(), 0u);
+  EXPECT_EQ(Node("n2").health(), v1::ALIVE) << "dead before its deadline";
+
+  OthersHeartbeat(101);  // past the 300 ms deadline
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+  ASSERT_EQ(FailuresOf("n2").size(), 1u);
+  EXPECT_NE(FailuresOf("n2")[0].detail().find("probe"), std::string::npos)
+      << FailuresOf("n2")[0].detail();
+  EXPECT_TRUE(FailuresOf("n1").empty()) << FailuresOf("n1")[0].detail();
+  EXPECT_EQ(Job().generation(), 1u);
+  ASSERT_EQ(Plans(), 1u);
+  const std::string plan = EventsOf(v1::PLAN_MADE)[0].detail();
+  EXPECT_NE(plan.find("n2"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("rank 0"), std::string::npos) << plan;
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_EQ(Job().rank_node(0), "n1");
+  EXPECT_EQ(coord_->NodeOrders("n2").probe(), 0u);
+
+  // n2's heartbeat timeout passes: it is dead already, nothing more.
+  for (int i = 0; i < 4; ++i) OthersHeartbeat(1000);
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Plans(), 1u);
+}
+
+// A slow but alive node answers the probe: it keeps its ranks and its
+// epoch; the exit that suspected it is a failure of its own (its rank must
+// start again), planned once.
+TEST_F(PeerProbeTest, ProbedNodeThatAnswersKeepsItsRanks) {
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  auto r = Exit(0, std::vector<uint32_t>{2, 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->held());
+  EXPECT_EQ(Job().generation(), 0u) << "planned before the probe's answer";
+  now_ms_ += 50;
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the answer
+  ASSERT_EQ(EventsOf(v1::PROBE_ANSWERED).size(), 1u);
+  EXPECT_EQ(EventsOf(v1::PROBE_ANSWERED)[0].node_id(), "n2");
+  EXPECT_EQ(Job().generation(), 1u) << "the exit was never planned";
+  EXPECT_EQ(Plans(), 1u);
+  EXPECT_EQ(FailuresOf("n1").size(), 1u);
+  EXPECT_TRUE(FailuresOf("n2").empty());
+  EXPECT_EQ(Node("n2").health(), v1::ALIVE);
+  EXPECT_EQ(Node("n2").epoch(), e2_);
+  EXPECT_EQ(Job().rank_node(2), "n2");
+  EXPECT_EQ(Job().rank_node(3), "n2");
+  EXPECT_EQ(coord_->NodeOrders("n2").probe(), 0u);
+
+  // Its deadline passes: the answer stands.
+  now_ms_ += 400;
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  OthersHeartbeat(0);
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::ALIVE);
+  EXPECT_EQ(Plans(), 1u);
+}
+
+// The heartbeat timeout finds the node while its probe is under way: the
+// timeout's plan covers the exit that waited; the probe's deadline then
+// changes nothing.
+TEST_F(PeerProbeTest, HeartbeatTimeoutDuringTheProbeMakesTheOnePlan) {
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  for (int i = 0; i < 29; ++i) OthersHeartbeat(100);  // n2 silent 2.9 s
+  auto r = Exit(0, std::vector<uint32_t>{3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Job().generation(), 0u) << "the survivor's exit was planned";
+  OthersHeartbeat(150);  // n2's 3 s timeout
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+  EXPECT_EQ(Job().generation(), 1u);
+  OthersHeartbeat(400);  // the probe's deadline
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Plans(), 1u);
+  EXPECT_EQ(FailuresOf("n2").size(), 1u);
+}
+
+// An exit without evidence while no probe is under way is a crash of its
+// own: planned at once, as before.
+TEST_F(PeerProbeTest, ExitWithoutEvidenceIsPlannedAtOnce) {
+  auto r = Exit(0, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->held());
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_TRUE(EventsOf(v1::PEER_SUSPECTED).empty());
+  // Peers on the reporting node itself: its launcher reports them; nothing
+  // to probe either.
+  auto local = Exit(1, std::vector<uint32_t>{0});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_FALSE(local->held());
+  EXPECT_EQ(Job().generation(), 2u);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

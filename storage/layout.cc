@@ -189,8 +189,8 @@ absl::StatusOr<LayoutIndex> LayoutIndexBuilder::Finish() && {
       next[i] = idx.tensors_[i].first_piece;
     for (uint64_t p = 0; p < n; ++p) order[next[new_id[tensor_of_[p]]]++] = p;
   }
-  // Within a tensor: along the first dim where offsets differ, then by rank
-  // and the whole box, so equal inputs give one order.
+  // Within a tensor: along the first dim where offsets differ, then by the
+  // whole box and the rank, so replicas of a box are adjacent, by rank.
   for (LayoutTensor& t : idx.tensors_) {
     auto begin = order.begin() + t.first_piece;
     auto end = begin + t.num_pieces;
@@ -214,8 +214,9 @@ absl::StatusOr<LayoutIndex> LayoutIndexBuilder::Finish() && {
       const uint64_t* ca = &coords_[piece_coord_[a]];
       const uint64_t* cb = &coords_[piece_coord_[b]];
       if (nd > 0 && ca[sd] != cb[sd]) return ca[sd] < cb[sd];
-      if (rank_[a] != rank_[b]) return rank_[a] < rank_[b];
-      return std::lexicographical_compare(ca, ca + 2 * nd, cb, cb + 2 * nd);
+      if (!std::equal(ca, ca + 2 * nd, cb))
+        return std::lexicographical_compare(ca, ca + 2 * nd, cb, cb + 2 * nd);
+      return rank_[a] < rank_[b];
     };
     if (!std::is_sorted(begin, end, less)) std::sort(begin, end, less);
   }

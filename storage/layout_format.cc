@@ -1,6 +1,8 @@
 #include "storage/layout_format.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,21 +42,30 @@ class Reader {
       : p_(body.data()), end_(p_ + body.size()) {}
   uint64_t left() const { return end_ - p_; }
 
-  absl::Status Varint(std::string_view what, uint64_t* v) {
+  // The next varint, or why there is none (a string literal).
+  const char* Next(uint64_t* v) {
+    if (p_ != end_ && static_cast<uint8_t>(*p_) < 0x80) {
+      *v = static_cast<uint8_t>(*p_++);
+      return nullptr;
+    }
     uint64_t r = 0;
     for (int shift = 0; shift < 64; shift += 7) {
-      if (p_ == end_) return Error(what, "truncated");
+      if (p_ == end_) return "truncated";
       const uint8_t b = static_cast<uint8_t>(*p_++);
-      if (shift == 63 && b > 1) return Error(what, "varint overflows 64 bits");
+      if (shift == 63 && b > 1) return "varint overflows 64 bits";
       r |= uint64_t{b & 0x7fu} << shift;
       if (b < 0x80) {
         // One encoding per value keeps the index canonical.
-        if (b == 0 && shift > 0) return Error(what, "varint not minimal");
+        if (b == 0) return "varint not minimal";
         *v = r;
-        return absl::OkStatus();
+        return nullptr;
       }
     }
-    return Error(what, "varint longer than 10 bytes");
+    return "varint longer than 10 bytes";
+  }
+  absl::Status Varint(std::string_view what, uint64_t* v) {
+    if (const char* why = Next(v)) return Error(what, why);
+    return absl::OkStatus();
   }
   absl::Status Bytes(std::string_view what, uint64_t n, std::string_view* out) {
     if (n > left()) return Error(what, "truncated");
@@ -71,6 +82,11 @@ class Reader {
   const char* p_;
   const char* end_;
 };
+
+template <typename T>
+void Grow(std::vector<T>* v, size_t n) {
+  if (n > v->capacity()) v->reserve(std::max(n, 2 * v->capacity()));
+}
 
 }  // namespace
 
@@ -178,47 +194,59 @@ absl::StatusOr<LayoutIndex> ParseLayoutIndex(std::string_view bytes) {
     first += v;
     const uint32_t tid = idx.tensors_.size();
     idx.tensor_of_.insert(idx.tensor_of_.end(), v, tid);
-    idx.rank_.reserve(first);
-    idx.data_offset_.reserve(first);
-    idx.coords_.reserve(t.coord_base + v * 2 * t.ndim);
-    uint64_t prev_split = 0;
+    // Geometric growth: an exact reserve per tensor would copy the arrays
+    // once per tensor.
+    Grow(&idx.rank_, first);
+    Grow(&idx.data_offset_, first);
+    Grow(&idx.coords_, t.coord_base + v * 2 * t.ndim);
+    // Field names are built only for an error: this loop runs per piece.
+    auto piece_error = [&](uint64_t pi, const std::string& f,
+                           std::string_view why) {
+      return Reader::Error(absl::StrFormat("%s piece %d.%s", what, pi, f), why);
+    };
+    auto coord_name = [&](uint32_t k) {
+      return k < t.ndim ? absl::StrCat("offsets[", k, "]")
+                        : absl::StrCat("lengths[", k - t.ndim, "]");
+    };
     for (uint64_t pi = 0; pi < t.num_pieces; ++pi) {
-      const std::string piece = absl::StrFormat("%s piece %d", what, pi);
-      auto pf = [&](std::string_view f) {
-        return absl::StrCat(piece, ".", AV(f));
-      };
       uint64_t rank, off;
-      if (absl::Status s = r.Varint(pf("rank"), &rank); !s.ok()) return s;
+      if (const char* why = r.Next(&rank)) return piece_error(pi, "rank", why);
       if (rank >= world)
-        return Reader::Error(
-            pf("rank"), absl::StrFormat("%d, world_size is %d", rank, world));
-      if (absl::Status s = r.Varint(pf("data_offset"), &off); !s.ok()) return s;
+        return piece_error(
+            pi, "rank", absl::StrFormat("%d, world_size is %d", rank, world));
+      if (const char* why = r.Next(&off))
+        return piece_error(pi, "data_offset", why);
       idx.rank_.push_back(rank);
       idx.data_offset_.push_back(off);
       const size_t base = idx.coords_.size();
       for (uint32_t k = 0; k < 2 * t.ndim; ++k) {
-        const std::string f =
-            k < t.ndim ? pf(absl::StrCat("offsets[", k, "]"))
-                       : pf(absl::StrCat("lengths[", k - t.ndim, "]"));
-        if (absl::Status s = r.Varint(f, &v); !s.ok()) return s;
+        if (const char* why = r.Next(&v))
+          return piece_error(pi, coord_name(k), why);
         idx.coords_.push_back(v);
       }
       for (uint32_t d = 0; d < t.ndim; ++d) {
         const uint64_t o = idx.coords_[base + d],
                        l = idx.coords_[base + t.ndim + d];
-        if (l == 0)
-          return Reader::Error(pf(absl::StrCat("lengths[", d, "]")), "is 0");
+        if (l == 0) return piece_error(pi, coord_name(t.ndim + d), "is 0");
         if (o > t.global_shape[d] || l > t.global_shape[d] - o)
-          return Reader::Error(
-              pf(absl::StrCat("offsets[", d, "]")),
+          return piece_error(
+              pi, coord_name(d),
               absl::StrFormat("%d + length %d exceed global_shape[%d] %d", o, l,
                               d, t.global_shape[d]));
       }
-      if (t.ndim > 0) {
-        const uint64_t split = idx.coords_[base + t.split_dim];
-        if (pi > 0 && split < prev_split)
-          return Reader::Error(pf("offsets"), "not sorted along split_dim");
-        prev_split = split;
+      // The index order: along split_dim, then box, then rank.
+      if (pi > 0 && t.ndim > 0) {
+        const uint64_t* c = &idx.coords_[base];
+        const uint64_t* prev = c - 2 * t.ndim;
+        bool less = c[t.split_dim] < prev[t.split_dim];
+        if (!less && c[t.split_dim] == prev[t.split_dim]) {
+          if (std::equal(c, c + 2 * t.ndim, prev))
+            less = rank < idx.rank_[idx.rank_.size() - 2];
+          else
+            less = std::lexicographical_compare(c, c + 2 * t.ndim, prev,
+                                                prev + 2 * t.ndim);
+        }
+        if (less) return piece_error(pi, "offsets", "not in index order");
       }
     }
     idx.tensors_.push_back(std::move(t));

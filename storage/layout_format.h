@@ -6,7 +6,8 @@
 //               world_size, tensor_count, then per tensor (sorted by name,
 //               names unique): name_len, name bytes, dtype, ndim,
 //               global_shape[ndim], split_dim, piece_count, then per piece
-//               (sorted by offsets[split_dim]): rank, data_offset,
+//               (sorted by offsets[split_dim], then
+//               offsets and lengths, then rank): rank, data_offset,
 //               offsets[ndim], lengths[ndim]
 //   [n-8, n)  XXH3-64 of [0, n-8), u64 little-endian
 //

@@ -138,9 +138,9 @@ TEST(LayoutFormat, RefusalsNameWhatIsWrong) {
       with(piece0 + 2, 3),
       "layout index: tensors[0] \"w\" piece 0.offsets[0]: 3 + length 2 exceed "
       "global_shape[0] 4");
-  EXPECT_EQ(with(piece0 + 2, 2, piece0 + 4 + 2, 1),
-            "layout index: tensors[0] \"w\" piece 1.offsets: not sorted along "
-            "split_dim");
+  EXPECT_EQ(
+      with(piece0 + 2, 2, piece0 + 4 + 2, 1),
+      "layout index: tensors[0] \"w\" piece 1.offsets: not in index order");
   EXPECT_EQ(with(body + 4, 77),
             "layout index: tensors[0] \"w\".dtype: 77 is not a dtype");
   EXPECT_EQ(

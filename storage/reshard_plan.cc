@@ -106,6 +106,17 @@ class TensorPlanner {
           scalar ? 1 : saved_.piece_offset(p, sd) + saved_.piece_length(p, sd));
       run_end_[i] = m;
     }
+    // Replicas of one box are adjacent (the index order): the end of each
+    // run, so a request looks at one representative per distinct box.
+    same_end_.resize(st.num_pieces);
+    for (uint64_t i = st.num_pieces; i-- > 0;) {
+      const uint64_t p = st.first_piece + i;
+      same_end_[i] =
+          i + 1 < st.num_pieces && SameBox(saved_.piece_coords(p),
+                                           saved_.piece_coords(p + 1), st.ndim)
+              ? same_end_[i + 1]
+              : i + 1;
+    }
     uint64_t j = 0;
     for (uint64_t q = rt.first_piece; q < rt.first_piece + rt.num_pieces; ++q) {
       const Span want = SpanOf(req_, q);
@@ -113,17 +124,23 @@ class TensorPlanner {
       j = Gallop(j, a);
       cands_.clear();
       const uint32_t rank = req_.piece_rank(q);
-      for (uint64_t i = j; i < st.num_pieces; ++i) {
+      for (uint64_t i = j; i < st.num_pieces; i = same_end_[i]) {
         const uint64_t p = st.first_piece + i;
         if (!scalar && saved_.piece_offset(p, sd) >= b) break;
         Span cut;
         if (Intersect(SpanOf(saved_, p), want, &cut))
-          cands_.push_back({Preference(saved_.piece_rank(p), rank), p});
+          cands_.push_back(
+              Choose(st.first_piece + i, st.first_piece + same_end_[i], rank));
       }
-      // Stable: equal preference keeps the index order.
-      std::stable_sort(
-          cands_.begin(), cands_.end(),
-          [](const Cand& x, const Cand& y) { return x.pref < y.pref; });
+      // Stable insertion sort (few candidates): equal preference keeps the
+      // index order.
+      for (size_t i = 1; i < cands_.size(); ++i) {
+        const Cand c = cands_[i];
+        size_t k = i;
+        for (; k > 0 && cands_[k - 1].pref > c.pref; --k)
+          cands_[k] = cands_[k - 1];
+        cands_[k] = c;
+      }
       if (absl::Status s = Cover(q, want); !s.ok()) return s;
     }
     return absl::OkStatus();
@@ -135,12 +152,28 @@ class TensorPlanner {
     uint64_t piece;
   };
 
-  int Preference(uint32_t saved_rank, uint32_t rank) const {
-    if (saved_rank == rank) return 0;
-    if (!opt_.saved_node.empty() &&
-        opt_.saved_node[saved_rank] == opt_.requested_node[rank])
-      return 1;
-    return 2;
+  static bool SameBox(const uint64_t* a, const uint64_t* b, uint32_t ndim) {
+    return std::equal(a, a + 2 * ndim, b);
+  }
+
+  // The replica of [first, end) (ranks ascending) to read for `rank`: its
+  // own (binary search), else one on its node (a scan of the replicas),
+  // else the first.
+  Cand Choose(uint64_t first, uint64_t end, uint32_t rank) const {
+    uint64_t lo = first, hi = end;
+    while (lo < hi) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      if (saved_.piece_rank(mid) < rank)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo < end && saved_.piece_rank(lo) == rank) return {0, lo};
+    if (!opt_.saved_node.empty())
+      for (uint64_t p = first; p < end; ++p)
+        if (opt_.saved_node[saved_.piece_rank(p)] == opt_.requested_node[rank])
+          return {1, p};
+    return {2, first};
   }
 
   // The first i >= 0 with run_end_[i] > a, searched outward from `from`.
@@ -207,7 +240,7 @@ class TensorPlanner {
   const LayoutIndex& req_;
   const PlanOptions& opt_;
   absl::FunctionRef<void(const PlannedRead&)> sink_;
-  std::vector<uint64_t> run_end_;
+  std::vector<uint64_t> run_end_, same_end_;
   std::vector<Cand> cands_;
   std::vector<Span> left_, next_;
 };

@@ -17,6 +17,17 @@ struct Span {
   uint64_t hi[kMaxTensorDims];
 };
 
+// From a piece's coordinates (ndim offsets, then ndim lengths).
+Span SpanAt(const uint64_t* c, uint32_t ndim) {
+  Span s;
+  s.ndim = ndim;
+  for (uint32_t d = 0; d < s.ndim; ++d) {
+    s.lo[d] = c[d];
+    s.hi[d] = c[d] + c[s.ndim + d];
+  }
+  return s;
+}
+
 Span SpanOf(const LayoutIndex& idx, uint64_t p) {
   Span s;
   s.ndim = idx.tensors()[idx.piece_tensor(p)].ndim;
@@ -117,21 +128,40 @@ class TensorPlanner {
               ? same_end_[i + 1]
               : i + 1;
     }
+    // Distinct saved boxes that never overlap along the split dimension
+    // (row sharding, with or without replicas) are disjoint: a request is
+    // then covered exactly when its intersections add up to its volume.
+    bool disjoint = !scalar;
+    for (uint64_t i = 0, prev_end = 0; disjoint && i < st.num_pieces;
+         i = same_end_[i]) {
+      const uint64_t p = st.first_piece + i;
+      disjoint = i == 0 || saved_.piece_offset(p, sd) >= prev_end;
+      prev_end = saved_.piece_offset(p, sd) + saved_.piece_length(p, sd);
+    }
+    // Coordinates of the tensor's pieces lie in one array, 2 * ndim apart.
+    const uint32_t nd = st.ndim, stride = 2 * nd;
+    const uint64_t* sc =
+        st.num_pieces == 0 ? nullptr : saved_.piece_coords(st.first_piece);
+    const uint64_t* rc = req_.piece_coords(rt.first_piece);  // has pieces
     uint64_t j = 0;
     for (uint64_t q = rt.first_piece; q < rt.first_piece + rt.num_pieces; ++q) {
-      const Span want = SpanOf(req_, q);
+      const Span want = SpanAt(rc + (q - rt.first_piece) * stride, nd);
       const uint64_t a = scalar ? 0 : want.lo[sd], b = scalar ? 1 : want.hi[sd];
       j = Gallop(j, a);
       cands_.clear();
+      cuts_.clear();
       const uint32_t rank = req_.piece_rank(q);
       for (uint64_t i = j; i < st.num_pieces; i = same_end_[i]) {
-        const uint64_t p = st.first_piece + i;
-        if (!scalar && saved_.piece_offset(p, sd) >= b) break;
+        const uint64_t* c = sc + i * stride;
+        if (!scalar && c[sd] >= b) break;
         Span cut;
-        if (Intersect(SpanOf(saved_, p), want, &cut))
+        if (Intersect(SpanAt(c, nd), want, &cut)) {
           cands_.push_back(
               Choose(st.first_piece + i, st.first_piece + same_end_[i], rank));
+          cuts_.push_back(cut);
+        }
       }
+      if (disjoint && EmitDisjoint(q, want)) continue;
       // Stable insertion sort (few candidates): equal preference keeps the
       // index order.
       for (size_t i = 1; i < cands_.size(); ++i) {
@@ -210,6 +240,23 @@ class TensorPlanner {
     return std::upper_bound(first, last, a) - run_end_.begin();
   }
 
+  // Emits the candidates' intersections (cuts_) if they cover `want`
+  // (candidates known disjoint); false, emitting nothing, on a gap.
+  bool EmitDisjoint(uint64_t q, const Span& want) {
+    uint64_t volume = 1, covered = 0;
+    for (uint32_t d = 0; d < want.ndim; ++d) volume *= want.hi[d] - want.lo[d];
+    for (size_t i = 0; i < cands_.size(); ++i) {
+      uint64_t v = 1;
+      for (uint32_t d = 0; d < want.ndim; ++d)
+        v *= cuts_[i].hi[d] - cuts_[i].lo[d];
+      covered += v;
+    }
+    if (covered != volume) return false;
+    for (size_t i = 0; i < cands_.size(); ++i)
+      sink_(PlannedRead{cands_[i].piece, q, ToBox(cuts_[i])});
+    return true;
+  }
+
   absl::Status Cover(uint64_t q, const Span& want) {
     left_.clear();
     left_.push_back(want);
@@ -242,7 +289,7 @@ class TensorPlanner {
   absl::FunctionRef<void(const PlannedRead&)> sink_;
   std::vector<uint64_t> run_end_, same_end_;
   std::vector<Cand> cands_;
-  std::vector<Span> left_, next_;
+  std::vector<Span> left_, next_, cuts_;
 };
 
 }  // namespace

@@ -163,6 +163,12 @@ TEST(ReshardPlan, RefusesUnknownTensorOtherShapeAndNodeTables) {
             "tensor \"w\": requested as int32 [5], saved as int32 [4]");
   EXPECT_EQ(PlanReshard(s, missing, {}, none).message(),
             "tensor \"x\": not in the saved index");
+  // Declared, but no rank saved a piece of it.
+  const LayoutIndex empty = MakeIndex(1, {{"w", {4}}}, {});
+  EXPECT_EQ(
+      PlanReshard(empty, s, {}, none).message(),
+      "tensor \"w\": region offsets [0] lengths [4] asked by rank 0 is in no "
+      "saved piece");
   const std::vector<uint32_t> two = {0, 1}, one = {0};
   EXPECT_EQ(PlanReshard(s, s, {two, one}, none).message(),
             "saved_node: 2 entries, saved world_size 1");

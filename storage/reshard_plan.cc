@@ -297,6 +297,14 @@ class TensorPlanner {
 absl::Status PlanReshard(const LayoutIndex& saved, const LayoutIndex& requested,
                          const PlanOptions& options,
                          absl::FunctionRef<void(const PlannedRead&)> sink) {
+  return PlanReshardTensors(saved, requested, options, 0,
+                            requested.tensors().size(), sink);
+}
+
+absl::Status PlanReshardTensors(
+    const LayoutIndex& saved, const LayoutIndex& requested,
+    const PlanOptions& options, size_t first_tensor, size_t end_tensor,
+    absl::FunctionRef<void(const PlannedRead&)> sink) {
   if (!options.saved_node.empty() || !options.requested_node.empty()) {
     if (options.saved_node.size() != saved.world_size())
       return absl::InvalidArgumentError(
@@ -308,7 +316,9 @@ absl::Status PlanReshard(const LayoutIndex& saved, const LayoutIndex& requested,
           options.requested_node.size(), requested.world_size()));
   }
   TensorPlanner planner(saved, requested, options, sink);
-  for (const LayoutTensor& rt : requested.tensors()) {
+  end_tensor = std::min(end_tensor, requested.tensors().size());
+  for (size_t t = first_tensor; t < end_tensor; ++t) {
+    const LayoutTensor& rt = requested.tensors()[t];
     if (rt.num_pieces == 0) continue;
     const int64_t s = saved.FindTensor(rt.name);
     if (s < 0)

@@ -55,6 +55,14 @@ struct PlanOptions {
     const PlanOptions& options,
     absl::FunctionRef<void(const PlannedRead&)> sink);
 
+// The same for requested tensors [first_tensor, end_tensor) only: tensors
+// are independent, so a caller may plan ranges on several threads, each
+// with its own sink.
+[[nodiscard]] absl::Status PlanReshardTensors(
+    const LayoutIndex& saved, const LayoutIndex& requested,
+    const PlanOptions& options, size_t first_tensor, size_t end_tensor,
+    absl::FunctionRef<void(const PlannedRead&)> sink);
+
 // The same, collected per requested rank.
 absl::StatusOr<std::vector<std::vector<PlannedRead>>> PlanReshardByRank(
     const LayoutIndex& saved, const LayoutIndex& requested,

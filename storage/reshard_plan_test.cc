@@ -64,6 +64,30 @@ TEST(ReshardPlan, EightToSix) { Reshard(6, {3, 2}); }
 TEST(ReshardPlan, EightToFour) { Reshard(4, {2, 2}); }
 TEST(ReshardPlan, EightToTwelve) { Reshard(12, {3, 4}); }
 
+TEST(ReshardPlan, TensorRangesTogetherGiveTheWholePlan) {
+  const std::vector<TestTensor> t = {{"a", {16}}, {"b", {12}}, {"c", {9}}};
+  std::vector<TestPiece> saved, want;
+  for (const TestTensor& x : t) {
+    for (TestPiece p : Assign(x.name, GridBoxes({EvenCuts(x.shape[0], 4)})))
+      saved.push_back(p);
+    for (TestPiece p : Assign(x.name, GridBoxes({EvenCuts(x.shape[0], 3)})))
+      want.push_back(p);
+  }
+  const LayoutIndex s = MakeIndex(4, t, saved), r = MakeIndex(3, t, want);
+  std::vector<std::string> whole, parts;
+  auto into = [](std::vector<std::string>* out) {
+    return [out](const PlannedRead& x) {
+      out->push_back(std::to_string(x.saved_piece) + "/" +
+                     std::to_string(x.request) + " " + x.box.ToString());
+    };
+  };
+  ASSERT_TRUE(PlanReshard(s, r, {}, into(&whole)).ok());
+  ASSERT_TRUE(PlanReshardTensors(s, r, {}, 0, 1, into(&parts)).ok());
+  ASSERT_TRUE(PlanReshardTensors(s, r, {}, 1, 3, into(&parts)).ok());
+  EXPECT_EQ(parts, whole);
+  EXPECT_FALSE(whole.empty());
+}
+
 TEST(ReshardPlan, RowShardedReadsAreSingleContiguousRuns) {
   const std::vector<TestTensor> t = {{"w", {16, 5}}};
   const LayoutIndex s =

@@ -234,18 +234,20 @@ absl::StatusOr<LayoutIndex> ParseLayoutIndex(std::string_view bytes) {
               absl::StrFormat("%d + length %d exceed global_shape[%d] %d", o, l,
                               d, t.global_shape[d]));
       }
-      // The index order: along split_dim, then box, then rank.
-      if (pi > 0 && t.ndim > 0) {
-        const uint64_t* c = &idx.coords_[base];
+      // The index order: along split_dim, then box, then rank (replicas of
+      // a box, scalars included, by rank: the planner searches them).
+      if (pi > 0) {
+        const uint64_t* c = idx.coords_.data() + base;
         const uint64_t* prev = c - 2 * t.ndim;
-        bool less = c[t.split_dim] < prev[t.split_dim];
-        if (!less && c[t.split_dim] == prev[t.split_dim]) {
-          if (std::equal(c, c + 2 * t.ndim, prev))
-            less = rank < idx.rank_[idx.rank_.size() - 2];
-          else
-            less = std::lexicographical_compare(c, c + 2 * t.ndim, prev,
-                                                prev + 2 * t.ndim);
-        }
+        const uint32_t sd = t.split_dim;
+        bool less;
+        if (t.ndim > 0 && c[sd] != prev[sd])
+          less = c[sd] < prev[sd];
+        else if (!std::equal(c, c + 2 * t.ndim, prev))
+          less = std::lexicographical_compare(c, c + 2 * t.ndim, prev,
+                                              prev + 2 * t.ndim);
+        else
+          less = rank < idx.rank_[idx.rank_.size() - 2];
         if (less) return piece_error(pi, "offsets", "not in index order");
       }
     }

@@ -149,6 +149,16 @@ TEST(LayoutFormat, RefusalsNameWhatIsWrong) {
       "hold");
   EXPECT_EQ(with(body + 3, '\n'),
             "layout index: tensors[0].name: non-printable character 0x0a");
+  // Scalar replicas must come by rank: the planner binary-searches them.
+  const std::string scalars = SerializeLayoutIndex(
+      MakeIndex(2, {{"s", {}}}, {{"s", 0, Box{}}, {"s", 1, Box{}}}));
+  std::string swapped = scalars;
+  swapped[body + 8] = 1;
+  swapped[body + 10] = 0;
+  Reseal(&swapped);
+  EXPECT_EQ(
+      std::string(ParseLayoutIndex(swapped).status().message()),
+      "layout index: tensors[0] \"s\" piece 1.offsets: not in index order");
   std::string b = good;
   b[4] = 2;
   EXPECT_EQ(std::string(ParseLayoutIndex(b).status().message()),

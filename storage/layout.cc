@@ -197,10 +197,10 @@ absl::StatusOr<LayoutIndex> LayoutIndexBuilder::Finish() && {
     const uint32_t nd = t.ndim;
     t.split_dim = 0;
     if (t.num_pieces > 1) {
-      const uint64_t* c0 = &coords_[piece_coord_[*begin]];
+      const uint64_t* c0 = coords_.data() + piece_coord_[*begin];
       uint32_t d = nd;
       for (auto it = begin + 1; it != end && d > 0; ++it) {
-        const uint64_t* c = &coords_[piece_coord_[*it]];
+        const uint64_t* c = coords_.data() + piece_coord_[*it];
         for (uint32_t k = 0; k < d; ++k)
           if (c[k] != c0[k]) {
             d = k;
@@ -211,8 +211,8 @@ absl::StatusOr<LayoutIndex> LayoutIndexBuilder::Finish() && {
     }
     const uint32_t sd = t.split_dim;
     auto less = [&](uint64_t a, uint64_t b) {
-      const uint64_t* ca = &coords_[piece_coord_[a]];
-      const uint64_t* cb = &coords_[piece_coord_[b]];
+      const uint64_t* ca = coords_.data() + piece_coord_[a];
+      const uint64_t* cb = coords_.data() + piece_coord_[b];
       if (nd > 0 && ca[sd] != cb[sd]) return ca[sd] < cb[sd];
       if (!std::equal(ca, ca + 2 * nd, cb))
         return std::lexicographical_compare(ca, ca + 2 * nd, cb, cb + 2 * nd);
@@ -232,7 +232,7 @@ absl::StatusOr<LayoutIndex> LayoutIndexBuilder::Finish() && {
     idx.rank_[i] = rank_[p];
     idx.data_offset_[i] = data_offset_[p];
     const uint32_t nd = idx.tensors_[t].ndim;
-    std::copy_n(&coords_[piece_coord_[p]], 2 * nd, out);
+    std::copy_n(coords_.data() + piece_coord_[p], 2 * nd, out);
     out += 2 * nd;
   }
   return idx;

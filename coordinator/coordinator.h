@@ -28,7 +28,7 @@
 //   their ranks' shards in memory, RESTART to every host, STOP to the dead
 //   node for ranks it lost. Orders go out in Heartbeat responses until
 //   acknowledged by a later Heartbeat.
-// - Replicas (issue 19): each node hosting ranks is told a replica target
+// - Replicas: each node hosting ranks is told a replica target
 //   (replica_placement.h) in its heartbeats; holders report REPLICATED,
 //   checked against the rank's STAGED save. A holder's death drops its
 //   replicas; a refusal re-places them (replica_refusals.h).
@@ -553,7 +553,7 @@ class Coordinator {
   // last good, not being committed).
   void TrimStepsLocked(JobState& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_replicas.cc: replica placement, REPLICATED reports and
-  // where a plan restores each rank from (issue 19; restore_source.h).
+  // where a plan restores each rank from (restore_source.h).
   CopySource SourceOfLocked(const JobState& job, uint64_t step,
                             uint32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

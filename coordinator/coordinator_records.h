@@ -47,7 +47,7 @@ struct JobState {
   v1::JobRecord rec;
   std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
   std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
-  // Verified replicas (soft, issue 19): step -> rank -> holder -> its
+  // Verified replicas (soft): step -> rank -> holder -> its
   // REPLICATED record (node_id and epoch: the holder's). A holder keeps
   // the two newest replicated steps of each rank, and so do these.
   std::map<uint64_t, std::map<uint32_t, std::map<std::string, v1::ShardRecord>>>

@@ -110,7 +110,7 @@ struct NodeAgentOptions {
   // before it reads anything, never acknowledged, until the agent stops (a
   // replacement wedged on its shared root).
   bool hang_prefetch = false;
-  // Health re-checks (issue 18): runs the node's checks (health.h) on a
+  // Health re-checks: runs the node's checks (health.h) on a
   // thread of its own; the report goes with a later heartbeat. Run when
   // the coordinator asks (`ckptctl health`, a spare about to take ranks)
   // and, while the node hosts no ranks, every health_recheck on its own

@@ -26,17 +26,21 @@ bool Coordinator::HoldExitLocked(Batch* batch, JobState& job,
   std::set<std::string> suspects;
   std::vector<uint32_t> lost;
   if (req.peer_lost()) {
-    auto suspect = [&](const std::string& host) {
+    // Where the lost peers ran; unnamed: every node of the job. (A loop,
+    // not a lambda: clang's lock analysis sees mu_ held here.)
+    std::vector<std::string> hosts;
+    if (req.lost_peer_ranks().empty()) {
+      for (const auto& [host, ranks] : job.ranks_by_node) hosts.push_back(host);
+    } else {
+      for (uint32_t r : req.lost_peer_ranks())
+        hosts.push_back(job.rec.rank_node(r));
+    }
+    for (const std::string& host : hosts) {
       // The reporter's own trainers are its launcher's to report.
-      if (host == req.node_id()) return;
+      if (host == req.node_id()) continue;
       auto n = nodes_.find(host);
       if (n != nodes_.end() && n->second.rec.health() == v1::ALIVE)
         suspects.insert(host);
-    };
-    if (req.lost_peer_ranks().empty()) {
-      for (const auto& [host, ranks] : job.ranks_by_node) suspect(host);
-    } else {
-      for (uint32_t r : req.lost_peer_ranks()) suspect(job.rec.rank_node(r));
     }
   }
   if (suspects.empty() && job.awaited_probes.empty()) return false;

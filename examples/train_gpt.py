@@ -22,6 +22,7 @@ Prints "step N loss X" lines, "restored step N" after a restore, then
 order; 16 hex digits).
 """
 import argparse
+import contextlib
 import hashlib
 import math
 import os
@@ -299,51 +300,56 @@ def main(argv=None):
         data.gen.set_state(state["data_rng"])
         say(f"restored step {step}")
 
-    pending = None  # the save in flight
-    restored = restore_step is not None
-    while step < a.steps:
-        s = step + 1
-        if s == a.hang_step and rank == a.hang_rank and not restored:
-            hang_in_python_loop(rank, s)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(a, step)
-        x, y = data.batch()
-        x, y = x.to(device), y.to(device)
-        opt.zero_grad(set_to_none=True)
-        compute_start = time.monotonic()
-        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
-        loss.backward()
-        if ck is not None:
-            # The hang beacon, after this rank's own work and before it waits
-            # for the others: a stuck rank stays behind the ones waiting.
-            ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
-        allreduce_mean_grads(torch, dist, model, world)
-        if pending is not None:
-            pending.wait_copied()  # the saved tensors may change from here on
-        opt.step()
-        step = s
-        if a.log_every and (s % a.log_every == 0 or s == a.steps):
-            lv = loss.detach().clone()
-            if world > 1:
-                dist.all_reduce(lv)
-                lv /= world
-            say(f"step {s} loss {lv.item():.4f}")
-        if ck is not None and a.ckpt_every and s % a.ckpt_every == 0:
+    # A collective that breaks because a peer is gone says so to ckptrun
+    # before the exit, so that the coordinator probes the peer's node
+    # instead of planning this exit as a failure of its own.
+    watched = ckpt_torch.peers_watched() if ck is not None else contextlib.nullcontext()
+    with watched:
+        pending = None  # the save in flight
+        restored = restore_step is not None
+        while step < a.steps:
+            s = step + 1
+            if s == a.hang_step and rank == a.hang_rank and not restored:
+                hang_in_python_loop(rank, s)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(a, step)
+            x, y = data.batch()
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad(set_to_none=True)
+            compute_start = time.monotonic()
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
+            loss.backward()
+            if ck is not None:
+                # The hang beacon, after this rank's own work and before it waits
+                # for the others: a stuck rank stays behind the ones waiting.
+                ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
+            allreduce_mean_grads(torch, dist, model, world)
             if pending is not None:
-                pending.wait()
-            pending = ck.save_async(s, training_state())
-        if a.step_sleep_ms:
-            time.sleep(a.step_sleep_ms / 1000)
-    if pending is not None:
-        pending.wait()
-    digest = params_digest(model)
-    if world > 1:
-        mine = torch.tensor([int(digest, 16) >> 1], dtype=torch.int64)
-        digests = [torch.zeros_like(mine) for _ in range(world)]
-        dist.all_gather(digests, mine)
-        if any(int(d) != int(mine) for d in digests):
-            raise SystemExit(f"train_gpt: rank {rank}: ranks ended with different parameters")
-        dist.destroy_process_group()
+                pending.wait_copied()  # the saved tensors may change from here on
+            opt.step()
+            step = s
+            if a.log_every and (s % a.log_every == 0 or s == a.steps):
+                lv = loss.detach().clone()
+                if world > 1:
+                    dist.all_reduce(lv)
+                    lv /= world
+                say(f"step {s} loss {lv.item():.4f}")
+            if ck is not None and a.ckpt_every and s % a.ckpt_every == 0:
+                if pending is not None:
+                    pending.wait()
+                pending = ck.save_async(s, training_state())
+            if a.step_sleep_ms:
+                time.sleep(a.step_sleep_ms / 1000)
+        if pending is not None:
+            pending.wait()
+        digest = params_digest(model)
+        if world > 1:
+            mine = torch.tensor([int(digest, 16) >> 1], dtype=torch.int64)
+            digests = [torch.zeros_like(mine) for _ in range(world)]
+            dist.all_gather(digests, mine)
+            if any(int(d) != int(mine) for d in digests):
+                raise SystemExit(f"train_gpt: rank {rank}: ranks ended with different parameters")
+            dist.destroy_process_group()
     say(f"done rank={rank} step {step} params_digest={digest}")
     say(f"params_digest={digest}")
     return 0

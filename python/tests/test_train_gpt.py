@@ -142,6 +142,20 @@ class TrainGptTest(unittest.TestCase):
             self.assertTrue(glob.glob(os.path.join(c.node_dir("b"), "tmp", "ckptrun-stacks-*")),
                             "node b's ckptrun kept its stacks directory outside its TMPDIR")
         self.check(self.run_job(["a", "b"], ["c"], disturb))
+        # One failure, one plan: the survivor's broken collective (rank 0
+        # on a) says its peer is gone, so its exit waits for the probe of
+        # b (or, reported after b's heartbeat timed out, is covered by
+        # that plan) instead of being planned as a failure of its own.
+        c = self.cluster
+        events = c.ctl_json("events", "--job", "gpt").get("events", [])
+        plans = [e for e in events if e.get("kind") == "PLAN_MADE"]
+        exits = [e for e in events if e.get("kind") == "FAILURE_DETECTED"
+                 and e.get("detail", "").startswith("trainer of rank")]
+        said = "\n".join("%s %s %s" % (e.get("timeMs"), e.get("kind"), e.get("detail", "")) for e in events)
+        if len(plans) != 1 or exits:
+            self.keep = True
+        self.assertEqual(len(plans), 1, said)
+        self.assertEqual(exits, [], said)
 
     def test_rank_hung_in_a_python_loop_is_named_with_its_python_stack(self):
         # After two checkpoints, so that the restart restores (and a

@@ -32,13 +32,14 @@ import os
 import torch
 
 from .. import _client, _stacks, errors
+from .._peers import peers_watched  # noqa: F401 (ckpt.peers_watched, here too)
 from . import _tensors, _tree
 
 # A hang's evidence: the Python stacks on SIGUSR2 when ckptrun asks
 # ($CKPT_STACKS_FILE, see ckpt/_stacks.py).
 _stacks.register()
 
-__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes"]
+__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes", "peers_watched"]
 
 storable_dtypes = _tensors.storable_dtypes
 

@@ -22,9 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "storage/layout.h"
 #include "storage/layout_format.h"
 #include "storage/reshard_plan.h"
+#include "util/program.h"
 
 namespace {
 
@@ -145,35 +147,28 @@ double ScanSeconds(const LayoutIndex& a, const LayoutIndex& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ckpt::PrintedVersion(argc, argv, "reshard_plan_bench", CKPT_VERSION))
+    return 0;
   uint32_t ranks = 16384, new_ranks = 12288, tensors = 1000, runs = 5;
   uint32_t threads = 1;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> uint32_t {
-      if (i + 1 >= argc) Die(a + " needs a value");
-      return static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
-    };
-    if (a == "--smoke") {
-      ranks = 64, new_ranks = 48, tensors = 10, runs = 2;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--ranks") {
-      ranks = next();
-    } else if (a == "--new-ranks") {
-      new_ranks = next();
-    } else if (a == "--tensors") {
-      tensors = next();
-    } else if (a == "--threads") {
-      threads = std::max(1u, next());
-    } else if (a == "--runs") {
-      runs = std::max(1u, next());
-    } else {
-      Die("unknown flag " + a +
-          " (--smoke --json --ranks N --new-ranks N --tensors N --runs N "
-          "--threads N)");
-    }
-  }
+  bool json = false, smoke = false;
+  CLI::App app{
+      "The resharding planner at scale: a step saved by --ranks ranks, "
+      "loaded by --new-ranks ranks (doc/resharding.md)"};
+  app.add_option("--ranks", ranks, "saved world size")
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--new-ranks", new_ranks, "requested world size")
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--tensors", tensors, "tensors in the state")
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--runs", runs, "plans timed (the median is reported)")
+      ->check(CLI::Range(1u, 1000u));
+  app.add_option("--threads", threads, "threads planning ranges of tensors")
+      ->check(CLI::Range(1u, 1024u));
+  app.add_flag("--smoke", smoke, "64 -> 48 ranks, 10 tensors, 2 runs (ctest)");
+  app.add_flag("--json", json, "one JSON object on stdout");
+  CLI11_PARSE(app, argc, argv);
+  if (smoke) ranks = 64, new_ranks = 48, tensors = 10, runs = 2;
   // Rows divisible by both world sizes.
   uint64_t unit = uint64_t{ranks} * new_ranks;
   for (uint64_t x = ranks, y = new_ranks; y != 0;) {

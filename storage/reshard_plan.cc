@@ -103,6 +103,8 @@ class TensorPlanner {
       : saved_(saved), req_(requested), opt_(options), sink_(sink) {}
 
   absl::Status Plan(const LayoutTensor& st, const LayoutTensor& rt) {
+    read_.box = Box{};
+    read_.box.ndim = st.ndim;
     const uint32_t sd = st.split_dim;
     const bool scalar = st.ndim == 0;
     // Running maximum of the saved pieces' ends along the split dimension:
@@ -182,6 +184,20 @@ class TensorPlanner {
     uint64_t piece;
   };
 
+  // Hands the read of `s` from saved piece `piece` into request `q` to the
+  // sink. The read is reused: only the tensor's dims are written, the rest
+  // stay zero from Plan, so a read costs no clearing of the whole box
+  // (which was a quarter of the planner's time).
+  void Emit(uint64_t piece, uint64_t q, const Span& s) {
+    read_.saved_piece = piece;
+    read_.request = q;
+    for (uint32_t d = 0; d < s.ndim; ++d) {
+      read_.box.offsets[d] = s.lo[d];
+      read_.box.lengths[d] = s.hi[d] - s.lo[d];
+    }
+    sink_(read_);
+  }
+
   static bool SameBox(const uint64_t* a, const uint64_t* b, uint32_t ndim) {
     return std::equal(a, a + 2 * ndim, b);
   }
@@ -253,7 +269,7 @@ class TensorPlanner {
     }
     if (covered != volume) return false;
     for (size_t i = 0; i < cands_.size(); ++i)
-      sink_(PlannedRead{cands_[i].piece, q, ToBox(cuts_[i])});
+      Emit(cands_[i].piece, q, cuts_[i]);
     return true;
   }
 
@@ -270,7 +286,7 @@ class TensorPlanner {
           next_.push_back(box);
           continue;
         }
-        sink_(PlannedRead{c.piece, q, ToBox(cut)});
+        Emit(c.piece, q, cut);
         Subtract(box, cut, &next_);
       }
       left_.swap(next_);
@@ -290,6 +306,7 @@ class TensorPlanner {
   std::vector<uint64_t> run_end_, same_end_;
   std::vector<Cand> cands_;
   std::vector<Span> left_, next_, cuts_;
+  PlannedRead read_;
 };
 
 }  // namespace

@@ -69,9 +69,13 @@ fi
 nice -n 19 scripts/thread-safety.sh >build/thread-safety.log 2>&1 &
 tsa_pid=$!
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-# (Its build has no slow or system test; the labels only make sure.)
+# Three at a time on two cores: a sanitizer test keeps its core busy ~70%
+# of its time (user+sys against the CI run's wall time, for the tests of
+# health_test and ckptrun_test), the rest waiting on its ckptd and its
+# children, so a third fills what two leave idle. (Its build has no slow
+# or system test; the labels only make sure.)
 asan_rc=0
-(cd build-asan && ctest --output-on-failure -j2 --timeout 900 -LE 'slow|system') || asan_rc=$?
+(cd build-asan && ctest --output-on-failure -j3 --timeout 900 -LE 'slow|system') || asan_rc=$?
 tsa_rc=0
 wait "$tsa_pid" || tsa_rc=$?
 cat build/thread-safety.log

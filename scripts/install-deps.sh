@@ -36,7 +36,7 @@ if [[ "${1:-}" != --build ]]; then
          elfutils
          # Python package and its tests (Debian's python3 + torch 1.13)
          python3 python3-cffi python3-torch python3-yaml
-         # the dev-files test's pip install of python/ into a venv
+         # the dev-files and .deb tests' pip install of python/ into a venv
          python3-pip python3-setuptools python3-venv python3-wheel
          # the object tier's interop tests
          awscli python3-boto3

@@ -29,7 +29,8 @@ std::string ToJson(const Result& r) {
       "\"refused_register\": %llu, \"refused_heartbeat\": %llu, "
       "\"refused_report\": %llu, \"refused_register_job\": %llu, "
       "\"reregistrations\": %d, \"coordinator_cpu_total_s\": %.1f, "
-      "\"wall_total_s\": %.1f}",
+      "\"wall_total_s\": %.1f, \"heartbeat_timed_out\": %llu, "
+      "\"sim_late_sends\": %llu, \"sim_late_max_s\": %.2f}",
       r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
       r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
       r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
@@ -43,7 +44,9 @@ std::string ToJson(const Result& r) {
       static_cast<unsigned long long>(r.refused_heartbeat),
       static_cast<unsigned long long>(r.refused),
       static_cast<unsigned long long>(r.refused_job), r.reregistrations,
-      r.cpu_total_s, r.wall_total_s);
+      r.cpu_total_s, r.wall_total_s,
+      static_cast<unsigned long long>(r.hb_timed_out),
+      static_cast<unsigned long long>(r.sim_late_sends), r.sim_late_max_s);
   return buf;
 }
 

@@ -128,7 +128,8 @@ class Sim {
     for (size_t i = 0; i < nodes_.size(); ++i) {
       double first = Now() + std::uniform_real_distribution<double>(
                                  0, a_.heartbeat_ms / 1000.0)(rng_);
-      timers_.At(first, [this, i] { Heartbeat(static_cast<int>(i)); });
+      timers_.At(first,
+                 [this, i, first] { Heartbeat(static_cast<int>(i), first); });
     }
     auto deadline = Now() + 120;
     while (left > 0 && Now() < deadline)
@@ -139,12 +140,17 @@ class Sim {
                  stderr,
                  "coord_scale_bench: registration timed out after %.0f s: "
                  "%d of %zu registered; refused %llu registrations, %llu "
-                 "heartbeats; %d false deaths\n",
+                 "heartbeats (%llu more timed out or unreachable); %d false "
+                 "deaths; the simulator sent %llu heartbeats more than "
+                 "timeout/2 late (max %.1f s)\n",
                  registration_s_, static_cast<int>(nodes_.size()) - left.load(),
                  nodes_.size(),
                  static_cast<unsigned long long>(refused_register_.load()),
                  static_cast<unsigned long long>(refused_heartbeat_.load()),
-                 false_deaths_.load()),
+                 static_cast<unsigned long long>(hb_timed_out_),
+                 false_deaths_.load(),
+                 static_cast<unsigned long long>(sim_late_sends_),
+                 sim_late_max_),
              false;
     v1::RegisterJobRequest req;
     req.set_job(kJob);
@@ -232,6 +238,9 @@ class Sim {
     r->false_deaths = false_deaths_;
     r->refused_register = refused_register_;
     r->refused_heartbeat = refused_heartbeat_;
+    r->hb_timed_out = hb_timed_out_;
+    r->sim_late_max_s = sim_late_max_;
+    r->sim_late_sends = sim_late_sends_;
     r->refused_job = refused_job_;
     r->reregistrations = reregistered_calls_;
     r->registration_s = registration_s_;
@@ -317,8 +326,16 @@ class Sim {
         });
   }
 
-  void Heartbeat(int i) {
+  void Heartbeat(int i, double due) {
     if (stopping_) return;
+    {
+      // How late the simulator itself sends (a starved simulator's nodes
+      // are silent for the coordinator, whatever it does).
+      const double late = Now() - due;
+      std::lock_guard<std::mutex> lock(mu_);
+      sim_late_max_ = std::max(sim_late_max_, late);
+      if (late > a_.timeout_ms / 2000.0) ++sim_late_sends_;
+    }
     auto* c = new Call<v1::HeartbeatRequest, v1::HeartbeatResponse>;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -328,8 +345,8 @@ class Sim {
       }
       if (nodes_[i].epoch == 0) {  // not registered yet
         delete c;
-        timers_.At(Now() + a_.heartbeat_ms / 1000.0,
-                   [this, i] { Heartbeat(i); });
+        const double due = Now() + a_.heartbeat_ms / 1000.0;
+        timers_.At(due, [this, i, due] { Heartbeat(i, due); });
         return;
       }
       c->req.set_node_id(nodes_[i].id);
@@ -350,7 +367,11 @@ class Sim {
             Node& n = nodes_[i];
             if (s.ok() || Retryable(s)) hb_latency_.push_back(Now() - sent);
             if (!s.ok()) ++hb_errors_;
-            if (Retryable(s)) ++refused_heartbeat_;
+            if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+              ++refused_heartbeat_;
+            if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::UNAVAILABLE)
+              ++hb_timed_out_;
             if (s.ok()) {
               n.last_hb_ok_sent = sent;
               for (uint64_t id : c->req.acked_order_ids())
@@ -376,12 +397,12 @@ class Sim {
             // epoch.
             ++reregistered_calls_;
             Register(i, &reregistered_);
-            timers_.At(Now() + a_.heartbeat_ms / 1000.0,
-                       [this, i] { Heartbeat(i); });
+            const double due = Now() + a_.heartbeat_ms / 1000.0;
+            timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           } else if (s.ok() || Retryable(s) ||
                      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-            timers_.At(sent + a_.heartbeat_ms / 1000.0,
-                       [this, i] { Heartbeat(i); });
+            const double due = sent + a_.heartbeat_ms / 1000.0;
+            timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           }
           delete c;
           --inflight_;
@@ -531,6 +552,8 @@ class Sim {
   std::atomic<uint64_t> refused_register_{0}, refused_heartbeat_{0},
       refused_job_{0};
   double start_ = 0, cpu_start_ = 0, registration_s_ = -1;
+  double sim_late_max_ = 0;
+  uint64_t sim_late_sends_ = 0, hb_timed_out_ = 0;
 };
 
 }  // namespace

@@ -248,6 +248,7 @@ class Service final : public rpc::RpcService {
               auto req = std::make_shared<Req>();
               grpc::Status s = ParseBytes(*in, req.get());
               if (s.ok()) s = AdmitCall(ctx, name, *req);
+              if (s.ok()) s = ToGrpc(ValidateNodeId(req->node_id()));
               if (!s.ok()) {
                 reactor->Finish(s);
                 return reactor;
@@ -386,6 +387,7 @@ void CoordinatorServer::Promote(std::unique_ptr<Coordinator> coordinator) {
   promoted_.store(true, std::memory_order_release);
   ticker_ = std::thread([this] { TickLoop(); });
   auditor_ = std::thread([this] { AuditLoop(); });
+  ear_ = std::thread([this] { EarLoop(); });
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
@@ -459,6 +461,43 @@ void CoordinatorServer::AuditLoop() {
   }
 }
 
+void CoordinatorServer::EarLoop() {
+  // A heartbeat of no node, through this server's own call path (in
+  // process: no TLS, no network): refused at once by the handler, so its
+  // round trip is how long a heartbeat waits before the server reads it.
+  // Longer than max(timeout/4, 100 ms): the nodes' heartbeats waited as
+  // long, unread; the coordinator could not hear them (hearing.h).
+  using Clock = std::chrono::steady_clock;
+  const int64_t limit_ms = std::max<int64_t>(
+      coordinator_->options().heartbeat_timeout.count() / 4, 100);
+  const auto period = std::chrono::milliseconds(100);
+  auto stub = v1::Coordinator::NewStub(
+      server_->InProcessChannel(grpc::ChannelArguments()));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(4 * limit_ms));
+    v1::HeartbeatRequest req;  // no node_id: INVALID_ARGUMENT
+    v1::HeartbeatResponse resp;
+    const auto sent = Clock::now();
+    grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+    const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           Clock::now() - sent)
+                           .count();
+    if (ms > limit_ms) {
+      coordinator_->hearing().RestartWindows(absl::StrCat(
+          "a heartbeat took ", ms, " ms to be read (", s.error_message(), ")"));
+      std::fprintf(stderr,
+                   "ckpt-coordinator: heartbeats wait %lld ms to be read; "
+                   "every heartbeat window restarts now\n",
+                   static_cast<long long>(ms));
+    }
+    lock.lock();
+  }
+}
+
 void CoordinatorServer::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return stopping_; });
@@ -473,6 +512,7 @@ void CoordinatorServer::Shutdown() {
   cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (auditor_.joinable()) auditor_.join();
+  if (ear_.joinable()) ear_.join();
   if (watch_)
     watch_->Stop();  // ends the open streams, or Shutdown waits for them
   if (server_)

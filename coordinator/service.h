@@ -124,6 +124,9 @@ class CoordinatorServer {
   // Coordinator::AuditManifests every few seconds (it reads the shared
   // root: never on the failure detector's thread).
   void AuditLoop();
+  // Measures how long this server takes to read a heartbeat; too long,
+  // and no node is judged on that time (hearing.h).
+  void EarLoop();
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Service> service_;
@@ -138,6 +141,7 @@ class CoordinatorServer {
   std::atomic<bool> promoted_{false};
   std::thread ticker_;
   std::thread auditor_;
+  std::thread ear_;
 };
 
 }  // namespace ckpt::coordinator

@@ -101,7 +101,20 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   resp.set_heartbeat_timeout_ms(
       static_cast<uint32_t>(options_.heartbeat_timeout.count()));
   resp.set_incarnation(incarnation_.load());
-  return txn.Commit(resp);
+  // The window starts when the node has its epoch, not before: a storm's
+  // group commits may take longer than the timeout.
+  NodeLiveness* live = node.live;
+  live->answered = false;
+  absl::StatusOr<v1::RegisterNodeResponse> r = txn.Commit(resp);
+  {
+    std::shared_lock<std::shared_mutex> lock(live_mu_);
+    if (live->epoch == resp.epoch()) {
+      live->last_seen_ms =
+          std::max(live->last_seen_ms.load(), options_.now_ms());
+      live->answered = true;
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(

@@ -29,6 +29,10 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
     std::unique_lock<std::shared_mutex> live(live_mu_);
     for (auto& [id, node] : nodes_) {
       if (node.rec.health() != v1::ALIVE) continue;
+      if (!node.live->answered) {  // its registration is not durable yet
+        next = std::min(next, now + timeout + 1);
+        continue;
+      }
       int64_t last = std::max(LastSeen(node), heard_since);
       if (now - last <= timeout) {
         next = std::min(next, last + timeout + 1);

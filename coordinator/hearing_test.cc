@@ -145,6 +145,41 @@ TEST_F(HearingTest, HeartbeatsAreHeardWhileRegistrationsWaitForTheDisk) {
   ASSERT_TRUE(Eventually([&] { return answered == int(storm.size()); }));
 }
 
+// A registration answered only once durable: a node cannot heartbeat
+// before it has its epoch, so a slow group commit (a registration storm)
+// must not count as its silence.
+TEST_F(HearingTest, NodeIsNotJudgedBeforeItsRegistrationIsAnswered) {
+  StartHeld();
+  const uint64_t n1 = RegisterNode("n1");
+  Hold();
+  grpc::ClientContext ctx;
+  v1::RegisterNodeRequest req;
+  req.set_node_id("n2");
+  req.set_capacity(2);
+  v1::RegisterNodeResponse resp;
+  std::atomic<bool> done{false};
+  grpc::Status status;
+  stub_->async()->RegisterNode(&ctx, &req, &resp, [&](grpc::Status s) {
+    status = s;
+    done = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return WriterHeld(); }));
+  // Longer than the timeout with n2's registration unanswered; n1 keeps
+  // heartbeating (its heartbeats need no durable write).
+  const int64_t until = NowMs() + 2 * heartbeat_timeout_ms_;
+  ASSERT_TRUE(Eventually([&] {
+    EXPECT_TRUE(Heartbeat("n1", n1).ok());
+    return NowMs() > until;
+  }));
+  EXPECT_EQ(Health("n2"), v1::ALIVE) << DeadReason("n2");
+  Release();
+  ASSERT_TRUE(Eventually([&] { return done.load(); }));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  grpc::Status hb = Heartbeat("n2", resp.epoch());
+  EXPECT_TRUE(hb.ok()) << "n2's first heartbeat after its registration: "
+                       << hb.error_message();
+}
+
 // The coordinator's own admission sheds every heartbeat: each refusal says
 // when to come back, and the node is not declared dead for it; a node that
 // stops heartbeating altogether still is, within its timeout.

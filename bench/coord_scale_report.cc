@@ -9,7 +9,7 @@
 namespace ckpt::bench {
 
 std::string ToJson(const Result& r) {
-  char buf[2048];
+  char buf[4096];
   std::snprintf(
       buf, sizeof buf,
       "{\"nodes\": %d, \"ranks\": %d, \"interval_s\": %g, \"duration_s\": %g, "
@@ -25,7 +25,12 @@ std::string ToJson(const Result& r) {
       "\"coordinator_rss_bytes\": %llu, \"coordinator_rss_peak_bytes\": %llu, "
       "\"bench_cpu_cores\": %.3f, \"machine_cpus\": %d, \"loadavg_before\": "
       "%.2f, "
-      "\"loadavg_after\": %.2f}",
+      "\"loadavg_after\": %.2f, \"registration_s\": %.2f, "
+      "\"refused_register\": %llu, \"refused_heartbeat\": %llu, "
+      "\"refused_report\": %llu, \"refused_register_job\": %llu, "
+      "\"reregistrations\": %d, \"coordinator_cpu_total_s\": %.1f, "
+      "\"wall_total_s\": %.1f, \"heartbeat_timed_out\": %llu, "
+      "\"sim_late_sends\": %llu, \"sim_late_max_s\": %.2f}",
       r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
       r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
       r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
@@ -34,7 +39,14 @@ std::string ToJson(const Result& r) {
       static_cast<unsigned long long>(r.report_errors), r.cpu_cores,
       static_cast<unsigned long long>(r.rss),
       static_cast<unsigned long long>(r.rss_peak), r.bench_cpu_cores, r.cpus,
-      r.load_before, r.load_after);
+      r.load_before, r.load_after, r.registration_s,
+      static_cast<unsigned long long>(r.refused_register),
+      static_cast<unsigned long long>(r.refused_heartbeat),
+      static_cast<unsigned long long>(r.refused),
+      static_cast<unsigned long long>(r.refused_job), r.reregistrations,
+      r.cpu_total_s, r.wall_total_s,
+      static_cast<unsigned long long>(r.hb_timed_out),
+      static_cast<unsigned long long>(r.sim_late_sends), r.sim_late_max_s);
   return buf;
 }
 
@@ -56,6 +68,15 @@ void PrintText(const Result& r) {
       "RESOURCE_EXHAUSTED/UNAVAILABLE)\n",
       r.reports_per_s, r.rpcs_per_s,
       static_cast<unsigned long long>(r.refused));
+  std::printf(
+      "  registration %.2f s; refused: %llu registrations, %llu heartbeats, "
+      "%llu reports, %llu RegisterJob; %d re-registrations\n",
+      r.registration_s, static_cast<unsigned long long>(r.refused_register),
+      static_cast<unsigned long long>(r.refused_heartbeat),
+      static_cast<unsigned long long>(r.refused),
+      static_cast<unsigned long long>(r.refused_job), r.reregistrations);
+  std::printf("  coordinator CPU %.1f s over the whole run (%.1f s)\n",
+              r.cpu_total_s, r.wall_total_s);
   std::printf(
       "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
       "cores; load %.2f -> %.2f on %d CPUs\n",

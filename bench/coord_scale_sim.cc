@@ -72,6 +72,19 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// The coordinator's jittered "come back in" for a refusal, in seconds; -1
+// when it sent none (an older coordinator).
+double RetryAfter(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find("ckpt-retry-after-ms");
+  if (it == md.end()) return -1;
+  try {
+    return std::stod(std::string(it->second.data(), it->second.size())) / 1000;
+  } catch (...) {
+    return -1;
+  }
+}
+
 bool Retryable(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
          s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -104,7 +117,9 @@ class Sim {
     }
   }
 
-  bool Setup() {
+  bool Setup(pid_t coord) {
+    start_ = Now();
+    cpu_start_ = ProcCpuSeconds(coord);
     std::atomic<int> left{static_cast<int>(nodes_.size())};
     for (size_t i = 0; i < nodes_.size(); ++i)
       Register(static_cast<int>(i), &left);
@@ -113,22 +128,43 @@ class Sim {
     for (size_t i = 0; i < nodes_.size(); ++i) {
       double first = Now() + std::uniform_real_distribution<double>(
                                  0, a_.heartbeat_ms / 1000.0)(rng_);
-      timers_.At(first, [this, i] { Heartbeat(static_cast<int>(i)); });
+      timers_.At(first,
+                 [this, i, first] { Heartbeat(static_cast<int>(i), first); });
     }
     auto deadline = Now() + 120;
     while (left > 0 && Now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    registration_s_ = Now() - start_;
     if (left > 0)
-      return std::fprintf(stderr,
-                          "coord_scale_bench: registration timed out\n"),
+      return std::fprintf(
+                 stderr,
+                 "coord_scale_bench: registration timed out after %.0f s: "
+                 "%d of %zu registered; refused %llu registrations, %llu "
+                 "heartbeats (%llu more timed out or unreachable); %d false "
+                 "deaths; the simulator sent %llu heartbeats more than "
+                 "timeout/2 late (max %.1f s)\n",
+                 registration_s_, static_cast<int>(nodes_.size()) - left.load(),
+                 nodes_.size(),
+                 static_cast<unsigned long long>(refused_register_.load()),
+                 static_cast<unsigned long long>(refused_heartbeat_.load()),
+                 static_cast<unsigned long long>(hb_timed_out_),
+                 false_deaths_.load(),
+                 static_cast<unsigned long long>(sim_late_sends_),
+                 sim_late_max_),
              false;
     v1::RegisterJobRequest req;
     req.set_job(kJob);
     req.set_world_size(a_.nodes * a_.ranks_per_node);
     req.set_nproc_per_node(a_.ranks_per_node);
     v1::RegisterJobResponse resp;
-    grpc::ClientContext ctx;
-    grpc::Status s = stubs_[0]->RegisterJob(&ctx, req, &resp);
+    grpc::Status s;
+    for (auto until = Now() + 60;;) {  // an admin call may be shed too
+      grpc::ClientContext ctx;
+      s = stubs_[0]->RegisterJob(&ctx, req, &resp);
+      if (!Retryable(s) || Now() > until) break;
+      ++refused_job_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     if (!s.ok())
       return std::fprintf(stderr, "coord_scale_bench: RegisterJob: %s\n",
                           s.error_message().c_str()),
@@ -136,6 +172,14 @@ class Sim {
     gen0_ = resp.job().generation();
     watcher_ = std::thread([this] { Watch(); });
     return true;
+  }
+
+  // After a failed Setup: no call may land on a destroyed Sim.
+  void Abort() {
+    stopping_ = true;
+    timers_.Stop();
+    while (inflight_ > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 
   void Run(Result* r, pid_t coord) {
@@ -192,6 +236,16 @@ class Sim {
     r->refused = refused_;
     r->report_errors = report_errors_;
     r->false_deaths = false_deaths_;
+    r->refused_register = refused_register_;
+    r->refused_heartbeat = refused_heartbeat_;
+    r->hb_timed_out = hb_timed_out_;
+    r->sim_late_max_s = sim_late_max_;
+    r->sim_late_sends = sim_late_sends_;
+    r->refused_job = refused_job_;
+    r->reregistrations = reregistered_calls_;
+    r->registration_s = registration_s_;
+    r->cpu_total_s = cpu1 - cpu_start_;
+    r->wall_total_s = t1 - start_;
     r->cpus = static_cast<int>(std::thread::hardware_concurrency());
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<double> lat;
@@ -228,6 +282,7 @@ class Sim {
     std::vector<uint64_t> acks;
     std::set<uint64_t> seen;
     double last_hb_ok_sent = 0;
+    uint64_t fenced_epoch = 0;  // the last epoch the coordinator fenced
   };
   struct StepStat {
     double last_durable_send = 0;
@@ -259,15 +314,28 @@ class Sim {
             nodes_[i].epoch = c->resp.epoch();
             --*left;
           } else {
-            timers_.At(Now() + 0.05, [this, i, left] { Register(i, left); });
+            // As the node agent does: the coordinator's retry-after, else
+            // its registration interval with jitter.
+            if (Retryable(s)) ++refused_register_;
+            double after = RetryAfter(c->ctx);
+            if (after < 0) after = 0.25 * (0.5 + (i % 100) / 100.0);
+            timers_.At(Now() + after, [this, i, left] { Register(i, left); });
           }
           delete c;
           --inflight_;
         });
   }
 
-  void Heartbeat(int i) {
+  void Heartbeat(int i, double due) {
     if (stopping_) return;
+    {
+      // How late the simulator itself sends (a starved simulator's nodes
+      // are silent for the coordinator, whatever it does).
+      const double late = Now() - due;
+      std::lock_guard<std::mutex> lock(mu_);
+      sim_late_max_ = std::max(sim_late_max_, late);
+      if (late > a_.timeout_ms / 2000.0) ++sim_late_sends_;
+    }
     auto* c = new Call<v1::HeartbeatRequest, v1::HeartbeatResponse>;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -277,8 +345,8 @@ class Sim {
       }
       if (nodes_[i].epoch == 0) {  // not registered yet
         delete c;
-        timers_.At(Now() + a_.heartbeat_ms / 1000.0,
-                   [this, i] { Heartbeat(i); });
+        const double due = Now() + a_.heartbeat_ms / 1000.0;
+        timers_.At(due, [this, i, due] { Heartbeat(i, due); });
         return;
       }
       c->req.set_node_id(nodes_[i].id);
@@ -293,11 +361,17 @@ class Sim {
     ++rpcs_;
     StubFor(i)->async()->Heartbeat(
         &c->ctx, &c->req, &c->resp, [this, c, i, sent](grpc::Status s) {
+          bool fenced = false;
           {
             std::lock_guard<std::mutex> lock(mu_);
             Node& n = nodes_[i];
             if (s.ok() || Retryable(s)) hb_latency_.push_back(Now() - sent);
             if (!s.ok()) ++hb_errors_;
+            if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+              ++refused_heartbeat_;
+            if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::UNAVAILABLE)
+              ++hb_timed_out_;
             if (s.ok()) {
               n.last_hb_ok_sent = sent;
               for (uint64_t id : c->req.acked_order_ids())
@@ -312,18 +386,23 @@ class Sim {
               }
             } else if (s.error_code() ==
                            grpc::StatusCode::FAILED_PRECONDITION &&
-                       !n.dead) {
-              ++false_deaths_;  // fenced while alive: a false death
+                       n.fenced_epoch != c->req.epoch()) {
+              n.fenced_epoch = c->req.epoch();
+              fenced = true;
+              if (!n.dead) ++false_deaths_;  // fenced while alive
             }
           }
-          if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-            // As the node agent does: register again for a new epoch.
+          if (fenced) {
+            // As the node agent does: register again (once) for a new
+            // epoch.
+            ++reregistered_calls_;
             Register(i, &reregistered_);
-            timers_.At(Now() + a_.heartbeat_ms / 1000.0,
-                       [this, i] { Heartbeat(i); });
-          } else if (s.ok() || Retryable(s)) {
-            timers_.At(sent + a_.heartbeat_ms / 1000.0,
-                       [this, i] { Heartbeat(i); });
+            const double due = Now() + a_.heartbeat_ms / 1000.0;
+            timers_.At(due, [this, i, due] { Heartbeat(i, due); });
+          } else if (s.ok() || Retryable(s) ||
+                     s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+            const double due = sent + a_.heartbeat_ms / 1000.0;
+            timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           }
           delete c;
           --inflight_;
@@ -378,10 +457,11 @@ class Sim {
           if (Retryable(s)) {
             ++refused_;
             double backoff = std::min(2.0, 0.02 * (1 << std::min(attempt, 7)));
-            timers_.At(Now() + backoff * (0.5 + (i % 100) / 100.0),
-                       [this, i, step, durable, attempt] {
-                         Report(i, step, durable, attempt + 1);
-                       });
+            backoff *= 0.5 + (i % 100) / 100.0;
+            if (double after = RetryAfter(c->ctx); after >= 0) backoff = after;
+            timers_.At(Now() + backoff, [this, i, step, durable, attempt] {
+              Report(i, step, durable, attempt + 1);
+            });
           } else if (!s.ok()) {
             ++report_errors_;
           } else {
@@ -468,6 +548,12 @@ class Sim {
       report_errors_{0};
   std::atomic<int> false_deaths_{0};
   std::atomic<int> reregistered_{0};
+  std::atomic<int> reregistered_calls_{0};
+  std::atomic<uint64_t> refused_register_{0}, refused_heartbeat_{0},
+      refused_job_{0};
+  double start_ = 0, cpu_start_ = 0, registration_s_ = -1;
+  double sim_late_max_ = 0;
+  uint64_t sim_late_sends_ = 0, hb_timed_out_ = 0;
 };
 
 }  // namespace
@@ -483,7 +569,10 @@ bool RunOnce(const Args& a, Result* r) {
     return false;
   }
   Sim sim(a, coord.port());
-  if (!sim.Setup()) return false;
+  if (!sim.Setup(coord.pid())) {
+    sim.Abort();
+    return false;
+  }
   sim.Run(r, coord.pid());
   return true;
 }

@@ -38,6 +38,18 @@ struct Result {
   uint64_t hb_errors = 0;
   double reports_per_s = 0, rpcs_per_s = 0;
   uint64_t refused = 0;  // RESOURCE_EXHAUSTED/UNAVAILABLE answers, retried
+  // Refused (RESOURCE_EXHAUSTED/UNAVAILABLE), by kind, over the whole run
+  // (registration included); reports: `refused` above is the same count.
+  uint64_t refused_register = 0, refused_heartbeat = 0, refused_job = 0;
+  uint64_t hb_timed_out = 0;  // DEADLINE_EXCEEDED/UNAVAILABLE heartbeats
+  // Heartbeats the simulator itself sent late (more than timeout/2): a
+  // starved simulator, not the coordinator.
+  uint64_t sim_late_sends = 0;
+  double sim_late_max_s = 0;
+  int reregistrations = 0;     // after a false death (a fence)
+  double registration_s = -1;  // first RegisterNode sent -> all answered
+  double cpu_total_s = 0;      // coordinator CPU seconds, whole run
+  double wall_total_s = 0;
   uint64_t report_errors = 0;
   double cpu_cores = 0;
   uint64_t rss = 0, rss_peak = 0;

@@ -101,7 +101,20 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   resp.set_heartbeat_timeout_ms(
       static_cast<uint32_t>(options_.heartbeat_timeout.count()));
   resp.set_incarnation(incarnation_.load());
-  return txn.Commit(resp);
+  // The window starts when the node has its epoch, not before: a storm's
+  // group commits may take longer than the timeout.
+  NodeLiveness* live = node.live;
+  live->answered = false;
+  absl::StatusOr<v1::RegisterNodeResponse> r = txn.Commit(resp);
+  {
+    std::shared_lock<std::shared_mutex> lock(live_mu_);
+    if (live->epoch == resp.epoch()) {
+      live->last_seen_ms =
+          std::max(live->last_seen_ms.load(), options_.now_ms());
+      live->answered = true;
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
@@ -112,21 +125,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));
   CKPT_RETURN_IF_ERROR(
       ValidateHealthReport(req.health_report(), "health_report"));
-  {
-    // Liveness first, without the state mutex: a heartbeat counts even if
-    // reports or a plan hold the state for a while.
-    std::shared_lock<std::shared_mutex> live(live_mu_);
-    auto it = live_.find(req.node_id());
-    if (it != live_.end() && it->second->alive &&
-        it->second->epoch == req.epoch()) {
-      const int64_t now = options_.now_ms();
-      int64_t last = it->second->last_seen_ms.load();
-      // A node already past its timeout is left to the detector below.
-      while (now - last <= options_.heartbeat_timeout.count() && last < now &&
-             !it->second->last_seen_ms.compare_exchange_weak(last, now)) {
-      }
-    }
-  }
+  // Liveness first, without the state mutex: a heartbeat counts even if
+  // reports or a plan hold the state for a while.
+  Heard(req.node_id(), req.epoch());
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
@@ -146,6 +147,23 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   ReplicaTargetForLocked(&batch, req, &resp);
   txn.Enqueue();
   return resp;
+}
+
+void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {
+  std::shared_lock<std::shared_mutex> live(live_mu_);
+  auto it = live_.find(node_id);
+  if (it == live_.end() || !it->second->alive || it->second->epoch != epoch)
+    return;
+  const int64_t now = options_.now_ms();
+  const int64_t heard_since = hearing_.heard_since_ms();
+  int64_t last = it->second->last_seen_ms.load();
+  // A node already past its timeout (counted from when the coordinator
+  // could hear) is left to the detector.
+  while (now - std::max(last, heard_since) <=
+             options_.heartbeat_timeout.count() &&
+         last < now &&
+         !it->second->last_seen_ms.compare_exchange_weak(last, now)) {
+  }
 }
 
 absl::Status Coordinator::CheckAcksLocked(

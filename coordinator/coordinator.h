@@ -82,6 +82,7 @@
 #include "coordinator/coordinator_records.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
+#include "coordinator/hearing.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
 #include "coordinator/replica_refusals.h"
@@ -121,6 +122,13 @@ class Coordinator {
       const v1::RegisterNodeRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& req);
+  // The liveness part of a heartbeat alone (no state lock): node_id at
+  // `epoch` was heard now. The server calls it for every heartbeat it
+  // receives, before admission may shed the rest of the work.
+  void Heard(const std::string& node_id, uint64_t epoch);
+  // What the coordinator could hear (hearing.h): the server tells it when
+  // it could not.
+  Hearing& hearing() { return hearing_; }
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
       const v1::RegisterJobRequest& req);
   absl::StatusOr<v1::ReportShardResponse> ReportShard(
@@ -607,6 +615,7 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
+  Hearing hearing_{[this] { return options_.now_ms(); }};
   const std::unique_ptr<CoordStore> store_;
   const std::unique_ptr<storage::Backend> shared_;
   // Changes when the soft state is lost: at Open, and when a failed write

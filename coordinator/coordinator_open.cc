@@ -216,6 +216,7 @@ void Coordinator::StartServing() {
     if (last < now) node.live->last_seen_ms = now;
   }
   next_expiry_ms_ = now + options_.heartbeat_timeout.count() + 1;
+  hearing_.RestartWindows("the state was loading (start or failover)");
 }
 
 }  // namespace ckpt::coordinator

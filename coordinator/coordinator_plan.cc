@@ -16,6 +16,9 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
   const int64_t now = options_.now_ms();
   if (now < next_expiry_ms_.load()) return;  // no node can have timed out yet
   const int64_t timeout = options_.heartbeat_timeout.count();
+  // Silence while the coordinator could not hear is no one's: a window
+  // starts no earlier than hearing last recovered (hearing.h).
+  const int64_t heard_since = hearing_.heard_since_ms();
   // Every node that timed out is dead before any plan is made, so that no
   // plan hands ranks to a node that is about to be declared dead too.
   std::vector<std::string> dead;
@@ -26,7 +29,11 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
     std::unique_lock<std::shared_mutex> live(live_mu_);
     for (auto& [id, node] : nodes_) {
       if (node.rec.health() != v1::ALIVE) continue;
-      int64_t last = LastSeen(node);
+      if (!node.live->answered) {  // its registration is not durable yet
+        next = std::min(next, now + timeout + 1);
+        continue;
+      }
+      int64_t last = std::max(LastSeen(node), heard_since);
       if (now - last <= timeout) {
         next = std::min(next, last + timeout + 1);
         continue;

@@ -26,6 +26,9 @@ struct NodeLiveness {
   uint64_t epoch = 0;
   bool alive = false;
   std::atomic<int64_t> last_seen_ms{0};
+  // False while this epoch's registration waits to be durable: the node
+  // cannot heartbeat before it has its epoch, so it is not judged yet.
+  std::atomic<bool> answered{true};
 };
 struct NodeState {
   v1::NodeRecord rec;

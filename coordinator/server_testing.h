@@ -121,6 +121,7 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     ServerLimits limits;
     limits.max_inflight_reports = max_inflight_reports;
+    limits.max_threads = max_threads_;
     auto s = CoordinatorServer::Start(
         std::move(*c), "127.0.0.1:" + std::to_string(port), limits);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -209,6 +210,7 @@ class ServerTest : public ::testing::Test {
 
   ckpt::testing::TempDir dir_;
   int heartbeat_timeout_ms_ = 1000;
+  int max_threads_ = 256;  // the synchronous server's thread pool
   std::atomic<int64_t> skew_ms_{0};
   FaultyKv* faulty_ = nullptr;  // owned by the coordinator
   std::unique_ptr<CoordinatorServer> server_;

@@ -4,8 +4,11 @@
 
 #include <atomic>
 #include <cstdio>
+#include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator.grpc.pb.h"
+#include "coordinator/admission.h"
 #include "coordinator/client/leader_channel.h"
 #include "coordinator/watch_service.h"
 #include "util/rpc_service.h"
@@ -27,27 +30,72 @@ grpc::Status Answer(absl::StatusOr<Resp> r, Resp* out) {
   return grpc::Status::OK;
 }
 
+// As RpcService::ParseRequest: INVALID_ARGUMENT naming the field.
+grpc::Status ParseBytes(const grpc::ByteBuffer& in,
+                        google::protobuf::Message* req) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (in.Valid() && in.Dump(&slices).ok())
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (req->ParseFromString(bytes)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      rpc::DescribeParseFailure(*req->GetDescriptor(), bytes));
+}
+
+void SerializeTo(const google::protobuf::Message& resp, grpc::ByteBuffer* out) {
+  std::string bytes = resp.SerializeAsString();
+  grpc::Slice slice(std::move(bytes));
+  *out = grpc::ByteBuffer(&slice, 1);
+}
+
 // A request that does not parse is INVALID_ARGUMENT naming the field (see
 // RpcService); the Coordinator validates every field it is given.
+// Heartbeats, ReportShards and RegisterNode (what every node sends, and
+// what a storm is made of) are served on gRPC's callback API through a
+// KindQueue each (admission.h): no gRPC thread waits for the state lock or
+// a durable write for them, and gRPC never refuses them for want of a
+// thread. The rest (admin and rare calls) stay on the synchronous pool.
 class Service final : public rpc::RpcService {
  public:
   Service(AuthPolicy auth, Leadership leadership,
-          std::atomic<int>* max_inflight)
+          std::atomic<int>* max_inflight, const ServerLimits& limits)
       : RpcService(
             google::protobuf::DescriptorPool::generated_pool()
                 ->FindServiceByName(v1::Coordinator::service_full_name())),
         auth_(std::move(auth)),
         leadership_(std::move(leadership)),
-        max_inflight_(max_inflight) {
-    AddUnary("RegisterNode", this, &Service::RegisterNode);
-    AddUnary("Heartbeat", this, &Service::Heartbeat);
+        max_inflight_(max_inflight),
+        // Heartbeats: the state lock for a moment, no durable wait.
+        heartbeats_("heartbeat", 2, limits.max_queued_heartbeats, 200),
+        // Reports and registrations wait for the group commit: enough
+        // workers that a group holds many of them.
+        reports_("report", 16, limits.max_inflight_reports, 100),
+        registrations_("registration", 8, limits.max_inflight_reports, 500) {
+    // First: their indices among the methods are 0, 1 and 2.
+    AddQueued<v1::HeartbeatRequest>(
+        0, "Heartbeat", &heartbeats_,
+        [this](const v1::HeartbeatRequest& r) { return c_->Heartbeat(r); },
+        [this](const v1::HeartbeatRequest& r) {
+          // Heard before admission: a shed heartbeat still shows life.
+          c_->Heard(r.node_id(), r.epoch());
+        },
+        [this] { c_->hearing().NoteShed(); });
+    AddQueued<v1::ReportShardsRequest>(
+        1, "ReportShards", &reports_, [this](const v1::ReportShardsRequest& r) {
+          return c_->ReportShards(r);
+        });
+    AddQueued<v1::RegisterNodeRequest>(
+        2, "RegisterNode", &registrations_,
+        [this](const v1::RegisterNodeRequest& r) {
+          return c_->RegisterNode(r);
+        });
     AddUnary("RegisterJob", this, &Service::RegisterJob);
     AddUnary("ReportShard", this, &Service::ReportShard);
     AddUnary("ReportTrainerExit", this, &Service::ReportTrainerExit);
     AddUnary("GetCluster", this, &Service::GetCluster);
     AddUnary("Rollback", this, &Service::Rollback);
     AddUnary("Events", this, &Service::Events);
-    AddUnary("ReportShards", this, &Service::ReportShards);
     AddUnary("ReportFallback", this, &Service::ReportFallback);
     AddUnary("ReportStacks", this, &Service::ReportStacks);
     AddUnary("GetStacks", this, &Service::GetStacks);
@@ -56,20 +104,20 @@ class Service final : public rpc::RpcService {
     AddUnary("CheckHealth", this, &Service::CheckHealth);
     AddUnary("ReportNodeCheck", this, &Service::ReportNodeCheck);
   }
+  ~Service() override { StopQueues(); }
 
-  grpc::Status RegisterNode(grpc::ServerContext*,
-                            const v1::RegisterNodeRequest* req,
-                            v1::RegisterNodeResponse* resp) {
-    // A registration waits for a disk write too: thousands at once (a job
-    // starting) must not take the threads heartbeats need.
-    Admission a(this);
-    if (!a.ok()) return a.Refusal();
-    return Answer(c_->RegisterNode(*req), resp);
+  // Answers what was admitted, then stops the workers (after the server
+  // stopped taking calls).
+  void StopQueues() {
+    heartbeats_.Stop();
+    reports_.Stop();
+    registrations_.Stop();
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) {
-    return Answer(c_->Heartbeat(*req), resp);
+  void SetReportCapacity(int n) {
+    reports_.SetCapacity(n);
+    registrations_.SetCapacity(n);
   }
+  void SetHeartbeatCapacity(int n) { heartbeats_.SetCapacity(n); }
   grpc::Status RegisterJob(grpc::ServerContext*,
                            const v1::RegisterJobRequest* req,
                            v1::RegisterJobResponse* resp) {
@@ -81,13 +129,6 @@ class Service final : public rpc::RpcService {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ReportShard(*req), resp);
-  }
-  grpc::Status ReportShards(grpc::ServerContext*,
-                            const v1::ReportShardsRequest* req,
-                            v1::ReportShardsResponse* resp) {
-    Admission a(this);
-    if (!a.ok()) return a.Refusal();
-    return Answer(c_->ReportShards(*req), resp);
   }
   grpc::Status ReportFallback(grpc::ServerContext*,
                               const v1::ReportFallbackRequest* req,
@@ -183,6 +224,54 @@ class Service final : public rpc::RpcService {
   }
 
  private:
+  // Registers method `name` (index `index` among those registered) on the
+  // callback API: parsed and admitted (leadership, authorisation) on the
+  // gRPC thread, `heard` run there too, then run by `queue`'s workers, or
+  // refused RESOURCE_EXHAUSTED with kRetryAfterMetadataKey when the queue
+  // is full (`shed` runs then).
+  template <class Req, class Run>
+  void AddQueued(int index, const char* name, KindQueue* queue, Run run,
+                 std::function<void(const Req&)> heard = nullptr,
+                 std::function<void()> shed = nullptr) {
+    paths_.push_back(
+        absl::StrCat("/", v1::Coordinator::service_full_name(), "/", name));
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    MarkMethodRawCallback(
+        index,
+        new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer,
+                                                 grpc::ByteBuffer>(
+            [this, name, queue, run, heard, shed](
+                grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                grpc::ByteBuffer* out) {
+              grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+              auto req = std::make_shared<Req>();
+              grpc::Status s = ParseBytes(*in, req.get());
+              if (s.ok()) s = AdmitCall(ctx, name, *req);
+              if (s.ok()) s = ToGrpc(ValidateNodeId(req->node_id()));
+              if (!s.ok()) {
+                reactor->Finish(s);
+                return reactor;
+              }
+              if (heard) heard(*req);
+              if (queue->TryRun([reactor, req, out, run] {
+                    auto r = run(*req);
+                    if (r.ok()) SerializeTo(*r, out);
+                    reactor->Finish(ToGrpc(r.status()));
+                  }))
+                return reactor;
+              if (shed) shed();
+              const int after = queue->RetryAfterMs();
+              ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
+                                       std::to_string(after));
+              reactor->Finish(grpc::Status(
+                  grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  absl::StrCat("coordinator busy: too many ", queue->kind(),
+                               " calls; retry after ", after, " ms")));
+              return reactor;
+            }));
+  }
+
   grpc::Status Admit(grpc::ServerContext* ctx, const std::string& method,
                      const google::protobuf::Message& request) override {
     return AdmitCall(ctx, method, request);
@@ -213,6 +302,10 @@ class Service final : public rpc::RpcService {
   Coordinator* c_ = nullptr;
   std::atomic<int>* const max_inflight_;
   std::atomic<int> inflight_{0};
+  std::deque<std::string> paths_;  // gRPC keeps pointers to them
+  KindQueue heartbeats_;
+  KindQueue reports_;
+  KindQueue registrations_;
 };
 
 }  // namespace
@@ -246,6 +339,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
     return absl::InvalidArgumentError("max_threads: must be at least 4");
   if (limits.max_inflight_reports < 0)
     return absl::InvalidArgumentError("max_inflight_reports: negative");
+  if (limits.max_queued_heartbeats < 0)
+    return absl::InvalidArgumentError("max_queued_heartbeats: negative");
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       LoadServerCredentials(security.tls);
   if (!creds.ok()) return creds.status();
@@ -254,8 +349,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
   AuthPolicy auth;
   auth.mtls = security.tls.enabled();
   auth.admin_identities = security.admin_identities;
-  auto service = std::make_unique<Service>(
-      std::move(auth), std::move(leadership), &s->max_inflight_reports_);
+  auto service =
+      std::make_unique<Service>(std::move(auth), std::move(leadership),
+                                &s->max_inflight_reports_, limits);
   Service* svc = service.get();
   s->service_ = std::move(service);
   s->watch_ = std::make_unique<WatchService>(
@@ -291,6 +387,7 @@ void CoordinatorServer::Promote(std::unique_ptr<Coordinator> coordinator) {
   promoted_.store(true, std::memory_order_release);
   ticker_ = std::thread([this] { TickLoop(); });
   auditor_ = std::thread([this] { AuditLoop(); });
+  ear_ = std::thread([this] { EarLoop(); });
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
@@ -306,19 +403,40 @@ std::chrono::milliseconds CoordinatorServer::tick_period() const {
 
 void CoordinatorServer::SetMaxInflightReports(int n) {
   max_inflight_reports_ = std::max(n, 0);
+  static_cast<Service*>(service_.get())->SetReportCapacity(n);
+}
+
+void CoordinatorServer::SetMaxQueuedHeartbeats(int n) {
+  static_cast<Service*>(service_.get())->SetHeartbeatCapacity(n);
 }
 
 void CoordinatorServer::TickLoop() {
+  using Clock = std::chrono::steady_clock;
   const auto period = tick_period();
+  // Woken this much later than due, the process could not run (starved of
+  // CPU, stopped): it could not hear the nodes either (hearing.h).
+  const int64_t late_limit_ms = std::max<int64_t>(
+      coordinator_->options().heartbeat_timeout.count() / 4, 100);
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+  auto due = Clock::now() + period;
+  while (!cv_.wait_until(lock, due, [this] { return stopping_; })) {
     lock.unlock();
+    const int64_t late_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
+                                                              due)
+            .count();
+    if (coordinator_->hearing().NoteWake(late_ms, late_limit_ms))
+      std::fprintf(stderr,
+                   "ckpt-coordinator: the failure detector woke %lld ms "
+                   "late; every heartbeat window restarts now\n",
+                   static_cast<long long>(late_ms));
     absl::Status s = coordinator_->Tick();
     if (!s.ok())
       std::fprintf(stderr, "ckpt-coordinator: tick: %s\n",
                    std::string(s.message()).c_str());
     ticks_.fetch_add(1, std::memory_order_relaxed);
     lock.lock();
+    due = Clock::now() + period;
   }
 }
 
@@ -343,6 +461,43 @@ void CoordinatorServer::AuditLoop() {
   }
 }
 
+void CoordinatorServer::EarLoop() {
+  // A heartbeat of no node, through this server's own call path (in
+  // process: no TLS, no network): refused at once by the handler, so its
+  // round trip is how long a heartbeat waits before the server reads it.
+  // Longer than max(timeout/4, 100 ms): the nodes' heartbeats waited as
+  // long, unread; the coordinator could not hear them (hearing.h).
+  using Clock = std::chrono::steady_clock;
+  const int64_t limit_ms = std::max<int64_t>(
+      coordinator_->options().heartbeat_timeout.count() / 4, 100);
+  const auto period = std::chrono::milliseconds(100);
+  auto stub = v1::Coordinator::NewStub(
+      server_->InProcessChannel(grpc::ChannelArguments()));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(4 * limit_ms));
+    v1::HeartbeatRequest req;  // no node_id: INVALID_ARGUMENT
+    v1::HeartbeatResponse resp;
+    const auto sent = Clock::now();
+    grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+    const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           Clock::now() - sent)
+                           .count();
+    if (ms > limit_ms) {
+      coordinator_->hearing().RestartWindows(absl::StrCat(
+          "a heartbeat took ", ms, " ms to be read (", s.error_message(), ")"));
+      std::fprintf(stderr,
+                   "ckpt-coordinator: heartbeats wait %lld ms to be read; "
+                   "every heartbeat window restarts now\n",
+                   static_cast<long long>(ms));
+    }
+    lock.lock();
+  }
+}
+
 void CoordinatorServer::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return stopping_; });
@@ -357,11 +512,13 @@ void CoordinatorServer::Shutdown() {
   cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (auditor_.joinable()) auditor_.join();
+  if (ear_.joinable()) ear_.join();
   if (watch_)
     watch_->Stop();  // ends the open streams, or Shutdown waits for them
   if (server_)
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
+  if (service_) static_cast<Service*>(service_.get())->StopQueues();
 }
 
 }  // namespace ckpt::coordinator

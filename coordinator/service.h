@@ -6,13 +6,19 @@
 // RPC maps the Coordinator's absl::Status to the gRPC status with the same
 // code and message.
 //
-// Overload: the synchronous server runs on a bounded thread pool
+// Overload (doc/coordinator-scale.md): Heartbeat, ReportShards and
+// RegisterNode run on gRPC's callback API, each kind admitted by its own
+// bounded queue and run on the server's own workers (admission.h), so no
+// gRPC thread waits for the state lock or a durable write for them and a
+// registration storm cannot starve heartbeats. A heartbeat counts for
+// liveness as soon as it arrives, even when admission then sheds it. A
+// refusal is RESOURCE_EXHAUSTED with a jittered kRetryAfterMetadataKey
+// trailer. Other calls run on a bounded synchronous pool
 // (ServerLimits::max_threads through a grpc::ResourceQuota; gRPC answers
-// RESOURCE_EXHAUSTED beyond it), and at most
-// ServerLimits::max_inflight_reports report and RegisterNode calls (those
-// that wait for a disk write) run at once (others get
-// RESOURCE_EXHAUSTED at once, before touching the state), so heartbeats
-// always find a thread. Clients retry with backoff.
+// RESOURCE_EXHAUSTED beyond it); ReportShard, ReportFallback and
+// ReportStacks share a bound of max_inflight_reports. Time the coordinator
+// could not hear (a state load, a failure detector that woke late) is held
+// against no node (hearing.h).
 //
 // Security: with TLS files the server requires and verifies client
 // certificates and admits calls per coordinator/auth.h (WatchJob and
@@ -53,8 +59,14 @@ namespace ckpt::coordinator {
 
 struct ServerLimits {
   int max_threads = 256;
-  int max_inflight_reports = 16;
+  int max_inflight_reports = 16;  // and as many registrations
+  int max_queued_heartbeats = 4096;
 };
+
+// A refusal for load (RESOURCE_EXHAUSTED) carries this trailer: when to
+// try again, in milliseconds, jittered so the refused do not return
+// together. The node agent honours it.
+inline constexpr char kRetryAfterMetadataKey[] = "ckpt-retry-after-ms";
 
 struct ServerSecurity {
   TlsFiles tls;  // no files: plaintext
@@ -88,6 +100,9 @@ class CoordinatorServer {
   // Changes the report admission limit at run time (0 refuses every report
   // call with RESOURCE_EXHAUSTED: an operator shedding load, or a test).
   void SetMaxInflightReports(int n);
+  // Heartbeats admitted at once (queued or running); beyond, they are
+  // refused (still heard: their nodes are not judged on it). 0 sheds all.
+  void SetMaxQueuedHeartbeats(int n);
   // The served Coordinator (nullptr before Promote).
   Coordinator* coordinator() { return coordinator_.get(); }
   ~CoordinatorServer();
@@ -109,6 +124,9 @@ class CoordinatorServer {
   // Coordinator::AuditManifests every few seconds (it reads the shared
   // root: never on the failure detector's thread).
   void AuditLoop();
+  // Measures how long this server takes to read a heartbeat; too long,
+  // and no node is judged on that time (hearing.h).
+  void EarLoop();
 
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Service> service_;
@@ -123,6 +141,7 @@ class CoordinatorServer {
   std::atomic<bool> promoted_{false};
   std::thread ticker_;
   std::thread auditor_;
+  std::thread ear_;
 };
 
 }  // namespace ckpt::coordinator

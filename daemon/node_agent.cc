@@ -108,6 +108,9 @@ void NodeAgent::OrderWatchLoop() {
 
 void NodeAgent::HeartbeatLoop() {
   std::chrono::milliseconds interval(250);
+  // Until the next attempt: the interval, or what a refusal asked for.
+  std::chrono::milliseconds wait = interval;
+  std::chrono::milliseconds register_backoff(0);
   bool reachable = true;
   auto note = [&](const grpc::Status& s) {
     if (s.ok() && !reachable)
@@ -118,6 +121,7 @@ void NodeAgent::HeartbeatLoop() {
     if (s.ok() || IsUnreachable(s)) reachable = s.ok();
   };
   do {
+    wait = interval;
     if (epoch_.load() == 0) {
       cv1::RegisterNodeRequest req;
       req.set_node_id(options_.node_id);
@@ -133,6 +137,20 @@ void NodeAgent::HeartbeatLoop() {
       grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
                                     &resp, options_.rpc_timeout);
       note(s);
+      if (IsTransient(s)) {
+        // A busy coordinator (a registration storm): when it says, else
+        // exponential backoff with jitter, so the herd spreads out.
+        register_backoff = std::min(std::max(register_backoff * 2, interval),
+                                    std::chrono::milliseconds(5000));
+        const int after = RetryAfterMs(s);
+        wait = after >= 0
+                   ? std::chrono::milliseconds(after)
+                   : register_backoff / 2 +
+                         std::chrono::milliseconds(
+                             std::rand() % (register_backoff.count() / 2 + 1));
+      } else {
+        register_backoff = std::chrono::milliseconds(0);
+      }
       if (!s.ok()) {
         // ALREADY_EXISTS: our previous incarnation has not timed out yet.
         if (!IsUnreachable(s))
@@ -256,7 +274,7 @@ void NodeAgent::HeartbeatLoop() {
     TakeOrders(resp);
     TakeNetProbes(resp);
     ReapOrders();
-  } while (WaitFor(interval));
+  } while (WaitFor(wait));
 }
 
 }  // namespace ckpt::daemon

@@ -90,6 +90,7 @@ void NodeAgent::ReportLoop() {
   const auto kGather =
       std::chrono::milliseconds(20);  // the other ranks' reports of a step
   auto backoff = std::chrono::milliseconds(0);
+  auto told = std::chrono::milliseconds(0);  // a refusal's retry-after
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     // Fallbacks are rare and small: each goes out before the next batch.
@@ -98,7 +99,9 @@ void NodeAgent::ReportLoop() {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }
-    if (backoff.count() == 0) {
+    if (told.count() > 0) {
+      cv_.wait_for(lock, told, [&] { return stopping_; });
+    } else if (backoff.count() == 0) {
       cv_.wait_for(lock, kGather, [&] { return stopping_; });
     } else {
       // Exponential backoff with jitter, so that shed nodes do not return
@@ -130,9 +133,11 @@ void NodeAgent::ReportLoop() {
       ++report_retries_;
       backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(50)),
                          std::chrono::milliseconds(2000));
+      // The coordinator's own jittered wait, when it says one.
+      told = std::chrono::milliseconds(std::max(RetryAfterMs(s), 0));
       continue;  // the same reports again, order kept: never dropped
     }
-    backoff = std::chrono::milliseconds(0);
+    backoff = told = std::chrono::milliseconds(0);
     if (!s.ok())
       LogWarning(absl::StrCat("report of ", batch.size(), " shards (epoch ",
                               epoch, "): ", s.error_message()));

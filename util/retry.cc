@@ -1,6 +1,23 @@
 #include "util/retry.h"
 
+#include <algorithm>
+#include <charconv>
+
 namespace ckpt {
+
+int RetryAfterMs(absl::StatusCode code, std::string_view message) {
+  if (code != absl::StatusCode::kResourceExhausted) return -1;
+  constexpr std::string_view kSays = "retry after ";
+  const size_t at = message.rfind(kSays);
+  if (at == std::string_view::npos) return -1;
+  std::string_view rest = message.substr(at + kSays.size());
+  int ms = -1;
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), ms);
+  if (ec != std::errc() || ms < 0 ||
+      std::string_view(end, rest.data() + rest.size()).rfind(" ms", 0) != 0)
+    return -1;
+  return std::min(ms, 60000);
+}
 
 bool IsUnreachable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable ||

@@ -24,6 +24,8 @@
 #ifndef CKPT_UTIL_RETRY_H_
 #define CKPT_UTIL_RETRY_H_
 
+#include <string_view>
+
 #include "absl/status/status.h"
 
 namespace ckpt {
@@ -35,6 +37,19 @@ inline bool IsUnreachable(const absl::Status& s) {
   return IsUnreachable(s.code());
 }
 inline bool IsTransient(const absl::Status& s) { return IsTransient(s.code()); }
+
+// The wait a RESOURCE_EXHAUSTED refusal asks for, in milliseconds: the
+// coordinator jitters it to spread the refused callers, and says it in
+// the "ckpt-retry-after-ms" trailer and in the message ("... retry after
+// N ms", read here, for callers whose channel keeps no trailers). -1 when
+// it says none (another code, or an older coordinator); at most 60 s.
+int RetryAfterMs(absl::StatusCode code, std::string_view message);
+template <typename GrpcStatus>
+requires requires(const GrpcStatus& s) { s.error_code(); }
+int RetryAfterMs(const GrpcStatus& s) {
+  return RetryAfterMs(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
 
 // grpc::Status, whose codes are numbered as absl's (util does not depend on
 // gRPC).

@@ -78,6 +78,7 @@ std::string FormatJson(const Results& r) {
   w.Field("restore_matches", r.restore_matches);
   // New keys only: scripts read the medians under the keys above.
   w.Field("repeat", r.repeat);
+  w.Field("raw_write_anon_s", r.raw_write_anon_s);
   w.Key("spreads").BeginObject();
   for (const auto& [key, sp] : r.spreads) {
     w.Key(key).BeginObject();
@@ -133,6 +134,8 @@ std::string FormatTable(const Results& r) {
       {"write+fsync", r.sync_write_s, "sync_write_s"},
       {"persist (commit->durable)", r.persist_s, "persist_s"},
       {"raw O_DIRECT write", r.raw_write_s, "raw_write_s"},
+      {"  the same from 2 MiB anonymous pages", r.raw_write_anon_s,
+       "raw_write_anon_s"},
       {"restore from shm", r.restore_shm_s, "restore_shm_s"},
       {"restore from disk (after restart)", r.restore_disk_s, "restore_disk_s"},
       {"restore from disk (arena exists)", r.restore_disk_warm_s,

@@ -52,8 +52,9 @@ struct Results {
   double save_copy_s = 0;   // of which copy + checksum (median)
   double memcpy_s = 0;
   double sync_write_s = 0;
-  double persist_s = 0;  // median commit -> durable
-  double raw_write_s = 0;
+  double persist_s = 0;         // median commit -> durable
+  double raw_write_s = 0;       // from memory backed as the arenas are
+  double raw_write_anon_s = 0;  // the same from 2 MiB anonymous pages
   double restore_shm_s = 0;
   double restore_disk_s = 0;
   double restore_disk_warm_s = 0;  // from disk into an arena that exists

@@ -97,6 +97,7 @@ std::string FormatJson(const Results& r) {
         .Field("object_memcpy_s", o.memcpy_s);
     w.Field("saves_during_upload", o.saves_during_upload);
     w.Field("restore_object_matches", o.restore_matches);
+    w.Field("raw_get_anon_s", o.raw_get_anon_s);
   }
   std::vector<Check> checks = Evaluate(r);
   bool all =
@@ -178,13 +179,15 @@ std::string FormatTable(const Results& r) {
     out += absl::StrFormat(
         "object tier %s (parts of %s, %u in flight): upload %s (raw PUT %s), "
         "restore %s (raw GET "
-        "%s); restored bytes equal: %s; %d of the stall samples ended with the "
+        "%s; into 2 MiB anonymous pages %s); restored bytes equal: %s; %d of "
+        "the stall samples ended with the "
         "upload in flight\n",
         r.object.url, tools::FormatBytes(r.object.part_size),
         r.object.concurrency, tools::FormatSeconds(r.object.upload_s),
         tools::FormatSeconds(r.object.raw_put_s),
         tools::FormatSeconds(r.object.restore_object_s),
         tools::FormatSeconds(r.object.raw_get_s),
+        tools::FormatSeconds(r.object.raw_get_anon_s),
         r.object.restore_matches ? "yes" : "NO", r.object.saves_during_upload);
   return out;
 }

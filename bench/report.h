@@ -20,7 +20,8 @@ struct ObjectFigures {
   double upload_s = 0;  // medians
   double raw_put_s = 0;
   double restore_object_s = 0;
-  double raw_get_s = 0;
+  double raw_get_s = 0;       // into memory backed as the arenas are
+  double raw_get_anon_s = 0;  // the same into 2 MiB anonymous pages
   double save_stall_upload_s = 0;
   double memcpy_s = 0;
   int saves_during_upload =

@@ -1,10 +1,13 @@
 #include "bench/huge_buffer.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "shm/huge_pages.h"
@@ -17,6 +20,30 @@ absl::StatusOr<HugeBuffer> HugeBuffer::Make(uint64_t bytes, char fill) {
   void* p = shm::MapHugeAnonymous(size);
   if (p == MAP_FAILED)
     return ErrnoToStatus(errno, absl::StrCat("mapping ", size, " bytes"));
+  std::memset(p, fill, size);  // faulted in: the measurement alone is timed
+  return HugeBuffer(static_cast<char*>(p), size);
+}
+
+absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes,
+                                                     char fill) {
+  const uint64_t size = std::max<uint64_t>(bytes, 1);
+  const std::string name = absl::StrCat("/ckpt-bench-limit-", getpid());
+  int fd =
+      ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
+  ::shm_unlink(name.c_str());  // the mapping keeps the pages
+  void* p = MAP_FAILED;
+  int err = 0;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0)
+    err = errno;
+  else if ((p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       0)) == MAP_FAILED)
+    err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED)
+    return ErrnoToStatus(err, absl::StrCat("mapping ", size, " bytes of ", name,
+                                           " in /dev/shm"));
+  (void)::madvise(p, size, MADV_HUGEPAGE);  // the arenas' advice
   std::memset(p, fill, size);  // faulted in: the measurement alone is timed
   return HugeBuffer(static_cast<char*>(p), size);
 }

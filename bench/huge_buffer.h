@@ -18,6 +18,14 @@ namespace ckpt::bench {
 class HugeBuffer {
  public:
   static absl::StatusOr<HugeBuffer> Make(uint64_t bytes, char fill = 0);
+  // The same, backed as ckptd's arenas are: a /dev/shm segment (unlinked
+  // once mapped) with the arenas' huge-page advice, so its pages are the
+  // size an arena's slot gets on this machine. Private anonymous memory
+  // may get 2 MiB pages where /dev/shm gives 4 KiB ones (THP "madvise"
+  // with a tmpfs mounted huge=never): an O_DIRECT write from it is then
+  // a limit ckptd's persist, which writes from the arena, cannot reach.
+  static absl::StatusOr<HugeBuffer> MakeLikeArena(uint64_t bytes,
+                                                  char fill = 0);
   HugeBuffer() = default;  // empty
   HugeBuffer(HugeBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),

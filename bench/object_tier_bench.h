@@ -8,7 +8,10 @@
 //                     of the same bytes;
 //   restore_object_s  Client::Restore after the local file and shared
 //                     memory are gone (parallel ranged GETs into a slot,
-//                     checksums, the client's copy), vs raw_get_s;
+//                     checksums, the client's copy), vs raw_get_s (a
+//                     parallel ranged GET into memory backed as the
+//                     arena's slot is; raw_get_anon_s into 2 MiB
+//                     anonymous pages, beside it);
 //   save_stall_upload_s  Client::Save while the previous step's upload is
 //                     in flight, vs memcpy sampled beside it.
 // Endpoint and credentials come from the AWS environment, as for ckptd.

@@ -78,6 +78,7 @@ std::string FormatJson(const Results& r) {
   w.Field("restore_matches", r.restore_matches);
   // New keys only: scripts read the medians under the keys above.
   w.Field("repeat", r.repeat);
+  w.Field("raw_write_anon_s", r.raw_write_anon_s);
   w.Key("spreads").BeginObject();
   for (const auto& [key, sp] : r.spreads) {
     w.Key(key).BeginObject();
@@ -96,6 +97,7 @@ std::string FormatJson(const Results& r) {
         .Field("object_memcpy_s", o.memcpy_s);
     w.Field("saves_during_upload", o.saves_during_upload);
     w.Field("restore_object_matches", o.restore_matches);
+    w.Field("raw_get_anon_s", o.raw_get_anon_s);
   }
   std::vector<Check> checks = Evaluate(r);
   bool all =
@@ -133,6 +135,8 @@ std::string FormatTable(const Results& r) {
       {"write+fsync", r.sync_write_s, "sync_write_s"},
       {"persist (commit->durable)", r.persist_s, "persist_s"},
       {"raw O_DIRECT write", r.raw_write_s, "raw_write_s"},
+      {"  the same from 2 MiB anonymous pages", r.raw_write_anon_s,
+       "raw_write_anon_s"},
       {"restore from shm", r.restore_shm_s, "restore_shm_s"},
       {"restore from disk (after restart)", r.restore_disk_s, "restore_disk_s"},
       {"restore from disk (arena exists)", r.restore_disk_warm_s,
@@ -175,13 +179,15 @@ std::string FormatTable(const Results& r) {
     out += absl::StrFormat(
         "object tier %s (parts of %s, %u in flight): upload %s (raw PUT %s), "
         "restore %s (raw GET "
-        "%s); restored bytes equal: %s; %d of the stall samples ended with the "
+        "%s; into 2 MiB anonymous pages %s); restored bytes equal: %s; %d of "
+        "the stall samples ended with the "
         "upload in flight\n",
         r.object.url, tools::FormatBytes(r.object.part_size),
         r.object.concurrency, tools::FormatSeconds(r.object.upload_s),
         tools::FormatSeconds(r.object.raw_put_s),
         tools::FormatSeconds(r.object.restore_object_s),
         tools::FormatSeconds(r.object.raw_get_s),
+        tools::FormatSeconds(r.object.raw_get_anon_s),
         r.object.restore_matches ? "yes" : "NO", r.object.saves_during_upload);
   return out;
 }

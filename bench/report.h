@@ -20,7 +20,8 @@ struct ObjectFigures {
   double upload_s = 0;  // medians
   double raw_put_s = 0;
   double restore_object_s = 0;
-  double raw_get_s = 0;
+  double raw_get_s = 0;       // into memory backed as the arenas are
+  double raw_get_anon_s = 0;  // the same into 2 MiB anonymous pages
   double save_stall_upload_s = 0;
   double memcpy_s = 0;
   int saves_during_upload =
@@ -52,8 +53,9 @@ struct Results {
   double save_copy_s = 0;   // of which copy + checksum (median)
   double memcpy_s = 0;
   double sync_write_s = 0;
-  double persist_s = 0;  // median commit -> durable
-  double raw_write_s = 0;
+  double persist_s = 0;         // median commit -> durable
+  double raw_write_s = 0;       // from memory backed as the arenas are
+  double raw_write_anon_s = 0;  // the same from 2 MiB anonymous pages
   double restore_shm_s = 0;
   double restore_disk_s = 0;
   double restore_disk_warm_s = 0;  // from disk into an arena that exists

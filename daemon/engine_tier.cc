@@ -2,9 +2,13 @@
 // (the pipeline's stages, pipeline.h, do the I/O), the object manifest's
 // queueing, tiered retention and reads back. See engine.h; the tiers are
 // described in doc/object-tier.md.
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +19,49 @@
 #include "util/status.h"
 
 namespace ckpt::daemon {
+namespace {
+
+// Reads the object of `bytes` bytes into dst and checks every tensor's
+// checksum, each as soon as its last byte is in, on the thread that
+// brought that byte, while the other requests are still on the wire: a
+// pass over the image after the reads would add its whole time to the
+// restore. The error of a mismatch is VerifyTensorChecksums' (the lowest
+// mismatching tensor's when several mismatch).
+absl::Status ReadVerified(storage::ObjectReader& reader,
+                          const storage::ShardInfo& info,
+                          const std::string& key, char* dst, uint64_t bytes) {
+  const size_t n = info.tensors.size();
+  std::vector<std::atomic<uint64_t>> left(n);
+  for (size_t i = 0; i < n; ++i) left[i].store(info.tensors[i].bytes);
+  std::mutex mu;
+  size_t bad_index = n;
+  absl::Status bad;
+  auto verify = [&](size_t i) {
+    std::vector<bool> only(n, false);
+    only[i] = true;
+    absl::Status s = storage::VerifyTensorChecksums(dst, info, key, only);
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (i < bad_index) bad_index = i, bad = std::move(s);
+  };
+  auto arrived = [&](uint64_t off, uint64_t len) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t a = info.tensors[i].offset;
+      const uint64_t b = a + info.tensors[i].bytes;
+      const uint64_t lo = std::max(a, off), hi = std::min(b, off + len);
+      if (lo >= hi) continue;
+      if (left[i].fetch_sub(hi - lo) == hi - lo) verify(i);  // the last piece
+    }
+  };
+  CKPT_RETURN_IF_ERROR(reader.ReadAtNotify(0, dst, bytes, arrived));
+  // Tensors no piece completed (empty ones; any the image does not hold,
+  // which the image's validation refuses) are checked here.
+  for (size_t i = 0; i < n; ++i)
+    if (left[i].load() != 0 || info.tensors[i].bytes == 0) verify(i);
+  return bad;
+}
+
+}  // namespace
 
 std::optional<UploadBacklog> Engine::ObjectBacklog() const {
   if (!uploader_) return std::nullopt;
@@ -148,13 +195,17 @@ absl::Status Engine::ReadShardImage(const std::string& key, bool local,
                             s.message(), "); reading the object tier"));
   *from_object = true;
   auto t0 = std::chrono::steady_clock::now();
-  s = read(*object_);
-  auto t1 = std::chrono::steady_clock::now();
-  if (s.ok()) s = storage::VerifyTensorChecksums(dst, info, key);
+  s = [&]() -> absl::Status {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
+                          object_->NewObjectReader(key));
+    if (reader->size() != bytes)
+      return absl::DataLossError(absl::StrCat(
+          key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
+    return ReadVerified(*reader, info, key, dst, bytes);
+  }();
   LogInfo(absl::StrFormat(
-      "load %s from the object tier: GETs %.3f s, checksums %.3f s", key,
-      std::chrono::duration<double>(t1 - t0).count(),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
+      "load %s from the object tier: GETs and checksums %.3f s", key,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count()));
   return Annotate(s, absl::StrCat("object tier (", object_->name(), ")"));
 }

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,21 @@ class ObjectReader {
   // the object's end is DataLoss naming the key.
   [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, void* dst,
                                             uint64_t len) = 0;
+  // Told that [offset, offset + len) of a ReadAtNotify's range is in place
+  // (and stays so). Called from the reading threads, possibly several at
+  // once; the time it takes delays only its own thread's next request.
+  using Arrived = std::function<void(uint64_t offset, uint64_t len)>;
+  // ReadAt that reports each piece of the range as it arrives, so that the
+  // caller can work on the bytes that are in (e.g. checksum them) while the
+  // rest is still on the wire. On OK every byte was reported exactly once.
+  // The default reads the whole range, then reports it as one piece.
+  [[nodiscard]] virtual absl::Status ReadAtNotify(uint64_t offset, void* dst,
+                                                  uint64_t len,
+                                                  const Arrived& arrived) {
+    absl::Status s = ReadAt(offset, dst, len);
+    if (s.ok()) arrived(offset, len);
+    return s;
+  }
 };
 
 struct BackendStats {

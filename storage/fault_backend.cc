@@ -137,6 +137,11 @@ class FaultReader : public ObjectReader {
     CKPT_RETURN_IF_ERROR(state_->Alive());
     return base_->ReadAt(offset, dst, len);
   }
+  absl::Status ReadAtNotify(uint64_t offset, void* dst, uint64_t len,
+                            const Arrived& arrived) override {
+    CKPT_RETURN_IF_ERROR(state_->Alive());
+    return base_->ReadAtNotify(offset, dst, len, arrived);
+  }
 
  private:
   std::shared_ptr<FaultInjectionBackend::State> state_;

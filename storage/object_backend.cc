@@ -56,6 +56,17 @@ class ObjectReaderImpl : public ObjectReader {
   uint64_t size() const override { return size_; }
 
   absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) override {
+    return Read(offset, dst, len, nullptr);
+  }
+  absl::Status ReadAtNotify(uint64_t offset, void* dst, uint64_t len,
+                            const Arrived& arrived) override {
+    return Read(offset, dst, len, &arrived);
+  }
+
+ private:
+  // Each piece is reported to `arrived` (if any) by the thread that got it.
+  absl::Status Read(uint64_t offset, void* dst, uint64_t len,
+                    const Arrived* arrived) {
     if (offset > size_ || len > size_ - offset)
       return absl::DataLossError(
           absl::StrCat("object ", key_, ": range [", offset, ", ", offset + len,
@@ -82,6 +93,7 @@ class ObjectReaderImpl : public ObjectReader {
           if (first_error.ok()) first_error = s;
           return;
         }
+        if (arrived != nullptr) (*arrived)(off, n);
       }
     };
     const unsigned threads = static_cast<unsigned>(
@@ -94,7 +106,6 @@ class ObjectReaderImpl : public ObjectReader {
     return first_error;
   }
 
- private:
   ObjectBackendImpl* const backend_;
   const std::string key_, object_;
   const uint64_t size_;

@@ -4,6 +4,7 @@
 #include "storage/object_backend.h"
 
 #include <algorithm>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -142,6 +143,40 @@ TEST_F(ObjectBackendTest, MultipartRoundTripIsBitExactAndLeavesNoUpload) {
   EXPECT_TRUE(std::equal(piece.begin(), piece.end(), data.begin() + 4097));
   EXPECT_EQ(PendingUploads(), 0u);
   EXPECT_EQ(b->stats().objects_committed, 1u);
+}
+
+TEST_F(ObjectBackendTest, ReadAtNotifyReportsEachPieceOnceWhenItsBytesAreIn) {
+  auto b = Open(Options("p"));
+  std::vector<char> data = RandomBytes((23 << 20) + 12345, 3);
+  ASSERT_TRUE(WriteReversed(*b, "j/notify.shard", data, 3 << 20).ok());
+  absl::StatusOr<std::unique_ptr<ObjectReader>> r =
+      b->NewObjectReader("j/notify.shard");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t off = 4097, len = data.size() - off - 5;
+  std::vector<char> out(len);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  uint64_t wrong = 0;  // reported bytes that were not yet the object's
+  absl::Status s =
+      (*r)->ReadAtNotify(off, out.data(), len, [&](uint64_t o, uint64_t n) {
+        bool same = std::equal(out.begin() + (o - off),
+                               out.begin() + (o - off + n), data.begin() + o);
+        std::lock_guard<std::mutex> l(mu);
+        pieces.emplace_back(o, n);
+        if (!same) wrong += n;
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(wrong, 0u);
+  // The pieces tile the range: every byte reported exactly once.
+  std::sort(pieces.begin(), pieces.end());
+  ASSERT_GT(pieces.size(), 1u) << "one piece: nothing reported early";
+  uint64_t at = off;
+  for (const auto& [o, n] : pieces) {
+    EXPECT_EQ(o, at);
+    at = o + n;
+  }
+  EXPECT_EQ(at, off + len);
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + off));
 }
 
 TEST_F(ObjectBackendTest, EmptyObjectRoundTrips) {

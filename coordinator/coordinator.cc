@@ -49,10 +49,24 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   Batch& batch = *txn.batch();
   auto existing = nodes_.find(req.node_id());
   if (existing != nodes_.end() && existing->second.rec.health() == v1::ALIVE) {
-    return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
-        "node_id: \"", req.node_id(), "\" is registered and alive at epoch ",
-        existing->second.rec.epoch(),
-        "; retry after its heartbeat times out")));
+    if (req.previous_epoch() == 0 ||
+        req.previous_epoch() != existing->second.rec.epoch())
+      return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
+          "node_id: \"", req.node_id(), "\" is registered and alive at epoch ",
+          existing->second.rec.epoch(),
+          "; retry after its heartbeat times out (previous_epoch: ",
+          req.previous_epoch(), " does not name it)")));
+    // The node's ckptd restarted (a crash, an upgrade) within the
+    // heartbeat timeout: it names the epoch only its previous life was
+    // given. That life ends here without a failure: the node keeps its
+    // ranks, so no plan restarts the job, and the shards it recovered are
+    // reported again under the new epoch (the old one is fenced). Only
+    // the replicas it held are gone with the old process's memory.
+    DropReplicasHeldByLocked(req.node_id());
+    LogLocked(
+        &batch, v1::NODE_REGISTERED, "", req.node_id(),
+        absl::StrCat("ckptd restarted: epoch ", existing->second.rec.epoch(),
+                     " ends without a failure"));
   }
   NodeState& node = nodes_[req.node_id()];
   node.rec.set_node_id(req.node_id());

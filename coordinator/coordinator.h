@@ -583,6 +583,19 @@ class Coordinator {
       const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
       Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A dead holder's replicas are gone with its memory.
+  // What a PREFETCH names for `rank` of `step` restored from `first`
+  // (SourceOfLocked): its peer and the save the plan chose (a fetch
+  // refuses any other), and, for a peer's copy, a second live holder of a
+  // verified copy of that save, in another failure domain when one is.
+  v1::ShardSource PrefetchSourceLocked(const JobState& job, uint64_t step,
+                                       uint32_t rank,
+                                       const CopySource& first) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node `id` while it serves copies: alive at `epoch`, with a replica
+  // listener; else null.
+  const v1::NodeRecord* ServingLocked(const std::string& id,
+                                      uint64_t epoch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropReplicasHeldByLocked(const std::string& holder)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Source -> holder (when stale: recomputed); a heartbeat's refusal, target.

@@ -330,15 +330,9 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
       for (uint32_t r : ranks) {
         const CopySource source = SourceOfLocked(job, *step, r);
         if (source.kind == CopySource::kHostMemory) continue;
-        // A peer's copy first; the key (when durable) is the fallback.
-        v1::ShardSource& from = *prefetch.add_sources() = ShardSourceOf(source);
-        if (!from.host().empty()) {
-          // The save this plan chose: a fetch refuses any other.
-          const v1::ShardRecord& saved = job.steps.at(*step).at(r);
-          from.add_save_digests(StagedDigest(saved));
-          if (saved.checksum_digest() != StagedDigest(saved))
-            from.add_save_digests(saved.checksum_digest());
-        }
+        // A peer's copy first (then a second holder's); the key (when
+        // durable) is the fallback.
+        *prefetch.add_sources() = PrefetchSourceLocked(job, *step, r, source);
         if (fetched) {
           v1::RankSource& f = fetched->emplace_back();
           f.set_rank(r);

@@ -169,16 +169,10 @@ CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
     return out;
   }
   // A live node that serves copies: alive at the epoch it reported in.
-  auto serving =
-      [&](const std::string& id, uint64_t epoch)
-          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::NodeRecord* {
-    auto n = nodes_.find(id);
-    if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
-        n->second.rec.epoch() != epoch || n->second.rec.replica_port() == 0 ||
-        n->second.rec.address().empty())
-      return nullptr;
-    return &n->second.rec;
-  };
+  auto serving = [&](const std::string& id, uint64_t epoch)
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       return ServingLocked(id, epoch);
+                     };
   // The node that saved it lives (its ranks moved: cordoned, unhealthy).
   if (const v1::NodeRecord* n = serving(saved.node_id(), saved.epoch())) {
     out.kind = CopySource::kOwnSlot;
@@ -207,6 +201,57 @@ CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
   }
   if (saved.state() == v1::DURABLE) out.kind = CopySource::kStorage;
   return out;
+}
+
+const v1::NodeRecord* Coordinator::ServingLocked(const std::string& id,
+                                                 uint64_t epoch) const {
+  auto n = nodes_.find(id);
+  if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
+      n->second.rec.epoch() != epoch || n->second.rec.replica_port() == 0 ||
+      n->second.rec.address().empty())
+    return nullptr;
+  return &n->second.rec;
+}
+
+v1::ShardSource Coordinator::PrefetchSourceLocked(
+    const JobState& job, uint64_t step, uint32_t rank,
+    const CopySource& first) const {
+  v1::ShardSource from = ShardSourceOf(first);
+  if (from.host().empty()) return from;
+  // The save this plan chose: a fetch refuses any other.
+  const v1::ShardRecord& saved = job.steps.at(step).at(rank);
+  auto name_the_save = [&](v1::ShardSource* s) {
+    s->add_save_digests(StagedDigest(saved));
+    if (saved.checksum_digest() != StagedDigest(saved))
+      s->add_save_digests(saved.checksum_digest());
+  };
+  name_the_save(&from);
+  // A second holder: the first may have dropped its copy (for room, or
+  // replaced) with its withdrawal still on the way, or lost it with a
+  // restart. Another failure domain than the first's is preferred: what
+  // took the first (a rack's switch, its power) is less likely to have
+  // taken it too.
+  auto reps = job.replicas.find(step);
+  if (reps == job.replicas.end()) return from;
+  auto holders = reps->second.find(rank);
+  if (holders == reps->second.end()) return from;
+  auto elsewhere = [&](const v1::NodeRecord* n) {
+    return !n->domain().empty() && n->domain() != first.node->domain();
+  };
+  const v1::NodeRecord* second = nullptr;
+  for (const auto& [id, rec] : holders->second) {
+    if (id == first.node->node_id() ||
+        rec.checksum_digest() != StagedDigest(saved))
+      continue;
+    const v1::NodeRecord* n = ServingLocked(id, rec.epoch());
+    if (n && (!second || (elsewhere(n) && !elsewhere(second)))) second = n;
+  }
+  if (second) {
+    v1::ShardSource* s = from.mutable_second();
+    *s = ShardSourceOf({CopySource::kReplica, second});
+    name_the_save(s);
+  }
+  return from;
 }
 
 std::optional<uint64_t> Coordinator::MemoryStepLocked(

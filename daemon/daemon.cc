@@ -220,6 +220,9 @@ void Daemon::MakeNodeSide() {
   opts_.agent.shm_prefix = opts_.engine.shm_prefix;  // beacons
   opts_.agent.replica_transport = opts_.replicas.transport;
   opts_.agent.replicas = this;
+  // Beside the catalog, as private as it is: a restarted ckptd names its
+  // previous life's epoch, and takes over from it at once.
+  opts_.agent.epoch_file = opts_.root + "/.catalog/node-epoch";
   agent_ = std::make_unique<NodeAgent>(opts_.agent);
   if (opts_.replicas.port != 0)
     // Every copy dropped (replaced, or given up for room) is withdrawn: no

@@ -84,6 +84,7 @@ absl::Status Engine::Prefetch(const std::string& job_name, uint32_t world_size,
     job.rec.set_world_size(world_size);
     job.rec.set_uid(uid);
     job.rec.set_num_slots(options_.default_num_slots);
+    job.rec.set_life_ns(NewJobLife());
     CatalogEdit edit;
     edit.PutJob(job.rec);
     tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));

@@ -32,8 +32,17 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
   }
   if (req.all_steps()) {
     // Nothing left: the job's record and arenas go once nothing uses them;
-    // a later Register creates the job again.
+    // a later Register creates the job again. Its life here ends now, even
+    // when a persist or lease keeps the record a while and a Register
+    // takes it up again: holders of its replicas drop the deleted life's
+    // copies once a copy of the new one comes.
     job->forget_when_idle = true;
+    job->rec.set_life_ns(NewJobLife());
+    if (job->recorded) {
+      CatalogEdit edit;
+      edit.PutJob(job->rec);
+      QueueEdit(std::move(edit), /*sync=*/true);
+    }
     MaybeForgetJob(req.job());
   }
   v1::DeleteResponse resp;

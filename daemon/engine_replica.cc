@@ -58,6 +58,7 @@ absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
   for (const storage::ShardTensor& t : shard->info.tensors)
     c.add_checksums(t.checksum);
   c.set_owner_uid(job->rec.uid());
+  c.set_job_life(job->rec.life_ns());
   return snap;
 }
 
@@ -138,6 +139,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
       job.rec.set_world_size(world_size);
       job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
       job.rec.set_num_slots(options_.default_num_slots);
+      job.rec.set_life_ns(NewJobLife());
       CatalogEdit edit;
       edit.PutJob(job.rec);
       tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));

@@ -52,6 +52,13 @@ absl::Status BelowNewestError(const std::string& job, uint32_t rank,
 void LogInfo(const std::string& msg) { Log("info", msg); }
 void LogWarning(const std::string& msg) { Log("warning", msg); }
 
+uint64_t NewJobLife() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
 storage::ShardInfo ToShardInfo(
     const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
     const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors) {

@@ -20,6 +20,9 @@ absl::Status BelowNewestError(const std::string& job, uint32_t rank,
                               const std::vector<uint64_t>& newer);
 
 void LogInfo(const std::string& msg);
+// A new job record's life (catalog JobRecord.life_ns): now, in ns since
+// the epoch. Only the records of one node are compared with each other.
+uint64_t NewJobLife();
 void LogWarning(const std::string& msg);
 
 storage::ShardInfo ToShardInfo(

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine_util.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -44,6 +45,7 @@ absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
     job.rec.set_uid(uid);
     job.rec.set_num_slots(num_slots);
     job.rec.set_slot_bytes(0);
+    job.rec.set_life_ns(NewJobLife());
     job.recorded = false;
     it = jobs_.emplace(name, std::move(job)).first;
   }

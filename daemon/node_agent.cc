@@ -3,10 +3,15 @@
 // orders the coordinator answers with.
 #include "daemon/node_agent.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -106,7 +111,48 @@ void NodeAgent::OrderWatchLoop() {
   }
 }
 
+namespace {
+
+// The epoch kept in `path` by the previous life of this node's ckptd; 0
+// when there is none or it does not parse (then the node waits for that
+// life to time out, as without it).
+uint64_t ReadEpochFile(const std::string& path) {
+  if (path.empty()) return 0;
+  std::ifstream in(path);
+  uint64_t epoch = 0;
+  if (!(in >> epoch)) return 0;
+  return epoch;
+}
+
+// Replaces `path` with `epoch` (written to a temporary file, synced, then
+// renamed over it, so a crash leaves the old epoch or the new, never a
+// torn one). A failure is logged: the next restart then waits for the
+// timeout.
+void WriteEpochFile(const std::string& path, uint64_t epoch) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  const std::string text = absl::StrCat(epoch, "\n");
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 &&
+            write(fd, text.data(), text.size()) ==
+                static_cast<ssize_t>(text.size()) &&
+            fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  ok = ok && rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok)
+    LogWarning(absl::StrCat("epoch_file: writing ", path, ": ",
+                            std::strerror(errno != 0 ? errno : err),
+                            "; a restart will wait for this epoch to time "
+                            "out"));
+}
+
+}  // namespace
+
 void NodeAgent::HeartbeatLoop() {
+  // This node's previous life's epoch: the first registration names it.
+  uint64_t previous_epoch = ReadEpochFile(options_.epoch_file);
   std::chrono::milliseconds interval(250);
   // Until the next attempt: the interval, or what a refusal asked for.
   std::chrono::milliseconds wait = interval;
@@ -133,6 +179,7 @@ void NodeAgent::HeartbeatLoop() {
         req.set_net_probe_port(static_cast<uint32_t>(net_server_->port()));
       req.set_domain(options_.domain);
       req.set_replica_port(options_.replica_port);
+      req.set_previous_epoch(previous_epoch);
       cv1::RegisterNodeResponse resp;
       grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::RegisterNode, req,
                                     &resp, options_.rpc_timeout);
@@ -169,6 +216,8 @@ void NodeAgent::HeartbeatLoop() {
         epoch_ = resp.epoch();
         NoteIncarnationLocked(resp.incarnation());
       }
+      previous_epoch = resp.epoch();
+      WriteEpochFile(options_.epoch_file, resp.epoch());
       LogInfo(absl::StrCat("node ", options_.node_id, " registered with ",
                            options_.coordinator, " at epoch ", resp.epoch(),
                            options_.spare ? " (spare)" : ""));

@@ -55,6 +55,8 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
 #include "daemon/beacons.h"
@@ -125,6 +127,11 @@ struct NodeAgentOptions {
   uint32_t replica_port = 0;
   ReplicaTransport replica_transport = ReplicaTransport::kBulk;
   NodeReplicas* replicas = nullptr;
+  // Where the agent keeps the epoch of its last registration (written
+  // after each one; "": nowhere). A restarted ckptd names it when it
+  // registers, so that the coordinator lets it take over from its
+  // previous life at once instead of waiting for that life to time out.
+  std::string epoch_file;
 };
 
 class NodeAgent {
@@ -158,6 +165,13 @@ class NodeAgent {
   // Reports not sent: their shard was committed while the node had no
   // epoch (see Fencing above).
   uint64_t reports_dropped() const { return reports_dropped_.load(); }
+  // Reports the coordinator refused (answered with a final error), and
+  // the last one's reason.
+  uint64_t reports_refused() const { return reports_refused_.load(); }
+  std::string last_refusal() const {
+    absl::MutexLock lock(&refusal_mu_);
+    return last_refusal_;
+  }
   // Orders remembered (see remembered_orders) and PREFETCH threads not
   // yet joined: both bounded, whatever the number of plans.
   size_t orders_remembered();
@@ -249,6 +263,9 @@ class NodeAgent {
   std::atomic<uint64_t> report_retries_{0};
   std::atomic<uint64_t> reports_resent_{0};
   std::atomic<uint64_t> reports_dropped_{0};
+  std::atomic<uint64_t> reports_refused_{0};
+  mutable absl::Mutex refusal_mu_;  // a leaf
+  std::string last_refusal_ ABSL_GUARDED_BY(refusal_mu_);
   struct QueuedFallback {
     FallbackReport report;
     std::chrono::steady_clock::time_point queued;

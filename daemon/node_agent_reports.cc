@@ -182,6 +182,11 @@ void NodeAgent::ReportLoop() {
           soft_replicas_.erase(held);
       }
       if (code != absl::StatusCode::kOk) {
+        ++reports_refused_;
+        {
+          absl::MutexLock refusal(&refusal_mu_);
+          last_refusal_ = r.message();
+        }
         LogWarning(absl::StrCat("report ",
                                 q.report.replicated ? "replicated"
                                 : q.report.durable  ? "durable"

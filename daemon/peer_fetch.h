@@ -3,7 +3,8 @@
 // shared root. The fallback ladder: a peer copy that cannot be fetched or
 // does not verify is reported through `fallback` (the node agent's
 // FALLBACK report; copy "memory", the reason naming the peer) and the
-// shard is read from the shared root when the step is stored there; when
+// shard is taken from the second holder the source names, if any, then
+// read from the shared root when the step is stored there; when
 // that fails too, the trainer's restore fails and its exit makes the
 // coordinator plan an older step. A source that is this node's own replica
 // store (the replacement holds the lost rank's copy itself) is copied from

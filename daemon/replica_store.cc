@@ -213,6 +213,28 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Incoming>> ReplicaStore::Begin(
     const rv1::ShardCopy& copy) {
   CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
   const uint64_t bytes = copy.image_bytes();
+  {
+    // A copy of a later life of the job on its source node: the job was
+    // deleted there and registered again. Its earlier life's copies (every
+    // rank's) are of a job that is gone: they go, and are withdrawn.
+    std::vector<std::shared_ptr<const HeldReplica>> gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (absl::Status st = LifeRefusalLocked(copy); !st.ok()) {
+        ++counts_.refused;
+        return st;
+      }
+      DropEarlierLivesLocked(copy, &gone);
+    }
+    for (const auto& g : gone)
+      LogInfo(absl::StrCat("replica of job '", g->copy.job(), "' step ",
+                           g->copy.step(), " rank ", g->copy.rank(), " from ",
+                           g->copy.source_node(),
+                           " dropped: the job was deleted there and "
+                           "registered again"));
+    if (on_evict_)
+      for (const auto& g : gone) on_evict_(g->copy);
+  }
   // Two tries: when the copy does not fit, spares go first, then previous
   // copies (this rank's first: the one this copy makes obsolete), released
   // outside the lock, and the reservation is tried once more.
@@ -348,8 +370,46 @@ bool SameSave(const rv1::ShardCopy& a, const rv1::ShardCopy& b) {
 
 }  // namespace
 
+absl::Status ReplicaStore::LifeRefusalLocked(const rv1::ShardCopy& copy) const {
+  auto it = lives_.find({copy.job(), copy.source_node()});
+  if (copy.job_life() == 0 || it == lives_.end() ||
+      it->second <= copy.job_life())
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "copy.job_life: job '", copy.job(), "' rank ", copy.rank(), " step ",
+      copy.step(), " from ", copy.source_node(), " is of life ",
+      copy.job_life(), ", which was deleted there: the job's life there is ",
+      it->second));
+}
+
+void ReplicaStore::DropEarlierLivesLocked(
+    const rv1::ShardCopy& copy,
+    std::vector<std::shared_ptr<const HeldReplica>>* dropped) {
+  if (copy.job_life() == 0) return;
+  uint64_t& life = lives_[{copy.job(), copy.source_node()}];
+  if (life >= copy.job_life()) return;
+  life = copy.job_life();
+  auto earlier = [&](const std::shared_ptr<const HeldReplica>& c) {
+    return c && c->copy.source_node() == copy.source_node() &&
+           c->copy.job_life() != 0 && c->copy.job_life() < copy.job_life();
+  };
+  for (auto it = held_.lower_bound({copy.job(), 0});
+       it != held_.end() && it->first.first == copy.job();) {
+    Copies& c = it->second;
+    for (auto* slot : {&c.newest, &c.previous})
+      if (earlier(*slot)) {
+        dropped->push_back(std::move(*slot));
+        *slot = nullptr;
+        ++counts_.evicted;
+      }
+    if (!c.newest) c.newest = std::move(c.previous);
+    it = c.newest ? std::next(it) : held_.erase(it);
+  }
+}
+
 absl::Status ReplicaStore::RefusalLocked(const Copies& held,
                                          const rv1::ShardCopy& copy) const {
+  CKPT_RETURN_IF_ERROR(LifeRefusalLocked(copy));
   for (const auto& c : {held.newest, held.previous})
     if (c && SameSave(c->copy, copy))
       return absl::AlreadyExistsError(absl::StrCat(
@@ -359,8 +419,12 @@ absl::Status ReplicaStore::RefusalLocked(const Copies& held,
   // Only the node that sent the newest copy is judged by its order: a
   // copy another node claims for the rank, however high, never keeps out
   // the copies of the node the rank is on now.
+  // Nor is another life of the job there (a life 0 is unknown: an older
+  // sender's copy, judged by the order).
   const rv1::ShardCopy& newest = held.newest->copy;
-  if (newest.source_node() == copy.source_node() &&
+  const bool same_life = newest.job_life() == copy.job_life() ||
+                         newest.job_life() == 0 || copy.job_life() == 0;
+  if (newest.source_node() == copy.source_node() && same_life &&
       std::make_pair(newest.generation(), newest.step()) >
           std::make_pair(copy.generation(), copy.step()))
     return absl::FailedPreconditionError(absl::StrCat(

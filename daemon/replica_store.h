@@ -15,15 +15,18 @@
 // footer, then every tensor against the checksums the copy names) before it
 // replaces the rank's older copy. A copy that fails is dropped and never
 // counted. A copy of a step held replaces that copy (another save of the
-// step). Copies from the node that sent the rank's newest copy must be
-// newer by (generation, step): after a rollback a smaller step of a newer
-// generation replaces a larger one, and a late older save never replaces
-// a newer one. A copy from another node is not judged by that order: the
-// rank's copies come from whichever node hosts it now, and a claim another
-// node makes (any generation, any step) must never keep them out. What
-// the coordinator may name is its business: it checks every copy against
-// the save it recorded. Every copy that goes (replaced, or dropped for
-// room) is handed to the eviction hook, so that its holder retracts it.
+// step). A copy names the job's life on its source node (when the job was
+// registered there): a later life is the job deleted and registered again,
+// and every copy of its earlier lives from that node goes (withdrawn like
+// any copy that goes); a copy of an earlier life is refused. Copies from the
+// node that sent the rank's newest copy must be newer by (generation, step):
+// after a rollback a smaller step of a newer generation replaces a larger one,
+// and a late older save never replaces a newer one. A copy from another node is
+// not judged by that order: the rank's copies come from whichever node hosts it
+// now, and a claim another node makes (any generation, any step) must never
+// keep them out. What the coordinator may name is its business: it checks every
+// copy against the save it recorded. Every copy that goes (replaced, or dropped
+// for room) is handed to the eviction hook, so that its holder retracts it.
 //
 // Bytes are counted from Begin until the last owner (a Get streaming it)
 // lets go of an evicted copy. Its mapping is then kept as a spare for the
@@ -141,6 +144,16 @@ class ReplicaStore {
   // Why `copy` may not be kept beside (or in place of) `held`, or OK.
   absl::Status RefusalLocked(const Copies& held,
                              const replica::v1::ShardCopy& copy) const;
+  // FailedPrecondition naming job_life when `copy` is of an earlier life
+  // of the job on its source node than one seen (a deleted one).
+  absl::Status LifeRefusalLocked(const replica::v1::ShardCopy& copy) const;
+  // When `copy` is of a later life of its job on its source node than any
+  // seen: moves every held copy of the earlier lives from that node (all
+  // ranks) into `dropped`, released and withdrawn by the caller without
+  // the lock, and remembers the life.
+  void DropEarlierLivesLocked(
+      const replica::v1::ShardCopy& copy,
+      std::vector<std::shared_ptr<const HeldReplica>>* dropped);
   // Moves previous copies of `need` bytes or more (the rank's own first,
   // then other ranks', oldest step first) into `dropped`, which the caller
   // releases without the lock.
@@ -148,6 +161,10 @@ class ReplicaStore {
       const std::string& job, uint32_t rank, uint64_t need,
       std::vector<std::shared_ptr<const HeldReplica>>* dropped);
   std::map<std::pair<std::string, uint32_t>, Copies> held_;
+  // By (job, source node): the latest life of the job seen from there
+  // (ShardCopy.job_life). Kept after the copies go, so that a late copy
+  // of a deleted life is still refused; one entry per job and sender.
+  std::map<std::pair<std::string, std::string>, uint64_t> lives_;
   ReplicaStats counts_;
 };
 

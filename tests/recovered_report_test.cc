@@ -60,6 +60,7 @@ class RecoveredReportTest : public coordinator::ServerTest {
     o.address = "127.0.0.1:1";
     o.capacity = 2;
     o.rpc_timeout = std::chrono::milliseconds(2000);
+    o.epoch_file = dir_.path() + "/node-epoch";
     auto agent = std::make_shared<daemon::NodeAgent>(o);
     {
       std::lock_guard<std::mutex> l(agent_mu_);
@@ -87,6 +88,29 @@ class RecoveredReportTest : public coordinator::ServerTest {
   uint64_t Epoch() {
     std::lock_guard<std::mutex> l(agent_mu_);
     return agent_ ? agent_->epoch() : 0;
+  }
+  std::shared_ptr<daemon::NodeAgent> RunningAgent() {
+    std::lock_guard<std::mutex> l(agent_mu_);
+    return agent_;
+  }
+  // Step 3 of "job" (rank 0 of 1) saved in `generation` and reported
+  // STAGED; the daemon then stops while its persist is held, and the
+  // persist ends unreported: the catalog records step 3 durable.
+  void SaveStep3AndStopBeforeItsPersistIsReported(uint64_t generation) {
+    gate_->Close();
+    ASSERT_TRUE(
+        SaveOneTensorStep(
+            engine_.get(), peer_,
+            {.job = "job", .step = 3, .block = true, .generation = generation},
+            &arena_)
+            .ok());
+    ASSERT_TRUE(Eventually([&] {
+      return CountEvents(cv1::STEP_STAGED, "step 3") == 1;
+    })) << "step 3 was never staged";
+    StopAgent();
+    gate_->Open();
+    ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(20)));
+    StopDaemon();
   }
 
   const std::string prefix_ = UniqueShmPrefix();
@@ -132,6 +156,79 @@ TEST_F(RecoveredReportTest, StepDurableAcrossARestartIsReportedAndCommits) {
       << (Job().has_last_good() ? std::to_string(Job().last_good_step())
                                 : "none")
       << ")";
+}
+
+// A ckptd restarted within the heartbeat timeout (a crash, an upgrade)
+// takes over from its previous life at once: it names the epoch that life
+// was given, so it is the same node, not a second one claiming its id. No
+// failure is declared and no plan made, so a save of the job's current
+// generation (ckptrun's CKPT_GENERATION) that the restarted node recovered
+// durable counts, and the step commits.
+TEST_F(RecoveredReportTest,
+       SaveOfTheCurrentGenerationCommitsAcrossARestartWithoutAPlan) {
+  heartbeat_timeout_ms_ = 60000;  // the old life never times out here
+  Start();
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  ASSERT_TRUE(Eventually([&] { return Epoch() > 0; }));
+  const uint64_t first_epoch = Epoch();
+  RegisterJob(1);
+  const uint64_t generation = Job().generation();
+  ASSERT_NO_FATAL_FAILURE(
+      SaveStep3AndStopBeforeItsPersistIsReported(generation));
+
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  ASSERT_TRUE(Eventually([&] { return Epoch() > first_epoch; }))
+      << "the restarted ckptd was not let in while its previous life (epoch "
+      << first_epoch << ") had not timed out";
+  EXPECT_TRUE(Eventually([&] {
+    return Job().has_last_good() && Job().last_good_step() == 3;
+  })) << "step 3 of generation "
+      << generation
+      << ", durable on the restarted node, never committed (last good "
+      << (Job().has_last_good() ? std::to_string(Job().last_good_step())
+                                : "none")
+      << ")";
+  EXPECT_EQ(Job().generation(), generation);
+  EXPECT_EQ(CountEvents(cv1::PLAN_MADE), 0);
+  EXPECT_EQ(CountEvents(cv1::FAILURE_DETECTED), 0);
+}
+
+// A save of a generation a plan abandoned while the ckptd was down stays
+// refused when the restarted node reports it, naming the generation. (Its
+// STAGED report never reached the coordinator, so the plan, made while the
+// node was down, did not choose it.)
+TEST_F(RecoveredReportTest, SaveOfAnAbandonedGenerationIsStillRefused) {
+  heartbeat_timeout_ms_ = 60000;
+  Start();
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  ASSERT_TRUE(Eventually([&] { return Epoch() > 0; }));
+  const uint64_t first_epoch = Epoch();
+  RegisterJob(1);
+  const uint64_t generation = Job().generation();
+  StopAgent();
+  gate_->Close();
+  ASSERT_TRUE(
+      SaveOneTensorStep(
+          engine_.get(), peer_,
+          {.job = "job", .step = 3, .block = true, .generation = generation},
+          &arena_)
+          .ok());
+  gate_->Open();
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(20)));
+  StopDaemon();
+  ASSERT_NO_FATAL_FAILURE(TrainerDied("n1", first_epoch, 0));  // a plan
+  ASSERT_EQ(Job().generation(), generation + 1);
+  ASSERT_FALSE(Job().has_restore_step()) << "the plan restores from scratch";
+
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  ASSERT_TRUE(Eventually([&] { return Epoch() > first_epoch; }));
+  ASSERT_TRUE(
+      Eventually([&] { return RunningAgent()->reports_refused() > 0; }));
+  const std::string why = RunningAgent()->last_refusal();
+  EXPECT_NE(why.find("generation: " + std::to_string(generation)),
+            std::string::npos)
+      << why;
+  EXPECT_FALSE(Job().has_last_good() && Job().last_good_step() == 3);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "daemon/peer_fetch.h"
@@ -278,6 +279,71 @@ TEST_F(ReplicaFetchTest, AHolderRefusingACopyAsOlderIsReportedNotCountedSent) {
   EXPECT_EQ(rep.Stats().sent, 0u);
   EXPECT_GE(rep.Stats().failed, 1u);
   EXPECT_EQ(store_->Find("core", 1, 0), nullptr);
+}
+
+// A job deleted on its node and registered again under the same name is a
+// new life there: its steps start low again (at the same generation), and
+// its copies are kept by the holder, which drops and withdraws every copy
+// of the deleted life from that node (all ranks, not only the one whose
+// new copy came), so no plan can name them and they hold no memory. A late
+// copy of the deleted life is refused.
+TEST_F(ReplicaFetchTest, AJobDeletedAndRegisteredAgainIsANewLifeAtTheHolder) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  daemon::Replicator& rep = StartReplicator(a, "a", Holder());
+  std::unique_ptr<shm::Arena> arena;
+  // Each rank's newest staged shard is sent: one step at a time, so that
+  // the holder keeps two steps of each rank.
+  for (uint64_t step = 5; step <= 6; ++step) {
+    for (uint32_t rank = 0; rank < 2; ++rank)
+      ASSERT_TRUE(SaveOneTensorStep(a.engine.get(), kMe,
+                                    {"core", step, true, false, rank, 2, 0xAA},
+                                    &arena)
+                      .ok());
+    ASSERT_TRUE(Eventually([&] {
+      return store_->Find("core", step, 0) && store_->Find("core", step, 1);
+    }));
+  }
+  const rv1::ShardCopy old_life = store_->Find("core", 6, 0)->copy;
+  ASSERT_NE(old_life.job_life(), 0u);
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().pending == 0; }));
+  const uint64_t sent_before = rep.Stats().sent;
+  v1::DeleteRequest del;
+  del.set_job("core");
+  del.set_all_steps(true);
+  ASSERT_TRUE(a.engine->Delete(kMe, del).ok());
+  ASSERT_TRUE(SaveOneTensorStep(a.engine.get(), kMe,
+                                {"core", 1, true, false, 0, 2, 0x11}, &arena)
+                  .ok());
+  ASSERT_TRUE(Eventually([&] { return store_->Find("core", 1, 0) != nullptr; }))
+      << "the new life's copy was not kept: "
+      << (rep.Refused() ? rep.Refused()->reason : rep.Stats().last_error);
+  const std::vector<char> mine = SlotBytes(*a.engine, "core", 1, 0);
+  EXPECT_TRUE(
+      std::equal(mine.begin(), mine.end(), store_->Find("core", 1, 0)->data()));
+  EXPECT_GT(store_->Find("core", 1, 0)->copy.job_life(), old_life.job_life());
+  for (uint64_t step : {5, 6})
+    for (uint32_t rank : {0, 1})
+      EXPECT_EQ(store_->Find("core", step, rank), nullptr)
+          << "step " << step << " rank " << rank << " of the deleted life";
+  EXPECT_EQ(store_->Stats().held, 1u);
+  std::set<std::pair<uint64_t, uint32_t>> withdrawn;
+  for (const rv1::ShardCopy& c : Evicted())
+    withdrawn.insert({c.step(), c.rank()});
+  EXPECT_EQ(withdrawn, (std::set<std::pair<uint64_t, uint32_t>>{
+                           {5, 0}, {5, 1}, {6, 0}, {6, 1}}));
+  EXPECT_FALSE(rep.Refused().has_value());
+  EXPECT_TRUE(Eventually([&] { return rep.Stats().sent == sent_before + 1; }))
+      << rep.Stats().sent;
+  // A copy of the deleted life arriving late is refused, naming the life.
+  const storage::Shard late = ReplicaImage("core", 7, 1, 2);
+  rv1::ShardCopy late_copy = CopyOf(late, old_life.generation(), "a");
+  late_copy.set_job_life(old_life.job_life());
+  auto put = Put(late_copy, late.image);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(put.status().message().find("job_life"), std::string::npos)
+      << put.status();
+  EXPECT_EQ(store_->Find("core", 7, 1), nullptr);
 }
 
 TEST_F(ReplicaFetchTest, SavesBeforeTheTargetIsKnownAreSentOnceItIs) {

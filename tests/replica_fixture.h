@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/replica_bulk_client.h"
@@ -161,7 +163,11 @@ class ReplicaFixture : public ::testing::Test {
       uint64_t budget, coordinator::TlsFiles tls = {},
       daemon::StagedShards* staged = nullptr,
       std::chrono::milliseconds bulk_token_ttl = std::chrono::seconds(60)) {
-    store_ = std::make_unique<daemon::ReplicaStore>(budget);
+    store_ = std::make_unique<daemon::ReplicaStore>(
+        budget, [this](const rv1::ShardCopy& c) {
+          absl::MutexLock lock(&evicted_mu_);
+          evicted_.push_back(c);
+        });
     daemon::ReplicaServerOptions so;
     so.host = "127.0.0.1";
     so.tls = tls;
@@ -261,6 +267,14 @@ class ReplicaFixture : public ::testing::Test {
   std::unique_ptr<daemon::ReplicaServer> server_;
   std::atomic<int> replicated_{0};
   std::atomic<int> replicated_nice_{-100};  // of the last verifying thread
+  // The copies the holder's store handed to its eviction hook (what a
+  // daemon withdraws), in order.
+  std::vector<rv1::ShardCopy> Evicted() {
+    absl::MutexLock lock(&evicted_mu_);
+    return evicted_;
+  }
+  absl::Mutex evicted_mu_;
+  std::vector<rv1::ShardCopy> evicted_ ABSL_GUARDED_BY(evicted_mu_);
 };
 
 }  // namespace ckpt::testing

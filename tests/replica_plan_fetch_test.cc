@@ -258,5 +258,74 @@ TEST_F(ReplicaPlanFetchTest, AFetchRefusesAnotherSaveOfTheStepThePlanChose) {
   ASSERT_TRUE(a.engine->WaitIdle(std::chrono::seconds(20)));
 }
 
+// A PREFETCH names a second holder of the chosen save for a rank (in
+// another failure domain than the first): a fetch that finds no copy at
+// the first (it dropped it, and its withdrawal had not reached the
+// coordinator when the plan was made) takes the second's, in the same
+// plan, where no stored copy exists to fall back to.
+TEST_F(ReplicaPlanFetchTest,
+       AFetchThatFindsNoCopyAtTheFirstHolderTakesTheSecond) {
+  Node& s = OpenNode("s", dir_.path() + "/shared");
+  StartHolder(1ull << 30);  // holder "b"
+  daemon::ReplicaStore c_store(1ull << 30);
+  daemon::ReplicaServerOptions so;
+  so.host = "127.0.0.1";
+  auto c_server = daemon::ReplicaServer::Start(so, &c_store, nullptr);
+  ASSERT_TRUE(c_server.ok()) << c_server.status();
+  RegisterNode("a", 1, false, 7101);
+  RegisterNode("b", 1, false, static_cast<uint32_t>(server_->port()));
+  RegisterNode("c", 1, false, static_cast<uint32_t>((*c_server)->port()));
+  RegisterNode("s", 1, true, 7104);
+  RegisterJob("core", 1);
+  ASSERT_EQ(Job("core").rank_node(0), "a");
+  auto image = [](uint64_t step) {
+    return ReplicaImage("core", step, 0, 1, 100000,
+                        static_cast<uint32_t>(step));
+  };
+  const storage::Shard s4 = image(4);
+  ASSERT_TRUE(Send("a", {StagedOf(s4)}).ok());
+  // Both holders keep a's step 4 and say so.
+  ASSERT_TRUE(Put(CopyOf(s4, 0, "a"), s4.image).ok());
+  auto c_channel = daemon::ReplicaChannel(
+      {}, "c", "127.0.0.1", static_cast<uint32_t>((*c_server)->port()));
+  ASSERT_TRUE(c_channel.ok()) << c_channel.status();
+  ASSERT_TRUE(Put(CopyOf(s4, 0, "a"), s4.image, c_channel->get()).ok());
+  ASSERT_TRUE(
+      Send("b", {daemon::ReplicatedReportOf(*store_->Find("core", 4, 0))})
+          .ok());
+  ASSERT_TRUE(
+      Send("c", {daemon::ReplicatedReportOf(*c_store.Find("core", 4, 0))})
+          .ok());
+  // b then takes a's steps 5 and 6 (never staged: a dies first) and drops
+  // step 4; its withdrawal is still on the way when a dies.
+  for (uint64_t step : {5, 6}) {
+    const storage::Shard later = image(step);
+    ASSERT_TRUE(Put(CopyOf(later, 0, "a"), later.image).ok());
+  }
+  ASSERT_EQ(store_->Find("core", 4, 0), nullptr);
+  Silence("a");
+  ASSERT_EQ(Job("core").rank_node(0), "s");
+  const cv1::Order prefetch = PrefetchFor("s");
+  ASSERT_EQ(prefetch.step(), 4u);
+  ASSERT_EQ(prefetch.sources_size(), 1);
+  ASSERT_EQ(prefetch.sources(0).node_id(), "b");
+  ASSERT_EQ(prefetch.shard_keys(0), "") << "no stored copy to fall back to";
+  std::vector<daemon::FallbackReport> fallbacks;
+  absl::Status fetched = daemon::PrefetchRank(
+      *s.engine, {}, "core", 1, 4, 0, prefetch.shard_keys(0),
+      &prefetch.sources(0), getuid(),
+      [&](daemon::FallbackReport f) { fallbacks.push_back(f); });
+  ASSERT_TRUE(fetched.ok()) << "the fetch failed with a second holder of "
+                               "the copy alive: "
+                            << fetched;
+  auto restored = Restore(s, "core", 4, 0);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == s4.image);
+  ASSERT_EQ(fallbacks.size(), 1u);
+  EXPECT_NE(fallbacks[0].reason.find("on b"), std::string::npos)
+      << fallbacks[0].reason;
+  EXPECT_EQ(fallbacks[0].next_copy, "memory");
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -33,7 +33,15 @@ class HearingTest : public ServerTest {
     stub_ = v1::Coordinator::NewStub(
         grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
   }
-  void TearDown() override { Release(); }
+  // The server goes before this fixture's members: its group committer
+  // calls the hold rule above, which reads them (the base class would
+  // stop the server only after they are destroyed).
+  void TearDown() override {
+    Release();
+    stub_.reset();
+    faulty_ = nullptr;
+    server_.reset();
+  }
   void Hold() {
     std::lock_guard<std::mutex> lock(hold_mu_);
     hold_ = true;

@@ -1,7 +1,8 @@
 #include "coordinator/admission.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "util/retry.h"
 
 namespace ckpt::coordinator {
 
@@ -9,9 +10,7 @@ KindQueue::KindQueue(std::string kind, int workers, int capacity,
                      int base_retry_ms)
     : kind_(std::move(kind)),
       base_retry_ms_(base_retry_ms),
-      capacity_(capacity),
-      jitter_state_(static_cast<uint64_t>(
-          std::chrono::steady_clock::now().time_since_epoch().count())) {
+      capacity_(capacity) {
   for (int i = 0; i < std::max(workers, 1); ++i)
     workers_.emplace_back([this] { Loop(); });
 }
@@ -35,13 +34,7 @@ bool KindQueue::TryRun(std::function<void()> call) {
 }
 
 int KindQueue::RetryAfterMs() {
-  absl::MutexLock lock(&mu_);
-  // xorshift: cheap, and good enough to spread a herd.
-  jitter_state_ ^= jitter_state_ << 13;
-  jitter_state_ ^= jitter_state_ >> 7;
-  jitter_state_ ^= jitter_state_ << 17;
-  const int spread = 2 * base_retry_ms_ + 1;
-  return base_retry_ms_ + static_cast<int>(jitter_state_ % spread);
+  return static_cast<int>(JitterMs(base_retry_ms_, 3 * base_retry_ms_).count());
 }
 
 void KindQueue::Loop() {

@@ -56,7 +56,6 @@ class KindQueue {
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t jitter_state_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
 };
 

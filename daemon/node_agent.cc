@@ -190,11 +190,9 @@ void NodeAgent::HeartbeatLoop() {
         register_backoff = std::min(std::max(register_backoff * 2, interval),
                                     std::chrono::milliseconds(5000));
         const int after = RetryAfterMs(s);
-        wait = after >= 0
-                   ? std::chrono::milliseconds(after)
-                   : register_backoff / 2 +
-                         std::chrono::milliseconds(
-                             std::rand() % (register_backoff.count() / 2 + 1));
+        wait = after >= 0 ? std::chrono::milliseconds(after)
+                          : JitterMs(register_backoff.count() / 2,
+                                     register_backoff.count());
       } else {
         register_backoff = std::chrono::milliseconds(0);
       }

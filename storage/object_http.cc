@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -81,11 +80,7 @@ absl::StatusCode HttpCode(long status) {
 // Full jitter (AWS's recommendation): uniform in [0, min(cap, base*2^n)].
 std::chrono::milliseconds Backoff(const ObjectStoreOptions& o,
                                   unsigned attempt) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  uint64_t ceiling = std::min<uint64_t>(
-      o.backoff_max_ms, uint64_t{o.backoff_base_ms} << std::min(attempt, 20u));
-  return std::chrono::milliseconds(
-      std::uniform_int_distribution<uint64_t>(0, ceiling)(rng));
+  return FullJitterBackoff(o.backoff_base_ms, o.backoff_max_ms, attempt);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@
 #ifndef CKPT_UTIL_RETRY_H_
 #define CKPT_UTIL_RETRY_H_
 
+#include <chrono>
+#include <cstdint>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -50,6 +52,15 @@ int RetryAfterMs(const GrpcStatus& s) {
   return RetryAfterMs(static_cast<absl::StatusCode>(s.error_code()),
                       s.error_message());
 }
+
+// A uniform draw in [lo_ms, hi_ms] (hi_ms below lo_ms counts as lo_ms),
+// from a generator per thread seeded by the OS: processes started together
+// (a cluster's agents after a failover) must not draw alike, or the herd
+// they are meant to spread comes back at once.
+std::chrono::milliseconds JitterMs(int64_t lo_ms, int64_t hi_ms);
+// Full jitter: uniform in [0, min(max_ms, base_ms * 2^attempt)].
+std::chrono::milliseconds FullJitterBackoff(int64_t base_ms, int64_t max_ms,
+                                            unsigned attempt);
 
 // grpc::Status, whose codes are numbered as absl's (util does not depend on
 // gRPC).

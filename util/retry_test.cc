@@ -1,5 +1,8 @@
 #include "util/retry.h"
 
+#include <algorithm>
+#include <set>
+
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -41,6 +44,25 @@ TEST(RetryTest, AGrpcStatusIsClassifiedByItsCodeAsAbslWould) {
     const auto code = static_cast<absl::StatusCode>(c);
     EXPECT_EQ(IsTransient(FakeGrpcStatus{c}), IsTransient(code)) << c;
     EXPECT_EQ(IsUnreachable(FakeGrpcStatus{c}), IsUnreachable(code)) << c;
+  }
+}
+
+TEST(RetryTest, JitterStaysInItsRangeAndSpreads) {
+  std::set<int64_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t ms = JitterMs(100, 300).count();
+    ASSERT_GE(ms, 100);
+    ASSERT_LE(ms, 300);
+    seen.insert(ms);
+  }
+  EXPECT_GT(seen.size(), 20u) << "200 draws in [100, 300] barely differ";
+  EXPECT_EQ(JitterMs(50, 10).count(), 50) << "an empty range is its low end";
+  for (unsigned attempt : {0u, 3u, 40u}) {
+    const int64_t ms = FullJitterBackoff(10, 1000, attempt).count();
+    EXPECT_GE(ms, 0);
+    EXPECT_LE(ms,
+              std::min<int64_t>(1000, int64_t{10} << std::min(attempt, 20u)))
+        << attempt;
   }
 }
 

@@ -37,9 +37,7 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
   size_t bad_index = n;
   absl::Status bad;
   auto verify = [&](size_t i) {
-    std::vector<bool> only(n, false);
-    only[i] = true;
-    absl::Status s = storage::VerifyTensorChecksums(dst, info, key, only);
+    absl::Status s = storage::VerifyTensorChecksum(dst, info, key, i);
     if (s.ok()) return;
     std::lock_guard<std::mutex> lock(mu);
     if (i < bad_index) bad_index = i, bad = std::move(s);

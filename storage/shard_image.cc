@@ -66,17 +66,22 @@ absl::Status SameIndex(const ShardInfo& got, const ShardInfo& want,
   return absl::OkStatus();
 }
 
+absl::Status VerifyTensorChecksum(const char* image, const ShardInfo& info,
+                                  std::string_view what, size_t i) {
+  const ShardTensor& t = info.tensors[i];
+  const uint64_t found = TensorChecksum(image + t.offset, t.bytes);
+  if (found == t.checksum) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "%s: tensor \"%s\": checksum mismatch (recorded %016x, found %016x)",
+      what, Quote(t.name), t.checksum, found));
+}
+
 absl::Status VerifyTensorChecksums(const char* image, const ShardInfo& info,
                                    std::string_view what,
                                    const std::vector<bool>& known) {
   for (size_t i = 0; i < info.tensors.size(); ++i) {
     if (!known.empty() && (i >= known.size() || !known[i])) continue;
-    const ShardTensor& t = info.tensors[i];
-    const uint64_t found = TensorChecksum(image + t.offset, t.bytes);
-    if (found != t.checksum)
-      return absl::DataLossError(absl::StrFormat(
-          "%s: tensor \"%s\": checksum mismatch (recorded %016x, found %016x)",
-          what, Quote(t.name), t.checksum, found));
+    CKPT_RETURN_IF_ERROR(VerifyTensorChecksum(image, info, what, i));
   }
   return absl::OkStatus();
 }

@@ -54,6 +54,11 @@ struct ImageExpect {
 [[nodiscard]] absl::Status VerifyTensorChecksums(
     const char* image, const ShardInfo& info, std::string_view what,
     const std::vector<bool>& known = {});
+// The same for tensor `i` of `info` alone.
+[[nodiscard]] absl::Status VerifyTensorChecksum(const char* image,
+                                                const ShardInfo& info,
+                                                std::string_view what,
+                                                size_t i);
 
 }  // namespace ckpt::storage
 

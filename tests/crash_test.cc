@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -42,6 +43,16 @@ class CrashTest : public DaemonTest {
       }
     return out;
   }
+  // Polls `cond` until it holds. The bound only marks a failure: it is far
+  // beyond what any of these waits takes on a loaded machine.
+  static bool Until(const std::function<bool()>& cond) {
+    auto bound = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (!cond()) {
+      if (std::chrono::steady_clock::now() > bound) return false;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return true;
+  }
   bool AnySlot(const std::string& prefix) {
     for (const auto& s : SlotStates())
       if (s.rfind(prefix, 0) == 0) return true;
@@ -66,20 +77,23 @@ TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
           "killed", "1073741824", "2", "100", "1", nullptr);
     _exit(127);
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!AnySlot("writing") && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(2));
-  ASSERT_TRUE(AnySlot("writing")) << "the child never started a save";
-  kill(child, SIGKILL);
+  // Until its copy is under way, or it has ended without one: filling
+  // 1 GiB takes an instrumented child on a loaded machine a minute or more.
   int status = 0;
+  pid_t ended = 0;
+  ASSERT_TRUE(Until([&] {
+    ended = waitpid(child, &status, WNOHANG);
+    return ended != 0 || AnySlot("writing");
+  })) << "the child neither started a save nor ended";
+  ASSERT_EQ(ended, 0) << "the child ended (status " << status
+                      << ") before it started a save";
+  kill(child, SIGKILL);
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status));
 
   // The daemon notices the exit and frees the slot.
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (AnySlot("writing") && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_FALSE(AnySlot("writing"));
+  EXPECT_TRUE(Until([&] { return !AnySlot("writing"); }))
+      << "the killed child's slot is still being written";
 
   // No half-written step is visible; whatever was committed is whole.
   auto latest = client->LatestStep();
@@ -108,10 +122,8 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
   EXPECT_TRUE(got.Equals(s));
   // The manifest comes last; once it is there no temp file may be left.
   std::string manifest = root() + "/" + storage::ManifestKey("restart", 1);
-  for (int i = 0; i < 500 && !std::filesystem::exists(manifest); ++i)
-    std::this_thread::sleep_for(milliseconds(10));
-  ASSERT_TRUE(std::filesystem::exists(manifest));
-  std::this_thread::sleep_for(milliseconds(50));
+  ASSERT_TRUE(Until([&] { return std::filesystem::exists(manifest); }))
+      << manifest;
   for (auto& e : std::filesystem::recursive_directory_iterator(root()))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }

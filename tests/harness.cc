@@ -56,7 +56,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, d->socket_.c_str(), sizeof(addr.sun_path) - 1);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // Until it accepts or exits. The bound only marks a hang: an
+  // instrumented ckptd runs its start-up health checks (a memcpy probe of
+  // up to 10 s among them) first, and took over 20 s at load average 20.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -71,7 +74,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return absl::DeadlineExceededError(
-      "ckptd did not accept connections within 20 s");
+      "ckptd did not accept connections within 120 s");
 }
 
 DaemonProcess::~DaemonProcess() {

@@ -1,5 +1,5 @@
-// Effects: what a transition of the job table asks of its executor (the
-// Engine) instead of doing it itself, as raft's Ready hands out messages
+// Effects: what a transition of the job table asks of its executor
+// (NodeState) instead of doing it itself, as raft's Ready hands out messages
 // and entries: the catalog edit that records the change, the tasks for
 // the persistence pipeline's queues, the reports to the coordinator, the
 // deletes owed to storage, the decisions the executor takes next under
@@ -8,8 +8,8 @@
 // The executor queues the edit (and the deletes' intents, and the
 // reports) in the transition's critical section, so that they keep the
 // order of the changes; it pushes the tasks, delivers the reports and
-// wakes the waiters once the lock is released (Engine::Apply,
-// Engine::Perform). Plain data.
+// wakes the waiters once the lock is released (NodeState::Apply,
+// NodeState::Perform). Plain data.
 #ifndef CKPT_DAEMON_EFFECTS_H_
 #define CKPT_DAEMON_EFFECTS_H_
 

@@ -1,34 +1,17 @@
-// Opening and closing the engine, Register, BeginSave, AbortSave, leases
-// and the reaper. See engine.h.
+// Opening and closing the engine, Register, BeginSave, AbortSave, the
+// hosted ranks and the reaper. See engine.h.
 #include "daemon/engine.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
+#include "daemon/recovery.h"
 #include "storage/shard_format.h"
 #include "util/status.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
-
-Engine::Engine(EngineOptions options, storage::Backend* backend,
-               Catalog* catalog, storage::Backend* object)
-    : options_(std::move(options)),
-      metrics_(options_.metrics ? options_.metrics
-                                : std::make_shared<DaemonMetrics>()),
-      backend_(backend),
-      catalog_(catalog),
-      object_(object),
-      started_(std::chrono::steady_clock::now()),
-      table_(JobTable::Rules{
-          PersistRetryPolicy{options_.max_persist_attempts,
-                             options_.persist_retry_delay,
-                             options_.persist_retry_max_delay},
-          object != nullptr,
-          object != nullptr &&
-              options_.commit_tier == EngineOptions::CommitTier::kObject,
-          options_.node_id}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* backend,
@@ -36,167 +19,65 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                                      storage::Backend* object) {
   std::unique_ptr<Engine> engine(
       new Engine(std::move(options), backend, catalog, object));
-  engine->writer_ = std::make_unique<CatalogWriter>(catalog);
-  engine->arena_drops_ = std::make_unique<ArenaDrops>(backend);
-  engine->pipeline_ = std::make_unique<PersistPipeline>(
-      static_cast<PipelineState*>(engine.get()), backend, object,
-      engine->options_.upload_threads, catalog, engine->writer_.get(),
-      engine->options_.node_id);
-  engine->persister_ = &engine->pipeline_->persist();
-  engine->uploader_ = engine->pipeline_->upload();
-  engine->shard_drops_ = std::make_unique<ShardDrops>(
-      &engine->table_, catalog, engine->writer_.get(), engine->persister_,
-      engine->uploader_, engine->options_.node_id);
-  engine->prefaulter_ = std::make_unique<Prefaulter>(&engine->table_, backend);
-  CKPT_RETURN_IF_ERROR(engine->Recover());  // queues what is not yet durable
-  engine->pipeline_->Start();
-  engine->metrics_->SetSnapshotSource(
-      [e = engine.get()] { return e->Snapshot(); });
+  NodeState& node = engine->node_;
+  node.Wire(&engine->pipeline_view_);
+  CKPT_RETURN_IF_ERROR(RecoverFromCatalog(node));  // queues what is not durable
+  node.pipeline->Start();
+  node.metrics->SetSnapshotSource([&node] { return node.Gauges(); });
   engine->reaper_ = std::thread([e = engine.get()] { e->ReapLoop(); });
   return engine;
 }
 
 Engine::~Engine() {
-  metrics_->SetSnapshotSource(nullptr);  // waits for a scrape in progress
-  prefaulter_.reset();                   // it publishes under the lock
-  if (pipeline_) pipeline_->Stop();      // its tasks take the lock
+  node_.metrics->SetSnapshotSource(nullptr);   // waits for a scrape
+  node_.prefaulter.reset();                    // it publishes under the lock
+  if (node_.pipeline) node_.pipeline->Stop();  // its tasks take the lock
   {
-    Section lock(this);
+    Section lock(&node_);
     stopping_ = true;
   }
-  table_.Wake(JobTable::Waiter::kReaper);
+  node_.table.Wake(JobTable::Waiter::kReaper);
   if (reaper_.joinable()) reaper_.join();
-  writer_.reset();       // writes what is queued
-  arena_drops_.reset();  // lets go of the arenas dropped so far
+  node_.writer.reset();       // writes what is queued
+  node_.arena_drops.reset();  // lets go of the arenas dropped so far
   // Every other thread is gone; the lock only satisfies the analysis.
-  JobTable::Lock table_lock(&table_);
-  table_.ForEachJob([&](Job& job) {
+  JobTable::Lock table_lock(&node_.table);
+  node_.table.ForEachJob([&](Job& job) {
     for (auto& [r, rank] : job.ranks)
       if (rank.arena && rank.registered)
-        backend_->UnregisterMemory(rank.arena->slot_data(0));
+        node_.backend->UnregisterMemory(rank.arena->slot_data(0));
   });
-}
-
-Engine::Section::Section(Engine* engine) ABSL_NO_THREAD_SAFETY_ANALYSIS
-    : engine_(engine),
-      lock_(&engine->table_) {}
-
-// The analysis follows lock_ inside, not the capability Section stands for.
-Engine::Section::~Section() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  if (held_) Unlock();
-}
-
-void Engine::Section::Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const uint64_t upto = engine_->queued_reports_;
-  lock_.Unlock();
-  held_ = false;
-  engine_->Deliver(upto);
-}
-
-void Engine::Section::Relock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  lock_.Relock();
-  held_ = true;
-}
-
-void Engine::Outbox(Report report) {
-  const bool wanted = std::holds_alternative<ShardReport>(report)
-                          ? static_cast<bool>(options_.on_shard)
-                          : static_cast<bool>(options_.on_fallback);
-  if (!wanted) return;
-  outbox_.push_back(std::move(report));
-  ++queued_reports_;
-}
-
-void Engine::Deliver(uint64_t upto) {
-  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
-  // One deliverer at a time, so that reports reach the node agent in the
-  // order of the changes; whoever comes first delivers the others' too.
-  absl::MutexLock order(&deliver_mu_);
-  if (delivered_reports_.load(std::memory_order_acquire) >= upto) return;
-  std::vector<Report> out;
-  {
-    JobTable::Lock lock(&table_);
-    out.swap(outbox_);
-  }
-  for (const Report& r : out) {
-    if (const ShardReport* shard = std::get_if<ShardReport>(&r))
-      options_.on_shard(*shard);
-    else
-      options_.on_fallback(std::get<FallbackReport>(r));
-  }
-  delivered_reports_.fetch_add(out.size(), std::memory_order_release);
-}
-
-uint64_t Engine::Apply(Effects& fx) {
-  uint64_t ticket = 0;
-  if (!fx.edit.empty()) ticket = QueueEdit(std::move(fx.edit), fx.sync);
-  fx.edit = CatalogEdit();
-  for (OwedDelete& d : fx.deletes)
-    shard_drops_->QueueLocalDelete(d.job, d.step, std::move(d.key), false);
-  fx.deletes.clear();
-  for (UploadTask& del : fx.object_deletes)
-    shard_drops_->QueueObjectDelete(std::move(del));
-  fx.object_deletes.clear();
-  for (ShardReport& r : fx.reports) Outbox(std::move(r));
-  fx.reports.clear();
-  return ticket;
-}
-
-void Engine::Perform(Effects fx) {
-  for (PersistTask& t : fx.persist) persister_->Push(std::move(t));
-  for (UploadTask& t : fx.upload) uploader_->Push(std::move(t));
-  if (fx.wake_slots) table_.Wake(JobTable::Waiter::kSlot);
-  if (fx.wake_durable) table_.Wake(JobTable::Waiter::kDurable);
-}
-
-void Engine::MaybeForgetJob(const std::string& name) {
-  Job* found = table_.Find(name);
-  if (found == nullptr || !found->forget_when_idle) return;
-  Job& job = *found;
-  if (!table_.Unused(job)) return;
-  std::vector<uint32_t> ranks;
-  for (const auto& [r, rank] : job.ranks) ranks.push_back(r);
-  for (uint32_t r : ranks) DropArena(job, r, /*unlink=*/true);
-  CatalogEdit edit;
-  edit.DeleteJob(name);
-  QueueEdit(std::move(edit), /*sync=*/true);
-  LogInfo(absl::StrCat("job ", name,
-                       ": every step deleted; record and arenas removed"));
-  table_.Erase(name);
-  metrics_->ForgetJob(name);
-  table_.Wake(JobTable::Waiter::kSlot);
-  table_.Wake(JobTable::Waiter::kDurable);
 }
 
 absl::StatusOr<v1::RegisterResponse> Engine::Register(
     const PeerCreds& peer, const v1::RegisterRequest& req) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(req.job()));
-  if (req.world_size() == 0 || req.world_size() > options_.max_world_size)
+  if (req.world_size() == 0 || req.world_size() > node_.options.max_world_size)
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", req.world_size(), " is not in [1, ",
-                     options_.max_world_size, "]"));
+                     node_.options.max_world_size, "]"));
   if (req.rank() >= req.world_size())
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", req.rank(), " is not below world_size ", req.world_size()));
-  if (req.slot_bytes() == 0 || req.slot_bytes() > options_.max_slot_bytes)
+  if (req.slot_bytes() == 0 || req.slot_bytes() > node_.options.max_slot_bytes)
     return absl::InvalidArgumentError(
         absl::StrCat("slot_bytes: ", req.slot_bytes(), " is not in [1, ",
-                     options_.max_slot_bytes, "]"));
+                     node_.options.max_slot_bytes, "]"));
   uint32_t num_slots =
-      req.num_slots() == 0 ? options_.default_num_slots : req.num_slots();
+      req.num_slots() == 0 ? node_.options.default_num_slots : req.num_slots();
   if (num_slots < 2 || num_slots > shm::kMaxSlots)
     return absl::InvalidArgumentError(absl::StrCat(
         "num_slots: ", num_slots, " is not in [2, ", shm::kMaxSlots, "]"));
 
-  Section lock(this);
-  if (draining_) return absl::UnavailableError("ckptd is shutting down");
+  Section lock(&node_);
+  if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
   CKPT_ASSIGN_OR_RETURN(
       Job * job,
-      table_.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots));
+      node_.table.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots));
   job->forget_when_idle = false;
-  auto ensured = EnsureArena(req.job(), req.rank(), req.slot_bytes());
+  auto ensured = node_.EnsureArena(req.job(), req.rank(), req.slot_bytes());
   if (!ensured.ok()) {
-    table_.EraseIfUnrecorded(req.job());
+    node_.table.EraseIfUnrecorded(req.job());
     return ensured.status();
   }
   Rank* rank = *ensured;
@@ -209,21 +90,13 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
   return resp;
 }
 
-void Engine::ReleaseLease(uint64_t id) {
-  std::optional<Lease> lease = table_.ReleaseLease(id);
-  if (!lease) return;
-  // A FILE restore is over: the deletes it held back go now.
-  if (!lease->file_key.empty()) shard_drops_->ReleaseDeferred();
-  MaybeForgetJob(lease->job);
-}
-
 absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
     const PeerCreds& peer, const v1::BeginSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  Section lock(this);
-  if (draining_)
+  Section lock(&node_);
+  if (node_.draining)
     return absl::UnavailableError("ckptd is shutting down: no new saves");
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(*job, req.rank()));
   // A save below the rank's newest step drops the newer steps (a new
   // timeline): only when asked to, or by the process that restored an
@@ -238,7 +111,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
   std::vector<uint64_t> restorable;
   for (uint64_t n : newer) {
     bool durable = false;
-    if (table_.StepComplete(*job, job->steps.at(n), &durable))
+    if (node_.table.StepComplete(*job, job->steps.at(n), &durable))
       restorable.push_back(n);
   }
   if (!restorable.empty() && !req.rewind()) {
@@ -255,7 +128,7 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
         " bytes, the arena's slots hold ", rank->arena->slot_bytes()));
   auto start = std::chrono::steady_clock::now();
   auto timeout = req.timeout_ms() ? std::chrono::milliseconds(req.timeout_ms())
-                                  : options_.default_busy_timeout;
+                                  : node_.options.default_busy_timeout;
   int slot = -1;
   for (;;) {
     // The rank may have been re-registered (arena replaced) while waiting.
@@ -274,13 +147,13 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       return absl::ResourceExhaustedError(absl::StrCat(
           "BUSY: every slot of job '", req.job(), "' rank ", req.rank(),
           " is being written, persisted, read or holds the newest step"));
-    if (!table_.WaitUntil(JobTable::Waiter::kSlot, start + timeout))
+    if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, start + timeout))
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no free slot for job '", req.job(), "' rank ",
                        req.rank(), " after waiting ", timeout.count(), " ms"));
-    if (draining_)
+    if (node_.draining)
       return absl::UnavailableError("ckptd is shutting down: no new saves");
-    CKPT_ASSIGN_OR_RETURN(job, table_.FindFor(req.job(), peer));
+    CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
   }
   Slot& s = rank->slots[slot];
   if (s.state == shm::SlotState::kDurable || s.reclaimable) {
@@ -289,10 +162,10 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
       Shard& lost = *shard;
       if (lost.phase != ShardPhase::kStaged) continue;
       // Its persist kept failing, and now its bytes are gone.
-      metrics_->Failure(metric::kPersistAbandoned);
-      FailShard(lost, absl::StrCat("its slot went to step ", req.step(),
-                                   " while its persist kept failing: ",
-                                   lost.rec.error()));
+      node_.metrics->Failure(metric::kPersistAbandoned);
+      node_.FailShard(lost, absl::StrCat("its slot went to step ", req.step(),
+                                         " while its persist kept failing: ",
+                                         lost.rec.error()));
       LogWarning(absl::StrCat("job ", req.job(), " step ", n, " rank ",
                               req.rank(), ": ", lost.rec.error()));
     }
@@ -303,7 +176,8 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
   lease.rewind = req.rewind() || !newer.empty();
   lease.begun = arrived;
   lease.granted = std::chrono::steady_clock::now();
-  CKPT_ASSIGN_OR_RETURN(uint64_t id, table_.leases().Add(std::move(lease)));
+  CKPT_ASSIGN_OR_RETURN(uint64_t id,
+                        node_.table.leases().Add(std::move(lease)));
   rank->BeginWrite(slot, req.step(), req.image_bytes(), id, peer.pid);
   v1::BeginSaveResponse resp;
   resp.set_slot(slot);
@@ -317,39 +191,60 @@ absl::StatusOr<v1::BeginSaveResponse> Engine::BeginSave(
 
 absl::Status Engine::AbortSave(const PeerCreds& peer,
                                const v1::AbortSaveRequest& req) {
-  Section lock(this);
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  Section lock(&node_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   (void)job;
-  if (table_.leases().FindFor(req.lease(), req.job(), req.rank(),
-                              /*write=*/true) == nullptr)
+  if (node_.table.leases().FindFor(req.lease(), req.job(), req.rank(),
+                                   /*write=*/true) == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
                                             req.rank()));
   if (committing_.count(req.lease()))
     return absl::FailedPreconditionError(absl::StrCat(
         "lease: save ", req.lease(), " is being committed; too late to abort"));
-  ReleaseLease(req.lease());
+  node_.ReleaseLease(req.lease());
   return absl::OkStatus();
 }
 
 EngineProgress Engine::Progress() const {
   EngineProgress p;
   p.reaper_ticks = reaper_ticks_.load(std::memory_order_relaxed);
-  p.persist_progress = persister_->progress();
-  p.persist_running = persister_->running();
-  p.persists_queued = persister_->queued();
+  p.persist_progress = node_.persister->progress();
+  p.persist_running = node_.persister->running();
+  p.persists_queued = node_.persister->queued();
   return p;
 }
 
 void Engine::ReapLoop() {
-  Section lock(this);
+  Section lock(&node_);
   while (!stopping_) {
-    table_.WaitUntil(
+    node_.table.WaitUntil(
         JobTable::Waiter::kReaper,
         std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
-    for (uint64_t id : table_.leases().DeadHolders()) ReleaseLease(id);
+    for (uint64_t id : node_.table.leases().DeadHolders())
+      node_.ReleaseLease(id);
     reaper_ticks_.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void Engine::SetHostedRanks(const std::string& job_name,
+                            std::vector<uint32_t> ranks,
+                            std::optional<uint64_t> keep_from) {
+  Section lock(&node_);
+  Hosting now{std::set<uint32_t>(ranks.begin(), ranks.end()), keep_from};
+  if (!node_.table.SetHosting(job_name, std::move(now))) return;
+  // Steps may have become complete here (ranks moved away), or deletable.
+  Job* job = node_.table.Find(job_name);
+  if (job == nullptr) return;
+  for (auto& [n, step] : job->steps) node_.MaybeQueueManifest(*job, n);
+  node_.ApplyRetention(*job);
+}
+
+void Engine::ReportRecovered() { daemon::ReportRecovered(node_); }
+
+std::optional<UploadBacklog> Engine::ObjectBacklog() const {
+  if (!node_.uploader) return std::nullopt;
+  return node_.uploader->Backlog();
 }
 
 }  // namespace ckpt::daemon

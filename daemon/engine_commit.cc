@@ -16,12 +16,12 @@ namespace ckpt::daemon {
 absl::Status Engine::CommitSave(const PeerCreds& peer,
                                 const v1::CommitSaveRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
-  Section lock(this);
+  Section lock(&node_);
   CKPT_ASSIGN_OR_RETURN(const Lease lease, CommitLease(peer, req));
   // A newer step of this rank committed after BeginSave (another process
   // saving the rank) is not dropped unless BeginSave allowed a rewind.
   const std::vector<uint64_t> newer =
-      ShardDrops::Newer(*table_.Find(req.job()), req.step(), req.rank());
+      ShardDrops::Newer(*node_.table.Find(req.job()), req.step(), req.rank());
   if (!newer.empty() && !lease.rewind)
     return BelowNewestError(req.job(), req.rank(), req.step(), newer);
   CKPT_ASSIGN_OR_RETURN(Shard shard, StageShard(req));
@@ -30,20 +30,21 @@ absl::Status Engine::CommitSave(const PeerCreds& peer,
   CKPT_ASSIGN_OR_RETURN(Superseded sup, WriteSuperseded(req, shard.rec));
   Job& job = *sup.job;
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(job, req.rank()));
-  for (DropPlan& d : sup.drops) shard_drops_->Apply(job, std::move(d), 0);
+  for (DropPlan& d : sup.drops) node_.shard_drops->Apply(job, std::move(d), 0);
   const uint64_t bytes = shard.info.layout.image_bytes;
   uint64_t gen = 0;
-  Effects fx = table_.Commit(job, *rank, req.slot(), std::move(shard), &gen);
+  Effects fx =
+      node_.table.Commit(job, *rank, req.slot(), std::move(shard), &gen);
   ChainEdit(std::move(sup), &fx);
-  const uint64_t ticket = Apply(fx);
+  const uint64_t ticket = node_.Apply(fx);
   if (!newer.empty()) NoteRollback(job, req, newer, lease.pid);
   NoteCommitted(req.job(), lease, arrived, bytes);
-  ReleaseLease(req.lease());
+  node_.ReleaseLease(req.lease());
   lock.Unlock();
-  Perform(std::move(fx));
+  node_.Perform(std::move(fx));
   if (ticket == 0) return absl::OkStatus();
   // Memory changed with the edit queued; a write that fails undoes it.
-  absl::Status s = writer_->Wait(ticket);
+  absl::Status s = node_.writer->Wait(ticket);
   if (s.ok()) return s;
   lock.Relock();
   UndoCommit(req.job(), req.step(), req.rank(), gen);
@@ -66,7 +67,7 @@ void Engine::NoteRollback(Job& job, const v1::CommitSaveRequest& req,
                           ": rollback from step ", newer.back(), " to ",
                           req.step(),
                           "; steps dropped: ", absl::StrJoin(newer, ", ")));
-  metrics_->Rollback();
+  node_.metrics->Rollback();
   RecordRollback(job, req, newer);
   // A resuming trainer's allowance is used up: the steps it saves from now
   // on are its own timeline.
@@ -79,7 +80,7 @@ void Engine::NoteCommitted(const std::string& job, const Lease& lease,
                            std::chrono::steady_clock::time_point arrived,
                            uint64_t bytes) {
   using Seconds = std::chrono::duration<double>;
-  metrics_->SaveCommitted(
+  node_.metrics->SaveCommitted(
       job, Seconds(lease.granted - lease.begun).count(),
       Seconds(std::chrono::steady_clock::now() - lease.begun).count(),
       Seconds(arrived - lease.granted).count(), bytes);
@@ -103,9 +104,9 @@ void Engine::RecordRollback(const Job& job, const v1::CommitSaveRequest& req,
 
 absl::StatusOr<Lease> Engine::CommitLease(const PeerCreds& peer,
                                           const v1::CommitSaveRequest& req) {
-  CKPT_RETURN_IF_ERROR(table_.FindFor(req.job(), peer).status());
-  const Lease* found = table_.leases().FindFor(req.lease(), req.job(),
-                                               req.rank(), /*write=*/true);
+  CKPT_RETURN_IF_ERROR(node_.table.FindFor(req.job(), peer).status());
+  const Lease* found = node_.table.leases().FindFor(req.lease(), req.job(),
+                                                    req.rank(), /*write=*/true);
   if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("lease: no open save ", req.lease(),
                                             " of job '", req.job(), "' rank ",
@@ -125,7 +126,7 @@ absl::StatusOr<Lease> Engine::CommitLease(const PeerCreds& peer,
 }
 
 absl::StatusOr<Shard> Engine::StageShard(const v1::CommitSaveRequest& req) {
-  Job& job = *table_.Find(req.job());
+  Job& job = *node_.table.Find(req.job());
   CKPT_ASSIGN_OR_RETURN(Rank * rank, JobTable::FindRank(job, req.rank()));
   const uint32_t slot_no = req.slot();
   storage::ShardInfo info = ToShardInfo(req.job(), req.step(), req.rank(),
@@ -147,7 +148,7 @@ absl::StatusOr<Shard> Engine::StageShard(const v1::CommitSaveRequest& req) {
   // gone, and so is the metadata just written.
   if (valid.ok()) valid = rank->arena->CheckIntact();
   if (!valid.ok()) {
-    ReleaseLease(req.lease());  // the save is over; the slot frees
+    node_.ReleaseLease(req.lease());  // the save is over; the slot frees
     return valid;
   }
 
@@ -181,9 +182,9 @@ absl::StatusOr<Shard> Engine::StageShard(const v1::CommitSaveRequest& req) {
 absl::StatusOr<Engine::Superseded> Engine::WriteSuperseded(
     const v1::CommitSaveRequest& req, const catv1::ShardRecord& rec) {
   Superseded sup;
-  sup.job = table_.Find(req.job());
-  sup.drops =
-      shard_drops_->PlanSuperseded(*sup.job, req.step(), req.rank(), sup.edit);
+  sup.job = node_.table.Find(req.job());
+  sup.drops = node_.shard_drops->PlanSuperseded(*sup.job, req.step(),
+                                                req.rank(), sup.edit);
   sup.fast = sup.drops.empty();
   std::vector<uint64_t> planned_intents;
   while (!sup.drops.empty()) {
@@ -195,18 +196,18 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSuperseded(
         ShardDrops::Basis(*sup.job, sup.drops);
     sup.edit.PutShard(rec);
     committing_.insert(req.lease());
-    const uint64_t ticket = QueueEdit(std::move(sup.edit), /*sync=*/true);
-    table_.Unlock();
-    absl::Status s = writer_->Wait(ticket);
-    table_.Relock();
+    const uint64_t ticket = node_.QueueEdit(std::move(sup.edit), /*sync=*/true);
+    node_.table.Unlock();
+    absl::Status s = node_.writer->Wait(ticket);
+    node_.table.Relock();
     committing_.erase(req.lease());
-    sup.job = table_.Find(req.job());
+    sup.job = node_.table.Find(req.job());
     const bool leased =
         sup.job != nullptr &&
-        table_.leases().FindFor(req.lease(), req.job(), req.rank(),
-                                /*write=*/true) != nullptr;
+        node_.table.leases().FindFor(req.lease(), req.job(), req.rank(),
+                                     /*write=*/true) != nullptr;
     if (!s.ok()) {
-      if (leased) ReleaseLease(req.lease());  // the slot frees
+      if (leased) node_.ReleaseLease(req.lease());  // the slot frees
       return s;
     }
     sup.edit = CatalogEdit();
@@ -220,30 +221,30 @@ absl::StatusOr<Engine::Superseded> Engine::WriteSuperseded(
     planned_intents.clear();
     if (!leased) {
       for (const DropPlan& d : sup.drops) {
-        const Shard* sh = table_.FindShard(req.job(), d.step, d.rank);
+        const Shard* sh = node_.table.FindShard(req.job(), d.step, d.rank);
         if (sh != nullptr) sup.edit.PutShard(sh->rec);
       }
-      if (table_.FindShard(req.job(), req.step(), req.rank()) == nullptr)
+      if (node_.table.FindShard(req.job(), req.step(), req.rank()) == nullptr)
         sup.edit.DeleteShard(req.job(), req.step(), req.rank());
-      QueueEdit(std::move(sup.edit), /*sync=*/true);
+      node_.QueueEdit(std::move(sup.edit), /*sync=*/true);
       return absl::NotFoundError(
           absl::StrCat("lease: save ", req.lease(), " of job '", req.job(),
                        "' rank ", req.rank(), " ended while it committed"));
     }
-    sup.drops = shard_drops_->PlanSuperseded(*sup.job, req.step(), req.rank(),
-                                             sup.edit);
+    sup.drops = node_.shard_drops->PlanSuperseded(*sup.job, req.step(),
+                                                  req.rank(), sup.edit);
   }
   return sup;
 }
 
 void Engine::UndoCommit(const std::string& job_name, uint64_t step,
                         uint32_t rank, uint64_t gen) {
-  Shard* shard = table_.FindShard(job_name, step, rank);
-  Job* job = table_.Find(job_name);
+  Shard* shard = node_.table.FindShard(job_name, step, rank);
+  Job* job = node_.table.Find(job_name);
   if (shard == nullptr || shard->gen != gen || job == nullptr) return;
-  ReportShard(*shard, /*durable=*/false, /*failed=*/true);
-  DropShard(*job, step, rank, /*delete_file=*/true);
-  MaybeForgetJob(job_name);
+  node_.ReportShard(*shard, /*durable=*/false, /*failed=*/true);
+  node_.DropShard(*job, step, rank, /*delete_file=*/true);
+  node_.MaybeForgetJob(job_name);
 }
 
 }  // namespace ckpt::daemon

@@ -11,8 +11,8 @@ namespace ckpt::daemon {
 
 absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     const PeerCreds& peer, const v1::DeleteRequest& req) {
-  Section lock(this);
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  Section lock(&node_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   std::vector<uint64_t> steps;
   if (req.all_steps()) {
     for (const auto& [n, step] : job->steps) steps.push_back(n);
@@ -23,12 +23,12 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     steps.push_back(req.step());
   }
   for (uint64_t n : steps) {
-    if (object_ != nullptr) QueueObjectDelete(*job, n);
+    if (node_.object != nullptr) node_.QueueObjectDelete(*job, n);
     std::vector<uint32_t> ranks;
     for (const auto& [r, shard] : job->steps[n].shards) ranks.push_back(r);
     // The files go through the persister's queue (recorded as intents,
     // held back while a FILE restore reads one), never under the lock.
-    for (uint32_t r : ranks) DropShard(*job, n, r, /*delete_file=*/true);
+    for (uint32_t r : ranks) node_.DropShard(*job, n, r, /*delete_file=*/true);
   }
   if (req.all_steps()) {
     // Nothing left: the job's record and arenas go once nothing uses them;
@@ -41,17 +41,17 @@ absl::StatusOr<v1::DeleteResponse> Engine::Delete(
     if (job->recorded) {
       CatalogEdit edit;
       edit.PutJob(job->rec);
-      QueueEdit(std::move(edit), /*sync=*/true);
+      node_.QueueEdit(std::move(edit), /*sync=*/true);
     }
-    MaybeForgetJob(req.job());
+    node_.MaybeForgetJob(req.job());
   }
   v1::DeleteResponse resp;
   resp.set_deleted_steps(static_cast<uint32_t>(steps.size()));
   // Deleted once the RPC answers: its records are written and a forgotten
   // job's arenas unlinked (outside the lock).
   lock.Unlock();
-  writer_->Flush();
-  arena_drops_->Flush();
+  node_.writer->Flush();
+  node_.arena_drops->Flush();
   return resp;
 }
 

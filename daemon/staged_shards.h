@@ -1,10 +1,10 @@
 // StagedShards: what the replica path (replica_service.h, replicator.h)
-// may read of this node's own staged shards, implemented by the Engine
-// (engine_replica.cc). A snapshot is taken under the job table's lock and
-// names the slot and the write that filled it; the bytes are then read with
-// no lock held and no lease (a save is never blocked by a replica), and
-// Unchanged tells afterwards whether a save overwrote the slot meanwhile
-// (the read is then discarded), as an upload from a slot does.
+// may read of this node's own staged shards, implemented by ReplicaSource
+// (replica_source.h; the Engine forwards to it). A snapshot is taken under the
+// job table's lock and names the slot and the write that filled it; the bytes
+// are then read with no lock held and no lease (a save is never blocked by a
+// replica), and Unchanged tells afterwards whether a save overwrote the slot
+// meanwhile (the read is then discarded), as an upload from a slot does.
 //
 // Thread-safety: implementations are safe to call concurrently.
 #ifndef CKPT_DAEMON_STAGED_SHARDS_H_

@@ -63,7 +63,7 @@ struct Shard {
 };
 
 // Where a restore of a shard reads it from: OpenRestore's one choice
-// (engine_restore.cc). kSlot: the slot that holds it (committed there, or
+// (restorer.cc). kSlot: the slot that holds it (committed there, or
 // loaded or fetched earlier). kFileIfReadable: its local file, read by the
 // client itself when OpenRestore finds that the caller may (else as
 // kLoad). kLoad: read from storage (the local file, or the object tier's

@@ -7,14 +7,14 @@
 // false). A copy that is bad is marked bad: the next OpenRestore serves
 // the next copy of the same step (memory → file → object), and with none
 // left the shard fails and Latest offers the previous good step; each step
-// down is a FALLBACK report. See engine.h.
+// down is a FALLBACK report. See restorer.h.
 #include <memory>
 #include <optional>
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "daemon/restorer.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"
@@ -93,10 +93,10 @@ bool Bad(const std::optional<absl::Status>& s) {
 
 }  // namespace
 
-absl::Status Engine::CloseRestore(const PeerCreds& peer,
-                                  const v1::CloseRestoreRequest& req) {
-  Section lock(this);
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+absl::Status Restorer::CloseRestore(const PeerCreds& peer,
+                                    const v1::CloseRestoreRequest& req) {
+  Section lock(&node_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   if (req.bad_copy().size() > 4096)
     return absl::InvalidArgumentError(absl::StrCat(
         "bad_copy: ", req.bad_copy().size(), " bytes, at most 4096"));
@@ -104,19 +104,19 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   // (a daemon before leases on files handed out none).
   const Lease* lease = nullptr;
   if (req.lease() != 0 || req.bad_copy().empty()) {
-    lease = table_.leases().FindFor(req.lease(), req.job(), req.rank(),
-                                    /*write=*/false);
+    lease = node_.table.leases().FindFor(req.lease(), req.job(), req.rank(),
+                                         /*write=*/false);
     if (lease == nullptr)
       return absl::NotFoundError(
           absl::StrCat("lease: no open restore ", req.lease(), " of job '",
                        req.job(), "' rank ", req.rank()));
   }
   if (req.bad_copy().empty()) {
-    ReleaseLease(req.lease());
+    node_.ReleaseLease(req.lease());
     return absl::OkStatus();
   }
   const uint64_t step = lease != nullptr ? lease->step : req.step();
-  Shard* shard = table_.FindShard(req.job(), step, req.rank());
+  Shard* shard = node_.table.FindShard(req.job(), step, req.rank());
   if (shard == nullptr && lease == nullptr)
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", step,
@@ -158,7 +158,7 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
     }
   }
   if (!claim) {
-    if (lease != nullptr) ReleaseLease(req.lease());
+    if (lease != nullptr) node_.ReleaseLease(req.lease());
     return absl::OkStatus();
   }
   // The checks read the copy (disk, object store, a pass over the slot):
@@ -168,20 +168,20 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
   if (claim->image != nullptr) verdict.slot = VerifySlotImage(*claim);
   const bool check_stored = claim->image == nullptr || Bad(verdict.slot);
   if (check_stored && claim->stored == ShardCopy::kFile)
-    verdict.stored = VerifyStoredCopy(*backend_, *claim);
+    verdict.stored = VerifyStoredCopy(*node_.backend, *claim);
   else if (check_stored && claim->stored == ShardCopy::kObject &&
-           object_ != nullptr)
-    verdict.stored = VerifyStoredCopy(*object_, *claim);
+           node_.object != nullptr)
+    verdict.stored = VerifyStoredCopy(*node_.object, *claim);
   lock.Relock();
-  job = table_.Find(req.job());
-  shard = table_.FindShard(req.job(), claim->step, req.rank());
+  job = node_.table.Find(req.job());
+  shard = node_.table.FindShard(req.job(), claim->step, req.rank());
   // The verdict is about the copy read: a shard replaced, a slot let go or
   // a file dropped meanwhile is not what was checked.
   bool same = job != nullptr && shard != nullptr && shard->gen == claim->gen;
   if (same && claim->image != nullptr)
     same = shard->slot == claim->slot &&
-           table_.leases().FindFor(req.lease(), req.job(), req.rank(),
-                                   /*write=*/false) != nullptr;
+           node_.table.leases().FindFor(req.lease(), req.job(), req.rank(),
+                                        /*write=*/false) != nullptr;
   if (same && claim->image == nullptr)
     same = shard->phase == ShardPhase::kDurable && !shard->local_gone;
   if (same && claim->stored == ShardCopy::kFile && shard->local_gone)
@@ -205,16 +205,16 @@ absl::Status Engine::CloseRestore(const PeerCreds& peer,
           req.bad_copy(), checked);
     }
   }
-  if (req.lease() != 0) ReleaseLease(req.lease());
+  if (req.lease() != 0) node_.ReleaseLease(req.lease());
   lock.Unlock();
-  writer_->Flush();  // a failed shard's record, written before we answer
+  node_.writer->Flush();  // a failed shard's record, written before we answer
   return absl::OkStatus();
 }
 
-void Engine::ReportUnconfirmed(const Job& job, const Shard& shard,
-                               ShardCopy copy, const std::string& claim,
-                               const absl::Status& checked) {
-  metrics_->Failure(metric::kRestoreClaimUnconfirmed);
+void Restorer::ReportUnconfirmed(const Job& job, const Shard& shard,
+                                 ShardCopy copy, const std::string& claim,
+                                 const absl::Status& checked) {
+  node_.metrics->Failure(metric::kRestoreClaimUnconfirmed);
   FallbackReport fallback;
   fallback.job = job.rec.job();
   fallback.step = shard.rec.step();
@@ -237,15 +237,15 @@ void Engine::ReportUnconfirmed(const Job& job, const Shard& shard,
                                   checked.message(), ")"),
       "; it is kept (a client that keeps doing this suggests faulty memory "
       "or a faulty device on this node)"));
-  Outbox(fallback);
+  node_.Outbox(fallback);
 }
 
-void Engine::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
-                         const std::string& error) {
+void Restorer::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
+                           const std::string& error) {
   const std::string what =
       absl::StrCat("job ", job.rec.job(), " step ", shard.rec.step(), " rank ",
                    shard.rec.rank());
-  metrics_->Failure(metric::kRestoreChecksum);
+  node_.metrics->Failure(metric::kRestoreChecksum);
   JobTable::DropImage(job, shard);  // its last reader frees the slot
   FallbackReport fallback;
   fallback.job = job.rec.job();
@@ -254,14 +254,14 @@ void Engine::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
   fallback.copy = CopyName(copy);
   fallback.reason = absl::StrCat("failed verification: ", error);
   const bool durable = shard.phase == ShardPhase::kDurable;
-  const bool in_object_tier = object_ != nullptr && shard.uploaded;
+  const bool in_object_tier = node_.object != nullptr && shard.uploaded;
   if (copy == ShardCopy::kMemory && durable) {
     fallback.next_copy = shard.local_gone ? "object" : "file";
     LogWarning(absl::StrCat("FALLBACK: ", what,
                             ": the copy in memory failed verification (", error,
                             "); restores read the ", fallback.next_copy,
                             " copy of ", shard.rec.path(), " next"));
-    Outbox(fallback);
+    node_.Outbox(fallback);
     return;
   }
   if (copy == ShardCopy::kFile && durable && in_object_tier &&
@@ -273,11 +273,11 @@ void Engine::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
                             shard.rec.path(), " failed verification (", error,
                             "); it is deleted and restores read the object "
                             "tier's copy next"));
-    Outbox(fallback);
-    DropLocalShard(job, shard.rec.step(), shard);
+    node_.Outbox(fallback);
+    node_.DropLocalShard(job, shard.rec.step(), shard);
     return;
   }
-  Outbox(fallback);
+  node_.Outbox(fallback);
   // No good copy left: the step is no longer restorable here, and Latest
   // offers the previous good step.
   LogWarning(absl::StrCat(
@@ -287,12 +287,12 @@ void Engine::MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
           : absl::StrCat("the ", fallback.copy, " copy of ", shard.rec.path()),
       " failed verification (", error,
       "); no other copy here, the step is dropped from Latest"));
-  FailShard(shard, absl::StrCat("failed verification: ", error));
+  node_.FailShard(shard, absl::StrCat("failed verification: ", error));
   auto step = job.steps.find(shard.rec.step());
   if (step != job.steps.end() && step->second.manifest) {
     // The step is not whole any more: its manifest must not count.
-    persister_->QueueDelete(NodeManifestKey(job.rec.job(), shard.rec.step()),
-                            false);
+    node_.persister->QueueDelete(
+        node_.NodeManifestKey(job.rec.job(), shard.rec.step()), false);
     step->second.manifest = false;
   }
 }

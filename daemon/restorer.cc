@@ -1,7 +1,10 @@
 // Restore: which step (Latest), where its bytes come from (OpenRestore's
 // one decision: memory, the caller reading the file, or a load into a slot
 // from the local or object tier) and the load itself. The fallback when a
-// copy fails verification is in engine_fallback.cc. See engine.h.
+// copy fails verification is in restorer_fallback.cc, the loads in
+// restorer_load.cc. See restorer.h.
+#include "daemon/restorer.h"
+
 #include <fcntl.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
@@ -10,7 +13,6 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
@@ -32,34 +34,47 @@ std::string NewestCompleteNote(const JobTable& table, const Job& job)
 
 }  // namespace
 
-absl::StatusOr<v1::LatestResponse> Engine::Latest(
+absl::Status Restorer::WaitFetch(const std::string& job, uint64_t step,
+                                 uint32_t rank) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
+  while (node_.table.Fetching(job, step, rank)) {
+    if (!node_.table.WaitUntil(JobTable::Waiter::kFetch, deadline))
+      return absl::DeadlineExceededError(
+          absl::StrCat("step: the fetch of job '", job, "' step ", step,
+                       " rank ", rank, " is still running"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LatestResponse> Restorer::Latest(
     const PeerCreds& peer, const v1::LatestRequest& req) {
-  Section lock(this);
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  Section lock(&node_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   v1::LatestResponse resp;
   for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
     bool durable = false;
-    if (!table_.StepComplete(*job, it->second, &durable)) continue;
+    if (!node_.table.StepComplete(*job, it->second, &durable)) continue;
     resp.set_found(true);
     resp.set_step(it->first);
-    if (ObjectCommit()) durable = durable && it->second.object_manifest;
+    if (node_.ObjectCommit()) durable = durable && it->second.object_manifest;
     resp.set_durable(durable);
     break;
   }
   return resp;
 }
 
-absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
+absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     const PeerCreds& peer, const v1::OpenRestoreRequest& req) {
   const auto arrived = std::chrono::steady_clock::now();
   auto count = [&](std::string_view source, uint64_t bytes) {
-    metrics_->Restored(source,
-                       std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - arrived)
-                           .count(),
-                       bytes);
+    node_.metrics->Restored(source,
+                            std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - arrived)
+                                .count(),
+                            bytes);
   };
-  Section lock(this);
+  Section lock(&node_);
   // A replacement's trainer may start while its shard still arrives.
   CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), req.rank()));
   auto bad_rank = [&](const Job& j) -> absl::Status {
@@ -67,7 +82,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", req.rank(), " is not below world_size ", j.rec.world_size()));
   };
-  CKPT_ASSIGN_OR_RETURN(Job * job, table_.FindFor(req.job(), peer));
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
   CKPT_RETURN_IF_ERROR(bad_rank(*job));
   // The missing step first, then what there is instead.
   auto not_found = [&](const std::string& newest) {
@@ -75,8 +90,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
                                             "' has no step ", req.step(),
                                             " for rank ", req.rank(), newest));
   };
-  Shard* shard = table_.FindShard(req.job(), req.step(), req.rank());
-  if (shard == nullptr) return not_found(NewestCompleteNote(table_, *job));
+  Shard* shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+  if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {
     j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
@@ -98,10 +113,11 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     lock.Unlock();
     path = ClientReadablePath(peer, key, image_bytes);
     lock.Relock();
-    CKPT_ASSIGN_OR_RETURN(job, table_.FindFor(req.job(), peer));
+    CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
     CKPT_RETURN_IF_ERROR(bad_rank(*job));
-    shard = table_.FindShard(req.job(), req.step(), req.rank());
-    if (shard == nullptr) return not_found(NewestCompleteNote(table_, *job));
+    shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+    if (shard == nullptr)
+      return not_found(NewestCompleteNote(node_.table, *job));
     if (shard->gen != gen || copy_of(*shard) != RestoreCopy::kFileIfReadable)
       path.reset();
   }
@@ -115,7 +131,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
     Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
     lease.file_key = shard->rec.path();
     CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
-                          table_.leases().Add(std::move(lease)));
+                          node_.table.leases().Add(std::move(lease)));
     resp.set_lease(lease_id);
     resp.set_source(v1::RESTORE_SOURCE_FILE);
     resp.set_path(*path);
@@ -139,14 +155,14 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();
       if (code == absl::StatusCode::kDataLoss)
-        metrics_->Failure(metric::kRestoreChecksum);
+        node_.metrics->Failure(metric::kRestoreChecksum);
       else if (code != absl::StatusCode::kResourceExhausted &&
                code != absl::StatusCode::kAborted)
-        metrics_->Failure(metric::kRestoreLoad);
+        node_.metrics->Failure(metric::kRestoreLoad);
       return loaded.status();
     }
     shard = *loaded;
-    job = table_.Find(req.job());
+    job = node_.table.Find(req.job());
     resp.set_load_s(load_s);
     resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
                                 : v1::RESTORE_SOURCE_DISK);
@@ -155,7 +171,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Engine::OpenRestore(
   Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
               req.step(), false,      peer.pid};
   CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
-                        table_.leases().Add(std::move(lease)));
+                        node_.table.leases().Add(std::move(lease)));
   rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());
@@ -191,12 +207,12 @@ bool CallerCanOpen(const PeerCreds& peer, const std::string& path) {
 
 }  // namespace
 
-std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
-                                                      const std::string& key,
-                                                      uint64_t image_bytes) {
-  std::optional<std::string> path = backend_->LocalPath(key);
+std::optional<std::string> Restorer::ClientReadablePath(const PeerCreds& peer,
+                                                        const std::string& key,
+                                                        uint64_t image_bytes) {
+  std::optional<std::string> path = node_.backend->LocalPath(key);
   if (!path) return std::nullopt;  // no local file: the daemon loads it
-  auto object = backend_->Stat(key);
+  auto object = node_.backend->Stat(key);
   if (!object.ok() || object->size != image_bytes) return std::nullopt;
   // The caller opens the file with its own credentials: it must be root or
   // the file's owner (the persister creates it owned by the job's uid), and
@@ -208,95 +224,6 @@ std::optional<std::string> Engine::ClientReadablePath(const PeerCreds& peer,
   if ((*object->mode & S_IRUSR) == 0) return std::nullopt;
   if (!CallerCanOpen(peer, *path)) return std::nullopt;
   return path;
-}
-
-absl::StatusOr<Shard*> Engine::LoadShard(const std::string& job_name,
-                                         uint64_t step_no, uint32_t rank_no,
-                                         double* load_s, bool* from_object) {
-  Shard* shard = table_.FindShard(job_name, step_no, rank_no);
-  const uint64_t gen = shard->gen;
-  const uint64_t bytes = shard->rec.image_bytes();
-  const std::string key = shard->rec.path();
-  const bool local = !shard->local_gone;
-  const bool object = object_ != nullptr && shard->uploaded;
-  const storage::ShardInfo info = shard->info;
-  bool read_object = false;
-  auto changed = [] {
-    return absl::AbortedError("load: the step changed meanwhile; retry");
-  };
-  // Load the shard file into a slot: one read, then the client copies.
-  auto deadline =
-      std::chrono::steady_clock::now() + options_.default_busy_timeout;
-  Rank* rank = nullptr;
-  int slot = -1;
-  for (;;) {
-    // The lock is released while an arena is created and while waiting for
-    // a slot: the job, the rank and the shard are found again each time.
-    Job* j = table_.Find(job_name);
-    if (j == nullptr) return changed();
-    Job* job = j;
-    shard = table_.FindShard(job_name, step_no, rank_no);
-    if (shard == nullptr || shard->gen != gen) return changed();
-    if (shard->slot >= 0) return shard;  // another request loaded it
-    auto existing = job->ranks.find(rank_no);
-    if (existing == job->ranks.end() || !existing->second.arena ||
-        existing->second.creating ||
-        existing->second.arena->slot_bytes() < bytes) {
-      uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
-      CKPT_RETURN_IF_ERROR(EnsureArena(job_name, rank_no, need).status());
-      continue;
-    }
-    rank = &existing->second;
-    slot = rank->PickSlot();
-    if (slot >= 0) break;
-    if (!rank->reserve_error.ok())
-      return absl::ResourceExhaustedError(
-          absl::StrCat("BUSY: no usable slot to load the shard into: ",
-                       rank->reserve_error.message()));
-    if (!table_.WaitUntil(JobTable::Waiter::kSlot, deadline))
-      return absl::ResourceExhaustedError(
-          "BUSY: no slot to load the shard into");
-  }
-  JobTable::DetachSlot(*table_.Find(job_name), rank_no, slot);
-  rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
-  char* dst = rank->arena->slot_data(slot);
-  const std::shared_ptr<shm::Arena> arena = rank->arena;
-  table_.Unlock();
-  auto t0 = std::chrono::steady_clock::now();
-  absl::Status st =
-      ReadShardImage(key, local, object, info, dst, bytes, &read_object);
-  if (st.ok())
-    st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
-             .status();
-  // The job's uid may have truncated the arena under the load.
-  if (absl::Status a = arena->CheckIntact(); !a.ok()) st = a;
-  *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                .count();
-  if (from_object != nullptr) *from_object = read_object;
-  LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "",
-                       ": read ", bytes, " bytes in ", *load_s, " s",
-                       st.ok() ? "" : ": ", st.message()));
-  table_.Relock();
-  // The job, rank or shard may have changed while the lock was released
-  // (a slot in state kWriting is never replaced, so the arena is the same).
-  Job* j = table_.Find(job_name);
-  Rank* r = nullptr;
-  if (j != nullptr && j->ranks.count(rank_no)) r = &j->ranks[rank_no];
-  bool slot_ok = r && r->arena && r->arena->slot_data(slot) == dst;
-  if (slot_ok) {
-    r->Free(slot);
-  }
-  table_.Wake(JobTable::Waiter::kSlot);
-  Shard* cur = table_.FindShard(job_name, step_no, rank_no);
-  if (!st.ok() || !slot_ok || !cur || cur->gen != gen) {
-    MaybeForgetJob(job_name);
-    if (!st.ok()) return Annotate(st, "load from storage");
-    return changed();
-  }
-  r->Hold(slot, SlotStateOf(cur->phase), step_no, gen, bytes);
-  cur->slot = slot;
-  cur->slot_copy = read_object ? ShardCopy::kObject : ShardCopy::kFile;
-  return cur;
 }
 
 }  // namespace ckpt::daemon

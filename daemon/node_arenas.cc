@@ -1,43 +1,43 @@
 // A rank's shared-memory arena: its name, creation and growth outside the
 // job table's lock (the job record written first), and dropping it (the
 // syscalls on the drop queue, arena_drops.h).
-// See engine.h and rank_slots.h.
+// See node_state.h and rank_slots.h.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine.h"
 #include "daemon/engine_util.h"
+#include "daemon/node_state.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
 
-std::string Engine::ArenaName(const std::string& job, uint32_t rank) const {
-  return absl::StrCat("/", options_.shm_prefix, ".", job, ".r", rank);
+std::string NodeState::ArenaName(const std::string& job, uint32_t rank) const {
+  return absl::StrCat("/", options.shm_prefix, ".", job, ".r", rank);
 }
 
-void Engine::DropArena(Job& job, uint32_t rank_no, bool unlink) {
+void NodeState::DropArena(Job& job, uint32_t rank_no, bool unlink) {
   auto it = job.ranks.find(rank_no);
   if (it == job.ranks.end() || !it->second.arena) return;
-  Rank& r = it->second;
+  RankSlots& r = it->second;
   JobTable::DetachSlot(job, rank_no, JobTable::kAnySlot);
   // The unregister, unlink and unmap run on the drop queue's thread.
-  arena_drops_->Drop(r.arena, r.registered, unlink);
+  arena_drops->Drop(r.arena, r.registered, unlink);
   r.Clear();
 }
 
-absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
+absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
                                                   uint32_t rank_no,
                                                   uint64_t slot_bytes) {
   Job* job = nullptr;
-  Rank* r = nullptr;
+  RankSlots* r = nullptr;
   for (;;) {
-    job = table_.Find(name);
+    job = table.Find(name);
     if (job == nullptr)
       return absl::AbortedError(
           absl::StrCat("job: '", name, "' was deleted meanwhile; retry"));
     r = &job->ranks[rank_no];
     if (!r->creating) break;
-    table_.Wait(
+    table.Wait(
         JobTable::Waiter::kArena);  // another request creates this rank's arena
   }
   // An arena the job's uid truncated is replaced as one that grows is:
@@ -61,16 +61,16 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
   r->creating = true;
-  table_.Unlock();
+  table.Unlock();
   // A dropped arena of this name is unlinked first, so that its queued
   // unlink cannot remove the new one.
-  arena_drops_->AwaitUnlinked(ao.name);
-  if (grow) arena_drops_->AwaitUnlinked(ArenaName(name, rank_no));
+  arena_drops->AwaitUnlinked(ao.name);
+  if (grow) arena_drops->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   auto created = shm::Arena::Create(ao);
-  table_.Relock();
+  table.Relock();
   // Nothing erases a job or a rank while one of its arenas is being created.
-  job = table_.Find(name);
+  job = table.Find(name);
   r = &job->ranks[rank_no];
   absl::Status s = created.status();
   if (s.ok() && grow) s = r->CheckGrowable(name, rank_no, slot_bytes);
@@ -93,11 +93,11 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
     CatalogEdit edit;
     edit.PutJob(job->rec);
     const uint64_t ticket = QueueEdit(std::move(edit), kMemoryOnly);
-    table_.Unlock();
-    s = writer_->Wait(ticket);
+    table.Unlock();
+    s = writer->Wait(ticket);
     if (s.ok() && grow) s = arena->Rename(ArenaName(name, rank_no));
-    table_.Relock();
-    job = table_.Find(name);
+    table.Relock();
+    job = table.Find(name);
     r = &job->ranks[rank_no];
     if (!s.ok()) {
       if (had_old)
@@ -117,19 +117,19 @@ absl::StatusOr<Engine::Rank*> Engine::EnsureArena(const std::string& name,
     }
   }
   r->creating = false;
-  table_.Wake(JobTable::Waiter::kArena);
-  table_.Wake(JobTable::Waiter::kSlot);
+  table.Wake(JobTable::Waiter::kArena);
+  table.Wake(JobTable::Waiter::kSlot);
   if (!s.ok()) {
     if (arena)
-      arena_drops_->Drop(std::move(arena), /*registered=*/false,
-                         /*unlink=*/true);
+      arena_drops->Drop(std::move(arena), /*registered=*/false,
+                        /*unlink=*/true);
     return s;
   }
   if (grow)
     DropArena(*job, rank_no,
               /*unlink=*/false);  // the rename replaced its name
   r->Install(arena);
-  prefaulter_->Add(arena, /*first_slot=*/1);
+  prefaulter->Add(arena, /*first_slot=*/1);
   job->recorded = true;
   return r;
 }

@@ -1,8 +1,10 @@
 // Recovery of a restarted daemon from its catalog and shared memory.
+// See recovery.h.
+#include "daemon/recovery.h"
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
@@ -62,28 +64,15 @@ absl::StatusOr<storage::ShardInfo> ShardFileOf(storage::Backend& backend,
   return info;
 }
 
-}  // namespace
-
-absl::Status Engine::Recover() {
-  CKPT_RETURN_IF_ERROR(
-      shard_drops_->Recover());  // before any write of those keys
-  CKPT_ASSIGN_OR_RETURN(std::vector<catv1::JobRecord> jobs, catalog_->Jobs());
-  for (catv1::JobRecord& rec : jobs) {
-    CKPT_ASSIGN_OR_RETURN(std::vector<catv1::ShardRecord> shards,
-                          catalog_->Shards(rec.job()));
-    Job job;
-    job.rec = std::move(rec);
-    RecoverJob(job, std::move(shards));
-    table_.Add(std::move(job));
-  }
-  return absl::OkStatus();
-}
-
-void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
+// One job of the catalog: its arenas re-attached, its shards found in
+// them or in their files, and what is not yet durable queued again.
+void RecoverJob(NodeState& node, Job& job,
+                std::vector<catv1::ShardRecord> shards)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const std::string& name = job.rec.job();
   for (const auto& [r, slot_bytes] : job.rec.arena_slot_bytes()) {
     shm::ArenaOptions expect;
-    expect.name = ArenaName(name, r);
+    expect.name = node.ArenaName(name, r);
     expect.job = name;
     expect.rank = r;
     expect.world_size = job.rec.world_size();
@@ -97,9 +86,9 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
                        ": cannot re-attach arena: ", arena.status().message()));
       continue;
     }
-    Rank& rank = job.ranks[r];
+    RankSlots& rank = job.ranks[r];
     rank.Reattach(std::move(*arena));
-    rank.registered = backend_
+    rank.registered = node.backend
                           ->RegisterMemory(rank.arena->slot_data(0),
                                            uint64_t{rank.arena->num_slots()} *
                                                rank.arena->slot_bytes())
@@ -108,7 +97,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
   size_t requeued = 0, in_memory = 0, lost = 0;
   for (catv1::ShardRecord& recorded : shards) {
     Shard sh;
-    sh.gen = table_.NextGen();
+    sh.gen = node.table.NextGen();
     sh.rec = std::move(recorded);
     catv1::ShardRecord& rec = sh.rec;
     sh.Start(PhaseOfRecord(rec.state()));
@@ -118,7 +107,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
       LogWarning(absl::StrCat(
           "job ", name, " step ", rec.step(), " rank ", rec.rank(),
           ": the catalog's tensor index does not validate; dropped"));
-      (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
+      (void)node.catalog->DeleteShard(name, rec.step(), rec.rank());
       ++lost;
       continue;
     }
@@ -130,7 +119,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
       sh.staged_digest = rec.staged_digest();
     else if (sh.phase == ShardPhase::kStaged)
       sh.staged_digest = storage::ChecksumsDigest(sh.info);
-    sh.uploaded = rec.uploaded() && object_ != nullptr;
+    sh.uploaded = rec.uploaded() && node.object != nullptr;
     sh.local_gone = rec.local_gone();
     auto rank = job.ranks.find(rec.rank());
     absl::StatusOr<storage::ShardInfo> image = absl::NotFoundError("no slot");
@@ -146,40 +135,41 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
                         rec.image_bytes());
       ++in_memory;
     }
-    const std::string key = NodeShardKey(name, rec.step(), rec.rank());
+    const std::string key = node.NodeShardKey(name, rec.step(), rec.rank());
     if (sh.slot < 0 && sh.phase != ShardPhase::kDurable) {
       // Not in memory any more; the file may have made it before the crash.
       absl::StatusOr<storage::ShardInfo> file =
-          ShardFileOf(*backend_, rec, sh.info, key);
+          ShardFileOf(*node.backend, rec, sh.info, key);
       if (file.ok()) {
         sh.info = std::move(*file);
         ToTensorMetas(sh.info, rec.mutable_tensors());
         rec.set_path(key);
         sh.MoveTo(ShardPhase::kDurable);  // adopted
-        (void)catalog_->PutShard(rec, /*sync=*/true);
+        (void)node.catalog->PutShard(rec, /*sync=*/true);
       } else {
         LogWarning(absl::StrCat(
             "job ", name, " step ", rec.step(), " rank ", rec.rank(),
             ": staged in memory before the restart and lost with it (",
             file.status().message(), ")"));
-        (void)catalog_->DeleteShard(name, rec.step(), rec.rank());
+        (void)node.catalog->DeleteShard(name, rec.step(), rec.rank());
         ++lost;
         continue;
       }
     }
     if (sh.phase == ShardPhase::kStaged) {
-      persister_->Push(PersistTask{
+      node.persister->Push(PersistTask{
           PersistTask::kShard, name, rec.step(), rec.rank(), sh.gen, {}});
       ++requeued;
     }
-    if (object_ != nullptr && sh.phase == ShardPhase::kDurable && !sh.uploaded)
-      QueueUpload(job, sh);
-    recovered_.push_back({name, sh.rec.step(), sh.rec.rank(), sh.gen});
+    if (node.object != nullptr && sh.phase == ShardPhase::kDurable &&
+        !sh.uploaded)
+      node.QueueUpload(job, sh);
+    node.recovered.push_back({name, sh.rec.step(), sh.rec.rank(), sh.gen});
     job.steps[sh.rec.step()].shards[sh.rec.rank()] = std::move(sh);
   }
   for (auto& [n, step] : job.steps) {
     bool durable = false;
-    if (!table_.StepComplete(job, step, &durable) || !durable) continue;
+    if (!node.table.StepComplete(job, step, &durable) || !durable) continue;
     bool local_gone = false, uploaded = true;
     for (const auto& [r, shard] : step.shards) {
       local_gone = local_gone || shard.local_gone;
@@ -187,31 +177,54 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
     }
     // A step whose local copy retention deleted gets no local manifest again.
     if (!local_gone) {
-      if (backend_->Stat(NodeManifestKey(name, n)).ok())
+      if (node.backend->Stat(node.NodeManifestKey(name, n)).ok())
         step.manifest = true;
       else
-        persister_->Push(
+        node.persister->Push(
             PersistTask{PersistTask::kManifest, name, n, 0, 0, {}});
     }
-    if (object_ == nullptr || !uploaded) continue;
-    if (object_->Stat(NodeManifestKey(name, n)).ok())
+    if (node.object == nullptr || !uploaded) continue;
+    if (node.object->Stat(node.NodeManifestKey(name, n)).ok())
       step.object_manifest = true;
     else
-      uploader_->Push(UploadTask{
-          UploadTask::kManifest, name, n, 0, 0, 0, {NodeManifestKey(name, n)}});
+      node.uploader->Push(UploadTask{UploadTask::kManifest,
+                                     name,
+                                     n,
+                                     0,
+                                     0,
+                                     0,
+                                     {node.NodeManifestKey(name, n)}});
   }
   LogInfo(absl::StrCat("recovered job ", name, ": ", shards.size(), " shards, ",
                        in_memory, " in memory, ", requeued, " to persist, ",
                        lost, " lost"));
 }
 
-void Engine::ReportRecovered() {
-  Section lock(this);
-  std::vector<RecoveredShard> recovered;
-  recovered.swap(recovered_);
+}  // namespace
+
+absl::Status RecoverFromCatalog(NodeState& node) {
+  CKPT_RETURN_IF_ERROR(
+      node.shard_drops->Recover());  // before any write of those keys
+  CKPT_ASSIGN_OR_RETURN(std::vector<catv1::JobRecord> jobs,
+                        node.catalog->Jobs());
+  for (catv1::JobRecord& rec : jobs) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<catv1::ShardRecord> shards,
+                          node.catalog->Shards(rec.job()));
+    Job job;
+    job.rec = std::move(rec);
+    RecoverJob(node, job, std::move(shards));
+    node.table.Add(std::move(job));
+  }
+  return absl::OkStatus();
+}
+
+void ReportRecovered(NodeState& node) {
+  NodeState::Section lock(&node);
+  std::vector<NodeState::RecoveredShard> recovered;
+  recovered.swap(node.recovered);
   size_t reported = 0;
-  for (const RecoveredShard& r : recovered) {
-    const Shard* shard = table_.FindShard(r.job, r.step, r.rank);
+  for (const NodeState::RecoveredShard& r : recovered) {
+    const Shard* shard = node.table.FindShard(r.job, r.step, r.rank);
     // Replaced by a newer save (reported by its commit), dropped, or failed.
     if (shard == nullptr || shard->gen != r.gen ||
         shard->phase == ShardPhase::kFailed)
@@ -219,8 +232,8 @@ void Engine::ReportRecovered() {
     // STAGED first: the coordinator takes a DURABLE report only of a save
     // this node staged under the same epoch. A persist that ends later
     // reports DURABLE itself.
-    ReportShard(*shard, /*durable=*/false);
-    if (CommitDurable(*shard)) ReportShard(*shard, /*durable=*/true);
+    node.ReportShard(*shard, /*durable=*/false);
+    if (node.CommitDurable(*shard)) node.ReportShard(*shard, /*durable=*/true);
     ++reported;
   }
   if (reported > 0)

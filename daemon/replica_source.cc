@@ -1,12 +1,13 @@
-// Peer replicas on the engine's side (doc/replicas.md): what the replicate
+// Peer replicas on this node's side (doc/replicas.md): what the replicate
 // stage and the replica listener read of this node's staged shards
 // (StagedShards, staged_shards.h), and a PREFETCH's fetch of a shard from
 // a peer straight into the slot the trainer restores from, which
-// OpenRestore waits for instead of failing. See engine.h.
+// OpenRestore waits for instead of failing. See replica_source.h.
+#include "daemon/replica_source.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine.h"
 #include "daemon/engine_util.h"
 #include "daemon/replica_store.h"
 #include "storage/keys.h"
@@ -18,14 +19,14 @@ namespace ckpt::daemon {
 
 namespace rv1 = ::ckpt::replica::v1;
 
-absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
-                                                  std::optional<uint64_t> step,
-                                                  uint32_t rank_no) {
-  Section lock(this);
-  Job* job = table_.Find(job_name);
+absl::StatusOr<StagedCopy> ReplicaSource::SnapshotStaged(
+    const std::string& job_name, std::optional<uint64_t> step,
+    uint32_t rank_no) {
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
   const Shard* shard = nullptr;
   if (job != nullptr && step) {
-    shard = table_.FindShard(job_name, *step, rank_no);
+    shard = node_.table.FindShard(job_name, *step, rank_no);
   } else if (job != nullptr) {
     for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it)
       if (auto sh = it->second.shards.find(rank_no);
@@ -62,48 +63,34 @@ absl::StatusOr<StagedCopy> Engine::SnapshotStaged(const std::string& job_name,
   return snap;
 }
 
-bool Engine::StagedUnchanged(const std::string& job_name, uint32_t rank_no,
-                             const StagedCopy& snap) {
-  Section lock(this);
-  Job* job = table_.Find(job_name);
+bool ReplicaSource::StagedUnchanged(const std::string& job_name,
+                                    uint32_t rank_no, const StagedCopy& snap) {
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
   if (job == nullptr) return false;
   auto rank = job->ranks.find(rank_no);
   return rank != job->ranks.end() && rank->second.arena == snap.arena &&
          rank->second.slots[snap.slot].write_no == snap.write_no;
 }
 
-void Engine::BeginFetches(const std::string& job, uint64_t step,
-                          const std::vector<uint32_t>& ranks) {
-  Section lock(this);
-  for (uint32_t r : ranks) table_.BeginFetch(job, step, r);
+void ReplicaSource::BeginFetches(const std::string& job, uint64_t step,
+                                 const std::vector<uint32_t>& ranks) {
+  Section lock(&node_);
+  for (uint32_t r : ranks) node_.table.BeginFetch(job, step, r);
 }
 
-void Engine::EndFetch(const std::string& job, uint64_t step, uint32_t rank) {
-  Section lock(this);
-  table_.EndFetch(job, step, rank);
+void ReplicaSource::EndFetch(const std::string& job, uint64_t step,
+                             uint32_t rank) {
+  Section lock(&node_);
+  node_.table.EndFetch(job, step, rank);
 }
 
-absl::Status Engine::WaitFetch(const std::string& job, uint64_t step,
-                               uint32_t rank) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.default_busy_timeout;
-  while (table_.Fetching(job, step, rank)) {
-    if (!table_.WaitUntil(JobTable::Waiter::kFetch, deadline))
-      return absl::DeadlineExceededError(
-          absl::StrCat("step: the fetch of job '", job, "' step ", step,
-                       " rank ", rank, " is still running"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::FetchFromPeer(const std::string& job_name,
-                                   uint32_t world_size, uint64_t step,
-                                   uint32_t rank_no, const std::string& key,
-                                   std::optional<uint32_t> owner_uid,
-                                   const PeerFetch& fetch,
-                                   std::vector<uint64_t> save_digests) {
+absl::Status ReplicaSource::FetchFromPeer(
+    const std::string& job_name, uint32_t world_size, uint64_t step,
+    uint32_t rank_no, const std::string& key, std::optional<uint32_t> owner_uid,
+    const PeerFetch& fetch, std::vector<uint64_t> save_digests) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
-  if (world_size == 0 || world_size > options_.max_world_size ||
+  if (world_size == 0 || world_size > node_.options.max_world_size ||
       rank_no >= world_size)
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", world_size, " with rank ", rank_no, " is not valid"));
@@ -131,42 +118,44 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
                        copy.world_size(), ", not the one ordered"));
     CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
     const uint64_t bytes = copy.image_bytes();
-    Section lock(this);
-    if (draining_) return absl::UnavailableError("ckptd is shutting down");
-    if (table_.Find(job_name) == nullptr) {
+    Section lock(&node_);
+    if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
+    if (node_.table.Find(job_name) == nullptr) {
       Job job;
       job.rec.set_job(job_name);
       job.rec.set_world_size(world_size);
       job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
-      job.rec.set_num_slots(options_.default_num_slots);
+      job.rec.set_num_slots(node_.options.default_num_slots);
       job.rec.set_life_ns(NewJobLife());
       CatalogEdit edit;
       edit.PutJob(job.rec);
-      tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
-      table_.Add(std::move(job));
+      tickets.push_back(
+          node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
+      node_.table.Add(std::move(job));
     }
-    Job* job = table_.Find(job_name);
+    Job* job = node_.table.Find(job_name);
     job->forget_when_idle = false;
     if (job->rec.world_size() != world_size)
       return absl::FailedPreconditionError(
           absl::StrCat("world_size: job '", job_name, "' has ",
                        job->rec.world_size(), " ranks here, not ", world_size));
-    if (const Shard* s = table_.FindShard(job_name, step, rank_no);
+    if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
         s != nullptr && s->slot >= 0) {
       have = true;
       return absl::AlreadyExistsError("in memory already");
     }
     const auto deadline =
-        std::chrono::steady_clock::now() + options_.default_busy_timeout;
+        std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
     for (;;) {
-      job = table_.Find(job_name);
+      job = node_.table.Find(job_name);
       if (job == nullptr) return absl::AbortedError("job: deleted meanwhile");
       auto r = job->ranks.find(rank_no);
       if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
           r->second.arena->slot_bytes() < bytes) {
         CKPT_RETURN_IF_ERROR(
-            EnsureArena(job_name, rank_no,
-                        std::max<uint64_t>(bytes, job->rec.slot_bytes()))
+            node_
+                .EnsureArena(job_name, rank_no,
+                             std::max<uint64_t>(bytes, job->rec.slot_bytes()))
                 .status());
         continue;
       }
@@ -178,7 +167,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
         slot_at = Clock::now();
         return arena->slot_data(slot);
       }
-      if (!table_.WaitUntil(JobTable::Waiter::kSlot, deadline))
+      if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
         return absl::ResourceExhaustedError(
             "BUSY: no slot to fetch the shard into");
     }
@@ -205,15 +194,15 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
           storage::DigestHex(save_digests.front()), ")"));
   }
   const Clock::time_point verified_at = Clock::now();
-  Section lock(this);
-  Job* job = table_.Find(job_name);
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
   RankSlots* r = nullptr;
   if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];
   const bool slot_ok = arena && r && r->arena == arena;
   if (slot_ok) r->Free(slot);
-  table_.Wake(JobTable::Waiter::kSlot);
+  node_.table.Wake(JobTable::Waiter::kSlot);
   if (!info.ok() || !slot_ok) {
-    MaybeForgetJob(job_name);
+    node_.MaybeForgetJob(job_name);
     if (!info.ok()) return info.status();
     return absl::AbortedError("fetch: the rank's arena changed meanwhile");
   }
@@ -221,7 +210,7 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   std::vector<uint64_t> drop;
   for (const auto& [n, s] : job->steps)
     if (n >= step && s.shards.count(rank_no)) drop.push_back(n);
-  for (uint64_t n : drop) DropShard(*job, n, rank_no, false);
+  for (uint64_t n : drop) node_.DropShard(*job, n, rank_no, false);
   Shard shard;
   shard.rec.set_job(job_name);
   shard.rec.set_step(step);
@@ -237,24 +226,24 @@ absl::Status Engine::FetchFromPeer(const std::string& job_name,
   if (got->generation() != 0) shard.rec.set_generation(got->generation());
   ToTensorMetas(*info, shard.rec.mutable_tensors());
   shard.info = *info;
-  shard.gen = table_.NextGen();
+  shard.gen = node_.table.NextGen();
   shard.slot = slot;
   // Not synced: the shard's bytes are in this node's shared memory (its
   // file, if any, is the writer's and synced by it): see kMemoryOnly.
   CatalogEdit edit;
   edit.PutShard(shard.rec);
-  tickets.push_back(QueueEdit(std::move(edit), kMemoryOnly));
+  tickets.push_back(node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
   r->Hold(static_cast<uint32_t>(slot), SlotStateOf(shard.phase), step,
           shard.gen, got->image_bytes());
   const uint64_t gen = shard.gen;
   const bool staged = key.empty();
-  if (staged) ReportShard(shard, /*durable=*/false);
+  if (staged) node_.ReportShard(shard, /*durable=*/false);
   job->steps[step].shards[rank_no] = std::move(shard);
   if (staged)
-    persister_->Push(
+    node_.persister->Push(
         PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
   lock.Unlock();
-  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(writer_->Wait(t));
+  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(node_.writer->Wait(t));
   auto secs = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   };

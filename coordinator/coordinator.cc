@@ -145,7 +145,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) s = CheckAcksLocked(req);
+  if (s.ok()) s = orders_.CheckAcks(req.node_id(), req.acked_order_ids());
   if (!s.ok()) {
     return txn.Commit(s);  // timeouts detected above still count
   }
@@ -180,32 +180,18 @@ void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {
   }
 }
 
-absl::Status Coordinator::CheckAcksLocked(
-    const v1::HeartbeatRequest& req) const {
-  for (uint64_t id : req.acked_order_ids()) {
-    auto it = orders_.find(id);
-    if (it != orders_.end() && it->second.node_id() != req.node_id())
-      return absl::InvalidArgumentError(
-          absl::StrCat("acked_order_ids: order ", id, " is for node ",
-                       it->second.node_id(), ", not ", req.node_id()));
-  }
-  return absl::OkStatus();
-}
-
 void Coordinator::ApplyAcksLocked(Batch* batch,
                                   const v1::HeartbeatRequest& req) {
+  const std::vector<v1::Order> acked =
+      orders_.Acknowledge(batch, req.acked_order_ids());
   std::set<std::string> acked_jobs;
-  for (uint64_t id : req.acked_order_ids()) {
-    auto it = orders_.find(id);
-    if (it == orders_.end())
-      continue;  // acknowledged before: a retried heartbeat
-    std::string job = it->second.job();
+  for (const v1::Order& o : acked) {
     LogLocked(
-        batch, v1::ORDER_ACKED, job, req.node_id(),
-        absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
-    EraseOrderLocked(batch, it);
-    acked_jobs.insert(job);
+        batch, v1::ORDER_ACKED, o.job(), req.node_id(),
+        absl::StrCat("order ", o.id(), " ", v1::OrderKind_Name(o.kind())));
+    acked_jobs.insert(o.job());
   }
+  OrdersGoneLocked(acked);
   for (const std::string& job : acked_jobs) {
     auto j = jobs_.find(job);
     if (j != jobs_.end()) UpdatePlanProgressLocked(batch, j->second);
@@ -214,19 +200,16 @@ void Coordinator::ApplyAcksLocked(Batch* batch,
 
 void Coordinator::DeliverOrdersLocked(Batch* batch, const std::string& node_id,
                                       v1::HeartbeatResponse* resp) {
-  for (uint64_t id : DeliverableOrdersLocked(node_id)) {
-    v1::Order& order = orders_.at(id);
-    if (!order.delivered()) {
-      order.set_delivered(true);
-      batch->PutOrder(order);
+  for (OrderBook::Delivery& d : orders_.Deliver(batch, node_id)) {
+    const v1::Order& order = d.order;
+    if (d.first)
       LogLocked(
           batch, v1::ORDER_SENT, order.job(), node_id,
-          absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
-                       " step ",
+          absl::StrCat("order ", order.id(), " ",
+                       v1::OrderKind_Name(order.kind()), " step ",
                        order.has_step() ? absl::StrCat(order.step()) : "none",
                        " ranks ", absl::StrJoin(order.ranks(), ",")));
-    }
-    *resp->add_orders() = order;
+    *resp->add_orders() = std::move(d.order);
   }
 }
 

@@ -35,7 +35,7 @@ void Coordinator::JudgeHealthLocked(Batch* batch) {
         v.reason == n.rec.unhealthy_reason())
       continue;  // unchanged
     n.rec.set_unhealthy(!v.healthy);
-    replica_targets_stale_ = true;  // an unhealthy node holds no replicas
+    replica_targets_.MarkStale();  // an unhealthy node holds no replicas
     n.rec.set_unhealthy_check(v.check);
     n.rec.set_unhealthy_reason(v.reason);
     batch->PutNode(n.rec);

@@ -82,6 +82,7 @@
 #include "coordinator/coordinator_records.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
+#include "coordinator/health_rechecks.h"
 #include "coordinator/hearing.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
@@ -436,7 +437,7 @@ class Coordinator {
   // for a fresh one (the plan waits for the report).
   bool StaleSpareLocked(NodeState& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t NextHealthRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ++last_health_request_;
+    return health_rechecks_.NextRequest();
   }
   // A restore on `node_id` claimed a copy of `job` bad that the node found
   // good (suspect_policy.h): counted; once the node is suspect, its health
@@ -628,10 +629,8 @@ class Coordinator {
   const std::unique_ptr<storage::Backend> shared_;
   // Changes when the soft state is lost: at Open, and when a failed write
   // makes the state go back to the store (nodes then send it again).
-  // The newest CheckHealth/stale-spare request id: starts at this
-  // process's start time in microseconds, so ids differ from a previous
-  // incarnation's (a node runs each id once).
-  uint64_t last_health_request_ ABSL_GUARDED_BY(mu_) = 0;
+  // The CheckHealth/stale-spare request ids and the reports' merge.
+  HealthRechecks health_rechecks_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> incarnation_;
 
   absl::Mutex mu_;  // the state; held for memory work only, never for I/O

@@ -30,13 +30,12 @@ Coordinator::Coordinator(CoordinatorOptions options,
     : options_(std::move(options)),
       store_(std::move(store)),
       shared_(std::move(shared)),
+      health_rechecks_(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count())),
       incarnation_(NewIncarnation()),
-      net_check_(NetCheckOptions{.min_ratio = options_.health_min_ratio}) {
-  last_health_request_ = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
-}
+      net_check_(NetCheckOptions{.min_ratio = options_.health_min_ratio}) {}
 
 Coordinator::~Coordinator() {
   options_.metrics->SetClusterSource(

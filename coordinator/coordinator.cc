@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/assignments.h"
 #include "coordinator/health_state.h"
 #include "storage/manifest.h"
 #include "util/status.h"
@@ -157,7 +158,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   NetCheckLocked(&batch, req, &resp);
   HealthRecheckLocked(&batch, req, &resp);
   DeliverOrdersLocked(&batch, req.node_id(), &resp);
-  AssignmentsLocked(req.node_id(), &resp);
+  AddAssignments(jobs_, req.node_id(), &resp);
   ReplicaTargetForLocked(&batch, req, &resp);
   txn.Enqueue();
   return resp;
@@ -210,26 +211,6 @@ void Coordinator::DeliverOrdersLocked(Batch* batch, const std::string& node_id,
                        order.has_step() ? absl::StrCat(order.step()) : "none",
                        " ranks ", absl::StrJoin(order.ranks(), ",")));
     *resp->add_orders() = std::move(d.order);
-  }
-}
-
-void Coordinator::AssignmentsLocked(const std::string& node_id,
-                                    v1::HeartbeatResponse* resp) const {
-  // What is durable only: a heartbeat never waits for a disk write.
-  for (const auto& [name, job] : jobs_) {
-    auto hosted = job.durable_ranks_by_node.find(node_id);
-    if (hosted == job.durable_ranks_by_node.end()) continue;
-    const v1::JobRecord& rec = job.durable_rec;
-    v1::Assignment a;
-    *a.mutable_ranks() = {hosted->second.begin(), hosted->second.end()};
-    a.set_job(name);
-    a.set_world_size(rec.world_size());
-    a.set_generation(rec.generation());
-    a.set_has_last_good(rec.has_last_good());
-    a.set_last_good_step(rec.last_good_step());
-    a.set_has_restore_step(rec.has_restore_step());
-    a.set_restore_step(rec.restore_step());
-    *resp->add_assignments() = std::move(a);
   }
 }
 

@@ -394,10 +394,6 @@ class Coordinator {
   void DeliverOrdersLocked(Batch* batch, const std::string& node_id,
                            v1::HeartbeatResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The node's ranks per job, as of the last durable commit.
-  void AssignmentsLocked(const std::string& node_id,
-                         v1::HeartbeatResponse* resp) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_liveness.cc: progress reports and hang detection.
   // Checks a heartbeat's progress reports (before any state is touched).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/assignments.h"
 #include "coordinator/health_state.h"
 #include "storage/manifest.h"
 #include "util/status.h"
@@ -145,7 +146,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) s = CheckAcksLocked(req);
+  if (s.ok()) s = orders_.CheckAcks(req.node_id(), req.acked_order_ids());
   if (!s.ok()) {
     return txn.Commit(s);  // timeouts detected above still count
   }
@@ -157,7 +158,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   NetCheckLocked(&batch, req, &resp);
   HealthRecheckLocked(&batch, req, &resp);
   DeliverOrdersLocked(&batch, req.node_id(), &resp);
-  AssignmentsLocked(req.node_id(), &resp);
+  AddAssignments(jobs_, req.node_id(), &resp);
   ReplicaTargetForLocked(&batch, req, &resp);
   txn.Enqueue();
   return resp;
@@ -180,32 +181,18 @@ void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {
   }
 }
 
-absl::Status Coordinator::CheckAcksLocked(
-    const v1::HeartbeatRequest& req) const {
-  for (uint64_t id : req.acked_order_ids()) {
-    auto it = orders_.find(id);
-    if (it != orders_.end() && it->second.node_id() != req.node_id())
-      return absl::InvalidArgumentError(
-          absl::StrCat("acked_order_ids: order ", id, " is for node ",
-                       it->second.node_id(), ", not ", req.node_id()));
-  }
-  return absl::OkStatus();
-}
-
 void Coordinator::ApplyAcksLocked(Batch* batch,
                                   const v1::HeartbeatRequest& req) {
+  const std::vector<v1::Order> acked =
+      orders_.Acknowledge(batch, req.acked_order_ids());
   std::set<std::string> acked_jobs;
-  for (uint64_t id : req.acked_order_ids()) {
-    auto it = orders_.find(id);
-    if (it == orders_.end())
-      continue;  // acknowledged before: a retried heartbeat
-    std::string job = it->second.job();
+  for (const v1::Order& o : acked) {
     LogLocked(
-        batch, v1::ORDER_ACKED, job, req.node_id(),
-        absl::StrCat("order ", id, " ", v1::OrderKind_Name(it->second.kind())));
-    EraseOrderLocked(batch, it);
-    acked_jobs.insert(job);
+        batch, v1::ORDER_ACKED, o.job(), req.node_id(),
+        absl::StrCat("order ", o.id(), " ", v1::OrderKind_Name(o.kind())));
+    acked_jobs.insert(o.job());
   }
+  OrdersGoneLocked(acked);
   for (const std::string& job : acked_jobs) {
     auto j = jobs_.find(job);
     if (j != jobs_.end()) UpdatePlanProgressLocked(batch, j->second);
@@ -214,39 +201,16 @@ void Coordinator::ApplyAcksLocked(Batch* batch,
 
 void Coordinator::DeliverOrdersLocked(Batch* batch, const std::string& node_id,
                                       v1::HeartbeatResponse* resp) {
-  for (uint64_t id : DeliverableOrdersLocked(node_id)) {
-    v1::Order& order = orders_.at(id);
-    if (!order.delivered()) {
-      order.set_delivered(true);
-      batch->PutOrder(order);
+  for (OrderBook::Delivery& d : orders_.Deliver(batch, node_id)) {
+    const v1::Order& order = d.order;
+    if (d.first)
       LogLocked(
           batch, v1::ORDER_SENT, order.job(), node_id,
-          absl::StrCat("order ", id, " ", v1::OrderKind_Name(order.kind()),
-                       " step ",
+          absl::StrCat("order ", order.id(), " ",
+                       v1::OrderKind_Name(order.kind()), " step ",
                        order.has_step() ? absl::StrCat(order.step()) : "none",
                        " ranks ", absl::StrJoin(order.ranks(), ",")));
-    }
-    *resp->add_orders() = order;
-  }
-}
-
-void Coordinator::AssignmentsLocked(const std::string& node_id,
-                                    v1::HeartbeatResponse* resp) const {
-  // What is durable only: a heartbeat never waits for a disk write.
-  for (const auto& [name, job] : jobs_) {
-    auto hosted = job.durable_ranks_by_node.find(node_id);
-    if (hosted == job.durable_ranks_by_node.end()) continue;
-    const v1::JobRecord& rec = job.durable_rec;
-    v1::Assignment a;
-    *a.mutable_ranks() = {hosted->second.begin(), hosted->second.end()};
-    a.set_job(name);
-    a.set_world_size(rec.world_size());
-    a.set_generation(rec.generation());
-    a.set_has_last_good(rec.has_last_good());
-    a.set_last_good_step(rec.last_good_step());
-    a.set_has_restore_step(rec.has_restore_step());
-    a.set_restore_step(rec.restore_step());
-    *resp->add_assignments() = std::move(a);
+    *resp->add_orders() = std::move(d.order);
   }
 }
 

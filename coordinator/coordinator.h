@@ -82,10 +82,13 @@
 #include "coordinator/coordinator_records.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
+#include "coordinator/health_rechecks.h"
 #include "coordinator/hearing.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
-#include "coordinator/replica_refusals.h"
+#include "coordinator/order_book.h"
+#include "coordinator/progress_watch.h"
+#include "coordinator/replica_targets.h"
 #include "coordinator/restore_source.h"
 #include "coordinator/store.h"
 #include "storage/backend.h"
@@ -320,8 +323,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseStepLocked(JobState& job, uint64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::map<uint64_t, v1::Order>::iterator EraseOrderLocked(
-      Batch* batch, std::map<uint64_t, v1::Order>::iterator it)
+  // Orders dropped from orders_: a node done fetching may hold replicas
+  // again.
+  void OrdersGoneLocked(const std::vector<v1::Order>& gone)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One report of `node_id` at `epoch`; `complete` gets steps that became
   // durable on every rank.
@@ -379,27 +383,16 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QueueOrderLocked(Batch* batch, v1::Order order)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The orders `node_id` may be given now: queued and durable (an order
-  // whose batch is not yet durable waits for the next heartbeat), not yet
-  // acknowledged. What a heartbeat answers with and WatchNode shows.
-  std::vector<uint64_t> DeliverableOrdersLocked(
-      const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator.cc: the parts of a heartbeat, in the order Heartbeat runs
   // them (between them: progress and hangs, the net check, health).
-  // Acknowledged orders must be the node's own (checked before any is
-  // applied); applied, they are dropped and their plans move on.
-  [[nodiscard]] absl::Status CheckAcksLocked(
-      const v1::HeartbeatRequest& req) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acknowledged orders (checked by OrderBook::CheckAcks before any is
+  // applied) are dropped and their plans move on.
   void ApplyAcksLocked(Batch* batch, const v1::HeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The node's deliverable orders into `resp` (ORDER_SENT the first time).
   void DeliverOrdersLocked(Batch* batch, const std::string& node_id,
                            v1::HeartbeatResponse* resp)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The node's ranks per job, as of the last durable commit.
-  void AssignmentsLocked(const std::string& node_id,
-                         v1::HeartbeatResponse* resp) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // coordinator_liveness.cc: progress reports and hang detection.
@@ -410,11 +403,10 @@ class Coordinator {
   // plan moved them).
   void NoteProgressLocked(const v1::HeartbeatRequest& req, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // At most every kHangScanMs: finds hung jobs, logs HANG_DETECTED, asks
-  // the stuck ranks' nodes for stacks and plans a restart.
+  // At most every ProgressWatch::kScanMs: finds hung jobs, logs HANG_DETECTED,
+  // asks the stuck ranks' nodes for stacks and plans a restart.
   void DetectHangsLocked(Batch* batch, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static constexpr int64_t kHangScanMs = 100;
   // A window of the straggler check: slow ranks counted, named at
   // straggler_windows in a row (event STRAGGLER, metric).
   void CheckStragglersLocked(Batch* batch, JobState& job,
@@ -441,7 +433,7 @@ class Coordinator {
   // for a fresh one (the plan waits for the report).
   bool StaleSpareLocked(NodeState& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t NextHealthRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ++last_health_request_;
+    return health_rechecks_.NextRequest();
   }
   // A restore on `node_id` claimed a copy of `job` bad that the node found
   // good (suspect_policy.h): counted; once the node is suspect, its health
@@ -598,11 +590,11 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropReplicasHeldByLocked(const std::string& holder)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Source -> holder (when stale: recomputed); a heartbeat's refusal, target.
+  // Source -> holder (when stale: recomputed, from ReplicaCandidatesLocked);
+  // a heartbeat's refusal, target.
   const std::map<std::string, std::string>& ReplicaTargetsLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the node has a PREFETCH it has not acknowledged (it is fetching).
-  bool FetchingLocked(const std::string& node_id) const
+  std::vector<PlacementNode> ReplicaCandidatesLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReplicaTargetForLocked(Batch* batch, const v1::HeartbeatRequest& req,
                               v1::HeartbeatResponse* resp)
@@ -633,10 +625,8 @@ class Coordinator {
   const std::unique_ptr<storage::Backend> shared_;
   // Changes when the soft state is lost: at Open, and when a failed write
   // makes the state go back to the store (nodes then send it again).
-  // The newest CheckHealth/stale-spare request id: starts at this
-  // process's start time in microseconds, so ids differ from a previous
-  // incarnation's (a node runs each id once).
-  uint64_t last_health_request_ ABSL_GUARDED_BY(mu_) = 0;
+  // The CheckHealth/stale-spare request ids and the reports' merge.
+  HealthRechecks health_rechecks_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> incarnation_;
 
   absl::Mutex mu_;  // the state; held for memory work only, never for I/O
@@ -667,28 +657,19 @@ class Coordinator {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeState> nodes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, v1::Order> orders_ ABSL_GUARDED_BY(mu_);  // pending, by id
-  std::map<std::string, std::set<uint64_t>> orders_by_node_
-      ABSL_GUARDED_BY(mu_);
+  OrderBook orders_ ABSL_GUARDED_BY(mu_);
   // Durability of what heartbeats show: jobs changed since the last
-  // enqueue, their records by batch sequence until durable, and the batch
-  // of each order not yet durable (an order is delivered once durable).
+  // enqueue, and their records by batch sequence until durable.
   std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> new_orders_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<uint64_t, v1::JobRecord>> pending_recs_
       ABSL_GUARDED_BY(mu_);
-  // order id -> batch sequence
-  std::map<uint64_t, uint64_t> order_seq_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::Event> events_ ABSL_GUARDED_BY(mu_);
   v1::Counters counters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_event_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t last_hang_scan_ms_ ABSL_GUARDED_BY(mu_) = INT64_MIN;
+  ProgressWatch progress_ ABSL_GUARDED_BY(mu_);
   NetCheckPlanner net_check_ ABSL_GUARDED_BY(mu_);
-  // ReplicaTargetsLocked's placement (stale: recompute it) and refusals.
-  std::map<std::string, std::string> replica_targets_ ABSL_GUARDED_BY(mu_);
-  bool replica_targets_stale_ ABSL_GUARDED_BY(mu_) = true;
-  ReplicaRefusals replica_refusals_ ABSL_GUARDED_BY(mu_);
+  ReplicaTargets replica_targets_ ABSL_GUARDED_BY(mu_);
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<NodeLiveness>> live_;

@@ -30,8 +30,7 @@ void Coordinator::EnqueueLocked(std::unique_ptr<Batch> batch) {
     if (it != jobs_.end()) pending_recs_.emplace_back(seq, it->second.rec);
   }
   dirty_jobs_.clear();
-  for (uint64_t id : new_orders_) order_seq_[id] = seq;
-  new_orders_.clear();
+  orders_.Enqueued(seq);
 }
 
 Coordinator::Txn::Txn(Coordinator* c) : c_(*c) {
@@ -90,7 +89,7 @@ void Coordinator::OnDurable(uint64_t seq) {
       }
       pending_recs_.pop_front();
     }
-    std::erase_if(order_seq_, [&](const auto& kv) { return kv.second <= seq; });
+    orders_.Durable(seq);
   }
   absl::MutexLock lock(&change_mu_);
   ++changes_;

@@ -43,7 +43,7 @@ void Coordinator::CordonLocked(Batch* batch, NodeState& node,
                                const std::string& by) {
   const std::string id = node.rec.node_id();
   node.rec.set_cordoned(true);
-  replica_targets_stale_ = true;
+  replica_targets_.MarkStale();
   node.rec.set_cordon_reason(reason);
   node.incidents.Clear();
   batch->PutNode(node.rec);
@@ -139,7 +139,7 @@ absl::StatusOr<v1::UncordonResponse> Coordinator::Uncordon(
   if (resp.changed()) {
     const std::string was = node.rec.cordon_reason();
     node.rec.set_cordoned(false);
-    replica_targets_stale_ = true;
+    replica_targets_.MarkStale();
     node.rec.clear_cordon_reason();
     node.incidents.Clear();
     // Its ranks went to a spare: it takes the spare's place.

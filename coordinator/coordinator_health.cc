@@ -35,7 +35,7 @@ void Coordinator::JudgeHealthLocked(Batch* batch) {
         v.reason == n.rec.unhealthy_reason())
       continue;  // unchanged
     n.rec.set_unhealthy(!v.healthy);
-    replica_targets_stale_ = true;  // an unhealthy node holds no replicas
+    replica_targets_.MarkStale();  // an unhealthy node holds no replicas
     n.rec.set_unhealthy_check(v.check);
     n.rec.set_unhealthy_reason(v.reason);
     batch->PutNode(n.rec);
@@ -157,22 +157,8 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
   if (req.has_health_report()) {
     const bool was_placeable = Placeable(node.rec);
     const bool was_asked = node.health_requested != 0;
-    // The node's own checks replace theirs; checks it does not run (the
-    // network check, a launcher's) stay.
-    v1::NodeHealthReport* report = node.rec.mutable_health_report();
-    auto* checks = report->mutable_checks();
-    checks->erase(std::remove_if(checks->begin(), checks->end(),
-                                 [&](const v1::HealthCheck& c) {
-                                   for (const v1::HealthCheck& f :
-                                        req.health_report().checks())
-                                     if (f.name() == c.name()) return true;
-                                   return false;
-                                 }),
-                  checks->end());
-    for (const v1::HealthCheck& c : req.health_report().checks()) {
-      if (report->checks_size() >= static_cast<int>(kMaxHealthChecks)) break;
-      *report->add_checks() = c;
-    }
+    HealthRechecks::Merge(req.health_report(),
+                          node.rec.mutable_health_report());
     if (req.health_check_id() != 0)
       node.rec.set_health_check_id(req.health_check_id());
     if (req.health_check_id() == node.health_requested)

@@ -50,24 +50,12 @@ void Coordinator::NoteProgressLocked(const v1::HeartbeatRequest& req,
     if (p.rank() >= static_cast<uint32_t>(job.rec.rank_node_size()) ||
         job.rec.rank_node(p.rank()) != req.node_id())
       continue;  // moved by a plan: its new host reports it
-    RankBeat& b = job.watch.beats[p.rank()];
-    b.has_step = p.has_step();
-    b.step = p.step();
-    b.advanced_ms = now - static_cast<int64_t>(p.ms_since_advance());
-    b.p99_ms = p.step_ms_p99();
-    b.has_pause = p.has_pause();
-    b.pause_end_ms = now - static_cast<int64_t>(p.ms_since_pause()) +
-                     static_cast<int64_t>(p.pause_ms());
-    b.pause_reason = p.pause_reason();
-    b.compute_ms = p.compute_ms();
-    b.p50_ms = p.step_ms_p50();
+    job.watch.beats[p.rank()] = ProgressWatch::BeatOf(p, now);
   }
 }
 
 void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
-  if (last_hang_scan_ms_ != INT64_MIN && now - last_hang_scan_ms_ < kHangScanMs)
-    return;
-  last_hang_scan_ms_ = now;
+  if (!progress_.ScanDue(now)) return;
   for (auto& [name, job] : jobs_) {
     JobState::HangWatch& w = job.watch;
     if (job.rec.plan_state() == v1::PLAN_ORDERED ||

@@ -30,13 +30,12 @@ Coordinator::Coordinator(CoordinatorOptions options,
     : options_(std::move(options)),
       store_(std::move(store)),
       shared_(std::move(shared)),
+      health_rechecks_(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count())),
       incarnation_(NewIncarnation()),
-      net_check_(NetCheckOptions{.min_ratio = options_.health_min_ratio}) {
-  last_health_request_ = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
-}
+      net_check_(NetCheckOptions{.min_ratio = options_.health_min_ratio}) {}
 
 Coordinator::~Coordinator() {
   options_.metrics->SetClusterSource(
@@ -133,8 +132,6 @@ absl::Status Coordinator::ReloadLocked() {
   CKPT_ASSIGN_OR_RETURN(CoordStore::Snapshot snap, store_->Load());
   nodes_.clear();
   jobs_.clear();
-  orders_.clear();
-  orders_by_node_.clear();
   events_.clear();
   const int64_t now = options_.now_ms();
   next_epoch_ = 1;
@@ -169,15 +166,10 @@ absl::Status Coordinator::ReloadLocked() {
     manifests_[job][step] = std::move(m);
   }
   dirty_jobs_.clear();
-  new_orders_.clear();
   pending_recs_.clear();
-  order_seq_.clear();
   // Shard reports are soft state: records of an older version are ignored
   // (nodes send their reports again to the new incarnation).
-  for (auto& o : snap.orders) {
-    orders_by_node_[o.node_id()].insert(o.id());
-    orders_[o.id()] = std::move(o);
-  }
+  orders_.Load(std::move(snap.orders));
   next_event_seq_ = 1;
   for (auto& e : snap.events) {
     next_event_seq_ = std::max(next_event_seq_, e.seq() + 1);

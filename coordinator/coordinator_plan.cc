@@ -85,7 +85,7 @@ void Coordinator::DetectUnacknowledgedPlansLocked(Batch* batch, int64_t now) {
     // The nodes still holding an order of this plan (STOP orders go to
     // dead nodes and are not waited for).
     std::map<std::string, std::vector<std::string>> late;
-    for (const auto& [id, o] : orders_)
+    for (const auto& [id, o] : orders_.all())
       if (o.job() == name && o.kind() != v1::STOP)
         late[o.node_id()].push_back(
             absl::StrCat("order ", id, " ", v1::OrderKind_Name(o.kind())));
@@ -149,10 +149,7 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node,
                          " declared dead: ", reason));
   options_.metrics->FailureDetected(metric::kNodeDead);
   DropReplicasHeldByLocked(id);
-  auto mine = orders_by_node_.find(id);
-  if (mine == orders_by_node_.end()) return;
-  std::set<uint64_t> ids = mine->second;
-  for (uint64_t o : ids) EraseOrderLocked(batch, orders_.find(o));
+  OrdersGoneLocked(orders_.EraseOfNode(batch, id));
 }
 
 bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step,
@@ -191,15 +188,11 @@ void Coordinator::DropStepsAfterLocked(Batch*, JobState& job,
 }
 
 void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
-  for (auto it = orders_.begin(); it != orders_.end();) {
-    // STOP orders to dead nodes stay: they tell a returning node which
-    // ranks it lost.
-    if (it->second.job() == job && it->second.kind() != v1::STOP) {
-      it = EraseOrderLocked(batch, it);
-    } else {
-      ++it;
-    }
-  }
+  // STOP orders to dead nodes stay: they tell a returning node which ranks
+  // it lost.
+  OrdersGoneLocked(orders_.EraseIf(batch, [&](const v1::Order& o) {
+    return o.job() == job && o.kind() != v1::STOP;
+  }));
 }
 
 void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
@@ -369,7 +362,7 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
 
 void Coordinator::UpdatePlanProgressLocked(Batch* batch, JobState& job) {
   if (job.rec.plan_state() != v1::PLAN_ORDERED) return;
-  for (const auto& [id, o] : orders_)
+  for (const auto& [id, o] : orders_.all())
     if (o.job() == job.rec.job() && o.kind() != v1::STOP) return;
   job.rec.set_plan_state(v1::PLAN_ACKNOWLEDGED);
   PutJobLocked(batch, job);

@@ -276,20 +276,7 @@ std::optional<uint64_t> Coordinator::DurableStepLocked(
   return std::nullopt;
 }
 
-bool Coordinator::FetchingLocked(const std::string& node_id) const {
-  auto mine = orders_by_node_.find(node_id);
-  if (mine == orders_by_node_.end()) return false;
-  return std::any_of(mine->second.begin(), mine->second.end(),
-                     [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                       auto o = orders_.find(id);
-                       return o != orders_.end() &&
-                              o->second.kind() == v1::PREFETCH;
-                     });
-}
-
-const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
-  if (!replica_targets_stale_) return replica_targets_;
-  const ReplicaRefusals::EpochOf epoch_of = AliveEpochs(nodes_);
+std::vector<PlacementNode> Coordinator::ReplicaCandidatesLocked() const {
   std::vector<PlacementNode> in;
   for (const auto& [id, n] : nodes_) {
     if (n.rec.health() != v1::ALIVE) continue;
@@ -301,13 +288,18 @@ const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
     // holds no replicas until it is done: survivors' copies to it would
     // share its link (and the sources' uplinks) with the recovery's fetch.
     p.holder = Placeable(n.rec) && n.rec.replica_port() != 0 &&
-               !n.rec.address().empty() && !FetchingLocked(id);
-    if (p.source) p.excluded = replica_refusals_.Excluded(id, epoch_of);
+               !n.rec.address().empty() && !orders_.Has(id, v1::PREFETCH);
     if (p.source || p.holder) in.push_back(std::move(p));
   }
-  replica_targets_ = PlaceReplicas(std::move(in));
-  replica_targets_stale_ = false;
-  return replica_targets_;
+  return in;
+}
+
+const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
+  return replica_targets_.Current(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return ReplicaCandidatesLocked();
+      },
+      AliveEpochs(nodes_));
 }
 
 void Coordinator::ReplicaTargetForLocked(Batch* batch,
@@ -315,17 +307,16 @@ void Coordinator::ReplicaTargetForLocked(Batch* batch,
                                          v1::HeartbeatResponse* resp) {
   const std::string& node_id = req.node_id();
   if (req.has_replica_refused()) {
-    // Only a refusal of the target the node has now moves it (a retried
-    // heartbeat may still carry one of an earlier target).
     const v1::ReplicaRefusal& r = req.replica_refused();
-    auto now = ReplicaTargetsLocked().find(node_id);
-    if (now != replica_targets_.end() && now->second == r.holder_node_id() &&
-        replica_refusals_.Note(node_id, r.holder_node_id(),
-                               AliveEpochs(nodes_))) {
-      replica_targets_stale_ = true;
+    if (replica_targets_.Refused(
+            node_id, r.holder_node_id(),
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return ReplicaCandidatesLocked();
+            },
+            AliveEpochs(nodes_))) {
       auto next = ReplicaTargetsLocked().find(node_id);
       const std::string to =
-          next == replica_targets_.end() ? "none" : next->second;
+          next == ReplicaTargetsLocked().end() ? "none" : next->second;
       LogLocked(
           batch, v1::REPLICA_REFUSED, "", node_id,
           absl::StrCat("node ", node_id, "'s replicas: ", r.holder_node_id(),
@@ -420,7 +411,7 @@ bool Coordinator::TrainersMayStartLocked(const JobState& job) const {
       job.durable_rec.plan_state() != v1::PLAN_ORDERED ||
       job.durable_rec.generation() != job.rec.generation())
     return false;
-  for (const auto& [id, o] : orders_)
+  for (const auto& [id, o] : orders_.all())
     if (o.job() == job.rec.job() && o.kind() == v1::RESTART) return false;
   return true;
 }

@@ -14,14 +14,14 @@ void Coordinator::SetLiveLocked(NodeState& node) {
   l->epoch = node.rec.epoch();
   l->alive = node.rec.health() == v1::ALIVE;
   node.live = l.get();
-  replica_targets_stale_ = true;  // a node joined, died or came back
+  replica_targets_.MarkStale();  // a node joined, died or came back
 }
 
 void Coordinator::IndexJobLocked(JobState& job) {
   job.ranks_by_node.clear();
   for (uint32_t r = 0; r < static_cast<uint32_t>(job.rec.rank_node_size()); ++r)
     job.ranks_by_node[job.rec.rank_node(r)].push_back(r);
-  replica_targets_stale_ = true;  // which nodes host ranks may have changed
+  replica_targets_.MarkStale();  // which nodes host ranks may have changed
 }
 
 void Coordinator::PutShardLocked(JobState& job, v1::ShardRecord rec) {
@@ -40,17 +40,10 @@ void Coordinator::EraseStepLocked(JobState& job, uint64_t step) {
   job.replicas.erase(step);
 }
 
-std::map<uint64_t, v1::Order>::iterator Coordinator::EraseOrderLocked(
-    Batch* batch, std::map<uint64_t, v1::Order>::iterator it) {
-  batch->DeleteOrder(it->first);
-  // A node done fetching may hold replicas again (FetchingLocked).
-  if (it->second.kind() == v1::PREFETCH) replica_targets_stale_ = true;
-  auto by = orders_by_node_.find(it->second.node_id());
-  if (by != orders_by_node_.end()) {
-    by->second.erase(it->first);
-    if (by->second.empty()) orders_by_node_.erase(by);
-  }
-  return orders_.erase(it);
+void Coordinator::OrdersGoneLocked(const std::vector<v1::Order>& gone) {
+  // A node done fetching may hold replicas again (see ReplicaTargetsLocked).
+  for (const v1::Order& o : gone)
+    if (o.kind() == v1::PREFETCH) replica_targets_.MarkStale();
 }
 
 void Coordinator::LogLocked(Batch* batch, v1::EventKind kind,
@@ -123,11 +116,8 @@ void Coordinator::QueueOrderLocked(Batch* batch, v1::Order order) {
   order.set_id(counters_.next_order_id());
   counters_.set_next_order_id(order.id() + 1);
   batch->PutCounters(counters_);
-  batch->PutOrder(order);
-  orders_by_node_[order.node_id()].insert(order.id());
-  new_orders_.push_back(order.id());
-  if (order.kind() == v1::PREFETCH) replica_targets_stale_ = true;
-  orders_[order.id()] = std::move(order);
+  if (order.kind() == v1::PREFETCH) replica_targets_.MarkStale();
+  orders_.Queue(batch, std::move(order));
 }
 
 v1::GetClusterResponse Coordinator::GetCluster() {
@@ -170,20 +160,10 @@ v1::EventsResponse Coordinator::Events(const v1::EventsRequest& req) {
   return resp;
 }
 
-std::vector<uint64_t> Coordinator::DeliverableOrdersLocked(
-    const std::string& node_id) const {
-  std::vector<uint64_t> ids;
-  auto mine = orders_by_node_.find(node_id);
-  if (mine == orders_by_node_.end()) return ids;
-  for (uint64_t id : mine->second)
-    if (!order_seq_.count(id)) ids.push_back(id);
-  return ids;
-}
-
 v1::NodeView Coordinator::NodeOrders(const std::string& node_id) {
   absl::MutexLock lock(&mu_);
   v1::NodeView v;
-  for (uint64_t id : DeliverableOrdersLocked(node_id)) v.add_order_ids(id);
+  for (uint64_t id : orders_.Deliverable(node_id)) v.add_order_ids(id);
   if (auto p = probes_.find(node_id); p != probes_.end())
     v.set_probe(p->second.id);  // a peer suspects it: heartbeat now
   return v;

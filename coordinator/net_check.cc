@@ -54,6 +54,34 @@ absl::Status ValidateNetResults(const v1::HeartbeatRequest& req) {
   return absl::OkStatus();
 }
 
+void PutNetworkCheck(const NetFigure& f, v1::NodeHealthReport* report) {
+  auto checks = report->mutable_checks();
+  checks->erase(std::remove_if(checks->begin(), checks->end(),
+                               [](const v1::HealthCheck& c) {
+                                 return c.name() == "network";
+                               }),
+                checks->end());
+  v1::HealthCheck* c = report->add_checks();
+  c->set_name("network");
+  c->set_unit("MB/s");
+  c->set_figure(f.mb_per_s);
+  c->set_passed(f.mb_per_s > 0);
+  c->set_reason(f.errors.substr(0, 512));
+}
+
+bool NetCheckPlanner::Heartbeat(const std::map<std::string, NetEndpoint>& nodes,
+                                const v1::HeartbeatRequest& req, int64_t now_ms,
+                                v1::HeartbeatResponse* resp) {
+  SetNodes(nodes, now_ms);
+  bool finished = false;
+  for (const v1::NetProbeResult& r : req.net_results())
+    finished |= Record(req.node_id(), r, now_ms);
+  finished |= ExpireLate(now_ms);
+  for (v1::NetProbeOrder& o : OrdersFor(req.node_id(), now_ms))
+    *resp->add_net_probes() = std::move(o);
+  return finished;
+}
+
 void NetCheckPlanner::SetNodes(const std::map<std::string, NetEndpoint>& nodes,
                                int64_t now_ms) {
   if (nodes == nodes_) return;

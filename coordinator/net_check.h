@@ -58,6 +58,11 @@ struct NetFigure {
 // names the field.
 [[nodiscard]] absl::Status ValidateNetResults(const v1::HeartbeatRequest& req);
 
+// A node's figure as the check "network" (MB/s, failed at 0, its errors
+// bounded as a report's reason is) in its health report, replacing the
+// previous round's.
+void PutNetworkCheck(const NetFigure& f, v1::NodeHealthReport* report);
+
 class NetCheckPlanner {
  public:
   explicit NetCheckPlanner(NetCheckOptions options = {}) : options_(options) {}
@@ -80,6 +85,12 @@ class NetCheckPlanner {
   void Restart() { nodes_.clear(); }
   // True (once) when probes expired and so finished the round.
   bool ExpireLate(int64_t now_ms);
+  // One heartbeat of req.node_id with the probing nodes now: SetNodes, its
+  // results recorded, late probes expired, its orders put in `resp`. True
+  // when a round finished (figures() are new).
+  bool Heartbeat(const std::map<std::string, NetEndpoint>& nodes,
+                 const v1::HeartbeatRequest& req, int64_t now_ms,
+                 v1::HeartbeatResponse* resp);
   // Every node's figure of the last finished round; empty before one.
   const std::map<std::string, NetFigure>& figures() const { return figures_; }
   uint64_t round() const { return round_; }

@@ -80,6 +80,52 @@ TEST(NetCheckTest, ThreeNodesFormARingAndASenderWaitsForItsReceiver) {
   EXPECT_TRUE(p.OrdersFor("1", 0).empty());  // nothing left to do
 }
 
+TEST(NetCheckTest, AHeartbeatRecordsItsResultsAndCarriesItsOrders) {
+  NetCheckPlanner p;
+  const auto nodes = Nodes({"1", "2"});
+  bool finished = false;
+  auto beat = [&](const std::string& id,
+                  const std::vector<v1::NetProbeResult>& results) {
+    v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    for (const auto& r : results) *req.add_net_results() = r;
+    v1::HeartbeatResponse resp;
+    finished = p.Heartbeat(nodes, req, 0, &resp);
+    return resp;
+  };
+  std::string token;
+  for (int i = 0; i < 3 && token.empty(); ++i) {
+    beat("2", {});
+    const v1::HeartbeatResponse to_1 = beat("1", {});
+    for (const auto& o : to_1.net_probes())
+      if (o.send()) token = o.token();
+  }
+  ASSERT_FALSE(token.empty()) << "node 1 was never told to send";
+  EXPECT_FALSE(finished);
+  EXPECT_TRUE(beat("1", {Result(token, 900)}).net_probes().empty());
+  EXPECT_TRUE(finished);
+  ASSERT_EQ(p.figures().size(), 2u);
+  EXPECT_EQ(p.figures().at("1").mb_per_s, 900);
+}
+
+TEST(NetCheckTest, ARoundsFigureReplacesTheReportsNetworkCheck) {
+  v1::NodeHealthReport report;
+  report.add_checks()->set_name("memcpy");
+  PutNetworkCheck({.mb_per_s = 0, .errors = std::string(600, 'e')}, &report);
+  PutNetworkCheck({.mb_per_s = 850, .errors = ""}, &report);
+  ASSERT_EQ(report.checks_size(), 2);
+  EXPECT_EQ(report.checks(0).name(), "memcpy");
+  const v1::HealthCheck& net = report.checks(1);
+  EXPECT_EQ(net.name(), "network");
+  EXPECT_EQ(net.unit(), "MB/s");
+  EXPECT_EQ(net.figure(), 850);
+  EXPECT_TRUE(net.passed());
+  EXPECT_TRUE(net.reason().empty());
+  PutNetworkCheck({.mb_per_s = 0, .errors = std::string(600, 'e')}, &report);
+  EXPECT_FALSE(report.checks(1).passed());
+  EXPECT_EQ(report.checks(1).reason().size(), 512u);
+}
+
 TEST(NetCheckTest, AResultFromTheWrongNodeOrAnOldRoundIsIgnored) {
   NetCheckPlanner p;
   p.SetNodes(Nodes({"1", "2"}), 0);

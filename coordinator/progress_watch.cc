@@ -1,0 +1,28 @@
+#include "coordinator/progress_watch.h"
+
+namespace ckpt::coordinator {
+
+RankBeat ProgressWatch::BeatOf(const coord::v1::RankProgress& p,
+                               int64_t now_ms) {
+  RankBeat b;
+  b.has_step = p.has_step();
+  b.step = p.step();
+  b.advanced_ms = now_ms - static_cast<int64_t>(p.ms_since_advance());
+  b.p99_ms = p.step_ms_p99();
+  b.has_pause = p.has_pause();
+  b.pause_end_ms = now_ms - static_cast<int64_t>(p.ms_since_pause()) +
+                   static_cast<int64_t>(p.pause_ms());
+  b.pause_reason = p.pause_reason();
+  b.compute_ms = p.compute_ms();
+  b.p50_ms = p.step_ms_p50();
+  return b;
+}
+
+bool ProgressWatch::ScanDue(int64_t now_ms) {
+  if (last_scan_ms_ != INT64_MIN && now_ms - last_scan_ms_ < kScanMs)
+    return false;
+  last_scan_ms_ = now_ms;
+  return true;
+}
+
+}  // namespace ckpt::coordinator

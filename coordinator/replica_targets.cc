@@ -1,0 +1,30 @@
+#include "coordinator/replica_targets.h"
+
+#include <utility>
+
+namespace ckpt::coordinator {
+
+const std::map<std::string, std::string>& ReplicaTargets::Current(
+    Candidates candidates, const ReplicaRefusals::EpochOf& epoch_of) {
+  if (!stale_) return targets_;
+  std::vector<PlacementNode> nodes = candidates();
+  for (PlacementNode& p : nodes)
+    if (p.source) p.excluded = refusals_.Excluded(p.id, epoch_of);
+  targets_ = PlaceReplicas(std::move(nodes));
+  stale_ = false;
+  return targets_;
+}
+
+bool ReplicaTargets::Refused(const std::string& source,
+                             const std::string& holder, Candidates candidates,
+                             const ReplicaRefusals::EpochOf& epoch_of) {
+  const auto& now = Current(candidates, epoch_of);
+  auto it = now.find(source);
+  if (it == now.end() || it->second != holder ||
+      !refusals_.Note(source, holder, epoch_of))
+    return false;
+  stale_ = true;
+  return true;
+}
+
+}  // namespace ckpt::coordinator

@@ -14,6 +14,7 @@ MetricsSnapshot Engine::Snapshot() {
       if (!rank.arena) continue;
       ++g.arenas;
       g.shm_bytes += rank.arena->size();
+      if (rank.arena->huge_pages()) ++g.huge_page_arenas;
     }
     const JobTable::InFlight in = JobTable::InFlightOf(job);
     local.steps += in.steps;

@@ -90,6 +90,7 @@ void Engine::RecoverJob(Job& job, std::vector<catv1::ShardRecord> shards) {
     expect.slot_bytes = slot_bytes;
     expect.num_slots = job.rec.num_slots();
     expect.user_uid = job.rec.uid();
+    expect.huge_dir = options_.huge_dir;
     auto arena = shm::Arena::Reattach(expect);
     if (!arena.ok()) {
       LogWarning(

@@ -223,6 +223,7 @@ void Daemon::CheckHealth() {
 void Daemon::MakeNodeSide() {
   if (!opts_.cluster) return;
   opts_.agent.shm_prefix = opts_.engine.shm_prefix;  // beacons
+  opts_.agent.huge_dir = opts_.engine.huge_dir;
   opts_.agent.replica_transport = opts_.replicas.transport;
   opts_.agent.replicas = this;
   // Beside the catalog, as private as it is: a restarted ckptd names its

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "shm/arena.h"
+#include "shm/beacon.h"
 #include "shm/huge_pages.h"
 #include "tests/huge_page_pool.h"
 #include "tests/smaps.h"
@@ -86,6 +87,30 @@ TEST(ArenaHugeTest, ArenaOnHugetlbfsIsInTwoMiBPagesForDaemonAndClient) {
   EXPECT_FALSE(Exists(pool.dir() + o.name));
   ASSERT_TRUE(Arena::Unlink((*again)->name()).ok());
   EXPECT_FALSE(Exists(pool.dir() + to));
+}
+
+// The trainer's progress beacon lives in the arena's header region: on
+// hugetlbfs it is reached through a 2 MiB mapping (hugetlbfs maps nothing
+// smaller), by the trainer read-write and by the daemon read-only.
+TEST(ArenaHugeTest, ProgressBeaconWorksInAHugeArena) {
+  testing::HugePagePool pool(kPages);
+  if (!pool.skip().empty()) GTEST_SKIP() << pool.skip();
+  ArenaOptions o = Options(pool.dir());
+  auto d = Arena::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE((*d)->huge_pages());
+  auto w = BeaconWriter::Open((*d)->name());
+  ASSERT_TRUE(w.ok()) << w.status();
+  (*w)->Progress(41, 1000);
+  auto v = BeaconView::Open((*d)->name(), "job-h", 0);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE((*v)->IsCurrent());
+  auto seen = (*v)->Read();
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->step, 41);
+  EXPECT_EQ(seen->progress_count, 1u);
+  EXPECT_EQ((*d)->header().magic, kArenaMagic);  // the header is intact
+  EXPECT_TRUE(Arena::Unlink((*d)->name()).ok());
 }
 
 TEST(ArenaHugeTest, WithoutFreeHugePagesTheArenaFallsBackToDevShm) {

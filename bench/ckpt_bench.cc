@@ -134,7 +134,12 @@ absl::Status Bench::Setup(Results* r) {
   r->saves = o_.saves;
   r->repeat = o_.repeat;
   r->checksum_impl = ChecksumImplementation();
-  r->shm_huge_pages = shm::ShmHugePagesOf("/dev/shm");
+  // ckptd (--huge-pages auto) puts its arenas on a hugetlbfs when one is
+  // mounted and its pool has room; /dev/shm's mount decides otherwise.
+  const std::string hugetlbfs = shm::FindHugetlbfsOf();
+  r->shm_huge_pages = hugetlbfs.empty() ? shm::ShmHugePagesOf("/dev/shm")
+                                        : "hugetlbfs " + hugetlbfs +
+                                              " (when its pool has room)";
 
   std::string parent = o_.root.empty() ? "/var/tmp" : o_.root;
   std::error_code ec;

@@ -27,6 +27,25 @@ absl::StatusOr<HugeBuffer> HugeBuffer::Make(uint64_t bytes, char fill) {
 absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes,
                                                      char fill) {
   const uint64_t size = std::max<uint64_t>(bytes, 1);
+  // Where ckptd would put its arenas on hugetlbfs (its default, --huge-pages
+  // auto), the limit's memory is there too when the pool holds it: 2 MiB
+  // pages against 2 MiB pages.
+  constexpr uint64_t kHuge = 2ull << 20;
+  const uint64_t huge_size = (size + kHuge - 1) / kHuge * kHuge;
+  if (const std::string dir = shm::FindHugetlbfsOf(); !dir.empty()) {
+    const std::string path = absl::StrCat(dir, "/ckpt-bench-limit-", getpid());
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::unlink(path.c_str());
+      void* p = ::mmap(nullptr, huge_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       fd, 0);  // ENOMEM: the pool is short; /dev/shm then
+      ::close(fd);
+      if (p != MAP_FAILED) {
+        std::memset(p, fill, huge_size);
+        return HugeBuffer(static_cast<char*>(p), huge_size);
+      }
+    }
+  }
   const std::string name = absl::StrCat("/ckpt-bench-limit-", getpid());
   int fd =
       ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

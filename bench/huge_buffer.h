@@ -24,6 +24,9 @@ class HugeBuffer {
   // may get 2 MiB pages where /dev/shm gives 4 KiB ones (THP "madvise"
   // with a tmpfs mounted huge=never): an O_DIRECT write from it is then
   // a limit ckptd's persist, which writes from the arena, cannot reach.
+  // Where a hugetlbfs of 2 MiB pages is mounted and its pool holds the
+  // buffer, it is a file there instead, as ckptd's arenas are then (its
+  // size rounded up to 2 MiB).
   static absl::StatusOr<HugeBuffer> MakeLikeArena(uint64_t bytes,
                                                   char fill = 0);
   HugeBuffer() = default;  // empty

@@ -151,8 +151,10 @@ namespace client {
 
 bool SegmentIdentity(const std::string& name, dev_t* dev, ino_t* ino) {
   struct stat st {};
-  // POSIX shared memory lives in /dev/shm on Linux (glibc's shm_open).
-  if (::stat(("/dev/shm" + name).c_str(), &st) != 0) return false;
+  // POSIX shared memory lives in /dev/shm on Linux (glibc's shm_open); an
+  // arena on hugetlbfs is named by its path.
+  const bool path = name.find('/', 1) != std::string::npos;
+  if (::stat((path ? name : "/dev/shm" + name).c_str(), &st) != 0) return false;
   *dev = st.st_dev;
   *ino = st.st_ino;
   return true;

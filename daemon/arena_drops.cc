@@ -1,9 +1,20 @@
 // The queue of dropped arenas and its thread. See arena_drops.h.
 #include "daemon/arena_drops.h"
 
+#include <string>
 #include <utility>
 
 namespace ckpt::daemon {
+namespace {
+
+// An arena's name without its directory: the same arena may be named in
+// /dev/shm ("/x") or on hugetlbfs ("/dev/hugepages/x"), and a new one of
+// either kind must wait for the unlink of an old one of the other.
+std::string Key(const std::string& name) {
+  return name.substr(name.rfind('/') + 1);
+}
+
+}  // namespace
 
 ArenaDrops::ArenaDrops(storage::Backend* backend) : backend_(backend) {
   thread_ = std::thread([this] { Loop(); });
@@ -22,7 +33,7 @@ void ArenaDrops::Drop(std::shared_ptr<shm::Arena> arena, bool registered,
                       bool unlink) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (unlink) unlinking_.insert(arena->name());
+    if (unlink) unlinking_.insert(Key(arena->name()));
     queue_.push_back(Pending{std::move(arena), registered, unlink});
     ++queued_;
   }
@@ -31,7 +42,7 @@ void ArenaDrops::Drop(std::shared_ptr<shm::Arena> arena, bool registered,
 
 void ArenaDrops::AwaitUnlinked(const std::string& name) {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return unlinking_.count(name) == 0; });
+  done_cv_.wait(lock, [&] { return unlinking_.count(Key(name)) == 0; });
 }
 
 void ArenaDrops::Flush() {
@@ -55,7 +66,7 @@ void ArenaDrops::Loop() {
     if (p.unlink) (void)shm::Arena::Unlink(name);
     p.arena.reset();  // the unmap, if this was the last reference
     lock.lock();
-    if (p.unlink) unlinking_.erase(unlinking_.find(name));
+    if (p.unlink) unlinking_.erase(unlinking_.find(Key(name)));
     ++done_;
     done_cv_.notify_all();
   }

@@ -85,10 +85,13 @@ void BeaconMonitor::PollOnce(Clock::time_point now) {
   }
   for (auto& [key, view] : due) {
     if (view && view->IsCurrent()) continue;
+    const std::string name = absl::StrCat("/", options_.shm_prefix, ".",
+                                          key.first, ".r", key.second);
+    // The arena is on hugetlbfs or, its fallback, in /dev/shm.
     auto opened =
-        shm::BeaconView::Open(absl::StrCat("/", options_.shm_prefix, ".",
-                                           key.first, ".r", key.second),
-                              key.first, key.second);
+        shm::BeaconView::Open(options_.huge_dir + name, key.first, key.second);
+    if (!options_.huge_dir.empty() && absl::IsNotFound(opened.status()))
+      opened = shm::BeaconView::Open(name, key.first, key.second);
     view = opened.ok() ? std::shared_ptr<shm::BeaconView>(std::move(*opened))
                        : nullptr;
   }

@@ -38,6 +38,7 @@ namespace ckpt::daemon {
 
 struct BeaconMonitorOptions {
   std::string shm_prefix;  // arenas are "/<prefix>.<job>.r<rank>"
+  std::string huge_dir;    // or "<huge_dir>/<prefix>..." (EngineOptions)
   std::chrono::milliseconds poll{100};
   size_t window = 200;  // step times kept per rank
   // How often a missing or replaced arena is looked for again.

@@ -60,6 +60,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   LogInfo(absl::StrCat(
       "serving on ", o.socket_path, ", root ", o.root, ", storage ",
       d->storage_->name(), ", shm prefix ", o.engine.shm_prefix,
+      o.engine.huge_dir.empty()
+          ? ", arenas in /dev/shm"
+          : absl::StrCat(
+                ", arenas in 2 MiB pages from ", o.engine.huge_dir,
+                o.engine.huge_required ? " (required)" : " (else /dev/shm)"),
       d->object_tier_
           ? absl::StrCat(
                 ", object tier ", d->object_tier_->name(), " (commit tier ",
@@ -218,6 +223,7 @@ void Daemon::CheckHealth() {
 void Daemon::MakeNodeSide() {
   if (!opts_.cluster) return;
   opts_.agent.shm_prefix = opts_.engine.shm_prefix;  // beacons
+  opts_.agent.huge_dir = opts_.engine.huge_dir;
   opts_.agent.replica_transport = opts_.replicas.transport;
   opts_.agent.replicas = this;
   // Beside the catalog, as private as it is: a restarted ckptd names its

@@ -61,7 +61,13 @@ struct FallbackReport {
 
 struct EngineOptions {
   std::string shm_prefix = "ckptd";  // arenas are "/<prefix>.<job>.r<rank>"
-  uint32_t retain_steps = 3;         // durable steps kept per job
+  // A hugetlbfs directory: arenas get 2 MiB pages there when it has free
+  // ones, else /dev/shm (logged, and counted by the ckptd_arenas_huge_pages
+  // gauge); empty: /dev/shm only. huge_required: no fallback, a
+  // registration without free huge pages fails.
+  std::string huge_dir;
+  bool huge_required = false;
+  uint32_t retain_steps = 3;  // durable steps kept per job
   uint32_t default_num_slots = 2;
   std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
   // A failed persist is retried, the delay doubling from

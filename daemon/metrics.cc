@@ -232,6 +232,12 @@ std::vector<prometheus::MetricFamily> DaemonMetrics::Collect() const {
                   .Name("ckptd_shm_bytes")
                   .Help("Bytes of the shared-memory arenas of a job")
                   .Register(gauges);
+  auto& huge = prometheus::BuildGauge()
+                   .Name("ckptd_arenas_huge_pages")
+                   .Help(
+                       "Arenas of a job backed by 2 MiB pages (hugetlbfs); "
+                       "the others have 4 KiB pages in /dev/shm")
+                   .Register(gauges);
   auto& steps = prometheus::BuildGauge()
                     .Name("ckptd_persist_backlog_steps")
                     .Help("Steps with a shard not yet durable on the tier")
@@ -249,6 +255,7 @@ std::vector<prometheus::MetricFamily> DaemonMetrics::Collect() const {
   for (const auto& [job, g] : snap.jobs) {
     arenas.Add(L("ckpt_job", job)).Set(static_cast<double>(g.arenas));
     shm.Add(L("ckpt_job", job)).Set(static_cast<double>(g.shm_bytes));
+    huge.Add(L("ckpt_job", job)).Set(static_cast<double>(g.huge_page_arenas));
   }
   for (const auto& [tier, b] : snap.backlog) {
     steps.Add(L("tier", tier)).Set(static_cast<double>(b.steps));

@@ -68,6 +68,7 @@ struct MetricsSnapshot {
   struct Job {
     uint64_t arenas = 0;
     uint64_t shm_bytes = 0;
+    uint64_t huge_page_arenas = 0;  // of `arenas`, those in 2 MiB pages
   };
   struct Backlog {
     uint64_t steps = 0;   // steps with at least one shard not yet durable

@@ -52,6 +52,7 @@ void NodeAgent::Start(Engine* engine) {
   if (!options_.shm_prefix.empty()) {
     BeaconMonitorOptions bo;
     bo.shm_prefix = options_.shm_prefix;
+    bo.huge_dir = options_.huge_dir;
     beacons_ = std::make_unique<BeaconMonitor>(bo);
     beacons_->Start();
   }

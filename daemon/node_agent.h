@@ -102,6 +102,7 @@ struct NodeAgentOptions {
   // The engine's arena prefix: the hosted ranks' progress beacons are read
   // there and reported with each heartbeat (beacons.h). Empty: none.
   std::string shm_prefix;
+  std::string huge_dir;  // the arenas' hugetlbfs (EngineOptions::huge_dir)
   // The network check (net_probe.h): the listener's port (-1: none, the
   // node is left out; 0: any free one), bound to `address` when that is
   // an IPv4 address, else to every interface. net_probe_slow: test-only

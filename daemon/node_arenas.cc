@@ -57,6 +57,8 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   ao.slot_bytes = slot_bytes;
   ao.num_slots = job->rec.num_slots();
   ao.user_uid = job->rec.uid();
+  ao.huge_dir = options.huge_dir;
+  ao.huge_required = options.huge_required;
   // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
@@ -67,7 +69,14 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   arena_drops->AwaitUnlinked(ao.name);
   if (grow) arena_drops->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
+  if (!ao.huge_dir.empty()) (void)shm::Arena::Unlink(ao.huge_dir + ao.name);
   auto created = shm::Arena::Create(ao);
+  if (created.ok() && (*created)->huge_pages())
+    LogInfo(absl::StrCat("arena ", (*created)->name(), ": 2 MiB pages"));
+  else if (created.ok() && !ao.huge_dir.empty())
+    LogWarning(absl::StrCat(
+        "arena ", (*created)->name(),
+        ": 4 KiB pages in /dev/shm: ", (*created)->huge_fallback()));
   table.Relock();
   // Nothing erases a job or a rank while one of its arenas is being created.
   job = table.Find(name);
@@ -125,9 +134,9 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
                         /*unlink=*/true);
     return s;
   }
-  if (grow)
-    DropArena(*job, rank_no,
-              /*unlink=*/false);  // the rename replaced its name
+  // The rename replaced the old arena's name, unless the two live in
+  // different directories (/dev/shm and hugetlbfs).
+  if (grow) DropArena(*job, rank_no, r->arena->name() != arena->name());
   r->Install(arena);
   prefaulter->Add(arena, /*first_slot=*/1);
   job->recorded = true;

@@ -158,6 +158,7 @@ MetricsSnapshot NodeState::Gauges() {
       if (!rank.arena) continue;
       ++g.arenas;
       g.shm_bytes += rank.arena->size();
+      if (rank.arena->huge_pages()) ++g.huge_page_arenas;
     }
     const JobTable::InFlight in = JobTable::InFlightOf(job);
     local.steps += in.steps;

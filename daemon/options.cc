@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <functional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
+#include "shm/huge_pages.h"
 #include "storage/keys.h"
 #include "storage/object_backend.h"
 #include "storage/object_config.h"
@@ -50,7 +52,7 @@ bool IsLoopbackHost(const std::string& host) {
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                                                  std::string* help) {
   DaemonOptions o;
-  std::string config, shm_prefix;
+  std::string config, shm_prefix, huge_pages = "auto", hugetlbfs;
   uint32_t retain = 3, slots = 2, attempts = 3, drain_s = 60, queue_depth = 8;
   uint64_t io_mib = 4;
   bool no_uring = false, no_direct = false;
@@ -67,6 +69,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                  "TOML file with the settings below (flags win)");
   app.add_option("--shm-prefix", shm_prefix,
                  "prefix of shared-memory names (default: from --root)");
+  app.add_option("--huge-pages", huge_pages,
+                 "arenas in 2 MiB pages from a hugetlbfs mount: auto (when it "
+                 "has free pages, else /dev/shm), on (required), off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--hugetlbfs", hugetlbfs,
+                 "hugetlbfs directory for the arenas (default: the first "
+                 "hugetlbfs mount of 2 MiB pages)");
   app.add_option("--retain", retain,
                  "durable steps kept per job on local disk (0 = all)");
   app.add_option("--retain-local", retain, "the same as --retain");
@@ -232,6 +241,20 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
     if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
       return absl::InvalidArgumentError(
           "--shm-prefix: only [A-Za-z0-9_-] allowed");
+  if (huge_pages != "off") {
+    // Explicit or found: checked now, so that a wrong one stops the start.
+    const std::string dir =
+        hugetlbfs.empty() ? shm::FindHugetlbfsOf() : hugetlbfs;
+    absl::Status s =
+        dir.empty() ? absl::NotFoundError("no hugetlbfs mount of 2 MiB pages")
+                    : shm::CheckHugetlbfsDir(dir);
+    if (!s.ok() && (huge_pages == "on" || !hugetlbfs.empty()))
+      return absl::InvalidArgumentError(absl::StrCat(
+          hugetlbfs.empty() ? "--huge-pages on: " : "--hugetlbfs: ",
+          s.message()));
+    if (s.ok()) o.engine.huge_dir = dir;
+    o.engine.huge_required = huge_pages == "on";
+  }
   o.engine.retain_steps = retain;
   o.engine.default_num_slots = slots;
   o.engine.max_persist_attempts = attempts;

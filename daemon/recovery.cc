@@ -79,6 +79,7 @@ void RecoverJob(NodeState& node, Job& job,
     expect.slot_bytes = slot_bytes;
     expect.num_slots = job.rec.num_slots();
     expect.user_uid = job.rec.uid();
+    expect.huge_dir = node.options.huge_dir;
     auto arena = shm::Arena::Reattach(expect);
     if (!arena.ok()) {
       LogWarning(

@@ -1,9 +1,11 @@
 #include "shm/arena.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,13 +53,57 @@ absl::Status BoostToStatus(const bip::interprocess_exception& e,
   return absl::InternalError(absl::StrCat(AV(context), ": ", e.what()));
 }
 
+// A name with a second '/' is the path of a file on hugetlbfs; one
+// without is a POSIX shared-memory name (a file of /dev/shm).
+bool IsPathName(std::string_view name) {
+  return name.find('/', 1) != std::string_view::npos;
+}
+
+std::string SegmentPath(const std::string& name) {
+  return IsPathName(name) ? name : "/dev/shm" + name;
+}
+
 absl::Status ValidateName(std::string_view name) {
-  if (name.size() < 2 || name.size() > 255 || name[0] != '/' ||
-      name.find('/', 1) != std::string_view::npos)
+  bool ok = name.size() >= 2 && name.size() <= 4095 && name[0] == '/';
+  // Every component 1..255 characters, none "." or "..".
+  for (size_t at = 1; ok;) {
+    const size_t end = std::min(name.find('/', at), name.size());
+    const std::string_view part = name.substr(at, end - at);
+    ok = !part.empty() && part.size() <= 255 && part != "." && part != "..";
+    if (end == name.size()) break;
+    at = end + 1;
+  }
+  if (!ok)
     return absl::InvalidArgumentError(absl::StrCat(
         "arena name \"", AV(name),
-        "\": must be '/' followed by 1 to 254 characters without '/'"));
+        "\": must be '/' followed by 1 to 254 characters without '/', or an "
+        "absolute path without empty, . or .. components"));
   return absl::OkStatus();
+}
+
+bool OnHugetlbfs(int fd) {
+  struct statfs fs {};
+  return ::fstatfs(fd, &fs) == 0 &&
+         static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC;
+}
+
+// Opens a hugetlbfs path the way OpenSegment opens a shared-memory name;
+// FailedPrecondition if the file is on another file system (an arena's
+// path must never name an ordinary file).
+absl::StatusOr<int> OpenPathSegment(const std::string& path, bool create,
+                                    bool writable) {
+  int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW;
+  if (create) flags |= O_CREAT | O_EXCL;
+  ScopedFd fd;
+  fd.fd = ::open(path.c_str(), flags, 0600);
+  if (fd.fd < 0)
+    return ErrnoToStatus(errno, absl::StrCat("arena ", path, ": open"));
+  if (!OnHugetlbfs(fd.fd)) {
+    if (create) (void)::unlink(path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("arena ", path, ": not a file on hugetlbfs"));
+  }
+  return std::exchange(fd.fd, -1);
 }
 
 // Checks the options of Create/Reattach and returns the rounded slot size.
@@ -84,6 +130,7 @@ absl::StatusOr<uint64_t> ValidateOptions(const ArenaOptions& o) {
 // and returns a duplicate of its descriptor that the caller owns.
 absl::StatusOr<int> OpenSegment(const std::string& name, bool create,
                                 bool writable) {
+  if (IsPathName(name)) return OpenPathSegment(name, create, writable);
   try {
     auto mode = writable ? bip::read_write : bip::read_only;
     std::optional<bip::shared_memory_object> shm;
@@ -180,9 +227,24 @@ Arena::~Arena() {
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
     const ArenaOptions& options) {
+  CKPT_RETURN_IF_ERROR(ValidateOptions(options).status());
+  if (options.huge_dir.empty()) return CreateAt(options, options.name);
+  const std::string path = options.huge_dir + options.name;
+  CKPT_RETURN_IF_ERROR(ValidateName(path));
+  auto huge = CreateAt(options, path);
+  if (huge.ok() || options.huge_required) return huge;
+  // No free 2 MiB pages (or no access to the directory): small pages in
+  // /dev/shm, saying why.
+  auto small = CreateAt(options, options.name);
+  if (small.ok())
+    (*small)->huge_fallback_ = std::string(huge.status().message());
+  return small;
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateAt(
+    const ArenaOptions& options, const std::string& name) {
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(options));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, options.num_slots);
-  const std::string& name = options.name;
   ScopedFd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/true, /*writable=*/true));
@@ -198,8 +260,12 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
   if (s.ok() && ::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
     s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
                                           arena_bytes, " bytes"));
+  // On hugetlbfs the mmap below reserves every huge page of the segment
+  // (ENOMEM when the pool is short), and statvfs describes the pool's
+  // limit, if any, rather than free memory.
+  const bool huge = IsPathName(name);
   struct statvfs vfs {};
-  if (s.ok() && ::fstatvfs(fd.fd, &vfs) == 0 &&
+  if (s.ok() && !huge && ::fstatvfs(fd.fd, &vfs) == 0 &&
       uint64_t{vfs.f_bavail} * vfs.f_frsize < arena_bytes)
     s = absl::ResourceExhaustedError(absl::StrCat(
         "arena ", name, ": /dev/shm cannot hold ", arena_bytes,
@@ -224,6 +290,10 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
       }
     } else {
       s = mapped.status();
+      if (huge && absl::IsResourceExhausted(s))
+        s = absl::ResourceExhaustedError(
+            absl::StrCat("arena ", name, ": not enough free 2 MiB pages for ",
+                         arena_bytes, " bytes (vm.nr_hugepages)"));
     }
   }
   if (!s.ok()) {
@@ -251,6 +321,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
 
   auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots,
                     std::exchange(fd.fd, -1), std::move(guard));
+  arena->huge_pages_ = huge;
   if (now_bytes < arena_bytes)
     arena->fd_ = arena->segment_fd_;  // for ReserveSlots
   return arena;
@@ -258,9 +329,20 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     const ArenaOptions& expect) {
+  CKPT_RETURN_IF_ERROR(ValidateOptions(expect).status());
+  if (!expect.huge_dir.empty()) {
+    const std::string path = expect.huge_dir + expect.name;
+    CKPT_RETURN_IF_ERROR(ValidateName(path));
+    auto huge = ReattachAt(expect, path);
+    if (!absl::IsNotFound(huge.status())) return huge;
+  }
+  return ReattachAt(expect, expect.name);
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::ReattachAt(
+    const ArenaOptions& expect, const std::string& name) {
   CKPT_ASSIGN_OR_RETURN(uint64_t slot_bytes, ValidateOptions(expect));
   const uint64_t arena_bytes = ArenaBytes(slot_bytes, expect.num_slots);
-  const std::string& name = expect.name;
   ScopedFd fd;
   CKPT_ASSIGN_OR_RETURN(fd.fd,
                         OpenSegment(name, /*create=*/false, /*writable=*/true));
@@ -276,12 +358,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     return absl::DataLossError(absl::StrCat("arena ", name,
                                             ": segment size is ", real,
                                             " bytes, expected ", arena_bytes));
-  // Check the header through a small mapping before touching the slots.
+  // Check the header through a small mapping before touching the slots
+  // (one page: 2 MiB on hugetlbfs, which maps and unmaps whole pages).
+  const uint64_t head_bytes =
+      std::max<uint64_t>(kHeaderBytes, static_cast<uint64_t>(st.st_blksize));
   CKPT_ASSIGN_OR_RETURN(
-      char* head, Map(fd.fd, 0, kHeaderBytes, PROT_READ, MAP_SHARED, nullptr,
+      char* head, Map(fd.fd, 0, head_bytes, PROT_READ, MAP_SHARED, nullptr,
                       absl::StrCat("arena ", name, ": mmap header")));
   TruncationGuard head_guard;
-  absl::Status s = head_guard.Guard(head, kHeaderBytes, PROT_READ,
+  absl::Status s = head_guard.Guard(head, head_bytes, PROT_READ,
                                     absl::StrCat("arena ", name));
   if (s.ok())
     s = CheckHeader(*reinterpret_cast<const ArenaHeader*>(head), name, &expect,
@@ -290,7 +375,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     s = absl::DataLossError(
         absl::StrCat("arena ", name, ": segment truncated while read"));
   head_guard.Release();
-  ::munmap(head, kHeaderBytes);
+  ::munmap(head, head_bytes);
   CKPT_RETURN_IF_ERROR(s);
   if (real != arena_bytes)
     return absl::DataLossError(absl::StrCat("arena ", name,
@@ -317,8 +402,11 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Reattach(
     ::munmap(base, arena_bytes);
     return p;
   }
-  return Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots,
-              std::exchange(fd.fd, -1), std::move(guard));
+  const bool huge = OnHugetlbfs(fd.fd);
+  auto arena = Wrap(name, base, arena_bytes, slot_bytes, expect.num_slots,
+                    std::exchange(fd.fd, -1), std::move(guard));
+  arena->huge_pages_ = huge;
+  return arena;
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
@@ -344,11 +432,18 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
         absl::StrCat("arena ", name, ": segment size is ", st.st_size,
                      " bytes, the daemon said ", arena_bytes));
   // One PROT_NONE reservation, then both parts mapped over it, so that the
-  // read-only header and the writable slots sit at adjacent addresses.
+  // read-only header and the writable slots sit at adjacent addresses. It
+  // starts on a 2 MiB boundary: hugetlbfs maps only there, and transparent
+  // huge pages need it too.
   CKPT_ASSIGN_OR_RETURN(
-      char* base, Map(-1, 0, arena_bytes, PROT_NONE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, nullptr,
-                      absl::StrCat("arena ", name, ": reserve address space")));
+      char* raw, Map(-1, 0, arena_bytes + kSlotAlign, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, nullptr,
+                     absl::StrCat("arena ", name, ": reserve address space")));
+  char* base = reinterpret_cast<char*>(
+      (reinterpret_cast<uintptr_t>(raw) + kSlotAlign - 1) & ~(kSlotAlign - 1));
+  if (base > raw) ::munmap(raw, static_cast<size_t>(base - raw));
+  if (raw + kSlotAlign > base)
+    ::munmap(base + arena_bytes, static_cast<size_t>(raw + kSlotAlign - base));
   absl::Status s =
       Map(fd.fd, 0, slots_offset, PROT_READ, MAP_SHARED | MAP_FIXED, base,
           absl::StrCat("arena ", name, ": mmap header"))
@@ -376,12 +471,18 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(std::string_view name_view,
   arena->slot_bytes_ = h->slot_bytes;
   arena->num_slots_ = h->num_slots;
   arena->header_writable_ = false;
+  arena->huge_pages_ = OnHugetlbfs(fd.fd);
   return arena;
 }
 
 absl::Status Arena::Unlink(std::string_view name_view) {
   std::string name(name_view);
   CKPT_RETURN_IF_ERROR(ValidateName(name));
+  if (IsPathName(name)) {
+    if (::unlink(name.c_str()) != 0)
+      return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": unlink"));
+    return absl::OkStatus();
+  }
   try {
     if (!bip::shared_memory_object::remove(name.c_str()))
       return ErrnoToStatus(errno, absl::StrCat("arena ", name, ": shm_unlink"));
@@ -394,9 +495,14 @@ absl::Status Arena::Unlink(std::string_view name_view) {
 absl::Status Arena::Rename(std::string_view to_view) {
   std::string to(to_view);
   CKPT_RETURN_IF_ERROR(ValidateName(to));
+  if (IsPathName(to))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena ", name_, ": rename to ", to, ": a name, not a path"));
+  // A hugetlbfs arena keeps its directory.
+  if (IsPathName(name_)) to = name_.substr(0, name_.rfind('/')) + to;
   // POSIX shared memory objects are the files of /dev/shm on Linux (glibc's
   // shm_open opens "/dev/shm" + name); rename(2) replaces atomically.
-  std::string from_path = "/dev/shm" + name_, to_path = "/dev/shm" + to;
+  std::string from_path = SegmentPath(name_), to_path = SegmentPath(to);
   if (::rename(from_path.c_str(), to_path.c_str()) != 0)
     return ErrnoToStatus(errno,
                          absl::StrCat("arena ", name_, ": rename to ", to));

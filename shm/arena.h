@@ -12,6 +12,12 @@
 // read-write. Because the daemon owns the segment, a trainer crash never
 // loses a staged step, and a restarted daemon re-attaches with Reattach().
 //
+// Where the machine offers 2 MiB pages (a hugetlbfs mount with free pages,
+// ArenaOptions::huge_dir), the segment is a file there, named by its path
+// ("/dev/hugepages/ckptd.job.r0"): copies into a slot and O_DIRECT writes
+// from it then touch one page-table entry per 2 MiB. Otherwise it is a
+// POSIX shared-memory object ("/ckptd.job.r0", a file of /dev/shm).
+//
 // Layout: ArenaHeader at offset 0 (one page), then num_slots slots of
 // slot_bytes each starting at slots_offset (2 MiB-aligned). A slot holds the
 // exact image of a shard file (storage/shard_format.h).
@@ -82,6 +88,12 @@ static_assert(sizeof(ArenaHeader) <= 4096);
 
 struct ArenaOptions {
   std::string name;  // shm_open name, "/ckptd.<...>"
+  // A hugetlbfs directory (2 MiB pages) to make the segment in, as
+  // huge_dir + name; empty: /dev/shm only. Create falls back to /dev/shm
+  // when the segment cannot be made there (no free huge pages), unless
+  // huge_required. Reattach looks there first, then in /dev/shm.
+  std::string huge_dir;
+  bool huge_required = false;
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -116,7 +128,8 @@ class Arena {
   // the caller's own, and closed to everyone else.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Arena>> Attach(
       std::string_view name, uint64_t arena_bytes, uint64_t slots_offset);
-  // Removes the name (the memory lives until every mapping is gone).
+  // Removes the name (the memory lives until every mapping is gone). Either
+  // form: a shared-memory name or a hugetlbfs path.
   [[nodiscard]] static absl::Status Unlink(std::string_view name);
   // Daemon: gives this arena the name `to`, atomically replacing an arena
   // of that name (whose mappings stay valid). For an arena that no other
@@ -131,7 +144,12 @@ class Arena {
   static uint64_t SlotsOffset();
   static uint64_t ArenaBytes(uint64_t slot_bytes, uint32_t num_slots);
 
+  // The segment's name: "/<name>" in /dev/shm, or a hugetlbfs file's path.
   const std::string& name() const { return name_; }
+  // Whether the segment is backed by 2 MiB pages (on hugetlbfs).
+  bool huge_pages() const { return huge_pages_; }
+  // Create with a huge_dir that fell back to /dev/shm: why; else empty.
+  const std::string& huge_fallback() const { return huge_fallback_; }
   uint64_t size() const { return size_; }
   uint32_t num_slots() const { return num_slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -155,6 +173,10 @@ class Arena {
 
  private:
   Arena() = default;
+  static absl::StatusOr<std::unique_ptr<Arena>> CreateAt(
+      const ArenaOptions& options, const std::string& name);
+  static absl::StatusOr<std::unique_ptr<Arena>> ReattachAt(
+      const ArenaOptions& expect, const std::string& name);
   // The daemon's read-write view of a mapped arena.
   static std::unique_ptr<Arena> Wrap(std::string name, char* base,
                                      uint64_t size, uint64_t slot_bytes,
@@ -167,6 +189,8 @@ class Arena {
   uint64_t slot_bytes_ = 0;
   uint32_t num_slots_ = 0;
   bool header_writable_ = false;
+  bool huge_pages_ = false;
+  std::string huge_fallback_;
   int fd_ = -1;            // Create's segment while slots are left to reserve
   int segment_fd_ = -1;    // the daemon's, for CheckIntact
   TruncationGuard guard_;  // the daemon's mapping

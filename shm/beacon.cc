@@ -1,8 +1,10 @@
 #include "shm/beacon.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,8 +22,20 @@ namespace {
 constexpr uint64_t kMaxComputeNs = 3600ull * 1000 * 1000 * 1000;  // an hour
 constexpr int kReadTries = 4;
 
+// An arena on hugetlbfs is named by its path (arena.h).
 std::string ShmPath(std::string_view name) {
+  if (name.find('/', 1) != std::string_view::npos) return std::string(name);
   return absl::StrCat("/dev/shm", absl::string_view(name.data(), name.size()));
+}
+
+// hugetlbfs maps whole 2 MiB pages from 2 MiB offsets only: there the
+// beacon is reached through a mapping of the arena's first 2 MiB (the
+// header's page, which the daemon never trusts: arena.h), elsewhere
+// through a mapping of its own page.
+bool BeaconOnHugetlbfs(int fd) {
+  struct statfs fs {};
+  return ::fstatfs(fd, &fs) == 0 &&
+         static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC;
 }
 
 }  // namespace
@@ -60,8 +74,7 @@ std::optional<BeaconSnapshot> ReadBeacon(const BeaconPage& page) {
 
 BeaconView::~BeaconView() {
   guard_.Release();
-  if (map_ != nullptr)
-    ::munmap(const_cast<char*>(map_), kBeaconOffset + sizeof(BeaconPage));
+  if (map_ != nullptr) ::munmap(const_cast<char*>(map_), map_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<BeaconView>> BeaconView::Open(
@@ -73,7 +86,9 @@ absl::StatusOr<std::unique_ptr<BeaconView>> BeaconView::Open(
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0)
     return ErrnoToStatus(errno, absl::StrCat("beacon ", path, ": fstat"));
-  const uint64_t bytes = kBeaconOffset + sizeof(BeaconPage);
+  const uint64_t bytes = BeaconOnHugetlbfs(fd.fd)
+                             ? kSlotAlign
+                             : kBeaconOffset + sizeof(BeaconPage);
   if (static_cast<uint64_t>(st.st_size) < Arena::SlotsOffset())
     return absl::DataLossError(absl::StrCat("beacon ", path, ": segment size ",
                                             st.st_size, " is too small"));
@@ -83,6 +98,7 @@ absl::StatusOr<std::unique_ptr<BeaconView>> BeaconView::Open(
   std::unique_ptr<BeaconView> view(new BeaconView());
   view->name_ = std::string(name);
   view->map_ = static_cast<const char*>(p);
+  view->map_bytes_ = bytes;
   view->dev_ = st.st_dev;
   view->ino_ = st.st_ino;
   CKPT_RETURN_IF_ERROR(
@@ -128,7 +144,7 @@ std::optional<uint64_t> BeaconView::NewestSlotStep() const {
 }
 
 BeaconWriter::~BeaconWriter() {
-  if (map_ != nullptr) ::munmap(map_, sizeof(BeaconPage));
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<BeaconWriter>> BeaconWriter::Open(
@@ -144,14 +160,18 @@ absl::StatusOr<std::unique_ptr<BeaconWriter>> BeaconWriter::Open(
   if (static_cast<uint64_t>(st.st_size) < Arena::SlotsOffset())
     return absl::DataLossError(absl::StrCat("beacon ", path, ": segment size ",
                                             st.st_size, " is too small"));
-  void* p = ::mmap(nullptr, sizeof(BeaconPage), PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fd.fd, kBeaconOffset);
+  const bool huge = BeaconOnHugetlbfs(fd.fd);
+  const uint64_t bytes = huge ? kSlotAlign : sizeof(BeaconPage);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd,
+                   huge ? 0 : kBeaconOffset);
   if (p == MAP_FAILED)
     return ErrnoToStatus(errno, absl::StrCat("beacon ", path, ": mmap"));
   std::unique_ptr<BeaconWriter> w(new BeaconWriter());
   w->name_ = std::string(name);
   w->map_ = static_cast<char*>(p);
-  w->page_ = reinterpret_cast<BeaconPage*>(p);
+  w->map_bytes_ = bytes;
+  w->page_ =
+      reinterpret_cast<BeaconPage*>(w->map_ + (huge ? kBeaconOffset : 0));
   // A previous trainer killed in the middle of a write left `seq` odd.
   uint64_t seq = w->page_->seq.load(std::memory_order_relaxed);
   if (seq % 2 != 0) w->page_->seq.store(seq + 1, std::memory_order_release);

@@ -91,6 +91,7 @@ class BeaconView {
   BeaconView() = default;
   std::string name_;
   const char* map_ = nullptr;
+  uint64_t map_bytes_ = 0;
   // The job's uid may truncate the segment: a poll then reads zeros (no
   // beacon) instead of killing the daemon.
   TruncationGuard guard_;
@@ -124,6 +125,7 @@ class BeaconWriter {
   BeaconWriter() = default;
   std::string name_;
   char* map_ = nullptr;
+  uint64_t map_bytes_ = 0;
   BeaconPage* page_ = nullptr;
   uint64_t count_ = 0;
   uint64_t pauses_ = 0;

@@ -1,11 +1,16 @@
 #include "shm/huge_pages.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace ckpt::shm {
 namespace {
@@ -74,6 +79,46 @@ std::string ShmHugePagesOf(const std::string& dir) {
   return ShmHugePages(
       ReadSmallFile("/proc/self/mountinfo"),
       ReadSmallFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled"), dir);
+}
+
+std::string FindHugetlbfs(std::string_view mountinfo, bool default_2m) {
+  for (std::string_view line : Split(mountinfo, '\n')) {
+    const std::vector<std::string_view> f = Split(line, ' ');
+    auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
+    if (dash[1] != "hugetlbfs") continue;
+    bool two_mib = default_2m;
+    for (std::string_view o : Split(dash[3], ','))
+      if (o.substr(0, 9) == "pagesize=") two_mib = o.substr(9) == "2M";
+    // Mount points with spaces are escaped (\040): not ours to guess.
+    if (two_mib && f[4].find('\\') == std::string_view::npos)
+      return std::string(f[4]);
+  }
+  return "";
+}
+
+std::string FindHugetlbfsOf() {
+  const std::string meminfo = ReadSmallFile("/proc/meminfo");
+  return FindHugetlbfs(
+      ReadSmallFile("/proc/self/mountinfo"),
+      meminfo.find("Hugepagesize:       2048 kB") != std::string::npos);
+}
+
+absl::Status CheckHugetlbfsDir(const std::string& dir) {
+  struct statfs fs {};
+  struct stat st {};
+  if (dir.empty() || dir[0] != '/' || ::stat(dir.c_str(), &st) != 0 ||
+      !S_ISDIR(st.st_mode) || ::statfs(dir.c_str(), &fs) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("hugetlbfs directory \"", dir,
+                     "\": not an absolute path to a directory"));
+  if (static_cast<uint64_t>(fs.f_type) != HUGETLBFS_MAGIC ||
+      fs.f_bsize != (2 << 20))
+    return absl::InvalidArgumentError(
+        absl::StrCat("hugetlbfs directory \"", dir,
+                     "\": not on a hugetlbfs of 2 MiB pages (mount -t "
+                     "hugetlbfs -o pagesize=2M none DIR)"));
+  return absl::OkStatus();
 }
 
 void* MapHugeAnonymous(uint64_t bytes) {

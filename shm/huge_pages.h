@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
+
 namespace ckpt::shm {
 
 // From the text of /proc/self/mountinfo and of
@@ -23,6 +25,18 @@ std::string ShmHugePages(std::string_view mountinfo,
 
 // The same for `dir` on this machine, now.
 std::string ShmHugePagesOf(const std::string& dir);
+
+// The mount point of the first hugetlbfs in `mountinfo` (the text of
+// /proc/self/mountinfo) whose pages are 2 MiB (pagesize=2M, or no
+// pagesize option where the system's default huge page is 2 MiB, as
+// `default_2m` says); empty if none.
+std::string FindHugetlbfs(std::string_view mountinfo, bool default_2m);
+// The same on this machine, now.
+std::string FindHugetlbfsOf();
+
+// OK if `dir` is a directory on a hugetlbfs of 2 MiB pages; else
+// InvalidArgument naming `dir`.
+absl::Status CheckHugetlbfsDir(const std::string& dir);
 
 // Private anonymous memory of `bytes`, 2 MiB-aligned and advised for
 // transparent huge pages (THP "madvise" or "always"; mere advice

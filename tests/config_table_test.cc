@@ -202,6 +202,30 @@ TEST(ConfigTableTest, DaemonKeysTakeEffectAndTheFlagWins) {
       << o.status();
 }
 
+TEST(ConfigTableTest, HugePagesModeIsCheckedByName) {
+  TempDir dir;
+  auto o = ParseDaemon(dir, {"--huge-pages", "of"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("--huge-pages"), std::string::npos)
+      << o.status();
+  const std::string config = dir.path() + "/c.toml";
+  std::ofstream(config) << "huge_pages = \"yes\"\n";
+  o = ParseDaemon(dir, {"--config", config});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("huge_pages"), std::string::npos)
+      << o.status();
+  // A directory that is not a hugetlbfs of 2 MiB pages stops the start.
+  o = ParseDaemon(dir, {"--hugetlbfs", "/dev/shm"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("--hugetlbfs: hugetlbfs directory "
+                                      "\"/dev/shm\""),
+            std::string::npos)
+      << o.status();
+  o = ParseDaemon(dir, {"--huge-pages", "off"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->engine.huge_dir, "");
+}
+
 TEST(ConfigTableTest, CoordinatorKeysTakeEffectAndTheFlagWins) {
   TempDir dir;
   const std::string config = dir.path() + "/c.toml";

@@ -5,9 +5,14 @@
 // what it was (CI runs as root on a shared 24 GiB VM; a test reserves a
 // few MiB). Root only: where the kernel refuses (no CAP_SYS_ADMIN, memory
 // too fragmented for the pages), skip() says why and the test skips.
+// One pool at a time on the machine (a lock file, waited for): two tests
+// in parallel would each set nr_hugepages back to what they read, and the
+// first to finish would take the pages from under the other.
 #ifndef CKPT_TESTS_HUGE_PAGE_POOL_H_
 #define CKPT_TESTS_HUGE_PAGE_POOL_H_
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -26,6 +31,13 @@ class HugePagePool {
   explicit HugePagePool(long pages) {
     if (::geteuid() != 0) {
       skip_ = "not root: cannot reserve huge pages or mount hugetlbfs";
+      return;
+    }
+    lock_fd_ = ::open("/tmp/ckpt_huge_page_pool.lock",
+                      O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX) != 0) {
+      skip_ = std::string("lock /tmp/ckpt_huge_page_pool.lock: ") +
+              std::strerror(errno);
       return;
     }
     if (pages > 0) {
@@ -60,6 +72,7 @@ class HugePagePool {
     if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
     if (!dir_.empty()) ::rmdir(dir_.c_str());
     if (old_total_ >= 0) WriteLong("/proc/sys/vm/nr_hugepages", old_total_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);  // the lock goes with it
   }
   HugePagePool(const HugePagePool&) = delete;
   HugePagePool& operator=(const HugePagePool&) = delete;
@@ -100,6 +113,7 @@ class HugePagePool {
   std::string skip_, dir_;
   long old_total_ = -1;
   bool mounted_ = false;
+  int lock_fd_ = -1;
 };
 
 }  // namespace ckpt::testing

@@ -6,9 +6,11 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/rocks_kv.h"
 #include "storage/open_backend.h"
+#include "util/log.h"
 #include "util/status.h"
 
 namespace ckpt::coordinator {
@@ -109,12 +111,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
       return verified;
     lock.Release();
     if (!said)
-      std::fprintf(stderr, "ckpt-coordinator: %s; retrying for up to %lld s\n",
-                   std::string(verified.message()).c_str(),
-                   static_cast<long long>(
-                       std::chrono::duration_cast<std::chrono::seconds>(
-                           c->options_.shared_root_wait)
-                           .count()));
+      LogWarning(absl::StrCat(verified.message(), "; retrying for up to ",
+                              std::chrono::duration_cast<std::chrono::seconds>(
+                                  c->options_.shared_root_wait)
+                                  .count(),
+                              " s"));
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
         give_up - now, std::chrono::milliseconds(250)));
   }
@@ -191,9 +192,8 @@ void Coordinator::OnCommitFailed(const absl::Status& s) {
   // flight would have its DURABLE reports refused as never staged.
   incarnation_ = NewIncarnation();
   if (!reload.ok())
-    std::fprintf(stderr,
-                 "ckpt-coordinator: reloading after a failed write: %s\n",
-                 std::string(reload.message()).c_str());
+    LogWarning(
+        absl::StrCat("reloading after a failed write: ", reload.message()));
 }
 
 void Coordinator::StartServing() {

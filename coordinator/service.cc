@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <cstdio>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +10,7 @@
 #include "coordinator/admission.h"
 #include "coordinator/client/leader_channel.h"
 #include "coordinator/watch_service.h"
+#include "util/log.h"
 #include "util/rpc_service.h"
 #include "util/validate.h"
 
@@ -426,14 +426,10 @@ void CoordinatorServer::TickLoop() {
                                                               due)
             .count();
     if (coordinator_->hearing().NoteWake(late_ms, late_limit_ms))
-      std::fprintf(stderr,
-                   "ckpt-coordinator: the failure detector woke %lld ms "
-                   "late; every heartbeat window restarts now\n",
-                   static_cast<long long>(late_ms));
+      LogWarning(absl::StrCat("the failure detector woke ", late_ms,
+                              " ms late; every heartbeat window restarts now"));
     absl::Status s = coordinator_->Tick();
-    if (!s.ok())
-      std::fprintf(stderr, "ckpt-coordinator: tick: %s\n",
-                   std::string(s.message()).c_str());
+    if (!s.ok()) LogWarning(absl::StrCat("tick: ", s.message()));
     ticks_.fetch_add(1, std::memory_order_relaxed);
     lock.lock();
     due = Clock::now() + period;
@@ -454,8 +450,7 @@ void CoordinatorServer::AuditLoop() {
     absl::Status s = coordinator_->AuditManifests();
     std::string said = s.ok() ? "" : std::string(s.message());
     if (said != last && !said.empty())
-      std::fprintf(stderr, "ckpt-coordinator: checking global manifests: %s\n",
-                   said.c_str());
+      LogWarning(absl::StrCat("checking global manifests: ", said));
     last = said;
     lock.lock();
   }
@@ -489,10 +484,9 @@ void CoordinatorServer::EarLoop() {
     if (ms > limit_ms) {
       coordinator_->hearing().RestartWindows(absl::StrCat(
           "a heartbeat took ", ms, " ms to be read (", s.error_message(), ")"));
-      std::fprintf(stderr,
-                   "ckpt-coordinator: heartbeats wait %lld ms to be read; "
-                   "every heartbeat window restarts now\n",
-                   static_cast<long long>(ms));
+      LogWarning(absl::StrCat("heartbeats wait ", ms,
+                              " ms to be read; every heartbeat window "
+                              "restarts now"));
     }
     lock.lock();
   }

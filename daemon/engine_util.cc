@@ -2,35 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <ctime>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
-namespace {
-
-void Log(const char* level, const std::string& msg) {
-  static std::mutex mu;
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  int ms =
-      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                           now.time_since_epoch())
-                           .count() %
-                       1000);
-  std::tm tm;
-  gmtime_r(&t, &tm);
-  char ts[32];
-  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::lock_guard<std::mutex> lock(mu);
-  std::fprintf(stderr, "%s.%03dZ ckptd %s: %s\n", ts, ms, level, msg.c_str());
-}
-
-}  // namespace
 
 absl::Status BelowNewestError(const std::string& job, uint32_t rank,
                               uint64_t step,
@@ -48,9 +25,6 @@ absl::Status BelowNewestError(const std::string& job, uint32_t rank,
       "recovery path), or ask for the rewind explicitly (SaveOptions.rewind "
       "/ rewind=True / ckptctl rollback)"));
 }
-
-void LogInfo(const std::string& msg) { Log("info", msg); }
-void LogWarning(const std::string& msg) { Log("warning", msg); }
 
 uint64_t NewJobLife() {
   return static_cast<uint64_t>(

@@ -1,5 +1,5 @@
-// Small helpers shared by the engine's files: logging to stderr and the
-// conversion between the RPC's tensor index and the shard format's.
+// Small helpers shared by the engine's files: the conversion between the
+// RPC's tensor index and the shard format's (and util/log.h's logging).
 #ifndef CKPT_DAEMON_ENGINE_UTIL_H_
 #define CKPT_DAEMON_ENGINE_UTIL_H_
 
@@ -10,6 +10,7 @@
 #include "ckpt.pb.h"
 #include "google/protobuf/repeated_field.h"
 #include "storage/shard_format.h"
+#include "util/log.h"
 
 namespace ckpt::daemon {
 
@@ -19,11 +20,9 @@ absl::Status BelowNewestError(const std::string& job, uint32_t rank,
                               uint64_t step,
                               const std::vector<uint64_t>& newer);
 
-void LogInfo(const std::string& msg);
 // A new job record's life (catalog JobRecord.life_ns): now, in ns since
 // the epoch. Only the records of one node are compared with each other.
 uint64_t NewJobLife();
-void LogWarning(const std::string& msg);
 
 storage::ShardInfo ToShardInfo(
     const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,

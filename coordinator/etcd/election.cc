@@ -1,8 +1,7 @@
 #include "coordinator/etcd/election.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
+#include "util/log.h"
 
 namespace ckpt::coordinator::etcd {
 namespace {
@@ -13,9 +12,7 @@ int64_t NowMs() {
       .count();
 }
 
-void Log(const std::string& what) {
-  std::fprintf(stderr, "ckpt-coordinator: election: %s\n", what.c_str());
-}
+void Log(const std::string& what) { LogInfo(absl::StrCat("election: ", what)); }
 
 }  // namespace
 
@@ -80,9 +77,7 @@ absl::StatusOr<Fence> LeaderElection::Campaign() {
         std::lock_guard<std::mutex> lock(mu_);
         if (leader_ != seen->kvs(0).value()) {
           leader_ = seen->kvs(0).value();
-          std::fprintf(
-              stderr, "ckpt-coordinator: election: standing by; leader is %s\n",
-              leader_.c_str());
+          LogInfo(absl::StrCat("election: standing by; leader is ", leader_));
         }
       }
       absl::StatusOr<bool> deleted = client_->WatchForDelete(

@@ -2,10 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "coordinator/client/channel.h"
+#include "util/log.h"
 #include "util/retry.h"
 
 namespace ckpt::coordinator::etcd {
@@ -70,11 +69,9 @@ absl::Status EtcdClient::WithFailover(const char* what, Call call) {
     last = FromGrpc(call(idx, &ctx), what, endpoints_[idx]);
     if (!IsUnreachable(last)) {
       if (idx != start % endpoints_.size()) {
-        std::fprintf(stderr,
-                     "ckpt-coordinator: etcd: member %s unreachable; now "
-                     "talking to %s\n",
-                     endpoints_[start % endpoints_.size()].c_str(),
-                     endpoints_[idx].c_str());
+        LogWarning(
+            absl::StrCat("etcd: member ", endpoints_[start % endpoints_.size()],
+                         " unreachable; now talking to ", endpoints_[idx]));
         current_.store(idx);
       }
       return last;

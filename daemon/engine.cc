@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   engine->pipeline_ = std::make_unique<PersistPipeline>(
       static_cast<PipelineState*>(engine.get()), backend, object,
       engine->options_.upload_threads, catalog, engine->writer_.get(),
-      engine->options_.node_id);
+      engine->options_.node_id, engine->options_.clock);
   engine->persister_ = &engine->pipeline_->persist();
   engine->uploader_ = engine->pipeline_->upload();
   engine->shard_drops_ = std::make_unique<ShardDrops>(

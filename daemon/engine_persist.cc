@@ -29,8 +29,7 @@ std::optional<PersistSnapshot> Engine::SnapshotPersist(
     // A FILE restore reads the older save's file at this key: the
     // rename would swap the inode under it. The bytes wait in memory.
     PersistTask later = task;
-    later.not_before =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    later.not_before = options_.clock->Now() + std::chrono::milliseconds(50);
     persister_->Push(std::move(later));
     return std::nullopt;
   }
@@ -50,8 +49,8 @@ void Engine::RecordPersist(const PersistTask& task, PersistOutcome outcome) {
   const absl::Status s = outcome.status;
   const double seconds = outcome.seconds;
   Section lock(this);
-  JobTable::PersistResult r = table_.Persisted(
-      task, key, std::move(outcome), std::chrono::steady_clock::now());
+  JobTable::PersistResult r =
+      table_.Persisted(task, key, std::move(outcome), options_.clock->Now());
   Apply(r.effects);
   switch (r.verdict.kind) {
     case PersistVerdict::kOrphan:
@@ -121,8 +120,7 @@ bool Engine::RecordManifest(const std::string& job, uint64_t step_no,
     metrics_->Failure(metric::kManifestWrite);
     metrics_->Retry(metric::kRetryManifest);
     PersistTask retry{PersistTask::kManifest, job, step_no, 0, 0, {}};
-    retry.not_before =
-        std::chrono::steady_clock::now() + options_.persist_retry_delay;
+    retry.not_before = options_.clock->Now() + options_.persist_retry_delay;
     persister_->Push(std::move(retry));
     return false;
   }

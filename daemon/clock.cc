@@ -55,10 +55,11 @@ void ManualClock::Advance(std::chrono::steady_clock::duration d) {
   {
     absl::MutexLock l(&mu_);
     now_ += d;
+    const TimePoint now = now_;
     for (const Waiter& w : waiters_)
-      if (w.deadline <= now_) due.push_back(w);
+      if (w.deadline <= now) due.push_back(w);
     std::erase_if(waiters_,
-                  [&](const Waiter& w) { return w.deadline <= now_; });
+                  [now](const Waiter& w) { return w.deadline <= now; });
   }
   // Without the clock's lock: a waiter takes it with its queue's held.
   for (const Waiter& w : due) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "storage/shard_format.h"
+#include "tests/await_file.h"
 #include "tests/daemon_test.h"
 
 namespace ckpt::testing {
@@ -108,10 +109,7 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
   EXPECT_TRUE(got.Equals(s));
   // The manifest comes last; once it is there no temp file may be left.
   std::string manifest = root() + "/" + storage::ManifestKey("restart", 1);
-  for (int i = 0; i < 500 && !std::filesystem::exists(manifest); ++i)
-    std::this_thread::sleep_for(milliseconds(10));
-  ASSERT_TRUE(std::filesystem::exists(manifest));
-  std::this_thread::sleep_for(milliseconds(50));
+  ASSERT_TRUE(AwaitFile(manifest));
   for (auto& e : std::filesystem::recursive_directory_iterator(root()))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }

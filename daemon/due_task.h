@@ -15,22 +15,24 @@
 #include <mutex>
 #include <optional>
 
+#include "daemon/clock.h"
+
 namespace ckpt::daemon {
 
 // Removes and returns the first task whose not_before has come and that
 // `claim` takes: claim(task, due) is called for the tasks in queue order
 // until one is taken, and may remember the ones it refuses (a task that
 // must wait for an earlier one). When none is taken, waits (until the
-// earliest not_before, or a notification) and returns nullopt: the caller
-// checks its stop flag and calls again.
+// earliest not_before by `clock`, or a notification) and returns nullopt:
+// the caller checks its stop flag and calls again.
 template <typename Task, typename Claim>
-std::optional<Task> TakeDueTask(std::deque<Task>& tasks,
+std::optional<Task> TakeDueTask(const DaemonClock& clock,
+                                std::deque<Task>& tasks,
                                 std::condition_variable& cv,
                                 std::unique_lock<std::mutex>& lock,
                                 Claim claim) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point now = Clock::now();
-  Clock::time_point earliest = Clock::time_point::max();
+  const DaemonClock::TimePoint now = clock.Now();
+  DaemonClock::TimePoint earliest = DaemonClock::TimePoint::max();
   for (auto it = tasks.begin(); it != tasks.end(); ++it) {
     const bool due = it->not_before <= now;
     if (claim(*it, due)) {
@@ -40,19 +42,17 @@ std::optional<Task> TakeDueTask(std::deque<Task>& tasks,
     }
     if (!due) earliest = std::min(earliest, it->not_before);
   }
-  if (earliest == Clock::time_point::max())
-    cv.wait(lock);
-  else
-    cv.wait_until(lock, earliest);
+  clock.WaitUntil(cv, lock, earliest);
   return std::nullopt;
 }
 
 // The first due task in queue order.
 template <typename Task>
-std::optional<Task> TakeDueTask(std::deque<Task>& tasks,
+std::optional<Task> TakeDueTask(const DaemonClock& clock,
+                                std::deque<Task>& tasks,
                                 std::condition_variable& cv,
                                 std::unique_lock<std::mutex>& lock) {
-  return TakeDueTask(tasks, cv, lock,
+  return TakeDueTask(clock, tasks, cv, lock,
                      [](const Task&, bool due) { return due; });
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "daemon/clock.h"
 #include "daemon/metrics.h"
 
 namespace ckpt::daemon {
@@ -81,6 +82,9 @@ struct EngineOptions {
   std::chrono::milliseconds persist_retry_delay =
       std::chrono::milliseconds(200);
   std::chrono::milliseconds persist_retry_max_delay = std::chrono::seconds(30);
+  // When a retry is due and the time a persist's outcome is recorded at
+  // (clock.h); must outlive the Engine. A test passes a ManualClock.
+  const DaemonClock* clock = DaemonClock::Real();
   uint64_t max_slot_bytes = 1ull << 40;
   uint32_t max_world_size = 1u << 20;
   // Cluster mode when non-empty: this node's id. The storage root is then

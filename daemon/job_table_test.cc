@@ -3,7 +3,8 @@
 // checked against the exact effects it must hand to the Engine — the
 // catalog edit and its sync, the persist and upload tasks, the reports to
 // the coordinator, the deletes owed, the decisions left to the executor
-// and whom to wake. No Engine, no thread, no clock: `now` is passed in.
+// and whom to wake. No Engine, no thread: `now` is passed in, read from a
+// ManualClock as the Engine reads its injected clock.
 #include "daemon/job_table.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/clock.h"
 #include "shm/arena.h"
 #include "storage/keys.h"
 
@@ -109,8 +111,7 @@ class JobTableEffectsTest : public ::testing::Test {
   }
 
   const uint32_t uid_ = ::geteuid();
-  const std::chrono::steady_clock::time_point now_ =
-      std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  ManualClock clock_;  // the Engine's EngineOptions::clock
   const std::string key_ = "train/step-5/rank-0.shard";
   std::vector<std::string> names_;
 };
@@ -128,8 +129,8 @@ TEST_F(JobTableEffectsTest, ACommitRecordsReportsAndQueuesItsPersist) {
 
   EXPECT_TRUE(fx.edit == Put(*shard));
   EXPECT_FALSE(fx.sync);  // a staged shard lives in shared memory
-  EXPECT_EQ(Persists(fx, now_), std::vector<std::string>{
-                                    absl::StrCat("shard train/5/0 gen ", gen)});
+  EXPECT_EQ(Persists(fx, clock_.Now()), std::vector<std::string>{absl::StrCat(
+                                            "shard train/5/0 gen ", gen)});
   EXPECT_EQ(Reports(fx), std::vector<std::string>{absl::StrCat(
                              "train/5/0 staged 4096 uid ", uid_, " key ''")});
   EXPECT_TRUE(fx.upload.empty());
@@ -150,7 +151,7 @@ TEST_F(JobTableEffectsTest,
 
   const PersistTask task{PersistTask::kShard, "train", 5, 0, gen, {}};
   JobTable::PersistResult r =
-      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), now_);
+      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kDurable);
   EXPECT_EQ(r.bytes, 4096u);
   EXPECT_EQ(shard.phase, ShardPhase::kDurable);
@@ -164,7 +165,7 @@ TEST_F(JobTableEffectsTest,
             std::vector<std::string>{absl::StrCat("train/5/0 durable 4096 uid ",
                                                   uid_, " key '", key_, "'")});
   // The step (world size 1) is complete and durable: its manifest is due.
-  EXPECT_EQ(Persists(fx, now_),
+  EXPECT_EQ(Persists(fx, clock_.Now()),
             std::vector<std::string>{"manifest train/5/0 gen 0"});
   EXPECT_TRUE(fx.upload.empty());  // no object tier
   EXPECT_TRUE(fx.deletes.empty());
@@ -185,7 +186,8 @@ TEST_F(JobTableEffectsTest, WithAnObjectCommitTierAPersistUploadsUnreported) {
                               ShardPhase::kPersisting));
   const PersistTask task{PersistTask::kShard, "train", 5, 0, gen, {}};
   Effects fx =
-      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), now_).effects;
+      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), clock_.Now())
+          .effects;
   ASSERT_EQ(fx.upload.size(), 1u);
   const UploadTask& up = fx.upload[0];
   EXPECT_EQ(up.kind, UploadTask::kShard);
@@ -195,7 +197,7 @@ TEST_F(JobTableEffectsTest, WithAnObjectCommitTierAPersistUploadsUnreported) {
   EXPECT_EQ(up.keys, std::vector<std::string>{key_});
   // Durable in the commit tier only once uploaded: no report yet.
   EXPECT_TRUE(fx.reports.empty());
-  EXPECT_EQ(Persists(fx, now_),
+  EXPECT_EQ(Persists(fx, clock_.Now()),
             std::vector<std::string>{"manifest train/5/0 gen 0"});
 }
 
@@ -213,7 +215,8 @@ TEST_F(JobTableEffectsTest, AFailedPersistRetriesLaterThenGivesUpItsSlot) {
 
   ASSERT_TRUE(table.MoveShard(job, shard, ShardPhase::kPersisting));
   JobTable::PersistResult r = table.Persisted(
-      task, key_, Outcome(absl::UnavailableError("disk busy"), job), now_);
+      task, key_, Outcome(absl::UnavailableError("disk busy"), job),
+      clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kRetry);
   EXPECT_EQ(r.attempts, 1u);
   EXPECT_EQ(shard.phase, ShardPhase::kStaged);
@@ -222,16 +225,19 @@ TEST_F(JobTableEffectsTest, AFailedPersistRetriesLaterThenGivesUpItsSlot) {
   EXPECT_FALSE(job.ranks[0].slots[0].reclaimable);
   EXPECT_TRUE(r.effects.edit.empty());  // nothing new to record
   EXPECT_TRUE(r.effects.reports.empty());
-  EXPECT_EQ(Persists(r.effects, now_),
+  EXPECT_EQ(Persists(r.effects, clock_.Now()),
             std::vector<std::string>{
                 absl::StrCat("shard train/5/0 gen ", gen, " +200ms")});
 
+  // The retry's time came, and it failed again: twice the delay from then.
+  clock_.Advance(milliseconds(200));
   ASSERT_TRUE(table.MoveShard(job, shard, ShardPhase::kPersisting));
   r = table.Persisted(task, key_,
-                      Outcome(absl::UnavailableError("disk busy"), job), now_);
+                      Outcome(absl::UnavailableError("disk busy"), job),
+                      clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kRetry);
   EXPECT_EQ(r.attempts, 2u);
-  EXPECT_EQ(Persists(r.effects, now_),
+  EXPECT_EQ(Persists(r.effects, clock_.Now()),
             std::vector<std::string>{
                 absl::StrCat("shard train/5/0 gen ", gen, " +400ms")});
   // The bytes stay for the retry, but a newer save may take the slot.
@@ -249,7 +255,8 @@ TEST_F(JobTableEffectsTest, ACorruptPersistFailsTheShardAndRunsRetention) {
   ASSERT_TRUE(table.MoveShard(job, shard, ShardPhase::kPersisting));
   const PersistTask task{PersistTask::kShard, "train", 5, 0, gen, {}};
   JobTable::PersistResult r = table.Persisted(
-      task, key_, Outcome(absl::DataLossError("checksum of 'w'"), job), now_);
+      task, key_, Outcome(absl::DataLossError("checksum of 'w'"), job),
+      clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kAbandon);
   EXPECT_EQ(shard.phase, ShardPhase::kFailed);
   EXPECT_EQ(shard.rec.error(), "checksum of 'w'");
@@ -273,7 +280,7 @@ TEST_F(JobTableEffectsTest, APersistOfASaveThatWentOwesTheDeleteOfItsFile) {
   ASSERT_TRUE(table.EraseShard(job, 5, 0));  // deleted while it was written
   const PersistTask task{PersistTask::kShard, "train", 5, 0, gen, {}};
   JobTable::PersistResult r =
-      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), now_);
+      table.Persisted(task, key_, Outcome(absl::OkStatus(), job), clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kOrphan);
   const Effects& fx = r.effects;
   ASSERT_EQ(fx.deletes.size(), 1u);
@@ -287,7 +294,8 @@ TEST_F(JobTableEffectsTest, APersistOfASaveThatWentOwesTheDeleteOfItsFile) {
 
   // A failed write of a save that went leaves no file to delete.
   r = table.Persisted(task, key_,
-                      Outcome(absl::UnavailableError("disk busy"), job), now_);
+                      Outcome(absl::UnavailableError("disk busy"), job),
+                      clock_.Now());
   EXPECT_EQ(r.verdict.kind, PersistVerdict::kOrphan);
   EXPECT_TRUE(r.effects.deletes.empty());
 }
@@ -305,7 +313,8 @@ TEST_F(JobTableEffectsTest, AnUploadRecordsReportsAndQueuesTheObjectManifest) {
   Shard& shard = *table.FindShard("train", 5, 0);
   ASSERT_TRUE(table.MoveShard(job, shard, ShardPhase::kPersisting));
   const PersistTask persist{PersistTask::kShard, "train", 5, 0, gen, {}};
-  (void)table.Persisted(persist, key_, Outcome(absl::OkStatus(), job), now_);
+  (void)table.Persisted(persist, key_, Outcome(absl::OkStatus(), job),
+                        clock_.Now());
 
   const UploadTask task{UploadTask::kShard, "train", 5, 0, gen, 4096, {key_}};
   Effects fx = table.Uploaded(task, key_);

@@ -31,7 +31,8 @@ void NodeState::Wire(PipelineState* state) {
   arena_drops = std::make_unique<ArenaDrops>(backend);
   pipeline = std::make_unique<PersistPipeline>(state, backend, object,
                                                options.upload_threads, catalog,
-                                               writer.get(), options.node_id);
+                                               writer.get(), options.node_id,
+                                               options.clock);
   persister = &pipeline->persist();
   uploader = pipeline->upload();
   shard_drops = std::make_unique<ShardDrops>(

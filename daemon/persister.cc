@@ -10,11 +10,12 @@
 namespace ckpt::daemon {
 
 Persister::Persister(storage::Backend* backend, RunFn run, Catalog* intents,
-                     CatalogWriter* writer)
+                     CatalogWriter* writer, const DaemonClock* clock)
     : backend_(backend),
       run_(std::move(run)),
       intents_(intents),
-      writer_(writer) {}
+      writer_(writer),
+      clock_(clock != nullptr ? clock : DaemonClock::Real()) {}
 
 Persister::~Persister() { Stop(); }
 
@@ -71,7 +72,8 @@ void Persister::QueueDelete(std::string key, bool prefix, uint64_t intent,
 void Persister::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    std::optional<PersistTask> due = TakeDueTask(tasks_, work_cv_, lock);
+    std::optional<PersistTask> due =
+        TakeDueTask(*clock_, tasks_, work_cv_, lock);
     if (!due) continue;
     PersistTask task = std::move(*due);
     queued_.store(tasks_.size(), std::memory_order_relaxed);

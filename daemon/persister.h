@@ -31,6 +31,7 @@
 
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
+#include "daemon/clock.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -60,8 +61,10 @@ class Persister {
 
   // backend (and intents, where a done delete's intent is forgotten, and
   // writer, which records intents, if given) must outlive the persister.
+  // A task's not_before is read on `clock` (null: the real one).
   Persister(storage::Backend* backend, RunFn run, Catalog* intents = nullptr,
-            CatalogWriter* writer = nullptr);
+            CatalogWriter* writer = nullptr,
+            const DaemonClock* clock = nullptr);
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
   ~Persister();  // Stop()
@@ -102,6 +105,7 @@ class Persister {
   const RunFn run_;
   Catalog* const intents_;
   CatalogWriter* const writer_;
+  const DaemonClock* const clock_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_;          // a task queued, or stopping
   mutable std::condition_variable idle_cv_;  // a task done (WaitIdle)

@@ -67,7 +67,8 @@ absl::Status PutObject(storage::Backend& backend, const std::string& key,
 PersistPipeline::PersistPipeline(PipelineState* state, storage::Backend* local,
                                  storage::Backend* object,
                                  unsigned upload_threads, Catalog* catalog,
-                                 CatalogWriter* writer, std::string node_id)
+                                 CatalogWriter* writer, std::string node_id,
+                                 const DaemonClock* clock)
     : state_(state),
       local_(local),
       object_(object),
@@ -80,7 +81,7 @@ PersistPipeline::PersistPipeline(PipelineState* state, storage::Backend* local,
             else
               WriteManifest(task);
           },
-          catalog, writer) {
+          catalog, writer, clock) {
   if (object != nullptr)
     uploader_ = std::make_unique<Uploader>(
         object, upload_threads,
@@ -88,7 +89,7 @@ PersistPipeline::PersistPipeline(PipelineState* state, storage::Backend* local,
           return task.kind == UploadTask::kShard ? UploadShard(task)
                                                  : WriteObjectManifest(task);
         },
-        catalog, writer);
+        catalog, writer, clock);
 }
 
 PersistPipeline::~PersistPipeline() { Stop(); }

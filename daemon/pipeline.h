@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
+#include "daemon/clock.h"
 #include "daemon/persister.h"
 #include "daemon/uploader.h"
 #include "manifest.pb.h"
@@ -101,10 +102,11 @@ class PipelineState {
 class PersistPipeline {
  public:
   // Every pointer must outlive the pipeline; object may be null (no object
-  // tier).
+  // tier). The queues' retries are timed on `clock` (null: the real one).
   PersistPipeline(PipelineState* state, storage::Backend* local,
                   storage::Backend* object, unsigned upload_threads,
-                  Catalog* catalog, CatalogWriter* writer, std::string node_id);
+                  Catalog* catalog, CatalogWriter* writer, std::string node_id,
+                  const DaemonClock* clock = nullptr);
   PersistPipeline(const PersistPipeline&) = delete;
   PersistPipeline& operator=(const PersistPipeline&) = delete;
   ~PersistPipeline();  // Stop()

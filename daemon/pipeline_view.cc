@@ -26,7 +26,7 @@ std::optional<PersistSnapshot> PipelineView::SnapshotPersist(
     // rename would swap the inode under it. The bytes wait in memory.
     PersistTask later = task;
     later.not_before =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+        node_.options.clock->Now() + std::chrono::milliseconds(50);
     node_.persister->Push(std::move(later));
     return std::nullopt;
   }
@@ -48,7 +48,7 @@ void PipelineView::RecordPersist(const PersistTask& task,
   const double seconds = outcome.seconds;
   Section lock(&node_);
   JobTable::PersistResult r = node_.table.Persisted(
-      task, key, std::move(outcome), std::chrono::steady_clock::now());
+      task, key, std::move(outcome), node_.options.clock->Now());
   node_.Apply(r.effects);
   switch (r.verdict.kind) {
     case PersistVerdict::kOrphan:
@@ -112,7 +112,7 @@ bool PipelineView::RecordManifest(const std::string& job, uint64_t step_no,
     node_.metrics->Retry(metric::kRetryManifest);
     PersistTask retry{PersistTask::kManifest, job, step_no, 0, 0, {}};
     retry.not_before =
-        std::chrono::steady_clock::now() + node_.options.persist_retry_delay;
+        node_.options.clock->Now() + node_.options.persist_retry_delay;
     node_.persister->Push(std::move(retry));
     return false;
   }

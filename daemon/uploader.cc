@@ -18,12 +18,14 @@ constexpr auto kMaxRetry = std::chrono::seconds(30);
 }  // namespace
 
 Uploader::Uploader(storage::Backend* object, unsigned threads, RunFn run,
-                   Catalog* intents, CatalogWriter* writer)
+                   Catalog* intents, CatalogWriter* writer,
+                   const DaemonClock* clock)
     : object_(object),
       threads_(std::max(1u, threads)),
       run_(std::move(run)),
       intents_(intents),
-      writer_(writer) {}
+      writer_(writer),
+      clock_(clock != nullptr ? clock : DaemonClock::Real()) {}
 
 Uploader::~Uploader() { Stop(); }
 
@@ -123,7 +125,7 @@ void Uploader::Finish(const UploadTask& task, absl::Status status) {
   ++retry.attempts;
   auto delay = kFirstRetry * (1u << std::min(retry.attempts - 1, 10u));
   retry.not_before =
-      std::chrono::steady_clock::now() +
+      clock_->Now() +
       std::min<std::chrono::steady_clock::duration>(delay, kMaxRetry);
   LogWarning(absl::StrCat(
       "object tier: ", task.kind == UploadTask::kDelete ? "delete" : "upload",
@@ -139,14 +141,15 @@ void Uploader::Finish(const UploadTask& task, absl::Status status) {
 std::optional<UploadTask> Uploader::TakeLocked(
     std::unique_lock<std::mutex>& lock) {
   std::set<std::string_view> earlier;  // keys of the tasks passed over
-  return TakeDueTask(tasks_, cv_, lock, [&](const UploadTask& t, bool due) {
-    bool free = due;
-    for (const std::string& k : t.keys)
-      free = free && !earlier.count(k) && !running_keys_.count(k);
-    if (free) return true;
-    earlier.insert(t.keys.begin(), t.keys.end());
-    return false;
-  });
+  return TakeDueTask(
+      *clock_, tasks_, cv_, lock, [&](const UploadTask& t, bool due) {
+        bool free = due;
+        for (const std::string& k : t.keys)
+          free = free && !earlier.count(k) && !running_keys_.count(k);
+        if (free) return true;
+        earlier.insert(t.keys.begin(), t.keys.end());
+        return false;
+      });
 }
 
 void Uploader::Loop() {

@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "daemon/catalog.h"
 #include "daemon/catalog_writer.h"
+#include "daemon/clock.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {
@@ -86,8 +87,10 @@ class Uploader {
 
   // object (and intents, where a done delete's intent is forgotten, and
   // writer, which records intents, if given) must outlive the uploader.
+  // A retry's back-off is timed on `clock` (null: the real one).
   Uploader(storage::Backend* object, unsigned threads, RunFn run,
-           Catalog* intents = nullptr, CatalogWriter* writer = nullptr);
+           Catalog* intents = nullptr, CatalogWriter* writer = nullptr,
+           const DaemonClock* clock = nullptr);
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
   ~Uploader();  // Stop()
@@ -118,6 +121,7 @@ class Uploader {
   const RunFn run_;
   Catalog* const intents_;
   CatalogWriter* const writer_;
+  const DaemonClock* const clock_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<UploadTask> tasks_;  // by seq

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "storage/shard_format.h"
+#include "tests/await_file.h"
 #include "tests/daemon_test.h"
 
 namespace ckpt::testing {
@@ -122,8 +123,7 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
   EXPECT_TRUE(got.Equals(s));
   // The manifest comes last; once it is there no temp file may be left.
   std::string manifest = root() + "/" + storage::ManifestKey("restart", 1);
-  ASSERT_TRUE(Until([&] { return std::filesystem::exists(manifest); }))
-      << manifest;
+  ASSERT_TRUE(AwaitFile(manifest));
   for (auto& e : std::filesystem::recursive_directory_iterator(root()))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }

@@ -224,18 +224,6 @@ absl::Status OtherRanksRpcs(Engine* engine, const PeerCreds& peer,
   return engine->AbortSave(peer, ar);
 }
 
-// Waits (bounded) until `done` holds; false if it never did.
-template <typename Fn>
-bool Eventually(Fn done) {
-  const auto until =
-      std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
 // The persister's synced record of a durable shard once ran under the
 // engine's one mutex, so a slow fsync stalled every RPC on the node. Here
 // rank 0's record is held in its fsync while rank 1 begins a save and a
@@ -367,7 +355,8 @@ TEST_F(EngineCatalogTest, ArenaDropInFlightBlocksNoOtherJobsRpc) {
   ASSERT_TRUE(WaitDurable(0, 1).ok());
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(20)));
   // Both arenas are registered once their slots are faulted in.
-  ASSERT_TRUE(Eventually([&] { return gated_->registered() == 2; }));
+  gated_->AwaitRegistered(2);
+  ASSERT_EQ(gated_->registered(), 2);
 
   gated_->HoldUnregister();
   auto del = std::async(std::launch::async, [&]() -> absl::Status {
@@ -376,8 +365,8 @@ TEST_F(EngineCatalogTest, ArenaDropInFlightBlocksNoOtherJobsRpc) {
     dr.set_all_steps(true);
     return engine_->Delete(peer_, dr).status();
   });
-  ASSERT_TRUE(Eventually([&] { return gated_->unregistering() == 1; }))
-      << "the Delete dropped no registered arena";
+  gated_->AwaitUnregistering(1);  // the Delete drops a registered arena
+  ASSERT_EQ(gated_->unregistering(), 1);
   auto others = std::async(std::launch::async, [&] {
     return OtherRanksRpcs(engine_.get(), peer_, 0);
   });

@@ -299,9 +299,8 @@ TEST_F(EngineCoreTest, FileRestoresCheckOfItsFileHoldsNoOtherRequest) {
   gate_->HoldStat();
   auto restore2 =
       std::async(std::launch::async, [&] { return open_restore(2); });
-  for (int i = 0; i < 1000 && gate_->stating() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_EQ(gate_->stating(), 1) << "the restore never checked its file";
+  gate_->AwaitStating(1);  // the restore checks its file
+  ASSERT_EQ(gate_->stating(), 1);
   // Meanwhile: a query, and the delete of the very step being opened.
   auto meanwhile = std::async(std::launch::async, [&] {
     absl::StatusOr<uint64_t> latest = Latest();

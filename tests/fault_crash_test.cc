@@ -11,6 +11,7 @@
 
 #include "ckpt/tensor.h"
 #include "daemon/catalog.h"
+#include "daemon/clock.h"
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
 #include "shm/arena.h"
@@ -31,6 +32,13 @@ using daemon::PeerCreds;
 class FaultCrashTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(3); }
+  // Opens the engine again with clock_ as its clock: a persist's retry
+  // runs when the test moves the clock to its time.
+  void UseManualClock() {
+    Close();
+    clock_ = std::make_unique<daemon::ManualClock>();
+    Open(3);
+  }
   void TearDown() override {
     engine_.reset();
     UnlinkArenas(prefix_);
@@ -52,6 +60,7 @@ class FaultCrashTest : public ::testing::Test {
     eo.persist_retry_max_delay = std::chrono::milliseconds(200);
     eo.max_persist_attempts = attempts;
     eo.metrics = metrics_;
+    if (clock_) eo.clock = clock_.get();
     auto e = Engine::Open(eo, fault_.get(), catalog_.get());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
@@ -185,6 +194,7 @@ class FaultCrashTest : public ::testing::Test {
       std::make_shared<daemon::DaemonMetrics>();
   std::string prefix_ = UniqueShmPrefix();
   PeerCreds peer_{getpid(), getuid(), getgid()};
+  std::unique_ptr<daemon::ManualClock> clock_;  // null: the real clock
   std::unique_ptr<storage::Backend> local_;
   std::unique_ptr<storage::FaultInjectionBackend> fault_;
   std::unique_ptr<Catalog> catalog_;
@@ -371,14 +381,21 @@ TEST_F(FaultCrashTest, RecoveredFileKeepsTheDeviceTensorsChecksums) {
   EXPECT_EQ(d.checksum(), TensorChecksum(bytes.data(), bytes.size()));
 }
 
-// A storage hiccup longer than the fast retries (a 2 s outage): the staged
-// step's bytes are still in memory, so its persist goes on and it becomes
-// durable once the disk is back.
+// A storage hiccup longer than the fast retries (six failed attempts, past
+// max_persist_attempts and the delay's cap, on the injected clock): the
+// staged step's bytes are still in memory, so its persist goes on and it
+// becomes durable once the disk is back.
 TEST_F(FaultCrashTest, StepStagedDuringAStorageOutageBecomesDurableAfterIt) {
+  UseManualClock();
   fault_->SetSpaceLimit(0);
   ASSERT_TRUE(SaveStep(1).ok());
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  fault_->ClearFaults();
+  // Six attempts fail; after each the persister waits for its retry's
+  // time. The disk is back before the seventh.
+  for (int failed = 1; failed <= 6; ++failed) {
+    const auto retry = clock_->AwaitWaitAfter(clock_->Now());
+    if (failed == 6) fault_->ClearFaults();
+    clock_->Advance(retry - clock_->Now());
+  }
   EXPECT_TRUE(WaitDurable(1, 30000).ok());
   v1::LatestRequest lr;
   lr.set_job("fault");

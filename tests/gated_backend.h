@@ -72,6 +72,20 @@ class GatedBackend : public storage::BackendWrapper {
   void HoldStat() { Close(stat_); }
   void ReleaseStat() { Open(stat_); }
   int stating() { return Waiting(stat_); }
+  // Return once `n` Stat / UnregisterMemory calls are held, once `n`
+  // RegisterMemory calls succeeded.
+  void AwaitStating(int n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return stat_.waiting >= n; });
+  }
+  void AwaitUnregistering(int n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return unregister_.waiting >= n; });
+  }
+  void AwaitRegistered(int n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return registered_ >= n; });
+  }
   absl::StatusOr<storage::ObjectInfo> Stat(std::string_view key) override {
     Pass(stat_);
     return target()->Stat(key);
@@ -83,8 +97,11 @@ class GatedBackend : public storage::BackendWrapper {
   }
   absl::Status RegisterMemory(void* base, uint64_t len) override {
     absl::Status s = target()->RegisterMemory(base, len);
-    std::lock_guard<std::mutex> l(mu_);
-    if (s.ok()) ++registered_;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (s.ok()) ++registered_;
+    }
+    cv_.notify_all();
     return s;
   }
   void UnregisterMemory(void* base) override {
@@ -141,6 +158,7 @@ class GatedBackend : public storage::BackendWrapper {
   void Pass(Hold& h) {
     std::unique_lock<std::mutex> l(mu_);
     ++h.waiting;
+    cv_.notify_all();  // for the Await* of a test
     cv_.wait(l, [&] { return h.open; });
     --h.waiting;
   }

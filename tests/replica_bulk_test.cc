@@ -6,6 +6,7 @@
 // change nothing; a byte damaged in transit is refused and not counted; a
 // replacement that holds a lost rank's copy itself takes it from its own
 // memory; the grpc transport stays available.
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -344,7 +345,10 @@ TEST(BulkWireTest, ASendToAPeerThatStoppedReadingEndsCancelledWhenAsked) {
   std::vector<char> bytes(64 << 20);
   std::atomic<bool> cancel{false};
   std::thread canceller([&] {
-    std::this_thread::sleep_for(milliseconds(100));
+    // Once the send has begun (its first bytes wait at the peer, which
+    // cannot take 64 MiB), it is cancelled.
+    pollfd p{fds[1], POLLIN, 0};
+    (void)poll(&p, 1, -1);
     cancel = true;
   });
   const absl::Status s = daemon::SendAll(

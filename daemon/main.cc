@@ -58,6 +58,7 @@ int Fail(const std::string& what, const absl::Status& s) {
 
 int main(int argc, char** argv) {
   using namespace ckpt::daemon;
+  using ckpt::LogInfo;
   if (ckpt::PrintedVersion(argc, argv, "ckptd", CKPT_VERSION)) return 0;
   // Signals go to the main thread's sigwait, never to a worker thread.
   const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});

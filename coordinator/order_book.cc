@@ -10,7 +10,7 @@ namespace ckpt::coordinator {
 void OrderBook::Queue(Batch* batch, v1::Order order) {
   batch->PutOrder(order);
   by_node_[order.node_id()].insert(order.id());
-  queued_.push_back(order.id());
+  queued_.insert(order.id());
   const uint64_t id = order.id();
   orders_[id] = std::move(order);
 }
@@ -18,6 +18,8 @@ void OrderBook::Queue(Batch* batch, v1::Order order) {
 std::map<uint64_t, v1::Order>::iterator OrderBook::Erase(
     Batch* batch, std::map<uint64_t, v1::Order>::iterator it) {
   batch->DeleteOrder(it->first);
+  queued_.erase(it->first);
+  seq_.erase(it->first);
   auto by = by_node_.find(it->second.node_id());
   if (by != by_node_.end()) {
     by->second.erase(it->first);
@@ -75,8 +77,11 @@ std::vector<uint64_t> OrderBook::Deliverable(const std::string& node_id) const {
   std::vector<uint64_t> ids;
   auto mine = by_node_.find(node_id);
   if (mine == by_node_.end()) return ids;
+  // Neither an order of a batch still being built (queued in this locked
+  // section, e.g. by a plan the heartbeat that delivers made) nor one of
+  // a batch enqueued and not yet durable.
   for (uint64_t id : mine->second)
-    if (!seq_.count(id)) ids.push_back(id);
+    if (!queued_.count(id) && !seq_.count(id)) ids.push_back(id);
   return ids;
 }
 

@@ -49,7 +49,9 @@ class OrderBook {
   std::vector<v1::Order> Acknowledge(Batch* batch,
                                      absl::Span<const uint64_t> ids);
   // The orders `node_id` may be given now: queued, durable and not yet
-  // acknowledged (what a heartbeat answers with and WatchNode shows).
+  // acknowledged (what a heartbeat answers with and WatchNode shows). An
+  // order queued since the last Enqueued is not: its batch is the one
+  // being built, so it goes out on a call after that batch is durable.
   std::vector<uint64_t> Deliverable(const std::string& node_id) const;
   // Delivers them: the deliverable orders, each marked delivered (into
   // `batch`) the first time it goes out.
@@ -76,7 +78,7 @@ class OrderBook {
   std::map<std::string, std::set<uint64_t>> by_node_;
   // Queued since the last Enqueued, and the batch sequence of each order
   // whose batch is not yet durable.
-  std::vector<uint64_t> queued_;
+  std::set<uint64_t> queued_;
   std::map<uint64_t, uint64_t> seq_;
 };
 

@@ -38,6 +38,28 @@ TEST(OrderBookTest, AnOrderIsDeliverableOnlyOnceItsBatchIsDurable) {
   EXPECT_TRUE(book.Deliverable("b").empty());
 }
 
+TEST(OrderBookTest, AnOrderOfTheBatchBeingBuiltIsNotDeliverable) {
+  OrderBook book;
+  OrderBook::Batch durable;
+  book.Queue(&durable, MakeOrder(1, "a", v1::PREFETCH));
+  book.Enqueued(1);
+  book.Durable(1);
+  // The same locked section queues an order and then delivers (a plan
+  // made by the heartbeat that answers): that batch is not enqueued yet.
+  OrderBook::Batch open;
+  book.Queue(&open, MakeOrder(2, "a", v1::RESTART));
+  EXPECT_EQ(book.Deliverable("a"), std::vector<uint64_t>{1})
+      << "order 2's batch is not durable";
+  std::vector<OrderBook::Delivery> d = book.Deliver(&open, "a");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].order.id(), 1u);
+  EXPECT_FALSE(book.all().at(2).delivered());
+  book.Enqueued(2);
+  EXPECT_EQ(book.Deliverable("a"), std::vector<uint64_t>{1});
+  book.Durable(2);
+  EXPECT_EQ(book.Deliverable("a"), (std::vector<uint64_t>{1, 2}));
+}
+
 TEST(OrderBookTest, DeliveryMarksAnOrderDeliveredTheFirstTimeOnly) {
   OrderBook book;
   OrderBook::Batch queued;

@@ -29,10 +29,9 @@ NodeState::NodeState(EngineOptions options_in, storage::Backend* backend_in,
 void NodeState::Wire(PipelineState* state) {
   writer = std::make_unique<CatalogWriter>(catalog);
   arena_drops = std::make_unique<ArenaDrops>(backend);
-  pipeline = std::make_unique<PersistPipeline>(state, backend, object,
-                                               options.upload_threads, catalog,
-                                               writer.get(), options.node_id,
-                                               options.clock);
+  pipeline = std::make_unique<PersistPipeline>(
+      state, backend, object, options.upload_threads, catalog, writer.get(),
+      options.node_id, options.clock);
   persister = &pipeline->persist();
   uploader = pipeline->upload();
   shard_drops = std::make_unique<ShardDrops>(

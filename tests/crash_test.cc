@@ -9,7 +9,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -18,6 +17,7 @@
 #include "storage/shard_format.h"
 #include "tests/await_file.h"
 #include "tests/daemon_test.h"
+#include "tests/eventually.h"
 
 namespace ckpt::testing {
 namespace {
@@ -43,16 +43,6 @@ class CrashTest : public DaemonTest {
         out.push_back(text);
       }
     return out;
-  }
-  // Polls `cond` until it holds. The bound only marks a failure: it is far
-  // beyond what any of these waits takes on a loaded machine.
-  static bool Until(const std::function<bool()>& cond) {
-    auto bound = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-    while (!cond()) {
-      if (std::chrono::steady_clock::now() > bound) return false;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    return true;
   }
   bool AnySlot(const std::string& prefix) {
     for (const auto& s : SlotStates())
@@ -82,10 +72,13 @@ TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
   // 1 GiB takes an instrumented child on a loaded machine a minute or more.
   int status = 0;
   pid_t ended = 0;
-  ASSERT_TRUE(Until([&] {
-    ended = waitpid(child, &status, WNOHANG);
-    return ended != 0 || AnySlot("writing");
-  })) << "the child neither started a save nor ended";
+  ASSERT_TRUE(Eventually(
+      [&] {
+        ended = waitpid(child, &status, WNOHANG);
+        return ended != 0 || AnySlot("writing");
+      },
+      std::chrono::minutes(5)))
+      << "the child neither started a save nor ended";
   ASSERT_EQ(ended, 0) << "the child ended (status " << status
                       << ") before it started a save";
   kill(child, SIGKILL);
@@ -93,7 +86,8 @@ TEST_F(CrashTest, TrainerKilledMidSaveLeavesNoLockedSlotAndNoHalfStep) {
   ASSERT_TRUE(WIFSIGNALED(status));
 
   // The daemon notices the exit and frees the slot.
-  EXPECT_TRUE(Until([&] { return !AnySlot("writing"); }))
+  EXPECT_TRUE(
+      Eventually([&] { return !AnySlot("writing"); }, std::chrono::minutes(5)))
       << "the killed child's slot is still being written";
 
   // No half-written step is visible; whatever was committed is whole.

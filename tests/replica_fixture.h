@@ -35,23 +35,13 @@
 #include "replica.grpc.pb.h"
 #include "storage/backend.h"
 #include "storage/shard_testing.h"
+#include "tests/eventually.h"
 #include "tests/harness.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::testing {
 
 namespace rv1 = ::ckpt::replica::v1;
-
-// Whether `cond` holds within 30 s (polled every 10 ms).
-inline bool Eventually(const std::function<bool()>& cond) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
 
 // A shard image of (job, step, rank) of world ranks: one float32 tensor
 // of `floats` random values (seed), valid checksums.

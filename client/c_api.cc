@@ -342,4 +342,40 @@ ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out) {
   });
 }
 
+ckpt_status ckpt_restart_enable(void) {
+  return Guarded("ckpt_restart_enable",
+                 [&] { return Report(ckpt::EnableRestart()); });
+}
+
+ckpt_status ckpt_restart_poll(uint64_t after, ckpt_plan* out, int* fresh) {
+  return Guarded("ckpt_restart_poll", [&] {
+    if (out == nullptr) return NullArgument("ckpt_restart_poll", "out");
+    if (fresh == nullptr) return NullArgument("ckpt_restart_poll", "fresh");
+    *fresh = 0;
+    auto plan = ckpt::PollRestart(after);
+    if (!plan.ok()) return Fail(plan.status());
+    if (!plan->has_value()) return Report(absl::OkStatus());
+    const ckpt::RestartPlan& p = **plan;
+    ckpt_plan c{};
+    c.generation = p.generation;
+    c.rank = p.rank;
+    c.world_size = p.world_size;
+    c.local_rank = p.local_rank;
+    c.local_world_size = p.local_world_size;
+    // ParsePlan refuses an address that does not fit with its NUL.
+    p.master_addr.copy(c.master_addr, sizeof c.master_addr - 1);
+    c.master_port = p.master_port;
+    c.has_restore_step = p.restore_step.has_value() ? 1 : 0;
+    c.restore_step = p.restore_step.value_or(0);
+    *out = c;
+    *fresh = 1;
+    return Report(absl::OkStatus());
+  });
+}
+
+ckpt_status ckpt_restart_joined(uint64_t generation) {
+  return Guarded("ckpt_restart_joined",
+                 [&] { return Report(ckpt::JoinedRestart(generation)); });
+}
+
 }  // extern "C"

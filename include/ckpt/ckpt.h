@@ -191,6 +191,31 @@ ckpt_status ckpt_expect_pause(ckpt_client* client, double seconds,
 /* The stats of the client's last finished save (all zero before one). */
 ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out);
 
+/* In-process restart under ckptrun (ckpt::RestartPlan): the assignment of
+ * a generation for this process. */
+typedef struct {
+  uint64_t generation;
+  uint32_t rank;
+  uint32_t world_size;
+  uint32_t local_rank;
+  uint32_t local_world_size;
+  char master_addr[256]; /* NUL-terminated */
+  uint32_t master_port;
+  int has_restore_step; /* 0: a fresh start, restore_step unset */
+  int64_t restore_step;
+} ckpt_plan;
+
+/* Tells ckptrun this process restarts in place (ckpt::EnableRestart).
+ * CKPT_FAILED_PRECONDITION when $CKPT_RESTART_DIR is unset. */
+ckpt_status ckpt_restart_enable(void);
+/* Never blocks (ckpt::PollRestart): *fresh = 1 and *out filled when the
+ * newest plan's generation is greater than `after`, else *fresh = 0 and
+ * *out unchanged. A malformed plan is CKPT_INVALID_ARGUMENT naming the
+ * key. */
+ckpt_status ckpt_restart_poll(uint64_t after, ckpt_plan* out, int* fresh);
+/* This process left its old generation and takes plan `generation`. */
+ckpt_status ckpt_restart_joined(uint64_t generation);
+
 #ifdef __cplusplus
 }
 #endif

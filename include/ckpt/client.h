@@ -69,6 +69,35 @@ struct ClientOptions {
 [[nodiscard]] absl::Status ResolveRank(int* rank, int* world_size,
                                        int* local_rank);
 
+// In-process restart under ckptrun (doc/operations.md, "In-process
+// restart"): the launcher keeps a trainer that said it can restart in its
+// process, and hands it each new generation's assignment instead of
+// stopping it. Every call works on $CKPT_RESTART_DIR, the directory ckptrun
+// gives each trainer process.
+struct RestartPlan {
+  uint64_t generation = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint32_t local_rank = 0;
+  uint32_t local_world_size = 0;
+  std::string master_addr;  // the rendezvous of this generation
+  uint32_t master_port = 0;
+  std::optional<int64_t> restore_step;  // unset: a fresh start
+};
+
+// Tells ckptrun this process restarts in place (it writes `capable`).
+// FailedPrecondition when $CKPT_RESTART_DIR is unset (not under ckptrun).
+[[nodiscard]] absl::Status EnableRestart();
+// The newest plan, when its generation is greater than `after`; nullopt
+// when it is not (or no plan was written yet). Never blocks: one small
+// file read, cheap enough to poll every few milliseconds. A malformed plan
+// is InvalidArgument naming the key.
+[[nodiscard]] absl::StatusOr<std::optional<RestartPlan>> PollRestart(
+    uint64_t after);
+// Tells ckptrun this process left its old generation and takes plan
+// `generation` (it writes `joined`).
+[[nodiscard]] absl::Status JoinedRestart(uint64_t generation);
+
 class Client;
 
 // The progress of one SaveAsync. Copied: the caller may modify (or free)

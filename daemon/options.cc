@@ -170,6 +170,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                  "free MiB the shm check wants in /dev/shm per rank of "
                  "--capacity (default 0: only a probe)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  uint32_t health_memcpy_mib = 64;
+  app.add_option("--health-memcpy-mib", health_memcpy_mib,
+                 "MiB the memcpy check copies per round (its figure is the "
+                 "best of at least 8 rounds and 0.2 s)")
+      ->check(CLI::Range(1, 4096));
   bool print_keys = false;
   app.add_flag("--print-config-keys", print_keys,
                "print the config file's keys, one \"key --flag\" a line, "
@@ -334,6 +339,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
   o.health.object_config = o.object_config;
   o.health.shm_need_bytes = shm_mib_per_rank * o.agent.capacity << 20;
   o.health.timeout = std::chrono::seconds(health_timeout_s);
+  o.health.memcpy_bytes = uint64_t{health_memcpy_mib} << 20;
   o.health.shm_prefix = o.engine.shm_prefix;
   o.agent.health_recheck = std::chrono::seconds(health_recheck_s);
   return o;

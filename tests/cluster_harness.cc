@@ -210,7 +210,9 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                                    "--capacity",
                                    std::to_string(options_.nproc_per_node),
                                    "--shm-prefix",
-                                   n.shm_prefix};
+                                   n.shm_prefix,
+                                   "--health-memcpy-mib",
+                                   "4"};
   if (spare) argv.push_back("--spare");
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
   if (auto it = options_.node_ckptd_args.find(id);

@@ -32,7 +32,7 @@ class CkptdProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [self.binary, "--socket", self.socket, "--root", self.root,
-                 "--shm-prefix", self.shm_prefix] + self.extra_args,
+                 "--shm-prefix", self.shm_prefix, "--health-memcpy-mib", "4"] + self.extra_args,
                 stdout=log, stderr=subprocess.STDOUT, close_fds=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -111,7 +111,8 @@ class Cluster:
         argv = [_binary("CKPTD_BINARY", "ckptd"), "--socket", self.socket(node_id),
                 "--root", os.path.join(d, "root"), "--shared-root", self.shared,
                 "--coordinator", self.address, "--node-id", node_id, "--advertise-addr", "127.0.0.1",
-                "--capacity", str(self.nproc_per_node), "--shm-prefix", "%s-%s" % (self.shm_tag, node_id)]
+                "--capacity", str(self.nproc_per_node), "--shm-prefix", "%s-%s" % (self.shm_tag, node_id),
+                "--health-memcpy-mib", "4"]
         if spare:
             argv.append("--spare")
         self.daemons[node_id] = self._spawn(argv, os.path.join(d, "ckptd.log"))

@@ -32,6 +32,20 @@ scripts/build.sh -DCKPT_WERROR=ON -DCKPT_SYSTEM_TESTS=ON -DCKPT_SLOW_TESTS=ON \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   -DCKPT_UNIT_TESTS=$([[ $sanitizers == 1 ]] && echo OFF || echo ON)
 scripts/install-python.sh
+# The lock contracts (ABSL_GUARDED_BY, ...) of the daemon and coordinator:
+# clang's pass (~1 CPU minute) at the lowest priority from here on, so it
+# takes only what the normal suite and the sanitizer build leave idle (their
+# waits on children and serial link steps) instead of adding a tail after
+# the sanitizer suite, where it used to run (41 s after it, in CI).
+nice -n 19 scripts/thread-safety.sh >build/thread-safety.log 2>&1 &
+tsa_pid=$!
+check_thread_safety() {
+  local rc=0
+  wait "$tsa_pid" || rc=$?
+  cat build/thread-safety.log
+  ((rc == 0)) || echo "test.sh: clang's thread-safety analysis failed (above)" >&2
+  return $rc
+}
 
 asan_pid=
 if [[ $sanitizers == 1 ]]; then
@@ -63,22 +77,14 @@ fi
 (cd build && ctest --output-on-failure -j2 --timeout 600)
 
 if [[ $sanitizers == 0 ]]; then
-  # The lock contracts (ABSL_GUARDED_BY, ...) of the daemon and coordinator.
-  scripts/thread-safety.sh
-  exit 0
+  check_thread_safety
+  exit
 fi
 if ! wait "$asan_pid"; then
   tail -n 80 build-asan/build.log
   echo "test.sh: the sanitizer build failed (build-asan/build.log)" >&2
   exit 1
 fi
-# The lock contracts (ABSL_GUARDED_BY, ...) of the daemon and coordinator,
-# beside the sanitizer suite at the lowest priority: clang's pass (~1 CPU
-# minute) then takes the CPU the suite's tests leave while they wait on
-# their daemons, where before the suite it took it from the sanitizer
-# build, the longest path of this script.
-nice -n 19 scripts/thread-safety.sh >build/thread-safety.log 2>&1 &
-tsa_pid=$!
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 # Three at a time on two cores: a sanitizer test keeps its core busy ~70%
 # of its time (user+sys against the CI run's wall time, for the tests of
@@ -88,8 +94,6 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 asan_rc=0
 (cd build-asan && ctest --output-on-failure -j3 --timeout 900 -LE 'slow|system') || asan_rc=$?
 tsa_rc=0
-wait "$tsa_pid" || tsa_rc=$?
-cat build/thread-safety.log
-((tsa_rc == 0)) || echo "test.sh: clang's thread-safety analysis failed (above)" >&2
+check_thread_safety || tsa_rc=$?
 ((asan_rc == 0)) || echo "test.sh: the sanitizer suite failed" >&2
 ((asan_rc == 0 && tsa_rc == 0))

@@ -38,7 +38,8 @@ using std::chrono::milliseconds;
 // contract (doc: restart_files.h): write `capable`, and on each newer
 // `plan` write its lines (with PID= and KEPT=1) to DIR/env-<G>-<rank>,
 // then `joined`. Rank 1 of generation 0 exits 3 once DIR/fail exists.
-// keep-nojoin: rank 0 never joins; keep-badpid: rank 0 names pid 1 in
+// keep-nojoin: rank 0 never joins; keep-exit: rank 0 exits 5 when it sees
+// a newer plan; keep-badpid: rank 0 names pid 1 in
 // `capable`; keep-peerlost: rank 0 of generation 0 notes peer rank 1 lost
 // once DIR/peerlost exists, and keeps running.
 constexpr char kTrainer[] = R"(
@@ -63,6 +64,7 @@ case "$2" in
            done 2>/dev/null < "$r/plan"
            if [ -n "$p" ] && [ "$p" -gt "$g" ] &&
               ! { [ "$2" = keep-nojoin ] && [ "$RANK" = 0 ]; }; then
+             [ "$2" = keep-exit ] && [ "$RANK" = 0 ] && exit 5
              g=$p; f="$d/env-$g-$RANK"
              printf '%sPID=%s\nKEPT=1\n' "$plan" "$$" > "$f.tmp" && mv "$f.tmp" "$f"
              echo "generation=$g" > "$r/joined.tmp" && mv "$r/joined.tmp" "$r/joined"

@@ -149,6 +149,33 @@ TEST_F(CkptrunRestartTest, KeptTrainerThatNeverJoinsIsStartedAnewAfterTimeout) {
   EXPECT_LT(kept, late) << text;
 }
 
+// A kept trainer that exits instead of joining is of the replaced
+// generation: its exit is not reported (no second plan) and its rank is
+// started anew in the new one.
+TEST_F(CkptrunRestartTest, KeptTrainerThatExitsBeforeJoiningIsStartedAnew) {
+  testing::FakeNode node(coord_->address(), "n1", "", 2);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("keep-exit", 2);
+  ASSERT_TRUE(WaitForEnv(0, {0, 1}));
+  ASSERT_TRUE(WaitForCapable(0, 0)) << ReadFile(log());
+  Touch("fail");
+
+  ASSERT_TRUE(WaitForEnv(1, {0, 1})) << ReadFile(log());
+  EXPECT_NE(Env(1, 0)["PID"], Env(0, 0)["PID"]);
+  EXPECT_EQ(Env(1, 0)["CKPT_GENERATION"], "1");
+  const std::string text = ReadFile(log());
+  EXPECT_NE(text.find("generation 1: rank 0 keeps its process"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("generation 0: rank 0 exited with code 5; not reported "
+                      "(generation 1 is current)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("generation 1: start ranks 0 (fresh)"), std::string::npos)
+      << text;
+  EXPECT_EQ(Count(cv1::PLAN_MADE), 1u);
+}
+
 TEST_F(CkptrunRestartTest, CapableNamingAnotherPidIsNotKept) {
   testing::FakeNode node(coord_->address(), "n1", "", 2);
   ASSERT_TRUE(node.status().ok());

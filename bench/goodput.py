@@ -38,6 +38,10 @@ The model (doc/goodput.md has it with the inputs and results):
   (b) ckptd without replicas. Trainer crash as (a). Node loss: lost =
       max(tau, dur)/2 + dur; recovery = heartbeat timeout + plan ack +
       restart + n / storage share x measured storage restore ratio.
+  (a') (a) with in-process restart: the restart term becomes
+      max(survivor's in-process restart, a replaced rank's process start)
+      + collective re-initialisation at scale, and a node loss is found by
+      its peers (peer_detect_s) instead of the heartbeat timeout.
   (c) storage-only synchronous checkpoint of the same state: stall d = S /
       (nodes x storage share) (every node writes its n at once); any
       failure: lost = tau/2, recovery = detection + plan ack + restart +
@@ -69,8 +73,10 @@ DEFAULT_INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               "goodput_inputs.json")
 DEFAULT_SCALES = (1024, 4096, 16384, 100000)
 GOAL = 0.99
-SYSTEMS = ("ckptd_replicas", "ckptd_no_replicas", "storage_only")
+SYSTEMS = ("ckptd_inprocess", "ckptd_replicas", "ckptd_no_replicas",
+           "storage_only")
 SYSTEM_NAMES = {
+    "ckptd_inprocess": "ckptd, replicas, in-process",
     "ckptd_replicas": "ckptd with replicas",
     "ckptd_no_replicas": "ckptd without replicas",
     "storage_only": "storage-only sync checkpoint",
@@ -187,7 +193,29 @@ def model(p, gpus):
     best = (peer_path if peer_rec + peer_lost <= st_rec + st_lost
             else storage_path)
 
+    # In-process restart: survivors keep their processes and the lost ranks
+    # start anew beside them, so the job restart shrinks to the slower of
+    # the two plus re-forming the collectives at scale; a node loss is
+    # detected by its peers' broken links instead of the heartbeat timeout.
+    ip_restart = (max(p["inprocess_restart_s"], p["replacement_start_s"]) +
+                  p["collective_init_s"])
+    ip_crash_rec = crash_rec - restart + ip_restart
+    ip_detect = p["peer_detect_s"] + p["plan_ack_node_loss_s"]
+    ip_peer_rec = peer_rec - restart - node_detect + ip_detect + ip_restart
+    ip_st_rec = st_rec - restart - node_detect + ip_detect + ip_restart
+    ip_best = ({"from": "peer memory", "recovery_s": ip_peer_rec,
+                "lost_s": peer_lost, "replication_lag_s": rep}
+               if ip_peer_rec + peer_lost <= ip_st_rec + st_lost else
+               {"from": "storage", "recovery_s": ip_st_rec, "lost_s": st_lost,
+                "durable_lag_s": dur, "durable_bound": dur_bound})
+
     out = {}
+    out["ckptd_inprocess"] = _result(
+        tau, bound, stall, m,
+        [(p_crash, ip_crash_rec, crash_lost,
+          {"from": "local shared memory", "recovery_s": ip_crash_rec,
+           "lost_s": crash_lost}),
+         (p_node, ip_best["recovery_s"], ip_best["lost_s"], ip_best)])
     out["ckptd_replicas"] = _result(
         tau, bound, stall, m,
         [crash, (p_node, best["recovery_s"], best["lost_s"], best)])

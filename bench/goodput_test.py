@@ -128,6 +128,32 @@ class ModelTest(unittest.TestCase):
         self.assertAlmostEqual(node["recovery_s"],
                                3.0 + 1.434 + 60.0 + per_node / 25e9 * 1.01)
 
+    def test_inprocess_node_loss_by_hand_at_16k(self):
+        # The relaunch's restart_s and heartbeat timeout give way to the
+        # slower of a survivor's in-process restart and a replaced rank's
+        # start, collective re-initialisation, and detection from peers.
+        p = inputs()
+        node = goodput.model(p, 16384)["ckptd_inprocess"]["node_loss"]
+        per_node = 8 * 405e9 * 16 / 16384
+        restart = (max(p["inprocess_restart_s"], p["replacement_start_s"]) +
+                   p["collective_init_s"])
+        self.assertEqual(node["from"], "peer memory")
+        self.assertAlmostEqual(
+            node["recovery_s"], p["peer_detect_s"] + p["plan_ack_node_loss_s"] +
+            restart + per_node / p["nic_node_bytes_per_s"] * p["peer_get_vs_tcp"])
+
+    def test_inprocess_equals_relaunch_when_its_restart_costs_the_same(self):
+        # With a restart and a detection as long as the relaunch's, the
+        # in-process system is the replicas system, figure for figure.
+        p = inputs()
+        p["inprocess_restart_s"] = p["replacement_start_s"] = p["restart_s"]
+        p["collective_init_s"] = 0.0
+        p["peer_detect_s"] = p["heartbeat_timeout_s"]
+        for n in goodput.DEFAULT_SCALES:
+            r = goodput.model(p, n)
+            self.assertAlmostEqual(r["ckptd_inprocess"]["effective"],
+                                   r["ckptd_replicas"]["effective"])
+
 
 class CliTest(unittest.TestCase):
     def test_json_has_every_scale_and_system(self):

@@ -44,10 +44,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/restart_plan.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun_trainers.h"
-#include "tools/restart_files.h"
 
 namespace ckpt::tools {
 
@@ -168,7 +168,7 @@ class Launcher {
   bool Capable(uint32_t rank, Proc& proc);
   // The generation rank's kept trainer says it joined, if it did.
   std::optional<uint64_t> Joined(uint32_t rank, Proc& proc);
-  TrainerPlan PlanFor(const coord::v1::JobView& view, uint32_t rank) const;
+  RestartPlan PlanFor(const coord::v1::JobView& view, uint32_t rank) const;
   // A new $CKPT_RESTART_DIR (0700), "" if it could not be made.
   std::string NewRestartDir();
   // Removes rank's Proc and its directory: its process is gone.

@@ -35,7 +35,7 @@ using std::chrono::milliseconds;
 
 // Writes its environment (and pid) to DIR/env-<generation>-<rank>, then
 // behaves as MODE says. The keep* modes follow the in-process restart
-// contract (doc: restart_files.h): write `capable`, and on each newer
+// contract (client/restart_plan.h): write `capable`, and on each newer
 // `plan` write its lines (with PID= and KEPT=1) to DIR/env-<G>-<rank>,
 // then `joined`. Rank 1 of generation 0 exits 3 once DIR/fail exists.
 // keep-nojoin: rank 0 never joins; keep-exit: rank 0 exits 5 when it sees

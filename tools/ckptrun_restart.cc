@@ -1,4 +1,4 @@
-// Launcher: in-process restart (see ckptrun.h and restart_files.h). A
+// Launcher: in-process restart (see ckptrun.h and client/restart_plan.h). A
 // trainer that can restart in its own process keeps its imports, device
 // context and process group's sockets across a generation change: only
 // the processes that died, or whose rank moved, are started anew. The
@@ -20,9 +20,6 @@ namespace ckpt::tools {
 namespace {
 
 namespace cv1 = ::ckpt::coord::v1;
-
-// What is read of `capable` and `joined`: a line or two.
-constexpr size_t kMaxTrainerFileBytes = 256;
 
 std::string Seconds(std::chrono::milliseconds d) {
   return absl::StrCat(static_cast<double>(d.count()) / 1000.0, " s");
@@ -56,11 +53,13 @@ bool Launcher::Capable(uint32_t rank, Proc& proc) {
   if (proc.capable) return *proc.capable;
   if (proc.dir.empty()) return false;
   const std::string path = proc.dir + "/capable";
-  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxTrainerFileBytes);
+  absl::StatusOr<std::string> text =
+      restart::ReadFile(proc.dir, restart::kCapableFile);
   if (!text.ok() && absl::IsNotFound(text.status()))
     return false;  // not (yet) said
-  absl::StatusOr<pid_t> pid =
-      text.ok() ? ParseCapable(*text) : absl::StatusOr<pid_t>(text.status());
+  absl::StatusOr<int64_t> pid = text.ok()
+                                    ? restart::ParseCapable(*text)
+                                    : absl::StatusOr<int64_t>(text.status());
   if (pid.ok() && *pid != proc.pid)
     pid = absl::InvalidArgumentError(
         absl::StrCat("pid: ", *pid, " is not the trainer's (ckptrun started ",
@@ -74,10 +73,12 @@ bool Launcher::Capable(uint32_t rank, Proc& proc) {
 
 std::optional<uint64_t> Launcher::Joined(uint32_t rank, Proc& proc) {
   const std::string path = proc.dir + "/joined";
-  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxTrainerFileBytes);
+  absl::StatusOr<std::string> text =
+      restart::ReadFile(proc.dir, restart::kJoinedFile);
   if (!text.ok() && absl::IsNotFound(text.status())) return std::nullopt;
-  absl::StatusOr<uint64_t> g =
-      text.ok() ? ParseJoined(*text) : absl::StatusOr<uint64_t>(text.status());
+  absl::StatusOr<uint64_t> g = text.ok()
+                                   ? restart::ParseJoined(*text)
+                                   : absl::StatusOr<uint64_t>(text.status());
   if (g.ok()) return *g;
   const std::string why(g.status().message());
   if (why != proc.bad_joined)  // once per content, not once per poll
@@ -134,8 +135,9 @@ void Launcher::StartTrainers(const cv1::JobView& job,
       fresh.push_back(rank);
       continue;
     }
-    absl::Status s = WriteFileAtomically(p->second.dir, "plan",
-                                         FormatPlan(PlanFor(job, rank)));
+    absl::Status s =
+        restart::WriteFile(p->second.dir, restart::kPlanFile,
+                           restart::FormatPlan(PlanFor(job, rank)));
     if (!s.ok()) {
       Log(absl::StrCat(GenerationPrefix(), "rank ", rank, ": ", s.message()));
       StopRanks({rank}, "its plan could not be written");

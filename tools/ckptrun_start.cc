@@ -57,8 +57,8 @@ std::vector<std::string> InheritedEnv() {
 
 }  // namespace
 
-TrainerPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
-  TrainerPlan plan;
+RestartPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
+  RestartPlan plan;
   plan.generation = job.generation();
   plan.rank = rank;
   plan.world_size = job.world_size();
@@ -82,7 +82,7 @@ TrainerPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
 void Launcher::StartRanks(const cv1::JobView& job,
                           const std::vector<uint32_t>& ranks) {
   if (ranks.empty()) return;
-  const TrainerPlan any = PlanFor(job, ranks.front());
+  const RestartPlan any = PlanFor(job, ranks.front());
   Log(absl::StrCat(
       GenerationPrefix(), "start ranks ", absl::StrJoin(ranks, ","),
       any.restore_step
@@ -90,7 +90,7 @@ void Launcher::StartRanks(const cv1::JobView& job,
           : std::string(" (fresh)")));
   const std::vector<std::string> inherited = InheritedEnv();
   for (uint32_t rank : ranks) {
-    const TrainerPlan plan = PlanFor(job, rank);
+    const RestartPlan plan = PlanFor(job, rank);
     std::vector<std::string> env = inherited;
     env.push_back(absl::StrCat("RANK=", rank));
     env.push_back(absl::StrCat("WORLD_SIZE=", plan.world_size));
@@ -112,7 +112,8 @@ void Launcher::StartRanks(const cv1::JobView& job,
     std::string dir;
     if (opts_.restart_timeout.count() > 0) dir = NewRestartDir();
     if (!dir.empty()) {
-      if (absl::Status s = WriteFileAtomically(dir, "plan", FormatPlan(plan));
+      if (absl::Status s = restart::WriteFile(dir, restart::kPlanFile,
+                                              restart::FormatPlan(plan));
           s.ok()) {
         env.push_back(absl::StrCat("CKPT_RESTART_DIR=", dir));
       } else {

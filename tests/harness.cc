@@ -35,17 +35,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   // the daemon it was carried with.
   const char* binary = std::getenv("CKPTD_BINARY");
   std::vector<std::string> args = {
-      binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY,
-      "--socket",
-      d->socket_,
-      "--root",
-      root,
-      "--shm-prefix",
-      shm_prefix,
+      binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY, "--socket",
+      d->socket_, "--root", root, "--shm-prefix", shm_prefix,
       // The start-up memcpy check at a test's size: its 64 MiB rounds
       // cost ~1.4 CPU-s per start in the sanitizer build.
-      "--health-memcpy-mib",
-      "4"};
+      "--health-memcpy-mib", "4"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");

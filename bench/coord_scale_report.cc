@@ -30,7 +30,9 @@ std::string ToJson(const Result& r) {
       "\"refused_report\": %llu, \"refused_register_job\": %llu, "
       "\"reregistrations\": %d, \"coordinator_cpu_total_s\": %.1f, "
       "\"wall_total_s\": %.1f, \"heartbeat_timed_out\": %llu, "
-      "\"sim_late_sends\": %llu, \"sim_late_max_s\": %.2f}",
+      "\"sim_late_sends\": %llu, \"sim_late_max_s\": %.2f, "
+      "\"heartbeats_per_s\": %.1f, \"told_heartbeat_ms\": %d, "
+      "\"coordinator_cpu_us_per_rpc\": %.1f}",
       r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
       r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
       r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
@@ -46,7 +48,9 @@ std::string ToJson(const Result& r) {
       static_cast<unsigned long long>(r.refused_job), r.reregistrations,
       r.cpu_total_s, r.wall_total_s,
       static_cast<unsigned long long>(r.hb_timed_out),
-      static_cast<unsigned long long>(r.sim_late_sends), r.sim_late_max_s);
+      static_cast<unsigned long long>(r.sim_late_sends), r.sim_late_max_s,
+      r.heartbeats_per_s, r.told_heartbeat_ms,
+      r.rpcs_per_s > 0 ? r.cpu_cores * 1e6 / r.rpcs_per_s : -1.0);
   return buf;
 }
 
@@ -77,6 +81,11 @@ void PrintText(const Result& r) {
       static_cast<unsigned long long>(r.refused_job), r.reregistrations);
   std::printf("  coordinator CPU %.1f s over the whole run (%.1f s)\n",
               r.cpu_total_s, r.wall_total_s);
+  std::printf(
+      "  %.0f heartbeats/s (interval told: %d ms); coordinator %.1f us of "
+      "CPU per RPC\n",
+      r.heartbeats_per_s, r.told_heartbeat_ms,
+      r.rpcs_per_s > 0 ? r.cpu_cores * 1e6 / r.rpcs_per_s : -1.0);
   std::printf(
       "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
       "cores; load %.2f -> %.2f on %d CPUs\n",

@@ -187,6 +187,8 @@ class Sim {
         std::chrono::milliseconds(a_.heartbeat_ms * 2));  // assignments known
     const double t0 = Now();
     const double cpu0 = ProcCpuSeconds(coord);
+    const uint64_t hb0 = hb_ok_;
+    const uint64_t rpcs0 = rpcs_;
     struct rusage ru0;
     getrusage(RUSAGE_SELF, &ru0);
     r->load_before = LoadAvg();
@@ -232,7 +234,8 @@ class Sim {
     r->interval_s = a_.interval_s;
     r->duration_s = a_.duration_s;
     r->reports_per_s = reports_ok_ / (t1 - t0);
-    r->rpcs_per_s = rpcs_ / (t1 - t0);
+    r->rpcs_per_s = static_cast<double>(rpcs_ - rpcs0) / (t1 - t0);
+    r->heartbeats_per_s = static_cast<double>(hb_ok_ - hb0) / (t1 - t0);
     r->refused = refused_;
     r->report_errors = report_errors_;
     r->false_deaths = false_deaths_;
@@ -242,6 +245,7 @@ class Sim {
     r->sim_late_max_s = sim_late_max_;
     r->sim_late_sends = sim_late_sends_;
     r->refused_job = refused_job_;
+    r->told_heartbeat_ms = told_hb_ms_;
     r->reregistrations = reregistered_calls_;
     r->registration_s = registration_s_;
     r->cpu_total_s = cpu1 - cpu_start_;
@@ -283,7 +287,14 @@ class Sim {
     std::set<uint64_t> seen;
     double last_hb_ok_sent = 0;
     uint64_t fenced_epoch = 0;  // the last epoch the coordinator fenced
+    // The interval the coordinator told (0: none yet, --heartbeat-ms).
+    int hb_ms = 0;
   };
+  // As the node agent: the coordinator's interval once told, else ours.
+  double HeartbeatS(int i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return (nodes_[i].hb_ms > 0 ? nodes_[i].hb_ms : a_.heartbeat_ms) / 1000.0;
+  }
   struct StepStat {
     double last_durable_send = 0;
     double committed = -1;
@@ -312,6 +323,7 @@ class Sim {
           if (s.ok()) {
             std::lock_guard<std::mutex> lock(mu_);
             nodes_[i].epoch = c->resp.epoch();
+            nodes_[i].hb_ms = static_cast<int>(c->resp.heartbeat_interval_ms());
             --*left;
           } else {
             // As the node agent does: the coordinator's retry-after, else
@@ -345,7 +357,9 @@ class Sim {
       }
       if (nodes_[i].epoch == 0) {  // not registered yet
         delete c;
-        const double due = Now() + a_.heartbeat_ms / 1000.0;
+        const double due =
+            Now() +
+            (nodes_[i].hb_ms > 0 ? nodes_[i].hb_ms : a_.heartbeat_ms) / 1000.0;
         timers_.At(due, [this, i, due] { Heartbeat(i, due); });
         return;
       }
@@ -353,6 +367,19 @@ class Sim {
       c->req.set_epoch(nodes_[i].epoch);
       *c->req.mutable_acked_order_ids() = {nodes_[i].acks.begin(),
                                            nodes_[i].acks.end()};
+      // As the agent: every hosted rank's progress (its beacon), so each
+      // heartbeat carries the per-rank items a real one does.
+      for (uint32_t r : nodes_[i].ranks) {
+        v1::RankProgress* p = c->req.add_progress();
+        p->set_job(kJob);
+        p->set_rank(r);
+        p->set_has_step(true);
+        p->set_step(1);
+        p->set_ms_since_advance(100);
+        p->set_step_ms_p50(1000);
+        p->set_step_ms_p99(1100);
+        p->set_step_samples(8);
+      }
     }
     const double sent = Now();
     c->ctx.set_deadline(std::chrono::system_clock::now() +
@@ -374,6 +401,10 @@ class Sim {
               ++hb_timed_out_;
             if (s.ok()) {
               n.last_hb_ok_sent = sent;
+              ++hb_ok_;
+              if (c->resp.heartbeat_interval_ms() > 0)
+                n.hb_ms = static_cast<int>(c->resp.heartbeat_interval_ms());
+              told_hb_ms_ = std::max(told_hb_ms_, n.hb_ms);
               for (uint64_t id : c->req.acked_order_ids())
                 std::erase(n.acks, id);
               n.ranks.clear();
@@ -397,11 +428,11 @@ class Sim {
             // epoch.
             ++reregistered_calls_;
             Register(i, &reregistered_);
-            const double due = Now() + a_.heartbeat_ms / 1000.0;
+            const double due = Now() + HeartbeatS(i);
             timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           } else if (s.ok() || Retryable(s) ||
                      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-            const double due = sent + a_.heartbeat_ms / 1000.0;
+            const double due = sent + HeartbeatS(i);
             timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           }
           delete c;
@@ -544,6 +575,8 @@ class Sim {
   uint64_t event_seq_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int> inflight_{0};
+  std::atomic<uint64_t> hb_ok_{0};
+  int told_hb_ms_ = 0;  // under mu_: the largest interval told
   std::atomic<uint64_t> reports_ok_{0}, rpcs_{0}, refused_{0},
       report_errors_{0};
   std::atomic<int> false_deaths_{0};

@@ -37,6 +37,10 @@ struct Result {
   double hb_p99 = -1, hb_max = -1;  // heartbeat round trip
   uint64_t hb_errors = 0;
   double reports_per_s = 0, rpcs_per_s = 0;
+  // Heartbeats answered OK per second over the measured window, and the
+  // largest interval the coordinator told a node (0: none told).
+  double heartbeats_per_s = 0;
+  int told_heartbeat_ms = 0;
   uint64_t refused = 0;  // RESOURCE_EXHAUSTED/UNAVAILABLE answers, retried
   // Refused (RESOURCE_EXHAUSTED/UNAVAILABLE), by kind, over the whole run
   // (registration included); reports: `refused` above is the same count.

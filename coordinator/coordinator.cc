@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/assignments.h"
 #include "coordinator/health_state.h"
+#include "coordinator/heartbeat_interval.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
@@ -81,6 +82,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   // A new check: judged afresh (a failure logs HEALTH_FAILED again).
   *node.rec.mutable_health_report() = req.health_report();
   node.rec.set_net_probe_port(req.net_probe_port());
+  ++net_nodes_version_;  // the network check's node set may have changed
   node.rec.set_domain(req.domain());
   node.rec.set_replica_port(req.replica_port());
   node.rec.clear_unhealthy();
@@ -115,6 +117,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   resp.set_epoch(node.rec.epoch());
   resp.set_heartbeat_timeout_ms(
       static_cast<uint32_t>(options_.heartbeat_timeout.count()));
+  resp.set_heartbeat_interval_ms(HeartbeatIntervalLocked());
   resp.set_incarnation(incarnation_.load());
   // The window starts when the node has its epoch, not before: a storm's
   // group commits may take longer than the timeout.
@@ -155,6 +158,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   DetectHangsLocked(&batch, options_.now_ms());
   v1::HeartbeatResponse resp;
   resp.set_incarnation(incarnation_.load());
+  resp.set_heartbeat_interval_ms(HeartbeatIntervalLocked());
   NetCheckLocked(&batch, req, &resp);
   HealthRecheckLocked(&batch, req, &resp);
   DeliverOrdersLocked(&batch, req.node_id(), &resp);
@@ -162,6 +166,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   ReplicaTargetForLocked(&batch, req, &resp);
   txn.Enqueue();
   return resp;
+}
+
+uint32_t Coordinator::HeartbeatIntervalLocked() const {
+  // Every registered node, dead ones too: an upper bound kept in O(1).
+  return static_cast<uint32_t>(
+      HeartbeatIntervalMs(options_.heartbeat_timeout.count(), nodes_.size(),
+                          options_.heartbeat_interval_nodes));
 }
 
 void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {

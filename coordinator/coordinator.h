@@ -386,6 +386,8 @@ class Coordinator {
 
   // coordinator.cc: the parts of a heartbeat, in the order Heartbeat runs
   // them (between them: progress and hangs, the net check, health).
+  // The heartbeat interval every reply tells (heartbeat_interval.h).
+  uint32_t HeartbeatIntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acknowledged orders (checked by OrderBook::CheckAcks before any is
   // applied) are dropped and their plans move on.
   void ApplyAcksLocked(Batch* batch, const v1::HeartbeatRequest& req)
@@ -669,6 +671,11 @@ class Coordinator {
   uint64_t next_event_seq_ ABSL_GUARDED_BY(mu_) = 1;
   ProgressWatch progress_ ABSL_GUARDED_BY(mu_);
   NetCheckPlanner net_check_ ABSL_GUARDED_BY(mu_);
+  // Bumped whenever the network check's node set may change (a node
+  // registers or dies, a reload, a restarted check); NetCheckLocked
+  // gathers the set only when it differs from the version it last saw.
+  uint64_t net_nodes_version_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t net_nodes_seen_ ABSL_GUARDED_BY(mu_) = 0;
   ReplicaTargets replica_targets_ ABSL_GUARDED_BY(mu_);
 
   std::shared_mutex live_mu_;

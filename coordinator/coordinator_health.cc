@@ -212,7 +212,10 @@ absl::StatusOr<v1::CheckHealthResponse> Coordinator::CheckHealth(
     n->health_requested = resp.request_id();
     resp.add_node_ids(n->rec.node_id());
   }
-  if (req.network()) net_check_.Restart();
+  if (req.network()) {
+    net_check_.Restart();
+    ++net_nodes_version_;  // the next heartbeat gives it the nodes again
+  }
   return txn.Commit(resp);
 }
 

@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
 absl::Status Coordinator::ReloadLocked() {
   CKPT_ASSIGN_OR_RETURN(CoordStore::Snapshot snap, store_->Load());
   nodes_.clear();
+  ++net_nodes_version_;
   jobs_.clear();
   events_.clear();
   const int64_t now = options_.now_ms();

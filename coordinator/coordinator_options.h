@@ -26,6 +26,10 @@ struct CoordinatorOptions {
   storage::ObjectStoreConfig
       object_config;  // an s3:// shared root's object_* keys
   std::chrono::milliseconds heartbeat_timeout{3000};
+  // Registered nodes up to which each heartbeats every timeout / 5; past
+  // it the interval grows with the cluster, at most timeout / 3
+  // (heartbeat_interval.h). 0: always timeout / 5.
+  uint32_t heartbeat_interval_nodes = 2048;
   // How long Open waits for a shared root whose manifests it cannot read
   // (see Open); 0: it fails at once.
   std::chrono::milliseconds shared_root_wait{30000};

@@ -47,6 +47,7 @@ class CoordinatorTest : public ::testing::Test {
     o.state_dir = dir_.path() + "/state";
     o.shared_root = dir_.path() + "/shared";
     o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
+    o.heartbeat_interval_nodes = heartbeat_interval_nodes_;
     o.peer_probe_timeout = std::chrono::milliseconds(peer_probe_timeout_ms_);
     o.hang = hang_;
     o.cordon = cordon_;
@@ -139,6 +140,7 @@ class CoordinatorTest : public ::testing::Test {
   ckpt::testing::TempDir dir_;
   int64_t now_ms_ = 1'000'000;
   int64_t heartbeat_timeout_ms_ = 3000;
+  uint32_t heartbeat_interval_nodes_ = 2048;
   int64_t peer_probe_timeout_ms_ = 300;
   HangPolicy hang_;
   CordonPolicy cordon_;

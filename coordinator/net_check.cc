@@ -73,6 +73,11 @@ bool NetCheckPlanner::Heartbeat(const std::map<std::string, NetEndpoint>& nodes,
                                 const v1::HeartbeatRequest& req, int64_t now_ms,
                                 v1::HeartbeatResponse* resp) {
   SetNodes(nodes, now_ms);
+  return Heartbeat(req, now_ms, resp);
+}
+
+bool NetCheckPlanner::Heartbeat(const v1::HeartbeatRequest& req, int64_t now_ms,
+                                v1::HeartbeatResponse* resp) {
   bool finished = false;
   for (const v1::NetProbeResult& r : req.net_results())
     finished |= Record(req.node_id(), r, now_ms);
@@ -177,6 +182,7 @@ std::vector<v1::NetProbeOrder> NetCheckPlanner::OrdersFor(
     const std::string& node, int64_t now_ms) {
   (void)now_ms;
   std::vector<v1::NetProbeOrder> out;
+  if (finished_) return out;  // every probe is done: nothing to order
   for (Probe& p : probes_) {
     if (p.done) continue;
     v1::NetProbeOrder o;

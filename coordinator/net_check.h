@@ -91,6 +91,10 @@ class NetCheckPlanner {
   bool Heartbeat(const std::map<std::string, NetEndpoint>& nodes,
                  const v1::HeartbeatRequest& req, int64_t now_ms,
                  v1::HeartbeatResponse* resp);
+  // The same with the node set given by the last SetNodes: costs a
+  // heartbeat nothing proportional to the cluster once a round finished.
+  bool Heartbeat(const v1::HeartbeatRequest& req, int64_t now_ms,
+                 v1::HeartbeatResponse* resp);
   // Every node's figure of the last finished round; empty before one.
   const std::map<std::string, NetFigure>& figures() const { return figures_; }
   uint64_t round() const { return round_; }

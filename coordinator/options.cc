@@ -78,6 +78,12 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option("--heartbeat-timeout-ms", timeout_ms,
                  "declare a node dead after this long without a heartbeat")
       ->check(CLI::Range(10u, 3600000u));
+  app.add_option("--heartbeat-interval-nodes",
+                 o.coordinator.heartbeat_interval_nodes,
+                 "nodes up to which each heartbeats every timeout/5; a "
+                 "larger cluster heartbeats less often, in proportion, at "
+                 "most every timeout/3 (default 2048; 0: always timeout/5)")
+      ->check(CLI::Range(0u, 1u << 24));
   app.add_option("--peer-probe-timeout-ms", peer_probe_timeout_ms,
                  "a node that a trainer's exit suspects (its peers there "
                  "were lost) is probed; no heartbeat within this long: it "

@@ -101,6 +101,7 @@ class ServerTest : public ::testing::Test {
     o.state_dir = dir_.path() + "/state";
     o.shared_root = dir_.path() + "/shared";
     o.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms_);
+    o.heartbeat_interval_nodes = heartbeat_interval_nodes_;
     o.now_ms = [this] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(
                  std::chrono::steady_clock::now().time_since_epoch())
@@ -210,6 +211,7 @@ class ServerTest : public ::testing::Test {
 
   ckpt::testing::TempDir dir_;
   int heartbeat_timeout_ms_ = 1000;
+  uint32_t heartbeat_interval_nodes_ = 2048;
   int max_threads_ = 256;  // the synchronous server's thread pool
   std::atomic<int64_t> skew_ms_{0};
   FaultyKv* faulty_ = nullptr;  // owned by the coordinator

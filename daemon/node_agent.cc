@@ -151,10 +151,39 @@ void WriteEpochFile(const std::string& path, uint64_t epoch) {
 
 }  // namespace
 
+absl::StatusOr<std::chrono::milliseconds> TakeHeartbeatInterval(
+    uint32_t told_ms, uint32_t timeout_ms) {
+  const uint32_t lo = 20;
+  if (told_ms == 0)
+    return std::chrono::milliseconds(std::max(timeout_ms / 5, lo));
+  const uint32_t hi = std::max(timeout_ms / 3, lo);
+  if (told_ms < lo || told_ms > hi)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_interval_ms: ", told_ms, " ms not in [", lo, ", ", hi,
+        "] (heartbeat_timeout_ms ", timeout_ms, " / 3)"));
+  return std::chrono::milliseconds(told_ms);
+}
+
 void NodeAgent::HeartbeatLoop() {
   // This node's previous life's epoch: the first registration names it.
   uint64_t previous_epoch = ReadEpochFile(options_.epoch_file);
   std::chrono::milliseconds interval(250);
+  uint32_t timeout_ms = 0;       // the coordinator's, from registration
+  uint32_t refused_told_ms = 0;  // the last bad interval logged
+  // What the coordinator tells, when valid; a bad value is logged once.
+  auto take_interval = [&](uint32_t told_ms) {
+    absl::StatusOr<std::chrono::milliseconds> i =
+        TakeHeartbeatInterval(told_ms, timeout_ms);
+    if (i.ok()) {
+      interval = *i;
+    } else if (refused_told_ms != told_ms) {
+      refused_told_ms = told_ms;
+      LogWarning(absl::StrCat("coordinator ", options_.coordinator, ": ",
+                              i.status().message(), "; heartbeating every ",
+                              interval.count(), " ms"));
+    }
+    heartbeat_interval_ms_ = interval.count();
+  };
   // Until the next attempt: the interval, or what a refusal asked for.
   std::chrono::milliseconds wait = interval;
   std::chrono::milliseconds register_backoff(0);
@@ -204,8 +233,10 @@ void NodeAgent::HeartbeatLoop() {
                                   s.error_message()));
         continue;
       }
-      interval = std::chrono::milliseconds(
-          std::max<uint32_t>(resp.heartbeat_timeout_ms() / 5, 20));
+      timeout_ms = resp.heartbeat_timeout_ms();
+      interval =
+          std::chrono::milliseconds(std::max<uint32_t>(timeout_ms / 5, 20));
+      take_interval(resp.heartbeat_interval_ms());
       {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.clear();
@@ -279,6 +310,9 @@ void NodeAgent::HeartbeatLoop() {
         return false;
       });
     }
+    // The cluster grew or shrank: the coordinator's interval from now on.
+    take_interval(resp.heartbeat_interval_ms());
+    wait = interval;
     {
       std::lock_guard<std::mutex> lock(mu_);
       NoteIncarnationLocked(resp.incarnation());

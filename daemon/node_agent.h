@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
@@ -135,6 +136,15 @@ struct NodeAgentOptions {
   std::string epoch_file;
 };
 
+// The heartbeat interval a coordinator told (RegisterNodeResponse and
+// HeartbeatResponse.heartbeat_interval_ms), checked against its heartbeat
+// timeout: 0 (an older coordinator) means timeout / 5, as before; a value
+// outside [20 ms, max(timeout / 3, 20 ms)] would flood the coordinator or
+// let it declare this node dead between two heartbeats, and is
+// INVALID_ARGUMENT naming the field (the agent keeps its interval).
+absl::StatusOr<std::chrono::milliseconds> TakeHeartbeatInterval(
+    uint32_t told_ms, uint32_t timeout_ms);
+
 class NodeAgent {
  public:
   explicit NodeAgent(NodeAgentOptions options);
@@ -159,6 +169,10 @@ class NodeAgent {
   // control path).
   void Start(Engine* engine);
   uint64_t epoch() const { return epoch_.load(); }
+  // How often it heartbeats now (what the coordinator told, validated).
+  std::chrono::milliseconds heartbeat_interval() const {
+    return std::chrono::milliseconds(heartbeat_interval_ms_.load());
+  }
   // Report calls answered with a retryable code and sent again.
   uint64_t report_retries() const { return report_retries_.load(); }
   // Reports sent again to a restarted coordinator.
@@ -230,6 +244,7 @@ class NodeAgent {
                    std::vector<coord::v1::ShardSource> sources,
                    std::optional<uint32_t> owner_uid);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
+  std::atomic<int64_t> heartbeat_interval_ms_{0};
   // Joins the PREFETCH threads that are done, and forgets the oldest
   // carried-out orders beyond remembered_orders.
   void ReapOrders();

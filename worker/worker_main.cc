@@ -235,8 +235,8 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
     comm.reset();
     RestartPlan next = monitor->TakePlan();
     std::printf(
-        "generation %llu: left generation %llu at step %lld%s\n",
-        static_cast<unsigned long long>(next.generation),
+        "generation %llu: rank %d left generation %llu at step %lld%s\n",
+        static_cast<unsigned long long>(next.generation), options.rank,
         static_cast<unsigned long long>(a.generation),
         static_cast<long long>(at),
         in_flight.has_value()

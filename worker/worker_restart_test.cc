@@ -164,7 +164,8 @@ TEST_F(WorkerRestartTest, TwentyRestartsLeaveTheProcessFlatAndEndBitIdentical) {
     WritePlan(dir1, 1, g, next_port, from + 1);
     for (auto* r : {r0.get(), r1.get()}) {
       std::optional<std::string> left = r->WaitForLine(
-          absl::StrCat("generation ", g, ": left generation ", g - 1));
+          absl::StrCat("generation ", g, ": rank ", r == r1.get() ? 1 : 0,
+                       " left generation ", g - 1));
       ASSERT_TRUE(left.has_value()) << r->Output();
       // Every step saves: a save is always still pending when a step
       // boundary sees the plan.
@@ -184,6 +185,11 @@ TEST_F(WorkerRestartTest, TwentyRestartsLeaveTheProcessFlatAndEndBitIdentical) {
         "%ld / %ld threads\n",
         r, first.rss_kb, last.rss_kb, first.fds, last.fds, first.threads,
         last.threads);
+    std::string series;
+    for (const Footprint& f : seen[r])
+      absl::StrAppend(&series, " ", f.rss_kb, "/", f.fds, "/", f.threads);
+    std::printf("rank %d rss_kb/fds/threads per restart:%s\n", r,
+                series.c_str());
     for (size_t i = 1; i < seen[r].size(); ++i) {
       const Footprint& f = seen[r][i];
       EXPECT_LE(std::abs(f.rss_kb - first.rss_kb), first.rss_kb / 20)
@@ -219,7 +225,7 @@ TEST_F(WorkerRestartTest, PlanBreaksACollectiveBlockedOnAHungPeerAtOnce) {
   const int next_port = FreePort();
   WritePlan(dir0, 0, 1, next_port, 3);
   std::optional<std::string> left =
-      r0->WaitForLine("generation 1: left generation 0 at step 4");
+      r0->WaitForLine("generation 1: rank 0 left generation 0 at step 4");
   ASSERT_TRUE(left.has_value()) << r0->Output();
   // The hung rank is replaced by a new process (the launcher's part): the
   // old one is SIGKILLed.
@@ -271,7 +277,7 @@ TEST_F(WorkerRestartTest, RestartRequestedWhileRejoiningEndsBitIdentical) {
   WritePlan(dir1, 1, 1, port1, 3);
   // Generation 2 is planned as soon as rank 0 left generation 0: it lands
   // while generation 1 rendezvouses or restores.
-  ASSERT_TRUE(r0->WaitForLine("generation 1: left generation 0"))
+  ASSERT_TRUE(r0->WaitForLine("generation 1: rank 0 left generation 0"))
       << r0->Output();
   const int port2 = FreePort();
   WritePlan(dir0, 0, 2, port2, 3);

@@ -317,7 +317,9 @@ absl::Status Trainer::Evaluate(int64_t step, std::FILE* log) {
     CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
     sum += loss;
     ++batches;
-  } while (std::chrono::steady_clock::now() < until);
+    // A restart does not wait for the evaluation to run its course.
+  } while (std::chrono::steady_clock::now() < until &&
+           !(stop_ != nullptr && stop_->load()));
   if (log != nullptr) {
     std::fprintf(log, "eval step %lld loss %.4f batches %lld\n",
                  static_cast<long long>(step), sum / batches,

@@ -23,8 +23,8 @@
 //                          before)
 // Prints "step N loss X" lines and, last, "rank=R ... params_digest=<16 hex
 // digits>"; under in-process restart also "generation G: ..." lines (a
-// restart requested, the generation left, the step trained from with this
-// process's rss_kb, fds and threads).
+// restart requested, the generation left with this process's rss_kb, fds
+// and threads, the step trained from).
 #include <dirent.h>
 
 #include <CLI/CLI.hpp>
@@ -86,14 +86,18 @@ Assignment FromPlan(const RestartPlan& plan) {
   return Assignment{plan.generation, true, plan};
 }
 
-// "rss_kb=R fds=F threads=T" of this process, from /proc/self: what an
-// in-process restart must leave flat.
+// "rss_kb=R fds=F threads=T shmem_kb=S" of this process, from /proc/self:
+// what an in-process restart must leave flat. Taken once the old
+// generation is torn down and before the next one is joined, so it counts
+// what each restart leaves behind, not what a restore holds for a moment
+// (RssShmem: the part of RSS that is shared memory, ckptd's arenas).
 std::string Footprint() {
-  long rss_kb = -1, threads = -1;
+  long rss_kb = -1, shmem_kb = -1, threads = -1;
   if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
     char line[256];
     while (std::fgets(line, sizeof(line), f) != nullptr) {
       std::sscanf(line, "VmRSS: %ld", &rss_kb);
+      std::sscanf(line, "RssShmem: %ld", &shmem_kb);
       std::sscanf(line, "Threads: %ld", &threads);
     }
     std::fclose(f);
@@ -104,7 +108,8 @@ std::string Footprint() {
     closedir(d);
     fds -= 3;  // ".", "..", and the descriptor of this listing
   }
-  return absl::StrCat("rss_kb=", rss_kb, " fds=", fds, " threads=", threads);
+  return absl::StrCat("rss_kb=", rss_kb, " fds=", fds, " threads=", threads,
+                      " shmem_kb=", shmem_kb);
 }
 
 // Rendezvous, client, restore (in place when `trainer` exists), and the
@@ -142,9 +147,9 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
   if (start > 0)
     std::printf("restored step %lld\n", static_cast<long long>(start));
   if (stop != nullptr) {
-    std::printf("generation %llu: training from step %lld %s\n",
+    std::printf("generation %llu: training from step %lld\n",
                 static_cast<unsigned long long>(a.generation),
-                static_cast<long long>(start), Footprint().c_str());
+                static_cast<long long>(start));
   }
   std::fflush(stdout);
   return trainer->Run(stdout);
@@ -235,14 +240,15 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
     comm.reset();
     RestartPlan next = monitor->TakePlan();
     std::printf(
-        "generation %llu: rank %d left generation %llu at step %lld%s\n",
+        "generation %llu: rank %d left generation %llu at step %lld%s; %s\n",
         static_cast<unsigned long long>(next.generation), options.rank,
         static_cast<unsigned long long>(a.generation),
         static_cast<long long>(at),
         in_flight.has_value()
             ? absl::StrCat(" (a save of step ", *in_flight, " was in flight)")
                   .c_str()
-            : "");
+            : "",
+        Footprint().c_str());
     std::fflush(stdout);
     CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(next.generation));
     // Another rank or world size, or a fresh start: a new trainer.

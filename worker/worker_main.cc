@@ -204,6 +204,7 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
       std::printf("generation %llu: rank %u of %u, in-process restart on\n",
                   static_cast<unsigned long long>(a.generation), a.plan.rank,
                   a.plan.world_size);
+      std::fflush(stdout);  // a pipe: stamped by the launcher as it comes
     }
   }
   const std::atomic<bool>* stop =

@@ -9,7 +9,10 @@
 #      its ckptd and its /dev/shm arenas) and spare c takes ranks 2,3 from the
 #      shared root; the job runs to its last step;
 #   3. check: every rank's final params_digest equals the reference (exit 1
-#      otherwise), then a report of steps lost, save cost and recovery times.
+#      otherwise), then a report of steps lost, save cost and recovery times,
+#      and per failure how many surviving ranks kept their process (an
+#      in-process restart: ckpt-worker does it by default under a ckptrun
+#      that keeps trainers).
 # Uses the binaries in ${BUILD_DIR:-build} (scripts/build.sh). STEPS (default
 # 100) sets the job length; KEEP=1 keeps the temp dir (kept anyway on failure).
 # TRAINER=torch (scripts/demo_torch.sh) runs the same job as a PyTorch
@@ -243,7 +246,7 @@ plan_acked_after() {
 wait_for 60 plan_acked_after "$gen_before" || fail "no acknowledged recovery plan after failure 1"
 gen1=$(job_field generation)
 restore1=$(job_field restore_step)
-echo "   generation $gen_before -> $gen1: every rank restarts from step $restore1"
+echo "   generation $gen_before -> $gen1: every rank restores step $restore1"
 
 # --- failure 2: the whole of node b ----------------------------------------
 kill2_at=$((steps / 2 / ckpt_every * ckpt_every + 3))
@@ -264,7 +267,7 @@ wait_for 60 plan_acked_after "$gen_before" || fail "no acknowledged recovery pla
 gen2=$(job_field generation)
 restore2=$(job_field restore_step)
 placement=$(cluster_json | grep -o '"rank_node":\[[^]]*\]' | awk 'NR == 1')
-echo "   generation $gen_before -> $gen2: every rank restarts from step $restore2; $placement"
+echo "   generation $gen_before -> $gen2: every rank restores step $restore2; $placement"
 
 # --- the job finishes ------------------------------------------------------
 for id in a c; do
@@ -320,9 +323,18 @@ resumed_at() {
   cat "${logs[@]}" | awk -v t="$1" -v s="$(($2 + 1))" \
     '$1 > t && $2 == "step" && $3 == s { print $1 }' | sort -n | awk 'NR == 1'
 }
+# Survivors of a failure that kept their process (in-process restart):
+# distinct ranks whose trainer logged that it left its generation for
+# generation $1 (a relaunched trainer never does), of $2 survivors.
+kept_of() {
+  local kept
+  kept=$(cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* left generation" || true; } |
+    awk '{ print $4 }' | sort -u | wc -l)
+  echo "$kept of $2"
+}
 acked_seq=0
 report_failure() {
-  local n=$1 what=$2 kill_t=$3 kill_step=$4 restore=$5 gen=$6
+  local n=$1 what=$2 kill_t=$3 kill_step=$4 restore=$5 gen=$6 survivors=$7
   local lines resumed
   printf "   failure %d: %s\n" "$n" "$what"
   printf "     step reached at the kill %d, restored step %d: steps lost %d (trained again)\n" \
@@ -337,8 +349,8 @@ report_failure() {
     echo "     coordinator events: no PLAN_ACKED of generation $gen found"
   fi
   resumed=$(resumed_at "$kill_t" "$restore")
-  [[ -z $resumed ]] || printf "     kill -> first training step after the restore (step %d): %d ms\n" \
-    $((restore + 1)) "$(ms_between "$kill_t" "$resumed")"
+  [[ -z $resumed ]] || printf "     kill -> first training step after the restore (step %d): %d ms; survivors kept their process: %s\n" \
+    $((restore + 1)) "$(ms_between "$kill_t" "$resumed")" "$(kept_of "$gen" "$survivors")"
 }
 
 # Step time (wall clock, node a's log) on steps that wait for a save vs
@@ -368,8 +380,8 @@ echo
 echo "== report"
 printf "   reference: %d steps in %s s (%.1f steps/s); disturbed run: %s s\n" "$steps" "$ref_s" \
   "$(awk -v s="$steps" -v t="$ref_s" 'BEGIN { print s / t }')" "$run_s"
-report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1"
-report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2"
+report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1" $((world - 1))
+report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2" $((world - 2))
 read -r save_ms plain_ms n_save n_plain <<<"$(save_cost)"
 shard_bytes=$(sed -n 's/.*STEP_DURABLE.*step \([0-9]*\): \([0-9]*\) bytes on \([0-9]*\) ranks.*/\2 \3/p' <<<"$events" | tail -n1)
 printf "   saves: every %d steps, %s bytes per step over %s ranks (SaveAsync; the trainer prints no stall figure)\n" \

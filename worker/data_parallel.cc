@@ -3,7 +3,6 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -15,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
+#include "worker/mesh_context.h"
 #include "worker/rendezvous_store.h"
 
 namespace ckpt::worker {
@@ -115,23 +115,35 @@ DataParallel::DataParallel(const DataParallelOptions& options)
     : options_(options) {}
 DataParallel::~DataParallel() = default;
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Connect(
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
     const DataParallelOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateDataParallelOptions(options));
-  std::unique_ptr<DataParallel> dp(new DataParallel(options));
-  if (options.world_size > 1) CKPT_RETURN_IF_ERROR(dp->Rendezvous());
+  return std::unique_ptr<DataParallel>(new DataParallel(options));
+}
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Connect(
+    const DataParallelOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> dp, Create(options));
+  CKPT_RETURN_IF_ERROR(dp->Rendezvous());
   return dp;
+}
+
+void DataParallel::Abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (!aborted_.empty()) return;
+  aborted_ = why.empty() ? "aborted" : why;
+  broken_ = true;
+  if (store_ != nullptr) store_->Abort(aborted_);
+  if (context_ != nullptr) context_->Abort(aborted_);
 }
 
 absl::Status DataParallel::Rendezvous() {
   const DataParallelOptions& o = options_;
-  if (o.rank == 0) {
-    CKPT_ASSIGN_OR_RETURN(server_,
-                          StoreServer::Start(o.master_addr, o.master_port));
-  }
-  CKPT_ASSIGN_OR_RETURN(
-      store_, GrpcStore::Connect(o.master_addr, o.master_port,
-                                 o.connect_timeout, o.connect_timeout));
+  if (o.world_size == 1) return absl::OkStatus();
+  std::string where =
+      absl::StrCat("rendezvous of rank ", o.rank, " of ", o.world_size, " at ",
+                   HostPort(o.master_addr, o.master_port), " (generation ",
+                   o.generation, ")");
   gloo::transport::tcp::attr attr;
   if (!o.iface.empty()) {
     attr.iface = o.iface;
@@ -139,21 +151,45 @@ absl::Status DataParallel::Rendezvous() {
     CKPT_ASSIGN_OR_RETURN(attr.hostname,
                           LocalAddressFor(o.master_addr, o.master_port));
   }
-  std::string where =
-      absl::StrCat("rendezvous of rank ", o.rank, " of ", o.world_size, " at ",
-                   HostPort(o.master_addr, o.master_port));
-  return GlooCall(where, [&] {
+  auto context = std::make_shared<MeshContext>(o.rank, o.world_size);
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!aborted_.empty())
+      return absl::AbortedError(absl::StrCat(where, ": ", aborted_));
+    store_ = GrpcStore::Create(o.master_addr, o.master_port, o.connect_timeout);
+    context_ = context;
+  }
+  if (o.rank == 0) {
+    CKPT_ASSIGN_OR_RETURN(server_,
+                          StoreServer::Start(o.master_addr, o.master_port));
+  }
+  CKPT_RETURN_IF_ERROR(store_->WaitConnected(o.connect_timeout));
+  absl::Status s = GlooCall(where, [&] {
     std::shared_ptr<gloo::transport::Device> device =
         gloo::transport::tcp::CreateDevice(attr);
-    auto context =
-        std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
-    // Peers connect within the join window; later collectives get the shorter
-    // timeout.
+    // Peers connect within the join window; later collectives get the
+    // shorter timeout.
     context->setTimeout(o.connect_timeout);
-    context->connectFullMesh(*store_, device);
+    context->ConnectFullMesh(*store_, std::move(device),
+                             absl::StrCat("generation/", o.generation, "/"));
     context->setTimeout(o.collective_timeout);
-    context_ = std::move(context);
   });
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (!aborted_.empty())
+    return absl::AbortedError(absl::StrCat(where, ": ", aborted_));
+  return s;
+}
+
+absl::Status DataParallel::CollectiveFailed(const absl::Status& s) {
+  broken_ = true;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  }
+  NotePeerLost();
+  return Annotate(
+      s, absl::StrCat("a peer rank died or stalled (collective timeout ",
+                      options_.collective_timeout.count() / 1000.0, " s)"));
 }
 
 absl::Status DataParallel::AllReduceMean(std::span<float> values) {
@@ -172,12 +208,7 @@ absl::Status DataParallel::AllReduceMean(std::span<float> values) {
     opts.setTimeout(options_.collective_timeout);
     gloo::allreduce(opts);
   });
-  if (!s.ok()) {
-    NotePeerLost();
-    return Annotate(
-        s, absl::StrCat("a peer rank died or stalled (collective timeout ",
-                        options_.collective_timeout.count() / 1000.0, " s)"));
-  }
+  if (!s.ok()) return CollectiveFailed(s);
   const float w = static_cast<float>(options_.world_size);
   for (float& v : values) v /= w;
   return absl::OkStatus();
@@ -196,12 +227,7 @@ absl::StatusOr<std::vector<uint64_t>> DataParallel::AllGather(uint64_t value) {
     opts.setTimeout(options_.collective_timeout);
     gloo::allgather(opts);
   });
-  if (!s.ok()) {
-    NotePeerLost();
-    return Annotate(
-        s, absl::StrCat("a peer rank died or stalled (collective timeout ",
-                        options_.collective_timeout.count() / 1000.0, " s)"));
-  }
+  if (!s.ok()) return CollectiveFailed(s);
   return all;
 }
 

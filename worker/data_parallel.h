@@ -8,13 +8,17 @@
 // collective gives up after the collective timeout, so a rank whose peer died
 // fails with Unavailable instead of hanging. gloo's exceptions stop here.
 // Not thread-safe: one thread issues the collectives, in the same order on
-// every rank.
+// every rank -- except Abort, which another thread calls to break the
+// connection (in-process restart: a new generation's plan arrived) without
+// waiting on any peer.
 #ifndef CKPT_WORKER_DATA_PARALLEL_H_
 #define CKPT_WORKER_DATA_PARALLEL_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +41,9 @@ struct DataParallelOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   // How long one collective may wait for a peer.
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
+  // The job generation this connection serves: its rendezvous keys are
+  // its own, so a store of another generation never mixes them in.
+  uint64_t generation = 0;
 };
 
 // InvalidArgument naming the field.
@@ -45,12 +52,29 @@ struct DataParallelOptions {
 
 class StoreServer;
 class GrpcStore;
+class MeshContext;
 
 class DataParallel {
  public:
+  // Create, then Rendezvous.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallel>> Connect(
       const DataParallelOptions& options);
+  // A connection not yet made: Abort can reach it before Rendezvous
+  // starts waiting for the peers.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
+      const DataParallelOptions& options);
+  // Serves the store (rank 0), joins the peers. Call once.
+  [[nodiscard]] absl::Status Rendezvous();
+  // Closes the pairs and the store client without waiting on any peer;
+  // rank 0's store server stops with the object.
   ~DataParallel();
+
+  // Thread-safe, idempotent: breaks the connection. A rendezvous or
+  // collective in progress fails at once (Aborted naming `why`), and so
+  // does every later one. Not a lost peer: no peer-lost note is written.
+  void Abort(const std::string& why);
+  // A collective failed (a peer lost or stalled, or Abort).
+  bool broken() const { return broken_.load(); }
 
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
@@ -62,12 +86,17 @@ class DataParallel {
 
  private:
   explicit DataParallel(const DataParallelOptions& options);
-  [[nodiscard]] absl::Status Rendezvous();
+  // A failed collective's status; writes the peer-lost note unless aborted.
+  absl::Status CollectiveFailed(const absl::Status& s);
 
   const DataParallelOptions options_;
   std::unique_ptr<StoreServer> server_;  // rank 0 only
+  // Set once, before Rendezvous waits on anything, under abort_mu_.
   std::unique_ptr<GrpcStore> store_;
-  std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<MeshContext> context_;
+  std::mutex abort_mu_;  // store_ and context_ as Abort sees them
+  std::string aborted_;  // Abort's reason; empty: not aborted
+  std::atomic<bool> broken_{false};
   uint32_t next_tag_ = 0;
 };
 

@@ -3,7 +3,9 @@
 // MASTER_ADDR:MASTER_PORT; GrpcStore is every rank's gloo::rendezvous::Store
 // view of it. gloo calls the store and expects failures as exceptions, so
 // GrpcStore throws gloo::IoException naming the key and the address; the
-// DataParallel wrapper turns those into a Status. Both are thread-safe.
+// DataParallel wrapper turns those into a Status. Both are thread-safe. A
+// Get that finds no server (an older generation's went away) waits for one
+// until its deadline.
 #ifndef CKPT_WORKER_RENDEZVOUS_STORE_H_
 #define CKPT_WORKER_RENDEZVOUS_STORE_H_
 
@@ -46,7 +48,17 @@ class GrpcStore : public gloo::rendezvous::Store {
       const std::string& host, int port,
       std::chrono::milliseconds connect_timeout,
       std::chrono::milliseconds timeout);
+  // Connect in two parts, so that another thread can Abort the wait: a
+  // store not yet connected, then the wait for its server.
+  [[nodiscard]] static std::unique_ptr<GrpcStore> Create(
+      const std::string& host, int port, std::chrono::milliseconds timeout);
+  [[nodiscard]] absl::Status WaitConnected(
+      std::chrono::milliseconds connect_timeout);
   ~GrpcStore() override;
+
+  // Thread-safe: cancels the calls in flight and fails every later one
+  // (IoException naming `why`); WaitConnected returns Aborted.
+  void Abort(const std::string& why);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;

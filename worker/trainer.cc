@@ -180,6 +180,36 @@ absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
   return step_;
 }
 
+std::optional<int64_t> Trainer::LeaveGeneration() {
+  std::optional<int64_t> in_flight;
+  if (pending_save_.has_value()) {
+    in_flight = pending_save_step_;
+    // Its outcome no longer matters: the next generation restores a step
+    // the plan names.
+    pending_save_->Wait().IgnoreError();
+    pending_save_.reset();
+  }
+  comm_.reset();
+  client_.reset();
+  return in_flight;
+}
+
+absl::StatusOr<int64_t> Trainer::JoinGeneration(
+    std::unique_ptr<Client> client, std::unique_ptr<DataParallel> comm,
+    int64_t step) {
+  if (options_.world_size > 1 &&
+      (comm == nullptr || comm->rank() != options_.rank ||
+       comm->world_size() != options_.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options_.rank, " of world_size ", options_.world_size,
+        ": a new generation needs a connection of the same rank and world "
+        "size"));
+  }
+  client_ = std::move(client);
+  comm_ = std::move(comm);
+  return Restore(step);
+}
+
 absl::Status Trainer::LoadWorkingWeights() {
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
     std::span<float> w = model_.weights(i);
@@ -287,7 +317,9 @@ absl::Status Trainer::Evaluate(int64_t step, std::FILE* log) {
     CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
     sum += loss;
     ++batches;
-  } while (std::chrono::steady_clock::now() < until);
+    // A restart does not wait for the evaluation to run its course.
+  } while (std::chrono::steady_clock::now() < until &&
+           !(stop_ != nullptr && stop_->load()));
   if (log != nullptr) {
     std::fprintf(log, "eval step %lld loss %.4f batches %lld\n",
                  static_cast<long long>(step), sum / batches,
@@ -307,6 +339,10 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
       static_cast<size_t>(options_.model.batch / options_.world_size);
   while (step_ < last_step) {
     const int64_t s = step_ + 1;
+    if (stop_ != nullptr && stop_->load()) {
+      return absl::AbortedError(
+          absl::StrCat("a restart was requested before step ", s));
+    }
     CKPT_RETURN_IF_ERROR(LoadWorkingWeights());
     std::vector<int32_t> global = MakeBatch(data, s, /*rank=*/0);
     std::span<const int32_t> tokens(global.data() + options_.rank * rows * row,
@@ -344,6 +380,7 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
         return Annotate(h.status(),
                         absl::StrCat("checkpoint save of step ", s));
       pending_save_ = *std::move(h);
+      pending_save_step_ = s;
     }
     if (log != nullptr && options_.log_every > 0 &&
         (s % options_.log_every == 0 || s == options_.steps)) {

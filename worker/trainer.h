@@ -17,6 +17,7 @@
 #ifndef CKPT_WORKER_TRAINER_H_
 #define CKPT_WORKER_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -96,6 +97,22 @@ class Trainer {
   // go on (the benchmark times a stretch of steps this way).
   [[nodiscard]] absl::Status RunUntil(int64_t last_step, std::FILE* log);
 
+  // In-process restart. The trainer checks `stop` (null: never) before
+  // each step and returns Aborted when it is set; it must outlive the
+  // trainer's runs.
+  void SetStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
+  // Leaves the generation: waits for a save still in flight (it reads the
+  // weights a restore would overwrite; the local daemon takes it without
+  // any peer), then drops the connection to the peers (the gloo pairs;
+  // rank 0's store server) and the client. Returns the step of the save
+  // that was in flight, if one was.
+  std::optional<int64_t> LeaveGeneration();
+  // Joins the next generation with the same rank and world size: takes
+  // its client and connection and restores `step` in place (Restore).
+  [[nodiscard]] absl::StatusOr<int64_t> JoinGeneration(
+      std::unique_ptr<Client> client, std::unique_ptr<DataParallel> comm,
+      int64_t step);
+
   int64_t step() const { return step_; }
   // Loss of every step run by this process, in order.
   const std::vector<float>& losses() const { return losses_; }
@@ -129,6 +146,8 @@ class Trainer {
   std::unique_ptr<ChunkedAdam> optimizer_;
   std::unique_ptr<TrainCheckpoint> checkpoint_;
   std::optional<SaveHandle> pending_save_;
+  int64_t pending_save_step_ = 0;
+  const std::atomic<bool>* stop_ = nullptr;
   std::vector<uint16_t> bf16_scratch_;
   std::vector<float> reduce_buffer_;  // every gradient, then the loss
   uint64_t data_seed_;

@@ -11,9 +11,24 @@
 //   GLOO_SOCKET_IFNAME     bind gloo to this interface instead of the one
 //                          that reaches MASTER_ADDR
 //   CKPT_RESTORE_STEP      restore this step instead of the latest one
+//   CKPT_GENERATION        the job generation (carried by every save)
+//   CKPT_RESTART_DIR       ckptrun's directory of in-process restart: the
+//                          worker says it can restart in its process, and
+//                          on each new plan there leaves its step (breaking
+//                          a collective blocked on a dead peer), joins the
+//                          plan's rendezvous, restores the plan's step from
+//                          ckptd in place and trains on; a collective broken
+//                          by a dead peer waits for the plan instead of
+//                          exiting (--no-in-process-restart: exit, as
+//                          before)
 // Prints "step N loss X" lines and, last, "rank=R ... params_digest=<16 hex
-// digits>".
+// digits>"; under in-process restart also "generation G: ..." lines (a
+// restart requested, the generation left with this process's rss_kb, fds
+// and threads, the step trained from).
+#include <dirent.h>
+
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,12 +44,15 @@
 #include "util/program.h"
 #include "util/status.h"
 #include "worker/data_parallel.h"
+#include "worker/restart_monitor.h"
 #include "worker/trainer.h"
 
 namespace {
 
+using ckpt::RestartPlan;
 using ckpt::worker::DataParallel;
 using ckpt::worker::DataParallelOptions;
+using ckpt::worker::RestartMonitor;
 using ckpt::worker::Trainer;
 using ckpt::worker::TrainerOptions;
 
@@ -57,7 +75,88 @@ absl::StatusOr<std::optional<int64_t>> EnvInt(const char* name, int64_t lo,
   return std::optional<int64_t>(v);
 }
 
-absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
+// One generation's assignment: from the environment, or from a plan.
+struct Assignment {
+  uint64_t generation = 0;
+  bool generation_known = false;  // $CKPT_GENERATION or a plan said it
+  RestartPlan plan;               // rank, world size, rendezvous, restore
+};
+
+Assignment FromPlan(const RestartPlan& plan) {
+  return Assignment{plan.generation, true, plan};
+}
+
+// "rss_kb=R fds=F threads=T shmem_kb=S" of this process, from /proc/self:
+// what an in-process restart must leave flat. Taken once the old
+// generation is torn down and before the next one is joined, so it counts
+// what each restart leaves behind, not what a restore holds for a moment
+// (RssShmem: the part of RSS that is shared memory, ckptd's arenas).
+std::string Footprint() {
+  long rss_kb = -1, shmem_kb = -1, threads = -1;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      std::sscanf(line, "VmRSS: %ld", &rss_kb);
+      std::sscanf(line, "RssShmem: %ld", &shmem_kb);
+      std::sscanf(line, "Threads: %ld", &threads);
+    }
+    std::fclose(f);
+  }
+  long fds = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++fds;
+    closedir(d);
+    fds -= 3;  // ".", "..", and the descriptor of this listing
+  }
+  return absl::StrCat("rss_kb=", rss_kb, " fds=", fds, " threads=", threads,
+                      " shmem_kb=", shmem_kb);
+}
+
+// Rendezvous, client, restore (in place when `trainer` exists), and the
+// training of one generation.
+absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
+                           std::unique_ptr<DataParallel>& comm,
+                           std::unique_ptr<Trainer>& trainer,
+                           const std::atomic<bool>* stop) {
+  CKPT_RETURN_IF_ERROR(comm->Rendezvous());
+  std::unique_ptr<ckpt::Client> client;
+  if (Env("CKPT_SOCKET") != nullptr) {
+    ckpt::ClientOptions co;
+    co.rank = options.rank;
+    co.world_size = options.world_size;
+    if (a.generation_known) co.generation = a.generation;
+    CKPT_ASSIGN_OR_RETURN(client, ckpt::Client::Connect(co));
+  } else if (a.plan.restore_step.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restore step ", *a.plan.restore_step,
+        " ($CKPT_RESTORE_STEP or the plan) but $CKPT_SOCKET is not set"));
+  } else if (trainer == nullptr) {
+    std::printf("no $CKPT_SOCKET: training without checkpoints\n");
+  }
+  int64_t start = 0;
+  if (trainer == nullptr) {
+    CKPT_ASSIGN_OR_RETURN(
+        trainer, Trainer::Create(options, std::move(client), std::move(comm)));
+    trainer->SetStopFlag(stop);
+    CKPT_ASSIGN_OR_RETURN(start, trainer->Restore(a.plan.restore_step));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(
+        start, trainer->JoinGeneration(std::move(client), std::move(comm),
+                                       *a.plan.restore_step));
+  }
+  if (start > 0)
+    std::printf("restored step %lld\n", static_cast<long long>(start));
+  if (stop != nullptr) {
+    std::printf("generation %llu: training from step %lld\n",
+                static_cast<unsigned long long>(a.generation),
+                static_cast<long long>(start));
+  }
+  std::fflush(stdout);
+  return trainer->Run(stdout);
+}
+
+absl::Status Main(TrainerOptions options, DataParallelOptions dp,
+                  bool in_process_restart) {
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> rank,
                         EnvInt("RANK", 0, 1 << 20));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> world,
@@ -68,42 +167,98 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp) {
                         EnvInt("MASTER_PORT", 1, 65535));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> restore_step,
                         EnvInt("CKPT_RESTORE_STEP", 0, int64_t{1} << 62));
-  options.rank = static_cast<int>(rank.value_or(0));
-  options.world_size = static_cast<int>(world.value_or(1));
-  CKPT_RETURN_IF_ERROR(ckpt::worker::ValidateTrainerOptions(options));
-  if (local_rank.has_value() && *local_rank > options.rank) {
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> generation,
+                        EnvInt("CKPT_GENERATION", 0, int64_t{1} << 62));
+  Assignment a;
+  a.generation = static_cast<uint64_t>(generation.value_or(0));
+  a.generation_known = generation.has_value();
+  a.plan.rank = static_cast<uint32_t>(rank.value_or(0));
+  a.plan.world_size = static_cast<uint32_t>(world.value_or(1));
+  a.plan.master_addr =
+      Env("MASTER_ADDR") != nullptr ? Env("MASTER_ADDR") : dp.master_addr;
+  a.plan.master_port = static_cast<uint32_t>(port.value_or(dp.master_port));
+  a.plan.restore_step = restore_step;
+  if (local_rank.has_value() && *local_rank > a.plan.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "$LOCAL_RANK = ", *local_rank, ": above $RANK = ", options.rank));
+        "$LOCAL_RANK = ", *local_rank, ": above $RANK = ", a.plan.rank));
   }
-  dp.rank = options.rank;
-  dp.world_size = options.world_size;
-  if (Env("MASTER_ADDR") != nullptr) dp.master_addr = Env("MASTER_ADDR");
-  if (port.has_value()) dp.master_port = static_cast<int>(*port);
   if (Env("GLOO_SOCKET_IFNAME") != nullptr)
     dp.iface = Env("GLOO_SOCKET_IFNAME");
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> comm,
-                        DataParallel::Connect(dp));
 
-  std::unique_ptr<ckpt::Client> client;
-  if (Env("CKPT_SOCKET") != nullptr) {
-    ckpt::ClientOptions co;
-    co.rank = options.rank;
-    co.world_size = options.world_size;
-    CKPT_ASSIGN_OR_RETURN(client, ckpt::Client::Connect(co));
-  } else if (restore_step.has_value()) {
-    return absl::InvalidArgumentError(
-        "$CKPT_RESTORE_STEP is set but $CKPT_SOCKET is not");
-  } else {
-    std::printf("no $CKPT_SOCKET: training without checkpoints\n");
+  // In-process restart: under a launcher that hands out plans, and unless
+  // --no-in-process-restart.
+  std::unique_ptr<RestartMonitor> monitor;
+  if (in_process_restart && Env("CKPT_RESTART_DIR") != nullptr) {
+    if (absl::Status s = ckpt::EnableRestart(); !s.ok()) {
+      std::fprintf(stderr,
+                   "ckpt-worker: in-process restart off (the launcher "
+                   "restarts this process instead): %s\n",
+                   s.ToString().c_str());
+    } else {
+      // The launcher's plan, when there is one, is the newest assignment.
+      CKPT_ASSIGN_OR_RETURN(std::optional<RestartPlan> plan,
+                            ckpt::PollRestart(0));
+      if (plan.has_value()) a = FromPlan(*plan);
+      monitor = std::make_unique<RestartMonitor>(
+          a.generation, std::chrono::milliseconds(10), stdout);
+      std::printf("generation %llu: rank %u of %u, in-process restart on\n",
+                  static_cast<unsigned long long>(a.generation), a.plan.rank,
+                  a.plan.world_size);
+      std::fflush(stdout);  // a pipe: stamped by the launcher as it comes
+    }
   }
-  CKPT_ASSIGN_OR_RETURN(
-      std::unique_ptr<Trainer> trainer,
-      Trainer::Create(options, std::move(client), std::move(comm)));
-  CKPT_ASSIGN_OR_RETURN(int64_t start, trainer->Restore(restore_step));
-  if (start > 0)
-    std::printf("restored step %lld\n", static_cast<long long>(start));
-  std::fflush(stdout);
-  CKPT_RETURN_IF_ERROR(trainer->Run(stdout));
+  const std::atomic<bool>* stop =
+      monitor != nullptr ? monitor->requested() : nullptr;
+  std::unique_ptr<Trainer> trainer;
+  for (;;) {
+    options.rank = static_cast<int>(a.plan.rank);
+    options.world_size = static_cast<int>(a.plan.world_size);
+    CKPT_RETURN_IF_ERROR(ckpt::worker::ValidateTrainerOptions(options));
+    dp.rank = options.rank;
+    dp.world_size = options.world_size;
+    dp.master_addr = a.plan.master_addr;
+    dp.master_port = static_cast<int>(a.plan.master_port);
+    dp.generation = a.generation;
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> comm,
+                          DataParallel::Create(dp));
+    DataParallel* link = comm.get();  // owned by comm, then by the trainer
+    if (monitor != nullptr) monitor->Watch(link);
+    absl::Status s = RunGeneration(options, a, comm, trainer, stop);
+    if (monitor != nullptr) monitor->Watch(nullptr);
+    if (s.ok()) break;
+    if (monitor == nullptr) return s;
+    if (!stop->load()) {
+      // A peer's death broke a collective (the peer-lost note is written):
+      // the launcher's next plan says how to go on.
+      if (!link->broken()) return s;
+      std::printf("rank %d: %s: waiting for the next plan\n", options.rank,
+                  s.ToString().c_str());
+      std::fflush(stdout);
+    }
+    const int64_t at = trainer != nullptr ? trainer->step() : 0;
+    std::optional<int64_t> in_flight;
+    if (trainer != nullptr) in_flight = trainer->LeaveGeneration();
+    comm.reset();
+    RestartPlan next = monitor->TakePlan();
+    std::printf(
+        "generation %llu: rank %d left generation %llu at step %lld%s; %s\n",
+        static_cast<unsigned long long>(next.generation), options.rank,
+        static_cast<unsigned long long>(a.generation),
+        static_cast<long long>(at),
+        in_flight.has_value()
+            ? absl::StrCat(" (a save of step ", *in_flight, " was in flight)")
+                  .c_str()
+            : "",
+        Footprint().c_str());
+    std::fflush(stdout);
+    CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(next.generation));
+    // Another rank or world size, or a fresh start: a new trainer.
+    if (next.rank != a.plan.rank || next.world_size != a.plan.world_size ||
+        !next.restore_step.has_value()) {
+      trainer.reset();
+    }
+    a = FromPlan(next);
+  }
   CKPT_ASSIGN_OR_RETURN(uint64_t digest, trainer->ParamsDigest());
   std::printf("done rank=%d step %lld params_digest=%016llx\n", options.rank,
               static_cast<long long>(trainer->step()),
@@ -157,6 +312,11 @@ int main(int argc, char** argv) {
                  "the hang detector as a pause (0: never)");
   app.add_option("--eval-s", o.eval_s,
                  "how long each evaluation runs, in (0, 3600] seconds");
+  bool no_in_process_restart = false;
+  app.add_flag("--no-in-process-restart", no_in_process_restart,
+               "under a launcher that hands out restart plans "
+               "($CKPT_RESTART_DIR): exit when a collective breaks and be "
+               "started anew, instead of restarting in this process");
   CLI11_PARSE(app, argc, argv);
   o.steps = steps;
   if (!fault_slow.empty()) {
@@ -203,7 +363,7 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(std::llround(connect_timeout_s * 1000));
   dp.collective_timeout =
       std::chrono::milliseconds(std::llround(collective_timeout_s * 1000));
-  absl::Status s = Main(o, dp);
+  absl::Status s = Main(o, dp, !no_in_process_restart);
   if (!s.ok()) {
     const char* rank = Env("RANK");
     std::fprintf(stderr, "ckpt-worker rank=%s: %s\n",

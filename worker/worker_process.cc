@@ -65,7 +65,7 @@ std::unique_ptr<WorkerProcess> WorkerProcess::Start(
   std::vector<std::string> argv = {CKPT_WORKER_BINARY};
   for (const auto& [flag, value] : flags) {
     argv.push_back(flag);
-    argv.push_back(value);
+    if (!value.empty()) argv.push_back(value);  // "": a flag without a value
   }
   std::vector<std::string> envs;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -97,7 +97,11 @@ std::unique_ptr<WorkerProcess> WorkerProcess::Start(
     char line[4096];
     bool killed = false;
     while (std::fgets(line, sizeof(line), out) != nullptr) {
-      proc->run_.output += line;
+      {
+        std::lock_guard<std::mutex> lock(proc->mu_);
+        proc->run_.output += line;
+      }
+      proc->cv_.notify_all();
       if (kill_on_line && !killed &&
           std::strncmp(line, kill_on_line->c_str(), kill_on_line->size()) ==
               0) {
@@ -106,8 +110,38 @@ std::unique_ptr<WorkerProcess> WorkerProcess::Start(
       }
     }
     std::fclose(out);
+    {
+      std::lock_guard<std::mutex> lock(proc->mu_);
+      proc->eof_ = true;
+    }
+    proc->cv_.notify_all();
   });
   return p;
+}
+
+std::optional<std::string> WorkerProcess::WaitForLine(
+    const std::string& prefix) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    const std::string& out = run_.output;
+    // Whole lines only: the reader appends a line at a time.
+    for (size_t at = seen_; at < out.size();) {
+      size_t end = out.find('\n', at);
+      if (end == std::string::npos) break;
+      if (out.compare(at, prefix.size(), prefix) == 0) {
+        seen_ = end + 1;
+        return out.substr(at, end - at);
+      }
+      at = end + 1;
+    }
+    if (eof_) return std::nullopt;
+    cv_.wait(lock);
+  }
+}
+
+std::string WorkerProcess::Output() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_.output;
 }
 
 WorkerRun WorkerProcess::Wait() {

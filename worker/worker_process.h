@@ -9,8 +9,10 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -32,7 +34,8 @@ struct WorkerRun {
 
 class WorkerProcess {
  public:
-  // flags: "--flag", "value" pairs that override the small model's defaults.
+  // flags: "--flag", "value" pairs that override the small model's
+  // defaults ("--flag", "": a flag that takes no value).
   static std::unique_ptr<WorkerProcess> Start(
       const std::vector<std::string>& flags,
       const std::map<std::string, std::string>& env,
@@ -41,11 +44,22 @@ class WorkerProcess {
   pid_t pid() const { return pid_; }
   WorkerRun Wait();
 
+  // Blocks until the output, past the end of the previous match, holds a
+  // line starting with `prefix`; returns that line (without its newline).
+  // nullopt when the output ends first (the child exited).
+  std::optional<std::string> WaitForLine(const std::string& prefix);
+  // The output so far.
+  std::string Output();
+
  private:
   WorkerProcess() = default;
   pid_t pid_ = -1;
   std::thread reader_;
   WorkerRun run_;
+  std::mutex mu_;  // run_.output, eof_, seen_ while the reader runs
+  std::condition_variable cv_;
+  bool eof_ = false;
+  size_t seen_ = 0;  // output before this offset is matched already
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

@@ -1,0 +1,312 @@
+// In-process restart of ckpt-worker: two real worker processes (ranks 0 and
+// 1 of one job) against a real ckptd, with the test in the launcher's part:
+// it gives each process its $CKPT_RESTART_DIR and writes each generation's
+// plan there (restart::WriteFile, as ckptrun does). Every wait is for a line
+// the workers print. A restarted run ends with the weights of an
+// undisturbed one, bit for bit; twenty restarts leave the process's memory,
+// descriptors and threads flat; a collective blocked on a hung peer is
+// broken at once by the plan; a survivor of a killed peer writes the
+// peer-lost note and waits for the plan instead of exiting, unless
+// --no-in-process-restart.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/restart_plan.h"
+#include "tests/harness.h"
+#include "worker/worker_process.h"
+
+namespace ckpt::worker {
+namespace {
+
+using ckpt::testing::DaemonProcess;
+using ckpt::testing::TempDir;
+using testing::FreePort;
+using testing::WorkerProcess;
+using testing::WorkerRun;
+
+// What a worker prints of itself once it left a generation.
+struct Footprint {
+  long rss_kb = -1, fds = -1, threads = -1;
+};
+
+Footprint ParseFootprint(const std::string& line) {
+  Footprint f;
+  size_t at = line.find("rss_kb=");
+  if (at != std::string::npos) {
+    std::sscanf(line.c_str() + at, "rss_kb=%ld fds=%ld threads=%ld", &f.rss_kb,
+                &f.fds, &f.threads);
+  }
+  return f;
+}
+
+class WorkerRestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    ckpt::testing::UnlinkArenas(prefix_);
+  }
+
+  // A fresh directory of one trainer process, as ckptrun makes them.
+  std::string NewRestartDir() {
+    std::string dir = absl::StrCat(dirs_.path(), "/proc-", next_dir_++);
+    EXPECT_EQ(mkdir(dir.c_str(), 0700), 0) << dir;
+    return dir;
+  }
+
+  static void WritePlan(const std::string& dir, int rank, uint64_t generation,
+                        int port, std::optional<int64_t> restore_step) {
+    RestartPlan p;
+    p.generation = generation;
+    p.rank = static_cast<uint32_t>(rank);
+    p.world_size = 2;
+    p.local_rank = static_cast<uint32_t>(rank);
+    p.local_world_size = 2;
+    p.master_addr = "127.0.0.1";
+    p.master_port = static_cast<uint32_t>(port);
+    p.restore_step = restore_step;
+    absl::Status s =
+        restart::WriteFile(dir, restart::kPlanFile, restart::FormatPlan(p));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // Starts `rank` of generation `generation` as ckptrun would: the plan in
+  // `dir` and the same assignment in the environment.
+  std::unique_ptr<WorkerProcess> StartRank(
+      int rank, uint64_t generation, int port, const std::string& dir,
+      std::vector<std::string> flags, std::optional<int64_t> restore = {},
+      std::optional<std::string> kill_on_line = {}) {
+    WritePlan(dir, rank, generation, port, restore);
+    std::map<std::string, std::string> env = {
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(port)},
+        {"CKPT_SOCKET", daemon_->socket()},
+        {"CKPT_JOB", "restart"},
+        {"CKPT_GENERATION", std::to_string(generation)},
+        {"CKPT_RESTART_DIR", dir},
+        {"CKPT_PEER_LOST_FILE", dir + "/peer-lost"}};
+    if (restore) env["CKPT_RESTORE_STEP"] = std::to_string(*restore);
+    return WorkerProcess::Start(flags, env, kill_on_line);
+  }
+
+  // The digest of the same job undisturbed (no daemon, no launcher).
+  std::string Reference(const std::vector<std::string>& flags) {
+    int port = FreePort();
+    std::vector<std::unique_ptr<WorkerProcess>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(
+          WorkerProcess::Start(flags, {{"RANK", std::to_string(r)},
+                                       {"WORLD_SIZE", "2"},
+                                       {"MASTER_ADDR", "127.0.0.1"},
+                                       {"MASTER_PORT", std::to_string(port)}}));
+    }
+    std::string digest;
+    for (auto& p : ranks) {
+      WorkerRun run = p->Wait();
+      EXPECT_TRUE(run.exited_ok()) << run.output;
+      digest = run.Digest();
+    }
+    EXPECT_EQ(digest.size(), 16u);
+    return digest;
+  }
+
+  TempDir root_, run_, dirs_;
+  std::string prefix_ = ckpt::testing::UniqueShmPrefix();
+  std::unique_ptr<DaemonProcess> daemon_;
+  int next_dir_ = 0;
+};
+
+// Saves every step; each step waits a little (a declared evaluation, which
+// leaves the weights alone) so that a plan lands well before the run ends.
+const std::vector<std::string> kFlags = {
+    "--steps",  "60",   "--ckpt-every",           "1",  "--eval-every", "1",
+    "--eval-s", "0.02", "--collective-timeout-s", "600"};
+
+TEST_F(WorkerRestartTest, TwentyRestartsLeaveTheProcessFlatAndEndBitIdentical) {
+  const std::string want = Reference(kFlags);
+  const std::string dir0 = NewRestartDir(), dir1 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, kFlags);
+  auto r1 = StartRank(1, 0, port, dir1, kFlags);
+  std::vector<Footprint> seen[2];
+  int64_t from = 0;
+  for (uint64_t g = 1; g <= 21; ++g) {
+    for (auto* r : {r0.get(), r1.get()}) {
+      ASSERT_TRUE(r->WaitForLine(
+          absl::StrCat("generation ", g - 1, ": training from step ", from)))
+          << r->Output();
+    }
+    if (g == 21) break;
+    // Rank 0 took step from + 2: rank 1 took step from + 1 and its save
+    // is in flight at worst (it is finished before the restart restores).
+    ASSERT_TRUE(r0->WaitForLine(absl::StrCat("step ", from + 2, " loss")))
+        << r0->Output();
+    const int next_port = FreePort();
+    WritePlan(dir0, 0, g, next_port, from + 1);
+    WritePlan(dir1, 1, g, next_port, from + 1);
+    for (auto* r : {r0.get(), r1.get()}) {
+      std::optional<std::string> left = r->WaitForLine(
+          absl::StrCat("generation ", g, ": rank ", r == r1.get() ? 1 : 0,
+                       " left generation ", g - 1));
+      ASSERT_TRUE(left.has_value()) << r->Output();
+      // Every step saves: a save is always still pending when a step
+      // boundary sees the plan.
+      EXPECT_NE(left->find("was in flight"), std::string::npos) << *left;
+      // Measured once the old generation is torn down.
+      seen[r == r1.get()].push_back(ParseFootprint(*left));
+    }
+    from += 1;
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(seen[r].size(), 20u);
+    const Footprint& first = seen[r][0];
+    const Footprint& last = seen[r].back();
+    ASSERT_GT(first.rss_kb, 0);
+    ASSERT_GT(first.fds, 0);
+    ASSERT_GT(first.threads, 0);
+    std::printf(
+        "rank %d after restart 1 / 20: rss %ld / %ld kB, %ld / %ld fds, "
+        "%ld / %ld threads\n",
+        r, first.rss_kb, last.rss_kb, first.fds, last.fds, first.threads,
+        last.threads);
+    std::string series;
+    for (const Footprint& f : seen[r])
+      absl::StrAppend(&series, " ", f.rss_kb, "/", f.fds, "/", f.threads);
+    std::printf("rank %d rss_kb/fds/threads per restart:%s\n", r,
+                series.c_str());
+    for (size_t i = 1; i < seen[r].size(); ++i) {
+      const Footprint& f = seen[r][i];
+      EXPECT_LE(std::abs(f.rss_kb - first.rss_kb), first.rss_kb / 20)
+          << "rank " << r << " restart " << i + 1 << ": rss " << f.rss_kb
+          << " kB, first restart's " << first.rss_kb << " kB";
+      EXPECT_LE(std::abs(f.fds - first.fds), 2)
+          << "rank " << r << " restart " << i + 1 << ": " << f.fds
+          << " descriptors, first restart's " << first.fds;
+      EXPECT_LE(std::abs(f.threads - first.threads), 2)
+          << "rank " << r << " restart " << i + 1 << ": " << f.threads
+          << " threads, first restart's " << first.threads;
+    }
+  }
+  for (auto* r : {r0.get(), r1.get()}) {
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+}
+
+TEST_F(WorkerRestartTest, PlanBreaksACollectiveBlockedOnAHungPeerAtOnce) {
+  const std::string want = Reference(kFlags);
+  std::vector<std::string> flags = kFlags;
+  flags.insert(flags.end(), {"--fault-hang", "5:1"});
+  const std::string dir0 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, flags);
+  auto r1 = StartRank(1, 0, port, NewRestartDir(), flags);
+  ASSERT_TRUE(r1->WaitForLine("ckpt-worker rank=1: --fault-hang"))
+      << r1->Output();
+  // Rank 0 waits for rank 1 in step 5's allreduce, for up to 600 s: only
+  // the plan can end that wait now. Rank 1 finished step 3's save.
+  const int next_port = FreePort();
+  WritePlan(dir0, 0, 1, next_port, 3);
+  std::optional<std::string> left =
+      r0->WaitForLine("generation 1: rank 0 left generation 0 at step 4");
+  ASSERT_TRUE(left.has_value()) << r0->Output();
+  // The hung rank is replaced by a new process (the launcher's part): the
+  // old one is SIGKILLed.
+  r1.reset();
+  auto r1b = StartRank(1, 1, next_port, NewRestartDir(), flags, 3);
+  for (auto* r : {r0.get(), r1b.get()}) {
+    ASSERT_TRUE(r->WaitForLine("generation 1: training from step 3"))
+        << r->Output();
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+}
+
+TEST_F(WorkerRestartTest, SurvivorOfAKilledPeerWaitsForThePlanInItsProcess) {
+  const std::string want = Reference(kFlags);
+  const std::string dir0 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, kFlags);
+  auto r1 = StartRank(1, 0, port, NewRestartDir(), kFlags, {}, "step 5 loss");
+  ASSERT_TRUE(r1->Wait().killed());
+  ASSERT_TRUE(r0->WaitForLine("rank 0: ")) << r0->Output();
+  EXPECT_NE(r0->Output().find("waiting for the next plan"), std::string::npos)
+      << r0->Output();
+  struct stat st;
+  EXPECT_EQ(stat((dir0 + "/peer-lost").c_str(), &st), 0) << "no peer-lost note";
+  // The plan of the next generation: rank 1 anew, rank 0 in its process.
+  const int next_port = FreePort();
+  auto r1b = StartRank(1, 1, next_port, NewRestartDir(), kFlags, 4);
+  WritePlan(dir0, 0, 1, next_port, 4);
+  for (auto* r : {r0.get(), r1b.get()}) {
+    ASSERT_TRUE(r->WaitForLine("generation 1: training from step 4"))
+        << r->Output();
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+}
+
+TEST_F(WorkerRestartTest, RestartRequestedWhileRejoiningEndsBitIdentical) {
+  const std::string want = Reference(kFlags);
+  const std::string dir0 = NewRestartDir(), dir1 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, kFlags);
+  auto r1 = StartRank(1, 0, port, dir1, kFlags);
+  ASSERT_TRUE(r0->WaitForLine("step 4 loss")) << r0->Output();
+  const int port1 = FreePort();
+  WritePlan(dir0, 0, 1, port1, 3);
+  WritePlan(dir1, 1, 1, port1, 3);
+  // Generation 2 is planned as soon as rank 0 left generation 0: it lands
+  // while generation 1 rendezvouses or restores.
+  ASSERT_TRUE(r0->WaitForLine("generation 1: rank 0 left generation 0"))
+      << r0->Output();
+  const int port2 = FreePort();
+  WritePlan(dir0, 0, 2, port2, 3);
+  WritePlan(dir1, 1, 2, port2, 3);
+  for (auto* r : {r0.get(), r1.get()}) {
+    ASSERT_TRUE(r->WaitForLine("generation 2: training from step 3"))
+        << r->Output();
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+}
+
+TEST_F(WorkerRestartTest, NoInProcessRestartExitsWhenAPeerDiesAsBefore) {
+  std::vector<std::string> flags = kFlags;
+  flags.insert(flags.end(), {"--no-in-process-restart", ""});
+  const std::string dir0 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, flags);
+  auto r1 = StartRank(1, 0, port, NewRestartDir(), flags, {}, "step 5 loss");
+  ASSERT_TRUE(r1->Wait().killed());
+  WorkerRun run = r0->Wait();
+  EXPECT_EQ(run.exit_code(), 1) << run.output;
+  struct stat st;
+  EXPECT_NE(stat((dir0 + "/capable").c_str(), &st), 0)
+      << "the worker said it restarts in its process";
+  EXPECT_EQ(stat((dir0 + "/peer-lost").c_str(), &st), 0) << "no peer-lost note";
+}
+
+}  // namespace
+}  // namespace ckpt::worker

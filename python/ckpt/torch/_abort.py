@@ -10,8 +10,8 @@ peer"), the blocked collective raises, the group's worker threads finish,
 and the peers' sockets see the same end of stream, so their collectives
 fail too: one aborted rank unblocks the others in cascade.
 
-The group's sockets are the TCP sockets the process opened while the group
-was formed (a snapshot before and after, by inode, so a descriptor number
+The group's sockets are the established TCP connections (not the store's)
+the process opened while the group was formed (a snapshot before and after, by inode, so a descriptor number
 reused later is never shut down by mistake).
 """
 
@@ -21,7 +21,14 @@ import socket
 _FD_DIR = "/proc/self/fd"
 
 
-def _tcp_inodes():
+_ESTABLISHED = "01"
+
+
+def _tcp_inodes(skip_port):
+    """Inodes of the established TCP connections with no end on
+    skip_port. Listeners and the store's connections are left alone: the
+    store's server thread aborts the process when its sockets are shut
+    down under it, and the pairs' end is all a collective waits on."""
     inodes = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -29,16 +36,21 @@ def _tcp_inodes():
                 next(f, None)  # the header
                 for line in f:
                     fields = line.split()
-                    if len(fields) > 9:
+                    if len(fields) <= 9 or fields[3] != _ESTABLISHED:
+                        continue
+                    ports = {int(fields[1].rsplit(":", 1)[1], 16),
+                             int(fields[2].rsplit(":", 1)[1], 16)}
+                    if skip_port not in ports:
                         inodes.add(int(fields[9]))
-        except OSError:
+        except (OSError, ValueError):
             continue
     return inodes
 
 
-def tcp_sockets():
-    """{descriptor: inode} of this process's TCP sockets."""
-    tcp = _tcp_inodes()
+def tcp_sockets(skip_port=None):
+    """{descriptor: inode} of this process's established TCP connections
+    that have no end on skip_port (the store's)."""
+    tcp = _tcp_inodes(skip_port)
     out = {}
     try:
         names = os.listdir(_FD_DIR)

@@ -77,7 +77,7 @@ class _Generation:
         self.store = None
         self.pg = None
         self._lock = threading.Lock()
-        self._before = _abort.tcp_sockets()
+        self._before = _abort.tcp_sockets(plan.master_port)
         self._sockets = None  # fixed once formed
         self._closed = False
         self.aborted = False
@@ -88,7 +88,7 @@ class _Generation:
             self._sockets = self._new_sockets()
 
     def _new_sockets(self):
-        now = _abort.tcp_sockets()
+        now = _abort.tcp_sockets(self.plan.master_port)
         return {fd: ino for fd, ino in now.items()
                 if self._before.get(fd) != ino}
 

@@ -8,8 +8,10 @@ ckptd. Not thread-safe: one test thread drives it.
 """
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,6 +41,18 @@ class Trainer:
 
     def capable(self):
         return read(os.path.join(self.dir, "capable")).strip() == "pid=%d" % self.pid
+
+    def stacks(self):
+        """Every thread's Python stack (SIGUSR2, ckpt/_stacks.py), for a
+        failure's message; "" from a process that is gone."""
+        path = os.path.join(self.dir, "stacks")
+        if self.proc.poll() is not None:
+            return ""
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not read(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return read(path)
 
     def peer_lost_note(self):
         return read(os.path.join(self.dir, "peer-lost"))
@@ -78,7 +92,8 @@ class Launcher:
                    LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(self.port(generation)), CKPT_GENERATION=str(generation),
                    CKPT_SOCKET=self.socket, CKPT_JOB=self.job, CKPT_RESTART_DIR=d,
-                   CKPT_PEER_LOST_FILE=os.path.join(d, "peer-lost"), PYTHONUNBUFFERED="1")
+                   CKPT_PEER_LOST_FILE=os.path.join(d, "peer-lost"), PYTHONUNBUFFERED="1",
+                   CKPT_STACKS_FILE=os.path.join(d, "stacks"))
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
         env.pop("CKPT_RESTORE_STEP", None)

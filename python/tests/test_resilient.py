@@ -126,8 +126,9 @@ class ResilientTest(unittest.TestCase):
                                      world_size=WORLD) as c:
             return c.latest_step()
 
-    def say(self, trainers):
-        return "\n".join("--- %s (pid %d):\n%s" % (t.dir, t.pid, t.output()[-3000:])
+    def say(self, trainers, stacks=False):
+        return "\n".join("--- %s (pid %d):\n%s%s" % (t.dir, t.pid, t.output()[-3000:],
+                                                   t.stacks() if stacks else "")
                          for t in trainers)
 
     def finish(self, trainers, steps):
@@ -195,6 +196,16 @@ class ResilientTest(unittest.TestCase):
         ln = self.launcher(steps, 1, ["--step-sleep-ms", "10"])
         ranks = [self.start(ln, 0, r, None) for r in range(WORLD)]
         seen = []
+        try:
+            self.restart_many(ln, ranks, restarts, seen)
+        except AssertionError as e:
+            raise AssertionError("%s\n%s" % (e, self.say(ranks, stacks=True))) from None
+        self.finish(ranks, steps)
+        for t in ranks:
+            self.assert_kept(t, restarts, restarts)
+        self.assert_flat(seen, restarts)
+
+    def restart_many(self, ln, ranks, restarts, seen):
         for g in range(1, restarts + 1):
             if g % 2:
                 # While the generation restores (or is about to): a restart
@@ -211,9 +222,8 @@ class ResilientTest(unittest.TestCase):
             wait_for(lambda: all(first_step(t.output(), g) for t in ranks), 120,
                      "generation %d's first step" % g)
             seen.append([usage(t.pid) for t in ranks])
-        self.finish(ranks, steps)
-        for t in ranks:
-            self.assert_kept(t, restarts, restarts)
+
+    def assert_flat(self, seen, restarts):
         for r in range(WORLD):
             first, last = seen[0][r], seen[-1][r]
             print("rank %d after restart 1 / %d: RSS %.1f / %.1f MiB, fds %d / %d, threads %d / %d"

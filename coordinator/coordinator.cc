@@ -281,6 +281,11 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     if (r >= world)
       return txn.Commit(absl::InvalidArgumentError(absl::StrCat(
           "lost_peer_ranks: rank ", r, " not below world size ", world)));
+  if (req.process_kept() &&
+      (!req.peer_lost() || req.exit_code() != 0 || req.term_signal() != 0))
+    return txn.Commit(absl::InvalidArgumentError(
+        "process_kept: a running trainer's report needs peer_lost, and no "
+        "exit code or signal"));
   v1::ReportTrainerExitResponse resp;
   if (req.has_generation() && req.generation() < (*job)->rec.generation()) {
     // Its generation was already replaced by a plan: this exit is a retry
@@ -290,16 +295,22 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     resp.set_generation((*job)->rec.generation());
     return txn.Commit(resp);
   }
-  std::string how = req.term_signal() != 0
+  // A trainer kept in its process lost its peers and waits for a plan: a
+  // failure, suspected to be another's, exactly like a peer-lost exit.
+  std::string how = req.process_kept() ? std::string(
+                                             "lost peers (its process is kept, "
+                                             "waiting for a plan)")
+                    : req.term_signal() != 0
                         ? absl::StrCat("killed by signal ", req.term_signal())
                         : absl::StrCat("exited with code ", req.exit_code());
-  if (req.exit_code() == 0 && req.term_signal() == 0) {
+  if (req.exit_code() == 0 && req.term_signal() == 0 && !req.process_kept()) {
     LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(),
               absl::StrCat("rank ", req.rank(), " ", how));
     (*job)->watch.finished.insert(req.rank());  // no longer watched
-  } else if (const std::string cause =
-                 absl::StrCat("trainer of rank ", req.rank(), " ", how,
-                              req.peer_lost() ? " after losing peers" : "");
+  } else if (const std::string cause = absl::StrCat(
+                 "trainer of rank ", req.rank(), " ", how,
+                 req.peer_lost() && !req.process_kept() ? " after losing peers"
+                                                        : "");
              HoldExitLocked(&batch, **job, req, cause)) {
     // Maybe a symptom of a peer's death: planned once the probe answers
     // (coordinator_probe.cc).

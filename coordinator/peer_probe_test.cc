@@ -156,5 +156,52 @@ TEST_F(PeerProbeTest, ExitWithoutEvidenceIsPlannedAtOnce) {
   EXPECT_EQ(Job().generation(), 2u);
 }
 
+// A trainer kept in its process (in-process restart) reports its lost
+// peers while it runs: held and probed like a peer-lost exit, then planned
+// as a failure, never taken for a finish (its exit code is 0).
+TEST_F(PeerProbeTest, RunningTrainersLostPeersAreHeldAndPlannedAsAFailure) {
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  v1::ReportTrainerExitRequest req = TrainerExit("n1", e1_, 0, 0, 0);
+  req.set_generation(Job().generation());
+  req.set_peer_lost(true);
+  req.add_lost_peer_ranks(2);
+  req.set_process_kept(true);
+  auto r = coord_->ReportTrainerExit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->failure());
+  EXPECT_TRUE(r->held());
+  EXPECT_TRUE(EventsOf(v1::TRAINER_FINISHED).empty());
+  EXPECT_EQ(Job().generation(), 0u) << "planned before the probe's answer";
+  EXPECT_NE(coord_->NodeOrders("n2").probe(), 0u) << "n2 is not probed";
+  now_ms_ += 50;
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the answer
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Plans(), 1u);
+  ASSERT_EQ(FailuresOf("n1").size(), 1u);
+  EXPECT_NE(FailuresOf("n1")[0].detail().find("its process is kept"),
+            std::string::npos)
+      << FailuresOf("n1")[0].detail();
+}
+
+TEST_F(PeerProbeTest, ProcessKeptWithoutPeerLostOrWithAnExitIsRefused) {
+  std::vector<v1::ReportTrainerExitRequest> bad;
+  bad.push_back(TrainerExit("n1", e1_, 0, 0, 0));  // no peer_lost
+  bad.push_back(TrainerExit("n1", e1_, 0, 0, 1));  // it exited
+  bad.push_back(TrainerExit("n1", e1_, 0, 9, 0));  // it was killed
+  for (size_t i = 0; i < bad.size(); ++i) {
+    bad[i].set_process_kept(true);
+    if (i > 0) bad[i].set_peer_lost(true);
+    auto r = coord_->ReportTrainerExit(bad[i]);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << i;
+    EXPECT_NE(r.status().message().find("process_kept"), std::string::npos)
+        << r.status();
+  }
+  EXPECT_EQ(Job().generation(), 0u);
+  EXPECT_TRUE(EventsOf(v1::TRAINER_FINISHED).empty());
+  EXPECT_TRUE(EventsOf(v1::FAILURE_DETECTED).empty());
+  EXPECT_TRUE(EventsOf(v1::PEER_SUSPECTED).empty());
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

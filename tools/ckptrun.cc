@@ -11,53 +11,10 @@
 #include "coordinator/client/channel.h"
 #include "util/retry.h"
 
-extern char** environ;
-
 namespace ckpt::tools {
 namespace {
 
 namespace cv1 = ::ckpt::coord::v1;
-
-// Host part of a node's address, for MASTER_ADDR: "h:p" -> "h",
-// "[v6]:p" -> "v6"; a Unix socket or nothing -> empty.
-std::string HostOf(const std::string& address) {
-  if (address.empty() || address.front() == '/' ||
-      address.rfind("unix:", 0) == 0)
-    return "";
-  if (address.front() == '[') {
-    size_t close = address.find(']');
-    return close == std::string::npos ? "" : address.substr(1, close - 1);
-  }
-  size_t colon = address.find(':');
-  if (colon == std::string::npos) return address;
-  if (address.find(':', colon + 1) != std::string::npos)
-    return address;  // bare IPv6
-  return address.substr(0, colon);
-}
-
-// The environment of ckptrun without the variables it sets for trainers.
-std::vector<std::string> InheritedEnv() {
-  static const char* const kOwn[] = {"RANK=",
-                                     "WORLD_SIZE=",
-                                     "LOCAL_RANK=",
-                                     "LOCAL_WORLD_SIZE=",
-                                     "MASTER_ADDR=",
-                                     "MASTER_PORT=",
-                                     "CKPT_SOCKET=",
-                                     "CKPT_JOB=",
-                                     "CKPT_GENERATION=",
-                                     "CKPT_RESTORE_STEP=",
-                                     "CKPT_PEER_LOST_FILE="};
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    bool own = false;
-    for (const char* prefix : kOwn) own = own || kv.rfind(prefix, 0) == 0;
-    if (!own) env.push_back(std::move(kv));
-  }
-  return env;
-}
-
 }  // namespace
 
 int ViewSignal() { return SIGRTMIN; }
@@ -254,12 +211,23 @@ void Launcher::Poll() {
   }
   if (view && view->registered()) world_size_ = view->world_size();
   for (const TrainerExit& e : trainers_.Reap()) {
-    if (e.clean()) finished_.insert(e.rank);
+    uint64_t generation = generation_.value_or(0);
+    bool kept = false;
+    if (auto p = procs_.find(e.rank); p != procs_.end()) {
+      generation = p->second.generation;
+      kept = p->second.kept_for.has_value();
+      // A kept trainer gone before it joined is of the old generation (its
+      // report is dropped below): started anew in the current one.
+      if (kept && generation_ && *p->second.kept_for == *generation_)
+        restart_anew_.insert(e.rank);
+      ForgetProc(e.rank);
+    }
+    if (e.clean() && !kept) finished_.insert(e.rank);
     PeerLost peers = TakePeerLost(e.rank, world_size_);
     if (e.clean()) peers = {};
-    reports_.push_back(
-        {e, std::move(peers), generation_.value_or(0), epoch_, false});
+    reports_.push_back({e, std::move(peers), generation, epoch_, false});
   }
+  ReportPeerLostOfLiveTrainers();
   FlushReports();
   FlushNodeCheck();
   if (view && view->registered()) Reconcile(*view);
@@ -270,7 +238,7 @@ void Launcher::FlushReports() {
     PendingReport& r = reports_.front();
     std::string what = absl::StrCat(
         "generation ", r.generation, ": rank ", r.exit.rank, " ",
-        DescribeExit(r.exit),
+        r.process_kept ? std::string("still running") : DescribeExit(r.exit),
         !r.peers.said ? ""
         : r.peers.ranks.empty()
             ? " (it lost peers)"
@@ -304,6 +272,7 @@ void Launcher::FlushReports() {
     // peers' nodes before it plans.
     req.set_peer_lost(r.peers.said);
     for (uint32_t p : r.peers.ranks) req.add_lost_peer_ranks(p);
+    req.set_process_kept(r.process_kept);
     cv1::ReportTrainerExitResponse resp;
     absl::Status s = coordinator::CoordStatus(
         client_->Call(&cv1::Coordinator::Stub::ReportTrainerExit, req, &resp,
@@ -340,15 +309,21 @@ void Launcher::FlushReports() {
   }
 }
 
+void Launcher::StopRanks(const std::vector<uint32_t>& ranks,
+                         const std::string& why) {
+  if (ranks.empty()) return;
+  Log(absl::StrCat(GenerationPrefix(), "stopping ranks ",
+                   absl::StrJoin(ranks, ","), " (", why, ")"));
+  NoteUnkillable(trainers_.Stop(ranks, opts_.grace));
+  for (uint32_t rank : ranks) ForgetProc(rank);
+}
+
 void Launcher::StopTrainers(const std::string& why) {
-  std::vector<uint32_t> running = trainers_.RunningRanks();
-  if (!running.empty())
-    Log(absl::StrCat(GenerationPrefix(), "stopping ranks ",
-                     absl::StrJoin(running, ","), " (", why, ")"));
-  NoteUnkillable(trainers_.StopAll(opts_.grace));
+  StopRanks(trainers_.RunningRanks(), why);
   generation_.reset();
   started_.clear();
   finished_.clear();
+  restart_anew_.clear();
 }
 
 void Launcher::Reconcile(const cv1::JobView& job) {
@@ -361,11 +336,16 @@ void Launcher::Reconcile(const cv1::JobView& job) {
       !trainers_.RunningRanks().empty())
     CaptureStacks(*generation_);  // a hang: the evidence before the kill
   if (generation_ && *generation_ != job.generation())
-    StopTrainers(
+    KeepOrStop(
+        job, desired,
         absl::StrCat("generation ", *generation_, " -> ", job.generation()));
   else if (generation_ && desired != started_)
     StopTrainers(desired.empty() ? "this node is not alive or hosts no ranks"
                                  : "the ranks of this node changed");
+  else if (!generation_ && !trainers_.RunningRanks().empty())
+    KeepOrStop(job, desired,  // kept trainers wait for the generation
+               absl::StrCat("generation ", job.generation()));
+  if (generation_) TendKept(job);
   if (generation_ || desired.empty()) return;
   // A plan's trainers may start while its prefetches run (ckptd's restore
   // waits for a fetch in flight): the coordinator says when.
@@ -380,55 +360,6 @@ void Launcher::Reconcile(const cv1::JobView& job) {
   }
   waiting_for_.clear();
   StartTrainers(job, std::vector<uint32_t>(desired.begin(), desired.end()));
-}
-
-void Launcher::StartTrainers(const cv1::JobView& job,
-                             const std::vector<uint32_t>& ranks) {
-  std::optional<uint64_t> step;
-  if (job.plan_state() == cv1::PLAN_NONE) {
-    if (job.has_last_good())
-      step = job.last_good_step();  // a fresh start of the job
-  } else if (job.has_restore_step()) {
-    step = job.restore_step();
-  }
-  std::string master = opts_.master_addr;
-  if (master.empty()) master = HostOf(job.rank0_address());
-  if (master.empty()) master = "127.0.0.1";
-  generation_ = job.generation();
-  started_ = std::set<uint32_t>(ranks.begin(), ranks.end());
-  finished_.clear();
-  Log(absl::StrCat(GenerationPrefix(), "start ranks ",
-                   absl::StrJoin(ranks, ","),
-                   step ? absl::StrCat(" at step ", *step, " (restore)")
-                        : std::string(" (fresh)")));
-  const std::vector<std::string> inherited = InheritedEnv();
-  for (size_t local = 0; local < ranks.size(); ++local) {
-    std::vector<std::string> env = inherited;
-    env.push_back(absl::StrCat("RANK=", ranks[local]));
-    env.push_back(absl::StrCat("WORLD_SIZE=", job.world_size()));
-    env.push_back(absl::StrCat("LOCAL_RANK=", local));
-    env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", ranks.size()));
-    env.push_back(absl::StrCat("MASTER_ADDR=", master));
-    env.push_back(absl::StrCat("MASTER_PORT=",
-                               opts_.master_port + job.generation() % 1000));
-    env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));
-    env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
-    env.push_back(absl::StrCat("CKPT_GENERATION=", job.generation()));
-    if (step) env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *step));
-    if (std::string f = PythonStacksFile(ranks[local]); !f.empty())
-      env.push_back(absl::StrCat("CKPT_STACKS_FILE=", f));
-    if (std::string f = PeerLostFile(ranks[local]); !f.empty())
-      env.push_back(absl::StrCat("CKPT_PEER_LOST_FILE=", f));
-    absl::Status s =
-        trainers_.Start(ranks[local], opts_.program, opts_.command, env);
-    // A rank that cannot even be forked counts as a failed trainer.
-    if (!s.ok()) {
-      Log(absl::StrCat(GenerationPrefix(), "rank ", ranks[local], ": ",
-                       s.message()));
-      reports_.push_back({TrainerExit{ranks[local], 127, 0}, PeerLost{},
-                          *generation_, epoch_, false});
-    }
-  }
 }
 
 }  // namespace ckpt::tools

@@ -11,6 +11,14 @@
 // the trainers keep running; refused for this node's epoch, it waits for
 // the view's next epoch and is sent again). Trainers it stops itself are
 // not reported.
+// In-process restart (ckptrun_restart.cc): each trainer process gets its
+// own $CKPT_RESTART_DIR, with the `plan` of its generation. On a new
+// generation, a trainer that said it can restart in its process
+// (`capable`, its pid checked) and whose rank stays on this node is kept:
+// not stopped, its `plan` rewritten when the new generation's trainers may
+// start; it is stopped and started anew if it has not `joined` within
+// --restart-timeout. A kept trainer's word that it lost peers is reported
+// while it runs (ReportTrainerExitRequest.process_kept).
 //
 // Exit status: 0 once every rank of the current generation on this node
 // exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
@@ -26,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +47,7 @@
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/leader_channel.h"
 #include "tools/ckptrun_trainers.h"
+#include "tools/restart_files.h"
 
 namespace ckpt::tools {
 
@@ -55,6 +65,9 @@ struct RunOptions {
   uint32_t master_port = 29500;
   std::chrono::milliseconds poll{100};
   std::chrono::milliseconds grace{3000};
+  // How long a kept trainer has to join a new generation; 0: no trainer
+  // is kept (every one is stopped and started anew, as before).
+  std::chrono::milliseconds restart_timeout{30000};
   std::vector<std::string> command;  // CMD ARGS...
   std::string program;               // command[0] resolved through $PATH
 };
@@ -100,6 +113,22 @@ class Launcher {
     // view shows another epoch; dropped if its generation is replaced.
     bool awaiting_epoch = false;
     bool epoch_retried = false;
+    // Not an exit: a kept trainer's word that it lost peers, sent while it
+    // runs (exit is {rank, 0, 0}).
+    bool process_kept = false;
+  };
+
+  // A trainer process this launcher started, for its in-process restart.
+  struct Proc {
+    pid_t pid = 0;
+    std::string dir;              // its $CKPT_RESTART_DIR; "" without one
+    uint64_t generation = 0;      // it runs in: started in it, or joined it
+    std::optional<bool> capable;  // its `capable` once read
+    std::optional<uint64_t> kept_for;  // kept for it, not joined yet
+    // When kept_for's plan was written: its --restart-timeout runs.
+    std::optional<std::chrono::steady_clock::time_point> plan_at;
+    bool peer_lost_reported = false;  // in `generation`
+    std::string bad_joined;           // the last bad `joined` logged
   };
 
   // Waits up to `d` for a signal; false when a stop signal arrived.
@@ -112,9 +141,41 @@ class Launcher {
   // backoff) and stores each view it gets.
   void WatchLoop();
   void Reconcile(const coord::v1::JobView& view);
+  // The view's generation may start: sets generation_ and started_ to
+  // `ranks`, writes the plans of the kept trainers, starts the others.
   void StartTrainers(const coord::v1::JobView& view,
                      const std::vector<uint32_t>& ranks);
+  // Starts new processes for `ranks` of generation_ (each in started_).
+  void StartRanks(const coord::v1::JobView& view,
+                  const std::vector<uint32_t>& ranks);
   void StopTrainers(const std::string& why);
+  // Stops the trainers of `ranks` (not reported) and forgets them.
+  void StopRanks(const std::vector<uint32_t>& ranks, const std::string& why);
+  // ckptrun_restart.cc: in-process restart (see the top of this file).
+  // The view's generation replaces the trainers' (or kept ones wait for
+  // it): keeps the capable trainers whose rank stays in `desired`, stops
+  // the others.
+  void KeepOrStop(const coord::v1::JobView& view,
+                  const std::set<uint32_t>& desired, const std::string& why);
+  // Once generation_'s trainers may start: takes the kept trainers'
+  // `joined`, restarts those past --restart-timeout or gone.
+  void TendKept(const coord::v1::JobView& view);
+  // Queues a report for each live capable trainer that wrote its
+  // peer-lost note (once per generation it runs in).
+  void ReportPeerLostOfLiveTrainers();
+  // Whether rank's trainer wrote a valid `capable` with its pid (a bad
+  // one is logged once, naming the file).
+  bool Capable(uint32_t rank, Proc& proc);
+  // The generation rank's kept trainer says it joined, if it did.
+  std::optional<uint64_t> Joined(uint32_t rank, Proc& proc);
+  TrainerPlan PlanFor(const coord::v1::JobView& view, uint32_t rank) const;
+  // A new $CKPT_RESTART_DIR (0700), "" if it could not be made.
+  std::string NewRestartDir();
+  // Removes rank's Proc and its directory: its process is gone.
+  void ForgetProc(uint32_t rank);
+  // The launcher's directory (stacks, peer-lost notes, restart
+  // directories), made on first use; "" if it could not be made.
+  std::string LauncherDir();
   // ckptrun_stacks.cc: a hang was detected in `generation` (the view's
   // capture_stacks_generation): captures the stacks of every running
   // trainer (stack_capture.h) and sends them to the coordinator
@@ -159,6 +220,9 @@ class Launcher {
   std::optional<uint64_t> generation_;  // of the trainers started, if any
   std::set<uint32_t> started_;          // ranks started in generation_
   std::set<uint32_t> finished_;         // of those, exited 0
+  std::map<uint32_t, Proc> procs_;      // by rank, each running trainer
+  std::set<uint32_t> restart_anew_;     // kept ones of generation_ to start
+  uint64_t procs_made_ = 0;             // restart directories made
   std::deque<PendingReport> reports_;
   uint64_t known_generation_ = 0;  // newest generation the coordinator told us
   uint64_t epoch_ = 0;             // this node's epoch, last seen

@@ -34,11 +34,43 @@ namespace cv1 = ::ckpt::coord::v1;
 using std::chrono::milliseconds;
 
 // Writes its environment (and pid) to DIR/env-<generation>-<rank>, then
-// behaves as MODE says.
+// behaves as MODE says. The keep* modes follow the in-process restart
+// contract (doc: restart_files.h): write `capable`, and on each newer
+// `plan` write its lines (with PID= and KEPT=1) to DIR/env-<G>-<rank>,
+// then `joined`. Rank 1 of generation 0 exits 3 once DIR/fail exists.
+// keep-nojoin: rank 0 never joins; keep-exit: rank 0 exits 5 when it sees
+// a newer plan; keep-badpid: rank 0 names pid 1 in
+// `capable`; keep-peerlost: rank 0 of generation 0 notes peer rank 1 lost
+// once DIR/peerlost exists, and keeps running.
 constexpr char kTrainer[] = R"(
 d=$1; f="$d/env-$CKPT_GENERATION-$RANK"
 { env; echo "PID=$$"; } > "$f.tmp" && mv "$f.tmp" "$f"
 case "$2" in
+  keep*) r=$CKPT_RESTART_DIR; [ -n "$r" ] || exit 4
+         pid=$$; [ "$2" = keep-badpid ] && [ "$RANK" = 0 ] && pid=1
+         echo "pid=$pid" > "$r/capable.tmp" && mv "$r/capable.tmp" "$r/capable"
+         g=$CKPT_GENERATION; noted=
+         while :; do
+           [ "$g" = 0 ] && [ "$RANK" = 1 ] && [ -e "$d/fail" ] && exit 3
+           if [ "$2" = keep-peerlost ] && [ "$g" = 0 ] && [ "$RANK" = 0 ] &&
+              [ -z "$noted" ] && [ -e "$d/peerlost" ]; then
+             echo 1 > "$CKPT_PEER_LOST_FILE"; noted=1
+           fi
+           p=; plan=
+           while IFS= read -r line; do
+             plan="$plan$line
+"
+             case "$line" in generation=*) p=${line#generation=} ;; esac
+           done 2>/dev/null < "$r/plan"
+           if [ -n "$p" ] && [ "$p" -gt "$g" ] &&
+              ! { [ "$2" = keep-nojoin ] && [ "$RANK" = 0 ]; }; then
+             [ "$2" = keep-exit ] && [ "$RANK" = 0 ] && exit 5
+             g=$p; f="$d/env-$g-$RANK"
+             printf '%sPID=%s\nKEPT=1\n' "$plan" "$$" > "$f.tmp" && mv "$f.tmp" "$f"
+             echo "generation=$g" > "$r/joined.tmp" && mv "$r/joined.tmp" "$r/joined"
+           fi
+           sleep 0.05
+         done ;;
   exit0) exit 0 ;;
   wrapped) sleep 60 & c=$!; echo "$c" > "$d/child-$RANK.tmp" && mv "$d/child-$RANK.tmp" "$d/child-$RANK"
            wait; exit 0 ;;

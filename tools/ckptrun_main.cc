@@ -1,7 +1,7 @@
 // ckptrun --coordinator HOST:PORT --node-id ID --nproc-per-node N
 //         [--nnodes M] [--world-size W] [--job NAME] [--socket PATH]
 //         [--master-addr ADDR] [--master-port BASE] [--poll-ms MS]
-//         [--grace-ms MS] -- CMD ARGS...
+//         [--grace-ms MS] [--restart-timeout S] -- CMD ARGS...
 // See ckptrun.h for what it does and its exit status.
 #include <signal.h>
 
@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/client/channel.h"
 #include "coordinator/client/leader_channel.h"
@@ -43,6 +44,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
       "rank of this node.");
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
+  std::string restart_timeout = "30";
   app.add_option("--coordinator", o.coordinator,
                  "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the "
                  "leader is followed)")
@@ -78,6 +80,13 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   app.add_option(
       "--grace-ms", grace_ms,
       "SIGTERM to SIGKILL delay when stopping trainers (default 3000)");
+  app.add_option(
+      "--restart-timeout", restart_timeout,
+      "seconds a trainer kept in its process (in-process restart: it wrote "
+      "`capable` in $CKPT_RESTART_DIR and its rank stays on this node) has "
+      "to join a new generation before it is stopped and started anew; 0: "
+      "no trainer is kept and none gets $CKPT_RESTART_DIR, every one is "
+      "stopped and started anew on each generation (default 30)");
   if (absl::Status s = ParseCli(app, help, split, argv); !s.ok()) return s;
 
   auto bad = [](const std::string& flag, const std::string& why) {
@@ -129,6 +138,18 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   if (grace_ms < 0 || grace_ms > 3600000)
     return bad("--grace-ms", "must be in [0, 3600000]");
   o.grace = std::chrono::milliseconds(grace_ms);
+  double restart_s = 0;
+  if (!absl::SimpleAtod(restart_timeout, &restart_s) ||
+      restart_timeout.find_first_not_of("0123456789.") != std::string::npos)
+    return bad("--restart-timeout",
+               absl::StrCat("\"", restart_timeout.substr(0, 32),
+                            "\" is not a number of seconds"));
+  if (!(restart_s >= 0 && restart_s <= 3600))
+    return bad("--restart-timeout", "must be in [0, 3600] seconds");
+  o.restart_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(restart_s * 1000 + 0.5));
+  if (restart_s > 0 && o.restart_timeout.count() == 0)
+    return bad("--restart-timeout", "below a millisecond (0 disables it)");
   absl::StatusOr<std::string> program = ResolveProgram(o.command[0]);
   if (!program.ok()) return program.status();
   o.program = *program;

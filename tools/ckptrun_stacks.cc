@@ -21,8 +21,7 @@ constexpr int kStacksSendTries = 3;
 
 }  // namespace
 
-std::string Launcher::RankFile(uint32_t rank, const char* suffix,
-                               bool truncate) {
+std::string Launcher::LauncherDir() {
   if (stacks_dir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ =
@@ -31,6 +30,12 @@ std::string Launcher::RankFile(uint32_t rank, const char* suffix,
     ::chmod(templ.c_str(), 0755);  // trainers may run as another uid
     stacks_dir_ = templ;
   }
+  return stacks_dir_;
+}
+
+std::string Launcher::RankFile(uint32_t rank, const char* suffix,
+                               bool truncate) {
+  if (LauncherDir().empty()) return "";
   std::string path = absl::StrCat(stacks_dir_, "/rank-", rank, suffix);
   // Write-only for others: a trainer of another uid writes to it, nobody
   // else reads it.

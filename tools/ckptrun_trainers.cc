@@ -231,8 +231,18 @@ std::vector<TrainerExit> TrainerSet::Reap() {
 
 std::vector<Unkillable> TrainerSet::StopAll(
     std::chrono::milliseconds grace, std::chrono::milliseconds kill_wait) {
-  if (running_.empty()) return {};
-  std::map<uint32_t, pid_t> left = running_;
+  return Stop(RunningRanks(), grace, kill_wait);
+}
+
+std::vector<Unkillable> TrainerSet::Stop(const std::vector<uint32_t>& ranks,
+                                         std::chrono::milliseconds grace,
+                                         std::chrono::milliseconds kill_wait) {
+  std::map<uint32_t, pid_t> stopping;
+  for (uint32_t rank : ranks)
+    if (auto it = running_.find(rank); it != running_.end())
+      stopping.insert(*it);
+  if (stopping.empty()) return {};
+  std::map<uint32_t, pid_t> left = stopping;
   // Reaps what exits until `until` or nothing is left.
   auto reap_until = [&left](std::chrono::steady_clock::time_point until) {
     for (;;) {
@@ -244,16 +254,18 @@ std::vector<Unkillable> TrainerSet::StopAll(
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   };
-  for (const auto& [rank, pid] : running_) kill(-pid, SIGTERM);
+  for (const auto& [rank, pid] : stopping) kill(-pid, SIGTERM);
   reap_until(std::chrono::steady_clock::now() + grace);
-  for (const auto& [rank, pid] : running_)
+  for (const auto& [rank, pid] : stopping)
     kill(-pid, SIGKILL);  // stragglers in each group too
   reap_until(std::chrono::steady_clock::now() + kill_wait);
   std::vector<Unkillable> stuck;
   for (const auto& [rank, pid] : left)
     stuck.push_back({rank, pid, ProcessState(pid)});
-  for (const auto& [rank, pid] : running_) TellGuardian('-', pid);
-  running_.clear();
+  for (const auto& [rank, pid] : stopping) {
+    TellGuardian('-', pid);
+    running_.erase(rank);
+  }
   return stuck;
 }
 

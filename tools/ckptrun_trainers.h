@@ -80,6 +80,11 @@ class TrainerSet {
   std::vector<Unkillable> StopAll(
       std::chrono::milliseconds grace,
       std::chrono::milliseconds kill_wait = kKillWait);
+  // The same for the trainers of `ranks` only (those not running are
+  // skipped); the others keep running.
+  std::vector<Unkillable> Stop(const std::vector<uint32_t>& ranks,
+                               std::chrono::milliseconds grace,
+                               std::chrono::milliseconds kill_wait = kKillWait);
   std::vector<uint32_t> RunningRanks() const;
   // rank -> pid (= process group id) of each running trainer.
   std::map<uint32_t, pid_t> Running() const { return running_; }

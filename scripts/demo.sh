@@ -339,6 +339,9 @@ report_failure() {
   resumed=$(resumed_at "$kill_t" "$restore")
   [[ -z $resumed ]] || printf "     kill -> first training step after the restore (step %d): %d ms\n" \
     $((restore + 1)) "$(ms_between "$kill_t" "$resumed")"
+  # ckptrun logs each trainer it keeps (in-process restart) for the plan.
+  kept=$(cat "${logs[@]}" | grep -o "generation $gen: rank [0-9]* keeps its process" | sort -u | wc -l)
+  printf "     survivors kept their process: %d of %d\n" "$kept" "$survivors"
 }
 
 # Step time (wall clock, node a's log) on steps that wait for a save vs
@@ -368,7 +371,9 @@ echo
 echo "== report"
 printf "   reference: %d steps in %s s (%.1f steps/s); disturbed run: %s s\n" "$steps" "$ref_s" \
   "$(awk -v s="$steps" -v t="$ref_s" 'BEGIN { print s / t }')" "$run_s"
+survivors=$((world - 1))  # ranks whose process lived through failure 1
 report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1"
+survivors=$((world - 2))  # node b's two ranks died with it
 report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2"
 read -r save_ms plain_ms n_save n_plain <<<"$(save_cost)"
 shard_bytes=$(sed -n 's/.*STEP_DURABLE.*step \([0-9]*\): \([0-9]*\) bytes on \([0-9]*\) ranks.*/\2 \3/p' <<<"$events" | tail -n1)

@@ -147,6 +147,11 @@ class _Monitor(threading.Thread):
         if plan is None:
             return None
         with self._lock:
+            # The main thread polls too (after a broken collective): the
+            # second reader of the same plan must not hand it out again
+            # once the first one's was taken.
+            if plan.generation <= self._newest:
+                return None
             self._newest = plan.generation
             self._plan = plan
             current = self._current

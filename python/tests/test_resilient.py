@@ -206,6 +206,13 @@ class ResilientTest(unittest.TestCase):
         self.assert_flat(seen, restarts)
 
     def restart_many(self, ln, ranks, restarts, seen):
+        # Every generation restores the same step. A generation still
+        # running saves steps above its restore step, and its first save
+        # drops the newer steps of the generation before (a rewind):
+        # without a coordinator fencing the old generation, the one step
+        # no running generation can drop is the one they all restore.
+        wait_for(lambda: self.latest() is not None, 120, "a first checkpoint")
+        restore = self.latest()
         for g in range(1, restarts + 1):
             if g % 2:
                 # While the generation restores (or is about to): a restart
@@ -216,7 +223,6 @@ class ResilientTest(unittest.TestCase):
                 # While it trains, a save always in flight (--ckpt-every 1).
                 wait_for(lambda: all(first_step(t.output(), g - 1) for t in ranks), 120,
                          "generation %d's first step" % (g - 1))
-            restore = self.latest()
             for r, t in enumerate(ranks):
                 ln.write_plan(t, g, r, restore)
             wait_for(lambda: all(first_step(t.output(), g) for t in ranks), 120,

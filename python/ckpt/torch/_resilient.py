@@ -298,8 +298,8 @@ def _wait_listening(plan, monitor, deadline):
                 monitor.arrived.wait(0.01)
 
 
-def _form(plan, backend, timeout, monitor):
-    gen = _Generation(plan)
+def _form(gen, backend, timeout, monitor):
+    plan = gen.plan
     if monitor is not None:
         monitor.watch(gen)
     if plan.world_size > 1 or backend is not None:
@@ -315,7 +315,6 @@ def _form(plan, backend, timeout, monitor):
                                 rank=plan.rank, world_size=plan.world_size,
                                 timeout=timeout)
         gen.formed()
-    return gen
 
 
 def _checkpointer(plan, monitor, options):
@@ -370,9 +369,10 @@ def _generations(train, plan, backend, timeout, options, monitor):
     started = None  # when the restart began (the abort)
     while True:
         _restart.export(plan)
-        gen, ck = None, None
+        gen, ck, formed = _Generation(plan), None, False
         try:
-            gen = _form(plan, backend, timeout, monitor)
+            _form(gen, backend, timeout, monitor)
+            formed = True
             ck = _checkpointer(plan, monitor, options)
             if started is not None:
                 _log("generation %d: rank %d of %d re-formed in process in "
@@ -380,37 +380,44 @@ def _generations(train, plan, backend, timeout, options, monitor):
                                   (time.monotonic() - started) * 1e3))
             result = train(Context(plan, ck, monitor, restarts))
         except BaseException as e:
-            if monitor is None or not _restarting(e, monitor):
+            if monitor is None or not _restarting(e, monitor, formed):
                 if isinstance(e, Exception) and _peers.looks_like_lost_peer(e):
                     _peers.note_peer_lost()  # this exit is not a failure of its own
-                _close(gen, ck, abort=gen is not None and gen.pg is not None)
+                _close(gen, ck, abort=gen.pg is not None)
                 raise
             started = time.monotonic()
-            _close(gen, ck, abort=True)
-            del e
-            if monitor.pending() is None:
-                monitor.poll_once()
-            if monitor.pending() is None:
-                _peers.note_peer_lost()  # ckptrun tells the coordinator
-            plan = monitor.take()
-            _restart.joined(plan.generation)
-            restarts += 1
-            continue
-        _close(gen, ck, abort=False)
-        return result
+            gen.abort()  # at once: peers blocked on this rank fail in cascade
+            _log("generation %d: rank %d leaves its group (%s: %s)"
+                 % (plan.generation, plan.rank, type(e).__name__, str(e)[:200]))
+        else:
+            _close(gen, ck, abort=False)
+            return result
+        # Out of the except block, so that the old generation's frames (its
+        # model, optimizer, tensors) are gone before it is torn down.
+        _close(gen, ck, abort=True)
+        if monitor.pending() is None:
+            monitor.poll_once()
+        if monitor.pending() is None:
+            _peers.note_peer_lost()  # ckptrun tells the coordinator
+        plan = monitor.take()
+        _restart.joined(plan.generation)
+        restarts += 1
 
 
-def _restarting(e, monitor):
+def _restarting(e, monitor, formed):
     """A restart, not the trainer's own failure: RestartRequested, or any
     exception once a newer plan is there (an aborted group's error inside
-    autograd, say), or a collective broken by a lost peer."""
+    autograd, say), or, once the group is formed, an error of a link to a
+    lost peer. A group that fails to form with no newer plan (its port
+    taken, a peer that never came) is a failure: the process exits and is
+    started anew, rather than wait for a plan nothing will make."""
     if isinstance(e, RestartRequested):
         return True
     if not isinstance(e, Exception):
         return False  # KeyboardInterrupt, SystemExit
     if monitor.pending() is not None:
         return True
-    return _peers.looks_like_lost_peer(e)
+    return formed and _peers.looks_like_lost_peer(e)
 
 
 def _close(gen, ck, abort):

@@ -395,6 +395,8 @@ def _generations(train, plan, backend, timeout, options, monitor):
         # Out of the except block, so that the old generation's frames (its
         # model, optimizer, tensors) are gone before it is torn down.
         _close(gen, ck, abort=True)
+        _log("generation %d: rank %d tore its group down in %.0f ms"
+             % (plan.generation, plan.rank, (time.monotonic() - started) * 1e3))
         if monitor.pending() is None:
             monitor.poll_once()
         if monitor.pending() is None:

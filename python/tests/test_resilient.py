@@ -53,13 +53,37 @@ def first_step(text, generation):
     return rest is not None and re.search(r"^step \d+ loss ", rest, re.M) is not None
 
 
+def free_ports(count):
+    """The first of `count` consecutive TCP ports that nothing on this
+    machine is bound to now, below the ephemeral range (other tests on a
+    shared machine pick rendezvous ports too: a port taken by one of them
+    makes a rendezvous fail)."""
+    import random
+    import socket
+    rng = random.Random(os.getpid())
+    while True:
+        base = rng.randrange(10000, 32000)
+        held = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket(socket.AF_INET6)
+                held.append(s)
+                s.bind(("::", p))  # dual-stack: IPv4 and IPv6 both free
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+
+
 def reference(steps):
     """The undisturbed run's digest: WORLD ranks by hand, no checkpoints."""
     if steps in _references:
         return _references[steps]
     import subprocess
     env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(41000 + os.getpid() % 8000))
+               MASTER_PORT=str(free_ports(1)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
     for k in ("CKPT_SOCKET", "CKPT_JOB", "CKPT_RESTART_DIR", "CKPT_RESTORE_STEP"):
         env.pop(k, None)
@@ -112,7 +136,7 @@ class ResilientTest(unittest.TestCase):
                 t.proc.wait()
 
     def launcher(self, steps, every, extra=()):
-        port = 20000 + (os.getpid() * 13 + self.jobs * 1009) % 20000
+        port = free_ports(25)
         return Launcher(self.dir, self.daemon.socket, self.job, WORLD, port,
                         train_args(steps, every) + list(extra))
 
@@ -143,6 +167,19 @@ class ResilientTest(unittest.TestCase):
         want = reference(steps)
         for t in trainers:
             self.assertEqual(digests(t.output()), [want], self.say(trainers))
+
+    def sockets(self, ln, restarts):
+        """`ss` lines of the rendezvous ports, for a failure's message."""
+        import subprocess
+        ports = {str(ln.port(g)) for g in range(restarts + 1)}
+        try:
+            out = subprocess.run(["ss", "-tanp"], capture_output=True, text=True,
+                                 timeout=20).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            return "ss: %s" % e
+        return "sockets on the rendezvous ports:\n" + "\n".join(
+            line for line in out.splitlines()
+            if any(":" + p + " " in line + " " for p in ports))
 
     def assert_kept(self, t, generation, restarts):
         self.assertIn("generation %d: rank" % generation, t.output())
@@ -201,7 +238,8 @@ class ResilientTest(unittest.TestCase):
         try:
             self.restart_many(ln, ranks, restarts, seen)
         except AssertionError as e:
-            raise AssertionError("%s\n%s" % (e, self.say(ranks, stacks=True))) from None
+            raise AssertionError("%s\n%s\n%s" % (e, self.say(ranks, stacks=True),
+                                                 self.sockets(ln, restarts))) from None
         self.finish(ranks, steps)
         for t in ranks:
             self.assert_kept(t, restarts, restarts)
@@ -236,11 +274,11 @@ class ResilientTest(unittest.TestCase):
             print("rank %d, RSS MiB after each restart: %s" % (r, " ".join(
                 "%.0f" % (row[r][0] / 2**20) for row in seen)), file=sys.stderr)
         for r in range(WORLD):
-            # RSS against the second restart's: the first restart comes while
-            # generation 0 restores, and RSS steps up once (by about 100 MiB
-            # of anonymous memory, on torch 1.13) by the second, then stays
-            # flat; descriptors and threads against the first's.
-            rss_base = seen[1][r][0]
+            # RSS against the fifth restart's: within the first few restarts
+            # RSS steps up once (about 96 MiB of anonymous memory with one
+            # more thread, on torch 1.13; at restart 2 or 3), then stays
+            # flat to the 20th. Descriptors and threads against the first's.
+            rss_base = seen[4][r][0]
             first, last = seen[0][r], seen[-1][r]
             print("rank %d after restart 1 / %d: RSS %.1f / %.1f MiB, fds %d / %d, threads %d / %d"
                   % (r, restarts, first[0] / 2**20, last[0] / 2**20, first[1], last[1],
@@ -248,7 +286,7 @@ class ResilientTest(unittest.TestCase):
             for g, row in enumerate(seen, 1):
                 rss, fds, threads, _ = row[r]
                 what = "rank %d, restart %d: %r vs the first's %r" % (r, g, row[r], first)
-                if g > 1:
+                if g >= 5:
                     self.assertLessEqual(abs(rss - rss_base), 0.05 * rss_base, what)
                 self.assertLessEqual(abs(fds - first[1]), 2, what)
                 self.assertLessEqual(abs(threads - first[2]), 2, what)

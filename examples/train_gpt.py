@@ -6,9 +6,12 @@ that uses ckpt.torch.Checkpointer the way a user would: every --ckpt-every
 steps the whole training state (model, optimizer, step, torch's RNG, the data
 sampler's position) goes to ckptd with save_async, whose copy overlaps the
 next forward/backward; the optimizer step that would change the saved
-tensors first waits for wait_copied(). Started again by ckptrun after a
-failure, a rank restores CKPT_RESTORE_STEP in place and continues; the run
-is deterministic, so a resumed job ends bit-identical to an undisturbed one.
+tensors first waits for wait_copied(). The loop is a train(ctx) run by
+ckpt.torch.resilient: after a failure of another rank, this process stays,
+re-forms the process group of the new generation and calls train(ctx)
+again, which restores ctx.restore_step in place; a rank that died is
+started anew by ckptrun and restores the same step. The run is
+deterministic, so a resumed job ends bit-identical to an undisturbed one.
 
 Environment (as ckptrun and torchrun set it):
   RANK, WORLD_SIZE              this process's place (default 0 of 1)
@@ -16,13 +19,14 @@ Environment (as ckptrun and torchrun set it):
   CKPT_SOCKET, CKPT_JOB         the node's ckptd and the job; without
                                 CKPT_SOCKET the run trains without checkpoints
   CKPT_RESTORE_STEP             restore this step (else: the job's latest, if any)
-Prints "step N loss X" lines, "restored step N" after a restore, then
+  CKPT_RESTART_DIR              ckptrun's plans of later generations (in-process restart)
+Prints "generation G: rank R of W starts (pid P, in-process restarts K)" at
+each (re)start, "step N loss X" lines, "restored step N" after a restore, then
 "done rank=R step N params_digest=<hex>" and, as the last line,
 "params_digest=<hex>" (SHA-256 of every parameter's name and bytes, in name
 order; 16 hex digits).
 """
 import argparse
-import contextlib
 import hashlib
 import math
 import os
@@ -46,19 +50,6 @@ def say(line):
     never interleave within a line, even with $PYTHONUNBUFFERED."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def _env_int(name, lo, hi, default=None):
-    text = os.environ.get(name, "")
-    if text == "":
-        return default
-    try:
-        v = int(text)
-    except ValueError:
-        v = None
-    if v is None or v < lo or v > hi:
-        raise SystemExit(f"train_gpt: ${name} = {text[:32]!r}: not an integer in [{lo}, {hi}]")
-    return v
 
 
 def parse_args(argv=None):
@@ -235,35 +226,36 @@ def lr_at(a, step):
 
 def main(argv=None):
     a = parse_args(argv)
+    import datetime
     import torch
-    import torch.distributed as dist
     torch.set_num_threads(a.threads)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.use_deterministic_algorithms(True)
+    ckpt_torch = _import_ckpt()
+    # Survivors of a failure restart in this process (under ckptrun): train()
+    # runs again with the new generation's process group and restore step.
+    return ckpt_torch.resilient(lambda ctx: train(torch, a, ctx),
+                                timeout=datetime.timedelta(seconds=a.timeout_s))
 
-    rank = _env_int("RANK", 0, 1 << 20, 0)
-    world = _env_int("WORLD_SIZE", 1, 1 << 20, 1)
-    if rank >= world:
-        raise SystemExit(f"train_gpt: $RANK = {rank} is not below $WORLD_SIZE = {world}")
-    restore_step = _env_int("CKPT_RESTORE_STEP", 0, 1 << 62)
-    socket = os.environ.get("CKPT_SOCKET", "")
-    if restore_step is not None and not socket:
-        raise SystemExit("train_gpt: $CKPT_RESTORE_STEP is set but $CKPT_SOCKET is not")
+
+def train(torch, a, ctx):
+    import torch.distributed as dist
+    rank, world = ctx.rank, ctx.world_size
+    ck = ctx.checkpointer
+    restore_step = ctx.restore_step
+    if restore_step is None and ck is not None and ctx.restarts == 0:
+        latest = ck.latest_step()  # started by hand on an existing job
+        restore_step = latest if latest is not None and latest >= 0 else None
+    say(f"generation {ctx.generation}: rank {rank} of {world} starts (pid {os.getpid()}, "
+        f"in-process restarts {ctx.restarts})")
     device = torch.device("cpu")
     if a.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("train_gpt: --device cuda, but torch sees no CUDA device")
         # More local ranks than GPUs (a simulated cluster on one machine)
         # share them round-robin.
-        device = torch.device("cuda", _env_int("LOCAL_RANK", 0, 1 << 10, 0)
-                              % torch.cuda.device_count())
+        device = torch.device("cuda", ctx.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    if world > 1:
-        import datetime
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=a.timeout_s))
 
     torch.manual_seed(a.seed)
     model = build_model(torch, a).to(device)
@@ -271,14 +263,6 @@ def main(argv=None):
     data = SyntheticData(torch, a, rank)
     torch.manual_seed(a.seed * 31 + rank)  # dropout: each rank its own stream
     step = 0
-
-    ck = None
-    if socket:
-        ckpt_torch = _import_ckpt()
-        ck = ckpt_torch.Checkpointer(rank=rank, world_size=world)
-        if restore_step is None:
-            latest = ck.latest_step()
-            restore_step = latest if latest is not None and latest >= 0 else None
 
     def training_state():
         state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
@@ -288,6 +272,8 @@ def main(argv=None):
         return state
 
     if restore_step is not None:
+        if ck is None:
+            raise SystemExit("train_gpt: a restore step is given but $CKPT_SOCKET is not")
         materialize_optimizer_state(torch, model, opt)
         state = training_state()
         rest = ck.load(restore_step, state)
@@ -300,56 +286,50 @@ def main(argv=None):
         data.gen.set_state(state["data_rng"])
         say(f"restored step {step}")
 
-    # A collective that breaks because a peer is gone says so to ckptrun
-    # before the exit, so that the coordinator probes the peer's node
-    # instead of planning this exit as a failure of its own.
-    watched = ckpt_torch.peers_watched() if ck is not None else contextlib.nullcontext()
-    with watched:
-        pending = None  # the save in flight
-        restored = restore_step is not None
-        while step < a.steps:
-            s = step + 1
-            if s == a.hang_step and rank == a.hang_rank and not restored:
-                hang_in_python_loop(rank, s)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(a, step)
-            x, y = data.batch()
-            x, y = x.to(device), y.to(device)
-            opt.zero_grad(set_to_none=True)
-            compute_start = time.monotonic()
-            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
-            loss.backward()
-            if ck is not None:
-                # The hang beacon, after this rank's own work and before it waits
-                # for the others: a stuck rank stays behind the ones waiting.
-                ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
-            allreduce_mean_grads(torch, dist, model, world)
-            if pending is not None:
-                pending.wait_copied()  # the saved tensors may change from here on
-            opt.step()
-            step = s
-            if a.log_every and (s % a.log_every == 0 or s == a.steps):
-                lv = loss.detach().clone()
-                if world > 1:
-                    dist.all_reduce(lv)
-                    lv /= world
-                say(f"step {s} loss {lv.item():.4f}")
-            if ck is not None and a.ckpt_every and s % a.ckpt_every == 0:
-                if pending is not None:
-                    pending.wait()
-                pending = ck.save_async(s, training_state())
-            if a.step_sleep_ms:
-                time.sleep(a.step_sleep_ms / 1000)
+    pending = None  # the save in flight
+    restored = restore_step is not None or ctx.restarts > 0
+    while step < a.steps:
+        s = step + 1
+        if s == a.hang_step and rank == a.hang_rank and not restored:
+            hang_in_python_loop(rank, s)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(a, step)
+        x, y = data.batch()
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad(set_to_none=True)
+        compute_start = time.monotonic()
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
+        loss.backward()
+        if ck is not None:
+            # The hang beacon, after this rank's own work and before it waits
+            # for the others: a stuck rank stays behind the ones waiting.
+            ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
+        allreduce_mean_grads(torch, dist, model, world)
         if pending is not None:
-            pending.wait()
-        digest = params_digest(model)
-        if world > 1:
-            mine = torch.tensor([int(digest, 16) >> 1], dtype=torch.int64)
-            digests = [torch.zeros_like(mine) for _ in range(world)]
-            dist.all_gather(digests, mine)
-            if any(int(d) != int(mine) for d in digests):
-                raise SystemExit(f"train_gpt: rank {rank}: ranks ended with different parameters")
-            dist.destroy_process_group()
+            pending.wait_copied()  # the saved tensors may change from here on
+        opt.step()
+        step = s
+        if a.log_every and (s % a.log_every == 0 or s == a.steps):
+            lv = loss.detach().clone()
+            if world > 1:
+                dist.all_reduce(lv)
+                lv /= world
+            say(f"step {s} loss {lv.item():.4f}")
+        if ck is not None and a.ckpt_every and s % a.ckpt_every == 0:
+            if pending is not None:
+                pending.wait()
+            pending = ck.save_async(s, training_state())
+        if a.step_sleep_ms:
+            time.sleep(a.step_sleep_ms / 1000)
+    if pending is not None:
+        pending.wait()
+    digest = params_digest(model)
+    if world > 1:
+        mine = torch.tensor([int(digest, 16) >> 1], dtype=torch.int64)
+        digests = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(digests, mine)
+        if any(int(d) != int(mine) for d in digests):
+            raise SystemExit(f"train_gpt: rank {rank}: ranks ended with different parameters")
     say(f"done rank={rank} step {step} params_digest={digest}")
     say(f"params_digest={digest}")
     return 0

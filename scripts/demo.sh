@@ -328,7 +328,9 @@ resumed_at() {
 # generation $1 (a relaunched trainer never does), of $2 survivors.
 kept_of() {
   local kept
-  kept=$(cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* left generation" || true; } |
+  # ckptrun logs each trainer it keeps (in-process restart) for the plan,
+  # whatever the trainer (ckpt-worker or a PyTorch script).
+  kept=$(cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* keeps its process" || true; } |
     awk '{ print $4 }' | sort -u | wc -l)
   echo "$kept of $2"
 }

@@ -5,7 +5,10 @@
 # checkpointed with ckpt.torch (save_async overlapped with the next step).
 # One trainer is SIGKILLed, then node b dies whole; the job resumes from
 # shared memory / the shared root and must end bit-identical to an
-# undisturbed run (exit 1 otherwise). STEPS (default 60), KEEP, BUILD_DIR as
+# undisturbed run (exit 1 otherwise). train_gpt.py runs under
+# ckpt.torch.resilient: the surviving ranks restart in their process (the
+# report says per failure "survivors kept their process: K of N" beside
+# the kill -> first step time) and only the killed ones start anew. STEPS (default 60), KEEP, BUILD_DIR as
 # for scripts/demo.sh; DEVICE=cuda trains on CUDA tensors (every rank on
 # cuda:$LOCAL_RANK), PYTHON another interpreter with torch (default
 # Debian's /usr/bin/python3 with python3-torch).

@@ -73,6 +73,22 @@ class CSaveOptions(ctypes.Structure):
     _fields_ = [("rewind", ctypes.c_int)]
 
 
+class CPlan(ctypes.Structure):
+    # ckpt_plan: one generation's assignment of this process (in-process
+    # restart under ckptrun; see ckpt/_restart.py).
+    _fields_ = [
+        ("generation", ctypes.c_uint64),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("local_rank", ctypes.c_uint32),
+        ("local_world_size", ctypes.c_uint32),
+        ("master_addr", ctypes.c_char * 256),
+        ("master_port", ctypes.c_uint32),
+        ("has_restore_step", ctypes.c_int),
+        ("restore_step", ctypes.c_int64),
+    ]
+
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
@@ -131,6 +147,10 @@ def _declare(lib):
         "ckpt_last_save_stats": (c_int, [p, ctypes.POINTER(CSaveStats)]),
         "ckpt_progress": (c_int, [p, c_int64, ctypes.c_double]),
         "ckpt_expect_pause": (c_int, [p, ctypes.c_double, ctypes.c_char_p]),
+        "ckpt_restart_enable": (c_int, []),
+        "ckpt_restart_poll": (c_int, [ctypes.c_uint64, ctypes.POINTER(CPlan),
+                                      ctypes.POINTER(c_int)]),
+        "ckpt_restart_joined": (c_int, [ctypes.c_uint64]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

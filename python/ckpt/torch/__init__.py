@@ -39,7 +39,8 @@ from . import _tensors, _tree
 # ($CKPT_STACKS_FILE, see ckpt/_stacks.py).
 _stacks.register()
 
-__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes", "peers_watched"]
+__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes", "peers_watched",
+           "resilient", "Context", "RestartRequested"]
 
 storable_dtypes = _tensors.storable_dtypes
 
@@ -374,3 +375,8 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# In-process restart (ckpt/torch/_resilient.py); last, as it subclasses
+# Checkpointer.
+from ._resilient import Context, RestartRequested, resilient  # noqa: E402

@@ -1,0 +1,437 @@
+"""ckpt.torch.resilient: a training function that survives its peers'
+failures in its own process.
+
+    def train(ctx):
+        model = ...                                  # on every (re)start
+        step = 0
+        if ctx.restore_step is not None:
+            ctx.checkpointer.load(ctx.restore_step, state)
+            step = ctx.restore_step
+        while step < steps:
+            ...                                      # forward, backward
+            dist.all_reduce(grads)                   # may raise RestartRequested
+            ctx.checkpointer.save(step, state)       # so may every ckpt call
+
+    ckpt.torch.resilient(train)
+
+Under ckptrun ($CKPT_RESTART_DIR set) the process tells the launcher it
+restarts in place (ckpt_restart_enable), and a monitor thread polls the
+plan every 10 ms (ctypes releases the GIL). A newer generation's plan
+aborts the process group at once (ckpt/torch/_abort.py), so a collective
+blocked in it returns; RestartRequested is raised at the next collective
+or ckpt call. resilient() then tears the group down, writes `joined`,
+forms the group of the new generation (its rank, world size and
+rendezvous from the plan; a new store per generation), opens a new
+Checkpointer and calls train(ctx) again with ctx.restore_step set.
+
+A collective that breaks because a peer is gone (its process or node
+died) writes the peer-lost note (ckpt/_peers.py) and waits for the plan
+instead of exiting. Any other exception leaves resilient() as it came:
+the process exits and ckptrun plans the failure. Outside ckptrun,
+train(ctx) runs once.
+
+Only one resilient() runs at a time in a process; it must be called from
+the main thread of the process that owns the default process group.
+"""
+
+import datetime
+import functools
+import gc
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import _peers, _restart, errors
+from .._restart import RestartRequested
+from . import Checkpointer, _abort
+
+__all__ = ["resilient", "Context", "RestartRequested"]
+
+# The collectives of torch.distributed that become restart boundaries
+# while resilient() runs (those this torch has).
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+    "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "broadcast", "broadcast_object_list", "barrier",
+    "monitored_barrier", "reduce", "gather", "gather_object", "scatter",
+    "scatter_object_list", "all_to_all", "all_to_all_single", "send", "recv")
+
+_active_lock = threading.Lock()
+_active = None  # the _Monitor of the running resilient()
+
+
+def _log(line):
+    sys.stderr.write("ckpt.resilient: %s\n" % line)
+    sys.stderr.flush()
+
+
+class _Generation:
+    """One generation's process group, store and sockets. abort() may run
+    on the monitor thread while the main thread is inside the group."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.store = None
+        self.pg = None
+        self._lock = threading.Lock()
+        self._before = _abort.tcp_sockets(plan.master_port)
+        self._sockets = None  # fixed once formed
+        self._closed = False
+        self.aborted = False
+
+    def formed(self):
+        with self._lock:
+            self.pg = dist.group.WORLD
+            self._sockets = self._new_sockets()
+
+    def _new_sockets(self):
+        now = _abort.tcp_sockets(self.plan.master_port)
+        return {fd: ino for fd, ino in now.items()
+                if self._before.get(fd) != ino}
+
+    def abort(self):
+        """Unblocks whatever waits in this generation's group. Idempotent;
+        a no-op once the group is closed (its descriptors may be reused)."""
+        with self._lock:
+            if self._closed:
+                return
+            self.aborted = True
+            sockets = self._sockets if self._sockets is not None \
+                else self._new_sockets()
+            _abort.shut_down(sockets)
+            _abort.abort_group(self.pg)
+
+    def close(self, abort):
+        if abort:
+            self.abort()
+        with self._lock:
+            self._closed = True
+        try:
+            _abort.drop_group(self.pg, self.aborted)
+        finally:
+            self.pg = None
+            self.store = None
+
+
+class _Monitor(threading.Thread):
+    """Polls the plan; on a newer generation aborts the current group."""
+
+    def __init__(self, generation, period_s):
+        super().__init__(name="ckpt-restart-monitor", daemon=True)
+        self._lock = threading.Lock()
+        self._newest = generation
+        self._plan = None          # a plan newer than the running one
+        self._current = None       # the _Generation to abort
+        self._period = period_s
+        self._halt = threading.Event()
+        self.arrived = threading.Event()
+        self._complained = None
+
+    def run(self):
+        while not self._halt.wait(self._period):
+            self.poll_once()
+
+    def poll_once(self):
+        try:
+            plan = _restart.poll(self._newest)
+        except errors.NotFound:
+            return None
+        except errors.Error as e:
+            if str(e) != self._complained:  # ckptrun may rewrite it
+                self._complained = str(e)
+                _log("the plan is unreadable: %s" % e)
+            return None
+        if plan is None:
+            return None
+        with self._lock:
+            # The main thread polls too (after a broken collective): the
+            # second reader of the same plan must not hand it out again
+            # once the first one's was taken.
+            if plan.generation <= self._newest:
+                return None
+            self._newest = plan.generation
+            self._plan = plan
+            current = self._current
+        self.arrived.set()
+        if current is not None:
+            current.abort()
+        return plan
+
+    def watch(self, generation):
+        with self._lock:
+            self._current = generation
+            pending = self._plan is not None
+        if pending:
+            generation.abort()
+
+    def pending(self):
+        with self._lock:
+            return self._plan
+
+    def take(self):
+        """Blocks until a newer plan is there, returns it."""
+        while True:
+            self.arrived.wait()
+            with self._lock:
+                plan, self._plan = self._plan, None
+                self._current = None
+                self.arrived.clear()
+            if plan is not None:
+                return plan
+
+    def stop(self):
+        self._halt.set()
+        if self.is_alive():
+            self.join()
+
+
+class _GenerationCheckpointer(Checkpointer):
+    """ctx.checkpointer: every call is a restart boundary."""
+
+    def __init__(self, monitor, **kw):
+        self._monitor = monitor
+        super().__init__(**kw)
+
+
+def _boundary(name):
+    inner = getattr(Checkpointer, name)
+
+    @functools.wraps(inner)
+    def call(self, *args, **kw):
+        _check(self._monitor)
+        return inner(self, *args, **kw)
+    return call
+
+
+for _name in ("save", "save_async", "load", "latest_step", "restore_step",
+              "wait_durable", "progress", "expect_pause"):
+    setattr(_GenerationCheckpointer, _name, _boundary(_name))
+
+
+def _check(monitor):
+    if monitor is None:
+        return
+    plan = monitor.pending()
+    if plan is not None:
+        raise RestartRequested("generation %d's plan arrived" % plan.generation,
+                               plan.generation)
+
+
+class Context:
+    """What train(ctx) gets: rank, world_size, local_rank, generation,
+    restore_step (None on a fresh start), checkpointer (a Checkpointer of
+    this generation, None without $CKPT_SOCKET), restarts (how many
+    in-process restarts came before)."""
+
+    def __init__(self, plan, checkpointer, monitor, restarts):
+        self.rank, self.world_size = plan.rank, plan.world_size
+        self.local_rank, self.generation = plan.local_rank, plan.generation
+        self.restore_step = plan.restore_step
+        self.checkpointer = checkpointer
+        self.restarts = restarts
+        self._monitor = monitor
+
+    @property
+    def restart_requested(self):
+        """True once a newer generation's plan has arrived."""
+        return self._monitor is not None and self._monitor.pending() is not None
+
+    def check(self):
+        """Raises RestartRequested if a newer plan arrived: a boundary for
+        a long stretch with no collective or ckpt call."""
+        _check(self._monitor)
+
+
+def _wrap_collective(fn):
+    @functools.wraps(fn)
+    def collective(*args, **kw):
+        monitor = _active
+        if monitor is None:
+            return fn(*args, **kw)
+        _check(monitor)
+        try:
+            return fn(*args, **kw)
+        except Exception as e:
+            _check(monitor)
+            if _peers.looks_like_lost_peer(e):
+                raise RestartRequested("a collective broke on a lost peer: %s"
+                                       % str(e)[:200]) from e
+            raise
+    collective.__ckpt_collective__ = fn
+    return collective
+
+
+def _install_collectives():
+    for name in _COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None and not hasattr(fn, "__ckpt_collective__"):
+            setattr(dist, name, _wrap_collective(fn))
+
+
+def _uninstall_collectives():
+    for name in _COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None and hasattr(fn, "__ckpt_collective__"):
+            setattr(dist, name, fn.__ckpt_collective__)
+
+
+def _wait_listening(plan, monitor, deadline):
+    """Until rank 0's store listens: TCPStore's own connect retries hold
+    the GIL on torch 1.13, which would stall the monitor."""
+    import socket
+    while True:
+        try:
+            socket.create_connection((plan.master_addr, plan.master_port),
+                                     timeout=1.0).close()
+            return
+        except OSError:
+            if monitor is not None and monitor.pending() is not None:
+                raise RestartRequested("a newer plan during the rendezvous")
+            if time.monotonic() > deadline:
+                raise errors.DeadlineExceeded(
+                    "rendezvous of generation %d: %s:%d does not listen"
+                    % (plan.generation, plan.master_addr, plan.master_port))
+            if monitor is not None:
+                monitor.arrived.wait(0.01)
+
+
+def _form(gen, backend, timeout, monitor):
+    plan = gen.plan
+    if monitor is not None:
+        monitor.watch(gen)
+    if plan.world_size > 1 or backend is not None:
+        master = plan.rank == 0
+        if not master:
+            _wait_listening(plan, monitor,
+                            time.monotonic() + timeout.total_seconds())
+        store = dist.TCPStore(plan.master_addr, plan.master_port,
+                              plan.world_size, master, timeout, False)
+        # Keys of one generation never meet another's.
+        gen.store = dist.PrefixStore("ckpt-gen-%d/" % plan.generation, store)
+        dist.init_process_group(backend or "gloo", store=gen.store,
+                                rank=plan.rank, world_size=plan.world_size,
+                                timeout=timeout)
+        gen.formed()
+
+
+def _checkpointer(plan, monitor, options):
+    import os
+    if options is None or not (options.get("socket") or
+                               os.environ.get("CKPT_SOCKET")):
+        return None
+    return _GenerationCheckpointer(monitor, rank=plan.rank,
+                                   world_size=plan.world_size, **options)
+
+
+def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
+              checkpointer_options=None, poll_s=0.01):
+    """Calls train(ctx) with the default process group formed for the
+    current generation; after each in-process restart calls it again, in
+    this process. Returns what train returns.
+
+    backend: torch.distributed's backend (None: "gloo"; a world of one
+    forms no group unless a backend is given). timeout: the rendezvous'
+    and the collectives' timeout. checkpointer_options: keyword arguments
+    of ctx.checkpointer's Checkpointer (None: {}); ctx.checkpointer is
+    None without $CKPT_SOCKET (nor a "socket" option)."""
+    global _active
+    if not isinstance(timeout, datetime.timedelta):
+        raise errors.InvalidArgument("timeout: a datetime.timedelta, not %s"
+                                     % type(timeout).__name__)
+    options = dict(checkpointer_options or {})
+    plan = _restart.plan_from_env()
+    monitor = None
+    if _restart.under_launcher():
+        _restart.enable()
+        monitor = _Monitor(plan.generation, poll_s)
+    with _active_lock:
+        if _active is not None:
+            raise errors.FailedPrecondition("resilient(): already running")
+        _active = monitor
+    _install_collectives()
+    try:
+        if monitor is not None:
+            monitor.start()
+        return _generations(train, plan, backend, timeout, options, monitor)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        _uninstall_collectives()
+        with _active_lock:
+            _active = None
+
+
+def _generations(train, plan, backend, timeout, options, monitor):
+    restarts = 0
+    started = None  # when the restart began (the abort)
+    while True:
+        _restart.export(plan)
+        gen, ck, formed = _Generation(plan), None, False
+        try:
+            _form(gen, backend, timeout, monitor)
+            formed = True
+            ck = _checkpointer(plan, monitor, options)
+            if started is not None:
+                _log("generation %d: rank %d of %d re-formed in process in "
+                     "%.0f ms" % (plan.generation, plan.rank, plan.world_size,
+                                  (time.monotonic() - started) * 1e3))
+            result = train(Context(plan, ck, monitor, restarts))
+        except BaseException as e:
+            if monitor is None or not _restarting(e, monitor, formed):
+                if isinstance(e, Exception) and _peers.looks_like_lost_peer(e):
+                    _peers.note_peer_lost()  # this exit is not a failure of its own
+                _close(gen, ck, abort=gen.pg is not None)
+                raise
+            started = time.monotonic()
+            gen.abort()  # at once: peers blocked on this rank fail in cascade
+            _log("generation %d: rank %d leaves its group (%s: %s)"
+                 % (plan.generation, plan.rank, type(e).__name__, str(e)[:200]))
+        else:
+            _close(gen, ck, abort=False)
+            return result
+        # Out of the except block, so that the old generation's frames (its
+        # model, optimizer, tensors) are gone before it is torn down.
+        _close(gen, ck, abort=True)
+        _log("generation %d: rank %d tore its group down in %.0f ms"
+             % (plan.generation, plan.rank, (time.monotonic() - started) * 1e3))
+        if monitor.pending() is None:
+            monitor.poll_once()
+        if monitor.pending() is None:
+            _peers.note_peer_lost()  # ckptrun tells the coordinator
+        plan = monitor.take()
+        _restart.joined(plan.generation)
+        restarts += 1
+
+
+def _restarting(e, monitor, formed):
+    """A restart, not the trainer's own failure: RestartRequested, or any
+    exception once a newer plan is there (an aborted group's error inside
+    autograd, say), or, once the group is formed, an error of a link to a
+    lost peer. A group that fails to form with no newer plan (its port
+    taken, a peer that never came) is a failure: the process exits and is
+    started anew, rather than wait for a plan nothing will make."""
+    if isinstance(e, RestartRequested):
+        return True
+    if not isinstance(e, Exception):
+        return False  # KeyboardInterrupt, SystemExit
+    if monitor.pending() is not None:
+        return True
+    return formed and _peers.looks_like_lost_peer(e)
+
+
+def _close(gen, ck, abort):
+    try:
+        if gen is not None:
+            gen.close(abort)
+    finally:
+        if ck is not None:
+            try:
+                ck.close()
+            except errors.Error as e:
+                _log("closing the generation's checkpointer: %s" % e)
+        gc.collect()  # the old group's tensors and works, now
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()

@@ -1,0 +1,109 @@
+"""Plays ckptrun's side of in-process restart for the Python tests: one
+directory per trainer process ($CKPT_RESTART_DIR) holding the `plan` it
+writes (client/restart_plan.h's format; libckpt validates it when the
+trainer reads it), the launcher's environment for a first start, and
+what a test reads back (`capable`, `joined`, the peer-lost note, the
+trainer's output). Real trainer processes on localhost; one node, one
+ckptd. Not thread-safe: one test thread drives it.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+class Trainer:
+    def __init__(self, proc, directory, log):
+        self.proc, self.dir, self.log = proc, directory, log
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def output(self):
+        return read(self.log)
+
+    def joined(self):
+        text = read(os.path.join(self.dir, "joined")).strip()
+        return int(text.split("=")[1]) if text.startswith("generation=") else None
+
+    def capable(self):
+        return read(os.path.join(self.dir, "capable")).strip() == "pid=%d" % self.pid
+
+    def stacks(self):
+        """Every thread's Python stack (SIGUSR2, ckpt/_stacks.py), for a
+        failure's message; "" from a process that is gone."""
+        path = os.path.join(self.dir, "stacks")
+        if self.proc.poll() is not None:
+            return ""
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not read(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return read(path)
+
+    def peer_lost_note(self):
+        return read(os.path.join(self.dir, "peer-lost"))
+
+
+class Launcher:
+    def __init__(self, directory, socket, job, world_size, base_port, command):
+        self.dir, self.socket, self.job = directory, socket, job
+        self.world_size, self.base_port, self.command = world_size, base_port, command
+        self.count = 0
+
+    def port(self, generation):
+        return self.base_port + generation % 1000
+
+    def plan_text(self, generation, rank, restore_step):
+        text = ("generation=%d\nrank=%d\nworld_size=%d\nlocal_rank=%d\n"
+                "local_world_size=%d\nmaster_addr=127.0.0.1\nmaster_port=%d\n"
+                % (generation, rank, self.world_size, rank, self.world_size,
+                   self.port(generation)))
+        if restore_step is not None:
+            text += "restore_step=%d\n" % restore_step
+        return text
+
+    def write_plan(self, trainer, generation, rank, restore_step):
+        """Replaces the trainer's plan atomically, as ckptrun does."""
+        tmp = os.path.join(trainer.dir, "plan.tmp")
+        with open(tmp, "w") as f:
+            f.write(self.plan_text(generation, rank, restore_step))
+        os.rename(tmp, os.path.join(trainer.dir, "plan"))
+
+    def start(self, generation, rank, restore_step):
+        self.count += 1
+        d = os.path.join(self.dir, "proc-%d" % self.count)
+        os.makedirs(d, mode=0o700)
+        env = dict(os.environ)
+        env.update(RANK=str(rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(self.port(generation)), CKPT_GENERATION=str(generation),
+                   CKPT_SOCKET=self.socket, CKPT_JOB=self.job, CKPT_RESTART_DIR=d,
+                   CKPT_PEER_LOST_FILE=os.path.join(d, "peer-lost"), PYTHONUNBUFFERED="1",
+                   CKPT_STACKS_FILE=os.path.join(d, "stacks"))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
+        env.pop("CKPT_RESTORE_STEP", None)
+        if restore_step is not None:
+            env["CKPT_RESTORE_STEP"] = str(restore_step)
+        t = Trainer(None, d, os.path.join(d, "out.log"))
+        with open(os.path.join(d, "peer-lost"), "w"):
+            pass  # ckptrun empties it before each start
+        self.write_plan(t, generation, rank, restore_step)
+        with open(t.log, "wb") as log:
+            t.proc = subprocess.Popen([sys.executable] + list(self.command), env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, close_fds=True)
+        return t

@@ -113,7 +113,11 @@ class ResilientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="ckpt-resilient-test.")
-        cls.daemon = CkptdProcess(cls.tmp)
+        # Every durable step kept (--retain 0): the tests play the launcher
+        # without a coordinator, and every generation restores one step
+        # that retention would drop once three newer ones are durable
+        # ("job has no step 1 ...; newest is 4").
+        cls.daemon = CkptdProcess(cls.tmp, extra_args=["--retain", "0"])
         cls.daemon.start()
 
     @classmethod

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shm/beacon.h"
+#include "tests/daemon_test.h"
 #include "tests/harness.h"
 #include "worker/worker_process.h"
 
@@ -28,18 +29,9 @@ using testing::FreePort;
 using testing::WorkerProcess;
 using testing::WorkerRun;
 
-class DataParallelTest : public ::testing::Test {
+// One real ckptd per test (tests/daemon_test.h).
+class DataParallelTest : public ckpt::testing::DaemonTest {
  protected:
-  void SetUp() override {
-    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    ckpt::testing::UnlinkArenas(prefix_);
-  }
-
   std::map<std::string, std::string> RankEnv(
       int rank, int world, int port, const std::string& job,
       std::map<std::string, std::string> extra = {}) {
@@ -73,10 +65,6 @@ class DataParallelTest : public ::testing::Test {
     WorkerRun a = r0->Wait();
     return {a, b};
   }
-
-  TempDir root_, run_;
-  std::string prefix_ = ckpt::testing::UniqueShmPrefix();
-  std::unique_ptr<DaemonProcess> daemon_;
 };
 
 TEST_F(DataParallelTest, AHungRankStaysBehindTheRankWaitingForItsAllreduce) {

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/restart_plan.h"
+#include "tests/daemon_test.h"
 #include "tests/harness.h"
 #include "worker/worker_process.h"
 
@@ -49,18 +50,9 @@ Footprint ParseFootprint(const std::string& line) {
   return f;
 }
 
-class WorkerRestartTest : public ::testing::Test {
+// One real ckptd per test (tests/daemon_test.h).
+class WorkerRestartTest : public ckpt::testing::DaemonTest {
  protected:
-  void SetUp() override {
-    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    ckpt::testing::UnlinkArenas(prefix_);
-  }
-
   // A fresh directory of one trainer process, as ckptrun makes them.
   std::string NewRestartDir() {
     std::string dir = absl::StrCat(dirs_.path(), "/proc-", next_dir_++);
@@ -127,9 +119,7 @@ class WorkerRestartTest : public ::testing::Test {
     return digest;
   }
 
-  TempDir root_, run_, dirs_;
-  std::string prefix_ = ckpt::testing::UniqueShmPrefix();
-  std::unique_ptr<DaemonProcess> daemon_;
+  TempDir dirs_;
   int next_dir_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/daemon_test.h"
 #include "tests/harness.h"
 #include "worker/worker_process.h"
 
@@ -19,18 +20,9 @@ namespace {
 using ckpt::worker::testing::WorkerProcess;
 using RunResult = ckpt::worker::testing::WorkerRun;
 
-class WorkerResumeTest : public ::testing::Test {
+// One real ckptd per test (tests/daemon_test.h).
+class WorkerResumeTest : public ckpt::testing::DaemonTest {
  protected:
-  void SetUp() override {
-    auto d = DaemonProcess::Start(root_.path() + "/root", run_.path(), prefix_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    UnlinkArenas(prefix_);
-  }
-
   // Runs ckpt-worker with the small model; with kill_at, SIGKILLs it as soon
   // as it prints the loss of that step.
   RunResult Run(std::vector<std::string> args, const std::string& job,
@@ -45,10 +37,6 @@ class WorkerResumeTest : public ::testing::Test {
     if (kill_at) kill_line = "step " + std::to_string(*kill_at) + " loss";
     return WorkerProcess::Start(args, env, kill_line)->Wait();
   }
-
-  TempDir root_, run_;
-  std::string prefix_ = UniqueShmPrefix();
-  std::unique_ptr<DaemonProcess> daemon_;
 };
 
 TEST_F(WorkerResumeTest, StoppedAndResumedRunEndsWithTheSameDigest) {

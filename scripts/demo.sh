@@ -324,12 +324,10 @@ resumed_at() {
     '$1 > t && $2 == "step" && $3 == s { print $1 }' | sort -n | awk 'NR == 1'
 }
 # Survivors of a failure that kept their process (in-process restart):
-# distinct ranks whose trainer logged that it left its generation for
-# generation $1 (a relaunched trainer never does), of $2 survivors.
+# distinct ranks ckptrun kept for generation $1 (its own log line, the
+# same for ckpt-worker and a PyTorch script), of $2 survivors.
 kept_of() {
   local kept
-  # ckptrun logs each trainer it keeps (in-process restart) for the plan,
-  # whatever the trainer (ckpt-worker or a PyTorch script).
   kept=$(cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* keeps its process" || true; } |
     awk '{ print $4 }' | sort -u | wc -l)
   echo "$kept of $2"

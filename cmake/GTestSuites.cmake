@@ -14,6 +14,21 @@
 option(CKPT_TEST_PER_SUITE "One CTest test per GoogleTest suite rather than per test" OFF)
 
 function(ckpt_gtest_discover_tests target)
+  # A sanitizer build instruments the code under test (the libraries,
+  # ckptd and the tools the tests start), not the tests' own units:
+  # instrumenting a test unit took ~45% more of its compile time (15.6
+  # against 8.7 CPU-s for util_test's largest, with the precompiled
+  # header), about a third of that build's CPU, to check GoogleTest's
+  # macros and the tests' scaffolding. The process still carries both
+  # runtimes, so every access of the libraries' code is checked; the
+  # precompiled header was built with the sanitizers' macros, so these
+  # units go without it.
+  if(CKPT_SANITIZE)
+    target_compile_options(${target} PRIVATE -fno-sanitize=all)
+    # Tells these units that their process runs the sanitizers' runtime.
+    target_compile_definitions(${target} PRIVATE CKPT_SANITIZER_RUNTIME=1)
+    set_target_properties(${target} PROPERTIES DISABLE_PRECOMPILE_HEADERS ON)
+  endif()
   if(NOT CKPT_TEST_PER_SUITE)
     gtest_discover_tests(${target} ${ARGN})
     return()

@@ -211,6 +211,9 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
                 static_cast<int>(getpid()));
     std::fflush(stdout);
     a = FromPlan(monitor->TakePlan());
+    // A plan rewritten for a newer generation before this process read
+    // the first one finds it kept: it says it joined, as a kept one does.
+    CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(a.generation));
     std::printf("generation %llu: rank %u of %u, placed in this warm process\n",
                 static_cast<unsigned long long>(a.generation), a.plan.rank,
                 a.plan.world_size);

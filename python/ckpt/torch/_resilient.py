@@ -391,6 +391,9 @@ def _wait_placed(monitor):
     import os
     _log("warm process (pid %d): waiting for a rank" % os.getpid())
     plan = monitor.take()
+    # A plan rewritten for a newer generation before this process read the
+    # first one finds it kept: it must say it joined, as a kept one does.
+    _restart.joined(plan.generation)
     _log("generation %d: placed as rank %d of %d in this warm process"
          % (plan.generation, plan.rank, plan.world_size))
     return plan

@@ -17,6 +17,8 @@
 # 100) sets the job length; KEEP=1 keeps the temp dir (kept anyway on failure).
 # TRAINER=torch (scripts/demo_torch.sh) runs the same job as a PyTorch
 # program instead: examples/train_gpt.py (gloo data parallel, ckpt.torch).
+# WARM=N (default 0) runs every ckptrun with --warm N: N trainer processes
+# started ahead per node take the ranks started anew after a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -38,6 +40,8 @@ ckpt_every=5
 world=4
 job=demo
 heartbeat_ms=2000
+warm=${WARM:-0}
+[[ $warm =~ ^[0-9]+$ ]] || { echo "demo: WARM=$warm is not a count" >&2; exit 2; }
 worker_args=(--steps "$steps" --seed 7 --ckpt-every "$ckpt_every" --log-every 1 --cpu-threads 1
              --vocab 256 --dim 128 --layers 2 --seq 32 --batch 32
              --connect-timeout-s 60 --collective-timeout-s 30)
@@ -119,11 +123,21 @@ wait_for() {
   done
 }
 
-# Pids of processes named $1 whose parent is $2 (from /proc: no procps needed).
+# Pids of processes named $1 whose parent is $2 (from /proc: no procps
+# needed; no fork per process either: on a loaded machine with many
+# processes a scan that forks for each one takes longer than the run).
 children_named() {
-  local name=$1 parent=$2 stat rest
+  local name=$1 parent=$2 kids="" p comm stat rest d
+  kids=$({ cat /proc/"$parent"/task/*/children; } 2>/dev/null) || kids=""
+  if [[ -n $kids ]]; then
+    for p in $kids; do
+      { read -r comm <"/proc/$p/comm"; } 2>/dev/null || continue
+      [[ $comm == "$name" ]] && echo "$p"
+    done
+    return 0
+  fi
   for d in /proc/[0-9]*; do
-    stat=$(cat "$d/stat" 2>/dev/null) || continue
+    { read -r stat <"$d/stat"; } 2>/dev/null || continue
     [[ $stat == *"($name) "* ]] || continue
     rest=${stat##*) }
     read -r _ ppid _ <<<"$rest"
@@ -205,7 +219,7 @@ start_launcher() {
   local id=$1 dir=$work/node-$1
   spawn_stamped "$dir/ckptrun.log" "$ckptrun_bin" --coordinator "$coord" --node-id "$id" \
     --nproc-per-node 2 --world-size "$world" --job "$job" --socket "$dir/ckptd.sock" \
-    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) -- \
+    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) --warm "$warm" -- \
     "${trainer_cmd[@]}" "${trainer_pace[@]}"
   launcher_pgid[$id]=$started
 }
@@ -215,7 +229,7 @@ start_node c --spare
 echo "   ckptd a, b (capacity 2) and spare c registered"
 run_t0=$(now)
 for id in a b c; do start_launcher "$id"; done
-echo "   ckptrun started on a, b and c"
+echo "   ckptrun started on a, b and c ($warm warm process(es) each)"
 logs=("$work"/node-{a,b,c}/ckptrun.log)
 
 events_table() { ctl events 2>/dev/null || true; }
@@ -228,9 +242,13 @@ kill1_at=$((steps / 4 / ckpt_every * ckpt_every + 3))
 wait_for 120 step_at_least 1 || fail "training never started"
 # Found before the kill is due: scanning /proc takes a while on a busy machine.
 ckptrun_a=$(children_named ckptrun "${launcher_pgid[a]}")
-victim=$(children_named "$trainer" "$ckptrun_a" | awk 'NR == 1')
-[[ -n $victim ]] || fail "no $trainer running under ckptrun of node a"
-victim_rank=$(tr '\0' '\n' <"/proc/$victim/environ" | sed -n 's/^RANK=//p')
+# A trainer with a rank: not a warm process (WARM), which has none yet.
+victim="" victim_rank=""
+for p in $(children_named "$trainer" "$ckptrun_a"); do
+  victim_rank=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | sed -n 's/^RANK=//p' || true)
+  [[ -z $victim_rank ]] || { victim=$p; break; }
+done
+[[ -n $victim ]] || fail "no $trainer with a rank running under ckptrun of node a"
 gen_before=$(job_field generation)
 wait_for 120 step_at_least "$kill1_at" || fail "training never reached step $kill1_at"
 kill1_t=$(now)
@@ -332,6 +350,18 @@ kept_of() {
     awk '{ print $4 }' | sort -u | wc -l)
   echo "$kept of $2"
 }
+# Wall-clock stamp of the $3-th trainer line "step N" (N = restore + 1)
+# after time $1: with $3 the world size, every rank (the ones started anew
+# too) has trained its first step.
+all_resumed_at() {
+  cat "${logs[@]}" | awk -v t="$1" -v s="$(($2 + 1))" \
+    '$1 > t && $2 == "step" && $3 == s { print $1 }' | sort -n | awk -v n="$3" 'NR == n'
+}
+# Ranks of generation $1 placed in a warm process (ckptrun --warm).
+warm_of() {
+  cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* placed in a warm process" || true; } |
+    awk '{ print $4 }' | sort -u | wc -l
+}
 acked_seq=0
 report_failure() {
   local n=$1 what=$2 kill_t=$3 kill_step=$4 restore=$5 gen=$6 survivors=$7
@@ -351,6 +381,9 @@ report_failure() {
   resumed=$(resumed_at "$kill_t" "$restore")
   [[ -z $resumed ]] || printf "     kill -> first training step after the restore (step %d): %d ms; survivors kept their process: %s\n" \
     $((restore + 1)) "$(ms_between "$kill_t" "$resumed")" "$(kept_of "$gen" "$survivors")"
+  resumed=$(all_resumed_at "$kill_t" "$restore" "$world")
+  [[ -z $resumed ]] || printf "     kill -> every rank's first step (those started anew too): %d ms; ranks placed in a warm process: %d of %d\n" \
+    "$(ms_between "$kill_t" "$resumed")" "$(warm_of "$gen")" $((world - survivors))
 }
 
 # Step time (wall clock, node a's log) on steps that wait for a save vs

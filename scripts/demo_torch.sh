@@ -11,7 +11,8 @@
 # the kill -> first step time) and only the killed ones start anew. STEPS (default 60), KEEP, BUILD_DIR as
 # for scripts/demo.sh; DEVICE=cuda trains on CUDA tensors (every rank on
 # cuda:$LOCAL_RANK), PYTHON another interpreter with torch (default
-# Debian's /usr/bin/python3 with python3-torch).
+# Debian's /usr/bin/python3 with python3-torch), WARM (default 1) the
+# warm processes per node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-/usr/bin/python3}
@@ -19,4 +20,7 @@ python=${PYTHON:-/usr/bin/python3}
   { echo "demo_torch: $python has no torch (scripts/install-deps.sh)" >&2; exit 2; }
 # The package from this tree even before scripts/install-python.sh ran.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-STEPS=${STEPS:-60} TRAINER=torch exec scripts/demo.sh
+# A rank started anew would wait seconds for `import torch`: one warm
+# process per node (ckptrun --warm) takes it instead (WARM=0: none; WARM=2
+# gives spare c one for each rank of a lost node).
+STEPS=${STEPS:-60} WARM=${WARM:-1} TRAINER=torch exec scripts/demo.sh

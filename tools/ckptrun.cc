@@ -160,10 +160,12 @@ int Launcher::Run() {
       Log(absl::StrCat("signal ", stop_signal_, ": stopping ranks ",
                        absl::StrJoin(trainers_.RunningRanks(), ",")));
       trainers_.StopAll(opts_.grace);
+      StopWarm();
       return 128 + stop_signal_;
     }
   }
   Log(absl::StrCat(GenerationPrefix(), "every rank on this node finished"));
+  StopWarm();
   // The finish reports are worth a short wait, not a hang.
   auto deadline = std::chrono::steady_clock::now() +
                   std::max(opts_.grace, std::chrono::milliseconds(5000));
@@ -227,6 +229,7 @@ void Launcher::Poll() {
     if (e.clean()) peers = {};
     reports_.push_back({e, std::move(peers), generation, epoch_, false});
   }
+  TendWarm();
   ReportPeerLostOfLiveTrainers();
   FlushReports();
   FlushNodeCheck();

@@ -19,6 +19,11 @@
 // start; it is stopped and started anew if it has not `joined` within
 // --restart-timeout. A kept trainer's word that it lost peers is reported
 // while it runs (ReportTrainerExitRequest.process_kept).
+// Warm processes (--warm N, ckptrun_warm.cc): N more processes of the
+// trainer command, started ahead with CKPT_WARM=1 and no rank, do their
+// imports and wait for a `plan`; a rank to start anew goes to a ready one
+// (its plan written at the gate of the kept trainers' plans), and another
+// is started to take its place.
 //
 // Exit status: 0 once every rank of the current generation on this node
 // exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
@@ -68,6 +73,9 @@ struct RunOptions {
   // How long a kept trainer has to join a new generation; 0: no trainer
   // is kept (every one is stopped and started anew, as before).
   std::chrono::milliseconds restart_timeout{30000};
+  // Trainer processes kept started ahead on this node, waiting for a rank
+  // (ckptrun_warm.cc); 0: none.
+  uint32_t warm = 0;
   std::vector<std::string> command;  // CMD ARGS...
   std::string program;               // command[0] resolved through $PATH
 };
@@ -129,6 +137,19 @@ class Launcher {
     std::optional<std::chrono::steady_clock::time_point> plan_at;
     bool peer_lost_reported = false;  // in `generation`
     std::string bad_joined;           // the last bad `joined` logged
+    // Files removed with it (a warm process's own notes, hard-linked to
+    // the rank's names when it was placed).
+    std::vector<std::string> own_files;
+  };
+
+  // A warm process: started ahead, no rank yet.
+  struct WarmProc {
+    pid_t pid = 0;
+    std::string dir;          // its $CKPT_RESTART_DIR
+    std::string peer_lost;    // its $CKPT_PEER_LOST_FILE
+    std::string stacks;       // its $CKPT_STACKS_FILE
+    bool ready = false;       // it wrote `capable` with its pid
+    std::string bad_capable;  // the last bad `capable` logged
   };
 
   // Waits up to `d` for a signal; false when a stop signal arrived.
@@ -171,6 +192,14 @@ class Launcher {
   RestartPlan PlanFor(const coord::v1::JobView& view, uint32_t rank) const;
   // A new $CKPT_RESTART_DIR (0700), "" if it could not be made.
   std::string NewRestartDir();
+  // ckptrun_warm.cc. Takes the warm processes' exits, notes which are
+  // ready, starts new ones up to --warm (with back-off; none after
+  // kMaxWarmDeaths deaths in a row, none ready between).
+  void TendWarm();
+  // Hands `rank` of generation_ to a ready warm process; false if none.
+  bool PlaceWarm(const coord::v1::JobView& view, uint32_t rank);
+  void StartWarm();
+  void StopWarm();
   // Removes rank's Proc and its directory: its process is gone.
   void ForgetProc(uint32_t rank);
   // The launcher's directory (stacks, peer-lost notes, restart
@@ -188,6 +217,8 @@ class Launcher {
   // A file of rank `rank` in the launcher's directory (made on first use),
   // writable by the trainer; "" if it could not be made.
   std::string RankFile(uint32_t rank, const char* suffix, bool truncate);
+  // The same for any name in that directory.
+  std::string LauncherFile(const std::string& name, bool truncate);
   // ckptrun_peer_lost.cc: where rank `rank`'s trainer says that its
   // collective failed because peers are gone ($CKPT_PEER_LOST_FILE),
   // emptied for a new start; and, once it exited, what it said (read and
@@ -228,9 +259,14 @@ class Launcher {
   uint64_t epoch_ = 0;             // this node's epoch, last seen
   uint32_t world_size_ = 0;        // the job's, from the view
   bool reachable_ = true;
-  std::string waiting_for_;  // last "waiting" line logged, to log it once
-  std::string stacks_dir_;   // made on first use, removed by the destructor
-  std::string unkillable_;   // the reason not yet delivered, if any
+  std::string waiting_for_;     // last "waiting" line logged, to log it once
+  std::string stacks_dir_;      // made on first use, removed by the destructor
+  std::string unkillable_;      // the reason not yet delivered, if any
+  std::vector<WarmProc> warm_;  // oldest first
+  uint64_t warm_made_ = 0;      // warm processes started
+  uint32_t warm_deaths_ = 0;    // in a row, none ready between
+  bool warm_given_up_ = false;
+  std::chrono::steady_clock::time_point warm_next_{};  // no start before
 };
 
 }  // namespace ckpt::tools

@@ -42,8 +42,29 @@ using std::chrono::milliseconds;
 // a newer plan; keep-badpid: rank 0 names pid 1 in
 // `capable`; keep-peerlost: rank 0 of generation 0 notes peer rank 1 lost
 // once DIR/peerlost exists, and keeps running.
+// A warm process (CKPT_WARM=1, ckptrun --warm) writes `capable` and
+// DIR/warm-<pid>, waits for its `plan`, takes its generation, rank and
+// restore step from it, then goes on as above; in mode warm-crash it exits
+// 9 at once instead.
 constexpr char kTrainer[] = R"(
-d=$1; f="$d/env-$CKPT_GENERATION-$RANK"
+d=$1
+if [ "$CKPT_WARM" = 1 ]; then
+  r=$CKPT_RESTART_DIR; [ -n "$r" ] || exit 4
+  [ "$2" = warm-crash ] && exit 9
+  echo "pid=$$" > "$r/capable.tmp" && mv "$r/capable.tmp" "$r/capable"
+  echo "$$" > "$d/warm-$$.tmp" && mv "$d/warm-$$.tmp" "$d/warm-$$"
+  p=; rk=; rs=
+  while [ -z "$p" ]; do
+    sleep 0.05
+    while IFS= read -r line; do
+      case "$line" in generation=*) p=${line#generation=} ;;
+        rank=*) rk=${line#rank=} ;; restore_step=*) rs=${line#restore_step=} ;;
+      esac
+    done 2>/dev/null < "$r/plan"
+  done
+  export CKPT_GENERATION=$p RANK=$rk CKPT_RESTORE_STEP=$rs
+fi
+f="$d/env-$CKPT_GENERATION-$RANK"
 { env; echo "PID=$$"; } > "$f.tmp" && mv "$f.tmp" "$f"
 case "$2" in
   keep*) r=$CKPT_RESTART_DIR; [ -n "$r" ] || exit 4

@@ -1,7 +1,7 @@
 // ckptrun --coordinator HOST:PORT --node-id ID --nproc-per-node N
 //         [--nnodes M] [--world-size W] [--job NAME] [--socket PATH]
 //         [--master-addr ADDR] [--master-port BASE] [--poll-ms MS]
-//         [--grace-ms MS] [--restart-timeout S] -- CMD ARGS...
+//         [--grace-ms MS] [--restart-timeout S] [--warm N] -- CMD ARGS...
 // See ckptrun.h for what it does and its exit status.
 #include <signal.h>
 
@@ -45,6 +45,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
   std::string restart_timeout = "30";
+  std::string warm = "0";
   app.add_option("--coordinator", o.coordinator,
                  "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the "
                  "leader is followed)")
@@ -87,6 +88,12 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
       "to join a new generation before it is stopped and started anew; 0: "
       "no trainer is kept and none gets $CKPT_RESTART_DIR, every one is "
       "stopped and started anew on each generation (default 30)");
+  app.add_option(
+      "--warm", warm,
+      "trainer processes kept started ahead on this node (in [0, 64]): each "
+      "runs CMD with CKPT_WARM=1 and no rank, does its imports and waits; a "
+      "rank started anew after a failure goes to a ready one, and another "
+      "is started in its place (default 0: none)");
   if (absl::Status s = ParseCli(app, help, split, argv); !s.ok()) return s;
 
   auto bad = [](const std::string& flag, const std::string& why) {
@@ -150,6 +157,16 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
       std::chrono::milliseconds(static_cast<int64_t>(restart_s * 1000 + 0.5));
   if (restart_s > 0 && o.restart_timeout.count() == 0)
     return bad("--restart-timeout", "below a millisecond (0 disables it)");
+  if (warm.empty() || warm.size() > 2 ||
+      warm.find_first_not_of("0123456789") != std::string::npos)
+    return bad("--warm", absl::StrCat("\"", warm.substr(0, 32),
+                                      "\" is not a count in [0, 64]"));
+  o.warm = static_cast<uint32_t>(std::stoul(warm));
+  if (o.warm > 64) return bad("--warm", "must be in [0, 64]");
+  if (o.warm > 0 && o.restart_timeout.count() == 0)
+    return bad("--warm",
+               "a warm process is given its rank by an in-process restart "
+               "plan: not with --restart-timeout 0");
   absl::StatusOr<std::string> program = ResolveProgram(o.command[0]);
   if (!program.ok()) return program.status();
   o.program = *program;

@@ -42,10 +42,10 @@ std::string Launcher::NewRestartDir() {
 void Launcher::ForgetProc(uint32_t rank) {
   auto it = procs_.find(rank);
   if (it == procs_.end()) return;
-  if (!it->second.dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(it->second.dir, ec);
-  }
+  std::error_code ec;
+  if (!it->second.dir.empty()) std::filesystem::remove_all(it->second.dir, ec);
+  for (const std::string& f : it->second.own_files)
+    std::filesystem::remove(f, ec);
   procs_.erase(it);
 }
 

@@ -35,8 +35,12 @@ std::string Launcher::LauncherDir() {
 
 std::string Launcher::RankFile(uint32_t rank, const char* suffix,
                                bool truncate) {
+  return LauncherFile(absl::StrCat("rank-", rank, suffix), truncate);
+}
+
+std::string Launcher::LauncherFile(const std::string& name, bool truncate) {
   if (LauncherDir().empty()) return "";
-  std::string path = absl::StrCat(stacks_dir_, "/rank-", rank, suffix);
+  std::string path = absl::StrCat(stacks_dir_, "/", name);
   // Write-only for others: a trainer of another uid writes to it, nobody
   // else reads it.
   int fd = ::open(

@@ -80,7 +80,10 @@ RestartPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
 }
 
 void Launcher::StartRanks(const cv1::JobView& job,
-                          const std::vector<uint32_t>& ranks) {
+                          const std::vector<uint32_t>& wanted) {
+  std::vector<uint32_t> ranks;  // those no warm process takes
+  for (uint32_t rank : wanted)
+    if (!PlaceWarm(job, rank)) ranks.push_back(rank);
   if (ranks.empty()) return;
   const RestartPlan any = PlanFor(job, ranks.front());
   Log(absl::StrCat(

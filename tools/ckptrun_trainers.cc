@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -162,9 +163,10 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
       absl::StrCat("CMD: ", program, " not found in $PATH"));
 }
 
-absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
-                               const std::vector<std::string>& argv,
-                               const std::vector<std::string>& env) {
+absl::StatusOr<pid_t> TrainerSet::Fork(const std::string& what,
+                                       const std::string& path,
+                                       const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env) {
   // Everything the child touches is built before fork: between fork and
   // exec only async-signal-safe calls (gRPC's threads may hold locks).
   std::vector<char*> c_argv = CStrings(argv);
@@ -172,8 +174,7 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
   if (guardian_ == 0) StartGuardian();
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0)
-    return ErrnoToStatus(errno, absl::StrCat("fork for rank ", rank));
+  if (pid < 0) return ErrnoToStatus(errno, absl::StrCat("fork for ", what));
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -193,9 +194,47 @@ absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
   }
   setpgid(pid,
           pid);  // also here, so a StopAll right after Start hits the group
-  running_[rank] = pid;
   TellGuardian('+', pid);
+  return pid;
+}
+
+absl::Status TrainerSet::Start(uint32_t rank, const std::string& path,
+                               const std::vector<std::string>& argv,
+                               const std::vector<std::string>& env) {
+  absl::StatusOr<pid_t> pid =
+      Fork(absl::StrCat("rank ", rank), path, argv, env);
+  if (!pid.ok()) return pid.status();
+  running_[rank] = *pid;
   return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> TrainerSet::StartWarm(
+    const std::string& path, const std::vector<std::string>& argv,
+    const std::vector<std::string>& env) {
+  absl::StatusOr<pid_t> pid = Fork("a warm process", path, argv, env);
+  if (pid.ok()) warm_.insert(*pid);
+  return pid;
+}
+
+bool TrainerSet::Place(pid_t pid, uint32_t rank) {
+  if (warm_.count(pid) == 0 || running_.count(rank) != 0) return false;
+  warm_.erase(pid);
+  running_[rank] = pid;
+  return true;
+}
+
+bool TrainerSet::WarmAlive(pid_t pid) const {
+  if (warm_.count(pid) == 0) return false;
+  siginfo_t info = {};
+  // WNOWAIT: only looks; Reap still collects it.
+  if (waitid(P_PID, static_cast<id_t>(pid), &info,
+             WEXITED | WNOHANG | WNOWAIT) != 0)
+    return false;
+  return info.si_pid == 0;
+}
+
+std::vector<std::pair<pid_t, TrainerExit>> TrainerSet::TakeWarmExits() {
+  return std::exchange(warm_exits_, {});
 }
 
 std::vector<TrainerExit> TrainerSet::Reap() {
@@ -215,6 +254,13 @@ std::vector<TrainerExit> TrainerSet::Reap() {
       guardian_ = 0;
       StartGuardian();
       for (const auto& [rank, pid] : running_) TellGuardian('+', pid);
+      for (pid_t pid : warm_) TellGuardian('+', pid);
+      continue;
+    }
+    if (warm_.erase(r) != 0) {
+      kill(-r, SIGKILL);
+      TellGuardian('-', r);
+      warm_exits_.emplace_back(r, FromWaitStatus(0, status));
       continue;
     }
     for (auto it = running_.begin(); it != running_.end(); ++it) {
@@ -241,6 +287,26 @@ std::vector<Unkillable> TrainerSet::Stop(const std::vector<uint32_t>& ranks,
   for (uint32_t rank : ranks)
     if (auto it = running_.find(rank); it != running_.end())
       stopping.insert(*it);
+  std::vector<Unkillable> stuck = StopGroups(stopping, grace, kill_wait);
+  for (const auto& [rank, pid] : stopping) running_.erase(rank);
+  return stuck;
+}
+
+void TrainerSet::StopWarm(std::chrono::milliseconds grace,
+                          std::chrono::milliseconds kill_wait) {
+  std::map<uint32_t, pid_t> stopping;
+  uint32_t key = 0;
+  for (pid_t pid : warm_) stopping[key++] = pid;
+  for (const Unkillable& u : StopGroups(stopping, grace, kill_wait))
+    std::fprintf(stderr,
+                 "ckptrun: warm process %d outlived SIGKILL (state %c)\n",
+                 u.pid, u.state);
+  warm_.clear();
+}
+
+std::vector<Unkillable> TrainerSet::StopGroups(
+    const std::map<uint32_t, pid_t>& stopping, std::chrono::milliseconds grace,
+    std::chrono::milliseconds kill_wait) {
   if (stopping.empty()) return {};
   std::map<uint32_t, pid_t> left = stopping;
   // Reaps what exits until `until` or nothing is left.
@@ -262,10 +328,7 @@ std::vector<Unkillable> TrainerSet::Stop(const std::vector<uint32_t>& ranks,
   std::vector<Unkillable> stuck;
   for (const auto& [rank, pid] : left)
     stuck.push_back({rank, pid, ProcessState(pid)});
-  for (const auto& [rank, pid] : stopping) {
-    TellGuardian('-', pid);
-    running_.erase(rank);
-  }
+  for (const auto& [rank, pid] : stopping) TellGuardian('-', pid);
   return stuck;
 }
 

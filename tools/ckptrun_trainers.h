@@ -24,7 +24,9 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,7 +60,10 @@ class TrainerSet {
   TrainerSet() = default;
   TrainerSet(const TrainerSet&) = delete;
   TrainerSet& operator=(const TrainerSet&) = delete;
-  ~TrainerSet() { StopAll(std::chrono::milliseconds(0)); }
+  ~TrainerSet() {
+    StopAll(std::chrono::milliseconds(0));
+    StopWarm(std::chrono::milliseconds(0));
+  }
 
   // How long StopAll waits for a SIGKILLed trainer to be gone: the exit of
   // a process with tens of GB mapped takes a second or two; ten seconds
@@ -86,6 +91,25 @@ class TrainerSet {
                                std::chrono::milliseconds grace,
                                std::chrono::milliseconds kill_wait = kKillWait);
   std::vector<uint32_t> RunningRanks() const;
+
+  // Warm processes: trainers started ahead for no rank yet (ckptrun
+  // --warm), in their own process group under the guardian like the
+  // others. StartWarm starts one and returns its pid; Place makes warm
+  // process `pid` the trainer of `rank` (false if it is not a warm process
+  // or `rank` runs already); from then on it is a trainer like any other.
+  [[nodiscard]] absl::StatusOr<pid_t> StartWarm(
+      const std::string& path, const std::vector<std::string>& argv,
+      const std::vector<std::string>& env);
+  bool Place(pid_t pid, uint32_t rank);
+  // Whether warm process `pid` has not exited (a zombie has; nothing is
+  // reaped here).
+  bool WarmAlive(pid_t pid) const;
+  // The warm processes that exited (Reap), since the last call; their
+  // TrainerExit's rank means nothing.
+  std::vector<std::pair<pid_t, TrainerExit>> TakeWarmExits();
+  // Stops every warm process as Stop does.
+  void StopWarm(std::chrono::milliseconds grace,
+                std::chrono::milliseconds kill_wait = kKillWait);
   // rank -> pid (= process group id) of each running trainer.
   std::map<uint32_t, pid_t> Running() const { return running_; }
   // The guardian's pid (0 before the first Start, or if it could not be
@@ -93,12 +117,23 @@ class TrainerSet {
   pid_t guardian() const { return guardian_; }
 
  private:
+  // Forks and execs one process in its own group (see Start).
+  absl::StatusOr<pid_t> Fork(const std::string& what, const std::string& path,
+                             const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env);
+  // SIGTERM, then SIGKILL after `grace`, to each group of `groups`; those
+  // still there kill_wait later (by key).
+  std::vector<Unkillable> StopGroups(const std::map<uint32_t, pid_t>& groups,
+                                     std::chrono::milliseconds grace,
+                                     std::chrono::milliseconds kill_wait);
   // Starts the guardian once; a failure is logged, not fatal.
   void StartGuardian();
   // Tells the guardian that group `pgid` is a trainer's ('+') or gone ('-').
   void TellGuardian(char op, pid_t pgid);
 
   std::map<uint32_t, pid_t> running_;  // rank -> pid (= process group id)
+  std::set<pid_t> warm_;               // warm processes, not placed yet
+  std::vector<std::pair<pid_t, TrainerExit>> warm_exits_;
   pid_t guardian_ = 0;
   int guardian_fd_ = -1;  // the write end of the guardian's pipe
 };

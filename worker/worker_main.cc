@@ -21,11 +21,15 @@
 //                          by a dead peer waits for the plan instead of
 //                          exiting (--no-in-process-restart: exit, as
 //                          before)
+//   CKPT_WARM              1: a warm process of ckptrun --warm, started with
+//                          no rank: it waits for its first plan and takes
+//                          rank, world, rendezvous and restore step from it
 // Prints "step N loss X" lines and, last, "rank=R ... params_digest=<16 hex
 // digits>"; under in-process restart also "generation G: ..." lines (a
 // restart requested, the generation left with this process's rss_kb, fds
 // and threads, the step trained from).
 #include <dirent.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -35,6 +39,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -188,7 +193,32 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
   // In-process restart: under a launcher that hands out plans, and unless
   // --no-in-process-restart.
   std::unique_ptr<RestartMonitor> monitor;
-  if (in_process_restart && Env("CKPT_RESTART_DIR") != nullptr) {
+  // A warm process (ckptrun --warm): started ahead with no rank; its first
+  // plan says which rank it is.
+  const bool warm =
+      Env("CKPT_WARM") != nullptr && std::string_view(Env("CKPT_WARM")) == "1";
+  if (warm && (!in_process_restart || Env("CKPT_RESTART_DIR") == nullptr)) {
+    return absl::FailedPreconditionError(
+        "$CKPT_WARM = 1: a warm process takes its rank from a plan in "
+        "$CKPT_RESTART_DIR, which needs in-process restart (no "
+        "--no-in-process-restart) and ckptrun");
+  }
+  if (warm) {
+    CKPT_RETURN_IF_ERROR(ckpt::EnableRestart());
+    monitor = std::make_unique<RestartMonitor>(0, std::chrono::milliseconds(10),
+                                               stdout);
+    std::printf("warm process (pid %d): waiting for a rank\n",
+                static_cast<int>(getpid()));
+    std::fflush(stdout);
+    a = FromPlan(monitor->TakePlan());
+    // A plan rewritten for a newer generation before this process read
+    // the first one finds it kept: it says it joined, as a kept one does.
+    CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(a.generation));
+    std::printf("generation %llu: rank %u of %u, placed in this warm process\n",
+                static_cast<unsigned long long>(a.generation), a.plan.rank,
+                a.plan.world_size);
+    std::fflush(stdout);
+  } else if (in_process_restart && Env("CKPT_RESTART_DIR") != nullptr) {
     if (absl::Status s = ckpt::EnableRestart(); !s.ok()) {
       std::fprintf(stderr,
                    "ckpt-worker: in-process restart off (the launcher "

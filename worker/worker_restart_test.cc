@@ -7,7 +7,8 @@
 // descriptors and threads flat; a collective blocked on a hung peer is
 // broken at once by the plan; a survivor of a killed peer writes the
 // peer-lost note and waits for the plan instead of exiting, unless
-// --no-in-process-restart.
+// --no-in-process-restart; a warm process (no rank) takes a killed rank
+// from its first plan.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -254,6 +255,43 @@ TEST_F(WorkerRestartTest, SurvivorOfAKilledPeerWaitsForThePlanInItsProcess) {
     ASSERT_TRUE(run.exited_ok()) << run.output;
     EXPECT_EQ(run.Digest(), want) << run.output;
   }
+}
+
+// A warm process (ckptrun --warm): started ahead with no rank, it says it
+// is capable and waits; the plan makes it the killed rank, which restores
+// and the run ends bit-identical.
+TEST_F(WorkerRestartTest, WarmProcessTakesTheKilledRankFromItsPlan) {
+  const std::string want = Reference(kFlags);
+  const std::string dir0 = NewRestartDir();
+  const std::string warm_dir = NewRestartDir();
+  auto warm = WorkerProcess::Start(kFlags, {{"CKPT_SOCKET", daemon_->socket()},
+                                            {"CKPT_JOB", "restart"},
+                                            {"CKPT_WARM", "1"},
+                                            {"CKPT_RESTART_DIR", warm_dir}});
+  ASSERT_TRUE(warm->WaitForLine("warm process (pid ")) << warm->Output();
+  struct stat st;
+  EXPECT_EQ(stat((warm_dir + "/capable").c_str(), &st), 0) << "not capable";
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, kFlags);
+  auto r1 = StartRank(1, 0, port, NewRestartDir(), kFlags, {}, "step 5 loss");
+  ASSERT_TRUE(r1->Wait().killed());
+  ASSERT_TRUE(r0->WaitForLine("rank 0: ")) << r0->Output();
+  const int next_port = FreePort();
+  WritePlan(warm_dir, 1, 1, next_port, 4);
+  WritePlan(dir0, 0, 1, next_port, 4);
+  ASSERT_TRUE(warm->WaitForLine("generation 1: rank 1 of 2, placed"))
+      << warm->Output();
+  for (auto* r : {r0.get(), warm.get()}) {
+    ASSERT_TRUE(r->WaitForLine("generation 1: training from step 4"))
+        << r->Output();
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+  absl::StatusOr<std::string> joined =
+      restart::ReadFile(warm_dir, restart::kJoinedFile);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(*joined, "generation=1\n");
 }
 
 TEST_F(WorkerRestartTest, RestartRequestedWhileRejoiningEndsBitIdentical) {

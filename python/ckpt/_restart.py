@@ -12,7 +12,7 @@ import os
 from . import _lib, errors
 
 __all__ = ["RestartRequested", "Plan", "enable", "poll", "joined",
-           "plan_from_env"]
+           "plan_from_env", "warm"]
 
 
 class RestartRequested(BaseException):
@@ -61,6 +61,12 @@ class Plan:
 def under_launcher():
     """True when ckptrun gave this process a restart directory."""
     return bool(os.environ.get("CKPT_RESTART_DIR", ""))
+
+
+def warm():
+    """True in a warm process of ckptrun --warm ($CKPT_WARM=1): started
+    ahead with no rank, it waits for its first plan."""
+    return os.environ.get("CKPT_WARM", "") == "1"
 
 
 def enable():

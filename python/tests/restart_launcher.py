@@ -84,25 +84,40 @@ class Launcher:
         os.rename(tmp, os.path.join(trainer.dir, "plan"))
 
     def start(self, generation, rank, restore_step):
+        return self._start(generation, rank, restore_step)
+
+    def start_warm(self):
+        """A warm process (ckptrun --warm): CKPT_WARM=1, no rank, no plan
+        until write_plan gives it one."""
+        return self._start(None, None, None)
+
+    def _start(self, generation, rank, restore_step):
         self.count += 1
         d = os.path.join(self.dir, "proc-%d" % self.count)
         os.makedirs(d, mode=0o700)
         env = dict(os.environ)
-        env.update(RANK=str(rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(self.port(generation)), CKPT_GENERATION=str(generation),
-                   CKPT_SOCKET=self.socket, CKPT_JOB=self.job, CKPT_RESTART_DIR=d,
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                  "MASTER_PORT", "CKPT_GENERATION", "CKPT_RESTORE_STEP", "CKPT_WARM"):
+            env.pop(k, None)
+        env.update(CKPT_SOCKET=self.socket, CKPT_JOB=self.job, CKPT_RESTART_DIR=d,
                    CKPT_PEER_LOST_FILE=os.path.join(d, "peer-lost"), PYTHONUNBUFFERED="1",
                    CKPT_STACKS_FILE=os.path.join(d, "stacks"))
+        if generation is None:
+            env["CKPT_WARM"] = "1"
+        else:
+            env.update(RANK=str(rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(self.port(generation)),
+                       CKPT_GENERATION=str(generation))
+            if restore_step is not None:
+                env["CKPT_RESTORE_STEP"] = str(restore_step)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
-        env.pop("CKPT_RESTORE_STEP", None)
-        if restore_step is not None:
-            env["CKPT_RESTORE_STEP"] = str(restore_step)
         t = Trainer(None, d, os.path.join(d, "out.log"))
         with open(os.path.join(d, "peer-lost"), "w"):
             pass  # ckptrun empties it before each start
-        self.write_plan(t, generation, rank, restore_step)
+        if generation is not None:
+            self.write_plan(t, generation, rank, restore_step)
         with open(t.log, "wb") as log:
             t.proc = subprocess.Popen([sys.executable] + list(self.command), env=env,
                                       stdout=log, stderr=subprocess.STDOUT, close_fds=True)

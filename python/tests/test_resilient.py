@@ -215,6 +215,33 @@ class ResilientTest(unittest.TestCase):
         self.assert_kept(r1, 1, 1)
         self.assertIn("restored step %d" % restore, generation_output(r1.output(), 1))
 
+    def test_killed_rank_is_replaced_by_a_warm_process_bit_identical(self):
+        steps = 40
+        ln = self.launcher(steps, 3, ["--step-sleep-ms", "20"])
+        r0, r1 = self.start(ln, 0, 0, None), self.start(ln, 0, 1, None)
+        warm = ln.start_warm()
+        self.trainers.append(warm)
+        wait_for(lambda: r0.capable() and r1.capable() and warm.capable(), 60,
+                 "the trainers and the warm process to say they are capable")
+        self.assertIn("waiting for a rank", warm.output())
+        wait_for(lambda: "step 10 loss" in r1.output(), 120, "step 10")
+        os.kill(r0.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        r0.proc.wait()
+        wait_for(lambda: r1.peer_lost_note() == "\n", 60, "the survivor's peer-lost note")
+        restore = self.latest()
+        self.assertIsNotNone(restore)
+        ln.write_plan(r1, 1, 1, restore)
+        ln.write_plan(warm, 1, 0, restore)  # what ckptrun --warm does
+        wait_for(lambda: first_step(warm.output(), 1), 120, "the warm process's first step")
+        print("kill -> warm process's first step: %.0f ms"
+              % ((time.monotonic() - killed) * 1e3), file=sys.stderr)
+        self.finish([r1, warm], steps)
+        self.assertRegex(warm.output(), r"generation 1: rank 0 of 2 starts \(pid %d, "
+                         r"in-process restarts 0\)" % warm.pid)
+        self.assertIn("restored step %d" % restore, generation_output(warm.output(), 1))
+        self.assert_kept(r1, 1, 1)
+
     def test_a_plan_aborts_a_collective_blocked_on_a_live_peer(self):
         steps = 30
         ln = self.launcher(steps, 2, ["--fault-hang", "9:1"])

@@ -24,6 +24,11 @@ forms the group of the new generation (its rank, world size and
 rendezvous from the plan; a new store per generation), opens a new
 Checkpointer and calls train(ctx) again with ctx.restore_step set.
 
+In a warm process of ckptrun --warm ($CKPT_WARM=1, no rank yet) the
+script's imports are done by the time it calls resilient(), which writes
+`capable` and waits for the first plan: its rank, world, rendezvous and
+restore step are the plan's. The script does nothing else for it.
+
 A collective that breaks because a peer is gone (its process or node
 died) writes the peer-lost note (ckpt/_peers.py) and waits for the plan
 instead of exiting. Any other exception leaves resilient() as it came:
@@ -342,11 +347,18 @@ def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
         raise errors.InvalidArgument("timeout: a datetime.timedelta, not %s"
                                      % type(timeout).__name__)
     options = dict(checkpointer_options or {})
-    plan = _restart.plan_from_env()
+    warm = _restart.warm()
+    if warm and not _restart.under_launcher():
+        raise errors.FailedPrecondition(
+            "$CKPT_WARM=1 without $CKPT_RESTART_DIR: a warm process is "
+            "started by ckptrun --warm, which gives it its plan")
+    plan = None if warm else _restart.plan_from_env()
     monitor = None
+    if warm:
+        _warm_up()  # before `capable`: ckptrun places only a ready process
     if _restart.under_launcher():
         _restart.enable()
-        monitor = _Monitor(plan.generation, poll_s)
+        monitor = _Monitor(0 if warm else plan.generation, poll_s)
     with _active_lock:
         if _active is not None:
             raise errors.FailedPrecondition("resilient(): already running")
@@ -355,6 +367,8 @@ def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
     try:
         if monitor is not None:
             monitor.start()
+        if plan is None:
+            plan = _wait_placed(monitor)
         return _generations(train, plan, backend, timeout, options, monitor)
     finally:
         if monitor is not None:
@@ -362,6 +376,27 @@ def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
         _uninstall_collectives()
         with _active_lock:
             _active = None
+
+
+def _warm_up():
+    """A warm process makes ready what it can before its rank is known (the
+    script's imports are done by now)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        torch.cuda.init()  # the only device's context: no rank needed
+
+
+def _wait_placed(monitor):
+    """A warm process waits for its first plan: ckptrun writes it when it
+    hands this process a rank."""
+    import os
+    _log("warm process (pid %d): waiting for a rank" % os.getpid())
+    plan = monitor.take()
+    # A plan rewritten for a newer generation before this process read the
+    # first one finds it kept: it must say it joined, as a kept one does.
+    _restart.joined(plan.generation)
+    _log("generation %d: placed as rank %d of %d in this warm process"
+         % (plan.generation, plan.rank, plan.world_size))
+    return plan
 
 
 def _generations(train, plan, backend, timeout, options, monitor):

@@ -3,6 +3,7 @@
 // syscalls on the drop queue, arena_drops.h).
 // See node_state.h and rank_slots.h.
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
@@ -70,9 +71,14 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   if (grow) arena_drops->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   if (!ao.huge_dir.empty()) (void)shm::Arena::Unlink(ao.huge_dir + ao.name);
+  const auto create_start = std::chrono::steady_clock::now();
   auto created = shm::Arena::Create(ao);
+  const double create_s = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - create_start)
+                              .count();
   if (created.ok() && (*created)->huge_pages())
-    LogInfo(absl::StrCat("arena ", (*created)->name(), ": 2 MiB pages"));
+    LogInfo(absl::StrCat("arena ", (*created)->name(), ": 2 MiB pages",
+                         ", created in ", create_s, " s"));
   else if (created.ok() && !ao.huge_dir.empty())
     LogWarning(absl::StrCat(
         "arena ", (*created)->name(),

@@ -98,7 +98,9 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
         existing->second.creating ||
         existing->second.arena->slot_bytes() < bytes) {
       uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
-      CKPT_RETURN_IF_ERROR(node_.EnsureArena(job_name, rank_no, need).status());
+      CKPT_RETURN_IF_ERROR(
+          node_.EnsureArena(job_name, rank_no, need, /*for_load=*/true)
+              .status());
       continue;
     }
     rank = &existing->second;

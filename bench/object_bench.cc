@@ -3,7 +3,9 @@
 // the same bytes PUT and ranged-GET by plain libcurl with the same part
 // size and concurrency, to the same server). Rounds alternate raw and ours
 // so drift in the store affects both; the best round of each is reported
-// with the ratios (targets: upload >= 0.9, restore >= 0.85 of raw).
+// with the ratios, and the median of the rounds' own ratios beside them
+// (targets: upload >= 0.9, restore >= 0.85 of raw). Each round's figures
+// go to stderr.
 //
 //   AWS_ENDPOINT_URL=http://127.0.0.1:PORT AWS_ACCESS_KEY_ID=..
 //   AWS_SECRET_ACCESS_KEY=.. object_bench --object-url s3://bucket/prefix
@@ -19,10 +21,12 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "bench/object_raw.h"
+#include "bench/stats.h"
 #include "storage/object_backend.h"
 #include "util/program.h"
 
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
   }
 
   double raw_put = 1e30, ours_put = 1e30, raw_get = 1e30, ours_get = 1e30;
+  std::vector<double> put_ratios, get_ratios;  // raw / ours, round by round
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "object_bench: %s\n",
                  std::string(s.message()).c_str());
@@ -176,7 +181,15 @@ int main(int argc, char** argv) {
     if (!og.ok()) return fail(og.status());
     raw_put = std::min(raw_put, *rp), ours_put = std::min(ours_put, *op);
     raw_get = std::min(raw_get, *rg), ours_get = std::min(ours_get, *og);
+    put_ratios.push_back(*rp / *op);
+    get_ratios.push_back(*rg / *og);
+    std::fprintf(stderr,
+                 "object_bench: round %u/%u: upload %.4f s (raw PUT %.4f s, "
+                 "ratio %.3f); restore %.4f s (raw GET %.4f s, ratio %.3f)\n",
+                 r + 1, rounds, *op, *rp, *rp / *op, *og, *rg, *rg / *og);
   }
+  const double put_ratio = ckpt::bench::Median(put_ratios),
+               get_ratio = ckpt::bench::Median(get_ratios);
   (void)(*backend)->Delete("bench/ours.bin");
   (void)(*backend)->Delete("bench/raw.bin");
   const double gib = static_cast<double>(n) / (1 << 30);
@@ -186,11 +199,13 @@ int main(int argc, char** argv) {
         "s,\"upload_s\":%.4f,"
         "\"raw_put_s\":%.4f,\"upload_ratio\":%.3f,\"restore_object_s\":%.4f,"
         "\"raw_get_s\":%.4f,"
-        "\"restore_ratio\":%.3f}\n",
+        "\"restore_ratio\":%.3f,\"upload_ratio_median\":%.3f,"
+        "\"restore_ratio_median\":%.3f}\n",
         static_cast<unsigned long long>(n),
         static_cast<unsigned long long>(options->part_size >> 20),
         options->concurrency, md5 ? "true" : "false", ours_put, raw_put,
-        raw_put / ours_put, ours_get, raw_get, raw_get / ours_get);
+        raw_put / ours_put, ours_get, raw_get, raw_get / ours_get, put_ratio,
+        get_ratio);
   } else {
     std::printf(
         "object store %s, %.2f GiB, part %llu MiB, %u in flight, best of %u "
@@ -200,12 +215,14 @@ int main(int argc, char** argv) {
         options->concurrency, rounds);
     std::printf(
         "  upload   ours %.3f s (%.2f GiB/s)  raw PUT %.3f s (%.2f GiB/s)  "
-        "ratio %.3f (target >= 0.90)\n",
-        ours_put, gib / ours_put, raw_put, gib / raw_put, raw_put / ours_put);
+        "ratio %.3f, median of the rounds' %.3f (target >= 0.90)\n",
+        ours_put, gib / ours_put, raw_put, gib / raw_put, raw_put / ours_put,
+        put_ratio);
     std::printf(
         "  restore  ours %.3f s (%.2f GiB/s)  raw GET %.3f s (%.2f GiB/s)  "
-        "ratio %.3f (target >= 0.85)\n",
-        ours_get, gib / ours_get, raw_get, gib / raw_get, raw_get / ours_get);
+        "ratio %.3f, median of the rounds' %.3f (target >= 0.85)\n",
+        ours_get, gib / ours_get, raw_get, gib / raw_get, raw_get / ours_get,
+        get_ratio);
   }
   return 0;
 }

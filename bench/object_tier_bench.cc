@@ -65,13 +65,25 @@ class ObjectTierRun {
         absl::StrCat("ckpt-bench-raw/", getpid(), ".bin");
     std::vector<double> uploads, puts, gets, stalls, memcpys;
     int64_t step = 1;
+    // The order alternates: the store still writes out what the first of
+    // the two sent while the second runs.
     for (int i = 0; i < c_.saves; ++i, ++step) {
+      auto raw_put = [&]() -> absl::Status {
+        CKPT_ASSIGN_OR_RETURN(double put,
+                              RawObjectPut(so, raw_key, scratch_, bytes_));
+        puts.push_back(put);
+        return absl::OkStatus();
+      };
+      if (i % 2 == 1) CKPT_RETURN_IF_ERROR(raw_put());
       CKPT_RETURN_IF_ERROR(SaveDurable(step));
       CKPT_ASSIGN_OR_RETURN(v1::StatusResponse st, WaitUploaded());
       uploads.push_back(st.last_upload_s());
-      CKPT_ASSIGN_OR_RETURN(double put,
-                            RawObjectPut(so, raw_key, scratch_, bytes_));
-      puts.push_back(put);
+      if (i % 2 == 0) CKPT_RETURN_IF_ERROR(raw_put());
+      const double put = puts.back();
+      std::fprintf(stderr,
+                   "ckpt_bench: object upload %d/%d: %.4f s (raw PUT %.4f s, "
+                   "ratio %.3f)\n",
+                   i + 1, c_.saves, uploads.back(), put, put / uploads.back());
     }
     // Saves while the previous step's upload is in flight, vs memcpy.
     for (int i = 0; i < c_.saves; ++i, step += 2) {
@@ -88,7 +100,59 @@ class ObjectTierRun {
     }
     const int64_t last = step - 1;
 
-    // Restore after the local files and the shared memory are gone.
+    // Restores after the local files and the shared memory are gone, each
+    // after a restart of its own, beside raw GETs of the same bytes: the
+    // limit GETs into memory backed as the arena's slot is (the daemon's
+    // GETs land there); the same GET into 2 MiB anonymous pages is kept
+    // beside it: where /dev/shm gives arenas 4 KiB pages, every copy into
+    // them (the receive's too) costs more than into 2 MiB ones. The order
+    // alternates, so that drift in the store affects both.
+    CKPT_ASSIGN_OR_RETURN(HugeBuffer like_slot,
+                          HugeBuffer::MakeLikeArena(bytes_));
+    std::vector<double> restores, gets_anon;
+    memcpys.push_back(ParallelMemcpy(scratch_, tensors_, c_.copy_threads));
+    for (int i = 0; i < c_.saves; ++i) {
+      auto raw = [&]() -> absl::Status {
+        CKPT_ASSIGN_OR_RETURN(
+            double get, RawObjectGet(so, raw_key, like_slot.data(), bytes_));
+        gets.push_back(get);
+        CKPT_ASSIGN_OR_RETURN(double anon,
+                              RawObjectGet(so, raw_key, scratch_, bytes_));
+        gets_anon.push_back(anon);
+        return absl::OkStatus();
+      };
+      if (i % 2 == 1) CKPT_RETURN_IF_ERROR(raw());
+      CKPT_ASSIGN_OR_RETURN(double restore, RestoreAfterRestart(dc, last));
+      restores.push_back(restore);
+      if (i % 2 == 0) CKPT_RETURN_IF_ERROR(raw());
+      std::fprintf(stderr,
+                   "ckpt_bench: object restore %d/%d: %.4f s (raw GET %.4f s, "
+                   "ratio %.3f)\n",
+                   i + 1, c_.saves, restore, gets.back(),
+                   gets.back() / restore);
+    }
+    out->restore_matches = restore_matches_;
+    out->raw_get_anon_s = Median(gets_anon);
+    // The raw object goes; the daemon's objects stay with the prefix.
+    auto raw = storage::NewObjectBackend(so);
+    if (raw.ok()) (void)(*raw)->Delete(raw_key);  // best effort cleanup
+    out->upload_s = Median(uploads);
+    out->raw_put_s = Median(puts);
+    out->raw_get_s = Median(gets);
+    out->restore_object_s = Median(restores);
+    out->save_stall_upload_s = Median(stalls);
+    out->memcpy_s = Median(memcpys);
+    out->measured = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  // Stops the daemon, removes its arenas and local shard files, starts it
+  // again and restores `step` (which then comes from the object tier);
+  // returns the restore's seconds. A restore whose bytes differ from the
+  // reference clears restore_matches.
+  absl::StatusOr<double> RestoreAfterRestart(const DaemonConfig& dc,
+                                             int64_t step) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());
     client_.reset();
     CKPT_RETURN_IF_ERROR(daemon_->Stop());
@@ -100,42 +164,15 @@ class ObjectTierRun {
       if (e.path().extension() == ".shard") fs::remove(e.path(), ec);
     CKPT_RETURN_IF_ERROR(daemon_->Start());
     CKPT_RETURN_IF_ERROR(Connect());
-    memcpys.push_back(ParallelMemcpy(scratch_, tensors_, c_.copy_threads));
     for (const Tensor& t : tensors_) std::memset(t.data, 0, *t.bytes());
     auto t0 = Clock::now();
-    CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(last, tensors_),
+    CKPT_RETURN_IF_ERROR(Annotate(client_->Restore(step, tensors_),
                                   "restore from the object tier"));
-    out->restore_object_s = Since(t0);
-    out->restore_matches = std::memcmp(tensors_[0].data, scratch_, bytes_) == 0;
-    // The limit GETs into memory backed as the arena's slot is (the
-    // daemon's GETs land there); the same GET into 2 MiB anonymous pages
-    // is kept beside it: where /dev/shm gives arenas 4 KiB pages, every
-    // copy into them (the receive's too) costs more than into 2 MiB ones.
-    CKPT_ASSIGN_OR_RETURN(HugeBuffer like_slot,
-                          HugeBuffer::MakeLikeArena(bytes_));
-    std::vector<double> gets_anon;
-    for (int i = 0; i < 2; ++i) {
-      CKPT_ASSIGN_OR_RETURN(
-          double get, RawObjectGet(so, raw_key, like_slot.data(), bytes_));
-      gets.push_back(get);
-      CKPT_ASSIGN_OR_RETURN(double anon,
-                            RawObjectGet(so, raw_key, scratch_, bytes_));
-      gets_anon.push_back(anon);
-    }
-    out->raw_get_anon_s = Median(gets_anon);
-    // The raw object goes; the daemon's objects stay with the prefix.
-    auto raw = storage::NewObjectBackend(so);
-    if (raw.ok()) (void)(*raw)->Delete(raw_key);  // best effort cleanup
-    out->upload_s = Median(uploads);
-    out->raw_put_s = Median(puts);
-    out->raw_get_s = Median(gets);
-    out->save_stall_upload_s = Median(stalls);
-    out->memcpy_s = Median(memcpys);
-    out->measured = true;
-    return absl::OkStatus();
+    const double seconds = Since(t0);
+    if (std::memcmp(tensors_[0].data, scratch_, bytes_) != 0)
+      restore_matches_ = false;
+    return seconds;
   }
-
- private:
   absl::Status Connect() {
     ClientOptions co;
     co.socket_path = c_.dir + "/object-ckptd.sock";
@@ -181,6 +218,7 @@ class ObjectTierRun {
   std::span<const Tensor> tensors_;
   char* scratch_;
   uint64_t bytes_ = 0;
+  bool restore_matches_ = true;
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<v1::Ckptd::Stub> stub_;

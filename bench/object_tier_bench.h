@@ -7,8 +7,9 @@
 //                     last_upload_s), vs raw_put_s: a plain multipart PUT
 //                     of the same bytes;
 //   restore_object_s  Client::Restore after the local file and shared
-//                     memory are gone (parallel ranged GETs into a slot,
-//                     checksums, the client's copy), vs raw_get_s (a
+//                     memory are gone, each after a restart of its own
+//                     (parallel ranged GETs into a slot, checksums, the
+//                     client's copy), vs raw_get_s (a
 //                     parallel ranged GET into memory backed as the
 //                     arena's slot is; raw_get_anon_s into 2 MiB
 //                     anonymous pages, beside it);
@@ -35,7 +36,7 @@ struct ObjectTierConfig {
   std::string ckptd;  // ckptd binary
   std::string shm_prefix;  // for this daemon's arenas
   int copy_threads = 0;
-  int saves = 3;  // samples of each figure
+  int saves = 3;  // samples of each figure (restores alternate with GETs)
 };
 
 // tensors: the benchmark's state (contiguous from tensors[0].data);

@@ -3,6 +3,7 @@
 // syscalls on the drop queue, arena_drops.h).
 // See node_state.h and rank_slots.h.
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine_util.h"
@@ -27,7 +28,8 @@ void NodeState::DropArena(Job& job, uint32_t rank_no, bool unlink) {
 
 absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
                                                   uint32_t rank_no,
-                                                  uint64_t slot_bytes) {
+                                                  uint64_t slot_bytes,
+                                                  bool for_load) {
   Job* job = nullptr;
   RankSlots* r = nullptr;
   for (;;) {
@@ -62,6 +64,7 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
+  ao.slot0_faulted_by_load = for_load;
   r->creating = true;
   table.Unlock();
   // A dropped arena of this name is unlinked first, so that its queued
@@ -70,9 +73,14 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   if (grow) arena_drops->AwaitUnlinked(ArenaName(name, rank_no));
   (void)shm::Arena::Unlink(ao.name);  // a leftover nobody references
   if (!ao.huge_dir.empty()) (void)shm::Arena::Unlink(ao.huge_dir + ao.name);
+  const auto create_start = std::chrono::steady_clock::now();
   auto created = shm::Arena::Create(ao);
+  const double create_s = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - create_start)
+                              .count();
   if (created.ok() && (*created)->huge_pages())
-    LogInfo(absl::StrCat("arena ", (*created)->name(), ": 2 MiB pages"));
+    LogInfo(absl::StrCat("arena ", (*created)->name(), ": 2 MiB pages",
+                         ", created in ", create_s, " s"));
   else if (created.ok() && !ao.huge_dir.empty())
     LogWarning(absl::StrCat(
         "arena ", (*created)->name(),

@@ -130,10 +130,12 @@ class NodeState {
   // A rank's arena (node_arenas.cc). Returns the rank's arena, creating or
   // growing it to slot_bytes. The creation runs with the lock released
   // (RankSlots::creating marks it); a refusal leaves the rank's old arena
-  // and its steps as they were.
+  // and its steps as they were. `for_load`: the caller loads a shard into
+  // it next (shm::ArenaOptions::slot0_faulted_by_load).
   [[nodiscard]] absl::StatusOr<RankSlots*> EnsureArena(const std::string& job,
                                                        uint32_t rank,
-                                                       uint64_t slot_bytes)
+                                                       uint64_t slot_bytes,
+                                                       bool for_load = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu());
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.

@@ -155,7 +155,8 @@ absl::Status ReplicaSource::FetchFromPeer(
         CKPT_RETURN_IF_ERROR(
             node_
                 .EnsureArena(job_name, rank_no,
-                             std::max<uint64_t>(bytes, job->rec.slot_bytes()))
+                             std::max<uint64_t>(bytes, job->rec.slot_bytes()),
+                             /*for_load=*/true)
                 .status());
         continue;
       }

@@ -4,6 +4,7 @@
 // restorer.h.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -75,6 +76,9 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   auto changed = [] {
     return absl::AbortedError("load: the step changed meanwhile; retry");
   };
+  // The time until the read starts (an arena to create, a slot to wait
+  // for) is logged beside the read's.
+  const auto start = std::chrono::steady_clock::now();
   // Load the shard file into a slot: one read, then the client copies.
   auto deadline =
       std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
@@ -94,7 +98,9 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
         existing->second.creating ||
         existing->second.arena->slot_bytes() < bytes) {
       uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
-      CKPT_RETURN_IF_ERROR(node_.EnsureArena(job_name, rank_no, need).status());
+      CKPT_RETURN_IF_ERROR(
+          node_.EnsureArena(job_name, rank_no, need, /*for_load=*/true)
+              .status());
       continue;
     }
     rank = &existing->second;
@@ -124,9 +130,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
   if (from_object != nullptr) *from_object = read_object;
-  LogInfo(absl::StrCat("load ", key, read_object ? " (object tier)" : "",
-                       ": read ", bytes, " bytes in ", *load_s, " s",
-                       st.ok() ? "" : ": ", st.message()));
+  LogInfo(absl::StrCat(
+      "load ", key, read_object ? " (object tier)" : "", ": slot ready in ",
+      std::chrono::duration<double>(t0 - start).count(), " s, read ", bytes,
+      " bytes in ", *load_s, " s", st.ok() ? "" : ": ", st.message()));
   node_.table.Relock();
   // The job, rank or shard may have changed while the lock was released
   // (a slot in state kWriting is never replaced, so the arena is the same).

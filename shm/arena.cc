@@ -254,16 +254,16 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateAt(
   // size from the start (clients check it), and /dev/shm must have room for
   // all of it now: a later reservation that fails leaves those slots
   // unused, never a SIGBUS.
-  const uint32_t now_slots =
-      std::min(options.prefault_slots, options.num_slots);
-  const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
-  if (s.ok() && ::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
-    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
-                                          arena_bytes, " bytes"));
   // On hugetlbfs the mmap below reserves every huge page of the segment
   // (ENOMEM when the pool is short), and statvfs describes the pool's
   // limit, if any, rather than free memory.
   const bool huge = IsPathName(name);
+  uint32_t now_slots = std::min(options.prefault_slots, options.num_slots);
+  if (huge && options.slot0_faulted_by_load) now_slots = 0;
+  const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
+  if (s.ok() && ::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
+    s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
+                                          arena_bytes, " bytes"));
   struct statvfs vfs {};
   if (s.ok() && !huge && ::fstatvfs(fd.fd, &vfs) == 0 &&
       uint64_t{vfs.f_bavail} * vfs.f_frsize < arena_bytes)

@@ -106,6 +106,16 @@ struct ArenaOptions {
   // (zeroing shmem pages is the expensive part of creating an arena); the
   // others need ReserveSlots() before use.
   uint32_t prefault_slots = kMaxSlots;
+  // The arena is made for the daemon to load a shard into slot 0 (a
+  // restore after a restart, a fetch): where the segment's pages are
+  // reserved without being faulted in (hugetlbfs, whose mmap reserves
+  // every huge page of the segment, so a fault cannot find the pool
+  // empty), slot 0's pages are left for the load's writes to fault in as
+  // the bytes arrive, instead of all being zeroed before the first byte
+  // is asked for. In /dev/shm only a reservation (which allocates the
+  // pages) keeps a full /dev/shm from becoming a SIGBUS in the load, so
+  // slot 0 is reserved and faulted in as prefault_slots says.
+  bool slot0_faulted_by_load = false;
 };
 
 class Arena {

@@ -3,8 +3,9 @@
 // contains a chosen part (every key by default) while the gate is closed,
 // can hold one writer's Commit (its bytes written, not yet visible), and
 // records the order of deletes; it can also hold UnregisterMemory (an
-// arena's drop) and Stat (a metadata call to a slow shared root), and
-// counts RegisterMemory. Every method is thread-safe; the
+// arena's drop), Stat (a metadata call to a slow shared root) and
+// NewObjectReader (a load that has not begun reading), and counts
+// RegisterMemory. Every method is thread-safe; the
 // held calls wait on the gate's own lock.
 #ifndef CKPT_TESTS_GATED_BACKEND_H_
 #define CKPT_TESTS_GATED_BACKEND_H_
@@ -74,6 +75,14 @@ class GatedBackend : public storage::BackendWrapper {
   int stating() { return Waiting(stat_); }
   // Return once `n` Stat / UnregisterMemory calls are held, once `n`
   // RegisterMemory calls succeeded.
+  // NewObjectReader waits until ReleaseReads(); AwaitReading(n) returns
+  // once `n` calls are held.
+  void HoldReads() { Close(read_); }
+  void ReleaseReads() { Open(read_); }
+  void AwaitReading(int n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return read_.waiting >= n; });
+  }
   void AwaitStating(int n) {
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait(l, [&] { return stat_.waiting >= n; });
@@ -85,6 +94,11 @@ class GatedBackend : public storage::BackendWrapper {
   void AwaitRegistered(int n) {
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait(l, [&] { return registered_ >= n; });
+  }
+  absl::StatusOr<std::unique_ptr<storage::ObjectReader>> NewObjectReader(
+      std::string_view key) override {
+    Pass(read_);
+    return target()->NewObjectReader(key);
   }
   absl::StatusOr<storage::ObjectInfo> Stat(std::string_view key) override {
     Pass(stat_);
@@ -206,6 +220,7 @@ class GatedBackend : public storage::BackendWrapper {
   std::vector<std::string> deletes_;
   Hold unregister_;
   Hold stat_;
+  Hold read_;
   int registered_ = 0;
 };
 

@@ -47,6 +47,7 @@ class ObjectTierEngineTest : public ::testing::Test {
             uint32_t retain_object, bool faulty = false) {
     storage::LocalBackendOptions lo;
     lo.root = dir_.path() + "/local";
+    lo.use_io_uring = local_io_uring_;
     local_ = std::move(*storage::NewLocalBackend(lo));
     local_gate_ = std::make_unique<GatedBackend>(local_.get());
     lo.root = dir_.path() + "/object";
@@ -62,6 +63,7 @@ class ObjectTierEngineTest : public ::testing::Test {
     catalog_ = std::move(*cat);
     EngineOptions eo;
     eo.shm_prefix = prefix_;
+    eo.huge_dir = huge_dir_;
     eo.retain_steps = retain_local;
     eo.retain_object = retain_object;
     eo.commit_tier = tier;
@@ -161,6 +163,11 @@ class ObjectTierEngineTest : public ::testing::Test {
   std::unique_ptr<storage::Backend> local_, object_dir_;
   std::unique_ptr<GatedBackend> local_gate_;
   bool no_object_tier_ = false;  // set before Open: the engine gets none
+  // Set before Open: the engine's hugetlbfs for arenas ("": /dev/shm), and
+  // whether the local tier registers arenas with io_uring (which pins, and
+  // so faults in, every page of an arena).
+  std::string huge_dir_;
+  bool local_io_uring_ = true;
   std::unique_ptr<storage::FaultInjectionBackend> fault_;
   std::unique_ptr<GatedBackend> gate_;
   std::unique_ptr<Catalog> catalog_;

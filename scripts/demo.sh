@@ -44,6 +44,8 @@ worker_args=(--steps "$steps" --seed 7 --ckpt-every "$ckpt_every" --log-every 1 
 trainer=ckpt-worker   # the trainer's process name
 trainer_cmd=("$worker_bin" "${worker_args[@]}")
 trainer_pace=()       # extra arguments under ckptrun
+# ckptrun serves every generation's rendezvous store, not rank 0's trainer.
+rendezvous=(--rendezvous worker)
 if [[ -n $torch_job ]]; then
   trainer=python3
   trainer_cmd=("${PYTHON:-/usr/bin/python3}" "$PWD/examples/train_gpt.py" --steps "$steps" --seed 7
@@ -51,6 +53,7 @@ if [[ -n $torch_job ]]; then
   # The small GPT steps faster than this script finds its victim in /proc
   # on a busy machine: paced, so each failure lands where it is planned.
   trainer_pace=(--step-sleep-ms 300)
+  rendezvous=(--rendezvous torch --rendezvous-python "${PYTHON:-/usr/bin/python3}")
 fi
 
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
@@ -205,7 +208,7 @@ start_launcher() {
   local id=$1 dir=$work/node-$1
   spawn_stamped "$dir/ckptrun.log" "$ckptrun_bin" --coordinator "$coord" --node-id "$id" \
     --nproc-per-node 2 --world-size "$world" --job "$job" --socket "$dir/ckptd.sock" \
-    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) -- \
+    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) "${rendezvous[@]}" -- \
     "${trainer_cmd[@]}" "${trainer_pace[@]}"
   launcher_pgid[$id]=$started
 }
@@ -228,7 +231,14 @@ kill1_at=$((steps / 4 / ckpt_every * ckpt_every + 3))
 wait_for 120 step_at_least 1 || fail "training never started"
 # Found before the kill is due: scanning /proc takes a while on a busy machine.
 ckptrun_a=$(children_named ckptrun "${launcher_pgid[a]}")
-victim=$(children_named "$trainer" "$ckptrun_a" | awk 'NR == 1')
+# A trainer has a RANK (ckptrun's torch store server, also python3, none).
+victim=
+for p in $(children_named "$trainer" "$ckptrun_a"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^RANK='; then
+    victim=$p
+    break
+  fi
+done
 [[ -n $victim ]] || fail "no $trainer running under ckptrun of node a"
 victim_rank=$(tr '\0' '\n' <"/proc/$victim/environ" | sed -n 's/^RANK=//p')
 gen_before=$(job_field generation)

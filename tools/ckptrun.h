@@ -19,6 +19,9 @@
 // start; it is stopped and started anew if it has not `joined` within
 // --restart-timeout. A kept trainer's word that it lost peers is reported
 // while it runs (ReportTrainerExitRequest.process_kept).
+// Rendezvous (ckptrun_rendezvous.h): with --rendezvous worker|torch (auto:
+// worker for ckpt-worker) ckptrun serves every generation's store from its
+// start and trainers are only its clients ($CKPT_RENDEZVOUS=launcher).
 //
 // Exit status: 0 once every rank of the current generation on this node
 // exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
@@ -47,6 +50,7 @@
 #include "client/restart_plan.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/leader_channel.h"
+#include "tools/ckptrun_rendezvous.h"
 #include "tools/ckptrun_trainers.h"
 
 namespace ckpt::tools {
@@ -63,6 +67,11 @@ struct RunOptions {
   std::string socket;       // default $CKPT_SOCKET
   std::string master_addr;  // empty: the host of rank 0's node
   uint32_t master_port = 29500;
+  // Who serves the rendezvous store (ckptrun_rendezvous.h); served by
+  // ckptrun, MASTER_PORT is master_port in every generation, else
+  // master_port + G % 1000.
+  RendezvousKind rendezvous = RendezvousKind::kTrainer;
+  std::string rendezvous_python;  // kTorch: python3, resolved
   std::chrono::milliseconds poll{100};
   std::chrono::milliseconds grace{3000};
   // How long a kept trainer has to join a new generation; 0: no trainer
@@ -217,6 +226,7 @@ class Launcher {
   bool watch_stopping_ = false;
   std::string last_watch_error_;  // the last refusal logged (Poll's thread)
   TrainerSet trainers_;
+  std::unique_ptr<RendezvousKeeper> rendezvous_;
   std::optional<uint64_t> generation_;  // of the trainers started, if any
   std::set<uint32_t> started_;          // ranks started in generation_
   std::set<uint32_t> finished_;         // of those, exited 0

@@ -2,10 +2,13 @@
 // /bin/sh trainers writing their environment. Served by ckptrun (worker),
 // the store listens from ckptrun's start, before any trainer, on
 // --master-port in every generation, and the trainers are told to be its
-// clients; trainer keeps the old per-generation port. Bad values are
+// clients; trainer keeps the old per-generation port. Served by torch's
+// store server, a child, it is started again when it dies. Bad values are
 // refused naming the flag.
 #include <netinet/in.h>
 #include <sys/socket.h>
+
+#include <cstdlib>
 
 #include "storage/shard_format.h"
 #include "tools/ckptrun_fixture.h"
@@ -68,6 +71,63 @@ TEST_F(CkptrunTest, TrainerRendezvousKeepsThePortPerGenerationAndNoStore) {
   EXPECT_EQ(ReadFile(log()).find("serving the rendezvous store"),
             std::string::npos)
       << ReadFile(log());
+}
+
+// --rendezvous torch: the store is python3 -m ckpt.torch.store_server, a
+// child of ckptrun; SIGKILLed, it is started again and serves again.
+TEST_F(CkptrunTest, TorchStoreServerIsAChildStartedAgainWhenItDies) {
+  if (testing::RunCommand("python3 -c 'import torch'", true).exit_code != 0)
+    GTEST_SKIP() << "python3 has no torch";
+  // The ckpt package of this tree (tools/../python).
+  std::string src = __FILE__;
+  src = src.substr(0, src.rfind('/'));
+  src = src.substr(0, src.rfind('/'));
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("PYTHONPATH", (src + "/python").c_str(), 1);
+  testing::FakeNode node(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(node.status().ok());
+  StartCkptrun("sleep", 1, "n1", {"--rendezvous", "torch"});
+  if (old != nullptr)
+    setenv("PYTHONPATH", saved.c_str(), 1);
+  else
+    unsetenv("PYTHONPATH");
+  const std::string serving = "serving the rendezvous store on port 31000";
+  // Each start imports torch: seconds on a loaded machine.
+  ASSERT_TRUE(WaitFor(
+      [&] { return ReadFile(log()).find(serving) != std::string::npos; },
+      milliseconds(90000)))
+      << ReadFile(log());
+  EXPECT_TRUE(Listens(31000));
+  ASSERT_TRUE(WaitForEnv(0, {0}));
+  EXPECT_EQ(Env(0, 0)["CKPT_RENDEZVOUS"], "launcher");
+  const std::string text = ReadFile(log());
+  const std::string tag = "-m ckpt.torch.store_server, pid ";
+  size_t at = text.find(tag);
+  ASSERT_NE(at, std::string::npos) << text;
+  const pid_t child = std::atoi(text.c_str() + at + tag.size());
+  ASSERT_GT(child, 0) << text;
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::string t = ReadFile(log());
+        size_t again = t.find("exited; starting another");
+        return again != std::string::npos &&
+               t.find(serving, again) != std::string::npos;
+      },
+      milliseconds(90000)))
+      << ReadFile(log());
+  EXPECT_TRUE(Listens(31000));
+  EXPECT_TRUE(Dead(std::to_string(child)));
+  // ckptrun's exit takes its store server with it.
+  const std::string again = ReadFile(log()).substr(at + tag.size());
+  size_t at2 = again.find(tag);
+  ASSERT_NE(at2, std::string::npos);
+  const std::string child2 =
+      std::to_string(std::atoi(again.c_str() + at2 + tag.size()));
+  kill(ckptrun_, SIGTERM);
+  EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
+  EXPECT_TRUE(WaitFor([&] { return Dead(child2); }, milliseconds(5000)));
 }
 
 TEST(CkptrunRendezvousFlagsTest, BadRendezvousIsRefusedNamingTheFlag) {

@@ -73,6 +73,18 @@ class RendezvousStoreTest(base.ResilientTest):
             server.wait()
         self.assertEqual(server.returncode, 0, read(log))
 
+    def test_bad_rendezvous_variable_is_refused_naming_it(self):
+        import ckpt
+        from ckpt.torch import _resilient
+        from unittest import mock
+        for value, served in (("", False), ("launcher", True)):
+            with mock.patch.dict(os.environ, {"CKPT_RENDEZVOUS": value}):
+                self.assertEqual(_resilient._store_served(), served)
+        with mock.patch.dict(os.environ, {"CKPT_RENDEZVOUS": "rank0"}):
+            with self.assertRaisesRegex(ckpt.errors.InvalidArgument,
+                                        r"\$CKPT_RENDEZVOUS = 'rank0'"):
+                _resilient._store_served()
+
 
 if __name__ == "__main__":
     unittest.main()

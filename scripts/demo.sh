@@ -234,7 +234,7 @@ ckptrun_a=$(children_named ckptrun "${launcher_pgid[a]}")
 # A trainer has a RANK (ckptrun's torch store server, also python3, none).
 victim=
 for p in $(children_named "$trainer" "$ckptrun_a"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^RANK='; then
+  if grep -qaz '^RANK=' "/proc/$p/environ" 2>/dev/null; then
     victim=$p
     break
   fi

@@ -73,6 +73,39 @@ class RendezvousStoreTest(base.ResilientTest):
             server.wait()
         self.assertEqual(server.returncode, 0, read(log))
 
+    def test_plan_ends_a_rendezvous_blocked_on_the_launchers_store_at_once(self):
+        """The survivor joins generation 1, whose rank 0 never comes: it
+        waits in the rendezvous, on the store no process of the job
+        serves, so no dying peer breaks that wait. Generation 2's plan must
+        (the abort shuts the store's links too), long before the
+        rendezvous timeout (300 s here)."""
+        steps = 30
+        port = free_ports(1)
+        ln = Launcher(self.dir, self.daemon.socket, self.job, 2, port,
+                      train_args(steps, 3) + ["--step-sleep-ms", "20", "--timeout-s", "300"],
+                      store_port=port)
+        server, log = ln.start_store_server()
+        try:
+            wait_for(lambda: "serving the rendezvous store" in read(log) or
+                     server.poll() is not None, 120, "the store server")
+            r0, r1 = self.start(ln, 0, 0, None), self.start(ln, 0, 1, None)
+            wait_for(lambda: "step 10 loss" in r1.output(), 120, "step 10")
+            os.kill(r0.pid, signal.SIGKILL)
+            r0.proc.wait()
+            wait_for(lambda: r1.peer_lost_note() == "\n", 60, "the survivor's peer-lost note")
+            restore = self.latest()
+            ln.write_plan(r1, 1, 1, restore)  # its rank 0 is never started
+            wait_for(lambda: r1.joined() == 1, 60, "the survivor to join generation 1")
+            ln.write_plan(r1, 2, 1, restore)
+            wait_for(lambda: r1.joined() == 2, 120,
+                     "the survivor to leave generation 1's rendezvous:\n" + self.say([r1]))
+            n0 = self.start(ln, 2, 0, restore)
+            self.finish([r1, n0], steps)
+            self.assert_kept(r1, 2, 2)
+        finally:
+            server.terminate()
+            server.wait()
+
     def test_bad_rendezvous_variable_is_refused_naming_it(self):
         import ckpt
         from ckpt.torch import _resilient

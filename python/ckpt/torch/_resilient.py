@@ -79,7 +79,12 @@ class _Generation:
         self.store = None
         self.pg = None
         self._lock = threading.Lock()
-        self._before = _abort.tcp_sockets(plan.master_port)
+        # A store the launcher serves has no server thread in this process:
+        # its links are shut down with the group's, so that a rendezvous
+        # blocked on a peer that never comes returns at once (no dying
+        # rank 0 breaks it). A store rank 0 serves here is left alone.
+        self._skip = None if _store_served() else plan.master_port
+        self._before = _abort.tcp_sockets(self._skip)
         self._sockets = None  # fixed once formed
         self._closed = False
         self.aborted = False
@@ -90,7 +95,7 @@ class _Generation:
             self._sockets = self._new_sockets()
 
     def _new_sockets(self):
-        now = _abort.tcp_sockets(self.plan.master_port)
+        now = _abort.tcp_sockets(self._skip)
         return {fd: ino for fd, ino in now.items()
                 if self._before.get(fd) != ino}
 

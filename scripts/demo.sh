@@ -48,6 +48,8 @@ worker_args=(--steps "$steps" --seed 7 --ckpt-every "$ckpt_every" --log-every 1 
 trainer=ckpt-worker   # the trainer's process name
 trainer_cmd=("$worker_bin" "${worker_args[@]}")
 trainer_pace=()       # extra arguments under ckptrun
+# ckptrun serves every generation's rendezvous store, not rank 0's trainer.
+rendezvous=(--rendezvous worker)
 if [[ -n $torch_job ]]; then
   trainer=python3
   trainer_cmd=("${PYTHON:-/usr/bin/python3}" "$PWD/examples/train_gpt.py" --steps "$steps" --seed 7
@@ -55,6 +57,7 @@ if [[ -n $torch_job ]]; then
   # The small GPT steps faster than this script finds its victim in /proc
   # on a busy machine: paced, so each failure lands where it is planned.
   trainer_pace=(--step-sleep-ms 300)
+  rendezvous=(--rendezvous torch --rendezvous-python "${PYTHON:-/usr/bin/python3}")
 fi
 
 work=$(mktemp -d /var/tmp/ckptd-demo.XXXXXX)
@@ -219,7 +222,8 @@ start_launcher() {
   local id=$1 dir=$work/node-$1
   spawn_stamped "$dir/ckptrun.log" "$ckptrun_bin" --coordinator "$coord" --node-id "$id" \
     --nproc-per-node 2 --world-size "$world" --job "$job" --socket "$dir/ckptd.sock" \
-    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) --warm "$warm" -- \
+    --poll-ms 50 --grace-ms 1000 --master-port $((master_base + 1)) --warm "$warm" \
+    "${rendezvous[@]}" -- \
     "${trainer_cmd[@]}" "${trainer_pace[@]}"
   launcher_pgid[$id]=$started
 }

@@ -25,7 +25,10 @@ Launcher::Launcher(RunOptions options, const sigset_t& stop_signals)
       // ParseRunOptions already created one with these options.
       client_(
           coordinator::CoordinatorClient::Create(opts_.coordinator, opts_.tls)
-              .value()) {}
+              .value()),
+      rendezvous_(std::make_unique<RendezvousKeeper>(
+          opts_.rendezvous, opts_.master_port, opts_.rendezvous_python,
+          absl::StrCat("ckptrun[", opts_.node_id, "]: "))) {}
 
 Launcher::~Launcher() {
   {
@@ -150,6 +153,8 @@ std::optional<int> Launcher::RegisterJob() {
 }
 
 int Launcher::Run() {
+  // Up before any trainer of any generation needs it.
+  rendezvous_->Tend(opts_.poll);
   if (std::optional<int> rc = RegisterJob()) return *rc;
   loop_thread_ = pthread_self();
   watcher_ = std::thread([this] { WatchLoop(); });
@@ -230,6 +235,7 @@ void Launcher::Poll() {
     reports_.push_back({e, std::move(peers), generation, epoch_, false});
   }
   TendWarm();
+  rendezvous_->Tend(opts_.poll);
   ReportPeerLostOfLiveTrainers();
   FlushReports();
   FlushNodeCheck();

@@ -25,6 +25,10 @@
 // (its plan written at the gate of the kept trainers' plans), and another
 // is started to take its place.
 //
+// Rendezvous (ckptrun_rendezvous.h): with --rendezvous worker|torch (auto:
+// worker for ckpt-worker) ckptrun serves every generation's store from its
+// start and trainers are only its clients ($CKPT_RENDEZVOUS=launcher).
+//
 // Exit status: 0 once every rank of the current generation on this node
 // exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
 // signal N (SIGTERM/SIGINT), with every trainer stopped.
@@ -52,6 +56,7 @@
 #include "client/restart_plan.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/leader_channel.h"
+#include "tools/ckptrun_rendezvous.h"
 #include "tools/ckptrun_trainers.h"
 
 namespace ckpt::tools {
@@ -68,6 +73,11 @@ struct RunOptions {
   std::string socket;       // default $CKPT_SOCKET
   std::string master_addr;  // empty: the host of rank 0's node
   uint32_t master_port = 29500;
+  // Who serves the rendezvous store (ckptrun_rendezvous.h); served by
+  // ckptrun, MASTER_PORT is master_port in every generation, else
+  // master_port + G % 1000.
+  RendezvousKind rendezvous = RendezvousKind::kTrainer;
+  std::string rendezvous_python;  // kTorch: python3, resolved
   std::chrono::milliseconds poll{100};
   std::chrono::milliseconds grace{3000};
   // How long a kept trainer has to join a new generation; 0: no trainer
@@ -248,6 +258,7 @@ class Launcher {
   bool watch_stopping_ = false;
   std::string last_watch_error_;  // the last refusal logged (Poll's thread)
   TrainerSet trainers_;
+  std::unique_ptr<RendezvousKeeper> rendezvous_;
   std::optional<uint64_t> generation_;  // of the trainers started, if any
   std::set<uint32_t> started_;          // ranks started in generation_
   std::set<uint32_t> finished_;         // of those, exited 0

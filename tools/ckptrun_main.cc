@@ -1,7 +1,9 @@
 // ckptrun --coordinator HOST:PORT --node-id ID --nproc-per-node N
 //         [--nnodes M] [--world-size W] [--job NAME] [--socket PATH]
 //         [--master-addr ADDR] [--master-port BASE] [--poll-ms MS]
-//         [--grace-ms MS] [--restart-timeout S] [--warm N] -- CMD ARGS...
+//         [--grace-ms MS] [--restart-timeout S] [--warm N]
+//         [--rendezvous auto|trainer|worker|torch]
+//         [--rendezvous-python PATH] -- CMD ARGS...
 // See ckptrun.h for what it does and its exit status.
 #include <signal.h>
 
@@ -46,6 +48,8 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
   std::string restart_timeout = "30";
   std::string warm = "0";
+  std::string rendezvous = "auto";
+  std::string rendezvous_python = "python3";
   app.add_option("--coordinator", o.coordinator,
                  "ckpt-coordinator's HOST:PORT[,HOST:PORT...] (replicas: the "
                  "leader is followed)")
@@ -74,6 +78,18 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
                  "MASTER_ADDR (default: the host of rank 0's node)");
   app.add_option("--master-port", master_port,
                  "MASTER_PORT base; generation G uses base + G % 1000");
+  app.add_option(
+      "--rendezvous", rendezvous,
+      "who serves each generation's rendezvous store: worker (ckpt-worker's "
+      "store) or torch (torch's TCPStore, a python3 child), served by "
+      "ckptrun on every node from its start at --master-port for every "
+      "generation, trainers its clients ($CKPT_RENDEZVOUS=launcher); "
+      "trainer: rank 0's trainer, at --master-port + G % 1000 (as "
+      "before); auto (default): worker when CMD is ckpt-worker, else "
+      "trainer");
+  app.add_option("--rendezvous-python", rendezvous_python,
+                 "the interpreter of --rendezvous torch's store server, with "
+                 "torch and ckpt importable (default python3 in $PATH)");
   app.add_option("--poll-ms", poll_ms,
                  "the longest the loop sleeps when nothing happens (a new "
                  "view or a trainer's exit wakes it at once; no RPC; "
@@ -170,6 +186,18 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   absl::StatusOr<std::string> program = ResolveProgram(o.command[0]);
   if (!program.ok()) return program.status();
   o.program = *program;
+  absl::StatusOr<RendezvousKind> kind = ParseRendezvous(rendezvous, o.program);
+  if (!kind.ok()) return kind.status();
+  o.rendezvous = *kind;
+  if (o.rendezvous == RendezvousKind::kTorch) {
+    absl::StatusOr<std::string> python = ResolveProgram(rendezvous_python);
+    if (!python.ok())
+      return bad("--rendezvous-python",
+                 absl::StrCat("\"", rendezvous_python.substr(0, 64),
+                              "\" is not an executable (needed by "
+                              "--rendezvous torch)"));
+    o.rendezvous_python = *python;
+  }
   return o;
 }
 

@@ -44,7 +44,8 @@ std::vector<std::string> InheritedEnv() {
                                      "CKPT_GENERATION=",
                                      "CKPT_RESTORE_STEP=",
                                      "CKPT_PEER_LOST_FILE=",
-                                     "CKPT_RESTART_DIR="};
+                                     "CKPT_RESTART_DIR=",
+                                     "CKPT_RENDEZVOUS="};
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
@@ -68,8 +69,12 @@ RestartPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
   plan.master_addr = opts_.master_addr;
   if (plan.master_addr.empty()) plan.master_addr = HostOf(job.rank0_address());
   if (plan.master_addr.empty()) plan.master_addr = "127.0.0.1";
+  // A store served by ckptrun lives across generations (its keys carry
+  // the generation); one a trainer serves is new in each.
   plan.master_port =
-      opts_.master_port + static_cast<uint32_t>(job.generation() % 1000);
+      rendezvous_->serves()
+          ? opts_.master_port
+          : opts_.master_port + static_cast<uint32_t>(job.generation() % 1000);
   if (job.plan_state() == cv1::PLAN_NONE) {
     if (job.has_last_good())
       plan.restore_step = job.last_good_step();  // a fresh start of the job
@@ -104,6 +109,7 @@ void Launcher::StartRanks(const cv1::JobView& job,
     env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));
     env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
     env.push_back(absl::StrCat("CKPT_GENERATION=", plan.generation));
+    if (rendezvous_->serves()) env.push_back("CKPT_RENDEZVOUS=launcher");
     if (plan.restore_step)
       env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *plan.restore_step));
     if (std::string f = PythonStacksFile(rank); !f.empty())

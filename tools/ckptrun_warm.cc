@@ -48,7 +48,8 @@ bool OwnVariable(const std::string& kv) {
                                      "CKPT_PEER_LOST_FILE=",
                                      "CKPT_RESTART_DIR=",
                                      "CKPT_STACKS_FILE=",
-                                     "CKPT_WARM="};
+                                     "CKPT_WARM=",
+                                     "CKPT_RENDEZVOUS="};
   for (const char* prefix : kOwn)
     if (kv.rfind(prefix, 0) == 0) return true;
   return false;
@@ -82,6 +83,9 @@ void Launcher::StartWarm() {
   env.push_back(absl::StrCat("CKPT_RESTART_DIR=", dir));
   env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));
   env.push_back(absl::StrCat("CKPT_JOB=", opts_.job));
+  // Placed, it joins its generation's store as a client of this launcher
+  // when the launcher serves it, as every trainer started here does.
+  if (rendezvous_->serves()) env.push_back("CKPT_RENDEZVOUS=launcher");
   if (!w.peer_lost.empty())
     env.push_back(absl::StrCat("CKPT_PEER_LOST_FILE=", w.peer_lost));
   if (!w.stacks.empty())

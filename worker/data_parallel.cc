@@ -159,9 +159,12 @@ absl::Status DataParallel::Rendezvous() {
     store_ = GrpcStore::Create(o.master_addr, o.master_port, o.connect_timeout);
     context_ = context;
   }
-  if (o.rank == 0) {
-    CKPT_ASSIGN_OR_RETURN(server_,
-                          StoreServer::Start(o.master_addr, o.master_port));
+  if (o.rank == 0 && !o.store_served) {
+    absl::StatusOr<std::unique_ptr<StoreServer>> server =
+        StoreServer::Start(o.master_addr, o.master_port);
+    if (!server.ok())
+      return Annotate(server.status(), "rank 0 (MASTER_ADDR:MASTER_PORT)");
+    server_ = std::move(*server);
   }
   CKPT_RETURN_IF_ERROR(store_->WaitConnected(o.connect_timeout));
   absl::Status s = GlooCall(where, [&] {

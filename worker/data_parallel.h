@@ -1,6 +1,7 @@
 // DataParallel: the collectives of a data-parallel ckpt-worker job, over gloo
-// (TCP transport). Connect performs the rendezvous: rank 0 serves the store
-// (rendezvous_store.h) at MASTER_ADDR:MASTER_PORT, every rank publishes the
+// (TCP transport). Connect performs the rendezvous: rank 0 (or the launcher,
+// store_served) serves the store (rendezvous_store.h) at
+// MASTER_ADDR:MASTER_PORT, every rank publishes the
 // address of its gloo device (bound to the interface that reaches
 // MASTER_ADDR) and connects to every peer. A world of one needs no peers and
 // opens no socket. Collectives are gloo's ring algorithms: for a given world
@@ -44,6 +45,9 @@ struct DataParallelOptions {
   // The job generation this connection serves: its rendezvous keys are
   // its own, so a store of another generation never mixes them in.
   uint64_t generation = 0;
+  // The launcher serves the store at MASTER_ADDR:MASTER_PORT for every
+  // generation ($CKPT_RENDEZVOUS=launcher): rank 0 serves none.
+  bool store_served = false;
 };
 
 // InvalidArgument naming the field.
@@ -63,7 +67,8 @@ class DataParallel {
   // starts waiting for the peers.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
       const DataParallelOptions& options);
-  // Serves the store (rank 0), joins the peers. Call once.
+  // Serves the store (rank 0, unless store_served), joins the peers. Call
+  // once.
   [[nodiscard]] absl::Status Rendezvous();
   // Closes the pairs and the store client without waiting on any peer;
   // rank 0's store server stops with the object.

@@ -18,6 +18,7 @@
 #include "shm/beacon.h"
 #include "tests/daemon_test.h"
 #include "tests/harness.h"
+#include "worker/rendezvous_server.h"
 #include "worker/worker_process.h"
 
 namespace ckpt::worker {
@@ -144,6 +145,37 @@ TEST_F(DataParallelTest, BadFaultAndEvaluationFlagsAreRefusedNamingTheFlag) {
     EXPECT_NE(r.output.find(name), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("step 1 loss"), std::string::npos) << r.output;
   }
+}
+
+// $CKPT_RENDEZVOUS=launcher: the store is served by someone else (ckptrun;
+// here the test) and rank 0 serves none: had it tried, the port the
+// test's server holds would have failed its rendezvous. A value other
+// than "launcher" is refused naming the variable.
+TEST_F(DataParallelTest, RanksAreOnlyClientsOfAStoreTheLauncherServes) {
+  const int port = FreePort();
+  absl::StatusOr<std::unique_ptr<StoreServer>> server =
+      StoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::map<std::string, std::string> served = {
+      {"CKPT_RENDEZVOUS", "launcher"}};
+  auto r1 =
+      WorkerProcess::Start({"--steps", "10"}, RankEnv(1, 2, port, "", served));
+  auto r0 =
+      WorkerProcess::Start({"--steps", "10"}, RankEnv(0, 2, port, "", served));
+  WorkerRun b = r1->Wait();
+  WorkerRun a = r0->Wait();
+  ASSERT_TRUE(a.exited_ok()) << a.output;
+  ASSERT_TRUE(b.exited_ok()) << b.output;
+  EXPECT_EQ(a.Digest(), b.Digest());
+
+  WorkerRun bad =
+      WorkerProcess::Start({"--steps", "2"},
+                           RankEnv(0, 2, port, "", {{"CKPT_RENDEZVOUS", "x"}}))
+          ->Wait();
+  EXPECT_FALSE(bad.exited_ok()) << bad.output;
+  EXPECT_NE(bad.output.find("$CKPT_RENDEZVOUS = \"x\""), std::string::npos)
+      << bad.output;
+  EXPECT_EQ(bad.output.find("step 1 loss"), std::string::npos) << bad.output;
 }
 
 TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {

@@ -4,8 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -18,82 +16,9 @@ namespace ckpt::worker {
 namespace v1 = ::ckpt::worker::rendezvous::v1;
 using Clock = std::chrono::system_clock;
 
-// A Get holds a server thread while it waits; bounding each wait keeps a
-// shutdown quick and lets the client re-check its own deadline.
+// A Get waits on the server at most this long per call (the server bounds
+// it too); the client loops until its own deadline.
 constexpr std::chrono::milliseconds kMaxGetWait{1000};
-
-std::string HostPort(const std::string& host, int port) {
-  bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", port);
-}
-
-class StoreServer::Impl final : public v1::KeyValueStore::Service {
- public:
-  grpc::Status Set(grpc::ServerContext*, const v1::SetRequest* req,
-                   v1::SetResponse*) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      values_[req->key()] = req->value();
-    }
-    cv_.notify_all();
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req,
-                   v1::GetResponse* resp) override {
-    auto wait =
-        std::min(std::chrono::milliseconds(req->wait_ms()), kMaxGetWait);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, wait,
-                 [&] { return stopping_ || values_.count(req->key()) > 0; });
-    auto it = values_.find(req->key());
-    if (it != values_.end()) {
-      resp->set_found(true);
-      resp->set_value(it->second);
-    }
-    return grpc::Status::OK;
-  }
-
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (server_) server_->Shutdown(Clock::now() + std::chrono::seconds(2));
-  }
-
-  std::unique_ptr<grpc::Server> server_;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;
-  bool stopping_ = false;
-};
-
-StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-StoreServer::~StoreServer() { impl_->Stop(); }
-
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
-    const std::string& host, int port) {
-  auto impl = std::make_unique<Impl>();
-  std::string address = HostPort(host, port);
-  int bound = 0;
-  grpc::ServerBuilder builder;
-  // Two jobs given the same port must not share it silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
-  builder.RegisterService(impl.get());
-  impl->server_ = builder.BuildAndStart();
-  if (!impl->server_ || bound == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank 0: cannot serve the rendezvous store at MASTER_ADDR:MASTER_PORT "
-        "= ",
-        address, " (port in use, or not an address of this host?)"));
-  }
-  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
-}
 
 class GrpcStore::Impl {
  public:
@@ -229,9 +154,8 @@ absl::Status GrpcStore::WaitConnected(
       return absl::DeadlineExceededError(absl::StrCat(
           "no rendezvous store answered at MASTER_ADDR:MASTER_PORT = ",
           impl_->address_, " within ", connect_timeout.count() / 1000.0,
-          " s (rank 0 serves it: is it running, and are MASTER_ADDR and "
-          "MASTER_PORT the same "
-          "on every rank?)"));
+          " s (rank 0 or the launcher serves it: is it running, and are "
+          "MASTER_ADDR and MASTER_PORT the same on every rank?)"));
     }
     if (impl_->channel_->WaitForConnected(std::min(now + kSlice, deadline)))
       return absl::OkStatus();

@@ -1,5 +1,6 @@
 // The rendezvous store of a data-parallel ckpt-worker job, served over gRPC.
-// StoreServer (rank 0) holds the keys in memory and serves them at
+// StoreServer (rendezvous_server.h: ckptrun, or rank 0 when the launcher
+// serves none) holds the keys in memory and serves them at
 // MASTER_ADDR:MASTER_PORT; GrpcStore is every rank's gloo::rendezvous::Store
 // view of it. gloo calls the store and expects failures as exceptions, so
 // GrpcStore throws gloo::IoException naming the key and the address; the
@@ -17,26 +18,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/rendezvous_server.h"
 
 namespace ckpt::worker {
-
-// "host:port", with brackets around an IPv6 literal.
-std::string HostPort(const std::string& host, int port);
-
-class StoreServer {
- public:
-  // Listens on host:port (the port must be free: no SO_REUSEPORT sharing).
-  // Unavailable naming the address when it cannot.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
-      const std::string& host, int port);
-  ~StoreServer();
-
-  class Impl;
-
- private:
-  explicit StoreServer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
 
 class GrpcStore : public gloo::rendezvous::Store {
  public:

@@ -8,6 +8,8 @@
 //   MASTER_ADDR, MASTER_PORT  where rank 0 serves the rendezvous store
 //                          (default 127.0.0.1:29500; needed when WORLD_SIZE >
 //                          1)
+//   CKPT_RENDEZVOUS        "launcher": ckptrun serves the store there for
+//                          every generation and rank 0 serves none
 //   GLOO_SOCKET_IFNAME     bind gloo to this interface instead of the one
 //                          that reaches MASTER_ADDR
 //   CKPT_RESTORE_STEP      restore this step instead of the latest one
@@ -189,6 +191,13 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
   }
   if (Env("GLOO_SOCKET_IFNAME") != nullptr)
     dp.iface = Env("GLOO_SOCKET_IFNAME");
+  if (const char* r = Env("CKPT_RENDEZVOUS"); r != nullptr && *r != '\0') {
+    if (std::string(r) != "launcher")
+      return absl::InvalidArgumentError(absl::StrCat(
+          "$CKPT_RENDEZVOUS = \"", std::string(r).substr(0, 32),
+          "\": not \"launcher\" (unset: rank 0 serves the store)"));
+    dp.store_served = true;
+  }
 
   // In-process restart: under a launcher that hands out plans, and unless
   // --no-in-process-restart.

@@ -59,13 +59,35 @@ class Trainer:
 
 
 class Launcher:
-    def __init__(self, directory, socket, job, world_size, base_port, command):
+    """store_port: the launcher serves the store of every generation there
+    (ckptrun --rendezvous torch; start_store_server) and the trainers are
+    its clients ($CKPT_RENDEZVOUS=launcher); None: rank 0 serves one at
+    base_port + G % 1000 in each generation."""
+
+    def __init__(self, directory, socket, job, world_size, base_port, command,
+                 store_port=None):
         self.dir, self.socket, self.job = directory, socket, job
         self.world_size, self.base_port, self.command = world_size, base_port, command
+        self.store_port = store_port
         self.count = 0
 
     def port(self, generation):
+        if self.store_port is not None:
+            return self.store_port
         return self.base_port + generation % 1000
+
+    def start_store_server(self):
+        """`python -m ckpt.torch.store_server` on store_port, as ckptrun
+        starts it; its output in <dir>/store.log."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
+        log = os.path.join(self.dir, "store.log")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ckpt.torch.store_server", "--port",
+                 str(self.store_port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return proc, log
 
     def plan_text(self, generation, rank, restore_step):
         text = ("generation=%d\nrank=%d\nworld_size=%d\nlocal_rank=%d\n"
@@ -97,7 +119,8 @@ class Launcher:
         os.makedirs(d, mode=0o700)
         env = dict(os.environ)
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                  "MASTER_PORT", "CKPT_GENERATION", "CKPT_RESTORE_STEP", "CKPT_WARM"):
+                  "MASTER_PORT", "CKPT_GENERATION", "CKPT_RESTORE_STEP", "CKPT_WARM",
+                  "CKPT_RENDEZVOUS"):
             env.pop(k, None)
         env.update(CKPT_SOCKET=self.socket, CKPT_JOB=self.job, CKPT_RESTART_DIR=d,
                    CKPT_PEER_LOST_FILE=os.path.join(d, "peer-lost"), PYTHONUNBUFFERED="1",
@@ -113,6 +136,8 @@ class Launcher:
                 env["CKPT_RESTORE_STEP"] = str(restore_step)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in [os.path.dirname(HERE), env.get("PYTHONPATH")] if p)
+        if self.store_port is not None:
+            env["CKPT_RENDEZVOUS"] = "launcher"
         t = Trainer(None, d, os.path.join(d, "out.log"))
         with open(os.path.join(d, "peer-lost"), "w"):
             pass  # ckptrun empties it before each start

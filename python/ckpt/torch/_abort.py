@@ -120,6 +120,7 @@ def drop_group(pg, aborted):
     import torch.distributed as dist
     c10d = dist.distributed_c10d
     if not dist.is_initialized():
+        _reset_group_count(c10d)
         return
     if aborted and hasattr(c10d, "_abort_process_group"):
         try:
@@ -128,3 +129,20 @@ def drop_group(pg, aborted):
         except Exception:  # noqa: BLE001 - a backend without abort
             pass
     dist.destroy_process_group()
+
+
+def _reset_group_count(c10d):
+    """A group that failed to form (its rendezvous aborted or timed out)
+    still counted itself in torch's group counter, which names the next
+    group's store barrier key (store_based_barrier_key:N): unreset, this
+    process would wait at another key than a new process of the next
+    generation, forever. destroy_process_group resets it; here nothing
+    was formed to destroy."""
+    if hasattr(c10d, "_group_count"):  # torch 1.x
+        c10d._group_count = 0
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        try:
+            world.group_count = 0
+        except AttributeError:  # a read-only property on some versions
+            pass

@@ -21,7 +21,9 @@ aborts the process group at once (ckpt/torch/_abort.py), so a collective
 blocked in it returns; RestartRequested is raised at the next collective
 or ckpt call. resilient() then tears the group down, writes `joined`,
 forms the group of the new generation (its rank, world size and
-rendezvous from the plan; a new store per generation), opens a new
+rendezvous from the plan; a new store per generation, served by rank 0,
+or the store ckptrun serves for every generation when
+$CKPT_RENDEZVOUS=launcher, python -m ckpt.torch.store_server), opens a new
 Checkpointer and calls train(ctx) again with ctx.restore_step set.
 
 In a warm process of ckptrun --warm ($CKPT_WARM=1, no rank yet) the
@@ -82,7 +84,12 @@ class _Generation:
         self.store = None
         self.pg = None
         self._lock = threading.Lock()
-        self._before = _abort.tcp_sockets(plan.master_port)
+        # A store the launcher serves has no server thread in this process:
+        # its links are shut down with the group's, so that a rendezvous
+        # blocked on a peer that never comes returns at once (no dying
+        # rank 0 breaks it). A store rank 0 serves here is left alone.
+        self._skip = None if _store_served() else plan.master_port
+        self._before = _abort.tcp_sockets(self._skip)
         self._sockets = None  # fixed once formed
         self._closed = False
         self.aborted = False
@@ -93,7 +100,7 @@ class _Generation:
             self._sockets = self._new_sockets()
 
     def _new_sockets(self):
-        now = _abort.tcp_sockets(self.plan.master_port)
+        now = _abort.tcp_sockets(self._skip)
         return {fd: ino for fd, ino in now.items()
                 if self._before.get(fd) != ino}
 
@@ -284,8 +291,9 @@ def _uninstall_collectives():
 
 
 def _wait_listening(plan, monitor, deadline):
-    """Until rank 0's store listens: TCPStore's own connect retries hold
-    the GIL on torch 1.13, which would stall the monitor."""
+    """Until the store listens (rank 0's, or the launcher's): TCPStore's
+    own connect retries hold the GIL on torch 1.13, which would stall the
+    monitor."""
     import socket
     while True:
         try:
@@ -303,19 +311,40 @@ def _wait_listening(plan, monitor, deadline):
                 monitor.arrived.wait(0.01)
 
 
+def _store_served():
+    """Whether ckptrun serves the store of every generation
+    ($CKPT_RENDEZVOUS=launcher, `ckptrun --rendezvous torch`): the
+    trainers are its clients only, rank 0 included. Unset: rank 0 serves
+    a new one in each generation."""
+    import os
+    value = os.environ.get("CKPT_RENDEZVOUS", "")
+    if value not in ("", "launcher"):
+        raise errors.InvalidArgument(
+            "$CKPT_RENDEZVOUS = %r: not 'launcher' (unset: rank 0 serves the "
+            "store)" % value[:32])
+    return value == "launcher"
+
+
 def _form(gen, backend, timeout, monitor):
+    import os
     plan = gen.plan
     if monitor is not None:
         monitor.watch(gen)
     if plan.world_size > 1 or backend is not None:
-        master = plan.rank == 0
+        served = _store_served()
+        master = plan.rank == 0 and not served
         if not master:
             _wait_listening(plan, monitor,
                             time.monotonic() + timeout.total_seconds())
         store = dist.TCPStore(plan.master_addr, plan.master_port,
                               plan.world_size, master, timeout, False)
-        # Keys of one generation never meet another's.
-        gen.store = dist.PrefixStore("ckpt-gen-%d/" % plan.generation, store)
+        # Keys of one generation never meet another's; a store that serves
+        # every generation (and may be shared by the jobs of a host) also
+        # keeps each job's apart.
+        prefix = "ckpt-gen-%d/" % plan.generation
+        if served:
+            prefix = "ckpt-%s/%s" % (os.environ.get("CKPT_JOB", ""), prefix)
+        gen.store = dist.PrefixStore(prefix, store)
         dist.init_process_group(backend or "gloo", store=gen.store,
                                 rank=plan.rank, world_size=plan.world_size,
                                 timeout=timeout)

@@ -1,0 +1,219 @@
+// The rendezvous with no single point of failure, with real processes:
+// ckpt-worker ranks under real ckptruns (--rendezvous auto: worker), which
+// serve every generation's store from their start; the trainers are its
+// clients only. Rank 0's node is lost: the job recovers like any node
+// loss, one plan, the survivors keeping their processes, the ending bit
+// for bit the undisturbed run's. Rank 0's trainer is SIGKILLed: the
+// survivors re-form on the same store server, never restarted.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/cluster_fixture.h"
+#include "tests/test_util.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+using std::chrono::seconds;
+
+constexpr uint32_t kWorld = 4;
+
+// The small model of these tests; a declared evaluation of 30 ms a step
+// (the weights untouched) leaves time to act while it trains.
+std::vector<std::string> WorkerFlags() {
+  return {"--steps",
+          "80",
+          "--ckpt-every",
+          "2",
+          "--vocab",
+          "64",
+          "--dim",
+          "32",
+          "--seq",
+          "16",
+          "--batch",
+          "8",
+          "--seed",
+          "5",
+          "--lr",
+          "0.01",
+          "--log-every",
+          "10",
+          "--eval-every",
+          "1",
+          "--eval-s",
+          "0.03",
+          "--collective-timeout-s",
+          "90"};
+}
+
+// Every "done rank=R step N params_digest=D" line of `log`, as R -> D.
+std::map<uint32_t, std::string> DoneDigests(const std::string& log) {
+  std::map<uint32_t, std::string> out;
+  for (size_t at = log.find("done rank="); at != std::string::npos;
+       at = log.find("done rank=", at + 1)) {
+    unsigned rank = 0;
+    unsigned long step = 0;
+    char digest[17] = {};
+    if (std::sscanf(log.c_str() + at,
+                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
+                    &step, digest) == 3 &&
+        std::strlen(digest) == 16)
+      out[rank] = digest;
+  }
+  return out;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+// The pid of the ckpt-worker of `rank` started with TMPDIR=`tmp` (a node's
+// trainers inherit its ckptrun's), or -1.
+pid_t WorkerPid(uint32_t rank, const std::string& tmp) {
+  const std::string want_rank = absl::StrCat("RANK=", rank);
+  const std::string want_tmp = "TMPDIR=" + tmp;
+  pid_t found = -1;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string comm = ReadFileToString(absl::StrCat("/proc/", pid, "/comm"));
+    if (comm.rfind("ckpt-worker", 0) != 0) continue;
+    std::string env = ReadFileToString(absl::StrCat("/proc/", pid, "/environ"));
+    bool rank_ok = false, tmp_ok = false;
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (end == std::string::npos) end = env.size();
+      std::string kv = env.substr(at, end - at);
+      rank_ok = rank_ok || kv == want_rank;
+      tmp_ok = tmp_ok || kv == want_tmp;
+      at = end + 1;
+    }
+    if (rank_ok && tmp_ok) found = pid;
+  }
+  closedir(d);
+  return found;
+}
+
+class RendezvousTest : public ClusterTest {
+ protected:
+  // The digest of the same 4 ranks undisturbed: no daemon, no launcher.
+  std::string Reference() {
+    const int port = FreeLoopbackPorts(1)[0];
+    std::vector<std::unique_ptr<Proc>> ranks;
+    std::vector<std::string> argv = {CKPT_WORKER_BINARY};
+    for (const std::string& f : WorkerFlags()) argv.push_back(f);
+    const std::string log = dir_.path() + "/reference.log";
+    for (uint32_t r = 0; r < kWorld; ++r)
+      ranks.push_back(Proc::Spawn(
+          argv, log,
+          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(kWorld),
+           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)}));
+    for (auto& p : ranks) {
+      std::optional<int> st = p->Wait(seconds(120));
+      EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << ReadFileToString(log);
+    }
+    std::map<uint32_t, std::string> d = DoneDigests(ReadFileToString(log));
+    EXPECT_EQ(d.size(), kWorld) << ReadFileToString(log);
+    return d.empty() ? "" : d.begin()->second;
+  }
+
+  void StartCluster(bool spare) {
+    ClusterOptions o = Options(kWorld);
+    o.trainer_command = {CKPT_WORKER_BINARY};
+    for (const std::string& f : WorkerFlags()) o.trainer_command.push_back(f);
+    cluster_ = std::make_unique<Cluster>(o);
+    cluster_->StartCoordinator();
+    cluster_->StartNode("a");  // ranks 0, 1
+    cluster_->StartNode("b");  // ranks 2, 3
+    if (spare) cluster_->StartNode("c", /*spare=*/true);
+  }
+
+  // Every rank ended with the undisturbed run's weights.
+  void ExpectBitIdentical(const std::string& logs, const std::string& want) {
+    std::map<uint32_t, std::string> digests = DoneDigests(logs);
+    EXPECT_EQ(digests.size(), kWorld) << logs;
+    for (const auto& [rank, digest] : digests)
+      EXPECT_EQ(digest, want) << "rank " << rank;
+  }
+};
+
+// Node a, rank 0's, dies with its ckptd, its ckptrun (which may be the one
+// serving the host's store: the test's nodes share one host) and its
+// trainers. One plan moves ranks 0 and 1 to the spare c; the ranks on b
+// keep their processes and re-form on the store that a live ckptrun
+// serves, not on one a new rank 0 must bring up first.
+TEST_F(RendezvousTest, RankZerosNodeLostRecoversLikeAnyNodeSurvivorsKept) {
+  const std::string want = Reference();
+  StartCluster(/*spare=*/true);
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
+  cluster_->KillNode("a");
+  ExpectLaunchersSucceed({"b", "c"});
+  const std::string b = cluster_->LauncherLog("b");
+  const std::string c = cluster_->LauncherLog("c");
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->generation(), 1u) << "one plan for one failure\n" << b;
+  EXPECT_EQ(job->rank_node(0), "c");
+  EXPECT_EQ(job->rank_node(1), "c");
+  for (uint32_t r : {2u, 3u})
+    EXPECT_NE(b.find(absl::StrCat("generation 1: rank ", r,
+                                  " keeps its process (in-process restart)")),
+              std::string::npos)
+        << b;
+  EXPECT_EQ(Count(b, "start ranks"), 1u) << "b's trainers were restarted\n"
+                                         << b;
+  // The store of generation 1 was served by a ckptrun of a live node from
+  // its start (rank 0's new trainer, a client only, would fail to serve it
+  // on the port the ckptrun holds).
+  EXPECT_GE(Count(b + c, "serving the rendezvous store (worker)"), 1u)
+      << b << c;
+  ExpectBitIdentical(b + c, want);
+}
+
+// Rank 0's trainer is SIGKILLed: ranks 1-3 keep their processes and
+// re-form, with rank 0's new process, on the store the job had from the
+// start: one server, never started again.
+TEST_F(RendezvousTest, RankZerosTrainerKilledSurvivorsReformOnTheSameStore) {
+  const std::string want = Reference();
+  StartCluster(/*spare=*/false);
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
+  const pid_t victim = WorkerPid(0, cluster_->NodeTmpDir("a"));
+  ASSERT_GT(victim, 0) << cluster_->LauncherLog("a");
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ExpectLaunchersSucceed({"a", "b"});
+  const std::string a = cluster_->LauncherLog("a");
+  const std::string b = cluster_->LauncherLog("b");
+  EXPECT_NE(a.find("generation 1: rank 1 keeps its process"), std::string::npos)
+      << a;
+  for (uint32_t r : {2u, 3u})
+    EXPECT_NE(b.find(absl::StrCat("generation 1: rank ", r,
+                                  " keeps its process (in-process restart)")),
+              std::string::npos)
+        << b;
+  EXPECT_EQ(Count(a + b, "serving the rendezvous store (worker)"), 1u)
+      << a << b;
+  ExpectBitIdentical(a + b, want);
+}
+
+}  // namespace
+}  // namespace ckpt::testing

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -187,13 +188,31 @@ TEST_F(WorkerRestartTest, TwentyRestartsLeaveTheProcessFlatAndEndBitIdentical) {
       EXPECT_LE(std::abs(f.rss_kb - first.rss_kb), first.rss_kb / 20)
           << "rank " << r << " restart " << i + 1 << ": rss " << f.rss_kb
           << " kB, first restart's " << first.rss_kb << " kB";
-      EXPECT_LE(std::abs(f.fds - first.fds), 2)
+      // A sample may catch gRPC's own pools mid-change (a connection of
+      // the old store winding down: seen once as +1 descriptor and +4
+      // threads at one restart, back to the first's at the next), so
+      // each sample has a looser bound and the end state the tight one:
+      // a leak grows with every restart and shows at the 20th.
+      EXPECT_LE(std::abs(f.fds - first.fds), 8)
           << "rank " << r << " restart " << i + 1 << ": " << f.fds
           << " descriptors, first restart's " << first.fds;
-      EXPECT_LE(std::abs(f.threads - first.threads), 2)
+      EXPECT_LE(std::abs(f.threads - first.threads), 8)
           << "rank " << r << " restart " << i + 1 << ": " << f.threads
           << " threads, first restart's " << first.threads;
     }
+    // The end state: the least of the last three restarts' (a transient
+    // is gone by the next; a leak is in all three).
+    long end_fds = last.fds, end_threads = last.threads;
+    for (size_t i = seen[r].size() - 3; i < seen[r].size(); ++i) {
+      end_fds = std::min(end_fds, seen[r][i].fds);
+      end_threads = std::min(end_threads, seen[r][i].threads);
+    }
+    EXPECT_LE(std::abs(end_fds - first.fds), 2)
+        << "rank " << r << " after 20 restarts: " << end_fds
+        << " descriptors, first restart's " << first.fds;
+    EXPECT_LE(std::abs(end_threads - first.threads), 2)
+        << "rank " << r << " after 20 restarts: " << end_threads
+        << " threads, first restart's " << first.threads;
   }
   for (auto* r : {r0.get(), r1.get()}) {
     WorkerRun run = r->Wait();

@@ -49,6 +49,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -99,6 +100,10 @@ struct RunOptions {
 // arrives, so the loop acts on it at once instead of at the next poll
 // (SIGRTMIN: nothing else sends it; blocked with the stop signals).
 int ViewSignal();
+
+// Whether `kv` ("NAME=value") is a variable ckptrun sets for a trainer
+// or a warm process, and so never passes on from its own environment.
+bool LauncherSetsVariable(std::string_view kv);
 
 class Launcher {
  public:

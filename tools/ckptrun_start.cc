@@ -33,30 +33,34 @@ std::string HostOf(const std::string& address) {
 
 // The environment of ckptrun without the variables it sets for trainers.
 std::vector<std::string> InheritedEnv() {
-  static const char* const kOwn[] = {"RANK=",
-                                     "WORLD_SIZE=",
-                                     "LOCAL_RANK=",
-                                     "LOCAL_WORLD_SIZE=",
-                                     "MASTER_ADDR=",
-                                     "MASTER_PORT=",
-                                     "CKPT_SOCKET=",
-                                     "CKPT_JOB=",
-                                     "CKPT_GENERATION=",
-                                     "CKPT_RESTORE_STEP=",
-                                     "CKPT_PEER_LOST_FILE=",
-                                     "CKPT_RESTART_DIR=",
-                                     "CKPT_RENDEZVOUS="};
   std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    bool own = false;
-    for (const char* prefix : kOwn) own = own || kv.rfind(prefix, 0) == 0;
-    if (!own) env.push_back(std::move(kv));
-  }
+  for (char** e = environ; e && *e; ++e)
+    if (!LauncherSetsVariable(*e)) env.emplace_back(*e);
   return env;
 }
 
 }  // namespace
+
+bool LauncherSetsVariable(std::string_view kv) {
+  static constexpr std::string_view kSet[] = {"RANK=",
+                                              "WORLD_SIZE=",
+                                              "LOCAL_RANK=",
+                                              "LOCAL_WORLD_SIZE=",
+                                              "MASTER_ADDR=",
+                                              "MASTER_PORT=",
+                                              "CKPT_SOCKET=",
+                                              "CKPT_JOB=",
+                                              "CKPT_GENERATION=",
+                                              "CKPT_RESTORE_STEP=",
+                                              "CKPT_PEER_LOST_FILE=",
+                                              "CKPT_RESTART_DIR=",
+                                              "CKPT_STACKS_FILE=",
+                                              "CKPT_WARM=",
+                                              "CKPT_RENDEZVOUS="};
+  for (std::string_view prefix : kSet)
+    if (kv.substr(0, prefix.size()) == prefix) return true;
+  return false;
+}
 
 RestartPlan Launcher::PlanFor(const cv1::JobView& job, uint32_t rank) const {
   RestartPlan plan;

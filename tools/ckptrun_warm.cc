@@ -33,28 +33,6 @@ constexpr std::chrono::milliseconds kFirstBackoff{200};
 // not slow the recovery they are meant to speed up.
 constexpr std::chrono::seconds kRefillAfterPlace{3};
 
-// The variables the launcher sets for a trainer, not inherited.
-bool OwnVariable(const std::string& kv) {
-  static const char* const kOwn[] = {"RANK=",
-                                     "WORLD_SIZE=",
-                                     "LOCAL_RANK=",
-                                     "LOCAL_WORLD_SIZE=",
-                                     "MASTER_ADDR=",
-                                     "MASTER_PORT=",
-                                     "CKPT_SOCKET=",
-                                     "CKPT_JOB=",
-                                     "CKPT_GENERATION=",
-                                     "CKPT_RESTORE_STEP=",
-                                     "CKPT_PEER_LOST_FILE=",
-                                     "CKPT_RESTART_DIR=",
-                                     "CKPT_STACKS_FILE=",
-                                     "CKPT_WARM=",
-                                     "CKPT_RENDEZVOUS="};
-  for (const char* prefix : kOwn)
-    if (kv.rfind(prefix, 0) == 0) return true;
-  return false;
-}
-
 // `from` is also named `to` (replacing what `to` named): the launcher reads
 // a rank's notes by the rank's name, the warm process writes them by its own.
 absl::Status LinkAs(const std::string& from, const std::string& to) {
@@ -78,7 +56,7 @@ void Launcher::StartWarm() {
   w.stacks = LauncherFile(absl::StrCat("warm-", id, ".pystacks"), false);
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e)
-    if (!OwnVariable(*e)) env.emplace_back(*e);
+    if (!LauncherSetsVariable(*e)) env.emplace_back(*e);
   env.push_back("CKPT_WARM=1");
   env.push_back(absl::StrCat("CKPT_RESTART_DIR=", dir));
   env.push_back(absl::StrCat("CKPT_SOCKET=", opts_.socket));

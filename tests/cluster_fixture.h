@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -90,6 +93,27 @@ class ClusterTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<Cluster> cluster_;
 };
+
+// Every "done rank=R step N params_digest=D" line that ckpt-worker
+// processes wrote to `log`, as R -> D: the weights each rank ended with.
+// (Parsed by hand: GCC 12's std::regex trips -Wmaybe-uninitialized in the
+// sanitizer build.)
+inline std::map<uint32_t, std::string> WorkerDoneDigests(
+    const std::string& log) {
+  std::map<uint32_t, std::string> out;
+  for (size_t at = log.find("done rank="); at != std::string::npos;
+       at = log.find("done rank=", at + 1)) {
+    unsigned rank = 0;
+    unsigned long step = 0;
+    char digest[17] = {};
+    if (std::sscanf(log.c_str() + at,
+                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
+                    &step, digest) == 3 &&
+        std::strlen(digest) == 16)
+      out[rank] = digest;
+  }
+  return out;
+}
 
 }  // namespace ckpt::testing
 

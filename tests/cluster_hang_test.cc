@@ -156,25 +156,6 @@ std::vector<std::string> WorkerFlags() {
           "90"};
 }
 
-// Every "done rank=R step N params_digest=D" line of `log`, as R -> D.
-// (Parsed by hand: GCC 12's std::regex trips -Wmaybe-uninitialized in the
-// sanitizer build.)
-std::map<uint32_t, std::string> DoneDigests(const std::string& log) {
-  std::map<uint32_t, std::string> out;
-  for (size_t at = log.find("done rank="); at != std::string::npos;
-       at = log.find("done rank=", at + 1)) {
-    unsigned rank = 0;
-    unsigned long step = 0;
-    char digest[17] = {};
-    if (std::sscanf(log.c_str() + at,
-                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
-                    &step, digest) == 3 &&
-        std::strlen(digest) == 16)
-      out[rank] = digest;
-  }
-  return out;
-}
-
 TEST_F(ClusterTest, WorkerRankBlockedInItsStepIsNamedNotItsWaitersBitExact) {
   constexpr uint32_t kWorld = 4, kHungRank = 2, kHangStep = 23;
   // The undisturbed reference: the same 4 ranks, no daemon, no fault.
@@ -195,7 +176,8 @@ TEST_F(ClusterTest, WorkerRankBlockedInItsStepIsNamedNotItsWaitersBitExact) {
       ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
           << ReadFileToString(log);
     }
-    std::map<uint32_t, std::string> d = DoneDigests(ReadFileToString(log));
+    std::map<uint32_t, std::string> d =
+        WorkerDoneDigests(ReadFileToString(log));
     ASSERT_EQ(d.size(), kWorld) << ReadFileToString(log);
     reference = d.at(0);
   }
@@ -247,7 +229,7 @@ TEST_F(ClusterTest, WorkerRankBlockedInItsStepIsNamedNotItsWaitersBitExact) {
     if (end != digits) restored.insert(logs.substr(digits, end - digits));
   }
   EXPECT_EQ(restored.size(), 1u) << logs;
-  std::map<uint32_t, std::string> digests = DoneDigests(logs);
+  std::map<uint32_t, std::string> digests = WorkerDoneDigests(logs);
   EXPECT_EQ(digests.size(), kWorld) << logs;
   for (const auto& [rank, digest] : digests)
     EXPECT_EQ(digest, reference) << "rank " << rank;

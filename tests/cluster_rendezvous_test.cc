@@ -59,23 +59,6 @@ std::vector<std::string> WorkerFlags() {
           "90"};
 }
 
-// Every "done rank=R step N params_digest=D" line of `log`, as R -> D.
-std::map<uint32_t, std::string> DoneDigests(const std::string& log) {
-  std::map<uint32_t, std::string> out;
-  for (size_t at = log.find("done rank="); at != std::string::npos;
-       at = log.find("done rank=", at + 1)) {
-    unsigned rank = 0;
-    unsigned long step = 0;
-    char digest[17] = {};
-    if (std::sscanf(log.c_str() + at,
-                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
-                    &step, digest) == 3 &&
-        std::strlen(digest) == 16)
-      out[rank] = digest;
-  }
-  return out;
-}
-
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos;
@@ -132,7 +115,8 @@ class RendezvousTest : public ClusterTest {
       EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
           << ReadFileToString(log);
     }
-    std::map<uint32_t, std::string> d = DoneDigests(ReadFileToString(log));
+    std::map<uint32_t, std::string> d =
+        WorkerDoneDigests(ReadFileToString(log));
     EXPECT_EQ(d.size(), kWorld) << ReadFileToString(log);
     return d.empty() ? "" : d.begin()->second;
   }
@@ -150,7 +134,7 @@ class RendezvousTest : public ClusterTest {
 
   // Every rank ended with the undisturbed run's weights.
   void ExpectBitIdentical(const std::string& logs, const std::string& want) {
-    std::map<uint32_t, std::string> digests = DoneDigests(logs);
+    std::map<uint32_t, std::string> digests = WorkerDoneDigests(logs);
     EXPECT_EQ(digests.size(), kWorld) << logs;
     for (const auto& [rank, digest] : digests)
       EXPECT_EQ(digest, want) << "rank " << rank;

@@ -34,6 +34,31 @@ TEST_F(CkptrunTest, StartsOneTrainerPerRankWithTorchrunEnvironment) {
   EXPECT_TRUE(Dead(Env(0, 1)["PID"]));
 }
 
+// What ckptrun sets for a trainer is never passed on from its own
+// environment: a CKPT_WARM=1 left there (say, by a script that started
+// ckptrun from inside a warm trainer's shell) would make every fresh
+// trainer wait for a plan it was already given.
+TEST_F(CkptrunTest, VariablesCkptrunSetsAreNeverInheritedFromItsEnvironment) {
+  testing::FakeNode node(coord_->address(), "n1", "10.1.2.3:50051", 2);
+  ASSERT_TRUE(node.status().ok()) << node.status().error_message();
+  ASSERT_EQ(setenv("CKPT_WARM", "1", 1), 0);
+  ASSERT_EQ(setenv("CKPT_RENDEZVOUS", "launcher", 1), 0);
+  ASSERT_EQ(setenv("CKPT_STACKS_FILE", "/nonexistent/stacks", 1), 0);
+  StartCkptrun("sleep", 2);
+  unsetenv("CKPT_WARM");
+  unsetenv("CKPT_RENDEZVOUS");
+  unsetenv("CKPT_STACKS_FILE");
+  ASSERT_TRUE(WaitForEnv(0, {0, 1})) << ReadFile(log());
+  for (uint32_t r : {0u, 1u}) {
+    auto env = Env(0, r);
+    EXPECT_EQ(env.count("CKPT_WARM"), 0u) << "rank " << r;
+    EXPECT_EQ(env.count("CKPT_RENDEZVOUS"), 0u) << "rank " << r;
+    EXPECT_NE(env["CKPT_STACKS_FILE"], "/nonexistent/stacks") << "rank " << r;
+  }
+  kill(ckptrun_, SIGTERM);
+  EXPECT_EQ(WaitCkptrun(milliseconds(10000)), 143);
+}
+
 TEST_F(CkptrunTest, TrainersDieWhenCkptrunIsKilled) {
   testing::FakeNode node(coord_->address(), "n1", "", 2);
   ASSERT_TRUE(node.status().ok());

@@ -33,6 +33,16 @@ constexpr std::chrono::milliseconds kFirstBackoff{200};
 // not slow the recovery they are meant to speed up.
 constexpr std::chrono::seconds kRefillAfterPlace{3};
 
+// What a warm process that is not placed leaves behind: its restart
+// directory and its notes' files.
+void RemoveWarmFiles(const std::string& dir, const std::string& peer_lost,
+                     const std::string& stacks) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  for (const std::string& f : {peer_lost, stacks})
+    if (!f.empty()) std::filesystem::remove(f, ec);
+}
+
 // `from` is also named `to` (replacing what `to` named): the launcher reads
 // a rank's notes by the rank's name, the warm process writes them by its own.
 absl::Status LinkAs(const std::string& from, const std::string& to) {
@@ -72,10 +82,7 @@ void Launcher::StartWarm() {
       trainers_.StartWarm(opts_.program, opts_.command, env);
   if (!pid.ok()) {
     Log(absl::StrCat("warm process: ", pid.status().message()));
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    for (const std::string& f : {w.peer_lost, w.stacks})
-      if (!f.empty()) std::filesystem::remove(f, ec);
+    RemoveWarmFiles(dir, w.peer_lost, w.stacks);
     ++warm_deaths_;
     warm_next_ = std::chrono::steady_clock::now() + kFirstBackoff;
     return;
@@ -92,10 +99,7 @@ void Launcher::TendWarm() {
         std::find_if(warm_.begin(), warm_.end(),
                      [pid = pid](const WarmProc& w) { return w.pid == pid; });
     if (it == warm_.end()) continue;
-    std::error_code ec;
-    std::filesystem::remove_all(it->dir, ec);
-    for (const std::string& f : {it->peer_lost, it->stacks})
-      if (!f.empty()) std::filesystem::remove(f, ec);
+    RemoveWarmFiles(it->dir, it->peer_lost, it->stacks);
     warm_.erase(it);
     ++warm_deaths_;
     if (warm_deaths_ >= kMaxWarmDeaths) {
@@ -189,12 +193,7 @@ bool Launcher::PlaceWarm(const cv1::JobView& job, uint32_t rank) {
 void Launcher::StopWarm() {
   if (warm_.empty()) return;
   trainers_.StopWarm(opts_.grace);
-  std::error_code ec;
-  for (const WarmProc& w : warm_) {
-    std::filesystem::remove_all(w.dir, ec);
-    for (const std::string& f : {w.peer_lost, w.stacks})
-      if (!f.empty()) std::filesystem::remove(f, ec);
-  }
+  for (const WarmProc& w : warm_) RemoveWarmFiles(w.dir, w.peer_lost, w.stacks);
   warm_.clear();
   warm_given_up_ = true;  // the job is over on this node
 }

@@ -169,8 +169,10 @@ std::optional<std::pair<uint64_t, int64_t>> PlanAfter(const Cluster& c,
 }
 
 // Waits for the plan after generation `gen` and every rank's first step
-// after its restore, finished after `kill_ms`; returns the generation,
-// the restore step and each rank's first step time.
+// after its restore; returns the generation, the restore step and each
+// rank's first step time. A step line counts once the plan was made: a
+// step whose allreduce the killed rank had fed may still finish just
+// after the kill, and may bear the number the restored job trains next.
 struct Recovered {
   uint64_t generation = 0;
   int64_t restore_step = 0;
@@ -181,13 +183,17 @@ absl::StatusOr<Recovered> WaitRecovered(const Cluster& c, NodeLogs& logs,
                                         const char* what) {
   Recovered r;
   std::optional<std::pair<uint64_t, int64_t>> plan;
+  std::optional<cv1::Event> made;
   if (!Cluster::WaitUntil(
           [&] {
             if (!plan && !(plan = PlanAfter(c, gen))) return false;
+            if (!made &&
+                !(made = FirstEvent(c.Events(), cv1::PLAN_MADE, kill_ms)))
+              return false;
             logs.Update();
             r.first_ms.clear();
             for (uint32_t k = 0; k < kRestartWorld; ++k) {
-              auto t = logs.FirstStep(k, plan->second + 1, kill_ms);
+              auto t = logs.FirstStep(k, plan->second + 1, made->time_ms());
               if (!t) return false;
               r.first_ms.push_back(*t);
             }

@@ -1,12 +1,15 @@
 // Small helpers the cluster benchmarks share (liveness_bench.cc,
-// node_loss_bench.cc, replication_step.cc): one monotonic clock in
-// milliseconds, a failure that carries the cluster's logs and the
-// coordinator's event log, and a replica node's flags.
+// node_loss_bench.cc, replication_step.cc, restart_bench.cc): one monotonic
+// clock in milliseconds, the first event of a kind, a failure that carries
+// the cluster's logs and the coordinator's event log, and a replica node's
+// flags.
 #ifndef CKPT_BENCH_CLUSTER_EVENTS_H_
 #define CKPT_BENCH_CLUSTER_EVENTS_H_
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,18 @@ inline int64_t MonoMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The first event of `kind` at or after `from_ms` (and for `node` if given).
+inline std::optional<ckpt::coord::v1::Event> FirstEvent(
+    const std::vector<ckpt::coord::v1::Event>& events,
+    ckpt::coord::v1::EventKind kind, long long from_ms = LLONG_MIN,
+    const std::string& node = "") {
+  for (const auto& e : events)
+    if (e.kind() == kind && e.time_ms() >= from_ms &&
+        (node.empty() || e.node_id() == node))
+      return e;
+  return std::nullopt;
 }
 
 inline std::string EventLog(const ckpt::testing::Cluster& c) {

@@ -35,6 +35,18 @@ class InputsTest(unittest.TestCase):
                 self.assertTrue(entry["source"]["where"].strip())
                 self.assertIsInstance(entry["value"], (int, float))
 
+    def test_the_restart_costs_are_recovery_benchs_measurements(self):
+        # In-process restart, warm replacement and detection from peers
+        # come from recovery_bench's restart rounds, not assumptions.
+        with open(goodput.DEFAULT_INPUTS, encoding="utf-8") as f:
+            doc = json.load(f)
+        for name in ("inprocess_restart_s", "replacement_start_s",
+                     "peer_detect_s"):
+            with self.subTest(input=name):
+                source = doc["inputs"][name]["source"]
+                self.assertEqual(source["kind"], "measured")
+                self.assertIn("recovery_bench --restart", source["where"])
+
     def test_model_uses_only_inputs_of_the_file(self):
         # A missing input is a KeyError naming it, never a silent default.
         values = inputs()

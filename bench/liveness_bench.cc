@@ -32,13 +32,6 @@ int CountEvents(const std::vector<cv1::Event>& events, cv1::EventKind kind) {
                     [&](const cv1::Event& e) { return e.kind() == kind; }));
 }
 
-std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,
-                                     cv1::EventKind kind) {
-  for (const auto& e : events)
-    if (e.kind() == kind) return e;
-  return std::nullopt;
-}
-
 // ckpt-worker with a model whose compute takes milliseconds a step (so
 // compute_s is a figure, not a rounding error), and `flags` over it.
 std::vector<std::string> WorkerCommand(const std::vector<std::string>& flags) {

@@ -31,17 +31,6 @@ using ckpt::testing::ClusterOptions;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// The first event of `kind` at or after `from_ms` (and for `node` if given).
-std::optional<cv1::Event> FirstEvent(const std::vector<cv1::Event>& events,
-                                     cv1::EventKind kind, long long from_ms,
-                                     const std::string& node = "") {
-  for (const auto& e : events)
-    if (e.kind() == kind && e.time_ms() >= from_ms &&
-        (node.empty() || e.node_id() == node))
-      return e;
-  return std::nullopt;
-}
-
 struct Restart {
   long long start_ms = 0;
   long long restored_ms = 0;

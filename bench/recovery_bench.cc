@@ -2,7 +2,8 @@
 // the limits they are held to measured in the same run.
 //   recovery_bench [--bytes-per-rank N] [--rounds R] [--link-gbit G]
 //                  [--storage-gbit G] [--port-base P] [--replicas] [--no-step]
-//                  [--worker-dim D] [--worker-steps S] [--dir DIR] [--json]
+//                  [--worker-dim D] [--worker-steps S] [--no-restart]
+//                  [--restart] [--dir DIR] [--json]
 //   recovery_bench --hang [--hang-timeout-min-s S] | --soak [--soak-s S]
 //                  | --straggler [--slow-factor F]   [--dir DIR] [--json]
 // One run reports, R rounds of each, the paths alternated
@@ -25,6 +26,13 @@
 //  4. the training step with and without replication (ckpt-worker, a save
 //     every step; bench/replication_step.h): speed on/off = off/on,
 //     target >= 0.97. --no-step skips it.
+//  5. restarts (bench/restart_bench.h): ckpt-worker ranks, small state,
+//     under ckptrun --warm 1 (a trainer SIGKILLed: survivors' in-process
+//     restart and the warm replacement; then a node SIGKILLed: detection
+//     from peers, one plan) and under --warm 0 (the replacement started
+//     anew: the warm one's limit), alternated. In the default run, as the
+//     figures the goodput model takes its restart costs from; --restart
+//     runs them alone (a few seconds a round), --no-restart skips them.
 // --link-gbit G shapes the bench's own ports on lo to G Gbit/s
 // (bench/link_shaper.h; root and tc needed, else said why and unshaped), so
 // that the plain TCP limit and the replica fetch cross the same link.
@@ -72,6 +80,7 @@ int main(int argc, char** argv) {
           "usage: recovery_bench [--bytes-per-rank N] [--rounds R] "
           "[--link-gbit G] [--storage-gbit G] [--port-base P] [--replicas] "
           "[--no-step] [--step-only] [--worker-dim D] [--worker-steps S] "
+          "[--no-restart] [--restart] "
           "[--dir DIR] [--json] [--keep] [--object-url s3://B/P] [--hang "
           "[--hang-timeout-min-s S]] [--soak [--soak-s S --soak-first-step-s "
           "S --soak-eval-s S]] [--straggler [--slow-factor F]]"))
@@ -79,7 +88,7 @@ int main(int argc, char** argv) {
   uint64_t bytes = 256ull << 20;
   std::string dir = "/var/tmp";
   bool json = false, keep = false, replicas = false, step = true,
-       node_loss = true;
+       node_loss = true, restart = true, restart_only = false;
   double rounds = 3, link_gbit = 0, storage_gbit = 0, port_base = 0,
          worker_dim = 1024, worker_steps = 20;
   std::string object_url;
@@ -138,6 +147,11 @@ int main(int argc, char** argv) {
       step = false;
     } else if (a == "--step-only") {
       node_loss = false;
+      restart = false;
+    } else if (a == "--no-restart") {
+      restart = false;
+    } else if (a == "--restart") {
+      restart_only = true;
     } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
     } else if (a == "--json") {
@@ -153,7 +167,8 @@ int main(int argc, char** argv) {
           "unknown argument " + a.substr(0, 40) +
           " (--bytes-per-rank N, --rounds R, --link-gbit G, --storage-gbit G, "
           "--port-base P, "
-          "--replicas, --no-step, --step-only, --worker-dim D, "
+          "--replicas, --no-step, --step-only, --no-restart, --restart, "
+          "--worker-dim D, "
           "--worker-steps S, --dir DIR, --json, --keep, --object-url s3://B/P, "
           "--hang "
           "[--hang-timeout-min-s S], --soak [--soak-s S --soak-first-step-s "
@@ -162,6 +177,9 @@ int main(int argc, char** argv) {
   }
   if (!step && !node_loss)
     return Fail("--no-step with --step-only: nothing to run");
+  if (restart_only && (!restart || !node_loss))
+    return Fail("--restart: not with --no-restart or --step-only");
+  if (restart_only) node_loss = step = false;
   if (storage_gbit > 0 && !object_url.empty())
     return Fail("--storage-gbit: caps a directory's disk, not --object-url");
   std::string root = dir + "/recovery-bench-" + std::to_string(getpid());
@@ -260,6 +278,27 @@ int main(int argc, char** argv) {
       log(absl::StrFormat("step round %d replication %s: %.4f s a step", r,
                           on ? "on" : "off", f->step_s));
       (on ? run.step_on : run.step_off).push_back(*f);
+      if (!keep) std::filesystem::remove_all(o.dir);
+    }
+  }
+  for (int r = 0; restart && r < run.rounds; ++r) {
+    // Alternated: warm first in even rounds, cold first in odd ones.
+    for (bool warm : {r % 2 == 0, r % 2 != 0}) {
+      ckpt::bench::RestartOptions o;
+      o.dir =
+          root + "/restart-" + std::to_string(r) + (warm ? "-warm" : "-cold");
+      o.warm = warm ? 1 : 0;
+      o.node_loss = warm;
+      o.heartbeat_timeout_ms = run.heartbeat_timeout_ms;
+      auto f = ckpt::bench::RunRestartRound(o);
+      if (!f.ok()) return Fail(std::string(f.status().message()));
+      log(absl::StrFormat(
+          "restart round %d --warm %d: step %.4f s; trainer "
+          "killed -> survivors %.3f s, replacement %.3f s; "
+          "%d plans for %d failures\n%s",
+          r, o.warm, f->step_s, f->survivors_s, f->replacement_s, f->plans,
+          f->failures, f->timeline));
+      (warm ? run.restart_warm : run.restart_cold).push_back(*std::move(f));
       if (!keep) std::filesystem::remove_all(o.dir);
     }
   }

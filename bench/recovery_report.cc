@@ -152,6 +152,9 @@ std::string RecoveryJson(const RecoveryRun& run) {
   boolean("storage_throttled", run.storage_throttled);
   str("storage_note", run.storage_note);
   str("shm_huge_pages", run.shm_huge_pages);
+  absl::StrAppend(&j, ",",
+                  RestartJsonFields(run.restart_warm, run.restart_cold,
+                                    run.heartbeat_timeout_ms));
   j += "}\n";
   return j;
 }
@@ -272,6 +275,8 @@ std::string RecoveryText(const RecoveryRun& run) {
                             run.step_off, [](auto& f) { return f.step_s; }, 4),
                         Each(
                             run.step_on, [](auto& f) { return f.step_s; }, 4)));
+  absl::StrAppend(&t, RestartText(run.restart_warm, run.restart_cold,
+                                  run.heartbeat_timeout_ms));
   return t;
 }
 

@@ -2,8 +2,8 @@
 // (peer memory, storage), the trainer crashes, the replication step rounds
 // and the link they ran over, reduced to medians and ratios, printed as a
 // table or as one JSON object (whose keys scripts rely on: the old ones of
-// recovery_bench plus those of both node-loss paths and the replication
-// step). Pure formatting; not thread-safe.
+// recovery_bench plus those of both node-loss paths, the replication step
+// and the restart rounds). Pure formatting; not thread-safe.
 #ifndef CKPT_BENCH_RECOVERY_REPORT_H_
 #define CKPT_BENCH_RECOVERY_REPORT_H_
 
@@ -12,6 +12,7 @@
 
 #include "bench/node_loss_bench.h"
 #include "bench/replication_step.h"
+#include "bench/restart_bench.h"
 
 namespace ckpt::bench {
 
@@ -33,6 +34,8 @@ struct RecoveryRun {
   std::string shm_huge_pages;  // shm::ShmHugePagesOf("/dev/shm")
   std::vector<NodeLossFigures> peer, storage;  // in the order run
   std::vector<ReplicationStepFigures> step_off, step_on;
+  // The restart rounds: ckptrun --warm 1 with a node loss, and --warm 0.
+  std::vector<RestartFigures> restart_warm, restart_cold;
 };
 
 // One JSON object on one line.

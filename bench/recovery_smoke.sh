@@ -1,8 +1,9 @@
 #!/bin/sh
 # CTest smoke run of recovery_bench at tiny sizes (one round of each path,
-# a small worker): the JSON has every key scripts rely on, the peer path
-# restored the lost ranks from a replica and the storage path from storage,
-# and every figure the keys name was measured. No timing threshold.
+# a small worker, one warm and one cold restart round): the JSON has every
+# key scripts rely on, the peer path restored the lost ranks from a replica
+# and the storage path from storage, and every figure the keys name was
+# measured. No timing threshold.
 set -eu
 dir=$(mktemp -d "${TMPDIR:-/tmp}/recovery-smoke.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
@@ -15,6 +16,10 @@ if err=$("$1" --storage-gbit 1 --object-url s3://b/p --dir "$dir" 2>&1); then
   echo "--storage-gbit with --object-url was accepted" >&2; exit 1
 fi
 echo "$err" | grep -q -- "--storage-gbit: caps a directory" || { echo "$err" >&2; exit 1; }
+if err=$("$1" --restart --no-restart --dir "$dir" 2>&1); then
+  echo "--restart with --no-restart was accepted" >&2; exit 1
+fi
+echo "$err" | grep -q -- "--restart: not with" || { echo "$err" >&2; exit 1; }
 [ -z "$(ls -A "$dir")" ] || { echo "a refused run left files in $dir" >&2; exit 1; }
 out=$("$1" --bytes-per-rank 4194304 --rounds 1 --worker-dim 64 --worker-steps 3 \
       --dir "$dir" --json)
@@ -28,12 +33,16 @@ for key in bytes_per_rank detect_s plan_s prefetch_s trainer_restart_s restore_s
            steps_lost_node_peer steps_lost_node_storage steps_lost_trainer_crash \
            step_s_replication_off step_s_replication_on step_speed_on_vs_off \
            node_loss_peer_ratio node_loss_storage_ratio link_shaped shm_huge_pages \
-           storage_gbit storage_throttled; do
+           storage_gbit storage_throttled inprocess_restart_s inprocess_restart_step_s \
+           warm_replacement_s cold_replacement_s peer_detect_s heartbeat_timeout_s \
+           plans_per_failure survivors_kept restart_load_1m; do
   echo "$out" | grep -q "\"$key\":" || { echo "missing key $key" >&2; exit 1; }
 done
 # Measured, not left at zero.
 for key in node_loss_peer_s raw_transfer_s node_loss_storage_s raw_read_s \
-           step_s_replication_off step_s_replication_on; do
+           step_s_replication_off step_s_replication_on inprocess_restart_s \
+           inprocess_restart_step_s warm_replacement_s cold_replacement_s peer_detect_s \
+           plans_per_failure; do
   echo "$out" | grep -q "\"$key\":0\.0*[,}]" && { echo "$key was not measured" >&2; exit 1; }
 done
 echo "$out" | grep -q '"restore_from_peer":"replica"' ||

@@ -1,5 +1,6 @@
 #include "tests/cluster_harness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "coordinator/client/leader_channel.h"
@@ -241,8 +243,10 @@ void Cluster::StartNode(const std::string& id, bool spare) {
                                   "--poll-ms",
                                   "50",
                                   "--grace-ms",
-                                  "1000",
-                                  "--"};
+                                  "1000"};
+  run.insert(run.end(), options_.launcher_args.begin(),
+             options_.launcher_args.end());
+  run.push_back("--");
   if (!options_.trainer_command.empty() || options_.links) {
     if (master_port_ == 0) master_port_ = FreeLoopbackPorts(1)[0];
     run.insert(run.end() - 1, {"--master-port", std::to_string(master_port_)});
@@ -374,6 +378,33 @@ pid_t Cluster::TrainerPid(uint32_t rank) const {
   return pid;
 }
 
+pid_t Cluster::WorkerPid(uint32_t rank, const std::string& id) const {
+  const std::string want_rank = "RANK=" + std::to_string(rank);
+  const std::string want_tmp = "TMPDIR=" + NodeTmpDir(id);
+  pid_t found = -1;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string proc = "/proc/" + std::to_string(pid);
+    if (ReadFileToString(proc + "/comm").rfind("ckpt-worker", 0) != 0) continue;
+    const std::string env = ReadFileToString(proc + "/environ");
+    bool rank_ok = false, tmp_ok = false;
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (end == std::string::npos) end = env.size();
+      const std::string_view kv(env.data() + at, end - at);
+      rank_ok = rank_ok || kv == want_rank;
+      tmp_ok = tmp_ok || kv == want_tmp;
+      at = end + 1;
+    }
+    if (rank_ok && tmp_ok) found = pid;
+  }
+  closedir(d);
+  return found;
+}
+
 bool Cluster::WaitUntil(const std::function<bool()>& cond,
                         std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -385,7 +416,7 @@ bool Cluster::WaitUntil(const std::function<bool()>& cond,
 }
 
 std::string Cluster::LauncherLog(const std::string& id) const {
-  std::ifstream in(NodeDir(id) + "/ckptrun.log");
+  std::ifstream in(LauncherLogPath(id));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

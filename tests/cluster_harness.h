@@ -75,6 +75,8 @@ struct ClusterOptions {
   // a trainer that is not root); the trainers' log directory is then
   // world-writable.
   std::vector<std::string> trainer_prefix;
+  // More ckptrun flags for every node (e.g. {"--warm", "1"}).
+  std::vector<std::string> launcher_args;
   // Set: ckptrun runs this command instead of cluster_trainer (e.g.
   // ckpt-worker; its output goes to the node's ckptrun.log, TrainerLog
   // stays empty), with a free --master-port base for its rendezvous.
@@ -147,6 +149,11 @@ class Cluster {
   std::vector<TrainerLine> TrainerLog(uint32_t rank) const;
   // The pid of the rank's current trainer (last "start" line), or -1.
   pid_t TrainerPid(uint32_t rank) const;
+  // With trainer_command ckpt-worker (which logs no pid): the pid of the
+  // ckpt-worker that node `id`'s ckptrun started as `rank` (its RANK and
+  // the node's TMPDIR in its environment), or -1. A warm process placed
+  // later has no RANK there and is not found.
+  pid_t WorkerPid(uint32_t rank, const std::string& id) const;
   // Polls cond every 20 ms until true or timeout.
   static bool WaitUntil(const std::function<bool()>& cond,
                         std::chrono::milliseconds timeout);
@@ -154,6 +161,9 @@ class Cluster {
   std::string DumpLogs() const;
   // The node's ckptrun.log (with trainer_command: its trainers' output).
   std::string LauncherLog(const std::string& id) const;
+  std::string LauncherLogPath(const std::string& id) const {
+    return NodeDir(id) + "/ckptrun.log";
+  }
   // The node's TMPDIR (its ckptrun's and trainers'), inside dir: what a
   // SIGKILLed ckptrun leaves there goes with the test's directory, not
   // into /tmp.

@@ -5,7 +5,6 @@
 // loss, one plan, the survivors keeping their processes, the ending bit
 // for bit the undisturbed run's. Rank 0's trainer is SIGKILLed: the
 // survivors re-form on the same store server, never restarted.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -65,35 +64,6 @@ size_t Count(const std::string& text, const std::string& what) {
        at = text.find(what, at + 1))
     ++n;
   return n;
-}
-
-// The pid of the ckpt-worker of `rank` started with TMPDIR=`tmp` (a node's
-// trainers inherit its ckptrun's), or -1.
-pid_t WorkerPid(uint32_t rank, const std::string& tmp) {
-  const std::string want_rank = absl::StrCat("RANK=", rank);
-  const std::string want_tmp = "TMPDIR=" + tmp;
-  pid_t found = -1;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) {
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::string comm = ReadFileToString(absl::StrCat("/proc/", pid, "/comm"));
-    if (comm.rfind("ckpt-worker", 0) != 0) continue;
-    std::string env = ReadFileToString(absl::StrCat("/proc/", pid, "/environ"));
-    bool rank_ok = false, tmp_ok = false;
-    for (size_t at = 0; at < env.size();) {
-      size_t end = env.find('\0', at);
-      if (end == std::string::npos) end = env.size();
-      std::string kv = env.substr(at, end - at);
-      rank_ok = rank_ok || kv == want_rank;
-      tmp_ok = tmp_ok || kv == want_tmp;
-      at = end + 1;
-    }
-    if (rank_ok && tmp_ok) found = pid;
-  }
-  closedir(d);
-  return found;
 }
 
 class RendezvousTest : public ClusterTest {
@@ -181,7 +151,7 @@ TEST_F(RendezvousTest, RankZerosTrainerKilledSurvivorsReformOnTheSameStore) {
   const std::string want = Reference();
   StartCluster(/*spare=*/false);
   ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
-  const pid_t victim = WorkerPid(0, cluster_->NodeTmpDir("a"));
+  const pid_t victim = cluster_->WorkerPid(0, "a");
   ASSERT_GT(victim, 0) << cluster_->LauncherLog("a");
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   ExpectLaunchersSucceed({"a", "b"});

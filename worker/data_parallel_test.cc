@@ -178,6 +178,40 @@ TEST_F(DataParallelTest, RanksAreOnlyClientsOfAStoreTheLauncherServes) {
   EXPECT_EQ(bad.output.find("step 1 loss"), std::string::npos) << bad.output;
 }
 
+// --log-mono: every step line of each rank names the rank and the
+// CLOCK_MONOTONIC time the step finished (the clock of the coordinator's
+// events, which recovery_bench times recoveries against): within the run,
+// in step order.
+TEST_F(DataParallelTest, LogMonoStepLinesNameTheRankAndTheMonotonicTime) {
+  auto mono_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const long long before = mono_ms();
+  std::vector<WorkerRun> r =
+      RunTwoRanks({"--steps", "4", "--log-mono", ""}, "");
+  const long long after = mono_ms();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(r[rank].exited_ok()) << r[rank].output;
+    long long last = before;
+    for (int step = 1; step <= 4; ++step) {
+      const std::string head = "step " + std::to_string(step) + " loss ";
+      const size_t at = r[rank].output.find(head);
+      ASSERT_NE(at, std::string::npos) << r[rank].output;
+      const std::string line =
+          r[rank].output.substr(at, r[rank].output.find('\n', at) - at);
+      const std::string tail = " rank=" + std::to_string(rank) + " mono_ms=";
+      const size_t t = line.find(tail);
+      ASSERT_NE(t, std::string::npos) << line;
+      const long long ms = std::stoll(line.substr(t + tail.size()));
+      EXPECT_GE(ms, last) << line;
+      EXPECT_LE(ms, after) << line;
+      last = ms;
+    }
+  }
+}
+
 TEST_F(DataParallelTest, TwoRanksEndWithTheSameDigestAndLossFalls) {
   std::vector<WorkerRun> r =
       RunTwoRanks({"--steps", "60", "--ckpt-every", "10"}, "dp");

@@ -15,6 +15,16 @@
 #include "worker/synthetic_data.h"
 
 namespace ckpt::worker {
+namespace {
+
+// steady_clock is CLOCK_MONOTONIC on Linux: the coordinator's event clock.
+long long MonotonicMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
   CKPT_RETURN_IF_ERROR(ValidateMlpConfig(o.model));
@@ -384,8 +394,14 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
     }
     if (log != nullptr && options_.log_every > 0 &&
         (s % options_.log_every == 0 || s == options_.steps)) {
-      std::fprintf(log, "step %lld loss %.4f\n", static_cast<long long>(s),
-                   loss);
+      if (options_.log_mono) {
+        std::fprintf(log, "step %lld loss %.4f rank=%d mono_ms=%lld\n",
+                     static_cast<long long>(s), loss, options_.rank,
+                     MonotonicMs());
+      } else {
+        std::fprintf(log, "step %lld loss %.4f\n", static_cast<long long>(s),
+                     loss);
+      }
       std::fflush(log);
     }
     if (options_.eval_every > 0 && s % options_.eval_every == 0)

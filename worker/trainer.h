@@ -42,6 +42,10 @@ struct TrainerOptions {
   double offload_fraction = 0.5;
   float lr = 3e-3f;
   int log_every = 10;  // 0: no per-step lines
+  // Each step line also says "rank=R mono_ms=T" (T: CLOCK_MONOTONIC when
+  // the step finished, the clock of the coordinator's events), so that a
+  // benchmark times a recovery from the trainers' own lines.
+  bool log_mono = false;
   int cpu_threads = 1;
   int rank = 0;
   int world_size = 1;  // model.batch is the global batch: a multiple of it

@@ -327,6 +327,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr);
   app.add_option("--log-every", o.log_every,
                  "print the loss every N steps (0: never)");
+  app.add_flag("--log-mono", o.log_mono,
+               "end each step line with rank=R mono_ms=T (CLOCK_MONOTONIC "
+               "in ms when the step finished), for recovery timings");
   app.add_option("--cpu-threads", o.cpu_threads, "threads of the CPU Adam");
   double connect_timeout_s = 60, collective_timeout_s = 30;
   app.add_option("--connect-timeout-s", connect_timeout_s,

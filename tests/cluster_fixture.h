@@ -22,8 +22,30 @@
 
 #include "tests/cluster_harness.h"
 #include "tests/temp_dir.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
+
+// Every "done rank=R step N params_digest=D" line that ckpt-worker
+// processes wrote to `log`, as R -> D: the weights each rank ended with.
+// (Parsed by hand: GCC 12's std::regex trips -Wmaybe-uninitialized in the
+// sanitizer build.)
+inline std::map<uint32_t, std::string> WorkerDoneDigests(
+    const std::string& log) {
+  std::map<uint32_t, std::string> out;
+  for (size_t at = log.find("done rank="); at != std::string::npos;
+       at = log.find("done rank=", at + 1)) {
+    unsigned rank = 0;
+    unsigned long step = 0;
+    char digest[17] = {};
+    if (std::sscanf(log.c_str() + at,
+                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
+                    &step, digest) == 3 &&
+        std::strlen(digest) == 16)
+      out[rank] = digest;
+  }
+  return out;
+}
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -90,30 +112,36 @@ class ClusterTest : public ::testing::Test {
     return ss.str();
   }
 
+  // The weights `world` ranks of `argv` (ckpt-worker and its flags) end
+  // with undisturbed: no daemon, no launcher, no fault. Every rank must
+  // end with the same digest; "" (and a failure) otherwise.
+  std::string WorkerReference(const std::vector<std::string>& argv,
+                              uint32_t world) {
+    const int port = FreeLoopbackPorts(1)[0];
+    const std::string log = dir_.path() + "/reference.log";
+    std::vector<std::unique_ptr<Proc>> ranks;
+    for (uint32_t r = 0; r < world; ++r)
+      ranks.push_back(Proc::Spawn(
+          argv, log,
+          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)}));
+    for (auto& p : ranks) {
+      std::optional<int> st = p->Wait(std::chrono::seconds(120));
+      EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << ReadFileToString(log);
+    }
+    std::map<uint32_t, std::string> d =
+        WorkerDoneDigests(ReadFileToString(log));
+    std::set<std::string> distinct;
+    for (const auto& [rank, digest] : d) distinct.insert(digest);
+    EXPECT_EQ(d.size(), world) << ReadFileToString(log);
+    EXPECT_EQ(distinct.size(), 1u) << ReadFileToString(log);
+    return distinct.size() == 1 ? *distinct.begin() : "";
+  }
+
   TempDir dir_;
   std::unique_ptr<Cluster> cluster_;
 };
-
-// Every "done rank=R step N params_digest=D" line that ckpt-worker
-// processes wrote to `log`, as R -> D: the weights each rank ended with.
-// (Parsed by hand: GCC 12's std::regex trips -Wmaybe-uninitialized in the
-// sanitizer build.)
-inline std::map<uint32_t, std::string> WorkerDoneDigests(
-    const std::string& log) {
-  std::map<uint32_t, std::string> out;
-  for (size_t at = log.find("done rank="); at != std::string::npos;
-       at = log.find("done rank=", at + 1)) {
-    unsigned rank = 0;
-    unsigned long step = 0;
-    char digest[17] = {};
-    if (std::sscanf(log.c_str() + at,
-                    "done rank=%u step %lu params_digest=%16[0-9a-f]", &rank,
-                    &step, digest) == 3 &&
-        std::strlen(digest) == 16)
-      out[rank] = digest;
-  }
-  return out;
-}
 
 }  // namespace ckpt::testing
 

@@ -68,27 +68,11 @@ size_t Count(const std::string& text, const std::string& what) {
 
 class RendezvousTest : public ClusterTest {
  protected:
-  // The digest of the same 4 ranks undisturbed: no daemon, no launcher.
+  // The digest of the same 4 ranks undisturbed.
   std::string Reference() {
-    const int port = FreeLoopbackPorts(1)[0];
-    std::vector<std::unique_ptr<Proc>> ranks;
     std::vector<std::string> argv = {CKPT_WORKER_BINARY};
     for (const std::string& f : WorkerFlags()) argv.push_back(f);
-    const std::string log = dir_.path() + "/reference.log";
-    for (uint32_t r = 0; r < kWorld; ++r)
-      ranks.push_back(Proc::Spawn(
-          argv, log,
-          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(kWorld),
-           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)}));
-    for (auto& p : ranks) {
-      std::optional<int> st = p->Wait(seconds(120));
-      EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
-          << ReadFileToString(log);
-    }
-    std::map<uint32_t, std::string> d =
-        WorkerDoneDigests(ReadFileToString(log));
-    EXPECT_EQ(d.size(), kWorld) << ReadFileToString(log);
-    return d.empty() ? "" : d.begin()->second;
+    return WorkerReference(argv, kWorld);
   }
 
   void StartCluster(bool spare) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/assignments.h"
@@ -146,6 +147,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   // Liveness first, without the state mutex: a heartbeat counts even if
   // reports or a plan hold the state for a while.
   Heard(req.node_id(), req.epoch());
+  // Answered once the state lock is released (declared before the Txn).
+  absl::Cleanup answered = [&] {
+    HeartbeatAnswered(req.node_id(), req.epoch());
+  };
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
@@ -180,16 +185,30 @@ void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {
   auto it = live_.find(node_id);
   if (it == live_.end() || !it->second->alive || it->second->epoch != epoch)
     return;
+  MoveWindowLocked(*it->second, /*owed=*/true);
+}
+
+void Coordinator::HeartbeatAnswered(const std::string& node_id,
+                                    uint64_t epoch) {
+  std::shared_lock<std::shared_mutex> live(live_mu_);
+  auto it = live_.find(node_id);
+  if (it == live_.end() || !it->second->alive || it->second->epoch != epoch)
+    return;
+  MoveWindowLocked(*it->second, /*owed=*/false);
+}
+
+void Coordinator::MoveWindowLocked(NodeLiveness& node, bool owed) {
   const int64_t now = options_.now_ms();
-  const int64_t heard_since = hearing_.heard_since_ms();
-  int64_t last = it->second->last_seen_ms.load();
+  const int64_t timeout = options_.heartbeat_timeout.count();
   // A node already past its timeout (counted from when the coordinator
   // could hear) is left to the detector.
-  while (now - std::max(last, heard_since) <=
-             options_.heartbeat_timeout.count() &&
-         last < now &&
-         !it->second->last_seen_ms.compare_exchange_weak(last, now)) {
+  if (now - WindowStart(node, now, hearing_.heard_since_ms(), timeout) >
+      timeout)
+    return;
+  int64_t last = node.last_seen_ms.load();
+  while (last < now && !node.last_seen_ms.compare_exchange_weak(last, now)) {
   }
+  node.owed_since_ms = owed ? now : 0;
 }
 
 void Coordinator::ApplyAcksLocked(Batch* batch,

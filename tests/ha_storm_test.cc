@@ -52,8 +52,62 @@ TEST_F(HaTest, LeaderKilledWithManyNodesAttachedStandbyTakesAllWithNoDeath) {
   auto client = Client();
   const milliseconds call_timeout(o.heartbeat_timeout_ms);
 
+  // Nodes [0, registered) heartbeat, once per round, as fast as the rounds
+  // go, on their own thread from their registration to the end of the
+  // checks (the test's own cadence, inside the timeout for these N).
   std::vector<SimNode> nodes(kNodes);
-  uint64_t first_incarnation = 0;
+  std::atomic<int> registered{0};
+  std::atomic<uint64_t> first_incarnation{0};
+  std::atomic<int> fenced{0};
+  std::atomic<int> holding{0};             // hold a rank, orders acked
+  std::atomic<int> on_old_leader{kNodes};  // answered last by the first
+  std::mutex mu;
+  std::string first_fence;                   // under mu
+  std::atomic<int64_t> longest_round_ms{0};  // a node's heartbeat interval
+  auto round = [&] {
+    const auto began = Clock::now();
+    const int n_registered = registered.load();
+    int old = 0, hold = 0;
+    for (int i = 0; i < n_registered; ++i) {
+      SimNode& n = nodes[i];
+      cv1::HeartbeatRequest req;
+      req.set_node_id(n.id);
+      req.set_epoch(n.epoch);
+      *req.mutable_acked_order_ids() = {n.acks.begin(), n.acks.end()};
+      cv1::HeartbeatResponse resp;
+      grpc::Status s = client->Call(&cv1::Coordinator::Stub::Heartbeat, req,
+                                    &resp, call_timeout);
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+          fenced++ == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        first_fence = n.id + ": " + s.error_message();
+      }
+      if (s.ok()) {  // else no leader yet: the client tries the others
+        n.acks.clear();
+        for (const cv1::Order& order : resp.orders())
+          n.acks.push_back(order.id());
+        n.incarnation = resp.incarnation();
+        n.has_ranks = false;
+        for (const cv1::Assignment& a : resp.assignments())
+          n.has_ranks = n.has_ranks || a.ranks_size() > 0;
+      }
+      old += n.incarnation == first_incarnation;
+      hold += n.has_ranks && n.acks.empty();
+    }
+    on_old_leader = old + kNodes - n_registered;
+    holding = hold;
+    const int64_t ms =
+        std::chrono::duration_cast<milliseconds>(Clock::now() - began).count();
+    if (ms > longest_round_ms) longest_round_ms = ms;
+  };
+  std::atomic<bool> stop{false};
+  std::thread beater([&] {
+    while (!stop) round();
+  });
+  auto stop_beating = [&] {
+    stop = true;
+    if (beater.joinable()) beater.join();
+  };
   for (int i = 0; i < kNodes; ++i) {
     nodes[i].id = "sim" + std::to_string(i);
     cv1::RegisterNodeRequest req;
@@ -63,46 +117,12 @@ TEST_F(HaTest, LeaderKilledWithManyNodesAttachedStandbyTakesAllWithNoDeath) {
     cv1::RegisterNodeResponse resp;
     grpc::Status s = client->Call(&cv1::Coordinator::Stub::RegisterNode, req,
                                   &resp, call_timeout);
+    if (!s.ok()) stop_beating();
     ASSERT_TRUE(s.ok()) << nodes[i].id << ": " << s.error_message();
     nodes[i].epoch = resp.epoch();
     first_incarnation = resp.incarnation();
+    registered = i + 1;  // the beater takes it from here
   }
-  // Every node heartbeats once per round, as fast as the rounds go: the
-  // test's own cadence, far inside the timeout for these N.
-  std::atomic<int> fenced{0};
-  std::atomic<int> on_old_leader{kNodes};  // answered last by the first
-  std::mutex mu;
-  std::string first_fence;  // under mu
-  auto round = [&] {
-    int old = 0;
-    for (SimNode& n : nodes) {
-      cv1::HeartbeatRequest req;
-      req.set_node_id(n.id);
-      req.set_epoch(n.epoch);
-      *req.mutable_acked_order_ids() = {n.acks.begin(), n.acks.end()};
-      cv1::HeartbeatResponse resp;
-      grpc::Status s = client->Call(&cv1::Coordinator::Stub::Heartbeat, req,
-                                    &resp, call_timeout);
-      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-        if (fenced++ == 0) {
-          std::lock_guard<std::mutex> lock(mu);
-          first_fence = n.id + ": " + s.error_message();
-        }
-        continue;
-      }
-      if (!s.ok()) continue;  // no leader yet: the client tries the others
-      n.acks.clear();
-      for (const cv1::Order& order : resp.orders())
-        n.acks.push_back(order.id());
-      n.incarnation = resp.incarnation();
-      n.has_ranks = false;
-      for (const cv1::Assignment& a : resp.assignments())
-        n.has_ranks = n.has_ranks || a.ranks_size() > 0;
-    }
-    for (const SimNode& n : nodes) old += n.incarnation == first_incarnation;
-    on_old_leader = old;
-  };
-  round();
   cv1::RegisterJobRequest job;
   job.set_job(o.job);
   job.set_world_size(static_cast<uint32_t>(kNodes));
@@ -110,27 +130,20 @@ TEST_F(HaTest, LeaderKilledWithManyNodesAttachedStandbyTakesAllWithNoDeath) {
   cv1::RegisterJobResponse job_resp;
   grpc::Status s = client->Call(&cv1::Coordinator::Stub::RegisterJob, job,
                                 &job_resp, call_timeout);
+  if (!s.ok()) stop_beating();
   ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        round();
-        for (const SimNode& n : nodes)
-          if (!n.has_ranks || !n.acks.empty()) return false;
-        return true;
-      },
-      seconds(60)))
-      << "not every node holds its rank";
+  const bool placed =
+      Cluster::WaitUntil([&] { return holding == kNodes; }, seconds(60));
+  if (!placed) stop_beating();
+  ASSERT_TRUE(placed) << "not every node holds its rank";
 
   // The generation the nodes were placed in (the first plan's), and its
   // plan events: the new leader adds none.
-  ASSERT_TRUE(cluster_->Job().has_value());
-  const uint32_t generation = cluster_->Job()->generation();
+  const std::optional<cv1::JobRecord> job_before = cluster_->Job();
+  if (!job_before) stop_beating();
+  ASSERT_TRUE(job_before.has_value());
+  const uint32_t generation = job_before->generation();
   const int plans = CountEvents(cv1::PLAN_MADE);
-  // From here the nodes heartbeat on their own thread, through the checks.
-  std::atomic<bool> stop{false};
-  std::thread beater([&] {
-    while (!stop) round();
-  });
   const auto killed_at = Clock::now();
   cluster_->SignalReplica(old_leader, SIGKILL);
   const bool reaped = cluster_->WaitReplica(old_leader, seconds(5)).has_value();
@@ -151,16 +164,16 @@ TEST_F(HaTest, LeaderKilledWithManyNodesAttachedStandbyTakesAllWithNoDeath) {
   auto after = cluster_->GetCluster();
   const std::vector<cv1::Event> events = cluster_->Events();
   const std::optional<cv1::JobRecord> job_after = cluster_->Job();
-  stop = true;
-  beater.join();
+  stop_beating();
   ASSERT_TRUE(reaped) << "the leader did not die";
   ASSERT_TRUE(reattached) << "not every node re-attached to a new leader";
-  std::fprintf(stderr,
-               "failover storm: %d nodes re-attached %.2f s after the leader "
-               "SIGKILL (heartbeat timeout %d ms)\n",
-               kNodes,
-               std::chrono::duration<double>(attached - killed_at).count(),
-               o.heartbeat_timeout_ms);
+  std::fprintf(
+      stderr,
+      "failover storm: %d nodes re-attached %.2f s after the leader "
+      "SIGKILL (heartbeat timeout %d ms, longest heartbeat round "
+      "%lld ms)\n",
+      kNodes, std::chrono::duration<double>(attached - killed_at).count(),
+      o.heartbeat_timeout_ms, static_cast<long long>(longest_round_ms.load()));
 
   EXPECT_EQ(fenced, 0) << "a live node was fenced: " << first_fence;
   ASSERT_TRUE(after.has_value());

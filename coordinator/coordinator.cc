@@ -138,6 +138,12 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
+  // Every return answers it, a refusal included: the server heard it
+  // before this call (owed an answer), and the node waits for one. After
+  // the Txn below releases the state lock (declared before it).
+  absl::Cleanup answered = [&] {
+    HeartbeatAnswered(req.node_id(), req.epoch());
+  };
   CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
@@ -147,10 +153,6 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   // Liveness first, without the state mutex: a heartbeat counts even if
   // reports or a plan hold the state for a while.
   Heard(req.node_id(), req.epoch());
-  // Answered once the state lock is released (declared before the Txn).
-  absl::Cleanup answered = [&] {
-    HeartbeatAnswered(req.node_id(), req.epoch());
-  };
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());

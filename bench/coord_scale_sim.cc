@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "bench/timers.h"
 #include "coordinator.grpc.pb.h"
@@ -123,14 +124,10 @@ class Sim {
     std::atomic<int> left{static_cast<int>(nodes_.size())};
     for (size_t i = 0; i < nodes_.size(); ++i)
       Register(static_cast<int>(i), &left);
-    // Heartbeats from the start: registering thousands of nodes may take
-    // longer than the timeout on a loaded machine.
-    for (size_t i = 0; i < nodes_.size(); ++i) {
-      double first = Now() + std::uniform_real_distribution<double>(
-                                 0, a_.heartbeat_ms / 1000.0)(rng_);
-      timers_.At(first,
-                 [this, i, first] { Heartbeat(static_cast<int>(i), first); });
-    }
+    // Each node heartbeats from its registration's answer on (Register),
+    // as the agent does: issuing thousands of first calls (each on a new
+    // connection) takes seconds here, and a node answered early would
+    // otherwise be silent that long, really dead for the coordinator.
     auto deadline = Now() + 120;
     while (left > 0 && Now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -165,13 +162,46 @@ class Sim {
       ++refused_job_;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    if (!s.ok())
-      return std::fprintf(stderr, "coord_scale_bench: RegisterJob: %s\n",
-                          s.error_message().c_str()),
-             false;
+    if (!s.ok()) {
+      std::fprintf(stderr, "coord_scale_bench: RegisterJob: %s\n",
+                   s.error_message().c_str());
+      SayWhyNodesDied();
+      return false;
+    }
     gen0_ = resp.job().generation();
     watcher_ = std::thread([this] { Watch(); });
     return true;
+  }
+
+  // Why the coordinator declared nodes dead (its reasons, by kind) and how
+  // long its heartbeat answers took, so that a failed setup says why.
+  void SayWhyNodesDied() {
+    grpc::ClientContext ctx;
+    v1::GetClusterRequest req;
+    v1::GetClusterResponse resp;
+    if (!stubs_[0]->GetCluster(&ctx, req, &resp).ok()) return;
+    std::map<std::string, int> reasons;
+    for (const auto& n : resp.nodes()) {
+      if (n.health() != v1::DEAD) continue;
+      // "no heartbeat for 3012 ms": the kind, without the figure.
+      const std::string& why = n.dead_reason();
+      ++reasons[why.substr(0, why.find_first_of("0123456789"))];
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [why, count] : reasons)
+      std::fprintf(stderr, "coord_scale_bench: %d nodes dead: %s...\n", count,
+                   why.c_str());
+    std::fprintf(
+        stderr,
+        "coord_scale_bench: heartbeat answers p50 %.2f s, p99 %.2f s, max "
+        "%.2f s; %d false deaths; the simulator sent %llu heartbeats more "
+        "than timeout/2 late (max %.1f s)\n",
+        Percentile(hb_latency_, 0.5), Percentile(hb_latency_, 0.99),
+        hb_latency_.empty()
+            ? -1.0
+            : *std::max_element(hb_latency_.begin(), hb_latency_.end()),
+        false_deaths_.load(), static_cast<unsigned long long>(sim_late_sends_),
+        sim_late_max_);
   }
 
   // After a failed Setup: no call may land on a destroyed Sim.
@@ -287,6 +317,7 @@ class Sim {
     std::set<uint64_t> seen;
     double last_hb_ok_sent = 0;
     uint64_t fenced_epoch = 0;  // the last epoch the coordinator fenced
+    bool beating = false;       // its heartbeats started
     // The interval the coordinator told (0: none yet, --heartbeat-ms).
     int hb_ms = 0;
   };
@@ -321,10 +352,19 @@ class Sim {
     StubFor(i)->async()->RegisterNode(
         &c->ctx, &c->req, &c->resp, [this, c, i, left](grpc::Status s) {
           if (s.ok()) {
-            std::lock_guard<std::mutex> lock(mu_);
-            nodes_[i].epoch = c->resp.epoch();
-            nodes_[i].hb_ms = static_cast<int>(c->resp.heartbeat_interval_ms());
-            --*left;
+            bool first = false;
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              nodes_[i].epoch = c->resp.epoch();
+              nodes_[i].hb_ms =
+                  static_cast<int>(c->resp.heartbeat_interval_ms());
+              first = !std::exchange(nodes_[i].beating, true);
+              --*left;
+            }
+            // The first heartbeat at once (a fenced node's heartbeats go on
+            // from where they were).
+            const double due = Now();
+            if (first) timers_.At(due, [this, i, due] { Heartbeat(i, due); });
           } else {
             // As the node agent does: the coordinator's retry-after, else
             // its registration interval with jitter.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/assignments.h"
@@ -137,6 +138,12 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
+  // Every return answers it, a refusal included: the server heard it
+  // before this call (owed an answer), and the node waits for one. After
+  // the Txn below releases the state lock (declared before it).
+  absl::Cleanup answered = [&] {
+    HeartbeatAnswered(req.node_id(), req.epoch());
+  };
   CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   CKPT_RETURN_IF_ERROR(ValidateProgress(req));
   CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
@@ -180,16 +187,30 @@ void Coordinator::Heard(const std::string& node_id, uint64_t epoch) {
   auto it = live_.find(node_id);
   if (it == live_.end() || !it->second->alive || it->second->epoch != epoch)
     return;
+  MoveWindowLocked(*it->second, /*owed=*/true);
+}
+
+void Coordinator::HeartbeatAnswered(const std::string& node_id,
+                                    uint64_t epoch) {
+  std::shared_lock<std::shared_mutex> live(live_mu_);
+  auto it = live_.find(node_id);
+  if (it == live_.end() || !it->second->alive || it->second->epoch != epoch)
+    return;
+  MoveWindowLocked(*it->second, /*owed=*/false);
+}
+
+void Coordinator::MoveWindowLocked(NodeLiveness& node, bool owed) {
   const int64_t now = options_.now_ms();
-  const int64_t heard_since = hearing_.heard_since_ms();
-  int64_t last = it->second->last_seen_ms.load();
+  const int64_t timeout = options_.heartbeat_timeout.count();
   // A node already past its timeout (counted from when the coordinator
   // could hear) is left to the detector.
-  while (now - std::max(last, heard_since) <=
-             options_.heartbeat_timeout.count() &&
-         last < now &&
-         !it->second->last_seen_ms.compare_exchange_weak(last, now)) {
+  if (now - WindowStart(node, now, hearing_.heard_since_ms(), timeout) >
+      timeout)
+    return;
+  int64_t last = node.last_seen_ms.load();
+  while (last < now && !node.last_seen_ms.compare_exchange_weak(last, now)) {
   }
+  node.owed_since_ms = owed ? now : 0;
 }
 
 void Coordinator::ApplyAcksLocked(Batch* batch,

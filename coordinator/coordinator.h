@@ -129,6 +129,9 @@ class Coordinator {
   // `epoch` was heard now. The server calls it for every heartbeat it
   // receives, before admission may shed the rest of the work.
   void Heard(const std::string& node_id, uint64_t epoch);
+  // Its answer (or refusal) is going back now: the node's window starts
+  // here, since it sends no other heartbeat before (NodeLiveness).
+  void HeartbeatAnswered(const std::string& node_id, uint64_t epoch);
   // What the coordinator could hear (hearing.h): the server tells it when
   // it could not.
   Hearing& hearing() { return hearing_; }
@@ -315,6 +318,10 @@ class Coordinator {
   void EnqueueLocked(std::unique_ptr<Batch> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetLiveLocked(NodeState& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat heard (owed: its answer is still to come) or answered now:
+  // the node's window moves to now, unless it already expired. Under
+  // live_mu_, shared.
+  void MoveWindowLocked(NodeLiveness& node, bool owed);
   int64_t LastSeen(const NodeState& node) const {
     return node.live->last_seen_ms.load();
   }

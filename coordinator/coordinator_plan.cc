@@ -33,7 +33,7 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
         next = std::min(next, now + timeout + 1);
         continue;
       }
-      int64_t last = std::max(LastSeen(node), heard_since);
+      const int64_t last = WindowStart(*node.live, now, heard_since, timeout);
       if (now - last <= timeout) {
         next = std::min(next, last + timeout + 1);
         continue;

@@ -6,6 +6,7 @@
 #ifndef CKPT_COORDINATOR_COORDINATOR_RECORDS_H_
 #define CKPT_COORDINATOR_COORDINATOR_RECORDS_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -29,7 +30,24 @@ struct NodeLiveness {
   // False while this epoch's registration waits to be durable: the node
   // cannot heartbeat before it has its epoch, so it is not judged yet.
   std::atomic<bool> answered{true};
+  // When a heartbeat the coordinator heard and has not answered yet came
+  // (0: none). The agent sends one heartbeat at a time, so it is silent
+  // until answered: that silence is the coordinator's, for one timeout at
+  // most (WindowStart).
+  std::atomic<int64_t> owed_since_ms{0};
 };
+
+// Where a node's heartbeat window starts, as of `now`: its last heartbeat
+// or answer, no earlier than hearing last recovered (`heard_since`), and
+// while a heartbeat waits for its answer, no earlier than now, up to one
+// timeout after that heartbeat came.
+inline int64_t WindowStart(const NodeLiveness& live, int64_t now,
+                           int64_t heard_since, int64_t timeout) {
+  int64_t last = std::max(live.last_seen_ms.load(), heard_since);
+  const int64_t owed = live.owed_since_ms.load();
+  if (owed != 0) last = std::max(last, std::min(now, owed + timeout));
+  return last;
+}
 struct NodeState {
   v1::NodeRecord rec;
   NodeLiveness* live = nullptr;  // owned by Coordinator::live_

@@ -13,6 +13,7 @@ void Coordinator::SetLiveLocked(NodeState& node) {
   if (!l) l = std::make_unique<NodeLiveness>();
   l->epoch = node.rec.epoch();
   l->alive = node.rec.health() == v1::ALIVE;
+  l->owed_since_ms = 0;  // an answer owed to an older epoch is not this one's
   node.live = l.get();
   replica_targets_.MarkStale();  // a node joined, died or came back
 }

@@ -244,5 +244,46 @@ TEST_F(CoordinatorTest, SilenceWhileTheCoordinatorWasDeafIsNoOnesDeath) {
   EXPECT_EQ(coord_->hearing().stats().deaf_spells, 1u);
 }
 
+// The agent heartbeats one call at a time: while the coordinator has not
+// answered a heartbeat it heard (the call waits in the heartbeat queue
+// behind the state lock, say while a registration storm holds it), the
+// node sends no other. That silence is the coordinator's: the node's
+// window starts when it is answered. A heartbeat never answered excuses
+// its node for one timeout only, so a node that dies with its heartbeat
+// stuck is still declared dead, within twice the timeout of it.
+TEST_F(CoordinatorTest, SilenceWhileAHeartbeatAwaitsItsAnswerIsNoOnesDeath) {
+  const uint64_t e1 = Register("n1", 2);
+  Register("n2", 2);
+  const int64_t timeout = heartbeat_timeout_ms_;
+  coord_->Heard("n1", e1);  // arrived; its answer waits in the queue
+  now_ms_ += timeout + timeout / 2;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n1").health(), v1::ALIVE)
+      << "n1 declared dead while its heartbeat waited for an answer: "
+      << Node("n1").dead_reason();
+  EXPECT_EQ(Node("n2").health(), v1::DEAD) << "n2 was really silent";
+  ASSERT_TRUE(Heartbeat("n1", e1).ok());  // the worker answers it now
+  now_ms_ += timeout;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n1").health(), v1::ALIVE) << Node("n1").dead_reason();
+  // Silent for the whole timeout after its answer: dead then, not later.
+  now_ms_ += 1;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n1").health(), v1::DEAD);
+  EXPECT_NE(Node("n1").dead_reason().find("no heartbeat for"),
+            std::string::npos)
+      << Node("n1").dead_reason();
+  // n3's heartbeat is heard and never answered (the coordinator stalls
+  // on it): the excuse ends one timeout after it came.
+  const uint64_t e3 = Register("n3", 2);
+  coord_->Heard("n3", e3);
+  now_ms_ += 2 * timeout;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n3").health(), v1::ALIVE) << Node("n3").dead_reason();
+  now_ms_ += 1;
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n3").health(), v1::DEAD);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

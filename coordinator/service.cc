@@ -80,7 +80,11 @@ class Service final : public rpc::RpcService {
           // Heard before admission: a shed heartbeat still shows life.
           c_->Heard(r.node_id(), r.epoch());
         },
-        [this] { c_->hearing().NoteShed(); });
+        [this](const v1::HeartbeatRequest& r) {
+          // The refusal is its answer: the node comes back after it.
+          c_->hearing().NoteShed();
+          c_->HeartbeatAnswered(r.node_id(), r.epoch());
+        });
     AddQueued<v1::ReportShardsRequest>(
         1, "ReportShards", &reports_, [this](const v1::ReportShardsRequest& r) {
           return c_->ReportShards(r);
@@ -232,7 +236,7 @@ class Service final : public rpc::RpcService {
   template <class Req, class Run>
   void AddQueued(int index, const char* name, KindQueue* queue, Run run,
                  std::function<void(const Req&)> heard = nullptr,
-                 std::function<void()> shed = nullptr) {
+                 std::function<void(const Req&)> shed = nullptr) {
     paths_.push_back(
         absl::StrCat("/", v1::Coordinator::service_full_name(), "/", name));
     AddMethod(new grpc::internal::RpcServiceMethod(
@@ -260,7 +264,7 @@ class Service final : public rpc::RpcService {
                     reactor->Finish(ToGrpc(r.status()));
                   }))
                 return reactor;
-              if (shed) shed();
+              if (shed) shed(*req);
               const int after = queue->RetryAfterMs();
               ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
                                        std::to_string(after));

@@ -58,7 +58,7 @@
 #include "daemon/catalog.h"
 #include "daemon/effects.h"
 #include "daemon/lease_table.h"
-#include "daemon/peer_listener.h"
+#include "daemon/peer_creds.h"
 #include "daemon/pipeline.h"
 #include "daemon/rank_slots.h"
 #include "daemon/retention.h"

@@ -13,7 +13,7 @@
 #include "daemon/engine_util.h"
 #include "daemon/node_agent.h"
 #include "daemon/node_agent_rpc.h"
-#include "daemon/peer_listener.h"
+#include "daemon/peer_creds.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {

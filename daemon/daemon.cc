@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/health.h"
 #include "daemon/replica_reports.h"
 #include "daemon/watchdog.h"

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/service.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/node_agent.h"
 #include "daemon/node_replicas.h"

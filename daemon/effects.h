@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/engine_options.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/engine_options.h"
 #include "daemon/persister.h"
 #include "daemon/uploader.h"
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/recovery.h"
 #include "storage/shard_format.h"
 #include "util/status.h"

@@ -57,7 +57,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
-#include "daemon/engine_options.h"
+#include "daemon/core/engine_options.h"
 #include "daemon/node_state.h"
 #include "daemon/pipeline_view.h"
 #include "daemon/replica_source.h"

@@ -3,8 +3,8 @@
 // It answers once its records are written and the job's arenas are gone.
 // See engine.h.
 #include "absl/strings/str_cat.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/engine.h"
-#include "daemon/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

@@ -2,8 +2,8 @@
 // WaitDurable (waits for a shard to be durable in the commit tier), List
 // and Status. See engine.h.
 #include "absl/strings/str_cat.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/engine.h"
-#include "daemon/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

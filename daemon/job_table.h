@@ -55,14 +55,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/lease_table.h"
+#include "daemon/core/peer_creds.h"
+#include "daemon/core/rank_slots.h"
+#include "daemon/core/retention.h"
+#include "daemon/core/step_state.h"
 #include "daemon/effects.h"
-#include "daemon/lease_table.h"
-#include "daemon/peer_creds.h"
 #include "daemon/pipeline.h"
-#include "daemon/rank_slots.h"
-#include "daemon/retention.h"
-#include "daemon/step_state.h"
 
 namespace ckpt::daemon {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/clock.h"
+#include "daemon/core/clock.h"
 #include "shm/arena.h"
 #include "storage/keys.h"
 

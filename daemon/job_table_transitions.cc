@@ -3,7 +3,7 @@
 // See job_table.h.
 #include <utility>
 
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/job_table.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"

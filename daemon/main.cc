@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "daemon/core/engine_util.h"
 #include "daemon/daemon.h"
-#include "daemon/engine_util.h"
 #include "daemon/health.h"
 #include "daemon/options.h"
 #include "util/program.h"

@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/node_agent_rpc.h"
 #include "util/retry.h"
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator.grpc.pb.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/node_agent.h"
 
 namespace ckpt::daemon {

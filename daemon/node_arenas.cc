@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/node_state.h"
 #include "util/status.h"
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/retention.h"
 #include "daemon/node_state.h"
-#include "daemon/retention.h"
 
 namespace ckpt::daemon {
 

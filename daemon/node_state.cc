@@ -3,7 +3,7 @@
 #include "daemon/node_state.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

@@ -15,7 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

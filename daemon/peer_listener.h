@@ -25,7 +25,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/peer_creds.h"
+#include "daemon/core/peer_creds.h"
 
 namespace grpc {
 class Server;

@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/due_task.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/due_task.h"
+#include "daemon/core/engine_util.h"
 
 namespace ckpt::daemon {
 

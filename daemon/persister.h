@@ -29,9 +29,9 @@
 #include <string>
 #include <thread>
 
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
-#include "daemon/clock.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
+#include "daemon/core/clock.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
-#include "daemon/clock.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
+#include "daemon/core/clock.h"
 #include "daemon/queue_testing.h"
 #include "tests/temp_dir.h"
 

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_image.h"

@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
-#include "daemon/clock.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
+#include "daemon/core/clock.h"
 #include "daemon/persister.h"
 #include "daemon/uploader.h"
 #include "manifest.pb.h"

@@ -21,9 +21,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
-#include "daemon/clock.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
+#include "daemon/core/clock.h"
 #include "daemon/queue_testing.h"
 #include "shm/arena.h"
 #include "storage/keys.h"

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 

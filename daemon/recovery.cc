@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"

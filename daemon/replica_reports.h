@@ -6,7 +6,7 @@
 #ifndef CKPT_DAEMON_REPLICA_REPORTS_H_
 #define CKPT_DAEMON_REPLICA_REPORTS_H_
 
-#include "daemon/engine_options.h"
+#include "daemon/core/engine_options.h"
 #include "daemon/replica_store.h"
 
 namespace ckpt::daemon {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "replica.grpc.pb.h"
 #include "util/status.h"
 #include "util/validate.h"

@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/replica_store.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"

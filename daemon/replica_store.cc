@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "shm/huge_pages.h"
 #include "storage/manifest.h"
 #include "storage/shard_image.h"

@@ -13,7 +13,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "util/status.h"

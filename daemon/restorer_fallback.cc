@@ -13,7 +13,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "daemon/restorer.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
 #include "daemon/job_table.h"
 #include "daemon/persister.h"
 #include "daemon/uploader.h"

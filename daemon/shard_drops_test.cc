@@ -19,8 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
 #include "daemon/job_table.h"
 #include "daemon/persister.h"
 #include "daemon/queue_testing.h"

@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/due_task.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/due_task.h"
+#include "daemon/core/engine_util.h"
 
 namespace ckpt::daemon {
 namespace {

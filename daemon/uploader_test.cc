@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/clock.h"
+#include "daemon/core/clock.h"
 #include "daemon/queue_testing.h"
 #include "tests/temp_dir.h"
 

@@ -17,7 +17,7 @@
 #include <iterator>
 #include <thread>
 
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/node_agent.h"
 #include "shm/arena.h"

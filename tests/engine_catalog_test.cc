@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"

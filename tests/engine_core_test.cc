@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"

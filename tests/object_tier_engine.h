@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"

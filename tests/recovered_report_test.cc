@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "coordinator/server_testing.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/node_agent.h"
 #include "shm/arena.h"

@@ -25,7 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "daemon/engine.h"
 #include "daemon/replica_bulk_client.h"
 #include "daemon/replica_client.h"

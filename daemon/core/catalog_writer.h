@@ -22,8 +22,8 @@
 // error, since its outcome is no longer known. The destructor writes what
 // is queued, then stops. Thread-safe; its mutex is never held across a
 // write, and the engine's state lock may be held by callers of Enqueue.
-#ifndef CKPT_DAEMON_CATALOG_WRITER_H_
-#define CKPT_DAEMON_CATALOG_WRITER_H_
+#ifndef CKPT_DAEMON_CORE_CATALOG_WRITER_H_
+#define CKPT_DAEMON_CORE_CATALOG_WRITER_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -33,7 +33,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 
 namespace ckpt::daemon {
 
@@ -94,4 +94,4 @@ class CatalogWriter {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_CATALOG_WRITER_H_
+#endif  // CKPT_DAEMON_CORE_CATALOG_WRITER_H_

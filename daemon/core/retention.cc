@@ -1,10 +1,10 @@
 // Retention decisions and the node manifest. See retention.h.
-#include "daemon/retention.h"
+#include "daemon/core/retention.h"
 
 #include <algorithm>
 #include <iterator>
 
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 #include "storage/manifest.h"
 
 namespace ckpt::daemon {

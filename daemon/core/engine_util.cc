@@ -1,4 +1,4 @@
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 
 #include <algorithm>
 #include <chrono>

@@ -5,8 +5,8 @@
 // The caller holds `lock` (the queue's mutex) and owns the queue; this only
 // picks, or sleeps on `cv` until the earliest task is due (or a Push/Stop
 // notifies). Not thread-safe by itself: it relies on the caller's lock.
-#ifndef CKPT_DAEMON_DUE_TASK_H_
-#define CKPT_DAEMON_DUE_TASK_H_
+#ifndef CKPT_DAEMON_CORE_DUE_TASK_H_
+#define CKPT_DAEMON_CORE_DUE_TASK_H_
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include <mutex>
 #include <optional>
 
-#include "daemon/clock.h"
+#include "daemon/core/clock.h"
 
 namespace ckpt::daemon {
 
@@ -58,4 +58,4 @@ std::optional<Task> TakeDueTask(const DaemonClock& clock,
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_DUE_TASK_H_
+#endif  // CKPT_DAEMON_CORE_DUE_TASK_H_

@@ -5,8 +5,8 @@
 // table; the Engine changes it, retention.h reads it.
 //
 // Thread-safety: none; callers hold the job table's lock (job_table.h).
-#ifndef CKPT_DAEMON_STEP_STATE_H_
-#define CKPT_DAEMON_STEP_STATE_H_
+#ifndef CKPT_DAEMON_CORE_STEP_STATE_H_
+#define CKPT_DAEMON_CORE_STEP_STATE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "catalog.pb.h"
-#include "daemon/shard_phase.h"
+#include "daemon/core/shard_phase.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
@@ -114,4 +114,4 @@ struct Step {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_STEP_STATE_H_
+#endif  // CKPT_DAEMON_CORE_STEP_STATE_H_

@@ -11,8 +11,8 @@
 // deadline, a ManualClock until notified or advanced past it.
 //
 // Thread-safety: every method is safe from any thread.
-#ifndef CKPT_DAEMON_CLOCK_H_
-#define CKPT_DAEMON_CLOCK_H_
+#ifndef CKPT_DAEMON_CORE_CLOCK_H_
+#define CKPT_DAEMON_CORE_CLOCK_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -76,4 +76,4 @@ class ManualClock : public DaemonClock {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_CLOCK_H_
+#endif  // CKPT_DAEMON_CORE_CLOCK_H_

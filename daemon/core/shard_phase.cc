@@ -1,11 +1,11 @@
 // The shard lifecycle's transitions and mappings. See shard_phase.h.
-#include "daemon/shard_phase.h"
+#include "daemon/core/shard_phase.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
-#include "daemon/step_state.h"
+#include "daemon/core/engine_util.h"
+#include "daemon/core/step_state.h"
 
 namespace ckpt::daemon {
 

@@ -21,8 +21,8 @@
 // The slot state mirrored into the arena, the catalog record's state and
 // the RPC's state are each a function of the phase below; nothing else
 // sets them. Thread-safety: plain functions.
-#ifndef CKPT_DAEMON_SHARD_PHASE_H_
-#define CKPT_DAEMON_SHARD_PHASE_H_
+#ifndef CKPT_DAEMON_CORE_SHARD_PHASE_H_
+#define CKPT_DAEMON_CORE_SHARD_PHASE_H_
 
 #include "catalog.pb.h"
 #include "ckpt.pb.h"
@@ -57,4 +57,4 @@ v1::ShardState RpcStateOf(ShardPhase phase);
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_SHARD_PHASE_H_
+#endif  // CKPT_DAEMON_CORE_SHARD_PHASE_H_

@@ -1,7 +1,7 @@
 // Small helpers shared by the engine's files: the conversion between the
 // RPC's tensor index and the shard format's (and util/log.h's logging).
-#ifndef CKPT_DAEMON_ENGINE_UTIL_H_
-#define CKPT_DAEMON_ENGINE_UTIL_H_
+#ifndef CKPT_DAEMON_CORE_ENGINE_UTIL_H_
+#define CKPT_DAEMON_CORE_ENGINE_UTIL_H_
 
 #include <string>
 #include <vector>
@@ -38,4 +38,4 @@ void ToTensorMetas(const storage::ShardInfo& info,
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_ENGINE_UTIL_H_
+#endif  // CKPT_DAEMON_CORE_ENGINE_UTIL_H_

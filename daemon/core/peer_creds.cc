@@ -1,4 +1,4 @@
-#include "daemon/peer_creds.h"
+#include "daemon/core/peer_creds.h"
 
 #include <fcntl.h>
 #include <time.h>

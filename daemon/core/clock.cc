@@ -1,5 +1,5 @@
 // The real and the manual clock. See clock.h.
-#include "daemon/clock.h"
+#include "daemon/core/clock.h"
 
 #include <algorithm>
 

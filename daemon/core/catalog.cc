@@ -1,4 +1,4 @@
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -20,8 +20,8 @@
 // source may take the engine's mutex, so the engine must not call
 // SetSnapshotSource with its own mutex held (it does so only in Open and in
 // its destructor).
-#ifndef CKPT_DAEMON_METRICS_H_
-#define CKPT_DAEMON_METRICS_H_
+#ifndef CKPT_DAEMON_CORE_METRICS_H_
+#define CKPT_DAEMON_CORE_METRICS_H_
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
@@ -144,4 +144,4 @@ class DaemonMetrics : public prometheus::Collectable {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_METRICS_H_
+#endif  // CKPT_DAEMON_CORE_METRICS_H_

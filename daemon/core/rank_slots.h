@@ -14,8 +14,8 @@
 // (job, rank), and its lock is held around every use; an arena is created
 // or grown with the lock released while `creating` makes other requests
 // for the rank wait.
-#ifndef CKPT_DAEMON_RANK_SLOTS_H_
-#define CKPT_DAEMON_RANK_SLOTS_H_
+#ifndef CKPT_DAEMON_CORE_RANK_SLOTS_H_
+#define CKPT_DAEMON_CORE_RANK_SLOTS_H_
 
 #include <sys/types.h>
 
@@ -116,4 +116,4 @@ class RankSlots {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_RANK_SLOTS_H_
+#endif  // CKPT_DAEMON_CORE_RANK_SLOTS_H_

@@ -1,5 +1,5 @@
 // One rank's slots and the slot policy. See rank_slots.h.
-#include "daemon/rank_slots.h"
+#include "daemon/core/rank_slots.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,8 +1,8 @@
 // The Engine's options (EngineOptions), what it reports to the
 // coordinator (ShardReport, FallbackReport) and its watchdog counters
 // (EngineProgress). Plain data.
-#ifndef CKPT_DAEMON_ENGINE_OPTIONS_H_
-#define CKPT_DAEMON_ENGINE_OPTIONS_H_
+#ifndef CKPT_DAEMON_CORE_ENGINE_OPTIONS_H_
+#define CKPT_DAEMON_CORE_ENGINE_OPTIONS_H_
 
 #include <chrono>
 #include <cstdint>
@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
-#include "daemon/clock.h"
-#include "daemon/metrics.h"
+#include "daemon/core/clock.h"
+#include "daemon/core/metrics.h"
 
 namespace ckpt::daemon {
 
@@ -127,4 +127,4 @@ struct EngineProgress {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_ENGINE_OPTIONS_H_
+#endif  // CKPT_DAEMON_CORE_ENGINE_OPTIONS_H_

@@ -1,7 +1,7 @@
 // LeaseTable alone: leases found only by their own (job, rank, kind), a
 // lease refused for a caller that has exited, holders seen to die through
 // their pidfds, and FILE restores' keys.
-#include "daemon/lease_table.h"
+#include "daemon/core/lease_table.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -3,8 +3,8 @@
 // tells a live holder from a pid reused since. Plain data and two clock
 // reads, so that the job table and the node agent, which only need to know
 // who a caller is, do not depend on the listener and its gRPC server.
-#ifndef CKPT_DAEMON_PEER_CREDS_H_
-#define CKPT_DAEMON_PEER_CREDS_H_
+#ifndef CKPT_DAEMON_CORE_PEER_CREDS_H_
+#define CKPT_DAEMON_CORE_PEER_CREDS_H_
 
 #include <sys/types.h>
 
@@ -31,4 +31,4 @@ int64_t ProcessStartMs(pid_t pid);
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PEER_CREDS_H_
+#endif  // CKPT_DAEMON_CORE_PEER_CREDS_H_

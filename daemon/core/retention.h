@@ -1,6 +1,6 @@
 // Retention: which steps of a job are whole, which are durable, which ones
 // the engine may drop, and what this node's manifest of a step says. Pure
-// functions over the engine's step table (daemon/step_state.h): they read
+// functions over the engine's step table (daemon/core/step_state.h): they read
 // it and decide, and the Engine applies the decision (drops the shards,
 // queues the manifest write and the deletes).
 //
@@ -11,8 +11,8 @@
 //
 // Thread-safety: the functions keep no state; callers hold the job table's lock
 // while the step table they pass can change.
-#ifndef CKPT_DAEMON_RETENTION_H_
-#define CKPT_DAEMON_RETENTION_H_
+#ifndef CKPT_DAEMON_CORE_RETENTION_H_
+#define CKPT_DAEMON_CORE_RETENTION_H_
 
 #include <cstdint>
 #include <map>
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/step_state.h"
+#include "daemon/core/step_state.h"
 #include "manifest.pb.h"
 
 namespace ckpt::daemon {
@@ -101,4 +101,4 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job,
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_RETENTION_H_
+#endif  // CKPT_DAEMON_CORE_RETENTION_H_

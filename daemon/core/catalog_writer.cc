@@ -1,10 +1,10 @@
 // The catalog's group writer. See catalog_writer.h.
-#include "daemon/catalog_writer.h"
+#include "daemon/core/catalog_writer.h"
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
+#include "daemon/core/engine_util.h"
 
 namespace ckpt::daemon {
 

@@ -4,8 +4,8 @@
 // with its tensor index and checksums, and the deletes the daemon still
 // owes storage. It is what a restarted daemon recovers from. Thread-safe
 // (RocksDB is).
-#ifndef CKPT_DAEMON_CATALOG_H_
-#define CKPT_DAEMON_CATALOG_H_
+#ifndef CKPT_DAEMON_CORE_CATALOG_H_
+#define CKPT_DAEMON_CORE_CATALOG_H_
 
 #include <atomic>
 #include <cstdint>
@@ -132,4 +132,4 @@ class Catalog {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_CATALOG_H_
+#endif  // CKPT_DAEMON_CORE_CATALOG_H_

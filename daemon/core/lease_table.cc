@@ -1,5 +1,5 @@
 // The lease table. See lease_table.h.
-#include "daemon/lease_table.h"
+#include "daemon/core/lease_table.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -11,8 +11,8 @@
 //
 // Thread-safety: none of its own; it is part of the JobTable
 // (job_table.h), whose lock its caller holds around every call.
-#ifndef CKPT_DAEMON_LEASE_TABLE_H_
-#define CKPT_DAEMON_LEASE_TABLE_H_
+#ifndef CKPT_DAEMON_CORE_LEASE_TABLE_H_
+#define CKPT_DAEMON_CORE_LEASE_TABLE_H_
 
 #include <sys/types.h>
 
@@ -82,4 +82,4 @@ class LeaseTable {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_LEASE_TABLE_H_
+#endif  // CKPT_DAEMON_CORE_LEASE_TABLE_H_

@@ -19,8 +19,8 @@
 
 #include "daemon/core/catalog.h"
 #include "daemon/core/engine_options.h"
-#include "daemon/persister.h"
-#include "daemon/uploader.h"
+#include "daemon/pipeline/persister.h"
+#include "daemon/pipeline/uploader.h"
 
 namespace ckpt::daemon {
 

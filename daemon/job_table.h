@@ -62,7 +62,7 @@
 #include "daemon/core/retention.h"
 #include "daemon/core/step_state.h"
 #include "daemon/effects.h"
-#include "daemon/pipeline.h"
+#include "daemon/pipeline/pipeline.h"
 
 namespace ckpt::daemon {
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "daemon/node_state.h"
-#include "daemon/pipeline.h"
+#include "daemon/pipeline/pipeline.h"
 
 namespace ckpt::daemon {
 

@@ -32,8 +32,8 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/job_table.h"
-#include "daemon/persister.h"
-#include "daemon/uploader.h"
+#include "daemon/pipeline/persister.h"
+#include "daemon/pipeline/uploader.h"
 
 namespace ckpt::daemon {
 

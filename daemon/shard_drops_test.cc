@@ -22,9 +22,9 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/job_table.h"
-#include "daemon/persister.h"
-#include "daemon/queue_testing.h"
-#include "daemon/uploader.h"
+#include "daemon/pipeline/persister.h"
+#include "daemon/pipeline/queue_testing.h"
+#include "daemon/pipeline/uploader.h"
 #include "storage/keys.h"
 #include "tests/temp_dir.h"
 

@@ -15,8 +15,8 @@
 // Thread-safety: every method is safe from any thread and takes only this
 // queue's own lock; none may be called with a lock the queue's work needs
 // (it needs none but its own). The destructor finishes what is queued.
-#ifndef CKPT_DAEMON_ARENA_DROPS_H_
-#define CKPT_DAEMON_ARENA_DROPS_H_
+#ifndef CKPT_DAEMON_PIPELINE_ARENA_DROPS_H_
+#define CKPT_DAEMON_PIPELINE_ARENA_DROPS_H_
 
 #include <condition_variable>
 #include <deque>
@@ -70,4 +70,4 @@ class ArenaDrops {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_ARENA_DROPS_H_
+#endif  // CKPT_DAEMON_PIPELINE_ARENA_DROPS_H_

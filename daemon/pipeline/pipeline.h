@@ -14,8 +14,8 @@
 //
 // Thread-safety: as the Persister's and the Uploader's; the PipelineState
 // methods are called from their threads without the state lock held.
-#ifndef CKPT_DAEMON_PIPELINE_H_
-#define CKPT_DAEMON_PIPELINE_H_
+#ifndef CKPT_DAEMON_PIPELINE_PIPELINE_H_
+#define CKPT_DAEMON_PIPELINE_PIPELINE_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -30,8 +30,8 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/core/clock.h"
-#include "daemon/persister.h"
-#include "daemon/uploader.h"
+#include "daemon/pipeline/persister.h"
+#include "daemon/pipeline/uploader.h"
 #include "manifest.pb.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
@@ -137,4 +137,4 @@ class PersistPipeline {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PIPELINE_H_
+#endif  // CKPT_DAEMON_PIPELINE_PIPELINE_H_

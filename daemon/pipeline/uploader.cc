@@ -1,5 +1,5 @@
 // The object tier's queue and threads. See uploader.h.
-#include "daemon/uploader.h"
+#include "daemon/pipeline/uploader.h"
 
 #include <algorithm>
 #include <set>

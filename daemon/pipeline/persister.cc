@@ -1,5 +1,5 @@
 // The persist queue and its thread. See persister.h.
-#include "daemon/persister.h"
+#include "daemon/pipeline/persister.h"
 
 #include <algorithm>
 

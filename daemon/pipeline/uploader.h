@@ -23,8 +23,8 @@
 // has its own mutex, never held while a task runs. Lock order: the engine
 // may call Push with its mutex held; `run` takes the engine mutex, and is
 // called without the uploader's.
-#ifndef CKPT_DAEMON_UPLOADER_H_
-#define CKPT_DAEMON_UPLOADER_H_
+#ifndef CKPT_DAEMON_PIPELINE_UPLOADER_H_
+#define CKPT_DAEMON_PIPELINE_UPLOADER_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -142,4 +142,4 @@ class Uploader {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_UPLOADER_H_
+#endif  // CKPT_DAEMON_PIPELINE_UPLOADER_H_

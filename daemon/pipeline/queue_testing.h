@@ -2,8 +2,8 @@
 // pipeline, shard drops): an event log a test waits on, and a real
 // backend wrapped to record its deletes and writes into it and to fail
 // the ones a test names. Test-only; thread-safe.
-#ifndef CKPT_DAEMON_QUEUE_TESTING_H_
-#define CKPT_DAEMON_QUEUE_TESTING_H_
+#ifndef CKPT_DAEMON_PIPELINE_QUEUE_TESTING_H_
+#define CKPT_DAEMON_PIPELINE_QUEUE_TESTING_H_
 
 #include <algorithm>
 #include <memory>
@@ -104,4 +104,4 @@ inline bool Exists(storage::Backend& b, const std::string& key) {
 
 }  // namespace ckpt::daemon::testing
 
-#endif  // CKPT_DAEMON_QUEUE_TESTING_H_
+#endif  // CKPT_DAEMON_PIPELINE_QUEUE_TESTING_H_

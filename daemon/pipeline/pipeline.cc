@@ -1,6 +1,6 @@
 // The persistence pipeline's stages and their I/O. See pipeline.h; the
 // tiers are described in doc/object-tier.md.
-#include "daemon/pipeline.h"
+#include "daemon/pipeline/pipeline.h"
 
 #include <sys/mman.h>
 

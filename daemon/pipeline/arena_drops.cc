@@ -1,5 +1,5 @@
 // The queue of dropped arenas and its thread. See arena_drops.h.
-#include "daemon/arena_drops.h"
+#include "daemon/pipeline/arena_drops.h"
 
 #include <string>
 #include <utility>

@@ -4,7 +4,7 @@
 // injected clock; a delete forgets its intent in a real catalog once done,
 // and a failed one leaves the intent for the next start; Stop keeps what
 // is queued.
-#include "daemon/persister.h"
+#include "daemon/pipeline/persister.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/core/clock.h"
-#include "daemon/queue_testing.h"
+#include "daemon/pipeline/queue_testing.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::daemon {

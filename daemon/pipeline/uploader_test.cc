@@ -4,7 +4,7 @@
 // keeping its place, while other keys go ahead; a delete of several keys
 // stops at the first failure and its retry deletes only the rest; the
 // backlog counts queued shards until they are done.
-#include "daemon/uploader.h"
+#include "daemon/pipeline/uploader.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/core/clock.h"
-#include "daemon/queue_testing.h"
+#include "daemon/pipeline/queue_testing.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::daemon {

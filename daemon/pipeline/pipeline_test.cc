@@ -6,7 +6,7 @@
 // file sends the verified bytes to the object store (a second real
 // backend) and records them, and a local file that changed is refused and
 // retried. Real arenas, the real io_uring queue.
-#include "daemon/pipeline.h"
+#include "daemon/pipeline/pipeline.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,7 +24,7 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/core/clock.h"
-#include "daemon/queue_testing.h"
+#include "daemon/pipeline/queue_testing.h"
 #include "shm/arena.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"

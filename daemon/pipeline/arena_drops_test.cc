@@ -3,7 +3,7 @@
 // name (when asked); AwaitUnlinked holds a creator back while an unlink of
 // its name is queued; a drop without unlink leaves the name; the
 // destructor finishes what is queued.
-#include "daemon/arena_drops.h"
+#include "daemon/pipeline/arena_drops.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/queue_testing.h"
+#include "daemon/pipeline/queue_testing.h"
 #include "shm/arena.h"
 #include "tests/temp_dir.h"
 

@@ -16,8 +16,8 @@
 // and its tasks run with no lock of the persister held). progress() and
 // running() are lock-free, for the service watchdog: they must answer even
 // while the thread (or whoever holds a lock) is wedged.
-#ifndef CKPT_DAEMON_PERSISTER_H_
-#define CKPT_DAEMON_PERSISTER_H_
+#ifndef CKPT_DAEMON_PIPELINE_PERSISTER_H_
+#define CKPT_DAEMON_PIPELINE_PERSISTER_H_
 
 #include <atomic>
 #include <chrono>
@@ -120,4 +120,4 @@ class Persister {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PERSISTER_H_
+#endif  // CKPT_DAEMON_PIPELINE_PERSISTER_H_

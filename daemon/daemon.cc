@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
 #include "daemon/health.h"
-#include "daemon/replica_reports.h"
+#include "daemon/replica/replica_reports.h"
 #include "daemon/watchdog.h"
 #include "storage/open_backend.h"
 #include "util/status.h"

@@ -60,9 +60,9 @@
 #include "daemon/core/engine_options.h"
 #include "daemon/node_state.h"
 #include "daemon/pipeline_view.h"
+#include "daemon/replica/staged_shards.h"
 #include "daemon/replica_source.h"
 #include "daemon/restorer.h"
-#include "daemon/staged_shards.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {

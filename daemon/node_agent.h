@@ -63,10 +63,10 @@
 #include "daemon/beacons.h"
 #include "daemon/engine.h"
 #include "daemon/net_probe.h"
-#include "daemon/node_replicas.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_store.h"
-#include "daemon/replicator.h"
+#include "daemon/replica/node_replicas.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_store.h"
+#include "daemon/replica/replicator.h"
 
 namespace grpc {
 class ClientContext;

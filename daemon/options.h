@@ -11,7 +11,7 @@
 #include "daemon/health.h"
 #include "daemon/node_agent.h"
 #include "daemon/peer_listener.h"
-#include "daemon/replica_options.h"
+#include "daemon/replica/replica_options.h"
 #include "storage/backend.h"
 #include "storage/object_backend.h"
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/replica_client.h"
-#include "daemon/replica_service.h"
+#include "daemon/replica/replica_client.h"
+#include "daemon/replica/replica_service.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

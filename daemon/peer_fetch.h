@@ -24,8 +24,8 @@
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
 #include "daemon/engine.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_store.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_store.h"
 
 namespace ckpt::daemon {
 

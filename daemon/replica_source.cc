@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/replica_store.h"
+#include "daemon/replica/replica_store.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "util/status.h"

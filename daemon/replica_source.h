@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/node_state.h"
-#include "daemon/staged_shards.h"
+#include "daemon/replica/staged_shards.h"
 #include "replica.pb.h"
 
 namespace ckpt::daemon {

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "daemon/peer_fetch.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_bulk_wire.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_bulk_wire.h"
 #include "storage/manifest.h"
 #include "tests/replica_fixture.h"
 #include "tests/test_util.h"

@@ -1,5 +1,5 @@
 // Put, Get and the sender's rate limit (replica_client.h).
-#include "daemon/replica_client.h"
+#include "daemon/replica/replica_client.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/replica_service.h"
+#include "daemon/replica/replica_service.h"
 #include "replica.grpc.pb.h"
 
 namespace ckpt::daemon {

@@ -1,5 +1,5 @@
 // ckptd's replica flags (replica_options.h).
-#include "daemon/replica_options.h"
+#include "daemon/replica/replica_options.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -1,7 +1,7 @@
 // --replica-transport (doc/replicas.md "Transport"): how a node sends and
 // fetches replicas (replica_bulk_client.h); a holder serves both.
-#ifndef CKPT_DAEMON_REPLICA_TRANSPORT_H_
-#define CKPT_DAEMON_REPLICA_TRANSPORT_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_TRANSPORT_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_TRANSPORT_H_
 
 #include <string>
 #include <string_view>
@@ -32,4 +32,4 @@ inline const char* ReplicaTransportName(ReplicaTransport t) {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_TRANSPORT_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_TRANSPORT_H_

@@ -13,8 +13,8 @@
 // Both verify the same way: a put is kept only once the holder verified it
 // against the checksums the offer named; a get is verified by the caller
 // (VerifyReplicaImage). Functions; thread-safe.
-#ifndef CKPT_DAEMON_REPLICA_BULK_CLIENT_H_
-#define CKPT_DAEMON_REPLICA_BULK_CLIENT_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_BULK_CLIENT_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_BULK_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -23,8 +23,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "daemon/replica_client.h"
-#include "daemon/replica_transport.h"
+#include "daemon/replica/replica_client.h"
+#include "daemon/replica/replica_transport.h"
 #include "replica.pb.h"
 
 namespace ckpt::daemon {
@@ -45,4 +45,4 @@ namespace ckpt::daemon {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_BULK_CLIENT_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_BULK_CLIENT_H_

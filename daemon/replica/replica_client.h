@@ -3,8 +3,8 @@
 // (replica_service.h), and the rate limit a sender keeps
 // (--replica-bandwidth). Functions and a small class; see each for its
 // thread-safety.
-#ifndef CKPT_DAEMON_REPLICA_CLIENT_H_
-#define CKPT_DAEMON_REPLICA_CLIENT_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_CLIENT_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -93,4 +93,4 @@ struct PutOptions {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_CLIENT_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_CLIENT_H_

@@ -23,8 +23,8 @@
 //
 // Thread-safety: all methods are safe to call concurrently; the mutex is
 // never held across a transfer or a call into StagedShards.
-#ifndef CKPT_DAEMON_REPLICATOR_H_
-#define CKPT_DAEMON_REPLICATOR_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICATOR_H_
+#define CKPT_DAEMON_REPLICA_REPLICATOR_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -40,9 +40,9 @@
 #include <utility>
 
 #include "coordinator/client/tls.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_client.h"
-#include "daemon/staged_shards.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_client.h"
+#include "daemon/replica/staged_shards.h"
 
 namespace ckpt::daemon {
 
@@ -146,4 +146,4 @@ class Replicator {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICATOR_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICATOR_H_

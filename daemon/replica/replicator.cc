@@ -1,11 +1,11 @@
 // Replicator (replicator.h): the replicate stage's queue and thread.
-#include "daemon/replicator.h"
+#include "daemon/replica/replicator.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/replica_service.h"
+#include "daemon/replica/replica_service.h"
 #include "util/thread_priority.h"
 
 namespace ckpt::daemon {

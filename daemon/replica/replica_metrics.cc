@@ -1,5 +1,5 @@
 // ReplicaMetrics (replica_metrics.h).
-#include "daemon/replica_metrics.h"
+#include "daemon/replica/replica_metrics.h"
 
 #include <string>
 

@@ -1,6 +1,6 @@
 // ReplicaStore (replica_store.h): the holder's copies, their budget and
 // their verification.
-#include "daemon/replica_store.h"
+#include "daemon/replica/replica_store.h"
 
 #include <sys/mman.h>
 

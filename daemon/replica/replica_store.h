@@ -38,8 +38,8 @@
 // Thread-safety: all methods are safe to call concurrently; the store's
 // mutex guards bookkeeping only, never held while bytes are copied or
 // verified.
-#ifndef CKPT_DAEMON_REPLICA_STORE_H_
-#define CKPT_DAEMON_REPLICA_STORE_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_STORE_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_STORE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -184,4 +184,4 @@ class ReplicaStore {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_STORE_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_STORE_H_

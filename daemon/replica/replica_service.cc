@@ -1,5 +1,5 @@
 // ReplicaServer (replica_service.h): Put and Get on the replica listener.
-#include "daemon/replica_service.h"
+#include "daemon/replica/replica_service.h"
 
 #include <grpcpp/security/auth_context.h>
 

@@ -5,8 +5,8 @@
 // they are attached once made and detached before they go. Thread-safe:
 // Collect holds its own mutex (which Detach waits for) and takes only the
 // store's and the stage's own locks.
-#ifndef CKPT_DAEMON_REPLICA_METRICS_H_
-#define CKPT_DAEMON_REPLICA_METRICS_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_METRICS_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_METRICS_H_
 
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
@@ -15,8 +15,8 @@
 #include <mutex>
 #include <vector>
 
-#include "daemon/replica_store.h"
-#include "daemon/replicator.h"
+#include "daemon/replica/replica_store.h"
+#include "daemon/replica/replicator.h"
 
 namespace ckpt::daemon {
 
@@ -38,4 +38,4 @@ class ReplicaMetrics : public prometheus::Collectable {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_METRICS_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_METRICS_H_

@@ -7,8 +7,8 @@
 // meanwhile (the read is then discarded), as an upload from a slot does.
 //
 // Thread-safety: implementations are safe to call concurrently.
-#ifndef CKPT_DAEMON_STAGED_SHARDS_H_
-#define CKPT_DAEMON_STAGED_SHARDS_H_
+#ifndef CKPT_DAEMON_REPLICA_STAGED_SHARDS_H_
+#define CKPT_DAEMON_REPLICA_STAGED_SHARDS_H_
 
 #include <cstdint>
 #include <memory>
@@ -45,4 +45,4 @@ class StagedShards {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_STAGED_SHARDS_H_
+#endif  // CKPT_DAEMON_REPLICA_STAGED_SHARDS_H_

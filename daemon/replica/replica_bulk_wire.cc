@@ -1,5 +1,5 @@
 // The bulk path's wire (replica_bulk_wire.h).
-#include "daemon/replica_bulk_wire.h"
+#include "daemon/replica/replica_bulk_wire.h"
 
 #include <netdb.h>
 #include <netinet/in.h>

@@ -3,11 +3,11 @@
 // once a copy verified and is kept, and a withdrawal (REPLICATED, failed)
 // once it is dropped (replaced by a newer copy, or given up for room), so
 // that no plan names a copy the holder no longer has.
-#ifndef CKPT_DAEMON_REPLICA_REPORTS_H_
-#define CKPT_DAEMON_REPLICA_REPORTS_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_REPORTS_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_REPORTS_H_
 
 #include "daemon/core/engine_options.h"
-#include "daemon/replica_store.h"
+#include "daemon/replica/replica_store.h"
 
 namespace ckpt::daemon {
 
@@ -44,4 +44,4 @@ inline ShardReport ReplicaWithdrawalOf(const replica::v1::ShardCopy& copy) {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_REPORTS_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_REPORTS_H_

@@ -1,5 +1,5 @@
 // The replica transport's caller side (replica_bulk_client.h).
-#include "daemon/replica_bulk_client.h"
+#include "daemon/replica/replica_bulk_client.h"
 
 #include <unistd.h>
 
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/replica_bulk_wire.h"
-#include "daemon/replica_client.h"
+#include "daemon/replica/replica_bulk_wire.h"
+#include "daemon/replica/replica_client.h"
 #include "replica.grpc.pb.h"
 #include "util/status.h"
 

@@ -15,8 +15,8 @@
 // Thread-safety: BulkTokens is thread-safe; BulkListener runs an accept
 // thread and one thread per connection (at most max_connections), and
 // Shutdown waits for them.
-#ifndef CKPT_DAEMON_REPLICA_BULK_H_
-#define CKPT_DAEMON_REPLICA_BULK_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_BULK_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_BULK_H_
 
 #include <atomic>
 #include <chrono>
@@ -31,7 +31,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/replica_bulk_wire.h"
+#include "daemon/replica/replica_bulk_wire.h"
 
 namespace ckpt::daemon {
 
@@ -130,4 +130,4 @@ class BulkListener {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_BULK_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_BULK_H_

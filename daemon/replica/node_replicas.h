@@ -4,16 +4,16 @@
 // copies and hands what it fetched on to the replicate stage. The daemon
 // (daemon.h) implements it over its Replicator and ReplicaStore, both made
 // before the agent starts, so nothing is bound late.
-#ifndef CKPT_DAEMON_NODE_REPLICAS_H_
-#define CKPT_DAEMON_NODE_REPLICAS_H_
+#ifndef CKPT_DAEMON_REPLICA_NODE_REPLICAS_H_
+#define CKPT_DAEMON_REPLICA_NODE_REPLICAS_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "daemon/replica_store.h"
-#include "daemon/replicator.h"
+#include "daemon/replica/replica_store.h"
+#include "daemon/replica/replicator.h"
 
 namespace ckpt::daemon {
 
@@ -37,4 +37,4 @@ class NodeReplicas {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_NODE_REPLICAS_H_
+#endif  // CKPT_DAEMON_REPLICA_NODE_REPLICAS_H_

@@ -1,5 +1,5 @@
 // The bulk path's tokens and listener (replica_bulk.h).
-#include "daemon/replica_bulk.h"
+#include "daemon/replica/replica_bulk.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -17,8 +17,8 @@
 // message's length (at most kMaxBulkMessage), the digest, 8 reserved zero
 // bytes; then the message. Every field read from a socket is checked, a
 // refusal names it. Free functions, thread-compatible.
-#ifndef CKPT_DAEMON_REPLICA_BULK_WIRE_H_
-#define CKPT_DAEMON_REPLICA_BULK_WIRE_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_BULK_WIRE_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_BULK_WIRE_H_
 
 #include <array>
 #include <atomic>
@@ -92,4 +92,4 @@ void PrepareBulkSocket(int fd);
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_BULK_WIRE_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_BULK_WIRE_H_

@@ -20,8 +20,8 @@
 //
 // Thread-safety: gRPC's threads call the handlers; everything they share
 // is the store's (thread-safe) and the StagedShards' (thread-safe).
-#ifndef CKPT_DAEMON_REPLICA_SERVICE_H_
-#define CKPT_DAEMON_REPLICA_SERVICE_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_SERVICE_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -32,9 +32,9 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/client/tls.h"
-#include "daemon/replica_bulk.h"
-#include "daemon/replica_store.h"
-#include "daemon/staged_shards.h"
+#include "daemon/replica/replica_bulk.h"
+#include "daemon/replica/replica_store.h"
+#include "daemon/replica/staged_shards.h"
 
 namespace ckpt::daemon {
 
@@ -86,4 +86,4 @@ class ReplicaServer {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_SERVICE_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_SERVICE_H_

@@ -1,8 +1,8 @@
 // ckptd's peer-replica settings (doc/replicas.md): the flags, their
 // checks, and where they go. Filled in one place with the rest of ckptd's
 // options (options.cc calls these).
-#ifndef CKPT_DAEMON_REPLICA_OPTIONS_H_
-#define CKPT_DAEMON_REPLICA_OPTIONS_H_
+#ifndef CKPT_DAEMON_REPLICA_REPLICA_OPTIONS_H_
+#define CKPT_DAEMON_REPLICA_REPLICA_OPTIONS_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "daemon/replica_transport.h"
-#include "daemon/replicator.h"
+#include "daemon/replica/replica_transport.h"
+#include "daemon/replica/replicator.h"
 #include "util/config_file.h"
 
 namespace ckpt::daemon {
@@ -53,4 +53,4 @@ void AddReplicaFlags(CLI::App& app, ReplicaOptions& o, std::string& target);
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_OPTIONS_H_
+#endif  // CKPT_DAEMON_REPLICA_REPLICA_OPTIONS_H_

@@ -58,11 +58,11 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/core/engine_options.h"
-#include "daemon/node_state.h"
 #include "daemon/pipeline_view.h"
 #include "daemon/replica/staged_shards.h"
 #include "daemon/replica_source.h"
 #include "daemon/restorer.h"
+#include "daemon/state/node_state.h"
 #include "storage/backend.h"
 
 namespace ckpt::daemon {

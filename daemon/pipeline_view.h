@@ -15,8 +15,8 @@
 #include <optional>
 #include <string>
 
-#include "daemon/node_state.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/state/node_state.h"
 
 namespace ckpt::daemon {
 

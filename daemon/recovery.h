@@ -9,7 +9,7 @@
 #define CKPT_DAEMON_RECOVERY_H_
 
 #include "absl/status/status.h"
-#include "daemon/node_state.h"
+#include "daemon/state/node_state.h"
 
 namespace ckpt::daemon {
 

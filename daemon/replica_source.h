@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/node_state.h"
 #include "daemon/replica/staged_shards.h"
+#include "daemon/state/node_state.h"
 #include "replica.pb.h"
 
 namespace ckpt::daemon {

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
-#include "daemon/node_state.h"
+#include "daemon/state/node_state.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {

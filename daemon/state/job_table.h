@@ -38,8 +38,8 @@
 //   kReaper   the lease reaper's tick cut short (stopping).
 // The persistence pipeline's queues have locks of their own (persister.h,
 // uploader.h), taken after this one when a change queues work.
-#ifndef CKPT_DAEMON_JOB_TABLE_H_
-#define CKPT_DAEMON_JOB_TABLE_H_
+#ifndef CKPT_DAEMON_STATE_JOB_TABLE_H_
+#define CKPT_DAEMON_STATE_JOB_TABLE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -61,8 +61,8 @@
 #include "daemon/core/rank_slots.h"
 #include "daemon/core/retention.h"
 #include "daemon/core/step_state.h"
-#include "daemon/effects.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/state/effects.h"
 
 namespace ckpt::daemon {
 
@@ -387,4 +387,4 @@ class JobTable {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_JOB_TABLE_H_
+#endif  // CKPT_DAEMON_STATE_JOB_TABLE_H_

@@ -1,6 +1,6 @@
 // NodeState: executing the job table's effects, the reports' outbox, the
 // end of a lease and of an idle job, and the gauges. See node_state.h.
-#include "daemon/node_state.h"
+#include "daemon/state/node_state.h"
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"

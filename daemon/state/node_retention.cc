@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/retention.h"
-#include "daemon/node_state.h"
+#include "daemon/state/node_state.h"
 
 namespace ckpt::daemon {
 

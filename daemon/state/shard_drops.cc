@@ -1,5 +1,5 @@
 // Dropping shards and the deletes owed to storage. See shard_drops.h.
-#include "daemon/shard_drops.h"
+#include "daemon/state/shard_drops.h"
 
 #include <utility>
 

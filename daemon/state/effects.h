@@ -10,8 +10,8 @@
 // order of the changes; it pushes the tasks, delivers the reports and
 // wakes the waiters once the lock is released (NodeState::Apply,
 // NodeState::Perform). Plain data.
-#ifndef CKPT_DAEMON_EFFECTS_H_
-#define CKPT_DAEMON_EFFECTS_H_
+#ifndef CKPT_DAEMON_STATE_EFFECTS_H_
+#define CKPT_DAEMON_STATE_EFFECTS_H_
 
 #include <cstdint>
 #include <string>
@@ -52,4 +52,4 @@ struct Effects {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_EFFECTS_H_
+#endif  // CKPT_DAEMON_STATE_EFFECTS_H_

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "daemon/core/engine_util.h"
-#include "daemon/job_table.h"
+#include "daemon/state/job_table.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"

@@ -20,8 +20,8 @@
 // lock held, and asserts it (JobTable::AssertHeld) (it queues into the
 // persister and uploader, whose locks come after it); Recover runs once at
 // start, before the pipeline starts.
-#ifndef CKPT_DAEMON_SHARD_DROPS_H_
-#define CKPT_DAEMON_SHARD_DROPS_H_
+#ifndef CKPT_DAEMON_STATE_SHARD_DROPS_H_
+#define CKPT_DAEMON_STATE_SHARD_DROPS_H_
 
 #include <cstdint>
 #include <optional>
@@ -31,9 +31,9 @@
 #include "absl/status/status.h"
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
-#include "daemon/job_table.h"
 #include "daemon/pipeline/persister.h"
 #include "daemon/pipeline/uploader.h"
+#include "daemon/state/job_table.h"
 
 namespace ckpt::daemon {
 
@@ -110,4 +110,4 @@ class ShardDrops {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_SHARD_DROPS_H_
+#endif  // CKPT_DAEMON_STATE_SHARD_DROPS_H_

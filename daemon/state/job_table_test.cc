@@ -5,7 +5,7 @@
 // the coordinator, the deletes owed, the decisions left to the executor
 // and whom to wake. No Engine, no thread: `now` is passed in, read from a
 // ManualClock as the Engine reads its injected clock.
-#include "daemon/job_table.h"
+#include "daemon/state/job_table.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

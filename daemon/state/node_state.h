@@ -19,8 +19,8 @@
 // have their own locks, taken after the table's and never held while they
 // call out. The pointers are set by Wire, before any other thread exists,
 // and never change after.
-#ifndef CKPT_DAEMON_NODE_STATE_H_
-#define CKPT_DAEMON_NODE_STATE_H_
+#ifndef CKPT_DAEMON_STATE_NODE_STATE_H_
+#define CKPT_DAEMON_STATE_NODE_STATE_H_
 
 #include <atomic>
 #include <chrono>
@@ -38,12 +38,12 @@
 #include "daemon/core/engine_options.h"
 #include "daemon/core/metrics.h"
 #include "daemon/core/rank_slots.h"
-#include "daemon/effects.h"
-#include "daemon/job_table.h"
 #include "daemon/pipeline/arena_drops.h"
 #include "daemon/pipeline/pipeline.h"
-#include "daemon/prefaulter.h"
-#include "daemon/shard_drops.h"
+#include "daemon/state/effects.h"
+#include "daemon/state/job_table.h"
+#include "daemon/state/prefaulter.h"
+#include "daemon/state/shard_drops.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
 
@@ -243,4 +243,4 @@ class NodeState {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_NODE_STATE_H_
+#endif  // CKPT_DAEMON_STATE_NODE_STATE_H_

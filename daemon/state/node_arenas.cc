@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/node_state.h"
+#include "daemon/state/node_state.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

@@ -18,8 +18,8 @@
 // RecordPrefaulted) with no lock of its own held. The destructor drops
 // what is still queued and joins the thread (callers must not hold the
 // table's lock).
-#ifndef CKPT_DAEMON_PREFAULTER_H_
-#define CKPT_DAEMON_PREFAULTER_H_
+#ifndef CKPT_DAEMON_STATE_PREFAULTER_H_
+#define CKPT_DAEMON_STATE_PREFAULTER_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -29,7 +29,7 @@
 #include <thread>
 #include <utility>
 
-#include "daemon/job_table.h"
+#include "daemon/state/job_table.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 
@@ -62,4 +62,4 @@ class Prefaulter {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PREFAULTER_H_
+#endif  // CKPT_DAEMON_STATE_PREFAULTER_H_

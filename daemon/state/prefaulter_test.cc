@@ -3,7 +3,7 @@
 // arena dropped meanwhile is unregistered again; a registration the
 // backend refuses leaves the slots usable, unregistered. Real arenas and
 // a real local backend, observed through a recording wrapper.
-#include "daemon/prefaulter.h"
+#include "daemon/state/prefaulter.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

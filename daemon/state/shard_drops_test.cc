@@ -6,7 +6,7 @@
 // file a FILE restore reads waits for its lease; a start queues the
 // deletes a previous run left; a save's superseded shards are the rank's
 // shards of its step and the newer ones.
-#include "daemon/shard_drops.h"
+#include "daemon/state/shard_drops.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -21,10 +21,10 @@
 #include "absl/strings/str_join.h"
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
-#include "daemon/job_table.h"
 #include "daemon/pipeline/persister.h"
 #include "daemon/pipeline/queue_testing.h"
 #include "daemon/pipeline/uploader.h"
+#include "daemon/state/job_table.h"
 #include "storage/keys.h"
 #include "tests/temp_dir.h"
 

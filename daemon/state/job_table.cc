@@ -1,5 +1,5 @@
 // The job table's lookups, transitions and queries. See job_table.h.
-#include "daemon/job_table.h"
+#include "daemon/state/job_table.h"
 
 #include <utility>
 

@@ -1,5 +1,5 @@
 // The prefaulter's queue and thread. See prefaulter.h.
-#include "daemon/prefaulter.h"
+#include "daemon/state/prefaulter.h"
 
 #include <string>
 

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/service.h"
 #include "daemon/core/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"

@@ -61,7 +61,7 @@
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
 #include "daemon/beacons.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/net_probe.h"
 #include "daemon/replica/node_replicas.h"
 #include "daemon/replica/replica_bulk_client.h"

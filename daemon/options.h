@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/health.h"
 #include "daemon/node_agent.h"
 #include "daemon/peer_listener.h"

@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/replica/replica_bulk_client.h"
 #include "daemon/replica/replica_store.h"
 

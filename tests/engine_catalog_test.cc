@@ -17,7 +17,7 @@
 
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"

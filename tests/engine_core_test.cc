@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "daemon/core/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/keys.h"

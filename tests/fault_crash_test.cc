@@ -13,7 +13,7 @@
 #include "daemon/core/catalog.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/metrics.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"
 #include "storage/shard_format.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "daemon/core/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"
 #include "storage/keys.h"

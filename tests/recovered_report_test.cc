@@ -13,7 +13,7 @@
 
 #include "coordinator/server_testing.h"
 #include "daemon/core/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/node_agent.h"
 #include "shm/arena.h"
 #include "storage/backend.h"

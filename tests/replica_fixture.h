@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/core/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/replica/replica_bulk_client.h"
 #include "daemon/replica/replica_client.h"
 #include "daemon/replica/replica_service.h"

@@ -3,7 +3,7 @@
 // and Status. See engine.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

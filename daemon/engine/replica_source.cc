@@ -3,7 +3,7 @@
 // (StagedShards, staged_shards.h), and a PREFETCH's fetch of a shard from
 // a peer straight into the slot the trainer restores from, which
 // OpenRestore waits for instead of failing. See replica_source.h.
-#include "daemon/replica_source.h"
+#include "daemon/engine/replica_source.h"
 
 #include <algorithm>
 

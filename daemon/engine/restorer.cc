@@ -3,7 +3,7 @@
 // from the local or object tier) and the load itself. The fallback when a
 // copy fails verification is in restorer_fallback.cc, the loads in
 // restorer_load.cc. See restorer.h.
-#include "daemon/restorer.h"
+#include "daemon/engine/restorer.h"
 
 #include <fcntl.h>
 #include <sys/fsuid.h>

@@ -1,6 +1,6 @@
 // Recovery of a restarted daemon from its catalog and shared memory.
 // See recovery.h.
-#include "daemon/recovery.h"
+#include "daemon/engine/recovery.h"
 
 #include <vector>
 

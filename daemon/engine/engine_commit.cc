@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "util/status.h"

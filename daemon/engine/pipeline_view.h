@@ -7,8 +7,8 @@
 //
 // Thread-safety: every method takes the table's lock itself (callers must
 // not hold it) and is safe to call concurrently.
-#ifndef CKPT_DAEMON_PIPELINE_VIEW_H_
-#define CKPT_DAEMON_PIPELINE_VIEW_H_
+#ifndef CKPT_DAEMON_ENGINE_PIPELINE_VIEW_H_
+#define CKPT_DAEMON_ENGINE_PIPELINE_VIEW_H_
 
 #include <chrono>
 #include <cstddef>
@@ -55,4 +55,4 @@ class PipelineView : public PipelineState {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PIPELINE_VIEW_H_
+#endif  // CKPT_DAEMON_ENGINE_PIPELINE_VIEW_H_

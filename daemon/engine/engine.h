@@ -40,8 +40,8 @@
 // released. Transitions of the job table return their effects (effects.h);
 // NodeState::Apply queues them in the same critical section and
 // NodeState::Perform pushes their tasks after unlocking.
-#ifndef CKPT_DAEMON_ENGINE_H_
-#define CKPT_DAEMON_ENGINE_H_
+#ifndef CKPT_DAEMON_ENGINE_ENGINE_H_
+#define CKPT_DAEMON_ENGINE_ENGINE_H_
 
 #include <atomic>
 #include <chrono>
@@ -58,10 +58,10 @@
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "daemon/core/engine_options.h"
-#include "daemon/pipeline_view.h"
+#include "daemon/engine/pipeline_view.h"
+#include "daemon/engine/replica_source.h"
+#include "daemon/engine/restorer.h"
 #include "daemon/replica/staged_shards.h"
-#include "daemon/replica_source.h"
-#include "daemon/restorer.h"
 #include "daemon/state/node_state.h"
 #include "storage/backend.h"
 
@@ -270,4 +270,4 @@ class Engine : public StagedShards {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_ENGINE_H_
+#endif  // CKPT_DAEMON_ENGINE_ENGINE_H_

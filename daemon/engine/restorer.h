@@ -10,8 +10,8 @@
 // Thread-safety: every method takes the table's lock itself (callers must
 // not hold it) and releases it for I/O (a load, a check of a copy, a stat
 // of the file a caller would read); safe to call concurrently.
-#ifndef CKPT_DAEMON_RESTORER_H_
-#define CKPT_DAEMON_RESTORER_H_
+#ifndef CKPT_DAEMON_ENGINE_RESTORER_H_
+#define CKPT_DAEMON_ENGINE_RESTORER_H_
 
 #include <cstdint>
 #include <optional>
@@ -92,4 +92,4 @@ class Restorer {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_RESTORER_H_
+#endif  // CKPT_DAEMON_ENGINE_RESTORER_H_

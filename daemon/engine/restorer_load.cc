@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/restorer.h"
+#include "daemon/engine/restorer.h"
 #include "storage/keys.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"

@@ -1,7 +1,7 @@
 // The pipeline's view of the job table: a persist's, a manifest's and an
 // upload's snapshot and record (the stages' I/O is pipeline.h's), and
 // Drain. See pipeline_view.h.
-#include "daemon/pipeline_view.h"
+#include "daemon/engine/pipeline_view.h"
 
 #include <algorithm>
 

@@ -5,8 +5,8 @@
 // uploads that were owed queued again; a shard lost with the memory is
 // dropped from the catalog. The shards found are kept for the node's
 // first report to a coordinator (ReportRecovered).
-#ifndef CKPT_DAEMON_RECOVERY_H_
-#define CKPT_DAEMON_RECOVERY_H_
+#ifndef CKPT_DAEMON_ENGINE_RECOVERY_H_
+#define CKPT_DAEMON_ENGINE_RECOVERY_H_
 
 #include "absl/status/status.h"
 #include "daemon/state/node_state.h"
@@ -26,4 +26,4 @@ void ReportRecovered(NodeState& node);
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_RECOVERY_H_
+#endif  // CKPT_DAEMON_ENGINE_RECOVERY_H_

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/restorer.h"
+#include "daemon/engine/restorer.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
 #include "util/status.h"

@@ -4,7 +4,7 @@
 // See engine.h.
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {

@@ -1,12 +1,12 @@
 // Opening and closing the engine, Register, BeginSave, AbortSave, the
 // hosted ranks and the reaper. See engine.h.
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/recovery.h"
+#include "daemon/engine/recovery.h"
 #include "storage/shard_format.h"
 #include "util/status.h"
 #include "util/validate.h"

@@ -7,8 +7,8 @@
 //
 // Thread-safety: every method takes the table's lock itself (callers must
 // not hold it); safe to call concurrently.
-#ifndef CKPT_DAEMON_REPLICA_SOURCE_H_
-#define CKPT_DAEMON_REPLICA_SOURCE_H_
+#ifndef CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_
+#define CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_
 
 #include <cstdint>
 #include <functional>
@@ -53,4 +53,4 @@ class ReplicaSource : public StagedShards {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_REPLICA_SOURCE_H_
+#endif  // CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_

@@ -22,9 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/service.h"
+#include "daemon/agent/node_agent.h"
 #include "daemon/core/catalog.h"
 #include "daemon/engine/engine.h"
-#include "daemon/node_agent.h"
 #include "daemon/options.h"
 #include "daemon/peer_listener.h"
 #include "daemon/replica/node_replicas.h"

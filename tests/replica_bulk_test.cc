@@ -13,7 +13,7 @@
 #include <atomic>
 #include <thread>
 
-#include "daemon/peer_fetch.h"
+#include "daemon/agent/peer_fetch.h"
 #include "daemon/replica/replica_bulk_client.h"
 #include "daemon/replica/replica_bulk_wire.h"
 #include "storage/manifest.h"

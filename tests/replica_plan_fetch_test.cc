@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
-#include "daemon/node_agent.h"
-#include "daemon/peer_fetch.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/agent/peer_fetch.h"
 #include "daemon/replica/replica_reports.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"

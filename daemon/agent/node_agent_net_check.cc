@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator.grpc.pb.h"
+#include "daemon/agent/node_agent.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/node_agent.h"
 
 namespace ckpt::daemon {
 

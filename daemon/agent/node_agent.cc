@@ -1,7 +1,7 @@
 // NodeAgent (node_agent.h): its life cycle, and the heartbeat thread that
 // registers the node, sends the beacons, and takes the placement and the
 // orders the coordinator answers with.
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -17,8 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
+#include "daemon/agent/node_agent_rpc.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/node_agent_rpc.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {

@@ -12,8 +12,8 @@
 // save the plan chose (save_digests) refuses a copy of another save of the
 // step as it refuses a damaged one. Blocking; thread-safe
 // as the Engine.
-#ifndef CKPT_DAEMON_PEER_FETCH_H_
-#define CKPT_DAEMON_PEER_FETCH_H_
+#ifndef CKPT_DAEMON_AGENT_PEER_FETCH_H_
+#define CKPT_DAEMON_AGENT_PEER_FETCH_H_
 
 #include <cstdint>
 #include <functional>
@@ -48,4 +48,4 @@ struct PeerFetchOptions {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_PEER_FETCH_H_
+#endif  // CKPT_DAEMON_AGENT_PEER_FETCH_H_

@@ -1,4 +1,4 @@
-#include "daemon/net_probe.h"
+#include "daemon/agent/net_probe.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // Node health checks (health.h) on real directories and the real /dev/shm.
-#include "daemon/health.h"
+#include "daemon/health/health.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

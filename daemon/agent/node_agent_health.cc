@@ -5,8 +5,8 @@
 // hung shared root must not hold up heartbeats or shutdown); the report
 // goes with the first heartbeat after they finish.
 #include "absl/strings/str_cat.h"
+#include "daemon/agent/node_agent.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/node_agent.h"
 
 namespace ckpt::daemon {
 

@@ -1,5 +1,5 @@
 // The CUDA check of a build without CUDA (see health.h).
-#include "daemon/health.h"
+#include "daemon/health/health.h"
 
 namespace ckpt::daemon {
 

@@ -1,8 +1,8 @@
 // NodeAgent's private pieces shared by its files (node_agent*.cc): the
 // coordinator channel it calls through, and how a refusal of the node's
 // epoch looks. Not part of the daemon's interface.
-#ifndef CKPT_DAEMON_NODE_AGENT_RPC_H_
-#define CKPT_DAEMON_NODE_AGENT_RPC_H_
+#ifndef CKPT_DAEMON_AGENT_NODE_AGENT_RPC_H_
+#define CKPT_DAEMON_AGENT_NODE_AGENT_RPC_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "coordinator/client/leader_channel.h"
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
 
 namespace ckpt::daemon {
 
@@ -41,4 +41,4 @@ inline bool Fenced(const grpc::Status& s) {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_NODE_AGENT_RPC_H_
+#endif  // CKPT_DAEMON_AGENT_NODE_AGENT_RPC_H_

@@ -1,4 +1,4 @@
-#include "daemon/health.h"
+#include "daemon/health/health.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/health.h"
+#include "daemon/health/health.h"
 
 namespace ckpt::daemon {
 namespace {

@@ -18,8 +18,8 @@
 //                skipped with the reason where CUDA is not built or no
 //                device is present (health_cuda.cc / health_nocuda.cc)
 // Functions only; thread-safe.
-#ifndef CKPT_DAEMON_HEALTH_H_
-#define CKPT_DAEMON_HEALTH_H_
+#ifndef CKPT_DAEMON_HEALTH_HEALTH_H_
+#define CKPT_DAEMON_HEALTH_HEALTH_H_
 
 #include <chrono>
 #include <cstdint>
@@ -79,4 +79,4 @@ coord::v1::NodeHealthReport ToHealthProto(
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_HEALTH_H_
+#endif  // CKPT_DAEMON_HEALTH_HEALTH_H_

@@ -1,4 +1,4 @@
-#include "daemon/beacons.h"
+#include "daemon/agent/beacons.h"
 
 #include <algorithm>
 #include <cmath>

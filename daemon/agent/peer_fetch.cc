@@ -1,5 +1,5 @@
 // PrefetchRank (peer_fetch.h): one rank of a PREFETCH and its fallbacks.
-#include "daemon/peer_fetch.h"
+#include "daemon/agent/peer_fetch.h"
 
 #include <cstring>
 #include <vector>

@@ -9,9 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/agent/node_agent_rpc.h"
 #include "daemon/core/engine_util.h"
-#include "daemon/node_agent.h"
-#include "daemon/node_agent_rpc.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {

@@ -21,8 +21,8 @@
 // Test-only: a `slow` server or client sleeps 10 ms per 64 KiB (at most
 // about 6.5 MB/s), a stand-in for a bad link (CKPTD_TEST_FAULT=
 // slow-network). Thread-safe.
-#ifndef CKPT_DAEMON_NET_PROBE_H_
-#define CKPT_DAEMON_NET_PROBE_H_
+#ifndef CKPT_DAEMON_AGENT_NET_PROBE_H_
+#define CKPT_DAEMON_AGENT_NET_PROBE_H_
 
 #include <atomic>
 #include <chrono>
@@ -102,4 +102,4 @@ struct NetProbeResult {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_NET_PROBE_H_
+#endif  // CKPT_DAEMON_AGENT_NET_PROBE_H_

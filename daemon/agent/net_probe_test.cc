@@ -2,7 +2,7 @@
 // TCP connection. Only a token the listener was told to expect opens a
 // probe, once; what was sent is what the listener acknowledges; a
 // deadline cuts a probe short with the figure of what went through.
-#include "daemon/net_probe.h"
+#include "daemon/agent/net_probe.h"
 
 #include <gtest/gtest.h>
 

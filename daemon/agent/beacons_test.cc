@@ -1,5 +1,5 @@
 // BeaconMonitor on real arenas, with the poll's clock in the test's hands.
-#include "daemon/beacons.h"
+#include "daemon/agent/beacons.h"
 
 #include <unistd.h>
 

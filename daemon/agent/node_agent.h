@@ -36,8 +36,8 @@
 // Restore fallbacks (ReportFallback: a copy failed verification) go out on
 // the same thread, one call each, ahead of the next batch of reports; they
 // are few, so they are bounded in number and age rather than kept forever.
-#ifndef CKPT_DAEMON_NODE_AGENT_H_
-#define CKPT_DAEMON_NODE_AGENT_H_
+#ifndef CKPT_DAEMON_AGENT_NODE_AGENT_H_
+#define CKPT_DAEMON_AGENT_NODE_AGENT_H_
 
 #include <atomic>
 #include <chrono>
@@ -60,9 +60,9 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator.pb.h"
 #include "coordinator/client/tls.h"
-#include "daemon/beacons.h"
+#include "daemon/agent/beacons.h"
+#include "daemon/agent/net_probe.h"
 #include "daemon/engine/engine.h"
-#include "daemon/net_probe.h"
 #include "daemon/replica/node_replicas.h"
 #include "daemon/replica/replica_bulk_client.h"
 #include "daemon/replica/replica_store.h"
@@ -336,4 +336,4 @@ class NodeAgent {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_NODE_AGENT_H_
+#endif  // CKPT_DAEMON_AGENT_NODE_AGENT_H_

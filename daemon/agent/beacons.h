@@ -15,8 +15,8 @@
 //
 // Thread-safety: every method is safe to call concurrently; Start() runs
 // the poll on a thread of its own until destruction.
-#ifndef CKPT_DAEMON_BEACONS_H_
-#define CKPT_DAEMON_BEACONS_H_
+#ifndef CKPT_DAEMON_AGENT_BEACONS_H_
+#define CKPT_DAEMON_AGENT_BEACONS_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -93,4 +93,4 @@ class BeaconMonitor {
 
 }  // namespace ckpt::daemon
 
-#endif  // CKPT_DAEMON_BEACONS_H_
+#endif  // CKPT_DAEMON_AGENT_BEACONS_H_

@@ -9,10 +9,10 @@
 //             (tests/make_certs.sh): the payload-encryption cost;
 //   get, get_tls  a fetch (Get) of the held copy into pre-faulted memory,
 //             the direction a node-loss recovery waits for;
-//   bulk, bulk_get  the bulk path (daemon/replica_bulk*.h): the offer over
-//             the gRPC channel (mTLS when certificates could be made), the
-//             bytes over plain TCP with the offer's token, into the
-//             reservation (put, then the holder's verification) or
+//   bulk, bulk_get  the bulk path (daemon/replica/replica_bulk*.h): the
+//             offer over the gRPC channel (mTLS when certificates could be
+//             made), the bytes over plain TCP with the offer's token, into
+//             the reservation (put, then the holder's verification) or
 //             pre-faulted memory (get);
 //   verify    the holder's verification alone (VerifyReplicaImage).
 // Repeats are interleaved (tcp, grpc, grpc_tls per round) and medians

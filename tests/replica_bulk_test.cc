@@ -1,4 +1,4 @@
-// The replica transport's bulk path (daemon/replica_bulk*.h,
+// The replica transport's bulk path (daemon/replica/replica_bulk*.h,
 // doc/replicas.md "Transport") over a real replica listener and a real
 // bulk listener on loopback: a put and a get move the bytes bit-exact
 // through the offer's one-time token; a wrong, replayed or expired token

@@ -9,10 +9,10 @@
 //             (tests/make_certs.sh): the payload-encryption cost;
 //   get, get_tls  a fetch (Get) of the held copy into pre-faulted memory,
 //             the direction a node-loss recovery waits for;
-//   bulk, bulk_get  the bulk path (daemon/replica_bulk*.h): the offer over
-//             the gRPC channel (mTLS when certificates could be made), the
-//             bytes over plain TCP with the offer's token, into the
-//             reservation (put, then the holder's verification) or
+//   bulk, bulk_get  the bulk path (daemon/replica/replica_bulk*.h): the
+//             offer over the gRPC channel (mTLS when certificates could be
+//             made), the bytes over plain TCP with the offer's token, into
+//             the reservation (put, then the holder's verification) or
 //             pre-faulted memory (get);
 //   verify    the holder's verification alone (VerifyReplicaImage).
 // Repeats are interleaved (tcp, grpc, grpc_tls per round) and medians
@@ -35,10 +35,10 @@
 
 #include "bench/huge_buffer.h"
 #include "bench/stats.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_client.h"
-#include "daemon/replica_service.h"
-#include "daemon/replica_store.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_client.h"
+#include "daemon/replica/replica_service.h"
+#include "daemon/replica/replica_store.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"
 #include "util/program.h"

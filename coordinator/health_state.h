@@ -1,6 +1,6 @@
 // The coordinator's judgement of node health: which
 // node may take ranks, from the health reports nodes send with their
-// registration (daemon/health.h runs the checks).
+// registration (daemon/health/health.h runs the checks).
 //
 // A node is unhealthy when its own report has a failed check, or when one
 // of its bandwidth figures (memcpy, cuda, and network: the pairwise check

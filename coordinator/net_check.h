@@ -1,5 +1,5 @@
 // The pairwise network check (node health): the coordinator
-// pairs the alive nodes that run a probe listener (daemon/net_probe.h) in
+// pairs the alive nodes that run a probe listener (daemon/agent/net_probe.h) in
 // a ring over their sorted ids — each node sends one bounded TCP probe to
 // the next and receives one from the previous (two nodes: one probe) —
 // and hands both ends of each pair a one-time token over their

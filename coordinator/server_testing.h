@@ -24,7 +24,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/rocks_kv.h"
 #include "coordinator/service.h"
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::coordinator {

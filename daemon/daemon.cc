@@ -9,9 +9,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_util.h"
-#include "daemon/health.h"
-#include "daemon/replica_reports.h"
+#include "daemon/core/engine_util.h"
+#include "daemon/health/health.h"
+#include "daemon/replica/replica_reports.h"
 #include "daemon/watchdog.h"
 #include "storage/open_backend.h"
 #include "util/status.h"

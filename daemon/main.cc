@@ -10,9 +10,9 @@
 // make progress (daemon/watchdog.h).
 //
 // Test-only: CKPTD_TEST_FAULT=slow-network slows this node's network
-// probes (daemon/net_probe.h); CKPTD_TEST_FAULT=hang-persist-writes makes every
-// storage write hang (storage/fault_backend.h) until shutdown, to wedge the
-// persister; CKPTD_TEST_FAULT=hang-prefetch makes every PREFETCH order hang
+// probes (daemon/agent/net_probe.h); CKPTD_TEST_FAULT=hang-persist-writes makes
+// every storage write hang (storage/fault_backend.h) until shutdown, to wedge
+// the persister; CKPTD_TEST_FAULT=hang-prefetch makes every PREFETCH order hang
 // unacknowledged (a replacement wedged on its shared root);
 // CKPTD_TEST_FAULT=corrupt-replica-sends flips a byte of every
 // replica chunk this node sends (on the wire, never in the slot).
@@ -21,9 +21,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "daemon/core/engine_util.h"
 #include "daemon/daemon.h"
-#include "daemon/engine_util.h"
-#include "daemon/health.h"
+#include "daemon/health/health.h"
 #include "daemon/options.h"
 #include "util/program.h"
 

@@ -7,11 +7,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/engine.h"
-#include "daemon/health.h"
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/engine/engine.h"
+#include "daemon/health/health.h"
 #include "daemon/peer_listener.h"
-#include "daemon/replica_options.h"
+#include "daemon/replica/replica_options.h"
 #include "storage/backend.h"
 #include "storage/object_backend.h"
 

@@ -25,29 +25,13 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "daemon/core/peer_creds.h"
 
 namespace grpc {
 class Server;
 }
 
 namespace ckpt::daemon {
-
-struct PeerCreds {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  // When the peer process started (ProcessStartMs, read when it
-  // connected); 0: unknown.
-  int64_t started_ms = 0;
-};
-
-// CLOCK_BOOTTIME now, in ms: the clock of ProcessStartMs.
-int64_t BootClockMs();
-// When process `pid` started, in ms of CLOCK_BOOTTIME (/proc/<pid>/stat's
-// starttime, 10 ms steps), or 0 when that cannot be read: pid 0 (the
-// kernel's answer for a peer in a pid namespace this one cannot see), a
-// process already gone.
-int64_t ProcessStartMs(pid_t pid);
 
 struct PeerListenerOptions {
   // Connections one uid may hold at once; root is not limited; 0 = no limit.

@@ -9,7 +9,7 @@
 #define CKPT_DAEMON_SERVICE_H_
 
 #include "ckpt.grpc.pb.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "daemon/peer_listener.h"
 #include "util/rpc_service.h"
 

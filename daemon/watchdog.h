@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "util/service_notify.h"
 
 namespace ckpt::daemon {

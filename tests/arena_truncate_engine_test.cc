@@ -17,8 +17,8 @@
 #include <iterator>
 #include <thread>
 
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/core/catalog.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"

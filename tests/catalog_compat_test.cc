@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "rocksdb/db.h"
 #include "tests/temp_dir.h"

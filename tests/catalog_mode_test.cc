@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "daemon/catalog.h"
+#include "daemon/core/catalog.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::testing {

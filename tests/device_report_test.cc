@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/core/catalog.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/manifest.h"

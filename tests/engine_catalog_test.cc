@@ -3,7 +3,7 @@
 // only what needs that record, never another rank's RPCs; and a commit
 // whose record cannot be written still changes nothing. An arena's creation
 // (which waits for its job record) and its drop (unregister, unlink, unmap;
-// daemon/arena_drops.h) hold up no other rank's or job's RPCs either.
+// daemon/pipeline/arena_drops.h) hold up no other rank's or job's RPCs either.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/catalog_writer.h"
-#include "daemon/engine.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/catalog_writer.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"

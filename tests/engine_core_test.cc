@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/core/catalog.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "storage/keys.h"

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "ckpt.pb.h"
 #include "ckpt/tensor.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/shard_format.h"
 #include "util/checksum.h"

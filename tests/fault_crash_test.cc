@@ -10,10 +10,10 @@
 #include <thread>
 
 #include "ckpt/tensor.h"
-#include "daemon/catalog.h"
-#include "daemon/clock.h"
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/clock.h"
+#include "daemon/core/metrics.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"
 #include "storage/shard_format.h"

@@ -16,9 +16,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
-#include "daemon/metrics.h"
+#include "daemon/core/catalog.h"
+#include "daemon/core/metrics.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"

@@ -1,9 +1,9 @@
-// The job table (daemon/job_table.h) on its own, with real arenas: the
+// The job table (daemon/state/job_table.h) on its own, with real arenas: the
 // checks every request starts with name the field and the owner, a first
 // Register's job stays unrecorded until it has an arena, a shard's phase
 // is mirrored into the slot that holds it (the arena's header included),
 // and completeness counts only the ranks this node hosts.
-#include "daemon/job_table.h"
+#include "daemon/state/job_table.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
+#include "daemon/core/catalog.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/fault_backend.h"
 #include "storage/keys.h"

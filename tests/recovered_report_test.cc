@@ -12,9 +12,9 @@
 #include <mutex>
 
 #include "coordinator/server_testing.h"
-#include "daemon/catalog.h"
-#include "daemon/engine.h"
-#include "daemon/node_agent.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/core/catalog.h"
+#include "daemon/engine/engine.h"
 #include "shm/arena.h"
 #include "storage/backend.h"
 #include "tests/engine_save.h"

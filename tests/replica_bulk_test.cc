@@ -1,4 +1,4 @@
-// The replica transport's bulk path (daemon/replica_bulk*.h,
+// The replica transport's bulk path (daemon/replica/replica_bulk*.h,
 // doc/replicas.md "Transport") over a real replica listener and a real
 // bulk listener on loopback: a put and a get move the bytes bit-exact
 // through the offer's one-time token; a wrong, replayed or expired token
@@ -13,9 +13,9 @@
 #include <atomic>
 #include <thread>
 
-#include "daemon/peer_fetch.h"
-#include "daemon/replica_bulk_client.h"
-#include "daemon/replica_bulk_wire.h"
+#include "daemon/agent/peer_fetch.h"
+#include "daemon/replica/replica_bulk_client.h"
+#include "daemon/replica/replica_bulk_wire.h"
 #include "storage/manifest.h"
 #include "tests/replica_fixture.h"
 #include "tests/test_util.h"

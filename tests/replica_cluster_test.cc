@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "ckpt/client.h"
-#include "daemon/replica_client.h"
-#include "daemon/replica_service.h"
+#include "daemon/replica/replica_client.h"
+#include "daemon/replica/replica_service.h"
 #include "storage/keys.h"
 #include "tests/coordinator_process.h"
 #include "tests/harness.h"

@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "daemon/peer_fetch.h"
+#include "daemon/agent/peer_fetch.h"
 #include "storage/keys.h"
 #include "tests/engine_save.h"
 #include "tests/replica_fixture.h"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
-#include "daemon/node_agent.h"
-#include "daemon/peer_fetch.h"
-#include "daemon/replica_reports.h"
+#include "daemon/agent/node_agent.h"
+#include "daemon/agent/peer_fetch.h"
+#include "daemon/replica/replica_reports.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "tests/engine_save.h"

@@ -1,7 +1,7 @@
-// Retention's decisions (daemon/retention.h), plain functions over a step
+// Retention's decisions (daemon/core/retention.h), plain functions over a step
 // table: which steps go from the local tier alone, from the object tier
 // (and so from both), and which ones may never go.
-#include "daemon/retention.h"
+#include "daemon/core/retention.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
-// The shard lifecycle's plain functions (daemon/shard_phase.h,
-// daemon/step_state.h): its legal transitions, the slot, catalog and RPC
+// The shard lifecycle's plain functions (daemon/core/shard_phase.h,
+// daemon/core/step_state.h): its legal transitions, the slot, catalog and RPC
 // states derived from it, where a restore reads a shard from, and what a
 // persist's outcome does to it.
-#include "daemon/shard_phase.h"
+#include "daemon/core/shard_phase.h"
 
 #include <gtest/gtest.h>
 
-#include "daemon/step_state.h"
+#include "daemon/core/step_state.h"
 
 namespace ckpt::testing {
 namespace {

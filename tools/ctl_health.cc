@@ -1,6 +1,6 @@
 // ckptctl health: runs the nodes' health checks now (CheckHealth; the
 // nodes report with their next heartbeats) and shows each node's newest
-// check (daemon/health.h) and the coordinator's verdict
+// check (daemon/health/health.h) and the coordinator's verdict
 // (coordinator/health_state.h), from GetCluster. --last: only show.
 #include <algorithm>
 #include <chrono>

@@ -1,0 +1,260 @@
+// Peer replicas on this node's side (doc/replicas.md): what the replicate
+// stage and the replica listener read of this node's staged shards
+// (StagedShards, staged_shards.h), and a PREFETCH's fetch of a shard from
+// a peer straight into the slot the trainer restores from, which
+// OpenRestore waits for instead of failing. See replica_source.h.
+#include "daemon/engine/replica_source.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/core/engine_util.h"
+#include "daemon/replica/replica_store.h"
+#include "storage/keys.h"
+#include "storage/manifest.h"
+#include "util/status.h"
+#include "util/validate.h"
+
+namespace ckpt::daemon {
+
+namespace rv1 = ::ckpt::replica::v1;
+
+absl::StatusOr<StagedCopy> ReplicaSource::SnapshotStaged(
+    const std::string& job_name, std::optional<uint64_t> step,
+    uint32_t rank_no) {
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
+  const Shard* shard = nullptr;
+  if (job != nullptr && step) {
+    shard = node_.table.FindShard(job_name, *step, rank_no);
+  } else if (job != nullptr) {
+    for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it)
+      if (auto sh = it->second.shards.find(rank_no);
+          sh != it->second.shards.end()) {
+        shard = &sh->second;
+        break;
+      }
+  }
+  if (shard == nullptr || shard->slot < 0 ||
+      shard->phase == ShardPhase::kFailed)
+    return absl::NotFoundError(absl::StrCat(
+        "step: job '", job_name, "' rank ", rank_no, " has no shard of step ",
+        step ? absl::StrCat(*step) : "any", " in memory here"));
+  const std::vector<bool> known = KnownChecksums(shard->rec.tensors());
+  if (std::find(known.begin(), known.end(), false) != known.end())
+    return absl::UnavailableError(
+        "checksums: a device tensor's checksum is computed by the persist");
+  const RankSlots& rank = job->ranks[rank_no];
+  StagedCopy snap;
+  snap.arena = rank.arena;
+  snap.slot = shard->slot;
+  snap.write_no = rank.slots[shard->slot].write_no;
+  rv1::ShardCopy& c = snap.copy;
+  c.set_job(job_name);
+  c.set_step(shard->rec.step());
+  c.set_rank(rank_no);
+  c.set_world_size(job->rec.world_size());
+  c.set_generation(shard->rec.generation());
+  c.set_image_bytes(shard->rec.image_bytes());
+  for (const storage::ShardTensor& t : shard->info.tensors)
+    c.add_checksums(t.checksum);
+  c.set_owner_uid(job->rec.uid());
+  c.set_job_life(job->rec.life_ns());
+  return snap;
+}
+
+bool ReplicaSource::StagedUnchanged(const std::string& job_name,
+                                    uint32_t rank_no, const StagedCopy& snap) {
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
+  if (job == nullptr) return false;
+  auto rank = job->ranks.find(rank_no);
+  return rank != job->ranks.end() && rank->second.arena == snap.arena &&
+         rank->second.slots[snap.slot].write_no == snap.write_no;
+}
+
+void ReplicaSource::BeginFetches(const std::string& job, uint64_t step,
+                                 const std::vector<uint32_t>& ranks) {
+  Section lock(&node_);
+  for (uint32_t r : ranks) node_.table.BeginFetch(job, step, r);
+}
+
+void ReplicaSource::EndFetch(const std::string& job, uint64_t step,
+                             uint32_t rank) {
+  Section lock(&node_);
+  node_.table.EndFetch(job, step, rank);
+}
+
+absl::Status ReplicaSource::FetchFromPeer(
+    const std::string& job_name, uint32_t world_size, uint64_t step,
+    uint32_t rank_no, const std::string& key, std::optional<uint32_t> owner_uid,
+    const PeerFetch& fetch, std::vector<uint64_t> save_digests) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
+  if (world_size == 0 || world_size > node_.options.max_world_size ||
+      rank_no >= world_size)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", world_size, " with rank ", rank_no, " is not valid"));
+  if (!key.empty() && !storage::IsShardKeyOf(key, job_name, step, rank_no))
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_key: \"", key, "\" is not the key of job '",
+                     job_name, "' step ", step, " rank ", rank_no));
+  std::vector<uint64_t> tickets;
+  std::shared_ptr<shm::Arena> arena;
+  int slot = -1;
+  // Where a fetch's time goes (logged): the slot (its arena created), the
+  // transfer, the verification, the catalog.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point slot_at = t0;
+  bool have = false;  // already in memory here
+  // Called with the copy's description once the peer answers: the slot
+  // is taken then, when its size is known, and filled with no lock held.
+  auto dst_for = [&](const rv1::ShardCopy& copy) -> absl::StatusOr<char*> {
+    if (copy.job() != job_name || copy.step() != step ||
+        copy.rank() != rank_no || copy.world_size() != world_size)
+      return absl::DataLossError(
+          absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
+                       copy.step(), " rank ", copy.rank(), " of ",
+                       copy.world_size(), ", not the one ordered"));
+    CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+    const uint64_t bytes = copy.image_bytes();
+    Section lock(&node_);
+    if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
+    if (node_.table.Find(job_name) == nullptr) {
+      Job job;
+      job.rec.set_job(job_name);
+      job.rec.set_world_size(world_size);
+      job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
+      job.rec.set_num_slots(node_.options.default_num_slots);
+      job.rec.set_life_ns(NewJobLife());
+      CatalogEdit edit;
+      edit.PutJob(job.rec);
+      tickets.push_back(
+          node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
+      node_.table.Add(std::move(job));
+    }
+    Job* job = node_.table.Find(job_name);
+    job->forget_when_idle = false;
+    if (job->rec.world_size() != world_size)
+      return absl::FailedPreconditionError(
+          absl::StrCat("world_size: job '", job_name, "' has ",
+                       job->rec.world_size(), " ranks here, not ", world_size));
+    if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
+        s != nullptr && s->slot >= 0) {
+      have = true;
+      return absl::AlreadyExistsError("in memory already");
+    }
+    const auto deadline =
+        std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
+    for (;;) {
+      job = node_.table.Find(job_name);
+      if (job == nullptr) return absl::AbortedError("job: deleted meanwhile");
+      auto r = job->ranks.find(rank_no);
+      if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
+          r->second.arena->slot_bytes() < bytes) {
+        CKPT_RETURN_IF_ERROR(
+            node_
+                .EnsureArena(job_name, rank_no,
+                             std::max<uint64_t>(bytes, job->rec.slot_bytes()),
+                             /*for_load=*/true)
+                .status());
+        continue;
+      }
+      slot = r->second.PickSlot();
+      if (slot >= 0) {
+        JobTable::DetachSlot(*job, rank_no, slot);
+        r->second.BeginWrite(slot, step, bytes, /*lease=*/0, /*writer_pid=*/0);
+        arena = r->second.arena;
+        slot_at = Clock::now();
+        return arena->slot_data(slot);
+      }
+      if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
+        return absl::ResourceExhaustedError(
+            "BUSY: no slot to fetch the shard into");
+    }
+  };
+  absl::StatusOr<rv1::ShardCopy> got = fetch(dst_for);
+  if (have) return absl::OkStatus();
+  const Clock::time_point got_at = Clock::now();
+  absl::StatusOr<storage::ShardInfo> info =
+      got.ok()
+          ? VerifyReplicaImage(arena->slot_data(slot), *got,
+                               absl::StrCat("peer copy of job '", job_name,
+                                            "' step ", step, " rank ", rank_no))
+          : absl::StatusOr<storage::ShardInfo>(got.status());
+  if (info.ok() && !save_digests.empty()) {
+    // Every tensor verified against the copy's own checksums; those must
+    // be the save's the plan chose, not another save of the step.
+    const uint64_t digest = storage::ChecksumsDigest(*info);
+    if (std::find(save_digests.begin(), save_digests.end(), digest) ==
+        save_digests.end())
+      info = absl::DataLossError(absl::StrCat(
+          "digest: the peer's copy of job '", job_name, "' step ", step,
+          " rank ", rank_no, " is another save (digest ",
+          storage::DigestHex(digest), "), not the one the plan chose (",
+          storage::DigestHex(save_digests.front()), ")"));
+  }
+  const Clock::time_point verified_at = Clock::now();
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
+  RankSlots* r = nullptr;
+  if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];
+  const bool slot_ok = arena && r && r->arena == arena;
+  if (slot_ok) r->Free(slot);
+  node_.table.Wake(JobTable::Waiter::kSlot);
+  if (!info.ok() || !slot_ok) {
+    node_.MaybeForgetJob(job_name);
+    if (!info.ok()) return info.status();
+    return absl::AbortedError("fetch: the rank's arena changed meanwhile");
+  }
+  // The plan's step replaces whatever this rank has of it or after it.
+  std::vector<uint64_t> drop;
+  for (const auto& [n, s] : job->steps)
+    if (n >= step && s.shards.count(rank_no)) drop.push_back(n);
+  for (uint64_t n : drop) node_.DropShard(*job, n, rank_no, false);
+  Shard shard;
+  shard.rec.set_job(job_name);
+  shard.rec.set_step(step);
+  shard.rec.set_rank(rank_no);
+  shard.rec.set_world_size(world_size);
+  // With a stored copy the shard is durable there already (a PREFETCH from
+  // storage says the same); without one this node persists it.
+  shard.Start(key.empty() ? ShardPhase::kStaged : ShardPhase::kDurable);
+  if (!key.empty()) shard.rec.set_path(key);
+  shard.rec.set_slot(static_cast<uint32_t>(slot));
+  shard.rec.set_image_bytes(got->image_bytes());
+  shard.rec.set_created_unix_ns(info->created_unix_ns);
+  if (got->generation() != 0) shard.rec.set_generation(got->generation());
+  ToTensorMetas(*info, shard.rec.mutable_tensors());
+  shard.info = *info;
+  shard.gen = node_.table.NextGen();
+  shard.slot = slot;
+  // Not synced: the shard's bytes are in this node's shared memory (its
+  // file, if any, is the writer's and synced by it): see kMemoryOnly.
+  CatalogEdit edit;
+  edit.PutShard(shard.rec);
+  tickets.push_back(node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
+  r->Hold(static_cast<uint32_t>(slot), SlotStateOf(shard.phase), step,
+          shard.gen, got->image_bytes());
+  const uint64_t gen = shard.gen;
+  const bool staged = key.empty();
+  if (staged) node_.ReportShard(shard, /*durable=*/false);
+  job->steps[step].shards[rank_no] = std::move(shard);
+  if (staged)
+    node_.persister->Push(
+        PersistTask{PersistTask::kShard, job_name, step, rank_no, gen, {}});
+  lock.Unlock();
+  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(node_.writer->Wait(t));
+  auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  LogInfo(absl::StrCat("fetched job '", job_name, "' step ", step, " rank ",
+                       rank_no, " from a peer (", got->image_bytes(),
+                       " bytes, verified): slot ", secs(t0, slot_at),
+                       " s, transfer ", secs(slot_at, got_at), " s, verify ",
+                       secs(got_at, verified_at), " s, catalog ",
+                       secs(verified_at, Clock::now()), " s"));
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,56 @@
+// ReplicaSource: peer replicas on this node's side (doc/replicas.md).
+// What the replicate stage and the replica listener read of this node's
+// shards in memory (a snapshot taken under the table's lock, the bytes
+// read with no lock held: staged_shards.h), and a PREFETCH's fetch of a
+// shard from a peer straight into the slot the trainer restores from,
+// which OpenRestore waits for instead of failing.
+//
+// Thread-safety: every method takes the table's lock itself (callers must
+// not hold it); safe to call concurrently.
+#ifndef CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_
+#define CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/replica/staged_shards.h"
+#include "daemon/state/node_state.h"
+#include "replica.pb.h"
+
+namespace ckpt::daemon {
+
+class ReplicaSource : public StagedShards {
+ public:
+  // `node` must outlive the source.
+  explicit ReplicaSource(NodeState& node) : node_(node) {}
+
+  absl::StatusOr<StagedCopy> SnapshotStaged(const std::string& job,
+                                            std::optional<uint64_t> step,
+                                            uint32_t rank) override;
+  bool StagedUnchanged(const std::string& job, uint32_t rank,
+                       const StagedCopy& snap) override;
+  // See Engine::BeginFetches, EndFetch and FetchFromPeer.
+  void BeginFetches(const std::string& job, uint64_t step,
+                    const std::vector<uint32_t>& ranks);
+  void EndFetch(const std::string& job, uint64_t step, uint32_t rank);
+  using PeerFetch = std::function<absl::StatusOr<replica::v1::ShardCopy>(
+      const std::function<absl::StatusOr<char*>(
+          const replica::v1::ShardCopy&)>&)>;
+  [[nodiscard]] absl::Status FetchFromPeer(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      const std::string& key, std::optional<uint32_t> owner_uid,
+      const PeerFetch& fetch, std::vector<uint64_t> save_digests);
+
+ private:
+  using Section = NodeState::Section;
+
+  NodeState& node_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_ENGINE_REPLICA_SOURCE_H_

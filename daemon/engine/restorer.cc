@@ -1,0 +1,229 @@
+// Restore: which step (Latest), where its bytes come from (OpenRestore's
+// one decision: memory, the caller reading the file, or a load into a slot
+// from the local or object tier) and the load itself. The fallback when a
+// copy fails verification is in restorer_fallback.cc, the loads in
+// restorer_load.cc. See restorer.h.
+#include "daemon/engine/restorer.h"
+
+#include <fcntl.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/core/engine_util.h"
+#include "storage/shard_format.h"
+#include "storage/shard_image.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// "; newest is N" (the job's newest step complete on every rank), for an
+// error about a step the job does not have.
+std::string NewestCompleteNote(const JobTable& table, const Job& job)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu()) {
+  bool durable = false;
+  for (auto it = job.steps.rbegin(); it != job.steps.rend(); ++it)
+    if (table.StepComplete(job, it->second, &durable))
+      return absl::StrCat("; newest is ", it->first);
+  return "; the job has no complete step here";
+}
+
+}  // namespace
+
+absl::Status Restorer::WaitFetch(const std::string& job, uint64_t step,
+                                 uint32_t rank) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
+  while (node_.table.Fetching(job, step, rank)) {
+    if (!node_.table.WaitUntil(JobTable::Waiter::kFetch, deadline))
+      return absl::DeadlineExceededError(
+          absl::StrCat("step: the fetch of job '", job, "' step ", step,
+                       " rank ", rank, " is still running"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LatestResponse> Restorer::Latest(
+    const PeerCreds& peer, const v1::LatestRequest& req) {
+  Section lock(&node_);
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
+  v1::LatestResponse resp;
+  for (auto it = job->steps.rbegin(); it != job->steps.rend(); ++it) {
+    bool durable = false;
+    if (!node_.table.StepComplete(*job, it->second, &durable)) continue;
+    resp.set_found(true);
+    resp.set_step(it->first);
+    if (node_.ObjectCommit()) durable = durable && it->second.object_manifest;
+    resp.set_durable(durable);
+    break;
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
+    const PeerCreds& peer, const v1::OpenRestoreRequest& req) {
+  const auto arrived = std::chrono::steady_clock::now();
+  auto count = [&](std::string_view source, uint64_t bytes) {
+    node_.metrics->Restored(source,
+                            std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - arrived)
+                                .count(),
+                            bytes);
+  };
+  Section lock(&node_);
+  // A replacement's trainer may start while its shard still arrives.
+  CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), req.rank()));
+  auto bad_rank = [&](const Job& j) -> absl::Status {
+    if (req.rank() < j.rec.world_size()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", req.rank(), " is not below world_size ", j.rec.world_size()));
+  };
+  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
+  CKPT_RETURN_IF_ERROR(bad_rank(*job));
+  // The missing step first, then what there is instead.
+  auto not_found = [&](const std::string& newest) {
+    return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
+                                            "' has no step ", req.step(),
+                                            " for rank ", req.rank(), newest));
+  };
+  Shard* shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+  if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
+  // A restore that opens lets this process go on from the step (BeginSave).
+  auto restored = [&](Job& j) {
+    j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
+  };
+  v1::OpenRestoreResponse resp;
+  resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  auto copy_of = [&](const Shard& s) {
+    return RestoreCopyOf(s, req.allow_file_read());
+  };
+  std::optional<std::string> path;
+  if (copy_of(*shard) == RestoreCopy::kFileIfReadable) {
+    // The file is checked (a stat and an access check, which on a shared
+    // root wait for its server) with the lock released; the shard is
+    // found again after, and a path checked for another generation of it
+    // is not used.
+    const uint64_t gen = shard->gen;
+    const std::string key = shard->rec.path();
+    const uint64_t image_bytes = shard->rec.image_bytes();
+    lock.Unlock();
+    path = ClientReadablePath(peer, key, image_bytes);
+    lock.Relock();
+    CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
+    CKPT_RETURN_IF_ERROR(bad_rank(*job));
+    shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+    if (shard == nullptr)
+      return not_found(NewestCompleteNote(node_.table, *job));
+    if (shard->gen != gen || copy_of(*shard) != RestoreCopy::kFileIfReadable)
+      path.reset();
+  }
+  if (path) {
+    // The client reads the file into its own buffers: one read, no arena.
+    LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(),
+                         " rank ", req.rank(), ": the client reads ",
+                         shard->rec.path()));
+    // The lease keeps the file: a delete (retention, a re-save, Delete)
+    // waits until the client's CloseRestore or its exit.
+    Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
+    lease.file_key = shard->rec.path();
+    CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                          node_.table.leases().Add(std::move(lease)));
+    resp.set_lease(lease_id);
+    resp.set_source(v1::RESTORE_SOURCE_FILE);
+    resp.set_path(*path);
+    resp.set_image_bytes(shard->rec.image_bytes());
+    *resp.mutable_tensors() = shard->rec.tensors();
+    count(metric::kSourceDisk, shard->rec.image_bytes());
+    restored(*job);
+    return resp;
+  }
+  const RestoreCopy copy = copy_of(*shard);
+  if (copy == RestoreCopy::kLost)
+    return absl::DataLossError(absl::StrCat(
+        "step ", req.step(), " rank ", req.rank(),
+        " is neither in memory nor durable: ", shard->rec.error()));
+  if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
+    double load_s = 0;
+    bool from_object = false;
+    absl::StatusOr<Shard*> loaded =
+        LoadShard(req.job(), req.step(), req.rank(), &load_s, &from_object);
+    if (!loaded.ok()) {
+      // BUSY and "changed meanwhile" are not failures of the load.
+      const absl::StatusCode code = loaded.status().code();
+      if (code == absl::StatusCode::kDataLoss)
+        node_.metrics->Failure(metric::kRestoreChecksum);
+      else if (code != absl::StatusCode::kResourceExhausted &&
+               code != absl::StatusCode::kAborted)
+        node_.metrics->Failure(metric::kRestoreLoad);
+      return loaded.status();
+    }
+    shard = *loaded;
+    job = node_.table.Find(req.job());
+    resp.set_load_s(load_s);
+    resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
+                                : v1::RESTORE_SOURCE_DISK);
+  }
+  Rank& rank = job->ranks[req.rank()];
+  Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
+              req.step(), false,      peer.pid};
+  CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
+                        node_.table.leases().Add(std::move(lease)));
+  rank.AddReader(static_cast<uint32_t>(shard->slot));
+  resp.set_lease(lease_id);
+  resp.set_shm_name(rank.arena->name());
+  resp.set_arena_bytes(rank.arena->size());
+  resp.set_slot_offset(rank.arena->slot_offset(shard->slot));
+  resp.set_image_bytes(shard->rec.image_bytes());
+  *resp.mutable_tensors() = shard->rec.tensors();
+  count(resp.source() == v1::RESTORE_SOURCE_MEMORY   ? metric::kSourceMemory
+        : resp.source() == v1::RESTORE_SOURCE_OBJECT ? metric::kSourceObject
+                                                     : metric::kSourceDisk,
+        shard->rec.image_bytes());
+  restored(*job);
+  return resp;
+}
+
+namespace {
+
+// Whether the caller's uid/gid may open path for reading, directories on
+// the way included. A root daemon asks the kernel with the caller's
+// filesystem ids (setfsuid/setfsgid change only this thread, and drop its
+// CAP_DAC_* while they are not 0); a daemon that is not root cannot take
+// another uid's ids and relies on the owner and mode checks alone.
+bool CallerCanOpen(const PeerCreds& peer, const std::string& path) {
+  if (geteuid() != 0 || peer.uid == 0) return true;
+  const int old_gid = setfsgid(peer.gid);
+  const int old_uid = setfsuid(peer.uid);
+  const bool readable =
+      faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) == 0;
+  setfsuid(old_uid);
+  setfsgid(old_gid);
+  return readable;
+}
+
+}  // namespace
+
+std::optional<std::string> Restorer::ClientReadablePath(const PeerCreds& peer,
+                                                        const std::string& key,
+                                                        uint64_t image_bytes) {
+  std::optional<std::string> path = node_.backend->LocalPath(key);
+  if (!path) return std::nullopt;  // no local file: the daemon loads it
+  auto object = node_.backend->Stat(key);
+  if (!object.ok() || object->size != image_bytes) return std::nullopt;
+  // The caller opens the file with its own credentials: it must be root or
+  // the file's owner (the persister creates it owned by the job's uid), and
+  // the owner's read bit must be set. Root is held to the bit too: a trainer
+  // need not have CAP_DAC_OVERRIDE, and a wrong guess costs a failed restore
+  // where a slot load costs one copy.
+  if (!object->owner_uid || !object->mode) return std::nullopt;
+  if (peer.uid != 0 && *object->owner_uid != peer.uid) return std::nullopt;
+  if ((*object->mode & S_IRUSR) == 0) return std::nullopt;
+  if (!CallerCanOpen(peer, *path)) return std::nullopt;
+  return path;
+}
+
+}  // namespace ckpt::daemon

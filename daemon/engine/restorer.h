@@ -1,0 +1,95 @@
+// Restorer: the restore path. Which step a restore gets (Latest), where
+// its bytes come from (OpenRestore's one decision: memory, the caller
+// reading the file itself, or a load into a slot from the local or the
+// object tier), the loads (restorer_load.cc; a coordinator's PREFETCH is
+// one), and the fallback ladder when a client finds a copy bad
+// (CloseRestore, restorer_fallback.cc): the daemon checks the copy itself,
+// and a copy that is bad is dropped for the next one (memory → file →
+// object), the shard failing when none is left.
+//
+// Thread-safety: every method takes the table's lock itself (callers must
+// not hold it) and releases it for I/O (a load, a check of a copy, a stat
+// of the file a caller would read); safe to call concurrently.
+#ifndef CKPT_DAEMON_ENGINE_RESTORER_H_
+#define CKPT_DAEMON_ENGINE_RESTORER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ckpt.pb.h"
+#include "daemon/state/node_state.h"
+#include "storage/shard_format.h"
+
+namespace ckpt::daemon {
+
+class Restorer {
+ public:
+  // `node` must outlive the restorer.
+  explicit Restorer(NodeState& node) : node_(node) {}
+
+  [[nodiscard]] absl::StatusOr<v1::LatestResponse> Latest(
+      const PeerCreds& peer, const v1::LatestRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
+      const PeerCreds& peer, const v1::OpenRestoreRequest& req);
+  [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
+                                          const v1::CloseRestoreRequest& req);
+  // See Engine::Prefetch.
+  [[nodiscard]] absl::Status Prefetch(const std::string& job,
+                                      uint32_t world_size, uint64_t step,
+                                      uint32_t rank, const std::string& key,
+                                      std::optional<uint32_t> owner_uid);
+
+ private:
+  using Section = NodeState::Section;
+  using Rank = RankSlots;
+
+  // OpenRestore: waits while a peer fetch of the shard runs.
+  [[nodiscard]] absl::Status WaitFetch(const std::string& job, uint64_t step,
+                                       uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
+  // Restore's one decision: the path the caller may read the durable
+  // shard's file (`key`, of image_bytes) from itself (a local file of the
+  // recorded size that the caller's uid can open), or nullopt: the daemon
+  // loads it into a slot. Stats the file: called without the lock.
+  std::optional<std::string> ClientReadablePath(const PeerCreds& peer,
+                                                const std::string& key,
+                                                uint64_t image_bytes);
+  // Loads a durable shard into a free slot of its rank's arena; releases
+  // the lock during the read. Returns the shard, which may have moved.
+  // *from_object (optional) says whether it came from the object tier.
+  [[nodiscard]] absl::StatusOr<Shard*> LoadShard(const std::string& job,
+                                                 uint64_t step, uint32_t rank,
+                                                 double* load_s,
+                                                 bool* from_object = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
+  // Reads a shard image into dst from the local tier, or from the object
+  // tier when the local copy is gone (or unreadable and uploaded);
+  // verifies the object's tensor checksums. Called without the lock.
+  [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local,
+                                            bool object,
+                                            const storage::ShardInfo& info,
+                                            char* dst, uint64_t bytes,
+                                            bool* from_object);
+  // The fallback ladder: a client found `shard`'s `copy` failing
+  // verification. Drops the slot's image; a bad local file with a copy in
+  // the object tier is dropped (restores read the object next); with no
+  // good copy left the shard fails (Latest falls back a step).
+  void MarkBadCopy(Job& job, Shard& shard, ShardCopy copy,
+                   const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
+  // A client claimed `shard`'s `copy` bad, and the daemon's own check
+  // (`checked`: OK, or why it could not run) did not find it so: the copy
+  // is kept, and the claim is counted and reported (FallbackReport's
+  // verified_bad false).
+  void ReportUnconfirmed(const Job& job, const Shard& shard, ShardCopy copy,
+                         const std::string& claim, const absl::Status& checked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
+
+  NodeState& node_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_ENGINE_RESTORER_H_

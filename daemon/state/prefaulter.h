@@ -1,0 +1,65 @@
+// Prefaulter: reserves and faults in the slots of new arenas on one
+// background thread, then registers each arena's memory with the storage
+// backend, and publishes the outcome into the job table.
+//
+// Creating an arena allocates and faults in only the slot the first save
+// writes (see shm::Arena::Create's prefault_slots); the remaining slots'
+// pages are allocated and zeroed here (shm::Arena::ReserveSlots), off every
+// RPC's path. Registering pins, and so faults, every page: only once they
+// are faulted. The outcome goes to JobTable::RecordPrefaulted (the state,
+// not the engine): the rank holding the arena gets its slots ready (or the
+// reservation's error) and its waiters are woken; an arena dropped
+// meanwhile is unregistered again here.
+//
+// Ownership: each queued arena is shared with its owner, so its mapping
+// stays valid until the prefaulter is done with it even if the owner drops
+// it meanwhile. Thread-safety: Add is safe from any thread, the job
+// table's lock may be held; the thread takes the table's lock (through
+// RecordPrefaulted) with no lock of its own held. The destructor drops
+// what is still queued and joins the thread (callers must not hold the
+// table's lock).
+#ifndef CKPT_DAEMON_STATE_PREFAULTER_H_
+#define CKPT_DAEMON_STATE_PREFAULTER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "daemon/state/job_table.h"
+#include "shm/arena.h"
+#include "storage/backend.h"
+
+namespace ckpt::daemon {
+
+class Prefaulter {
+ public:
+  // table and backend must outlive the prefaulter.
+  Prefaulter(JobTable* table, storage::Backend* backend);
+  ~Prefaulter();
+  Prefaulter(const Prefaulter&) = delete;
+  Prefaulter& operator=(const Prefaulter&) = delete;
+
+  // Queues the slots from `first_slot` on of `arena`.
+  void Add(std::shared_ptr<shm::Arena> arena, uint32_t first_slot);
+
+ private:
+  void Loop();
+  // Reserves the arena's slots from `first` on and registers its memory.
+  void Ready(const std::shared_ptr<shm::Arena>& arena, uint32_t first);
+
+  JobTable* const table_;
+  storage::Backend* const backend_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::shared_ptr<shm::Arena>, uint32_t>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_STATE_PREFAULTER_H_

@@ -2,7 +2,7 @@
 // BeginSave, writing the slot as a client would, CommitSave) of one 64 KiB
 // uint8 tensor "w" filled with the step's low byte (or `fill`), by one rank
 // of a job of world_size ranks (rank 0 of 1 by default), for the in-process
-// engine tests (fault_crash_test, object_tier_engine_test). The caller owns
+// engine tests (engine_test, object_tier_engine_test). The caller owns
 // `arena`, the client-side mapping, which is (re)attached when the engine
 // hands out another one. Not thread-safe: one test thread.
 #ifndef CKPT_TESTS_ENGINE_SAVE_H_

@@ -6,7 +6,7 @@
 // they must parse with the new types to the same values, re-serialize to
 // the same bytes, and come back through a real Catalog (RocksDB) opened on
 // a database that holds them. Recovery from a catalog on disk is covered by
-// the restart tests (crash_test, fault_crash_test).
+// the restart tests (crash_test, engine_test).
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -3,8 +3,6 @@
 // Register's job stays unrecorded until it has an arena, a shard's phase
 // is mirrored into the slot that holds it (the arena's header included),
 // and completeness counts only the ranks this node hosts.
-#include "daemon/state/job_table.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/state/job_table.h"
 #include "shm/arena.h"
 #include "tests/harness.h"
 

@@ -24,8 +24,8 @@ absl::StatusOr<HugeBuffer> HugeBuffer::Make(uint64_t bytes, char fill) {
   return HugeBuffer(static_cast<char*>(p), size);
 }
 
-absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes,
-                                                     char fill) {
+absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes, char fill,
+                                                     bool fault_in) {
   const uint64_t size = std::max<uint64_t>(bytes, 1);
   // Where ckptd would put its arenas on hugetlbfs (its default, --huge-pages
   // auto), the limit's memory is there too when the pool holds it: 2 MiB
@@ -41,7 +41,7 @@ absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes,
                        fd, 0);  // ENOMEM: the pool is short; /dev/shm then
       ::close(fd);
       if (p != MAP_FAILED) {
-        std::memset(p, fill, huge_size);
+        if (fault_in) std::memset(p, fill, huge_size);
         return HugeBuffer(static_cast<char*>(p), huge_size);
       }
     }
@@ -63,7 +63,8 @@ absl::StatusOr<HugeBuffer> HugeBuffer::MakeLikeArena(uint64_t bytes,
     return ErrnoToStatus(err, absl::StrCat("mapping ", size, " bytes of ", name,
                                            " in /dev/shm"));
   (void)::madvise(p, size, MADV_HUGEPAGE);  // the arenas' advice
-  std::memset(p, fill, size);  // faulted in: the measurement alone is timed
+  // Faulted in: the measurement alone is timed.
+  if (fault_in) std::memset(p, fill, size);
   return HugeBuffer(static_cast<char*>(p), size);
 }
 

@@ -27,8 +27,10 @@ class HugeBuffer {
   // Where a hugetlbfs of 2 MiB pages is mounted and its pool holds the
   // buffer, it is a file there instead, as ckptd's arenas are then (its
   // size rounded up to 2 MiB).
-  static absl::StatusOr<HugeBuffer> MakeLikeArena(uint64_t bytes,
-                                                  char fill = 0);
+  // fault_in false leaves every page to be faulted in by the first write,
+  // as a freshly created arena's are.
+  static absl::StatusOr<HugeBuffer> MakeLikeArena(uint64_t bytes, char fill = 0,
+                                                  bool fault_in = true);
   HugeBuffer() = default;  // empty
   HugeBuffer(HugeBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),

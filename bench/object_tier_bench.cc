@@ -109,7 +109,7 @@ class ObjectTierRun {
     // alternates, so that drift in the store affects both.
     CKPT_ASSIGN_OR_RETURN(HugeBuffer like_slot,
                           HugeBuffer::MakeLikeArena(bytes_));
-    std::vector<double> restores, gets_anon;
+    std::vector<double> restores, gets_anon, gets_fresh;
     memcpys.push_back(ParallelMemcpy(scratch_, tensors_, c_.copy_threads));
     for (int i = 0; i < c_.saves; ++i) {
       auto raw = [&]() -> absl::Status {
@@ -119,6 +119,15 @@ class ObjectTierRun {
         CKPT_ASSIGN_OR_RETURN(double anon,
                               RawObjectGet(so, raw_key, scratch_, bytes_));
         gets_anon.push_back(anon);
+        // Into memory created now, as a restarted ckptd's arena is: its
+        // mapping and its pages' first faults are part of the time.
+        const auto t0 = Clock::now();
+        CKPT_ASSIGN_OR_RETURN(
+            HugeBuffer fresh,
+            HugeBuffer::MakeLikeArena(bytes_, 0, /*fault_in=*/false));
+        CKPT_RETURN_IF_ERROR(
+            RawObjectGet(so, raw_key, fresh.data(), bytes_).status());
+        gets_fresh.push_back(Since(t0));
         return absl::OkStatus();
       };
       if (i % 2 == 1) CKPT_RETURN_IF_ERROR(raw());
@@ -133,6 +142,7 @@ class ObjectTierRun {
     }
     out->restore_matches = restore_matches_;
     out->raw_get_anon_s = Median(gets_anon);
+    out->raw_get_fresh_s = Median(gets_fresh);
     // The raw object goes; the daemon's objects stay with the prefix.
     auto raw = storage::NewObjectBackend(so);
     if (raw.ok()) (void)(*raw)->Delete(raw_key);  // best effort cleanup

@@ -12,7 +12,9 @@
 //                     client's copy), vs raw_get_s (a
 //                     parallel ranged GET into memory backed as the
 //                     arena's slot is; raw_get_anon_s into 2 MiB
-//                     anonymous pages, beside it);
+//                     anonymous pages, and raw_get_fresh_s into memory
+//                     mapped for it and not yet faulted in, as a
+//                     restarted ckptd's arena is, beside it);
 //   save_stall_upload_s  Client::Save while the previous step's upload is
 //                     in flight, vs memcpy sampled beside it.
 // Endpoint and credentials come from the AWS environment, as for ckptd.

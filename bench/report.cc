@@ -98,6 +98,7 @@ std::string FormatJson(const Results& r) {
     w.Field("saves_during_upload", o.saves_during_upload);
     w.Field("restore_object_matches", o.restore_matches);
     w.Field("raw_get_anon_s", o.raw_get_anon_s);
+    w.Field("raw_get_fresh_s", o.raw_get_fresh_s);
   }
   std::vector<Check> checks = Evaluate(r);
   bool all =
@@ -179,7 +180,8 @@ std::string FormatTable(const Results& r) {
     out += absl::StrFormat(
         "object tier %s (parts of %s, %u in flight): upload %s (raw PUT %s), "
         "restore %s (raw GET "
-        "%s; into 2 MiB anonymous pages %s); restored bytes equal: %s; %d of "
+        "%s; into 2 MiB anonymous pages %s; into fresh memory like a new "
+        "arena's %s); restored bytes equal: %s; %d of "
         "the stall samples ended with the "
         "upload in flight\n",
         r.object.url, tools::FormatBytes(r.object.part_size),
@@ -188,6 +190,7 @@ std::string FormatTable(const Results& r) {
         tools::FormatSeconds(r.object.restore_object_s),
         tools::FormatSeconds(r.object.raw_get_s),
         tools::FormatSeconds(r.object.raw_get_anon_s),
+        tools::FormatSeconds(r.object.raw_get_fresh_s),
         r.object.restore_matches ? "yes" : "NO", r.object.saves_during_upload);
   return out;
 }

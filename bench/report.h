@@ -22,6 +22,9 @@ struct ObjectFigures {
   double restore_object_s = 0;
   double raw_get_s = 0;       // into memory backed as the arenas are
   double raw_get_anon_s = 0;  // the same into 2 MiB anonymous pages
+  // The same into memory created for it, as a restarted ckptd's arena is:
+  // the mapping and every page's first fault (zeroing) are timed too.
+  double raw_get_fresh_s = 0;
   double save_stall_upload_s = 0;
   double memcpy_s = 0;
   int saves_during_upload =

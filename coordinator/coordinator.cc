@@ -252,21 +252,62 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize)
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", req.world_size(), " not in [1, ", kMaxWorldSize, "]"));
+  if (req.has_min_world_size() &&
+      (req.min_world_size() == 0 || req.min_world_size() > req.world_size()))
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_world_size: ", req.min_world_size(), " not in [1, ",
+                     req.world_size(), "] (the job's world_size)"));
+  if (req.has_world_size_multiple() && req.world_size_multiple() == 0)
+    return absl::InvalidArgumentError("world_size_multiple: 0, not >= 1");
+  // The job's own values, else the coordinator's (which never make a job
+  // shrink below a multiple, nor above its world size).
+  const uint32_t multiple = req.has_world_size_multiple()
+                                ? req.world_size_multiple()
+                                : options_.world_size_multiple;
+  uint32_t min_world =
+      req.has_min_world_size()
+          ? req.min_world_size()
+          : std::min(options_.min_world_size, req.world_size());
+  if (min_world % std::max(multiple, 1u) != 0) {
+    if (req.has_min_world_size())
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_world_size: ", min_world, " is not a multiple of ",
+                       "world_size_multiple ", multiple));
+    min_world += multiple - min_world % multiple;  // the least allowed above
+    if (min_world > req.world_size()) min_world = 0;
+  }
   Txn txn(this);
   Batch& batch = *txn.batch();
   v1::RegisterJobResponse resp;
   auto existing = jobs_.find(req.job());
   if (existing != jobs_.end()) {
-    if (existing->second.rec.world_size() != req.world_size())
+    // A running shrunk job keeps its registered size: a launcher that
+    // comes back registers that one.
+    const v1::JobRecord& had = existing->second.rec;
+    const uint32_t full = FullWorldSize(had);
+    if (full != req.world_size())
       return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
-          "job: \"", req.job(), "\" is registered with world_size ",
-          existing->second.rec.world_size(), ", not ", req.world_size())));
-    *resp.mutable_job() = existing->second.rec;
+          "job: \"", req.job(), "\" is registered with world_size ", full,
+          ", not ", req.world_size())));
+    if ((req.has_min_world_size() &&
+         req.min_world_size() != had.min_world_size()) ||
+        (req.has_world_size_multiple() &&
+         req.world_size_multiple() != std::max(had.world_size_multiple(), 1u)))
+      return txn.Commit(absl::AlreadyExistsError(absl::StrCat(
+          "job: \"", req.job(), "\" is registered with min_world_size ",
+          had.min_world_size(), " and world_size_multiple ",
+          std::max(had.world_size_multiple(), 1u), ", not ",
+          req.min_world_size(), " and ", req.world_size_multiple())));
+    *resp.mutable_job() = had;
     return txn.Commit(resp);
   }
   v1::JobRecord rec;
   rec.set_job(req.job());
   rec.set_world_size(req.world_size());
+  rec.set_full_world_size(req.world_size());
+  rec.set_min_world_size(min_world);
+  rec.set_world_size_multiple(multiple);
+  rec.set_nproc_per_node(req.nproc_per_node());
   uint32_t next_rank = 0;
   for (const auto& [id, n] : nodes_) {
     if (n.rec.spare() || !Placeable(n.rec) || n.low_figure_recheck != 0)
@@ -288,8 +329,13 @@ absl::StatusOr<v1::RegisterJobResponse> Coordinator::RegisterJob(
   IndexJobLocked(job);
   PutJobLocked(&batch, job);
   LogLocked(&batch, v1::JOB_REGISTERED, req.job(), "",
-            absl::StrCat("world_size ", req.world_size(), ", ranks on ",
-                         absl::StrJoin(rec.rank_node(), ",")));
+            absl::StrCat(
+                "world_size ", req.world_size(),
+                min_world != 0 && min_world < req.world_size()
+                    ? absl::StrCat(" (shrinks to ", min_world,
+                                   " at least, in multiples of ", multiple, ")")
+                    : std::string(),
+                ", ranks on ", absl::StrJoin(rec.rank_node(), ",")));
   *resp.mutable_job() = rec;
   return txn.Commit(resp);
 }
@@ -429,9 +475,12 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
     it = it->first > req.step() ? stamps->erase(it) : std::next(it);
   job.rec.set_has_last_good(true);
   job.rec.set_last_good_step(req.step());
+  job.rec.set_last_good_world_size(manifest->world_size());
   RememberManifestLocked(&batch, *manifest);  // after the steps it undid
   DropOrdersOfJobLocked(&batch, req.job());
   DropStepsAfterLocked(&batch, job, req.step());
+  // A step saved before the job resized: each rank restores a saved one.
+  RemapRestoreLocked(job, req.step(), manifest->world_size());
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);
   v1::RollbackResponse resp;
   resp.set_generation(job.rec.generation());

@@ -523,8 +523,53 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool InHostMemoryLocked(const JobState& job, uint64_t step,
-                          uint32_t rank) const
+  // Whether `rank`'s shard of `step` is in the memory of `host` (null:
+  // the rank's host in the job's record), alive in the epoch it saved in.
+  bool InHostMemoryLocked(const JobState& job, uint64_t step, uint32_t rank,
+                          const std::string* host = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // coordinator_elastic.cc: elastic continuation (the job shrinks when no
+  // spare takes a lost node's ranks, and grows back at a commit).
+  // The world size the job registered with.
+  static uint32_t FullWorldSize(const v1::JobRecord& j) {
+    return j.full_world_size() != 0 ? j.full_world_size() : j.world_size();
+  }
+  // MakePlanLocked's part when ranks have no host: shrinks the job to the
+  // largest allowed world size its live ranks hold (renumbered densely,
+  // STOP orders to the lost ranks' hosts, later steps dropped) and
+  // returns true, or returns false when it may not (not elastic, below
+  // its least size, still waiting for a spare: then it schedules the
+  // wait's end). `what` says how it changed.
+  bool ShrinkLocked(Batch* batch, JobState& job, std::string* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a commit of a shrunk job: when its live nodes and spares have
+  // room for more ranks, a plan at the committed step grows it back
+  // (to its full size, else the largest allowed size that fits).
+  void GrowLocked(Batch* batch, JobState& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The world size `step` was saved at (the last good step's may differ
+  // from the job's: the plans after a resize restore it).
+  uint32_t SavedWorldSizeLocked(const JobState& job, uint64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the record's restore_world_size and restore_ranks for a plan
+  // restoring `step`: when it was saved at another world size
+  // (`saved_world_size`), each rank
+  // restores a saved rank whose shard is in its own host's memory, else
+  // one restorable from elsewhere. Clears them otherwise. Returns the
+  // mapping for an event ("0<-0,1<-4"; empty when none).
+  std::string RemapRestoreLocked(JobState& job, std::optional<uint64_t> step,
+                                 uint32_t saved_world_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard rank a plan restores for `rank` (restore_ranks, else itself).
+  static uint32_t SavedRankOf(const v1::JobRecord& j, uint32_t rank) {
+    return j.restore_ranks_size() > static_cast<int>(rank)
+               ? j.restore_ranks(rank)
+               : rank;
+  }
+  // Jobs whose spare wait (CoordinatorOptions::spare_wait_ms) is over are
+  // planned again (they shrink); lowers next_expiry_ms_ to the next end.
+  void DetectSpareWaitsLocked(Batch* batch, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The newest step every rank can restore (SourceOfLocked), else the last
   // good step.
@@ -563,8 +608,9 @@ class Coordinator {
   void TrimStepsLocked(JobState& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // coordinator_replicas.cc: replica placement, REPLICATED reports and
   // where a plan restores each rank from (restore_source.h).
-  CopySource SourceOfLocked(const JobState& job, uint64_t step,
-                            uint32_t rank) const
+  // `host`: the node that restores it (null: the rank's host).
+  CopySource SourceOfLocked(const JobState& job, uint64_t step, uint32_t rank,
+                            const std::string* host = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The newest step every rank restores from memory (host, own slot or
   // replica), and the newest that storage alone restores (else last good).

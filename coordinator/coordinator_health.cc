@@ -179,6 +179,13 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
             MakePlanLocked(batch, job,
                            absl::StrCat("spare ", req.node_id(), " checked"));
     } else if (was_placeable) {
+      // A spare a waiting job counted on failed: an elastic one shrinks.
+      if (node.rec.spare())
+        for (auto& [name, job] : jobs_)
+          if (job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE &&
+              job.rec.min_world_size() != 0)
+            MakePlanLocked(batch, job,
+                           absl::StrCat("spare ", req.node_id(), " unhealthy"));
       for (auto& [name, job] : jobs_)
         if (job.ranks_by_node.count(req.node_id()))
           MakePlanLocked(batch, job,

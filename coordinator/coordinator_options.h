@@ -87,6 +87,15 @@ struct CoordinatorOptions {
   // the defaults a spare's report is always fresh and a recovery waits for
   // no check.
   int64_t spare_check_max_age_ms = 600000;
+  // Elastic continuation (doc/operations.md#elastic-continuation): a job
+  // that lost a node whose ranks no healthy spare takes within
+  // spare_wait_ms (0: at once when no spare exists) shrinks to the largest
+  // multiple of world_size_multiple its live nodes hold, never below
+  // min_world_size (0: jobs never shrink; they wait for a node). A job's
+  // RegisterJobRequest overrides the first two.
+  uint32_t min_world_size = 0;
+  uint32_t world_size_multiple = 1;
+  int64_t spare_wait_ms = 0;
 };
 
 }  // namespace ckpt::coordinator

@@ -64,6 +64,7 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
         break;
       }
   DetectUnacknowledgedPlansLocked(batch, now);
+  DetectSpareWaitsLocked(batch, now);
 }
 
 void Coordinator::LowerNextExpiryLocked(int64_t at) {
@@ -154,12 +155,15 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node,
 }
 
 bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step,
-                                     uint32_t rank) const {
+                                     uint32_t rank,
+                                     const std::string* on) const {
   auto st = job.steps.find(step);
   if (st == job.steps.end()) return false;
   auto sh = st->second.find(rank);
   if (sh == st->second.end()) return false;
-  auto host = nodes_.find(job.rec.rank_node(rank));
+  if (!on && rank >= static_cast<uint32_t>(job.rec.rank_node_size()))
+    return false;
+  auto host = nodes_.find(on ? *on : job.rec.rank_node(rank));
   return host != nodes_.end() && host->second.rec.health() == v1::ALIVE &&
          sh->second.node_id() == host->first &&
          sh->second.epoch() == host->second.rec.epoch();
@@ -168,7 +172,10 @@ bool Coordinator::InHostMemoryLocked(const JobState& job, uint64_t step,
 std::optional<uint64_t> Coordinator::RestoreStepLocked(
     const JobState& job) const {
   for (auto st = job.steps.rbegin(); st != job.steps.rend(); ++st) {
-    bool every_rank = st->second.size() == job.rec.world_size();
+    // (The last good step may be of another world size: restored below.)
+    bool every_rank =
+        st->second.size() == job.rec.world_size() &&
+        SavedWorldSizeLocked(job, st->first) == job.rec.world_size();
     for (uint32_t r = 0; every_rank && r < job.rec.world_size(); ++r)
       every_rank = SourceOfLocked(job, st->first, r).kind != CopySource::kNone;
     if (every_rank) return st->first;
@@ -257,18 +264,28 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
     stop.set_world_size(job.rec.world_size());
     QueueOrderLocked(batch, std::move(stop));
   }
+  // No spare for them: an elastic job goes on with fewer ranks.
+  std::string resized;
+  if (!job.rec.lost_ranks().empty() && ShrinkLocked(batch, job, &resized))
+    moves.push_back(resized);
   IndexJobLocked(job);
   if (!job.rec.lost_ranks().empty()) {
     job.rec.set_plan_state(v1::PLAN_WAITING_FOR_NODE);
     PutJobLocked(batch, job);
-    LogLocked(
-        batch, v1::PLAN_WAITING, name, "",
+    v1::Event e;
+    e.set_kind(v1::PLAN_WAITING);
+    e.set_job(name);
+    e.set_world_size(job.rec.world_size());
+    e.set_detail(
         absl::StrCat("generation ", job.rec.generation(), " (", cause,
                      "): ranks ", absl::StrJoin(job.rec.lost_ranks(), ","),
                      " have no host; waiting for a spare or their node",
                      UnhealthySparesLocked()));
+    LogLocked(batch, std::move(e));
     return;
   }
+  job.no_host_since_ms = 0;
+  job.spare_wait_over = false;
   std::optional<uint64_t> step = RestoreStepLocked(job);
   // What the choice saved: against the newest step any rank reached and
   // the newest that storage alone restores (event RESTORE_SOURCES).
@@ -291,12 +308,23 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
                              "name no shard"));
     }
   }
-  LogLocked(
-      batch, v1::PLAN_MADE, name, "",
-      absl::StrCat(
-          "generation ", job.rec.generation(), " (", cause, "): restore ",
-          step ? absl::StrCat("step ", *step) : std::string("from scratch"),
-          moves.empty() ? "" : "; ", absl::StrJoin(moves, "; ")));
+  const std::string remap = RemapRestoreLocked(
+      job, step,
+      step ? SavedWorldSizeLocked(job, *step) : job.rec.world_size());
+  v1::Event made;
+  made.set_kind(v1::PLAN_MADE);
+  made.set_job(name);
+  made.set_world_size(job.rec.world_size());
+  made.set_detail(absl::StrCat(
+      "generation ", job.rec.generation(), " (", cause, "): world size ",
+      job.rec.world_size(), ", restore ",
+      step ? absl::StrCat("step ", *step) : std::string("from scratch"),
+      remap.empty()
+          ? std::string()
+          : absl::StrCat(" saved at world size ", job.rec.restore_world_size(),
+                         " (rank<-saved rank ", remap, ")"),
+      moves.empty() ? "" : "; ", absl::StrJoin(moves, "; ")));
+  LogLocked(batch, std::move(made));
   std::vector<v1::RankSource> fetched;
   IssueOrdersLocked(batch, job, step, manifest ? &*manifest : nullptr,
                     &fetched);
@@ -321,8 +349,13 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
       v1::Order prefetch = base;
       prefetch.set_kind(v1::PREFETCH);
       if (job.rec.has_owner_uid()) prefetch.set_owner_uid(job.rec.owner_uid());
-      for (uint32_t r : ranks) {
-        const CopySource source = SourceOfLocked(job, *step, r);
+      // A restore at another world size fetches the saved rank each rank
+      // restores (restore_ranks).
+      std::set<uint32_t> named;  // ranks of one host may share a saved rank
+      for (uint32_t rank : ranks) {
+        const uint32_t r = SavedRankOf(job.rec, rank);
+        if (!named.insert(r).second) continue;
+        const CopySource source = SourceOfLocked(job, *step, r, &host);
         if (source.kind == CopySource::kHostMemory) continue;
         // A peer's copy first (then a second holder's); the key (when
         // durable) is the fallback.
@@ -444,17 +477,22 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
     RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);
     job.rec.set_last_good_step(c.step);
+    job.rec.set_last_good_world_size(c.manifest.world_size());
     // Shard records older than the last good step are no longer needed.
     std::vector<uint64_t> old;
     for (const auto& [n, shards] : job.steps)
       if (n < c.step) old.push_back(n);
     for (uint64_t n : old) EraseStepLocked(job, n);
   }
+  const bool newest =
+      job.rec.has_last_good() && job.rec.last_good_step() == c.step;
   PutJobLocked(batch, job);
   LogLocked(batch, v1::STEP_DURABLE, job.rec.job(), "",
             absl::StrCat("step ", c.step, ": ", total, " bytes on ",
-                         job.rec.world_size(), " ranks; manifest ",
+                         c.manifest.world_size(), " ranks; manifest ",
                          storage::GlobalManifestKey(job.rec.job(), c.step)));
+  // A shrunk job grows back at its next checkpoint, from it.
+  if (newest) GrowLocked(batch, job);
   return true;
 }
 

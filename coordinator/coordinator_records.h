@@ -82,6 +82,10 @@ struct JobState {
   // trainer without a generation that started before the current one's
   // runs in an older generation (ShardReport.trainer_age_ms).
   std::map<uint64_t, int64_t> failure_ms;
+  // Soft: since when ranks of the job wait for a host (0: none wait); an
+  // elastic job shrinks once CoordinatorOptions::spare_wait_ms passed.
+  int64_t no_host_since_ms = 0;
+  bool spare_wait_over = false;  // that wait ended: planned once for it
   // Trainer exits that wait for the probes of the nodes they suspect
   // (soft; coordinator_probe.cc): the generation they exited in, each
   // exit's node and what it said, and the nodes whose answer is awaited.

@@ -157,14 +157,15 @@ void Coordinator::DropReplicasHeldByLocked(const std::string& holder) {
 }
 
 CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
-                                       uint32_t rank) const {
+                                       uint32_t rank,
+                                       const std::string* host) const {
   CopySource out;
   auto st = job.steps.find(step);
   if (st == job.steps.end()) return out;
   auto sh = st->second.find(rank);
   if (sh == st->second.end()) return out;
   const v1::ShardRecord& saved = sh->second;
-  if (InHostMemoryLocked(job, step, rank)) {
+  if (InHostMemoryLocked(job, step, rank, host)) {
     out.kind = CopySource::kHostMemory;
     return out;
   }
@@ -184,13 +185,17 @@ CopySource Coordinator::SourceOfLocked(const JobState& job, uint64_t step,
     auto holders = reps->second.find(rank);
     if (holders != reps->second.end()) {
       // The rank's new host first (it fetches from itself), then by id.
-      const std::string& host = job.rec.rank_node(rank);
+      const std::string& to =
+          host ? *host
+          : rank < static_cast<uint32_t>(job.rec.rank_node_size())
+              ? job.rec.rank_node(rank)
+              : std::string();
       const v1::NodeRecord* best = nullptr;
       for (const auto& [id, rec] : holders->second) {
         const v1::NodeRecord* n = serving(id, rec.epoch());
         if (!n || rec.checksum_digest() != StagedDigest(saved)) continue;
-        if (!best || id == host) best = n;
-        if (id == host) break;
+        if (!best || id == to) best = n;
+        if (id == to) break;
       }
       if (best) {
         out.kind = CopySource::kReplica;

@@ -196,6 +196,13 @@ v1::JobView Coordinator::View(const std::string& job_name,
   auto mine = it->second.durable_ranks_by_node.find(node_id);
   if (mine != it->second.durable_ranks_by_node.end())
     *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};
+  // A restore at another world size: the saved rank each of these ranks
+  // restores (ckptrun's CKPT_RESTORE_RANK).
+  if (j.restore_world_size() != 0 &&
+      j.restore_ranks_size() == j.rank_node_size()) {
+    v.set_restore_world_size(j.restore_world_size());
+    for (uint32_t r : v.ranks()) v.add_restore_ranks(j.restore_ranks(r));
+  }
   if (j.has_stack_request())
     for (const std::string& n : j.stack_request().nodes())
       if (n == node_id)

@@ -166,6 +166,23 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "checked again before it takes ranks (0: never; ckptd "
                  "re-checks an idle node every --health-recheck-s, 300)")
       ->check(CLI::Range(0.0, 30.0 * 86400));
+  uint32_t min_world_size = 0;
+  uint32_t world_size_multiple = 1;
+  double spare_wait_s = 0;
+  app.add_option("--min-world-size", min_world_size,
+                 "elastic continuation: a job that lost a node no spare "
+                 "replaces shrinks, to no fewer ranks than this (0: jobs "
+                 "wait for a node; ckptrun --min-world-size per job)")
+      ->check(CLI::Range(0u, 1u << 20));
+  app.add_option("--world-size-multiple", world_size_multiple,
+                 "elastic continuation: a shrunk job's world size is a "
+                 "multiple of this (default 1)")
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--spare-wait-s", spare_wait_s,
+                 "elastic continuation: how long lost ranks wait for a "
+                 "healthy spare before the job shrinks (default 0: at once "
+                 "when no spare exists)")
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--config", config,
                  "TOML file: each flag --foo-bar is key foo_bar, and the "
                  "object_* keys (flags win)");
@@ -225,6 +242,13 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
           max_soft_steps, name("--max-soft-steps", "max_soft_steps"));
       !s.ok())
     return s;
+  if (min_world_size % world_size_multiple != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        name("--min-world-size", "min_world_size"), ": ", min_world_size,
+        " is not a multiple of --world-size-multiple ", world_size_multiple));
+  o.coordinator.min_world_size = min_world_size;
+  o.coordinator.world_size_multiple = world_size_multiple;
+  o.coordinator.spare_wait_ms = static_cast<int64_t>(spare_wait_s * 1000);
   if (o.listen.rfind(':') == std::string::npos)
     return absl::InvalidArgumentError("--listen: \"" + o.listen +
                                       "\" is not HOST:PORT");

@@ -478,5 +478,30 @@ TEST(CoordinatorOptionsTest, StragglerWindowIsSetOrRefusedNamingTheFlag) {
   }
 }
 
+TEST(CoordinatorOptionsTest, ElasticFlagsAreParsedAndBadOnesNamed) {
+  auto o = ParseArgs({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.min_world_size, 0u) << "the default: no shrink";
+  EXPECT_EQ(o->coordinator.world_size_multiple, 1u);
+  EXPECT_EQ(o->coordinator.spare_wait_ms, 0) << "the default: at once";
+  o = ParseArgs({"--min-world-size", "4", "--world-size-multiple", "2",
+                 "--spare-wait-s", "1.5"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.min_world_size, 4u);
+  EXPECT_EQ(o->coordinator.world_size_multiple, 2u);
+  EXPECT_EQ(o->coordinator.spare_wait_ms, 1500);
+  for (const auto& [bad, flag] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--min-world-size", "3", "--world-size-multiple", "2"},
+            "--min-world-size"},
+           {{"--world-size-multiple", "0"}, "--world-size-multiple"},
+           {{"--spare-wait-s", "-1"}, "--spare-wait-s"},
+           {{"--min-world-size", "many"}, "--min-world-size"}}) {
+    auto r = ParseArgs(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
+    EXPECT_NE(r.status().message().find(flag), std::string::npos) << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -128,6 +128,9 @@ std::optional<int> Launcher::RegisterJob() {
     req.set_job(opts_.job);
     req.set_world_size(opts_.world_size);
     req.set_nproc_per_node(opts_.nproc_per_node);
+    if (opts_.min_world_size) req.set_min_world_size(*opts_.min_world_size);
+    if (opts_.world_size_multiple)
+      req.set_world_size_multiple(*opts_.world_size_multiple);
     cv1::RegisterJobResponse resp;
     absl::Status s = coordinator::CoordStatus(
         client_->Call(&cv1::Coordinator::Stub::RegisterJob, req, &resp,

@@ -70,6 +70,10 @@ struct RunOptions {
   uint32_t nproc_per_node = 0;
   uint32_t nnodes = 1;
   uint32_t world_size = 0;  // 0: nproc_per_node * nnodes
+  // Elastic continuation (sent at RegisterJob): the least world size the
+  // job shrinks to and the multiple it keeps; unset: the coordinator's.
+  std::optional<uint32_t> min_world_size;
+  std::optional<uint32_t> world_size_multiple;
   std::string job;          // default $CKPT_JOB
   std::string socket;       // default $CKPT_SOCKET
   std::string master_addr;  // empty: the host of rank 0's node
@@ -104,6 +108,12 @@ int ViewSignal();
 // Whether `kv` ("NAME=value") is a variable ckptrun sets for a trainer
 // or a warm process, and so never passes on from its own environment.
 bool LauncherSetsVariable(std::string_view kv);
+
+// A plan that restores a step saved at another world size
+// (JobView.restore_world_size): the saved rank `rank` restores
+// ($CKPT_RESTORE_RANK); nullopt otherwise.
+std::optional<uint32_t> SavedRankOf(const coord::v1::JobView& view,
+                                    uint32_t rank);
 
 class Launcher {
  public:

@@ -70,6 +70,13 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   app.add_option("--nnodes", o.nnodes, "nodes of the job (default 1)");
   app.add_option("--world-size", world_size,
                  "ranks of the job (default nproc-per-node * nnodes)");
+  app.add_option("--min-world-size", o.min_world_size,
+                 "elastic continuation: when a node is lost and no spare "
+                 "takes its ranks, the job goes on with fewer, never fewer "
+                 "than this (default: the coordinator's --min-world-size)");
+  app.add_option("--world-size-multiple", o.world_size_multiple,
+                 "elastic continuation: every world size the job runs at "
+                 "is a multiple of this (default: the coordinator's)");
   app.add_option("--job", o.job, "job name (default $CKPT_JOB)");
   app.add_option(
       "--socket", o.socket,
@@ -139,6 +146,17 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
     return bad("--nproc-per-node", "times --nnodes is too large");
   o.world_size = world_size.value_or(static_cast<uint32_t>(default_world));
   if (o.world_size == 0) return bad("--world-size", "must be at least 1");
+  if (o.min_world_size &&
+      (*o.min_world_size == 0 || *o.min_world_size > o.world_size))
+    return bad("--min-world-size", absl::StrCat("must be in [1, ", o.world_size,
+                                                "] (the world size)"));
+  if (o.world_size_multiple && *o.world_size_multiple == 0)
+    return bad("--world-size-multiple", "must be at least 1");
+  if (o.min_world_size && o.world_size_multiple &&
+      *o.min_world_size % *o.world_size_multiple != 0)
+    return bad("--min-world-size",
+               absl::StrCat(*o.min_world_size, " is not a multiple of ",
+                            "--world-size-multiple ", *o.world_size_multiple));
   if (o.job.empty()) {
     const char* env = std::getenv("CKPT_JOB");
     if (!env || !*env)

@@ -95,7 +95,10 @@ void Launcher::KeepOrStop(const cv1::JobView& job,
   std::vector<uint32_t> keep, stop;
   for (uint32_t rank : trainers_.RunningRanks()) {
     auto p = procs_.find(rank);
+    // A resized job's ranks restore another layout: started anew with
+    // it in their environment ($CKPT_RESTORE_RANK), never kept.
     const bool keepable = opts_.restart_timeout.count() > 0 &&
+                          job.restore_world_size() == 0 &&
                           desired.count(rank) != 0 && p != procs_.end() &&
                           Capable(rank, p->second);
     (keepable ? keep : stop).push_back(rank);

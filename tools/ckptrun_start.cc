@@ -41,6 +41,16 @@ std::vector<std::string> InheritedEnv() {
 
 }  // namespace
 
+std::optional<uint32_t> SavedRankOf(const cv1::JobView& job, uint32_t rank) {
+  if (job.restore_world_size() == 0 ||
+      job.restore_ranks_size() != job.ranks_size())
+    return std::nullopt;
+  for (int i = 0; i < job.ranks_size(); ++i)
+    if (job.ranks(i) == rank && job.restore_ranks(i) < job.restore_world_size())
+      return job.restore_ranks(i);
+  return std::nullopt;
+}
+
 bool LauncherSetsVariable(std::string_view kv) {
   static constexpr std::string_view kSet[] = {"RANK=",
                                               "WORLD_SIZE=",
@@ -52,6 +62,8 @@ bool LauncherSetsVariable(std::string_view kv) {
                                               "CKPT_JOB=",
                                               "CKPT_GENERATION=",
                                               "CKPT_RESTORE_STEP=",
+                                              "CKPT_RESTORE_RANK=",
+                                              "CKPT_RESTORE_WORLD_SIZE=",
                                               "CKPT_PEER_LOST_FILE=",
                                               "CKPT_RESTART_DIR=",
                                               "CKPT_STACKS_FILE=",
@@ -116,6 +128,14 @@ void Launcher::StartRanks(const cv1::JobView& job,
     if (rendezvous_->serves()) env.push_back("CKPT_RENDEZVOUS=launcher");
     if (plan.restore_step)
       env.push_back(absl::StrCat("CKPT_RESTORE_STEP=", *plan.restore_step));
+    // The restore step was saved at another world size: the saved rank
+    // this rank restores (data parallel: any rank's shard holds the state).
+    if (std::optional<uint32_t> from = SavedRankOf(job, rank);
+        plan.restore_step && from) {
+      env.push_back(absl::StrCat("CKPT_RESTORE_RANK=", *from));
+      env.push_back(
+          absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", job.restore_world_size()));
+    }
     if (std::string f = PythonStacksFile(rank); !f.empty())
       env.push_back(absl::StrCat("CKPT_STACKS_FILE=", f));
     if (std::string f = PeerLostFile(rank); !f.empty())

@@ -252,6 +252,37 @@ TEST_F(CkptrunTest, ExitsZeroOnceEveryRankFinishedAndWaitsForNodeToRegister) {
   EXPECT_EQ(std::count(kinds.begin(), kinds.end(), cv1::FAILURE_DETECTED), 0);
 }
 
+// Elastic continuation: the node of rank 0 is lost and no spare exists;
+// the job, registered by ckptrun with --min-world-size 1, goes on at world
+// size 1 on n1, whose new rank 0 restores saved rank 1 (its own).
+TEST_F(CkptrunTest, ShrunkJobStartsRanksWithTheSavedRankToRestore) {
+  auto n0 = std::make_unique<testing::FakeNode>(coord_->address(), "n0", "", 1);
+  testing::FakeNode n1(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(n0->status().ok());
+  ASSERT_TRUE(n1.status().ok());
+  StartCkptrun("sleep", 1, "n1",
+               {"--world-size", "2", "--min-world-size", "1"});
+  ASSERT_TRUE(WaitForEnv(0, {1}));
+  EXPECT_EQ(Env(0, 1)["WORLD_SIZE"], "2");
+  EXPECT_EQ(Env(0, 1).count("CKPT_RESTORE_RANK"), 0u);
+  for (auto state : {cv1::STAGED, cv1::DURABLE})
+    for (uint32_t r : {0u, 1u}) {
+      grpc::Status s = (r == 0 ? *n0 : n1)
+                           .ReportShard("train", 7, r, state,
+                                        storage::ShardKey("train", 7, r));
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  n0.reset();  // its heartbeats stop: dead after the timeout, no spare
+  ASSERT_TRUE(WaitForEnv(1, {0})) << "the shrunk generation never started";
+  auto env = Env(1, 0);
+  EXPECT_EQ(env["RANK"], "0");
+  EXPECT_EQ(env["WORLD_SIZE"], "1");
+  EXPECT_EQ(env["CKPT_RESTORE_STEP"], "7");
+  EXPECT_EQ(env["CKPT_RESTORE_RANK"], "1");
+  EXPECT_EQ(env["CKPT_RESTORE_WORLD_SIZE"], "2");
+  EXPECT_TRUE(Dead(Env(0, 1)["PID"])) << "generation 0's rank 1 still runs";
+}
+
 TEST(CkptrunFlagsTest, BadFlagsAreRejectedNamingTheFlag) {
   const std::string ok =
       " --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j "
@@ -287,6 +318,13 @@ TEST(CkptrunFlagsTest, BadFlagsAreRejectedNamingTheFlag) {
        "/bin/true",
        "--socket"},
       {ok + " --poll-ms 0 -- /bin/true", "--poll-ms"},
+      {ok + " --min-world-size 0 -- /bin/true", "--min-world-size"},
+      {ok + " --world-size 4 --min-world-size 5 -- /bin/true",
+       "--min-world-size"},
+      {ok + " --world-size-multiple 0 -- /bin/true", "--world-size-multiple"},
+      {ok + " --world-size 4 --min-world-size 3 --world-size-multiple 2 -- "
+            "/bin/true",
+       "--min-world-size"},
       {ok + " --master-port 65000 -- /bin/true", "--master-port"},
       {ok + " -- /nonexistent/trainer", "CMD"},
   };

@@ -152,6 +152,9 @@ bool Launcher::PlaceWarm(const cv1::JobView& job, uint32_t rank) {
   // after 0, as every trainer polls for one after its own): generation
   // 0's ranks start as fresh processes.
   if (warm_.empty() || !generation_ || *generation_ == 0) return false;
+  // A restore at another world size goes to a fresh process, whose
+  // environment names the saved rank (StartRanks).
+  if (job.restore_world_size() != 0) return false;
   for (auto it = warm_.begin(); it != warm_.end(); ++it) {
     if (!it->ready || !trainers_.WarmAlive(it->pid)) continue;
     const RestartPlan plan = PlanFor(job, rank);

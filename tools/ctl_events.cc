@@ -31,6 +31,8 @@ void WriteEvents(JsonWriter& w,
         .Field("node_id", e.node_id())
         .Field("kind", cv1::EventKind_Name(e.kind()));
     w.Field("detail", e.detail());
+    // The job's world size in the plan's generation (elastic jobs shrink).
+    if (e.has_world_size()) w.Field("world_size", e.world_size());
     if (e.kind() == cv1::FALLBACK) {
       // The fields of the detail, for scripts.
       const cv1::Fallback& f = e.fallback();

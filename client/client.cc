@@ -113,6 +113,11 @@ absl::Status Client::Restore(int64_t step, std::span<const Tensor> tensors) {
   return impl_->Restore(step, tensors);
 }
 
+absl::Status Client::RestoreSavedRank(int64_t step, uint32_t saved_rank,
+                                      std::span<const Tensor> tensors) {
+  return impl_->Restore(step, tensors, saved_rank);
+}
+
 absl::StatusOr<int64_t> Client::RestoreLatest(std::span<const Tensor> tensors) {
   return impl_->RestoreLatest(tensors);
 }

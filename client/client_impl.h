@@ -22,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -85,8 +86,11 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
   [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
       std::span<const Tensor> tensors);
-  [[nodiscard]] absl::Status Restore(int64_t step,
-                                     std::span<const Tensor> tensors);
+  // `saved_rank`: the shard of that rank (Client::RestoreSavedRank), else
+  // this rank's own.
+  [[nodiscard]] absl::Status Restore(
+      int64_t step, std::span<const Tensor> tensors,
+      std::optional<uint32_t> saved_rank = std::nullopt);
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
                                          std::chrono::milliseconds timeout);
   SaveStats last_save_stats() const;
@@ -124,11 +128,14 @@ class Client::Impl {
   // reported bad (DataLoss returned). *opened: the daemon offered a copy.
   [[nodiscard]] absl::Status RestoreOneCopy(int64_t step,
                                             std::span<const Tensor> tensors,
+                                            std::optional<uint32_t> saved_rank,
                                             bool* opened);
   // Restores from the arena slot the daemon leased; closes the lease (and
   // reports the copy bad when it fails verification).
+  // `lease_rank`: the rank the lease names (a saved rank's, or this one's).
   [[nodiscard]] absl::Status RestoreFromSlot(
-      const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors);
+      const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors,
+      uint32_t lease_rank);
   [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                            const char* image,
                                            std::span<const Tensor> tensors);

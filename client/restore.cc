@@ -42,7 +42,8 @@ absl::Status Client::Impl::WaitDurable(int64_t step,
 }
 
 absl::Status Client::Impl::Restore(int64_t step,
-                                   std::span<const Tensor> tensors) {
+                                   std::span<const Tensor> tensors,
+                                   std::optional<uint32_t> saved_rank) {
   if (step < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", step, " is negative"));
@@ -57,7 +58,7 @@ absl::Status Client::Impl::Restore(int64_t step,
   std::vector<std::string> tried;
   for (int copy = 0; copy < 3; ++copy) {
     bool opened = false;
-    absl::Status s = RestoreOneCopy(step, tensors, &opened);
+    absl::Status s = RestoreOneCopy(step, tensors, saved_rank, &opened);
     if (s.ok() || (copy == 0 && s.code() != absl::StatusCode::kDataLoss))
       return s;
     tried.emplace_back(s.message());
@@ -98,6 +99,7 @@ absl::StatusOr<int64_t> Client::Impl::RestoreLatest(
 
 absl::Status Client::Impl::RestoreOneCopy(int64_t step,
                                           std::span<const Tensor> tensors,
+                                          std::optional<uint32_t> saved_rank,
                                           bool* opened) {
   // The daemon decides the source: FILE (a lease on the file) only when
   // this process can read the shard file itself, else a slot it loaded the
@@ -107,6 +109,10 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
   open.set_rank(static_cast<uint32_t>(options_.rank));
   open.set_step(static_cast<uint64_t>(step));
   open.set_allow_file_read(true);
+  if (saved_rank) open.set_saved_rank(*saved_rank);
+  // The lease is the shard's rank's.
+  const uint32_t lease_rank =
+      saved_rank.value_or(static_cast<uint32_t>(options_.rank));
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
   *opened = true;
   if (resp.source() == v1::RESTORE_SOURCE_FILE) {
@@ -120,7 +126,7 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
     if (resp.lease() != 0 || s.code() == absl::StatusCode::kDataLoss) {
       v1::CloseRestoreRequest close;
       close.set_job(options_.job);
-      close.set_rank(static_cast<uint32_t>(options_.rank));
+      close.set_rank(lease_rank);
       close.set_step(static_cast<uint64_t>(step));
       close.set_lease(resp.lease());
       if (s.code() == absl::StatusCode::kDataLoss)
@@ -130,12 +136,13 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
     }
     return Annotate(s, absl::StrCat("restore of step ", step));
   }
-  return Annotate(RestoreFromSlot(resp, tensors),
+  return Annotate(RestoreFromSlot(resp, tensors, lease_rank),
                   absl::StrCat("restore of step ", step));
 }
 
 absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
-                                           std::span<const Tensor> tensors) {
+                                           std::span<const Tensor> tensors,
+                                           uint32_t lease_rank) {
   absl::Status s = [&]() -> absl::Status {
     std::shared_ptr<client::MappedArena> arena;
     {
@@ -158,7 +165,7 @@ absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
 
   v1::CloseRestoreRequest close;
   close.set_job(options_.job);
-  close.set_rank(static_cast<uint32_t>(options_.rank));
+  close.set_rank(lease_rank);
   close.set_lease(resp.lease());
   if (s.code() == absl::StatusCode::kDataLoss)
     close.set_bad_copy(std::string(s.message().substr(0, 1024)));

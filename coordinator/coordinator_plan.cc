@@ -348,6 +348,9 @@ void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
     if (step) {
       v1::Order prefetch = base;
       prefetch.set_kind(v1::PREFETCH);
+      // Fetched shards are of the world size they were saved at.
+      if (job.rec.restore_world_size() != 0)
+        prefetch.set_world_size(job.rec.restore_world_size());
       if (job.rec.has_owner_uid()) prefetch.set_owner_uid(job.rec.owner_uid());
       // A restore at another world size fetches the saved rank each rank
       // restores (restore_ranks).

@@ -63,17 +63,19 @@ absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(
   return out;
 }
 
-absl::Status TrainCheckpoint::CheckMeta(int64_t step) const {
+absl::Status TrainCheckpoint::CheckMeta(int64_t step, int64_t world) const {
   std::string where = absl::StrCat("checkpoint step ", step, ": ");
   if (meta_model_[0] != kCheckpointLayoutVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, "meta/model layout version ", meta_model_[0],
                      ", expected ", kCheckpointLayoutVersion));
   }
-  if (meta_model_[4] != world_size_) {
+  if (meta_model_[4] != world) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, "written by a job of world size ", meta_model_[4],
-                     ", this run has world size ", world_size_));
+                     world == world_size_ ? ", this run has world size "
+                                          : ", the saved rank's world size is ",
+                     world));
   }
   const int64_t mine[3] = {model_.vocab, model_.dim, model_.layers};
   const char* names[3] = {"vocab", "dim", "layers"};
@@ -97,21 +99,27 @@ absl::Status TrainCheckpoint::CheckMeta(int64_t step) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RestoredState> TrainCheckpoint::Restore(Client& client,
-                                                       int64_t step) {
+absl::StatusOr<RestoredState> TrainCheckpoint::Restore(
+    Client& client, int64_t step, std::optional<SavedRank> from) {
   std::vector<Tensor> meta = {Meta("meta/step", meta_step_, 1),
                               Meta("meta/rng", meta_rng_, 2),
                               Meta("meta/model", meta_model_, 5)};
-  if (absl::Status s = client.Restore(step, meta); !s.ok()) {
+  auto read = [&](std::span<const Tensor> tensors) {
+    return from ? client.RestoreSavedRank(step, from->rank, tensors)
+                : client.Restore(step, tensors);
+  };
+  if (absl::Status s = read(meta); !s.ok()) {
     return Annotate(
         s, absl::StrCat("checkpoint step ", step,
                         ": not a ckpt-worker checkpoint (reading meta/*)"));
   }
-  CKPT_RETURN_IF_ERROR(CheckMeta(step));
+  CKPT_RETURN_IF_ERROR(
+      CheckMeta(step, from ? static_cast<int64_t>(from->world_size)
+                           : static_cast<int64_t>(world_size_)));
   CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> all,
                         TensorsFor(step, meta_rng_[0]));
   all.resize(3 * shapes_.size());  // the state; meta is already read
-  if (absl::Status s = client.Restore(step, all); !s.ok()) {
+  if (absl::Status s = read(all); !s.ok()) {
     return Annotate(s, absl::StrCat("checkpoint step ", step));
   }
   CKPT_RETURN_IF_ERROR(optimizer_->ReloadMasterState(step));

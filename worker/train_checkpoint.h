@@ -6,12 +6,15 @@
 // [5] (layout version, vocab, dim, layers, world size). Saving hands libckpt
 // views of the optimizer's own buffers, so nothing is copied twice; restoring
 // reads meta first and refuses, before touching any weight, a checkpoint of
-// another model or world size. Not thread-safe; one per trainer.
+// another model or world size (unless restored as a saved rank of that
+// world size: the state is the same on every rank). Not thread-safe; one
+// per trainer.
 #ifndef CKPT_WORKER_TRAIN_CHECKPOINT_H_
 #define CKPT_WORKER_TRAIN_CHECKPOINT_H_
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,6 +25,14 @@
 namespace ckpt::worker {
 
 inline constexpr int64_t kCheckpointLayoutVersion = 1;
+
+// A step saved at another world size (elastic continuation): the saved
+// rank whose shard a rank restores, and the world size it was saved at.
+// Data parallel: every rank's shard holds the whole model and optimizer.
+struct SavedRank {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+};
 
 struct RestoredState {
   int64_t step = 0;
@@ -44,12 +55,15 @@ class TrainCheckpoint {
   // when the checkpoint's model or world size differs from this run's; the
   // client's error (naming the tensor) when a tensor is missing or its shape
   // or checksum is wrong.
-  [[nodiscard]] absl::StatusOr<RestoredState> Restore(Client& client,
-                                                      int64_t step);
+  // `from`: the step was saved at another world size; restores that
+  // saved rank's shard, whose meta must say that world size.
+  [[nodiscard]] absl::StatusOr<RestoredState> Restore(
+      Client& client, int64_t step,
+      std::optional<SavedRank> from = std::nullopt);
 
  private:
   Tensor Meta(const char* name, int64_t* data, int64_t count);
-  [[nodiscard]] absl::Status CheckMeta(int64_t step) const;
+  [[nodiscard]] absl::Status CheckMeta(int64_t step, int64_t world) const;
 
   const MlpConfig model_;
   const int world_size_;

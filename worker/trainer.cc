@@ -158,13 +158,18 @@ absl::Status Trainer::Initialize() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step) {
-  CKPT_ASSIGN_OR_RETURN(int64_t start, RestoreThisRank(step));
+absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step,
+                                         std::optional<SavedRank> from) {
+  if (from && !step)
+    return absl::InvalidArgumentError(
+        "restore of a saved rank: needs the step it was saved at");
+  CKPT_ASSIGN_OR_RETURN(int64_t start, RestoreThisRank(step, from));
   CKPT_RETURN_IF_ERROR(CheckRanksAgree("after restore"));
   return start;
 }
 
-absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
+absl::StatusOr<int64_t> Trainer::RestoreThisRank(
+    std::optional<int64_t> step, std::optional<SavedRank> from) {
   if (client_ == nullptr) {
     if (step.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -183,7 +188,7 @@ absl::StatusOr<int64_t> Trainer::RestoreThisRank(std::optional<int64_t> step) {
     target = *latest;
   }
   CKPT_ASSIGN_OR_RETURN(RestoredState r,
-                        checkpoint_->Restore(*client_, target));
+                        checkpoint_->Restore(*client_, target, from));
   step_ = r.step;
   data_seed_ = r.data_seed;
   restored_ = true;

@@ -92,7 +92,12 @@ class Trainer {
   // With a client: restores `step` when given, else the latest step of the
   // job if there is one (NotFound from the daemon means a fresh start).
   // Call before Run. Returns the step training continues from.
-  [[nodiscard]] absl::StatusOr<int64_t> Restore(std::optional<int64_t> step);
+  // `from`: `step` was saved at another world size (a resized job): this
+  // rank restores that saved rank's shard; the batch is re-partitioned
+  // over this run's world size by construction (a contiguous slice each).
+  [[nodiscard]] absl::StatusOr<int64_t> Restore(
+      std::optional<int64_t> step,
+      std::optional<SavedRank> from = std::nullopt);
 
   // Trains up to options.steps; log lines go to `log` when not null.
   // Waits for the last save to be taken by the daemon before returning.
@@ -133,7 +138,9 @@ class Trainer {
   Trainer(const TrainerOptions& options, std::unique_ptr<Client> client,
           std::unique_ptr<DataParallel> comm, MlpModel model);
   [[nodiscard]] absl::Status Initialize();
-  absl::StatusOr<int64_t> RestoreThisRank(std::optional<int64_t> step);
+  absl::StatusOr<int64_t> RestoreThisRank(
+      std::optional<int64_t> step,
+      std::optional<SavedRank> from = std::nullopt);
   // Averages the gradients (and `loss`) over the ranks and hands them to the
   // optimizer.
   [[nodiscard]] absl::Status ReduceGradients(float& loss);

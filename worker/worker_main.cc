@@ -13,6 +13,11 @@
 //   GLOO_SOCKET_IFNAME     bind gloo to this interface instead of the one
 //                          that reaches MASTER_ADDR
 //   CKPT_RESTORE_STEP      restore this step instead of the latest one
+//   CKPT_RESTORE_RANK, CKPT_RESTORE_WORLD_SIZE  the step was saved at
+//                          another world size (a resized job): restore
+//                          that saved rank's shard (every rank holds the
+//                          whole state) and train on at WORLD_SIZE, the
+//                          batch re-partitioned over it
 //   CKPT_GENERATION        the job generation (carried by every save)
 //   CKPT_RESTART_DIR       ckptrun's directory of in-process restart: the
 //                          worker says it can restart in its process, and
@@ -87,10 +92,12 @@ struct Assignment {
   uint64_t generation = 0;
   bool generation_known = false;  // $CKPT_GENERATION or a plan said it
   RestartPlan plan;               // rank, world size, rendezvous, restore
+  // $CKPT_RESTORE_RANK: the restore step's saved rank (another world size).
+  std::optional<ckpt::worker::SavedRank> restore_from;
 };
 
 Assignment FromPlan(const RestartPlan& plan) {
-  return Assignment{plan.generation, true, plan};
+  return Assignment{plan.generation, true, plan, std::nullopt};
 }
 
 // "rss_kb=R fds=F threads=T shmem_kb=S" of this process, from /proc/self:
@@ -145,7 +152,8 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
     CKPT_ASSIGN_OR_RETURN(
         trainer, Trainer::Create(options, std::move(client), std::move(comm)));
     trainer->SetStopFlag(stop);
-    CKPT_ASSIGN_OR_RETURN(start, trainer->Restore(a.plan.restore_step));
+    CKPT_ASSIGN_OR_RETURN(
+        start, trainer->Restore(a.plan.restore_step, a.restore_from));
   } else {
     CKPT_ASSIGN_OR_RETURN(
         start, trainer->JoinGeneration(std::move(client), std::move(comm),
@@ -176,6 +184,16 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
                         EnvInt("CKPT_RESTORE_STEP", 0, int64_t{1} << 62));
   CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> generation,
                         EnvInt("CKPT_GENERATION", 0, int64_t{1} << 62));
+  CKPT_ASSIGN_OR_RETURN(std::optional<int64_t> restore_world,
+                        EnvInt("CKPT_RESTORE_WORLD_SIZE", 1, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(
+      std::optional<int64_t> restore_rank,
+      EnvInt("CKPT_RESTORE_RANK", 0, restore_world.value_or(1 << 20) - 1));
+  if (restore_rank.has_value() != restore_world.has_value() ||
+      (restore_rank.has_value() && !restore_step.has_value()))
+    return absl::InvalidArgumentError(
+        "$CKPT_RESTORE_RANK: needs $CKPT_RESTORE_WORLD_SIZE and "
+        "$CKPT_RESTORE_STEP (and they it)");
   Assignment a;
   a.generation = static_cast<uint64_t>(generation.value_or(0));
   a.generation_known = generation.has_value();
@@ -185,6 +203,10 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
       Env("MASTER_ADDR") != nullptr ? Env("MASTER_ADDR") : dp.master_addr;
   a.plan.master_port = static_cast<uint32_t>(port.value_or(dp.master_port));
   a.plan.restore_step = restore_step;
+  if (restore_rank.has_value())
+    a.restore_from =
+        ckpt::worker::SavedRank{static_cast<uint32_t>(*restore_rank),
+                                static_cast<uint32_t>(*restore_world)};
   if (local_rank.has_value() && *local_rank > a.plan.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "$LOCAL_RANK = ", *local_rank, ": above $RANK = ", a.plan.rank));

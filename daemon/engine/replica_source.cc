@@ -53,7 +53,10 @@ absl::StatusOr<StagedCopy> ReplicaSource::SnapshotStaged(
   c.set_job(job_name);
   c.set_step(shard->rec.step());
   c.set_rank(rank_no);
-  c.set_world_size(job->rec.world_size());
+  // The world size the shard was saved at (a resized job's trainers run
+  // at another); records before it was kept: the job's.
+  c.set_world_size(shard->rec.world_size() != 0 ? shard->rec.world_size()
+                                                : job->rec.world_size());
   c.set_generation(shard->rec.generation());
   c.set_image_bytes(shard->rec.image_bytes());
   for (const storage::ShardTensor& t : shard->info.tensors)
@@ -135,10 +138,8 @@ absl::Status ReplicaSource::FetchFromPeer(
     }
     Job* job = node_.table.Find(job_name);
     job->forget_when_idle = false;
-    if (job->rec.world_size() != world_size)
-      return absl::FailedPreconditionError(
-          absl::StrCat("world_size: job '", job_name, "' has ",
-                       job->rec.world_size(), " ranks here, not ", world_size));
+    // (A resized job fetches shards of another world size than its
+    // trainers': the copy's own is checked above.)
     if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
         s != nullptr && s->slot >= 0) {
       have = true;

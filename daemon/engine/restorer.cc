@@ -74,9 +74,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
                                 .count(),
                             bytes);
   };
+  // The shard read: the caller's rank's, or a saved rank's (a step saved
+  // at another world size than the caller's, which it must name).
+  const uint32_t shard_rank =
+      req.has_saved_rank() ? req.saved_rank() : req.rank();
   Section lock(&node_);
   // A replacement's trainer may start while its shard still arrives.
-  CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), req.rank()));
+  CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), shard_rank));
   auto bad_rank = [&](const Job& j) -> absl::Status {
     if (req.rank() < j.rec.world_size()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,10 +92,14 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   auto not_found = [&](const std::string& newest) {
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", req.step(),
-                                            " for rank ", req.rank(), newest));
+                                            " for rank ", shard_rank, newest));
   };
-  Shard* shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+  Shard* shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
   if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
+  if (req.has_saved_rank() && shard->rec.world_size() == job->rec.world_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved_rank: step ", req.step(), " was saved at this job's world size ",
+        job->rec.world_size(), "; each rank restores its own shard"));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {
     j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
@@ -115,7 +123,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     lock.Relock();
     CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
     CKPT_RETURN_IF_ERROR(bad_rank(*job));
-    shard = node_.table.FindShard(req.job(), req.step(), req.rank());
+    shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
     if (shard == nullptr)
       return not_found(NewestCompleteNote(node_.table, *job));
     if (shard->gen != gen || copy_of(*shard) != RestoreCopy::kFileIfReadable)
@@ -124,11 +132,11 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   if (path) {
     // The client reads the file into its own buffers: one read, no arena.
     LogInfo(absl::StrCat("restore job ", req.job(), " step ", req.step(),
-                         " rank ", req.rank(), ": the client reads ",
+                         " rank ", shard_rank, ": the client reads ",
                          shard->rec.path()));
     // The lease keeps the file: a delete (retention, a re-save, Delete)
     // waits until the client's CloseRestore or its exit.
-    Lease lease{req.job(), req.rank(), 0, req.step(), false, peer.pid};
+    Lease lease{req.job(), shard_rank, 0, req.step(), false, peer.pid};
     lease.file_key = shard->rec.path();
     CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
                           node_.table.leases().Add(std::move(lease)));
@@ -144,13 +152,13 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   const RestoreCopy copy = copy_of(*shard);
   if (copy == RestoreCopy::kLost)
     return absl::DataLossError(absl::StrCat(
-        "step ", req.step(), " rank ", req.rank(),
+        "step ", req.step(), " rank ", shard_rank,
         " is neither in memory nor durable: ", shard->rec.error()));
   if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
     double load_s = 0;
     bool from_object = false;
     absl::StatusOr<Shard*> loaded =
-        LoadShard(req.job(), req.step(), req.rank(), &load_s, &from_object);
+        LoadShard(req.job(), req.step(), shard_rank, &load_s, &from_object);
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();
@@ -167,8 +175,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     resp.set_source(from_object ? v1::RESTORE_SOURCE_OBJECT
                                 : v1::RESTORE_SOURCE_DISK);
   }
-  Rank& rank = job->ranks[req.rank()];
-  Lease lease{req.job(),  req.rank(), static_cast<uint32_t>(shard->slot),
+  Rank& rank = job->ranks[shard_rank];
+  Lease lease{req.job(),  shard_rank, static_cast<uint32_t>(shard->slot),
               req.step(), false,      peer.pid};
   CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
                         node_.table.leases().Add(std::move(lease)));

@@ -248,10 +248,9 @@ absl::Status Restorer::Prefetch(const std::string& job_name,
   }
   Job& job = *node_.table.Find(job_name);
   job.forget_when_idle = false;
-  if (job.rec.world_size() != world_size)
-    return absl::FailedPreconditionError(
-        absl::StrCat("world_size: job '", job_name, "' has ",
-                     job.rec.world_size(), " ranks here, not ", world_size));
+  // A resized job (elastic continuation) fetches shards saved at another
+  // world size than the one its trainers run at: each shard carries its
+  // own (checked against the order above).
   auto existing = job.steps.find(step);
   if (existing != job.steps.end() && existing->second.shards.count(rank)) {
     Shard& have = existing->second.shards[rank];

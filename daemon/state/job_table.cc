@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
+#include "util/log.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -54,10 +55,15 @@ absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
     return absl::PermissionDeniedError(
         absl::StrCat("job '", name, "' belongs to uid ", job.rec.uid(),
                      ", caller is uid ", uid));
-  if (world_size != job.rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
-                                                   " differs from the job's ",
-                                                   job.rec.world_size()));
+  if (world_size != job.rec.world_size()) {
+    // Elastic continuation: the job's launcher restarted it at another
+    // world size (a plan after a lost node, or one that grows it back).
+    // Its shards keep the world size they were saved at; the job's is its
+    // trainers' from now on (written with the next record of the job).
+    LogInfo(absl::StrCat("job ", name, ": world size ", job.rec.world_size(),
+                         " -> ", world_size, " (a trainer registered)"));
+    job.rec.set_world_size(world_size);
+  }
   return &job;
 }
 

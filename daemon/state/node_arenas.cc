@@ -55,7 +55,8 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   ao.name = ArenaName(name, rank_no) + (grow ? ".grow" : "");
   ao.job = name;
   ao.rank = rank_no;
-  ao.world_size = job->rec.world_size();
+  // A saved rank of a larger world size (a resized job restores it).
+  ao.world_size = std::max(job->rec.world_size(), rank_no + 1);
   ao.slot_bytes = slot_bytes;
   ao.num_slots = job->rec.num_slots();
   ao.user_uid = job->rec.uid();

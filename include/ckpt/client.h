@@ -175,6 +175,12 @@ class Client {
   // checksum mismatch fails with an error naming the tensor.
   [[nodiscard]] absl::Status Restore(int64_t step,
                                      std::span<const Tensor> tensors);
+  // Restore of a step saved at another world size than this run's
+  // (elastic continuation: a launcher names the saved rank in
+  // $CKPT_RESTORE_RANK): fills the tensors from the shard of `saved_rank`.
+  // For data-parallel state only: every rank's shard holds the whole.
+  [[nodiscard]] absl::Status RestoreSavedRank(int64_t step, uint32_t saved_rank,
+                                              std::span<const Tensor> tensors);
   // Restores the newest step whose copies verify and returns it. A copy
   // that fails verification is reported (the daemon checks it and drops it
   // if it is bad), the next copy of the step is tried, then the previous

@@ -1,0 +1,164 @@
+// Elastic continuation with real processes: ckpt-worker ranks under real
+// ckptruns (--min-world-size 2), a real coordinator and ckptds, no spare.
+// Node a (ranks 0 and 1) is SIGKILLed with its ckptd, ckptrun and
+// trainers: the job goes on at world size 2 on node b, whose new ranks 0
+// and 1 restore saved ranks 2 and 3 of the last good step from b's own
+// memory, and ends bit for bit as a reference that made the same shrink
+// at the same step from the same checkpoint: 4 ranks trained to that step
+// against a standalone ckptd, then 2 ranks restoring saved ranks 2 and 3
+// of it (the same code, no failure, no coordinator).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/cluster_fixture.h"
+#include "tests/harness.h"
+#include "tests/test_util.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+
+constexpr uint32_t kWorld = 4;
+constexpr uint32_t kShrunk = 2;
+constexpr int kSteps = 60;
+
+// The small model of these tests; a declared evaluation of 30 ms a step
+// (the weights untouched) leaves time to act while it trains.
+std::vector<std::string> WorkerFlags(int steps) {
+  return {"--steps",
+          std::to_string(steps),
+          "--ckpt-every",
+          "2",
+          "--vocab",
+          "64",
+          "--dim",
+          "32",
+          "--seq",
+          "16",
+          "--batch",
+          "8",
+          "--seed",
+          "5",
+          "--lr",
+          "0.01",
+          "--log-every",
+          "10",
+          "--eval-every",
+          "1",
+          "--eval-s",
+          "0.03",
+          "--collective-timeout-s",
+          "90"};
+}
+
+class ElasticClusterTest : public ClusterTest {
+ protected:
+  // `world` ckpt-worker ranks of `flags` against `daemon`, job `job`,
+  // with `env` (per rank) added; every one must exit 0. Returns the log.
+  std::string RunRanks(const DaemonProcess& daemon, const std::string& job,
+                       const std::vector<std::string>& flags, uint32_t world,
+                       const std::string& name,
+                       std::vector<std::vector<std::string>> env = {}) {
+    const int port = FreeLoopbackPorts(1)[0];
+    const std::string log = dir_.path() + "/" + name + ".log";
+    std::vector<std::string> argv = {CKPT_WORKER_BINARY};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::vector<std::unique_ptr<Proc>> ranks;
+    for (uint32_t r = 0; r < world; ++r) {
+      std::vector<std::string> e = {"RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=" + std::to_string(world),
+                                    "MASTER_ADDR=127.0.0.1",
+                                    "MASTER_PORT=" + std::to_string(port),
+                                    "CKPT_SOCKET=" + daemon.socket(),
+                                    "CKPT_JOB=" + job};
+      if (r < env.size()) e.insert(e.end(), env[r].begin(), env[r].end());
+      ranks.push_back(Proc::Spawn(argv, log, e));
+    }
+    for (auto& p : ranks) {
+      std::optional<int> st = p->Wait(std::chrono::seconds(120));
+      EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << ReadFileToString(log);
+    }
+    return ReadFileToString(log);
+  }
+
+  // The reference: 4 ranks to `step`, then 2 ranks from it, new rank i
+  // restoring saved rank from[i].
+  std::string Reference(uint64_t step, const std::vector<uint32_t>& from) {
+    auto daemon = DaemonProcess::Start(
+        dir_.path() + "/ref-root", dir_.path() + "/ref-run", prefixes_.New());
+    EXPECT_TRUE(daemon.ok()) << daemon.status();
+    if (!daemon.ok()) return "";
+    RunRanks(**daemon, "ref", WorkerFlags(static_cast<int>(step)), kWorld,
+             "reference-before");
+    std::vector<std::vector<std::string>> env;
+    for (uint32_t saved : from)
+      env.push_back({absl::StrCat("CKPT_RESTORE_STEP=", step),
+                     absl::StrCat("CKPT_RESTORE_RANK=", saved),
+                     absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", kWorld)});
+    const std::string log = RunRanks(**daemon, "ref", WorkerFlags(kSteps),
+                                     kShrunk, "reference-after", env);
+    std::map<uint32_t, std::string> d = WorkerDoneDigests(log);
+    EXPECT_EQ(d.size(), kShrunk) << log;
+    EXPECT_NE(log.find(absl::StrCat("restored step ", step)), std::string::npos)
+        << log;
+    return d.empty() ? "" : d.begin()->second;
+  }
+
+  ArenaPrefixes prefixes_;  // the reference's ckptd's arenas
+};
+
+TEST_F(ElasticClusterTest, NodeLostWithoutSpareTrainsOnAtTheSmallerWorldSize) {
+  ClusterOptions o = Options(kWorld);
+  o.trainer_command = {CKPT_WORKER_BINARY};
+  for (const std::string& f : WorkerFlags(kSteps))
+    o.trainer_command.push_back(f);
+  o.launcher_args = {"--min-world-size", std::to_string(kShrunk)};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");  // ranks 0, 1
+  cluster_->StartNode("b");  // ranks 2, 3
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
+  cluster_->KillNode("a");
+  ExpectLaunchersSucceed({"b"});
+  const std::string b = cluster_->LauncherLog("b");
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->world_size(), kShrunk) << b;
+  EXPECT_EQ(job->full_world_size(), kWorld);
+  EXPECT_EQ(job->rank_node(0), "b");
+  EXPECT_EQ(job->rank_node(1), "b");
+  ASSERT_TRUE(job->has_restore_step());
+  const uint64_t step = job->restore_step();
+  EXPECT_EQ(job->restore_world_size(), kWorld);
+  const std::vector<uint32_t> from(job->restore_ranks().begin(),
+                                   job->restore_ranks().end());
+  EXPECT_EQ(from, (std::vector<uint32_t>{2, 3})) << "b's own memory";
+  // PLAN_MADE says the world size; the shrunk job committed steps after.
+  bool shrunk = false;
+  for (const cv1::Event& e : cluster_->Events())
+    if (e.kind() == cv1::PLAN_MADE && e.world_size() == kShrunk) shrunk = true;
+  EXPECT_TRUE(shrunk);
+  EXPECT_GT(job->last_good_step(), step);
+  EXPECT_EQ(job->last_good_world_size(), kShrunk);
+  // Each new rank restored its saved rank from b's memory and finished.
+  EXPECT_NE(b.find(absl::StrCat("restored step ", step)), std::string::npos)
+      << b;
+  std::map<uint32_t, std::string> digests = WorkerDoneDigests(b);
+  ASSERT_EQ(digests.count(0) + digests.count(1), 2u) << b;
+  const std::string want = Reference(step, from);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(digests[0], want);
+  EXPECT_EQ(digests[1], want);
+}
+
+}  // namespace
+}  // namespace ckpt::testing

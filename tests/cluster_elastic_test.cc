@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,6 +94,7 @@ class ElasticClusterTest : public ClusterTest {
   // The reference: 4 ranks to `step`, then 2 ranks from it, new rank i
   // restoring saved rank from[i].
   std::string Reference(uint64_t step, const std::vector<uint32_t>& from) {
+    std::filesystem::create_directories(dir_.path() + "/ref-run");
     auto daemon = DaemonProcess::Start(
         dir_.path() + "/ref-root", dir_.path() + "/ref-run", prefixes_.New());
     EXPECT_TRUE(daemon.ok()) << daemon.status();

@@ -259,7 +259,15 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
       // The launcher's plan, when there is one, is the newest assignment.
       CKPT_ASSIGN_OR_RETURN(std::optional<RestartPlan> plan,
                             ckpt::PollRestart(0));
-      if (plan.has_value()) a = FromPlan(*plan);
+      if (plan.has_value()) {
+        // The plan file carries no saved rank: the environment's holds
+        // for the generation it was started in (ckptrun starts a resized
+        // job's ranks as fresh processes).
+        std::optional<ckpt::worker::SavedRank> from = a.restore_from;
+        const uint64_t started_in = a.generation;
+        a = FromPlan(*plan);
+        if (a.generation == started_in) a.restore_from = from;
+      }
       monitor = std::make_unique<RestartMonitor>(
           a.generation, std::chrono::milliseconds(10), stdout);
       std::printf("generation %llu: rank %u of %u, in-process restart on\n",

@@ -96,10 +96,6 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   };
   Shard* shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
   if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
-  if (req.has_saved_rank() && shard->rec.world_size() == job->rec.world_size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "saved_rank: step ", req.step(), " was saved at this job's world size ",
-        job->rec.world_size(), "; each rank restores its own shard"));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {
     j.restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};

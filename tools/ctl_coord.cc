@@ -100,18 +100,6 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
   w.EndArray().Key("jobs").BeginArray();
   for (const auto& j : c.jobs()) {
     w.BeginObject().Field("job", j.job()).Field("world_size", j.world_size());
-    // Elastic continuation: the registered size (world_size is smaller
-    // while the job runs shrunk), the least and the multiple (0: never
-    // shrinks), and a restore at another world size: the saved rank per
-    // rank.
-    w.Field("full_world_size",
-            j.full_world_size() != 0 ? j.full_world_size() : j.world_size())
-        .Field("min_world_size", j.min_world_size())
-        .Field("world_size_multiple", j.world_size_multiple())
-        .Field("restore_world_size", j.restore_world_size());
-    w.Key("restore_ranks").BeginArray();
-    for (uint32_t r : j.restore_ranks()) w.Uint(r);
-    w.EndArray();
     w.Key("rank_node").BeginArray();
     for (const auto& node : j.rank_node()) w.String(node);
     w.EndArray().Key("last_good_step");
@@ -130,9 +118,22 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
       w.Null();
     w.Key("lost_ranks").BeginArray();
     for (uint32_t r : j.lost_ranks()) w.Uint(r);
+    w.EndArray();
+    // Elastic continuation: the registered size (world_size is smaller
+    // while the job runs shrunk), the least and the multiple (0: never
+    // shrinks), and a restore at another world size: the saved rank per
+    // rank.
+    w.Field("full_world_size",
+            j.full_world_size() != 0 ? j.full_world_size() : j.world_size())
+        .Field("min_world_size", j.min_world_size())
+        .Field("world_size_multiple", j.world_size_multiple())
+        .Field("restore_world_size", j.restore_world_size());
+    w.Key("restore_ranks").BeginArray();
+    for (uint32_t r : j.restore_ranks()) w.Uint(r);
+    w.EndArray();
     // Which write of the last good step's MANIFEST.global its commit
     // refers to (a leader's fence; null for a commit without a stamp).
-    w.EndArray().Key("last_good_manifest");
+    w.Key("last_good_manifest");
     auto stamp = j.has_last_good()
                      ? j.manifest_stamps().find(j.last_good_step())
                      : j.manifest_stamps().end();

@@ -93,6 +93,13 @@ TEST_F(CtlCoordTest, ClusterJsonShowsRegisteredNodeAndRankPlacement) {
   EXPECT_NE(r.out.find(R"("generation":0)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(R"("last_good_manifest":null)"), std::string::npos)
       << r.out;
+  // Elastic continuation: not elastic (the coordinator's default), at its
+  // registered size, restoring no other world size.
+  EXPECT_NE(
+      r.out.find(
+          R"("full_world_size":2,"min_world_size":0,"world_size_multiple":1,"restore_world_size":0,"restore_ranks":[])"),
+      std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find(R"("kind":"JOB_REGISTERED")"), std::string::npos)
       << r.out;
 

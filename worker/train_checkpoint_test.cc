@@ -154,5 +154,53 @@ TEST_F(TrainCheckpointTest, RestoreOfMismatchedTensorIsRefusedNamingIt) {
       << r.status();
 }
 
+// Elastic continuation: a step saved by rank 1 of 2 comes back into a run
+// of world size 1 as saved rank 1 (ckptd serves another rank's shard to
+// this rank), its meta checked against the saved world size; the same
+// checkpoint without the saved rank is refused as before.
+TEST_F(TrainCheckpointTest, SavedRankOfAnotherWorldSizeRestoresExactState) {
+  auto c = Client::Connect(ckpt::testing::OptionsFor(*daemon_, "el", 1, 2));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto saved = MakeOptimizer(1);
+  TrainCheckpoint writer(Model(), /*world_size=*/2, saved->adam.get());
+  auto tensors = writer.TensorsFor(6, 77);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_TRUE((*c)->Save(6, *tensors).ok());
+  c->reset();
+
+  auto one = Client::Connect(ckpt::testing::OptionsFor(*daemon_, "el", 0, 1));
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto restored = MakeOptimizer(2);
+  TrainCheckpoint reader(Model(), /*world_size=*/1, restored->adam.get());
+  absl::StatusOr<RestoredState> r = reader.Restore(**one, 6);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound)
+      << "rank 0 saved nothing: " << r.status();
+  r = reader.Restore(**one, 6, SavedRank{1, 3});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_NE(std::string(r.status().message())
+                .find("world size 2, the saved rank's world size is 3"),
+            std::string::npos)
+      << r.status();
+  r = reader.Restore(**one, 6, SavedRank{1, 2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 6);
+  EXPECT_EQ(r->data_seed, 77u);
+  for (size_t i = 0; i < MlpParamShapes(Model()).size(); ++i) {
+    auto a = saved->adam->MasterStateOf(i),
+         b = restored->adam->MasterStateOf(i);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const size_t numel = MlpParamShapes(Model())[i].numel;
+    EXPECT_EQ(std::memcmp(a->p, b->p, 4 * numel), 0) << i;
+    EXPECT_EQ(std::memcmp(a->m, b->m, 4 * numel), 0) << i;
+    EXPECT_EQ(std::memcmp(a->v, b->v, 4 * numel), 0) << i;
+  }
+  // This run saves on, at its own world size, from the restored step.
+  auto next =
+      TrainCheckpoint(Model(), 1, restored->adam.get()).TensorsFor(8, 77);
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE((*one)->Save(8, *next).ok());
+}
+
 }  // namespace
 }  // namespace ckpt::worker

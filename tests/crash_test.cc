@@ -122,6 +122,52 @@ TEST_F(CrashTest, DaemonKilledMidPersistFinishesAfterRestart) {
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }
 
+// Elastic continuation: a job resized on this node (its trainers now
+// register at world size 2) keeps a saved rank of the old size (rank 3 of
+// 4) across a ckptd SIGKILL: its arena is re-attached, so the saved rank's
+// shard is still served from memory to the new layout's rank 0.
+TEST_F(CrashTest, ResizedJobKeepsTheSavedRanksArenaAcrossADaemonKill) {
+  auto old = Connect("resized", 3, 4);
+  ASSERT_NE(old, nullptr);
+  HostState s = MakeState(1 << 20, 4, 9);
+  ASSERT_TRUE(old->Save(2, s.tensors).ok());
+  ASSERT_TRUE(old->WaitDurable(2).ok());
+  old.reset();
+  auto now = Connect("resized", 0, 2);
+  ASSERT_NE(now, nullptr);
+  HostState t = MakeState(1 << 20, 4, 10);
+  ASSERT_TRUE(now->Save(4, t.tensors).ok());  // the job's world size is 2
+  now.reset();
+  daemon_->Kill(SIGKILL);
+  daemon_->Wait();
+  Restart();
+  grpc::ClientContext ctx;
+  v1::OpenRestoreRequest req;
+  req.set_job("resized");
+  req.set_rank(0);
+  req.set_step(2);
+  req.set_saved_rank(3);
+  v1::OpenRestoreResponse resp;
+  grpc::Status st = daemon_->Stub()->OpenRestore(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.source(), v1::RESTORE_SOURCE_MEMORY)
+      << v1::RestoreSource_Name(resp.source());
+  grpc::ClientContext close_ctx;
+  v1::CloseRestoreRequest close;
+  close.set_job("resized");
+  close.set_rank(3);  // the lease is the saved rank's
+  close.set_lease(resp.lease());
+  v1::CloseRestoreResponse closed;
+  st = daemon_->Stub()->CloseRestore(&close_ctx, close, &closed);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  // And the library reads it whole.
+  now = Connect("resized", 0, 2);
+  ASSERT_NE(now, nullptr);
+  HostState got = s.EmptyLike();
+  ASSERT_TRUE(now->RestoreSavedRank(2, 3, got.tensors).ok());
+  EXPECT_TRUE(got.Equals(s));
+}
+
 TEST_F(CrashTest, CorruptShardIsDetectedAndThePreviousStepStaysRestorable) {
   auto client = Connect("corrupt");
   ASSERT_NE(client, nullptr);

@@ -2,6 +2,7 @@
 // See recovery.h.
 #include "daemon/engine/recovery.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -75,7 +76,8 @@ void RecoverJob(NodeState& node, Job& job,
     expect.name = node.ArenaName(name, r);
     expect.job = name;
     expect.rank = r;
-    expect.world_size = job.rec.world_size();
+    // A saved rank of a larger world size (a resized job) keeps its arena.
+    expect.world_size = std::max(job.rec.world_size(), r + 1);
     expect.slot_bytes = slot_bytes;
     expect.num_slots = job.rec.num_slots();
     expect.user_uid = job.rec.uid();

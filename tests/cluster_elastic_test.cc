@@ -6,7 +6,9 @@
 // memory, and ends bit for bit as a reference that made the same shrink
 // at the same step from the same checkpoint: 4 ranks trained to that step
 // against a standalone ckptd, then 2 ranks restoring saved ranks 2 and 3
-// of it (the same code, no failure, no coordinator).
+// of it (the same code, no failure, no coordinator). Node a started again
+// grows the job back to 4 ranks at its next commit, bit for bit as the
+// reference that shrank and grew at the same steps.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,34 +33,35 @@ namespace cv1 = ::ckpt::coord::v1;
 constexpr uint32_t kWorld = 4;
 constexpr uint32_t kShrunk = 2;
 constexpr int kSteps = 60;
+// Long enough that the shrunk job still trains once node a is back.
+constexpr int kLongSteps = 160;
 
 // The small model of these tests; a declared evaluation of 30 ms a step
-// (the weights untouched) leaves time to act while it trains.
-std::vector<std::string> WorkerFlags(int steps) {
-  return {"--steps",
-          std::to_string(steps),
-          "--ckpt-every",
-          "2",
-          "--vocab",
-          "64",
-          "--dim",
-          "32",
-          "--seq",
-          "16",
-          "--batch",
-          "8",
-          "--seed",
-          "5",
-          "--lr",
-          "0.01",
-          "--log-every",
-          "10",
-          "--eval-every",
-          "1",
-          "--eval-s",
-          "0.03",
-          "--collective-timeout-s",
-          "90"};
+// (the weights untouched: the reference runs without it) leaves time to
+// act while the cluster trains.
+std::vector<std::string> WorkerFlags(int steps, bool paced = true) {
+  std::vector<std::string> f = {"--steps",
+                                std::to_string(steps),
+                                "--ckpt-every",
+                                "2",
+                                "--vocab",
+                                "64",
+                                "--dim",
+                                "32",
+                                "--seq",
+                                "16",
+                                "--batch",
+                                "8",
+                                "--seed",
+                                "5",
+                                "--lr",
+                                "0.01",
+                                "--log-every",
+                                "10",
+                                "--collective-timeout-s",
+                                "90"};
+  if (paced) f.insert(f.end(), {"--eval-every", "1", "--eval-s", "0.03"});
+  return f;
 }
 
 class ElasticClusterTest : public ClusterTest {
@@ -91,27 +95,46 @@ class ElasticClusterTest : public ClusterTest {
     return ReadFileToString(log);
   }
 
-  // The reference: 4 ranks to `step`, then 2 ranks from it, new rank i
-  // restoring saved rank from[i].
-  std::string Reference(uint64_t step, const std::vector<uint32_t>& from) {
+  // One stretch of the reference: `world` ranks train to `steps`, rank i
+  // restoring saved rank from[i] of `restore` (saved at `saved_world`)
+  // unless it is the first.
+  struct Stretch {
+    uint32_t world = 0;
+    int steps = 0;
+    uint64_t restore = 0;
+    uint32_t saved_world = 0;
+    std::vector<uint32_t> from;
+  };
+  // The reference: the stretches one after the other against one
+  // standalone ckptd, the same code without a failure; the digest the
+  // last one's ranks end with.
+  std::string Reference(const std::vector<Stretch>& stretches) {
     std::filesystem::create_directories(dir_.path() + "/ref-run");
     auto daemon = DaemonProcess::Start(
         dir_.path() + "/ref-root", dir_.path() + "/ref-run", prefixes_.New());
     EXPECT_TRUE(daemon.ok()) << daemon.status();
     if (!daemon.ok()) return "";
-    RunRanks(**daemon, "ref", WorkerFlags(static_cast<int>(step)), kWorld,
-             "reference-before");
-    std::vector<std::vector<std::string>> env;
-    for (uint32_t saved : from)
-      env.push_back({absl::StrCat("CKPT_RESTORE_STEP=", step),
-                     absl::StrCat("CKPT_RESTORE_RANK=", saved),
-                     absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", kWorld)});
-    const std::string log = RunRanks(**daemon, "ref", WorkerFlags(kSteps),
-                                     kShrunk, "reference-after", env);
+    std::string log;
+    for (size_t k = 0; k < stretches.size(); ++k) {
+      const Stretch& st = stretches[k];
+      std::vector<std::vector<std::string>> env;
+      for (uint32_t saved : st.from)
+        env.push_back(
+            {absl::StrCat("CKPT_RESTORE_STEP=", st.restore),
+             absl::StrCat("CKPT_RESTORE_RANK=", saved),
+             absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", st.saved_world)});
+      log = RunRanks(**daemon, "ref", WorkerFlags(st.steps, false), st.world,
+                     absl::StrCat("reference-", k), env);
+      if (k > 0)
+        EXPECT_NE(log.find(absl::StrCat("restored step ", st.restore)),
+                  std::string::npos)
+            << log;
+    }
     std::map<uint32_t, std::string> d = WorkerDoneDigests(log);
-    EXPECT_EQ(d.size(), kShrunk) << log;
-    EXPECT_NE(log.find(absl::StrCat("restored step ", step)), std::string::npos)
-        << log;
+    EXPECT_EQ(d.size(), stretches.back().world) << log;
+    std::set<std::string> distinct;
+    for (const auto& [rank, digest] : d) distinct.insert(digest);
+    EXPECT_EQ(distinct.size(), 1u) << log;
     return d.empty() ? "" : d.begin()->second;
   }
 
@@ -156,10 +179,70 @@ TEST_F(ElasticClusterTest, NodeLostWithoutSpareTrainsOnAtTheSmallerWorldSize) {
       << b;
   std::map<uint32_t, std::string> digests = WorkerDoneDigests(b);
   ASSERT_EQ(digests.count(0) + digests.count(1), 2u) << b;
-  const std::string want = Reference(step, from);
+  const std::string want =
+      Reference({{kWorld, static_cast<int>(step), 0, 0, {}},
+                 {kShrunk, kSteps, step, kWorld, from}});
   ASSERT_FALSE(want.empty());
   EXPECT_EQ(digests[0], want);
   EXPECT_EQ(digests[1], want);
+}
+
+// Node a comes back (a new ckptd and ckptrun) while the shrunk job trains:
+// nothing restarts until the job's next commit, where one plan grows it
+// back to 4 ranks (a's new ranks 2 and 3 restoring saved ranks 0 and 1 of
+// that step, fetched), and the ending is bit for bit the reference's that
+// shrank and grew at the same steps.
+TEST_F(ElasticClusterTest, ReturnedNodeGrowsTheJobBackAtItsNextCommit) {
+  ClusterOptions o = Options(kWorld);
+  o.trainer_command = {CKPT_WORKER_BINARY};
+  for (const std::string& f : WorkerFlags(kLongSteps))
+    o.trainer_command.push_back(f);
+  o.launcher_args = {"--min-world-size", std::to_string(kShrunk)};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
+  cluster_->KillNode("a");
+  std::optional<cv1::JobRecord> shrunk;
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        shrunk = cluster_->Job();
+        return shrunk && shrunk->world_size() == kShrunk;
+      },
+      std::chrono::seconds(60)));
+  const uint64_t shrink_step = shrunk->restore_step();
+  const std::vector<uint32_t> shrink_from(shrunk->restore_ranks().begin(),
+                                          shrunk->restore_ranks().end());
+  cluster_->StartNode("a");
+  ExpectLaunchersSucceed({"a", "b"});
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->world_size(), kWorld);
+  EXPECT_EQ(job->rank_node(2), "a");
+  EXPECT_EQ(job->rank_node(3), "a");
+  const uint64_t grow_step = job->restore_step();
+  EXPECT_GT(grow_step, shrink_step);
+  EXPECT_EQ(job->restore_world_size(), kShrunk);
+  const std::vector<uint32_t> grow_from(job->restore_ranks().begin(),
+                                        job->restore_ranks().end());
+  EXPECT_EQ(grow_from, (std::vector<uint32_t>{0, 1, 0, 1}));
+  bool grown = false;
+  for (const cv1::Event& e : cluster_->Events())
+    if (e.kind() == cv1::PLAN_MADE && e.world_size() == kWorld &&
+        e.detail().find("grown from world size 2 to 4") != std::string::npos)
+      grown = true;
+  EXPECT_TRUE(grown);
+  std::map<uint32_t, std::string> digests = WorkerDoneDigests(
+      cluster_->LauncherLog("a") + cluster_->LauncherLog("b"));
+  ASSERT_EQ(digests.size(), kWorld);
+  const std::string want = Reference(
+      {{kWorld, static_cast<int>(shrink_step), 0, 0, {}},
+       {kShrunk, static_cast<int>(grow_step), shrink_step, kWorld, shrink_from},
+       {kWorld, kLongSteps, grow_step, kShrunk, grow_from}});
+  ASSERT_FALSE(want.empty());
+  for (const auto& [rank, digest] : digests)
+    EXPECT_EQ(digest, want) << "rank " << rank;
 }
 
 }  // namespace

@@ -83,6 +83,11 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   CKPT_RETURN_IF_ERROR(WaitFetch(req.job(), req.step(), shard_rank));
   auto bad_rank = [&](const Job& j) -> absl::Status {
     if (req.rank() < j.rec.world_size()) return absl::OkStatus();
+    // A resized job's rank may restore before its first registration
+    // tells this node the new world size (a client registers at its
+    // first save): only the saved rank's shard is read.
+    if (req.has_saved_rank() && req.rank() < node_.options.max_world_size)
+      return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", req.rank(), " is not below world_size ", j.rec.world_size()));
   };

@@ -47,11 +47,16 @@ bool Coordinator::ShrinkLocked(Batch* batch, JobState& job, std::string* what) {
       return false;
     }
   } else {
-    // At once when no spare exists; one being checked is waited for (its
-    // answer plans again, coordinator_health.cc).
-    for (const auto& [id, n] : nodes_)
+    // At once when no spare exists; one with room that is being checked
+    // is waited for (its answer plans again, coordinator_health.cc).
+    std::map<std::string, uint32_t> group;
+    uint32_t largest = 0;
+    for (uint32_t r : rec.lost_ranks())
+      largest = std::max(largest, ++group[rec.rank_node(r)]);
+    for (auto& [id, n] : nodes_)
       if (n.rec.spare() && Placeable(n.rec) &&
-          n.rec.capacity() > HostedRanksLocked(id))
+          n.rec.capacity() >= HostedRanksLocked(id) + largest &&
+          StaleSpareLocked(n))
         return false;
   }
   const uint32_t world = rec.world_size();

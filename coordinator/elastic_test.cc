@@ -214,6 +214,20 @@ TEST_F(ElasticTest, NotElasticByDefault) {
   EXPECT_EQ(Job().world_size(), 4u);
 }
 
+// A spare too small for the lost node's ranks takes none of them: by
+// default the job shrinks at once instead of waiting for a node.
+TEST_F(ElasticTest, ASpareTooSmallForTheLostRanksIsNoReasonToWait) {
+  Nodes(2, 2);
+  epochs_["s1"] = Register("s1", 1, /*spare=*/true);
+  ASSERT_TRUE(RegisterElastic(4, 2, std::nullopt).ok());
+  CommitStep(3);
+  Lose("n2");
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_ORDERED);
+  EXPECT_EQ(Job().world_size(), 2u);
+  EXPECT_EQ(Layout(), (std::vector<std::string>{"n1", "n1"}));
+  EXPECT_TRUE(Node("s1").spare()) << "the spare took nothing";
+}
+
 TEST_F(ElasticTest, SpareWaitLetsASpareTakeTheRanksElseShrinksWhenItEnds) {
   spare_wait_ms_ = 10000;
   Reopen();

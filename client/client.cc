@@ -234,6 +234,7 @@ absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(
   req.set_world_size(static_cast<uint32_t>(options_.world_size));
   req.set_slot_bytes(std::max(want, image_bytes));
   req.set_num_slots(static_cast<uint32_t>(options_.num_slots));
+  if (options_.generation) req.set_generation(*options_.generation);
   CKPT_ASSIGN_OR_RETURN(v1::RegisterResponse resp, stub_->Register(req));
   CKPT_ASSIGN_OR_RETURN(
       auto arena,

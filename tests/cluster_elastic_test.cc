@@ -117,11 +117,15 @@ class ElasticClusterTest : public ClusterTest {
     std::string log;
     for (size_t k = 0; k < stretches.size(); ++k) {
       const Stretch& st = stretches[k];
-      std::vector<std::vector<std::string>> env;
-      for (uint32_t saved : st.from)
-        env.push_back(
+      // Each stretch a generation of its own, as a launcher's plan: a job
+      // changes its world size only under a newer one.
+      std::vector<std::vector<std::string>> env(
+          st.world, {absl::StrCat("CKPT_GENERATION=", k)});
+      for (size_t r = 0; r < st.from.size(); ++r)
+        env[r].insert(
+            env[r].end(),
             {absl::StrCat("CKPT_RESTORE_STEP=", st.restore),
-             absl::StrCat("CKPT_RESTORE_RANK=", saved),
+             absl::StrCat("CKPT_RESTORE_RANK=", st.from[r]),
              absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", st.saved_world)});
       log = RunRanks(**daemon, "ref", WorkerFlags(st.steps, false), st.world,
                      absl::StrCat("reference-", k), env);

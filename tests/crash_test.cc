@@ -133,8 +133,12 @@ TEST_F(CrashTest, ResizedJobKeepsTheSavedRanksArenaAcrossADaemonKill) {
   ASSERT_TRUE(old->Save(2, s.tensors).ok());
   ASSERT_TRUE(old->WaitDurable(2).ok());
   old.reset();
-  auto now = Connect("resized", 0, 2);
-  ASSERT_NE(now, nullptr);
+  // The resized job's trainer runs under its plan's newer generation.
+  ClientOptions resized = OptionsFor(*daemon_, "resized", 0, 2);
+  resized.generation = 1;
+  auto connected = Client::Connect(resized);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  auto now = std::move(*connected);
   HostState t = MakeState(1 << 20, 4, 10);
   ASSERT_TRUE(now->Save(4, t.tensors).ok());  // the job's world size is 2
   now.reset();

@@ -168,7 +168,10 @@ TEST_F(TrainCheckpointTest, SavedRankOfAnotherWorldSizeRestoresExactState) {
   ASSERT_TRUE((*c)->Save(6, *tensors).ok());
   c->reset();
 
-  auto one = Client::Connect(ckpt::testing::OptionsFor(*daemon_, "el", 0, 1));
+  // The job resized under a newer generation of its launcher's plan.
+  ClientOptions resized = ckpt::testing::OptionsFor(*daemon_, "el", 0, 1);
+  resized.generation = 1;
+  auto one = Client::Connect(resized);
   ASSERT_TRUE(one.ok()) << one.status();
   auto restored = MakeOptimizer(2);
   TrainCheckpoint reader(Model(), /*world_size=*/1, restored->adam.get());

@@ -73,7 +73,10 @@ absl::StatusOr<v1::RegisterResponse> Engine::Register(
   if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
   CKPT_ASSIGN_OR_RETURN(
       Job * job,
-      node_.table.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots));
+      node_.table.FindOrAdd(req.job(), peer.uid, req.world_size(), num_slots,
+                            req.has_generation()
+                                ? std::optional<uint64_t>(req.generation())
+                                : std::nullopt));
   job->forget_when_idle = false;
   auto ensured = node_.EnsureArena(req.job(), req.rank(), req.slot_bytes());
   if (!ensured.ok()) {

@@ -36,7 +36,8 @@ const Job* JobTable::Find(const std::string& name) const {
 
 absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
                                          uint32_t world_size,
-                                         uint32_t num_slots) {
+                                         uint32_t num_slots,
+                                         std::optional<uint64_t> generation) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) {
     // Recorded in the catalog only once its first arena exists.
@@ -48,6 +49,7 @@ absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
     job.rec.set_slot_bytes(0);
     job.rec.set_life_ns(NewJobLife());
     job.recorded = false;
+    job.registered_generation = generation;
     it = jobs_.emplace(name, std::move(job)).first;
   }
   Job& job = it->second;
@@ -55,15 +57,31 @@ absl::StatusOr<Job*> JobTable::FindOrAdd(const std::string& name, uint32_t uid,
     return absl::PermissionDeniedError(
         absl::StrCat("job '", name, "' belongs to uid ", job.rec.uid(),
                      ", caller is uid ", uid));
+  const bool newer =
+      generation.has_value() && (!job.registered_generation.has_value() ||
+                                 *generation > *job.registered_generation);
   if (world_size != job.rec.world_size()) {
+    if (!newer)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "world_size: ", world_size, ", but job '", name, "' has ",
+          job.rec.world_size(),
+          " (a job changes size only under a newer generation of its "
+          "launcher's plan, $CKPT_GENERATION; ",
+          generation.has_value()
+              ? absl::StrCat("this trainer's is ", *generation, ", the job's ",
+                             job.registered_generation.value_or(0))
+              : std::string("this trainer has none"),
+          ")"));
     // Elastic continuation: the job's launcher restarted it at another
     // world size (a plan after a lost node, or one that grows it back).
     // Its shards keep the world size they were saved at; the job's is its
     // trainers' from now on (written with the next record of the job).
     LogInfo(absl::StrCat("job ", name, ": world size ", job.rec.world_size(),
-                         " -> ", world_size, " (a trainer registered)"));
+                         " -> ", world_size, " (generation ", *generation,
+                         ")"));
     job.rec.set_world_size(world_size);
   }
+  if (newer) job.registered_generation = generation;
   return &job;
 }
 

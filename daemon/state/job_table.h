@@ -76,6 +76,9 @@ struct Job {
   // Every step was deleted: the record goes and the arenas are unlinked
   // once no lease, save or load uses the job (Engine::MaybeForgetJob).
   bool forget_when_idle = false;
+  // The newest generation a Register of this job carried (in memory):
+  // another world size is adopted only from a newer one.
+  std::optional<uint64_t> registered_generation;
   // By rank, the process that last opened a restore of it and the step:
   // that process may save a step >= it below the rank's newest (a
   // restarted trainer resuming from an older step), dropping the newer
@@ -176,12 +179,15 @@ class JobTable {
   const Job* Find(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Register's job: the existing one (PermissionDenied for another
-  // owner, InvalidArgument for another world size), or a new one, not yet
-  // recorded (`recorded` false), owned by `uid`.
-  [[nodiscard]] absl::StatusOr<Job*> FindOrAdd(const std::string& name,
-                                               uint32_t uid,
-                                               uint32_t world_size,
-                                               uint32_t num_slots)
+  // owner), or a new one, not yet recorded (`recorded` false), owned by
+  // `uid`. Another world size is the job resized by its launcher (elastic
+  // continuation) when `generation` is newer than every generation a
+  // Register of the job carried (and the job takes it), else
+  // InvalidArgument naming world_size: a trainer started by hand with the
+  // wrong size changes nothing.
+  [[nodiscard]] absl::StatusOr<Job*> FindOrAdd(
+      const std::string& name, uint32_t uid, uint32_t world_size,
+      uint32_t num_slots, std::optional<uint64_t> generation = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `job` (its record names it) unless one of that name exists;
   // returns the table's job.

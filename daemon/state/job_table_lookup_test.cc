@@ -93,11 +93,33 @@ TEST_F(JobTableTest, AFirstRegistersJobIsUnrecordedUntilItHasAnArena) {
   EXPECT_EQ(*again, *job);
   EXPECT_EQ(table_.FindOrAdd("train", 1001, 2, 3).status().code(),
             absl::StatusCode::kPermissionDenied);
-  // Another world size: the job was resized (elastic continuation); the
-  // same entry, at its trainers' new size.
+  // Another world size with no generation (a trainer started by hand with
+  // the wrong size): refused naming world_size, nothing changed.
   auto world = table_.FindOrAdd("train", 1000, 4, 3);
-  ASSERT_TRUE(world.ok()) << world.status();
-  EXPECT_EQ(*world, *job);
+  EXPECT_EQ(world.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(world.status().message().find("world_size: 4, but job 'train' "
+                                          "has 2"),
+            std::string::npos)
+      << world.status();
+  EXPECT_EQ((*job)->rec.world_size(), 2u);
+  // A generation registers the job at its size; another size under the
+  // same generation is refused, under a newer one the job was resized
+  // (elastic continuation): the same entry, at its trainers' new size.
+  ASSERT_TRUE(table_.FindOrAdd("train", 1000, 2, 3, 5).ok());
+  auto same = table_.FindOrAdd("train", 1000, 4, 3, 5);
+  EXPECT_EQ(same.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(same.status().message().find("this trainer's is 5, the job's 5"),
+            std::string::npos)
+      << same.status();
+  EXPECT_EQ((*job)->rec.world_size(), 2u);
+  auto resized = table_.FindOrAdd("train", 1000, 4, 3, 6);
+  ASSERT_TRUE(resized.ok()) << resized.status();
+  EXPECT_EQ(*resized, *job);
+  EXPECT_EQ((*job)->rec.world_size(), 4u);
+  // An older generation's trainer (a survivor of the old size) cannot
+  // size it back.
+  EXPECT_EQ(table_.FindOrAdd("train", 1000, 2, 3, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*job)->rec.world_size(), 4u);
 
   // While one of its arenas is being created it stays; without any, it goes.

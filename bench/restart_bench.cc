@@ -273,6 +273,15 @@ absl::StatusOr<RestartFigures> RunRestartRound(const RestartOptions& o) {
   for (long long t : one.first_ms)
     absl::StrAppend(&f.timeline, " ", t - kill_ms);
   absl::StrAppend(&f.timeline, "\n");
+  // The coordinator's side of the recovery, for the phases of the
+  // breakdown (doc/benchmarks.md): failure, plan, orders, acknowledgement.
+  const long long last_ms =
+      *std::max_element(one.first_ms.begin(), one.first_ms.end());
+  for (const auto& e : c.Events())
+    if (e.time_ms() >= kill_ms && e.time_ms() <= last_ms)
+      absl::StrAppend(&f.timeline, "    +", e.time_ms() - kill_ms, " ms ",
+                      cv1::EventKind_Name(e.kind()), " ", e.node_id(), " ",
+                      e.detail().substr(0, 80), "\n");
 
   long long end_ms = one.first_ms[1];
   if (o.node_loss) {

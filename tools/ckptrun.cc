@@ -1,8 +1,14 @@
 // Launcher: the reconcile loop of ckptrun (see ckptrun.h).
 #include "tools/ckptrun.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 
@@ -37,6 +43,13 @@ Launcher::~Launcher() {
     if (watch_ctx_) watch_ctx_->TryCancel();
   }
   if (watcher_.joinable()) watcher_.join();
+  if (note_stop_fd_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(note_stop_fd_, &one, sizeof(one));
+  }
+  if (note_watcher_.joinable()) note_watcher_.join();
+  if (note_fd_ >= 0) ::close(note_fd_);
+  if (note_stop_fd_ >= 0) ::close(note_stop_fd_);
   if (!stacks_dir_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(stacks_dir_, ec);
@@ -89,6 +102,19 @@ void Launcher::WatchLoop() {
       continue;  // the leader is named: go there now
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+void Launcher::NoteWatchLoop() {
+  pollfd fds[2] = {{note_stop_fd_, POLLIN, 0}, {note_fd_, POLLIN, 0}};
+  alignas(inotify_event) char buf[4096];
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[0].revents != 0) return;  // the destructor
+    if (fds[1].revents == 0) continue;
+    while (::read(note_fd_, buf, sizeof(buf)) > 0) {
+    }
+    pthread_kill(loop_thread_, ViewSignal());  // read the notes now
   }
 }
 
@@ -161,6 +187,16 @@ int Launcher::Run() {
   if (std::optional<int> rc = RegisterJob()) return *rc;
   loop_thread_ = pthread_self();
   watcher_ = std::thread([this] { WatchLoop(); });
+  note_fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  note_stop_fd_ = note_fd_ >= 0 ? eventfd(0, EFD_CLOEXEC) : -1;
+  if (note_fd_ >= 0 && note_stop_fd_ >= 0) {
+    if (!stacks_dir_.empty())  // made before: watched now
+      inotify_add_watch(note_fd_, stacks_dir_.c_str(), IN_MODIFY);
+    note_watcher_ = std::thread([this] { NoteWatchLoop(); });
+  } else {
+    Log(absl::StrCat("no inotify (", std::strerror(errno),
+                     "): peer-lost notes are read at each poll"));
+  }
   for (;;) {
     Poll();
     if (generation_ && !started_.empty() && finished_ == started_) break;

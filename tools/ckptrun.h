@@ -10,7 +10,9 @@
 // its own is reported to the coordinator (queued while it is unreachable;
 // the trainers keep running; refused for this node's epoch, it waits for
 // the view's next epoch and is sent again). Trainers it stops itself are
-// not reported.
+// not reported. A trainer's exit (SIGCHLD), a new view and a note written
+// in the launcher's directory (inotify) wake the loop at once; the poll
+// interval is the longest it sleeps otherwise.
 // In-process restart (ckptrun_restart.cc): each trainer process gets its
 // own $CKPT_RESTART_DIR, with the `plan` of its generation. On a new
 // generation, a trainer that said it can restart in its process
@@ -186,6 +188,12 @@ class Launcher {
   // The watch thread: keeps a WatchJob stream open (reconnecting with
   // backoff) and stores each view it gets.
   void WatchLoop();
+  // The note thread: wakes the loop (ViewSignal) as soon as a file in the
+  // launcher's directory is written (a trainer's peer-lost note), so the
+  // note is reported now instead of at the next poll. Inotify on
+  // stacks_dir_ (watched once LauncherDir() makes it); without inotify
+  // the notes are still read at each poll.
+  void NoteWatchLoop();
   void Reconcile(const coord::v1::JobView& view);
   // The view's generation may start: sets generation_ and started_ to
   // `ranks`, writes the plans of the kept trainers, starts the others.
@@ -265,6 +273,9 @@ class Launcher {
   int stop_signal_ = 0;
   std::unique_ptr<coordinator::CoordinatorClient> client_;
   std::thread watcher_;
+  std::thread note_watcher_;
+  int note_fd_ = -1;       // inotify on stacks_dir_; -1: none
+  int note_stop_fd_ = -1;  // eventfd: the destructor stops note_watcher_
   pthread_t loop_thread_;  // Run()'s: the one ViewSignal() wakes
   std::mutex watch_mu_;    // guards the four below
   std::optional<coord::v1::JobView> view_;

@@ -226,6 +226,27 @@ TEST_F(CkptrunRestartTest, KeptTrainersLostPeersAreReportedOnceWhileItRuns) {
       << "a running trainer's report taken for a finish";
 }
 
+// The note wakes ckptrun: with a poll period no test outlives, nothing
+// but the note's write can bring the report (and so the plan) about.
+TEST_F(CkptrunRestartTest, KeptTrainersNoteWakesTheLauncherNotItsPoll) {
+  poll_ms_ = "60000";
+  testing::FakeNode n1(coord_->address(), "n1", "", 1);
+  testing::FakeNode n2(coord_->address(), "n2", "", 1);
+  ASSERT_TRUE(n1.status().ok() && n2.status().ok());
+  StartCkptrun("keep-peerlost", 1, "n1", {"--nnodes", "2"});
+  ASSERT_TRUE(WaitForEnv(0, {0})) << "rank 0 is not on n1\n" << ReadFile(log());
+  ASSERT_TRUE(WaitForCapable(0, 0)) << ReadFile(log());
+  Touch("peerlost");
+  // Before: reported at the next poll, a minute on.
+  ASSERT_TRUE(
+      WaitForLog("generation 0: rank 0 still running (it lost peer "
+                 "ranks 1); reported"))
+      << ReadFile(log());
+  ASSERT_TRUE(WaitForEnv(1, {0})) << ReadFile(log());
+  EXPECT_EQ(Env(1, 0)["KEPT"], "1");
+  EXPECT_EQ(Count(cv1::PLAN_MADE), 1u);
+}
+
 TEST(CkptrunRestartFlagsTest, BadRestartTimeoutIsRefusedNamingTheFlag) {
   const std::string ok =
       std::string(CKPTRUN_PATH) +

@@ -1,5 +1,6 @@
 // Launcher: the evidence of a hang (see ckptrun.h, stack_capture.h).
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,10 @@ std::string Launcher::LauncherDir() {
     if (::mkdtemp(templ.data()) == nullptr) return "";
     ::chmod(templ.c_str(), 0755);  // trainers may run as another uid
     stacks_dir_ = templ;
+    // A note written here wakes the loop (NoteWatchLoop). Only writes:
+    // ckptrun's own opens without one (RankFile) wake nothing.
+    if (note_fd_ >= 0)
+      inotify_add_watch(note_fd_, stacks_dir_.c_str(), IN_MODIFY);
   }
   return stacks_dir_;
 }

@@ -30,6 +30,10 @@ namespace gloo {
 class Context;
 }
 
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
+
 namespace ckpt::worker {
 
 struct DataParallelOptions {
@@ -70,8 +74,9 @@ class DataParallel {
   // Serves the store (rank 0, unless store_served), joins the peers. Call
   // once.
   [[nodiscard]] absl::Status Rendezvous();
-  // Closes the pairs and the store client without waiting on any peer;
-  // rank 0's store server stops with the object.
+  // Closes the pairs and the store client without waiting on any peer
+  // or on gloo's loop timer (see the .cc); rank 0's store server stops
+  // with the object.
   ~DataParallel();
 
   // Thread-safe, idempotent: breaks the connection. A rendezvous or
@@ -99,6 +104,8 @@ class DataParallel {
   // Set once, before Rendezvous waits on anything, under abort_mu_.
   std::unique_ptr<GrpcStore> store_;
   std::shared_ptr<MeshContext> context_;
+  // The context's TCP device (its event loop), kept for the destructor.
+  std::shared_ptr<gloo::transport::Device> device_;
   std::mutex abort_mu_;  // store_ and context_ as Abort sees them
   std::string aborted_;  // Abort's reason; empty: not aborted
   std::atomic<bool> broken_{false};

@@ -114,7 +114,7 @@ MlpModel::MlpModel(const MlpConfig& c)
 }
 
 absl::StatusOr<float> MlpModel::ForwardBackward(
-    std::span<const int32_t> tokens) {
+    std::span<const int32_t> tokens, const std::function<bool()>& stopped) {
   const size_t want = size_t(config_.batch) * (config_.seq + 1);
   if (tokens.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -127,9 +127,15 @@ absl::StatusOr<float> MlpModel::ForwardBackward(
                        config_.vocab, ")"));
     }
   }
+  auto aborted = [] {
+    return absl::AbortedError(
+        "a restart was requested during the step's compute");
+  };
   Forward(tokens);
+  if (stopped && stopped()) return aborted();
   float loss = LossAndLogitGradient(tokens);
-  Backward(tokens);
+  if (stopped && stopped()) return aborted();
+  if (!Backward(tokens, stopped)) return aborted();
   return loss;
 }
 
@@ -192,7 +198,8 @@ float MlpModel::LossAndLogitGradient(std::span<const int32_t> tokens) {
   return static_cast<float>(total / static_cast<double>(rows_));
 }
 
-void MlpModel::Backward(std::span<const int32_t> tokens) {
+bool MlpModel::Backward(std::span<const int32_t> tokens,
+                        const std::function<bool()>& stopped) {
   const int d = config_.dim, v = config_.vocab, n = static_cast<int>(rows_);
   const int L = config_.layers;
   const float* dlogits = logits_.data();
@@ -223,6 +230,7 @@ void MlpModel::Backward(std::span<const int32_t> tokens) {
     Gemm(false, true, n, d, d, da_.data(), d, weights_[1 + 2 * l].data(), d,
          1.0f, dh_next_.data(), d);
     dh_.swap(dh_next_);
+    if (stopped && stopped()) return false;
   }
   // Embedding rows, accumulated in row order so repeated tokens add up
   // deterministically.
@@ -236,6 +244,7 @@ void MlpModel::Backward(std::span<const int32_t> tokens) {
       for (int j = 0; j < d; ++j) dst[j] += src[j];
     }
   }
+  return true;
 }
 
 }  // namespace ckpt::worker

@@ -10,6 +10,7 @@
 #define CKPT_WORKER_MLP_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,14 +66,21 @@ class MlpModel {
   // Runs the batch (batch sequences of seq + 1 tokens, row after row) and
   // fills the gradients; returns the mean cross-entropy. InvalidArgument if
   // the batch has the wrong length or a token outside [0, vocab).
+  // `stopped`, when given, is asked after the forward pass, after the loss
+  // and after each layer of the backward pass: at its first true the call
+  // returns Aborted (a restart was requested: the step will be thrown
+  // away), its gradients incomplete; the next call overwrites them all.
   [[nodiscard]] absl::StatusOr<float> ForwardBackward(
-      std::span<const int32_t> tokens);
+      std::span<const int32_t> tokens,
+      const std::function<bool()>& stopped = {});
 
  private:
   explicit MlpModel(const MlpConfig& config);
   void Forward(std::span<const int32_t> tokens);
   float LossAndLogitGradient(std::span<const int32_t> tokens);
-  void Backward(std::span<const int32_t> tokens);
+  // False when `stopped` said so between two layers.
+  bool Backward(std::span<const int32_t> tokens,
+                const std::function<bool()>& stopped);
 
   MlpConfig config_;
   size_t rows_ = 0;  // batch * seq

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "worker/synthetic_data.h"
 
@@ -58,6 +59,52 @@ TEST(MlpModelTest, GradientsMatchCentralDifferences) {
     }
   }
   EXPECT_GT(checked, 20);
+}
+
+// A restart requested while a rank computes its share of a step that is
+// about to be thrown away: the model asks at each phase and layer
+// boundary and leaves at the first yes, and the aborted call leaves
+// nothing behind that changes the next step (bit-identical gradients).
+TEST(MlpModelTest, AStopAskedMidStepLeavesAtTheNextBoundaryHarmlessly) {
+  MlpConfig c = Tiny();
+  auto reference = MlpModel::Create(c);
+  auto model = MlpModel::Create(c);
+  ASSERT_TRUE(reference.ok() && model.ok());
+  const std::vector<std::vector<float>> params = MlpInitialParams(c, 3);
+  Load(*reference, params);
+  Load(*model, params);
+  const std::vector<int32_t> tokens = Batch(c, 1);
+  absl::StatusOr<float> want = reference->ForwardBackward(tokens);
+  ASSERT_TRUE(want.ok());
+
+  // Never stopping: asked at every boundary, and the same result.
+  int asked = 0;
+  absl::StatusOr<float> full = model->ForwardBackward(tokens, [&] {
+    ++asked;
+    return false;
+  });
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(*full, *want);
+  // After the forward pass, the loss, and each layer of the backward pass.
+  EXPECT_GE(asked, 2 + c.layers);
+
+  for (int stop_at = 1; stop_at <= asked; ++stop_at) {
+    int n = 0;
+    absl::StatusOr<float> cut =
+        model->ForwardBackward(tokens, [&] { return ++n >= stop_at; });
+    EXPECT_EQ(cut.status().code(), absl::StatusCode::kAborted)
+        << "stopped at boundary " << stop_at;
+    EXPECT_EQ(n, stop_at) << "it went on asking after the first yes";
+    absl::StatusOr<float> again = model->ForwardBackward(tokens);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *want);
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::span<const float> g = model->gradients(i);
+      std::span<const float> r = std::as_const(*reference).gradients(i);
+      ASSERT_TRUE(std::equal(g.begin(), g.end(), r.begin(), r.end()))
+          << "tensor " << i << " after a stop at boundary " << stop_at;
+    }
+  }
 }
 
 TEST(MlpModelTest, RefusesTokensOutsideTheVocabulary) {

@@ -1,12 +1,52 @@
 #include "worker/restart_monitor.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace ckpt::worker {
 
-RestartMonitor::RestartMonitor(uint64_t generation,
+namespace {
+
+// With the directory watched, a re-read this often is only a safety net
+// (a lost or overflowed notification); the plan comes by its event.
+constexpr std::chrono::milliseconds kWatchedReread{1000};
+
+}  // namespace
+
+RestartMonitor::RestartMonitor(std::string dir, uint64_t generation,
                                std::chrono::milliseconds period, std::FILE* log)
-    : period_(period), log_(log), current_(generation) {
+    : dir_(std::move(dir)), period_(period), log_(log), current_(generation) {
+  // Watched before the first read: a plan renamed in after that read is
+  // an event the loop sees.
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ >= 0 && !dir_.empty()) {
+    notify_fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (notify_fd_ >= 0 &&
+        inotify_add_watch(notify_fd_, dir_.c_str(),
+                          IN_MOVED_TO | IN_CLOSE_WRITE) < 0) {
+      close(notify_fd_);
+      notify_fd_ = -1;
+    }
+  }
+  if (notify_fd_ < 0) {
+    const std::string why =
+        dir_.empty() ? std::string("no directory") : std::strerror(errno);
+    std::fprintf(log_,
+                 "in-process restart: cannot watch %s (%s): polling the plan "
+                 "every %lld ms\n",
+                 dir_.empty() ? "$CKPT_RESTART_DIR" : dir_.c_str(), why.c_str(),
+                 static_cast<long long>(period_.count()));
+    std::fflush(log_);
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -16,7 +56,13 @@ RestartMonitor::~RestartMonitor() {
     stopping_ = true;
   }
   cv_.notify_all();
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+  }
   thread_.join();
+  if (notify_fd_ >= 0) close(notify_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 void RestartMonitor::Watch(DataParallel* comm) {
@@ -36,6 +82,26 @@ RestartPlan RestartMonitor::TakePlan() {
   current_ = plan.generation;
   requested_ = false;
   return plan;
+}
+
+void RestartMonitor::WaitForChange() {
+  if (notify_fd_ < 0 && wake_fd_ < 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, period_, [&] { return stopping_; });
+    return;
+  }
+  const std::chrono::milliseconds wait =
+      notify_fd_ >= 0 ? std::max(period_, kWatchedReread) : period_;
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {notify_fd_, POLLIN, 0}};
+  const int n =
+      poll(fds, notify_fd_ >= 0 ? 2 : 1,
+           static_cast<int>(std::min<int64_t>(wait.count(), INT_MAX)));
+  if (n <= 0 || notify_fd_ < 0) return;  // the period, or stopping
+  // Drained before the plan is read again: a plan renamed in after this
+  // read is a new event.
+  alignas(inotify_event) char buf[4096];
+  while (read(notify_fd_, buf, sizeof(buf)) > 0) {
+  }
 }
 
 void RestartMonitor::Loop() {
@@ -66,7 +132,10 @@ void RestartMonitor::Loop() {
       }
       cv_.notify_all();
     }
-    cv_.wait_for(lock, period_, [&] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    WaitForChange();  // the directory's event, the period, or stopping
+    lock.lock();
   }
 }
 

@@ -370,7 +370,11 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
           std::chrono::duration<double>(options_.slow_first_step_s));
     first_step_done_ = true;
     const auto compute_start = std::chrono::steady_clock::now();
-    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens));
+    // A restart requested meanwhile: the step is thrown away, so its
+    // compute stops at the next layer instead of running its course.
+    CKPT_ASSIGN_OR_RETURN(float loss, model_.ForwardBackward(tokens, [this] {
+      return stop_ != nullptr && stop_->load(std::memory_order_relaxed);
+    }));
     const double compute_s =
         SlowDown(std::chrono::duration<double>(
                      std::chrono::steady_clock::now() - compute_start)

@@ -236,8 +236,8 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
   }
   if (warm) {
     CKPT_RETURN_IF_ERROR(ckpt::EnableRestart());
-    monitor = std::make_unique<RestartMonitor>(0, std::chrono::milliseconds(10),
-                                               stdout);
+    monitor = std::make_unique<RestartMonitor>(
+        Env("CKPT_RESTART_DIR"), 0, std::chrono::milliseconds(10), stdout);
     std::printf("warm process (pid %d): waiting for a rank\n",
                 static_cast<int>(getpid()));
     std::fflush(stdout);
@@ -269,7 +269,8 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
         if (a.generation == started_in) a.restore_from = from;
       }
       monitor = std::make_unique<RestartMonitor>(
-          a.generation, std::chrono::milliseconds(10), stdout);
+          Env("CKPT_RESTART_DIR"), a.generation, std::chrono::milliseconds(10),
+          stdout);
       std::printf("generation %llu: rank %u of %u, in-process restart on\n",
                   static_cast<unsigned long long>(a.generation), a.plan.rank,
                   a.plan.world_size);

@@ -20,14 +20,14 @@ function(ckpt_gtest_discover_tests target)
   # against 8.7 CPU-s for util_test's largest, with the precompiled
   # header), about a third of that build's CPU, to check GoogleTest's
   # macros and the tests' scaffolding. The process still carries both
-  # runtimes, so every access of the libraries' code is checked; the
-  # precompiled header was built with the sanitizers' macros, so these
-  # units go without it.
+  # runtimes, so every access of the libraries' code is checked. Their
+  # precompiled header is one built without the sanitizers as well
+  # (cmake/Pch.cmake: CKPT_PCH_UNINSTRUMENTED).
   if(CKPT_SANITIZE)
     target_compile_options(${target} PRIVATE -fno-sanitize=all)
     # Tells these units that their process runs the sanitizers' runtime.
     target_compile_definitions(${target} PRIVATE CKPT_SANITIZER_RUNTIME=1)
-    set_target_properties(${target} PROPERTIES DISABLE_PRECOMPILE_HEADERS ON)
+    set_target_properties(${target} PROPERTIES CKPT_PCH_UNINSTRUMENTED ON)
   endif()
   if(NOT CKPT_TEST_PER_SUITE)
     gtest_discover_tests(${target} ${ARGN})

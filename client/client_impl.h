@@ -85,8 +85,10 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
   [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
       std::span<const Tensor> tensors);
-  [[nodiscard]] absl::Status Restore(int64_t step,
-                                     std::span<const Tensor> tensors);
+  // layouts (may be null): the saved layout of each tensor.
+  [[nodiscard]] absl::Status Restore(
+      int64_t step, std::span<const Tensor> tensors,
+      std::vector<std::optional<TensorLayout>>* layouts);
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
                                          std::chrono::milliseconds timeout);
   SaveStats last_save_stats() const;
@@ -122,9 +124,9 @@ class Client::Impl {
               uint64_t slots_offset);
   // One OpenRestore and the copy it names; a copy failing verification is
   // reported bad (DataLoss returned). *opened: the daemon offered a copy.
-  [[nodiscard]] absl::Status RestoreOneCopy(int64_t step,
-                                            std::span<const Tensor> tensors,
-                                            bool* opened);
+  [[nodiscard]] absl::Status RestoreOneCopy(
+      int64_t step, std::span<const Tensor> tensors, bool* opened,
+      std::vector<std::optional<TensorLayout>>* layouts);
   // Restores from the arena slot the daemon leased; closes the lease (and
   // reports the copy bad when it fails verification).
   [[nodiscard]] absl::Status RestoreFromSlot(

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -175,6 +176,13 @@ class Client {
   // checksum mismatch fails with an error naming the tensor.
   [[nodiscard]] absl::Status Restore(int64_t step,
                                      std::span<const Tensor> tensors);
+  // The same, and (*layouts)[i] is the layout tensors[i] was saved with
+  // (nullopt: saved whole). A tensor given with a layout must have been
+  // saved with that layout (FailedPrecondition naming both otherwise: a
+  // restore into another layout is not built yet).
+  [[nodiscard]] absl::Status Restore(
+      int64_t step, std::span<const Tensor> tensors,
+      std::vector<std::optional<TensorLayout>>* layouts);
   // Restores the newest step whose copies verify and returns it. A copy
   // that fails verification is reported (the daemon checks it and drops it
   // if it is bad), the next copy of the step is tried, then the previous

@@ -141,6 +141,37 @@ TEST_F(CkptctlTest, InspectListsEveryTensor) {
   EXPECT_NE(r.out.find("\"shape\":[3,5]"), std::string::npos) << r.out;
 }
 
+// A version-2 shard (a tensor placed in a global tensor): verify passes and
+// inspect shows the layout.
+TEST(CkptctlLayoutTest, InspectShowsTheLayoutAndVerifyPasses) {
+  ::ckpt::testing::TempDir dir;
+  storage::Shard shard =
+      storage::MakeShard({{3, 4}, {5}}, 3, [](storage::ShardInfo& info) {
+        info.tensors[0].global_shape = {9, 4};
+        info.tensors[0].piece_offsets = {6, 0};
+        info.tensors[0].global_name = "w";
+      });
+  const std::string key =
+      storage::ShardKey(shard.info.job, shard.info.step, shard.info.rank);
+  storage::LocalBackendOptions o;
+  o.root = dir.path();
+  auto backend = storage::NewLocalBackend(o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto w = (*backend)->NewObjectWriter(key, shard.image.size());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->WriteAt(0, shard.image.data(), shard.image.size()).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  CtlRun r = Ckptctl("inspect --json " + dir.path() + "/" + key);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"format_version\":2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"global_shape\":[9,4],\"piece_offsets\":[6,0],"
+                       "\"global_name\":\"w\""),
+            std::string::npos)
+      << r.out;
+  r = Ckptctl("verify --root " + dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 TEST_F(CkptctlTest, RestoreWritesOneFilePerTensor) {
   std::string out = dir_.path() + "/out/";
   CtlRun r = Ckptctl("restore " + Selector() + " --out " + out);

@@ -11,7 +11,11 @@
 
 #include "ckpt/ckpt.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
+#include "tests/await_file.h"
 #include "tests/daemon_test.h"
 
 namespace ckpt::testing {
@@ -177,6 +181,74 @@ TEST_F(LayoutSaveTest, ABadLayoutIsRefusedNamingTheFieldAndChangesNothing) {
                               "negative"),
             std::string::npos)
       << st;
+}
+
+// The node's manifest carries the step's layout index: every piece of
+// every rank, built by ckptd from the commits, readable without the ranks.
+TEST_F(LayoutSaveTest, TheManifestCarriesTheLayoutIndexOfEveryRank) {
+  auto r0 = Connect("indexed", 0, 2), r1 = Connect("indexed", 1, 2);
+  ASSERT_NE(r0, nullptr);
+  ASSERT_NE(r1, nullptr);
+  // "w" [8, 4]: rows [0, 4) on rank 0, [4, 8) on rank 1; "b" a replica.
+  std::vector<float> w0(16, 1.0f), w1(16, 2.0f), b(3, 3.0f);
+  std::vector<Tensor> t0 = {
+      {"w",
+       DType::kFloat32,
+       {4, 4},
+       w0.data(),
+       Device::Host(),
+       TensorLayout{{8, 4}, {0, 0}, ""}},
+      {"b", DType::kFloat32, {3}, b.data(), Device::Host(), std::nullopt}};
+  std::vector<Tensor> t1 = t0;
+  t1[0].data = w1.data();
+  t1[0].layout->offsets = {4, 0};
+  ASSERT_TRUE(r0->Save(2, t0).ok());
+  ASSERT_TRUE(r1->Save(2, t1).ok());
+  // Durable shards: the step's directory exists, the manifest follows.
+  ASSERT_TRUE(r0->WaitDurable(2).ok());
+  ASSERT_TRUE(r1->WaitDurable(2).ok());
+  const std::string key = storage::ManifestKey("indexed", 2);
+  ASSERT_TRUE(AwaitFile(root() + "/" + key));
+  std::ifstream f(root() + "/" + key);
+  const std::string text((std::istreambuf_iterator<char>(f)),
+                         std::istreambuf_iterator<char>());
+  absl::StatusOr<storage::v1::NodeManifest> m =
+      storage::DecodeNodeManifest(text, key);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<storage::LayoutIndex> index =
+      storage::ParseLayoutIndex(m->layout_index());
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->world_size(), 2u);
+  EXPECT_EQ(index->num_pieces(), 4u);
+  const int64_t w = index->FindTensor("w"), bi = index->FindTensor("b");
+  ASSERT_GE(w, 0);
+  ASSERT_GE(bi, 0);
+  const storage::LayoutTensor& tw = index->tensors()[w];
+  EXPECT_EQ(tw.global_shape[0], 8u);
+  EXPECT_EQ(tw.global_shape[1], 4u);
+  ASSERT_EQ(tw.num_pieces, 2u);
+  for (uint64_t p = tw.first_piece; p < tw.first_piece + 2; ++p) {
+    const uint32_t rank = index->piece_rank(p);
+    storage::Box box = index->PieceBox(p);
+    EXPECT_EQ(box.ToString(), rank == 0 ? "offsets [0, 0] lengths [4, 4]"
+                                        : "offsets [4, 0] lengths [4, 4]");
+  }
+  EXPECT_EQ(index->tensors()[bi].num_pieces, 2u);  // one replica per rank
+
+  // A step without any layout has a manifest without an index.
+  std::vector<Tensor> plain0 = t0, plain1 = t1;
+  plain0[0].layout.reset();
+  plain1[0].layout.reset();
+  ASSERT_TRUE(r0->Save(3, plain0).ok());
+  ASSERT_TRUE(r1->Save(3, plain1).ok());
+  ASSERT_TRUE(r0->WaitDurable(3).ok());
+  ASSERT_TRUE(r1->WaitDurable(3).ok());
+  const std::string key3 = storage::ManifestKey("indexed", 3);
+  ASSERT_TRUE(AwaitFile(root() + "/" + key3));
+  std::ifstream f3(root() + "/" + key3);
+  const std::string text3((std::istreambuf_iterator<char>(f3)),
+                          std::istreambuf_iterator<char>());
+  EXPECT_EQ(text3.find("layout_index"), std::string::npos) << text3;
 }
 
 TEST_F(LayoutSaveTest, CApiSavesLayoutsAndRestoreReportsThem) {

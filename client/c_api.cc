@@ -6,6 +6,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,53 @@ absl::Status ConvertTensors(const ckpt_tensor* in, size_t count,
   return absl::OkStatus();
 }
 
+// layouts[i] onto ts[i] (ConvertTensors ran first); NULL: none.
+absl::Status ConvertLayouts(const ckpt_tensor_layout* layouts,
+                            std::vector<ckpt::Tensor>* ts) {
+  if (layouts == nullptr) return absl::OkStatus();
+  for (size_t i = 0; i < ts->size(); ++i) {
+    const ckpt_tensor_layout& l = layouts[i];
+    ckpt::Tensor& t = (*ts)[i];
+    if (l.global_shape == nullptr) {
+      if (l.offsets != nullptr ||
+          (l.global_name != nullptr && l.global_name[0] != 0))
+        return absl::InvalidArgumentError(
+            absl::StrCat("layouts[", i, "] (\"", t.name,
+                         "\").global_shape: NULL with offsets or a "
+                         "global_name set"));
+      continue;
+    }
+    if (l.offsets == nullptr && !t.shape.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("layouts[", i, "] (\"", t.name,
+                       "\").offsets: NULL with a global_shape"));
+    ckpt::TensorLayout layout;
+    const size_t nd = t.shape.size();
+    layout.global_shape.assign(l.global_shape, l.global_shape + nd);
+    if (nd > 0) layout.offsets.assign(l.offsets, l.offsets + nd);
+    if (l.global_name != nullptr) layout.global_name = l.global_name;
+    t.layout = std::move(layout);
+  }
+  return absl::OkStatus();
+}
+
+// A saved layout into its C struct (zeroed when there is none).
+void FillSavedLayout(const std::optional<ckpt::TensorLayout>& l,
+                     ckpt_saved_layout* out) {
+  *out = ckpt_saved_layout{};
+  if (!l) return;
+  out->has_layout = 1;
+  const size_t nd = std::min(l->global_shape.size(), ckpt::kMaxTensorDims);
+  out->ndim = static_cast<int>(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    out->global_shape[d] = l->global_shape[d];
+    out->offsets[d] = d < l->offsets.size() ? l->offsets[d] : 0;
+  }
+  const size_t n =
+      std::min(l->global_name.size(), sizeof(out->global_name) - 1);
+  std::copy_n(l->global_name.data(), n, out->global_name);
+}
+
 ckpt::ClientOptions ToClientOptions(const ckpt_options& o) {
   ckpt::ClientOptions co;
   if (o.socket_path != nullptr) co.socket_path = o.socket_path;
@@ -131,6 +179,40 @@ ckpt::SaveOptions ToSaveOptions(const ckpt_save_options* options) {
   ckpt::SaveOptions o;
   if (options != nullptr) o.rewind = options->rewind != 0;
   return o;
+}
+
+ckpt_status SaveWith(const char* fn, ckpt_client* client, int64_t step,
+                     const ckpt_tensor* tensors,
+                     const ckpt_tensor_layout* layouts, size_t count,
+                     const ckpt_save_options* options) {
+  return Guarded(fn, [&] {
+    std::vector<ckpt::Tensor> ts;
+    absl::Status s = ConvertTensors(tensors, count, &ts);
+    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    if (!s.ok()) return Fail(s);
+    if (client == nullptr) return NullArgument(fn, "client");
+    return Report(client->client->Save(step, ts, ToSaveOptions(options)));
+  });
+}
+
+ckpt_status SaveAsyncWith(const char* fn, ckpt_client* client, int64_t step,
+                          const ckpt_tensor* tensors,
+                          const ckpt_tensor_layout* layouts, size_t count,
+                          const ckpt_save_options* options,
+                          ckpt_save_handle** out) {
+  return Guarded(fn, [&] {
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = nullptr;
+    std::vector<ckpt::Tensor> ts;
+    absl::Status s = ConvertTensors(tensors, count, &ts);
+    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    if (!s.ok()) return Fail(s);
+    if (client == nullptr) return NullArgument(fn, "client");
+    auto handle = client->client->SaveAsync(step, ts, ToSaveOptions(options));
+    if (!handle.ok()) return Fail(handle.status());
+    *out = new ckpt_save_handle{std::move(*handle)};
+    return Report(absl::OkStatus());
+  });
 }
 
 }  // namespace
@@ -207,13 +289,15 @@ ckpt_status ckpt_save(ckpt_client* client, int64_t step,
 ckpt_status ckpt_save_ex(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count,
                          const ckpt_save_options* options) {
-  return Guarded("ckpt_save", [&] {
-    std::vector<ckpt::Tensor> ts;
-    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-      return Fail(s);
-    if (client == nullptr) return NullArgument("ckpt_save", "client");
-    return Report(client->client->Save(step, ts, ToSaveOptions(options)));
-  });
+  return SaveWith("ckpt_save", client, step, tensors, nullptr, count, options);
+}
+
+ckpt_status ckpt_save_layout(ckpt_client* client, int64_t step,
+                             const ckpt_tensor* tensors,
+                             const ckpt_tensor_layout* layouts, size_t count,
+                             const ckpt_save_options* options) {
+  return SaveWith("ckpt_save_layout", client, step, tensors, layouts, count,
+                  options);
 }
 
 ckpt_status ckpt_save_async(ckpt_client* client, int64_t step,
@@ -226,18 +310,18 @@ ckpt_status ckpt_save_async_ex(ckpt_client* client, int64_t step,
                                const ckpt_tensor* tensors, size_t count,
                                const ckpt_save_options* options,
                                ckpt_save_handle** out) {
-  return Guarded("ckpt_save_async", [&] {
-    if (out == nullptr) return NullArgument("ckpt_save_async", "out");
-    *out = nullptr;
-    std::vector<ckpt::Tensor> ts;
-    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-      return Fail(s);
-    if (client == nullptr) return NullArgument("ckpt_save_async", "client");
-    auto handle = client->client->SaveAsync(step, ts, ToSaveOptions(options));
-    if (!handle.ok()) return Fail(handle.status());
-    *out = new ckpt_save_handle{std::move(*handle)};
-    return Report(absl::OkStatus());
-  });
+  return SaveAsyncWith("ckpt_save_async", client, step, tensors, nullptr, count,
+                       options, out);
+}
+
+ckpt_status ckpt_save_async_layout(ckpt_client* client, int64_t step,
+                                   const ckpt_tensor* tensors,
+                                   const ckpt_tensor_layout* layouts,
+                                   size_t count,
+                                   const ckpt_save_options* options,
+                                   ckpt_save_handle** out) {
+  return SaveAsyncWith("ckpt_save_async_layout", client, step, tensors, layouts,
+                       count, options, out);
 }
 
 ckpt_status ckpt_wait_copied(ckpt_save_handle* handle) {
@@ -269,12 +353,26 @@ ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step) {
 
 ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count) {
-  return Guarded("ckpt_restore", [&] {
+  return ckpt_restore_layout(client, step, tensors, nullptr, count, nullptr);
+}
+
+ckpt_status ckpt_restore_layout(ckpt_client* client, int64_t step,
+                                const ckpt_tensor* tensors,
+                                const ckpt_tensor_layout* layouts, size_t count,
+                                ckpt_saved_layout* saved) {
+  const char* fn = layouts || saved ? "ckpt_restore_layout" : "ckpt_restore";
+  return Guarded(fn, [&] {
     std::vector<ckpt::Tensor> ts;
-    if (absl::Status s = ConvertTensors(tensors, count, &ts); !s.ok())
-      return Fail(s);
-    if (client == nullptr) return NullArgument("ckpt_restore", "client");
-    return Report(client->client->Restore(step, ts));
+    absl::Status s = ConvertTensors(tensors, count, &ts);
+    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    if (!s.ok()) return Fail(s);
+    if (client == nullptr) return NullArgument(fn, "client");
+    std::vector<std::optional<ckpt::TensorLayout>> got;
+    s = client->client->Restore(step, ts, saved ? &got : nullptr);
+    if (s.ok() && saved != nullptr)
+      for (size_t i = 0; i < count && i < got.size(); ++i)
+        FillSavedLayout(got[i], &saved[i]);
+    return Report(s);
   });
 }
 

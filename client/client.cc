@@ -110,12 +110,18 @@ absl::StatusOr<SaveHandle> Client::SaveAsync(int64_t step,
 absl::StatusOr<int64_t> Client::LatestStep() { return impl_->LatestStep(); }
 
 absl::Status Client::Restore(int64_t step, std::span<const Tensor> tensors) {
-  return impl_->Restore(step, tensors);
+  return impl_->Restore(step, tensors, nullptr);
+}
+
+absl::Status Client::Restore(
+    int64_t step, std::span<const Tensor> tensors,
+    std::vector<std::optional<TensorLayout>>* layouts) {
+  return impl_->Restore(step, tensors, layouts);
 }
 
 absl::Status Client::RestoreSavedRank(int64_t step, uint32_t saved_rank,
                                       std::span<const Tensor> tensors) {
-  return impl_->Restore(step, tensors, saved_rank);
+  return impl_->Restore(step, tensors, nullptr, saved_rank);
 }
 
 absl::StatusOr<int64_t> Client::RestoreLatest(std::span<const Tensor> tensors) {

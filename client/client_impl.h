@@ -86,10 +86,12 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
   [[nodiscard]] absl::StatusOr<int64_t> RestoreLatest(
       std::span<const Tensor> tensors);
-  // `saved_rank`: the shard of that rank (Client::RestoreSavedRank), else
-  // this rank's own.
+  // layouts (may be null): the saved layout of each tensor. `saved_rank`:
+  // the shard of that rank (Client::RestoreSavedRank), else this rank's
+  // own.
   [[nodiscard]] absl::Status Restore(
       int64_t step, std::span<const Tensor> tensors,
+      std::vector<std::optional<TensorLayout>>* layouts,
       std::optional<uint32_t> saved_rank = std::nullopt);
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
                                          std::chrono::milliseconds timeout);
@@ -126,10 +128,10 @@ class Client::Impl {
               uint64_t slots_offset);
   // One OpenRestore and the copy it names; a copy failing verification is
   // reported bad (DataLoss returned). *opened: the daemon offered a copy.
-  [[nodiscard]] absl::Status RestoreOneCopy(int64_t step,
-                                            std::span<const Tensor> tensors,
-                                            std::optional<uint32_t> saved_rank,
-                                            bool* opened);
+  [[nodiscard]] absl::Status RestoreOneCopy(
+      int64_t step, std::span<const Tensor> tensors,
+      std::optional<uint32_t> saved_rank, bool* opened,
+      std::vector<std::optional<TensorLayout>>* layouts);
   // Restores from the arena slot the daemon leased; closes the lease (and
   // reports the copy bad when it fails verification).
   // `lease_rank`: the rank the lease names (a saved rank's, or this one's).

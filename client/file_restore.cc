@@ -31,7 +31,33 @@ constexpr uint64_t kMaxGap = 1 << 20;
 uint64_t AlignDown(uint64_t x) { return x / kAlign * kAlign; }
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// A tensor's layout as compared: a whole tensor is offsets 0 of its own
+// shape, named by its own name.
+TensorLayout Effective(const std::optional<TensorLayout>& layout,
+                       const std::vector<int64_t>& shape,
+                       const std::string& name) {
+  TensorLayout l;
+  if (layout && !layout->global_shape.empty()) l = *layout;
+  if (l.global_shape.empty()) {
+    l.global_shape = shape;
+    l.offsets.assign(shape.size(), 0);
+  }
+  if (l.global_name.empty()) l.global_name = name;
+  return l;
+}
+
 }  // namespace
+
+std::optional<TensorLayout> SavedLayout(const v1::TensorMeta& meta) {
+  if (meta.global_shape_size() == 0) return std::nullopt;
+  TensorLayout l;
+  for (uint64_t d : meta.global_shape())
+    l.global_shape.push_back(static_cast<int64_t>(d));
+  for (uint64_t d : meta.piece_offsets())
+    l.offsets.push_back(static_cast<int64_t>(d));
+  l.global_name = meta.global_name();
+  return l;
+}
 
 absl::Status MatchIndex(const v1::OpenRestoreResponse& resp,
                         std::span<const Tensor> tensors,
@@ -63,6 +89,14 @@ absl::Status MatchIndex(const v1::OpenRestoreResponse& resp,
     if (m.bytes() != *t.bytes())
       return absl::InvalidArgumentError(absl::StrCat(
           label, ": ", *t.bytes(), " bytes, the checkpoint has ", m.bytes()));
+    if (t.layout) {
+      const TensorLayout want = Effective(t.layout, t.shape, t.name);
+      const TensorLayout have = Effective(SavedLayout(m), t.shape, m.name());
+      if (!(want == have))
+        return absl::FailedPreconditionError(absl::StrCat(
+            label, ": asked for ", want.ToString(), ", the checkpoint holds ",
+            have.ToString(), " (a restore into another layout is not built)"));
+    }
     if (m.offset() > resp.image_bytes() ||
         resp.image_bytes() - m.offset() < m.bytes())
       return absl::DataLossError(absl::StrCat(

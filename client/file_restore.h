@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,10 +45,16 @@ namespace ckpt::client {
 
 // Matches tensors to the index of resp by name and checks each one's dtype,
 // shape and size (InvalidArgument / NotFound naming the tensor) and that its
-// bytes lie inside the image (DataLoss). metas[i] is the entry of tensors[i].
+// bytes lie inside the image (DataLoss). A tensor given with a layout must
+// have been saved with the same one (FailedPrecondition naming both: a
+// restore into another layout is not built yet). metas[i] is the entry of
+// tensors[i].
 [[nodiscard]] absl::Status MatchIndex(
     const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors,
     std::vector<const v1::TensorMeta*>* metas);
+
+// The layout a saved tensor carries; nullopt when it was saved whole.
+std::optional<TensorLayout> SavedLayout(const v1::TensorMeta& meta);
 
 class FileRestorer {
  public:

@@ -41,9 +41,10 @@ absl::Status Client::Impl::WaitDurable(int64_t step,
   return stub_->WaitDurable(req).status();
 }
 
-absl::Status Client::Impl::Restore(int64_t step,
-                                   std::span<const Tensor> tensors,
-                                   std::optional<uint32_t> saved_rank) {
+absl::Status Client::Impl::Restore(
+    int64_t step, std::span<const Tensor> tensors,
+    std::vector<std::optional<TensorLayout>>* layouts,
+    std::optional<uint32_t> saved_rank) {
   if (step < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", step, " is negative"));
@@ -58,7 +59,8 @@ absl::Status Client::Impl::Restore(int64_t step,
   std::vector<std::string> tried;
   for (int copy = 0; copy < 3; ++copy) {
     bool opened = false;
-    absl::Status s = RestoreOneCopy(step, tensors, saved_rank, &opened);
+    absl::Status s =
+        RestoreOneCopy(step, tensors, saved_rank, &opened, layouts);
     if (s.ok() || (copy == 0 && s.code() != absl::StatusCode::kDataLoss))
       return s;
     tried.emplace_back(s.message());
@@ -86,7 +88,7 @@ absl::StatusOr<int64_t> Client::Impl::RestoreLatest(
       break;
     }
     if (last >= 0 && *step >= last) break;
-    absl::Status s = Restore(*step, tensors);
+    absl::Status s = Restore(*step, tensors, nullptr);
     if (s.ok()) return *step;
     if (s.code() != absl::StatusCode::kDataLoss) return s;
     tried.emplace_back(s.message());
@@ -97,10 +99,10 @@ absl::StatusOr<int64_t> Client::Impl::RestoreLatest(
                    absl::StrJoin(tried, "; ")));
 }
 
-absl::Status Client::Impl::RestoreOneCopy(int64_t step,
-                                          std::span<const Tensor> tensors,
-                                          std::optional<uint32_t> saved_rank,
-                                          bool* opened) {
+absl::Status Client::Impl::RestoreOneCopy(
+    int64_t step, std::span<const Tensor> tensors,
+    std::optional<uint32_t> saved_rank, bool* opened,
+    std::vector<std::optional<TensorLayout>>* layouts) {
   // The daemon decides the source: FILE (a lease on the file) only when
   // this process can read the shard file itself, else a slot it loaded the
   // shard into.
@@ -115,6 +117,18 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
       saved_rank.value_or(static_cast<uint32_t>(options_.rank));
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
   *opened = true;
+  // After a restore that verified, the layouts the tensors were saved with
+  // (MatchIndex matched every name).
+  auto report = [&](absl::Status s) {
+    if (s.ok() && layouts != nullptr) {
+      std::vector<const v1::TensorMeta*> metas;
+      s = client::MatchIndex(resp, tensors, &metas);
+      layouts->clear();
+      for (const v1::TensorMeta* m : metas)
+        layouts->push_back(s.ok() ? client::SavedLayout(*m) : std::nullopt);
+    }
+    return Annotate(s, absl::StrCat("restore of step ", step));
+  };
   if (resp.source() == v1::RESTORE_SOURCE_FILE) {
     std::vector<const v1::TensorMeta*> metas;
     absl::Status s = client::MatchIndex(resp, tensors, &metas);
@@ -134,10 +148,9 @@ absl::Status Client::Impl::RestoreOneCopy(int64_t step,
       absl::Status closed = stub_->CloseRestore(close).status();
       if (s.ok() && resp.lease() != 0) s = closed;
     }
-    return Annotate(s, absl::StrCat("restore of step ", step));
+    return report(s);
   }
-  return Annotate(RestoreFromSlot(resp, tensors, lease_rank),
-                  absl::StrCat("restore of step ", step));
+  return report(RestoreFromSlot(resp, tensors, lease_rank));
 }
 
 absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,

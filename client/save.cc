@@ -28,7 +28,12 @@ absl::StatusOr<SaveHandle> Client::Impl::SaveAsync(
   job.options = options;
   CKPT_RETURN_IF_ERROR(
       client::ValidateTensorsAndDevices(tensors, *devices_, &job.bytes));
-  auto layout = storage::ComputeLayout(job.bytes);
+  // A tensor placed in a global tensor makes the shard a version-2 one,
+  // whose index is longer (the daemon decides the same way).
+  bool with_layout = false;
+  for (const Tensor& t : tensors)
+    with_layout |= t.layout.has_value() && !t.layout->global_shape.empty();
+  auto layout = storage::ComputeLayout(job.bytes, with_layout);
   if (!layout.ok()) return Annotate(layout.status(), "save: shard layout");
   job.layout = std::move(*layout);
   job.tensors.assign(tensors.begin(), tensors.end());
@@ -141,6 +146,13 @@ void Client::Impl::RunSave(SaveJob& job) {
     m->set_bytes(job.bytes[i]);
     m->set_has_checksum(t.device.is_host());
     m->set_checksum(t.device.is_host() ? checksums[i] : 0);
+    if (t.layout) {
+      for (int64_t d : t.layout->global_shape)
+        m->add_global_shape(static_cast<uint64_t>(d));
+      for (int64_t d : t.layout->offsets)
+        m->add_piece_offsets(static_cast<uint64_t>(d));
+      m->set_global_name(t.layout->global_name);
+    }
   }
   auto committed = stub_->CommitSave(commit);
   Clock::time_point t3 = Clock::now();

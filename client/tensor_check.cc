@@ -55,6 +55,23 @@ absl::Status ValidateTensors(std::span<const Tensor> tensors,
           label, ".device: kind ", static_cast<uint32_t>(t.device.kind),
           " is not host or cuda"));
     }
+    if (t.layout) {
+      // Only what the RPC cannot carry is refused here; the daemon checks
+      // the layout against the shape (storage::ValidateTensorLayout).
+      for (const auto& [what, dims] :
+           {std::pair{"global_shape", &t.layout->global_shape},
+            std::pair{"offsets", &t.layout->offsets}}) {
+        if (dims->size() > kMaxTensorDims)
+          return absl::InvalidArgumentError(
+              absl::StrCat(label, ".layout.", what, ": ", dims->size(),
+                           " dimensions, at most ", kMaxTensorDims));
+        for (size_t d = 0; d < dims->size(); ++d)
+          if ((*dims)[d] < 0)
+            return absl::InvalidArgumentError(
+                absl::StrCat(label, ".layout.", what, "[", d, "]: ", (*dims)[d],
+                             " is negative"));
+      }
+    }
     (*bytes)[i] = *b;
   }
   return absl::OkStatus();

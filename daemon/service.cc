@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "ckpt/tensor.h"
+#include "storage/layout.h"
 #include "storage/shard_format.h"
 #include "util/validate.h"
 
@@ -39,6 +40,15 @@ template <typename Req>
       return absl::InvalidArgumentError(
           absl::StrFormat("tensors[%d].shape: %d dims, at most %d allowed", i,
                           t.shape_size(), kMaxTensorDims));
+    // Where the piece sits in its global tensor (doc/resharding.md): only
+    // tensors that say so pay for the check.
+    if (t.global_shape_size() != 0 || t.piece_offsets_size() != 0 ||
+        !t.global_name().empty()) {
+      if (absl::Status s = storage::ValidateTensorLayout(
+              t, absl::StrFormat("tensors[%d]", i));
+          !s.ok())
+        return s;
+    }
   }
   return absl::OkStatus();
 }

@@ -132,15 +132,16 @@ class LayoutIndexBuilder {
 // length within the global shape; bytes == product(shape) x dtype size;
 // global_name a valid name and only with a global_shape. `field` prefixes
 // every error ("tensors[3]").
-[[nodiscard]] absl::Status ValidateTensorLayout(const v1::TensorMeta& meta,
-                                                std::string_view field);
+[[nodiscard]] absl::Status ValidateTensorLayout(
+    const ::ckpt::v1::TensorMeta& meta, std::string_view field);
 
 // The index of one step from every rank's TensorMeta list (shards[r] is rank
 // r's, so shards.size() must equal world_size). Every meta is validated; a
 // global tensor must have one dtype and shape on every rank. data offsets
 // are each meta's `offset`.
 absl::StatusOr<LayoutIndex> BuildLayoutIndex(
-    uint32_t world_size, std::span<const std::vector<v1::TensorMeta>> shards);
+    uint32_t world_size,
+    std::span<const std::vector<::ckpt::v1::TensorMeta>> shards);
 
 }  // namespace ckpt::storage
 

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "storage/local_fs.h"
 #include "util/status.h"
 #include "util/strings.h"
@@ -112,6 +114,16 @@ std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
     out.push_back(absl::StrFormat("shards: lists %d shards for world_size %d",
                                   m.shards_size(), m.world_size()));
   if (m.shards_size() == 0) out.push_back("shards: empty");
+  if (m.has_layout_index()) {
+    absl::StatusOr<LayoutIndex> index = ParseLayoutIndex(m.layout_index());
+    if (!index.ok())
+      out.push_back(absl::StrCat("layout_index: ", index.status().message()));
+    else if (index->world_size() != m.world_size())
+      out.push_back(
+          absl::StrFormat("layout_index: world_size %d, the "
+                          "manifest's is %d",
+                          index->world_size(), m.world_size()));
+  }
   std::set<uint32_t> seen;
   for (int i = 0; i < m.shards_size(); ++i) {
     const v1::NodeManifestShard& s = m.shards(i);

@@ -2,6 +2,8 @@
 
 #include "gtest/gtest.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::storage {
@@ -105,6 +107,20 @@ TEST(NodeManifest, DecodeRefusesNamingTheField) {
   m = TwoRanks();
   m.set_world_size(0);
   expect(EncodeNodeManifest(m), "world_size: 0");
+  // The layout index is checked whole: a bad blob, or one of another
+  // world size.
+  m = TwoRanks();
+  m.set_layout_index("CKLI garbage");
+  expect(EncodeNodeManifest(m), "layout_index: layout index");
+  m = TwoRanks();
+  {
+    LayoutIndexBuilder b(3);
+    const uint64_t shape[] = {4};
+    ASSERT_TRUE(b.AddTensor("w", DType::kFloat32, shape).ok());
+    m.set_layout_index(SerializeLayoutIndex(*std::move(b).Finish()));
+  }
+  expect(EncodeNodeManifest(m),
+         "layout_index: world_size 3, the manifest's is 2");
   expect("{\"format\": not json", "does not parse");
   expect("[]", "does not parse");
   // A key that is not a node manifest's is the caller's error.

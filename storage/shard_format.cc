@@ -66,17 +66,100 @@ absl::Status SizeMismatch(uint64_t file_bytes, uint64_t image_bytes) {
                       file_bytes, image_bytes));
 }
 
+// Index bytes per tensor: the IndexEntry, and in version 2 its LayoutEntry.
+uint64_t EntryBytes(uint32_t version) {
+  return sizeof(IndexEntry) +
+         (version == kShardVersionLayout ? sizeof(LayoutEntry) : 0);
+}
+
+absl::Status CheckLayoutFields(const ShardTensor& t, size_t i) {
+  if (t.global_shape.empty()) {
+    if (!t.piece_offsets.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorField(i, t.name, "piece_offsets"),
+                       ": set without global_shape"));
+    if (!t.global_name.empty())
+      return absl::InvalidArgumentError(absl::StrCat(
+          TensorField(i, t.name, "global_name"), ": set without global_shape"));
+    return absl::OkStatus();
+  }
+  if (t.global_shape.size() != t.shape.size())
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d dims, shape has %d", TensorField(i, t.name, "global_shape"),
+        t.global_shape.size(), t.shape.size()));
+  if (t.piece_offsets.size() != t.shape.size())
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d dims, shape has %d", TensorField(i, t.name, "piece_offsets"),
+        t.piece_offsets.size(), t.shape.size()));
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    const uint64_t g = t.global_shape[d], o = t.piece_offsets[d],
+                   l = t.shape[d];
+    if (o > g || l > g - o)
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s[%d]: offset %d + length %d exceed global_shape[%d] %d",
+          TensorField(i, t.name, "piece_offsets"), d, o, l, d, g));
+  }
+  if (!t.global_name.empty())
+    return ValidateTensorName(t.global_name,
+                              TensorField(i, t.name, "global_name"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+namespace {
+
+// A LayoutEntry into t (whose ndim is known): canonical zeros everywhere a
+// field is unused. ValidateShardInfo checks the values afterwards.
+absl::Status DecodeLayoutEntry(const LayoutEntry& e, size_t i, ShardTensor* t) {
+  const std::string field = TensorField(i, t->name, "layout");
+  CKPT_ASSIGN_OR_RETURN(t->global_name,
+                        FixedString(e.global_name, sizeof(e.global_name),
+                                    absl::StrCat(field, ".global_name")));
+  if (e.has_layout > 1)
+    return absl::DataLossError(
+        absl::StrFormat("%s.has_layout: %d, not 0 or 1", field, e.has_layout));
+  if (e.reserved != 0)
+    return absl::DataLossError(
+        absl::StrFormat("%s.reserved: %d, not 0", field, e.reserved));
+  const size_t nd = e.has_layout ? t->shape.size() : 0;
+  for (size_t d = nd; d < kMaxTensorDims; ++d) {
+    if (e.global_shape[d] != 0 || e.piece_offsets[d] != 0)
+      return absl::DataLossError(
+          absl::StrFormat("%s[%d]: nonzero in an unused dimension", field, d));
+  }
+  if (!e.has_layout) {
+    if (!t->global_name.empty())
+      return absl::DataLossError(
+          absl::StrCat(field, ".global_name: set without a layout"));
+    return absl::OkStatus();
+  }
+  if (nd == 0)
+    return absl::DataLossError(
+        absl::StrCat(field, ".has_layout: 1 for a scalar"));
+  t->global_shape.assign(e.global_shape, e.global_shape + nd);
+  t->piece_offsets.assign(e.piece_offsets, e.piece_offsets + nd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ShardInfo::HasLayout() const {
+  for (const ShardTensor& t : tensors)
+    if (!t.global_shape.empty()) return true;
+  return false;
+}
+
 absl::StatusOr<ShardLayout> ComputeLayout(
-    std::span<const uint64_t> tensor_bytes) {
+    std::span<const uint64_t> tensor_bytes, bool with_layout) {
   if (tensor_bytes.size() > kMaxShardTensors)
     return absl::InvalidArgumentError(
         absl::StrFormat("num_tensors: %d, at most %d allowed",
                         tensor_bytes.size(), kMaxShardTensors));
   ShardLayout layout;
+  layout.version = with_layout ? kShardVersionLayout : kShardVersion;
   layout.index_offset = kShardAlign;
-  AlignUp(kShardAlign + tensor_bytes.size() * sizeof(IndexEntry),
+  AlignUp(kShardAlign + tensor_bytes.size() * EntryBytes(layout.version),
           &layout.data_offset);
   layout.tensor_offsets.reserve(tensor_bytes.size());
   uint64_t pos = layout.data_offset;
@@ -137,9 +220,11 @@ absl::Status ValidateShardInfo(ShardInfo* info) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: %d, expected %d (numel %d * %d bytes)",
           TensorField(i, t.name, "bytes"), t.bytes, numel * elem, numel, elem));
+    CKPT_RETURN_IF_ERROR(CheckLayoutFields(t, i));
     sizes.push_back(t.bytes);
   }
-  CKPT_ASSIGN_OR_RETURN(ShardLayout layout, ComputeLayout(sizes));
+  CKPT_ASSIGN_OR_RETURN(ShardLayout layout,
+                        ComputeLayout(sizes, info->HasLayout()));
   for (size_t i = 0; i < info->tensors.size(); ++i) {
     const ShardTensor& t = info->tensors[i];
     if (t.offset != layout.tensor_offsets[i])
@@ -173,13 +258,31 @@ absl::Status EncodeShardMetadata(ShardInfo info, std::span<char> image) {
     e.checksum = t.checksum;
     std::memcpy(index + i * sizeof(IndexEntry), &e, sizeof(e));
   }
+  const uint64_t num = info.tensors.size();
+  if (layout.version == kShardVersionLayout) {
+    char* table = index + num * sizeof(IndexEntry);
+    for (size_t i = 0; i < num; ++i) {
+      const ShardTensor& t = info.tensors[i];
+      LayoutEntry e;
+      std::memset(&e, 0, sizeof(e));
+      if (!t.global_shape.empty()) {
+        std::memcpy(e.global_name, t.global_name.data(), t.global_name.size());
+        e.has_layout = 1;
+        for (size_t d = 0; d < t.global_shape.size(); ++d) {
+          e.global_shape[d] = t.global_shape[d];
+          e.piece_offsets[d] = t.piece_offsets[d];
+        }
+      }
+      std::memcpy(table + i * sizeof(LayoutEntry), &e, sizeof(e));
+    }
+  }
   const uint64_t index_checksum =
-      Hash64(index, info.tensors.size() * sizeof(IndexEntry));
+      Hash64(index, num * EntryBytes(layout.version));
 
   ShardHeader h;
   std::memset(&h, 0, sizeof(h));
   std::memcpy(h.magic, kShardMagic, sizeof(h.magic));
-  h.version = kShardVersion;
+  h.version = layout.version;
   h.header_bytes = sizeof(ShardHeader);
   h.step = info.step;
   h.rank = info.rank;
@@ -222,10 +325,11 @@ absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block) {
   if (std::memcmp(h.magic, kShardMagic, sizeof(h.magic)) != 0)
     return absl::DataLossError(
         "header.magic: not a ckpt shard (expected \"CKPTSHRD\")");
-  if (h.version != kShardVersion)
+  if (h.version != kShardVersion && h.version != kShardVersionLayout)
     return absl::DataLossError(
-        absl::StrFormat("header.version: %d, this build reads version %d",
-                        h.version, kShardVersion));
+        absl::StrFormat("header.version: %d, this build reads versions %d "
+                        "and %d",
+                        h.version, kShardVersion, kShardVersionLayout));
   if (h.header_bytes != sizeof(ShardHeader))
     return Mismatch("header.header_bytes", h.header_bytes, sizeof(ShardHeader));
   if (h.index_entry_bytes != sizeof(IndexEntry))
@@ -243,7 +347,7 @@ absl::StatusOr<ShardHeader> DecodeHeader(std::span<const char> first_block) {
   if (h.index_offset != kShardAlign)
     return Mismatch("header.index_offset", h.index_offset, kShardAlign);
   uint64_t data_offset;
-  AlignUp(kShardAlign + uint64_t{h.num_tensors} * sizeof(IndexEntry),
+  AlignUp(kShardAlign + uint64_t{h.num_tensors} * EntryBytes(h.version),
           &data_offset);
   if (h.data_offset != data_offset)
     return Mismatch("header.data_offset", h.data_offset, data_offset);
@@ -276,7 +380,7 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(
                         footer_block.size(), sizeof(ShardFooter)));
 
   const char* index = head.data() + h.index_offset;
-  const uint64_t index_bytes = uint64_t{h.num_tensors} * sizeof(IndexEntry);
+  const uint64_t index_bytes = uint64_t{h.num_tensors} * EntryBytes(h.version);
   uint64_t index_sum = Hash64(index, index_bytes);
   if (index_sum != h.index_checksum)
     return absl::DataLossError(absl::StrFormat(
@@ -334,9 +438,20 @@ absl::StatusOr<ShardInfo> DecodeShardMetadata(
     t.offset = e.offset;
     t.bytes = e.bytes;
     t.checksum = e.checksum;
+    if (h.version == kShardVersionLayout) {
+      LayoutEntry le;
+      std::memcpy(&le,
+                  index + uint64_t{h.num_tensors} * sizeof(IndexEntry) +
+                      uint64_t{i} * sizeof(LayoutEntry),
+                  sizeof(le));
+      CKPT_RETURN_IF_ERROR(DecodeLayoutEntry(le, i, &t));
+    }
   }
   if (absl::Status s = ValidateShardInfo(&info); !s.ok())
     return absl::DataLossError(s.message());
+  // A version-2 shard must carry a layout (one encoding per shard).
+  if (info.layout.version != h.version)
+    return Mismatch("header.version", h.version, info.layout.version);
   if (info.layout.footer_offset != h.footer_offset)
     return Mismatch("header.footer_offset", h.footer_offset,
                     info.layout.footer_offset);

@@ -35,7 +35,10 @@ ShardFooter* Footer(std::vector<char>& image) {
 // Recomputes every checksum so that a test reaches the check behind them.
 void Reseal(std::vector<char>& image) {
   ShardHeader* h = Header(image);
-  const uint64_t index_bytes = uint64_t{h->num_tensors} * sizeof(IndexEntry);
+  const uint64_t per =
+      sizeof(IndexEntry) +
+      (h->version == kShardVersionLayout ? sizeof(LayoutEntry) : 0);
+  const uint64_t index_bytes = uint64_t{h->num_tensors} * per;
   if (kShardAlign + index_bytes <= image.size())
     h->index_checksum = Hash64(image.data() + kShardAlign, index_bytes);
   h->header_checksum = Hash64(h, offsetof(ShardHeader, header_checksum));
@@ -227,6 +230,125 @@ TEST(DecodeShardMetadata, ChecksHeaderFieldsBehindAValidChecksum) {
     Reseal(image);
     ExpectDataLoss(Decode(image), c.field);
   }
+}
+
+// Tensor 0 ("layer0.weight", [3, 4]) is rows 2..4 of a global "w" [8, 4];
+// tensor 1 stays whole.
+void PlaceFirst(ShardInfo& info) {
+  info.tensors[0].global_shape = {8, 4};
+  info.tensors[0].piece_offsets = {2, 0};
+  info.tensors[0].global_name = "w";
+}
+LayoutEntry* Layout(std::vector<char>& image, size_t i) {
+  const ShardHeader* h = Header(image);
+  return reinterpret_cast<LayoutEntry*>(image.data() + kShardAlign +
+                                        h->num_tensors * sizeof(IndexEntry) +
+                                        i * sizeof(LayoutEntry));
+}
+
+TEST(ShardLayoutFields, AShardWithoutThemIsVersion1ByteForByte) {
+  // What every shard written before layouts looks like: version 1, the
+  // data right after 256-byte entries; it reads with no layout.
+  Shard s = MakeShard({{7}, {300, 2}});
+  EXPECT_EQ(Header(s.image)->version, 1u);
+  EXPECT_EQ(Header(s.image)->data_offset, 2 * kShardAlign);
+  absl::StatusOr<ShardInfo> got = Decode(s.image);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->layout.version, 1u);
+  for (const ShardTensor& t : got->tensors) {
+    EXPECT_TRUE(t.global_shape.empty());
+    EXPECT_TRUE(t.piece_offsets.empty());
+    EXPECT_TRUE(t.global_name.empty());
+  }
+}
+
+TEST(ShardLayoutFields, RoundTripInAVersion2Shard) {
+  Shard s = MakeShard({{3, 4}, {300, 2}}, 1, PlaceFirst);
+  EXPECT_EQ(Header(s.image)->version, kShardVersionLayout);
+  absl::StatusOr<ShardInfo> got = Decode(s.image);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->layout.version, kShardVersionLayout);
+  EXPECT_EQ(got->tensors[0].global_shape, (std::vector<uint64_t>{8, 4}));
+  EXPECT_EQ(got->tensors[0].piece_offsets, (std::vector<uint64_t>{2, 0}));
+  EXPECT_EQ(got->tensors[0].global_name, "w");
+  EXPECT_TRUE(got->tensors[1].global_shape.empty());
+  EXPECT_EQ(got->tensors[0].offset, s.info.tensors[0].offset);
+  // 2 x (256 + 296) bytes of index still fit the first index block.
+  EXPECT_EQ(got->layout.data_offset, 2 * kShardAlign);
+  // Many tensors: the layout table moves the data further than in v1.
+  std::vector<uint64_t> sizes(20, 4);
+  EXPECT_EQ(ComputeLayout(sizes, true)->data_offset, 4 * kShardAlign);
+  EXPECT_EQ(ComputeLayout(sizes, false)->data_offset, 3 * kShardAlign);
+}
+
+TEST(ShardLayoutFields, EveryFlippedByteOfTheLayoutTableIsCaught) {
+  Shard s = MakeShard({{3, 4}, {300, 2}}, 1, PlaceFirst);
+  for (size_t i = 0; i < 2 * sizeof(LayoutEntry); ++i) {
+    std::vector<char> image = s.image;
+    reinterpret_cast<char*>(Layout(image, 0))[i] ^= 0x01;
+    ExpectDataLoss(Decode(image), "header.index_checksum");
+  }
+}
+
+TEST(ShardLayoutFields, ChecksLayoutFieldsBehindAValidChecksum) {
+  Shard s = MakeShard({{3, 4}, {300, 2}}, 1, PlaceFirst);
+  struct Case {
+    void (*mutate)(std::vector<char>&);
+    std::string field;
+  };
+  std::vector<Case> cases = {
+      {[](std::vector<char>& im) { Layout(im, 0)->piece_offsets[0] = 6; },
+       "tensors[0] (\"layer0.weight\").piece_offsets[0]: offset 6 + length 3 "
+       "exceed global_shape[0] 8"},
+      {[](std::vector<char>& im) { Layout(im, 0)->global_shape[1] = 3; },
+       "tensors[0] (\"layer0.weight\").piece_offsets[1]"},
+      {[](std::vector<char>& im) { Layout(im, 0)->global_shape[2] = 1; },
+       "tensors[0] (\"layer0.weight\").layout[2]: nonzero in an unused"},
+      {[](std::vector<char>& im) { Layout(im, 0)->has_layout = 2; },
+       "tensors[0] (\"layer0.weight\").layout.has_layout: 2"},
+      {[](std::vector<char>& im) { Layout(im, 0)->reserved = 1; },
+       "tensors[0] (\"layer0.weight\").layout.reserved"},
+      {[](std::vector<char>& im) { Layout(im, 0)->global_name[0] = '\n'; },
+       "tensors[0] (\"layer0.weight\").global_name"},
+      {[](std::vector<char>& im) {
+         std::memset(Layout(im, 0)->global_name, 'a', 160);
+       },
+       "layout.global_name: not NUL"},
+      {[](std::vector<char>& im) { Layout(im, 1)->global_name[0] = 'x'; },
+       "tensors[1] (\"layer1.weight\").layout.global_name: set without"},
+      {[](std::vector<char>& im) { Layout(im, 1)->piece_offsets[0] = 1; },
+       "tensors[1] (\"layer1.weight\").layout[0]: nonzero"},
+      // A version-2 shard with no layout left is not canonical.
+      {[](std::vector<char>& im) {
+         std::memset(Layout(im, 0), 0, sizeof(LayoutEntry));
+       },
+       "header.version: 2, expected 1"},
+      {[](std::vector<char>& im) { Header(im)->version = 3; },
+       "header.version: 3, this build reads versions 1 and 2"},
+  };
+  for (const Case& c : cases) {
+    std::vector<char> image = s.image;
+    c.mutate(image);
+    Reseal(image);
+    ExpectDataLoss(Decode(image), c.field);
+  }
+}
+
+TEST(ShardLayoutFields, EncodeRefusesALayoutThatDoesNotFit) {
+  Shard s = MakeShard({{3, 4}, {300, 2}}, 1, PlaceFirst);
+  ShardInfo info = s.info;
+  info.tensors[0].global_shape = {8};
+  absl::Status st = EncodeShardMetadata(info, s.image);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("global_shape: 1 dims, shape has 2"),
+            std::string::npos)
+      << st;
+  info = s.info;
+  info.tensors[1].global_name = "w";
+  st = EncodeShardMetadata(info, s.image);
+  EXPECT_NE(st.message().find("global_name: set without global_shape"),
+            std::string::npos)
+      << st;
 }
 
 TEST(DecodeShardMetadata, TruncatedFileNamesBothSizes) {

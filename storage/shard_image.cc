@@ -59,7 +59,9 @@ absl::Status SameIndex(const ShardInfo& got, const ShardInfo& want,
     const ShardTensor& w = want.tensors[i];
     const bool check_sum = known.empty() || (i < known.size() && known[i]);
     if (g.name != w.name || g.offset != w.offset || g.bytes != w.bytes ||
-        (check_sum && g.checksum != w.checksum))
+        (check_sum && g.checksum != w.checksum) ||
+        g.global_shape != w.global_shape ||
+        g.piece_offsets != w.piece_offsets || g.global_name != w.global_name)
       return absl::DataLossError(
           absl::StrCat(what, ": tensor \"", Quote(g.name), "\" differs"));
   }

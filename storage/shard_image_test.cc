@@ -82,6 +82,12 @@ TEST(ShardImageTest, AnotherIndexNamesTheTensorThatDiffers) {
   EXPECT_TRUE(Has(d, "f: tensor \"layer1.weight\" differs")) << d;
   // An unknown checksum is not compared.
   EXPECT_TRUE(SameIndex(s.info, want, {true, false}, "f").ok());
+  // So is a copy that places a tensor elsewhere in its global tensor.
+  want = s.info;
+  want.tensors[0].global_shape = {2000};
+  want.tensors[0].piece_offsets = {1000};
+  EXPECT_TRUE(Has(SameIndex(s.info, want, {}, "f"),
+                  "f: tensor \"layer0.weight\" differs"));
   want.tensors.pop_back();
   EXPECT_TRUE(Has(SameIndex(s.info, want, {}, "f"), "2 tensors, expected 1"));
 }

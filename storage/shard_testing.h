@@ -19,8 +19,10 @@ struct Shard {
   std::vector<char> image;
 };
 
+// place (may be null) sets the tensors' layouts before the offsets are
+// computed: a shard with one is a version-2 shard.
 inline Shard MakeShard(const std::vector<std::vector<uint64_t>>& shapes,
-                       uint32_t seed = 1) {
+                       uint32_t seed = 1, void (*place)(ShardInfo&) = nullptr) {
   Shard s;
   s.info.job = "job-a";
   s.info.step = 42;
@@ -38,7 +40,8 @@ inline Shard MakeShard(const std::vector<std::vector<uint64_t>>& shapes,
     sizes.push_back(t.bytes);
     s.info.tensors.push_back(t);
   }
-  ShardLayout layout = *ComputeLayout(sizes);
+  if (place != nullptr) place(s.info);
+  ShardLayout layout = *ComputeLayout(sizes, s.info.HasLayout());
   s.image.assign(layout.image_bytes, 0);
   std::mt19937 rng(seed);
   for (size_t i = 0; i < s.info.tensors.size(); ++i) {

@@ -13,6 +13,8 @@
 
 #include "ckpt/client.h"
 #include "gtest/gtest.h"
+#include "storage/keys.h"
+#include "tests/await_file.h"
 #include "tests/temp_dir.h"
 
 extern char** environ;
@@ -102,6 +104,10 @@ TEST_F(CkptctlLiveTest, StatusJsonNamesTheArena) {
 }
 
 TEST_F(CkptctlLiveTest, VerifyAcceptsTheDaemonsRoot) {
+  // WaitDurable answers once the shard is durable; the step's manifest is
+  // written after it.
+  ASSERT_TRUE(ckpt::testing::AwaitFile(root_ + "/" +
+                                       storage::ManifestKey("livejob", 3)));
   std::string out;
   EXPECT_EQ(Ckptctl("verify --root " + root_, &out), 0) << out;
   EXPECT_NE(out.find("1 manifest(s)"), std::string::npos) << out;

@@ -76,7 +76,7 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
     JsonWriter w;
     w.BeginObject()
         .Field("path", shard.path)
-        .Field("format_version", storage::kShardVersion);
+        .Field("format_version", info.layout.version);
     w.Field("job", info.job).Field("step", info.step).Field("rank", info.rank);
     w.Field("world_size", info.world_size)
         .Field("created_unix_ns", info.created_unix_ns);
@@ -92,6 +92,15 @@ absl::Status RunInspect(const ShardSelector& sel, bool json) {
       w.Field("offset", t.offset)
           .Field("bytes", t.bytes)
           .Field("checksum", HexChecksum(t.checksum));
+      if (!t.global_shape.empty()) {
+        w.Key("global_shape").BeginArray();
+        for (uint64_t d : t.global_shape) w.Uint(d);
+        w.EndArray();
+        w.Key("piece_offsets").BeginArray();
+        for (uint64_t d : t.piece_offsets) w.Uint(d);
+        w.EndArray();
+        if (!t.global_name.empty()) w.Field("global_name", t.global_name);
+      }
       w.EndObject();
     }
     w.EndArray().EndObject();

@@ -2,11 +2,14 @@
 // storage/keys.h and storage/manifest.h (one-node and cluster layouts).
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "storage/manifest.h"
 #include "tools/ctl_commands.h"
 #include "tools/json_writer.h"
@@ -185,7 +188,9 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
   std::vector<Row> rows;
   std::string format;
   uint32_t world_size = 0;
-  uint64_t generation = 0, fence = 0;  // global: which write it is
+  uint64_t generation = 0, fence = 0;         // global: which write it is
+  std::optional<storage::LayoutIndex> index;  // node manifests may carry one
+  uint64_t index_bytes = 0;
   if (where.kind == storage::KeyKind::kGlobalManifest) {
     CKPT_ASSIGN_OR_RETURN(
         storage::v1::GlobalManifest m,
@@ -205,6 +210,11 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
     for (const auto& s : m.shards())
       rows.push_back({s.rank(), s.key(), std::to_string(s.bytes()),
                       s.checksums_digest(), where.node});
+    if (m.has_layout_index()) {
+      // DecodeNodeManifest parsed it once already: it is valid.
+      CKPT_ASSIGN_OR_RETURN(index, storage::ParseLayoutIndex(m.layout_index()));
+      index_bytes = m.layout_index().size();
+    }
   }
   if (json) {
     JsonWriter w;
@@ -226,7 +236,35 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
           .Field("bytes", r.bytes);
       w.Field("digest", r.digest).Field("node", r.node).EndObject();
     }
-    w.EndArray().EndObject();
+    w.EndArray();
+    if (index) {
+      // Every piece of every tensor, as the planner reads them.
+      w.Key("layout_index").BeginObject().Field("bytes", index_bytes);
+      w.Field("pieces", index->num_pieces());
+      w.Key("tensors").BeginArray();
+      for (const storage::LayoutTensor& t : index->tensors()) {
+        w.BeginObject()
+            .Field("name", t.name)
+            .Field("dtype", std::string(DTypeName(t.dtype)));
+        w.Key("global_shape").BeginArray();
+        for (uint32_t d = 0; d < t.ndim; ++d) w.Uint(t.global_shape[d]);
+        w.EndArray().Key("pieces").BeginArray();
+        for (uint64_t p = t.first_piece; p < t.first_piece + t.num_pieces;
+             ++p) {
+          w.BeginObject().Field("rank", index->piece_rank(p));
+          w.Key("offsets").BeginArray();
+          for (uint32_t d = 0; d < t.ndim; ++d)
+            w.Uint(index->piece_offset(p, d));
+          w.EndArray().Key("lengths").BeginArray();
+          for (uint32_t d = 0; d < t.ndim; ++d)
+            w.Uint(index->piece_length(p, d));
+          w.EndArray().EndObject();
+        }
+        w.EndArray().EndObject();
+      }
+      w.EndArray().EndObject();
+    }
+    w.EndObject();
     std::printf("%s\n", w.str().c_str());
     return absl::OkStatus();
   }
@@ -239,6 +277,11 @@ absl::Status InspectManifest(storage::Backend& backend, const std::string& key,
     std::printf("generation %llu\nfence      %llu\n",
                 static_cast<unsigned long long>(generation),
                 static_cast<unsigned long long>(fence));
+  if (index)
+    std::printf("layout     index of %zu tensors, %llu pieces (%llu bytes)\n",
+                index->tensors().size(),
+                static_cast<unsigned long long>(index->num_pieces()),
+                static_cast<unsigned long long>(index_bytes));
   std::printf("\n");
   Table t({"RANK", "NODE", "KEY", "BYTES", "DIGEST"});
   for (const Row& r : rows)

@@ -12,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "storage/manifest.h"
 #include "storage/shard_testing.h"
 #include "tests/temp_dir.h"
@@ -139,6 +141,37 @@ TEST_F(CkptctlTest, InspectListsEveryTensor) {
   for (const auto& t : shard_.info.tensors)
     EXPECT_NE(r.out.find(t.name), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"shape\":[3,5]"), std::string::npos) << r.out;
+}
+
+// A version-2 shard (a tensor placed in a global tensor): verify passes and
+// inspect shows the layout.
+TEST(CkptctlLayoutTest, InspectShowsTheLayoutAndVerifyPasses) {
+  ::ckpt::testing::TempDir dir;
+  storage::Shard shard =
+      storage::MakeShard({{3, 4}, {5}}, 3, [](storage::ShardInfo& info) {
+        info.tensors[0].global_shape = {9, 4};
+        info.tensors[0].piece_offsets = {6, 0};
+        info.tensors[0].global_name = "w";
+      });
+  const std::string key =
+      storage::ShardKey(shard.info.job, shard.info.step, shard.info.rank);
+  storage::LocalBackendOptions o;
+  o.root = dir.path();
+  auto backend = storage::NewLocalBackend(o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto w = (*backend)->NewObjectWriter(key, shard.image.size());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->WriteAt(0, shard.image.data(), shard.image.size()).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  CtlRun r = Ckptctl("inspect --json " + dir.path() + "/" + key);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"format_version\":2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"global_shape\":[9,4],\"piece_offsets\":[6,0],"
+                       "\"global_name\":\"w\""),
+            std::string::npos)
+      << r.out;
+  r = Ckptctl("verify --root " + dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
 TEST_F(CkptctlTest, RestoreWritesOneFilePerTensor) {
@@ -285,6 +318,42 @@ TEST_F(ClusterRootTest, VerifyFlagsAShardTheManifestsListButStorageLacks) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("rank 0: listed shard"), std::string::npos) << r.out;
+}
+
+// A node manifest carrying the step's layout index: inspect shows every
+// piece, verify still accepts the root.
+TEST_F(ClusterRootTest, InspectOfAManifestShowsItsLayoutIndex) {
+  const std::string key = storage::ManifestKey("job-c", kStep, "n1");
+  auto text = storage::ReadManifestText(*backend_, key);
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto m = storage::DecodeNodeManifest(*text, key);
+  ASSERT_TRUE(m.ok()) << m.status();
+  storage::LayoutIndexBuilder b(4);
+  const uint64_t shape[] = {8};
+  auto w = b.AddTensor("w", DType::kFloat32, shape);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (uint32_t rank : {0u, 1u}) {
+    const uint64_t off[] = {4 * rank}, len[] = {4};
+    ASSERT_TRUE(b.AddPiece(*w, rank, 8192, off, len).ok());
+  }
+  auto index = std::move(b).Finish();
+  ASSERT_TRUE(index.ok()) << index.status();
+  m->set_layout_index(storage::SerializeLayoutIndex(*index));
+  ASSERT_TRUE(storage::WriteNodeManifest(*backend_, *m, "n1").ok());
+
+  CtlRun r = Ckptctl("inspect --json " + PathOf(key));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"pieces\":2,\"tensors\":[{\"name\":\"w\","
+                       "\"dtype\":\"float32\",\"global_shape\":[8],"
+                       "\"pieces\":[{\"rank\":0,\"offsets\":[0],"
+                       "\"lengths\":[4]},{\"rank\":1,\"offsets\":[4],"
+                       "\"lengths\":[4]}]}]"),
+            std::string::npos)
+      << r.out;
+  CtlRun t = Ckptctl("inspect " + PathOf(key));
+  EXPECT_NE(t.out.find("index of 1 tensors, 2 pieces"), std::string::npos)
+      << t.out;
+  EXPECT_EQ(Ckptctl("verify --root " + dir_.path()).exit_code, 0);
 }
 
 TEST_F(ClusterRootTest, ListRootShowsEveryNodesShardsAndManifests) {

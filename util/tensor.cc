@@ -1,6 +1,7 @@
 #include "ckpt/tensor.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ckpt {
 
@@ -46,6 +47,14 @@ bool IsValidDType(uint32_t raw) {
 
 std::string Device::ToString() const {
   return kind == Kind::kHost ? "cpu" : absl::StrCat("cuda:", index);
+}
+
+std::string TensorLayout::ToString() const {
+  std::string s =
+      absl::StrCat("offsets [", absl::StrJoin(offsets, ", "), "] of [",
+                   absl::StrJoin(global_shape, ", "), "]");
+  if (!global_name.empty()) absl::StrAppend(&s, " of \"", global_name, "\"");
+  return s;
 }
 
 std::optional<uint64_t> Tensor::numel() const {

@@ -50,6 +50,9 @@ storage::ShardInfo ToShardInfo(
     t.offset = m.offset();
     t.bytes = m.bytes();
     t.checksum = m.checksum();
+    t.global_shape.assign(m.global_shape().begin(), m.global_shape().end());
+    t.piece_offsets.assign(m.piece_offsets().begin(), m.piece_offsets().end());
+    t.global_name = m.global_name();
     info.tensors.push_back(std::move(t));
   }
   return info;
@@ -75,6 +78,9 @@ void ToTensorMetas(const storage::ShardInfo& info,
     m->set_bytes(t.bytes);
     m->set_checksum(t.checksum);
     m->set_has_checksum(true);
+    for (uint64_t d : t.global_shape) m->add_global_shape(d);
+    for (uint64_t d : t.piece_offsets) m->add_piece_offsets(d);
+    if (!t.global_name.empty()) m->set_global_name(t.global_name);
   }
 }
 

@@ -96,9 +96,22 @@ std::optional<ManifestSnapshot> PipelineView::SnapshotManifest(
   bool durable = false;
   if (!node_.table.StepComplete(*j, step->second, &durable) || !durable)
     return std::nullopt;
-  return ManifestSnapshot{
+  ManifestSnapshot snap{
       NodeManifestOf(job, step_no, j->rec.world_size(), step->second),
-      ShardGenerations(step->second)};
+      ShardGenerations(step->second),
+      {}};
+  bool layouts = false;
+  for (const auto& [r, shard] : step->second.shards)
+    for (const v1::TensorMeta& t : shard.rec.tensors())
+      layouts |= t.global_shape_size() != 0;
+  if (layouts) {
+    snap.metas.resize(j->rec.world_size());
+    for (const auto& [r, shard] : step->second.shards)
+      if (r < snap.metas.size())
+        snap.metas[r].assign(shard.rec.tensors().begin(),
+                             shard.rec.tensors().end());
+  }
+  return snap;
 }
 
 bool PipelineView::RecordManifest(const std::string& job, uint64_t step_no,

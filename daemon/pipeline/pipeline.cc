@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "storage/manifest.h"
 #include "storage/shard_image.h"
 #include "util/checksum.h"
@@ -166,6 +168,27 @@ void PersistPipeline::PersistShard(const PersistTask& task) {
   state_->RecordPersist(task, std::move(outcome));
 }
 
+namespace {
+
+// The layout index of the snapshot's metas into its manifest (none: the
+// step has no layout). The metas passed the commit's checks; an index
+// that still does not build (two ranks declaring one global tensor with
+// two shapes) is logged and the manifest written without it.
+void AddLayoutIndex(ManifestSnapshot& m) {
+  if (m.metas.empty()) return;
+  absl::StatusOr<storage::LayoutIndex> index =
+      storage::BuildLayoutIndex(static_cast<uint32_t>(m.metas.size()), m.metas);
+  if (!index.ok()) {
+    LogWarning(absl::StrCat("layout index of ", m.manifest.job(), " step ",
+                            m.manifest.step(), ": ", index.status().message(),
+                            "; the manifest goes without it"));
+    return;
+  }
+  m.manifest.set_layout_index(storage::SerializeLayoutIndex(*index));
+}
+
+}  // namespace
+
 void PersistPipeline::WriteManifest(const PersistTask& task) {
   const std::string key = storage::ManifestKey(task.job, task.step, node_id_);
   // Built under the state's lock, written without it: a shard that changes
@@ -176,6 +199,7 @@ void PersistPipeline::WriteManifest(const PersistTask& task) {
     std::optional<ManifestSnapshot> m = state_->SnapshotManifest(
         task.job, task.step, /*object=*/false, &written);
     if (!m) return;
+    AddLayoutIndex(*m);
     absl::Status s = storage::WriteNodeManifest(*local_, m->manifest, node_id_);
     if (state_->RecordManifest(task.job, task.step, /*object=*/false, *m, s) ||
         !s.ok())
@@ -278,6 +302,7 @@ absl::Status PersistPipeline::WriteObjectManifest(const UploadTask& task) {
       CKPT_RETURN_IF_ERROR(object_->Delete(key));
       return absl::CancelledError("step gone, incomplete or not uploaded");
     }
+    AddLayoutIndex(*m);
     // Written last: only now is the step visible in the object tier.
     CKPT_RETURN_IF_ERROR(
         storage::WriteNodeManifest(*object_, m->manifest, node_id_));

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ckpt.pb.h"
 #include "daemon/core/catalog.h"
 #include "daemon/core/catalog_writer.h"
 #include "daemon/core/clock.h"
@@ -58,6 +59,10 @@ struct PersistOutcome {
 struct ManifestSnapshot {
   storage::v1::NodeManifest manifest;
   std::vector<std::pair<uint32_t, uint64_t>> gens;
+  // When a tensor of the step has a layout: every rank's tensor metadata
+  // (metas[r], empty for ranks not on this node), from which the writer
+  // builds the manifest's layout index outside the state's lock.
+  std::vector<std::vector<v1::TensorMeta>> metas;
 };
 // What a shard's upload sends: from the slot while it holds the shard
 // (write_no says afterwards whether a save overwrote it), else the file.

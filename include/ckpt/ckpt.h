@@ -84,6 +84,24 @@ typedef struct {
   int device; /* -1 = host, N >= 0 = cuda:N */
 } ckpt_tensor;
 
+/* Where a tensor sits in a global tensor (ckpt::TensorLayout,
+ * doc/resharding.md): the tensor is the box [offsets, offsets + shape) of
+ * a tensor of global_shape; both arrays have the tensor's ndim entries. */
+typedef struct {
+  const int64_t* global_shape; /* NULL: the tensor is whole (no layout) */
+  const int64_t* offsets;      /* ndim entries when global_shape is set */
+  const char* global_name;     /* NULL or "": the tensor's own name */
+} ckpt_tensor_layout;
+
+/* The layout a tensor was saved with, as a restore reports it. */
+typedef struct {
+  int has_layout; /* 0: saved whole; every other field is zero */
+  int ndim;
+  int64_t global_shape[8];
+  int64_t offsets[8];
+  char global_name[160]; /* NUL-terminated; "": the tensor's own name */
+} ckpt_saved_layout;
+
 /* ckpt::ClientOptions, field by field. Call ckpt_options_init() first: it
  * sets every field to the C++ default, so fields added later keep theirs. */
 typedef struct {
@@ -163,6 +181,20 @@ ckpt_status ckpt_save_async_ex(ckpt_client* client, int64_t step,
                                const ckpt_tensor* tensors, size_t count,
                                const ckpt_save_options* options,
                                ckpt_save_handle** out);
+/* ckpt_save_ex / ckpt_save_async_ex with layouts[i] placing tensors[i] in
+ * its global tensor (layouts NULL, or an entry whose global_shape is NULL:
+ * whole tensors). The daemon refuses a layout that does not fit the shape
+ * (CKPT_INVALID_ARGUMENT naming the field) and nothing is saved. */
+ckpt_status ckpt_save_layout(ckpt_client* client, int64_t step,
+                             const ckpt_tensor* tensors,
+                             const ckpt_tensor_layout* layouts, size_t count,
+                             const ckpt_save_options* options);
+ckpt_status ckpt_save_async_layout(ckpt_client* client, int64_t step,
+                                   const ckpt_tensor* tensors,
+                                   const ckpt_tensor_layout* layouts,
+                                   size_t count,
+                                   const ckpt_save_options* options,
+                                   ckpt_save_handle** out);
 ckpt_status ckpt_wait_copied(ckpt_save_handle* handle);
 /* Waits for the save to finish and frees the handle. */
 ckpt_status ckpt_wait(ckpt_save_handle* handle);
@@ -171,6 +203,14 @@ ckpt_status ckpt_wait(ckpt_save_handle* handle);
 ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step);
 ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count);
+/* ckpt_restore; layouts (may be NULL) as in ckpt_save_layout: a tensor
+ * given a layout must have been saved with it (CKPT_FAILED_PRECONDITION
+ * naming both otherwise). saved (may be NULL, else count entries): after a
+ * success, the layout each tensor was saved with. */
+ckpt_status ckpt_restore_layout(ckpt_client* client, int64_t step,
+                                const ckpt_tensor* tensors,
+                                const ckpt_tensor_layout* layouts, size_t count,
+                                ckpt_saved_layout* saved);
 /* Restores the newest step whose copies verify and sets *step to it (-1 on
  * failure). A copy failing verification is reported and the next copy, then
  * the previous good step, is tried in this one call; the tensors end holding

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -181,6 +182,13 @@ class Client {
   // For data-parallel state only: every rank's shard holds the whole.
   [[nodiscard]] absl::Status RestoreSavedRank(int64_t step, uint32_t saved_rank,
                                               std::span<const Tensor> tensors);
+  // The same, and (*layouts)[i] is the layout tensors[i] was saved with
+  // (nullopt: saved whole). A tensor given with a layout must have been
+  // saved with that layout (FailedPrecondition naming both otherwise: a
+  // restore into another layout is not built yet).
+  [[nodiscard]] absl::Status Restore(
+      int64_t step, std::span<const Tensor> tensors,
+      std::vector<std::optional<TensorLayout>>* layouts);
   // Restores the newest step whose copies verify and returns it. A copy
   // that fails verification is reported (the daemon checks it and drops it
   // if it is bad), the next copy of the step is tried, then the previous

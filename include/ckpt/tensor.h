@@ -49,12 +49,32 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
+// Where a tensor sits in a larger, global tensor (doc/resharding.md): the
+// tensor is the box [offsets, offsets + shape) of a tensor of global_shape.
+// A rank may save several pieces of one global tensor under their own
+// names, each naming the global tensor in global_name; several ranks may
+// save the same piece (replicas). global_shape and offsets have as many
+// dims as the tensor's shape; each piece lies within global_shape. A
+// scalar has no layout (an empty global_shape means none).
+struct TensorLayout {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;
+  std::string global_name;  // empty: the tensor's own name
+
+  // "offsets [4, 0] of [8, 4]" (and " of \"w\"" when global_name is set).
+  std::string ToString() const;
+  friend bool operator==(const TensorLayout&, const TensorLayout&) = default;
+};
+
 struct Tensor {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   void* data = nullptr;
   Device device;
+  // Unset: the tensor is whole (a global tensor of its own), as before
+  // layouts existed.
+  std::optional<TensorLayout> layout = std::nullopt;
 
   // Product of the shape (1 for a scalar); nullopt if a dimension is
   // negative or the product overflows.

@@ -1,9 +1,11 @@
 """Client: one connection to ckptd through the C API, torch-free.
 
 Tensors are passed as ``TensorDesc`` tuples (name bytes, ckpt dtype code,
-shape tuple, data address, device: -1 host, N cuda:N). ``pack`` turns a
+shape tuple, data address, device: -1 host, N cuda:N). ``Packed`` turns a
 list of them into one C array (plus one array holding every shape), so each
 save or restore is a single foreign call; ctypes releases the GIL for it.
+A tensor that is a piece of a global tensor has a ``Layout`` (global shape,
+offsets, global name bytes; doc/resharding.md) beside its descriptor.
 
 Thread-safety: as ckpt.h's: a Client may be used from several threads; a
 SaveHandle from one.
@@ -17,6 +19,9 @@ from . import _lib, errors
 TensorDesc = collections.namedtuple(
     "TensorDesc", ["name", "dtype", "shape", "data", "device"])
 
+Layout = collections.namedtuple(
+    "Layout", ["global_shape", "offsets", "global_name"])
+
 _OPTION_FIELDS = {
     "slot_bytes": int, "num_slots": int, "block_when_busy": bool,
     "copy_threads": int, "slot_headroom": float, "busy_timeout_s": float,
@@ -24,11 +29,14 @@ _OPTION_FIELDS = {
 
 
 class Packed:
-    """A C array of ckpt_tensor and the buffers it points into."""
+    """A C array of ckpt_tensor and the buffers it points into; with
+    layouts (a Layout or None per descriptor, not all None) also the
+    array of ckpt_tensor_layout."""
 
-    __slots__ = ("array", "count", "_shapes", "_names")
+    __slots__ = ("array", "count", "layouts", "_shapes", "_names", "_dims",
+                 "_global_names")
 
-    def __init__(self, descs):
+    def __init__(self, descs, layouts=None):
         n = len(descs)
         dims = [d for desc in descs for d in desc.shape]
         self._shapes = (ctypes.c_int64 * max(1, len(dims)))(*dims)
@@ -45,6 +53,29 @@ class Packed:
         # One constructor call fills the array from tuples (faster than
         # setting fields through a proxy per element).
         self.array = (_lib.CTensor * max(1, n))(*rows)
+        self.layouts = None
+        if layouts is not None and any(l is not None for l in layouts):
+            self._pack_layouts(layouts)
+
+    def _pack_layouts(self, layouts):
+        dims = []
+        for l in layouts:
+            if l is not None:
+                dims.extend(l.global_shape)
+                dims.extend(l.offsets)
+        self._dims = (ctypes.c_int64 * max(1, len(dims)))(*dims)
+        self._global_names = [l.global_name if l else None for l in layouts]
+        base = ctypes.addressof(self._dims)
+        rows, offset = [], 0
+        for l in layouts:
+            if l is None or not l.global_shape:
+                rows.append((None, None, None))
+                continue
+            nd = len(l.global_shape)
+            rows.append((base + 8 * offset, base + 8 * (offset + nd),
+                         l.global_name or None))
+            offset += 2 * nd
+        self.layouts = (_lib.CTensorLayout * max(1, len(rows)))(*rows)
 
 
 def _integer(value, field, lo, hi):
@@ -214,22 +245,57 @@ class Client:
 
     def save(self, step, packed, rewind=False):
         o = _save_options(rewind)
-        _lib.check(_lib.lib().ckpt_save_ex(self._live(), step, packed.array,
-                                           packed.count, ctypes.byref(o)),
-                   "save step %d" % step)
+        if packed.layouts is None:
+            status = _lib.lib().ckpt_save_ex(self._live(), step, packed.array,
+                                             packed.count, ctypes.byref(o))
+        else:
+            status = _lib.layout_function("ckpt_save_layout")(
+                self._live(), step, packed.array, packed.layouts, packed.count,
+                ctypes.byref(o))
+        _lib.check(status, "save step %d" % step)
 
     def save_async(self, step, packed, keepalive, rewind=False):
         o = _save_options(rewind)
         out = ctypes.c_void_p()
-        _lib.check(_lib.lib().ckpt_save_async_ex(
-            self._live(), step, packed.array, packed.count, ctypes.byref(o),
-            ctypes.byref(out)), "save_async step %d" % step)
+        if packed.layouts is None:
+            status = _lib.lib().ckpt_save_async_ex(
+                self._live(), step, packed.array, packed.count,
+                ctypes.byref(o), ctypes.byref(out))
+        else:
+            status = _lib.layout_function("ckpt_save_async_layout")(
+                self._live(), step, packed.array, packed.layouts, packed.count,
+                ctypes.byref(o), ctypes.byref(out))
+        _lib.check(status, "save_async step %d" % step)
         return SaveHandle(out, keepalive, "save_async step %d" % step)
 
-    def restore(self, step, packed):
-        _lib.check(_lib.lib().ckpt_restore(self._live(), step, packed.array,
-                                           packed.count),
-                   "restore step %d" % step)
+    def restore(self, step, packed, report=False):
+        """Restores packed's tensors; a tensor given a layout must have
+        been saved with it. report=True returns, per tensor, the Layout it
+        was saved with (None: saved whole)."""
+        if packed.layouts is None and (
+                not report or
+                getattr(_lib.lib(), "ckpt_restore_layout", None) is None):
+            _lib.check(_lib.lib().ckpt_restore(self._live(), step,
+                                               packed.array, packed.count),
+                       "restore step %d" % step)
+            return [None] * packed.count if report else None
+        saved = (_lib.CSavedLayout * max(1, packed.count))() if report \
+            else None
+        _lib.check(_lib.layout_function("ckpt_restore_layout")(
+            self._live(), step, packed.array, packed.layouts, packed.count,
+            saved), "restore step %d" % step)
+        if not report:
+            return None
+        out = []
+        for i in range(packed.count):
+            s = saved[i]
+            if not s.has_layout:
+                out.append(None)
+                continue
+            nd = s.ndim
+            out.append(Layout(tuple(s.global_shape[:nd]),
+                              tuple(s.offsets[:nd]), s.global_name))
+        return out
 
     def restore_latest(self, packed):
         """Restores the newest step whose copies verify; returns it."""

@@ -44,6 +44,26 @@ class CTensor(ctypes.Structure):
     ]
 
 
+class CTensorLayout(ctypes.Structure):
+    # ckpt_tensor_layout: where a tensor sits in its global tensor.
+    _fields_ = [
+        ("global_shape", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+        ("global_name", ctypes.c_char_p),
+    ]
+
+
+class CSavedLayout(ctypes.Structure):
+    # ckpt_saved_layout: the layout a restore reports per tensor.
+    _fields_ = [
+        ("has_layout", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("global_shape", ctypes.c_int64 * 8),
+        ("offsets", ctypes.c_int64 * 8),
+        ("global_name", ctypes.c_char * 160),
+    ]
+
+
 class COptions(ctypes.Structure):
     _fields_ = [
         ("socket_path", ctypes.c_char_p),
@@ -156,6 +176,32 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    # Layouts (doc/resharding.md): a libckpt built before them lacks these
+    # three; the package then refuses only a save or load that needs them.
+    optional = {
+        "ckpt_save_layout": (c_int, [p, c_int64, p, p, c_size_t,
+                                     ctypes.POINTER(CSaveOptions)]),
+        "ckpt_save_async_layout": (c_int, [p, c_int64, p, p, c_size_t,
+                                           ctypes.POINTER(CSaveOptions),
+                                           ctypes.POINTER(p)]),
+        "ckpt_restore_layout": (c_int, [p, c_int64, p, p, c_size_t, p]),
+    }
+    for name, (restype, argtypes) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
+
+
+def layout_function(name):
+    """A layout entry point of the loaded library; FailedPrecondition when
+    the library predates layouts."""
+    fn = getattr(lib(), name, None)
+    if fn is None:
+        raise errors.FailedPrecondition(
+            "%s: %s predates tensor layouts (rebuild libckpt)"
+            % (name, _lib_path))
+    return fn
 
 
 def lib():

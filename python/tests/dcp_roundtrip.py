@@ -9,7 +9,12 @@ rank writes, so every rank reads items of the other's shard.
 
 As a script (RANK, WORLD_SIZE, MASTER_ADDR/PORT, CKPT_SOCKET, $1 = job,
 $2 = step): save, zero every tensor, load, compare bit for bit, print
-"roundtrip ok rank=R" or exit 1 naming the first difference.
+"roundtrip ok rank=R" or exit 1 naming the first difference. Then, in the
+same processes (an import of torch costs seconds), layout_roundtrip():
+ckpt.torch.Checkpointer saves a ShardedTensor whose rows are split unevenly
+over the ranks (and a DTensor where torch has them), loads it into a zeroed
+one in place and checks the layout each rank's piece was saved with; it
+prints "layout ok rank=R".
 """
 
 import dataclasses
@@ -102,6 +107,67 @@ def first_difference(want, got):
     return None
 
 
+def layout_roundtrip(rank, world, job, step):
+    """None, or the first thing that differs."""
+    import ckpt.torch
+    from ckpt._client import Layout
+    from torch.distributed._shard.sharded_tensor import (
+        Shard, ShardMetadata, init_from_local_shards)
+    rows = 3 * world + 1
+    per = [rows // world + (1 if r < rows % world else 0) for r in range(world)]
+    start = sum(per[:rank])
+
+    def sharded(local):
+        meta = ShardMetadata(shard_offsets=[start, 0],
+                             shard_sizes=[per[rank], 4],
+                             placement="rank:%d/cpu" % rank)
+        return init_from_local_shards([Shard(local, meta)], rows, 4)
+
+    local = torch.arange(per[rank] * 4.0).reshape(per[rank], 4) + 100 * rank
+    state = {"st": sharded(local), "plain": torch.full((2,), float(rank))}
+    want = {"state_dict['st']": Layout((rows, 4), (start, 0), b"")}
+    dtensor = None
+    try:  # torch >= 2.4 (torch.distributed.tensor), else 2.x's _tensor
+        from torch.distributed.device_mesh import init_device_mesh
+        try:
+            from torch.distributed.tensor import Shard as DShard
+            from torch.distributed.tensor import distribute_tensor
+        except ImportError:
+            from torch.distributed._tensor import Shard as DShard
+            from torch.distributed._tensor import distribute_tensor
+        mesh = init_device_mesh("cpu", (world,))
+        full = torch.arange(rows * 3.0).reshape(rows, 3)
+        dtensor = lambda t: distribute_tensor(t, mesh, [DShard(0)])  # noqa: E731
+        state["dt"] = dtensor(full)
+        # torch.chunk's split: ceil(rows / world) rows per rank.
+        chunk = -(-rows // world)
+        want["state_dict['dt']"] = Layout((rows, 3), (chunk * rank, 0), b"")
+    except ImportError:
+        print("layout: no DTensor in torch %s; ShardedTensor only"
+              % torch.__version__, flush=True)
+    c = ckpt.torch.Checkpointer(job=job + "-layout", rank=rank,
+                                world_size=world)
+    c.save(step, state)
+    into = {"st": sharded(torch.zeros_like(local)), "plain": torch.zeros(2)}
+    if dtensor is not None:
+        into["dt"] = dtensor(torch.zeros(rows, 3))
+    back = c.load(step, into)
+    c.close()
+    if back["st"] is not into["st"]:
+        return "load did not return the live ShardedTensor"
+    got = into["st"].local_shards()[0].tensor
+    if not torch.equal(got, local):
+        return "ShardedTensor piece: %s != %s" % (got, local)
+    if dtensor is not None and not torch.equal(into["dt"].to_local(),
+                                               state["dt"].to_local()):
+        return "DTensor piece differs"
+    if not torch.equal(into["plain"], state["plain"]):
+        return "plain tensor differs"
+    if c.loaded_layouts != want:
+        return "layouts %r, expected %r" % (c.loaded_layouts, want)
+    return None
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     job, step = sys.argv[1], int(sys.argv[2])
@@ -118,12 +184,17 @@ def main():
     dcp.load_state_dict(got, storage_reader=CkptdStorageReader(cid))
     diff = first_difference(sd, got)
     moved = [k for k, p in ptrs.items() if got[k].data_ptr() != p]
+    layout_diff = layout_roundtrip(rank, world, job, step)
     dist.barrier()
     dist.destroy_process_group()
     if diff or moved:
         print("roundtrip MISMATCH rank=%d: %s moved=%s" % (rank, diff, moved), flush=True)
         return 1
     print("roundtrip ok rank=%d" % rank, flush=True)
+    if layout_diff:
+        print("layout MISMATCH rank=%d: %s" % (rank, layout_diff), flush=True)
+        return 1
+    print("layout ok rank=%d" % rank, flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ reason) where torch is missing; CUDA cases skip without a GPU.
 import collections
 import math
 import os
+import struct
 import subprocess
 import sys
 import unittest
@@ -280,6 +281,71 @@ class RestartTest(DaemonTestCase):
         with self.assertRaises(ckpt.errors.Error) as e:
             c.load(2, target)
         self.assertIn("step 2", e.exception.message)
+
+
+class LayoutTest(DaemonTestCase):
+    """Tensors saved as pieces of global tensors (doc/resharding.md)."""
+
+    def test_pieces_carry_their_layout_to_the_shard_and_back(self):
+        c = self.checkpointer()
+        w = torch.arange(8.0).reshape(2, 4)
+        state = {"w": ckpt.torch.Piece(w, (8, 4), (4, 0)),
+                 "emb": ckpt.torch.Piece(torch.full((3,), 5.0), [9], [3],
+                                         global_name="embedding"),
+                 "b": torch.ones(3)}
+        c.save(1, state)
+        into = {"w": ckpt.torch.Piece(torch.zeros(2, 4), (8, 4), (4, 0)),
+                "emb": torch.zeros(3), "b": torch.zeros(3)}
+        back = c.load(1, into)
+        self.assertIs(back["w"], into["w"])
+        self.assertTrue(torch.equal(into["w"].tensor, w))
+        self.assertTrue(torch.equal(into["emb"], torch.full((3,), 5.0)))
+        Layout = ckpt._client.Layout
+        self.assertEqual(c.loaded_layouts, {
+            "state_dict['w']": Layout((8, 4), (4, 0), b""),
+            "state_dict['emb']": Layout((9,), (3,), b"embedding")})
+        # The shard on disk is a version-2 shard (the layout is in it).
+        c.wait_durable(1)
+        with open(shard_path(self.daemon.root, c.job, 1), "rb") as f:
+            self.assertEqual(struct.unpack_from("<I", f.read(12), 8)[0], 2)
+        # Asked for at another place: refused, naming both places.
+        moved = {"w": ckpt.torch.Piece(torch.zeros(2, 4), (8, 4), (2, 0)),
+                 "emb": torch.zeros(3), "b": torch.zeros(3)}
+        with self.assertRaises(ckpt.errors.FailedPrecondition) as e:
+            c.load(1, moved)
+        self.assertIn('("w"): asked for offsets [2, 0] of [8, 4] of "w", the '
+                      'checkpoint holds offsets [4, 0] of [8, 4] of "w"',
+                      e.exception.message)
+        # Without a state_dict the pieces come back as plain tensors.
+        plain = c.load(1)
+        self.assertTrue(torch.equal(plain["w"], w))
+
+    def test_a_layout_that_does_not_fit_is_refused_naming_the_key_path(self):
+        c = self.checkpointer()
+        cases = [
+            (ckpt.torch.Piece(torch.zeros(2, 4), (8, 4), (7, 0)),
+             "state_dict['w']: offsets[0] 7 + length 2 exceed global_shape[0] 8"),
+            (ckpt.torch.Piece(torch.zeros(2, 4), (8,), (0,)),
+             "state_dict['w']: global_shape [8] is not 2 non-negative ints"),
+            (ckpt.torch.Piece(torch.zeros(2, 4), (8, 4), (0, -1)),
+             "state_dict['w']: offsets [0, -1] is not 2"),
+            (ckpt.torch.Piece(torch.zeros(2), (4,), (0,), "w\u00e9"),
+             "state_dict['w']: global_name"),
+            (ckpt.torch.Piece(torch.zeros(2, dtype=torch.complex64), (4,),
+                              (0,)),
+             "stored as raw bytes, which cannot carry a layout"),
+        ]
+        for piece, message in cases:
+            with self.assertRaises(ckpt.errors.InvalidArgument) as e:
+                c.save(1, {"w": piece})
+            self.assertIn(message, e.exception.message)
+        # What only the daemon checks: a global_name it refuses, naming the
+        # field; no step was saved.
+        with self.assertRaises(ckpt.errors.InvalidArgument) as e:
+            c.save(1, {"w": ckpt.torch.Piece(torch.zeros(2), (4,), (0,),
+                                             "g" * 200)})
+        self.assertIn(".global_name: 200 bytes, at most 159", e.exception.message)
+        self.assertIsNone(c.latest_step())
 
 
 if __name__ == "__main__":

@@ -111,6 +111,9 @@ class DcpTest(unittest.TestCase):
         for rank, (rc, out) in enumerate(outs):
             self.assertEqual(rc, 0, out)
             self.assertIn("roundtrip ok rank=%d" % rank, out)
+            # The same processes save and load a ShardedTensor (and a
+            # DTensor on torch >= 2) through ckpt.torch with its layout.
+            self.assertIn("layout ok rank=%d" % rank, out)
 
     def test_torch2_method_names_drive_a_save_and_a_load(self):
         """The call sequence of DCP 2.x (reset, set_up_storage_writer/reader,

@@ -39,10 +39,11 @@ from . import _tensors, _tree
 # ($CKPT_STACKS_FILE, see ckpt/_stacks.py).
 _stacks.register()
 
-__all__ = ["Checkpointer", "SaveHandle", "storable_dtypes", "peers_watched",
-           "resilient", "Context", "RestartRequested"]
+__all__ = ["Checkpointer", "SaveHandle", "Piece", "storable_dtypes",
+           "peers_watched", "resilient", "Context", "RestartRequested"]
 
 storable_dtypes = _tensors.storable_dtypes
+Piece = _tensors.Piece
 
 _HEADER = b"%ckpt/header"       # int64[2]: format version, skeleton bytes
 _SKELETON = b"%ckpt/skeleton"   # uint8[n]: the skeleton, UTF-8 JSON
@@ -114,6 +115,9 @@ class Checkpointer:
         self.job = job if job is not None else os.environ.get("CKPT_JOB")
         self.rank, self.world_size = rank, world_size
         self.loaded_step = None  # the step the last load() restored
+        # Key path -> _client.Layout of every tensor the last load()
+        # restored that was saved as a piece of a global tensor.
+        self.loaded_layouts = {}
 
     # -- save -------------------------------------------------------------
 
@@ -127,13 +131,16 @@ class Checkpointer:
         keep = [header, skeleton_t]
         descs = [_tensors.desc(_HEADER, header),
                  _tensors.desc(_SKELETON, skeleton_t)]
+        layouts = [None, None] if flat.layouts else None
         for name, _path, t in flat.tensors:
             if not t.is_contiguous():
                 t = t.contiguous()  # a copy the save reads instead
             keep.append(t)
             descs.append(_tensors.desc(name.encode("ascii"), t))
+            if layouts is not None:
+                layouts.append(flat.layouts.get(name))
         _tensors.wait_for_producers(keep)
-        return _client.Packed(descs), keep
+        return _client.Packed(descs, layouts), keep
 
     def save(self, step, state_dict, *, block=True, rewind=None):
         """Saves state_dict as `step`.
@@ -314,13 +321,13 @@ class Checkpointer:
         skeleton = self._skeleton(step)
         saved = skeleton["tensors"]
         live = {}
+        strict_here = state_dict is not None and strict
+        live_layouts, live_objects = {}, {}
         if state_dict is not None:
-            live = {name: (path, t) for name, path, t in
-                    _tree.flatten(state_dict, lenient=True).tensors}
-            strict_here = strict
-        else:
-            strict_here = False
-        targets, copy_back, descs = [], [], []
+            flat = _tree.flatten(state_dict, lenient=True)
+            live = {name: (path, t) for name, path, t in flat.tensors}
+            live_layouts, live_objects = flat.layouts, flat.objects
+        targets, copy_back, descs, layouts, dsts = [], [], [], [], []
         saved_names = set()
         for i, entry in enumerate(saved):
             name, path = entry["name"], entry["path"]
@@ -345,19 +352,25 @@ class Checkpointer:
                     raise errors.InvalidArgument(
                         "%s: shape %s given, step %d has %s"
                         % (path, list(t.shape), step, list(shape)))
-            targets.append(t)
+            targets.append(live_objects.get(name, t))
+            layouts.append(live_layouts.get(name))
             dst = t
             if not t.is_contiguous():
                 dst = torch.empty(shape, dtype=dtype, device=t.device)
                 copy_back.append((t, dst))
             descs.append(_tensors.desc(name.encode("ascii"), dst))
+            dsts.append(dst)
         for name, (path, _t) in live.items():
             if name not in saved_names:
                 raise errors.NotFound(
                     "%s: not in step %d (the checkpoint has no tensor at "
                     "this key path)" % (path, step))
-        _tensors.wait_for_producers(targets)
-        self._client.restore(step, _client.Packed(descs))
+        _tensors.wait_for_producers(dsts)
+        reported = self._client.restore(step, _client.Packed(descs, layouts),
+                                        report=True)
+        self.loaded_layouts = {
+            entry["path"]: layout
+            for entry, layout in zip(saved, reported) if layout is not None}
         with torch.no_grad():
             for t, dst in copy_back:
                 t.copy_(dst)

@@ -28,7 +28,7 @@ import re
 
 import torch
 
-from .. import errors
+from .. import _client, errors
 from . import _tensors
 
 FORMAT = "ckpt.torch/1"
@@ -71,13 +71,19 @@ def shard_name(components):
 
 
 class Flat:
-    """The result of flatten(): tensors (name, path, tensor) and skeleton."""
+    """The result of flatten(): tensors (name, path, tensor) and skeleton.
 
-    __slots__ = ("tensors", "skeleton")
+    layouts: name -> _client.Layout for the tensors that are pieces of a
+    global tensor (a Piece, DTensor or ShardedTensor; the tensor in
+    `tensors` is then its local tensor), and objects: name -> that value."""
+
+    __slots__ = ("tensors", "skeleton", "layouts", "objects")
 
     def __init__(self):
         self.tensors = []
         self.skeleton = None
+        self.layouts = {}
+        self.objects = {}
 
     def skeleton_bytes(self):
         return json.dumps(self.skeleton, ensure_ascii=False, allow_nan=False,
@@ -108,6 +114,39 @@ def _key_node(key, path):
     return key
 
 
+def _layout(t, layout, path):
+    """The _client.Layout of local tensor t placed by (global_shape,
+    offsets, global_name); InvalidArgument naming path when it cannot be."""
+    global_shape, offsets, global_name = layout
+    if t.dtype not in _tensors.NATIVE or t.dim() > _tensors._MAX_DIMS:
+        raise errors.InvalidArgument(
+            "%s: dtype %s with %d dims is stored as raw bytes, which cannot "
+            "carry a layout" % (path, _tensors.dtype_name(t.dtype), t.dim()))
+    if t.dim() == 0:
+        raise errors.InvalidArgument(
+            "%s: a scalar cannot be a piece of a global tensor" % path)
+    for what, dims in (("global_shape", global_shape), ("offsets", offsets)):
+        if len(dims) != t.dim() or any(
+                type(d) is not int or d < 0 for d in dims):
+            raise errors.InvalidArgument(
+                "%s: %s %r is not %d non-negative ints (the tensor's dims)"
+                % (path, what, list(dims), t.dim()))
+    for d, (g, o, n) in enumerate(zip(global_shape, offsets, t.shape)):
+        if o + n > g:
+            raise errors.InvalidArgument(
+                "%s: offsets[%d] %d + length %d exceed global_shape[%d] %d"
+                % (path, d, o, n, d, g))
+    name = b""
+    if global_name is not None:
+        try:
+            name = global_name.encode("ascii")
+        except UnicodeEncodeError:
+            raise errors.InvalidArgument(
+                "%s: global_name %.60r is not ASCII" % (path, global_name)
+            ) from None
+    return _client.Layout(tuple(global_shape), tuple(offsets), name)
+
+
 def flatten(state_dict, root="state_dict", lenient=False):
     """Flat of state_dict; InvalidArgument names the key path of a refusal.
 
@@ -131,8 +170,16 @@ def flatten(state_dict, root="state_dict", lenient=False):
             return value
         if kind is float:
             return {"f": value.hex()}
-        if isinstance(value, torch.Tensor):
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
             return tensor(value, path, components)
+        if isinstance(value, torch.Tensor) or kind is _tensors.Piece:
+            try:
+                piece = _tensors.placed(value, path)
+            except ValueError as e:
+                raise errors.InvalidArgument(str(e)) from None
+            if piece is None:
+                return tensor(value, path, components)
+            return tensor(piece[0], path, components, piece[1:], value)
         if kind in (dict, collections.OrderedDict):
             items = []
             for k, v in value.items():
@@ -156,7 +203,7 @@ def flatten(state_dict, root="state_dict", lenient=False):
             "tensors, dict, list, tuple, int, float, bool, str and None; "
             "never pickle)" % (path, kind.__module__, kind.__qualname__))
 
-    def tensor(t, path, components):
+    def tensor(t, path, components, layout=None, obj=None):
         why = _tensors.refusal(t.dtype)
         if why is not None:
             raise errors.InvalidArgument("%s: %s" % (path, why))
@@ -177,9 +224,14 @@ def flatten(state_dict, root="state_dict", lenient=False):
                 (path, name, seen[name]))
         seen[name] = path
         index = len(entries)
-        entries.append({"name": name, "path": path,
-                        "dtype": _tensors.NAME[t.dtype],
-                        "shape": list(t.shape)})
+        entry = {"name": name, "path": path, "dtype": _tensors.NAME[t.dtype],
+                 "shape": list(t.shape)}
+        if layout is not None:
+            flat.layouts[name] = _layout(t, layout, path)
+            flat.objects[name] = obj
+            entry["global_shape"] = list(layout[0])
+            entry["offsets"] = list(layout[1])
+        entries.append(entry)
         flat.tensors.append((name, path, t))
         return {"T": index}
 

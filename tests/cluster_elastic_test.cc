@@ -129,10 +129,11 @@ class ElasticClusterTest : public ClusterTest {
              absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", st.saved_world)});
       log = RunRanks(**daemon, "ref", WorkerFlags(st.steps, false), st.world,
                      absl::StrCat("reference-", k), env);
-      if (k > 0)
+      if (k > 0) {
         EXPECT_NE(log.find(absl::StrCat("restored step ", st.restore)),
                   std::string::npos)
             << log;
+      }
     }
     std::map<uint32_t, std::string> d = WorkerDoneDigests(log);
     EXPECT_EQ(d.size(), stretches.back().world) << log;

@@ -48,9 +48,11 @@ class ElasticTest : public CoordinatorTest {
   void Lose(const std::string& node) {
     for (int i = 0; i < 2; ++i) {
       now_ms_ += 2000;
-      for (auto& [id, epoch] : epochs_)
-        if (id != node && Node(id).health() == v1::ALIVE)
+      for (auto& [id, epoch] : epochs_) {
+        if (id != node && Node(id).health() == v1::ALIVE) {
           ASSERT_TRUE(Heartbeat(id, epoch).ok());
+        }
+      }
     }
     ASSERT_TRUE(coord_->Tick().ok());
     ASSERT_EQ(Node(node).health(), v1::DEAD);

@@ -149,6 +149,30 @@ class SaveModesTest(DaemonTestCase):
         self.assertIn("$CKPT_RESTORE_STEP", str(e.exception))
         del os.environ["CKPT_RESTORE_STEP"]
 
+    def test_a_saved_rank_to_restore_is_refused_by_name_not_ignored(self):
+        # An elastic job's launcher names the saved rank a resized rank
+        # restores ($CKPT_RESTORE_RANK); ckpt.torch reads its own rank's
+        # shard only, so it refuses instead of loading the wrong one.
+        c = self.checkpointer()
+        c.save(3, {"t": torch.ones(4)})
+        saved = {k: os.environ.pop(k, None)
+                 for k in ("CKPT_RESTORE_RANK", "CKPT_RESTORE_WORLD_SIZE")}
+        self.addCleanup(os.environ.update, {k: v for k, v in saved.items() if v is not None})
+        os.environ["CKPT_RESTORE_RANK"] = "1"
+        os.environ["CKPT_RESTORE_WORLD_SIZE"] = "2"
+        into = torch.zeros(4)
+        with self.assertRaises(ckpt.FailedPrecondition) as e:
+            c.load(3, {"t": into})
+        self.assertIn("$CKPT_RESTORE_RANK", str(e.exception))
+        self.assertTrue(torch.equal(into, torch.zeros(4)))
+        # The job's own rank is no other layout: it loads.
+        os.environ["CKPT_RESTORE_RANK"] = "0"
+        os.environ["CKPT_RESTORE_WORLD_SIZE"] = "1"
+        c.load(3, {"t": into})
+        self.assertTrue(torch.equal(into, torch.ones(4)))
+        for k in ("CKPT_RESTORE_RANK", "CKPT_RESTORE_WORLD_SIZE"):
+            del os.environ[k]
+
     def test_save_without_block_returns_after_the_copy(self):
         c = self.checkpointer()
         t = torch.ones(10)

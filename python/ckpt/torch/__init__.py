@@ -276,6 +276,20 @@ class Checkpointer:
             step, _client.Packed([_tensors.desc(_SKELETON, data)]))
         return _tree.parse_skeleton(data.numpy().tobytes(), what)
 
+    def _refuse_a_saved_rank(self):
+        """An elastic job's launcher names, in $CKPT_RESTORE_RANK, the
+        saved rank a resized rank restores; this Checkpointer reads only
+        its own rank's shard, so another one is refused, never ignored."""
+        text = os.environ.get("CKPT_RESTORE_RANK", "")
+        world = os.environ.get("CKPT_RESTORE_WORLD_SIZE", "")
+        if not text or (text == str(self.rank) and world == str(self.world_size)):
+            return
+        raise errors.FailedPrecondition(
+            "$CKPT_RESTORE_RANK: %.20r (saved at world size %.20r): this job was "
+            "resized (elastic continuation) and ckpt.torch restores only this "
+            "rank's own shard (rank %d of %d); run elastic jobs without "
+            "--min-world-size for PyTorch trainers" % (text, world, self.rank, self.world_size))
+
     def load(self, step=None, state_dict=None, *, strict=True):
         """Restores `step` (None: the latest) into state_dict's tensors in
         place (same storage, bit-exact) and returns the saved structure:
@@ -291,6 +305,7 @@ class Checkpointer:
         and the previous good step is loaded in this same call; the
         tensors end holding exactly one step's bytes and `loaded_step`
         says which step that was."""
+        self._refuse_a_saved_rank()
         if step is not None:
             _check_step(step)
             out = self._load_step(step, state_dict, strict)

@@ -181,14 +181,23 @@ ckpt::SaveOptions ToSaveOptions(const ckpt_save_options* options) {
   return o;
 }
 
+// A call's tensors, each with its layout (layouts may be null: whole).
+absl::Status ConvertTensorsWithLayouts(const ckpt_tensor* tensors,
+                                       const ckpt_tensor_layout* layouts,
+                                       size_t count,
+                                       std::vector<ckpt::Tensor>* ts) {
+  absl::Status s = ConvertTensors(tensors, count, ts);
+  if (s.ok()) s = ConvertLayouts(layouts, ts);
+  return s;
+}
+
 ckpt_status SaveWith(const char* fn, ckpt_client* client, int64_t step,
                      const ckpt_tensor* tensors,
                      const ckpt_tensor_layout* layouts, size_t count,
                      const ckpt_save_options* options) {
   return Guarded(fn, [&] {
     std::vector<ckpt::Tensor> ts;
-    absl::Status s = ConvertTensors(tensors, count, &ts);
-    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    absl::Status s = ConvertTensorsWithLayouts(tensors, layouts, count, &ts);
     if (!s.ok()) return Fail(s);
     if (client == nullptr) return NullArgument(fn, "client");
     return Report(client->client->Save(step, ts, ToSaveOptions(options)));
@@ -204,8 +213,7 @@ ckpt_status SaveAsyncWith(const char* fn, ckpt_client* client, int64_t step,
     if (out == nullptr) return NullArgument(fn, "out");
     *out = nullptr;
     std::vector<ckpt::Tensor> ts;
-    absl::Status s = ConvertTensors(tensors, count, &ts);
-    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    absl::Status s = ConvertTensorsWithLayouts(tensors, layouts, count, &ts);
     if (!s.ok()) return Fail(s);
     if (client == nullptr) return NullArgument(fn, "client");
     auto handle = client->client->SaveAsync(step, ts, ToSaveOptions(options));
@@ -363,8 +371,7 @@ ckpt_status ckpt_restore_layout(ckpt_client* client, int64_t step,
   const char* fn = layouts || saved ? "ckpt_restore_layout" : "ckpt_restore";
   return Guarded(fn, [&] {
     std::vector<ckpt::Tensor> ts;
-    absl::Status s = ConvertTensors(tensors, count, &ts);
-    if (s.ok()) s = ConvertLayouts(layouts, &ts);
+    absl::Status s = ConvertTensorsWithLayouts(tensors, layouts, count, &ts);
     if (!s.ok()) return Fail(s);
     if (client == nullptr) return NullArgument(fn, "client");
     std::vector<std::optional<ckpt::TensorLayout>> got;

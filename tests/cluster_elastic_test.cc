@@ -40,26 +40,8 @@ constexpr int kLongSteps = 160;
 // (the weights untouched: the reference runs without it) leaves time to
 // act while the cluster trains.
 std::vector<std::string> WorkerFlags(int steps, bool paced = true) {
-  std::vector<std::string> f = {"--steps",
-                                std::to_string(steps),
-                                "--ckpt-every",
-                                "2",
-                                "--vocab",
-                                "64",
-                                "--dim",
-                                "32",
-                                "--seq",
-                                "16",
-                                "--batch",
-                                "8",
-                                "--seed",
-                                "5",
-                                "--lr",
-                                "0.01",
-                                "--log-every",
-                                "10",
-                                "--collective-timeout-s",
-                                "90"};
+  std::vector<std::string> f =
+      SmallWorkerFlags(steps, 2, {"--collective-timeout-s", "90"});
   if (paced) f.insert(f.end(), {"--eval-every", "1", "--eval-s", "0.03"});
   return f;
 }

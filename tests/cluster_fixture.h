@@ -47,6 +47,24 @@ inline std::map<uint32_t, std::string> WorkerDoneDigests(
   return out;
 }
 
+// ckpt-worker's small model of the multi-node tests (vocab 64, width 32,
+// 16 x 8 tokens a step, seed 5): `steps` steps, a save every `every`, a
+// log line every 10, then `extra`.
+inline std::vector<std::string> SmallWorkerFlags(
+    int steps, int every, std::vector<std::string> extra = {}) {
+  std::vector<std::string> f = {"--steps",      std::to_string(steps),
+                                "--ckpt-every", std::to_string(every),
+                                "--vocab",      "64",
+                                "--dim",        "32",
+                                "--seq",        "16",
+                                "--batch",      "8",
+                                "--seed",       "5",
+                                "--lr",         "0.01",
+                                "--log-every",  "10"};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
 class ClusterTest : public ::testing::Test {
  protected:
   ClusterOptions Options(uint32_t world_size) {

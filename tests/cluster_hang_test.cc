@@ -134,26 +134,7 @@ TEST_F(ClusterTest, StoppedTrainerIsNamedHungItsStacksKeptAndTheJobResumes) {
 
 // The small model ckpt-worker trains in these tests.
 std::vector<std::string> WorkerFlags() {
-  return {"--steps",
-          "60",
-          "--ckpt-every",
-          "5",
-          "--vocab",
-          "64",
-          "--dim",
-          "32",
-          "--seq",
-          "16",
-          "--batch",
-          "8",
-          "--seed",
-          "5",
-          "--lr",
-          "0.01",
-          "--log-every",
-          "10",
-          "--collective-timeout-s",
-          "90"};
+  return SmallWorkerFlags(60, 5, {"--collective-timeout-s", "90"});
 }
 
 TEST_F(ClusterTest, WorkerRankBlockedInItsStepIsNamedNotItsWaitersBitExact) {

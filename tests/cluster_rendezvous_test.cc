@@ -32,30 +32,9 @@ constexpr uint32_t kWorld = 4;
 // The small model of these tests; a declared evaluation of 30 ms a step
 // (the weights untouched) leaves time to act while it trains.
 std::vector<std::string> WorkerFlags() {
-  return {"--steps",
-          "80",
-          "--ckpt-every",
-          "2",
-          "--vocab",
-          "64",
-          "--dim",
-          "32",
-          "--seq",
-          "16",
-          "--batch",
-          "8",
-          "--seed",
-          "5",
-          "--lr",
-          "0.01",
-          "--log-every",
-          "10",
-          "--eval-every",
-          "1",
-          "--eval-s",
-          "0.03",
-          "--collective-timeout-s",
-          "90"};
+  return SmallWorkerFlags(80, 2,
+                          {"--eval-every", "1", "--eval-s", "0.03",
+                           "--collective-timeout-s", "90"});
 }
 
 size_t Count(const std::string& text, const std::string& what) {

@@ -4,7 +4,6 @@
 // the last good step, and grows back at its next commit.
 #include <chrono>
 #include <map>
-#include <thread>
 
 #include "coordinator/coordinator_testing.h"
 
@@ -58,13 +57,16 @@ class ElasticTest : public CoordinatorTest {
     ASSERT_EQ(Node(node).health(), v1::DEAD);
   }
   // A heartbeat does not wait for its batch, and views and orders show
-  // durable state only: waits for the group commit of the job's record
-  // (bounded, not timed).
+  // durable state only: waits for the group commit's durable changes
+  // (WaitForChange, as order_delivery_test does), not for time.
   v1::JobView DurableView(const std::string& node) {
     const uint64_t generation = Job().generation();
-    for (int i = 0;
-         i < 1000 && coord_->View("job", node).generation() != generation; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    uint64_t seen = 0;
+    while (coord_->View("job", node).generation() != generation &&
+           std::chrono::steady_clock::now() < deadline)
+      seen = coord_->WaitForChange(seen, deadline);
     v1::JobView view = coord_->View("job", node);
     EXPECT_EQ(view.generation(), generation);
     return view;

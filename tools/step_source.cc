@@ -233,7 +233,12 @@ absl::Status StepSource::AssembleRequested(
     uint64_t request, dst, piece, src, len;
   };
   std::vector<Run> runs;
-  std::unique_ptr<char[]> window;
+  // A window's part of one run.
+  struct Segment {
+    uint64_t piece, src, dst, len;  // dst: in the window
+  };
+  std::vector<Segment> segments;
+  std::unique_ptr<char[]> window, scratch;
   for (size_t t = 0; t < requested.tensors().size(); ++t) {
     const storage::LayoutTensor& rt = requested.tensors()[t];
     const int64_t st = index_.FindTensor(rt.name);
@@ -268,6 +273,10 @@ absl::Status StepSource::AssembleRequested(
       while (i < runs.size() && runs[i].request < q) ++i;
       for (uint64_t w = 0; w < bytes; w += kWindowBytes) {
         const uint64_t n = std::min(kWindowBytes, bytes - w);
+        // The window's segments, then read by saved piece: segments
+        // contiguous in their piece (the rows of a column-sharded piece)
+        // are one read into `scratch`, copied to their places.
+        segments.clear();
         uint64_t covered = 0;
         for (size_t j = i;
              j < runs.size() && runs[j].request == q && runs[j].dst < w + n;
@@ -276,20 +285,46 @@ absl::Status StepSource::AssembleRequested(
           const uint64_t lo = std::max(run.dst, w),
                          hi = std::min(run.dst + run.len, w + n);
           if (lo >= hi) continue;
-          const storage::ShardTensor& from = PieceTensor(run.piece);
           const uint64_t src = run.src + (lo - run.dst);
-          if (src + (hi - lo) > from.bytes)
+          if (src + (hi - lo) > PieceTensor(run.piece).bytes)
             return absl::InternalError(
                 absl::StrCat("tensor \"", rt.name.substr(0, 160),
                              "\": a read past its piece"));
+          segments.push_back({run.piece, src, lo - w, hi - lo});
+          covered += hi - lo;
+        }
+        std::sort(segments.begin(), segments.end(),
+                  [](const Segment& a, const Segment& b) {
+                    return a.piece != b.piece ? a.piece < b.piece
+                                              : a.src < b.src;
+                  });
+        for (size_t a = 0; a < segments.size();) {
+          size_t b = a + 1;
+          uint64_t end = segments[a].src + segments[a].len;
+          while (b < segments.size() &&
+                 segments[b].piece == segments[a].piece &&
+                 segments[b].src == end) {
+            end += segments[b].len;
+            ++b;
+          }
+          const storage::ShardTensor& from = PieceTensor(segments[a].piece);
           storage::ShardReader& reader =
-              *readers_[index_.piece_rank(run.piece)];
-          absl::Status s = reader.object().ReadAt(
-              from.offset + src, window.get() + (lo - w), hi - lo);
+              *readers_[index_.piece_rank(segments[a].piece)];
+          const uint64_t span = end - segments[a].src;  // <= n
+          if (b > a + 1 && !scratch) scratch.reset(new char[kWindowBytes]);
+          char* into =
+              b == a + 1 ? window.get() + segments[a].dst : scratch.get();
+          absl::Status s =
+              reader.object().ReadAt(from.offset + segments[a].src, into, span);
           if (!s.ok())
             return Annotate(s, absl::StrCat(reader.key(), ": tensor \"",
                                             from.name.substr(0, 160), "\""));
-          covered += hi - lo;
+          if (b > a + 1)
+            for (size_t k = a; k < b; ++k)
+              std::memcpy(window.get() + segments[k].dst,
+                          scratch.get() + (segments[k].src - segments[a].src),
+                          segments[k].len);
+          a = b;
         }
         if (covered != n)
           return absl::InternalError(absl::StrFormat(

@@ -16,9 +16,11 @@
 // AssembleRequested then fills the pieces of a requested layout (a
 // LayoutIndex over the step's tensors, as the planner takes it) from the
 // saved pieces, through storage::PlanReshardTensors and ForEachByteRun,
-// window by window: memory is one window (kWindowBytes) plus one tensor's
-// byte runs, never a whole tensor or shard. Everything read is untrusted;
-// errors name the key, rank and tensor. Not thread-safe.
+// window by window, the window's runs that are contiguous in one saved
+// piece (the rows of a column-sharded piece) read at once: memory is two
+// windows (kWindowBytes: the bytes, and a scratch for those reads) plus one
+// tensor's byte runs, never a whole tensor or shard. Everything read is
+// untrusted; errors name the key, rank and tensor. Not thread-safe.
 #ifndef CKPT_TOOLS_STEP_SOURCE_H_
 #define CKPT_TOOLS_STEP_SOURCE_H_
 

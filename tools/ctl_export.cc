@@ -9,8 +9,10 @@
 // their pieces on every rank (step_source.h) under their global names.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "storage/layout.h"
 #include "storage/shard_reader.h"
@@ -79,15 +81,26 @@ absl::Status ExportStep(const ExportArgs& args, bool json) {
       std::unique_ptr<StepSource> src,
       StepSource::Open(args.sel.root, args.sel.job, *args.sel.step));
   const storage::LayoutIndex& index = src->index();
-  JsonWriter w;
-  w.BeginObject();
-  w.Key("__metadata__").BeginObject();
-  w.Field("format", "pt").Field("source", "ckptd").Field("job", src->job());
-  w.Field("step", absl::StrCat(src->step()))
-      .Field("world_size", absl::StrCat(src->world_size()));
-  w.EndObject();
+  // A ckpt.torch step: tensors under their state_dict keys (rank 0's
+  // skeleton names them, as for one shard: export_plan.h), and a whole
+  // tensor stored as raw bytes in its real dtype and shape.
+  ExportPlan torch;
+  absl::flat_hash_map<std::string, const ExportTensor*> torch_of;
+  if (src->torch()) {
+    CKPT_ASSIGN_OR_RETURN(torch, PlanExport(src->shard(0)));
+    for (const ExportTensor& e : torch.tensors)
+      torch_of[src->shard(0).info().tensors[e.index].name] = &e;
+  }
+  struct Entry {
+    std::string key;
+    std::string dtype;
+    std::vector<uint64_t> shape;
+    uint64_t begin = 0, end = 0;
+  };
+  std::vector<Entry> entries;
+  absl::flat_hash_map<std::string, std::string> key_of;  // key -> tensor
   // The requested layout: every tensor whole, on one rank, at its place in
-  // the data section.
+  // the data section (index order).
   storage::LayoutIndexBuilder want(1);
   const std::vector<uint64_t> zeros(kMaxTensorDims, 0);
   uint64_t offset = 0;
@@ -97,24 +110,54 @@ absl::Status ExportStep(const ExportArgs& args, bool json) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", t.name.substr(0, 160),
                        "\": dtype has no safetensors name"));
-    if (t.name == "__metadata__")
-      return absl::InvalidArgumentError(
-          "a tensor named \"__metadata__\" cannot be exported");
     const std::span<const uint64_t> shape(t.global_shape.data(), t.ndim);
     uint64_t bytes = DTypeSize(t.dtype);
     for (uint64_t d : shape) bytes *= d;  // the index checked for overflow
-    w.Key(t.name).BeginObject().Field("dtype", dtype);
-    w.Key("shape").BeginArray();
-    for (uint64_t d : shape) w.Uint(d);
-    w.EndArray();
-    w.Key("data_offsets").BeginArray().Uint(offset).Uint(offset + bytes);
-    w.EndArray().EndObject();
+    Entry e{
+        t.name, dtype, {shape.begin(), shape.end()}, offset, offset + bytes};
+    if (auto it = torch_of.find(t.name); it != torch_of.end()) {
+      const ExportTensor& p = *it->second;
+      e.key = p.key;
+      const storage::ShardTensor& local = src->shard(0).info().tensors[p.index];
+      if (local.global_shape.empty() && local.bytes == bytes) {
+        e.dtype = p.dtype;  // its bytes are the same (PlanExport checked)
+        e.shape = p.shape;
+      }
+    }
+    if (e.key == "__metadata__")
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", t.name.substr(0, 160),
+          "\" would be exported as \"__metadata__\", which cannot be"));
+    if (auto [it, fresh] = key_of.emplace(e.key, t.name); !fresh)
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors \"", it->second.substr(0, 160), "\" and \"",
+                       t.name.substr(0, 160), "\" would both be exported as \"",
+                       e.key.substr(0, 160), "\""));
+    entries.push_back(std::move(e));
     CKPT_ASSIGN_OR_RETURN(uint32_t id, want.AddTensor(t.name, t.dtype, shape));
     if (bytes > 0)
       CKPT_RETURN_IF_ERROR(want.AddPiece(
           id, 0, offset, std::span<const uint64_t>(zeros.data(), t.ndim),
           shape));
     offset += bytes;
+  }
+  // The header lists them by key; the data stays in index order.
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.key < b.key; });
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("__metadata__").BeginObject();
+  w.Field("format", "pt").Field("source", "ckptd").Field("job", src->job());
+  w.Field("step", absl::StrCat(src->step()))
+      .Field("world_size", absl::StrCat(src->world_size()));
+  w.EndObject();
+  for (const Entry& e : entries) {
+    w.Key(e.key).BeginObject().Field("dtype", e.dtype);
+    w.Key("shape").BeginArray();
+    for (uint64_t d : e.shape) w.Uint(d);
+    w.EndArray();
+    w.Key("data_offsets").BeginArray().Uint(e.begin).Uint(e.end);
+    w.EndArray().EndObject();
   }
   w.EndObject();
   std::string header = w.str();

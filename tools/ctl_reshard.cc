@@ -174,6 +174,12 @@ absl::Status RunReshard(const ReshardArgs& args, bool json) {
 
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StepSource> src,
                         StepSource::Open(args.root, args.job, *args.step));
+  if (src->torch())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", src->job(), " step ", src->step(),
+        " was saved by ckpt.torch: each rank's shard holds its own "
+        "structure (%ckpt/skeleton, with its pieces' shapes), which reshard "
+        "does not rewrite; export the step (ckptctl export) instead"));
   const storage::LayoutIndex& saved = src->index();
   const uint64_t created = NowNs();
 

@@ -19,6 +19,10 @@
 namespace ckpt::tools {
 namespace {
 
+// ckpt.torch's own tensors in each of its shards (tools/export_plan.h).
+constexpr char kTorchHeader[] = "%ckpt/header";
+constexpr char kTorchSkeleton[] = "%ckpt/skeleton";
+
 // A shard's tensor index as the TensorMeta list the daemon builds the
 // step's layout index from (its catalog holds the same fields).
 std::vector<v1::TensorMeta> MetasOf(const storage::ShardInfo& info) {
@@ -169,6 +173,25 @@ absl::Status StepSource::BuildIndex() {
   std::vector<std::vector<v1::TensorMeta>> metas(world_size_);
   for (uint32_t r = 0; r < world_size_; ++r)
     metas[r] = MetasOf(readers_[r]->info());
+  // The daemon's index has every tensor (it could build it: the ranks'
+  // skeletons had one size); it must be the one the shards make.
+  if (!manifest_index_.empty()) {
+    absl::StatusOr<storage::LayoutIndex> all =
+        storage::BuildLayoutIndex(world_size_, metas);
+    if (!all.ok() || storage::SerializeLayoutIndex(*all) != manifest_index_)
+      return absl::DataLossError(absl::StrCat(
+          manifest_key_,
+          ": layout_index does not match the layouts its shards record"));
+  }
+  // ckpt.torch's per-rank structure is left out.
+  torch_ = world_size_ > 0;
+  for (std::vector<v1::TensorMeta>& m : metas) {
+    const size_t before = m.size();
+    std::erase_if(m, [](const v1::TensorMeta& t) {
+      return t.name() == kTorchHeader || t.name() == kTorchSkeleton;
+    });
+    torch_ = torch_ && before == m.size() + 2;
+  }
   absl::StatusOr<storage::LayoutIndex> index =
       storage::BuildLayoutIndex(world_size_, metas);
   if (!index.ok())
@@ -177,11 +200,6 @@ absl::Status StepSource::BuildIndex() {
                      ": its tensors do not form global tensors: ",
                      index.status().message()));
   index_ = std::move(*index);
-  if (!manifest_index_.empty() &&
-      storage::SerializeLayoutIndex(index_) != manifest_index_)
-    return absl::DataLossError(absl::StrCat(
-        manifest_key_,
-        ": layout_index does not match the layouts its shards record"));
   // Each saved piece is one tensor of its rank's shard, at its offset.
   piece_tensor_.resize(index_.num_pieces());
   for (uint64_t p = 0; p < index_.num_pieces(); ++p) {

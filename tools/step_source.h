@@ -9,7 +9,11 @@
 // step, rank), verifies every tensor's checksum (as `ckptctl verify` does),
 // and builds the step's layout index from the shards' tensor indexes
 // (storage::BuildLayoutIndex, as the daemon does). A node manifest's own
-// layout index must be that same index. Pieces that are replicas of one
+// layout index must be that same index. A ckpt.torch step's per-rank
+// "%ckpt/header" and "%ckpt/skeleton" tensors (each rank's own structure,
+// with its own pieces' shapes) are no part of a global tensor: they are
+// left out of index(), and torch() says the step has them. Pieces that
+// are replicas of one
 // box (a whole tensor saved by every data-parallel rank) must hold the same
 // bytes (their checksums agree), since only one of them is read.
 //
@@ -61,6 +65,11 @@ class StepSource {
   const storage::ShardTensor& PieceTensor(uint64_t piece) const;
   // Bytes of every shard verified, and of their tensors.
   uint64_t shard_bytes() const { return shard_bytes_; }
+  // Rank r's shard, open (verified).
+  storage::ShardReader& shard(uint32_t r) { return *readers_[r]; }
+  // Every rank's shard has ckpt.torch's "%ckpt/header" and
+  // "%ckpt/skeleton" (left out of index()).
+  bool torch() const { return torch_; }
 
   // Sink of AssembleRequested: `len` bytes of requested piece `request`
   // starting at `offset` in it (row-major).
@@ -99,6 +108,7 @@ class StepSource {
   storage::LayoutIndex index_;
   std::vector<uint32_t> piece_tensor_;  // saved piece -> tensor of its shard
   uint64_t shard_bytes_ = 0;
+  bool torch_ = false;
 };
 
 }  // namespace ckpt::tools

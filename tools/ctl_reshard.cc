@@ -366,6 +366,10 @@ absl::Status RunReshard(const ReshardArgs& args, bool json) {
       CKPT_RETURN_IF_ERROR(catalog->PutShard(rec, /*sync=*/true));
     }
   }
+  // The shard files' names are in the step's directory (the manifest's
+  // write synced it); the directories' own names, here.
+  CKPT_RETURN_IF_ERROR(
+      SyncDir(absl::StrCat(tmp, "/", storage::JobPrefix(src->job()))));
   CKPT_RETURN_IF_ERROR(SyncDir(tmp));
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, args.out.c_str(),
                   RENAME_NOREPLACE) != 0)

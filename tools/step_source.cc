@@ -1,5 +1,7 @@
 #include "tools/step_source.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -49,6 +51,14 @@ std::vector<v1::TensorMeta> MetasOf(const storage::ShardInfo& info) {
 absl::StatusOr<std::unique_ptr<StepSource>> StepSource::Open(
     const std::string& root, const std::string& job, uint64_t step) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job, "--job"));
+  // A descriptor per rank's shard (and reshard's per new rank): the soft
+  // limit on open files goes up to the hard one; past that, opening a
+  // shard fails naming it.
+  if (rlimit lim;
+      ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
+  }
   std::unique_ptr<StepSource> s(new StepSource());
   s->job_ = job;
   s->step_ = step;

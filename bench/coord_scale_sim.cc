@@ -684,10 +684,11 @@ struct Child {
 };
 
 // Starts `a.processes` children of this binary, each a contiguous share of
-// the nodes + the spare (index nodes). Each is its own session (setsid):
-// with the kernel's autogroup, the simulators are scheduled as groups of
-// their own, apart from the coordinator (in the bench's session), so a
-// busy simulator takes its CPU from neither.
+// the nodes + the spare (index nodes). They stay in the bench's session
+// while the coordinator has one of its own (RunOnce): with the kernel's
+// autogroup the simulators together get the coordinator's CPU share, not
+// one each (with a session each, four simulators had four shares to the
+// coordinator's one on a loaded machine).
 bool SpawnChildren(const Args& a, int port, std::vector<Child>* kids) {
   const int total = a.nodes + 1;
   const int p = std::max(1, std::min(a.processes, total));
@@ -725,7 +726,6 @@ bool SpawnChildren(const Args& a, int port, std::vector<Child>* kids) {
     k.pid = fork();
     if (k.pid < 0) return false;
     if (k.pid == 0) {
-      setsid();
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench
       dup2(in[0], 0);
       dup2(out[1], 1);
@@ -1157,7 +1157,8 @@ bool RunOnce(const Args& a, Result* r) {
   testing::TempDir dir;
   testing::CoordinatorProcess coord(dir.path() + "/state",
                                     dir.path() + "/shared", a.timeout_ms,
-                                    /*port=*/0, a.binary);
+                                    /*port=*/0, a.binary,
+                                    /*own_session=*/true);
   if (coord.port() <= 0) {
     std::fprintf(stderr, "coord_scale_bench: %s did not start\n",
                  a.binary.c_str());

@@ -1,6 +1,7 @@
 // coord_scale_bench: the real ckpt-coordinator binary against N simulated
-// nodes in this one process (real gRPC over loopback, callback stubs on a
-// few shared channels, no training). Each node hosts --ranks-per-node
+// nodes in --processes simulator processes (children of this binary in
+// --child mode; real gRPC over loopback, callback stubs on a few channels
+// per process, no training). Each node hosts --ranks-per-node
 // ranks, heartbeats every --heartbeat-ms, and every --interval-s sends one
 // ReportShards call with all its ranks STAGED, then (after --persist-ms)
 // one with all DURABLE, retrying RESOURCE_EXHAUSTED/UNAVAILABLE with
@@ -8,7 +9,8 @@
 // heartbeats or reports) to measure detection and the plan.
 //
 //   coord_scale_bench --nodes N [--ranks-per-node 8] [--interval-s S]
-//                     [--duration-s D] [--json] [--sweep 256,1024,2048]
+//                     [--duration-s D] [--processes P] [--quiet-s Q]
+//                     [--json] [--sweep 256,1024,2048]
 //
 // Figures: commit latency (last node's DURABLE call sent -> the reply that
 // says the step is committed, i.e. manifest written and last good durable)
@@ -16,7 +18,11 @@
 // both on CLOCK_MONOTONIC); plan (FAILURE_DETECTED -> the new generation
 // seen on a WatchJob stream, i.e. durable and pushed); plan size (orders);
 // report throughput; the coordinator process's CPU (cores, averaged over
-// the measured period) and RSS; the machine's load average.
+// the measured period) and RSS; the machine's load average; the
+// simulators' own lateness (each heartbeat's send against its schedule,
+// p99 and max) and CPU; with --quiet-s, the coordinator's CPU per
+// heartbeat (a window of heartbeats only) and per report call, and the
+// cores they would take at --model-nodes (16,384).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -40,7 +46,9 @@ int main(int argc, char** argv) {
           "usage: coord_scale_bench --nodes N [--ranks-per-node 8] "
           "[--interval-s S] [--duration-s D] [--kill-at-s S] [--heartbeat-ms "
           "MS] [--timeout-ms MS] [--persist-ms MS] [--channels C] "
-          "[--coordinator-binary PATH] [--json] [--sweep 256,1024,2048]"))
+          "[--processes P] [--quiet-s S] [--interval-nodes B] "
+          "[--model-nodes N] [--coordinator-binary PATH] [--json] "
+          "[--sweep 256,1024,2048]"))
     return 0;
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +80,22 @@ int main(int argc, char** argv) {
         a.persist_ms = std::stoi(next());
       else if (f == "--channels")
         a.channels = std::stoi(next());
+      else if (f == "--processes")
+        a.processes = std::stoi(next());
+      else if (f == "--quiet-s")
+        a.quiet_s = std::stod(next());
+      else if (f == "--interval-nodes")
+        a.interval_nodes = std::stoi(next());
+      else if (f == "--model-nodes")
+        a.model_nodes = std::stoi(next());
+      else if (f == "--child")
+        a.child = true;
+      else if (f == "--port")
+        a.port = std::stoi(next());
+      else if (f == "--first")
+        a.first = std::stoi(next());
+      else if (f == "--count")
+        a.count = std::stoi(next());
       else if (f == "--coordinator-binary")
         a.binary = next();
       else if (f == "--json")
@@ -99,6 +123,20 @@ int main(int argc, char** argv) {
                         "--interval-s/--duration-s/--heartbeat-ms/--timeout-ms/"
                         "--channels: bad value\n"),
            2;
+  if (a.processes < 1 || a.processes > 256)
+    return std::fprintf(stderr, "--processes: must be in [1, 256]\n"), 2;
+  if (a.quiet_s < 0 || a.interval_nodes < 0 || a.model_nodes < 1)
+    return std::fprintf(
+               stderr, "--quiet-s/--interval-nodes/--model-nodes: bad value\n"),
+           2;
+  if (a.child) {
+    if (a.port <= 0 || a.port > 65535 || a.first < 0 || a.count < 1 ||
+        a.first + a.count > a.nodes + 1)
+      return std::fprintf(stderr,
+                          "--child: --port/--first/--count: bad value\n"),
+             2;
+    return ckpt::bench::RunChild(a);
+  }
   if (a.kill_at_s < 0) a.kill_at_s = a.duration_s * 0.4;
   std::vector<int> sizes =
       a.sweep.empty() ? std::vector<int>{a.nodes} : a.sweep;

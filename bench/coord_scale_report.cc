@@ -9,7 +9,7 @@
 namespace ckpt::bench {
 
 std::string ToJson(const Result& r) {
-  char buf[4096];
+  char buf[8192];
   std::snprintf(
       buf, sizeof buf,
       "{\"nodes\": %d, \"ranks\": %d, \"interval_s\": %g, \"duration_s\": %g, "
@@ -32,7 +32,14 @@ std::string ToJson(const Result& r) {
       "\"wall_total_s\": %.1f, \"heartbeat_timed_out\": %llu, "
       "\"sim_late_sends\": %llu, \"sim_late_max_s\": %.2f, "
       "\"heartbeats_per_s\": %.1f, \"told_heartbeat_ms\": %d, "
-      "\"coordinator_cpu_us_per_rpc\": %.1f}",
+      "\"coordinator_cpu_us_per_rpc\": %.1f, \"processes\": %d, "
+      "\"sim_late_p99_s\": %.4f, \"sim_heartbeats\": %llu, "
+      "\"sim_cpu_cores\": %.3f, \"quiet_s\": %.2f, "
+      "\"quiet_heartbeats_per_s\": %.1f, "
+      "\"coordinator_cpu_us_per_heartbeat\": %.1f, "
+      "\"coordinator_cpu_us_per_report\": %.1f, "
+      "\"report_calls_per_s\": %.1f, \"model_nodes\": %d, "
+      "\"model_heartbeat_ms\": %d, \"model_coordinator_cores\": %.3f}",
       r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
       r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
       r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
@@ -50,7 +57,11 @@ std::string ToJson(const Result& r) {
       static_cast<unsigned long long>(r.hb_timed_out),
       static_cast<unsigned long long>(r.sim_late_sends), r.sim_late_max_s,
       r.heartbeats_per_s, r.told_heartbeat_ms,
-      r.rpcs_per_s > 0 ? r.cpu_cores * 1e6 / r.rpcs_per_s : -1.0);
+      r.rpcs_per_s > 0 ? r.cpu_cores * 1e6 / r.rpcs_per_s : -1.0, r.processes,
+      r.sim_late_p99_s, static_cast<unsigned long long>(r.sim_heartbeats),
+      r.sim_cpu_cores, r.quiet_s, r.quiet_heartbeats_per_s,
+      r.cpu_us_per_heartbeat, r.cpu_us_per_report, r.report_calls_per_s,
+      r.model_nodes, r.model_interval_ms, r.model_cores);
   return buf;
 }
 
@@ -87,10 +98,23 @@ void PrintText(const Result& r) {
       r.heartbeats_per_s, r.told_heartbeat_ms,
       r.rpcs_per_s > 0 ? r.cpu_cores * 1e6 / r.rpcs_per_s : -1.0);
   std::printf(
-      "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); bench %.3f "
-      "cores; load %.2f -> %.2f on %d CPUs\n",
-      r.cpu_cores, r.rss / 1048576.0, r.rss_peak / 1048576.0, r.bench_cpu_cores,
-      r.load_before, r.load_after, r.cpus);
+      "  coordinator %.3f cores, RSS %.1f MiB (peak %.1f MiB); %d simulator "
+      "processes %.3f cores; load %.2f -> %.2f on %d CPUs\n",
+      r.cpu_cores, r.rss / 1048576.0, r.rss_peak / 1048576.0, r.processes,
+      r.sim_cpu_cores, r.load_before, r.load_after, r.cpus);
+  std::printf(
+      "  simulator lateness (%llu heartbeats sent): p99 %.4f s, max %.3f s, "
+      "%llu more than timeout/2\n",
+      static_cast<unsigned long long>(r.sim_heartbeats), r.sim_late_p99_s,
+      r.sim_late_max_s, static_cast<unsigned long long>(r.sim_late_sends));
+  if (r.cpu_us_per_heartbeat >= 0)
+    std::printf(
+        "  coordinator CPU per heartbeat %.1f us (%.0f heartbeats/s, %.1f s "
+        "quiet), per report call %.1f us (%.0f calls/s); model at %d nodes "
+        "(heartbeat every %d ms, a step every %g s): %.2f cores\n",
+        r.cpu_us_per_heartbeat, r.quiet_heartbeats_per_s, r.quiet_s,
+        r.cpu_us_per_report, r.report_calls_per_s, r.model_nodes,
+        r.model_interval_ms, r.interval_s, r.model_cores);
 }
 
 }  // namespace ckpt::bench

@@ -33,6 +33,16 @@ bool KindQueue::TryRun(std::function<void()> call) {
   return true;
 }
 
+bool KindQueue::TryRunHere(const std::function<bool()>& call) {
+  if (admitted_.fetch_add(1) >= capacity_.load()) {
+    admitted_.fetch_sub(1);
+    return false;
+  }
+  const bool answered = call();
+  admitted_.fetch_sub(1);
+  return answered;
+}
+
 int KindQueue::RetryAfterMs() {
   return static_cast<int>(JitterMs(base_retry_ms_, 3 * base_retry_ms_).count());
 }

@@ -34,6 +34,11 @@ class KindQueue {
 
   // Admits `call` (it will run) or refuses it (false: nothing will run).
   [[nodiscard]] bool TryRun(std::function<void()> call);
+  // Runs `call` on the caller's thread, counted against the bound while it
+  // runs as an admitted call is, if the bound allows: false, with nothing
+  // run and nothing counted as refused, if it does not (the caller then
+  // goes through TryRun). `call` returns whether it answered the call.
+  [[nodiscard]] bool TryRunHere(const std::function<bool()>& call);
   // 0 refuses every call (an operator shedding load, or a test).
   void SetCapacity(int capacity) {
     capacity_.store(capacity < 0 ? 0 : capacity);

@@ -136,6 +136,14 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
   return r;
 }
 
+absl::Status Coordinator::ValidateHeartbeat(const v1::HeartbeatRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
+  CKPT_RETURN_IF_ERROR(ValidateProgress(req));
+  CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
+  CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));
+  return ValidateHealthReport(req.health_report(), "health_report");
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
   // Every return answers it, a refusal included: the server heard it
@@ -144,35 +152,64 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   absl::Cleanup answered = [&] {
     HeartbeatAnswered(req.node_id(), req.epoch());
   };
-  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
-  CKPT_RETURN_IF_ERROR(ValidateProgress(req));
-  CKPT_RETURN_IF_ERROR(ValidateNetResults(req));
-  CKPT_RETURN_IF_ERROR(ValidateReplicaRefusal(req));
-  CKPT_RETURN_IF_ERROR(
-      ValidateHealthReport(req.health_report(), "health_report"));
+  CKPT_RETURN_IF_ERROR(ValidateHeartbeat(req));
   // Liveness first, without the state mutex: a heartbeat counts even if
   // reports or a plan hold the state for a while.
   Heard(req.node_id(), req.epoch());
   Txn txn(this);
-  Batch& batch = *txn.batch();
-  absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (s.ok()) s = orders_.CheckAcks(req.node_id(), req.acked_order_ids());
-  if (!s.ok()) {
-    return txn.Commit(s);  // timeouts detected above still count
-  }
-  ApplyAcksLocked(&batch, req);
-  NoteProgressLocked(req, options_.now_ms());
-  DetectHangsLocked(&batch, options_.now_ms());
   v1::HeartbeatResponse resp;
-  resp.set_incarnation(incarnation_.load());
-  resp.set_heartbeat_interval_ms(HeartbeatIntervalLocked());
-  NetCheckLocked(&batch, req, &resp);
-  HealthRecheckLocked(&batch, req, &resp);
-  DeliverOrdersLocked(&batch, req.node_id(), &resp);
-  AddAssignments(jobs_, req.node_id(), &resp);
-  ReplicaTargetForLocked(&batch, req, &resp);
+  absl::Status s = HeartbeatLocked(txn.batch(), req, &resp);
+  if (!s.ok()) return txn.Commit(s);  // timeouts detected above still count
   txn.Enqueue();
   return resp;
+}
+
+std::optional<absl::StatusOr<v1::HeartbeatResponse>> Coordinator::TryHeartbeat(
+    const v1::HeartbeatRequest& req, uint64_t* durable_seq) {
+  *durable_seq = 0;
+  absl::Cleanup answered = [&] {
+    HeartbeatAnswered(req.node_id(), req.epoch());
+  };
+  if (absl::Status s = ValidateHeartbeat(req); !s.ok()) return s;
+  Heard(req.node_id(), req.epoch());
+  if (!mu_.TryLock()) {
+    std::move(answered).Cancel();  // the queued Heartbeat answers it
+    return std::nullopt;
+  }
+  Txn txn(this, Txn::Adopt{});
+  v1::HeartbeatResponse resp;
+  absl::Status s = HeartbeatLocked(txn.batch(), req, &resp);
+  if (!s.ok()) {
+    // As Heartbeat's Commit, but the wait is the caller's, on a thread
+    // that may wait.
+    if (txn.batch()->empty()) return txn.Commit(s);
+    *durable_seq = txn.EnqueueForWait();
+    return s;
+  }
+  txn.Enqueue();
+  return resp;
+}
+
+absl::Status Coordinator::WaitDurable(uint64_t seq) {
+  return committer_->Wait(seq);
+}
+
+absl::Status Coordinator::HeartbeatLocked(Batch* batch,
+                                          const v1::HeartbeatRequest& req,
+                                          v1::HeartbeatResponse* resp) {
+  CKPT_RETURN_IF_ERROR(CheckEpochLocked(req.node_id(), req.epoch()));
+  CKPT_RETURN_IF_ERROR(orders_.CheckAcks(req.node_id(), req.acked_order_ids()));
+  ApplyAcksLocked(batch, req);
+  NoteProgressLocked(req, options_.now_ms());
+  DetectHangsLocked(batch, options_.now_ms());
+  resp->set_incarnation(incarnation_.load());
+  resp->set_heartbeat_interval_ms(HeartbeatIntervalLocked());
+  NetCheckLocked(batch, req, resp);
+  HealthRecheckLocked(batch, req, resp);
+  DeliverOrdersLocked(batch, req.node_id(), resp);
+  AddAssignments(jobs_, req.node_id(), resp);
+  ReplicaTargetForLocked(batch, req, resp);
+  return absl::OkStatus();
 }
 
 uint32_t Coordinator::HeartbeatIntervalLocked() const {

@@ -125,6 +125,16 @@ class Coordinator {
       const v1::RegisterNodeRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& req);
+  // The same on the caller's thread, only if the state lock is free at
+  // once (a gRPC thread must not wait for it): nullopt, and nothing done
+  // but Heard, when it is not (the caller queues the heartbeat). Never
+  // waits for a durable write: a refusal built on changes not yet durable
+  // (its node found dead by this very call) sets *durable_seq, and the
+  // caller answers only after WaitDurable(*durable_seq); else 0.
+  std::optional<absl::StatusOr<v1::HeartbeatResponse>> TryHeartbeat(
+      const v1::HeartbeatRequest& req, uint64_t* durable_seq);
+  // Waits until the group commit `seq` (TryHeartbeat's) is durable.
+  absl::Status WaitDurable(uint64_t seq);
   // The liveness part of a heartbeat alone (no state lock): node_id at
   // `epoch` was heard now. The server calls it for every heartbeat it
   // receives, before admission may shed the rest of the work.
@@ -254,6 +264,9 @@ class Coordinator {
   class ABSL_SCOPED_LOCKABLE Txn {
    public:
     explicit Txn(Coordinator* c) ABSL_EXCLUSIVE_LOCK_FUNCTION(c->mu_);
+    // Takes over mu_, already held (a TryLock that succeeded).
+    struct Adopt {};
+    Txn(Coordinator* c, Adopt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_);
     ~Txn() ABSL_UNLOCK_FUNCTION();
     Txn(const Txn&) = delete;
     Txn& operator=(const Txn&) = delete;
@@ -269,6 +282,10 @@ class Coordinator {
       return result;
     }
     void Enqueue() ABSL_UNLOCK_FUNCTION();
+    // Enqueues the batch and releases mu_ without waiting: the group
+    // commit to wait for (WaitDurable) before answering; 0 if the batch
+    // was empty.
+    [[nodiscard]] uint64_t EnqueueForWait() ABSL_UNLOCK_FUNCTION();
     // Enqueues the batch and releases mu_ for I/O; Relock takes it again
     // with a new batch, timeouts detected again.
     void Unlock() ABSL_UNLOCK_FUNCTION() { Enqueue(); }
@@ -395,6 +412,13 @@ class Coordinator {
   // them (between them: progress and hangs, the net check, health).
   // The heartbeat interval every reply tells (heartbeat_interval.h).
   uint32_t HeartbeatIntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat's checks of its request (no lock).
+  static absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req);
+  // Heartbeat's work under the lock, into `batch` and *resp: a refusal
+  // (fenced epoch, unknown acknowledgement) changes nothing.
+  absl::Status HeartbeatLocked(Batch* batch, const v1::HeartbeatRequest& req,
+                               v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acknowledged orders (checked by OrderBook::CheckAcks before any is
   // applied) are dropped and their plans move on.
   void ApplyAcksLocked(Batch* batch, const v1::HeartbeatRequest& req)

@@ -38,6 +38,8 @@ Coordinator::Txn::Txn(Coordinator* c) : c_(*c) {
   Begin();
 }
 
+Coordinator::Txn::Txn(Coordinator* c, Adopt) : c_(*c) { Begin(); }
+
 Coordinator::Txn::~Txn() {
   if (held_) Enqueue();
 }
@@ -58,6 +60,17 @@ void Coordinator::Txn::Enqueue() {
   c_.EnqueueLocked(std::move(batch_));
   held_ = false;
   c_.mu_.Unlock();
+}
+
+uint64_t Coordinator::Txn::EnqueueForWait() {
+  uint64_t seq = 0;
+  if (!batch_->empty()) {
+    c_.EnqueueLocked(std::move(batch_));
+    seq = c_.committer_->last_enqueued();
+  }
+  held_ = false;
+  c_.mu_.Unlock();
+  return seq;
 }
 
 absl::Status Coordinator::Txn::Commit(absl::Status result) {

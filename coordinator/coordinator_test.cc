@@ -1,8 +1,12 @@
 // State-machine tests of the Coordinator with a fake clock: global commit,
 // failure detection, recovery plans and orders, restart from its state.
+#include <atomic>
 #include <filesystem>
+#include <optional>
 #include <thread>
+#include <vector>
 
+#include "coordinator/admission.h"
 #include "coordinator/coordinator_testing.h"
 #include "storage/manifest.h"
 
@@ -367,6 +371,114 @@ TEST_F(TwoNodeTest, PlanFromTheLastGoodManifestReadsNothingFromTheSharedRoot) {
   EXPECT_EQ(spare->orders(0).shard_keys(1), "job/step-10/rank-3");
   EXPECT_FALSE(HasEvent(v1::MANIFEST_INVALID));
   std::filesystem::rename(job_dir + ".x", job_dir);
+}
+
+// The server runs a heartbeat on gRPC's own thread when the state lock is
+// free at once (TryHeartbeat; no thread switch to a heartbeat worker), and
+// queues it only when the lock is busy. Run there, it answers as the
+// queued Heartbeat does.
+TEST_F(TwoNodeTest, TryHeartbeatAnswersAsTheQueuedHeartbeatDoes) {
+  // A plan, so that the heartbeat has orders to deliver.
+  ASSERT_TRUE(Report("n1", e1_, 5, 0, v1::STAGED).ok());
+  ASSERT_TRUE(coord_->ReportTrainerExit(TrainerExit("n1", e1_, 0, 9)).ok());
+  v1::HeartbeatRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1_);
+  uint64_t durable_seq = 7;
+  std::optional<absl::StatusOr<v1::HeartbeatResponse>> fast =
+      coord_->TryHeartbeat(req, &durable_seq);
+  ASSERT_TRUE(fast.has_value()) << "the state lock was free";
+  ASSERT_TRUE(fast->ok()) << fast->status();
+  EXPECT_EQ(durable_seq, 0u) << "nothing to wait for";
+  absl::StatusOr<v1::HeartbeatResponse> queued = coord_->Heartbeat(req);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ((*fast)->assignments_size(), 1);
+  EXPECT_EQ((*fast)->assignments(0).DebugString(),
+            queued->assignments(0).DebugString());
+  EXPECT_EQ((*fast)->heartbeat_interval_ms(), queued->heartbeat_interval_ms());
+  EXPECT_EQ((*fast)->incarnation(), queued->incarnation());
+  ASSERT_EQ((*fast)->orders_size(), queued->orders_size());
+  for (int i = 0; i < queued->orders_size(); ++i)
+    EXPECT_EQ((*fast)->orders(i).id(), queued->orders(i).id());
+  // Its acknowledgements count as the queued one's do.
+  std::vector<uint64_t> acks;
+  for (const v1::Order& o : (*fast)->orders()) acks.push_back(o.id());
+  ASSERT_FALSE(acks.empty());
+  *req.mutable_acked_order_ids() = {acks.begin(), acks.end()};
+  fast = coord_->TryHeartbeat(req, &durable_seq);
+  ASSERT_TRUE(fast.has_value());
+  ASSERT_TRUE(fast->ok()) << fast->status();
+  req.clear_acked_order_ids();
+  queued = coord_->Heartbeat(req);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->orders_size(), 0) << "acknowledged orders sent again";
+  // Bad input is refused there as in the queue, naming the field.
+  v1::HeartbeatRequest bad = req;
+  bad.set_node_id("");
+  fast = coord_->TryHeartbeat(bad, &durable_seq);
+  ASSERT_TRUE(fast.has_value());
+  EXPECT_EQ(fast->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fast->status().message().find("node_id"), std::string::npos)
+      << fast->status();
+}
+
+// A heartbeat whose own call finds its node dead (its timeout passed
+// unseen) is refused only once that death is durable, as the queued
+// Heartbeat's refusal is; run on gRPC's thread, which must not wait for a
+// durable write, TryHeartbeat hands the wait back (durable_seq) for a
+// worker to do before answering.
+TEST_F(CoordinatorTest, TryHeartbeatHandsBackTheDurableWaitOfARefusal) {
+  const uint64_t e1 = Register("n1", 2);
+  now_ms_ += heartbeat_timeout_ms_ + 1;
+  v1::HeartbeatRequest req;
+  req.set_node_id("n1");
+  req.set_epoch(e1);
+  uint64_t durable_seq = 0;
+  std::optional<absl::StatusOr<v1::HeartbeatResponse>> r =
+      coord_->TryHeartbeat(req, &durable_seq);
+  ASSERT_TRUE(r.has_value()) << "the state lock was free";
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition)
+      << r->status();
+  EXPECT_NE(durable_seq, 0u)
+      << "a refusal built on a death not yet durable must wait for it";
+  EXPECT_TRUE(coord_->WaitDurable(durable_seq).ok());
+  EXPECT_EQ(Node("n1").health(), v1::DEAD);
+  // Fenced again, nothing new to wait for.
+  r = coord_->TryHeartbeat(req, &durable_seq);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(durable_seq, 0u);
+}
+
+// KindQueue::TryRunHere (the heartbeat served on gRPC's thread): counted
+// against the kind's bound while it runs, as an admitted call is; with the
+// bound full (or 0: an operator shedding the kind) nothing runs and no
+// refusal is counted, the caller going through TryRun.
+TEST(KindQueueTest, TryRunHereCountsAgainstTheBound) {
+  KindQueue q("test", 1, 1, 100);
+  bool ran = false, inner_admitted = true;
+  EXPECT_TRUE(q.TryRunHere([&] {
+    ran = true;
+    inner_admitted = q.TryRun([] {});  // the bound (1) is this call's
+    return true;
+  }));
+  EXPECT_TRUE(ran);
+  EXPECT_FALSE(inner_admitted) << "the call run here did not count";
+  EXPECT_EQ(q.refused(), 1u);
+  q.SetCapacity(0);
+  ran = false;
+  EXPECT_FALSE(q.TryRunHere([&] {
+    ran = true;
+    return true;
+  }));
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(q.refused(), 1u);
+  q.SetCapacity(1);
+  EXPECT_FALSE(q.TryRunHere([] { return false; }));  // it did not answer
+  std::atomic<bool> queued_ran{false};
+  ASSERT_TRUE(q.TryRun([&] { queued_ran = true; })) << "its slot was kept";
+  q.Stop();  // runs what was admitted
+  EXPECT_TRUE(queued_ran);
 }
 
 }  // namespace

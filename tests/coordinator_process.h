@@ -32,16 +32,21 @@ namespace ckpt::testing {
 class CoordinatorProcess {
  public:
   // Forks and execs at once, which is safe after this process used gRPC.
-  // port 0: the binary picks one.
+  // port 0: the binary picks one. own_session: the coordinator is a
+  // session of its own (setsid), so that the kernel's autogroup schedules
+  // it apart from this process and its other children (coord_scale_bench:
+  // the coordinator and the simulators get equal CPU shares).
   CoordinatorProcess(const std::string& state, const std::string& shared,
                      int heartbeat_timeout_ms, int port = 0,
-                     const std::string& binary = COORDINATOR_BINARY) {
+                     const std::string& binary = COORDINATOR_BINARY,
+                     bool own_session = false) {
     std::string listen = "127.0.0.1:" + std::to_string(port);
     int fds[2];
     if (pipe(fds) != 0) return;
     std::string timeout = std::to_string(heartbeat_timeout_ms);
     pid_ = fork();
     if (pid_ == 0) {
+      if (own_session) setsid();
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       dup2(fds[1], 1);
       close(fds[0]);

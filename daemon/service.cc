@@ -12,7 +12,7 @@ namespace {
 // Field checks that need no state, run before anything else so that a huge
 // or malformed field costs nothing and is never echoed whole.
 // Register, BeginSave, AbortSave, Latest, OpenRestore, CloseRestore,
-// WaitDurable, Delete: the job is their only name.
+// WaitDurable, Delete, LayoutIndex: the job is their only name.
 template <typename Req>
 [[nodiscard]] absl::Status CheckFields(const Req& r) {
   return ValidateJobName(r.job());
@@ -87,6 +87,7 @@ CkptdService::CkptdService(Engine* engine, const PeerListener* listener,
   AddUnary("List", this, &CkptdService::List);
   AddUnary("Delete", this, &CkptdService::Delete);
   AddUnary("Status", this, &CkptdService::Status);
+  AddUnary("LayoutIndex", this, &CkptdService::LayoutIndex);
 }
 
 template <typename Req, typename Resp, typename Fn>
@@ -126,6 +127,7 @@ CKPT_FORWARD_S(CloseRestore, CloseRestoreRequest, CloseRestoreResponse)
 CKPT_FORWARD_S(WaitDurable, WaitDurableRequest, WaitDurableResponse)
 CKPT_FORWARD_OR(List, ListRequest, ListResponse)
 CKPT_FORWARD_OR(Delete, DeleteRequest, DeleteResponse)
+CKPT_FORWARD_OR(LayoutIndex, LayoutIndexRequest, LayoutIndexResponse)
 
 grpc::Status CkptdService::Status(grpc::ServerContext* ctx,
                                   const v1::StatusRequest* req,

@@ -1,0 +1,289 @@
+// Restore into another layout through a real ckptd (doc/resharding.md,
+// "Restore into another layout"): 4 ranks save a row-sharded tensor, a 2-D
+// block-sharded one and a whole one; ranks of another world size restore
+// their own pieces from the step's layout index, from memory and after a
+// daemon restart (disk), bit-exact against the global tensors.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+
+#include "ckpt/ckpt.h"
+#include "storage/keys.h"
+#include "storage/shard_format.h"
+#include "tests/daemon_test.h"
+
+namespace ckpt::testing {
+namespace {
+
+// "rows" float32 [kRows, kCols], saved rows [750 r, 750 (r + 1)) by rank r:
+// 3 MB pieces, so reads cross 1 MiB checksum chunks inside a piece.
+constexpr int64_t kRows = 3000, kCols = 1000;
+// "blocks" int32 [kBR, kBC], saved as 2 x 2 blocks.
+constexpr int64_t kBR = 64, kBC = 96;
+constexpr int kSaved = 4;
+
+// [n r / m, n (r + 1) / m): an uneven split is fine.
+std::pair<int64_t, int64_t> Split(int64_t n, int m, int r) {
+  return {n * r / m, n * (r + 1) / m};
+}
+
+struct Global {
+  std::vector<float> rows = std::vector<float>(kRows * kCols);
+  std::vector<int32_t> blocks = std::vector<int32_t>(kBR * kBC);
+  std::vector<double> whole = {1.5, -2.25, 3.0, 1e300, -0.0};
+  Global() {
+    for (size_t i = 0; i < rows.size(); ++i)
+      rows[i] = static_cast<float>(i % 999983) * 0.5f + 0.25f;
+    std::iota(blocks.begin(), blocks.end(), -1000);
+  }
+};
+
+// One rank's buffers and the tensors naming them.
+struct RankState {
+  std::vector<float> rows;
+  std::vector<int32_t> blocks;
+  std::vector<double> whole = std::vector<double>(5, -7.0);
+  std::vector<Tensor> tensors;
+};
+
+// Saved rank r of kSaved: rows band r, block (r / 2, r % 2), the whole.
+RankState SavedRank(const Global& g, int r) {
+  RankState s;
+  auto [lo, hi] = Split(kRows, kSaved, r);
+  s.rows.assign(g.rows.begin() + lo * kCols, g.rows.begin() + hi * kCols);
+  const int64_t br = kBR / 2, bc = kBC / 2, r0 = (r / 2) * br,
+                c0 = (r % 2) * bc;
+  for (int64_t i = 0; i < br; ++i)
+    for (int64_t j = 0; j < bc; ++j)
+      s.blocks.push_back(g.blocks[(r0 + i) * kBC + c0 + j]);
+  s.whole = g.whole;
+  s.tensors = {
+      {"rows",
+       DType::kFloat32,
+       {hi - lo, kCols},
+       s.rows.data(),
+       Device::Host(),
+       TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
+      {"blocks",
+       DType::kInt32,
+       {br, bc},
+       s.blocks.data(),
+       Device::Host(),
+       TensorLayout{{kBR, kBC}, {r0, c0}, ""}},
+      {"whole",
+       DType::kFloat64,
+       {5},
+       s.whole.data(),
+       Device::Host(),
+       std::nullopt},
+  };
+  return s;
+}
+
+// Rank r of m asks: rows band r, blocks as rows (band r of kBR), the whole.
+RankState Asked(int m, int r) {
+  RankState s;
+  auto [lo, hi] = Split(kRows, m, r);
+  auto [blo, bhi] = Split(kBR, m, r);
+  s.rows.assign((hi - lo) * kCols, -1.0f);
+  s.blocks.assign((bhi - blo) * kBC, -1);
+  s.tensors = {
+      {"rows",
+       DType::kFloat32,
+       {hi - lo, kCols},
+       s.rows.data(),
+       Device::Host(),
+       TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
+      {"blocks",
+       DType::kInt32,
+       {bhi - blo, kBC},
+       s.blocks.data(),
+       Device::Host(),
+       TensorLayout{{kBR, kBC}, {blo, 0}, ""}},
+      {"whole",
+       DType::kFloat64,
+       {5},
+       s.whole.data(),
+       Device::Host(),
+       std::nullopt},
+  };
+  return s;
+}
+
+void ExpectAsked(const Global& g, const RankState& s, int m, int r,
+                 const std::string& where) {
+  auto [lo, hi] = Split(kRows, m, r);
+  auto [blo, bhi] = Split(kBR, m, r);
+  EXPECT_EQ(0, std::memcmp(s.rows.data(), g.rows.data() + lo * kCols,
+                           s.rows.size() * sizeof(float)))
+      << where << ": rows of rank " << r << " of " << m;
+  EXPECT_EQ(0, std::memcmp(s.blocks.data(), g.blocks.data() + blo * kBC,
+                           s.blocks.size() * sizeof(int32_t)))
+      << where << ": blocks of rank " << r << " of " << m;
+  EXPECT_EQ(0, std::memcmp(s.whole.data(), g.whole.data(),
+                           g.whole.size() * sizeof(double)))
+      << where << ": whole of rank " << r << " of " << m;
+}
+
+class ReshardRestoreTest : public DaemonTest {
+ protected:
+  // kSaved ranks save step 1 and wait until it is durable.
+  void SaveStep(const std::string& job, const Global& g) {
+    for (int r = 0; r < kSaved; ++r) {
+      auto c = Connect(job, r, kSaved);
+      ASSERT_NE(c, nullptr);
+      RankState s = SavedRank(g, r);
+      ASSERT_TRUE(c->Save(1, s.tensors).ok());
+      ASSERT_TRUE(c->WaitDurable(1).ok());
+    }
+  }
+  void RestoreAt(const std::string& job, const Global& g, int m,
+                 const std::string& where) {
+    for (int r = 0; r < m; ++r) {
+      auto c = Connect(job, r, m);
+      ASSERT_NE(c, nullptr);
+      RankState s = Asked(m, r);
+      std::vector<std::optional<TensorLayout>> layouts;
+      absl::Status st = c->Restore(1, s.tensors, &layouts);
+      ASSERT_TRUE(st.ok()) << where << " rank " << r << " of " << m << ": "
+                           << st;
+      ExpectAsked(g, s, m, r, where);
+      ASSERT_EQ(layouts.size(), 3u);
+      EXPECT_EQ(layouts[0], s.tensors[0].layout) << where;
+      EXPECT_EQ(layouts[2], std::nullopt) << where;
+    }
+  }
+  void StopAndDropMemory() {
+    daemon_->Kill(SIGTERM);
+    daemon_->Wait();
+    UnlinkArenas(prefix_);
+  }
+};
+
+TEST_F(ReshardRestoreTest, At3And6RanksFromMemoryAndAfterARestart) {
+  Global g;
+  SaveStep("rs", g);
+  RestoreAt("rs", g, 3, "memory");
+  RestoreAt("rs", g, 6, "memory");
+  RestoreAt("rs", g, 2, "memory");
+  // One rank asks for every tensor whole, without a layout.
+  {
+    auto c = Connect("rs", 0, 1);
+    ASSERT_NE(c, nullptr);
+    std::vector<float> rows(kRows * kCols, -1.0f);
+    std::vector<int32_t> blocks(kBR * kBC, -1);
+    std::vector<Tensor> t = {{"rows",
+                              DType::kFloat32,
+                              {kRows, kCols},
+                              rows.data(),
+                              Device::Host(),
+                              std::nullopt},
+                             {"blocks",
+                              DType::kInt32,
+                              {kBR, kBC},
+                              blocks.data(),
+                              Device::Host(),
+                              std::nullopt}};
+    absl::Status st = c->Restore(1, t);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(rows, g.rows);
+    EXPECT_EQ(blocks, g.blocks);
+  }
+  // The same layout still restores on its own path.
+  RestoreAt("rs", g, kSaved, "same layout");
+
+  StopAndDropMemory();
+  Restart();
+  RestoreAt("rs", g, 3, "disk");
+  RestoreAt("rs", g, 6, "disk");
+}
+
+TEST_F(ReshardRestoreTest, AFlippedByteInASavedPieceIsCaughtAndNamed) {
+  Global g;
+  SaveStep("flip", g);
+  StopAndDropMemory();
+  // Flip one byte of saved rank 1's "rows" piece in its shard file.
+  const std::string path = root() + "/" + storage::ShardKey("flip", 1, 1);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::vector<char> image((std::istreambuf_iterator<char>(f)),
+                          std::istreambuf_iterator<char>());
+  absl::StatusOr<storage::ShardHeader> h = storage::DecodeHeader(image);
+  ASSERT_TRUE(h.ok()) << h.status();
+  absl::StatusOr<storage::ShardInfo> info = storage::DecodeShardMetadata(
+      image, std::span<const char>(image).subspan(h->footer_offset),
+      image.size());
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->tensors[0].name, "rows");
+  const uint64_t at = info->tensors[0].offset + 12345;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(image[at] ^ 0x10));
+  f.close();
+  Restart();
+  // Rank 0 of 3 reads rows [750, 1000) from saved rank 1.
+  auto c = Connect("flip", 0, 3);
+  ASSERT_NE(c, nullptr);
+  RankState s = Asked(3, 0);
+  absl::Status st = c->Restore(1, s.tensors);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("tensor \"rows\" of saved rank 1: checksum "
+                              "mismatch"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("partly written"), std::string::npos) << st;
+}
+
+TEST_F(ReshardRestoreTest, ARegionNoSavedPieceHoldsIsRefusedAndChangesNothing) {
+  // "gappy" [8, 4]: rank r saves row 2 r only; odd rows are in no piece.
+  std::vector<std::vector<float>> rows(kSaved);
+  for (int r = 0; r < kSaved; ++r) {
+    auto c = Connect("gap", r, kSaved);
+    ASSERT_NE(c, nullptr);
+    rows[r].assign(4, static_cast<float>(r));
+    std::vector<Tensor> t = {{"gappy",
+                              DType::kFloat32,
+                              {1, 4},
+                              rows[r].data(),
+                              Device::Host(),
+                              TensorLayout{{8, 4}, {2 * r, 0}, ""}}};
+    ASSERT_TRUE(c->Save(1, t).ok());
+  }
+  // Rank 0 of 2 asks rows [0, 4) and a row that exists: both untouched.
+  auto c = Connect("gap", 0, 2);
+  ASSERT_NE(c, nullptr);
+  std::vector<float> want(16, -3.0f), held(4, -3.0f);
+  std::vector<Tensor> t = {{"gappy",
+                            DType::kFloat32,
+                            {1, 4},
+                            held.data(),
+                            Device::Host(),
+                            TensorLayout{{8, 4}, {2, 0}, ""}},
+                           {"gappy",
+                            DType::kFloat32,
+                            {4, 4},
+                            want.data(),
+                            Device::Host(),
+                            TensorLayout{{8, 4}, {0, 0}, ""}}};
+  t[0].name = "gappy.row2";
+  t[0].layout->global_name = "gappy";
+  absl::Status st = c->Restore(1, t);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("tensor \"gappy\": region offsets [1, 0] "
+                              "lengths [1, 4] asked by rank 0 is in no saved "
+                              "piece"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(want, std::vector<float>(16, -3.0f));
+  EXPECT_EQ(held, std::vector<float>(4, -3.0f));
+  // The row that exists restores alone.
+  std::vector<Tensor> one = {t[0]};
+  st = c->Restore(1, one);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(held, std::vector<float>(4, 1.0f));
+}
+
+}  // namespace
+}  // namespace ckpt::testing

@@ -11,8 +11,13 @@
 #include <iterator>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "ckpt/ckpt.h"
+#include "storage/backend.h"
 #include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
 
@@ -283,6 +288,105 @@ TEST_F(ReshardRestoreTest, ARegionNoSavedPieceHoldsIsRefusedAndChangesNothing) {
   st = c->Restore(1, one);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(held, std::vector<float>(4, 1.0f));
+}
+
+// The step's index merges this daemon's ranks with the pieces other nodes'
+// manifests list (a shared root): ranks 0 and 1 saved here, ranks 2 and 3
+// described by a MANIFEST.nodeb beside them. Without it, or with a bad
+// one, the index is refused naming what is missing or wrong.
+TEST_F(ReshardRestoreTest,
+       TheIndexMergesOtherNodesManifestsAndNamesMissingRanks) {
+  Global g;
+  for (int r = 0; r < 2; ++r) {
+    auto c = Connect("merged", r, kSaved);
+    ASSERT_NE(c, nullptr);
+    RankState s = SavedRank(g, r);
+    ASSERT_TRUE(c->Save(1, s.tensors).ok());
+  }
+  auto ask = [&](v1::LayoutIndexResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::LayoutIndexRequest req;
+    req.set_job("merged");
+    req.set_step(1);
+    return daemon_->Stub()->LayoutIndex(&ctx, req, resp);
+  };
+  v1::LayoutIndexResponse resp;
+  grpc::Status gs = ask(&resp);
+  EXPECT_EQ(gs.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(gs.error_message().find("saved ranks [2, 3] of 4 are described "
+                                    "by no shard here and no node manifest"),
+            std::string::npos)
+      << gs.error_message();
+
+  // Node "nodeb"'s manifest of ranks 2 and 3, as its ckptd writes it.
+  std::vector<std::vector<v1::TensorMeta>> metas(kSaved);
+  storage::v1::NodeManifest m;
+  m.set_job("merged");
+  m.set_step(1);
+  m.set_world_size(kSaved);
+  for (int r = 2; r < 4; ++r) {
+    RankState s = SavedRank(g, r);
+    uint64_t offset = 1 << 20;
+    for (const Tensor& t : s.tensors) {
+      v1::TensorMeta& tm = metas[r].emplace_back();
+      tm.set_name(t.name);
+      tm.set_dtype(static_cast<uint32_t>(t.dtype));
+      for (int64_t d : t.shape) tm.add_shape(static_cast<uint64_t>(d));
+      tm.set_offset(offset);
+      tm.set_bytes(*t.bytes());
+      offset += (*t.bytes() + 4095) / 4096 * 4096;
+      if (t.layout) {
+        for (int64_t d : t.layout->global_shape) tm.add_global_shape(d);
+        for (int64_t d : t.layout->offsets) tm.add_piece_offsets(d);
+      }
+    }
+    storage::v1::NodeManifestShard* ms = m.add_shards();
+    ms->set_rank(r);
+    ms->set_key(storage::ShardKey("merged", 1, r, "nodeb"));
+    ms->set_bytes(offset);
+    ms->set_tensors(3);
+    ms->set_checksums_digest("0000000000000000");
+  }
+  absl::StatusOr<storage::LayoutIndex> theirs =
+      storage::BuildLayoutIndex(kSaved, metas);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  m.set_layout_index(storage::SerializeLayoutIndex(*theirs));
+  storage::LocalBackendOptions lo;
+  lo.root = root();
+  auto local = storage::NewLocalBackend(lo);
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE(storage::WriteNodeManifest(**local, m, "nodeb").ok());
+
+  gs = ask(&resp);
+  ASSERT_TRUE(gs.ok()) << gs.error_message();
+  EXPECT_EQ(resp.world_size(), 4u);
+  EXPECT_EQ(std::vector<uint32_t>(resp.local_ranks().begin(),
+                                  resp.local_ranks().end()),
+            (std::vector<uint32_t>{0, 1}));
+  absl::StatusOr<storage::LayoutIndex> index =
+      storage::ParseLayoutIndex(resp.index());
+  ASSERT_TRUE(index.ok()) << index.status();
+  const int64_t rows = index->FindTensor("rows");
+  ASSERT_GE(rows, 0);
+  const storage::LayoutTensor& rt = index->tensors()[rows];
+  ASSERT_EQ(rt.num_pieces, 4u);
+  for (uint64_t p = rt.first_piece; p < rt.first_piece + 4; ++p) {
+    auto [lo_row, hi_row] = Split(kRows, kSaved, index->piece_rank(p));
+    EXPECT_EQ(index->PieceBox(p).ToString(),
+              absl::StrCat("offsets [", lo_row, ", 0] lengths [",
+                           hi_row - lo_row, ", ", kCols, "]"));
+  }
+  EXPECT_EQ(index->tensors()[index->FindTensor("whole")].num_pieces, 4u);
+
+  // A manifest that does not parse is named, not skipped.
+  ASSERT_TRUE((*local)
+                  ->PutSmallObject(storage::ManifestKey("merged", 1, "nodeb"),
+                                   "{\"format\": 7")
+                  .ok());
+  gs = ask(&resp);
+  EXPECT_EQ(gs.error_code(), grpc::StatusCode::DATA_LOSS) << gs.error_message();
+  EXPECT_NE(gs.error_message().find("MANIFEST.nodeb"), std::string::npos)
+      << gs.error_message();
 }
 
 }  // namespace

@@ -16,7 +16,13 @@
 // hashed in place and their runs copied besides. A piece whose checksum
 // differs is reported as a bad copy (the daemon checks it and serves the
 // next copy of that saved rank, whose runs are then copied again).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <unordered_map>
 
@@ -74,7 +80,43 @@ Place PlaceOf(const Tensor& t, const v1::TensorMeta* own) {
   return p;
 }
 
+uint64_t AlignUp(uint64_t n) { return (n + 4095) / 4096 * 4096; }
+
+// Reads `bytes` at `offset` of fd whole; an error names the path.
+absl::Status ReadFully(int fd, char* dst, uint64_t bytes, uint64_t offset,
+                       const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, dst, std::min<uint64_t>(bytes, 1ull << 30),
+                              static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n == 0)
+      return absl::DataLossError(
+          absl::StrCat("shard file ", path, ": ends at ", offset));
+    dst += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status Client::Impl::EnsureReshardBuffer(uint64_t bytes) {
+  if (bytes <= reshard_buffer_bytes_) return absl::OkStatus();
+  if (reshard_buffer_ != nullptr)
+    ::munmap(reshard_buffer_, reshard_buffer_bytes_);
+  reshard_buffer_ = nullptr;
+  reshard_buffer_bytes_ = 0;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return ErrnoToStatus(
+        errno, absl::StrCat("map a read buffer of ", bytes, " bytes"));
+  reshard_buffer_ = static_cast<char*>(p);
+  reshard_buffer_bytes_ = bytes;
+  return absl::OkStatus();
+}
 
 absl::Status Client::Impl::RestoreResharded(
     int64_t step, std::span<const Tensor> tensors,
@@ -82,6 +124,7 @@ absl::Status Client::Impl::RestoreResharded(
     std::vector<std::optional<TensorLayout>>* layouts) {
   const std::string what =
       absl::StrCat("restore of step ", step, " into another layout");
+  std::lock_guard<std::mutex> serial(reshard_mu_);
   v1::LayoutIndexRequest ireq;
   ireq.set_job(options_.job);
   ireq.set_step(static_cast<uint64_t>(step));
@@ -228,11 +271,34 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
   open.set_rank(static_cast<uint32_t>(options_.rank));
   open.set_step(static_cast<uint64_t>(step));
   open.set_saved_rank(saved_rank);
-  open.set_allow_file_read(false);  // a slot: byte ranges out of memory
+  // A file this process may read is read piece by piece; anything else
+  // comes in a slot.
+  open.set_allow_file_read(true);
   CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
   *opened = true;
   absl::Status s = [&]() -> absl::Status {
-    if (resp.source() == v1::RESTORE_SOURCE_FILE || resp.shm_name().empty())
+    if (resp.source() == v1::RESTORE_SOURCE_FILE) {
+      SavedSource src;
+      src.path = resp.path();
+      src.fd = ::open(resp.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (src.fd < 0)
+        return ErrnoToStatus(errno,
+                             absl::StrCat("open shard file ", resp.path()));
+      struct stat st {};
+      absl::Status r;
+      if (::fstat(src.fd, &st) != 0)
+        r = ErrnoToStatus(errno, absl::StrCat("fstat ", resp.path()));
+      else if (!S_ISREG(st.st_mode) ||
+               static_cast<uint64_t>(st.st_size) != resp.image_bytes())
+        r = absl::DataLossError(absl::StrCat("shard file ", resp.path(), ": ",
+                                             st.st_size, " bytes, expected ",
+                                             resp.image_bytes()));
+      if (r.ok())
+        r = CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
+      ::close(src.fd);
+      return r;
+    }
+    if (resp.shm_name().empty())
       return absl::InternalError("OpenRestore: answered without a slot");
     std::shared_ptr<client::MappedArena> arena;
     {
@@ -250,8 +316,9 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
           "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
           resp.slot_offset(), " lies outside arena ", a.name(), " of ",
           a.size(), " bytes"));
-    return CopyRuns(resp, a.base() + resp.slot_offset(), saved_rank, saved,
-                    requested, reads, tensors);
+    SavedSource src;
+    src.image = a.base() + resp.slot_offset();
+    return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
   }();
   v1::CloseRestoreRequest close;
   close.set_job(options_.job);
@@ -266,7 +333,7 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
 }
 
 absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
-                                    const char* image, uint32_t saved_rank,
+                                    const SavedSource& src, uint32_t saved_rank,
                                     const storage::LayoutIndex& saved,
                                     const storage::LayoutIndex& requested,
                                     std::span<const storage::PlannedRead> reads,
@@ -294,6 +361,64 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
   };
   std::vector<DeviceRun> dma_runs;
   std::vector<int64_t> chunk_run;
+
+  // Copies and hashes what is gathered, then checks each piece's checksum.
+  auto flush = [&]() -> absl::Status {
+    absl::Status s;
+    std::unique_ptr<client::DeviceCopyBatch> dma;
+    for (const DeviceRun& r : dma_runs) {
+      if (!dma) dma = devices_->NewBatch();
+      s = dma->EnqueueToDevice(r.device, r.dst, r.src, r.bytes);
+      if (!s.ok()) break;
+    }
+    const size_t chunk_pieces = pieces.size();
+    std::vector<uint64_t> hashes;
+    if (s.ok()) {
+      pieces.insert(pieces.end(), extra.begin(), extra.end());
+      hashes.resize(pieces.size());
+      engine_.RunPieces(pieces, hashes);
+    }
+    if (dma) {
+      // Wait even after an enqueue error: the source is released next.
+      absl::Status w = dma->Wait();
+      if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
+    }
+    CKPT_RETURN_IF_ERROR(s);
+    const std::span<const uint64_t> chunk_hashes(hashes.data(), chunk_pieces);
+    for (const SavedPiece& u : used) {
+      const v1::TensorMeta& m = *u.meta;
+      if (!m.has_checksum()) continue;
+      const uint64_t sum = CombineChunkHashes(
+          chunk_hashes.subspan(u.first_chunk, ChecksumChunks(m.bytes())));
+      if (sum != m.checksum())
+        return absl::DataLossError(absl::StrFormat(
+            "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
+            "computed %016x)",
+            QuotePrefix(m.name()), saved_rank, m.checksum(), sum));
+    }
+    used.clear();
+    pieces.clear();
+    extra.clear();
+    dma_runs.clear();
+    return absl::OkStatus();
+  };
+  // A file is read a batch of whole pieces at a time into one buffer.
+  uint64_t buffer_bytes = 0, buffer_used = 0;
+  if (src.fd >= 0) {
+    uint64_t largest = 0, total = 0;
+    for (size_t i = 0; i < reads.size(); ++i)
+      if (i == 0 || reads[i].saved_piece != reads[i - 1].saved_piece) {
+        const storage::LayoutTensor& lt =
+            saved.tensors()[saved.piece_tensor(reads[i].saved_piece)];
+        uint64_t n = DTypeSize(lt.dtype);
+        for (uint32_t d = 0; d < lt.ndim; ++d)
+          n *= saved.piece_length(reads[i].saved_piece, d);
+        largest = std::max(largest, AlignUp(n));
+        total += AlignUp(n);
+      }
+    buffer_bytes = std::max(largest, std::min(total, kFileBatchBytes));
+    CKPT_RETURN_IF_ERROR(EnsureReshardBuffer(buffer_bytes));
+  }
   for (size_t i = 0; i < reads.size();) {
     const uint64_t sp = reads[i].saved_piece;
     const storage::LayoutTensor& lt = saved.tensors()[saved.piece_tensor(sp)];
@@ -330,7 +455,20 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
                        saved_rank, ": the shard has no such entry at offset ",
                        saved.piece_data_offset(sp),
                        " (the layout index and the shard ", "disagree)"));
-    const char* base = image + m->offset();
+    const char* base = nullptr;
+    if (src.fd < 0) {
+      base = src.image + m->offset();
+    } else {
+      if (buffer_used + m->bytes() > buffer_bytes) {
+        CKPT_RETURN_IF_ERROR(flush());
+        buffer_used = 0;
+      }
+      char* into = reshard_buffer_ + buffer_used;
+      CKPT_RETURN_IF_ERROR(
+          ReadFully(src.fd, into, m->bytes(), m->offset(), src.path));
+      buffer_used += AlignUp(m->bytes());
+      base = into;
+    }
     // Every run of this saved piece, in source order.
     runs.clear();
     device_runs.clear();
@@ -387,41 +525,7 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
     for (const Run& r : device_runs)
       dma_runs.push_back({base + r.src, r.dst, r.bytes, r.device});
   }
-  // Device runs by DMA while the engine copies and hashes the host parts
-  // with the chunks (their hashes are the chunks' only).
-  absl::Status s;
-  std::unique_ptr<client::DeviceCopyBatch> dma;
-  for (const DeviceRun& r : dma_runs) {
-    if (!dma) dma = devices_->NewBatch();
-    s = dma->EnqueueToDevice(r.device, r.dst, r.src, r.bytes);
-    if (!s.ok()) break;
-  }
-  const size_t chunk_pieces = pieces.size();
-  std::vector<uint64_t> hashes;
-  if (s.ok()) {
-    pieces.insert(pieces.end(), extra.begin(), extra.end());
-    hashes.resize(pieces.size());
-    engine_.RunPieces(pieces, hashes);
-  }
-  if (dma) {
-    // Wait even after an enqueue error: the slot's lease is closed next.
-    absl::Status w = dma->Wait();
-    if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
-  }
-  CKPT_RETURN_IF_ERROR(s);
-  const std::span<const uint64_t> chunk_hashes(hashes.data(), chunk_pieces);
-  for (const SavedPiece& u : used) {
-    const v1::TensorMeta& m = *u.meta;
-    if (!m.has_checksum()) continue;
-    const uint64_t sum = CombineChunkHashes(
-        chunk_hashes.subspan(u.first_chunk, ChecksumChunks(m.bytes())));
-    if (sum != m.checksum())
-      return absl::DataLossError(absl::StrFormat(
-          "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
-          "computed %016x)",
-          QuotePrefix(m.name()), saved_rank, m.checksum(), sum));
-  }
-  return absl::OkStatus();
+  return flush();
 }
 
 }  // namespace ckpt

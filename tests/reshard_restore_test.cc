@@ -290,6 +290,47 @@ TEST_F(ReshardRestoreTest, ARegionNoSavedPieceHoldsIsRefusedAndChangesNothing) {
   EXPECT_EQ(held, std::vector<float>(4, 1.0f));
 }
 
+// The C API's ckpt_restore_layout takes the same path: rank 1 of 3 asks
+// its rows band, and the saved layout it reports is the place filled.
+TEST_F(ReshardRestoreTest, CApiRestoresIntoAnotherLayout) {
+  Global g;
+  SaveStep("capi", g);
+  ckpt_options o;
+  ckpt_options_init(&o);
+  const std::string socket = daemon_->socket();
+  o.socket_path = socket.c_str();
+  o.job = "capi";
+  o.rank = 1;
+  o.world_size = 3;
+  ckpt_client* c = nullptr;
+  ASSERT_EQ(ckpt_connect(&o, &c), CKPT_OK) << ckpt_last_error();
+  auto [lo, hi] = Split(kRows, 3, 1);
+  std::vector<float> rows((hi - lo) * kCols, -1.0f);
+  const int64_t shape[] = {hi - lo, kCols}, global[] = {kRows, kCols},
+                offsets[] = {lo, 0};
+  const ckpt_tensor t[] = {{"rows", CKPT_FLOAT32, 2, shape, rows.data(), -1}};
+  const ckpt_tensor_layout l[] = {{global, offsets, nullptr}};
+  ckpt_saved_layout saved[1];
+  ASSERT_EQ(ckpt_restore_layout(c, 1, t, l, 1, saved), CKPT_OK)
+      << ckpt_last_error();
+  EXPECT_EQ(0, std::memcmp(rows.data(), g.rows.data() + lo * kCols,
+                           rows.size() * sizeof(float)));
+  EXPECT_EQ(saved[0].has_layout, 1);
+  EXPECT_EQ(saved[0].offsets[0], lo);
+  EXPECT_EQ(saved[0].global_shape[0], kRows);
+  // A place outside the global tensor: refused before any byte moves.
+  const int64_t outside[] = {kRows - 1, 0};
+  const ckpt_tensor_layout bad[] = {{global, outside, nullptr}};
+  std::fill(rows.begin(), rows.end(), -1.0f);
+  EXPECT_EQ(ckpt_restore_layout(c, 1, t, bad, 1, nullptr),
+            CKPT_INVALID_ARGUMENT)
+      << ckpt_last_error();
+  EXPECT_NE(std::string(ckpt_last_error()).find("exceed"), std::string::npos)
+      << ckpt_last_error();
+  EXPECT_EQ(rows, std::vector<float>(rows.size(), -1.0f));
+  ckpt_close(c);
+}
+
 // The step's index merges this daemon's ranks with the pieces other nodes'
 // manifests list (a shared root): ranks 0 and 1 saved here, ranks 2 and 3
 // described by a MANIFEST.nodeb beside them. Without it, or with a bad

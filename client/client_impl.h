@@ -120,8 +120,11 @@ class Client::Impl {
   void RunSave(SaveJob& job);
   // Copies the job's tensors into the slot at `slot`; fills checksums (host
   // tensors only).
+  // and each host tensor's chunk hashes (from (*chunk_first)[i] on).
   [[nodiscard]] absl::Status CopyIntoSlot(SaveJob& job, char* slot,
-                                          std::vector<uint64_t>* checksums);
+                                          std::vector<uint64_t>* checksums,
+                                          std::vector<uint64_t>* chunk_hashes,
+                                          std::vector<size_t>* chunk_first);
   void ReleaseCopyGate();
 
   // The registered arena, (re-)registering when it is missing or its slots

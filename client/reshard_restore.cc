@@ -82,6 +82,18 @@ Place PlaceOf(const Tensor& t, const v1::TensorMeta* own) {
 
 uint64_t AlignUp(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 
+// The save's chunk hashes of a piece are usable when there is one per
+// chunk and they combine into its checksum (so each one is as trusted as
+// the checksum). A piece of one chunk gains nothing from them.
+bool ChunkHashesUsable(const v1::TensorMeta& m) {
+  const uint64_t chunks = ChecksumChunks(m.bytes());
+  if (!m.has_checksum() || chunks < 2 ||
+      static_cast<uint64_t>(m.chunk_hashes_size()) != chunks)
+    return false;
+  return CombineChunkHashes(std::span<const uint64_t>(
+             m.chunk_hashes().data(), m.chunk_hashes_size())) == m.checksum();
+}
+
 // Reads `bytes` at `offset` of fd whole; an error names the path.
 absl::Status ReadFully(int fd, char* dst, uint64_t bytes, uint64_t offset,
                        const std::string& path) {
@@ -202,6 +214,23 @@ absl::Status Client::Impl::RestoreResharded(
               return ka != kb ? ka < kb : a.saved_piece < b.saved_piece;
             });
 
+  // Saved ranks this node's ckptd does not hold (only another node's
+  // manifest describes them) cannot be opened here: refused now, before
+  // any byte moves.
+  {
+    std::vector<bool> here(saved_ws, false);
+    for (uint32_t r : iresp.local_ranks()) here[r] = true;
+    std::vector<uint32_t> away;
+    for (const storage::PlannedRead& rd : reads) {
+      const uint32_t r = saved->piece_rank(rd.saved_piece);
+      if (!here[r] && (away.empty() || away.back() != r)) away.push_back(r);
+    }
+    if (!away.empty())
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": saved ranks [", absl::StrJoin(away, ", "),
+          "] hold pieces asked for, and this node's ckptd does not hold them "
+          "(another node's manifest describes them)"));
+  }
   // Every tensor is now known to be covered: from here on bytes move.
   std::vector<std::string> failed;
   for (size_t first = 0; first < reads.size();) {
@@ -348,8 +377,11 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
 
   struct SavedPiece {
     const v1::TensorMeta* meta = nullptr;
-    size_t first_chunk = 0;  // its chunk pieces in `pieces`
+    bool by_chunk = false;         // checked chunk by chunk (else whole)
+    size_t first = 0;              // its chunks' entries in `pieces`, from here
+    std::vector<uint64_t> chunks;  // which chunk each entry is
   };
+  std::vector<bool> touched;
   std::vector<SavedPiece> used;
   std::vector<client::CopyRegion> pieces, extra;
   std::vector<Run> runs, device_runs;
@@ -388,8 +420,20 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
     for (const SavedPiece& u : used) {
       const v1::TensorMeta& m = *u.meta;
       if (!m.has_checksum()) continue;
-      const uint64_t sum = CombineChunkHashes(
-          chunk_hashes.subspan(u.first_chunk, ChecksumChunks(m.bytes())));
+      const std::span<const uint64_t> got =
+          chunk_hashes.subspan(u.first, u.chunks.size());
+      if (u.by_chunk) {
+        for (size_t k = 0; k < got.size(); ++k) {
+          const uint64_t want = m.chunk_hashes(static_cast<int>(u.chunks[k]));
+          if (got[k] != want)
+            return absl::DataLossError(absl::StrFormat(
+                "tensor %s of saved rank %d: checksum mismatch in chunk %d "
+                "(stored %016x, computed %016x)",
+                QuotePrefix(m.name()), saved_rank, u.chunks[k], want, got[k]));
+        }
+        continue;
+      }
+      const uint64_t sum = CombineChunkHashes(got);
       if (sum != m.checksum())
         return absl::DataLossError(absl::StrFormat(
             "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
@@ -417,19 +461,23 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
         total += AlignUp(n);
       }
     buffer_bytes = std::max(largest, std::min(total, kFileBatchBytes));
-    // The kernel reads every piece ahead while earlier batches are copied
-    // and hashed (a hint: an error changes nothing).
-    for (size_t i = 0; i < reads.size(); ++i)
-      if (i == 0 || reads[i].saved_piece != reads[i - 1].saved_piece) {
-        const uint64_t sp = reads[i].saved_piece;
-        const storage::LayoutTensor& lt =
-            saved.tensors()[saved.piece_tensor(sp)];
-        uint64_t n = DTypeSize(lt.dtype);
-        for (uint32_t d = 0; d < lt.ndim; ++d) n *= saved.piece_length(sp, d);
-        (void)::posix_fadvise(src.fd,
-                              static_cast<off_t>(saved.piece_data_offset(sp)),
-                              static_cast<off_t>(n), POSIX_FADV_WILLNEED);
-      }
+    // The kernel reads the chunks each read needs ahead while earlier
+    // batches are copied and hashed (a hint: an error changes nothing).
+    for (const storage::PlannedRead& rd : reads) {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      storage::ForEachByteRun(saved, requested, rd,
+                              [&](uint64_t so, uint64_t, uint64_t len) {
+                                lo = std::min(lo, so);
+                                hi = std::max(hi, so + len);
+                              });
+      if (hi <= lo) continue;
+      lo = lo / kChecksumChunk * kChecksumChunk;
+      hi = (hi + kChecksumChunk - 1) / kChecksumChunk * kChecksumChunk;
+      (void)::posix_fadvise(
+          src.fd,
+          static_cast<off_t>(saved.piece_data_offset(rd.saved_piece) + lo),
+          static_cast<off_t>(hi - lo), POSIX_FADV_WILLNEED);
+    }
     CKPT_RETURN_IF_ERROR(EnsureReshardBuffer(buffer_bytes));
   }
   for (size_t i = 0; i < reads.size();) {
@@ -468,20 +516,6 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
                        saved_rank, ": the shard has no such entry at offset ",
                        saved.piece_data_offset(sp),
                        " (the layout index and the shard ", "disagree)"));
-    const char* base = nullptr;
-    if (src.fd < 0) {
-      base = src.image + m->offset();
-    } else {
-      if (buffer_used + m->bytes() > buffer_bytes) {
-        CKPT_RETURN_IF_ERROR(flush());
-        buffer_used = 0;
-      }
-      char* into = reshard_buffer_ + buffer_used;
-      CKPT_RETURN_IF_ERROR(
-          ReadFully(src.fd, into, m->bytes(), m->offset(), src.path));
-      buffer_used += AlignUp(m->bytes());
-      base = into;
-    }
     // Every run of this saved piece, in source order.
     runs.clear();
     device_runs.clear();
@@ -498,13 +532,54 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
     }
     std::sort(runs.begin(), runs.end(),
               [](const Run& a, const Run& b) { return a.src < b.src; });
-    // Chunks that lie whole inside a host run are copied and hashed in one
-    // pass; the others are hashed in place.
     const uint64_t bytes = m->bytes();
     const uint64_t chunks = ChecksumChunks(bytes);
     auto chunk_end = [&](uint64_t c) {
       return std::min(bytes, (c + 1) * kChecksumChunk);
     };
+    // With the save's chunk hashes (consistent with the piece's checksum),
+    // only the chunks a run touches are read and hashed, each against its
+    // own hash; without them, every chunk, against the checksum.
+    const bool by_chunk = ChunkHashesUsable(*m);
+    touched.assign(chunks, !by_chunk);
+    if (by_chunk) {
+      for (const Run& r : runs)
+        for (uint64_t c = r.src / kChecksumChunk;
+             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
+          touched[c] = true;
+      for (const Run& r : device_runs)
+        for (uint64_t c = r.src / kChecksumChunk;
+             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
+          touched[c] = true;
+    }
+    const char* base = nullptr;
+    if (src.fd < 0) {
+      base = src.image + m->offset();
+    } else {
+      if (buffer_used + bytes > buffer_bytes) {
+        CKPT_RETURN_IF_ERROR(flush());
+        buffer_used = 0;
+      }
+      char* into = reshard_buffer_ + buffer_used;
+      // The touched chunks, a stretch of consecutive ones per read.
+      for (uint64_t c = 0; c < chunks;) {
+        if (!touched[c]) {
+          ++c;
+          continue;
+        }
+        uint64_t e = c;
+        while (e < chunks && touched[e]) ++e;
+        const uint64_t off = c * kChecksumChunk;
+        CKPT_RETURN_IF_ERROR(ReadFully(src.fd, into + off,
+                                       chunk_end(e - 1) - off,
+                                       m->offset() + off, src.path));
+        c = e;
+      }
+      buffer_used += AlignUp(bytes);
+      base = into;
+    }
+    // Chunks that lie whole inside a host run are copied and hashed in one
+    // pass; the other touched ones are hashed in place.
     chunk_run.assign(chunks, -1);
     for (size_t k = 0; k < runs.size(); ++k) {
       const Run& r = runs[k];
@@ -512,8 +587,9 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
            c < chunks && chunk_end(c) <= r.src + r.bytes; ++c)
         if (chunk_run[c] < 0) chunk_run[c] = static_cast<int64_t>(k);
     }
-    used.push_back({m, pieces.size()});
+    SavedPiece u{m, by_chunk, pieces.size(), {}};
     for (uint64_t c = 0; c < chunks; ++c) {
+      if (!touched[c]) continue;
       const uint64_t off = c * kChecksumChunk;
       char* dst = nullptr;
       if (chunk_run[c] >= 0) {
@@ -521,7 +597,9 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
         dst = r.dst + (off - r.src);
       }
       pieces.push_back({base + off, dst, chunk_end(c) - off});
+      u.chunks.push_back(c);
     }
+    used.push_back(std::move(u));
     // What the fused chunks leave of each run: copied besides, each part
     // inside one chunk.
     for (size_t k = 0; k < runs.size(); ++k) {

@@ -4,6 +4,7 @@
 #include "ckpt/tensor.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
+#include "util/checksum.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -40,6 +41,22 @@ template <typename Req>
       return absl::InvalidArgumentError(
           absl::StrFormat("tensors[%d].shape: %d dims, at most %d allowed", i,
                           t.shape_size(), kMaxTensorDims));
+    // Chunk hashes: one per chunk, combining into the checksum, or none.
+    if (t.chunk_hashes_size() != 0) {
+      if (static_cast<uint64_t>(t.chunk_hashes_size()) !=
+              ChecksumChunks(t.bytes()) ||
+          !t.has_checksum())
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensors[%d].chunk_hashes: %d hashes, %d bytes have %d chunks%s", i,
+            t.chunk_hashes_size(), t.bytes(), ChecksumChunks(t.bytes()),
+            t.has_checksum() ? "" : " (and no checksum)"));
+      if (CombineChunkHashes(std::span<const uint64_t>(
+              t.chunk_hashes().data(), t.chunk_hashes_size())) != t.checksum())
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensors[%d].chunk_hashes: they do not combine into checksum "
+            "%016x",
+            i, t.checksum()));
+    }
     // Where the piece sits in its global tensor (doc/resharding.md): only
     // tensors that say so pay for the check.
     if (t.global_shape_size() != 0 || t.piece_offsets_size() != 0 ||

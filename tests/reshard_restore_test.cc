@@ -223,19 +223,30 @@ TEST_F(ReshardRestoreTest, AFlippedByteInASavedPieceIsCaughtAndNamed) {
       image.size());
   ASSERT_TRUE(info.ok()) << info.status();
   ASSERT_EQ(info->tensors[0].name, "rows");
-  const uint64_t at = info->tensors[0].offset + 12345;
+  // In chunk 2 (bytes [2 MiB, 3 MiB) of the 3 MB piece: rows 1274 to 1500).
+  const uint64_t at = info->tensors[0].offset + 2500000;
   f.seekp(static_cast<std::streamoff>(at));
   f.put(static_cast<char>(image[at] ^ 0x10));
   f.close();
   Restart();
-  // Rank 0 of 3 reads rows [750, 1000) from saved rank 1.
-  auto c = Connect("flip", 0, 3);
+  // Rank 0 of 3 reads rows [750, 1000) of saved rank 1: chunk 0 only, which
+  // verifies against its own hash, so the restore is good.
+  {
+    auto c = Connect("flip", 0, 3);
+    ASSERT_NE(c, nullptr);
+    RankState s = Asked(3, 0);
+    absl::Status st = c->Restore(1, s.tensors);
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectAsked(g, s, 3, 0, "beside a flipped chunk");
+  }
+  // Rank 1 of 3 reads rows [1000, 2000): chunk 2 of saved rank 1 too.
+  auto c = Connect("flip", 1, 3);
   ASSERT_NE(c, nullptr);
-  RankState s = Asked(3, 0);
+  RankState s = Asked(3, 1);
   absl::Status st = c->Restore(1, s.tensors);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("tensor \"rows\" of saved rank 1: checksum "
-                              "mismatch"),
+                              "mismatch in chunk 2"),
             std::string::npos)
       << st;
   EXPECT_NE(st.message().find("partly written"), std::string::npos) << st;
@@ -248,12 +259,20 @@ TEST_F(ReshardRestoreTest, ARegionNoSavedPieceHoldsIsRefusedAndChangesNothing) {
     auto c = Connect("gap", r, kSaved);
     ASSERT_NE(c, nullptr);
     rows[r].assign(4, static_cast<float>(r));
+    // And a whole tensor of its own, another shape on every rank (a
+    // per-rank state): no global tensor, left out of the index.
     std::vector<Tensor> t = {{"gappy",
                               DType::kFloat32,
                               {1, 4},
                               rows[r].data(),
                               Device::Host(),
-                              TensorLayout{{8, 4}, {2 * r, 0}, ""}}};
+                              TensorLayout{{8, 4}, {2 * r, 0}, ""}},
+                             {"own",
+                              DType::kFloat32,
+                              {r + 1},
+                              rows[r].data(),
+                              Device::Host(),
+                              std::nullopt}};
     ASSERT_TRUE(c->Save(1, t).ok());
   }
   // Rank 0 of 2 asks rows [0, 4) and a row that exists: both untouched.
@@ -418,6 +437,26 @@ TEST_F(ReshardRestoreTest,
                            hi_row - lo_row, ", ", kCols, "]"));
   }
   EXPECT_EQ(index->tensors()[index->FindTensor("whole")].num_pieces, 4u);
+  // A restore that needs ranks 2 and 3 cannot open them through this ckptd:
+  // refused naming them, and nothing is written.
+  {
+    auto c = Connect("merged", 0, 1);
+    ASSERT_NE(c, nullptr);
+    std::vector<float> rows(kRows * kCols, -1.0f);
+    std::vector<Tensor> t = {{"rows",
+                              DType::kFloat32,
+                              {kRows, kCols},
+                              rows.data(),
+                              Device::Host(),
+                              std::nullopt}};
+    absl::Status st = c->Restore(1, t);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("saved ranks [2, 3] hold pieces asked for, "
+                                "and this node's ckptd does not hold them"),
+              std::string::npos)
+        << st;
+    EXPECT_EQ(rows, std::vector<float>(kRows * kCols, -1.0f));
+  }
 
   // A manifest that does not parse is named, not skipped.
   ASSERT_TRUE((*local)

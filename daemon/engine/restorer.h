@@ -42,7 +42,9 @@ class Restorer {
   // root, a shared root in a cluster, then the object tier), merged into
   // one index of the saved world size. Every manifest and index read is
   // validated; a rank no source describes is FailedPrecondition naming
-  // the ranks. Reads storage with the lock released.
+  // the ranks. A whole tensor (no layout) that ranks here saved with other
+  // dtypes or shapes (a per-rank skeleton) is left out. Reads storage with
+  // the lock released.
   [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(
       const PeerCreds& peer, const v1::LayoutIndexRequest& req);
   // See Engine::Prefetch.

@@ -1,6 +1,9 @@
 // LayoutIndex: the step's layout index for a restore into another layout
 // (doc/resharding.md). See restorer.h.
 #include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -92,6 +95,33 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   if (world_size == 0)
     return absl::FailedPreconditionError(
         absl::StrCat("job '", req.job(), "' has world_size 0"));
+  // A whole tensor (no layout) that ranks saved with other dtypes or
+  // shapes is each rank's own (a skeleton, an RNG state): no global tensor
+  // to reshard, so left out of the index instead of failing it.
+  {
+    struct Seen {
+      uint32_t dtype;
+      std::vector<uint64_t> shape;
+      bool conflict = false;
+    };
+    std::map<std::string, Seen> whole;
+    for (const auto& rank : metas)
+      for (const v1::TensorMeta& m : rank) {
+        if (m.global_shape_size() != 0 || !m.global_name().empty()) continue;
+        std::vector<uint64_t> shape(m.shape().begin(), m.shape().end());
+        auto [it, added] = whole.try_emplace(m.name(), Seen{m.dtype(), shape});
+        if (!added &&
+            (it->second.dtype != m.dtype() || it->second.shape != shape))
+          it->second.conflict = true;
+      }
+    for (auto& rank : metas)
+      std::erase_if(rank, [&](const v1::TensorMeta& m) {
+        if (m.global_shape_size() != 0 || !m.global_name().empty())
+          return false;
+        auto it = whole.find(m.name());
+        return it != whole.end() && it->second.conflict;
+      });
+  }
   storage::LayoutIndexBuilder b(world_size);
   v1::LayoutIndexResponse resp;
   resp.set_world_size(world_size);

@@ -232,7 +232,6 @@ absl::Status Client::Impl::RestoreResharded(
           "(another node's manifest describes them)"));
   }
   // Every tensor is now known to be covered: from here on bytes move.
-  std::vector<std::string> failed;
   for (size_t first = 0; first < reads.size();) {
     const uint32_t r = saved->piece_rank(reads[first].saved_piece);
     size_t end = first;

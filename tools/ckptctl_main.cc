@@ -1,5 +1,6 @@
-// ckptctl: lists, inspects, verifies, restores, exports (safetensors) and
-// deletes checkpoints, on a directory or an object store (s3://);
+// ckptctl: lists, inspects, verifies, restores, exports (safetensors),
+// reshards (another world size) and deletes checkpoints, on a directory or
+// an object store (s3://);
 // shows and steers multi-node jobs through the coordinator (cluster,
 // rollback, events with --coordinator HOST:PORT).
 //
@@ -131,12 +132,37 @@ int main(int argc, char** argv) {
           "file (verified shard copy) or directory/ (one file per tensor)")
       ->required();
 
-  std::string format = "safetensors";
+  ckpt::tools::ExportArgs export_args;
   CLI::App* exp = app.add_subcommand(
-      "export", "a shard as a safetensors file, verifying checksums");
+      "export",
+      "a step's global tensors (no --rank) or one shard as a safetensors "
+      "file, verifying checksums");
   AddShardSelector(exp, &sel, &sel_step, &sel_rank);
-  exp->add_option("--format", format, "output format (safetensors)");
-  exp->add_option("--out", out, "the file to write")->required();
+  exp->add_option("--format", export_args.format,
+                  "output format (safetensors)");
+  exp->add_option("--out", export_args.out, "the file to write")->required();
+  exp->add_flag("--force", export_args.force, "replace an existing --out");
+
+  ckpt::tools::ReshardArgs reshard_args;
+  CLI::App* reshard = app.add_subcommand(
+      "reshard",
+      "write a step as a checkpoint of another world size into a new root");
+  reshard
+      ->add_option("--root", reshard_args.root,
+                   "checkpoint root: a directory, or s3://BUCKET/PREFIX")
+      ->required();
+  reshard->add_option("--job", reshard_args.job, "job name")->required();
+  reshard->add_option("--step", reshard_args.step, "step number")->required();
+  reshard
+      ->add_option("--world-size", reshard_args.world_size,
+                   "ranks of the new checkpoint")
+      ->required();
+  reshard
+      ->add_option("--out", reshard_args.out,
+                   "the new root (a directory that must not exist)")
+      ->required();
+  reshard->add_option("--uid", reshard_args.uid,
+                      "the job's owner in the new root (default: yours)");
 
   CLI::App* cluster = app.add_subcommand(
       "cluster", "the coordinator's nodes, jobs and recent events");
@@ -184,10 +210,10 @@ int main(int argc, char** argv) {
   uncordon->add_option("NODE", cordon_node, "node id")->required();
 
   for (CLI::App* cmd :
-       {list, status, del, inspect, verify, restore, exp, cluster, rollback,
-        events, stacks, health, cordon, uncordon})
+       {list, status, del, inspect, verify, restore, exp, reshard, cluster,
+        rollback, events, stacks, health, cordon, uncordon})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
-  for (CLI::App* cmd : {verify, restore, exp})
+  for (CLI::App* cmd : {verify, restore, exp, reshard})
     cmd->add_flag("--progress", progress,
                   "draw progress on stderr even when it is not a terminal");
 
@@ -258,7 +284,11 @@ int main(int argc, char** argv) {
     return Finish("verify", ckpt::tools::RunVerify(vopts, json));
   if (restore->parsed())
     return Finish("restore", ckpt::tools::RunRestore(sel, out, json));
-  if (exp->parsed())
-    return Finish("export", ckpt::tools::RunExport(sel, out, format, json));
+  if (exp->parsed()) {
+    export_args.sel = sel;
+    return Finish("export", ckpt::tools::RunExport(export_args, json));
+  }
+  if (reshard->parsed())
+    return Finish("reshard", ckpt::tools::RunReshard(reshard_args, json));
   return 2;
 }

@@ -124,11 +124,38 @@ struct VerifyOptions {
 [[nodiscard]] absl::Status RunRestore(const ShardSelector& sel,
                                       const std::string& out, bool json);
 
-// One shard as a safetensors file at out (format: "safetensors"), every
-// tensor verified on the way; nothing is left at out on failure.
-[[nodiscard]] absl::Status RunExport(const ShardSelector& sel,
-                                     const std::string& out,
-                                     const std::string& format, bool json);
+// A safetensors file at out (format: "safetensors"), every tensor verified
+// on the way; nothing is left at out on failure, and an existing out is
+// refused unless force. sel names one shard (FILE, or root, job, step and
+// rank), or a whole step (root, job and step, no rank): then the step's
+// global tensors, each assembled from its pieces on every rank
+// (tools/step_source.h), under its global name.
+struct ExportArgs {
+  ShardSelector sel;
+  std::string out;
+  std::string format = "safetensors";
+  bool force = false;
+};
+[[nodiscard]] absl::Status RunExport(const ExportArgs& args, bool json);
+
+// ckptctl reshard (ctl_reshard.cc): step `step` of `job` under `root`
+// (complete, every shard verified) written as a checkpoint of world_size
+// ranks into the new root `out` (one-node layout: shards, MANIFEST with
+// its layout index, and the catalog a ckptd started on `out` recovers the
+// step from). A tensor saved in pieces is split evenly along its split
+// dimension as torch.chunk splits it; a whole tensor goes to every rank.
+// `out` must not exist; nothing is left there on failure.
+struct ReshardArgs {
+  std::string root;
+  std::string job;
+  std::optional<uint64_t> step;
+  uint32_t world_size = 0;
+  std::string out;
+  // The job's owner in the new root (its trainers' uid; the shard files
+  // are chowned to it, which needs the right to); default: the caller's.
+  std::optional<uint32_t> uid;
+};
+[[nodiscard]] absl::Status RunReshard(const ReshardArgs& args, bool json);
 
 }  // namespace ckpt::tools
 

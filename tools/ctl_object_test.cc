@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "storage/backend.h"
 #include "storage/keys.h"
+#include "storage/manifest.h"
 #include "storage/object_backend.h"
 #include "storage/shard_testing.h"
 #include "tests/s3_server.h"
@@ -186,6 +187,85 @@ TEST_F(CkptctlObjectTest, ExportSafetensorsHeaderAndBytesMatchTheShard) {
             " --out " + file2);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(ReadFile(file2), st);
+}
+
+// A whole step on the object store: rank r holds rows [3r, 3r + 3) of a
+// global "w" [6, 4]. export assembles it; reshard writes it at 3 ranks
+// into a local root, whose export is the same tensor.
+TEST_F(CkptctlObjectTest, ExportAndReshardAStepFromAnObjectStoreRoot) {
+  storage::v1::NodeManifest m;
+  m.set_job("job-s");
+  m.set_step(5);
+  m.set_world_size(2);
+  std::string global;
+  for (uint32_t r = 0; r < 2; ++r) {
+    storage::Shard shard = storage::MakeShard(
+        {{3, 4}}, 20 + r,
+        r == 0 ? +[](storage::ShardInfo& i) {
+          i.tensors[0].global_shape = {6, 4};
+          i.tensors[0].piece_offsets = {0, 0};
+          i.tensors[0].name = "w";
+        }
+               : +[](storage::ShardInfo& i) {
+                   i.tensors[0].global_shape = {6, 4};
+                   i.tensors[0].piece_offsets = {3, 0};
+                   i.tensors[0].name = "w";
+                 });
+    shard.info.job = "job-s";
+    shard.info.step = 5;
+    shard.info.rank = r;
+    shard.info.world_size = 2;
+    ASSERT_TRUE(storage::EncodeShardMetadata(shard.info, shard.image).ok());
+    const std::string key = storage::ShardKey("job-s", 5, r);
+    ASSERT_TRUE(backend_
+                    ->PutSmallObject(key, std::string_view(shard.image.data(),
+                                                           shard.image.size()))
+                    .ok());
+    const storage::ShardTensor& t = shard.info.tensors[0];
+    global.append(shard.image.data() + t.offset, t.bytes);
+    auto* s = m.add_shards();
+    s->set_rank(r);
+    s->set_key(key);
+    s->set_bytes(shard.image.size());
+    s->set_tensors(1);
+    s->set_checksums_digest(
+        storage::DigestHex(storage::ChecksumsDigest(shard.info)));
+  }
+  ASSERT_TRUE(storage::WriteNodeManifest(*backend_, m).ok());
+
+  // The data section of a one-tensor safetensors file.
+  auto tensor_of = [](const std::string& file) {
+    const std::string st = ReadFile(file);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(st[i]);
+    boost::property_tree::ptree header;
+    std::istringstream in(st.substr(8, n));
+    boost::property_tree::read_json(in, header);
+    EXPECT_EQ(header.get<std::string>("w.dtype"), "F32");
+    return st.substr(8 + n);
+  };
+  const std::string step = " --job job-s --step 5";
+  const std::string file = out_.path() + "/step.safetensors";
+  ShellRun r = Shell(std::string(CKPTCTL_PATH) + " export --root " + kRoot +
+                         step + " --out " + file,
+                     /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(tensor_of(file) == global);
+
+  const std::string root3 = out_.path() + "/root3";
+  r = Shell(std::string(CKPTCTL_PATH) + " reshard --root " + kRoot + step +
+                " --world-size 3 --out " + root3,
+            /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(
+      Shell(std::string(CKPTCTL_PATH) + " verify --root " + root3).exit_code,
+      0);
+  const std::string file3 = out_.path() + "/step3.safetensors";
+  r = Shell(std::string(CKPTCTL_PATH) + " export --root " + root3 + step +
+                " --out " + file3,
+            /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(tensor_of(file3) == global);
 }
 
 TEST_F(CkptctlObjectTest, AwsCliListsOurObjectsAndItsDownloadVerifies) {

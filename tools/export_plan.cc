@@ -24,6 +24,8 @@ constexpr int64_t kHeaderVersion = 1;
 // Python's unflatten() refuses deeper skeletons too.
 constexpr int kMaxDepth = 200;
 
+}  // namespace
+
 const char* SafetensorsDType(DType d) {
   switch (d) {
     case DType::kFloat32:
@@ -49,6 +51,8 @@ const char* SafetensorsDType(DType d) {
   }
   return nullptr;
 }
+
+namespace {
 
 // A torch dtype (the skeleton's name) that safetensors also has. ckpt.torch
 // stores the ones libckpt lacks as raw bytes (uint8); their export is in

@@ -40,6 +40,10 @@ struct ExportPlan {
   std::vector<std::pair<std::string, std::string>> metadata;
 };
 
+// safetensors' name of a dtype ("F32", "BF16", ...), or nullptr when it
+// has none.
+const char* SafetensorsDType(DType dtype);
+
 // Reads a ckpt.torch shard's header and skeleton (checksums verified) to
 // name its tensors; any other shard's plan names each tensor as it is. A
 // key that two tensors share, or "__metadata__", is InvalidArgument.

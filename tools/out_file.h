@@ -1,11 +1,14 @@
 // An output file of the tools, written in full, fsynced and renamed into
 // place on Close ("<path>.partial.<pid>" until then); removed if destroyed
 // before, so a failed restore or export never leaves a half file under the
-// name asked for. Errors name the path. Header-only; not thread-safe.
+// name asked for. Close(replace = false) never replaces a file that
+// appeared at the path meanwhile (AlreadyExists). Errors name the path.
+// Header-only; not thread-safe.
 #ifndef CKPT_TOOLS_OUT_FILE_H_
 #define CKPT_TOOLS_OUT_FILE_H_
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,13 +56,16 @@ class OutFile {
   [[nodiscard]] absl::Status Write(const char* data, uint64_t len) {
     return WriteAll(fd_, data, len, tmp_);
   }
-  [[nodiscard]] absl::Status Close() {
+  [[nodiscard]] absl::Status Close(bool replace = true) {
     absl::Status s;
     if (::fsync(fd_) != 0) s = ErrnoToStatus(errno, "fsync " + tmp_);
     ::close(fd_);
     fd_ = -1;
-    if (s.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0)
-      s = ErrnoToStatus(errno, "rename to " + path_);
+    if (s.ok() && ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, path_.c_str(),
+                              replace ? 0 : RENAME_NOREPLACE) != 0)
+      s = errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat(
+                                path_, ": exists (it appeared meanwhile)"))
+                          : ErrnoToStatus(errno, "rename to " + path_);
     if (!s.ok()) ::unlink(tmp_.c_str());
     return s;
   }

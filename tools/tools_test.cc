@@ -429,6 +429,86 @@ TEST_F(ClusterRootTest, ListRootShowsStampsAndFlagsAManifestOlderThanItsPast) {
       << g.out;
 }
 
+// A step read whole (export, reshard) from a cluster root goes by
+// MANIFEST.global; its ranks' whole tensors of one name are replicas only
+// if they hold the same bytes. Here every rank's are random: refused,
+// naming the tensor and the ranks, and nothing is written.
+TEST_F(ClusterRootTest, ExportOfAStepRefusesWholeTensorsThatDifferByRank) {
+  const std::string out = dir_.path() + "/step.safetensors";
+  CtlRun r = ::ckpt::testing::RunCommand(
+      absl::StrFormat("%s export --root %s --job job-c --step %d --out %s",
+                      CKPTCTL_PATH, dir_.path(), kStep, out),
+      /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("tensor \"layer0.weight\": ranks 0 and 1 both hold "
+                       "offsets [0, 0] lengths [64, 256] with other bytes"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::ifstream(out).good());
+}
+
+// A node manifest whose layout index is not the one its shards' layouts
+// make is damaged: export refuses it, naming the manifest.
+TEST(CkptctlLayoutTest, ExportRefusesAManifestWhoseLayoutIndexDisagrees) {
+  ::ckpt::testing::TempDir dir;
+  storage::LocalBackendOptions o;
+  o.root = dir.path();
+  auto backend = storage::NewLocalBackend(o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  storage::v1::NodeManifest m;
+  m.set_job("job-a");
+  m.set_step(42);
+  m.set_world_size(2);
+  storage::LayoutIndexBuilder b(2);
+  const uint64_t global[] = {6, 4};
+  auto w = b.AddTensor("layer0.weight", DType::kFloat32, global);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::string expected;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    storage::Shard shard = storage::MakeShard(
+        {{3, 4}}, 5 + rank,
+        rank == 0 ? +[](storage::ShardInfo& i) {
+          i.tensors[0].global_shape = {6, 4};
+          i.tensors[0].piece_offsets = {0, 0};
+        }
+                  : +[](storage::ShardInfo& i) {
+                      i.tensors[0].global_shape = {6, 4};
+                      i.tensors[0].piece_offsets = {3, 0};
+                    });
+    shard.info.rank = rank;
+    shard.info.world_size = 2;
+    ASSERT_TRUE(storage::EncodeShardMetadata(shard.info, shard.image).ok());
+    const std::string key = storage::ShardKey("job-a", 42, rank);
+    ASSERT_TRUE((*backend)
+                    ->PutSmallObject(key, std::string_view(shard.image.data(),
+                                                           shard.image.size()))
+                    .ok());
+    auto* s = m.add_shards();
+    s->set_rank(rank);
+    s->set_key(key);
+    s->set_bytes(shard.image.size());
+    // The index says rank 1 holds rows [2, 5): not what its shard says.
+    const uint64_t off[] = {rank == 0 ? 0u : 2u, 0}, len[] = {3, 4};
+    ASSERT_TRUE(
+        b.AddPiece(*w, rank, shard.info.tensors[0].offset, off, len).ok());
+  }
+  auto index = std::move(b).Finish();
+  ASSERT_TRUE(index.ok()) << index.status();
+  m.set_layout_index(storage::SerializeLayoutIndex(*index));
+  ASSERT_TRUE(storage::WriteNodeManifest(**backend, m).ok());
+  CtlRun r = ::ckpt::testing::RunCommand(
+      absl::StrFormat("%s export --root %s --job job-a --step 42 --out %s/x",
+                      CKPTCTL_PATH, dir.path(), dir.path()),
+      /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find(storage::ManifestKey("job-a", 42) +
+                       ": layout_index does not match the layouts its "
+                       "shards record"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::ifstream(dir.path() + "/x").good());
+}
+
 // After a prefetch two nodes may hold a copy of one rank: --node picks one.
 TEST_F(ClusterRootTest, InspectAsksForNodeWhenTwoNodesWroteTheRank) {
   const storage::Shard& shard = shards_[2];

@@ -24,9 +24,12 @@ try:
 except ImportError:  # the CTest still reports the reason
     raise unittest.SkipTest("torch is not installed for %s" % sys.executable)
 
+import ckpt.torch
 from ckpt import _client
 from ckpt.torch import _tensors
-from tests.daemon_case import DaemonTestCase, bits, shard_path
+from tests.cluster_procs import wait_for
+from tests.daemon_case import (DaemonTestCase, bits, random_tensor,
+                               same_bits, shard_path)
 
 try:
     import safetensors.torch as st_torch
@@ -154,6 +157,49 @@ class ExportTest(DaemonTestCase):
         self.assertTrue(torch.equal(tensors["layer/b"], b))
         self.assertNotIn("%ckpt/skeleton", metadata)
         self.assertEqual(metadata["job"], job)
+
+    def test_a_sharded_step_exports_its_global_tensors_by_state_dict_key(self):
+        """Two ranks of one job save rows [0, 3) and [3, 6) of model.w as
+        ckpt.torch Pieces, and each the same model.b: `ckptctl export
+        --root --job --step` (no --rank) writes model.w whole and model.b
+        once, under their state_dict keys, bit-exact."""
+        job = self.new_job()
+        w = random_tensor(torch.float32, (6, 4), torch.Generator().manual_seed(5))
+        b = torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16)
+        ranks = []
+        for rank in range(2):
+            c = ckpt.torch.Checkpointer(job=job, socket=self.daemon.socket,
+                                        rank=rank, world_size=2)
+            self.addCleanup(c.close)
+            ranks.append(c)
+            piece = ckpt.torch.Piece(w[3 * rank:3 * rank + 3].clone(),
+                                     (6, 4), (3 * rank, 0))
+            c.save(5, {"model": {"w": piece, "b": b.clone()}, "step": 5})
+        for c in ranks:
+            c.wait_durable(5)
+        manifest = os.path.join(self.daemon.root, job, "step-%020d" % 5,
+                                "MANIFEST")
+        wait_for(lambda: os.path.exists(manifest), 60, manifest)
+        out = os.path.join(self.tmp, "%s-step.safetensors" % job)
+        r = subprocess.run(
+            [os.environ.get("CKPTCTL_BINARY", "ckptctl"), "export", "--root",
+             self.daemon.root, "--job", job, "--step", "5", "--out", out],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        tensors, metadata = read_safetensors(out)
+        self.assertEqual(sorted(tensors), ["model.b", "model.w"])
+        self.assertTrue(same_bits(tensors["model.w"], w))
+        self.assertTrue(same_bits(tensors["model.b"], b))
+        self.assertEqual(metadata["world_size"], "2")
+        # reshard does not rewrite ckpt.torch's per-rank skeletons: refused.
+        r = subprocess.run(
+            [os.environ.get("CKPTCTL_BINARY", "ckptctl"), "reshard", "--root",
+             self.daemon.root, "--job", job, "--step", "5", "--world-size",
+             "3", "--out", os.path.join(self.tmp, job + "-3")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("was saved by ckpt.torch", r.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, job + "-3")))
 
 
 if __name__ == "__main__":

@@ -3,19 +3,22 @@
 // global tensors at places this rank did not save. The client gets the
 // step's layout index from its ckptd (LayoutIndex), plans with the
 // planner (own rank first, then the saved ranks this node holds), opens
-// each saved rank it needs once (OpenRestore with saved_rank: the daemon
-// serves it from memory, disk or the object tier into a slot), and copies
-// the byte runs from the slot straight into the tensors.
+// each saved rank it needs once, one at a time (OpenRestore with
+// saved_rank: the daemon serves it from memory, or loads it from disk or
+// the object tier into a slot, or names the file this process may read),
+// and copies the byte runs from the slot (or the chunks read from the
+// file) straight into the tensors.
 //
-// Verification: a shard records one checksum per tensor (XXH3 of its
-// 1 MiB chunk hashes), so a range is verified by hashing every chunk of
-// each saved piece a read touches, once per restore. Chunks that lie whole
-// inside one run to a host tensor are copied and hashed in one pass
-// (CopyAndHash, as a same-layout restore does); the others (the piece's
-// bytes no read wants, the chunks at a run's ends, runs to a device) are
-// hashed in place and their runs copied besides. A piece whose checksum
-// differs is reported as a bad copy (the daemon checks it and serves the
-// next copy of that saved rank, whose runs are then copied again).
+// Verification: a tensor's checksum is XXH3 of its 1 MiB chunk hashes.
+// When the save's chunk hashes came with the index entry and combine into
+// the checksum, only the chunks a run touches are read and hashed, each
+// against its own hash; otherwise every chunk of the piece, against the
+// checksum. Chunks that lie whole inside one run to a host tensor are
+// copied and hashed in one pass (CopyAndHash, as a same-layout restore
+// does); the other hashed chunks are hashed in place and their runs copied
+// besides. A piece that fails is reported as a bad copy (the daemon checks
+// it and serves the next copy of that saved rank, whose runs are then
+// copied again).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

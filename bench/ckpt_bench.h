@@ -28,4 +28,10 @@ struct Options {
 // fills *r with medians and spreads, and cleans up.
 absl::Status RunBench(const Options& o, Results* r);
 
+// ckpt_bench --reshard N:M (bench/reshard_restore_bench.cc): N ranks save
+// o.bytes row-sharded; a restore at M ranks against one at N ranks, from
+// memory and from disk. *out: a table, or JSON with o.json.
+absl::Status RunReshardBench(const Options& o, int saved, int restored,
+                             std::string* out);
+
 }  // namespace ckpt::bench

@@ -38,7 +38,31 @@ int main(int argc, char** argv) {
   app.add_option(
       "--object-url", o.object_url,
       "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
+  std::string reshard;
+  app.add_option("--reshard", reshard,
+                 "N:M: only the resharding figures: N ranks save --bytes "
+                 "row-sharded, M ranks restore (reshard_restore_s) against N "
+                 "ranks (same_layout_restore_s), from memory and disk");
   CLI11_PARSE(app, argc, argv);
+  if (!reshard.empty()) {
+    int n = 0, m = 0;
+    char end = 0;
+    if (std::sscanf(reshard.c_str(), "%d:%d%c", &n, &m, &end) != 2 || n < 1 ||
+        m < 1 || n > 4096 || m > 4096) {
+      std::fprintf(stderr, "ckpt_bench: --reshard: \"%s\" is not N:M\n",
+                   reshard.c_str());
+      return 2;
+    }
+    std::string out;
+    absl::Status rs = ckpt::bench::RunReshardBench(o, n, m, &out);
+    if (!out.empty()) std::printf("%s\n", out.c_str());
+    if (!rs.ok()) {
+      std::fprintf(stderr, "ckpt_bench: %s\n",
+                   std::string(rs.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
 
   ckpt::bench::Results r;
   absl::Status s;

@@ -1,4 +1,5 @@
 // Client, SaveHandle and the arena bookkeeping of Client::Impl.
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -205,6 +206,8 @@ Client::Impl::~Impl() {
   }
   queue_cv_.notify_all();
   saver_.join();
+  if (reshard_buffer_ != nullptr)
+    ::munmap(reshard_buffer_, reshard_buffer_bytes_);
 }
 
 absl::Status Client::Impl::Start() {

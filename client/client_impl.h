@@ -33,6 +33,8 @@
 #include "client/file_restore.h"
 #include "client/progress_beacon.h"
 #include "shm/arena.h"
+#include "storage/layout.h"
+#include "storage/reshard_plan.h"
 #include "storage/shard_format.h"
 
 namespace ckpt {
@@ -66,6 +68,11 @@ struct MappedArena {
   ino_t ino = 0;
   DeviceCopier* pinned_by = nullptr;  // set once the slots are page-locked
 };
+
+// Ends the error of a restore into another layout that failed after bytes
+// moved: the tensors are not restored and hold a mix.
+inline constexpr char kPartlyWritten[] =
+    "(the requested tensors are partly written; none of them is restored)";
 
 }  // namespace client
 
@@ -113,8 +120,11 @@ class Client::Impl {
   void RunSave(SaveJob& job);
   // Copies the job's tensors into the slot at `slot`; fills checksums (host
   // tensors only).
+  // and each host tensor's chunk hashes (from (*chunk_first)[i] on).
   [[nodiscard]] absl::Status CopyIntoSlot(SaveJob& job, char* slot,
-                                          std::vector<uint64_t>* checksums);
+                                          std::vector<uint64_t>* checksums,
+                                          std::vector<uint64_t>* chunk_hashes,
+                                          std::vector<size_t>* chunk_first);
   void ReleaseCopyGate();
 
   // The registered arena, (re-)registering when it is missing or its slots
@@ -128,10 +138,18 @@ class Client::Impl {
               uint64_t slots_offset);
   // One OpenRestore and the copy it names; a copy failing verification is
   // reported bad (DataLoss returned). *opened: the daemon offered a copy.
+  // *own_metas (may be null) receives the shard's index when the copy
+  // does not serve the request as asked (Reshardable).
   [[nodiscard]] absl::Status RestoreOneCopy(
       int64_t step, std::span<const Tensor> tensors,
       std::optional<uint32_t> saved_rank, bool* opened,
-      std::vector<std::optional<TensorLayout>>* layouts);
+      std::vector<std::optional<TensorLayout>>* layouts,
+      std::vector<v1::TensorMeta>* own_metas = nullptr);
+  // Whether a restore's failure says "not what this rank saved" (a name
+  // not in its shard, a tensor at another place, or, before any copy was
+  // opened, a rank or step the daemon does not have for this rank), so
+  // that a restore into another layout may serve it.
+  static bool Reshardable(const absl::Status& s, bool opened);
   // Restores from the arena slot the daemon leased; closes the lease (and
   // reports the copy bad when it fails verification).
   // `lease_rank`: the rank the lease names (a saved rank's, or this one's).
@@ -142,6 +160,40 @@ class Client::Impl {
                                            const char* image,
                                            std::span<const Tensor> tensors);
 
+  // Restore into another layout (reshard_restore.cc): the step's layout
+  // index from the daemon, the planner's reads, each saved rank opened in
+  // turn and its byte runs copied into the tensors, every saved piece a
+  // read touches verified. `own_metas`: this rank's saved index, when it
+  // was read (a tensor asked by a piece name without a layout keeps that
+  // piece's place).
+  [[nodiscard]] absl::Status RestoreResharded(
+      int64_t step, std::span<const Tensor> tensors,
+      std::span<const v1::TensorMeta> own_metas,
+      std::vector<std::optional<TensorLayout>>* layouts);
+  // One saved rank's reads: opens it (OpenRestore saved_rank, a slot),
+  // copies and verifies, closes (reporting a bad copy).
+  [[nodiscard]] absl::Status RestoreSavedRankRuns(
+      int64_t step, uint32_t saved_rank, const storage::LayoutIndex& saved,
+      const storage::LayoutIndex& requested,
+      std::span<const storage::PlannedRead> reads,
+      std::span<const Tensor> tensors, bool* opened);
+  // Where a saved rank's bytes are: its image in a slot, or its shard
+  // file (read a batch of whole pieces at a time).
+  struct SavedSource {
+    const char* image = nullptr;
+    int fd = -1;
+    std::string path;
+  };
+  static constexpr uint64_t kFileBatchBytes = 64ull << 20;
+  // Copies the reads' runs out of src and verifies every saved piece they
+  // touch (DataLoss naming the tensor and the saved rank).
+  [[nodiscard]] absl::Status CopyRuns(
+      const v1::OpenRestoreResponse& resp, const SavedSource& src,
+      uint32_t saved_rank, const storage::LayoutIndex& saved,
+      const storage::LayoutIndex& requested,
+      std::span<const storage::PlannedRead> reads,
+      std::span<const Tensor> tensors);
+
   const ClientOptions options_;
   const std::unique_ptr<client::DaemonStub> stub_;
   client::CopyEngine engine_;
@@ -149,6 +201,13 @@ class Client::Impl {
   std::unique_ptr<client::FileRestorer> file_restorer_;  // source FILE
 
   client::ProgressBeacon beacon_;
+  // The file batches of a restore into another layout (restores run one
+  // at a time per reshard: guarded by reshard_mu_).
+  [[nodiscard]] absl::Status EnsureReshardBuffer(uint64_t bytes);
+  std::mutex reshard_mu_;
+  char* reshard_buffer_ = nullptr;
+  uint64_t reshard_buffer_bytes_ = 0;
+
   std::mutex arena_mu_;
   std::shared_ptr<client::MappedArena> save_arena_;
   std::shared_ptr<client::MappedArena> restore_arena_;

@@ -81,7 +81,8 @@ void CopyEngine::RunPieces(std::span<const CopyRegion> pieces,
 }
 
 void CopyEngine::Run(std::span<const CopyRegion> regions,
-                     std::span<uint64_t> checksums) {
+                     std::span<uint64_t> checksums,
+                     std::vector<uint64_t>* chunk_hashes) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
   pieces_.clear();
   for (const CopyRegion& r : regions) {
@@ -92,6 +93,8 @@ void CopyEngine::Run(std::span<const CopyRegion> regions,
                          std::min<uint64_t>(kChecksumChunk, r.bytes - off)});
   }
   RunLocked();
+  if (chunk_hashes != nullptr)
+    chunk_hashes->assign(piece_hashes_.begin(), piece_hashes_.end());
   size_t first = 0;
   for (size_t i = 0; i < regions.size(); ++i) {
     size_t count = ChecksumChunks(regions[i].bytes);

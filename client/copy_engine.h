@@ -42,7 +42,11 @@ class CopyEngine {
 
   // Copies (or hashes) every region; checksums[i] receives the checksum of
   // regions[i]. checksums.size() must equal regions.size().
-  void Run(std::span<const CopyRegion> regions, std::span<uint64_t> checksums);
+  // chunk_hashes (may be null) receives every region's chunk hashes, region
+  // after region (ChecksumChunks(bytes) each), whose combination is its
+  // checksum.
+  void Run(std::span<const CopyRegion> regions, std::span<uint64_t> checksums,
+           std::vector<uint64_t>* chunk_hashes = nullptr);
   // Copies (or hashes) pieces of at most kChecksumChunk bytes each;
   // hashes[i] receives Hash64 of pieces[i]'s bytes (a raw chunk hash, to be
   // combined by the caller). hashes.size() must equal pieces.size().

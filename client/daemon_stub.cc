@@ -124,6 +124,14 @@ absl::StatusOr<v1::CloseRestoreResponse> DaemonStub::CloseRestore(
       kShortDeadline);
 }
 
+absl::StatusOr<v1::LayoutIndexResponse> DaemonStub::LayoutIndex(
+    const v1::LayoutIndexRequest& req) {
+  // Reads the step's node manifests on a shared root or the object tier.
+  return Call<v1::LayoutIndexResponse>(
+      stub_.get(), &v1::Ckptd::Stub::LayoutIndex, "LayoutIndex", target_, req,
+      kLongDeadline);
+}
+
 absl::StatusOr<v1::WaitDurableResponse> DaemonStub::WaitDurable(
     const v1::WaitDurableRequest& req) {
   return Call<v1::WaitDurableResponse>(

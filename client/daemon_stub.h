@@ -40,6 +40,8 @@ class DaemonStub {
       const v1::OpenRestoreRequest& req);
   [[nodiscard]] absl::StatusOr<v1::CloseRestoreResponse> CloseRestore(
       const v1::CloseRestoreRequest& req);
+  [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(
+      const v1::LayoutIndexRequest& req);
   [[nodiscard]] absl::StatusOr<v1::WaitDurableResponse> WaitDurable(
       const v1::WaitDurableRequest& req);
 

@@ -74,14 +74,27 @@ absl::Status MatchIndex(const v1::OpenRestoreResponse& resp,
       return absl::NotFoundError(
           absl::StrCat(label, ": not in the checkpoint"));
     const v1::TensorMeta& m = *it->second;
-    if (m.dtype() != static_cast<uint32_t>(t.dtype))
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": dtype is ", AV(DTypeName(t.dtype)), ", the checkpoint has ",
-          AV(DTypeName(static_cast<DType>(m.dtype())))));
+    // Another place than the one saved under this name (or the whole of a
+    // tensor whose piece this is): a restore into another layout serves it
+    // (Client::Impl::Reshardable).
     bool same_shape = static_cast<size_t>(m.shape_size()) == t.shape.size();
     for (size_t d = 0; same_shape && d < t.shape.size(); ++d)
       same_shape =
           m.shape(static_cast<int>(d)) == static_cast<uint64_t>(t.shape[d]);
+    if (t.layout || (!same_shape && m.global_shape_size() != 0)) {
+      const TensorLayout want = Effective(t.layout, t.shape, t.name);
+      const TensorLayout have = Effective(
+          SavedLayout(m),
+          std::vector<int64_t>(m.shape().begin(), m.shape().end()), m.name());
+      if (!(want == have) || !same_shape)
+        return absl::FailedPreconditionError(
+            absl::StrCat(label, ": asked for ", want.ToString(),
+                         ", the checkpoint holds ", have.ToString()));
+    }
+    if (m.dtype() != static_cast<uint32_t>(t.dtype))
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": dtype is ", AV(DTypeName(t.dtype)), ", the checkpoint has ",
+          AV(DTypeName(static_cast<DType>(m.dtype())))));
     if (!same_shape)
       return absl::InvalidArgumentError(absl::StrCat(
           label, ": shape is [", absl::StrJoin(t.shape, ","),
@@ -89,14 +102,6 @@ absl::Status MatchIndex(const v1::OpenRestoreResponse& resp,
     if (m.bytes() != *t.bytes())
       return absl::InvalidArgumentError(absl::StrCat(
           label, ": ", *t.bytes(), " bytes, the checkpoint has ", m.bytes()));
-    if (t.layout) {
-      const TensorLayout want = Effective(t.layout, t.shape, t.name);
-      const TensorLayout have = Effective(SavedLayout(m), t.shape, m.name());
-      if (!(want == have))
-        return absl::FailedPreconditionError(absl::StrCat(
-            label, ": asked for ", want.ToString(), ", the checkpoint holds ",
-            have.ToString(), " (a restore into another layout is not built)"));
-    }
     if (m.offset() > resp.image_bytes() ||
         resp.image_bytes() - m.offset() < m.bytes())
       return absl::DataLossError(absl::StrCat(

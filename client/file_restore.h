@@ -46,8 +46,10 @@ namespace ckpt::client {
 // Matches tensors to the index of resp by name and checks each one's dtype,
 // shape and size (InvalidArgument / NotFound naming the tensor) and that its
 // bytes lie inside the image (DataLoss). A tensor given with a layout must
-// have been saved with the same one (FailedPrecondition naming both: a
-// restore into another layout is not built yet). metas[i] is the entry of
+// have been saved with the same one, and one given without a layout whose
+// saved entry is a piece of another shape is asked whole: both are
+// FailedPrecondition naming both places, which Client::Impl::Restore
+// serves as a restore into another layout. metas[i] is the entry of
 // tensors[i].
 [[nodiscard]] absl::Status MatchIndex(
     const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors,

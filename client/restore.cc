@@ -1,6 +1,7 @@
 // The restore and query paths of Client::Impl: Latest, one OpenRestore and
 // then a copy out of the leased slot or a read of the shard file (see
 // file_restore.h), each with checksum verification; WaitDurable.
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -57,10 +58,31 @@ absl::Status Client::Impl::Restore(
   // file, then the object tier). With none left the error names every copy
   // tried.
   std::vector<std::string> tried;
+  auto opened_any_saved_rank = [](const absl::Status& r) {
+    return absl::StrContains(r.message(), client::kPartlyWritten);
+  };
   for (int copy = 0; copy < 3; ++copy) {
     bool opened = false;
+    std::vector<v1::TensorMeta> own_metas;
     absl::Status s =
-        RestoreOneCopy(step, tensors, saved_rank, &opened, layouts);
+        RestoreOneCopy(step, tensors, saved_rank, &opened, layouts, &own_metas);
+    // Not the place this rank saved (another layout, a whole tensor of
+    // saved pieces, a rank the save did not have): a restore into another
+    // layout, when the daemon can describe the step. Else the error as
+    // it was.
+    if (copy == 0 && !saved_rank && Reshardable(s, opened)) {
+      absl::Status r = RestoreResharded(step, tensors, own_metas, layouts);
+      if (r.code() == absl::StatusCode::kUnimplemented ||
+          (r.code() == absl::StatusCode::kNotFound &&
+           absl::StartsWith(r.message(), "LayoutIndex")))
+        return s;  // an older daemon, or no such step
+      // Refused before a byte moved: the refusal, and what this rank's
+      // own shard said.
+      if (!r.ok() && !opened_any_saved_rank(r))
+        return absl::Status(r.code(),
+                            absl::StrCat(r.message(), " (", s.message(), ")"));
+      return r;
+    }
     if (s.ok() || (copy == 0 && s.code() != absl::StatusCode::kDataLoss))
       return s;
     tried.emplace_back(s.message());
@@ -99,10 +121,23 @@ absl::StatusOr<int64_t> Client::Impl::RestoreLatest(
                    absl::StrJoin(tried, "; ")));
 }
 
+bool Client::Impl::Reshardable(const absl::Status& s, bool opened) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:            // a name not in the shard,
+    case absl::StatusCode::kFailedPrecondition:  // another place
+      return true;
+    case absl::StatusCode::kInvalidArgument:  // a rank the save did not have
+      return !opened;
+    default:
+      return false;
+  }
+}
+
 absl::Status Client::Impl::RestoreOneCopy(
     int64_t step, std::span<const Tensor> tensors,
     std::optional<uint32_t> saved_rank, bool* opened,
-    std::vector<std::optional<TensorLayout>>* layouts) {
+    std::vector<std::optional<TensorLayout>>* layouts,
+    std::vector<v1::TensorMeta>* own_metas) {
   // The daemon decides the source: FILE (a lease on the file) only when
   // this process can read the shard file itself, else a slot it loaded the
   // shard into.
@@ -120,6 +155,8 @@ absl::Status Client::Impl::RestoreOneCopy(
   // After a restore that verified, the layouts the tensors were saved with
   // (MatchIndex matched every name).
   auto report = [&](absl::Status s) {
+    if (own_metas != nullptr && Reshardable(s, true))
+      own_metas->assign(resp.tensors().begin(), resp.tensors().end());
     if (s.ok() && layouts != nullptr) {
       std::vector<const v1::TensorMeta*> metas;
       s = client::MatchIndex(resp, tensors, &metas);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
 #include "client/tensor_check.h"
+#include "util/checksum.h"
 #include "util/status.h"
 
 namespace ckpt {
@@ -116,8 +117,11 @@ void Client::Impl::RunSave(SaveJob& job) {
   }
 
   std::vector<uint64_t> checksums(job.tensors.size());
-  absl::Status copied =
-      CopyIntoSlot(job, a.base() + slot->slot_offset(), &checksums);
+  // Each host tensor's chunk hashes, from chunk_first[i] on.
+  std::vector<uint64_t> chunk_hashes;
+  std::vector<size_t> chunk_first(job.tensors.size(), 0);
+  absl::Status copied = CopyIntoSlot(job, a.base() + slot->slot_offset(),
+                                     &checksums, &chunk_hashes, &chunk_first);
   Clock::time_point t2 = Clock::now();
   stats.copy_s = Seconds(t2 - t1);
   if (!copied.ok()) {
@@ -146,6 +150,13 @@ void Client::Impl::RunSave(SaveJob& job) {
     m->set_bytes(job.bytes[i]);
     m->set_has_checksum(t.device.is_host());
     m->set_checksum(t.device.is_host() ? checksums[i] : 0);
+    // A reader of part of the tensor verifies only what it reads.
+    const uint64_t chunks = ChecksumChunks(job.bytes[i]);
+    if (t.device.is_host() && chunks >= 2)
+      m->mutable_chunk_hashes()->Add(
+          chunk_hashes.begin() + static_cast<ptrdiff_t>(chunk_first[i]),
+          chunk_hashes.begin() +
+              static_cast<ptrdiff_t>(chunk_first[i] + chunks));
     if (t.layout) {
       for (int64_t d : t.layout->global_shape)
         m->add_global_shape(static_cast<uint64_t>(d));
@@ -173,7 +184,9 @@ void Client::Impl::RunSave(SaveJob& job) {
 }
 
 absl::Status Client::Impl::CopyIntoSlot(SaveJob& job, char* slot,
-                                        std::vector<uint64_t>* checksums) {
+                                        std::vector<uint64_t>* checksums,
+                                        std::vector<uint64_t>* chunk_hashes,
+                                        std::vector<size_t>* chunk_first) {
   std::vector<client::CopyRegion> regions;
   std::vector<size_t> host_index;
   regions.reserve(job.tensors.size());
@@ -199,9 +212,13 @@ absl::Status Client::Impl::CopyIntoSlot(SaveJob& job, char* slot,
   }
   // Host copies overlap the DMA of the device tensors.
   std::vector<uint64_t> host_sums(regions.size());
-  if (s.ok()) engine_.Run(regions, host_sums);
-  for (size_t k = 0; k < host_index.size(); ++k)
+  if (s.ok()) engine_.Run(regions, host_sums, chunk_hashes);
+  size_t first = 0;
+  for (size_t k = 0; k < host_index.size(); ++k) {
     (*checksums)[host_index[k]] = host_sums[k];
+    (*chunk_first)[host_index[k]] = first;
+    first += ChecksumChunks(regions[k].bytes);
+  }
   // Wait even after an enqueue error: no DMA may land in an aborted slot.
   if (any_device) {
     absl::Status w = save_dma_->Wait();

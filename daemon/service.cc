@@ -4,6 +4,7 @@
 #include "ckpt/tensor.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
+#include "util/checksum.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
@@ -12,7 +13,7 @@ namespace {
 // Field checks that need no state, run before anything else so that a huge
 // or malformed field costs nothing and is never echoed whole.
 // Register, BeginSave, AbortSave, Latest, OpenRestore, CloseRestore,
-// WaitDurable, Delete: the job is their only name.
+// WaitDurable, Delete, LayoutIndex: the job is their only name.
 template <typename Req>
 [[nodiscard]] absl::Status CheckFields(const Req& r) {
   return ValidateJobName(r.job());
@@ -40,6 +41,22 @@ template <typename Req>
       return absl::InvalidArgumentError(
           absl::StrFormat("tensors[%d].shape: %d dims, at most %d allowed", i,
                           t.shape_size(), kMaxTensorDims));
+    // Chunk hashes: one per chunk, combining into the checksum, or none.
+    if (t.chunk_hashes_size() != 0) {
+      if (static_cast<uint64_t>(t.chunk_hashes_size()) !=
+              ChecksumChunks(t.bytes()) ||
+          !t.has_checksum())
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensors[%d].chunk_hashes: %d hashes, %d bytes have %d chunks%s", i,
+            t.chunk_hashes_size(), t.bytes(), ChecksumChunks(t.bytes()),
+            t.has_checksum() ? "" : " (and no checksum)"));
+      if (CombineChunkHashes(std::span<const uint64_t>(
+              t.chunk_hashes().data(), t.chunk_hashes_size())) != t.checksum())
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensors[%d].chunk_hashes: they do not combine into checksum "
+            "%016x",
+            i, t.checksum()));
+    }
     // Where the piece sits in its global tensor (doc/resharding.md): only
     // tensors that say so pay for the check.
     if (t.global_shape_size() != 0 || t.piece_offsets_size() != 0 ||
@@ -87,6 +104,7 @@ CkptdService::CkptdService(Engine* engine, const PeerListener* listener,
   AddUnary("List", this, &CkptdService::List);
   AddUnary("Delete", this, &CkptdService::Delete);
   AddUnary("Status", this, &CkptdService::Status);
+  AddUnary("LayoutIndex", this, &CkptdService::LayoutIndex);
 }
 
 template <typename Req, typename Resp, typename Fn>
@@ -126,6 +144,7 @@ CKPT_FORWARD_S(CloseRestore, CloseRestoreRequest, CloseRestoreResponse)
 CKPT_FORWARD_S(WaitDurable, WaitDurableRequest, WaitDurableResponse)
 CKPT_FORWARD_OR(List, ListRequest, ListResponse)
 CKPT_FORWARD_OR(Delete, DeleteRequest, DeleteResponse)
+CKPT_FORWARD_OR(LayoutIndex, LayoutIndexRequest, LayoutIndexResponse)
 
 grpc::Status CkptdService::Status(grpc::ServerContext* ctx,
                                   const v1::StatusRequest* req,

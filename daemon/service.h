@@ -31,6 +31,8 @@ class CkptdService final : public rpc::RpcService {
                       v1::LatestResponse*);
   grpc::Status OpenRestore(grpc::ServerContext*, const v1::OpenRestoreRequest*,
                            v1::OpenRestoreResponse*);
+  grpc::Status LayoutIndex(grpc::ServerContext*, const v1::LayoutIndexRequest*,
+                           v1::LayoutIndexResponse*);
   grpc::Status CloseRestore(grpc::ServerContext*,
                             const v1::CloseRestoreRequest*,
                             v1::CloseRestoreResponse*);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ckpt.pb.h"
+#include "util/status.h"
 #include "util/strings.h"
 #include "util/validate.h"
 
@@ -287,6 +288,62 @@ absl::Status ValidateTensorLayout(const v1::TensorMeta& meta,
   return absl::OkStatus();
 }
 
+absl::Status AddShardPieces(LayoutIndexBuilder& b, uint32_t rank,
+                            std::span<const v1::TensorMeta> metas,
+                            std::string_view field) {
+  std::vector<uint64_t> zeros(kMaxTensorDims, 0);
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const v1::TensorMeta& m = metas[i];
+    const std::string f = absl::StrFormat("%s.tensors[%d]", field, i);
+    if (absl::Status s = ValidateTensorLayout(m, f); !s.ok()) return s;
+    const bool whole = m.global_shape_size() == 0;
+    std::span<const uint64_t> shape(m.shape().data(), m.shape_size());
+    std::span<const uint64_t> global =
+        whole ? shape
+              : std::span<const uint64_t>(m.global_shape().data(),
+                                          m.global_shape_size());
+    std::span<const uint64_t> offsets =
+        whole ? std::span<const uint64_t>(zeros.data(), shape.size())
+              : std::span<const uint64_t>(m.piece_offsets().data(),
+                                          m.piece_offsets_size());
+    const std::string& name =
+        m.global_name().empty() ? m.name() : m.global_name();
+    absl::StatusOr<uint32_t> t =
+        b.AddTensor(name, static_cast<DType>(m.dtype()), global);
+    if (!t.ok()) return Invalid(f, std::string(t.status().message()));
+    // An empty piece (a zero dimension) holds no byte to read.
+    if (std::find(shape.begin(), shape.end(), 0) != shape.end()) continue;
+    if (absl::Status s = b.AddPiece(*t, rank, m.offset(), offsets, shape, f);
+        !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddIndexPieces(LayoutIndexBuilder& b, const LayoutIndex& from,
+                            uint32_t rank, std::string_view field) {
+  for (const LayoutTensor& t : from.tensors()) {
+    // Declared even without a piece of `rank`: a tensor two sources
+    // declare differently is refused wherever its pieces are.
+    const std::string f = std::string(field) + ".tensor " + QuotePrefix(t.name);
+    absl::StatusOr<uint32_t> id =
+        b.AddTensor(t.name, t.dtype,
+                    std::span<const uint64_t>(t.global_shape.data(), t.ndim));
+    if (!id.ok()) return Invalid(f, std::string(id.status().message()));
+    for (uint64_t p = t.first_piece; p < t.first_piece + t.num_pieces; ++p) {
+      if (from.piece_rank(p) != rank) continue;
+      const uint64_t* c = from.piece_coords(p);
+      if (absl::Status s =
+              b.AddPiece(*id, rank, from.piece_data_offset(p),
+                         std::span<const uint64_t>(c, t.ndim),
+                         std::span<const uint64_t>(c + t.ndim, t.ndim), f);
+          !s.ok())
+        return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LayoutIndex> BuildLayoutIndex(
     uint32_t world_size, std::span<const std::vector<v1::TensorMeta>> shards) {
   if (shards.size() != world_size)
@@ -296,34 +353,9 @@ absl::StatusOr<LayoutIndex> BuildLayoutIndex(
   uint64_t pieces = 0;
   for (const auto& s : shards) pieces += s.size();
   b.Reserve(shards.empty() ? 0 : shards[0].size(), pieces);
-  std::vector<uint64_t> zeros(kMaxTensorDims, 0);
-  for (uint32_t r = 0; r < world_size; ++r) {
-    for (size_t i = 0; i < shards[r].size(); ++i) {
-      const v1::TensorMeta& m = shards[r][i];
-      const std::string field = absl::StrFormat("shards[%d].tensors[%d]", r, i);
-      if (absl::Status s = ValidateTensorLayout(m, field); !s.ok()) return s;
-      const bool whole = m.global_shape_size() == 0;
-      std::span<const uint64_t> shape(m.shape().data(), m.shape_size());
-      std::span<const uint64_t> global =
-          whole ? shape
-                : std::span<const uint64_t>(m.global_shape().data(),
-                                            m.global_shape_size());
-      std::span<const uint64_t> offsets =
-          whole ? std::span<const uint64_t>(zeros.data(), shape.size())
-                : std::span<const uint64_t>(m.piece_offsets().data(),
-                                            m.piece_offsets_size());
-      const std::string& name =
-          m.global_name().empty() ? m.name() : m.global_name();
-      absl::StatusOr<uint32_t> t =
-          b.AddTensor(name, static_cast<DType>(m.dtype()), global);
-      if (!t.ok()) return Invalid(field, std::string(t.status().message()));
-      // An empty piece (a zero dimension) holds no byte to read.
-      if (std::find(shape.begin(), shape.end(), 0) != shape.end()) continue;
-      if (absl::Status s = b.AddPiece(*t, r, m.offset(), offsets, shape, field);
-          !s.ok())
-        return s;
-    }
-  }
+  for (uint32_t r = 0; r < world_size; ++r)
+    CKPT_RETURN_IF_ERROR(
+        AddShardPieces(b, r, shards[r], absl::StrFormat("shards[%d]", r)));
   return std::move(b).Finish();
 }
 

@@ -143,6 +143,18 @@ absl::StatusOr<LayoutIndex> BuildLayoutIndex(
     uint32_t world_size,
     std::span<const std::vector<::ckpt::v1::TensorMeta>> shards);
 
+// The pieces of one rank's shard, from its TensorMeta list (validated as
+// BuildLayoutIndex does; errors are prefixed "<field>.tensors[i]").
+[[nodiscard]] absl::Status AddShardPieces(
+    LayoutIndexBuilder& b, uint32_t rank,
+    std::span<const ::ckpt::v1::TensorMeta> metas, std::string_view field);
+// The pieces of `rank` in another index (a node manifest's), with every
+// tensor `from` declares: merging indexes of several nodes into one.
+[[nodiscard]] absl::Status AddIndexPieces(LayoutIndexBuilder& b,
+                                          const LayoutIndex& from,
+                                          uint32_t rank,
+                                          std::string_view field);
+
 }  // namespace ckpt::storage
 
 #endif  // CKPT_STORAGE_LAYOUT_H_

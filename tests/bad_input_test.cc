@@ -129,6 +129,19 @@ TEST_F(BadInputTest, SaveRpcsRejectBadLeasesSizesAndIndexes) {
   req.mutable_tensors(0)->set_name(std::string("bad\nname"));
   EXPECT_RPC_ERROR(Commit(req), INVALID_ARGUMENT, "name");
 
+  // Chunk hashes: one per 1 MiB chunk, combining into the checksum.
+  // Refused before the lease is looked at, as the name: the same save.
+  req = GoodCommit("idx", 1, b);
+  req.mutable_tensors(0)->add_chunk_hashes(1);
+  req.mutable_tensors(0)->add_chunk_hashes(2);
+  EXPECT_RPC_ERROR(Commit(req), INVALID_ARGUMENT,
+                   "tensors[0].chunk_hashes: 2 hashes, 4096 bytes have 1 "
+                   "chunks");
+  req = GoodCommit("idx", 1, b);
+  req.mutable_tensors(1)->add_chunk_hashes(req.tensors(1).checksum() ^ 1);
+  EXPECT_RPC_ERROR(Commit(req), INVALID_ARGUMENT,
+                   "tensors[1].chunk_hashes: they do not combine");
+
   // After all that, a good commit still works and the step becomes durable.
   ASSERT_TRUE(BeginSave("idx", 1, 16384, &b).ok());
   ASSERT_TRUE(Commit(GoodCommit("idx", 1, b)).ok());

@@ -118,9 +118,9 @@ TEST_F(HostileClientTest,
   // Random bodies, to every method: never INTERNAL, never an empty or a
   // large message, and the daemon keeps serving.
   std::mt19937 rng(8);
-  for (const char* method :
-       {"Register", "BeginSave", "CommitSave", "AbortSave", "Latest",
-        "OpenRestore", "CloseRestore", "WaitDurable", "List", "Delete"}) {
+  for (const char* method : {"Register", "BeginSave", "CommitSave", "AbortSave",
+                             "Latest", "OpenRestore", "CloseRestore",
+                             "WaitDurable", "List", "Delete", "LayoutIndex"}) {
     for (int i = 0; i < 20; ++i) {
       std::string random(1 + rng() % 200, '\0');
       for (char& c : random) c = static_cast<char>(rng());

@@ -188,6 +188,57 @@ TEST_P(ObjectTierTest, RottedLocalFileIsRestoredFromTheObjectStoreCopy) {
   EXPECT_TRUE(objects_->Stat(storage::ShardKey("obj", 1, 0)).ok());
 }
 
+// A restore into another layout from the object tier: 4 ranks save a
+// row-sharded tensor; with shared memory gone, rank 0's local file gone
+// and rank 1's rotted, 3 ranks restore their rows bit-exact: rank 0's
+// shard from the object tier, rank 1's from its object copy after the
+// client reported the local one bad (the ladder, per saved rank).
+TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
+  constexpr int64_t kRows = 600, kCols = 512;
+  std::vector<float> global(kRows * kCols);
+  for (size_t i = 0; i < global.size(); ++i)
+    global[i] = static_cast<float>(i) * 0.75f - 5.0f;
+  auto rank_client = [&](int rank, int world) {
+    auto c = Client::Connect(OptionsFor(*daemon_, "rso", rank, world));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto piece = [&](int rank, int world, float* data) {
+    const int64_t lo = kRows * rank / world, hi = kRows * (rank + 1) / world;
+    return Tensor{"rows",           DType::kFloat32,
+                  {hi - lo, kCols}, data,
+                  Device::Host(),   TensorLayout{{kRows, kCols}, {lo, 0}, ""}};
+  };
+  for (int r = 0; r < 4; ++r) {
+    auto c = rank_client(r, 4);
+    ASSERT_NE(c, nullptr);
+    std::vector<Tensor> t = {
+        piece(r, 4, global.data() + kRows * r / 4 * kCols)};
+    ASSERT_TRUE(c->Save(1, t).ok());
+    ASSERT_TRUE(c->WaitDurable(1).ok());
+  }
+  WaitForObjectManifest("rso", 1);
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  ASSERT_TRUE(std::filesystem::remove(dir_.path() + "/root/" +
+                                      storage::ShardKey("rso", 1, 0)));
+  FlipFirstTensorByteOfFile(dir_.path() + "/root/" +
+                            storage::ShardKey("rso", 1, 1));
+  Start();
+  for (int r = 0; r < 3; ++r) {
+    auto c = rank_client(r, 3);
+    ASSERT_NE(c, nullptr);
+    const int64_t lo = kRows * r / 3, hi = kRows * (r + 1) / 3;
+    std::vector<float> got((hi - lo) * kCols, -1.0f);
+    std::vector<Tensor> t = {piece(r, 3, got.data())};
+    absl::Status st = c->Restore(1, t);
+    ASSERT_TRUE(st.ok()) << "rank " << r << " of 3: " << st;
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), global.begin() + lo * kCols))
+        << "rank " << r << " of 3";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierTest, ::testing::Values("dir", "s3"),
                          [](const auto& info) { return info.param; });
 

@@ -68,9 +68,20 @@ std::vector<bool> KnownChecksums(
 
 void ToTensorMetas(const storage::ShardInfo& info,
                    google::protobuf::RepeatedPtrField<v1::TensorMeta>* out) {
-  out->Clear();
-  for (const storage::ShardTensor& t : info.tensors) {
+  // The chunk hashes a save sent are not in the shard file: kept from the
+  // entries replaced, where the tensor is the same (name, place, checksum).
+  google::protobuf::RepeatedPtrField<v1::TensorMeta> old;
+  old.Swap(out);
+  for (size_t i = 0; i < info.tensors.size(); ++i) {
+    const storage::ShardTensor& t = info.tensors[i];
     v1::TensorMeta* m = out->Add();
+    if (i < static_cast<size_t>(old.size())) {
+      v1::TensorMeta& o = old[static_cast<int>(i)];
+      if (o.chunk_hashes_size() != 0 && o.name() == t.name &&
+          o.offset() == t.offset && o.bytes() == t.bytes && o.has_checksum() &&
+          o.checksum() == t.checksum)
+        m->mutable_chunk_hashes()->Swap(o.mutable_chunk_hashes());
+    }
     m->set_name(t.name);
     m->set_dtype(static_cast<uint32_t>(t.dtype));
     for (uint64_t d : t.shape) m->add_shape(d);

@@ -33,6 +33,9 @@ storage::ShardInfo ToShardInfo(
 std::vector<bool> KnownChecksums(
     const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors);
 
+// info's index as TensorMetas into *out. An entry it replaces keeps its
+// chunk_hashes where the tensor is the same (name, offset, bytes,
+// checksum): the shard file does not carry them.
 void ToTensorMetas(const storage::ShardInfo& info,
                    google::protobuf::RepeatedPtrField<v1::TensorMeta>* out);
 

@@ -98,6 +98,12 @@ class Engine : public StagedShards {
                                           const v1::CloseRestoreRequest& req) {
     return restorer_.CloseRestore(peer, req);
   }
+  // The step's layout index, merged over this node's ranks and the
+  // manifests of the others (Restorer::LayoutIndex).
+  [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(
+      const PeerCreds& peer, const v1::LayoutIndexRequest& req) {
+    return restorer_.LayoutIndex(peer, req);
+  }
   absl::Status WaitDurable(const PeerCreds& peer,
                            const v1::WaitDurableRequest& req);
   [[nodiscard]] absl::StatusOr<v1::ListResponse> List(

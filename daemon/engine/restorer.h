@@ -35,6 +35,18 @@ class Restorer {
       const PeerCreds& peer, const v1::OpenRestoreRequest& req);
   [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
                                           const v1::CloseRestoreRequest& req);
+  // The step's layout index (doc/resharding.md, "Restore into another
+  // layout"): the TensorMeta of every rank of the step this node holds
+  // (its table: memory, disk, object tier alike), and for the other ranks
+  // the pieces the node manifests of the step list (MANIFEST.<node> in the
+  // root, a shared root in a cluster, then the object tier), merged into
+  // one index of the saved world size. Every manifest and index read is
+  // validated; a rank no source describes is FailedPrecondition naming
+  // the ranks. A whole tensor (no layout) that ranks here saved with other
+  // dtypes or shapes (a per-rank skeleton) is left out. Reads storage with
+  // the lock released.
+  [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(
+      const PeerCreds& peer, const v1::LayoutIndexRequest& req);
   // See Engine::Prefetch.
   [[nodiscard]] absl::Status Prefetch(const std::string& job,
                                       uint32_t world_size, uint64_t step,

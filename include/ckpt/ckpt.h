@@ -203,10 +203,12 @@ ckpt_status ckpt_wait(ckpt_save_handle* handle);
 ckpt_status ckpt_latest_step(ckpt_client* client, int64_t* step);
 ckpt_status ckpt_restore(ckpt_client* client, int64_t step,
                          const ckpt_tensor* tensors, size_t count);
-/* ckpt_restore; layouts (may be NULL) as in ckpt_save_layout: a tensor
- * given a layout must have been saved with it (CKPT_FAILED_PRECONDITION
- * naming both otherwise). saved (may be NULL, else count entries): after a
- * success, the layout each tensor was saved with. */
+/* ckpt_restore; layouts (may be NULL) as in ckpt_save_layout: the place
+ * of each tensor in its global tensor, which the saved pieces fill when
+ * this rank saved it elsewhere (doc/resharding.md; a region no saved
+ * piece holds is CKPT_FAILED_PRECONDITION naming it). saved (may be NULL,
+ * else count entries): after a success, the layout each tensor was saved
+ * with, or the place it was filled at. */
 ckpt_status ckpt_restore_layout(ckpt_client* client, int64_t step,
                                 const ckpt_tensor* tensors,
                                 const ckpt_tensor_layout* layouts, size_t count,

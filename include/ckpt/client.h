@@ -173,7 +173,14 @@ class Client {
   [[nodiscard]] absl::StatusOr<int64_t> LatestStep();
   // Fills the given tensors (matched by name; a subset is allowed) with the
   // step's values. A mismatch of dtype, shape or size, an unknown name, or a
-  // checksum mismatch fails with an error naming the tensor.
+  // checksum mismatch fails with an error naming the tensor. A tensor asked
+  // for at another place than this rank saved it (another layout, the
+  // whole of a tensor saved in pieces, a rank beyond the saved world size)
+  // is filled from the saved pieces that hold it, each chunk read verified
+  // (doc/resharding.md, "Restore into another layout"); a region no saved
+  // piece holds is FailedPrecondition naming it, and nothing is written.
+  // Such a restore that fails after bytes moved says the tensors are
+  // partly written: do not use them.
   [[nodiscard]] absl::Status Restore(int64_t step,
                                      std::span<const Tensor> tensors);
   // Restore of a step saved at another world size than this run's
@@ -183,9 +190,8 @@ class Client {
   [[nodiscard]] absl::Status RestoreSavedRank(int64_t step, uint32_t saved_rank,
                                               std::span<const Tensor> tensors);
   // The same, and (*layouts)[i] is the layout tensors[i] was saved with
-  // (nullopt: saved whole). A tensor given with a layout must have been
-  // saved with that layout (FailedPrecondition naming both otherwise: a
-  // restore into another layout is not built yet).
+  // (nullopt: saved whole), or, after a restore into another layout, the
+  // place it was filled at (nullopt: whole, asked without a layout).
   [[nodiscard]] absl::Status Restore(
       int64_t step, std::span<const Tensor> tensors,
       std::vector<std::optional<TensorLayout>>* layouts);

@@ -344,6 +344,33 @@ class LayoutTest(DaemonTestCase):
         plain = c.load(1)
         self.assertTrue(torch.equal(plain["w"], w))
 
+    def test_a_piece_of_another_layout_is_filled_from_the_saved_pieces(self):
+        # Two ranks save rows [0, 4) and [4, 8) of "w"; rank 1 of 3 asks
+        # rows [2, 6), half of each saved piece.
+        job = self.new_job()
+        w = torch.arange(32.0).reshape(8, 4)
+        for rank in range(2):
+            c = ckpt.torch.Checkpointer(job=job, socket=self.daemon.socket,
+                                        rank=rank, world_size=2)
+            self.addCleanup(c.close)
+            c.save(1, {"w": ckpt.torch.Piece(w[4 * rank:4 * rank + 4].clone(),
+                                             (8, 4), (4 * rank, 0)),
+                       "b": torch.full((3,), 7.0)})
+        c = ckpt.torch.Checkpointer(job=job, socket=self.daemon.socket,
+                                    rank=1, world_size=3)
+        self.addCleanup(c.close)
+        into = {"w": ckpt.torch.Piece(torch.zeros(4, 4), (8, 4), (2, 0)),
+                "b": torch.zeros(3)}
+        c.load(1, into)
+        self.assertTrue(torch.equal(into["w"].tensor, w[2:6]))
+        self.assertTrue(torch.equal(into["b"], torch.full((3,), 7.0)))
+        # Another global shape than saved: refused, nothing written.
+        into = {"w": ckpt.torch.Piece(torch.zeros(4, 4), (12, 4), (6, 0)),
+                "b": torch.zeros(3)}
+        with self.assertRaises(ckpt.errors.Error):
+            c.load(1, into)
+        self.assertTrue(torch.equal(into["w"].tensor, torch.zeros(4, 4)))
+
     def test_a_layout_that_does_not_fit_is_refused_naming_the_key_path(self):
         c = self.checkpointer()
         cases = [

@@ -1,0 +1,280 @@
+// ckpt_bench --reshard N:M: a restore into another layout against a
+// same-layout restore of the same bytes from the same tier, in one run
+// (doc/resharding.md, "Restore into another layout"). N ranks save
+// --tensors float32 tensors of --bytes in all, each row-sharded over the N
+// ranks; then, interleaved over --repeat rounds, the N ranks restore their
+// own pieces (same_layout_restore_s: today's path) and M ranks restore the
+// rows an M-way sharding gives them (reshard_restore_s), from memory, and
+// after a daemon restart with the arenas and the page cache dropped (disk).
+// Each figure is the sum of every rank's Restore call (the ranks restore
+// one after the other: the same bytes either way); medians.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/ckpt_bench.h"
+#include "bench/daemon_process.h"
+#include "bench/raw_io.h"
+#include "bench/stats.h"
+#include "ckpt/client.h"
+#include "shm/arena.h"
+#include "storage/layout.h"
+#include "storage/reshard_plan.h"
+#include "util/status.h"
+
+namespace ckpt::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kCols = 1024;
+
+struct Anon {
+  char* data = nullptr;
+  uint64_t size = 0;
+  ~Anon() {
+    if (data) munmap(data, size);
+  }
+  absl::Status Map(uint64_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+      return ErrnoToStatus(errno, absl::StrCat("mmap of ", bytes, " bytes"));
+    data = static_cast<char*>(p);
+    size = bytes;
+    return absl::OkStatus();
+  }
+};
+
+class ReshardBench {
+ public:
+  ReshardBench(const Options& o, int saved, int restored)
+      : o_(o), saved_(saved), restored_(restored) {}
+  ~ReshardBench() { Cleanup(); }
+  absl::Status Run(std::string* out);
+
+ private:
+  // Rank r of `world`'s pieces of every tensor, pointing into `base` at
+  // the global offsets (row sharding keeps a piece contiguous).
+  std::vector<Tensor> Pieces(int world, int r, char* base) const {
+    std::vector<Tensor> t;
+    for (int i = 0; i < o_.tensors; ++i) {
+      const int64_t lo = rows_ * r / world, hi = rows_ * (r + 1) / world;
+      t.push_back({absl::StrCat("layer", i, ".weight"),
+                   DType::kFloat32,
+                   {hi - lo, kCols},
+                   base + (static_cast<uint64_t>(i) * rows_ + lo) * kCols * 4,
+                   Device::Host(),
+                   TensorLayout{{rows_, kCols}, {lo, 0}, ""}});
+    }
+    return t;
+  }
+  absl::StatusOr<std::unique_ptr<Client>> Connect(int world, int r) const {
+    ClientOptions co;
+    co.socket_path = dir_ + "/ckptd.sock";
+    co.job = "reshard";
+    co.rank = r;
+    co.world_size = world;
+    co.copy_threads = o_.copy_threads;
+    return Client::Connect(co);
+  }
+  // Every rank of `world` restores its pieces into dst_; the seconds of
+  // all Restore calls; the bytes are then checked against the state.
+  absl::StatusOr<double> RestoreAll(int world, const std::string& what) {
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int r = 0; r < world; ++r) {
+      CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Connect(world, r));
+      clients.push_back(std::move(c));
+    }
+    std::memset(dst_.data, 0, bytes_);
+    double seconds = 0;
+    for (int r = 0; r < world; ++r) {
+      std::vector<Tensor> t = Pieces(world, r, dst_.data);
+      auto t0 = Clock::now();
+      CKPT_RETURN_IF_ERROR(
+          Annotate(clients[r]->Restore(1, t), absl::StrCat(what, " rank ", r)));
+      seconds += Since(t0);
+    }
+    if (std::memcmp(dst_.data, state_.data, bytes_) != 0) matches_ = false;
+    return seconds;
+  }
+  // Stops the daemon, drops its arenas and the shards' page cache, starts
+  // it again: the step is only on disk.
+  absl::Status RestartCold() {
+    CKPT_ASSIGN_OR_RETURN(DaemonProcess::State st, daemon_->Query());
+    CKPT_RETURN_IF_ERROR(daemon_->Stop());
+    for (const std::string& name : st.arenas)
+      CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(dir_ + "/ckptd", ec))
+      if (e.path().extension() == ".shard")
+        CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
+    return daemon_->Start();
+  }
+  void Cleanup();
+
+  Options o_;
+  int saved_, restored_;
+  int64_t rows_ = 0;
+  uint64_t bytes_ = 0;
+  std::string dir_;
+  Anon state_, dst_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  bool matches_ = true;
+};
+
+absl::Status ReshardBench::Run(std::string* out) {
+  if (o_.tensors < 1)
+    return absl::InvalidArgumentError("--tensors: must be >= 1");
+  rows_ = static_cast<int64_t>(o_.bytes / 4 / kCols /
+                               static_cast<uint64_t>(o_.tensors));
+  if (rows_ < std::max(saved_, restored_))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bytes: too small for ", o_.tensors, " tensors of ", kCols,
+        " float32 columns and ", std::max(saved_, restored_), " ranks"));
+  bytes_ = static_cast<uint64_t>(rows_) * kCols * 4 *
+           static_cast<uint64_t>(o_.tensors);
+  std::string tmpl = (o_.root.empty() ? std::string("/var/tmp") : o_.root) +
+                     "/ckpt-reshard-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr)
+    return ErrnoToStatus(errno, absl::StrCat("mkdtemp ", tmpl));
+  dir_ = tmpl;
+  CKPT_RETURN_IF_ERROR(state_.Map(bytes_));
+  CKPT_RETURN_IF_ERROR(dst_.Map(bytes_));
+  uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift64
+  for (uint64_t i = 0; i < bytes_ / 8; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    reinterpret_cast<uint64_t*>(state_.data)[i] = x;
+  }
+  DaemonConfig dc;
+  dc.binary = o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd;
+  dc.socket = dir_ + "/ckptd.sock";
+  dc.root = dir_ + "/ckptd";
+  dc.shm_prefix = absl::StrCat("ckptreshard", getpid());
+  dc.log_path = dir_ + "/ckptd.log";
+  daemon_ = std::make_unique<DaemonProcess>(dc);
+  CKPT_RETURN_IF_ERROR(daemon_->Start());
+  for (int r = 0; r < saved_; ++r) {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Connect(saved_, r));
+    CKPT_RETURN_IF_ERROR(Annotate(c->Save(1, Pieces(saved_, r, state_.data)),
+                                  absl::StrCat("save rank ", r)));
+    CKPT_RETURN_IF_ERROR(c->WaitDurable(1));
+  }
+  // The plan of every restoring rank at once, as a coordinator would make
+  // it: both layouts as indexes, PlanReshard timed (a client plans only
+  // its own rank's part of it).
+  double plan_s = 0;
+  {
+    auto index = [&](int world) -> absl::StatusOr<storage::LayoutIndex> {
+      storage::LayoutIndexBuilder b(static_cast<uint32_t>(world));
+      const uint64_t shape[] = {static_cast<uint64_t>(rows_), kCols};
+      for (int i = 0; i < o_.tensors; ++i) {
+        CKPT_ASSIGN_OR_RETURN(uint32_t t,
+                              b.AddTensor(absl::StrCat("layer", i, ".weight"),
+                                          DType::kFloat32, shape));
+        for (int r = 0; r < world; ++r) {
+          const uint64_t lo = rows_ * r / world, hi = rows_ * (r + 1) / world;
+          const uint64_t off[] = {lo, 0}, len[] = {hi - lo, kCols};
+          CKPT_RETURN_IF_ERROR(
+              b.AddPiece(t, static_cast<uint32_t>(r), 0, off, len));
+        }
+      }
+      return std::move(b).Finish();
+    };
+    CKPT_ASSIGN_OR_RETURN(storage::LayoutIndex from, index(saved_));
+    CKPT_ASSIGN_OR_RETURN(storage::LayoutIndex to, index(restored_));
+    uint64_t reads = 0;
+    auto t0 = Clock::now();
+    CKPT_RETURN_IF_ERROR(storage::PlanReshard(
+        from, to, {}, [&](const storage::PlannedRead&) { ++reads; }));
+    plan_s = Since(t0);
+    if (reads == 0) return absl::InternalError("the plan has no read");
+  }
+  // Interleaved: the order alternates per round.
+  std::vector<double> mem_same, mem_reshard, disk_same, disk_reshard;
+  for (int round = 0; round < o_.repeat; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const bool same = (k == 0) == (round % 2 == 0);
+      CKPT_ASSIGN_OR_RETURN(double s,
+                            RestoreAll(same ? saved_ : restored_,
+                                       same ? "same-layout restore (memory)"
+                                            : "reshard restore (memory)"));
+      (same ? mem_same : mem_reshard).push_back(s);
+    }
+  }
+  for (int round = 0; round < o_.repeat; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const bool same = (k == 0) == (round % 2 == 0);
+      CKPT_RETURN_IF_ERROR(RestartCold());
+      CKPT_ASSIGN_OR_RETURN(double s,
+                            RestoreAll(same ? saved_ : restored_,
+                                       same ? "same-layout restore (disk)"
+                                            : "reshard restore (disk)"));
+      (same ? disk_same : disk_reshard).push_back(s);
+    }
+  }
+  const double ms = Median(mem_same), mr = Median(mem_reshard),
+               ds = Median(disk_same), dr = Median(disk_reshard);
+  if (o_.json) {
+    *out = absl::StrFormat(
+        "{\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
+        "\"tensors\": %d, \"repeat\": %d, "
+        "\"same_layout_restore_s\": %.6f, \"reshard_restore_s\": %.6f, "
+        "\"reshard_over_same\": %.3f, "
+        "\"disk_same_layout_restore_s\": %.6f, "
+        "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, "
+        "\"plan_s\": %.6f, \"restore_matches\": %s}",
+        saved_, restored_, bytes_, o_.tensors, o_.repeat, ms, mr, mr / ms, ds,
+        dr, dr / ds, plan_s, matches_ ? "true" : "false");
+  } else {
+    *out = absl::StrFormat(
+        "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
+        "ranks, medians of %d interleaved rounds\n"
+        "%-8s %24s %24s %8s %8s\n"
+        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
+        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
+        "plan of every restoring rank (plan_s): %.6f s\n"
+        "restored bytes equal the saved ones: %s",
+        saved_, bytes_, o_.tensors, restored_, o_.repeat, "tier",
+        "reshard_restore_s", "same_layout_restore_s", "ratio", "target",
+        "memory", mr, ms, mr / ms, "<= 1.5", "disk", dr, ds, dr / ds, "<= 1.5",
+        plan_s, matches_ ? "yes" : "NO");
+  }
+  if (!matches_)
+    return absl::DataLossError(
+        absl::StrCat("restored bytes differ from the saved ones\n", *out));
+  return absl::OkStatus();
+}
+
+void ReshardBench::Cleanup() {
+  if (daemon_ && daemon_->running()) {
+    absl::StatusOr<DaemonProcess::State> st = daemon_->Query();
+    (void)daemon_->Stop();
+    if (st.ok())
+      for (const std::string& name : st->arenas) (void)shm::Arena::Unlink(name);
+  }
+  daemon_.reset();
+  if (!dir_.empty() && !o_.keep) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+}  // namespace
+
+absl::Status RunReshardBench(const Options& o, int saved, int restored,
+                             std::string* out) {
+  ReshardBench b(o, saved, restored);
+  return b.Run(out);
+}
+
+}  // namespace ckpt::bench

@@ -1,0 +1,624 @@
+// Restore into another layout (doc/resharding.md, "Restore into another
+// layout"): the tensors asked for are pieces (or wholes) of the saved
+// global tensors at places this rank did not save. The client gets the
+// step's layout index from its ckptd (LayoutIndex), plans with the
+// planner (own rank first, then the saved ranks this node holds), opens
+// each saved rank it needs once, one at a time (OpenRestore with
+// saved_rank: the daemon serves it from memory, or loads it from disk or
+// the object tier into a slot, or names the file this process may read),
+// and copies the byte runs from the slot (or the chunks read from the
+// file) straight into the tensors.
+//
+// Verification: a tensor's checksum is XXH3 of its 1 MiB chunk hashes.
+// When the save's chunk hashes came with the index entry and combine into
+// the checksum, only the chunks a run touches are read and hashed, each
+// against its own hash; otherwise every chunk of the piece, against the
+// checksum. Chunks that lie whole inside one run to a host tensor are
+// copied and hashed in one pass (CopyAndHash, as a same-layout restore
+// does); the other hashed chunks are hashed in place and their runs copied
+// besides. A piece that fails is reported as a bad copy (the daemon checks
+// it and serves the next copy of that saved rank, whose runs are then
+// copied again).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/client_impl.h"
+#include "client/tensor_check.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
+#include "storage/reshard_plan.h"
+#include "util/checksum.h"
+#include "util/status.h"
+#include "util/strings.h"
+#include "util/validate.h"
+
+namespace ckpt {
+namespace {
+
+// One run of bytes of a saved piece to a requested tensor.
+struct Run {
+  uint64_t src = 0;  // offset in the saved piece
+  char* dst = nullptr;
+  uint64_t bytes = 0;
+  int device = -1;  // -1: dst is host memory
+};
+
+// The requested place of tensors[i]: the global tensor's name, its shape
+// and the piece's offsets.
+struct Place {
+  std::string name;
+  std::vector<uint64_t> global, offsets;
+};
+
+Place PlaceOf(const Tensor& t, const v1::TensorMeta* own) {
+  Place p;
+  auto u64 = [](const std::vector<int64_t>& v) {
+    return std::vector<uint64_t>(v.begin(), v.end());
+  };
+  if (t.layout && !t.layout->global_shape.empty()) {
+    p.name = t.layout->global_name.empty() ? t.name : t.layout->global_name;
+    p.global = u64(t.layout->global_shape);
+    p.offsets = u64(t.layout->offsets);
+  } else if (own != nullptr && own->global_shape_size() != 0) {
+    // Asked by its piece name without a layout: the piece this rank saved
+    // under that name (the same place a same-layout restore fills).
+    p.name = own->global_name().empty() ? own->name() : own->global_name();
+    p.global.assign(own->global_shape().begin(), own->global_shape().end());
+    p.offsets.assign(own->piece_offsets().begin(), own->piece_offsets().end());
+  } else {
+    p.name = t.name;
+    p.global = u64(t.shape);
+    p.offsets.assign(t.shape.size(), 0);
+  }
+  return p;
+}
+
+uint64_t AlignUp(uint64_t n) { return (n + 4095) / 4096 * 4096; }
+
+// The save's chunk hashes of a piece are usable when there is one per
+// chunk and they combine into its checksum (so each one is as trusted as
+// the checksum). A piece of one chunk gains nothing from them.
+bool ChunkHashesUsable(const v1::TensorMeta& m) {
+  const uint64_t chunks = ChecksumChunks(m.bytes());
+  if (!m.has_checksum() || chunks < 2 ||
+      static_cast<uint64_t>(m.chunk_hashes_size()) != chunks)
+    return false;
+  return CombineChunkHashes(std::span<const uint64_t>(
+             m.chunk_hashes().data(), m.chunk_hashes_size())) == m.checksum();
+}
+
+// Reads `bytes` at `offset` of fd whole; an error names the path.
+absl::Status ReadFully(int fd, char* dst, uint64_t bytes, uint64_t offset,
+                       const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, dst, std::min<uint64_t>(bytes, 1ull << 30),
+                              static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n == 0)
+      return absl::DataLossError(
+          absl::StrCat("shard file ", path, ": ends at ", offset));
+    dst += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Client::Impl::EnsureReshardBuffer(uint64_t bytes) {
+  if (bytes <= reshard_buffer_bytes_) return absl::OkStatus();
+  if (reshard_buffer_ != nullptr)
+    ::munmap(reshard_buffer_, reshard_buffer_bytes_);
+  reshard_buffer_ = nullptr;
+  reshard_buffer_bytes_ = 0;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return ErrnoToStatus(
+        errno, absl::StrCat("map a read buffer of ", bytes, " bytes"));
+  reshard_buffer_ = static_cast<char*>(p);
+  reshard_buffer_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::RestoreResharded(
+    int64_t step, std::span<const Tensor> tensors,
+    std::span<const v1::TensorMeta> own_metas,
+    std::vector<std::optional<TensorLayout>>* layouts) {
+  const std::string what =
+      absl::StrCat("restore of step ", step, " into another layout");
+  std::lock_guard<std::mutex> serial(reshard_mu_);
+  v1::LayoutIndexRequest ireq;
+  ireq.set_job(options_.job);
+  ireq.set_step(static_cast<uint64_t>(step));
+  CKPT_ASSIGN_OR_RETURN(v1::LayoutIndexResponse iresp,
+                        stub_->LayoutIndex(ireq));
+  absl::StatusOr<storage::LayoutIndex> saved =
+      storage::ParseLayoutIndex(iresp.index());
+  if (!saved.ok()) return Annotate(saved.status(), what);
+  if (saved->world_size() != iresp.world_size())
+    return absl::DataLossError(
+        absl::StrCat(what, ": LayoutIndex: world_size ", iresp.world_size(),
+                     ", its index says ", saved->world_size()));
+  const uint32_t saved_ws = saved->world_size();
+
+  // The requested pieces as an index of the new world size: this rank's
+  // pieces only, each piece's data offset its tensor's position.
+  std::unordered_map<std::string_view, const v1::TensorMeta*> own;
+  for (const v1::TensorMeta& m : own_metas) own.emplace(m.name(), &m);
+  const uint32_t me = static_cast<uint32_t>(options_.rank);
+  const uint32_t new_ws =
+      std::max<uint32_t>(static_cast<uint32_t>(options_.world_size), me + 1);
+  storage::LayoutIndexBuilder rb(new_ws);
+  std::vector<Place> places(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const std::string label = client::TensorLabel(tensors, i);
+    auto o = own.find(t.name);
+    places[i] = PlaceOf(t, o == own.end() ? nullptr : o->second);
+    const Place& p = places[i];
+    const int64_t st = saved->FindTensor(p.name);
+    if (st < 0)
+      return absl::NotFoundError(absl::StrCat(
+          what, ": ", label, ": not in the checkpoint (no saved piece of ",
+          QuotePrefix(p.name), ")"));
+    std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
+    absl::StatusOr<uint32_t> id = rb.AddTensor(p.name, t.dtype, p.global);
+    if (!id.ok()) return Annotate(id.status(), absl::StrCat(what, ": ", label));
+    if (std::find(shape.begin(), shape.end(), 0) != shape.end()) continue;
+    if (absl::Status s =
+            rb.AddPiece(*id, me, i, p.offsets, shape, absl::StrCat(label));
+        !s.ok())
+      return Annotate(s, what);
+  }
+  absl::StatusOr<storage::LayoutIndex> requested = std::move(rb).Finish();
+  if (!requested.ok()) return Annotate(requested.status(), what);
+
+  // Plan: this rank's own pieces first, then those of the saved ranks this
+  // node holds (node 0 below), then any.
+  std::vector<uint32_t> saved_node(saved_ws), requested_node(new_ws, 0);
+  for (uint32_t r = 0; r < saved_ws; ++r) saved_node[r] = r + 1;
+  for (uint32_t r : iresp.local_ranks()) {
+    if (r >= saved_ws)
+      return absl::DataLossError(absl::StrCat(
+          what, ": LayoutIndex: local rank ", r, " of world_size ", saved_ws));
+    saved_node[r] = 0;
+  }
+  storage::PlanOptions po;
+  po.saved_node = saved_node;
+  po.requested_node = requested_node;
+  std::vector<storage::PlannedRead> reads;
+  CKPT_RETURN_IF_ERROR(
+      Annotate(storage::PlanReshard(
+                   *saved, *requested, po,
+                   [&](const storage::PlannedRead& r) { reads.push_back(r); }),
+               what));
+  // By saved rank (own rank first), then by saved piece.
+  auto rank_key = [&](uint64_t piece) {
+    const uint32_t r = saved->piece_rank(piece);
+    return r == me ? 0ull : static_cast<uint64_t>(r) + 1;
+  };
+  std::sort(reads.begin(), reads.end(),
+            [&](const storage::PlannedRead& a, const storage::PlannedRead& b) {
+              const uint64_t ka = rank_key(a.saved_piece),
+                             kb = rank_key(b.saved_piece);
+              return ka != kb ? ka < kb : a.saved_piece < b.saved_piece;
+            });
+
+  // Saved ranks this node's ckptd does not hold (only another node's
+  // manifest describes them) cannot be opened here: refused now, before
+  // any byte moves.
+  {
+    std::vector<bool> here(saved_ws, false);
+    for (uint32_t r : iresp.local_ranks()) here[r] = true;
+    std::vector<uint32_t> away;
+    for (const storage::PlannedRead& rd : reads) {
+      const uint32_t r = saved->piece_rank(rd.saved_piece);
+      if (!here[r] && (away.empty() || away.back() != r)) away.push_back(r);
+    }
+    if (!away.empty())
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": saved ranks [", absl::StrJoin(away, ", "),
+          "] hold pieces asked for, and this node's ckptd does not hold them "
+          "(another node's manifest describes them)"));
+  }
+  // Every tensor is now known to be covered: from here on bytes move.
+  for (size_t first = 0; first < reads.size();) {
+    const uint32_t r = saved->piece_rank(reads[first].saved_piece);
+    size_t end = first;
+    while (end < reads.size() && saved->piece_rank(reads[end].saved_piece) == r)
+      ++end;
+    std::span<const storage::PlannedRead> rank_reads(reads.data() + first,
+                                                     end - first);
+    // The fallback ladder per saved rank: a copy that fails verification
+    // is reported bad, the daemon serves the next one (memory, file,
+    // object), and this rank's runs are copied again from it.
+    std::vector<std::string> tried;
+    absl::Status s;
+    for (int copy = 0; copy < 3; ++copy) {
+      bool opened = false;
+      s = RestoreSavedRankRuns(step, r, *saved, *requested, rank_reads, tensors,
+                               &opened);
+      if (s.ok() || !opened || s.code() != absl::StatusCode::kDataLoss) break;
+      tried.emplace_back(s.message());
+    }
+    if (!s.ok()) {
+      const std::string copies =
+          tried.empty()
+              ? std::string(s.message())
+              : absl::StrCat("no copy verifies; tried ",
+                             absl::StrJoin(tried, "; then "),
+                             tried.back() == s.message()
+                                 ? ""
+                                 : absl::StrCat("; then ", s.message()));
+      // The tensors hold whatever was copied before the failure: say so.
+      return absl::Status(
+          s.code(), absl::StrCat(what, ": saved rank ", r, ": ", copies, " ",
+                                 client::kPartlyWritten));
+    }
+    first = end;
+  }
+  if (layouts != nullptr) {
+    // After a resharding restore: the place each tensor was filled at.
+    layouts->clear();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Place& p = places[i];
+      if (!tensors[i].layout && p.global.size() == tensors[i].shape.size() &&
+          std::equal(p.global.begin(), p.global.end(),
+                     tensors[i].shape.begin()) &&
+          p.name == tensors[i].name) {
+        layouts->push_back(std::nullopt);
+        continue;
+      }
+      TensorLayout l;
+      l.global_shape.assign(p.global.begin(), p.global.end());
+      l.offsets.assign(p.offsets.begin(), p.offsets.end());
+      l.global_name = p.name == tensors[i].name ? "" : p.name;
+      layouts->push_back(std::move(l));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::RestoreSavedRankRuns(
+    int64_t step, uint32_t saved_rank, const storage::LayoutIndex& saved,
+    const storage::LayoutIndex& requested,
+    std::span<const storage::PlannedRead> reads,
+    std::span<const Tensor> tensors, bool* opened) {
+  v1::OpenRestoreRequest open;
+  open.set_job(options_.job);
+  open.set_rank(static_cast<uint32_t>(options_.rank));
+  open.set_step(static_cast<uint64_t>(step));
+  open.set_saved_rank(saved_rank);
+  // A file this process may read is read piece by piece; anything else
+  // comes in a slot.
+  open.set_allow_file_read(true);
+  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  *opened = true;
+  absl::Status s = [&]() -> absl::Status {
+    if (resp.source() == v1::RESTORE_SOURCE_FILE) {
+      SavedSource src;
+      src.path = resp.path();
+      src.fd = ::open(resp.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (src.fd < 0)
+        return ErrnoToStatus(errno,
+                             absl::StrCat("open shard file ", resp.path()));
+      struct stat st {};
+      absl::Status r;
+      if (::fstat(src.fd, &st) != 0)
+        r = ErrnoToStatus(errno, absl::StrCat("fstat ", resp.path()));
+      else if (!S_ISREG(st.st_mode) ||
+               static_cast<uint64_t>(st.st_size) != resp.image_bytes())
+        r = absl::DataLossError(absl::StrCat("shard file ", resp.path(), ": ",
+                                             st.st_size, " bytes, expected ",
+                                             resp.image_bytes()));
+      if (r.ok())
+        r = CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
+      ::close(src.fd);
+      return r;
+    }
+    if (resp.shm_name().empty())
+      return absl::InternalError("OpenRestore: answered without a slot");
+    std::shared_ptr<client::MappedArena> arena;
+    {
+      std::lock_guard<std::mutex> l(arena_mu_);
+      CKPT_ASSIGN_OR_RETURN(arena,
+                            ArenaLocked(resp.shm_name(), resp.arena_bytes(),
+                                        shm::Arena::SlotsOffset()));
+      if (arena != save_arena_) restore_arena_ = arena;
+    }
+    const shm::Arena& a = *arena->arena;
+    if (resp.slot_offset() < a.slot_offset(0) ||
+        resp.slot_offset() > a.size() ||
+        a.size() - resp.slot_offset() < resp.image_bytes())
+      return absl::InternalError(absl::StrCat(
+          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
+          resp.slot_offset(), " lies outside arena ", a.name(), " of ",
+          a.size(), " bytes"));
+    SavedSource src;
+    src.image = a.base() + resp.slot_offset();
+    return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
+  }();
+  v1::CloseRestoreRequest close;
+  close.set_job(options_.job);
+  close.set_rank(saved_rank);
+  close.set_step(static_cast<uint64_t>(step));
+  close.set_lease(resp.lease());
+  if (s.code() == absl::StatusCode::kDataLoss)
+    close.set_bad_copy(std::string(s.message().substr(0, 1024)));
+  absl::Status closed = stub_->CloseRestore(close).status();
+  if (s.ok()) s = closed;
+  return s;
+}
+
+absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
+                                    const SavedSource& src, uint32_t saved_rank,
+                                    const storage::LayoutIndex& saved,
+                                    const storage::LayoutIndex& requested,
+                                    std::span<const storage::PlannedRead> reads,
+                                    std::span<const Tensor> tensors) {
+  // The shard's entries by offset: the index names a piece by its rank and
+  // data offset. Each piece read is checked against its entry (name,
+  // dtype, shape, place), so an index that disagrees with the shard copies
+  // nothing.
+  std::unordered_map<uint64_t, const v1::TensorMeta*> by_offset;
+  for (const v1::TensorMeta& m : resp.tensors())
+    if (m.bytes() != 0) by_offset.emplace(m.offset(), &m);
+
+  struct SavedPiece {
+    const v1::TensorMeta* meta = nullptr;
+    bool by_chunk = false;         // checked chunk by chunk (else whole)
+    size_t first = 0;              // its chunks' entries in `pieces`, from here
+    std::vector<uint64_t> chunks;  // which chunk each entry is
+  };
+  std::vector<bool> touched;
+  std::vector<SavedPiece> used;
+  std::vector<client::CopyRegion> pieces, extra;
+  std::vector<Run> runs, device_runs;
+  struct DeviceRun {
+    const char* src;
+    char* dst;
+    uint64_t bytes;
+    int device;
+  };
+  std::vector<DeviceRun> dma_runs;
+  std::vector<int64_t> chunk_run;
+
+  // Copies and hashes what is gathered, then checks each piece's checksum.
+  auto flush = [&]() -> absl::Status {
+    absl::Status s;
+    std::unique_ptr<client::DeviceCopyBatch> dma;
+    for (const DeviceRun& r : dma_runs) {
+      if (!dma) dma = devices_->NewBatch();
+      s = dma->EnqueueToDevice(r.device, r.dst, r.src, r.bytes);
+      if (!s.ok()) break;
+    }
+    const size_t chunk_pieces = pieces.size();
+    std::vector<uint64_t> hashes;
+    if (s.ok()) {
+      pieces.insert(pieces.end(), extra.begin(), extra.end());
+      hashes.resize(pieces.size());
+      engine_.RunPieces(pieces, hashes);
+    }
+    if (dma) {
+      // Wait even after an enqueue error: the source is released next.
+      absl::Status w = dma->Wait();
+      if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
+    }
+    CKPT_RETURN_IF_ERROR(s);
+    const std::span<const uint64_t> chunk_hashes(hashes.data(), chunk_pieces);
+    for (const SavedPiece& u : used) {
+      const v1::TensorMeta& m = *u.meta;
+      if (!m.has_checksum()) continue;
+      const std::span<const uint64_t> got =
+          chunk_hashes.subspan(u.first, u.chunks.size());
+      if (u.by_chunk) {
+        for (size_t k = 0; k < got.size(); ++k) {
+          const uint64_t want = m.chunk_hashes(static_cast<int>(u.chunks[k]));
+          if (got[k] != want)
+            return absl::DataLossError(absl::StrFormat(
+                "tensor %s of saved rank %d: checksum mismatch in chunk %d "
+                "(stored %016x, computed %016x)",
+                QuotePrefix(m.name()), saved_rank, u.chunks[k], want, got[k]));
+        }
+        continue;
+      }
+      const uint64_t sum = CombineChunkHashes(got);
+      if (sum != m.checksum())
+        return absl::DataLossError(absl::StrFormat(
+            "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
+            "computed %016x)",
+            QuotePrefix(m.name()), saved_rank, m.checksum(), sum));
+    }
+    used.clear();
+    pieces.clear();
+    extra.clear();
+    dma_runs.clear();
+    return absl::OkStatus();
+  };
+  // A file is read a batch of whole pieces at a time into one buffer.
+  uint64_t buffer_bytes = 0, buffer_used = 0;
+  if (src.fd >= 0) {
+    uint64_t largest = 0, total = 0;
+    for (size_t i = 0; i < reads.size(); ++i)
+      if (i == 0 || reads[i].saved_piece != reads[i - 1].saved_piece) {
+        const storage::LayoutTensor& lt =
+            saved.tensors()[saved.piece_tensor(reads[i].saved_piece)];
+        uint64_t n = DTypeSize(lt.dtype);
+        for (uint32_t d = 0; d < lt.ndim; ++d)
+          n *= saved.piece_length(reads[i].saved_piece, d);
+        largest = std::max(largest, AlignUp(n));
+        total += AlignUp(n);
+      }
+    buffer_bytes = std::max(largest, std::min(total, kFileBatchBytes));
+    // The kernel reads the chunks each read needs ahead while earlier
+    // batches are copied and hashed (a hint: an error changes nothing).
+    for (const storage::PlannedRead& rd : reads) {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      storage::ForEachByteRun(saved, requested, rd,
+                              [&](uint64_t so, uint64_t, uint64_t len) {
+                                lo = std::min(lo, so);
+                                hi = std::max(hi, so + len);
+                              });
+      if (hi <= lo) continue;
+      lo = lo / kChecksumChunk * kChecksumChunk;
+      hi = (hi + kChecksumChunk - 1) / kChecksumChunk * kChecksumChunk;
+      (void)::posix_fadvise(
+          src.fd,
+          static_cast<off_t>(saved.piece_data_offset(rd.saved_piece) + lo),
+          static_cast<off_t>(hi - lo), POSIX_FADV_WILLNEED);
+    }
+    CKPT_RETURN_IF_ERROR(EnsureReshardBuffer(buffer_bytes));
+  }
+  for (size_t i = 0; i < reads.size();) {
+    const uint64_t sp = reads[i].saved_piece;
+    const storage::LayoutTensor& lt = saved.tensors()[saved.piece_tensor(sp)];
+    const uint64_t elem = DTypeSize(lt.dtype);
+    auto it = by_offset.find(saved.piece_data_offset(sp));
+    const v1::TensorMeta* m = it == by_offset.end() ? nullptr : it->second;
+    // The entry must be the piece the index lists.
+    bool same = m != nullptr && m->dtype() == static_cast<uint32_t>(lt.dtype) &&
+                static_cast<uint32_t>(m->shape_size()) == lt.ndim;
+    uint64_t n = elem;
+    for (uint32_t d = 0; same && d < lt.ndim; ++d) {
+      const uint64_t len = saved.piece_length(sp, d);
+      n *= len;
+      same = m->shape(static_cast<int>(d)) == len;
+      if (m->global_shape_size() == 0)
+        same =
+            same && saved.piece_offset(sp, d) == 0 && lt.global_shape[d] == len;
+      else
+        same =
+            same && m->global_shape_size() == m->shape_size() &&
+            m->piece_offsets_size() == m->shape_size() &&
+            m->global_shape(static_cast<int>(d)) == lt.global_shape[d] &&
+            m->piece_offsets(static_cast<int>(d)) == saved.piece_offset(sp, d);
+    }
+    if (same)
+      same = (m->global_name().empty() ? m->name() : m->global_name()) ==
+                 lt.name &&
+             m->bytes() == n && m->offset() <= resp.image_bytes() &&
+             resp.image_bytes() - m->offset() >= m->bytes();
+    if (!same)
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor ", QuotePrefix(lt.name), " piece ",
+                       saved.PieceBox(sp).ToString(), " of saved rank ",
+                       saved_rank, ": the shard has no such entry at offset ",
+                       saved.piece_data_offset(sp),
+                       " (the layout index and the shard ", "disagree)"));
+    // Every run of this saved piece, in source order.
+    runs.clear();
+    device_runs.clear();
+    for (; i < reads.size() && reads[i].saved_piece == sp; ++i) {
+      const storage::PlannedRead& rd = reads[i];
+      const size_t ti = requested.piece_data_offset(rd.request);
+      const Tensor& t = tensors[ti];
+      storage::ForEachByteRun(
+          saved, requested, rd, [&](uint64_t so, uint64_t dof, uint64_t len) {
+            Run r{so, static_cast<char*>(t.data) + dof, len,
+                  t.device.is_host() ? -1 : t.device.index};
+            (r.device < 0 ? runs : device_runs).push_back(r);
+          });
+    }
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.src < b.src; });
+    const uint64_t bytes = m->bytes();
+    const uint64_t chunks = ChecksumChunks(bytes);
+    auto chunk_end = [&](uint64_t c) {
+      return std::min(bytes, (c + 1) * kChecksumChunk);
+    };
+    // With the save's chunk hashes (consistent with the piece's checksum),
+    // only the chunks a run touches are read and hashed, each against its
+    // own hash; without them, every chunk, against the checksum.
+    const bool by_chunk = ChunkHashesUsable(*m);
+    touched.assign(chunks, !by_chunk);
+    if (by_chunk) {
+      for (const Run& r : runs)
+        for (uint64_t c = r.src / kChecksumChunk;
+             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
+          touched[c] = true;
+      for (const Run& r : device_runs)
+        for (uint64_t c = r.src / kChecksumChunk;
+             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
+          touched[c] = true;
+    }
+    const char* base = nullptr;
+    if (src.fd < 0) {
+      base = src.image + m->offset();
+    } else {
+      if (buffer_used + bytes > buffer_bytes) {
+        CKPT_RETURN_IF_ERROR(flush());
+        buffer_used = 0;
+      }
+      char* into = reshard_buffer_ + buffer_used;
+      // The touched chunks, a stretch of consecutive ones per read.
+      for (uint64_t c = 0; c < chunks;) {
+        if (!touched[c]) {
+          ++c;
+          continue;
+        }
+        uint64_t e = c;
+        while (e < chunks && touched[e]) ++e;
+        const uint64_t off = c * kChecksumChunk;
+        CKPT_RETURN_IF_ERROR(ReadFully(src.fd, into + off,
+                                       chunk_end(e - 1) - off,
+                                       m->offset() + off, src.path));
+        c = e;
+      }
+      buffer_used += AlignUp(bytes);
+      base = into;
+    }
+    // Chunks that lie whole inside a host run are copied and hashed in one
+    // pass; the other touched ones are hashed in place.
+    chunk_run.assign(chunks, -1);
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const Run& r = runs[k];
+      for (uint64_t c = (r.src + kChecksumChunk - 1) / kChecksumChunk;
+           c < chunks && chunk_end(c) <= r.src + r.bytes; ++c)
+        if (chunk_run[c] < 0) chunk_run[c] = static_cast<int64_t>(k);
+    }
+    SavedPiece u{m, by_chunk, pieces.size(), {}};
+    for (uint64_t c = 0; c < chunks; ++c) {
+      if (!touched[c]) continue;
+      const uint64_t off = c * kChecksumChunk;
+      char* dst = nullptr;
+      if (chunk_run[c] >= 0) {
+        const Run& r = runs[static_cast<size_t>(chunk_run[c])];
+        dst = r.dst + (off - r.src);
+      }
+      pieces.push_back({base + off, dst, chunk_end(c) - off});
+      u.chunks.push_back(c);
+    }
+    used.push_back(std::move(u));
+    // What the fused chunks leave of each run: copied besides, each part
+    // inside one chunk.
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const Run& r = runs[k];
+      for (uint64_t pos = r.src; pos < r.src + r.bytes;) {
+        const uint64_t c = pos / kChecksumChunk;
+        const uint64_t e = std::min(r.src + r.bytes, chunk_end(c));
+        if (!(chunk_run[c] == static_cast<int64_t>(k) &&
+              pos == c * kChecksumChunk))
+          extra.push_back({base + pos, r.dst + (pos - r.src), e - pos});
+        pos = e;
+      }
+    }
+    for (const Run& r : device_runs)
+      dma_runs.push_back({base + r.src, r.dst, r.bytes, r.device});
+  }
+  return flush();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,198 @@
+// LayoutIndex: the step's layout index for a restore into another layout
+// (doc/resharding.md). See restorer.h.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/core/engine_util.h"
+#include "daemon/engine/restorer.h"
+#include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
+#include "storage/manifest.h"
+#include "util/status.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// The node manifests of a step in one tier, each with the index of the
+// pieces of its ranks. A manifest that does not read or validate is an
+// error naming its key (a shared root's torn or foreign file is not
+// skipped silently: the index would then miss ranks for an unclear
+// reason).
+struct ManifestIndex {
+  std::string key;
+  storage::v1::NodeManifest manifest;
+  std::optional<storage::LayoutIndex> index;  // none: the step has no layout
+};
+
+absl::StatusOr<std::vector<ManifestIndex>> ReadManifests(
+    storage::Backend& backend, const std::string& job, uint64_t step) {
+  std::vector<ManifestIndex> out;
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> keys,
+                        backend.List(storage::StepPrefix(job, step)));
+  for (const std::string& key : keys) {
+    absl::StatusOr<storage::ParsedKey> k = storage::ParseKey(key);
+    if (!k.ok() || k->kind != storage::KeyKind::kManifest) continue;
+    ManifestIndex m;
+    m.key = key;
+    CKPT_ASSIGN_OR_RETURN(m.manifest, storage::ReadNodeManifest(backend, key));
+    if (!m.manifest.layout_index().empty()) {
+      // DecodeNodeManifest parsed it already; parsed again for the pieces.
+      absl::StatusOr<storage::LayoutIndex> index =
+          storage::ParseLayoutIndex(m.manifest.layout_index());
+      if (!index.ok())
+        return absl::DataLossError(
+            absl::StrCat(key, ": layout_index: ", index.status().message()));
+      m.index = std::move(*index);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
+    const PeerCreds& peer, const v1::LayoutIndexRequest& req) {
+  // What this node holds, copied under the lock.
+  uint32_t world_size = 0;
+  std::vector<std::vector<v1::TensorMeta>> metas;
+  std::vector<bool> held;
+  {
+    Section lock(&node_);
+    CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
+    // The step's own world size (its shards record it): a job that runs
+    // at another world size now restores a step saved at the old one.
+    world_size = job->rec.world_size();
+    auto step = job->steps.find(req.step());
+    if (step != job->steps.end()) {
+      for (const auto& [r, shard] : step->second.shards) {
+        if (shard.rec.world_size() != 0) {
+          world_size = shard.rec.world_size();
+          break;
+        }
+      }
+      metas.resize(world_size);
+      held.assign(world_size, false);
+      for (const auto& [r, shard] : step->second.shards) {
+        if (shard.rec.world_size() != 0 && shard.rec.world_size() != world_size)
+          return absl::DataLossError(absl::StrCat(
+              "step ", req.step(), ": rank ", r, " was saved at world_size ",
+              shard.rec.world_size(), ", another rank at ", world_size));
+        if (r >= world_size) continue;
+        metas[r].assign(shard.rec.tensors().begin(), shard.rec.tensors().end());
+        held[r] = true;
+      }
+    } else {
+      metas.resize(world_size);
+      held.assign(world_size, false);
+    }
+  }
+  if (world_size == 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", req.job(), "' has world_size 0"));
+  // A whole tensor (no layout) that ranks saved with other dtypes or
+  // shapes is each rank's own (a skeleton, an RNG state): no global tensor
+  // to reshard, so left out of the index instead of failing it.
+  {
+    struct Seen {
+      uint32_t dtype;
+      std::vector<uint64_t> shape;
+      bool conflict = false;
+    };
+    std::map<std::string, Seen> whole;
+    for (const auto& rank : metas)
+      for (const v1::TensorMeta& m : rank) {
+        if (m.global_shape_size() != 0 || !m.global_name().empty()) continue;
+        std::vector<uint64_t> shape(m.shape().begin(), m.shape().end());
+        auto [it, added] = whole.try_emplace(m.name(), Seen{m.dtype(), shape});
+        if (!added &&
+            (it->second.dtype != m.dtype() || it->second.shape != shape))
+          it->second.conflict = true;
+      }
+    for (auto& rank : metas)
+      std::erase_if(rank, [&](const v1::TensorMeta& m) {
+        if (m.global_shape_size() != 0 || !m.global_name().empty())
+          return false;
+        auto it = whole.find(m.name());
+        return it != whole.end() && it->second.conflict;
+      });
+  }
+  storage::LayoutIndexBuilder b(world_size);
+  v1::LayoutIndexResponse resp;
+  resp.set_world_size(world_size);
+  bool any_held = false;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    if (!held[r]) continue;
+    any_held = true;
+    resp.add_local_ranks(r);
+    if (absl::Status s =
+            storage::AddShardPieces(b, r, metas[r], absl::StrCat("rank ", r));
+        !s.ok())
+      return absl::DataLossError(
+          absl::StrCat("layout index of step ", req.step(), ": ", s.message()));
+  }
+  // The other ranks from the node manifests: the root (a shared root in a
+  // cluster), then the object tier.
+  std::vector<std::string> undescribed;
+  std::vector<bool> described = held;
+  auto missing = [&] {
+    return std::find(described.begin(), described.end(), false) !=
+           described.end();
+  };
+  std::vector<storage::Backend*> tiers = {node_.backend};
+  if (node_.object != nullptr) tiers.push_back(node_.object);
+  for (storage::Backend* tier : tiers) {
+    if (!missing()) break;
+    absl::StatusOr<std::vector<ManifestIndex>> ms =
+        ReadManifests(*tier, req.job(), req.step());
+    if (!ms.ok())
+      return Annotate(ms.status(),
+                      absl::StrCat("layout index of step ", req.step(), ": ",
+                                   tier->name()));
+    for (const ManifestIndex& m : *ms) {
+      if (m.manifest.world_size() != world_size)
+        return absl::DataLossError(absl::StrCat(m.key, ": world_size ",
+                                                m.manifest.world_size(),
+                                                ", the job has ", world_size));
+      for (const auto& shard : m.manifest.shards()) {
+        const uint32_t r = shard.rank();
+        if (r >= world_size || described[r]) continue;
+        if (!m.index) {
+          undescribed.push_back(
+              absl::StrCat("rank ", r, " (", m.key, " has no layout_index)"));
+          continue;
+        }
+        if (absl::Status s = storage::AddIndexPieces(b, *m.index, r, m.key);
+            !s.ok())
+          return absl::DataLossError(absl::StrCat(
+              "layout index of step ", req.step(), ": ", s.message()));
+        described[r] = true;
+      }
+    }
+  }
+  if (!any_held && !std::count(described.begin(), described.end(), true))
+    return absl::NotFoundError(
+        absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
+  std::vector<uint32_t> absent;
+  for (uint32_t r = 0; r < world_size; ++r)
+    if (!described[r]) absent.push_back(r);
+  if (!absent.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layout index of job '", req.job(), "' step ", req.step(),
+        ": saved ranks [", absl::StrJoin(absent, ", "), "] of ", world_size,
+        " are described by no shard here and no node manifest",
+        undescribed.empty() ? "" : "; ", absl::StrJoin(undescribed, "; ")));
+  absl::StatusOr<storage::LayoutIndex> index = std::move(b).Finish();
+  if (!index.ok())
+    return absl::DataLossError(absl::StrCat("layout index of step ", req.step(),
+                                            ": ", index.status().message()));
+  resp.set_index(storage::SerializeLayoutIndex(*index));
+  return resp;
+}
+
+}  // namespace ckpt::daemon

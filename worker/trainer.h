@@ -110,6 +110,8 @@ class Trainer {
   // `from`: `step` was saved at another world size (a resized job): this
   // rank restores that saved rank's shard; the batch is re-partitioned
   // over this run's world size by construction (a contiguous slice each).
+  // ZeRO-1: only from->world_size is used; this rank's new slice is
+  // resharded from every saved rank's pieces.
   [[nodiscard]] absl::StatusOr<int64_t> Restore(
       std::optional<int64_t> step,
       std::optional<SavedRank> from = std::nullopt);

@@ -150,7 +150,8 @@ TEST_F(Zero1Test, EndsBitForBitAsPlainDataParallelSavingOnlyItsSlice) {
 // boundaries) from the 4 saved ranks' pieces. The reference is the same
 // code without a failure: 4 ranks train to that step and save it, then
 // 3 ranks restore it (a generation each, as a launcher's plans). Plain
-// data parallel making the same change ends the same too.
+// data parallel making the same change ends the same too, and so do all
+// three when they grow back to 4 ranks at step 40.
 TEST_F(Zero1Test, ShrinkAfterAKillEndsAsTheReferenceThatShrankAtThatStep) {
   const std::vector<std::string> base = {
       "--batch", "12", "--ckpt-every", "5", "--collective-timeout-s", "20"};
@@ -192,6 +193,20 @@ TEST_F(Zero1Test, ShrinkAfterAKillEndsAsTheReferenceThatShrankAtThatStep) {
   std::map<std::string, std::string> plain = shrink;
   plain["CKPT_RESTORE_RANK"] = "0";
   EXPECT_EQ(CommonDigest(RunRanks(3, flags(40, false), "pref", plain)), got);
+
+  // Back to 4 ranks at step 40 (each new slice smaller, spanning saved
+  // ranks' boundaries the other way): the same in all three.
+  const std::map<std::string, std::string> grow = {
+      {"CKPT_GENERATION", "2"},
+      {"CKPT_RESTORE_STEP", "40"},
+      {"CKPT_RESTORE_WORLD_SIZE", "3"}};
+  const std::string grown =
+      CommonDigest(RunRanks(4, flags(50, true), "zk", grow));
+  EXPECT_NE(grown, got);
+  EXPECT_EQ(CommonDigest(RunRanks(4, flags(50, true), "zref", grow)), grown);
+  plain = grow;
+  plain["CKPT_RESTORE_RANK"] = "2";
+  EXPECT_EQ(CommonDigest(RunRanks(4, flags(50, false), "pref", plain)), grown);
 }
 
 TEST_F(Zero1Test, CheckpointOfTheOtherModeIsRefusedNamingBoth) {

@@ -122,16 +122,13 @@ absl::StatusOr<std::vector<Tensor>> TrainCheckpoint::TensorsFor(
 
 absl::Status TrainCheckpoint::CheckMeta(int64_t step, int64_t world) const {
   std::string where = absl::StrCat("checkpoint step ", step, ": ");
-  if (meta_model_[0] != LayoutVersion(zero1_)) {
-    auto what = [](int64_t v) {
-      return v == kZero1LayoutVersion        ? " (ZeRO-1, --zero1)"
-             : v == kCheckpointLayoutVersion ? " (plain data parallel)"
-                                             : "";
-    };
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, "meta/model layout version ", meta_model_[0],
-                     what(meta_model_[0]), ", this run expects ",
-                     LayoutVersion(zero1_), what(LayoutVersion(zero1_))));
+  // Either mode reads the other's checkpoint (Restore).
+  if (meta_model_[0] != kCheckpointLayoutVersion &&
+      meta_model_[0] != kZero1LayoutVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, "meta/model layout version ", meta_model_[0], ", expected ",
+        kCheckpointLayoutVersion, " (plain data parallel) or ",
+        kZero1LayoutVersion, " (ZeRO-1)"));
   }
   if (meta_model_[4] != world) {
     return absl::FailedPreconditionError(
@@ -181,14 +178,82 @@ absl::StatusOr<RestoredState> TrainCheckpoint::Restore(
   CKPT_RETURN_IF_ERROR(
       CheckMeta(step, from ? static_cast<int64_t>(from->world_size)
                            : static_cast<int64_t>(world_size_)));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> all,
-                        TensorsFor(step, meta_rng_[0]));
-  all.resize(all.size() - 3);  // the state; meta is already read
-  if (absl::Status s = read(all); !s.ok()) {
-    return Annotate(s, absl::StrCat("checkpoint step ", step));
+  const bool saved_zero1 = meta_model_[0] == kZero1LayoutVersion;
+  const uint64_t data_seed = static_cast<uint64_t>(meta_rng_[0]);
+  absl::Status s;
+  if (saved_zero1 == zero1_) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<Tensor> all, TensorsFor(step, data_seed));
+    all.resize(all.size() - 3);  // the state; meta is already read
+    s = read(all);
+  } else if (zero1_) {
+    s = ReadSlicesOfWhole(client, step, from);
+  } else {
+    s = ReadWholeFromPieces(client, step);
   }
+  if (!s.ok()) return Annotate(s, absl::StrCat("checkpoint step ", step));
   CKPT_RETURN_IF_ERROR(optimizer_->ReloadMasterState(step));
-  return RestoredState{step, static_cast<uint64_t>(meta_rng_[0])};
+  return RestoredState{step, data_seed};
+}
+
+absl::Status TrainCheckpoint::ReadSlicesOfWhole(Client& client, int64_t step,
+                                                std::optional<SavedRank> from) {
+  // Each tensor this rank's slice touches, whole, then the slice of it.
+  std::vector<size_t> touched;
+  for (const StatePiece& p : pieces_)
+    if (touched.empty() || touched.back() != p.tensor)
+      touched.push_back(p.tensor);
+  std::vector<std::vector<float>> buffers(3 * touched.size());
+  std::vector<Tensor> whole;
+  for (size_t k = 0; k < touched.size(); ++k) {
+    const ParamShape& shape = shapes_[touched[k]];
+    const char* prefixes[3] = {"param/", "adam_m/", "adam_v/"};
+    for (int x = 0; x < 3; ++x) {
+      buffers[3 * k + x].resize(shape.numel);
+      Tensor t;
+      t.name = absl::StrCat(prefixes[x], touched[k]);
+      t.dtype = DType::kFloat32;
+      t.shape = shape.shape;
+      t.data = buffers[3 * k + x].data();
+      whole.push_back(std::move(t));
+    }
+  }
+  CKPT_RETURN_IF_ERROR(from ? client.RestoreSavedRank(step, from->rank, whole)
+                            : client.Restore(step, whole));
+  for (size_t j = 0; j < pieces_.size(); ++j) {
+    const StatePiece& p = pieces_[j];
+    const size_t k = static_cast<size_t>(
+        std::find(touched.begin(), touched.end(), p.tensor) - touched.begin());
+    CKPT_ASSIGN_OR_RETURN(ChunkedAdam::MasterState st,
+                          optimizer_->MasterStateOf(j));
+    float* dst[3] = {st.p, st.m, st.v};
+    for (int x = 0; x < 3; ++x)
+      std::copy_n(buffers[3 * k + x].data() + p.offset, p.numel, dst[x]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainCheckpoint::ReadWholeFromPieces(Client& client,
+                                                  int64_t step) {
+  // Every tensor whole, in the 1-D layout its pieces were saved in: the
+  // client plans it over every saved rank's pieces.
+  std::vector<Tensor> all;
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    CKPT_ASSIGN_OR_RETURN(ChunkedAdam::MasterState st,
+                          optimizer_->MasterStateOf(i));
+    const auto n = static_cast<int64_t>(shapes_[i].numel);
+    for (auto [prefix, data] :
+         {std::pair{"param/", st.p}, {"adam_m/", st.m}, {"adam_v/", st.v}}) {
+      Tensor t;
+      t.name = absl::StrCat(prefix, i);
+      t.dtype = DType::kFloat32;
+      t.shape = {n};
+      t.data = data;
+      t.device = MemoryOf(st);
+      t.layout = TensorLayout{{n}, {0}, ""};
+      all.push_back(std::move(t));
+    }
+  }
+  return client.Restore(step, all);
 }
 
 }  // namespace ckpt::worker

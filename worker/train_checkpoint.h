@@ -17,7 +17,10 @@
 // whose slice misses tensor i saves none of it. Meta is whole on every
 // rank. A restore asks for this run's slice with its layout, and
 // Client::Restore reshards it from the saved pieces when the step was
-// saved at another world size.
+// saved at another world size. Either mode restores the other's
+// checkpoint (a job turns --zero1 on or off at a resume): a ZeRO-1 rank
+// reads the whole tensors its slice touches and keeps its slice; a plain
+// rank asks for each tensor whole in the 1-D layout of the pieces.
 #ifndef CKPT_WORKER_TRAIN_CHECKPOINT_H_
 #define CKPT_WORKER_TRAIN_CHECKPOINT_H_
 
@@ -96,6 +99,12 @@ class TrainCheckpoint {
 
  private:
   Tensor Meta(const char* name, int64_t* data, int64_t count);
+  // A plain checkpoint into this ZeRO-1 rank's slice (of saved rank
+  // from->rank when given).
+  [[nodiscard]] absl::Status ReadSlicesOfWhole(Client& client, int64_t step,
+                                               std::optional<SavedRank> from);
+  // A ZeRO-1 checkpoint into this plain rank's whole state.
+  [[nodiscard]] absl::Status ReadWholeFromPieces(Client& client, int64_t step);
   [[nodiscard]] absl::Status CheckMeta(int64_t step, int64_t world) const;
 
   const MlpConfig model_;

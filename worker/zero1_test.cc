@@ -209,19 +209,39 @@ TEST_F(Zero1Test, ShrinkAfterAKillEndsAsTheReferenceThatShrankAtThatStep) {
   EXPECT_EQ(CommonDigest(RunRanks(4, flags(50, false), "pref", plain)), grown);
 }
 
-TEST_F(Zero1Test, CheckpointOfTheOtherModeIsRefusedNamingBoth) {
-  ASSERT_FALSE(
-      CommonDigest(RunRanks(1, {"--steps", "2", "--ckpt-every", "2"}, "mode"))
-          .empty());
-  std::vector<WorkerRun> r =
-      RunRanks(1, {"--steps", "4", "--zero1", ""}, "mode");
-  EXPECT_EQ(r[0].exit_code(), 1) << r[0].output;
-  EXPECT_NE(r[0].output.find("checkpoint step 2: meta/model layout version 1 "
-                             "(plain data parallel), this run expects 2 "
-                             "(ZeRO-1, --zero1)"),
-            std::string::npos)
-      << r[0].output;
-  EXPECT_EQ(r[0].output.find("step 3 loss"), std::string::npos) << r[0].output;
+// A job turns --zero1 on and off at its resumes, changing its world size
+// too: plain 2 ranks to step 10, ZeRO-1 4 ranks (each reading the whole
+// tensors its slice touches, from saved rank 0) to 20, plain 2 ranks
+// (each reading every tensor whole from the ZeRO-1 pieces) to 30. It
+// ends as the same stretches run plain throughout.
+TEST_F(Zero1Test, AJobSwitchesModeAndWorldSizeAtAResume) {
+  auto stretch = [&](const std::string& job, int world, int steps, bool zero1,
+                     int gen, int from_world) {
+    std::vector<std::string> f = {"--steps", std::to_string(steps),
+                                  "--ckpt-every", "10"};
+    if (zero1) f.insert(f.end(), {"--zero1", ""});
+    std::map<std::string, std::string> env = {
+        {"CKPT_GENERATION", std::to_string(gen)}};
+    if (gen > 0) {
+      env["CKPT_RESTORE_STEP"] = std::to_string(steps - 10);
+      env["CKPT_RESTORE_WORLD_SIZE"] = std::to_string(from_world);
+      env["CKPT_RESTORE_RANK"] = "0";
+    }
+    std::vector<WorkerRun> r = RunRanks(world, f, job, env);
+    if (gen > 0) {
+      EXPECT_NE(r[0].output.find("restored step " + std::to_string(steps - 10)),
+                std::string::npos)
+          << r[0].output;
+    }
+    return CommonDigest(r);
+  };
+  stretch("mode", 2, 10, false, 0, 0);
+  const std::string z = stretch("mode", 4, 20, true, 1, 2);
+  const std::string got = stretch("mode", 2, 30, false, 2, 4);
+  stretch("mref", 2, 10, false, 0, 0);
+  EXPECT_EQ(stretch("mref", 4, 20, false, 1, 2), z);
+  EXPECT_EQ(stretch("mref", 2, 30, false, 2, 4), got);
+  EXPECT_FALSE(got.empty());
 }
 
 }  // namespace

@@ -39,10 +39,12 @@ constexpr int kLongSteps = 160;
 // The small model of these tests; a declared evaluation of 30 ms a step
 // (the weights untouched: the reference runs without it) leaves time to
 // act while the cluster trains.
-std::vector<std::string> WorkerFlags(int steps, bool paced = true) {
+std::vector<std::string> WorkerFlags(int steps, bool paced = true,
+                                     bool zero1 = false) {
   std::vector<std::string> f =
       SmallWorkerFlags(steps, 2, {"--collective-timeout-s", "90"});
   if (paced) f.insert(f.end(), {"--eval-every", "1", "--eval-s", "0.03"});
+  if (zero1) f.push_back("--zero1");
   return f;
 }
 
@@ -89,8 +91,10 @@ class ElasticClusterTest : public ClusterTest {
   };
   // The reference: the stretches one after the other against one
   // standalone ckptd, the same code without a failure; the digest the
-  // last one's ranks end with.
-  std::string Reference(const std::vector<Stretch>& stretches) {
+  // last one's ranks end with. zero1: the workers run --zero1 (each rank
+  // reshards its slice; the saved ranks in `from` are not used).
+  std::string Reference(const std::vector<Stretch>& stretches,
+                        bool zero1 = false) {
     std::filesystem::create_directories(dir_.path() + "/ref-run");
     auto daemon = DaemonProcess::Start(
         dir_.path() + "/ref-root", dir_.path() + "/ref-run", prefixes_.New());
@@ -109,8 +113,8 @@ class ElasticClusterTest : public ClusterTest {
             {absl::StrCat("CKPT_RESTORE_STEP=", st.restore),
              absl::StrCat("CKPT_RESTORE_RANK=", st.from[r]),
              absl::StrCat("CKPT_RESTORE_WORLD_SIZE=", st.saved_world)});
-      log = RunRanks(**daemon, "ref", WorkerFlags(st.steps, false), st.world,
-                     absl::StrCat("reference-", k), env);
+      log = RunRanks(**daemon, "ref", WorkerFlags(st.steps, false, zero1),
+                     st.world, absl::StrCat("reference-", k), env);
       if (k > 0) {
         EXPECT_NE(log.find(absl::StrCat("restored step ", st.restore)),
                   std::string::npos)
@@ -169,6 +173,50 @@ TEST_F(ElasticClusterTest, NodeLostWithoutSpareTrainsOnAtTheSmallerWorldSize) {
   const std::string want =
       Reference({{kWorld, static_cast<int>(step), 0, 0, {}},
                  {kShrunk, kSteps, step, kWorld, from}});
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(digests[0], want);
+  EXPECT_EQ(digests[1], want);
+}
+
+// ZeRO-1 (--zero1): each rank holds and saves only its slice of the
+// optimizer state, so the pieces of node a's ranks are gone with it. The
+// shrunk job's ranks on b restore the last good step (durable in the
+// shared root) resharded: each asks for its new, twice as large slice,
+// and b's ckptd serves a's ranks' pieces from the shared root, its own
+// from memory. The ending is bit for bit the reference's that shrank at
+// the same step (4 ranks to it, then 2 resharding it), which is also
+// plain data parallel's.
+TEST_F(ElasticClusterTest, Zero1JobLosingANodeReshardsOntoTheRanksLeft) {
+  ClusterOptions o = Options(kWorld);
+  o.trainer_command = {CKPT_WORKER_BINARY};
+  for (const std::string& f : WorkerFlags(kSteps, true, /*zero1=*/true))
+    o.trainer_command.push_back(f);
+  o.launcher_args = {"--min-world-size", std::to_string(kShrunk)};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");  // ranks 0, 1
+  cluster_->StartNode("b");  // ranks 2, 3
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(6));
+  cluster_->KillNode("a");
+  ExpectLaunchersSucceed({"b"});
+  const std::string b = cluster_->LauncherLog("b");
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->world_size(), kShrunk) << b;
+  ASSERT_TRUE(job->has_restore_step());
+  const uint64_t step = job->restore_step();
+  EXPECT_EQ(job->restore_world_size(), kWorld);
+  EXPECT_GT(job->last_good_step(), step);
+  EXPECT_NE(b.find(absl::StrCat("restored step ", step)), std::string::npos)
+      << b;
+  EXPECT_NE(b.find("zero1 rank 1 of 2 owns elements ["), std::string::npos)
+      << b;
+  std::map<uint32_t, std::string> digests = WorkerDoneDigests(b);
+  ASSERT_EQ(digests.count(0) + digests.count(1), 2u) << b;
+  const std::string want =
+      Reference({{kWorld, static_cast<int>(step), 0, 0, {}},
+                 {kShrunk, kSteps, step, kWorld, {0, 0}}},
+                /*zero1=*/true);
   ASSERT_FALSE(want.empty());
   EXPECT_EQ(digests[0], want);
   EXPECT_EQ(digests[1], want);

@@ -1,6 +1,7 @@
 #include "worker/data_parallel.h"
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/transport/tcp/device.h>
@@ -12,7 +13,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
@@ -268,6 +271,61 @@ absl::StatusOr<std::vector<uint64_t>> DataParallel::AllGather(uint64_t value) {
   });
   if (!s.ok()) return CollectiveFailed(s);
   return all;
+}
+
+absl::Status DataParallel::GatherBytes(const void* mine, size_t mine_count,
+                                       void* all, size_t all_count,
+                                       size_t elem_size,
+                                       const std::vector<size_t>& counts) {
+  const size_t world = static_cast<size_t>(options_.world_size);
+  if (counts.size() != world)
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgatherv: counts has ", counts.size(),
+                     " entries, world size is ", world));
+  if (counts[options_.rank] != mine_count)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allgatherv: counts[", options_.rank, "] = ", counts[options_.rank],
+        ", this rank gives ", mine_count));
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  if (total != all_count)
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgatherv: the counts add up to ", total,
+                     ", the output holds ", all_count));
+  if (world == 1) {
+    if (mine_count > 0 && mine != all)
+      std::memmove(all, mine, mine_count * elem_size);
+    return absl::OkStatus();
+  }
+  std::vector<size_t> bytes(world);
+  for (size_t r = 0; r < world; ++r) bytes[r] = counts[r] * elem_size;
+  std::string what = absl::StrCat("allgatherv of ", total, " elements on rank ",
+                                  options_.rank, " of ", world);
+  absl::Status s = GlooCall(what, [&] {
+    gloo::AllgathervOptions opts(context_);
+    // gloo reads the input; its API takes a mutable pointer.
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(mine)),
+                  mine_count * elem_size);
+    opts.setOutput(static_cast<uint8_t*>(all), bytes);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(options_.collective_timeout);
+    gloo::allgatherv(opts);
+  });
+  if (!s.ok()) return CollectiveFailed(s);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::AllGatherV(std::span<const uint16_t> mine,
+                                      std::span<uint16_t> all,
+                                      const std::vector<size_t>& counts) {
+  return GatherBytes(mine.data(), mine.size(), all.data(), all.size(),
+                     sizeof(uint16_t), counts);
+}
+
+absl::Status DataParallel::AllGatherV(std::span<const float> mine,
+                                      std::span<float> all,
+                                      const std::vector<size_t>& counts) {
+  return GatherBytes(mine.data(), mine.size(), all.data(), all.size(),
+                     sizeof(float), counts);
 }
 
 }  // namespace ckpt::worker

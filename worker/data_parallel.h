@@ -93,11 +93,24 @@ class DataParallel {
   [[nodiscard]] absl::Status AllReduceMean(std::span<float> values);
   // Every rank's `value`, in rank order.
   [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> AllGather(uint64_t value);
+  // Every rank's slice, in rank order, into `all`: rank r contributes
+  // counts[r] elements (`mine` on this rank), which land at the sum of the
+  // counts before r. `all` holds the sum of every count (ZeRO-1: the
+  // ranks' updated weights). InvalidArgument when the sizes disagree.
+  [[nodiscard]] absl::Status AllGatherV(std::span<const uint16_t> mine,
+                                        std::span<uint16_t> all,
+                                        const std::vector<size_t>& counts);
+  [[nodiscard]] absl::Status AllGatherV(std::span<const float> mine,
+                                        std::span<float> all,
+                                        const std::vector<size_t>& counts);
 
  private:
   explicit DataParallel(const DataParallelOptions& options);
   // A failed collective's status; writes the peer-lost note unless aborted.
   absl::Status CollectiveFailed(const absl::Status& s);
+  absl::Status GatherBytes(const void* mine, size_t mine_count, void* all,
+                           size_t all_count, size_t elem_size,
+                           const std::vector<size_t>& counts);
 
   const DataParallelOptions options_;
   std::unique_ptr<StoreServer> server_;  // rank 0 only

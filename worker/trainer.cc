@@ -80,6 +80,14 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("eval_s = ", o.eval_s, ": must be in (0, 3600]"));
   }
+  if (o.zero1) {
+    size_t total = 0;
+    for (const ParamShape& p : MlpParamShapes(o.model)) total += p.numel;
+    if (total < static_cast<size_t>(o.world_size))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "world_size = ", o.world_size, ": zero1 gives each rank a slice of ",
+          "the ", total, " parameters, fewer than the ranks"));
+  }
   if (o.model.batch % o.world_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch = ", o.model.batch,
@@ -122,13 +130,38 @@ Trainer::~Trainer() {
 }
 
 absl::Status Trainer::Initialize() {
+  const std::vector<ParamShape> shapes = MlpParamShapes(options_.model);
+  std::vector<size_t> numels;
+  size_t total = 0;
+  for (const ParamShape& p : shapes) {
+    tensor_start_.push_back(total);
+    numels.push_back(p.numel);
+    total += p.numel;
+  }
+  if (options_.zero1) {
+    // The slice of the flattened state this rank owns; the optimizer
+    // holds its pieces only.
+    const auto rank = static_cast<size_t>(options_.rank);
+    bounds_ = Zero1Bounds(total, options_.world_size);
+    for (int r = 0; r < options_.world_size; ++r)
+      counts_.push_back(bounds_[r + 1] - bounds_[r]);
+    pieces_ = PiecesOf(numels, bounds_[rank], bounds_[rank + 1]);
+    working_bf16_.resize(total);
+    mine_bf16_.resize(counts_[rank]);
+  } else {
+    for (size_t i = 0; i < shapes.size(); ++i)
+      pieces_.push_back({i, 0, numels[i]});
+  }
   std::vector<TensorSpec> specs;
   size_t largest = 0;
-  for (const ParamShape& p : MlpParamShapes(options_.model)) {
-    specs.push_back({p.name, p.numel});
+  for (const StatePiece& p : pieces_) {
+    specs.push_back({options_.zero1
+                         ? absl::StrCat(shapes[p.tensor].name, ".", p.offset)
+                         : shapes[p.tensor].name,
+                     p.numel});
     largest = std::max(largest, p.numel);
   }
-  // One chunk per big matrix; the small tensors share chunks.
+  // One chunk per big matrix (or piece); the small ones share chunks.
   ChunkedAdamOptions opt;
   opt.adam.lr = options_.lr;
   opt.chunk_elems = largest;
@@ -144,17 +177,16 @@ absl::Status Trainer::Initialize() {
                         ChunkedAdam::Create(device_.get(), specs, opt));
   std::vector<std::vector<float>> init =
       MlpInitialParams(options_.model, options_.seed);
-  for (size_t i = 0; i < init.size(); ++i) {
-    CKPT_RETURN_IF_ERROR(optimizer_->SetParams(i, init[i]));
+  for (size_t j = 0; j < pieces_.size(); ++j) {
+    const StatePiece& p = pieces_[j];
+    CKPT_RETURN_IF_ERROR(optimizer_->SetParams(
+        j, std::span<const float>(init[p.tensor].data() + p.offset, p.numel)));
   }
   bf16_scratch_.resize(largest);
-  if (options_.world_size > 1) {
-    size_t total = 0;
-    for (const TensorSpec& t : specs) total += t.numel;
-    reduce_buffer_.resize(total + 1);
-  }
+  if (options_.world_size > 1) reduce_buffer_.resize(total + 1);
   checkpoint_ = std::make_unique<TrainCheckpoint>(
-      options_.model, options_.world_size, optimizer_.get());
+      options_.model, options_.world_size, optimizer_.get(), options_.zero1,
+      pieces_);
   return absl::OkStatus();
 }
 
@@ -192,6 +224,7 @@ absl::StatusOr<int64_t> Trainer::RestoreThisRank(
   step_ = r.step;
   data_seed_ = r.data_seed;
   restored_ = true;
+  working_step_ = -1;  // the restored weights are not the gathered ones
   return step_;
 }
 
@@ -225,7 +258,39 @@ absl::StatusOr<int64_t> Trainer::JoinGeneration(
   return Restore(step);
 }
 
+absl::Status Trainer::GatherWorkingWeights() {
+  if (working_step_ == optimizer_->step()) return absl::OkStatus();
+  size_t at = 0;
+  for (size_t j = 0; j < pieces_.size(); ++j) {
+    CKPT_RETURN_IF_ERROR(optimizer_->GetParamsBf16(
+        j, std::span<uint16_t>(mine_bf16_.data() + at, pieces_[j].numel)));
+    at += pieces_[j].numel;
+  }
+  if (options_.world_size == 1) {
+    working_bf16_ = mine_bf16_;
+  } else if (comm_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "gathering the working weights: no connection to the other ranks");
+  } else if (absl::Status s =
+                 comm_->AllGatherV(mine_bf16_, working_bf16_, counts_);
+             !s.ok()) {
+    return Annotate(s, absl::StrCat("after step ", step_,
+                                    ": all-gather of the working weights"));
+  }
+  working_step_ = optimizer_->step();
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::LoadWorkingWeights() {
+  if (options_.zero1) {
+    CKPT_RETURN_IF_ERROR(GatherWorkingWeights());
+    for (size_t i = 0; i < model_.num_tensors(); ++i) {
+      std::span<float> w = model_.weights(i);
+      const uint16_t* src = working_bf16_.data() + tensor_start_[i];
+      for (size_t j = 0; j < w.size(); ++j) w[j] = Bf16ToFloat(src[j]);
+    }
+    return absl::OkStatus();
+  }
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
     std::span<float> w = model_.weights(i);
     std::span<uint16_t> bf16(bf16_scratch_.data(), w.size());
@@ -245,6 +310,14 @@ absl::Status Trainer::FinishSave(bool wait_daemon) {
 
 absl::Status Trainer::ReduceGradients(float& loss) {
   if (comm_ == nullptr || options_.world_size == 1) {
+    if (options_.zero1) {
+      for (size_t j = 0; j < pieces_.size(); ++j) {
+        const StatePiece& p = pieces_[j];
+        CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(
+            j, model_.gradients(p.tensor).subspan(p.offset, p.numel)));
+      }
+      return absl::OkStatus();
+    }
     for (size_t i = 0; i < model_.num_tensors(); ++i) {
       CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(i, model_.gradients(i)));
     }
@@ -261,6 +334,19 @@ absl::Status Trainer::ReduceGradients(float& loss) {
   if (absl::Status s = comm_->AllReduceMean(reduce_buffer_); !s.ok()) {
     return Annotate(s,
                     absl::StrCat("step ", step_ + 1, ": gradient allreduce"));
+  }
+  loss = reduce_buffer_.back();
+  if (options_.zero1) {
+    // The whole gradient is reduced (one ring allreduce, as plain data
+    // parallel: the same bits); this rank's optimizer takes its slice.
+    for (size_t j = 0; j < pieces_.size(); ++j) {
+      const StatePiece& p = pieces_[j];
+      CKPT_RETURN_IF_ERROR(optimizer_->SetGradients(
+          j, std::span<const float>(
+                 reduce_buffer_.data() + tensor_start_[p.tensor] + p.offset,
+                 p.numel)));
+    }
+    return absl::OkStatus();
   }
   at = reduce_buffer_.data();
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
@@ -420,7 +506,38 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
   return CheckRanksAgree(absl::StrCat("after step ", step_).c_str());
 }
 
+std::string Trainer::PartitionSummary() const {
+  if (!options_.zero1) return "";
+  const auto rank = static_cast<size_t>(options_.rank);
+  return absl::StrCat("zero1 rank ", options_.rank, " of ", options_.world_size,
+                      " owns elements [", bounds_[rank], ", ",
+                      bounds_[rank + 1], ") of ", bounds_.back(), " in ",
+                      pieces_.size(), " pieces, ",
+                      optimizer_->layout().num_chunks(), " chunks");
+}
+
 absl::StatusOr<uint64_t> Trainer::ParamsDigest() const {
+  if (options_.zero1) {
+    // Every rank's slice of the master weights, gathered: the flattened
+    // tensors in order, as plain data parallel hashes them.
+    std::vector<float> mine(counts_[static_cast<size_t>(options_.rank)]);
+    size_t at = 0;
+    for (size_t j = 0; j < pieces_.size(); ++j) {
+      CKPT_RETURN_IF_ERROR(optimizer_->GetParams(
+          j, std::span<float>(mine.data() + at, pieces_[j].numel)));
+      at += pieces_[j].numel;
+    }
+    std::vector<float> all(bounds_.back());
+    if (options_.world_size == 1) {
+      all = std::move(mine);
+    } else if (comm_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "params digest: no connection to the other ranks");
+    } else {
+      CKPT_RETURN_IF_ERROR(comm_->AllGatherV(mine, all, counts_));
+    }
+    return Hash64(all.data(), all.size() * sizeof(float));
+  }
   std::vector<float> all;
   for (size_t i = 0; i < model_.num_tensors(); ++i) {
     size_t at = all.size();

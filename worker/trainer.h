@@ -14,6 +14,17 @@
 // stay bitwise identical; Restore and Run check that they are (step and
 // params digest gathered from every rank). Every rank saves its own full
 // state as its shard.
+//
+// ZeRO-1 (options.zero1): the optimizer state (fp32 master weights, Adam
+// moments) is partitioned over the ranks: rank r owns the contiguous slice
+// [N r / W, N (r + 1) / W) of the N flattened parameters (tensors in
+// order), cut into one piece per tensor it touches; its ChunkedAdam holds
+// those pieces only. A step allreduces the gradients as above (each rank
+// then uses its slice), runs AdamW on its slice, and all-gathers the
+// updated bf16 working weights so every rank computes with the same ones.
+// Elementwise AdamW on the same reduced gradients gives the same bits as
+// plain data parallel. Each rank saves its slice as pieces with layouts
+// (train_checkpoint.h); a restore at another world size reshards.
 #ifndef CKPT_WORKER_TRAINER_H_
 #define CKPT_WORKER_TRAINER_H_
 
@@ -22,6 +33,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,6 +84,9 @@ struct TrainerOptions {
   // the same weights as one without.
   int eval_every = 0;
   double eval_s = 1.0;  // in (0, 3600]
+  // ZeRO-1: each rank holds and saves only its slice of the optimizer
+  // state (see above). Needs at least world_size parameters.
+  bool zero1 = false;
 };
 
 // InvalidArgument naming the field (steps, ckpt_every, offload_fraction, lr,
@@ -95,6 +110,8 @@ class Trainer {
   // `from`: `step` was saved at another world size (a resized job): this
   // rank restores that saved rank's shard; the batch is re-partitioned
   // over this run's world size by construction (a contiguous slice each).
+  // ZeRO-1: only from->world_size is used; this rank's new slice is
+  // resharded from every saved rank's pieces.
   [[nodiscard]] absl::StatusOr<int64_t> Restore(
       std::optional<int64_t> step,
       std::optional<SavedRank> from = std::nullopt);
@@ -126,7 +143,13 @@ class Trainer {
   // Loss of every step run by this process, in order.
   const std::vector<float>& losses() const { return losses_; }
   // XXH3-64 (util Hash64) of every fp32 master weight, tensors in order.
+  // ZeRO-1: the ranks' slices are gathered first (a collective: every
+  // rank calls it at the same point); the digest equals plain data
+  // parallel's for the same weights.
   [[nodiscard]] absl::StatusOr<uint64_t> ParamsDigest() const;
+  // ZeRO-1: "zero1 rank R of W owns elements [lo, hi) of N in P pieces,
+  // C chunks"; plain data parallel: "".
+  std::string PartitionSummary() const;
 
  private:
   [[noreturn]] void HangForever(int64_t step);
@@ -147,6 +170,9 @@ class Trainer {
   // FailedPrecondition naming the ranks when their step or weights differ.
   [[nodiscard]] absl::Status CheckRanksAgree(const char* when);
   absl::Status LoadWorkingWeights();
+  // ZeRO-1: gathers every rank's updated bf16 working weights into
+  // working_bf16_ (once per optimizer step or restore).
+  [[nodiscard]] absl::Status GatherWorkingWeights();
   [[nodiscard]] absl::Status FinishSave(bool wait_daemon);
 
   const TrainerOptions options_;
@@ -161,6 +187,18 @@ class Trainer {
   const std::atomic<bool>* stop_ = nullptr;
   std::vector<uint16_t> bf16_scratch_;
   std::vector<float> reduce_buffer_;  // every gradient, then the loss
+  // What the optimizer holds: tensor j is pieces_[j] (plain data
+  // parallel: every whole tensor, so j is the model's tensor index).
+  std::vector<StatePiece> pieces_;
+  std::vector<size_t> tensor_start_;  // flattened offset of model tensor i
+  // ZeRO-1: every rank's slice, its element counts, and the gathered
+  // bf16 working weights (flattened); valid for the optimizer step
+  // working_step_ unless invalidated by a restore.
+  std::vector<size_t> bounds_;
+  std::vector<size_t> counts_;
+  std::vector<uint16_t> working_bf16_;
+  std::vector<uint16_t> mine_bf16_;
+  int64_t working_step_ = -1;
   uint64_t data_seed_;
   int64_t step_ = 0;
   bool first_step_done_ = false;

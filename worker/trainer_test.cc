@@ -51,6 +51,67 @@ TEST(TrainerTest, RerunGivesTheSameDigestAndOffloadDoesNotChangeIt) {
   EXPECT_EQ(half, digest(1.0));
 }
 
+// ZeRO-1's partition: every flattened element in exactly one rank's
+// slice, the slices within one element of each other, each cut into
+// pieces that stay inside their tensor.
+TEST(TrainerTest, Zero1SlicesCoverEveryElementOnceInTensorPieces) {
+  std::vector<size_t> numels;
+  size_t total = 0;
+  for (const ParamShape& p : MlpParamShapes(Small(1).model)) {
+    numels.push_back(p.numel);
+    total += p.numel;
+  }
+  for (int world : {1, 2, 3, 4, 6, 7, 64}) {
+    std::vector<size_t> bounds = Zero1Bounds(total, world);
+    ASSERT_EQ(bounds.size(), static_cast<size_t>(world) + 1);
+    EXPECT_EQ(bounds.front(), 0u);
+    EXPECT_EQ(bounds.back(), total);
+    std::vector<int> owners(total, 0);
+    for (int r = 0; r < world; ++r) {
+      const size_t n = bounds[r + 1] - bounds[r];
+      EXPECT_LE(n, total / world + 1) << "world " << world << " rank " << r;
+      EXPECT_GE(n, total / world) << "world " << world << " rank " << r;
+      size_t at = bounds[r];
+      for (const StatePiece& p : PiecesOf(numels, bounds[r], bounds[r + 1])) {
+        ASSERT_LT(p.tensor, numels.size());
+        ASSERT_GT(p.numel, 0u);
+        ASSERT_LE(p.offset + p.numel, numels[p.tensor]);
+        size_t start = 0;
+        for (size_t i = 0; i < p.tensor; ++i) start += numels[i];
+        EXPECT_EQ(start + p.offset, at) << "pieces in flattened order";
+        for (size_t e = 0; e < p.numel; ++e) ++owners[at + e];
+        at += p.numel;
+      }
+      EXPECT_EQ(at, bounds[r + 1]);
+    }
+    for (size_t e = 0; e < total; ++e)
+      ASSERT_EQ(owners[e], 1) << "world " << world << " element " << e;
+  }
+}
+
+// One rank holding the whole slice computes what plain training does;
+// more ranks than parameters are refused naming world_size.
+TEST(TrainerTest, Zero1AloneMatchesPlainAndRefusesTooManyRanks) {
+  TrainerOptions o = Small(12);
+  auto plain = Trainer::Create(o, nullptr);
+  o.zero1 = true;
+  auto zero1 = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(plain.ok() && zero1.ok()) << zero1.status();
+  ASSERT_TRUE((*plain)->Run(nullptr).ok());
+  ASSERT_TRUE((*zero1)->Run(nullptr).ok());
+  EXPECT_EQ(*(*plain)->ParamsDigest(), *(*zero1)->ParamsDigest());
+  EXPECT_EQ((*plain)->losses(), (*zero1)->losses());
+
+  TrainerOptions tiny = Small(1);
+  tiny.model = MlpConfig{/*vocab=*/2, /*dim=*/1, /*layers=*/1, /*seq=*/1,
+                         /*batch=*/64};
+  tiny.zero1 = true;
+  tiny.world_size = 64;
+  absl::Status s = ValidateTrainerOptions(tiny);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.ToString().find("world_size = 64"), std::string::npos) << s;
+}
+
 TEST(TrainerTest, DifferentSeedsGiveDifferentWeights) {
   TrainerOptions a = Small(3), b = Small(3);
   b.seed = 12;

@@ -17,7 +17,10 @@
 //                          another world size (a resized job): restore
 //                          that saved rank's shard (every rank holds the
 //                          whole state) and train on at WORLD_SIZE, the
-//                          batch re-partitioned over it
+//                          batch re-partitioned over it. With --zero1
+//                          CKPT_RESTORE_WORLD_SIZE alone is enough: each
+//                          rank reshards its new slice from every saved
+//                          rank's pieces (CKPT_RESTORE_RANK is ignored)
 //   CKPT_GENERATION        the job generation (carried by every save)
 //   CKPT_RESTART_DIR       ckptrun's directory of in-process restart: the
 //                          worker says it can restart in its process, and
@@ -152,6 +155,7 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
     CKPT_ASSIGN_OR_RETURN(
         trainer, Trainer::Create(options, std::move(client), std::move(comm)));
     trainer->SetStopFlag(stop);
+    if (options.zero1) std::printf("%s\n", trainer->PartitionSummary().c_str());
     CKPT_ASSIGN_OR_RETURN(
         start, trainer->Restore(a.plan.restore_step, a.restore_from));
   } else {
@@ -189,11 +193,14 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
   CKPT_ASSIGN_OR_RETURN(
       std::optional<int64_t> restore_rank,
       EnvInt("CKPT_RESTORE_RANK", 0, restore_world.value_or(1 << 20) - 1));
-  if (restore_rank.has_value() != restore_world.has_value() ||
-      (restore_rank.has_value() && !restore_step.has_value()))
+  if ((restore_rank.has_value() && !restore_world.has_value()) ||
+      (restore_world.has_value() && !restore_rank.has_value() &&
+       !options.zero1) ||
+      (restore_world.has_value() && !restore_step.has_value()))
     return absl::InvalidArgumentError(
         "$CKPT_RESTORE_RANK: needs $CKPT_RESTORE_WORLD_SIZE and "
-        "$CKPT_RESTORE_STEP (and they it)");
+        "$CKPT_RESTORE_STEP (and they it; with --zero1 "
+        "$CKPT_RESTORE_WORLD_SIZE needs only $CKPT_RESTORE_STEP)");
   Assignment a;
   a.generation = static_cast<uint64_t>(generation.value_or(0));
   a.generation_known = generation.has_value();
@@ -203,9 +210,9 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
       Env("MASTER_ADDR") != nullptr ? Env("MASTER_ADDR") : dp.master_addr;
   a.plan.master_port = static_cast<uint32_t>(port.value_or(dp.master_port));
   a.plan.restore_step = restore_step;
-  if (restore_rank.has_value())
+  if (restore_world.has_value())
     a.restore_from =
-        ckpt::worker::SavedRank{static_cast<uint32_t>(*restore_rank),
+        ckpt::worker::SavedRank{static_cast<uint32_t>(restore_rank.value_or(0)),
                                 static_cast<uint32_t>(*restore_world)};
   if (local_rank.has_value() && *local_rank > a.plan.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -385,6 +392,10 @@ int main(int argc, char** argv) {
                  "the hang detector as a pause (0: never)");
   app.add_option("--eval-s", o.eval_s,
                  "how long each evaluation runs, in (0, 3600] seconds");
+  app.add_flag("--zero1", o.zero1,
+               "ZeRO-1: partition the optimizer state (fp32 master weights, "
+               "Adam moments) over the data-parallel ranks; each rank saves "
+               "its slice, and a restore at another world size reshards it");
   bool no_in_process_restart = false;
   app.add_flag("--no-in-process-restart", no_in_process_restart,
                "under a launcher that hands out restart plans "

@@ -276,6 +276,32 @@ TEST_F(WorkerRestartTest, SurvivorOfAKilledPeerWaitsForThePlanInItsProcess) {
   }
 }
 
+// The same under ZeRO-1: the survivor restores its slice in its process
+// (the new generation's trainer keeps its partition) and the killed
+// rank's replacement reads its own; both end at the undisturbed plain
+// run's digest (ZeRO-1 computes the same bits).
+TEST_F(WorkerRestartTest, Zero1SurvivorRestoresItsSliceInItsProcess) {
+  const std::string want = Reference(kFlags);
+  std::vector<std::string> flags = kFlags;
+  flags.insert(flags.end(), {"--zero1", ""});
+  const std::string dir0 = NewRestartDir();
+  const int port = FreePort();
+  auto r0 = StartRank(0, 0, port, dir0, flags);
+  auto r1 = StartRank(1, 0, port, NewRestartDir(), flags, {}, "step 5 loss");
+  ASSERT_TRUE(r1->Wait().killed());
+  ASSERT_TRUE(r0->WaitForLine("rank 0: ")) << r0->Output();
+  const int next_port = FreePort();
+  auto r1b = StartRank(1, 1, next_port, NewRestartDir(), flags, 4);
+  WritePlan(dir0, 0, 1, next_port, 4);
+  for (auto* r : {r0.get(), r1b.get()}) {
+    ASSERT_TRUE(r->WaitForLine("generation 1: training from step 4"))
+        << r->Output();
+    WorkerRun run = r->Wait();
+    ASSERT_TRUE(run.exited_ok()) << run.output;
+    EXPECT_EQ(run.Digest(), want) << run.output;
+  }
+}
+
 // A warm process (ckptrun --warm): started ahead with no rank, it says it
 // is capable and waits; the plan makes it the killed rank, which restores
 // and the run ends bit-identical.

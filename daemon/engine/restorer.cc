@@ -100,6 +100,17 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
                                             " for rank ", shard_rank, newest));
   };
   Shard* shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
+  if (shard == nullptr && req.has_saved_rank()) {
+    // Another node's saved rank (a resharded restore after that node was
+    // lost): loaded from storage here, with the lock released.
+    lock.Unlock();
+    absl::Status fetched = FetchSavedRank(req.job(), req.step(), shard_rank);
+    lock.Relock();
+    if (!fetched.ok() && !absl::IsNotFound(fetched)) return fetched;
+    CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
+    CKPT_RETURN_IF_ERROR(bad_rank(*job));
+    shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
+  }
   if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {

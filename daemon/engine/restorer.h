@@ -57,6 +57,14 @@ class Restorer {
   using Section = NodeState::Section;
   using Rank = RankSlots;
 
+  // OpenRestore of a saved rank this node does not hold (a restore into
+  // another layout reads every saved rank whose pieces it needs, those of
+  // a lost node too): loads it, as a PREFETCH order would, from the key
+  // the step's node manifests name for it (the root, a shared root in a
+  // cluster, then the object tier). NotFound when no manifest names it.
+  // Call with the lock released.
+  [[nodiscard]] absl::Status FetchSavedRank(const std::string& job,
+                                            uint64_t step, uint32_t rank);
   // OpenRestore: waits while a peer fetch of the shard runs.
   [[nodiscard]] absl::Status WaitFetch(const std::string& job, uint64_t step,
                                        uint32_t rank)

@@ -195,4 +195,27 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   return resp;
 }
 
+absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
+                                      uint32_t rank) {
+  std::vector<storage::Backend*> tiers = {node_.backend};
+  if (node_.object != nullptr) tiers.push_back(node_.object);
+  for (storage::Backend* tier : tiers) {
+    absl::StatusOr<std::vector<ManifestIndex>> ms =
+        ReadManifests(*tier, job, step);
+    if (!ms.ok())
+      return Annotate(ms.status(),
+                      absl::StrCat("saved rank ", rank, " of step ", step, ": ",
+                                   tier->name()));
+    for (const ManifestIndex& m : *ms)
+      for (const auto& shard : m.manifest.shards())
+        if (shard.rank() == rank)
+          return Annotate(Prefetch(job, m.manifest.world_size(), step, rank,
+                                   shard.key(), std::nullopt),
+                          absl::StrCat("saved rank ", rank, " of step ", step,
+                                       " from ", shard.key()));
+  }
+  return absl::NotFoundError(absl::StrCat("saved rank ", rank, " of step ",
+                                          step, ": in no node manifest"));
+}
+
 }  // namespace ckpt::daemon

@@ -218,8 +218,11 @@ absl::Status Client::Impl::RestoreResharded(
             });
 
   // Saved ranks this node's ckptd does not hold (only another node's
-  // manifest describes them) cannot be opened here: refused now, before
-  // any byte moves.
+  // manifest describes them, e.g. the ranks of a lost node): the daemon
+  // loads each from the key that manifest names (the shared root, then
+  // the object tier) when it is opened. They are opened (and closed) here
+  // first, so that one that cannot be loaded is refused before any byte
+  // moves; once loaded, the daemon holds them like a PREFETCH's copies.
   {
     std::vector<bool> here(saved_ws, false);
     for (uint32_t r : iresp.local_ranks()) here[r] = true;
@@ -228,11 +231,26 @@ absl::Status Client::Impl::RestoreResharded(
       const uint32_t r = saved->piece_rank(rd.saved_piece);
       if (!here[r] && (away.empty() || away.back() != r)) away.push_back(r);
     }
-    if (!away.empty())
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": saved ranks [", absl::StrJoin(away, ", "),
-          "] hold pieces asked for, and this node's ckptd does not hold them "
-          "(another node's manifest describes them)"));
+    for (uint32_t r : away) {
+      v1::OpenRestoreRequest open;
+      open.set_job(options_.job);
+      open.set_rank(static_cast<uint32_t>(options_.rank));
+      open.set_step(static_cast<uint64_t>(step));
+      open.set_saved_rank(r);
+      absl::StatusOr<v1::OpenRestoreResponse> resp = stub_->OpenRestore(open);
+      if (!resp.ok())
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": saved rank ", r,
+            " holds pieces asked for, is not on this node, and this node's "
+            "ckptd could not load it (",
+            resp.status().message(), ")"));
+      v1::CloseRestoreRequest close;
+      close.set_job(options_.job);
+      close.set_rank(r);
+      close.set_step(static_cast<uint64_t>(step));
+      close.set_lease(resp->lease());
+      CKPT_RETURN_IF_ERROR(stub_->CloseRestore(close).status());
+    }
   }
   // Every tensor is now known to be covered: from here on bytes move.
   for (size_t first = 0; first < reads.size();) {

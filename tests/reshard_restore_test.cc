@@ -372,7 +372,7 @@ TEST_F(ReshardRestoreTest,
   };
   v1::LayoutIndexResponse resp;
   grpc::Status gs = ask(&resp);
-  EXPECT_EQ(gs.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(gs.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(gs.error_message().find("saved ranks [2, 3] of 4 are described "
                                     "by no shard here and no node manifest"),
             std::string::npos)
@@ -437,8 +437,9 @@ TEST_F(ReshardRestoreTest,
                            hi_row - lo_row, ", ", kCols, "]"));
   }
   EXPECT_EQ(index->tensors()[index->FindTensor("whole")].num_pieces, 4u);
-  // A restore that needs ranks 2 and 3 cannot open them through this ckptd:
-  // refused naming them, and nothing is written.
+  // A restore that needs ranks 2 and 3: this ckptd tries to load them from
+  // the keys the manifest names, which hold nothing: refused naming the
+  // first, and nothing is written.
   {
     auto c = Connect("merged", 0, 1);
     ASSERT_NE(c, nullptr);
@@ -451,8 +452,9 @@ TEST_F(ReshardRestoreTest,
                               std::nullopt}};
     absl::Status st = c->Restore(1, t);
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-    EXPECT_NE(st.message().find("saved ranks [2, 3] hold pieces asked for, "
-                                "and this node's ckptd does not hold them"),
+    EXPECT_NE(st.message().find("saved rank 2 holds pieces asked for, is "
+                                "not on this node, and this node's ckptd "
+                                "could not load it"),
               std::string::npos)
         << st;
     EXPECT_EQ(rows, std::vector<float>(kRows * kCols, -1.0f));

@@ -181,8 +181,10 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   std::vector<uint32_t> absent;
   for (uint32_t r = 0; r < world_size; ++r)
     if (!described[r]) absent.push_back(r);
+  // The step is not complete here: NotFound, as for a step no rank saved
+  // (a restore then answers what its own shard said).
   if (!absent.empty())
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::NotFoundError(absl::StrCat(
         "layout index of job '", req.job(), "' step ", req.step(),
         ": saved ranks [", absl::StrJoin(absent, ", "), "] of ", world_size,
         " are described by no shard here and no node manifest",

@@ -159,6 +159,15 @@ class Client::Impl {
   [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                            const char* image,
                                            std::span<const Tensor> tensors);
+  // The image the daemon put in a slot for an OpenRestore: the arena
+  // mapped (kept by `arena`), the answer's offset and size checked
+  // against it.
+  struct SlotImage {
+    std::shared_ptr<client::MappedArena> arena;
+    const char* image = nullptr;
+  };
+  [[nodiscard]] absl::StatusOr<SlotImage> MapSlotImage(
+      const v1::OpenRestoreResponse& resp);
 
   // Restore into another layout (reshard_restore.cc): the step's layout
   // index from the daemon, the planner's reads, each saved rank opened in

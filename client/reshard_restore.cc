@@ -349,24 +349,9 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
     }
     if (resp.shm_name().empty())
       return absl::InternalError("OpenRestore: answered without a slot");
-    std::shared_ptr<client::MappedArena> arena;
-    {
-      std::lock_guard<std::mutex> l(arena_mu_);
-      CKPT_ASSIGN_OR_RETURN(arena,
-                            ArenaLocked(resp.shm_name(), resp.arena_bytes(),
-                                        shm::Arena::SlotsOffset()));
-      if (arena != save_arena_) restore_arena_ = arena;
-    }
-    const shm::Arena& a = *arena->arena;
-    if (resp.slot_offset() < a.slot_offset(0) ||
-        resp.slot_offset() > a.size() ||
-        a.size() - resp.slot_offset() < resp.image_bytes())
-      return absl::InternalError(absl::StrCat(
-          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
-          resp.slot_offset(), " lies outside arena ", a.name(), " of ",
-          a.size(), " bytes"));
+    CKPT_ASSIGN_OR_RETURN(SlotImage slot, MapSlotImage(resp));
     SavedSource src;
-    src.image = a.base() + resp.slot_offset();
+    src.image = slot.image;
     return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
   }();
   v1::CloseRestoreRequest close;

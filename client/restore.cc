@@ -190,27 +190,33 @@ absl::Status Client::Impl::RestoreOneCopy(
   return report(RestoreFromSlot(resp, tensors, lease_rank));
 }
 
+absl::StatusOr<Client::Impl::SlotImage> Client::Impl::MapSlotImage(
+    const v1::OpenRestoreResponse& resp) {
+  SlotImage slot;
+  {
+    std::lock_guard<std::mutex> l(arena_mu_);
+    CKPT_ASSIGN_OR_RETURN(slot.arena,
+                          ArenaLocked(resp.shm_name(), resp.arena_bytes(),
+                                      shm::Arena::SlotsOffset()));
+    if (slot.arena != save_arena_) restore_arena_ = slot.arena;
+  }
+  const shm::Arena& a = *slot.arena->arena;
+  if (resp.slot_offset() < a.slot_offset(0) || resp.slot_offset() > a.size() ||
+      a.size() - resp.slot_offset() < resp.image_bytes())
+    return absl::InternalError(absl::StrCat(
+        "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
+        resp.slot_offset(), " lies outside arena ", a.name(), " of ", a.size(),
+        " bytes"));
+  slot.image = a.base() + resp.slot_offset();
+  return slot;
+}
+
 absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
                                            std::span<const Tensor> tensors,
                                            uint32_t lease_rank) {
   absl::Status s = [&]() -> absl::Status {
-    std::shared_ptr<client::MappedArena> arena;
-    {
-      std::lock_guard<std::mutex> l(arena_mu_);
-      CKPT_ASSIGN_OR_RETURN(arena,
-                            ArenaLocked(resp.shm_name(), resp.arena_bytes(),
-                                        shm::Arena::SlotsOffset()));
-      if (arena != save_arena_) restore_arena_ = arena;
-    }
-    const shm::Arena& a = *arena->arena;
-    if (resp.slot_offset() < a.slot_offset(0) ||
-        resp.slot_offset() > a.size() ||
-        a.size() - resp.slot_offset() < resp.image_bytes())
-      return absl::InternalError(absl::StrCat(
-          "OpenRestore: image of ", resp.image_bytes(), " bytes at offset ",
-          resp.slot_offset(), " lies outside arena ", a.name(), " of ",
-          a.size(), " bytes"));
-    return CopyOutOfSlot(resp, a.base() + resp.slot_offset(), tensors);
+    CKPT_ASSIGN_OR_RETURN(SlotImage slot, MapSlotImage(resp));
+    return CopyOutOfSlot(resp, slot.image, tensors);
   }();
 
   v1::CloseRestoreRequest close;

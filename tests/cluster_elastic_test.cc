@@ -50,6 +50,7 @@ std::vector<std::string> WorkerFlags(int steps, bool paced = true,
 
 class ElasticClusterTest : public ClusterTest {
  protected:
+  void GrowsBackAfterItsNodeReturns(bool zero1);
   // `world` ckpt-worker ranks of `flags` against `daemon`, job `job`,
   // with `env` (per rank) added; every one must exit 0. Returns the log.
   std::string RunRanks(const DaemonProcess& daemon, const std::string& job,
@@ -226,11 +227,14 @@ TEST_F(ElasticClusterTest, Zero1JobLosingANodeReshardsOntoTheRanksLeft) {
 // nothing restarts until the job's next commit, where one plan grows it
 // back to 4 ranks (a's new ranks 2 and 3 restoring saved ranks 0 and 1 of
 // that step, fetched), and the ending is bit for bit the reference's that
-// shrank and grew at the same steps.
-TEST_F(ElasticClusterTest, ReturnedNodeGrowsTheJobBackAtItsNextCommit) {
+// shrank and grew at the same steps. zero1: the workers run --zero1, so
+// the grown ranks reshard their slices from the two saved ranks, on a
+// node whose ckptd still holds the abandoned 4-rank timeline's shards of
+// the same step numbers (ranks 2 and 3 were b's before the shrink).
+void ElasticClusterTest::GrowsBackAfterItsNodeReturns(bool zero1) {
   ClusterOptions o = Options(kWorld);
   o.trainer_command = {CKPT_WORKER_BINARY};
-  for (const std::string& f : WorkerFlags(kLongSteps))
+  for (const std::string& f : WorkerFlags(kLongSteps, /*paced=*/true, zero1))
     o.trainer_command.push_back(f);
   o.launcher_args = {"--min-world-size", std::to_string(kShrunk)};
   cluster_ = std::make_unique<Cluster>(o);
@@ -274,10 +278,19 @@ TEST_F(ElasticClusterTest, ReturnedNodeGrowsTheJobBackAtItsNextCommit) {
   const std::string want = Reference(
       {{kWorld, static_cast<int>(shrink_step), 0, 0, {}},
        {kShrunk, static_cast<int>(grow_step), shrink_step, kWorld, shrink_from},
-       {kWorld, kLongSteps, grow_step, kShrunk, grow_from}});
+       {kWorld, kLongSteps, grow_step, kShrunk, grow_from}},
+      zero1);
   ASSERT_FALSE(want.empty());
   for (const auto& [rank, digest] : digests)
     EXPECT_EQ(digest, want) << "rank " << rank;
+}
+
+TEST_F(ElasticClusterTest, ReturnedNodeGrowsTheJobBackAtItsNextCommit) {
+  GrowsBackAfterItsNodeReturns(/*zero1=*/false);
+}
+
+TEST_F(ElasticClusterTest, Zero1JobGrowsBackWhenItsNodeReturns) {
+  GrowsBackAfterItsNodeReturns(/*zero1=*/true);
 }
 
 }  // namespace

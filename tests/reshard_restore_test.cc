@@ -471,5 +471,57 @@ TEST_F(ReshardRestoreTest,
       << gs.error_message();
 }
 
+// A step number saved twice: by an abandoned timeline at world size 4
+// (rank 2, generation 1), then by the job resized to 2 ranks (generation
+// 2), as a job that shrank and saves again does. The step is the newer
+// generation's: the index leaves the older shard of another world size
+// out, where it used to refuse the mix, and a restore at 3 ranks reads the
+// two ranks of the newer timeline.
+TEST_F(ReshardRestoreTest, AStepSavedAgainAtAnotherWorldSizeIsTheNewerOnes) {
+  Global g;
+  {
+    ClientOptions o = OptionsFor(*daemon_, "again", 2, kSaved);
+    o.generation = 1;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RankState s = SavedRank(g, 2);
+    ASSERT_TRUE((*c)->Save(8, s.tensors).ok());
+  }
+  std::vector<RankState> saved;
+  for (int r = 0; r < 2; ++r) {
+    ClientOptions o = OptionsFor(*daemon_, "again", r, 2);
+    o.generation = 2;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RankState s = Asked(2, r);
+    auto [lo, hi] = Split(kRows, 2, r);
+    std::copy(g.rows.begin() + lo * kCols, g.rows.begin() + hi * kCols,
+              s.rows.begin());
+    ASSERT_TRUE((*c)->Save(8, s.tensors).ok());
+  }
+  grpc::ClientContext ctx;
+  v1::LayoutIndexRequest req;
+  req.set_job("again");
+  req.set_step(8);
+  v1::LayoutIndexResponse resp;
+  grpc::Status gs = daemon_->Stub()->LayoutIndex(&ctx, req, &resp);
+  ASSERT_TRUE(gs.ok()) << gs.error_message();
+  EXPECT_EQ(resp.world_size(), 2u);
+  EXPECT_EQ(std::vector<uint32_t>(resp.local_ranks().begin(),
+                                  resp.local_ranks().end()),
+            (std::vector<uint32_t>{0, 1}));
+  ClientOptions o = OptionsFor(*daemon_, "again", 1, 3);
+  o.generation = 3;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RankState s = Asked(3, 1);
+  std::vector<Tensor> rows = {s.tensors[0]};
+  absl::Status st = (*c)->Restore(8, rows);
+  ASSERT_TRUE(st.ok()) << st;
+  auto [lo, hi] = Split(kRows, 3, 1);
+  EXPECT_TRUE(
+      std::equal(s.rows.begin(), s.rows.end(), g.rows.begin() + lo * kCols));
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -62,6 +62,7 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   uint32_t world_size = 0;
   std::vector<std::vector<v1::TensorMeta>> metas;
   std::vector<bool> held;
+  bool left_out_older = false;  // shards of an abandoned timeline
   {
     Section lock(&node_);
     CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
@@ -70,8 +71,17 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
     world_size = job->rec.world_size();
     auto step = job->steps.find(req.step());
     if (step != job->steps.end()) {
+      // A step number saved again by a resized job (a newer generation)
+      // after an abandoned timeline saved it at another world size: the
+      // newest generation's shards are the step, the older ones of
+      // another world size are left out (a job that grows back restores
+      // the step its smaller self committed).
+      uint64_t newest = 0;
+      for (const auto& [r, shard] : step->second.shards)
+        if (shard.rec.world_size() != 0)
+          newest = std::max<uint64_t>(newest, shard.rec.generation());
       for (const auto& [r, shard] : step->second.shards) {
-        if (shard.rec.world_size() != 0) {
+        if (shard.rec.world_size() != 0 && shard.rec.generation() == newest) {
           world_size = shard.rec.world_size();
           break;
         }
@@ -79,6 +89,12 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
       metas.resize(world_size);
       held.assign(world_size, false);
       for (const auto& [r, shard] : step->second.shards) {
+        if (shard.rec.world_size() != 0 &&
+            shard.rec.world_size() != world_size &&
+            shard.rec.generation() < newest) {
+          left_out_older = true;
+          continue;
+        }
         if (shard.rec.world_size() != 0 && shard.rec.world_size() != world_size)
           return absl::DataLossError(absl::StrCat(
               "step ", req.step(), ": rank ", r, " was saved at world_size ",
@@ -155,6 +171,8 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
                       absl::StrCat("layout index of step ", req.step(), ": ",
                                    tier->name()));
     for (const ManifestIndex& m : *ms) {
+      // The abandoned timeline's node manifests go with its shards.
+      if (m.manifest.world_size() != world_size && left_out_older) continue;
       if (m.manifest.world_size() != world_size)
         return absl::DataLossError(absl::StrCat(m.key, ": world_size ",
                                                 m.manifest.world_size(),

@@ -10,11 +10,13 @@ dir=$(cd "${BUILD_DIR:-build}" && pwd)
 root=$(pwd)
 cmds=$(mktemp)
 trap 'rm -f "$cmds"' EXIT
-# The build's own compile lines (unity batches), compiler and outputs swapped
-# for clang's syntax-only analysis, without gcc's PCH (each file includes what
-# it uses). Generated protobuf units have no locks of ours.
+# The build's own compile lines (unity batches under the build directory, and
+# the files compiled alone from the source tree: the option parsers and
+# ckptd's main), compiler and outputs swapped for clang's syntax-only
+# analysis, without gcc's PCH (each file includes what it uses). Generated
+# protobuf units have no locks of ours.
 ninja -C "$dir" -t commands |
-  grep -E " -c $dir/(daemon|coordinator)/" | grep -v '\.pb\.cc$' | sort -u |
+  grep -E " -c ($dir|$root)/(daemon|coordinator)/" | grep -v '\.pb\.cc$' | sort -u |
   sed -E -e 's#^(ccache )?[^ ]*(c\+\+|g\+\+)[^ ]* #clang++ -fsyntax-only #' \
     -e 's# -(o|MF|MT|include) [^ ]+##g' -e ':a' -e 's# -(MD|Winvalid-pch|Werror|Wall|Wextra|Wno-[a-z-]+) # #' -e 'ta' \
     -e 's#$# -Wno-everything -Wthread-safety -Werror#' -e 's#^#cd '"$dir"' \&\& #' >"$cmds"

@@ -156,6 +156,11 @@ class Client::Impl {
   [[nodiscard]] absl::Status RestoreFromSlot(
       const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors,
       uint32_t lease_rank);
+  // Closes the lease `lease` on `rank`'s shard of `step` after a restore
+  // that ended with `s`: a DataLoss reports the copy bad. Returns `s`, or,
+  // when it is OK and a lease was held, the close's own status.
+  [[nodiscard]] absl::Status CloseLease(uint32_t rank, uint64_t step,
+                                        uint64_t lease, absl::Status s);
   [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                            const char* image,
                                            std::span<const Tensor> tensors);

@@ -244,12 +244,8 @@ absl::Status Client::Impl::RestoreResharded(
             " holds pieces asked for, is not on this node, and this node's "
             "ckptd could not load it (",
             resp.status().message(), ")"));
-      v1::CloseRestoreRequest close;
-      close.set_job(options_.job);
-      close.set_rank(r);
-      close.set_step(static_cast<uint64_t>(step));
-      close.set_lease(resp->lease());
-      CKPT_RETURN_IF_ERROR(stub_->CloseRestore(close).status());
+      CKPT_RETURN_IF_ERROR(CloseLease(r, static_cast<uint64_t>(step),
+                                      resp->lease(), absl::OkStatus()));
     }
   }
   // Every tensor is now known to be covered: from here on bytes move.
@@ -354,16 +350,8 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
     src.image = slot.image;
     return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
   }();
-  v1::CloseRestoreRequest close;
-  close.set_job(options_.job);
-  close.set_rank(saved_rank);
-  close.set_step(static_cast<uint64_t>(step));
-  close.set_lease(resp.lease());
-  if (s.code() == absl::StatusCode::kDataLoss)
-    close.set_bad_copy(std::string(s.message().substr(0, 1024)));
-  absl::Status closed = stub_->CloseRestore(close).status();
-  if (s.ok()) s = closed;
-  return s;
+  return CloseLease(saved_rank, static_cast<uint64_t>(step), resp.lease(),
+                    std::move(s));
 }
 
 absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,

@@ -175,15 +175,8 @@ absl::Status Client::Impl::RestoreOneCopy(
     // The lease holds the file against deletes until now (a daemon
     // before leases on files answers 0: then only a bad copy is told).
     if (resp.lease() != 0 || s.code() == absl::StatusCode::kDataLoss) {
-      v1::CloseRestoreRequest close;
-      close.set_job(options_.job);
-      close.set_rank(lease_rank);
-      close.set_step(static_cast<uint64_t>(step));
-      close.set_lease(resp.lease());
-      if (s.code() == absl::StatusCode::kDataLoss)
-        close.set_bad_copy(std::string(s.message().substr(0, 1024)));
-      absl::Status closed = stub_->CloseRestore(close).status();
-      if (s.ok() && resp.lease() != 0) s = closed;
+      s = CloseLease(lease_rank, static_cast<uint64_t>(step), resp.lease(),
+                     std::move(s));
     }
     return report(s);
   }
@@ -218,15 +211,20 @@ absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
     CKPT_ASSIGN_OR_RETURN(SlotImage slot, MapSlotImage(resp));
     return CopyOutOfSlot(resp, slot.image, tensors);
   }();
+  return CloseLease(lease_rank, /*step=*/0, resp.lease(), std::move(s));
+}
 
+absl::Status Client::Impl::CloseLease(uint32_t rank, uint64_t step,
+                                      uint64_t lease, absl::Status s) {
   v1::CloseRestoreRequest close;
   close.set_job(options_.job);
-  close.set_rank(lease_rank);
-  close.set_lease(resp.lease());
+  close.set_rank(rank);
+  close.set_step(step);
+  close.set_lease(lease);
   if (s.code() == absl::StatusCode::kDataLoss)
     close.set_bad_copy(std::string(s.message().substr(0, 1024)));
   absl::Status closed = stub_->CloseRestore(close).status();
-  if (s.ok()) s = closed;
+  if (s.ok() && lease != 0) return closed;
   return s;
 }
 

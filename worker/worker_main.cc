@@ -45,6 +45,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -346,6 +347,10 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // gloo sends with writev: a peer that dies mid-collective must be an
+  // EPIPE the collective reports (then the peer-lost note and the wait for
+  // the plan), not a SIGPIPE that kills this survivor without a word.
+  std::signal(SIGPIPE, SIG_IGN);
   if (ckpt::PrintedVersion(argc, argv, "ckpt-worker", CKPT_VERSION)) return 0;
   CLI::App app(
       "ckpt-worker: trains an MLP language model, checkpointing through ckptd");

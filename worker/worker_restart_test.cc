@@ -10,6 +10,7 @@
 // --no-in-process-restart; a warm process (no rank) takes a killed rank
 // from its first plan.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -300,6 +301,28 @@ TEST_F(WorkerRestartTest, Zero1SurvivorRestoresItsSliceInItsProcess) {
     ASSERT_TRUE(run.exited_ok()) << run.output;
     EXPECT_EQ(run.Digest(), want) << run.output;
   }
+}
+
+// A peer that dies while this rank writes to it (gloo sends with writev)
+// must break the collective, not kill the survivor with SIGPIPE before it
+// can say so: under load a survivor vanished without a line. The worker
+// ignores SIGPIPE from its first line on, so the write fails with EPIPE.
+TEST_F(WorkerRestartTest, AWriteToADeadPeerIsAnErrorNotASignalDeath) {
+  auto r0 = StartRank(0, 0, FreePort(), NewRestartDir(), kFlags);
+  // Rank 1 never comes: rank 0 waits in its rendezvous, alive.
+  ASSERT_TRUE(r0->WaitForLine("generation 0: rank 0 of 2")) << r0->Output();
+  FILE* f =
+      std::fopen(absl::StrCat("/proc/", r0->pid(), "/status").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char line[256];
+  unsigned long long ignored = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "SigIgn: %llx", &ignored) == 1) found = true;
+  std::fclose(f);
+  ASSERT_TRUE(found);
+  EXPECT_TRUE(ignored & (1ULL << (SIGPIPE - 1)))
+      << "SIGPIPE is not ignored (SigIgn " << std::hex << ignored << ")";
 }
 
 // A warm process (ckptrun --warm): started ahead with no rank, it says it

@@ -83,13 +83,34 @@ struct Links {
   std::map<uint32_t, int> fds;
 };
 
-[[noreturn]] void PeerLost(FILE* log, uint32_t peer) {
+// CLUSTER_TRAINER_LAST_TO_LEAVE=R: rank R, having lost a peer, breaks its
+// links to the others and leaves only once each of them has closed its
+// end (exited): the others' collectives break on R, a survivor of their
+// own node, and they exit before it does.
+bool LastToLeave(uint32_t rank) {
+  const char* r = std::getenv("CLUSTER_TRAINER_LAST_TO_LEAVE");
+  return r != nullptr && *r != '\0' && std::strtoul(r, nullptr, 10) == rank;
+}
+
+[[noreturn]] void PeerLost(FILE* log, uint32_t peer,
+                           const Links* links = nullptr) {
   if (const char* f = std::getenv("CKPT_PEER_LOST_FILE"); f && *f)
     if (FILE* note = std::fopen(f, "w")) {
       std::fprintf(note, "%u\n", peer);
       std::fclose(note);
     }
   std::fprintf(log, "peer_lost rank=%u mono_ms=%lld\n", peer, MonoMs());
+  std::fflush(log);
+  if (links != nullptr && LastToLeave(links->rank)) {
+    for (const auto& [other, fd] : links->fds) shutdown(fd, SHUT_WR);
+    char c;
+    for (const auto& [other, fd] : links->fds)
+      for (;;) {
+        ssize_t n = read(fd, &c, 1);
+        if (n > 0 || (n < 0 && errno == EINTR)) continue;
+        break;  // closed (or broken): that peer is gone
+      }
+  }
   std::exit(6);
 }
 
@@ -172,13 +193,13 @@ bool Join(Links& l, uint32_t world) {
 void Barrier(Links& l, FILE* log) {
   const char c = 1;
   if (l.rank != 0) {
-    if (!WriteAll(l.fds[0], &c, 1) || !ReadByte(l.fds[0])) PeerLost(log, 0);
+    if (!WriteAll(l.fds[0], &c, 1) || !ReadByte(l.fds[0])) PeerLost(log, 0, &l);
     return;
   }
   for (const auto& [peer, fd] : l.fds)
-    if (!ReadByte(fd)) PeerLost(log, peer);
+    if (!ReadByte(fd)) PeerLost(log, peer, &l);
   for (const auto& [peer, fd] : l.fds)
-    if (!WriteAll(fd, &c, 1)) PeerLost(log, peer);
+    if (!WriteAll(fd, &c, 1)) PeerLost(log, peer, &l);
 }
 
 }  // namespace

@@ -284,14 +284,21 @@ void Launcher::Poll() {
 void Launcher::FlushReports() {
   while (!reports_.empty()) {
     PendingReport& r = reports_.front();
+    if (r.generation >= known_generation_ && !ResolveLocalPeers(r))
+      return;  // a rank of this node it named has not said what it lost
     std::string what = absl::StrCat(
         "generation ", r.generation, ": rank ", r.exit.rank, " ",
         r.process_kept ? std::string("still running") : DescribeExit(r.exit),
         !r.peers.said ? ""
         : r.peers.ranks.empty()
             ? " (it lost peers)"
-            : absl::StrCat(" (it lost peer ranks ",
-                           absl::StrJoin(r.peers.ranks, ","), ")"));
+            : absl::StrCat(
+                  " (it lost peer ranks ", absl::StrJoin(r.peers.ranks, ","),
+                  r.named.empty()
+                      ? ""
+                      : absl::StrCat("; it named ", absl::StrJoin(r.named, ","),
+                                     ", of this node, which lost them"),
+                  ")"));
     if (r.generation < known_generation_) {
       // Its generation is already replaced; reporting it would only plan again.
       Log(absl::StrCat(what, "; not reported (generation ", known_generation_,
@@ -336,6 +343,7 @@ void Launcher::FlushReports() {
     }
     if (s.ok()) {
       SetReachable(true, s);
+      if (r.peers.said) said_lost_[r.exit.rank] = {r.generation, r.peers.ranks};
       known_generation_ = std::max(known_generation_, resp.generation());
       Log(absl::StrCat(what, resp.held() ? "; reported (held: its peers' "
                                            "nodes are probed)"

@@ -151,6 +151,11 @@ class Launcher {
     // Not an exit: a kept trainer's word that it lost peers, sent while it
     // runs (exit is {rank, 0, 0}).
     bool process_kept = false;
+    // The ranks the trainer named, where some were this node's own and
+    // were replaced by what those said (ResolveLocalPeers).
+    std::vector<uint32_t> named = {};
+    // Since when it waits for a rank of this node it named to say more.
+    std::optional<std::chrono::steady_clock::time_point> held_since = {};
   };
 
   // A trainer process this launcher started, for its in-process restart.
@@ -258,6 +263,17 @@ class Launcher {
   // emptied).
   std::string PeerLostFile(uint32_t rank);
   PeerLost TakePeerLost(uint32_t rank, uint32_t world_size);
+  // A failure travels through survivors: a rank's collective may break on
+  // another rank of this node that left (or is leaving) because it lost a
+  // peer elsewhere. A named rank of this node is replaced by the ranks it
+  // named itself (transitively); while it still runs and has said nothing,
+  // the report waits for it, at most kLocalPeerWait. False: wait.
+  bool ResolveLocalPeers(PendingReport& r);
+  // What `rank` said it lost in `generation` (a report pending or sent);
+  // nullptr when it said nothing.
+  const std::vector<uint32_t>* SaidLost(uint32_t rank,
+                                        uint64_t generation) const;
+  static constexpr std::chrono::seconds kLocalPeerWait{2};
   void FlushReports();
   // ckptrun_node_check.cc: a trainer outlived SIGKILL (StopAll): this node
   // is reported unhealthy (check "trainer_unkillable"), sent by
@@ -292,6 +308,8 @@ class Launcher {
   std::set<uint32_t> restart_anew_;     // kept ones of generation_ to start
   uint64_t procs_made_ = 0;             // restart directories made
   std::deque<PendingReport> reports_;
+  // By rank: the generation and ranks of its last peer-lost word sent.
+  std::map<uint32_t, std::pair<uint64_t, std::vector<uint32_t>>> said_lost_;
   uint64_t known_generation_ = 0;  // newest generation the coordinator told us
   uint64_t epoch_ = 0;             // this node's epoch, last seen
   uint32_t world_size_ = 0;        // the job's, from the view

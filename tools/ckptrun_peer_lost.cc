@@ -67,4 +67,50 @@ Launcher::PeerLost Launcher::TakePeerLost(uint32_t rank, uint32_t world_size) {
   return lost;
 }
 
+const std::vector<uint32_t>* Launcher::SaidLost(uint32_t rank,
+                                                uint64_t generation) const {
+  for (const PendingReport& r : reports_)
+    if (r.exit.rank == rank && r.generation == generation && r.peers.said)
+      return &r.peers.ranks;
+  auto s = said_lost_.find(rank);
+  if (s != said_lost_.end() && s->second.first == generation)
+    return &s->second.second;
+  return nullptr;
+}
+
+bool Launcher::ResolveLocalPeers(PendingReport& r) {
+  if (!r.peers.said || r.peers.ranks.empty()) return true;
+  std::set<uint32_t> out;
+  std::set<uint32_t> seen = {r.exit.rank};
+  std::vector<uint32_t> todo(r.peers.ranks.rbegin(), r.peers.ranks.rend());
+  bool replaced = false;
+  while (!todo.empty()) {
+    const uint32_t l = todo.back();
+    todo.pop_back();
+    if (!seen.insert(l).second) continue;
+    const std::vector<uint32_t>* said = SaidLost(l, r.generation);
+    if (said != nullptr && !said->empty()) {
+      todo.insert(todo.end(), said->rbegin(), said->rend());
+      replaced = true;
+      continue;
+    }
+    auto p = procs_.find(l);
+    if (p != procs_.end() && p->second.generation == r.generation &&
+        !p->second.kept_for) {
+      // Still running here and silent: it is leaving too (its collective
+      // broke on the same loss) or it is the failure itself.
+      const auto now = std::chrono::steady_clock::now();
+      if (!r.held_since) r.held_since = now;
+      if (now - *r.held_since < kLocalPeerWait) return false;
+    }
+    out.insert(l);
+  }
+  // Only this node's ranks, naming each other: nothing better to say.
+  if (replaced && !out.empty()) {
+    r.named = r.peers.ranks;
+    r.peers.ranks.assign(out.begin(), out.end());
+  }
+  return true;
+}
+
 }  // namespace ckpt::tools

@@ -137,7 +137,15 @@ TEST_F(ServerTest, RestartedCoordinatorGetsSoftStateAgainAndTheStepCommits) {
   agent->Report(Shard(0, true));
   agent->Report(Shard(1, true));
   ASSERT_TRUE(Eventually([&] { return Job().has_last_good(); }))
-      << "resent " << agent->reports_resent();
+      << "resent " << agent->reports_resent() << "\n"
+      << [&] {
+           std::string all;
+           const v1::EventsResponse events = server_->coordinator()->Events({});
+           for (const auto& e : events.events())
+             all += v1::EventKind_Name(e.kind()) + " " + e.node_id() + ": " +
+                    e.detail() + "\n";
+           return all;
+         }();
   EXPECT_EQ(Job().last_good_step(), 3u);
   EXPECT_GE(agent->reports_resent(), 2u);
 }

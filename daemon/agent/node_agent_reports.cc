@@ -118,6 +118,9 @@ void NodeAgent::ReportLoop() {
       if (q.epoch != epoch || batch.size() == kMaxBatch) break;
       batch.push_back(q);
     }
+    // The coordinator this batch is built for: a restart noticed by the
+    // heartbeat thread while the call is out is still this batch's to fix.
+    const uint64_t sent_to = incarnation_;
     lock.unlock();
     cv1::ReportShardsRequest req;
     req.set_node_id(options_.node_id);
@@ -144,10 +147,13 @@ void NodeAgent::ReportLoop() {
     if (s.ok() && resp.results_size() != static_cast<int>(batch.size()))
       LogWarning(absl::StrCat("report: ", resp.results_size(), " results for ",
                               batch.size(), " reports"));
-    if (s.ok() && incarnation_ != 0 && resp.incarnation() != incarnation_) {
-      // A restarted coordinator answered before any heartbeat told us: its
-      // refusals ("never staged") are ours to fix. Send the soft state
-      // first, then this batch again.
+    if (s.ok() && sent_to != 0 && resp.incarnation() != 0 &&
+        resp.incarnation() != sent_to) {
+      // A restarted coordinator answered a batch built before we knew of
+      // it (no heartbeat had told us, or one did while the call was out):
+      // its refusals ("never staged") are ours to fix. The soft state goes
+      // first (NoteIncarnationLocked puts it at the front, once per
+      // incarnation), then this batch again: it is still in reports_.
       NoteIncarnationLocked(resp.incarnation());
       continue;
     }

@@ -5,9 +5,11 @@
 // ranks; then, interleaved over --repeat rounds, the N ranks restore their
 // own pieces (same_layout_restore_s: today's path) and M ranks restore the
 // rows an M-way sharding gives them (reshard_restore_s), from memory, and
-// after a daemon restart with the arenas and the page cache dropped (disk).
-// Each figure is the sum of every rank's Restore call (the ranks restore
-// one after the other: the same bytes either way); medians.
+// after a daemon restart with the arenas and the page cache dropped (disk),
+// and with --object-url after a restart with the arenas and the local shard
+// files gone (object: the daemon loads each saved rank from the object
+// store). Each figure is the sum of every rank's Restore call (the ranks
+// restore one after the other: the same bytes either way); medians.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -108,17 +110,41 @@ class ReshardBench {
     return seconds;
   }
   // Stops the daemon, drops its arenas and the shards' page cache, starts
-  // it again: the step is only on disk.
-  absl::Status RestartCold() {
+  // it again: the step is only on disk. With `object` the local shard
+  // files are removed instead: the step is only in the object store.
+  absl::Status RestartCold(bool object) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State st, daemon_->Query());
     CKPT_RETURN_IF_ERROR(daemon_->Stop());
     for (const std::string& name : st.arenas)
       CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
     std::error_code ec;
+    std::vector<fs::path> shards;
     for (const auto& e : fs::recursive_directory_iterator(dir_ + "/ckptd", ec))
-      if (e.path().extension() == ".shard")
-        CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
+      if (e.path().extension() == ".shard") shards.push_back(e.path());
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("list ", dir_, "/ckptd: ", ec.message()));
+    for (const fs::path& p : shards) {
+      if (!object) {
+        CKPT_RETURN_IF_ERROR(DropFileCache(p.string()));
+      } else if (!fs::remove(p, ec) || ec) {
+        return absl::InternalError(
+            absl::StrCat("remove ", p.string(), ": ", ec.message()));
+      }
+    }
     return daemon_->Start();
+  }
+  // Every shard of the step uploaded: the object tier's backlog is empty.
+  absl::Status WaitUploaded() {
+    for (;;) {
+      CKPT_ASSIGN_OR_RETURN(DaemonProcess::State st, daemon_->Query());
+      if (!st.last_upload_error.empty())
+        return absl::UnavailableError(
+            absl::StrCat("object tier: upload failed: ", st.last_upload_error));
+      if (st.upload_backlog_shards == 0 && st.persist_queue == 0)
+        return absl::OkStatus();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   void Cleanup();
 
@@ -161,6 +187,8 @@ absl::Status ReshardBench::Run(std::string* out) {
   dc.root = dir_ + "/ckptd";
   dc.shm_prefix = absl::StrCat("ckptreshard", getpid());
   dc.log_path = dir_ + "/ckptd.log";
+  if (!o_.object_url.empty())
+    dc.extra_args = {"--object-url", o_.object_url, "--commit-tier", "local"};
   daemon_ = std::make_unique<DaemonProcess>(dc);
   CKPT_RETURN_IF_ERROR(daemon_->Start());
   for (int r = 0; r < saved_; ++r) {
@@ -169,6 +197,7 @@ absl::Status ReshardBench::Run(std::string* out) {
                                   absl::StrCat("save rank ", r)));
     CKPT_RETURN_IF_ERROR(c->WaitDurable(1));
   }
+  if (!o_.object_url.empty()) CKPT_RETURN_IF_ERROR(WaitUploaded());
   // The plan of every restoring rank at once, as a coordinator would make
   // it: both layouts as indexes, PlanReshard timed (a client plans only
   // its own rank's part of it).
@@ -211,19 +240,33 @@ absl::Status ReshardBench::Run(std::string* out) {
       (same ? mem_same : mem_reshard).push_back(s);
     }
   }
-  for (int round = 0; round < o_.repeat; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      const bool same = (k == 0) == (round % 2 == 0);
-      CKPT_RETURN_IF_ERROR(RestartCold());
-      CKPT_ASSIGN_OR_RETURN(double s,
-                            RestoreAll(same ? saved_ : restored_,
-                                       same ? "same-layout restore (disk)"
-                                            : "reshard restore (disk)"));
-      (same ? disk_same : disk_reshard).push_back(s);
+  // Cold tiers: disk, then (with --object-url) the object store, each
+  // restore after a restart of its own.
+  auto cold = [&](bool object, std::vector<double>* same_s,
+                  std::vector<double>* reshard_s) -> absl::Status {
+    const char* tier = object ? "object" : "disk";
+    for (int round = 0; round < o_.repeat; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        const bool same = (k == 0) == (round % 2 == 0);
+        CKPT_RETURN_IF_ERROR(RestartCold(object));
+        CKPT_ASSIGN_OR_RETURN(
+            double s, RestoreAll(same ? saved_ : restored_,
+                                 absl::StrCat(same ? "same-layout" : "reshard",
+                                              " restore (", tier, ")")));
+        (same ? same_s : reshard_s)->push_back(s);
+      }
     }
-  }
+    return absl::OkStatus();
+  };
+  CKPT_RETURN_IF_ERROR(cold(false, &disk_same, &disk_reshard));
+  std::vector<double> obj_same, obj_reshard;
+  if (!o_.object_url.empty())
+    CKPT_RETURN_IF_ERROR(cold(true, &obj_same, &obj_reshard));
   const double ms = Median(mem_same), mr = Median(mem_reshard),
                ds = Median(disk_same), dr = Median(disk_reshard);
+  const bool obj = !obj_same.empty();
+  const double os = obj ? Median(obj_same) : 0,
+               orr = obj ? Median(obj_reshard) : 0;
   if (o_.json) {
     *out = absl::StrFormat(
         "{\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
@@ -232,9 +275,15 @@ absl::Status ReshardBench::Run(std::string* out) {
         "\"reshard_over_same\": %.3f, "
         "\"disk_same_layout_restore_s\": %.6f, "
         "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, "
-        "\"plan_s\": %.6f, \"restore_matches\": %s}",
+        "%s\"plan_s\": %.6f, \"restore_matches\": %s}",
         saved_, restored_, bytes_, o_.tensors, o_.repeat, ms, mr, mr / ms, ds,
-        dr, dr / ds, plan_s, matches_ ? "true" : "false");
+        dr, dr / ds,
+        obj ? absl::StrFormat("\"object_same_layout_restore_s\": %.6f, "
+                              "\"object_reshard_restore_s\": %.6f, "
+                              "\"object_reshard_over_same\": %.3f, ",
+                              os, orr, orr / os)
+            : std::string(),
+        plan_s, matches_ ? "true" : "false");
   } else {
     *out = absl::StrFormat(
         "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
@@ -242,11 +291,15 @@ absl::Status ReshardBench::Run(std::string* out) {
         "%-8s %24s %24s %8s %8s\n"
         "%-8s %22.4f s %22.4f s %8.3f %8s\n"
         "%-8s %22.4f s %22.4f s %8.3f %8s\n"
+        "%s"
         "plan of every restoring rank (plan_s): %.6f s\n"
         "restored bytes equal the saved ones: %s",
         saved_, bytes_, o_.tensors, restored_, o_.repeat, "tier",
         "reshard_restore_s", "same_layout_restore_s", "ratio", "target",
         "memory", mr, ms, mr / ms, "<= 1.5", "disk", dr, ds, dr / ds, "<= 1.5",
+        obj ? absl::StrFormat("%-8s %22.4f s %22.4f s %8.3f %8s\n", "object",
+                              orr, os, orr / os, "<= 1.5")
+            : std::string(),
         plan_s, matches_ ? "yes" : "NO");
   }
   if (!matches_)

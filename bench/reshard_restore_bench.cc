@@ -10,6 +10,8 @@
 // files gone (object: the daemon loads each saved rank from the object
 // store). Each figure is the sum of every rank's Restore call (the ranks
 // restore one after the other: the same bytes either way); medians.
+#include "bench/reshard_restore_bench.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -62,7 +64,7 @@ class ReshardBench {
   ReshardBench(const Options& o, int saved, int restored)
       : o_(o), saved_(saved), restored_(restored) {}
   ~ReshardBench() { Cleanup(); }
-  absl::Status Run(std::string* out);
+  absl::Status Run(ReshardFigures* f);
 
  private:
   // Rank r of `world`'s pieces of every tensor, pointing into `base` at
@@ -158,7 +160,7 @@ class ReshardBench {
   bool matches_ = true;
 };
 
-absl::Status ReshardBench::Run(std::string* out) {
+absl::Status ReshardBench::Run(ReshardFigures* f) {
   if (o_.tensors < 1)
     return absl::InvalidArgumentError("--tensors: must be >= 1");
   rows_ = static_cast<int64_t>(o_.bytes / 4 / kCols /
@@ -262,49 +264,22 @@ absl::Status ReshardBench::Run(std::string* out) {
   std::vector<double> obj_same, obj_reshard;
   if (!o_.object_url.empty())
     CKPT_RETURN_IF_ERROR(cold(true, &obj_same, &obj_reshard));
-  const double ms = Median(mem_same), mr = Median(mem_reshard),
-               ds = Median(disk_same), dr = Median(disk_reshard);
-  const bool obj = !obj_same.empty();
-  const double os = obj ? Median(obj_same) : 0,
-               orr = obj ? Median(obj_reshard) : 0;
-  if (o_.json) {
-    *out = absl::StrFormat(
-        "{\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
-        "\"tensors\": %d, \"repeat\": %d, "
-        "\"same_layout_restore_s\": %.6f, \"reshard_restore_s\": %.6f, "
-        "\"reshard_over_same\": %.3f, "
-        "\"disk_same_layout_restore_s\": %.6f, "
-        "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, "
-        "%s\"plan_s\": %.6f, \"restore_matches\": %s}",
-        saved_, restored_, bytes_, o_.tensors, o_.repeat, ms, mr, mr / ms, ds,
-        dr, dr / ds,
-        obj ? absl::StrFormat("\"object_same_layout_restore_s\": %.6f, "
-                              "\"object_reshard_restore_s\": %.6f, "
-                              "\"object_reshard_over_same\": %.3f, ",
-                              os, orr, orr / os)
-            : std::string(),
-        plan_s, matches_ ? "true" : "false");
-  } else {
-    *out = absl::StrFormat(
-        "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
-        "ranks, medians of %d interleaved rounds\n"
-        "%-8s %24s %24s %8s %8s\n"
-        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
-        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
-        "%s"
-        "plan of every restoring rank (plan_s): %.6f s\n"
-        "restored bytes equal the saved ones: %s",
-        saved_, bytes_, o_.tensors, restored_, o_.repeat, "tier",
-        "reshard_restore_s", "same_layout_restore_s", "ratio", "target",
-        "memory", mr, ms, mr / ms, "<= 1.5", "disk", dr, ds, dr / ds, "<= 1.5",
-        obj ? absl::StrFormat("%-8s %22.4f s %22.4f s %8.3f %8s\n", "object",
-                              orr, os, orr / os, "<= 1.5")
-            : std::string(),
-        plan_s, matches_ ? "yes" : "NO");
+  f->saved_ranks = saved_;
+  f->restored_ranks = restored_;
+  f->bytes = bytes_;
+  f->tensors = o_.tensors;
+  f->rounds = o_.repeat;
+  f->same_layout_restore_s = Median(mem_same);
+  f->reshard_restore_s = Median(mem_reshard);
+  f->disk_same_layout_restore_s = Median(disk_same);
+  f->disk_reshard_restore_s = Median(disk_reshard);
+  f->object = !obj_same.empty();
+  if (f->object) {
+    f->object_same_layout_restore_s = Median(obj_same);
+    f->object_reshard_restore_s = Median(obj_reshard);
   }
-  if (!matches_)
-    return absl::DataLossError(
-        absl::StrCat("restored bytes differ from the saved ones\n", *out));
+  f->plan_s = plan_s;
+  f->restore_matches = matches_;
   return absl::OkStatus();
 }
 
@@ -324,10 +299,76 @@ void ReshardBench::Cleanup() {
 
 }  // namespace
 
+absl::StatusOr<ReshardFigures> MeasureReshard(const Options& o, int saved,
+                                              int restored) {
+  ReshardFigures f;
+  ReshardBench b(o, saved, restored);
+  CKPT_RETURN_IF_ERROR(b.Run(&f));
+  return f;
+}
+
+std::string ReshardJsonFields(const ReshardFigures& f) {
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  std::string j = absl::StrFormat(
+      "\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
+      "\"tensors\": %d, \"repeat\": %d, "
+      "\"same_layout_restore_s\": %.6f, \"reshard_restore_s\": %.6f, "
+      "\"reshard_over_same\": %.3f, "
+      "\"disk_same_layout_restore_s\": %.6f, "
+      "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, ",
+      f.saved_ranks, f.restored_ranks, f.bytes, f.tensors, f.rounds,
+      f.same_layout_restore_s, f.reshard_restore_s,
+      ratio(f.reshard_restore_s, f.same_layout_restore_s),
+      f.disk_same_layout_restore_s, f.disk_reshard_restore_s,
+      ratio(f.disk_reshard_restore_s, f.disk_same_layout_restore_s));
+  if (f.object)
+    absl::StrAppend(
+        &j,
+        absl::StrFormat(
+            "\"object_same_layout_restore_s\": %.6f, "
+            "\"object_reshard_restore_s\": %.6f, "
+            "\"object_reshard_over_same\": %.3f, ",
+            f.object_same_layout_restore_s, f.object_reshard_restore_s,
+            ratio(f.object_reshard_restore_s, f.object_same_layout_restore_s)));
+  absl::StrAppend(
+      &j, absl::StrFormat("\"plan_s\": %.6f, \"restore_matches\": %s", f.plan_s,
+                          f.restore_matches ? "true" : "false"));
+  return j;
+}
+
+std::string ReshardText(const ReshardFigures& f) {
+  auto row = [](const char* tier, double reshard, double same) {
+    return absl::StrFormat("%-8s %22.4f s %22.4f s %8.3f %8s\n", tier, reshard,
+                           same, same > 0 ? reshard / same : 0.0, "<= 1.5");
+  };
+  std::string t = absl::StrFormat(
+      "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
+      "ranks, medians of %d interleaved rounds\n"
+      "%-8s %24s %24s %8s %8s\n",
+      f.saved_ranks, f.bytes, f.tensors, f.restored_ranks, f.rounds, "tier",
+      "reshard_restore_s", "same_layout_restore_s", "ratio", "target");
+  absl::StrAppend(&t,
+                  row("memory", f.reshard_restore_s, f.same_layout_restore_s));
+  absl::StrAppend(
+      &t, row("disk", f.disk_reshard_restore_s, f.disk_same_layout_restore_s));
+  if (f.object)
+    absl::StrAppend(&t, row("object", f.object_reshard_restore_s,
+                            f.object_same_layout_restore_s));
+  absl::StrAppend(
+      &t, absl::StrFormat("plan of every restoring rank (plan_s): %.6f s\n"
+                          "restored bytes equal the saved ones: %s",
+                          f.plan_s, f.restore_matches ? "yes" : "NO"));
+  return t;
+}
+
 absl::Status RunReshardBench(const Options& o, int saved, int restored,
                              std::string* out) {
-  ReshardBench b(o, saved, restored);
-  return b.Run(out);
+  CKPT_ASSIGN_OR_RETURN(ReshardFigures f, MeasureReshard(o, saved, restored));
+  *out = o.json ? absl::StrCat("{", ReshardJsonFields(f), "}") : ReshardText(f);
+  if (!f.restore_matches)
+    return absl::DataLossError(
+        absl::StrCat("restored bytes differ from the saved ones\n", *out));
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt::bench

@@ -281,9 +281,10 @@ class AlignedRows {
       p_[i] = Value(lo_ * kCols + i);
   }
   bool HoldsGlobal() const {
-    for (int64_t i = 0; i < (hi_ - lo_) * kCols; ++i)
-      if (std::memcmp(&p_[i], &(const float&)Value(lo_ * kCols + i), 4) != 0)
-        return false;
+    for (int64_t i = 0; i < (hi_ - lo_) * kCols; ++i) {
+      const float want = Value(lo_ * kCols + i);
+      if (std::memcmp(&p_[i], &want, sizeof want) != 0) return false;
+    }
     return true;
   }
   std::vector<Tensor> Tensors() const {

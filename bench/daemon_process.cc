@@ -123,6 +123,8 @@ absl::StatusOr<DaemonProcess::State> DaemonProcess::Query() const {
   for (const auto& a : st->arenas()) state.arenas.push_back(a.shm_name());
   state.persist_queue = st->persist_queue();
   state.bytes_in_flight = st->bytes_in_flight();
+  state.upload_backlog_shards = st->upload_backlog_shards();
+  state.last_upload_error = st->last_upload_error();
   return state;
 }
 

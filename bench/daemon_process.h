@@ -43,6 +43,8 @@ class DaemonProcess {
     std::vector<std::string> arenas;
     uint32_t persist_queue = 0;    // persists, manifests and deletes waiting
     uint64_t bytes_in_flight = 0;  // staged or persisting, not yet durable
+    uint32_t upload_backlog_shards = 0;  // object tier: not uploaded yet
+    std::string last_upload_error;
   };
   [[nodiscard]] absl::StatusOr<State> Query() const;
   bool running() const { return pid_ > 0; }

@@ -33,6 +33,12 @@
 //     anew: the warm one's limit), alternated. In the default run, as the
 //     figures the goodput model takes its restart costs from; --restart
 //     runs them alone (a few seconds a round), --no-restart skips them.
+//  6. resharding (bench/reshard_restore_bench.h): the job's state (4 x N
+//     bytes, 8 tensors) saved at 8 ranks and restored at 6 against a
+//     restore at 8, from memory, from disk after a cold restart of ckptd
+//     and, with --object-url, from the object store ("reshard" in the
+//     JSON: reshard_restore_s, same_layout_restore_s, plan_s, ...).
+//     --reshard runs it alone, --no-reshard skips it.
 // --link-gbit G shapes the bench's own ports on lo to G Gbit/s
 // (bench/link_shaper.h; root and tc needed, else said why and unshaped), so
 // that the plain TCP limit and the replica fetch cross the same link.
@@ -80,7 +86,7 @@ int main(int argc, char** argv) {
           "usage: recovery_bench [--bytes-per-rank N] [--rounds R] "
           "[--link-gbit G] [--storage-gbit G] [--port-base P] [--replicas] "
           "[--no-step] [--step-only] [--worker-dim D] [--worker-steps S] "
-          "[--no-restart] [--restart] "
+          "[--no-restart] [--restart] [--reshard] [--no-reshard] "
           "[--dir DIR] [--json] [--keep] [--object-url s3://B/P] [--hang "
           "[--hang-timeout-min-s S]] [--soak [--soak-s S --soak-first-step-s "
           "S --soak-eval-s S]] [--straggler [--slow-factor F]]"))
@@ -88,7 +94,8 @@ int main(int argc, char** argv) {
   uint64_t bytes = 256ull << 20;
   std::string dir = "/var/tmp";
   bool json = false, keep = false, replicas = false, step = true,
-       node_loss = true, restart = true, restart_only = false;
+       node_loss = true, restart = true, restart_only = false, reshard = true,
+       reshard_only = false;
   double rounds = 3, link_gbit = 0, storage_gbit = 0, port_base = 0,
          worker_dim = 1024, worker_steps = 20;
   std::string object_url;
@@ -150,6 +157,10 @@ int main(int argc, char** argv) {
       restart = false;
     } else if (a == "--no-restart") {
       restart = false;
+    } else if (a == "--no-reshard") {
+      reshard = false;
+    } else if (a == "--reshard") {
+      reshard_only = true;
     } else if (a == "--restart") {
       restart_only = true;
     } else if (a == "--dir" && i + 1 < argc) {
@@ -168,6 +179,7 @@ int main(int argc, char** argv) {
           " (--bytes-per-rank N, --rounds R, --link-gbit G, --storage-gbit G, "
           "--port-base P, "
           "--replicas, --no-step, --step-only, --no-restart, --restart, "
+          "--reshard, --no-reshard, "
           "--worker-dim D, "
           "--worker-steps S, --dir DIR, --json, --keep, --object-url s3://B/P, "
           "--hang "
@@ -179,6 +191,8 @@ int main(int argc, char** argv) {
     return Fail("--no-step with --step-only: nothing to run");
   if (restart_only && (!restart || !node_loss))
     return Fail("--restart: not with --no-restart or --step-only");
+  if (reshard_only && (!reshard || restart_only || !node_loss))
+    return Fail("--reshard: not with --no-reshard, --restart or --step-only");
   if (restart_only) node_loss = step = false;
   if (storage_gbit > 0 && !object_url.empty())
     return Fail("--storage-gbit: caps a directory's disk, not --object-url");
@@ -242,6 +256,7 @@ int main(int argc, char** argv) {
   auto log = [&](const std::string& line) {
     std::fprintf(stderr, "recovery_bench: %s\n", line.c_str());
   };
+  if (reshard_only) node_loss = step = restart = false;
   for (int r = 0; node_loss && r < run.rounds; ++r) {
     // Alternated: peer first in even rounds, storage first in odd ones.
     for (bool peer : {r % 2 == 0, r % 2 != 0}) {
@@ -301,6 +316,22 @@ int main(int argc, char** argv) {
       (warm ? run.restart_warm : run.restart_cold).push_back(*std::move(f));
       if (!keep) std::filesystem::remove_all(o.dir);
     }
+  }
+  if (reshard_only || (node_loss && reshard)) {
+    ckpt::bench::Options ro;
+    ro.bytes = 4 * bytes;
+    ro.tensors = 8;
+    ro.repeat = run.rounds;
+    ro.root = root;
+    ro.keep = keep;
+    ro.object_url = object_url;
+    auto f = ckpt::bench::MeasureReshard(ro, 8, 6);
+    if (!f.ok()) return Fail("reshard: " + std::string(f.status().message()));
+    if (!f->restore_matches)
+      return Fail("reshard: restored bytes differ from the saved ones");
+    log(ckpt::bench::ReshardText(*f));
+    run.reshard = *f;
+    run.reshard_measured = true;
   }
   shaper.Stop();
   std::fputs(

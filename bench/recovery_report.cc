@@ -155,6 +155,10 @@ std::string RecoveryJson(const RecoveryRun& run) {
   absl::StrAppend(&j, ",",
                   RestartJsonFields(run.restart_warm, run.restart_cold,
                                     run.heartbeat_timeout_ms));
+  // The resharding figures in an object of their own: its plan_s is the
+  // load planner's, not the coordinator's plan above.
+  if (run.reshard_measured)
+    absl::StrAppend(&j, ",\"reshard\":{", ReshardJsonFields(run.reshard), "}");
   j += "}\n";
   return j;
 }
@@ -277,6 +281,9 @@ std::string RecoveryText(const RecoveryRun& run) {
                             run.step_on, [](auto& f) { return f.step_s; }, 4)));
   absl::StrAppend(&t, RestartText(run.restart_warm, run.restart_cold,
                                   run.heartbeat_timeout_ms));
+  if (run.reshard_measured)
+    absl::StrAppend(&t, "\nresharding (a restore into another layout):\n",
+                    ReshardText(run.reshard), "\n");
   return t;
 }
 

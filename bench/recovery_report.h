@@ -2,8 +2,9 @@
 // (peer memory, storage), the trainer crashes, the replication step rounds
 // and the link they ran over, reduced to medians and ratios, printed as a
 // table or as one JSON object (whose keys scripts rely on: the old ones of
-// recovery_bench plus those of both node-loss paths, the replication step
-// and the restart rounds). Pure formatting; not thread-safe.
+// recovery_bench plus those of both node-loss paths, the replication step,
+// the restart rounds and the resharding round's "reshard" object). Pure
+// formatting; not thread-safe.
 #ifndef CKPT_BENCH_RECOVERY_REPORT_H_
 #define CKPT_BENCH_RECOVERY_REPORT_H_
 
@@ -12,6 +13,7 @@
 
 #include "bench/node_loss_bench.h"
 #include "bench/replication_step.h"
+#include "bench/reshard_restore_bench.h"
 #include "bench/restart_bench.h"
 
 namespace ckpt::bench {
@@ -36,6 +38,10 @@ struct RecoveryRun {
   std::vector<ReplicationStepFigures> step_off, step_on;
   // The restart rounds: ckptrun --warm 1 with a node loss, and --warm 0.
   std::vector<RestartFigures> restart_warm, restart_cold;
+  // The resharding round (bench/reshard_restore_bench.h): the job's state
+  // saved at 8 ranks, restored at 6 against 8, from each tier.
+  bool reshard_measured = false;
+  ReshardFigures reshard;
 };
 
 // One JSON object on one line.

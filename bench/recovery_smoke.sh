@@ -1,7 +1,7 @@
 #!/bin/sh
 # CTest smoke run of recovery_bench at tiny sizes (one round of each path,
-# a small worker, one warm and one cold restart round): the JSON has every
-# key scripts rely on, the peer path restored the lost ranks from a replica
+# a small worker, one warm and one cold restart round, one resharding
+# round): the JSON has every key scripts rely on, the peer path restored the lost ranks from a replica
 # and the storage path from storage, and every figure the keys name was
 # measured. No timing threshold.
 set -eu
@@ -20,6 +20,10 @@ if err=$("$1" --restart --no-restart --dir "$dir" 2>&1); then
   echo "--restart with --no-restart was accepted" >&2; exit 1
 fi
 echo "$err" | grep -q -- "--restart: not with" || { echo "$err" >&2; exit 1; }
+if err=$("$1" --reshard --no-reshard --dir "$dir" 2>&1); then
+  echo "--reshard with --no-reshard was accepted" >&2; exit 1
+fi
+echo "$err" | grep -q -- "--reshard: not with" || { echo "$err" >&2; exit 1; }
 [ -z "$(ls -A "$dir")" ] || { echo "a refused run left files in $dir" >&2; exit 1; }
 out=$("$1" --bytes-per-rank 4194304 --rounds 1 --worker-dim 64 --worker-steps 3 \
       --dir "$dir" --json)
@@ -49,3 +53,16 @@ echo "$out" | grep -q '"restore_from_peer":"replica"' ||
   { echo "the peer path did not restore from a replica" >&2; exit 1; }
 echo "$out" | grep -q '"restore_from_storage":"storage"' ||
   { echo "the storage path did not restore from storage" >&2; exit 1; }
+# The resharding round (8 ranks saved, 6 restore, against 8): its own
+# object, each figure measured, the bytes equal to the saved ones.
+echo "$out" | grep -q '"reshard":{' || { echo "no \"reshard\" object" >&2; exit 1; }
+reshard=$(echo "$out" | sed 's/.*"reshard":{//')
+for key in reshard_restore_s same_layout_restore_s plan_s disk_reshard_restore_s \
+           disk_same_layout_restore_s reshard_over_same disk_reshard_over_same; do
+  echo "$reshard" | grep -q "\"$key\": [0-9.]*[1-9]" ||
+    { echo "reshard: $key missing or not measured" >&2; exit 1; }
+done
+echo "$reshard" | grep -q '"saved_ranks": 8, "restored_ranks": 6' ||
+  { echo "reshard: not 8 -> 6" >&2; exit 1; }
+echo "$reshard" | grep -q '"restore_matches": true' ||
+  { echo "reshard: the restored bytes differ" >&2; exit 1; }

@@ -5,9 +5,13 @@
 // ranks; then, interleaved over --repeat rounds, the N ranks restore their
 // own pieces (same_layout_restore_s: today's path) and M ranks restore the
 // rows an M-way sharding gives them (reshard_restore_s), from memory, and
-// after a daemon restart with the arenas and the page cache dropped (disk).
-// Each figure is the sum of every rank's Restore call (the ranks restore
-// one after the other: the same bytes either way); medians.
+// after a daemon restart with the arenas and the page cache dropped (disk),
+// and with --object-url after a restart with the arenas and the local shard
+// files gone (object: the daemon loads each saved rank from the object
+// store). Each figure is the sum of every rank's Restore call (the ranks
+// restore one after the other: the same bytes either way); medians.
+#include "bench/reshard_restore_bench.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -60,7 +64,7 @@ class ReshardBench {
   ReshardBench(const Options& o, int saved, int restored)
       : o_(o), saved_(saved), restored_(restored) {}
   ~ReshardBench() { Cleanup(); }
-  absl::Status Run(std::string* out);
+  absl::Status Run(ReshardFigures* f);
 
  private:
   // Rank r of `world`'s pieces of every tensor, pointing into `base` at
@@ -108,17 +112,45 @@ class ReshardBench {
     return seconds;
   }
   // Stops the daemon, drops its arenas and the shards' page cache, starts
-  // it again: the step is only on disk.
-  absl::Status RestartCold() {
+  // it again: the step is only on disk. With `object` the local shard
+  // files are removed instead: the step is only in the object store.
+  absl::Status RestartCold(bool object) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State st, daemon_->Query());
     CKPT_RETURN_IF_ERROR(daemon_->Stop());
     for (const std::string& name : st.arenas)
       CKPT_RETURN_IF_ERROR(shm::Arena::Unlink(name));
     std::error_code ec;
+    std::vector<fs::path> shards;
     for (const auto& e : fs::recursive_directory_iterator(dir_ + "/ckptd", ec))
-      if (e.path().extension() == ".shard")
-        CKPT_RETURN_IF_ERROR(DropFileCache(e.path().string()));
+      if (e.path().extension() == ".shard") shards.push_back(e.path());
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("list ", dir_, "/ckptd: ", ec.message()));
+    for (const fs::path& p : shards) {
+      if (!object) {
+        CKPT_RETURN_IF_ERROR(DropFileCache(p.string()));
+      } else if (!fs::remove(p, ec) || ec) {
+        return absl::InternalError(
+            absl::StrCat("remove ", p.string(), ": ", ec.message()));
+      }
+    }
     return daemon_->Start();
+  }
+  // Every shard of the step uploaded: the object tier's backlog is empty.
+  // The daemon retries a failed upload, so an error is reported only when
+  // the backlog has not emptied within 10 minutes (as object_tier_bench).
+  absl::Status WaitUploaded() {
+    const auto deadline = Clock::now() + std::chrono::minutes(10);
+    for (;;) {
+      CKPT_ASSIGN_OR_RETURN(DaemonProcess::State st, daemon_->Query());
+      if (st.upload_backlog_shards == 0 && st.persist_queue == 0)
+        return absl::OkStatus();
+      if (Clock::now() > deadline)
+        return absl::DeadlineExceededError(
+            absl::StrCat("object tier: uploads still pending; last error: ",
+                         st.last_upload_error));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   void Cleanup();
 
@@ -132,7 +164,7 @@ class ReshardBench {
   bool matches_ = true;
 };
 
-absl::Status ReshardBench::Run(std::string* out) {
+absl::Status ReshardBench::Run(ReshardFigures* f) {
   if (o_.tensors < 1)
     return absl::InvalidArgumentError("--tensors: must be >= 1");
   rows_ = static_cast<int64_t>(o_.bytes / 4 / kCols /
@@ -161,6 +193,8 @@ absl::Status ReshardBench::Run(std::string* out) {
   dc.root = dir_ + "/ckptd";
   dc.shm_prefix = absl::StrCat("ckptreshard", getpid());
   dc.log_path = dir_ + "/ckptd.log";
+  if (!o_.object_url.empty())
+    dc.extra_args = {"--object-url", o_.object_url, "--commit-tier", "local"};
   daemon_ = std::make_unique<DaemonProcess>(dc);
   CKPT_RETURN_IF_ERROR(daemon_->Start());
   for (int r = 0; r < saved_; ++r) {
@@ -169,6 +203,7 @@ absl::Status ReshardBench::Run(std::string* out) {
                                   absl::StrCat("save rank ", r)));
     CKPT_RETURN_IF_ERROR(c->WaitDurable(1));
   }
+  if (!o_.object_url.empty()) CKPT_RETURN_IF_ERROR(WaitUploaded());
   // The plan of every restoring rank at once, as a coordinator would make
   // it: both layouts as indexes, PlanReshard timed (a client plans only
   // its own rank's part of it).
@@ -211,47 +246,44 @@ absl::Status ReshardBench::Run(std::string* out) {
       (same ? mem_same : mem_reshard).push_back(s);
     }
   }
-  for (int round = 0; round < o_.repeat; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      const bool same = (k == 0) == (round % 2 == 0);
-      CKPT_RETURN_IF_ERROR(RestartCold());
-      CKPT_ASSIGN_OR_RETURN(double s,
-                            RestoreAll(same ? saved_ : restored_,
-                                       same ? "same-layout restore (disk)"
-                                            : "reshard restore (disk)"));
-      (same ? disk_same : disk_reshard).push_back(s);
+  // Cold tiers: disk, then (with --object-url) the object store, each
+  // restore after a restart of its own.
+  auto cold = [&](bool object, std::vector<double>* same_s,
+                  std::vector<double>* reshard_s) -> absl::Status {
+    const char* tier = object ? "object" : "disk";
+    for (int round = 0; round < o_.repeat; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        const bool same = (k == 0) == (round % 2 == 0);
+        CKPT_RETURN_IF_ERROR(RestartCold(object));
+        CKPT_ASSIGN_OR_RETURN(
+            double s, RestoreAll(same ? saved_ : restored_,
+                                 absl::StrCat(same ? "same-layout" : "reshard",
+                                              " restore (", tier, ")")));
+        (same ? same_s : reshard_s)->push_back(s);
+      }
     }
+    return absl::OkStatus();
+  };
+  CKPT_RETURN_IF_ERROR(cold(false, &disk_same, &disk_reshard));
+  std::vector<double> obj_same, obj_reshard;
+  if (!o_.object_url.empty())
+    CKPT_RETURN_IF_ERROR(cold(true, &obj_same, &obj_reshard));
+  f->saved_ranks = saved_;
+  f->restored_ranks = restored_;
+  f->bytes = bytes_;
+  f->tensors = o_.tensors;
+  f->rounds = o_.repeat;
+  f->same_layout_restore_s = Median(mem_same);
+  f->reshard_restore_s = Median(mem_reshard);
+  f->disk_same_layout_restore_s = Median(disk_same);
+  f->disk_reshard_restore_s = Median(disk_reshard);
+  f->object = !obj_same.empty();
+  if (f->object) {
+    f->object_same_layout_restore_s = Median(obj_same);
+    f->object_reshard_restore_s = Median(obj_reshard);
   }
-  const double ms = Median(mem_same), mr = Median(mem_reshard),
-               ds = Median(disk_same), dr = Median(disk_reshard);
-  if (o_.json) {
-    *out = absl::StrFormat(
-        "{\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
-        "\"tensors\": %d, \"repeat\": %d, "
-        "\"same_layout_restore_s\": %.6f, \"reshard_restore_s\": %.6f, "
-        "\"reshard_over_same\": %.3f, "
-        "\"disk_same_layout_restore_s\": %.6f, "
-        "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, "
-        "\"plan_s\": %.6f, \"restore_matches\": %s}",
-        saved_, restored_, bytes_, o_.tensors, o_.repeat, ms, mr, mr / ms, ds,
-        dr, dr / ds, plan_s, matches_ ? "true" : "false");
-  } else {
-    *out = absl::StrFormat(
-        "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
-        "ranks, medians of %d interleaved rounds\n"
-        "%-8s %24s %24s %8s %8s\n"
-        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
-        "%-8s %22.4f s %22.4f s %8.3f %8s\n"
-        "plan of every restoring rank (plan_s): %.6f s\n"
-        "restored bytes equal the saved ones: %s",
-        saved_, bytes_, o_.tensors, restored_, o_.repeat, "tier",
-        "reshard_restore_s", "same_layout_restore_s", "ratio", "target",
-        "memory", mr, ms, mr / ms, "<= 1.5", "disk", dr, ds, dr / ds, "<= 1.5",
-        plan_s, matches_ ? "yes" : "NO");
-  }
-  if (!matches_)
-    return absl::DataLossError(
-        absl::StrCat("restored bytes differ from the saved ones\n", *out));
+  f->plan_s = plan_s;
+  f->restore_matches = matches_;
   return absl::OkStatus();
 }
 
@@ -271,10 +303,76 @@ void ReshardBench::Cleanup() {
 
 }  // namespace
 
+absl::StatusOr<ReshardFigures> MeasureReshard(const Options& o, int saved,
+                                              int restored) {
+  ReshardFigures f;
+  ReshardBench b(o, saved, restored);
+  CKPT_RETURN_IF_ERROR(b.Run(&f));
+  return f;
+}
+
+std::string ReshardJsonFields(const ReshardFigures& f) {
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  std::string j = absl::StrFormat(
+      "\"saved_ranks\": %d, \"restored_ranks\": %d, \"bytes\": %d, "
+      "\"tensors\": %d, \"repeat\": %d, "
+      "\"same_layout_restore_s\": %.6f, \"reshard_restore_s\": %.6f, "
+      "\"reshard_over_same\": %.3f, "
+      "\"disk_same_layout_restore_s\": %.6f, "
+      "\"disk_reshard_restore_s\": %.6f, \"disk_reshard_over_same\": %.3f, ",
+      f.saved_ranks, f.restored_ranks, f.bytes, f.tensors, f.rounds,
+      f.same_layout_restore_s, f.reshard_restore_s,
+      ratio(f.reshard_restore_s, f.same_layout_restore_s),
+      f.disk_same_layout_restore_s, f.disk_reshard_restore_s,
+      ratio(f.disk_reshard_restore_s, f.disk_same_layout_restore_s));
+  if (f.object)
+    absl::StrAppend(
+        &j,
+        absl::StrFormat(
+            "\"object_same_layout_restore_s\": %.6f, "
+            "\"object_reshard_restore_s\": %.6f, "
+            "\"object_reshard_over_same\": %.3f, ",
+            f.object_same_layout_restore_s, f.object_reshard_restore_s,
+            ratio(f.object_reshard_restore_s, f.object_same_layout_restore_s)));
+  absl::StrAppend(
+      &j, absl::StrFormat("\"plan_s\": %.6f, \"restore_matches\": %s", f.plan_s,
+                          f.restore_matches ? "true" : "false"));
+  return j;
+}
+
+std::string ReshardText(const ReshardFigures& f) {
+  auto row = [](const char* tier, double reshard, double same) {
+    return absl::StrFormat("%-8s %22.4f s %22.4f s %8.3f %8s\n", tier, reshard,
+                           same, same > 0 ? reshard / same : 0.0, "<= 1.5");
+  };
+  std::string t = absl::StrFormat(
+      "%d ranks saved %d bytes (%d tensors, row-sharded); restored at %d "
+      "ranks, medians of %d interleaved rounds\n"
+      "%-8s %24s %24s %8s %8s\n",
+      f.saved_ranks, f.bytes, f.tensors, f.restored_ranks, f.rounds, "tier",
+      "reshard_restore_s", "same_layout_restore_s", "ratio", "target");
+  absl::StrAppend(&t,
+                  row("memory", f.reshard_restore_s, f.same_layout_restore_s));
+  absl::StrAppend(
+      &t, row("disk", f.disk_reshard_restore_s, f.disk_same_layout_restore_s));
+  if (f.object)
+    absl::StrAppend(&t, row("object", f.object_reshard_restore_s,
+                            f.object_same_layout_restore_s));
+  absl::StrAppend(
+      &t, absl::StrFormat("plan of every restoring rank (plan_s): %.6f s\n"
+                          "restored bytes equal the saved ones: %s",
+                          f.plan_s, f.restore_matches ? "yes" : "NO"));
+  return t;
+}
+
 absl::Status RunReshardBench(const Options& o, int saved, int restored,
                              std::string* out) {
-  ReshardBench b(o, saved, restored);
-  return b.Run(out);
+  CKPT_ASSIGN_OR_RETURN(ReshardFigures f, MeasureReshard(o, saved, restored));
+  *out = o.json ? absl::StrCat("{", ReshardJsonFields(f), "}") : ReshardText(f);
+  if (!f.restore_matches)
+    return absl::DataLossError(
+        absl::StrCat("restored bytes differ from the saved ones\n", *out));
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt::bench

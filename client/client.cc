@@ -1,5 +1,4 @@
 // Client, SaveHandle and the arena bookkeeping of Client::Impl.
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -206,8 +205,6 @@ Client::Impl::~Impl() {
   }
   queue_cv_.notify_all();
   saver_.join();
-  if (reshard_buffer_ != nullptr)
-    ::munmap(reshard_buffer_, reshard_buffer_bytes_);
 }
 
 absl::Status Client::Impl::Start() {

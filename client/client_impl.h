@@ -191,14 +191,12 @@ class Client::Impl {
       const storage::LayoutIndex& requested,
       std::span<const storage::PlannedRead> reads,
       std::span<const Tensor> tensors, bool* opened);
-  // Where a saved rank's bytes are: its image in a slot, or its shard
-  // file (read a batch of whole pieces at a time).
+  // Where a saved rank's bytes are: its image in a slot, or (image null)
+  // its shard file, whose touched chunks the FileRestorer reads.
   struct SavedSource {
     const char* image = nullptr;
-    int fd = -1;
     std::string path;
   };
-  static constexpr uint64_t kFileBatchBytes = 64ull << 20;
   // Copies the reads' runs out of src and verifies every saved piece they
   // touch (DataLoss naming the tensor and the saved rank).
   [[nodiscard]] absl::Status CopyRuns(
@@ -215,12 +213,8 @@ class Client::Impl {
   std::unique_ptr<client::FileRestorer> file_restorer_;  // source FILE
 
   client::ProgressBeacon beacon_;
-  // The file batches of a restore into another layout (restores run one
-  // at a time per reshard: guarded by reshard_mu_).
-  [[nodiscard]] absl::Status EnsureReshardBuffer(uint64_t bytes);
+  // Restores into another layout run one at a time.
   std::mutex reshard_mu_;
-  char* reshard_buffer_ = nullptr;
-  uint64_t reshard_buffer_bytes_ = 0;
 
   std::mutex arena_mu_;
   std::shared_ptr<client::MappedArena> save_arena_;

@@ -153,30 +153,37 @@ FileRestorer::FileRestorer(CopyEngine* engine, DeviceCopier* devices)
     : engine_(engine), devices_(devices) {}
 
 FileRestorer::~FileRestorer() {
-  if (buffers_ == nullptr) return;
-  if (pinned_) {
-    absl::Status s = devices_->UnregisterHost(buffers_);
-    // A destructor cannot report, and the mapping goes next regardless.
-    (void)s;
+  for (Bounce* b : {&whole_, &spans_}) {
+    if (b->memory == nullptr) continue;
+    if (b->pinned) {
+      absl::Status s = devices_->UnregisterHost(b->memory);
+      // A destructor cannot report, and the mapping goes next regardless.
+      (void)s;
+    }
+    ::munmap(b->memory, kBounceBuffers * b->each);
   }
-  ::munmap(buffers_, kBounceBuffers * kBounceBytes);
 }
 
 absl::Status FileRestorer::EnsureBuffersLocked() {
-  if (buffers_ != nullptr) return absl::OkStatus();
-  const uint64_t bytes = kBounceBuffers * kBounceBytes;
-  // Page-aligned and pre-faulted, so neither O_DIRECT nor the first restore
-  // pays for page faults.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  Bounce& b = *bounce_;
+  if (b.memory != nullptr) return absl::OkStatus();
+  const uint64_t bytes = kBounceBuffers * b.each;
+  // Page-aligned. Restore's are pre-faulted, so neither O_DIRECT nor the
+  // first restore pays for page faults; ReadSpans' are not: it uses the
+  // first chunk of each buffer, mostly, and a populated mapping would cost
+  // every restore of a new client 12 MiB of page clearing.
+  void* p = ::mmap(
+      nullptr, bytes, PROT_READ | PROT_WRITE,
+      MAP_PRIVATE | MAP_ANONYMOUS | (bounce_ == &whole_ ? MAP_POPULATE : 0), -1,
+      0);
   if (p == MAP_FAILED)
     return ErrnoToStatus(
         errno, absl::StrCat("restore: map ", bytes, " bytes of read buffers"));
-  buffers_ = static_cast<char*>(p);
+  b.memory = static_cast<char*>(p);
   if (devices_->HasDevice()) {
-    CKPT_RETURN_IF_ERROR(Annotate(devices_->RegisterHost(buffers_, bytes),
+    CKPT_RETURN_IF_ERROR(Annotate(devices_->RegisterHost(b.memory, bytes),
                                   "restore: pin the read buffers"));
-    pinned_ = true;
+    b.pinned = true;
   }
   return absl::OkStatus();
 }
@@ -201,26 +208,39 @@ void FileRestorer::PlanLocked(uint64_t image_bytes,
   pieces_.clear();
   for (size_t i : order) {
     const uint64_t n = metas[i]->bytes();
-    for (uint64_t off = 0, k = 0; off < n; off += kChecksumChunk, ++k)
-      pieces_.push_back({i, metas[i]->offset() + off,
-                         std::min<uint64_t>(kChecksumChunk, n - off), off,
-                         (*first_hash)[i] + k});
+    const Tensor& t = tensors[i];
+    for (uint64_t off = 0, k = 0; off < n; off += kChecksumChunk, ++k) {
+      Piece pc;
+      pc.offset = metas[i]->offset() + off;
+      pc.bytes = std::min<uint64_t>(kChecksumChunk, n - off);
+      if (t.device.is_host()) {
+        pc.dst = static_cast<char*>(t.data) + off;
+      } else {
+        pc.tensor = i;
+        pc.dst_offset = off;
+      }
+      pc.hash_index = (*first_hash)[i] + k;
+      pieces_.push_back(pc);
+    }
   }
+  GroupLocked(image_bytes);
+}
+
+void FileRestorer::GroupLocked(uint64_t image_bytes) {
   chunks_.clear();
   for (size_t p = 0; p < pieces_.size(); ++p) {
     const Piece& pc = pieces_[p];
-    const Tensor& t = tensors[pc.tensor];
-    // A host tensor at a 4 KiB-aligned address takes O_DIRECT reads of its
+    // Host memory at a 4 KiB-aligned address takes O_DIRECT reads of its
     // own bytes: no bounce buffer, no copy, only the hash pass.
     char* direct =
-        t.device.is_host() && reinterpret_cast<uintptr_t>(t.data) % kAlign == 0
-            ? static_cast<char*>(t.data) + pc.dst_offset
+        pc.dst != nullptr && reinterpret_cast<uintptr_t>(pc.dst) % kAlign == 0
+            ? pc.dst
             : nullptr;
     if (!chunks_.empty()) {
       Chunk& c = chunks_.back();
       const uint64_t c_end = c.offset + c.len;
       if (direct != nullptr) {
-        if (c.direct != nullptr && pieces_[c.first_piece].tensor == pc.tensor &&
+        if (c.direct != nullptr && direct == c.direct + c.len &&
             pc.offset == c_end && c.len + pc.bytes <= kBounceBytes) {
           c.len += pc.bytes;
           c.end_piece = p + 1;
@@ -230,7 +250,7 @@ void FileRestorer::PlanLocked(uint64_t image_bytes,
         const uint64_t end =
             std::min(AlignUp(pc.offset + pc.bytes), image_bytes);
         if (c.direct == nullptr && pc.offset <= c_end + kMaxGap &&
-            std::max(end, c_end) - c.offset <= kBounceBytes) {
+            std::max(end, c_end) - c.offset <= bounce_->each) {
           c.len = std::max(end, c_end) - c.offset;
           c.end_piece = p + 1;
           continue;
@@ -251,7 +271,7 @@ void FileRestorer::PlanLocked(uint64_t image_bytes,
 char* FileRestorer::ChunkMemory(size_t c) const {
   return chunks_[c].direct != nullptr
              ? chunks_[c].direct
-             : buffers_ + (c % kBounceBuffers) * kBounceBytes;
+             : bounce_->memory + (c % kBounceBuffers) * bounce_->each;
 }
 
 void FileRestorer::ReadLoop(const File& f, storage::IoQueue* q, Progress* p) {
@@ -282,7 +302,7 @@ void FileRestorer::ReadLoop(const File& f, storage::IoQueue* q, Progress* p) {
       l.unlock();
       const Chunk& c = chunks_[next];
       q->Queue(f.direct, f.buffered, ChunkMemory(next), c.offset, c.len,
-               c.direct != nullptr ? c.len : kBounceBytes, next);
+               c.direct != nullptr ? c.len : bounce_->each, next);
       ++next;
     }
     if (q->outstanding() == 0) {
@@ -304,6 +324,65 @@ absl::Status FileRestorer::Restore(
     const std::string& path, uint64_t image_bytes,
     std::span<const Tensor> tensors,
     std::span<const v1::TensorMeta* const> metas) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bounce_ = &whole_;
+  std::vector<size_t> first_hash;
+  PlanLocked(image_bytes, tensors, metas, &first_hash);
+  CKPT_RETURN_IF_ERROR(ReadLocked(path, image_bytes, tensors, nullptr));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t sum =
+        CombineChunkHashes(std::span<const uint64_t>(hashes_).subspan(
+            first_hash[i], ChecksumChunks(metas[i]->bytes())));
+    if (metas[i]->has_checksum() && metas[i]->checksum() != sum)
+      return absl::DataLossError(absl::StrFormat(
+          "%s: checksum mismatch (stored %016x, computed %016x) in %s",
+          TensorLabel(tensors, i), metas[i]->checksum(), sum, path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FileRestorer::ReadSpans(const std::string& path,
+                                     uint64_t image_bytes,
+                                     std::span<const Span> spans,
+                                     std::span<uint64_t> hashes,
+                                     const Landed& landed) {
+  if (hashes.size() != spans.size())
+    return absl::InternalError("ReadSpans: one hash per span");
+  std::lock_guard<std::mutex> lock(mu_);
+  bounce_ = &spans_;
+  pieces_.clear();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const Span& sp = spans[i];
+    if (sp.bytes == 0 || sp.bytes > kChecksumChunk || sp.offset > image_bytes ||
+        image_bytes - sp.offset < sp.bytes)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard file ", path, ": span ", i, " (", sp.bytes, " bytes at ",
+          sp.offset, ") is not inside its ", image_bytes, " bytes"));
+    Piece pc;
+    pc.offset = sp.offset;
+    pc.bytes = sp.bytes;
+    pc.dst = sp.dst;
+    pc.hash_index = i;
+    pieces_.push_back(pc);
+  }
+  std::sort(pieces_.begin(), pieces_.end(),
+            [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+  for (size_t p = 1; p < pieces_.size(); ++p)
+    if (pieces_[p].offset < pieces_[p - 1].offset + pieces_[p - 1].bytes)
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard file ", path, ": spans overlap at offset ",
+                       pieces_[p].offset));
+  hashes_.assign(spans.size(), 0);
+  GroupLocked(image_bytes);
+  CKPT_RETURN_IF_ERROR(ReadLocked(path, image_bytes, {}, &landed));
+  std::copy(hashes_.begin(), hashes_.end(), hashes.begin());
+  return absl::OkStatus();
+}
+
+absl::Status FileRestorer::ReadLocked(const std::string& path,
+                                      uint64_t image_bytes,
+                                      std::span<const Tensor> tensors,
+                                      const Landed* landed) {
   if (path.empty() || path[0] != '/' || path.back() == '/')
     return absl::InternalError(absl::StrCat("OpenRestore: path \"",
                                             path.substr(0, 256),
@@ -315,10 +394,6 @@ absl::Status FileRestorer::Restore(
   auto queue = std::make_unique<storage::IoQueue>(
       &rings_, storage::IoOp::kRead, kReadDepth, kReadIoBytes,
       absl::StrCat("shard file ", path));
-
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<size_t> first_hash;
-  PlanLocked(image_bytes, tensors, metas, &first_hash);
   for (const Chunk& c : chunks_) {
     if (c.direct != nullptr) continue;
     CKPT_RETURN_IF_ERROR(EnsureBuffersLocked());
@@ -336,7 +411,7 @@ absl::Status FileRestorer::Restore(
       progress.cv.wait(l, [&] { return progress.abort || progress.read[c]; });
       if (progress.abort) break;
     }
-    s = CopyChunk(chunks_[c], ChunkMemory(c), tensors, dma.get());
+    s = CopyChunk(chunks_[c], ChunkMemory(c), tensors, dma.get(), landed);
     std::lock_guard<std::mutex> l(progress.mu);
     if (!s.ok()) progress.abort = true;
     progress.copied = c + 1;
@@ -347,30 +422,18 @@ absl::Status FileRestorer::Restore(
   queue.reset();  // nothing in flight writes into tensors or buffers now
   if (!progress.read_status.ok())
     return absl::DataLossError(progress.read_status.message());
-  CKPT_RETURN_IF_ERROR(s);
-
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const uint64_t sum =
-        CombineChunkHashes(std::span<const uint64_t>(hashes_).subspan(
-            first_hash[i], ChecksumChunks(metas[i]->bytes())));
-    if (metas[i]->has_checksum() && metas[i]->checksum() != sum)
-      return absl::DataLossError(absl::StrFormat(
-          "%s: checksum mismatch (stored %016x, computed %016x) in %s",
-          TensorLabel(tensors, i), metas[i]->checksum(), sum, path));
-  }
-  return absl::OkStatus();
+  return s;
 }
 
 absl::Status FileRestorer::CopyChunk(const Chunk& c, const char* buf,
                                      std::span<const Tensor> tensors,
-                                     DeviceCopyBatch* dma) {
+                                     DeviceCopyBatch* dma,
+                                     const Landed* landed) {
   regions_.clear();
   for (size_t p = c.first_piece; p < c.end_piece; ++p) {
     const Piece& pc = pieces_[p];
-    const Tensor& t = tensors[pc.tensor];
-    char* dst = t.device.is_host() && c.direct == nullptr
-                    ? static_cast<char*>(t.data) + pc.dst_offset
-                    : nullptr;  // device pieces, and direct reads: hash only
+    // Device pieces, and direct reads (already in place): hash only.
+    char* dst = c.direct == nullptr ? pc.dst : nullptr;
     regions_.push_back({buf + (pc.offset - c.offset), dst, pc.bytes});
   }
   // Device pieces go by DMA while the engine hashes their bounce bytes; the
@@ -379,8 +442,8 @@ absl::Status FileRestorer::CopyChunk(const Chunk& c, const char* buf,
   bool any_device = false;
   for (size_t p = c.first_piece; p < c.end_piece && s.ok(); ++p) {
     const Piece& pc = pieces_[p];
+    if (pc.tensor == kNoTensor) continue;
     const Tensor& t = tensors[pc.tensor];
-    if (t.device.is_host()) continue;
     any_device = true;
     s = dma->EnqueueToDevice(t.device.index,
                              static_cast<char*>(t.data) + pc.dst_offset,
@@ -389,6 +452,13 @@ absl::Status FileRestorer::CopyChunk(const Chunk& c, const char* buf,
   }
   region_hashes_.resize(regions_.size());
   if (s.ok()) engine_->RunPieces(regions_, region_hashes_);
+  if (landed != nullptr && *landed) {
+    // The caller's copies out of this memory (device ones wait below).
+    any_device = true;
+    for (size_t p = c.first_piece; p < c.end_piece && s.ok(); ++p)
+      s = (*landed)(pieces_[p].hash_index, buf + (pieces_[p].offset - c.offset),
+                    dma);
+  }
   if (any_device) {
     // Wait even after an enqueue error: no DMA may read a reused buffer.
     absl::Status w = dma->Wait();

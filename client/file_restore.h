@@ -10,21 +10,29 @@
 // KiB-aligned address is read straight into its own memory; other ranges go
 // through three reusable 4096-aligned bounce buffers of kBounceBytes (allocated
 // and pre-faulted on first need, page-locked when a device exists, kept for
-// later restores). Meanwhile the caller's thread takes each chunk as its last
-// request completes and, on the CopyEngine, hashes it one kChecksumChunk piece
-// at a time (pieces start at the tensor's offset, so their hashes are the
-// tensor's chunk hashes), copying bounce bytes to host tensors while hashing; a
-// device tensor's piece goes by DMA (DeviceCopier) and its bounce bytes are
-// only hashed. Every tensor's checksum is then verified: one pass, restore time
-// is about read time.
+// later restores; ReadSpans has three of kSpanBounceBytes). Meanwhile the
+// caller's thread takes each chunk as its last request completes and, on the
+// CopyEngine, hashes it one kChecksumChunk piece at a time (pieces start at the
+// tensor's offset, so their hashes are the tensor's chunk hashes), copying
+// bounce bytes to host tensors while hashing; a device tensor's piece goes by
+// DMA (DeviceCopier) and its bounce bytes are only hashed. Every tensor's
+// checksum is then verified: one pass, restore time is about read time.
 //
-// Thread-safety: Restore() may be called from several threads; calls are
-// serialised (they share the bounce buffers). The CopyEngine and the
-// DeviceCopier must outlive the FileRestorer.
+// ReadSpans runs the same pipeline over spans of a shard file that a
+// restore into another layout touches (doc/resharding.md): each span (one
+// checksum chunk of a saved piece) is read, hashed, and copied to its own
+// host destination if it has one (straight into it by O_DIRECT when
+// aligned), and a callback copies other parts of it elsewhere while it is
+// still in memory.
+//
+// Thread-safety: Restore() and ReadSpans() may be called from several
+// threads; calls are serialised (they share the bounce buffers). The CopyEngine
+// and the DeviceCopier must outlive the FileRestorer.
 #ifndef CKPT_CLIENT_FILE_RESTORE_H_
 #define CKPT_CLIENT_FILE_RESTORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -62,6 +70,10 @@ class FileRestorer {
  public:
   static constexpr int kBounceBuffers = 3;
   static constexpr uint64_t kBounceBytes = 32ull << 20;
+  // ReadSpans' bounce buffers: it reads most spans straight into their
+  // destination, so only a few chunks per run end go through them, and a
+  // first read maps (and faults in) 12 MiB, not 96.
+  static constexpr uint64_t kSpanBounceBytes = 4ull << 20;
   // The raw read's settings (bench/raw_io.h RawIoOptions).
   static constexpr unsigned kReadDepth = 8;
   static constexpr uint64_t kReadIoBytes = 4 << 20;
@@ -81,6 +93,32 @@ class FileRestorer {
       std::span<const Tensor> tensors,
       std::span<const v1::TensorMeta* const> metas);
 
+  // One range of a shard file to read and hash: `bytes` (1 to
+  // kChecksumChunk) at file `offset`, copied to `dst` (host memory) as it
+  // is hashed, or only hashed (dst null).
+  struct Span {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    char* dst = nullptr;
+  };
+  // Called for span i once its bytes are at `at` (and in its dst), before
+  // that memory is reused: copies parts of it elsewhere, or enqueues device
+  // copies from it on dma (waited for before the memory is reused). An
+  // error stops the read and is returned.
+  using Landed =
+      std::function<absl::Status(size_t i, const char* at, DeviceCopyBatch*)>;
+  // Reads spans (non-overlapping, any order) of the shard file at path
+  // (absolute) of image_bytes bytes, with reads in flight, hashing each as
+  // it lands: hashes[i] is the XXH3 of span i (spans.size() entries). A
+  // span past image_bytes is InvalidArgument; a file that cannot be opened
+  // or read, or is not of image_bytes bytes, an error naming the path
+  // (DataLoss for a short or truncated file).
+  [[nodiscard]] absl::Status ReadSpans(const std::string& path,
+                                       uint64_t image_bytes,
+                                       std::span<const Span> spans,
+                                       std::span<uint64_t> hashes,
+                                       const Landed& landed);
+
  private:
   // One bounce buffer's worth of the file: [offset, offset+len) holds
   // pieces [first_piece, end_piece).
@@ -94,12 +132,14 @@ class FileRestorer {
     uint64_t left = 0;  // bytes still to be read (reader thread only)
   };
   struct Piece {
-    size_t tensor = 0;
     uint64_t offset = 0;  // in the file
     uint64_t bytes = 0;
-    uint64_t dst_offset = 0;  // in the tensor
+    char* dst = nullptr;        // host memory it is copied to while hashed
+    size_t tensor = kNoTensor;  // Restore: a device tensor's index
+    uint64_t dst_offset = 0;    // in that tensor
     size_t hash_index = 0;
   };
+  static constexpr size_t kNoTensor = SIZE_MAX;
 
   // The chunks' shared progress between the reader and the caller.
   struct Progress;
@@ -110,21 +150,36 @@ class FileRestorer {
   void PlanLocked(uint64_t image_bytes, std::span<const Tensor> tensors,
                   std::span<const v1::TensorMeta* const> metas,
                   std::vector<size_t>* first_hash);
+  // Groups pieces_ (in file order) into chunks_.
+  void GroupLocked(uint64_t image_bytes);
+  // Opens the file and runs the pipeline over chunks_, filling hashes_.
+  [[nodiscard]] absl::Status ReadLocked(const std::string& path,
+                                        uint64_t image_bytes,
+                                        std::span<const Tensor> tensors,
+                                        const Landed* landed);
   char* ChunkMemory(size_t c) const;
   // Reads every chunk of f through q, in order, each once Progress lets it.
   void ReadLoop(const File& f, storage::IoQueue* q, Progress* p);
   // Copies chunk c, now in buffer buf, into the tensors; fills hashes.
   [[nodiscard]] absl::Status CopyChunk(const Chunk& c, const char* buf,
                                        std::span<const Tensor> tensors,
-                                       DeviceCopyBatch* dma);
+                                       DeviceCopyBatch* dma,
+                                       const Landed* landed);
 
   CopyEngine* const engine_;
   DeviceCopier* const devices_;
   storage::RingPool rings_{kReadDepth, 1};
 
-  std::mutex mu_;            // serialises Restore; guards everything below
-  char* buffers_ = nullptr;  // kBounceBuffers * kBounceBytes, one mapping
-  bool pinned_ = false;
+  std::mutex mu_;  // serialises Restore; guards everything below
+  // Bounce buffers: kBounceBuffers of `each` bytes, one mapping each.
+  struct Bounce {
+    uint64_t each = 0;
+    char* memory = nullptr;
+    bool pinned = false;
+  };
+  Bounce whole_{kBounceBytes};      // Restore's
+  Bounce spans_{kSpanBounceBytes};  // ReadSpans'
+  Bounce* bounce_ = &whole_;        // the current call's
   // Per-restore plan, kept to reuse capacity.
   std::vector<Piece> pieces_;
   std::vector<Chunk> chunks_;

@@ -131,6 +131,75 @@ TEST_F(FileRestorerTest, ADirectoryIsAnErrorNamingThePath) {
   EXPECT_NE(s.message().find(dir_), absl::string_view::npos) << s;
 }
 
+// ReadSpans (a restore into another layout): spans out of order, one
+// straight into aligned memory, one copied to unaligned memory, one only
+// hashed; each hashed as the save hashed that chunk, and handed to the
+// callback while its bytes are in memory.
+TEST_F(FileRestorerTest, ReadSpansHashesEachSpanAndHandsItOver) {
+  Aligned direct(kChecksumChunk), unaligned(kB + 1);
+  // a's chunk 1 (0.5 MiB + 100 bytes), a's chunk 0 into aligned memory, b.
+  std::vector<FileRestorer::Span> spans = {
+      {kAOffset + kChecksumChunk, kA - kChecksumChunk, nullptr},
+      {kAOffset, kChecksumChunk, direct.p},
+      {kBOffset, kB, unaligned.p + 1}};
+  std::vector<uint64_t> hashes(spans.size());
+  std::vector<std::string> landed(spans.size());
+  ASSERT_TRUE(restorer_
+                  .ReadSpans(path_, kImage, spans, hashes,
+                             [&](size_t i, const char* at, DeviceCopyBatch*) {
+                               landed[i].assign(at, spans[i].bytes);
+                               return absl::OkStatus();
+                             })
+                  .ok());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const char* want = image_.data() + spans[i].offset;
+    EXPECT_EQ(hashes[i], Hash64(want, spans[i].bytes)) << i;
+    EXPECT_EQ(landed[i], std::string(want, spans[i].bytes)) << i;
+  }
+  EXPECT_EQ(std::memcmp(direct.p, image_.data() + kAOffset, kChecksumChunk), 0);
+  EXPECT_EQ(std::memcmp(unaligned.p + 1, image_.data() + kBOffset, kB), 0);
+  // a's checksum from its two chunk hashes, as a resharding reader checks.
+  const uint64_t a_chunks[] = {hashes[1], hashes[0]};
+  EXPECT_EQ(CombineChunkHashes(a_chunks), metas_[0].checksum());
+}
+
+TEST_F(FileRestorerTest, ReadSpansRefusesBadSpansAndNamesAShortFile) {
+  std::vector<uint64_t> hashes(1);
+  auto read = [&](FileRestorer::Span sp, uint64_t image_bytes) {
+    std::vector<FileRestorer::Span> spans = {sp};
+    return restorer_.ReadSpans(
+        path_, image_bytes, spans, hashes,
+        [](size_t, const char*, DeviceCopyBatch*) { return absl::OkStatus(); });
+  };
+  absl::Status s = read({kImage - 10, 20, nullptr}, kImage);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("span 0 (20 bytes at"), absl::string_view::npos)
+      << s;
+  // The file is shorter than the image the daemon describes.
+  ASSERT_EQ(::truncate(path_.c_str(), kBOffset), 0);
+  s = read({kAOffset, 4096, nullptr}, kImage);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(path_ + ": " + std::to_string(kBOffset) +
+                             " bytes, expected " + std::to_string(kImage)),
+            absl::string_view::npos)
+      << s;
+  // Overlapping spans, and a callback's error, stop the read.
+  std::vector<FileRestorer::Span> two = {{kAOffset, 4096, nullptr},
+                                         {kAOffset + 100, 4096, nullptr}};
+  std::vector<uint64_t> h2(2);
+  s = restorer_.ReadSpans(
+      path_, kBOffset, two, h2,
+      [](size_t, const char*, DeviceCopyBatch*) { return absl::OkStatus(); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = restorer_.ReadSpans(path_, kBOffset,
+                          std::span<const FileRestorer::Span>(two).first(1),
+                          std::span<uint64_t>(h2).first(1),
+                          [](size_t, const char*, DeviceCopyBatch*) {
+                            return absl::AbortedError("stop here");
+                          });
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+}
+
 // Drops the file-permission overrides from the calling thread's effective
 // capabilities (capset affects only that thread), so that root sees EACCES
 // like an ordinary user; true if the thread now has none of them.

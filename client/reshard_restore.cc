@@ -6,8 +6,12 @@
 // each saved rank it needs once, one at a time (OpenRestore with
 // saved_rank: the daemon serves it from memory, or loads it from disk or
 // the object tier into a slot, or names the file this process may read),
-// and copies the byte runs from the slot (or the chunks read from the
-// file) straight into the tensors.
+// and copies the byte runs from the slot straight into the tensors. From a
+// file, the touched chunks go through the FileRestorer's pipeline of a
+// same-layout restore (io_uring, O_DIRECT, reads in flight, each chunk
+// hashed as it lands, read straight into the tensor when a chunk lies
+// whole inside one run), and the rest of each run is copied out of its
+// chunk while that is in memory.
 //
 // Verification: a tensor's checksum is XXH3 of its 1 MiB chunk hashes.
 // When the save's chunk hashes came with the index entry and combine into
@@ -19,13 +23,7 @@
 // besides. A piece that fails is reported as a bad copy (the daemon checks
 // it and serves the next copy of that saved rank, whose runs are then
 // copied again).
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <unordered_map>
 
@@ -33,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
+#include "client/file_restore.h"
 #include "client/tensor_check.h"
 #include "storage/layout.h"
 #include "storage/layout_format.h"
@@ -83,8 +82,6 @@ Place PlaceOf(const Tensor& t, const v1::TensorMeta* own) {
   return p;
 }
 
-uint64_t AlignUp(uint64_t n) { return (n + 4095) / 4096 * 4096; }
-
 // The save's chunk hashes of a piece are usable when there is one per
 // chunk and they combine into its checksum (so each one is as trusted as
 // the checksum). A piece of one chunk gains nothing from them.
@@ -97,41 +94,7 @@ bool ChunkHashesUsable(const v1::TensorMeta& m) {
              m.chunk_hashes().data(), m.chunk_hashes_size())) == m.checksum();
 }
 
-// Reads `bytes` at `offset` of fd whole; an error names the path.
-absl::Status ReadFully(int fd, char* dst, uint64_t bytes, uint64_t offset,
-                       const std::string& path) {
-  while (bytes > 0) {
-    const ssize_t n = ::pread(fd, dst, std::min<uint64_t>(bytes, 1ull << 30),
-                              static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    if (n == 0)
-      return absl::DataLossError(
-          absl::StrCat("shard file ", path, ": ends at ", offset));
-    dst += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status Client::Impl::EnsureReshardBuffer(uint64_t bytes) {
-  if (bytes <= reshard_buffer_bytes_) return absl::OkStatus();
-  if (reshard_buffer_ != nullptr)
-    ::munmap(reshard_buffer_, reshard_buffer_bytes_);
-  reshard_buffer_ = nullptr;
-  reshard_buffer_bytes_ = 0;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return ErrnoToStatus(
-        errno, absl::StrCat("map a read buffer of ", bytes, " bytes"));
-  reshard_buffer_ = static_cast<char*>(p);
-  reshard_buffer_bytes_ = bytes;
-  return absl::OkStatus();
-}
 
 absl::Status Client::Impl::RestoreResharded(
     int64_t step, std::span<const Tensor> tensors,
@@ -325,23 +288,7 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
     if (resp.source() == v1::RESTORE_SOURCE_FILE) {
       SavedSource src;
       src.path = resp.path();
-      src.fd = ::open(resp.path().c_str(), O_RDONLY | O_CLOEXEC);
-      if (src.fd < 0)
-        return ErrnoToStatus(errno,
-                             absl::StrCat("open shard file ", resp.path()));
-      struct stat st {};
-      absl::Status r;
-      if (::fstat(src.fd, &st) != 0)
-        r = ErrnoToStatus(errno, absl::StrCat("fstat ", resp.path()));
-      else if (!S_ISREG(st.st_mode) ||
-               static_cast<uint64_t>(st.st_size) != resp.image_bytes())
-        r = absl::DataLossError(absl::StrCat("shard file ", resp.path(), ": ",
-                                             st.st_size, " bytes, expected ",
-                                             resp.image_bytes()));
-      if (r.ok())
-        r = CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
-      ::close(src.fd);
-      return r;
+      return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
     }
     if (resp.shm_name().empty())
       return absl::InternalError("OpenRestore: answered without a slot");
@@ -371,108 +318,33 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
   struct SavedPiece {
     const v1::TensorMeta* meta = nullptr;
     bool by_chunk = false;         // checked chunk by chunk (else whole)
-    size_t first = 0;              // its chunks' entries in `pieces`, from here
-    std::vector<uint64_t> chunks;  // which chunk each entry is
+    size_t first = 0;              // its chunks' entries in `chunks`, from here
+    std::vector<uint64_t> chunks;  // which chunk of the piece each entry is
   };
-  std::vector<bool> touched;
+  // Every touched chunk of every saved piece read: its bytes in the image,
+  // and the host memory they are copied to while hashed (a chunk that lies
+  // whole inside one run), else null (only hashed).
+  struct Chunk {
+    uint64_t at = 0;
+    uint64_t bytes = 0;
+    char* dst = nullptr;
+  };
+  // What else is copied out of a touched chunk: a part of a run, at `at`
+  // in the chunk, to host memory (device < 0) or by DMA to a device.
+  struct Part {
+    size_t chunk = 0;
+    uint64_t at = 0;
+    char* dst = nullptr;
+    uint64_t bytes = 0;
+    int device = -1;
+  };
   std::vector<SavedPiece> used;
-  std::vector<client::CopyRegion> pieces, extra;
+  std::vector<Chunk> chunks;
+  std::vector<Part> parts;
+  std::vector<bool> touched;
   std::vector<Run> runs, device_runs;
-  struct DeviceRun {
-    const char* src;
-    char* dst;
-    uint64_t bytes;
-    int device;
-  };
-  std::vector<DeviceRun> dma_runs;
   std::vector<int64_t> chunk_run;
-
-  // Copies and hashes what is gathered, then checks each piece's checksum.
-  auto flush = [&]() -> absl::Status {
-    absl::Status s;
-    std::unique_ptr<client::DeviceCopyBatch> dma;
-    for (const DeviceRun& r : dma_runs) {
-      if (!dma) dma = devices_->NewBatch();
-      s = dma->EnqueueToDevice(r.device, r.dst, r.src, r.bytes);
-      if (!s.ok()) break;
-    }
-    const size_t chunk_pieces = pieces.size();
-    std::vector<uint64_t> hashes;
-    if (s.ok()) {
-      pieces.insert(pieces.end(), extra.begin(), extra.end());
-      hashes.resize(pieces.size());
-      engine_.RunPieces(pieces, hashes);
-    }
-    if (dma) {
-      // Wait even after an enqueue error: the source is released next.
-      absl::Status w = dma->Wait();
-      if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
-    }
-    CKPT_RETURN_IF_ERROR(s);
-    const std::span<const uint64_t> chunk_hashes(hashes.data(), chunk_pieces);
-    for (const SavedPiece& u : used) {
-      const v1::TensorMeta& m = *u.meta;
-      if (!m.has_checksum()) continue;
-      const std::span<const uint64_t> got =
-          chunk_hashes.subspan(u.first, u.chunks.size());
-      if (u.by_chunk) {
-        for (size_t k = 0; k < got.size(); ++k) {
-          const uint64_t want = m.chunk_hashes(static_cast<int>(u.chunks[k]));
-          if (got[k] != want)
-            return absl::DataLossError(absl::StrFormat(
-                "tensor %s of saved rank %d: checksum mismatch in chunk %d "
-                "(stored %016x, computed %016x)",
-                QuotePrefix(m.name()), saved_rank, u.chunks[k], want, got[k]));
-        }
-        continue;
-      }
-      const uint64_t sum = CombineChunkHashes(got);
-      if (sum != m.checksum())
-        return absl::DataLossError(absl::StrFormat(
-            "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
-            "computed %016x)",
-            QuotePrefix(m.name()), saved_rank, m.checksum(), sum));
-    }
-    used.clear();
-    pieces.clear();
-    extra.clear();
-    dma_runs.clear();
-    return absl::OkStatus();
-  };
-  // A file is read a batch of whole pieces at a time into one buffer.
-  uint64_t buffer_bytes = 0, buffer_used = 0;
-  if (src.fd >= 0) {
-    uint64_t largest = 0, total = 0;
-    for (size_t i = 0; i < reads.size(); ++i)
-      if (i == 0 || reads[i].saved_piece != reads[i - 1].saved_piece) {
-        const storage::LayoutTensor& lt =
-            saved.tensors()[saved.piece_tensor(reads[i].saved_piece)];
-        uint64_t n = DTypeSize(lt.dtype);
-        for (uint32_t d = 0; d < lt.ndim; ++d)
-          n *= saved.piece_length(reads[i].saved_piece, d);
-        largest = std::max(largest, AlignUp(n));
-        total += AlignUp(n);
-      }
-    buffer_bytes = std::max(largest, std::min(total, kFileBatchBytes));
-    // The kernel reads the chunks each read needs ahead while earlier
-    // batches are copied and hashed (a hint: an error changes nothing).
-    for (const storage::PlannedRead& rd : reads) {
-      uint64_t lo = UINT64_MAX, hi = 0;
-      storage::ForEachByteRun(saved, requested, rd,
-                              [&](uint64_t so, uint64_t, uint64_t len) {
-                                lo = std::min(lo, so);
-                                hi = std::max(hi, so + len);
-                              });
-      if (hi <= lo) continue;
-      lo = lo / kChecksumChunk * kChecksumChunk;
-      hi = (hi + kChecksumChunk - 1) / kChecksumChunk * kChecksumChunk;
-      (void)::posix_fadvise(
-          src.fd,
-          static_cast<off_t>(saved.piece_data_offset(rd.saved_piece) + lo),
-          static_cast<off_t>(hi - lo), POSIX_FADV_WILLNEED);
-    }
-    CKPT_RETURN_IF_ERROR(EnsureReshardBuffer(buffer_bytes));
-  }
+  std::vector<size_t> entry;
   for (size_t i = 0; i < reads.size();) {
     const uint64_t sp = reads[i].saved_piece;
     const storage::LayoutTensor& lt = saved.tensors()[saved.piece_tensor(sp)];
@@ -526,7 +398,7 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
     std::sort(runs.begin(), runs.end(),
               [](const Run& a, const Run& b) { return a.src < b.src; });
     const uint64_t bytes = m->bytes();
-    const uint64_t chunks = ChecksumChunks(bytes);
+    const uint64_t nchunks = ChecksumChunks(bytes);
     auto chunk_end = [&](uint64_t c) {
       return std::min(bytes, (c + 1) * kChecksumChunk);
     };
@@ -534,54 +406,27 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
     // only the chunks a run touches are read and hashed, each against its
     // own hash; without them, every chunk, against the checksum.
     const bool by_chunk = ChunkHashesUsable(*m);
-    touched.assign(chunks, !by_chunk);
+    touched.assign(nchunks, !by_chunk);
     if (by_chunk) {
-      for (const Run& r : runs)
-        for (uint64_t c = r.src / kChecksumChunk;
-             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
-          touched[c] = true;
-      for (const Run& r : device_runs)
-        for (uint64_t c = r.src / kChecksumChunk;
-             c < chunks && c * kChecksumChunk < r.src + r.bytes; ++c)
-          touched[c] = true;
-    }
-    const char* base = nullptr;
-    if (src.fd < 0) {
-      base = src.image + m->offset();
-    } else {
-      if (buffer_used + bytes > buffer_bytes) {
-        CKPT_RETURN_IF_ERROR(flush());
-        buffer_used = 0;
-      }
-      char* into = reshard_buffer_ + buffer_used;
-      // The touched chunks, a stretch of consecutive ones per read.
-      for (uint64_t c = 0; c < chunks;) {
-        if (!touched[c]) {
-          ++c;
-          continue;
-        }
-        uint64_t e = c;
-        while (e < chunks && touched[e]) ++e;
-        const uint64_t off = c * kChecksumChunk;
-        CKPT_RETURN_IF_ERROR(ReadFully(src.fd, into + off,
-                                       chunk_end(e - 1) - off,
-                                       m->offset() + off, src.path));
-        c = e;
-      }
-      buffer_used += AlignUp(bytes);
-      base = into;
+      for (const std::vector<Run>* v : {&runs, &device_runs})
+        for (const Run& r : *v)
+          for (uint64_t c = r.src / kChecksumChunk;
+               c < nchunks && c * kChecksumChunk < r.src + r.bytes; ++c)
+            touched[c] = true;
     }
     // Chunks that lie whole inside a host run are copied and hashed in one
-    // pass; the other touched ones are hashed in place.
-    chunk_run.assign(chunks, -1);
+    // pass (from a file, read straight into the run's memory when it is
+    // aligned); the other touched ones are only hashed.
+    chunk_run.assign(nchunks, -1);
     for (size_t k = 0; k < runs.size(); ++k) {
       const Run& r = runs[k];
       for (uint64_t c = (r.src + kChecksumChunk - 1) / kChecksumChunk;
-           c < chunks && chunk_end(c) <= r.src + r.bytes; ++c)
+           c < nchunks && chunk_end(c) <= r.src + r.bytes; ++c)
         if (chunk_run[c] < 0) chunk_run[c] = static_cast<int64_t>(k);
     }
-    SavedPiece u{m, by_chunk, pieces.size(), {}};
-    for (uint64_t c = 0; c < chunks; ++c) {
+    SavedPiece u{m, by_chunk, chunks.size(), {}};
+    entry.assign(nchunks, SIZE_MAX);
+    for (uint64_t c = 0; c < nchunks; ++c) {
       if (!touched[c]) continue;
       const uint64_t off = c * kChecksumChunk;
       char* dst = nullptr;
@@ -589,27 +434,117 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
         const Run& r = runs[static_cast<size_t>(chunk_run[c])];
         dst = r.dst + (off - r.src);
       }
-      pieces.push_back({base + off, dst, chunk_end(c) - off});
+      entry[c] = chunks.size();
+      chunks.push_back({m->offset() + off, chunk_end(c) - off, dst});
       u.chunks.push_back(c);
     }
     used.push_back(std::move(u));
-    // What the fused chunks leave of each run: copied besides, each part
-    // inside one chunk.
-    for (size_t k = 0; k < runs.size(); ++k) {
-      const Run& r = runs[k];
-      for (uint64_t pos = r.src; pos < r.src + r.bytes;) {
-        const uint64_t c = pos / kChecksumChunk;
-        const uint64_t e = std::min(r.src + r.bytes, chunk_end(c));
-        if (!(chunk_run[c] == static_cast<int64_t>(k) &&
-              pos == c * kChecksumChunk))
-          extra.push_back({base + pos, r.dst + (pos - r.src), e - pos});
-        pos = e;
+    // What the fused chunks leave of each run, split at chunk boundaries:
+    // copied besides.
+    for (const std::vector<Run>* v : {&runs, &device_runs})
+      for (size_t k = 0; k < v->size(); ++k) {
+        const Run& r = (*v)[k];
+        for (uint64_t pos = r.src; pos < r.src + r.bytes;) {
+          const uint64_t c = pos / kChecksumChunk;
+          const uint64_t e = std::min(r.src + r.bytes, chunk_end(c));
+          if (!(r.device < 0 && chunk_run[c] == static_cast<int64_t>(k) &&
+                pos == c * kChecksumChunk))
+            parts.push_back({entry[c], pos - c * kChecksumChunk,
+                             r.dst + (pos - r.src), e - pos, r.device});
+          pos = e;
+        }
       }
-    }
-    for (const Run& r : device_runs)
-      dma_runs.push_back({base + r.src, r.dst, r.bytes, r.device});
   }
-  return flush();
+  // Parts by chunk: part_first[k] .. part_first[k + 1] are chunk k's.
+  std::stable_sort(
+      parts.begin(), parts.end(),
+      [](const Part& a, const Part& b) { return a.chunk < b.chunk; });
+  std::vector<size_t> part_first(chunks.size() + 1, 0);
+  for (const Part& p : parts) ++part_first[p.chunk + 1];
+  for (size_t k = 0; k < chunks.size(); ++k) part_first[k + 1] += part_first[k];
+
+  std::vector<uint64_t> hashes(chunks.size());
+  if (src.image != nullptr) {
+    // From a slot: the touched chunks (copied to their run while hashed)
+    // and the host parts on the copy engine, device parts by DMA.
+    std::vector<client::CopyRegion> regions;
+    regions.reserve(chunks.size() + parts.size());
+    for (const Chunk& c : chunks)
+      regions.push_back({src.image + c.at, c.dst, c.bytes});
+    absl::Status s;
+    std::unique_ptr<client::DeviceCopyBatch> dma;
+    for (const Part& p : parts) {
+      const char* from = src.image + chunks[p.chunk].at + p.at;
+      if (p.device < 0) {
+        regions.push_back({from, p.dst, p.bytes});
+        continue;
+      }
+      if (!s.ok()) continue;
+      if (!dma) dma = devices_->NewBatch();
+      s = dma->EnqueueToDevice(p.device, p.dst, from, p.bytes);
+    }
+    std::vector<uint64_t> all(regions.size());
+    if (s.ok()) engine_.RunPieces(regions, all);
+    if (dma) {
+      // Wait even after an enqueue error: the slot is released next.
+      absl::Status w = dma->Wait();
+      if (s.ok() && !w.ok()) s = Annotate(w, "restore: device copies");
+    }
+    CKPT_RETURN_IF_ERROR(s);
+    std::copy(all.begin(), all.begin() + static_cast<ptrdiff_t>(chunks.size()),
+              hashes.begin());
+  } else {
+    // From the file: the touched chunks through the FileRestorer's reads
+    // (io_uring, O_DIRECT, reads in flight, each chunk hashed as it lands,
+    // straight into its run's memory when aligned); the parts are copied
+    // out of each chunk while it is in memory.
+    std::vector<client::FileRestorer::Span> spans;
+    spans.reserve(chunks.size());
+    for (const Chunk& c : chunks) spans.push_back({c.at, c.bytes, c.dst});
+    const client::FileRestorer::Landed landed =
+        [&](size_t k, const char* at,
+            client::DeviceCopyBatch* dma) -> absl::Status {
+      for (size_t j = part_first[k]; j < part_first[k + 1]; ++j) {
+        const Part& p = parts[j];
+        if (p.device < 0) {
+          std::memcpy(p.dst, at + p.at, p.bytes);
+          continue;
+        }
+        CKPT_RETURN_IF_ERROR(
+            dma->EnqueueToDevice(p.device, p.dst, at + p.at, p.bytes));
+      }
+      return absl::OkStatus();
+    };
+    CKPT_RETURN_IF_ERROR(file_restorer_->ReadSpans(src.path, resp.image_bytes(),
+                                                   spans, hashes, landed));
+  }
+
+  // Each saved piece: its chunks against their own hashes, or its whole
+  // checksum.
+  for (const SavedPiece& u : used) {
+    const v1::TensorMeta& m = *u.meta;
+    if (!m.has_checksum()) continue;
+    const std::span<const uint64_t> got =
+        std::span<const uint64_t>(hashes).subspan(u.first, u.chunks.size());
+    if (u.by_chunk) {
+      for (size_t k = 0; k < got.size(); ++k) {
+        const uint64_t want = m.chunk_hashes(static_cast<int>(u.chunks[k]));
+        if (got[k] != want)
+          return absl::DataLossError(absl::StrFormat(
+              "tensor %s of saved rank %d: checksum mismatch in chunk %d "
+              "(stored %016x, computed %016x)",
+              QuotePrefix(m.name()), saved_rank, u.chunks[k], want, got[k]));
+      }
+      continue;
+    }
+    const uint64_t sum = CombineChunkHashes(got);
+    if (sum != m.checksum())
+      return absl::DataLossError(absl::StrFormat(
+          "tensor %s of saved rank %d: checksum mismatch (stored %016x, "
+          "computed %016x)",
+          QuotePrefix(m.name()), saved_rank, m.checksum(), sum));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt

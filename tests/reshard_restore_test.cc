@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <numeric>
@@ -20,6 +22,7 @@
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
+#include "util/checksum.h"
 
 namespace ckpt::testing {
 namespace {
@@ -250,6 +253,139 @@ TEST_F(ReshardRestoreTest, AFlippedByteInASavedPieceIsCaughtAndNamed) {
             std::string::npos)
       << st;
   EXPECT_NE(st.message().find("partly written"), std::string::npos) << st;
+}
+
+// From a shard file into 4 KiB-aligned tensors of 4 KiB rows: the chunks
+// that lie whole inside a run are read straight into the tensor (O_DIRECT,
+// several in flight) and hashed there, the others land in the bounce
+// buffers and are copied out. "wide" float32 [4096, 1024] (16 MiB), saved
+// 4-way (4 MiB pieces, 4 chunks each), restored 3-way after a restart.
+class AlignedRows {
+ public:
+  static constexpr int64_t kRows = 4096, kCols = 1024;
+  AlignedRows(int64_t lo, int64_t hi)
+      : lo_(lo),
+        hi_(hi),
+        p_(static_cast<float*>(std::aligned_alloc(
+            4096,
+            static_cast<size_t>(std::max<int64_t>(hi - lo, 1) * kCols * 4)))) {}
+  ~AlignedRows() { std::free(p_); }
+  AlignedRows(const AlignedRows&) = delete;
+  AlignedRows& operator=(const AlignedRows&) = delete;
+  static float Value(int64_t i) {
+    return static_cast<float>(i % 1000003) * 0.25f - 7.0f;
+  }
+  void Fill(float v) { std::fill(p_, p_ + (hi_ - lo_) * kCols, v); }
+  void FillGlobal() {
+    for (int64_t i = 0; i < (hi_ - lo_) * kCols; ++i)
+      p_[i] = Value(lo_ * kCols + i);
+  }
+  bool HoldsGlobal() const {
+    for (int64_t i = 0; i < (hi_ - lo_) * kCols; ++i) {
+      const float want = Value(lo_ * kCols + i);
+      if (std::memcmp(&p_[i], &want, sizeof want) != 0) return false;
+    }
+    return true;
+  }
+  std::vector<Tensor> Tensors() const {
+    return {{"wide",
+             DType::kFloat32,
+             {hi_ - lo_, kCols},
+             p_,
+             Device::Host(),
+             TensorLayout{{kRows, kCols}, {lo_, 0}, ""}}};
+  }
+
+ private:
+  int64_t lo_, hi_;
+  float* p_;
+};
+
+TEST_F(ReshardRestoreTest, FromTheFileChunksAreReadStraightInAndVerified) {
+  for (int r = 0; r < kSaved; ++r) {
+    auto c = Connect("wide", r, kSaved);
+    ASSERT_NE(c, nullptr);
+    auto [lo, hi] = Split(AlignedRows::kRows, kSaved, r);
+    AlignedRows a(lo, hi);
+    a.FillGlobal();
+    ASSERT_TRUE(c->Save(1, a.Tensors()).ok());
+    ASSERT_TRUE(c->WaitDurable(1).ok());
+  }
+  StopAndDropMemory();
+  Restart();
+  for (int r = 0; r < 3; ++r) {
+    auto c = Connect("wide", r, 3);
+    ASSERT_NE(c, nullptr);
+    auto [lo, hi] = Split(AlignedRows::kRows, 3, r);
+    AlignedRows a(lo, hi);
+    a.Fill(-1.0f);
+    absl::Status st = c->Restore(1, a.Tensors());
+    ASSERT_TRUE(st.ok()) << "rank " << r << " of 3: " << st;
+    EXPECT_TRUE(a.HoldsGlobal()) << "rank " << r << " of 3";
+  }
+  // A flipped byte in chunk 2 of saved rank 1's piece (rows [1024, 2048)):
+  // rank 1 of 3 (rows [1365, 2730)) reads chunks 2 and 3 straight into its
+  // tensor and names the chunk; rank 0 (rows [0, 1365)) reads chunks 0
+  // and 1 only and is unaffected.
+  StopAndDropMemory();
+  const std::string path = root() + "/" + storage::ShardKey("wide", 1, 1);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> image((std::istreambuf_iterator<char>(f)),
+                            std::istreambuf_iterator<char>());
+    absl::StatusOr<storage::ShardHeader> h = storage::DecodeHeader(image);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::StatusOr<storage::ShardInfo> info = storage::DecodeShardMetadata(
+        image, std::span<const char>(image).subspan(h->footer_offset),
+        image.size());
+    ASSERT_TRUE(info.ok()) << info.status();
+    const uint64_t at = info->tensors[0].offset + 2 * kChecksumChunk + 12345;
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(image[at] ^ 0x01));
+  }
+  Restart();
+  {
+    auto c = Connect("wide", 0, 3);
+    ASSERT_NE(c, nullptr);
+    auto [lo, hi] = Split(AlignedRows::kRows, 3, 0);
+    AlignedRows a(lo, hi);
+    a.Fill(-1.0f);
+    absl::Status st = c->Restore(1, a.Tensors());
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(a.HoldsGlobal());
+  }
+  {
+    auto c = Connect("wide", 1, 3);
+    ASSERT_NE(c, nullptr);
+    auto [lo, hi] = Split(AlignedRows::kRows, 3, 1);
+    AlignedRows a(lo, hi);
+    absl::Status st = c->Restore(1, a.Tensors());
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("tensor \"wide\" of saved rank 1: checksum "
+                                "mismatch in chunk 2"),
+              std::string::npos)
+        << st;
+  }
+  // Saved rank 3's file cut short while the daemon runs: rank 2 of 3 reads
+  // saved rank 2, then 3, whose file the daemon finds short (it checks the
+  // size before it names a file); the refusal names the file and its size.
+  const std::string key3 = storage::ShardKey("wide", 1, 3);
+  const std::string path3 = root() + "/" + key3;
+  const uintmax_t full = std::filesystem::file_size(path3);
+  std::filesystem::resize_file(path3, full - 4096);
+  {
+    auto c = Connect("wide", 2, 3);
+    ASSERT_NE(c, nullptr);
+    auto [lo, hi] = Split(AlignedRows::kRows, 3, 2);
+    AlignedRows a(lo, hi);
+    absl::Status st = c->Restore(1, a.Tensors());
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("saved rank 3"), std::string::npos) << st;
+    EXPECT_NE(
+        st.message().find(absl::StrCat(key3, ": ", full - 4096, " bytes")),
+        std::string::npos)
+        << st;
+  }
 }
 
 TEST_F(ReshardRestoreTest, ARegionNoSavedPieceHoldsIsRefusedAndChangesNothing) {

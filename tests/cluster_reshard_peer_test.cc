@@ -1,14 +1,14 @@
 // Restore into another layout from peers' memory (doc/resharding.md,
-// "Restore into another layout"): real ckptds on loopback, each with a
-// stored root of its own (no shared root, no object tier) and a real
+// "Saved ranks on other nodes"): real ckptds on loopback, each with a
+// stored root of its own (no shared root, no object tier), and a real
 // coordinator. Four ranks on nodes a and b (two each) save a row-sharded
 // tensor and a whole one; a and b keep replicas of each other's shards.
-// Three ranks on node c, which holds nothing of the job, restore their
-// pieces: c's ckptd fetches every saved rank from the memory of the node
-// that holds it (the owner's slot; once the owner is killed, the replica
-// on the other node), verified, bit-exact against the global tensors; and
-// once every holder is gone, the restore is NotFound naming each source
-// tried.
+// Three ranks on spare c, which holds nothing of the job, restore their
+// pieces: c's ckptd fetches every saved rank from its owner's slot,
+// verified, bit-exact against the global tensors. Once rank 0's node is
+// killed, three ranks on spare d restore the next step: its ranks from
+// their replicas on the other node. Once both are killed, the restore on
+// c of a step it never read is NotFound naming each peer tried.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,11 +86,11 @@ class ReshardFromPeersTest : public ClusterTest {
     o.nproc_per_node = 2;
     o.launcher = false;
     o.separate_roots = true;
-    // Long enough that a killed node still counts as alive for a while:
-    // the restore then tries its owner's slot first and falls back.
-    o.heartbeat_timeout_ms = 10000;
-    o.node_capacity["c"] = 0;  // hosts none of the job's ranks
-    const std::vector<int> ports = FreeLoopbackPorts(3);
+    // Longer than the test: a killed node still counts as alive, so no
+    // plan moves its ranks (to c) meanwhile, and the coordinator still
+    // names its owner's slot first: the restore tries it and falls back.
+    o.heartbeat_timeout_ms = 60000;
+    const std::vector<int> ports = FreeLoopbackPorts(4);
     auto at = [&](const char* id, int i) {
       return std::string(id) + "@127.0.0.1:" + std::to_string(ports[i]);
     };
@@ -99,11 +99,14 @@ class ReshardFromPeersTest : public ClusterTest {
     o.node_ckptd_args["b"] = {"--replica-port", std::to_string(ports[1]),
                               "--replica-target", at("a", 0)};
     o.node_ckptd_args["c"] = {"--replica-port", std::to_string(ports[2])};
+    o.node_ckptd_args["d"] = {"--replica-port", std::to_string(ports[3])};
     cluster_ = std::make_unique<Cluster>(o);
     cluster_->StartCoordinator();
     cluster_->StartNode("a");
     cluster_->StartNode("b");
-    cluster_->StartNode("c");
+    // Spares: they host none of the job's ranks.
+    cluster_->StartNode("c", /*spare=*/true);
+    cluster_->StartNode("d", /*spare=*/true);
     cv1::RegisterJobRequest req;
     req.set_job("job");
     req.set_world_size(kSaved);
@@ -123,7 +126,6 @@ class ReshardFromPeersTest : public ClusterTest {
       co.job = "job";
       co.rank = r;
       co.world_size = kSaved;
-      co.num_slots = 3;  // steps 1 to 3 stay in the owners' memory
       auto c = Client::Connect(co);
       ASSERT_TRUE(c.ok()) << c.status();
       savers_.push_back(std::move(*c));
@@ -152,10 +154,11 @@ class ReshardFromPeersTest : public ClusterTest {
         << "step " << step << " never replicated on every rank";
   }
 
-  // Rank r of 3 on node c restores `step`: the status, its buffers.
-  absl::Status RestoreOnC(int step, int r, RankState* s) {
+  // Rank r of 3 on `node` restores `step`: the status, its buffers.
+  absl::Status RestoreOn(const std::string& node, int step, int r,
+                         RankState* s) {
     ClientOptions co;
-    co.socket_path = cluster_->Socket("c");
+    co.socket_path = cluster_->Socket(node);
     co.job = "job";
     co.rank = r;
     co.world_size = 3;
@@ -165,11 +168,12 @@ class ReshardFromPeersTest : public ClusterTest {
     return (*c)->Restore(step, s->tensors);
   }
 
-  void ExpectRestoredAt3(int step, const std::string& where) {
+  void ExpectRestoredAt3(const std::string& node, int step,
+                         const std::string& where) {
     const Global g(step);
     for (int r = 0; r < 3; ++r) {
       RankState s;
-      absl::Status st = RestoreOnC(step, r, &s);
+      absl::Status st = RestoreOn(node, step, r, &s);
       ASSERT_TRUE(st.ok()) << where << " rank " << r << ": " << st;
       auto [lo, hi] = Split(kRows, 3, r);
       EXPECT_EQ(0, std::memcmp(s.rows.data(), g.rows.data() + lo * kCols,
@@ -181,10 +185,11 @@ class ReshardFromPeersTest : public ClusterTest {
     }
   }
 
-  // c's log line for saved rank `rank` of `step` taken from `what`.
-  bool CTook(int step, int rank, const std::string& what) const {
-    return DaemonLog("c").find(absl::StrCat("step ", step, " saved rank ", rank,
-                                            ": from the ", what)) !=
+  // `node`'s log line for saved rank `rank` of `step` taken from `what`.
+  bool Took(const std::string& node, int step, int rank,
+            const std::string& what) const {
+    return DaemonLog(node).find(absl::StrCat("step ", step, " saved rank ",
+                                             rank, ": from the ", what)) !=
            std::string::npos;
   }
 
@@ -193,39 +198,44 @@ class ReshardFromPeersTest : public ClusterTest {
 };
 
 TEST_F(ReshardFromPeersTest, SavedAt4OnTwoNodesRestoredAt3FromTheirMemory) {
-  // Steps 1 to 3 before any failure, all in the owners' slots; the
-  // replicas hold the two newest (2 and 3).
-  for (int step = 1; step <= 3; ++step) SaveStep(step);
-  ASSERT_FALSE(HasFatalFailure());
+  // (The coordinator keeps the shard records of a job's newest steps
+  // only: each step is read while it is among them.)
   // c restores step 1 from the owners' slots.
-  ExpectRestoredAt3(1, "owners alive");
+  SaveStep(1);
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectRestoredAt3("c", 1, "owners alive");
   for (int r = 0; r < kSaved; ++r)
-    EXPECT_TRUE(CTook(1, r, "owner's slot on " + node_of_[r]))
+    EXPECT_TRUE(Took("c", 1, r, "owner's slot on " + node_of_[r]))
         << "saved rank " << r << "\n"
         << DaemonLog("c");
 
-  // The node of rank 0 is killed with its memory: its ranks of step 3
-  // come from their replicas on the other node, the others from their
+  // The node of rank 0 is killed with its memory: d restores step 2, its
+  // ranks from their replicas on the other node, the others from their
   // owner's slot there.
+  SaveStep(2);
+  ASSERT_FALSE(HasFatalFailure());
   const std::string lost = node_of_[0];
   const std::string other = lost == "a" ? "b" : "a";
   cluster_->KillNode(lost);
-  ExpectRestoredAt3(3, "owner killed");
+  ExpectRestoredAt3("d", 2, "owner killed");
   for (int r = 0; r < kSaved; ++r)
-    EXPECT_TRUE(CTook(3, r,
-                      node_of_[r] == lost ? "replica on " + other
-                                          : "owner's slot on " + other))
+    EXPECT_TRUE(Took("d", 2, r,
+                     node_of_[r] == lost ? "replica on " + other
+                                         : "owner's slot on " + other))
         << "saved rank " << r << "\n"
-        << DaemonLog("c");
+        << DaemonLog("d");
 
-  // Every holder gone: step 2, which c never read, is NotFound, naming
-  // the peers tried, and c holds nothing of it.
+  // Every holder gone: step 2 on c, which never read it, is NotFound,
+  // naming the peers tried, and the tensors are untouched.
   cluster_->KillNode(other);
   RankState s;
-  absl::Status st = RestoreOnC(2, 0, &s);
+  absl::Status st = RestoreOn("c", 2, 0, &s);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   EXPECT_NE(st.message().find("from peers' memory"), std::string::npos) << st;
-  EXPECT_NE(st.message().find(" on " + other + " (127.0.0.1:"),
+  EXPECT_NE(st.message().find("owner's slot on " + lost + " (127.0.0.1:"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("replica on " + other + " (127.0.0.1:"),
             std::string::npos)
       << st;
   EXPECT_TRUE(std::all_of(s.rows.begin(), s.rows.end(), [](float v) {

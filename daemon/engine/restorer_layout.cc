@@ -301,7 +301,9 @@ absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
                            shard.key(), tried.empty() ? "" : " (",
                            absl::StrJoin(tried, "; "),
                            tried.empty() ? "" : ")"));
-    tried.push_back(absl::StrCat(tier->name(), ": in no node manifest"));
+    tried.push_back(
+        absl::StrCat(tier == node_.backend ? "the root" : "the object tier",
+                     ": no node manifest names it"));
   }
   return absl::NotFoundError(absl::StrCat("saved rank ", rank, " of step ",
                                           step, ": ",

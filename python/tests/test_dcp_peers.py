@@ -76,7 +76,8 @@ class DcpPeersTest(unittest.TestCase):
         c.start_coordinator()
         base = free_ports(40)
         for i, n in enumerate("abcd"):
-            c.start_node(n, capacity=2 if n in "ab" else 0, own_root=True,
+            # c and d are spares: they host none of the job's ranks.
+            c.start_node(n, spare=n in "cd", own_root=True,
                          extra_args=["--replica-port", str(base + i)])
         port = base + 10
         cmd = [sys.executable, "-m", "tests.dcp_peers_rank", "save", "dcpj", "1", self.hold]

@@ -86,16 +86,25 @@ class DcpPeersTest(unittest.TestCase):
         wait_for(lambda: c.logs_text().count("saved rank=") == SAVED, 120,
                  "the 4 ranks to save step 1:\n" + c.logs_text()[-3000:])
         for node, world, master in (("c", 2, port + 10), ("d", 3, port + 20)):
-            procs = []
+            procs, logs = [], []
             for r in range(world):
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "tests.dcp_peers_rank", "load", "dcpj", "1", self.hold, str(SAVED)],
-                    cwd=os.path.dirname(HERE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    env=rank_env(RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=master,
-                                 CKPT_SOCKET=c.socket(node))))
+                logs.append(os.path.join(self.dir, "load-%s-%d.log" % (node, r)))
+                with open(logs[-1], "wb") as out:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "tests.dcp_peers_rank", "load", "dcpj", "1", self.hold,
+                         str(SAVED)],
+                        cwd=os.path.dirname(HERE), stdout=out, stderr=subprocess.STDOUT,
+                        env=rank_env(RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=master,
+                                     CKPT_SOCKET=c.socket(node))))
             for r, p in enumerate(procs):
-                out, _ = p.communicate(timeout=120)
-                out = out.decode("utf-8", "replace")
+                try:
+                    p.wait(timeout=240)  # torch imports on a loaded 2-core machine
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                        q.wait()
+                with open(logs[r], errors="replace") as f:
+                    out = f.read()
                 self.assertEqual(p.returncode, 0, "%s rank %d of %d:\n%s\n%s" % (node, r, world, out, self.log(node)))
                 self.assertIn("load ok rank=%d world=%d" % (r, world), out)
             # Every saved rank came from its owner's memory on a or b.

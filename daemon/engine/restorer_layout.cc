@@ -1,8 +1,10 @@
 // LayoutIndex: the step's layout index for a restore into another layout
 // (doc/resharding.md). See restorer.h.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,11 +75,26 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
       return resp;
     if (!job_here) absent = {0};
     if (absent.empty()) return resp;
+    // The ranks are fetched in parallel (each from its own peer, as a
+    // PREFETCH's ranks load), at most kFetchThreads at a time.
+    constexpr size_t kFetchThreads = 8;
+    std::vector<absl::Status> results(absent.size());
+    std::atomic<size_t> next{0};
+    auto fetch = [&] {
+      for (size_t i = next.fetch_add(1); i < absent.size();
+           i = next.fetch_add(1))
+        results[i] = FetchSavedRankFromPeers(req.job(), req.step(), absent[i]);
+    };
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < std::min(kFetchThreads, absent.size()); ++t)
+      threads.emplace_back(fetch);
+    fetch();
+    for (std::thread& t : threads) t.join();
     std::vector<std::string> failed;
-    for (uint32_t r : absent)
-      if (absl::Status st = FetchSavedRankFromPeers(req.job(), req.step(), r);
-          !st.ok())
-        failed.push_back(absl::StrCat("rank ", r, ": ", st.message()));
+    for (size_t i = 0; i < absent.size(); ++i)
+      if (!results[i].ok())
+        failed.push_back(
+            absl::StrCat("rank ", absent[i], ": ", results[i].message()));
     if (!failed.empty())
       return absl::NotFoundError(
           absl::StrCat(resp.status().message(),

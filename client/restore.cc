@@ -72,6 +72,13 @@ absl::Status Client::Impl::Restore(
     // it was.
     if (copy == 0 && !saved_rank && Reshardable(s, opened)) {
       absl::Status r = RestoreResharded(step, tensors, own_metas, layouts);
+      if (r.code() == absl::StatusCode::kNotFound &&
+          absl::StartsWith(r.message(), "LayoutIndex") &&
+          absl::StrContains(r.message(), "from peers' memory"))
+        // No such step here, and the peers the coordinator named for it
+        // failed: what this rank's own shard said, and which peers.
+        return absl::NotFoundError(
+            absl::StrCat(s.message(), " (", r.message(), ")"));
       if (r.code() == absl::StatusCode::kUnimplemented ||
           (r.code() == absl::StatusCode::kNotFound &&
            absl::StartsWith(r.message(), "LayoutIndex")))

@@ -169,6 +169,16 @@ class Coordinator {
   [[nodiscard]] absl::StatusOr<v1::ReportFallbackResponse> ReportFallback(
       const v1::ReportFallbackRequest& req);
   static constexpr size_t kMaxFallbackReasonBytes = 512;
+  // Where saved ranks of a step are held in memory, for a node whose
+  // restore reads ranks it does not hold (node RPC rules: node_id and
+  // epoch; at most kMaxSourceRanks ranks, each below the step's saved
+  // world size). Per rank: the owner's slot while its node serves, else a
+  // live holder of a verified replica of the save, each with the save's
+  // digests, and a second holder when there is one (PrefetchSourceLocked);
+  // host "" when no live node holds it. Changes nothing.
+  [[nodiscard]] absl::StatusOr<v1::ShardSourcesResponse> ShardSources(
+      const v1::ShardSourcesRequest& req);
+  static constexpr int kMaxSourceRanks = 4096;
   // The largest job (RegisterJob's world_size), and so the most reports one
   // ReportShards call may carry.
   static constexpr uint32_t kMaxWorldSize = 1 << 16;

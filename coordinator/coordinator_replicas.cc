@@ -9,6 +9,8 @@
 #include "coordinator/replica_placement.h"
 #include "coordinator/save_digest.h"
 #include "storage/manifest.h"
+#include "util/status.h"
+#include "util/validate.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -419,6 +421,48 @@ bool Coordinator::TrainersMayStartLocked(const JobState& job) const {
   for (const auto& [id, o] : orders_.all())
     if (o.job() == job.rec.job() && o.kind() == v1::RESTART) return false;
   return true;
+}
+
+absl::StatusOr<v1::ShardSourcesResponse> Coordinator::ShardSources(
+    const v1::ShardSourcesRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
+  if (req.ranks_size() > kMaxSourceRanks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks: ", req.ranks_size(), " ranks, at most ", kMaxSourceRanks));
+  absl::MutexLock lock(&mu_);
+  CKPT_RETURN_IF_ERROR(CheckEpochLocked(req.node_id(), req.epoch()));
+  auto job = jobs_.find(req.job());
+  if (job == jobs_.end())
+    return absl::NotFoundError(
+        absl::StrCat("job: unknown job '", req.job(), "'"));
+  const JobState& j = job->second;
+  auto step = j.steps.find(req.step());
+  if (step == j.steps.end())
+    return absl::NotFoundError(absl::StrCat(
+        "step: job '", req.job(), "' has no shard of step ", req.step()));
+  const uint32_t world_size = SavedWorldSizeLocked(j, req.step());
+  v1::ShardSourcesResponse resp;
+  resp.set_world_size(world_size);
+  if (j.rec.has_owner_uid()) resp.set_owner_uid(j.rec.owner_uid());
+  for (int i = 0; i < req.ranks_size(); ++i) {
+    const uint32_t rank = req.ranks(i);
+    if (rank >= world_size)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ranks[", i, "]: ", rank, " is not below world_size ",
+                       world_size, " of step ", req.step()));
+    v1::RankShardSource* out = resp.add_ranks();
+    out->set_rank(rank);
+    auto saved = step->second.find(rank);
+    if (saved == step->second.end()) continue;
+    if (saved->second.state() == v1::DURABLE) out->set_key(saved->second.key());
+    const CopySource first =
+        SourceOfLocked(j, req.step(), rank, &req.node_id());
+    if (first.kind == CopySource::kOwnSlot ||
+        first.kind == CopySource::kReplica)
+      *out->mutable_source() = PrefetchSourceLocked(j, req.step(), rank, first);
+  }
+  return resp;
 }
 
 }  // namespace ckpt::coordinator

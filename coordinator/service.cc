@@ -114,6 +114,7 @@ class Service final : public rpc::RpcService {
     AddUnary("Uncordon", this, &Service::Uncordon);
     AddUnary("CheckHealth", this, &Service::CheckHealth);
     AddUnary("ReportNodeCheck", this, &Service::ReportNodeCheck);
+    AddUnary("ShardSources", this, &Service::ShardSources);
   }
   ~Service() override { StopQueues(); }
 
@@ -176,6 +177,13 @@ class Service final : public rpc::RpcService {
                                const v1::ReportNodeCheckRequest* req,
                                v1::ReportNodeCheckResponse* resp) {
     return Answer(c_->ReportNodeCheck(*req), resp);
+  }
+  grpc::Status ShardSources(grpc::ServerContext*,
+                            const v1::ShardSourcesRequest* req,
+                            v1::ShardSourcesResponse* resp) {
+    Admission a(this);
+    if (!a.ok()) return a.Refusal();
+    return Answer(c_->ShardSources(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*,
                                  const v1::ReportTrainerExitRequest* req,

@@ -253,6 +253,10 @@ void Daemon::MakeNodeSide() {
   opts_.engine.on_fallback = [a = agent_.get()](const FallbackReport& f) {
     a->ReportFallback(f);
   };
+  opts_.engine.fetch_from_peers =
+      [a = agent_.get()](const std::string& job, uint64_t step, uint32_t rank) {
+        return a->FetchSavedRankFromPeers(job, step, rank);
+      };
 }
 
 absl::Status Daemon::OpenEngine() {

@@ -196,25 +196,30 @@ void Cluster::StartNode(const std::string& id, bool spare) {
   n.shm_prefix = UniqueShmPrefix();
   std::filesystem::create_directories(n.dir);
   const std::string socket = n.dir + "/ckptd.sock";
-  std::vector<std::string> argv = {CKPTD_BINARY,
-                                   "--socket",
-                                   socket,
-                                   "--root",
-                                   n.dir + "/root",
-                                   "--shared-root",
-                                   shared_root(),
-                                   "--coordinator",
-                                   CoordinatorAddresses(),
-                                   "--node-id",
-                                   id,
-                                   "--advertise-addr",
-                                   "127.0.0.1",
-                                   "--capacity",
-                                   std::to_string(options_.nproc_per_node),
-                                   "--shm-prefix",
-                                   n.shm_prefix,
-                                   "--health-memcpy-mib",
-                                   "4"};
+  std::vector<std::string> argv = {
+      CKPTD_BINARY,
+      "--socket",
+      socket,
+      "--root",
+      n.dir + "/root",
+      "--shared-root",
+      options_.separate_roots ? n.dir + "/stored" : shared_root(),
+      "--coordinator",
+      CoordinatorAddresses(),
+      "--node-id",
+      id,
+      "--advertise-addr",
+      "127.0.0.1",
+      "--capacity",
+      std::to_string(options_.node_capacity.count(id)
+                         ? options_.node_capacity.at(id)
+                         : options_.nproc_per_node),
+      "--shm-prefix",
+      n.shm_prefix,
+      "--health-memcpy-mib",
+      "4"};
+  if (options_.separate_roots)
+    std::filesystem::create_directories(n.dir + "/stored");
   if (spare) argv.push_back("--spare");
   for (const auto& a : options_.ckptd_args) argv.push_back(a);
   if (auto it = options_.node_ckptd_args.find(id);

@@ -91,6 +91,11 @@ struct ClusterOptions {
   std::string coordinator_state;
   int coordinator_replicas = 1;
   std::vector<std::string> coordinator_args;  // extra flags for every replica
+  // true: each node's --shared-root is a directory of its own (no node
+  // reads another's stored shards: a cluster without a shared root).
+  bool separate_roots = false;
+  // A node's --capacity other than nproc_per_node, by node id.
+  std::map<std::string, uint32_t> node_capacity;
   // false: StartNode starts no ckptrun; the test registers the job and
   // starts trainers itself (a job launched without ckptrun, e.g. torchrun).
   bool launcher = true;

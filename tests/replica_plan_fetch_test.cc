@@ -327,5 +327,80 @@ TEST_F(ReplicaPlanFetchTest,
   EXPECT_EQ(fallbacks[0].next_copy, "memory");
 }
 
+// ShardSources (a restore reading saved ranks this node lacks): per rank
+// the owner's slot while its node serves, with the save's digest; none
+// once that node is dead and no replica is known; each bad field refused
+// by name.
+TEST_F(ReplicaPlanFetchTest, ShardSourcesNamesTheOwnersSlotAndRefusesBadInput) {
+  RegisterNode("a", 1, false, 7101);
+  RegisterNode("b", 1, false, 7102);
+  RegisterNode("c", 1, true, 7103);
+  RegisterJob("job", 2);
+  const std::string owner0 = Job("job").rank_node(0);
+  const std::string owner1 = Job("job").rank_node(1);
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    const std::string& owner = rank == 0 ? owner0 : owner1;
+    ASSERT_TRUE(Send(owner, {StagedOf(ReplicaImage("job", 5, rank, 2))}).ok());
+  }
+  cv1::ShardSourcesRequest req;
+  req.set_node_id("c");
+  req.set_epoch(epochs_["c"]);
+  req.set_job("job");
+  req.set_step(5);
+  req.add_ranks(1);
+  req.add_ranks(0);
+  auto resp = coord_->ShardSources(req);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->world_size(), 2u);
+  ASSERT_EQ(resp->ranks_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const cv1::RankShardSource& r = resp->ranks(i);
+    EXPECT_EQ(r.rank(), i == 0 ? 1u : 0u);
+    EXPECT_EQ(r.source().node_id(), r.rank() == 0 ? owner0 : owner1);
+    EXPECT_EQ(r.source().host(), "127.0.0.1");
+    EXPECT_FALSE(r.source().replica());
+    ASSERT_EQ(r.source().save_digests_size(), 1);
+    EXPECT_EQ(
+        r.source().save_digests(0),
+        storage::ChecksumsDigest(ReplicaImage("job", 5, r.rank(), 2).info));
+  }
+  // Refusals name the field.
+  auto refused = [&](cv1::ShardSourcesRequest bad, const std::string& what) {
+    auto r = coord_->ShardSources(bad);
+    EXPECT_FALSE(r.ok()) << what;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(what), std::string::npos)
+          << r.status();
+    }
+  };
+  cv1::ShardSourcesRequest bad = req;
+  bad.set_job("no/such job");
+  refused(bad, "job");
+  bad = req;
+  bad.add_ranks(2);
+  refused(bad, "ranks[2]: 2 is not below world_size 2");
+  bad = req;
+  bad.set_step(6);
+  refused(bad, "step: job 'job' has no shard of step 6");
+  bad = req;
+  bad.set_epoch(epochs_["c"] + 1);
+  refused(bad, "epoch");
+  bad = req;
+  for (int i = 0; i <= coordinator::Coordinator::kMaxSourceRanks; ++i)
+    bad.add_ranks(0);
+  refused(bad, "ranks: ");
+  // The owner of rank 0 dies (no replica of it is known): it is never
+  // named (the plan that follows may also drop the step's records).
+  Silence(owner0);
+  req.set_epoch(epochs_["c"]);
+  resp = coord_->ShardSources(req);
+  if (resp.ok()) {
+    EXPECT_TRUE(resp->ranks(1).source().host().empty());
+  } else {
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kNotFound)
+        << resp.status();
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::testing

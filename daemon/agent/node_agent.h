@@ -169,6 +169,16 @@ class NodeAgent {
   // control path).
   void Start(Engine* engine);
   uint64_t epoch() const { return epoch_.load(); }
+  // A saved rank of a step this node does not hold, from the memory of a
+  // peer that does (a restore into another layout reads it): asks the
+  // coordinator where it is held (ShardSources: the owner's slot, a
+  // replica) and fetches it from those peers into this node's memory,
+  // verified against the save's digests (peer_fetch.h FetchFromPeers).
+  // NotFound when no live node holds it; otherwise the error names every
+  // peer tried. Blocking; thread-safe; after Start.
+  [[nodiscard]] absl::Status FetchSavedRankFromPeers(const std::string& job,
+                                                     uint64_t step,
+                                                     uint32_t rank);
   // How often it heartbeats now (what the coordinator told, validated).
   std::chrono::milliseconds heartbeat_interval() const {
     return std::chrono::milliseconds(heartbeat_interval_ms_.load());

@@ -15,6 +15,7 @@
 #include "daemon/agent/node_agent_rpc.h"
 #include "daemon/agent/peer_fetch.h"
 #include "daemon/core/engine_util.h"
+#include "storage/keys.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {
@@ -175,6 +176,57 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   prefetched_.push_back(order_id);  // the heartbeat thread joins this one
   kick_ = true;                     // the plan waits for this acknowledgement
   cv_.notify_all();
+}
+
+absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
+                                                uint64_t step, uint32_t rank) {
+  if (engine_ == nullptr)
+    return absl::FailedPreconditionError("the node agent has not started");
+  const uint64_t epoch = epoch_.load();
+  if (epoch == 0)
+    return absl::UnavailableError(
+        "coordinator: this node is not registered (yet)");
+  cv1::ShardSourcesRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_epoch(epoch);
+  req.set_job(job);
+  req.set_step(step);
+  req.add_ranks(rank);
+  cv1::ShardSourcesResponse resp;
+  grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ShardSources, req,
+                                &resp, options_.rpc_timeout);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("coordinator: ", s.error_message()));
+  // The answer is checked as any input: one entry, for the rank asked.
+  if (resp.ranks_size() != 1 || resp.ranks(0).rank() != rank)
+    return absl::DataLossError(
+        absl::StrCat("coordinator: ShardSources answered ", resp.ranks_size(),
+                     " ranks, not rank ", rank));
+  if (resp.world_size() == 0 || rank >= resp.world_size())
+    return absl::DataLossError(
+        absl::StrCat("coordinator: world_size ", resp.world_size(), " of step ",
+                     step, " does not hold rank ", rank));
+  const cv1::RankShardSource& src = resp.ranks(0);
+  // The shard is kept as a PREFETCH's copy of a stored shard (this node
+  // neither persists nor reports it): under its key in the shared root,
+  // else under its owner's key.
+  std::string key = src.key();
+  if (key.empty() && !src.source().node_id().empty())
+    key = storage::ShardKey(job, step, rank, src.source().node_id());
+  PeerFetchOptions peer_fetch;
+  peer_fetch.tls = options_.tls;
+  peer_fetch.node_id = options_.node_id;
+  peer_fetch.transport = options_.replica_transport;
+  if (NodeReplicas* r = options_.replicas)
+    peer_fetch.held = [r](const std::string& j, uint64_t st, uint32_t rk) {
+      return r->Held(j, st, rk);
+    };
+  return FetchFromPeers(*engine_, peer_fetch, job, resp.world_size(), step,
+                        rank, key, src.source(),
+                        resp.has_owner_uid()
+                            ? std::optional<uint32_t>(resp.owner_uid())
+                            : std::nullopt);
 }
 
 void NodeAgent::ApplyLoop() {

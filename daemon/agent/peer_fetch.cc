@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/core/engine_util.h"
 #include "daemon/replica/replica_client.h"
 #include "daemon/replica/replica_service.h"
@@ -90,6 +91,41 @@ absl::Status FetchFrom(Engine& engine, const PeerFetchOptions& peer,
 }
 
 }  // namespace
+
+absl::Status FetchFromPeers(Engine& engine, const PeerFetchOptions& peer,
+                            const std::string& job, uint32_t world_size,
+                            uint64_t step, uint32_t rank,
+                            const std::string& key,
+                            const cv1::ShardSource& source,
+                            std::optional<uint32_t> owner_uid) {
+  std::vector<const cv1::ShardSource*> peers;
+  if (!source.host().empty()) {
+    peers.push_back(&source);
+    if (source.has_second() && !source.second().host().empty())
+      peers.push_back(&source.second());
+  }
+  if (peers.empty())
+    return absl::NotFoundError(absl::StrCat("no live node holds job '", job,
+                                            "' step ", step, " rank ", rank,
+                                            " in memory"));
+  std::vector<std::string> tried;
+  absl::Status st;
+  for (const cv1::ShardSource* from : peers) {
+    st = FetchFrom(engine, peer, job, world_size, step, rank, key, *from,
+                   owner_uid);
+    if (st.ok()) {
+      LogInfo(absl::StrCat("job ", job, " step ", step, " saved rank ", rank,
+                           ": from the ",
+                           from->replica() ? "replica" : "owner's slot", " on ",
+                           from->node_id(), " for a restore"));
+      return st;
+    }
+    tried.push_back(absl::StrCat(from->replica() ? "replica" : "owner's slot",
+                                 " on ", from->node_id(), " (", from->host(),
+                                 ":", from->port(), "): ", st.message()));
+  }
+  return absl::Status(st.code(), absl::StrJoin(tried, "; "));
+}
 
 absl::Status PrefetchRank(Engine& engine, const PeerFetchOptions& peer,
                           const std::string& job, uint32_t world_size,

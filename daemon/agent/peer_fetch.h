@@ -46,6 +46,17 @@ struct PeerFetchOptions {
     const coord::v1::ShardSource* source, std::optional<uint32_t> owner_uid,
     const std::function<void(FallbackReport)>& fallback);
 
+// One saved rank of a step into this node's memory from the peers
+// `source` names (the source, then its second; peer_fetch's checks: the
+// copy verified, the save's digests), nothing else: no shared root, no
+// fallback report. OK, NotFound when `source` names no peer, else the
+// error of the last one tried, naming every peer tried and why it failed
+// ("owner's slot on a (127.0.0.1:7001): ...; replica on b (...): ...").
+[[nodiscard]] absl::Status FetchFromPeers(
+    Engine& engine, const PeerFetchOptions& peer, const std::string& job,
+    uint32_t world_size, uint64_t step, uint32_t rank, const std::string& key,
+    const coord::v1::ShardSource& source, std::optional<uint32_t> owner_uid);
+
 }  // namespace ckpt::daemon
 
 #endif  // CKPT_DAEMON_AGENT_PEER_FETCH_H_

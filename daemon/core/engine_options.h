@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/metrics.h"
 
@@ -109,6 +110,14 @@ struct EngineOptions {
   // Called, likewise, when a copy of a shard failed a restore's
   // verification.
   std::function<void(const FallbackReport&)> on_fallback;
+  // A cluster's node agent: fetches saved rank `rank` of a step into this
+  // node's memory from a peer holding it (its owner's slot, a replica),
+  // for a restore that reads a saved rank this node does not hold
+  // (NodeAgent::FetchSavedRankFromPeers). Null: none (one node). Called
+  // with no lock of the engine's held; it calls Engine::FetchFromPeer.
+  std::function<absl::Status(const std::string& job, uint64_t step,
+                             uint32_t rank)>
+      fetch_from_peers;
   // Where the engine counts saves, persists and restores (metrics.h); the
   // engine makes one nobody scrapes when this is null.
   std::shared_ptr<DaemonMetrics> metrics;

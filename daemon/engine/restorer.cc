@@ -91,26 +91,57 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", req.rank(), " is not below world_size ", j.rec.world_size()));
   };
-  CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
-  CKPT_RETURN_IF_ERROR(bad_rank(*job));
   // The missing step first, then what there is instead.
   auto not_found = [&](const std::string& newest) {
     return absl::NotFoundError(absl::StrCat("step: job '", req.job(),
                                             "' has no step ", req.step(),
                                             " for rank ", shard_rank, newest));
   };
-  Shard* shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
-  if (shard == nullptr && req.has_saved_rank()) {
-    // Another node's saved rank (a resharded restore after that node was
-    // lost): loaded from storage here, with the lock released.
+  absl::StatusOr<Job*> found = node_.table.FindFor(req.job(), peer);
+  // Another node's saved rank (a resharded restore reads the ranks it
+  // needs wherever they are; a job this node has no shard of at all is
+  // one too): from a peer's memory, else loaded from storage, with the
+  // lock released.
+  absl::Status fetched;
+  const bool elsewhere =
+      found.ok()
+          ? node_.table.FindShard(req.job(), req.step(), shard_rank) == nullptr
+          : absl::IsNotFound(found.status());
+  // A rank's own shard is fetched from a peer too when this node does not
+  // host that rank (a reader of other ranks' shards, such as the DCP
+  // reader at another world size on another node); a hosted rank's shard
+  // comes with the coordinator's PREFETCH, which the wait above covers.
+  const Hosting* hosting = node_.table.HostingOf(req.job());
+  const bool hosted =
+      hosting != nullptr && hosting->ranks.count(shard_rank) != 0;
+  if (elsewhere && req.has_saved_rank()) {
     lock.Unlock();
-    absl::Status fetched = FetchSavedRank(req.job(), req.step(), shard_rank);
+    fetched = FetchSavedRank(req.job(), req.step(), shard_rank);
     lock.Relock();
     if (!fetched.ok() && !absl::IsNotFound(fetched)) return fetched;
-    CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
-    CKPT_RETURN_IF_ERROR(bad_rank(*job));
-    shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
+    if (!fetched.ok() && !found.ok()) return fetched;
+    found = node_.table.FindFor(req.job(), peer);
+  } else if (elsewhere && !hosted && node_.options.fetch_from_peers) {
+    lock.Unlock();
+    fetched = FetchSavedRankFromPeers(req.job(), req.step(), shard_rank);
+    lock.Relock();
+    // Whatever the peers said, the shard is not here: NotFound, naming
+    // them.
+    if (!fetched.ok())
+      fetched = absl::NotFoundError(
+          absl::StrCat("from peers' memory: ", fetched.message()));
+    if (!fetched.ok() && !found.ok())
+      return absl::NotFoundError(
+          absl::StrCat(found.status().message(), "; ", fetched.message()));
+    found = node_.table.FindFor(req.job(), peer);
   }
+  CKPT_ASSIGN_OR_RETURN(Job * job, found);
+  CKPT_RETURN_IF_ERROR(bad_rank(*job));
+  Shard* shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
+  if (shard == nullptr && !fetched.ok())
+    return absl::NotFoundError(
+        absl::StrCat(not_found(NewestCompleteNote(node_.table, *job)).message(),
+                     "; ", fetched.message()));
   if (shard == nullptr) return not_found(NewestCompleteNote(node_.table, *job));
   // A restore that opens lets this process go on from the step (BeginSave).
   auto restored = [&](Job& j) {

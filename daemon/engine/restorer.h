@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
@@ -59,12 +60,27 @@ class Restorer {
 
   // OpenRestore of a saved rank this node does not hold (a restore into
   // another layout reads every saved rank whose pieces it needs, those of
-  // a lost node too): loads it, as a PREFETCH order would, from the key
-  // the step's node manifests name for it (the root, a shared root in a
-  // cluster, then the object tier). NotFound when no manifest names it.
+  // a lost node too): from the memory of a peer holding it (its owner's
+  // slot, a replica: FetchSavedRankFromPeers), else loads it, as a
+  // PREFETCH order would, from the key the step's node manifests name for
+  // it (the root, a shared root in a cluster, then the object tier).
+  // NotFound when none has it, naming every source tried.
   // Call with the lock released.
   [[nodiscard]] absl::Status FetchSavedRank(const std::string& job,
                                             uint64_t step, uint32_t rank);
+  // A saved rank this node does not hold, from a peer's memory
+  // (EngineOptions::fetch_from_peers), one fetch of it at a time; OK at
+  // once when it is in memory here. NotFound without a coordinator. Call
+  // with the lock released.
+  [[nodiscard]] absl::Status FetchSavedRankFromPeers(const std::string& job,
+                                                     uint64_t step,
+                                                     uint32_t rank);
+  // LayoutIndex from what this node holds and the node manifests, once:
+  // *absent gets the saved ranks nothing describes (the NotFound), and
+  // *job_here false when this node has no such job.
+  [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndexHere(
+      const PeerCreds& peer, const v1::LayoutIndexRequest& req,
+      std::vector<uint32_t>* absent, bool* job_here);
   // OpenRestore: waits while a peer fetch of the shard runs.
   [[nodiscard]] absl::Status WaitFetch(const std::string& job, uint64_t step,
                                        uint32_t rank)

@@ -1,8 +1,10 @@
 // LayoutIndex: the step's layout index for a restore into another layout
 // (doc/resharding.md). See restorer.h.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +60,51 @@ absl::StatusOr<std::vector<ManifestIndex>> ReadManifests(
 
 absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
     const PeerCreds& peer, const v1::LayoutIndexRequest& req) {
+  // Saved ranks no shard here and no node manifest describes are fetched
+  // from the peers holding them in memory (a cluster without a shared
+  // root), and the index built again: a job this node has no shard of
+  // learns its saved world size from the first rank fetched (rank 0),
+  // then the others. At most three rounds.
+  for (int round = 0;; ++round) {
+    std::vector<uint32_t> absent;
+    bool job_here = true;
+    absl::StatusOr<v1::LayoutIndexResponse> resp =
+        LayoutIndexHere(peer, req, &absent, &job_here);
+    if (resp.ok() || !absl::IsNotFound(resp.status()) ||
+        !node_.options.fetch_from_peers || round == 2)
+      return resp;
+    if (!job_here) absent = {0};
+    if (absent.empty()) return resp;
+    // The ranks are fetched in parallel (each from its own peer, as a
+    // PREFETCH's ranks load), at most kFetchThreads at a time.
+    constexpr size_t kFetchThreads = 8;
+    std::vector<absl::Status> results(absent.size());
+    std::atomic<size_t> next{0};
+    auto fetch = [&] {
+      for (size_t i = next.fetch_add(1); i < absent.size();
+           i = next.fetch_add(1))
+        results[i] = FetchSavedRankFromPeers(req.job(), req.step(), absent[i]);
+    };
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < std::min(kFetchThreads, absent.size()); ++t)
+      threads.emplace_back(fetch);
+    fetch();
+    for (std::thread& t : threads) t.join();
+    std::vector<std::string> failed;
+    for (size_t i = 0; i < absent.size(); ++i)
+      if (!results[i].ok())
+        failed.push_back(
+            absl::StrCat("rank ", absent[i], ": ", results[i].message()));
+    if (!failed.empty())
+      return absl::NotFoundError(
+          absl::StrCat(resp.status().message(),
+                       "; from peers' memory: ", absl::StrJoin(failed, "; ")));
+  }
+}
+
+absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndexHere(
+    const PeerCreds& peer, const v1::LayoutIndexRequest& req,
+    std::vector<uint32_t>* absent_out, bool* job_here) {
   // What this node holds, copied under the lock.
   uint32_t world_size = 0;
   std::vector<std::vector<v1::TensorMeta>> metas;
@@ -65,7 +112,9 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   bool left_out_older = false;  // shards of an abandoned timeline
   {
     Section lock(&node_);
-    CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
+    absl::StatusOr<Job*> found = node_.table.FindFor(req.job(), peer);
+    if (absl::IsNotFound(found.status())) *job_here = false;
+    CKPT_ASSIGN_OR_RETURN(Job * job, found);
     // The step's own world size (its shards record it): a job that runs
     // at another world size now restores a step saved at the old one.
     world_size = job->rec.world_size();
@@ -193,14 +242,19 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
       }
     }
   }
-  if (!any_held && !std::count(described.begin(), described.end(), true))
-    return absl::NotFoundError(
-        absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
   std::vector<uint32_t> absent;
   for (uint32_t r = 0; r < world_size; ++r)
     if (!described[r]) absent.push_back(r);
+  if (!any_held && !std::count(described.begin(), described.end(), true)) {
+    // Nothing of the step here: its saved world size is not known (the
+    // job's is a guess), so only rank 0 is a sure part of it.
+    *absent_out = {0};
+    return absl::NotFoundError(
+        absl::StrCat("step: job '", req.job(), "' has no step ", req.step()));
+  }
   // The step is not complete here: NotFound, as for a step no rank saved
   // (a restore then answers what its own shard said).
+  *absent_out = absent;
   if (!absent.empty())
     return absl::NotFoundError(absl::StrCat(
         "layout index of job '", req.job(), "' step ", req.step(),
@@ -215,8 +269,36 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
   return resp;
 }
 
+absl::Status Restorer::FetchSavedRankFromPeers(const std::string& job,
+                                               uint64_t step, uint32_t rank) {
+  if (!node_.options.fetch_from_peers)
+    return absl::NotFoundError("no coordinator to name a peer");
+  {
+    // One fetch of a rank at a time: a restore that finds one running
+    // waits for it and uses its copy.
+    Section lock(&node_);
+    CKPT_RETURN_IF_ERROR(WaitFetch(job, step, rank));
+    if (const Shard* s = node_.table.FindShard(job, step, rank);
+        s != nullptr && s->slot >= 0)
+      return absl::OkStatus();
+    node_.table.BeginFetch(job, step, rank);
+  }
+  absl::Status st = node_.options.fetch_from_peers(job, step, rank);
+  Section lock(&node_);
+  node_.table.EndFetch(job, step, rank);
+  return st;
+}
+
 absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
                                       uint32_t rank) {
+  // A peer's memory first (the owner's slot, a replica), then the keys
+  // the step's node manifests name in the root and the object tier.
+  std::vector<std::string> tried;
+  if (node_.options.fetch_from_peers) {
+    absl::Status st = FetchSavedRankFromPeers(job, step, rank);
+    if (st.ok()) return st;
+    tried.push_back(absl::StrCat("peers: ", st.message()));
+  }
   std::vector<storage::Backend*> tiers = {node_.backend};
   if (node_.object != nullptr) tiers.push_back(node_.object);
   for (storage::Backend* tier : tiers) {
@@ -229,13 +311,20 @@ absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
     for (const ManifestIndex& m : *ms)
       for (const auto& shard : m.manifest.shards())
         if (shard.rank() == rank)
-          return Annotate(Prefetch(job, m.manifest.world_size(), step, rank,
-                                   shard.key(), std::nullopt),
-                          absl::StrCat("saved rank ", rank, " of step ", step,
-                                       " from ", shard.key()));
+          return Annotate(
+              Prefetch(job, m.manifest.world_size(), step, rank, shard.key(),
+                       std::nullopt),
+              absl::StrCat("saved rank ", rank, " of step ", step, " from ",
+                           shard.key(), tried.empty() ? "" : " (",
+                           absl::StrJoin(tried, "; "),
+                           tried.empty() ? "" : ")"));
+    tried.push_back(
+        absl::StrCat(tier == node_.backend ? "the root" : "the object tier",
+                     ": no node manifest names it"));
   }
   return absl::NotFoundError(absl::StrCat("saved rank ", rank, " of step ",
-                                          step, ": in no node manifest"));
+                                          step, ": ",
+                                          absl::StrJoin(tried, "; ")));
 }
 
 }  // namespace ckpt::daemon

@@ -105,14 +105,20 @@ class Cluster:
     def socket(self, node_id):
         return os.path.join(self.node_dir(node_id), "ckptd.sock")
 
-    def start_node(self, node_id, spare=False):
+    def start_node(self, node_id, spare=False, capacity=None, own_root=False, extra_args=()):
+        """own_root: the node's --shared-root is a directory of its own (no
+        node reads another's stored shards); capacity: other than
+        nproc_per_node; extra_args: more ckptd flags."""
         d = self.node_dir(node_id)
         os.makedirs(d, exist_ok=True)
+        stored = os.path.join(d, "stored") if own_root else self.shared
+        os.makedirs(stored, exist_ok=True)
         argv = [_binary("CKPTD_BINARY", "ckptd"), "--socket", self.socket(node_id),
-                "--root", os.path.join(d, "root"), "--shared-root", self.shared,
+                "--root", os.path.join(d, "root"), "--shared-root", stored,
                 "--coordinator", self.address, "--node-id", node_id, "--advertise-addr", "127.0.0.1",
-                "--capacity", str(self.nproc_per_node), "--shm-prefix", "%s-%s" % (self.shm_tag, node_id),
-                "--health-memcpy-mib", "4"]
+                "--capacity", str(self.nproc_per_node if capacity is None else capacity),
+                "--shm-prefix", "%s-%s" % (self.shm_tag, node_id),
+                "--health-memcpy-mib", "4"] + list(extra_args)
         if spare:
             argv.append("--spare")
         self.daemons[node_id] = self._spawn(argv, os.path.join(d, "ckptd.log"))

@@ -1,0 +1,247 @@
+// Restore into another layout from peers' memory (doc/resharding.md,
+// "Saved ranks on other nodes"): real ckptds on loopback, each with a
+// stored root of its own (no shared root, no object tier), and a real
+// coordinator. Four ranks on nodes a and b (two each) save a row-sharded
+// tensor and a whole one; a and b keep replicas of each other's shards.
+// Three ranks on spare c, which holds nothing of the job, restore their
+// pieces: c's ckptd fetches every saved rank from its owner's slot,
+// verified, bit-exact against the global tensors. Once rank 0's node is
+// killed, three ranks on spare d restore the next step: its ranks from
+// their replicas on the other node. Once both are killed, the restore on
+// c of a step it never read is NotFound naming each peer tried.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ckpt/client.h"
+#include "tests/cluster_fixture.h"
+#include "tests/cluster_harness.h"
+#include "tests/test_util.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace cv1 = ::ckpt::coord::v1;
+using std::chrono::seconds;
+
+// "rows" float32 [kRows, kCols], saved rows [300 r, 300 (r + 1)) by rank r:
+// 1.2 MB pieces, so reads cross 1 MiB checksum chunks.
+constexpr int64_t kRows = 1200, kCols = 1000;
+constexpr int kSaved = 4;
+
+std::pair<int64_t, int64_t> Split(int64_t n, int m, int r) {
+  return {n * r / m, n * (r + 1) / m};
+}
+
+struct Global {
+  std::vector<float> rows = std::vector<float>(kRows * kCols);
+  std::vector<double> whole = std::vector<double>(5);
+  explicit Global(int step) {
+    for (size_t i = 0; i < rows.size(); ++i)
+      rows[i] = static_cast<float>((i * 7 + step * 131) % 999983) * 0.5f;
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] = step * 10.0 + i;
+  }
+};
+
+struct RankState {
+  std::vector<float> rows;
+  std::vector<double> whole = std::vector<double>(5, -7.0);
+  std::vector<Tensor> tensors;
+};
+
+// Rank r of m: rows band r (a saved rank's piece, or the one it asks for),
+// and the whole tensor.
+RankState Band(const Global* g, int m, int r) {
+  RankState s;
+  auto [lo, hi] = Split(kRows, m, r);
+  if (g != nullptr) {
+    s.rows.assign(g->rows.begin() + lo * kCols, g->rows.begin() + hi * kCols);
+    s.whole = g->whole;
+  } else {
+    s.rows.assign((hi - lo) * kCols, -1.0f);
+  }
+  s.tensors = {{"rows",
+                DType::kFloat32,
+                {hi - lo, kCols},
+                s.rows.data(),
+                Device::Host(),
+                TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
+               {"whole",
+                DType::kFloat64,
+                {5},
+                s.whole.data(),
+                Device::Host(),
+                std::nullopt}};
+  return s;
+}
+
+class ReshardFromPeersTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    ClusterOptions o = Options(kSaved);
+    o.nproc_per_node = 2;
+    o.launcher = false;
+    o.separate_roots = true;
+    // Longer than the test: a killed node still counts as alive, so no
+    // plan moves its ranks (to c) meanwhile, and the coordinator still
+    // names its owner's slot first: the restore tries it and falls back.
+    o.heartbeat_timeout_ms = 60000;
+    const std::vector<int> ports = FreeLoopbackPorts(4);
+    auto at = [&](const char* id, int i) {
+      return std::string(id) + "@127.0.0.1:" + std::to_string(ports[i]);
+    };
+    o.node_ckptd_args["a"] = {"--replica-port", std::to_string(ports[0]),
+                              "--replica-target", at("b", 1)};
+    o.node_ckptd_args["b"] = {"--replica-port", std::to_string(ports[1]),
+                              "--replica-target", at("a", 0)};
+    o.node_ckptd_args["c"] = {"--replica-port", std::to_string(ports[2])};
+    o.node_ckptd_args["d"] = {"--replica-port", std::to_string(ports[3])};
+    cluster_ = std::make_unique<Cluster>(o);
+    cluster_->StartCoordinator();
+    cluster_->StartNode("a");
+    cluster_->StartNode("b");
+    // Spares: they host none of the job's ranks.
+    cluster_->StartNode("c", /*spare=*/true);
+    cluster_->StartNode("d", /*spare=*/true);
+    cv1::RegisterJobRequest req;
+    req.set_job("job");
+    req.set_world_size(kSaved);
+    req.set_nproc_per_node(2);
+    cv1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = cluster_->Stub()->RegisterJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.job().rank_node_size(), kSaved);
+    for (int r = 0; r < kSaved; ++r) {
+      node_of_.push_back(resp.job().rank_node(r));
+      ASSERT_TRUE(node_of_[r] == "a" || node_of_[r] == "b") << node_of_[r];
+    }
+    for (int r = 0; r < kSaved; ++r) {
+      ClientOptions co;
+      co.socket_path = cluster_->Socket(node_of_[r]);
+      co.job = "job";
+      co.rank = r;
+      co.world_size = kSaved;
+      auto c = Client::Connect(co);
+      ASSERT_TRUE(c.ok()) << c.status();
+      savers_.push_back(std::move(*c));
+    }
+  }
+
+  // Every saved rank saves `step`; the coordinator then knows a verified
+  // replica of each on the other node.
+  void SaveStep(int step) {
+    const Global g(step);
+    for (int r = 0; r < kSaved; ++r) {
+      RankState s = Band(&g, kSaved, r);
+      ASSERT_TRUE(savers_[r]->Save(step, s.tensors).ok()) << "rank " << r;
+    }
+    ASSERT_TRUE(Cluster::WaitUntil(
+        [&] {
+          auto c = cluster_->GetCluster();
+          if (c)
+            for (const auto& m : c->memory())
+              if (m.job() == "job" && m.has_replicated_step() &&
+                  m.replicated_step() >= static_cast<uint64_t>(step))
+                return true;
+          return false;
+        },
+        seconds(60)))
+        << "step " << step << " never replicated on every rank";
+  }
+
+  // Rank r of 3 on `node` restores `step`: the status, its buffers.
+  absl::Status RestoreOn(const std::string& node, int step, int r,
+                         RankState* s) {
+    ClientOptions co;
+    co.socket_path = cluster_->Socket(node);
+    co.job = "job";
+    co.rank = r;
+    co.world_size = 3;
+    auto c = Client::Connect(co);
+    if (!c.ok()) return c.status();
+    *s = Band(nullptr, 3, r);
+    return (*c)->Restore(step, s->tensors);
+  }
+
+  void ExpectRestoredAt3(const std::string& node, int step,
+                         const std::string& where) {
+    const Global g(step);
+    for (int r = 0; r < 3; ++r) {
+      RankState s;
+      absl::Status st = RestoreOn(node, step, r, &s);
+      ASSERT_TRUE(st.ok()) << where << " rank " << r << ": " << st;
+      auto [lo, hi] = Split(kRows, 3, r);
+      EXPECT_EQ(0, std::memcmp(s.rows.data(), g.rows.data() + lo * kCols,
+                               s.rows.size() * sizeof(float)))
+          << where << ": rows of rank " << r << " of 3";
+      EXPECT_EQ(0, std::memcmp(s.whole.data(), g.whole.data(),
+                               g.whole.size() * sizeof(double)))
+          << where << ": whole of rank " << r << " of 3";
+    }
+  }
+
+  // `node`'s log line for saved rank `rank` of `step` taken from `what`.
+  bool Took(const std::string& node, int step, int rank,
+            const std::string& what) const {
+    return DaemonLog(node).find(absl::StrCat("step ", step, " saved rank ",
+                                             rank, ": from the ", what)) !=
+           std::string::npos;
+  }
+
+  std::vector<std::string> node_of_;
+  std::vector<std::unique_ptr<Client>> savers_;
+};
+
+TEST_F(ReshardFromPeersTest, SavedAt4OnTwoNodesRestoredAt3FromTheirMemory) {
+  // (The coordinator keeps the shard records of a job's newest steps
+  // only: each step is read while it is among them.)
+  // c restores step 1 from the owners' slots.
+  SaveStep(1);
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectRestoredAt3("c", 1, "owners alive");
+  for (int r = 0; r < kSaved; ++r)
+    EXPECT_TRUE(Took("c", 1, r, "owner's slot on " + node_of_[r]))
+        << "saved rank " << r << "\n"
+        << DaemonLog("c");
+
+  // The node of rank 0 is killed with its memory: d restores step 2, its
+  // ranks from their replicas on the other node, the others from their
+  // owner's slot there.
+  SaveStep(2);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string lost = node_of_[0];
+  const std::string other = lost == "a" ? "b" : "a";
+  cluster_->KillNode(lost);
+  ExpectRestoredAt3("d", 2, "owner killed");
+  for (int r = 0; r < kSaved; ++r)
+    EXPECT_TRUE(Took("d", 2, r,
+                     node_of_[r] == lost ? "replica on " + other
+                                         : "owner's slot on " + other))
+        << "saved rank " << r << "\n"
+        << DaemonLog("d");
+
+  // Every holder gone: step 2 on c, which never read it, is NotFound,
+  // naming the peers tried, and the tensors are untouched.
+  cluster_->KillNode(other);
+  RankState s;
+  absl::Status st = RestoreOn("c", 2, 0, &s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("from peers' memory"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("owner's slot on " + lost + " (127.0.0.1:"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("replica on " + other + " (127.0.0.1:"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(std::all_of(s.rows.begin(), s.rows.end(), [](float v) {
+    return v == -1.0f;
+  })) << "a refused restore wrote into the tensors";
+}
+
+}  // namespace
+}  // namespace ckpt::testing

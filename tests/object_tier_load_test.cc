@@ -133,5 +133,23 @@ TEST_F(ObjectTierLoadTest, DevShmArenaForALoadReservesSlotZeroFirst) {
   });
 }
 
+// The prefaulter waits while the load reads (prefaulter.h): the arena's
+// other slots are not zeroed beside the transfer a restore waits for, and
+// are readied after it.
+TEST_F(ObjectTierLoadTest, OtherSlotsOfAnArenaForALoadWaitForTheLoad) {
+  const std::string path = "/" + prefix_ + ".tier.r0";
+  SaveUploadAndLoseAllButTheObject(path);
+  if (HasFatalFailure()) return;
+  RestoreHeld("/dev/shm" + path, [&](char* mapping) {
+    const auto* h = reinterpret_cast<const shm::ArenaHeader*>(mapping);
+    ASSERT_GE(h->num_slots, 2u);
+    for (uint32_t s = 1; s < h->num_slots; ++s)
+      EXPECT_EQ(ResidentPages(mapping + shm::kSlotAlign + s * h->slot_bytes,
+                              h->slot_bytes),
+                0)
+          << "slot " << s << " readied beside the load";
+  });
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -80,6 +80,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   // for) is logged beside the read's.
   const auto start = std::chrono::steady_clock::now();
   // Load the shard file into a slot: one read, then the client copies.
+  // The prefaulter waits meanwhile (prefaulter.h): the arena created for
+  // the load queues its other slots, whose zeroing would compete with the
+  // read for the CPU. Not while this waits for a slot it may ready.
+  Prefaulter::Hold hold_prefaulter(node_.prefaulter.get());
   auto deadline =
       std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
   Rank* rank = nullptr;
@@ -110,7 +114,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
+    hold_prefaulter.Release();
+    const bool woken = node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline);
+    hold_prefaulter.Take();
+    if (!woken)
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
@@ -129,6 +136,7 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   if (absl::Status a = arena->CheckIntact(); !a.ok()) st = a;
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
+  hold_prefaulter.Release();
   if (from_object != nullptr) *from_object = read_object;
   LogInfo(absl::StrCat(
       "load ", key, read_object ? " (object tier)" : "", ": slot ready in ",

@@ -20,8 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "shm/arena_pages.h"
+#include "shm/huge_pages.h"
 #include "shm/scoped_fd.h"
 #include "shm/segment_access.h"
 #include "util/status.h"
@@ -260,6 +262,11 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateAt(
   const bool huge = IsPathName(name);
   uint32_t now_slots = std::min(options.prefault_slots, options.num_slots);
   if (huge && options.slot0_faulted_by_load) now_slots = 0;
+  // Slot 0 reserved for a load through the file, not faulted in.
+  const bool slot0_to_file =
+      !huge && options.slot0_faulted_by_load &&
+      options.slot0_written_through_file && now_slots >= 1 &&
+      absl::StartsWith(ShmHugePagesOf("/dev/shm"), "off");
   const uint64_t now_bytes = kSlotAlign + slot_bytes * now_slots;
   if (s.ok() && ::ftruncate(fd.fd, static_cast<off_t>(arena_bytes)) != 0)
     s = ErrnoToStatus(errno, absl::StrCat("arena ", name, ": ftruncate ",
@@ -281,9 +288,18 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateAt(
       // The job's uid may open the segment from now on.
       s = guard.Guard(base, arena_bytes, PROT_READ | PROT_WRITE,
                       absl::StrCat("arena ", name));
-      if (s.ok())
+      if (s.ok() && slot0_to_file) {
+        s = ReserveAndPrefault(fd.fd, base, 0, kSlotAlign, name,
+                               /*fresh=*/true);
+        if (s.ok()) s = ReserveOnly(fd.fd, kSlotAlign, slot_bytes, name);
+        if (s.ok() && now_bytes > kSlotAlign + slot_bytes)
+          s = ReserveAndPrefault(fd.fd, base, kSlotAlign + slot_bytes,
+                                 now_bytes - kSlotAlign - slot_bytes, name,
+                                 /*fresh=*/true);
+      } else if (s.ok()) {
         s = ReserveAndPrefault(fd.fd, base, 0, now_bytes, name,
                                /*fresh=*/true);
+      }
       if (!s.ok()) {
         guard.Release();
         ::munmap(base, arena_bytes);
@@ -322,6 +338,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateAt(
   auto arena = Wrap(name, base, arena_bytes, slot_bytes, options.num_slots,
                     std::exchange(fd.fd, -1), std::move(guard));
   arena->huge_pages_ = huge;
+  arena->slot0_left_to_file_ = slot0_to_file;
   if (now_bytes < arena_bytes)
     arena->fd_ = arena->segment_fd_;  // for ReserveSlots
   return arena;

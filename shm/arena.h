@@ -116,6 +116,17 @@ struct ArenaOptions {
   // pages) keeps a full /dev/shm from becoming a SIGBUS in the load, so
   // slot 0 is reserved and faulted in as prefault_slots says.
   bool slot0_faulted_by_load = false;
+  // With slot0_faulted_by_load, in /dev/shm where the tmpfs gives no huge
+  // pages (huge=never: the only pages a fault through the mapping could
+  // get are the ones fallocate gets): slot 0 is reserved but not faulted
+  // in, for a load that writes it through the segment's file
+  // (slot_file(0), pwrite(2)). tmpfs then fills each page as the bytes
+  // arrive, without zeroing it first and without a page fault each in the
+  // daemon: the two costs of a fresh page, which a load that overwrites
+  // the whole slot does not need. Unset, or where /dev/shm may give huge
+  // pages (an advised fault gets them, a write does not), slot 0 is
+  // faulted in as slot0_faulted_by_load says.
+  bool slot0_written_through_file = false;
 };
 
 class Arena {
@@ -158,6 +169,16 @@ class Arena {
   const std::string& name() const { return name_; }
   // Whether the segment is backed by 2 MiB pages (on hugetlbfs).
   bool huge_pages() const { return huge_pages_; }
+  // The daemon's descriptor of the segment, for writing slot `slot`
+  // through the file (pwrite at slot_offset(slot)) instead of through the
+  // mapping, when the slot was left for that (slot_left_to_file); -1 in
+  // a client's mapping. Valid while the Arena lives.
+  int slot_file() const { return segment_fd_; }
+  // Whether Create left `slot` reserved but not faulted in, for a load
+  // through the file (ArenaOptions::slot0_written_through_file).
+  bool slot_left_to_file(uint32_t slot) const {
+    return slot == 0 && slot0_left_to_file_;
+  }
   // Create with a huge_dir that fell back to /dev/shm: why; else empty.
   const std::string& huge_fallback() const { return huge_fallback_; }
   uint64_t size() const { return size_; }
@@ -201,8 +222,9 @@ class Arena {
   bool header_writable_ = false;
   bool huge_pages_ = false;
   std::string huge_fallback_;
-  int fd_ = -1;            // Create's segment while slots are left to reserve
-  int segment_fd_ = -1;    // the daemon's, for CheckIntact
+  int fd_ = -1;          // Create's segment while slots are left to reserve
+  int segment_fd_ = -1;  // the daemon's, for CheckIntact
+  bool slot0_left_to_file_ = false;
   TruncationGuard guard_;  // the daemon's mapping
 };
 

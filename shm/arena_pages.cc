@@ -67,6 +67,11 @@ int Populate(char* base, uint64_t bytes) {
 
 }  // namespace
 
+absl::Status ReserveOnly(int fd, uint64_t offset, uint64_t bytes,
+                         const std::string& name) {
+  return Reserve(fd, name, offset, bytes);
+}
+
 void AdviseHugePages(char* base, uint64_t bytes) {
   (void)::madvise(base, bytes, MADV_HUGEPAGE);
 }

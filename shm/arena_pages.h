@@ -32,6 +32,15 @@ void AdviseHugePages(char* base, uint64_t bytes);
                                               const std::string& name,
                                               bool fresh);
 
+// Reserves [offset, offset + bytes) of the /dev/shm segment `fd`
+// (fallocate) without faulting a page in: running out of room is
+// ResourceExhausted now. tmpfs allocates the pages without zeroing them; a
+// page is zeroed when first faulted in through a mapping, not when first
+// written with pwrite(2), which fills it instead. Never changes the
+// segment's size.
+[[nodiscard]] absl::Status ReserveOnly(int fd, uint64_t offset, uint64_t bytes,
+                                       const std::string& name);
+
 }  // namespace ckpt::shm
 
 #endif  // CKPT_SHM_ARENA_PAGES_H_

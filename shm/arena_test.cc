@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "shm/huge_pages.h"
 #include "tests/private_mounts.h"
 #include "tests/smaps.h"
 
@@ -379,6 +381,67 @@ TEST(ArenaHugePagesTest, SlotsAreHugePagesOnAnAdviseMount) {
   ASSERT_TRUE(r.exited && r.code == 0) << r.code << ": " << r.text;
   // Both slots (8 MiB) and, in the daemon's mapping, the header's 2 MiB.
   EXPECT_EQ(r.text, "daemon 10240 kB client 8192 kB");
+}
+
+// An arena made for a load from the object tier: where /dev/shm gives no
+// huge pages, slot 0 is reserved (every page allocated in the segment) but
+// not faulted into the creator's page tables, left for the load to write
+// through the file; where it may give huge pages (an advised fault gets
+// them, a write would not), slot 0 is faulted in as before. Each in a
+// child with a private /dev/shm of that kind.
+std::pair<int, std::string> ArenaForALoadThroughTheFile() {
+  ArenaOptions o;
+  o.name = "/ckpt_test.tofile";
+  o.job = "job-f";
+  o.world_size = 1;
+  o.slot_bytes = 4 << 20;
+  o.num_slots = 2;
+  o.prefault_slots = 1;
+  o.slot0_faulted_by_load = true;
+  o.slot0_written_through_file = true;
+  auto a = Arena::Create(o);
+  if (!a.ok()) return {1, "Create: " + a.status().ToString()};
+  char* slot = (*a)->slot_data(0);
+  // Allocated in the segment: the header and slot 0, not slot 1 (mincore
+  // does not count a tmpfs page that fallocate allocated and nothing wrote).
+  struct stat st {};
+  if (::fstat((*a)->slot_file(), &st) != 0) return {1, "fstat"};
+  const uint64_t allocated = uint64_t(st.st_blocks) * 512;
+  const bool reserved = allocated >= Arena::SlotsOffset() + o.slot_bytes &&
+                        allocated < (*a)->size();
+  const long present = testing::PresentPages(slot, o.slot_bytes);
+  // What a load through the file then does, and reads back.
+  std::vector<char> bytes(o.slot_bytes, 0x3c);
+  const bool written = ::pwrite((*a)->slot_file(), bytes.data(), bytes.size(),
+                                static_cast<off_t>((*a)->slot_offset(0))) ==
+                       static_cast<ssize_t>(bytes.size());
+  const bool same = std::memcmp(slot, bytes.data(), bytes.size()) == 0;
+  const bool huge = absl::StartsWith(ShmHugePagesOf("/dev/shm"), "on");
+  return {0, std::string(huge ? "huge: " : "") + "left " +
+                 std::to_string((*a)->slot_left_to_file(0)) + " reserved " +
+                 std::to_string(reserved) + " present " +
+                 std::to_string(present) + " read back " +
+                 std::to_string(written && same)};
+}
+
+TEST(ArenaForALoadTest, SlotZeroIsLeftToTheFileWithoutHugePages) {
+  const testing::ChildResult r = testing::RunWithPrivateMounts(
+      {{"/dev/shm", "huge=never,size=64m,mode=1777"}},
+      ArenaForALoadThroughTheFile);
+  if (r.skipped) GTEST_SKIP() << r.text;
+  ASSERT_TRUE(r.exited && r.code == 0) << r.code << ": " << r.text;
+  EXPECT_EQ(r.text, "left 1 reserved 1 present 0 read back 1");
+}
+
+TEST(ArenaForALoadTest, SlotZeroIsFaultedInWhereHugePagesMayCome) {
+  const testing::ChildResult r = testing::RunWithPrivateMounts(
+      {{"/dev/shm", "huge=advise,size=64m,mode=1777"}},
+      ArenaForALoadThroughTheFile);
+  if (r.skipped) GTEST_SKIP() << r.text;
+  ASSERT_TRUE(r.exited && r.code == 0) << r.code << ": " << r.text;
+  if (r.text.rfind("huge: ", 0) != 0)
+    GTEST_SKIP() << "no transparent huge pages for shmem here: " << r.text;
+  EXPECT_EQ(r.text, "huge: left 0 reserved 1 present 1024 read back 1");
 }
 
 }  // namespace

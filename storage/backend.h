@@ -95,6 +95,24 @@ class ObjectReader {
     if (s.ok()) arrived(offset, len);
     return s;
   }
+  // dst is a shared mapping of this file at this offset (a shm arena's
+  // slot in /dev/shm).
+  struct DestFile {
+    int fd = -1;
+    uint64_t offset = 0;
+  };
+  // ReadAtNotify into memory that maps `file`: a reader that can writes
+  // the bytes into the file (pwrite) rather than storing them through
+  // dst. A tmpfs page written so is filled without being zeroed first and
+  // without a page fault in this process; one first stored through a
+  // mapping costs both. The bytes then read through dst as usual. The
+  // default stores through dst.
+  [[nodiscard]] virtual absl::Status ReadAtNotifyToFile(
+      uint64_t offset, void* dst, uint64_t len, const DestFile& file,
+      const Arrived& arrived) {
+    (void)file;
+    return ReadAtNotify(offset, dst, len, arrived);
+  }
 };
 
 struct BackendStats {

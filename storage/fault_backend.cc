@@ -142,6 +142,12 @@ class FaultReader : public ObjectReader {
     CKPT_RETURN_IF_ERROR(state_->Alive());
     return base_->ReadAtNotify(offset, dst, len, arrived);
   }
+  absl::Status ReadAtNotifyToFile(uint64_t offset, void* dst, uint64_t len,
+                                  const DestFile& file,
+                                  const Arrived& arrived) override {
+    CKPT_RETURN_IF_ERROR(state_->Alive());
+    return base_->ReadAtNotifyToFile(offset, dst, len, file, arrived);
+  }
 
  private:
   std::shared_ptr<FaultInjectionBackend::State> state_;

@@ -56,17 +56,24 @@ class ObjectReaderImpl : public ObjectReader {
   uint64_t size() const override { return size_; }
 
   absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) override {
-    return Read(offset, dst, len, nullptr);
+    return Read(offset, dst, len, nullptr, {});
   }
   absl::Status ReadAtNotify(uint64_t offset, void* dst, uint64_t len,
                             const Arrived& arrived) override {
-    return Read(offset, dst, len, &arrived);
+    return Read(offset, dst, len, &arrived, {});
+  }
+  absl::Status ReadAtNotifyToFile(uint64_t offset, void* dst, uint64_t len,
+                                  const DestFile& file,
+                                  const Arrived& arrived) override {
+    return Read(offset, dst, len, &arrived, file);
   }
 
  private:
   // Each piece is reported to `arrived` (if any) by the thread that got it.
+  // With file.fd >= 0 the pieces are written into that file, which dst
+  // maps at file.offset.
   absl::Status Read(uint64_t offset, void* dst, uint64_t len,
-                    const Arrived* arrived) {
+                    const Arrived* arrived, const DestFile& file) {
     if (offset > size_ || len > size_ - offset)
       return absl::DataLossError(
           absl::StrCat("object ", key_, ": range [", offset, ", ", offset + len,
@@ -85,9 +92,9 @@ class ObjectReaderImpl : public ObjectReader {
         }
         uint64_t off = offset + i * piece;
         uint64_t n = std::min(piece, offset + len - off);
-        absl::Status s =
-            backend_->GetRange(key_, object_, size_, off,
-                               static_cast<char*>(dst) + (off - offset), n);
+        absl::Status s = backend_->GetRange(
+            key_, object_, size_, off, static_cast<char*>(dst) + (off - offset),
+            n, file.fd, file.offset + (off - offset));
         if (!s.ok()) {
           std::lock_guard<std::mutex> lock(mu);
           if (first_error.ok()) first_error = s;
@@ -125,13 +132,16 @@ std::string ObjectBackendImpl::ObjectName(std::string_view key) const {
 absl::Status ObjectBackendImpl::GetRange(const std::string& key,
                                          const std::string& object,
                                          uint64_t object_size, uint64_t off,
-                                         char* dst, uint64_t n) {
+                                         char* dst, uint64_t n, int file_fd,
+                                         uint64_t file_offset) {
   HttpRequest req;
   req.method = "GET";
   req.object = object;
   req.headers.push_back(absl::StrCat("Range: bytes=", off, "-", off + n - 1));
   req.dst = dst;
   req.dst_len = n;
+  req.dst_fd = file_fd;
+  req.dst_file_offset = file_offset;
   absl::StatusOr<HttpResponse> r = http_.Perform(req);
   if (!r.ok()) {
     if (r.status().code() == absl::StatusCode::kDataLoss ||

@@ -3,16 +3,24 @@
 // which also verifies every request's SigV4 signature with botocore.
 #include "storage/object_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/object_http.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_testing.h"
 #include "tests/s3_server.h"
+#include "tests/smaps.h"
 
 namespace ckpt::storage {
 namespace {
@@ -177,6 +185,50 @@ TEST_F(ObjectBackendTest, ReadAtNotifyReportsEachPieceOnceWhenItsBytesAreIn) {
   }
   EXPECT_EQ(at, off + len);
   EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + off));
+}
+
+// Into memory that maps a /dev/shm file (an arena's slot): the bytes are
+// written into the file, not stored through the mapping, which no byte
+// faults in; every piece is reported once and the file holds the object.
+TEST_F(ObjectBackendTest, ReadAtNotifyToFileWritesTheFileNotTheMapping) {
+  auto b = Open(Options("p"));
+  std::vector<char> data = RandomBytes((9 << 20) + 777, 4);
+  ASSERT_TRUE(WriteReversed(*b, "j/tofile.shard", data, 3 << 20).ok());
+  absl::StatusOr<std::unique_ptr<ObjectReader>> r =
+      b->NewObjectReader("j/tofile.shard");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string name = absl::StrCat("/ckpt-tofile-", ::getpid());
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::shm_unlink(name.c_str());
+  const uint64_t at = 2 << 20;  // dst's offset in the file
+  const uint64_t file_bytes = at + data.size() + 4096;
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(file_bytes)), 0);
+  ASSERT_EQ(
+      ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(file_bytes)),
+      0);
+  void* m =
+      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  char* dst = static_cast<char*>(m) + at;
+  std::mutex mu;
+  uint64_t reported = 0;
+  absl::Status s = (*r)->ReadAtNotifyToFile(0, dst, data.size(), {fd, at},
+                                            [&](uint64_t, uint64_t n) {
+                                              std::lock_guard<std::mutex> l(mu);
+                                              reported += n;
+                                            });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(reported, data.size());
+  EXPECT_EQ(::ckpt::testing::PresentPages(dst, data.size() / 4096 * 4096), 0)
+      << "stored through the mapping";
+  std::vector<char> back(data.size());
+  ASSERT_EQ(::pread(fd, back.data(), back.size(), static_cast<off_t>(at)),
+            static_cast<ssize_t>(back.size()));
+  EXPECT_TRUE(back == data);
+  EXPECT_EQ(std::memcmp(dst, data.data(), data.size()), 0);
+  ::munmap(m, file_bytes);
+  ::close(fd);
 }
 
 TEST_F(ObjectBackendTest, EmptyObjectRoundTrips) {

@@ -3,8 +3,10 @@
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "util/retry.h"
+#include "util/status.h"
 #include "util/validate.h"
 
 namespace ckpt::storage::internal {
@@ -112,6 +115,7 @@ struct ObjectHttp::Attempt {
   EVP_MD_CTX* md5 = nullptr;
   HttpResponse* response = nullptr;
   bool overflow = false;
+  int write_errno = 0;  // a pwrite into HttpRequest::dst_fd failed
 
   static size_t Read(char* buf, size_t size, size_t n, void* arg) {
     auto* a = static_cast<Attempt*>(arg);
@@ -150,7 +154,21 @@ struct ObjectHttp::Attempt {
         a->overflow = true;
         return 0;  // aborts the transfer
       }
-      std::memcpy(q->dst + r->received, data, len);
+      if (q->dst_fd < 0) {
+        std::memcpy(q->dst + r->received, data, len);
+      } else {
+        for (size_t done = 0; done < len;) {
+          const ssize_t w = ::pwrite(
+              q->dst_fd, data + done, len - done,
+              static_cast<off_t>(q->dst_file_offset + r->received + done));
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) {
+            a->write_errno = w < 0 ? errno : EIO;
+            return 0;  // aborts the transfer
+          }
+          done += static_cast<size_t>(w);
+        }
+      }
     } else {
       if (r->body.size() + len > kMaxReplyBytes) {
         a->overflow = true;
@@ -330,6 +348,12 @@ absl::StatusOr<HttpResponse> ObjectHttp::PerformOnce(void* h,
     EVP_MD_CTX_free(a.md5);
     for (unsigned i = 0; i < n; ++i)
       absl::StrAppendFormat(&response.body_md5_hex, "%02x", digest[i]);
+  }
+  if (a.write_errno != 0) {
+    return ErrnoToStatus(
+        a.write_errno,
+        absl::StrCat(Describe(r), ": writing the reply into its file at ",
+                     r.dst_file_offset + response.received));
   }
   if (a.overflow) {
     return absl::DataLossError(

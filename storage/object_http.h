@@ -46,6 +46,11 @@ struct HttpRequest {
   // GET into caller memory: the reply body must be exactly dst_len bytes.
   char* dst = nullptr;
   uint64_t dst_len = 0;
+  // With dst: dst maps this file at dst_file_offset; the body is written
+  // into the file (pwrite) instead of stored through dst
+  // (ObjectReader::ReadAtNotifyToFile).
+  int dst_fd = -1;
+  uint64_t dst_file_offset = 0;
   bool md5_of_body = false;  // compute the MD5 of what was sent
   // For messages: what the request is about (the key without the prefix
   // is clearer to a user, but the full object name is what the store has).

@@ -52,10 +52,13 @@ class ObjectBackendImpl : public Backend {
 
   // One ranged GET of [off, off+n) of an object of object_size bytes into
   // dst, its reply checked (206, Content-Range, length); DataLoss naming key.
+  // `file_fd` >= 0: dst maps that file at `file_offset`, and the bytes are
+  // written into the file (HttpRequest::dst_fd).
   [[nodiscard]] absl::Status GetRange(const std::string& key,
                                       const std::string& object,
                                       uint64_t object_size, uint64_t off,
-                                      char* dst, uint64_t n);
+                                      char* dst, uint64_t n, int file_fd = -1,
+                                      uint64_t file_offset = 0);
   // One PUT of the whole object from body, its ETag checked.
   [[nodiscard]] absl::Status PutWhole(const std::string& object,
                                       std::vector<Segment> body);

@@ -5,6 +5,10 @@
 #ifndef CKPT_TESTS_SMAPS_H_
 #define CKPT_TESTS_SMAPS_H_
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +38,27 @@ inline long SmapsKb(const void* addr, const char* field) {
   }
   std::fclose(f);
   return kb;
+}
+
+// 4 KiB pages of [p, p + bytes) that are in this process's page tables
+// (/proc/self/pagemap's present bit): faulted in here, as opposed to
+// allocated in a file that p maps (mincore says that). -1 if pagemap
+// cannot be read.
+inline long PresentPages(const void* p, uint64_t bytes) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const uint64_t first = reinterpret_cast<uintptr_t>(p) / 4096;
+  long n = 0;
+  for (uint64_t i = 0; i < bytes / 4096; ++i) {
+    uint64_t e = 0;
+    if (::pread(fd, &e, sizeof e, static_cast<off_t>((first + i) * 8)) != 8) {
+      n = -1;
+      break;
+    }
+    n += (e >> 63) & 1;
+  }
+  ::close(fd);
+  return n;
 }
 
 }  // namespace ckpt::testing

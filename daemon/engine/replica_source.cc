@@ -157,7 +157,7 @@ absl::Status ReplicaSource::FetchFromPeer(
             node_
                 .EnsureArena(job_name, rank_no,
                              std::max<uint64_t>(bytes, job->rec.slot_bytes()),
-                             /*for_load=*/true)
+                             NodeState::ArenaFor::kLoad)
                 .status());
         continue;
       }

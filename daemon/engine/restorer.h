@@ -100,6 +100,14 @@ class Restorer {
                                                  double* load_s,
                                                  bool* from_object = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
+  // dst is slot `slot` of `arena`, which its creation left reserved but
+  // not faulted in (shm::Arena::slot_left_to_file): the object tier's
+  // bytes are written through the arena's file; a local read faults the
+  // slot in first. arena nullptr: dst is ordinary memory.
+  struct SlotLeftToFile {
+    shm::Arena* arena = nullptr;
+    uint32_t slot = 0;
+  };
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without the lock.
@@ -107,7 +115,8 @@ class Restorer {
                                             bool object,
                                             const storage::ShardInfo& info,
                                             char* dst, uint64_t bytes,
-                                            bool* from_object);
+                                            bool* from_object,
+                                            const SlotLeftToFile& to_file);
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no

@@ -28,9 +28,11 @@ namespace {
 // pass over the image after the reads would add its whole time to the
 // restore. The error of a mismatch is VerifyTensorChecksums' (the lowest
 // mismatching tensor's when several mismatch).
+// `file`: dst maps that file (ObjectReader::ReadAtNotifyToFile).
 absl::Status ReadVerified(storage::ObjectReader& reader,
                           const storage::ShardInfo& info,
-                          const std::string& key, char* dst, uint64_t bytes) {
+                          const std::string& key, char* dst, uint64_t bytes,
+                          const storage::ObjectReader::DestFile& file) {
   const size_t n = info.tensors.size();
   std::vector<std::atomic<uint64_t>> left(n);
   for (size_t i = 0; i < n; ++i) left[i].store(info.tensors[i].bytes);
@@ -52,7 +54,7 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
       if (left[i].fetch_sub(hi - lo) == hi - lo) verify(i);  // the last piece
     }
   };
-  CKPT_RETURN_IF_ERROR(reader.ReadAtNotify(0, dst, bytes, arrived));
+  CKPT_RETURN_IF_ERROR(reader.ReadAtNotifyToFile(0, dst, bytes, file, arrived));
   // Tensors no piece completed (empty ones; any the image does not hold,
   // which the image's validation refuses) are checked here.
   for (size_t i = 0; i < n; ++i)
@@ -80,6 +82,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   // for) is logged beside the read's.
   const auto start = std::chrono::steady_clock::now();
   // Load the shard file into a slot: one read, then the client copies.
+  // The prefaulter waits meanwhile (prefaulter.h): the arena created for
+  // the load queues its other slots, whose zeroing would compete with the
+  // read for the CPU. Not while this waits for a slot it may ready.
+  Prefaulter::Hold hold_prefaulter(node_.prefaulter.get());
   auto deadline =
       std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
   Rank* rank = nullptr;
@@ -98,8 +104,13 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
         existing->second.creating ||
         existing->second.arena->slot_bytes() < bytes) {
       uint64_t need = std::max<uint64_t>(bytes, job->rec.slot_bytes());
+      // A load that may come from the object tier writes through the
+      // file (a local one faults the slot in first: ReadShardImage).
       CKPT_RETURN_IF_ERROR(
-          node_.EnsureArena(job_name, rank_no, need, /*for_load=*/true)
+          node_
+              .EnsureArena(job_name, rank_no, need,
+                           object ? NodeState::ArenaFor::kObjectLoad
+                                  : NodeState::ArenaFor::kLoad)
               .status());
       continue;
     }
@@ -110,7 +121,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
       return absl::ResourceExhaustedError(
           absl::StrCat("BUSY: no usable slot to load the shard into: ",
                        rank->reserve_error.message()));
-    if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
+    hold_prefaulter.Release();
+    const bool woken = node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline);
+    hold_prefaulter.Take();
+    if (!woken)
       return absl::ResourceExhaustedError(
           "BUSY: no slot to load the shard into");
   }
@@ -118,10 +132,14 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   rank->BeginWrite(slot, step_no, bytes, /*lease=*/0, /*writer_pid=*/0);
   char* dst = rank->arena->slot_data(slot);
   const std::shared_ptr<shm::Arena> arena = rank->arena;
+  // A slot left unfaulted for it is written through the segment's file.
+  SlotLeftToFile to_file;
+  if (arena->slot_left_to_file(slot))
+    to_file = {arena.get(), static_cast<uint32_t>(slot)};
   node_.table.Unlock();
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st =
-      ReadShardImage(key, local, object, info, dst, bytes, &read_object);
+  absl::Status st = ReadShardImage(key, local, object, info, dst, bytes,
+                                   &read_object, to_file);
   if (st.ok())
     st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
              .status();
@@ -129,6 +147,7 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   if (absl::Status a = arena->CheckIntact(); !a.ok()) st = a;
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
+  hold_prefaulter.Release();
   if (from_object != nullptr) *from_object = read_object;
   LogInfo(absl::StrCat(
       "load ", key, read_object ? " (object tier)" : "", ": slot ready in ",
@@ -160,15 +179,24 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
 absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
                                       bool object,
                                       const storage::ShardInfo& info, char* dst,
-                                      uint64_t bytes, bool* from_object) {
+                                      uint64_t bytes, bool* from_object,
+                                      const SlotLeftToFile& to_file) {
   auto read = [&](storage::Backend& b) -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
                           b.NewObjectReader(key));
     if (reader->size() != bytes)
       return absl::DataLossError(absl::StrCat(
           key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
+    // A local read lands through the mapping: the slot's pages are faulted
+    // in first, on several threads, as the arena's creation would have.
+    if (to_file.arena != nullptr)
+      CKPT_RETURN_IF_ERROR(to_file.arena->ReserveSlots(to_file.slot, 1));
     return reader->ReadAt(0, dst, bytes);
   };
+  storage::ObjectReader::DestFile file;
+  if (to_file.arena != nullptr)
+    file = {to_file.arena->slot_file(),
+            to_file.arena->slot_offset(to_file.slot)};
   *from_object = false;
   absl::Status s = absl::NotFoundError(key + ": no local copy");
   if (local) s = read(*node_.backend);
@@ -184,7 +212,7 @@ absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
     if (reader->size() != bytes)
       return absl::DataLossError(absl::StrCat(
           key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
-    return ReadVerified(*reader, info, key, dst, bytes);
+    return ReadVerified(*reader, info, key, dst, bytes, file);
   }();
   LogInfo(absl::StrFormat(
       "load %s from the object tier: GETs and checksums %.3f s", key,

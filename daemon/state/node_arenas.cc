@@ -29,7 +29,7 @@ void NodeState::DropArena(Job& job, uint32_t rank_no, bool unlink) {
 absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
                                                   uint32_t rank_no,
                                                   uint64_t slot_bytes,
-                                                  bool for_load) {
+                                                  ArenaFor use) {
   Job* job = nullptr;
   RankSlots* r = nullptr;
   for (;;) {
@@ -65,7 +65,8 @@ absl::StatusOr<RankSlots*> NodeState::EnsureArena(const std::string& name,
   // The first save takes slot 0 (PickSlot takes the first free
   // slot): only its pages are faulted before Register answers.
   ao.prefault_slots = 1;
-  ao.slot0_faulted_by_load = for_load;
+  ao.slot0_faulted_by_load = use != ArenaFor::kSave;
+  ao.slot0_written_through_file = use == ArenaFor::kObjectLoad;
   r->creating = true;
   table.Unlock();
   // A dropped arena of this name is unlinked first, so that its queued

@@ -130,13 +130,19 @@ class NodeState {
   // A rank's arena (node_arenas.cc). Returns the rank's arena, creating or
   // growing it to slot_bytes. The creation runs with the lock released
   // (RankSlots::creating marks it); a refusal leaves the rank's old arena
-  // and its steps as they were. `for_load`: the caller loads a shard into
-  // it next (shm::ArenaOptions::slot0_faulted_by_load).
-  [[nodiscard]] absl::StatusOr<RankSlots*> EnsureArena(const std::string& job,
-                                                       uint32_t rank,
-                                                       uint64_t slot_bytes,
-                                                       bool for_load = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu());
+  // and its steps as they were. `use`: what the caller does next.
+  enum class ArenaFor {
+    kSave,  // a client saves into slot 0
+    // The caller loads a shard into slot 0
+    // (shm::ArenaOptions::slot0_faulted_by_load).
+    kLoad,
+    // ... from the object tier, written through the arena's file where
+    // the slot was left for that (slot0_written_through_file).
+    kObjectLoad,
+  };
+  [[nodiscard]] absl::StatusOr<RankSlots*> EnsureArena(
+      const std::string& job, uint32_t rank, uint64_t slot_bytes,
+      ArenaFor use = ArenaFor::kSave) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu());
   // Unmaps the rank's arena (and with `unlink` removes its name); the
   // rank's shards are then no longer in memory.
   void DropArena(Job& job, uint32_t rank_no, bool unlink)

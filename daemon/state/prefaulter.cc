@@ -31,10 +31,37 @@ void Prefaulter::Add(std::shared_ptr<shm::Arena> arena, uint32_t first_slot) {
   cv_.notify_all();
 }
 
+void Prefaulter::Hold::Take() {
+  if (held_ || p_ == nullptr) return;
+  held_ = true;
+  std::lock_guard<std::mutex> lock(p_->mu_);
+  ++p_->holds_;
+}
+
+void Prefaulter::Hold::Release() {
+  if (!held_) return;
+  held_ = false;
+  {
+    std::lock_guard<std::mutex> lock(p_->mu_);
+    --p_->holds_;
+  }
+  p_->cv_.notify_all();
+}
+
+void Prefaulter::AwaitHeldBack() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return held_back_; });
+}
+
 void Prefaulter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && (queue_.empty() || holds_ > 0)) {
+      held_back_ = !queue_.empty();
+      if (held_back_) cv_.notify_all();  // AwaitHeldBack
+      cv_.wait(lock);
+    }
+    held_back_ = false;
     if (stopping_) return;
     auto [arena, first] = std::move(queue_.front());
     queue_.pop_front();

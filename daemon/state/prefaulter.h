@@ -18,6 +18,11 @@
 // RecordPrefaulted) with no lock of its own held. The destructor drops
 // what is still queued and joins the thread (callers must not hold the
 // table's lock).
+//
+// Loads come first: while a load reads a shard into an arena (a restore
+// from storage, the object tier after a restart), queued arenas wait
+// (Hold). Zeroing another slot's pages beside the load takes the CPU from
+// the transfer that a trainer waits for; a save needs those slots later.
 #ifndef CKPT_DAEMON_STATE_PREFAULTER_H_
 #define CKPT_DAEMON_STATE_PREFAULTER_H_
 
@@ -46,6 +51,27 @@ class Prefaulter {
   // Queues the slots from `first_slot` on of `arena`.
   void Add(std::shared_ptr<shm::Arena> arena, uint32_t first_slot);
 
+  // Holds queued arenas back while a load reads, from its construction
+  // until its destruction or Release(): no arena's slots are started on
+  // meanwhile (one being readied finishes). Take() holds again. A holder
+  // that waits for the prefaulter (a slot it readies) releases first.
+  class Hold {
+   public:
+    explicit Hold(Prefaulter* p) : p_(p) { Take(); }
+    ~Hold() { Release(); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    void Take();
+    void Release();
+
+   private:
+    Prefaulter* const p_;
+    bool held_ = false;
+  };
+  // Returns once the thread has an arena queued and waits for the holds to
+  // end (for tests: the wait is the thread's decision, not a race).
+  void AwaitHeldBack();
+
  private:
   void Loop();
   // Reserves the arena's slots from `first` on and registers its memory.
@@ -56,6 +82,8 @@ class Prefaulter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<shm::Arena>, uint32_t>> queue_;
+  int holds_ = 0;
+  bool held_back_ = false;  // the thread waits with an arena queued
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -176,5 +176,49 @@ TEST_F(PrefaulterTest, ARefusedRegistrationLeavesTheSlotsReadyUnregistered) {
   EXPECT_FALSE(r.registered) << "marked registered after a refusal";
 }
 
+// A load holds the prefaulter (a restore's read into a new arena): an
+// arena queued meanwhile is neither reserved nor registered until the
+// hold ends, then readied as usual.
+TEST_F(PrefaulterTest, AnArenaQueuedDuringAHoldWaitsUntilItEnds) {
+  std::shared_ptr<shm::Arena> arena = NewArena();
+  ASSERT_NE(arena, nullptr);
+  Install(arena);
+  Prefaulter p(&table_, backend_.get());
+  {
+    Prefaulter::Hold hold(&p);
+    p.Add(arena, 1);
+    p.AwaitHeldBack();
+    JobTable::Lock lock(&table_);
+    EXPECT_EQ(table_.Find("train")->ranks.at(0).ready_slots, 1u)
+        << "slots readied during the hold";
+    EXPECT_TRUE(backend_->registered().empty()) << "registered during the hold";
+  }
+  const Outcome r = Await();
+  EXPECT_TRUE(r.reserve_error.ok()) << r.reserve_error;
+  EXPECT_EQ(r.ready_slots, kSlots);
+  EXPECT_TRUE(r.registered);
+}
+
+// A hold released and taken again (a load waiting for a slot) lets the
+// queue run between; two holds both have to end.
+TEST_F(PrefaulterTest, EveryHoldHasToEndBeforeTheQueueRuns) {
+  std::shared_ptr<shm::Arena> arena = NewArena();
+  ASSERT_NE(arena, nullptr);
+  Install(arena);
+  Prefaulter p(&table_, backend_.get());
+  Prefaulter::Hold first(&p);
+  {
+    Prefaulter::Hold second(&p);
+    second.Release();
+    second.Take();
+    p.Add(arena, 1);
+    p.AwaitHeldBack();
+  }
+  p.AwaitHeldBack();  // `first` still holds
+  EXPECT_TRUE(backend_->registered().empty()) << "ran with a hold left";
+  first.Release();
+  EXPECT_EQ(Await().ready_slots, kSlots);
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -397,12 +397,10 @@ int main(int argc, char** argv) {
                  "the hang detector as a pause (0: never)");
   app.add_option("--eval-s", o.eval_s,
                  "how long each evaluation runs, in (0, 3600] seconds");
-  o.zero1 = true;
-  app.add_flag("--zero1,!--no-zero1", o.zero1,
-               "ZeRO-1 (the default): partition the optimizer state (fp32 "
-               "master weights, Adam moments) over the data-parallel ranks; "
-               "each rank saves its slice, and a restore at another world "
-               "size reshards it. --no-zero1: every rank holds it whole");
+  app.add_flag("--zero1", o.zero1,
+               "ZeRO-1: partition the optimizer state (fp32 master weights, "
+               "Adam moments) over the data-parallel ranks; each rank saves "
+               "its slice, and a restore at another world size reshards it");
   bool no_in_process_restart = false;
   app.add_flag("--no-in-process-restart", no_in_process_restart,
                "under a launcher that hands out restart plans "

@@ -62,6 +62,7 @@
 #include "coordinator/client/tls.h"
 #include "daemon/agent/beacons.h"
 #include "daemon/agent/net_probe.h"
+#include "daemon/agent/peer_fetch.h"
 #include "daemon/engine/engine.h"
 #include "daemon/replica/node_replicas.h"
 #include "daemon/replica/replica_bulk_client.h"
@@ -248,6 +249,8 @@ class NodeAgent {
   void SendFallbacksLocked(std::unique_lock<std::mutex>& lock);
   // Under mu_: a new incarnation seen; re-queues the soft state.
   void NoteIncarnationLocked(uint64_t incarnation);
+  // How this node fetches a copy from a peer (a PREFETCH, a saved rank).
+  PeerFetchOptions PeerFetch() const;
   void RunPrefetch(uint64_t order_id, std::string job, uint32_t world_size,
                    uint64_t step, std::vector<uint32_t> ranks,
                    std::vector<std::string> keys,

@@ -136,13 +136,7 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   // Ranks load in parallel: each read is one stream of large direct I/Os.
   std::vector<std::thread> loaders;
   std::vector<absl::Status> results(ranks.size());
-  PeerFetchOptions peer_fetch;
-  peer_fetch.tls = options_.tls;
-  peer_fetch.node_id = options_.node_id;
-  peer_fetch.transport = options_.replica_transport;
-  if (NodeReplicas* r = options_.replicas)
-    peer_fetch.held = [r](const std::string& job, uint64_t step,
-                          uint32_t rank) { return r->Held(job, step, rank); };
+  const PeerFetchOptions peer_fetch = PeerFetch();
   for (size_t i = 0; i < ranks.size(); ++i)
     loaders.emplace_back([&, i] {
       // From a peer's memory when the order names one (peer_fetch.h).
@@ -176,6 +170,18 @@ void NodeAgent::RunPrefetch(uint64_t order_id, std::string job,
   prefetched_.push_back(order_id);  // the heartbeat thread joins this one
   kick_ = true;                     // the plan waits for this acknowledgement
   cv_.notify_all();
+}
+
+PeerFetchOptions NodeAgent::PeerFetch() const {
+  PeerFetchOptions o;
+  o.tls = options_.tls;
+  o.node_id = options_.node_id;
+  o.transport = options_.replica_transport;
+  if (NodeReplicas* r = options_.replicas)
+    o.held = [r](const std::string& job, uint64_t step, uint32_t rank) {
+      return r->Held(job, step, rank);
+    };
+  return o;
 }
 
 absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
@@ -214,14 +220,7 @@ absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
   std::string key = src.key();
   if (key.empty() && !src.source().node_id().empty())
     key = storage::ShardKey(job, step, rank, src.source().node_id());
-  PeerFetchOptions peer_fetch;
-  peer_fetch.tls = options_.tls;
-  peer_fetch.node_id = options_.node_id;
-  peer_fetch.transport = options_.replica_transport;
-  if (NodeReplicas* r = options_.replicas)
-    peer_fetch.held = [r](const std::string& j, uint64_t st, uint32_t rk) {
-      return r->Held(j, st, rk);
-    };
+  const PeerFetchOptions peer_fetch = PeerFetch();
   return FetchFromPeers(*engine_, peer_fetch, job, resp.world_size(), step,
                         rank, key, src.source(),
                         resp.has_owner_uid()

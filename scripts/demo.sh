@@ -347,11 +347,18 @@ resumed_at() {
 }
 # Survivors of a failure that kept their process (in-process restart):
 # distinct ranks ckptrun kept for generation $1 (its own log line, the
-# same for ckpt-worker and a PyTorch script), of $2 survivors.
+# same for ckpt-worker and a PyTorch script), of $2 survivors. A rank whose
+# process ckptrun had not yet reaped when the plan came is "kept" first,
+# then started anew (or placed in a warm process): not a survivor.
 kept_of() {
   local kept
-  kept=$(cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* keeps its process" || true; } |
-    awk '{ print $4 }' | sort -u | wc -l)
+  kept=$(cat "${logs[@]}" | awk -v g="generation $1:" '
+    index($0, g) == 0 { next }
+    { line = substr($0, index($0, g) + length(g)) }
+    line ~ /^ rank [0-9]+ keeps its process/ { split(line, w, " "); kept[w[2]] = 1 }
+    line ~ /^ rank [0-9]+ placed in a warm process/ { split(line, w, " "); anew[w[2]] = 1 }
+    line ~ /^ start ranks / { split(line, w, " "); n = split(w[3], r, ","); for (i = 1; i <= n; ++i) anew[r[i]] = 1 }
+    END { c = 0; for (k in kept) if (!(k in anew)) ++c; print c }')
   echo "$kept of $2"
 }
 # Wall-clock stamp of the $3-th trainer line "step N" (N = restore + 1)

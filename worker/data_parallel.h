@@ -61,6 +61,7 @@ struct DataParallelOptions {
 class StoreServer;
 class GrpcStore;
 class MeshContext;
+class LoopTurns;
 
 class DataParallel {
  public:
@@ -119,7 +120,10 @@ class DataParallel {
   std::shared_ptr<MeshContext> context_;
   // The context's TCP device (its event loop), kept for the destructor.
   std::shared_ptr<gloo::transport::Device> device_;
-  std::mutex abort_mu_;  // store_ and context_ as Abort sees them
+  // Prompt loop turns for the pairs' connects, Abort and the teardown;
+  // set under abort_mu_.
+  std::unique_ptr<LoopTurns> turns_;
+  std::mutex abort_mu_;  // store_, context_ and turns_ as Abort sees them
   std::string aborted_;  // Abort's reason; empty: not aborted
   std::atomic<bool> broken_{false};
   uint32_t next_tag_ = 0;

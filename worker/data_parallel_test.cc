@@ -19,6 +19,7 @@
 #include "tests/daemon_test.h"
 #include "tests/harness.h"
 #include "worker/rendezvous_server.h"
+#include "worker/rendezvous_store.h"
 #include "worker/worker_process.h"
 
 namespace ckpt::worker {
@@ -176,6 +177,37 @@ TEST_F(DataParallelTest, RanksAreOnlyClientsOfAStoreTheLauncherServes) {
   EXPECT_NE(bad.output.find("$CKPT_RENDEZVOUS = \"x\""), std::string::npos)
       << bad.output;
   EXPECT_EQ(bad.output.find("step 1 loss"), std::string::npos) << bad.output;
+}
+
+// A process keeps one channel per store address across generations (no
+// new connection on an in-process restart's critical path). The server at
+// that address may be another one by the next generation (rank 0's node's
+// ckptrun died; a live node's serves the port now): the store of the new
+// generation still sets and gets, on the same channel. (With the server
+// SIGKILLed instead, a set could go out on the dead connection and fail
+// "Socket closed": RendezvousTest.RankZerosNodeLost... caught that, and a
+// set now retries UNAVAILABLE.)
+TEST_F(DataParallelTest,
+       AStoreServedAnewAtTheSameAddressServesTheNextGeneration) {
+  const int port = FreePort();
+  using std::chrono::seconds;
+  auto first = StoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto g0 = GrpcStore::Connect("127.0.0.1", port, seconds(10), seconds(10));
+  ASSERT_TRUE(g0.ok()) << g0.status();
+  (*g0)->set("generation/0/0", {'a'});
+  EXPECT_EQ((*g0)->get("generation/0/0"), std::vector<char>{'a'});
+  first->reset();  // the server goes; the channel stays
+  auto second = StoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto g1 = GrpcStore::Connect("127.0.0.1", port, seconds(10), seconds(10));
+  ASSERT_TRUE(g1.ok()) << g1.status();
+  try {
+    (*g1)->set("generation/1/0", {'b'});
+    EXPECT_EQ((*g1)->get("generation/1/0"), std::vector<char>{'b'});
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
 }
 
 // --log-mono: every step line of each rank names the rank and the

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous.grpc.pb.h"
@@ -20,21 +22,46 @@ using Clock = std::chrono::system_clock;
 // it too); the client loops until its own deadline.
 constexpr std::chrono::milliseconds kMaxGetWait{1000};
 
+namespace {
+
+// The channel to a store address, one for the life of the process: a rank
+// kept by an in-process restart meets the same store (the launcher's, or
+// rank 0's node's) in every generation, and a new channel would connect
+// again, a TCP and HTTP/2 handshake on the restart's critical path. A store
+// is aborted call by call (GrpcStore::Abort), never by closing its channel,
+// so sharing one is safe; a server that restarts is reconnected by the
+// channel itself. At most a few addresses: the oldest is dropped.
+std::shared_ptr<grpc::Channel> StoreChannel(const std::string& address) {
+  static std::mutex mu;
+  static auto* channels =
+      new std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>>;
+  constexpr size_t kMaxChannels = 4;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [a, c] : *channels)
+    if (a == address) return c;
+  grpc::ChannelArguments args;
+  // Retry a refused connection every 50 ms rather than gRPC's default
+  // back-off of up to two minutes: ranks kept by an in-process restart
+  // wait here for a relaunched rank 0, and each retry they skip is time
+  // the whole job waits once its store is up. A refused local connect
+  // costs next to nothing.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 50);
+  auto channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  if (channels->size() >= kMaxChannels) channels->erase(channels->begin());
+  channels->emplace_back(address, channel);
+  return channel;
+}
+
+}  // namespace
+
 class GrpcStore::Impl {
  public:
   Impl(std::string address, std::chrono::milliseconds timeout)
       : address_(std::move(address)), timeout_(timeout) {
-    grpc::ChannelArguments args;
-    // Retry a refused connection every 50 ms rather than gRPC's default
-    // back-off of up to two minutes: ranks kept by an in-process restart
-    // wait here for a relaunched rank 0, and each retry they skip is time
-    // the whole job waits once its store is up. A refused local connect
-    // costs next to nothing.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 50);
-    channel_ = grpc::CreateCustomChannel(
-        address_, grpc::InsecureChannelCredentials(), args);
+    channel_ = StoreChannel(address_);
     stub_ = v1::KeyValueStore::NewStub(channel_);
   }
 
@@ -42,14 +69,25 @@ class GrpcStore::Impl {
     v1::SetRequest req;
     req.set_key(key);
     req.set_value(std::string(data.begin(), data.end()));
-    v1::SetResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Clock::now() + timeout_);
-    ctx.set_wait_for_ready(true);
-    Track(&ctx, "set", key);
-    grpc::Status s = stub_->Set(&ctx, req, &resp);
-    Untrack(&ctx, "set", key);
-    if (!s.ok()) Fail("set", key, s.error_message());
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      v1::SetResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      ctx.set_wait_for_ready(true);
+      Track(&ctx, "set", key);
+      grpc::Status s = stub_->Set(&ctx, req, &resp);
+      Untrack(&ctx, "set", key);
+      if (s.ok()) return;
+      // The channel outlives generations (StoreChannel): a call sent on the
+      // connection of a server that went away since (a lost node's ckptrun
+      // served the store; a live one serves it now) fails UNAVAILABLE, and
+      // the next waits for the channel to connect again. A set is
+      // idempotent.
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          Clock::now() >= deadline)
+        Fail("set", key, s.error_message());
+    }
   }
 
   // Every call in flight is cancelled, and every later one fails.

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "worker/phase_trace.h"
 
 namespace ckpt::worker {
 
@@ -123,6 +124,7 @@ void RestartMonitor::Loop() {
       last_error_.clear();
       newest_ = **plan;
       requested_ = true;
+      Phase("plan_seen", -1);
       std::fprintf(log_, "generation %llu: restart requested\n",
                    static_cast<unsigned long long>(newest_->generation));
       std::fflush(log_);
@@ -130,6 +132,7 @@ void RestartMonitor::Loop() {
         comm_->Abort(absl::StrCat("generation ", newest_->generation,
                                   " planned: in-process restart"));
       }
+      Phase("aborted", -1);
       cv_.notify_all();
     }
     if (stopping_) break;

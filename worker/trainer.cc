@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "util/checksum.h"
 #include "util/status.h"
+#include "worker/phase_trace.h"
 #include "worker/synthetic_data.h"
 
 namespace ckpt::worker {
@@ -196,6 +197,7 @@ absl::StatusOr<int64_t> Trainer::Restore(std::optional<int64_t> step,
     return absl::InvalidArgumentError(
         "restore of a saved rank: needs the step it was saved at");
   CKPT_ASSIGN_OR_RETURN(int64_t start, RestoreThisRank(step, from));
+  Phase("restored_own", options_.rank);
   CKPT_RETURN_IF_ERROR(CheckRanksAgree("after restore"));
   return start;
 }
@@ -237,8 +239,11 @@ std::optional<int64_t> Trainer::LeaveGeneration() {
     pending_save_->Wait().IgnoreError();
     pending_save_.reset();
   }
+  Phase("leave_save_done", options_.rank);
   comm_.reset();
+  Phase("leave_comm_reset", options_.rank);
   client_.reset();
+  Phase("leave_client_reset", options_.rank);
   return in_flight;
 }
 
@@ -455,6 +460,7 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
       std::this_thread::sleep_for(
           std::chrono::duration<double>(options_.slow_first_step_s));
     first_step_done_ = true;
+    Phase("step_begin", options_.rank);
     const auto compute_start = std::chrono::steady_clock::now();
     // A restart requested meanwhile: the step is thrown away, so its
     // compute stops at the next layer instead of running its course.
@@ -469,7 +475,9 @@ absl::Status Trainer::RunUntil(int64_t last_step, std::FILE* log) {
     // others: a rank stuck in its compute stays behind the ranks waiting
     // for it in the allreduce, and is the one named.
     if (client_ != nullptr) client_->Progress(s, compute_s);
+    Phase("compute_done", options_.rank);
     CKPT_RETURN_IF_ERROR(ReduceGradients(loss));
+    Phase("reduced", options_.rank);
     // The last save reads the master weights the step is about to rewrite.
     CKPT_RETURN_IF_ERROR(FinishSave(/*wait_daemon=*/false));
     CKPT_RETURN_IF_ERROR(optimizer_->Step());

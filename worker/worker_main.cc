@@ -60,6 +60,7 @@
 #include "util/program.h"
 #include "util/status.h"
 #include "worker/data_parallel.h"
+#include "worker/phase_trace.h"
 #include "worker/restart_monitor.h"
 #include "worker/trainer.h"
 
@@ -136,7 +137,9 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
                            std::unique_ptr<DataParallel>& comm,
                            std::unique_ptr<Trainer>& trainer,
                            const std::atomic<bool>* stop) {
+  ckpt::worker::Phase("rdv_begin", options.rank);
   CKPT_RETURN_IF_ERROR(comm->Rendezvous());
+  ckpt::worker::Phase("rdv_done", options.rank);
   std::unique_ptr<ckpt::Client> client;
   if (Env("CKPT_SOCKET") != nullptr) {
     ckpt::ClientOptions co;
@@ -144,6 +147,7 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
     co.world_size = options.world_size;
     if (a.generation_known) co.generation = a.generation;
     CKPT_ASSIGN_OR_RETURN(client, ckpt::Client::Connect(co));
+    ckpt::worker::Phase("client_connected", options.rank);
   } else if (a.plan.restore_step.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "restore step ", *a.plan.restore_step,
@@ -156,6 +160,7 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
     CKPT_ASSIGN_OR_RETURN(
         trainer, Trainer::Create(options, std::move(client), std::move(comm)));
     trainer->SetStopFlag(stop);
+    ckpt::worker::Phase("trainer_created", options.rank);
     if (options.zero1) std::printf("%s\n", trainer->PartitionSummary().c_str());
     CKPT_ASSIGN_OR_RETURN(
         start, trainer->Restore(a.plan.restore_step, a.restore_from));
@@ -164,6 +169,7 @@ absl::Status RunGeneration(const TrainerOptions& options, const Assignment& a,
         start, trainer->JoinGeneration(std::move(client), std::move(comm),
                                        *a.plan.restore_step));
   }
+  ckpt::worker::Phase("restored", options.rank);
   if (start > 0)
     std::printf("restored step %lld\n", static_cast<long long>(start));
   if (stop != nullptr) {
@@ -250,6 +256,7 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
                 static_cast<int>(getpid()));
     std::fflush(stdout);
     a = FromPlan(monitor->TakePlan());
+    ckpt::worker::Phase("warm_placed", -1);
     // A plan rewritten for a newer generation before this process read
     // the first one finds it kept: it says it joined, as a kept one does.
     CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(a.generation));
@@ -303,6 +310,7 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
     if (monitor != nullptr) monitor->Watch(link);
     absl::Status s = RunGeneration(options, a, comm, trainer, stop);
     if (monitor != nullptr) monitor->Watch(nullptr);
+    ckpt::worker::Phase("gen_left", options.rank);
     if (s.ok()) break;
     if (monitor == nullptr) return s;
     if (!stop->load()) {
@@ -316,8 +324,11 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
     const int64_t at = trainer != nullptr ? trainer->step() : 0;
     std::optional<int64_t> in_flight;
     if (trainer != nullptr) in_flight = trainer->LeaveGeneration();
+    ckpt::worker::Phase("trainer_left", options.rank);
     comm.reset();
+    ckpt::worker::Phase("comm_reset", options.rank);
     RestartPlan next = monitor->TakePlan();
+    ckpt::worker::Phase("plan_taken", options.rank);
     std::printf(
         "generation %llu: rank %d left generation %llu at step %lld%s; %s\n",
         static_cast<unsigned long long>(next.generation), options.rank,
@@ -330,6 +341,7 @@ absl::Status Main(TrainerOptions options, DataParallelOptions dp,
         Footprint().c_str());
     std::fflush(stdout);
     CKPT_RETURN_IF_ERROR(ckpt::JoinedRestart(next.generation));
+    ckpt::worker::Phase("joined", options.rank);
     // Another rank or world size, or a fresh start: a new trainer.
     if (next.rank != a.plan.rank || next.world_size != a.plan.world_size ||
         !next.restore_step.has_value()) {

@@ -320,7 +320,7 @@ def train(torch, a, ctx):
                 pending.wait()
             pending = ck.save_async(s, training_state())
         if a.step_sleep_ms:
-            time.sleep(a.step_sleep_ms / 1000)
+            ctx.sleep(a.step_sleep_ms / 1000)  # a plan cuts it short
     if pending is not None:
         pending.wait()
     digest = params_digest(model)

@@ -261,6 +261,38 @@ class ResilientTest(unittest.TestCase):
         self.finish([r0, n1], steps)
         self.assert_kept(r0, 1, 1)
 
+    def test_a_plan_cuts_a_pause_short(self):
+        # Each step is followed by a 10-minute ctx.sleep (train_gpt's
+        # --step-sleep-ms): a plan must end it, or no rank joins before
+        # the wait below gives up. Before ctx.sleep, train_gpt paced with
+        # time.sleep and the survivors waited their pause out.
+        ln = self.launcher(30, 1, ["--step-sleep-ms", "600000"])
+        r0, r1 = self.start(ln, 0, 0, None), self.start(ln, 0, 1, None)
+        wait_for(lambda: "step 1 loss" in r0.output() and "step 1 loss" in r1.output(),
+                 120, "both ranks to train step 1")
+        restore = self.latest()
+        ln.write_plan(r0, 1, 0, restore)
+        ln.write_plan(r1, 1, 1, restore)
+        wait_for(lambda: r0.joined() == 1 and r1.joined() == 1, 60,
+                 "both ranks to leave their pause for generation 1")
+        wait_for(lambda: first_step(r0.output(), 1) and first_step(r1.output(), 1), 120,
+                 "both ranks to train in generation 1")
+        for t in (r0, r1):  # generation 0 ended in its first pause
+            out = t.output()
+            self.assertLess(out.find("generation 1: rank"), out.find("step 2 loss"), out)
+        self.assert_kept(r0, 1, 1)
+        self.assert_kept(r1, 1, 1)
+
+    def test_sleep_refuses_a_bad_duration_naming_it(self):
+        from ckpt.torch._resilient import Context
+        ctx = Context(type("P", (), dict(rank=0, world_size=1, local_rank=0, generation=0,
+                                         restore_step=None))(), None, None, 0)
+        for bad in (-1, "1", None, float("nan"), True):
+            with self.assertRaises(ckpt.InvalidArgument) as e:
+                ctx.sleep(bad)
+            self.assertIn("seconds", str(e.exception))
+        ctx.sleep(0)  # no monitor: a plain sleep
+
     def test_twenty_restarts_in_process_leak_nothing_and_end_bit_identical(self):
         steps, restarts = 300, 20
         ln = self.launcher(steps, 1, ["--step-sleep-ms", "10"])

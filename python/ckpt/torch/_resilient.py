@@ -236,7 +236,8 @@ class Context:
     """What train(ctx) gets: rank, world_size, local_rank, generation,
     restore_step (None on a fresh start), checkpointer (a Checkpointer of
     this generation, None without $CKPT_SOCKET), restarts (how many
-    in-process restarts came before)."""
+    in-process restarts came before); check() and sleep(seconds) are
+    restart boundaries."""
 
     def __init__(self, plan, checkpointer, monitor, restarts):
         self.rank, self.world_size = plan.rank, plan.world_size
@@ -254,6 +255,22 @@ class Context:
     def check(self):
         """Raises RestartRequested if a newer plan arrived: a boundary for
         a long stretch with no collective or ckpt call."""
+        _check(self._monitor)
+
+    def sleep(self, seconds):
+        """time.sleep(seconds) that a restart cuts short: raises
+        RestartRequested as soon as a newer generation's plan arrives (at
+        once if one is there), so a pause (pacing, waiting for data) is
+        not waited out by the survivors of a failure."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not seconds >= 0:
+            raise errors.InvalidArgument(
+                "seconds: a number >= 0, not %r" % (seconds,))
+        _check(self._monitor)
+        if self._monitor is None:
+            time.sleep(seconds)
+            return
+        self._monitor.arrived.wait(seconds)
         _check(self._monitor)
 
 

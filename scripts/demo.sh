@@ -165,7 +165,10 @@ max_step() {
 # ---------------------------------------------------------------------------
 echo "== ckptd demo: job \"$job\", world size $world, $steps steps, checkpoint every $ckpt_every steps"
 echo "   work dir $work"
-master_base=$((20000 + (RANDOM % 400) * 100))  # ports: reference base, cluster base + 1 .. + 999
+# Ports: reference base, cluster base + 1 .. + 999; all below the ephemeral
+# range (32768+), where a rank probing a store not yet listening can be
+# handed the store's own port and connect to itself.
+master_base=$((20000 + (RANDOM % 110) * 100))
 
 echo
 echo "== 1. reference run: $world ranks by hand, undisturbed, no checkpoints"

@@ -283,6 +283,51 @@ class ResilientTest(unittest.TestCase):
         self.assert_kept(r0, 1, 1)
         self.assert_kept(r1, 1, 1)
 
+    def test_a_probe_connected_to_itself_is_not_a_listening_store(self):
+        # A probe handed the store's own port connects to itself (a TCP
+        # self-connect on localhost): _wait_listening must keep waiting,
+        # and leave no TIME_WAIT that keeps the store from binding the port.
+        # Before: it returned at once, and rank 0's bind failed EADDRINUSE.
+        import socket
+        import threading
+        from ckpt.torch import _resilient
+        port = free_ports(1)
+        plan = type("P", (), dict(master_addr="127.0.0.1", master_port=port, generation=0))()
+        real = socket.create_connection
+        calls = []
+        listening = threading.Event()
+
+        def probe(address, timeout=None):
+            calls.append(address)
+            if len(calls) > 1:
+                return real(address, timeout=timeout)
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            s.connect(("127.0.0.1", port))  # a self-connect
+            return s
+
+        def serve():
+            while len(calls) < 1:
+                time.sleep(0.01)
+            srv = socket.socket()  # no SO_REUSEADDR: a TIME_WAIT would refuse it
+            try:
+                srv.bind(("127.0.0.1", port))
+                srv.listen(1)
+                listening.set()
+                srv.accept()[0].close()
+            finally:
+                srv.close()
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        socket.create_connection = probe
+        try:
+            _resilient._wait_listening(plan, None, time.monotonic() + 30)
+        finally:
+            socket.create_connection = real
+        self.assertTrue(listening.is_set(), "returned on its own self-connect")
+        server.join(30)
+
     def test_sleep_refuses_a_bad_duration_naming_it(self):
         from ckpt.torch._resilient import Context
         ctx = Context(type("P", (), dict(rank=0, world_size=1, local_rank=0, generation=0,

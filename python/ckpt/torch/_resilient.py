@@ -312,20 +312,31 @@ def _wait_listening(plan, monitor, deadline):
     own connect retries hold the GIL on torch 1.13, which would stall the
     monitor."""
     import socket
+    import struct
     while True:
         try:
-            socket.create_connection((plan.master_addr, plan.master_port),
-                                     timeout=1.0).close()
-            return
+            with socket.create_connection((plan.master_addr, plan.master_port),
+                                          timeout=1.0) as s:
+                if s.getsockname()[:2] != s.getpeername()[:2]:
+                    return
+                # A port in the ephemeral range can be handed to the probe
+                # itself: a TCP self-connect, not a listening store. Reset
+                # rather than closed, so that no TIME_WAIT keeps rank 0
+                # from binding the port.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                             struct.pack("ii", 1, 0))
         except OSError:
-            if monitor is not None and monitor.pending() is not None:
-                raise RestartRequested("a newer plan during the rendezvous")
-            if time.monotonic() > deadline:
-                raise errors.DeadlineExceeded(
-                    "rendezvous of generation %d: %s:%d does not listen"
-                    % (plan.generation, plan.master_addr, plan.master_port))
-            if monitor is not None:
-                monitor.arrived.wait(0.01)
+            pass
+        if monitor is not None and monitor.pending() is not None:
+            raise RestartRequested("a newer plan during the rendezvous")
+        if time.monotonic() > deadline:
+            raise errors.DeadlineExceeded(
+                "rendezvous of generation %d: %s:%d does not listen"
+                % (plan.generation, plan.master_addr, plan.master_port))
+        if monitor is not None:
+            monitor.arrived.wait(0.01)
+        else:
+            time.sleep(0.01)
 
 
 def _store_served():

@@ -422,6 +422,13 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     LogLocked(&batch, v1::TRAINER_FINISHED, req.job(), req.node_id(),
               absl::StrCat("rank ", req.rank(), " ", how));
     (*job)->watch.finished.insert(req.rank());  // no longer watched
+    // Older generations' reports were answered above: this is the current.
+    const uint64_t gen = (*job)->rec.generation() + 1;
+    if ((*job)->clean_exit_gen != gen) {
+      (*job)->clean_exit_gen = gen;
+      (*job)->clean_exits.clear();
+    }
+    (*job)->clean_exits.insert(req.rank());
   } else if (const std::string cause = absl::StrCat(
                  "trainer of rank ", req.rank(), " ", how,
                  req.peer_lost() && !req.process_kept() ? " after losing peers"

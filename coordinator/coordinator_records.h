@@ -98,6 +98,11 @@ struct JobState {
   uint64_t held_generation = 0;
   std::vector<HeldExit> held_exits;
   std::set<std::string> awaited_probes;
+  // Soft: the ranks that exited cleanly in generation clean_exit_gen - 1
+  // (0: none). All of them: the job is finished (JobView.job_finished), and
+  // a launcher whose own ranks finished first may leave.
+  uint64_t clean_exit_gen = 0;
+  std::set<uint32_t> clean_exits;
   // rec as of the last durable commit: what heartbeats and watches show,
   // so that they never wait for a disk write.
   v1::JobRecord durable_rec;

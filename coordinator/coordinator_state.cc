@@ -193,6 +193,9 @@ v1::JobView Coordinator::View(const std::string& job_name,
   v.set_has_restore_step(j.has_restore_step());
   v.set_restore_step(j.restore_step());
   v.set_trainers_may_start(TrainersMayStartLocked(it->second));
+  v.set_finish_tracked(true);
+  v.set_job_finished(it->second.clean_exit_gen == j.generation() + 1 &&
+                     it->second.clean_exits.size() >= j.world_size());
   auto mine = it->second.durable_ranks_by_node.find(node_id);
   if (mine != it->second.durable_ranks_by_node.end())
     *v.mutable_ranks() = {mine->second.begin(), mine->second.end()};

@@ -88,6 +88,54 @@ TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
       << "survivors restore from memory";
 }
 
+// A node whose ranks finished waits for the job: node b, its ranks slow,
+// is lost after a's ranks finished their last step. The plan restarts
+// every rank from the last good step, a's too, on a, whose ckptrun must
+// still be there to start them. Before: "every rank on this node
+// finished", a's ckptrun left, and ranks 0 and 1 never ran again (the
+// job stalled; ClusterObjectStoreTest hit it once under load).
+TEST_F(ClusterTest, ANodeWhoseRanksFinishedWaitsForTheJobAndRestartsThem) {
+  ClusterOptions o = Options(4);
+  o.last_step = 10;
+  o.step_ms = 50;
+  o.bytes_per_rank = 1 << 20;
+  o.steps_after_restore = 3;
+  o.node_launcher_env["b"] = {"CLUSTER_TRAINER_SLOW=40"};  // 2 s a step
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("c", /*spare=*/true);
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        return cluster_->LauncherLog("a").find(
+                   "every rank on this node finished; waiting") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(120)))
+      << cluster_->LauncherLog("a");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(1));  // b saved a step: a restore
+  ASSERT_FALSE(
+      cluster_->WaitLauncher("a", std::chrono::milliseconds(0)).has_value())
+      << "a's ckptrun left with the job unfinished";
+  cluster_->KillNode("b");
+  ExpectLaunchersSucceed({"a", "c"});
+  const std::string a = cluster_->LauncherLog("a");
+  EXPECT_NE(a.find("generation 1: start ranks 0,1"), std::string::npos) << a;
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->generation(), 1u);
+  EXPECT_EQ(job->rank_node(2), "c");
+  for (uint32_t r = 0; r < 4; ++r) {
+    bool restored_then_done = false, restored = false;
+    for (const auto& l : cluster_->TrainerLog(r)) {
+      if (l.kind == "restored") restored = true;
+      if (l.kind == "done" && restored) restored_then_done = true;
+    }
+    EXPECT_TRUE(restored_then_done) << "rank " << r;
+  }
+}
+
 TEST_F(ClusterTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   ClusterOptions o = Options(4);
   o.last_step = 30;

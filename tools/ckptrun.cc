@@ -199,7 +199,11 @@ int Launcher::Run() {
   }
   for (;;) {
     Poll();
-    if (generation_ && !started_.empty() && finished_ == started_) break;
+    if (generation_ && !started_.empty() && finished_ == started_) {
+      if (MayLeave()) break;
+    } else {
+      all_finished_since_.reset();
+    }
     if (!Wait(opts_.poll)) {
       Log(absl::StrCat("signal ", stop_signal_, ": stopping ranks ",
                        absl::StrJoin(trainers_.RunningRanks(), ",")));
@@ -220,6 +224,35 @@ int Launcher::Run() {
   if (!reports_.empty())
     Log(absl::StrCat(reports_.size(), " exit report(s) not delivered"));
   return 0;
+}
+
+bool Launcher::MayLeave() {
+  const auto now = std::chrono::steady_clock::now();
+  const bool first = !all_finished_since_.has_value();
+  if (first) all_finished_since_ = now;
+  std::optional<cv1::JobView> view;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    view = view_;
+  }
+  const bool told = reports_.empty();  // this node's exits are known
+  if (told && view && view->registered() && !view->finish_tracked())
+    return true;  // an older coordinator: leave as before
+  if (told && view && view->job_finished() &&
+      view->generation() == generation_.value_or(0))
+    return true;
+  if (now - *all_finished_since_ >= opts_.finish_wait) {
+    Log(absl::StrCat(GenerationPrefix(), "the job's other ranks did not all ",
+                     "finish within --finish-wait-s ",
+                     opts_.finish_wait.count() / 1000.0, "; leaving"));
+    return true;
+  }
+  if (first)
+    Log(absl::StrCat(GenerationPrefix(),
+                     "every rank on this node finished; waiting for the "
+                     "job's other ranks (a failure among them restarts "
+                     "ranks here)"));
+  return false;
 }
 
 void Launcher::SetReachable(bool reachable, const absl::Status& why) {

@@ -32,8 +32,12 @@
 // start and trainers are only its clients ($CKPT_RENDEZVOUS=launcher).
 //
 // Exit status: 0 once every rank of the current generation on this node
-// exited 0; 2 on a usage error or a refused RegisterJob; 128+N after
-// signal N (SIGTERM/SIGINT), with every trainer stopped.
+// exited 0 and the coordinator says every rank of the job did (a failure
+// found elsewhere meanwhile plans ranks here again: they are started; at
+// most --finish-wait-s of waiting, and not at all with an older
+// coordinator that does not say); 2 on a usage error or a refused
+// RegisterJob; 128+N after signal N (SIGTERM/SIGINT), with every trainer
+// stopped.
 // Not thread-safe: one Launcher per process, run from the main thread.
 #ifndef CKPT_TOOLS_CKPTRUN_H_
 #define CKPT_TOOLS_CKPTRUN_H_
@@ -93,6 +97,10 @@ struct RunOptions {
   // Trainer processes kept started ahead on this node, waiting for a rank
   // (ckptrun_warm.cc); 0: none.
   uint32_t warm = 0;
+  // Once every rank of this node finished: how long to wait for the
+  // coordinator to say the whole job did (or for a newer generation, which
+  // starts ranks here again) before leaving anyway.
+  std::chrono::milliseconds finish_wait{60000};
   std::vector<std::string> command;  // CMD ARGS...
   std::string program;               // command[0] resolved through $PATH
 };
@@ -190,6 +198,11 @@ class Launcher {
   std::optional<int> RegisterJob();
   // One round: take the newest view, reap, report, make trainers match.
   void Poll();
+  // Every rank of this node finished: whether ckptrun may leave now (the
+  // coordinator says the job finished, it is an older one that does not
+  // say, or opts_.finish_wait passed); a failure found elsewhere after
+  // they finished plans ranks here again, and needs this launcher.
+  bool MayLeave();
   // The watch thread: keeps a WatchJob stream open (reconnecting with
   // backoff) and stores each view it gets.
   void WatchLoop();
@@ -304,9 +317,11 @@ class Launcher {
   std::optional<uint64_t> generation_;  // of the trainers started, if any
   std::set<uint32_t> started_;          // ranks started in generation_
   std::set<uint32_t> finished_;         // of those, exited 0
-  std::map<uint32_t, Proc> procs_;      // by rank, each running trainer
-  std::set<uint32_t> restart_anew_;     // kept ones of generation_ to start
-  uint64_t procs_made_ = 0;             // restart directories made
+  // Since when every rank of this node has finished (MayLeave).
+  std::optional<std::chrono::steady_clock::time_point> all_finished_since_;
+  std::map<uint32_t, Proc> procs_;   // by rank, each running trainer
+  std::set<uint32_t> restart_anew_;  // kept ones of generation_ to start
+  uint64_t procs_made_ = 0;          // restart directories made
   std::deque<PendingReport> reports_;
   // By rank: the generation and ranks of its last peer-lost word sent.
   std::map<uint32_t, std::pair<uint64_t, std::vector<uint32_t>>> said_lost_;

@@ -265,5 +265,20 @@ TEST(CkptrunRestartFlagsTest, BadRestartTimeoutIsRefusedNamingTheFlag) {
   EXPECT_NE(help.out.find("--restart-timeout"), std::string::npos) << help.out;
 }
 
+TEST(CkptrunRestartFlagsTest, BadFinishWaitIsRefusedNamingTheFlag) {
+  const std::string ok =
+      std::string(CKPTRUN_PATH) +
+      " --coordinator 127.0.0.1:1 --node-id n1 --nproc-per-node 1 --job j "
+      "--socket /s --finish-wait-s ";
+  for (const std::string bad : {"-1", "x", "86401", "1.5", ""}) {
+    testing::CommandResult r =
+        testing::RunCommand(ok + "'" + bad + "' -- /bin/true", true);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("--finish-wait-s"), std::string::npos)
+        << bad << "\n"
+        << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::tools

@@ -47,7 +47,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
   std::optional<uint32_t> world_size;
   int64_t poll_ms = 100, grace_ms = 3000, master_port = 29500;
   std::string restart_timeout = "30";
-  int64_t finish_wait_s = 60;
+  std::string finish_wait = "60";
   std::string warm = "0";
   std::string rendezvous = "auto";
   std::string rendezvous_python = "python3";
@@ -113,7 +113,7 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
       "no trainer is kept and none gets $CKPT_RESTART_DIR, every one is "
       "stopped and started anew on each generation (default 30)");
   app.add_option(
-      "--finish-wait-s", finish_wait_s,
+      "--finish-wait-s", finish_wait,
       "once every rank of this node finished, the longest to wait for the "
       "coordinator to say the whole job did (a failure elsewhere found "
       "meanwhile restarts ranks here) before leaving (default 60)");
@@ -197,9 +197,14 @@ absl::StatusOr<RunOptions> ParseRunOptions(int argc, char** argv,
       std::chrono::milliseconds(static_cast<int64_t>(restart_s * 1000 + 0.5));
   if (restart_s > 0 && o.restart_timeout.count() == 0)
     return bad("--restart-timeout", "below a millisecond (0 disables it)");
-  if (finish_wait_s < 0 || finish_wait_s > 86400)
+  if (finish_wait.empty() || finish_wait.size() > 5 ||
+      finish_wait.find_first_not_of("0123456789") != std::string::npos)
+    return bad("--finish-wait-s",
+               absl::StrCat("\"", finish_wait.substr(0, 32),
+                            "\" is not a whole number of seconds"));
+  o.finish_wait = std::chrono::seconds(std::stoll(finish_wait));
+  if (o.finish_wait > std::chrono::seconds(86400))
     return bad("--finish-wait-s", "must be in [0, 86400]");
-  o.finish_wait = std::chrono::seconds(finish_wait_s);
   if (warm.empty() || warm.size() > 2 ||
       warm.find_first_not_of("0123456789") != std::string::npos)
     return bad("--warm", absl::StrCat("\"", warm.substr(0, 32),

@@ -274,9 +274,8 @@ TEST(CkptrunRestartFlagsTest, BadFinishWaitIsRefusedNamingTheFlag) {
     testing::CommandResult r =
         testing::RunCommand(ok + "'" + bad + "' -- /bin/true", true);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.out;
-    EXPECT_NE(r.out.find("--finish-wait-s"), std::string::npos)
-        << bad << "\n"
-        << r.out;
+    EXPECT_NE(r.out.find("--finish-wait-s"), std::string::npos) << bad << "\n"
+                                                                << r.out;
   }
 }
 

@@ -153,6 +153,11 @@ class NodeAgent {
 
   // Queues a report; the engine's on_shard callback.
   void Report(const ShardReport& report);
+  // The coordinator's layout index of a committed step (StepIndex), with
+  // a short deadline (kStepIndexTimeout): a restore falls back to the
+  // node manifests when there is none, or no coordinator to ask.
+  absl::StatusOr<std::string> StepIndex(const std::string& job, uint64_t step);
+  static constexpr std::chrono::milliseconds kStepIndexTimeout{1000};
   // Queues the report that a restore fell back and returns at once: it
   // never waits on the coordinator (nor on a lock held across a call). The
   // report thread sends it under the node's epoch at that time (a

@@ -228,6 +228,26 @@ absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
                             : std::nullopt);
 }
 
+absl::StatusOr<std::string> NodeAgent::StepIndex(const std::string& job,
+                                                 uint64_t step) {
+  const uint64_t epoch = epoch_.load();
+  if (epoch == 0)
+    return absl::UnavailableError(
+        "coordinator: this node is not registered (yet)");
+  cv1::StepIndexRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_epoch(epoch);
+  req.set_job(job);
+  req.set_step(step);
+  cv1::StepIndexResponse resp;
+  grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::StepIndex, req, &resp,
+                                kStepIndexTimeout);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("coordinator: ", s.error_message()));
+  return std::move(*resp.mutable_index());
+}
+
 void NodeAgent::ApplyLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {

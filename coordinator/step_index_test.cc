@@ -80,7 +80,7 @@ class StepIndexTest : public TwoNodeTest {
   static std::string NodeManifestsMerged() {
     const auto all = Metas();
     storage::LayoutIndexBuilder b(4);
-    for (int node = 0; node < 2; ++node) {
+    for (uint32_t node = 0; node < 2; ++node) {
       std::vector<std::vector<::ckpt::v1::TensorMeta>> own(4);
       own[2 * node] = all[2 * node];
       own[2 * node + 1] = all[2 * node + 1];

@@ -11,11 +11,12 @@
 // manifests), c reading no node manifest. Once rank 0's node is
 // killed, three ranks on spare d restore the next step: its ranks from
 // their replicas on the other node. Once both are killed, the restore on
-// c of a step it never read is NotFound naming each peer tried.
+// c of a step it never read is refused naming each peer tried.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -194,11 +195,20 @@ class ReshardFromPeersTest : public ClusterTest {
     EXPECT_TRUE(global->has_layout_index()) << "MANIFEST.global of " << step;
     storage::LayoutIndexBuilder merged(kSaved);
     for (const std::string node : {"a", "b"}) {
-      auto m =
-          ReadUnder(dir_.path() + "/node-" + node + "/stored", [&](auto& b) {
-            return storage::ReadNodeManifest(
-                b, storage::ManifestKey("job", step, node));
-          });
+      const std::string root = dir_.path() + "/node-" + node + "/stored";
+      // Written once the node's ranks are durable: it may follow the
+      // reports that committed the step.
+      EXPECT_TRUE(Cluster::WaitUntil(
+          [&] {
+            return std::filesystem::exists(
+                root + "/" + storage::ManifestKey("job", step, node));
+          },
+          seconds(60)))
+          << "no MANIFEST." << node << " of step " << step;
+      auto m = ReadUnder(root, [&](auto& b) {
+        return storage::ReadNodeManifest(
+            b, storage::ManifestKey("job", step, node));
+      });
       EXPECT_TRUE(m.ok()) << m.status();
       if (!m.ok()) return "";
       auto index = storage::ParseLayoutIndex(m->layout_index());
@@ -309,13 +319,19 @@ TEST_F(ReshardFromPeersTest, SavedAt4OnTwoNodesRestoredAt3FromTheirMemory) {
         << "saved rank " << r << "\n"
         << DaemonLog("d");
 
-  // Every holder gone: step 2 on c, which never read it, is NotFound,
-  // naming the peers tried, and the tensors are untouched.
+  // Every holder gone: step 2 on c, which never read it, is refused before
+  // any byte moves (the coordinator's index names the saved ranks, none of
+  // which c can load), naming the peers tried, and the tensors are
+  // untouched.
   cluster_->KillNode(other);
   RankState s;
   absl::Status st = RestoreOn("c", 2, 0, &s);
-  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
-  EXPECT_NE(st.message().find("from peers' memory"), std::string::npos) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("saved rank 0 holds pieces asked for, is not "
+                              "on this node, and this node's ckptd could "
+                              "not load it"),
+            std::string::npos)
+      << st;
   EXPECT_NE(st.message().find("owner's slot on " + lost + " (127.0.0.1:"),
             std::string::npos)
       << st;

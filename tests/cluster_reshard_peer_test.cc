@@ -96,10 +96,13 @@ class ReshardFromPeersTest : public ClusterTest {
     o.nproc_per_node = 2;
     o.launcher = false;
     o.separate_roots = true;
-    // Longer than the test: a killed node still counts as alive, so no
-    // plan moves its ranks (to c) meanwhile, and the coordinator still
-    // names its owner's slot first: the restore tries it and falls back.
-    o.heartbeat_timeout_ms = 60000;
+    // Longer than the test's part after a kill (well under a second): a
+    // killed node still counts as alive, so no plan moves its ranks (to c)
+    // meanwhile, and the coordinator still names its owner's slot first:
+    // the restore tries it and falls back. Short enough that a and b learn
+    // that they host the job's ranks within a heartbeat (3 s), and so
+    // write their node manifests of step 1.
+    o.heartbeat_timeout_ms = 15000;
     const std::vector<int> ports = FreeLoopbackPorts(4);
     auto at = [&](const char* id, int i) {
       return std::string(id) + "@127.0.0.1:" + std::to_string(ports[i]);

@@ -323,6 +323,9 @@ class Coordinator {
     // Every rank's layout index blob (rank order), when every rank sent
     // one: merged into manifest.layout_index outside the state mutex.
     std::vector<std::shared_ptr<const std::string>> rank_indexes;
+    // ManifestContentDigest(manifest), taken with the write, outside the
+    // state mutex (the index makes the manifest O(pieces)).
+    uint64_t content_digest = 0;
   };
   // A report's layout index, checked before the state mutex is taken.
   struct RankIndex {

@@ -488,7 +488,7 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   v1::ManifestStamp& stamp = (*job.rec.mutable_manifest_stamps())[c.step];
   stamp.set_generation(c.manifest.generation());
   stamp.set_fence(c.manifest.fence());
-  stamp.set_content_digest(ManifestContentDigest(c.manifest));
+  stamp.set_content_digest(c.content_digest);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
     RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);

@@ -258,12 +258,12 @@ absl::Status Coordinator::ApplyReportLocked(
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
   const bool durable = rec.state() == v1::DURABLE;
   PutShardLocked(j, std::move(rec));
-  // A DURABLE report brings the rank's index (or none: an older agent); a
-  // save not durable (again) has none yet.
-  // The index's pieces were checked (ReportShards). One of another world
-  // size than the job's (a save of a timeline that resized since) is no
-  // part of the manifest the job's world size names: not kept, as if the
-  // report had none (the step then commits without an index).
+  // A DURABLE report brings the rank's index, its pieces checked
+  // (ReportShards), or none (an older agent); a save not durable (again)
+  // has none yet. An index of another world size than the job's (a save
+  // of a timeline that resized since) is no part of the manifest the
+  // job's world size names: not kept, as if the report had none (the
+  // step then commits without an index).
   if (durable && req.state() == v1::DURABLE && index.blob &&
       index.world_size == j.rec.world_size())
     j.rank_indexes[req.step()][req.rank()] = index.blob;
@@ -300,7 +300,6 @@ absl::Status Coordinator::CommitSteps(
     mu_.Unlock();
     std::vector<absl::Status> written;
     for (PendingCommit& c : steps) {
-      MergeStepIndex(c);
       // A deposed leader that knows it is deposed writes nothing. One that
       // does not know yet may still write: its commit (a fenced Txn) then
       // fails, nothing refers to its write, and AuditManifests of the new
@@ -312,6 +311,8 @@ absl::Status Coordinator::CommitSteps(
             options_.fence, " is no longer the leader's)")));
         continue;
       }
+      MergeStepIndex(c);
+      c.content_digest = ManifestContentDigest(c.manifest);
       written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
     }
     mu_.Lock();

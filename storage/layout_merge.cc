@@ -1,6 +1,8 @@
 #include "storage/layout_merge.h"
 
+#include <array>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,71 +68,108 @@ absl::StatusOr<LayoutIndex> ParseRankLayoutIndex(std::string_view blob,
   return index;
 }
 
-absl::StatusOr<LayoutIndex> MergeRankLayoutIndexes(
-    std::span<const std::string_view> blobs) {
+namespace {
+
+// One pass over the blobs into a builder, one rank's index in memory at a
+// time. A tensor is declared once per distinct declaration: a rank whose
+// i-th tensor is the previous rank's i-th (the usual case: every rank
+// saves the same state) reuses its id without a lookup. `left_out`: names
+// not merged. A tensor declared with another dtype or shape than before
+// sets *conflict and refuses the merge.
+absl::StatusOr<LayoutIndex> MergePass(
+    std::span<const std::string_view> blobs,
+    const std::unordered_set<std::string>* left_out, bool* conflict) {
   const uint32_t world_size = static_cast<uint32_t>(blobs.size());
-  if (world_size == 0) return Refused("blobs", "none (world_size 0)");
-  std::vector<LayoutIndex> ranks;
-  ranks.reserve(world_size);
-  uint64_t pieces = 0;
+  LayoutIndexBuilder b(world_size);
+  struct Declared {
+    std::string name;
+    DType dtype = DType::kFloat32;
+    uint32_t ndim = 0;
+    std::array<uint64_t, kMaxTensorDims> shape{};
+    uint32_t id = 0;
+  };
+  std::vector<Declared> last;  // by position in the previous rank's list
   for (uint32_t r = 0; r < world_size; ++r) {
     CKPT_ASSIGN_OR_RETURN(
         LayoutIndex index,
         ParseRankLayoutIndex(blobs[r], r, world_size,
                              absl::StrFormat("rank %d: layout_index", r)));
-    pieces += index.num_pieces();
-    ranks.push_back(std::move(index));
-  }
-  // First pass: which names are each rank's own whole tensor (declared
-  // with other dtypes or shapes, whole wherever held).
-  struct Declared {
-    const LayoutTensor* first = nullptr;
-    bool differs = false;
-    bool whole = true;
-    int64_t id = -1;  // in the builder, once declared
-  };
-  std::unordered_map<std::string_view, Declared> declared;
-  declared.reserve(ranks[0].tensors().size());
-  for (const LayoutIndex& index : ranks)
-    for (const LayoutTensor& t : index.tensors()) {
-      Declared& d = declared[t.name];
-      if (d.first == nullptr) {
-        d.first = &t;
-      } else if (d.first->dtype != t.dtype || d.first->ndim != t.ndim ||
-                 !std::equal(t.global_shape.begin(),
-                             t.global_shape.begin() + t.ndim,
-                             d.first->global_shape.begin())) {
-        d.differs = true;
-      }
-      if (d.whole && !AllWhole(index, t)) d.whole = false;
-    }
-  LayoutIndexBuilder b(world_size);
-  b.Reserve(declared.size(), pieces);
-  for (uint32_t r = 0; r < world_size; ++r) {
-    const LayoutIndex& index = ranks[r];
-    for (const LayoutTensor& t : index.tensors()) {
-      Declared& d = declared[t.name];
-      if (d.differs && d.whole) continue;  // a per-rank state: left out
-      const std::string field =
-          absl::StrFormat("rank %d: tensor %s", r, QuotePrefix(t.name));
-      if (d.id < 0 || d.differs) {
-        // Declared differently and not whole: refused here, naming it.
+    if (r == 0)
+      b.Reserve(index.tensors().size(), index.num_pieces() * world_size);
+    const auto& tensors = index.tensors();
+    if (last.size() < tensors.size()) last.resize(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const LayoutTensor& t = tensors[i];
+      if (left_out != nullptr && left_out->count(t.name)) continue;
+      auto where = [&] {
+        return absl::StrFormat("rank %d: tensor %s", r, QuotePrefix(t.name));
+      };
+      Declared& d = last[i];
+      if (d.name != t.name || d.dtype != t.dtype || d.ndim != t.ndim ||
+          d.shape != t.global_shape) {
         absl::StatusOr<uint32_t> id = b.AddTensor(
             t.name, t.dtype,
             std::span<const uint64_t>(t.global_shape.data(), t.ndim));
-        if (!id.ok()) return Refused(field, std::string(id.status().message()));
-        d.id = *id;
+        if (!id.ok()) {
+          // The blobs parsed: only a second declaration fails here.
+          *conflict = true;
+          return Refused(where(), std::string(id.status().message()));
+        }
+        d = Declared{t.name, t.dtype, t.ndim, t.global_shape, *id};
       }
       for (uint64_t p = t.first_piece; p < t.first_piece + t.num_pieces; ++p) {
         const uint64_t* c = index.piece_coords(p);
-        CKPT_RETURN_IF_ERROR(b.AddPiece(
-            static_cast<uint32_t>(d.id), r, index.piece_data_offset(p),
-            std::span<const uint64_t>(c, t.ndim),
-            std::span<const uint64_t>(c + t.ndim, t.ndim), field));
+        if (absl::Status s =
+                b.AddPiece(d.id, r, index.piece_data_offset(p),
+                           std::span<const uint64_t>(c, t.ndim),
+                           std::span<const uint64_t>(c + t.ndim, t.ndim));
+            !s.ok())
+          return Refused(where(), std::string(s.message()));
       }
     }
   }
   return std::move(b).Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<LayoutIndex> MergeRankLayoutIndexes(
+    std::span<const std::string_view> blobs) {
+  const uint32_t world_size = static_cast<uint32_t>(blobs.size());
+  if (world_size == 0) return Refused("blobs", "none (world_size 0)");
+  bool conflict = false;
+  absl::StatusOr<LayoutIndex> merged = MergePass(blobs, nullptr, &conflict);
+  if (merged.ok() || !conflict) return merged;
+  // A name declared two ways: each rank's own whole tensor (a skeleton, an
+  // RNG state) is left out, found by a first pass over the declarations.
+  struct Seen {
+    DType dtype;
+    uint32_t ndim;
+    std::array<uint64_t, kMaxTensorDims> shape;
+    bool differs = false;
+    bool whole = true;
+  };
+  std::unordered_map<std::string, Seen> seen;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    CKPT_ASSIGN_OR_RETURN(
+        LayoutIndex index,
+        ParseRankLayoutIndex(blobs[r], r, world_size,
+                             absl::StrFormat("rank %d: layout_index", r)));
+    for (const LayoutTensor& t : index.tensors()) {
+      auto [it, first] =
+          seen.try_emplace(t.name, Seen{t.dtype, t.ndim, t.global_shape});
+      Seen& s = it->second;
+      if (!first &&
+          (s.dtype != t.dtype || s.ndim != t.ndim || s.shape != t.global_shape))
+        s.differs = true;
+      if (s.whole && !AllWhole(index, t)) s.whole = false;
+    }
+  }
+  std::unordered_set<std::string> left_out;
+  for (const auto& [name, s] : seen)
+    if (s.differs && s.whole) left_out.insert(name);
+  if (left_out.empty()) return merged;  // a sharded tensor declared two ways
+  return MergePass(blobs, &left_out, &conflict);
 }
 
 }  // namespace ckpt::storage

@@ -184,7 +184,8 @@ class Coordinator {
   // Answered from the kept manifests (the newest kKeptManifests committed
   // steps of the job, in memory), else read from the shared root without
   // the state mutex and checked against the commit's content digest.
-  // NOT_FOUND: not committed, or committed without an index.
+  // NOT_FOUND: not committed, or committed without an index. A node that
+  // names the commit's content digest it holds is answered `unchanged`.
   [[nodiscard]] absl::StatusOr<v1::StepIndexResponse> StepIndex(
       const v1::StepIndexRequest& req);
   // The largest job (RegisterJob's world_size), and so the most reports one

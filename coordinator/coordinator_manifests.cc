@@ -326,6 +326,18 @@ absl::StatusOr<v1::StepIndexResponse> Coordinator::StepIndex(
     if (std::find(done.begin(), done.end(), req.step()) == done.end())
       return absl::NotFoundError(absl::StrCat("step: ", req.step(), " of job '",
                                               req.job(), "' is not committed"));
+    auto stamp = rec.manifest_stamps().find(req.step());
+    if (stamp != rec.manifest_stamps().end() &&
+        stamp->second.has_content_digest()) {
+      content_digest = stamp->second.content_digest();
+      resp.set_content_digest(content_digest);
+      // The node holds this write's index already (it was answered it, so
+      // the step has one): nothing to move.
+      if (req.known_content_digest() == content_digest) {
+        resp.set_unchanged(true);
+        return resp;
+      }
+    }
     if (const storage::v1::GlobalManifest* kept =
             KnownManifestLocked(req.job(), req.step());
         kept && CheckStampLocked(rec, *kept).ok()) {
@@ -337,13 +349,10 @@ absl::StatusOr<v1::StepIndexResponse> Coordinator::StepIndex(
       resp.set_world_size(kept->world_size());
       return resp;
     }
-    auto stamp = rec.manifest_stamps().find(req.step());
-    if (stamp == rec.manifest_stamps().end() ||
-        !stamp->second.has_content_digest())
+    if (content_digest == 0)
       return absl::NotFoundError(absl::StrCat(
           "step: ", req.step(), " of job '", req.job(),
           "' was committed before manifests carried a layout index"));
-    content_digest = stamp->second.content_digest();
   }
   // Not kept: read from the shared root without the state mutex, and
   // answered only when it is the committed write.

@@ -67,12 +67,14 @@ class StepIndexTest : public TwoNodeTest {
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? resp->results(0) : v1::ReportResult();
   }
-  absl::StatusOr<v1::StepIndexResponse> StepIndex(uint64_t step) {
+  absl::StatusOr<v1::StepIndexResponse> StepIndex(uint64_t step,
+                                                  uint64_t known = 0) {
     v1::StepIndexRequest req;
     req.set_node_id("n1");
     req.set_epoch(e1_);
     req.set_job("job");
     req.set_step(step);
+    req.set_known_content_digest(known);
     return coord_->StepIndex(req);
   }
   // What ckptd merges from the two nodes' manifests (each node's index
@@ -112,6 +114,17 @@ TEST_F(StepIndexTest, CommitMergesTheRanksPiecesIntoTheGlobalManifest) {
   ASSERT_TRUE(answer.ok()) << answer.status();
   EXPECT_EQ(answer->index(), expected);
   EXPECT_EQ(answer->world_size(), 4u);
+  EXPECT_FALSE(answer->unchanged());
+  // A node holding this write's index is answered without it.
+  ASSERT_NE(answer->content_digest(), 0u);
+  auto again = StepIndex(5, answer->content_digest());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->unchanged());
+  EXPECT_TRUE(again->index().empty());
+  again = StepIndex(5, answer->content_digest() + 1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->unchanged());
+  EXPECT_EQ(again->index(), expected);
   // A step not committed has none to answer.
   ReportAll(6, v1::STAGED);
   auto none = StepIndex(6);

@@ -7,6 +7,10 @@
 // next to the index's size, counted by this binary's operator new.
 // --threads: tensors are planned in ranges on that many threads (default
 // 1: on a shared machine a second thread waits for a core).
+// It also times the coordinator's commit-time merge: one index blob per
+// saved rank (what each rank's DURABLE report carries) merged into the
+// step's index, checked equal to it byte for byte, next to one validating
+// parse of that index.
 // --smoke: a small layout, for ctest; --json: one JSON object on stdout.
 #include <malloc.h>
 
@@ -25,6 +29,7 @@
 #include "CLI/CLI.hpp"
 #include "storage/layout.h"
 #include "storage/layout_format.h"
+#include "storage/layout_merge.h"
 #include "storage/reshard_plan.h"
 #include "util/program.h"
 
@@ -105,9 +110,11 @@ double Now() {
 
 // Tensor t: rows = unit * (1 + t % 4) with unit divisible by both world
 // sizes, cols 64 * (1 + t % 8), bfloat16; rank r holds rows [r * n, (r+1) * n).
-LayoutIndex RowSharded(uint32_t world, uint32_t tensors, uint64_t unit) {
+// only_rank >= 0: that rank's pieces only (its report's index).
+LayoutIndex RowSharded(uint32_t world, uint32_t tensors, uint64_t unit,
+                       int64_t only_rank = -1) {
   LayoutIndexBuilder b(world);
-  b.Reserve(tensors, uint64_t{world} * tensors);
+  b.Reserve(tensors, uint64_t{only_rank < 0 ? world : 1} * tensors);
   std::vector<uint64_t> shapes;
   for (uint32_t t = 0; t < tensors; ++t) {
     const uint64_t shape[2] = {unit * (1 + t % 4), 64u * (1 + t % 8)};
@@ -116,6 +123,7 @@ LayoutIndex RowSharded(uint32_t world, uint32_t tensors, uint64_t unit) {
     if (!b.AddTensor(name, DType::kBFloat16, shape).ok()) Die("AddTensor");
   }
   for (uint32_t r = 0; r < world; ++r) {
+    if (only_rank >= 0 && r != only_rank) continue;
     uint64_t data = 0;
     for (uint32_t t = 0; t < tensors; ++t) {
       const uint64_t rows = unit * (1 + t % 4) / world,
@@ -185,6 +193,23 @@ int main(int argc, char** argv) {
     bytes = SerializeLayoutIndex(built);
   }
   const double build_s = Now() - t0;
+  double merge_s = 0;
+  uint64_t rank_index_bytes = 0;
+  {
+    std::vector<std::string> blobs(ranks);
+    for (uint32_t r = 0; r < ranks; ++r) {
+      blobs[r] = SerializeLayoutIndex(RowSharded(ranks, tensors, unit, r));
+      rank_index_bytes += blobs[r].size();
+    }
+    const std::vector<std::string_view> views(blobs.begin(), blobs.end());
+    t0 = Now();
+    absl::StatusOr<LayoutIndex> merged = MergeRankLayoutIndexes(views);
+    if (!merged.ok()) Die(std::string(merged.status().message()));
+    const std::string merged_bytes = SerializeLayoutIndex(*merged);
+    merge_s = Now() - t0;
+    if (merged_bytes != bytes)
+      Die("the merge of the ranks' indexes is not the step's index");
+  }
   t0 = Now();
   absl::StatusOr<LayoutIndex> saved = ParseLayoutIndex(bytes);
   const double parse_s = Now() - t0;
@@ -258,11 +283,13 @@ int main(int argc, char** argv) {
         "\"runs\": %u, \"scan_s\": %.4f, "
         "\"plan_over_scan\": %.2f, \"planner_peak_bytes\": %ld, "
         "\"planner_peak_over_index\": %.6f, \"build_serialize_s\": %.3f, "
-        "\"parse_s\": %.3f}\n",
+        "\"parse_s\": %.3f, \"merge_s\": %.3f, \"rank_index_bytes\": %lu, "
+        "\"merge_over_parse\": %.2f}\n",
         ranks, new_ranks, tensors, pieces, requested.num_pieces(), reads,
         bytes.size(), per_piece, memory, median, plan_s.front(), plan_s.back(),
         cpu_median, threads, runs, scan_s, median / scan_s, planner_peak,
-        static_cast<double>(planner_peak) / bytes.size(), build_s, parse_s);
+        static_cast<double>(planner_peak) / bytes.size(), build_s, parse_s,
+        merge_s, rank_index_bytes, merge_s / parse_s);
     return 0;
   }
   std::printf(
@@ -289,5 +316,9 @@ int main(int argc, char** argv) {
       planner_peak, static_cast<double>(planner_peak) / bytes.size());
   std::printf("build + serialize %.3f s, parse (validating) %.3f s\n", build_s,
               parse_s);
+  std::printf(
+      "commit merge: %u rank indexes (%lu bytes in all) merged and "
+      "serialized in %.3f s = %.2f x the validating parse of the result\n",
+      ranks, rank_index_bytes, merge_s, merge_s / parse_s);
   return 0;
 }

@@ -179,6 +179,15 @@ class Coordinator {
   [[nodiscard]] absl::StatusOr<v1::ShardSourcesResponse> ShardSources(
       const v1::ShardSourcesRequest& req);
   static constexpr int kMaxSourceRanks = 4096;
+  // The layout index of a committed step (MANIFEST.global's layout_index),
+  // for a node planning a restore into another layout (node RPC rules).
+  // Answered from the kept manifests (the newest kKeptManifests committed
+  // steps of the job, in memory), else read from the shared root without
+  // the state mutex and checked against the commit's content digest.
+  // NOT_FOUND: not committed, or committed without an index. A node that
+  // names the commit's content digest it holds is answered `unchanged`.
+  [[nodiscard]] absl::StatusOr<v1::StepIndexResponse> StepIndex(
+      const v1::StepIndexRequest& req);
   // The largest job (RegisterJob's world_size), and so the most reports one
   // ReportShards call may carry.
   static constexpr uint32_t kMaxWorldSize = 1 << 16;
@@ -312,6 +321,17 @@ class Coordinator {
     uint64_t step = 0;
     uint64_t generation = 0;
     storage::v1::GlobalManifest manifest;
+    // Every rank's layout index blob (rank order), when every rank sent
+    // one: merged into manifest.layout_index outside the state mutex.
+    std::vector<std::shared_ptr<const std::string>> rank_indexes;
+    // ManifestContentDigest(manifest), taken with the write, outside the
+    // state mutex (the index makes the manifest O(pieces)).
+    uint64_t content_digest = 0;
+  };
+  // A report's layout index, checked before the state mutex is taken.
+  struct RankIndex {
+    std::shared_ptr<const std::string> blob;
+    uint32_t world_size = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<CoordStore> store,
@@ -365,7 +385,7 @@ class Coordinator {
   // durable on every rank.
   [[nodiscard]] absl::Status ApplyReportLocked(
       const std::string& node_id, uint64_t epoch, const v1::ShardReport& r,
-      Batch* batch, v1::ReportResult* result,
+      const RankIndex& index, Batch* batch, v1::ReportResult* result,
       std::vector<PendingCommit>* complete) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the manifests (state mutex released meanwhile), then moves last
   // good.
@@ -377,6 +397,9 @@ class Coordinator {
       std::set<std::pair<std::string, uint64_t>>* done,
       std::set<std::pair<std::string, uint64_t>>* dropped = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges c.rank_indexes into c.manifest's layout_index (none when they
+  // do not merge: logged, the manifest goes without). No lock: O(pieces).
+  void MergeStepIndex(PendingCommit& c) const;
   // Keeps `m` (a committed write) in memory and, when small enough for
   // one state write, in the state (`batch`): the newest kKeptManifests per
   // job.

@@ -2,15 +2,21 @@
 // at Open (an invalid one moves last good back; an unreadable one proves
 // nothing; another write than the committed one is replaced by it), kept
 // in memory and in the state for plans, and audited against a deposed
-// leader's late write.
+// leader's late write; the step's layout index they carry, merged at
+// commit and answered to nodes (StepIndex).
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "storage/keys.h"
+#include "storage/layout_format.h"
+#include "storage/layout_merge.h"
 #include "storage/manifest.h"
 #include "util/checksum.h"
+#include "util/log.h"
 #include "util/status.h"
+#include "util/validate.h"
 
 namespace ckpt::coordinator {
 
@@ -273,6 +279,97 @@ absl::Status Coordinator::AuditManifests() {
     if (first.ok() && !durable.ok()) first = durable;
   }
   return first;
+}
+
+void Coordinator::MergeStepIndex(PendingCommit& c) const {
+  if (c.rank_indexes.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string_view> blobs;
+  blobs.reserve(c.rank_indexes.size());
+  for (const auto& b : c.rank_indexes) blobs.emplace_back(*b);
+  absl::StatusOr<storage::LayoutIndex> merged =
+      storage::MergeRankLayoutIndexes(blobs);
+  c.rank_indexes.clear();  // the blobs stay with the job's records
+  if (!merged.ok()) {
+    LogWarning(absl::StrCat("job ", c.job, " step ", c.step,
+                            ": the ranks' layout indexes do not merge (",
+                            merged.status().message(),
+                            "); MANIFEST.global goes without one"));
+    return;
+  }
+  c.manifest.set_layout_index(storage::SerializeLayoutIndex(*merged));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (seconds > 1.0)
+    LogInfo(absl::StrCat("job ", c.job, " step ", c.step, ": layout index of ",
+                         merged->num_pieces(), " pieces, ",
+                         c.manifest.layout_index().size(), " bytes, merged in ",
+                         seconds, " s"));
+}
+
+absl::StatusOr<v1::StepIndexResponse> Coordinator::StepIndex(
+    const v1::StepIndexRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
+  v1::StepIndexResponse resp;
+  uint64_t content_digest = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    CKPT_RETURN_IF_ERROR(CheckEpochLocked(req.node_id(), req.epoch()));
+    auto job = jobs_.find(req.job());
+    if (job == jobs_.end())
+      return absl::NotFoundError(
+          absl::StrCat("job: unknown job '", req.job(), "'"));
+    const v1::JobRecord& rec = job->second.rec;
+    const auto& done = rec.manifest_steps();
+    if (std::find(done.begin(), done.end(), req.step()) == done.end())
+      return absl::NotFoundError(absl::StrCat("step: ", req.step(), " of job '",
+                                              req.job(), "' is not committed"));
+    auto stamp = rec.manifest_stamps().find(req.step());
+    if (stamp != rec.manifest_stamps().end() &&
+        stamp->second.has_content_digest()) {
+      content_digest = stamp->second.content_digest();
+      resp.set_content_digest(content_digest);
+      // The node holds this write's index already (it was answered it, so
+      // the step has one): nothing to move.
+      if (req.known_content_digest() == content_digest) {
+        resp.set_unchanged(true);
+        return resp;
+      }
+    }
+    if (const storage::v1::GlobalManifest* kept =
+            KnownManifestLocked(req.job(), req.step());
+        kept && CheckStampLocked(rec, *kept).ok()) {
+      if (!kept->has_layout_index())
+        return absl::NotFoundError(
+            absl::StrCat("step: ", req.step(), " of job '", req.job(),
+                         "' was committed without a layout index"));
+      resp.set_index(kept->layout_index());
+      resp.set_world_size(kept->world_size());
+      return resp;
+    }
+    if (content_digest == 0)
+      return absl::NotFoundError(absl::StrCat(
+          "step: ", req.step(), " of job '", req.job(),
+          "' was committed before manifests carried a layout index"));
+  }
+  // Not kept: read from the shared root without the state mutex, and
+  // answered only when it is the committed write.
+  CKPT_ASSIGN_OR_RETURN(
+      storage::v1::GlobalManifest m,
+      storage::ReadGlobalManifest(*shared_, req.job(), req.step()));
+  if (ManifestContentDigest(m) != content_digest)
+    return absl::NotFoundError(
+        absl::StrCat(storage::GlobalManifestKey(req.job(), req.step()),
+                     " is not the committed write of step ", req.step()));
+  if (!m.has_layout_index())
+    return absl::NotFoundError(
+        absl::StrCat("step: ", req.step(), " of job '", req.job(),
+                     "' was committed without a layout index"));
+  resp.set_index(std::move(*m.mutable_layout_index()));
+  resp.set_world_size(m.world_size());
+  return resp;
 }
 
 }  // namespace ckpt::coordinator

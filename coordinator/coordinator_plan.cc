@@ -437,6 +437,19 @@ bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step,
     s->set_checksum_digest(storage::DigestHex(rec.checksum_digest()));
     s->set_node_id(rec.node_id());
   }
+  // Merged when every rank sent its pieces (the manifest lists them all).
+  if (auto idx = job.rank_indexes.find(step);
+      idx != job.rank_indexes.end() &&
+      idx->second.size() == static_cast<size_t>(m.shards_size())) {
+    for (const auto& s : m.shards()) {
+      auto blob = idx->second.find(s.rank());
+      if (blob == idx->second.end()) {
+        c.rank_indexes.clear();
+        break;
+      }
+      c.rank_indexes.push_back(blob->second);
+    }
+  }
   out->push_back(std::move(c));
   return true;
 }
@@ -475,7 +488,7 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   v1::ManifestStamp& stamp = (*job.rec.mutable_manifest_stamps())[c.step];
   stamp.set_generation(c.manifest.generation());
   stamp.set_fence(c.manifest.fence());
-  stamp.set_content_digest(ManifestContentDigest(c.manifest));
+  stamp.set_content_digest(c.content_digest);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
     RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);

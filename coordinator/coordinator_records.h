@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -68,6 +69,10 @@ struct JobState {
   v1::JobRecord rec;
   std::map<uint64_t, std::map<uint32_t, v1::ShardRecord>> steps;  // soft
   std::map<uint64_t, uint32_t> durable_ranks;  // per step, of `steps`
+  // Soft, of `steps`: per step and rank, the layout index blob of the
+  // rank's DURABLE report (ShardReport.layout_index), merged at commit.
+  std::map<uint64_t, std::map<uint32_t, std::shared_ptr<const std::string>>>
+      rank_indexes;
   // Verified replicas (soft): step -> rank -> holder -> its
   // REPLICATED record (node_id and epoch: the holder's). A holder keeps
   // the two newest replicated steps of each rank, and so do these.

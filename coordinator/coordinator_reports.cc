@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/save_digest.h"
+#include "storage/layout_format.h"
+#include "storage/layout_merge.h"
 #include "storage/manifest.h"
 #include "util/status.h"
 #include "util/validate.h"
@@ -66,6 +68,9 @@ absl::Status ValidateShardKey(const std::string& key) {
   // it is kept.
   if (r.state() == v1::DURABLE || !r.key().empty())
     CKPT_RETURN_IF_ERROR(ValidateShardKey(r.key()));
+  if (r.has_layout_index() && r.state() != v1::DURABLE)
+    return absl::InvalidArgumentError(
+        "layout_index: set on a report that is not DURABLE");
   if (r.trainer_age_ms() > kMaxTrainerAgeMs)
     return absl::InvalidArgumentError(
         absl::StrCat("trainer_age_ms: ", r.trainer_age_ms(), " is more than ",
@@ -149,7 +154,7 @@ bool Coordinator::RestoredSaveLocked(const JobState& job,
 
 absl::Status Coordinator::ApplyReportLocked(
     const std::string& node_id, uint64_t epoch, const v1::ShardReport& req,
-    Batch* batch, v1::ReportResult* result,
+    const RankIndex& index, Batch* batch, v1::ReportResult* result,
     std::vector<PendingCommit>* complete) {
   CKPT_RETURN_IF_ERROR(ValidateReport(req));
   if (req.state() == v1::REPLICATED)
@@ -251,7 +256,20 @@ absl::Status Coordinator::ApplyReportLocked(
   JobState& j = *job;
   options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();
+  const bool durable = rec.state() == v1::DURABLE;
   PutShardLocked(j, std::move(rec));
+  // A DURABLE report brings the rank's index, its pieces checked
+  // (ReportShards), or none (an older agent); a save not durable (again)
+  // has none yet. An index of another world size than the job's (a save
+  // of a timeline that resized since) is no part of the manifest the
+  // job's world size names: not kept, as if the report had none (the
+  // step then commits without an index).
+  if (durable && req.state() == v1::DURABLE && index.blob &&
+      index.world_size == j.rec.world_size())
+    j.rank_indexes[req.step()][req.rank()] = index.blob;
+  else if (!durable || req.state() == v1::DURABLE)
+    if (auto st = j.rank_indexes.find(req.step()); st != j.rank_indexes.end())
+      st->second.erase(req.rank());
   TrimStepsLocked(j);
   if (req.has_owner_uid() &&
       (!j.rec.has_owner_uid() || j.rec.owner_uid() != req.owner_uid())) {
@@ -281,7 +299,7 @@ absl::Status Coordinator::CommitSteps(
     // and heartbeats of other nodes go on meanwhile.
     mu_.Unlock();
     std::vector<absl::Status> written;
-    for (const PendingCommit& c : steps) {
+    for (PendingCommit& c : steps) {
       // A deposed leader that knows it is deposed writes nothing. One that
       // does not know yet may still write: its commit (a fenced Txn) then
       // fails, nothing refers to its write, and AuditManifests of the new
@@ -293,6 +311,8 @@ absl::Status Coordinator::CommitSteps(
             options_.fence, " is no longer the leader's)")));
         continue;
       }
+      MergeStepIndex(c);
+      c.content_digest = ManifestContentDigest(c.manifest);
       written.push_back(storage::WriteGlobalManifest(*shared_, c.manifest));
     }
     mu_.Lock();
@@ -385,6 +405,22 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
     return absl::InvalidArgumentError(
         absl::StrCat("reports: ", req.reports_size(),
                      " in one call, more than ", kMaxWorldSize));
+  // The layout indexes are checked before the state mutex is taken: a
+  // rank's pieces are O(its tensors) to parse.
+  std::vector<RankIndex> indexes(req.reports_size());
+  std::vector<absl::Status> index_checks(req.reports_size());
+  for (int i = 0; i < req.reports_size(); ++i) {
+    const v1::ShardReport& r = req.reports(i);
+    if (!r.has_layout_index()) continue;
+    absl::StatusOr<storage::LayoutIndex> parsed = storage::ParseRankLayoutIndex(
+        r.layout_index(), r.rank(), /*world_size=*/0, "layout_index");
+    if (!parsed.ok()) {
+      index_checks[i] = parsed.status();
+      continue;
+    }
+    indexes[i].world_size = parsed->world_size();
+    indexes[i].blob = std::make_shared<const std::string>(r.layout_index());
+  }
   Txn txn(this);
   Batch& batch = *txn.batch();
   absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
@@ -394,8 +430,10 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
   std::vector<PendingCommit> complete;
   for (int i = 0; i < req.reports_size(); ++i) {
     v1::ReportResult* result = resp.add_results();
-    absl::Status rs = ApplyReportLocked(
-        req.node_id(), req.epoch(), req.reports(i), &batch, result, &complete);
+    absl::Status rs = index_checks[i];
+    if (rs.ok())
+      rs = ApplyReportLocked(req.node_id(), req.epoch(), req.reports(i),
+                             indexes[i], &batch, result, &complete);
     if (!rs.ok()) {
       result->Clear();
       result->set_code(static_cast<int32_t>(rs.code()));

@@ -39,6 +39,7 @@ void Coordinator::EraseStepLocked(JobState& job, uint64_t step) {
   job.steps.erase(step);
   job.durable_ranks.erase(step);
   job.replicas.erase(step);
+  job.rank_indexes.erase(step);
 }
 
 void Coordinator::OrdersGoneLocked(const std::vector<v1::Order>& gone) {

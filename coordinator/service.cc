@@ -115,6 +115,7 @@ class Service final : public rpc::RpcService {
     AddUnary("CheckHealth", this, &Service::CheckHealth);
     AddUnary("ReportNodeCheck", this, &Service::ReportNodeCheck);
     AddUnary("ShardSources", this, &Service::ShardSources);
+    AddUnary("StepIndex", this, &Service::StepIndex);
   }
   ~Service() override { StopQueues(); }
 
@@ -184,6 +185,12 @@ class Service final : public rpc::RpcService {
     Admission a(this);
     if (!a.ok()) return a.Refusal();
     return Answer(c_->ShardSources(*req), resp);
+  }
+  grpc::Status StepIndex(grpc::ServerContext*, const v1::StepIndexRequest* req,
+                         v1::StepIndexResponse* resp) {
+    Admission a(this);
+    if (!a.ok()) return a.Refusal();
+    return Answer(c_->StepIndex(*req), resp);
   }
   grpc::Status ReportTrainerExit(grpc::ServerContext*,
                                  const v1::ReportTrainerExitRequest* req,
@@ -437,6 +444,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
                               2);
   builder.SetSyncServerOption(
       grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  // A node's batch of reports carries each rank's layout index (at most
+  // 16 MiB each; the agent caps a batch's bytes below this).
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.AddListeningPort(listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->watch_.get());

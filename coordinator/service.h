@@ -68,6 +68,12 @@ struct ServerLimits {
 // together. The node agent honours it.
 inline constexpr char kRetryAfterMetadataKey[] = "ckpt-retry-after-ms";
 
+// The largest request the server takes: a node's ReportShards batch
+// carries each rank's layout index; its agent keeps a batch's reports
+// under kMaxReportBatchBytes.
+inline constexpr int kMaxRequestBytes = 64 << 20;
+inline constexpr int kMaxReportBatchBytes = 32 << 20;
+
 struct ServerSecurity {
   TlsFiles tls;  // no files: plaintext
   std::vector<std::string> admin_identities{"ckpt-admin"};

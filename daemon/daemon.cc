@@ -257,6 +257,10 @@ void Daemon::MakeNodeSide() {
       [a = agent_.get()](const std::string& job, uint64_t step, uint32_t rank) {
         return a->FetchSavedRankFromPeers(job, step, rank);
       };
+  opts_.engine.step_index = [a = agent_.get()](const std::string& job,
+                                               uint64_t step) {
+    return a->StepIndex(job, step);
+  };
 }
 
 absl::Status Daemon::OpenEngine() {

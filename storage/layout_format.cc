@@ -144,50 +144,57 @@ absl::StatusOr<LayoutIndex> ParseLayoutIndex(std::string_view bytes) {
   idx.tensors_.reserve(count);
   uint64_t first = 0;
   for (uint64_t ti = 0; ti < count; ++ti) {
-    std::string what = absl::StrFormat("tensors[%d]", ti);
-    auto field = [&](std::string_view f) {
-      return absl::StrCat(what, ".", AV(f));
+    // Field names are built only for an error: a step's index has a tensor
+    // entry per tensor, a merge parses one per tensor per rank.
+    std::string_view name;
+    bool named = false;  // errors name the tensor once its name is valid
+    auto what = [&] {
+      return named ? absl::StrFormat("tensors[%d] %s", ti, QuotePrefix(name))
+                   : absl::StrFormat("tensors[%d]", ti);
+    };
+    auto fail = [&](std::string_view f, std::string_view why) {
+      return Reader::Error(absl::StrCat(what(), ".", AV(f)), why);
     };
     uint64_t len, v;
-    std::string_view name;
-    if (absl::Status s = r.Varint(field("name_len"), &len); !s.ok()) return s;
-    if (absl::Status s = r.Bytes(field("name"), len, &name); !s.ok()) return s;
-    if (absl::Status s = ValidateTensorName(name, field("name")); !s.ok())
+    if (const char* why = r.Next(&len)) return fail("name_len", why);
+    if (len > r.left()) return fail("name", "truncated");
+    if (absl::Status s = r.Bytes("name", len, &name); !s.ok()) return s;
+    if (!ValidateTensorName(name, "name").ok()) {
+      const absl::Status s =
+          ValidateTensorName(name, absl::StrCat(what(), ".name"));
       return absl::DataLossError(absl::StrCat("layout index: ", s.message()));
+    }
     if (!idx.tensors_.empty() && !(idx.tensors_.back().name < name))
-      return Reader::Error(field("name"), "not after the previous name");
-    what = absl::StrCat("tensors[", ti, "] ", QuotePrefix(name));
+      return fail("name", "not after the previous name");
+    named = true;
     LayoutTensor t;
     t.name = std::string(name);
-    if (absl::Status s = r.Varint(field("dtype"), &v); !s.ok()) return s;
+    if (const char* why = r.Next(&v)) return fail("dtype", why);
     if (v > UINT32_MAX || !IsValidDType(static_cast<uint32_t>(v)))
-      return Reader::Error(field("dtype"), absl::StrCat(v, " is not a dtype"));
+      return fail("dtype", absl::StrCat(v, " is not a dtype"));
     t.dtype = static_cast<DType>(v);
-    if (absl::Status s = r.Varint(field("ndim"), &v); !s.ok()) return s;
+    if (const char* why = r.Next(&v)) return fail("ndim", why);
     if (v > kMaxTensorDims)
-      return Reader::Error(
-          field("ndim"), absl::StrFormat("%d, at most %d", v, kMaxTensorDims));
+      return fail("ndim", absl::StrFormat("%d, at most %d", v, kMaxTensorDims));
     t.ndim = v;
     uint64_t elems = DTypeSize(t.dtype);
     for (uint32_t d = 0; d < t.ndim; ++d) {
-      const std::string f = field(absl::StrCat("global_shape[", d, "]"));
-      if (absl::Status s = r.Varint(f, &t.global_shape[d]); !s.ok()) return s;
+      auto f = [d] { return absl::StrCat("global_shape[", d, "]"); };
+      if (const char* why = r.Next(&t.global_shape[d])) return fail(f(), why);
       const uint64_t g = t.global_shape[d];
       if (g != 0 && elems > UINT64_MAX / g)
-        return Reader::Error(f, "bytes overflow 64 bits");
+        return fail(f(), "bytes overflow 64 bits");
       elems *= g;
     }
-    if (absl::Status s = r.Varint(field("split_dim"), &v); !s.ok()) return s;
+    if (const char* why = r.Next(&v)) return fail("split_dim", why);
     if (v >= std::max<uint32_t>(t.ndim, 1))
-      return Reader::Error(
-          field("split_dim"),
-          absl::StrFormat("%d, tensor has %d dims", v, t.ndim));
+      return fail("split_dim",
+                  absl::StrFormat("%d, tensor has %d dims", v, t.ndim));
     t.split_dim = v;
-    if (absl::Status s = r.Varint(field("piece_count"), &v); !s.ok()) return s;
+    if (const char* why = r.Next(&v)) return fail("piece_count", why);
     if (v > r.left() / (2 + 2 * t.ndim))
-      return Reader::Error(
-          field("piece_count"),
-          absl::StrFormat("%d, more than the bytes left hold", v));
+      return fail("piece_count",
+                  absl::StrFormat("%d, more than the bytes left hold", v));
     t.first_piece = first;
     t.num_pieces = v;
     t.coord_base = idx.coords_.size();
@@ -202,7 +209,8 @@ absl::StatusOr<LayoutIndex> ParseLayoutIndex(std::string_view bytes) {
     // Field names are built only for an error: this loop runs per piece.
     auto piece_error = [&](uint64_t pi, const std::string& f,
                            std::string_view why) {
-      return Reader::Error(absl::StrFormat("%s piece %d.%s", what, pi, f), why);
+      return Reader::Error(absl::StrFormat("%s piece %d.%s", what(), pi, f),
+                           why);
     };
     auto coord_name = [&](uint32_t k) {
       return k < t.ndim ? absl::StrCat("offsets[", k, "]")

@@ -194,6 +194,14 @@ absl::StatusOr<v1::GlobalManifest> DecodeGlobalManifest(std::string_view json,
                               QuotePrefix(s.checksum_digest()),
                               " is not 16 hex digits"));
   }
+  if (m.has_layout_index()) {
+    absl::StatusOr<LayoutIndex> index = ParseLayoutIndex(m.layout_index());
+    if (!index.ok())
+      return bad(absl::StrCat("layout_index: ", index.status().message()));
+    if (index->world_size() != m.world_size())
+      return bad(absl::StrCat("layout_index: world_size ", index->world_size(),
+                              ", the manifest's is ", m.world_size()));
+  }
   return m;
 }
 

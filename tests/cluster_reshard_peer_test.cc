@@ -5,19 +5,29 @@
 // tensor and a whole one; a and b keep replicas of each other's shards.
 // Three ranks on spare c, which holds nothing of the job, restore their
 // pieces: c's ckptd fetches every saved rank from its owner's slot,
-// verified, bit-exact against the global tensors. Once rank 0's node is
+// verified, bit-exact against the global tensors; the step's layout index
+// comes from the coordinator (MANIFEST.global's, the merge of the ranks'
+// pieces: equal, bit for bit, to the merge of a's and b's node
+// manifests), c reading no node manifest. Once rank 0's node is
 // killed, three ranks on spare d restore the next step: its ranks from
 // their replicas on the other node. Once both are killed, the restore on
-// c of a step it never read is NotFound naming each peer tried.
+// c of a step it never read is refused naming each peer tried.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ckpt.grpc.pb.h"
 #include "ckpt/client.h"
+#include "storage/backend.h"
+#include "storage/keys.h"
+#include "storage/layout.h"
+#include "storage/layout_format.h"
+#include "storage/manifest.h"
 #include "tests/cluster_fixture.h"
 #include "tests/cluster_harness.h"
 #include "tests/test_util.h"
@@ -86,10 +96,13 @@ class ReshardFromPeersTest : public ClusterTest {
     o.nproc_per_node = 2;
     o.launcher = false;
     o.separate_roots = true;
-    // Longer than the test: a killed node still counts as alive, so no
-    // plan moves its ranks (to c) meanwhile, and the coordinator still
-    // names its owner's slot first: the restore tries it and falls back.
-    o.heartbeat_timeout_ms = 60000;
+    // Longer than the test's part after a kill (well under a second): a
+    // killed node still counts as alive, so no plan moves its ranks (to c)
+    // meanwhile, and the coordinator still names its owner's slot first:
+    // the restore tries it and falls back. Short enough that a and b learn
+    // that they host the job's ranks within a heartbeat (3 s), and so
+    // write their node manifests of step 1.
+    o.heartbeat_timeout_ms = 15000;
     const std::vector<int> ports = FreeLoopbackPorts(4);
     auto at = [&](const char* id, int i) {
       return std::string(id) + "@127.0.0.1:" + std::to_string(ports[i]);
@@ -152,6 +165,70 @@ class ReshardFromPeersTest : public ClusterTest {
         },
         seconds(60)))
         << "step " << step << " never replicated on every rank";
+    // And committed: the coordinator holds its layout index.
+    ASSERT_TRUE(Cluster::WaitUntil(
+        [&] {
+          auto j = cluster_->Job();
+          return j && j->has_last_good() &&
+                 j->last_good_step() >= static_cast<uint64_t>(step);
+        },
+        seconds(60)))
+        << "step " << step << " never committed";
+  }
+
+  // A manifest under `root` (a directory), decoded and validated.
+  template <typename Read>
+  static auto ReadUnder(const std::string& root, Read read) {
+    storage::LocalBackendOptions bo;
+    bo.root = root;
+    bo.remove_tmp_files = false;
+    auto backend = storage::NewLocalBackend(bo);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return read(**backend);
+  }
+
+  // MANIFEST.global's layout index of `step`, after checking that it is
+  // the merge of the saving nodes' manifests' indexes, bit for bit.
+  std::string GlobalIndexIsTheNodeManifestsMerged(int step) {
+    auto global = ReadUnder(cluster_->shared_root(), [&](auto& b) {
+      return storage::ReadGlobalManifest(b, "job", step);
+    });
+    EXPECT_TRUE(global.ok()) << global.status();
+    if (!global.ok()) return "";
+    EXPECT_TRUE(global->has_layout_index()) << "MANIFEST.global of " << step;
+    storage::LayoutIndexBuilder merged(kSaved);
+    for (const std::string node : {"a", "b"}) {
+      const std::string root = dir_.path() + "/node-" + node + "/stored";
+      // Written once the node's ranks are durable: it may follow the
+      // reports that committed the step.
+      EXPECT_TRUE(Cluster::WaitUntil(
+          [&] {
+            return std::filesystem::exists(
+                root + "/" + storage::ManifestKey("job", step, node));
+          },
+          seconds(60)))
+          << "no MANIFEST." << node << " of step " << step;
+      auto m = ReadUnder(root, [&](auto& b) {
+        return storage::ReadNodeManifest(
+            b, storage::ManifestKey("job", step, node));
+      });
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (!m.ok()) return "";
+      auto index = storage::ParseLayoutIndex(m->layout_index());
+      EXPECT_TRUE(index.ok()) << index.status();
+      if (!index.ok()) return "";
+      for (const auto& s : m->shards()) {
+        absl::Status added =
+            storage::AddIndexPieces(merged, *index, s.rank(), node);
+        EXPECT_TRUE(added.ok()) << added;
+      }
+    }
+    auto all = std::move(merged).Finish();
+    EXPECT_TRUE(all.ok()) << all.status();
+    if (!all.ok()) return "";
+    EXPECT_EQ(global->layout_index(), storage::SerializeLayoutIndex(*all))
+        << "MANIFEST.global's index is not the node manifests' merged";
+    return global->layout_index();
   }
 
   // Rank r of 3 on `node` restores `step`: the status, its buffers.
@@ -203,11 +280,31 @@ TEST_F(ReshardFromPeersTest, SavedAt4OnTwoNodesRestoredAt3FromTheirMemory) {
   // c restores step 1 from the owners' slots.
   SaveStep(1);
   ASSERT_FALSE(HasFatalFailure());
+  const std::string global_index = GlobalIndexIsTheNodeManifestsMerged(1);
   ExpectRestoredAt3("c", 1, "owners alive");
   for (int r = 0; r < kSaved; ++r)
     EXPECT_TRUE(Took("c", 1, r, "owner's slot on " + node_of_[r]))
         << "saved rank " << r << "\n"
         << DaemonLog("c");
+  // The index was the coordinator's: c's ckptd answers it as such.
+  EXPECT_NE(DaemonLog("c").find("layout index of job 'job' step 1: the "
+                                "coordinator's (8 pieces of 4 saved ranks)"),
+            std::string::npos)
+      << DaemonLog("c");
+  {
+    auto stub = v1::Ckptd::NewStub(grpc::CreateChannel(
+        "unix:" + cluster_->Socket("c"), grpc::InsecureChannelCredentials()));
+    v1::LayoutIndexRequest req;
+    req.set_job("job");
+    req.set_step(1);
+    v1::LayoutIndexResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub->LayoutIndex(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(resp.from_coordinator());
+    EXPECT_EQ(resp.index(), global_index);
+    EXPECT_EQ(resp.world_size(), static_cast<uint32_t>(kSaved));
+  }
 
   // The node of rank 0 is killed with its memory: d restores step 2, its
   // ranks from their replicas on the other node, the others from their
@@ -225,13 +322,19 @@ TEST_F(ReshardFromPeersTest, SavedAt4OnTwoNodesRestoredAt3FromTheirMemory) {
         << "saved rank " << r << "\n"
         << DaemonLog("d");
 
-  // Every holder gone: step 2 on c, which never read it, is NotFound,
-  // naming the peers tried, and the tensors are untouched.
+  // Every holder gone: step 2 on c, which never read it, is refused before
+  // any byte moves (the coordinator's index names the saved ranks, none of
+  // which c can load), naming the peers tried, and the tensors are
+  // untouched.
   cluster_->KillNode(other);
   RankState s;
   absl::Status st = RestoreOn("c", 2, 0, &s);
-  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
-  EXPECT_NE(st.message().find("from peers' memory"), std::string::npos) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("saved rank 0 holds pieces asked for, is not "
+                              "on this node, and this node's ckptd could "
+                              "not load it"),
+            std::string::npos)
+      << st;
   EXPECT_NE(st.message().find("owner's slot on " + lost + " (127.0.0.1:"),
             std::string::npos)
       << st;

@@ -153,6 +153,14 @@ class NodeAgent {
 
   // Queues a report; the engine's on_shard callback.
   void Report(const ShardReport& report);
+  // The coordinator's layout index of a committed step (StepIndex), with
+  // a short deadline (kStepIndexTimeout). The last one answered is kept:
+  // a node's restoring ranks ask one after another (single flight), and
+  // after the first the coordinator only confirms the commit's content
+  // digest, so a node moves a step's index once. A restore falls back to the
+  // node manifests when there is none, or no coordinator to ask.
+  absl::StatusOr<std::string> StepIndex(const std::string& job, uint64_t step);
+  static constexpr std::chrono::milliseconds kStepIndexTimeout{1000};
   // Queues the report that a restore fell back and returns at once: it
   // never waits on the coordinator (nor on a lock held across a call). The
   // report thread sends it under the node's epoch at that time (a
@@ -293,6 +301,15 @@ class NodeAgent {
   std::atomic<uint64_t> reports_resent_{0};
   std::atomic<uint64_t> reports_dropped_{0};
   std::atomic<uint64_t> reports_refused_{0};
+  // StepIndex's kept answer; held across the call (single flight).
+  struct KeptStepIndex {
+    std::string job;
+    uint64_t step = 0;
+    uint64_t content_digest = 0;
+    std::string index;
+  };
+  absl::Mutex step_index_mu_;
+  KeptStepIndex step_index_ ABSL_GUARDED_BY(step_index_mu_);
   mutable absl::Mutex refusal_mu_;  // a leaf
   std::string last_refusal_ ABSL_GUARDED_BY(refusal_mu_);
   struct QueuedFallback {

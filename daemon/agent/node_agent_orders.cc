@@ -228,6 +228,38 @@ absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
                             : std::nullopt);
 }
 
+absl::StatusOr<std::string> NodeAgent::StepIndex(const std::string& job,
+                                                 uint64_t step) {
+  const uint64_t epoch = epoch_.load();
+  if (epoch == 0)
+    return absl::UnavailableError(
+        "coordinator: this node is not registered (yet)");
+  absl::MutexLock lock(&step_index_mu_);
+  KeptStepIndex& kept = step_index_;
+  const bool have = kept.job == job && kept.step == step;
+  cv1::StepIndexRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_epoch(epoch);
+  req.set_job(job);
+  req.set_step(step);
+  if (have) req.set_known_content_digest(kept.content_digest);
+  cv1::StepIndexResponse resp;
+  grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::StepIndex, req, &resp,
+                                kStepIndexTimeout);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("coordinator: ", s.error_message()));
+  if (resp.unchanged()) {
+    if (!have || resp.content_digest() != kept.content_digest)
+      return absl::DataLossError(
+          "coordinator: StepIndex answered unchanged for an index this node "
+          "does not hold");
+    return kept.index;
+  }
+  kept = KeptStepIndex{job, step, resp.content_digest(), resp.index()};
+  return std::move(*resp.mutable_index());
+}
+
 void NodeAgent::ApplyLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {

@@ -8,12 +8,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ckpt.pb.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
 #include "daemon/agent/node_agent.h"
 #include "daemon/agent/node_agent_rpc.h"
 #include "daemon/core/engine_util.h"
 #include "daemon/core/peer_creds.h"
+#include "storage/layout_merge.h"
+#include "util/log.h"
 #include "util/retry.h"
 
 namespace ckpt::daemon {
@@ -39,9 +42,25 @@ void ToReportProto(const ShardReport& report, cv1::ShardReport* out) {
     out->set_trainer_age_ms(static_cast<uint64_t>(
         std::max<int64_t>(BootClockMs() - report.trainer_started_ms, 0)));
   if (report.failed) out->set_failed(true);
+  if (report.durable && !report.layout_index.empty())
+    out->set_layout_index(report.layout_index);
 }
 
-void NodeAgent::Report(const ShardReport& report) {
+void NodeAgent::Report(const ShardReport& shard) {
+  // The rank's layout index, built here without the engine's lock or
+  // ours; the metas go (the report is kept until its step commits).
+  ShardReport report = shard;
+  report.metas.reset();
+  if (shard.durable && shard.metas && shard.world_size != 0) {
+    absl::StatusOr<std::string> index =
+        storage::RankLayoutIndex(shard.world_size, shard.rank, *shard.metas);
+    if (index.ok())
+      report.layout_index = std::move(*index);
+    else
+      LogWarning(absl::StrCat(
+          "layout index of job ", shard.job, " step ", shard.step, " rank ",
+          shard.rank, ": ", index.status().message(), "; reported without it"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t epoch = epoch_.load();
   if (epoch == 0) {
@@ -87,6 +106,7 @@ void NodeAgent::NoteIncarnationLocked(uint64_t incarnation) {
 
 void NodeAgent::ReportLoop() {
   constexpr size_t kMaxBatch = 4096;
+  constexpr size_t kMaxBatchIndexBytes = 32 << 20;
   const auto kGather =
       std::chrono::milliseconds(20);  // the other ranks' reports of a step
   auto backoff = std::chrono::milliseconds(0);
@@ -114,8 +134,13 @@ void NodeAgent::ReportLoop() {
     // One call: the queued reports of the front's epoch, in order.
     const uint64_t epoch = reports_.front().epoch;
     std::vector<Queued> batch;
+    size_t index_bytes = 0;
     for (const Queued& q : reports_) {
       if (q.epoch != epoch || batch.size() == kMaxBatch) break;
+      // The coordinator takes requests up to 64 MiB: the ranks' layout
+      // indexes go in batches of at most kMaxBatchIndexBytes.
+      index_bytes += q.report.layout_index.size();
+      if (!batch.empty() && index_bytes > kMaxBatchIndexBytes) break;
       batch.push_back(q);
     }
     // The coordinator this batch is built for: a restart noticed by the

@@ -10,10 +10,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/metrics.h"
+
+namespace ckpt::v1 {
+class TensorMeta;
+}
 
 namespace ckpt::daemon {
 
@@ -42,6 +48,12 @@ struct ShardReport {
   // replicas, doc/replicas.md): reported REPLICATED, source_node sent it.
   bool replicated = false;
   std::string source_node;
+  // Durable: the shard's tensor metadata and the step's world size, from
+  // which the node agent builds the rank's layout index (outside the
+  // engine's lock) into `layout_index` before it queues the report.
+  std::shared_ptr<const std::vector<v1::TensorMeta>> metas;
+  uint32_t world_size = 0;
+  std::string layout_index;
 };
 
 // A rank's restore found a copy of its shard bad and fell back (what
@@ -118,6 +130,13 @@ struct EngineOptions {
   std::function<absl::Status(const std::string& job, uint64_t step,
                              uint32_t rank)>
       fetch_from_peers;
+  // A cluster's node agent: the coordinator's layout index of a committed
+  // step (NodeAgent::StepIndex: a "CKLI" blob), asked with a short
+  // deadline. Null, or an error: the index is built from this node's
+  // shards and the node manifests (Restorer::LayoutIndex).
+  std::function<absl::StatusOr<std::string>(const std::string& job,
+                                            uint64_t step)>
+      step_index;
   // Where the engine counts saves, persists and restores (metrics.h); the
   // engine makes one nobody scrapes when this is null.
   std::shared_ptr<DaemonMetrics> metrics;

@@ -45,9 +45,16 @@ class Restorer {
   // validated; a rank no source describes is FailedPrecondition naming
   // the ranks. A whole tensor (no layout) that ranks here saved with other
   // dtypes or shapes (a per-rank skeleton) is left out. Reads storage with
-  // the lock released.
+  // the lock released. In a cluster the coordinator's index of the
+  // committed step (LayoutIndexFromCoordinator) comes first; this is the
+  // path when it has none.
   [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(
       const PeerCreds& peer, const v1::LayoutIndexRequest& req);
+  // The coordinator's index of the step (EngineOptions::step_index), with
+  // the saved ranks this node holds; an error when it has none.
+  [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse>
+  LayoutIndexFromCoordinator(const PeerCreds& peer,
+                             const v1::LayoutIndexRequest& req);
   // See Engine::Prefetch.
   [[nodiscard]] absl::Status Prefetch(const std::string& job,
                                       uint32_t world_size, uint64_t step,

@@ -15,6 +15,7 @@
 #include "storage/layout.h"
 #include "storage/layout_format.h"
 #include "storage/manifest.h"
+#include "util/log.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -60,6 +61,18 @@ absl::StatusOr<std::vector<ManifestIndex>> ReadManifests(
 
 absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
     const PeerCreds& peer, const v1::LayoutIndexRequest& req) {
+  // The coordinator's merged index of the committed step first: one answer
+  // whatever this node holds; without one (an older coordinator, a step
+  // not committed, no coordinator reachable) the index is built here.
+  if (node_.options.step_index) {
+    absl::StatusOr<v1::LayoutIndexResponse> resp =
+        LayoutIndexFromCoordinator(peer, req);
+    if (resp.ok()) return resp;
+    if (!absl::IsNotFound(resp.status()))
+      LogInfo(absl::StrCat("layout index of job '", req.job(), "' step ",
+                           req.step(), ": ", resp.status().message(),
+                           "; built from this node and the node manifests"));
+  }
   // Saved ranks no shard here and no node manifest describes are fetched
   // from the peers holding them in memory (a cluster without a shared
   // root), and the index built again: a job this node has no shard of
@@ -100,6 +113,42 @@ absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndex(
           absl::StrCat(resp.status().message(),
                        "; from peers' memory: ", absl::StrJoin(failed, "; ")));
   }
+}
+
+absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndexFromCoordinator(
+    const PeerCreds& peer, const v1::LayoutIndexRequest& req) {
+  {
+    // The caller may see the job (as LayoutIndexHere checks).
+    Section lock(&node_);
+    CKPT_RETURN_IF_ERROR(node_.table.FindFor(req.job(), peer).status());
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string blob,
+                        node_.options.step_index(req.job(), req.step()));
+  // Checked as any input (the client parses it again).
+  absl::StatusOr<storage::LayoutIndex> index = storage::ParseLayoutIndex(blob);
+  if (!index.ok())
+    return absl::DataLossError(absl::StrCat("the coordinator's layout index: ",
+                                            index.status().message()));
+  const uint32_t world_size = index->world_size();
+  v1::LayoutIndexResponse resp;
+  resp.set_world_size(world_size);
+  resp.set_from_coordinator(true);
+  {
+    // The saved ranks held here, of the step's world size.
+    Section lock(&node_);
+    CKPT_ASSIGN_OR_RETURN(Job * job, node_.table.FindFor(req.job(), peer));
+    auto step = job->steps.find(req.step());
+    if (step != job->steps.end())
+      for (const auto& [r, shard] : step->second.shards)
+        if (r < world_size && (shard.rec.world_size() == 0 ||
+                               shard.rec.world_size() == world_size))
+          resp.add_local_ranks(r);
+  }
+  LogInfo(absl::StrCat("layout index of job '", req.job(), "' step ",
+                       req.step(), ": the coordinator's (", index->num_pieces(),
+                       " pieces of ", world_size, " saved ranks)"));
+  resp.set_index(std::move(blob));
+  return resp;
 }
 
 absl::StatusOr<v1::LayoutIndexResponse> Restorer::LayoutIndexHere(

@@ -1,7 +1,9 @@
 // The job table's transitions that return their effects (effects.h): a
 // commit, a persist's outcome, and the reports and tasks they derive.
 // See job_table.h.
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "daemon/core/engine_util.h"
 #include "daemon/state/job_table.h"
@@ -26,6 +28,11 @@ ShardReport JobTable::ReportOf(const Shard& shard, bool durable,
   r.staged_digest = shard.staged_digest.value_or(r.digest);
   if (const Job* job = Find(r.job)) r.owner_uid = job->rec.uid();
   if (durable) r.key = shard.rec.path();
+  if (durable && !failed) {
+    r.world_size = shard.rec.world_size();
+    r.metas = std::make_shared<const std::vector<v1::TensorMeta>>(
+        shard.rec.tensors().begin(), shard.rec.tensors().end());
+  }
   return r;
 }
 

@@ -9,28 +9,10 @@
 #include "storage/layout.h"
 #include "storage/layout_format.h"
 #include "storage/layout_merge.h"
+#include "storage/layout_testing.h"
 
 namespace ckpt::coordinator {
 namespace {
-
-::ckpt::v1::TensorMeta RankPiece(const std::string& name,
-                                 std::vector<uint64_t> shape,
-                                 std::vector<uint64_t> global = {},
-                                 std::vector<uint64_t> offsets = {}) {
-  ::ckpt::v1::TensorMeta m;
-  m.set_name(name);
-  m.set_dtype(static_cast<uint32_t>(DType::kFloat32));
-  uint64_t n = 4;
-  for (uint64_t d : shape) {
-    m.add_shape(d);
-    n *= d;
-  }
-  m.set_bytes(n);
-  m.set_offset(4096);
-  for (uint64_t d : global) m.add_global_shape(d);
-  for (uint64_t d : offsets) m.add_piece_offsets(d);
-  return m;
-}
 
 class StepIndexTest : public TwoNodeTest {
  protected:
@@ -38,7 +20,9 @@ class StepIndexTest : public TwoNodeTest {
   static std::vector<std::vector<::ckpt::v1::TensorMeta>> Metas() {
     std::vector<std::vector<::ckpt::v1::TensorMeta>> m(4);
     for (uint64_t r = 0; r < 4; ++r)
-      m[r] = {RankPiece("w", {2, 3}, {8, 3}, {2 * r, 0}), RankPiece("b", {3})};
+      m[r] = {
+          storage::testing::Float32Piece("w", {2, 3}, {8, 3}, {2 * r, 0}, 4096),
+          storage::testing::Float32Piece("b", {3}, {}, {}, 4096)};
     return m;
   }
   static std::string Blob(uint32_t rank) {

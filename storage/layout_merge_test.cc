@@ -9,41 +9,28 @@
 
 #include "ckpt.pb.h"
 #include "storage/layout_format.h"
+#include "storage/layout_testing.h"
 
 namespace ckpt::storage {
 namespace {
-
-v1::TensorMeta Piece(std::string name, std::vector<uint64_t> shape,
-                     std::vector<uint64_t> global = {},
-                     std::vector<uint64_t> offsets = {}, uint64_t at = 0) {
-  v1::TensorMeta m;
-  m.set_name(name);
-  m.set_dtype(static_cast<uint32_t>(DType::kFloat32));
-  uint64_t n = 4;
-  for (uint64_t d : shape) {
-    m.add_shape(d);
-    n *= d;
-  }
-  m.set_bytes(n);
-  m.set_offset(at);
-  for (uint64_t d : global) m.add_global_shape(d);
-  for (uint64_t d : offsets) m.add_piece_offsets(d);
-  return m;
-}
 
 // 4 ranks: "w" [8, 6] row-sharded (rank 1 holds two pieces), "b" [6] a
 // replica on every rank, "c" [4, 4] in 2 x 2 blocks on ranks 0 and 3.
 std::vector<std::vector<v1::TensorMeta>> FourRanks() {
   std::vector<std::vector<v1::TensorMeta>> m(4);
-  m[0] = {Piece("w", {2, 6}, {8, 6}, {0, 0}, 4096), Piece("b", {6}),
-          Piece("c0", {2, 2}, {4, 4}, {0, 0}, 8192),
-          Piece("c1", {2, 2}, {4, 4}, {0, 2}, 12288)};
-  m[1] = {Piece("w0", {1, 6}, {8, 6}, {2, 0}, 4096),
-          Piece("w1", {1, 6}, {8, 6}, {3, 0}, 8192), Piece("b", {6})};
-  m[2] = {Piece("w", {2, 6}, {8, 6}, {4, 0}, 4096), Piece("b", {6})};
-  m[3] = {Piece("w", {2, 6}, {8, 6}, {6, 0}, 4096), Piece("b", {6}),
-          Piece("c0", {2, 2}, {4, 4}, {2, 0}, 8192),
-          Piece("c1", {2, 2}, {4, 4}, {2, 2}, 12288)};
+  m[0] = {testing::Float32Piece("w", {2, 6}, {8, 6}, {0, 0}, 4096),
+          testing::Float32Piece("b", {6}),
+          testing::Float32Piece("c0", {2, 2}, {4, 4}, {0, 0}, 8192),
+          testing::Float32Piece("c1", {2, 2}, {4, 4}, {0, 2}, 12288)};
+  m[1] = {testing::Float32Piece("w0", {1, 6}, {8, 6}, {2, 0}, 4096),
+          testing::Float32Piece("w1", {1, 6}, {8, 6}, {3, 0}, 8192),
+          testing::Float32Piece("b", {6})};
+  m[2] = {testing::Float32Piece("w", {2, 6}, {8, 6}, {4, 0}, 4096),
+          testing::Float32Piece("b", {6})};
+  m[3] = {testing::Float32Piece("w", {2, 6}, {8, 6}, {6, 0}, 4096),
+          testing::Float32Piece("b", {6}),
+          testing::Float32Piece("c0", {2, 2}, {4, 4}, {2, 0}, 8192),
+          testing::Float32Piece("c1", {2, 2}, {4, 4}, {2, 2}, 12288)};
   for (auto& rank : m)
     for (auto& t : rank)
       if (t.name() == "w0" || t.name() == "w1")
@@ -82,7 +69,8 @@ TEST(LayoutMergeTest, MergeOfRankIndexesIsTheStepIndexBitForBit) {
 TEST(LayoutMergeTest, EachRanksOwnWholeTensorIsLeftOut) {
   auto metas = FourRanks();
   // A skeleton of another size on each rank: no global tensor.
-  for (uint32_t r = 0; r < 4; ++r) metas[r].push_back(Piece("skel", {r + 1}));
+  for (uint32_t r = 0; r < 4; ++r)
+    metas[r].push_back(testing::Float32Piece("skel", {r + 1}));
   absl::StatusOr<LayoutIndex> merged = Merge(Blobs(metas));
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_EQ(merged->FindTensor("skel"), -1);
@@ -90,7 +78,7 @@ TEST(LayoutMergeTest, EachRanksOwnWholeTensorIsLeftOut) {
             SerializeLayoutIndex(*BuildLayoutIndex(4, FourRanks())));
   // A sharded tensor declared with two global shapes is refused, named.
   metas = FourRanks();
-  metas[2][0] = Piece("w", {2, 6}, {9, 6}, {4, 0});
+  metas[2][0] = testing::Float32Piece("w", {2, 6}, {9, 6}, {4, 0});
   absl::StatusOr<LayoutIndex> bad = Merge(Blobs(metas));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("tensor \"w\""), std::string::npos)

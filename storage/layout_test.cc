@@ -6,29 +6,13 @@
 #include <vector>
 
 #include "ckpt.pb.h"
+#include "storage/layout_testing.h"
 
 namespace ckpt::storage {
 namespace {
 
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-v1::TensorMeta Meta(std::string name, std::vector<uint64_t> shape,
-                    std::vector<uint64_t> global = {},
-                    std::vector<uint64_t> offsets = {}) {
-  v1::TensorMeta m;
-  m.set_name(name);
-  m.set_dtype(static_cast<uint32_t>(DType::kFloat32));
-  uint64_t n = 4;
-  for (uint64_t d : shape) {
-    m.add_shape(d);
-    n *= d;
-  }
-  m.set_bytes(n);
-  for (uint64_t d : global) m.add_global_shape(d);
-  for (uint64_t d : offsets) m.add_piece_offsets(d);
-  return m;
 }
 
 std::string Refusal(const v1::TensorMeta& m) {
@@ -38,39 +22,44 @@ std::string Refusal(const v1::TensorMeta& m) {
 }
 
 TEST(TensorLayout, WholeAndPieceMetasPass) {
-  EXPECT_TRUE(ValidateTensorLayout(Meta("w", {4, 8}), "t").ok());
   EXPECT_TRUE(
-      ValidateTensorLayout(Meta("w", {2, 8}, {4, 8}, {2, 0}), "t").ok());
-  EXPECT_TRUE(ValidateTensorLayout(Meta("s", {}), "t").ok());
+      ValidateTensorLayout(testing::Float32Piece("w", {4, 8}), "t").ok());
+  EXPECT_TRUE(ValidateTensorLayout(
+                  testing::Float32Piece("w", {2, 8}, {4, 8}, {2, 0}), "t")
+                  .ok());
+  EXPECT_TRUE(ValidateTensorLayout(testing::Float32Piece("s", {}), "t").ok());
 }
 
 TEST(TensorLayout, EveryRefusalNamesItsField) {
-  v1::TensorMeta m = Meta("w", {2, 8}, {4, 8}, {3, 0});
+  v1::TensorMeta m = testing::Float32Piece("w", {2, 8}, {4, 8}, {3, 0});
   EXPECT_PRED2(Contains, Refusal(m),
                "tensors[2].piece_offsets[0]: offset 3 + "
                "length 2 exceed global_shape[0] 4");
-  m = Meta("w", {2, 8}, {4, 8}, {0, 0});
+  m = testing::Float32Piece("w", {2, 8}, {4, 8}, {0, 0});
   m.set_bytes(60);
   EXPECT_PRED2(Contains, Refusal(m),
                "tensors[2].bytes: 60, but shape x dtype "
                "size is 64");
-  EXPECT_PRED2(Contains, Refusal(Meta("w", {2, 8}, {4}, {0, 0})),
+  EXPECT_PRED2(Contains,
+               Refusal(testing::Float32Piece("w", {2, 8}, {4}, {0, 0})),
                "tensors[2].global_shape: 1 dims, shape has 2");
-  EXPECT_PRED2(Contains, Refusal(Meta("w", {2, 8}, {4, 8}, {0})),
+  EXPECT_PRED2(Contains,
+               Refusal(testing::Float32Piece("w", {2, 8}, {4, 8}, {0})),
                "tensors[2].piece_offsets: 1 dims, shape has 2");
-  EXPECT_PRED2(Contains, Refusal(Meta("w", {2, 8}, {}, {0, 0})),
+  EXPECT_PRED2(Contains,
+               Refusal(testing::Float32Piece("w", {2, 8}, {}, {0, 0})),
                "tensors[2].piece_offsets: set without global_shape");
-  m = Meta("w", {2, 8});
+  m = testing::Float32Piece("w", {2, 8});
   m.set_global_name("g");
   EXPECT_PRED2(Contains, Refusal(m),
                "tensors[2].global_name: set without global_shape");
-  m = Meta("w", {2, 8}, {4, 8}, {0, 0});
+  m = testing::Float32Piece("w", {2, 8}, {4, 8}, {0, 0});
   m.set_global_name(std::string("bad\n", 4));
   EXPECT_PRED2(Contains, Refusal(m), "tensors[2].global_name");
-  m = Meta("w", {2});
+  m = testing::Float32Piece("w", {2});
   m.set_dtype(99);
   EXPECT_PRED2(Contains, Refusal(m), "tensors[2].dtype: 99");
-  m = Meta("w", {1ull << 62, 8});
+  m = testing::Float32Piece("w", {1ull << 62, 8});
   EXPECT_PRED2(Contains, Refusal(m), "tensors[2].shape: bytes overflow");
 }
 
@@ -93,7 +82,7 @@ TEST(TensorLayout, OldMetaWithoutLayoutFieldsReadsAsWholeTensor) {
   EXPECT_EQ(idx->PieceBox(1).ToString(), "offsets [0, 0] lengths [2, 3]");
   EXPECT_EQ(idx->piece_data_offset(0), 4096u);
   // The new fields survive the wire, and an old reader's fields are intact.
-  v1::TensorMeta n = Meta("w", {1, 3}, {2, 3}, {1, 0});
+  v1::TensorMeta n = testing::Float32Piece("w", {1, 3}, {2, 3}, {1, 0});
   v1::TensorMeta back;
   ASSERT_TRUE(back.ParseFromString(n.SerializeAsString()));
   EXPECT_EQ(back.piece_offsets(0), 1u);
@@ -101,17 +90,18 @@ TEST(TensorLayout, OldMetaWithoutLayoutFieldsReadsAsWholeTensor) {
 }
 
 TEST(LayoutIndexBuild, RefusesInconsistentRanks) {
-  std::vector<std::vector<v1::TensorMeta>> shards = {{Meta("w", {2, 8})}};
+  std::vector<std::vector<v1::TensorMeta>> shards = {
+      {testing::Float32Piece("w", {2, 8})}};
   EXPECT_PRED2(Contains,
                std::string(BuildLayoutIndex(2, shards).status().message()),
                "shards: 1 rank lists, world_size 2");
-  shards = {{Meta("w", {2, 8}, {4, 8}, {0, 0})},
-            {Meta("w", {2, 8}, {4, 9}, {2, 0})}};
+  shards = {{testing::Float32Piece("w", {2, 8}, {4, 8}, {0, 0})},
+            {testing::Float32Piece("w", {2, 8}, {4, 9}, {2, 0})}};
   EXPECT_PRED2(Contains,
                std::string(BuildLayoutIndex(2, shards).status().message()),
                "shards[1].tensors[0]: tensor \"w\"");
-  shards = {{Meta("w", {2, 8}, {4, 8}, {0, 0})},
-            {Meta("w", {2, 8}, {4, 8}, {3, 0})}};
+  shards = {{testing::Float32Piece("w", {2, 8}, {4, 8}, {0, 0})},
+            {testing::Float32Piece("w", {2, 8}, {4, 8}, {3, 0})}};
   EXPECT_PRED2(Contains,
                std::string(BuildLayoutIndex(2, shards).status().message()),
                "shards[1].tensors[0].piece_offsets[0]");
@@ -120,13 +110,13 @@ TEST(LayoutIndexBuild, RefusesInconsistentRanks) {
 TEST(LayoutIndexBuild, GroupsPiecesByTensorSortedAlongSplitDim) {
   // Rank 0 holds two pieces of "w" under two local names; rank 1 one; the
   // split dimension is 1, where the offsets differ.
-  v1::TensorMeta a = Meta("w.a", {4, 2}, {4, 6}, {0, 4});
+  v1::TensorMeta a = testing::Float32Piece("w.a", {4, 2}, {4, 6}, {0, 4});
   a.set_global_name("w");
-  v1::TensorMeta b = Meta("w.b", {4, 2}, {4, 6}, {0, 0});
+  v1::TensorMeta b = testing::Float32Piece("w.b", {4, 2}, {4, 6}, {0, 0});
   b.set_global_name("w");
-  v1::TensorMeta empty = Meta("e", {0, 3});
+  v1::TensorMeta empty = testing::Float32Piece("e", {0, 3});
   std::vector<std::vector<v1::TensorMeta>> shards = {
-      {a, b, empty}, {Meta("w", {4, 2}, {4, 6}, {0, 2})}};
+      {a, b, empty}, {testing::Float32Piece("w", {4, 2}, {4, 6}, {0, 2})}};
   absl::StatusOr<LayoutIndex> idx = BuildLayoutIndex(2, shards);
   ASSERT_TRUE(idx.ok()) << idx.status();
   ASSERT_EQ(idx->tensors().size(), 2u);

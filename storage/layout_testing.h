@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "ckpt.pb.h"
 #include "storage/layout.h"
+#include "storage/layout_format.h"
 #include "storage/reshard_plan.h"
 
 namespace ckpt::storage::testing {
@@ -143,6 +145,28 @@ inline std::vector<PlannedRead> Flatten(
   std::vector<PlannedRead> out;
   for (const auto& r : by_rank) out.insert(out.end(), r.begin(), r.end());
   return out;
+}
+
+// The TensorMeta of a float32 piece: its shape, its place in a global
+// tensor when it has one (global shape and offsets; empty: a whole
+// tensor), and its data offset in the shard.
+inline ::ckpt::v1::TensorMeta Float32Piece(
+    const std::string& name, const std::vector<uint64_t>& shape,
+    const std::vector<uint64_t>& global = {},
+    const std::vector<uint64_t>& offsets = {}, uint64_t at = 0) {
+  ::ckpt::v1::TensorMeta m;
+  m.set_name(name);
+  m.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+  uint64_t n = 4;
+  for (uint64_t d : shape) {
+    m.add_shape(d);
+    n *= d;
+  }
+  m.set_bytes(n);
+  m.set_offset(at);
+  for (uint64_t d : global) m.add_global_shape(d);
+  for (uint64_t d : offsets) m.add_piece_offsets(d);
+  return m;
 }
 
 }  // namespace ckpt::storage::testing

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -136,6 +137,28 @@ class Client::Impl {
   [[nodiscard]] absl::StatusOr<std::shared_ptr<client::MappedArena>>
   ArenaLocked(const std::string& name, uint64_t arena_bytes,
               uint64_t slots_offset);
+  // The image the daemon put in a slot for an OpenRestore: the arena
+  // mapped (kept by `arena`), the answer's offset and size checked
+  // against it.
+  struct SlotImage {
+    std::shared_ptr<client::MappedArena> arena;
+    const char* image = nullptr;
+  };
+  [[nodiscard]] absl::StatusOr<SlotImage> MapSlotImage(
+      const v1::OpenRestoreResponse& resp);
+  // The host tensors a streamed OpenRestore copied while the daemon was
+  // still loading the slot (OpenRestoreCopying), each hashed as it was
+  // copied. CopyOutOfSlot copies the rest.
+  struct EarlyCopy {
+    bool active = false;  // the opened slot mapped, the index matched
+    SlotImage slot;
+    v1::OpenRestoreResponse opened;            // metas point into it
+    std::vector<const v1::TensorMeta*> metas;  // per caller tensor
+    std::vector<std::vector<size_t>> callers;  // per opened tensor
+    std::vector<char> copied;                  // per caller tensor
+    std::vector<uint64_t> sums;                // per caller tensor
+    absl::Status status;  // a tensor that failed its checksum (DataLoss)
+  };
   // One OpenRestore and the copy it names; a copy failing verification is
   // reported bad (DataLoss returned). *opened: the daemon offered a copy.
   // *own_metas (may be null) receives the shard's index when the copy
@@ -155,24 +178,28 @@ class Client::Impl {
   // `lease_rank`: the rank the lease names (a saved rank's, or this one's).
   [[nodiscard]] absl::Status RestoreFromSlot(
       const v1::OpenRestoreResponse& resp, std::span<const Tensor> tensors,
-      uint32_t lease_rank);
+      uint32_t lease_rank, const EarlyCopy* early = nullptr);
   // Closes the lease `lease` on `rank`'s shard of `step` after a restore
   // that ended with `s`: a DataLoss reports the copy bad. Returns `s`, or,
   // when it is OK and a lease was held, the close's own status.
   [[nodiscard]] absl::Status CloseLease(uint32_t rank, uint64_t step,
                                         uint64_t lease, absl::Status s);
+  // OpenRestore through OpenRestoreStream: the answer, and meanwhile the
+  // host tensors whose bytes the daemon's load verified are copied into
+  // `tensors` (*early). An older daemon: one OpenRestore, nothing early.
+  [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestoreCopying(
+      const v1::OpenRestoreRequest& open, std::span<const Tensor> tensors,
+      EarlyCopy* early);
+  void StartEarlyCopy(const v1::OpenRestoreResponse& opened,
+                      std::span<const Tensor> tensors, EarlyCopy* early);
+  void CopyVerified(std::span<const uint32_t> fresh,
+                    std::span<const Tensor> tensors, EarlyCopy* early);
+  // `early` (may be null): tensors already copied (and hashed) are not
+  // copied again; its failure is the answer.
   [[nodiscard]] absl::Status CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                            const char* image,
-                                           std::span<const Tensor> tensors);
-  // The image the daemon put in a slot for an OpenRestore: the arena
-  // mapped (kept by `arena`), the answer's offset and size checked
-  // against it.
-  struct SlotImage {
-    std::shared_ptr<client::MappedArena> arena;
-    const char* image = nullptr;
-  };
-  [[nodiscard]] absl::StatusOr<SlotImage> MapSlotImage(
-      const v1::OpenRestoreResponse& resp);
+                                           std::span<const Tensor> tensors,
+                                           const EarlyCopy* early = nullptr);
 
   // Restore into another layout (reshard_restore.cc): the step's layout
   // index from the daemon, the planner's reads, each saved rank opened in
@@ -209,6 +236,8 @@ class Client::Impl {
   const ClientOptions options_;
   const std::unique_ptr<client::DaemonStub> stub_;
   client::CopyEngine engine_;
+  // False once the daemon answered OpenRestoreStream with UNIMPLEMENTED.
+  std::atomic<bool> stream_restores_{true};
   const std::unique_ptr<client::DeviceCopier> devices_;
   std::unique_ptr<client::FileRestorer> file_restorer_;  // source FILE
 

@@ -117,6 +117,17 @@ absl::StatusOr<v1::OpenRestoreResponse> DaemonStub::OpenRestore(
       kLongDeadline);
 }
 
+DaemonStub::RestoreStream::RestoreStream(const DaemonStub& stub,
+                                         const v1::OpenRestoreRequest& req)
+    : target_(stub.target_) {
+  ctx_.set_deadline(std::chrono::system_clock::now() + kLongDeadline);
+  reader_ = stub.stub_->OpenRestoreStream(&ctx_, req);
+}
+
+absl::Status DaemonStub::RestoreStream::Finish() {
+  return FromGrpc(reader_->Finish(), "OpenRestore", target_);
+}
+
 absl::StatusOr<v1::CloseRestoreResponse> DaemonStub::CloseRestore(
     const v1::CloseRestoreRequest& req) {
   return Call<v1::CloseRestoreResponse>(

@@ -38,6 +38,26 @@ class DaemonStub {
       const v1::LatestRequest& req);
   [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
       const v1::OpenRestoreRequest& req);
+  // OpenRestoreStream (ckpt.proto's RestoreProgress): Read each message in
+  // turn; after the last, Finish says how the stream ended, its error
+  // named as OpenRestore's ("OpenRestore: ..."). Not thread-safe.
+  class RestoreStream {
+   public:
+    RestoreStream(const DaemonStub& stub, const v1::OpenRestoreRequest& req);
+    [[nodiscard]] bool Read(v1::RestoreProgress* msg) {
+      return reader_->Read(msg);
+    }
+    [[nodiscard]] absl::Status Finish();
+
+   private:
+    grpc::ClientContext ctx_;
+    std::unique_ptr<grpc::ClientReader<v1::RestoreProgress>> reader_;
+    const std::string target_;
+  };
+  [[nodiscard]] std::unique_ptr<RestoreStream> OpenRestoreStream(
+      const v1::OpenRestoreRequest& req) {
+    return std::make_unique<RestoreStream>(*this, req);
+  }
   [[nodiscard]] absl::StatusOr<v1::CloseRestoreResponse> CloseRestore(
       const v1::CloseRestoreRequest& req);
   [[nodiscard]] absl::StatusOr<v1::LayoutIndexResponse> LayoutIndex(

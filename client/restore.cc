@@ -1,12 +1,15 @@
 // The restore and query paths of Client::Impl: Latest, one OpenRestore and
 // then a copy out of the leased slot or a read of the shard file (see
 // file_restore.h), each with checksum verification; WaitDurable.
+#include <unordered_map>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "client/file_restore.h"
+#include "client/restore_progress.h"
 #include "client/tensor_check.h"
 #include "util/checksum.h"
 #include "util/status.h"
@@ -157,7 +160,10 @@ absl::Status Client::Impl::RestoreOneCopy(
   // The lease is the shard's rank's.
   const uint32_t lease_rank =
       saved_rank.value_or(static_cast<uint32_t>(options_.rank));
-  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  // Host tensors are copied while the daemon still loads the rest.
+  EarlyCopy early;
+  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp,
+                        OpenRestoreCopying(open, tensors, &early));
   *opened = true;
   // After a restore that verified, the layouts the tensors were saved with
   // (MatchIndex matched every name).
@@ -187,7 +193,101 @@ absl::Status Client::Impl::RestoreOneCopy(
     }
     return report(s);
   }
-  return report(RestoreFromSlot(resp, tensors, lease_rank));
+  return report(RestoreFromSlot(resp, tensors, lease_rank, &early));
+}
+
+absl::StatusOr<v1::OpenRestoreResponse> Client::Impl::OpenRestoreCopying(
+    const v1::OpenRestoreRequest& open, std::span<const Tensor> tensors,
+    EarlyCopy* early) {
+  if (!stream_restores_.load(std::memory_order_relaxed))
+    return stub_->OpenRestore(open);
+  std::unique_ptr<client::DaemonStub::RestoreStream> stream =
+      stub_->OpenRestoreStream(open);
+  client::RestoreProgressCheck check;
+  v1::RestoreProgress msg;
+  std::vector<uint32_t> fresh;
+  absl::Status bad;  // the first message refused; the rest is drained
+  uint64_t lease = 0;
+  bool any = false;
+  while (stream->Read(&msg)) {
+    any = true;
+    if (msg.has_done()) lease = msg.done().lease();
+    if (!bad.ok()) continue;
+    bad = check.Next(msg, &fresh);
+    if (!bad.ok()) continue;
+    if (msg.has_opened()) StartEarlyCopy(check.opened(), tensors, early);
+    if (!fresh.empty()) CopyVerified(fresh, tensors, early);
+  }
+  absl::Status s = stream->Finish();
+  if (s.code() == absl::StatusCode::kUnimplemented && !any) {
+    stream_restores_.store(false, std::memory_order_relaxed);  // older ckptd
+    return stub_->OpenRestore(open);
+  }
+  if (s.ok() && bad.ok() && !check.has_done())
+    bad = absl::InternalError("OpenRestoreStream: ended without its answer");
+  if (!bad.ok() && s.ok() && lease != 0) {
+    // The daemon leased the slot on an answer refused here.
+    v1::CloseRestoreRequest close;
+    close.set_job(options_.job);
+    close.set_rank(open.has_saved_rank() ? open.saved_rank() : open.rank());
+    close.set_lease(lease);
+    (void)stub_->CloseRestore(close);
+  }
+  CKPT_RETURN_IF_ERROR(s);
+  CKPT_RETURN_IF_ERROR(bad);
+  return check.done();
+}
+
+void Client::Impl::StartEarlyCopy(const v1::OpenRestoreResponse& opened,
+                                  std::span<const Tensor> tensors,
+                                  EarlyCopy* e) {
+  // Whatever fails here is found again on the final answer (the same slot
+  // and index), where it is the restore's error: nothing is copied early.
+  e->opened = opened;
+  absl::StatusOr<SlotImage> slot = MapSlotImage(e->opened);
+  if (!slot.ok()) return;
+  if (!client::MatchIndex(e->opened, tensors, &e->metas).ok()) return;
+  e->slot = std::move(*slot);
+  std::unordered_map<const v1::TensorMeta*, size_t> index;
+  for (int j = 0; j < e->opened.tensors_size(); ++j)
+    index[&e->opened.tensors(j)] = static_cast<size_t>(j);
+  e->callers.assign(static_cast<size_t>(e->opened.tensors_size()), {});
+  for (size_t i = 0; i < tensors.size(); ++i)
+    e->callers[index.at(e->metas[i])].push_back(i);
+  e->copied.assign(tensors.size(), 0);
+  e->sums.assign(tensors.size(), 0);
+  e->active = true;
+}
+
+void Client::Impl::CopyVerified(std::span<const uint32_t> fresh,
+                                std::span<const Tensor> tensors, EarlyCopy* e) {
+  if (!e->active || !e->status.ok()) return;
+  std::vector<client::CopyRegion> regions;
+  std::vector<size_t> which;
+  for (uint32_t t : fresh) {
+    for (size_t i : e->callers[t]) {
+      // Device tensors wait for the answer (one DMA batch, CopyOutOfSlot).
+      if (!tensors[i].device.is_host()) continue;
+      regions.push_back({e->slot.image + e->metas[i]->offset(), tensors[i].data,
+                         e->metas[i]->bytes()});
+      which.push_back(i);
+    }
+  }
+  if (regions.empty()) return;
+  std::vector<uint64_t> sums(regions.size());
+  engine_.Run(regions, sums);
+  for (size_t k = 0; k < which.size(); ++k) {
+    const size_t i = which[k];
+    e->copied[i] = 1;
+    e->sums[i] = sums[k];
+    // The slot is writable by this job's uid: the bytes are hashed again
+    // as they are copied, and checked against the index from the socket.
+    const v1::TensorMeta& m = *e->metas[i];
+    if (m.has_checksum() && m.checksum() != sums[k] && e->status.ok())
+      e->status = absl::DataLossError(absl::StrFormat(
+          "%s: checksum mismatch (stored %016x, computed %016x)",
+          client::TensorLabel(tensors, i), m.checksum(), sums[k]));
+  }
 }
 
 absl::StatusOr<Client::Impl::SlotImage> Client::Impl::MapSlotImage(
@@ -213,10 +313,11 @@ absl::StatusOr<Client::Impl::SlotImage> Client::Impl::MapSlotImage(
 
 absl::Status Client::Impl::RestoreFromSlot(const v1::OpenRestoreResponse& resp,
                                            std::span<const Tensor> tensors,
-                                           uint32_t lease_rank) {
+                                           uint32_t lease_rank,
+                                           const EarlyCopy* early) {
   absl::Status s = [&]() -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(SlotImage slot, MapSlotImage(resp));
-    return CopyOutOfSlot(resp, slot.image, tensors);
+    return CopyOutOfSlot(resp, slot.image, tensors, early);
   }();
   return CloseLease(lease_rank, /*step=*/0, resp.lease(), std::move(s));
 }
@@ -237,29 +338,42 @@ absl::Status Client::Impl::CloseLease(uint32_t rank, uint64_t step,
 
 absl::Status Client::Impl::CopyOutOfSlot(const v1::OpenRestoreResponse& resp,
                                          const char* image,
-                                         std::span<const Tensor> tensors) {
+                                         std::span<const Tensor> tensors,
+                                         const EarlyCopy* early) {
   std::vector<const v1::TensorMeta*> metas;
   CKPT_RETURN_IF_ERROR(client::MatchIndex(resp, tensors, &metas));
+  if (early != nullptr && !early->active) early = nullptr;
+  if (early != nullptr) CKPT_RETURN_IF_ERROR(early->status);
+  auto copied = [&](size_t i) { return early != nullptr && early->copied[i]; };
 
   // One engine run: host tensors are copied and hashed, device tensors'
-  // slot bytes only hashed while their DMA runs.
-  std::vector<client::CopyRegion> regions(tensors.size());
+  // slot bytes only hashed while their DMA runs. Those copied while the
+  // daemon loaded are done.
+  std::vector<client::CopyRegion> regions;
+  std::vector<size_t> which;
   for (size_t i = 0; i < tensors.size(); ++i) {
+    if (copied(i)) continue;
     const bool host = tensors[i].device.is_host();
-    regions[i] = {image + metas[i]->offset(), host ? tensors[i].data : nullptr,
-                  metas[i]->bytes()};
+    regions.push_back({image + metas[i]->offset(),
+                       host ? tensors[i].data : nullptr, metas[i]->bytes()});
+    which.push_back(i);
   }
   absl::Status s;
   std::unique_ptr<client::DeviceCopyBatch> dma;
-  for (size_t i = 0; i < tensors.size() && s.ok(); ++i) {
+  for (size_t k = 0; k < which.size() && s.ok(); ++k) {
+    const size_t i = which[k];
     if (tensors[i].device.is_host()) continue;
     if (!dma) dma = devices_->NewBatch();
     s = dma->EnqueueToDevice(tensors[i].device.index, tensors[i].data,
-                             regions[i].src, regions[i].bytes);
+                             regions[k].src, regions[k].bytes);
     if (!s.ok()) s = Annotate(s, client::TensorLabel(tensors, i));
   }
+  std::vector<uint64_t> part(regions.size());
+  if (s.ok()) engine_.Run(regions, part);
   std::vector<uint64_t> sums(tensors.size());
-  if (s.ok()) engine_.Run(regions, sums);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (copied(i)) sums[i] = early->sums[i];
+  for (size_t k = 0; k < which.size(); ++k) sums[which[k]] = part[k];
   if (dma) {
     // Wait even after an enqueue error: the slot's lease is closed next.
     absl::Status w = dma->Wait();

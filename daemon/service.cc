@@ -1,5 +1,10 @@
 #include "daemon/service.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_format.h"
 #include "ckpt/tensor.h"
 #include "storage/layout.h"
@@ -83,6 +88,68 @@ grpc::Status Fill(absl::StatusOr<T> r, T* out) {
   return grpc::Status::OK;
 }
 
+// An OpenRestoreStream's load progress, written to the stream by a thread
+// of its own (started with the load), so that the reading threads that
+// report it never wait on the socket.
+class StreamedProgress final : public Restorer::LoadProgress {
+ public:
+  explicit StreamedProgress(grpc::ServerWriter<v1::RestoreProgress>* writer)
+      : writer_(writer) {}
+  ~StreamedProgress() override { Finish(); }
+
+  void Started(v1::OpenRestoreResponse where) override {
+    std::lock_guard<std::mutex> l(mu_);
+    opened_ = std::move(where);
+    has_opened_ = true;
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    cv_.notify_one();
+  }
+  void Verified(uint32_t tensor) override {
+    std::lock_guard<std::mutex> l(mu_);
+    verified_.push_back(tensor);
+    cv_.notify_one();
+  }
+  // Writes what is pending and stops the thread; false if a write failed
+  // (the client went away).
+  bool Finish() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      finish_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+    return !broken_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return finish_ || has_opened_ || !verified_.empty(); });
+      if (!has_opened_ && verified_.empty()) return;  // finish_
+      v1::RestoreProgress msg;
+      if (has_opened_) *msg.mutable_opened() = std::move(opened_);
+      has_opened_ = false;
+      for (uint32_t t : verified_) msg.add_verified(t);
+      verified_.clear();
+      l.unlock();
+      const bool wrote = broken_ || writer_->Write(msg);
+      l.lock();
+      if (!wrote) broken_ = true;
+    }
+  }
+
+  grpc::ServerWriter<v1::RestoreProgress>* const writer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  v1::OpenRestoreResponse opened_;  // guarded by mu_
+  bool has_opened_ = false;         // guarded by mu_
+  std::vector<uint32_t> verified_;  // guarded by mu_
+  bool finish_ = false;             // guarded by mu_
+  bool broken_ = false;             // guarded by mu_ (read after the join)
+  std::thread thread_;
+};
+
 }  // namespace
 
 CkptdService::CkptdService(Engine* engine, const PeerListener* listener,
@@ -99,6 +166,8 @@ CkptdService::CkptdService(Engine* engine, const PeerListener* listener,
   AddUnary("AbortSave", this, &CkptdService::AbortSave);
   AddUnary("Latest", this, &CkptdService::Latest);
   AddUnary("OpenRestore", this, &CkptdService::OpenRestore);
+  AddServerStreaming("OpenRestoreStream", this,
+                     &CkptdService::OpenRestoreStream);
   AddUnary("CloseRestore", this, &CkptdService::CloseRestore);
   AddUnary("WaitDurable", this, &CkptdService::WaitDurable);
   AddUnary("List", this, &CkptdService::List);
@@ -140,6 +209,33 @@ CKPT_FORWARD_S(CommitSave, CommitSaveRequest, CommitSaveResponse)
 CKPT_FORWARD_S(AbortSave, AbortSaveRequest, AbortSaveResponse)
 CKPT_FORWARD_OR(Latest, LatestRequest, LatestResponse)
 CKPT_FORWARD_OR(OpenRestore, OpenRestoreRequest, OpenRestoreResponse)
+
+grpc::Status CkptdService::OpenRestoreStream(
+    grpc::ServerContext* ctx, const v1::OpenRestoreRequest* req,
+    grpc::ServerWriter<v1::RestoreProgress>* writer) {
+  v1::RestoreProgress* none = nullptr;
+  return Call(ctx, req, none, [&](const PeerCreds& p) {
+    StreamedProgress progress(writer);
+    absl::StatusOr<v1::OpenRestoreResponse> r =
+        engine_->OpenRestore(p, *req, &progress);
+    const bool wrote = progress.Finish();
+    if (!r.ok()) return ToGrpc(r.status());
+    const uint64_t lease = r->lease();
+    v1::RestoreProgress last;
+    *last.mutable_done() = std::move(*r);
+    if (wrote && writer->Write(last)) return grpc::Status::OK;
+    // The client went away: its lease goes now, not at its exit.
+    if (lease != 0) {
+      v1::CloseRestoreRequest close;
+      close.set_job(req->job());
+      close.set_rank(req->has_saved_rank() ? req->saved_rank() : req->rank());
+      close.set_lease(lease);
+      (void)engine_->CloseRestore(p, close);
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "OpenRestoreStream: the client went away");
+  });
+}
 CKPT_FORWARD_S(CloseRestore, CloseRestoreRequest, CloseRestoreResponse)
 CKPT_FORWARD_S(WaitDurable, WaitDurableRequest, WaitDurableResponse)
 CKPT_FORWARD_OR(List, ListRequest, ListResponse)

@@ -31,6 +31,9 @@ class CkptdService final : public rpc::RpcService {
                       v1::LatestResponse*);
   grpc::Status OpenRestore(grpc::ServerContext*, const v1::OpenRestoreRequest*,
                            v1::OpenRestoreResponse*);
+  grpc::Status OpenRestoreStream(grpc::ServerContext*,
+                                 const v1::OpenRestoreRequest*,
+                                 grpc::ServerWriter<v1::RestoreProgress>*);
   grpc::Status LayoutIndex(grpc::ServerContext*, const v1::LayoutIndexRequest*,
                            v1::LayoutIndexResponse*);
   grpc::Status CloseRestore(grpc::ServerContext*,

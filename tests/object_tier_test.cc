@@ -9,10 +9,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
+#include "client/restore_progress.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
+#include "storage/shard_reader.h"
 #include "tests/daemon_test.h"
 #include "tests/s3_server.h"
 
@@ -103,6 +106,33 @@ class ObjectTierTest : public ::testing::TestWithParam<std::string> {
     while (!objects_->Stat(storage::ManifestKey(job, step)).ok()) usleep(10000);
   }
 
+  // Step 1 only in the object tier: no shared memory, no local file.
+  void LeaveStepOneOnlyInTheObjectTier() {
+    SaveStepOneThenStopAndDropSharedMemory();
+    ASSERT_TRUE(std::filesystem::remove(dir_.path() + "/root/" +
+                                        storage::ShardKey("obj", 1, 0)));
+  }
+  // A raw OpenRestoreStream of step 1: every message, then the status.
+  grpc::Status StreamStepOne(std::vector<v1::RestoreProgress>* msgs) {
+    grpc::ClientContext ctx;
+    v1::OpenRestoreRequest req;
+    req.set_job("obj");
+    req.set_step(1);
+    req.set_allow_file_read(true);
+    auto reader = daemon_->Stub()->OpenRestoreStream(&ctx, req);
+    v1::RestoreProgress m;
+    while (reader->Read(&m)) msgs->push_back(m);
+    return reader->Finish();
+  }
+  void CloseLease(uint64_t lease) {
+    grpc::ClientContext ctx;
+    v1::CloseRestoreRequest close;
+    close.set_job("obj");
+    close.set_lease(lease);
+    v1::CloseRestoreResponse closed;
+    EXPECT_TRUE(daemon_->Stub()->CloseRestore(&ctx, close, &closed).ok());
+  }
+
   TempDir dir_;
   std::unique_ptr<S3Server> s3_;
   std::string url_;
@@ -164,6 +194,96 @@ TEST_P(ObjectTierTest,
   auto client = Connect("obj");
   ASSERT_NE(client, nullptr);
   ExpectStepOneRestoresBitExact(*client);
+}
+
+// A load from the object tier is streamed (OpenRestoreStream): where the
+// slot is first, then each tensor as its bytes land and verify, then the
+// answer with its lease; the client copies each tensor as it is reported,
+// and the restore is bit-exact.
+TEST_P(ObjectTierTest, StreamedLoadReportsEachTensorOnceBeforeItsAnswer) {
+  LeaveStepOneOnlyInTheObjectTier();
+  if (HasFatalFailure()) return;
+  Start();
+  std::vector<v1::RestoreProgress> msgs;
+  grpc::Status s = StreamStepOne(&msgs);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GE(msgs.size(), 2u);
+  EXPECT_TRUE(msgs.front().has_opened());
+  ASSERT_TRUE(msgs.back().has_done());
+  // The client's own check of the protocol accepts the daemon's stream,
+  // and every tensor was reported once, before the answer.
+  client::RestoreProgressCheck check;
+  std::vector<uint32_t> fresh, all;
+  for (const v1::RestoreProgress& m : msgs) {
+    ASSERT_TRUE(check.Next(m, &fresh).ok()) << check.Next(m, &fresh);
+    all.insert(all.end(), fresh.begin(), fresh.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<uint32_t> every(state_.tensors.size());
+  for (uint32_t i = 0; i < every.size(); ++i) every[i] = i;
+  EXPECT_EQ(all, every);
+  const v1::OpenRestoreResponse& done = msgs.back().done();
+  EXPECT_EQ(done.source(), v1::RESTORE_SOURCE_OBJECT);
+  EXPECT_NE(done.lease(), 0u);
+  CloseLease(done.lease());
+  // The step is in memory now: a restore after a restart loads it again.
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  Start();
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  ExpectStepOneRestoresBitExact(*client);
+}
+
+// A flipped byte in the object's last tensor (the last to verify): the
+// tensors before it are reported, the last never is, the stream ends with
+// the load's DataLoss naming the tensor and the step, no answer and no
+// lease; the client's restore fails the same way and reports no success.
+TEST_P(ObjectTierTest, FlippedByteInTheLastTensorFailsTheStreamedRestore) {
+  LeaveStepOneOnlyInTheObjectTier();
+  if (HasFatalFailure()) return;
+  const std::string key = storage::ShardKey("obj", 1, 0);
+  auto info = storage::ReadShardInfo(*objects_, key);
+  ASSERT_TRUE(info.ok()) << info.status();
+  {
+    std::string bytes = ReadAll(*objects_, key);
+    const storage::ShardTensor& last = info->tensors.back();
+    ASSERT_EQ(bytes.size(), info->layout.image_bytes);
+    bytes[last.offset + last.bytes - 1] ^= 0x20;
+    auto w = objects_->NewObjectWriter(key, bytes.size());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->WriteAt(0, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  Start();
+  const std::string name = state_.tensors.back().name;
+  const uint32_t last = static_cast<uint32_t>(state_.tensors.size() - 1);
+  std::vector<v1::RestoreProgress> msgs;
+  grpc::Status s = StreamStepOne(&msgs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  EXPECT_NE(s.error_message().find(name), std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find(key), std::string::npos)
+      << s.error_message();
+  ASSERT_FALSE(msgs.empty());
+  EXPECT_TRUE(msgs.front().has_opened());
+  size_t reported = 0;
+  for (const v1::RestoreProgress& m : msgs) {
+    EXPECT_FALSE(m.has_done());
+    for (uint32_t t : m.verified()) {
+      EXPECT_NE(t, last);
+      ++reported;
+    }
+  }
+  EXPECT_EQ(reported, state_.tensors.size() - 1);
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  HostState got = state_.EmptyLike();
+  absl::Status r = client->Restore(1, got.tensors);
+  EXPECT_EQ(r.code(), absl::StatusCode::kDataLoss) << r;
+  EXPECT_NE(std::string(r.message()).find(name), std::string::npos) << r;
+  EXPECT_NE(std::string(r.message()).find("step 1"), std::string::npos) << r;
 }
 
 // The fallback ladder's last rung with a real ckptd and the client: the

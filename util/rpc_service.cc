@@ -146,17 +146,20 @@ grpc::Status ParseRequest(grpc_byte_buffer* payload,
 
 const char* RpcService::MethodPath(std::string_view name,
                                    const Descriptor* request,
-                                   const Descriptor* response) {
+                                   const Descriptor* response,
+                                   bool server_streaming) {
   const google::protobuf::MethodDescriptor* m =
       service_->FindMethodByName(std::string(name));
   if (m == nullptr || m->input_type() != request ||
       m->output_type() != response || m->client_streaming() ||
-      m->server_streaming()) {
-    std::fprintf(stderr,
-                 "RpcService: %s has no unary method %.*s(%s) returns (%s)\n",
-                 service_->full_name().c_str(), static_cast<int>(name.size()),
-                 name.data(), request->full_name().c_str(),
-                 response->full_name().c_str());
+      m->server_streaming() != server_streaming) {
+    std::fprintf(
+        stderr, "RpcService: %s has no %s method %.*s(%s) returns (%s%s)\n",
+        service_->full_name().c_str(),
+        server_streaming ? "server-streaming" : "unary",
+        static_cast<int>(name.size()), name.data(),
+        request->full_name().c_str(), server_streaming ? "stream " : "",
+        response->full_name().c_str());
     std::abort();
   }
   paths_.push_back(absl::StrCat("/", service_->full_name(), "/", m->name()));

@@ -7,8 +7,9 @@
 // ckpt.v1.CommitSaveRequest of 97 bytes does not parse)".
 //
 // A subclass passes its proto service descriptor and registers each method
-// with AddUnary(name, this, &Subclass::Method); the method keeps the
-// signature of a generated handler. A method not registered answers
+// with AddUnary(name, this, &Subclass::Method) (a server-streaming one
+// with AddServerStreaming); the method keeps the signature of a generated
+// handler. A method not registered answers
 // UNIMPLEMENTED, as with the generated Service. Every request that parses
 // first goes through Admit (a subclass may override it: who may call, is
 // this replica serving); a refusal is the answer and the method does not
@@ -25,6 +26,7 @@
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <deque>
 #include <functional>
@@ -80,6 +82,32 @@ class UnaryHandler final : public grpc::internal::MethodHandler {
   const Fn fn_;
 };
 
+// A server-streaming method: the request parsed as UnaryHandler's is, the
+// rest gRPC's own handler (it writes the stream and the status).
+template <class Self, class Req, class Resp>
+class ServerStreamingHandler final : public grpc::internal::MethodHandler {
+ public:
+  using Fn = std::function<grpc::Status(Self*, grpc::ServerContext*, const Req*,
+                                        grpc::ServerWriter<Resp>*)>;
+  ServerStreamingHandler(Fn fn, Self* self) : run_(std::move(fn), self) {}
+
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* payload,
+                    grpc::Status* status, void** /*handler_data*/) override {
+    // Destroyed by run_'s RunHandler, as it destroys its own.
+    Req* request = new (grpc_call_arena_alloc(call, sizeof(Req))) Req;
+    *status = ParseRequest(payload, request);
+    if (status->ok()) return request;
+    request->~Req();
+    return nullptr;
+  }
+  void RunHandler(const HandlerParameter& param) override {
+    run_.RunHandler(param);
+  }
+
+ private:
+  grpc::internal::ServerStreamingHandler<Self, Req, Resp> run_;
+};
+
 }  // namespace internal
 
 class RpcService : public grpc::Service {
@@ -107,6 +135,27 @@ class RpcService : public grpc::Service {
             })));
   }
 
+  template <class Self, class Req, class Resp>
+  void AddServerStreaming(
+      std::string_view name, Self* self,
+      grpc::Status (Self::*method)(grpc::ServerContext*, const Req*,
+                                   grpc::ServerWriter<Resp>*)) {
+    const char* path = MethodPath(name, Req::descriptor(), Resp::descriptor(),
+                                  /*server_streaming=*/true);
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        path, grpc::internal::RpcMethod::SERVER_STREAMING,
+        new internal::ServerStreamingHandler<Self, Req, Resp>(
+            [method, name = std::string(name)](
+                Self* s, grpc::ServerContext* ctx, const Req* req,
+                grpc::ServerWriter<Resp>* writer) {
+              grpc::Status admitted =
+                  static_cast<RpcService*>(s)->Admit(ctx, name, *req);
+              if (!admitted.ok()) return admitted;
+              return (s->*method)(ctx, req, writer);
+            },
+            self)));
+  }
+
   // Called before each registered method with its name and parsed request;
   // the default admits every call.
   virtual grpc::Status Admit(grpc::ServerContext* /*ctx*/,
@@ -119,7 +168,8 @@ class RpcService : public grpc::Service {
   // "/package.Service/Method", kept alive here (gRPC keeps the pointer).
   const char* MethodPath(std::string_view name,
                          const google::protobuf::Descriptor* request,
-                         const google::protobuf::Descriptor* response);
+                         const google::protobuf::Descriptor* response,
+                         bool server_streaming = false);
 
   const google::protobuf::ServiceDescriptor* const service_;
   std::deque<std::string> paths_;

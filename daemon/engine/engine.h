@@ -91,8 +91,9 @@ class Engine : public StagedShards {
     return restorer_.Latest(peer, req);
   }
   [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
-      const PeerCreds& peer, const v1::OpenRestoreRequest& req) {
-    return restorer_.OpenRestore(peer, req);
+      const PeerCreds& peer, const v1::OpenRestoreRequest& req,
+      Restorer::LoadProgress* progress = nullptr) {
+    return restorer_.OpenRestore(peer, req, progress);
   }
   [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
                                           const v1::CloseRestoreRequest& req) {

@@ -65,7 +65,8 @@ absl::StatusOr<v1::LatestResponse> Restorer::Latest(
 }
 
 absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
-    const PeerCreds& peer, const v1::OpenRestoreRequest& req) {
+    const PeerCreds& peer, const v1::OpenRestoreRequest& req,
+    LoadProgress* progress) {
   const auto arrived = std::chrono::steady_clock::now();
   auto count = [&](std::string_view source, uint64_t bytes) {
     node_.metrics->Restored(source,
@@ -200,8 +201,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
     double load_s = 0;
     bool from_object = false;
-    absl::StatusOr<Shard*> loaded =
-        LoadShard(req.job(), req.step(), shard_rank, &load_s, &from_object);
+    absl::StatusOr<Shard*> loaded = LoadShard(req.job(), req.step(), shard_rank,
+                                              &load_s, &from_object, progress);
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();

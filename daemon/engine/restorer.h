@@ -32,8 +32,21 @@ class Restorer {
 
   [[nodiscard]] absl::StatusOr<v1::LatestResponse> Latest(
       const PeerCreds& peer, const v1::LatestRequest& req);
+  // Told of a load's progress while OpenRestore runs (OpenRestoreStream):
+  // where the slot is once its read starts (`where`, lease 0), then each
+  // tensor (an index into where.tensors) whose bytes are in the slot and
+  // match its checksum. Called without the lock; Verified from the reading
+  // threads, possibly several at once, always after Started. A restore
+  // that does not load calls neither.
+  class LoadProgress {
+   public:
+    virtual ~LoadProgress() = default;
+    virtual void Started(v1::OpenRestoreResponse where) = 0;
+    virtual void Verified(uint32_t tensor) = 0;
+  };
   [[nodiscard]] absl::StatusOr<v1::OpenRestoreResponse> OpenRestore(
-      const PeerCreds& peer, const v1::OpenRestoreRequest& req);
+      const PeerCreds& peer, const v1::OpenRestoreRequest& req,
+      LoadProgress* progress = nullptr);
   [[nodiscard]] absl::Status CloseRestore(const PeerCreds& peer,
                                           const v1::CloseRestoreRequest& req);
   // The step's layout index (doc/resharding.md, "Restore into another
@@ -102,10 +115,9 @@ class Restorer {
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
-  [[nodiscard]] absl::StatusOr<Shard*> LoadShard(const std::string& job,
-                                                 uint64_t step, uint32_t rank,
-                                                 double* load_s,
-                                                 bool* from_object = nullptr)
+  [[nodiscard]] absl::StatusOr<Shard*> LoadShard(
+      const std::string& job, uint64_t step, uint32_t rank, double* load_s,
+      bool* from_object = nullptr, LoadProgress* progress = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
   // dst is slot `slot` of `arena`, which its creation left reserved but
   // not faulted in (shm::Arena::slot_left_to_file): the object tier's
@@ -118,12 +130,10 @@ class Restorer {
   // Reads a shard image into dst from the local tier, or from the object
   // tier when the local copy is gone (or unreadable and uploaded);
   // verifies the object's tensor checksums. Called without the lock.
-  [[nodiscard]] absl::Status ReadShardImage(const std::string& key, bool local,
-                                            bool object,
-                                            const storage::ShardInfo& info,
-                                            char* dst, uint64_t bytes,
-                                            bool* from_object,
-                                            const SlotLeftToFile& to_file);
+  [[nodiscard]] absl::Status ReadShardImage(
+      const std::string& key, bool local, bool object,
+      const storage::ShardInfo& info, char* dst, uint64_t bytes,
+      bool* from_object, const SlotLeftToFile& to_file, LoadProgress* progress);
   // The fallback ladder: a client found `shard`'s `copy` failing
   // verification. Drops the slot's image; a bad local file with a copy in
   // the object tier is dropped (restores read the object next); with no

@@ -29,10 +29,12 @@ namespace {
 // restore. The error of a mismatch is VerifyTensorChecksums' (the lowest
 // mismatching tensor's when several mismatch).
 // `file`: dst maps that file (ObjectReader::ReadAtNotifyToFile).
+// `progress` (may be null) is told of each tensor that verified.
 absl::Status ReadVerified(storage::ObjectReader& reader,
                           const storage::ShardInfo& info,
                           const std::string& key, char* dst, uint64_t bytes,
-                          const storage::ObjectReader::DestFile& file) {
+                          const storage::ObjectReader::DestFile& file,
+                          Restorer::LoadProgress* progress) {
   const size_t n = info.tensors.size();
   std::vector<std::atomic<uint64_t>> left(n);
   for (size_t i = 0; i < n; ++i) left[i].store(info.tensors[i].bytes);
@@ -41,7 +43,10 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
   absl::Status bad;
   auto verify = [&](size_t i) {
     absl::Status s = storage::VerifyTensorChecksum(dst, info, key, i);
-    if (s.ok()) return;
+    if (s.ok()) {
+      if (progress != nullptr) progress->Verified(static_cast<uint32_t>(i));
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (i < bad_index) bad_index = i, bad = std::move(s);
   };
@@ -66,7 +71,8 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
 
 absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
                                            uint64_t step_no, uint32_t rank_no,
-                                           double* load_s, bool* from_object) {
+                                           double* load_s, bool* from_object,
+                                           LoadProgress* progress) {
   Shard* shard = node_.table.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
@@ -136,10 +142,29 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   SlotLeftToFile to_file;
   if (arena->slot_left_to_file(slot))
     to_file = {arena.get(), static_cast<uint32_t>(slot)};
+  // Where the slot is, for a client that copies tensors as they verify.
+  // Progress names tensors by their index in the image (info), which the
+  // client looks up in the record's: without the same order, none is sent.
+  const auto& metas = shard->rec.tensors();
+  bool same_order = static_cast<size_t>(metas.size()) == info.tensors.size();
+  for (size_t i = 0; same_order && i < info.tensors.size(); ++i)
+    same_order =
+        metas[static_cast<int>(i)].offset() == info.tensors[i].offset &&
+        metas[static_cast<int>(i)].bytes() == info.tensors[i].bytes;
+  if (!same_order) progress = nullptr;
+  v1::OpenRestoreResponse where;
+  if (progress != nullptr) {
+    where.set_shm_name(arena->name());
+    where.set_arena_bytes(arena->size());
+    where.set_slot_offset(arena->slot_offset(slot));
+    where.set_image_bytes(bytes);
+    *where.mutable_tensors() = shard->rec.tensors();
+  }
   node_.table.Unlock();
+  if (progress != nullptr) progress->Started(std::move(where));
   auto t0 = std::chrono::steady_clock::now();
   absl::Status st = ReadShardImage(key, local, object, info, dst, bytes,
-                                   &read_object, to_file);
+                                   &read_object, to_file, progress);
   if (st.ok())
     st = storage::ValidateImage({dst, bytes}, {job_name, step_no, rank_no}, key)
              .status();
@@ -180,7 +205,8 @@ absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
                                       bool object,
                                       const storage::ShardInfo& info, char* dst,
                                       uint64_t bytes, bool* from_object,
-                                      const SlotLeftToFile& to_file) {
+                                      const SlotLeftToFile& to_file,
+                                      LoadProgress* progress) {
   auto read = [&](storage::Backend& b) -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
                           b.NewObjectReader(key));
@@ -212,7 +238,7 @@ absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
     if (reader->size() != bytes)
       return absl::DataLossError(absl::StrCat(
           key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
-    return ReadVerified(*reader, info, key, dst, bytes, file);
+    return ReadVerified(*reader, info, key, dst, bytes, file, progress);
   }();
   LogInfo(absl::StrFormat(
       "load %s from the object tier: GETs and checksums %.3f s", key,

@@ -297,6 +297,7 @@ class ResilientTest(unittest.TestCase):
         plan = type("P", (), dict(master_addr="127.0.0.1", master_port=port, generation=0))()
         real = socket.create_connection
         calls = []
+        probed = threading.Event()  # the self-connect is made
         listening = threading.Event()
 
         def probe(address, timeout=None):
@@ -306,11 +307,11 @@ class ResilientTest(unittest.TestCase):
             s = socket.socket()
             s.bind(("127.0.0.1", port))
             s.connect(("127.0.0.1", port))  # a self-connect
+            probed.set()
             return s
 
         def serve():
-            while len(calls) < 1:
-                time.sleep(0.01)
+            self.assertTrue(probed.wait(30), "no probe came")
             srv = socket.socket()  # no SO_REUSEADDR: a TIME_WAIT would refuse it
             try:
                 srv.bind(("127.0.0.1", port))

@@ -48,6 +48,19 @@ namespace internal {
 [[nodiscard]] grpc::Status ParseRequest(grpc_byte_buffer* payload,
                                         google::protobuf::Message* request);
 
+// The request of a call, parsed into the call's arena as gRPC's own
+// handlers do; nullptr (and *status set) when it does not parse. The
+// handler's RunHandler destroys it.
+template <class Req>
+Req* ParseInArena(grpc_call* call, grpc_byte_buffer* payload,
+                  grpc::Status* status) {
+  Req* request = new (grpc_call_arena_alloc(call, sizeof(Req))) Req;
+  *status = ParseRequest(payload, request);
+  if (status->ok()) return request;
+  request->~Req();
+  return nullptr;
+}
+
 template <class Req, class Resp>
 class UnaryHandler final : public grpc::internal::MethodHandler {
  public:
@@ -57,12 +70,7 @@ class UnaryHandler final : public grpc::internal::MethodHandler {
 
   void* Deserialize(grpc_call* call, grpc_byte_buffer* payload,
                     grpc::Status* status, void** /*handler_data*/) override {
-    // In the call's arena, as gRPC's own handler does; destroyed in RunHandler.
-    Req* request = new (grpc_call_arena_alloc(call, sizeof(Req))) Req;
-    *status = ParseRequest(payload, request);
-    if (status->ok()) return request;
-    request->~Req();
-    return nullptr;
+    return ParseInArena<Req>(call, payload, status);  // freed in RunHandler
   }
 
   void RunHandler(const HandlerParameter& param) override {
@@ -94,11 +102,7 @@ class ServerStreamingHandler final : public grpc::internal::MethodHandler {
   void* Deserialize(grpc_call* call, grpc_byte_buffer* payload,
                     grpc::Status* status, void** /*handler_data*/) override {
     // Destroyed by run_'s RunHandler, as it destroys its own.
-    Req* request = new (grpc_call_arena_alloc(call, sizeof(Req))) Req;
-    *status = ParseRequest(payload, request);
-    if (status->ok()) return request;
-    request->~Req();
-    return nullptr;
+    return ParseInArena<Req>(call, payload, status);
   }
   void RunHandler(const HandlerParameter& param) override {
     run_.RunHandler(param);

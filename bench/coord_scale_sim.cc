@@ -173,6 +173,33 @@ bool Retryable(const grpc::Status& s) {
 
 constexpr char kJob[] = "bench";
 
+// What a ckptd registers with (daemon/health/health.cc's checks): memcpy
+// and cuda figures that differ a little from node to node, the storage
+// probes, no shared root. The coordinator judges every report against the
+// cluster's medians, so a simulator without them would hide that cost.
+v1::NodeHealthReport HealthReportOf(int k) {
+  v1::NodeHealthReport r;
+  auto add = [&r](const char* name, double figure, const char* unit) {
+    v1::HealthCheck* c = r.add_checks();
+    c->set_name(name);
+    c->set_passed(true);
+    c->set_figure(figure);
+    c->set_unit(unit);
+    c->set_seconds(0.05);
+  };
+  const double jitter = 1.0 + 0.01 * static_cast<double>(k % 11 - 5);
+  add("memcpy", 12.0 * jitter, "GB/s");
+  add("shm", 0, "");
+  add("root", 0.002 * jitter, "s");
+  v1::HealthCheck* shared = r.add_checks();
+  shared->set_name("shared_root");
+  shared->set_skipped(true);
+  shared->set_passed(true);
+  shared->set_reason("no --shared-root");
+  add("cuda", 50.0 * jitter, "GB/s");
+  return r;
+}
+
 std::string NodeId(int g, int nodes) {
   if (g == nodes) return "spare";
   char id[32];
@@ -367,6 +394,8 @@ class NodeSim {
       n.reg_req.set_address(n.id + ":29500");
       n.reg_req.set_capacity(static_cast<uint32_t>(a_.ranks_per_node));
       n.reg_req.set_spare(n.spare);
+      if (!n.reg_req.has_health_report())
+        *n.reg_req.mutable_health_report() = HealthReportOf(k);
       n.reg_ctx.emplace();
     }
     ++inflight_;

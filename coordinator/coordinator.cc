@@ -105,7 +105,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(
       &batch, v1::NODE_REGISTERED, "", req.node_id(),
       absl::StrCat("epoch ", node.rec.epoch(), ", capacity ", req.capacity(),
                    node.rec.spare() ? ", spare" : ", active"));
-  JudgeHealthLocked(&batch);
+  JudgeHealthLocked(&batch, &req.node_id());
   // Only a node that can end the wait makes a plan (its own lost ranks come
   // back, or a spare has room): any other registration changes nothing.
   for (auto& [name, job] : jobs_)

@@ -78,11 +78,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator.pb.h"
+#include "coordinator/call_groups.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/coordinator_records.h"
 #include "coordinator/group_commit.h"
 #include "coordinator/hang_model.h"
 #include "coordinator/health_rechecks.h"
+#include "coordinator/health_state.h"
 #include "coordinator/hearing.h"
 #include "coordinator/metrics.h"
 #include "coordinator/net_check.h"
@@ -392,6 +394,20 @@ class Coordinator {
   // `done` gets the steps committed; `dropped`, those a plan made while
   // their manifest was written took out of the timeline (the manifest is
   // removed again; they are not committed).
+  // One ReportShards call in a group (call_groups.h): its request, the
+  // layout indexes parsed before the lock, and its answer.
+  struct ReportCall {
+    const v1::ReportShardsRequest* req = nullptr;
+    std::vector<RankIndex> indexes;
+    std::vector<absl::Status> index_checks;
+    absl::StatusOr<v1::ReportShardsResponse> out =
+        absl::InternalError("report call not run");
+  };
+  // Applies a group of ReportShards calls under one hold of the state
+  // mutex (one batch, the completed steps committed together); returns
+  // what waits for the batch and answers each call.
+  std::function<void()> ApplyReportGroup(const std::vector<ReportCall*>& group)
+      ABSL_LOCKS_EXCLUDED(mu_);
   [[nodiscard]] absl::Status CommitSteps(
       Batch* batch, std::vector<PendingCommit> steps,
       std::set<std::pair<std::string, uint64_t>>* done,
@@ -478,10 +494,16 @@ class Coordinator {
   void CheckStragglersLocked(Batch* batch, JobState& job,
                              const std::vector<uint32_t>& ranks, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // coordinator_health.cc: judges every alive node's health report
-  // against the cluster's medians; a node that turns unhealthy gets event
-  // HEALTH_FAILED. Unhealthy nodes are given no ranks.
-  void JudgeHealthLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // coordinator_health.cc: judges alive nodes' health reports against
+  // the cluster's medians; a node that turns unhealthy gets event
+  // HEALTH_FAILED. Unhealthy nodes are given no ranks. `changed`: the one
+  // node whose report changed, judged alone unless the medians are due
+  // again (ClusterMedians); none: every node, the medians taken again.
+  void JudgeHealthLocked(Batch* batch, const std::string* changed = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JudgeNodeHealthLocked(Batch* batch, const std::string& id, NodeState& n,
+                             const std::map<std::string, double>& medians)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "; spare X is unhealthy (check: reason)" per such spare: why a plan
   // found no host.
   std::string UnhealthySparesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -787,6 +809,11 @@ class Coordinator {
   uint64_t net_nodes_version_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t net_nodes_seen_ ABSL_GUARDED_BY(mu_) = 0;
   ReplicaTargets replica_targets_ ABSL_GUARDED_BY(mu_);
+  ClusterMedians health_medians_ ABSL_GUARDED_BY(mu_);
+  // ReportShards calls applied in groups of at most 64: a group's lock
+  // hold is then ~64 nodes' items (a few ms at most), short enough for the
+  // heartbeats that wait for it.
+  CallGroups<ReportCall> report_groups_{64};
 
   std::shared_mutex live_mu_;
   std::unordered_map<std::string, std::unique_ptr<NodeLiveness>> live_;

@@ -11,44 +11,57 @@
 
 namespace ckpt::coordinator {
 
-void Coordinator::JudgeHealthLocked(Batch* batch) {
-  std::vector<const v1::NodeHealthReport*> reports;
-  for (const auto& [id, n] : nodes_)
-    if (n.rec.health() == v1::ALIVE) reports.push_back(&n.rec.health_report());
-  const std::map<std::string, double> medians = MedianFigures(reports);
-  for (auto& [id, n] : nodes_) {
-    if (n.rec.health() != v1::ALIVE) continue;
-    const HealthVerdict v =
-        JudgeHealth(n.rec.health_report(), medians, options_.health_min_ratio);
-    // A low figure the node measured itself is one sample, perhaps taken in
-    // a burst of load: ask for another before the verdict (the node takes
-    // no new ranks meanwhile), and judge the answer.
-    if (!v.healthy && !n.rec.unhealthy() && !n.low_figure_answered &&
-        LowOwnFigure(n.rec.health_report(), v.check)) {
-      if (n.health_requested == 0)
-        n.health_requested = NextHealthRequestLocked();
-      n.low_figure_recheck = n.health_requested;
-      continue;
-    }
-    if (n.low_figure_answered || v.healthy) n.low_figure_recheck = 0;
-    if (v.healthy == !n.rec.unhealthy() && v.check == n.rec.unhealthy_check() &&
-        v.reason == n.rec.unhealthy_reason())
-      continue;  // unchanged
-    n.rec.set_unhealthy(!v.healthy);
-    replica_targets_.MarkStale();  // an unhealthy node holds no replicas
-    n.rec.set_unhealthy_check(v.check);
-    n.rec.set_unhealthy_reason(v.reason);
-    batch->PutNode(n.rec);
-    if (v.healthy) continue;
-    v1::Event e;
-    e.set_node_id(id);
-    e.set_kind(v1::HEALTH_FAILED);
-    e.set_detail(
-        absl::StrCat(v.check, ": ", v.reason, "; the node is given no ranks"));
-    e.mutable_health()->set_check(v.check);
-    e.mutable_health()->set_reason(v.reason);
-    LogLocked(batch, std::move(e));
+void Coordinator::JudgeHealthLocked(Batch* batch, const std::string* changed) {
+  if (changed != nullptr) health_medians_.Changed();
+  if (changed == nullptr || health_medians_.Stale()) {
+    std::vector<const v1::NodeHealthReport*> reports;
+    for (const auto& [id, n] : nodes_)
+      if (n.rec.health() == v1::ALIVE)
+        reports.push_back(&n.rec.health_report());
+    health_medians_.Take(reports);
+    for (auto& [id, n] : nodes_)
+      if (n.rec.health() == v1::ALIVE)
+        JudgeNodeHealthLocked(batch, id, n, health_medians_.medians());
+    return;
   }
+  auto it = nodes_.find(*changed);
+  if (it != nodes_.end() && it->second.rec.health() == v1::ALIVE)
+    JudgeNodeHealthLocked(batch, it->first, it->second,
+                          health_medians_.medians());
+}
+
+void Coordinator::JudgeNodeHealthLocked(
+    Batch* batch, const std::string& id, NodeState& n,
+    const std::map<std::string, double>& medians) {
+  const HealthVerdict v =
+      JudgeHealth(n.rec.health_report(), medians, options_.health_min_ratio);
+  // A low figure the node measured itself is one sample, perhaps taken in
+  // a burst of load: ask for another before the verdict (the node takes
+  // no new ranks meanwhile), and judge the answer.
+  if (!v.healthy && !n.rec.unhealthy() && !n.low_figure_answered &&
+      LowOwnFigure(n.rec.health_report(), v.check)) {
+    if (n.health_requested == 0) n.health_requested = NextHealthRequestLocked();
+    n.low_figure_recheck = n.health_requested;
+    return;
+  }
+  if (n.low_figure_answered || v.healthy) n.low_figure_recheck = 0;
+  if (v.healthy == !n.rec.unhealthy() && v.check == n.rec.unhealthy_check() &&
+      v.reason == n.rec.unhealthy_reason())
+    return;  // unchanged
+  n.rec.set_unhealthy(!v.healthy);
+  replica_targets_.MarkStale();  // an unhealthy node holds no replicas
+  n.rec.set_unhealthy_check(v.check);
+  n.rec.set_unhealthy_reason(v.reason);
+  batch->PutNode(n.rec);
+  if (v.healthy) return;
+  v1::Event e;
+  e.set_node_id(id);
+  e.set_kind(v1::HEALTH_FAILED);
+  e.set_detail(
+      absl::StrCat(v.check, ": ", v.reason, "; the node is given no ranks"));
+  e.mutable_health()->set_check(v.check);
+  e.mutable_health()->set_reason(v.reason);
+  LogLocked(batch, std::move(e));
 }
 
 void Coordinator::NoteUnconfirmedClaimLocked(Batch* batch,
@@ -75,7 +88,7 @@ void Coordinator::NoteUnconfirmedClaimLocked(Batch* batch,
     if (c.name() == kSuspectCheck) slot = &c;
   *(slot ? slot : report->add_checks()) = SuspectCheck(p, n);
   batch->PutNode(node.rec);
-  JudgeHealthLocked(batch);
+  JudgeHealthLocked(batch, &node_id);
   // As for any node turning unhealthy: its ranks move (a cordon above
   // has planned already).
   if (cordoned || !was_placeable || Placeable(node.rec)) return;
@@ -107,7 +120,7 @@ absl::StatusOr<v1::ReportNodeCheckResponse> Coordinator::ReportNodeCheck(
   if (!slot) slot = report->add_checks();
   *slot = req.check();
   batch.PutNode(node.rec);
-  JudgeHealthLocked(&batch);
+  JudgeHealthLocked(&batch, &req.node_id());
   if (!Placeable(node.rec))
     for (auto& [name, job] : jobs_)
       if (job.ranks_by_node.count(req.node_id()))
@@ -167,7 +180,7 @@ void Coordinator::HealthRecheckLocked(Batch* batch,
     batch->PutNode(node.rec);
     node.low_figure_answered = node.low_figure_recheck != 0 &&
                                req.health_check_id() == node.low_figure_recheck;
-    JudgeHealthLocked(batch);
+    JudgeHealthLocked(batch, &req.node_id());
     node.low_figure_answered = false;
     // Plans only when the verdict changed, or a spare answered the check a
     // plan waits for: a report that says what the last one said (an idle

@@ -133,6 +133,7 @@ absl::Status Coordinator::ReloadLocked() {
   CKPT_ASSIGN_OR_RETURN(CoordStore::Snapshot snap, store_->Load());
   nodes_.clear();
   ++net_nodes_version_;
+  health_medians_ = ClusterMedians();  // taken again at the next judgement
   jobs_.clear();
   events_.clear();
   const int64_t now = options_.now_ms();

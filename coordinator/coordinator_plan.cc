@@ -142,7 +142,8 @@ void Coordinator::DeclareDeadLocked(Batch* batch, NodeState& node,
                                     const std::string& reason) {
   const std::string id = node.rec.node_id();
   node.rec.set_health(v1::DEAD);
-  ++net_nodes_version_;  // the network check's node set may have changed
+  ++net_nodes_version_;       // the network check's node set may have changed
+  health_medians_.Changed();  // its report leaves the medians
   node.rec.set_dead_reason(reason);
   SetLiveLocked(node);
   batch->PutNode(node.rec);

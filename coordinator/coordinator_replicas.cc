@@ -306,7 +306,7 @@ const std::map<std::string, std::string>& Coordinator::ReplicaTargetsLocked() {
       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return ReplicaCandidatesLocked();
       },
-      AliveEpochs(nodes_));
+      AliveEpochs(nodes_), options_.now_ms());
 }
 
 void Coordinator::ReplicaTargetForLocked(Batch* batch,
@@ -320,7 +320,7 @@ void Coordinator::ReplicaTargetForLocked(Batch* batch,
             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
               return ReplicaCandidatesLocked();
             },
-            AliveEpochs(nodes_))) {
+            AliveEpochs(nodes_), options_.now_ms())) {
       auto next = ReplicaTargetsLocked().find(node_id);
       const std::string to =
           next == ReplicaTargetsLocked().end() ? "none" : next->second;

@@ -407,64 +407,100 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
                      " in one call, more than ", kMaxWorldSize));
   // The layout indexes are checked before the state mutex is taken: a
   // rank's pieces are O(its tensors) to parse.
-  std::vector<RankIndex> indexes(req.reports_size());
-  std::vector<absl::Status> index_checks(req.reports_size());
+  ReportCall call;
+  call.req = &req;
+  call.indexes.resize(req.reports_size());
+  call.index_checks.resize(req.reports_size());
   for (int i = 0; i < req.reports_size(); ++i) {
     const v1::ShardReport& r = req.reports(i);
     if (!r.has_layout_index()) continue;
     absl::StatusOr<storage::LayoutIndex> parsed = storage::ParseRankLayoutIndex(
         r.layout_index(), r.rank(), /*world_size=*/0, "layout_index");
     if (!parsed.ok()) {
-      index_checks[i] = parsed.status();
+      call.index_checks[i] = parsed.status();
       continue;
     }
-    indexes[i].world_size = parsed->world_size();
-    indexes[i].blob = std::make_shared<const std::string>(r.layout_index());
+    call.indexes[i].world_size = parsed->world_size();
+    call.indexes[i].blob =
+        std::make_shared<const std::string>(r.layout_index());
   }
+  report_groups_.Run(&call, [this](const std::vector<ReportCall*>& group) {
+    return ApplyReportGroup(group);
+  });
+  return std::move(call.out);
+}
+
+std::function<void()> Coordinator::ApplyReportGroup(
+    const std::vector<ReportCall*>& group) {
   Txn txn(this);
   Batch& batch = *txn.batch();
-  absl::Status s = CheckEpochLocked(req.node_id(), req.epoch());
-  if (!s.ok()) return txn.Commit(s);
-  v1::ReportShardsResponse resp;
-  resp.set_incarnation(incarnation_.load());
   std::vector<PendingCommit> complete;
-  for (int i = 0; i < req.reports_size(); ++i) {
-    v1::ReportResult* result = resp.add_results();
-    absl::Status rs = index_checks[i];
-    if (rs.ok())
-      rs = ApplyReportLocked(req.node_id(), req.epoch(), req.reports(i),
-                             indexes[i], &batch, result, &complete);
-    if (!rs.ok()) {
-      result->Clear();
-      result->set_code(static_cast<int32_t>(rs.code()));
-      result->set_message(std::string(rs.message()));
-    }
-  }
-  std::set<std::pair<std::string, uint64_t>> done, dropped;
-  s = CommitSteps(&batch, std::move(complete), &done, &dropped);
-  // Reports of a step whose manifest could not be written fail (the node
-  // retries them; the state has not moved).
-  for (int i = 0; i < req.reports_size(); ++i) {
-    v1::ReportResult* result = resp.mutable_results(i);
-    // A step a plan took out of the timeline was not committed.
-    if (dropped.count({req.reports(i).job(), req.reports(i).step()}))
-      result->set_durable_everywhere(false);
-    if (!s.ok() && result->code() == 0 && result->durable_everywhere() &&
-        !done.count({req.reports(i).job(), req.reports(i).step()})) {
-      auto job = jobs_.find(req.reports(i).job());
-      bool committed = job != jobs_.end() &&
-                       std::find(job->second.rec.manifest_steps().begin(),
-                                 job->second.rec.manifest_steps().end(),
-                                 req.reports(i).step()) !=
-                           job->second.rec.manifest_steps().end();
-      if (!committed) {
+  std::vector<absl::Status> refused(group.size());
+  std::vector<v1::ReportShardsResponse> resps(group.size());
+  for (size_t g = 0; g < group.size(); ++g) {
+    const v1::ReportShardsRequest& req = *group[g]->req;
+    refused[g] = CheckEpochLocked(req.node_id(), req.epoch());
+    if (!refused[g].ok()) continue;
+    v1::ReportShardsResponse& resp = resps[g];
+    resp.set_incarnation(incarnation_.load());
+    for (int i = 0; i < req.reports_size(); ++i) {
+      v1::ReportResult* result = resp.add_results();
+      absl::Status rs = group[g]->index_checks[i];
+      if (rs.ok())
+        rs = ApplyReportLocked(req.node_id(), req.epoch(), req.reports(i),
+                               group[g]->indexes[i], &batch, result, &complete);
+      if (!rs.ok()) {
         result->Clear();
-        result->set_code(static_cast<int32_t>(s.code()));
-        result->set_message(std::string(s.message()));
+        result->set_code(static_cast<int32_t>(rs.code()));
+        result->set_message(std::string(rs.message()));
       }
     }
   }
-  return txn.Commit(resp);
+  std::set<std::pair<std::string, uint64_t>> done, dropped;
+  const absl::Status s =
+      CommitSteps(&batch, std::move(complete), &done, &dropped);
+  // Reports of a step whose manifest could not be written fail (the node
+  // retries them; the state has not moved).
+  for (size_t g = 0; g < group.size(); ++g) {
+    const v1::ReportShardsRequest& req = *group[g]->req;
+    if (!refused[g].ok()) continue;
+    for (int i = 0; i < req.reports_size(); ++i) {
+      v1::ReportResult* result = resps[g].mutable_results(i);
+      const std::pair<std::string, uint64_t> step{req.reports(i).job(),
+                                                  req.reports(i).step()};
+      // A step a plan took out of the timeline was not committed.
+      if (dropped.count(step)) result->set_durable_everywhere(false);
+      if (!s.ok() && result->code() == 0 && result->durable_everywhere() &&
+          !done.count(step)) {
+        auto job = jobs_.find(step.first);
+        bool committed =
+            job != jobs_.end() &&
+            std::find(job->second.rec.manifest_steps().begin(),
+                      job->second.rec.manifest_steps().end(),
+                      step.second) != job->second.rec.manifest_steps().end();
+        if (!committed) {
+          result->Clear();
+          result->set_code(static_cast<int32_t>(s.code()));
+          result->set_message(std::string(s.message()));
+        }
+      }
+    }
+  }
+  // Each call answers once the group's batch is durable (a refusal too:
+  // the timeouts found on the way are committed either way).
+  const uint64_t seq = txn.EnqueueForWait();
+  return [this, seq, group, refused = std::move(refused),
+          resps = std::move(resps)]() mutable {
+    const absl::Status durable = seq == 0 ? absl::OkStatus() : WaitDurable(seq);
+    for (size_t g = 0; g < group.size(); ++g) {
+      if (!durable.ok())
+        group[g]->out = durable;
+      else if (!refused[g].ok())
+        group[g]->out = refused[g];
+      else
+        group[g]->out = std::move(resps[g]);
+    }
+  };
 }
 
 absl::StatusOr<v1::ReportFallbackResponse> Coordinator::ReportFallback(

@@ -44,6 +44,40 @@ bool ComparedAgainstMedian(std::string_view check);
 std::map<std::string, double> MedianFigures(
     const std::vector<const v1::NodeHealthReport*>& reports);
 
+// The cluster's medians (MedianFigures over the alive nodes' reports),
+// kept between judgements. A registration used to take them again and
+// re-judge every node: O(N) per registration, O(N^2) for a storm of N
+// (a coordinator failover, a partition healed, a cluster's start). They
+// are exact while the cluster is small (at most kExactNodes reports: any
+// change takes them again); beyond, one node moves a median of thousands
+// by at most one place, so they are taken again (and every node judged
+// again) once the changes reach 1/kDrift of the reports they were taken
+// from: O(log N) amortised per change.
+class ClusterMedians {
+ public:
+  static constexpr size_t kExactNodes = 64;
+  static constexpr size_t kDrift = 16;
+
+  // An alive node's report changed, or a node joined or died.
+  void Changed() { ++changes_; }
+  // Whether the medians must be taken again before a judgement.
+  bool Stale() const {
+    return changes_ > 0 &&
+           (basis_ <= kExactNodes || changes_ * kDrift >= basis_);
+  }
+  void Take(const std::vector<const v1::NodeHealthReport*>& reports) {
+    medians_ = MedianFigures(reports);
+    basis_ = reports.size();
+    changes_ = 0;
+  }
+  const std::map<std::string, double>& medians() const { return medians_; }
+
+ private:
+  std::map<std::string, double> medians_;
+  size_t basis_ = 0;    // reports the medians were taken from
+  size_t changes_ = 1;  // since; none taken yet: stale
+};
+
 struct HealthVerdict {
   bool healthy = true;
   std::string check;   // the first check that made it unhealthy

@@ -37,6 +37,28 @@ TEST(HealthStateTest, MedianNeedsTwoNodesAndSkipsFailedFigures) {
   EXPECT_EQ(MedianFigures({&a, &b, &c, &d}).at("memcpy"), 10);
 }
 
+TEST(HealthStateTest, ClusterMediansAreExactWhenSmallAndDriftBoundedAtScale) {
+  ClusterMedians m;
+  EXPECT_TRUE(m.Stale()) << "none taken yet";
+  std::vector<v1::NodeHealthReport> held(4096, HealthReport(10));
+  std::vector<const v1::NodeHealthReport*> reports;
+  for (const auto& r : held) reports.push_back(&r);
+  std::vector<const v1::NodeHealthReport*> small(reports.begin(),
+                                                 reports.begin() + 64);
+  m.Take(small);
+  EXPECT_FALSE(m.Stale());
+  m.Changed();
+  EXPECT_TRUE(m.Stale()) << "64 reports: any change takes them again";
+  m.Take(reports);
+  EXPECT_EQ(m.medians().at("memcpy"), 10);
+  for (int i = 1; i < 4096 / 16; ++i) {
+    m.Changed();
+    ASSERT_FALSE(m.Stale()) << i << " changes of 4096";
+  }
+  m.Changed();
+  EXPECT_TRUE(m.Stale()) << "4096 / 16 changes";
+}
+
 TEST(HealthStateTest, OwnFailedCheckOrLowFigureIsUnhealthy) {
   const std::map<std::string, double> medians{{"memcpy", 10}};
   EXPECT_TRUE(JudgeHealth(HealthReport(5), medians, 0.5).healthy);
@@ -152,6 +174,36 @@ TEST_F(HealthTest, BandwidthBelowRatioOfMedianIsUnhealthyOnceMeasuredAgain) {
       << text;
   EXPECT_NE(text.find("ckpt_coordinator_node_healthy{node=\"n1\"} 1"),
             std::string::npos);
+}
+
+// With the medians kept between registrations (ClusterMedians), a node
+// of a large cluster is still judged on its registration, against the
+// medians of the nodes before it; a node whose verdict the medians' move
+// changes is judged again when they are taken again.
+TEST_F(HealthTest, AtScaleARegistrationIsJudgedAtOnceAgainstKeptMedians) {
+  const int n = 200;
+  for (int i = 0; i < n; ++i)
+    Must(RegisterWith("n" + std::to_string(i), 1, false, HealthReport(10)));
+  Must(RegisterWith("bad", 1, false, HealthReport(10, "root", "EIO")));
+  EXPECT_TRUE(Node("bad").unhealthy()) << "its own failed check";
+  const uint64_t slow = Must(RegisterWith("slow", 1, false, HealthReport(2)));
+  auto asked = Heartbeat("slow", slow);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  ASSERT_NE(asked->run_health_check(), 0u)
+      << "2 GB/s against a median of 10, judged on its registration";
+  ASSERT_TRUE(
+      HealthBeat("slow", slow, HealthReport(2), asked->run_health_check())
+          .ok());
+  EXPECT_TRUE(Node("slow").unhealthy());
+  EXPECT_EQ(Node("slow").unhealthy_check(), "memcpy");
+  // 250 nodes at 1 GB/s move the median to 1: "slow" (2 GB/s) is no
+  // longer below half of it once the medians are taken again, within
+  // 1/16 of the reports' changes.
+  for (int i = 0; i < 250; ++i)
+    Must(RegisterWith("m" + std::to_string(i), 1, false, HealthReport(1)));
+  EXPECT_FALSE(Node("slow").unhealthy())
+      << "judged again when the medians moved";
+  EXPECT_TRUE(Node("bad").unhealthy());
 }
 
 TEST_F(HealthTest, LowFigureThatIsFineWhenMeasuredAgainLeavesTheNodeHealthy) {

@@ -23,11 +23,12 @@ class ReplicaTargetsTest : public ::testing::Test {
     return nodes_;
   }
   const std::map<std::string, std::string>& Current() {
-    return targets_.Current([this] { return Candidates(); }, epoch_of_);
+    return targets_.Current([this] { return Candidates(); }, epoch_of_,
+                            now_ms_);
   }
   bool Refused(const std::string& source, const std::string& holder) {
     return targets_.Refused(
-        source, holder, [this] { return Candidates(); }, epoch_of_);
+        source, holder, [this] { return Candidates(); }, epoch_of_, now_ms_);
   }
 
   // Three nodes in two domains: "a" has a holder in another domain ("c")
@@ -39,6 +40,7 @@ class ReplicaTargetsTest : public ::testing::Test {
   };
   ReplicaTargets targets_;
   int computed_ = 0;
+  int64_t now_ms_ = 1'000;
 };
 
 TEST_F(ReplicaTargetsTest, PlacementIsComputedOnceUntilStale) {
@@ -72,6 +74,45 @@ TEST_F(ReplicaTargetsTest, ARefusalEndsWithTheHoldersEpoch) {
   };
   targets_.MarkStale();
   EXPECT_EQ(Current().at("a"), "c");
+}
+
+TEST_F(ReplicaTargetsTest, AtScaleAStalePlacementIsComputedAtMostEvery200Ms) {
+  // A registration storm marks the placement stale once per registration
+  // and every heartbeat asks for it: computed at once each time, a storm
+  // of N nodes cost O(N^2 log N).
+  nodes_.clear();
+  for (int i = 0; i < 100; ++i)
+    nodes_.push_back(Node("n" + std::to_string(i), i % 2 ? "d1" : "d2"));
+  ASSERT_EQ(Current().size(), 100u);
+  ASSERT_EQ(computed_, 1);
+  for (int i = 0; i < 50; ++i) {  // registrations between heartbeats
+    targets_.MarkStale();
+    Current();
+  }
+  EXPECT_EQ(computed_, 1) << "within 200 ms of the last computation";
+  now_ms_ += ReplicaTargets::kMinAgeMs;
+  Current();
+  EXPECT_EQ(computed_, 2) << "stale and old enough";
+  Current();
+  EXPECT_EQ(computed_, 2) << "not stale";
+  // A refusal moves its target at once, whatever the placement's age.
+  const std::string target = Current().at("n0");
+  ASSERT_TRUE(Refused("n0", target));
+  EXPECT_NE(Current().at("n0"), target);
+  EXPECT_EQ(computed_, 3);
+  // A clock that went back is no reason to keep a stale placement.
+  targets_.MarkStale();
+  now_ms_ -= 10'000;
+  Current();
+  EXPECT_EQ(computed_, 4);
+}
+
+TEST_F(ReplicaTargetsTest, ASmallClusterIsComputedAgainAtOnce) {
+  for (int i = 0; i < 3; ++i) {
+    targets_.MarkStale();
+    Current();
+  }
+  EXPECT_EQ(computed_, 3) << "3 candidates: exact, whatever the clock";
 }
 
 }  // namespace

@@ -72,8 +72,15 @@ class Service final : public rpc::RpcService {
         // Heartbeats: the state lock for a moment, no durable wait.
         heartbeats_("heartbeat", 2, limits.max_queued_heartbeats, 200),
         // Reports and registrations wait for the group commit: enough
-        // workers that a group holds many of them.
-        reports_("report", 16, limits.max_inflight_reports, 100),
+        // workers that a group holds many of them. Reports are applied in
+        // groups of up to 64 calls (Coordinator::ApplyReportGroup), one
+        // worker each while it waits; the herd beyond waits queued.
+        reports_(
+            "report", 64,
+            std::max(limits.max_inflight_reports, limits.max_queued_reports),
+            100),
+        queued_reports_(
+            std::max(limits.max_inflight_reports, limits.max_queued_reports)),
         registrations_("registration", 8, limits.max_inflight_reports, 500) {
     // First: their indices among the methods are 0, 1 and 2.
     AddQueued<v1::HeartbeatRequest>(
@@ -126,8 +133,10 @@ class Service final : public rpc::RpcService {
     reports_.Stop();
     registrations_.Stop();
   }
+  // 0 sheds every report call and registration (tests, an operator);
+  // else n registrations, and the queued bound of reports.
   void SetReportCapacity(int n) {
-    reports_.SetCapacity(n);
+    reports_.SetCapacity(n <= 0 ? 0 : std::max(n, queued_reports_));
     registrations_.SetCapacity(n);
   }
   void SetHeartbeatCapacity(int n) { heartbeats_.SetCapacity(n); }
@@ -381,6 +390,7 @@ class Service final : public rpc::RpcService {
   std::deque<std::string> paths_;  // gRPC keeps pointers to them
   KindQueue heartbeats_;
   KindQueue reports_;
+  const int queued_reports_;  // reports_'s bound when not shedding
   KindQueue registrations_;
 };
 
@@ -417,6 +427,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
     return absl::InvalidArgumentError("max_inflight_reports: negative");
   if (limits.max_queued_heartbeats < 0)
     return absl::InvalidArgumentError("max_queued_heartbeats: negative");
+  if (limits.max_queued_reports < 0)
+    return absl::InvalidArgumentError("max_queued_reports: negative");
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       LoadServerCredentials(security.tls);
   if (!creds.ok()) return creds.status();

@@ -61,6 +61,10 @@ struct ServerLimits {
   int max_threads = 256;
   int max_inflight_reports = 16;  // and as many registrations
   int max_queued_heartbeats = 4096;
+  // ReportShards calls admitted at once (queued + running), applied in
+  // groups (call_groups.h): a step's herd of one call per node is taken
+  // whole, not refused beyond the workers and retried 100-300 ms later.
+  int max_queued_reports = 4096;
 };
 
 // A refusal for load (RESOURCE_EXHAUSTED) carries this trailer: when to

@@ -213,11 +213,20 @@ class Client::Impl {
       std::vector<std::optional<TensorLayout>>* layouts);
   // One saved rank's reads: opens it (OpenRestore saved_rank, a slot),
   // copies and verifies, closes (reporting a bad copy).
+  // `ranges`: [begin, end) of the saved rank's image the reads touch,
+  // sent with the open (a ranged fetch from a peer); `pre`: an answer of
+  // an open made already (used instead of opening).
   [[nodiscard]] absl::Status RestoreSavedRankRuns(
-      int64_t step, uint32_t saved_rank, const storage::LayoutIndex& saved,
-      const storage::LayoutIndex& requested,
+      int64_t step, uint32_t saved_rank,
+      std::span<const std::pair<uint64_t, uint64_t>> ranges,
+      const storage::LayoutIndex& saved, const storage::LayoutIndex& requested,
       std::span<const storage::PlannedRead> reads,
-      std::span<const Tensor> tensors, bool* opened);
+      std::span<const Tensor> tensors, bool* opened,
+      const v1::OpenRestoreResponse* pre);
+  // OpenRestore of a saved rank, with the ranges its reads touch.
+  v1::OpenRestoreRequest SavedRankOpen(
+      int64_t step, uint32_t saved_rank,
+      std::span<const std::pair<uint64_t, uint64_t>> ranges) const;
   // Where a saved rank's bytes are: its image in a slot, or (image null)
   // its shard file, whose touched chunks the FileRestorer reads.
   struct SavedSource {

@@ -25,7 +25,9 @@
 // copied again).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -43,6 +45,9 @@
 
 namespace ckpt {
 namespace {
+
+// Ranges one OpenRestore may name (the daemon's limit, ranged_read.h).
+constexpr size_t kMaxOpenRanges = 65536;
 
 // One run of bytes of a saved piece to a requested tensor.
 struct Run {
@@ -180,12 +185,54 @@ absl::Status Client::Impl::RestoreResharded(
               return ka != kb ? ka < kb : a.saved_piece < b.saved_piece;
             });
 
+  // Per saved rank, the byte ranges of its image the runs read, widened
+  // to the 1 MiB checksum chunks of their piece and merged (at most one
+  // range per touched chunk): what a ranged fetch from a peer moves.
+  std::unordered_map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>>
+      ranges;
+  for (const storage::PlannedRead& rd : reads) {
+    const uint64_t sp = rd.saved_piece;
+    const storage::LayoutTensor& lt = saved->tensors()[saved->piece_tensor(sp)];
+    uint64_t piece_bytes = DTypeSize(lt.dtype);
+    for (uint32_t d = 0; d < lt.ndim; ++d)
+      piece_bytes *= saved->piece_length(sp, d);
+    const uint64_t at = saved->piece_data_offset(sp);
+    auto& v = ranges[saved->piece_rank(sp)];
+    storage::ForEachByteRun(
+        *saved, *requested, rd, [&](uint64_t so, uint64_t, uint64_t len) {
+          const uint64_t a = so / kChecksumChunk * kChecksumChunk;
+          const uint64_t b =
+              std::min(piece_bytes, (so + len + kChecksumChunk - 1) /
+                                        kChecksumChunk * kChecksumChunk);
+          v.emplace_back(at + a, at + b);
+        });
+  }
+  for (auto& [r, v] : ranges) {
+    std::sort(v.begin(), v.end());
+    size_t n = 0;
+    for (const auto& x : v)
+      if (n > 0 && x.first <= v[n - 1].second)
+        v[n - 1].second = std::max(v[n - 1].second, x.second);
+      else
+        v[n++] = x;
+    v.resize(n);
+    if (v.size() > kMaxOpenRanges) v.clear();  // too many: the whole rank
+  }
+
   // Saved ranks this node's ckptd does not hold (only another node's
   // manifest describes them, e.g. the ranks of a lost node): the daemon
-  // loads each from the key that manifest names (the shared root, then
-  // the object tier) when it is opened. They are opened (and closed) here
-  // first, so that one that cannot be loaded is refused before any byte
-  // moves; once loaded, the daemon holds them like a PREFETCH's copies.
+  // fetches the chunks the runs read from a peer's memory, or loads the
+  // whole rank (from a peer, the shared root, then the object tier) when
+  // it is opened. They are opened here first, and held open until their
+  // runs are copied, so that one that cannot be had is refused before any
+  // byte moves.
+  std::unordered_map<uint32_t, v1::OpenRestoreResponse> away_open;
+  auto close_away = [&] {
+    for (auto& [r, resp] : away_open)
+      (void)CloseLease(r, static_cast<uint64_t>(step), resp.lease(),
+                       absl::OkStatus());
+    away_open.clear();
+  };
   {
     std::vector<bool> here(saved_ws, false);
     for (uint32_t r : iresp.local_ranks()) here[r] = true;
@@ -195,20 +242,17 @@ absl::Status Client::Impl::RestoreResharded(
       if (!here[r] && (away.empty() || away.back() != r)) away.push_back(r);
     }
     for (uint32_t r : away) {
-      v1::OpenRestoreRequest open;
-      open.set_job(options_.job);
-      open.set_rank(static_cast<uint32_t>(options_.rank));
-      open.set_step(static_cast<uint64_t>(step));
-      open.set_saved_rank(r);
+      v1::OpenRestoreRequest open = SavedRankOpen(step, r, ranges[r]);
       absl::StatusOr<v1::OpenRestoreResponse> resp = stub_->OpenRestore(open);
-      if (!resp.ok())
+      if (!resp.ok()) {
+        close_away();
         return absl::FailedPreconditionError(absl::StrCat(
             what, ": saved rank ", r,
             " holds pieces asked for, is not on this node, and this node's "
             "ckptd could not load it (",
             resp.status().message(), ")"));
-      CKPT_RETURN_IF_ERROR(CloseLease(r, static_cast<uint64_t>(step),
-                                      resp->lease(), absl::OkStatus()));
+      }
+      away_open.emplace(r, std::move(*resp));
     }
   }
   // Every tensor is now known to be covered: from here on bytes move.
@@ -224,14 +268,21 @@ absl::Status Client::Impl::RestoreResharded(
     // object), and this rank's runs are copied again from it.
     std::vector<std::string> tried;
     absl::Status s;
+    std::optional<v1::OpenRestoreResponse> pre;
+    if (auto it = away_open.find(r); it != away_open.end()) {
+      pre = std::move(it->second);
+      away_open.erase(it);
+    }
     for (int copy = 0; copy < 3; ++copy) {
       bool opened = false;
-      s = RestoreSavedRankRuns(step, r, *saved, *requested, rank_reads, tensors,
-                               &opened);
+      s = RestoreSavedRankRuns(step, r, ranges[r], *saved, *requested,
+                               rank_reads, tensors, &opened,
+                               copy == 0 && pre ? &*pre : nullptr);
       if (s.ok() || !opened || s.code() != absl::StatusCode::kDataLoss) break;
       tried.emplace_back(s.message());
     }
     if (!s.ok()) {
+      close_away();
       const std::string copies =
           tried.empty()
               ? std::string(s.message())
@@ -269,11 +320,9 @@ absl::Status Client::Impl::RestoreResharded(
   return absl::OkStatus();
 }
 
-absl::Status Client::Impl::RestoreSavedRankRuns(
-    int64_t step, uint32_t saved_rank, const storage::LayoutIndex& saved,
-    const storage::LayoutIndex& requested,
-    std::span<const storage::PlannedRead> reads,
-    std::span<const Tensor> tensors, bool* opened) {
+v1::OpenRestoreRequest Client::Impl::SavedRankOpen(
+    int64_t step, uint32_t saved_rank,
+    std::span<const std::pair<uint64_t, uint64_t>> ranges) const {
   v1::OpenRestoreRequest open;
   open.set_job(options_.job);
   open.set_rank(static_cast<uint32_t>(options_.rank));
@@ -282,7 +331,28 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
   // A file this process may read is read piece by piece; anything else
   // comes in a slot.
   open.set_allow_file_read(true);
-  CKPT_ASSIGN_OR_RETURN(v1::OpenRestoreResponse resp, stub_->OpenRestore(open));
+  // A saved rank the daemon fetches from a peer: only these ranges.
+  for (const auto& [a, b] : ranges) {
+    open.add_range_offsets(a);
+    open.add_range_lengths(b - a);
+  }
+  return open;
+}
+
+absl::Status Client::Impl::RestoreSavedRankRuns(
+    int64_t step, uint32_t saved_rank,
+    std::span<const std::pair<uint64_t, uint64_t>> ranges,
+    const storage::LayoutIndex& saved, const storage::LayoutIndex& requested,
+    std::span<const storage::PlannedRead> reads,
+    std::span<const Tensor> tensors, bool* opened,
+    const v1::OpenRestoreResponse* pre) {
+  v1::OpenRestoreResponse resp;
+  if (pre != nullptr) {
+    resp = *pre;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(
+        resp, stub_->OpenRestore(SavedRankOpen(step, saved_rank, ranges)));
+  }
   *opened = true;
   absl::Status s = [&]() -> absl::Status {
     if (resp.source() == v1::RESTORE_SOURCE_FILE) {

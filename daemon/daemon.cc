@@ -257,6 +257,11 @@ void Daemon::MakeNodeSide() {
       [a = agent_.get()](const std::string& job, uint64_t step, uint32_t rank) {
         return a->FetchSavedRankFromPeers(job, step, rank);
       };
+  opts_.engine.fetch_ranges_from_peers =
+      [a = agent_.get()](const std::string& job, uint64_t step, uint32_t rank,
+                         std::span<const ImageRange> ranges) {
+        return a->FetchSavedRangesFromPeers(job, step, rank, ranges);
+      };
   opts_.engine.step_index = [a = agent_.get()](const std::string& job,
                                                uint64_t step) {
     return a->StepIndex(job, step);

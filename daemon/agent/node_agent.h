@@ -188,6 +188,12 @@ class NodeAgent {
   [[nodiscard]] absl::Status FetchSavedRankFromPeers(const std::string& job,
                                                      uint64_t step,
                                                      uint32_t rank);
+  // The chunks of that saved rank which `ranges` of its image touch, from
+  // the peers the coordinator names, verified against the save's digests
+  // (peer_fetch.h FetchRangesFromPeers), into a slot held for one read.
+  [[nodiscard]] absl::StatusOr<RangedSlot> FetchSavedRangesFromPeers(
+      const std::string& job, uint64_t step, uint32_t rank,
+      std::span<const ImageRange> ranges);
   // How often it heartbeats now (what the coordinator told, validated).
   std::chrono::milliseconds heartbeat_interval() const {
     return std::chrono::milliseconds(heartbeat_interval_ms_.load());
@@ -212,6 +218,9 @@ class NodeAgent {
   size_t prefetch_threads();
 
  private:
+  // The coordinator's ShardSources answer for one saved rank, checked.
+  absl::StatusOr<coord::v1::ShardSourcesResponse> SavedRankSource(
+      const std::string& job, uint64_t step, uint32_t rank);
   struct Queued {
     ShardReport report;
     uint64_t epoch = 0;  // the node's epoch when the shard was committed

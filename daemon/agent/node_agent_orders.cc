@@ -17,6 +17,7 @@
 #include "daemon/core/engine_util.h"
 #include "storage/keys.h"
 #include "util/retry.h"
+#include "util/status.h"
 
 namespace ckpt::daemon {
 
@@ -184,8 +185,8 @@ PeerFetchOptions NodeAgent::PeerFetch() const {
   return o;
 }
 
-absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
-                                                uint64_t step, uint32_t rank) {
+absl::StatusOr<cv1::ShardSourcesResponse> NodeAgent::SavedRankSource(
+    const std::string& job, uint64_t step, uint32_t rank) {
   if (engine_ == nullptr)
     return absl::FailedPreconditionError("the node agent has not started");
   const uint64_t epoch = epoch_.load();
@@ -213,6 +214,13 @@ absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
     return absl::DataLossError(
         absl::StrCat("coordinator: world_size ", resp.world_size(), " of step ",
                      step, " does not hold rank ", rank));
+  return resp;
+}
+
+absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
+                                                uint64_t step, uint32_t rank) {
+  CKPT_ASSIGN_OR_RETURN(cv1::ShardSourcesResponse resp,
+                        SavedRankSource(job, step, rank));
   const cv1::RankShardSource& src = resp.ranks(0);
   // The shard is kept as a PREFETCH's copy of a stored shard (this node
   // neither persists nor reports it): under its key in the shared root,
@@ -226,6 +234,19 @@ absl::Status NodeAgent::FetchSavedRankFromPeers(const std::string& job,
                         resp.has_owner_uid()
                             ? std::optional<uint32_t>(resp.owner_uid())
                             : std::nullopt);
+}
+
+absl::StatusOr<RangedSlot> NodeAgent::FetchSavedRangesFromPeers(
+    const std::string& job, uint64_t step, uint32_t rank,
+    std::span<const ImageRange> ranges) {
+  CKPT_ASSIGN_OR_RETURN(cv1::ShardSourcesResponse resp,
+                        SavedRankSource(job, step, rank));
+  const PeerFetchOptions peer_fetch = PeerFetch();
+  return FetchRangesFromPeers(*engine_, peer_fetch, job, resp.world_size(),
+                              step, rank, ranges, resp.ranks(0).source(),
+                              resp.has_owner_uid()
+                                  ? std::optional<uint32_t>(resp.owner_uid())
+                                  : std::nullopt);
 }
 
 absl::StatusOr<std::string> NodeAgent::StepIndex(const std::string& job,

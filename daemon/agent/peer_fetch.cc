@@ -9,6 +9,7 @@
 #include "daemon/core/engine_util.h"
 #include "daemon/replica/replica_client.h"
 #include "daemon/replica/replica_service.h"
+#include "replica.grpc.pb.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -123,6 +124,92 @@ absl::Status FetchFromPeers(Engine& engine, const PeerFetchOptions& peer,
     tried.push_back(absl::StrCat(from->replica() ? "replica" : "owner's slot",
                                  " on ", from->node_id(), " (", from->host(),
                                  ":", from->port(), "): ", st.message()));
+  }
+  return absl::Status(st.code(), absl::StrJoin(tried, "; "));
+}
+
+absl::StatusOr<RangedSlot> FetchRangesFromPeers(
+    Engine& engine, const PeerFetchOptions& peer, const std::string& job,
+    uint32_t world_size, uint64_t step, uint32_t rank,
+    std::span<const ImageRange> ranges, const cv1::ShardSource& source,
+    std::optional<uint32_t> owner_uid) {
+  std::vector<const cv1::ShardSource*> peers;
+  if (!source.host().empty()) {
+    peers.push_back(&source);
+    if (source.has_second() && !source.second().host().empty())
+      peers.push_back(&source.second());
+  }
+  if (peers.empty())
+    return absl::NotFoundError(absl::StrCat("no live node holds job '", job,
+                                            "' step ", step, " rank ", rank,
+                                            " in memory"));
+  std::vector<std::string> tried;
+  absl::Status st;
+  for (const cv1::ShardSource* from : peers) {
+    const std::string name = absl::StrCat(
+        from->replica() ? "replica" : "owner's slot", " on ", from->node_id(),
+        " (", from->host(), ":", from->port(), ")");
+    absl::StatusOr<RangedSlot> got = [&]() -> absl::StatusOr<RangedSlot> {
+      if (from->port() == 0 || from->port() > 65535)
+        return absl::InvalidArgumentError(
+            absl::StrCat("sources.port: ", from->port(), " is not a port"));
+      if (from->node_id() == peer.node_id)
+        return absl::FailedPreconditionError(
+            "this node's own copy: read whole from its memory");
+      CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                            ReplicaChannel(peer.tls, from->node_id(),
+                                           from->host(), from->port()));
+      const std::vector<uint64_t> digests(from->save_digests().begin(),
+                                          from->save_digests().end());
+      auto fetch =
+          [&](const std::function<absl::Status(rv1::RangeChunk&)>& on_message)
+          -> absl::Status {
+        auto stub = rv1::Replica::NewStub(channel);
+        rv1::RangeRequest req;
+        req.set_job(job);
+        req.set_step(step);
+        req.set_rank(rank);
+        req.set_replica(from->replica());
+        for (const ImageRange& r : ranges) {
+          req.add_offsets(r.offset);
+          req.add_lengths(r.length);
+        }
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + kPeerFetchDeadline);
+        std::unique_ptr<grpc::ClientReader<rv1::RangeChunk>> reader =
+            stub->GetRanges(&ctx, req);
+        rv1::RangeChunk m;
+        absl::Status bad;
+        while (reader->Read(&m)) {
+          bad = on_message(m);
+          if (!bad.ok()) {
+            ctx.TryCancel();
+            while (reader->Read(&m)) {
+            }
+            break;
+          }
+        }
+        const grpc::Status gs = reader->Finish();
+        if (!bad.ok()) return bad;
+        if (!gs.ok())
+          return absl::Status(static_cast<absl::StatusCode>(gs.error_code()),
+                              gs.error_message());
+        return absl::OkStatus();
+      };
+      return engine.FetchRangesFromPeer(job, world_size, step, rank, owner_uid,
+                                        ranges, fetch, digests);
+    }();
+    if (got.ok()) {
+      LogInfo(absl::StrCat("job ", job, " step ", step, " saved rank ", rank,
+                           ": from the ", name, " for a restore, ",
+                           got->wire_bytes, " of ", got->image_bytes,
+                           " bytes (ranges)"));
+      return got;
+    }
+    st = got.status();
+    tried.push_back(absl::StrCat(name, ": ", st.message()));
+    LogWarning(absl::StrCat("job ", job, " step ", step, " saved rank ", rank,
+                            ": ranges from the ", tried.back()));
   }
   return absl::Status(st.code(), absl::StrJoin(tried, "; "));
 }

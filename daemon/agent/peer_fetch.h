@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -56,6 +57,18 @@ struct PeerFetchOptions {
     Engine& engine, const PeerFetchOptions& peer, const std::string& job,
     uint32_t world_size, uint64_t step, uint32_t rank, const std::string& key,
     const coord::v1::ShardSource& source, std::optional<uint32_t> owner_uid);
+
+// The chunks of one saved rank that `ranges` of its image touch, from the
+// peers `source` names (the source, then its second), verified against the
+// save's digests the source names (doc/resharding.md, "Byte ranges from a
+// peer"), into a slot held for one read. A source that is this node is
+// skipped (its copy is read whole from memory). The error names every
+// peer tried and why, as FetchFromPeers'.
+[[nodiscard]] absl::StatusOr<RangedSlot> FetchRangesFromPeers(
+    Engine& engine, const PeerFetchOptions& peer, const std::string& job,
+    uint32_t world_size, uint64_t step, uint32_t rank,
+    std::span<const ImageRange> ranges, const coord::v1::ShardSource& source,
+    std::optional<uint32_t> owner_uid);
 
 }  // namespace ckpt::daemon
 

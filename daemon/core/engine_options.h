@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/metrics.h"
+#include "daemon/core/ranged_slot.h"
 
 namespace ckpt::v1 {
 class TensorMeta;
@@ -130,6 +132,15 @@ struct EngineOptions {
   std::function<absl::Status(const std::string& job, uint64_t step,
                              uint32_t rank)>
       fetch_from_peers;
+  // A cluster's node agent: the chunks of a saved rank that `ranges` of
+  // its image touch, from a peer's memory, verified, into a slot held for
+  // one read (NodeAgent::FetchSavedRangesFromPeers, doc/resharding.md,
+  // "Byte ranges from a peer"). Null: none. Called likewise; it calls
+  // Engine::FetchRangesFromPeer.
+  std::function<absl::StatusOr<RangedSlot>(const std::string& job,
+                                           uint64_t step, uint32_t rank,
+                                           std::span<const ImageRange> ranges)>
+      fetch_ranges_from_peers;
   // A cluster's node agent: the coordinator's layout index of a committed
   // step (NodeAgent::StepIndex: a "CKLI" blob), asked with a short
   // deadline. Null, or an error: the index is built from this node's

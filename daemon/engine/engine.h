@@ -174,6 +174,16 @@ class Engine : public StagedShards {
     return replicas_.FetchFromPeer(job, world_size, step, rank, key, owner_uid,
                                    fetch, std::move(save_digests));
   }
+  // The chunks of saved rank `rank` that `ranges` touch, from a peer, into
+  // a slot held for one read (ReplicaSource::FetchRangesFromPeer).
+  using RangeFetch = ReplicaSource::RangeFetch;
+  [[nodiscard]] absl::StatusOr<RangedSlot> FetchRangesFromPeer(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      std::optional<uint32_t> owner_uid, std::span<const ImageRange> ranges,
+      const RangeFetch& fetch, const std::vector<uint64_t>& save_digests) {
+    return replicas_.FetchRangesFromPeer(job, world_size, step, rank, owner_uid,
+                                         ranges, fetch, save_digests);
+  }
 
   // Cluster mode, once, after the node's first registration: reports every
   // shard recovered from the catalog at Open that is still here (STAGED,

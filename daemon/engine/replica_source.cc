@@ -6,12 +6,18 @@
 #include "daemon/engine/replica_source.h"
 
 #include <algorithm>
+#include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "daemon/core/engine_util.h"
+#include "daemon/replica/replica_service.h"
 #include "daemon/replica/replica_store.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
+#include "storage/shard_image.h"
+#include "util/checksum.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -63,6 +69,9 @@ absl::StatusOr<StagedCopy> ReplicaSource::SnapshotStaged(
     c.add_checksums(t.checksum);
   c.set_owner_uid(job->rec.uid());
   c.set_job_life(job->rec.life_ns());
+  for (const v1::TensorMeta& m : shard->rec.tensors())
+    snap.chunk_hashes.emplace_back(m.chunk_hashes().begin(),
+                                   m.chunk_hashes().end());
   return snap;
 }
 
@@ -86,6 +95,65 @@ void ReplicaSource::EndFetch(const std::string& job, uint64_t step,
                              uint32_t rank) {
   Section lock(&node_);
   node_.table.EndFetch(job, step, rank);
+}
+
+absl::StatusOr<char*> ReplicaSource::TakeSlot(
+    const std::string& job_name, uint32_t world_size, uint64_t step,
+    uint32_t rank_no, std::optional<uint32_t> owner_uid,
+    const rv1::ShardCopy& copy, std::vector<uint64_t>* tickets,
+    std::shared_ptr<shm::Arena>* arena, int* slot, bool* have) {
+  const uint64_t bytes = copy.image_bytes();
+  Section lock(&node_);
+  if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
+  if (node_.table.Find(job_name) == nullptr) {
+    Job job;
+    job.rec.set_job(job_name);
+    job.rec.set_world_size(world_size);
+    job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
+    job.rec.set_num_slots(node_.options.default_num_slots);
+    job.rec.set_life_ns(NewJobLife());
+    CatalogEdit edit;
+    edit.PutJob(job.rec);
+    tickets->push_back(
+        node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
+    node_.table.Add(std::move(job));
+  }
+  Job* job = node_.table.Find(job_name);
+  job->forget_when_idle = false;
+  // (A resized job fetches shards of another world size than its
+  // trainers': the copy's own is checked by the caller.)
+  if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
+      have != nullptr && s != nullptr && s->slot >= 0) {
+    *have = true;
+    return absl::AlreadyExistsError("in memory already");
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
+  for (;;) {
+    job = node_.table.Find(job_name);
+    if (job == nullptr) return absl::AbortedError("job: deleted meanwhile");
+    auto r = job->ranks.find(rank_no);
+    if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
+        r->second.arena->slot_bytes() < bytes) {
+      CKPT_RETURN_IF_ERROR(
+          node_
+              .EnsureArena(job_name, rank_no,
+                           std::max<uint64_t>(bytes, job->rec.slot_bytes()),
+                           NodeState::ArenaFor::kLoad)
+              .status());
+      continue;
+    }
+    *slot = r->second.PickSlot();
+    if (*slot >= 0) {
+      JobTable::DetachSlot(*job, rank_no, *slot);
+      r->second.BeginWrite(*slot, step, bytes, /*lease=*/0, /*writer_pid=*/0);
+      *arena = r->second.arena;
+      return (*arena)->slot_data(*slot);
+    }
+    if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
+      return absl::ResourceExhaustedError(
+          "BUSY: no slot to fetch the shard into");
+  }
 }
 
 absl::Status ReplicaSource::FetchFromPeer(
@@ -120,59 +188,11 @@ absl::Status ReplicaSource::FetchFromPeer(
                        copy.step(), " rank ", copy.rank(), " of ",
                        copy.world_size(), ", not the one ordered"));
     CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
-    const uint64_t bytes = copy.image_bytes();
-    Section lock(&node_);
-    if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
-    if (node_.table.Find(job_name) == nullptr) {
-      Job job;
-      job.rec.set_job(job_name);
-      job.rec.set_world_size(world_size);
-      job.rec.set_uid(owner_uid.value_or(copy.owner_uid()));
-      job.rec.set_num_slots(node_.options.default_num_slots);
-      job.rec.set_life_ns(NewJobLife());
-      CatalogEdit edit;
-      edit.PutJob(job.rec);
-      tickets.push_back(
-          node_.QueueEdit(std::move(edit), NodeState::kMemoryOnly));
-      node_.table.Add(std::move(job));
-    }
-    Job* job = node_.table.Find(job_name);
-    job->forget_when_idle = false;
-    // (A resized job fetches shards of another world size than its
-    // trainers': the copy's own is checked above.)
-    if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
-        s != nullptr && s->slot >= 0) {
-      have = true;
-      return absl::AlreadyExistsError("in memory already");
-    }
-    const auto deadline =
-        std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
-    for (;;) {
-      job = node_.table.Find(job_name);
-      if (job == nullptr) return absl::AbortedError("job: deleted meanwhile");
-      auto r = job->ranks.find(rank_no);
-      if (r == job->ranks.end() || !r->second.arena || r->second.creating ||
-          r->second.arena->slot_bytes() < bytes) {
-        CKPT_RETURN_IF_ERROR(
-            node_
-                .EnsureArena(job_name, rank_no,
-                             std::max<uint64_t>(bytes, job->rec.slot_bytes()),
-                             NodeState::ArenaFor::kLoad)
-                .status());
-        continue;
-      }
-      slot = r->second.PickSlot();
-      if (slot >= 0) {
-        JobTable::DetachSlot(*job, rank_no, slot);
-        r->second.BeginWrite(slot, step, bytes, /*lease=*/0, /*writer_pid=*/0);
-        arena = r->second.arena;
-        slot_at = Clock::now();
-        return arena->slot_data(slot);
-      }
-      if (!node_.table.WaitUntil(JobTable::Waiter::kSlot, deadline))
-        return absl::ResourceExhaustedError(
-            "BUSY: no slot to fetch the shard into");
-    }
+    CKPT_ASSIGN_OR_RETURN(
+        char* dst, TakeSlot(job_name, world_size, step, rank_no, owner_uid,
+                            copy, &tickets, &arena, &slot, &have));
+    slot_at = Clock::now();
+    return dst;
   };
   absl::StatusOr<rv1::ShardCopy> got = fetch(dst_for);
   if (have) return absl::OkStatus();
@@ -256,6 +276,206 @@ absl::Status ReplicaSource::FetchFromPeer(
                        secs(got_at, verified_at), " s, catalog ",
                        secs(verified_at, Clock::now()), " s"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
+    const std::string& job_name, uint32_t world_size, uint64_t step,
+    uint32_t rank_no, std::optional<uint32_t> owner_uid,
+    std::span<const ImageRange> ranges, const RangeFetch& fetch,
+    const std::vector<uint64_t>& save_digests) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
+  if (world_size == 0 || world_size > node_.options.max_world_size ||
+      rank_no >= world_size)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", world_size, " with rank ", rank_no, " is not valid"));
+  // The trust anchor: the save's digest the coordinator committed. Without
+  // it the peer's own checksums would vouch for themselves.
+  if (save_digests.empty())
+    return absl::FailedPreconditionError(
+        "save_digests: the coordinator named no digest of the save to verify "
+        "ranges against");
+  const std::string what =
+      absl::StrCat("ranges of job '", job_name, "' step ", step, " rank ",
+                   rank_no, " from a peer");
+  std::vector<uint64_t> tickets;
+  std::shared_ptr<shm::Arena> arena;
+  int slot = -1;
+  char* image = nullptr;
+  rv1::ShardCopy copy;
+  // The save's chunk hashes the peer sent, by tensor.
+  std::map<uint32_t, std::vector<uint64_t>> hashes;
+  // What arrived, in image order: [at, at + bytes).
+  std::vector<ImageRange> arrived;
+  uint64_t wire = 0;
+  auto on_message = [&](rv1::RangeChunk& m) -> absl::Status {
+    if (image == nullptr) {
+      if (!m.has_copy())
+        return absl::DataLossError(
+            "copy: the first message does not describe the copy");
+      copy = m.copy();
+      if (copy.job() != job_name || copy.step() != step ||
+          copy.rank() != rank_no || copy.world_size() != world_size)
+        return absl::DataLossError(
+            absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
+                         copy.step(), " rank ", copy.rank(), " of ",
+                         copy.world_size(), ", not the one ordered"));
+      CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+      for (const rv1::TensorChunkHashes& h : m.hashes()) {
+        if (h.tensor() >= static_cast<uint32_t>(copy.checksums_size()) ||
+            (!hashes.empty() && hashes.rbegin()->first >= h.tensor()))
+          return absl::DataLossError(absl::StrCat(
+              "hashes.tensor: ", h.tensor(), " is not a tensor of the copy's ",
+              copy.checksums_size(), " in order"));
+        hashes[h.tensor()].assign(h.hashes().begin(), h.hashes().end());
+      }
+      CKPT_ASSIGN_OR_RETURN(
+          image, TakeSlot(job_name, world_size, step, rank_no, owner_uid, copy,
+                          &tickets, &arena, &slot, nullptr));
+    } else if (m.has_copy() || m.hashes_size() != 0) {
+      return absl::DataLossError(
+          "copy: only the first message describes the copy");
+    }
+    const uint64_t at = m.offset(), n = m.data().size();
+    const uint64_t end =
+        arrived.empty() ? 0 : arrived.back().offset + arrived.back().length;
+    if (n == 0 || n > kMaxReplicaChunkBytes)
+      return absl::DataLossError(
+          absl::StrCat("data: ", n, " bytes in one message"));
+    if (at < end || at > copy.image_bytes() || n > copy.image_bytes() - at)
+      return absl::DataLossError(
+          absl::StrCat("offset: ", at, " (+", n, " bytes) is before ", end,
+                       " or past image_bytes ", copy.image_bytes()));
+    std::memcpy(image + at, m.data().data(), n);
+    arrived.push_back({at, n});
+    wire += n;
+    return absl::OkStatus();
+  };
+  // Whether [a, b) arrived whole.
+  auto covered = [&](uint64_t a, uint64_t b) {
+    auto it = std::upper_bound(
+        arrived.begin(), arrived.end(), a,
+        [](uint64_t v, const ImageRange& r) { return v < r.offset; });
+    if (it == arrived.begin()) return a >= b;
+    --it;
+    uint64_t reach = it->offset + it->length;
+    while (reach < b && ++it != arrived.end() && it->offset == reach)
+      reach += it->length;
+    return reach >= b;
+  };
+  absl::Status st = fetch(on_message);
+  absl::StatusOr<storage::ShardInfo> info =
+      absl::DataLossError(absl::StrCat(what, ": the header did not come"));
+  if (!st.ok()) {
+    info = st;
+  } else if (image == nullptr) {
+    info = absl::DataLossError("copy: the peer sent nothing");
+  } else if (covered(0, storage::kShardAlign)) {
+    absl::StatusOr<storage::ShardHeader> header =
+        storage::DecodeHeader({image, storage::kShardAlign});
+    if (!header.ok())
+      info = Annotate(header.status(), what);
+    else if (header->data_offset > copy.image_bytes() ||
+             header->footer_offset > copy.image_bytes() ||
+             !covered(0, header->data_offset) ||
+             !covered(header->footer_offset, copy.image_bytes()))
+      info = absl::DataLossError(
+          absl::StrCat(what, ": the index or the footer did not come whole"));
+    else
+      info = storage::ValidateImage({image, copy.image_bytes()},
+                                    {job_name, step, rank_no}, what);
+  }
+  if (info.ok() && info->world_size != world_size)
+    info = absl::DataLossError(absl::StrCat(what, ": world_size ",
+                                            info->world_size,
+                                            ", the copy says ", world_size));
+  if (info.ok() &&
+      info->tensors.size() != static_cast<size_t>(copy.checksums_size()))
+    info = absl::DataLossError(absl::StrCat(
+        what, ": checksums: the copy names ", copy.checksums_size(),
+        ", the image's index has ", info->tensors.size(), " tensors"));
+  if (info.ok()) {
+    for (size_t i = 0; i < info->tensors.size(); ++i)
+      info->tensors[i].checksum = copy.checksums(static_cast<int>(i));
+    // The copy's checksums are the save's the plan chose ...
+    const uint64_t digest = storage::ChecksumsDigest(*info);
+    if (std::find(save_digests.begin(), save_digests.end(), digest) ==
+        save_digests.end())
+      info = absl::DataLossError(absl::StrCat(
+          "digest: the peer's copy of job '", job_name, "' step ", step,
+          " rank ", rank_no, " is another save (digest ",
+          storage::DigestHex(digest), "), not the one the plan chose (",
+          storage::DigestHex(save_digests.front()), ")"));
+  }
+  std::vector<TouchedChunk> chunks;
+  if (info.ok()) {
+    // ... each touched tensor's chunk hashes combine into its checksum,
+    // and each touched chunk hashes to its own: only those chunks are read.
+    chunks = TouchedChunks(*info, ranges);
+    for (size_t i = 0; info.ok() && i < chunks.size(); ++i) {
+      const TouchedChunk& c = chunks[i];
+      const storage::ShardTensor& x = info->tensors[c.tensor];
+      const std::string tensor =
+          absl::StrCat("tensor \"", x.name.substr(0, 64), "\"");
+      auto h = hashes.find(c.tensor);
+      if (i == 0 || chunks[i - 1].tensor != c.tensor) {
+        if (h == hashes.end() || h->second.size() != ChecksumChunks(x.bytes) ||
+            CombineChunkHashes(h->second) != x.checksum) {
+          info = absl::DataLossError(absl::StrCat(
+              what, ": ", tensor, ": its chunk hashes ",
+              h == hashes.end() ? "did not come"
+                                : "do not combine into the save's checksum"));
+          break;
+        }
+      }
+      if (!covered(c.at, c.at + c.bytes)) {
+        info = absl::DataLossError(absl::StrCat(what, ": ", tensor, " chunk ",
+                                                c.chunk, ": did not come"));
+        break;
+      }
+      const uint64_t got = Hash64(image + c.at, c.bytes);
+      if (got != h->second[c.chunk])
+        info = absl::DataLossError(absl::StrFormat(
+            "%s: %s chunk %d (bytes [%d, %d) of the image): checksum mismatch "
+            "(the save's %016x, received %016x)",
+            what, tensor, c.chunk, c.at, c.at + c.bytes, h->second[c.chunk],
+            got));
+    }
+  }
+  Section lock(&node_);
+  Job* job = node_.table.Find(job_name);
+  RankSlots* r = nullptr;
+  if (job != nullptr && job->ranks.count(rank_no)) r = &job->ranks[rank_no];
+  const bool slot_ok = arena && r && r->arena == arena;
+  if (!info.ok() || !slot_ok) {
+    if (slot_ok) r->Free(slot);
+    node_.table.Wake(JobTable::Waiter::kSlot);
+    node_.MaybeForgetJob(job_name);
+    if (!info.ok()) return info.status();
+    return absl::AbortedError("fetch: the rank's arena changed meanwhile");
+  }
+  // The slot is held for the caller's read only: no shard of the table
+  // (it holds a part of one), freed when the last reader ends.
+  const uint64_t gen = node_.table.NextGen();
+  r->Hold(static_cast<uint32_t>(slot), shm::SlotState::kDurable, step, gen,
+          copy.image_bytes());
+  r->AddReader(static_cast<uint32_t>(slot));
+  r->DropShard(slot, gen);
+  RangedSlot out;
+  out.slot = slot;
+  out.image_bytes = copy.image_bytes();
+  out.wire_bytes = wire;
+  ToTensorMetas(*info, &out.tensors);
+  for (const auto& [t, hs] : hashes)
+    if (t < static_cast<uint32_t>(out.tensors.size()))
+      out.tensors[static_cast<int>(t)].mutable_chunk_hashes()->Add(hs.begin(),
+                                                                   hs.end());
+  lock.Unlock();
+  for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(node_.writer->Wait(t));
+  LogInfo(absl::StrCat("fetched ", chunks.size(), " chunks of job '", job_name,
+                       "' step ", step, " rank ", rank_no, " from a peer (",
+                       wire, " of ", copy.image_bytes(),
+                       " bytes, verified against the save's digest)"));
+  return out;
 }
 
 }  // namespace ckpt::daemon

@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/replica/ranged_read.h"
 #include "daemon/replica/staged_shards.h"
 #include "daemon/state/node_state.h"
 #include "replica.pb.h"
@@ -44,9 +46,34 @@ class ReplicaSource : public StagedShards {
       const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
       const std::string& key, std::optional<uint32_t> owner_uid,
       const PeerFetch& fetch, std::vector<uint64_t> save_digests);
+  // A ranged fetch (doc/resharding.md, "Byte ranges from a peer"): `fetch`
+  // calls its argument with each message of the peer's answer in order
+  // (the first describes the copy) and returns the stream's outcome. The
+  // answer must be of the save one of `save_digests` names (required: the
+  // coordinator's committed digests are the trust anchor), every touched
+  // tensor's chunk hashes must combine into the save's checksum, and
+  // every touched chunk must hash to its own. DataLoss naming the field,
+  // tensor and chunk otherwise, and nothing is kept.
+  using RangeFetch = std::function<absl::Status(
+      const std::function<absl::Status(replica::v1::RangeChunk&)>&)>;
+  [[nodiscard]] absl::StatusOr<RangedSlot> FetchRangesFromPeer(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      std::optional<uint32_t> owner_uid, std::span<const ImageRange> ranges,
+      const RangeFetch& fetch, const std::vector<uint64_t>& save_digests);
 
  private:
   using Section = NodeState::Section;
+
+  // A slot of the rank's arena to write `copy`'s image into (the job made
+  // here if it has none); `have` (may be null) set, AlreadyExists, when
+  // the shard is in memory already.
+  absl::StatusOr<char*> TakeSlot(const std::string& job, uint32_t world_size,
+                                 uint64_t step, uint32_t rank,
+                                 std::optional<uint32_t> owner_uid,
+                                 const replica::v1::ShardCopy& copy,
+                                 std::vector<uint64_t>* tickets,
+                                 std::shared_ptr<shm::Arena>* arena, int* slot,
+                                 bool* have);
 
   NodeState& node_;
 };

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
+#include "daemon/replica/ranged_read.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "util/status.h"
@@ -115,6 +116,69 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   const Hosting* hosting = node_.table.HostingOf(req.job());
   const bool hosted =
       hosting != nullptr && hosting->ranks.count(shard_rank) != 0;
+  if (elsewhere && req.has_saved_rank() && req.range_offsets_size() != 0 &&
+      node_.options.fetch_ranges_from_peers) {
+    // Only the chunks the caller's ranges touch, from a peer's memory,
+    // into a slot held for this read; else (no peer answers them
+    // verified) the whole saved rank, below.
+    CKPT_ASSIGN_OR_RETURN(
+        std::vector<ImageRange> ranges,
+        ValidateRanges(std::span<const uint64_t>(req.range_offsets().data(),
+                                                 req.range_offsets_size()),
+                       std::span<const uint64_t>(req.range_lengths().data(),
+                                                 req.range_lengths_size()),
+                       std::nullopt, "ranges"));
+    lock.Unlock();
+    absl::StatusOr<RangedSlot> got = node_.options.fetch_ranges_from_peers(
+        req.job(), req.step(), shard_rank, ranges);
+    lock.Relock();
+    // Ranges the holders refuse (past the image) are the caller's error.
+    if (absl::IsInvalidArgument(got.status())) return got.status();
+    if (!got.ok()) {
+      LogWarning(absl::StrCat("restore job ", req.job(), " step ", req.step(),
+                              " saved rank ", shard_rank,
+                              ": ranges from peers: ", got.status().message(),
+                              "; the whole saved rank instead"));
+    } else {
+      absl::StatusOr<Job*> j = node_.table.FindFor(req.job(), peer);
+      Job* job = j.ok() ? *j : node_.table.Find(req.job());
+      Rank* r = nullptr;
+      if (job != nullptr)
+        if (auto it = job->ranks.find(shard_rank); it != job->ranks.end())
+          r = &it->second;
+      absl::Status ok = j.status();
+      if (ok.ok()) ok = bad_rank(*job);
+      if (ok.ok() && (r == nullptr || !r->arena))
+        ok = absl::AbortedError("fetch: the rank's arena is gone meanwhile");
+      absl::StatusOr<uint64_t> lease_id = uint64_t{0};
+      if (!ok.ok())
+        lease_id = ok;
+      else
+        lease_id = node_.table.leases().Add(
+            Lease{req.job(), shard_rank, static_cast<uint32_t>(got->slot),
+                  req.step(), false, peer.pid});
+      if (!lease_id.ok()) {
+        if (r != nullptr && r->arena &&
+            r->EndRead(static_cast<uint32_t>(got->slot)))
+          node_.table.Wake(JobTable::Waiter::kSlot);
+        return lease_id.status();
+      }
+      v1::OpenRestoreResponse resp;
+      resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+      resp.set_lease(*lease_id);
+      resp.set_shm_name(r->arena->name());
+      resp.set_arena_bytes(r->arena->size());
+      resp.set_slot_offset(
+          r->arena->slot_offset(static_cast<uint32_t>(got->slot)));
+      resp.set_image_bytes(got->image_bytes);
+      *resp.mutable_tensors() = std::move(got->tensors);
+      resp.set_peer_bytes(got->wire_bytes);
+      resp.set_partial(true);
+      count(metric::kSourceMemory, got->wire_bytes);
+      job->restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
+      return resp;
+    }
+  }
   if (elsewhere && req.has_saved_rank()) {
     lock.Unlock();
     fetched = FetchSavedRank(req.job(), req.step(), shard_rank);

@@ -8,7 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
+#include "daemon/replica/ranged_read.h"
 #include "replica.grpc.pb.h"
+#include "storage/shard_image.h"
+#include "util/checksum.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -54,6 +57,72 @@ bool StreamImage(Writer* writer, const rv1::ShardCopy& copy,
     off += n;
   } while (off < copy.image_bytes());
   return true;
+}
+
+// A ranged read's answer (ranged_read.h): the copy's description and the
+// save's chunk hashes of every tensor the ranges touch (the stored ones
+// where `stored` has them, else hashed here from the image), then the
+// image's header and index, the touched chunks and the footer, in image
+// order. The reader verifies it all; this only refuses a bad request.
+template <typename Writer>
+grpc::Status StreamRanges(Writer* writer, const rv1::RangeRequest& req,
+                          const rv1::ShardCopy& copy, const char* image,
+                          const std::vector<std::vector<uint64_t>>* stored) {
+  auto invalid = [](const absl::Status& s) {
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                        std::string(s.message()));
+  };
+  absl::StatusOr<std::vector<ImageRange>> ranges = ValidateRanges(
+      std::span<const uint64_t>(req.offsets().data(), req.offsets_size()),
+      std::span<const uint64_t>(req.lengths().data(), req.lengths_size()),
+      copy.image_bytes(), "ranges");
+  if (!ranges.ok()) return invalid(ranges.status());
+  absl::StatusOr<storage::ShardInfo> info = storage::ValidateImage(
+      {image, copy.image_bytes()}, {copy.job(), copy.step(), copy.rank()},
+      "the image here");
+  if (!info.ok()) return invalid(info.status());
+  absl::StatusOr<storage::ShardHeader> header =
+      storage::DecodeHeader({image, storage::kShardAlign});
+  if (!header.ok()) return invalid(header.status());
+  const std::vector<TouchedChunk> chunks = TouchedChunks(*info, *ranges);
+  rv1::RangeChunk msg;
+  *msg.mutable_copy() = copy;
+  for (size_t i = 0; i < chunks.size();) {
+    const uint32_t t = chunks[i].tensor;
+    const storage::ShardTensor& x = info->tensors[t];
+    rv1::TensorChunkHashes* h = msg.add_hashes();
+    h->set_tensor(t);
+    const uint64_t n = ChecksumChunks(x.bytes);
+    if (stored != nullptr && t < stored->size() && (*stored)[t].size() == n) {
+      h->mutable_hashes()->Add((*stored)[t].begin(), (*stored)[t].end());
+    } else {
+      for (uint64_t c = 0; c < n; ++c) {
+        const uint64_t at = c * kChecksumChunk;
+        h->add_hashes(Hash64(image + x.offset + at,
+                             std::min(kChecksumChunk, x.bytes - at)));
+      }
+    }
+    while (i < chunks.size() && chunks[i].tensor == t) ++i;
+  }
+  auto send = [&](uint64_t at, uint64_t bytes) {
+    for (uint64_t off = at; off < at + bytes;) {
+      const uint64_t n = std::min(kReplicaChunkBytes, at + bytes - off);
+      msg.set_offset(off);
+      msg.set_data(image + off, n);
+      if (!writer->Write(msg)) return false;
+      msg.clear_copy();
+      msg.clear_hashes();
+      off += n;
+    }
+    return true;
+  };
+  bool ok = send(0, header->data_offset);
+  for (size_t i = 0; ok && i < chunks.size(); ++i)
+    ok = send(chunks[i].at, chunks[i].bytes);
+  ok = ok &&
+       send(header->footer_offset, copy.image_bytes() - header->footer_offset);
+  if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "the reader left");
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -168,6 +237,37 @@ class ReplicaServer::Service final : public rv1::Replica::Service {
     t.bytes = offer->copy().image_bytes();
     t.what = Name(offer->copy());
     return Issue(std::move(t), offer);
+  }
+
+  grpc::Status GetRanges(grpc::ServerContext*, const rv1::RangeRequest* req,
+                         grpc::ServerWriter<rv1::RangeChunk>* writer) override {
+    if (absl::Status s = ValidateJobName(req->job(), "job"); !s.ok())
+      return ToGrpc(s);
+    rv1::GetRequest get;
+    get.set_job(req->job());
+    get.set_step(req->step());
+    get.set_rank(req->rank());
+    get.set_replica(req->replica());
+    if (req->replica()) {
+      std::shared_ptr<const HeldReplica> held =
+          store_->Find(req->job(), req->step(), req->rank());
+      if (!held) return NotFound(get);
+      return StreamRanges(writer, *req, held->copy, held->data(), nullptr);
+    }
+    if (staged_ == nullptr) return NotFound(get);
+    absl::StatusOr<StagedCopy> snap =
+        staged_->SnapshotStaged(req->job(), req->step(), req->rank());
+    if (!snap.ok())
+      return snap.status().code() == absl::StatusCode::kNotFound
+                 ? NotFound(get)
+                 : ToGrpc(snap.status());
+    grpc::Status st = StreamRanges(writer, *req, snap->copy, snap->data(),
+                                   &snap->chunk_hashes);
+    if (st.ok() && !staged_->StagedUnchanged(req->job(), req->rank(), *snap))
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          "step: the slot was overwritten by a save while "
+                          "it was sent; fetch again");
+    return st;
   }
 
   void set_bulk(BulkTokens* tokens, int port) {

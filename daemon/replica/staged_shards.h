@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "replica.pb.h"
@@ -26,6 +27,9 @@ struct StagedCopy {
   std::shared_ptr<shm::Arena> arena;  // keeps the mapping while read
   int slot = -1;
   uint64_t write_no = 0;
+  // Each tensor's chunk hashes as the save sent them (TensorMeta's), in
+  // index order; empty for a tensor without them.
+  std::vector<std::vector<uint64_t>> chunk_hashes;
   const char* data() const { return arena->slot_data(slot); }
 };
 

@@ -91,6 +91,10 @@ class DcpTest(unittest.TestCase):
         self.daemon.drop_shm()
         flip_first_tensor_byte(shard_path(self.daemon.root, "rot", 2))
         self.daemon.start()
+        # That step by its number: DataLoss naming the saved tensor and its
+        # DCP key.
+        with self.assertRaisesRegex(BaseException, r"(?s)checksum mismatch.*dcp/0/0 = DCP key '0.weight'"):
+            self.load(dcp_roundtrip.zeroed(first), "ckptd://rot/2")
         got = dcp_roundtrip.zeroed(first)
         self.load(got, "ckptd://rot/latest")
         self.assertIsNone(dcp_roundtrip.first_difference(first, got))

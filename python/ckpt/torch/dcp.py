@@ -440,6 +440,13 @@ class CkptdStorageReader(StorageReader):
             self.last_read_stats[kind + "_bytes"] += stats["bytes"]
             self.last_read_stats[kind + "_bytes_read"] += stats["bytes_read"]
 
+    def _named(self, e, keys):
+        """e (a ckpt error of a restore) with the step, and the DCP key of
+        each tensor its message names (keys: tensor name -> description)."""
+        named = [keys[n] for n in sorted(set(re.findall(r"dcp/[0-9a-z/]+", e.message))) if n in keys]
+        return type(e)("ckptd://%s/%d: %s%s" % (self._t.job[:64], self._step, e.message,
+                                                " (%s)" % "; ".join(named) if named else ""), e.code)
+
     def _read_pieces(self, pairs, planner):
         """Every item saved as a piece of its global tensor: ONE restore
         into another layout (doc/resharding.md) of each item's region
@@ -476,14 +483,12 @@ class CkptdStorageReader(StorageReader):
             dests[name] = dest
             layouts[name] = _client.Layout(gshape, offsets, loc.global_name.encode("ascii"))
             keys[name] = "%s = DCP key %r offsets %s lengths %s" % (name, fqn[:80], list(offsets), list(lengths))
+            keys.setdefault(loc.name, "%s = DCP key %r" % (loc.name, fqn[:80]))  # a saved piece's name
         if dests:
             try:
                 stats = self._shards.restore_pieces(self._step, dests, layouts)
             except errors.Error as e:
-                named = [keys[n] for n in sorted(set(re.findall(r"dcp/read/\d+", e.message))) if n in keys]
-                raise type(e)("ckptd://%s/%d: %s%s" % (
-                    self._t.job[:64], self._step, e.message,
-                    " (%s)" % "; ".join(named) if named else ""), e.code) from None
+                raise self._named(e, keys) from None
             self._count("piece", stats)
         for fn in after:
             fn()
@@ -519,6 +524,13 @@ class CkptdStorageReader(StorageReader):
                 target.copy_(part)
                 planner.commit_tensor(item, target)
             after.append(copy)
-        self._count("whole", self._shards.restore(self._step, rank, dests))
+        try:
+            stats = self._shards.restore(self._step, rank, dests)
+        except errors.Error as e:
+            keys = {}
+            for item, loc in pairs:
+                keys.setdefault(loc.name, "%s = DCP key %r" % (loc.name, item.storage_index.fqn[:80]))
+            raise self._named(e, keys) from None
+        self._count("whole", stats)
         for fn in after:
             fn()

@@ -251,6 +251,15 @@ class DcpTest(unittest.TestCase):
         # restores the whole stored tensor and narrows it.
         self.assertEqual((stats["whole_items"], stats["whole_bytes"], stats["whole_bytes_read"]),
                          (1, 8 * MiB, 8 * MiB), stats)
+        # The same from disk (the daemon restarted without its shared
+        # memory): the touched chunks of the shard file.
+        self.daemon.stop()
+        self.daemon.drop_shm()
+        self.daemon.start()
+        got = {"w": torch.zeros(512, 2048)}
+        stats = self.load_regions(got, "ckptd://halfjob/1", {"w": half})
+        self.assertTrue(torch.equal(got["w"], w[512:]))
+        self.assertEqual((stats["piece_bytes"], stats["piece_bytes_read"]), (4 * MiB, 4 * MiB), stats)
 
         # Before: the same load of a step saved without layouts (the
         # format of before, still read) restores w whole.

@@ -21,9 +21,15 @@ without its metadata is never readable as complete. With
 ``wait_durable=True`` (the default) write_data and finish return only once
 the rank's shard is durable on disk, so save_state_dict returns once the
 whole step is durable; ckptd lists a step as restorable only when every rank
-has its shard. read_data fills the planner's tensors in place where the
-stored chunk matches the destination (else through a temporary), from the
-node's shared memory or from disk.
+has its shard. Each tensor item is saved as a piece of its global tensor
+(ckptd's layout: "dcp:<key>", DCP's global size, the chunk's offsets), so
+read_data serves every read item of such a piece as a region of the
+global tensor, all in one restore into another layout: only the chunks a
+region touches are read and verified, straight into the planner's tensor
+when it is contiguous (else through a temporary of the region). Items
+ckptd has no layout for (raw-byte dtypes, BytesIO, 0-d or empty tensors)
+and steps saved before are restored whole from the shard that holds them.
+Data comes from the node's shared memory, a peer's, or disk.
 
 The job's ranks are ckptd ranks: $RANK (or torch.distributed's rank) of
 $WORLD_SIZE, as for ckpt.torch.Checkpointer; the socket is $CKPT_SOCKET

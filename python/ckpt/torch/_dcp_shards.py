@@ -90,7 +90,8 @@ def is_piece(loc):
 def _ints(v, n, what, field):
     if not isinstance(v, (tuple, list)) or len(v) != n or \
             not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise errors.DataLoss("%s: %s %r is not %d non-negative ints" % (what, field, str(v)[:60], n))
+        raise errors.DataLoss("%s: %s %s is not a list of %snon-negative ints"
+                              % (what, field, str(v)[:60], "%d " % n if n >= 0 else ""))
     return tuple(v)
 
 
@@ -99,7 +100,10 @@ def read_region(item, loc, what):
     piece: the piece's offsets plus the item's offsets in it. DataLoss
     names a location that does not describe a piece; ValueError a read
     item whose region lies outside the global tensor."""
-    n = len(loc.shape)
+    name = loc.global_name
+    if not isinstance(name, str) or len(name) > _MAX_NAME or not all(0x20 <= ord(c) <= 0x7e for c in name):
+        raise errors.DataLoss("%s: global_name %r is not a tensor name" % (what, str(name)[:60]))
+    n = len(loc.shape) if isinstance(loc.shape, (tuple, list)) else -1
     shape = _ints(loc.shape, n, what, "shape")
     gshape = _ints(loc.global_shape, n, what, "global_shape")
     offsets = _ints(loc.offsets, n, what, "offsets")

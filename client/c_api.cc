@@ -447,6 +447,22 @@ ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out) {
   });
 }
 
+ckpt_status ckpt_last_restore_stats(ckpt_client* client,
+                                    ckpt_restore_stats* out) {
+  return Guarded("ckpt_last_restore_stats", [&] {
+    if (out == nullptr) return NullArgument("ckpt_last_restore_stats", "out");
+    *out = ckpt_restore_stats{};
+    if (client == nullptr)
+      return NullArgument("ckpt_last_restore_stats", "client");
+    const ckpt::RestoreStats stats = client->client->last_restore_stats();
+    out->bytes = stats.bytes;
+    out->bytes_read = stats.bytes_read;
+    out->saved_ranks = stats.saved_ranks;
+    out->resharded = stats.resharded ? 1 : 0;
+    return Report(absl::OkStatus());
+  });
+}
+
 ckpt_status ckpt_restart_enable(void) {
   return Guarded("ckpt_restart_enable",
                  [&] { return Report(ckpt::EnableRestart()); });

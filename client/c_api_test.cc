@@ -194,6 +194,18 @@ TEST(CApiTest, LastSaveStatsNeedsAClientAndAnOutput) {
   EXPECT_NE(std::string(ckpt_last_error()).find("out"), std::string::npos);
 }
 
+TEST(CApiTest, LastRestoreStatsNeedsAClientAndAnOutput) {
+  ckpt_restore_stats stats;
+  stats.bytes_read = 9;
+  stats.resharded = 1;
+  EXPECT_EQ(ckpt_last_restore_stats(nullptr, &stats), CKPT_INVALID_ARGUMENT);
+  EXPECT_EQ(stats.bytes_read, 0u);
+  EXPECT_EQ(stats.resharded, 0);
+  EXPECT_NE(std::string(ckpt_last_error()).find("client"), std::string::npos);
+  EXPECT_EQ(ckpt_last_restore_stats(nullptr, nullptr), CKPT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckpt_last_error()).find("out"), std::string::npos);
+}
+
 TEST(CApiTest, LastErrorIsPerThread) {
   EXPECT_EQ(ckpt_wait(nullptr), CKPT_INVALID_ARGUMENT);
   std::string other;

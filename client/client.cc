@@ -134,6 +134,9 @@ absl::Status Client::WaitDurable(int64_t step,
 }
 
 SaveStats Client::last_save_stats() const { return impl_->last_save_stats(); }
+RestoreStats Client::last_restore_stats() const {
+  return impl_->last_restore_stats();
+}
 
 namespace {
 // Non-negative finite seconds as whole units of `per_s`; 0 for anything
@@ -215,6 +218,11 @@ absl::Status Client::Impl::Start() {
 SaveStats Client::Impl::last_save_stats() const {
   std::lock_guard<std::mutex> l(stats_mu_);
   return stats_;
+}
+
+RestoreStats Client::Impl::last_restore_stats() const {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return restore_stats_;
 }
 
 absl::StatusOr<std::shared_ptr<client::MappedArena>> Client::Impl::SaveArena(

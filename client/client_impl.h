@@ -104,6 +104,7 @@ class Client::Impl {
   [[nodiscard]] absl::Status WaitDurable(int64_t step,
                                          std::chrono::milliseconds timeout);
   SaveStats last_save_stats() const;
+  RestoreStats last_restore_stats() const;
   client::ProgressBeacon& beacon() { return beacon_; }
 
  private:
@@ -210,7 +211,7 @@ class Client::Impl {
   [[nodiscard]] absl::Status RestoreResharded(
       int64_t step, std::span<const Tensor> tensors,
       std::span<const v1::TensorMeta> own_metas,
-      std::vector<std::optional<TensorLayout>>* layouts);
+      std::vector<std::optional<TensorLayout>>* layouts, RestoreStats* stats);
   // One saved rank's reads: opens it (OpenRestore saved_rank, a slot),
   // copies and verifies, closes (reporting a bad copy).
   // `ranges`: [begin, end) of the saved rank's image the reads touch,
@@ -222,7 +223,7 @@ class Client::Impl {
       const storage::LayoutIndex& saved, const storage::LayoutIndex& requested,
       std::span<const storage::PlannedRead> reads,
       std::span<const Tensor> tensors, bool* opened,
-      const v1::OpenRestoreResponse* pre);
+      const v1::OpenRestoreResponse* pre, RestoreStats* stats);
   // OpenRestore of a saved rank, with the ranges its reads touch.
   v1::OpenRestoreRequest SavedRankOpen(
       int64_t step, uint32_t saved_rank,
@@ -240,7 +241,7 @@ class Client::Impl {
       uint32_t saved_rank, const storage::LayoutIndex& saved,
       const storage::LayoutIndex& requested,
       std::span<const storage::PlannedRead> reads,
-      std::span<const Tensor> tensors);
+      std::span<const Tensor> tensors, RestoreStats* stats);
 
   const ClientOptions options_;
   const std::unique_ptr<client::DaemonStub> stub_;
@@ -269,6 +270,7 @@ class Client::Impl {
 
   mutable std::mutex stats_mu_;
   SaveStats stats_;
+  RestoreStats restore_stats_;
 
   std::thread saver_;  // last: started once everything above exists
 };

@@ -104,7 +104,7 @@ bool ChunkHashesUsable(const v1::TensorMeta& m) {
 absl::Status Client::Impl::RestoreResharded(
     int64_t step, std::span<const Tensor> tensors,
     std::span<const v1::TensorMeta> own_metas,
-    std::vector<std::optional<TensorLayout>>* layouts) {
+    std::vector<std::optional<TensorLayout>>* layouts, RestoreStats* stats) {
   const std::string what =
       absl::StrCat("restore of step ", step, " into another layout");
   std::lock_guard<std::mutex> serial(reshard_mu_);
@@ -277,7 +277,7 @@ absl::Status Client::Impl::RestoreResharded(
       bool opened = false;
       s = RestoreSavedRankRuns(step, r, ranges[r], *saved, *requested,
                                rank_reads, tensors, &opened,
-                               copy == 0 && pre ? &*pre : nullptr);
+                               copy == 0 && pre ? &*pre : nullptr, stats);
       if (s.ok() || !opened || s.code() != absl::StatusCode::kDataLoss) break;
       tried.emplace_back(s.message());
     }
@@ -345,7 +345,7 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
     const storage::LayoutIndex& saved, const storage::LayoutIndex& requested,
     std::span<const storage::PlannedRead> reads,
     std::span<const Tensor> tensors, bool* opened,
-    const v1::OpenRestoreResponse* pre) {
+    const v1::OpenRestoreResponse* pre, RestoreStats* stats) {
   v1::OpenRestoreResponse resp;
   if (pre != nullptr) {
     resp = *pre;
@@ -354,18 +354,21 @@ absl::Status Client::Impl::RestoreSavedRankRuns(
         resp, stub_->OpenRestore(SavedRankOpen(step, saved_rank, ranges)));
   }
   *opened = true;
+  ++stats->saved_ranks;
   absl::Status s = [&]() -> absl::Status {
     if (resp.source() == v1::RESTORE_SOURCE_FILE) {
       SavedSource src;
       src.path = resp.path();
-      return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
+      return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors,
+                      stats);
     }
     if (resp.shm_name().empty())
       return absl::InternalError("OpenRestore: answered without a slot");
     CKPT_ASSIGN_OR_RETURN(SlotImage slot, MapSlotImage(resp));
     SavedSource src;
     src.image = slot.image;
-    return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors);
+    return CopyRuns(resp, src, saved_rank, saved, requested, reads, tensors,
+                    stats);
   }();
   return CloseLease(saved_rank, static_cast<uint64_t>(step), resp.lease(),
                     std::move(s));
@@ -376,7 +379,8 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
                                     const storage::LayoutIndex& saved,
                                     const storage::LayoutIndex& requested,
                                     std::span<const storage::PlannedRead> reads,
-                                    std::span<const Tensor> tensors) {
+                                    std::span<const Tensor> tensors,
+                                    RestoreStats* stats) {
   // The shard's entries by offset: the index names a piece by its rank and
   // data offset. Each piece read is checked against its entry (name,
   // dtype, shape, place), so an index that disagrees with the shard copies
@@ -533,6 +537,9 @@ absl::Status Client::Impl::CopyRuns(const v1::OpenRestoreResponse& resp,
   for (const Part& p : parts) ++part_first[p.chunk + 1];
   for (size_t k = 0; k < chunks.size(); ++k) part_first[k + 1] += part_first[k];
 
+  // Only the touched chunks are read (copied or hashed), from either
+  // source.
+  for (const Chunk& c : chunks) stats->bytes_read += c.bytes;
   std::vector<uint64_t> hashes(chunks.size());
   if (src.image != nullptr) {
     // From a slot: the touched chunks (copied to their run while hashed)

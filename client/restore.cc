@@ -55,6 +55,17 @@ absl::Status Client::Impl::Restore(
   std::vector<uint64_t> bytes;
   CKPT_RETURN_IF_ERROR(
       client::ValidateTensorsAndDevices(tensors, *devices_, &bytes));
+  // What this call read, kept as the client's last restore's on return.
+  RestoreStats stats;
+  for (uint64_t b : bytes) stats.bytes += b;
+  struct Keep {
+    Impl* impl;
+    const RestoreStats* stats;
+    ~Keep() {
+      std::lock_guard<std::mutex> l(impl->stats_mu_);
+      impl->restore_stats_ = *stats;
+    }
+  } keep{this, &stats};
 
   // The fallback ladder: a copy that fails verification (DataLoss) is
   // reported bad, and the daemon serves the next one (memory, then the
@@ -69,12 +80,19 @@ absl::Status Client::Impl::Restore(
     std::vector<v1::TensorMeta> own_metas;
     absl::Status s =
         RestoreOneCopy(step, tensors, saved_rank, &opened, layouts, &own_metas);
+    // A copy that served or failed verification was read whole.
+    if (opened && (s.ok() || s.code() == absl::StatusCode::kDataLoss)) {
+      stats.bytes_read += stats.bytes;
+      stats.saved_ranks = 1;
+    }
     // Not the place this rank saved (another layout, a whole tensor of
     // saved pieces, a rank the save did not have): a restore into another
     // layout, when the daemon can describe the step. Else the error as
     // it was.
     if (copy == 0 && !saved_rank && Reshardable(s, opened)) {
-      absl::Status r = RestoreResharded(step, tensors, own_metas, layouts);
+      stats.resharded = true;
+      absl::Status r =
+          RestoreResharded(step, tensors, own_metas, layouts, &stats);
       if (r.code() == absl::StatusCode::kNotFound &&
           absl::StartsWith(r.message(), "LayoutIndex") &&
           absl::StrContains(r.message(), "from peers' memory"))

@@ -200,6 +200,14 @@ TEST_F(ReshardRestoreTest, At3And6RanksFromMemoryAndAfterARestart) {
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(rows, g.rows);
     EXPECT_EQ(blocks, g.blocks);
+    // Every saved piece of both tensors read once: exactly their bytes,
+    // from every saved rank.
+    const RestoreStats stats = c->last_restore_stats();
+    EXPECT_TRUE(stats.resharded);
+    EXPECT_EQ(stats.bytes,
+              static_cast<uint64_t>((kRows * kCols + kBR * kBC) * 4));
+    EXPECT_EQ(stats.bytes_read, stats.bytes);
+    EXPECT_EQ(stats.saved_ranks, static_cast<uint32_t>(kSaved));
   }
   // The same layout still restores on its own path.
   RestoreAt("rs", g, kSaved, "same layout");

@@ -139,6 +139,14 @@ typedef struct {
   uint64_t bytes;
 } ckpt_save_stats;
 
+/* What the last restore of a client read (ckpt::RestoreStats). */
+typedef struct {
+  uint64_t bytes;       /* bytes of the tensors asked for */
+  uint64_t bytes_read;  /* saved bytes read (copied or hashed) for them */
+  uint32_t saved_ranks; /* saved ranks' shards read from */
+  int resharded;        /* 1: served by the restore into another layout */
+} ckpt_restore_stats;
+
 /* Bumped when a struct or signature of this header changes incompatibly;
  * a binding loading libckpt.so at run time checks it. */
 #define CKPT_ABI_VERSION 1
@@ -232,6 +240,9 @@ ckpt_status ckpt_expect_pause(ckpt_client* client, double seconds,
                               const char* reason);
 /* The stats of the client's last finished save (all zero before one). */
 ckpt_status ckpt_last_save_stats(ckpt_client* client, ckpt_save_stats* out);
+/* The stats of the client's last finished restore (all zero before one). */
+ckpt_status ckpt_last_restore_stats(ckpt_client* client,
+                                    ckpt_restore_stats* out);
 
 /* In-process restart under ckptrun (ckpt::RestartPlan): the assignment of
  * a generation for this process. */

@@ -143,6 +143,18 @@ struct SaveStats {
   uint64_t bytes = 0;
 };
 
+// What the last finished restore of a client read (its last Restore or
+// RestoreSavedRank call, successful or not).
+struct RestoreStats {
+  uint64_t bytes = 0;        // bytes of the tensors asked for
+  uint64_t bytes_read = 0;   // saved bytes read (copied or hashed) for them
+  uint32_t saved_ranks = 0;  // saved ranks' shards read from
+  // Served by the restore into another layout: bytes_read is then the
+  // touched 1 MiB checksum chunks of the saved pieces (doc/resharding.md),
+  // else the tensors' bytes of each copy tried.
+  bool resharded = false;
+};
+
 class Client {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Connect(
@@ -209,6 +221,7 @@ class Client {
       std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
   SaveStats last_save_stats() const;
+  RestoreStats last_restore_stats() const;
 
   // Progress beacon (hang and straggler detection): call once per training
   // step, after the rank's own work of the step. A store into shared

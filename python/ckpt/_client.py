@@ -332,6 +332,16 @@ class Client:
                    "last_save_stats")
         return {f: getattr(stats, f) for f, _ in stats._fields_}
 
+    def last_restore_stats(self):
+        """What the last restore read: bytes (asked for), bytes_read
+        (saved bytes copied or hashed), saved_ranks, resharded."""
+        stats = _lib.CRestoreStats()
+        _lib.check(_lib.layout_function("ckpt_last_restore_stats")(
+            self._live(), ctypes.byref(stats)), "last_restore_stats")
+        return {"bytes": stats.bytes, "bytes_read": stats.bytes_read,
+                "saved_ranks": stats.saved_ranks,
+                "resharded": bool(stats.resharded)}
+
     def __del__(self):
         try:
             self.close()

@@ -89,6 +89,15 @@ class CSaveStats(ctypes.Structure):
     ]
 
 
+class CRestoreStats(ctypes.Structure):
+    _fields_ = [
+        ("bytes", ctypes.c_uint64),
+        ("bytes_read", ctypes.c_uint64),
+        ("saved_ranks", ctypes.c_uint32),
+        ("resharded", ctypes.c_int),
+    ]
+
+
 class CSaveOptions(ctypes.Structure):
     _fields_ = [("rewind", ctypes.c_int)]
 
@@ -177,7 +186,7 @@ def _declare(lib):
         fn.restype = restype
         fn.argtypes = argtypes
     # Layouts (doc/resharding.md): a libckpt built before them lacks these
-    # three; the package then refuses only a save or load that needs them.
+    # three (and the restore stats); the package then refuses only a save or load that needs them.
     optional = {
         "ckpt_save_layout": (c_int, [p, c_int64, p, p, c_size_t,
                                      ctypes.POINTER(CSaveOptions)]),
@@ -185,6 +194,8 @@ def _declare(lib):
                                            ctypes.POINTER(CSaveOptions),
                                            ctypes.POINTER(p)]),
         "ckpt_restore_layout": (c_int, [p, c_int64, p, p, c_size_t, p]),
+        # Newer still: what the last restore read.
+        "ckpt_last_restore_stats": (c_int, [p, ctypes.POINTER(CRestoreStats)]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)

@@ -50,7 +50,8 @@ def state(rank, world):
 
 def own_keys_planner(rank):
     """DCP 1.13's default planner writes plain tensors on the coordinator
-    only; this one also makes each rank write its "rank<r>." tensors."""
+    only; this one also makes each rank write its "rank<r>." tensors and
+    its shards of a ShardedTensor."""
     from ckpt.torch.dcp import dcp_module
     dcp = dcp_module()
     try:
@@ -65,7 +66,8 @@ def own_keys_planner(rank):
             prefix = "rank%d." % rank
             items = []
             for fqn, obj in self.state_dict.items():
-                mine = fqn.startswith(prefix)
+                # A ShardedTensor's local shards: every rank writes its own.
+                mine = fqn.startswith(prefix) or type(obj).__name__ == "ShardedTensor"
                 other_rank = fqn.startswith("rank") and not mine
                 if mine or (self.is_coordinator and not other_rank):
                     items += _create_write_items(fqn, obj)

@@ -91,6 +91,10 @@ class DcpTest(unittest.TestCase):
         self.daemon.drop_shm()
         flip_first_tensor_byte(shard_path(self.daemon.root, "rot", 2))
         self.daemon.start()
+        # That step by its number: DataLoss naming the saved tensor and its
+        # DCP key.
+        with self.assertRaisesRegex(BaseException, r"(?s)checksum mismatch.*dcp/0/0 = DCP key '0.weight'"):
+            self.load(dcp_roundtrip.zeroed(first), "ckptd://rot/2")
         got = dcp_roundtrip.zeroed(first)
         self.load(got, "ckptd://rot/latest")
         self.assertIsNone(dcp_roundtrip.first_difference(first, got))
@@ -191,6 +195,119 @@ class DcpTest(unittest.TestCase):
         self.load_any(got, "ckptd://cudajob/3")
         self.assertIsNone(dcp_roundtrip.first_difference(sd, got))
         self.assertEqual([k for k, p in ptrs.items() if got[k].data_ptr() != p], [])
+
+    # --- piece loads: a read item becomes a byte-range restore ----------
+
+    def _dcp(self, name):
+        import importlib
+        try:
+            return importlib.import_module("torch.distributed.checkpoint." + name)
+        except ImportError:
+            return importlib.import_module("torch.distributed._shard.checkpoint." + name)
+
+    def region_planner(self, regions):
+        """A DCP load planner that asks, per key, for one region of the
+        saved tensor (the one chunk a whole-tensor save has): {key:
+        (storage_offsets, lengths, dest_offsets)}; the destination is the
+        state_dict's tensor, narrowed at dest_offsets (as DCP's planner
+        does for a resharding load)."""
+        planner, md = self._dcp("planner"), self._dcp("metadata")
+
+        class Regions(self._dcp("default_planner").DefaultLoadPlanner):
+            def create_local_plan(self):
+                items = []
+                for key, (within, lengths, dest) in regions.items():
+                    chunk = md.MetadataIndex(key, torch.Size([0] * len(lengths)))
+                    items.append(planner.ReadItem(
+                        type=planner.LoadItemType.TENSOR, dest_index=md.MetadataIndex(key),
+                        dest_offsets=torch.Size(dest), storage_index=chunk,
+                        storage_offsets=torch.Size(within), lengths=torch.Size(lengths)))
+                return planner.LoadPlan(items)
+        return Regions()
+
+    def load_regions(self, sd, cid, regions):
+        r = self.dcp.CkptdStorageReader(cid, socket=self.daemon.socket)
+        self.torch_dcp.load_state_dict(sd, storage_reader=r, planner=self.region_planner(regions), no_dist=True)
+        return r.last_read_stats
+
+    def test_half_of_a_tensor_reads_half_of_its_bytes_through_a_piece_load(self):
+        MiB = 1 << 20
+        torch.manual_seed(3)
+        w = torch.randn(1024, 2048)  # 8 MiB: 8 checksum chunks
+        c = torch.randn(1024, 1024, dtype=torch.complex64)  # 8 MiB, stored as raw bytes
+        self.save({"w": w, "c": c}, "ckptd://halfjob/1")
+        # The bottom half of rows: 4 MiB of w, 4 of c.
+        half = ((512, 0), (512, 2048), (0, 0))
+        got = {"w": torch.zeros(512, 2048), "c": torch.zeros(512, 1024, dtype=torch.complex64)}
+        ptr = got["w"].data_ptr()
+        stats = self.load_regions(got, "ckptd://halfjob/1", {"w": half, "c": ((512, 0), (512, 1024), (0, 0))})
+        self.assertTrue(torch.equal(got["w"], w[512:]))
+        self.assertTrue(torch.equal(got["c"].view(torch.uint8), c[512:].contiguous().view(torch.uint8)))
+        self.assertEqual(got["w"].data_ptr(), ptr)  # restored in place
+        # w through a Piece load: the 4 chunks it asks for, no more.
+        self.assertEqual((stats["piece_items"], stats["piece_bytes"], stats["piece_bytes_read"]),
+                         (1, 4 * MiB, 4 * MiB), stats)
+        # c, a dtype stored as raw bytes (no layout): the whole-item path
+        # restores the whole stored tensor and narrows it.
+        self.assertEqual((stats["whole_items"], stats["whole_bytes"], stats["whole_bytes_read"]),
+                         (1, 8 * MiB, 8 * MiB), stats)
+        # The same from disk (the daemon restarted without its shared
+        # memory): the touched chunks of the shard file.
+        self.daemon.stop()
+        self.daemon.drop_shm()
+        self.daemon.start()
+        got = {"w": torch.zeros(512, 2048)}
+        stats = self.load_regions(got, "ckptd://halfjob/1", {"w": half})
+        self.assertTrue(torch.equal(got["w"], w[512:]))
+        self.assertEqual((stats["piece_bytes"], stats["piece_bytes_read"]), (4 * MiB, 4 * MiB), stats)
+
+        # Before: the same load of a step saved without layouts (the
+        # format of before, still read) restores w whole.
+        self.dcp.CkptdStorageWriter._piece_layouts = False
+        try:
+            self.save({"w": w}, "ckptd://halfold/1")
+        finally:
+            self.dcp.CkptdStorageWriter._piece_layouts = True
+        got = {"w": torch.zeros(512, 2048)}
+        stats = self.load_regions(got, "ckptd://halfold/1", {"w": half})
+        self.assertTrue(torch.equal(got["w"], w[512:]))
+        self.assertEqual((stats["piece_items"], stats["whole_items"], stats["whole_bytes_read"]),
+                         (0, 1, 8 * MiB), stats)
+
+        # A region that is not contiguous in its destination (the right
+        # half of the columns, into a narrow view of a whole tensor):
+        # restored into a temporary of the region, then copied in.
+        into = torch.zeros(1024, 2048)
+        stats = self.load_regions({"w": into}, "ckptd://halfjob/1", {"w": ((0, 1024), (1024, 1024), (0, 1024))})
+        self.assertTrue(torch.equal(into[:, 1024:], w[:, 1024:]))
+        self.assertEqual(int(into[:, :1024].count_nonzero()), 0)
+        self.assertEqual(stats["piece_bytes"], 4 * MiB, stats)
+
+    def test_region_no_saved_piece_holds_is_refused_before_any_byte_moves(self):
+        planner, md = self._dcp("planner"), self._dcp("metadata")
+        props = self.dcp._dcp_json._CLASSES["TensorProperties"]
+        top = torch.arange(32.0).reshape(4, 8)
+
+        class TopHalf(self._dcp("default_planner").DefaultSavePlanner):
+            """Saves key "p" as the top half of a [8, 8] global tensor."""
+            def create_local_plan(self):
+                chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 8]))
+                item = planner.WriteItem(
+                    index=md.MetadataIndex("p", torch.Size([0, 0])), type=planner.WriteItemType.SHARD,
+                    tensor_data=planner.TensorWriteData(chunk=chunk, properties=props.create_from_tensor(top),
+                                                        size=torch.Size([8, 8])))
+                self.plan = planner.SavePlan([item])
+                return self.plan
+        w = self.dcp.CkptdStorageWriter("ckptd://gapjob/1", socket=self.daemon.socket)
+        self.torch_dcp.save_state_dict({"p": top}, storage_writer=w, planner=TopHalf(), no_dist=True)
+        # Rows 2..5 asked: rows 4 and 5 are in no saved piece.
+        got = {"p": torch.full((4, 8), -1.0)}
+        with self.assertRaisesRegex(BaseException, r"(?s)in no saved piece.*DCP key 'p'") as cm:
+            self.load_regions(got, "ckptd://gapjob/1", {"p": ((2, 0), (4, 8), (0, 0))})
+        self.assertTrue(torch.equal(got["p"], torch.full((4, 8), -1.0)))  # untouched
+        # Rows 0..3: the saved piece, exactly.
+        self.load_regions(got, "ckptd://gapjob/1", {"p": ((0, 0), (4, 8), (0, 0))})
+        self.assertTrue(torch.equal(got["p"], top))
 
     def test_checkpoint_id_that_is_not_ckptd_is_refused(self):
         W, R = self.dcp.CkptdStorageWriter, self.dcp.CkptdStorageReader

@@ -6,7 +6,11 @@ ckptrun) saves a step through CkptdStorageWriter over gloo; 2 ranks on
 node c and 3 ranks on node d, whose ckptds hold nothing of the job, load
 it through CkptdStorageReader: every shard they read comes from a's and
 b's shared memory (the owner's slot, fetched and verified by their own
-ckptd), and every tensor equals the saved one bit for bit."""
+ckptd), and every tensor equals the saved one bit for bit, including a
+[2000, 1024] ShardedTensor split by rows 4 ways when saved and 2 and 3
+ways when loaded, whose read items are parts of the saved pieces: each
+rank's piece loads read no more than the saved pieces its rows overlap
+(the byte-range restore reads only the chunks it needs)."""
 
 import os
 import random
@@ -107,6 +111,9 @@ class DcpPeersTest(unittest.TestCase):
                     out = f.read()
                 self.assertEqual(p.returncode, 0, "%s rank %d of %d:\n%s\n%s" % (node, r, world, out, self.log(node)))
                 self.assertIn("load ok rank=%d world=%d" % (r, world), out)
+                # What its piece loads read, against the saved pieces of
+                # "rows" its rows overlap (the rank checked the bound).
+                print("\n".join(l for l in out.splitlines() if l.startswith("read stats")), flush=True)
             # Every saved rank came from its owner's memory on a or b.
             log = self.log(node)
             for saved in range(SAVED):

@@ -31,12 +31,22 @@ class StorageLocation:
     """Where one DCP storage item lives in ckptd: the shard of ``rank`` of the
     step, tensor ``name``. ``kind``: "tensor" (stored as itself), "raw" (a
     tensor of a dtype ckptd lacks, stored as its bytes) or "bytes" (a BytesIO
-    item, stored as uint8). ``dtype``/``shape`` are those of the item."""
+    item, stored as uint8). ``dtype``/``shape`` are those of the item.
+
+    ``global_name`` (not empty): the item was saved as a piece of the
+    global tensor ``global_name`` of ``global_shape``, at ``offsets``
+    (ckptd's layout, doc/resharding.md), so a load reads any region of it
+    through the restore into another layout. Empty (every item saved
+    before layouts, and raw, bytes, 0-d or empty items): restored whole by
+    ``name`` from the shard of ``rank``."""
     rank: int
     name: str
     kind: str
     dtype: str
     shape: tuple
+    global_name: str = ""
+    global_shape: tuple = ()
+    offsets: tuple = ()
 
 
 def _dcp_classes():

@@ -21,9 +21,15 @@ without its metadata is never readable as complete. With
 ``wait_durable=True`` (the default) write_data and finish return only once
 the rank's shard is durable on disk, so save_state_dict returns once the
 whole step is durable; ckptd lists a step as restorable only when every rank
-has its shard. read_data fills the planner's tensors in place where the
-stored chunk matches the destination (else through a temporary), from the
-node's shared memory or from disk.
+has its shard. Each tensor item is saved as a piece of its global tensor
+(ckptd's layout: "dcp:<key>", DCP's global size, the chunk's offsets), so
+read_data serves every read item of such a piece as a region of the
+global tensor, all in one restore into another layout: only the chunks a
+region touches are read and verified, straight into the planner's tensor
+when it is contiguous (else through a temporary of the region). Items
+ckptd has no layout for (raw-byte dtypes, BytesIO, 0-d or empty tensors)
+and steps saved before are restored whole from the shard that holds them.
+Data comes from the node's shared memory, a peer's, or disk.
 
 The job's ranks are ckptd ranks: $RANK (or torch.distributed's rank) of
 $WORLD_SIZE, as for ckpt.torch.Checkpointer; the socket is $CKPT_SOCKET
@@ -39,7 +45,7 @@ import re
 
 import torch
 
-from .. import errors
+from .. import _client, errors
 
 
 def _shim_hint(e):
@@ -184,6 +190,10 @@ class CkptdStorageWriter(StorageWriter):
     durable_timeout_s: how long to wait for it."""
 
     _synchronize_after_execute = False  # AsyncStager: stage() blocks
+    # Tensors saved as pieces of their global tensors (the reader's byte
+    # range loads); False writes the format of before (tests: the reader's
+    # whole-item path).
+    _piece_layouts = True
 
     def __init__(self, checkpoint_id=None, *, socket=None, rank=None, world_size=None,
                  wait_durable=True, durable_timeout_s=600.0):
@@ -234,8 +244,11 @@ class CkptdStorageWriter(StorageWriter):
         coordinator = data.get("coordinator", self._shards.rank)
         items, results = [], []
         for i, item in enumerate(plan.items):
-            name = "dcp/%d" % i
+            # Unique per rank: a whole item never meets another rank's
+            # item of the same name in the step's layout index.
+            name = "dcp/%d/%d" % (self._shards.rank, i)
             value = planner.resolve_data(item)
+            layout = None
             if item.type == WriteItemType.BYTE_IO:
                 buf = value.getvalue() if isinstance(value, io.BytesIO) else bytes(value)
                 tensor = torch.frombuffer(bytearray(buf), dtype=torch.uint8) if buf else \
@@ -243,9 +256,13 @@ class CkptdStorageWriter(StorageWriter):
                 loc = _dcp_json.StorageLocation(self._shards.rank, name, "bytes", "uint8", (len(buf),))
             else:
                 tensor, kind = _dcp_shards.storable(value.detach(), "write item %r" % item.index.fqn[:80])
+                place = _dcp_shards.piece_place(item, value, kind) if self._piece_layouts else None
                 loc = _dcp_json.StorageLocation(self._shards.rank, name, kind,
-                                                _tensors.dtype_name(value.dtype), tuple(value.shape))
-            items.append((name, tensor))
+                                                _tensors.dtype_name(value.dtype), tuple(value.shape),
+                                                *(place or ("", (), ())))
+                if place is not None:
+                    layout = _client.Layout(place[1], place[2], place[0].encode("ascii"))
+            items.append((name, tensor, layout))
             results.append(WriteResult(index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
                                        storage_data=loc))
         if self._is_coordinator:
@@ -302,6 +319,10 @@ class CkptdStorageReader(StorageReader):
         self._metadata = None
         self._step = None
         self._read_by_reset = False
+        # What the last read_data read: items served as pieces (byte-range
+        # restores) and whole, and per kind the bytes asked for and the
+        # saved bytes read (libckpt's restore stats; 0 without them).
+        self.last_read_stats = None
 
     def reset(self, checkpoint_id=None):
         self._metadata = None
@@ -376,14 +397,22 @@ class CkptdStorageReader(StorageReader):
         locations = self._metadata.storage_data
         if not isinstance(locations, dict):
             raise errors.DataLoss("dcp metadata of step %d: no storage locations" % self._step)
-        by_rank = {}
+        pieces, by_rank = [], {}
         for item in plan.items:
             loc = locations.get(item.storage_index)
             if not isinstance(loc, _dcp_json.StorageLocation):
                 raise KeyError("step %d: no stored item for %r" % (self._step, item.storage_index.fqn[:80]))
-            by_rank.setdefault(loc.rank, []).append((item, loc))
+            if item.type != LoadItemType.BYTE_IO and _dcp_shards.is_piece(loc):
+                pieces.append((item, loc))
+            else:
+                by_rank.setdefault(loc.rank, []).append((item, loc))
         while True:
+            self.last_read_stats = {"piece_items": len(pieces), "piece_bytes": 0, "piece_bytes_read": 0,
+                                    "whole_items": len(plan.items) - len(pieces), "whole_bytes": 0,
+                                    "whole_bytes_read": 0}
             try:
+                if pieces:
+                    self._read_pieces(pieces, planner)
                 for rank in sorted(by_rank):
                     self._read_rank(rank, by_rank[rank], planner)
                 break
@@ -411,6 +440,64 @@ class CkptdStorageReader(StorageReader):
                 "previous good step %d has another layout; load it by its "
                 "step" % (self._t.job[:64], self._step, error.message, step))
         self._step, self._metadata = step, metadata
+
+    def _count(self, kind, stats):
+        if stats:
+            self.last_read_stats[kind + "_bytes"] += stats["bytes"]
+            self.last_read_stats[kind + "_bytes_read"] += stats["bytes_read"]
+
+    def _named(self, e, keys):
+        """e (a ckpt error of a restore) with the step, and the DCP key of
+        each tensor its message names (keys: tensor name -> description)."""
+        named = [keys[n] for n in sorted(set(re.findall(r"dcp/[0-9a-z/]+", e.message))) if n in keys]
+        return type(e)("ckptd://%s/%d: %s%s" % (self._t.job[:64], self._step, e.message,
+                                                " (%s)" % "; ".join(named) if named else ""), e.code)
+
+    def _read_pieces(self, pairs, planner):
+        """Every item saved as a piece of its global tensor: ONE restore
+        into another layout (doc/resharding.md) of each item's region
+        (global name and shape, offsets, lengths), straight into the
+        planner's tensor when it is a contiguous CPU or CUDA tensor (the
+        destination or a narrow view of it) of the saved dtype; else into a
+        temporary of the region's size, then copy_ into the destination.
+        Only the chunks of the saved pieces a region touches are read, from
+        whichever saved ranks hold them; a region no saved piece holds is
+        refused before any byte moves."""
+        dests, layouts, keys, after = {}, {}, {}, []
+        for item, loc in pairs:
+            fqn = item.storage_index.fqn
+            what = "step %d: %r (tensor %s)" % (self._step, fqn[:80], loc.global_name[:80])
+            offsets, lengths, gshape = _dcp_shards.read_region(item, loc, what)
+            target = planner.resolve_tensor(item).detach()
+            if tuple(target.shape) != lengths:
+                raise ValueError("%s: read item lengths %s, destination %s"
+                                 % (what, list(lengths), list(target.shape)))
+            if target.numel() == 0:
+                after.append(lambda item=item, target=target: planner.commit_tensor(item, target))
+                continue
+            name = "dcp/read/%d" % len(dests)
+            if _dcp_shards.fillable_directly(target, loc):
+                dest = target
+                after.append(lambda item=item, target=target: planner.commit_tensor(item, target))
+            else:
+                dest = _dcp_shards.empty_region(lengths, loc, target.device)
+
+                def copy(item=item, target=target, dest=dest):
+                    target.copy_(dest)
+                    planner.commit_tensor(item, target)
+                after.append(copy)
+            dests[name] = dest
+            layouts[name] = _client.Layout(gshape, offsets, loc.global_name.encode("ascii"))
+            keys[name] = "%s = DCP key %r offsets %s lengths %s" % (name, fqn[:80], list(offsets), list(lengths))
+            keys.setdefault(loc.name, "%s = DCP key %r" % (loc.name, fqn[:80]))  # a saved piece's name
+        if dests:
+            try:
+                stats = self._shards.restore_pieces(self._step, dests, layouts)
+            except errors.Error as e:
+                raise self._named(e, keys) from None
+            self._count("piece", stats)
+        for fn in after:
+            fn()
 
     def _read_rank(self, rank, pairs, planner):
         """One restore from `rank`'s shard for every item it holds."""
@@ -443,6 +530,13 @@ class CkptdStorageReader(StorageReader):
                 target.copy_(part)
                 planner.commit_tensor(item, target)
             after.append(copy)
-        self._shards.restore(self._step, rank, dests)
+        try:
+            stats = self._shards.restore(self._step, rank, dests)
+        except errors.Error as e:
+            keys = {}
+            for item, loc in pairs:
+                keys.setdefault(loc.name, "%s = DCP key %r" % (loc.name, item.storage_index.fqn[:80]))
+            raise self._named(e, keys) from None
+        self._count("whole", stats)
         for fn in after:
             fn()

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,13 @@ class ChunkTap {
     }
   }
 
+  // How many chunks were hashed as they came in, of how many.
+  std::pair<size_t, size_t> SeenWhole() const {
+    size_t seen = 0;
+    for (uint8_t h : have_) seen += h;
+    return {seen, have_.size()};
+  }
+
   // Tensor i's checksum, its chunks that were not seen hashed from dst.
   uint64_t Checksum(size_t i, const char* dst) const {
     std::vector<uint64_t> h;
@@ -160,11 +168,13 @@ class ChunkTap {
 // bytes (the lowest mismatching tensor's when several mismatch).
 // `file`: dst maps that file (ObjectReader::ReadAtNotifyToFile).
 // `progress` (may be null) is told of each tensor that verified.
+// *seen: how many checksum chunks were hashed as they came in, of how many.
 absl::Status ReadVerified(storage::ObjectReader& reader,
                           const storage::ShardInfo& info,
                           const std::string& key, char* dst, uint64_t bytes,
                           const storage::ObjectReader::DestFile& file,
-                          Restorer::LoadProgress* progress) {
+                          Restorer::LoadProgress* progress,
+                          std::pair<size_t, size_t>* seen_whole) {
   const size_t n = info.tensors.size();
   std::vector<std::atomic<uint64_t>> left(n);
   for (size_t i = 0; i < n; ++i) left[i].store(info.tensors[i].bytes);
@@ -201,6 +211,7 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
   // which the image's validation refuses) are checked here.
   for (size_t i = 0; i < n; ++i)
     if (left[i].load() != 0 || info.tensors[i].bytes == 0) verify(i);
+  *seen_whole = tap.SeenWhole();
   return bad;
 }
 
@@ -369,18 +380,23 @@ absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
                             s.message(), "); reading the object tier"));
   *from_object = true;
   auto t0 = std::chrono::steady_clock::now();
+  std::pair<size_t, size_t> seen_whole{0, 0};
   s = [&]() -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
                           node_.object->NewObjectReader(key));
     if (reader->size() != bytes)
       return absl::DataLossError(absl::StrCat(
           key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
-    return ReadVerified(*reader, info, key, dst, bytes, file, progress);
+    return ReadVerified(*reader, info, key, dst, bytes, file, progress,
+                        &seen_whole);
   }();
   LogInfo(absl::StrFormat(
-      "load %s from the object tier: GETs and checksums %.3f s", key,
+      "load %s from the object tier: GETs and checksums %.3f s (%u of %u "
+      "checksum chunks hashed as they came in)",
+      key,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count()));
+          .count(),
+      seen_whole.first, seen_whole.second));
   return Annotate(s, absl::StrCat("object tier (", node_.object->name(), ")"));
 }
 

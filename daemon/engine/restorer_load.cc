@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
-#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -14,149 +12,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/core/engine_util.h"
+#include "daemon/engine/chunk_tap.h"
 #include "daemon/engine/restorer.h"
 #include "storage/keys.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
 #include "util/checksum.h"
-#include "util/hash_stream.h"
 #include "util/status.h"
 #include "util/validate.h"
 
 namespace ckpt::daemon {
 namespace {
-
-// The 1 MiB checksum chunks (util/checksum.h) of an image's tensors,
-// hashed as the object store's bytes come in (ObjectReader::Received),
-// while they are still in cache: the check then needs no second pass over
-// the slot. A chunk is hashed so only when one transfer of one piece showed
-// all of its bytes in order; the others (a chunk cut by a piece's end, a
-// piece that started over and broke off, a reader that shows nothing) are
-// hashed from the slot.
-class ChunkTap {
- public:
-  explicit ChunkTap(const storage::ShardInfo& info) {
-    for (const storage::ShardTensor& t : info.tensors) {
-      first_.push_back(chunks_.size());
-      for (uint64_t k = 0; k < ChecksumChunks(t.bytes); ++k) {
-        const uint64_t off = k * kChecksumChunk;
-        chunks_.push_back({t.offset + off,
-                           std::min<uint64_t>(kChecksumChunk, t.bytes - off)});
-      }
-    }
-    first_.push_back(chunks_.size());
-    order_.resize(chunks_.size());
-    for (size_t c = 0; c < order_.size(); ++c) order_[c] = c;
-    std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
-      return chunks_[a].start < chunks_[b].start;
-    });
-    hash_.assign(chunks_.size(), 0);
-    have_.assign(chunks_.size(), 0);
-  }
-
-  // ObjectReader::Received. A piece is shown by one thread at a time; the
-  // hashes of its chunks are set before it is reported (Arrived), whose
-  // counters in ReadVerified order them before the check that reads them.
-  void Seen(uint64_t piece, uint64_t at, const char* data, size_t n) {
-    Piece* p = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      std::unique_ptr<Piece>& slot = pieces_[piece];
-      if (!slot) slot = std::make_unique<Piece>();
-      p = slot.get();
-    }
-    if (at == piece) Restart(p, piece);
-    if (p->broken) return;
-    if (at != p->next) {  // not the bytes that follow: trust none of it
-      Forget(piece, p->next);
-      p->broken = true;
-      return;
-    }
-    p->next = at + n;
-    while (n > 0) {
-      while (p->pos < order_.size() && End(order_[p->pos]) <= at) {
-        ++p->pos;
-        p->open = false;
-      }
-      if (p->pos == order_.size()) return;
-      const size_t c = order_[p->pos];
-      const uint64_t start = chunks_[c].start;
-      if (start >= at + n) return;  // bytes before the next chunk
-      if (start > at) {             // skip to the chunk's start
-        data += start - at;
-        n -= start - at;
-        at = start;
-      }
-      if (at == start) {
-        p->hash.Reset();
-        p->open = true;
-      }
-      const uint64_t take = std::min<uint64_t>(n, End(c) - at);
-      if (p->open) p->hash.Update(data, take);  // else it began before piece
-      data += take;
-      n -= take;
-      at += take;
-      if (at == End(c)) {
-        if (p->open) hash_[c] = p->hash.Digest(), have_[c] = 1;
-        p->open = false;
-        ++p->pos;
-      }
-    }
-  }
-
-  // How many chunks were hashed as they came in, of how many.
-  std::pair<size_t, size_t> SeenWhole() const {
-    size_t seen = 0;
-    for (uint8_t h : have_) seen += h;
-    return {seen, have_.size()};
-  }
-
-  // Tensor i's checksum, its chunks that were not seen hashed from dst.
-  uint64_t Checksum(size_t i, const char* dst) const {
-    std::vector<uint64_t> h;
-    for (size_t c = first_[i]; c < first_[i + 1]; ++c)
-      h.push_back(have_[c] != 0
-                      ? hash_[c]
-                      : Hash64(dst + chunks_[c].start, chunks_[c].len));
-    return CombineChunkHashes(h);
-  }
-
- private:
-  struct Chunk {
-    uint64_t start = 0, len = 0;
-  };
-  struct Piece {
-    Hash64Stream hash;
-    uint64_t next = 0;  // where the next bytes must start
-    size_t pos = 0;     // in order_: the first chunk not passed yet
-    bool open = false;  // hash holds the chunk at pos from its start
-    bool broken = false;
-  };
-  uint64_t End(size_t c) const { return chunks_[c].start + chunks_[c].len; }
-  // The piece starts (again): what an earlier transfer of it showed is void.
-  void Restart(Piece* p, uint64_t piece) {
-    Forget(piece, p->next);
-    p->next = piece;
-    p->pos = 0;
-    p->open = false;
-    p->broken = false;
-  }
-  // Clears what a transfer of the piece at `piece` that reached `until` set:
-  // the chunks within [piece, until) (no other piece's).
-  void Forget(uint64_t piece, uint64_t until) {
-    for (size_t c = 0; c < chunks_.size(); ++c)
-      if (chunks_[c].start >= piece && End(c) <= until) have_[c] = 0;
-  }
-
-  std::vector<Chunk> chunks_;
-  std::vector<size_t> first_;  // tensor i's chunks: [first_[i], first_[i+1])
-  std::vector<size_t> order_;  // chunk indices by offset
-  std::vector<uint64_t> hash_;
-  std::vector<uint8_t> have_;  // a byte each: pieces set theirs concurrently
-  std::mutex mu_;
-  std::map<uint64_t, std::unique_ptr<Piece>> pieces_;
-};
 
 // Reads the object of `bytes` bytes into dst and checks every tensor's
 // checksum, each as soon as its last byte is in, on the thread that
@@ -168,7 +35,8 @@ class ChunkTap {
 // bytes (the lowest mismatching tensor's when several mismatch).
 // `file`: dst maps that file (ObjectReader::ReadAtNotifyToFile).
 // `progress` (may be null) is told of each tensor that verified.
-// *seen: how many checksum chunks were hashed as they came in, of how many.
+// *seen_whole: how many checksum chunks were hashed as they came in, of how
+// many.
 absl::Status ReadVerified(storage::ObjectReader& reader,
                           const storage::ShardInfo& info,
                           const std::string& key, char* dst, uint64_t bytes,

@@ -46,7 +46,7 @@ ProcUsage UsageOf(pid_t pid) {
   // The fields after the command's closing parenthesis: state (3) ...
   // minflt (10) ... utime (14), stime (15).
   const char* p = std::strrchr(buf, ')');
-  unsigned long long v[13] = {};
+  unsigned long long v[12] = {};
   if (p == nullptr ||
       std::sscanf(
           p + 2,
@@ -233,14 +233,15 @@ class ObjectTierRun {
   }
 
  private:
-  // Stops the daemon, removes its arenas and local shard files, starts it
-  // again and restores `step` (which then comes from the object tier);
-  // returns the restore's seconds. A restore whose bytes differ from the
-  // reference clears restore_matches.
   // What each process used during a restore.
   struct Usage {
     ProcUsage daemon, client, store;
   };
+  // Stops the daemon, removes its arenas and local shard files, starts it
+  // again and restores `step` (which then comes from the object tier);
+  // returns the restore's seconds. A restore whose bytes differ from the
+  // reference clears restore_matches; *use: what each process used
+  // during the restore.
   absl::StatusOr<double> RestoreAfterRestart(const DaemonConfig& dc,
                                              int64_t step, Usage* use) {
     CKPT_ASSIGN_OR_RETURN(DaemonProcess::State state, daemon_->Query());

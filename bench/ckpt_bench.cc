@@ -475,7 +475,8 @@ absl::Status Bench::Run(Results* r) {
                         o_.ckptd.empty() ? DefaultCkptdPath() : o_.ckptd,
                         absl::StrCat("ckptbencho", getpid()),
                         r->copy_threads,
-                        o_.saves};
+                        o_.saves,
+                        o_.object_store_pid};
     CKPT_RETURN_IF_ERROR(
         MeasureObjectTier(oc, tensors_, scratch_.data(), &r->object));
   }

@@ -22,6 +22,7 @@ struct Options {
   bool json = false;
   std::string
       object_url;  // object-tier figures too (bench/object_tier_bench.h)
+  int object_store_pid = 0;  // a loopback store's process: its CPU time too
 };
 
 // Starts a ckptd, measures every figure next to its limit o.repeat times,

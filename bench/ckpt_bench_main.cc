@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option(
       "--object-url", o.object_url,
       "also measure the object tier on s3://BUCKET/PREFIX (AWS_* environment)");
+  app.add_option("--object-store-pid", o.object_store_pid,
+                 "the object store's process on this machine (a loopback "
+                 "server): its CPU time is reported beside ours")
+      ->check(CLI::Range(0, 1 << 30));
   std::string reshard;
   app.add_option("--reshard", reshard,
                  "N:M: only the resharding figures: N ranks save --bytes "

@@ -48,6 +48,7 @@ class DaemonProcess {
   };
   [[nodiscard]] absl::StatusOr<State> Query() const;
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
  private:
   DaemonConfig config_;

@@ -16,7 +16,11 @@
 //                     mapped for it and not yet faulted in, as a
 //                     restarted ckptd's arena is, beside it);
 //   save_stall_upload_s  Client::Save while the previous step's upload is
-//                     in flight, vs memcpy sampled beside it.
+//                     in flight, vs memcpy sampled beside it;
+//   *_cpu_*, *_faults_*  CPU seconds and minor faults of each process
+//                     (daemon, this one, the store) per restore and per
+//                     raw GET: where the time goes, which load moves less
+//                     than the wall time.
 // Endpoint and credentials come from the AWS environment, as for ckptd.
 // Not thread-safe.
 #ifndef CKPT_BENCH_OBJECT_TIER_BENCH_H_
@@ -39,6 +43,9 @@ struct ObjectTierConfig {
   std::string shm_prefix;  // for this daemon's arenas
   int copy_threads = 0;
   int saves = 3;  // samples of each figure (restores alternate with GETs)
+  // The store's process when it runs on this machine (a loopback server):
+  // its CPU time is sampled beside ours. 0: not sampled.
+  int store_pid = 0;
 };
 
 // tensors: the benchmark's state (contiguous from tensors[0].data);

@@ -99,6 +99,16 @@ std::string FormatJson(const Results& r) {
     w.Field("restore_object_matches", o.restore_matches);
     w.Field("raw_get_anon_s", o.raw_get_anon_s);
     w.Field("raw_get_fresh_s", o.raw_get_fresh_s);
+    w.Field("restore_cpu_daemon_s", o.restore_cpu_daemon_s)
+        .Field("restore_cpu_client_s", o.restore_cpu_client_s)
+        .Field("restore_cpu_store_s", o.restore_cpu_store_s);
+    w.Field("raw_get_cpu_s", o.raw_get_cpu_s)
+        .Field("raw_get_cpu_store_s", o.raw_get_cpu_store_s)
+        .Field("raw_get_fresh_cpu_s", o.raw_get_fresh_cpu_s);
+    w.Field("restore_faults_daemon", o.restore_faults_daemon)
+        .Field("restore_faults_client", o.restore_faults_client)
+        .Field("raw_get_faults", o.raw_get_faults)
+        .Field("raw_get_fresh_faults", o.raw_get_fresh_faults);
   }
   std::vector<Check> checks = Evaluate(r);
   bool all =

@@ -30,6 +30,20 @@ struct ObjectFigures {
   int saves_during_upload =
       0;  // samples whose upload was still in flight when the save ended
   bool restore_matches = false;
+  // Where a restore's CPU goes against a raw GET's (medians): CPU seconds
+  // (user + system, /proc/PID/stat) of the daemon, of this process (the
+  // client's copy; the raw GET's threads) and of the store (only with
+  // ObjectTierConfig::store_pid), and the minor faults of each of ours.
+  double restore_cpu_daemon_s = 0;
+  double restore_cpu_client_s = 0;
+  double restore_cpu_store_s = 0;
+  double raw_get_cpu_s = 0;  // this process, the GET into the slot-like pages
+  double raw_get_cpu_store_s = 0;
+  double raw_get_fresh_cpu_s = 0;  // this process, the GET into fresh memory
+  double restore_faults_daemon = 0;
+  double restore_faults_client = 0;
+  double raw_get_faults = 0;
+  double raw_get_fresh_faults = 0;
 };
 
 // The smallest and largest of a figure's samples.

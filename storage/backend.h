@@ -101,16 +101,27 @@ class ObjectReader {
     int fd = -1;
     uint64_t offset = 0;
   };
+  // Shown the bytes of a ReadAtNotifyToFile's range as they come in,
+  // before they are stored: [at, at + n) of the object, of the piece that
+  // starts at `piece`, in order within the piece. A piece whose transfer
+  // starts over (a retry) starts again at at == piece; what was shown of
+  // it before is void. Called from the reading threads, one piece per
+  // thread at a time; its time delays that thread's receive.
+  using Received = std::function<void(uint64_t piece, uint64_t at,
+                                      const char* data, size_t n)>;
   // ReadAtNotify into memory that maps `file`: a reader that can writes
   // the bytes into the file (pwrite) rather than storing them through
   // dst. A tmpfs page written so is filled without being zeroed first and
   // without a page fault in this process; one first stored through a
-  // mapping costs both. The bytes then read through dst as usual. The
-  // default stores through dst.
+  // mapping costs both. The bytes then read through dst as usual.
+  // `received` (may be empty) is shown the bytes as they come in by a
+  // reader that can (the object store's); a caller must not count on it.
+  // The default stores through dst and shows nothing.
   [[nodiscard]] virtual absl::Status ReadAtNotifyToFile(
       uint64_t offset, void* dst, uint64_t len, const DestFile& file,
-      const Arrived& arrived) {
+      const Arrived& arrived, const Received& received) {
     (void)file;
+    (void)received;
     return ReadAtNotify(offset, dst, len, arrived);
   }
 };

@@ -143,10 +143,10 @@ class FaultReader : public ObjectReader {
     return base_->ReadAtNotify(offset, dst, len, arrived);
   }
   absl::Status ReadAtNotifyToFile(uint64_t offset, void* dst, uint64_t len,
-                                  const DestFile& file,
-                                  const Arrived& arrived) override {
+                                  const DestFile& file, const Arrived& arrived,
+                                  const Received& received) override {
     CKPT_RETURN_IF_ERROR(state_->Alive());
-    return base_->ReadAtNotifyToFile(offset, dst, len, file, arrived);
+    return base_->ReadAtNotifyToFile(offset, dst, len, file, arrived, received);
   }
 
  private:

@@ -56,24 +56,27 @@ class ObjectReaderImpl : public ObjectReader {
   uint64_t size() const override { return size_; }
 
   absl::Status ReadAt(uint64_t offset, void* dst, uint64_t len) override {
-    return Read(offset, dst, len, nullptr, {});
+    return Read(offset, dst, len, nullptr, {}, nullptr);
   }
   absl::Status ReadAtNotify(uint64_t offset, void* dst, uint64_t len,
                             const Arrived& arrived) override {
-    return Read(offset, dst, len, &arrived, {});
+    return Read(offset, dst, len, &arrived, {}, nullptr);
   }
   absl::Status ReadAtNotifyToFile(uint64_t offset, void* dst, uint64_t len,
-                                  const DestFile& file,
-                                  const Arrived& arrived) override {
-    return Read(offset, dst, len, &arrived, file);
+                                  const DestFile& file, const Arrived& arrived,
+                                  const Received& received) override {
+    return Read(offset, dst, len, &arrived, file,
+                received ? &received : nullptr);
   }
 
  private:
-  // Each piece is reported to `arrived` (if any) by the thread that got it.
-  // With file.fd >= 0 the pieces are written into that file, which dst
-  // maps at file.offset.
+  // Each piece is reported to `arrived` (if any) by the thread that got it,
+  // and its bytes shown to `received` (if any) as they come in. With
+  // file.fd >= 0 the pieces are written into that file, which dst maps at
+  // file.offset.
   absl::Status Read(uint64_t offset, void* dst, uint64_t len,
-                    const Arrived* arrived, const DestFile& file) {
+                    const Arrived* arrived, const DestFile& file,
+                    const Received* received) {
     if (offset > size_ || len > size_ - offset)
       return absl::DataLossError(
           absl::StrCat("object ", key_, ": range [", offset, ", ", offset + len,
@@ -92,9 +95,14 @@ class ObjectReaderImpl : public ObjectReader {
         }
         uint64_t off = offset + i * piece;
         uint64_t n = std::min(piece, offset + len - off);
+        std::function<void(uint64_t, const char*, size_t)> seen;
+        if (received != nullptr)
+          seen = [received, off](uint64_t at, const char* data, size_t m) {
+            (*received)(off, off + at, data, m);
+          };
         absl::Status s = backend_->GetRange(
             key_, object_, size_, off, static_cast<char*>(dst) + (off - offset),
-            n, file.fd, file.offset + (off - offset));
+            n, file.fd, file.offset + (off - offset), seen);
         if (!s.ok()) {
           std::lock_guard<std::mutex> lock(mu);
           if (first_error.ok()) first_error = s;
@@ -133,7 +141,8 @@ absl::Status ObjectBackendImpl::GetRange(const std::string& key,
                                          const std::string& object,
                                          uint64_t object_size, uint64_t off,
                                          char* dst, uint64_t n, int file_fd,
-                                         uint64_t file_offset) {
+                                         uint64_t file_offset,
+                                         const BodySeen& seen) {
   HttpRequest req;
   req.method = "GET";
   req.object = object;
@@ -142,6 +151,7 @@ absl::Status ObjectBackendImpl::GetRange(const std::string& key,
   req.dst_len = n;
   req.dst_fd = file_fd;
   req.dst_file_offset = file_offset;
+  req.body_seen = seen;
   absl::StatusOr<HttpResponse> r = http_.Perform(req);
   if (!r.ok()) {
     if (r.status().code() == absl::StatusCode::kDataLoss ||

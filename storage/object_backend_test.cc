@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -190,6 +191,7 @@ TEST_F(ObjectBackendTest, ReadAtNotifyReportsEachPieceOnceWhenItsBytesAreIn) {
 // Into memory that maps a /dev/shm file (an arena's slot): the bytes are
 // written into the file, not stored through the mapping, which no byte
 // faults in; every piece is reported once and the file holds the object.
+// Each piece's bytes are shown to `received` in order as they come in.
 TEST_F(ObjectBackendTest, ReadAtNotifyToFileWritesTheFileNotTheMapping) {
   auto b = Open(Options("p"));
   std::vector<char> data = RandomBytes((9 << 20) + 777, 4);
@@ -213,13 +215,33 @@ TEST_F(ObjectBackendTest, ReadAtNotifyToFileWritesTheFileNotTheMapping) {
   char* dst = static_cast<char*>(m) + at;
   std::mutex mu;
   uint64_t reported = 0;
-  absl::Status s = (*r)->ReadAtNotifyToFile(0, dst, data.size(), {fd, at},
-                                            [&](uint64_t, uint64_t n) {
-                                              std::lock_guard<std::mutex> l(mu);
-                                              reported += n;
-                                            });
+  std::vector<char> shown(data.size());
+  std::map<uint64_t, uint64_t> next;  // piece -> the next offset to show
+  bool in_order = true;
+  absl::Status s = (*r)->ReadAtNotifyToFile(
+      0, dst, data.size(), {fd, at},
+      [&](uint64_t, uint64_t n) {
+        std::lock_guard<std::mutex> l(mu);
+        reported += n;
+      },
+      [&](uint64_t piece, uint64_t from, const char* p, size_t n) {
+        std::lock_guard<std::mutex> l(mu);
+        if (from == piece) next[piece] = piece;  // a piece (re)starts
+        if (!next.count(piece) || next[piece] != from ||
+            from + n > shown.size()) {
+          in_order = false;
+          return;
+        }
+        std::memcpy(shown.data() + from, p, n);
+        next[piece] = from + n;
+      });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(reported, data.size());
+  EXPECT_TRUE(in_order);
+  uint64_t shown_bytes = 0;
+  for (const auto& [piece, end] : next) shown_bytes += end - piece;
+  EXPECT_EQ(shown_bytes, data.size());
+  EXPECT_TRUE(shown == data) << "shown bytes differ from the object's";
   EXPECT_EQ(::ckpt::testing::PresentPages(dst, data.size() / 4096 * 4096), 0)
       << "stored through the mapping";
   std::vector<char> back(data.size());

@@ -154,6 +154,7 @@ struct ObjectHttp::Attempt {
         a->overflow = true;
         return 0;  // aborts the transfer
       }
+      if (q->body_seen) q->body_seen(r->received, data, len);
       if (q->dst_fd < 0) {
         std::memcpy(q->dst + r->received, data, len);
       } else {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -51,6 +52,10 @@ struct HttpRequest {
   // (ObjectReader::ReadAtNotifyToFile).
   int dst_fd = -1;
   uint64_t dst_file_offset = 0;
+  // With dst: shown each piece of a 2xx reply's body before it is stored,
+  // with its offset in the body; an attempt that starts over (a retry)
+  // starts again at 0.
+  std::function<void(uint64_t at, const char* data, size_t n)> body_seen;
   bool md5_of_body = false;  // compute the MD5 of what was sent
   // For messages: what the request is about (the key without the prefix
   // is clearer to a user, but the full object name is what the store has).

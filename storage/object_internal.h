@@ -5,6 +5,7 @@
 #define CKPT_STORAGE_OBJECT_INTERNAL_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,12 +54,15 @@ class ObjectBackendImpl : public Backend {
   // One ranged GET of [off, off+n) of an object of object_size bytes into
   // dst, its reply checked (206, Content-Range, length); DataLoss naming key.
   // `file_fd` >= 0: dst maps that file at `file_offset`, and the bytes are
-  // written into the file (HttpRequest::dst_fd).
+  // written into the file (HttpRequest::dst_fd). `seen` (may be empty):
+  // HttpRequest::body_seen.
+  using BodySeen = std::function<void(uint64_t at, const char*, size_t)>;
   [[nodiscard]] absl::Status GetRange(const std::string& key,
                                       const std::string& object,
                                       uint64_t object_size, uint64_t off,
                                       char* dst, uint64_t n, int file_fd = -1,
-                                      uint64_t file_offset = 0);
+                                      uint64_t file_offset = 0,
+                                      const BodySeen& seen = {});
   // One PUT of the whole object from body, its ETag checked.
   [[nodiscard]] absl::Status PutWhole(const std::string& object,
                                       std::vector<Segment> body);

@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "util/hash_stream.h"
+
 namespace ckpt {
 namespace {
 
@@ -53,6 +55,21 @@ TEST(ChecksumTest, FusedCopyAndHashEqualsXxh3ForEveryLengthAndAlignment) {
       }
     }
   }
+}
+
+TEST(ChecksumTest, Hash64StreamEqualsHash64OfTheConcatenation) {
+  auto bytes = RandomBytes(kChecksumChunk + 333, 5);
+  for (size_t piece : {size_t{1}, size_t{63}, size_t{4096}, size_t{16411},
+                       size_t{kChecksumChunk + 333}}) {
+    Hash64Stream h;
+    h.Update(bytes.data(), 7);  // discarded by the Reset
+    h.Reset();
+    for (size_t off = 0; off < bytes.size(); off += piece)
+      h.Update(bytes.data() + off, std::min(piece, bytes.size() - off));
+    EXPECT_EQ(h.Digest(), Hash64(bytes.data(), bytes.size())) << piece;
+  }
+  Hash64Stream empty;
+  EXPECT_EQ(empty.Digest(), Hash64(nullptr, 0));
 }
 
 TEST(ChecksumTest, TensorChecksumIsCombinationOfChunkHashes) {

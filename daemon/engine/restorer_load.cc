@@ -6,16 +6,19 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/core/engine_util.h"
+#include "daemon/engine/chunk_tap.h"
 #include "daemon/engine/restorer.h"
 #include "storage/keys.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
+#include "util/checksum.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -26,23 +29,31 @@ namespace {
 // checksum, each as soon as its last byte is in, on the thread that
 // brought that byte, while the other requests are still on the wire: a
 // pass over the image after the reads would add its whole time to the
-// restore. The error of a mismatch is VerifyTensorChecksums' (the lowest
-// mismatching tensor's when several mismatch).
+// restore. The chunks' hashes are taken as the bytes come in (ChunkTap),
+// so the check reads the slot only for chunks a transfer did not show
+// whole. The error of a mismatch is VerifyTensorChecksum's on the slot's
+// bytes (the lowest mismatching tensor's when several mismatch).
 // `file`: dst maps that file (ObjectReader::ReadAtNotifyToFile).
 // `progress` (may be null) is told of each tensor that verified.
+// *seen_whole: how many checksum chunks were hashed as they came in, of how
+// many.
 absl::Status ReadVerified(storage::ObjectReader& reader,
                           const storage::ShardInfo& info,
                           const std::string& key, char* dst, uint64_t bytes,
                           const storage::ObjectReader::DestFile& file,
-                          Restorer::LoadProgress* progress) {
+                          Restorer::LoadProgress* progress,
+                          std::pair<size_t, size_t>* seen_whole) {
   const size_t n = info.tensors.size();
   std::vector<std::atomic<uint64_t>> left(n);
   for (size_t i = 0; i < n; ++i) left[i].store(info.tensors[i].bytes);
+  ChunkTap tap(info);
   std::mutex mu;
   size_t bad_index = n;
   absl::Status bad;
   auto verify = [&](size_t i) {
-    absl::Status s = storage::VerifyTensorChecksum(dst, info, key, i);
+    absl::Status s;
+    if (tap.Checksum(i, dst) != info.tensors[i].checksum)
+      s = storage::VerifyTensorChecksum(dst, info, key, i);  // the message
     if (s.ok()) {
       if (progress != nullptr) progress->Verified(static_cast<uint32_t>(i));
       return;
@@ -59,11 +70,16 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
       if (left[i].fetch_sub(hi - lo) == hi - lo) verify(i);  // the last piece
     }
   };
-  CKPT_RETURN_IF_ERROR(reader.ReadAtNotifyToFile(0, dst, bytes, file, arrived));
+  auto seen = [&](uint64_t piece, uint64_t at, const char* data, size_t len) {
+    tap.Seen(piece, at, data, len);
+  };
+  CKPT_RETURN_IF_ERROR(
+      reader.ReadAtNotifyToFile(0, dst, bytes, file, arrived, seen));
   // Tensors no piece completed (empty ones; any the image does not hold,
   // which the image's validation refuses) are checked here.
   for (size_t i = 0; i < n; ++i)
     if (left[i].load() != 0 || info.tensors[i].bytes == 0) verify(i);
+  *seen_whole = tap.SeenWhole();
   return bad;
 }
 
@@ -232,18 +248,23 @@ absl::Status Restorer::ReadShardImage(const std::string& key, bool local,
                             s.message(), "); reading the object tier"));
   *from_object = true;
   auto t0 = std::chrono::steady_clock::now();
+  std::pair<size_t, size_t> seen_whole{0, 0};
   s = [&]() -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
                           node_.object->NewObjectReader(key));
     if (reader->size() != bytes)
       return absl::DataLossError(absl::StrCat(
           key, ": ", reader->size(), " bytes, the catalog recorded ", bytes));
-    return ReadVerified(*reader, info, key, dst, bytes, file, progress);
+    return ReadVerified(*reader, info, key, dst, bytes, file, progress,
+                        &seen_whole);
   }();
   LogInfo(absl::StrFormat(
-      "load %s from the object tier: GETs and checksums %.3f s", key,
+      "load %s from the object tier: GETs and checksums %.3f s (%u of %u "
+      "checksum chunks hashed as they came in)",
+      key,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count()));
+          .count(),
+      seen_whole.first, seen_whole.second));
   return Annotate(s, absl::StrCat("object tier (", node_.object->name(), ")"));
 }
 

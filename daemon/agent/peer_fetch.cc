@@ -33,9 +33,23 @@ absl::StatusOr<rv1::ShardCopy> CopyHeld(
   return held.copy;
 }
 
-}  // namespace
-
-namespace {
+// The peers `source` names (the first, then its second), in that order;
+// NotFound when it names none.
+absl::StatusOr<std::vector<const cv1::ShardSource*>> PeersOf(
+    const cv1::ShardSource& source, const std::string& job, uint64_t step,
+    uint32_t rank) {
+  std::vector<const cv1::ShardSource*> peers;
+  if (!source.host().empty()) {
+    peers.push_back(&source);
+    if (source.has_second() && !source.second().host().empty())
+      peers.push_back(&source.second());
+  }
+  if (peers.empty())
+    return absl::NotFoundError(absl::StrCat("no live node holds job '", job,
+                                            "' step ", step, " rank ", rank,
+                                            " in memory"));
+  return peers;
+}
 
 // One peer source's copy into the rank's slot: OK, or why not.
 absl::Status FetchFrom(Engine& engine, const PeerFetchOptions& peer,
@@ -99,16 +113,8 @@ absl::Status FetchFromPeers(Engine& engine, const PeerFetchOptions& peer,
                             const std::string& key,
                             const cv1::ShardSource& source,
                             std::optional<uint32_t> owner_uid) {
-  std::vector<const cv1::ShardSource*> peers;
-  if (!source.host().empty()) {
-    peers.push_back(&source);
-    if (source.has_second() && !source.second().host().empty())
-      peers.push_back(&source.second());
-  }
-  if (peers.empty())
-    return absl::NotFoundError(absl::StrCat("no live node holds job '", job,
-                                            "' step ", step, " rank ", rank,
-                                            " in memory"));
+  CKPT_ASSIGN_OR_RETURN(std::vector<const cv1::ShardSource*> peers,
+                        PeersOf(source, job, step, rank));
   std::vector<std::string> tried;
   absl::Status st;
   for (const cv1::ShardSource* from : peers) {
@@ -133,16 +139,8 @@ absl::StatusOr<RangedSlot> FetchRangesFromPeers(
     uint32_t world_size, uint64_t step, uint32_t rank,
     std::span<const ImageRange> ranges, const cv1::ShardSource& source,
     std::optional<uint32_t> owner_uid) {
-  std::vector<const cv1::ShardSource*> peers;
-  if (!source.host().empty()) {
-    peers.push_back(&source);
-    if (source.has_second() && !source.second().host().empty())
-      peers.push_back(&source.second());
-  }
-  if (peers.empty())
-    return absl::NotFoundError(absl::StrCat("no live node holds job '", job,
-                                            "' step ", step, " rank ", rank,
-                                            " in memory"));
+  CKPT_ASSIGN_OR_RETURN(std::vector<const cv1::ShardSource*> peers,
+                        PeersOf(source, job, step, rank));
   std::vector<std::string> tried;
   absl::Status st;
   for (const cv1::ShardSource* from : peers) {

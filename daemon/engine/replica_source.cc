@@ -25,6 +25,27 @@ namespace ckpt::daemon {
 
 namespace rv1 = ::ckpt::replica::v1;
 
+namespace {
+
+// DataLoss naming `digest` unless the copy's checksums digest to one of
+// the save's (`save_digests`, not empty): another save of the step.
+absl::Status CheckSaveDigest(const storage::ShardInfo& info,
+                             const std::vector<uint64_t>& save_digests,
+                             const std::string& job, uint64_t step,
+                             uint32_t rank) {
+  const uint64_t digest = storage::ChecksumsDigest(info);
+  if (std::find(save_digests.begin(), save_digests.end(), digest) !=
+      save_digests.end())
+    return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "digest: the peer's copy of job '", job, "' step ", step, " rank ", rank,
+      " is another save (digest ", storage::DigestHex(digest),
+      "), not the one the plan chose (",
+      storage::DigestHex(save_digests.front()), ")"));
+}
+
+}  // namespace
+
 absl::StatusOr<StagedCopy> ReplicaSource::SnapshotStaged(
     const std::string& job_name, std::optional<uint64_t> step,
     uint32_t rank_no) {
@@ -206,14 +227,10 @@ absl::Status ReplicaSource::FetchFromPeer(
   if (info.ok() && !save_digests.empty()) {
     // Every tensor verified against the copy's own checksums; those must
     // be the save's the plan chose, not another save of the step.
-    const uint64_t digest = storage::ChecksumsDigest(*info);
-    if (std::find(save_digests.begin(), save_digests.end(), digest) ==
-        save_digests.end())
-      info = absl::DataLossError(absl::StrCat(
-          "digest: the peer's copy of job '", job_name, "' step ", step,
-          " rank ", rank_no, " is another save (digest ",
-          storage::DigestHex(digest), "), not the one the plan chose (",
-          storage::DigestHex(save_digests.front()), ")"));
+    if (absl::Status st =
+            CheckSaveDigest(*info, save_digests, job_name, step, rank_no);
+        !st.ok())
+      info = st;
   }
   const Clock::time_point verified_at = Clock::now();
   Section lock(&node_);
@@ -397,14 +414,10 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
     for (size_t i = 0; i < info->tensors.size(); ++i)
       info->tensors[i].checksum = copy.checksums(static_cast<int>(i));
     // The copy's checksums are the save's the plan chose ...
-    const uint64_t digest = storage::ChecksumsDigest(*info);
-    if (std::find(save_digests.begin(), save_digests.end(), digest) ==
-        save_digests.end())
-      info = absl::DataLossError(absl::StrCat(
-          "digest: the peer's copy of job '", job_name, "' step ", step,
-          " rank ", rank_no, " is another save (digest ",
-          storage::DigestHex(digest), "), not the one the plan chose (",
-          storage::DigestHex(save_digests.front()), ")"));
+    if (absl::Status st =
+            CheckSaveDigest(*info, save_digests, job_name, step, rank_no);
+        !st.ok())
+      info = st;
   }
   std::vector<TouchedChunk> chunks;
   if (info.ok()) {

@@ -223,7 +223,10 @@ class ResilientTest(unittest.TestCase):
         self.trainers.append(warm)
         wait_for(lambda: r0.capable() and r1.capable() and warm.capable(), 60,
                  "the trainers and the warm process to say they are capable")
-        self.assertIn("waiting for a rank", warm.output())
+        # It says so after it wrote `capable`: wait for the line, do not
+        # assume it is already in the log.
+        wait_for(lambda: "waiting for a rank" in warm.output(), 60,
+                 "the warm process to say it waits for a rank")
         wait_for(lambda: "step 10 loss" in r1.output(), 120, "step 10")
         os.kill(r0.pid, signal.SIGKILL)
         killed = time.monotonic()

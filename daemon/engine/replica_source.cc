@@ -27,6 +27,20 @@ namespace rv1 = ::ckpt::replica::v1;
 
 namespace {
 
+// DataLoss naming `copy` unless the peer's copy is of the job, step,
+// rank and world size ordered, and well formed.
+absl::Status CheckOrderedCopy(const rv1::ShardCopy& copy,
+                              const std::string& job, uint32_t world_size,
+                              uint64_t step, uint32_t rank) {
+  if (copy.job() != job || copy.step() != step || copy.rank() != rank ||
+      copy.world_size() != world_size)
+    return absl::DataLossError(
+        absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
+                     copy.step(), " rank ", copy.rank(), " of ",
+                     copy.world_size(), ", not the one ordered"));
+  return ValidateShardCopy(copy, "copy.");
+}
+
 // DataLoss naming `digest` unless the copy's checksums digest to one of
 // the save's (`save_digests`, not empty): another save of the step.
 absl::Status CheckSaveDigest(const storage::ShardInfo& info,
@@ -202,13 +216,8 @@ absl::Status ReplicaSource::FetchFromPeer(
   // Called with the copy's description once the peer answers: the slot
   // is taken then, when its size is known, and filled with no lock held.
   auto dst_for = [&](const rv1::ShardCopy& copy) -> absl::StatusOr<char*> {
-    if (copy.job() != job_name || copy.step() != step ||
-        copy.rank() != rank_no || copy.world_size() != world_size)
-      return absl::DataLossError(
-          absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
-                       copy.step(), " rank ", copy.rank(), " of ",
-                       copy.world_size(), ", not the one ordered"));
-    CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+    CKPT_RETURN_IF_ERROR(
+        CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
     CKPT_ASSIGN_OR_RETURN(
         char* dst, TakeSlot(job_name, world_size, step, rank_no, owner_uid,
                             copy, &tickets, &arena, &slot, &have));
@@ -330,13 +339,8 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
         return absl::DataLossError(
             "copy: the first message does not describe the copy");
       copy = m.copy();
-      if (copy.job() != job_name || copy.step() != step ||
-          copy.rank() != rank_no || copy.world_size() != world_size)
-        return absl::DataLossError(
-            absl::StrCat("copy: the peer sent job '", copy.job(), "' step ",
-                         copy.step(), " rank ", copy.rank(), " of ",
-                         copy.world_size(), ", not the one ordered"));
-      CKPT_RETURN_IF_ERROR(ValidateShardCopy(copy, "copy."));
+      CKPT_RETURN_IF_ERROR(
+          CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
       for (const rv1::TensorChunkHashes& h : m.hashes()) {
         if (h.tensor() >= static_cast<uint32_t>(copy.checksums_size()) ||
             (!hashes.empty() && hashes.rbegin()->first >= h.tensor()))

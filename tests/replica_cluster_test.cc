@@ -18,6 +18,7 @@
 #include "daemon/replica/replica_service.h"
 #include "storage/keys.h"
 #include "tests/coordinator_process.h"
+#include "tests/eventually.h"
 #include "tests/harness.h"
 #include "tests/metrics_scrape.h"
 #include "tests/metrics_text.h"
@@ -141,11 +142,14 @@ TEST(ReplicaClusterTest, TwoCkptdsReplicateAVerifiedCopyOverLoopback) {
   EXPECT_GE(SampleValue(holder, "ckptd_replicas_verified_total").value_or(0),
             1.0);
   // A copy read while a save reused its slot is refused there (and
-  // abandoned by the sender); rejected_total may count it.
-  const std::string sent =
-      HttpGet("http://" + metrics_a + "/metrics").value_or("");
-  EXPECT_GE(SampleValue(sent, "ckptd_replicas_sent_total").value_or(0), 1.0)
-      << sent;
+  // abandoned by the sender); rejected_total may count it. The sender
+  // counts a copy once the holder's answer is back, which may be after
+  // the holder serves it: waited for as an event.
+  std::string sent;
+  EXPECT_TRUE(Eventually([&] {
+    sent = HttpGet("http://" + metrics_a + "/metrics").value_or("");
+    return SampleValue(sent, "ckptd_replicas_sent_total").value_or(0) >= 1.0;
+  })) << sent;
 }
 
 TEST(ReplicaClusterTest, CopiesDamagedOnTheWireAreRefusedByARealHolder) {

@@ -16,6 +16,7 @@
 
 #include "daemon/agent/peer_fetch.h"
 #include "storage/keys.h"
+#include "storage/manifest.h"
 #include "tests/engine_save.h"
 #include "tests/replica_fixture.h"
 #include "tests/test_util.h"
@@ -433,6 +434,60 @@ TEST_F(ReplicaFetchTest, AReplacementsFetchWaitsForNoDiskSync) {
     ASSERT_TRUE(jobs.ok()) << jobs.status();
     ASSERT_EQ(jobs->size(), 1u);
     EXPECT_EQ((*jobs)[0].arena_slot_bytes().count(0), 1u);
+  }
+}
+
+// A node that comes back after a shrink still holds its own save of a
+// step number the shrunk job then saved again (an abandoned timeline:
+// world size 4, the committed step's save: world size 2). A PREFETCH of
+// the committed save must replace it, not take it for the ordered one
+// (ElasticClusterTest.ReturnedNodeGrowsTheJobBackAtItsNextCommit looped
+// through 255 plans: "written by a job of world size 4, the saved rank's
+// world size is 2"). From the shared root, and from a peer's memory.
+TEST_F(ReplicaFetchTest, APrefetchReplacesASaveOfAnAbandonedTimeline) {
+  const std::string shared = dir_.path() + "/shared";
+  Node& b = OpenNode("b", shared);
+  std::unique_ptr<shm::Arena> b_arena;
+  // The committed save: rank 1 of 2, step 4, every byte 0x22.
+  ASSERT_TRUE(
+      SaveOneTensorStep(
+          b.engine.get(), kMe,
+          {.job = "core", .step = 4, .rank = 1, .world_size = 2, .fill = 0x22},
+          &b_arena)
+          .ok());
+  ASSERT_TRUE(b.engine->WaitIdle(std::chrono::seconds(20)));
+  const std::vector<char> want = SlotBytes(*b.engine, "core", 4, 1);
+  const std::string key = storage::ShardKey("core", 4, 1, "b");
+  StartHolder(1ull << 30);
+  auto held = b.engine->SnapshotStaged("core", 4, 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(Put(held->copy, want).ok());
+  const uint64_t digest = storage::ChecksumsDigest(std::vector<uint64_t>(
+      held->copy.checksums().begin(), held->copy.checksums().end()));
+  for (bool from_peer : {false, true}) {
+    SCOPED_TRACE(from_peer ? "from a peer's memory" : "from the shared root");
+    Node& c = OpenNode(from_peer ? "c" : "d", shared);
+    std::unique_ptr<shm::Arena> c_arena;
+    // Its own save of step 4 rank 1 in the abandoned timeline: 4 ranks.
+    ASSERT_TRUE(SaveOneTensorStep(c.engine.get(), kMe,
+                                  {.job = "core",
+                                   .step = 4,
+                                   .rank = 1,
+                                   .world_size = 4,
+                                   .fill = 0x44},
+                                  &c_arena)
+                    .ok());
+    ASSERT_TRUE(c.engine->WaitIdle(std::chrono::seconds(20)));
+    coord::v1::ShardSource src = ReplicaOnB(server_->port());
+    src.add_save_digests(digest);
+    ASSERT_TRUE(daemon::PrefetchRank(*c.engine, {}, "core", 2, 4, 1,
+                                     from_peer ? "" : key,
+                                     from_peer ? &src : nullptr, getuid(), {})
+                    .ok());
+    auto restored = Restore(c, "core", 4, 1);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_TRUE(*restored == want)
+        << "restored another save of step 4 than the one ordered";
   }
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
 #include "daemon/core/step_state.h"
+#include "storage/manifest.h"
 
 namespace ckpt::daemon {
 
@@ -149,6 +150,18 @@ RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file) {
   if (client_may_read_file && !shard.local_gone)
     return RestoreCopy::kFileIfReadable;
   return RestoreCopy::kLoad;
+}
+
+bool IsOrderedSave(const Shard& have, uint32_t world_size,
+                   std::span<const uint64_t> save_digests) {
+  if (have.rec.world_size() != world_size) return false;
+  if (save_digests.empty()) return true;
+  auto named = [&](uint64_t digest) {
+    return std::find(save_digests.begin(), save_digests.end(), digest) !=
+           save_digests.end();
+  };
+  return named(storage::ChecksumsDigest(have.info)) ||
+         (have.staged_digest && named(*have.staged_digest));
 }
 
 }  // namespace ckpt::daemon

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 
 #include "absl/status/status.h"
 #include "catalog.pb.h"
@@ -71,6 +72,15 @@ struct Shard {
 // in memory nor durable. The client verifies every copy.
 enum class RestoreCopy { kSlot, kFileIfReadable, kLoad, kLost };
 RestoreCopy RestoreCopyOf(const Shard& shard, bool client_may_read_file);
+
+// Whether `have`, this node's shard of a step and rank, is the save a
+// PREFETCH orders: one of `world_size` ranks whose digest (its tensors'
+// checksums, storage::ChecksumsDigest, or the one its STAGED report named)
+// is among `save_digests` (empty: any). Anything else bears the same step
+// number but is another save: one of a timeline the job abandoned while
+// this node was away (it shrank, or rewound, and saved that step again).
+bool IsOrderedSave(const Shard& have, uint32_t world_size,
+                   std::span<const uint64_t> save_digests);
 
 // How a failed persist is retried (EngineOptions' persist_retry_*).
 struct PersistRetryPolicy {

@@ -136,7 +136,8 @@ absl::StatusOr<char*> ReplicaSource::TakeSlot(
     const std::string& job_name, uint32_t world_size, uint64_t step,
     uint32_t rank_no, std::optional<uint32_t> owner_uid,
     const rv1::ShardCopy& copy, std::vector<uint64_t>* tickets,
-    std::shared_ptr<shm::Arena>* arena, int* slot, bool* have) {
+    std::shared_ptr<shm::Arena>* arena, int* slot, bool* have,
+    std::span<const uint64_t> save_digests) {
   const uint64_t bytes = copy.image_bytes();
   Section lock(&node_);
   if (node_.draining) return absl::UnavailableError("ckptd is shutting down");
@@ -158,9 +159,20 @@ absl::StatusOr<char*> ReplicaSource::TakeSlot(
   // (A resized job fetches shards of another world size than its
   // trainers': the copy's own is checked by the caller.)
   if (const Shard* s = node_.table.FindShard(job_name, step, rank_no);
-      have != nullptr && s != nullptr && s->slot >= 0) {
-    *have = true;
-    return absl::AlreadyExistsError("in memory already");
+      have != nullptr && s != nullptr) {
+    if (!IsOrderedSave(*s, world_size, save_digests)) {
+      // This node's own save of the step in a timeline the job abandoned
+      // (its file stays: another key, retention's to delete).
+      LogWarning(absl::StrCat("fetch job ", job_name, " step ", step, " rank ",
+                              rank_no, ": this node's save of it (world size ",
+                              s->rec.world_size(),
+                              ") is not the one ordered (world size ",
+                              world_size, "): dropped for it"));
+      node_.DropShard(*job, step, rank_no, /*delete_file=*/false);
+    } else if (s->slot >= 0) {
+      *have = true;
+      return absl::AlreadyExistsError("in memory already");
+    }
   }
   const auto deadline =
       std::chrono::steady_clock::now() + node_.options.default_busy_timeout;
@@ -219,8 +231,9 @@ absl::Status ReplicaSource::FetchFromPeer(
     CKPT_RETURN_IF_ERROR(
         CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
     CKPT_ASSIGN_OR_RETURN(
-        char* dst, TakeSlot(job_name, world_size, step, rank_no, owner_uid,
-                            copy, &tickets, &arena, &slot, &have));
+        char* dst,
+        TakeSlot(job_name, world_size, step, rank_no, owner_uid, copy, &tickets,
+                 &arena, &slot, &have, save_digests));
     slot_at = Clock::now();
     return dst;
   };

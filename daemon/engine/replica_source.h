@@ -66,14 +66,13 @@ class ReplicaSource : public StagedShards {
 
   // A slot of the rank's arena to write `copy`'s image into (the job made
   // here if it has none); `have` (may be null) set, AlreadyExists, when
-  // the shard is in memory already.
-  absl::StatusOr<char*> TakeSlot(const std::string& job, uint32_t world_size,
-                                 uint64_t step, uint32_t rank,
-                                 std::optional<uint32_t> owner_uid,
-                                 const replica::v1::ShardCopy& copy,
-                                 std::vector<uint64_t>* tickets,
-                                 std::shared_ptr<shm::Arena>* arena, int* slot,
-                                 bool* have);
+  // the save ordered (IsOrderedSave: world_size, save_digests) is in
+  // memory already. Another save of the step held here is dropped.
+  absl::StatusOr<char*> TakeSlot(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      std::optional<uint32_t> owner_uid, const replica::v1::ShardCopy& copy,
+      std::vector<uint64_t>* tickets, std::shared_ptr<shm::Arena>* arena,
+      int* slot, bool* have, std::span<const uint64_t> save_digests = {});
 
   NodeState& node_;
 };

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "daemon/engine/chunk_tap.h"
 #include "daemon/engine/restorer.h"
 #include "storage/keys.h"
+#include "storage/manifest.h"
 #include "storage/shard_format.h"
 #include "storage/shard_image.h"
 #include "storage/shard_reader.h"
@@ -329,9 +331,21 @@ absl::Status Restorer::Prefetch(const std::string& job_name,
   auto existing = job.steps.find(step);
   if (existing != job.steps.end() && existing->second.shards.count(rank)) {
     Shard& have = existing->second.shards[rank];
-    if (have.slot >= 0) return absl::OkStatus();  // already in memory
-    if (have.phase != ShardPhase::kDurable)
+    const uint64_t ordered = storage::ChecksumsDigest(info);
+    if (!IsOrderedSave(have, world_size, std::span(&ordered, 1))) {
+      // This node's own save of the step in a timeline the job abandoned
+      // (its file stays: another key, retention's to delete).
+      LogWarning(
+          absl::StrCat("prefetch job ", job_name, " step ", step, " rank ",
+                       rank, ": this node's save of it (world size ",
+                       have.rec.world_size(), ") is not the one ordered (", key,
+                       ", world size ", world_size, "): dropped for it"));
       node_.DropShard(job, step, rank, false);
+    } else if (have.slot >= 0) {
+      return absl::OkStatus();  // already in memory
+    } else if (have.phase != ShardPhase::kDurable) {
+      node_.DropShard(job, step, rank, false);
+    }
   }
   // Newer shards of this rank belong to a timeline the plan abandoned.
   std::vector<uint64_t> newer;

@@ -313,26 +313,32 @@ def _wait_listening(plan, monitor, deadline):
     monitor."""
     import socket
     import struct
+    last = "no connect tried"
+    probes = 0
     while True:
+        probes += 1
         try:
             with socket.create_connection((plan.master_addr, plan.master_port),
                                           timeout=1.0) as s:
                 if s.getsockname()[:2] != s.getpeername()[:2]:
                     return
+                last = "a self-connect of the probe"
                 # A port in the ephemeral range can be handed to the probe
                 # itself: a TCP self-connect, not a listening store. Reset
                 # rather than closed, so that no TIME_WAIT keeps rank 0
                 # from binding the port.
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                              struct.pack("ii", 1, 0))
-        except OSError:
-            pass
+        except OSError as e:
+            last = "%s: %s" % (type(e).__name__, e)
         if monitor is not None and monitor.pending() is not None:
             raise RestartRequested("a newer plan during the rendezvous")
         if time.monotonic() > deadline:
             raise errors.DeadlineExceeded(
-                "rendezvous of generation %d: %s:%d does not listen"
-                % (plan.generation, plan.master_addr, plan.master_port))
+                "rendezvous of generation %d: %s:%d does not listen (%d "
+                "probes; the last: %s)"
+                % (plan.generation, plan.master_addr, plan.master_port,
+                   probes, last))
         if monitor is not None:
             monitor.arrived.wait(0.01)
         else:

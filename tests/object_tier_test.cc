@@ -365,10 +365,11 @@ TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
 // row-sharded tensor of 3 chunks a rank and a whole one; with shared
 // memory and every local file gone, a saved rank's ranges come as a
 // partial slot of fewer bytes than its image, verified against the
-// catalog's chunk hashes; 3 ranks restore bit-exact; a flipped byte in
-// an untouched chunk does not matter, one in a touched chunk is refused
-// naming it; a step whose catalog records carry no chunk hashes (as an
-// older ckptd wrote them) loads whole saved ranks, bit-exact.
+// catalog's chunk hashes; a flipped byte in an untouched chunk does not
+// matter, one in a touched chunk is refused naming it (and the whole
+// rank's load then fails too); 3 ranks restore bit-exact; a step whose
+// catalog records carry no chunk hashes (as an older ckptd wrote them)
+// loads whole saved ranks, bit-exact.
 TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
   constexpr int64_t kRows = 600, kCols = 4096;  // 150 rows: 2.4 MB, 3 chunks
   constexpr uint64_t kMiB = 1 << 20;
@@ -497,22 +498,21 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
       EXPECT_EQ(b, bias) << job << " rank " << k << " of 3";
     }
   };
-  restore_at_3("rng");
-  ASSERT_FALSE(HasFatalFailure());
 
-  // A byte flipped in chunk 2 of saved rank 3's rows, in the object store
-  // (the restores above loaded saved ranks 0 to 2 whole when each new
-  // rank opened its own rank first; rank 3 only in ranges).
-  {
-    const std::string key = storage::ShardKey("rng", 1, 3);
-    std::string bytes = ReadAll(*objects_, key);
-    ASSERT_EQ(bytes.size(), image);
-    bytes[rows + 2 * kMiB + 100] ^= 0x10;
-    auto w = objects_->NewObjectWriter(key, bytes.size());
+  // A byte flipped in chunk 2 of saved rank 3's rows, in the object store.
+  const std::string key3 = storage::ShardKey("rng", 1, 3);
+  const std::string good = ReadAll(*objects_, key3);
+  ASSERT_EQ(good.size(), image);
+  auto put = [&](const std::string& bytes) {
+    auto w = objects_->NewObjectWriter(key3, bytes.size());
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_TRUE((*w)->WriteAt(0, bytes.data(), bytes.size()).ok());
     ASSERT_TRUE((*w)->Commit().ok());
-  }
+  };
+  std::string bad = good;
+  bad[rows + 2 * kMiB + 100] ^= 0x10;
+  put(bad);
+  ASSERT_FALSE(HasFatalFailure());
   // Chunk 0 only: the flip is not read.
   s = open("rng", 3, rows, rows + 100, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -523,6 +523,14 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
   EXPECT_NE(s.error_message().find("tensor \"rows\" chunk 2"),
             std::string::npos)
       << s.error_message();
+
+  // Put back: every new rank restores bit-exact (rank 0 of 3 reads a
+  // third of saved rank 1 by ranges; ranges touching more than half a
+  // saved rank load it whole, kept for the next rank).
+  put(good);
+  ASSERT_FALSE(HasFatalFailure());
+  restore_at_3("rng");
+  ASSERT_FALSE(HasFatalFailure());
 
   // No chunk hashes recorded: the whole saved rank, bit-exact.
   s = open("old", 1, rows + 10, rows + 110, &r);

@@ -323,8 +323,8 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
         std::map<uint32_t, std::vector<uint64_t>> hashes;
         for (const rv1::TensorChunkHashes& h : m.hashes()) {
           if (!hashes.empty() && hashes.rbegin()->first >= h.tensor())
-            return absl::DataLossError(
-                absl::StrCat("hashes.tensor: ", h.tensor(), " is not in order"));
+            return absl::DataLossError(absl::StrCat(
+                "hashes.tensor: ", h.tensor(), " is not in order"));
           hashes[h.tensor()].assign(h.hashes().begin(), h.hashes().end());
         }
         CKPT_ASSIGN_OR_RETURN(image, begin(m.copy(), std::move(hashes)));
@@ -334,9 +334,9 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
             "copy: only the first message describes the copy");
       }
       const uint64_t at = m.offset(), n = m.data().size();
-      const uint64_t end = arrived->empty() ? 0
-                                            : arrived->back().offset +
-                                                  arrived->back().length;
+      const uint64_t end =
+          arrived->empty() ? 0
+                           : arrived->back().offset + arrived->back().length;
       if (n == 0 || n > kMaxReplicaChunkBytes)
         return absl::DataLossError(
             absl::StrCat("data: ", n, " bytes in one message"));
@@ -386,16 +386,15 @@ absl::StatusOr<RangedSlot> ReplicaSource::ReadRanges(
   auto begin = [&](const rv1::ShardCopy& c,
                    std::map<uint32_t, std::vector<uint64_t>> h)
       -> absl::StatusOr<char*> {
-    if (image != nullptr)
-      return absl::DataLossError("copy: described twice");
+    if (image != nullptr) return absl::DataLossError("copy: described twice");
     copy = c;
     CKPT_RETURN_IF_ERROR(
         CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
     for (const auto& [t, hs] : h)
       if (t >= static_cast<uint32_t>(copy.checksums_size()))
-        return absl::DataLossError(
-            absl::StrCat("hashes.tensor: ", t, " is not a tensor of the copy's ",
-                         copy.checksums_size()));
+        return absl::DataLossError(absl::StrCat(
+            "hashes.tensor: ", t, " is not a tensor of the copy's ",
+            copy.checksums_size()));
     hashes = std::move(h);
     CKPT_ASSIGN_OR_RETURN(
         image, TakeSlot(job_name, world_size, step, rank_no, owner_uid, copy,

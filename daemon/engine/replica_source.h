@@ -69,13 +69,13 @@ class ReplicaSource : public StagedShards {
   // and lists each part in `arrived`, in image order, none overlapping.
   // `save_digests` is the trust anchor (required), as above.
   using RangeBegin = std::function<absl::StatusOr<char*>(
-      const replica::v1::ShardCopy&, std::map<uint32_t, std::vector<uint64_t>>)>;
-  using RangeRead = std::function<absl::Status(const RangeBegin& begin,
-                                               std::vector<ImageRange>* arrived)>;
+      const replica::v1::ShardCopy&,
+      std::map<uint32_t, std::vector<uint64_t>>)>;
+  using RangeRead = std::function<absl::Status(
+      const RangeBegin& begin, std::vector<ImageRange>* arrived)>;
   [[nodiscard]] absl::StatusOr<RangedSlot> ReadRanges(
-      const std::string& job, uint32_t world_size, uint64_t step,
-      uint32_t rank, std::optional<uint32_t> owner_uid,
-      std::span<const ImageRange> ranges,
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      std::optional<uint32_t> owner_uid, std::span<const ImageRange> ranges,
       const std::vector<uint64_t>& save_digests, const std::string& from,
       const RangeRead& read);
 

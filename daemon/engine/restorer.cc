@@ -136,7 +136,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     if (ok.ok() && (r == nullptr || !r->arena))
       ok = absl::AbortedError("fetch: the rank's arena is gone meanwhile");
     if (ok.ok() && gen) {
-      const Shard* now = node_.table.FindShard(req.job(), req.step(), shard_rank);
+      const Shard* now =
+          node_.table.FindShard(req.job(), req.step(), shard_rank);
       if (now == nullptr || now->gen != *gen)
         ok = absl::AbortedError("load: the step changed meanwhile; retry");
     }
@@ -144,9 +145,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     if (!ok.ok())
       lease_id = ok;
     else
-      lease_id = node_.table.leases().Add(
-          Lease{req.job(), shard_rank, static_cast<uint32_t>(got.slot),
-                req.step(), false, peer.pid});
+      lease_id = node_.table.leases().Add(Lease{req.job(), shard_rank,
+                                                static_cast<uint32_t>(got.slot),
+                                                req.step(), false, peer.pid});
     if (!lease_id.ok()) {
       if (r != nullptr && r->arena &&
           r->EndRead(static_cast<uint32_t>(got.slot)))
@@ -158,7 +159,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     resp.set_lease(*lease_id);
     resp.set_shm_name(r->arena->name());
     resp.set_arena_bytes(r->arena->size());
-    resp.set_slot_offset(r->arena->slot_offset(static_cast<uint32_t>(got.slot)));
+    resp.set_slot_offset(
+        r->arena->slot_offset(static_cast<uint32_t>(got.slot)));
     resp.set_image_bytes(got.image_bytes);
     *resp.mutable_tensors() = std::move(got.tensors);
     resp.set_peer_bytes(got.wire_bytes);
@@ -304,9 +306,14 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
             from_object ? v1::RESTORE_SOURCE_OBJECT : v1::RESTORE_SOURCE_DISK,
             from_object ? metric::kSourceObject : metric::kSourceDisk, gen);
       ranged = got.status();
-      LogWarning(absl::StrCat("restore job ", req.job(), " step ", req.step(),
-                              " saved rank ", shard_rank, ": ranges: ",
-                              ranged.message(), "; the whole shard instead"));
+      const std::string why = absl::StrCat(
+          "restore job ", req.job(), " step ", req.step(), " saved rank ",
+          shard_rank, ": ranges: ", ranged.message(),
+          "; the whole shard instead (kept for the next reader)");
+      if (absl::IsFailedPrecondition(ranged))
+        LogInfo(why);
+      else
+        LogWarning(why);
       CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
       CKPT_RETURN_IF_ERROR(bad_rank(*job));
       shard = node_.table.FindShard(req.job(), req.step(), shard_rank);

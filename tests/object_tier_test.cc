@@ -362,7 +362,7 @@ TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
 
 // A resharded restore from the object tier GETs only the chunks its rows
 // touch (doc/resharding.md, "Byte ranges from storage"): 4 ranks save a
-// row-sharded tensor of 3 chunks a rank and a whole one; with shared
+// row-sharded tensor of 5 chunks a rank and a whole one; with shared
 // memory and every local file gone, a saved rank's ranges come as a
 // partial slot of fewer bytes than its image, verified against the
 // catalog's chunk hashes; a flipped byte in an untouched chunk does not
@@ -371,7 +371,7 @@ TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
 // catalog records carry no chunk hashes (as an older ckptd wrote them)
 // loads whole saved ranks, bit-exact.
 TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
-  constexpr int64_t kRows = 600, kCols = 4096;  // 150 rows: 2.4 MB, 3 chunks
+  constexpr int64_t kRows = 600, kCols = 8192;  // 150 rows: 4.8 MB, 5 chunks
   constexpr uint64_t kMiB = 1 << 20;
   std::vector<float> global(kRows * kCols), bias(1000);
   for (size_t i = 0; i < global.size(); ++i)
@@ -524,9 +524,9 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
             std::string::npos)
       << s.error_message();
 
-  // Put back: every new rank restores bit-exact (rank 0 of 3 reads a
-  // third of saved rank 1 by ranges; ranges touching more than half a
-  // saved rank load it whole, kept for the next rank).
+  // Put back: every new rank restores bit-exact (ranges touching more
+  // than a third of a saved rank, as each new rank's here do, load it
+  // whole, kept for the next rank).
   put(good);
   ASSERT_FALSE(HasFatalFailure());
   restore_at_3("rng");

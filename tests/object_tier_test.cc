@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "client/restore_progress.h"
+#include "daemon/core/catalog.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_reader.h"
@@ -357,6 +358,186 @@ TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
     EXPECT_TRUE(std::equal(got.begin(), got.end(), global.begin() + lo * kCols))
         << "rank " << r << " of 3";
   }
+}
+
+// A resharded restore from the object tier GETs only the chunks its rows
+// touch (doc/resharding.md, "Byte ranges from storage"): 4 ranks save a
+// row-sharded tensor of 5 chunks a rank and a whole one; with shared
+// memory and every local file gone, a saved rank's ranges come as a
+// partial slot of fewer bytes than its image, verified against the
+// catalog's chunk hashes; a flipped byte in an untouched chunk does not
+// matter, one in a touched chunk is refused naming it (and the whole
+// rank's load then fails too); 3 ranks restore bit-exact; a step whose
+// catalog records carry no chunk hashes (as an older ckptd wrote them)
+// loads whole saved ranks, bit-exact.
+TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
+  constexpr int64_t kRows = 600, kCols = 8192;  // 150 rows: 4.8 MB, 5 chunks
+  constexpr uint64_t kMiB = 1 << 20;
+  std::vector<float> global(kRows * kCols), bias(1000);
+  for (size_t i = 0; i < global.size(); ++i)
+    global[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i);
+  auto rank_client = [&](const std::string& job, int rank, int world) {
+    auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto tensors = [&](int rank, int world, float* rows, float* b) {
+    const int64_t lo = kRows * rank / world, hi = kRows * (rank + 1) / world;
+    return std::vector<Tensor>{
+        Tensor{"rows",
+               DType::kFloat32,
+               {hi - lo, kCols},
+               rows,
+               Device::Host(),
+               TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
+        Tensor{"b", DType::kFloat32, {1000}, b, Device::Host()}};
+  };
+  const std::vector<std::string> jobs = {"rng", "old"};
+  for (const std::string& job : jobs) {
+    for (int r = 0; r < 4; ++r) {
+      auto c = rank_client(job, r, 4);
+      ASSERT_NE(c, nullptr);
+      ASSERT_TRUE(
+          c->Save(1, tensors(r, 4, global.data() + kRows * r / 4 * kCols,
+                             bias.data()))
+              .ok());
+      ASSERT_TRUE(c->WaitDurable(1).ok());
+    }
+    WaitForObjectManifest(job, 1);
+  }
+  daemon_->Kill(SIGTERM);
+  daemon_->Wait();
+  UnlinkArenas(prefix_);
+  for (const std::string& job : jobs)
+    for (int r = 0; r < 4; ++r)
+      ASSERT_TRUE(std::filesystem::remove(dir_.path() + "/root/" +
+                                          storage::ShardKey(job, 1, r)));
+  {
+    // Job "old": its records as a ckptd that kept no chunk hashes wrote
+    // them.
+    auto catalog = daemon::Catalog::Open(dir_.path() + "/root/.catalog");
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    auto shards = (*catalog)->Shards("old");
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    ASSERT_EQ(shards->size(), 4u);
+    for (auto rec : *shards) {
+      bool had = false;
+      for (auto& t : *rec.mutable_tensors()) {
+        had = had || t.chunk_hashes_size() != 0;
+        t.clear_chunk_hashes();
+      }
+      EXPECT_TRUE(had) << "rank " << rec.rank();
+      ASSERT_TRUE((*catalog)->PutShard(rec, true).ok());
+    }
+  }
+  Start();
+
+  // A raw OpenRestore of saved rank `saved` for [a, b) of its image.
+  auto open = [&](const std::string& job, uint32_t saved, uint64_t a,
+                  uint64_t b, v1::OpenRestoreResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::OpenRestoreRequest req;
+    req.set_job(job);
+    req.set_rank(0);
+    req.set_step(1);
+    req.set_saved_rank(saved);
+    req.add_range_offsets(a);
+    req.add_range_lengths(b - a);
+    grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, resp);
+    if (s.ok()) {
+      grpc::ClientContext cctx;
+      v1::CloseRestoreRequest close;
+      close.set_job(job);
+      close.set_rank(saved);
+      close.set_step(1);
+      close.set_lease(resp->lease());
+      v1::CloseRestoreResponse closed;
+      grpc::Status c = daemon_->Stub()->CloseRestore(&cctx, close, &closed);
+      EXPECT_TRUE(c.ok()) << c.error_message();
+    }
+    return s;
+  };
+  auto rows_offset = [](const v1::OpenRestoreResponse& r) {
+    for (const auto& t : r.tensors())
+      if (t.name() == "rows") return t.offset();
+    return uint64_t{0};
+  };
+  // The index alone (a range in the header touches no tensor), then 100
+  // bytes of the rows: one chunk comes, with the header, index and footer.
+  v1::OpenRestoreResponse r;
+  grpc::Status s = open("rng", 1, 100, 200, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(r.partial());
+  EXPECT_EQ(r.source(), v1::RESTORE_SOURCE_OBJECT);
+  const uint64_t image = r.image_bytes(), rows = rows_offset(r);
+  ASSERT_GT(rows, 0u);
+  EXPECT_EQ(r.peer_bytes(), rows + 4096);
+  s = open("rng", 1, rows + 10, rows + 110, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(r.partial());
+  EXPECT_EQ(r.peer_bytes(), rows + kMiB + 4096);
+  EXPECT_LT(r.peer_bytes(), image);
+  // Ranges past the image are the caller's error.
+  s = open("rng", 1, image - 10, image + 10, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("past image_bytes"), std::string::npos)
+      << s.error_message();
+
+  auto restore_at_3 = [&](const std::string& job) {
+    for (int k = 0; k < 3; ++k) {
+      auto c = rank_client(job, k, 3);
+      ASSERT_NE(c, nullptr);
+      const int64_t lo = kRows * k / 3, hi = kRows * (k + 1) / 3;
+      std::vector<float> got((hi - lo) * kCols, -1.0f), b(1000, -1.0f);
+      absl::Status st = c->Restore(1, tensors(k, 3, got.data(), b.data()));
+      ASSERT_TRUE(st.ok()) << job << " rank " << k << " of 3: " << st;
+      EXPECT_TRUE(
+          std::equal(got.begin(), got.end(), global.begin() + lo * kCols))
+          << job << " rank " << k << " of 3";
+      EXPECT_EQ(b, bias) << job << " rank " << k << " of 3";
+    }
+  };
+
+  // A byte flipped in chunk 2 of saved rank 3's rows, in the object store.
+  const std::string key3 = storage::ShardKey("rng", 1, 3);
+  const std::string good = ReadAll(*objects_, key3);
+  ASSERT_EQ(good.size(), image);
+  auto put = [&](const std::string& bytes) {
+    auto w = objects_->NewObjectWriter(key3, bytes.size());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->WriteAt(0, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  };
+  std::string bad = good;
+  bad[rows + 2 * kMiB + 100] ^= 0x10;
+  put(bad);
+  ASSERT_FALSE(HasFatalFailure());
+  // Chunk 0 only: the flip is not read.
+  s = open("rng", 3, rows, rows + 100, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(r.partial());
+  // Chunk 2: refused naming it; the whole saved rank then fails as well.
+  s = open("rng", 3, rows + 2 * kMiB, rows + 2 * kMiB + 10, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  EXPECT_NE(s.error_message().find("tensor \"rows\" chunk 2"),
+            std::string::npos)
+      << s.error_message();
+
+  // Put back: every new rank restores bit-exact (ranges touching more
+  // than a third of a saved rank, as each new rank's here do, load it
+  // whole, kept for the next rank).
+  put(good);
+  ASSERT_FALSE(HasFatalFailure());
+  restore_at_3("rng");
+  ASSERT_FALSE(HasFatalFailure());
+
+  // No chunk hashes recorded: the whole saved rank, bit-exact.
+  s = open("old", 1, rows + 10, rows + 110, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(r.partial());
+  EXPECT_EQ(r.source(), v1::RESTORE_SOURCE_OBJECT);
+  restore_at_3("old");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierTest, ::testing::Values("dir", "s3"),

@@ -322,67 +322,97 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
     uint32_t rank_no, std::optional<uint32_t> owner_uid,
     std::span<const ImageRange> ranges, const RangeFetch& fetch,
     const std::vector<uint64_t>& save_digests) {
+  // The peer's messages, in image order, into the slot `begin` takes
+  // when the first (the copy's description) arrives.
+  auto read = [&](const RangeBegin& begin,
+                  std::vector<ImageRange>* arrived) -> absl::Status {
+    char* image = nullptr;
+    uint64_t image_bytes = 0;
+    auto on_message = [&](rv1::RangeChunk& m) -> absl::Status {
+      if (image == nullptr) {
+        if (!m.has_copy())
+          return absl::DataLossError(
+              "copy: the first message does not describe the copy");
+        std::map<uint32_t, std::vector<uint64_t>> hashes;
+        for (const rv1::TensorChunkHashes& h : m.hashes()) {
+          if (!hashes.empty() && hashes.rbegin()->first >= h.tensor())
+            return absl::DataLossError(absl::StrCat(
+                "hashes.tensor: ", h.tensor(), " is not in order"));
+          hashes[h.tensor()].assign(h.hashes().begin(), h.hashes().end());
+        }
+        CKPT_ASSIGN_OR_RETURN(image, begin(m.copy(), std::move(hashes)));
+        image_bytes = m.copy().image_bytes();
+      } else if (m.has_copy() || m.hashes_size() != 0) {
+        return absl::DataLossError(
+            "copy: only the first message describes the copy");
+      }
+      const uint64_t at = m.offset(), n = m.data().size();
+      const uint64_t end =
+          arrived->empty() ? 0
+                           : arrived->back().offset + arrived->back().length;
+      if (n == 0 || n > kMaxReplicaChunkBytes)
+        return absl::DataLossError(
+            absl::StrCat("data: ", n, " bytes in one message"));
+      if (at < end || at > image_bytes || n > image_bytes - at)
+        return absl::DataLossError(
+            absl::StrCat("offset: ", at, " (+", n, " bytes) is before ", end,
+                         " or past image_bytes ", image_bytes));
+      std::memcpy(image + at, m.data().data(), n);
+      arrived->push_back({at, n});
+      return absl::OkStatus();
+    };
+    return fetch(on_message);
+  };
+  return ReadRanges(job_name, world_size, step, rank_no, owner_uid, ranges,
+                    save_digests, std::string("a peer"), read);
+}
+
+absl::StatusOr<RangedSlot> ReplicaSource::ReadRanges(
+    const std::string& job_name, uint32_t world_size, uint64_t step,
+    uint32_t rank_no, std::optional<uint32_t> owner_uid,
+    std::span<const ImageRange> ranges,
+    const std::vector<uint64_t>& save_digests, const std::string& from,
+    const RangeRead& read) {
   CKPT_RETURN_IF_ERROR(ValidateJobName(job_name));
   if (world_size == 0 || world_size > node_.options.max_world_size ||
       rank_no >= world_size)
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", world_size, " with rank ", rank_no, " is not valid"));
-  // The trust anchor: the save's digest the coordinator committed. Without
-  // it the peer's own checksums would vouch for themselves.
+  // The trust anchor: the save's digest the coordinator committed (or
+  // this node's catalog recorded). Without it the source's own checksums
+  // would vouch for themselves.
   if (save_digests.empty())
     return absl::FailedPreconditionError(
-        "save_digests: the coordinator named no digest of the save to verify "
-        "ranges against");
+        "save_digests: no digest of the save to verify ranges against");
   const std::string what =
       absl::StrCat("ranges of job '", job_name, "' step ", step, " rank ",
-                   rank_no, " from a peer");
+                   rank_no, " from ", from);
   std::vector<uint64_t> tickets;
   std::shared_ptr<shm::Arena> arena;
   int slot = -1;
   char* image = nullptr;
   rv1::ShardCopy copy;
-  // The save's chunk hashes the peer sent, by tensor.
+  // The save's chunk hashes the source sent, by tensor.
   std::map<uint32_t, std::vector<uint64_t>> hashes;
   // What arrived, in image order: [at, at + bytes).
   std::vector<ImageRange> arrived;
-  uint64_t wire = 0;
-  auto on_message = [&](rv1::RangeChunk& m) -> absl::Status {
-    if (image == nullptr) {
-      if (!m.has_copy())
-        return absl::DataLossError(
-            "copy: the first message does not describe the copy");
-      copy = m.copy();
-      CKPT_RETURN_IF_ERROR(
-          CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
-      for (const rv1::TensorChunkHashes& h : m.hashes()) {
-        if (h.tensor() >= static_cast<uint32_t>(copy.checksums_size()) ||
-            (!hashes.empty() && hashes.rbegin()->first >= h.tensor()))
-          return absl::DataLossError(absl::StrCat(
-              "hashes.tensor: ", h.tensor(), " is not a tensor of the copy's ",
-              copy.checksums_size(), " in order"));
-        hashes[h.tensor()].assign(h.hashes().begin(), h.hashes().end());
-      }
-      CKPT_ASSIGN_OR_RETURN(
-          image, TakeSlot(job_name, world_size, step, rank_no, owner_uid, copy,
-                          &tickets, &arena, &slot, nullptr));
-    } else if (m.has_copy() || m.hashes_size() != 0) {
-      return absl::DataLossError(
-          "copy: only the first message describes the copy");
-    }
-    const uint64_t at = m.offset(), n = m.data().size();
-    const uint64_t end =
-        arrived.empty() ? 0 : arrived.back().offset + arrived.back().length;
-    if (n == 0 || n > kMaxReplicaChunkBytes)
-      return absl::DataLossError(
-          absl::StrCat("data: ", n, " bytes in one message"));
-    if (at < end || at > copy.image_bytes() || n > copy.image_bytes() - at)
-      return absl::DataLossError(
-          absl::StrCat("offset: ", at, " (+", n, " bytes) is before ", end,
-                       " or past image_bytes ", copy.image_bytes()));
-    std::memcpy(image + at, m.data().data(), n);
-    arrived.push_back({at, n});
-    wire += n;
-    return absl::OkStatus();
+  auto begin = [&](const rv1::ShardCopy& c,
+                   std::map<uint32_t, std::vector<uint64_t>> h)
+      -> absl::StatusOr<char*> {
+    if (image != nullptr) return absl::DataLossError("copy: described twice");
+    copy = c;
+    CKPT_RETURN_IF_ERROR(
+        CheckOrderedCopy(copy, job_name, world_size, step, rank_no));
+    for (const auto& [t, hs] : h)
+      if (t >= static_cast<uint32_t>(copy.checksums_size()))
+        return absl::DataLossError(absl::StrCat(
+            "hashes.tensor: ", t, " is not a tensor of the copy's ",
+            copy.checksums_size()));
+    hashes = std::move(h);
+    CKPT_ASSIGN_OR_RETURN(
+        image, TakeSlot(job_name, world_size, step, rank_no, owner_uid, copy,
+                        &tickets, &arena, &slot, nullptr));
+    return image;
   };
   // Whether [a, b) arrived whole.
   auto covered = [&](uint64_t a, uint64_t b) {
@@ -396,13 +426,25 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
       reach += it->length;
     return reach >= b;
   };
-  absl::Status st = fetch(on_message);
+  absl::Status st = read(begin, &arrived);
+  uint64_t wire = 0;
+  for (size_t i = 0; st.ok() && i < arrived.size(); ++i) {
+    const ImageRange& a = arrived[i];
+    const uint64_t end =
+        i == 0 ? 0 : arrived[i - 1].offset + arrived[i - 1].length;
+    if (a.length == 0 || a.offset < end || a.offset > copy.image_bytes() ||
+        a.length > copy.image_bytes() - a.offset)
+      st = absl::DataLossError(absl::StrCat(
+          "offset: ", a.offset, " (+", a.length, " bytes) is before ", end,
+          " or past image_bytes ", copy.image_bytes()));
+    wire += a.length;
+  }
   absl::StatusOr<storage::ShardInfo> info =
       absl::DataLossError(absl::StrCat(what, ": the header did not come"));
   if (!st.ok()) {
     info = st;
   } else if (image == nullptr) {
-    info = absl::DataLossError("copy: the peer sent nothing");
+    info = absl::DataLossError(absl::StrCat("copy: ", from, " sent nothing"));
   } else if (covered(0, storage::kShardAlign)) {
     absl::StatusOr<storage::ShardHeader> header =
         storage::DecodeHeader({image, storage::kShardAlign});
@@ -502,7 +544,7 @@ absl::StatusOr<RangedSlot> ReplicaSource::FetchRangesFromPeer(
   lock.Unlock();
   for (uint64_t t : tickets) CKPT_RETURN_IF_ERROR(node_.writer->Wait(t));
   LogInfo(absl::StrCat("fetched ", chunks.size(), " chunks of job '", job_name,
-                       "' step ", step, " rank ", rank_no, " from a peer (",
+                       "' step ", step, " rank ", rank_no, " from ", from, " (",
                        wire, " of ", copy.image_bytes(),
                        " bytes, verified against the save's digest)"));
   return out;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -60,6 +61,23 @@ class ReplicaSource : public StagedShards {
       const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
       std::optional<uint32_t> owner_uid, std::span<const ImageRange> ranges,
       const RangeFetch& fetch, const std::vector<uint64_t>& save_digests);
+  // The same checks over any source (`from` names it in errors and logs;
+  // the object tier's ranged GETs use it: doc/resharding.md). `read` calls
+  // `begin` once with the copy's description and the save's chunk hashes
+  // of the tensors the ranges touch (by tensor index), which takes the
+  // slot and returns its image, then writes what it reads into that image
+  // and lists each part in `arrived`, in image order, none overlapping.
+  // `save_digests` is the trust anchor (required), as above.
+  using RangeBegin = std::function<absl::StatusOr<char*>(
+      const replica::v1::ShardCopy&,
+      std::map<uint32_t, std::vector<uint64_t>>)>;
+  using RangeRead = std::function<absl::Status(
+      const RangeBegin& begin, std::vector<ImageRange>* arrived)>;
+  [[nodiscard]] absl::StatusOr<RangedSlot> ReadRanges(
+      const std::string& job, uint32_t world_size, uint64_t step, uint32_t rank,
+      std::optional<uint32_t> owner_uid, std::span<const ImageRange> ranges,
+      const std::vector<uint64_t>& save_digests, const std::string& from,
+      const RangeRead& read);
 
  private:
   using Section = NodeState::Section;

@@ -116,6 +116,59 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   const Hosting* hosting = node_.table.HostingOf(req.job());
   const bool hosted =
       hosting != nullptr && hosting->ranks.count(shard_rank) != 0;
+  // A slot holding only the chunks the caller's ranges touch (from a
+  // peer's memory or from storage), held for this read: answered as
+  // `partial`, its tensors with the chunk hashes it was verified with.
+  // `gen`: the shard generation it was read from (storage), which must
+  // still be the table's.
+  auto answer_partial = [&](RangedSlot& got, v1::RestoreSource source,
+                            std::string_view metric_source,
+                            std::optional<uint64_t> gen)
+      -> absl::StatusOr<v1::OpenRestoreResponse> {
+    absl::StatusOr<Job*> j = node_.table.FindFor(req.job(), peer);
+    Job* job = j.ok() ? *j : node_.table.Find(req.job());
+    Rank* r = nullptr;
+    if (job != nullptr)
+      if (auto it = job->ranks.find(shard_rank); it != job->ranks.end())
+        r = &it->second;
+    absl::Status ok = j.status();
+    if (ok.ok()) ok = bad_rank(*job);
+    if (ok.ok() && (r == nullptr || !r->arena))
+      ok = absl::AbortedError("fetch: the rank's arena is gone meanwhile");
+    if (ok.ok() && gen) {
+      const Shard* now =
+          node_.table.FindShard(req.job(), req.step(), shard_rank);
+      if (now == nullptr || now->gen != *gen)
+        ok = absl::AbortedError("load: the step changed meanwhile; retry");
+    }
+    absl::StatusOr<uint64_t> lease_id = uint64_t{0};
+    if (!ok.ok())
+      lease_id = ok;
+    else
+      lease_id = node_.table.leases().Add(Lease{req.job(), shard_rank,
+                                                static_cast<uint32_t>(got.slot),
+                                                req.step(), false, peer.pid});
+    if (!lease_id.ok()) {
+      if (r != nullptr && r->arena &&
+          r->EndRead(static_cast<uint32_t>(got.slot)))
+        node_.table.Wake(JobTable::Waiter::kSlot);
+      return lease_id.status();
+    }
+    v1::OpenRestoreResponse resp;
+    resp.set_source(source);
+    resp.set_lease(*lease_id);
+    resp.set_shm_name(r->arena->name());
+    resp.set_arena_bytes(r->arena->size());
+    resp.set_slot_offset(
+        r->arena->slot_offset(static_cast<uint32_t>(got.slot)));
+    resp.set_image_bytes(got.image_bytes);
+    *resp.mutable_tensors() = std::move(got.tensors);
+    resp.set_peer_bytes(got.wire_bytes);
+    resp.set_partial(true);
+    count(metric_source, got.wire_bytes);
+    job->restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
+    return resp;
+  };
   if (elsewhere && req.has_saved_rank() && req.range_offsets_size() != 0 &&
       node_.options.fetch_ranges_from_peers) {
     // Only the chunks the caller's ranges touch, from a peer's memory,
@@ -140,43 +193,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
                               ": ranges from peers: ", got.status().message(),
                               "; the whole saved rank instead"));
     } else {
-      absl::StatusOr<Job*> j = node_.table.FindFor(req.job(), peer);
-      Job* job = j.ok() ? *j : node_.table.Find(req.job());
-      Rank* r = nullptr;
-      if (job != nullptr)
-        if (auto it = job->ranks.find(shard_rank); it != job->ranks.end())
-          r = &it->second;
-      absl::Status ok = j.status();
-      if (ok.ok()) ok = bad_rank(*job);
-      if (ok.ok() && (r == nullptr || !r->arena))
-        ok = absl::AbortedError("fetch: the rank's arena is gone meanwhile");
-      absl::StatusOr<uint64_t> lease_id = uint64_t{0};
-      if (!ok.ok())
-        lease_id = ok;
-      else
-        lease_id = node_.table.leases().Add(
-            Lease{req.job(), shard_rank, static_cast<uint32_t>(got->slot),
-                  req.step(), false, peer.pid});
-      if (!lease_id.ok()) {
-        if (r != nullptr && r->arena &&
-            r->EndRead(static_cast<uint32_t>(got->slot)))
-          node_.table.Wake(JobTable::Waiter::kSlot);
-        return lease_id.status();
-      }
-      v1::OpenRestoreResponse resp;
-      resp.set_source(v1::RESTORE_SOURCE_MEMORY);
-      resp.set_lease(*lease_id);
-      resp.set_shm_name(r->arena->name());
-      resp.set_arena_bytes(r->arena->size());
-      resp.set_slot_offset(
-          r->arena->slot_offset(static_cast<uint32_t>(got->slot)));
-      resp.set_image_bytes(got->image_bytes);
-      *resp.mutable_tensors() = std::move(got->tensors);
-      resp.set_peer_bytes(got->wire_bytes);
-      resp.set_partial(true);
-      count(metric::kSourceMemory, got->wire_bytes);
-      job->restored_by[req.rank()] = Job::Restorer{peer.pid, req.step()};
-      return resp;
+      return answer_partial(*got, v1::RESTORE_SOURCE_MEMORY,
+                            metric::kSourceMemory, std::nullopt);
     }
   }
   if (elsewhere && req.has_saved_rank()) {
@@ -263,10 +281,53 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
         "step ", req.step(), " rank ", shard_rank,
         " is neither in memory nor durable: ", shard->rec.error()));
   if (copy != RestoreCopy::kSlot) {  // a load (or a file it may not read)
+    // A saved rank a restore reads part of (its ranges named): only the
+    // chunks they touch, by ranged reads, into a slot held for this read;
+    // else (a record without chunk hashes, a chunk that does not verify)
+    // the whole shard, below.
+    absl::Status ranged;
+    if (req.has_saved_rank() && req.range_offsets_size() != 0) {
+      CKPT_ASSIGN_OR_RETURN(
+          std::vector<ImageRange> ranges,
+          ValidateRanges(std::span<const uint64_t>(req.range_offsets().data(),
+                                                   req.range_offsets_size()),
+                         std::span<const uint64_t>(req.range_lengths().data(),
+                                                   req.range_lengths_size()),
+                         shard->rec.image_bytes(), "ranges"));
+      const uint64_t gen = shard->gen;
+      bool from_object = false;
+      lock.Unlock();
+      absl::StatusOr<RangedSlot> got = RangesFromStorage(
+          req.job(), req.step(), shard_rank, ranges, &from_object);
+      lock.Relock();
+      if (got.ok())
+        return answer_partial(
+            *got,
+            from_object ? v1::RESTORE_SOURCE_OBJECT : v1::RESTORE_SOURCE_DISK,
+            from_object ? metric::kSourceObject : metric::kSourceDisk, gen);
+      ranged = got.status();
+      const std::string why = absl::StrCat(
+          "restore job ", req.job(), " step ", req.step(), " saved rank ",
+          shard_rank, ": ranges: ", ranged.message(),
+          "; the whole shard instead (kept for the next reader)");
+      if (absl::IsFailedPrecondition(ranged))
+        LogInfo(why);
+      else
+        LogWarning(why);
+      CKPT_ASSIGN_OR_RETURN(job, node_.table.FindFor(req.job(), peer));
+      CKPT_RETURN_IF_ERROR(bad_rank(*job));
+      shard = node_.table.FindShard(req.job(), req.step(), shard_rank);
+      if (shard == nullptr)
+        return not_found(NewestCompleteNote(node_.table, *job));
+    }
     double load_s = 0;
     bool from_object = false;
     absl::StatusOr<Shard*> loaded = LoadShard(req.job(), req.step(), shard_rank,
                                               &load_s, &from_object, progress);
+    if (!loaded.ok() && absl::IsDataLoss(ranged))
+      loaded = Annotate(loaded.status(),
+                        absl::StrCat("ranges before: ", ranged.message(),
+                                     "; the whole shard"));
     if (!loaded.ok()) {
       // BUSY and "changed meanwhile" are not failures of the load.
       const absl::StatusCode code = loaded.status().code();

@@ -15,11 +15,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
+#include "daemon/core/ranged_slot.h"
 #include "daemon/state/node_state.h"
 #include "storage/shard_format.h"
 
@@ -88,6 +90,20 @@ class Restorer {
   // Call with the lock released.
   [[nodiscard]] absl::Status FetchSavedRank(const std::string& job,
                                             uint64_t step, uint32_t rank);
+  // The chunks of a saved rank this node's catalog holds (a durable shard
+  // not in memory) that `ranges` (validated, inside its image) touch,
+  // with the image's header, index and footer: ranged reads from where a
+  // load would read it (its local file while it has the recorded size,
+  // else the object tier: *from_object), into a slot held for the
+  // caller's read, verified against the catalog's record of the save
+  // (ReplicaSource::ReadRanges; doc/resharding.md, "Byte ranges from
+  // storage"). FailedPrecondition when the record lacks what that needs
+  // (a touched tensor of several chunks without chunk hashes, a device
+  // tensor's checksum); DataLoss naming the tensor and chunk that does not
+  // verify. Call with the lock released.
+  [[nodiscard]] absl::StatusOr<RangedSlot> RangesFromStorage(
+      const std::string& job, uint64_t step, uint32_t rank,
+      std::span<const ImageRange> ranges, bool* from_object);
   // A saved rank this node does not hold, from a peer's memory
   // (EngineOptions::fetch_from_peers), one fetch of it at a time; OK at
   // once when it is in memory here. NotFound without a coordinator. Call

@@ -7,17 +7,21 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "client/restore_progress.h"
 #include "daemon/core/catalog.h"
+#include "shm/arena.h"
 #include "storage/keys.h"
 #include "storage/manifest.h"
 #include "storage/shard_reader.h"
 #include "tests/daemon_test.h"
+#include "tests/eventually.h"
 #include "tests/s3_server.h"
 
 namespace ckpt::testing {
@@ -540,7 +544,64 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
   restore_at_3("old");
 }
 
+// While a restore's client copies out of the arena a load created (its
+// lease open), the prefaulter leaves the arena's other slots alone
+// (prefaulter.h): zeroing them would take the CPU the copy needs. For at
+// most EngineOptions::prefault_read_hold (2 s) from the lease's opening: a
+// lease left open does not keep them back longer, and a save after the
+// restore finds its slot ready. Before the hold, slot 1 was readied as
+// soon as the load's read ended, while the client still copied.
+class ObjectTierPrefaultTest : public ObjectTierTest {};
+TEST_P(ObjectTierPrefaultTest,
+       OpenRestoreLeaseHoldsOtherSlotsBackForAtMostTheBound) {
+  LeaveStepOneOnlyInTheObjectTier();
+  if (HasFatalFailure()) return;
+  Start();
+  const auto before_open = std::chrono::steady_clock::now();
+  grpc::ClientContext ctx;
+  v1::OpenRestoreRequest req;
+  req.set_job("obj");
+  req.set_step(1);
+  v1::OpenRestoreResponse resp;
+  grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.source(), v1::RESTORE_SOURCE_OBJECT);
+  auto view =
+      shm::Arena::Attach(resp.shm_name(), resp.arena_bytes(), shm::kSlotAlign);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const auto* h = reinterpret_cast<const shm::ArenaHeader*>((*view)->base());
+  ASSERT_GE(h->num_slots, 2u);
+  ASSERT_EQ(resp.slot_offset(), h->slots_offset);  // the load took slot 0
+  // Slot 1 is ready once its pages are allocated in the segment (the load
+  // reserved slot 0 and the header only).
+  const std::string path = "/dev/shm" + resp.shm_name();
+  const uint64_t all_slots = h->slots_offset + h->num_slots * h->slot_bytes;
+  auto slots_ready = [&] {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 &&
+           uint64_t(st.st_blocks) * 512 >= all_slots;
+  };
+  // The lease stays open: the bound, not the lease, releases the slots.
+  ASSERT_TRUE(Eventually(slots_ready)) << path;
+  const double held_s = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - before_open)
+                            .count();
+  EXPECT_GE(held_s, 2.0) << "slot 1 readied beside the client's copy";
+  CloseLease(resp.lease());
+  // The next save goes into slot 1 (slot 0 holds the newest step).
+  auto client = Connect("obj");
+  ASSERT_NE(client, nullptr);
+  HostState next = MakeState(24 << 20, 5, 78);
+  ASSERT_TRUE(client->Save(2, next.tensors).ok());
+  EXPECT_EQ(h->slots[1].step.load(), 2u);
+  ExpectStepOneRestoresBitExact(*client);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierTest, ::testing::Values("dir", "s3"),
+                         [](const auto& info) { return info.param; });
+// The store plays no part in the prefaulter's hold: a directory only.
+INSTANTIATE_TEST_SUITE_P(Stores, ObjectTierPrefaultTest,
+                         ::testing::Values("dir"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -86,6 +86,12 @@ struct EngineOptions {
   uint32_t retain_steps = 3;  // durable steps kept per job
   uint32_t default_num_slots = 2;
   std::chrono::milliseconds default_busy_timeout = std::chrono::minutes(10);
+  // While a restore's client copies out of an arena (its read lease is
+  // open), the prefaulter leaves that arena's other slots unreadied, so
+  // that zeroing them does not take the CPU the copy needs; for at most
+  // this long from the lease's opening, so that a client that never
+  // closes its lease cannot keep the next save's slot back.
+  std::chrono::milliseconds prefault_read_hold = std::chrono::seconds(2);
   // A failed persist is retried, the delay doubling from
   // persist_retry_delay up to persist_retry_max_delay, for as long as the
   // shard's bytes are in memory: a storage hiccup must not lose a step

@@ -39,6 +39,10 @@ struct Lease {
   // A FILE restore's lease: the storage key of the shard file the client
   // reads itself (slot is then unused). Empty for a slot's lease.
   std::string file_key{};
+  // A restore's read of a slot: the arena whose queued slots the
+  // prefaulter holds back while the lease is open (Prefaulter::BeginRead;
+  // NodeState::ReleaseLease ends it). Empty: none.
+  std::string prefault_hold{};
   // A save that may drop the rank's shards of later steps (BeginSave
   // allowed the rewind); without it a commit that would is refused.
   bool rewind = false;

@@ -276,6 +276,7 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     return resp;
   }
   const RestoreCopy copy = copy_of(*shard);
+  Prefaulter::ReadHold load_read;  // from a load's end to the lease's start
   if (copy == RestoreCopy::kLost)
     return absl::DataLossError(absl::StrCat(
         "step ", req.step(), " rank ", shard_rank,
@@ -322,8 +323,9 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     }
     double load_s = 0;
     bool from_object = false;
-    absl::StatusOr<Shard*> loaded = LoadShard(req.job(), req.step(), shard_rank,
-                                              &load_s, &from_object, progress);
+    absl::StatusOr<Shard*> loaded =
+        LoadShard(req.job(), req.step(), shard_rank, &load_s, &from_object,
+                  progress, &load_read);
     if (!loaded.ok() && absl::IsDataLoss(ranged))
       loaded = Annotate(loaded.status(),
                         absl::StrCat("ranges before: ", ranged.message(),
@@ -347,8 +349,12 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   Rank& rank = job->ranks[shard_rank];
   Lease lease{req.job(),  shard_rank, static_cast<uint32_t>(shard->slot),
               req.step(), false,      peer.pid};
+  // The arena's other slots wait while the client copies (prefaulter.h).
+  lease.prefault_hold = rank.arena->name();
   CKPT_ASSIGN_OR_RETURN(uint64_t lease_id,
                         node_.table.leases().Add(std::move(lease)));
+  if (node_.prefaulter) node_.prefaulter->BeginRead(rank.arena->name());
+  load_read.reset();  // the lease holds the prefaulter from here on
   rank.AddReader(static_cast<uint32_t>(shard->slot));
   resp.set_lease(lease_id);
   resp.set_shm_name(rank.arena->name());

@@ -131,9 +131,13 @@ class Restorer {
   // Loads a durable shard into a free slot of its rank's arena; releases
   // the lock during the read. Returns the shard, which may have moved.
   // *from_object (optional) says whether it came from the object tier.
+  // read (optional): on success, holds the arena's queued slots back from
+  // the end of the read on (Prefaulter::BeginRead), without a gap before
+  // the restore's lease does.
   [[nodiscard]] absl::StatusOr<Shard*> LoadShard(
       const std::string& job, uint64_t step, uint32_t rank, double* load_s,
-      bool* from_object = nullptr, LoadProgress* progress = nullptr)
+      bool* from_object = nullptr, LoadProgress* progress = nullptr,
+      Prefaulter::ReadHold* read = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_.table.mu());
   // dst is slot `slot` of `arena`, which its creation left reserved but
   // not faulted in (shm::Arena::slot_left_to_file): the object tier's

@@ -90,7 +90,8 @@ absl::Status ReadVerified(storage::ObjectReader& reader,
 absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
                                            uint64_t step_no, uint32_t rank_no,
                                            double* load_s, bool* from_object,
-                                           LoadProgress* progress) {
+                                           LoadProgress* progress,
+                                           Prefaulter::ReadHold* read) {
   Shard* shard = node_.table.FindShard(job_name, step_no, rank_no);
   const uint64_t gen = shard->gen;
   const uint64_t bytes = shard->rec.image_bytes();
@@ -190,6 +191,10 @@ absl::StatusOr<Shard*> Restorer::LoadShard(const std::string& job_name,
   if (absl::Status a = arena->CheckIntact(); !a.ok()) st = a;
   *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                 .count();
+  // The restore's client copies next: the arena's other slots wait on
+  // (prefaulter.h).
+  if (st.ok() && read != nullptr)
+    read->Take(node_.prefaulter.get(), arena->name());
   hold_prefaulter.Release();
   if (from_object != nullptr) *from_object = read_object;
   LogInfo(absl::StrCat(

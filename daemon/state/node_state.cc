@@ -36,7 +36,8 @@ void NodeState::Wire(PipelineState* state) {
   uploader = pipeline->upload();
   shard_drops = std::make_unique<ShardDrops>(
       &table, catalog, writer.get(), persister, uploader, options.node_id);
-  prefaulter = std::make_unique<Prefaulter>(&table, backend);
+  prefaulter =
+      std::make_unique<Prefaulter>(&table, backend, options.prefault_read_hold);
 }
 
 NodeState::Section::Section(NodeState* node) ABSL_NO_THREAD_SAFETY_ANALYSIS
@@ -133,6 +134,7 @@ void NodeState::MaybeForgetJob(const std::string& name) {
 void NodeState::ReleaseLease(uint64_t id) {
   std::optional<Lease> lease = table.ReleaseLease(id);
   if (!lease) return;
+  if (!lease->prefault_hold.empty()) prefaulter->EndRead(lease->prefault_hold);
   // A FILE restore is over: the deletes it held back go now.
   if (!lease->file_key.empty()) shard_drops->ReleaseDeferred();
   MaybeForgetJob(lease->job);

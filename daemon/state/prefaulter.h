@@ -23,14 +23,22 @@
 // from storage, the object tier after a restart), queued arenas wait
 // (Hold). Zeroing another slot's pages beside the load takes the CPU from
 // the transfer that a trainer waits for; a save needs those slots later.
+// Likewise while a restore's client copies out of an arena (its read lease
+// is open: BeginRead .. EndRead), that arena's queued slots wait, for at
+// most `read_hold` (EngineOptions::prefault_read_hold) from the first open
+// read: a client that never closes its lease cannot keep a save's slot
+// back for longer. Other arenas in the queue are readied meanwhile.
 #ifndef CKPT_DAEMON_STATE_PREFAULTER_H_
 #define CKPT_DAEMON_STATE_PREFAULTER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -42,8 +50,10 @@ namespace ckpt::daemon {
 
 class Prefaulter {
  public:
-  // table and backend must outlive the prefaulter.
-  Prefaulter(JobTable* table, storage::Backend* backend);
+  // table and backend must outlive the prefaulter. read_hold bounds how
+  // long open restores hold an arena's queued slots back (BeginRead).
+  Prefaulter(JobTable* table, storage::Backend* backend,
+             std::chrono::milliseconds read_hold = std::chrono::seconds(2));
   ~Prefaulter();
   Prefaulter(const Prefaulter&) = delete;
   Prefaulter& operator=(const Prefaulter&) = delete;
@@ -72,6 +82,29 @@ class Prefaulter {
   // end (for tests: the wait is the thread's decision, not a race).
   void AwaitHeldBack();
 
+  // A restore's read lease on the arena named `arena` opens / closes: while
+  // one is open, and for at most read_hold from the first, the arena's
+  // queued slots wait. Safe from any thread, the job table's lock may be
+  // held. Every BeginRead is matched by one EndRead of the same name.
+  void BeginRead(const std::string& arena);
+  void EndRead(const std::string& arena);
+  // One BeginRead of an arena, ended by reset() or the destructor: a load
+  // holds the arena with it until the restore's lease takes over.
+  class ReadHold {
+   public:
+    ReadHold() = default;
+    ~ReadHold() { reset(); }
+    ReadHold(const ReadHold&) = delete;
+    ReadHold& operator=(const ReadHold&) = delete;
+    // Ends the one held before, if any. p may be null (no prefaulter).
+    void Take(Prefaulter* p, std::string arena);
+    void reset();
+
+   private:
+    Prefaulter* p_ = nullptr;
+    std::string arena_;
+  };
+
  private:
   void Loop();
   // Reserves the arena's slots from `first` on and registers its memory.
@@ -79,10 +112,17 @@ class Prefaulter {
 
   JobTable* const table_;
   storage::Backend* const backend_;
+  const std::chrono::milliseconds read_hold_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<shm::Arena>, uint32_t>> queue_;
   int holds_ = 0;
+  // Arenas with open restore reads: how many, and since when (the first).
+  struct Reads {
+    int open = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<std::string, Reads> reads_;
   bool held_back_ = false;  // the thread waits with an arena queued
   bool stopping_ = false;
   std::thread thread_;

@@ -220,5 +220,64 @@ TEST_F(PrefaulterTest, EveryHoldHasToEndBeforeTheQueueRuns) {
   EXPECT_EQ(Await().ready_slots, kSlots);
 }
 
+// A restore's client copying out of an arena (its lease open: BeginRead)
+// holds that arena's queued slots back until the read ends.
+TEST_F(PrefaulterTest, AnArenaUnderAnOpenRestoreWaitsUntilTheReadEnds) {
+  std::shared_ptr<shm::Arena> arena = NewArena();
+  ASSERT_NE(arena, nullptr);
+  Install(arena);
+  Prefaulter p(&table_, backend_.get(), std::chrono::hours(1));
+  p.BeginRead(arena->name());
+  p.Add(arena, 1);
+  p.AwaitHeldBack();
+  {
+    JobTable::Lock lock(&table_);
+    EXPECT_EQ(table_.Find("train")->ranks.at(0).ready_slots, 1u)
+        << "slots readied while the restore read";
+  }
+  p.EndRead(arena->name());
+  const Outcome r = Await();
+  EXPECT_TRUE(r.reserve_error.ok()) << r.reserve_error;
+  EXPECT_EQ(r.ready_slots, kSlots);
+}
+
+// The hold is the read arena's alone: an arena queued after it is readied
+// meanwhile (here one dropped before its turn: unregistered again).
+TEST_F(PrefaulterTest, AnOpenRestoreHoldsBackOnlyItsOwnArena) {
+  std::shared_ptr<shm::Arena> read = NewArena();
+  std::shared_ptr<shm::Arena> other = NewArena();
+  ASSERT_NE(read, nullptr);
+  ASSERT_NE(other, nullptr);
+  Install(read);
+  Prefaulter p(&table_, backend_.get(), std::chrono::hours(1));
+  p.BeginRead(read->name());
+  p.Add(read, 1);
+  void* base = other->slot_data(0);
+  p.Add(std::move(other), 1);
+  backend_->AwaitUnregistered(base);
+  {
+    JobTable::Lock lock(&table_);
+    EXPECT_EQ(table_.Find("train")->ranks.at(0).ready_slots, 1u)
+        << "the read arena's slots readied while the restore read";
+  }
+  p.EndRead(read->name());
+  EXPECT_EQ(Await().ready_slots, kSlots);
+}
+
+// A client that never closes its lease holds the arena back for the bound
+// only: the slots become ready with the read still open.
+TEST_F(PrefaulterTest, AReadLeftOpenHoldsTheArenaForTheBoundOnly) {
+  std::shared_ptr<shm::Arena> arena = NewArena();
+  ASSERT_NE(arena, nullptr);
+  Install(arena);
+  Prefaulter p(&table_, backend_.get(), std::chrono::milliseconds(50));
+  p.BeginRead(arena->name());
+  p.Add(arena, 1);
+  const Outcome r = Await();  // no EndRead
+  EXPECT_TRUE(r.reserve_error.ok()) << r.reserve_error;
+  EXPECT_EQ(r.ready_slots, kSlots);
+  p.EndRead(arena->name());
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -121,6 +121,15 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
   // `partial`, its tensors with the chunk hashes it was verified with.
   // `gen`: the shard generation it was read from (storage), which must
   // still be the table's.
+  // The byte ranges the caller names, checked (inside image_bytes where
+  // the image is known here).
+  auto asked_ranges = [&](std::optional<uint64_t> image_bytes) {
+    return ValidateRanges(std::span<const uint64_t>(req.range_offsets().data(),
+                                                    req.range_offsets_size()),
+                          std::span<const uint64_t>(req.range_lengths().data(),
+                                                    req.range_lengths_size()),
+                          image_bytes, "ranges");
+  };
   auto answer_partial = [&](RangedSlot& got, v1::RestoreSource source,
                             std::string_view metric_source,
                             std::optional<uint64_t> gen)
@@ -174,13 +183,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     // Only the chunks the caller's ranges touch, from a peer's memory,
     // into a slot held for this read; else (no peer answers them
     // verified) the whole saved rank, below.
-    CKPT_ASSIGN_OR_RETURN(
-        std::vector<ImageRange> ranges,
-        ValidateRanges(std::span<const uint64_t>(req.range_offsets().data(),
-                                                 req.range_offsets_size()),
-                       std::span<const uint64_t>(req.range_lengths().data(),
-                                                 req.range_lengths_size()),
-                       std::nullopt, "ranges"));
+    CKPT_ASSIGN_OR_RETURN(std::vector<ImageRange> ranges,
+                          asked_ranges(std::nullopt));
     lock.Unlock();
     absl::StatusOr<RangedSlot> got = node_.options.fetch_ranges_from_peers(
         req.job(), req.step(), shard_rank, ranges);
@@ -288,13 +292,8 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
     // the whole shard, below.
     absl::Status ranged;
     if (req.has_saved_rank() && req.range_offsets_size() != 0) {
-      CKPT_ASSIGN_OR_RETURN(
-          std::vector<ImageRange> ranges,
-          ValidateRanges(std::span<const uint64_t>(req.range_offsets().data(),
-                                                   req.range_offsets_size()),
-                         std::span<const uint64_t>(req.range_lengths().data(),
-                                                   req.range_lengths_size()),
-                         shard->rec.image_bytes(), "ranges"));
+      CKPT_ASSIGN_OR_RETURN(std::vector<ImageRange> ranges,
+                            asked_ranges(shard->rec.image_bytes()));
       const uint64_t gen = shard->gen;
       bool from_object = false;
       lock.Unlock();

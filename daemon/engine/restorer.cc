@@ -130,10 +130,11 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
                                                     req.range_lengths_size()),
                           image_bytes, "ranges");
   };
-  auto answer_partial = [&](RangedSlot& got, v1::RestoreSource source,
-                            std::string_view metric_source,
-                            std::optional<uint64_t> gen)
-      -> absl::StatusOr<v1::OpenRestoreResponse> {
+  auto answer_partial =
+      [&](RangedSlot& got, v1::RestoreSource source,
+          std::string_view metric_source, std::optional<uint64_t> gen)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+              node_.table.mu()) -> absl::StatusOr<v1::OpenRestoreResponse> {
     absl::StatusOr<Job*> j = node_.table.FindFor(req.job(), peer);
     Job* job = j.ok() ? *j : node_.table.Find(req.job());
     Rank* r = nullptr;

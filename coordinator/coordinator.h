@@ -263,6 +263,13 @@ class Coordinator {
   // What node `node_id`'s agent watches (WatchNode): the orders its next
   // heartbeat would get (queued and durable, not yet acknowledged).
   v1::NodeView NodeOrders(const std::string& node_id);
+  // Node `node_id`'s agent opened / ended a WatchNode stream (WatchService
+  // calls them). While one is open its process lives (the kernel closes a
+  // killed process's connections): a probe it has not answered by the
+  // deadline waits for its answer or its heartbeat timeout instead of
+  // declaring it dead (a loaded but live node is slow, not dead).
+  void NodeWatchOpened(const std::string& node_id);
+  void NodeWatchEnded(const std::string& node_id);
   // Counts durable changes; WaitForChange returns the count once it is
   // above `seen`, or at `deadline`.
   uint64_t WaitForChange(uint64_t seen,
@@ -578,13 +585,14 @@ class Coordinator {
   // a job whose every awaited probe is answered plans its held exits.
   void AnsweredProbesLocked(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DetectTimeoutsLocked's part: the probed nodes past their deadline
-  // without a heartbeat since the probe began, marked not alive (live_mu_
-  // held exclusively by the caller), with why; lowers `next` to the next
-  // deadline.
+  // without a heartbeat since the probe began and with no open connection,
+  // marked not alive (live_mu_ held exclusively by the caller), with why;
+  // those past it but connected, the first time, in `overdue` (the caller
+  // says so); lowers `next` to the next deadline or re-check.
   void ExpiredProbesLocked(
       int64_t now, int64_t* next,
-      std::vector<std::pair<std::string, std::string>>* dead)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      std::vector<std::pair<std::string, std::string>>* dead,
+      std::vector<std::string>* overdue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The exits `job` held, planned as failures of their own (every probe
   // answered): each is a failure (event, metric, incident), one plan.
   void PlanHeldExitsLocked(Batch* batch, JobState& job, const std::string& why)
@@ -772,8 +780,11 @@ class Coordinator {
     int64_t deadline_ms = 0;
     uint64_t id = 0;
     uint64_t epoch = 0;
-    std::string by;  // who suspected it, for the events
+    std::string by;        // who suspected it, for the events
+    bool overdue = false;  // its deadline passed while it was connected
   };
+  // Open WatchNode streams per node (NodeWatchOpened).
+  std::map<std::string, int> watched_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Probe> probes_ ABSL_GUARDED_BY(mu_);
   uint64_t last_probe_id_ ABSL_GUARDED_BY(mu_) = 0;
   // Per job, the manifests of its last good step and the one before (read

@@ -23,6 +23,7 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
   // plan hands ranks to a node that is about to be declared dead too.
   std::vector<std::string> dead;
   std::map<std::string, std::string> why;
+  std::vector<std::string> overdue;
   int64_t next = INT64_MAX;
   {
     // Exclusive: no heartbeat moves a last-seen time while we decide.
@@ -45,13 +46,24 @@ void Coordinator::DetectTimeoutsLocked(Batch* batch) {
     // Probed nodes that did not answer in time die with them: one plan.
     if (!probes_.empty()) {
       std::vector<std::pair<std::string, std::string>> probed;
-      ExpiredProbesLocked(now, &next, &probed);
+      ExpiredProbesLocked(now, &next, &probed, &overdue);
       for (auto& [id, reason] : probed) {
         dead.push_back(id);
         why[id] = std::move(reason);
       }
     }
     next_expiry_ms_ = next;
+  }
+  for (const std::string& id : overdue) {
+    const Probe& p = probes_.at(id);
+    LogLocked(batch, v1::PROBE_OVERDUE, "", id,
+              absl::StrCat("node ", id, " did not answer the probe (", p.by,
+                           " lost its trainers' peers there) within ",
+                           options_.peer_probe_timeout.count(),
+                           " ms, but its connection is open (its process "
+                           "lives): not dead for that; it keeps its ranks "
+                           "until it answers, its connection closes or its "
+                           "heartbeat times out"));
   }
   for (const std::string& id : dead)
     DeclareDeadLocked(batch, nodes_[id], why[id]);

@@ -76,10 +76,14 @@ bool Coordinator::HoldExitLocked(Batch* batch, JobState& job,
 
 void Coordinator::ExpiredProbesLocked(
     int64_t now, int64_t* next,
-    std::vector<std::pair<std::string, std::string>>* dead) {
+    std::vector<std::pair<std::string, std::string>>* dead,
+    std::vector<std::string>* overdue) {
+  // How often a connected node past its deadline is looked at again (its
+  // connection may close meanwhile: dead then).
+  constexpr int64_t kRecheckMs = 50;
   for (auto it = probes_.begin(); it != probes_.end();) {
     auto n = nodes_.find(it->first);
-    const Probe& p = it->second;
+    Probe& p = it->second;
     // Gone meanwhile, or timed out (in this scan or found dead by its
     // probe), or answered: for AnsweredProbesLocked.
     if (n == nodes_.end() || n->second.rec.health() != v1::ALIVE ||
@@ -93,16 +97,48 @@ void Coordinator::ExpiredProbesLocked(
       ++it;
       continue;
     }
+    // Its process lives (its connection is open): a late answer is a
+    // loaded node, not a dead one. Its heartbeat timeout still applies.
+    if (auto w = watched_.find(it->first);
+        w != watched_.end() && w->second > 0) {
+      if (!p.overdue) {
+        p.overdue = true;
+        overdue->push_back(it->first);
+      }
+      *next = std::min(*next, now + kRecheckMs);
+      ++it;
+      continue;
+    }
     n->second.live->alive = false;
     dead->emplace_back(
         it->first,
-        absl::StrCat("no answer to a probe within ",
-                     options_.peer_probe_timeout.count(), " ms (", p.by,
+        absl::StrCat(p.overdue ? "its connection closed with a probe "
+                                 "unanswered for "
+                               : "no answer to a probe within ",
+                     p.overdue ? now - p.started_ms
+                               : options_.peer_probe_timeout.count(),
+                     " ms (", p.by,
                      " lost its trainers' peers there); last heartbeat ",
                      now - LastSeen(n->second), " ms ago"));
     options_.metrics->PeerProbed(false);
     ++it;  // AnsweredProbesLocked drops it and tells the jobs
   }
+}
+
+void Coordinator::NodeWatchOpened(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  ++watched_[node_id];
+}
+
+void Coordinator::NodeWatchEnded(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  auto w = watched_.find(node_id);
+  if (w == watched_.end()) return;
+  if (--w->second <= 0) watched_.erase(w);
+  // A probe past its deadline waits on this connection: look again now.
+  auto p = probes_.find(node_id);
+  if (p != probes_.end() && p->second.overdue)
+    LowerNextExpiryLocked(options_.now_ms());
 }
 
 void Coordinator::AnsweredProbesLocked(Batch* batch) {

@@ -140,6 +140,83 @@ TEST_F(PeerProbeTest, HeartbeatTimeoutDuringTheProbeMakesTheOnePlan) {
   EXPECT_EQ(FailuresOf("n2").size(), 1u);
 }
 
+// A node whose connection to the coordinator is open (its agent's
+// WatchNode stream: its process lives) and that misses the probe's
+// deadline is slow, not dead: on a loaded machine a live ckptd can take
+// longer than 300 ms to answer. It keeps its ranks until it answers (the
+// exit is then a failure of its own) or its heartbeat times out; the
+// overdue probe is an event. A node whose connection is gone (its process
+// was killed: the kernel closed its socket) is dead at the deadline, as
+// before, and one whose connection closes after the deadline is dead then.
+TEST_F(PeerProbeTest, ConnectedNodeLateToAnswerIsNotDeadForIt) {
+  coord_->NodeWatchOpened("n2");
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  auto r = Exit(0, std::vector<uint32_t>{2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->held());
+  OthersHeartbeat(301);  // past the 300 ms deadline, n2 silent
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::ALIVE)
+      << (FailuresOf("n2").empty() ? "" : FailuresOf("n2")[0].detail());
+  EXPECT_EQ(Job().generation(), 0u);
+  ASSERT_EQ(EventsOf(v1::PROBE_OVERDUE).size(), 1u);
+  EXPECT_EQ(EventsOf(v1::PROBE_OVERDUE)[0].node_id(), "n2");
+  EXPECT_NE(EventsOf(v1::PROBE_OVERDUE)[0].detail().find("connection"),
+            std::string::npos)
+      << EventsOf(v1::PROBE_OVERDUE)[0].detail();
+  OthersHeartbeat(200);
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(EventsOf(v1::PROBE_OVERDUE).size(), 1u) << "said twice";
+  EXPECT_NE(coord_->NodeOrders("n2").probe(), 0u) << "the probe was dropped";
+
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the late answer
+  ASSERT_EQ(EventsOf(v1::PROBE_ANSWERED).size(), 1u);
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Plans(), 1u);
+  EXPECT_TRUE(FailuresOf("n2").empty());
+  EXPECT_EQ(Node("n2").epoch(), e2_);
+  EXPECT_EQ(Job().rank_node(2), "n2");
+
+  // Probed again; this time its connection closes after the deadline.
+  auto again = Exit(1, std::vector<uint32_t>{3});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->held());
+  OthersHeartbeat(301);
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::ALIVE);
+  coord_->NodeWatchEnded("n2");
+  OthersHeartbeat(1);
+  ASSERT_TRUE(coord_->Tick().ok());
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+  ASSERT_EQ(FailuresOf("n2").size(), 1u);
+  EXPECT_NE(FailuresOf("n2")[0].detail().find("connection"), std::string::npos)
+      << FailuresOf("n2")[0].detail();
+  EXPECT_EQ(Job().generation(), 2u);
+  EXPECT_EQ(Plans(), 2u);
+}
+
+// A connected node silent past its heartbeat timeout is dead, probe or
+// not: an open connection is no heartbeat.
+TEST_F(PeerProbeTest, ConnectedButSilentNodeStillTimesOut) {
+  coord_->NodeWatchOpened("n2");
+  OthersHeartbeat(100);
+  ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+  auto r = Exit(0, std::vector<uint32_t>{2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 31; ++i) {
+    OthersHeartbeat(100);
+    ASSERT_TRUE(coord_->Tick().ok());
+  }
+  EXPECT_EQ(Node("n2").health(), v1::DEAD);
+  EXPECT_EQ(Job().generation(), 1u);
+  EXPECT_EQ(Plans(), 1u);
+  ASSERT_EQ(FailuresOf("n2").size(), 1u);
+  EXPECT_NE(FailuresOf("n2")[0].detail().find("no heartbeat"),
+            std::string::npos)
+      << FailuresOf("n2")[0].detail();
+}
+
 // An exit without evidence while no probe is under way is a crash of its
 // own: planned at once, as before.
 TEST_F(PeerProbeTest, ExitWithoutEvidenceIsPlannedAtOnce) {

@@ -14,9 +14,18 @@ template <typename View>
 class WatchService::Watcher final : public grpc::ServerWriteReactor<View>,
                                     public WatchService::Stream {
  public:
+  // `node`: a node agent's WatchNode stream, counted as its connection
+  // (Coordinator::NodeWatchOpened) while it is open.
   Watcher(WatchService* service, grpc::CallbackServerContext* ctx,
-          std::function<View(Coordinator*)> compute)
-      : service_(service), ctx_(ctx), compute_(std::move(compute)) {}
+          std::function<View(Coordinator*)> compute, std::string node = "")
+      : service_(service),
+        ctx_(ctx),
+        compute_(std::move(compute)),
+        node_(std::move(node)) {}
+
+  const std::string& node() const { return node_; }
+  // Before gRPC has the reactor (no callback can run yet).
+  void CountedBy(Coordinator* c) { counted_ = c; }
 
   void Refresh(Coordinator* c) override { Push(compute_(c)); }
 
@@ -64,6 +73,7 @@ class WatchService::Watcher final : public grpc::ServerWriteReactor<View>,
   }
   void OnCancel() override { End(grpc::Status::CANCELLED, ""); }
   void OnDone() override {
+    if (counted_ != nullptr) counted_->NodeWatchEnded(node_);
     service_->Remove(this);
     delete this;
   }
@@ -72,6 +82,8 @@ class WatchService::Watcher final : public grpc::ServerWriteReactor<View>,
   WatchService* const service_;
   grpc::CallbackServerContext* const ctx_;  // the call's; lives until OnDone
   const std::function<View(Coordinator*)> compute_;
+  const std::string node_;
+  Coordinator* counted_ = nullptr;
   std::mutex mu_;
   bool writing_ = false;
   bool finished_ = false;
@@ -131,6 +143,10 @@ grpc::ServerWriteReactor<View>* WatchService::Open(
     return w;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (!w->node().empty()) {
+    c->NodeWatchOpened(w->node());
+    w->CountedBy(c);
+  }
   watchers_.insert(w);
   w->Refresh(c);
   return w;
@@ -152,7 +168,8 @@ grpc::ServerWriteReactor<v1::NodeView>* WatchService::WatchNode(
   absl::Status s = ValidateNodeId(req->node_id());
   auto* w = new Watcher<v1::NodeView>(
       this, ctx,
-      [node = req->node_id()](Coordinator* c) { return c->NodeOrders(node); });
+      [node = req->node_id()](Coordinator* c) { return c->NodeOrders(node); },
+      s.ok() ? req->node_id() : std::string());
   return Open(ctx, "WatchNode", *req, s, w);
 }
 

@@ -4,6 +4,7 @@
 // broken collective is a symptom: it names the lost peer, the coordinator
 // probes that peer's node at once, and one plan answers the one failure.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <time.h>
 
 #include <cstdio>
@@ -30,6 +31,16 @@ std::vector<cv1::Event> Of(const std::vector<cv1::Event>& events,
   for (const auto& e : events)
     if (e.kind() == kind && (node.empty() || e.node_id() == node))
       out.push_back(e);
+  return out;
+}
+
+// The node's own deaths (not its trainers' exits, which are events about
+// it too).
+std::vector<cv1::Event> DeathsOf(const std::vector<cv1::Event>& events,
+                                 const std::string& node) {
+  std::vector<cv1::Event> out;
+  for (const auto& e : Of(events, cv1::FAILURE_DETECTED, node))
+    if (e.detail().find("declared dead") != std::string::npos) out.push_back(e);
   return out;
 }
 
@@ -197,6 +208,70 @@ TEST_F(ClusterTest, SlowButAliveNodeAnswersTheProbeAndKeepsItsRanks) {
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->rank_node(2), "b");
   EXPECT_EQ(job->rank_node(3), "b");
+  EXPECT_EQ(job->generation(), 1u) << all;
+}
+
+// Node b's ckptd is stopped (SIGSTOP) when rank 0 claims that rank 2 is
+// lost: b cannot answer the probe by its deadline, but its connection to
+// the coordinator stays open (its process lives), so it is not dead for
+// that: the probe is overdue, b answers once it runs again, and keeps its
+// ranks and its epoch. Rank 0's exit is a failure of its own, one plan. (A
+// loaded machine makes a live ckptd this slow: on CI, one kill once made
+// three plans when both nodes missed their probes.)
+TEST_F(ClusterTest, StoppedNodeMissingTheProbesDeadlineIsNotDeadForIt) {
+  ClusterOptions o = Options(4);
+  o.links = true;
+  o.steps_after_restore = 3;
+  o.heartbeat_timeout_ms = 6000;
+  const std::string gate = o.dir + "/peer-lost.gate";
+  o.node_launcher_env["a"] = {"CLUSTER_TRAINER_FAKE_PEER_LOST=0:3:2",
+                              "CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=" + gate};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  cluster_->StartNode("b");
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        for (const auto& l : cluster_->TrainerLog(0))
+          if (l.kind == "gate") return true;
+        return false;
+      },
+      seconds(60)))
+      << "rank 0 never reached its claim";
+  const uint64_t b_epoch = NodeOf(*cluster_, "b")->epoch();
+  cluster_->SignalDaemon("b", SIGSTOP);
+  FILE* g = std::fopen(gate.c_str(), "w");
+  ASSERT_NE(g, nullptr);
+  std::fclose(g);
+  // The probe's deadline passes with b stopped: overdue, or (the old
+  // rule) dead.
+  std::vector<cv1::Event> events;
+  const bool decided = Cluster::WaitUntil(
+      [&] {
+        events = cluster_->Events();
+        return !Of(events, cv1::PROBE_OVERDUE, "b").empty() ||
+               !DeathsOf(events, "b").empty();
+      },
+      seconds(30));
+  cluster_->SignalDaemon("b", SIGCONT);
+  ASSERT_TRUE(decided) << Describe(events);
+  ASSERT_TRUE(DeathsOf(events, "b").empty()) << "a false death\n"
+                                             << Describe(events);
+  ExpectLaunchersSucceed({"a", "b"});
+  ExpectAllResumedAtOneStep();
+
+  events = cluster_->Events();
+  const std::string all = Describe(events);
+  EXPECT_FALSE(Of(events, cv1::PROBE_ANSWERED, "b").empty()) << all;
+  EXPECT_TRUE(DeathsOf(events, "b").empty()) << all;
+  EXPECT_EQ(Of(events, cv1::PLAN_MADE).size(), 1u) << all;
+  auto b = NodeOf(*cluster_, "b");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->health(), cv1::ALIVE);
+  EXPECT_EQ(b->epoch(), b_epoch) << "b was fenced";
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "b");
   EXPECT_EQ(job->generation(), 1u) << all;
 }
 

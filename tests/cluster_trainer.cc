@@ -28,6 +28,8 @@
 // trainer's failed collective does. CLUSTER_TRAINER_FAKE_PEER_LOST=R:S:P
 // makes rank R, in generation 0, claim at step S that peer P is lost
 // (exit 6 while P lives: a network blip, or a slow peer).
+// CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=<file>: before that claim, rank R
+// logs "gate" and waits until <file> exists (a test readies the peer).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -316,8 +318,16 @@ int main(int argc, char** argv) {
     std::fprintf(log, "saved step=%lu stall=%.6f\n",
                  static_cast<unsigned long>(step), Since(t0));
     (*client)->Progress(static_cast<int64_t>(step));  // the hang beacon
-    if (fake_rank == static_cast<long>(rank) && step == fake_step)
+    if (fake_rank == static_cast<long>(rank) && step == fake_step) {
+      if (const char* gate = std::getenv("CLUSTER_TRAINER_FAKE_PEER_LOST_GATE");
+          gate && *gate) {
+        std::fprintf(log, "gate step=%lu\n", static_cast<unsigned long>(step));
+        std::fflush(log);
+        while (access(gate, F_OK) != 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       PeerLost(log, fake_peer);
+    }
     if (linked) Barrier(links, log);
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }

@@ -227,10 +227,16 @@ TEST_F(ReplicaFailureTest, ANodeAndItsHolderLostTogetherRestoreFromStorage) {
 }
 
 TEST_F(ReplicaFailureTest, AStoppedHolderNeverHoldsUpSavesAndIsReplaced) {
-  // b sends at 40 MB/s, 0.4 s a 16 MiB copy, and saves every 0.2 s: its
-  // replicate stage is always sending, so the stop lands mid-transfer.
-  ClusterOptions o = ReplicaOptions(16 << 20, 100000, 200);
-  for (const char* flag : {"--replica-bandwidth", "40000000"})
+  // b sends at 80 MB/s, 0.2 s a 16 MiB copy, and saves every 0.5 s: the
+  // stop lands mid-transfer or the next copy to h blocks on it, either way
+  // b's replicate stage is stuck on h until the new target cancels it.
+  // (Not faster saves: a copy is streamed from the slot and abandoned if a
+  // save overwrote it meanwhile, and the slot of step S holds S+2 two saves
+  // later. With a 0.4 s copy and saves every 0.2 s, a loaded machine made
+  // every copy arrive torn (the holder refused each, "footer.step: S+2,
+  // expected S"), and c never held one within 90 s.)
+  ClusterOptions o = ReplicaOptions(16 << 20, 100000, 500);
+  for (const char* flag : {"--replica-bandwidth", "80000000"})
     o.node_ckptd_args["b"].push_back(flag);
   Start(std::move(o));
   ASSERT_TRUE(Cluster::WaitUntil(

@@ -262,6 +262,7 @@ TEST_F(ClusterTest, StoppedNodeMissingTheProbesDeadlineIsNotDeadForIt) {
 
   events = cluster_->Events();
   const std::string all = Describe(events);
+  std::fprintf(stderr, "%s", all.c_str());  // the probes' timings
   EXPECT_FALSE(Of(events, cv1::PROBE_ANSWERED, "b").empty()) << all;
   EXPECT_TRUE(DeathsOf(events, "b").empty()) << all;
   EXPECT_EQ(Of(events, cv1::PLAN_MADE).size(), 1u) << all;

@@ -719,6 +719,8 @@ TEST_P(ObjectTierTest, LostNodesSavedRankGetsOnlyTheTouchedChunks) {
   for (auto& sh : *manifest->mutable_shards()) sh.clear_chunk_hashes();
   put(mkey, storage::EncodeNodeManifest(*manifest));
   ASSERT_FALSE(HasFatalFailure());
+  s = open(2, image - 10, image + 10, &r, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   s = open(2, rows + kRowBytes, rows + 2 * kRowBytes, &r,
            [&](const std::string& got) {
              EXPECT_EQ(got, saved_bytes(2, kRowBytes, 2 * kRowBytes));

@@ -264,6 +264,16 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromManifest(
   std::vector<std::string> tried;
   CKPT_ASSIGN_OR_RETURN(ManifestShard m,
                         FindInNodeManifests(job_name, step, rank_no, &tried));
+  // Inside the image the manifest records (sorted and disjoint already;
+  // the reader checks the object's size against it).
+  if (!ranges.empty()) {
+    const ImageRange& last = ranges.back();
+    if (last.offset > m.shard.bytes() ||
+        last.length > m.shard.bytes() - last.offset)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges[", ranges.size() - 1, "]: bytes [", last.offset, ", +",
+          last.length, ") past image_bytes ", m.shard.bytes()));
+  }
   // The trust anchor: the entry's checksums_digest (the saving node's
   // ChecksumsDigest of its catalog's checksums, in the manifest that made
   // the step visible). An older manifest without it, or without chunk
@@ -276,16 +286,6 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromManifest(
   if (m.shard.chunk_hashes_size() == 0)
     return absl::FailedPreconditionError(absl::StrCat(
         m.field, ".chunk_hashes: none (an older daemon's manifest)"));
-  // Inside the image the manifest records (sorted and disjoint already;
-  // the reader checks the object's size against it).
-  if (!ranges.empty()) {
-    const ImageRange& last = ranges.back();
-    if (last.offset > m.shard.bytes() ||
-        last.length > m.shard.bytes() - last.offset)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranges[", ranges.size() - 1, "]: bytes [", last.offset, ", +",
-          last.length, ") past image_bytes ", m.shard.bytes()));
-  }
   StoredRanges src;
   src.tier = m.tier;
   src.key = m.shard.key();

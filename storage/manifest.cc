@@ -11,6 +11,7 @@
 #include "storage/layout.h"
 #include "storage/layout_format.h"
 #include "storage/local_fs.h"
+#include "util/checksum.h"
 #include "util/status.h"
 #include "util/strings.h"
 #include "util/validate.h"
@@ -142,6 +143,77 @@ std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
       out.push_back(
           absl::StrFormat("%s.checksums_digest: %s is not 16 hex digits", field,
                           QuotePrefix(s.checksums_digest())));
+    // The chunk hashes: bounded here (their count against the shard's
+    // bytes), checked against the tensors when the shard's index is read
+    // (ManifestChunkHashes).
+    uint64_t hashes = 0;
+    for (int j = 0; j < s.chunk_hashes_size(); ++j) {
+      const v1::NodeManifestChunkHashes& h = s.chunk_hashes(j);
+      const std::string f = absl::StrFormat("%s.chunk_hashes[%d]", field, j);
+      if (j > 0 && h.tensor() <= s.chunk_hashes(j - 1).tensor())
+        out.push_back(absl::StrFormat("%s.tensor: %d is not after %d", f,
+                                      h.tensor(),
+                                      s.chunk_hashes(j - 1).tensor()));
+      if (s.has_tensors() && h.tensor() >= s.tensors())
+        out.push_back(absl::StrFormat("%s.tensor: %d, the shard has %d", f,
+                                      h.tensor(), s.tensors()));
+      if (h.hashes().empty() || h.hashes().size() % 8 != 0)
+        out.push_back(
+            absl::StrFormat("%s.hashes: %d bytes, not a positive multiple of 8",
+                            f, h.hashes().size()));
+      hashes += h.hashes().size() / 8;
+    }
+    if (hashes > ChecksumChunks(s.bytes()) +
+                     static_cast<uint64_t>(s.chunk_hashes_size()))
+      out.push_back(
+          absl::StrFormat("%s.chunk_hashes: %d hashes, more than %d bytes hold",
+                          field, hashes, s.bytes()));
+  }
+  return out;
+}
+
+void AddChunkHashes(v1::NodeManifestShard* shard, uint32_t tensor,
+                    std::span<const uint64_t> hashes) {
+  v1::NodeManifestChunkHashes* h = shard->add_chunk_hashes();
+  h->set_tensor(tensor);
+  std::string* bytes = h->mutable_hashes();
+  bytes->resize(hashes.size() * 8);
+  for (size_t i = 0; i < hashes.size(); ++i)
+    for (int b = 0; b < 8; ++b)
+      (*bytes)[i * 8 + b] = static_cast<char>(hashes[i] >> (8 * b));
+}
+
+absl::StatusOr<std::map<uint32_t, std::vector<uint64_t>>> ManifestChunkHashes(
+    const v1::NodeManifestShard& shard, const ShardInfo& info,
+    std::string_view field) {
+  std::map<uint32_t, std::vector<uint64_t>> out;
+  for (int j = 0; j < shard.chunk_hashes_size(); ++j) {
+    const v1::NodeManifestChunkHashes& h = shard.chunk_hashes(j);
+    const std::string f = absl::StrCat(AV(field), ".chunk_hashes[", j, "]");
+    if (h.tensor() >= info.tensors.size())
+      return absl::DataLossError(absl::StrCat(f, ".tensor: ", h.tensor(),
+                                              ", the shard's index has ",
+                                              info.tensors.size(), " tensors"));
+    const ShardTensor& t = info.tensors[h.tensor()];
+    const std::string tensor =
+        absl::StrCat(" (tensor \"", t.name.substr(0, 64), "\")");
+    const uint64_t n = h.hashes().size() / 8;
+    if (h.hashes().size() % 8 != 0 || n != ChecksumChunks(t.bytes))
+      return absl::DataLossError(absl::StrCat(
+          f, ".hashes", tensor, ": ", h.hashes().size(), " bytes, ",
+          ChecksumChunks(t.bytes), " chunks of 8 bytes expected"));
+    std::vector<uint64_t> v(n);
+    for (uint64_t i = 0; i < n; ++i)
+      for (int b = 0; b < 8; ++b)
+        v[i] |= uint64_t{static_cast<unsigned char>(h.hashes()[i * 8 + b])}
+                << (8 * b);
+    if (CombineChunkHashes(v) != t.checksum)
+      return absl::DataLossError(absl::StrCat(
+          f, ".hashes", tensor, ": they do not combine into its checksum ",
+          DigestHex(t.checksum)));
+    if (!out.emplace(h.tensor(), std::move(v)).second)
+      return absl::DataLossError(
+          absl::StrCat(f, ".tensor: ", h.tensor(), " is listed twice"));
   }
   return out;
 }

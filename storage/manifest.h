@@ -25,6 +25,7 @@
 #define CKPT_STORAGE_MANIFEST_H_
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,6 +54,19 @@ uint64_t ChecksumsDigest(const ShardInfo& info);
 // 16 lowercase hex digits.
 std::string DigestHex(uint64_t digest);
 
+// A node manifest shard entry's chunk hashes (NodeManifestChunkHashes):
+// AddChunkHashes appends tensor `tensor`'s (call in tensor order);
+// ManifestChunkHashes checks every entry of `shard` against the shard's
+// stored index `info` (decoded from the shard the entry names) and returns
+// them by tensor: each names a tensor of the index, holds
+// ChecksumChunks(its bytes) hashes, and they combine into its checksum.
+// DataLoss naming `field`.chunk_hashes[j] and the tensor otherwise.
+void AddChunkHashes(v1::NodeManifestShard* shard, uint32_t tensor,
+                    std::span<const uint64_t> hashes);
+[[nodiscard]] absl::StatusOr<std::map<uint32_t, std::vector<uint64_t>>>
+ManifestChunkHashes(const v1::NodeManifestShard& shard, const ShardInfo& info,
+                    std::string_view field);
+
 // Node manifest. The caller fills job, step, world_size and shards; an
 // empty format is written as kNodeManifestFormat.
 std::string EncodeNodeManifest(v1::NodeManifest m);
@@ -68,7 +82,10 @@ std::string EncodeNodeManifest(v1::NodeManifest m);
 // NodeManifestProblems lists, each naming the field: world_size 0, a
 // one-node manifest (key without a node) that does not list every rank
 // once, a rank out of range or repeated, a shard key that is not its rank's
-// shard of this step (IsShardKeyOf), a checksums_digest not 16 hex digits.
+// shard of this step (IsShardKeyOf), a checksums_digest not 16 hex digits,
+// chunk_hashes out of tensor order, past the entry's tensors, of a length
+// not a multiple of 8 or empty, or more in all than the shard's bytes hold
+// (ceil(bytes / 1 MiB) + one per tensor).
 [[nodiscard]] absl::StatusOr<v1::NodeManifest> ParseNodeManifest(
     std::string_view json, std::string_view key);
 std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,

@@ -5,6 +5,7 @@
 #include "storage/layout.h"
 #include "storage/layout_format.h"
 #include "tests/temp_dir.h"
+#include "util/checksum.h"
 
 namespace ckpt::storage {
 namespace {
@@ -129,6 +130,83 @@ TEST(NodeManifest, DecodeRefusesNamingTheField) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The chunk hashes of a shard entry (doc/resharding.md, "A lost node's
+// saved rank"): they survive the JSON round trip, are bounded when the
+// manifest is decoded and checked against the shard's index when used,
+// each refusal naming the field.
+TEST(NodeManifest, ChunkHashesRoundTripAndAreCheckedAgainstTheIndex) {
+  const std::string key = ManifestKey("j", 42);
+  ShardInfo info;
+  ShardTensor a, b;
+  a.name = "a";
+  a.bytes = 100;
+  b.name = "rows";
+  b.bytes = 2 * kChecksumChunk + 5;  // 3 chunks
+  const std::vector<uint64_t> hashes = {0x1122334455667788, 7,
+                                        0xfedcba9876543210};
+  b.checksum = CombineChunkHashes(hashes);
+  info.tensors = {a, b};
+  v1::NodeManifest m = TwoRanks();
+  m.mutable_shards(1)->set_bytes(4 * kChecksumChunk);
+  AddChunkHashes(m.mutable_shards(1), 1, hashes);
+  absl::StatusOr<v1::NodeManifest> back =
+      DecodeNodeManifest(EncodeNodeManifest(m), key);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto got = ManifestChunkHashes(back->shards(1), info, "M: shards[1]");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ(got->at(1), hashes);
+  // A manifest of an older daemon has none: an empty map.
+  got = ManifestChunkHashes(back->shards(0), info, "M: shards[0]");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->empty());
+
+  auto expect_decode = [&](const v1::NodeManifest& bad,
+                           const std::string& field) {
+    absl::StatusOr<v1::NodeManifest> d =
+        DecodeNodeManifest(EncodeNodeManifest(bad), key);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
+    EXPECT_NE(d.status().message().find(field), absl::string_view::npos)
+        << d.status();
+  };
+  v1::NodeManifest bad = m;
+  bad.mutable_shards(1)->mutable_chunk_hashes(0)->mutable_hashes()->resize(7);
+  expect_decode(bad, "shards[1].chunk_hashes[0].hashes: 7 bytes");
+  bad = m;
+  bad.mutable_shards(1)->mutable_chunk_hashes(0)->set_tensor(3);
+  expect_decode(bad, "shards[1].chunk_hashes[0].tensor: 3, the shard has 3");
+  bad = m;
+  AddChunkHashes(bad.mutable_shards(1), 0, {{1, 2}});
+  expect_decode(bad, "shards[1].chunk_hashes[1].tensor: 0 is not after 1");
+  bad = m;  // more hashes than 4 MiB of image hold (4 + 1 per entry)
+  bad.mutable_shards(1)->clear_chunk_hashes();
+  AddChunkHashes(bad.mutable_shards(1), 1, std::vector<uint64_t>(6, 1));
+  expect_decode(bad, "shards[1].chunk_hashes: 6 hashes, more than");
+
+  auto expect_use = [&](const v1::NodeManifest& bad, const std::string& field) {
+    auto d = ManifestChunkHashes(bad.shards(1), info, "M: shards[1]");
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << field;
+    EXPECT_NE(d.status().message().find(field), absl::string_view::npos)
+        << d.status();
+  };
+  bad = m;  // two hashes for a tensor of three chunks
+  bad.mutable_shards(1)->clear_chunk_hashes();
+  AddChunkHashes(bad.mutable_shards(1), 1, {{hashes[0], hashes[1]}});
+  expect_use(bad,
+             "M: shards[1].chunk_hashes[0].hashes (tensor \"rows\"): 16 "
+             "bytes, 3 chunks");
+  bad = m;  // one hash changed: they no longer combine into the checksum
+  (*bad.mutable_shards(1)->mutable_chunk_hashes(0)->mutable_hashes())[9] ^= 1;
+  expect_use(bad,
+             "M: shards[1].chunk_hashes[0].hashes (tensor \"rows\"): they "
+             "do not combine into its checksum");
+  bad = m;  // a tensor the index does not have
+  info.tensors.pop_back();
+  expect_use(bad,
+             "M: shards[1].chunk_hashes[0].tensor: 1, the shard's index "
+             "has 1 tensors");
 }
 
 TEST(NodeManifest, ProblemsListsEveryProblem) {

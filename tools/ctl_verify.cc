@@ -33,6 +33,7 @@ struct VerifiedShard {
   bool ok = false;
   uint64_t bytes = 0;
   std::vector<uint64_t> checksums;  // per tensor, as stored
+  storage::ShardInfo info;          // its index (bytes == 0: unread)
 };
 
 struct Report {
@@ -62,6 +63,7 @@ void VerifyOneShard(storage::Backend& backend, const std::string& key,
   const storage::ShardInfo& info = (*reader)->info();
   out.bytes = info.layout.image_bytes;
   for (const auto& t : info.tensors) out.checksums.push_back(t.checksum);
+  out.info = info;
   bool ok = true;
   if (!storage::IsShardKeyOf(key, info.job, info.step, info.rank)) {
     report->problems.push_back(
@@ -137,13 +139,26 @@ void VerifyNodeManifest(storage::Backend& backend, const std::string& key,
       storage::ParseNodeManifest(*text, key);
   if (!m.ok()) return bad(Str(m.status().message()));
   for (const std::string& p : storage::NodeManifestProblems(*m, key)) bad(p);
-  for (const storage::v1::NodeManifestShard& s : m->shards()) {
+  for (int i = 0; i < m->shards_size(); ++i) {
+    const storage::v1::NodeManifestShard& s = m->shards(i);
     if (!storage::IsShardKeyOf(s.key(), m->job(), m->step(), s.rank()))
       continue;  // reported
     Listed l{s.rank(), s.key(), s.bytes(), {}, {}};
     if (s.has_tensors()) l.tensors = s.tensors();
     if (s.has_checksums_digest()) l.digest = s.checksums_digest();
     CheckListedShard(backend, l, report, bad);
+    // Its chunk hashes against the shard's index (each tensor's count, and
+    // that they combine into its checksum, which Verify checked against
+    // the bytes).
+    auto it = report->shards.find(s.key());
+    if (s.chunk_hashes_size() != 0 && it != report->shards.end() &&
+        it->second.bytes != 0)
+      if (absl::Status st =
+              storage::ManifestChunkHashes(s, it->second.info,
+                                           absl::StrFormat("shards[%d]", i))
+                  .status();
+          !st.ok())
+        bad(Str(st.message()));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "storage/shard_testing.h"
 #include "tests/temp_dir.h"
 #include "tests/test_util.h"
+#include "util/checksum.h"
 
 namespace ckpt::tools {
 namespace {
@@ -302,6 +303,35 @@ TEST_F(ClusterRootTest, VerifyNamesTheKeyOfAFlippedByteInANodeSuffixedShard) {
   EXPECT_NE(r.out.find(key + ": tensor \"layer1.weight\": checksum mismatch"),
             std::string::npos)
       << r.out;
+}
+
+// A node manifest's chunk hashes (doc/resharding.md, "A lost node's saved
+// rank") are checked against the shard they list: right ones pass, one
+// that does not combine into its tensor's checksum is a problem naming
+// the field and the tensor.
+TEST_F(ClusterRootTest, VerifyChecksTheNodeManifestsChunkHashes) {
+  const std::string mkey = storage::ManifestKey("job-c", kStep, "n2");
+  auto m = storage::ReadNodeManifest(*backend_, mkey);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards(1).rank(), 3u);
+  const storage::ShardTensor& t = shards_[3].info.tensors[0];
+  ASSERT_EQ(ChecksumChunks(t.bytes), 1u);  // its checksum: of one hash
+  const uint64_t hash = Hash64(shards_[3].image.data() + t.offset, t.bytes);
+  ASSERT_EQ(CombineChunkHashes({{hash}}), t.checksum);
+  storage::AddChunkHashes(m->mutable_shards(1), 0, {{hash}});
+  ASSERT_TRUE(storage::WriteNodeManifest(*backend_, *m, "n2").ok());
+  CtlRun r = Ckptctl("verify --root " + dir_.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  m->mutable_shards(1)->clear_chunk_hashes();
+  storage::AddChunkHashes(m->mutable_shards(1), 0, {{hash ^ 1}});
+  ASSERT_TRUE(storage::WriteNodeManifest(*backend_, *m, "n2").ok());
+  r = Ckptctl("verify --root " + dir_.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("shards[1].chunk_hashes[0].hashes (tensor \"" + t.name +
+                       "\"): they do not combine"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(mkey), std::string::npos) << r.out;
 }
 
 TEST_F(ClusterRootTest, VerifyFlagsAShardTheManifestsListButStorageLacks) {

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <string_view>
 
 #include "daemon/core/engine_util.h"
 #include "storage/manifest.h"
+#include "util/checksum.h"
 
 namespace ckpt::daemon {
 
@@ -96,6 +99,25 @@ storage::v1::NodeManifest NodeManifestOf(const std::string& job,
     ms->set_tensors(static_cast<uint32_t>(shard.rec.tensors_size()));
     ms->set_checksums_digest(
         storage::DigestHex(storage::ChecksumsDigest(shard.info)));
+    // The chunk hashes the save sent (checked at commit to combine into
+    // each tensor's checksum), by the tensor's place in the shard's index:
+    // a node that never held this record verifies ranges with them
+    // (doc/resharding.md, "A lost node's saved rank").
+    std::map<std::string_view, const v1::TensorMeta*> metas;
+    for (const v1::TensorMeta& t : shard.rec.tensors())
+      if (t.chunk_hashes_size() != 0) metas.emplace(t.name(), &t);
+    for (size_t i = 0; i < shard.info.tensors.size() && !metas.empty(); ++i) {
+      const storage::ShardTensor& t = shard.info.tensors[i];
+      auto it = metas.find(t.name);
+      if (it == metas.end() ||
+          static_cast<uint64_t>(it->second->chunk_hashes_size()) !=
+              ChecksumChunks(t.bytes))
+        continue;
+      storage::AddChunkHashes(
+          ms, static_cast<uint32_t>(i),
+          {it->second->chunk_hashes().data(),
+           static_cast<size_t>(it->second->chunk_hashes_size())});
+    }
   }
   return m;
 }

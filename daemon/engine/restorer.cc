@@ -202,10 +202,47 @@ absl::StatusOr<v1::OpenRestoreResponse> Restorer::OpenRestore(
                             metric::kSourceMemory, std::nullopt);
     }
   }
+  // A saved rank no peer serves by ranges and this node's catalog does not
+  // record (a lost node's): only the touched chunks, from the key its node
+  // manifest names, verified against the chunk hashes that manifest keeps;
+  // else (an older manifest, more than a third of the rank, a chunk that
+  // does not verify) the whole saved rank, below.
+  absl::Status ranged_elsewhere;
+  if (elsewhere && req.has_saved_rank() && req.range_offsets_size() != 0) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<ImageRange> ranges,
+                          asked_ranges(std::nullopt));
+    bool from_object = false;
+    lock.Unlock();
+    absl::StatusOr<RangedSlot> got = RangesFromManifest(
+        req.job(), req.step(), shard_rank, ranges, &from_object);
+    lock.Relock();
+    if (absl::IsInvalidArgument(got.status())) return got.status();
+    if (got.ok())
+      return answer_partial(
+          *got,
+          from_object ? v1::RESTORE_SOURCE_OBJECT : v1::RESTORE_SOURCE_DISK,
+          from_object ? metric::kSourceObject : metric::kSourceDisk,
+          std::nullopt);
+    ranged_elsewhere = got.status();
+    const std::string why = absl::StrCat(
+        "restore job ", req.job(), " step ", req.step(), " saved rank ",
+        shard_rank,
+        ": ranges from its node manifest's key: ", ranged_elsewhere.message(),
+        "; the whole saved rank instead");
+    if (absl::IsFailedPrecondition(ranged_elsewhere) ||
+        absl::IsNotFound(ranged_elsewhere))
+      LogInfo(why);
+    else
+      LogWarning(why);
+  }
   if (elsewhere && req.has_saved_rank()) {
     lock.Unlock();
     fetched = FetchSavedRank(req.job(), req.step(), shard_rank);
     lock.Relock();
+    if (!fetched.ok() && absl::IsDataLoss(ranged_elsewhere))
+      fetched = Annotate(
+          fetched, absl::StrCat("ranges before: ", ranged_elsewhere.message(),
+                                "; the whole saved rank"));
     if (!fetched.ok() && !absl::IsNotFound(fetched)) return fetched;
     if (!fetched.ok() && !found.ok()) return fetched;
     found = node_.table.FindFor(req.job(), peer);

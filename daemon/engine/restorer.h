@@ -14,6 +14,7 @@
 #define CKPT_DAEMON_ENGINE_RESTORER_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 #include "ckpt.pb.h"
 #include "daemon/core/ranged_slot.h"
 #include "daemon/state/node_state.h"
+#include "manifest.pb.h"
 #include "storage/shard_format.h"
 
 namespace ckpt::daemon {
@@ -104,6 +106,57 @@ class Restorer {
   [[nodiscard]] absl::StatusOr<RangedSlot> RangesFromStorage(
       const std::string& job, uint64_t step, uint32_t rank,
       std::span<const ImageRange> ranges, bool* from_object);
+  // The chunks of a saved rank this node neither holds nor records (a lost
+  // node's) that `ranges` (validated) touch, read from the key its node
+  // manifest names (FindInNodeManifests: the root, then the object tier;
+  // *from_object), verified against that manifest's entry: the stored
+  // index's checksums digest to its checksums_digest, its chunk_hashes
+  // combine into each touched tensor's checksum, each touched chunk
+  // hashes to its own (doc/resharding.md, "A lost node's saved rank").
+  // FailedPrecondition when the entry lacks what that needs (an older
+  // manifest without chunk hashes or digest) or the ranges touch more than
+  // a third of the rank; NotFound when no manifest names it; DataLoss
+  // naming the field, tensor and chunk that does not verify. Call with the
+  // lock released.
+  [[nodiscard]] absl::StatusOr<RangedSlot> RangesFromManifest(
+      const std::string& job, uint64_t step, uint32_t rank,
+      std::span<const ImageRange> ranges, bool* from_object);
+  // A saved rank's entry in the step's node manifests, and where it was
+  // found; NotFound naming `tried` and each tier that has none.
+  struct ManifestShard {
+    storage::Backend* tier = nullptr;
+    std::string manifest_key;
+    uint32_t world_size = 0;
+    storage::v1::NodeManifestShard shard;
+    std::string field;  // "MANIFEST...: shards[i]", for errors
+  };
+  [[nodiscard]] absl::StatusOr<ManifestShard> FindInNodeManifests(
+      const std::string& job, uint64_t step, uint32_t rank,
+      std::vector<std::string>* tried);
+  // What ReadStoredRanges reads and checks against: the catalog's record
+  // of the save (its index: the stored one must place every tensor where
+  // it does; its chunk hashes by name) or a node manifest's shard entry
+  // (its chunk_hashes, checked by storage::ManifestChunkHashes).
+  struct StoredRanges {
+    storage::Backend* tier = nullptr;
+    std::string key;
+    uint64_t image_bytes = 0;
+    uint32_t world_size = 0;
+    std::optional<uint32_t> uid;
+    std::vector<uint64_t> digests;  // the trust anchor (ReadRanges)
+    std::string from;               // "the object tier", "the root"
+    const storage::ShardInfo* trusted = nullptr;
+    const std::map<std::string, std::vector<uint64_t>>* catalog_hashes =
+        nullptr;
+    const storage::v1::NodeManifestShard* manifest_shard = nullptr;
+    std::string manifest_field;
+  };
+  // The ranged read itself (header, index, footer, touched chunks) and
+  // ReplicaSource::ReadRanges' checks, for both. Call with the lock
+  // released.
+  [[nodiscard]] absl::StatusOr<RangedSlot> ReadStoredRanges(
+      const std::string& job, uint64_t step, uint32_t rank,
+      std::span<const ImageRange> ranges, const StoredRanges& src);
   // A saved rank this node does not hold, from a peer's memory
   // (EngineOptions::fetch_from_peers), one fetch of it at a time; OK at
   // once when it is in memory here. NotFound without a coordinator. Call

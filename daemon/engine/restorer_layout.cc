@@ -338,16 +338,10 @@ absl::Status Restorer::FetchSavedRankFromPeers(const std::string& job,
   return st;
 }
 
-absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
-                                      uint32_t rank) {
-  // A peer's memory first (the owner's slot, a replica), then the keys
-  // the step's node manifests name in the root and the object tier.
-  std::vector<std::string> tried;
-  if (node_.options.fetch_from_peers) {
-    absl::Status st = FetchSavedRankFromPeers(job, step, rank);
-    if (st.ok()) return st;
-    tried.push_back(absl::StrCat("peers: ", st.message()));
-  }
+absl::StatusOr<Restorer::ManifestShard> Restorer::FindInNodeManifests(
+    const std::string& job, uint64_t step, uint32_t rank,
+    std::vector<std::string>* tried) {
+  // The root (a shared root in a cluster), then the object tier.
   std::vector<storage::Backend*> tiers = {node_.backend};
   if (node_.object != nullptr) tiers.push_back(node_.object);
   for (storage::Backend* tier : tiers) {
@@ -358,22 +352,39 @@ absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
                       absl::StrCat("saved rank ", rank, " of step ", step, ": ",
                                    tier->name()));
     for (const ManifestIndex& m : *ms)
-      for (const auto& shard : m.manifest.shards())
-        if (shard.rank() == rank)
-          return Annotate(
-              Prefetch(job, m.manifest.world_size(), step, rank, shard.key(),
-                       std::nullopt),
-              absl::StrCat("saved rank ", rank, " of step ", step, " from ",
-                           shard.key(), tried.empty() ? "" : " (",
-                           absl::StrJoin(tried, "; "),
-                           tried.empty() ? "" : ")"));
-    tried.push_back(
+      for (int i = 0; i < m.manifest.shards_size(); ++i)
+        if (m.manifest.shards(i).rank() == rank)
+          return ManifestShard{tier, m.key, m.manifest.world_size(),
+                               m.manifest.shards(i),
+                               absl::StrCat(m.key, ": shards[", i, "]")};
+    tried->push_back(
         absl::StrCat(tier == node_.backend ? "the root" : "the object tier",
                      ": no node manifest names it"));
   }
   return absl::NotFoundError(absl::StrCat("saved rank ", rank, " of step ",
                                           step, ": ",
-                                          absl::StrJoin(tried, "; ")));
+                                          absl::StrJoin(*tried, "; ")));
+}
+
+absl::Status Restorer::FetchSavedRank(const std::string& job, uint64_t step,
+                                      uint32_t rank) {
+  // A peer's memory first (the owner's slot, a replica), then the keys
+  // the step's node manifests name in the root and the object tier.
+  std::vector<std::string> tried;
+  if (node_.options.fetch_from_peers) {
+    absl::Status st = FetchSavedRankFromPeers(job, step, rank);
+    if (st.ok()) return st;
+    tried.push_back(absl::StrCat("peers: ", st.message()));
+  }
+  const size_t peers = tried.size();
+  CKPT_ASSIGN_OR_RETURN(ManifestShard m,
+                        FindInNodeManifests(job, step, rank, &tried));
+  tried.resize(peers);
+  return Annotate(
+      Prefetch(job, m.world_size, step, rank, m.shard.key(), std::nullopt),
+      absl::StrCat("saved rank ", rank, " of step ", step, " from ",
+                   m.shard.key(), tried.empty() ? "" : " (",
+                   absl::StrJoin(tried, "; "), tried.empty() ? "" : ")"));
 }
 
 }  // namespace ckpt::daemon

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/core/engine_util.h"
 #include "daemon/engine/replica_source.h"
@@ -32,6 +33,26 @@ constexpr uint64_t kMaxHeadBytes = uint64_t{256} << 20;
 // Touched chunks this close are read by one request (the padding between
 // two tensors is less than a 4 KiB block).
 constexpr uint64_t kMergeGap = storage::kShardAlign;
+
+// Ranges that touch more than a third of the tensors' bytes: the whole
+// shard, which stays in its slot for the next reader here. A ranged slot
+// is not shared, and a full restore at another world size reads every
+// byte of every saved rank on some new rank, each new rank opening its
+// own saved rank whole first: on one node, 8 -> 6 with ranges of up to
+// half read by ranges GETs 9% more than whole loads (doc/resharding.md).
+// A third of a saved rank rounded up to whole chunks is more than a
+// third, so such boundary thirds load whole. FailedPrecondition then.
+absl::Status NotMoreThanAThird(const storage::ShardInfo& info,
+                               std::span<const ImageRange> ranges) {
+  uint64_t touched = 0, total = 0;
+  for (const TouchedChunk& c : TouchedChunks(info, ranges)) touched += c.bytes;
+  for (const storage::ShardTensor& t : info.tensors) total += t.bytes;
+  if (touched > total / 3)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ranges touch ", touched, " of its ", total,
+                     " tensor bytes, more than a third"));
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -71,39 +92,36 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromStorage(
         chunk_hashes[m.name()].assign(m.chunk_hashes().begin(),
                                       m.chunk_hashes().end());
   }
-  // Ranges that touch more than a third of the tensors' bytes: the whole
-  // shard, which stays in its slot for the next reader here. A ranged
-  // slot is not shared, and a full restore at another world size reads
-  // every byte of every saved rank on some new rank, each new rank
-  // opening its own saved rank whole first: on one node, 8 -> 6 with
-  // ranges of up to half read by ranges GETs 9% more than whole loads
-  // (doc/resharding.md). A third of a saved rank rounded up to whole
-  // chunks is more than a third, so such boundary thirds load whole.
-  {
-    uint64_t touched = 0, total = 0;
-    for (const TouchedChunk& c : TouchedChunks(trusted, ranges))
-      touched += c.bytes;
-    for (const storage::ShardTensor& t : trusted.tensors) total += t.bytes;
-    if (touched > total / 3)
-      return absl::FailedPreconditionError(
-          absl::StrCat("the ranges touch ", touched, " of its ", total,
-                       " tensor bytes, more than a third"));
-  }
+  CKPT_RETURN_IF_ERROR(NotMoreThanAThird(trusted, ranges));
   // Where a load would read it: the local copy while it has the recorded
   // size, else the object tier.
-  storage::Backend* tier = nullptr;
+  StoredRanges src;
+  src.key = key;
+  src.image_bytes = image_bytes;
+  src.world_size = world_size;
+  src.uid = uid;
   if (local) {
     absl::StatusOr<storage::ObjectInfo> st = node_.backend->Stat(key);
-    if (st.ok() && st->size == image_bytes) tier = node_.backend;
+    if (st.ok() && st->size == image_bytes) src.tier = node_.backend;
   }
-  if (tier == nullptr && object) tier = node_.object;
-  if (tier == nullptr)
+  if (src.tier == nullptr && object) src.tier = node_.object;
+  if (src.tier == nullptr)
     return absl::NotFoundError(absl::StrCat(key, ": no stored copy"));
-  *from_object = tier == node_.object;
-  const std::string from =
+  *from_object = src.tier == node_.object;
+  src.from =
       *from_object ? std::string("the object tier") : std::string("the root");
-  const std::vector<uint64_t> digests = {storage::ChecksumsDigest(trusted)};
+  src.digests = {storage::ChecksumsDigest(trusted)};
+  src.trusted = &trusted;
+  src.catalog_hashes = &chunk_hashes;
+  return ReadStoredRanges(job_name, step, rank_no, ranges, src);
+}
 
+absl::StatusOr<RangedSlot> Restorer::ReadStoredRanges(
+    const std::string& job_name, uint64_t step, uint32_t rank_no,
+    std::span<const ImageRange> ranges, const StoredRanges& src) {
+  storage::Backend* tier = src.tier;
+  const std::string& key = src.key;
+  const uint64_t image_bytes = src.image_bytes;
   auto read = [&](const ReplicaSource::RangeBegin& begin,
                   std::vector<ImageRange>* arrived) -> absl::Status {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<storage::ObjectReader> reader,
@@ -139,6 +157,13 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromStorage(
                                      {foot.data(), foot.size()}, image_bytes));
     // The stored index must place every tensor where the catalog does (its
     // checksums are checked against the catalog's digest by ReadRanges).
+    // Without a catalog record (a node manifest's shard) the index is the
+    // stored one, as for a whole load; its checksums must digest to the
+    // manifest's checksums_digest (ReadRanges).
+    if (src.trusted == nullptr)
+      CKPT_RETURN_IF_ERROR(NotMoreThanAThird(info, ranges));
+    const storage::ShardInfo& trusted =
+        src.trusted != nullptr ? *src.trusted : info;
     if (info.tensors.size() != trusted.tensors.size())
       return absl::DataLossError(absl::StrCat(
           key, ": tensors: ", info.tensors.size(), " in the stored index, ",
@@ -159,15 +184,27 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromStorage(
     // one without them (a catalog written before they were kept) is not
     // read by ranges.
     const std::vector<TouchedChunk> chunks = TouchedChunks(info, ranges);
+    std::map<uint32_t, std::vector<uint64_t>> listed;  // the manifest's
+    if (src.manifest_shard != nullptr) {
+      CKPT_ASSIGN_OR_RETURN(
+          listed, storage::ManifestChunkHashes(*src.manifest_shard, info,
+                                               src.manifest_field));
+    }
     std::map<uint32_t, std::vector<uint64_t>> hashes;
     std::map<uint32_t, std::string> small;  // one-chunk tensors' bytes
     for (const TouchedChunk& c : chunks) {
       if (hashes.count(c.tensor) != 0) continue;
       const storage::ShardTensor& t = info.tensors[c.tensor];
-      auto it = chunk_hashes.find(t.name);
-      if (it != chunk_hashes.end() &&
-          it->second.size() == ChecksumChunks(t.bytes)) {
-        hashes[c.tensor] = it->second;
+      const std::vector<uint64_t>* have = nullptr;
+      if (src.catalog_hashes != nullptr) {
+        if (auto it = src.catalog_hashes->find(t.name);
+            it != src.catalog_hashes->end())
+          have = &it->second;
+      } else if (auto it = listed.find(c.tensor); it != listed.end()) {
+        have = &it->second;
+      }
+      if (have != nullptr && have->size() == ChecksumChunks(t.bytes)) {
+        hashes[c.tensor] = *have;
       } else if (ChecksumChunks(t.bytes) == 1) {
         std::string bytes(t.bytes, '\0');
         CKPT_RETURN_IF_ERROR(reader->ReadAt(t.offset, bytes.data(), t.bytes));
@@ -175,17 +212,18 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromStorage(
         small[c.tensor] = std::move(bytes);
       } else {
         return absl::FailedPreconditionError(absl::StrCat(
-            "tensor \"", t.name.substr(0, 64),
-            "\": the catalog keeps no chunk hashes of it (an older save)"));
+            "tensor \"", t.name.substr(0, 64), "\": the ",
+            src.catalog_hashes != nullptr ? "catalog" : "node manifest",
+            " keeps no chunk hashes of it (an older save)"));
       }
     }
     replica::v1::ShardCopy copy;
     copy.set_job(job_name);
     copy.set_step(step);
     copy.set_rank(rank_no);
-    copy.set_world_size(world_size);
+    copy.set_world_size(src.world_size);
     copy.set_image_bytes(image_bytes);
-    copy.set_owner_uid(uid);
+    if (src.uid) copy.set_owner_uid(*src.uid);
     for (const storage::ShardTensor& t : info.tensors)
       copy.add_checksums(t.checksum);
     CKPT_ASSIGN_OR_RETURN(char* image, begin(copy, std::move(hashes)));
@@ -216,8 +254,56 @@ absl::StatusOr<RangedSlot> Restorer::RangesFromStorage(
     return absl::OkStatus();
   };
   ReplicaSource source(node_);
-  return source.ReadRanges(job_name, world_size, step, rank_no, uid, ranges,
-                           digests, from, read);
+  return source.ReadRanges(job_name, src.world_size, step, rank_no, src.uid,
+                           ranges, src.digests, src.from, read);
+}
+
+absl::StatusOr<RangedSlot> Restorer::RangesFromManifest(
+    const std::string& job_name, uint64_t step, uint32_t rank_no,
+    std::span<const ImageRange> ranges, bool* from_object) {
+  std::vector<std::string> tried;
+  CKPT_ASSIGN_OR_RETURN(ManifestShard m,
+                        FindInNodeManifests(job_name, step, rank_no, &tried));
+  // Inside the image the manifest records (sorted and disjoint already;
+  // the reader checks the object's size against it).
+  if (!ranges.empty()) {
+    const ImageRange& last = ranges.back();
+    if (last.offset > m.shard.bytes() ||
+        last.length > m.shard.bytes() - last.offset)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges[", ranges.size() - 1, "]: bytes [", last.offset, ", +",
+          last.length, ") past image_bytes ", m.shard.bytes()));
+  }
+  // The trust anchor: the entry's checksums_digest (the saving node's
+  // ChecksumsDigest of its catalog's checksums, in the manifest that made
+  // the step visible). An older manifest without it, or without chunk
+  // hashes, is loaded whole.
+  uint64_t digest = 0;
+  if (!m.shard.has_checksums_digest() ||
+      !absl::SimpleHexAtoi(m.shard.checksums_digest(), &digest))
+    return absl::FailedPreconditionError(
+        absl::StrCat(m.field, ".checksums_digest: none"));
+  if (m.shard.chunk_hashes_size() == 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        m.field, ".chunk_hashes: none (an older daemon's manifest)"));
+  StoredRanges src;
+  src.tier = m.tier;
+  src.key = m.shard.key();
+  src.image_bytes = m.shard.bytes();
+  src.world_size = m.world_size;
+  // The owner's uid as a load would take it (the object store keeps none).
+  if (absl::StatusOr<storage::ObjectInfo> o = m.tier->Stat(src.key);
+      o.ok() && o->owner_uid)
+    src.uid = *o->owner_uid;
+  else
+    src.uid = 0;
+  src.digests = {digest};
+  *from_object = m.tier == node_.object;
+  src.from = absl::StrCat(*from_object ? "the object tier" : "the root", " (",
+                          m.manifest_key, ")");
+  src.manifest_shard = &m.shard;
+  src.manifest_field = m.field;
+  return ReadStoredRanges(job_name, step, rank_no, ranges, src);
 }
 
 }  // namespace ckpt::daemon

@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from .. import _peers, _restart, errors
 from .._restart import RestartRequested
-from . import Checkpointer, _abort
+from . import Checkpointer, _abort, _kick
 
 __all__ = ["resilient", "Context", "RestartRequested"]
 
@@ -111,6 +111,7 @@ class _Generation:
         self._sockets = None  # fixed once formed
         self._closed = False
         self.aborted = False
+        self.threads = set()  # the group's threads (gloo's loop, workers)
 
     def formed(self):
         with self._lock:
@@ -140,7 +141,8 @@ class _Generation:
         with self._lock:
             self._closed = True
         try:
-            _abort.drop_group(self.pg, self.aborted)
+            with _kick.Kicker(self.threads):  # gloo's turns, at once
+                _abort.drop_group(self.pg, self.aborted)
         finally:
             self.pg = None
             self.store = None
@@ -401,10 +403,12 @@ def _form(gen, backend, timeout, monitor):
         if served:
             prefix = "ckpt-%s/%s" % (os.environ.get("CKPT_JOB", ""), prefix)
         gen.store = dist.PrefixStore(prefix, store)
-        with _barrier_by_wait():
+        before = _kick.threads()
+        with _barrier_by_wait(), _kick.Kicker():  # gloo's turns, at once
             dist.init_process_group(backend or "gloo", store=gen.store,
                                     rank=plan.rank, world_size=plan.world_size,
                                     timeout=timeout)
+        gen.threads = _kick.threads() - before
         gen.formed()
         _phase("formed", plan)
 

@@ -15,8 +15,8 @@ failures in its own process.
     ckpt.torch.resilient(train)
 
 Under ckptrun ($CKPT_RESTART_DIR set) the process tells the launcher it
-restarts in place (ckpt_restart_enable), and a monitor thread polls the
-plan every 10 ms (ctypes releases the GIL). A newer generation's plan
+restarts in place (ckpt_restart_enable), and a monitor thread reads the
+plan when ckptrun writes it (inotify). A newer generation's plan
 aborts the process group at once (ckpt/torch/_abort.py), so a collective
 blocked in it returns; RestartRequested is raised at the next collective
 or ckpt call. resilient() then tears the group down, writes `joined`,
@@ -149,7 +149,10 @@ class _Generation:
 
 
 class _Monitor(threading.Thread):
-    """Polls the plan; on a newer generation aborts the current group."""
+    """Reads the plan when ckptrun writes it (inotify on
+    $CKPT_RESTART_DIR, a re-read every second as a safety net; every
+    period_s where the directory cannot be watched); on a newer
+    generation aborts the current group."""
 
     def __init__(self, generation, period_s):
         super().__init__(name="ckpt-restart-monitor", daemon=True)
@@ -161,10 +164,17 @@ class _Monitor(threading.Thread):
         self._halt = threading.Event()
         self.arrived = threading.Event()
         self._complained = None
+        # Watched before the first read: a plan renamed in after that
+        # read is an event the loop sees.
+        self._watch = _DirWatch(_restart_dir())
 
     def run(self):
-        while not self._halt.wait(self._period):
+        while not self._halt.is_set():
             self.poll_once()
+            if self._watch.ok:
+                self._watch.wait(max(self._period, 1.0))
+            else:
+                self._halt.wait(self._period)
 
     def poll_once(self):
         try:
@@ -218,8 +228,78 @@ class _Monitor(threading.Thread):
 
     def stop(self):
         self._halt.set()
+        self._watch.wake()
         if self.is_alive():
             self.join()
+        self._watch.close()  # the thread is done with it
+
+
+def _restart_dir():
+    import os
+    return os.environ.get("CKPT_RESTART_DIR", "")
+
+
+class _DirWatch:
+    """inotify on a directory (IN_MOVED_TO, IN_CLOSE_WRITE: ckptrun
+    renames each plan in) plus a pipe that wakes the waiter; ok False
+    where it cannot be set up (the caller then polls)."""
+
+    _IN_CLOSE_WRITE, _IN_MOVED_TO = 0x8, 0x80
+
+    def __init__(self, path):
+        import os
+        self.ok, self._fd, self._wake = False, -1, None
+        if not path:
+            return
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_init1")
+            self._fd = fd
+            if libc.inotify_add_watch(fd, os.fsencode(path),
+                                      self._IN_MOVED_TO | self._IN_CLOSE_WRITE) < 0:
+                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+            self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        except (OSError, AttributeError) as e:
+            _log("cannot watch %s (%s): reading the plan every period" % (path, e))
+            self.close()
+            return
+        self.ok = True
+
+    def wait(self, timeout_s):
+        """Until an event, wake() or timeout_s; drains the events (a plan
+        renamed in after this returns is a new event)."""
+        import os
+        import select
+        p = select.poll()
+        p.register(self._fd, select.POLLIN)
+        p.register(self._wake[0], select.POLLIN)
+        if not p.poll(timeout_s * 1e3):
+            return
+        for fd in (self._fd, self._wake[0]):
+            try:
+                while os.read(fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def wake(self):
+        import os
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"x")
+            except OSError:
+                pass  # full: it wakes anyway
+
+    def close(self):
+        import os
+        fds = [self._fd] + list(self._wake or ())
+        self._fd, self._wake, self.ok = -1, None, False
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
 
 class _GenerationCheckpointer(Checkpointer):

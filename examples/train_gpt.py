@@ -57,7 +57,7 @@ _PHASES = os.environ.get("CKPT_RESILIENT_PHASES", "") not in ("", "0")
 
 def phase(what, ctx):
     """With $CKPT_RESILIENT_PHASES=1 (as ckpt.torch.resilient): a stamped
-    line per phase of the first step after a (re)start."""
+    line per phase of the restore and the first step after a (re)start."""
     if _PHASES:
         say(f"train_gpt: phase {what} gen={ctx.generation} rank={ctx.rank} wall={time.time():.6f}")
 
@@ -286,6 +286,7 @@ def train(torch, a, ctx):
             raise SystemExit("train_gpt: a restore step is given but $CKPT_SOCKET is not")
         materialize_optimizer_state(torch, model, opt)
         state = training_state()
+        phase("loading", ctx)
         rest = ck.load(restore_step, state)
         step = int(rest["step"])
         if step != restore_step:

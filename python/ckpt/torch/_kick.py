@@ -20,7 +20,8 @@ waits) resumes as if no signal came; only epoll_wait returns early,
 which the loop treats as a turn. Measured with 4 ranks of gloo on one
 machine: forming 32-53 -> 13-17 ms, dropping 30-41 -> 2-10 ms.
 
-Linux only (tgkill by thread id, /proc/self/task); off when the signal
+ckpt.torch.resilient kicks gloo's groups only (NCCL's threads are left
+alone). Linux only (tgkill by thread id, /proc/self/task); off when the signal
 already has a handler that is not ours (the program's), from a thread
 other than the main one (a handler is installed from the main thread
 only) and with $CKPT_RESILIENT_KICK=0.

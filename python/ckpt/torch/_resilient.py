@@ -483,12 +483,15 @@ def _form(gen, backend, timeout, monitor):
         if served:
             prefix = "ckpt-%s/%s" % (os.environ.get("CKPT_JOB", ""), prefix)
         gen.store = dist.PrefixStore(prefix, store)
-        before = _kick.threads()
-        with _barrier_by_wait(), _kick.Kicker():  # gloo's turns, at once
+        # gloo's loop turns, at once (ckpt/torch/_kick.py); another
+        # backend's threads (NCCL's) are left alone.
+        gloo = (backend or "gloo") == "gloo"
+        before = _kick.threads() if gloo else set()
+        with _barrier_by_wait(), _kick.Kicker(None if gloo else ()):
             dist.init_process_group(backend or "gloo", store=gen.store,
                                     rank=plan.rank, world_size=plan.world_size,
                                     timeout=timeout)
-        gen.threads = _kick.threads() - before
+        gen.threads = _kick.threads() - before if gloo else set()
         gen.formed()
         _phase("formed", plan)
 

@@ -3,7 +3,8 @@ its turn at once. Two real processes form a gloo group with the kicks
 on, reduce while every thread but the main one is kicked (reads, writes
 and condition waits interrupted by the hundred), and drop the group
 kicked: every sum exact. The kicks stay off where the program has a
-handler of its own for the signal, and with $CKPT_RESILIENT_KICK=0.
+handler of its own for the signal (installed before or after the
+kicks' own), and with $CKPT_RESILIENT_KICK=0.
 """
 
 import os
@@ -57,13 +58,16 @@ _OFF = textwrap.dedent("""
     import signal, sys
     from ckpt.torch import _kick
     sig = signal.SIGRTMIN + 5
+    def mine(s, f):
+        pass
     if sys.argv[1] == "handler":
-        def mine(s, f):
-            pass
         signal.signal(sig, mine)
     k = _kick.Kicker()
     with k:
         pass
+    if sys.argv[1] == "handler-later":
+        signal.signal(sig, mine)  # after the kicks installed theirs
+        k = _kick.Kicker()
     handler = signal.getsignal(sig)
     print("on=%s ours=%s" % (k._on, handler is _kick._noop))
 """)
@@ -97,6 +101,10 @@ class KickTest(unittest.TestCase):
 
     def test_a_handler_of_the_program_keeps_the_kicks_off_and_is_kept(self):
         p = _python(_OFF, "handler")
+        out, _ = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("on=False ours=False", out)
+        p = _python(_OFF, "handler-later")
         out, _ = p.communicate(timeout=120)
         self.assertEqual(p.returncode, 0, out)
         self.assertIn("on=False ours=False", out)

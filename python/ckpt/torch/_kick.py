@@ -47,7 +47,11 @@ def _ready():
     """Whether kicking is possible here; installs the handler once."""
     global _signum, _libc
     if _signum is not None:
-        return True
+        # Still ours: a handler the program installed since is left alone.
+        try:
+            return signal.getsignal(_signum) is _noop
+        except ValueError:
+            return False
     if os.environ.get("CKPT_RESILIENT_KICK", "") == "0" or _TGKILL is None \
             or not hasattr(signal, "SIGRTMIN") \
             or threading.current_thread() is not threading.main_thread() \

@@ -52,6 +52,16 @@ def say(line):
     sys.stdout.flush()
 
 
+_PHASES = os.environ.get("CKPT_RESILIENT_PHASES", "") not in ("", "0")
+
+
+def phase(what, ctx):
+    """With $CKPT_RESILIENT_PHASES=1 (as ckpt.torch.resilient): a stamped
+    line per phase of the restore and the first step after a (re)start."""
+    if _PHASES:
+        say(f"train_gpt: phase {what} gen={ctx.generation} rank={ctx.rank} wall={time.time():.6f}")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, required=True, help="train until this many optimizer steps")
@@ -276,6 +286,7 @@ def train(torch, a, ctx):
             raise SystemExit("train_gpt: a restore step is given but $CKPT_SOCKET is not")
         materialize_optimizer_state(torch, model, opt)
         state = training_state()
+        phase("loading", ctx)
         rest = ck.load(restore_step, state)
         step = int(rest["step"])
         if step != restore_step:
@@ -288,8 +299,11 @@ def train(torch, a, ctx):
 
     pending = None  # the save in flight
     restored = restore_step is not None or ctx.restarts > 0
+    first = True  # the first step of this (re)start: its phases stamped
     while step < a.steps:
         s = step + 1
+        if first:
+            phase("step_begin", ctx)
         if s == a.hang_step and rank == a.hang_rank and not restored:
             hang_in_python_loop(rank, s)
         for g in opt.param_groups:
@@ -300,11 +314,15 @@ def train(torch, a, ctx):
         compute_start = time.monotonic()
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
         loss.backward()
+        if first:
+            phase("computed", ctx)
         if ck is not None:
             # The hang beacon, after this rank's own work and before it waits
             # for the others: a stuck rank stays behind the ones waiting.
             ck.progress(s, compute_s=min(time.monotonic() - compute_start, 3599.0))
         allreduce_mean_grads(torch, dist, model, world)
+        if first:
+            phase("reduced", ctx)
         if pending is not None:
             pending.wait_copied()  # the saved tensors may change from here on
         opt.step()
@@ -315,6 +333,7 @@ def train(torch, a, ctx):
                 dist.all_reduce(lv)
                 lv /= world
             say(f"step {s} loss {lv.item():.4f}")
+        first = False
         if ck is not None and a.ckpt_every and s % a.ckpt_every == 0:
             if pending is not None:
                 pending.wait()

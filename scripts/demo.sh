@@ -48,6 +48,7 @@ worker_args=(--steps "$steps" --seed 7 --ckpt-every "$ckpt_every" --log-every 1 
 trainer=ckpt-worker   # the trainer's process name
 trainer_cmd=("$worker_bin" "${worker_args[@]}")
 trainer_pace=()       # extra arguments under ckptrun
+pace_ms=0             # the pause of trainer_pace per step
 # ckptrun serves every generation's rendezvous store, not rank 0's trainer.
 rendezvous=(--rendezvous worker)
 if [[ -n $torch_job ]]; then
@@ -56,7 +57,8 @@ if [[ -n $torch_job ]]; then
                --ckpt-every "$ckpt_every" --threads 1 --timeout-s 30 --device "${DEVICE:-cpu}")
   # The small GPT steps faster than this script finds its victim in /proc
   # on a busy machine: paced, so each failure lands where it is planned.
-  trainer_pace=(--step-sleep-ms 300)
+  pace_ms=300
+  trainer_pace=(--step-sleep-ms "$pace_ms")
   rendezvous=(--rendezvous torch --rendezvous-python "${PYTHON:-/usr/bin/python3}")
 fi
 
@@ -376,6 +378,30 @@ warm_of() {
   cat "${logs[@]}" | { grep -o "generation $1: rank [0-9]* placed in a warm process" || true; } |
     awk '{ print $4 }' | sort -u | wc -l
 }
+# With $CKPT_RESILIENT_PHASES set (the phase stamps of PyTorch trainers,
+# ckpt/torch/_resilient.py), the phases of a restart between times $1 and
+# $2, in ms after $1 (the kill): over the ranks that stamped each, the
+# first and the last; then the trainers' "restored step" and first step
+# (step $3 + 1) lines, by their log stamps; ordered by the first.
+phase_table() {
+  cat "${logs[@]}" | awk -v t0="$1" -v t1="$2" -v s="$(($3 + 1))" '
+    function put(name, w) {
+      if (w <= t0 || w >= t1) return
+      if (!(name in lo)) { order[n++] = name; lo[name] = w; hi[name] = w; c[name] = 0 }
+      if (w < lo[name]) lo[name] = w
+      if (w > hi[name]) hi[name] = w
+      c[name]++
+    }
+    ($2 == "ckpt.resilient:" || $2 == "train_gpt:") && $3 == "phase" { w = $NF; sub(/^wall=/, "", w); put($4, w + 0) }
+    $2 == "restored" && $3 == "step" { put("restored_log", $1 + 0) }
+    $2 == "step" && $3 == s { put("first_step_log", $1 + 0) }
+    END {
+      for (i = 0; i < n; i++) {
+        k = order[i]
+        printf "       %-22s %5d .. %5d ms (%d)\n", k, (lo[k] - t0) * 1000, (hi[k] - t0) * 1000, c[k]
+      }
+    }' | sort -k2,2n -s
+}
 acked_seq=0
 report_failure() {
   local n=$1 what=$2 kill_t=$3 kill_step=$4 restore=$5 gen=$6 survivors=$7
@@ -395,6 +421,10 @@ report_failure() {
   resumed=$(resumed_at "$kill_t" "$restore")
   [[ -z $resumed ]] || printf "     kill -> first training step after the restore (step %d): %d ms; survivors kept their process: %s\n" \
     $((restore + 1)) "$(ms_between "$kill_t" "$resumed")" "$(kept_of "$gen" "$survivors")"
+  # The figure ends at the step's line: the step's compute and
+  # collectives, not the pause after it (which the plan cuts short).
+  ((pace_ms == 0)) || printf "     (the end of that step, before its %d ms pause; one step of this run: %.1f ms, %.1f ms of it not the pause)\n" \
+    "$pace_ms" "$plain_ms" "$(awk -v a="$plain_ms" -v p="$pace_ms" 'BEGIN { print a - p }')"
   resumed=$(all_resumed_at "$kill_t" "$restore" "$world")
   [[ -z $resumed ]] || printf "     kill -> every rank's first step (those started anew too): %d ms; ranks placed in a warm process: %d of %d\n" \
     "$(ms_between "$kill_t" "$resumed")" "$(warm_of "$gen")" $((world - survivors))
@@ -427,9 +457,13 @@ echo
 echo "== report"
 printf "   reference: %d steps in %s s (%.1f steps/s); disturbed run: %s s\n" "$steps" "$ref_s" \
   "$(awk -v s="$steps" -v t="$ref_s" 'BEGIN { print s / t }')" "$run_s"
-report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1" $((world - 1))
-report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2" $((world - 2))
 read -r save_ms plain_ms n_save n_plain <<<"$(save_cost)"
+report_failure 1 "$trainer rank $victim_rank of node a SIGKILLed" "$kill1_t" "$kill1_step" "$restore1" "$gen1" $((world - 1))
+if [[ -n ${CKPT_RESILIENT_PHASES:-} ]]; then
+  echo "     phases after the kill (first .. last rank, ms; ranks stamped):"
+  phase_table "$kill1_t" "$kill2_t" "$restore1"
+fi
+report_failure 2 "node b SIGKILLed, spare c takes its ranks" "$kill2_t" "$kill2_step" "$restore2" "$gen2" $((world - 2))
 shard_bytes=$(sed -n 's/.*STEP_DURABLE.*step \([0-9]*\): \([0-9]*\) bytes on \([0-9]*\) ranks.*/\2 \3/p' <<<"$events" | tail -n1)
 printf "   saves: every %d steps, %s bytes per step over %s ranks (SaveAsync; the trainer prints no stall figure)\n" \
   "$ckpt_every" "${shard_bytes% *}" "${shard_bytes#* }"

@@ -15,8 +15,8 @@ failures in its own process.
     ckpt.torch.resilient(train)
 
 Under ckptrun ($CKPT_RESTART_DIR set) the process tells the launcher it
-restarts in place (ckpt_restart_enable), and a monitor thread polls the
-plan every 10 ms (ctypes releases the GIL). A newer generation's plan
+restarts in place (ckpt_restart_enable), and a monitor thread reads the
+plan when ckptrun writes it (inotify). A newer generation's plan
 aborts the process group at once (ckpt/torch/_abort.py), so a collective
 blocked in it returns; RestartRequested is raised at the next collective
 or ckpt call. resilient() then tears the group down, writes `joined`,
@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from .. import _peers, _restart, errors
 from .._restart import RestartRequested
-from . import Checkpointer, _abort
+from . import Checkpointer, _abort, _kick
 
 __all__ = ["resilient", "Context", "RestartRequested"]
 
@@ -75,6 +75,24 @@ def _log(line):
     sys.stderr.flush()
 
 
+def _phases_on():
+    import os
+    return os.environ.get("CKPT_RESILIENT_PHASES", "") not in ("", "0")
+
+
+_PHASES = _phases_on()
+
+
+def _phase(what, plan):
+    """With $CKPT_RESILIENT_PHASES=1: one line per phase of a restart,
+    stamped with the wall clock (time.time(), the clock of a shell's
+    $EPOCHREALTIME), so that the time from a kill divides into phases
+    (scripts/demo.sh prints the table)."""
+    if _PHASES:
+        _log("phase %s gen=%d rank=%d wall=%.6f"
+             % (what, plan.generation, plan.rank, time.time()))
+
+
 class _Generation:
     """One generation's process group, store and sockets. abort() may run
     on the monitor thread while the main thread is inside the group."""
@@ -93,6 +111,7 @@ class _Generation:
         self._sockets = None  # fixed once formed
         self._closed = False
         self.aborted = False
+        self.threads = set()  # the group's threads (gloo's loop, workers)
 
     def formed(self):
         with self._lock:
@@ -122,14 +141,18 @@ class _Generation:
         with self._lock:
             self._closed = True
         try:
-            _abort.drop_group(self.pg, self.aborted)
+            with _kick.Kicker(self.threads):  # gloo's turns, at once
+                _abort.drop_group(self.pg, self.aborted)
         finally:
             self.pg = None
             self.store = None
 
 
 class _Monitor(threading.Thread):
-    """Polls the plan; on a newer generation aborts the current group."""
+    """Reads the plan when ckptrun writes it (inotify on
+    $CKPT_RESTART_DIR, a re-read every second as a safety net; every
+    period_s where the directory cannot be watched); on a newer
+    generation aborts the current group."""
 
     def __init__(self, generation, period_s):
         super().__init__(name="ckpt-restart-monitor", daemon=True)
@@ -141,10 +164,17 @@ class _Monitor(threading.Thread):
         self._halt = threading.Event()
         self.arrived = threading.Event()
         self._complained = None
+        # Watched before the first read: a plan renamed in after that
+        # read is an event the loop sees.
+        self._watch = _DirWatch(_restart_dir())
 
     def run(self):
-        while not self._halt.wait(self._period):
+        while not self._halt.is_set():
             self.poll_once()
+            if self._watch.ok:
+                self._watch.wait(max(self._period, 1.0))
+            else:
+                self._halt.wait(self._period)
 
     def poll_once(self):
         try:
@@ -167,9 +197,11 @@ class _Monitor(threading.Thread):
             self._newest = plan.generation
             self._plan = plan
             current = self._current
+        _phase("plan_seen", plan)
         self.arrived.set()
         if current is not None:
             current.abort()
+            _phase("aborted_by_monitor", plan)
         return plan
 
     def watch(self, generation):
@@ -196,8 +228,78 @@ class _Monitor(threading.Thread):
 
     def stop(self):
         self._halt.set()
+        self._watch.wake()
         if self.is_alive():
             self.join()
+        self._watch.close()  # the thread is done with it
+
+
+def _restart_dir():
+    import os
+    return os.environ.get("CKPT_RESTART_DIR", "")
+
+
+class _DirWatch:
+    """inotify on a directory (IN_MOVED_TO, IN_CLOSE_WRITE: ckptrun
+    renames each plan in) plus a pipe that wakes the waiter; ok False
+    where it cannot be set up (the caller then polls)."""
+
+    _IN_CLOSE_WRITE, _IN_MOVED_TO = 0x8, 0x80
+
+    def __init__(self, path):
+        import os
+        self.ok, self._fd, self._wake = False, -1, None
+        if not path:
+            return
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_init1")
+            self._fd = fd
+            if libc.inotify_add_watch(fd, os.fsencode(path),
+                                      self._IN_MOVED_TO | self._IN_CLOSE_WRITE) < 0:
+                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+            self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        except (OSError, AttributeError) as e:
+            _log("cannot watch %s (%s): reading the plan every period" % (path, e))
+            self.close()
+            return
+        self.ok = True
+
+    def wait(self, timeout_s):
+        """Until an event, wake() or timeout_s; drains the events (a plan
+        renamed in after this returns is a new event)."""
+        import os
+        import select
+        p = select.poll()
+        p.register(self._fd, select.POLLIN)
+        p.register(self._wake[0], select.POLLIN)
+        if not p.poll(timeout_s * 1e3):
+            return
+        for fd in (self._fd, self._wake[0]):
+            try:
+                while os.read(fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def wake(self):
+        import os
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"x")
+            except OSError:
+                pass  # full: it wakes anyway
+
+    def close(self):
+        import os
+        fds = [self._fd] + list(self._wake or ())
+        self._fd, self._wake, self.ok = -1, None, False
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
 
 class _GenerationCheckpointer(Checkpointer):
@@ -370,8 +472,10 @@ def _form(gen, backend, timeout, monitor):
         if not master:
             _wait_listening(plan, monitor,
                             time.monotonic() + timeout.total_seconds())
+        _phase("rendezvous_begin", plan)
         store = dist.TCPStore(plan.master_addr, plan.master_port,
                               plan.world_size, master, timeout, False)
+        _phase("store_ready", plan)
         # Keys of one generation never meet another's; a store that serves
         # every generation (and may be shared by the jobs of a host) also
         # keeps each job's apart.
@@ -379,10 +483,57 @@ def _form(gen, backend, timeout, monitor):
         if served:
             prefix = "ckpt-%s/%s" % (os.environ.get("CKPT_JOB", ""), prefix)
         gen.store = dist.PrefixStore(prefix, store)
-        dist.init_process_group(backend or "gloo", store=gen.store,
-                                rank=plan.rank, world_size=plan.world_size,
-                                timeout=timeout)
+        # gloo's loop turns, at once (ckpt/torch/_kick.py); another
+        # backend's threads (NCCL's) are left alone.
+        gloo = (backend or "gloo") == "gloo"
+        before = _kick.threads() if gloo else set()
+        with _barrier_by_wait(), _kick.Kicker(None if gloo else ()):
+            dist.init_process_group(backend or "gloo", store=gen.store,
+                                    rank=plan.rank, world_size=plan.world_size,
+                                    timeout=timeout)
+        gen.threads = _kick.threads() - before if gloo else set()
         gen.formed()
+        _phase("formed", plan)
+
+
+class _barrier_by_wait:
+    """While forming the group: torch 1.13's store-based barrier at the end
+    of init_process_group counts the ranks in the store and sleeps 10 ms
+    between counts; this one has the last rank to count set a key the
+    others wait for (store.wait, the GIL released), so no rank waits out
+    a sleep. Same key, same timeout error; a torch without that barrier
+    (or of another signature) is left as it is."""
+
+    def __enter__(self):
+        import inspect
+        c10d = dist.distributed_c10d
+        self._old = getattr(c10d, "_store_based_barrier", None)
+        if self._old is None or \
+                not hasattr(c10d, "STORE_BASED_BARRIER_PREFIX") or \
+                not hasattr(c10d, "_group_count") or \
+                list(inspect.signature(self._old).parameters) != \
+                ["rank", "store", "timeout"]:
+            self._old = None
+            return self
+        c10d._store_based_barrier = _store_barrier
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            dist.distributed_c10d._store_based_barrier = self._old
+
+
+def _store_barrier(rank, store, timeout):
+    c10d = dist.distributed_c10d
+    key = "%s:%d" % (c10d.STORE_BASED_BARRIER_PREFIX, c10d._group_count)
+    if store.add(key, 1) == dist.get_world_size():
+        store.set(key + "/all", "1")
+    try:
+        store.wait([key + "/all"], timeout)
+    except RuntimeError as e:
+        raise RuntimeError(
+            "rank %d: the store-based barrier of the group (key %s) did not "
+            "complete within %s: %s" % (rank, key, timeout, e)) from e
 
 
 def _checkpointer(plan, monitor, options):
@@ -426,6 +577,12 @@ def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
         if _active is not None:
             raise errors.FailedPrecondition("resilient(): already running")
         _active = monitor
+    # What lives before train(ctx) (the imports: ~100k objects with torch)
+    # is left out of the full collection each restart runs, which then
+    # scans what the generations made, not 25-40 ms of the interpreter.
+    frozen = monitor is not None
+    if frozen:
+        gc.freeze()
     _install_collectives()
     try:
         if monitor is not None:
@@ -436,6 +593,8 @@ def resilient(train, *, backend=None, timeout=datetime.timedelta(seconds=60),
     finally:
         if monitor is not None:
             monitor.stop()
+        if frozen:
+            gc.unfreeze()
         _uninstall_collectives()
         with _active_lock:
             _active = None
@@ -454,6 +613,7 @@ def _wait_placed(monitor):
     import os
     _log("warm process (pid %d): waiting for a rank" % os.getpid())
     plan = monitor.take()
+    _phase("placed", plan)
     # A plan rewritten for a newer generation before this process read the
     # first one finds it kept: it must say it joined, as a kept one does.
     _restart.joined(plan.generation)
@@ -462,16 +622,44 @@ def _wait_placed(monitor):
     return plan
 
 
+class _Closer(threading.Thread):
+    """Closes the old generation's checkpointer (its saver thread, its
+    channel: tens of ms of ctypes calls, the GIL released) while the main
+    thread tears the group down and forms the next one; joined before the
+    next generation's checkpointer connects, so the two never overlap."""
+
+    def __init__(self, ck):
+        super().__init__(name="ckpt-restart-closer", daemon=True)
+        self._ck = ck
+
+    def run(self):
+        try:
+            self._ck.close()
+        except errors.Error as e:
+            _log("closing the generation's checkpointer: %s" % e)
+        finally:
+            self._ck = None
+
+
+def _join(closer):
+    if closer is not None:
+        closer.join()
+
+
 def _generations(train, plan, backend, timeout, options, monitor):
     restarts = 0
     started = None  # when the restart began (the abort)
+    closer = None  # the previous generation's _Closer
     while True:
         _restart.export(plan)
         gen, ck, formed = _Generation(plan), None, False
         try:
             _form(gen, backend, timeout, monitor)
             formed = True
+            _join(closer)
+            closer = None
             ck = _checkpointer(plan, monitor, options)
+            _phase("client_ready", plan)
             if started is not None:
                 _log("generation %d: rank %d of %d re-formed in process in "
                      "%.0f ms" % (plan.generation, plan.rank, plan.world_size,
@@ -481,18 +669,28 @@ def _generations(train, plan, backend, timeout, options, monitor):
             if monitor is None or not _restarting(e, monitor, formed):
                 if isinstance(e, Exception) and _peers.looks_like_lost_peer(e):
                     _peers.note_peer_lost()  # this exit is not a failure of its own
+                _join(closer)
                 _close(gen, ck, abort=gen.pg is not None)
                 raise
             started = time.monotonic()
+            _phase("left", plan)
             gen.abort()  # at once: peers blocked on this rank fail in cascade
+            _phase("aborted", plan)
             _log("generation %d: rank %d leaves its group (%s: %s)"
                  % (plan.generation, plan.rank, type(e).__name__, str(e)[:200]))
         else:
+            _join(closer)
             _close(gen, ck, abort=False)
             return result
         # Out of the except block, so that the old generation's frames (its
-        # model, optimizer, tensors) are gone before it is torn down.
-        _close(gen, ck, abort=True)
+        # model, optimizer, tensors) are gone before it is torn down. The
+        # checkpointer closes on a thread of its own meanwhile.
+        if ck is not None:
+            _join(closer)
+            closer = _Closer(ck)
+            closer.start()
+            ck = None
+        _close(gen, None, abort=True, plan=plan)
         _log("generation %d: rank %d tore its group down in %.0f ms"
              % (plan.generation, plan.rank, (time.monotonic() - started) * 1e3))
         if monitor.pending() is None:
@@ -500,7 +698,9 @@ def _generations(train, plan, backend, timeout, options, monitor):
         if monitor.pending() is None:
             _peers.note_peer_lost()  # ckptrun tells the coordinator
         plan = monitor.take()
+        _phase("plan_taken", plan)
         _restart.joined(plan.generation)
+        _phase("joined", plan)
         restarts += 1
 
 
@@ -520,16 +720,22 @@ def _restarting(e, monitor, formed):
     return formed and _peers.looks_like_lost_peer(e)
 
 
-def _close(gen, ck, abort):
+def _close(gen, ck, abort, plan=None):
     try:
         if gen is not None:
             gen.close(abort)
+            if plan is not None:
+                _phase("group_dropped", plan)
     finally:
         if ck is not None:
             try:
                 ck.close()
             except errors.Error as e:
                 _log("closing the generation's checkpointer: %s" % e)
+            if plan is not None:
+                _phase("client_closed", plan)
         gc.collect()  # the old group's tensors and works, now
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+        if plan is not None:
+            _phase("collected", plan)

@@ -6,6 +6,7 @@
 
 #include "storage/shard_format.h"
 #include "tests/daemon_test.h"
+#include "tests/eventually.h"
 
 namespace ckpt::testing {
 namespace {
@@ -38,8 +39,13 @@ TEST_F(SaveRestoreTest, RoundTripIsBitExactFromMemoryAndDisk) {
   HostState again = s1.EmptyLike();
   ASSERT_TRUE(client->Restore(1, again.tensors).ok());
   EXPECT_TRUE(again.Equals(s1));
-  EXPECT_TRUE(std::filesystem::exists(root() + "/" +
-                                      storage::ManifestKey("roundtrip", 2)));
+  // The node manifest is the persister's next task after the shards are
+  // durable (WaitDurable does not wait for it): an event to wait for.
+  const std::string manifest =
+      root() + "/" + storage::ManifestKey("roundtrip", 2);
+  EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(manifest); },
+                         std::chrono::seconds(60)))
+      << manifest;
 }
 
 TEST_F(SaveRestoreTest, RestoreOfASubsetAndOfZeroSizedTensors) {

@@ -106,6 +106,36 @@ class RendezvousStoreTest(base.ResilientTest):
             server.terminate()
             server.wait()
 
+    def test_an_abort_before_the_store_connected_still_ends_the_rendezvous(self):
+        """A newer plan's abort that came before this generation's store
+        had a socket (the monitor read the plan while the survivor probed
+        or connected) shut nothing down: the rendezvous then blocked on a
+        rank 0 that never comes, until its timeout (the flake of the test
+        above under a parallel build). The generation must not block."""
+        import datetime
+        import time
+        from unittest import mock
+        import torch.distributed as dist
+        from ckpt import _restart
+        from ckpt.torch import _resilient
+        port = free_ports(1)
+        # The launcher's store; rank 0 never joins it.
+        server = dist.TCPStore("127.0.0.1", port, 2, True,
+                               datetime.timedelta(seconds=60), False)
+        try:
+            with mock.patch.dict(os.environ, {"CKPT_RENDEZVOUS": "launcher"}):
+                plan = _restart.Plan(1, 1, 2, 0, 1, "127.0.0.1", port, None)
+                gen = _resilient._Generation(plan)
+                gen.abort()  # the abort, before any socket of the generation
+                started = time.monotonic()
+                with self.assertRaises(_resilient.RestartRequested):
+                    _resilient._form(gen, "gloo", datetime.timedelta(seconds=20),
+                                     None)
+                self.assertLess(time.monotonic() - started, 10)
+                self.assertFalse(dist.is_initialized())
+        finally:
+            del server
+
     def test_bad_rendezvous_variable_is_refused_naming_it(self):
         import ckpt
         from ckpt.torch import _resilient

@@ -476,6 +476,13 @@ def _form(gen, backend, timeout, monitor):
         store = dist.TCPStore(plan.master_addr, plan.master_port,
                               plan.world_size, master, timeout, False)
         _phase("store_ready", plan)
+        # An abort that came before the store had its socket (a newer plan
+        # read while this rank probed or connected) shut nothing down: the
+        # rendezvous would block on a rank that never comes. One after this
+        # check finds the socket (abort() marks before it scans).
+        if gen.aborted:
+            raise RestartRequested("generation %d: a newer plan came while "
+                                   "its store connected" % plan.generation)
         # Keys of one generation never meet another's; a store that serves
         # every generation (and may be shared by the jobs of a host) also
         # keeps each job's apart.

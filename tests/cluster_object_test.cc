@@ -42,10 +42,7 @@ void RecoverLostNodeFromObjectStore(
     const std::vector<std::string>& trainer_prefix, uid_t trainer_uid) {
   S3Server s3;
   ASSERT_TRUE(s3.ok());
-  setenv("AWS_ENDPOINT_URL", s3.endpoint().c_str(), 1);
-  setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
-  setenv("AWS_REGION", "us-east-1", 1);
+  ExportS3Environment(s3.endpoint());
   TempDir dir;
   ClusterOptions o;
   o.dir = dir.path();

@@ -60,6 +60,20 @@ std::optional<cv1::NodeRecord> NodeOf(Cluster& c, const std::string& id) {
   return std::nullopt;
 }
 
+// Node b is alive at `epoch` (never fenced) and still hosts ranks 2 and
+// 3, one plan later (generation 1).
+void ExpectBKeptItsRanks(Cluster& c, uint64_t epoch, const std::string& all) {
+  auto b = NodeOf(c, "b");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->health(), cv1::ALIVE);
+  EXPECT_EQ(b->epoch(), epoch) << "b was fenced";
+  auto job = c.Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->rank_node(2), "b");
+  EXPECT_EQ(job->rank_node(3), "b");
+  EXPECT_EQ(job->generation(), 1u) << all;
+}
+
 // Node b (ranks 2 and 3) dies while ranks 0 and 1 on node a wait for it in
 // the barrier. Their collective breaks, they exit naming the lost peer, and
 // the coordinator probes b instead of planning their exits: b is found
@@ -200,15 +214,7 @@ TEST_F(ClusterTest, SlowButAliveNodeAnswersTheProbeAndKeepsItsRanks) {
   EXPECT_TRUE(Of(events, cv1::FAILURE_DETECTED, "b").empty())
       << "a false death\n"
       << all;
-  auto b = NodeOf(*cluster_, "b");
-  ASSERT_TRUE(b.has_value());
-  EXPECT_EQ(b->health(), cv1::ALIVE);
-  EXPECT_EQ(b->epoch(), b_epoch) << "b was fenced";
-  auto job = cluster_->Job();
-  ASSERT_TRUE(job.has_value());
-  EXPECT_EQ(job->rank_node(2), "b");
-  EXPECT_EQ(job->rank_node(3), "b");
-  EXPECT_EQ(job->generation(), 1u) << all;
+  ExpectBKeptItsRanks(*cluster_, b_epoch, all);
 }
 
 // Node b's ckptd is stopped (SIGSTOP) when rank 0 claims that rank 2 is
@@ -266,14 +272,7 @@ TEST_F(ClusterTest, StoppedNodeMissingTheProbesDeadlineIsNotDeadForIt) {
   EXPECT_FALSE(Of(events, cv1::PROBE_ANSWERED, "b").empty()) << all;
   EXPECT_TRUE(DeathsOf(events, "b").empty()) << all;
   EXPECT_EQ(Of(events, cv1::PLAN_MADE).size(), 1u) << all;
-  auto b = NodeOf(*cluster_, "b");
-  ASSERT_TRUE(b.has_value());
-  EXPECT_EQ(b->health(), cv1::ALIVE);
-  EXPECT_EQ(b->epoch(), b_epoch) << "b was fenced";
-  auto job = cluster_->Job();
-  ASSERT_TRUE(job.has_value());
-  EXPECT_EQ(job->rank_node(2), "b");
-  EXPECT_EQ(job->generation(), 1u) << all;
+  ExpectBKeptItsRanks(*cluster_, b_epoch, all);
 }
 
 }  // namespace

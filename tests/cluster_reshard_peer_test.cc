@@ -592,10 +592,7 @@ class ReshardFromObjectTierTest : public ReshardFromPeersTest {
       GTEST_SKIP() << why;
     s3_ = std::make_unique<S3Server>();
     ASSERT_TRUE(s3_->ok());
-    setenv("AWS_ENDPOINT_URL", s3_->endpoint().c_str(), 1);
-    setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
-    setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
-    setenv("AWS_REGION", "us-east-1", 1);
+    ExportS3Environment(s3_->endpoint());
     auto b = storage::NewObjectBackend(s3_->Options("cluster"));
     ASSERT_TRUE(b.ok()) << b.status();
     objects_ = std::move(*b);

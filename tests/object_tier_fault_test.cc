@@ -37,10 +37,7 @@ class ObjectTierFaultTest : public ::testing::Test {
     proxy_ = std::make_unique<FaultProxy>(*s3_);
     ASSERT_TRUE(proxy_->ok());
     // The daemon reaches the store through the proxy.
-    setenv("AWS_ENDPOINT_URL", proxy_->endpoint().c_str(), 1);
-    setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
-    setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
-    setenv("AWS_REGION", "us-east-1", 1);
+    ExportS3Environment(proxy_->endpoint());
     // A failing request gives up quickly, so the uploader's own retries
     // (and their errors in Status) come soon.
     config_ = dir_.path() + "/ckptd.toml";

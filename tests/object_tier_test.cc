@@ -49,10 +49,7 @@ class ObjectTierTest : public ::testing::TestWithParam<std::string> {
       s3_ = std::make_unique<S3Server>();
       ASSERT_TRUE(s3_->ok());
       // The daemon takes endpoint and credentials from the environment.
-      setenv("AWS_ENDPOINT_URL", s3_->endpoint().c_str(), 1);
-      setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
-      setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
-      setenv("AWS_REGION", "us-east-1", 1);
+      ExportS3Environment(s3_->endpoint());
       url_ = std::string("s3://") + kS3Bucket + "/tier";
       auto b = storage::NewObjectBackend(s3_->Options("tier"));
       ASSERT_TRUE(b.ok()) << b.status();
@@ -140,6 +137,77 @@ class ObjectTierTest : public ::testing::TestWithParam<std::string> {
     close.set_lease(lease);
     v1::CloseRestoreResponse closed;
     EXPECT_TRUE(daemon_->Stub()->CloseRestore(&ctx, close, &closed).ok());
+  }
+
+  // The ranged tests' state: a 600 x 8192 float tensor split by rows (150
+  // rows of 4.8 MB, 5 chunks, at 4 ranks) and a 1000-float bias.
+  static constexpr int64_t kSplitRows = 600, kSplitCols = 8192;
+  static std::vector<Tensor> RowSplit(int rank, int world, float* rows,
+                                      float* b) {
+    const int64_t lo = kSplitRows * rank / world,
+                  hi = kSplitRows * (rank + 1) / world;
+    return std::vector<Tensor>{
+        Tensor{"rows",
+               DType::kFloat32,
+               {hi - lo, kSplitCols},
+               rows,
+               Device::Host(),
+               TensorLayout{{kSplitRows, kSplitCols}, {lo, 0}, ""}},
+        Tensor{"b", DType::kFloat32, {1000}, b, Device::Host()}};
+  }
+  std::unique_ptr<Client> RankClient(const std::string& job, int rank,
+                                     int world) {
+    auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  // A raw OpenRestore of step 1's saved rank `saved` of `job` for [a, b)
+  // of its image; on success, `check` (if any) sees the slot's bytes
+  // [a, b) before the lease closes.
+  grpc::Status OpenRanged(
+      const std::string& job, uint32_t saved, uint64_t a, uint64_t b,
+      v1::OpenRestoreResponse* resp,
+      const std::function<void(const std::string&)>& check = nullptr) {
+    grpc::ClientContext ctx;
+    v1::OpenRestoreRequest req;
+    req.set_job(job);
+    req.set_rank(0);
+    req.set_step(1);
+    req.set_saved_rank(saved);
+    req.add_range_offsets(a);
+    req.add_range_lengths(b - a);
+    *resp = v1::OpenRestoreResponse();
+    grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, resp);
+    if (!s.ok()) return s;
+    if (check) {
+      const std::string path = "/dev/shm" + resp->shm_name();
+      const int fd = ::open(path.c_str(), O_RDONLY);
+      EXPECT_GE(fd, 0) << path;
+      std::string got(b - a, '\0');
+      if (fd >= 0) {
+        EXPECT_EQ(pread(fd, got.data(), got.size(),
+                        static_cast<off_t>(resp->slot_offset() + a)),
+                  static_cast<ssize_t>(got.size()));
+        close(fd);
+      }
+      check(got);
+    }
+    grpc::ClientContext cctx;
+    v1::CloseRestoreRequest close;
+    close.set_job(job);
+    close.set_rank(saved);
+    close.set_step(1);
+    close.set_lease(resp->lease());
+    v1::CloseRestoreResponse closed;
+    grpc::Status c = daemon_->Stub()->CloseRestore(&cctx, close, &closed);
+    EXPECT_TRUE(c.ok()) << c.error_message();
+    return s;
+  }
+  // Where the rows tensor starts in a saved rank's image.
+  static uint64_t RowsOffset(const v1::OpenRestoreResponse& r) {
+    for (const auto& t : r.tensors())
+      if (t.name() == "rows") return t.offset();
+    return uint64_t{0};
   }
 
   TempDir dir_;
@@ -379,28 +447,16 @@ TEST_P(ObjectTierTest, ReshardedRestoreReadsTheObjectTier) {
 // catalog records carry no chunk hashes (as an older ckptd wrote them)
 // loads whole saved ranks, bit-exact.
 TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
-  constexpr int64_t kRows = 600, kCols = 8192;  // 150 rows: 4.8 MB, 5 chunks
+  constexpr int64_t kRows = kSplitRows, kCols = kSplitCols;
   constexpr uint64_t kMiB = 1 << 20;
   std::vector<float> global(kRows * kCols), bias(1000);
   for (size_t i = 0; i < global.size(); ++i)
     global[i] = static_cast<float>(i) * 0.25f - 7.0f;
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i);
   auto rank_client = [&](const std::string& job, int rank, int world) {
-    auto c = Client::Connect(OptionsFor(*daemon_, job, rank, world));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return RankClient(job, rank, world);
   };
-  auto tensors = [&](int rank, int world, float* rows, float* b) {
-    const int64_t lo = kRows * rank / world, hi = kRows * (rank + 1) / world;
-    return std::vector<Tensor>{
-        Tensor{"rows",
-               DType::kFloat32,
-               {hi - lo, kCols},
-               rows,
-               Device::Host(),
-               TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
-        Tensor{"b", DType::kFloat32, {1000}, b, Device::Host()}};
-  };
+  auto tensors = RowSplit;
   const std::vector<std::string> jobs = {"rng", "old"};
   for (const std::string& job : jobs) {
     for (int r = 0; r < 4; ++r) {
@@ -441,36 +497,12 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
   }
   Start();
 
-  // A raw OpenRestore of saved rank `saved` for [a, b) of its image.
   auto open = [&](const std::string& job, uint32_t saved, uint64_t a,
                   uint64_t b, v1::OpenRestoreResponse* resp) {
-    grpc::ClientContext ctx;
-    v1::OpenRestoreRequest req;
-    req.set_job(job);
-    req.set_rank(0);
-    req.set_step(1);
-    req.set_saved_rank(saved);
-    req.add_range_offsets(a);
-    req.add_range_lengths(b - a);
-    grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, resp);
-    if (s.ok()) {
-      grpc::ClientContext cctx;
-      v1::CloseRestoreRequest close;
-      close.set_job(job);
-      close.set_rank(saved);
-      close.set_step(1);
-      close.set_lease(resp->lease());
-      v1::CloseRestoreResponse closed;
-      grpc::Status c = daemon_->Stub()->CloseRestore(&cctx, close, &closed);
-      EXPECT_TRUE(c.ok()) << c.error_message();
-    }
-    return s;
+    return OpenRanged(job, saved, a, b, resp);
   };
-  auto rows_offset = [](const v1::OpenRestoreResponse& r) {
-    for (const auto& t : r.tensors())
-      if (t.name() == "rows") return t.offset();
-    return uint64_t{0};
-  };
+  auto rows_offset = RowsOffset;
+
   // The index alone (a range in the header touches no tensor), then 100
   // bytes of the rows: one chunk comes, with the header, index and footer.
   v1::OpenRestoreResponse r;
@@ -561,7 +593,7 @@ TEST_P(ObjectTierTest, ReshardedRestoreGetsOnlyTheTouchedChunks) {
 // older daemon's) loads the whole rank, bit-exact; 3 ranks then restore
 // the step bit-exact.
 TEST_P(ObjectTierTest, LostNodesSavedRankGetsOnlyTheTouchedChunks) {
-  constexpr int64_t kRows = 600, kCols = 8192;  // 150 rows: 4.8 MB, 5 chunks
+  constexpr int64_t kRows = kSplitRows, kCols = kSplitCols;
   constexpr uint64_t kMiB = 1 << 20;
   constexpr uint64_t kRowBytes = kCols * sizeof(float);
   std::vector<float> global(kRows * kCols), bias(1000);
@@ -569,21 +601,9 @@ TEST_P(ObjectTierTest, LostNodesSavedRankGetsOnlyTheTouchedChunks) {
     global[i] = static_cast<float>(i) * 0.5f - 3.0f;
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i);
   auto rank_client = [&](int rank, int world) {
-    auto c = Client::Connect(OptionsFor(*daemon_, "lost", rank, world));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return RankClient("lost", rank, world);
   };
-  auto tensors = [&](int rank, int world, float* rows, float* b) {
-    const int64_t lo = kRows * rank / world, hi = kRows * (rank + 1) / world;
-    return std::vector<Tensor>{
-        Tensor{"rows",
-               DType::kFloat32,
-               {hi - lo, kCols},
-               rows,
-               Device::Host(),
-               TensorLayout{{kRows, kCols}, {lo, 0}, ""}},
-        Tensor{"b", DType::kFloat32, {1000}, b, Device::Host()}};
-  };
+  auto tensors = RowSplit;
   for (int r = 0; r < 4; ++r) {
     auto c = rank_client(r, 4);
     ASSERT_NE(c, nullptr);
@@ -601,51 +621,13 @@ TEST_P(ObjectTierTest, LostNodesSavedRankGetsOnlyTheTouchedChunks) {
   Start();
   ASSERT_FALSE(HasFatalFailure());
 
-  // A raw OpenRestore of saved rank `saved` for [a, b) of its image; on
-  // success, `check` sees the slot's bytes [a, b) before the lease closes.
   auto open = [&](uint32_t saved, uint64_t a, uint64_t b,
                   v1::OpenRestoreResponse* resp,
                   const std::function<void(const std::string&)>& check) {
-    grpc::ClientContext ctx;
-    v1::OpenRestoreRequest req;
-    req.set_job("lost");
-    req.set_rank(0);
-    req.set_step(1);
-    req.set_saved_rank(saved);
-    req.add_range_offsets(a);
-    req.add_range_lengths(b - a);
-    *resp = v1::OpenRestoreResponse();
-    grpc::Status s = daemon_->Stub()->OpenRestore(&ctx, req, resp);
-    if (!s.ok()) return s;
-    if (check) {
-      const std::string path = "/dev/shm" + resp->shm_name();
-      const int fd = ::open(path.c_str(), O_RDONLY);
-      EXPECT_GE(fd, 0) << path;
-      std::string got(b - a, '\0');
-      if (fd >= 0) {
-        EXPECT_EQ(pread(fd, got.data(), got.size(),
-                        static_cast<off_t>(resp->slot_offset() + a)),
-                  static_cast<ssize_t>(got.size()));
-        close(fd);
-      }
-      check(got);
-    }
-    grpc::ClientContext cctx;
-    v1::CloseRestoreRequest close;
-    close.set_job("lost");
-    close.set_rank(saved);
-    close.set_step(1);
-    close.set_lease(resp->lease());
-    v1::CloseRestoreResponse closed;
-    grpc::Status c = daemon_->Stub()->CloseRestore(&cctx, close, &closed);
-    EXPECT_TRUE(c.ok()) << c.error_message();
-    return s;
+    return OpenRanged("lost", saved, a, b, resp, check);
   };
-  auto rows_offset = [](const v1::OpenRestoreResponse& r) {
-    for (const auto& t : r.tensors())
-      if (t.name() == "rows") return t.offset();
-    return uint64_t{0};
-  };
+  auto rows_offset = RowsOffset;
+
   // Bytes [a, b) of saved rank `saved`'s rows piece, as saved.
   auto saved_bytes = [&](uint32_t saved, uint64_t a, uint64_t b) {
     const char* piece = reinterpret_cast<const char*>(

@@ -85,6 +85,15 @@ class PortProcess {
   pid_t pid_ = -1;
 };
 
+// What a ckptd (or ckptctl) child takes the store's endpoint and
+// credentials from: the environment, set for `endpoint`.
+inline void ExportS3Environment(const std::string& endpoint) {
+  setenv("AWS_ENDPOINT_URL", endpoint.c_str(), 1);
+  setenv("AWS_ACCESS_KEY_ID", kS3AccessKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kS3SecretKey, 1);
+  setenv("AWS_REGION", "us-east-1", 1);
+}
+
 class S3Server {
  public:
   // Why the server cannot run here, or "" (for GTEST_SKIP).

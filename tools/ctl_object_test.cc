@@ -54,10 +54,7 @@ class CkptctlObjectTest : public ::testing::Test {
     server_ = std::make_unique<S3Server>();
     ASSERT_TRUE(server_->ok());
     // ckptctl and aws read the store's settings from the environment only.
-    setenv("AWS_ENDPOINT_URL", server_->endpoint().c_str(), 1);
-    setenv("AWS_ACCESS_KEY_ID", ::ckpt::testing::kS3AccessKey, 1);
-    setenv("AWS_SECRET_ACCESS_KEY", ::ckpt::testing::kS3SecretKey, 1);
-    setenv("AWS_REGION", "us-east-1", 1);
+    ::ckpt::testing::ExportS3Environment(server_->endpoint());
     setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
     shard_ = storage::MakeShard({{256, 1024}, {3, 5}, {2048, 600}}, 7);
     key_ =

@@ -49,6 +49,7 @@ class HeldPlanTest : public TwoNodeTest {
 };
 
 TEST_F(HeldPlanTest, ExitsWithoutACommitMakeAtMostTheLimitOfPlans) {
+  ReportAll(5, v1::STAGED);
   ReportAll(5, v1::DURABLE);  // last good: step 5
   ASSERT_EQ(Job().last_good_step(), 5u);
   const uint64_t gen0 = Job().generation();
@@ -100,6 +101,7 @@ TEST_F(HeldPlanTest, ACommitBetweenFailuresStartsTheCountAgain) {
     AckOrders();
   }
   EXPECT_EQ(Job().plans_since_commit(), 3u);
+  ReportAll(7, v1::STAGED);
   ReportAll(7, v1::DURABLE);  // the job moved
   EXPECT_EQ(Job().last_good_step(), 7u);
   EXPECT_EQ(Job().plans_since_commit(), 0u);
@@ -187,6 +189,7 @@ TEST_F(HeldPlanTest, ResumePlansOnceAndIsRefusedForAJobNotHeld) {
 TEST_F(HeldPlanTest, RollbackOfAHeldJobRunsItAgain) {
   max_failed_plans_ = 1;
   Reopen();
+  ReportAll(5, v1::STAGED);
   ReportAll(5, v1::DURABLE);
   ASSERT_EQ(ExitUntilHeld(5), 2);
   v1::RollbackRequest rb;

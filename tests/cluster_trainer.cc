@@ -31,6 +31,9 @@
 // CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=<file>: before that claim, rank R
 // logs "gate" and waits until <file> exists (a test readies the peer):
 // inotify on its directory, so its creation wakes the rank at once.
+// CLUSTER_TRAINER_EXIT_AT_RESTORE=C: a trainer given a step to restore
+// exits C instead, every time (a restore that cannot work: the job's
+// every plan fails).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -282,6 +285,12 @@ int main(int argc, char** argv) {
   if (restore && *restore) {
     // Restore first: what a trainer does before it builds anything else.
     uint64_t step = std::strtoull(restore, nullptr, 10);
+    if (const char* code = std::getenv("CLUSTER_TRAINER_EXIT_AT_RESTORE");
+        code && *code) {
+      std::fprintf(log, "restore_refused step=%lu exit=%s\n",
+                   static_cast<unsigned long>(step), code);
+      return std::atoi(code);
+    }
     const auto t_alloc = Clock::now();
     state = ckpt::testing::MakeEmptyState(bytes, 8);
     const double alloc_s = Since(t_alloc);

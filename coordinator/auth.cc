@@ -11,8 +11,8 @@ namespace ckpt::coordinator {
 namespace {
 
 bool IsAdminMethod(const std::string& method) {
-  return method == "Rollback" || method == "Cordon" || method == "Uncordon" ||
-         method == "CheckHealth";
+  return method == "Rollback" || method == "Resume" || method == "Cordon" ||
+         method == "Uncordon" || method == "CheckHealth";
 }
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {

@@ -8,7 +8,8 @@
 //   is admitted only when
 //   that node id is one of the caller's identities: a node cannot report for
 //   another node;
-// - job-changing commands (Rollback, Cordon, Uncordon) and CheckHealth
+// - job-changing commands (Rollback, Resume, Cordon, Uncordon) and
+//   CheckHealth
 //   (it makes nodes run checks) need an admin
 //   identity: one listed in
 //   AuthPolicy::admin_identities (--admin-identities, default "ckpt-admin");

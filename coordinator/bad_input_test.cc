@@ -270,7 +270,7 @@ TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
   std::mt19937 rng(8);
   for (const char* method :
        {"RegisterNode", "Heartbeat", "RegisterJob", "ReportShard",
-        "ReportTrainerExit", "Rollback", "Events"}) {
+        "ReportTrainerExit", "Rollback", "Resume", "Events"}) {
     for (int i = 0; i < 20; ++i) {
       std::string random(1 + rng() % 100, '\0');
       for (char& c : random) c = static_cast<char>(rng());
@@ -459,6 +459,40 @@ TEST(CoordinatorOptionsTest,
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << line;
     EXPECT_NE(o.status().message().find(key), std::string::npos) << o.status();
   }
+}
+
+TEST(CoordinatorOptionsTest, MaxFailedPlansIsSetOrRefusedNamingTheFlagOrKey) {
+  auto o = ParseArgs({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.max_failed_plans, 10u) << "the default";
+  o = ParseArgs({"--max-failed-plans", "0"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.max_failed_plans, 0u) << "0: no limit";
+  o = ParseArgs({"--max-failed-plans", "3"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator.max_failed_plans, 3u);
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--max-failed-plans", "-1"},
+        {"--max-failed-plans", "often"},
+        {"--max-failed-plans", "1000001"},
+        {"--max-failed-plans", "99999999999"}}) {
+    auto r = ParseArgs(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad[1];
+    EXPECT_NE(r.status().message().find("--max-failed-plans"),
+              std::string::npos)
+        << r.status();
+  }
+  ckpt::testing::TempDir dir;
+  const std::string config = dir.path() + "/coordinator.toml";
+  std::ofstream(config) << "max_failed_plans = -2\n";
+  auto r = ParseArgs({"--config", config});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("max_failed_plans"), std::string::npos)
+      << r.status();
+  std::string help;
+  EXPECT_EQ(ParseArgs({"--help"}, &help).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_NE(help.find("--max-failed-plans"), std::string::npos) << help;
 }
 
 TEST(CoordinatorOptionsTest, StragglerWindowIsSetOrRefusedNamingTheFlag) {

@@ -444,7 +444,7 @@ absl::StatusOr<v1::ReportTrainerExitResponse> Coordinator::ReportTrainerExit(
     // Repeated on this node: cordoned, which plans (its ranks to a spare).
     if (!ChargeIncidentLocked(&batch, req.node_id(), req.job(),
                               (*job)->rec.generation(), cause))
-      MakePlanLocked(&batch, **job, cause);
+      MakePlanLocked(&batch, **job, cause, req.node_id());
     resp.set_failure(true);
   }
   resp.set_generation((*job)->rec.generation());
@@ -520,6 +520,10 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   job.rec.set_has_last_good(true);
   job.rec.set_last_good_step(req.step());
   job.rec.set_last_good_world_size(manifest->world_size());
+  // An operator's restart at a step: a held job runs again, its plans
+  // counted afresh.
+  job.rec.set_plans_since_commit(0);
+  job.rec.clear_held_reason();
   RememberManifestLocked(&batch, *manifest);  // after the steps it undid
   DropOrdersOfJobLocked(&batch, req.job());
   DropStepsAfterLocked(&batch, job, req.step());
@@ -527,6 +531,31 @@ absl::StatusOr<v1::RollbackResponse> Coordinator::Rollback(
   RemapRestoreLocked(job, req.step(), manifest->world_size());
   IssueOrdersLocked(&batch, job, req.step(), &*manifest);
   v1::RollbackResponse resp;
+  resp.set_generation(job.rec.generation());
+  return txn.Commit(resp);
+}
+
+absl::StatusOr<v1::ResumeResponse> Coordinator::Resume(
+    const v1::ResumeRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobName(req.job(), "job"));
+  Txn txn(this);
+  Batch& batch = *txn.batch();
+  auto it = jobs_.find(req.job());
+  if (it == jobs_.end())
+    return txn.Commit(absl::NotFoundError(
+        absl::StrCat("job: \"", req.job(), "\" is not registered")));
+  JobState& job = it->second;
+  if (job.rec.plan_state() != v1::PLAN_HELD)
+    return txn.Commit(absl::FailedPreconditionError(
+        absl::StrCat("job: ", req.job(), " is not held (plan state ",
+                     v1::PlanState_Name(job.rec.plan_state()), ")")));
+  LogLocked(&batch, v1::JOB_RESUMED, req.job(), "",
+            absl::StrCat("planning again; it was ", job.rec.held_reason()));
+  job.rec.set_plans_since_commit(0);
+  job.rec.clear_held_reason();
+  job.rec.set_plan_state(v1::PLAN_NONE);
+  MakePlanLocked(&batch, job, "resumed by an operator");
+  v1::ResumeResponse resp;
   resp.set_generation(job.rec.generation());
   return txn.Commit(resp);
 }

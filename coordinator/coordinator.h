@@ -197,6 +197,12 @@ class Coordinator {
   // manifest.
   [[nodiscard]] absl::StatusOr<v1::RollbackResponse> Rollback(
       const v1::RollbackRequest& req);
+  // A held job (PLAN_HELD: max_failed_plans plans without a commit) plans
+  // once more, its count reset (event JOB_RESUMED). NOT_FOUND for a job
+  // not registered, FAILED_PRECONDITION for one not held; a refusal
+  // changes nothing.
+  [[nodiscard]] absl::StatusOr<v1::ResumeResponse> Resume(
+      const v1::ResumeRequest& req);
   // A launcher's capture of its trainers' stacks after a hang (node_id
   // known, job registered, generation not newer than the job's; each
   // text at most kMaxStackBytes): kept under the job and generation (the
@@ -608,7 +614,16 @@ class Coordinator {
   void DeclareDeadLocked(Batch* batch, NodeState& node,
                          const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause)
+  // `node_id`: the failure's node when one node's (a trainer's exit), for
+  // JOB_HELD. A held job plans nothing; a job that made max_failed_plans
+  // plans since its last commit is held instead (HoldLocked).
+  void MakePlanLocked(Batch* batch, JobState& job, const std::string& cause,
+                      const std::string& node_id = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds `job` (PLAN_HELD, event JOB_HELD): a new generation that no
+  // trainer may start in, the failed plan's orders dropped.
+  void HoldLocked(Batch* batch, JobState& job, const std::string& cause,
+                  const std::string& node_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `rank`'s shard of `step` is in the memory of `host` (null:
   // the rank's host in the job's record), alive in the epoch it saved in.

@@ -59,8 +59,9 @@ void Coordinator::DetectHangsLocked(Batch* batch, int64_t now) {
   for (auto& [name, job] : jobs_) {
     JobState::HangWatch& w = job.watch;
     if (job.rec.plan_state() == v1::PLAN_ORDERED ||
-        job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE) {
-      w.generation = 0;  // trainers are being (re)started
+        job.rec.plan_state() == v1::PLAN_WAITING_FOR_NODE ||
+        job.rec.plan_state() == v1::PLAN_HELD) {
+      w.generation = 0;  // trainers are being (re)started, or stay stopped
       continue;
     }
     if (w.generation != job.rec.generation() + 1) {

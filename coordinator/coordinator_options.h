@@ -45,6 +45,10 @@ struct CoordinatorOptions {
   // Per job, the most steps newer than the last good one whose per-rank
   // records are kept (soft state); the oldest are dropped past it.
   size_t max_soft_steps = 64;
+  // A job makes at most this many plans without a commit (its last good
+  // step moving); a failure that would make one more holds it (PLAN_HELD,
+  // event JOB_HELD) until an operator resumes it. 0: no limit.
+  uint32_t max_failed_plans = 10;
   // The leader's fence (etcd: the election key's create revision; 0 with
   // one coordinator), recorded in every MANIFEST.global it writes and in
   // the commit that refers to it.

@@ -217,10 +217,20 @@ void Coordinator::DropOrdersOfJobLocked(Batch* batch, const std::string& job) {
 }
 
 void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
-                                 const std::string& failure) {
+                                 const std::string& failure,
+                                 const std::string& node_id) {
   const std::string& name = job.rec.job();
+  // Held: only an operator plans again (Resume, Rollback).
+  if (job.rec.plan_state() == v1::PLAN_HELD) return;
   // Every rank restarts: the exits that waited for a probe are covered.
   const std::string cause = absl::StrCat(failure, FoldHeldExitsLocked(job));
+  // Every plan since the last commit failed: one more would most likely
+  // fail the same way (a restore that cannot work, a bad build), forever.
+  if (options_.max_failed_plans != 0 &&
+      job.rec.plans_since_commit() >= options_.max_failed_plans) {
+    HoldLocked(batch, job, cause, node_id);
+    return;
+  }
   options_.metrics->PlanMade(name, options_.now_ms());
   // When the failure this plan answers was last heard from: a dead host's
   // last heartbeat (the earliest), else now (a hang, a cordon, a
@@ -299,6 +309,9 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
   }
   job.no_host_since_ms = 0;
   job.spare_wait_over = false;
+  // Counted: the plans that restart trainers (one that waits for a node
+  // restarts none, and is made again as nodes come).
+  job.rec.set_plans_since_commit(job.rec.plans_since_commit() + 1);
   std::optional<uint64_t> step = RestoreStepLocked(job);
   // What the choice saved: against the newest step any rank reached and
   // the newest that storage alone restores (event RESTORE_SOURCES).
@@ -343,6 +356,43 @@ void Coordinator::MakePlanLocked(Batch* batch, JobState& job,
                     &fetched);
   LogRestoreSourcesLocked(batch, job, step, newest, durable,
                           std::move(fetched));
+}
+
+void Coordinator::HoldLocked(Batch* batch, JobState& job,
+                             const std::string& cause,
+                             const std::string& node_id) {
+  const std::string& name = job.rec.job();
+  const std::optional<uint64_t> step = RestoreStepLocked(job);
+  // The failed plan's trainers stop as any plan's do: a new generation
+  // (each launcher stops the trainers of the one it runs), whose plan
+  // state lets none start (JobView), and the failed plan's orders gone.
+  job.rec.set_generation(job.rec.generation() + 1);
+  job.failure_ms[job.rec.generation()] = options_.now_ms();
+  while (job.failure_ms.size() > 8)
+    job.failure_ms.erase(job.failure_ms.begin());
+  DropOrdersOfJobLocked(batch, name);
+  job.rec.set_plan_state(v1::PLAN_HELD);
+  job.rec.set_held_reason(absl::StrCat(
+      "held in generation ", job.rec.generation(), ": ",
+      job.rec.plans_since_commit(), " plans without a commit (",
+      job.rec.has_last_good()
+          ? absl::StrCat("last good step ", job.rec.last_good_step())
+          : std::string("no step committed"),
+      "; --max-failed-plans ", options_.max_failed_plans,
+      ") and the last failed too: ", cause,
+      node_id.empty() ? "" : absl::StrCat(" on node ", node_id),
+      "; a plan would restore ",
+      step ? absl::StrCat("step ", *step) : std::string("from scratch"),
+      "; its trainers are stopped. Fix the cause, then: ckptctl resume --job ",
+      name, " (or ckptctl rollback)"));
+  PutJobLocked(batch, job);
+  v1::Event e;
+  e.set_kind(v1::JOB_HELD);
+  e.set_job(name);
+  e.set_node_id(node_id);
+  e.set_world_size(job.rec.world_size());
+  e.set_detail(job.rec.held_reason());
+  LogLocked(batch, std::move(e));
 }
 
 void Coordinator::IssueOrdersLocked(Batch* batch, JobState& job,
@@ -503,6 +553,7 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   stamp.set_fence(c.manifest.fence());
   stamp.set_content_digest(c.content_digest);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
+    job.rec.set_plans_since_commit(0);  // the job moves: its plans worked
     RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);
     job.rec.set_last_good_step(c.step);

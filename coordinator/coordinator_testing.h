@@ -54,6 +54,7 @@ class CoordinatorTest : public ::testing::Test {
     o.suspect = suspect_;
     o.evict_stragglers = evict_stragglers_;
     o.spare_wait_ms = spare_wait_ms_;
+    o.max_failed_plans = max_failed_plans_;
     o.start_trainers_with_prefetch = start_trainers_with_prefetch_;
     o.shared_root_wait = shared_root_wait;
     o.now_ms = [this] { return now_ms_; };
@@ -147,7 +148,8 @@ class CoordinatorTest : public ::testing::Test {
   CordonPolicy cordon_;
   SuspectPolicy suspect_;
   bool evict_stragglers_ = false;
-  int64_t spare_wait_ms_ = 0;  // CoordinatorOptions::spare_wait_ms
+  int64_t spare_wait_ms_ = 0;       // CoordinatorOptions::spare_wait_ms
+  uint32_t max_failed_plans_ = 10;  // CoordinatorOptions::max_failed_plans
   bool start_trainers_with_prefetch_ = true;
   std::function<std::unique_ptr<storage::Backend>(
       std::unique_ptr<storage::Backend>)>

@@ -229,6 +229,12 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
           .Name("ckpt_coordinator_recovery_in_progress")
           .Help("1 while the job has a plan not yet acknowledged")
           .Register(gauges);
+  auto& held = prometheus::BuildGauge()
+                   .Name("ckpt_coordinator_job_held")
+                   .Help(
+                       "1 while the job is held: its plans since the last "
+                       "commit all failed (ckptctl resume)")
+                   .Register(gauges);
   auto& lost = prometheus::BuildGauge()
                    .Name("ckpt_coordinator_lost_ranks")
                    .Help("Ranks of the job waiting for a node to host them")
@@ -268,6 +274,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
                                   j.plan_state() == v1::PLAN_ORDERED
                               ? 1
                               : 0);
+    held.Add(l).Set(j.plan_state() == v1::PLAN_HELD ? 1 : 0);
     lost.Add(l).Set(j.lost_ranks_size());
     if (!j.has_last_good()) continue;
     last_good.Add(l).Set(static_cast<double>(j.last_good_step()));

@@ -28,6 +28,14 @@ absl::Status ValidatePlanAckTimeout(int64_t ms, std::string_view name) {
       std::string(name), ": ", ms, " is neither 0 (no deadline) nor in [",
       kMinPlanAckTimeoutMs, ", ", kMaxPlanAckTimeoutMs, "] ms"));
 }
+// --max-failed-plans: 0 (no limit) to this.
+constexpr int64_t kMaxFailedPlans = 1000000;
+absl::Status ValidateMaxFailedPlans(int64_t n, std::string_view name) {
+  if (n >= 0 && n <= kMaxFailedPlans) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(name), ": ", n, " is neither 0 (no limit) nor in [1, ",
+      kMaxFailedPlans, "]"));
+}
 absl::Status ValidateMaxSoftSteps(int64_t n, std::string_view name) {
   if (n >= 1 && n <= kMaxSoftSteps) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -45,6 +53,7 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   uint32_t peer_probe_timeout_ms =
       static_cast<uint32_t>(o.coordinator.peer_probe_timeout.count());
   int64_t max_soft_steps = static_cast<int64_t>(o.coordinator.max_soft_steps);
+  int64_t max_failed_plans = o.coordinator.max_failed_plans;
   CLI::App app{"ckpt-coordinator: coordinator of multi-node checkpointed jobs"};
   // --listen and --state are required, from the command line or the config
   // file (checked below).
@@ -101,6 +110,11 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
                  "one whose per-rank reports are "
                  "kept in memory; the oldest are dropped past it (default 64, "
                  "1 to 65536)");
+  app.add_option("--max-failed-plans", max_failed_plans,
+                 "a job makes at most this many recovery plans without a "
+                 "commit; a failure that would make one more holds it "
+                 "(PLAN_HELD, event JOB_HELD: trainers stopped) until "
+                 "ckptctl resume (default 10; 0: no limit)");
   HangPolicy& hang = o.coordinator.hang;
   app.add_option("--hang-timeout-min-s", hang.min_s,
                  "hang detection: the shortest time without progress that is "
@@ -242,6 +256,11 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
           max_soft_steps, name("--max-soft-steps", "max_soft_steps"));
       !s.ok())
     return s;
+  if (absl::Status s = ValidateMaxFailedPlans(
+          max_failed_plans, name("--max-failed-plans", "max_failed_plans"));
+      !s.ok())
+    return s;
+  o.coordinator.max_failed_plans = static_cast<uint32_t>(max_failed_plans);
   if (min_world_size % world_size_multiple != 0)
     return absl::InvalidArgumentError(absl::StrCat(
         name("--min-world-size", "min_world_size"), ": ", min_world_size,

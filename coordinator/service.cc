@@ -113,6 +113,7 @@ class Service final : public rpc::RpcService {
     AddUnary("ReportTrainerExit", this, &Service::ReportTrainerExit);
     AddUnary("GetCluster", this, &Service::GetCluster);
     AddUnary("Rollback", this, &Service::Rollback);
+    AddUnary("Resume", this, &Service::Resume);
     AddUnary("Events", this, &Service::Events);
     AddUnary("ReportFallback", this, &Service::ReportFallback);
     AddUnary("ReportStacks", this, &Service::ReportStacks);
@@ -214,6 +215,10 @@ class Service final : public rpc::RpcService {
   grpc::Status Rollback(grpc::ServerContext*, const v1::RollbackRequest* req,
                         v1::RollbackResponse* resp) {
     return Answer(c_->Rollback(*req), resp);
+  }
+  grpc::Status Resume(grpc::ServerContext*, const v1::ResumeRequest* req,
+                      v1::ResumeResponse* resp) {
+    return Answer(c_->Resume(*req), resp);
   }
   grpc::Status Events(grpc::ServerContext*, const v1::EventsRequest* req,
                       v1::EventsResponse* resp) {

@@ -94,6 +94,62 @@ TEST_F(ClusterTest, KilledNodeIsReplacedBySpareAndRanksResumeBitExact) {
 // still be there to start them. Before: "every rank on this node
 // finished", a's ckptrun left, and ranks 0 and 1 never ran again (the
 // job stalled; ClusterObjectStoreTest hit it once under load).
+// Every restore fails (exit 1, as a restore of another world size did in
+// CI): after --max-failed-plans plans without a commit the job is held,
+// its trainers stopped, and no plan is made for their exits.
+TEST_F(ClusterTest, AJobWhoseEveryRestoreFailsIsHeldWithItsTrainersStopped) {
+  ClusterOptions o = Options(2);
+  o.coordinator_args = {"--max-failed-plans", "2"};
+  o.node_launcher_env["a"] = {"CLUSTER_TRAINER_EXIT_AT_RESTORE=1"};
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator();
+  cluster_->StartNode("a");
+  ASSERT_NO_FATAL_FAILURE(WaitForProgress(2));
+  const pid_t victim = cluster_->TrainerPid(1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto held = [&] {
+    for (const auto& e : cluster_->Events())
+      if (e.kind() == cv1::JOB_HELD) return true;
+    return false;
+  };
+  ASSERT_TRUE(Cluster::WaitUntil(held, seconds(120)));
+  auto job = cluster_->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->plan_state(), cv1::PLAN_HELD);
+  int plans = 0;
+  std::string detail;
+  for (const auto& e : cluster_->Events()) {
+    plans += e.kind() == cv1::PLAN_MADE;
+    if (e.kind() == cv1::JOB_HELD) detail = e.detail();
+  }
+  EXPECT_EQ(plans, 2);
+  EXPECT_NE(detail.find("2 plans without a commit"), std::string::npos)
+      << detail;
+  EXPECT_NE(detail.find("exited with code 1 on node a"), std::string::npos)
+      << detail;
+  // Both ranks restored twice and refused; none runs now, and the
+  // launcher says why it starts none.
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    int refused = 0;
+    for (const auto& l : cluster_->TrainerLog(rank))
+      refused += l.kind == "restore_refused";
+    EXPECT_LE(refused, 2) << "rank " << rank;
+    const pid_t pid = cluster_->TrainerPid(rank);
+    EXPECT_TRUE(
+        Cluster::WaitUntil([&] { return kill(pid, 0) != 0; }, seconds(60)))
+        << "rank " << rank << " pid " << pid << " still runs";
+  }
+  EXPECT_TRUE(Cluster::WaitUntil(
+      [&] {
+        return cluster_->LauncherLog("a").find("the job is held") !=
+               std::string::npos;
+      },
+      seconds(60)))
+      << cluster_->LauncherLog("a");
+  EXPECT_EQ(cluster_->Job()->generation(), job->generation());
+}
+
 TEST_F(ClusterTest, ANodeWhoseRanksFinishedWaitsForTheJobAndRestartsThem) {
   ClusterOptions o = Options(4);
   o.last_step = 10;

@@ -29,12 +29,17 @@
 // makes rank R, in generation 0, claim at step S that peer P is lost
 // (exit 6 while P lives: a network blip, or a slow peer).
 // CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=<file>: before that claim, rank R
-// logs "gate" and waits until <file> exists (a test readies the peer).
+// logs "gate" and waits until <file> exists (a test readies the peer):
+// inotify on its directory, so its creation wakes the rank at once.
+// CLUSTER_TRAINER_EXIT_AT_RESTORE=C: a trainer given a step to restore
+// exits C instead, every time (a restore that cannot work: the job's
+// every plan fails).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,6 +59,37 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Waits until `path` exists: an inotify watch on its directory for names
+// created or moved in, then one look at the path itself, so that a file
+// created before the watch was set up is not missed. Exits 3 (logged) when
+// the watch cannot be set up.
+void WaitForFile(const std::string& path, FILE* log) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const int fd = inotify_init1(IN_CLOEXEC);
+  if (fd < 0 ||
+      inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_MOVED_TO) < 0) {
+    std::fprintf(log, "gate: inotify on %s: %s\n", dir.c_str(),
+                 std::strerror(errno));
+    std::fflush(log);
+    std::exit(3);
+  }
+  alignas(struct inotify_event) char buf[4096];
+  while (access(path.c_str(), F_OK) != 0) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno != EINTR) {
+      std::fprintf(log, "gate: reading inotify: %s\n", std::strerror(errno));
+      std::fflush(log);
+      std::exit(3);
+    }
+    // Any event (the file's, another name's, an overflow) is followed by a
+    // look at the path itself.
+  }
+  close(fd);
+}
 
 long long MonoMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -249,6 +285,12 @@ int main(int argc, char** argv) {
   if (restore && *restore) {
     // Restore first: what a trainer does before it builds anything else.
     uint64_t step = std::strtoull(restore, nullptr, 10);
+    if (const char* code = std::getenv("CLUSTER_TRAINER_EXIT_AT_RESTORE");
+        code && *code) {
+      std::fprintf(log, "restore_refused step=%lu exit=%s\n",
+                   static_cast<unsigned long>(step), code);
+      return std::atoi(code);
+    }
     const auto t_alloc = Clock::now();
     state = ckpt::testing::MakeEmptyState(bytes, 8);
     const double alloc_s = Since(t_alloc);
@@ -323,8 +365,7 @@ int main(int argc, char** argv) {
           gate && *gate) {
         std::fprintf(log, "gate step=%lu\n", static_cast<unsigned long>(step));
         std::fflush(log);
-        while (access(gate, F_OK) != 0)
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        WaitForFile(gate, log);
       }
       PeerLost(log, fake_peer);
     }

@@ -96,6 +96,61 @@ TEST_F(ReplicaFetchTest, TheReplicateStageRunsInTheBackground) {
   EXPECT_EQ(nice, kBackgroundNice);
 }
 
+// The series of `name` labelled ckpt_job=`job` in what `m` exports now.
+std::optional<double> JobCounter(const daemon::ReplicaMetrics& m,
+                                 const std::string& name,
+                                 const std::string& job) {
+  for (const auto& f : m.Collect()) {
+    if (f.name != name) continue;
+    for (const auto& s : f.metric)
+      for (const auto& l : s.label)
+        if (l.name == "ckpt_job" && l.value == job) return s.counter.value;
+  }
+  return std::nullopt;
+}
+
+// A sender slower than two saves never completes a copy: each streams from
+// the slot the next-but-one save reuses, and is abandoned (or refused as
+// torn). Exported per job, and warned about once per rank.
+TEST_F(ReplicaFetchTest, ASenderSlowerThanTwoSavesIsCountedAndWarnedAbout) {
+  StartHolder(1ull << 30);
+  Node& a = OpenNode("a", dir_.path() + "/shared");
+  // 64 KiB copies at 128 KiB/s take half a second; a save, milliseconds.
+  daemon::Replicator& rep =
+      StartReplicator(a, "a", Holder(), std::chrono::seconds(10), 128 << 10);
+  daemon::ReplicaMetrics metrics;
+  metrics.Attach(nullptr, &rep);
+  ::testing::internal::CaptureStderr();
+  std::unique_ptr<shm::Arena> arena;
+  uint64_t step = 0;
+  // Saves back to back until a run of three overwritten copies was warned
+  // about (a copy that completes meanwhile starts the run again).
+  while (rep.Stats().overwritten_warnings == 0 && step < 20000) {
+    ++step;
+    ASSERT_TRUE(
+        SaveOneTensorStep(a.engine.get(), kMe, {"core", step, true}, &arena)
+            .ok());
+  }
+  // No more saves: the newest step's copy completes.
+  ASSERT_TRUE(Eventually([&] { return rep.Stats().pending == 0; }));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  metrics.Detach();
+  const daemon::ReplicatorStats s = rep.Stats();
+  EXPECT_GE(s.overwritten, 3u);
+  EXPECT_EQ(s.overwritten_warnings, 1u);
+  daemon::ReplicaMetrics after;
+  after.Attach(nullptr, &rep);
+  EXPECT_EQ(JobCounter(after, "ckptd_replica_sends_overwritten_total", "core"),
+            static_cast<double>(s.overwritten));
+  after.Detach();
+  EXPECT_NE(err.find("replica copies of job 'core' rank 0 to b were "
+                     "overwritten 3 times in a row and none completed"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("--slots"), std::string::npos) << err;
+  EXPECT_NE(err.find("--replica-bandwidth"), std::string::npos) << err;
+}
+
 TEST_F(ReplicaFetchTest, AnOlderStepBecomingDurableDoesNotReplaceTheNewest) {
   StartHolder(1ull << 30);
   Node& a = OpenNode("a", dir_.path() + "/shared");

@@ -29,6 +29,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/replica/replica_bulk_client.h"
 #include "daemon/replica/replica_client.h"
+#include "daemon/replica/replica_metrics.h"
 #include "daemon/replica/replica_service.h"
 #include "daemon/replica/replica_store.h"
 #include "daemon/replica/replicator.h"
@@ -134,9 +135,11 @@ class ReplicaFixture : public ::testing::Test {
   daemon::Replicator& StartReplicator(
       Node& node, const std::string& id,
       std::optional<daemon::ReplicaPeer> target,
-      std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
+      std::chrono::milliseconds deadline = std::chrono::seconds(10),
+      uint64_t bandwidth = 0) {
     daemon::ReplicatorOptions ro;
     ro.node_id = id;
+    ro.bandwidth = bandwidth;
     ro.retry_delay = std::chrono::milliseconds(20);
     ro.max_retry_delay = std::chrono::milliseconds(200);
     ro.put_deadline = deadline;

@@ -2,7 +2,7 @@
 // reshards (another world size) and deletes checkpoints, on a directory or
 // an object store (s3://);
 // shows and steers multi-node jobs through the coordinator (cluster,
-// rollback, events with --coordinator HOST:PORT).
+// rollback, resume, events with --coordinator HOST:PORT).
 //
 // Exit status: 0 on success; 1 when the operation failed or found damage
 // (the reason on stderr); 2 on a usage error.
@@ -173,6 +173,10 @@ int main(int argc, char** argv) {
   rollback->add_option("--step", step, "durable step to go back to")
       ->required();
 
+  CLI::App* resume = app.add_subcommand(
+      "resume", "plan a held job again (PLAN_HELD: its plans all failed)");
+  resume->add_option("--job", job, "job name")->required();
+
   uint64_t after_seq = 0;
   CLI::App* events =
       app.add_subcommand("events", "the coordinator's event log");
@@ -211,7 +215,7 @@ int main(int argc, char** argv) {
 
   for (CLI::App* cmd :
        {list, status, del, inspect, verify, restore, exp, reshard, cluster,
-        rollback, events, stacks, health, cordon, uncordon})
+        rollback, resume, events, stacks, health, cordon, uncordon})
     cmd->add_flag("--json", json, "print one JSON object instead of tables");
   for (CLI::App* cmd : {verify, restore, exp, reshard})
     cmd->add_flag("--progress", progress,
@@ -228,7 +232,7 @@ int main(int argc, char** argv) {
   ckpt::tools::Progress::Force(progress);
 
   for (CLI::App* cmd :
-       {cluster, rollback, events, stacks, health, cordon, uncordon}) {
+       {cluster, rollback, resume, events, stacks, health, cordon, uncordon}) {
     if (!cmd->parsed()) continue;
     absl::Status s =
         coordinator.empty()
@@ -248,6 +252,9 @@ int main(int argc, char** argv) {
   if (rollback->parsed())
     return Finish("rollback",
                   ckpt::tools::RunRollback(coordinator, tls, job, step, json));
+  if (resume->parsed())
+    return Finish("resume",
+                  ckpt::tools::RunResume(coordinator, tls, job, json));
   if (health->parsed())
     return Finish("health",
                   ckpt::tools::RunHealth(coordinator, tls, health_args, json));

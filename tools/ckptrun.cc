@@ -440,9 +440,15 @@ void Launcher::Reconcile(const cv1::JobView& job) {
   // waits for a fetch in flight): the coordinator says when.
   if (job.plan_state() != cv1::PLAN_NONE &&
       job.plan_state() != cv1::PLAN_ACKNOWLEDGED && !job.trainers_may_start()) {
-    std::string waiting = absl::StrCat(
-        "generation ", job.generation(), ": waiting for the plan (",
-        cv1::PlanState_Name(job.plan_state()), ")");
+    std::string waiting =
+        job.plan_state() == cv1::PLAN_HELD
+            ? absl::StrCat("generation ", job.generation(),
+                           ": the job is held (its plans since the last "
+                           "commit all failed); its trainers start when an "
+                           "operator resumes it (ckptctl resume)")
+            : absl::StrCat("generation ", job.generation(),
+                           ": waiting for the plan (",
+                           cv1::PlanState_Name(job.plan_state()), ")");
     if (waiting != waiting_for_) Log(waiting);
     waiting_for_ = waiting;
     return;

@@ -96,8 +96,10 @@ void Launcher::KeepOrStop(const cv1::JobView& job,
   for (uint32_t rank : trainers_.RunningRanks()) {
     auto p = procs_.find(rank);
     // A resized job's ranks restore another layout: started anew with
-    // it in their environment ($CKPT_RESTORE_RANK), never kept.
+    // it in their environment ($CKPT_RESTORE_RANK), never kept; a held
+    // job's (PLAN_HELD) wait for no plan: stopped.
     const bool keepable = opts_.restart_timeout.count() > 0 &&
+                          job.plan_state() != cv1::PLAN_HELD &&
                           job.restore_world_size() == 0 &&
                           desired.count(rank) != 0 && p != procs_.end() &&
                           Capable(rank, p->second);

@@ -47,6 +47,11 @@ absl::Status RunStatus(const std::string& socket, bool json);
                                        const coordinator::TlsFiles& tls,
                                        const std::string& job,
                                        std::optional<uint64_t> step, bool json);
+// Resume a held job (PLAN_HELD): it plans once more, its count of plans
+// without a commit reset.
+[[nodiscard]] absl::Status RunResume(const std::string& coordinator,
+                                     const coordinator::TlsFiles& tls,
+                                     const std::string& job, bool json);
 // Events with seq > after_seq: of one job and the cluster-wide ones (node
 // registered, node dead), or (job empty) every event.
 [[nodiscard]] absl::Status RunEvents(const std::string& coordinator,

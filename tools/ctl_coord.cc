@@ -119,6 +119,10 @@ void WriteCluster(const cv1::GetClusterResponse& c) {
     w.Key("lost_ranks").BeginArray();
     for (uint32_t r : j.lost_ranks()) w.Uint(r);
     w.EndArray();
+    // Plans since the last commit; PLAN_HELD: why (ckptctl resume).
+    w.Field("plans_since_commit", j.plans_since_commit())
+        .Field("held", j.plan_state() == cv1::PLAN_HELD)
+        .Field("held_reason", j.held_reason());
     // Elastic continuation: the registered size (world_size is smaller
     // while the job runs shrunk), the least and the multiple (0: never
     // shrinks), and a restore at another world size: the saved rank per
@@ -211,6 +215,11 @@ void PrintCluster(const cv1::GetClusterResponse& c) {
     std::printf("no jobs\n");
   else
     jobs.Print(stdout);
+  // A held job waits for an operator: why, and what to do.
+  for (const auto& j : c.jobs())
+    if (j.plan_state() == cv1::PLAN_HELD)
+      std::printf("\njob %s is HELD: %s\n", j.job().c_str(),
+                  j.held_reason().c_str());
   std::printf("\n");
   PrintEvents(c.recent_events());
 }
@@ -233,6 +242,33 @@ absl::Status RunCluster(const std::string& coordinator,
     WriteCluster(resp);
   else
     PrintCluster(resp);
+  return absl::OkStatus();
+}
+
+absl::Status RunResume(const std::string& coordinator,
+                       const coordinator::TlsFiles& tls, const std::string& job,
+                       bool json) {
+  absl::Status s = CheckCoordinator(coordinator);
+  if (s.ok()) s = ValidateJobName(job, "--job");
+  if (!s.ok()) return s;
+  auto client = coordinator::CoordinatorClient::Create(coordinator, tls);
+  if (!client.ok()) return client.status();
+  cv1::ResumeRequest req;
+  req.set_job(job);
+  cv1::ResumeResponse resp;
+  s = coordinator::CoordStatus(
+      (*client)->Call(&cv1::Coordinator::Stub::Resume, req, &resp, kRpcTimeout),
+      "Resume", (*client)->current());
+  if (!s.ok()) return s;
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Field("job", job);
+    w.Field("generation", static_cast<uint64_t>(resp.generation())).EndObject();
+    std::printf("%s\n", w.str().c_str());
+  } else {
+    std::printf("job %s resumed: generation %llu plans again\n", job.c_str(),
+                static_cast<unsigned long long>(resp.generation()));
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 // Runs the real ckptctl binary against the real ckpt-coordinator binary:
-// cluster, rollback, events, stacks, cordon, and the errors a script relies on.
+// cluster, rollback, resume, events, stacks, cordon, and the errors a script
+// relies on.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -295,6 +296,54 @@ TEST_F(CtlCoordTest, RollbackToStepThatIsNotDurableIsRefusedWithServerMessage) {
   r = Ctl(Flag() + " rollback --job nosuchjob --step 1", true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("not registered"), std::string::npos) << r.out;
+}
+
+// A job whose trainer keeps failing without a commit is held after
+// --max-failed-plans (10) plans: cluster shows it, resume plans again, and
+// resuming a job that is not held is refused naming it.
+TEST_F(CtlCoordTest, AHeldJobIsShownAndResumedAndOnlyAHeldJobResumes) {
+  testing::FakeNode node(coord_->address(), "n1", "", 1);
+  ASSERT_TRUE(node.status().ok());
+  ASSERT_TRUE(RegisterTrain(1).ok());
+  CommandResult r = Ctl(Flag() + " resume --job train", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("job: train is not held"), std::string::npos) << r.out;
+  r = Ctl(Flag() + " resume --job nosuchjob", true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not registered"), std::string::npos) << r.out;
+  auto stub = coord_->Stub();
+  for (int i = 0; i < 11; ++i) {
+    grpc::ClientContext ctx;
+    testing::cv1::ReportTrainerExitRequest exit;
+    exit.set_node_id("n1");
+    exit.set_epoch(node.epoch());
+    exit.set_job("train");
+    exit.set_rank(0);
+    exit.set_exit_code(1);
+    testing::cv1::ReportTrainerExitResponse resp;
+    ASSERT_TRUE(stub->ReportTrainerExit(&ctx, exit, &resp).ok());
+  }
+  r = Ctl(Flag() + " cluster");
+  EXPECT_NE(r.out.find("PLAN_HELD"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("job train is HELD: held in generation 11: 10 plans "
+                       "without a commit"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " cluster --json");
+  EXPECT_NE(r.out.find(R"("plans_since_commit":10,"held":true)"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " events --job train");
+  EXPECT_NE(r.out.find("JOB_HELD"), std::string::npos) << r.out;
+  r = Ctl(Flag() + " resume --job train", true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("job train resumed: generation 12 plans again"),
+            std::string::npos)
+      << r.out;
+  r = Ctl(Flag() + " cluster --json");
+  EXPECT_NE(r.out.find(R"("plans_since_commit":1,"held":false)"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CtlCoordTest, UnreachableCoordinatorFailsCleanly) {

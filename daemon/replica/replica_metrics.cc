@@ -60,6 +60,20 @@ std::vector<prometheus::MetricFamily> ReplicaMetrics::Collect() const {
     out.push_back(Family("ckptd_replica_send_failures_total",
                          "Replica sends that failed (each retried)",
                          MetricType::Counter, static_cast<double>(s.failed)));
+    // Per job: a sender slower than two saves completes no copy.
+    prometheus::MetricFamily over;
+    over.name = "ckptd_replica_sends_overwritten_total";
+    over.help =
+        "Replica sends abandoned or refused as torn: a save reused the "
+        "slot while it was sent";
+    over.type = MetricType::Counter;
+    for (const auto& [job, n] : s.overwritten_by_job) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"ckpt_job", job});
+      m.counter.value = static_cast<double>(n);
+      over.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(over));
     out.push_back(Family("ckptd_replica_pending_ranks",
                          "Hosted ranks whose newest shard is not replicated",
                          MetricType::Gauge, s.pending));

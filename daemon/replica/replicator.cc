@@ -165,7 +165,7 @@ void Replicator::SendOne(const Key& key, uint64_t step,
   } else {
     status = snap.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // Cancelled by SetTarget (which queued every rank again) or Stop.
   if (status.code() == absl::StatusCode::kCancelled &&
       (stopping_ || !(target_ == target)))
@@ -201,6 +201,11 @@ void Replicator::SendOne(const Key& key, uint64_t step,
     else if (status.ok() || held_already)
       refused_.reset();
   }
+  if (status.ok() || held_already) {
+    // A copy of the rank completed: a run of overwritten ones ends.
+    r.overwritten_run = 0;
+    r.warned = false;
+  }
   if (status.ok()) {
     ++stats_.sent;  // the holder verified and kept it
     stats_.sent_bytes += bytes;
@@ -214,7 +219,26 @@ void Replicator::SendOne(const Key& key, uint64_t step,
   if (snap.ok() && overwritten) {
     // A save took the slot: its own Staged() queued the newer shard.
     ++stats_.overwritten;
+    ++stats_.overwritten_by_job[job];
     if (same) r.done = true;
+    ++r.overwritten_run;
+    const uint32_t after = options_.warn_overwritten_after;
+    if (after == 0 || r.overwritten_run < after || r.warned) return;
+    r.warned = true;
+    ++stats_.overwritten_warnings;
+    const std::string warning = absl::StrCat(
+        "replica copies of job '", job, "' rank ", rank, " to ", target.node_id,
+        " were overwritten ", r.overwritten_run,
+        " times in a row and none completed: a copy streams from the slot "
+        "the next-but-one save reuses, and this sender is slower than two "
+        "saves, so the rank's replica is no newer than its last completed "
+        "copy (the last: ",
+        status.message(),
+        "). Give the job more slots (ckptd --slots), save less often, or "
+        "give the replicas more bandwidth (--replica-bandwidth, the link); "
+        "warned once until a copy of this rank completes");
+    lock.unlock();
+    LogWarning(warning);
     return;
   }
   if (!snap.ok() && snap.status().code() == absl::StatusCode::kUnavailable) {

@@ -11,7 +11,10 @@
 // the bookkeeping only), streams the slot's bytes with no lock and no
 // lease, and then asks whether a save overwrote the slot meanwhile: such a
 // copy is abandoned (the newer save is queued by then); a send in flight
-// is cancelled when the target changes. Sends are paced by
+// is cancelled when the target changes. A sender slower than two saves
+// (the slot is the next-but-one save's) completes no copy at all: counted
+// per job (ckptd_replica_sends_overwritten_total) and warned about per
+// rank (warn_overwritten_after). Sends are paced by
 // the rate limit (--replica-bandwidth); a failed send (the holder down,
 // stopped, out of room, or a copy damaged on the way) is retried with
 // exponential backoff, capped, for as long as it is the rank's newest; a
@@ -64,6 +67,10 @@ struct ReplicatorOptions {
   // A send fails after this long plus twice its time at the rate limit (or
   // at 100 MB/s), so that a stopped holder costs one try, not the stage.
   std::chrono::milliseconds put_deadline{std::chrono::seconds(10)};
+  // A rank whose copies were overwritten (a save took the slot while it
+  // was sent) this many times in a row, none completed, is warned about:
+  // once, until a copy of it completes. 0: never.
+  uint32_t warn_overwritten_after = 3;
 };
 
 // The target's refusal of this node's copies, for want of room (its
@@ -80,7 +87,9 @@ struct ReplicatorStats {
   uint64_t sent_bytes = 0;
   uint64_t failed = 0;       // attempts that failed (each retried)
   uint64_t overwritten = 0;  // abandoned: a save took the slot meanwhile
-  uint32_t pending = 0;      // ranks whose newest shard is not at the target
+  std::map<std::string, uint64_t> overwritten_by_job;  // the same, per job
+  uint64_t overwritten_warnings = 0;  // runs warned about (one per rank)
+  uint32_t pending = 0;  // ranks whose newest shard is not at the target
   std::string last_error;
 };
 
@@ -121,6 +130,10 @@ class Replicator {
     bool waiting = false;  // done until its checksums are known
     uint32_t attempts = 0;
     std::chrono::steady_clock::time_point not_before{};
+    // Copies overwritten in a row since one of this rank last completed,
+    // and whether that run was warned about.
+    uint32_t overwritten_run = 0;
+    bool warned = false;
   };
   using Key = std::pair<std::string, uint32_t>;  // (job, rank)
 

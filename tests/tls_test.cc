@@ -319,5 +319,67 @@ TEST_F(TlsTest, CoordinatorRefusesBadEtcdTlsFlagsNamingTheFlag) {
   }
 }
 
+// A relay (ckpt-relay) under mutual TLS authorizes each node call as the
+// coordinator does: a node certificate speaks only for its own node id.
+TEST_F(TlsTest, RelayRefusesANodeCertificateSpeakingForAnotherNode) {
+  const std::string relay_log = dir_.path() + "/relay.log";
+  auto relay = Proc::Spawn(
+      {RELAY_BINARY, "--listen", "127.0.0.1:0", "--coordinator", address_,
+       "--tls-cert", Cert("relay"), "--tls-key", Key("relay"), "--tls-ca",
+       Cert("ca"), "--relay-id", "rack-1"},
+      relay_log);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        return ReadFileToString(relay_log).find("listening on") !=
+               std::string::npos;
+      },
+      seconds(20)))
+      << ReadFileToString(relay_log);
+  std::string at = ReadFileToString(relay_log);
+  at = at.substr(at.find("listening on ") + 13);
+  at = at.substr(0, at.find('\n'));
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ReadFileToString(Cert("ca"));
+  o.pem_cert_chain = ReadFileToString(Cert("n2"));
+  o.pem_private_key = ReadFileToString(Key("n2"));
+  auto stub = cv1::Coordinator::NewStub(
+      grpc::CreateChannel(at, grpc::SslCredentials(o)));
+  cv1::HeartbeatRequest hb;
+  hb.set_node_id("n1");
+  hb.set_epoch(1);
+  cv1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  grpc::Status s = stub->Heartbeat(&ctx, hb, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find(
+                "node_id \"n1\": the client certificate is for [n2"),
+            std::string::npos)
+      << s.error_message();
+  // The relay's own refusal: the coordinator never saw it.
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("ckpt-relay-failed"), 0u);
+  cv1::ReportShardsRequest reports;
+  reports.set_node_id("n1");
+  reports.set_epoch(1);
+  cv1::ReportShardsResponse reports_resp;
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  s = stub->ReportShards(&ctx2, reports, &reports_resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("node_id"), std::string::npos)
+      << s.error_message();
+  // Every other method is not the relay's.
+  cv1::GetClusterRequest get;
+  cv1::GetClusterResponse cluster;
+  grpc::ClientContext ctx3;
+  ctx3.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  EXPECT_EQ(stub->GetCluster(&ctx3, get, &cluster).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  if (HasFailure())
+    std::fprintf(stderr, "%s", ReadFileToString(relay_log).c_str());
+}
+
 }  // namespace
 }  // namespace ckpt::testing

@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/auth.h"
@@ -307,9 +308,13 @@ void Relay::Send(std::vector<std::unique_ptr<Item>> items) {
         : code == grpc::StatusCode::UNAVAILABLE     ? "unreachable"
                                                     : "refused";
     const std::string message =
-        answered ? s.error_message()
-                 : absl::StrCat("relay ", options_.relay_id, ": RelayBatch to ",
-                                client_->current(), ": ", s.error_message());
+        answered
+            ? s.error_message()
+            : absl::StrCat(
+                  "relay ", options_.relay_id, ": RelayBatch to ",
+                  client_->current(), ": ",
+                  absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+                  s.error_message().empty() ? "" : ": ", s.error_message());
     all([&](Item& it) {
       if (PrintableValue(after))
         it.ctx->AddTrailingMetadata(kRetryAfterMetadataKey, after);
@@ -323,7 +328,7 @@ void Relay::Send(std::vector<std::unique_ptr<Item>> items) {
     if (!answered) {
       if (metrics_) metrics_->Failed(reason, calls);
       if (coordinator_ok_.exchange(false))
-        LogWarning(absl::StrCat("relay ", options_.relay_id, ": ", message,
+        LogWarning(absl::StrCat(message,
                                 "; its nodes go to the coordinator directly"));
     }
     return;

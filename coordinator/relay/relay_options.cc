@@ -55,7 +55,7 @@ absl::StatusOr<RelayOptions> ParseRelayOptions(int argc, char** argv,
                  "whose --relay-identities must name it");
   app.add_option("--tls-key", o.tls.key, "its private key (PEM)");
   app.add_option("--tls-ca", o.tls.ca,
-                 "CA every node certificate and the coordinator's chain to "
+                 "the CA that signs the nodes' and the coordinator's certificates "
                  "(PEM)");
   app.add_flag("--insecure", o.tls.insecure,
                "plaintext, no identities (trusted networks and tests)");

@@ -54,9 +54,10 @@ absl::StatusOr<RelayOptions> ParseRelayOptions(int argc, char** argv,
                  "the nodes and its client certificate for the coordinator, "
                  "whose --relay-identities must name it");
   app.add_option("--tls-key", o.tls.key, "its private key (PEM)");
-  app.add_option("--tls-ca", o.tls.ca,
-                 "the CA that signs the nodes' and the coordinator's certificates "
-                 "(PEM)");
+  app.add_option(
+      "--tls-ca", o.tls.ca,
+      "the CA that signs the nodes' and the coordinator's certificates "
+      "(PEM)");
   app.add_flag("--insecure", o.tls.insecure,
                "plaintext, no identities (trusted networks and tests)");
   app.add_option("--relay-id", o.relay_id,

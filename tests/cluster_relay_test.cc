@@ -186,6 +186,7 @@ TEST_F(RelayTest, BadFlagsAreRefusedNamingTheFlag) {
       {with(relay, {"--gather-ms", "5000"}), "--gather-ms"},
       {with(relay, {"--max-batch", "0"}), "--max-batch"},
       {with(relay, {"--max-batch", "x"}), "--max-batch"},
+      {with(relay, {"--max-batch", "4097"}), "--max-batch"},
       {with(relay, {"--max-in-flight", "0"}), "--max-in-flight"},
       {with(relay, {"--relay-id", "a b"}), "--relay-id"},
       {with(relay, {"--relay-id", std::string(200, 'r')}), "--relay-id"},

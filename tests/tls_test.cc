@@ -27,12 +27,12 @@ class TlsTest : public ::testing::Test {
     CommandResult made = RunCommand("sh " MAKE_CERTS_SCRIPT " " + certs_);
     ASSERT_EQ(made.exit_code, 0) << made.out;
     log_ = dir_.path() + "/coordinator.log";
-    coordinator_ =
-        Proc::Spawn({COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
-                     dir_.path() + "/state", "--shared-root",
-                     dir_.path() + "/shared", "--tls-cert", Cert("coordinator"),
-                     "--tls-key", Key("coordinator"), "--tls-ca", Cert("ca")},
-                    log_);
+    coordinator_ = Proc::Spawn(
+        {COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
+         dir_.path() + "/state", "--shared-root", dir_.path() + "/shared",
+         "--tls-cert", Cert("coordinator"), "--tls-key", Key("coordinator"),
+         "--tls-ca", Cert("ca"), "--relay-identities", "ckpt-relay"},
+        log_);
     ASSERT_TRUE(Cluster::WaitUntil(
         [&] {
           return ReadFileToString(log_).find("listening on") !=
@@ -79,6 +79,37 @@ class TlsTest : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     return stub->RegisterNode(&ctx, req, resp ? resp : &ignored);
   }
+  // A ckpt-relay presenting `name`'s certificate, to this coordinator;
+  // its address once it listens ("" and a failure if it never does).
+  std::string StartRelay(const std::string& name) {
+    const std::string log = dir_.path() + "/relay-" + name + ".log";
+    relays_.push_back(
+        Proc::Spawn({RELAY_BINARY, "--listen", "127.0.0.1:0", "--coordinator",
+                     address_, "--tls-cert", Cert(name), "--tls-key", Key(name),
+                     "--tls-ca", Cert("ca"), "--relay-id", "rack-1"},
+                    log));
+    const bool up = Cluster::WaitUntil(
+        [&] {
+          return ReadFileToString(log).find("listening on") !=
+                 std::string::npos;
+        },
+        seconds(20));
+    EXPECT_TRUE(up) << ReadFileToString(log);
+    if (!up) return "";
+    std::string at = ReadFileToString(log);
+    at = at.substr(at.find("listening on ") + 13);
+    return at.substr(0, at.find('\n'));
+  }
+  // A stub to the relay at `at` presenting `name`'s certificate.
+  std::unique_ptr<cv1::Coordinator::Stub> RelayStub(
+      const std::string& at, const std::string& name) const {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFileToString(Cert("ca"));
+    o.pem_cert_chain = ReadFileToString(Cert(name));
+    o.pem_private_key = ReadFileToString(Key(name));
+    return cv1::Coordinator::NewStub(
+        grpc::CreateChannel(at, grpc::SslCredentials(o)));
+  }
   CommandResult Ctl(const std::string& identity,
                     const std::string& args) const {
     std::string tls = identity.empty()
@@ -92,6 +123,7 @@ class TlsTest : public ::testing::Test {
   TempDir dir_;
   std::string certs_, log_, address_;
   std::unique_ptr<Proc> coordinator_;
+  std::vector<std::unique_ptr<Proc>> relays_;
 };
 
 TEST_F(TlsTest, NodeWithACertificateForItsIdRegistersAndHeartbeats) {
@@ -322,28 +354,9 @@ TEST_F(TlsTest, CoordinatorRefusesBadEtcdTlsFlagsNamingTheFlag) {
 // A relay (ckpt-relay) under mutual TLS authorizes each node call as the
 // coordinator does: a node certificate speaks only for its own node id.
 TEST_F(TlsTest, RelayRefusesANodeCertificateSpeakingForAnotherNode) {
-  const std::string relay_log = dir_.path() + "/relay.log";
-  auto relay = Proc::Spawn(
-      {RELAY_BINARY, "--listen", "127.0.0.1:0", "--coordinator", address_,
-       "--tls-cert", Cert("relay"), "--tls-key", Key("relay"), "--tls-ca",
-       Cert("ca"), "--relay-id", "rack-1"},
-      relay_log);
-  ASSERT_TRUE(Cluster::WaitUntil(
-      [&] {
-        return ReadFileToString(relay_log).find("listening on") !=
-               std::string::npos;
-      },
-      seconds(20)))
-      << ReadFileToString(relay_log);
-  std::string at = ReadFileToString(relay_log);
-  at = at.substr(at.find("listening on ") + 13);
-  at = at.substr(0, at.find('\n'));
-  grpc::SslCredentialsOptions o;
-  o.pem_root_certs = ReadFileToString(Cert("ca"));
-  o.pem_cert_chain = ReadFileToString(Cert("n2"));
-  o.pem_private_key = ReadFileToString(Key("n2"));
-  auto stub = cv1::Coordinator::NewStub(
-      grpc::CreateChannel(at, grpc::SslCredentials(o)));
+  const std::string at = StartRelay("relay");
+  ASSERT_FALSE(at.empty());
+  auto stub = RelayStub(at, "n2");
   cv1::HeartbeatRequest hb;
   hb.set_node_id("n1");
   hb.set_epoch(1);
@@ -377,8 +390,49 @@ TEST_F(TlsTest, RelayRefusesANodeCertificateSpeakingForAnotherNode) {
   ctx3.set_deadline(std::chrono::system_clock::now() + seconds(10));
   EXPECT_EQ(stub->GetCluster(&ctx3, get, &cluster).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
-  if (HasFailure())
-    std::fprintf(stderr, "%s", ReadFileToString(relay_log).c_str());
+}
+
+// Through a relay whose certificate the coordinator lists in
+// --relay-identities, a node heartbeats as itself and gets the
+// coordinator's answer; through a relay it does not list, the refusal
+// comes back marked ckpt-relay-failed (the node then calls directly).
+TEST_F(TlsTest, RelayCarriesANodeOnlyWhenTheCoordinatorListsItsIdentity) {
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  cv1::HeartbeatRequest hb;
+  hb.set_node_id("n1");
+  hb.set_epoch(reg.epoch());
+  {
+    const std::string at = StartRelay("relay");
+    ASSERT_FALSE(at.empty());
+    cv1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    grpc::Status s = RelayStub(at, "n1")->Heartbeat(&ctx, hb, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.incarnation(), reg.incarnation());
+    // A stale epoch is the coordinator's refusal, as a direct call's.
+    hb.set_epoch(reg.epoch() + 100);
+    grpc::ClientContext ctx2;
+    ctx2.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    s = RelayStub(at, "n1")->Heartbeat(&ctx2, hb, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << s.error_message();
+    EXPECT_EQ(ctx2.GetServerTrailingMetadata().count("ckpt-relay-failed"), 0u);
+    hb.set_epoch(reg.epoch());
+  }
+  // The coordinator's certificate is not a relay identity.
+  const std::string at = StartRelay("coordinator");
+  ASSERT_FALSE(at.empty());
+  cv1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  grpc::Status s = RelayStub(at, "n1")->Heartbeat(&ctx, hb, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("ckpt-coordinator"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("ckpt-relay-failed"), 1u);
 }
 
 }  // namespace

@@ -16,7 +16,9 @@ namespace ckpt::coordinator {
 namespace {
 
 constexpr int64_t kMaxGatherMs = 1000;
-constexpr int64_t kMaxBatchItems = 65536;
+// The coordinator takes at most 4,096 heartbeats and 4,096 report calls a
+// batch (Coordinator::kMaxRelayHeartbeats, kMaxRelayReports).
+constexpr int64_t kMaxBatchItems = 4096;
 constexpr int64_t kMaxInFlight = 64;
 constexpr size_t kMaxRelayIdBytes = 128;
 

@@ -2,7 +2,8 @@
 # make_certs.sh DIR: the certificates of doc/security.md's recipe, for the
 # mTLS tests: a CA (ca.pem), the coordinator's certificate (coordinator.pem,
 # SAN localhost and 127.0.0.1), node certificates n1 and n2 (CN and SAN =
-# node id), an admin certificate (CN ckpt-admin), and from a second,
+# node id), an admin certificate (CN ckpt-admin), a relay certificate (CN
+# ckpt-relay), and from a second,
 # unrelated CA (other-ca.pem) a certificate for n1 (n1-other.pem).
 # Keys are P-256 (<name>.key); everything is valid for one day.
 set -eu
@@ -30,3 +31,4 @@ cert n1 ca n1 "DNS:n1"
 cert n2 ca n2 "DNS:n2"
 cert admin ca ckpt-admin "DNS:ckpt-admin"
 cert n1-other other-ca n1 "DNS:n1"
+cert relay ca ckpt-relay "DNS:ckpt-relay"

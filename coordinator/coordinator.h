@@ -192,6 +192,13 @@ class Coordinator {
   // (HeartbeatAnswered) before it returns. ValidateRelayBatch first.
   v1::RelayBatchResponse RelayBatch(const v1::RelayBatchRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // RelayBatch in two halves: the state lock's work now, and what waits
+  // for the group commits the answers need, answers each heartbeat item
+  // and returns the answer (`req` must live until it has run). *waits:
+  // whether that half waits for a durable write (else it returns at
+  // once), so the server can run it on a thread that may wait.
+  std::function<v1::RelayBatchResponse()> ApplyRelayBatch(
+      const v1::RelayBatchRequest& req, bool* waits) ABSL_LOCKS_EXCLUDED(mu_);
   // Admission shed the batch: its heartbeat items' refusal goes back now.
   void RelayBatchShed(const v1::RelayBatchRequest& req);
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(

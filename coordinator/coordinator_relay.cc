@@ -62,100 +62,120 @@ void Coordinator::RelayBatchShed(const v1::RelayBatchRequest& req) {
 
 v1::RelayBatchResponse Coordinator::RelayBatch(
     const v1::RelayBatchRequest& req) {
-  v1::RelayBatchResponse resp;
+  bool waits = false;
+  return ApplyRelayBatch(req, &waits)();
+}
+
+std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
+    const v1::RelayBatchRequest& req, bool* waits) {
+  *waits = false;
   if (absl::Status s = ValidateRelayBatch(req); !s.ok()) {
     // The server refused it before; a caller that did not gets every item
     // refused with the batch's reason, nothing applied.
+    v1::RelayBatchResponse resp;
     for (int i = 0; i < req.heartbeats_size(); ++i)
       SetStatus(s, resp.add_heartbeats()->mutable_status());
     for (int i = 0; i < req.reports_size(); ++i)
       SetStatus(s, resp.add_reports()->mutable_status());
-    return resp;
+    return [resp = std::move(resp)] { return resp; };
   }
+  // What the finish needs; the report calls' addresses are held by the
+  // groups until then.
+  struct Work {
+    std::vector<HeartbeatCall> beats;
+    uint64_t beats_seq = 0;
+    std::vector<ReportCall> reports;
+    std::vector<absl::Status> unchecked;
+    std::vector<std::function<void()>> finish;
+  };
+  auto w = std::make_shared<Work>();
 
   // Heartbeats: one hold of the state lock for all of them. A node's
   // second heartbeat in the batch is refused (its agent sends one at a
   // time: a relay that repeats one is wrong).
   const int nh = req.heartbeats_size();
-  std::vector<HeartbeatCall> beats(nh);
+  w->beats.resize(nh);
   std::vector<HeartbeatCall*> run;
   run.reserve(nh);
   std::unordered_map<std::string_view, int> first;
   for (int i = 0; i < nh; ++i) {
-    beats[i].req = &req.heartbeats(i);
+    w->beats[i].req = &req.heartbeats(i);
     const std::string& node = req.heartbeats(i).node_id();
     if (!ValidateNodeId(node).ok()) {  // refused by HeartbeatGroup
-      run.push_back(&beats[i]);
+      run.push_back(&w->beats[i]);
       continue;
     }
     auto [at, inserted] = first.emplace(node, i);
     if (!inserted) {
-      beats[i].out = absl::InvalidArgumentError(
+      w->beats[i].out = absl::InvalidArgumentError(
           absl::StrCat("node_id: ", QuotePrefix(node),
                        " has a heartbeat in this batch already (heartbeats[",
                        at->second, "])"));
       continue;
     }
-    run.push_back(&beats[i]);
+    run.push_back(&w->beats[i]);
   }
-  uint64_t beats_seq = 0;
-  if (!run.empty()) (void)HeartbeatGroup(run, /*try_lock=*/false, &beats_seq);
+  if (!run.empty())
+    (void)HeartbeatGroup(run, /*try_lock=*/false, &w->beats_seq);
 
   // Reports: checked before the lock, then applied as direct groups are
-  // (ApplyReportGroup), kReportsPerHold calls a hold; every hold's write
-  // is waited for after the last one, so the batch waits about once.
+  // (ApplyReportGroup), kReportsPerHold calls a hold; the finish waits for
+  // every hold's write (in order: about one wait).
   const int nr = req.reports_size();
-  std::vector<ReportCall> reports(nr);
-  std::vector<absl::Status> unchecked(nr);
+  w->reports.resize(nr);
+  w->unchecked.resize(nr);
   std::vector<ReportCall*> group;
-  std::vector<std::function<void()>> finish;
   for (int i = 0; i < nr; ++i) {
-    if (absl::Status s = PrepareReportCall(req.reports(i), &reports[i]);
+    if (absl::Status s = PrepareReportCall(req.reports(i), &w->reports[i]);
         !s.ok()) {
-      unchecked[i] = Indexed(s, "reports", i);
+      w->unchecked[i] = Indexed(s, "reports", i);
       continue;
     }
-    group.push_back(&reports[i]);
+    group.push_back(&w->reports[i]);
     if (group.size() == kReportsPerHold) {
-      finish.push_back(ApplyReportGroup(group));
+      w->finish.push_back(ApplyReportGroup(group));
       group.clear();
     }
   }
-  if (!group.empty()) finish.push_back(ApplyReportGroup(group));
-  const absl::Status beats_durable =
-      beats_seq == 0 ? absl::OkStatus() : WaitDurable(beats_seq);
-  for (std::function<void()>& f : finish)
-    if (f) f();
+  if (!group.empty()) w->finish.push_back(ApplyReportGroup(group));
+  *waits = w->beats_seq != 0 || !w->finish.empty();
 
-  for (int i = 0; i < nh; ++i) {
-    v1::RelayedHeartbeat* out = resp.add_heartbeats();
-    const HeartbeatCall& c = beats[i];
-    if (c.out.ok()) {
-      out->mutable_status()->set_code(0);
-      *out->mutable_response() = *c.out;
-    } else if (!c.valid) {
-      SetStatus(Indexed(c.out.status(), "heartbeats", i),
-                out->mutable_status());
-    } else {
-      // Refused by the state (a fenced epoch): as the direct call, whose
-      // answer waited for the changes it was built on.
-      SetStatus(beats_durable.ok() ? c.out.status() : beats_durable,
-                out->mutable_status());
+  return [this, w, &req] {
+    const absl::Status beats_durable =
+        w->beats_seq == 0 ? absl::OkStatus() : WaitDurable(w->beats_seq);
+    for (std::function<void()>& f : w->finish)
+      if (f) f();
+    v1::RelayBatchResponse resp;
+    for (size_t i = 0; i < w->beats.size(); ++i) {
+      v1::RelayedHeartbeat* out = resp.add_heartbeats();
+      const HeartbeatCall& c = w->beats[i];
+      if (c.out.ok()) {
+        out->mutable_status()->set_code(0);
+        *out->mutable_response() = *c.out;
+      } else if (!c.valid) {
+        SetStatus(Indexed(c.out.status(), "heartbeats", static_cast<int>(i)),
+                  out->mutable_status());
+      } else {
+        // Refused by the state (a fenced epoch): as the direct call, whose
+        // answer waited for the changes it was built on.
+        SetStatus(beats_durable.ok() ? c.out.status() : beats_durable,
+                  out->mutable_status());
+      }
+      HeartbeatAnswered(c.req->node_id(), c.req->epoch());
     }
-    HeartbeatAnswered(c.req->node_id(), c.req->epoch());
-  }
-  for (int i = 0; i < nr; ++i) {
-    v1::RelayedReports* out = resp.add_reports();
-    if (!unchecked[i].ok()) {
-      SetStatus(unchecked[i], out->mutable_status());
-    } else if (!reports[i].out.ok()) {
-      SetStatus(reports[i].out.status(), out->mutable_status());
-    } else {
-      out->mutable_status()->set_code(0);
-      *out->mutable_response() = std::move(*reports[i].out);
+    for (size_t i = 0; i < w->reports.size(); ++i) {
+      v1::RelayedReports* out = resp.add_reports();
+      if (!w->unchecked[i].ok()) {
+        SetStatus(w->unchecked[i], out->mutable_status());
+      } else if (!w->reports[i].out.ok()) {
+        SetStatus(w->reports[i].out.status(), out->mutable_status());
+      } else {
+        out->mutable_status()->set_code(0);
+        *out->mutable_response() = std::move(*w->reports[i].out);
+      }
     }
-  }
-  return resp;
+    return resp;
+  };
 }
 
 }  // namespace ckpt::coordinator

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -134,13 +135,16 @@ class Service final : public rpc::RpcService {
             std::max(limits.max_inflight_reports, limits.max_queued_reports)),
         registrations_("registration", 8, limits.max_inflight_reports, 500),
         // A relay's batch: its heartbeats in one hold of the state lock,
-        // its reports in groups of 64 calls and one group-commit wait.
-        // The lock serializes the holds, so workers beyond the batches
-        // whose durable waits overlap buy nothing: 16 batches of up to
-        // 64 nodes each share a group commit, 1,024 nodes' report calls.
-        // The bound: two batches in flight per relay at 16,384 nodes in
-        // relays of 64 (256 relays).
-        relays_("relay batch", 16, limits.max_queued_relay_batches, 100) {
+        // its reports in groups of 64 calls (Coordinator::ApplyRelayBatch);
+        // the workers hold the lock in turn and never wait for a durable
+        // write (one thread, relay_answers_, waits for the group commits
+        // in order and answers), so a few are enough: 4 keep one applying
+        // while others parse, build and hand over. The bound counts a
+        // batch until it is answered: two in flight per relay at 16,384
+        // nodes in relays of 64 (256 relays).
+        relays_("relay batch", 4, limits.max_queued_relay_batches, 100),
+        relay_answers_("relay answer", 1, std::numeric_limits<int>::max(), 0),
+        relay_capacity_(limits.max_queued_relay_batches) {
     // First: their indices among the methods are 0, 1 and 2.
     AddQueued<v1::HeartbeatRequest>(
         0, "Heartbeat", &heartbeats_,
@@ -193,6 +197,7 @@ class Service final : public rpc::RpcService {
     reports_.Stop();
     registrations_.Stop();
     relays_.Stop();
+    relay_answers_.Stop();
   }
   // 0 sheds every report call and registration (tests, an operator);
   // else n registrations, and the queued bound of reports.
@@ -201,7 +206,10 @@ class Service final : public rpc::RpcService {
     registrations_.SetCapacity(n);
   }
   void SetHeartbeatCapacity(int n) { heartbeats_.SetCapacity(n); }
-  void SetRelayCapacity(int n) { relays_.SetCapacity(n); }
+  void SetRelayCapacity(int n) {
+    relay_capacity_.store(std::max(n, 0));
+    relays_.SetCapacity(n);
+  }
   grpc::Status RegisterJob(grpc::ServerContext*,
                            const v1::RegisterJobRequest* req,
                            v1::RegisterJobResponse* resp) {
@@ -423,64 +431,76 @@ class Service final : public rpc::RpcService {
   // parsed, admitted (leadership, a relay identity under mTLS) and its
   // own fields checked on the gRPC thread, which then hears every
   // heartbeat item (a shed batch's nodes stay alive) and hands the batch
-  // to relays_, whose workers apply it (Coordinator::RelayBatch: the
-  // state lock, the group-commit wait) and answer. A refusal of the whole
-  // batch hears and applies nothing of it.
+  // to relays_, whose workers apply it (Coordinator::ApplyRelayBatch:
+  // the state lock) and hand what waits for the group commit to
+  // relay_answers_, which answers. A refusal of the whole batch hears and
+  // applies nothing of it; a shed one (the bound counts a batch until it
+  // is answered) still heard its heartbeats.
   void AddRelayBatch(int index) {
     paths_.push_back(
         absl::StrCat("/", v1::Coordinator::service_full_name(), "/RelayBatch"));
     AddMethod(new grpc::internal::RpcServiceMethod(
         paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
     MarkMethodRawCallback(
-        index,
-        new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer,
-                                                 grpc::ByteBuffer>(
-            [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                   grpc::ByteBuffer* out) {
-              grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-              auto req = std::make_shared<v1::RelayBatchRequest>();
-              grpc::Status s = ParseBytes(*in, req.get());
-              if (s.ok()) s = AdmitCall(ctx, "RelayBatch", *req);
-              if (s.ok()) s = ToGrpc(Coordinator::ValidateRelayBatch(*req));
-              if (!s.ok()) {
-                if (serving_.load(std::memory_order_acquire))
-                  c_->options().metrics->RelayBatch("refused", 0, 0);
-                if (s.error_code() != grpc::StatusCode::UNAVAILABLE)
-                  relay_log_.Note(
-                      req->relay_id(),
-                      absl::StrCat("batch refused: ", s.error_message()));
-                reactor->Finish(s);
-                return reactor;
-              }
-              c_->HearRelayBatch(*req);
-              if (relays_.TryRun([this, reactor, req, out] {
-                    const v1::RelayBatchResponse resp = c_->RelayBatch(*req);
-                    SerializeTo(resp, out);
-                    reactor->Finish(grpc::Status::OK);
-                    c_->options().metrics->RelayBatch(
-                        "applied", req->heartbeats_size(), req->reports_size());
-                    if (std::string refused = RefusedItems(resp);
-                        !refused.empty())
-                      relay_log_.Note(req->relay_id(), refused);
-                  }))
-                return reactor;
-              c_->RelayBatchShed(*req);
-              c_->options().metrics->RelayBatch("shed", req->heartbeats_size(),
-                                                req->reports_size());
-              const int after = relays_.RetryAfterMs();
-              ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
-                                       std::to_string(after));
-              relay_log_.Note(req->relay_id(),
-                              absl::StrCat("batch shed: too many relay "
-                                           "batches; retry after ",
-                                           after, " ms"));
-              reactor->Finish(grpc::Status(
-                  grpc::StatusCode::RESOURCE_EXHAUSTED,
-                  absl::StrCat("coordinator busy: too many relay batch "
-                               "calls; retry after ",
-                               after, " ms")));
-              return reactor;
-            }));
+        index, new grpc::internal::CallbackUnaryHandler<
+                   grpc::ByteBuffer,
+                   grpc::ByteBuffer>([this](grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* in,
+                                            grpc::ByteBuffer* out) {
+          grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+          auto req = std::make_shared<v1::RelayBatchRequest>();
+          grpc::Status s = ParseBytes(*in, req.get());
+          if (s.ok()) s = AdmitCall(ctx, "RelayBatch", *req);
+          if (s.ok()) s = ToGrpc(Coordinator::ValidateRelayBatch(*req));
+          if (!s.ok()) {
+            if (serving_.load(std::memory_order_acquire))
+              c_->options().metrics->RelayBatch("refused", 0, 0);
+            if (s.error_code() != grpc::StatusCode::UNAVAILABLE)
+              relay_log_.Note(req->relay_id(), absl::StrCat("batch refused: ",
+                                                            s.error_message()));
+            reactor->Finish(s);
+            return reactor;
+          }
+          c_->HearRelayBatch(*req);
+          // Counted until answered, its durable wait included.
+          if (relay_pending_.fetch_add(1) < relay_capacity_.load() &&
+              relays_.TryRun([this, reactor, req, out] {
+                bool waits = false;
+                auto finish =
+                    std::make_shared<std::function<v1::RelayBatchResponse()>>(
+                        c_->ApplyRelayBatch(*req, &waits));
+                auto answer = [this, reactor, req, out, finish] {
+                  const v1::RelayBatchResponse resp = (*finish)();
+                  SerializeTo(resp, out);
+                  reactor->Finish(grpc::Status::OK);
+                  relay_pending_.fetch_sub(1);
+                  c_->options().metrics->RelayBatch(
+                      "applied", req->heartbeats_size(), req->reports_size());
+                  if (std::string refused = RefusedItems(resp);
+                      !refused.empty())
+                    relay_log_.Note(req->relay_id(), refused);
+                };
+                if (!waits || !relay_answers_.TryRun(answer)) answer();
+              }))
+            return reactor;
+          relay_pending_.fetch_sub(1);
+          c_->RelayBatchShed(*req);
+          c_->options().metrics->RelayBatch("shed", req->heartbeats_size(),
+                                            req->reports_size());
+          const int after = relays_.RetryAfterMs();
+          ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
+                                   std::to_string(after));
+          relay_log_.Note(req->relay_id(),
+                          absl::StrCat("batch shed: too many relay "
+                                       "batches; retry after ",
+                                       after, " ms"));
+          reactor->Finish(grpc::Status(
+              grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("coordinator busy: too many relay batch "
+                           "calls; retry after ",
+                           after, " ms")));
+          return reactor;
+        }));
   }
 
   grpc::Status Admit(grpc::ServerContext* ctx, const std::string& method,
@@ -519,6 +539,10 @@ class Service final : public rpc::RpcService {
   const int queued_reports_;  // reports_'s bound when not shedding
   KindQueue registrations_;
   KindQueue relays_;
+  // Waits for applied batches' group commits, in order, and answers them.
+  KindQueue relay_answers_;
+  std::atomic<int> relay_capacity_;  // batches admitted until answered
+  std::atomic<int> relay_pending_{0};
   RelayRefusalLog relay_log_;
 };
 

@@ -31,7 +31,7 @@ class TlsTest : public ::testing::Test {
         {COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
          dir_.path() + "/state", "--shared-root", dir_.path() + "/shared",
          "--tls-cert", Cert("coordinator"), "--tls-key", Key("coordinator"),
-         "--tls-ca", Cert("ca"), "--relay-identities", "ckpt-relay"},
+         "--tls-ca", Cert("ca"), "--relay-identities", "ckpt-relay,rack-2"},
         log_);
     ASSERT_TRUE(Cluster::WaitUntil(
         [&] {
@@ -311,6 +311,87 @@ TEST_F(TlsTest, CtlRollbackIsRefusedWithoutAnAdminCertificateAndWorksWithOne) {
   // Reading the cluster needs only a valid certificate.
   CommandResult cluster = Ctl("n2", "cluster");
   EXPECT_EQ(cluster.exit_code, 0) << cluster.out;
+}
+
+// RelayBatch only from a --relay-identities certificate: a node's own
+// certificate is refused naming it, and nothing of the refused batches is
+// heard (the node they carry dies); the relay's batch is applied, each
+// item as its direct call (a dead node's epoch refused in its item).
+TEST_F(TlsTest, RelayBatchNeedsARelayIdentityAndARefusedBatchIsNotHeard) {
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  cv1::RelayBatchRequest batch;
+  batch.set_relay_id("rack-1");
+  cv1::HeartbeatRequest* hb = batch.add_heartbeats();
+  hb->set_node_id("n1");
+  hb->set_epoch(reg.epoch());
+  auto node_stub = Stub("n2");
+  auto alive = [&] {
+    cv1::GetClusterResponse cluster;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(
+        Stub("n2")->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster).ok());
+    for (const auto& n : cluster.nodes())
+      if (n.node_id() == "n1") return n.health() == cv1::ALIVE;
+    return false;
+  };
+  // Refused, again and again, at a heartbeat's cadence, until the node the
+  // batches carry is declared dead (3 s timeout): they were not heard.
+  bool dead = false;
+  for (int i = 0; i < 15 && !dead; ++i) {
+    cv1::RelayBatchResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = node_stub->RelayBatch(&ctx, batch, &resp);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    ASSERT_NE(s.error_message().find(
+                  "RelayBatch: the client certificate [n2] is not a relay "
+                  "identity (--relay-identities: ckpt-relay,rack-2)"),
+              std::string::npos)
+        << s.error_message();
+    dead = Cluster::WaitUntil([&] { return !alive(); }, seconds(1));
+  }
+  ASSERT_TRUE(dead) << "n1 stayed alive on refused batches";
+  // The relay's certificate: applied; n1's epoch is fenced now, as a direct
+  // heartbeat of it would be told; n2's heartbeat goes through.
+  ASSERT_TRUE(Register(Stub("n2").get(), "n2", &reg).ok());
+  cv1::HeartbeatRequest* second = batch.add_heartbeats();
+  second->set_node_id("n2");
+  second->set_epoch(reg.epoch());
+  cv1::RelayBatchResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = Stub("relay")->RelayBatch(&ctx, batch, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.heartbeats_size(), 2);
+  EXPECT_EQ(resp.heartbeats(0).status().code(),
+            static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION))
+      << resp.heartbeats(0).status().message();
+  EXPECT_EQ(resp.heartbeats(1).status().code(), 0)
+      << resp.heartbeats(1).status().message();
+}
+
+TEST_F(TlsTest, CoordinatorRefusesBadRelayIdentitiesNamingTheFlag) {
+  const std::string base = std::string(COORDINATOR_BINARY) +
+                           " --listen 127.0.0.1:0 --state " + dir_.path() +
+                           "/other";
+  const std::string tls = " --tls-cert " + Cert("coordinator") + " --tls-key " +
+                          Key("coordinator") + " --tls-ca " + Cert("ca");
+  struct Case {
+    std::string args, names;
+  };
+  const Case cases[] = {
+      {" --insecure --relay-identities ckpt-relay",
+       "--relay-identities: only with --tls-cert"},
+      {tls + " --relay-identities 'ckpt-relay,rack 2'",
+       "--relay-identities: \"rack 2\" is not a certificate identity"},
+      {tls + " --relay-identitys ckpt-relay", "--relay-identitys"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = RunCommand(base + c.args, true, 30);
+    EXPECT_EQ(r.exit_code, 2) << c.names << ": " << r.out;
+    EXPECT_NE(r.out.find(c.names), std::string::npos)
+        << c.names << ": " << r.out;
+  }
 }
 
 TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {

@@ -24,7 +24,7 @@ namespace {
 namespace cv1 = ::ckpt::coord::v1;
 using std::chrono::seconds;
 
-class RelayTest : public ClusterTest {
+class ClusterRelayTest : public ClusterTest {
  protected:
   void TearDown() override {
     if (HasFailure() && !relay_log_.empty())
@@ -74,7 +74,8 @@ class RelayTest : public ClusterTest {
   size_t starts_ = 0;
 };
 
-TEST_F(RelayTest, NodesGoThroughTheRelayDirectWhileItIsDeadAndBackAfter) {
+TEST_F(ClusterRelayTest,
+       NodesGoThroughTheRelayDirectWhileItIsDeadAndBackAfter) {
   const std::vector<int> ports = FreeLoopbackPorts(5);
   const int relay_port = ports[0], relay_metrics = ports[1];
   const std::map<std::string, int> node_metrics = {{"a", ports[2]},
@@ -156,7 +157,7 @@ TEST_F(RelayTest, NodesGoThroughTheRelayDirectWhileItIsDeadAndBackAfter) {
 
 // Bad flags stop ckpt-relay before it serves, naming the flag; ckptd's
 // --coordinator-relay likewise.
-TEST_F(RelayTest, BadFlagsAreRefusedNamingTheFlag) {
+TEST_F(ClusterRelayTest, BadFlagsAreRefusedNamingTheFlag) {
   struct Case {
     std::vector<std::string> argv;
     std::string names;

@@ -39,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 // A batch whose items have no deadline of their own waits this long at
 // most.
 constexpr std::chrono::milliseconds kMaxBatchTimeout{30000};
+// Node calls wait at most this many full batches; beyond, they are
+// answered at once with the relay's failure.
+constexpr size_t kMaxPendingBatches = 64;
 
 // A trailer value gRPC takes as is: printable ASCII, bounded.
 bool PrintableValue(const std::string& v) {
@@ -203,6 +206,16 @@ void Relay::Push(std::unique_ptr<Item> item) {
     lock.unlock();
     FinishFailed(*item, grpc::StatusCode::UNAVAILABLE,
                  "relay " + options_.relay_id + ": stopping");
+    return;
+  }
+  // The coordinator answers slower than the nodes call: beyond a bound
+  // the relay carries no more (its nodes go directly, and are heard).
+  if (pending_.size() >= kMaxPendingBatches * options_.max_batch) {
+    lock.unlock();
+    if (metrics_) metrics_->Failed("overflow", 1);
+    FinishFailed(*item, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                 absl::StrCat("relay ", options_.relay_id, ": ",
+                              kMaxPendingBatches, " batches wait already"));
     return;
   }
   pending_.push_back(std::move(item));

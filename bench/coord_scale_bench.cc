@@ -22,7 +22,12 @@
 // simulators' own lateness (each heartbeat's send against its schedule,
 // p99 and max) and CPU; with --quiet-s, the coordinator's CPU per
 // heartbeat (a window of heartbeats only) and per report call, and the
-// cores they would take at --model-nodes (16,384).
+// cores they would take at --model-nodes (16,384). With --relay-nodes K
+// the nodes' heartbeats and report calls go through relays of K nodes
+// each (one connection per relay, one RelayBatch per --relay-gather-ms,
+// default 5), each node still sending its own messages; the figures per
+// heartbeat and per report call are then per relayed item, and the
+// RelayBatch calls are counted beside them.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -47,7 +52,8 @@ int main(int argc, char** argv) {
           "[--interval-s S] [--duration-s D] [--kill-at-s S] [--heartbeat-ms "
           "MS] [--timeout-ms MS] [--persist-ms MS] [--channels C] "
           "[--processes P] [--quiet-s S] [--interval-nodes B] "
-          "[--model-nodes N] [--coordinator-binary PATH] [--json] "
+          "[--model-nodes N] [--relay-nodes K] [--relay-gather-ms MS] "
+          "[--coordinator-binary PATH] [--json] "
           "[--sweep 256,1024,2048]"))
     return 0;
   Args a;
@@ -86,6 +92,10 @@ int main(int argc, char** argv) {
         a.quiet_s = std::stod(next());
       else if (f == "--interval-nodes")
         a.interval_nodes = std::stoi(next());
+      else if (f == "--relay-nodes")
+        a.relay_nodes = std::stoi(next());
+      else if (f == "--relay-gather-ms")
+        a.relay_gather_ms = std::stoi(next());
       else if (f == "--model-nodes")
         a.model_nodes = std::stoi(next());
       else if (f == "--child")
@@ -129,6 +139,10 @@ int main(int argc, char** argv) {
     return std::fprintf(
                stderr, "--quiet-s/--interval-nodes/--model-nodes: bad value\n"),
            2;
+  if (a.relay_nodes < 0 || a.relay_nodes > 4096)
+    return std::fprintf(stderr, "--relay-nodes: must be in [0, 4096]\n"), 2;
+  if (a.relay_gather_ms < 0 || a.relay_gather_ms > 1000)
+    return std::fprintf(stderr, "--relay-gather-ms: must be in [0, 1000]\n"), 2;
   if (a.child) {
     if (a.port <= 0 || a.port > 65535 || a.first < 0 || a.count < 1 ||
         a.first + a.count > a.nodes + 1)

@@ -39,7 +39,10 @@ std::string ToJson(const Result& r) {
       "\"coordinator_cpu_us_per_heartbeat\": %.1f, "
       "\"coordinator_cpu_us_per_report\": %.1f, "
       "\"report_calls_per_s\": %.1f, \"model_nodes\": %d, "
-      "\"model_heartbeat_ms\": %d, \"model_coordinator_cores\": %.3f}",
+      "\"model_heartbeat_ms\": %d, \"model_coordinator_cores\": %.3f, "
+      "\"relay_nodes\": %d, \"relay_gather_ms\": %d, "
+      "\"relay_batches\": %llu, \"relay_heartbeats\": %llu, "
+      "\"relay_reports\": %llu, \"relay_refused\": %llu}",
       r.nodes, r.ranks, r.interval_s, r.duration_s, r.steps_started,
       r.steps_committed, r.commit_p50, r.commit_p99, r.commit_max, r.detect_s,
       r.plan_s, r.plan_compute_s, r.plan_orders, r.false_deaths, r.hb_p99,
@@ -61,7 +64,11 @@ std::string ToJson(const Result& r) {
       r.sim_late_p99_s, static_cast<unsigned long long>(r.sim_heartbeats),
       r.sim_cpu_cores, r.quiet_s, r.quiet_heartbeats_per_s,
       r.cpu_us_per_heartbeat, r.cpu_us_per_report, r.report_calls_per_s,
-      r.model_nodes, r.model_interval_ms, r.model_cores);
+      r.model_nodes, r.model_interval_ms, r.model_cores, r.relay_nodes,
+      r.relay_gather_ms, static_cast<unsigned long long>(r.relay_batches),
+      static_cast<unsigned long long>(r.relay_heartbeats),
+      static_cast<unsigned long long>(r.relay_reports),
+      static_cast<unsigned long long>(r.relay_refused));
   return buf;
 }
 
@@ -107,6 +114,20 @@ void PrintText(const Result& r) {
       "%llu more than timeout/2\n",
       static_cast<unsigned long long>(r.sim_heartbeats), r.sim_late_p99_s,
       r.sim_late_max_s, static_cast<unsigned long long>(r.sim_late_sends));
+  if (r.relay_nodes > 0)
+    std::printf(
+        "  relays of %d nodes (gathering %d ms): %llu RelayBatch calls "
+        "carried %llu heartbeats and %llu report calls (%.1f items a "
+        "batch); %llu batches refused whole\n",
+        r.relay_nodes, r.relay_gather_ms,
+        static_cast<unsigned long long>(r.relay_batches),
+        static_cast<unsigned long long>(r.relay_heartbeats),
+        static_cast<unsigned long long>(r.relay_reports),
+        r.relay_batches > 0
+            ? static_cast<double>(r.relay_heartbeats + r.relay_reports) /
+                  r.relay_batches
+            : 0.0,
+        static_cast<unsigned long long>(r.relay_refused));
   if (r.cpu_us_per_heartbeat >= 0)
     std::printf(
         "  coordinator CPU per heartbeat %.1f us (%.0f heartbeats/s, %.1f s "

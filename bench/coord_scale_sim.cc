@@ -224,7 +224,10 @@ std::string NodeId(int g, int nodes) {
 class NodeSim {
  public:
   NodeSim(const Args& a)
-      : a_(a), nodes_(new Node[a.count]), rng_(42 + a.first) {
+      : a_(a),
+        relayed_(a.relay_nodes > 0),
+        nodes_(new Node[a.count]),
+        rng_(42 + a.first) {
     const int channels = std::max(1, a.channels);
     for (int c = 0; c < channels; ++c) {
       grpc::ChannelArguments args;
@@ -239,6 +242,20 @@ class NodeSim {
       const int g = a.first + k;
       nodes_[k].id = NodeId(g, a.nodes);
       nodes_[k].spare = g == a.nodes;
+    }
+    if (relayed_) {
+      // One connection per relay, apart from the nodes' own (which only
+      // register: that stays direct, per node).
+      for (int r = 0; r < (a.count + a.relay_nodes - 1) / a.relay_nodes; ++r) {
+        grpc::ChannelArguments args;
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        args.SetInt("ckpt.bench_relay", r);
+        relays_.push_back(std::make_unique<Relay>());
+        relays_.back()->stub =
+            v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+                "127.0.0.1:" + std::to_string(a.port),
+                grpc::InsecureChannelCredentials(), args));
+      }
     }
     for (int t = 0; t < kTimerThreads; ++t) {
       timers_.push_back(std::make_unique<Timers>());
@@ -297,6 +314,8 @@ class NodeSim {
     stopping_ = true;
     for (auto& t : timers_) t->Stop();
     for (auto& t : hb_timers_) t->Stop();
+    // What relays still gather goes now (their timers are stopped).
+    for (size_t r = 0; r < relays_.size(); ++r) SendBatch(static_cast<int>(r));
     while (inflight_ > 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::ostringstream out;
@@ -313,6 +332,10 @@ class NodeSim {
     r("sim_late_sends", sim_late_sends_.load());
     r("reregistrations", reregistered_calls_.load());
     r("told_hb_ms", told_hb_ms_.load());
+    r("relay_batches", relay_batches_.load());
+    r("relay_heartbeats", relay_heartbeats_.load());
+    r("relay_reports", relay_reports_.load());
+    r("relay_refused", relay_refused_.load());
     std::lock_guard<std::mutex> lock(mu_);
     out.precision(17);
     for (const auto& [n, st] : steps_)
@@ -462,6 +485,7 @@ class NodeSim {
   void Heartbeat(int k, double due) {
     if (stopping_) return;
     Node& n = nodes_[k];
+    v1::HeartbeatRequest relayed;  // the node's own message, for its relay
     {
       std::lock_guard<std::mutex> lock(n.mu);
       if (n.dead) return;
@@ -475,85 +499,99 @@ class NodeSim {
       late_.Add(late);
       if (late > a_.timeout_ms / 2000.0) ++sim_late_sends_;
       if (n.hb_dirty) BuildHeartbeatLocked(n);
-      n.hb_ctx.emplace();
-      n.hb_ctx->set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::milliseconds(a_.timeout_ms));
+      if (relayed_)
+        relayed = n.hb_req;
+      else {
+        n.hb_ctx.emplace();
+        n.hb_ctx->set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::milliseconds(a_.timeout_ms));
+      }
     }
     const double sent = Now();
     ++inflight_;
     ++rpcs_;
-    StubFor(k)->async()->Heartbeat(
-        &*n.hb_ctx, &n.hb_req, &n.hb_resp, [this, k, sent](grpc::Status s) {
-          Node& n = nodes_[k];
-          const double answered = Now();
-          bool fenced = false, again = false;
-          double interval = 0;
-          if (s.ok() || Retryable(s)) hb_latency_.Add(answered - sent);
-          if (!s.ok()) ++hb_errors_;
-          if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
-            ++refused_heartbeat_;
-          if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-              s.error_code() == grpc::StatusCode::UNAVAILABLE)
-            ++hb_timed_out_;
-          {
-            std::lock_guard<std::mutex> lock(n.mu);
-            if (s.ok()) {
-              n.last_hb_ok_sent = sent;
-              ++hb_ok_;
-              const v1::HeartbeatResponse& resp = n.hb_resp;
-              if (resp.heartbeat_interval_ms() > 0)
-                n.hb_ms = static_cast<int>(resp.heartbeat_interval_ms());
-              int told = told_hb_ms_.load();
-              while (n.hb_ms > told &&
-                     !told_hb_ms_.compare_exchange_weak(told, n.hb_ms)) {
-              }
-              if (!n.acks.empty() && n.hb_req.acked_order_ids_size() > 0) {
-                for (uint64_t id : n.hb_req.acked_order_ids())
-                  std::erase(n.acks, id);
-                n.hb_dirty = true;
-              }
-              std::vector<uint32_t> ranks;
-              for (const auto& as : resp.assignments())
-                if (as.job() == kJob)
-                  ranks.assign(as.ranks().begin(), as.ranks().end());
-              if (ranks != n.ranks) {
-                n.ranks = std::move(ranks);
-                n.hb_dirty = true;
-              }
-              for (const auto& o : resp.orders()) {
-                if (o.generation() > gen0_) {
-                  std::lock_guard<std::mutex> l(mu_);
-                  plan_orders_.insert(o.id());
-                }
-                if (n.seen.insert(o.id()).second) {
-                  n.acks.push_back(o.id());
-                  n.hb_dirty = true;
-                }
-              }
-            } else if (s.error_code() ==
-                           grpc::StatusCode::FAILED_PRECONDITION &&
-                       n.fenced_epoch != n.hb_req.epoch()) {
-              n.fenced_epoch = n.hb_req.epoch();
-              fenced = true;
-              if (!n.dead) ++false_deaths_;  // fenced while alive
-            }
-            again = fenced || s.ok() || Retryable(s) ||
-                    s.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
-            interval = HeartbeatSLocked(n);
+    if (relayed_) {
+      RelayItem item;
+      item.k = k;
+      item.sent = sent;
+      Gather(k, std::move(relayed), nullptr, std::move(item));
+      return;
+    }
+    StubFor(k)->async()->Heartbeat(&*n.hb_ctx, &n.hb_req, &n.hb_resp,
+                                   [this, k, sent](grpc::Status s) {
+                                     HeartbeatDone(k, sent, s);
+                                     --inflight_;
+                                   });
+  }
+
+  // A heartbeat's answer (in n.hb_resp when OK), direct or through the
+  // node's relay: handled as the agent does.
+  void HeartbeatDone(int k, double sent, const grpc::Status& s) {
+    Node& n = nodes_[k];
+    const double answered = Now();
+    bool fenced = false, again = false;
+    double interval = 0;
+    if (s.ok() || Retryable(s)) hb_latency_.Add(answered - sent);
+    if (!s.ok()) ++hb_errors_;
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+      ++refused_heartbeat_;
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        s.error_code() == grpc::StatusCode::UNAVAILABLE)
+      ++hb_timed_out_;
+    {
+      std::lock_guard<std::mutex> lock(n.mu);
+      if (s.ok()) {
+        n.last_hb_ok_sent = sent;
+        ++hb_ok_;
+        const v1::HeartbeatResponse& resp = n.hb_resp;
+        if (resp.heartbeat_interval_ms() > 0)
+          n.hb_ms = static_cast<int>(resp.heartbeat_interval_ms());
+        int told = told_hb_ms_.load();
+        while (n.hb_ms > told &&
+               !told_hb_ms_.compare_exchange_weak(told, n.hb_ms)) {
+        }
+        if (!n.acks.empty() && n.hb_req.acked_order_ids_size() > 0) {
+          for (uint64_t id : n.hb_req.acked_order_ids()) std::erase(n.acks, id);
+          n.hb_dirty = true;
+        }
+        std::vector<uint32_t> ranks;
+        for (const auto& as : resp.assignments())
+          if (as.job() == kJob)
+            ranks.assign(as.ranks().begin(), as.ranks().end());
+        if (ranks != n.ranks) {
+          n.ranks = std::move(ranks);
+          n.hb_dirty = true;
+        }
+        for (const auto& o : resp.orders()) {
+          if (o.generation() > gen0_) {
+            std::lock_guard<std::mutex> l(mu_);
+            plan_orders_.insert(o.id());
           }
-          if (fenced) {
-            // As the node agent does: register again for a new epoch.
-            ++reregistered_calls_;
-            Register(k, false);
+          if (n.seen.insert(o.id()).second) {
+            n.acks.push_back(o.id());
+            n.hb_dirty = true;
           }
-          if (again) {
-            const double due = fenced ? answered + interval
-                                      : std::max(sent + interval, answered);
-            HeartbeatTimersFor(k).At(due,
-                                     [this, k, due] { Heartbeat(k, due); });
-          }
-          --inflight_;
-        });
+        }
+      } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+                 n.fenced_epoch != n.hb_req.epoch()) {
+        n.fenced_epoch = n.hb_req.epoch();
+        fenced = true;
+        if (!n.dead) ++false_deaths_;  // fenced while alive
+      }
+      again = fenced || s.ok() || Retryable(s) ||
+              s.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+      interval = HeartbeatSLocked(n);
+    }
+    if (fenced) {
+      // As the node agent does: register again for a new epoch.
+      ++reregistered_calls_;
+      Register(k, false);
+    }
+    if (again) {
+      const double due =
+          fenced ? answered + interval : std::max(sent + interval, answered);
+      HeartbeatTimersFor(k).At(due, [this, k, due] { Heartbeat(k, due); });
+    }
   }
 
   void Report(int k, uint64_t step, bool durable, int attempt) {
@@ -584,51 +622,189 @@ class NodeSim {
     const double sent = Now();
     ++inflight_;
     ++rpcs_;
+    if (relayed_) {
+      RelayItem item;
+      item.k = k;
+      item.sent = sent;
+      item.step = step;
+      item.durable = durable;
+      item.attempt = attempt;
+      Gather(k, {}, c, std::move(item));
+      return;
+    }
     StubFor(k)->async()->ReportShards(
         &c->ctx, &c->req, &c->resp,
         [this, c, k, step, durable, attempt, sent](grpc::Status s) {
-          if (Retryable(s)) {
-            ++refused_;
-            double backoff = std::min(2.0, 0.02 * (1 << std::min(attempt, 7)));
-            backoff *= 0.5 + (k % 100) / 100.0;
-            if (double after = RetryAfter(c->ctx); after >= 0) backoff = after;
-            TimersFor(k).At(Now() + backoff, [this, k, step, durable, attempt] {
-              Report(k, step, durable, attempt + 1);
-            });
-          } else if (!s.ok()) {
-            ++report_errors_;
-          } else {
-            bool committed = false;
-            int ok = 0;
-            for (const auto& r : c->resp.results()) {
-              if (r.code() == 0)
-                ++ok;
-              else
-                ++report_errors_;
-              committed = committed || r.durable_everywhere();
-            }
-            reports_ok_ += ok;
-            const double now = Now();
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              StepStat& st = steps_[step];
-              if (durable && ok > 0)
-                st.last_durable_send = std::max(st.last_durable_send, sent);
-              if (committed && st.committed < 0) st.committed = now;
-            }
-            if (!durable && ok > 0) {
-              const double when =
-                  now + a_.persist_ms / 1000.0 * (0.8 + 0.4 * (k % 97) / 97.0);
-              TimersFor(k).At(when,
-                              [this, k, step] { Report(k, step, true, 0); });
-            }
-          }
-          delete c;
+          ReportDone(c, k, step, durable, attempt, sent, s, RetryAfter(c->ctx));
           --inflight_;
         });
   }
 
+  // A report call's answer (in c->resp when OK; `retry_after` the
+  // coordinator's, in seconds, or -1), direct or through the node's
+  // relay; deletes c.
+  void ReportDone(Call<v1::ReportShardsRequest, v1::ReportShardsResponse>* c,
+                  int k, uint64_t step, bool durable, int attempt, double sent,
+                  const grpc::Status& s, double retry_after) {
+    if (Retryable(s)) {
+      ++refused_;
+      double backoff = std::min(2.0, 0.02 * (1 << std::min(attempt, 7)));
+      backoff *= 0.5 + (k % 100) / 100.0;
+      if (retry_after >= 0) backoff = retry_after;
+      TimersFor(k).At(Now() + backoff, [this, k, step, durable, attempt] {
+        Report(k, step, durable, attempt + 1);
+      });
+    } else if (!s.ok()) {
+      ++report_errors_;
+    } else {
+      bool committed = false;
+      int ok = 0;
+      for (const auto& r : c->resp.results()) {
+        if (r.code() == 0)
+          ++ok;
+        else
+          ++report_errors_;
+        committed = committed || r.durable_everywhere();
+      }
+      reports_ok_ += ok;
+      const double now = Now();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        StepStat& st = steps_[step];
+        if (durable && ok > 0)
+          st.last_durable_send = std::max(st.last_durable_send, sent);
+        if (committed && st.committed < 0) st.committed = now;
+      }
+      if (!durable && ok > 0) {
+        const double when =
+            now + a_.persist_ms / 1000.0 * (0.8 + 0.4 * (k % 97) / 97.0);
+        TimersFor(k).At(when, [this, k, step] { Report(k, step, true, 0); });
+      }
+    }
+    delete c;
+  }
+
+  // Relays (--relay-nodes K): nodes k / K of this process share one; each
+  // gathers its nodes' heartbeats and report calls for --relay-gather-ms
+  // from the first, then sends them in one RelayBatch on its own
+  // connection, and hands each node its own item's answer (the batch's
+  // refusal, with its retry-after, when the whole batch was refused).
+  struct RelayItem {
+    int k = 0;
+    double sent = 0;
+    // A report call's (null for a heartbeat).
+    Call<v1::ReportShardsRequest, v1::ReportShardsResponse>* call = nullptr;
+    uint64_t step = 0;
+    bool durable = false;
+    int attempt = 0;
+  };
+  struct RelayBatchCall {
+    grpc::ClientContext ctx;
+    v1::RelayBatchRequest req;
+    v1::RelayBatchResponse resp;
+    std::vector<RelayItem> beats, reports;
+  };
+  struct Relay {
+    std::mutex mu;
+    std::unique_ptr<v1::Coordinator::Stub> stub;
+    std::unique_ptr<RelayBatchCall> gathering;  // under mu
+  };
+
+  void Gather(int k, v1::HeartbeatRequest beat,
+              Call<v1::ReportShardsRequest, v1::ReportShardsResponse>* report,
+              RelayItem item) {
+    const int r = k / a_.relay_nodes;
+    Relay& relay = *relays_[r];
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(relay.mu);
+      if (!relay.gathering) {
+        relay.gathering = std::make_unique<RelayBatchCall>();
+        relay.gathering->req.set_relay_id("sim-" + std::to_string(a_.first) +
+                                          "-" + std::to_string(r));
+        first = true;
+      }
+      RelayBatchCall& b = *relay.gathering;
+      if (report) {
+        item.call = report;
+        *b.req.add_reports() = report->req;
+        b.reports.push_back(item);
+      } else {
+        *b.req.add_heartbeats() = std::move(beat);
+        b.beats.push_back(item);
+      }
+    }
+    if (first)
+      HeartbeatTimersFor(r).At(Now() + a_.relay_gather_ms / 1000.0,
+                               [this, r] { SendBatch(r); });
+  }
+
+  void SendBatch(int r) {
+    Relay& relay = *relays_[r];
+    std::unique_ptr<RelayBatchCall> b;
+    {
+      std::lock_guard<std::mutex> lock(relay.mu);
+      b = std::move(relay.gathering);
+    }
+    if (!b) return;
+    ++relay_batches_;
+    relay_heartbeats_ += b->beats.size();
+    relay_reports_ += b->reports.size();
+    b->ctx.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(a_.timeout_ms));
+    RelayBatchCall* call = b.release();
+    relay.stub->async()->RelayBatch(
+        &call->ctx, &call->req, &call->resp, [this, call](grpc::Status s) {
+          std::unique_ptr<RelayBatchCall> done(call);
+          const double batch_retry = s.ok() ? -1 : RetryAfter(call->ctx);
+          if (s.ok() && (call->resp.heartbeats_size() !=
+                             static_cast<int>(call->beats.size()) ||
+                         call->resp.reports_size() !=
+                             static_cast<int>(call->reports.size())))
+            s = grpc::Status(grpc::StatusCode::INTERNAL,
+                             "relay: answers do not match the items");
+          if (!s.ok()) ++relay_refused_;
+          auto item_status = [&](const v1::RelayedStatus& st, double* retry) {
+            *retry =
+                st.retry_after_ms() > 0 ? st.retry_after_ms() / 1000.0 : -1;
+            return grpc::Status(static_cast<grpc::StatusCode>(st.code()),
+                                st.message());
+          };
+          for (size_t i = 0; i < call->beats.size(); ++i) {
+            const RelayItem& it = call->beats[i];
+            grpc::Status is = s;
+            if (s.ok()) {
+              double unused = -1;
+              const v1::RelayedHeartbeat& h = call->resp.heartbeats(i);
+              is = item_status(h.status(), &unused);
+              if (is.ok()) {
+                Node& n = nodes_[it.k];
+                std::lock_guard<std::mutex> lock(n.mu);
+                n.hb_resp = h.response();
+              }
+            }
+            HeartbeatDone(it.k, it.sent, is);
+            --inflight_;
+          }
+          for (size_t i = 0; i < call->reports.size(); ++i) {
+            const RelayItem& it = call->reports[i];
+            grpc::Status is = s;
+            double retry = batch_retry;
+            if (s.ok()) {
+              const v1::RelayedReports& rr = call->resp.reports(i);
+              is = item_status(rr.status(), &retry);
+              if (is.ok()) it.call->resp = rr.response();
+            }
+            ReportDone(it.call, it.k, it.step, it.durable, it.attempt, it.sent,
+                       is, retry);
+            --inflight_;
+          }
+        });
+  }
+
   const Args a_;
+  const bool relayed_;  // heartbeats and reports through relays
+  std::vector<std::unique_ptr<Relay>> relays_;
   std::unique_ptr<Node[]> nodes_;
   std::mt19937 rng_;  // StartStep's, on the command thread
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
@@ -649,6 +825,8 @@ class NodeSim {
       report_errors_{0}, hb_errors_{0}, hb_timed_out_{0}, sim_late_sends_{0};
   std::atomic<int> false_deaths_{0}, reregistered_calls_{0};
   std::atomic<uint64_t> refused_register_{0}, refused_heartbeat_{0};
+  std::atomic<uint64_t> relay_batches_{0}, relay_heartbeats_{0},
+      relay_reports_{0}, relay_refused_{0};
 };
 
 // A simulator child as the parent sees it: its pid and the two ends of
@@ -748,7 +926,11 @@ bool SpawnChildren(const Args& a, int port, std::vector<Child>* kids) {
                                      "--persist-ms",
                                      std::to_string(a.persist_ms),
                                      "--channels",
-                                     std::to_string(channels)};
+                                     std::to_string(channels),
+                                     "--relay-nodes",
+                                     std::to_string(a.relay_nodes),
+                                     "--relay-gather-ms",
+                                     std::to_string(a.relay_gather_ms)};
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -1040,6 +1222,12 @@ class Parent {
     r->refused_job = refused_job;
     r->told_heartbeat_ms = m.told_hb_ms;
     r->reregistrations = static_cast<int>(get("reregistrations"));
+    r->relay_nodes = a_.relay_nodes;
+    r->relay_gather_ms = a_.relay_gather_ms;
+    r->relay_batches = get("relay_batches");
+    r->relay_heartbeats = get("relay_heartbeats");
+    r->relay_reports = get("relay_reports");
+    r->relay_refused = get("relay_refused");
     r->registration_s = registration_s;
     r->cpu_total_s = cpu1 - cpu_start;
     r->wall_total_s = t1 - start;

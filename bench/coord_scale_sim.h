@@ -36,6 +36,12 @@ struct Args {
   // the coordinator's default).
   int interval_nodes = 2048;
   int model_nodes = 16384;  // the model's cluster size
+  // Relays (0: none, every node calls the coordinator itself): nodes
+  // grouped this many per relay, which gathers their heartbeats and report
+  // calls for relay_gather_ms and sends them in one RelayBatch on its own
+  // connection; registration stays direct.
+  int relay_nodes = 0;
+  int relay_gather_ms = 5;
   bool json = false;
   std::vector<int> sweep;
   std::string binary = COORDINATOR_BINARY;
@@ -74,8 +80,14 @@ struct Result {
   uint64_t sim_heartbeats = 0;  // heartbeats sent, whole run
   double sim_cpu_cores = 0;     // the simulator processes, measured window
   int reregistrations = 0;      // after a false death (a fence)
-  double registration_s = -1;   // first RegisterNode sent -> all answered
-  double cpu_total_s = 0;       // coordinator CPU seconds, whole run
+  // Relays (Args::relay_nodes; 0: none): RelayBatch calls sent, the node
+  // heartbeats and report calls they carried, and batches refused whole
+  // (RESOURCE_EXHAUSTED, ...), over the whole run.
+  int relay_nodes = 0, relay_gather_ms = 0;
+  uint64_t relay_batches = 0, relay_heartbeats = 0, relay_reports = 0,
+           relay_refused = 0;
+  double registration_s = -1;  // first RegisterNode sent -> all answered
+  double cpu_total_s = 0;      // coordinator CPU seconds, whole run
   double wall_total_s = 0;
   uint64_t report_errors = 0;
   double cpu_cores = 0;

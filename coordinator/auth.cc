@@ -59,6 +59,18 @@ grpc::Status Authorize(const grpc::ServerContextBase& ctx,
                      " is not an admin identity (--admin-identities: ",
                      absl::StrJoin(policy.admin_identities, ","), ")"));
   }
+  if (method == "RelayBatch") {
+    for (const std::string& id : ids)
+      if (Contains(policy.relay_identities, id)) return grpc::Status::OK;
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat(method, ": the client certificate ", who,
+                     " is not a relay identity (--relay-identities: ",
+                     policy.relay_identities.empty()
+                         ? "none"
+                         : absl::StrJoin(policy.relay_identities, ","),
+                     ")"));
+  }
   const google::protobuf::FieldDescriptor* field =
       request.GetDescriptor()->FindFieldByName("node_id");
   if (field &&

@@ -13,6 +13,11 @@
 //   (it makes nodes run checks) need an admin
 //   identity: one listed in
 //   AuthPolicy::admin_identities (--admin-identities, default "ckpt-admin");
+// - RelayBatch (a relay carrying many nodes' heartbeats and reports) needs
+//   a relay identity: one listed in AuthPolicy::relay_identities
+//   (--relay-identities, default none: no relay is admitted under mTLS).
+//   The relay vouches for each item's node (it authorized the node's own
+//   call as this file does); items' node_ids are not matched against it;
 // - the rest (GetCluster, Events, RegisterJob) need any valid certificate.
 // Refusals are PERMISSION_DENIED naming the method, the identity and the
 // rule. Without TLS (--insecure) every call is admitted. Functions only;
@@ -31,6 +36,7 @@ namespace ckpt::coordinator {
 struct AuthPolicy {
   bool mtls = false;
   std::vector<std::string> admin_identities{"ckpt-admin"};
+  std::vector<std::string> relay_identities;
 };
 
 // The peer certificate's CN and subjectAltName values (empty without TLS).

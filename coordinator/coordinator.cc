@@ -147,47 +147,78 @@ absl::Status Coordinator::ValidateHeartbeat(const v1::HeartbeatRequest& req) {
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& req) {
   // Every return answers it, a refusal included: the server heard it
-  // before this call (owed an answer), and the node waits for one. After
-  // the Txn below releases the state lock (declared before it).
+  // before this call (owed an answer), and the node waits for one.
   absl::Cleanup answered = [&] {
     HeartbeatAnswered(req.node_id(), req.epoch());
   };
-  CKPT_RETURN_IF_ERROR(ValidateHeartbeat(req));
-  // Liveness first, without the state mutex: a heartbeat counts even if
-  // reports or a plan hold the state for a while.
-  Heard(req.node_id(), req.epoch());
-  Txn txn(this);
-  v1::HeartbeatResponse resp;
-  absl::Status s = HeartbeatLocked(txn.batch(), req, &resp);
-  if (!s.ok()) return txn.Commit(s);  // timeouts detected above still count
-  txn.Enqueue();
-  return resp;
+  HeartbeatCall call{.req = &req};
+  uint64_t durable_seq = 0;
+  (void)HeartbeatGroup({&call}, /*try_lock=*/false, &durable_seq);
+  // A refusal built on changes not yet durable waits for them; a failed
+  // write is the answer then.
+  if (durable_seq != 0) CKPT_RETURN_IF_ERROR(WaitDurable(durable_seq));
+  return std::move(call.out);
 }
 
 std::optional<absl::StatusOr<v1::HeartbeatResponse>> Coordinator::TryHeartbeat(
     const v1::HeartbeatRequest& req, uint64_t* durable_seq) {
-  *durable_seq = 0;
   absl::Cleanup answered = [&] {
     HeartbeatAnswered(req.node_id(), req.epoch());
   };
-  if (absl::Status s = ValidateHeartbeat(req); !s.ok()) return s;
-  Heard(req.node_id(), req.epoch());
-  if (!mu_.TryLock()) {
+  HeartbeatCall call{.req = &req};
+  if (!HeartbeatGroup({&call}, /*try_lock=*/true, durable_seq)) {
     std::move(answered).Cancel();  // the queued Heartbeat answers it
     return std::nullopt;
   }
+  return std::move(call.out);
+}
+
+bool Coordinator::HeartbeatGroup(const std::vector<HeartbeatCall*>& calls,
+                                 bool try_lock, uint64_t* durable_seq) {
+  *durable_seq = 0;
+  std::vector<HeartbeatCall*> valid;
+  valid.reserve(calls.size());
+  for (HeartbeatCall* c : calls) {
+    c->valid = false;
+    if (absl::Status s = ValidateHeartbeat(*c->req); !s.ok()) {
+      c->out = std::move(s);
+      continue;
+    }
+    c->valid = true;
+    // Liveness first, without the state mutex: a heartbeat counts even if
+    // reports or a plan hold the state for a while.
+    Heard(c->req->node_id(), c->req->epoch());
+    valid.push_back(c);
+  }
+  if (valid.empty()) return true;
+  if (try_lock) {
+    if (!mu_.TryLock()) return false;
+  } else {
+    mu_.Lock();
+  }
   Txn txn(this, Txn::Adopt{});
-  v1::HeartbeatResponse resp;
-  absl::Status s = HeartbeatLocked(txn.batch(), req, &resp);
-  if (!s.ok()) {
-    // As Heartbeat's Commit, but the wait is the caller's, on a thread
-    // that may wait.
-    if (txn.batch()->empty()) return txn.Commit(s);
+  bool refused = false;
+  for (HeartbeatCall* c : valid) {
+    v1::HeartbeatResponse resp;
+    // A refusal changes nothing (HeartbeatLocked); the calls before and
+    // after it keep their own answers.
+    absl::Status s = HeartbeatLocked(txn.batch(), *c->req, &resp);
+    if (s.ok()) {
+      c->out = std::move(resp);
+    } else {
+      c->out = std::move(s);
+      refused = true;
+    }
+  }
+  // A refusal with changes in the batch (timeouts detected above) is
+  // answered once they are durable, as a lone call's Commit would; an
+  // accepted heartbeat never waits.
+  if (refused && !txn.batch()->empty()) {
     *durable_seq = txn.EnqueueForWait();
-    return s;
+    return true;
   }
   txn.Enqueue();
-  return resp;
+  return true;
 }
 
 absl::Status Coordinator::WaitDurable(uint64_t seq) {

@@ -137,6 +137,26 @@ class Coordinator {
       const v1::HeartbeatRequest& req, uint64_t* durable_seq);
   // Waits until the group commit `seq` (TryHeartbeat's) is durable.
   absl::Status WaitDurable(uint64_t seq);
+  // Heartbeats applied together: Heartbeat, TryHeartbeat and a relay's
+  // batch all go through HeartbeatGroup. A request and its answer.
+  struct HeartbeatCall {
+    const v1::HeartbeatRequest* req = nullptr;
+    bool valid = false;  // passed ValidateHeartbeat (a refusal after it is
+                         // the state's: a fenced epoch, an unknown ack)
+    absl::StatusOr<v1::HeartbeatResponse> out =
+        absl::InternalError("heartbeat not run");
+  };
+  // Validates each call (a refusal is its own, the others go on) and
+  // hears it (Heard), then applies the valid ones in order under one hold
+  // of the state lock (one batch, enqueued without waiting), each exactly
+  // as a lone Heartbeat. With `try_lock`, only if the lock is free at
+  // once: false, with nothing done but validation and Heard, when it is
+  // not. *durable_seq: when a call was refused on changes not yet durable
+  // (a node found dead by this very hold), the group commit to wait for
+  // (WaitDurable) before answering the refused calls; else 0. Answering
+  // (HeartbeatAnswered) is the caller's.
+  bool HeartbeatGroup(const std::vector<HeartbeatCall*>& calls, bool try_lock,
+                      uint64_t* durable_seq) ABSL_LOCKS_EXCLUDED(mu_);
   // The liveness part of a heartbeat alone (no state lock): node_id at
   // `epoch` was heard now. The server calls it for every heartbeat it
   // receives, before admission may shed the rest of the work.
@@ -147,6 +167,40 @@ class Coordinator {
   // What the coordinator could hear (hearing.h): the server tells it when
   // it could not.
   Hearing& hearing() { return hearing_; }
+  // coordinator_relay.cc: a relay's batch of many nodes' heartbeats and
+  // ReportShards calls (RelayBatchRequest; doc/coordinator-scale.md
+  // "Relays"). Its own fields: relay_id printable, 1 to kMaxRelayIdBytes;
+  // at most kMaxRelayHeartbeats heartbeats and kMaxRelayReports report
+  // calls. A refusal (INVALID_ARGUMENT naming the field) is the whole
+  // batch's: nothing of it is heard or applied.
+  static constexpr size_t kMaxRelayIdBytes = 128;
+  static constexpr int kMaxRelayHeartbeats = 4096;
+  static constexpr int kMaxRelayReports = 4096;
+  [[nodiscard]] static absl::Status ValidateRelayBatch(
+      const v1::RelayBatchRequest& req);
+  // Hears (Heard) each heartbeat item with a valid node_id, the first of
+  // its node in the batch: the server calls it on arrival, before
+  // admission, as it does for a direct heartbeat.
+  void HearRelayBatch(const v1::RelayBatchRequest& req);
+  // Each item answered as its direct call would have been: a heartbeat
+  // item through HeartbeatGroup (all of them in one hold of the state
+  // lock), a report item through ApplyReportGroup (one hold per 64 items,
+  // then one wait for the group commit), each refusal in its own
+  // RelayedStatus; a refusal found before the lock (a bad field, a node's
+  // second heartbeat in the batch) names the item's index:
+  // "heartbeats[3].node_id: ...". Every heartbeat item is answered
+  // (HeartbeatAnswered) before it returns. ValidateRelayBatch first.
+  v1::RelayBatchResponse RelayBatch(const v1::RelayBatchRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // RelayBatch in two halves: the state lock's work now, and what waits
+  // for the group commits the answers need, answers each heartbeat item
+  // and returns the answer (`req` must live until it has run). *waits:
+  // whether that half waits for a durable write (else it returns at
+  // once), so the server can run it on a thread that may wait.
+  std::function<v1::RelayBatchResponse()> ApplyRelayBatch(
+      const v1::RelayBatchRequest& req, bool* waits) ABSL_LOCKS_EXCLUDED(mu_);
+  // Admission shed the batch: its heartbeat items' refusal goes back now.
+  void RelayBatchShed(const v1::RelayBatchRequest& req);
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
       const v1::RegisterJobRequest& req);
   absl::StatusOr<v1::ReportShardResponse> ReportShard(
@@ -416,6 +470,10 @@ class Coordinator {
     absl::StatusOr<v1::ReportShardsResponse> out =
         absl::InternalError("report call not run");
   };
+  // ReportShards's checks of its request and the layout indexes parsed
+  // (no lock), into `call`; a refusal names the field.
+  [[nodiscard]] static absl::Status PrepareReportCall(
+      const v1::ReportShardsRequest& req, ReportCall* call);
   // Applies a group of ReportShards calls under one hold of the state
   // mutex (one batch, the completed steps committed together); returns
   // what waits for the batch and answers each call.

@@ -398,8 +398,8 @@ absl::StatusOr<v1::ReportShardResponse> Coordinator::ReportShard(
   return out;
 }
 
-absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
-    const v1::ReportShardsRequest& req) {
+absl::Status Coordinator::PrepareReportCall(const v1::ReportShardsRequest& req,
+                                            ReportCall* call) {
   CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id()));
   if (req.reports_size() > static_cast<int>(kMaxWorldSize))
     return absl::InvalidArgumentError(
@@ -407,23 +407,29 @@ absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
                      " in one call, more than ", kMaxWorldSize));
   // The layout indexes are checked before the state mutex is taken: a
   // rank's pieces are O(its tensors) to parse.
-  ReportCall call;
-  call.req = &req;
-  call.indexes.resize(req.reports_size());
-  call.index_checks.resize(req.reports_size());
+  call->req = &req;
+  call->indexes.assign(req.reports_size(), RankIndex{});
+  call->index_checks.assign(req.reports_size(), absl::OkStatus());
   for (int i = 0; i < req.reports_size(); ++i) {
     const v1::ShardReport& r = req.reports(i);
     if (!r.has_layout_index()) continue;
     absl::StatusOr<storage::LayoutIndex> parsed = storage::ParseRankLayoutIndex(
         r.layout_index(), r.rank(), /*world_size=*/0, "layout_index");
     if (!parsed.ok()) {
-      call.index_checks[i] = parsed.status();
+      call->index_checks[i] = parsed.status();
       continue;
     }
-    call.indexes[i].world_size = parsed->world_size();
-    call.indexes[i].blob =
+    call->indexes[i].world_size = parsed->world_size();
+    call->indexes[i].blob =
         std::make_shared<const std::string>(r.layout_index());
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReportShardsResponse> Coordinator::ReportShards(
+    const v1::ReportShardsRequest& req) {
+  ReportCall call;
+  CKPT_RETURN_IF_ERROR(PrepareReportCall(req, &call));
   report_groups_.Run(&call, [this](const std::vector<ReportCall*>& group) {
     return ApplyReportGroup(group);
   });

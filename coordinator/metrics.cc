@@ -95,7 +95,20 @@ CoordinatorMetrics::CoordinatorMetrics()
                       .Help("1 while a rank is a straggler: its compute (or "
                             "step) time above --straggler-factor x the "
                             "job's median for --straggler-windows windows")
-                      .Register(*registry_)) {
+                      .Register(*registry_)),
+      relay_batches_(
+          prometheus::BuildCounter()
+              .Name("ckpt_coordinator_relay_batches_total")
+              .Help("RelayBatch calls from relays, by outcome (applied; "
+                    "shed: admission full; refused: the whole batch, not "
+                    "leader, not a relay identity or a bad field)")
+              .Register(*registry_)),
+      relayed_items_(
+          prometheus::BuildCounter()
+              .Name("ckpt_coordinator_relayed_items_total")
+              .Help("Node calls carried by relays' batches, by kind "
+                    "(heartbeat, report) and outcome (applied, shed)")
+              .Register(*registry_)) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
@@ -106,6 +119,24 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (const char* outcome : {"answered", "dead"})
     peer_probes_.Add({{"outcome", outcome}});
   recovery_seconds_.Add({}, kRecoveryBuckets);
+  for (const char* outcome : {"applied", "shed", "refused"})
+    relay_batches_.Add({{"outcome", outcome}});
+  for (const char* kind : {"heartbeat", "report"})
+    for (const char* outcome : {"applied", "shed"})
+      relayed_items_.Add({{"kind", kind}, {"outcome", outcome}});
+}
+
+void CoordinatorMetrics::RelayBatch(std::string_view outcome, int heartbeats,
+                                    int reports) {
+  const std::string out(outcome);
+  relay_batches_.Add({{"outcome", out}}).Increment();
+  if (out == "refused") return;
+  if (heartbeats > 0)
+    relayed_items_.Add({{"kind", "heartbeat"}, {"outcome", out}})
+        .Increment(heartbeats);
+  if (reports > 0)
+    relayed_items_.Add({{"kind", "report"}, {"outcome", out}})
+        .Increment(reports);
 }
 
 void CoordinatorMetrics::StepReported(const std::string& job, uint64_t step,

@@ -88,6 +88,12 @@ class CoordinatorMetrics : public prometheus::Collectable {
   void SetStraggler(const std::string& job, const std::string& node,
                     uint32_t rank, bool straggler);
 
+  // A relay's batch (RelayBatch): `outcome` "applied" (admitted, every
+  // item answered), "shed" (admission full: RESOURCE_EXHAUSTED) or
+  // "refused" (the whole batch: not leader, not a relay identity, a bad
+  // field); its items are counted by kind when applied or shed.
+  void RelayBatch(std::string_view outcome, int heartbeats, int reports);
+
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);
 
@@ -107,6 +113,8 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& unconfirmed_claims_;
   prometheus::Family<prometheus::Counter>& restore_sources_;
   prometheus::Family<prometheus::Gauge>& stragglers_;
+  prometheus::Family<prometheus::Counter>& relay_batches_;
+  prometheus::Family<prometheus::Counter>& relayed_items_;
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int64_t>

@@ -11,6 +11,7 @@
 #include "util/cli_parse.h"
 #include "util/config_file.h"
 #include "util/metrics_server.h"
+#include "util/validate.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -40,6 +41,18 @@ absl::Status ValidateMaxSoftSteps(int64_t n, std::string_view name) {
   if (n >= 1 && n <= kMaxSoftSteps) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(name), ": ", n, " is not in [1, ", kMaxSoftSteps, "]"));
+}
+
+// A certificate identity (CN or subjectAltName value) as a list flag
+// gives it: 1 to 255 printable characters, no space.
+absl::Status ValidateIdentity(std::string_view id, std::string_view name) {
+  if (absl::Status s = ValidatePrintable(id, name, 255); !s.ok()) return s;
+  if (id.find(' ') != std::string_view::npos)
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(name), ": ", QuotePrefix(id),
+        " is not a certificate identity (it has a space; the list is "
+        "comma-separated)"));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -81,6 +94,12 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   app.add_option("--admin-identities", admins,
                  "comma-separated certificate identities (CN or "
                  "subjectAltName) allowed to roll back jobs");
+  std::string relays;
+  app.add_option("--relay-identities", relays,
+                 "comma-separated certificate identities (CN or "
+                 "subjectAltName) allowed to call RelayBatch: relays "
+                 "carrying many nodes' heartbeats and reports (mTLS only; "
+                 "default none)");
   app.add_option(
       "--shared-root", o.coordinator.shared_root,
       "shared storage root for global manifests (default: <state>/shared)");
@@ -283,6 +302,19 @@ absl::StatusOr<CoordinatorServerOptions> ParseCoordinatorOptions(
   o.security.admin_identities.clear();
   for (absl::string_view id : absl::StrSplit(admins, ',', absl::SkipEmpty()))
     o.security.admin_identities.emplace_back(id);
+  for (absl::string_view id : absl::StrSplit(relays, ',', absl::SkipEmpty())) {
+    if (absl::Status v =
+            ValidateIdentity(std::string_view(id.data(), id.size()),
+                             name("--relay-identities", "relay_identities"));
+        !v.ok())
+      return v;
+    o.security.relay_identities.emplace_back(id.data(), id.size());
+  }
+  if (!o.security.relay_identities.empty() && !o.security.tls.enabled())
+    return absl::InvalidArgumentError(absl::StrCat(
+        name("--relay-identities", "relay_identities"),
+        ": only with --tls-cert/--tls-key/--tls-ca (without mTLS any caller "
+        "may relay, and no identity is checked)"));
   if (o.etcd_tls.enabled() && !etcd::IsEtcdState(state))
     return absl::InvalidArgumentError(
         "--etcd-tls-cert/--etcd-tls-key/--etcd-tls-ca: only with --state "

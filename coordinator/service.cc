@@ -4,10 +4,13 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/admission.h"
@@ -52,6 +55,55 @@ void SerializeTo(const google::protobuf::Message& resp, grpc::ByteBuffer* out) {
   *out = grpc::ByteBuffer(&slice, 1);
 }
 
+// Relay refusals in the log, with the relay's id: at most one line a
+// second (a misconfigured relay would log at its batch rate), the lines
+// left out counted in the next.
+class RelayRefusalLog {
+ public:
+  void Note(const std::string& relay_id, const std::string& what) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t last = last_ms_.load();
+    if (now - last < 1000 || !last_ms_.compare_exchange_strong(last, now)) {
+      left_out_.fetch_add(1);
+      return;
+    }
+    const uint64_t more = left_out_.exchange(0);
+    LogWarning(absl::StrCat(
+        "relay ", QuotePrefix(relay_id), ": ", what,
+        more ? absl::StrCat(" (and ", more, " more relay refusals since)")
+             : ""));
+  }
+
+ private:
+  std::atomic<int64_t> last_ms_{INT64_MIN / 2};
+  std::atomic<uint64_t> left_out_{0};
+};
+
+// The first refused item of an applied batch, and how many were refused;
+// empty when none.
+std::string RefusedItems(const v1::RelayBatchResponse& resp) {
+  int refused = 0;
+  std::string first;
+  auto note = [&](const v1::RelayedStatus& st, const char* list, int i) {
+    if (st.code() == 0) return;
+    if (refused++ == 0)
+      first = absl::StrCat(
+          list, "[", i, "]: ",
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(st.code())),
+          ": ", st.message());
+  };
+  for (int i = 0; i < resp.heartbeats_size(); ++i)
+    note(resp.heartbeats(i).status(), "heartbeats", i);
+  for (int i = 0; i < resp.reports_size(); ++i)
+    note(resp.reports(i).status(), "reports", i);
+  if (refused == 0) return "";
+  return absl::StrCat(refused, " of ",
+                      resp.heartbeats_size() + resp.reports_size(),
+                      " items refused, the first ", first);
+}
+
 // A request that does not parse is INVALID_ARGUMENT naming the field (see
 // RpcService); the Coordinator validates every field it is given.
 // Heartbeats, ReportShards and RegisterNode (what every node sends, and
@@ -81,7 +133,18 @@ class Service final : public rpc::RpcService {
             100),
         queued_reports_(
             std::max(limits.max_inflight_reports, limits.max_queued_reports)),
-        registrations_("registration", 8, limits.max_inflight_reports, 500) {
+        registrations_("registration", 8, limits.max_inflight_reports, 500),
+        // A relay's batch: its heartbeats in one hold of the state lock,
+        // its reports in groups of 64 calls (Coordinator::ApplyRelayBatch);
+        // the workers hold the lock in turn and never wait for a durable
+        // write (one thread, relay_answers_, waits for the group commits
+        // in order and answers), so a few are enough: 4 keep one applying
+        // while others parse, build and hand over. The bound counts a
+        // batch until it is answered: two in flight per relay at 16,384
+        // nodes in relays of 64 (256 relays).
+        relays_("relay batch", 4, limits.max_queued_relay_batches, 100),
+        relay_answers_("relay answer", 1, std::numeric_limits<int>::max(), 0),
+        relay_capacity_(limits.max_queued_relay_batches) {
     // First: their indices among the methods are 0, 1 and 2.
     AddQueued<v1::HeartbeatRequest>(
         0, "Heartbeat", &heartbeats_,
@@ -108,6 +171,7 @@ class Service final : public rpc::RpcService {
         [this](const v1::RegisterNodeRequest& r) {
           return c_->RegisterNode(r);
         });
+    AddRelayBatch(3);
     AddUnary("RegisterJob", this, &Service::RegisterJob);
     AddUnary("ReportShard", this, &Service::ReportShard);
     AddUnary("ReportTrainerExit", this, &Service::ReportTrainerExit);
@@ -133,6 +197,8 @@ class Service final : public rpc::RpcService {
     heartbeats_.Stop();
     reports_.Stop();
     registrations_.Stop();
+    relays_.Stop();
+    relay_answers_.Stop();
   }
   // 0 sheds every report call and registration (tests, an operator);
   // else n registrations, and the queued bound of reports.
@@ -141,6 +207,10 @@ class Service final : public rpc::RpcService {
     registrations_.SetCapacity(n);
   }
   void SetHeartbeatCapacity(int n) { heartbeats_.SetCapacity(n); }
+  void SetRelayCapacity(int n) {
+    relay_capacity_.store(std::max(n, 0));
+    relays_.SetCapacity(n);
+  }
   grpc::Status RegisterJob(grpc::ServerContext*,
                            const v1::RegisterJobRequest* req,
                            v1::RegisterJobResponse* resp) {
@@ -362,6 +432,82 @@ class Service final : public rpc::RpcService {
             }));
   }
 
+  // RelayBatch (index `index` among the methods) on the callback API:
+  // parsed, admitted (leadership, a relay identity under mTLS) and its
+  // own fields checked on the gRPC thread, which then hears every
+  // heartbeat item (a shed batch's nodes stay alive) and hands the batch
+  // to relays_, whose workers apply it (Coordinator::ApplyRelayBatch:
+  // the state lock) and hand what waits for the group commit to
+  // relay_answers_, which answers. A refusal of the whole batch hears and
+  // applies nothing of it; a shed one (the bound counts a batch until it
+  // is answered) still heard its heartbeats.
+  void AddRelayBatch(int index) {
+    paths_.push_back(
+        absl::StrCat("/", v1::Coordinator::service_full_name(), "/RelayBatch"));
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    MarkMethodRawCallback(
+        index, new grpc::internal::CallbackUnaryHandler<
+                   grpc::ByteBuffer,
+                   grpc::ByteBuffer>([this](grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* in,
+                                            grpc::ByteBuffer* out) {
+          grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+          auto req = std::make_shared<v1::RelayBatchRequest>();
+          grpc::Status s = ParseBytes(*in, req.get());
+          if (s.ok()) s = AdmitCall(ctx, "RelayBatch", *req);
+          if (s.ok()) s = ToGrpc(Coordinator::ValidateRelayBatch(*req));
+          if (!s.ok()) {
+            if (serving_.load(std::memory_order_acquire))
+              c_->options().metrics->RelayBatch("refused", 0, 0);
+            if (s.error_code() != grpc::StatusCode::UNAVAILABLE)
+              relay_log_.Note(req->relay_id(), absl::StrCat("batch refused: ",
+                                                            s.error_message()));
+            reactor->Finish(s);
+            return reactor;
+          }
+          c_->HearRelayBatch(*req);
+          // Counted until answered, its durable wait included.
+          if (relay_pending_.fetch_add(1) < relay_capacity_.load() &&
+              relays_.TryRun([this, reactor, req, out] {
+                bool waits = false;
+                auto finish =
+                    std::make_shared<std::function<v1::RelayBatchResponse()>>(
+                        c_->ApplyRelayBatch(*req, &waits));
+                auto answer = [this, reactor, req, out, finish] {
+                  const v1::RelayBatchResponse resp = (*finish)();
+                  SerializeTo(resp, out);
+                  reactor->Finish(grpc::Status::OK);
+                  relay_pending_.fetch_sub(1);
+                  c_->options().metrics->RelayBatch(
+                      "applied", req->heartbeats_size(), req->reports_size());
+                  if (std::string refused = RefusedItems(resp);
+                      !refused.empty())
+                    relay_log_.Note(req->relay_id(), refused);
+                };
+                if (!waits || !relay_answers_.TryRun(answer)) answer();
+              }))
+            return reactor;
+          relay_pending_.fetch_sub(1);
+          c_->RelayBatchShed(*req);
+          c_->options().metrics->RelayBatch("shed", req->heartbeats_size(),
+                                            req->reports_size());
+          const int after = relays_.RetryAfterMs();
+          ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
+                                   std::to_string(after));
+          relay_log_.Note(req->relay_id(),
+                          absl::StrCat("batch shed: too many relay "
+                                       "batches; retry after ",
+                                       after, " ms"));
+          reactor->Finish(grpc::Status(
+              grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("coordinator busy: too many relay batch "
+                           "calls; retry after ",
+                           after, " ms")));
+          return reactor;
+        }));
+  }
+
   grpc::Status Admit(grpc::ServerContext* ctx, const std::string& method,
                      const google::protobuf::Message& request) override {
     return AdmitCall(ctx, method, request);
@@ -397,6 +543,12 @@ class Service final : public rpc::RpcService {
   KindQueue reports_;
   const int queued_reports_;  // reports_'s bound when not shedding
   KindQueue registrations_;
+  KindQueue relays_;
+  // Waits for applied batches' group commits, in order, and answers them.
+  KindQueue relay_answers_;
+  std::atomic<int> relay_capacity_;  // batches admitted until answered
+  std::atomic<int> relay_pending_{0};
+  RelayRefusalLog relay_log_;
 };
 
 }  // namespace
@@ -434,6 +586,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
     return absl::InvalidArgumentError("max_queued_heartbeats: negative");
   if (limits.max_queued_reports < 0)
     return absl::InvalidArgumentError("max_queued_reports: negative");
+  if (limits.max_queued_relay_batches < 0)
+    return absl::InvalidArgumentError("max_queued_relay_batches: negative");
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       LoadServerCredentials(security.tls);
   if (!creds.ok()) return creds.status();
@@ -442,6 +596,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Listen(
   AuthPolicy auth;
   auth.mtls = security.tls.enabled();
   auth.admin_identities = security.admin_identities;
+  auth.relay_identities = security.relay_identities;
   auto service =
       std::make_unique<Service>(std::move(auth), std::move(leadership),
                                 &s->max_inflight_reports_, limits);
@@ -504,6 +659,10 @@ void CoordinatorServer::SetMaxInflightReports(int n) {
 
 void CoordinatorServer::SetMaxQueuedHeartbeats(int n) {
   static_cast<Service*>(service_.get())->SetHeartbeatCapacity(n);
+}
+
+void CoordinatorServer::SetMaxQueuedRelayBatches(int n) {
+  static_cast<Service*>(service_.get())->SetRelayCapacity(n);
 }
 
 void CoordinatorServer::TickLoop() {

@@ -6,8 +6,9 @@
 // RPC maps the Coordinator's absl::Status to the gRPC status with the same
 // code and message.
 //
-// Overload (doc/coordinator-scale.md): Heartbeat, ReportShards and
-// RegisterNode run on gRPC's callback API, each kind admitted by its own
+// Overload (doc/coordinator-scale.md): Heartbeat, ReportShards,
+// RegisterNode and RelayBatch (a relay's batch of many nodes' heartbeats
+// and reports) run on gRPC's callback API, each kind admitted by its own
 // bounded queue and run on the server's own workers (admission.h), so no
 // gRPC thread waits for the state lock or a durable write for them and a
 // registration storm cannot starve heartbeats. A heartbeat counts for
@@ -65,6 +66,10 @@ struct ServerLimits {
   // groups (call_groups.h): a step's herd of one call per node is taken
   // whole, not refused beyond the workers and retried 100-300 ms later.
   int max_queued_reports = 4096;
+  // RelayBatch calls admitted at once (queued + running); beyond, a batch
+  // is refused RESOURCE_EXHAUSTED with a retry-after (its heartbeats
+  // still heard). See the "Relays" section of doc/coordinator-scale.md.
+  int max_queued_relay_batches = 512;
 };
 
 // A refusal for load (RESOURCE_EXHAUSTED) carries this trailer: when to
@@ -81,6 +86,8 @@ inline constexpr int kMaxReportBatchBytes = 32 << 20;
 struct ServerSecurity {
   TlsFiles tls;  // no files: plaintext
   std::vector<std::string> admin_identities{"ckpt-admin"};
+  // Under mTLS, who may call RelayBatch (auth.h); none by default.
+  std::vector<std::string> relay_identities;
 };
 
 struct Leadership {
@@ -113,6 +120,9 @@ class CoordinatorServer {
   // Heartbeats admitted at once (queued or running); beyond, they are
   // refused (still heard: their nodes are not judged on it). 0 sheds all.
   void SetMaxQueuedHeartbeats(int n);
+  // RelayBatch calls admitted at once; 0 sheds every batch (its
+  // heartbeats still heard).
+  void SetMaxQueuedRelayBatches(int n);
   // The served Coordinator (nullptr before Promote).
   Coordinator* coordinator() { return coordinator_.get(); }
   ~CoordinatorServer();

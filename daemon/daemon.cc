@@ -229,6 +229,10 @@ void Daemon::MakeNodeSide() {
   // Beside the catalog, as private as it is: a restarted ckptd names its
   // previous life's epoch, and takes over from it at once.
   opts_.agent.epoch_file = opts_.root + "/.catalog/node-epoch";
+  opts_.agent.on_heartbeat = [m = metrics_](bool relayed) {
+    m->CoordinatorHeartbeat(relayed);
+  };
+  opts_.agent.on_relay_fallback = [m = metrics_] { m->RelayFallback(); };
   agent_ = std::make_unique<NodeAgent>(opts_.agent);
   if (opts_.replicas.port != 0)
     // Every copy dropped (replaced, or given up for room) is withdrawn: no

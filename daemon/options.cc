@@ -120,6 +120,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
                  "CA of the coordinator's certificate (PEM)");
   app.add_flag("--insecure", o.agent.tls.insecure,
                "plaintext to the coordinator (the default without --tls-*)");
+  app.add_option("--coordinator-relay", o.agent.relay,
+                 "HOST:PORT of a ckpt-relay: heartbeats and shard reports go "
+                 "through it, every other call to --coordinator (directly "
+                 "whenever the relay cannot carry them)");
   app.add_option("--coordinator-listen", o.coordinator_listen,
                  "serve an embedded coordinator on HOST:PORT (one-node jobs; "
                  "no --coordinator)");
@@ -268,6 +272,20 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv,
     return absl::InvalidArgumentError(
         "--coordinator-listen: not with --coordinator (the coordinator runs "
         "elsewhere)");
+  if (!o.agent.relay.empty()) {
+    if (!o.coordinator_listen.empty())
+      return absl::InvalidArgumentError(
+          "--coordinator-relay: not with --coordinator-listen (the embedded "
+          "coordinator is on this node)");
+    if (o.agent.coordinator.empty())
+      return absl::InvalidArgumentError(
+          "--coordinator-relay: needs --coordinator (the relay carries only "
+          "heartbeats and reports; the rest goes directly)");
+    if (absl::Status s =
+            coordinator::ValidateHostPort(o.agent.relay, "--coordinator-relay");
+        !s.ok())
+      return s;
+  }
   o.cluster = !o.agent.coordinator.empty() || !o.coordinator_listen.empty();
   if (!o.agent.coordinator.empty()) {
     if (absl::Status s =

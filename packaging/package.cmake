@@ -6,7 +6,7 @@
 # each binary's --help text, and maintainer scripts that create the ckptd
 # account and directories. The version is project(VERSION).
 
-set(CKPT_PACKAGED_BINARIES ckptd ckpt-coordinator ckptctl ckptrun ckpt-worker)
+set(CKPT_PACKAGED_BINARIES ckptd ckpt-coordinator ckpt-relay ckptctl ckptrun ckpt-worker)
 set(CKPT_HELP_TEXTS)
 foreach(bin IN LISTS CKPT_PACKAGED_BINARIES)
   if(NOT TARGET ${bin})
@@ -60,7 +60,7 @@ set(CPACK_PACKAGE_VENDOR "ckptd developers")
 set(CPACK_PACKAGE_CONTACT "ckptd developers <ckptd@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "node-local checkpoint daemon for large-model training")
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-    "node-local checkpoint daemon for large-model training\n ckptd stages training checkpoints in shared memory and persists them to disk;\n ckpt-coordinator coordinates multi-node jobs. Includes ckptctl, ckptrun,\n ckpt-worker, the systemd units, the Python package and libckpt with its\n development files (headers, pkg-config ckpt, CMake find_package(ckpt)).")
+    "node-local checkpoint daemon for large-model training\n ckptd stages training checkpoints in shared memory and persists them to disk;\n ckpt-coordinator coordinates multi-node jobs, ckpt-relay carries a rack's\n heartbeats to it. Includes ckptctl, ckptrun,\n ckpt-worker, the systemd units, the Python package and libckpt with its\n development files (headers, pkg-config ckpt, CMake find_package(ckpt)).")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # ckptd_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)

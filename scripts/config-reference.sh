@@ -2,27 +2,28 @@
 # Writes doc/config-reference.md from the binaries' one settings table:
 # each key as `--print-config-keys` prints it ("key --flag", "(inverted)"
 # for a --no-* flag, a bare key for the object store's), with the flag's
-# value type and description from `--help`. The doc is never edited by
-# hand: change a flag, rerun this script.
+# value type and description from `--help`; ckpt-relay, which has no
+# config file, by its flags alone. The doc is never edited by hand: change
+# a flag, rerun this script.
 #
-#   scripts/config-reference.sh [--check] CKPTD CKPT_COORDINATOR
+#   scripts/config-reference.sh [--check] CKPTD CKPT_COORDINATOR CKPT_RELAY
 #
 # --check compares instead of writing and exits 1 when the committed file
 # differs from what the binaries print (ctest ConfigReferenceIsGenerated).
 set -euo pipefail
 check=0
 if [[ "${1:-}" == --check ]]; then check=1; shift; fi
-if (($# != 2)); then
-  echo "usage: scripts/config-reference.sh [--check] CKPTD CKPT_COORDINATOR" >&2
+if (($# != 3)); then
+  echo "usage: scripts/config-reference.sh [--check] CKPTD CKPT_COORDINATOR CKPT_RELAY" >&2
   exit 2
 fi
-ckptd=$1 coordinator=$2
+ckptd=$1 coordinator=$2 relay=$3
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/doc/config-reference.md"
 
 # The table of one binary: its --help parsed into "flag<TAB>type<TAB>text"
 # (CLI11 prints the text after the flag, or on the lines below it), joined
 # with its --print-config-keys lines.
-table() {
+help_table() {
   local bin=$1
   # CLI11 starts the text at column 31: after two or more spaces when the
   # flag and its type fit before it (one space when they end at column 29),
@@ -52,6 +53,11 @@ table() {
         print flag "\t" type "\t" text
       }
     }' >"$tmp/help"
+}
+
+table() {
+  local bin=$1
+  help_table "$bin"
   "$bin" --print-config-keys | while read -r key flag inverted; do
     if [[ -z "$flag" ]]; then
       printf '| `%s` | | | the object store'"'"'s (doc/object-storage.md) |\n' "$key"
@@ -69,6 +75,17 @@ table() {
     text=${text//|/\\|}
     printf '| `%s` | `%s` | %s | %s |\n' "$key" "$flag" "$type" "$text"
   done
+}
+
+# A binary without a config file: every flag of its --help but --help and
+# --version.
+flags_table() {
+  help_table "$1"
+  awk -F'\t' '$1 != "--help" && $1 != "--version" {
+    type = $2 == "" ? "bool" : $2
+    text = $3; gsub(/\|/, "\\|", text)
+    printf "| `%s` | %s | %s |\n", $1, type, text
+  }' "$tmp/help"
 }
 
 tmp=$(mktemp -d)
@@ -106,12 +123,22 @@ EOF
 | --- | --- | --- | --- |
 EOF
   table "$coordinator"
+  cat <<'EOF'
+
+## ckpt-relay (flags only)
+
+ckpt-relay has no config file ([operations.md](operations.md#relays)).
+
+| flag | value | what |
+| --- | --- | --- |
+EOF
+  flags_table "$relay"
 } >"$tmp/doc.md"
 
 if ((check)); then
   if ! diff -u "$out" "$tmp/doc.md"; then
     echo "doc/config-reference.md differs from what the binaries print:" \
-         "run scripts/config-reference.sh $ckptd $coordinator" >&2
+         "run scripts/config-reference.sh $ckptd $coordinator $relay" >&2
     exit 1
   fi
   exit 0

@@ -2,7 +2,8 @@
 # make_certs.sh DIR: the certificates of doc/security.md's recipe, for the
 # mTLS tests: a CA (ca.pem), the coordinator's certificate (coordinator.pem,
 # SAN localhost and 127.0.0.1), node certificates n1 and n2 (CN and SAN =
-# node id), an admin certificate (CN ckpt-admin), and from a second,
+# node id), an admin certificate (CN ckpt-admin), a relay's certificate
+# (relay.pem, CN ckpt-relay, SAN localhost and 127.0.0.1), and from a second,
 # unrelated CA (other-ca.pem) a certificate for n1 (n1-other.pem).
 # Keys are P-256 (<name>.key); everything is valid for one day.
 set -eu
@@ -29,4 +30,5 @@ cert coordinator ca ckpt-coordinator "DNS:localhost,IP:127.0.0.1"
 cert n1 ca n1 "DNS:n1"
 cert n2 ca n2 "DNS:n2"
 cert admin ca ckpt-admin "DNS:ckpt-admin"
+cert relay ca ckpt-relay "DNS:localhost,IP:127.0.0.1,DNS:ckpt-relay"
 cert n1-other other-ca n1 "DNS:n1"

@@ -27,12 +27,12 @@ class TlsTest : public ::testing::Test {
     CommandResult made = RunCommand("sh " MAKE_CERTS_SCRIPT " " + certs_);
     ASSERT_EQ(made.exit_code, 0) << made.out;
     log_ = dir_.path() + "/coordinator.log";
-    coordinator_ =
-        Proc::Spawn({COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
-                     dir_.path() + "/state", "--shared-root",
-                     dir_.path() + "/shared", "--tls-cert", Cert("coordinator"),
-                     "--tls-key", Key("coordinator"), "--tls-ca", Cert("ca")},
-                    log_);
+    coordinator_ = Proc::Spawn(
+        {COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state",
+         dir_.path() + "/state", "--shared-root", dir_.path() + "/shared",
+         "--tls-cert", Cert("coordinator"), "--tls-key", Key("coordinator"),
+         "--tls-ca", Cert("ca"), "--relay-identities", "ckpt-relay,rack-2"},
+        log_);
     ASSERT_TRUE(Cluster::WaitUntil(
         [&] {
           return ReadFileToString(log_).find("listening on") !=
@@ -79,6 +79,37 @@ class TlsTest : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     return stub->RegisterNode(&ctx, req, resp ? resp : &ignored);
   }
+  // A ckpt-relay presenting `name`'s certificate, to this coordinator;
+  // its address once it listens ("" and a failure if it never does).
+  std::string StartRelay(const std::string& name) {
+    const std::string log = dir_.path() + "/relay-" + name + ".log";
+    relays_.push_back(
+        Proc::Spawn({RELAY_BINARY, "--listen", "127.0.0.1:0", "--coordinator",
+                     address_, "--tls-cert", Cert(name), "--tls-key", Key(name),
+                     "--tls-ca", Cert("ca"), "--relay-id", "rack-1"},
+                    log));
+    const bool up = Cluster::WaitUntil(
+        [&] {
+          return ReadFileToString(log).find("listening on") !=
+                 std::string::npos;
+        },
+        seconds(20));
+    EXPECT_TRUE(up) << ReadFileToString(log);
+    if (!up) return "";
+    std::string at = ReadFileToString(log);
+    at = at.substr(at.find("listening on ") + 13);
+    return at.substr(0, at.find('\n'));
+  }
+  // A stub to the relay at `at` presenting `name`'s certificate.
+  std::unique_ptr<cv1::Coordinator::Stub> RelayStub(
+      const std::string& at, const std::string& name) const {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFileToString(Cert("ca"));
+    o.pem_cert_chain = ReadFileToString(Cert(name));
+    o.pem_private_key = ReadFileToString(Key(name));
+    return cv1::Coordinator::NewStub(
+        grpc::CreateChannel(at, grpc::SslCredentials(o)));
+  }
   CommandResult Ctl(const std::string& identity,
                     const std::string& args) const {
     std::string tls = identity.empty()
@@ -92,6 +123,7 @@ class TlsTest : public ::testing::Test {
   TempDir dir_;
   std::string certs_, log_, address_;
   std::unique_ptr<Proc> coordinator_;
+  std::vector<std::unique_ptr<Proc>> relays_;
 };
 
 TEST_F(TlsTest, NodeWithACertificateForItsIdRegistersAndHeartbeats) {
@@ -281,6 +313,87 @@ TEST_F(TlsTest, CtlRollbackIsRefusedWithoutAnAdminCertificateAndWorksWithOne) {
   EXPECT_EQ(cluster.exit_code, 0) << cluster.out;
 }
 
+// RelayBatch only from a --relay-identities certificate: a node's own
+// certificate is refused naming it, and nothing of the refused batches is
+// heard (the node they carry dies); the relay's batch is applied, each
+// item as its direct call (a dead node's epoch refused in its item).
+TEST_F(TlsTest, RelayBatchNeedsARelayIdentityAndARefusedBatchIsNotHeard) {
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  cv1::RelayBatchRequest batch;
+  batch.set_relay_id("rack-1");
+  cv1::HeartbeatRequest* hb = batch.add_heartbeats();
+  hb->set_node_id("n1");
+  hb->set_epoch(reg.epoch());
+  auto node_stub = Stub("n2");
+  auto alive = [&] {
+    cv1::GetClusterResponse cluster;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(
+        Stub("n2")->GetCluster(&ctx, cv1::GetClusterRequest(), &cluster).ok());
+    for (const auto& n : cluster.nodes())
+      if (n.node_id() == "n1") return n.health() == cv1::ALIVE;
+    return false;
+  };
+  // Refused, again and again, at a heartbeat's cadence, until the node the
+  // batches carry is declared dead (3 s timeout): they were not heard.
+  bool dead = false;
+  for (int i = 0; i < 15 && !dead; ++i) {
+    cv1::RelayBatchResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = node_stub->RelayBatch(&ctx, batch, &resp);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    ASSERT_NE(s.error_message().find(
+                  "RelayBatch: the client certificate [n2] is not a relay "
+                  "identity (--relay-identities: ckpt-relay,rack-2)"),
+              std::string::npos)
+        << s.error_message();
+    dead = Cluster::WaitUntil([&] { return !alive(); }, seconds(1));
+  }
+  ASSERT_TRUE(dead) << "n1 stayed alive on refused batches";
+  // The relay's certificate: applied; n1's epoch is fenced now, as a direct
+  // heartbeat of it would be told; n2's heartbeat goes through.
+  ASSERT_TRUE(Register(Stub("n2").get(), "n2", &reg).ok());
+  cv1::HeartbeatRequest* second = batch.add_heartbeats();
+  second->set_node_id("n2");
+  second->set_epoch(reg.epoch());
+  cv1::RelayBatchResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = Stub("relay")->RelayBatch(&ctx, batch, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.heartbeats_size(), 2);
+  EXPECT_EQ(resp.heartbeats(0).status().code(),
+            static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION))
+      << resp.heartbeats(0).status().message();
+  EXPECT_EQ(resp.heartbeats(1).status().code(), 0)
+      << resp.heartbeats(1).status().message();
+}
+
+TEST_F(TlsTest, CoordinatorRefusesBadRelayIdentitiesNamingTheFlag) {
+  const std::string base = std::string(COORDINATOR_BINARY) +
+                           " --listen 127.0.0.1:0 --state " + dir_.path() +
+                           "/other";
+  const std::string tls = " --tls-cert " + Cert("coordinator") + " --tls-key " +
+                          Key("coordinator") + " --tls-ca " + Cert("ca");
+  struct Case {
+    std::string args, names;
+  };
+  const Case cases[] = {
+      {" --insecure --relay-identities ckpt-relay",
+       "--relay-identities: only with --tls-cert"},
+      {tls + " --relay-identities 'ckpt-relay,rack 2'",
+       "--relay-identities: \"rack 2\" is not a certificate identity"},
+      {tls + " --relay-identitys ckpt-relay", "--relay-identitys"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = RunCommand(base + c.args, true, 30);
+    EXPECT_EQ(r.exit_code, 2) << c.names << ": " << r.out;
+    EXPECT_NE(r.out.find(c.names), std::string::npos)
+        << c.names << ": " << r.out;
+  }
+}
+
 TEST_F(TlsTest, CoordinatorRefusesToStartWithoutTlsOrInsecure) {
   CommandResult r =
       RunCommand(std::string(COORDINATOR_BINARY) +
@@ -317,6 +430,90 @@ TEST_F(TlsTest, CoordinatorRefusesBadEtcdTlsFlagsNamingTheFlag) {
     EXPECT_NE(r.out.find(c.names), std::string::npos)
         << c.names << ": " << r.out;
   }
+}
+
+// A relay (ckpt-relay) under mutual TLS authorizes each node call as the
+// coordinator does: a node certificate speaks only for its own node id.
+TEST_F(TlsTest, RelayRefusesANodeCertificateSpeakingForAnotherNode) {
+  const std::string at = StartRelay("relay");
+  ASSERT_FALSE(at.empty());
+  auto stub = RelayStub(at, "n2");
+  cv1::HeartbeatRequest hb;
+  hb.set_node_id("n1");
+  hb.set_epoch(1);
+  cv1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  grpc::Status s = stub->Heartbeat(&ctx, hb, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find(
+                "node_id \"n1\": the client certificate is for [n2"),
+            std::string::npos)
+      << s.error_message();
+  // The relay's own refusal: the coordinator never saw it.
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("ckpt-relay-failed"), 0u);
+  cv1::ReportShardsRequest reports;
+  reports.set_node_id("n1");
+  reports.set_epoch(1);
+  cv1::ReportShardsResponse reports_resp;
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  s = stub->ReportShards(&ctx2, reports, &reports_resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("node_id"), std::string::npos)
+      << s.error_message();
+  // Every other method is not the relay's.
+  cv1::GetClusterRequest get;
+  cv1::GetClusterResponse cluster;
+  grpc::ClientContext ctx3;
+  ctx3.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  EXPECT_EQ(stub->GetCluster(&ctx3, get, &cluster).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// Through a relay whose certificate the coordinator lists in
+// --relay-identities, a node heartbeats as itself and gets the
+// coordinator's answer; through a relay it does not list, the refusal
+// comes back marked ckpt-relay-failed (the node then calls directly).
+TEST_F(TlsTest, RelayCarriesANodeOnlyWhenTheCoordinatorListsItsIdentity) {
+  cv1::RegisterNodeResponse reg;
+  ASSERT_TRUE(Register(Stub("n1").get(), "n1", &reg).ok());
+  cv1::HeartbeatRequest hb;
+  hb.set_node_id("n1");
+  hb.set_epoch(reg.epoch());
+  {
+    const std::string at = StartRelay("relay");
+    ASSERT_FALSE(at.empty());
+    cv1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    grpc::Status s = RelayStub(at, "n1")->Heartbeat(&ctx, hb, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.incarnation(), reg.incarnation());
+    // A stale epoch is the coordinator's refusal, as a direct call's.
+    hb.set_epoch(reg.epoch() + 100);
+    grpc::ClientContext ctx2;
+    ctx2.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    s = RelayStub(at, "n1")->Heartbeat(&ctx2, hb, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << s.error_message();
+    EXPECT_EQ(ctx2.GetServerTrailingMetadata().count("ckpt-relay-failed"), 0u);
+    hb.set_epoch(reg.epoch());
+  }
+  // The coordinator's certificate is not a relay identity.
+  const std::string at = StartRelay("coordinator");
+  ASSERT_FALSE(at.empty());
+  cv1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  grpc::Status s = RelayStub(at, "n1")->Heartbeat(&ctx, hb, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("ckpt-coordinator"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("ckpt-relay-failed"), 1u);
 }
 
 }  // namespace

@@ -64,10 +64,14 @@ class CoordinatorClient {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CoordinatorClient>>
   Create(const std::string& addresses, const TlsFiles& tls);
 
-  // Each attempt has its own deadline of `timeout`.
+  // Each attempt has its own deadline of `timeout`. `trailers`, when
+  // given, receives the trailing metadata of the last attempt (a relay
+  // passes a refusal's ckpt-retry-after-ms and ckpt-leader on).
   template <class Req, class Resp>
-  grpc::Status Call(Method<Req, Resp> method, const Req& req, Resp* resp,
-                    std::chrono::milliseconds timeout) {
+  grpc::Status Call(
+      Method<Req, Resp> method, const Req& req, Resp* resp,
+      std::chrono::milliseconds timeout,
+      std::multimap<std::string, std::string>* trailers = nullptr) {
     const size_t n = stubs_.size();
     size_t idx = current_.load() % n;
     grpc::Status s;
@@ -75,6 +79,12 @@ class CoordinatorClient {
       grpc::ClientContext ctx;
       SetDeadline(&ctx, timeout);
       s = (stubs_[idx].get()->*method)(&ctx, req, resp);
+      if (trailers != nullptr) {
+        trailers->clear();
+        for (const auto& [k, v] : ctx.GetServerTrailingMetadata())
+          trailers->emplace(std::string(k.data(), k.size()),
+                            std::string(v.data(), v.size()));
+      }
       if (!Retry(s)) {
         current_.store(idx);
         return WithHint(s);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator.grpc.pb.h"
 #include "coordinator/client/channel.h"
+#include "coordinator/client/tls.h"
 #include "daemon/agent/node_agent_rpc.h"
 #include "daemon/core/engine_util.h"
 #include "util/retry.h"
@@ -25,9 +26,67 @@ namespace ckpt::daemon {
 
 namespace cv1 = ::ckpt::coord::v1;
 
+NodeAgent::Rpc::Rpc(const NodeAgentOptions& options)
+    : options_(options),
+      client_(coordinator::CoordinatorClient::Create(options.coordinator,
+                                                     options.tls)
+                  .value()) {
+  if (options.relay.empty()) return;
+  // The TLS files were read once already (daemon/options.cc).
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      coordinator::LoadClientCredentials(options.tls).value();
+  relay_ = coordinator::NewCoordinatorStub(options.relay, creds,
+                                           options.tls.enabled());
+}
+
+bool NodeAgent::Rpc::RelayDue() {
+  std::lock_guard<std::mutex> lock(relay_mu_);
+  return std::chrono::steady_clock::now() >= direct_until_;
+}
+
+bool NodeAgent::Rpc::RelayFailed(const grpc::Status& s,
+                                 const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const bool marked = trailers.find("ckpt-relay-failed") != trailers.end();
+  const bool unreached =
+      s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      s.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+  if (s.ok() || (!marked && !unreached)) return false;
+  if (options_.on_relay_fallback) options_.on_relay_fallback();
+  std::lock_guard<std::mutex> lock(relay_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  // Calls that were out together fail together: one backoff step for them.
+  if (now < direct_until_) return true;
+  relay_backoff_ =
+      std::clamp(relay_backoff_ * 2, std::chrono::milliseconds(2000),
+                 std::chrono::milliseconds(30000));
+  const auto wait =
+      JitterMs(relay_backoff_.count(), relay_backoff_.count() * 5 / 4);
+  direct_until_ = now + wait;
+  if (on_relay_) {
+    on_relay_ = false;
+    LogWarning(absl::StrCat(
+        "relay ", options_.relay, ": ", s.error_message(),
+        marked ? " (the relay could not carry it)" : "",
+        "; heartbeats and reports go to the coordinator ", options_.coordinator,
+        " directly, the relay is tried again in ", wait.count(), " ms"));
+  }
+  return true;
+}
+
+void NodeAgent::Rpc::RelayAnswered() {
+  std::lock_guard<std::mutex> lock(relay_mu_);
+  relay_backoff_ = std::chrono::milliseconds(0);
+  if (!on_relay_) {
+    on_relay_ = true;
+    LogInfo("relay " + options_.relay +
+            " carries heartbeats and reports again");
+  }
+}
+
 NodeAgent::NodeAgent(NodeAgentOptions options)
-    : options_(std::move(options)),
-      rpc_(std::make_unique<Rpc>(options_.coordinator, options_.tls)) {}
+    : options_(std::move(options)), rpc_(std::make_unique<Rpc>(options_)) {}
 
 NodeAgent::~NodeAgent() {
   {
@@ -281,9 +340,15 @@ void NodeAgent::HeartbeatLoop() {
         req.mutable_replica_refused()->set_reason(std::move(reason));
       }
     cv1::HeartbeatResponse resp;
+    // Through a relay, at most one interval: a dead relay costs one
+    // interval of silence before the call goes directly.
+    const std::chrono::milliseconds timeout =
+        std::min(options_.rpc_timeout, interval * 4);
+    bool relayed = false;
     grpc::Status s =
-        rpc_->Invoke(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
-                     std::min(options_.rpc_timeout, interval * 4));
+        rpc_->InvokeRelayed(&cv1::Coordinator::Stub::Heartbeat, req, &resp,
+                            timeout, std::min(timeout, interval), &relayed);
+    if (s.ok() && options_.on_heartbeat) options_.on_heartbeat(relayed);
     note(s);
     if (!s.ok()) {
       if (Fenced(s)) {

@@ -82,6 +82,17 @@ void ToReportProto(const ShardReport& report, coord::v1::ShardReport* out);
 struct NodeAgentOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...] (HA replicas: the leader
                             // is followed)
+  // HOST:PORT of a ckpt-relay (--coordinator-relay): heartbeats and report
+  // batches go through it, every other call to `coordinator`. A call the
+  // relay cannot carry goes directly at once, and the agent stays direct
+  // for a backoff (2 s doubling to 30 s, jittered). A heartbeat's deadline
+  // at the relay is at most the heartbeat interval. "": no relay.
+  std::string relay;
+  // Called (if set) for each call the relay could not carry that went to
+  // the coordinator directly, and for each heartbeat answered (`relayed`:
+  // through the relay). ckptd counts them (doc/metrics.md).
+  std::function<void()> on_relay_fallback;
+  std::function<void(bool relayed)> on_heartbeat;
   coordinator::TlsFiles
       tls;  // the node's certificate must name node_id (CN or subjectAltName)
   std::string node_id;

@@ -154,8 +154,9 @@ void NodeAgent::ReportLoop() {
       ToReportProto(q.report, req.add_reports());
     }
     cv1::ReportShardsResponse resp;
-    grpc::Status s = rpc_->Invoke(&cv1::Coordinator::Stub::ReportShards, req,
-                                  &resp, options_.rpc_timeout);
+    grpc::Status s =
+        rpc_->InvokeRelayed(&cv1::Coordinator::Stub::ReportShards, req, &resp,
+                            options_.rpc_timeout, options_.rpc_timeout);
     lock.lock();
     if (IsTransient(s)) {
       ++report_retries_;

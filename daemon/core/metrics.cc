@@ -110,7 +110,21 @@ DaemonMetrics::DaemonMetrics()
           prometheus::BuildGauge()
               .Name("ckptd_last_durable_step_timestamp_seconds")
               .Help("Unix time at which ckptd_last_durable_step became durable")
-              .Register(*registry_)) {
+              .Register(*registry_)),
+      heartbeats_(prometheus::BuildCounter()
+                      .Name("ckptd_coordinator_heartbeats_total")
+                      .Help("Heartbeats the coordinator answered, by path "
+                            "(relay: through --coordinator-relay; direct)")
+                      .Register(*registry_)),
+      heartbeats_relayed_(heartbeats_.Add(L("via", "relay"))),
+      heartbeats_direct_(heartbeats_.Add(L("via", "direct"))),
+      relay_fallbacks_(
+          prometheus::BuildCounter()
+              .Name("ckptd_relay_fallbacks_total")
+              .Help("Heartbeat and report calls the relay could not carry, "
+                    "sent to the coordinator directly")
+              .Register(*registry_)
+              .Add({})) {
   prometheus::BuildGauge()
       .Name("ckptd_build_info")
       .Help("Always 1; the version label says which ckptd runs")
@@ -265,5 +279,11 @@ std::vector<prometheus::MetricFamily> DaemonMetrics::Collect() const {
   for (auto& f : gauges.Collect()) out.push_back(std::move(f));
   return out;
 }
+
+void DaemonMetrics::CoordinatorHeartbeat(bool relayed) {
+  (relayed ? heartbeats_relayed_ : heartbeats_direct_).Increment();
+}
+
+void DaemonMetrics::RelayFallback() { relay_fallbacks_.Increment(); }
 
 }  // namespace ckpt::daemon

@@ -100,6 +100,11 @@ class DaemonMetrics : public prometheus::Collectable {
   void StepDurable(const std::string& job, uint64_t step);
   // The job is gone: its series go too.
   void ForgetJob(const std::string& job);
+  // The node agent: a heartbeat the coordinator answered (`relayed`:
+  // through --coordinator-relay); a call the relay could not carry, sent
+  // directly.
+  void CoordinatorHeartbeat(bool relayed);
+  void RelayFallback();
 
   // nullptr: no gauges (the engine is gone).
   void SetSnapshotSource(std::function<MetricsSnapshot()> source);
@@ -133,6 +138,10 @@ class DaemonMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& restored_bytes_;
   prometheus::Family<prometheus::Gauge>& last_durable_step_;
   prometheus::Family<prometheus::Gauge>& last_durable_time_;
+  prometheus::Family<prometheus::Counter>& heartbeats_;
+  prometheus::Counter& heartbeats_relayed_;
+  prometheus::Counter& heartbeats_direct_;
+  prometheus::Counter& relay_fallbacks_;
 
   // Guards the job-labelled series and save_series_: Add and Remove of one
   // job's series must not interleave.

@@ -117,7 +117,7 @@ cp "$root/var/cache/apt/archives/"*.deb "$cache/archives/" 2>/dev/null || true
 
 got="$(in_root ckptd --version)"
 [[ "$got" == "ckptd $version" ]] || fail "ckptd --version said '$got'"
-for bin in ckpt-coordinator ckptctl ckptrun; do
+for bin in ckpt-coordinator ckpt-relay ckptctl ckptrun; do
   [[ "$(in_root "$bin" --version)" == "$bin $version" ]] || fail "$bin --version"
 done
 # Captured whole first: `grep -q` stops reading at its match, and a help

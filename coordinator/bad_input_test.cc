@@ -264,13 +264,20 @@ TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
                 "node_id");
   ExpectRefused(FromGrpc(RawCall("GetCluster", std::string(12, '\xff'))),
                 "request");
+  v1::RelayBatchRequest relay;  // a relay's batch: the item's field named
+  relay.set_relay_id("rack-1");
+  relay.add_heartbeats()->set_node_id("a-node-with-a-long-name");
+  body = relay.SerializeAsString();
+  ExpectRefused(
+      FromGrpc(RawCall("RelayBatch", body.substr(0, body.size() - 4))),
+      "heartbeats");
   node.set_node_id("\xff\xfe");
   ExpectRefused(FromGrpc(RawCall("RegisterNode", node.SerializeAsString())),
                 "node_id");
   std::mt19937 rng(8);
   for (const char* method :
        {"RegisterNode", "Heartbeat", "RegisterJob", "ReportShard",
-        "ReportTrainerExit", "Rollback", "Events"}) {
+        "ReportTrainerExit", "Rollback", "Events", "RelayBatch"}) {
     for (int i = 0; i < 20; ++i) {
       std::string random(1 + rng() % 100, '\0');
       for (char& c : random) c = static_cast<char>(rng());

@@ -70,7 +70,7 @@ struct ServerLimits {
   // (its group-commit wait included); beyond, a batch is refused
   // RESOURCE_EXHAUSTED with a retry-after (its heartbeats still heard).
   // See the "Relays" section of doc/coordinator-scale.md.
-  int max_queued_relay_batches = 512;
+  int max_queued_relay_batches = 1024;
 };
 
 // A refusal for load (RESOURCE_EXHAUSTED) carries this trailer: when to

@@ -264,6 +264,13 @@ TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
                 "node_id");
   ExpectRefused(FromGrpc(RawCall("GetCluster", std::string(12, '\xff'))),
                 "request");
+  v1::RelayBatchRequest relay;  // a relay's batch: the item's field named
+  relay.set_relay_id("rack-1");
+  relay.add_heartbeats()->set_node_id("a-node-with-a-long-name");
+  body = relay.SerializeAsString();
+  ExpectRefused(
+      FromGrpc(RawCall("RelayBatch", body.substr(0, body.size() - 4))),
+      "heartbeats");
   node.set_node_id("\xff\xfe");
   ExpectRefused(FromGrpc(RawCall("RegisterNode", node.SerializeAsString())),
                 "node_id");
@@ -283,6 +290,17 @@ TEST_F(HostileRpcTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheField) {
         EXPECT_FALSE(s.error_message().empty()) << method;
         EXPECT_LT(s.error_message().size(), 1024u) << method;
       }
+    }
+  }
+  for (int i = 0; i < 20; ++i) {  // a relay's batch likewise
+    std::string random(1 + rng() % 100, '\0');
+    for (char& c : random) c = static_cast<char>(rng());
+    grpc::Status s = RawCall("RelayBatch", random);
+    EXPECT_NE(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+    EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << s.error_message();
+    if (!s.ok()) {
+      EXPECT_FALSE(s.error_message().empty());
+      EXPECT_LT(s.error_message().size(), 1024u);
     }
   }
   // Still serving a well-formed call.

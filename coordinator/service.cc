@@ -140,8 +140,8 @@ class Service final : public rpc::RpcService {
         // write (one thread, relay_answers_, waits for the group commits
         // in order and answers), so a few are enough: 4 keep one applying
         // while others parse, build and hand over. The bound counts a
-        // batch until it is answered: two in flight per relay at 16,384
-        // nodes in relays of 64 (256 relays).
+        // batch until it is answered: ckpt-relay's --max-in-flight (4)
+        // per relay at 16,384 nodes in relays of 64 (256 relays).
         relays_("relay batch", 4, limits.max_queued_relay_batches, 100),
         relay_answers_("relay answer", 1, std::numeric_limits<int>::max(), 0),
         relay_capacity_(limits.max_queued_relay_batches) {

@@ -66,10 +66,11 @@ struct ServerLimits {
   // groups (call_groups.h): a step's herd of one call per node is taken
   // whole, not refused beyond the workers and retried 100-300 ms later.
   int max_queued_reports = 4096;
-  // RelayBatch calls admitted at once (queued + running); beyond, a batch
-  // is refused RESOURCE_EXHAUSTED with a retry-after (its heartbeats
-  // still heard). See the "Relays" section of doc/coordinator-scale.md.
-  int max_queued_relay_batches = 512;
+  // RelayBatch calls admitted at once, each counted until it is answered
+  // (its group-commit wait included); beyond, a batch is refused
+  // RESOURCE_EXHAUSTED with a retry-after (its heartbeats still heard).
+  // See the "Relays" section of doc/coordinator-scale.md.
+  int max_queued_relay_batches = 1024;
 };
 
 // A refusal for load (RESOURCE_EXHAUSTED) carries this trailer: when to

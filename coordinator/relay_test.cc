@@ -44,27 +44,6 @@ class RelayTest : public ServerTest {
     req.set_epoch(epoch);
     return req;
   }
-  static v1::ReportShardsRequest Reports(const std::string& node,
-                                         uint64_t epoch, uint64_t step,
-                                         std::vector<uint32_t> ranks,
-                                         v1::ShardState state) {
-    v1::ReportShardsRequest req;
-    req.set_node_id(node);
-    req.set_epoch(epoch);
-    for (uint32_t r : ranks) {
-      v1::ShardReport* s = req.add_reports();
-      s->set_job("job");
-      s->set_step(step);
-      s->set_rank(r);
-      s->set_state(state);
-      s->set_bytes(1000 + r);
-      s->set_checksum_digest(0xabc0 + r);
-      if (state == v1::DURABLE)
-        s->set_key("job/step-" + std::to_string(step) + "/rank-" +
-                   std::to_string(r));
-    }
-    return req;
-  }
   grpc::Status Relay(const v1::RelayBatchRequest& req,
                      v1::RelayBatchResponse* resp,
                      std::string* retry_after = nullptr) {
@@ -108,7 +87,7 @@ TEST_F(RelayTest, ABatchIsAnsweredAsTheDirectCallsWouldHaveBeen) {
   batch.set_relay_id("rack-1");
   *batch.add_heartbeats() = Beat("n1", e1);
   *batch.add_heartbeats() = Beat("n2", e2);
-  *batch.add_reports() = Reports("n1", e1, 5, {0, 1}, v1::STAGED);
+  *batch.add_reports() = NodeBatch("n1", e1, 5, {0, 1}, v1::STAGED);
   v1::RelayBatchResponse relayed;
   grpc::Status s = Relay(batch, &relayed);
   ASSERT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
@@ -143,8 +122,8 @@ TEST_F(RelayTest, ReportBatchesThroughARelayCommitAStep) {
   for (v1::ShardState state : {v1::STAGED, v1::DURABLE}) {
     v1::RelayBatchRequest batch;
     batch.set_relay_id("rack-1");
-    *batch.add_reports() = Reports("n1", e1, 7, {0, 1}, state);
-    *batch.add_reports() = Reports("n2", e2, 7, {2, 3}, state);
+    *batch.add_reports() = NodeBatch("n1", e1, 7, {0, 1}, state);
+    *batch.add_reports() = NodeBatch("n2", e2, 7, {2, 3}, state);
     v1::RelayBatchResponse resp;
     grpc::Status s = Relay(batch, &resp);
     ASSERT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
@@ -174,8 +153,8 @@ TEST_F(RelayTest, ABadItemIsRefusedByIndexAndTheOthersApplied) {
   *batch.add_heartbeats() = Beat("bad node", e2);  // a space: not a node id
   *batch.add_heartbeats() = Beat("n2", e2);
   *batch.add_heartbeats() = Beat("n1", e1);  // n1's second in the batch
-  *batch.add_reports() = Reports("n1", e1, 5, {0, 1}, v1::STAGED);
-  *batch.add_reports() = Reports("", e2, 5, {2, 3}, v1::STAGED);
+  *batch.add_reports() = NodeBatch("n1", e1, 5, {0, 1}, v1::STAGED);
+  *batch.add_reports() = NodeBatch("", e2, 5, {2, 3}, v1::STAGED);
   v1::RelayBatchResponse resp;
   grpc::Status s = Relay(batch, &resp);
   ASSERT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
@@ -206,7 +185,7 @@ TEST_F(RelayTest, ABadItemIsRefusedByIndexAndTheOthersApplied) {
   // n1's report was applied: n2's STAGED reports now complete the step's
   // staging.
   v1::ReportShardsResponse direct;
-  ASSERT_TRUE(Direct(Reports("n2", e2, 5, {2, 3}, v1::STAGED), &direct).ok());
+  ASSERT_TRUE(Direct(NodeBatch("n2", e2, 5, {2, 3}, v1::STAGED), &direct).ok());
   ASSERT_EQ(direct.results_size(), 2);
   EXPECT_TRUE(direct.results(1).staged_everywhere());
 
@@ -239,7 +218,7 @@ TEST_F(RelayTest, AFencedEpochItemIsRefusedAsTheDirectCall) {
   batch.set_relay_id("rack-1");
   *batch.add_heartbeats() = Beat("n1", old);
   *batch.add_heartbeats() = Beat("n2", e2);
-  *batch.add_reports() = Reports("n1", old, 5, {0}, v1::STAGED);
+  *batch.add_reports() = NodeBatch("n1", old, 5, {0}, v1::STAGED);
   v1::RelayBatchResponse resp;
   grpc::Status s = Relay(batch, &resp);
   ASSERT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();

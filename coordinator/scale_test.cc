@@ -17,27 +17,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-v1::ReportShardsRequest NodeBatch(const std::string& node, uint64_t epoch,
-                                  uint64_t step, std::vector<uint32_t> ranks,
-                                  v1::ShardState state) {
-  v1::ReportShardsRequest req;
-  req.set_node_id(node);
-  req.set_epoch(epoch);
-  for (uint32_t r : ranks) {
-    v1::ShardReport* s = req.add_reports();
-    s->set_job("job");
-    s->set_step(step);
-    s->set_rank(r);
-    s->set_state(state);
-    s->set_bytes(1000 + r);
-    s->set_checksum_digest(0xabc0 + r);
-    if (state == v1::DURABLE)
-      s->set_key("job/step-" + std::to_string(step) + "/rank-" +
-                 std::to_string(r));
-  }
-  return req;
-}
-
 TEST_F(CoordinatorTest, BatchedReportsOfEveryRankCommitAStep) {
   uint64_t e1 = Register("n1", 4), e2 = Register("n2", 4);
   RegisterJob("job", 8);

@@ -133,5 +133,36 @@ TEST_F(ManifestCommitTest, AuditRepairsEveryCommittedStepsManifest) {
   EXPECT_TRUE(Has(Job(), 5));
 }
 
+// An audit does not decode again the bytes an earlier audit found to be
+// the committed write; a late write landing after such an audit is other
+// bytes, and is still found and written over.
+TEST_F(ManifestCommitTest, AuditFindsALateWriteAfterAPassedAudit) {
+  for (uint64_t step : {5, 10}) Commit(step);
+  ASSERT_TRUE(coord_->AuditManifests().ok());  // both pass, remembered
+  ASSERT_TRUE(coord_->AuditManifests().ok());  // the same bytes: pass
+  EXPECT_TRUE(EventsOf(v1::MANIFEST_INVALID).empty());
+  auto m = ReadManifest(10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const uint64_t fence = m->fence();
+  m->set_fence(fence + 7);
+  {
+    storage::LocalBackendOptions bo;
+    bo.root = dir_.path() + "/shared";
+    bo.remove_tmp_files = false;
+    auto backend = storage::NewLocalBackend(bo);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    ASSERT_TRUE(storage::WriteGlobalManifest(**backend, *m).ok());
+  }
+  ASSERT_TRUE(coord_->AuditManifests().ok());
+  auto back = ReadManifest(10);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->fence(), fence)
+      << "the late write of step 10 after a passed audit was not repaired";
+  bool named = false;
+  for (const v1::Event& e : EventsOf(v1::MANIFEST_INVALID))
+    named |= e.detail().find("step 10:") == 0;
+  EXPECT_TRUE(named);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -29,6 +29,24 @@ class ManifestCommitTest : public TwoNodeTest {
     ReportAll(step, v1::DURABLE);
     ASSERT_EQ(Job().last_good_step(), step);
   }
+  // A deposed leader's late write of committed `step`'s manifest: the
+  // same shards under another fence. Returns the committed fence.
+  uint64_t WriteLateManifest(uint64_t step) {
+    auto m = ReadManifest(step);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return 0;
+    const uint64_t fence = m->fence();
+    m->set_fence(fence + 7);
+    storage::LocalBackendOptions bo;
+    bo.root = dir_.path() + "/shared";
+    bo.remove_tmp_files = false;
+    auto backend = storage::NewLocalBackend(bo);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (backend.ok()) {
+      EXPECT_TRUE(storage::WriteGlobalManifest(**backend, *m).ok());
+    }
+    return fence;
+  }
   // Every rank of `step` staged and durable; the last DURABLE report (rank
   // 3) runs on committer_, its manifest write held at the gate.
   void HoldCommitOf(uint64_t step) {
@@ -107,18 +125,8 @@ TEST_F(ManifestCommitTest, RollbackDuringTheManifestWriteLeavesNoManifest) {
 // another fence) is found and written over, not only the last good one's.
 TEST_F(ManifestCommitTest, AuditRepairsEveryCommittedStepsManifest) {
   for (uint64_t step : {5, 10, 15}) Commit(step);
-  auto m = ReadManifest(5);
-  ASSERT_TRUE(m.ok()) << m.status();
-  const uint64_t fence = m->fence();
-  m->set_fence(fence + 7);
-  {
-    storage::LocalBackendOptions bo;
-    bo.root = dir_.path() + "/shared";
-    bo.remove_tmp_files = false;
-    auto backend = storage::NewLocalBackend(bo);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    ASSERT_TRUE(storage::WriteGlobalManifest(**backend, *m).ok());
-  }
+  const uint64_t fence = WriteLateManifest(5);
+  ASSERT_FALSE(HasFailure());
   // Each audit checks a few steps besides the last good one; every step
   // within as many audits as there are steps.
   for (int i = 0; i < 3 && ReadManifest(5)->fence() != fence; ++i)
@@ -141,18 +149,8 @@ TEST_F(ManifestCommitTest, AuditFindsALateWriteAfterAPassedAudit) {
   ASSERT_TRUE(coord_->AuditManifests().ok());  // both pass, remembered
   ASSERT_TRUE(coord_->AuditManifests().ok());  // the same bytes: pass
   EXPECT_TRUE(EventsOf(v1::MANIFEST_INVALID).empty());
-  auto m = ReadManifest(10);
-  ASSERT_TRUE(m.ok()) << m.status();
-  const uint64_t fence = m->fence();
-  m->set_fence(fence + 7);
-  {
-    storage::LocalBackendOptions bo;
-    bo.root = dir_.path() + "/shared";
-    bo.remove_tmp_files = false;
-    auto backend = storage::NewLocalBackend(bo);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    ASSERT_TRUE(storage::WriteGlobalManifest(**backend, *m).ok());
-  }
+  const uint64_t fence = WriteLateManifest(10);
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(coord_->AuditManifests().ok());
   auto back = ReadManifest(10);
   ASSERT_TRUE(back.ok()) << back.status();

@@ -553,7 +553,13 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   stamp.set_fence(c.manifest.fence());
   stamp.set_content_digest(c.content_digest);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
-    job.rec.set_plans_since_commit(0);  // the job moves: its plans worked
+    // The job moves: the plans made before the step completed worked. One
+    // made since (while its manifest was written) has shown nothing yet.
+    const uint64_t after = job.rec.generation() > c.manifest.generation()
+                               ? job.rec.generation() - c.manifest.generation()
+                               : 0;
+    job.rec.set_plans_since_commit(static_cast<uint32_t>(
+        std::min<uint64_t>(job.rec.plans_since_commit(), after)));
     RememberManifestLocked(batch, c.manifest);
     job.rec.set_has_last_good(true);
     job.rec.set_last_good_step(c.step);

@@ -99,6 +99,30 @@ TEST_F(ManifestCommitTest, PlanDuringTheManifestWriteStillCommitsItsStep) {
   EXPECT_EQ(m->generation(), j.manifest_stamps().at(10).generation());
 }
 
+// A plan made while the manifest of step 10 is written is not vindicated
+// by step 10's commit: the step completed before the plan, so the plan's
+// trainers have shown nothing yet, and the count of plans without a
+// commit (--max-failed-plans) keeps it. (A cluster test's job whose every
+// restore failed was held one plan late: its first plan, for the kill,
+// was "reset" by the commit of the step saved just before the kill.)
+TEST_F(ManifestCommitTest, PlanDuringTheManifestWriteStaysCountedAfterIt) {
+  Commit(5);
+  ASSERT_EQ(Job().plans_since_commit(), 0u);
+  HoldCommitOf(10);
+  auto exit = coord_->ReportTrainerExit(TrainerExit("n1", e1_, 0, 9));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_TRUE(exit->failure());
+  ASSERT_EQ(Job().plans_since_commit(), 1u);
+  Release();
+  ASSERT_TRUE(last_.ok()) << last_.status();
+  EXPECT_EQ(Job().last_good_step(), 10u);
+  EXPECT_EQ(Job().plans_since_commit(), 1u)
+      << "the plan made after step 10 completed is still unproven";
+  // A step the new generation completes proves it.
+  Commit(11);
+  EXPECT_EQ(Job().plans_since_commit(), 0u);
+}
+
 // A rollback made while the manifest of step 10 is written drops step 10:
 // the answer is not "durable everywhere", and no MANIFEST.global of step
 // 10 is left behind with no commit to back it.

@@ -556,7 +556,7 @@ class Coordinator {
   // plan moved them).
   void NoteProgressLocked(const v1::HeartbeatRequest& req, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // At most every ProgressWatch::kScanMs: finds hung jobs, logs HANG_DETECTED,
+  // At most every progress_.scan_ms(): finds hung jobs, logs HANG_DETECTED,
   // asks the stuck ranks' nodes for stacks and plans a restart.
   void DetectHangsLocked(Batch* batch, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

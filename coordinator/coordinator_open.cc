@@ -37,6 +37,7 @@ Coordinator::Coordinator(CoordinatorOptions options,
               std::chrono::system_clock::now().time_since_epoch())
               .count())),
       incarnation_(NewIncarnation()),
+      progress_(ProgressWatch::ScanMsFor(options_.hang)),
       net_check_(NetCheckOptions{.min_ratio = options_.health_min_ratio}) {}
 
 Coordinator::~Coordinator() {

@@ -1,5 +1,7 @@
 #include "coordinator/progress_watch.h"
 
+#include <algorithm>
+
 namespace ckpt::coordinator {
 
 RankBeat ProgressWatch::BeatOf(const coord::v1::RankProgress& p,
@@ -18,8 +20,14 @@ RankBeat ProgressWatch::BeatOf(const coord::v1::RankProgress& p,
   return b;
 }
 
+int64_t ProgressWatch::ScanMsFor(const HangPolicy& policy) {
+  const double shortest_s = std::min(policy.min_s, policy.first_step_s);
+  return std::clamp(static_cast<int64_t>(shortest_s * 1000 / 100), kMinScanMs,
+                    kMaxScanMs);
+}
+
 bool ProgressWatch::ScanDue(int64_t now_ms) {
-  if (last_scan_ms_ != INT64_MIN && now_ms - last_scan_ms_ < kScanMs)
+  if (last_scan_ms_ != INT64_MIN && now_ms - last_scan_ms_ < scan_ms_)
     return false;
   last_scan_ms_ = now_ms;
   return true;

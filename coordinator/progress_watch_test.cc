@@ -1,5 +1,5 @@
 // ProgressWatch alone: a node's relative times land on the coordinator's
-// clock, and the hang scan runs at most every kScanMs.
+// clock, and the hang scan runs at most every scan period.
 #include "coordinator/progress_watch.h"
 
 #include <gtest/gtest.h>
@@ -32,12 +32,27 @@ TEST(ProgressWatchTest, ABeatIsOnTheCoordinatorsClock) {
 }
 
 TEST(ProgressWatchTest, TheHangScanRunsAtMostEveryScanPeriod) {
-  ProgressWatch w;
+  ProgressWatch w(250);
   EXPECT_TRUE(w.ScanDue(-5)) << "the first scan is always due";
   EXPECT_FALSE(w.ScanDue(-5));
-  EXPECT_FALSE(w.ScanDue(-5 + ProgressWatch::kScanMs - 1));
-  EXPECT_TRUE(w.ScanDue(-5 + ProgressWatch::kScanMs));
-  EXPECT_FALSE(w.ScanDue(-5 + ProgressWatch::kScanMs + 1));
+  EXPECT_FALSE(w.ScanDue(-5 + 249));
+  EXPECT_TRUE(w.ScanDue(-5 + 250));
+  EXPECT_FALSE(w.ScanDue(-5 + 251));
+}
+
+TEST(ProgressWatchTest, TheScanPeriodIsAHundredthOfTheShortestTimeout) {
+  EXPECT_EQ(ProgressWatch::ScanMsFor(HangPolicy{}), ProgressWatch::kMaxScanMs)
+      << "the defaults (120 s, 900 s): 1 s";
+  EXPECT_EQ(ProgressWatch::ScanMsFor(
+                HangPolicy{/*min_s=*/60, /*factor=*/10, /*first_step_s=*/600}),
+            600);
+  EXPECT_EQ(ProgressWatch::ScanMsFor(
+                HangPolicy{/*min_s=*/300, /*factor=*/10, /*first_step_s=*/30}),
+            300)
+      << "the first step's allowance is the shorter";
+  EXPECT_EQ(ProgressWatch::ScanMsFor(
+                HangPolicy{/*min_s=*/5, /*factor=*/10, /*first_step_s=*/120}),
+            ProgressWatch::kMinScanMs);
 }
 
 }  // namespace

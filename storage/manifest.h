@@ -91,7 +91,8 @@ std::string EncodeNodeManifest(v1::NodeManifest m);
 std::vector<std::string> NodeManifestProblems(const v1::NodeManifest& m,
                                               std::string_view key);
 
-// Global manifest.
+// Global manifest. Printed by hand (manifest_json.h), byte for byte the
+// text protobuf's JSON mapping gives, which it falls back to.
 std::string EncodeGlobalManifest(const v1::GlobalManifest& m);
 // Parses and validates: format, job, step as expected, world_size > 0, one
 // shard per rank in [0, world_size), keys valid storage keys, 16-hex-digit

@@ -232,6 +232,13 @@ TEST_F(ClusterTest, StoppedNodeMissingTheProbesDeadlineIsNotDeadForIt) {
   const std::string gate = o.dir + "/peer-lost.gate";
   o.node_launcher_env["a"] = {"CLUSTER_TRAINER_FAKE_PEER_LOST=0:3:2",
                               "CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=" + gate};
+  // b's ranks lose rank 0 when it exits, as a's rank 1 does. Their claims
+  // wait until the plan is made: the coordinator hears a's claim first and
+  // probes b. (Ungated, b's launcher sometimes reported first: a probe of
+  // a, which answered, made b's exit a failure of its own, and b, still
+  // stopped, then timed out: CI, stop 52.)
+  const std::string b_gate = o.dir + "/b-loss.gate";
+  o.node_launcher_env["b"] = {"CLUSTER_TRAINER_LOSS_GATE=" + b_gate};
   cluster_ = std::make_unique<Cluster>(o);
   cluster_->StartCoordinator();
   cluster_->StartNode("a");
@@ -263,6 +270,16 @@ TEST_F(ClusterTest, StoppedNodeMissingTheProbesDeadlineIsNotDeadForIt) {
   ASSERT_TRUE(decided) << Describe(events);
   ASSERT_TRUE(DeathsOf(events, "b").empty()) << "a false death\n"
                                              << Describe(events);
+  ASSERT_TRUE(Cluster::WaitUntil(
+      [&] {
+        events = cluster_->Events();
+        return !Of(events, cv1::PLAN_MADE).empty();
+      },
+      seconds(60)))
+      << Describe(events);
+  FILE* bg = std::fopen(b_gate.c_str(), "w");
+  ASSERT_NE(bg, nullptr);
+  std::fclose(bg);
   ExpectLaunchersSucceed({"a", "b"});
   ExpectAllResumedAtOneStep();
 

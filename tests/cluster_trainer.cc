@@ -31,6 +31,10 @@
 // CLUSTER_TRAINER_FAKE_PEER_LOST_GATE=<file>: before that claim, rank R
 // logs "gate" and waits until <file> exists (a test readies the peer):
 // inotify on its directory, so its creation wakes the rank at once.
+// CLUSTER_TRAINER_LOSS_GATE=<file>: a rank whose collective breaks waits
+// until <file> exists before it claims the loss and exits (a test orders
+// this node's claims after another node's: a real peer loss is seen by
+// every survivor at about the same time, in no set order).
 // CLUSTER_TRAINER_EXIT_AT_RESTORE=C: a trainer given a step to restore
 // exits C instead, every time (a restore that cannot work: the job's
 // every plan fails).
@@ -132,6 +136,12 @@ bool LastToLeave(uint32_t rank) {
 
 [[noreturn]] void PeerLost(FILE* log, uint32_t peer,
                            const Links* links = nullptr) {
+  if (const char* gate = std::getenv("CLUSTER_TRAINER_LOSS_GATE");
+      links != nullptr && gate && *gate) {
+    std::fprintf(log, "loss_gate peer=%u\n", peer);
+    std::fflush(log);
+    WaitForFile(gate, log);
+  }
   if (const char* f = std::getenv("CKPT_PEER_LOST_FILE"); f && *f)
     if (FILE* note = std::fopen(f, "w")) {
       std::fprintf(note, "%u\n", peer);

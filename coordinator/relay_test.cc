@@ -2,6 +2,8 @@
 // relay's batch of many nodes' heartbeats and ReportShards calls, each item
 // answered exactly as its direct call (doc/coordinator-scale.md "Relays").
 // Under mTLS, who may relay is tests/tls_test.cc's.
+#include "coordinator/relay/relay.h"
+
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator.grpc.pb.h"
@@ -266,6 +269,43 @@ TEST_F(RelayTest, AShedBatchStillKeepsItsNodesAlive) {
   v1::RelayBatchResponse resp;
   ASSERT_TRUE(Relay(batch, &resp).ok());
   EXPECT_EQ(resp.heartbeats(0).status().code(), 0);
+}
+
+// The counts ckpt-relay's service watchdog reads (relay/main.cc): a call is
+// gathered when it arrives and answered once its batch came back, so
+// nothing waits after the node's answer; and a batch may take 30 s per
+// replica before anything counts as stuck.
+TEST_F(RelayTest, TheRelayCountsCallsGatheredAndAnsweredForItsWatchdog) {
+  const uint64_t e1 = Register("n1");
+  RelayOptions o;
+  o.listen = "127.0.0.1:0";
+  o.coordinator = Address() + ",127.0.0.1:1";
+  o.relay_id = "rack-1";
+  auto relay = ckpt::coordinator::Relay::Start(o, nullptr);
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  EXPECT_EQ((*relay)->longest_send(), o.gather + std::chrono::seconds(60));
+  EXPECT_EQ((*relay)->progress().gathered, 0u);
+  auto via = v1::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*relay)->port()),
+                          grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    v1::HeartbeatResponse resp;
+    grpc::Status s = via->Heartbeat(&ctx, Beat("n1", e1), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  // The node's answer goes out inside Send, the count right after it.
+  ckpt::coordinator::Relay::Progress p;
+  for (int i = 0; i < 200; ++i) {
+    p = (*relay)->progress();
+    if (p.answered == 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(p.gathered, 3u);
+  EXPECT_EQ(p.answered, 3u);
+  EXPECT_TRUE((*relay)->coordinator_answers());
 }
 
 }  // namespace

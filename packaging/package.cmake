@@ -29,6 +29,7 @@ install(FILES ${CKPT_HELP_TEXTS} DESTINATION share/doc/ckptd/help OPTIONAL)
 set(unit_dir /lib/systemd/system)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/ckptd.service
               ${PROJECT_SOURCE_DIR}/packaging/ckpt-coordinator.service
+              ${PROJECT_SOURCE_DIR}/packaging/ckpt-relay.service
         DESTINATION ${unit_dir})
 # Absolute: /etc is /etc whatever the prefix (conffiles of the package);
 # `cmake --install` honours DESTDIR for them.
@@ -36,6 +37,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/packaging/ckptd.toml
               ${PROJECT_SOURCE_DIR}/packaging/ckpt-coordinator.toml
         DESTINATION /etc)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/debian/default-ckptd DESTINATION /etc/default RENAME ckptd)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/debian/default-ckpt-relay DESTINATION /etc/default RENAME ckpt-relay)
 install(FILES ${PROJECT_SOURCE_DIR}/doc/operations.md ${PROJECT_SOURCE_DIR}/doc/kubernetes.md
         DESTINATION share/doc/ckptd OPTIONAL)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/packaging/k8s DESTINATION share/doc/ckptd/examples OPTIONAL)
@@ -101,9 +103,10 @@ if(BUILD_TESTING AND CKPT_SYSTEM_TESTS AND TARGET ckpt_shared)
            COMMAND ${tests_dir}/dev_install_test.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(packaging_dev_files_build_c_and_cxx_trainers PROPERTIES LABELS system TIMEOUT 300)
 endif()
-if(BUILD_TESTING AND TARGET ckptd AND TARGET ckpt-coordinator)
+if(BUILD_TESTING AND TARGET ckptd AND TARGET ckpt-coordinator AND TARGET ckpt-relay)
   add_test(NAME packaging_units_pass_verify_and_security_ceiling
-           COMMAND ${tests_dir}/check_units.sh $<TARGET_FILE:ckptd> $<TARGET_FILE:ckpt-coordinator>)
+           COMMAND ${tests_dir}/check_units.sh $<TARGET_FILE:ckptd> $<TARGET_FILE:ckpt-coordinator>
+                   $<TARGET_FILE:ckpt-relay>)
   add_test(NAME packaging_k8s_manifests_match_binaries
            COMMAND /usr/bin/python3 ${tests_dir}/check_k8s.py --manifests ${PROJECT_SOURCE_DIR}/packaging/k8s
                    --ckptd $<TARGET_FILE:ckptd> --coordinator $<TARGET_FILE:ckpt-coordinator>

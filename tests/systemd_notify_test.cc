@@ -1,6 +1,6 @@
 // The test plays systemd: it binds a NOTIFY_SOCKET datagram socket, starts
-// the real ckptd / ckpt-coordinator binaries with NOTIFY_SOCKET and
-// WATCHDOG_USEC in their environment, and reads what they announce
+// the real ckptd / ckpt-coordinator / ckpt-relay binaries with NOTIFY_SOCKET
+// and WATCHDOG_USEC in their environment, and reads what they announce
 // (sd_notify(3): READY=1, STATUS=, WATCHDOG=1, STOPPING=1).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -298,6 +298,48 @@ TEST_F(SystemdNotifyTest,
   ASSERT_TRUE(
       notify_.WaitFor("STOPPING=1", std::chrono::seconds(10)).has_value());
   int status = coord.Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The relay needs no coordinator to serve: its nodes' calls fail over to
+// the coordinator directly (coordinator 127.0.0.1:1 answers nothing).
+TEST_F(SystemdNotifyTest, RelaySaysReadyOnceItListensAndStoppingOnSigterm) {
+  ASSERT_TRUE(notify_.bound());
+  constexpr int kWatchdogMs = 800;
+  Child relay({RELAY_BINARY, "--insecure", "--listen", "127.0.0.1:0",
+               "--coordinator", "127.0.0.1:1", "--relay-id", "rack-1"},
+              {"NOTIFY_SOCKET=" + notify_.path(),
+               "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)});
+  auto ready = notify_.WaitFor("READY=1", std::chrono::seconds(30));
+  ASSERT_TRUE(ready.has_value()) << "no READY=1 from ckpt-relay";
+  EXPECT_NE(ready->find("STATUS=relaying 127.0.0.1:"), std::string::npos)
+      << *ready;
+  // It printed its port before READY=1; the port answers a node's call
+  // (UNIMPLEMENTED: a relay carries only heartbeats and reports).
+  std::string line = relay.ReadLine();
+  auto colon = line.rfind(':');
+  ASSERT_NE(colon, std::string::npos) << line;
+  auto stub = coord::v1::Coordinator::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(std::atoi(line.c_str() + colon + 1)),
+      grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  coord::v1::GetClusterRequest req;
+  coord::v1::GetClusterResponse resp;
+  EXPECT_EQ(stub->GetCluster(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+
+  // Idle, nothing waits for an answer: it pings.
+  auto at = Pings(3, std::chrono::seconds(10));
+  ASSERT_EQ(at.size(), 3u);
+  auto mean = (at.back() - at.front()) / 2;
+  EXPECT_LT(mean, milliseconds(kWatchdogMs));
+  EXPECT_GT(mean, milliseconds(kWatchdogMs / 8));
+
+  relay.Signal(SIGTERM);
+  ASSERT_TRUE(
+      notify_.WaitFor("STOPPING=1", std::chrono::seconds(10)).has_value());
+  int status = relay.Wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 

@@ -5,19 +5,25 @@
 //              [--relay-id ID] [--gather-ms N] [--max-batch N]
 //              [--max-in-flight N] [--metrics-listen HOST:PORT]
 // Prints "listening on HOST:PORT" (the real port when PORT is 0) on stdout
-// once it serves; SIGTERM/SIGINT stop it. It keeps no state: a relay
+// once it serves, and under systemd then says READY=1 (util/service_notify.h;
+// WATCHDOG=1 only while the calls it gathered get answered); SIGTERM/SIGINT
+// stop it (STOPPING=1). It keeps no state: a relay
 // SIGKILLed loses nothing its nodes do not send again (they go to the
 // coordinator directly meanwhile).
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/relay/relay.h"
 #include "util/metrics_server.h"
 #include "util/program.h"
+#include "util/service_notify.h"
 
 namespace {
 
@@ -62,9 +68,41 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   std::fprintf(stderr, "ckpt-relay %s: relaying to %s\n",
                opts->relay_id.c_str(), opts->coordinator.c_str());
+  const ckpt::ServiceNotifier notifier;
+  const std::string serving = absl::StrCat(
+      "relaying ", host, ":", (*relay)->port(), " to ", opts->coordinator);
+  notifier.Ready(serving);
+  std::unique_ptr<ckpt::ServiceWatchdog> watchdog;
+  if (notifier.enabled()) {
+    // Pings while the gathered calls get answered: nothing waits, or a
+    // batch came back (or gave up) within the watchdog timeout, or within
+    // the longest a batch may take when that is longer. A wedged relay
+    // answers nothing; its nodes time out on it once per backoff.
+    const std::chrono::steady_clock::duration allowance =
+        std::max<std::chrono::steady_clock::duration>(
+            notifier.watchdog_timeout(), (*relay)->longest_send());
+    auto answers = std::make_shared<ckpt::ProgressWatch>(allowance);
+    const co::Relay* r = relay->get();
+    watchdog = std::make_unique<ckpt::ServiceWatchdog>(
+        &notifier, std::chrono::seconds(2), [=] {
+          const co::Relay::Progress p = r->progress();
+          ckpt::ServiceHealth h;
+          h.healthy = answers->Healthy(p.answered, p.gathered != p.answered,
+                                       std::chrono::steady_clock::now());
+          h.status =
+              !h.healthy ? absl::StrCat("stuck: ", p.gathered - p.answered,
+                                        " node calls wait, no batch came back")
+              : r->coordinator_answers()
+                  ? serving
+                  : serving + " (it does not answer: the nodes go directly)";
+          return h;
+        });
+  }
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
+    watchdog.reset();
+    notifier.Stopping("stopping");
     (*relay)->Shutdown();
   });
   (*relay)->Wait();

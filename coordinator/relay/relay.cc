@@ -159,6 +159,12 @@ absl::StatusOr<std::unique_ptr<Relay>> Relay::Start(
   r->options_ = options;
   r->metrics_ = std::move(metrics);
   r->client_ = std::move(*client);
+  // Create parsed the list already.
+  absl::StatusOr<std::vector<std::string>> replicas =
+      ParseAddressList(options.coordinator, "--coordinator");
+  r->longest_send_ =
+      options.gather +
+      kMaxBatchTimeout * static_cast<int>(replicas.ok() ? replicas->size() : 1);
   AuthPolicy auth;
   auth.mtls = options.tls.enabled();
   r->service_ = std::make_unique<Service>(r.get(), std::move(auth));
@@ -200,6 +206,14 @@ void Relay::Wait() {
   if (server_) server_->Wait();
 }
 
+Relay::Progress Relay::progress() const {
+  Progress p;
+  // answered_ first: it never passes gathered_.
+  p.answered = answered_.load();
+  p.gathered = gathered_.load();
+  return p;
+}
+
 void Relay::Push(std::unique_ptr<Item> item) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) {
@@ -219,6 +233,7 @@ void Relay::Push(std::unique_ptr<Item> item) {
     return;
   }
   pending_.push_back(std::move(item));
+  gathered_.fetch_add(1);
   const size_t n = pending_.size();
   lock.unlock();
   // The first item starts a gathering; a full batch goes at once.
@@ -250,7 +265,9 @@ void Relay::SenderLoop() {
     }
     if (!pending_.empty()) cv_.notify_one();  // the rest: another sender
     lock.unlock();
+    const size_t n = batch.size();
     Send(std::move(batch));
+    answered_.fetch_add(n);
     lock.lock();
   }
 }

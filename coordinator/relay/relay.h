@@ -106,6 +106,19 @@ class Relay {
   void Shutdown();
   void Wait();  // until Shutdown()
 
+  // For the service watchdog (main.cc): node calls gathered and answered
+  // (sent, refused or expired) so far; calls wait while they differ.
+  struct Progress {
+    uint64_t gathered = 0;
+    uint64_t answered = 0;
+  };
+  Progress progress() const;
+  // The longest a sender may take over a batch while nothing is wrong: the
+  // gathering, then every replica tried with the longest batch timeout.
+  std::chrono::milliseconds longest_send() const { return longest_send_; }
+  // Whether the last batch was answered by the coordinator.
+  bool coordinator_answers() const { return coordinator_ok_.load(); }
+
   struct Item;  // one node call, gathered (relay.cc)
 
  private:
@@ -129,6 +142,9 @@ class Relay {
   std::vector<std::thread> senders_;
   // The last batch was answered (a change is logged once each way).
   std::atomic<bool> coordinator_ok_{true};
+  std::atomic<uint64_t> gathered_{0};
+  std::atomic<uint64_t> answered_{0};
+  std::chrono::milliseconds longest_send_{0};
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
 };

@@ -130,7 +130,10 @@ in_root getent group ckptd >/dev/null || fail "no ckptd group"
 in_root getent passwd ckptd | grep -q ":/usr/sbin/nologin$" || fail "no ckptd system user"
 [[ "$(stat -c %U:%a "$root/var/lib/ckptd")" == root:755 ]] || fail "/var/lib/ckptd: $(stat -c %U:%a "$root/var/lib/ckptd")"
 [[ "$(in_root stat -c %U:%G:%a /var/lib/ckpt-coordinator)" == ckptd:ckptd:750 ]] || fail "/var/lib/ckpt-coordinator"
-[[ -f "$root/lib/systemd/system/ckptd.service" && -f "$root/lib/systemd/system/ckpt-coordinator.service" ]] || fail "units"
+for unit in ckptd ckpt-coordinator ckpt-relay; do
+  [[ -f "$root/lib/systemd/system/$unit.service" ]] || fail "no $unit.service"
+done
+in_root dpkg-query -W -f='${Conffiles}\n' ckptd | grep -q "/etc/default/ckpt-relay" || fail "/etc/default/ckpt-relay is not a conffile"
 in_root dpkg-query -W -f='${Conffiles}\n' ckptd | grep -q "/etc/ckptd.toml" || fail "/etc/ckptd.toml is not a conffile"
 [[ -f "$root/usr/share/doc/ckptd/help/ckptd.txt" ]] || fail "no --help texts"
 # The Python package: importable from Debian's python3 with no environment

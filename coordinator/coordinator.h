@@ -143,8 +143,9 @@ class Coordinator {
     const v1::HeartbeatRequest* req = nullptr;
     bool valid = false;  // passed ValidateHeartbeat (a refusal after it is
                          // the state's: a fenced epoch, an unknown ack)
+    // Unknown until run (no message: no allocation per item).
     absl::StatusOr<v1::HeartbeatResponse> out =
-        absl::InternalError("heartbeat not run");
+        absl::Status(absl::StatusCode::kUnknown, "");
   };
   // Validates each call (a refusal is its own, the others go on) and
   // hears it (Heard), then applies the valid ones in order under one hold
@@ -194,10 +195,11 @@ class Coordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // RelayBatch in two halves: the state lock's work now, and what waits
   // for the group commits the answers need, answers each heartbeat item
-  // and returns the answer (`req` must live until it has run). *waits:
+  // and fills the answer (`req` must live until it has run; the items'
+  // answers are moved into it, so it had better be on no arena). *waits:
   // whether that half waits for a durable write (else it returns at
   // once), so the server can run it on a thread that may wait.
-  std::function<v1::RelayBatchResponse()> ApplyRelayBatch(
+  std::function<void(v1::RelayBatchResponse*)> ApplyRelayBatch(
       const v1::RelayBatchRequest& req, bool* waits) ABSL_LOCKS_EXCLUDED(mu_);
   // Admission shed the batch: its heartbeat items' refusal goes back now.
   void RelayBatchShed(const v1::RelayBatchRequest& req);

@@ -63,21 +63,23 @@ void Coordinator::RelayBatchShed(const v1::RelayBatchRequest& req) {
 v1::RelayBatchResponse Coordinator::RelayBatch(
     const v1::RelayBatchRequest& req) {
   bool waits = false;
-  return ApplyRelayBatch(req, &waits)();
+  v1::RelayBatchResponse resp;
+  ApplyRelayBatch(req, &waits)(&resp);
+  return resp;
 }
 
-std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
+std::function<void(v1::RelayBatchResponse*)> Coordinator::ApplyRelayBatch(
     const v1::RelayBatchRequest& req, bool* waits) {
   *waits = false;
   if (absl::Status s = ValidateRelayBatch(req); !s.ok()) {
     // The server refused it before; a caller that did not gets every item
     // refused with the batch's reason, nothing applied.
-    v1::RelayBatchResponse resp;
-    for (int i = 0; i < req.heartbeats_size(); ++i)
-      SetStatus(s, resp.add_heartbeats()->mutable_status());
-    for (int i = 0; i < req.reports_size(); ++i)
-      SetStatus(s, resp.add_reports()->mutable_status());
-    return [resp = std::move(resp)] { return resp; };
+    return [s, &req](v1::RelayBatchResponse* resp) {
+      for (int i = 0; i < req.heartbeats_size(); ++i)
+        SetStatus(s, resp->add_heartbeats()->mutable_status());
+      for (int i = 0; i < req.reports_size(); ++i)
+        SetStatus(s, resp->add_reports()->mutable_status());
+    };
   }
   // What the finish needs; the report calls' addresses are held by the
   // groups until then.
@@ -98,6 +100,7 @@ std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
   std::vector<HeartbeatCall*> run;
   run.reserve(nh);
   std::unordered_map<std::string_view, int> first;
+  first.reserve(static_cast<size_t>(nh));
   for (int i = 0; i < nh; ++i) {
     w->beats[i].req = &req.heartbeats(i);
     const std::string& node = req.heartbeats(i).node_id();
@@ -140,18 +143,19 @@ std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
   if (!group.empty()) w->finish.push_back(ApplyReportGroup(group));
   *waits = w->beats_seq != 0 || !w->finish.empty();
 
-  return [this, w, &req] {
+  return [this, w](v1::RelayBatchResponse* resp) {
     const absl::Status beats_durable =
         w->beats_seq == 0 ? absl::OkStatus() : WaitDurable(w->beats_seq);
     for (std::function<void()>& f : w->finish)
       if (f) f();
-    v1::RelayBatchResponse resp;
+    resp->mutable_heartbeats()->Reserve(static_cast<int>(w->beats.size()));
+    resp->mutable_reports()->Reserve(static_cast<int>(w->reports.size()));
     for (size_t i = 0; i < w->beats.size(); ++i) {
-      v1::RelayedHeartbeat* out = resp.add_heartbeats();
-      const HeartbeatCall& c = w->beats[i];
+      v1::RelayedHeartbeat* out = resp->add_heartbeats();
+      HeartbeatCall& c = w->beats[i];
       if (c.out.ok()) {
         out->mutable_status()->set_code(0);
-        *out->mutable_response() = *c.out;
+        *out->mutable_response() = std::move(*c.out);
       } else if (!c.valid) {
         SetStatus(Indexed(c.out.status(), "heartbeats", static_cast<int>(i)),
                   out->mutable_status());
@@ -164,7 +168,7 @@ std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
       HeartbeatAnswered(c.req->node_id(), c.req->epoch());
     }
     for (size_t i = 0; i < w->reports.size(); ++i) {
-      v1::RelayedReports* out = resp.add_reports();
+      v1::RelayedReports* out = resp->add_reports();
       if (!w->unchecked[i].ok()) {
         SetStatus(w->unchecked[i], out->mutable_status());
       } else if (!w->reports[i].out.ok()) {
@@ -174,7 +178,6 @@ std::function<v1::RelayBatchResponse()> Coordinator::ApplyRelayBatch(
         *out->mutable_response() = std::move(*w->reports[i].out);
       }
     }
-    return resp;
   };
 }
 

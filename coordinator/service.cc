@@ -1,5 +1,6 @@
 #include "coordinator/service.h"
 
+#include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -35,6 +36,20 @@ grpc::Status Answer(absl::StatusOr<Resp> r, Resp* out) {
   *out = std::move(*r);
   return grpc::Status::OK;
 }
+
+// A relay batch and the arena it is parsed on: the arena's first block
+// holds a typical batch, and the blocks grow to 256 KiB for the largest.
+struct ArenaBatch {
+  static google::protobuf::ArenaOptions Options() {
+    google::protobuf::ArenaOptions o;
+    o.start_block_size = 32 << 10;
+    o.max_block_size = 256 << 10;
+    return o;
+  }
+  google::protobuf::Arena arena{Options()};
+  v1::RelayBatchRequest* req =
+      google::protobuf::Arena::CreateMessage<v1::RelayBatchRequest>(&arena);
+};
 
 // As RpcService::ParseRequest: INVALID_ARGUMENT naming the field.
 grpc::Status ParseBytes(const grpc::ByteBuffer& in,
@@ -447,65 +462,72 @@ class Service final : public rpc::RpcService {
     AddMethod(new grpc::internal::RpcServiceMethod(
         paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
     MarkMethodRawCallback(
-        index, new grpc::internal::CallbackUnaryHandler<
-                   grpc::ByteBuffer,
-                   grpc::ByteBuffer>([this](grpc::CallbackServerContext* ctx,
+        index, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer,
+                                                        grpc::ByteBuffer>(
+                   [this](grpc::CallbackServerContext* ctx,
+                          const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+                     return ServeRelayBatch(ctx, in, out);
+                   }));
+  }
+
+  grpc::ServerUnaryReactor* ServeRelayBatch(grpc::CallbackServerContext* ctx,
                                             const grpc::ByteBuffer* in,
                                             grpc::ByteBuffer* out) {
-          grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-          auto req = std::make_shared<v1::RelayBatchRequest>();
-          grpc::Status s = ParseBytes(*in, req.get());
-          if (s.ok()) s = AdmitCall(ctx, "RelayBatch", *req);
-          if (s.ok()) s = ToGrpc(Coordinator::ValidateRelayBatch(*req));
-          if (!s.ok()) {
-            if (serving_.load(std::memory_order_acquire))
-              c_->options().metrics->RelayBatch("refused", 0, 0);
-            if (s.error_code() != grpc::StatusCode::UNAVAILABLE)
-              relay_log_.Note(req->relay_id(), absl::StrCat("batch refused: ",
-                                                            s.error_message()));
-            reactor->Finish(s);
-            return reactor;
-          }
-          c_->HearRelayBatch(*req);
-          // Counted until answered, its durable wait included.
-          if (relay_pending_.fetch_add(1) < relay_capacity_.load() &&
-              relays_.TryRun([this, reactor, req, out] {
-                bool waits = false;
-                auto finish =
-                    std::make_shared<std::function<v1::RelayBatchResponse()>>(
-                        c_->ApplyRelayBatch(*req, &waits));
-                auto answer = [this, reactor, req, out, finish] {
-                  const v1::RelayBatchResponse resp = (*finish)();
-                  SerializeTo(resp, out);
-                  reactor->Finish(grpc::Status::OK);
-                  relay_pending_.fetch_sub(1);
-                  c_->options().metrics->RelayBatch(
-                      "applied", req->heartbeats_size(), req->reports_size());
-                  if (std::string refused = RefusedItems(resp);
-                      !refused.empty())
-                    relay_log_.Note(req->relay_id(), refused);
-                };
-                if (!waits || !relay_answers_.TryRun(answer)) answer();
-              }))
-            return reactor;
-          relay_pending_.fetch_sub(1);
-          c_->RelayBatchShed(*req);
-          c_->options().metrics->RelayBatch("shed", req->heartbeats_size(),
-                                            req->reports_size());
-          const int after = relays_.RetryAfterMs();
-          ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
-                                   std::to_string(after));
-          relay_log_.Note(req->relay_id(),
-                          absl::StrCat("batch shed: too many relay "
-                                       "batches; retry after ",
-                                       after, " ms"));
-          reactor->Finish(grpc::Status(
-              grpc::StatusCode::RESOURCE_EXHAUSTED,
-              absl::StrCat("coordinator busy: too many relay batch "
-                           "calls; retry after ",
-                           after, " ms")));
-          return reactor;
-        }));
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    // Parsed on an arena: a batch of 40 nodes' items is ~1,000
+    // strings and messages, a malloc and a free each otherwise
+    // (malloc was a fifth of the coordinator's CPU behind relays).
+    auto batch = std::make_shared<ArenaBatch>();
+    std::shared_ptr<v1::RelayBatchRequest> req(batch, batch->req);
+    grpc::Status s = ParseBytes(*in, req.get());
+    if (s.ok()) s = AdmitCall(ctx, "RelayBatch", *req);
+    if (s.ok()) s = ToGrpc(Coordinator::ValidateRelayBatch(*req));
+    if (!s.ok()) {
+      if (serving_.load(std::memory_order_acquire))
+        c_->options().metrics->RelayBatch("refused", 0, 0);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE)
+        relay_log_.Note(req->relay_id(),
+                        absl::StrCat("batch refused: ", s.error_message()));
+      reactor->Finish(s);
+      return reactor;
+    }
+    c_->HearRelayBatch(*req);
+    // Counted until answered, its durable wait included.
+    if (relay_pending_.fetch_add(1) < relay_capacity_.load() &&
+        relays_.TryRun([this, reactor, req, out] {
+          bool waits = false;
+          auto finish =
+              std::make_shared<std::function<void(v1::RelayBatchResponse*)>>(
+                  c_->ApplyRelayBatch(*req, &waits));
+          auto answer = [this, reactor, req, out, finish] {
+            v1::RelayBatchResponse resp;
+            (*finish)(&resp);
+            SerializeTo(resp, out);
+            reactor->Finish(grpc::Status::OK);
+            relay_pending_.fetch_sub(1);
+            c_->options().metrics->RelayBatch("applied", req->heartbeats_size(),
+                                              req->reports_size());
+            if (std::string refused = RefusedItems(resp); !refused.empty())
+              relay_log_.Note(req->relay_id(), refused);
+          };
+          if (!waits || !relay_answers_.TryRun(answer)) answer();
+        }))
+      return reactor;
+    relay_pending_.fetch_sub(1);
+    c_->RelayBatchShed(*req);
+    c_->options().metrics->RelayBatch("shed", req->heartbeats_size(),
+                                      req->reports_size());
+    const int after = relays_.RetryAfterMs();
+    ctx->AddTrailingMetadata(kRetryAfterMetadataKey, std::to_string(after));
+    relay_log_.Note(req->relay_id(), absl::StrCat("batch shed: too many relay "
+                                                  "batches; retry after ",
+                                                  after, " ms"));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("coordinator busy: too many relay batch "
+                                  "calls; retry after ",
+                                  after, " ms")));
+    return reactor;
   }
 
   grpc::Status Admit(grpc::ServerContext* ctx, const std::string& method,

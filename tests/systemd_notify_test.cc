@@ -159,6 +159,40 @@ class SystemdNotifyTest : public ::testing::Test {
       at.push_back(Clock::now());
     return at;
   }
+  // n pings whose mean period is under the watchdog timeout and not far
+  // below it (half of it is what sd_watchdog_enabled(3) suggests).
+  void ExpectPingsUnder(int n, int watchdog_ms) {
+    auto at = Pings(n, std::chrono::seconds(10));
+    ASSERT_EQ(at.size(), static_cast<size_t>(n));
+    auto mean = (at.back() - at.front()) / (n - 1);
+    EXPECT_LT(mean, std::chrono::milliseconds(watchdog_ms));
+    EXPECT_GT(mean, std::chrono::milliseconds(watchdog_ms / 8));
+  }
+  // GetCluster on the port `child` printed ("... HOST:PORT") before it
+  // said READY=1.
+  static grpc::Status GetClusterOnPrintedPort(Child& child) {
+    std::string line = child.ReadLine();
+    auto colon = line.rfind(':');
+    if (colon == std::string::npos)
+      return grpc::Status(grpc::StatusCode::INTERNAL, "no port in " + line);
+    auto stub = coord::v1::Coordinator::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(std::atoi(line.c_str() + colon + 1)),
+        grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    coord::v1::GetClusterRequest req;
+    coord::v1::GetClusterResponse resp;
+    return stub->GetCluster(&ctx, req, &resp);
+  }
+  // SIGTERM: STOPPING=1, then exit 0.
+  void ExpectStopsOnSigterm(Child& child) {
+    child.Signal(SIGTERM);
+    ASSERT_TRUE(
+        notify_.WaitFor("STOPPING=1", std::chrono::seconds(10)).has_value());
+    int status = child.Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
 
   TempDir dir_;
   std::string socket_ = dir_.path() + "/ckptd.sock";
@@ -276,29 +310,9 @@ TEST_F(SystemdNotifyTest,
   EXPECT_NE(before.front().find("STATUS=loading state"), std::string::npos)
       << before.front();
   // It printed its port before READY=1; the port answers.
-  std::string line = coord.ReadLine();
-  auto colon = line.rfind(':');
-  ASSERT_NE(colon, std::string::npos) << line;
-  auto stub = coord::v1::Coordinator::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(std::atoi(line.c_str() + colon + 1)),
-      grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  coord::v1::GetClusterRequest req;
-  coord::v1::GetClusterResponse resp;
-  EXPECT_TRUE(stub->GetCluster(&ctx, req, &resp).ok());
-
-  auto at = Pings(4, std::chrono::seconds(10));
-  ASSERT_EQ(at.size(), 4u);
-  auto mean = (at.back() - at.front()) / 3;
-  EXPECT_LT(mean, milliseconds(kWatchdogMs));
-  EXPECT_GT(mean, milliseconds(kWatchdogMs / 8));
-
-  coord.Signal(SIGTERM);
-  ASSERT_TRUE(
-      notify_.WaitFor("STOPPING=1", std::chrono::seconds(10)).has_value());
-  int status = coord.Wait();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(GetClusterOnPrintedPort(coord).ok());
+  ExpectPingsUnder(4, kWatchdogMs);
+  ExpectStopsOnSigterm(coord);
 }
 
 // The relay needs no coordinator to serve: its nodes' calls fail over to
@@ -316,31 +330,11 @@ TEST_F(SystemdNotifyTest, RelaySaysReadyOnceItListensAndStoppingOnSigterm) {
       << *ready;
   // It printed its port before READY=1; the port answers a node's call
   // (UNIMPLEMENTED: a relay carries only heartbeats and reports).
-  std::string line = relay.ReadLine();
-  auto colon = line.rfind(':');
-  ASSERT_NE(colon, std::string::npos) << line;
-  auto stub = coord::v1::Coordinator::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(std::atoi(line.c_str() + colon + 1)),
-      grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  coord::v1::GetClusterRequest req;
-  coord::v1::GetClusterResponse resp;
-  EXPECT_EQ(stub->GetCluster(&ctx, req, &resp).error_code(),
+  EXPECT_EQ(GetClusterOnPrintedPort(relay).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
-
   // Idle, nothing waits for an answer: it pings.
-  auto at = Pings(3, std::chrono::seconds(10));
-  ASSERT_EQ(at.size(), 3u);
-  auto mean = (at.back() - at.front()) / 2;
-  EXPECT_LT(mean, milliseconds(kWatchdogMs));
-  EXPECT_GT(mean, milliseconds(kWatchdogMs / 8));
-
-  relay.Signal(SIGTERM);
-  ASSERT_TRUE(
-      notify_.WaitFor("STOPPING=1", std::chrono::seconds(10)).has_value());
-  int status = relay.Wait();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ExpectPingsUnder(3, kWatchdogMs);
+  ExpectStopsOnSigterm(relay);
 }
 
 // ProgressWatch's rule with made-up times: stuck only with work pending

@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   // gRPC's threads must not take SIGTERM: the waiter thread does.
   const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});
+  // A connection per node calling it directly, and per relay.
+  (void)ckpt::RaiseDescriptorLimit();
   std::string help;
   auto opts = co::ParseCoordinatorOptions(argc, argv, &help);
   if (!opts.ok()) {

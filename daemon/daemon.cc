@@ -1,8 +1,6 @@
 // Daemon (daemon.h): ckptd's start, serving and stop.
 #include "daemon/daemon.h"
 
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +12,7 @@
 #include "daemon/replica/replica_reports.h"
 #include "daemon/watchdog.h"
 #include "storage/open_backend.h"
+#include "util/program.h"
 #include "util/status.h"
 
 namespace ckpt::daemon {
@@ -24,22 +23,10 @@ absl::Status Named(const std::string& what, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
 }
 
-// Every connection costs a descriptor; gRPC uses epoll, not select(), so
-// the soft limit can go up to the hard one (systemd's default soft limit
-// is 1024). Best effort: the old limit still works.
-void RaiseDescriptorLimit() {
-  rlimit nofile;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
-      nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    (void)setrlimit(RLIMIT_NOFILE, &nofile);
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
-  RaiseDescriptorLimit();
+  (void)RaiseDescriptorLimit();
   std::unique_ptr<Daemon> d(new Daemon(std::move(options)));
   CKPT_RETURN_IF_ERROR(d->OpenStorage());
   d->notifier_.Status("re-attaching arenas and replaying staged steps");

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -15,7 +16,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,14 +79,22 @@ class NotifySocket {
 };
 
 // A child process with extra environment variables; stdout on a pipe.
+// soft_nofile > 0: it starts with that soft limit on open descriptors (as
+// systemd starts a unit with 1024).
 class Child {
  public:
-  Child(std::vector<std::string> args, std::vector<std::string> env) {
+  Child(std::vector<std::string> args, std::vector<std::string> env,
+        rlim_t soft_nofile = 0) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (rlimit lim{};
+          soft_nofile > 0 && getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+        lim.rlim_cur = soft_nofile;
+        setrlimit(RLIMIT_NOFILE, &lim);
+      }
       dup2(fds[1], 1);
       for (auto& e : env) putenv(e.data());
       std::vector<char*> argv;
@@ -107,6 +118,20 @@ class Child {
     return out_ && std::fgets(line, sizeof line, out_) ? line : "";
   }
   void Signal(int sig) { kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
+  // Its soft and hard limits on open descriptors (/proc/PID/limits).
+  std::pair<std::string, std::string> DescriptorLimits() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/limits");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("Max open files", 0) == 0) {
+        std::istringstream f(line.substr(std::strlen("Max open files")));
+        std::string soft, hard;
+        f >> soft >> hard;
+        return {soft, hard};
+      }
+    return {"", ""};
+  }
   int Wait() {
     int status = -1;
     if (pid_ > 0) waitpid(pid_, &status, 0);
@@ -302,7 +327,8 @@ TEST_F(SystemdNotifyTest,
   Child coord({COORDINATOR_BINARY, "--insecure", "--listen", "127.0.0.1:0",
                "--state", dir_.path() + "/state"},
               {"NOTIFY_SOCKET=" + notify_.path(),
-               "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)});
+               "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)},
+              /*soft_nofile=*/256);
   std::vector<std::string> before;
   ASSERT_TRUE(notify_.WaitFor("READY=1", std::chrono::seconds(30), &before)
                   .has_value());
@@ -311,6 +337,10 @@ TEST_F(SystemdNotifyTest,
       << before.front();
   // It printed its port before READY=1; the port answers.
   EXPECT_TRUE(GetClusterOnPrintedPort(coord).ok());
+  // Started with systemd's kind of soft limit, it raised it: a connection
+  // per node calling it directly.
+  auto [soft, hard] = coord.DescriptorLimits();
+  EXPECT_EQ(soft, hard) << "started at 256";
   ExpectPingsUnder(4, kWatchdogMs);
   ExpectStopsOnSigterm(coord);
 }
@@ -323,7 +353,8 @@ TEST_F(SystemdNotifyTest, RelaySaysReadyOnceItListensAndStoppingOnSigterm) {
   Child relay({RELAY_BINARY, "--insecure", "--listen", "127.0.0.1:0",
                "--coordinator", "127.0.0.1:1", "--relay-id", "rack-1"},
               {"NOTIFY_SOCKET=" + notify_.path(),
-               "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)});
+               "WATCHDOG_USEC=" + std::to_string(kWatchdogMs * 1000)},
+              /*soft_nofile=*/256);
   auto ready = notify_.WaitFor("READY=1", std::chrono::seconds(30));
   ASSERT_TRUE(ready.has_value()) << "no READY=1 from ckpt-relay";
   EXPECT_NE(ready->find("STATUS=relaying 127.0.0.1:"), std::string::npos)
@@ -332,6 +363,8 @@ TEST_F(SystemdNotifyTest, RelaySaysReadyOnceItListensAndStoppingOnSigterm) {
   // (UNIMPLEMENTED: a relay carries only heartbeats and reports).
   EXPECT_EQ(GetClusterOnPrintedPort(relay).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+  auto [soft, hard] = relay.DescriptorLimits();
+  EXPECT_EQ(soft, hard) << "started at 256: a connection per node of its rack";
   // Idle, nothing waits for an answer: it pings.
   ExpectPingsUnder(3, kWatchdogMs);
   ExpectStopsOnSigterm(relay);

@@ -1,7 +1,5 @@
 #include "tools/step_source.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -15,6 +13,7 @@
 #include "tools/shard_access.h"
 #include "tools/text_output.h"
 #include "util/checksum.h"
+#include "util/program.h"
 #include "util/status.h"
 #include "util/validate.h"
 
@@ -54,11 +53,7 @@ absl::StatusOr<std::unique_ptr<StepSource>> StepSource::Open(
   // A descriptor per rank's shard (and reshard's per new rank): the soft
   // limit on open files goes up to the hard one; past that, opening a
   // shard fails naming it.
-  if (rlimit lim;
-      ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    (void)::setrlimit(RLIMIT_NOFILE, &lim);
-  }
+  (void)RaiseDescriptorLimit();
   std::unique_ptr<StepSource> s(new StepSource());
   s->job_ = job;
   s->step_ = step;

@@ -1,6 +1,7 @@
 #include "util/program.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,17 @@ sigset_t BlockSignals(std::initializer_list<int> signals) {
   for (int s : signals) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+uint64_t RaiseDescriptorLimit() {
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return 0;
+  if (nofile.rlim_cur < nofile.rlim_max) {
+    rlimit raised = nofile;
+    raised.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) nofile = raised;
+  }
+  return static_cast<uint64_t>(nofile.rlim_cur);
 }
 
 }  // namespace ckpt

@@ -1,6 +1,7 @@
 #include "util/program.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <string>
 #include <thread>
@@ -52,6 +53,24 @@ TEST(ProgramTest, BlockedSignalsAreInheritedAndWaitForSigwait) {
   EXPECT_EQ(sigwait(&set, &sig), 0);
   EXPECT_EQ(sig, SIGUSR1);
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+// The soft limit goes up to the hard one (systemd's default soft limit is
+// 1024, too few for a coordinator's direct nodes).
+TEST(ProgramTest, TheDescriptorLimitIsRaisedToTheHardOne) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  if (before.rlim_max < 128) GTEST_SKIP() << "hard limit " << before.rlim_max;
+  rlimit low = before;
+  low.rlim_cur = 64;  // lowering the soft limit needs no privilege
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  const uint64_t now = RaiseDescriptorLimit();
+  rlimit after{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &after), 0);
+  EXPECT_EQ(after.rlim_cur, before.rlim_max);
+  EXPECT_EQ(now, static_cast<uint64_t>(before.rlim_max));
+  EXPECT_EQ(after.rlim_max, before.rlim_max) << "the hard limit is kept";
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
 }
 
 }  // namespace

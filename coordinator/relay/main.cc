@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   if (ckpt::PrintedVersion(argc, argv, "ckpt-relay", CKPT_VERSION)) return 0;
   // gRPC's threads must not take SIGTERM: the waiter thread does.
   const sigset_t sigs = ckpt::BlockSignals({SIGTERM, SIGINT});
+  // A connection per node of its rack.
+  (void)ckpt::RaiseDescriptorLimit();
   std::string help;
   auto opts = co::ParseRelayOptions(argc, argv, &help);
   if (!opts.ok()) {

@@ -265,9 +265,7 @@ void Relay::SenderLoop() {
     }
     if (!pending_.empty()) cv_.notify_one();  // the rest: another sender
     lock.unlock();
-    const size_t n = batch.size();
     Send(std::move(batch));
-    answered_.fetch_add(n);
     lock.lock();
   }
 }
@@ -284,6 +282,7 @@ void Relay::Send(std::vector<std::unique_ptr<Item>> items) {
     // sent, so the coordinator never applies what the node retries
     // elsewhere.
     if (it->deadline <= now || it->ctx->IsCancelled()) {
+      answered_.fetch_add(1);
       FinishFailed(*it, grpc::StatusCode::DEADLINE_EXCEEDED,
                    "relay " + options_.relay_id +
                        ": the call's deadline passed before it was sent");
@@ -310,6 +309,9 @@ void Relay::Send(std::vector<std::unique_ptr<Item>> items) {
                                        &resp, timeout, &trailers);
   if (metrics_) metrics_->Batch();
   const size_t calls = heartbeats.size() + reports.size();
+  // The batch came back (the watchdog's progress), counted before any of
+  // its calls is finished: a node that has its answer sees it counted.
+  answered_.fetch_add(calls);
   auto all = [&](auto&& f) {
     for (Item* it : heartbeats) f(*it);
     for (Item* it : reports) f(*it);

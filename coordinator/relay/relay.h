@@ -107,7 +107,8 @@ class Relay {
   void Wait();  // until Shutdown()
 
   // For the service watchdog (main.cc): node calls gathered and answered
-  // (sent, refused or expired) so far; calls wait while they differ.
+  // (their batch came back, or they expired) so far, each counted before
+  // its node's answer goes out; calls wait while they differ.
   struct Progress {
     uint64_t gathered = 0;
     uint64_t answered = 0;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -82,35 +83,6 @@ bool Copied(std::string_view s) {
   return true;
 }
 
-// Standard base64 with padding, as protobuf prints bytes; written in place
-// at the end of `out` (the layout index can be megabytes).
-void AppendBase64(std::string_view in, std::string* out) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  const size_t at = out->size();
-  out->resize(at + (in.size() + 2) / 3 * 4);
-  char* p = out->data() + at;
-  const auto* b = reinterpret_cast<const unsigned char*>(in.data());
-  size_t i = 0;
-  for (; i + 3 <= in.size(); i += 3) {
-    const uint32_t v =
-        uint32_t{b[i]} << 16 | uint32_t{b[i + 1]} << 8 | b[i + 2];
-    *p++ = kAlphabet[v >> 18];
-    *p++ = kAlphabet[(v >> 12) & 63];
-    *p++ = kAlphabet[(v >> 6) & 63];
-    *p++ = kAlphabet[v & 63];
-  }
-  if (i < in.size()) {
-    const bool two = i + 1 < in.size();
-    const uint32_t v =
-        uint32_t{b[i]} << 16 | (two ? uint32_t{b[i + 1]} << 8 : 0);
-    *p++ = kAlphabet[v >> 18];
-    *p++ = kAlphabet[(v >> 12) & 63];
-    *p++ = two ? kAlphabet[(v >> 6) & 63] : '=';
-    *p++ = '=';
-  }
-}
-
 // The JSON around a shard's values, and the most its numbers take (uint32
 // and uint64 in decimal): enough to reserve the whole text once.
 constexpr absl::string_view kShardText[] = {
@@ -156,9 +128,9 @@ std::optional<std::string> GlobalManifestJson(const v1::GlobalManifest& m) {
   absl::StrAppend(&out, "],\"generation\":\"", m.generation(),
                   "\",\"fence\":\"", m.fence(), "\"");
   if (m.has_layout_index()) {
-    out += ",\"layoutIndex\":\"";
-    AppendBase64(m.layout_index(), &out);
-    out += '"';
+    // Standard base64 with padding, as protobuf prints bytes.
+    absl::StrAppend(&out, ",\"layoutIndex\":\"",
+                    absl::Base64Escape(m.layout_index()), "\"");
   }
   out += "}\n";
   return out;

@@ -391,6 +391,9 @@ class Coordinator {
     std::string job;
     uint64_t step = 0;
     uint64_t generation = 0;
+    // The oldest generation its shards were saved in: the plans made
+    // since are not proven by this commit.
+    uint64_t saved_generation = 0;
     storage::v1::GlobalManifest manifest;
     // Every rank's layout index blob (rank order), when every rank sent
     // one: merged into manifest.layout_index outside the state mutex.

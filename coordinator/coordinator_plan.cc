@@ -485,6 +485,7 @@ bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step,
   c.job = job.rec.job();
   c.step = step;
   c.generation = job.rec.generation();
+  c.saved_generation = c.generation;
   storage::v1::GlobalManifest& m = c.manifest;
   m.set_format(storage::kGlobalManifestFormat);
   m.set_job(job.rec.job());
@@ -499,6 +500,8 @@ bool Coordinator::StepCompleteLocked(JobState& job, uint64_t step,
     s->set_bytes(rec.bytes());
     s->set_checksum_digest(storage::DigestHex(rec.checksum_digest()));
     s->set_node_id(rec.node_id());
+    if (rec.has_generation())
+      c.saved_generation = std::min(c.saved_generation, rec.generation());
   }
   // Merged when every rank sent its pieces (the manifest lists them all).
   if (auto idx = job.rank_indexes.find(step);
@@ -553,10 +556,11 @@ bool Coordinator::FinishStepLocked(Batch* batch, const PendingCommit& c) {
   stamp.set_fence(c.manifest.fence());
   stamp.set_content_digest(c.content_digest);
   if (!job.rec.has_last_good() || c.step > job.rec.last_good_step()) {
-    // The job moves: the plans made before the step completed worked. One
-    // made since (while its manifest was written) has shown nothing yet.
-    const uint64_t after = job.rec.generation() > c.manifest.generation()
-                               ? job.rec.generation() - c.manifest.generation()
+    // The job moves: the plans made before the step was saved worked. One
+    // made since (a save that turned durable late, a manifest still being
+    // written) has shown nothing yet.
+    const uint64_t after = job.rec.generation() > c.saved_generation
+                               ? job.rec.generation() - c.saved_generation
                                : 0;
     job.rec.set_plans_since_commit(static_cast<uint32_t>(
         std::min<uint64_t>(job.rec.plans_since_commit(), after)));

@@ -253,6 +253,12 @@ absl::Status Coordinator::ApplyReportLocked(
                                        : req.checksum_digest());
   if (save_digest != rec.checksum_digest()) rec.set_staged_digest(save_digest);
   rec.set_key(keep_durable ? prior->key() : req.key());
+  if (req.has_generation())
+    rec.set_generation(req.generation());
+  else if (same_owner && prior->has_generation())
+    rec.set_generation(prior->generation());
+  else
+    rec.set_generation(job->rec.generation());
   JobState& j = *job;
   options_.metrics->StepReported(req.job(), req.step(), options_.now_ms());
   bool was_complete = j.steps[req.step()].size() == j.rec.world_size();

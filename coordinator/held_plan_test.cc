@@ -186,6 +186,59 @@ TEST_F(HeldPlanTest, ResumePlansOnceAndIsRefusedForAJobNotHeld) {
   EXPECT_EQ(EventsOf(v1::JOB_HELD).size(), 2u);
 }
 
+// A step saved before a plan whose last rank turns durable after it (its
+// persist finished late; the plan restores that very save) proves nothing
+// about the plan: the plan's trainers saved none of it. Its commit keeps
+// the plan counted. Before, the commit's manifest took the job's
+// generation at completion (the plan's), and the count went back to 0: a
+// cluster test's job whose every restore failed made one plan too many
+// (CI of stop 53).
+TEST_F(HeldPlanTest, StepSavedBeforeAPlanAndDurableAfterItKeepsThePlanCounted) {
+  max_failed_plans_ = 2;
+  Reopen();
+  ReportAll(5, v1::STAGED);
+  ReportAll(5, v1::DURABLE);
+  ASSERT_EQ(Job().last_good_step(), 5u);
+  ASSERT_EQ(Job().plans_since_commit(), 0u);
+  const uint64_t gen0 = Job().generation();
+  ReportAll(10, v1::STAGED);
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto s =
+        Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE);
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  ExitAgain();
+  ASSERT_EQ(Job().generation(), gen0 + 1);
+  ASSERT_EQ(Job().restore_step(), 10u);
+  ASSERT_EQ(Job().plans_since_commit(), 1u);
+  // Rank 3's persist of step 10, saved in generation gen0, ends now.
+  v1::ReportShardRequest late;
+  late.set_node_id("n2");
+  late.set_epoch(e2_);
+  late.set_job("job");
+  late.set_step(10);
+  late.set_rank(3);
+  late.set_state(v1::DURABLE);
+  late.set_bytes(1003);
+  late.set_checksum_digest(0xabc3);
+  late.set_key("job/step-10/rank-3");
+  late.set_generation(gen0);
+  auto s = coord_->ReportShard(late);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(Job().last_good_step(), 10u);
+  EXPECT_EQ(Job().plans_since_commit(), 1u)
+      << "step 10 was saved before the plan; its commit proves nothing of it";
+  // The plan's trainers fail their restore: the limit (2) counts the
+  // first plan, so the second failure holds the job.
+  AckOrders();
+  ExitAgain();
+  AckOrders();
+  EXPECT_EQ(Plans(), 2u);
+  ExitAgain();
+  EXPECT_EQ(Job().plan_state(), v1::PLAN_HELD);
+  EXPECT_EQ(Plans(), 2u);
+}
+
 TEST_F(HeldPlanTest, RollbackOfAHeldJobRunsItAgain) {
   max_failed_plans_ = 1;
   Reopen();

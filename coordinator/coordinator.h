@@ -663,8 +663,11 @@ class Coordinator {
       std::vector<std::pair<std::string, std::string>>* dead,
       std::vector<std::string>* overdue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The exits `job` held, planned as failures of their own (every probe
-  // answered): each is a failure (event, metric, incident), one plan.
-  void PlanHeldExitsLocked(Batch* batch, JobState& job, const std::string& why)
+  // answered; `answered`: the nodes that did): each is a failure (event,
+  // metric, incident: a peer-lost exit's to the named peers' answering
+  // hosts), one plan.
+  void PlanHeldExitsLocked(Batch* batch, JobState& job, const std::string& why,
+                           const std::vector<std::string>& answered)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "; folded: <each held exit>" for a plan's cause; clears them.
   std::string FoldHeldExitsLocked(JobState& job)

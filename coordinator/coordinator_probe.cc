@@ -57,7 +57,11 @@ bool Coordinator::HoldExitLocked(Batch* batch, JobState& job,
     job.awaited_probes.insert(host);
   }
   job.held_generation = job.rec.generation();
-  job.held_exits.push_back({req.node_id(), req.rank(), cause});
+  JobState::HeldExit held{req.node_id(), req.rank(), cause, req.peer_lost(),
+                          {}};
+  if (!req.lost_peer_ranks().empty())
+    held.named_hosts.assign(suspects.begin(), suspects.end());
+  job.held_exits.push_back(std::move(held));
   std::string detail =
       suspects.empty()
           ? absl::StrCat(cause, "; waits for the probe of ",
@@ -176,12 +180,14 @@ void Coordinator::AnsweredProbesLocked(Batch* batch) {
           answered.empty()
               ? std::string("the nodes it suspected are gone")
               : absl::StrCat(absl::StrJoin(answered, ","),
-                             " answered the probe: a failure of its own"));
+                             " answered the probe: a failure of its own"),
+          answered);
   }
 }
 
-void Coordinator::PlanHeldExitsLocked(Batch* batch, JobState& job,
-                                      const std::string& why) {
+void Coordinator::PlanHeldExitsLocked(
+    Batch* batch, JobState& job, const std::string& why,
+    const std::vector<std::string>& answered) {
   std::vector<JobState::HeldExit> held = std::move(job.held_exits);
   job.held_exits.clear();
   job.awaited_probes.clear();
@@ -193,10 +199,25 @@ void Coordinator::PlanHeldExitsLocked(Batch* batch, JobState& job,
               absl::StrCat(h.cause, " (", why, ")"));
     options_.metrics->FailureDetected(metric::kTrainerExit);
     causes.push_back(h.cause);
-    // Repeated on a node: cordoned, which plans (its ranks to a spare).
-    if (!planned)
-      planned = ChargeIncidentLocked(batch, h.node_id, job.rec.job(),
-                                     job.rec.generation(), h.cause);
+    // Repeated on a node: cordoned, which plans (its ranks to a spare). A
+    // lost peer is the incident of the node that hosted it and answered
+    // (its trainers went, or stalled the collective), never the
+    // survivor's; unnamed peers are nobody's.
+    std::vector<std::string> charged;
+    if (!h.peer_lost) charged.push_back(h.node_id);
+    for (const std::string& host : h.named_hosts)
+      if (std::find(answered.begin(), answered.end(), host) != answered.end())
+        charged.push_back(host);
+    for (const std::string& node : charged) {
+      if (planned) break;
+      planned = ChargeIncidentLocked(
+          batch, node, job.rec.job(), job.rec.generation(),
+          node == h.node_id
+              ? h.cause
+              : absl::StrCat("its ranks were lost by rank ", h.rank, " on ",
+                             h.node_id, " (", h.cause,
+                             ") and it answered the probe"));
+    }
   }
   if (!planned) MakePlanLocked(batch, job, absl::StrJoin(causes, "; "));
 }

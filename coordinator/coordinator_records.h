@@ -99,6 +99,11 @@ struct JobState {
     std::string node_id;
     uint32_t rank = 0;
     std::string cause;  // "trainer of rank R exited with code C ..."
+    // It said it lost peers: a symptom, charged to no incident of its own
+    // node. The hosts of the peer ranks it named (none named: empty), each
+    // charged if it answers the probe (its trainers, not its daemon, went).
+    bool peer_lost = false;
+    std::vector<std::string> named_hosts;
   };
   uint64_t held_generation = 0;
   std::vector<HeldExit> held_exits;

@@ -140,6 +140,57 @@ TEST_F(PeerProbeTest, HeartbeatTimeoutDuringTheProbeMakesTheOnePlan) {
   EXPECT_EQ(FailuresOf("n2").size(), 1u);
 }
 
+// Ranks lost by their peers on a node that answers the probe: the node's
+// daemon lives, but its trainers are gone or too slow for the collective.
+// The incident is the answering node's, not the survivor's (whose exit
+// only says a peer went away): repeated, the answering node is cordoned
+// and its ranks go to the spare. Before, the survivor's node was charged,
+// and two such losses cordoned the healthy n1 (a cluster test's race,
+// CI of stop 52: b's launcher reported first).
+TEST_F(PeerProbeTest, RanksLostOnANodeThatAnswersChargeThatNodeNotTheSurvivor) {
+  cordon_.after = 2;
+  Reopen();
+  for (int round = 0; round < 2; ++round) {
+    OthersHeartbeat(100);
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+    auto r = Exit(0, std::vector<uint32_t>{2});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->held());
+    now_ms_ += 50;
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the answer
+    ASSERT_EQ(Job().generation(), static_cast<uint64_t>(round + 1));
+  }
+  EXPECT_FALSE(Node("n1").cordoned()) << Node("n1").cordon_reason();
+  ASSERT_TRUE(Node("n2").cordoned());
+  EXPECT_NE(Node("n2").cordon_reason().find("rank 0"), std::string::npos)
+      << Node("n2").cordon_reason();
+  EXPECT_EQ(Job().rank_node(0), "n1");
+  EXPECT_EQ(Job().rank_node(2), "s1");
+  EXPECT_EQ(Job().rank_node(3), "s1");
+  EXPECT_EQ(Plans(), 2u) << "the cordon's plan is the second round's";
+}
+
+// Peers unnamed (the trainer knows only that its collective broke): every
+// other node of the job is probed, and when all answer nobody is charged,
+// neither the survivor nor a node picked at random.
+TEST_F(PeerProbeTest, UnnamedPeersLostChargeNoNode) {
+  cordon_.after = 2;
+  Reopen();
+  for (int round = 0; round < 3; ++round) {
+    OthersHeartbeat(100);
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+    auto r = Exit(0, std::vector<uint32_t>{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->held());
+    now_ms_ += 50;
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+    ASSERT_EQ(Job().generation(), static_cast<uint64_t>(round + 1));
+  }
+  EXPECT_FALSE(Node("n1").cordoned()) << Node("n1").cordon_reason();
+  EXPECT_FALSE(Node("n2").cordoned()) << Node("n2").cordon_reason();
+  EXPECT_EQ(Plans(), 3u);
+}
+
 // A node whose connection to the coordinator is open (its agent's
 // WatchNode stream: its process lives) and that misses the probe's
 // deadline is slow, not dead: on a loaded machine a live ckptd can take

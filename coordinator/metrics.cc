@@ -108,7 +108,14 @@ CoordinatorMetrics::CoordinatorMetrics()
               .Name("ckpt_coordinator_relayed_items_total")
               .Help("Node calls carried by relays' batches, by kind "
                     "(heartbeat, report) and outcome (applied, shed)")
-              .Register(*registry_)) {
+              .Register(*registry_)),
+      direct_calls_(prometheus::BuildCounter()
+                        .Name("ckpt_coordinator_direct_calls_total")
+                        .Help("Node calls made directly, not through a "
+                              "relay, by kind (heartbeat, report)")
+                        .Register(*registry_)),
+      direct_heartbeats_(&direct_calls_.Add({{"kind", "heartbeat"}})),
+      direct_reports_(&direct_calls_.Add({{"kind", "report"}})) {
   commit_seconds_.Add({}, kCommitBuckets);
   steps_committed_.Add({});
   steps_trimmed_.Add({});
@@ -124,6 +131,10 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (const char* kind : {"heartbeat", "report"})
     for (const char* outcome : {"applied", "shed"})
       relayed_items_.Add({{"kind", kind}, {"outcome", outcome}});
+}
+
+void CoordinatorMetrics::DirectCall(std::string_view kind) {
+  (kind == "heartbeat" ? direct_heartbeats_ : direct_reports_)->Increment();
 }
 
 void CoordinatorMetrics::RelayBatch(std::string_view outcome, int heartbeats,

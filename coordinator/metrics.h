@@ -93,6 +93,10 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // "refused" (the whole batch: not leader, not a relay identity, a bad
   // field); its items are counted by kind when applied or shed.
   void RelayBatch(std::string_view outcome, int heartbeats, int reports);
+  // A node's Heartbeat or ReportShards call came directly, not through a
+  // relay; `kind` "heartbeat" or "report" (counted once its request is
+  // valid, whether admitted or shed).
+  void DirectCall(std::string_view kind);
 
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);
@@ -115,6 +119,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& stragglers_;
   prometheus::Family<prometheus::Counter>& relay_batches_;
   prometheus::Family<prometheus::Counter>& relayed_items_;
+  prometheus::Family<prometheus::Counter>& direct_calls_;
+  prometheus::Counter* direct_heartbeats_ = nullptr;  // in direct_calls_
+  prometheus::Counter* direct_reports_ = nullptr;
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int64_t>

@@ -7,6 +7,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
 
 #include <chrono>
 #include <memory>
@@ -15,10 +16,12 @@
 
 #include "coordinator.grpc.pb.h"
 #include "coordinator/server_testing.h"
+#include "tests/metrics_text.h"
 
 namespace ckpt::coordinator {
 namespace {
 
+using ckpt::testing::SampleValue;
 using google::protobuf::util::MessageDifferencer;
 
 class RelayTest : public ServerTest {
@@ -116,6 +119,23 @@ TEST_F(RelayTest, ABatchIsAnsweredAsTheDirectCallsWouldHaveBeen) {
   EXPECT_TRUE(MessageDifferencer::Equals(relayed.reports(0).response(), direct))
       << "relayed: " << relayed.reports(0).response().ShortDebugString()
       << "\ndirect: " << direct.ShortDebugString();
+  // The metrics tell the two paths apart: an operator sizing relays sees
+  // how many node calls still come directly.
+  const std::string text = prometheus::TextSerializer().Serialize(
+      server_->coordinator()->options().metrics->Collect());
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_relayed_items_total",
+                        {{"kind", "heartbeat"}, {"outcome", "applied"}}),
+            2.0)
+      << text;
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_relayed_items_total",
+                        {{"kind", "report"}, {"outcome", "applied"}}),
+            1.0);
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_direct_calls_total",
+                        {{"kind", "heartbeat"}}),
+            2.0);
+  EXPECT_EQ(SampleValue(text, "ckpt_coordinator_direct_calls_total",
+                        {{"kind", "report"}}),
+            1.0);
 }
 
 TEST_F(RelayTest, ReportBatchesThroughARelayCommitAStep) {

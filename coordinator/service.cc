@@ -167,6 +167,7 @@ class Service final : public rpc::RpcService {
         [this](const v1::HeartbeatRequest& r) {
           // Heard before admission: a shed heartbeat still shows life.
           c_->Heard(r.node_id(), r.epoch());
+          c_->options().metrics->DirectCall("heartbeat");
         },
         [this](const v1::HeartbeatRequest& r) {
           // The refusal is its answer: the node comes back after it.
@@ -178,8 +179,12 @@ class Service final : public rpc::RpcService {
           return FastHeartbeat(ctx, r, reactor, out);
         });
     AddQueued<v1::ReportShardsRequest>(
-        1, "ReportShards", &reports_, [this](const v1::ReportShardsRequest& r) {
+        1, "ReportShards", &reports_,
+        [this](const v1::ReportShardsRequest& r) {
           return c_->ReportShards(r);
+        },
+        [this](const v1::ReportShardsRequest&) {
+          c_->options().metrics->DirectCall("report");
         });
     AddQueued<v1::RegisterNodeRequest>(
         2, "RegisterNode", &registrations_,

@@ -90,6 +90,10 @@ def extract(path, display):
     return blocks, errors
 
 
+# What torch's TCPStore says when MASTER_PORT was taken meanwhile.
+PORT_TAKEN = "errno: 98 - Address already in use"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,13 +195,23 @@ class Harness:
                     "PYTHONPATH": os.path.join(self.a.source_dir, "python"),
                     "PYTHONDONTWRITEBYTECODE": "1",
                     "RANK": "0", "WORLD_SIZE": "1",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                    "MASTER_ADDR": "127.0.0.1",
                     "PATH": os.pathsep.join(self.bin_dirs + [env["PATH"]]),
                 })
                 env.pop("CKPT_RESTORE_STEP", None)
                 runs = 1 if block.lang == "sh" else 2
                 for n in range(1, runs + 1):
-                    rc, out = run(argv, env, work)
+                    # A free port is free only until someone binds it: a
+                    # test running beside this one, or an outgoing
+                    # connection's ephemeral port, may take it before the
+                    # block's process group does. Such a run is made again
+                    # on another port (at most twice); any other failure
+                    # is the block's.
+                    for attempt in range(3):
+                        env["MASTER_PORT"] = str(free_port())
+                        rc, out = run(argv, env, work)
+                        if rc == 0 or PORT_TAKEN not in out:
+                            break
                     if rc != 0:
                         return ("run %d of %d: exit %d:\n%s\nckptd log:\n%s"
                                 % (n, runs, rc, out.rstrip()[-3000:],

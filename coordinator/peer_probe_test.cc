@@ -31,6 +31,19 @@ class PeerProbeTest : public TwoNodeTest {
     ASSERT_TRUE(Heartbeat("s1", es_).ok());
   }
   size_t Plans() { return EventsOf(v1::PLAN_MADE).size(); }
+  // Rank 0 on n1 exits having lost `peers` (empty: unnamed); n2, probed,
+  // answers 50 ms later, which plans once.
+  void LosePeersOnN2AndHearItAnswer(const std::vector<uint32_t>& peers) {
+    OthersHeartbeat(100);
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
+    const uint64_t gen = Job().generation();
+    auto r = Exit(0, peers);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->held());
+    now_ms_ += 50;
+    ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the answer
+    ASSERT_EQ(Job().generation(), gen + 1);
+  }
   // FAILURE_DETECTED events about node `node`.
   std::vector<v1::Event> FailuresOf(const std::string& node) {
     std::vector<v1::Event> out;
@@ -150,16 +163,8 @@ TEST_F(PeerProbeTest, HeartbeatTimeoutDuringTheProbeMakesTheOnePlan) {
 TEST_F(PeerProbeTest, RanksLostOnANodeThatAnswersChargeThatNodeNotTheSurvivor) {
   cordon_.after = 2;
   Reopen();
-  for (int round = 0; round < 2; ++round) {
-    OthersHeartbeat(100);
-    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
-    auto r = Exit(0, std::vector<uint32_t>{2});
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE(r->held());
-    now_ms_ += 50;
-    ASSERT_TRUE(Heartbeat("n2", e2_).ok());  // the answer
-    ASSERT_EQ(Job().generation(), static_cast<uint64_t>(round + 1));
-  }
+  for (int round = 0; round < 2; ++round)
+    ASSERT_NO_FATAL_FAILURE(LosePeersOnN2AndHearItAnswer({2}));
   EXPECT_FALSE(Node("n1").cordoned()) << Node("n1").cordon_reason();
   ASSERT_TRUE(Node("n2").cordoned());
   EXPECT_NE(Node("n2").cordon_reason().find("rank 0"), std::string::npos)
@@ -176,16 +181,8 @@ TEST_F(PeerProbeTest, RanksLostOnANodeThatAnswersChargeThatNodeNotTheSurvivor) {
 TEST_F(PeerProbeTest, UnnamedPeersLostChargeNoNode) {
   cordon_.after = 2;
   Reopen();
-  for (int round = 0; round < 3; ++round) {
-    OthersHeartbeat(100);
-    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
-    auto r = Exit(0, std::vector<uint32_t>{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE(r->held());
-    now_ms_ += 50;
-    ASSERT_TRUE(Heartbeat("n2", e2_).ok());
-    ASSERT_EQ(Job().generation(), static_cast<uint64_t>(round + 1));
-  }
+  for (int round = 0; round < 3; ++round)
+    ASSERT_NO_FATAL_FAILURE(LosePeersOnN2AndHearItAnswer({}));
   EXPECT_FALSE(Node("n1").cordoned()) << Node("n1").cordon_reason();
   EXPECT_FALSE(Node("n2").cordoned()) << Node("n2").cordon_reason();
   EXPECT_EQ(Plans(), 3u);

@@ -57,8 +57,8 @@ bool Coordinator::HoldExitLocked(Batch* batch, JobState& job,
     job.awaited_probes.insert(host);
   }
   job.held_generation = job.rec.generation();
-  JobState::HeldExit held{req.node_id(), req.rank(), cause, req.peer_lost(),
-                          {}};
+  JobState::HeldExit held{
+      req.node_id(), req.rank(), cause, req.peer_lost(), {}};
   if (!req.lost_peer_ranks().empty())
     held.named_hosts.assign(suspects.begin(), suspects.end());
   job.held_exits.push_back(std::move(held));

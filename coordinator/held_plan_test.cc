@@ -203,8 +203,7 @@ TEST_F(HeldPlanTest, StepSavedBeforeAPlanAndDurableAfterItKeepsThePlanCounted) {
   const uint64_t gen0 = Job().generation();
   ReportAll(10, v1::STAGED);
   for (uint32_t r = 0; r < 3; ++r) {
-    auto s =
-        Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE);
+    auto s = Report(r < 2 ? "n1" : "n2", r < 2 ? e1_ : e2_, 10, r, v1::DURABLE);
     ASSERT_TRUE(s.ok()) << s.status();
   }
   ExitAgain();

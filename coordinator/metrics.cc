@@ -133,8 +133,9 @@ CoordinatorMetrics::CoordinatorMetrics()
       relayed_items_.Add({{"kind", kind}, {"outcome", outcome}});
 }
 
-void CoordinatorMetrics::DirectCall(std::string_view kind) {
-  (kind == "heartbeat" ? direct_heartbeats_ : direct_reports_)->Increment();
+void CoordinatorMetrics::DirectCall(DirectKind kind) {
+  (kind == DirectKind::kHeartbeat ? direct_heartbeats_ : direct_reports_)
+      ->Increment();
 }
 
 void CoordinatorMetrics::RelayBatch(std::string_view outcome, int heartbeats,

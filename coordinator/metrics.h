@@ -94,9 +94,9 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // field); its items are counted by kind when applied or shed.
   void RelayBatch(std::string_view outcome, int heartbeats, int reports);
   // A node's Heartbeat or ReportShards call came directly, not through a
-  // relay; `kind` "heartbeat" or "report" (counted once its request is
-  // valid, whether admitted or shed).
-  void DirectCall(std::string_view kind);
+  // relay (counted once its request is valid, whether admitted or shed).
+  enum class DirectKind { kHeartbeat, kReport };
+  void DirectCall(DirectKind kind);
 
   // nullptr: no gauges.
   void SetClusterSource(std::function<v1::GetClusterResponse()> source);

@@ -167,7 +167,8 @@ class Service final : public rpc::RpcService {
         [this](const v1::HeartbeatRequest& r) {
           // Heard before admission: a shed heartbeat still shows life.
           c_->Heard(r.node_id(), r.epoch());
-          c_->options().metrics->DirectCall("heartbeat");
+          c_->options().metrics->DirectCall(
+              CoordinatorMetrics::DirectKind::kHeartbeat);
         },
         [this](const v1::HeartbeatRequest& r) {
           // The refusal is its answer: the node comes back after it.
@@ -184,7 +185,8 @@ class Service final : public rpc::RpcService {
           return c_->ReportShards(r);
         },
         [this](const v1::ReportShardsRequest&) {
-          c_->options().metrics->DirectCall("report");
+          c_->options().metrics->DirectCall(
+              CoordinatorMetrics::DirectKind::kReport);
         });
     AddQueued<v1::RegisterNodeRequest>(
         2, "RegisterNode", &registrations_,
